@@ -1,0 +1,130 @@
+//! A tiny executor: one client thread, several protocol operations in flight.
+//!
+//! Protocol operations are `async fn`s over a [`Fabric`]. They never block: a
+//! roundtrip that is not complete returns `Pending`. The executor polls every task,
+//! then lets the fabric make progress ([`Fabric::progress`]: poll a completion queue,
+//! advance virtual time, spin out an emulated latency), and repeats. There are no
+//! wakers to juggle and no allocation per poll; with a handful of tasks per thread,
+//! polling them all is cheaper than tracking which one to wake.
+//!
+//! When no task finished in a round and the fabric reports that nothing outstanding
+//! can complete any more, the executor stops with [`FabricError::Stalled`] instead of
+//! spinning forever: the operations wait on failed nodes only.
+
+use alloc::boxed::Box;
+use alloc::vec::Vec;
+use core::future::Future;
+use core::pin::{Pin, pin};
+use core::task::{Context, Poll, Waker};
+
+use crate::fabric::{Fabric, FabricError};
+
+/// Runs one future to completion on `fabric`.
+pub fn block_on<F, T>(fabric: &F, future: impl Future<Output = T>) -> Result<T, FabricError>
+where
+    F: Fabric + ?Sized,
+{
+    let mut future = pin!(future);
+    let mut cx = Context::from_waker(Waker::noop());
+    loop {
+        if let Poll::Ready(value) = future.as_mut().poll(&mut cx) {
+            return Ok(value);
+        }
+        if !fabric.progress() {
+            // Nothing can complete; one last poll picks up what progress delivered.
+            return match future.as_mut().poll(&mut cx) {
+                Poll::Ready(value) => Ok(value),
+                Poll::Pending => Err(FabricError::Stalled),
+            };
+        }
+    }
+}
+
+/// Identifies a task spawned on a [`LocalExecutor`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TaskId(pub usize);
+
+type Task<'a, T> = Pin<Box<dyn Future<Output = T> + 'a>>;
+
+/// Several operations of one client thread in flight at once.
+pub struct LocalExecutor<'a, T> {
+    tasks: Vec<Option<Task<'a, T>>>,
+    live: usize,
+}
+
+impl<T> core::fmt::Debug for LocalExecutor<'_, T> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("LocalExecutor")
+            .field("live", &self.live)
+            .finish()
+    }
+}
+
+impl<T> Default for LocalExecutor<'_, T> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<'a, T> LocalExecutor<'a, T> {
+    /// An executor with no task.
+    pub const fn new() -> Self {
+        Self {
+            tasks: Vec::new(),
+            live: 0,
+        }
+    }
+
+    /// Adds a task; it is first polled by the next [`Self::poll_once`].
+    pub fn spawn(&mut self, future: impl Future<Output = T> + 'a) -> TaskId {
+        self.live += 1;
+        let task: Task<'a, T> = Box::pin(future);
+        if let Some(index) = self.tasks.iter().position(Option::is_none) {
+            self.tasks[index] = Some(task);
+            TaskId(index)
+        } else {
+            self.tasks.push(Some(task));
+            TaskId(self.tasks.len() - 1)
+        }
+    }
+
+    /// Tasks not yet finished.
+    pub fn live(&self) -> usize {
+        self.live
+    }
+
+    /// Polls every live task once; calls `done` for each task that finished.
+    /// Returns how many finished.
+    pub fn poll_once(&mut self, mut done: impl FnMut(TaskId, T)) -> usize {
+        let mut cx = Context::from_waker(Waker::noop());
+        let mut finished = 0;
+        for (index, slot) in self.tasks.iter_mut().enumerate() {
+            let Some(task) = slot else { continue };
+            if let Poll::Ready(value) = task.as_mut().poll(&mut cx) {
+                *slot = None;
+                self.live -= 1;
+                finished += 1;
+                done(TaskId(index), value);
+            }
+        }
+        finished
+    }
+
+    /// Runs every task to completion on `fabric`, calling `done` as each finishes.
+    /// Stops with [`FabricError::Stalled`] if the remaining tasks can never finish.
+    pub fn run<F: Fabric + ?Sized>(
+        &mut self,
+        fabric: &F,
+        mut done: impl FnMut(TaskId, T),
+    ) -> Result<(), FabricError> {
+        while self.live > 0 {
+            if self.poll_once(&mut done) == 0 && !fabric.progress() {
+                self.poll_once(&mut done);
+                if self.live > 0 {
+                    return Err(FabricError::Stalled);
+                }
+            }
+        }
+        Ok(())
+    }
+}

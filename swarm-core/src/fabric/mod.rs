@@ -1,0 +1,169 @@
+//! The fabric contract: what SWARM needs from disaggregated memory.
+//!
+//! The paper's setting (SWARM §2.1) is the whole contract, and this module is its
+//! Rust spelling:
+//!
+//! 1. [`Op::Read`] and [`Op::Write`] move bytes and are **not atomic**: concurrent
+//!    writes may clobber each other and a read concurrent with a write may return torn
+//!    data (at 8-byte granularity on every transport we ship).
+//! 2. [`Op::Cas`] is an atomic 8-byte compare-and-swap on an 8-byte aligned word and
+//!    returns the previous value.
+//! 3. A [`Batch`] is an ordered pipeline of operations to one node: if a later
+//!    operation's effect is visible, so are the earlier ones' (on RDMA: one chain of
+//!    work requests on one RC queue pair; on shared memory: program order plus
+//!    fences). A batch completes in one roundtrip.
+//! 4. Batches to different nodes are in flight at once. Waiting for a quorum of them
+//!    is the job of [`crate::Roundtrip`], which is also the only place roundtrips are
+//!    counted, so protocol code cannot forget to count one.
+//!
+//! A transport implements [`Fabric`]: it *posts* batches and hands back a [`Ticket`],
+//! reports completions through [`Fabric::poll`], and makes progress (polls a
+//! completion queue, advances a virtual clock, spins out an emulated latency) in
+//! [`Fabric::progress`]. It never blocks inside `post` or `poll`, so one client thread
+//! can keep several protocol operations in flight on the small executor in
+//! [`crate::exec`]. A failed node surfaces either as an error completion or as a
+//! ticket that never completes; the protocol treats both alike and moves on with a
+//! majority.
+
+mod batch;
+mod error;
+mod slab;
+
+pub use batch::{Batch, Completion, MAX_BATCH_OPS, Op, OpOutput};
+pub use error::{FabricError, FailureCause};
+pub use slab::TicketSlab;
+
+use core::fmt;
+use core::task::Poll;
+
+/// Identifies a memory node of the cluster: `0..Fabric::node_count()`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct NodeId(pub u16);
+
+impl NodeId {
+    /// The node's position, usable as an index into per-node arrays.
+    #[inline]
+    pub const fn index(self) -> usize {
+        self.0 as usize
+    }
+}
+
+impl fmt::Display for NodeId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+/// Time as nanoseconds on the fabric's own clock (real or virtual).
+pub type Nanos = u64;
+
+/// A handle to a posted batch, redeemed with [`Fabric::poll`] or dropped with
+/// [`Fabric::forget`]. Tickets are only meaningful to the fabric that issued them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Ticket(pub u32);
+
+/// A memory-node transport as seen by one client thread.
+///
+/// Methods take `&self` because several protocol operations of the same thread hold
+/// the fabric at once; implementations use interior mutability and are typically
+/// `!Sync` (one handle per client thread over shared memory nodes).
+pub trait Fabric {
+    /// How many memory nodes the cluster has.
+    fn node_count(&self) -> usize;
+
+    /// Posts an ordered batch to `node` and returns at once. Errors (bad address,
+    /// failed node) are reported by [`Fabric::poll`] on the returned ticket.
+    fn post(&self, node: NodeId, batch: Batch) -> Ticket;
+
+    /// Reports whether the batch behind `ticket` has completed. A `Ready` result
+    /// consumes the ticket; polling it again is a logic error and yields
+    /// [`FabricError::UnknownTicket`].
+    fn poll(&self, ticket: Ticket) -> Poll<Result<Completion, FabricError>>;
+
+    /// Declares that nobody will poll `ticket`: the batch still executes (it may be a
+    /// background write), but its result is discarded when it completes.
+    fn forget(&self, ticket: Ticket);
+
+    /// Drives the transport one step: delivers completions that are due. Returns
+    /// `false` when nothing outstanding can ever complete (nothing posted, or every
+    /// outstanding batch is stuck on a failed node); executors use that to report a
+    /// stall instead of spinning forever.
+    fn progress(&self) -> bool;
+
+    /// The fabric's clock, used for timeouts (falling back from a slow preferred
+    /// majority). Never used for timestamps, which come from a [`crate::Clock`].
+    fn now(&self) -> Nanos;
+}
+
+impl<F: Fabric + ?Sized> Fabric for &F {
+    fn node_count(&self) -> usize {
+        (**self).node_count()
+    }
+    fn post(&self, node: NodeId, batch: Batch) -> Ticket {
+        (**self).post(node, batch)
+    }
+    fn poll(&self, ticket: Ticket) -> Poll<Result<Completion, FabricError>> {
+        (**self).poll(ticket)
+    }
+    fn forget(&self, ticket: Ticket) {
+        (**self).forget(ticket)
+    }
+    fn progress(&self) -> bool {
+        (**self).progress()
+    }
+    fn now(&self) -> Nanos {
+        (**self).now()
+    }
+}
+
+/// Checks that `[addr, addr + len)` lies inside a node of `size` bytes: the check
+/// every transport runs before touching memory.
+#[inline]
+pub fn check_bounds(node: NodeId, addr: u64, len: u64, size: u64) -> Result<(), FabricError> {
+    match addr.checked_add(len) {
+        Some(end) if end <= size => Ok(()),
+        _ => Err(FabricError::OutOfBounds {
+            node,
+            addr,
+            len,
+            size,
+        }),
+    }
+}
+
+/// Checks a CAS target: in bounds and 8-byte aligned.
+#[inline]
+pub fn check_cas(node: NodeId, addr: u64, size: u64) -> Result<(), FabricError> {
+    if addr % 8 != 0 {
+        return Err(FabricError::Misaligned { node, addr });
+    }
+    check_bounds(node, addr, 8, size)
+}
+
+/// Checks every operation of a batch against a node of `size` bytes.
+pub fn check_batch(node: NodeId, batch: &Batch, size: u64) -> Result<(), FabricError> {
+    for op in batch.ops() {
+        match op {
+            Op::Read { addr, len } => check_bounds(node, *addr, u64::from(*len), size)?,
+            Op::Write { addr, data } => check_bounds(node, *addr, data.len() as u64, size)?,
+            Op::Cas { addr, .. } => check_cas(node, *addr, size)?,
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bounds_reject_overflow_and_past_end() {
+        let n = NodeId(1);
+        assert!(check_bounds(n, 0, 64, 64).is_ok());
+        assert!(check_bounds(n, 1, 64, 64).is_err());
+        assert!(check_bounds(n, u64::MAX, 2, 64).is_err());
+        assert!(check_cas(n, 4, 64).is_err());
+        assert!(check_cas(n, 56, 64).is_ok());
+        assert!(check_cas(n, 64, 64).is_err());
+    }
+}

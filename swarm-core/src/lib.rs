@@ -1,0 +1,41 @@
+//! # swarm-core
+//!
+//! The SWARM replication protocol (“SWARM: Replicating Shared Disaggregated-Memory
+//! Data in No Time”) without any I/O: wait-free, linearizable registers replicated
+//! over `n = 2f + 1` passive memory nodes, with one-roundtrip reads and writes in the
+//! common case.
+//!
+//! The crate is `#![no_std]` (it needs an allocator) and knows nothing of any
+//! transport. Everything it needs from disaggregated memory is the [`Fabric`]
+//! contract of SWARM §2.1: non-atomic reads and writes, an atomic 8-byte CAS, ordered
+//! batches to one node, and quorum waits. Transports (`swarm-shm`, `swarm-rdma`, the
+//! simulated fabric behind the `sim` feature) implement it; protocol code is written
+//! as `async fn`s over it and driven by the small executor in [`exec`].
+//!
+//! Time is an input: timestamps come from a caller-supplied [`Clock`], timeouts from
+//! [`Fabric::now`]. The core reads no clock, spawns no thread and does no I/O.
+//!
+//! ## Features
+//! - `std`: implement `std::error::Error` and friends.
+//! - `sim`: the deterministic, fault-injecting simulated fabric.
+//! - `checker`: the linearizability checker over JSON Lines histories.
+//! - `loom`: run the word-level code on `loom` atomics (model-checking tests only).
+#![no_std]
+#![warn(missing_docs)]
+
+extern crate alloc;
+#[cfg(feature = "std")]
+extern crate std;
+
+pub mod clock;
+pub mod exec;
+pub mod fabric;
+pub mod header;
+pub mod mem;
+pub mod roundtrip;
+pub mod sync;
+
+pub use clock::Clock;
+pub use exec::{LocalExecutor, block_on};
+pub use fabric::{Batch, Completion, Fabric, FabricError, NodeId, Op, OpOutput, Ticket};
+pub use roundtrip::{OpStats, Roundtrip, WaitOutcome};

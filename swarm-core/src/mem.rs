@@ -1,0 +1,317 @@
+//! An in-process fabric: memory nodes as arrays of atomic words.
+//!
+//! This is the smallest honest implementation of the fabric contract and the one the
+//! `loom` models run on: every byte lives in an [`AtomicU64`] from [`crate::sync`],
+//! reads and writes go word by word (so a read concurrent with a write tears at 8-byte
+//! granularity, as on RDMA and CXL), CAS is one atomic compare-exchange, and the
+//! operations of a batch execute in program order with release/acquire ordering.
+//! Batches complete synchronously inside [`Fabric::post`].
+//!
+//! [`MemCluster`] holds the nodes and is shared by threads; each thread talks to it
+//! through its own [`MemFabric`] handle, which can mark nodes failed for itself
+//! (their batches never complete) to test protocols with a crashed minority.
+
+use alloc::boxed::Box;
+use alloc::vec::Vec;
+use core::cell::{Cell, RefCell};
+use core::task::Poll;
+
+use crate::fabric::{
+    Batch, Completion, Fabric, FabricError, Nanos, NodeId, Op, OpOutput, Ticket, TicketSlab,
+    check_batch,
+};
+use crate::sync::{Arc, AtomicU64, Ordering};
+
+/// One memory node: `words.len() * 8` bytes.
+struct MemNode {
+    words: Box<[AtomicU64]>,
+}
+
+impl MemNode {
+    fn new(bytes: usize) -> Self {
+        let words = (0..bytes.div_ceil(8)).map(|_| AtomicU64::new(0)).collect();
+        Self { words }
+    }
+
+    fn size(&self) -> u64 {
+        self.words.len() as u64 * 8
+    }
+
+    fn read(&self, addr: u64, out: &mut [u8]) {
+        let mut pos = 0;
+        while pos < out.len() {
+            let byte = addr as usize + pos;
+            let (word, offset) = (byte / 8, byte % 8);
+            let take = (8 - offset).min(out.len() - pos);
+            let value = self.words[word].load(Ordering::Acquire).to_le_bytes();
+            out[pos..pos + take].copy_from_slice(&value[offset..offset + take]);
+            pos += take;
+        }
+    }
+
+    fn write(&self, addr: u64, data: &[u8]) {
+        let mut pos = 0;
+        while pos < data.len() {
+            let byte = addr as usize + pos;
+            let (word, offset) = (byte / 8, byte % 8);
+            let take = (8 - offset).min(data.len() - pos);
+            let cell = &self.words[word];
+            if take == 8 {
+                let value = u64::from_le_bytes(data[pos..pos + 8].try_into().unwrap_or([0; 8]));
+                cell.store(value, Ordering::Release);
+            } else {
+                // A partial word: merge with a CAS loop so that bytes outside the range
+                // written concurrently by others are not clobbered.
+                let mut current = cell.load(Ordering::Acquire);
+                loop {
+                    let mut bytes = current.to_le_bytes();
+                    bytes[offset..offset + take].copy_from_slice(&data[pos..pos + take]);
+                    match cell.compare_exchange_weak(
+                        current,
+                        u64::from_le_bytes(bytes),
+                        Ordering::AcqRel,
+                        Ordering::Acquire,
+                    ) {
+                        Ok(_) => break,
+                        Err(actual) => current = actual,
+                    }
+                }
+            }
+            pos += take;
+        }
+    }
+
+    fn cas(&self, addr: u64, expected: u64, new: u64) -> u64 {
+        let cell = &self.words[addr as usize / 8];
+        match cell.compare_exchange(expected, new, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(previous) | Err(previous) => previous,
+        }
+    }
+
+    fn execute(&self, batch: &Batch) -> Completion {
+        let mut completion = Completion::new();
+        for op in batch.ops() {
+            let output = match op {
+                Op::Read { addr, len } => {
+                    let mut buf = alloc::vec![0; *len as usize];
+                    self.read(*addr, &mut buf);
+                    OpOutput::Read(buf)
+                }
+                Op::Write { addr, data } => {
+                    self.write(*addr, data);
+                    OpOutput::Written
+                }
+                Op::Cas {
+                    addr,
+                    expected,
+                    new,
+                } => OpOutput::Cas(self.cas(*addr, *expected, *new)),
+            };
+            // Batches and completions share the same capacity.
+            let _ = completion.push(output);
+        }
+        completion
+    }
+}
+
+/// Memory nodes shared by every thread of a process.
+#[derive(Clone)]
+pub struct MemCluster {
+    nodes: Arc<Vec<MemNode>>,
+}
+
+impl core::fmt::Debug for MemCluster {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("MemCluster")
+            .field("nodes", &self.nodes.len())
+            .finish()
+    }
+}
+
+impl MemCluster {
+    /// `nodes` zeroed memory nodes of `bytes_per_node` bytes (rounded up to 8).
+    pub fn new(nodes: usize, bytes_per_node: usize) -> Self {
+        let nodes = (0..nodes).map(|_| MemNode::new(bytes_per_node)).collect();
+        Self {
+            nodes: Arc::new(nodes),
+        }
+    }
+
+    /// A client handle for the calling thread.
+    pub fn client(&self) -> MemFabric {
+        MemFabric {
+            cluster: self.clone(),
+            failed: RefCell::new(alloc::vec![false; self.nodes.len()]),
+            slab: RefCell::new(TicketSlab::new()),
+            tick: Cell::new(0),
+        }
+    }
+}
+
+/// One thread's handle on a [`MemCluster`].
+pub struct MemFabric {
+    cluster: MemCluster,
+    failed: RefCell<Vec<bool>>,
+    /// Pending entries are batches sent to failed nodes: they never complete.
+    slab: RefCell<TicketSlab<()>>,
+    tick: Cell<Nanos>,
+}
+
+impl core::fmt::Debug for MemFabric {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("MemFabric")
+            .field("cluster", &self.cluster)
+            .field("failed", &self.failed.borrow())
+            .finish()
+    }
+}
+
+impl MemFabric {
+    /// Marks `node` failed for this client: its batches never complete from now on.
+    pub fn fail_node(&self, node: NodeId) {
+        if let Some(flag) = self.failed.borrow_mut().get_mut(node.index()) {
+            *flag = true;
+        }
+    }
+}
+
+impl Fabric for MemFabric {
+    fn node_count(&self) -> usize {
+        self.cluster.nodes.len()
+    }
+
+    fn post(&self, node: NodeId, batch: Batch) -> Ticket {
+        let mut slab = self.slab.borrow_mut();
+        let Some(mem) = self.cluster.nodes.get(node.index()) else {
+            return slab.insert_done(Err(FabricError::NoSuchNode {
+                node,
+                nodes: self.cluster.nodes.len(),
+            }));
+        };
+        if self.failed.borrow()[node.index()] {
+            return slab.insert_pending(());
+        }
+        let result = check_batch(node, &batch, mem.size()).map(|()| mem.execute(&batch));
+        slab.insert_done(result)
+    }
+
+    fn poll(&self, ticket: Ticket) -> Poll<Result<Completion, FabricError>> {
+        self.slab.borrow_mut().poll(ticket)
+    }
+
+    fn forget(&self, ticket: Ticket) {
+        self.slab.borrow_mut().forget(ticket);
+    }
+
+    fn progress(&self) -> bool {
+        // Everything completes inside `post`; what is still pending is stuck on a
+        // failed node. Time still moves on, so that timeouts can fire.
+        self.tick.set(self.tick.get() + 1);
+        false
+    }
+
+    fn now(&self) -> Nanos {
+        self.tick.get()
+    }
+}
+
+#[cfg(all(test, not(feature = "loom")))]
+mod tests {
+    use super::*;
+    use crate::exec::block_on;
+    use crate::roundtrip::{OpStats, Roundtrip};
+
+    #[test]
+    fn unaligned_writes_do_not_clobber_neighbours() {
+        let node = MemNode::new(32);
+        node.write(0, &[0xAA; 32]);
+        node.write(3, &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]);
+        let mut out = [0u8; 32];
+        node.read(0, &mut out);
+        assert_eq!(&out[..3], &[0xAA; 3]);
+        assert_eq!(&out[3..13], &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]);
+        assert_eq!(&out[13..], &[0xAA; 19]);
+    }
+
+    #[test]
+    fn batch_executes_in_order_and_reports_cas_previous() {
+        let cluster = MemCluster::new(1, 64);
+        let fabric = cluster.client();
+        let mut batch = Batch::new();
+        batch
+            .push(Op::Write {
+                addr: 8,
+                data: alloc::vec![7; 8],
+            })
+            .unwrap()
+            .push(Op::Cas {
+                addr: 0,
+                expected: 0,
+                new: 5,
+            })
+            .unwrap()
+            .push(Op::Read { addr: 0, len: 16 })
+            .unwrap();
+        let stats = OpStats::new();
+        let completion = block_on(&fabric, async {
+            let mut rt = Roundtrip::start(&fabric, &stats);
+            rt.post(NodeId(0), batch).unwrap();
+            rt.wait(1).await.unwrap();
+            rt.replies()[0].1.clone()
+        })
+        .unwrap();
+        assert_eq!(completion.cas(1), Some(0));
+        let read = completion.read(2).unwrap();
+        assert_eq!(u64::from_le_bytes(read[..8].try_into().unwrap()), 5);
+        assert_eq!(&read[8..], &[7; 8]);
+        assert_eq!(stats.roundtrips(), 1);
+    }
+
+    #[test]
+    fn out_of_bounds_and_misaligned_are_errors() {
+        let cluster = MemCluster::new(1, 64);
+        let fabric = cluster.client();
+        let t = fabric.post(NodeId(0), Batch::read(60, 8));
+        assert!(matches!(
+            fabric.poll(t),
+            Poll::Ready(Err(FabricError::OutOfBounds { .. }))
+        ));
+        let t = fabric.post(NodeId(0), Batch::cas(4, 0, 1));
+        assert!(matches!(
+            fabric.poll(t),
+            Poll::Ready(Err(FabricError::Misaligned { .. }))
+        ));
+        let t = fabric.post(NodeId(3), Batch::read(0, 8));
+        assert!(matches!(
+            fabric.poll(t),
+            Poll::Ready(Err(FabricError::NoSuchNode { .. }))
+        ));
+    }
+
+    #[test]
+    fn majority_wait_ignores_a_failed_node_and_stalls_without_majority() {
+        let cluster = MemCluster::new(3, 64);
+        let fabric = cluster.client();
+        fabric.fail_node(NodeId(2));
+        let stats = OpStats::new();
+        let reached = block_on(&fabric, async {
+            let mut rt = Roundtrip::start(&fabric, &stats);
+            for n in 0..3 {
+                rt.post(NodeId(n), Batch::read(0, 8)).unwrap();
+            }
+            rt.wait(2).await
+        })
+        .unwrap();
+        assert_eq!(reached, Ok(()));
+
+        fabric.fail_node(NodeId(1));
+        let stalled = block_on(&fabric, async {
+            let mut rt = Roundtrip::start(&fabric, &stats);
+            for n in 0..3 {
+                rt.post(NodeId(n), Batch::read(0, 8)).unwrap();
+            }
+            rt.wait(2).await
+        });
+        assert_eq!(stalled, Err(FabricError::Stalled));
+    }
+}

@@ -1,0 +1,1 @@
+//! SWARM-KV (placeholder until its issue lands).

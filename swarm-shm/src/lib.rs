@@ -1,0 +1,1 @@
+//! SWARM fabric over memory-mapped shared files (placeholder until the transport lands).
