@@ -134,7 +134,7 @@ pub fn check_bounds(node: NodeId, addr: u64, len: u64, size: u64) -> Result<(), 
 /// Checks a CAS target: in bounds and 8-byte aligned.
 #[inline]
 pub fn check_cas(node: NodeId, addr: u64, size: u64) -> Result<(), FabricError> {
-    if addr % 8 != 0 {
+    if !addr.is_multiple_of(8) {
         return Err(FabricError::Misaligned { node, addr });
     }
     check_bounds(node, addr, 8, size)
