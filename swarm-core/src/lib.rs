@@ -35,6 +35,11 @@ pub mod mem;
 pub mod roundtrip;
 pub mod sync;
 
+#[cfg(feature = "checker")]
+pub mod checker;
+#[cfg(feature = "sim")]
+pub mod sim;
+
 pub use clock::Clock;
 pub use exec::{LocalExecutor, block_on};
 pub use fabric::{Batch, Completion, Fabric, FabricError, NodeId, Op, OpOutput, Ticket};

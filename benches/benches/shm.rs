@@ -1,0 +1,2 @@
+//! Shared-memory transport micro-benchmarks (work in progress).
+fn main() {}

@@ -1,0 +1,1 @@
+//! Linearizability checker over JSON Lines histories (work in progress).

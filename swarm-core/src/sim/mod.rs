@@ -1,0 +1,1 @@
+//! The deterministic, fault-injecting simulated fabric (work in progress).
