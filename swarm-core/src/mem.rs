@@ -144,6 +144,7 @@ impl MemCluster {
             failed: RefCell::new(alloc::vec![false; self.nodes.len()]),
             slab: RefCell::new(TicketSlab::new()),
             tick: Cell::new(0),
+            wake: Cell::new(0),
         }
     }
 }
@@ -154,7 +155,10 @@ pub struct MemFabric {
     failed: RefCell<Vec<bool>>,
     /// Pending entries are batches sent to failed nodes: they never complete.
     slab: RefCell<TicketSlab<()>>,
+    /// Logical time: one tick per `progress` call.
     tick: Cell<Nanos>,
+    /// The latest wake-up asked for with `wake_at`.
+    wake: Cell<Nanos>,
 }
 
 impl core::fmt::Debug for MemFabric {
@@ -205,13 +209,17 @@ impl Fabric for MemFabric {
 
     fn progress(&self) -> bool {
         // Everything completes inside `post`; what is still pending is stuck on a
-        // failed node. Time still moves on, so that timeouts can fire.
+        // failed node. Logical time moves on so that deadlines pass.
         self.tick.set(self.tick.get() + 1);
-        false
+        self.tick.get() <= self.wake.get()
     }
 
     fn now(&self) -> Nanos {
         self.tick.get()
+    }
+
+    fn wake_at(&self, deadline: Nanos) {
+        self.wake.set(self.wake.get().max(deadline));
     }
 }
 

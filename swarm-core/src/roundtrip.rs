@@ -164,6 +164,7 @@ impl<'a, F: Fabric + ?Sized> Roundtrip<'a, F> {
     /// Waits until `k` posted nodes answered, the fabric clock reaches `deadline`, or
     /// too few posted nodes can still answer, whichever comes first.
     pub async fn wait_until(&mut self, k: usize, deadline: Nanos) -> WaitOutcome {
+        self.fabric.wake_at(deadline);
         poll_fn(|cx| {
             let ok = self.collect();
             if ok >= k {

@@ -93,6 +93,14 @@ pub trait Fabric {
     /// The fabric's clock, used for timeouts (falling back from a slow preferred
     /// majority). Never used for timestamps, which come from a [`crate::Clock`].
     fn now(&self) -> Nanos;
+
+    /// Asks the fabric to keep making progress until its clock reaches `deadline`,
+    /// even if no batch completes before then: [`Fabric::progress`] must not return
+    /// `false` while such a wake-up is due later. A roundtrip waiting with a deadline
+    /// calls this, so that an executor does not report a stall while the protocol is
+    /// about to fall back to other nodes. A simulated fabric schedules a timer event;
+    /// a real-time fabric just keeps spinning until the deadline.
+    fn wake_at(&self, deadline: Nanos);
 }
 
 impl<F: Fabric + ?Sized> Fabric for &F {
@@ -113,6 +121,9 @@ impl<F: Fabric + ?Sized> Fabric for &F {
     }
     fn now(&self) -> Nanos {
         (**self).now()
+    }
+    fn wake_at(&self, deadline: Nanos) {
+        (**self).wake_at(deadline)
     }
 }
 
