@@ -28,10 +28,13 @@ extern crate alloc;
 extern crate std;
 
 pub mod clock;
+pub mod encoding;
 pub mod exec;
 pub mod fabric;
 pub mod header;
+pub mod layout;
 pub mod mem;
+pub mod protocol;
 pub mod roundtrip;
 pub mod sync;
 
@@ -43,4 +46,8 @@ pub mod sim;
 pub use clock::Clock;
 pub use exec::{LocalExecutor, block_on};
 pub use fabric::{Batch, Completion, Fabric, FabricError, NodeId, Op, OpOutput, Ticket};
+pub use protocol::{
+    Client, ProtocolConfig, ReadValue, RegisterCache, RegisterLoc, Replicas, SwarmError,
+    WriteOutcome,
+};
 pub use roundtrip::{OpStats, Roundtrip, WaitOutcome};

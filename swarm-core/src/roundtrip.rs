@@ -24,6 +24,7 @@ pub const MAX_NODES: usize = 16;
 #[derive(Debug, Default)]
 pub struct OpStats {
     roundtrips: Cell<u32>,
+    iterations: Cell<u32>,
 }
 
 impl OpStats {
@@ -31,12 +32,26 @@ impl OpStats {
     pub const fn new() -> Self {
         Self {
             roundtrips: Cell::new(0),
+            iterations: Cell::new(0),
         }
     }
 
     /// Roundtrips the operation has waited for so far.
     pub fn roundtrips(&self) -> u32 {
         self.roundtrips.get()
+    }
+
+    /// Iterations of a Safe-Guess read loop (appendix C bounds them by
+    /// `2·writers + 1`); zero for other operations.
+    pub fn iterations(&self) -> u32 {
+        self.iterations.get()
+    }
+
+    /// Counts one more read-loop iteration; returns the new count.
+    pub fn count_iteration(&self) -> u32 {
+        let next = self.iterations.get().saturating_add(1);
+        self.iterations.set(next);
+        next
     }
 
     fn count(&self) {

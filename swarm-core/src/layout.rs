@@ -1,0 +1,410 @@
+//! Where SWARM's data lives on a memory node, and how it is validated.
+//!
+//! In-n-Out (SWARM §4.3, Figure 3) keeps, for each replicated register, on each of its
+//! memory nodes:
+//!
+//! ```text
+//!  register at `addr` (same offset on every replica):
+//!  +---------------- in-place block ----------------+----- metadata -----+
+//!  | record: tsp | len | hash | payload (padded)     | word 0 .. word W-1 |
+//!  +-------------------------------------------------+--------------------+
+//!
+//!  writer w's log, slot s (one log per writer on every node):
+//!  +-----------+---------------- record ----------------+
+//!  | lock word | tsp | len | hash | payload (padded)     |
+//!  +-----------+---------------------------------------+
+//! ```
+//!
+//! * The in-place block and the metadata words are contiguous, so one READ fetches
+//!   both (§4.3). Only the register's primary replica keeps in-place data (§6).
+//! * The metadata holds `W` words (§4.4, §7.9); writer `w` CASes word `w mod W` and
+//!   readers take the maximum of all `W`, which takes contention off the MAX.
+//! * A *record* is the same on both sides: the write's [`Tsp`] with its flag cleared,
+//!   the payload length, an xxh3-128 hash of the record, and the payload. A record is
+//!   valid only if its hash matches, so a read torn by a concurrent write is detected
+//!   (in-place data is written without any lock, §4.2).
+//! * The slot of write `(ticks, w)` in `w`'s log is `xxh3(ts) mod slots` (DESIGN.md
+//!   §4.6): the metadata word names the buffer without any index bits. The writer
+//!   keeps a bitmap of the slots it has used ([`SlotAllocator`]) and bumps its guessed
+//!   timestamp by one tick until it lands on a free slot. A slot is dedicated to one
+//!   write until it is recycled (a later issue), and a reader checks the record's tsp,
+//!   so a reused slot is detected, never misread.
+//! * The first word of a slot is the CAS object of the timestamp lock for that write
+//!   (§3.3): one lock per writer timestamp, costing no memory per key. Data writes
+//!   start after it and never touch it.
+
+use alloc::vec::Vec;
+
+use xxhash_rust::xxh3::{xxh3_64, xxh3_128};
+
+use crate::encoding::{Flag, Timestamp, Tsp, WriterId};
+
+/// Bytes of a record before its payload: tsp (8), len (4), reserved (4), hash (16).
+pub const RECORD_HEADER: u32 = 32;
+/// Bytes of a log slot before its record: the timestamp-lock word.
+pub const SLOT_LOCK_BYTES: u32 = 8;
+
+const fn pad8(n: u64) -> u64 {
+    n.div_ceil(8) * 8
+}
+
+/// Why a layout was refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum LayoutError {
+    /// `W` must be between 1 and 64.
+    #[error("{0} metadata words per register is out of range: use 1 to 64")]
+    MetaWords(u16),
+    /// A payload limit of zero or above 16 MiB.
+    #[error("payload limit {0} B is out of range: use 1 B to 16 MiB")]
+    PayloadMax(u32),
+    /// A log must have at least one writer and one slot.
+    #[error("a log needs at least one writer and one slot per writer")]
+    EmptyLog,
+    /// The log does not fit in the address space.
+    #[error("the out-of-place log does not fit in a 64-bit address space")]
+    LogTooLarge,
+}
+
+/// The cluster-wide shape of registers and logs: every client must use the same.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Layout {
+    payload_max: u32,
+    meta_words: u16,
+    log_base: u64,
+    writers: u16,
+    slots_per_writer: u32,
+}
+
+impl Layout {
+    /// A layout for payloads of at most `payload_max` bytes, `meta_words` metadata
+    /// words per register, and logs of `slots_per_writer` slots for `writers` writers
+    /// starting at byte `log_base` of every node.
+    pub fn new(
+        payload_max: u32,
+        meta_words: u16,
+        log_base: u64,
+        writers: u16,
+        slots_per_writer: u32,
+    ) -> Result<Self, LayoutError> {
+        if !(1..=64).contains(&meta_words) {
+            return Err(LayoutError::MetaWords(meta_words));
+        }
+        if payload_max == 0 || payload_max > 16 << 20 {
+            return Err(LayoutError::PayloadMax(payload_max));
+        }
+        if writers == 0 || slots_per_writer == 0 {
+            return Err(LayoutError::EmptyLog);
+        }
+        let layout = Self {
+            payload_max,
+            meta_words,
+            log_base,
+            writers,
+            slots_per_writer,
+        };
+        layout
+            .slot_bytes()
+            .checked_mul(u64::from(slots_per_writer))
+            .and_then(|per_writer| per_writer.checked_mul(u64::from(writers)))
+            .and_then(|total| total.checked_add(log_base))
+            .ok_or(LayoutError::LogTooLarge)?;
+        Ok(layout)
+    }
+
+    /// Largest payload a register holds.
+    pub const fn payload_max(&self) -> u32 {
+        self.payload_max
+    }
+
+    /// Metadata words per register (`W`).
+    pub const fn meta_words(&self) -> u16 {
+        self.meta_words
+    }
+
+    /// Writers that have a log.
+    pub const fn writers(&self) -> u16 {
+        self.writers
+    }
+
+    /// Slots in each writer's log.
+    pub const fn slots_per_writer(&self) -> u32 {
+        self.slots_per_writer
+    }
+
+    /// Bytes of a record holding `payload_max` bytes.
+    pub const fn record_bytes(&self) -> u64 {
+        pad8(RECORD_HEADER as u64 + self.payload_max as u64)
+    }
+
+    /// Offset of the metadata words from the register's address.
+    pub const fn meta_offset(&self) -> u64 {
+        self.record_bytes()
+    }
+
+    /// Bytes of one register: in-place block and metadata.
+    pub const fn register_bytes(&self) -> u64 {
+        self.record_bytes() + 8 * self.meta_words as u64
+    }
+
+    /// Bytes of one log slot.
+    pub const fn slot_bytes(&self) -> u64 {
+        SLOT_LOCK_BYTES as u64 + self.record_bytes()
+    }
+
+    /// First byte of the logs.
+    pub const fn log_base(&self) -> u64 {
+        self.log_base
+    }
+
+    /// Bytes of all logs together.
+    pub const fn log_bytes(&self) -> u64 {
+        self.slot_bytes() * self.slots_per_writer as u64 * self.writers as u64
+    }
+
+    /// Address of the metadata word writer `w` CASes in the register at `addr`.
+    pub const fn meta_word_addr(&self, addr: u64, writer: WriterId) -> u64 {
+        addr + self.meta_offset() + 8 * (writer.get() % self.meta_words) as u64
+    }
+
+    /// The slot that write `ts` uses in its writer's log.
+    pub fn slot_of(&self, ts: Timestamp) -> u32 {
+        let word = Tsp::new(ts, Flag::Guessed).word();
+        (xxh3_64(&word.to_le_bytes()) % u64::from(self.slots_per_writer)) as u32
+    }
+
+    /// Address of slot `slot` of writer `w`'s log, if `w` has a log.
+    pub fn slot_addr(&self, writer: WriterId, slot: u32) -> Option<u64> {
+        if writer.get() >= self.writers || slot >= self.slots_per_writer {
+            return None;
+        }
+        let index = u64::from(writer.get()) * u64::from(self.slots_per_writer) + u64::from(slot);
+        Some(self.log_base + index * self.slot_bytes())
+    }
+
+    /// Address of the buffer (lock word first) of write `ts`.
+    pub fn buffer_addr(&self, ts: Timestamp) -> Option<u64> {
+        self.slot_addr(ts.writer(), self.slot_of(ts))
+    }
+}
+
+/// Encodes a record: `tsp` (flag cleared), length, hash, payload, padded to 8 bytes.
+pub fn encode_record(tsp: Tsp, payload: &[u8]) -> Vec<u8> {
+    let len = pad8(u64::from(RECORD_HEADER) + payload.len() as u64) as usize;
+    let mut record = alloc::vec![0u8; len];
+    record[0..8].copy_from_slice(&tsp.with_flag(Flag::Guessed).word().to_le_bytes());
+    record[8..12].copy_from_slice(&(payload.len() as u32).to_le_bytes());
+    record[32..32 + payload.len()].copy_from_slice(payload);
+    let hash = xxh3_128(&record);
+    record[16..32].copy_from_slice(&hash.to_le_bytes());
+    record
+}
+
+/// A record that passed validation.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Record<'a> {
+    /// The write it holds (flag cleared).
+    pub tsp: Tsp,
+    /// Its payload.
+    pub payload: &'a [u8],
+}
+
+/// Validates a record read from untrusted memory (torn, stale, garbage): returns it
+/// only if its length is within `payload_max` and the bytes it claims, and its hash
+/// matches. `bytes` is modified (the hash field is zeroed to recompute the hash).
+pub fn decode_record(bytes: &mut [u8], payload_max: u32) -> Option<Record<'_>> {
+    if bytes.len() < RECORD_HEADER as usize {
+        return None;
+    }
+    let word = u64::from_le_bytes(bytes[0..8].try_into().ok()?);
+    let len = u32::from_le_bytes(bytes[8..12].try_into().ok()?);
+    if word == 0 || len > payload_max {
+        return None;
+    }
+    let end = pad8(u64::from(RECORD_HEADER) + u64::from(len)) as usize;
+    if end > bytes.len() {
+        return None;
+    }
+    let stored = u128::from_le_bytes(bytes[16..32].try_into().ok()?);
+    bytes[16..32].fill(0);
+    if xxh3_128(&bytes[..end]) != stored {
+        return None;
+    }
+    Some(Record {
+        tsp: Tsp::from_word(word),
+        payload: &bytes[32..32 + len as usize],
+    })
+}
+
+/// Why no log slot could be allocated.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SlotError {
+    /// Every slot of this writer's log is in use.
+    #[error(
+        "the out-of-place log of writer {0} is full ({1} slots): recycle memory or create the cluster with larger logs"
+    )]
+    LogFull(WriterId, u32),
+    /// The writer has no log in this layout.
+    #[error("writer {0} has no log: the cluster was created for fewer writers")]
+    NoLog(WriterId),
+    /// Bumping the timestamp to find a free slot went past the horizon.
+    #[error(transparent)]
+    Encoding(#[from] crate::encoding::EncodingError),
+}
+
+/// A writer's local record of which of its log slots hold live buffers.
+///
+/// Allocation is local (no remote access, SWARM §4.3): starting from a wanted
+/// timestamp, bump the ticks until the slot of `(ticks, writer)` is free.
+#[derive(Clone, Debug)]
+pub struct SlotAllocator {
+    writer: WriterId,
+    used: Vec<u64>,
+    slots: u32,
+    in_use: u32,
+}
+
+impl SlotAllocator {
+    /// An allocator with every slot free, for `writer` in `layout`.
+    pub fn new(layout: &Layout, writer: WriterId) -> Result<Self, SlotError> {
+        if writer.get() >= layout.writers() {
+            return Err(SlotError::NoLog(writer));
+        }
+        let slots = layout.slots_per_writer();
+        Ok(Self {
+            writer,
+            used: alloc::vec![0; slots.div_ceil(64) as usize],
+            slots,
+            in_use: 0,
+        })
+    }
+
+    /// Slots currently in use.
+    pub fn in_use(&self) -> u32 {
+        self.in_use
+    }
+
+    fn is_used(&self, slot: u32) -> bool {
+        self.used[slot as usize / 64] & (1 << (slot % 64)) != 0
+    }
+
+    /// Reserves a slot for a write at a timestamp of at least `min_ticks`; returns
+    /// the timestamp actually used (ticks bumped until its slot was free).
+    pub fn allocate(&mut self, layout: &Layout, min_ticks: u64) -> Result<Timestamp, SlotError> {
+        if self.in_use >= self.slots {
+            return Err(SlotError::LogFull(self.writer, self.slots));
+        }
+        let mut ticks = min_ticks.max(1);
+        loop {
+            let ts = Timestamp::new(ticks, self.writer)?;
+            let slot = layout.slot_of(ts);
+            if !self.is_used(slot) {
+                self.used[slot as usize / 64] |= 1 << (slot % 64);
+                self.in_use += 1;
+                return Ok(ts);
+            }
+            ticks += 1;
+        }
+    }
+
+    /// Marks the slot of `ts` used without allocating a timestamp (the tombstone
+    /// slot, whose content is the same for every delete).
+    pub fn reserve(&mut self, layout: &Layout, ts: Timestamp) {
+        let slot = layout.slot_of(ts);
+        if !self.is_used(slot) {
+            self.used[slot as usize / 64] |= 1 << (slot % 64);
+            self.in_use += 1;
+        }
+    }
+
+    /// Returns the slot of `ts` to the free pool (memory recycling).
+    pub fn release(&mut self, layout: &Layout, ts: Timestamp) {
+        let slot = layout.slot_of(ts);
+        if self.is_used(slot) {
+            self.used[slot as usize / 64] &= !(1 << (slot % 64));
+            self.in_use -= 1;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn layout() -> Layout {
+        Layout::new(100, 4, 1 << 20, 8, 64).unwrap()
+    }
+
+    #[test]
+    fn layout_rejects_bad_parameters() {
+        assert_eq!(Layout::new(8, 0, 0, 1, 1), Err(LayoutError::MetaWords(0)));
+        assert_eq!(Layout::new(0, 1, 0, 1, 1), Err(LayoutError::PayloadMax(0)));
+        assert_eq!(Layout::new(8, 1, 0, 0, 1), Err(LayoutError::EmptyLog));
+        assert_eq!(
+            Layout::new(8, 1, u64::MAX - 8, 1, 1),
+            Err(LayoutError::LogTooLarge)
+        );
+    }
+
+    #[test]
+    fn addresses_are_aligned_and_disjoint() {
+        let l = layout();
+        assert_eq!(l.record_bytes() % 8, 0);
+        assert_eq!(l.register_bytes(), l.record_bytes() + 32);
+        let w = |i| WriterId::new(i).unwrap();
+        assert_eq!(l.meta_word_addr(0, w(5)), l.meta_offset() + 8);
+        assert_eq!(l.slot_addr(w(0), 0), Some(1 << 20));
+        assert_eq!(l.slot_addr(w(1), 0), Some((1 << 20) + 64 * l.slot_bytes()));
+        assert_eq!(l.slot_addr(w(8), 0), None);
+        assert_eq!(l.slot_addr(w(0), 64), None);
+    }
+
+    #[test]
+    fn allocator_bumps_to_free_slots_and_reports_full() {
+        let l = layout();
+        let w = WriterId::new(2).unwrap();
+        let mut a = SlotAllocator::new(&l, w).unwrap();
+        let mut seen = alloc::collections::BTreeSet::new();
+        let mut ticks = 10;
+        for _ in 0..64 {
+            let ts = a.allocate(&l, ticks).unwrap();
+            assert!(ts.ticks() >= ticks);
+            assert!(seen.insert(l.slot_of(ts)), "slot handed out twice");
+            ticks = ts.ticks() + 1;
+        }
+        assert_eq!(a.allocate(&l, ticks), Err(SlotError::LogFull(w, 64)));
+        let some = Timestamp::new(ticks - 1, w).unwrap();
+        a.release(&l, some);
+        assert!(a.allocate(&l, ticks).is_ok());
+        assert!(SlotAllocator::new(&l, WriterId::new(8).unwrap()).is_err());
+    }
+
+    proptest! {
+        #[test]
+        fn records_roundtrip_and_detect_any_corruption(
+            payload in proptest::collection::vec(any::<u8>(), 0..100),
+            ticks in 1u64..crate::encoding::MAX_TICKS, flip in any::<prop::sample::Index>(), bit in 0u8..8,
+        ) {
+            let ts = Timestamp::new(ticks, WriterId::new(7).unwrap()).unwrap();
+            let tsp = Tsp::new(ts, Flag::Verified);
+            let record = encode_record(tsp, &payload);
+            let mut bytes = record.clone();
+            let decoded = decode_record(&mut bytes, 100).unwrap();
+            prop_assert!(decoded.tsp.same_write(tsp));
+            prop_assert_eq!(decoded.payload, &payload[..]);
+            // Flip one bit anywhere in the meaningful bytes: never accepted as is.
+            let meaningful = 32 + payload.len();
+            let mut bad = record.clone();
+            let i = flip.index(meaningful);
+            bad[i] ^= 1 << bit;
+            if let Some(r) = decode_record(&mut bad, 100) {
+                prop_assert!(false, "corrupted record accepted: {:?}", r);
+            }
+        }
+
+        #[test]
+        fn decode_never_panics_on_garbage(mut bytes in proptest::collection::vec(any::<u8>(), 0..200), max in 0u32..300) {
+            let _ = decode_record(&mut bytes, max);
+        }
+    }
+}

@@ -1,0 +1,130 @@
+//! A protocol client: one per client thread.
+
+use core::cell::RefCell;
+
+use crate::clock::Clock;
+use crate::encoding::{Timestamp, WriterId};
+use crate::fabric::{Fabric, Nanos};
+use crate::layout::{Layout, SlotAllocator};
+
+use super::SwarmError;
+use super::guess::TimestampGuesser;
+
+/// Tunables of the protocol.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProtocolConfig {
+    /// How long to wait for the preferred majority before also contacting the other
+    /// replicas (SWARM §6), on the fabric's clock.
+    pub slow_after_ns: Nanos,
+}
+
+impl Default for ProtocolConfig {
+    fn default() -> Self {
+        Self {
+            slow_after_ns: 50_000,
+        }
+    }
+}
+
+/// Writer-local state: which log slots are in use, and the timestamp guesser.
+#[derive(Debug)]
+pub(crate) struct WriterState {
+    pub(crate) slots: SlotAllocator,
+    pub(crate) guesser: TimestampGuesser,
+}
+
+/// A client thread's handle on SWARM: its fabric, clock, writer id and local state.
+///
+/// Operations take `&self`, so a thread can keep several in flight on one
+/// [`crate::LocalExecutor`]; writer-local state sits in a `RefCell` that is never
+/// borrowed across an `await`.
+#[derive(Debug)]
+pub struct Client<F, C> {
+    pub(crate) fabric: F,
+    pub(crate) clock: C,
+    pub(crate) layout: Layout,
+    pub(crate) config: ProtocolConfig,
+    pub(crate) writer: WriterId,
+    pub(crate) state: RefCell<WriterState>,
+}
+
+impl<F: Fabric, C: Clock> Client<F, C> {
+    /// A client writing as `writer` (which must have a log in `layout`).
+    pub fn new(
+        fabric: F,
+        clock: C,
+        layout: Layout,
+        writer: WriterId,
+        config: ProtocolConfig,
+    ) -> Result<Self, SwarmError> {
+        let mut slots = SlotAllocator::new(&layout, writer)?;
+        // Tombstones of this writer always use the same slot, with identical content
+        // (§5.3.2): reserve it once so that no ordinary write lands on it.
+        slots.reserve(&layout, Timestamp::tombstone(writer));
+        Ok(Self {
+            fabric,
+            clock,
+            layout,
+            config,
+            writer,
+            state: RefCell::new(WriterState {
+                slots,
+                guesser: TimestampGuesser::new(),
+            }),
+        })
+    }
+
+    /// The fabric this client talks through.
+    pub fn fabric(&self) -> &F {
+        &self.fabric
+    }
+
+    /// The cluster layout.
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    /// This client's writer id.
+    pub fn writer(&self) -> WriterId {
+        self.writer
+    }
+
+    /// Log slots in use by this writer.
+    pub fn slots_in_use(&self) -> u32 {
+        self.state.borrow().slots.in_use()
+    }
+
+    pub(crate) fn check_payload(&self, payload: &[u8]) -> Result<(), SwarmError> {
+        if payload.len() > self.layout.payload_max() as usize {
+            return Err(SwarmError::PayloadTooLarge {
+                len: payload.len(),
+                max: self.layout.payload_max(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Allocates a log slot for a new write at a timestamp of at least `min_ticks`
+    /// (and above every earlier write of this writer).
+    pub(crate) fn allocate_ts(&self, min_ticks: u64) -> Result<Timestamp, SwarmError> {
+        let mut state = self.state.borrow_mut();
+        let WriterState { slots, guesser } = &mut *state;
+        let wanted = guesser.next(min_ticks);
+        let ts = slots.allocate(&self.layout, wanted)?;
+        guesser.used(ts.ticks());
+        Ok(ts)
+    }
+
+    /// A guessed timestamp from the clock (SWARM §3.2 `guessTs`).
+    pub(crate) fn guess_ts(&self) -> Result<Timestamp, SwarmError> {
+        self.allocate_ts(self.clock.ticks())
+    }
+
+    /// Re-synchronises the guesser after observing `ts` (ignores tombstones).
+    pub(crate) fn observe(&self, ts: Timestamp) {
+        if !ts.is_tombstone() {
+            let now = self.clock.ticks();
+            self.state.borrow_mut().guesser.observe(ts.ticks(), now);
+        }
+    }
+}

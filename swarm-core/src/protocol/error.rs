@@ -1,0 +1,44 @@
+//! Errors of protocol operations.
+
+use crate::encoding::EncodingError;
+use crate::fabric::{FabricError, NodeId};
+use crate::layout::SlotError;
+
+/// Why a SWARM operation failed.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SwarmError {
+    /// The fabric failed in a way the protocol cannot mask (no majority, bad address).
+    #[error(transparent)]
+    Fabric(#[from] FabricError),
+    /// No out-of-place buffer could be allocated.
+    #[error(transparent)]
+    Slot(#[from] SlotError),
+    /// A timestamp or writer id could not be encoded.
+    #[error(transparent)]
+    Encoding(#[from] EncodingError),
+    /// The payload exceeds the cluster's limit.
+    #[error("payload of {len} B exceeds the cluster's limit of {max} B")]
+    PayloadTooLarge {
+        /// The payload's length.
+        len: usize,
+        /// The limit ([`crate::layout::Layout::payload_max`]).
+        max: u32,
+    },
+    /// A buffer named by a metadata word failed validation on every node that holds
+    /// it: memory was corrupted, or the slot was recycled while still in use.
+    #[error(
+        "the data of write {tsp} on node {node} failed validation: memory is corrupted or was recycled too early"
+    )]
+    Corrupted {
+        /// The last node tried.
+        node: NodeId,
+        /// The write whose data is unreadable.
+        tsp: crate::encoding::Tsp,
+    },
+    /// A Safe-Guess read exceeded its wait-freedom bound of `2·writers + 1`
+    /// iterations (appendix C): a protocol bug, never expected.
+    #[error(
+        "read gave up after {0} iterations: wait-freedom bound exceeded (a bug: please report)"
+    )]
+    ReadBoundExceeded(u32),
+}

@@ -1,0 +1,182 @@
+//! In-n-Out: one fallible max register on one memory node (SWARM §4).
+//!
+//! This module only builds batches and interprets their results; waiting for them is
+//! the reliable max register's job ([`super::maxreg`]).
+//!
+//! * **Write** (§4.3, Algorithm "ino-write"): one ordered batch — write the record
+//!   into the writer's out-of-place buffer, then MAX the metadata word. Batch order
+//!   guarantees that whoever sees the word also sees the buffer (§2.1, third
+//!   property), so the write takes one roundtrip.
+//! * **MAX** (§4.4) is a CAS with the expected value the client last saw in its own
+//!   metadata word. If the CAS finds another value that is still below ours, the
+//!   client adopts it and retries; if it finds a value at least as large, the MAX is
+//!   already done.
+//! * **Read** (§4.3, Algorithm "ino-read"): one READ of the in-place block and the
+//!   metadata words (the in-place block only on the primary). If the in-place record
+//!   is valid and is the maximum's write, done; otherwise a second READ fetches the
+//!   maximum's out-of-place buffer, whose record must carry the same write.
+
+use alloc::vec::Vec;
+
+use crate::encoding::Tsp;
+use crate::fabric::{Batch, Completion, FabricError, Op};
+use crate::layout::{Layout, SLOT_LOCK_BYTES, decode_record};
+
+/// What one node's reply to a register read says.
+#[derive(Clone, Debug, Default)]
+pub struct NodeView {
+    /// The maximum of the register's metadata words on that node.
+    pub max: Tsp,
+    /// The in-place record, if read and valid: its write and payload.
+    pub inplace: Option<(Tsp, Vec<u8>)>,
+}
+
+/// The operation reading a register on one node: metadata only, or in-place block
+/// and metadata together.
+pub fn read_op(layout: &Layout, addr: u64, with_inplace: bool) -> Op {
+    if with_inplace {
+        Op::Read {
+            addr,
+            len: layout.register_bytes() as u32,
+        }
+    } else {
+        Op::Read {
+            addr: addr + layout.meta_offset(),
+            len: 8 * u32::from(layout.meta_words()),
+        }
+    }
+}
+
+/// The maximum of metadata words given as little-endian bytes.
+pub fn max_word(meta: &[u8]) -> Tsp {
+    meta.chunks_exact(8)
+        .map(|w| {
+            Tsp::from_word(u64::from_le_bytes([
+                w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7],
+            ]))
+        })
+        .max()
+        .unwrap_or(Tsp::EMPTY)
+}
+
+/// Interprets the bytes returned by [`read_op`].
+pub fn parse_read(layout: &Layout, mut bytes: Vec<u8>, with_inplace: bool) -> NodeView {
+    if !with_inplace {
+        return NodeView {
+            max: max_word(&bytes),
+            inplace: None,
+        };
+    }
+    let meta_at = (layout.meta_offset() as usize).min(bytes.len());
+    let max = max_word(&bytes[meta_at..]);
+    let (record, _) = bytes.split_at_mut(meta_at);
+    let inplace = decode_record(record, layout.payload_max()).map(|r| (r.tsp, r.payload.to_vec()));
+    NodeView { max, inplace }
+}
+
+/// Appends a MAX of `new` into `writer`'s metadata word, CAS-expecting `expected`.
+pub fn push_max(
+    batch: &mut Batch,
+    layout: &Layout,
+    addr: u64,
+    writer: crate::encoding::WriterId,
+    expected: Tsp,
+    new: Tsp,
+) -> Result<(), FabricError> {
+    batch.push(Op::Cas {
+        addr: layout.meta_word_addr(addr, writer),
+        expected: expected.word(),
+        new: new.word(),
+    })?;
+    Ok(())
+}
+
+/// The operation writing `record` (from [`crate::layout::encode_record`]) into the
+/// out-of-place buffer at `buffer_addr`, leaving its lock word alone.
+pub fn buffer_write_op(buffer_addr: u64, record: Vec<u8>) -> Op {
+    Op::Write {
+        addr: buffer_addr + u64::from(SLOT_LOCK_BYTES),
+        data: record,
+    }
+}
+
+/// The operation reading the record of the out-of-place buffer at `buffer_addr`.
+pub fn buffer_read_op(layout: &Layout, buffer_addr: u64) -> Op {
+    Op::Read {
+        addr: buffer_addr + u64::from(SLOT_LOCK_BYTES),
+        len: layout.record_bytes() as u32,
+    }
+}
+
+/// Outcome of one MAX attempt, from the CAS's previous value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MaxOutcome {
+    /// The word now holds a value `>= new`: the MAX is complete. Carries the word's
+    /// value (ours if the CAS swapped).
+    Done(Tsp),
+    /// The word held a smaller value than expected: retry expecting it.
+    Retry(Tsp),
+}
+
+/// Interprets the CAS of a MAX of `new` that expected `expected`.
+pub fn max_outcome(expected: Tsp, new: Tsp, previous: Tsp) -> MaxOutcome {
+    if previous == expected {
+        MaxOutcome::Done(new)
+    } else if previous >= new {
+        MaxOutcome::Done(previous)
+    } else {
+        MaxOutcome::Retry(previous)
+    }
+}
+
+/// The CAS result at `index` of a completion, as a [`Tsp`].
+pub fn cas_result(completion: &Completion, index: usize) -> Option<Tsp> {
+    completion.cas(index).map(Tsp::from_word)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::encoding::{Flag, Timestamp, WriterId};
+    use crate::layout::encode_record;
+
+    fn tsp(t: u64, w: u32) -> Tsp {
+        Tsp::new(
+            Timestamp::new(t, WriterId::new(w).unwrap()).unwrap(),
+            Flag::Guessed,
+        )
+    }
+
+    #[test]
+    fn max_outcomes() {
+        assert_eq!(
+            max_outcome(tsp(1, 0), tsp(5, 0), tsp(1, 0)),
+            MaxOutcome::Done(tsp(5, 0))
+        );
+        assert_eq!(
+            max_outcome(tsp(1, 0), tsp(5, 0), tsp(7, 1)),
+            MaxOutcome::Done(tsp(7, 1))
+        );
+        assert_eq!(
+            max_outcome(tsp(1, 0), tsp(5, 0), tsp(3, 1)),
+            MaxOutcome::Retry(tsp(3, 1))
+        );
+    }
+
+    #[test]
+    fn parse_register_read() {
+        let layout = Layout::new(16, 3, 4096, 2, 4).unwrap();
+        let mut bytes = alloc::vec![0u8; layout.register_bytes() as usize];
+        let record = encode_record(tsp(9, 1), b"hello");
+        bytes[..record.len()].copy_from_slice(&record);
+        let meta = layout.meta_offset() as usize;
+        bytes[meta + 8..meta + 16].copy_from_slice(&tsp(9, 1).word().to_le_bytes());
+        bytes[meta..meta + 8].copy_from_slice(&tsp(4, 0).word().to_le_bytes());
+        let view = parse_read(&layout, bytes.clone(), true);
+        assert_eq!(view.max, tsp(9, 1));
+        assert_eq!(view.inplace, Some((tsp(9, 1), b"hello".to_vec())));
+        bytes[40] ^= 0xff; // tear the payload
+        assert_eq!(parse_read(&layout, bytes, true).inplace, None);
+        assert_eq!(parse_read(&layout, alloc::vec![0; 3], true).max, Tsp::EMPTY);
+    }
+}

@@ -1,0 +1,314 @@
+//! The reliable max register over `n = 2f + 1` In-n-Out replicas (SWARM §2.3,
+//! appendix A, Algorithm "wmr").
+//!
+//! ```text
+//! inner_write(v):
+//!   for each replica i with cache[i] < v: async { MAX v into i; cache[i] = max(cache[i], v) }
+//!   wait until a majority of cache[i] >= v            # 0 RTT if already true
+//! READ():
+//!   for each replica i: async { r = read i; cache[i] = max(cache[i], r) }
+//!   wait for a majority of replies
+//!   v = max(replies); inner_write(v); return v       # write-back only if not on a majority
+//! ```
+//!
+//! Implementation notes (§6):
+//! * Steps contact the register's *preferred majority* first and the other replicas
+//!   only when one of those is slow ([`super::ProtocolConfig::slow_after_ns`]) or
+//!   failed; see [`Client::quorum_step`].
+//! * `READ` returns the maximum of this read's replies rather than of the whole
+//!   cache: Lemma A.3 (a majority read after a completed `inner_write(v)` returns
+//!   something `>= v`) is all that read-read and write-read monotonicity need, and the
+//!   value of a reply is certainly fetchable from the node that sent it.
+//! * In-place data lives on the primary only; when it does not match the maximum,
+//!   the value comes from the maximum's out-of-place buffer (In-n-Out, §4.3).
+
+use alloc::vec::Vec;
+
+use crate::clock::Clock;
+use crate::encoding::Tsp;
+use crate::fabric::{Batch, Fabric, FabricError};
+use crate::layout::{decode_record, encode_record};
+use crate::roundtrip::{OpStats, Roundtrip, WaitOutcome};
+
+use super::inout::{self, MaxOutcome, NodeView};
+use super::register::{MAX_REPLICAS, RegisterCache, RegisterLoc};
+use super::{Client, SwarmError};
+
+/// Per-replica views from one majority read, indexed by preference position.
+pub(crate) type Views = [Option<NodeView>; MAX_REPLICAS];
+
+/// Progress of one `inner_write` across its roundtrips.
+#[derive(Debug, Default)]
+pub(crate) struct WriteProgress {
+    buffer_written: [bool; MAX_REPLICAS],
+    failed: [bool; MAX_REPLICAS],
+}
+
+impl<F: Fabric, C: Clock> Client<F, C> {
+    /// One quorum step: posts `build(p)` to the first `k` of `candidates` (replica
+    /// positions in preference order) and waits for `k` replies; if they are slow or
+    /// fail, counts one more roundtrip and posts to the remaining candidates too.
+    pub(crate) async fn quorum_step<'a>(
+        &'a self,
+        stats: &'a OpStats,
+        reg: &RegisterLoc,
+        candidates: &[usize],
+        k: usize,
+        mut build: impl FnMut(usize) -> Result<Batch, FabricError>,
+    ) -> Result<Roundtrip<'a, F>, SwarmError> {
+        let mut rt = Roundtrip::start(&self.fabric, stats);
+        let first = k.min(candidates.len());
+        for &p in &candidates[..first] {
+            rt.post(reg.replicas.node(p), build(p)?)?;
+        }
+        let deadline = self.fabric.now().saturating_add(self.config.slow_after_ns);
+        if rt.wait_until(k, deadline).await == WaitOutcome::Reached {
+            return Ok(rt);
+        }
+        if candidates.len() > first {
+            rt.escalate();
+            for &p in &candidates[first..] {
+                rt.post(reg.replicas.node(p), build(p)?)?;
+            }
+        }
+        rt.wait(k).await?;
+        Ok(rt)
+    }
+
+    /// Reads the register's metadata (and the primary's in-place block when
+    /// `with_inplace`) from a majority; raises the cache with what it learns.
+    pub(crate) async fn read_views(
+        &self,
+        reg: &RegisterLoc,
+        cache: &mut RegisterCache,
+        stats: &OpStats,
+        with_inplace: bool,
+    ) -> Result<Views, SwarmError> {
+        let n = reg.replicas.len();
+        let positions: heapless::Vec<usize, MAX_REPLICAS> = (0..n).collect();
+        let layout = self.layout;
+        let mut rt = self
+            .quorum_step(stats, reg, &positions, reg.replicas.quorum(), |p| {
+                let mut batch = Batch::new();
+                batch.push(inout::read_op(&layout, reg.addr, with_inplace && p == 0))?;
+                Ok(batch)
+            })
+            .await?;
+        let mut views: Views = Default::default();
+        for (node, completion) in rt.replies_mut() {
+            let Some(p) = reg.replicas.position(*node) else {
+                continue;
+            };
+            let bytes = completion.take_read(0).unwrap_or_default();
+            let view = inout::parse_read(&layout, bytes, with_inplace && p == 0);
+            cache.learn(p, view.max);
+            views[p] = Some(view);
+        }
+        Ok(views)
+    }
+
+    /// The value of write `t`, the maximum of `views`: from the primary's in-place
+    /// block when it holds `t`, otherwise from `t`'s out-of-place buffer on a replica
+    /// whose maximum is `t` (one more roundtrip).
+    pub(crate) async fn fetch_value(
+        &self,
+        reg: &RegisterLoc,
+        stats: &OpStats,
+        views: &Views,
+        t: Tsp,
+    ) -> Result<Vec<u8>, SwarmError> {
+        if t.is_empty() || t.is_tombstone() {
+            return Ok(Vec::new());
+        }
+        if let Some((tsp, payload)) = views[0].as_ref().and_then(|v| v.inplace.as_ref())
+            && tsp.same_write(t)
+        {
+            return Ok(payload.clone());
+        }
+        let buffer = self
+            .layout
+            .buffer_addr(t.ts())
+            .ok_or(SwarmError::Corrupted {
+                node: reg.replicas.node(0),
+                tsp: t,
+            })?;
+        let holders: heapless::Vec<usize, MAX_REPLICAS> = (0..reg.replicas.len())
+            .filter(|&p| views[p].as_ref().is_some_and(|v| v.max.same_write(t)))
+            .collect();
+        let layout = self.layout;
+        let mut rt = self
+            .quorum_step(stats, reg, &holders, 1, |_| {
+                let mut batch = Batch::new();
+                batch.push(inout::buffer_read_op(&layout, buffer))?;
+                Ok(batch)
+            })
+            .await?;
+        let mut last_node = reg.replicas.node(0);
+        for (node, completion) in rt.replies_mut() {
+            last_node = *node;
+            let Some(mut bytes) = completion.take_read(0) else {
+                continue;
+            };
+            if let Some(record) = decode_record(&mut bytes, layout.payload_max())
+                && record.tsp.same_write(t)
+            {
+                return Ok(record.payload.to_vec());
+            }
+        }
+        Err(SwarmError::Corrupted {
+            node: last_node,
+            tsp: t,
+        })
+    }
+
+    /// `M.READ()`: the maximum tuple on a majority and its value, written back to a
+    /// majority first if it is not known to be on one (appendix A).
+    pub async fn max_read(
+        &self,
+        reg: &RegisterLoc,
+        cache: &mut RegisterCache,
+        stats: &OpStats,
+        with_inplace: bool,
+    ) -> Result<(Tsp, Vec<u8>), SwarmError> {
+        let views = self.read_views(reg, cache, stats, with_inplace).await?;
+        let t = views
+            .iter()
+            .flatten()
+            .map(|v| v.max)
+            .max()
+            .unwrap_or(Tsp::EMPTY);
+        let value = self.fetch_value(reg, stats, &views, t).await?;
+        if !t.is_empty() {
+            self.inner_write(reg, cache, stats, t, &value, &mut WriteProgress::default())
+                .await?;
+        }
+        Ok((t, value))
+    }
+
+    /// `M.READ_weak()`: the maximum tuple on a majority, without fetching its value or
+    /// writing it back (enough to pick a fresh timestamp, appendix A.2).
+    pub async fn max_read_weak(
+        &self,
+        reg: &RegisterLoc,
+        cache: &mut RegisterCache,
+        stats: &OpStats,
+    ) -> Result<Tsp, SwarmError> {
+        let views = self.read_views(reg, cache, stats, false).await?;
+        Ok(views
+            .iter()
+            .flatten()
+            .map(|v| v.max)
+            .max()
+            .unwrap_or(Tsp::EMPTY))
+    }
+
+    /// `inner_write(tsp)`: MAX `tsp` (with `payload` in its out-of-place buffer) into
+    /// replicas until a majority is known to hold `tsp` or more.
+    pub(crate) async fn inner_write(
+        &self,
+        reg: &RegisterLoc,
+        cache: &mut RegisterCache,
+        stats: &OpStats,
+        tsp: Tsp,
+        payload: &[u8],
+        progress: &mut WriteProgress,
+    ) -> Result<(), SwarmError> {
+        self.write_round(reg, cache, stats, tsp, payload, progress, false)
+            .await?;
+        Ok(())
+    }
+
+    /// Runs `inner_write` rounds until a majority holds `tsp`. With `read_first`, the
+    /// first round also reads the metadata words *before* writing (one pipelined batch
+    /// per node, SWARM §3.2 line 6) and contacts a majority even if the cache says it
+    /// is not needed; the maximum of those reads is returned (`Tsp::EMPTY` otherwise).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) async fn write_round(
+        &self,
+        reg: &RegisterLoc,
+        cache: &mut RegisterCache,
+        stats: &OpStats,
+        tsp: Tsp,
+        payload: &[u8],
+        progress: &mut WriteProgress,
+        read_first: bool,
+    ) -> Result<Tsp, SwarmError> {
+        let n = reg.replicas.len();
+        let q = reg.replicas.quorum();
+        let layout = self.layout;
+        let buffer = layout.buffer_addr(tsp.ts()).ok_or(SwarmError::Slot(
+            crate::layout::SlotError::NoLog(tsp.ts().writer()),
+        ))?;
+        let record = encode_record(tsp, payload);
+        let writer = self.writer;
+        let mut read_max = Tsp::EMPTY;
+        let mut first = read_first;
+        loop {
+            let have = if first { 0 } else { cache.holding(n, tsp) };
+            if have >= q {
+                return Ok(read_max);
+            }
+            let candidates: heapless::Vec<usize, MAX_REPLICAS> = (0..n)
+                .filter(|&p| !progress.failed[p] && (first || cache.known_max[p] < tsp))
+                .collect();
+            let need = q - have;
+            if candidates.len() < need {
+                return Err(FabricError::NotEnoughLiveNodes {
+                    needed: need,
+                    live: candidates.len(),
+                }
+                .into());
+            }
+            let mut rt = {
+                let own = cache.own_word;
+                let written = progress.buffer_written;
+                let record = &record;
+                self.quorum_step(stats, reg, &candidates, need, |p| {
+                    let mut batch = Batch::new();
+                    if first {
+                        batch.push(inout::read_op(&layout, reg.addr, false))?;
+                    }
+                    if !written[p] {
+                        batch.push(inout::buffer_write_op(buffer, record.clone()))?;
+                    }
+                    inout::push_max(&mut batch, &layout, reg.addr, writer, own[p], tsp)?;
+                    Ok(batch)
+                })
+                .await?
+            };
+            for (node, error) in rt.failures() {
+                let _ = error;
+                if let Some(p) = reg.replicas.position(*node) {
+                    progress.failed[p] = true;
+                }
+            }
+            for (node, completion) in rt.replies_mut() {
+                let Some(p) = reg.replicas.position(*node) else {
+                    continue;
+                };
+                if first {
+                    let meta = completion.take_read(0).unwrap_or_default();
+                    let seen = inout::max_word(&meta);
+                    read_max = read_max.max(seen);
+                    cache.learn(p, seen);
+                }
+                progress.buffer_written[p] = true;
+                let cas_index = completion.outputs().len().saturating_sub(1);
+                let Some(previous) = inout::cas_result(completion, cas_index) else {
+                    continue;
+                };
+                match inout::max_outcome(cache.own_word[p], tsp, previous) {
+                    MaxOutcome::Done(now) => {
+                        cache.own_word[p] = now;
+                        cache.learn(p, now);
+                    }
+                    MaxOutcome::Retry(found) => {
+                        cache.own_word[p] = found;
+                        cache.learn(p, found);
+                    }
+                }
+            }
+            first = false;
+        }
+    }
+}

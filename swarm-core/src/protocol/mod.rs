@@ -1,0 +1,53 @@
+//! The SWARM protocol: In-n-Out max registers replicated with Safe-Guess.
+//!
+//! Layering, bottom up, as in the paper:
+//!
+//! 1. [`inout`] — one fallible max register on one memory node (In-n-Out, §4): the
+//!    batches that read a register and MAX a value into it, and their validation.
+//! 2. [`maxreg`] — a reliable max register over `n = 2f + 1` replicas (§2.3,
+//!    appendix A), with the client-side cache and the preferred-majority fallback (§6).
+//! 3. [`tslock`] — timestamp locks (§3.3, appendix B).
+//! 4. [`safeguess`] — Safe-Guess reads and writes (§3.2, appendix C), and deletes
+//!    with the tombstone timestamp (§5.3.2).
+//! 5. [`abd`] and [`raw`] — the DM-ABD and unreplicated baselines of §7.
+//!
+//! Every operation is an `async fn` on a [`Client`] (one per client thread) and takes
+//! the register's [`RegisterLoc`], the client's [`RegisterCache`] for it and an
+//! [`crate::OpStats`] that counts its roundtrips.
+
+pub mod abd;
+mod client;
+mod error;
+pub mod guess;
+pub mod inout;
+pub mod maxreg;
+pub mod raw;
+pub mod register;
+pub mod safeguess;
+pub mod tslock;
+
+pub use client::{Client, ProtocolConfig};
+pub use error::SwarmError;
+pub use register::{MAX_REPLICAS, RegisterCache, RegisterLoc, Replicas};
+
+use alloc::vec::Vec;
+
+/// What a read found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ReadValue {
+    /// The register was never written (a pre-cleared register).
+    Empty,
+    /// The register holds this payload.
+    Value(Vec<u8>),
+    /// The register was deleted (tombstone, §5.3.2).
+    Deleted,
+}
+
+/// How a write ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WriteOutcome {
+    /// The write took effect.
+    Written,
+    /// The register was deleted before the write could take effect; nothing changed.
+    Deleted,
+}

@@ -1,0 +1,67 @@
+//! RAW: the unreplicated baseline with no concurrency control (SWARM §7).
+//!
+//! One node (the register's primary), data in place only: a write is one WRITE and a
+//! read one READ. It gives no consistency under concurrency (a read may see a torn
+//! write; this implementation re-reads until the record's hash validates, which is
+//! the least a user would expect) and no fault tolerance; it is the latency floor the
+//! replicated protocols are measured against.
+
+use crate::clock::Clock;
+use crate::encoding::{Flag, Timestamp, Tsp};
+use crate::fabric::{Batch, Fabric, FabricError};
+use crate::layout::{decode_record, encode_record};
+use crate::roundtrip::{OpStats, Roundtrip};
+
+use super::register::RegisterLoc;
+use super::{Client, ReadValue, SwarmError};
+
+/// How many torn reads RAW retries before giving up.
+const RAW_READ_ATTEMPTS: u32 = 64;
+
+impl<F: Fabric, C: Clock> Client<F, C> {
+    /// RAW write: the record, in place, on the primary.
+    pub async fn raw_write(
+        &self,
+        reg: &RegisterLoc,
+        stats: &OpStats,
+        payload: &[u8],
+    ) -> Result<(), SwarmError> {
+        self.check_payload(payload)?;
+        let tsp = Tsp::new(Timestamp::new(1, self.writer)?, Flag::Verified);
+        let mut rt = Roundtrip::start(&self.fabric, stats);
+        rt.post(
+            reg.replicas.node(0),
+            Batch::write(reg.addr, encode_record(tsp, payload)),
+        )?;
+        rt.wait(1).await?;
+        Ok(())
+    }
+
+    /// RAW read: the in-place record of the primary.
+    pub async fn raw_read(
+        &self,
+        reg: &RegisterLoc,
+        stats: &OpStats,
+    ) -> Result<ReadValue, SwarmError> {
+        let node = reg.replicas.node(0);
+        for _ in 0..RAW_READ_ATTEMPTS {
+            let mut rt = Roundtrip::start(&self.fabric, stats);
+            rt.post(
+                node,
+                Batch::read(reg.addr, self.layout.record_bytes() as u32),
+            )?;
+            rt.wait(1).await?;
+            let mut bytes = rt.replies_mut()[0].1.take_read(0).unwrap_or_default();
+            if bytes.iter().take(8).all(|b| *b == 0) {
+                return Ok(ReadValue::Empty);
+            }
+            if let Some(record) = decode_record(&mut bytes, self.layout.payload_max()) {
+                return Ok(ReadValue::Value(record.payload.to_vec()));
+            }
+        }
+        Err(SwarmError::Fabric(FabricError::NodeFailed {
+            node,
+            cause: crate::fabric::FailureCause::TimedOut,
+        }))
+    }
+}

@@ -1,0 +1,191 @@
+//! Safe-Guess: one-roundtrip linearizable, wait-free reads and writes (SWARM §3.2,
+//! appendix C), over the reliable max register `M` and per-writer timestamp locks.
+//!
+//! ```text
+//! WRITE(v):
+//!   w = (guessTs(), GUESSED, v)
+//!   in parallel: m = M.READ_weak();  M.WRITE(w)       # one pipelined batch per node
+//!   if m <= w: background M.WRITE((w.ts, VERIFIED, v)); return      # fast path
+//!   if TSL[tid].TRYLOCK(w.ts, WRITE):                # no reader can ever return w
+//!      M.WRITE(((m.ts.counter+1, tid), VERIFIED, v))
+//!   return                                           # else a reader deemed w fresh
+//!
+//! READ():
+//!   seen = {}                                        # writer -> tuple seen earlier
+//!   loop:
+//!     m = M.READ()
+//!     if m.flag == VERIFIED: return m.v
+//!     if m was seen in an earlier iteration:         # read twice => fresh
+//!        if TSL[m.ts.tid].TRYLOCK(m.ts, READ):       # its writer will never rewrite it
+//!           background M.WRITE((m.ts, VERIFIED, m.v)); return m.v
+//!     if seen[m.ts.tid] exists and != m:             # that writer started a newer
+//!        return seen[m.ts.tid].v                     # write, so the older completed
+//!     seen[m.ts.tid] = m
+//! ```
+//!
+//! Deletes (SWARM-KV §5.3.2) write the tombstone timestamp, which is above every
+//! write. A tombstone is fresh by construction and its writer never rewrites it, so it
+//! is written VERIFIED directly and readers return "deleted" at once. A write that
+//! finds a tombstone (`m > w` with `m` a tombstone) must not rewrite above it (there
+//! is no timestamp above); it locks its guess in WRITE mode instead: if that succeeds
+//! no reader ever returns `w` and the write reports [`WriteOutcome::Deleted`]; if it
+//! fails, a reader may have returned `w`, so the write took effect (before the delete).
+//!
+//! Background VERIFIED marks (§3.2 line 8 and the read's line 17) CAS the flag into
+//! the replicas known to hold the guessed tuple and write the in-place copy on the
+//! primary (§6: in-place data is written when a tuple is marked verified).
+
+use alloc::vec::Vec;
+
+use crate::clock::Clock;
+use crate::encoding::{Flag, LockMode, Timestamp, Tsp};
+use crate::fabric::{Batch, Fabric};
+use crate::layout::encode_record;
+use crate::roundtrip::{OpStats, post_background};
+
+use super::maxreg::WriteProgress;
+use super::register::{RegisterCache, RegisterLoc};
+use super::{Client, ReadValue, SwarmError, WriteOutcome};
+
+impl<F: Fabric, C: Clock> Client<F, C> {
+    /// Safe-Guess `WRITE(payload)`.
+    pub async fn write(
+        &self,
+        reg: &RegisterLoc,
+        cache: &mut RegisterCache,
+        stats: &OpStats,
+        payload: &[u8],
+    ) -> Result<WriteOutcome, SwarmError> {
+        self.check_payload(payload)?;
+        let ts = self.guess_ts()?;
+        let w = Tsp::new(ts, Flag::Guessed);
+        let mut progress = WriteProgress::default();
+        let m = self
+            .write_round(reg, cache, stats, w, payload, &mut progress, true)
+            .await?;
+        if m <= w {
+            self.mark_verified(reg, cache, w, payload);
+            return Ok(WriteOutcome::Written);
+        }
+        // The guess may have been stale: re-synchronise, then make sure no reader
+        // returns `w` before writing again with a fresh timestamp.
+        self.observe(m.ts());
+        let locked = self.trylock(reg, stats, ts, LockMode::Write).await?;
+        if m.is_tombstone() {
+            return Ok(if locked {
+                WriteOutcome::Deleted
+            } else {
+                WriteOutcome::Written
+            });
+        }
+        if locked {
+            let fresh = self.allocate_ts(m.ts().ticks() + 1)?;
+            let v = Tsp::new(fresh, Flag::Verified);
+            self.inner_write(reg, cache, stats, v, payload, &mut WriteProgress::default())
+                .await?;
+            self.write_inplace(reg, v, payload);
+        }
+        Ok(WriteOutcome::Written)
+    }
+
+    /// Deletes the register's value with the tombstone timestamp (§5.3.2). Returns
+    /// [`WriteOutcome::Deleted`] if it was already deleted.
+    pub async fn delete(
+        &self,
+        reg: &RegisterLoc,
+        cache: &mut RegisterCache,
+        stats: &OpStats,
+    ) -> Result<WriteOutcome, SwarmError> {
+        let t = Tsp::new(Timestamp::tombstone(self.writer), Flag::Verified);
+        let mut progress = WriteProgress::default();
+        let m = self
+            .write_round(reg, cache, stats, t, &[], &mut progress, true)
+            .await?;
+        Ok(if m.is_tombstone() {
+            WriteOutcome::Deleted
+        } else {
+            WriteOutcome::Written
+        })
+    }
+
+    /// Safe-Guess `READ()`.
+    pub async fn read(
+        &self,
+        reg: &RegisterLoc,
+        cache: &mut RegisterCache,
+        stats: &OpStats,
+    ) -> Result<ReadValue, SwarmError> {
+        // One entry per writer seen: at most one per concurrent writer.
+        let mut seen: Vec<(Tsp, Vec<u8>)> = Vec::new();
+        let bound = 2 * u32::from(self.layout.writers()) + 1;
+        loop {
+            let iteration = stats.count_iteration();
+            if iteration > bound {
+                return Err(SwarmError::ReadBoundExceeded(iteration - 1));
+            }
+            let (m, value) = self.max_read(reg, cache, stats, true).await?;
+            if m.is_empty() {
+                return Ok(ReadValue::Empty);
+            }
+            if m.is_tombstone() {
+                return Ok(ReadValue::Deleted);
+            }
+            if m.flag() == Flag::Verified {
+                return Ok(ReadValue::Value(value));
+            }
+            let writer = m.ts().writer();
+            let earlier = seen.iter().position(|(s, _)| s.ts().writer() == writer);
+            if let Some(i) = earlier {
+                if seen[i].0 == m {
+                    if self.trylock(reg, stats, m.ts(), LockMode::Read).await? {
+                        self.mark_verified(reg, cache, m, &value);
+                        return Ok(ReadValue::Value(value));
+                    }
+                } else {
+                    // The writer began a newer write, so the one seen earlier completed.
+                    return Ok(ReadValue::Value(core::mem::take(&mut seen[i].1)));
+                }
+                seen[i] = (m, value);
+            } else {
+                seen.push((m, value));
+            }
+        }
+    }
+
+    /// Background `M.WRITE((ts, VERIFIED, v))`: CAS the flag into the replicas known
+    /// to hold the guessed tuple, and write the in-place copy on the primary.
+    fn mark_verified(
+        &self,
+        reg: &RegisterLoc,
+        cache: &mut RegisterCache,
+        guessed: Tsp,
+        payload: &[u8],
+    ) {
+        let verified = guessed.with_flag(Flag::Verified);
+        for p in 0..reg.replicas.len() {
+            if cache.known_max[p] == guessed {
+                let expected = cache.own_word[p];
+                let addr = self.layout.meta_word_addr(reg.addr, self.writer);
+                post_background(
+                    &self.fabric,
+                    reg.replicas.node(p),
+                    Batch::cas(addr, expected.word(), verified.word()),
+                );
+                // A hint for the next CAS only; `known_max` waits for a real answer.
+                if expected <= verified {
+                    cache.own_word[p] = verified;
+                }
+            }
+        }
+        self.write_inplace(reg, verified, payload);
+    }
+
+    /// Background in-place write on the primary (lazy, unlocked: §4.3 line 7).
+    fn write_inplace(&self, reg: &RegisterLoc, tsp: Tsp, payload: &[u8]) {
+        post_background(
+            &self.fabric,
+            reg.replicas.node(0),
+            Batch::write(reg.addr, encode_record(tsp, payload)),
+        );
+    }
+}

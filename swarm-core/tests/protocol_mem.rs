@@ -1,0 +1,175 @@
+//! Protocol sanity on the in-process fabric: roundtrip counts in the common case,
+//! deletes, and a crashed minority.
+
+use swarm_core::clock::FixedClock;
+use swarm_core::encoding::WriterId;
+use swarm_core::layout::Layout;
+use swarm_core::mem::{MemCluster, MemFabric};
+use swarm_core::{
+    Client, NodeId, OpStats, ProtocolConfig, ReadValue, RegisterCache, RegisterLoc, Replicas,
+    WriteOutcome, block_on,
+};
+
+fn setup(writer: u32, clock: u64, cluster: &MemCluster) -> Client<MemFabric, FixedClock> {
+    let layout = Layout::new(64, 4, 1 << 16, 8, 256).unwrap();
+    Client::new(
+        cluster.client(),
+        FixedClock(clock),
+        layout,
+        WriterId::new(writer).unwrap(),
+        ProtocolConfig::default(),
+    )
+    .unwrap()
+}
+
+fn reg() -> RegisterLoc {
+    RegisterLoc {
+        addr: 4096,
+        replicas: Replicas::all(3, 7).unwrap(),
+    }
+}
+
+#[test]
+fn safe_guess_common_case_is_one_roundtrip() {
+    let cluster = MemCluster::new(3, 1 << 20);
+    let a = setup(0, 100, &cluster);
+    let b = setup(1, 200, &cluster);
+    let (reg, mut ca, mut cb) = (reg(), RegisterCache::new(), RegisterCache::new());
+    let f = a.fabric();
+    let s = OpStats::new();
+    assert_eq!(
+        block_on(f, a.read(&reg, &mut ca, &s)).unwrap(),
+        Ok(ReadValue::Empty)
+    );
+    assert_eq!(s.roundtrips(), 1);
+    for i in 0..5u8 {
+        let s = OpStats::new();
+        let out = block_on(f, a.write(&reg, &mut ca, &s, &[i; 10])).unwrap();
+        assert_eq!(out, Ok(WriteOutcome::Written));
+        assert_eq!(s.roundtrips(), 1, "write {i}");
+        let s = OpStats::new();
+        let got = block_on(b.fabric(), b.read(&reg, &mut cb, &s)).unwrap();
+        assert_eq!(got, Ok(ReadValue::Value(vec![i; 10])));
+        assert_eq!(s.roundtrips(), 1, "read {i}");
+    }
+    // b writes with a larger clock: still one roundtrip, and a reads it.
+    let s = OpStats::new();
+    block_on(b.fabric(), b.write(&reg, &mut cb, &s, b"from b"))
+        .unwrap()
+        .unwrap();
+    assert_eq!(s.roundtrips(), 1);
+    let s = OpStats::new();
+    let got = block_on(f, a.read(&reg, &mut ca, &s)).unwrap().unwrap();
+    assert_eq!(got, ReadValue::Value(b"from b".to_vec()));
+}
+
+#[test]
+fn stale_guess_takes_the_slow_path_and_still_wins() {
+    let cluster = MemCluster::new(3, 1 << 20);
+    let ahead = setup(0, 1_000_000, &cluster);
+    let behind = setup(1, 10, &cluster);
+    let (reg, mut c0, mut c1) = (reg(), RegisterCache::new(), RegisterCache::new());
+    block_on(
+        ahead.fabric(),
+        ahead.write(&reg, &mut c0, &OpStats::new(), b"old"),
+    )
+    .unwrap()
+    .unwrap();
+    let s = OpStats::new();
+    block_on(behind.fabric(), behind.write(&reg, &mut c1, &s, b"new"))
+        .unwrap()
+        .unwrap();
+    assert!(
+        s.roundtrips() >= 3,
+        "stale guess: read+write, lock, rewrite"
+    );
+    let got = block_on(ahead.fabric(), ahead.read(&reg, &mut c0, &OpStats::new()))
+        .unwrap()
+        .unwrap();
+    assert_eq!(got, ReadValue::Value(b"new".to_vec()));
+    // The guesser re-synchronised: the next write of the lagging writer is fast.
+    let s = OpStats::new();
+    block_on(behind.fabric(), behind.write(&reg, &mut c1, &s, b"newer"))
+        .unwrap()
+        .unwrap();
+    assert_eq!(s.roundtrips(), 1);
+}
+
+#[test]
+fn abd_takes_two_roundtrips_and_raw_one() {
+    let cluster = MemCluster::new(3, 1 << 20);
+    let a = setup(0, 5, &cluster);
+    let (reg, mut c) = (reg(), RegisterCache::new());
+    let f = a.fabric();
+    let s = OpStats::new();
+    block_on(f, a.abd_write(&reg, &mut c, &s, b"abd"))
+        .unwrap()
+        .unwrap();
+    assert_eq!(s.roundtrips(), 2);
+    let s = OpStats::new();
+    let got = block_on(f, a.abd_read(&reg, &mut c, &s)).unwrap().unwrap();
+    assert_eq!(got, ReadValue::Value(b"abd".to_vec()));
+    assert_eq!(s.roundtrips(), 2);
+    let raw = RegisterLoc {
+        addr: 8192,
+        ..reg.clone()
+    };
+    let s = OpStats::new();
+    block_on(f, a.raw_write(&raw, &s, b"raw")).unwrap().unwrap();
+    let got = block_on(f, a.raw_read(&raw, &s)).unwrap().unwrap();
+    assert_eq!(got, ReadValue::Value(b"raw".to_vec()));
+    assert_eq!(s.roundtrips(), 2);
+}
+
+#[test]
+fn delete_hides_the_value_and_blocks_later_writes() {
+    let cluster = MemCluster::new(3, 1 << 20);
+    let a = setup(0, 5, &cluster);
+    let b = setup(1, 50, &cluster);
+    let (reg, mut ca, mut cb) = (reg(), RegisterCache::new(), RegisterCache::new());
+    block_on(a.fabric(), a.write(&reg, &mut ca, &OpStats::new(), b"v"))
+        .unwrap()
+        .unwrap();
+    let out = block_on(b.fabric(), b.delete(&reg, &mut cb, &OpStats::new()))
+        .unwrap()
+        .unwrap();
+    assert_eq!(out, WriteOutcome::Written);
+    let again = block_on(a.fabric(), a.delete(&reg, &mut ca, &OpStats::new()))
+        .unwrap()
+        .unwrap();
+    assert_eq!(again, WriteOutcome::Deleted);
+    let got = block_on(a.fabric(), a.read(&reg, &mut ca, &OpStats::new()))
+        .unwrap()
+        .unwrap();
+    assert_eq!(got, ReadValue::Deleted);
+    let w = block_on(a.fabric(), a.write(&reg, &mut ca, &OpStats::new(), b"late"))
+        .unwrap()
+        .unwrap();
+    assert_eq!(w, WriteOutcome::Deleted);
+    let got = block_on(b.fabric(), b.read(&reg, &mut cb, &OpStats::new()))
+        .unwrap()
+        .unwrap();
+    assert_eq!(got, ReadValue::Deleted);
+}
+
+#[test]
+fn a_crashed_minority_is_masked_and_a_crashed_majority_stalls() {
+    let cluster = MemCluster::new(3, 1 << 20);
+    let a = setup(0, 5, &cluster);
+    let b = setup(1, 9, &cluster);
+    let (reg, mut ca, mut cb) = (reg(), RegisterCache::new(), RegisterCache::new());
+    // The primary fails for a: fall back to the third replica.
+    a.fabric().fail_node(reg.replicas.node(0));
+    let s = OpStats::new();
+    block_on(a.fabric(), a.write(&reg, &mut ca, &s, b"x"))
+        .unwrap()
+        .unwrap();
+    assert_eq!(s.roundtrips(), 2, "one timeout fallback");
+    let got = block_on(b.fabric(), b.read(&reg, &mut cb, &OpStats::new()))
+        .unwrap()
+        .unwrap();
+    assert_eq!(got, ReadValue::Value(b"x".to_vec()));
+    a.fabric().fail_node(NodeId(reg.replicas.node(1).0));
+    let stalled = block_on(a.fabric(), a.read(&reg, &mut ca, &OpStats::new()));
+    assert!(matches!(stalled, Err(_) | Ok(Err(_))), "{stalled:?}");
+}
