@@ -1,1 +1,7 @@
-//! SWARM fabric over RDMA verbs (placeholder until its issue lands).
+//! SWARM fabric over RDMA verbs (work in progress).
+pub mod auth;
+pub mod bootstrap;
+pub mod error;
+pub mod wire;
+
+pub use error::RdmaError;

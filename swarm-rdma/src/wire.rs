@@ -1,0 +1,639 @@
+//! The bootstrap wire format: versioned, length-prefixed binary messages over TCP.
+//!
+//! Before one-sided verbs can flow, a client and a memory node must exchange what
+//! each side's queue pair needs to connect (LID, GID, QP number, first PSN, MTU,
+//! responder resources) and what the client needs to address the node's memory
+//! (region address, rkey, size, node header). That exchange runs over a plain TCP
+//! connection; this module is its encoding, and [`crate::bootstrap`] its sequence.
+//!
+//! Every frame is a 12-byte header followed by at most [`MAX_PAYLOAD`] bytes:
+//!
+//! | offset | size | field |
+//! |-------:|-----:|-------|
+//! | 0 | 4 | magic `b"SWRB"` |
+//! | 4 | 2 | protocol version ([`PROTOCOL_VERSION`]) |
+//! | 6 | 1 | message type |
+//! | 7 | 1 | reserved, zero |
+//! | 8 | 4 | payload length |
+//!
+//! All integers are little endian. Bytes from the network are untrusted: decoding
+//! checks every length and field and fails with a [`WireError`], never a panic.
+
+use std::io::{self, Read, Write};
+
+use swarm_core::header::{ENCODED_LEN, HEADER_SIZE, HeaderError, NodeHeader};
+
+use crate::auth::{NONCE_LEN, Nonce, PROOF_LEN, Proof};
+
+/// First bytes of every frame.
+pub const MAGIC: [u8; 4] = *b"SWRB";
+/// The bootstrap protocol version this build speaks.
+pub const PROTOCOL_VERSION: u16 = 1;
+/// Bytes in a frame header.
+pub const FRAME_HEADER_LEN: usize = 12;
+/// The largest payload accepted; every valid message is far smaller.
+pub const MAX_PAYLOAD: u32 = 1024;
+
+const QP_INFO_LEN: usize = 2 + 16 + 4 + 4 + 1 + 1;
+const REGION_INFO_LEN: usize = 8 + 4 + 8 + ENCODED_LEN;
+/// Queue pair numbers and packet sequence numbers are 24-bit quantities.
+const MAX_24_BIT: u32 = (1 << 24) - 1;
+
+/// Why bootstrap bytes were refused.
+#[derive(Debug, thiserror::Error)]
+pub enum WireError {
+    /// The connection ended in the middle of a frame.
+    #[error("the connection closed in the middle of a bootstrap message")]
+    Truncated,
+    /// The peer did not send a complete message in time.
+    #[error("timed out waiting for the peer's bootstrap message")]
+    TimedOut,
+    /// Reading or writing the socket failed.
+    #[error("bootstrap connection failed: {0}")]
+    Io(io::Error),
+    /// The frame does not start with the magic bytes: not a swarm-rdma peer.
+    #[error("not a swarm-rdma bootstrap message (bad magic bytes): is the address right?")]
+    BadMagic,
+    /// The peer speaks another protocol version.
+    #[error(
+        "bootstrap protocol version {found} is not supported (this build speaks {PROTOCOL_VERSION}): run the same swarm version on clients and memory nodes"
+    )]
+    UnsupportedVersion {
+        /// The version found.
+        found: u16,
+    },
+    /// The payload length is beyond [`MAX_PAYLOAD`].
+    #[error("bootstrap message of {len} bytes exceeds the {MAX_PAYLOAD}-byte limit")]
+    Oversized {
+        /// The announced length.
+        len: u32,
+    },
+    /// An unknown message type.
+    #[error("unknown bootstrap message type {0}")]
+    UnknownType(u8),
+    /// A payload whose length does not match its type.
+    #[error("{kind} message has {len} payload bytes, expected {expected}")]
+    BadLength {
+        /// The message type.
+        kind: &'static str,
+        /// Bytes found.
+        len: usize,
+        /// Bytes expected.
+        expected: usize,
+    },
+    /// A field is out of range.
+    #[error("invalid bootstrap field: {0}")]
+    BadField(&'static str),
+    /// The node header carried in a region description is invalid.
+    #[error("the memory node's header is invalid: {0}")]
+    Header(HeaderError),
+    /// A well-formed message arrived out of turn.
+    #[error("expected a {expected} message, received {found}")]
+    Unexpected {
+        /// What the protocol expected.
+        expected: &'static str,
+        /// What arrived.
+        found: &'static str,
+    },
+    /// Bytes followed the single frame that was expected.
+    #[error("{0} trailing bytes after a bootstrap message")]
+    Trailing(usize),
+}
+
+impl From<io::Error> for WireError {
+    fn from(error: io::Error) -> Self {
+        match error.kind() {
+            io::ErrorKind::UnexpectedEof => Self::Truncated,
+            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => Self::TimedOut,
+            _ => Self::Io(error),
+        }
+    }
+}
+
+/// What one side's queue pair needs the other side to know.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QpInfo {
+    /// Port LID (InfiniBand); zero on RoCE.
+    pub lid: u16,
+    /// Port GID at the configured index (all zero when not using a GRH).
+    pub gid: [u8; 16],
+    /// Queue pair number (24 bits).
+    pub qpn: u32,
+    /// First packet sequence number this side sends (24 bits).
+    pub psn: u32,
+    /// Active path MTU as an `ibv_mtu` code, 1 (256 B) to 5 (4096 B).
+    pub mtu: u8,
+    /// Outstanding RDMA READs/atomics this side can take as a responder (the
+    /// memory node) or issue as a requester (the client); at least 1.
+    pub max_rd_atomic: u8,
+}
+
+/// Where a memory node's registered memory is and what it holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RegionInfo {
+    /// Virtual address of byte 0 of the node's memory on the memory node.
+    pub addr: u64,
+    /// Remote key of the memory region.
+    pub rkey: u32,
+    /// Bytes registered, header included.
+    pub size: u64,
+    /// The node header stored in the first bytes of the region.
+    pub header: NodeHeader,
+}
+
+/// Why a memory node refused a client.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RefuseReason {
+    /// The client's proof of the cluster token is wrong.
+    BadToken,
+    /// The client speaks another protocol version.
+    UnsupportedVersion,
+    /// The client sent a malformed or unexpected message.
+    Malformed,
+    /// The memory node could not create a queue pair for the client.
+    NoResources,
+}
+
+impl RefuseReason {
+    fn code(self) -> u8 {
+        match self {
+            Self::BadToken => 1,
+            Self::UnsupportedVersion => 2,
+            Self::Malformed => 3,
+            Self::NoResources => 4,
+        }
+    }
+
+    fn from_code(code: u8) -> Result<Self, WireError> {
+        Ok(match code {
+            1 => Self::BadToken,
+            2 => Self::UnsupportedVersion,
+            3 => Self::Malformed,
+            4 => Self::NoResources,
+            _ => return Err(WireError::BadField("unknown refusal reason")),
+        })
+    }
+}
+
+impl std::fmt::Display for RefuseReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::BadToken => {
+                "wrong cluster token: use the token file created by `swarm init` for this cluster"
+            }
+            Self::UnsupportedVersion => {
+                "unsupported protocol version: run the same swarm version everywhere"
+            }
+            Self::Malformed => "malformed bootstrap message",
+            Self::NoResources => {
+                "the memory node could not create a queue pair (see its log for the verbs error)"
+            }
+        })
+    }
+}
+
+/// One bootstrap message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Message {
+    /// Client → node: opens the handshake with the client's nonce.
+    ClientHello {
+        /// The client's fresh nonce.
+        nonce: Nonce,
+    },
+    /// Node → client: the node's nonce and its proof of the token.
+    ServerHello {
+        /// The node's fresh nonce.
+        nonce: Nonce,
+        /// `server_proof(client nonce, node nonce)`.
+        proof: Proof,
+    },
+    /// Client → node: the client's proof and its queue pair.
+    ClientAuth {
+        /// `client_proof(client nonce, node nonce)`.
+        proof: Proof,
+        /// The client's queue pair.
+        qp: QpInfo,
+    },
+    /// Node → client: the node's queue pair (already ready to receive) and region.
+    Accept {
+        /// The node's queue pair for this client.
+        qp: QpInfo,
+        /// The node's memory.
+        region: RegionInfo,
+    },
+    /// Node → client: the connection is refused; the node closes it.
+    Refuse {
+        /// Why.
+        reason: RefuseReason,
+    },
+}
+
+impl Message {
+    fn type_code(&self) -> u8 {
+        match self {
+            Self::ClientHello { .. } => 1,
+            Self::ServerHello { .. } => 2,
+            Self::ClientAuth { .. } => 3,
+            Self::Accept { .. } => 4,
+            Self::Refuse { .. } => 5,
+        }
+    }
+
+    /// The message's name, for errors.
+    pub fn kind(&self) -> &'static str {
+        kind_name(self.type_code())
+    }
+
+    /// Encodes the message as one frame.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut payload = Vec::with_capacity(128);
+        match self {
+            Self::ClientHello { nonce } => payload.extend_from_slice(nonce),
+            Self::ServerHello { nonce, proof } => {
+                payload.extend_from_slice(nonce);
+                payload.extend_from_slice(proof);
+            }
+            Self::ClientAuth { proof, qp } => {
+                payload.extend_from_slice(proof);
+                encode_qp(qp, &mut payload);
+            }
+            Self::Accept { qp, region } => {
+                encode_qp(qp, &mut payload);
+                payload.extend_from_slice(&region.addr.to_le_bytes());
+                payload.extend_from_slice(&region.rkey.to_le_bytes());
+                payload.extend_from_slice(&region.size.to_le_bytes());
+                payload.extend_from_slice(&region.header.encode());
+            }
+            Self::Refuse { reason } => payload.push(reason.code()),
+        }
+        let mut frame = Vec::with_capacity(FRAME_HEADER_LEN + payload.len());
+        frame.extend_from_slice(&MAGIC);
+        frame.extend_from_slice(&PROTOCOL_VERSION.to_le_bytes());
+        frame.push(self.type_code());
+        frame.push(0);
+        // Payloads are at most a few hundred bytes.
+        frame.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+        frame.extend_from_slice(&payload);
+        frame
+    }
+
+    /// Decodes exactly one frame from `bytes`.
+    pub fn decode(bytes: &[u8]) -> Result<Self, WireError> {
+        let header = bytes.get(..FRAME_HEADER_LEN).ok_or(WireError::Truncated)?;
+        let (type_code, len) = parse_frame_header(header)?;
+        let payload = &bytes[FRAME_HEADER_LEN..];
+        match payload.len().cmp(&(len as usize)) {
+            std::cmp::Ordering::Less => Err(WireError::Truncated),
+            std::cmp::Ordering::Greater => Err(WireError::Trailing(payload.len() - len as usize)),
+            std::cmp::Ordering::Equal => decode_payload(type_code, payload),
+        }
+    }
+
+    /// Writes the message to `stream`.
+    pub fn write_to(&self, stream: &mut impl Write) -> Result<(), WireError> {
+        stream.write_all(&self.encode())?;
+        stream.flush()?;
+        Ok(())
+    }
+
+    /// Reads one message from `stream` (never more than one frame's bytes).
+    pub fn read_from(stream: &mut impl Read) -> Result<Self, WireError> {
+        let mut header = [0u8; FRAME_HEADER_LEN];
+        stream.read_exact(&mut header)?;
+        let (type_code, len) = parse_frame_header(&header)?;
+        let mut payload = vec![0u8; len as usize];
+        stream.read_exact(&mut payload)?;
+        decode_payload(type_code, &payload)
+    }
+}
+
+fn kind_name(type_code: u8) -> &'static str {
+    match type_code {
+        1 => "ClientHello",
+        2 => "ServerHello",
+        3 => "ClientAuth",
+        4 => "Accept",
+        5 => "Refuse",
+        _ => "unknown",
+    }
+}
+
+/// Validates a frame header; returns the message type and payload length.
+fn parse_frame_header(header: &[u8]) -> Result<(u8, u32), WireError> {
+    if header[0..4] != MAGIC {
+        return Err(WireError::BadMagic);
+    }
+    let version = u16::from_le_bytes([header[4], header[5]]);
+    if version != PROTOCOL_VERSION {
+        return Err(WireError::UnsupportedVersion { found: version });
+    }
+    let type_code = header[6];
+    if kind_name(type_code) == "unknown" {
+        return Err(WireError::UnknownType(type_code));
+    }
+    if header[7] != 0 {
+        return Err(WireError::BadField("reserved header byte is not zero"));
+    }
+    let len = u32::from_le_bytes([header[8], header[9], header[10], header[11]]);
+    if len > MAX_PAYLOAD {
+        return Err(WireError::Oversized { len });
+    }
+    Ok((type_code, len))
+}
+
+/// A cursor over a payload whose total length was checked up front.
+struct Fields<'a>(&'a [u8]);
+
+impl Fields<'_> {
+    fn take<const N: usize>(&mut self) -> [u8; N] {
+        let mut out = [0u8; N];
+        out.copy_from_slice(&self.0[..N]);
+        self.0 = &self.0[N..];
+        out
+    }
+    fn u8(&mut self) -> u8 {
+        self.take::<1>()[0]
+    }
+    fn u16(&mut self) -> u16 {
+        u16::from_le_bytes(self.take())
+    }
+    fn u32(&mut self) -> u32 {
+        u32::from_le_bytes(self.take())
+    }
+    fn u64(&mut self) -> u64 {
+        u64::from_le_bytes(self.take())
+    }
+}
+
+fn decode_payload(type_code: u8, payload: &[u8]) -> Result<Message, WireError> {
+    let kind = kind_name(type_code);
+    let expected = match type_code {
+        1 => NONCE_LEN,
+        2 => NONCE_LEN + PROOF_LEN,
+        3 => PROOF_LEN + QP_INFO_LEN,
+        4 => QP_INFO_LEN + REGION_INFO_LEN,
+        5 => 1,
+        other => return Err(WireError::UnknownType(other)),
+    };
+    if payload.len() != expected {
+        return Err(WireError::BadLength {
+            kind,
+            len: payload.len(),
+            expected,
+        });
+    }
+    let mut f = Fields(payload);
+    Ok(match type_code {
+        1 => Message::ClientHello { nonce: f.take() },
+        2 => Message::ServerHello {
+            nonce: f.take(),
+            proof: f.take(),
+        },
+        3 => Message::ClientAuth {
+            proof: f.take(),
+            qp: decode_qp(&mut f)?,
+        },
+        4 => {
+            let qp = decode_qp(&mut f)?;
+            let addr = f.u64();
+            let rkey = f.u32();
+            let size = f.u64();
+            let header_bytes: [u8; ENCODED_LEN] = f.take();
+            if size < HEADER_SIZE {
+                return Err(WireError::BadField("region is smaller than a node header"));
+            }
+            if addr.checked_add(size).is_none() {
+                return Err(WireError::BadField("region wraps around the address space"));
+            }
+            let header = NodeHeader::decode(&header_bytes, size).map_err(WireError::Header)?;
+            if header.size != size {
+                return Err(WireError::BadField(
+                    "region size differs from the size in its node header",
+                ));
+            }
+            Message::Accept {
+                qp,
+                region: RegionInfo {
+                    addr,
+                    rkey,
+                    size,
+                    header,
+                },
+            }
+        }
+        _ => Message::Refuse {
+            reason: RefuseReason::from_code(f.u8())?,
+        },
+    })
+}
+
+fn encode_qp(qp: &QpInfo, out: &mut Vec<u8>) {
+    out.extend_from_slice(&qp.lid.to_le_bytes());
+    out.extend_from_slice(&qp.gid);
+    out.extend_from_slice(&qp.qpn.to_le_bytes());
+    out.extend_from_slice(&qp.psn.to_le_bytes());
+    out.push(qp.mtu);
+    out.push(qp.max_rd_atomic);
+}
+
+fn decode_qp(f: &mut Fields<'_>) -> Result<QpInfo, WireError> {
+    let qp = QpInfo {
+        lid: f.u16(),
+        gid: f.take(),
+        qpn: f.u32(),
+        psn: f.u32(),
+        mtu: f.u8(),
+        max_rd_atomic: f.u8(),
+    };
+    if qp.qpn > MAX_24_BIT {
+        return Err(WireError::BadField("queue pair number exceeds 24 bits"));
+    }
+    if qp.psn > MAX_24_BIT {
+        return Err(WireError::BadField(
+            "packet sequence number exceeds 24 bits",
+        ));
+    }
+    if !(1..=5).contains(&qp.mtu) {
+        return Err(WireError::BadField("path MTU code is not 1..=5"));
+    }
+    if qp.max_rd_atomic == 0 {
+        return Err(WireError::BadField("zero outstanding reads/atomics"));
+    }
+    Ok(qp)
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    pub(crate) fn sample_qp() -> QpInfo {
+        QpInfo {
+            lid: 7,
+            gid: [0xfe; 16],
+            qpn: 0x12_3456,
+            psn: 0xab_cdef,
+            mtu: 3,
+            max_rd_atomic: 16,
+        }
+    }
+
+    pub(crate) fn sample_header(size: u64) -> NodeHeader {
+        NodeHeader {
+            node_id: 1,
+            node_count: 3,
+            size,
+            cluster_id: 0xc1,
+            epoch_unix_ns: 1_700_000_000_000_000_000,
+            tick_ns: 1_000,
+        }
+    }
+
+    fn samples() -> Vec<Message> {
+        vec![
+            Message::ClientHello { nonce: [1; 32] },
+            Message::ServerHello {
+                nonce: [2; 32],
+                proof: [3; 32],
+            },
+            Message::ClientAuth {
+                proof: [4; 32],
+                qp: sample_qp(),
+            },
+            Message::Accept {
+                qp: sample_qp(),
+                region: RegionInfo {
+                    addr: 0x7f00_0000_0000,
+                    rkey: 0xdead,
+                    size: 1 << 20,
+                    header: sample_header(1 << 20),
+                },
+            },
+            Message::Refuse {
+                reason: RefuseReason::BadToken,
+            },
+        ]
+    }
+
+    #[test]
+    fn every_message_roundtrips_through_bytes_and_streams() {
+        for message in samples() {
+            let bytes = message.encode();
+            assert_eq!(Message::decode(&bytes).unwrap(), message);
+            let mut cursor = std::io::Cursor::new(bytes);
+            assert_eq!(Message::read_from(&mut cursor).unwrap(), message);
+        }
+    }
+
+    #[test]
+    fn every_truncation_is_an_error() {
+        for message in samples() {
+            let bytes = message.encode();
+            for cut in 0..bytes.len() {
+                assert!(
+                    Message::decode(&bytes[..cut]).is_err(),
+                    "{} cut at {cut} decoded",
+                    message.kind()
+                );
+                let mut cursor = std::io::Cursor::new(&bytes[..cut]);
+                assert!(matches!(
+                    Message::read_from(&mut cursor),
+                    Err(WireError::Truncated)
+                ));
+            }
+        }
+    }
+
+    #[test]
+    fn header_violations_are_named() {
+        let good = Message::ClientHello { nonce: [0; 32] }.encode();
+        let mut bad = good.clone();
+        bad[0] = b'X';
+        assert!(matches!(Message::decode(&bad), Err(WireError::BadMagic)));
+        let mut bad = good.clone();
+        bad[4] = 9;
+        assert!(matches!(
+            Message::decode(&bad),
+            Err(WireError::UnsupportedVersion { found: 9 })
+        ));
+        let mut bad = good.clone();
+        bad[6] = 42;
+        assert!(matches!(
+            Message::decode(&bad),
+            Err(WireError::UnknownType(42))
+        ));
+        let mut bad = good.clone();
+        bad[8..12].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(matches!(
+            Message::read_from(&mut std::io::Cursor::new(bad)),
+            Err(WireError::Oversized { len: u32::MAX })
+        ));
+        let mut bad = good.clone();
+        bad.push(0);
+        assert!(matches!(Message::decode(&bad), Err(WireError::Trailing(1))));
+    }
+
+    #[test]
+    fn out_of_range_fields_are_refused() {
+        let mut qp = sample_qp();
+        qp.qpn = 1 << 24;
+        let bytes = Message::ClientAuth { proof: [0; 32], qp }.encode();
+        assert!(matches!(
+            Message::decode(&bytes),
+            Err(WireError::BadField(_))
+        ));
+        for mtu in [0, 6] {
+            let qp = QpInfo { mtu, ..sample_qp() };
+            let bytes = Message::ClientAuth { proof: [0; 32], qp }.encode();
+            assert!(Message::decode(&bytes).is_err());
+        }
+        // A region whose header disagrees with its size.
+        let bytes = Message::Accept {
+            qp: sample_qp(),
+            region: RegionInfo {
+                addr: 0,
+                rkey: 1,
+                size: 1 << 21,
+                header: sample_header(1 << 20),
+            },
+        }
+        .encode();
+        assert!(matches!(
+            Message::decode(&bytes),
+            Err(WireError::BadField(_))
+        ));
+        // A header that claims more bytes than the region has.
+        let bytes = Message::Accept {
+            qp: sample_qp(),
+            region: RegionInfo {
+                addr: 0,
+                rkey: 1,
+                size: 1 << 20,
+                header: sample_header(1 << 21),
+            },
+        }
+        .encode();
+        assert!(matches!(Message::decode(&bytes), Err(WireError::Header(_))));
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
+
+        /// Random bytes never panic the decoder (proptest prints the failing input
+        /// and persists its seed on failure).
+        #[test]
+        fn random_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
+            let _ = Message::decode(&bytes);
+            let _ = Message::read_from(&mut std::io::Cursor::new(&bytes));
+        }
+
+        /// Valid frames with random payload bytes and random corruption never panic.
+        #[test]
+        fn corrupted_valid_frames_never_panic(which in 0usize..5, at in any::<prop::sample::Index>(), byte: u8) {
+            let mut bytes = samples()[which].encode();
+            let i = at.index(bytes.len());
+            bytes[i] = byte;
+            let _ = Message::decode(&bytes);
+        }
+    }
+}
