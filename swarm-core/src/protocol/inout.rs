@@ -129,6 +129,31 @@ pub fn max_outcome(expected: Tsp, new: Tsp, previous: Tsp) -> MaxOutcome {
     }
 }
 
+/// MAX `new` into the word at `addr` of `node` (§4.4, Algorithm "max"): CAS expecting
+/// `expected` (the caller's cached value), adopt what the CAS found and retry while it
+/// is still below `new`. Each attempt is one roundtrip. Returns the word's value once
+/// it is at least `new`. The reliable register pipelines the first attempt with the
+/// buffer write (see [`super::maxreg`]) and applies the same rule per replica.
+pub async fn max_on_node<F: crate::fabric::Fabric + ?Sized>(
+    fabric: &F,
+    stats: &crate::roundtrip::OpStats,
+    node: crate::fabric::NodeId,
+    addr: u64,
+    mut expected: Tsp,
+    new: Tsp,
+) -> Result<Tsp, FabricError> {
+    loop {
+        let mut rt = crate::roundtrip::Roundtrip::start(fabric, stats);
+        rt.post(node, Batch::cas(addr, expected.word(), new.word()))?;
+        rt.wait(1).await?;
+        let previous = cas_result(&rt.replies()[0].1, 0).unwrap_or(expected);
+        match max_outcome(expected, new, previous) {
+            MaxOutcome::Done(now) => return Ok(now),
+            MaxOutcome::Retry(found) => expected = found,
+        }
+    }
+}
+
 /// The CAS result at `index` of a completion, as a [`Tsp`].
 pub fn cas_result(completion: &Completion, index: usize) -> Option<Tsp> {
     completion.cas(index).map(Tsp::from_word)
