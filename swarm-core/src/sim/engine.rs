@@ -480,11 +480,14 @@ impl Drop for State {
     /// A failing test unwinds through the world: show what it was doing.
     fn drop(&mut self) {
         if std::thread::panicking() && !self.trace.is_empty() {
+            let tail = self.trace.tail(PANIC_TRACE_TAIL);
             std::eprintln!(
-                "last {PANIC_TRACE_TAIL} events of the simulation (seed {}) at {} ns:\n{}",
+                "simulation (seed {}) at {} ns, last {} of {} events:\n{}",
                 self.seed,
                 self.now,
-                self.trace.tail(PANIC_TRACE_TAIL)
+                tail.len(),
+                tail.recorded(),
+                tail
             );
         }
     }

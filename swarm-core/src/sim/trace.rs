@@ -106,8 +106,8 @@ pub enum TraceKind {
         addr: u64,
         /// Bytes read.
         len: u32,
-        /// The first (up to) 8 bytes read, little endian.
-        head: u64,
+        /// The first (up to) 8 bytes read, in memory order, zero padded.
+        head: [u8; 8],
         /// xxh3 of all the bytes read.
         hash: u64,
     },
@@ -243,10 +243,14 @@ impl fmt::Display for TraceEvent {
                 len,
                 head,
                 hash,
-            } => write!(
-                f,
-                "{at}.{index} read {addr:#x}+{len} = {head:016x}.. (xxh3 {hash:016x})"
-            ),
+            } => {
+                write!(f, "{at}.{index} read {addr:#x}+{len} = ")?;
+                for byte in &head[..(*len as usize).min(8)] {
+                    write!(f, "{byte:02x}")?;
+                }
+                let more = if *len > 8 { ".." } else { "" };
+                write!(f, "{more} (xxh3 {hash:016x})")
+            }
             TraceKind::WriteBegin {
                 at,
                 index,
@@ -290,12 +294,12 @@ impl fmt::Display for TraceEvent {
     }
 }
 
-/// The summary of read bytes kept in the trace: the first word and a hash.
-pub(crate) fn read_summary(bytes: &[u8]) -> (u64, u64) {
+/// The summary of read bytes kept in the trace: the first 8 bytes and a hash.
+pub(crate) fn read_summary(bytes: &[u8]) -> ([u8; 8], u64) {
     let mut head = [0u8; 8];
     let n = bytes.len().min(8);
     head[..n].copy_from_slice(&bytes[..n]);
-    (u64::from_le_bytes(head), xxh3_64(bytes))
+    (head, xxh3_64(bytes))
 }
 
 /// A snapshot of a simulation's trace (see [`super::SimWorld::trace`]).
@@ -498,9 +502,41 @@ mod tests {
     }
 
     #[test]
-    fn read_summary_keeps_the_first_word() {
-        let (head, hash) = read_summary(&[1, 2, 3]);
-        assert_eq!(head, 0x03_02_01);
-        assert_eq!(hash, xxh3_64(&[1, 2, 3]));
+    fn reads_print_their_first_bytes_in_memory_order() {
+        let (head, hash) = read_summary(&[1, 2, 0xab]);
+        assert_eq!(head, [1, 2, 0xab, 0, 0, 0, 0, 0]);
+        assert_eq!(hash, xxh3_64(&[1, 2, 0xab]));
+        let short = TraceEvent {
+            time: 0,
+            kind: TraceKind::Read {
+                at: at(),
+                index: 0,
+                addr: 0,
+                len: 3,
+                head,
+                hash,
+            },
+        };
+        assert!(
+            short.to_string().contains("read 0x0+3 = 0102ab (xxh3 "),
+            "{short}"
+        );
+        let (head, hash) = read_summary(&[0xff; 16]);
+        let long = TraceEvent {
+            time: 0,
+            kind: TraceKind::Read {
+                at: at(),
+                index: 2,
+                addr: 8,
+                len: 16,
+                head,
+                hash,
+            },
+        };
+        assert!(
+            long.to_string()
+                .contains("b3.2 read 0x8+16 = ffffffffffffffff.. (xxh3"),
+            "{long}"
+        );
     }
 }
