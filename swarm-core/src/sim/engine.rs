@@ -78,6 +78,17 @@ struct InFlight {
     refused: Option<FabricError>,
 }
 
+/// What running one event did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Stepped {
+    /// No event was scheduled.
+    Idle,
+    /// An event only the nodes see (a batch arrived, an operation step ran).
+    Internal,
+    /// An event clients can observe: a completion, a timer, a fault.
+    Visible,
+}
+
 /// What an execution step leads to.
 enum Next {
     /// The current operation finished; the next one may start at this time.
@@ -242,24 +253,43 @@ impl State {
 
     // ---- time ----------------------------------------------------------------
 
-    /// Runs the earliest event, if any.
-    pub(crate) fn step_event(&mut self) -> bool {
+    /// Runs the earliest event, if any, and says whether clients can observe it.
+    pub(crate) fn step_event(&mut self) -> Stepped {
         let Some(((time, _), event)) = self.queue.pop_first() else {
-            return false;
+            return Stepped::Idle;
         };
         self.now = self.now.max(time);
         self.events_run += 1;
         match event {
             Event::Arrive(id) => self.arrive(id),
             Event::Exec(id) => self.exec(id),
-            Event::Deliver(id) => self.deliver(id),
-            Event::Fault(fault) => self.apply(fault),
+            Event::Deliver(id) => {
+                self.deliver(id);
+                return Stepped::Visible;
+            }
+            Event::Fault(fault) => {
+                self.apply(fault);
+                return Stepped::Visible;
+            }
             Event::Wake => {
                 self.wakes.remove(&time);
                 self.record(TraceKind::Wake);
+                return Stepped::Visible;
             }
         }
-        true
+        Stepped::Internal
+    }
+
+    /// Runs events until one that clients can observe (a completion, a timer, a
+    /// fault); `false` if the queue ran dry first.
+    pub(crate) fn progress(&mut self) -> bool {
+        loop {
+            match self.step_event() {
+                Stepped::Idle => return false,
+                Stepped::Visible => return true,
+                Stepped::Internal => {}
+            }
+        }
     }
 
     /// Runs every event up to `time`, then sets the clock to `time`.

@@ -19,8 +19,8 @@ impl fmt::Display for ClientId {
 /// A client's view of a [`SimWorld`]: posts batches, polls their tickets.
 ///
 /// Clones share the client (same id, same tickets), so several tasks of one client
-/// can each own a handle. [`Fabric::progress`] steps the *whole* world
-/// ([`SimWorld::step`]), so `block_on(&fabric, ..)` works for a single client, and
+/// can each own a handle. [`Fabric::progress`] advances the *whole* world
+/// ([`SimWorld::progress`]), so `block_on(&fabric, ..)` works for a single client, and
 /// [`super::SimRunner`] drives many.
 #[derive(Clone)]
 pub struct SimFabric {
@@ -73,7 +73,7 @@ impl Fabric for SimFabric {
     }
 
     fn progress(&self) -> bool {
-        self.world.step()
+        self.world.progress()
     }
 
     fn now(&self) -> Nanos {

@@ -32,10 +32,11 @@
 //!   majority for a fallback node after a timeout), and [`Fault::CrashClient`]
 //!   (the client's tasks are dropped mid-operation, but what it posted still
 //!   executes, leaving half-done work for others, as real hardware does).
-//! - **Time** is a virtual clock in nanoseconds. [`SimWorld::step`] (which is
-//!   [`crate::Fabric::progress`]) runs the next event of a queue ordered by
-//!   `(time, sequence number)`, and returns `false` only when the queue is empty:
-//!   nothing outstanding can complete, so executors report a stall. Deadlines
+//! - **Time** is a virtual clock in nanoseconds. Events wait in a queue ordered by
+//!   `(time, sequence number)`. [`SimWorld::step`] runs one;
+//!   [`SimWorld::progress`] (which is [`crate::Fabric::progress`]) runs them up to
+//!   the next one a client can observe, and returns `false` only when the queue is
+//!   empty: nothing outstanding can complete, so executors report a stall. Deadlines
 //!   ([`crate::Fabric::wake_at`], [`SimWorld::sleep`]) are timer events, so a
 //!   protocol waiting for a timeout is never mistaken for a stalled one.
 //!   [`SimClock`] turns virtual time into timestamp ticks with a per-client skew,
@@ -86,6 +87,7 @@
 
 mod clock;
 mod config;
+mod digest;
 mod engine;
 mod error;
 mod fabric;

@@ -1,7 +1,9 @@
 //! [`SimRunner`]: many simulated clients, each running protocol operations as tasks.
 //!
 //! The runner is the multi-client counterpart of [`crate::LocalExecutor`]: it polls
-//! every live task, then runs one world event, and repeats until every task finished.
+//! every live task, then runs world events up to the next one clients can observe
+//! ([`SimWorld::progress`]: a completion, a timer, a fault), and repeats until every
+//! task finished.
 //! Tasks are tagged with the client that runs them, so that crashing a client
 //! (SWARM §2.2: "any number of application threads can fail") drops exactly its
 //! tasks mid-operation, while the batches they already posted still execute at the
@@ -352,7 +354,7 @@ impl SimRunner {
                     clients: self.clients(),
                 });
             }
-            if self.world.step() {
+            if self.world.progress() {
                 continue;
             }
             // Nothing can happen any more. One last round may still finish a task

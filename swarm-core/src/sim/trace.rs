@@ -2,14 +2,16 @@
 //!
 //! A failing seed is only useful if one can see what happened. Every event the world
 //! executes is recorded here with its virtual time, and the whole trace is folded into
-//! an xxh3 digest as it grows, so that two runs can be compared cheaply (same seed ⇒
-//! same digest is the determinism test) even when the events themselves are not kept.
+//! an xxh3 digest as it grows (see `digest.rs`), so that two runs can be compared
+//! cheaply (same seed ⇒ same digest is the determinism test) even when the events
+//! themselves are not kept.
 
 use alloc::vec::Vec;
 use core::fmt;
 
-use xxhash_rust::xxh3::{Xxh3Default, xxh3_64};
+use xxhash_rust::xxh3::xxh3_64;
 
+use super::digest::TraceDigest;
 use super::fabric::ClientId;
 use super::fault::Fault;
 use crate::fabric::{FabricError, MAX_BATCH_OPS, Nanos, NodeId, Op};
@@ -357,32 +359,14 @@ impl fmt::Display for TraceTail<'_> {
     }
 }
 
-/// The world's recorder: keeps events (optionally) and folds each one's text into a
-/// running xxh3 digest.
+/// The world's recorder: keeps events (optionally) and folds each one into a
+/// running digest.
+#[derive(Debug)]
 pub(crate) struct TraceLog {
     keep: bool,
     events: Vec<TraceEvent>,
     recorded: u64,
-    hasher: Xxh3Default,
-}
-
-impl fmt::Debug for TraceLog {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("TraceLog")
-            .field("recorded", &self.recorded)
-            .field("digest", &self.digest())
-            .finish()
-    }
-}
-
-/// Feeds formatted text straight into the hasher, without allocating.
-struct HashWriter<'a>(&'a mut Xxh3Default);
-
-impl fmt::Write for HashWriter<'_> {
-    fn write_str(&mut self, s: &str) -> fmt::Result {
-        self.0.update(s.as_bytes());
-        Ok(())
-    }
+    digest: TraceDigest,
 }
 
 impl TraceLog {
@@ -391,14 +375,13 @@ impl TraceLog {
             keep,
             events: Vec::new(),
             recorded: 0,
-            hasher: Xxh3Default::new(),
+            digest: TraceDigest::new(),
         }
     }
 
     pub(crate) fn record(&mut self, time: Nanos, kind: TraceKind) {
         let event = TraceEvent { time, kind };
-        // Writing into the hasher cannot fail.
-        let _ = fmt::write(&mut HashWriter(&mut self.hasher), format_args!("{event}\n"));
+        self.digest.add(&event);
         self.recorded += 1;
         if self.keep {
             self.events.push(event);
@@ -410,7 +393,7 @@ impl TraceLog {
     }
 
     pub(crate) fn digest(&self) -> u64 {
-        self.hasher.digest()
+        self.digest.value()
     }
 
     pub(crate) fn snapshot(&self) -> Trace {

@@ -8,7 +8,7 @@ use core::task::{Context, Poll};
 use std::rc::Rc;
 
 use super::config::SimConfig;
-use super::engine::State;
+use super::engine::{State, Stepped};
 use super::fabric::{ClientId, SimFabric};
 use super::fault::Fault;
 use super::trace::{Trace, TraceKind};
@@ -101,17 +101,26 @@ impl SimWorld {
         self.state.borrow().pending(client)
     }
 
-    /// Runs the next event and advances the clock to it. Returns `false` when no
-    /// event is scheduled: nothing can happen any more unless a client posts. This
-    /// is [`crate::Fabric::progress`].
+    /// Runs the next event (one message arrival, one operation step, one
+    /// completion, ...) and advances the clock to it. Returns `false` when no event
+    /// is scheduled.
     pub fn step(&self) -> bool {
-        self.state.borrow_mut().step_event()
+        self.state.borrow_mut().step_event() != Stepped::Idle
+    }
+
+    /// Runs events until one that clients can observe: a completion delivered, a
+    /// timer fired, a fault applied. Returns `false` when no event is scheduled:
+    /// nothing outstanding can complete any more unless a client posts. This is
+    /// [`crate::Fabric::progress`]; executors poll their tasks after each call
+    /// (polling them between events they cannot observe would change nothing).
+    pub fn progress(&self) -> bool {
+        self.state.borrow_mut().progress()
     }
 
     /// Runs every scheduled event, including the background batches nobody waits
     /// for. Useful before inspecting memory at the end of a test.
     pub fn drain(&self) {
-        while self.state.borrow_mut().step_event() {}
+        while self.state.borrow_mut().step_event() != Stepped::Idle {}
     }
 
     /// Runs every event scheduled up to `time`, then sets the clock to `time` (if it
