@@ -164,6 +164,19 @@ fn a_slow_node_answers_later() {
 }
 
 #[test]
+fn a_node_configured_slow_is_slow_from_the_start() {
+    let config = SimConfig::default()
+        .latency(Latency::new(1_000, 0))
+        .slow(NodeId(0), 3);
+    let world = SimWorld::new(1, config);
+    let client = world.client();
+    let t = client.post(NodeId(0), Batch::read(0, 8));
+    assert!(complete(&client, t).is_ok());
+    // Both messages and the read are three times slower: 3 × (1000 + 20 + 1000).
+    assert_eq!(world.now(), 6_060);
+}
+
+#[test]
 fn a_recovered_node_answers_again_with_its_memory() {
     let world = SimWorld::with_seed(7);
     let client = world.client();

@@ -50,14 +50,33 @@ impl Default for Latency {
     }
 }
 
+/// One memory node's behaviour.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct NodeConfig {
+    /// Its one-way latency distribution.
+    pub latency: Latency,
+    /// Its initial slow factor (see [`super::Fault::Slow`]); 0 counts as 1.
+    pub slow: u32,
+}
+
+impl Default for NodeConfig {
+    /// Default latency, full speed.
+    fn default() -> Self {
+        Self {
+            latency: Latency::default(),
+            slow: 1,
+        }
+    }
+}
+
 /// The shape of a simulated cluster. Fields are public; the builder methods are
 /// shorthands.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SimConfig {
     /// Bytes of memory per node (rounded up to a multiple of 8). Memory starts zeroed.
     pub node_bytes: usize,
-    /// One latency distribution per node; its length is the node count.
-    pub latency: Vec<Latency>,
+    /// One entry per memory node.
+    pub nodes: Vec<NodeConfig>,
     /// Time a node spends on a read or a CAS, and between two operations of a batch.
     pub op_ns: Nanos,
     /// Time between the 8-byte chunks of a write: a write of `k` chunks is applied
@@ -80,7 +99,7 @@ impl SimConfig {
     pub fn new(nodes: usize, node_bytes: usize) -> Self {
         Self {
             node_bytes,
-            latency: vec![Latency::default(); nodes],
+            nodes: vec![NodeConfig::default(); nodes],
             op_ns: 20,
             word_ns: 10,
             keep_trace: true,
@@ -88,21 +107,42 @@ impl SimConfig {
     }
 
     /// Number of memory nodes.
-    pub fn nodes(&self) -> usize {
-        self.latency.len()
+    pub fn node_count(&self) -> usize {
+        self.nodes.len()
+    }
+
+    fn node_mut(&mut self, node: NodeId) -> &mut NodeConfig {
+        let count = self.nodes.len();
+        match self.nodes.get_mut(node.index()) {
+            Some(config) => config,
+            None => panic!("SimConfig has {count} nodes, there is no node {node} to configure"),
+        }
     }
 
     /// Sets the latency of every node.
     pub fn latency(mut self, latency: Latency) -> Self {
-        self.latency.fill(latency);
+        for node in &mut self.nodes {
+            node.latency = latency;
+        }
         self
     }
 
-    /// Sets the latency of one node (ignored if `node` does not exist).
+    /// Sets the latency of one node.
+    ///
+    /// # Panics
+    /// If `node` does not exist (a bug in the test).
     pub fn node_latency(mut self, node: NodeId, latency: Latency) -> Self {
-        if let Some(slot) = self.latency.get_mut(node.index()) {
-            *slot = latency;
-        }
+        self.node_mut(node).latency = latency;
+        self
+    }
+
+    /// Makes one node `factor` times slower from the start (see
+    /// [`super::Fault::Slow`]).
+    ///
+    /// # Panics
+    /// If `node` does not exist (a bug in the test).
+    pub fn slow(mut self, node: NodeId, factor: u32) -> Self {
+        self.node_mut(node).slow = factor;
         self
     }
 
@@ -117,5 +157,35 @@ impl SimConfig {
     pub fn keep_trace(mut self, keep: bool) -> Self {
         self.keep_trace = keep;
         self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn builders_configure_the_named_nodes() {
+        let config = SimConfig::new(3, 64)
+            .latency(Latency::new(500, 0))
+            .node_latency(NodeId(2), Latency::new(9, 1).with_tail(0.5, 7))
+            .slow(NodeId(0), 4)
+            .costs(1, 2)
+            .keep_trace(false);
+        assert_eq!(config.node_count(), 3);
+        assert_eq!(config.nodes[0].slow, 4);
+        assert_eq!(config.nodes[1].latency, Latency::new(500, 0));
+        assert_eq!(config.nodes[1].slow, 1);
+        assert_eq!(config.nodes[2].latency.tail_ns, 7);
+        assert_eq!(
+            (config.op_ns, config.word_ns, config.keep_trace),
+            (1, 2, false)
+        );
+    }
+
+    #[test]
+    #[should_panic(expected = "there is no node 3 to configure")]
+    fn configuring_a_missing_node_is_a_test_bug() {
+        let _ = SimConfig::new(3, 64).slow(NodeId(3), 2);
     }
 }

@@ -119,9 +119,9 @@ pub(crate) struct State {
 impl State {
     pub(crate) fn new(seed: u64, cfg: SimConfig) -> Self {
         let nodes = cfg
-            .latency
+            .nodes
             .iter()
-            .map(|latency| Node::new(cfg.node_bytes, *latency))
+            .map(|node| Node::new(cfg.node_bytes, *node))
             .collect();
         Self {
             seed,

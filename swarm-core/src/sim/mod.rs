@@ -100,7 +100,7 @@ mod trace;
 mod world;
 
 pub use clock::{CLOCK_EPOCH_NS, SimClock};
-pub use config::{Latency, SimConfig};
+pub use config::{Latency, NodeConfig, SimConfig};
 pub use error::SimError;
 pub use fabric::{ClientId, SimFabric};
 pub use fault::Fault;

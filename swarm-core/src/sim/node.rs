@@ -10,7 +10,7 @@ use alloc::vec;
 use alloc::vec::Vec;
 use core::ops::Range;
 
-use super::config::Latency;
+use super::config::{Latency, NodeConfig};
 
 /// The part of a write that lands in one aligned 8-byte word.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -38,7 +38,6 @@ pub(crate) fn chunks(addr: u64, len: usize) -> Vec<Chunk> {
     out
 }
 
-#[derive(Debug)]
 pub(crate) struct Node {
     mem: Vec<u8>,
     pub(crate) crashed: bool,
@@ -46,13 +45,25 @@ pub(crate) struct Node {
     pub(crate) latency: Latency,
 }
 
+impl core::fmt::Debug for Node {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        // Not the memory itself: a megabyte of zeros helps nobody.
+        f.debug_struct("Node")
+            .field("bytes", &self.mem.len())
+            .field("crashed", &self.crashed)
+            .field("slow", &self.slow)
+            .field("latency", &self.latency)
+            .finish()
+    }
+}
+
 impl Node {
-    pub(crate) fn new(bytes: usize, latency: Latency) -> Self {
+    pub(crate) fn new(bytes: usize, config: NodeConfig) -> Self {
         Self {
             mem: vec![0; bytes.div_ceil(8) * 8],
             crashed: false,
-            slow: 1,
-            latency,
+            slow: config.slow.max(1),
+            latency: config.latency,
         }
     }
 
@@ -116,7 +127,7 @@ mod tests {
 
     #[test]
     fn cas_swaps_only_on_match_and_memory_is_zeroed() {
-        let mut node = Node::new(13, Latency::default());
+        let mut node = Node::new(13, NodeConfig::default());
         assert_eq!(node.size(), 16);
         assert_eq!(node.read(0, 16), vec![0; 16]);
         assert_eq!(node.cas(8, 1, 5), 0);
