@@ -112,6 +112,20 @@ pub enum RdmaError {
         /// What is inconsistent.
         source: HeaderError,
     },
+    /// Too few memory nodes could be connected for the protocol to make progress.
+    #[error(
+        "only {live} of {total} memory nodes are reachable but a majority ({needed}) is needed: {failures}"
+    )]
+    NoMajority {
+        /// Nodes connected.
+        live: usize,
+        /// Nodes in the cluster.
+        total: usize,
+        /// The majority.
+        needed: usize,
+        /// Why each other node failed, one per node.
+        failures: String,
+    },
     /// The cluster token could not be loaded or generated.
     #[error(transparent)]
     Token(#[from] TokenError),

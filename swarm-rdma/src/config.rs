@@ -1,0 +1,288 @@
+//! Cluster configuration: memory-node addresses, sizes, and the cluster file.
+//!
+//! Clients name memory nodes with `--rdma HOST:PORT,HOST:PORT,...` (node `i` is the
+//! `i`-th address) or with a cluster file written by `swarm init`:
+//!
+//! ```text
+//! # SWARM cluster over RDMA (written by `swarm init`)
+//! node = 10.0.0.1:7471
+//! node = 10.0.0.2:7471
+//! node = 10.0.0.3:7471
+//! cluster_id = 0x5eed5eed5eed5eed
+//! epoch_unix_ns = 1700000000000000000
+//! tick_ns = 1000
+//! token_file = swarm.token
+//! ```
+//!
+//! The file carries what a memory node writes into its header (SWARM keeps the
+//! timestamp epoch and tick in the cluster header, DESIGN.md §4.6) and where the
+//! token is; the token itself stays in its own file (mode 0600) so the cluster file
+//! can be shared and logged. A relative `token_file` is relative to the cluster file.
+
+use std::path::{Path, PathBuf};
+
+use crate::error::RdmaError;
+
+/// Parses a comma-separated list of memory-node addresses (`HOST:PORT`, IPv6 hosts
+/// in brackets). Node `i` of the cluster is the `i`-th address.
+pub fn parse_nodes(list: &str) -> Result<Vec<String>, RdmaError> {
+    let nodes: Vec<String> = list
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned)
+        .collect();
+    check_nodes(&nodes)?;
+    Ok(nodes)
+}
+
+fn check_nodes(nodes: &[String]) -> Result<(), RdmaError> {
+    if nodes.is_empty() {
+        return Err(RdmaError::Config(
+            "no memory node given: pass --rdma HOST:PORT,HOST:PORT,...".into(),
+        ));
+    }
+    if nodes.len() > usize::from(u16::MAX) {
+        return Err(RdmaError::Config(format!(
+            "{} memory nodes given, at most {} are supported",
+            nodes.len(),
+            u16::MAX
+        )));
+    }
+    for (i, node) in nodes.iter().enumerate() {
+        check_address(node)?;
+        if nodes[..i].contains(node) {
+            return Err(RdmaError::Config(format!(
+                "memory node {node} is listed twice"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Checks the shape of one `HOST:PORT` address (resolution happens on connect).
+pub fn check_address(addr: &str) -> Result<(), RdmaError> {
+    let bad = |why: &str| {
+        RdmaError::Config(format!(
+            "memory node address {addr:?} is invalid ({why}): expected HOST:PORT, e.g. 10.0.0.1:7471 or [fe80::1]:7471"
+        ))
+    };
+    let (host, port) = addr.rsplit_once(':').ok_or_else(|| bad("no port"))?;
+    if host.is_empty() {
+        return Err(bad("no host"));
+    }
+    if host.contains(':') && !(host.starts_with('[') && host.ends_with(']')) {
+        return Err(bad("IPv6 addresses need brackets"));
+    }
+    match port.parse::<u16>() {
+        Ok(0) | Err(_) => Err(bad("the port must be 1..=65535")),
+        Ok(_) => Ok(()),
+    }
+}
+
+/// Parses a memory size such as `4GiB`, `512MiB`, `1G` (binary), `2GB` (decimal) or
+/// a plain byte count.
+pub fn parse_size(text: &str) -> Result<u64, RdmaError> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (digits, unit) = text.split_at(split);
+    let bad = || {
+        RdmaError::Config(format!(
+            "size {text:?} is invalid: expected a number with an optional unit (B, KiB, MiB, GiB, TiB, K, M, G, T, KB, MB, GB, TB), e.g. 4GiB"
+        ))
+    };
+    let number: u64 = digits.parse().map_err(|_| bad())?;
+    let multiplier: u64 = match unit.trim() {
+        "" | "B" => 1,
+        "K" | "KiB" => 1 << 10,
+        "M" | "MiB" => 1 << 20,
+        "G" | "GiB" => 1 << 30,
+        "T" | "TiB" => 1 << 40,
+        "KB" => 1_000,
+        "MB" => 1_000_000,
+        "GB" => 1_000_000_000,
+        "TB" => 1_000_000_000_000,
+        _ => return Err(bad()),
+    };
+    number.checked_mul(multiplier).ok_or_else(bad)
+}
+
+/// The contents of a cluster file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClusterConfig {
+    /// Memory-node addresses; node `i` is `nodes[i]`.
+    pub nodes: Vec<String>,
+    /// Random id shared by all nodes of the cluster.
+    pub cluster_id: u64,
+    /// Unix time (ns) of timestamp tick 0.
+    pub epoch_unix_ns: u64,
+    /// Length of a timestamp tick in ns.
+    pub tick_ns: u64,
+    /// The token file (absolute, or resolved against the cluster file's directory
+    /// by [`ClusterConfig::load`]).
+    pub token_file: PathBuf,
+}
+
+impl ClusterConfig {
+    /// Parses the text of a cluster file; `base` resolves a relative token file.
+    pub fn parse(text: &str, base: &Path) -> Result<Self, RdmaError> {
+        let mut nodes = Vec::new();
+        let (mut cluster_id, mut epoch, mut tick, mut token_file) = (None, None, None, None);
+        for (n, raw) in text.lines().enumerate() {
+            let line = raw.split('#').next().unwrap_or("").trim();
+            if line.is_empty() {
+                continue;
+            }
+            let bad = |why: &str| {
+                RdmaError::Config(format!("cluster file line {}: {why}: {raw:?}", n + 1))
+            };
+            let (key, value) = line
+                .split_once('=')
+                .ok_or_else(|| bad("expected `key = value`"))?;
+            let value = value.trim();
+            let number = || parse_u64(value).ok_or_else(|| bad("not a number"));
+            match key.trim() {
+                "node" => nodes.push(value.to_owned()),
+                "cluster_id" => cluster_id = Some(number()?),
+                "epoch_unix_ns" => epoch = Some(number()?),
+                "tick_ns" => tick = Some(number()?),
+                "token_file" => token_file = Some(PathBuf::from(value)),
+                other => return Err(bad(&format!("unknown key {other:?}"))),
+            }
+        }
+        check_nodes(&nodes)?;
+        let missing = |key: &str| RdmaError::Config(format!("cluster file has no `{key}`"));
+        let tick_ns = tick.ok_or_else(|| missing("tick_ns"))?;
+        if tick_ns == 0 {
+            return Err(RdmaError::Config("cluster file: tick_ns is zero".into()));
+        }
+        let token_file = token_file.ok_or_else(|| missing("token_file"))?;
+        Ok(Self {
+            nodes,
+            cluster_id: cluster_id.ok_or_else(|| missing("cluster_id"))?,
+            epoch_unix_ns: epoch.ok_or_else(|| missing("epoch_unix_ns"))?,
+            tick_ns,
+            token_file: if token_file.is_absolute() {
+                token_file
+            } else {
+                base.join(token_file)
+            },
+        })
+    }
+
+    /// Reads and parses a cluster file.
+    pub fn load(path: &Path) -> Result<Self, RdmaError> {
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            RdmaError::io(format!("cannot read cluster file {}", path.display()), e)
+        })?;
+        Self::parse(&text, path.parent().unwrap_or(Path::new(".")))
+    }
+
+    /// The file text (what `swarm init` writes).
+    pub fn render(&self) -> String {
+        let mut out = String::from("# SWARM cluster over RDMA (written by `swarm init`)\n");
+        for node in &self.nodes {
+            out.push_str(&format!("node = {node}\n"));
+        }
+        out.push_str(&format!("cluster_id = {:#x}\n", self.cluster_id));
+        out.push_str(&format!("epoch_unix_ns = {}\n", self.epoch_unix_ns));
+        out.push_str(&format!("tick_ns = {}\n", self.tick_ns));
+        out.push_str(&format!("token_file = {}\n", self.token_file.display()));
+        out
+    }
+
+    /// The node id of the memory node listening on `listen`: its position in the
+    /// node list.
+    pub fn node_id(&self, listen: &str) -> Result<u16, RdmaError> {
+        self.nodes
+            .iter()
+            .position(|n| n == listen)
+            // At most u16::MAX nodes (checked on parse).
+            .map(|i| i as u16)
+            .ok_or_else(|| {
+                RdmaError::Config(format!(
+                    "{listen} is not one of the cluster's memory nodes ({}): listen on the address written in the cluster file",
+                    self.nodes.join(", ")
+                ))
+            })
+    }
+}
+
+fn parse_u64(text: &str) -> Option<u64> {
+    match text.strip_prefix("0x") {
+        Some(hex) => u64::from_str_radix(hex, 16).ok(),
+        None => text.parse().ok(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_lists() {
+        assert_eq!(
+            parse_nodes("a:1, b:2,[::1]:3,").unwrap(),
+            vec!["a:1", "b:2", "[::1]:3"]
+        );
+        for bad in ["", "a", "a:0", "a:70000", ":1", "::1:3", "a:1,a:1", "a:x"] {
+            assert!(parse_nodes(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("4GiB").unwrap(), 4 << 30);
+        assert_eq!(parse_size("4G").unwrap(), 4 << 30);
+        assert_eq!(parse_size(" 512 MiB ").unwrap(), 512 << 20);
+        assert_eq!(parse_size("2GB").unwrap(), 2_000_000_000);
+        assert_eq!(parse_size("4096").unwrap(), 4096);
+        for bad in ["", "GiB", "4 gib", "-1G", "99999999999TiB", "1.5G"] {
+            assert!(parse_size(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn cluster_file_roundtrip_and_node_ids() {
+        let config = ClusterConfig {
+            nodes: vec!["10.0.0.1:7471".into(), "10.0.0.2:7471".into()],
+            cluster_id: 0x5eed,
+            epoch_unix_ns: 1_700_000_000_000_000_000,
+            tick_ns: 1000,
+            token_file: PathBuf::from("/etc/swarm/swarm.token"),
+        };
+        let parsed = ClusterConfig::parse(&config.render(), Path::new("/x")).unwrap();
+        assert_eq!(parsed, config);
+        assert_eq!(parsed.node_id("10.0.0.2:7471").unwrap(), 1);
+        assert!(parsed.node_id("0.0.0.0:7471").is_err());
+        let relative = config.render().replace("/etc/swarm/", "");
+        let parsed = ClusterConfig::parse(&relative, Path::new("/conf")).unwrap();
+        assert_eq!(parsed.token_file, PathBuf::from("/conf/swarm.token"));
+    }
+
+    #[test]
+    fn bad_cluster_files_name_the_problem() {
+        let cases = [
+            (
+                "node = a:1\ncluster_id = 1\nepoch_unix_ns = 0\ntick_ns = 1\n",
+                "token_file",
+            ),
+            ("node = a:1\nbogus = 3\n", "unknown key"),
+            ("node a:1\n", "key = value"),
+            ("cluster_id = 1\n", "no memory node"),
+            ("node = a:1\ncluster_id = zz\n", "not a number"),
+            (
+                "node = a:1\ncluster_id = 1\nepoch_unix_ns = 0\ntick_ns = 0\ntoken_file = t\n",
+                "tick_ns is zero",
+            ),
+        ];
+        for (text, expected) in cases {
+            let error = ClusterConfig::parse(text, Path::new("."))
+                .unwrap_err()
+                .to_string();
+            assert!(error.contains(expected), "{error:?} lacks {expected:?}");
+        }
+    }
+}

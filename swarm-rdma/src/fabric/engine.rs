@@ -1,0 +1,453 @@
+//! The transport engine: tickets, staging, send-queue credits, completions and
+//! node failure, independent of how chains reach the wire.
+//!
+//! The engine turns [`Fabric`] calls into chains ([`crate::wr::plan`]) and hands them
+//! to a [`Nic`]; completions come back through [`Nic::poll`] and complete tickets in
+//! the core's [`TicketSlab`]. The real NIC is verbs ([`super::nic::VerbsNic`]); the
+//! tests use a software NIC with RC semantics, so everything here — including
+//! failure handling — is tested on machines without RDMA.
+//!
+//! * **Tickets.** Each chain gets a fresh sequence number, encoded with the request
+//!   index in every work-request id. The signaled last request completes the ticket;
+//!   an error on any request fails it.
+//! * **Back-pressure.** A chain is posted only when its queue pair has send-queue room
+//!   and the staging buffer has room for it; otherwise it waits in a per-node FIFO and
+//!   is posted from [`Fabric::progress`], in order, so batches to one node keep
+//!   their posting order. `post` never blocks.
+//! * **Failure.** The first error completion (or post failure) on a queue pair marks
+//!   the node dead: every batch waiting for it fails at once with
+//!   [`FabricError::NodeFailed`], and later batches to it fail immediately. The
+//!   protocol then carries on with a majority, as with any failed node (SWARM §2.1).
+//!   A staging slice is reused only once the chain's last request reported back
+//!   (success or flush), so the NIC never writes into memory lent to a newer chain.
+
+use std::cell::{Cell, RefCell};
+use std::collections::{HashMap, VecDeque};
+use std::task::Poll;
+use std::time::Instant;
+
+use swarm_core::fabric::{
+    Batch, Completion, Fabric, FabricError, Nanos, NodeId, Ticket, TicketSlab,
+};
+
+use crate::staging::{Extent, StagingAllocator};
+use crate::status::{self, StatusClass};
+use crate::verbs::cq::WorkCompletion;
+pub use crate::verbs::post::PostFailure;
+use crate::wr::{self, Chain, ChainLimits, RemoteRegion};
+
+/// What the engine needs from a NIC: one queue pair per node, one completion queue,
+/// one registered staging buffer.
+pub trait Nic {
+    /// Bytes of staging buffer.
+    fn staging_capacity(&self) -> u64;
+
+    /// The staging bytes `[offset, offset + len)` (inside the capacity), for the CPU.
+    fn staging_mut(&mut self, offset: u64, len: u64) -> &mut [u8];
+
+    /// Posts `chain` (planned from `batch`) on `node`'s queue pair as chain `seq`,
+    /// its staging slice starting at `staging_offset`.
+    fn post(
+        &mut self,
+        node: usize,
+        seq: u64,
+        chain: &Chain,
+        batch: &Batch,
+        staging_offset: u64,
+    ) -> Result<(), PostFailure>;
+
+    /// Drains available completions into `out` (cleared first).
+    fn poll(&mut self, out: &mut Vec<WorkCompletion>) -> Result<(), i32>;
+}
+
+/// What the engine knows about one memory node.
+#[derive(Debug)]
+pub struct NodeLink {
+    /// The node's memory.
+    pub region: RemoteRegion,
+    /// Chain limits of the node's queue pair.
+    pub limits: ChainLimits,
+    /// Send-queue depth of the node's queue pair.
+    pub depth: u32,
+}
+
+#[derive(Debug)]
+struct NodeState {
+    /// `None`: never connected.
+    link: Option<NodeLink>,
+    dead: bool,
+    /// Work requests posted and not yet reported back.
+    outstanding: u32,
+    waiting: VecDeque<Waiting>,
+}
+
+#[derive(Debug)]
+struct Waiting {
+    ticket: Ticket,
+    batch: Batch,
+    chain: Chain,
+}
+
+#[derive(Debug)]
+struct InFlight {
+    ticket: Ticket,
+    node: usize,
+    chain: Chain,
+    extent: Extent,
+    /// The ticket already got its result (an error before the last completion).
+    reported: bool,
+    /// The NIC may still touch the staging slice even after the last completion (a
+    /// failed post left part of the chain behind): never reuse it.
+    leak: bool,
+}
+
+/// The engine. See the module docs.
+#[derive(Debug)]
+pub struct Engine<N: Nic> {
+    nic: N,
+    nodes: Vec<NodeState>,
+    slab: TicketSlab<()>,
+    inflight: HashMap<u64, InFlight>,
+    staging: StagingAllocator,
+    next_seq: u64,
+    completions: Vec<WorkCompletion>,
+}
+
+impl<N: Nic> Engine<N> {
+    /// An engine over `nic`; `links[i]` is node `i` (`None`: could not be connected,
+    /// treated as failed).
+    pub fn new(nic: N, links: Vec<Option<NodeLink>>) -> Self {
+        let staging = StagingAllocator::new(nic.staging_capacity());
+        let nodes = links
+            .into_iter()
+            .map(|link| NodeState {
+                dead: link.is_none(),
+                link,
+                outstanding: 0,
+                waiting: VecDeque::new(),
+            })
+            .collect();
+        Self {
+            nic,
+            nodes,
+            slab: TicketSlab::new(),
+            inflight: HashMap::new(),
+            staging,
+            next_seq: 0,
+            completions: Vec::new(),
+        }
+    }
+
+    /// The NIC (tests inject faults through it).
+    pub fn nic_mut(&mut self) -> &mut N {
+        &mut self.nic
+    }
+
+    /// Whether `node` is considered failed by this client.
+    pub fn is_dead(&self, node: NodeId) -> bool {
+        self.nodes.get(node.index()).is_none_or(|n| n.dead)
+    }
+
+    /// Number of nodes.
+    pub fn node_count(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// See [`Fabric::post`].
+    pub fn post(&mut self, node: NodeId, batch: Batch) -> Ticket {
+        let nodes = self.nodes.len();
+        let Some(state) = self.nodes.get(node.index()) else {
+            return self
+                .slab
+                .insert_done(Err(FabricError::NoSuchNode { node, nodes }));
+        };
+        let link = match &state.link {
+            Some(link) if !state.dead => link,
+            _ => return self.slab.insert_done(Err(status::post_error(node))),
+        };
+        let chain = match wr::plan(node, &batch, &link.region, &link.limits) {
+            Ok(chain) => chain,
+            Err(error) => return self.slab.insert_done(Err(error)),
+        };
+        if chain.is_empty() {
+            return self.slab.insert_done(Ok(Completion::new()));
+        }
+        if chain.staging_len() > self.staging.capacity() {
+            tracing::error!(
+                %node,
+                needed = chain.staging_len(),
+                capacity = self.staging.capacity(),
+                "batch needs more staging memory than the client registered; raise RdmaConfig::staging_bytes"
+            );
+            return self.slab.insert_done(Err(FabricError::OutOfBounds {
+                node,
+                addr: 0,
+                len: chain.staging_len(),
+                size: self.staging.capacity(),
+            }));
+        }
+        let ticket = self.slab.insert_pending(());
+        let waiting = Waiting {
+            ticket,
+            batch,
+            chain,
+        };
+        if self.nodes[node.index()].waiting.is_empty() {
+            if let Some(waiting) = self.try_post(node.index(), waiting) {
+                self.nodes[node.index()].waiting.push_back(waiting);
+            }
+        } else {
+            self.nodes[node.index()].waiting.push_back(waiting);
+        }
+        ticket
+    }
+
+    /// Posts `w` now if its queue pair and the staging buffer have room; gives it
+    /// back otherwise. A post failure kills the node (and fails `w`).
+    fn try_post(&mut self, node: usize, w: Waiting) -> Option<Waiting> {
+        let state = &self.nodes[node];
+        let Some(link) = &state.link else {
+            return Some(w);
+        };
+        let requests = w.chain.requests().len() as u32;
+        if state.outstanding + requests > link.depth {
+            return Some(w);
+        }
+        let Some(extent) = self.staging.allocate(w.chain.staging_len()) else {
+            return Some(w);
+        };
+        w.chain.fill_staging(
+            &w.batch,
+            self.nic.staging_mut(extent.offset, w.chain.staging_len()),
+        );
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        match self.nic.post(node, seq, &w.chain, &w.batch, extent.offset) {
+            Ok(()) => {
+                self.nodes[node].outstanding += requests;
+                self.inflight.insert(
+                    seq,
+                    InFlight {
+                        ticket: w.ticket,
+                        node,
+                        chain: w.chain,
+                        extent,
+                        reported: false,
+                        leak: false,
+                    },
+                );
+            }
+            Err(failure) => {
+                let node_id = NodeId(node as u16);
+                let error = status::post_error(node_id);
+                tracing::warn!(
+                    node = %node_id,
+                    errno = failure.errno,
+                    "ibv_post_send failed; treating the memory node as failed"
+                );
+                self.slab.complete(w.ticket, Err(error.clone()));
+                if failure.posted == 0 {
+                    self.staging.release(extent);
+                } else {
+                    // A prefix of the chain is on the queue pair: it completes (or is
+                    // flushed) without a signaled request; keep its slice forever.
+                    self.nodes[node].outstanding += failure.posted as u32;
+                    self.inflight.insert(
+                        seq,
+                        InFlight {
+                            ticket: w.ticket,
+                            node,
+                            chain: w.chain,
+                            extent,
+                            reported: true,
+                            leak: true,
+                        },
+                    );
+                }
+                self.kill(node, &error);
+            }
+        }
+        None
+    }
+
+    /// Marks `node` failed and fails everything waiting on it.
+    fn kill(&mut self, node: usize, error: &FabricError) {
+        let state = &mut self.nodes[node];
+        if !state.dead {
+            tracing::warn!(node, %error, "memory node failed; continuing with the others");
+        }
+        state.dead = true;
+        for waiting in std::mem::take(&mut state.waiting) {
+            self.slab.complete(waiting.ticket, Err(error.clone()));
+        }
+        for entry in self.inflight.values_mut() {
+            if entry.node == node && !entry.reported {
+                entry.reported = true;
+                self.slab.complete(entry.ticket, Err(error.clone()));
+            }
+        }
+    }
+
+    fn on_completion(&mut self, wc: WorkCompletion) {
+        let (seq, index) = wr::split_wr_id(wc.wr_id);
+        let Some(entry) = self.inflight.get_mut(&seq) else {
+            tracing::debug!(wr_id = wc.wr_id, "completion of an unknown chain ignored");
+            return;
+        };
+        let node = entry.node;
+        let node_id = NodeId(node as u16);
+        let last = index + 1 == entry.chain.requests().len();
+        let mut failed = None;
+        if wc.status != 0 {
+            let error = status::completion_error(node_id, wc.status);
+            match status::classify(wc.status) {
+                StatusClass::Flushed => {
+                    tracing::debug!(node = %node_id, "work request flushed")
+                }
+                class => tracing::warn!(
+                    node = %node_id,
+                    status = status::name(wc.status),
+                    vendor_err = wc.vendor_err,
+                    ?class,
+                    "work request failed"
+                ),
+            }
+            if !entry.reported {
+                entry.reported = true;
+                self.slab.complete(entry.ticket, Err(error.clone()));
+            }
+            failed = Some(error);
+        } else if last && !entry.reported {
+            entry.reported = true;
+            let len = entry.chain.staging_len();
+            let completion = entry
+                .chain
+                .complete(self.nic.staging_mut(entry.extent.offset, len));
+            self.slab.complete(entry.ticket, Ok(completion));
+        }
+        if last && let Some(entry) = self.inflight.remove(&seq) {
+            let requests = entry.chain.requests().len() as u32;
+            let state = &mut self.nodes[node];
+            state.outstanding = state.outstanding.saturating_sub(requests);
+            if !entry.leak {
+                self.staging.release(entry.extent);
+            }
+        }
+        if let Some(error) = failed {
+            self.kill(node, &error);
+        }
+    }
+
+    /// See [`Fabric::progress`]: drains the completion queue, then posts waiting
+    /// chains. Returns whether any batch is still pending.
+    pub fn progress(&mut self) -> bool {
+        loop {
+            let mut completions = std::mem::take(&mut self.completions);
+            if let Err(code) = self.nic.poll(&mut completions) {
+                tracing::error!(code, "ibv_poll_cq failed; every memory node is unreachable");
+                for node in 0..self.nodes.len() {
+                    self.kill(node, &status::post_error(NodeId(node as u16)));
+                }
+                completions.clear();
+            }
+            let drained = completions.is_empty();
+            for wc in completions.drain(..) {
+                self.on_completion(wc);
+            }
+            self.completions = completions;
+            if drained {
+                break;
+            }
+        }
+        for node in 0..self.nodes.len() {
+            if self.nodes[node].dead {
+                continue;
+            }
+            while let Some(waiting) = self.nodes[node].waiting.pop_front() {
+                if let Some(waiting) = self.try_post(node, waiting) {
+                    self.nodes[node].waiting.push_front(waiting);
+                    break;
+                }
+            }
+        }
+        self.slab.pending_count() > 0
+    }
+
+    /// See [`Fabric::poll`].
+    pub fn poll(&mut self, ticket: Ticket) -> Poll<Result<Completion, FabricError>> {
+        self.slab.poll(ticket)
+    }
+
+    /// See [`Fabric::forget`].
+    pub fn forget(&mut self, ticket: Ticket) {
+        self.slab.forget(ticket);
+    }
+
+    /// Chains posted and not reported back yet (for tests and diagnostics).
+    pub fn in_flight(&self) -> usize {
+        self.inflight.len()
+    }
+
+    /// Staging bytes lent to chains (for tests and diagnostics).
+    pub fn staging_in_use(&self) -> u64 {
+        self.staging.in_use()
+    }
+}
+
+/// An engine with a real-time clock, implementing [`Fabric`].
+#[derive(Debug)]
+pub struct EngineFabric<N: Nic> {
+    engine: RefCell<Engine<N>>,
+    started: Instant,
+    wake: Cell<Nanos>,
+}
+
+impl<N: Nic> EngineFabric<N> {
+    /// Wraps `engine`.
+    pub fn new(engine: Engine<N>) -> Self {
+        Self {
+            engine: RefCell::new(engine),
+            started: Instant::now(),
+            wake: Cell::new(0),
+        }
+    }
+
+    /// Borrows the engine.
+    pub fn engine(&self) -> std::cell::RefMut<'_, Engine<N>> {
+        self.engine.borrow_mut()
+    }
+}
+
+impl<N: Nic> Fabric for EngineFabric<N> {
+    fn node_count(&self) -> usize {
+        self.engine.borrow().node_count()
+    }
+
+    fn post(&self, node: NodeId, batch: Batch) -> Ticket {
+        self.engine.borrow_mut().post(node, batch)
+    }
+
+    fn poll(&self, ticket: Ticket) -> Poll<Result<Completion, FabricError>> {
+        self.engine.borrow_mut().poll(ticket)
+    }
+
+    fn forget(&self, ticket: Ticket) {
+        self.engine.borrow_mut().forget(ticket);
+    }
+
+    fn progress(&self) -> bool {
+        let pending = self.engine.borrow_mut().progress();
+        // A pending batch on a silent node still ends: RC retries give up with
+        // IBV_WC_RETRY_EXC_ERR. Until then, and until any deadline asked for, keep
+        // the executor spinning.
+        pending || self.now() < self.wake.get()
+    }
+
+    fn now(&self) -> Nanos {
+        u64::try_from(self.started.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    fn wake_at(&self, deadline: Nanos) {
+        self.wake.set(self.wake.get().max(deadline));
+    }
+}

@@ -1,0 +1,429 @@
+//! [`RdmaFabric`]: SWARM's fabric contract (DESIGN.md §3) over RDMA verbs.
+//!
+//! A process opens the device once ([`RdmaCluster::open`]); every client thread then
+//! gets its own [`RdmaFabric`] ([`RdmaCluster::client`]) with its own completion
+//! queue, staging buffer and one RC queue pair per memory node, connected through the
+//! TCP bootstrap ([`crate::bootstrap`]). Batches become chains
+//! ([`crate::wr`]), posted with one doorbell per node per roundtrip; completions are
+//! polled in [`swarm_core::Fabric::progress`] ([`engine`]).
+//!
+//! Memory nodes that cannot be reached when a client starts are treated as failed
+//! from the start, as long as a majority is reachable (SWARM tolerates a failed
+//! minority with no reconfiguration, §6).
+
+pub mod engine;
+pub mod nic;
+
+#[cfg(test)]
+mod soft;
+
+use std::net::TcpStream;
+use std::sync::Arc;
+use std::task::Poll;
+use std::time::Duration;
+
+use swarm_core::fabric::{Batch, Completion, Fabric, FabricError, Nanos, NodeId, Ticket};
+use swarm_core::header::{HeaderError, NodeHeader};
+
+use crate::auth::Token;
+use crate::bootstrap;
+use crate::config::{ClusterConfig, check_address};
+use crate::error::RdmaError;
+use crate::verbs::cq::CompletionQueue;
+use crate::verbs::device::{Device, PortInfo, open_device};
+use crate::verbs::memory::{Access, Mapping, MemoryRegion};
+use crate::verbs::qp::{QpSettings, QueuePair, Role};
+use crate::wr::{ChainLimits, ReadOrdering, RemoteRegion};
+use engine::{Engine, EngineFabric, NodeLink};
+use nic::VerbsNic;
+
+/// How a client connects to memory nodes.
+#[derive(Clone, Debug)]
+pub struct RdmaConfig {
+    /// Memory-node addresses (`HOST:PORT` of their bootstrap); node `i` is `nodes[i]`.
+    pub nodes: Vec<String>,
+    /// The cluster token.
+    pub token: Token,
+    /// RDMA device name; `None` for the first device.
+    pub device: Option<String>,
+    /// Device port (from 1).
+    pub port: u8,
+    /// GID table index (RoCE v2 is often 1 or 3; see `show_gids`).
+    pub gid_index: u8,
+    /// Registered staging bytes per client thread: bounds the data of batches in
+    /// flight at once (and the largest batch).
+    pub staging_bytes: u64,
+    /// Work requests in flight per queue pair.
+    pub send_queue_depth: u32,
+    /// Largest write to carry inline (the device may grant less).
+    pub max_inline: u32,
+    /// Read ordering within a batch (see [`crate::wr`]).
+    pub ordering: ReadOrdering,
+    /// Limit on each bootstrap step.
+    pub bootstrap_timeout: Duration,
+    /// ACK timeout exponent (4.096 µs · 2^n per retry; 14 ≈ 67 ms).
+    pub ack_timeout: u8,
+    /// Transport retries before a silent node is reported failed (at most 7).
+    pub retry_count: u8,
+}
+
+impl RdmaConfig {
+    /// Defaults for `nodes`, authenticated with `token`.
+    pub fn new(nodes: Vec<String>, token: Token) -> Self {
+        Self {
+            nodes,
+            token,
+            device: None,
+            port: 1,
+            gid_index: 0,
+            staging_bytes: 8 << 20,
+            send_queue_depth: 256,
+            max_inline: 128,
+            ordering: ReadOrdering::default(),
+            bootstrap_timeout: bootstrap::DEFAULT_TIMEOUT,
+            ack_timeout: 14,
+            retry_count: 7,
+        }
+    }
+
+    /// Defaults for the nodes of a cluster file, loading its token file.
+    pub fn from_cluster(cluster: &ClusterConfig) -> Result<Self, RdmaError> {
+        Ok(Self::new(
+            cluster.nodes.clone(),
+            Token::load(&cluster.token_file)?,
+        ))
+    }
+
+    fn validate(&self) -> Result<(), RdmaError> {
+        if self.nodes.is_empty() {
+            return Err(RdmaError::Config("no memory node given".into()));
+        }
+        for node in &self.nodes {
+            check_address(node)?;
+        }
+        if self.nodes.len() > usize::from(u16::MAX) {
+            return Err(RdmaError::Config("too many memory nodes".into()));
+        }
+        if self.staging_bytes < 4096 {
+            return Err(RdmaError::Config(
+                "staging_bytes must be at least 4096".into(),
+            ));
+        }
+        if self.send_queue_depth < swarm_core::fabric::MAX_BATCH_OPS as u32 {
+            return Err(RdmaError::Config(format!(
+                "send_queue_depth must be at least {} (one batch)",
+                swarm_core::fabric::MAX_BATCH_OPS
+            )));
+        }
+        if self.retry_count > 7 || self.ack_timeout > 31 {
+            return Err(RdmaError::Config(
+                "retry_count must be at most 7 and ack_timeout at most 31".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// An open device and the cluster to connect to; shared by a process's client
+/// threads.
+#[derive(Debug)]
+pub struct RdmaCluster {
+    device: Arc<Device>,
+    port: PortInfo,
+    config: RdmaConfig,
+}
+
+impl RdmaCluster {
+    /// Checks `config` and opens the device. On a machine without RDMA this fails
+    /// with [`RdmaError::NoDevice`] ("no RDMA device found: ...").
+    pub fn open(config: RdmaConfig) -> Result<Self, RdmaError> {
+        config.validate()?;
+        let device = Arc::new(open_device(config.device.as_deref())?);
+        if !device.caps().atomics {
+            return Err(RdmaError::Unsupported {
+                device: device.name().to_owned(),
+                what: "it does not support RDMA atomics (compare-and-swap)".into(),
+            });
+        }
+        let port = device.port(config.port, config.gid_index)?;
+        Ok(Self {
+            device,
+            port,
+            config,
+        })
+    }
+
+    /// The device in use.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// Connects a new client handle (one per thread) to every memory node.
+    pub fn client(&self) -> Result<RdmaFabric, RdmaError> {
+        RdmaFabric::connect(self)
+    }
+}
+
+/// One client thread's fabric over RDMA. `!Sync`: create one per thread with
+/// [`RdmaCluster::client`].
+#[derive(Debug)]
+pub struct RdmaFabric {
+    inner: EngineFabric<VerbsNic>,
+    headers: Vec<Option<NodeHeader>>,
+    /// Bootstrap connections, held open while the queue pairs are in use: closing
+    /// one tells that memory node to destroy its side.
+    _streams: Vec<Option<TcpStream>>,
+}
+
+struct Connected {
+    qp: QueuePair,
+    link: NodeLink,
+    header: NodeHeader,
+    stream: TcpStream,
+}
+
+impl RdmaFabric {
+    fn connect(cluster: &RdmaCluster) -> Result<Self, RdmaError> {
+        let config = &cluster.config;
+        let caps = cluster.device.caps();
+        let n = config.nodes.len();
+        let depth = config.send_queue_depth.min(caps.max_qp_wr);
+        let cq_entries = depth
+            .checked_mul(n as u32)
+            .ok_or_else(|| RdmaError::Config("send_queue_depth × nodes overflows".into()))?;
+        let cq = Arc::new(CompletionQueue::new(cluster.device.clone(), cq_entries)?);
+        let staging_len = usize::try_from(config.staging_bytes)
+            .map_err(|_| RdmaError::Config("staging_bytes exceeds the address space".into()))?;
+        let staging = MemoryRegion::register(
+            cluster.device.clone(),
+            Mapping::new(staging_len, false)?,
+            Access::Local,
+        )?;
+        let settings = QpSettings {
+            role: Role::Client,
+            port: cluster.port,
+            send_depth: depth,
+            max_inline: config.max_inline,
+            responder_depth: 1,
+            initiator_depth: caps.max_qp_init_rd_atom.max(1),
+            ack_timeout: config.ack_timeout,
+            retry_count: config.retry_count,
+        };
+        let mut qps = Vec::with_capacity(n);
+        let mut links = Vec::with_capacity(n);
+        let mut headers = Vec::with_capacity(n);
+        let mut streams = Vec::with_capacity(n);
+        let mut failures = Vec::new();
+        for (i, addr) in config.nodes.iter().enumerate() {
+            match connect_node(cluster, &cq, settings, i, addr) {
+                Ok(c) => {
+                    qps.push(Some(c.qp));
+                    links.push(Some(c.link));
+                    headers.push(Some(c.header));
+                    streams.push(Some(c.stream));
+                }
+                Err(error) => {
+                    tracing::warn!(node = i, %addr, %error, "memory node unreachable; treated as failed");
+                    failures.push(format!("node {i} ({addr}): {error}"));
+                    qps.push(None);
+                    links.push(None);
+                    headers.push(None);
+                    streams.push(None);
+                }
+            }
+        }
+        let live = n - failures.len();
+        let needed = n / 2 + 1;
+        if live < needed {
+            return Err(RdmaError::NoMajority {
+                live,
+                total: n,
+                needed,
+                failures: failures.join("; "),
+            });
+        }
+        check_headers(&headers).map_err(|source| RdmaError::Cluster {
+            nodes: config.nodes.join(","),
+            source,
+        })?;
+        let nic = VerbsNic::new(qps, staging, cq);
+        Ok(Self {
+            inner: EngineFabric::new(Engine::new(nic, links)),
+            headers,
+            _streams: streams,
+        })
+    }
+
+    /// The node headers read during the bootstrap (`None`: node unreachable).
+    pub fn headers(&self) -> &[Option<NodeHeader>] {
+        &self.headers
+    }
+
+    /// Whether this client considers `node` failed.
+    pub fn is_failed(&self, node: NodeId) -> bool {
+        self.inner.engine().is_dead(node)
+    }
+}
+
+fn connect_node(
+    cluster: &RdmaCluster,
+    cq: &Arc<CompletionQueue>,
+    settings: QpSettings,
+    index: usize,
+    addr: &str,
+) -> Result<Connected, RdmaError> {
+    let mut qp = QueuePair::new(cq.clone(), settings)?;
+    let accepted = bootstrap::connect(
+        addr,
+        &cluster.config.token,
+        &qp.info(),
+        cluster.config.bootstrap_timeout,
+    )?;
+    let header = accepted.region.header;
+    if usize::from(header.node_id) != index {
+        return Err(RdmaError::Cluster {
+            nodes: addr.to_owned(),
+            source: HeaderError::Mismatch(
+                "the memory node's id differs from its position in the node list",
+            ),
+        });
+    }
+    qp.connect(&accepted.qp)?;
+    let limits = ChainLimits {
+        max_inline: qp.max_inline(),
+        max_message: cluster.port.max_msg_sz,
+        ordering: cluster.config.ordering,
+    };
+    Ok(Connected {
+        link: NodeLink {
+            region: RemoteRegion {
+                addr: accepted.region.addr,
+                rkey: accepted.region.rkey,
+                size: accepted.region.size,
+            },
+            limits,
+            depth: settings.send_depth,
+        },
+        qp,
+        header,
+        stream: accepted.stream,
+    })
+}
+
+/// Checks that the headers of the reachable nodes describe nodes `0..n` of one
+/// cluster, in order (`headers[i]` is node `i`'s, `None` when unreachable).
+pub fn check_headers(headers: &[Option<NodeHeader>]) -> Result<(), HeaderError> {
+    let Some(first) = headers.iter().flatten().next() else {
+        return Err(HeaderError::Mismatch("no memory node"));
+    };
+    if usize::from(first.node_count) != headers.len() {
+        return Err(HeaderError::Mismatch(
+            "the number of nodes given differs from the node count in their headers",
+        ));
+    }
+    for (i, header) in headers.iter().enumerate() {
+        let Some(h) = header else { continue };
+        if usize::from(h.node_id) != i {
+            return Err(HeaderError::Mismatch("node ids are not 0..n in order"));
+        }
+        if h.cluster_id != first.cluster_id {
+            return Err(HeaderError::Mismatch("nodes belong to different clusters"));
+        }
+        if (h.node_count, h.epoch_unix_ns, h.tick_ns)
+            != (first.node_count, first.epoch_unix_ns, first.tick_ns)
+        {
+            return Err(HeaderError::Mismatch(
+                "node headers disagree on cluster parameters",
+            ));
+        }
+    }
+    Ok(())
+}
+
+impl Fabric for RdmaFabric {
+    fn node_count(&self) -> usize {
+        self.inner.node_count()
+    }
+    fn post(&self, node: NodeId, batch: Batch) -> Ticket {
+        self.inner.post(node, batch)
+    }
+    fn poll(&self, ticket: Ticket) -> Poll<Result<Completion, FabricError>> {
+        self.inner.poll(ticket)
+    }
+    fn forget(&self, ticket: Ticket) {
+        self.inner.forget(ticket);
+    }
+    fn progress(&self) -> bool {
+        self.inner.progress()
+    }
+    fn now(&self) -> Nanos {
+        self.inner.now()
+    }
+    fn wake_at(&self, deadline: Nanos) {
+        self.inner.wake_at(deadline);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn header(id: u16, count: u16) -> NodeHeader {
+        NodeHeader {
+            node_id: id,
+            node_count: count,
+            size: 1 << 20,
+            cluster_id: 7,
+            epoch_unix_ns: 1,
+            tick_ns: 1000,
+        }
+    }
+
+    #[test]
+    fn headers_of_reachable_nodes_must_form_the_cluster() {
+        let ok = [Some(header(0, 3)), None, Some(header(2, 3))];
+        assert_eq!(check_headers(&ok), Ok(()));
+        assert!(check_headers(&[None, None]).is_err());
+        assert!(check_headers(&[Some(header(0, 3)), Some(header(1, 3))]).is_err());
+        assert!(check_headers(&[Some(header(1, 2)), Some(header(0, 2))]).is_err());
+        let mut other = header(1, 2);
+        other.cluster_id = 8;
+        assert!(check_headers(&[Some(header(0, 2)), Some(other)]).is_err());
+        let mut other = header(1, 2);
+        other.tick_ns = 1;
+        assert!(check_headers(&[Some(header(0, 2)), Some(other)]).is_err());
+    }
+
+    #[test]
+    fn config_is_validated_before_touching_the_device() {
+        let token = Token::from_bytes([1; 32]);
+        let mut config = RdmaConfig::new(vec!["a:1".into()], token.clone());
+        assert!(config.validate().is_ok());
+        config.send_queue_depth = 2;
+        assert!(config.validate().is_err());
+        let config = RdmaConfig::new(vec!["nope".into()], token.clone());
+        assert!(matches!(
+            RdmaCluster::open(config),
+            Err(RdmaError::Config(_))
+        ));
+        let config = RdmaConfig::new(Vec::new(), token);
+        assert!(matches!(
+            RdmaCluster::open(config),
+            Err(RdmaError::Config(_))
+        ));
+    }
+
+    #[test]
+    fn without_a_device_opening_fails_with_the_no_device_message() {
+        let config = RdmaConfig::new(vec!["127.0.0.1:7471".into()], Token::from_bytes([1; 32]));
+        match RdmaCluster::open(config) {
+            // This machine has RDMA: nothing to check here (tests/device.rs runs).
+            Ok(_) => {}
+            Err(RdmaError::NoDevice { .. }) | Err(RdmaError::PortNotActive { .. }) => {}
+            Err(other) => panic!("unexpected error {other}"),
+        }
+        if let Err(error @ RdmaError::NoDevice { .. }) = crate::verbs::device::device_names() {
+            assert!(error.to_string().starts_with("no RDMA device found: "));
+        }
+    }
+}

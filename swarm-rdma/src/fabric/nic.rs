@@ -1,0 +1,75 @@
+//! The engine's NIC over real verbs: a queue pair per node, one completion queue,
+//! one registered staging buffer.
+
+use std::sync::Arc;
+
+use swarm_core::fabric::Batch;
+
+use crate::fabric::engine::{Nic, PostFailure};
+use crate::verbs::cq::{CompletionQueue, WorkCompletion};
+use crate::verbs::memory::MemoryRegion;
+use crate::verbs::post::{StagingSlice, post_chain};
+use crate::verbs::qp::QueuePair;
+use crate::wr::Chain;
+
+/// Verbs objects of one client thread. Field order is drop order: queue pairs, then
+/// the staging region, then the completion queue.
+#[derive(Debug)]
+pub struct VerbsNic {
+    qps: Vec<Option<QueuePair>>,
+    staging: MemoryRegion,
+    cq: Arc<CompletionQueue>,
+}
+
+impl VerbsNic {
+    /// Bundles the client's verbs objects; `qps[i]` is node `i`'s queue pair.
+    pub fn new(
+        qps: Vec<Option<QueuePair>>,
+        staging: MemoryRegion,
+        cq: Arc<CompletionQueue>,
+    ) -> Self {
+        Self { qps, staging, cq }
+    }
+}
+
+impl Nic for VerbsNic {
+    fn staging_capacity(&self) -> u64 {
+        self.staging.memory().len() as u64
+    }
+
+    fn staging_mut(&mut self, offset: u64, len: u64) -> &mut [u8] {
+        let (Ok(offset), Ok(len)) = (usize::try_from(offset), usize::try_from(len)) else {
+            return &mut [];
+        };
+        // The engine only asks for extents it allocated inside the capacity.
+        self.staging
+            .memory_mut()
+            .slice_mut(offset, len)
+            .unwrap_or_default()
+    }
+
+    fn post(
+        &mut self,
+        node: usize,
+        seq: u64,
+        chain: &Chain,
+        batch: &Batch,
+        staging_offset: u64,
+    ) -> Result<(), PostFailure> {
+        let Some(Some(qp)) = self.qps.get(node) else {
+            return Err(PostFailure {
+                errno: libc::ENOTCONN,
+                posted: 0,
+            });
+        };
+        let slice = StagingSlice {
+            addr: self.staging.memory().addr() + staging_offset,
+            lkey: self.staging.lkey(),
+        };
+        post_chain(qp, chain, batch, slice, seq)
+    }
+
+    fn poll(&mut self, out: &mut Vec<WorkCompletion>) -> Result<(), i32> {
+        self.cq.poll(out)
+    }
+}
