@@ -1,0 +1,427 @@
+//! A cluster of memory nodes: a directory of node files, created and validated.
+//!
+//! Layout: `DIR/node-0.swarm`, ..., `DIR/node-<n-1>.swarm`, each a memory node whose
+//! first [`HEADER_SIZE`] bytes are its [`NodeHeader`]. Node files are created with
+//! mode 0600 (the memory is as private as the data it will hold) and the directory
+//! with mode 0700 if it did not exist.
+//!
+//! Creation never exposes a half-built cluster and never truncates a file another
+//! process may have mapped: each node is built in a temporary file (sized,
+//! preallocated, header written) and then published under its final name, node 0
+//! last, so an opener that finds `node-0.swarm` finds a complete cluster. Publishing
+//! uses `link` (fails if the name exists) or, when overwriting, `rename` (atomically
+//! replaces the old file while processes that mapped it keep the old memory).
+//!
+//! Opening trusts nothing in the files (see the crate docs): lengths come from
+//! `metadata`, headers are read with `pread` and fully validated, and only then is a
+//! file mapped, for exactly the length its header and the file system agree on.
+
+use std::collections::hash_map::RandomState;
+use std::fs::{self, DirBuilder, OpenOptions};
+use std::hash::BuildHasher;
+use std::io;
+use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use swarm_core::NodeId;
+use swarm_core::header::{ENCODED_LEN, HEADER_SIZE, NodeHeader};
+
+use crate::error::ShmError;
+use crate::fabric::ShmFabric;
+use crate::mapping::{self, Mapping};
+use crate::node::NodeMemory;
+
+/// Default timestamp tick: 1 µs.
+pub const DEFAULT_TICK_NS: u64 = 1000;
+
+const NODE_PREFIX: &str = "node-";
+const NODE_SUFFIX: &str = ".swarm";
+
+/// The file name of node `index` inside a cluster directory.
+pub fn node_file_name(index: u16) -> String {
+    format!("{NODE_PREFIX}{index}{NODE_SUFFIX}")
+}
+
+/// The node index named by a node file name, if `name` is one.
+fn parse_node_file_name(name: &str) -> Option<u16> {
+    let digits = name.strip_prefix(NODE_PREFIX)?.strip_suffix(NODE_SUFFIX)?;
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
+}
+
+/// Options of [`ShmCluster::create_with`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CreateOptions {
+    /// Length of a timestamp tick in ns, recorded in every header.
+    pub tick_ns: u64,
+    /// Replace an existing cluster in the directory instead of refusing.
+    pub overwrite: bool,
+    /// Reserve the files' blocks at creation (Linux), so a full tmpfs fails here with
+    /// "no space" instead of with `SIGBUS` at first touch.
+    pub preallocate: bool,
+}
+
+impl Default for CreateOptions {
+    fn default() -> Self {
+        Self {
+            tick_ns: DEFAULT_TICK_NS,
+            overwrite: false,
+            preallocate: true,
+        }
+    }
+}
+
+/// An opened, validated cluster: every node file mapped into this process.
+///
+/// `Send + Sync`: share it between threads with an [`Arc`] and give each client
+/// thread its own [`ShmFabric`] ([`ShmCluster::client`]).
+#[derive(Debug)]
+pub struct ShmCluster {
+    dir: PathBuf,
+    headers: Vec<NodeHeader>,
+    nodes: Vec<NodeMemory>,
+}
+
+impl ShmCluster {
+    /// Creates a cluster of `nodes` memory nodes of `bytes_per_node` bytes each
+    /// (header included, a multiple of 8) in `dir`, with default options, and opens it.
+    pub fn create(
+        dir: impl AsRef<Path>,
+        nodes: u16,
+        bytes_per_node: u64,
+    ) -> Result<Self, ShmError> {
+        Self::create_with(dir, nodes, bytes_per_node, &CreateOptions::default())
+    }
+
+    /// Creates a cluster with explicit options, and opens it.
+    pub fn create_with(
+        dir: impl AsRef<Path>,
+        nodes: u16,
+        bytes_per_node: u64,
+        options: &CreateOptions,
+    ) -> Result<Self, ShmError> {
+        let dir = dir.as_ref();
+        check_params(nodes, bytes_per_node, options)?;
+        DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(ShmError::io("cannot create cluster directory", dir))?;
+        let existing = node_files(dir)?;
+        if !existing.is_empty() && !options.overwrite {
+            return Err(ShmError::AlreadyExists { dir: dir.into() });
+        }
+
+        let epoch = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_err(|_| ShmError::Clock)?;
+        let template = NodeHeader {
+            node_id: 0,
+            node_count: nodes,
+            size: bytes_per_node,
+            cluster_id: random_id(),
+            epoch_unix_ns: u64::try_from(epoch.as_nanos()).unwrap_or(u64::MAX),
+            tick_ns: options.tick_ns,
+        };
+
+        if options.overwrite {
+            // Nodes beyond the new count would make the new cluster look inconsistent.
+            for (index, path) in &existing {
+                if *index >= nodes {
+                    fs::remove_file(path)
+                        .map_err(ShmError::io("cannot remove old node file", path))?;
+                }
+            }
+        }
+        let mut published = Vec::new();
+        // Node 0 last: its presence means the cluster is complete.
+        for node_id in (1..nodes).chain([0]) {
+            let header = NodeHeader {
+                node_id,
+                ..template
+            };
+            match publish_node(dir, &header, options) {
+                Ok(path) => published.push(path),
+                Err(error) => {
+                    if !options.overwrite {
+                        // Best effort: do not leave a partial cluster behind.
+                        for path in &published {
+                            let _ = fs::remove_file(path);
+                        }
+                    }
+                    return Err(error);
+                }
+            }
+        }
+        Self::open(dir)
+    }
+
+    /// Opens the cluster in `dir`, validating every node file (see the module docs).
+    pub fn open(dir: impl AsRef<Path>) -> Result<Self, ShmError> {
+        let dir = dir.as_ref();
+        if !fs::metadata(dir)
+            .map_err(ShmError::io("cannot open cluster directory", dir))?
+            .is_dir()
+        {
+            return Err(ShmError::NotACluster { dir: dir.into() });
+        }
+        let (first, first_node) = match open_node(dir, 0) {
+            Err(ShmError::MissingNode { .. }) => {
+                return Err(ShmError::NotACluster { dir: dir.into() });
+            }
+            other => other?,
+        };
+        let mut headers = vec![first];
+        let mut nodes = vec![first_node];
+        for index in 1..first.node_count {
+            let (header, node) = open_node(dir, index).map_err(|error| match error {
+                ShmError::MissingNode { path, .. } => ShmError::MissingNode {
+                    path,
+                    nodes: first.node_count,
+                },
+                other => other,
+            })?;
+            let path = dir.join(node_file_name(index));
+            let differs = if header.cluster_id != first.cluster_id {
+                Some("it belongs to another cluster (different cluster id)".to_string())
+            } else if header.node_count != first.node_count {
+                Some(format!(
+                    "its header says {} nodes, node 0 says {}",
+                    header.node_count, first.node_count
+                ))
+            } else if (header.epoch_unix_ns, header.tick_ns) != (first.epoch_unix_ns, first.tick_ns)
+            {
+                Some("its epoch or tick length differs from node 0's".to_string())
+            } else {
+                None
+            };
+            if let Some(reason) = differs {
+                return Err(ShmError::Mismatch { path, reason });
+            }
+            headers.push(header);
+            nodes.push(node);
+        }
+        for (index, path) in node_files(dir)? {
+            if index >= first.node_count {
+                return Err(ShmError::Mismatch {
+                    path,
+                    reason: format!("the cluster has only {} nodes", first.node_count),
+                });
+            }
+        }
+        Ok(Self {
+            dir: dir.into(),
+            headers,
+            nodes,
+        })
+    }
+
+    /// A client handle for one thread, with no emulated latency.
+    pub fn client(self: &Arc<Self>) -> ShmFabric {
+        ShmFabric::new(Arc::clone(self))
+    }
+
+    /// The cluster directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Number of memory nodes.
+    pub fn node_count(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// The validated header of every node, in node order.
+    pub fn headers(&self) -> &[NodeHeader] {
+        &self.headers
+    }
+
+    /// The random id shared by all nodes of this cluster.
+    pub fn cluster_id(&self) -> u64 {
+        self.headers[0].cluster_id
+    }
+
+    /// Unix time (ns) of timestamp tick 0.
+    pub fn epoch_unix_ns(&self) -> u64 {
+        self.headers[0].epoch_unix_ns
+    }
+
+    /// Length of a timestamp tick in ns.
+    pub fn tick_ns(&self) -> u64 {
+        self.headers[0].tick_ns
+    }
+
+    /// A node's memory, or `None` past the node count.
+    pub fn node(&self, node: NodeId) -> Option<&NodeMemory> {
+        self.nodes.get(node.index())
+    }
+}
+
+fn check_params(nodes: u16, bytes_per_node: u64, options: &CreateOptions) -> Result<(), ShmError> {
+    let invalid = |reason: String| Err(ShmError::InvalidConfig(reason));
+    if nodes == 0 {
+        return invalid("a cluster needs at least one memory node".into());
+    }
+    if bytes_per_node < HEADER_SIZE + 8 || !bytes_per_node.is_multiple_of(8) {
+        return invalid(format!(
+            "bytes per node must be a multiple of 8 and larger than the {HEADER_SIZE}-byte header, got {bytes_per_node}"
+        ));
+    }
+    if usize::try_from(bytes_per_node).is_err() {
+        return invalid(format!(
+            "{bytes_per_node} bytes per node do not fit this host's address space"
+        ));
+    }
+    if options.tick_ns == 0 {
+        return invalid("the tick length must be at least 1 ns".into());
+    }
+    Ok(())
+}
+
+/// A random cluster id: `RandomState` is seeded from the OS's entropy source; the
+/// time and process id separate clusters created by one process.
+fn random_id() -> u64 {
+    RandomState::new().hash_one((SystemTime::now(), std::process::id()))
+}
+
+/// Node files present in `dir`, by index.
+fn node_files(dir: &Path) -> Result<Vec<(u16, PathBuf)>, ShmError> {
+    let entries = fs::read_dir(dir).map_err(ShmError::io("cannot list cluster directory", dir))?;
+    let mut files = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(ShmError::io("cannot list cluster directory", dir))?;
+        if let Some(index) = entry.file_name().to_str().and_then(parse_node_file_name) {
+            files.push((index, entry.path()));
+        }
+    }
+    files.sort();
+    Ok(files)
+}
+
+/// Builds node `header.node_id` in a temporary file and publishes it; returns the
+/// published path.
+fn publish_node(
+    dir: &Path,
+    header: &NodeHeader,
+    options: &CreateOptions,
+) -> Result<PathBuf, ShmError> {
+    let path = dir.join(node_file_name(header.node_id));
+    let tmp = dir.join(format!(
+        ".{}.{}.tmp",
+        node_file_name(header.node_id),
+        std::process::id()
+    ));
+    // A leftover of a crashed creation by a process that had our pid.
+    let _ = fs::remove_file(&tmp);
+    let built = build_node_file(&tmp, header, options);
+    let published = built.and_then(|()| {
+        if options.overwrite {
+            fs::rename(&tmp, &path).map_err(ShmError::io("cannot publish node file", &path))
+        } else {
+            fs::hard_link(&tmp, &path).map_err(|source| {
+                if source.kind() == io::ErrorKind::AlreadyExists {
+                    ShmError::AlreadyExists { dir: dir.into() }
+                } else {
+                    ShmError::Io {
+                        op: "cannot publish node file",
+                        path: path.clone(),
+                        source,
+                    }
+                }
+            })
+        }
+    });
+    // After a rename the temporary name is gone already; after a link or a failure it
+    // must go.
+    let _ = fs::remove_file(&tmp);
+    published.map(|()| path)
+}
+
+fn build_node_file(
+    tmp: &Path,
+    header: &NodeHeader,
+    options: &CreateOptions,
+) -> Result<(), ShmError> {
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(tmp)
+        .map_err(ShmError::io("cannot create node file", tmp))?;
+    file.set_len(header.size)
+        .map_err(ShmError::io("cannot size node file", tmp))?;
+    if options.preallocate {
+        mapping::preallocate(&file, header.size)
+            .map_err(ShmError::io("cannot reserve memory for node file", tmp))?;
+    }
+    file.write_all_at(&header.encode(), 0)
+        .map_err(ShmError::io("cannot write node header", tmp))
+}
+
+/// Opens, validates and maps node `index` of the cluster in `dir`.
+fn open_node(dir: &Path, index: u16) -> Result<(NodeHeader, NodeMemory), ShmError> {
+    let path = dir.join(node_file_name(index));
+    let file = match OpenOptions::new().read(true).write(true).open(&path) {
+        Ok(file) => file,
+        Err(error) if error.kind() == io::ErrorKind::NotFound => {
+            return Err(ShmError::MissingNode { path, nodes: 0 });
+        }
+        Err(error) => return Err(ShmError::io("cannot open node file", path)(error)),
+    };
+    let metadata = file
+        .metadata()
+        .map_err(ShmError::io("cannot inspect node file", &path))?;
+    if !metadata.is_file() {
+        return Err(ShmError::Mismatch {
+            path,
+            reason: "it is not a regular file".into(),
+        });
+    }
+    let len = metadata.len();
+    let header_error = |source| ShmError::Header {
+        path: path.clone(),
+        source,
+    };
+    if len < HEADER_SIZE {
+        return Err(header_error(swarm_core::header::HeaderError::Truncated {
+            len,
+        }));
+    }
+    let mut bytes = [0u8; ENCODED_LEN];
+    file.read_exact_at(&mut bytes, 0)
+        .map_err(ShmError::io("cannot read node header", &path))?;
+    let header = NodeHeader::decode(&bytes, len).map_err(header_error)?;
+    let mismatch = |reason: String| ShmError::Mismatch {
+        path: path.clone(),
+        reason,
+    };
+    if header.size != len {
+        return Err(mismatch(format!(
+            "the file is {len} bytes but its header says {}",
+            header.size
+        )));
+    }
+    if !header.size.is_multiple_of(8) {
+        return Err(mismatch(format!(
+            "its size {} is not a multiple of 8 bytes",
+            header.size
+        )));
+    }
+    if header.node_id != index {
+        return Err(mismatch(format!(
+            "its header says it is node {}, not node {index}",
+            header.node_id
+        )));
+    }
+    let mapping =
+        Mapping::new(&file, header.size).map_err(ShmError::io("cannot map node file", &path))?;
+    Ok((header, NodeMemory::new(NodeId(index), path, mapping)))
+}
+
+#[cfg(test)]
+mod tests;

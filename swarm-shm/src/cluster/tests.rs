@@ -1,0 +1,392 @@
+use std::fs::File;
+use std::os::unix::fs::PermissionsExt;
+
+use swarm_core::header::HeaderError;
+
+use super::*;
+use crate::ScratchDir;
+
+const SIZE: u64 = HEADER_SIZE + 4096;
+
+fn scratch() -> ScratchDir {
+    ScratchDir::new("swarm-shm-cluster-test").expect("scratch directory")
+}
+
+fn create3(dir: &Path) -> ShmCluster {
+    ShmCluster::create(dir, 3, SIZE).expect("create cluster")
+}
+
+fn node_path(dir: &Path, index: u16) -> PathBuf {
+    dir.join(node_file_name(index))
+}
+
+/// Overwrites bytes of a node file in place.
+fn patch(path: &Path, offset: u64, bytes: &[u8]) {
+    let file = OpenOptions::new().write(true).open(path).unwrap();
+    file.write_all_at(bytes, offset).unwrap();
+}
+
+/// Rewrites node `index`'s header with `edit` applied, with a valid checksum.
+fn rewrite_header(dir: &Path, index: u16, edit: impl FnOnce(&mut NodeHeader)) {
+    let path = node_path(dir, index);
+    let mut bytes = [0u8; ENCODED_LEN];
+    File::open(&path)
+        .unwrap()
+        .read_exact_at(&mut bytes, 0)
+        .unwrap();
+    let mut header = NodeHeader::decode(&bytes, fs::metadata(&path).unwrap().len()).unwrap();
+    edit(&mut header);
+    patch(&path, 0, &header.encode());
+}
+
+#[test]
+fn create_then_open_roundtrips_the_headers() {
+    let dir = scratch();
+    let options = CreateOptions {
+        tick_ns: 250,
+        ..CreateOptions::default()
+    };
+    let created = ShmCluster::create_with(dir.path(), 3, SIZE, &options).unwrap();
+    let opened = ShmCluster::open(dir.path()).unwrap();
+    assert_eq!(created.headers(), opened.headers());
+    assert_eq!(opened.node_count(), 3);
+    assert_eq!(opened.tick_ns(), 250);
+    assert_eq!(opened.cluster_id(), created.cluster_id());
+    for (i, header) in opened.headers().iter().enumerate() {
+        assert_eq!(usize::from(header.node_id), i);
+        assert_eq!(header.node_count, 3);
+        assert_eq!(header.size, SIZE);
+        assert_eq!(header.cluster_id, opened.cluster_id());
+        let node = opened.node(NodeId(i as u16)).unwrap();
+        assert_eq!(node.size(), SIZE);
+        let mode = fs::metadata(node.path()).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600, "node files are private");
+    }
+    assert!(opened.node(NodeId(3)).is_none());
+    // The epoch is "now" at creation.
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64;
+    assert!(opened.epoch_unix_ns() <= now);
+    assert!(now - opened.epoch_unix_ns() < 3_600_000_000_000);
+    // No temporary files are left behind.
+    let names: Vec<_> = fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert_eq!(names.len(), 3, "{names:?}");
+}
+
+#[test]
+fn header_is_visible_through_node_memory() {
+    let dir = scratch();
+    let cluster = create3(dir.path());
+    let node = cluster.node(NodeId(1)).unwrap();
+    let mut bytes = [0u8; ENCODED_LEN];
+    node.read(0, &mut bytes).unwrap();
+    assert_eq!(
+        NodeHeader::decode(&bytes, SIZE).unwrap(),
+        cluster.headers()[1]
+    );
+}
+
+#[test]
+fn clusters_get_distinct_ids() {
+    let (a, b) = (scratch(), scratch());
+    assert_ne!(
+        create3(a.path()).cluster_id(),
+        create3(b.path()).cluster_id()
+    );
+}
+
+#[test]
+fn create_refuses_an_existing_cluster_unless_overwriting() {
+    let dir = scratch();
+    let old = ShmCluster::create(dir.path(), 5, SIZE).unwrap();
+    assert!(matches!(
+        ShmCluster::create(dir.path(), 3, SIZE),
+        Err(ShmError::AlreadyExists { .. })
+    ));
+    // The old cluster is untouched.
+    assert_eq!(
+        ShmCluster::open(dir.path()).unwrap().cluster_id(),
+        old.cluster_id()
+    );
+
+    // Overwriting replaces it, removes nodes beyond the new count, and leaves the old
+    // mapping usable (the old files were replaced, not truncated).
+    let options = CreateOptions {
+        overwrite: true,
+        ..CreateOptions::default()
+    };
+    let new = ShmCluster::create_with(dir.path(), 3, SIZE, &options).unwrap();
+    assert_ne!(new.cluster_id(), old.cluster_id());
+    assert_eq!(ShmCluster::open(dir.path()).unwrap().node_count(), 3);
+    assert!(!node_path(dir.path(), 4).exists());
+    old.node(NodeId(4))
+        .unwrap()
+        .write(HEADER_SIZE, &[1; 8])
+        .unwrap();
+}
+
+#[test]
+fn invalid_parameters_are_refused() {
+    let dir = scratch();
+    for (nodes, size) in [(0, SIZE), (3, HEADER_SIZE), (3, SIZE + 4), (3, 100)] {
+        let result = ShmCluster::create(dir.path(), nodes, size);
+        assert!(
+            matches!(result, Err(ShmError::InvalidConfig(_))),
+            "{nodes} {size}"
+        );
+    }
+    let zero_tick = CreateOptions {
+        tick_ns: 0,
+        ..CreateOptions::default()
+    };
+    assert!(matches!(
+        ShmCluster::create_with(dir.path(), 3, SIZE, &zero_tick),
+        Err(ShmError::InvalidConfig(_))
+    ));
+    // Nothing was created.
+    assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 0);
+}
+
+#[test]
+fn missing_directory_or_cluster_is_a_clear_error() {
+    let dir = scratch();
+    let missing = dir.path().join("nope");
+    let error = ShmCluster::open(&missing).unwrap_err();
+    assert!(matches!(error, ShmError::Io { .. }), "{error}");
+    assert!(error.to_string().contains("nope"), "{error}");
+    let error = ShmCluster::open(dir.path()).unwrap_err();
+    assert!(matches!(error, ShmError::NotACluster { .. }), "{error}");
+    assert!(error.to_string().contains("create one"), "{error}");
+}
+
+#[test]
+fn missing_node_file_is_named() {
+    let dir = scratch();
+    drop(create3(dir.path()));
+    fs::remove_file(node_path(dir.path(), 2)).unwrap();
+    let error = ShmCluster::open(dir.path()).unwrap_err();
+    assert!(
+        matches!(&error, ShmError::MissingNode { path, nodes: 3 } if path.ends_with("node-2.swarm")),
+        "{error}"
+    );
+}
+
+#[test]
+fn wrong_magic_is_refused() {
+    let dir = scratch();
+    drop(create3(dir.path()));
+    patch(&node_path(dir.path(), 1), 0, b"NOTSWARM");
+    let error = ShmCluster::open(dir.path()).unwrap_err();
+    assert!(
+        matches!(&error, ShmError::Header { source: HeaderError::BadMagic, path } if path.ends_with("node-1.swarm")),
+        "{error}"
+    );
+}
+
+#[test]
+fn wrong_version_is_refused() {
+    let dir = scratch();
+    drop(create3(dir.path()));
+    patch(&node_path(dir.path(), 0), 8, &7u32.to_le_bytes());
+    let error = ShmCluster::open(dir.path()).unwrap_err();
+    assert!(
+        matches!(
+            error,
+            ShmError::Header {
+                source: HeaderError::UnsupportedVersion { found: 7 },
+                ..
+            }
+        ),
+        "{error}"
+    );
+}
+
+#[test]
+fn bad_checksum_is_refused() {
+    let dir = scratch();
+    drop(create3(dir.path()));
+    // Flip a bit of the cluster id without fixing the checksum.
+    patch(&node_path(dir.path(), 2), 24, &[0xFF]);
+    let error = ShmCluster::open(dir.path()).unwrap_err();
+    assert!(
+        matches!(
+            error,
+            ShmError::Header {
+                source: HeaderError::BadChecksum,
+                ..
+            }
+        ),
+        "{error}"
+    );
+}
+
+#[test]
+fn wrong_node_count_is_refused() {
+    let dir = scratch();
+    drop(create3(dir.path()));
+    rewrite_header(dir.path(), 1, |h| h.node_count = 4);
+    let error = ShmCluster::open(dir.path()).unwrap_err();
+    assert!(matches!(error, ShmError::Mismatch { .. }), "{error}");
+    assert!(error.to_string().contains("4 nodes"), "{error}");
+}
+
+#[test]
+fn node_id_must_match_the_file_name() {
+    let dir = scratch();
+    drop(create3(dir.path()));
+    rewrite_header(dir.path(), 2, |h| h.node_id = 1);
+    let error = ShmCluster::open(dir.path()).unwrap_err();
+    assert!(matches!(error, ShmError::Mismatch { .. }), "{error}");
+    assert!(error.to_string().contains("node 1, not node 2"), "{error}");
+}
+
+#[test]
+fn a_node_of_another_cluster_is_refused() {
+    let (a, b) = (scratch(), scratch());
+    drop(create3(a.path()));
+    drop(create3(b.path()));
+    fs::copy(node_path(b.path(), 1), node_path(a.path(), 1)).unwrap();
+    let error = ShmCluster::open(a.path()).unwrap_err();
+    assert!(
+        matches!(&error, ShmError::Mismatch { path, .. } if path.ends_with("node-1.swarm")),
+        "{error}"
+    );
+    assert!(error.to_string().contains("another cluster"), "{error}");
+}
+
+#[test]
+fn a_stray_extra_node_is_refused() {
+    let dir = scratch();
+    drop(create3(dir.path()));
+    fs::copy(node_path(dir.path(), 2), node_path(dir.path(), 3)).unwrap();
+    let error = ShmCluster::open(dir.path()).unwrap_err();
+    assert!(
+        matches!(&error, ShmError::Mismatch { path, .. } if path.ends_with("node-3.swarm")),
+        "{error}"
+    );
+}
+
+#[test]
+fn truncated_files_are_refused_before_mapping() {
+    let dir = scratch();
+    drop(create3(dir.path()));
+    let path = node_path(dir.path(), 1);
+    let file = OpenOptions::new().write(true).open(&path).unwrap();
+
+    // Shorter than its header says: mapping it would SIGBUS past the end.
+    file.set_len(SIZE - 8).unwrap();
+    let error = ShmCluster::open(dir.path()).unwrap_err();
+    assert!(
+        matches!(
+            error,
+            ShmError::Header {
+                source: HeaderError::Truncated { len },
+                ..
+            } if len == SIZE - 8
+        ),
+        "{error}"
+    );
+
+    // Shorter than a header.
+    file.set_len(100).unwrap();
+    let error = ShmCluster::open(dir.path()).unwrap_err();
+    assert!(
+        matches!(
+            error,
+            ShmError::Header {
+                source: HeaderError::Truncated { len: 100 },
+                ..
+            }
+        ),
+        "{error}"
+    );
+
+    // Empty.
+    file.set_len(0).unwrap();
+    let error = ShmCluster::open(dir.path()).unwrap_err();
+    assert!(
+        matches!(
+            error,
+            ShmError::Header {
+                source: HeaderError::Truncated { len: 0 },
+                ..
+            }
+        ),
+        "{error}"
+    );
+}
+
+#[test]
+fn an_extended_file_is_refused() {
+    let dir = scratch();
+    drop(create3(dir.path()));
+    let path = node_path(dir.path(), 0);
+    OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(SIZE + 8)
+        .unwrap();
+    let error = ShmCluster::open(dir.path()).unwrap_err();
+    assert!(matches!(error, ShmError::Mismatch { .. }), "{error}");
+    assert!(error.to_string().contains("header says"), "{error}");
+}
+
+#[test]
+fn a_directory_in_place_of_a_node_is_refused() {
+    let dir = scratch();
+    drop(create3(dir.path()));
+    let path = node_path(dir.path(), 2);
+    fs::remove_file(&path).unwrap();
+    fs::create_dir(&path).unwrap();
+    let error = ShmCluster::open(dir.path()).unwrap_err();
+    // Opening a directory read-write fails (EISDIR) before the regular-file check.
+    assert!(
+        matches!(error, ShmError::Io { .. } | ShmError::Mismatch { .. }),
+        "{error}"
+    );
+}
+
+#[test]
+fn node_file_names_parse_strictly() {
+    assert_eq!(parse_node_file_name("node-0.swarm"), Some(0));
+    assert_eq!(parse_node_file_name("node-65535.swarm"), Some(65535));
+    assert_eq!(parse_node_file_name(&node_file_name(12)), Some(12));
+    for bad in [
+        "node-.swarm",
+        "node-+1.swarm",
+        "node-65536.swarm",
+        ".node-1.swarm.9.tmp",
+        "node-1.swarmx",
+    ] {
+        assert_eq!(parse_node_file_name(bad), None, "{bad}");
+    }
+}
+
+#[test]
+fn garbage_headers_never_panic() {
+    // A deterministic sweep of corruptions over the encoded header: every one is a
+    // clear error (the exhaustive decoder properties live in swarm-core).
+    let dir = scratch();
+    drop(create3(dir.path()));
+    let path = node_path(dir.path(), 0);
+    let mut pristine = [0u8; ENCODED_LEN];
+    File::open(&path)
+        .unwrap()
+        .read_exact_at(&mut pristine, 0)
+        .unwrap();
+    for offset in 0..ENCODED_LEN as u64 {
+        patch(&path, offset, &[pristine[offset as usize] ^ 0x5A]);
+        assert!(
+            ShmCluster::open(dir.path()).is_err(),
+            "corruption at byte {offset} accepted"
+        );
+        patch(&path, offset, &[pristine[offset as usize]]);
+    }
+    assert!(ShmCluster::open(dir.path()).is_ok());
+}

@@ -1,0 +1,89 @@
+//! What can go wrong when creating or opening a shared-memory cluster.
+
+use std::io;
+use std::path::PathBuf;
+
+use swarm_core::header::HeaderError;
+
+/// Errors of [`crate::ShmCluster::create`] and [`crate::ShmCluster::open`].
+///
+/// Operations on an opened cluster report [`swarm_core::FabricError`]s instead.
+#[derive(Debug, thiserror::Error)]
+pub enum ShmError {
+    /// A file system call on `path` failed.
+    #[error("{op} {path}: {source}", path = path.display())]
+    Io {
+        /// What was being done ("cannot open", "cannot map", ...).
+        op: &'static str,
+        /// The file or directory involved.
+        path: PathBuf,
+        /// The operating system's error.
+        source: io::Error,
+    },
+    /// A node file's header is missing, corrupted or of another format.
+    #[error(
+        "{path} is not a usable memory node: {source}; recreate the cluster or point at the right directory",
+        path = path.display()
+    )]
+    Header {
+        /// The node file.
+        path: PathBuf,
+        /// Why its header was refused.
+        source: HeaderError,
+    },
+    /// The directory holds no cluster (no `node-0.swarm`).
+    #[error(
+        "{dir} holds no SWARM cluster (no {first}): create one first (e.g. `swarm-shm-demo --dir {dir} --keep`)",
+        dir = dir.display(),
+        first = crate::node_file_name(0)
+    )]
+    NotACluster {
+        /// The directory given.
+        dir: PathBuf,
+    },
+    /// A node file of the cluster is missing.
+    #[error(
+        "memory node file {path} is missing (the cluster has {nodes} nodes): restore it or recreate the cluster",
+        path = path.display()
+    )]
+    MissingNode {
+        /// The missing file.
+        path: PathBuf,
+        /// The node count recorded in the headers.
+        nodes: u16,
+    },
+    /// A node file does not belong with the others, or its size does not match its
+    /// header.
+    #[error(
+        "{path} does not belong to this cluster: {reason}; recreate the cluster or remove stray files",
+        path = path.display()
+    )]
+    Mismatch {
+        /// The offending file.
+        path: PathBuf,
+        /// What disagrees.
+        reason: String,
+    },
+    /// `create` found an existing cluster and was not allowed to replace it.
+    #[error(
+        "{dir} already holds a SWARM cluster: open it, remove its node files, or create with overwrite",
+        dir = dir.display()
+    )]
+    AlreadyExists {
+        /// The directory given.
+        dir: PathBuf,
+    },
+    /// The parameters given to `create` cannot describe a cluster.
+    #[error("invalid cluster parameters: {0}")]
+    InvalidConfig(String),
+    /// The system clock reads before 1970, so no cluster epoch can be recorded.
+    #[error("the system clock reads before the Unix epoch: fix the clock, then create the cluster")]
+    Clock,
+}
+
+impl ShmError {
+    pub(crate) fn io(op: &'static str, path: impl Into<PathBuf>) -> impl FnOnce(io::Error) -> Self {
+        let path = path.into();
+        move |source| Self::Io { op, path, source }
+    }
+}

@@ -1,0 +1,349 @@
+use std::time::Duration;
+
+use swarm_core::header::HEADER_SIZE;
+use swarm_core::{Op, OpStats, Roundtrip, WaitOutcome, block_on};
+
+use super::*;
+use crate::ScratchDir;
+
+const DATA: u64 = HEADER_SIZE;
+
+fn cluster(nodes: u16) -> (ScratchDir, Arc<ShmCluster>) {
+    let dir = ScratchDir::new("swarm-shm-fabric-test").expect("scratch directory");
+    let cluster =
+        ShmCluster::create(dir.path(), nodes, HEADER_SIZE + 4096).expect("create cluster");
+    (dir, Arc::new(cluster))
+}
+
+/// One roundtrip: `batch` to each of `nodes`, waiting for `k` replies.
+fn roundtrip(
+    fabric: &ShmFabric,
+    nodes: &[u16],
+    batch: &Batch,
+    k: usize,
+) -> Result<Result<Vec<(NodeId, Completion)>, FabricError>, FabricError> {
+    let stats = OpStats::new();
+    block_on(fabric, async {
+        let mut rt = Roundtrip::start(fabric, &stats);
+        for &n in nodes {
+            rt.post(NodeId(n), batch.clone())?;
+        }
+        rt.wait(k).await?;
+        Ok(rt.replies().to_vec())
+    })
+}
+
+fn ready(fabric: &ShmFabric, ticket: Ticket) -> Result<Completion, FabricError> {
+    match fabric.poll(ticket) {
+        Poll::Ready(result) => result,
+        Poll::Pending => panic!("ticket {ticket:?} is still pending"),
+    }
+}
+
+#[test]
+fn batch_executes_in_order_and_reports_cas_previous() {
+    let (_dir, cluster) = cluster(1);
+    let fabric = cluster.client();
+    let mut batch = Batch::new();
+    batch
+        .push(Op::Write {
+            addr: DATA + 8,
+            data: vec![7; 8],
+        })
+        .unwrap()
+        .push(Op::Cas {
+            addr: DATA,
+            expected: 0,
+            new: 5,
+        })
+        .unwrap()
+        .push(Op::Read {
+            addr: DATA,
+            len: 16,
+        })
+        .unwrap()
+        .push(Op::Cas {
+            addr: DATA,
+            expected: 0,
+            new: 9,
+        })
+        .unwrap();
+    let replies = roundtrip(&fabric, &[0], &batch, 1).unwrap().unwrap();
+    let completion = &replies[0].1;
+    assert_eq!(completion.outputs()[0], swarm_core::OpOutput::Written);
+    assert_eq!(completion.cas(1), Some(0));
+    let read = completion.read(2).unwrap();
+    assert_eq!(u64::from_le_bytes(read[..8].try_into().unwrap()), 5);
+    assert_eq!(&read[8..], &[7; 8]);
+    // The failed CAS returns what it found and changes nothing.
+    assert_eq!(completion.cas(3), Some(5));
+    let mut word = [0; 8];
+    cluster
+        .node(NodeId(0))
+        .unwrap()
+        .read(DATA, &mut word)
+        .unwrap();
+    assert_eq!(u64::from_le_bytes(word), 5);
+}
+
+#[test]
+fn writes_are_shared_between_clients() {
+    let (_dir, cluster) = cluster(2);
+    let writer = cluster.client();
+    let t = writer.post(NodeId(1), Batch::write(DATA + 3, b"shared bytes".to_vec()));
+    ready(&writer, t).unwrap();
+
+    // Another thread with its own handle, and another mapping of the same files.
+    let reopened = Arc::new(ShmCluster::open(cluster.dir()).unwrap());
+    std::thread::spawn(move || {
+        let reader = reopened.client();
+        let t = reader.post(NodeId(1), Batch::read(DATA + 3, 12));
+        assert_eq!(
+            ready(&reader, t).unwrap().read(0),
+            Some(&b"shared bytes"[..])
+        );
+    })
+    .join()
+    .unwrap();
+}
+
+#[test]
+fn invalid_batches_are_errors_and_have_no_effect() {
+    let (_dir, cluster) = cluster(1);
+    let fabric = cluster.client();
+    let size = cluster.node(NodeId(0)).unwrap().size();
+
+    let t = fabric.post(NodeId(0), Batch::read(size - 4, 8));
+    assert!(matches!(
+        ready(&fabric, t),
+        Err(FabricError::OutOfBounds { .. })
+    ));
+    let t = fabric.post(NodeId(0), Batch::read(u64::MAX, 2));
+    assert!(matches!(
+        ready(&fabric, t),
+        Err(FabricError::OutOfBounds { .. })
+    ));
+    let t = fabric.post(NodeId(0), Batch::cas(DATA + 4, 0, 1));
+    assert!(matches!(
+        ready(&fabric, t),
+        Err(FabricError::Misaligned { .. })
+    ));
+    let t = fabric.post(NodeId(0), Batch::cas(size, 0, 1));
+    assert!(matches!(
+        ready(&fabric, t),
+        Err(FabricError::OutOfBounds { .. })
+    ));
+    let t = fabric.post(NodeId(1), Batch::read(DATA, 8));
+    assert!(matches!(
+        ready(&fabric, t),
+        Err(FabricError::NoSuchNode { nodes: 1, .. })
+    ));
+
+    // A valid write followed by an invalid op: the whole batch is refused.
+    let mut batch = Batch::new();
+    batch
+        .push(Op::Write {
+            addr: DATA,
+            data: vec![1; 8],
+        })
+        .unwrap()
+        .push(Op::Cas {
+            addr: DATA + 1,
+            expected: 0,
+            new: 1,
+        })
+        .unwrap();
+    let t = fabric.post(NodeId(0), batch);
+    assert!(matches!(
+        ready(&fabric, t),
+        Err(FabricError::Misaligned { .. })
+    ));
+    let t = fabric.post(NodeId(0), Batch::read(DATA, 8));
+    assert_eq!(ready(&fabric, t).unwrap().read(0), Some(&[0u8; 8][..]));
+
+    // The last byte and the last word are reachable.
+    let t = fabric.post(NodeId(0), Batch::write(size - 1, vec![9]));
+    ready(&fabric, t).unwrap();
+    let t = fabric.post(NodeId(0), Batch::cas(size - 8, 9 << 56, 1));
+    assert_eq!(ready(&fabric, t).unwrap().cas(0), Some(9 << 56));
+}
+
+#[test]
+fn tickets_are_redeemed_once() {
+    let (_dir, cluster) = cluster(1);
+    let fabric = cluster.client();
+    let t = fabric.post(NodeId(0), Batch::read(DATA, 8));
+    ready(&fabric, t).unwrap();
+    assert!(matches!(
+        fabric.poll(t),
+        Poll::Ready(Err(FabricError::UnknownTicket(_)))
+    ));
+    assert!(!fabric.progress(), "nothing is outstanding");
+}
+
+#[test]
+fn majority_wait_survives_a_crashed_minority_and_stalls_without_majority() {
+    let (_dir, cluster) = cluster(3);
+    let fabric = cluster.client();
+    fabric.fail_node(NodeId(2));
+    assert!(fabric.is_failed(NodeId(2)) && !fabric.is_failed(NodeId(0)));
+    let write = Batch::write(DATA, vec![4; 8]);
+    let replies = roundtrip(&fabric, &[0, 1, 2], &write, 2).unwrap().unwrap();
+    let mut answered: Vec<u16> = replies.iter().map(|(n, _)| n.0).collect();
+    answered.sort();
+    assert_eq!(answered, [0, 1]);
+    // The failed node was not written: it is crashed for this client.
+    let mut word = [0; 8];
+    cluster
+        .node(NodeId(2))
+        .unwrap()
+        .read(DATA, &mut word)
+        .unwrap();
+    assert_eq!(word, [0; 8]);
+
+    // Waiting for all three can never finish.
+    assert_eq!(
+        roundtrip(&fabric, &[0, 1, 2], &write, 3).unwrap_err(),
+        FabricError::Stalled
+    );
+
+    fabric.fail_node(NodeId(1));
+    assert_eq!(
+        roundtrip(&fabric, &[0, 1, 2], &write, 2).unwrap_err(),
+        FabricError::Stalled
+    );
+    // Forgotten batches to failed nodes do not pile up.
+    assert!(!fabric.progress());
+    assert_eq!(fabric.slab.borrow().pending_count(), 0);
+}
+
+#[test]
+fn failing_a_node_loses_its_batches_in_flight() {
+    let (_dir, cluster) = cluster(2);
+    let fabric = cluster.client().with_rtt_ns(1_000_000_000);
+    let lost = fabric.post(NodeId(1), Batch::read(DATA, 8));
+    fabric.fail_node(NodeId(1));
+    fabric.fail_node(NodeId(0));
+    assert!(!fabric.progress(), "no batch can complete");
+    assert_eq!(fabric.poll(lost), Poll::Pending);
+    fabric.fail_node(NodeId(9)); // unknown: ignored
+}
+
+#[test]
+fn emulated_rtt_delays_completion() {
+    const RTT: u64 = 2_000_000; // 2 ms: far above scheduling noise in the lower bound
+    let (_dir, cluster) = cluster(3);
+    let fabric = cluster.client().with_rtt_ns(RTT);
+    assert_eq!(fabric.rtt_ns(), RTT);
+
+    let start = fabric.now();
+    let t = fabric.post(NodeId(0), Batch::write(DATA, vec![1; 8]));
+    // The effect is visible at once (memory is shared), the completion is not.
+    let mut word = [0; 8];
+    cluster
+        .node(NodeId(0))
+        .unwrap()
+        .read(DATA, &mut word)
+        .unwrap();
+    assert_eq!(word, [1; 8]);
+    if fabric.now() - start < RTT {
+        assert_eq!(fabric.poll(t), Poll::Pending);
+    }
+    assert!(fabric.progress());
+    assert!(
+        fabric.now() - start >= RTT,
+        "progress returned before the rtt elapsed"
+    );
+    ready(&fabric, t).unwrap();
+
+    // Three nodes in one roundtrip overlap: all complete one rtt after posting.
+    let stats = OpStats::new();
+    let start = fabric.now();
+    let replies = block_on(&fabric, async {
+        let mut rt = Roundtrip::start(&fabric, &stats);
+        for n in 0..3 {
+            rt.post(NodeId(n), Batch::read(DATA, 8)).unwrap();
+        }
+        rt.wait(3).await.unwrap();
+        rt.replies().len()
+    })
+    .unwrap();
+    let elapsed = fabric.now() - start;
+    assert_eq!(replies, 3);
+    assert!(elapsed >= RTT, "completed after {elapsed} ns");
+    assert_eq!(stats.roundtrips(), 1);
+}
+
+#[test]
+fn rtt_errors_are_reported_at_once() {
+    let (_dir, cluster) = cluster(1);
+    let fabric = cluster.client().with_rtt_ns(1_000_000_000);
+    let t = fabric.post(NodeId(0), Batch::cas(DATA + 1, 0, 1));
+    assert!(matches!(
+        ready(&fabric, t),
+        Err(FabricError::Misaligned { .. })
+    ));
+}
+
+#[test]
+fn forgotten_batches_still_execute() {
+    let (_dir, cluster) = cluster(1);
+    let fabric = cluster.client().with_rtt_ns(1000);
+    swarm_core::roundtrip::post_background(&fabric, NodeId(0), Batch::cas(DATA, 0, 3));
+    assert!(fabric.progress());
+    assert_eq!(fabric.slab.borrow().pending_count(), 0);
+    let mut word = [0; 8];
+    cluster
+        .node(NodeId(0))
+        .unwrap()
+        .read(DATA, &mut word)
+        .unwrap();
+    assert_eq!(u64::from_le_bytes(word), 3);
+}
+
+#[test]
+fn deadlines_keep_progress_going_until_they_pass() {
+    let (_dir, cluster) = cluster(3);
+    let fabric = cluster.client();
+    fabric.fail_node(NodeId(0));
+    fabric.fail_node(NodeId(1));
+    let stats = OpStats::new();
+    let deadline = fabric.now() + Duration::from_millis(2).as_nanos() as u64;
+    // Only node 2 answers: the wait falls short at the deadline instead of stalling.
+    let outcome = block_on(&fabric, async {
+        let mut rt = Roundtrip::start(&fabric, &stats);
+        for n in 0..3 {
+            rt.post(NodeId(n), Batch::read(DATA, 8)).unwrap();
+        }
+        rt.wait_until(2, deadline).await
+    })
+    .unwrap();
+    assert_eq!(outcome, WaitOutcome::Short);
+    assert!(fabric.now() >= deadline);
+    assert!(
+        !fabric.progress(),
+        "the deadline passed: nothing more to wait for"
+    );
+}
+
+#[test]
+fn now_is_monotonic() {
+    let (_dir, cluster) = cluster(1);
+    let fabric = cluster.client();
+    let a = fabric.now();
+    std::thread::sleep(Duration::from_millis(1));
+    let b = fabric.now();
+    assert!(b >= a + 1_000_000);
+}
+
+#[test]
+fn handles_are_send_and_clusters_are_shared() {
+    fn send<T: Send>() {}
+    fn send_sync<T: Send + Sync>() {}
+    send::<ShmFabric>();
+    send_sync::<ShmCluster>();
+    let (_dir, cluster) = cluster(1);
+    let fabric = cluster.client();
+    assert_eq!(fabric.node_count(), 1);
+    assert!(format!("{fabric:?}").contains("rtt_ns"));
+}
