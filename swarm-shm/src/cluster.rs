@@ -26,7 +26,7 @@ use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use swarm_core::NodeId;
-use swarm_core::header::{ENCODED_LEN, HEADER_SIZE, NodeHeader};
+use swarm_core::header::{ENCODED_LEN, HEADER_SIZE, HeaderError, NodeHeader};
 
 use crate::error::ShmError;
 use crate::fabric::ShmFabric;
@@ -169,23 +169,19 @@ impl ShmCluster {
         {
             return Err(ShmError::NotACluster { dir: dir.into() });
         }
-        let (first, first_node) = match open_node(dir, 0) {
-            Err(ShmError::MissingNode { .. }) => {
-                return Err(ShmError::NotACluster { dir: dir.into() });
-            }
-            other => other?,
+        let Some((first, first_node)) = open_node(dir, 0)? else {
+            return Err(ShmError::NotACluster { dir: dir.into() });
         };
         let mut headers = vec![first];
         let mut nodes = vec![first_node];
         for index in 1..first.node_count {
-            let (header, node) = open_node(dir, index).map_err(|error| match error {
-                ShmError::MissingNode { path, .. } => ShmError::MissingNode {
+            let path = dir.join(node_file_name(index));
+            let Some((header, node)) = open_node(dir, index)? else {
+                return Err(ShmError::MissingNode {
                     path,
                     nodes: first.node_count,
-                },
-                other => other,
-            })?;
-            let path = dir.join(node_file_name(index));
+                });
+            };
             let differs = if header.cluster_id != first.cluster_id {
                 Some("it belongs to another cluster (different cluster id)".to_string())
             } else if header.node_count != first.node_count {
@@ -322,14 +318,14 @@ fn publish_node(
         if options.overwrite {
             fs::rename(&tmp, &path).map_err(ShmError::io("cannot publish node file", &path))
         } else {
-            fs::hard_link(&tmp, &path).map_err(|source| {
-                if source.kind() == io::ErrorKind::AlreadyExists {
+            fs::hard_link(&tmp, &path).map_err(|error| {
+                if error.kind() == io::ErrorKind::AlreadyExists {
                     ShmError::AlreadyExists { dir: dir.into() }
                 } else {
                     ShmError::Io {
                         op: "cannot publish node file",
                         path: path.clone(),
-                        source,
+                        error,
                     }
                 }
             })
@@ -363,14 +359,13 @@ fn build_node_file(
         .map_err(ShmError::io("cannot write node header", tmp))
 }
 
-/// Opens, validates and maps node `index` of the cluster in `dir`.
-fn open_node(dir: &Path, index: u16) -> Result<(NodeHeader, NodeMemory), ShmError> {
+/// Opens, validates and maps node `index` of the cluster in `dir`; `None` if its file
+/// does not exist.
+fn open_node(dir: &Path, index: u16) -> Result<Option<(NodeHeader, NodeMemory)>, ShmError> {
     let path = dir.join(node_file_name(index));
     let file = match OpenOptions::new().read(true).write(true).open(&path) {
         Ok(file) => file,
-        Err(error) if error.kind() == io::ErrorKind::NotFound => {
-            return Err(ShmError::MissingNode { path, nodes: 0 });
-        }
+        Err(error) if error.kind() == io::ErrorKind::NotFound => return Ok(None),
         Err(error) => return Err(ShmError::io("cannot open node file", path)(error)),
     };
     let metadata = file
@@ -383,19 +378,23 @@ fn open_node(dir: &Path, index: u16) -> Result<(NodeHeader, NodeMemory), ShmErro
         });
     }
     let len = metadata.len();
-    let header_error = |source| ShmError::Header {
+    let truncated = || ShmError::Truncated {
         path: path.clone(),
-        source,
+        len,
     };
     if len < HEADER_SIZE {
-        return Err(header_error(swarm_core::header::HeaderError::Truncated {
-            len,
-        }));
+        return Err(truncated());
     }
     let mut bytes = [0u8; ENCODED_LEN];
     file.read_exact_at(&mut bytes, 0)
         .map_err(ShmError::io("cannot read node header", &path))?;
-    let header = NodeHeader::decode(&bytes, len).map_err(header_error)?;
+    let header = NodeHeader::decode(&bytes, len).map_err(|error| match error {
+        HeaderError::Truncated { .. } => truncated(),
+        error => ShmError::Header {
+            path: path.clone(),
+            error,
+        },
+    })?;
     let mismatch = |reason: String| ShmError::Mismatch {
         path: path.clone(),
         reason,
@@ -420,7 +419,10 @@ fn open_node(dir: &Path, index: u16) -> Result<(NodeHeader, NodeMemory), ShmErro
     }
     let mapping =
         Mapping::new(&file, header.size).map_err(ShmError::io("cannot map node file", &path))?;
-    Ok((header, NodeMemory::new(NodeId(index), path, mapping)))
+    Ok(Some((
+        header,
+        NodeMemory::new(NodeId(index), path, mapping),
+    )))
 }
 
 #[cfg(test)]

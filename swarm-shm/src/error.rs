@@ -7,29 +7,45 @@ use swarm_core::header::HeaderError;
 
 /// Errors of [`crate::ShmCluster::create`] and [`crate::ShmCluster::open`].
 ///
+/// Messages are self-contained: they include the underlying error and say what to
+/// do, so the underlying error is a field of the variant rather than a
+/// [`std::error::Error::source`] (which would print it twice).
+///
 /// Operations on an opened cluster report [`swarm_core::FabricError`]s instead.
 #[derive(Debug, thiserror::Error)]
 pub enum ShmError {
     /// A file system call on `path` failed.
-    #[error("{op} {path}: {source}", path = path.display())]
+    #[error("{op} {path}: {error}", path = path.display())]
     Io {
         /// What was being done ("cannot open", "cannot map", ...).
         op: &'static str,
         /// The file or directory involved.
         path: PathBuf,
         /// The operating system's error.
-        source: io::Error,
+        error: io::Error,
     },
     /// A node file's header is missing, corrupted or of another format.
     #[error(
-        "{path} is not a usable memory node: {source}; recreate the cluster or point at the right directory",
+        "{path} is not a usable memory node: {error}; recreate the cluster or point at the right directory",
         path = path.display()
     )]
     Header {
         /// The node file.
         path: PathBuf,
         /// Why its header was refused.
-        source: HeaderError,
+        error: HeaderError,
+    },
+    /// A node file is shorter than a header or than the size its header records:
+    /// mapping it would fault (`SIGBUS`) on the missing pages.
+    #[error(
+        "memory node file {path} is truncated to {len} bytes, shorter than its header or than the size it records: restore it or recreate the cluster",
+        path = path.display()
+    )]
+    Truncated {
+        /// The node file.
+        path: PathBuf,
+        /// Its length.
+        len: u64,
     },
     /// The directory holds no cluster (no `node-0.swarm`).
     #[error(
@@ -84,6 +100,6 @@ pub enum ShmError {
 impl ShmError {
     pub(crate) fn io(op: &'static str, path: impl Into<PathBuf>) -> impl FnOnce(io::Error) -> Self {
         let path = path.into();
-        move |source| Self::Io { op, path, source }
+        move |error| Self::Io { op, path, error }
     }
 }

@@ -183,7 +183,7 @@ fn wrong_magic_is_refused() {
     patch(&node_path(dir.path(), 1), 0, b"NOTSWARM");
     let error = ShmCluster::open(dir.path()).unwrap_err();
     assert!(
-        matches!(&error, ShmError::Header { source: HeaderError::BadMagic, path } if path.ends_with("node-1.swarm")),
+        matches!(&error, ShmError::Header { error: HeaderError::BadMagic, path } if path.ends_with("node-1.swarm")),
         "{error}"
     );
 }
@@ -198,7 +198,7 @@ fn wrong_version_is_refused() {
         matches!(
             error,
             ShmError::Header {
-                source: HeaderError::UnsupportedVersion { found: 7 },
+                error: HeaderError::UnsupportedVersion { found: 7 },
                 ..
             }
         ),
@@ -217,7 +217,7 @@ fn bad_checksum_is_refused() {
         matches!(
             error,
             ShmError::Header {
-                source: HeaderError::BadChecksum,
+                error: HeaderError::BadChecksum,
                 ..
             }
         ),
@@ -278,47 +278,16 @@ fn truncated_files_are_refused_before_mapping() {
     let path = node_path(dir.path(), 1);
     let file = OpenOptions::new().write(true).open(&path).unwrap();
 
-    // Shorter than its header says: mapping it would SIGBUS past the end.
-    file.set_len(SIZE - 8).unwrap();
-    let error = ShmCluster::open(dir.path()).unwrap_err();
-    assert!(
-        matches!(
-            error,
-            ShmError::Header {
-                source: HeaderError::Truncated { len },
-                ..
-            } if len == SIZE - 8
-        ),
-        "{error}"
-    );
-
-    // Shorter than a header.
-    file.set_len(100).unwrap();
-    let error = ShmCluster::open(dir.path()).unwrap_err();
-    assert!(
-        matches!(
-            error,
-            ShmError::Header {
-                source: HeaderError::Truncated { len: 100 },
-                ..
-            }
-        ),
-        "{error}"
-    );
-
-    // Empty.
-    file.set_len(0).unwrap();
-    let error = ShmCluster::open(dir.path()).unwrap_err();
-    assert!(
-        matches!(
-            error,
-            ShmError::Header {
-                source: HeaderError::Truncated { len: 0 },
-                ..
-            }
-        ),
-        "{error}"
-    );
+    // Shorter than its header says (mapping it would SIGBUS past the end), shorter
+    // than a header, empty.
+    for len in [SIZE - 8, HEADER_SIZE, HEADER_SIZE - 1, 100, 0] {
+        file.set_len(len).unwrap();
+        let error = ShmCluster::open(dir.path()).unwrap_err();
+        assert!(
+            matches!(&error, ShmError::Truncated { len: l, path } if *l == len && path.ends_with("node-1.swarm")),
+            "{len}: {error}"
+        );
+    }
 }
 
 #[test]
