@@ -62,6 +62,16 @@ fn check_nodes(nodes: &[String]) -> Result<(), RdmaError> {
 
 /// Checks the shape of one `HOST:PORT` address (resolution happens on connect).
 pub fn check_address(addr: &str) -> Result<(), RdmaError> {
+    check_host_port(addr, false)
+}
+
+/// Checks an address to listen on: like [`check_address`], but port 0 (any free
+/// port) is allowed.
+pub fn check_listen_address(addr: &str) -> Result<(), RdmaError> {
+    check_host_port(addr, true)
+}
+
+fn check_host_port(addr: &str, any_port: bool) -> Result<(), RdmaError> {
     let bad = |why: &str| {
         RdmaError::Config(format!(
             "memory node address {addr:?} is invalid ({why}): expected HOST:PORT, e.g. 10.0.0.1:7471 or [fe80::1]:7471"
@@ -75,8 +85,9 @@ pub fn check_address(addr: &str) -> Result<(), RdmaError> {
         return Err(bad("IPv6 addresses need brackets"));
     }
     match port.parse::<u16>() {
-        Ok(0) | Err(_) => Err(bad("the port must be 1..=65535")),
+        Ok(0) if !any_port => Err(bad("the port must be 1..=65535")),
         Ok(_) => Ok(()),
+        Err(_) => Err(bad("the port must be 1..=65535")),
     }
 }
 
@@ -227,6 +238,8 @@ mod tests {
             parse_nodes("a:1, b:2,[::1]:3,").unwrap(),
             vec!["a:1", "b:2", "[::1]:3"]
         );
+        assert!(check_listen_address("0.0.0.0:0").is_ok());
+        assert!(check_address("0.0.0.0:0").is_err());
         for bad in ["", "a", "a:0", "a:70000", ":1", "::1:3", "a:1,a:1", "a:x"] {
             assert!(parse_nodes(bad).is_err(), "{bad:?} accepted");
         }

@@ -1,9 +1,58 @@
-//! SWARM fabric over RDMA verbs (work in progress).
+//! # swarm-rdma
+//!
+//! SWARM's fabric over RDMA verbs, and the memory-node daemon.
+//!
+//! SWARM (§2.1) needs from disaggregated memory non-atomic reads and writes, an
+//! atomic 8-byte compare-and-swap, and ordered pipelines of operations to one node
+//! that complete in one roundtrip. Over RDMA these are one-sided `RDMA READ`,
+//! `RDMA WRITE` and `ATOMIC_CMP_AND_SWP` on reliable-connected queue pairs, and a
+//! pipeline is one chain of work requests posted with one doorbell. Memory nodes
+//! are passive: a tiny daemon registers memory and hands out queue pairs, then its
+//! CPU sleeps (DESIGN.md §1).
+//!
+//! ## Layout
+//!
+//! Pure logic, tested everywhere:
+//! - [`wr`]: a batch → a chain of work requests (opcodes, signaling, inline, fences
+//!   per the InfiniBand ordering rules), address translation and bounds checks;
+//! - [`staging`]: the client's registered staging buffer, shared by chains in flight;
+//! - [`fabric::engine`]: tickets, back-pressure, completions, node failure — tested
+//!   with a software NIC that has RC semantics;
+//! - [`status`]: verbs statuses → [`swarm_core::FabricError::NodeFailed`];
+//! - [`wire`], [`auth`], [`bootstrap`]: the authenticated TCP bootstrap (tested on
+//!   loopback);
+//! - [`config`]: node lists, sizes, the cluster file.
+//!
+//! The unsafe verbs layer, [`verbs`], and what is built on it — [`fabric::RdmaFabric`]
+//! and [`memnode`] — need a device; `tests/device.rs` runs them where one exists
+//! (hardware or soft-RoCE) and prints a `SKIPPED` line elsewhere.
+//!
+//! ## Entry points
+//!
+//! - Memory node (`swarm memnode --listen ADDR:PORT --size 4GiB [--device NAME]`):
+//!   [`memnode::MemnodeConfig::from_cluster`] then [`memnode::run`].
+//! - Clients (`--rdma HOST:PORT,...` or a cluster file): [`config::parse_nodes`] or
+//!   [`config::ClusterConfig::load`], then [`fabric::RdmaConfig`],
+//!   [`fabric::RdmaCluster::open`] once per process and
+//!   [`fabric::RdmaCluster::client`] once per thread; the result implements
+//!   [`swarm_core::Fabric`].
+//! - `swarm init`: [`auth::Token::generate`] and [`config::ClusterConfig::render`].
+//!
+//! Without an RDMA device, both entry points fail with [`RdmaError::NoDevice`], whose
+//! message starts with `no RDMA device found:`.
+
+#[cfg(target_endian = "big")]
+compile_error!(
+    "swarm-rdma assumes little-endian hosts: RDMA atomics operate on host-order words \
+     that the core also reads as little-endian bytes"
+);
+
 pub mod auth;
 pub mod bootstrap;
 pub mod config;
 pub mod error;
 pub mod fabric;
+pub mod memnode;
 pub mod staging;
 pub mod status;
 pub mod verbs;
@@ -11,3 +60,6 @@ pub mod wire;
 pub mod wr;
 
 pub use error::RdmaError;
+pub use fabric::{RdmaCluster, RdmaConfig, RdmaFabric};
+pub use memnode::{Memnode, MemnodeConfig};
+pub use verbs::device::{device_names, open_device};

@@ -415,15 +415,16 @@ mod tests {
 
     #[test]
     fn without_a_device_opening_fails_with_the_no_device_message() {
+        if crate::verbs::device::device_names().is_ok() {
+            println!("SKIPPED fabric no-device check: this machine has an RDMA device");
+            return;
+        }
         let config = RdmaConfig::new(vec!["127.0.0.1:7471".into()], Token::from_bytes([1; 32]));
-        match RdmaCluster::open(config) {
-            // This machine has RDMA: nothing to check here (tests/device.rs runs).
-            Ok(_) => {}
-            Err(RdmaError::NoDevice { .. }) | Err(RdmaError::PortNotActive { .. }) => {}
-            Err(other) => panic!("unexpected error {other}"),
-        }
-        if let Err(error @ RdmaError::NoDevice { .. }) = crate::verbs::device::device_names() {
-            assert!(error.to_string().starts_with("no RDMA device found: "));
-        }
+        let error = RdmaCluster::open(config).unwrap_err();
+        assert!(matches!(error, RdmaError::NoDevice { .. }), "{error}");
+        assert!(
+            error.to_string().starts_with("no RDMA device found: "),
+            "{error}"
+        );
     }
 }

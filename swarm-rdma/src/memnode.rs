@@ -1,0 +1,367 @@
+//! The memory-node daemon (`swarm memnode`): passive memory served over RDMA.
+//!
+//! A SWARM memory node runs no protocol code (DESIGN.md §1, SWARM §2.1): it
+//! allocates memory, writes the node header every transport shares
+//! ([`swarm_core::header`]) at its start, registers it for remote READ, WRITE and
+//! atomics, and accepts clients on a TCP port. For each authenticated client
+//! ([`crate::bootstrap`]) it creates one RC queue pair; from then on the client's
+//! one-sided verbs are served by the NIC alone and the daemon's threads sleep in
+//! `accept`/`read` until a client leaves (its queue pair is then destroyed).
+//!
+//! Memory is zero-filled anonymous memory, on 2 MiB huge pages when the system has
+//! them reserved (`vm.nr_hugepages`), normal pages otherwise. It is not persistent:
+//! a restarted memory node comes back empty, with a new rkey, and clients that used
+//! the old one see it as failed (SWARM tolerates that for a minority of nodes).
+//!
+//! On a machine without RDMA, [`Memnode::start`] fails first thing — before
+//! allocating anything — with [`RdmaError::NoDevice`] ("no RDMA device found: ...").
+
+use std::net::{SocketAddr, TcpListener};
+use std::sync::Arc;
+
+use swarm_core::header::{ENCODED_LEN, HEADER_SIZE, NodeHeader};
+
+use crate::auth::Token;
+use crate::bootstrap::{Acceptor, Server, ServerLimits};
+use crate::config::{ClusterConfig, check_listen_address};
+use crate::error::RdmaError;
+use crate::verbs::cq::CompletionQueue;
+use crate::verbs::device::{Device, open_device};
+use crate::verbs::memory::{Access, Mapping, MemoryRegion};
+use crate::verbs::qp::{QpSettings, QueuePair, Role};
+use crate::wire::{QpInfo, RegionInfo};
+
+/// Everything a memory node needs to start.
+#[derive(Clone, Debug)]
+pub struct MemnodeConfig {
+    /// `ADDR:PORT` to accept bootstrap connections on.
+    pub listen: String,
+    /// Bytes of memory served, node header included (a multiple of 8, at least
+    /// [`HEADER_SIZE`]).
+    pub size: u64,
+    /// RDMA device name; `None` for the first device.
+    pub device: Option<String>,
+    /// Device port (from 1).
+    pub port: u8,
+    /// GID table index.
+    pub gid_index: u8,
+    /// The cluster token clients must prove they know.
+    pub token: Token,
+    /// This node's id in the cluster.
+    pub node_id: u16,
+    /// Nodes in the cluster.
+    pub node_count: u16,
+    /// The cluster's random id.
+    pub cluster_id: u64,
+    /// Unix time (ns) of timestamp tick 0.
+    pub epoch_unix_ns: u64,
+    /// Timestamp tick length (ns).
+    pub tick_ns: u64,
+    /// Try huge pages first.
+    pub huge_pages: bool,
+    /// Bootstrap timeouts and client limit.
+    pub limits: ServerLimits,
+}
+
+impl MemnodeConfig {
+    /// The configuration of the node listening on `listen` in `cluster` (its node id
+    /// is its position in the cluster's node list), loading the token file.
+    pub fn from_cluster(
+        cluster: &ClusterConfig,
+        listen: &str,
+        size: u64,
+        device: Option<String>,
+    ) -> Result<Self, RdmaError> {
+        Ok(Self {
+            listen: listen.to_owned(),
+            size,
+            device,
+            port: 1,
+            gid_index: 0,
+            token: Token::load(&cluster.token_file)?,
+            node_id: cluster.node_id(listen)?,
+            // At most u16::MAX nodes: checked when the cluster file was parsed.
+            node_count: cluster.nodes.len() as u16,
+            cluster_id: cluster.cluster_id,
+            epoch_unix_ns: cluster.epoch_unix_ns,
+            tick_ns: cluster.tick_ns,
+            huge_pages: true,
+            limits: ServerLimits::default(),
+        })
+    }
+
+    /// The header this node writes at offset 0.
+    pub fn header(&self) -> NodeHeader {
+        NodeHeader {
+            node_id: self.node_id,
+            node_count: self.node_count,
+            size: self.size,
+            cluster_id: self.cluster_id,
+            epoch_unix_ns: self.epoch_unix_ns,
+            tick_ns: self.tick_ns,
+        }
+    }
+
+    /// Checks the configuration without touching any device.
+    pub fn validate(&self) -> Result<(), RdmaError> {
+        check_listen_address(&self.listen)?;
+        if self.size < 2 * HEADER_SIZE || !self.size.is_multiple_of(8) {
+            return Err(RdmaError::Config(format!(
+                "memory node size {} is invalid: it must be a multiple of 8 bytes and at least {} bytes",
+                self.size,
+                2 * HEADER_SIZE
+            )));
+        }
+        if usize::try_from(self.size).is_err() {
+            return Err(RdmaError::Config(
+                "memory node size exceeds the address space".into(),
+            ));
+        }
+        self.header()
+            .validate()
+            .map_err(|e| RdmaError::Config(format!("cluster parameters: {e}")))
+    }
+}
+
+/// The daemon's side of accepting a client: a new queue pair, connected and ready.
+#[derive(Debug)]
+struct VerbsAcceptor {
+    cq: Arc<CompletionQueue>,
+    settings: QpSettings,
+    region: RegionInfo,
+}
+
+impl Acceptor for VerbsAcceptor {
+    type Connection = QueuePair;
+
+    fn region(&self) -> RegionInfo {
+        self.region
+    }
+
+    fn accept(&self, client: &QpInfo) -> Result<(QpInfo, QueuePair), RdmaError> {
+        let mut qp = QueuePair::new(self.cq.clone(), self.settings)?;
+        qp.connect(client)?;
+        Ok((qp.info(), qp))
+    }
+}
+
+/// A running memory node.
+#[derive(Debug)]
+pub struct Memnode {
+    // Drop order: stop serving (clients disconnect, their QPs go), then deregister
+    // and unmap the memory, then close the device.
+    server: Server,
+    region: RegionInfo,
+    huge_pages: bool,
+    _memory: MemoryRegion,
+    device: Arc<Device>,
+}
+
+impl Memnode {
+    /// Opens the device, allocates and registers the memory, writes the node header
+    /// and starts accepting clients. Returns once the node is serving.
+    pub fn start(config: MemnodeConfig) -> Result<Self, RdmaError> {
+        config.validate()?;
+        let device = Arc::new(open_device(config.device.as_deref())?);
+        let caps = device.caps();
+        if !caps.atomics {
+            return Err(RdmaError::Unsupported {
+                device: device.name().to_owned(),
+                what: "it does not support RDMA atomics (compare-and-swap)".into(),
+            });
+        }
+        if config.size > caps.max_mr_size {
+            return Err(RdmaError::Unsupported {
+                device: device.name().to_owned(),
+                what: format!(
+                    "it registers at most {} bytes per region; lower --size",
+                    caps.max_mr_size
+                ),
+            });
+        }
+        let port = device.port(config.port, config.gid_index)?;
+        let header = config.header();
+        // Checked by validate(): the size fits in usize.
+        let mut memory = Mapping::new(config.size as usize, config.huge_pages)?;
+        let huge_pages = memory.huge_pages();
+        if let Some(bytes) = memory.slice_mut(0, ENCODED_LEN) {
+            bytes.copy_from_slice(&header.encode());
+        }
+        let memory = MemoryRegion::register(device.clone(), memory, Access::Remote)?;
+        let region = RegionInfo {
+            addr: memory.memory().addr(),
+            rkey: memory.rkey(),
+            size: config.size,
+            header,
+        };
+        let cq = Arc::new(CompletionQueue::new(device.clone(), 16)?);
+        let acceptor = VerbsAcceptor {
+            cq,
+            settings: QpSettings {
+                role: Role::MemoryNode,
+                port,
+                send_depth: 1,
+                max_inline: 0,
+                responder_depth: caps.max_qp_rd_atom.max(1),
+                initiator_depth: 1,
+                ack_timeout: 14,
+                retry_count: 7,
+            },
+            region,
+        };
+        let listener = TcpListener::bind(&config.listen).map_err(|e| {
+            RdmaError::io(
+                format!(
+                    "cannot listen on {} (is another memory node using the port?)",
+                    config.listen
+                ),
+                e,
+            )
+        })?;
+        let server = Server::start(listener, config.token.clone(), acceptor, config.limits)?;
+        tracing::info!(
+            listen = %server.local_addr(),
+            device = device.name(),
+            node = header.node_id,
+            nodes = header.node_count,
+            bytes = config.size,
+            huge_pages,
+            token = %config.token.fingerprint(),
+            "memory node serving"
+        );
+        Ok(Self {
+            server,
+            region,
+            huge_pages,
+            _memory: memory,
+            device,
+        })
+    }
+
+    /// The address clients connect to.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.server.local_addr()
+    }
+
+    /// What clients are told about the memory.
+    pub fn region(&self) -> RegionInfo {
+        self.region
+    }
+
+    /// Whether huge pages back the memory.
+    pub fn huge_pages(&self) -> bool {
+        self.huge_pages
+    }
+
+    /// The device serving the memory.
+    pub fn device_name(&self) -> &str {
+        self.device.name()
+    }
+
+    /// Serves until the process ends.
+    pub fn wait(self) {
+        let Self { server, .. } = self;
+        server.wait();
+    }
+
+    /// Disconnects every client and releases the memory.
+    pub fn shutdown(self) {
+        let Self { server, .. } = self;
+        server.shutdown();
+    }
+}
+
+/// Runs a memory node until the process ends: what `swarm memnode` calls. Returns
+/// only on a setup failure (no device, bad configuration, port in use, ...).
+pub fn run(config: MemnodeConfig) -> Result<(), RdmaError> {
+    Memnode::start(config)?.wait();
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config() -> MemnodeConfig {
+        MemnodeConfig {
+            listen: "127.0.0.1:0".into(),
+            size: 1 << 20,
+            device: None,
+            port: 1,
+            gid_index: 0,
+            token: Token::from_bytes([7; 32]),
+            node_id: 0,
+            node_count: 3,
+            cluster_id: 42,
+            epoch_unix_ns: 1,
+            tick_ns: 1000,
+            huge_pages: true,
+            limits: ServerLimits::default(),
+        }
+    }
+
+    #[test]
+    fn bad_configurations_are_refused_before_any_device_work() {
+        type Mutation = fn(&mut MemnodeConfig);
+        let cases: [(&str, Mutation); 5] = [
+            ("listen", |c| c.listen = "nowhere".into()),
+            ("size", |c| c.size = 100),
+            ("size", |c| c.size = (1 << 20) + 1),
+            ("node id", |c| c.node_id = 3),
+            ("tick", |c| c.tick_ns = 0),
+        ];
+        for (what, mutate) in cases {
+            let mut c = config();
+            mutate(&mut c);
+            let error = Memnode::start(c).unwrap_err();
+            assert!(matches!(error, RdmaError::Config(_)), "{what}: {error}");
+        }
+    }
+
+    #[test]
+    fn without_a_device_the_node_fails_early_with_the_no_device_message() {
+        if crate::verbs::device::device_names().is_ok() {
+            println!("SKIPPED memnode no-device check: this machine has an RDMA device");
+            return;
+        }
+        // 1 TiB: the device check must come before the allocation.
+        let mut c = config();
+        c.size = 1 << 40;
+        let error = run(c).unwrap_err();
+        assert!(matches!(error, RdmaError::NoDevice { .. }), "{error}");
+        assert!(
+            error.to_string().starts_with("no RDMA device found: "),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn cluster_files_give_the_node_its_header() {
+        let dir = std::env::temp_dir().join(format!("swarm-rdma-memnode-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let token = Token::generate().unwrap();
+        std::fs::write(dir.join("swarm.token"), token.to_hex()).unwrap();
+        let cluster = ClusterConfig {
+            nodes: vec!["10.0.0.1:7471".into(), "10.0.0.2:7471".into()],
+            cluster_id: 9,
+            epoch_unix_ns: 5,
+            tick_ns: 1000,
+            token_file: dir.join("swarm.token"),
+        };
+        let c = MemnodeConfig::from_cluster(&cluster, "10.0.0.2:7471", 1 << 30, None).unwrap();
+        assert_eq!(c.token, token);
+        assert_eq!(
+            c.header(),
+            NodeHeader {
+                node_id: 1,
+                node_count: 2,
+                size: 1 << 30,
+                cluster_id: 9,
+                epoch_unix_ns: 5,
+                tick_ns: 1000
+            }
+        );
+        assert!(MemnodeConfig::from_cluster(&cluster, "10.0.0.3:7471", 1 << 30, None).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
