@@ -21,6 +21,33 @@
 //!   (`rtt_ns`: ~300 ns for CXL-like, ~1500 ns for RDMA-like latency), and can mark
 //!   nodes failed for itself to test protocols against a crashed minority.
 //!
+//! ```
+//! use std::sync::Arc;
+//! use swarm_core::header::HEADER_SIZE;
+//! use swarm_core::{Batch, Fabric, NodeId, OpStats, Roundtrip, block_on};
+//! use swarm_shm::{ScratchDir, ShmCluster};
+//!
+//! let dir = ScratchDir::new("swarm-shm-doc")?;
+//! // Three memory nodes of 64 KiB; another process would `ShmCluster::open` the dir.
+//! let cluster = Arc::new(ShmCluster::create(dir.path(), 3, 64 << 10)?);
+//! let fabric = cluster.client().with_rtt_ns(300);
+//!
+//! // One roundtrip: write to all three nodes, wait for a majority.
+//! let stats = OpStats::new();
+//! block_on(&fabric, async {
+//!     let mut rt = Roundtrip::start(&fabric, &stats);
+//!     for node in 0..3 {
+//!         rt.post(NodeId(node), Batch::write(HEADER_SIZE, b"replicated".to_vec()))?;
+//!     }
+//!     rt.wait(2).await
+//! })??;
+//! assert_eq!(stats.roundtrips(), 1);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! The `swarm-shm-demo` binary (`cargo run --release -p swarm-shm --bin
+//! swarm-shm-demo -- --help`) creates a cluster and exercises all of the above.
+//!
 //! ## Memory access and the ordering argument
 //!
 //! All accesses to node memory are 8-byte aligned atomic operations on
