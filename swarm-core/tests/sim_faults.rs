@@ -82,10 +82,15 @@ fn a_majority_wait_stalls_with_a_crashed_majority() {
                 seed: s,
                 tasks,
                 clients,
+                pending,
+                crashed,
                 ..
             }) => {
                 assert_eq!((s, tasks), (seed, 1));
                 assert_eq!(clients, vec![id]);
+                assert_eq!(crashed, [NodeId(0), NodeId(2)]);
+                let stuck: Vec<NodeId> = pending.iter().map(|at| at.node).collect();
+                assert_eq!(stuck, crashed, "the batches lost to the crashes");
             }
             other => panic!("expected a stall, got {other:?}"),
         }

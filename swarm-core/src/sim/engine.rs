@@ -54,7 +54,8 @@ impl Event {
 
 #[derive(Debug)]
 struct ClientState {
-    slab: TicketSlab<BatchId>,
+    /// Pending entries remember which batch they wait for.
+    slab: TicketSlab<BatchRef>,
     crashed: bool,
 }
 
@@ -191,7 +192,19 @@ impl State {
             .map_or(0, |c| c.slab.pending_count())
     }
 
-    fn slab(&mut self, client: ClientId) -> &mut TicketSlab<BatchId> {
+    /// The batches `client` posted that have not completed (forgotten ones and ones
+    /// lost to a crash included), in posting order.
+    pub(crate) fn pending_batches(&self, client: ClientId) -> Vec<BatchRef> {
+        let mut batches: Vec<BatchRef> = self
+            .clients
+            .get(client.0 as usize)
+            .map(|c| c.slab.pending_iter().map(|(_, at)| *at).collect())
+            .unwrap_or_default();
+        batches.sort_unstable_by_key(|at| at.batch);
+        batches
+    }
+
+    fn slab(&mut self, client: ClientId) -> &mut TicketSlab<BatchRef> {
         // Client ids are only minted by `add_client`.
         &mut self.clients[client.0 as usize].slab
     }
@@ -221,7 +234,7 @@ impl State {
             });
             return self.slab(client).insert_done(Err(error));
         }
-        let ticket = self.slab(client).insert_pending(id);
+        let ticket = self.slab(client).insert_pending(at);
         let arrival = self.now.saturating_add(self.delay(node));
         self.batches.insert(
             id,

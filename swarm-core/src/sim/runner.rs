@@ -370,11 +370,18 @@ impl SimRunner {
                 self.spawner.queue.borrow().iter().any(|q| q.start <= now)
             };
             if finished == 0 && admitted == 0 && !due && !self.world.has_events() {
+                let clients = self.clients();
+                let pending = clients
+                    .iter()
+                    .flat_map(|c| self.world.pending_batches(*c))
+                    .collect();
                 return Err(SimError::Stalled {
                     seed: self.world.seed(),
                     at: self.world.now(),
                     tasks: self.live_tasks(),
-                    clients: self.clients(),
+                    clients,
+                    pending,
+                    crashed: self.world.crashed_nodes(),
                 });
             }
         }

@@ -11,7 +11,7 @@ use super::config::SimConfig;
 use super::engine::{State, Stepped};
 use super::fabric::{ClientId, SimFabric};
 use super::fault::Fault;
-use super::trace::{Trace, TraceKind};
+use super::trace::{BatchRef, Trace, TraceKind};
 use crate::fabric::{FabricError, Nanos, NodeId, check_bounds};
 
 /// A simulated cluster of memory nodes and the clients talking to them.
@@ -99,6 +99,21 @@ impl SimWorld {
     /// those lost to a crash, which never will).
     pub fn pending(&self, client: ClientId) -> usize {
         self.state.borrow().pending(client)
+    }
+
+    /// The batches `client` posted that have not completed, oldest first: what a
+    /// stalled client waits for (forgotten and lost batches included).
+    pub fn pending_batches(&self, client: ClientId) -> Vec<BatchRef> {
+        self.state.borrow().pending_batches(client)
+    }
+
+    /// Nodes currently crashed.
+    pub fn crashed_nodes(&self) -> Vec<NodeId> {
+        let state = self.state.borrow();
+        (0..state.nodes.len())
+            .filter(|n| state.nodes[*n].crashed)
+            .map(|n| NodeId(n as u16))
+            .collect()
     }
 
     /// Runs the next event (one message arrival, one operation step, one
