@@ -50,6 +50,13 @@ fn closed_loop_clients_run_their_operations_in_sequence() {
     let firsts: Vec<_> = log.iter().filter(|e| e.1 == 0).collect();
     assert!(firsts.iter().all(|e| e.2 == 0));
     assert!(report.events > 0 && report.now == world.now());
+
+    // A second run counts only its own work.
+    let client = world.client();
+    runner.spawn(client.id(), async move { read(&client, 0).await });
+    let again = runner.run().unwrap();
+    assert_eq!((again.finished, again.cancelled), (1, 0));
+    assert!(again.events < report.events);
 }
 
 #[test]

@@ -156,7 +156,7 @@ impl Spawner {
     }
 }
 
-/// What a successful [`SimRunner::run`] did.
+/// What one successful [`SimRunner::run`] did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RunReport {
     /// Tasks that ran to completion.
@@ -263,6 +263,17 @@ impl SimRunner {
     /// Drops the tasks of crashed clients, queued ones included.
     fn cancel_crashed(&mut self) {
         let world = &self.world;
+        let crashed = |client: &ClientId| world.client_crashed(*client);
+        let any_doomed = self.live.iter().any(|e| crashed(&e.client))
+            || self
+                .spawner
+                .queue
+                .borrow()
+                .iter()
+                .any(|e| crashed(&e.client));
+        if !any_doomed {
+            return;
+        }
         let (doomed, kept): (Vec<Live>, Vec<Live>) = core::mem::take(&mut self.live)
             .into_iter()
             .partition(|entry| world.client_crashed(entry.client));
@@ -323,12 +334,12 @@ impl SimRunner {
         clients
     }
 
-    fn report(&self, events_before: u64) -> RunReport {
+    fn report(&self, before: RunReport) -> RunReport {
         RunReport {
-            finished: self.finished,
-            cancelled: self.cancelled,
+            finished: self.finished - before.finished,
+            cancelled: self.cancelled - before.cancelled,
             now: self.world.now(),
-            events: self.world.events_run() - events_before,
+            events: self.world.events_run() - before.events,
         }
     }
 
@@ -338,13 +349,18 @@ impl SimRunner {
     ///
     /// Panics raised by tasks propagate, so `assert!`s inside tasks fail the test.
     pub fn run(&mut self) -> Result<RunReport, SimError> {
-        let events_before = self.world.events_run();
+        let before = RunReport {
+            finished: self.finished,
+            cancelled: self.cancelled,
+            now: self.world.now(),
+            events: self.world.events_run(),
+        };
         loop {
             self.cancel_crashed();
             self.admit();
             self.poll_all();
             if self.all_done() {
-                return Ok(self.report(events_before));
+                return Ok(self.report(before));
             }
             if self.world.now() > self.time_limit {
                 return Err(SimError::TimeLimit {
@@ -363,7 +379,7 @@ impl SimRunner {
             let admitted = self.admit();
             let finished = self.poll_all();
             if self.all_done() {
-                return Ok(self.report(events_before));
+                return Ok(self.report(before));
             }
             let due = {
                 let now = self.world.now();
