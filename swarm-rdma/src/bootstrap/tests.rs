@@ -1,0 +1,250 @@
+//! Loopback tests of the bootstrap: handshake, refusals, malformed input.
+
+use super::*;
+use crate::wire::tests::{sample_header, sample_qp};
+use std::io::Read;
+use std::net::TcpListener;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+
+/// An acceptor without a device: hands out fake queue pair numbers and counts
+/// live connections.
+struct FakeAcceptor {
+    next_qpn: AtomicU32,
+    live: Arc<AtomicUsize>,
+    fail: bool,
+}
+
+struct FakeConnection(Arc<AtomicUsize>);
+
+impl Drop for FakeConnection {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl Acceptor for FakeAcceptor {
+    type Connection = FakeConnection;
+
+    fn region(&self) -> RegionInfo {
+        RegionInfo {
+            addr: 0x1000_0000,
+            rkey: 0x42,
+            size: 1 << 20,
+            header: sample_header(1 << 20),
+        }
+    }
+
+    fn accept(&self, client: &QpInfo) -> Result<(QpInfo, FakeConnection), RdmaError> {
+        if self.fail {
+            return Err(RdmaError::Config("no queue pairs left".into()));
+        }
+        self.live.fetch_add(1, Ordering::SeqCst);
+        let qp = QpInfo {
+            qpn: self.next_qpn.fetch_add(1, Ordering::SeqCst),
+            psn: client.psn ^ 1,
+            ..*client
+        };
+        Ok((qp, FakeConnection(self.live.clone())))
+    }
+}
+
+fn start(token: &Token, fail: bool) -> (Server, Arc<AtomicUsize>) {
+    let live = Arc::new(AtomicUsize::new(0));
+    let acceptor = FakeAcceptor {
+        next_qpn: AtomicU32::new(100),
+        live: live.clone(),
+        fail,
+    };
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let limits = ServerLimits {
+        timeout: Duration::from_millis(500),
+        max_clients: 8,
+    };
+    let server = Server::start(listener, token.clone(), acceptor, limits).unwrap();
+    (server, live)
+}
+
+fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
+    for _ in 0..500 {
+        if cond() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    panic!("timed out waiting for {what}");
+}
+
+#[test]
+fn handshake_exchanges_queue_pairs_and_region_and_tracks_liveness() {
+    let token = Token::generate().unwrap();
+    let (server, live) = start(&token, false);
+    let addr = server.local_addr().to_string();
+    let a = connect(&addr, &token, &sample_qp(), DEFAULT_TIMEOUT).unwrap();
+    let b = connect(&addr, &token, &sample_qp(), DEFAULT_TIMEOUT).unwrap();
+    assert_eq!(a.region.rkey, 0x42);
+    assert_eq!(a.region.header, sample_header(1 << 20));
+    assert_eq!(a.qp.psn, sample_qp().psn ^ 1);
+    assert_ne!(a.qp.qpn, b.qp.qpn, "one queue pair per client");
+    assert_eq!(live.load(Ordering::SeqCst), 2);
+    // Closing a client's connection destroys its queue pair on the node.
+    drop(a);
+    wait_for("the first queue pair to go", || {
+        live.load(Ordering::SeqCst) == 1
+    });
+    server.shutdown();
+    wait_for("every queue pair to go", || {
+        live.load(Ordering::SeqCst) == 0
+    });
+    drop(b);
+}
+
+#[test]
+fn wrong_token_is_refused_both_ways() {
+    let token = Token::generate().unwrap();
+    let other = Token::generate().unwrap();
+    let (server, live) = start(&token, false);
+    let addr = server.local_addr().to_string();
+    // The client holds another token: the node's proof does not verify, so the
+    // client stops before proving anything.
+    let error = connect(&addr, &other, &sample_qp(), DEFAULT_TIMEOUT).unwrap_err();
+    assert!(matches!(error, RdmaError::BadToken { .. }), "{error}");
+    assert!(error.to_string().contains("token"));
+    // A client that skips the check and answers with a bad proof is refused.
+    let mut stream = TcpStream::connect(server.local_addr()).unwrap();
+    Message::ClientHello { nonce: [9; 32] }
+        .write_to(&mut stream)
+        .unwrap();
+    let Message::ServerHello { .. } = Message::read_from(&mut stream).unwrap() else {
+        panic!("expected ServerHello")
+    };
+    Message::ClientAuth {
+        proof: [0; 32],
+        qp: sample_qp(),
+    }
+    .write_to(&mut stream)
+    .unwrap();
+    assert_eq!(
+        Message::read_from(&mut stream).unwrap(),
+        Message::Refuse {
+            reason: RefuseReason::BadToken
+        }
+    );
+    assert_eq!(
+        live.load(Ordering::SeqCst),
+        0,
+        "no queue pair for intruders"
+    );
+    // The server still serves good clients.
+    connect(&addr, &token, &sample_qp(), DEFAULT_TIMEOUT).unwrap();
+    server.shutdown();
+}
+
+#[test]
+fn malformed_messages_are_refused_without_stopping_the_server() {
+    let token = Token::generate().unwrap();
+    let (server, live) = start(&token, false);
+    let garbage: [&[u8]; 4] = [
+        b"GET / HTTP/1.1\r\n\r\n",
+        &[0xff; 64],
+        // A valid header announcing an oversized payload.
+        &{
+            let mut frame = Message::ClientHello { nonce: [0; 32] }.encode();
+            frame[8..12].copy_from_slice(&u32::MAX.to_le_bytes());
+            frame
+        },
+        // The right message type out of turn.
+        &Message::Refuse {
+            reason: RefuseReason::Malformed,
+        }
+        .encode(),
+    ];
+    for bytes in garbage {
+        let mut stream = TcpStream::connect(server.local_addr()).unwrap();
+        stream.write_all(bytes).unwrap();
+        let reply = Message::read_from(&mut stream).unwrap();
+        assert_eq!(
+            reply,
+            Message::Refuse {
+                reason: RefuseReason::Malformed
+            }
+        );
+        // And the node closed the connection.
+        let mut rest = Vec::new();
+        assert_eq!(stream.read_to_end(&mut rest).unwrap_or(0), 0);
+    }
+    // A client that sends half a message and stalls is timed out.
+    let mut stalled = TcpStream::connect(server.local_addr()).unwrap();
+    stalled
+        .write_all(&Message::ClientHello { nonce: [0; 32] }.encode()[..5])
+        .unwrap();
+    let mut rest = Vec::new();
+    stalled
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    assert_eq!(stalled.read_to_end(&mut rest).unwrap_or(0), 0);
+    assert_eq!(live.load(Ordering::SeqCst), 0);
+    let addr = server.local_addr().to_string();
+    connect(&addr, &token, &sample_qp(), DEFAULT_TIMEOUT).unwrap();
+    server.shutdown();
+}
+
+#[test]
+fn client_refuses_a_non_swarm_server_and_reports_refusals() {
+    // A "server" that answers with garbage.
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let fake = std::thread::spawn(move || {
+        let (mut stream, _) = listener.accept().unwrap();
+        let mut hello = [0u8; 44];
+        stream.read_exact(&mut hello).unwrap();
+        stream.write_all(b"SSH-2.0-OpenSSH_9.2\r\n").unwrap();
+    });
+    let token = Token::generate().unwrap();
+    let error = connect(&addr, &token, &sample_qp(), DEFAULT_TIMEOUT).unwrap_err();
+    assert!(
+        matches!(
+            error,
+            RdmaError::Wire {
+                source: WireError::BadMagic,
+                ..
+            }
+        ),
+        "{error}"
+    );
+    fake.join().unwrap();
+
+    // A memory node that cannot create a queue pair refuses cleanly.
+    let (server, _) = start(&token, true);
+    let error = connect(
+        &server.local_addr().to_string(),
+        &token,
+        &sample_qp(),
+        DEFAULT_TIMEOUT,
+    )
+    .unwrap_err();
+    assert!(
+        matches!(
+            error,
+            RdmaError::Refused {
+                reason: RefuseReason::NoResources,
+                ..
+            }
+        ),
+        "{error}"
+    );
+    server.shutdown();
+}
+
+#[test]
+fn unreachable_node_is_a_clear_error() {
+    // Bind then drop: nothing listens on that port any more.
+    let addr = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .to_string();
+    let token = Token::generate().unwrap();
+    let error = connect(&addr, &token, &sample_qp(), Duration::from_millis(500)).unwrap_err();
+    assert!(error.to_string().contains("swarm memnode"), "{error}");
+}
