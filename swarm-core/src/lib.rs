@@ -40,6 +40,8 @@ pub mod sync;
 
 #[cfg(feature = "checker")]
 pub mod checker;
+#[cfg(all(feature = "sim", feature = "checker"))]
+pub mod scenario;
 #[cfg(feature = "sim")]
 pub mod sim;
 

@@ -11,6 +11,7 @@
 //! batches still outstanding when the quorum is reached are *forgotten* when the
 //! roundtrip is dropped; they still execute, their results are discarded.
 
+use alloc::vec::Vec;
 use core::cell::Cell;
 use core::future::poll_fn;
 use core::task::Poll;
@@ -75,8 +76,9 @@ pub struct Roundtrip<'a, F: Fabric + ?Sized> {
     fabric: &'a F,
     stats: &'a OpStats,
     outstanding: heapless::Vec<(NodeId, Ticket), MAX_NODES>,
-    replies: heapless::Vec<(NodeId, Completion), MAX_NODES>,
-    failures: heapless::Vec<(NodeId, FabricError), MAX_NODES>,
+    // Heap-allocated: completions are large and a roundtrip is moved by value.
+    replies: Vec<(NodeId, Completion)>,
+    failures: Vec<(NodeId, FabricError)>,
 }
 
 impl<'a, F: Fabric + ?Sized> Roundtrip<'a, F> {
@@ -87,8 +89,8 @@ impl<'a, F: Fabric + ?Sized> Roundtrip<'a, F> {
             fabric,
             stats,
             outstanding: heapless::Vec::new(),
-            replies: heapless::Vec::new(),
-            failures: heapless::Vec::new(),
+            replies: Vec::new(),
+            failures: Vec::new(),
         }
     }
 
@@ -143,11 +145,10 @@ impl<'a, F: Fabric + ?Sized> Roundtrip<'a, F> {
                 Poll::Pending => i += 1,
                 Poll::Ready(result) => {
                     self.outstanding.swap_remove(i);
-                    // Both vectors hold at most MAX_NODES entries in total.
-                    let _ = match result {
-                        Ok(completion) => self.replies.push((node, completion)).map_err(|_| ()),
-                        Err(error) => self.failures.push((node, error)).map_err(|_| ()),
-                    };
+                    match result {
+                        Ok(completion) => self.replies.push((node, completion)),
+                        Err(error) => self.failures.push((node, error)),
+                    }
                 }
             }
         }

@@ -74,7 +74,19 @@ pub fn parse_read(layout: &Layout, mut bytes: Vec<u8>, with_inplace: bool) -> No
     NodeView { max, inplace }
 }
 
-/// Appends a MAX of `new` into `writer`'s metadata word, CAS-expecting `expected`.
+/// The expected value of a MAX's CAS, from the caller's `hint` of the word's content.
+///
+/// A MAX must never lower a word, so its CAS must expect a value *below* `new`: a
+/// hint at or above `new` (learned from another writer sharing the word, §4.4) would
+/// make the CAS replace a larger value with a smaller one. In that case the CAS
+/// expects ⊥ instead, which either installs `new` in an empty word or reports the
+/// word's value, from which [`max_outcome`] decides.
+pub fn max_expected(hint: Tsp, new: Tsp) -> Tsp {
+    if hint < new { hint } else { Tsp::EMPTY }
+}
+
+/// Appends a MAX of `new` into `writer`'s metadata word, CAS-expecting `expected`
+/// (which must come from [`max_expected`]).
 pub fn push_max(
     batch: &mut Batch,
     layout: &Layout,
@@ -83,6 +95,7 @@ pub fn push_max(
     expected: Tsp,
     new: Tsp,
 ) -> Result<(), FabricError> {
+    debug_assert!(expected < new, "a MAX must not lower a word");
     batch.push(Op::Cas {
         addr: layout.meta_word_addr(addr, writer),
         expected: expected.word(),
@@ -139,9 +152,10 @@ pub async fn max_on_node<F: crate::fabric::Fabric + ?Sized>(
     stats: &crate::roundtrip::OpStats,
     node: crate::fabric::NodeId,
     addr: u64,
-    mut expected: Tsp,
+    hint: Tsp,
     new: Tsp,
 ) -> Result<Tsp, FabricError> {
+    let mut expected = max_expected(hint, new);
     loop {
         let mut rt = crate::roundtrip::Roundtrip::start(fabric, stats);
         rt.post(node, Batch::cas(addr, expected.word(), new.word()))?;

@@ -109,56 +109,66 @@ impl<F: Fabric, C: Clock> Client<F, C> {
 
     /// The value of write `t`, the maximum of `views`: from the primary's in-place
     /// block when it holds `t`, otherwise from `t`'s out-of-place buffer on a replica
-    /// whose maximum is `t` (one more roundtrip).
+    /// whose maximum is `t` (one more roundtrip). `None` when every such replica
+    /// stopped answering: the caller reads a majority again.
     pub(crate) async fn fetch_value(
         &self,
         reg: &RegisterLoc,
         stats: &OpStats,
         views: &Views,
         t: Tsp,
-    ) -> Result<Vec<u8>, SwarmError> {
+    ) -> Result<Option<Vec<u8>>, SwarmError> {
         if t.is_empty() || t.is_tombstone() {
-            return Ok(Vec::new());
+            return Ok(Some(Vec::new()));
         }
         if let Some((tsp, payload)) = views[0].as_ref().and_then(|v| v.inplace.as_ref())
             && tsp.same_write(t)
         {
-            return Ok(payload.clone());
+            return Ok(Some(payload.clone()));
         }
-        let buffer = self
-            .layout
-            .buffer_addr(t.ts())
-            .ok_or(SwarmError::Corrupted {
-                node: reg.replicas.node(0),
-                tsp: t,
-            })?;
+        let corrupted = SwarmError::Corrupted {
+            node: reg.replicas.node(0),
+            tsp: t,
+        };
+        let buffer = self.layout.buffer_addr(t.ts()).ok_or(corrupted.clone())?;
         let holders: heapless::Vec<usize, MAX_REPLICAS> = (0..reg.replicas.len())
             .filter(|&p| views[p].as_ref().is_some_and(|v| v.max.same_write(t)))
             .collect();
-        let layout = self.layout;
-        let mut rt = self
-            .quorum_step(stats, reg, &holders, 1, |_| {
+        // Ask the first holder; on a timeout, all of them; if none answers in time
+        // (they crashed since the metadata read), give up and let the caller re-read.
+        let mut rt = Roundtrip::start(&self.fabric, stats);
+        let mut asked = 0;
+        for upto in [1, holders.len()] {
+            if upto <= asked {
+                break;
+            }
+            if asked > 0 {
+                rt.escalate();
+            }
+            for &p in &holders[asked..upto] {
                 let mut batch = Batch::new();
-                batch.push(inout::buffer_read_op(&layout, buffer))?;
-                Ok(batch)
-            })
-            .await?;
-        let mut last_node = reg.replicas.node(0);
-        for (node, completion) in rt.replies_mut() {
-            last_node = *node;
+                batch.push(inout::buffer_read_op(&self.layout, buffer))?;
+                rt.post(reg.replicas.node(p), batch)?;
+            }
+            asked = upto;
+            let deadline = self.fabric.now().saturating_add(self.config.slow_after_ns);
+            if rt.wait_until(1, deadline).await == WaitOutcome::Reached {
+                break;
+            }
+        }
+        let mut answered = false;
+        for (_, completion) in rt.replies_mut() {
+            answered = true;
             let Some(mut bytes) = completion.take_read(0) else {
                 continue;
             };
-            if let Some(record) = decode_record(&mut bytes, layout.payload_max())
+            if let Some(record) = decode_record(&mut bytes, self.layout.payload_max())
                 && record.tsp.same_write(t)
             {
-                return Ok(record.payload.to_vec());
+                return Ok(Some(record.payload.to_vec()));
             }
         }
-        Err(SwarmError::Corrupted {
-            node: last_node,
-            tsp: t,
-        })
+        if answered { Err(corrupted) } else { Ok(None) }
     }
 
     /// `M.READ()`: the maximum tuple on a majority and its value, written back to a
@@ -170,14 +180,18 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         stats: &OpStats,
         with_inplace: bool,
     ) -> Result<(Tsp, Vec<u8>), SwarmError> {
-        let views = self.read_views(reg, cache, stats, with_inplace).await?;
-        let t = views
-            .iter()
-            .flatten()
-            .map(|v| v.max)
-            .max()
-            .unwrap_or(Tsp::EMPTY);
-        let value = self.fetch_value(reg, stats, &views, t).await?;
+        let (t, value) = loop {
+            let views = self.read_views(reg, cache, stats, with_inplace).await?;
+            let t = views
+                .iter()
+                .flatten()
+                .map(|v| v.max)
+                .max()
+                .unwrap_or(Tsp::EMPTY);
+            if let Some(value) = self.fetch_value(reg, stats, &views, t).await? {
+                break (t, value);
+            }
+        };
         if !t.is_empty() {
             self.inner_write(reg, cache, stats, t, &value, &mut WriteProgress::default())
                 .await?;
@@ -271,7 +285,8 @@ impl<F: Fabric, C: Clock> Client<F, C> {
                     if !written[p] {
                         batch.push(inout::buffer_write_op(buffer, record.clone()))?;
                     }
-                    inout::push_max(&mut batch, &layout, reg.addr, writer, own[p], tsp)?;
+                    let expected = inout::max_expected(own[p], tsp);
+                    inout::push_max(&mut batch, &layout, reg.addr, writer, expected, tsp)?;
                     Ok(batch)
                 })
                 .await?
@@ -297,7 +312,8 @@ impl<F: Fabric, C: Clock> Client<F, C> {
                 let Some(previous) = inout::cas_result(completion, cas_index) else {
                     continue;
                 };
-                match inout::max_outcome(cache.own_word[p], tsp, previous) {
+                let expected = inout::max_expected(cache.own_word[p], tsp);
+                match inout::max_outcome(expected, tsp, previous) {
                     MaxOutcome::Done(now) => {
                         cache.own_word[p] = now;
                         cache.learn(p, now);

@@ -163,7 +163,9 @@ impl<F: Fabric, C: Clock> Client<F, C> {
     ) {
         let verified = guessed.with_flag(Flag::Verified);
         for p in 0..reg.replicas.len() {
-            if cache.known_max[p] == guessed {
+            // Only where the guessed tuple is the known maximum, and only with a CAS
+            // that cannot lower the word (see `inout::max_expected`).
+            if cache.known_max[p] == guessed && cache.own_word[p] < verified {
                 let expected = cache.own_word[p];
                 let addr = self.layout.meta_word_addr(reg.addr, self.writer);
                 post_background(
@@ -172,9 +174,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
                     Batch::cas(addr, expected.word(), verified.word()),
                 );
                 // A hint for the next CAS only; `known_max` waits for a real answer.
-                if expected <= verified {
-                    cache.own_word[p] = verified;
-                }
+                cache.own_word[p] = verified;
             }
         }
         self.write_inplace(reg, verified, payload);
