@@ -214,7 +214,7 @@ mod tests {
         let view = parse_read(&layout, bytes.clone(), true);
         assert_eq!(view.max, tsp(9, 1));
         assert_eq!(view.inplace, Some((tsp(9, 1), b"hello".to_vec())));
-        bytes[40] ^= 0xff; // tear the payload
+        bytes[33] ^= 0xff; // tear the payload
         assert_eq!(parse_read(&layout, bytes, true).inplace, None);
         assert_eq!(parse_read(&layout, alloc::vec![0; 3], true).max, Tsp::EMPTY);
     }

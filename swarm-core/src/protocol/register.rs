@@ -48,15 +48,13 @@ impl Replicas {
 
     /// All `n` nodes `0..n` of a cluster, rotated by `key_hash`.
     pub fn all(n: usize, key_hash: u64) -> Result<Self, FabricError> {
-        let nodes: heapless::Vec<NodeId, MAX_REPLICAS> = (0..n.min(MAX_REPLICAS + 1))
-            .map(|i| NodeId(i as u16))
-            .collect();
         if n > MAX_REPLICAS {
             return Err(FabricError::NoSuchNode {
-                node: NodeId(n as u16),
+                node: NodeId(n.min(usize::from(u16::MAX)) as u16),
                 nodes: MAX_REPLICAS,
             });
         }
+        let nodes: heapless::Vec<NodeId, MAX_REPLICAS> = (0..n).map(|i| NodeId(i as u16)).collect();
         Self::new(&nodes, key_hash)
     }
 
