@@ -1,0 +1,453 @@
+//! Where everything lives on a SWARM-KV memory node.
+//!
+//! Every memory node of a cluster has the same layout, so a register is at the same
+//! offset on each of its replicas (DESIGN.md §5) and one address names it everywhere.
+//! Offsets are bytes from the start of the node; areas are 4 KiB aligned.
+//!
+//! ```text
+//! 0            node header (swarm_core::header): magic, node id, epoch, tick, ...
+//! 4 KiB        KV superblock: the cluster parameters below, with a checksum
+//! client table one 64-byte row per writer id: claim word, lease word, pid
+//! chunk table  one claim word per chunk of registers (two-level allocation, FUSEE §4.4)
+//! index        the replicated hash index (see crate::index)
+//! registers    register slots: [key header | SWARM register (in-place block, W words)]
+//! logs         one out-of-place log per writer id (swarm_core::layout)
+//! ```
+//!
+//! * A **register slot** starts with an immutable *key header* `[key length u32 |
+//!   reserved u32 | key bytes]`, written before the slot is published in the index,
+//!   so that the index can tell keys apart without reading register values. The
+//!   SWARM register that follows holds the payload `[key length u16 | key | value]`:
+//!   a read checks the key it gets back, so a stale cache entry can never return
+//!   another key's value.
+//! * Sizes come from [`ClusterParams`], chosen at `swarm init` and stored in the
+//!   superblock; every client reads them from there and refuses a superblock that
+//!   does not validate.
+
+use swarm_core::encoding::MAX_WRITERS;
+use swarm_core::header::HEADER_SIZE;
+use swarm_core::layout::{Layout, LayoutError};
+use xxhash_rust::xxh3::xxh3_64;
+
+/// Alignment of every area.
+pub const AREA_ALIGN: u64 = 4096;
+/// Offset of the KV superblock.
+pub const SUPERBLOCK_AT: u64 = HEADER_SIZE;
+/// Bytes reserved for the superblock.
+pub const SUPERBLOCK_BYTES: u64 = 4096;
+/// Bytes of one client-table row.
+pub const CLIENT_ROW_BYTES: u64 = 64;
+/// Bytes of one index bucket.
+pub const BUCKET_BYTES: u64 = 64;
+/// Magic bytes of the superblock.
+pub const KV_MAGIC: [u8; 8] = *b"SWARMKV\0";
+/// Superblock format version.
+pub const KV_VERSION: u32 = 1;
+
+const fn align(n: u64, to: u64) -> u64 {
+    n.div_ceil(to) * to
+}
+
+/// Why cluster parameters or a superblock were refused.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ParamsError {
+    /// A parameter is out of its range.
+    #[error("invalid cluster parameter: {0}")]
+    Invalid(String),
+    /// The node is too small for even a minimal store.
+    #[error(
+        "{node_bytes} B per node is too small: at least {needed} B are needed for these parameters"
+    )]
+    TooSmall {
+        /// Bytes per node offered.
+        node_bytes: u64,
+        /// Bytes needed.
+        needed: u64,
+    },
+    /// The register geometry is invalid.
+    #[error(transparent)]
+    Layout(#[from] LayoutError),
+    /// The superblock is not a SWARM-KV superblock (never initialised, or another tool's).
+    #[error("no SWARM-KV superblock on this cluster (bad magic): run `swarm init` first")]
+    NotInitialized,
+    /// The superblock was written by another format version.
+    #[error("SWARM-KV superblock version {0} is not supported (this build reads {KV_VERSION})")]
+    Version(u32),
+    /// The superblock's checksum does not match: it is corrupted.
+    #[error("SWARM-KV superblock is corrupted (checksum mismatch)")]
+    Checksum,
+    /// Nodes disagree on the parameters.
+    #[error("memory nodes disagree on the SWARM-KV parameters: the cluster is inconsistent")]
+    Disagree,
+}
+
+/// The parameters of a SWARM-KV cluster, identical on every node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ClusterParams {
+    /// Longest key, bytes.
+    pub key_max: u32,
+    /// Largest value, bytes.
+    pub value_max: u32,
+    /// Metadata words per register (`W`, SWARM §4.4).
+    pub meta_words: u16,
+    /// Writer ids (client threads) the cluster has logs and client-table rows for.
+    pub writers: u16,
+    /// Replicas per key (`2f + 1`, at most the node count).
+    pub replicas: u16,
+    /// Register slots (key capacity).
+    pub registers: u64,
+    /// Registers per allocation chunk.
+    pub chunk_registers: u32,
+    /// Index buckets (a power of two).
+    pub index_buckets: u64,
+    /// Out-of-place log slots per writer.
+    pub log_slots: u32,
+}
+
+/// Defaults for `swarm init`.
+impl Default for ClusterParams {
+    fn default() -> Self {
+        Self {
+            key_max: 128,
+            value_max: 1024,
+            meta_words: 8,
+            writers: 64,
+            replicas: 3,
+            registers: 1 << 16,
+            chunk_registers: 256,
+            index_buckets: 1 << 14,
+            log_slots: 1 << 14,
+        }
+    }
+}
+
+impl ClusterParams {
+    /// Bytes of a register's payload: `[key length u16 | key | value]`.
+    pub fn payload_max(&self) -> u32 {
+        2 + self.key_max + self.value_max
+    }
+
+    /// Bytes of a key header: length, reserved, key, padded to 8.
+    pub fn key_header_bytes(&self) -> u64 {
+        align(8 + u64::from(self.key_max), 8)
+    }
+
+    /// Checks ranges.
+    pub fn validate(&self) -> Result<(), ParamsError> {
+        let bad = |what: &str| Err(ParamsError::Invalid(what.to_string()));
+        if self.key_max == 0 || self.key_max > 4096 {
+            return bad("the key limit must be 1 B to 4 KiB");
+        }
+        if self.value_max == 0 || self.value_max > 1 << 20 {
+            return bad("the value limit must be 1 B to 1 MiB");
+        }
+        if self.writers == 0 || self.writers > MAX_WRITERS {
+            return bad("writers must be 1 to 2048");
+        }
+        if self.replicas == 0 || self.replicas % 2 == 0 || self.replicas > 15 {
+            return bad("replicas must be odd, 1 to 15 (2f+1)");
+        }
+        if self.registers == 0 || self.chunk_registers == 0 || self.log_slots == 0 {
+            return bad("registers, chunk size and log slots must be positive");
+        }
+        if !self.index_buckets.is_power_of_two() {
+            return bad("index buckets must be a power of two");
+        }
+        Ok(())
+    }
+
+    /// Picks capacities that fill `node_bytes`: about a third of the free space for
+    /// registers (and their index), the rest for the writers' logs.
+    pub fn for_node_size(mut self, node_bytes: u64) -> Result<Self, ParamsError> {
+        self.registers = 1;
+        self.log_slots = 1;
+        self.index_buckets = 1;
+        self.validate()?;
+        let fixed = NodeLayout::new(self)?.end();
+        let free = node_bytes.checked_sub(fixed).ok_or(ParamsError::TooSmall {
+            node_bytes,
+            needed: fixed,
+        })?;
+        let swarm = NodeLayout::new(self)?.swarm;
+        let register_cost = self.key_header_bytes() + swarm.register_bytes() + 2 * BUCKET_BYTES / 8;
+        let registers = (free / 3) / register_cost;
+        let chunks = registers / u64::from(self.chunk_registers);
+        if chunks == 0 {
+            return Err(ParamsError::TooSmall {
+                node_bytes,
+                needed: fixed + 3 * register_cost * u64::from(self.chunk_registers),
+            });
+        }
+        self.registers = chunks * u64::from(self.chunk_registers);
+        // RACE-style: eight slots per bucket, at most half of them used.
+        self.index_buckets = (self.registers / 4).next_power_of_two().max(2);
+        let used = NodeLayout::new(self)?.end();
+        let left = node_bytes.saturating_sub(used + AREA_ALIGN);
+        let per_writer = left / u64::from(self.writers) / swarm.slot_bytes();
+        self.log_slots = per_writer.min(u64::from(u32::MAX)) as u32;
+        if self.log_slots < 16 {
+            return Err(ParamsError::TooSmall {
+                node_bytes,
+                needed: used + 16 * u64::from(self.writers) * swarm.slot_bytes(),
+            });
+        }
+        self.validate()?;
+        Ok(self)
+    }
+
+    /// Encodes the superblock.
+    pub fn encode(&self) -> [u8; 64] {
+        let mut out = [0u8; 64];
+        out[0..8].copy_from_slice(&KV_MAGIC);
+        out[8..12].copy_from_slice(&KV_VERSION.to_le_bytes());
+        out[12..16].copy_from_slice(&self.key_max.to_le_bytes());
+        out[16..20].copy_from_slice(&self.value_max.to_le_bytes());
+        out[20..22].copy_from_slice(&self.meta_words.to_le_bytes());
+        out[22..24].copy_from_slice(&self.writers.to_le_bytes());
+        out[24..26].copy_from_slice(&self.replicas.to_le_bytes());
+        out[28..32].copy_from_slice(&self.chunk_registers.to_le_bytes());
+        out[32..40].copy_from_slice(&self.registers.to_le_bytes());
+        out[40..48].copy_from_slice(&self.index_buckets.to_le_bytes());
+        out[48..52].copy_from_slice(&self.log_slots.to_le_bytes());
+        let sum = xxh3_64(&out[..56]);
+        out[56..64].copy_from_slice(&sum.to_le_bytes());
+        out
+    }
+
+    /// Decodes and validates a superblock read from untrusted memory.
+    pub fn decode(bytes: &[u8]) -> Result<Self, ParamsError> {
+        let bytes: &[u8; 64] = bytes
+            .get(..64)
+            .and_then(|b| b.try_into().ok())
+            .ok_or(ParamsError::NotInitialized)?;
+        if bytes[0..8] != KV_MAGIC {
+            return Err(ParamsError::NotInitialized);
+        }
+        let u16_at = |i: usize| u16::from_le_bytes([bytes[i], bytes[i + 1]]);
+        let u32_at =
+            |i: usize| u32::from_le_bytes([bytes[i], bytes[i + 1], bytes[i + 2], bytes[i + 3]]);
+        let u64_at = |i: usize| {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(&bytes[i..i + 8]);
+            u64::from_le_bytes(w)
+        };
+        if u32_at(8) != KV_VERSION {
+            return Err(ParamsError::Version(u32_at(8)));
+        }
+        if u64_at(56) != xxh3_64(&bytes[..56]) {
+            return Err(ParamsError::Checksum);
+        }
+        let params = Self {
+            key_max: u32_at(12),
+            value_max: u32_at(16),
+            meta_words: u16_at(20),
+            writers: u16_at(22),
+            replicas: u16_at(24),
+            chunk_registers: u32_at(28),
+            registers: u64_at(32),
+            index_buckets: u64_at(40),
+            log_slots: u32_at(48),
+        };
+        params.validate()?;
+        Ok(params)
+    }
+}
+
+/// Byte offsets of every area of a node, derived from [`ClusterParams`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NodeLayout {
+    /// The parameters.
+    pub params: ClusterParams,
+    /// First client-table row.
+    pub clients_at: u64,
+    /// First chunk-claim word.
+    pub chunks_at: u64,
+    /// First index bucket.
+    pub index_at: u64,
+    /// First register slot.
+    pub registers_at: u64,
+    /// Bytes of one register slot (key header + register).
+    pub register_slot_bytes: u64,
+    /// The SWARM register and log geometry (logs start after the registers).
+    pub swarm: Layout,
+}
+
+impl NodeLayout {
+    /// The layout for `params`.
+    pub fn new(params: ClusterParams) -> Result<Self, ParamsError> {
+        params.validate()?;
+        let clients_at = SUPERBLOCK_AT + SUPERBLOCK_BYTES;
+        let chunks_at = align(
+            clients_at + u64::from(params.writers) * CLIENT_ROW_BYTES,
+            AREA_ALIGN,
+        );
+        let chunks = params.registers.div_ceil(u64::from(params.chunk_registers));
+        let index_at = align(chunks_at + 8 * chunks, AREA_ALIGN);
+        let registers_at = align(index_at + params.index_buckets * BUCKET_BYTES, AREA_ALIGN);
+        let probe = Layout::new(
+            params.payload_max(),
+            params.meta_words,
+            0,
+            params.writers,
+            params.log_slots,
+        )?;
+        let register_slot_bytes = params.key_header_bytes() + probe.register_bytes();
+        let registers_bytes = params
+            .registers
+            .checked_mul(register_slot_bytes)
+            .ok_or(ParamsError::Invalid("too many registers".into()))?;
+        let logs_at = align(registers_at + registers_bytes, AREA_ALIGN);
+        let swarm = Layout::new(
+            params.payload_max(),
+            params.meta_words,
+            logs_at,
+            params.writers,
+            params.log_slots,
+        )?;
+        Ok(Self {
+            params,
+            clients_at,
+            chunks_at,
+            index_at,
+            registers_at,
+            register_slot_bytes,
+            swarm,
+        })
+    }
+
+    /// First byte past the last area: the node size this layout needs.
+    pub fn end(&self) -> u64 {
+        self.swarm.log_base() + self.swarm.log_bytes()
+    }
+
+    /// Number of register chunks.
+    pub fn chunks(&self) -> u64 {
+        self.params
+            .registers
+            .div_ceil(u64::from(self.params.chunk_registers))
+    }
+
+    /// Address of the claim word of chunk `chunk`.
+    pub fn chunk_word(&self, chunk: u64) -> u64 {
+        self.chunks_at + 8 * chunk
+    }
+
+    /// Address of client-table row `writer`.
+    pub fn client_row(&self, writer: u16) -> u64 {
+        self.clients_at + u64::from(writer) * CLIENT_ROW_BYTES
+    }
+
+    /// Address of index bucket `bucket`.
+    pub fn bucket(&self, bucket: u64) -> u64 {
+        self.index_at + (bucket % self.params.index_buckets) * BUCKET_BYTES
+    }
+
+    /// Address of the key header of register slot `register`, if it exists.
+    pub fn key_header(&self, register: u64) -> Option<u64> {
+        (register < self.params.registers)
+            .then(|| self.registers_at + register * self.register_slot_bytes)
+    }
+
+    /// Address of the SWARM register of slot `register`, if it exists.
+    pub fn register(&self, register: u64) -> Option<u64> {
+        self.key_header(register)
+            .map(|at| at + self.params.key_header_bytes())
+    }
+}
+
+/// Encodes a key header: `[length u32 | reserved u32 | key]`, padded to 8 bytes.
+pub fn encode_key_header(key: &[u8]) -> Vec<u8> {
+    let mut out = vec![0u8; align(8 + key.len() as u64, 8) as usize];
+    out[0..4].copy_from_slice(&(key.len() as u32).to_le_bytes());
+    out[8..8 + key.len()].copy_from_slice(key);
+    out
+}
+
+/// The key in a key header read from untrusted memory, if well formed.
+pub fn decode_key_header(bytes: &[u8], key_max: u32) -> Option<&[u8]> {
+    let len = u32::from_le_bytes(bytes.get(0..4)?.try_into().ok()?);
+    if len == 0 || len > key_max {
+        return None;
+    }
+    bytes.get(8..8 + len as usize)
+}
+
+/// Encodes a register payload: `[key length u16 | key | value]`.
+pub fn encode_payload(key: &[u8], value: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(2 + key.len() + value.len());
+    out.extend_from_slice(&(key.len() as u16).to_le_bytes());
+    out.extend_from_slice(key);
+    out.extend_from_slice(value);
+    out
+}
+
+/// Splits a payload into key and value, if well formed.
+pub fn decode_payload(payload: &[u8]) -> Option<(&[u8], &[u8])> {
+    let len = u16::from_le_bytes(payload.get(0..2)?.try_into().ok()?) as usize;
+    let key = payload.get(2..2 + len)?;
+    Some((key, &payload[2 + len..]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn sizing_fills_a_node_without_overflowing_it() {
+        for size in [64u64 << 20, 1 << 30, 4 << 30] {
+            let p = ClusterParams::default().for_node_size(size).unwrap();
+            let l = NodeLayout::new(p).unwrap();
+            assert!(l.end() <= size, "{size}: layout ends at {}", l.end());
+            assert!(l.end() > size / 2, "{size}: layout wastes space");
+            assert!(l.clients_at < l.chunks_at && l.chunks_at < l.index_at);
+            assert!(l.index_at < l.registers_at && l.registers_at < l.swarm.log_base());
+            assert_eq!(l.register(0).unwrap() % 8, 0);
+            assert_eq!(l.register(p.registers), None);
+        }
+        assert!(matches!(
+            ClusterParams::default().for_node_size(1 << 20),
+            Err(ParamsError::TooSmall { .. })
+        ));
+    }
+
+    #[test]
+    fn superblock_roundtrips_and_refuses_corruption() {
+        let p = ClusterParams::default().for_node_size(256 << 20).unwrap();
+        let bytes = p.encode();
+        assert_eq!(ClusterParams::decode(&bytes), Ok(p));
+        assert_eq!(
+            ClusterParams::decode(&[0; 64]),
+            Err(ParamsError::NotInitialized)
+        );
+        assert_eq!(
+            ClusterParams::decode(&bytes[..10]),
+            Err(ParamsError::NotInitialized)
+        );
+        let mut bad = bytes;
+        bad[33] ^= 1;
+        assert_eq!(ClusterParams::decode(&bad), Err(ParamsError::Checksum));
+        let mut bad = bytes;
+        bad[8] = 7;
+        assert_eq!(ClusterParams::decode(&bad), Err(ParamsError::Version(7)));
+    }
+
+    proptest! {
+        #[test]
+        fn payload_and_key_header_roundtrip(key in proptest::collection::vec(any::<u8>(), 1..128),
+                                            value in proptest::collection::vec(any::<u8>(), 0..300)) {
+            let payload = encode_payload(&key, &value);
+            prop_assert_eq!(decode_payload(&payload), Some((&key[..], &value[..])));
+            let header = encode_key_header(&key);
+            prop_assert_eq!(decode_key_header(&header, 128), Some(&key[..]));
+            prop_assert_eq!(decode_key_header(&header, key.len() as u32 - 1), None);
+        }
+
+        #[test]
+        fn decoders_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..100)) {
+            let _ = ClusterParams::decode(&bytes);
+            let _ = decode_payload(&bytes);
+            let _ = decode_key_header(&bytes, 64);
+        }
+    }
+}
