@@ -144,7 +144,7 @@ impl ClusterParams {
         if self.writers == 0 || self.writers > MAX_WRITERS {
             return bad("writers must be 1 to 2048");
         }
-        if self.replicas == 0 || self.replicas % 2 == 0 || self.replicas > 15 {
+        if self.replicas == 0 || self.replicas.is_multiple_of(2) || self.replicas > 15 {
             return bad("replicas must be odd, 1 to 15 (2f+1)");
         }
         if self.registers == 0 || self.chunk_registers == 0 || self.log_slots == 0 {
