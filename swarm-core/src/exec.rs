@@ -128,3 +128,56 @@ impl<'a, T> LocalExecutor<'a, T> {
         Ok(())
     }
 }
+
+/// Runs two futures concurrently on the current task and returns both outputs: the
+/// way an operation keeps two protocol steps in flight at once (for example an
+/// insert writing a key header and replicating the value in the same roundtrip).
+pub async fn join<A: Future, B: Future>(a: A, b: B) -> (A::Output, B::Output) {
+    let (mut a, mut b) = (pin!(a), pin!(b));
+    let (mut ra, mut rb) = (None, None);
+    core::future::poll_fn(|cx| {
+        if ra.is_none()
+            && let Poll::Ready(v) = a.as_mut().poll(cx)
+        {
+            ra = Some(v);
+        }
+        if rb.is_none()
+            && let Poll::Ready(v) = b.as_mut().poll(cx)
+        {
+            rb = Some(v);
+        }
+        if ra.is_some() && rb.is_some() {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    })
+    .await;
+    match (ra, rb) {
+        (Some(a), Some(b)) => (a, b),
+        _ => unreachable!("the poll loop returns only once both outputs are present"),
+    }
+}
+
+#[cfg(all(test, not(feature = "loom")))]
+mod tests {
+    use super::*;
+    use crate::mem::MemCluster;
+
+    #[test]
+    fn join_waits_for_both_and_stall_is_reported() {
+        let cluster = MemCluster::new(1, 64);
+        let fabric = cluster.client();
+        let (a, b) = block_on(&fabric, join(async { 1 }, async { "two" })).unwrap();
+        assert_eq!((a, b), (1, "two"));
+        let mut exec: LocalExecutor<'_, u32> = LocalExecutor::new();
+        exec.spawn(async { 7 });
+        exec.spawn(core::future::pending());
+        let mut done = alloc::vec::Vec::new();
+        assert_eq!(
+            exec.run(&fabric, |_, v| done.push(v)),
+            Err(FabricError::Stalled)
+        );
+        assert_eq!(done, [7]);
+    }
+}
