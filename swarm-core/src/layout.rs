@@ -316,6 +316,14 @@ impl SlotAllocator {
         }
     }
 
+    /// Marks slot `slot` used (resuming an earlier incarnation's log).
+    pub fn mark_used(&mut self, slot: u32) {
+        if slot < self.slots && !self.is_used(slot) {
+            self.used[slot as usize / 64] |= 1 << (slot % 64);
+            self.in_use += 1;
+        }
+    }
+
     /// Returns the slot of `ts` to the free pool (memory recycling).
     pub fn release(&mut self, layout: &Layout, ts: Timestamp) {
         let slot = layout.slot_of(ts);

@@ -94,6 +94,17 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         self.state.borrow().slots.in_use()
     }
 
+    /// Resumes the log of an earlier incarnation of this writer id: marks `used`
+    /// slots as taken and makes later timestamps exceed `last_ticks`, so that no
+    /// buffer of the earlier incarnation is overwritten and no timestamp repeats.
+    pub fn resume(&self, used: impl IntoIterator<Item = u32>, last_ticks: u64) {
+        let mut state = self.state.borrow_mut();
+        for slot in used {
+            state.slots.mark_used(slot);
+        }
+        state.guesser.used(last_ticks);
+    }
+
     pub(crate) fn check_payload(&self, payload: &[u8]) -> Result<(), SwarmError> {
         if payload.len() > self.layout.payload_max() as usize {
             return Err(SwarmError::PayloadTooLarge {

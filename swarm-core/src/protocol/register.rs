@@ -125,6 +125,29 @@ impl RegisterCache {
         self.known_max[p]
     }
 
+    /// Knowledge that a RAW (unreplicated, in-place) write stored a value: RAW keeps no
+    /// metadata words, so this only records that the register is not empty.
+    pub fn holding_raw_value() -> Self {
+        let mut cache = Self::default();
+        cache.known_max[0] = Tsp::from_word(1 << 12);
+        cache
+    }
+
+    /// Whether some replica is known to hold a write (or a tombstone): the register is
+    /// not empty, and never will be again.
+    pub fn knows_a_write(&self) -> bool {
+        self.known_max.iter().any(|t| !t.is_empty())
+    }
+
+    /// Merges what another copy of this knowledge learned (two operations on the
+    /// same register ran concurrently): words only grow, so the larger value wins.
+    pub fn merge(&mut self, other: &Self) {
+        for p in 0..MAX_REPLICAS {
+            self.known_max[p] = self.known_max[p].max(other.known_max[p]);
+            self.own_word[p] = self.own_word[p].max(other.own_word[p]);
+        }
+    }
+
     pub(crate) fn learn(&mut self, p: usize, tsp: Tsp) {
         if tsp > self.known_max[p] {
             self.known_max[p] = tsp;
