@@ -1,1 +1,138 @@
-//! Linearizability checker over JSON Lines histories (work in progress).
+//! A linearizability checker for recorded histories (DESIGN.md §7).
+//!
+//! SWARM's claim is that its registers, and SWARM-KV's keys, are **linearizable**
+//! (paper §3, §5): every operation appears to take effect atomically at one instant
+//! between its call and its return. This module checks that claim on histories
+//! recorded by simulations, multi-process runs and benchmarks.
+//!
+//! ```
+//! use swarm_core::checker::{History, check};
+//!
+//! let history = History::from_jsonl(&br#"
+//! {"client": 1, "op": "write", "key": "k", "value": "a", "ok": true, "start": 0, "end": 10}
+//! {"client": 2, "op": "read", "key": "k", "value": "a", "ok": true, "start": 5, "end": 8}
+//! {"client": 2, "op": "read", "key": "k", "value": null, "ok": true, "start": 12, "end": 15}
+//! "#[..])?;
+//! let report = check(&history);
+//! assert!(!report.is_linearizable()); // the second read is stale: the write returned
+//! # Ok::<(), swarm_core::checker::ParseError>(())
+//! ```
+//!
+//! # Histories and models
+//!
+//! A history is a set of operations `(client, op, key, value, ok, start, end)`, read
+//! from JSON Lines ([`History::from_jsonl`]) or built in process ([`History::push`],
+//! [`Recorder`]). `end` is absent when the client crashed: such an operation may or may
+//! not have taken effect, and if it did, at any instant after its call. Each key is one
+//! object: a register (`read`/`write`, initially `null`) or a SWARM-KV entry
+//! (`get`/`insert`/`update`/`delete`, SWARM-KV §5.3, initially absent); the exact
+//! sequential semantics are in `model.rs`.
+//!
+//! A history is linearizable when its operations (the crashed ones optionally) can be
+//! put in one sequence that (1) respects real time: if `a` returned before `b` was
+//! called, `a` comes first; and (2) is legal: replaying the sequence on the sequential
+//! object gives exactly the recorded results. Intervals that merely touch
+//! (`a.end == b.start`) count as concurrent, so coarse clocks cannot cause false alarms.
+//!
+//! # P-compositionality: one key at a time
+//!
+//! Linearizability is local (Herlihy & Wing 1990): a history is linearizable iff each
+//! object's sub-history is. Horn & Kroening (2015) call the checker-side use of this
+//! *P-compositionality*: the history is partitioned by key and each key is searched
+//! alone, on all cores ([`check_with`], biggest keys first). A search is exponential in
+//! the worst case, so cutting a history of a million operations into 100 000 small
+//! problems is the single most important optimisation.
+//!
+//! # Wing & Gong's search
+//!
+//! Wing & Gong (1993) search depth-first for the sequence: at each step, any operation
+//! not yet linearized and called before the earliest pending return may take effect
+//! next (it is *minimal* in real-time order); the search tries each one whose recorded
+//! result matches the current state, applies it, and recurses; when none fits it
+//! backtracks. The implementation follows Lowe's formulation, also used by porcupine:
+//! calls and returns form a doubly linked list in time order, the candidates are the
+//! calls before the first return, and linearizing an operation *lifts* its two entries
+//! out of the list (and backtracking puts them back).
+//!
+//! # Lowe's memoization
+//!
+//! Lowe ("Testing for linearizability", 2017) observed that what the search can still
+//! do depends only on the *configuration*: the set of operations linearized and the
+//! resulting state. Two orders of the same concurrent writes that end in the same
+//! state lead to the same subproblem; remembering the configurations already explored
+//! (all of which failed, or the search would have stopped) prunes those repetitions,
+//! which otherwise make the search explode on concurrent histories.
+//!
+//! Storing the linearized set as a bitset would cost `n` bits per configuration on a
+//! key with `n` operations: tens of thousands for a Zipfian hot key. Instead, completed
+//! operations are numbered by return time; if `p` is the first one not linearized,
+//! every linearized operation numbered above `p` was called before `p` returned
+//! (otherwise `p` would have had to come first). So a configuration is
+//! `(p, state, the few linearized ids above p)`, a handful of words: one id per other
+//! concurrent client, plus crashed operations already applied. States are interned
+//! value ids. The memo is a hash set of these keys (`memo.rs`).
+//!
+//! # Quiescent cuts
+//!
+//! An instant where no completed operation is pending (everything called before it
+//! returned before it) is a *quiescent cut*: every linearization orders all operations
+//! that returned before it ahead of all operations called after it. The search crosses
+//! a cut exactly when it has linearized everything before it, and the configurations
+//! found there are the *possible states at the cut*. There may be several: two
+//! concurrent writes that both returned before the cut, unobserved, leave either
+//! value. So the checker does not commit to the first state it finds there. Computing
+//! the full set of possible states segment by segment would, however, mean exploring
+//! every order of every segment (2^k configurations for k concurrent writers), while a
+//! depth-first search usually needs one. So the cuts are used lazily: configurations
+//! at a cut are memoized for the whole search (each possible state at a cut is
+//! explored at most once, however the search arrives there), and when the search
+//! crosses a cut, the memo entries of the segment behind it are dropped. That keeps
+//! memory proportional to a segment, not to the key's history, and is sound because
+//! the memo only prunes: if the search later backtracks across the cut, it may
+//! re-explore some of that segment, at most once per configuration at the cut.
+//!
+//! # Crashed operations
+//!
+//! A crashed operation has no return, so it never stops the history from being
+//! quiescent (cuts are defined by completed operations only) and it stays a candidate
+//! from its call to the end of the history: it may take effect at any later point, or
+//! never. The search ends successfully once every *completed* operation is linearized;
+//! crashed operations still unapplied then never took effect. Which crashed operations
+//! were applied is part of the configuration (their ids sort after all completed ones,
+//! in the "few ids above p"), so the possible states at a cut carry them along: a
+//! crashed write applied before a cut is not available after it, and one not applied
+//! still is. Applying one is only tried after the completed candidates, only when it
+//! changes the state (otherwise not applying it is as good), and a configuration that
+//! differs from an explored one only by one more applied crashed operation is pruned
+//! (the explored one could do all it can). A crashed operation's outcome is unknown,
+//! so when applied it does what the state dictates (an update of an absent key fails).
+//! Crashed reads and gets are dropped: they observed nothing and changed nothing.
+//!
+//! # Reports
+//!
+//! [`check`] returns a [`Report`]: per-key [`Verdict`]s, totals and time. When a key
+//! has no linearization, its [`Violation`] shows the longest linearizable prefix the
+//! search found (its last operations and the state after it), the operations that
+//! could have come next, and why none fits, all as JSON Lines with a `"line"` field
+//! pointing back into the input. A search can be bounded ([`CheckOptions`]); a key that
+//! exhausts the bound is [`Verdict::Undecided`], never reported linearizable.
+
+mod explain;
+mod history;
+mod memo;
+mod model;
+mod op;
+mod parse;
+mod prepare;
+mod recorder;
+mod report;
+mod run;
+mod search;
+
+pub use explain::{Pending, Violation};
+pub use history::{History, InvalidOperation};
+pub use op::{Model, NumberedOp, OpKind, Operation};
+pub use parse::ParseError;
+pub use recorder::{OpId, RecordError, Recorder};
+pub use report::{KeyReport, Report, Verdict};
+pub use run::{CheckOptions, check, check_with};
