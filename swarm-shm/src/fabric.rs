@@ -205,6 +205,13 @@ impl Fabric for ShmFabric {
         if Self::deliver(&mut slab, now) > 0 {
             return true;
         }
+        // A deadline that passed since the last call is an event the waiter has not
+        // seen yet (its thread may have been descheduled after its last poll).
+        let wake = self.wake.get();
+        if wake != 0 && wake <= now {
+            self.wake.set(0);
+            return true;
+        }
         let next_completion = slab
             .pending_iter()
             .filter(|(_, batch)| batch.result.is_some())
@@ -223,6 +230,10 @@ impl Fabric for ShmFabric {
             now = self.now();
         }
         Self::deliver(&mut slab, now);
+        if self.wake.get() <= now {
+            // Reported by this call.
+            self.wake.set(0);
+        }
         true
     }
 

@@ -154,7 +154,6 @@ fn threads_on_shared_registers_are_linearizable() {
 }
 
 #[test]
-#[ignore = "flaky until the swarm-shm bug of a_deadline_passing_while_descheduled_is_not_a_stall is fixed"]
 fn threads_with_a_crashed_node_are_linearizable_and_never_fail() {
     let tally = run(&Variant {
         keys: 2,
@@ -179,7 +178,6 @@ fn threads_sharing_one_metadata_word_are_linearizable() {
 }
 
 #[test]
-#[ignore = "fails until the swarm-core bug of stale_guesses_resynchronise_instead_of_inflating_timestamps is fixed"]
 fn threads_with_skewed_clocks_are_linearizable() {
     let tally = run(&Variant {
         keys: 2,
@@ -247,7 +245,6 @@ const TICK_SHIFT: u32 = swarm_core::encoding::WRITER_BITS + swarm_core::encoding
 /// geometrically (1000, 1042, 1076, 1184, 1350, 1722, 2416, 3844, ...) until writes
 /// fail for good with "timestamp ... is past the cluster's horizon" after ~50 rounds.
 #[test]
-#[ignore = "swarm-core bug: slow-path rewrites add the guesser's offset to m.ticks + 1 (see the doc comment)"]
 fn stale_guesses_resynchronise_instead_of_inflating_timestamps() {
     let shape = Shape {
         meta_words: 4,
@@ -350,7 +347,6 @@ impl Fabric for Descheduled {
 /// it (the in-process `MemFabric` does, its logical clock makes the deadline tick
 /// itself count).
 #[test]
-#[ignore = "swarm-shm bug: ShmFabric::progress returns false once a wake-up deadline has passed (see the doc comment)"]
 fn a_deadline_passing_while_descheduled_is_not_a_stall() {
     let shape = Shape {
         meta_words: 4,

@@ -115,20 +115,30 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         Ok(())
     }
 
-    /// Allocates a log slot for a new write at a timestamp of at least `min_ticks`
-    /// (and above every earlier write of this writer).
+    /// Allocates a log slot for a new write whose timestamp is at least `min_ticks`
+    /// and above every earlier write of this writer (a rewrite after a stale guess, or
+    /// an ABD write: `min_ticks` is a timestamp, not a clock reading).
     pub(crate) fn allocate_ts(&self, min_ticks: u64) -> Result<Timestamp, SwarmError> {
+        self.allocate_with(|guesser| guesser.at_least(min_ticks))
+    }
+
+    /// A guessed timestamp from the clock (SWARM §3.2 `guessTs`): the clock reading
+    /// plus the re-synchronisation offset.
+    pub(crate) fn guess_ts(&self) -> Result<Timestamp, SwarmError> {
+        let clock = self.clock.ticks();
+        self.allocate_with(|guesser| guesser.next(clock))
+    }
+
+    fn allocate_with(
+        &self,
+        want: impl FnOnce(&mut TimestampGuesser) -> u64,
+    ) -> Result<Timestamp, SwarmError> {
         let mut state = self.state.borrow_mut();
         let WriterState { slots, guesser } = &mut *state;
-        let wanted = guesser.next(min_ticks);
+        let wanted = want(guesser);
         let ts = slots.allocate(&self.layout, wanted)?;
         guesser.used(ts.ticks());
         Ok(ts)
-    }
-
-    /// A guessed timestamp from the clock (SWARM §3.2 `guessTs`).
-    pub(crate) fn guess_ts(&self) -> Result<Timestamp, SwarmError> {
-        self.allocate_ts(self.clock.ticks())
     }
 
     /// Re-synchronises the guesser after observing `ts` (ignores tombstones).

@@ -34,6 +34,13 @@ impl TimestampGuesser {
         guess
     }
 
+    /// The next timestamp of at least `min_ticks` (not a clock reading: no offset).
+    pub fn at_least(&mut self, min_ticks: u64) -> u64 {
+        let t = min_ticks.max(self.last.saturating_add(1));
+        self.last = t;
+        t
+    }
+
     /// Records that a write used `ticks` (possibly bumped to find a free log slot).
     pub fn used(&mut self, ticks: u64) {
         self.last = self.last.max(ticks);
@@ -62,5 +69,15 @@ mod tests {
         g.observe(1_000, 200);
         assert!(g.next(200) > 1_000, "stale guesses re-synchronise");
         assert!(g.next(201) > 1_001, "the offset persists");
+    }
+
+    #[test]
+    fn a_minimum_is_not_a_clock_reading() {
+        let mut g = TimestampGuesser::new();
+        g.observe(1_000, 200); // offset 801
+        // A rewrite above a timestamp must not add the clock offset on top of it, or
+        // stale guesses would inflate timestamps without bound.
+        assert_eq!(g.at_least(1_001), 1_001);
+        assert_eq!(g.at_least(500), 1_002, "still strictly increasing");
     }
 }
