@@ -1,0 +1,423 @@
+//! What to run: [`BenchConfig`], and [`BenchArgs`], the `swarm bench` flags that
+//! build one.
+//!
+//! Defaults are the paper's setting (§7): YCSB B, 100 000 keys of 24 B, 64 B values,
+//! 4 clients with one operation at a time, 1 000 000 measured operations.
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use super::error::BenchError;
+use super::workload::{MIN_KEY_SIZE, Workload, value_tag_len};
+
+/// The seed of a run unless one is given.
+pub const DEFAULT_SEED: u64 = 0x5EED_5A4A;
+/// The most client threads (SWARM-KV's writer-id space).
+pub const MAX_CLIENTS: usize = swarm_core::encoding::MAX_WRITERS as usize;
+/// The most operations one client keeps in flight.
+pub const MAX_INFLIGHT: usize = 64;
+/// The largest key the benchmark builds.
+pub const MAX_KEY_SIZE: usize = 4096;
+/// The largest value the benchmark writes.
+pub const MAX_VALUE_SIZE: usize = 1 << 20;
+
+/// The register protocol behind every key: SWARM-KV or one of the paper's baselines
+/// (§7), all on the same store, index and cache so that only the protocol differs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum System {
+    /// SWARM-KV: Safe-Guess over In-n-Out, one roundtrip per get and update.
+    Swarm,
+    /// DM-ABD: ABD with out-of-place data, two roundtrips per get and update.
+    Abd,
+    /// RAW: unreplicated, no concurrency control; the latency floor.
+    Raw,
+}
+
+impl System {
+    /// Every system, baselines first (the order of comparison tables).
+    pub const ALL: [Self; 3] = [Self::Raw, Self::Abd, Self::Swarm];
+
+    /// `"swarm"`, `"abd"` or `"raw"`, as in the JSON report.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Swarm => "swarm",
+            Self::Abd => "abd",
+            Self::Raw => "raw",
+        }
+    }
+}
+
+impl std::fmt::Display for System {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Crash a memory node in the middle of the measured phase (SWARM §7.7).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FailPlan {
+    /// The node every client marks failed.
+    pub node: u16,
+    /// After this many measured operations (all clients together) were issued.
+    pub after_ops: u64,
+}
+
+/// One benchmark run. See the module docs for the defaults.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BenchConfig {
+    /// The register protocol.
+    pub system: System,
+    /// The operation mix.
+    pub workload: Workload,
+    /// Keys loaded before the measured phase.
+    pub keys: u64,
+    /// Measured operations, all clients together.
+    pub ops: u64,
+    /// Client threads, each with its own `KvClient`.
+    pub clients: usize,
+    /// Operations each client keeps in flight (closed loop).
+    pub inflight: usize,
+    /// Bytes per key.
+    pub key_size: usize,
+    /// Bytes per value.
+    pub value_size: usize,
+    /// Unmeasured operations of the workload run before the measured ones (the
+    /// paper warms up with 1 000 000).
+    pub warmup_ops: u64,
+    /// After the load, every client gets every key once (unmeasured), so that
+    /// location caches hold every key, as in the paper's setting ("index caches large
+    /// enough to cache all key locations", warmed up). Without it, a client's first
+    /// access to a key it did not insert goes through the index.
+    pub warm_cache: bool,
+    /// Emulated network roundtrip time of every client's fabric, ns.
+    pub rtt_ns: u64,
+    /// Seed of the clients' key and operation choices.
+    pub seed: u64,
+    /// Optional memory-node crash during the measured phase.
+    pub fail: Option<FailPlan>,
+    /// Write every operation (load, warm-up and measured) to this file as JSON Lines
+    /// for the linearizability checker.
+    pub history: Option<PathBuf>,
+    /// Show a progress bar on stderr (only when stderr is a terminal).
+    pub progress: bool,
+}
+
+impl BenchConfig {
+    /// The paper's setting for `system` and `workload` (see the module docs).
+    pub fn new(system: System, workload: Workload) -> Self {
+        Self {
+            system,
+            workload,
+            keys: 100_000,
+            ops: 1_000_000,
+            clients: 4,
+            inflight: 1,
+            key_size: 24,
+            value_size: 64,
+            warmup_ops: 0,
+            warm_cache: true,
+            rtt_ns: 0,
+            seed: DEFAULT_SEED,
+            fail: None,
+            history: None,
+            progress: false,
+        }
+    }
+
+    /// The most operations one client can run in the whole benchmark: its whole
+    /// share of the load, the cache warm-up, and every other operation. Bounds the
+    /// operation numbers in value tags.
+    pub fn max_ops_per_client(&self) -> u64 {
+        let warm = if self.warm_cache { self.keys } else { 0 };
+        self.keys
+            .saturating_add(warm)
+            .saturating_add(self.warmup_ops)
+            .saturating_add(self.ops)
+    }
+
+    /// The smallest value size that holds every value tag of this run.
+    pub fn min_value_size(&self) -> usize {
+        let last_client = u32::try_from(self.clients.saturating_sub(1)).unwrap_or(u32::MAX);
+        value_tag_len(last_client, self.max_ops_per_client())
+    }
+
+    /// Checks every setting; the error says which one and what is accepted.
+    pub fn validate(&self) -> Result<(), BenchError> {
+        let invalid = |msg: String| Err(BenchError::InvalidConfig(msg));
+        if self.keys == 0 {
+            return invalid("--keys must be at least 1".into());
+        }
+        if !(1..=MAX_CLIENTS).contains(&self.clients) {
+            return invalid(format!(
+                "--clients must be 1 to {MAX_CLIENTS}, not {}",
+                self.clients
+            ));
+        }
+        if !(1..=MAX_INFLIGHT).contains(&self.inflight) {
+            return invalid(format!(
+                "--inflight must be 1 to {MAX_INFLIGHT}, not {}",
+                self.inflight
+            ));
+        }
+        if self.key_size < MIN_KEY_SIZE {
+            return Err(BenchError::KeySizeTooSmall {
+                size: self.key_size,
+                min: MIN_KEY_SIZE,
+            });
+        }
+        if self.key_size > MAX_KEY_SIZE {
+            return invalid(format!(
+                "--key-size must be at most {MAX_KEY_SIZE}, not {}",
+                self.key_size
+            ));
+        }
+        if self.value_size > MAX_VALUE_SIZE {
+            return invalid(format!(
+                "--value-size must be at most {MAX_VALUE_SIZE}, not {}",
+                self.value_size
+            ));
+        }
+        let min = self.min_value_size();
+        if self.value_size < min {
+            return Err(BenchError::ValueSizeTooSmall {
+                size: self.value_size,
+                min,
+            });
+        }
+        if self.fail.is_some() && self.system == System::Raw {
+            return invalid(
+                "--fail-node needs a replicated system: RAW keeps each key on one node only".into(),
+            );
+        }
+        Ok(())
+    }
+}
+
+/// The flags of `swarm bench`; [`BenchArgs::to_config`] turns them into a
+/// [`BenchConfig`].
+#[derive(Clone, Debug, clap::Args)]
+pub struct BenchArgs {
+    /// Cluster directory (made by `swarm init`); the benchmark inserts its keys there.
+    #[arg(long)]
+    pub dir: PathBuf,
+    /// YCSB workload: a (50 % updates), b (5 % updates), c (read only).
+    #[arg(long, value_enum, default_value_t = Workload::B)]
+    pub workload: Workload,
+    /// Keys inserted by the load phase.
+    #[arg(long, default_value_t = 100_000)]
+    pub keys: u64,
+    /// Measured operations, all clients together.
+    #[arg(long, default_value_t = 1_000_000)]
+    pub ops: u64,
+    /// Client threads.
+    #[arg(long, default_value_t = 4)]
+    pub clients: usize,
+    /// Operations each client keeps in flight.
+    #[arg(long, default_value_t = 1)]
+    pub inflight: usize,
+    /// Bytes per key (YCSB key names are zero-padded to it; at least 23).
+    #[arg(long, default_value_t = 24)]
+    pub key_size: usize,
+    /// Bytes per value.
+    #[arg(long, default_value_t = 64)]
+    pub value_size: usize,
+    /// Emulated network roundtrip time in ns (0: shared-memory speed; ~1500 is RDMA-like).
+    #[arg(long, default_value_t = 0)]
+    pub rtt_ns: u64,
+    /// Register protocol: swarm (SWARM-KV), abd (DM-ABD) or raw (unreplicated floor).
+    #[arg(long, value_enum, default_value_t = System::Swarm)]
+    pub system: System,
+    /// Unmeasured workload operations before the measured ones.
+    #[arg(long, default_value_t = 0)]
+    pub warmup_ops: u64,
+    /// Skip the cache warm-up (every client reading every key once after the load).
+    #[arg(long)]
+    pub no_warm_cache: bool,
+    /// Seed of the key and operation choices.
+    #[arg(long, default_value_t = DEFAULT_SEED)]
+    pub seed: u64,
+    /// Write the report as JSON to this file.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Write every operation as JSON Lines to this file (for `swarm check`).
+    #[arg(long)]
+    pub history: Option<PathBuf>,
+    /// Crash this memory node during the measured phase (with --fail-after-ops).
+    #[arg(long, requires = "fail_after_ops")]
+    pub fail_node: Option<u16>,
+    /// Measured operations (all clients) before --fail-node crashes.
+    #[arg(long, requires = "fail_node")]
+    pub fail_after_ops: Option<u64>,
+}
+
+impl BenchArgs {
+    /// The run these flags describe, validated. The progress bar is on (it only shows
+    /// when stderr is a terminal).
+    pub fn to_config(&self) -> Result<BenchConfig, BenchError> {
+        let fail = match (self.fail_node, self.fail_after_ops) {
+            (Some(node), Some(after_ops)) => Some(FailPlan { node, after_ops }),
+            (None, None) => None,
+            _ => {
+                return Err(BenchError::InvalidConfig(
+                    "--fail-node and --fail-after-ops go together".into(),
+                ));
+            }
+        };
+        let config = BenchConfig {
+            system: self.system,
+            workload: self.workload,
+            keys: self.keys,
+            ops: self.ops,
+            clients: self.clients,
+            inflight: self.inflight,
+            key_size: self.key_size,
+            value_size: self.value_size,
+            warmup_ops: self.warmup_ops,
+            warm_cache: !self.no_warm_cache,
+            rtt_ns: self.rtt_ns,
+            seed: self.seed,
+            fail,
+            history: self.history.clone(),
+            progress: true,
+        };
+        config.validate()?;
+        Ok(config)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Debug, Parser)]
+    struct Cli {
+        #[command(flatten)]
+        bench: BenchArgs,
+    }
+
+    fn parse(args: &[&str]) -> Result<BenchArgs, clap::Error> {
+        Cli::try_parse_from(std::iter::once("bench").chain(args.iter().copied())).map(|c| c.bench)
+    }
+
+    #[test]
+    fn defaults_are_the_papers_setting() {
+        let args = parse(&["--dir", "/tmp/x"]).unwrap();
+        let config = args.to_config().unwrap();
+        let mut expected = BenchConfig::new(System::Swarm, Workload::B);
+        expected.progress = true;
+        assert_eq!(config, expected);
+        assert_eq!(args.json, None);
+    }
+
+    #[test]
+    fn every_flag_reaches_the_config() {
+        let args = parse(&[
+            "--dir",
+            "d",
+            "--workload",
+            "a",
+            "--keys",
+            "10",
+            "--ops",
+            "20",
+            "--clients",
+            "3",
+            "--inflight",
+            "2",
+            "--key-size",
+            "30",
+            "--value-size",
+            "100",
+            "--rtt-ns",
+            "1500",
+            "--system",
+            "abd",
+            "--warmup-ops",
+            "5",
+            "--no-warm-cache",
+            "--seed",
+            "9",
+            "--json",
+            "r.json",
+            "--history",
+            "h.jsonl",
+            "--fail-node",
+            "1",
+            "--fail-after-ops",
+            "7",
+        ])
+        .unwrap();
+        let c = args.to_config().unwrap();
+        assert_eq!(
+            (c.system, c.workload, c.keys, c.ops, c.clients, c.inflight),
+            (System::Abd, Workload::A, 10, 20, 3, 2)
+        );
+        assert_eq!(
+            (
+                c.key_size,
+                c.value_size,
+                c.rtt_ns,
+                c.warmup_ops,
+                c.warm_cache,
+                c.seed
+            ),
+            (30, 100, 1500, 5, false, 9)
+        );
+        assert_eq!(
+            c.fail,
+            Some(FailPlan {
+                node: 1,
+                after_ops: 7
+            })
+        );
+        assert_eq!(c.history, Some(PathBuf::from("h.jsonl")));
+        assert_eq!(args.json, Some(PathBuf::from("r.json")));
+    }
+
+    #[test]
+    fn bad_flags_are_refused_with_the_fix() {
+        assert!(parse(&["--dir", "d", "--fail-node", "1"]).is_err());
+        assert!(parse(&["--dir", "d", "--workload", "z"]).is_err());
+        assert!(parse(&["--dir", "d", "--system", "fusee"]).is_err());
+        let refuse = |flags: &[&str]| {
+            let mut all = vec!["--dir", "d"];
+            all.extend_from_slice(flags);
+            parse(&all).unwrap().to_config().unwrap_err().to_string()
+        };
+        assert!(refuse(&["--clients", "0"]).contains("--clients"));
+        assert!(refuse(&["--inflight", "0"]).contains("--inflight"));
+        assert!(refuse(&["--keys", "0"]).contains("--keys"));
+        assert!(refuse(&["--key-size", "8"]).contains("--key-size 23"));
+        assert!(refuse(&["--value-size", "4"]).contains("--value-size"));
+        assert!(
+            refuse(&[
+                "--system",
+                "raw",
+                "--fail-node",
+                "0",
+                "--fail-after-ops",
+                "1"
+            ])
+            .contains("RAW")
+        );
+    }
+
+    #[test]
+    fn value_size_bound_covers_every_tag() {
+        let mut config = BenchConfig::new(System::Swarm, Workload::A);
+        config.clients = 64;
+        // 63 = "3f", up to 100k + 100k + 1M operations = "124f80": "3f.124f80." is 10 B.
+        assert_eq!(config.min_value_size(), 10);
+        config.value_size = 9;
+        assert!(matches!(
+            config.validate(),
+            Err(BenchError::ValueSizeTooSmall { min: 10, .. })
+        ));
+        config.value_size = 10;
+        config.validate().unwrap();
+    }
+}

@@ -1,0 +1,71 @@
+//! Why a benchmark could not run.
+//!
+//! Failures of individual operations are *not* errors of the benchmark: they are
+//! counted in the report ([`BenchReport::total_errors`](super::BenchReport::total_errors))
+//! and the run goes on, so that one bad operation does not hide the figures of a
+//! million good ones. The CLI exits non-zero when any occurred.
+
+use std::io;
+use std::path::PathBuf;
+
+use crate::layout::ParamsError;
+
+/// Why a benchmark could not be configured or run.
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    /// A setting is out of range; the message names it and the accepted values.
+    #[error("invalid benchmark setting: {0}")]
+    InvalidConfig(String),
+    /// Keys shorter than YCSB's names.
+    #[error(
+        "keys of {size} B cannot hold YCSB key names (\"user\" and up to 19 digits): use --key-size {min} or more"
+    )]
+    KeySizeTooSmall {
+        /// The requested key size.
+        size: usize,
+        /// The smallest accepted.
+        min: usize,
+    },
+    /// Values too short for the tag that makes each of them unique.
+    #[error(
+        "values of {size} B cannot hold the tag that makes every written value unique (client and operation number): use --value-size {min} or more"
+    )]
+    ValueSizeTooSmall {
+        /// The requested value size.
+        size: usize,
+        /// The smallest accepted for this run's clients and operation count.
+        min: usize,
+    },
+    /// The cluster cannot hold what the benchmark needs.
+    #[error("the cluster is too small for this benchmark: {0}")]
+    Capacity(String),
+    /// Cluster parameters for a benchmark cluster could not be derived.
+    #[error(transparent)]
+    Params(#[from] ParamsError),
+    /// Writing an output file failed.
+    #[error("cannot write the {what} to {path}: {source}")]
+    Output {
+        /// What was being written (history, report).
+        what: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// The underlying error.
+        source: io::Error,
+    },
+    /// A client thread could not start (registering its writer id, spawning).
+    #[error("client {client} could not start: {message}")]
+    ClientStart {
+        /// The client's index.
+        client: usize,
+        /// What failed.
+        message: String,
+    },
+    /// A client thread panicked; its measurements are lost.
+    #[error("client {client} panicked: {message}")]
+    ClientPanicked {
+        /// The client's index.
+        client: usize,
+        /// The panic message.
+        message: String,
+    },
+}
