@@ -322,11 +322,11 @@ fn arbitrary_op(kv: bool) -> impl Strategy<Value = Operation> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(1000))]
+    #![proptest_config(ProptestConfig::with_cases(3000))]
 
     #[test]
     fn agrees_with_brute_force_on_tiny_histories(
-        ops in any::<bool>().prop_flat_map(|kv| proptest::collection::vec(arbitrary_op(kv), 0..7)),
+        ops in any::<bool>().prop_flat_map(|kv| proptest::collection::vec(arbitrary_op(kv), 1..10)),
     ) {
         let expected = brute_force(&ops, &mut vec![false; ops.len()], &None);
         let report = check(&history(&ops));

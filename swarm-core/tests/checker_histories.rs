@@ -233,6 +233,19 @@ fn either_state_at_a_cut_is_possible() {
 }
 
 #[test]
+fn a_second_write_of_the_current_value_may_take_effect_later() {
+    // Found by the brute-force cross-check: w(a) while the value is already "a" is a
+    // no-op now, but it may be the write that restores "a" after the crashed w(b).
+    accepted(vec![
+        w(1, "a", 0, 0),
+        crashed(2, OpKind::Write, Some("b"), 0),
+        w(1, "a", 5, 10),
+        r(3, Some("b"), 10, 13),
+        r(3, Some("a"), 14, 14),
+    ]);
+}
+
+#[test]
 fn crashed_write_observed_later() {
     accepted(vec![
         crashed(1, OpKind::Write, Some("a"), 0),
@@ -336,7 +349,9 @@ fn three_clients_interleaved() {
 #[test]
 fn many_concurrent_writers_then_reads_of_the_survivor() {
     let history = |writers: u64, last_read: Option<&str>| {
-        let mut ops: Vec<Operation> = (0..writers).map(|c| w(c, &format!("v{c}"), c, 100 + c)).collect();
+        let mut ops: Vec<Operation> = (0..writers)
+            .map(|c| w(c, &format!("v{c}"), c, 100 + c))
+            .collect();
         for c in 0..writers {
             ops.push(r(c, Some("v7"), 200 + c * 10, 205 + c * 10));
         }

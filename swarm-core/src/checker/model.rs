@@ -56,6 +56,14 @@ pub(crate) fn step(
     }
 }
 
+/// Whether `kind` with `outcome` leaves the state unchanged in every state where it is
+/// possible: reads and gets, failed updates and deletes. (A write of the current
+/// value is a no-op here, but not wherever else it could be placed.)
+pub(crate) fn is_pure(kind: OpKind, outcome: Outcome) -> bool {
+    kind.is_observer()
+        || (outcome == Outcome::Failed && matches!(kind, OpKind::Update | OpKind::Delete))
+}
+
 /// Why `step(kind, outcome, value, state)` is `None`, for explanations. The caller
 /// renders `value` and `state` itself; this gives the shape of the sentence.
 pub(crate) fn mismatch(kind: OpKind, outcome: Outcome, value: ValueId, state: ValueId) -> Mismatch {
@@ -131,6 +139,33 @@ mod tests {
         assert_eq!(step(Update, Unknown, A, NULL), Some(NULL));
         assert_eq!(step(Delete, Unknown, NULL, A), Some(NULL));
         assert_eq!(step(Delete, Unknown, NULL, NULL), Some(NULL));
+    }
+
+    #[test]
+    fn pure_operations_never_change_the_state() {
+        let kinds = [Read, Write, Get, Insert, Update, Delete];
+        for kind in kinds {
+            for outcome in [Ok, Failed] {
+                let changes = [NULL, A, B].iter().any(|&state| {
+                    [NULL, A].iter().any(|&value| {
+                        step(kind, outcome, value, state).is_some_and(|next| next != state)
+                    })
+                });
+                assert!(!(is_pure(kind, outcome) && changes), "{kind} {outcome:?}");
+            }
+        }
+        assert!(
+            is_pure(Read, Ok)
+                && is_pure(Get, Ok)
+                && is_pure(Update, Failed)
+                && is_pure(Delete, Failed)
+        );
+        assert!(
+            !is_pure(Write, Ok)
+                && !is_pure(Insert, Ok)
+                && !is_pure(Update, Ok)
+                && !is_pure(Delete, Ok)
+        );
     }
 
     #[test]

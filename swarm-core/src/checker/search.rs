@@ -12,12 +12,14 @@
 //! Each configuration on the current path has a *level*: its candidates, computed
 //! once when it is reached, and how many were tried. Two refinements keep the
 //! branching down:
-//! * A *free* candidate, possible in the current state and leaving it unchanged (a
-//!   read or get of the current value, a failed update or delete of an absent key),
-//!   is linearized without branching: in any valid continuation it can be moved to
-//!   the front (it was called before every pending operation returned, so real time
-//!   allows it, and it changes nothing, so every other operation sees the same
-//!   states). If the configuration after it fails, so does this one.
+//! * A *free* candidate, possible in the current state and of a kind that never
+//!   changes the state (a read or get of the current value, a failed update or delete
+//!   of an absent key), is linearized without branching: in any valid continuation it
+//!   can be moved to the front (it was called before every pending operation
+//!   returned, so real time allows it; it changed nothing where it was, so every
+//!   other operation still sees the same states; and it is possible here). If the
+//!   configuration after it fails, so does this one. A write of the current value is
+//!   not free: where the continuation placed it, it may have changed the state.
 //! * Otherwise completed candidates are tried in order of return, earliest first,
 //!   then crashed ones in order of call. Any order is complete; this one follows
 //!   the order in which operations must take effect, so the first path tried is
@@ -32,7 +34,7 @@
 use std::vec::Vec;
 
 use super::memo::{Frontier, Memo, Undo};
-use super::model::{NULL, Outcome, ValueId, step};
+use super::model::{NULL, Outcome, ValueId, is_pure, step};
 use super::prepare::Prepared;
 
 /// How many linearized operations a failure report shows before the stuck point.
@@ -227,7 +229,8 @@ impl<'a> Search<'a> {
                 break;
             }
             let o = self.prep.ops[entry.op as usize];
-            if step(o.kind, o.outcome, o.value, self.state) == Some(self.state) {
+            if is_pure(o.kind, o.outcome) && step(o.kind, o.outcome, o.value, self.state).is_some()
+            {
                 // A free candidate: the only one this configuration needs to try.
                 self.candidates.truncate(from);
                 self.candidates.push(entry.op);
