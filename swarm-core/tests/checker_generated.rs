@@ -359,7 +359,7 @@ fn timed_check(ops: &[Operation]) -> (History, swarm_core::checker::Report) {
 }
 
 #[test]
-fn a_200k_operation_zipfian_history_is_accepted_and_a_corrupted_read_caught() {
+fn a_200k_operation_zipfian_history_is_accepted_and_corrupted_reads_caught() {
     let seed = 0x5eed_0001;
     let mut ops = generate(&bench_like(200_000, 20_000, 16), seed);
     let (h, report) = timed_check(&ops);
@@ -379,12 +379,38 @@ fn a_200k_operation_zipfian_history_is_accepted_and_a_corrupted_read_caught() {
         "a hot key with 16 clients still has quiescent cuts"
     );
 
-    // Corrupt a read late on the hottest key: the search must exhaust its prefix.
+    // A stale read late on the hottest key: it returns the key's first value, long
+    // overwritten. Refuting it makes the search exhaust every configuration before it.
     let hot_key = hot.key.to_string();
+    let on_hot = |o: &Operation| o.key == hot_key && !o.is_crashed();
+    let first = ops
+        .iter()
+        .position(|o| on_hot(o) && o.op.writes_value())
+        .unwrap();
     let last_read = ops
         .iter()
-        .rposition(|o| o.key == hot_key && o.op.is_observer() && !o.is_crashed())
+        .rposition(|o| on_hot(o) && o.op.is_observer())
         .unwrap();
+    let (first_end, read_start) = (ops[first].end.unwrap(), ops[last_read].start);
+    let overwritten = ops.iter().any(|o| {
+        on_hot(o)
+            && matches!(o.op, OpKind::Write | OpKind::Insert | OpKind::Update)
+            && o.ok
+            && o.value != ops[first].value
+            && o.start > first_end
+            && o.end.is_some_and(|e| e < read_start)
+    });
+    assert!(
+        overwritten,
+        "the first value was overwritten before the read"
+    );
+    let mut stale = ops.clone();
+    stale[last_read].value = ops[first].value.clone();
+    let (_, report) = timed_check(&stale);
+    let bad: Vec<&str> = report.violations().map(|v| &*v.key).collect();
+    assert_eq!(bad, [hot_key.as_str()], "seed {seed:#x}: {report}");
+
+    // A read of a value never written: rejected without exhausting anything.
     ops[last_read].value = Some("never written".into());
     let (_, report) = timed_check(&ops);
     let bad: Vec<&str> = report.violations().map(|v| &*v.key).collect();
@@ -433,9 +459,16 @@ fn a_million_operations_like_the_benchmark() {
     }
 }
 
+/// Checks one generated history of a shape given by the environment, to explore the
+/// checker's cost: `OPS`, `KEYS`, `CLIENTS`, `CRASH` (per mille), `GAP` and `LEN`
+/// (ns), `KV` (0 registers, 1 key-value, 2 both), `SEED`, `BUDGET`; with `CORRUPT=1`
+/// the last read of the hottest key returns a value never written (and the history
+/// must be rejected). For example
+/// `OPS=10000 KEYS=1 cargo test --release -p swarm-core --features checker --test
+/// checker_generated -- --ignored --nocapture generated_shape_from_the_environment`.
 #[test]
-#[ignore]
-fn scratch() {
+#[ignore = "a tool for measuring, driven by environment variables"]
+fn generated_shape_from_the_environment() {
     let env = |k: &str, d: u64| {
         std::env::var(k)
             .ok()
@@ -443,24 +476,32 @@ fn scratch() {
             .unwrap_or(d)
     };
     let shape = Shape {
-        ops: env("OPS", 1000) as usize,
-        keys: env("KEYS", 1) as usize,
+        ops: env("OPS", 100_000) as usize,
+        keys: env("KEYS", 10_000) as usize,
         clients: env("CLIENTS", 16),
         zipf: Some(0.99),
-        crash_per_mille: env("CRASH", 0),
-        max_gap: env("GAP", 50),
-        max_len: env("LEN", 2000),
+        crash_per_mille: env("CRASH", 1),
+        max_gap: env("GAP", 300),
+        max_len: env("LEN", 2_000),
         kv: match env("KV", 2) {
             0 => Some(false),
             1 => Some(true),
             _ => None,
         },
     };
-    let ops = generate(&shape, env("SEED", 1));
+    let seed = env("SEED", 1);
+    let mut ops = generate(&shape, seed);
+    let corrupt = env("CORRUPT", 0) == 1;
+    if corrupt {
+        let hot = key_name(0);
+        let last = ops
+            .iter()
+            .rposition(|o| o.key == hot && o.op.is_observer() && !o.is_crashed());
+        ops[last.expect("the hottest key is read")].value = Some("never written".into());
+    }
     let h = history(&ops);
-    let report = check_with(
-        &h,
-        &CheckOptions::new().budget_per_key(env("BUDGET", 5_000_000)),
-    );
-    eprintln!("{report}");
+    let options = CheckOptions::new().budget_per_key(env("BUDGET", 50_000_000));
+    let report = check_with(&h, &options);
+    eprintln!("{shape:?}, seed {seed}: {report}");
+    assert_eq!(report.is_linearizable(), !corrupt, "seed {seed}: {report}");
 }

@@ -12,10 +12,11 @@
 //! backtracks across that cut, which it does at most once per configuration at the cut.
 //!
 //! A history without quiescent points (clients hammering one key nonstop) never
-//! crosses a cut, so the main set also has a soft cap: past [`SOFT_CAP`] entries, the
-//! configurations behind the current one (smaller `p`) are dropped. They are needed
-//! again only if the search backtracks that far, which a linearizable history rarely
-//! makes it do; this bounds memory at the price of possible re-exploration.
+//! crosses a cut, so the main set is also capped at [`CAP`] entries (about 100 bytes
+//! each): past it, the configurations behind the current one (smaller `p`) are
+//! dropped, and if that does not free half of it (a refutation backtracking through
+//! everything), the whole main set is. Memory stays bounded whatever the history; the
+//! price is possible re-exploration, i.e. time, which a budget can bound.
 
 use core::hash::{BuildHasherDefault, Hasher};
 use std::boxed::Box;
@@ -140,9 +141,8 @@ type FxSet = HashSet<Box<[u32]>, BuildHasherDefault<FxHasher>>;
 /// Entries the main set may hold before a cut triggers a collection.
 const GC_MIN: usize = 1 << 14;
 
-/// Entries the main set may hold before configurations behind the current one are
-/// dropped even without a cut (about 100 bytes each).
-pub(crate) const SOFT_CAP: usize = 1 << 22;
+/// Entries the main set may hold, cut or no cut (about 100 bytes each).
+pub(crate) const CAP: usize = 1 << 22;
 
 /// The configurations seen so far in one key's search.
 #[derive(Debug, Default)]
@@ -156,8 +156,8 @@ pub(crate) struct Memo {
     smaller: Vec<u32>,
     /// Collect `seen` at the next cut once it holds this many entries.
     gc_at: usize,
-    /// Collect `seen` anyway once it holds this many entries.
-    cap_at: usize,
+    /// The cap on `seen` ([`CAP`]; smaller in tests).
+    cap: usize,
     /// Configurations recorded (the search's work).
     pub(crate) visited: u64,
 }
@@ -166,7 +166,7 @@ impl Memo {
     pub(crate) fn new() -> Self {
         Self {
             gc_at: GC_MIN,
-            cap_at: SOFT_CAP,
+            cap: CAP,
             ..Self::default()
         }
     }
@@ -207,11 +207,15 @@ impl Memo {
         }
         set.insert(Box::from(&self.buf[..]));
         self.visited += 1;
-        if (at_cut && self.seen.len() >= self.gc_at) || self.seen.len() >= self.cap_at {
+        let full = self.seen.len() >= self.cap;
+        if (at_cut && self.seen.len() >= self.gc_at) || full {
             let p = frontier.p;
             self.seen.retain(|key| key[0] >= p);
+            if full && self.seen.len() >= self.cap / 2 {
+                self.seen.clear();
+                self.seen.shrink_to(self.cap / 2);
+            }
             self.gc_at = GC_MIN.max(2 * self.seen.len());
-            self.cap_at = SOFT_CAP.max(2 * self.seen.len());
         }
         true
     }
@@ -350,29 +354,27 @@ mod tests {
     }
 
     #[test]
-    fn the_soft_cap_drops_configurations_behind() {
+    fn the_cap_drops_configurations_behind_then_everything() {
+        let at = |p: u32| Frontier {
+            p,
+            extra: std::vec![],
+        };
         let mut memo = Memo::new();
-        memo.cap_at = 3;
-        for p in [4, 1, 2] {
-            assert!(memo.visit(
-                &Frontier {
-                    p,
-                    extra: std::vec![]
-                },
-                0,
-                100,
-                false
-            ));
+        memo.cap = 6;
+        assert!(memo.visit(&at(8), 0, 100, false));
+        for state in 0..4 {
+            assert!(memo.visit(&at(1), state, 100, false));
         }
-        assert_eq!(memo.len(), 2, "p=1 is behind p=2 and was dropped");
-        assert!(memo.visit(
-            &Frontier {
-                p: 1,
-                extra: std::vec![]
-            },
-            0,
-            100,
-            false
-        ));
+        assert!(memo.visit(&at(2), 0, 100, false));
+        assert_eq!(
+            memo.len(),
+            2,
+            "the four configurations at p=1 were behind p=2"
+        );
+        assert!(memo.visit(&at(1), 0, 100, false), "and are forgotten");
+        for p in [9, 10, 0] {
+            assert!(memo.visit(&at(p), 0, 100, false));
+        }
+        assert_eq!(memo.len(), 0, "nothing was behind p=0: all dropped");
     }
 }

@@ -54,6 +54,24 @@
 //! calls before the first return, and linearizing an operation *lifts* its two entries
 //! out of the list (and backtracking puts them back).
 //!
+//! Two refinements keep the branching down on highly concurrent keys (`search.rs`):
+//!
+//! * **Free operations.** A candidate that is possible in the current state and of a
+//!   kind that never changes the state (a read or get of the current value, a failed
+//!   update or delete of an absent key) is linearized at once, without trying the
+//!   alternatives: in any valid continuation it could be moved to the front (real time
+//!   allows it, being a candidate; it changed nothing where it was; it is possible
+//!   here). This partial-order reduction removes the branching over reads, half of a
+//!   typical workload. (A write of the current value does not qualify: placed later,
+//!   it may restore that value after another write.)
+//! * **Just-in-time order.** The other candidates are tried in an order that follows
+//!   how operations must take effect, in the spirit of Lowe's just-in-time
+//!   linearization: first the operation that returns earliest (it must be linearized
+//!   before anything called after its return), or the candidates after which it
+//!   becomes possible (the write a stuck read returns); then the others by return
+//!   time; crashed operations last. Any order is complete; this one makes the first
+//!   path tried usually right.
+//!
 //! # Lowe's memoization
 //!
 //! Lowe ("Testing for linearizability", 2017) observed that what the search can still
@@ -71,6 +89,11 @@
 //! `(p, state, the few linearized ids above p)`, a handful of words: one id per other
 //! concurrent client, plus crashed operations already applied. States are interned
 //! value ids. The memo is a hash set of these keys (`memo.rs`).
+//!
+//! Without cuts (below), the memo of a key hammered nonstop by many clients would
+//! grow with its history; past a cap (4M configurations, ~400 MB) the configurations
+//! behind the current one are dropped, or all of them if that is not enough. That is
+//! sound since the memo only prunes, and keeps memory bounded on any input.
 //!
 //! # Quiescent cuts
 //!
@@ -106,7 +129,25 @@
 //! differs from an explored one only by one more applied crashed operation is pruned
 //! (the explored one could do all it can). A crashed operation's outcome is unknown,
 //! so when applied it does what the state dictates (an update of an absent key fails).
-//! Crashed reads and gets are dropped: they observed nothing and changed nothing.
+//!
+//! Some crashed operations are dropped before the search, because no linearization
+//! needs them: crashed reads and gets (they observed nothing and changed nothing),
+//! and crashed writes and updates of a value that no completed read or get returns
+//! (applying one changes only a value nobody observes; an update does not change
+//! whether the key is present). Crashed inserts and deletes stay: presence is
+//! observed by the outcome of updates and deletes. Simulations with crashing clients
+//! produce many crashed operations, and most are such unobserved writes.
+//!
+//! # Scale
+//!
+//! On 2 cores, a generated benchmark-like history (1M operations, 100k keys with a
+//! Zipfian 0.99 choice, 16 clients, ~1000 crashed operations; the hottest key has 78k
+//! operations and 27k quiescent cuts) is read from JSON Lines in about 1.4 s and
+//! checked in 0.3 s in release builds. Sixteen clients hammering a single key with
+//! no quiescent point cost about 50-70 configurations per operation (10k operations in
+//! about a second). Refuting a non-linearizable history is where the exponential
+//! worst case lives: the search must exhaust every configuration before the point of
+//! violation (for `k` unobserved concurrent writes, `k * 2^(k-1)`), hence the budget.
 //!
 //! # Reports
 //!

@@ -17,13 +17,17 @@
 //!   treated as concurrent, so clock granularity can never cause a false alarm.
 //! * Cut `c` (for `0 < c < completed`) is quiescent when every operation with id `< c`
 //!   returned strictly before every completed operation with id `>= c` was called.
+//! * The first completed operation that is impossible in every state the key can
+//!   reach (a read of a value nothing writes, a write reporting failure, a successful
+//!   update of a key never inserted) dooms the search: once it is the first pending
+//!   return, the search stops instead of exhausting every configuration before it.
 
 use std::collections::HashSet;
 use std::vec::Vec;
 
 use super::history::KeyLog;
-use super::model::{Outcome, ValueId};
-use super::op::OpKind;
+use super::model::{NULL, Outcome, ValueId, step};
+use super::op::{Model, OpKind};
 
 /// One operation as the search sees it.
 #[derive(Clone, Copy, Debug)]
@@ -63,6 +67,8 @@ pub(crate) struct Prepared {
     pub(crate) is_cut: Vec<bool>,
     /// The number of quiescent cuts.
     pub(crate) cuts: usize,
+    /// The first completed operation possible in no reachable state, if any.
+    pub(crate) impossible: Option<u32>,
 }
 
 impl Prepared {
@@ -135,6 +141,7 @@ impl Prepared {
             })
             .collect();
 
+        let impossible = first_impossible(log.model, &completed, &crashed);
         let completed_count = n as u32;
         completed.extend(crashed);
         Self {
@@ -144,6 +151,7 @@ impl Prepared {
             call_entry: call_at,
             is_cut,
             cuts,
+            impossible,
         }
     }
 
@@ -151,6 +159,36 @@ impl Prepared {
     pub(crate) fn crashed(&self) -> &[SearchOp] {
         &self.ops[self.completed as usize..]
     }
+}
+
+/// The first of `completed` (in id order) that no state the key can reach allows.
+///
+/// The reachable states are among `null` and the values written; a key-value entry
+/// that is never inserted (not even by a crashed insert) can only be absent.
+fn first_impossible(model: Model, completed: &[SearchOp], crashed: &[SearchOp]) -> Option<u32> {
+    let all = || completed.iter().chain(crashed);
+    let present_ever = model == Model::Register || all().any(|o| o.kind == OpKind::Insert);
+    let mut states: Vec<ValueId> = std::vec![NULL];
+    if present_ever {
+        states.extend(all().filter(|o| o.kind.writes_value()).map(|o| o.value));
+        states.sort_unstable();
+        states.dedup();
+    }
+    let possible = |o: &SearchOp| {
+        if o.kind.is_observer() {
+            // Only the state equal to the value returned can allow it.
+            states.binary_search(&o.value).is_ok()
+                && step(o.kind, o.outcome, o.value, o.value).is_some()
+        } else {
+            states
+                .iter()
+                .any(|&s| step(o.kind, o.outcome, o.value, s).is_some())
+        }
+    };
+    completed
+        .iter()
+        .position(|o| !possible(o))
+        .map(|id| id as u32)
 }
 
 #[cfg(test)]
@@ -217,6 +255,38 @@ mod tests {
         ]));
         let kinds: Vec<OpKind> = p.crashed().iter().map(|o| o.kind).collect();
         assert_eq!(kinds, [OpKind::Insert]);
+    }
+
+    #[test]
+    fn finds_the_first_operation_impossible_in_every_state() {
+        let read = |value, start, end| StoredOp {
+            value,
+            ..op(OpKind::Read, start, Some(end))
+        };
+        let p = Prepared::new(&log(std::vec![
+            op(OpKind::Write, 0, Some(1)),
+            read(1, 2, 3),
+            read(NULL, 4, 5),
+            read(7, 6, 9),
+            read(8, 6, 8),
+        ]));
+        assert_eq!(p.impossible, Some(3), "the read of 8 returns first");
+        let update = StoredOp {
+            kind: OpKind::Update,
+            ..op(OpKind::Update, 0, Some(1))
+        };
+        let mut kv = log(std::vec![update]);
+        kv.model = Model::KeyValue;
+        assert_eq!(Prepared::new(&kv).impossible, Some(0), "never inserted");
+        kv.ops.push(StoredOp {
+            kind: OpKind::Insert,
+            ..op(OpKind::Insert, 5, None)
+        });
+        assert_eq!(
+            Prepared::new(&kv).impossible,
+            None,
+            "a crashed insert may have run"
+        );
     }
 
     #[test]

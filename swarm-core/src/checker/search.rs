@@ -194,6 +194,13 @@ impl<'a> Search<'a> {
             if self.frontier.p == completed {
                 return Found::Linearizable;
             }
+            if self.prep.impossible == Some(self.frontier.p) {
+                // The first pending return is impossible in every state: so is every
+                // continuation of every configuration. This one explains it as well
+                // as any.
+                self.note_deepest(true);
+                return self.violation();
+            }
             if budget.is_some_and(|b| self.memo.visited > b) {
                 return Found::BudgetExhausted;
             }
@@ -341,8 +348,13 @@ impl<'a> Search<'a> {
         {
             self.states_at_max_p.push(self.state);
         }
+        self.note_deepest(false);
+    }
+
+    /// Records the current configuration as the deepest if it is (or if `force`).
+    fn note_deepest(&mut self, force: bool) {
         let depth = self.frontier.depth(self.prep.completed);
-        if depth > self.deepest.depth {
+        if force || depth > self.deepest.depth {
             let from = self.stack.len().saturating_sub(TAIL);
             self.deepest = Deepest {
                 depth,
