@@ -4,7 +4,31 @@
 //! SWARM register replicated on `2f + 1` memory nodes, found through a replicated
 //! index and cached by clients, so that gets and updates take one roundtrip in the
 //! common case.
+//!
+//! * [`layout`] — where everything lives on a memory node.
+//! * [`index`] — the replicated, linearizable index (key → register).
+//! * [`alloc`], [`claim`], [`clients`] — register chunks, writer ids and leases,
+//!   claimed from the memory nodes by CAS.
+//! * [`cache`] — the client's location cache.
+//! * [`client`] — the operations: get, insert, update, delete (§5.3).
+//! * [`shm`] — clusters on shared-memory files.
+//! * [`ycsb`] — the YCSB benchmark harness behind `swarm bench`.
 #![warn(missing_docs)]
 
+pub mod alloc;
+pub mod cache;
+pub mod claim;
+pub mod client;
+pub mod clients;
+pub mod clock;
+mod error;
+pub mod index;
 pub mod layout;
+pub mod shm;
 pub mod ycsb;
+
+pub use client::{KvClient, KvConfig};
+pub use error::KvError;
+pub use shm::KvStore;
+
+pub use index::RegisterId;

@@ -1,0 +1,405 @@
+//! `swarm`: create, use, inspect and benchmark SWARM-KV clusters.
+//!
+//! ```text
+//! swarm init --dir /dev/shm/kv --nodes 3 --size 1GiB      # a shared-memory cluster
+//! swarm put --dir /dev/shm/kv user42 hello
+//! swarm get --dir /dev/shm/kv user42
+//! swarm delete --dir /dev/shm/kv user42
+//! swarm stat --dir /dev/shm/kv
+//! swarm bench --dir /dev/shm/kv --workload b --keys 100000 --ops 1000000 --clients 4
+//! swarm check history.jsonl
+//! swarm init --rdma 10.0.0.1:7471,10.0.0.2:7471,10.0.0.3:7471 --dir cluster   # RDMA
+//! swarm memnode --listen 10.0.0.1:7471 --size 4GiB --cluster cluster/swarm-cluster.conf
+//! ```
+
+use std::fs::File;
+use std::io::{BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{Context, Result, bail};
+use clap::{Args, Parser, Subcommand};
+use swarm_core::{Batch, Fabric, NodeId, OpStats, Roundtrip, block_on};
+use swarm_kv::KvStore;
+use swarm_kv::layout::ClusterParams;
+
+/// SWARM-KV: a replicated key-value store on disaggregated memory.
+#[derive(Debug, Parser)]
+#[command(version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Create a cluster: shared-memory node files (--dir with --nodes/--size), or the
+    /// cluster file and token of an RDMA cluster (--rdma).
+    Init(InitArgs),
+    /// Insert or update a key.
+    Put {
+        #[command(flatten)]
+        at: ClusterArg,
+        /// The key.
+        key: String,
+        /// The value.
+        value: String,
+    },
+    /// Print a key's value (exit status 1 if it is absent).
+    Get {
+        #[command(flatten)]
+        at: ClusterArg,
+        /// The key.
+        key: String,
+    },
+    /// Delete a key (exit status 1 if it is absent).
+    Delete {
+        #[command(flatten)]
+        at: ClusterArg,
+        /// The key.
+        key: String,
+    },
+    /// Show keys, memory used per node, and writers.
+    Stat {
+        #[command(flatten)]
+        at: ClusterArg,
+    },
+    /// Check a history file (JSON Lines) for linearizability.
+    Check {
+        /// The history file (`-` for standard input).
+        file: PathBuf,
+    },
+    /// Run an RDMA memory node: register memory, serve clients, stay passive.
+    Memnode {
+        /// Address to accept clients on (must be listed in the cluster file).
+        #[arg(long)]
+        listen: String,
+        /// Memory to serve, e.g. 4GiB.
+        #[arg(long)]
+        size: String,
+        /// RDMA device (default: the first one).
+        #[arg(long)]
+        device: Option<String>,
+        /// The cluster file written by `swarm init --rdma`.
+        #[arg(long, default_value = "swarm-cluster.conf")]
+        cluster: PathBuf,
+    },
+}
+
+#[derive(Debug, Args)]
+struct ClusterArg {
+    /// Directory of a shared-memory cluster.
+    #[arg(long)]
+    dir: PathBuf,
+}
+
+#[derive(Debug, Args)]
+struct InitArgs {
+    /// Directory for the node files (shared memory), or for the cluster file and token
+    /// (with --rdma).
+    #[arg(long)]
+    dir: PathBuf,
+    /// RDMA memory nodes HOST:PORT,... in node-id order: write an RDMA cluster file.
+    #[arg(long)]
+    rdma: Option<String>,
+    /// Number of memory nodes (shared memory).
+    #[arg(long, default_value_t = 3)]
+    nodes: u16,
+    /// Bytes per memory node, e.g. 1GiB (shared memory).
+    #[arg(long, default_value = "1GiB")]
+    size: String,
+    /// Replicas per key (2f+1, odd, at most --nodes).
+    #[arg(long, default_value_t = 3)]
+    replicas: u16,
+    /// Largest value, e.g. 1KiB.
+    #[arg(long, default_value = "1KiB")]
+    value_max: String,
+    /// Longest key, bytes.
+    #[arg(long, default_value_t = 128)]
+    key_max: u32,
+    /// Metadata words per register (W, SWARM §4.4); use at least the number of
+    /// concurrent writers of a hot key for one-roundtrip writes under contention.
+    #[arg(long, default_value_t = 8)]
+    meta_words: u16,
+    /// Writer ids (client threads) the cluster has room for.
+    #[arg(long, default_value_t = 64)]
+    writers: u16,
+    /// Timestamp tick in ns (at least 36 for a five-year horizon).
+    #[arg(long, default_value_t = swarm_core::encoding::DEFAULT_TICK_NS)]
+    tick_ns: u64,
+    /// Replace an existing cluster in --dir.
+    #[arg(long)]
+    force: bool,
+}
+
+fn parse_size(text: &str) -> Result<u64> {
+    swarm_rdma::config::parse_size(text).with_context(|| {
+        format!("invalid size {text:?}: use e.g. 64MiB, 1GiB or a number of bytes")
+    })
+}
+
+fn main() -> ExitCode {
+    match run(Cli::parse()) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<ExitCode> {
+    match cli.command {
+        Command::Init(args) => init(args),
+        Command::Put { at, key, value } => {
+            let store = open(&at.dir)?;
+            with_client(&store, |client, stats| {
+                block_on(
+                    client.fabric(),
+                    client.insert(key.as_bytes(), value.as_bytes(), stats),
+                )
+            })?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Get { at, key } => {
+            let store = open(&at.dir)?;
+            let value = with_client(&store, |client, stats| {
+                block_on(client.fabric(), client.get(key.as_bytes(), stats))
+            })?;
+            match value {
+                Some(value) => {
+                    let mut out = std::io::stdout().lock();
+                    out.write_all(&value)?;
+                    out.write_all(b"\n")?;
+                    Ok(ExitCode::SUCCESS)
+                }
+                None => {
+                    eprintln!("key not found: {key}");
+                    Ok(ExitCode::FAILURE)
+                }
+            }
+        }
+        Command::Delete { at, key } => {
+            let store = open(&at.dir)?;
+            let deleted = with_client(&store, |client, stats| {
+                block_on(client.fabric(), client.delete(key.as_bytes(), stats))
+            })?;
+            if deleted {
+                Ok(ExitCode::SUCCESS)
+            } else {
+                eprintln!("key not found: {key}");
+                Ok(ExitCode::FAILURE)
+            }
+        }
+        Command::Stat { at } => stat(&open(&at.dir)?),
+        Command::Check { file } => check(&file),
+        Command::Memnode {
+            listen,
+            size,
+            device,
+            cluster,
+        } => {
+            let cluster = swarm_rdma::config::ClusterConfig::load(&cluster)
+                .with_context(|| format!("cannot load the cluster file {}", cluster.display()))?;
+            let config = swarm_rdma::MemnodeConfig::from_cluster(
+                &cluster,
+                &listen,
+                parse_size(&size)?,
+                device,
+            )?;
+            swarm_rdma::memnode::run(config)?;
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+fn open(dir: &Path) -> Result<KvStore> {
+    KvStore::open(dir)
+        .with_context(|| format!("cannot open the SWARM-KV cluster in {}", dir.display()))
+}
+
+/// Runs `op` with a fresh client, then gives its writer id back.
+fn with_client<T>(
+    store: &KvStore,
+    op: impl FnOnce(
+        &swarm_kv::KvClient<swarm_shm::ShmFabric, swarm_kv::clock::SystemClock>,
+        &OpStats,
+    ) -> Result<Result<T, swarm_kv::KvError>, swarm_core::FabricError>,
+) -> Result<T> {
+    let client = store.client().context("cannot start a client")?;
+    let stats = OpStats::new();
+    let result = op(&client, &stats);
+    client.close();
+    Ok(result??)
+}
+
+fn init(args: InitArgs) -> Result<ExitCode> {
+    if let Some(list) = &args.rdma {
+        let nodes = swarm_rdma::config::parse_nodes(list)?;
+        std::fs::create_dir_all(&args.dir)
+            .with_context(|| format!("cannot create {}", args.dir.display()))?;
+        let token = swarm_rdma::auth::Token::generate()?;
+        let token_path = args.dir.join("swarm.token");
+        write_private(&token_path, token.to_hex().as_bytes(), args.force)?;
+        let random = swarm_rdma::auth::random_nonce()?;
+        let mut id = [0u8; 8];
+        id.copy_from_slice(&random[..8]);
+        let config = swarm_rdma::config::ClusterConfig {
+            nodes,
+            cluster_id: u64::from_le_bytes(id),
+            epoch_unix_ns: swarm_kv::clock::SystemClock::unix_ns(),
+            tick_ns: args.tick_ns,
+            // Relative: resolved against the cluster file's directory on load.
+            token_file: PathBuf::from("swarm.token"),
+        };
+        let conf_path = args.dir.join("swarm-cluster.conf");
+        write_private(&conf_path, config.render().as_bytes(), args.force)?;
+        println!(
+            "wrote {} and {} (token fingerprint {}); start `swarm memnode` on every node",
+            conf_path.display(),
+            token_path.display(),
+            token.fingerprint()
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    let params = ClusterParams {
+        key_max: args.key_max,
+        value_max: u32::try_from(parse_size(&args.value_max)?)
+            .context("--value-max is too large")?,
+        meta_words: args.meta_words,
+        writers: args.writers,
+        replicas: args.replicas,
+        ..ClusterParams::default()
+    };
+    let size = parse_size(&args.size)?;
+    if args.force && args.dir.exists() {
+        for node in 0..args.nodes.max(16) {
+            let _ = std::fs::remove_file(args.dir.join(swarm_shm::node_file_name(node)));
+        }
+    }
+    swarm_core::encoding::check_tick_ns(args.tick_ns)?;
+    let store = KvStore::create_with_tick(&args.dir, args.nodes, size, params, args.tick_ns)
+        .with_context(|| format!("cannot create a cluster in {}", args.dir.display()))?;
+    let p = store.layout().params;
+    println!(
+        "created a SWARM-KV cluster in {}: {} nodes of {}, {} replicas per key, room for {} keys of up to {} B with values up to {} B, {} writers with {} log slots each",
+        args.dir.display(),
+        args.nodes,
+        args.size,
+        p.replicas,
+        p.registers,
+        p.key_max,
+        p.value_max,
+        p.writers,
+        p.log_slots
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+fn write_private(path: &Path, bytes: &[u8], overwrite: bool) -> Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).mode(0o600);
+    if overwrite {
+        options.create(true).truncate(true);
+    } else {
+        options.create_new(true);
+    }
+    let mut file = options.open(path).with_context(|| {
+        format!(
+            "cannot write {} (use --force to replace it)",
+            path.display()
+        )
+    })?;
+    file.write_all(bytes)?;
+    Ok(())
+}
+
+fn stat(store: &KvStore) -> Result<ExitCode> {
+    let layout = *store.layout();
+    let p = layout.params;
+    let fabric = store.fabric();
+    let nodes = fabric.node_count();
+    let stats = OpStats::new();
+    let client = store.client().context("cannot start a client")?;
+    let keys = block_on(
+        client.fabric(),
+        client.index().count(client.fabric(), &stats),
+    )??;
+    let writer = client.writer();
+    client.close();
+    println!(
+        "cluster: {} nodes, {} replicas per key, W = {} metadata words",
+        nodes, p.replicas, p.meta_words
+    );
+    println!("keys: {keys} (capacity {})", p.registers);
+    for node in 0..nodes {
+        let node = NodeId(node as u16);
+        let claimed = block_on(&fabric, async {
+            let mut rt = Roundtrip::start(&fabric, &stats);
+            rt.post(
+                node,
+                Batch::read(layout.chunks_at, (8 * layout.chunks()) as u32),
+            )?;
+            rt.wait(1).await?;
+            let words = rt.replies()[0].1.read(0).unwrap_or_default().to_vec();
+            Ok::<_, swarm_core::FabricError>(
+                words
+                    .chunks_exact(8)
+                    .filter(|w| w.iter().any(|b| *b != 0))
+                    .count(),
+            )
+        })??;
+        let registers = (claimed as u64 * u64::from(p.chunk_registers)).min(p.registers);
+        let used = registers * layout.register_slot_bytes;
+        println!(
+            "node {node}: {} register chunks claimed ({registers} registers, {:.1} MiB of {:.1} MiB), logs {:.1} MiB",
+            claimed,
+            used as f64 / (1 << 20) as f64,
+            (p.registers * layout.register_slot_bytes) as f64 / (1 << 20) as f64,
+            layout.swarm.log_bytes() as f64 / (1 << 20) as f64,
+        );
+    }
+    let rows = block_on(
+        &fabric,
+        swarm_kv::clients::read_table(&fabric, &layout, NodeId(0)),
+    )??;
+    let now = swarm_kv::clock::SystemClock::unix_ns();
+    let live: Vec<_> = rows
+        .iter()
+        .filter(|r| r.token != 0 && r.writer != writer)
+        .collect();
+    let used = rows.iter().filter(|r| r.used).count();
+    println!(
+        "writers: {} of {} ids ever used, {} registered now",
+        used,
+        p.writers,
+        live.len()
+    );
+    for row in live {
+        println!(
+            "  writer {}: pid {}, last heartbeat {:.1} s ago",
+            row.writer,
+            row.pid,
+            now.saturating_sub(row.lease_unix_ns) as f64 / 1e9
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn check(file: &Path) -> Result<ExitCode> {
+    let history = if file == Path::new("-") {
+        swarm_core::checker::History::from_jsonl(std::io::stdin().lock())
+    } else {
+        let f = File::open(file).with_context(|| format!("cannot open {}", file.display()))?;
+        swarm_core::checker::History::from_jsonl(BufReader::new(f))
+    }
+    .with_context(|| format!("{} is not a valid history", file.display()))?;
+    let report = swarm_core::checker::check(&history);
+    println!("{report}");
+    if report.is_linearizable() {
+        Ok(ExitCode::SUCCESS)
+    } else {
+        bail!("the history is not linearizable")
+    }
+}

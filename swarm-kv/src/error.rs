@@ -1,0 +1,82 @@
+//! Errors of SWARM-KV operations.
+
+use swarm_core::{FabricError, SwarmError};
+
+use crate::index::IndexError;
+use crate::layout::ParamsError;
+
+/// Why a SWARM-KV operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum KvError {
+    /// Keys must not be empty.
+    #[error("empty keys are not allowed")]
+    EmptyKey,
+    /// The key is longer than the cluster's limit.
+    #[error(
+        "key of {len} B exceeds the cluster's limit of {max} B (set at `swarm init --key-max`)"
+    )]
+    KeyTooLong {
+        /// The key's length.
+        len: usize,
+        /// The limit.
+        max: u32,
+    },
+    /// The value is larger than the cluster's limit.
+    #[error(
+        "value of {len} B exceeds the cluster's limit of {max} B (set at `swarm init --value-max`)"
+    )]
+    ValueTooLarge {
+        /// The value's length.
+        len: usize,
+        /// The limit.
+        max: u32,
+    },
+    /// Every register slot is claimed.
+    #[error(
+        "the register area is full ({registers} keys): create a larger cluster with `swarm init --size` (memory recycling is not implemented yet)"
+    )]
+    RegistersFull {
+        /// The cluster's capacity.
+        registers: u64,
+    },
+    /// Every writer id is taken.
+    #[error(
+        "all {writers} writer ids are taken: stop some clients or create the cluster with more `--writers`"
+    )]
+    WritersFull {
+        /// The cluster's writer ids.
+        writers: u16,
+    },
+    /// The cluster has fewer nodes than its replication factor.
+    #[error("the cluster has {nodes} memory nodes but keys are replicated on {replicas}")]
+    TooFewNodes {
+        /// Nodes reachable.
+        nodes: usize,
+        /// Replicas per key.
+        replicas: u16,
+    },
+    /// A register holds data that does not belong to the key that maps to it.
+    #[error("register {register} holds data of another key: the index or memory is corrupted")]
+    Corrupted {
+        /// The register.
+        register: u64,
+    },
+    /// The operation is not available with the chosen register protocol.
+    #[error("{0} is not supported")]
+    Unsupported(&'static str),
+    /// The replication protocol failed (no majority, log full, ...).
+    #[error(transparent)]
+    Swarm(#[from] SwarmError),
+    /// The index failed.
+    #[error(transparent)]
+    Index(#[from] IndexError),
+    /// The fabric failed.
+    #[error(transparent)]
+    Fabric(#[from] FabricError),
+    /// The cluster's parameters or superblock are invalid.
+    #[error(transparent)]
+    Params(#[from] ParamsError),
+    /// Opening or creating the shared-memory cluster failed.
+    #[error(transparent)]
+    Shm(#[from] swarm_shm::ShmError),
+}

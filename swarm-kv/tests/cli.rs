@@ -1,0 +1,153 @@
+//! The `swarm` command: bad input gives a clear message and a non-zero exit status,
+//! and leaves the cluster usable.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use swarm_shm::ScratchDir;
+
+fn swarm(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_swarm"))
+        .args(args)
+        .output()
+        .expect("run swarm")
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+fn init(dir: &Path) {
+    let out = swarm(&[
+        "init",
+        "--dir",
+        dir.to_str().unwrap(),
+        "--nodes",
+        "3",
+        "--size",
+        "32MiB",
+        "--value-max",
+        "64",
+        "--key-max",
+        "16",
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+}
+
+#[test]
+fn put_get_delete_stat_roundtrip() {
+    let scratch = ScratchDir::new("cli-ok").unwrap();
+    let dir = scratch.path().join("c");
+    init(&dir);
+    let d = dir.to_str().unwrap();
+    assert!(swarm(&["put", "--dir", d, "alpha", "one"]).status.success());
+    let out = swarm(&["get", "--dir", d, "alpha"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "one\n");
+    let out = swarm(&["stat", "--dir", d]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains("keys: 1"), "{}", text(&out));
+    assert!(swarm(&["delete", "--dir", d, "alpha"]).status.success());
+    let out = swarm(&["get", "--dir", d, "alpha"]);
+    assert!(!out.status.success());
+    assert!(text(&out).contains("key not found"), "{}", text(&out));
+}
+
+#[test]
+fn bad_input_fails_clearly_and_the_cluster_stays_usable() {
+    let scratch = ScratchDir::new("cli-bad").unwrap();
+    let dir = scratch.path().join("c");
+    init(&dir);
+    let d = dir.to_str().unwrap();
+    assert!(swarm(&["put", "--dir", d, "keep", "safe"]).status.success());
+
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &["put", "--dir", d, "a-key-longer-than-16", "v"],
+            "exceeds the cluster's limit",
+        ),
+        (&["put", "--dir", d, "k", &"v".repeat(65)], "--value-max"),
+        (&["get", "--dir", d, "unknown"], "key not found"),
+        (&["delete", "--dir", d, "unknown"], "key not found"),
+        (
+            &["get", "--dir", scratch.path().to_str().unwrap(), "keep"],
+            "error",
+        ),
+    ];
+    for (args, expected) in cases {
+        let out = swarm(args);
+        assert!(!out.status.success(), "{args:?} should fail");
+        let t = text(&out);
+        assert!(
+            t.contains(expected),
+            "{args:?}: expected {expected:?} in {t}"
+        );
+        assert!(!t.contains("panicked"), "{args:?} panicked: {t}");
+    }
+    let out = swarm(&["get", "--dir", d, "keep"]);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "safe\n",
+        "{}",
+        text(&out)
+    );
+}
+
+#[test]
+fn a_corrupted_node_header_is_refused() {
+    let scratch = ScratchDir::new("cli-corrupt").unwrap();
+    let dir = scratch.path().join("c");
+    init(&dir);
+    let d = dir.to_str().unwrap();
+    assert!(swarm(&["put", "--dir", d, "keep", "safe"]).status.success());
+    let node = dir.join(swarm_shm::node_file_name(1));
+    let original = std::fs::read(&node).unwrap();
+    let mut bytes = original.clone();
+    bytes[20] ^= 0xff;
+    std::fs::write(&node, &bytes).unwrap();
+    let out = swarm(&["get", "--dir", d, "keep"]);
+    assert!(!out.status.success());
+    let t = text(&out);
+    assert!(t.contains("corrupted") || t.contains("checksum"), "{t}");
+    assert!(!t.contains("panicked"), "{t}");
+    // Restoring the header makes the cluster usable again, with nothing lost.
+    std::fs::write(&node, &original).unwrap();
+    let out = swarm(&["get", "--dir", d, "keep"]);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "safe\n",
+        "{}",
+        text(&out)
+    );
+}
+
+#[test]
+fn check_accepts_good_and_rejects_bad_histories() {
+    let scratch = ScratchDir::new("cli-check").unwrap();
+    let good = scratch.path().join("good.jsonl");
+    std::fs::write(
+        &good,
+        "{\"client\":1,\"op\":\"insert\",\"key\":\"k\",\"value\":\"a\",\"ok\":true,\"start\":0,\"end\":10}\n\
+         {\"client\":2,\"op\":\"get\",\"key\":\"k\",\"value\":\"a\",\"ok\":true,\"start\":20,\"end\":30}\n",
+    )
+    .unwrap();
+    assert!(swarm(&["check", good.to_str().unwrap()]).status.success());
+    let bad = scratch.path().join("bad.jsonl");
+    std::fs::write(
+        &bad,
+        "{\"client\":1,\"op\":\"insert\",\"key\":\"k\",\"value\":\"a\",\"ok\":true,\"start\":0,\"end\":10}\n\
+         {\"client\":2,\"op\":\"get\",\"key\":\"k\",\"value\":null,\"ok\":true,\"start\":20,\"end\":30}\n",
+    )
+    .unwrap();
+    let out = swarm(&["check", bad.to_str().unwrap()]);
+    assert!(!out.status.success());
+    let garbage = scratch.path().join("garbage.jsonl");
+    std::fs::write(&garbage, "not json\n").unwrap();
+    let out = swarm(&["check", garbage.to_str().unwrap()]);
+    assert!(!out.status.success());
+    assert!(text(&out).contains("line 1"), "{}", text(&out));
+}

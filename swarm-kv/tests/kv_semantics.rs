@@ -1,0 +1,261 @@
+//! SWARM-KV operations on a shared-memory cluster: semantics, roundtrips, bad input,
+//! and a concurrent history checked for linearizability.
+
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use swarm_core::checker::{self, History, OpKind, Operation};
+use swarm_core::{NodeId, OpStats, block_on};
+use swarm_kv::layout::ClusterParams;
+use swarm_kv::{KvError, KvStore};
+use swarm_shm::ScratchDir;
+
+fn store(dir: &ScratchDir) -> KvStore {
+    let params = ClusterParams {
+        key_max: 32,
+        value_max: 64,
+        writers: 32,
+        ..ClusterParams::default()
+    };
+    KvStore::create(dir.path(), 3, 16 << 20, params).expect("create")
+}
+
+#[test]
+fn insert_get_update_delete_and_their_roundtrips() {
+    let dir = ScratchDir::new("kv-sem").unwrap();
+    let store = store(&dir);
+    let a = store.client().unwrap();
+    let b = store.client().unwrap();
+    let f = a.fabric();
+    let s = OpStats::new();
+    assert_eq!(block_on(f, a.get(b"k1", &s)).unwrap().unwrap(), None);
+    block_on(f, a.insert(b"k1", b"v1", &OpStats::new()))
+        .unwrap()
+        .unwrap();
+    let s = OpStats::new();
+    assert_eq!(
+        block_on(f, a.get(b"k1", &s)).unwrap().unwrap(),
+        Some(b"v1".to_vec())
+    );
+    assert_eq!(s.roundtrips(), 1, "cached get: one roundtrip");
+    // b has an empty cache: one index roundtrip, then the read.
+    let s = OpStats::new();
+    assert_eq!(
+        block_on(b.fabric(), b.get(b"k1", &s)).unwrap().unwrap(),
+        Some(b"v1".to_vec())
+    );
+    assert_eq!(s.roundtrips(), 2, "cache miss: index + read");
+    let s = OpStats::new();
+    assert!(block_on(f, a.update(b"k1", b"v2", &s)).unwrap().unwrap());
+    assert_eq!(s.roundtrips(), 1, "cached update: one roundtrip");
+    let s = OpStats::new();
+    assert_eq!(
+        block_on(b.fabric(), b.get(b"k1", &s)).unwrap().unwrap(),
+        Some(b"v2".to_vec())
+    );
+    assert_eq!(s.roundtrips(), 1);
+    // Update of an absent key fails; insert of a present key updates.
+    assert!(
+        !block_on(f, a.update(b"nope", b"x", &OpStats::new()))
+            .unwrap()
+            .unwrap()
+    );
+    block_on(b.fabric(), b.insert(b"k1", b"v3", &OpStats::new()))
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        block_on(f, a.get(b"k1", &OpStats::new())).unwrap().unwrap(),
+        Some(b"v3".to_vec())
+    );
+    // Delete; b's cached location is stale and must not resurrect the key.
+    assert!(
+        block_on(f, a.delete(b"k1", &OpStats::new()))
+            .unwrap()
+            .unwrap()
+    );
+    assert!(
+        !block_on(f, a.delete(b"k1", &OpStats::new()))
+            .unwrap()
+            .unwrap()
+    );
+    assert_eq!(
+        block_on(b.fabric(), b.get(b"k1", &OpStats::new()))
+            .unwrap()
+            .unwrap(),
+        None
+    );
+    assert!(
+        !block_on(b.fabric(), b.update(b"k1", b"late", &OpStats::new()))
+            .unwrap()
+            .unwrap()
+    );
+    // Re-insert after delete.
+    block_on(b.fabric(), b.insert(b"k1", b"again", &OpStats::new()))
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        block_on(f, a.get(b"k1", &OpStats::new())).unwrap().unwrap(),
+        Some(b"again".to_vec())
+    );
+    a.close();
+    b.close();
+}
+
+#[test]
+fn bad_input_is_a_clear_error_and_nothing_is_lost() {
+    let dir = ScratchDir::new("kv-bad").unwrap();
+    let store = store(&dir);
+    let c = store.client().unwrap();
+    let f = c.fabric();
+    block_on(f, c.insert(b"keep", b"safe", &OpStats::new()))
+        .unwrap()
+        .unwrap();
+    let long_key = vec![b'k'; 33];
+    let big_value = vec![b'v'; 65];
+    let err = block_on(f, c.insert(&long_key, b"x", &OpStats::new()))
+        .unwrap()
+        .unwrap_err();
+    assert!(
+        matches!(err, KvError::KeyTooLong { len: 33, max: 32 }),
+        "{err}"
+    );
+    let err = block_on(f, c.insert(b"k", &big_value, &OpStats::new()))
+        .unwrap()
+        .unwrap_err();
+    assert!(
+        matches!(err, KvError::ValueTooLarge { len: 65, max: 64 }),
+        "{err}"
+    );
+    assert!(err.to_string().contains("--value-max"));
+    let err = block_on(f, c.get(b"", &OpStats::new()))
+        .unwrap()
+        .unwrap_err();
+    assert!(matches!(err, KvError::EmptyKey));
+    let err = block_on(f, c.update(b"keep", &big_value, &OpStats::new()))
+        .unwrap()
+        .unwrap_err();
+    assert!(matches!(err, KvError::ValueTooLarge { .. }));
+    assert_eq!(
+        block_on(f, c.get(b"keep", &OpStats::new()))
+            .unwrap()
+            .unwrap(),
+        Some(b"safe".to_vec())
+    );
+}
+
+#[test]
+fn a_failed_node_is_masked() {
+    let dir = ScratchDir::new("kv-fail").unwrap();
+    let store = store(&dir);
+    let c = store.client().unwrap();
+    let f = c.fabric();
+    for i in 0..20u32 {
+        block_on(
+            f,
+            c.insert(format!("k{i}").as_bytes(), b"v", &OpStats::new()),
+        )
+        .unwrap()
+        .unwrap();
+    }
+    f.fail_node(NodeId(1));
+    for i in 0..20u32 {
+        let key = format!("k{i}");
+        assert!(
+            block_on(f, c.update(key.as_bytes(), b"w", &OpStats::new()))
+                .unwrap()
+                .unwrap()
+        );
+        assert_eq!(
+            block_on(f, c.get(key.as_bytes(), &OpStats::new()))
+                .unwrap()
+                .unwrap(),
+            Some(b"w".to_vec())
+        );
+    }
+    block_on(f, c.insert(b"new", b"n", &OpStats::new()))
+        .unwrap()
+        .unwrap();
+    let other = store.client().unwrap();
+    assert_eq!(
+        block_on(other.fabric(), other.get(b"new", &OpStats::new()))
+            .unwrap()
+            .unwrap(),
+        Some(b"n".to_vec())
+    );
+}
+
+#[test]
+fn concurrent_clients_are_linearizable() {
+    let dir = ScratchDir::new("kv-conc").unwrap();
+    let store = store(&dir);
+    let origin = Instant::now();
+    let history = Arc::new(Mutex::new(History::new()));
+    let threads: Vec<_> = (0..6u64)
+        .map(|t| {
+            let (store, history) = (store.clone(), history.clone());
+            std::thread::spawn(move || {
+                let c = store.client().unwrap();
+                let f = c.fabric();
+                let mut local = Vec::new();
+                let mut x = t * 7 + 1;
+                for i in 0..300u64 {
+                    x = x
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    let key = format!("k{}", (x >> 33) % 5);
+                    let value = format!("t{t}-{i}");
+                    let kind = match (x >> 20) % 10 {
+                        0..=3 => OpKind::Get,
+                        4..=6 => OpKind::Update,
+                        7..=8 => OpKind::Insert,
+                        _ => OpKind::Delete,
+                    };
+                    let s = OpStats::new();
+                    let start = origin.elapsed().as_nanos() as u64;
+                    let (ok, value) = match kind {
+                        OpKind::Get => {
+                            let v = block_on(f, c.get(key.as_bytes(), &s)).unwrap().unwrap();
+                            (true, v.map(|v| String::from_utf8(v).unwrap()))
+                        }
+                        OpKind::Update => (
+                            block_on(f, c.update(key.as_bytes(), value.as_bytes(), &s))
+                                .unwrap()
+                                .unwrap(),
+                            Some(value),
+                        ),
+                        OpKind::Insert => {
+                            block_on(f, c.insert(key.as_bytes(), value.as_bytes(), &s))
+                                .unwrap()
+                                .unwrap();
+                            (true, Some(value))
+                        }
+                        _ => (
+                            block_on(f, c.delete(key.as_bytes(), &s)).unwrap().unwrap(),
+                            None,
+                        ),
+                    };
+                    let end = origin.elapsed().as_nanos() as u64;
+                    local.push(Operation::completed(
+                        t,
+                        kind,
+                        key,
+                        value.as_deref(),
+                        ok,
+                        start,
+                        end,
+                    ));
+                }
+                let mut h = history.lock().unwrap();
+                for op in local {
+                    h.push(op).unwrap();
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let history = history.lock().unwrap();
+    let report = checker::check(&history);
+    assert!(report.is_linearizable(), "{report}");
+}
