@@ -462,8 +462,9 @@ fn a_million_operations_like_the_benchmark() {
 /// Checks one generated history of a shape given by the environment, to explore the
 /// checker's cost: `OPS`, `KEYS`, `CLIENTS`, `CRASH` (per mille), `GAP` and `LEN`
 /// (ns), `KV` (0 registers, 1 key-value, 2 both), `SEED`, `BUDGET`; with `CORRUPT=1`
-/// the last read of the hottest key returns a value never written (and the history
-/// must be rejected). For example
+/// the last read of the hottest key returns a value never written, with `CORRUPT=2`
+/// the key's first value (stale, if overwritten since: then the history must be
+/// rejected). For example
 /// `OPS=10000 KEYS=1 cargo test --release -p swarm-core --features checker --test
 /// checker_generated -- --ignored --nocapture generated_shape_from_the_environment`.
 #[test]
@@ -491,17 +492,28 @@ fn generated_shape_from_the_environment() {
     };
     let seed = env("SEED", 1);
     let mut ops = generate(&shape, seed);
-    let corrupt = env("CORRUPT", 0) == 1;
-    if corrupt {
+    let corrupt = env("CORRUPT", 0);
+    if corrupt > 0 {
         let hot = key_name(0);
-        let last = ops
-            .iter()
-            .rposition(|o| o.key == hot && o.op.is_observer() && !o.is_crashed());
-        ops[last.expect("the hottest key is read")].value = Some("never written".into());
+        let on_hot = |o: &Operation| o.key == hot && !o.is_crashed();
+        let last = ops.iter().rposition(|o| on_hot(o) && o.op.is_observer());
+        let first = ops.iter().position(|o| on_hot(o) && o.op.writes_value());
+        let (last, first) = (
+            last.expect("the hottest key is read"),
+            first.expect("and written"),
+        );
+        ops[last].value = match corrupt {
+            1 => Some("never written".into()),
+            _ => ops[first].value.clone(),
+        };
     }
     let h = history(&ops);
     let options = CheckOptions::new().budget_per_key(env("BUDGET", 50_000_000));
     let report = check_with(&h, &options);
     eprintln!("{shape:?}, seed {seed}: {report}");
-    assert_eq!(report.is_linearizable(), !corrupt, "seed {seed}: {report}");
+    assert_eq!(
+        report.is_linearizable(),
+        corrupt == 0,
+        "seed {seed}: {report}"
+    );
 }

@@ -12,17 +12,15 @@
 //! backtracks across that cut, which it does at most once per configuration at the cut.
 //!
 //! A history without quiescent points (clients hammering one key nonstop) never
-//! crosses a cut, so the main set is also capped at [`CAP`] entries (about 100 bytes
-//! each): past it, the configurations behind the current one (smaller `p`) are
+//! crosses a cut, so the main set is also capped at [`CAP`] entries (some 40 to 80
+//! bytes each, see `keyset.rs`): past it, the configurations behind the current one (smaller `p`) are
 //! dropped, and if that does not free half of it (a refutation backtracking through
 //! everything), the whole main set is. Memory stays bounded whatever the history; the
 //! price is possible re-exploration, i.e. time, which a budget can bound.
 
-use core::hash::{BuildHasherDefault, Hasher};
-use std::boxed::Box;
-use std::collections::HashSet;
 use std::vec::Vec;
 
+use super::keyset::KeySet;
 use super::model::ValueId;
 
 /// The set of linearized operation ids, as "everything below `p`, plus `extra`".
@@ -89,68 +87,19 @@ impl Frontier {
     }
 }
 
-/// A multiply-rotate hasher (the "Fx" hash): memo keys are short integer arrays built
-/// by the checker itself, so hash flooding is no concern and speed is.
-#[derive(Clone, Copy, Debug, Default)]
-pub(crate) struct FxHasher(u64);
-
-const SEED: u64 = 0xf135_7aea_2e62_a9c5;
-
-impl FxHasher {
-    fn add(&mut self, word: u64) {
-        self.0 = self.0.wrapping_add(word).wrapping_mul(SEED);
-    }
-}
-
-impl Hasher for FxHasher {
-    fn write(&mut self, bytes: &[u8]) {
-        let mut chunks = bytes.chunks_exact(8);
-        for chunk in &mut chunks {
-            let mut word = [0u8; 8];
-            word.copy_from_slice(chunk);
-            self.add(u64::from_le_bytes(word));
-        }
-        let rest = chunks.remainder();
-        if !rest.is_empty() {
-            let mut word = [0u8; 8];
-            word[..rest.len()].copy_from_slice(rest);
-            self.add(u64::from_le_bytes(word) ^ ((rest.len() as u64) << 59));
-        }
-    }
-
-    fn write_u32(&mut self, i: u32) {
-        self.add(u64::from(i));
-    }
-
-    fn write_u64(&mut self, i: u64) {
-        self.add(i);
-    }
-
-    fn write_usize(&mut self, i: usize) {
-        self.add(i as u64);
-    }
-
-    fn finish(&self) -> u64 {
-        // The multiply leaves the high bits best mixed; the table uses the low ones too.
-        self.0.rotate_left(26)
-    }
-}
-
-type FxSet = HashSet<Box<[u32]>, BuildHasherDefault<FxHasher>>;
-
 /// Entries the main set may hold before a cut triggers a collection.
 const GC_MIN: usize = 1 << 14;
 
-/// Entries the main set may hold, cut or no cut (about 100 bytes each).
-pub(crate) const CAP: usize = 1 << 22;
+/// Entries the main set may hold, cut or no cut (some 40 to 80 bytes each).
+pub(crate) const CAP: usize = 1 << 23;
 
 /// The configurations seen so far in one key's search.
 #[derive(Debug, Default)]
 pub(crate) struct Memo {
     /// Configurations strictly between cuts.
-    seen: FxSet,
+    seen: KeySet,
     /// Configurations exactly at a quiescent cut: kept for the whole search.
-    at_cuts: FxSet,
+    at_cuts: KeySet,
     /// Scratch keys.
     buf: Vec<u32>,
     smaller: Vec<u32>,
@@ -205,7 +154,7 @@ impl Memo {
                 return false;
             }
         }
-        set.insert(Box::from(&self.buf[..]));
+        set.insert(&self.buf);
         self.visited += 1;
         let full = self.seen.len() >= self.cap;
         if (at_cut && self.seen.len() >= self.gc_at) || full {
@@ -213,7 +162,6 @@ impl Memo {
             self.seen.retain(|key| key[0] >= p);
             if full && self.seen.len() >= self.cap / 2 {
                 self.seen.clear();
-                self.seen.shrink_to(self.cap / 2);
             }
             self.gc_at = GC_MIN.max(2 * self.seen.len());
         }

@@ -164,25 +164,25 @@ impl Prepared {
 /// The first of `completed` (in id order) that no state the key can reach allows.
 ///
 /// The reachable states are among `null` and the values written; a key-value entry
-/// that is never inserted (not even by a crashed insert) can only be absent.
+/// that is never inserted (not even by a crashed insert) can only be absent. A read
+/// or get is possible only in the state it returns; whether any other operation is
+/// possible depends only on whether the key is present.
 fn first_impossible(model: Model, completed: &[SearchOp], crashed: &[SearchOp]) -> Option<u32> {
     let all = || completed.iter().chain(crashed);
     let present_ever = model == Model::Register || all().any(|o| o.kind == OpKind::Insert);
-    let mut states: Vec<ValueId> = std::vec![NULL];
-    if present_ever {
-        states.extend(all().filter(|o| o.kind.writes_value()).map(|o| o.value));
-        states.sort_unstable();
-        states.dedup();
-    }
+    let written: HashSet<ValueId> = all()
+        .filter(|o| present_ever && o.kind.writes_value())
+        .map(|o| o.value)
+        .collect();
+    let present = written.iter().next().copied();
     let possible = |o: &SearchOp| {
         if o.kind.is_observer() {
-            // Only the state equal to the value returned can allow it.
-            states.binary_search(&o.value).is_ok()
+            (o.value == NULL || written.contains(&o.value))
                 && step(o.kind, o.outcome, o.value, o.value).is_some()
         } else {
-            states
-                .iter()
-                .any(|&s| step(o.kind, o.outcome, o.value, s).is_some())
+            core::iter::once(NULL)
+                .chain(present)
+                .any(|s| step(o.kind, o.outcome, o.value, s).is_some())
         }
     };
     completed

@@ -20,10 +20,12 @@
 //!   other operation still sees the same states; and it is possible here). If the
 //!   configuration after it fails, so does this one. A write of the current value is
 //!   not free: where the continuation placed it, it may have changed the state.
-//! * Otherwise completed candidates are tried in order of return, earliest first,
-//!   then crashed ones in order of call. Any order is complete; this one follows
-//!   the order in which operations must take effect, so the first path tried is
-//!   usually right.
+//! * Otherwise the candidates are tried "just in time": first `p`, the operation
+//!   that returns earliest (it must be linearized before anything called after its
+//!   return), and the candidates after which `p` becomes possible (the write that a
+//!   stuck read returns); then the other completed candidates by return; crashed
+//!   ones last, by call. Any order is complete; this one follows the order in which
+//!   operations must take effect, so the first path tried is usually right.
 //!
 //! Invariant behind the compact memo key: if `p` is the completed operation with the
 //! earliest return among those not linearized, every linearized operation with a
@@ -262,21 +264,16 @@ impl<'a> Search<'a> {
     /// (the first to return, which must be linearized before anything called after
     /// that) is possible, `p` itself first; then the others; each group by return.
     fn order_candidates(&mut self, from: usize) {
-        let p = self.prep.ops[self.frontier.p as usize];
+        let prep = self.prep;
+        let p = prep.ops[self.frontier.p as usize];
         let state = self.state;
         let enables_p = |id: u32| {
-            let o = self.prep.ops[id as usize];
+            let o = prep.ops[id as usize];
             step(o.kind, o.outcome, o.value, state)
                 .and_then(|next| step(p.kind, p.outcome, p.value, next))
                 .is_some()
         };
-        let key = |id: u32| (!enables_p(id), id);
-        let mut keyed: Vec<(bool, u32)> =
-            self.candidates[from..].iter().map(|&id| key(id)).collect();
-        keyed.sort_unstable();
-        for (slot, (_, id)) in self.candidates[from..].iter_mut().zip(keyed) {
-            *slot = id;
-        }
+        self.candidates[from..].sort_unstable_by_key(|&id| (!enables_p(id), id));
     }
 
     fn push_level(&mut self, from: usize) {
