@@ -79,4 +79,7 @@ pub enum KvError {
     /// Opening or creating the shared-memory cluster failed.
     #[error(transparent)]
     Shm(#[from] swarm_shm::ShmError),
+    /// Connecting to RDMA memory nodes failed.
+    #[error(transparent)]
+    Rdma(swarm_rdma::RdmaError),
 }

@@ -11,7 +11,8 @@
 //!   claimed from the memory nodes by CAS.
 //! * [`cache`] — the client's location cache.
 //! * [`client`] — the operations: get, insert, update, delete (§5.3).
-//! * [`shm`] — clusters on shared-memory files.
+//! * [`shm`], [`rdma`], [`store`] — clusters on shared-memory files or RDMA memory
+//!   nodes, behind one [`Store`] trait.
 //! * [`ycsb`] — the YCSB benchmark harness behind `swarm bench`.
 #![warn(missing_docs)]
 
@@ -24,11 +25,15 @@ pub mod clock;
 mod error;
 pub mod index;
 pub mod layout;
+pub mod rdma;
 pub mod shm;
+pub mod store;
 pub mod ycsb;
 
 pub use client::{KvClient, KvConfig};
 pub use error::KvError;
+pub use rdma::RdmaStore;
 pub use shm::KvStore;
+pub use store::Store;
 
 pub use index::RegisterId;

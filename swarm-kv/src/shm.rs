@@ -9,13 +9,13 @@ use std::path::Path;
 use std::sync::Arc;
 
 use swarm_core::header::NodeHeader;
-use swarm_core::{Batch, Fabric, NodeId, OpStats, Roundtrip, block_on};
 use swarm_shm::{CreateOptions, ShmCluster, ShmFabric};
 
 use crate::KvError;
 use crate::client::{KvClient, KvConfig};
 use crate::clock::SystemClock;
-use crate::layout::{ClusterParams, NodeLayout, ParamsError, SUPERBLOCK_AT};
+use crate::layout::{ClusterParams, NodeLayout, ParamsError};
+use crate::store::{Store, open_layout, write_superblock};
 
 /// A SWARM-KV cluster mapped by this process.
 #[derive(Debug, Clone)]
@@ -70,18 +70,7 @@ impl KvStore {
                 ..CreateOptions::default()
             },
         )?);
-        let fabric = shm.client();
-        let stats = OpStats::new();
-        block_on(&fabric, async {
-            let mut rt = Roundtrip::start(&fabric, &stats);
-            for node in 0..nodes {
-                rt.post(
-                    NodeId(node),
-                    Batch::write(SUPERBLOCK_AT, params.encode().to_vec()),
-                )?;
-            }
-            rt.wait(usize::from(nodes)).await
-        })??;
+        write_superblock(&shm.client(), &params)?;
         Self::from_shm(shm, 0)
     }
 
@@ -92,40 +81,8 @@ impl KvStore {
     }
 
     fn from_shm(shm: Arc<ShmCluster>, rtt_ns: u64) -> Result<Self, KvError> {
-        let fabric = shm.client();
-        let stats = OpStats::new();
-        let nodes = fabric.node_count();
-        let superblocks = block_on(&fabric, async {
-            let mut rt = Roundtrip::start(&fabric, &stats);
-            for node in 0..nodes {
-                rt.post(NodeId(node as u16), Batch::read(SUPERBLOCK_AT, 64))?;
-            }
-            rt.wait(nodes).await?;
-            Ok::<_, swarm_core::FabricError>(
-                rt.replies()
-                    .iter()
-                    .map(|(_, c)| ClusterParams::decode(c.read(0).unwrap_or_default()))
-                    .collect::<Vec<_>>(),
-            )
-        })??;
-        let mut params = None;
-        for decoded in superblocks {
-            let p = decoded?;
-            if params.is_some_and(|q| q != p) {
-                return Err(ParamsError::Disagree.into());
-            }
-            params = Some(p);
-        }
-        let params = params.ok_or(ParamsError::NotInitialized)?;
-        let layout = NodeLayout::new(params)?;
         let header = *shm.headers().first().ok_or(ParamsError::NotInitialized)?;
-        if layout.end() > header.size {
-            return Err(ParamsError::TooSmall {
-                node_bytes: header.size,
-                needed: layout.end(),
-            }
-            .into());
-        }
+        let layout = open_layout(&shm.client(), &header)?;
         Ok(Self {
             shm,
             layout,
@@ -140,34 +97,39 @@ impl KvStore {
         self
     }
 
-    /// The layout.
-    pub fn layout(&self) -> &NodeLayout {
-        &self.layout
-    }
-
-    /// The header of node 0 (epoch, tick, size...).
-    pub fn header(&self) -> &NodeHeader {
-        &self.header
-    }
-
     /// The shared-memory cluster.
     pub fn shm(&self) -> &Arc<ShmCluster> {
         &self.shm
     }
 
-    /// A raw fabric handle (for tools).
-    pub fn fabric(&self) -> ShmFabric {
+    /// A raw fabric handle for the calling thread, with the store's emulated rtt.
+    pub fn shm_fabric(&self) -> ShmFabric {
         self.shm.client().with_rtt_ns(self.rtt_ns)
+    }
+
+    /// A raw fabric handle for the calling thread (same as [`KvStore::shm_fabric`]).
+    pub fn fabric(&self) -> ShmFabric {
+        self.shm_fabric()
+    }
+
+    /// The layout.
+    pub fn layout(&self) -> &NodeLayout {
+        &self.layout
+    }
+
+    /// The header of node 0.
+    pub fn header(&self) -> &NodeHeader {
+        &self.header
     }
 
     /// Default client settings for this cluster.
     pub fn config(&self) -> KvConfig {
-        KvConfig::new(self.header.epoch_unix_ns, self.header.tick_ns)
+        Store::config(self)
     }
 
     /// A client for the calling thread (registers a writer id).
     pub fn client(&self) -> Result<KvClient<ShmFabric, SystemClock>, KvError> {
-        self.client_with(self.config())
+        Store::client(self)
     }
 
     /// A client with explicit settings.
@@ -175,11 +137,22 @@ impl KvStore {
         &self,
         config: KvConfig,
     ) -> Result<KvClient<ShmFabric, SystemClock>, KvError> {
-        let fabric = self.fabric();
-        let clock = SystemClock::new(self.header.epoch_unix_ns, self.header.tick_ns);
-        let layout = self.layout;
-        // The fabric moves into the client; connect drives itself on a second handle.
-        let driver = self.shm.client();
-        block_on(&driver, KvClient::connect(fabric, clock, layout, config))?
+        Store::client_with(self, config)
+    }
+}
+
+impl Store for KvStore {
+    type Fabric = ShmFabric;
+
+    fn layout(&self) -> &NodeLayout {
+        &self.layout
+    }
+
+    fn header(&self) -> &NodeHeader {
+        &self.header
+    }
+
+    fn fabric(&self) -> Result<ShmFabric, KvError> {
+        Ok(self.shm_fabric())
     }
 }

@@ -151,3 +151,76 @@ fn check_accepts_good_and_rejects_bad_histories() {
     assert!(!out.status.success());
     assert!(text(&out).contains("line 1"), "{}", text(&out));
 }
+
+#[test]
+fn rdma_commands_without_a_device_fail_clearly() {
+    let scratch = ScratchDir::new("cli-rdma").unwrap();
+    let dir = scratch.path().join("rdma");
+    let d = dir.to_str().unwrap();
+    let out = swarm(&[
+        "init",
+        "--rdma",
+        "127.0.0.1:7471,127.0.0.1:7472,127.0.0.1:7473",
+        "--dir",
+        d,
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    let conf = dir.join("swarm-cluster.conf");
+    let token = dir.join("swarm.token");
+    assert!(conf.exists() && token.exists());
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(
+        std::fs::metadata(&token).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    let token_text = std::fs::read_to_string(&token).unwrap();
+    assert!(
+        !text(&out).contains(token_text.trim()),
+        "the token must not be printed"
+    );
+    // A second init refuses to overwrite the token.
+    assert!(
+        !swarm(&["init", "--rdma", "127.0.0.1:7471", "--dir", d])
+            .status
+            .success()
+    );
+    let c = conf.to_str().unwrap();
+    let t = token.to_str().unwrap();
+    let attempts: &[&[&str]] = &[
+        &["get", "--cluster", c, "k"],
+        &[
+            "put",
+            "--rdma",
+            "127.0.0.1:7471,127.0.0.1:7472,127.0.0.1:7473",
+            "--token",
+            t,
+            "k",
+            "v",
+        ],
+        &["format", "--cluster", c],
+        &[
+            "memnode",
+            "--listen",
+            "127.0.0.1:7471",
+            "--size",
+            "64MiB",
+            "--cluster",
+            c,
+        ],
+    ];
+    for args in attempts {
+        let out = swarm(args);
+        assert!(
+            !out.status.success(),
+            "{args:?} should fail without a device"
+        );
+        let t = text(&out);
+        if t.contains("no RDMA device found") {
+            assert!(!t.contains("panicked"), "{args:?}: {t}");
+        } else {
+            // A machine with a device but no memory node running: a clear connection error.
+            assert!(t.contains("error"), "{args:?}: {t}");
+            println!("{args:?}: an RDMA device exists here: {t}");
+        }
+    }
+}

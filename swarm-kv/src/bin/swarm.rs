@@ -20,8 +20,8 @@ use std::process::ExitCode;
 use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand};
 use swarm_core::{Batch, Fabric, NodeId, OpStats, Roundtrip, block_on};
-use swarm_kv::KvStore;
 use swarm_kv::layout::ClusterParams;
+use swarm_kv::{KvStore, RdmaStore, Store};
 
 /// SWARM-KV: a replicated key-value store on disaggregated memory.
 #[derive(Debug, Parser)]
@@ -64,6 +64,13 @@ enum Command {
         #[command(flatten)]
         at: ClusterArg,
     },
+    /// Write the SWARM-KV superblock on freshly started RDMA memory nodes.
+    Format {
+        #[command(flatten)]
+        at: ClusterArg,
+        #[command(flatten)]
+        params: ParamArgs,
+    },
     /// Check a history file (JSON Lines) for linearizability.
     Check {
         /// The history file (`-` for standard input).
@@ -87,10 +94,29 @@ enum Command {
 }
 
 #[derive(Debug, Args)]
-struct ClusterArg {
+#[group(required = true, multiple = false)]
+struct Target {
     /// Directory of a shared-memory cluster.
     #[arg(long)]
-    dir: PathBuf,
+    dir: Option<PathBuf>,
+    /// RDMA memory nodes HOST:PORT,... in node-id order (with --token).
+    #[arg(long)]
+    rdma: Option<String>,
+    /// The cluster file of an RDMA cluster (written by `swarm init --rdma`).
+    #[arg(long)]
+    cluster: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+struct ClusterArg {
+    #[command(flatten)]
+    target: Target,
+    /// The token file of an RDMA cluster given with --rdma.
+    #[arg(long, default_value = "swarm.token")]
+    token: PathBuf,
+    /// RDMA device (default: the first one).
+    #[arg(long)]
+    device: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -108,7 +134,19 @@ struct InitArgs {
     /// Bytes per memory node, e.g. 1GiB (shared memory).
     #[arg(long, default_value = "1GiB")]
     size: String,
-    /// Replicas per key (2f+1, odd, at most --nodes).
+    /// Timestamp tick in ns (at least 36 for a five-year horizon).
+    #[arg(long, default_value_t = swarm_core::encoding::DEFAULT_TICK_NS)]
+    tick_ns: u64,
+    /// Replace an existing cluster in --dir.
+    #[arg(long)]
+    force: bool,
+    #[command(flatten)]
+    params: ParamArgs,
+}
+
+#[derive(Debug, Args)]
+struct ParamArgs {
+    /// Replicas per key (2f+1, odd, at most the number of nodes).
     #[arg(long, default_value_t = 3)]
     replicas: u16,
     /// Largest value, e.g. 1KiB.
@@ -124,12 +162,20 @@ struct InitArgs {
     /// Writer ids (client threads) the cluster has room for.
     #[arg(long, default_value_t = 64)]
     writers: u16,
-    /// Timestamp tick in ns (at least 36 for a five-year horizon).
-    #[arg(long, default_value_t = swarm_core::encoding::DEFAULT_TICK_NS)]
-    tick_ns: u64,
-    /// Replace an existing cluster in --dir.
-    #[arg(long)]
-    force: bool,
+}
+
+impl ParamArgs {
+    fn params(&self) -> Result<ClusterParams> {
+        Ok(ClusterParams {
+            key_max: self.key_max,
+            value_max: u32::try_from(parse_size(&self.value_max)?)
+                .context("--value-max is too large")?,
+            meta_words: self.meta_words,
+            writers: self.writers,
+            replicas: self.replicas,
+            ..ClusterParams::default()
+        })
+    }
 }
 
 fn parse_size(text: &str) -> Result<u64> {
@@ -148,50 +194,71 @@ fn main() -> ExitCode {
     }
 }
 
+/// Runs `$body` with `$store` bound to the store the target names (shared memory or
+/// RDMA): every command is written once, generic over [`Store`].
+macro_rules! with_store {
+    ($at:expr, |$store:ident| $body:expr) => {
+        match open_target($at)? {
+            AnyStore::Shm($store) => $body,
+            AnyStore::Rdma($store) => $body,
+        }
+    };
+}
+
+enum AnyStore {
+    Shm(KvStore),
+    Rdma(RdmaStore),
+}
+
+fn rdma_config(at: &ClusterArg) -> Result<Option<swarm_rdma::RdmaConfig>> {
+    let mut config = match (&at.target.rdma, &at.target.cluster) {
+        (Some(list), _) => {
+            let nodes = swarm_rdma::config::parse_nodes(list)?;
+            let token = swarm_rdma::auth::Token::load(&at.token)
+                .with_context(|| format!("cannot load the cluster token {}", at.token.display()))?;
+            swarm_rdma::RdmaConfig::new(nodes, token)
+        }
+        (None, Some(file)) => {
+            let cluster = swarm_rdma::config::ClusterConfig::load(file)
+                .with_context(|| format!("cannot load the cluster file {}", file.display()))?;
+            swarm_rdma::RdmaConfig::from_cluster(&cluster)?
+        }
+        (None, None) => return Ok(None),
+    };
+    config.device = at.device.clone();
+    Ok(Some(config))
+}
+
+fn open_target(at: &ClusterArg) -> Result<AnyStore> {
+    if let Some(dir) = &at.target.dir {
+        return Ok(AnyStore::Shm(KvStore::open(dir).with_context(|| {
+            format!("cannot open the SWARM-KV cluster in {}", dir.display())
+        })?));
+    }
+    let config = rdma_config(at)?.context("give --dir, --rdma or --cluster")?;
+    Ok(AnyStore::Rdma(
+        RdmaStore::open(config).context("cannot open the SWARM-KV cluster over RDMA")?,
+    ))
+}
+
 fn run(cli: Cli) -> Result<ExitCode> {
     match cli.command {
         Command::Init(args) => init(args),
-        Command::Put { at, key, value } => {
-            let store = open(&at.dir)?;
-            with_client(&store, |client, stats| {
-                block_on(
-                    client.fabric(),
-                    client.insert(key.as_bytes(), value.as_bytes(), stats),
-                )
-            })?;
+        Command::Format { at, params } => {
+            let config = rdma_config(&at)?
+                .context("`swarm format` formats RDMA memory nodes: give --rdma or --cluster")?;
+            let store = RdmaStore::format(config, params.params()?)
+                .context("cannot format the RDMA memory nodes")?;
+            println!(
+                "formatted: room for {} keys",
+                store.layout().params.registers
+            );
             Ok(ExitCode::SUCCESS)
         }
-        Command::Get { at, key } => {
-            let store = open(&at.dir)?;
-            let value = with_client(&store, |client, stats| {
-                block_on(client.fabric(), client.get(key.as_bytes(), stats))
-            })?;
-            match value {
-                Some(value) => {
-                    let mut out = std::io::stdout().lock();
-                    out.write_all(&value)?;
-                    out.write_all(b"\n")?;
-                    Ok(ExitCode::SUCCESS)
-                }
-                None => {
-                    eprintln!("key not found: {key}");
-                    Ok(ExitCode::FAILURE)
-                }
-            }
-        }
-        Command::Delete { at, key } => {
-            let store = open(&at.dir)?;
-            let deleted = with_client(&store, |client, stats| {
-                block_on(client.fabric(), client.delete(key.as_bytes(), stats))
-            })?;
-            if deleted {
-                Ok(ExitCode::SUCCESS)
-            } else {
-                eprintln!("key not found: {key}");
-                Ok(ExitCode::FAILURE)
-            }
-        }
-        Command::Stat { at } => stat(&open(&at.dir)?),
+        Command::Put { at, key, value } => with_store!(&at, |store| put(&store, &key, &value)),
+        Command::Get { at, key } => with_store!(&at, |store| get(&store, &key)),
+        Command::Delete { at, key } => with_store!(&at, |store| delete(&store, &key)),
+        Command::Stat { at } => with_store!(&at, |store| stat(&store)),
         Command::Check { file } => check(&file),
         Command::Memnode {
             listen,
@@ -213,16 +280,46 @@ fn run(cli: Cli) -> Result<ExitCode> {
     }
 }
 
-fn open(dir: &Path) -> Result<KvStore> {
-    KvStore::open(dir)
-        .with_context(|| format!("cannot open the SWARM-KV cluster in {}", dir.display()))
+fn put<S: Store>(store: &S, key: &str, value: &str) -> Result<ExitCode> {
+    with_client(store, |c, s| {
+        block_on(c.fabric(), c.insert(key.as_bytes(), value.as_bytes(), s))
+    })?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn get<S: Store>(store: &S, key: &str) -> Result<ExitCode> {
+    match with_client(store, |c, s| block_on(c.fabric(), c.get(key.as_bytes(), s)))? {
+        Some(value) => {
+            let mut out = std::io::stdout().lock();
+            out.write_all(&value)?;
+            out.write_all(b"\n")?;
+            Ok(ExitCode::SUCCESS)
+        }
+        None => {
+            eprintln!("key not found: {key}");
+            Ok(ExitCode::FAILURE)
+        }
+    }
+}
+
+fn delete<S: Store>(store: &S, key: &str) -> Result<ExitCode> {
+    if with_client(store, |c, s| {
+        block_on(c.fabric(), c.delete(key.as_bytes(), s))
+    })? {
+        Ok(ExitCode::SUCCESS)
+    } else {
+        eprintln!("key not found: {key}");
+        Ok(ExitCode::FAILURE)
+    }
 }
 
 /// Runs `op` with a fresh client, then gives its writer id back.
-fn with_client<T>(
-    store: &KvStore,
+type Client<S> = swarm_kv::KvClient<<S as Store>::Fabric, swarm_kv::clock::SystemClock>;
+
+fn with_client<S: Store, T>(
+    store: &S,
     op: impl FnOnce(
-        &swarm_kv::KvClient<swarm_shm::ShmFabric, swarm_kv::clock::SystemClock>,
+        &Client<S>,
         &OpStats,
     ) -> Result<Result<T, swarm_kv::KvError>, swarm_core::FabricError>,
 ) -> Result<T> {
@@ -262,15 +359,7 @@ fn init(args: InitArgs) -> Result<ExitCode> {
         );
         return Ok(ExitCode::SUCCESS);
     }
-    let params = ClusterParams {
-        key_max: args.key_max,
-        value_max: u32::try_from(parse_size(&args.value_max)?)
-            .context("--value-max is too large")?,
-        meta_words: args.meta_words,
-        writers: args.writers,
-        replicas: args.replicas,
-        ..ClusterParams::default()
-    };
+    let params = args.params.params()?;
     let size = parse_size(&args.size)?;
     if args.force && args.dir.exists() {
         for node in 0..args.nodes.max(16) {
@@ -315,10 +404,10 @@ fn write_private(path: &Path, bytes: &[u8], overwrite: bool) -> Result<()> {
     Ok(())
 }
 
-fn stat(store: &KvStore) -> Result<ExitCode> {
+fn stat<S: Store>(store: &S) -> Result<ExitCode> {
     let layout = *store.layout();
     let p = layout.params;
-    let fabric = store.fabric();
+    let fabric = store.fabric()?;
     let nodes = fabric.node_count();
     let stats = OpStats::new();
     let client = store.client().context("cannot start a client")?;
