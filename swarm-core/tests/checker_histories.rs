@@ -110,11 +110,14 @@ fn lost_update() {
 
 #[test]
 fn get_of_a_deleted_value_after_the_delete() {
-    rejected(vec![
+    let report = rejected(vec![
         ins(1, "a", 0, 10),
         del(2, true, 20, 30),
         get(3, Some("a"), 40, 50),
     ]);
+    let v = report.violations().next().unwrap();
+    assert_eq!(v.stuck.why, "returns \"a\", but the key is absent");
+    assert_eq!(v.state, None);
 }
 
 #[test]

@@ -78,6 +78,9 @@ pub(crate) fn explain(
         let value = render(o.value);
         let now = render(state);
         match mismatch(o.kind, o.outcome, o.value, state) {
+            Mismatch::Returned if state == NULL && log.model == Model::KeyValue => {
+                format!("returns {value}, but the key is absent")
+            }
             Mismatch::Returned => format!("returns {value}, but the value is {now}"),
             Mismatch::CannotFail => format!("reports ok: false, but a {} cannot fail", o.kind),
             Mismatch::SucceededOnAbsent => "reports ok: true, but the key is absent".into(),

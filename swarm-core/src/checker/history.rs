@@ -57,8 +57,9 @@ pub enum InvalidOperation {
 }
 
 /// The most operations on one key, or distinct values, a history may hold: the search
-/// indexes both with `u32` and reserves a little headroom.
-const MAX_IDS: usize = (u32::MAX - 2) as usize;
+/// indexes operations, their call and return entries (twice as many) and values with
+/// `u32`, with headroom.
+const MAX_IDS: usize = (u32::MAX / 4) as usize;
 
 /// One recorded operation, compact: its key is implied by the [`KeyLog`] holding it.
 #[derive(Clone, Copy, Debug)]
