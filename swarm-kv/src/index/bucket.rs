@@ -1,0 +1,524 @@
+//! Parsing one node's copy of a bucket, and merging the copies of a quorum into what
+//! the bucket holds ([`View`]) and how settled it is ([`Status`]).
+//!
+//! This is the pure part of the protocol (module docs of [`super`]): every decision a
+//! reader or a proposer takes is a function of a [`View`], so it is unit-tested here
+//! without a fabric.
+
+use super::word::{Ballot, Meta, Proposal, SLOTS, Slot, SlotState, WordError};
+use crate::layout::BUCKET_BYTES;
+
+/// Why a bucket copy (or a set of copies) is refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum BucketError {
+    /// The read returned the wrong number of bytes.
+    #[error("bucket read returned {0} bytes instead of {BUCKET_BYTES}")]
+    Length(usize),
+    /// The meta word does not decode.
+    #[error("meta word: {0}")]
+    Meta(WordError),
+    /// A slot word does not decode.
+    #[error("slot {slot}: {error}")]
+    Slot {
+        /// Slot index.
+        slot: usize,
+        /// What is wrong with it.
+        error: WordError,
+    },
+    /// A register id past the register area.
+    #[error("register {register} is past the register area ({registers} registers)")]
+    Register {
+        /// The register found.
+        register: u64,
+        /// Registers in the cluster.
+        registers: u64,
+    },
+    /// Two copies hold different contents under the same tag: impossible unless
+    /// memory was corrupted (a tag names one decided change).
+    #[error("two nodes hold different contents for slot {slot} under the same tag {tag}")]
+    SlotConflict {
+        /// Slot index.
+        slot: usize,
+        /// The tag.
+        tag: u16,
+    },
+    /// Two copies accepted different values under the same ballot: impossible unless
+    /// memory was corrupted (one proposer owns a ballot).
+    #[error("two nodes accepted different values under the same ballot {0}")]
+    BallotConflict(u16),
+}
+
+/// One node's copy of a bucket: raw words (for CAS expectations) and decoded ones.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NodeBucket {
+    /// The meta word as read.
+    pub meta_word: u64,
+    /// The meta word decoded.
+    pub meta: Meta,
+    /// The slot words as read.
+    pub slot_words: [u64; SLOTS],
+    /// The slot words decoded.
+    pub slots: [Slot; SLOTS],
+}
+
+impl NodeBucket {
+    /// Parses a 64-byte bucket read from a node (untrusted). Register ids must be
+    /// below `registers`.
+    pub fn parse(bytes: &[u8], registers: u64) -> Result<Self, BucketError> {
+        if bytes.len() != BUCKET_BYTES as usize {
+            return Err(BucketError::Length(bytes.len()));
+        }
+        let word = |i: usize| {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(&bytes[8 * i..8 * i + 8]);
+            u64::from_le_bytes(w)
+        };
+        let meta_word = word(0);
+        let meta = check_meta(meta_word, registers)?;
+        let mut slot_words = [0u64; SLOTS];
+        let mut slots = [Slot::EMPTY; SLOTS];
+        for s in 0..SLOTS {
+            slot_words[s] = word(s + 1);
+            let slot = Slot::decode(slot_words[s])
+                .map_err(|error| BucketError::Slot { slot: s, error })?;
+            if let Some(register) = slot.register()
+                && register >= registers
+            {
+                return Err(BucketError::Register {
+                    register,
+                    registers,
+                });
+            }
+            slots[s] = slot;
+        }
+        Ok(Self {
+            meta_word,
+            meta,
+            slot_words,
+            slots,
+        })
+    }
+
+    /// The same copy with another meta word (the acceptor state at promise time).
+    pub fn with_meta(self, meta_word: u64, registers: u64) -> Result<Self, BucketError> {
+        Ok(Self {
+            meta_word,
+            meta: check_meta(meta_word, registers)?,
+            ..self
+        })
+    }
+}
+
+/// Decodes a meta word and checks the register it may name.
+pub fn check_meta(word: u64, registers: u64) -> Result<Meta, BucketError> {
+    let meta = Meta::decode(word).map_err(BucketError::Meta)?;
+    if let Some((_, Proposal::Set { register, .. })) = meta.accepted
+        && register >= registers
+    {
+        return Err(BucketError::Register {
+            register,
+            registers,
+        });
+    }
+    Ok(meta)
+}
+
+/// The most recent value accepted by any copy of a view, and how far it got.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Latest {
+    /// Its ballot: the newest accepted ballot among the copies.
+    pub ballot: Ballot,
+    /// The value.
+    pub proposal: Proposal,
+    /// Copies that accepted exactly this value under exactly this ballot.
+    pub same: usize,
+    /// Copies whose slot shows the change applied, or a newer change.
+    pub applied: usize,
+    /// Some copy shows the change written by its owner, or a newer change in its slot:
+    /// the owner no longer needs the meta word to learn its fate.
+    pub marked: bool,
+}
+
+/// How settled a bucket is, from a quorum's copies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Status {
+    /// No change in flight: the slots are the state.
+    Free,
+    /// The latest change is applied on a quorum but its owner has not marked it yet;
+    /// replacing it in the meta word must wait (module docs, "knowing one's fate").
+    Unacked {
+        /// Ballot of the change.
+        ballot: Ballot,
+        /// The change.
+        proposal: Proposal,
+    },
+    /// The latest change is decided and applied on some copies, not yet a quorum.
+    Partial {
+        /// Ballot of the change.
+        ballot: Ballot,
+        /// The change.
+        proposal: Proposal,
+    },
+    /// The latest change was accepted by a quorum under one ballot (decided) but is
+    /// applied nowhere yet.
+    Decided {
+        /// Ballot of the change.
+        ballot: Ballot,
+        /// The change.
+        proposal: Proposal,
+    },
+    /// The latest change was accepted somewhere but may or may not be decided: only a
+    /// Paxos round can tell.
+    Open {
+        /// Ballot of the change.
+        ballot: Ballot,
+        /// The change.
+        proposal: Proposal,
+    },
+}
+
+/// What a quorum of copies says about a bucket.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct View {
+    /// Copies merged.
+    pub copies: usize,
+    /// The quorum size the statuses are judged against.
+    pub quorum: usize,
+    /// The newest promised ballot.
+    pub max_promised: Ballot,
+    /// The newest accepted value, if any copy accepted one.
+    pub latest: Option<Latest>,
+    /// Per slot, the copy with the newest tag: every slot word is a decided value,
+    /// so the newest one seen is the slot's state.
+    pub slots: [Slot; SLOTS],
+}
+
+impl View {
+    /// Merges copies. Fails only on contradictions that corrupted memory can cause.
+    pub fn merge(copies: &[NodeBucket], quorum: usize) -> Result<Self, BucketError> {
+        let mut max_promised: Option<Ballot> = None;
+        let mut newest: Option<(Ballot, Proposal)> = None;
+        let mut slots: [Option<Slot>; SLOTS] = [None; SLOTS];
+        for copy in copies {
+            max_promised =
+                Some(max_promised.map_or(copy.meta.promised, |p| p.newest(copy.meta.promised)));
+            if let Some((ballot, proposal)) = copy.meta.accepted {
+                match newest {
+                    Some((b, p)) if b == ballot && p != proposal => {
+                        return Err(BucketError::BallotConflict(ballot.0));
+                    }
+                    Some((b, _)) if !ballot.is_newer_than(b) => {}
+                    _ => newest = Some((ballot, proposal)),
+                }
+            }
+            for (s, merged) in slots.iter_mut().enumerate() {
+                let slot = copy.slots[s];
+                *merged = Some(match *merged {
+                    None => slot,
+                    Some(m) if slot.tag.is_newer_than(m.tag) => slot,
+                    Some(m) if slot.tag == m.tag => {
+                        if slot.content() != m.content() {
+                            return Err(BucketError::SlotConflict {
+                                slot: s,
+                                tag: slot.tag.0,
+                            });
+                        }
+                        if slot.by_owner() { slot } else { m }
+                    }
+                    Some(m) => m,
+                });
+            }
+        }
+        let slots = slots.map(|s| s.unwrap_or(Slot::EMPTY));
+        let latest = newest.map(|(ballot, proposal)| {
+            let same = copies
+                .iter()
+                .filter(|c| c.meta.accepted == Some((ballot, proposal)))
+                .count();
+            let (mut applied, mut marked) = (0, false);
+            if let (Some(s), Some(content)) = (proposal.slot(), proposal.content()) {
+                for copy in copies {
+                    let slot = copy.slots[s];
+                    let newer = slot.tag.is_newer_than(ballot) && slot.content() != content;
+                    if slot.content() == content || newer {
+                        applied += 1;
+                    }
+                    marked |= newer || (slot.content() == content && slot.by_owner());
+                }
+            }
+            Latest {
+                ballot,
+                proposal,
+                same,
+                applied,
+                marked,
+            }
+        });
+        Ok(Self {
+            copies: copies.len(),
+            quorum,
+            max_promised: max_promised.unwrap_or_default(),
+            latest,
+            slots,
+        })
+    }
+
+    /// How settled the bucket is.
+    pub fn status(&self) -> Status {
+        let Some(l) = self.latest else {
+            return Status::Free;
+        };
+        let (ballot, proposal) = (l.ballot, l.proposal);
+        if proposal == Proposal::Noop {
+            Status::Free
+        } else if l.applied >= self.quorum {
+            if l.marked {
+                Status::Free
+            } else {
+                Status::Unacked { ballot, proposal }
+            }
+        } else if l.applied > 0 {
+            Status::Partial { ballot, proposal }
+        } else if l.same >= self.quorum {
+            Status::Decided { ballot, proposal }
+        } else {
+            Status::Open { ballot, proposal }
+        }
+    }
+
+    /// The bucket's state as a reader may report it: the merged slots, with a decided
+    /// but unapplied change laid over them. `None` while a change is open.
+    pub fn readable(&self) -> Option<[Slot; SLOTS]> {
+        match self.status() {
+            Status::Free | Status::Unacked { .. } | Status::Partial { .. } => Some(self.slots),
+            Status::Decided { ballot, proposal } => {
+                let mut slots = self.slots;
+                if let Some(s) = proposal.slot() {
+                    slots[s] = applied_slot(ballot, proposal, None);
+                }
+                Some(slots)
+            }
+            Status::Open { .. } => None,
+        }
+    }
+}
+
+/// The slot a change leaves behind: tagged with its ballot; `owner_fp` is the key's
+/// fingerprint when the change's owner writes it (`Some(_)` also marks a clear as
+/// written by its owner), `None` for a helper.
+pub fn applied_slot(ballot: Ballot, proposal: Proposal, owner_fp: Option<u32>) -> Slot {
+    let state = match proposal {
+        Proposal::Set { register, .. } => SlotState::Used {
+            fp: owner_fp.unwrap_or(0),
+            register,
+        },
+        Proposal::Clear { nonce, .. } => SlotState::Empty {
+            nonce,
+            by_owner: owner_fp.is_some(),
+        },
+        Proposal::Noop => SlotState::Empty {
+            nonce: 0,
+            by_owner: false,
+        },
+    };
+    Slot { tag: ballot, state }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const REGS: u64 = 1000;
+
+    fn copy(meta: Meta, slots: [Slot; SLOTS]) -> NodeBucket {
+        NodeBucket {
+            meta_word: meta.encode(),
+            meta,
+            slot_words: slots.map(|s| s.encode()),
+            slots,
+        }
+    }
+
+    fn bytes(meta: Meta, slots: [Slot; SLOTS]) -> Vec<u8> {
+        let mut out = meta.encode().to_le_bytes().to_vec();
+        for s in slots {
+            out.extend_from_slice(&s.encode().to_le_bytes());
+        }
+        out
+    }
+
+    fn accepted(ballot: u16, proposal: Proposal) -> Meta {
+        Meta {
+            promised: Ballot(ballot),
+            accepted: Some((Ballot(ballot), proposal)),
+        }
+    }
+
+    const SET: Proposal = Proposal::Set {
+        slot: 2,
+        register: 7,
+    };
+
+    #[test]
+    fn parse_checks_length_words_and_registers() {
+        let empty = [Slot::EMPTY; SLOTS];
+        let ok = bytes(accepted(3, SET), empty);
+        let parsed = NodeBucket::parse(&ok, REGS).unwrap();
+        assert_eq!(parsed.meta, accepted(3, SET));
+        assert_eq!(
+            NodeBucket::parse(&ok[..63], REGS),
+            Err(BucketError::Length(63))
+        );
+        assert!(matches!(
+            NodeBucket::parse(&ok, 7),
+            Err(BucketError::Register { register: 7, .. })
+        ));
+        let mut slots = empty;
+        slots[4] = applied_slot(
+            Ballot(2),
+            Proposal::Set {
+                slot: 4,
+                register: 5000,
+            },
+            Some(9),
+        );
+        assert!(matches!(
+            NodeBucket::parse(&bytes(Meta::EMPTY, slots), REGS),
+            Err(BucketError::Register { .. })
+        ));
+        let mut bad = ok.clone();
+        bad[3] |= 0x08; // reserved bit of the meta word
+        assert!(matches!(
+            NodeBucket::parse(&bad, REGS),
+            Err(BucketError::Meta(WordError::Reserved(_)))
+        ));
+    }
+
+    #[test]
+    fn statuses_follow_the_latest_change() {
+        let empty = [Slot::EMPTY; SLOTS];
+        let mut done = empty;
+        done[2] = applied_slot(Ballot(3), SET, None);
+        let mut marked = empty;
+        marked[2] = applied_slot(Ballot(3), SET, Some(11));
+        let q = 2;
+        let view = |copies: &[NodeBucket]| View::merge(copies, q).unwrap();
+
+        assert_eq!(
+            view(&[copy(Meta::EMPTY, empty), copy(Meta::EMPTY, empty)]).status(),
+            Status::Free
+        );
+        let noop = accepted(4, Proposal::Noop);
+        assert_eq!(
+            view(&[copy(noop, empty), copy(Meta::EMPTY, empty)]).status(),
+            Status::Free
+        );
+
+        let acc = accepted(3, SET);
+        let open = view(&[copy(acc, empty), copy(Meta::EMPTY, empty)]);
+        assert_eq!(
+            open.status(),
+            Status::Open {
+                ballot: Ballot(3),
+                proposal: SET
+            }
+        );
+        assert_eq!(open.readable(), None);
+
+        let decided = view(&[copy(acc, empty), copy(acc, empty)]);
+        assert_eq!(
+            decided.status(),
+            Status::Decided {
+                ballot: Ballot(3),
+                proposal: SET
+            }
+        );
+        assert_eq!(decided.readable().unwrap()[2].register(), Some(7));
+
+        let partial = view(&[copy(acc, done), copy(Meta::EMPTY, empty)]);
+        assert_eq!(
+            partial.status(),
+            Status::Partial {
+                ballot: Ballot(3),
+                proposal: SET
+            }
+        );
+        assert_eq!(partial.readable().unwrap()[2].register(), Some(7));
+
+        let unacked = view(&[copy(acc, done), copy(Meta::EMPTY, done)]);
+        assert_eq!(
+            unacked.status(),
+            Status::Unacked {
+                ballot: Ballot(3),
+                proposal: SET
+            }
+        );
+        let acked = view(&[copy(acc, marked), copy(Meta::EMPTY, done)]);
+        assert_eq!(acked.status(), Status::Free);
+        assert_eq!(
+            acked.slots[2],
+            applied_slot(Ballot(3), SET, Some(11)),
+            "the marked copy wins a tie"
+        );
+
+        // A newer change in the slot supersedes the latest accepted value.
+        let mut newer = empty;
+        newer[2] = applied_slot(Ballot(9), Proposal::Clear { slot: 2, nonce: 5 }, None);
+        let superseded = view(&[copy(acc, newer), copy(acc, newer)]);
+        assert_eq!(superseded.status(), Status::Free);
+        assert_eq!(superseded.slots[2].tag, Ballot(9));
+    }
+
+    #[test]
+    fn contradictions_are_reported() {
+        let empty = [Slot::EMPTY; SLOTS];
+        let other = Proposal::Set {
+            slot: 2,
+            register: 8,
+        };
+        assert_eq!(
+            View::merge(
+                &[
+                    copy(accepted(3, SET), empty),
+                    copy(accepted(3, other), empty)
+                ],
+                2
+            ),
+            Err(BucketError::BallotConflict(3))
+        );
+        let mut a = empty;
+        a[2] = applied_slot(Ballot(3), SET, None);
+        let mut b = empty;
+        b[2] = applied_slot(Ballot(3), other, None);
+        assert_eq!(
+            View::merge(&[copy(Meta::EMPTY, a), copy(Meta::EMPTY, b)], 2),
+            Err(BucketError::SlotConflict { slot: 2, tag: 3 })
+        );
+    }
+
+    proptest! {
+        #[test]
+        fn garbage_never_panics(data in proptest::collection::vec(any::<u8>(), 0..80), registers in 0u64..2000) {
+            if let Ok(parsed) = NodeBucket::parse(&data, registers) {
+                let view = View::merge(&[parsed, parsed], 2).unwrap();
+                let _ = view.status();
+                let _ = view.readable();
+            }
+        }
+
+        #[test]
+        fn merge_of_arbitrary_words_never_panics(words in proptest::collection::vec(any::<u64>(), 24)) {
+            let copies: Vec<NodeBucket> = words
+                .chunks(8)
+                .filter_map(|w| {
+                    let b: Vec<u8> = w.iter().flat_map(|x| x.to_le_bytes()).collect();
+                    NodeBucket::parse(&b, u64::MAX).ok()
+                })
+                .collect();
+            if let Ok(view) = View::merge(&copies, 2) {
+                let _ = view.readable();
+            }
+        }
+    }
+}

@@ -1,0 +1,182 @@
+//! Telling keys apart: reading the key headers of fingerprint matches.
+//!
+//! A slot holds a 20-bit fingerprint, not the key. When an update must know whether
+//! a slot's register belongs to *its* key (an insert finding the key already there, a
+//! remove checking the register it was given), it reads the register's key header
+//! (`crate::layout::NodeLayout::key_header`), which the KV layer writes to a majority
+//! of nodes before indexing the register and never changes while it is indexed.
+//!
+//! A node may lag behind the header write, so a majority is read and judged
+//! together: unwritten copies are ignored, and among written ones the highest
+//! *generation* (the reserved `u32` after the length; 0 today) wins, so that a
+//! register whose header is rewritten on reuse is judged by its newest header.
+
+use swarm_core::fabric::{Batch, Op};
+use swarm_core::{Fabric, OpStats};
+
+use super::error::HeaderProblem;
+use super::quorum::{preferred_step, rotation};
+use super::{Index, IndexError};
+
+/// Bytes of a key header to read to compare it with a key of `key_len` bytes.
+pub fn read_len(key_len: usize) -> u32 {
+    (8 + key_len).next_multiple_of(8) as u32
+}
+
+/// What one copy of a key header says about `key`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Copy {
+    /// Not (yet) written on that node, or garbage.
+    Blank,
+    /// A header of this generation, for `key` or not.
+    Written { generation: u32, same: bool },
+}
+
+fn judge_copy(bytes: &[u8], key: &[u8], key_max: u32) -> Copy {
+    let field = |at: usize| {
+        bytes
+            .get(at..at + 4)
+            .and_then(|b| b.try_into().ok())
+            .map(u32::from_le_bytes)
+    };
+    let (Some(len), Some(generation)) = (field(0), field(4)) else {
+        return Copy::Blank;
+    };
+    if len == 0 || len > key_max {
+        return Copy::Blank;
+    }
+    let same = len as usize == key.len() && bytes.get(8..8 + key.len()) == Some(key);
+    Copy::Written { generation, same }
+}
+
+/// Whether copies of one register's key header (at least a majority of them) name
+/// `key`.
+pub fn judge(copies: &[Vec<u8>], key: &[u8], key_max: u32) -> Result<bool, HeaderProblem> {
+    let mut best: Option<(u32, bool)> = None;
+    for copy in copies {
+        let Copy::Written { generation, same } = judge_copy(copy, key, key_max) else {
+            continue;
+        };
+        best = match best {
+            Some((g, s)) if g == generation && s != same => {
+                return Err(HeaderProblem::Inconsistent);
+            }
+            Some((g, _)) if g >= generation => best,
+            _ => Some((generation, same)),
+        };
+    }
+    best.map(|(_, same)| same).ok_or(HeaderProblem::Missing)
+}
+
+/// Reads the key headers of `registers` from a majority (one roundtrip per four
+/// registers) and tells, for each, whether it names `key`.
+pub async fn verify<F: Fabric>(
+    ix: &Index,
+    fabric: &F,
+    stats: &OpStats,
+    registers: &[u64],
+    key: &[u8],
+) -> Result<Vec<bool>, IndexError> {
+    let q = ix.quorum();
+    let len = read_len(key.len());
+    let key_max = ix.layout.params.key_max;
+    let mut out = Vec::with_capacity(registers.len());
+    for chunk in registers.chunks(swarm_core::fabric::MAX_BATCH_OPS) {
+        let mut addrs = Vec::with_capacity(chunk.len());
+        for &register in chunk {
+            let addr = ix
+                .layout
+                .key_header(register)
+                .ok_or(IndexError::NoSuchRegister {
+                    register,
+                    registers: ix.layout.params.registers,
+                })?;
+            addrs.push(addr);
+        }
+        let order = rotation(ix.nodes, chunk[0]);
+        let rt = preferred_step(
+            fabric,
+            stats,
+            &order,
+            q,
+            ix.config.slow_after_ns,
+            |_| {
+                let mut batch = Batch::new();
+                for &addr in &addrs {
+                    batch.push(Op::Read { addr, len })?;
+                }
+                Ok(batch)
+            },
+            |replies| replies.len() >= q,
+        )
+        .await?;
+        for (k, &register) in chunk.iter().enumerate() {
+            let copies: Vec<Vec<u8>> = rt
+                .replies()
+                .iter()
+                .filter_map(|(_, c)| c.read(k).map(<[u8]>::to_vec))
+                .collect();
+            let same = judge(&copies, key, key_max)
+                .map_err(|problem| IndexError::KeyHeader { register, problem })?;
+            out.push(same);
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layout::encode_key_header;
+    use proptest::prelude::*;
+
+    fn header(key: &[u8], generation: u32) -> Vec<u8> {
+        let mut h = encode_key_header(key);
+        h[4..8].copy_from_slice(&generation.to_le_bytes());
+        h
+    }
+
+    #[test]
+    fn newest_written_copy_decides() {
+        let key = b"apple";
+        let blank = vec![0u8; 16];
+        assert_eq!(judge(&[header(key, 0), blank.clone()], key, 64), Ok(true));
+        assert_eq!(
+            judge(&[blank.clone(), header(b"pear", 0)], key, 64),
+            Ok(false)
+        );
+        assert_eq!(
+            judge(&[blank.clone(), blank.clone()], key, 64),
+            Err(HeaderProblem::Missing)
+        );
+        // A register reused for another key: the newer generation wins either way.
+        assert_eq!(
+            judge(&[header(b"old", 1), header(key, 2)], key, 64),
+            Ok(true)
+        );
+        assert_eq!(
+            judge(&[header(key, 3), header(b"new", 4)], key, 64),
+            Ok(false)
+        );
+        assert_eq!(
+            judge(&[header(key, 1), header(b"other", 1)], key, 64),
+            Err(HeaderProblem::Inconsistent)
+        );
+        // Longer than the limit: garbage.
+        assert_eq!(
+            judge(&[header(key, 0)], key, 4),
+            Err(HeaderProblem::Missing)
+        );
+        assert_eq!(read_len(5), 16);
+        assert_eq!(read_len(8), 16);
+        assert_eq!(read_len(9), 24);
+    }
+
+    proptest! {
+        #[test]
+        fn judging_garbage_never_panics(copies in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..40), 0..4),
+                                        key in proptest::collection::vec(any::<u8>(), 0..20)) {
+            let _ = judge(&copies, &key, 32);
+        }
+    }
+}

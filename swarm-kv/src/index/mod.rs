@@ -1,0 +1,415 @@
+//! The replicated, linearizable index of SWARM-KV: key → register (SWARM §5.2).
+//!
+//! SWARM-KV finds a key's register through an index that must be linearizable,
+//! survive a crashed minority of memory nodes and any number of crashed clients, and
+//! answer a lookup in one roundtrip in the common case (SWARM §5.2: "reliable and
+//! allows clients to set and get the replicas associated to a key in a single
+//! roundtrip in the common case"). Unlike SWARM registers it cannot be wait-free:
+//! two inserts of one key must agree on a winner, which is consensus. This module is
+//! obstruction-free: an update finishes once contention stops (randomised backoff),
+//! while a majority of nodes is alive.
+//!
+//! # Shape: RACE hashing, replicated on every node
+//!
+//! The index area of every memory node holds `index_buckets` buckets of 64 bytes
+//! (FUSEE §4.2, RACE hashing): a key hashes to two candidate buckets ([`hash`]) and
+//! lives in a slot of one of them. Slots are 8-byte words `tag | used | fingerprint
+//! | register` ([`word`]); a fingerprint match is only a candidate, told apart by the
+//! register's key header (`crate::layout::NodeLayout::key_header`, `header.rs`). The
+//! first word of each bucket is not a slot but the bucket's **meta word**, so a bucket
+//! has [`word::SLOTS`] = 7 slots.
+//!
+//! # Why not SNAPSHOT as it is
+//!
+//! FUSEE replicates RACE with SNAPSHOT (FUSEE §4.3): writers CAS the backups, a winner
+//! is picked by unanimity, majority or smallest value, and the winner CASes the
+//! primary, which readers read. Rules 1 and 3 need an answer from *every* backup, and
+//! everything else (a crashed primary, no decidable winner, a last writer that
+//! crashed before updating the primary) goes to a fault-tolerant master (FUSEE §5.2,
+//! §5.3). Without a master, any client must be able to finish any half-done update
+//! with a majority of nodes: that is consensus, and the classic way to get it from
+//! passive memory is Paxos with one acceptor per memory node whose state is a word
+//! updated by CAS (as in disk Paxos and RDMA consensus). So each bucket runs the
+//! single-decree Paxos of Lamport's "Paxos made simple", change after change:
+//!
+//! * the **meta word** of a bucket on node *i* is acceptor *i*: `promised` ballot,
+//!   `accepted` ballot and value. A value (a [`word::Proposal`]) is one *change*:
+//!   `SET slot := register` (insert, replace), `CLEAR slot` (remove, tagged with a
+//!   nonce naming the remove call), or a no-op;
+//! * **phase 1** (promise): CAS `promised` to a new ballot `b` on every node, reading
+//!   the bucket back in the same ordered batch. A proposer *owns* `b` once a quorum
+//!   of its CASes took (each node moves to `b` once, so one proposer at most); the
+//!   CAS returns the acceptor state, and the quorum's newest accepted value is what
+//!   Paxos obliges it to propose if there is one;
+//! * **phase 2** (accept): CAS `(promised, accepted) := (b, b, value)` on every node
+//!   that has not promised a newer ballot. A quorum of successes decides the value;
+//! * **apply** (`apply.rs`): a decided change is written into its slot, tagged with
+//!   its ballot, by a CAS that only moves tags forward: idempotent, so the proposer,
+//!   helpers and late duplicates may all do it (rTX's idempotent CAS commit, rTX
+//!   §4.3). Only decided changes are applied, so *every slot word is a decided value*.
+//!
+//! Ballots are per bucket, 16-bit with serial-number comparison ([`word::Ballot`]):
+//! they never run out.
+//!
+//! **Eras.** The meta word holds one change at a time. A proposer may replace the
+//! newest accepted change by its own only once that change is *done*: applied on a
+//! quorum of slot copies, where its effect is durable without the meta word.
+//! Otherwise it must first finish it (propose it under its own ballot, which Paxos
+//! demands anyway, then apply it). That is how the half-done update of a crashed or
+//! stalled client is repaired: by whoever touches the bucket next (rTX's repair by
+//! the next client, rTX §4.3; FUSEE's master job, §5.2-5.3, without a master). A no-op
+//! is only accepted when the newest accepted value is done or absent, so it never
+//! displaces a change that may be decided.
+//!
+//! # Reads
+//!
+//! A lookup reads both candidate buckets from a preferred majority (one batch per
+//! node, one roundtrip) and merges the copies (`bucket::View`): per slot, the copy
+//! with the newest tag (each is a decided value, and each change was applied on a
+//! quorum before the next could be proposed, so a quorum read sees every change done
+//! before it began); plus the newest accepted change, *if provably decided*:
+//! accepted under one ballot by a quorum of the replies, or applied in some copy.
+//! If the newest accepted change is only accepted somewhere (an update is in flight),
+//! the bucket is *open*: the lookup re-reads a couple of times, then settles it with
+//! a Paxos round of its own (promise, propose the newest accepted value, apply), and
+//! reads again. No node plays a primary, so a crashed node 0 changes nothing.
+//!
+//! # Two buckets (insert)
+//!
+//! An insert must check that the key is in neither candidate bucket and write one of
+//! them. It promises ballots on both, decides on the state both promise quorums
+//! report, then **fences** the bucket it does not modify, `Y`, by having a quorum
+//! accept a no-op (or re-accept its done change) under its ballot there, and only
+//! then proposes its `SET` in the other, `X`. Two inserts of one key cannot both
+//! win: if one (I₂) modifies `Y` while I₁ modifies `X`, then I₂'s phase 1 on `X`
+//! either follows I₁'s accept on `X` at a common node (so I₂ sees I₁'s change and
+//! reports the key as present), or precedes it, in which case I₁'s accept needs a
+//! newer ballot and I₁'s phase 1 on `X` followed I₂'s fence on `X`; symmetrically on
+//! `Y`. Chaining the real-time orders (each proposer's phase 1 completes before its
+//! phase 2 starts) yields a cycle. Removes and replaces touch one bucket: a register
+//! is mapped by one slot and never moves.
+//!
+//! # Knowing one's fate (exactly once)
+//!
+//! A proposer whose accept was preempted does not know whether a helper decided its
+//! change, and must neither report a change that did not happen nor propose it again
+//! after it happened (a remove in between would be undone). Its changes are unique (a
+//! register, or a remove's nonce `client id | counter`), and it watches them
+//! (`watch.rs`) in every quorum observation of the bucket (reads, and the read-backs
+//! of its promises): a slot holding one means it took effect; being the newest
+//! accepted value means it may be decided, so the next attempt finishes it under its
+//! own ballot; a different value accepted by a quorum under a newer ballot, while
+//! it is not visible, means it never will be.
+//!
+//! Why "not visible" means "not decided": once decided, a change is the newest
+//! accepted value of a quorum until it is applied on a quorum, and its owner
+//! *acknowledges* it by applying it itself (with the key's fingerprint, or an owner
+//! mark for a remove; helpers write fingerprint 0). Proposers wait up to
+//! [`IndexConfig::ack_wait_ns`] for that mark before replacing an unacknowledged
+//! change, so a decided change stays visible to every quorum read for at least that
+//! long. An owner that observed its bucket at least that often cannot miss it; one
+//! that went longer without an observation (a stalled client) returns
+//! [`IndexError::OutcomeUnknown`] instead of guessing. A crashed owner never marks:
+//! the next change of that bucket waits `ack_wait_ns`, once.
+
+//! # Why it is linearizable (sketch)
+//!
+//! 1. *Per era, Paxos safety* ("Paxos made simple", P2c): once a change is decided
+//!    under ballot `b`, every value accepted under a newer ballot is that change, until
+//!    it is done. No-ops do not break this (they are only proposed over done or absent
+//!    values); replacing a done change ends the era, and the change stays in the
+//!    slots.
+//! 2. *Slots*: a slot word tagged `t` holds the change decided under `t`; changes of
+//!    a bucket are decided one era after the other with growing ballots, each applied
+//!    on a quorum before the next is proposed. So the newest-tag copy of a slot among
+//!    a quorum read is the last change of that slot done before the read began, or a
+//!    later decided one.
+//! 3. *Linearization points*: an update at the instant its change is decided (a
+//!    quorum accepted it); an insert that finds the key, and a remove or replace that
+//!    finds no mapping, at their phase 1 (which reported the state they acted on); a
+//!    lookup at a point between its start and the instant it read the newest change
+//!    it reports (it reports no undecided change, and every change done before it
+//!    began). A key occupies at most one slot at a time (two buckets, above), so
+//!    per-slot linearizability gives per-key linearizability; a lookup that races a
+//!    remove and re-insert of the same key may see both slots and lists the newer
+//!    first ([`Candidates`]).
+//! 4. *No loss*: a decided change is never undone (1, 2), and an update returns
+//!    success only once its change is decided.
+//!
+//! # Costs (roundtrips)
+//!
+//! | operation | common case | in flight / failures |
+//! |---|---|---|
+//! | `lookup` | 1 | +1 if a preferred node is slow or dead; a couple of re-reads, then 2-3 to settle a change left open |
+//! | `resolve` | 1 (no candidate) or 2 | as lookup |
+//! | `insert` | 4: read, promise both, fence, accept | +1 to check a fingerprint match; +1-3 per change helped along; backoff under contention |
+//! | `remove`, `replace` | 3: read, promise + key header, accept | as insert |
+//!
+//! Slot writes after a decision are posted in the background and cost no roundtrip
+//! (unless the accept met a newer promise: a helper may be applying the change too,
+//! and the owner waits for its mark to land, +1). Updates broadcast every CAS phase
+//! and wait for a quorum, so a crashed or slow memory node costs them nothing; reads
+//! pay one escalation when it is in their preferred majority. A client that crashes
+//! mid-update leaves a change that the next client touching the bucket finishes (2-3
+//! roundtrips), and, if the change was decided, delays the next change of that bucket
+//! by `ack_wait_ns`, once. Measured on the simulated fabric (3 nodes, ~1 µs one way,
+//! `tests/index_sim.rs`): with 200 keys and no faults, 95% of resolves take one
+//! roundtrip and inserts take 4 (p99 5); with 5 clients hammering 3 keys, updates take
+//! 3-4 roundtrips at the median and up to ~15 when preempted, plus backoff.
+//!
+//! # Limits
+//!
+//! * Register ids below 2^27 ([`word::MAX_REGISTERS`]), checked by [`Index::new`].
+//! * Ballots and slot tags are 16-bit serial numbers. Updates rewrite slots whose tag
+//!   fell 2^13 ballots behind (`apply.rs`), so that untouched slots keep comparing as
+//!   older than new ballots while the bucket's ballots wrap around. A memory node that
+//!   comes back (a healed partition) after missing 2^15 ballots of a bucket must be
+//!   wiped before it rejoins, or its copy may look newer than it is.
+//! * Liveness is obstruction-freedom: proposers that keep preempting each other back
+//!   off (randomised, exponential); [`IndexConfig::max_attempts`] bounds the retries.
+//!   A lookup that races an update may settle the update's change itself, which
+//!   preempts the updater (it then finds its change decided): correct, a bit slower.
+//! * A roundtrip waits for a quorum of the nodes it posted to; a batch lost to a node
+//!   that was down never completes, so a node coming back does not count for
+//!   roundtrips already in flight (as in `swarm_core`).
+//! * Key headers: the KV layer must write a register's header to a majority before
+//!   indexing it and not change it while it is indexed; on reuse it should bump the
+//!   header's generation (the reserved `u32`), which `header.rs` prefers.
+
+mod apply;
+mod bucket;
+mod config;
+mod engine;
+mod error;
+pub mod hash;
+mod header;
+mod lookup;
+mod quorum;
+mod update;
+mod watch;
+pub mod word;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use swarm_core::encoding::MAX_WRITERS;
+use swarm_core::protocol::MAX_REPLICAS;
+use swarm_core::{Fabric, OpStats};
+
+pub use bucket::BucketError;
+pub use config::IndexConfig;
+pub use error::{HeaderProblem, IndexError};
+pub use word::{MAX_REGISTERS, SLOTS};
+
+use crate::layout::NodeLayout;
+use hash::KeyHash;
+
+/// A register slot number in the register area (`NodeLayout::register`).
+pub type RegisterId = u64;
+
+/// Registers whose fingerprint matches a key, newest mapping first. The caller tells
+/// them apart by the key stored with the value (or with [`Index::resolve`]). More
+/// than one candidate holds the key only while a remove and re-insert of that key
+/// race the lookup; the first is then the newer mapping.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Candidates {
+    /// Candidate registers, newest first.
+    pub registers: Vec<RegisterId>,
+}
+
+/// What an insert found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InsertOutcome {
+    /// The key now maps to the given register.
+    Inserted,
+    /// The key already mapped to this register; nothing changed.
+    Exists(RegisterId),
+}
+
+/// A handle on the index: geometry, node count and tunables. Cheap to clone; each
+/// client thread uses its own (its [`IndexConfig::client_id`] names its removes).
+#[derive(Clone, Debug)]
+pub struct Index {
+    pub(crate) layout: NodeLayout,
+    pub(crate) nodes: usize,
+    pub(crate) config: IndexConfig,
+    nonces: Arc<AtomicU32>,
+}
+
+impl Index {
+    /// The index of a cluster of `nodes` memory nodes laid out by `layout` (the
+    /// index is replicated on all of them).
+    pub fn new(layout: &NodeLayout, nodes: usize, config: IndexConfig) -> Result<Self, IndexError> {
+        let params = &layout.params;
+        if nodes == 0 || nodes > MAX_REPLICAS {
+            return Err(IndexError::Config(format!(
+                "{nodes} memory nodes: the index needs 1 to {MAX_REPLICAS}"
+            )));
+        }
+        if params.registers > MAX_REGISTERS {
+            return Err(IndexError::Config(format!(
+                "{} registers: slots hold register ids below {MAX_REGISTERS}; use fewer, larger registers",
+                params.registers
+            )));
+        }
+        if params.index_buckets == 0 || !params.index_buckets.is_power_of_two() {
+            return Err(IndexError::Config(format!(
+                "{} index buckets: must be a power of two",
+                params.index_buckets
+            )));
+        }
+        if config.client_id >= MAX_WRITERS {
+            return Err(IndexError::Config(format!(
+                "client id {}: must be below {MAX_WRITERS} (use the writer id)",
+                config.client_id
+            )));
+        }
+        Ok(Self {
+            layout: *layout,
+            nodes,
+            config,
+            nonces: Arc::new(AtomicU32::new(0)),
+        })
+    }
+
+    /// The cluster layout.
+    pub fn layout(&self) -> &NodeLayout {
+        &self.layout
+    }
+
+    /// Memory nodes holding the index.
+    pub fn nodes(&self) -> usize {
+        self.nodes
+    }
+
+    /// The tunables.
+    pub fn config(&self) -> &IndexConfig {
+        &self.config
+    }
+
+    /// A majority of the nodes.
+    pub fn quorum(&self) -> usize {
+        quorum::majority(self.nodes)
+    }
+
+    /// The candidate buckets and fingerprint of `key`, after checking its length.
+    pub fn key_hash(&self, key: &[u8]) -> Result<KeyHash, IndexError> {
+        self.hash(key)
+    }
+
+    pub(crate) fn hash(&self, key: &[u8]) -> Result<KeyHash, IndexError> {
+        if key.is_empty() {
+            return Err(IndexError::EmptyKey);
+        }
+        if key.len() > self.layout.params.key_max as usize {
+            return Err(IndexError::KeyTooLong {
+                len: key.len(),
+                max: self.layout.params.key_max,
+            });
+        }
+        Ok(KeyHash::new(key, self.layout.params.index_buckets))
+    }
+
+    pub(crate) fn check_register(&self, register: RegisterId) -> Result<(), IndexError> {
+        if register >= self.layout.params.registers {
+            return Err(IndexError::NoSuchRegister {
+                register,
+                registers: self.layout.params.registers,
+            });
+        }
+        Ok(())
+    }
+
+    /// A nonce naming one remove call: `client id | 16-bit counter`, never 0, unique
+    /// among a client's last 65 535 removes.
+    pub(crate) fn next_nonce(&self) -> u32 {
+        let counter = self.nonces.fetch_add(1, Ordering::Relaxed) % 0xFFFF + 1;
+        u32::from(self.config.client_id) << 16 | counter
+    }
+
+    fn check_fabric<F: Fabric>(&self, fabric: &F) -> Result<(), IndexError> {
+        if fabric.node_count() != self.nodes {
+            return Err(IndexError::NodeCount {
+                fabric: fabric.node_count(),
+                index: self.nodes,
+            });
+        }
+        Ok(())
+    }
+
+    /// The registers `key` may map to (fingerprint matches), newest first. One
+    /// roundtrip in the common case.
+    pub async fn lookup<F: Fabric>(
+        &self,
+        fabric: &F,
+        stats: &OpStats,
+        key: &[u8],
+    ) -> Result<Candidates, IndexError> {
+        self.check_fabric(fabric)?;
+        lookup::lookup(self, fabric, stats, key).await
+    }
+
+    /// The register `key` maps to, if any: a lookup, then the candidates' key headers
+    /// (one more roundtrip when there are candidates).
+    pub async fn resolve<F: Fabric>(
+        &self,
+        fabric: &F,
+        stats: &OpStats,
+        key: &[u8],
+    ) -> Result<Option<RegisterId>, IndexError> {
+        self.check_fabric(fabric)?;
+        lookup::resolve(self, fabric, stats, key).await
+    }
+
+    /// Maps `key` to `register` if the key is absent; otherwise reports the register
+    /// it maps to. The key header of `register` must already hold `key` on a majority
+    /// of nodes. `register` must not be passed to another concurrent insert or
+    /// replace.
+    pub async fn insert<F: Fabric>(
+        &self,
+        fabric: &F,
+        stats: &OpStats,
+        key: &[u8],
+        register: RegisterId,
+    ) -> Result<InsertOutcome, IndexError> {
+        self.check_fabric(fabric)?;
+        update::insert(self, fabric, stats, key, register).await
+    }
+
+    /// Unmaps `key` if it maps to `register`; `Ok(false)` if it did not. Of several
+    /// concurrent removes of one mapping, exactly one returns `true`; calling it again
+    /// after it returned is harmless.
+    pub async fn remove<F: Fabric>(
+        &self,
+        fabric: &F,
+        stats: &OpStats,
+        key: &[u8],
+        register: RegisterId,
+    ) -> Result<bool, IndexError> {
+        self.check_fabric(fabric)?;
+        update::change(self, fabric, stats, key, register, None).await
+    }
+
+    /// Replaces the mapping `key → old` by `key → new` in place (SWARM §5.3.1:
+    /// re-inserting over a deleted key); `Ok(false)` if `key` no longer maps to `old`.
+    /// `new`'s key header must already hold `key`.
+    pub async fn replace<F: Fabric>(
+        &self,
+        fabric: &F,
+        stats: &OpStats,
+        key: &[u8],
+        old: RegisterId,
+        new: RegisterId,
+    ) -> Result<bool, IndexError> {
+        self.check_fabric(fabric)?;
+        update::change(self, fabric, stats, key, old, Some(new)).await
+    }
+
+    /// Number of mapped slots on one node (approximate: that node may lag behind the
+    /// latest changes). Reads the whole index area of one node, 256 KiB per
+    /// roundtrip.
+    pub async fn count<F: Fabric>(&self, fabric: &F, stats: &OpStats) -> Result<u64, IndexError> {
+        self.check_fabric(fabric)?;
+        lookup::count(self, fabric, stats).await
+    }
+}

@@ -1,0 +1,416 @@
+//! Updates: `insert`, `remove` and `replace` as Paxos proposers (module docs of
+//! [`super`], "updates").
+//!
+//! Every attempt promises a fresh ballot on the buckets it needs (reading them back
+//! in the same batch), first finds out whether one of its own earlier proposals took
+//! effect, then settles whatever change is in flight, decides on the settled state,
+//! and proposes its change. An insert first fences the candidate bucket it does not
+//! modify by accepting a no-op there.
+
+use swarm_core::fabric::Nanos;
+use swarm_core::{Fabric, OpStats};
+
+use super::bucket::{Status, View};
+use super::engine::{Engine, MAX_BUCKETS, Settled};
+use super::header;
+use super::lookup::{candidates, settled};
+use super::watch::Fate;
+use super::word::{Ballot, Proposal, SlotState};
+use super::{Index, IndexError, InsertOutcome, RegisterId};
+
+/// Acknowledgement waits for other operations' changes.
+#[derive(Debug, Default)]
+struct Owner {
+    unacked: [Option<(Proposal, Nanos)>; MAX_BUCKETS],
+}
+
+impl Owner {
+    /// How much longer to wait before replacing someone's unacknowledged change `p`
+    /// in `bucket` (zero: go ahead).
+    fn ack_wait_left(&mut self, bucket: usize, p: Proposal, now: Nanos, ack_wait: Nanos) -> Nanos {
+        let since = match self.unacked[bucket] {
+            Some((q, since)) if q == p => since,
+            _ => {
+                self.unacked[bucket] = Some((p, now));
+                now
+            }
+        };
+        (since.saturating_add(ack_wait)).saturating_sub(now)
+    }
+}
+
+/// Finishes one of our proposals found as the newest value of bucket `i`.
+async fn finish<F: Fabric>(
+    eng: &mut Engine<'_, F>,
+    i: usize,
+    view: &View,
+    ours: Ballot,
+    proposal: Proposal,
+    fp: u32,
+) -> Result<bool, IndexError> {
+    match view.status() {
+        Status::Open { .. } => {
+            if eng.accept(i, ours, proposal).await? {
+                eng.apply(i, ours, proposal, Some(fp), true).await?;
+                Ok(true)
+            } else {
+                Ok(false)
+            }
+        }
+        Status::Decided { ballot, .. }
+        | Status::Partial { ballot, .. }
+        | Status::Unacked { ballot, .. } => {
+            eng.apply(i, ballot, proposal, Some(fp), true).await?;
+            Ok(true)
+        }
+        Status::Free => Ok(true),
+    }
+}
+
+/// Whether one of our earlier proposals took effect (it is then finished and marked),
+/// judging from what the engine observed and from the views of a promise.
+async fn took_effect<F: Fabric>(
+    eng: &mut Engine<'_, F>,
+    views: &[Option<View>; MAX_BUCKETS],
+    ballots: &[Option<Ballot>; MAX_BUCKETS],
+    fp: u32,
+) -> Result<bool, IndexError> {
+    match eng.fate(views) {
+        Fate::None => Ok(false),
+        Fate::Unknown => Err(IndexError::OutcomeUnknown {
+            ack_wait_ns: eng.index().config.ack_wait_ns,
+        }),
+        Fate::Latest(i, proposal) => {
+            let (Some(view), Some(ours)) = (&views[i], ballots[i]) else {
+                return Ok(false);
+            };
+            eng.watch(i, proposal, ours);
+            finish(eng, i, view, ours, proposal, fp).await
+        }
+        Fate::Applied(i, proposal, tag) => {
+            eng.apply(i, tag, proposal, Some(fp), true).await?;
+            Ok(true)
+        }
+    }
+}
+
+/// Settles every promised bucket; returns the unacknowledged changes, or `None` if
+/// something was helped along (the caller starts a new attempt).
+async fn settle_all<F: Fabric>(
+    eng: &mut Engine<'_, F>,
+    views: &[Option<View>; MAX_BUCKETS],
+    ballots: &[Option<Ballot>; MAX_BUCKETS],
+) -> Result<Option<[Option<Proposal>; MAX_BUCKETS]>, IndexError> {
+    let mut unacked = [None; MAX_BUCKETS];
+    let mut progressed = false;
+    for i in 0..eng.len() {
+        let Some(view) = &views[i] else { continue };
+        let before = view.status();
+        match eng.settle(i, view, ballots[i]).await? {
+            Settled::Free => {}
+            Settled::Unacked(_, p) => unacked[i] = Some(p),
+            Settled::Progress => {
+                if let (Status::Open { proposal, .. }, Some(ours)) = (before, ballots[i]) {
+                    eng.superseded(i, proposal, ours);
+                }
+                progressed = true;
+            }
+            Settled::Lost => progressed = true,
+        }
+    }
+    Ok((!progressed).then_some(unacked))
+}
+
+/// Waits (re-reading) until bucket `i`'s unacknowledged change `p` is acknowledged or
+/// replaced, or `left` passed.
+async fn wait_ack<F: Fabric>(
+    eng: &mut Engine<'_, F>,
+    i: usize,
+    p: Proposal,
+    left: Nanos,
+) -> Result<(), IndexError> {
+    let deadline = eng.now().saturating_add(left);
+    let step = eng.index().config.retry_delay_ns.max(1);
+    loop {
+        eng.pause(step.min(deadline.saturating_sub(eng.now()).max(1)))
+            .await;
+        let views = eng.read().await?;
+        let still = views.get(i).is_some_and(
+            |v| matches!(v.status(), Status::Unacked { proposal, .. } if proposal == p),
+        );
+        if !still || eng.now() >= deadline {
+            return Ok(());
+        }
+    }
+}
+
+/// `Index::insert`.
+pub async fn insert<F: Fabric>(
+    ix: &Index,
+    fabric: &F,
+    stats: &OpStats,
+    key: &[u8],
+    register: RegisterId,
+) -> Result<InsertOutcome, IndexError> {
+    let hash = ix.hash(key)?;
+    ix.check_register(register)?;
+    let mut eng = Engine::new(
+        ix,
+        fabric,
+        stats,
+        &hash.buckets(),
+        register ^ u64::from(hash.fp),
+    );
+    let config = ix.config;
+    let mut owner = Owner::default();
+    let mut known_keys: Vec<(RegisterId, bool)> = Vec::new();
+    eng.read().await?;
+    for attempt in 0..config.max_attempts {
+        if attempt > 0 {
+            eng.backoff(attempt).await;
+        }
+        let mut ballots = [None; MAX_BUCKETS];
+        for (i, b) in ballots.iter_mut().enumerate().take(eng.len()) {
+            *b = Some(eng.next_ballot(i));
+        }
+        let promised = eng.promise(ballots, None).await?;
+        let views = promised.views;
+        if took_effect(&mut eng, &views, &ballots, hash.fp).await? {
+            return Ok(InsertOutcome::Inserted);
+        }
+        if !promised.ok.iter().take(eng.len()).all(|ok| *ok) {
+            continue;
+        }
+        let Some(unacked) = settle_all(&mut eng, &views, &ballots).await? else {
+            continue;
+        };
+        let Some(states) = views
+            .iter()
+            .take(eng.len())
+            .map(|v| v.map(|v| v.slots))
+            .collect::<Option<Vec<_>>>()
+        else {
+            continue;
+        };
+        // Is the key already there?
+        let found = candidates(&states, &hash);
+        if found.iter().any(|(_, r)| *r == register) {
+            // Our register is mapped: only this call (or an earlier call with the
+            // same register) can have mapped it.
+            return Ok(InsertOutcome::Inserted);
+        }
+        let unknown: Vec<RegisterId> = found
+            .iter()
+            .map(|(_, r)| *r)
+            .filter(|r| !known_keys.iter().any(|(k, _)| k == r))
+            .collect();
+        if !unknown.is_empty() {
+            let same = header::verify(ix, fabric, stats, &unknown, key).await?;
+            known_keys.extend(unknown.into_iter().zip(same));
+        }
+        if let Some((_, r)) = found
+            .iter()
+            .find(|(_, r)| known_keys.iter().any(|(k, same)| k == r && *same))
+        {
+            return Ok(InsertOutcome::Exists(*r));
+        }
+        // Where to put it: the bucket with more free slots, avoiding one whose last
+        // change still waits for its owner's acknowledgement.
+        let free: Vec<usize> = states
+            .iter()
+            .map(|s| {
+                s.iter()
+                    .filter(|slot| matches!(slot.state, SlotState::Empty { .. }))
+                    .count()
+            })
+            .collect();
+        let Some(target) = (0..eng.len())
+            .filter(|&i| free[i] > 0)
+            .max_by_key(|&i| (unacked[i].is_none(), free[i], core::cmp::Reverse(i)))
+        else {
+            return Err(IndexError::Full {
+                first: hash.first,
+                second: hash.second,
+            });
+        };
+        if let Some(p) = unacked[target] {
+            let left = owner.ack_wait_left(target, p, eng.now(), config.ack_wait_ns);
+            if left > 0 {
+                wait_ack(&mut eng, target, p, left).await?;
+                continue;
+            }
+        }
+        // Fence the other candidate bucket.
+        if eng.len() == 2 {
+            let other = 1 - target;
+            let value = unacked[other].unwrap_or(Proposal::Noop);
+            let Some(ballot) = ballots[other] else {
+                continue;
+            };
+            if !eng.accept(other, ballot, value).await? {
+                continue;
+            }
+            eng.superseded(other, value, ballot);
+            eng.refresh(other, None, ballot)?;
+        }
+        let Some(slot) = states[target]
+            .iter()
+            .position(|s| matches!(s.state, SlotState::Empty { .. }))
+        else {
+            continue;
+        };
+        let proposal = Proposal::Set {
+            slot: slot as u8,
+            register,
+        };
+        let Some(ballot) = ballots[target] else {
+            continue;
+        };
+        eng.watch(target, proposal, ballot);
+        if eng.accept(target, ballot, proposal).await? {
+            // Apply and mark in the background, unless a helper may be applying it
+            // under its own ballot: then wait, so that the mark lands on its copy.
+            let contested = eng.contested();
+            eng.apply(target, ballot, proposal, Some(hash.fp), contested)
+                .await?;
+            return Ok(InsertOutcome::Inserted);
+        }
+    }
+    Err(IndexError::Contention {
+        attempts: config.max_attempts,
+        bucket: hash.first,
+    })
+}
+
+/// `Index::remove` (`new == None`) and `Index::replace` (`new == Some(_)`): changes
+/// the slot mapping `old`, if `key` maps to it.
+pub async fn change<F: Fabric>(
+    ix: &Index,
+    fabric: &F,
+    stats: &OpStats,
+    key: &[u8],
+    old: RegisterId,
+    new: Option<RegisterId>,
+) -> Result<bool, IndexError> {
+    let hash = ix.hash(key)?;
+    ix.check_register(old)?;
+    if let Some(new) = new {
+        ix.check_register(new)?;
+        if new == old {
+            return Err(IndexError::SameRegister(old));
+        }
+    }
+    let config = ix.config;
+    let mut eng = Engine::new(ix, fabric, stats, &hash.buckets(), old ^ u64::from(hash.fp));
+    // Which bucket maps `old`? Registers never move, so a settled read tells.
+    let states = settled(&mut eng).await?;
+    let Some(i) = states
+        .iter()
+        .position(|s| s.iter().any(|slot| slot.register() == Some(old)))
+    else {
+        return Ok(false);
+    };
+    let header_at = ix
+        .layout
+        .key_header(old)
+        .ok_or(IndexError::NoSuchRegister {
+            register: old,
+            registers: ix.layout.params.registers,
+        })?;
+    let nonce = ix.next_nonce();
+    let mut owner = Owner::default();
+    let mut same_key: Option<bool> = None;
+    for attempt in 0..config.max_attempts {
+        if attempt > 0 {
+            eng.backoff(attempt).await;
+        }
+        let mut ballots = [None; MAX_BUCKETS];
+        ballots[i] = Some(eng.next_ballot(i));
+        let probe = same_key
+            .is_none()
+            .then_some((header_at, header::read_len(key.len())));
+        let promised = eng.promise(ballots, probe).await?;
+        if probe.is_some() && promised.headers.len() >= ix.quorum() {
+            let same = header::judge(&promised.headers, key, ix.layout.params.key_max).map_err(
+                |problem| IndexError::KeyHeader {
+                    register: old,
+                    problem,
+                },
+            )?;
+            same_key = Some(same);
+        }
+        if same_key == Some(false) {
+            // `old` is another key's register.
+            return Ok(false);
+        }
+        let views = promised.views;
+        if took_effect(&mut eng, &views, &ballots, hash.fp).await? {
+            return Ok(true);
+        }
+        if !promised.ok[i] {
+            continue;
+        }
+        let Some(unacked) = settle_all(&mut eng, &views, &ballots).await? else {
+            continue;
+        };
+        let Some(view) = &views[i] else { continue };
+        let Some(slot) = view.slots.iter().position(|s| {
+            matches!(s.state, SlotState::Used { fp, register } if register == old && hash.matches(fp))
+        }) else {
+            return Ok(false);
+        };
+        if same_key.is_none() {
+            continue;
+        }
+        if let Some(p) = unacked[i] {
+            let left = owner.ack_wait_left(i, p, eng.now(), config.ack_wait_ns);
+            if left > 0 {
+                wait_ack(&mut eng, i, p, left).await?;
+                continue;
+            }
+        }
+        let proposal = match new {
+            None => Proposal::Clear {
+                slot: slot as u8,
+                nonce,
+            },
+            Some(register) => Proposal::Set {
+                slot: slot as u8,
+                register,
+            },
+        };
+        let Some(ballot) = ballots[i] else { continue };
+        eng.watch(i, proposal, ballot);
+        if eng.accept(i, ballot, proposal).await? {
+            let contested = eng.contested();
+            eng.apply(i, ballot, proposal, Some(hash.fp), contested)
+                .await?;
+            return Ok(true);
+        }
+    }
+    Err(IndexError::Contention {
+        attempts: config.max_attempts,
+        bucket: hash.first,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn acknowledgement_waits_count_from_the_first_sighting() {
+        let mut owner = Owner::default();
+        let p = Proposal::Set {
+            slot: 1,
+            register: 9,
+        };
+        let q = Proposal::Clear { slot: 1, nonce: 3 };
+        assert_eq!(owner.ack_wait_left(0, p, 100, 50), 50);
+        assert_eq!(owner.ack_wait_left(0, p, 130, 50), 20);
+        assert_eq!(owner.ack_wait_left(0, p, 170, 50), 0);
+        // Another change restarts the wait; buckets are independent.
+        assert_eq!(owner.ack_wait_left(0, q, 170, 50), 50);
+        assert_eq!(owner.ack_wait_left(1, p, 180, 50), 50);
+    }
+}

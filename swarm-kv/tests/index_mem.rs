@@ -1,0 +1,383 @@
+//! The index on the in-process fabric (`swarm_core::mem`): sequential semantics,
+//! roundtrip counts, input errors, a failed minority, corrupted copies, and real
+//! threads racing on the same keys.
+
+mod index_support;
+
+use std::sync::{Arc, Barrier};
+use std::thread;
+
+use index_support::{index, layout, mem_config, mem_header};
+use swarm_core::fabric::NodeId;
+use swarm_core::mem::{MemCluster, MemFabric};
+use swarm_core::{Fabric, FabricError, OpStats, Roundtrip, block_on};
+use swarm_kv::index::word::{Ballot, Meta, Proposal};
+use swarm_kv::index::{Index, IndexConfig, IndexError, InsertOutcome, SLOTS};
+use swarm_kv::layout::{BUCKET_BYTES, NodeLayout};
+
+struct Setup {
+    cluster: MemCluster,
+    layout: NodeLayout,
+    nodes: usize,
+}
+
+impl Setup {
+    fn new(nodes: usize, registers: u64, buckets: u64) -> Self {
+        let layout = layout(registers, buckets);
+        Self {
+            cluster: MemCluster::new(nodes, layout.end() as usize),
+            layout,
+            nodes,
+        }
+    }
+
+    fn header(&self, register: u64, key: &[u8]) {
+        mem_header(&self.cluster, self.nodes, &self.layout, register, key);
+    }
+
+    fn index(&self, client: u16) -> Index {
+        index(&self.layout, self.nodes, mem_config(client))
+    }
+}
+
+/// Runs one index call, returning its result and roundtrips.
+fn run<T>(fabric: &MemFabric, f: impl AsyncFnOnce(&OpStats) -> T) -> (T, u32) {
+    let stats = OpStats::new();
+    let out = block_on(fabric, f(&stats)).expect("no stall with a live majority");
+    (out, stats.roundtrips())
+}
+
+#[test]
+fn sequential_semantics_and_common_case_roundtrips() {
+    let s = Setup::new(3, 256, 64);
+    let ix = s.index(1);
+    let f = s.cluster.client();
+    s.header(10, b"apple");
+    s.header(11, b"apple");
+    s.header(12, b"pear");
+
+    let (found, rts) = run(&f, async |st| ix.lookup(&f, st, b"apple").await);
+    assert_eq!(found.unwrap().registers, Vec::<u64>::new());
+    assert_eq!(rts, 1, "a lookup is one roundtrip");
+
+    let (out, rts) = run(&f, async |st| ix.insert(&f, st, b"apple", 10).await);
+    assert_eq!(out, Ok(InsertOutcome::Inserted));
+    assert_eq!(rts, 4, "insert: read, promise both buckets, fence, accept");
+
+    let (found, rts) = run(&f, async |st| ix.lookup(&f, st, b"apple").await);
+    assert_eq!(found.unwrap().registers, vec![10]);
+    assert_eq!(
+        rts, 1,
+        "a lookup after an insert is settled and one roundtrip"
+    );
+    let (r, rts) = run(&f, async |st| ix.resolve(&f, st, b"apple").await);
+    assert_eq!((r, rts), (Ok(Some(10)), 2));
+    let (r, _) = run(&f, async |st| ix.resolve(&f, st, b"pear").await);
+    assert_eq!(r, Ok(None));
+
+    // A second insert of the key reports the winner (one more roundtrip to check the
+    // fingerprint match's key header).
+    let (out, rts) = run(&f, async |st| ix.insert(&f, st, b"apple", 11).await);
+    assert_eq!((out, rts), (Ok(InsertOutcome::Exists(10)), 3));
+
+    // Replace in place, then remove; wrong registers change nothing.
+    let (ok, _) = run(&f, async |st| ix.replace(&f, st, b"apple", 12, 11).await);
+    assert_eq!(ok, Ok(false), "apple does not map to 12");
+    let (ok, rts) = run(&f, async |st| ix.replace(&f, st, b"apple", 10, 11).await);
+    assert_eq!(
+        (ok, rts),
+        (Ok(true), 3),
+        "replace: read, promise + key header, accept"
+    );
+    let (r, _) = run(&f, async |st| ix.resolve(&f, st, b"apple").await);
+    assert_eq!(r, Ok(Some(11)));
+    let (ok, _) = run(&f, async |st| ix.remove(&f, st, b"apple", 10).await);
+    assert_eq!(ok, Ok(false), "apple no longer maps to 10");
+    let (ok, rts) = run(&f, async |st| ix.remove(&f, st, b"apple", 11).await);
+    assert_eq!(
+        (ok, rts),
+        (Ok(true), 3),
+        "remove: read, promise + key header, accept"
+    );
+    let (ok, rts) = run(&f, async |st| ix.remove(&f, st, b"apple", 11).await);
+    assert_eq!((ok, rts), (Ok(false), 1), "removing twice is harmless");
+    let (r, _) = run(&f, async |st| ix.resolve(&f, st, b"apple").await);
+    assert_eq!(r, Ok(None));
+
+    // A register of another key with a colliding fingerprint is not ours to remove.
+    let (out, _) = run(&f, async |st| ix.insert(&f, st, b"pear", 12).await);
+    assert_eq!(out, Ok(InsertOutcome::Inserted));
+    let (ok, _) = run(&f, async |st| ix.remove(&f, st, b"apple", 12).await);
+    assert_eq!(ok, Ok(false));
+    let (n, _) = run(&f, async |st| ix.count(&f, st).await);
+    assert_eq!(n, Ok(1));
+}
+
+#[test]
+fn a_full_bucket_pair_is_reported() {
+    // One bucket: every key has the same (single) candidate bucket.
+    let s = Setup::new(3, 64, 1);
+    let ix = s.index(1);
+    let f = s.cluster.client();
+    for k in 0..SLOTS as u64 {
+        let key = format!("key{k}");
+        s.header(k, key.as_bytes());
+        let (out, rts) = run(&f, async |st| ix.insert(&f, st, key.as_bytes(), k).await);
+        assert_eq!(out, Ok(InsertOutcome::Inserted), "{key}");
+        assert!(rts <= 4, "{key}: {rts} roundtrips");
+    }
+    s.header(50, b"one-too-many");
+    let (out, _) = run(&f, async |st| ix.insert(&f, st, b"one-too-many", 50).await);
+    assert!(
+        matches!(
+            out,
+            Err(IndexError::Full {
+                first: 0,
+                second: 0
+            })
+        ),
+        "{out:?}"
+    );
+    let msg = out.unwrap_err().to_string();
+    assert!(
+        msg.contains("index full") && msg.contains("more index buckets"),
+        "{msg}"
+    );
+    // Freeing a slot makes room.
+    let (ok, _) = run(&f, async |st| ix.remove(&f, st, b"key3", 3).await);
+    assert_eq!(ok, Ok(true));
+    let (out, _) = run(&f, async |st| ix.insert(&f, st, b"one-too-many", 50).await);
+    assert_eq!(out, Ok(InsertOutcome::Inserted));
+    let (n, _) = run(&f, async |st| ix.count(&f, st).await);
+    assert_eq!(n, Ok(SLOTS as u64));
+}
+
+#[test]
+fn bad_input_is_refused_with_clear_errors() {
+    let s = Setup::new(3, 64, 8);
+    let ix = s.index(1);
+    let f = s.cluster.client();
+    let (out, rts) = run(&f, async |st| ix.insert(&f, st, &[7u8; 33], 1).await);
+    assert_eq!(out, Err(IndexError::KeyTooLong { len: 33, max: 32 }));
+    assert_eq!(rts, 0);
+    let (out, _) = run(&f, async |st| ix.lookup(&f, st, b"").await);
+    assert_eq!(out, Err(IndexError::EmptyKey));
+    let (out, _) = run(&f, async |st| ix.insert(&f, st, b"k", 64).await);
+    assert_eq!(
+        out,
+        Err(IndexError::NoSuchRegister {
+            register: 64,
+            registers: 64
+        })
+    );
+    let (out, _) = run(&f, async |st| ix.replace(&f, st, b"k", 3, 3).await);
+    assert_eq!(out, Err(IndexError::SameRegister(3)));
+
+    assert!(matches!(
+        Index::new(&s.layout, 0, IndexConfig::default()),
+        Err(IndexError::Config(_))
+    ));
+    assert!(matches!(
+        Index::new(&s.layout, 16, IndexConfig::default()),
+        Err(IndexError::Config(_))
+    ));
+    assert!(matches!(
+        Index::new(&s.layout, 3, IndexConfig::new(4096)),
+        Err(IndexError::Config(_))
+    ));
+    let too_many = {
+        let mut p = layout(64, 8).params;
+        p.registers = 1 << 28;
+        NodeLayout::new(p).unwrap()
+    };
+    let err = Index::new(&too_many, 3, IndexConfig::default()).unwrap_err();
+    assert!(err.to_string().contains("registers"), "{err}");
+
+    // A fabric with another node count.
+    let other = MemCluster::new(5, s.layout.end() as usize).client();
+    let (out, _) = run(&other, async |st| ix.lookup(&other, st, b"k").await);
+    assert_eq!(
+        out,
+        Err(IndexError::NodeCount {
+            fabric: 5,
+            index: 3
+        })
+    );
+}
+
+#[test]
+fn a_failed_minority_costs_nothing_and_a_failed_majority_stalls() {
+    let s = Setup::new(5, 64, 16);
+    let ix = s.index(1);
+    let f = s.cluster.client();
+    // The key's preferred majority for reads starts at its first bucket's node.
+    let key = b"survivor";
+    s.header(5, key);
+    s.header(6, key);
+    f.fail_node(NodeId(3));
+    f.fail_node(NodeId(4));
+    let (out, _) = run(&f, async |st| ix.insert(&f, st, key, 5).await);
+    assert_eq!(out, Ok(InsertOutcome::Inserted));
+    let (r, _) = run(&f, async |st| ix.resolve(&f, st, key).await);
+    assert_eq!(r, Ok(Some(5)));
+    let (ok, _) = run(&f, async |st| ix.replace(&f, st, key, 5, 6).await);
+    assert_eq!(ok, Ok(true));
+    // Another client with all nodes reachable sees the same.
+    let g = s.cluster.client();
+    let (r, _) = run(&g, async |st| ix.resolve(&g, st, key).await);
+    assert_eq!(r, Ok(Some(6)));
+
+    f.fail_node(NodeId(2));
+    let stats = OpStats::new();
+    let stalled = block_on(&f, ix.lookup(&f, &stats, key));
+    assert_eq!(
+        stalled,
+        Err(FabricError::Stalled),
+        "no majority: the call cannot finish"
+    );
+}
+
+#[test]
+fn a_corrupted_copy_is_outvoted_and_a_corrupted_majority_is_reported() {
+    let s = Setup::new(3, 64, 4);
+    let ix = s.index(1);
+    let f = s.cluster.client();
+    let key = b"fragile";
+    s.header(9, key);
+    let (out, _) = run(&f, async |st| ix.insert(&f, st, key, 9).await);
+    assert_eq!(out, Ok(InsertOutcome::Inserted));
+    let hash = ix.key_hash(key).unwrap();
+    let scribble = |node: u16| {
+        for bucket in [hash.first, hash.second] {
+            let at = s.layout.bucket(bucket);
+            let stats = OpStats::new();
+            block_on(&f, async {
+                let mut rt = Roundtrip::start(&f, &stats);
+                // Reserved bit set in the meta word, garbage slots.
+                rt.post(
+                    NodeId(node),
+                    swarm_core::Batch::write(at, vec![0xFF; BUCKET_BYTES as usize]),
+                )
+                .unwrap();
+                rt.wait(1).await.unwrap();
+            })
+            .unwrap();
+        }
+    };
+    scribble(0);
+    let (r, _) = run(&f, async |st| ix.resolve(&f, st, key).await);
+    assert_eq!(r, Ok(Some(9)), "one bad copy is ignored");
+    scribble(1);
+    let (r, _) = run(&f, async |st| ix.resolve(&f, st, key).await);
+    assert!(matches!(r, Err(IndexError::Corrupted { .. })), "{r:?}");
+    assert!(r.unwrap_err().to_string().contains("corrupted"));
+}
+
+#[test]
+fn threads_racing_on_the_same_keys_agree_on_one_winner_each() {
+    const THREADS: usize = 4;
+    const KEYS: u64 = 6;
+    let s = Arc::new(Setup::new(3, 256, 4));
+    for t in 0..THREADS as u64 {
+        for k in 0..KEYS {
+            s.header(t * KEYS + k, format!("key{k}").as_bytes());
+        }
+    }
+    let barrier = Arc::new(Barrier::new(THREADS));
+    let handles: Vec<_> = (0..THREADS as u64)
+        .map(|t| {
+            let s = s.clone();
+            let barrier = barrier.clone();
+            thread::spawn(move || {
+                let ix = s.index(t as u16);
+                let f = s.cluster.client();
+                barrier.wait();
+                (0..KEYS)
+                    .map(|k| {
+                        let key = format!("key{k}");
+                        let stats = OpStats::new();
+                        let out = block_on(&f, ix.insert(&f, &stats, key.as_bytes(), t * KEYS + k))
+                            .expect("no stall")
+                            .expect("insert succeeds");
+                        match out {
+                            InsertOutcome::Inserted => t * KEYS + k,
+                            InsertOutcome::Exists(r) => r,
+                        }
+                    })
+                    .collect::<Vec<u64>>()
+            })
+        })
+        .collect();
+    let results: Vec<Vec<u64>> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    let ix = s.index(99);
+    let f = s.cluster.client();
+    for k in 0..KEYS as usize {
+        let winner = results[0][k];
+        assert!(
+            results.iter().all(|r| r[k] == winner),
+            "key{k}: {results:?}"
+        );
+        let stats = OpStats::new();
+        let r = block_on(&f, ix.resolve(&f, &stats, format!("key{k}").as_bytes())).unwrap();
+        assert_eq!(r, Ok(Some(winner)));
+    }
+    let stats = OpStats::new();
+    assert_eq!(block_on(&f, ix.count(&f, &stats)).unwrap(), Ok(KEYS));
+    let _ = f.node_count();
+}
+
+/// Writes `word` at `addr` on every node.
+fn poke(f: &MemFabric, nodes: usize, addr: u64, word: u64) {
+    let stats = OpStats::new();
+    block_on(f, async {
+        let mut rt = Roundtrip::start(f, &stats);
+        for n in 0..nodes {
+            rt.post(NodeId(n as u16), swarm_core::Batch::write(addr, word.to_le_bytes().to_vec()))
+                .unwrap();
+        }
+        rt.wait(nodes).await.unwrap();
+    })
+    .unwrap();
+}
+
+#[test]
+fn mappings_survive_ballots_wrapping_around() {
+    // One bucket, whose ballots jump by 20 000 between operations (as if that many
+    // contended rounds happened), wrapping the 16-bit space three times. Slots that
+    // are not changed must keep comparing as older than new ballots.
+    let s = Setup::new(3, 256, 1);
+    let ix = s.index(1);
+    let f = s.cluster.client();
+    let mut mapped: Vec<(String, u64)> = Vec::new();
+    let mut next = 0u64;
+    let mut insert = |f: &MemFabric, mapped: &mut Vec<(String, u64)>| {
+        let key = format!("key{next}");
+        s.header(next, key.as_bytes());
+        let (out, _) = run(f, async |st| ix.insert(f, st, key.as_bytes(), next).await);
+        assert_eq!(out, Ok(InsertOutcome::Inserted), "{key}");
+        mapped.push((key, next));
+        next += 1;
+    };
+    for _ in 0..4 {
+        insert(&f, &mut mapped);
+    }
+    for step in 1..=10u64 {
+        let ballot = Ballot((step * 20_000 % 65_536) as u16);
+        let settled = Meta {
+            promised: ballot,
+            accepted: Some((ballot, Proposal::Noop)),
+        };
+        poke(&f, 3, s.layout.bucket(0), settled.encode());
+        // Change one mapping, keep the others.
+        let (key, register) = mapped.remove(0);
+        let (ok, _) = run(&f, async |st| ix.remove(&f, st, key.as_bytes(), register).await);
+        assert_eq!(ok, Ok(true), "step {step}: remove {key}");
+        insert(&f, &mut mapped);
+        for (key, register) in &mapped {
+            let (r, _) = run(&f, async |st| ix.resolve(&f, st, key.as_bytes()).await);
+            assert_eq!(r, Ok(Some(*register)), "step {step}: {key}");
+        }
+        let (r, _) = run(&f, async |st| ix.resolve(&f, st, key.as_bytes()).await);
+        assert_eq!(r, Ok(None), "step {step}: {key} was removed");
+    }
+}
