@@ -11,7 +11,7 @@
 
 use std::borrow::Cow;
 use std::io::{self, BufRead};
-use std::string::String;
+use std::string::{String, ToString};
 
 use serde::Deserialize;
 
@@ -31,13 +31,17 @@ pub enum ParseError {
     },
     /// A line is not a JSON operation record of the expected shape.
     #[error(
-        "line {line}: {source}; expected an object like \
+        "line {line}, column {column}: {message}; expected an object like \
          {{\"client\": 1, \"op\": \"write\", \"key\": \"k\", \"value\": \"v\", \"ok\": true, \"start\": 10, \"end\": 20}}"
     )]
     Json {
         /// The offending line.
         line: u64,
-        /// What serde_json found wrong.
+        /// The column in that line where serde_json gave up.
+        column: usize,
+        /// What serde_json found wrong, without its position.
+        message: String,
+        /// The underlying error.
         source: serde_json::Error,
     },
     /// A completed operation without its `ok` outcome.
@@ -65,6 +69,21 @@ impl ParseError {
             | Self::MissingOk { line }
             | Self::Invalid { line, .. } => *line,
         }
+    }
+}
+
+fn json_error(line: u64, source: serde_json::Error) -> ParseError {
+    let message = source.to_string();
+    // serde_json appends " at line 1 column N", relative to the one line it saw.
+    let message = match message.rfind(" at line ") {
+        Some(at) => message[..at].into(),
+        None => message,
+    };
+    ParseError::Json {
+        line,
+        column: source.column(),
+        message,
+        source,
     }
 }
 
@@ -103,7 +122,7 @@ impl History {
                 continue;
             }
             let record: Record<'_> =
-                serde_json::from_str(text).map_err(|source| ParseError::Json { line, source })?;
+                serde_json::from_str(text).map_err(|source| json_error(line, source))?;
             let ok = match (record.end, record.ok) {
                 (Some(_), None) => return Err(ParseError::MissingOk { line }),
                 (_, ok) => ok.unwrap_or(false),
@@ -179,7 +198,8 @@ mod tests {
             let err = History::from_jsonl(text.as_bytes()).unwrap_err();
             assert_eq!(err.line(), line, "{text}: {err}");
             let msg = err.to_string();
-            assert!(msg.starts_with(&std::format!("line {line}:")), "{msg}");
+            assert!(msg.starts_with(&std::format!("line {line}")), "{msg}");
+            assert!(!msg.contains("at line"), "{msg}");
             assert!(msg.contains(needle), "{text}: {msg}");
         }
     }
