@@ -8,6 +8,7 @@
 use std::io;
 use std::path::PathBuf;
 
+use crate::KvError;
 use crate::layout::ParamsError;
 
 /// Why a benchmark could not be configured or run.
@@ -42,6 +43,14 @@ pub enum BenchError {
     /// Cluster parameters for a benchmark cluster could not be derived.
     #[error(transparent)]
     Params(#[from] ParamsError),
+    /// Creating or opening the cluster failed.
+    #[error("cannot set up the benchmark cluster: {0}")]
+    Store(#[from] KvError),
+    /// No scratch directory for a temporary cluster could be made.
+    #[error(
+        "cannot create a scratch directory for the benchmark cluster under /dev/shm or the temporary directory: {0}"
+    )]
+    TempDir(io::Error),
     /// Writing an output file failed.
     #[error("cannot write the {what} to {path}: {source}")]
     Output {

@@ -20,14 +20,21 @@
 //! * [`report`]: [`BenchReport`], its JSON schema (documented there) and its table;
 //! * [`compare`]: the side-by-side table of several systems;
 //! * [`config`]: [`BenchConfig`] and the `swarm bench` flags ([`BenchArgs`]);
-//! * [`sizing`]: how large a cluster a run needs.
+//! * [`sizing`]: how large a cluster a run needs;
+//! * `run`: [`run`], the driver: client threads, phases, operations in flight, node
+//!   crash, history (`history`) and phase gates (`gate`);
+//! * `temp`: [`TempStore`], a throw-away cluster for benchmarks and tests.
 
 pub mod compare;
 pub mod config;
 mod error;
+mod gate;
+mod history;
 pub mod report;
+mod run;
 pub mod sizing;
 pub mod stats;
+mod temp;
 pub mod workload;
 pub mod zipf;
 
@@ -35,4 +42,6 @@ pub use compare::comparison_table;
 pub use config::{BenchArgs, BenchConfig, FailPlan, System};
 pub use error::BenchError;
 pub use report::BenchReport;
+pub use run::{register_protocol, run};
+pub use temp::TempStore;
 pub use workload::{OpType, Workload};

@@ -1,0 +1,691 @@
+//! Running a benchmark on a SWARM-KV store ([`run`]), as the paper does (§7).
+//!
+//! `clients` threads, each with its own [`KvClient`] using the chosen register
+//! protocol, go through three phases separated by [`Gate`]s, so each phase is timed
+//! on its own:
+//!
+//! 1. **load**: the keys are split into one contiguous range per client, and each
+//!    client inserts its range;
+//! 2. **warm-up** (unmeasured): with `warm_cache`, every client gets every key once,
+//!    starting at a different key per client, so every location cache holds every
+//!    key, as in the paper's setting; then `warmup_ops` workload operations;
+//! 3. **measured**: `ops` workload operations in total, claimed one at a time from a
+//!    shared counter by whichever client is free (closed loop).
+//!
+//! A client keeps `inflight` operations going at once on one thread with a
+//! [`LocalExecutor`] (the paper's §7.2): as soon as one finishes, the next is issued
+//! in its slot. An operation's latency runs from its first poll (when it starts
+//! issuing requests) to the poll that sees it complete; its stats, history record and
+//! progress are written only after the end time is taken.
+//!
+//! With a [`FailPlan`](super::FailPlan), every client marks the node failed on its
+//! own fabric (`ShmFabric::fail_node`) when it claims the measured operation
+//! numbered `after_ops`: from then on that node never answers it, which is how a
+//! crashed memory node looks to a client (§7.7). Operations must go on with no error.
+//!
+//! Failed operations are counted per kind with example messages, recorded in the
+//! history without an end (their effect is unknown), and the run goes on. If every
+//! operation in flight on a client waits on failed nodes only, the executor reports a
+//! stall: those operations fail with [`FabricError::Stalled`] and the client moves on.
+
+use std::io::IsTerminal;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::thread;
+use std::time::Instant;
+
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use rand::SeedableRng;
+use rand::rngs::Xoshiro256PlusPlus;
+use swarm_core::checker::{OpKind, Operation};
+use swarm_core::{Fabric, FabricError, LocalExecutor, NodeId, OpStats};
+use swarm_shm::ShmFabric;
+
+use super::config::{BenchConfig, System};
+use super::error::BenchError;
+use super::gate::Gate;
+use super::history::{self, HistoryPart};
+use super::report::{BenchReport, RunStats};
+use super::sizing::check_capacity;
+use super::stats::PhaseStats;
+use super::workload::{KeySpace, OpChooser, OpType, value};
+use crate::client::{KvClient, RegisterProtocol};
+use crate::clock::SystemClock;
+use crate::{KvError, KvStore};
+
+type Client = KvClient<ShmFabric, SystemClock>;
+
+/// Progress is reported to the bar in batches of this many operations.
+const PROGRESS_BATCH: u64 = 256;
+
+/// The register protocol a system runs.
+pub fn register_protocol(system: System) -> RegisterProtocol {
+    match system {
+        System::Swarm => RegisterProtocol::SafeGuess,
+        System::Abd => RegisterProtocol::Abd,
+        System::Raw => RegisterProtocol::Raw,
+    }
+}
+
+/// Runs `config` on `store` and reports the figures. Failed operations do not stop
+/// the run: they are counted in the report.
+///
+/// The store may already hold the benchmark's keys (an earlier run): the load then
+/// overwrites them, and the history stays checkable because every key is inserted
+/// before any other operation touches it. Registers are not recycled yet, though, so
+/// each run uses `keys` fresh ones.
+pub fn run(store: &KvStore, config: &BenchConfig) -> Result<BenchReport, BenchError> {
+    config.validate()?;
+    check_capacity(store.layout(), config)?;
+    let nodes = store.fabric().node_count();
+    if let Some(fail) = config.fail
+        && usize::from(fail.node) >= nodes
+    {
+        return Err(BenchError::InvalidConfig(format!(
+            "--fail-node {} does not exist: the cluster has nodes 0 to {}",
+            fail.node,
+            nodes.saturating_sub(1)
+        )));
+    }
+    let keys = KeySpace::new(config.keys, config.key_size)?;
+    let chooser = OpChooser::new(config.workload, config.keys)?;
+    let clients = connect(store, config)?;
+    let parts = match &config.history {
+        None => None,
+        Some(dest) => {
+            let mut parts = Vec::with_capacity(config.clients);
+            for index in 0..config.clients {
+                match HistoryPart::create(dest, index) {
+                    Ok(part) => parts.push(part),
+                    Err(e) => {
+                        history::discard(parts);
+                        clients.into_iter().for_each(KvClient::close);
+                        return Err(e);
+                    }
+                }
+            }
+            Some(parts)
+        }
+    };
+    let shared = Shared {
+        config,
+        keys: &keys,
+        chooser: &chooser,
+        gate: Gate::new(config.clients + 1),
+        origin: Instant::now(),
+        measured_claimed: AtomicU64::new(0),
+        warmup_claimed: AtomicU64::new(0),
+        fail_triggered: AtomicBool::new(false),
+        progress: progress_bar(config),
+    };
+    let (outputs, times) = run_threads(&shared, clients, parts);
+    shared.progress.finish_and_clear();
+
+    let mut stats = RunStats::default();
+    let mut history_parts = Vec::new();
+    let mut failure = None;
+    for (client, output) in outputs.into_iter().enumerate() {
+        match output {
+            Ok(output) => {
+                stats.load.merge(&output.load);
+                stats.warmup.merge(&output.warmup);
+                stats.measured.merge(&output.measured);
+                match output.history {
+                    Some(Ok(path)) => history_parts.push(path),
+                    Some(Err(e)) => failure = failure.or(Some(e)),
+                    None => {}
+                }
+            }
+            Err(e) => {
+                failure = failure.or(Some(match e {
+                    ThreadFailure::Spawn(message) => BenchError::ClientStart { client, message },
+                    ThreadFailure::Panic(message) => BenchError::ClientPanicked { client, message },
+                }));
+            }
+        }
+    }
+    if let Some(e) = failure {
+        for part in history_parts {
+            let _ = std::fs::remove_file(part);
+        }
+        return Err(e);
+    }
+    if let Some(dest) = &config.history {
+        history::merge(&history_parts, dest)?;
+    }
+    let seconds = |a: Instant, b: Instant| b.saturating_duration_since(a).as_secs_f64();
+    stats.load_seconds = seconds(times[0], times[1]);
+    stats.warmup_seconds = seconds(times[1], times[2]);
+    stats.measured_seconds = seconds(times[2], times[3]);
+    stats.fail_triggered = shared.fail_triggered.load(Ordering::Relaxed);
+    Ok(BenchReport::new(config, &stats))
+}
+
+/// One client per thread, each registered as its own writer, with the run's
+/// protocol and emulated roundtrip time.
+fn connect(store: &KvStore, config: &BenchConfig) -> Result<Vec<Client>, BenchError> {
+    let store = store.clone().with_rtt_ns(config.rtt_ns);
+    let mut kv_config = store.config();
+    kv_config.register_protocol = register_protocol(config.system);
+    let mut clients = Vec::with_capacity(config.clients);
+    for index in 0..config.clients {
+        match store.client_with(kv_config) {
+            Ok(client) => clients.push(client),
+            Err(e) => {
+                // Give the writer ids taken so far back.
+                clients.into_iter().for_each(KvClient::close);
+                return Err(BenchError::ClientStart {
+                    client: index,
+                    message: e.to_string(),
+                });
+            }
+        }
+    }
+    Ok(clients)
+}
+
+/// A progress bar over every operation of the run, on stderr when it is a terminal.
+fn progress_bar(config: &BenchConfig) -> ProgressBar {
+    if !config.progress || !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let warm = if config.warm_cache {
+        config.keys.saturating_mul(config.clients as u64)
+    } else {
+        0
+    };
+    let total = config
+        .keys
+        .saturating_add(warm)
+        .saturating_add(config.warmup_ops)
+        .saturating_add(config.ops);
+    let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
+    if let Ok(style) = ProgressStyle::with_template(
+        "{msg:>9} [{elapsed_precise}] {wide_bar} {human_pos}/{human_len} ops ({per_sec}, eta {eta})",
+    ) {
+        bar.set_style(style);
+    }
+    bar.set_message("starting");
+    bar
+}
+
+/// State every client thread reads.
+struct Shared<'a> {
+    config: &'a BenchConfig,
+    keys: &'a KeySpace,
+    chooser: &'a OpChooser,
+    gate: Gate,
+    /// Zero of every timestamp (latencies and history).
+    origin: Instant,
+    measured_claimed: AtomicU64,
+    warmup_claimed: AtomicU64,
+    fail_triggered: AtomicBool,
+    progress: ProgressBar,
+}
+
+impl Shared<'_> {
+    fn now_ns(&self) -> u64 {
+        u64::try_from(self.origin.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+}
+
+/// Why a client thread produced no measurements.
+enum ThreadFailure {
+    Spawn(String),
+    Panic(String),
+}
+
+/// Runs one thread per client and times the phases from the coordinating thread:
+/// `times` are the instants every client was ready, finished loading, finished the
+/// warm-up, and finished the measured phase.
+fn run_threads(
+    shared: &Shared<'_>,
+    clients: Vec<Client>,
+    parts: Option<Vec<HistoryPart>>,
+) -> (Vec<Result<WorkerOutput, ThreadFailure>>, [Instant; 4]) {
+    let mut parts: Vec<Option<HistoryPart>> = match parts {
+        Some(parts) => parts.into_iter().map(Some).collect(),
+        None => clients.iter().map(|_| None).collect(),
+    };
+    let mut times = [Instant::now(); 4];
+    let outputs = thread::scope(|scope| {
+        let mut handles = Vec::with_capacity(clients.len());
+        for (index, (client, part)) in clients.into_iter().zip(parts.iter_mut()).enumerate() {
+            let part = part.take();
+            let spawned = thread::Builder::new()
+                .name(format!("ycsb-client-{index}"))
+                .spawn_scoped(scope, move || worker(shared, index, client, part));
+            match spawned {
+                Ok(handle) => handles.push(Ok(handle)),
+                Err(e) => {
+                    // The others would wait for this one at every phase: release them.
+                    shared.gate.abort();
+                    handles.push(Err(e.to_string()));
+                }
+            }
+        }
+        for (time, message) in times.iter_mut().zip(["load", "warm-up", "measure", "done"]) {
+            let Some(opened) = shared.gate.wait_timed() else {
+                break;
+            };
+            *time = opened;
+            shared.progress.set_message(message);
+        }
+        handles
+            .into_iter()
+            .map(|handle| match handle {
+                Err(message) => Err(ThreadFailure::Spawn(message)),
+                Ok(handle) => handle.join().map_err(|panic| {
+                    let message = panic
+                        .downcast_ref::<&str>()
+                        .map(|s| s.to_string())
+                        .or_else(|| panic.downcast_ref::<String>().cloned())
+                        .unwrap_or_else(|| "unknown panic payload".into());
+                    ThreadFailure::Panic(message)
+                }),
+            })
+            .collect()
+    });
+    (outputs, times)
+}
+
+/// Releases the other threads if this one unwinds, so that nobody waits for it.
+struct AbortOnPanic<'a>(&'a Gate);
+
+impl Drop for AbortOnPanic<'_> {
+    fn drop(&mut self) {
+        if thread::panicking() {
+            self.0.abort();
+        }
+    }
+}
+
+/// A client thread's measurements.
+#[derive(Default)]
+struct WorkerOutput {
+    load: PhaseStats,
+    warmup: PhaseStats,
+    measured: PhaseStats,
+    /// The finished history part, if one is written.
+    history: Option<Result<std::path::PathBuf, BenchError>>,
+}
+
+/// What a client thread records as operations finish.
+struct Sink<'a> {
+    shared: &'a Shared<'a>,
+    /// Client thread index.
+    index: usize,
+    history: Option<HistoryPart>,
+    /// Operations finished but not yet reported to the progress bar.
+    unreported: u64,
+}
+
+impl Sink<'_> {
+    fn finish(&mut self, stats: &mut PhaseStats, done: Done) {
+        let latency = done.end.saturating_sub(done.start);
+        match &done.result {
+            Ok(outcome) => stats.record(done.op, latency, done.roundtrips, outcome.hit()),
+            Err(e) => stats.record_error(done.op, e),
+        }
+        if self.history.is_some() {
+            let op = self.operation(&done);
+            if let Some(history) = &mut self.history {
+                history.record(&op);
+            }
+        }
+        self.unreported += 1;
+        if self.unreported >= PROGRESS_BATCH {
+            self.flush_progress();
+        }
+    }
+
+    fn flush_progress(&mut self) {
+        self.shared.progress.inc(self.unreported);
+        self.unreported = 0;
+    }
+
+    /// The history record of `done`; each in-flight slot of a client thread is its
+    /// own history client (one operation at a time).
+    fn operation(&self, done: &Done) -> Operation {
+        let client = (self.index * self.shared.config.inflight + done.slot) as u64;
+        let key = self.shared.keys.key(done.keynum);
+        let written = done
+            .written
+            .as_deref()
+            .map(|v| String::from_utf8_lossy(v).into_owned());
+        let kind = match done.op {
+            OpType::Get => OpKind::Get,
+            OpType::Update => OpKind::Update,
+            OpType::Insert => OpKind::Insert,
+        };
+        match &done.result {
+            Ok(Outcome::Got(value)) => {
+                let read = value.as_deref().map(String::from_utf8_lossy);
+                Operation::completed(
+                    client,
+                    kind,
+                    key,
+                    read.as_deref(),
+                    true,
+                    done.start,
+                    done.end,
+                )
+            }
+            Ok(Outcome::Updated(ok)) => Operation::completed(
+                client,
+                kind,
+                key,
+                written.as_deref(),
+                *ok,
+                done.start,
+                done.end,
+            ),
+            Ok(Outcome::Inserted) => Operation::completed(
+                client,
+                kind,
+                key,
+                written.as_deref(),
+                true,
+                done.start,
+                done.end,
+            ),
+            Err(_) => Operation::crashed(client, kind, key, written.as_deref(), done.start),
+        }
+    }
+}
+
+/// The body of client thread `index`: the three phases, between gates.
+fn worker(
+    shared: &Shared<'_>,
+    index: usize,
+    client: Client,
+    history: Option<HistoryPart>,
+) -> WorkerOutput {
+    let _release = AbortOnPanic(&shared.gate);
+    let config = shared.config;
+    let mut out = WorkerOutput::default();
+    let mut sink = Sink {
+        shared,
+        index,
+        history,
+        unreported: 0,
+    };
+    let mut seq = 0u64;
+    let mut next_seq = || {
+        seq += 1;
+        seq - 1
+    };
+    let thread_seed = config
+        .seed
+        .wrapping_add((index as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(thread_seed);
+    let n = config.keys;
+    let clients = config.clients as u64;
+    let share = |i: u64| (u128::from(n) * u128::from(i) / u128::from(clients)) as u64;
+
+    'phases: {
+        if !shared.gate.wait() {
+            break 'phases;
+        }
+        // 1. Load: this client's range of keys.
+        let mut next_key = share(index as u64)..share(index as u64 + 1);
+        drive(
+            &client,
+            shared,
+            index,
+            &mut || {
+                let keynum = next_key.next()?;
+                Some(Planned {
+                    op: OpType::Insert,
+                    keynum,
+                    seq: next_seq(),
+                })
+            },
+            &mut |done| sink.finish(&mut out.load, done),
+        );
+        sink.flush_progress();
+        if !shared.gate.wait() {
+            break 'phases;
+        }
+        // 2. Warm-up: every key once from this client's first key, then workload ops.
+        let mut warm = if config.warm_cache { 0..n } else { 0..0 };
+        let offset = share(index as u64);
+        drive(
+            &client,
+            shared,
+            index,
+            &mut || {
+                if let Some(i) = warm.next() {
+                    return Some(Planned {
+                        op: OpType::Get,
+                        keynum: (offset + i) % n,
+                        seq: next_seq(),
+                    });
+                }
+                if shared.warmup_claimed.fetch_add(1, Ordering::Relaxed) >= config.warmup_ops {
+                    return None;
+                }
+                let (op, keynum) = shared.chooser.next(&mut rng);
+                Some(Planned {
+                    op,
+                    keynum,
+                    seq: next_seq(),
+                })
+            },
+            &mut |done| sink.finish(&mut out.warmup, done),
+        );
+        sink.flush_progress();
+        if !shared.gate.wait() {
+            break 'phases;
+        }
+        // 3. Measured: claim operations until `ops` were issued by all clients.
+        let mut failed = false;
+        drive(
+            &client,
+            shared,
+            index,
+            &mut || {
+                let number = shared.measured_claimed.fetch_add(1, Ordering::Relaxed);
+                if number >= config.ops {
+                    return None;
+                }
+                if let Some(fail) = config.fail
+                    && !failed
+                    && number >= fail.after_ops
+                {
+                    client.fabric().fail_node(NodeId(fail.node));
+                    shared.fail_triggered.store(true, Ordering::Relaxed);
+                    failed = true;
+                }
+                let (op, keynum) = shared.chooser.next(&mut rng);
+                Some(Planned {
+                    op,
+                    keynum,
+                    seq: next_seq(),
+                })
+            },
+            &mut |done| sink.finish(&mut out.measured, done),
+        );
+        sink.flush_progress();
+        shared.gate.wait();
+    }
+    client.close();
+    out.history = sink.history.take().map(HistoryPart::finish);
+    out
+}
+
+/// An operation to issue.
+struct Planned {
+    op: OpType,
+    keynum: u64,
+    /// The client's operation number: an update or insert writes the value tagged
+    /// with it (see [`value`]).
+    seq: u64,
+}
+
+/// What an operation returned.
+enum Outcome {
+    /// A get: the value, `None` if the key was absent.
+    Got(Option<Vec<u8>>),
+    /// An update: whether the key was present.
+    Updated(bool),
+    /// An insert.
+    Inserted,
+}
+
+impl Outcome {
+    /// Whether the operation found its key.
+    fn hit(&self) -> bool {
+        match self {
+            Self::Got(value) => value.is_some(),
+            Self::Updated(present) => *present,
+            Self::Inserted => true,
+        }
+    }
+}
+
+/// A finished operation.
+struct Done {
+    /// The in-flight slot it ran in.
+    slot: usize,
+    op: OpType,
+    keynum: u64,
+    written: Option<Vec<u8>>,
+    result: Result<Outcome, KvError>,
+    /// ns since the run's origin.
+    start: u64,
+    end: u64,
+    roundtrips: u32,
+}
+
+/// What an operation's future returns.
+struct Finished {
+    slot: usize,
+    written: Option<Vec<u8>>,
+    result: Result<Outcome, KvError>,
+    start: u64,
+    end: u64,
+    roundtrips: u32,
+}
+
+/// Issues one operation; times it from its first poll to its completion.
+async fn issue(
+    client: &Client,
+    shared: &Shared<'_>,
+    key: &str,
+    op: OpType,
+    written: Option<Vec<u8>>,
+    slot: usize,
+) -> Finished {
+    let stats = OpStats::new();
+    let key = key.as_bytes();
+    let start = shared.now_ns();
+    let result = match op {
+        OpType::Get => client.get(key, &stats).await.map(Outcome::Got),
+        OpType::Update => client
+            .update(key, written.as_deref().unwrap_or_default(), &stats)
+            .await
+            .map(Outcome::Updated),
+        OpType::Insert => client
+            .insert(key, written.as_deref().unwrap_or_default(), &stats)
+            .await
+            .map(|()| Outcome::Inserted),
+    };
+    let end = shared.now_ns();
+    Finished {
+        slot,
+        written,
+        result,
+        start,
+        end,
+        roundtrips: stats.roundtrips(),
+    }
+}
+
+/// The operation in flight in a slot, as issued.
+struct InFlight {
+    op: OpType,
+    keynum: u64,
+    seq: u64,
+    issued_at: u64,
+}
+
+/// Keeps `inflight` operations from `next` going on `client` until `next` runs dry,
+/// handing each to `finish` as it completes.
+fn drive<'a>(
+    client: &'a Client,
+    shared: &'a Shared<'a>,
+    index: usize,
+    next: &mut dyn FnMut() -> Option<Planned>,
+    finish: &mut dyn FnMut(Done),
+) {
+    let inflight = shared.config.inflight;
+    let value_size = shared.config.value_size;
+    // `validate` checked that every tag fits in `value_size`.
+    let written = |op: OpType, seq: u64| match op {
+        OpType::Get => None,
+        OpType::Update | OpType::Insert => value(index as u32, seq, value_size),
+    };
+    let mut slots: Vec<Option<InFlight>> = (0..inflight).map(|_| None).collect();
+    let mut finished: Vec<Finished> = Vec::with_capacity(inflight);
+    let mut exec: LocalExecutor<'a, Finished> = LocalExecutor::new();
+    let mut spawn =
+        |exec: &mut LocalExecutor<'a, Finished>, slots: &mut [Option<InFlight>], slot: usize| {
+            if let Some(planned) = next() {
+                slots[slot] = Some(InFlight {
+                    op: planned.op,
+                    keynum: planned.keynum,
+                    seq: planned.seq,
+                    issued_at: shared.now_ns(),
+                });
+                let key = shared.keys.key(planned.keynum);
+                let value = written(planned.op, planned.seq);
+                exec.spawn(issue(client, shared, key, planned.op, value, slot));
+            }
+        };
+    for slot in 0..inflight {
+        spawn(&mut exec, &mut slots, slot);
+    }
+    while exec.live() > 0 {
+        let mut completed = exec.poll_once(|_, f| finished.push(f));
+        if completed == 0 && !client.fabric().progress() {
+            // One last poll picks up what progress delivered.
+            completed = exec.poll_once(|_, f| finished.push(f));
+            if completed == 0 {
+                // Every operation in flight waits on failed nodes only: give up on them.
+                exec = LocalExecutor::new();
+                for slot in 0..inflight {
+                    if let Some(lost) = slots[slot].take() {
+                        finish(Done {
+                            slot,
+                            op: lost.op,
+                            keynum: lost.keynum,
+                            written: written(lost.op, lost.seq),
+                            result: Err(KvError::Fabric(FabricError::Stalled)),
+                            start: lost.issued_at,
+                            end: shared.now_ns(),
+                            roundtrips: 0,
+                        });
+                    }
+                    spawn(&mut exec, &mut slots, slot);
+                }
+                continue;
+            }
+        }
+        for f in finished.drain(..) {
+            let Some(issued) = slots[f.slot].take() else {
+                continue;
+            };
+            finish(Done {
+                slot: f.slot,
+                op: issued.op,
+                keynum: issued.keynum,
+                written: f.written,
+                result: f.result,
+                start: f.start,
+                end: f.end,
+                roundtrips: f.roundtrips,
+            });
+            spawn(&mut exec, &mut slots, f.slot);
+        }
+    }
+}

@@ -1,0 +1,69 @@
+//! Histories recorded by the YCSB harness pass the linearizability checker
+//! (DESIGN.md §7): plain runs, runs with several operations in flight per client, a
+//! memory-node crash mid-run (SWARM §7.7), and extreme contention (§7.8: 16 clients
+//! on 10 keys).
+
+mod ycsb_support;
+
+use swarm_kv::ycsb::{FailPlan, System, Workload};
+use ycsb_support::{assert_clean, assert_linearizable, run_fresh, small};
+
+fn history_path(dir: &swarm_shm::ScratchDir) -> std::path::PathBuf {
+    dir.path().join("history.jsonl")
+}
+
+#[test]
+fn plain_run_is_linearizable() {
+    let dir = swarm_shm::ScratchDir::new("ycsb-history").unwrap();
+    let mut config = small(System::Swarm, Workload::A, 200, 3_000, 4);
+    config.history = Some(history_path(&dir));
+    let report = run_fresh(&config);
+    assert_clean(&report);
+    assert_linearizable(&history_path(&dir), &report);
+}
+
+#[test]
+fn run_with_operations_in_flight_is_linearizable() {
+    let dir = swarm_shm::ScratchDir::new("ycsb-history").unwrap();
+    let mut config = small(System::Swarm, Workload::A, 50, 3_000, 2);
+    config.inflight = 3;
+    config.history = Some(history_path(&dir));
+    let report = run_fresh(&config);
+    assert_clean(&report);
+    assert_linearizable(&history_path(&dir), &report);
+}
+
+#[test]
+fn run_with_a_node_crash_is_linearizable() {
+    let dir = swarm_shm::ScratchDir::new("ycsb-history").unwrap();
+    let mut config = small(System::Swarm, Workload::A, 100, 3_000, 4);
+    config.fail = Some(FailPlan {
+        node: 0,
+        after_ops: 1_000,
+    });
+    config.history = Some(history_path(&dir));
+    let report = run_fresh(&config);
+    assert_clean(&report);
+    assert!(report.fail_node.is_some_and(|f| f.triggered));
+    assert_linearizable(&history_path(&dir), &report);
+}
+
+#[test]
+fn sixteen_clients_on_ten_keys_are_linearizable() {
+    let dir = swarm_shm::ScratchDir::new("ycsb-history").unwrap();
+    let mut config = small(System::Swarm, Workload::A, 10, 3_000, 16);
+    config.history = Some(history_path(&dir));
+    let report = run_fresh(&config);
+    assert_clean(&report);
+    assert_linearizable(&history_path(&dir), &report);
+}
+
+#[test]
+fn dm_abd_run_is_linearizable() {
+    let dir = swarm_shm::ScratchDir::new("ycsb-history").unwrap();
+    let mut config = small(System::Abd, Workload::A, 10, 2_000, 8);
+    config.history = Some(history_path(&dir));
+    let report = run_fresh(&config);
+    assert_clean(&report);
+    assert_linearizable(&history_path(&dir), &report);
+}
