@@ -417,6 +417,22 @@ fn a_200k_operation_zipfian_history_is_accepted_and_corrupted_reads_caught() {
     assert_eq!(bad, [hot_key.as_str()], "seed {seed:#x}: {report}");
 }
 
+#[test]
+fn verdicts_do_not_depend_on_the_thread_count() {
+    let seed = 0x5eed_0004;
+    let mut ops = generate(&bench_like(20_000, 500, 8), seed);
+    let read = ops
+        .iter()
+        .rposition(|o| o.op.is_observer() && !o.is_crashed())
+        .unwrap();
+    ops[read].value = Some("never written".into());
+    let h = history(&ops);
+    let one = check_with(&h, &CheckOptions::new().threads(1));
+    let four = check_with(&h, &CheckOptions::new().threads(4));
+    assert_eq!(one.keys(), four.keys(), "seed {seed:#x}");
+    assert_eq!(one.violations().count(), 1, "seed {seed:#x}: {one}");
+}
+
 /// Extreme contention (SWARM §7.8): 16 clients hammer one key with no pause, so every
 /// operation overlaps some 30 others and the history is never quiescent.
 #[test]

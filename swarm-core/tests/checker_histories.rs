@@ -509,3 +509,52 @@ fn recorder_from_threads_sharing_a_locked_register() {
     let report = check(&history);
     assert!(report.is_linearizable(), "{report}");
 }
+
+#[test]
+fn recorder_from_threads_sharing_a_locked_key_value_map() {
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+    use std::time::Instant;
+
+    let rec = Recorder::new();
+    let map: Mutex<HashMap<String, String>> = Mutex::new(HashMap::new());
+    let epoch = Instant::now();
+    let now = || epoch.elapsed().as_nanos() as u64;
+    std::thread::scope(|s| {
+        for client in 0..4u64 {
+            let (rec, map) = (&rec, &map);
+            s.spawn(move || {
+                for i in 0..300u64 {
+                    let key = format!("k{}", (client * 7 + i) % 4);
+                    let value = format!("{client}-{i}");
+                    let kind = [OpKind::Get, OpKind::Insert, OpKind::Update, OpKind::Delete]
+                        [((client + i * 3) % 4) as usize];
+                    let written = kind.writes_value().then_some(value.as_str());
+                    let id = rec.begin(client, kind, &key, written, now());
+                    let mut map = map.lock().unwrap();
+                    let (ok, seen) = match kind {
+                        OpKind::Get => (true, map.get(&key).cloned()),
+                        OpKind::Insert => {
+                            map.insert(key, value);
+                            (true, None)
+                        }
+                        OpKind::Update => match map.get_mut(&key) {
+                            Some(v) => {
+                                *v = value;
+                                (true, None)
+                            }
+                            None => (false, None),
+                        },
+                        _ => (map.remove(&key).is_some(), None),
+                    };
+                    drop(map);
+                    rec.end(id, ok, seen.as_deref(), now()).unwrap();
+                }
+            });
+        }
+    });
+    let history = rec.into_history().unwrap();
+    let report = check(&history);
+    assert!(report.is_linearizable(), "{report}");
+    assert_eq!((report.operations(), report.keys().len()), (1200, 4));
+}
