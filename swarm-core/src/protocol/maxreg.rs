@@ -14,7 +14,7 @@
 //! Implementation notes (§6):
 //! * Steps contact the register's *preferred majority* first and the other replicas
 //!   only when one of those is slow ([`super::ProtocolConfig::slow_after_ns`]) or
-//!   failed; see [`Client::quorum_step`].
+//!   failed; see `Client::quorum_step`.
 //! * `READ` returns the maximum of this read's replies rather than of the whole
 //!   cache: Lemma A.3 (a majority read after a completed `inner_write(v)` returns
 //!   something `>= v`) is all that read-read and write-read monotonicity need, and the
