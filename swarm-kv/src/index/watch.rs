@@ -144,3 +144,122 @@ impl<F: Fabric> Engine<'_, F> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use swarm_core::mem::MemCluster;
+    use swarm_core::{Fabric, OpStats};
+
+    use super::*;
+    use crate::index::bucket::applied_slot;
+    use crate::index::word::{Meta, SLOTS, Slot};
+    use crate::index::{Index, IndexConfig};
+    use crate::layout::{ClusterParams, NodeLayout};
+
+    const MINE: Proposal = Proposal::Set {
+        slot: 2,
+        register: 7,
+    };
+    const OTHER: Proposal = Proposal::Set {
+        slot: 3,
+        register: 8,
+    };
+
+    fn copy(accepted: Option<(u16, Proposal)>, slots: [Slot; SLOTS]) -> NodeBucket {
+        let meta = Meta {
+            promised: Ballot(accepted.map_or(0, |a| a.0)),
+            accepted: accepted.map(|(b, p)| (Ballot(b), p)),
+        };
+        NodeBucket {
+            meta_word: meta.encode(),
+            meta,
+            slot_words: slots.map(|s| s.encode()),
+            slots,
+        }
+    }
+
+    fn index() -> Index {
+        let params = ClusterParams {
+            registers: 64,
+            chunk_registers: 16,
+            index_buckets: 4,
+            log_slots: 16,
+            writers: 4,
+            ..ClusterParams::default()
+        };
+        let config = IndexConfig {
+            ack_wait_ns: 100,
+            ..IndexConfig::default()
+        };
+        Index::new(&NodeLayout::new(params).unwrap(), 3, config).unwrap()
+    }
+
+    #[test]
+    fn fate_follows_observations() {
+        let ix = index();
+        let cluster = MemCluster::new(3, 64);
+        let fabric = cluster.client();
+        let stats = OpStats::new();
+        let advance = |ticks: u64| {
+            fabric.wake_at(fabric.now() + ticks);
+            for _ in 0..ticks {
+                fabric.progress();
+            }
+        };
+        let empty = [Slot::EMPTY; SLOTS];
+        let mut applied = empty;
+        applied[2] = applied_slot(Ballot(5), MINE, None);
+        let none = [None; MAX_BUCKETS];
+
+        // Sent, then seen as the newest accepted value: maybe decided.
+        let mut eng = Engine::new(&ix, &fabric, &stats, &[1], 0);
+        eng.watch(0, MINE, Ballot(5));
+        let seen = [copy(Some((5, MINE)), empty), copy(None, empty)];
+        eng.observe(0, fabric.now(), &seen);
+        assert_eq!(
+            eng.fate(&none),
+            Fate::None,
+            "no promise view: nothing to finish yet"
+        );
+        let view = View::merge(&seen, 2).unwrap();
+        assert_eq!(eng.fate(&[Some(view), None]), Fate::Latest(0, MINE));
+        // Seen applied in its slot: it took effect, for good.
+        eng.observe(0, fabric.now(), &[copy(None, applied), copy(None, empty)]);
+        assert_eq!(eng.fate(&none), Fate::Applied(0, MINE, Ballot(5)));
+
+        // Not visible, observed often enough, then a newer value decided: dead.
+        let mut eng = Engine::new(&ix, &fabric, &stats, &[1], 0);
+        eng.watch(0, MINE, Ballot(5));
+        advance(50);
+        let other = [copy(Some((9, OTHER)), empty), copy(Some((9, OTHER)), empty)];
+        eng.observe(0, fabric.now(), &other);
+        assert_eq!(eng.fate(&none), Fate::None);
+        advance(500);
+        eng.observe(0, fabric.now(), &other);
+        assert_eq!(
+            eng.fate(&none),
+            Fate::None,
+            "a dead proposal cannot be lost track of"
+        );
+
+        // Not visible after a window longer than the acknowledgement wait: unknown.
+        let mut eng = Engine::new(&ix, &fabric, &stats, &[1], 0);
+        eng.watch(0, MINE, Ballot(5));
+        advance(50);
+        let lone = [copy(Some((9, OTHER)), empty), copy(None, empty)];
+        eng.observe(0, fabric.now(), &lone);
+        assert_eq!(eng.fate(&none), Fate::None);
+        advance(150);
+        eng.observe(0, fabric.now(), &lone);
+        assert_eq!(eng.fate(&none), Fate::Unknown);
+
+        // A quorum accepting another value under a newer ballot after we did so
+        // ourselves (a fence) kills our older proposals there.
+        let mut eng = Engine::new(&ix, &fabric, &stats, &[1], 0);
+        eng.watch(0, MINE, Ballot(5));
+        eng.superseded(0, Proposal::Noop, Ballot(6));
+        advance(500);
+        eng.observe(0, fabric.now(), &lone);
+        assert_eq!(eng.fate(&none), Fate::None);
+    }
+}
