@@ -511,12 +511,19 @@ impl<'a, F: Fabric> Engine<'a, F> {
                 .filter(|(node, c)| c.cas(0).is_some_and(|p| Some(p) == expected[node.index()]))
                 .count()
         };
+        // Nodes that promised a newer ballot only get a read of the meta word: every
+        // node gets a batch, so a live majority always answers.
         let rt = broadcast_step(
             self.fabric,
             self.stats,
             q,
             self.ix.config.slow_after_ns,
-            |node| Ok(expected[node.index()].map(|e| Batch::cas(addr, e, new))),
+            |node| {
+                Ok(Some(match expected[node.index()] {
+                    Some(e) => Batch::cas(addr, e, new),
+                    None => Batch::read(addr, 8),
+                }))
+            },
             |replies| ok(replies) >= q,
         )
         .await?;
@@ -526,8 +533,17 @@ impl<'a, F: Fabric> Engine<'a, F> {
                 .and_then(|w| Meta::decode(w).ok())
                 .is_some_and(|m| m.promised.is_newer_than(ballot))
         });
-        let replies: Vec<(NodeId, Option<u64>)> =
-            rt.replies().iter().map(|(n, c)| (*n, c.cas(0))).collect();
+        let replies: Vec<(NodeId, Option<u64>)> = rt
+            .replies()
+            .iter()
+            .map(|(n, c)| {
+                let read = c
+                    .read(0)
+                    .and_then(|b| b.try_into().ok())
+                    .map(u64::from_le_bytes);
+                (*n, c.cas(0).or(read))
+            })
+            .collect();
         drop(rt);
         for (node, previous) in replies {
             match previous {

@@ -76,7 +76,9 @@ where
 
 /// Posts `build(node)` (when it returns a batch) to every node, waits for a quorum
 /// of `q` replies, then for more while the replies are not `enough`, giving each
-/// straggler `slow_after` to answer. The caller judges the replies it gets.
+/// straggler `slow_after` to answer. The caller judges the replies it gets. The wait
+/// for `q` replies only ends while `q` of the nodes posted to are alive: callers
+/// post to every node that may be needed (a read where a write is not allowed).
 pub async fn broadcast_step<'a, F, B, E>(
     fabric: &'a F,
     stats: &'a OpStats,

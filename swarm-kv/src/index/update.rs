@@ -67,29 +67,44 @@ async fn finish<F: Fabric>(
     }
 }
 
-/// Whether one of our earlier proposals took effect (it is then finished and marked),
-/// judging from what the engine observed and from the views of a promise.
-async fn took_effect<F: Fabric>(
+/// What became of our earlier proposals, as far as an attempt is concerned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Earlier {
+    /// One took effect (it is now finished and marked): the operation is done.
+    TookEffect,
+    /// None did (so far): carry on with this attempt.
+    None,
+    /// One may still be decided but finishing it failed: start a new attempt.
+    Retry,
+}
+
+/// Whether one of our earlier proposals took effect, judging from what the engine
+/// observed and from the views of a promise; finishes it if it is still open.
+async fn earlier<F: Fabric>(
     eng: &mut Engine<'_, F>,
     views: &[Option<View>; MAX_BUCKETS],
     ballots: &[Option<Ballot>; MAX_BUCKETS],
     fp: u32,
-) -> Result<bool, IndexError> {
+) -> Result<Earlier, IndexError> {
     match eng.fate(views) {
-        Fate::None => Ok(false),
+        Fate::None => Ok(Earlier::None),
         Fate::Unknown => Err(IndexError::OutcomeUnknown {
             ack_wait_ns: eng.index().config.ack_wait_ns,
         }),
         Fate::Latest(i, proposal) => {
             let (Some(view), Some(ours)) = (&views[i], ballots[i]) else {
-                return Ok(false);
+                return Ok(Earlier::Retry);
             };
             eng.watch(i, proposal, ours);
-            finish(eng, i, view, ours, proposal, fp).await
+            if finish(eng, i, view, ours, proposal, fp).await? {
+                Ok(Earlier::TookEffect)
+            } else {
+                Ok(Earlier::Retry)
+            }
         }
         Fate::Applied(i, proposal, tag) => {
             eng.apply(i, tag, proposal, Some(fp), true).await?;
-            Ok(true)
+            Ok(Earlier::TookEffect)
         }
     }
 }
@@ -175,8 +190,10 @@ pub async fn insert<F: Fabric>(
         }
         let promised = eng.promise(ballots, None).await?;
         let views = promised.views;
-        if took_effect(&mut eng, &views, &ballots, hash.fp).await? {
-            return Ok(InsertOutcome::Inserted);
+        match earlier(&mut eng, &views, &ballots, hash.fp).await? {
+            Earlier::TookEffect => return Ok(InsertOutcome::Inserted),
+            Earlier::Retry => continue,
+            Earlier::None => {}
         }
         if !promised.ok.iter().take(eng.len()).all(|ok| *ok) {
             continue;
@@ -344,8 +361,10 @@ pub async fn change<F: Fabric>(
             return Ok(false);
         }
         let views = promised.views;
-        if took_effect(&mut eng, &views, &ballots, hash.fp).await? {
-            return Ok(true);
+        match earlier(&mut eng, &views, &ballots, hash.fp).await? {
+            Earlier::TookEffect => return Ok(true),
+            Earlier::Retry => continue,
+            Earlier::None => {}
         }
         if !promised.ok[i] {
             continue;
