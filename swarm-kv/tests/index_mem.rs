@@ -185,6 +185,12 @@ fn bad_input_is_refused_with_clear_errors() {
         Index::new(&s.layout, 3, IndexConfig::new(4096)),
         Err(IndexError::Config(_))
     ));
+    let hasty = IndexConfig {
+        ack_wait_ns: 1_000,
+        ..IndexConfig::default()
+    };
+    let err = Index::new(&s.layout, 3, hasty).unwrap_err();
+    assert!(err.to_string().contains("ack_wait_ns"), "{err}");
     let too_many = {
         let mut p = layout(64, 8).params;
         p.registers = 1 << 28;
@@ -332,8 +338,11 @@ fn poke(f: &MemFabric, nodes: usize, addr: u64, word: u64) {
     block_on(f, async {
         let mut rt = Roundtrip::start(f, &stats);
         for n in 0..nodes {
-            rt.post(NodeId(n as u16), swarm_core::Batch::write(addr, word.to_le_bytes().to_vec()))
-                .unwrap();
+            rt.post(
+                NodeId(n as u16),
+                swarm_core::Batch::write(addr, word.to_le_bytes().to_vec()),
+            )
+            .unwrap();
         }
         rt.wait(nodes).await.unwrap();
     })
@@ -370,7 +379,9 @@ fn mappings_survive_ballots_wrapping_around() {
         poke(&f, 3, s.layout.bucket(0), settled.encode());
         // Change one mapping, keep the others.
         let (key, register) = mapped.remove(0);
-        let (ok, _) = run(&f, async |st| ix.remove(&f, st, key.as_bytes(), register).await);
+        let (ok, _) = run(&f, async |st| {
+            ix.remove(&f, st, key.as_bytes(), register).await
+        });
         assert_eq!(ok, Ok(true), "step {step}: remove {key}");
         insert(&f, &mut mapped);
         for (key, register) in &mapped {

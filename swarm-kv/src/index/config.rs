@@ -26,7 +26,9 @@ pub struct IndexConfig {
     /// How long a proposer waits for the owner of a decided change to acknowledge it
     /// before replacing it. A client stalled for longer than this in the middle of an
     /// update may get [`super::IndexError::OutcomeUnknown`]; a crashed client delays
-    /// the next update of each bucket it touched by this much, once.
+    /// the next update of each bucket it touched by this much, once. Must be at
+    /// least twice `max_backoff_ns + slow_after_ns` (checked by
+    /// [`super::Index::new`]).
     pub ack_wait_ns: Nanos,
     /// Attempts before an update gives up with [`super::IndexError::Contention`].
     pub max_attempts: u32,

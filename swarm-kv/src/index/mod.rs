@@ -258,6 +258,18 @@ impl Index {
                 params.index_buckets
             )));
         }
+        let gap = config
+            .max_backoff_ns
+            .saturating_add(config.slow_after_ns)
+            .saturating_mul(2);
+        if config.ack_wait_ns < gap {
+            return Err(IndexError::Config(format!(
+                "ack_wait_ns ({}) must be at least twice max_backoff_ns + slow_after_ns ({gap}): \
+                 an update observes its buckets about that often and must not lose track of \
+                 its own changes",
+                config.ack_wait_ns
+            )));
+        }
         if config.client_id >= MAX_WRITERS {
             return Err(IndexError::Config(format!(
                 "client id {}: must be below {MAX_WRITERS} (use the writer id)",
