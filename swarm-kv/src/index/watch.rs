@@ -189,6 +189,9 @@ mod tests {
         };
         let config = IndexConfig {
             ack_wait_ns: 100,
+            slow_after_ns: 10,
+            retry_delay_ns: 1,
+            max_backoff_ns: 10,
             ..IndexConfig::default()
         };
         Index::new(&NodeLayout::new(params).unwrap(), 3, config).unwrap()
