@@ -117,7 +117,7 @@ mod tests {
     }
 
     #[test]
-    fn a_split_is_undecided_and_given_back() {
+    fn a_loser_gives_its_copies_back() {
         let cluster = MemCluster::new(3, 64);
         let (a, b) = (cluster.client(), cluster.client());
         let s = OpStats::new();
@@ -131,14 +131,47 @@ mod tests {
         })
         .unwrap()
         .unwrap();
+        // b holds only node 1 and cannot tell whether silent node 2 holds a's token:
+        // it reports Taken (a may still win) and gives its copy back.
         assert_eq!(
             block_on(&b, claim(&b, &s, 3, 8, 22)).unwrap(),
-            Ok(Claim::Undecided)
+            Ok(Claim::Taken)
         );
         // b gave node 1 back, so a can now win nodes 0 and 1.
         assert_eq!(
             block_on(&a, claim(&a, &s, 3, 8, 11)).unwrap(),
             Ok(Claim::Won)
         );
+    }
+
+    #[test]
+    fn a_three_way_split_is_undecided() {
+        let cluster = MemCluster::new(3, 64);
+        let c = cluster.client();
+        let s = OpStats::new();
+        // Tokens 1 and 2 each hold one node; a third contender takes node 2 and sees
+        // every node answer with no token on a majority.
+        for (node, token) in [(0u16, 1u64), (1, 2)] {
+            block_on(&c, async {
+                let mut rt = Roundtrip::start(&c, &s);
+                rt.post(NodeId(node), Batch::cas(8, 0, token)).unwrap();
+                rt.wait(1).await
+            })
+            .unwrap()
+            .unwrap();
+        }
+        assert_eq!(
+            block_on(&c, claim(&c, &s, 3, 8, 33)).unwrap(),
+            Ok(Claim::Undecided)
+        );
+        // Its copy on node 2 was given back.
+        let previous = block_on(&c, async {
+            let mut rt = Roundtrip::start(&c, &s);
+            rt.post(NodeId(2), Batch::cas(8, 0, 0)).unwrap();
+            rt.wait(1).await.unwrap();
+            rt.replies()[0].1.cas(0)
+        })
+        .unwrap();
+        assert_eq!(previous, Some(0));
     }
 }
