@@ -3,6 +3,10 @@
 //! Registers are allocated in chunks claimed by each client (two-level allocation,
 //! FUSEE §4.4, DESIGN.md §5), so a load of `keys` keys by `clients` clients may leave
 //! up to one partly used chunk per client: the cluster needs that much slack.
+//!
+//! Every write also takes an out-of-place log slot of its writer (SWARM §4.3), and
+//! slots are not recycled yet, so each client's log must hold every value it writes
+//! during the run (see [`log_slots_needed`]).
 
 use swarm_core::encoding::MAX_WRITERS;
 
@@ -16,6 +20,8 @@ const SPARE_WRITERS: usize = 4;
 const NODE_BYTES_STEP: u64 = 1 << 20;
 /// The largest node the sizing proposes.
 const MAX_NODE_BYTES: u64 = 1 << 40;
+/// Log slots beyond the estimate of [`log_slots_needed`].
+const LOG_SLACK: u64 = 1024;
 
 /// Registers `config` needs in a cluster with chunks of `chunk_registers`: every
 /// key, plus one partly used chunk per client.
@@ -23,6 +29,21 @@ pub fn registers_needed(config: &BenchConfig, chunk_registers: u32) -> u64 {
     config
         .keys
         .saturating_add(config.clients as u64 * u64::from(chunk_registers))
+}
+
+/// Out-of-place log slots each writer needs for `config`: one per value it writes,
+/// since slots are not recycled yet. That is its share of the load, plus twice its
+/// even share of the workload's expected updates (measured operations go to whichever
+/// client is free, so shares are uneven; the margin also keeps logs at most about
+/// half full, where picking a free slot by hashing stays cheap), plus some slack.
+pub fn log_slots_needed(config: &BenchConfig) -> u64 {
+    let clients = config.clients.max(1) as u64;
+    let load_share = config.keys.div_ceil(clients);
+    let workload_ops = config.warmup_ops.saturating_add(config.ops) as f64;
+    let updates = (workload_ops * (1.0 - config.workload.get_proportion())).ceil() as u64;
+    load_share
+        .saturating_add(updates.div_ceil(clients).saturating_mul(2))
+        .saturating_add(LOG_SLACK)
 }
 
 /// Parameters and node size (bytes) of the smallest cluster (to the MiB) that holds
@@ -42,8 +63,9 @@ pub fn cluster_for(
         ..ClusterParams::default()
     };
     let needed = registers_needed(config, params.chunk_registers);
+    let slots = log_slots_needed(config);
     let fits = |bytes: u64| match params.for_node_size(bytes) {
-        Ok(sized) => Ok(sized.registers >= needed),
+        Ok(sized) => Ok(sized.registers >= needed && u64::from(sized.log_slots) >= slots),
         Err(ParamsError::TooSmall { .. }) => Ok(false),
         Err(other) => Err(BenchError::from(other)),
     };
@@ -55,7 +77,8 @@ pub fn cluster_for(
             .filter(|&b| b <= MAX_NODE_BYTES)
             .ok_or_else(|| {
                 BenchError::Capacity(format!(
-                    "{} keys of {} B with {} B values need more than {MAX_NODE_BYTES} B per node",
+                    "{} keys of {} B with {} B values and {slots} log slots per client need \
+                     more than {MAX_NODE_BYTES} B per node",
                     config.keys, config.key_size, config.value_size
                 ))
             })?;
@@ -104,6 +127,15 @@ pub fn check_capacity(layout: &NodeLayout, config: &BenchConfig) -> Result<(), B
             config.keys, config.clients, p.registers
         )));
     }
+    let slots = log_slots_needed(config);
+    if u64::from(p.log_slots) < slots {
+        return Err(BenchError::Capacity(format!(
+            "each client may write about {slots} values but a writer's out-of-place log \
+             holds {} (and log slots are not recycled yet): lower --ops or --keys, or \
+             create a cluster with more memory per node (`swarm init --size`)",
+            p.log_slots
+        )));
+    }
     if usize::from(p.replicas) < 3 && config.fail.is_some() {
         return Err(BenchError::Capacity(format!(
             "--fail-node needs keys replicated at least 3 times to survive a crash; it has {}",
@@ -121,8 +153,12 @@ mod tests {
 
     #[test]
     fn sized_cluster_holds_the_benchmark_and_is_tight() {
-        for (keys, clients, value_size) in [(10, 1, 64), (10_000, 4, 64), (100_000, 16, 1024)] {
-            let mut config = BenchConfig::new(System::Swarm, Workload::B);
+        for (keys, clients, value_size, workload) in [
+            (10, 1, 64, Workload::B),
+            (10_000, 4, 64, Workload::A),
+            (100_000, 16, 1024, Workload::B),
+        ] {
+            let mut config = BenchConfig::new(System::Swarm, workload);
             config.keys = keys;
             config.clients = clients;
             config.value_size = value_size;
@@ -130,17 +166,31 @@ mod tests {
             let sized = params.for_node_size(bytes).unwrap();
             let layout = NodeLayout::new(sized).unwrap();
             check_capacity(&layout, &config).unwrap();
+            assert!(u64::from(sized.log_slots) >= log_slots_needed(&config));
             assert!(layout.end() <= bytes);
             // One step less would not fit (or is below the search's floor).
             let smaller = params.for_node_size(bytes - NODE_BYTES_STEP);
             assert!(
                 bytes <= 16 * NODE_BYTES_STEP
                     || smaller.is_err()
-                    || smaller.unwrap().registers
-                        < registers_needed(&config, params.chunk_registers),
+                    || smaller.as_ref().unwrap().registers
+                        < registers_needed(&config, params.chunk_registers)
+                    || u64::from(smaller.unwrap().log_slots) < log_slots_needed(&config),
                 "{keys} keys: {bytes} B is not the smallest"
             );
         }
+    }
+
+    #[test]
+    fn log_estimate_covers_each_clients_writes() {
+        let mut config = BenchConfig::new(System::Swarm, Workload::A);
+        config.keys = 1000;
+        config.ops = 10_000;
+        config.clients = 4;
+        // 250 inserts, then twice an even share of 5 000 updates, plus slack.
+        assert_eq!(log_slots_needed(&config), 250 + 2 * 1250 + LOG_SLACK);
+        config.workload = Workload::C;
+        assert_eq!(log_slots_needed(&config), 250 + LOG_SLACK);
     }
 
     #[test]
@@ -163,5 +213,14 @@ mod tests {
         many.clients = 100;
         let err = check_capacity(&layout, &many).unwrap_err().to_string();
         assert!(err.contains("--clients"), "{err}");
+        let mut long = config.clone();
+        long.keys = 10;
+        long.workload = Workload::A;
+        long.ops = 100_000_000;
+        let err = check_capacity(&layout, &long).unwrap_err().to_string();
+        assert!(
+            err.contains("not recycled") && err.contains("--ops"),
+            "{err}"
+        );
     }
 }
