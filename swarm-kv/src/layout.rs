@@ -169,7 +169,7 @@ impl ClusterParams {
             needed: fixed,
         })?;
         let swarm = NodeLayout::new(self)?.swarm;
-        let register_cost = self.key_header_bytes() + swarm.register_bytes() + 2 * BUCKET_BYTES / 8;
+        let register_cost = self.key_header_bytes() + swarm.register_bytes() + BUCKET_BYTES;
         let registers = (free / 3) / register_cost;
         let chunks = registers / u64::from(self.chunk_registers);
         if chunks == 0 {
@@ -179,8 +179,9 @@ impl ClusterParams {
             });
         }
         self.registers = chunks * u64::from(self.chunk_registers);
-        // RACE-style: eight slots per bucket, at most half of them used.
-        self.index_buckets = (self.registers / 4).next_power_of_two().max(2);
+        // RACE-style two-choice placement over 7-slot buckets: one bucket per two
+        // registers keeps the fullest bucket below 7 at 100% fill, with headroom.
+        self.index_buckets = (self.registers / 2).next_power_of_two().max(2);
         let used = NodeLayout::new(self)?.end();
         let left = node_bytes.saturating_sub(used + AREA_ALIGN);
         let per_writer = left / u64::from(self.writers) / swarm.slot_bytes();

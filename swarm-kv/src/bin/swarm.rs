@@ -71,6 +71,9 @@ enum Command {
         #[command(flatten)]
         params: ParamArgs,
     },
+    /// Run a YCSB workload on a shared-memory cluster and report throughput, latency
+    /// percentiles and roundtrips per operation type.
+    Bench(swarm_kv::ycsb::BenchArgs),
     /// Check a history file (JSON Lines) for linearizability.
     Check {
         /// The history file (`-` for standard input).
@@ -259,6 +262,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Command::Get { at, key } => with_store!(&at, |store| get(&store, &key)),
         Command::Delete { at, key } => with_store!(&at, |store| delete(&store, &key)),
         Command::Stat { at } => with_store!(&at, |store| stat(&store)),
+        Command::Bench(args) => bench(&args),
         Command::Check { file } => check(&file),
         Command::Memnode {
             listen,
@@ -471,6 +475,25 @@ fn stat<S: Store>(store: &S) -> Result<ExitCode> {
             row.writer,
             row.pid,
             now.saturating_sub(row.lease_unix_ns) as f64 / 1e9
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn bench(args: &swarm_kv::ycsb::BenchArgs) -> Result<ExitCode> {
+    let config = args.to_config()?;
+    let store = KvStore::open(&args.dir)
+        .with_context(|| format!("cannot open the SWARM-KV cluster in {}", args.dir.display()))?;
+    let report = swarm_kv::ycsb::run(&store, &config)?;
+    println!("{report}");
+    if let Some(path) = &args.json {
+        std::fs::write(path, report.to_json())
+            .with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    if report.total_errors() > 0 {
+        bail!(
+            "{} operations failed (see the report)",
+            report.total_errors()
         );
     }
     Ok(ExitCode::SUCCESS)
