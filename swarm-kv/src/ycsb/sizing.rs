@@ -132,7 +132,8 @@ pub fn check_capacity(layout: &NodeLayout, config: &BenchConfig) -> Result<(), B
         return Err(BenchError::Capacity(format!(
             "each client may write about {slots} values but a writer's out-of-place log \
              holds {} (and log slots are not recycled yet): lower --ops or --keys, or \
-             create a cluster with more memory per node (`swarm init --size`)",
+             create the cluster with more memory per node, smaller values or fewer \
+             writers (`swarm init --size`, `--value-max`, `--writers`) so each log holds more",
             p.log_slots
         )));
     }
