@@ -12,7 +12,10 @@
 //! the paper's common case, where a Safe-Guess read and write each take one
 //! roundtrip, DM-ABD's two, and RAW's one: every benchmark first checks (untimed)
 //! that its operation takes exactly that many, and that reads return the value
-//! written, so it measures the path it names.
+//! written, so it measures the path it names. No node fails here, so the fallback
+//! timer of a quorum step (`ProtocolConfig::slow_after_ns`, 50 µs by default) is set
+//! to a second: a benchmark thread descheduled on a loaded host must not count a
+//! fallback to the third replica as a slow node.
 //!
 //! Log slots: every Safe-Guess or ABD write takes a fresh out-of-place buffer, and
 //! there is no log recycling yet (a full log fails with "log full"). So iterations
@@ -58,6 +61,8 @@ const CHUNK: u64 = SLOTS as u64 / 4;
 const RTTS_NS: [u64; 3] = [0, 300, 1500];
 /// Operations checked (untimed) before each benchmark.
 const CHECKED_OPS: u32 = 100;
+/// No node is slow or failed: only a descheduled thread could reach this.
+const SLOW_AFTER_NS: u64 = 1_000_000_000;
 /// Selects the clock: `wall` (default) or `cpu`.
 const CLOCK_VAR: &str = "SWARM_BENCH_CLOCK";
 
@@ -249,7 +254,10 @@ impl<'a> Runner<'a> {
             self.setup.clock,
             self.setup.layout,
             writer,
-            ProtocolConfig::default(),
+            ProtocolConfig {
+                slow_after_ns: SLOW_AFTER_NS,
+                ..ProtocolConfig::default()
+            },
         )
         .expect("a client for writer 0");
         let last = (0..self.reg.replicas.len())
