@@ -302,6 +302,7 @@ async fn client_task(task: ClientTask) {
     let writer = WriterId::new(index).expect("scenarios stay below the writer limit");
     let config = ProtocolConfig {
         slow_after_ns: 10_000,
+        suspect_ns: 200_000,
     };
     let client = match Client::new(fabric, clock, layout, writer, config) {
         Ok(client) => client,

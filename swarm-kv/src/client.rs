@@ -35,7 +35,7 @@ use xxhash_rust::xxh3::xxh3_64;
 use crate::alloc::RegisterAllocator;
 use crate::cache::{Location, LocationCache};
 use crate::clients::{self, Registration};
-use crate::index::{Index, IndexConfig, InsertOutcome};
+use crate::index::{Index, IndexConfig, IndexError, InsertOutcome};
 use crate::layout::{NodeLayout, decode_payload, encode_key_header, encode_payload};
 use crate::{KvError, RegisterId};
 
@@ -132,7 +132,8 @@ fn token_for(pid: u64) -> u64 {
 
 impl<F: Fabric, C: Clock> KvClient<F, C> {
     /// Registers a writer id in the client table and returns a client using it.
-    pub async fn connect(
+    /// Blocks until the registration is done (a few roundtrips, driven on `fabric`).
+    pub fn connect(
         fabric: F,
         clock: C,
         layout: NodeLayout,
@@ -148,9 +149,15 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         let pid = u64::from(std::process::id());
         let token = token_for(pid);
         let now = crate::clock::SystemClock::unix_ns();
-        let registration = clients::register(&fabric, &layout, nodes, token, pid, now).await?;
+        let registration = swarm_core::block_on(
+            &fabric,
+            clients::register(&fabric, &layout, nodes, token, pid, now),
+        )??;
         let scan = if registration.reused {
-            Some(clients::scan_log(&fabric, &layout, nodes, registration.writer).await?)
+            Some(swarm_core::block_on(
+                &fabric,
+                clients::scan_log(&fabric, &layout, nodes, registration.writer),
+            )??)
         } else {
             None
         };
@@ -314,7 +321,14 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
                     .abd_read(&located.loc, &mut located.knowledge, stats)
                     .await?
             }
-            RegisterProtocol::Raw => self.swarm.raw_read(&located.loc, stats).await?,
+            RegisterProtocol::Raw => {
+                let value = self.swarm.raw_read(&located.loc, stats).await?;
+                if matches!(value, ReadValue::Value(_)) {
+                    // RAW keeps no metadata; remember that the register holds a value.
+                    located.knowledge = RegisterCache::holding_raw_value();
+                }
+                value
+            }
         })
     }
 
@@ -459,7 +473,20 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         header_written?;
         value_written?;
         for _ in 0..MAX_RETRIES {
-            match self.index.insert(fabric, stats, key, register).await? {
+            let outcome = match self.index.insert(fabric, stats, key, register).await {
+                Ok(outcome) => outcome,
+                // The index could not tell whether our mapping took effect (this client
+                // stalled past its acknowledgement window): ask it.
+                Err(IndexError::OutcomeUnknown { .. }) => {
+                    match self.index.resolve(fabric, stats, key).await? {
+                        Some(r) if r == register => InsertOutcome::Inserted,
+                        Some(other) => InsertOutcome::Exists(other),
+                        None => continue,
+                    }
+                }
+                Err(e) => return Err(e.into()),
+            };
+            match outcome {
                 InsertOutcome::Inserted => {
                     self.remember(key, &fresh);
                     return Ok(());

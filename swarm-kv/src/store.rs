@@ -38,12 +38,8 @@ pub trait Store {
         config: KvConfig,
     ) -> Result<KvClient<Self::Fabric, SystemClock>, KvError> {
         let fabric = self.fabric()?;
-        let driver = self.fabric()?;
         let clock = SystemClock::new(self.header().epoch_unix_ns, self.header().tick_ns);
-        block_on(
-            &driver,
-            KvClient::connect(fabric, clock, *self.layout(), config),
-        )?
+        KvClient::connect(fabric, clock, *self.layout(), config)
     }
 
     /// A client for the calling thread with default settings.

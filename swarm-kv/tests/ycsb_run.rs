@@ -73,7 +73,6 @@ fn ycsb_b_roundtrips_match_table_2() {
 
 /// Table 2: RAW updates take one roundtrip.
 #[test]
-#[ignore = "swarm-kv client: a RAW get leaves the cached location without `holding_raw_value`, so the next update by that client re-resolves the key through the index (3 roundtrips)"]
 fn raw_updates_take_one_roundtrip() {
     assert_table_2(System::Raw, OpType::Update, 1);
 }

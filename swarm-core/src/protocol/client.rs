@@ -4,7 +4,10 @@ use core::cell::RefCell;
 
 use crate::clock::Clock;
 use crate::encoding::{Timestamp, WriterId};
-use crate::fabric::{Fabric, Nanos};
+use crate::fabric::{Fabric, Nanos, NodeId};
+use crate::roundtrip::MAX_NODES;
+
+use super::RegisterLoc;
 use crate::layout::{Layout, SlotAllocator};
 
 use super::SwarmError;
@@ -16,12 +19,16 @@ pub struct ProtocolConfig {
     /// How long to wait for the preferred majority before also contacting the other
     /// replicas (SWARM §6), on the fabric's clock.
     pub slow_after_ns: Nanos,
+    /// How long a node that missed a deadline stays *suspected*: it is tried last
+    /// instead of first, so one dead node does not cost every operation a timeout.
+    pub suspect_ns: Nanos,
 }
 
 impl Default for ProtocolConfig {
     fn default() -> Self {
         Self {
             slow_after_ns: 50_000,
+            suspect_ns: 100_000_000,
         }
     }
 }
@@ -46,6 +53,8 @@ pub struct Client<F, C> {
     pub(crate) config: ProtocolConfig,
     pub(crate) writer: WriterId,
     pub(crate) state: RefCell<WriterState>,
+    /// Per node: suspected of having failed until this fabric time (0: trusted).
+    pub(crate) suspected_until: RefCell<[Nanos; MAX_NODES]>,
 }
 
 impl<F: Fabric, C: Clock> Client<F, C> {
@@ -71,6 +80,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
                 slots,
                 guesser: TimestampGuesser::new(),
             }),
+            suspected_until: RefCell::new([0; MAX_NODES]),
         })
     }
 
@@ -103,6 +113,35 @@ impl<F: Fabric, C: Clock> Client<F, C> {
             state.slots.mark_used(slot);
         }
         state.guesser.used(last_ticks);
+    }
+
+    /// Whether `node` missed a deadline recently (see [`ProtocolConfig::suspect_ns`]).
+    pub fn suspects(&self, node: NodeId) -> bool {
+        self.suspected_until
+            .borrow()
+            .get(node.index())
+            .is_some_and(|&until| until > self.fabric.now())
+    }
+
+    pub(crate) fn suspect(&self, node: NodeId) {
+        let until = self.fabric.now().saturating_add(self.config.suspect_ns);
+        if let Some(slot) = self.suspected_until.borrow_mut().get_mut(node.index()) {
+            *slot = until;
+        }
+    }
+
+    pub(crate) fn trust(&self, node: NodeId) {
+        if let Some(slot) = self.suspected_until.borrow_mut().get_mut(node.index()) {
+            *slot = 0;
+        }
+    }
+
+    /// The replica position acting as the register's primary: the first one in
+    /// preference order that is not suspected (in-place data lives there, §6).
+    pub(crate) fn primary(&self, reg: &RegisterLoc) -> usize {
+        (0..reg.replicas.len())
+            .find(|&p| !self.suspects(reg.replicas.node(p)))
+            .unwrap_or(0)
     }
 
     pub(crate) fn check_payload(&self, payload: &[u8]) -> Result<(), SwarmError> {

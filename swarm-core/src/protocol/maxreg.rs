@@ -56,23 +56,47 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         k: usize,
         mut build: impl FnMut(usize) -> Result<Batch, FabricError>,
     ) -> Result<Roundtrip<'a, F>, SwarmError> {
+        // Suspected nodes go last, keeping the preference order otherwise.
+        let (trusted, suspected): (
+            heapless::Vec<usize, MAX_REPLICAS>,
+            heapless::Vec<usize, MAX_REPLICAS>,
+        ) = candidates
+            .iter()
+            .partition(|&&p| !self.suspects(reg.replicas.node(p)));
+        let ordered: heapless::Vec<usize, MAX_REPLICAS> =
+            trusted.iter().chain(&suspected).copied().collect();
         let mut rt = Roundtrip::start(&self.fabric, stats);
-        let first = k.min(candidates.len());
-        for &p in &candidates[..first] {
+        let first = k.min(ordered.len());
+        for &p in &ordered[..first] {
             rt.post(reg.replicas.node(p), build(p)?)?;
         }
         let deadline = self.fabric.now().saturating_add(self.config.slow_after_ns);
         if rt.wait_until(k, deadline).await == WaitOutcome::Reached {
+            self.trust_replies(&rt);
             return Ok(rt);
         }
-        if candidates.len() > first {
+        // Whoever was asked and did not answer in time is suspected from now on.
+        for &p in &ordered[..first] {
+            let node = reg.replicas.node(p);
+            if !rt.replies().iter().any(|(n, _)| *n == node) {
+                self.suspect(node);
+            }
+        }
+        if ordered.len() > first {
             rt.escalate();
-            for &p in &candidates[first..] {
+            for &p in &ordered[first..] {
                 rt.post(reg.replicas.node(p), build(p)?)?;
             }
         }
         rt.wait(k).await?;
+        self.trust_replies(&rt);
         Ok(rt)
+    }
+
+    fn trust_replies(&self, rt: &Roundtrip<'_, F>) {
+        for (node, _) in rt.replies() {
+            self.trust(*node);
+        }
     }
 
     /// Reads the register's metadata (and the primary's in-place block when
@@ -87,10 +111,15 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         let n = reg.replicas.len();
         let positions: heapless::Vec<usize, MAX_REPLICAS> = (0..n).collect();
         let layout = self.layout;
+        let primary = self.primary(reg);
         let mut rt = self
             .quorum_step(stats, reg, &positions, reg.replicas.quorum(), |p| {
                 let mut batch = Batch::new();
-                batch.push(inout::read_op(&layout, reg.addr, with_inplace && p == 0))?;
+                batch.push(inout::read_op(
+                    &layout,
+                    reg.addr,
+                    with_inplace && p == primary,
+                ))?;
                 Ok(batch)
             })
             .await?;
@@ -100,7 +129,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
                 continue;
             };
             let bytes = completion.take_read(0).unwrap_or_default();
-            let view = inout::parse_read(&layout, bytes, with_inplace && p == 0);
+            let view = inout::parse_read(&layout, bytes, with_inplace && p == primary);
             cache.learn(p, view.max);
             views[p] = Some(view);
         }
@@ -121,7 +150,8 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         if t.is_empty() || t.is_tombstone() {
             return Ok(Some(Vec::new()));
         }
-        if let Some((tsp, payload)) = views[0].as_ref().and_then(|v| v.inplace.as_ref())
+        let inplace = views.iter().flatten().find_map(|v| v.inplace.as_ref());
+        if let Some((tsp, payload)) = inplace
             && tsp.same_write(t)
         {
             return Ok(Some(payload.clone()));

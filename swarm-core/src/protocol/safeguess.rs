@@ -184,7 +184,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
     fn write_inplace(&self, reg: &RegisterLoc, tsp: Tsp, payload: &[u8]) {
         post_background(
             &self.fabric,
-            reg.replicas.node(0),
+            reg.replicas.node(self.primary(reg)),
             Batch::write(reg.addr, encode_record(tsp, payload)),
         );
     }
