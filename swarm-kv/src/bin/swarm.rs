@@ -480,12 +480,18 @@ fn stat<S: Store>(store: &S) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// Prints a report; a closed pipe (`swarm check FILE | head`) is not an error.
+fn print_out(text: &str) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{text}").and_then(|()| out.flush());
+}
+
 fn bench(args: &swarm_kv::ycsb::BenchArgs) -> Result<ExitCode> {
     let config = args.to_config()?;
     let store = KvStore::open(&args.dir)
         .with_context(|| format!("cannot open the SWARM-KV cluster in {}", args.dir.display()))?;
     let report = swarm_kv::ycsb::run(&store, &config)?;
-    println!("{report}");
+    print_out(&report.to_string());
     if let Some(path) = &args.json {
         std::fs::write(path, report.to_json())
             .with_context(|| format!("cannot write {}", path.display()))?;
@@ -508,7 +514,7 @@ fn check(file: &Path) -> Result<ExitCode> {
     }
     .with_context(|| format!("{} is not a valid history", file.display()))?;
     let report = swarm_core::checker::check(&history);
-    println!("{report}");
+    print_out(&report.to_string());
     if report.is_linearizable() {
         Ok(ExitCode::SUCCESS)
     } else {
