@@ -155,6 +155,13 @@ impl<'a, F: Fabric + ?Sized> Roundtrip<'a, F> {
         self.replies.len()
     }
 
+    /// Whether `k` posted nodes have answered successfully already, without waiting.
+    /// Lets a caller skip work (such as reading the clock for a deadline) when a
+    /// fabric completes batches inside `post`, as shared memory does.
+    pub fn reached(&mut self, k: usize) -> bool {
+        self.collect() >= k
+    }
+
     /// Waits until `k` posted nodes answered successfully. Fails with
     /// [`FabricError::NotEnoughLiveNodes`] as soon as too few can still answer.
     pub async fn wait(&mut self, k: usize) -> Result<(), FabricError> {

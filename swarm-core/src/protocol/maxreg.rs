@@ -34,8 +34,42 @@ use super::inout::{self, MaxOutcome, NodeView};
 use super::register::{MAX_REPLICAS, RegisterCache, RegisterLoc};
 use super::{Client, SwarmError};
 
-/// Per-replica views from one majority read, indexed by preference position.
-pub(crate) type Views = [Option<NodeView>; MAX_REPLICAS];
+/// What one majority read found: each answering replica's maximum, by preference
+/// position, and the in-place record of the replica read as the primary. Compact on
+/// purpose: it lives in the state of every read future, which is moved and dropped on
+/// every operation.
+#[derive(Debug, Default)]
+pub(crate) struct Views {
+    max: [Tsp; MAX_REPLICAS],
+    /// Bit `p` set: replica `p` answered.
+    answered: u16,
+    /// The primary's in-place record, if read and valid.
+    inplace: Option<(Tsp, Vec<u8>)>,
+}
+
+impl Views {
+    fn set(&mut self, p: usize, view: NodeView) {
+        self.max[p] = view.max;
+        self.answered |= 1 << p;
+        if view.inplace.is_some() {
+            self.inplace = view.inplace;
+        }
+    }
+
+    /// The largest maximum any replica reported.
+    fn max(&self) -> Tsp {
+        (0..MAX_REPLICAS)
+            .filter(|&p| self.answered & (1 << p) != 0)
+            .map(|p| self.max[p])
+            .max()
+            .unwrap_or(Tsp::EMPTY)
+    }
+
+    /// Whether replica `p` answered with `t`'s write as its maximum.
+    fn holds(&self, p: usize, t: Tsp) -> bool {
+        self.answered & (1 << p) != 0 && self.max[p].same_write(t)
+    }
+}
 
 /// Progress of one `inner_write` across its roundtrips.
 #[derive(Debug, Default)]
@@ -69,6 +103,12 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         let first = k.min(ordered.len());
         for &p in &ordered[..first] {
             rt.post(reg.replicas.node(p), build(p)?)?;
+        }
+        // A fabric that completes batches inside `post` (shared memory) has answered
+        // already: look before reading the clock for the fallback deadline.
+        if rt.reached(k) {
+            self.trust_replies(&rt);
+            return Ok(rt);
         }
         let deadline = self.fabric.now().saturating_add(self.config.slow_after_ns);
         if rt.wait_until(k, deadline).await == WaitOutcome::Reached {
@@ -131,7 +171,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
             let bytes = completion.take_read(0).unwrap_or_default();
             let view = inout::parse_read(&layout, bytes, with_inplace && p == primary);
             cache.learn(p, view.max);
-            views[p] = Some(view);
+            views.set(p, view);
         }
         Ok(views)
     }
@@ -144,17 +184,16 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         &self,
         reg: &RegisterLoc,
         stats: &OpStats,
-        views: &Views,
+        views: &mut Views,
         t: Tsp,
     ) -> Result<Option<Vec<u8>>, SwarmError> {
         if t.is_empty() || t.is_tombstone() {
             return Ok(Some(Vec::new()));
         }
-        let inplace = views.iter().flatten().find_map(|v| v.inplace.as_ref());
-        if let Some((tsp, payload)) = inplace
+        if let Some((tsp, payload)) = views.inplace.take()
             && tsp.same_write(t)
         {
-            return Ok(Some(payload.clone()));
+            return Ok(Some(payload));
         }
         let corrupted = SwarmError::Corrupted {
             node: reg.replicas.node(0),
@@ -162,7 +201,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         };
         let buffer = self.layout.buffer_addr(t.ts()).ok_or(corrupted.clone())?;
         let holders: heapless::Vec<usize, MAX_REPLICAS> = (0..reg.replicas.len())
-            .filter(|&p| views[p].as_ref().is_some_and(|v| v.max.same_write(t)))
+            .filter(|&p| views.holds(p, t))
             .collect();
         // Ask the first holder; on a timeout, all of them; if none answers in time
         // (they crashed since the metadata read), give up and let the caller re-read.
@@ -211,14 +250,9 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         with_inplace: bool,
     ) -> Result<(Tsp, Vec<u8>), SwarmError> {
         let (t, value) = loop {
-            let views = self.read_views(reg, cache, stats, with_inplace).await?;
-            let t = views
-                .iter()
-                .flatten()
-                .map(|v| v.max)
-                .max()
-                .unwrap_or(Tsp::EMPTY);
-            if let Some(value) = self.fetch_value(reg, stats, &views, t).await? {
+            let mut views = self.read_views(reg, cache, stats, with_inplace).await?;
+            let t = views.max();
+            if let Some(value) = self.fetch_value(reg, stats, &mut views, t).await? {
                 break (t, value);
             }
         };
@@ -238,12 +272,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         stats: &OpStats,
     ) -> Result<Tsp, SwarmError> {
         let views = self.read_views(reg, cache, stats, false).await?;
-        Ok(views
-            .iter()
-            .flatten()
-            .map(|v| v.max)
-            .max()
-            .unwrap_or(Tsp::EMPTY))
+        Ok(views.max())
     }
 
     /// `inner_write(tsp)`: MAX `tsp` (with `payload` in its out-of-place buffer) into
@@ -257,12 +286,19 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         payload: &[u8],
         progress: &mut WriteProgress,
     ) -> Result<(), SwarmError> {
-        self.write_round(reg, cache, stats, tsp, payload, progress, false)
+        // The common case of a read's write-back: a majority already holds `tsp`.
+        // Return before hashing the slot address and encoding the record.
+        if cache.holding(reg.replicas.len(), tsp) >= reg.replicas.quorum() {
+            return Ok(());
+        }
+        let record = encode_record(tsp, payload);
+        self.write_round(reg, cache, stats, tsp, &record, progress, false)
             .await?;
         Ok(())
     }
 
-    /// Runs `inner_write` rounds until a majority holds `tsp`. With `read_first`, the
+    /// Runs `inner_write` rounds until a majority holds `tsp`, whose encoded record
+    /// (`encode_record(tsp, payload)`) is `record`. With `read_first`, the
     /// first round also reads the metadata words *before* writing (one pipelined batch
     /// per node, SWARM §3.2 line 6) and contacts a majority even if the cache says it
     /// is not needed; the maximum of those reads is returned (`Tsp::EMPTY` otherwise).
@@ -273,7 +309,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         cache: &mut RegisterCache,
         stats: &OpStats,
         tsp: Tsp,
-        payload: &[u8],
+        record: &[u8],
         progress: &mut WriteProgress,
         read_first: bool,
     ) -> Result<Tsp, SwarmError> {
@@ -283,7 +319,6 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         let buffer = layout.buffer_addr(tsp.ts()).ok_or(SwarmError::Slot(
             crate::layout::SlotError::NoLog(tsp.ts().writer()),
         ))?;
-        let record = encode_record(tsp, payload);
         let writer = self.writer;
         let mut read_max = Tsp::EMPTY;
         let mut first = read_first;
@@ -306,14 +341,13 @@ impl<F: Fabric, C: Clock> Client<F, C> {
             let mut rt = {
                 let own = cache.own_word;
                 let written = progress.buffer_written;
-                let record = &record;
                 self.quorum_step(stats, reg, &candidates, need, |p| {
                     let mut batch = Batch::new();
                     if first {
                         batch.push(inout::read_op(&layout, reg.addr, false))?;
                     }
                     if !written[p] {
-                        batch.push(inout::buffer_write_op(buffer, record.clone()))?;
+                        batch.push(inout::buffer_write_op(buffer, record.to_vec()))?;
                     }
                     let expected = inout::max_expected(own[p], tsp);
                     inout::push_max(&mut batch, &layout, reg.addr, writer, expected, tsp)?;

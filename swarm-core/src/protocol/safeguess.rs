@@ -39,7 +39,7 @@ use alloc::vec::Vec;
 
 use crate::clock::Clock;
 use crate::encoding::{Flag, LockMode, Timestamp, Tsp};
-use crate::fabric::{Batch, Fabric};
+use crate::fabric::{Batch, Fabric, Op};
 use crate::layout::encode_record;
 use crate::roundtrip::{OpStats, post_background};
 
@@ -60,11 +60,14 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         let ts = self.guess_ts()?;
         let w = Tsp::new(ts, Flag::Guessed);
         let mut progress = WriteProgress::default();
+        // Records carry the write without its flag: the same bytes serve as the
+        // out-of-place buffer and, once verified, as the in-place copy.
+        let record = encode_record(w, payload);
         let m = self
-            .write_round(reg, cache, stats, w, payload, &mut progress, true)
+            .write_round(reg, cache, stats, w, &record, &mut progress, true)
             .await?;
         if m <= w {
-            self.mark_verified(reg, cache, w, payload);
+            self.mark_verified(reg, cache, w, record);
             return Ok(WriteOutcome::Written);
         }
         // The guess may have been stale: re-synchronise, then make sure no reader
@@ -83,7 +86,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
             let v = Tsp::new(fresh, Flag::Verified);
             self.inner_write(reg, cache, stats, v, payload, &mut WriteProgress::default())
                 .await?;
-            self.write_inplace(reg, v, payload);
+            self.write_inplace(reg, encode_record(v, payload));
         }
         Ok(WriteOutcome::Written)
     }
@@ -99,7 +102,15 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         let t = Tsp::new(Timestamp::tombstone(self.writer), Flag::Verified);
         let mut progress = WriteProgress::default();
         let m = self
-            .write_round(reg, cache, stats, t, &[], &mut progress, true)
+            .write_round(
+                reg,
+                cache,
+                stats,
+                t,
+                &encode_record(t, &[]),
+                &mut progress,
+                true,
+            )
             .await?;
         Ok(if m.is_tombstone() {
             WriteOutcome::Deleted
@@ -138,7 +149,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
             if let Some(i) = earlier {
                 if seen[i].0 == m {
                     if self.trylock(reg, stats, m.ts(), LockMode::Read).await? {
-                        self.mark_verified(reg, cache, m, &value);
+                        self.mark_verified(reg, cache, m, encode_record(m, &value));
                         return Ok(ReadValue::Value(value));
                     }
                 } else {
@@ -153,39 +164,57 @@ impl<F: Fabric, C: Clock> Client<F, C> {
     }
 
     /// Background `M.WRITE((ts, VERIFIED, v))`: CAS the flag into the replicas known
-    /// to hold the guessed tuple, and write the in-place copy on the primary.
+    /// to hold the guessed tuple, and write the in-place copy (`record`, from
+    /// [`encode_record`]) on the primary, in the same batch as its CAS: whoever sees
+    /// the flag there also finds the in-place copy.
     fn mark_verified(
         &self,
         reg: &RegisterLoc,
         cache: &mut RegisterCache,
         guessed: Tsp,
-        payload: &[u8],
+        record: Vec<u8>,
     ) {
         let verified = guessed.with_flag(Flag::Verified);
+        let addr = self.layout.meta_word_addr(reg.addr, self.writer);
+        let primary = self.primary(reg);
+        let mut inplace = Some(record);
         for p in 0..reg.replicas.len() {
+            let mut batch = Batch::new();
+            if p == primary
+                && let Some(record) = inplace.take()
+            {
+                // Cannot fail: the batch is empty.
+                let _ = batch.push(Op::Write {
+                    addr: reg.addr,
+                    data: record,
+                });
+            }
             // Only where the guessed tuple is the known maximum, and only with a CAS
             // that cannot lower the word (see `inout::max_expected`).
             if cache.known_max[p] == guessed && cache.own_word[p] < verified {
                 let expected = cache.own_word[p];
-                let addr = self.layout.meta_word_addr(reg.addr, self.writer);
-                post_background(
-                    &self.fabric,
-                    reg.replicas.node(p),
-                    Batch::cas(addr, expected.word(), verified.word()),
-                );
+                // Cannot fail: the batch holds at most one operation so far.
+                let _ = batch.push(Op::Cas {
+                    addr,
+                    expected: expected.word(),
+                    new: verified.word(),
+                });
                 // A hint for the next CAS only; `known_max` waits for a real answer.
                 cache.own_word[p] = verified;
             }
+            if !batch.ops().is_empty() {
+                post_background(&self.fabric, reg.replicas.node(p), batch);
+            }
         }
-        self.write_inplace(reg, verified, payload);
     }
 
-    /// Background in-place write on the primary (lazy, unlocked: §4.3 line 7).
-    fn write_inplace(&self, reg: &RegisterLoc, tsp: Tsp, payload: &[u8]) {
+    /// Background in-place write of `record` on the primary (lazy, unlocked: §4.3
+    /// line 7).
+    fn write_inplace(&self, reg: &RegisterLoc, record: Vec<u8>) {
         post_background(
             &self.fabric,
             reg.replicas.node(self.primary(reg)),
-            Batch::write(reg.addr, encode_record(tsp, payload)),
+            Batch::write(reg.addr, record),
         );
     }
 }
