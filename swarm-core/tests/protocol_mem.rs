@@ -173,3 +173,32 @@ fn a_crashed_minority_is_masked_and_a_crashed_majority_stalls() {
     let stalled = block_on(a.fabric(), a.read(&reg, &mut ca, &OpStats::new()));
     assert!(matches!(stalled, Err(_) | Ok(Err(_))), "{stalled:?}");
 }
+
+#[test]
+fn reads_repair_the_in_place_copy_on_a_new_primary() {
+    let cluster = MemCluster::new(3, 1 << 20);
+    let writer = setup(0, 5, &cluster);
+    let reader = setup(1, 9, &cluster);
+    let (reg, mut cw, mut cr) = (reg(), RegisterCache::new(), RegisterCache::new());
+    block_on(writer.fabric(), writer.write(&reg, &mut cw, &OpStats::new(), b"x"))
+        .unwrap()
+        .unwrap();
+    // The primary (in-place data lives there only, §6) fails for the reader.
+    reader.fabric().fail_node(reg.replicas.node(0));
+    let mut read = |what: &str| {
+        let s = OpStats::new();
+        let got = block_on(reader.fabric(), reader.read(&reg, &mut cr, &s))
+            .unwrap()
+            .unwrap();
+        assert_eq!(got, ReadValue::Value(b"x".to_vec()), "{what}");
+        s.roundtrips()
+    };
+    // A timeout, then the value from an out-of-place buffer.
+    assert!(read("read through the timeout") >= 2);
+    // The next primary is asked for the value in place, does not have it, and is
+    // repaired in the background while the value comes from a buffer.
+    assert_eq!(read("read from the new primary"), 2);
+    // From now on the new primary answers in place: one roundtrip.
+    assert_eq!(read("read after the repair"), 1);
+    assert_eq!(read("read after the repair, again"), 1);
+}

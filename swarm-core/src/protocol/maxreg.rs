@@ -25,10 +25,10 @@
 use alloc::vec::Vec;
 
 use crate::clock::Clock;
-use crate::encoding::Tsp;
+use crate::encoding::{Flag, Tsp};
 use crate::fabric::{Batch, Fabric, FabricError};
 use crate::layout::{decode_record, encode_record};
-use crate::roundtrip::{OpStats, Roundtrip, WaitOutcome};
+use crate::roundtrip::{OpStats, Roundtrip, WaitOutcome, post_background};
 
 use super::inout::{self, MaxOutcome, NodeView};
 use super::register::{MAX_REPLICAS, RegisterCache, RegisterLoc};
@@ -45,12 +45,17 @@ pub(crate) struct Views {
     answered: u16,
     /// The primary's in-place record, if read and valid.
     inplace: Option<(Tsp, Vec<u8>)>,
+    /// Whether the primary answered a read of its in-place block (valid or not).
+    inplace_read: bool,
 }
 
 impl Views {
-    fn set(&mut self, p: usize, view: NodeView) {
+    fn set(&mut self, p: usize, view: NodeView, with_inplace: bool) {
         self.max[p] = view.max;
         self.answered |= 1 << p;
+        if with_inplace {
+            self.inplace_read = true;
+        }
         if view.inplace.is_some() {
             self.inplace = view.inplace;
         }
@@ -169,9 +174,10 @@ impl<F: Fabric, C: Clock> Client<F, C> {
                 continue;
             };
             let bytes = completion.take_read(0).unwrap_or_default();
-            let view = inout::parse_read(&layout, bytes, with_inplace && p == primary);
+            let inplace = with_inplace && p == primary;
+            let view = inout::parse_read(&layout, bytes, inplace);
             cache.learn(p, view.max);
-            views.set(p, view);
+            views.set(p, view, inplace);
         }
         Ok(views)
     }
@@ -234,10 +240,26 @@ impl<F: Fabric, C: Clock> Client<F, C> {
             if let Some(record) = decode_record(&mut bytes, self.layout.payload_max())
                 && record.tsp.same_write(t)
             {
+                // The primary answered without `t` in place although `t` is verified:
+                // its in-place write was lost, or the primary changed because a node
+                // is suspected (§6). Repair it so later reads take one roundtrip again.
+                if views.inplace_read && t.flag() == Flag::Verified {
+                    self.write_inplace(reg, encode_record(t, record.payload));
+                }
                 return Ok(Some(record.payload.to_vec()));
             }
         }
         if answered { Err(corrupted) } else { Ok(None) }
+    }
+
+    /// Background in-place write of `record` (from [`encode_record`]) on the primary
+    /// (lazy and unlocked, §4.3 line 7; readers check its tsp and hash).
+    pub(crate) fn write_inplace(&self, reg: &RegisterLoc, record: Vec<u8>) {
+        post_background(
+            &self.fabric,
+            reg.replicas.node(self.primary(reg)),
+            Batch::write(reg.addr, record),
+        );
     }
 
     /// `M.READ()`: the maximum tuple on a majority and its value, written back to a

@@ -207,14 +207,4 @@ impl<F: Fabric, C: Clock> Client<F, C> {
             }
         }
     }
-
-    /// Background in-place write of `record` on the primary (lazy, unlocked: §4.3
-    /// line 7).
-    fn write_inplace(&self, reg: &RegisterLoc, record: Vec<u8>) {
-        post_background(
-            &self.fabric,
-            reg.replicas.node(self.primary(reg)),
-            Batch::write(reg.addr, record),
-        );
-    }
 }
