@@ -180,9 +180,12 @@ fn reads_repair_the_in_place_copy_on_a_new_primary() {
     let writer = setup(0, 5, &cluster);
     let reader = setup(1, 9, &cluster);
     let (reg, mut cw, mut cr) = (reg(), RegisterCache::new(), RegisterCache::new());
-    block_on(writer.fabric(), writer.write(&reg, &mut cw, &OpStats::new(), b"x"))
-        .unwrap()
-        .unwrap();
+    block_on(
+        writer.fabric(),
+        writer.write(&reg, &mut cw, &OpStats::new(), b"x"),
+    )
+    .unwrap()
+    .unwrap();
     // The primary (in-place data lives there only, §6) fails for the reader.
     reader.fabric().fail_node(reg.replicas.node(0));
     let mut read = |what: &str| {
