@@ -20,7 +20,12 @@
 //!   something `>= v`) is all that read-read and write-read monotonicity need, and the
 //!   value of a reply is certainly fetchable from the node that sent it.
 //! * In-place data lives on the primary only; when it does not match the maximum,
-//!   the value comes from the maximum's out-of-place buffer (In-n-Out, §4.3).
+//!   the value comes from the maximum's out-of-place buffer (In-n-Out, §4.3). If the
+//!   maximum is VERIFIED, the read also rewrites the primary's in-place copy in the
+//!   background: after a failover the new primary has none, and without the repair
+//!   every read of a key would cost two roundtrips until its next write. In-place
+//!   writes are unlocked and self-validating (tsp and hash), so a repair racing a
+//!   newer write can only cost a later read its fast path, never its correctness.
 
 use alloc::vec::Vec;
 
