@@ -154,15 +154,35 @@ impl NodeHeader {
 
     /// Checks that `headers` are the nodes `0..n` of one cluster, in order.
     pub fn check_cluster(headers: &[NodeHeader]) -> Result<(), HeaderError> {
-        let Some(first) = headers.first() else {
+        Self::check_nodes(headers.len(), headers.iter().enumerate())
+    }
+
+    /// Like [`check_cluster`](Self::check_cluster) for a cluster some of whose nodes
+    /// could not be reached: `headers[i]` is node `i`'s header, `None` if unreachable.
+    /// The reachable ones must agree and at least one must be reachable.
+    pub fn check_reachable(headers: &[Option<NodeHeader>]) -> Result<(), HeaderError> {
+        let known = headers
+            .iter()
+            .enumerate()
+            .filter_map(|(i, h)| h.as_ref().map(|h| (i, h)));
+        Self::check_nodes(headers.len(), known)
+    }
+
+    /// Checks that the `(position, header)` pairs describe nodes of one cluster of
+    /// `count` nodes, each at its own position.
+    fn check_nodes<'a>(
+        count: usize,
+        mut headers: impl Iterator<Item = (usize, &'a NodeHeader)>,
+    ) -> Result<(), HeaderError> {
+        let Some((i, first)) = headers.next() else {
             return Err(HeaderError::Mismatch("no memory node"));
         };
-        if usize::from(first.node_count) != headers.len() {
+        if usize::from(first.node_count) != count {
             return Err(HeaderError::Mismatch(
                 "the number of nodes differs from the node count in their headers",
             ));
         }
-        for (i, h) in headers.iter().enumerate() {
+        for (i, h) in core::iter::once((i, first)).chain(headers) {
             if usize::from(h.node_id) != i {
                 return Err(HeaderError::Mismatch("node ids are not 0..n in order"));
             }

@@ -242,7 +242,7 @@ impl RdmaFabric {
                 failures: failures.join("; "),
             });
         }
-        check_headers(&headers).map_err(|source| RdmaError::Cluster {
+        NodeHeader::check_reachable(&headers).map_err(|source| RdmaError::Cluster {
             nodes: config.nodes.join(","),
             source,
         })?;
@@ -310,36 +310,6 @@ fn connect_node(
     })
 }
 
-/// Checks that the headers of the reachable nodes describe nodes `0..n` of one
-/// cluster, in order (`headers[i]` is node `i`'s, `None` when unreachable).
-pub fn check_headers(headers: &[Option<NodeHeader>]) -> Result<(), HeaderError> {
-    let Some(first) = headers.iter().flatten().next() else {
-        return Err(HeaderError::Mismatch("no memory node"));
-    };
-    if usize::from(first.node_count) != headers.len() {
-        return Err(HeaderError::Mismatch(
-            "the number of nodes given differs from the node count in their headers",
-        ));
-    }
-    for (i, header) in headers.iter().enumerate() {
-        let Some(h) = header else { continue };
-        if usize::from(h.node_id) != i {
-            return Err(HeaderError::Mismatch("node ids are not 0..n in order"));
-        }
-        if h.cluster_id != first.cluster_id {
-            return Err(HeaderError::Mismatch("nodes belong to different clusters"));
-        }
-        if (h.node_count, h.epoch_unix_ns, h.tick_ns)
-            != (first.node_count, first.epoch_unix_ns, first.tick_ns)
-        {
-            return Err(HeaderError::Mismatch(
-                "node headers disagree on cluster parameters",
-            ));
-        }
-    }
-    Ok(())
-}
-
 impl Fabric for RdmaFabric {
     fn node_count(&self) -> usize {
         self.inner.node_count()
@@ -382,16 +352,16 @@ mod tests {
     #[test]
     fn headers_of_reachable_nodes_must_form_the_cluster() {
         let ok = [Some(header(0, 3)), None, Some(header(2, 3))];
-        assert_eq!(check_headers(&ok), Ok(()));
-        assert!(check_headers(&[None, None]).is_err());
-        assert!(check_headers(&[Some(header(0, 3)), Some(header(1, 3))]).is_err());
-        assert!(check_headers(&[Some(header(1, 2)), Some(header(0, 2))]).is_err());
+        assert_eq!(NodeHeader::check_reachable(&ok), Ok(()));
+        assert!(NodeHeader::check_reachable(&[None, None]).is_err());
+        assert!(NodeHeader::check_reachable(&[Some(header(0, 3)), Some(header(1, 3))]).is_err());
+        assert!(NodeHeader::check_reachable(&[Some(header(1, 2)), Some(header(0, 2))]).is_err());
         let mut other = header(1, 2);
         other.cluster_id = 8;
-        assert!(check_headers(&[Some(header(0, 2)), Some(other)]).is_err());
+        assert!(NodeHeader::check_reachable(&[Some(header(0, 2)), Some(other)]).is_err());
         let mut other = header(1, 2);
         other.tick_ns = 1;
-        assert!(check_headers(&[Some(header(0, 2)), Some(other)]).is_err());
+        assert!(NodeHeader::check_reachable(&[Some(header(0, 2)), Some(other)]).is_err());
     }
 
     #[test]
