@@ -10,7 +10,7 @@
 //! (mixed Safe-Guess reads and writes of unique values on two or three registers,
 //! two clients with emulated RDMA-like roundtrips and two with skewed clocks). A
 //! client with an emulated roundtrip yields its core while it waits for a completion
-//! (`Yielding`), so operations of different processes overlap even when the host's
+//! (`PauseBeforeProgress`), so operations of different processes overlap even when the host's
 //! load leaves the clients one core (about half of them do; the run prints how many).
 //! Every client journals each operation as JSON Lines with `CLOCK_MONOTONIC` times,
 //! which all processes of the host share: a record at the call and one at the return,
@@ -45,22 +45,18 @@ use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
-use std::task::Poll;
 use std::thread;
 use std::time::{Duration, Instant};
 
 use swarm_core::checker::{History, OpKind};
-use swarm_core::fabric::Nanos;
 use swarm_core::header::HEADER_SIZE;
-use swarm_core::{
-    Batch, Client, Clock, Completion, Fabric, FabricError, NodeId, ProtocolConfig, Ticket,
-};
-use swarm_shm::{NodeMemory, ScratchDir, ShmCluster, ShmFabric};
+use swarm_core::{Client, Clock, Fabric, NodeId, ProtocolConfig};
+use swarm_shm::{NodeMemory, ScratchDir, ShmCluster};
 
 use journal::Journal;
 use protocol_support::{
-    CONTROL_BYTES, NODES, SEED_VAR, Shape, Skew, WallClock, Worker, Workload, assert_linearizable,
-    writer_id,
+    CONTROL_BYTES, NODES, PauseBeforeProgress, SEED_VAR, Shape, Skew, WallClock, Worker, Workload,
+    assert_linearizable, writer_id,
 };
 
 /// The child's configuration ([`ChildSpec`]); unset in a normal test run.
@@ -218,39 +214,6 @@ impl Control<'_> {
     }
 }
 
-/// A client's [`ShmFabric`] that gives up its core before it waits for a completion,
-/// as a thread blocking on a completion queue would. With an emulated roundtrip time,
-/// the executor calls [`Fabric::progress`] inside every operation, so other processes
-/// run while this one is mid-operation: operations of different processes overlap
-/// even when the host's load leaves the clients a single core.
-#[derive(Debug)]
-struct Yielding(ShmFabric);
-
-impl Fabric for Yielding {
-    fn node_count(&self) -> usize {
-        self.0.node_count()
-    }
-    fn post(&self, node: NodeId, batch: Batch) -> Ticket {
-        self.0.post(node, batch)
-    }
-    fn poll(&self, ticket: Ticket) -> Poll<Result<Completion, FabricError>> {
-        self.0.poll(ticket)
-    }
-    fn forget(&self, ticket: Ticket) {
-        self.0.forget(ticket)
-    }
-    fn progress(&self) -> bool {
-        thread::yield_now();
-        self.0.progress()
-    }
-    fn now(&self) -> Nanos {
-        self.0.now()
-    }
-    fn wake_at(&self, deadline: Nanos) {
-        self.0.wake_at(deadline)
-    }
-}
-
 /// Entry point of the client processes; does nothing in a normal test run.
 #[test]
 fn protocol_child() {
@@ -267,7 +230,10 @@ fn protocol_child() {
         ns => Skew::Fixed(ns),
     };
     let client = Client::new(
-        Yielding(cluster.client().with_rtt_ns(spec.rtt_ns)),
+        PauseBeforeProgress {
+            fabric: cluster.client().with_rtt_ns(spec.rtt_ns),
+            pause: thread::yield_now,
+        },
         WallClock::new(&cluster, skew),
         shape.layout(),
         writer_id(spec.writer),

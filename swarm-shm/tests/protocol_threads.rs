@@ -26,21 +26,19 @@ mod protocol_support;
 use std::cell::Cell;
 use std::rc::Rc;
 use std::sync::{Arc, Barrier};
-use std::task::Poll;
 use std::thread;
 use std::time::Duration;
 
 use swarm_core::checker::History;
 use swarm_core::clock::FixedClock;
-use swarm_core::fabric::Nanos;
 use swarm_core::{
-    Batch, Client, Clock, Completion, Fabric, FabricError, NodeId, OpStats, ProtocolConfig,
-    RegisterCache, Ticket, WriteOutcome, block_on,
+    Client, Clock, NodeId, OpStats, ProtocolConfig, RegisterCache, WriteOutcome, block_on,
 };
-use swarm_shm::{ScratchDir, ShmCluster, ShmFabric};
+use swarm_shm::{ScratchDir, ShmCluster};
 
 use protocol_support::{
-    NODES, Shape, Skew, Tally, WallClock, Worker, Workload, assert_linearizable, writer_id,
+    NODES, PauseBeforeProgress, Shape, Skew, Tally, WallClock, Worker, Workload,
+    assert_linearizable, writer_id,
 };
 
 const THREADS: u32 = 8;
@@ -300,37 +298,6 @@ fn stale_guesses_resynchronise_instead_of_inflating_timestamps() {
     );
 }
 
-/// [`ShmFabric`] seen by a thread that is descheduled right before every
-/// [`Fabric::progress`]: on a loaded host, time passes between an executor's poll
-/// and its next call to `progress`.
-#[derive(Debug)]
-struct Descheduled(ShmFabric);
-
-impl Fabric for Descheduled {
-    fn node_count(&self) -> usize {
-        self.0.node_count()
-    }
-    fn post(&self, node: NodeId, batch: Batch) -> Ticket {
-        self.0.post(node, batch)
-    }
-    fn poll(&self, ticket: Ticket) -> Poll<Result<Completion, FabricError>> {
-        self.0.poll(ticket)
-    }
-    fn forget(&self, ticket: Ticket) {
-        self.0.forget(ticket)
-    }
-    fn progress(&self) -> bool {
-        std::thread::sleep(Duration::from_micros(200));
-        self.0.progress()
-    }
-    fn now(&self) -> Nanos {
-        self.0.now()
-    }
-    fn wake_at(&self, deadline: Nanos) {
-        self.0.wake_at(deadline)
-    }
-}
-
 /// A write through a crashed primary must not fail when its thread is descheduled
 /// while it waits for the fallback deadline (SWARM §2.1: a minority of crashed nodes
 /// never stops an operation).
@@ -374,8 +341,12 @@ fn a_deadline_passing_while_descheduled_is_not_a_stall() {
     .expect("no stall")
     .expect("write");
 
-    let fabric = Descheduled(cluster.client());
-    fabric.0.fail_node(reg.replicas.node(0));
+    // Descheduled for 200 µs before every `progress`.
+    let fabric = PauseBeforeProgress {
+        fabric: cluster.client(),
+        pause: || thread::sleep(Duration::from_micros(200)),
+    };
+    fabric.fabric.fail_node(reg.replicas.node(0));
     let stale = Client::new(
         fabric,
         FixedClock(10),

@@ -12,17 +12,19 @@
 use std::fmt;
 use std::fs;
 use std::path::PathBuf;
+use std::task::Poll;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use swarm_core::checker::{self, History, OpKind, Operation};
 use swarm_core::encoding::WriterId;
+use swarm_core::fabric::Nanos;
 use swarm_core::header::HEADER_SIZE;
 use swarm_core::layout::Layout;
 use swarm_core::{
-    Client, Clock, Fabric, OpStats, ReadValue, RegisterCache, RegisterLoc, Replicas, WriteOutcome,
-    block_on,
+    Batch, Client, Clock, Completion, Fabric, FabricError, NodeId, OpStats, ReadValue,
+    RegisterCache, RegisterLoc, Replicas, Ticket, WriteOutcome, block_on,
 };
-use swarm_shm::ShmCluster;
+use swarm_shm::{ShmCluster, ShmFabric};
 
 /// Memory nodes (and replicas of every register): `n = 2f + 1` with `f = 1`.
 pub const NODES: u16 = 3;
@@ -400,4 +402,41 @@ fn kept_history_path(what: &str, seed: u64) -> PathBuf {
 /// A writer id that the layout has a log for.
 pub fn writer_id(id: u32) -> WriterId {
     WriterId::new(id).expect("test writer ids are small")
+}
+
+/// A client's [`ShmFabric`] that runs `pause` before every [`Fabric::progress`]: a
+/// thread that gives up its core before it waits for a completion (as one blocking on
+/// a completion queue would), or one descheduled between an executor's poll and its
+/// next call to `progress`, as happens on a loaded host.
+#[derive(Debug)]
+pub struct PauseBeforeProgress {
+    /// The fabric every call goes to.
+    pub fabric: ShmFabric,
+    /// Runs before each `progress`.
+    pub pause: fn(),
+}
+
+impl Fabric for PauseBeforeProgress {
+    fn node_count(&self) -> usize {
+        self.fabric.node_count()
+    }
+    fn post(&self, node: NodeId, batch: Batch) -> Ticket {
+        self.fabric.post(node, batch)
+    }
+    fn poll(&self, ticket: Ticket) -> Poll<Result<Completion, FabricError>> {
+        self.fabric.poll(ticket)
+    }
+    fn forget(&self, ticket: Ticket) {
+        self.fabric.forget(ticket)
+    }
+    fn progress(&self) -> bool {
+        (self.pause)();
+        self.fabric.progress()
+    }
+    fn now(&self) -> Nanos {
+        self.fabric.now()
+    }
+    fn wake_at(&self, deadline: Nanos) {
+        self.fabric.wake_at(deadline)
+    }
 }
