@@ -30,7 +30,8 @@
 //! ## Entry points
 //!
 //! - Memory node (`swarm memnode --listen ADDR:PORT --size 4GiB [--device NAME]`):
-//!   [`memnode::MemnodeConfig::from_cluster`] then [`memnode::run`].
+//!   [`memnode::serve`] with [`memnode::MemnodeArgs`], or
+//!   [`memnode::MemnodeConfig::from_cluster`] then [`memnode::Memnode::start`].
 //! - Clients (`--rdma HOST:PORT,...` or a cluster file): [`config::parse_nodes`] or
 //!   [`config::ClusterConfig::load`], then [`fabric::RdmaConfig`],
 //!   [`fabric::RdmaCluster::open`] once per process and

@@ -17,13 +17,14 @@
 //! allocating anything — with [`RdmaError::NoDevice`] ("no RDMA device found: ...").
 
 use std::net::{SocketAddr, TcpListener};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use swarm_core::header::{ENCODED_LEN, HEADER_SIZE, NodeHeader};
 
 use crate::auth::Token;
 use crate::bootstrap::{Acceptor, Server, ServerLimits};
-use crate::config::{ClusterConfig, check_listen_address};
+use crate::config::{ClusterConfig, check_listen_address, parse_size};
 use crate::error::RdmaError;
 use crate::verbs::cq::CompletionQueue;
 use crate::verbs::device::{Device, open_device};
@@ -271,10 +272,52 @@ impl Memnode {
     }
 }
 
-/// Runs a memory node until the process ends: what `swarm memnode` calls. Returns
-/// only on a setup failure (no device, bad configuration, port in use, ...).
-pub fn run(config: MemnodeConfig) -> Result<(), RdmaError> {
-    Memnode::start(config)?.wait();
+/// The command-line arguments of a memory node, shared by `swarm memnode` and
+/// `swarm-memnode run`.
+#[derive(Clone, Debug, clap::Args)]
+pub struct MemnodeArgs {
+    /// Address to accept clients on (must be listed in the cluster file).
+    #[arg(long)]
+    pub listen: String,
+    /// Memory to serve, e.g. 4GiB.
+    #[arg(long)]
+    pub size: String,
+    /// RDMA device (default: the first one).
+    #[arg(long)]
+    pub device: Option<String>,
+    /// The cluster file written by `swarm init --rdma` (or `swarm-memnode init`).
+    #[arg(long, default_value = "swarm-cluster.conf")]
+    pub cluster: PathBuf,
+}
+
+impl MemnodeArgs {
+    /// The node's configuration: the cluster file's, for the node at `listen`.
+    pub fn config(&self) -> Result<MemnodeConfig, RdmaError> {
+        let cluster = ClusterConfig::load(&self.cluster)?;
+        MemnodeConfig::from_cluster(
+            &cluster,
+            &self.listen,
+            parse_size(&self.size)?,
+            self.device.clone(),
+        )
+    }
+}
+
+/// Runs a memory node until the process ends: what `swarm memnode` calls. Says on
+/// standard error what it serves once it accepts clients. Returns only on a setup
+/// failure (no device, bad configuration, port in use, ...).
+pub fn serve(args: &MemnodeArgs) -> Result<(), RdmaError> {
+    let config = args.config()?;
+    let (id, count) = (config.node_id, config.node_count);
+    let node = Memnode::start(config)?;
+    eprintln!(
+        "memory node {id} of {count}: serving {} on {} from {} (huge pages: {}); Ctrl-C to stop",
+        args.size,
+        node.local_addr(),
+        node.device_name(),
+        node.huge_pages()
+    );
+    node.wait();
     Ok(())
 }
 
@@ -327,7 +370,7 @@ mod tests {
         // 1 TiB: the device check must come before the allocation.
         let mut c = config();
         c.size = 1 << 40;
-        let error = run(c).unwrap_err();
+        let error = Memnode::start(c).map(drop).unwrap_err();
         assert!(matches!(error, RdmaError::NoDevice { .. }), "{error}");
         assert!(
             error.to_string().starts_with("no RDMA device found: "),

@@ -80,20 +80,7 @@ enum Command {
         file: PathBuf,
     },
     /// Run an RDMA memory node: register memory, serve clients, stay passive.
-    Memnode {
-        /// Address to accept clients on (must be listed in the cluster file).
-        #[arg(long)]
-        listen: String,
-        /// Memory to serve, e.g. 4GiB.
-        #[arg(long)]
-        size: String,
-        /// RDMA device (default: the first one).
-        #[arg(long)]
-        device: Option<String>,
-        /// The cluster file written by `swarm init --rdma`.
-        #[arg(long, default_value = "swarm-cluster.conf")]
-        cluster: PathBuf,
-    },
+    Memnode(swarm_rdma::memnode::MemnodeArgs),
 }
 
 #[derive(Debug, Args)]
@@ -264,21 +251,8 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Command::Stat { at } => with_store!(&at, |store| stat(&store)),
         Command::Bench(args) => bench(&args),
         Command::Check { file } => check(&file),
-        Command::Memnode {
-            listen,
-            size,
-            device,
-            cluster,
-        } => {
-            let cluster = swarm_rdma::config::ClusterConfig::load(&cluster)
-                .with_context(|| format!("cannot load the cluster file {}", cluster.display()))?;
-            let config = swarm_rdma::MemnodeConfig::from_cluster(
-                &cluster,
-                &listen,
-                parse_size(&size)?,
-                device,
-            )?;
-            swarm_rdma::memnode::run(config)?;
+        Command::Memnode(args) => {
+            swarm_rdma::memnode::serve(&args)?;
             Ok(ExitCode::SUCCESS)
         }
     }

@@ -27,8 +27,9 @@ use swarm_core::header::{ENCODED_LEN, NodeHeader};
 use swarm_core::roundtrip::{OpStats, Roundtrip};
 use swarm_core::{Fabric, block_on};
 use swarm_rdma::auth::Token;
-use swarm_rdma::config::{ClusterConfig, parse_nodes, parse_size};
-use swarm_rdma::{Memnode, MemnodeConfig, RdmaCluster, RdmaConfig};
+use swarm_rdma::config::{ClusterConfig, parse_nodes};
+use swarm_rdma::memnode::MemnodeArgs;
+use swarm_rdma::{RdmaCluster, RdmaConfig};
 
 #[derive(Parser)]
 #[command(about = "SWARM memory node over RDMA (stand-in for `swarm memnode`)")]
@@ -52,20 +53,7 @@ enum Command {
         tick_ns: u64,
     },
     /// Serve memory until killed.
-    Run {
-        /// Address to accept clients on; must be listed in the cluster file.
-        #[arg(long)]
-        listen: String,
-        /// Memory to serve, e.g. 4GiB.
-        #[arg(long)]
-        size: String,
-        /// RDMA device (default: the first one).
-        #[arg(long)]
-        device: Option<String>,
-        /// The cluster file written by `init`.
-        #[arg(long, default_value = "swarm-cluster.conf")]
-        cluster: PathBuf,
-    },
+    Run(MemnodeArgs),
     /// Connect to every memory node, check its header, and time 8-byte reads.
     Check {
         /// The cluster file written by `init`.
@@ -93,26 +81,7 @@ fn main() -> ExitCode {
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Init { rdma, dir, tick_ns } => init(&rdma, &dir, tick_ns),
-        Command::Run {
-            listen,
-            size,
-            device,
-            cluster,
-        } => {
-            let cluster = ClusterConfig::load(&cluster)?;
-            let config =
-                MemnodeConfig::from_cluster(&cluster, &listen, parse_size(&size)?, device)?;
-            let (id, count) = (config.node_id, config.node_count);
-            let node = Memnode::start(config)?;
-            eprintln!(
-                "memory node {id} of {count}: serving {size} on {} from {} (huge pages: {}); Ctrl-C to stop",
-                node.local_addr(),
-                node.device_name(),
-                node.huge_pages()
-            );
-            node.wait();
-            Ok(())
-        }
+        Command::Run(args) => Ok(swarm_rdma::memnode::serve(&args)?),
         Command::Check {
             cluster,
             device,
