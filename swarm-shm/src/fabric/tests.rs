@@ -33,6 +33,17 @@ fn roundtrip(
     })
 }
 
+/// The 8 bytes at `addr` on `node`, read directly from the mapping.
+fn word_at(cluster: &ShmCluster, node: u16, addr: u64) -> [u8; 8] {
+    let mut word = [0; 8];
+    cluster
+        .node(NodeId(node))
+        .expect("the node exists")
+        .read(addr, &mut word)
+        .expect("the address is in bounds");
+    word
+}
+
 fn ready(fabric: &ShmFabric, ticket: Ticket) -> Result<Completion, FabricError> {
     match fabric.poll(ticket) {
         Poll::Ready(result) => result,
@@ -77,12 +88,7 @@ fn batch_executes_in_order_and_reports_cas_previous() {
     assert_eq!(&read[8..], &[7; 8]);
     // The failed CAS returns what it found and changes nothing.
     assert_eq!(completion.cas(3), Some(5));
-    let mut word = [0; 8];
-    cluster
-        .node(NodeId(0))
-        .unwrap()
-        .read(DATA, &mut word)
-        .unwrap();
+    let word = word_at(&cluster, 0, DATA);
     assert_eq!(u64::from_le_bytes(word), 5);
 }
 
@@ -193,12 +199,7 @@ fn majority_wait_survives_a_crashed_minority_and_stalls_without_majority() {
     answered.sort();
     assert_eq!(answered, [0, 1]);
     // The failed node was not written: it is crashed for this client.
-    let mut word = [0; 8];
-    cluster
-        .node(NodeId(2))
-        .unwrap()
-        .read(DATA, &mut word)
-        .unwrap();
+    let word = word_at(&cluster, 2, DATA);
     assert_eq!(word, [0; 8]);
 
     // Waiting for all three can never finish.
@@ -239,12 +240,7 @@ fn emulated_rtt_delays_completion() {
     let start = fabric.now();
     let t = fabric.post(NodeId(0), Batch::write(DATA, vec![1; 8]));
     // The effect is visible at once (memory is shared), the completion is not.
-    let mut word = [0; 8];
-    cluster
-        .node(NodeId(0))
-        .unwrap()
-        .read(DATA, &mut word)
-        .unwrap();
+    let word = word_at(&cluster, 0, DATA);
     assert_eq!(word, [1; 8]);
     if fabric.now() - start < RTT {
         assert_eq!(fabric.poll(t), Poll::Pending);
@@ -292,12 +288,7 @@ fn forgotten_batches_still_execute() {
     swarm_core::roundtrip::post_background(&fabric, NodeId(0), Batch::cas(DATA, 0, 3));
     assert!(fabric.progress());
     assert_eq!(fabric.slab.borrow().pending_count(), 0);
-    let mut word = [0; 8];
-    cluster
-        .node(NodeId(0))
-        .unwrap()
-        .read(DATA, &mut word)
-        .unwrap();
+    let word = word_at(&cluster, 0, DATA);
     assert_eq!(u64::from_le_bytes(word), 3);
 }
 
