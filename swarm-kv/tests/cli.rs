@@ -21,6 +21,18 @@ fn text(out: &Output) -> String {
     )
 }
 
+/// `swarm get` of `key` in the cluster at `dir` succeeds and prints `value`.
+fn assert_get(dir: &str, key: &str, value: &str) {
+    let out = swarm(&["get", "--dir", dir, key]);
+    assert!(out.status.success(), "get {key}: {}", text(&out));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        format!("{value}\n"),
+        "get {key}: {}",
+        text(&out)
+    );
+}
+
 fn init(dir: &Path) {
     let out = swarm(&[
         "init",
@@ -45,9 +57,7 @@ fn put_get_delete_stat_roundtrip() {
     init(&dir);
     let d = dir.to_str().unwrap();
     assert!(swarm(&["put", "--dir", d, "alpha", "one"]).status.success());
-    let out = swarm(&["get", "--dir", d, "alpha"]);
-    assert!(out.status.success(), "{}", text(&out));
-    assert_eq!(String::from_utf8_lossy(&out.stdout), "one\n");
+    assert_get(d, "alpha", "one");
     let out = swarm(&["stat", "--dir", d]);
     assert!(out.status.success(), "{}", text(&out));
     assert!(text(&out).contains("keys: 1"), "{}", text(&out));
@@ -88,13 +98,7 @@ fn bad_input_fails_clearly_and_the_cluster_stays_usable() {
         );
         assert!(!t.contains("panicked"), "{args:?} panicked: {t}");
     }
-    let out = swarm(&["get", "--dir", d, "keep"]);
-    assert_eq!(
-        String::from_utf8_lossy(&out.stdout),
-        "safe\n",
-        "{}",
-        text(&out)
-    );
+    assert_get(d, "keep", "safe");
 }
 
 #[test]
@@ -116,13 +120,7 @@ fn a_corrupted_node_header_is_refused() {
     assert!(!t.contains("panicked"), "{t}");
     // Restoring the header makes the cluster usable again, with nothing lost.
     std::fs::write(&node, &original).unwrap();
-    let out = swarm(&["get", "--dir", d, "keep"]);
-    assert_eq!(
-        String::from_utf8_lossy(&out.stdout),
-        "safe\n",
-        "{}",
-        text(&out)
-    );
+    assert_get(d, "keep", "safe");
 }
 
 #[test]
