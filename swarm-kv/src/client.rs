@@ -376,6 +376,19 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         }
     }
 
+    /// The register of `key` for an update or a delete: the cached one if the cache
+    /// knows it holds a write, otherwise the one the index resolves (`None`: absent).
+    async fn locate_written(
+        &self,
+        key: &[u8],
+        stats: &OpStats,
+    ) -> Result<Option<Located>, KvError> {
+        match self.cached(key)? {
+            Some(located) if located.knowledge.knows_a_write() => Ok(Some(located)),
+            _ => Ok(self.resolve(key, stats).await?.map(|(located, _)| located)),
+        }
+    }
+
     /// Finds `key` through the index: the first candidate register that holds it.
     async fn resolve(
         &self,
@@ -419,11 +432,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         self.tick();
         let payload = encode_payload(key, value);
         for _ in 0..MAX_RETRIES {
-            let located = match self.cached(key)? {
-                Some(located) if located.knowledge.knows_a_write() => Some(located),
-                _ => self.resolve(key, stats).await?.map(|(located, _)| located),
-            };
-            let Some(mut located) = located else {
+            let Some(mut located) = self.locate_written(key, stats).await? else {
                 return Ok(false);
             };
             match self.write_register(&mut located, stats, &payload).await? {
@@ -534,11 +543,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         }
         self.tick();
         for _ in 0..MAX_RETRIES {
-            let located = match self.cached(key)? {
-                Some(located) if located.knowledge.knows_a_write() => Some(located),
-                _ => self.resolve(key, stats).await?.map(|(located, _)| located),
-            };
-            let Some(mut located) = located else {
+            let Some(mut located) = self.locate_written(key, stats).await? else {
                 return Ok(false);
             };
             match self
