@@ -50,6 +50,18 @@ struct Shared {
 }
 
 impl Shared {
+    /// Fresh shared state for a run on `world`.
+    fn new(world: &SimWorld, layout: NodeLayout) -> Self {
+        Self {
+            world: world.clone(),
+            layout,
+            log: Log::default(),
+            next_register: Rc::new(Cell::new(0)),
+            key_of: Rc::new(RefCell::new(HashMap::new())),
+            errors: Rc::new(RefCell::new(Vec::new())),
+        }
+    }
+
     /// A fresh register whose key header holds `key` (as the KV layer prepares one).
     fn register_for(&self, key: &str) -> u64 {
         let r = self.next_register.get();
@@ -217,14 +229,7 @@ fn run(s: Scenario) -> usize {
     let layout = layout(4096, s.buckets);
     let config = SimConfig::new(s.nodes, layout.end() as usize).keep_trace(false);
     let world = SimWorld::new(s.seed, config);
-    let shared = Shared {
-        world: world.clone(),
-        layout,
-        log: Log::default(),
-        next_register: Rc::new(Cell::new(0)),
-        key_of: Rc::new(RefCell::new(HashMap::new())),
-        errors: Rc::new(RefCell::new(Vec::new())),
-    };
+    let shared = Shared::new(&world, layout);
     let mut rng = SimRng::new(s.seed ^ 0x1dec_0de5);
     let mut runner = SimRunner::new(&world);
     // About 15 µs per operation at ~1 µs one-way latency.
@@ -522,14 +527,7 @@ fn a_node_that_comes_back_with_old_memory_does_not_resurrect_old_mappings() {
             seed,
             SimConfig::new(3, layout.end() as usize).keep_trace(false),
         );
-        let shared = Shared {
-            world: world.clone(),
-            layout,
-            log: Log::default(),
-            next_register: Rc::new(Cell::new(0)),
-            key_of: Rc::new(RefCell::new(HashMap::new())),
-            errors: Rc::new(RefCell::new(Vec::new())),
-        };
+        let shared = Shared::new(&world, layout);
         let mut runner = SimRunner::new(&world);
         // Node 2 misses the middle of the run, then comes back with its old memory, and
         // node 0 goes down. (Not at once: batches lost while node 2 was down never
