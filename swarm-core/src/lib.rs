@@ -37,6 +37,7 @@ pub mod mem;
 pub mod protocol;
 pub mod roundtrip;
 pub mod sync;
+pub mod units;
 
 #[cfg(feature = "checker")]
 pub mod checker;

@@ -80,6 +80,7 @@ pub enum KvError {
     #[error(transparent)]
     Shm(#[from] swarm_shm::ShmError),
     /// Connecting to RDMA memory nodes failed.
+    #[cfg(feature = "rdma")]
     #[error(transparent)]
     Rdma(swarm_rdma::RdmaError),
 }

@@ -11,9 +11,14 @@
 //!   claimed from the memory nodes by CAS.
 //! * [`cache`] — the client's location cache.
 //! * [`client`] — the operations: get, insert, update, delete (§5.3).
-//! * [`shm`], [`rdma`], [`store`] — clusters on shared-memory files or RDMA memory
+//! * [`shm`], `rdma`, [`store`] — clusters on shared-memory files or RDMA memory
 //!   nodes, behind one [`Store`] trait.
 //! * [`ycsb`] — the YCSB benchmark harness behind `swarm bench`.
+//!
+//! ## Features
+//! - `rdma` (off by default): SWARM-KV over RDMA memory nodes (`rdma::RdmaStore`). It
+//!   builds `swarm-rdma`, which needs the rdma-core headers and libclang, and links
+//!   libibverbs. Without it the crate and the `swarm` binary need no system library.
 #![warn(missing_docs)]
 
 pub mod alloc;
@@ -25,6 +30,7 @@ pub mod clock;
 mod error;
 pub mod index;
 pub mod layout;
+#[cfg(feature = "rdma")]
 pub mod rdma;
 pub mod shm;
 pub mod store;
@@ -32,6 +38,7 @@ pub mod ycsb;
 
 pub use client::{KvClient, KvConfig};
 pub use error::KvError;
+#[cfg(feature = "rdma")]
 pub use rdma::RdmaStore;
 pub use shm::KvStore;
 pub use store::Store;

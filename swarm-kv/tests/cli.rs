@@ -150,6 +150,42 @@ fn check_accepts_good_and_rejects_bad_histories() {
     assert!(text(&out).contains("line 1"), "{}", text(&out));
 }
 
+#[cfg(not(feature = "rdma"))]
+#[test]
+fn rdma_commands_in_a_build_without_rdma_say_how_to_get_one() {
+    let scratch = ScratchDir::new("cli-no-rdma").unwrap();
+    let dir = scratch.path().join("rdma");
+    let d = dir.to_str().unwrap();
+    let conf = dir.join("swarm-cluster.conf");
+    let c = conf.to_str().unwrap();
+    let attempts: &[&[&str]] = &[
+        &[
+            "init",
+            "--rdma",
+            "127.0.0.1:7471,127.0.0.1:7472",
+            "--dir",
+            d,
+        ],
+        &["get", "--cluster", c, "k"],
+        &["put", "--rdma", "127.0.0.1:7471", "--token", c, "k", "v"],
+        &["stat", "--cluster", c],
+        &["format", "--cluster", c],
+        &["memnode", "--listen", "127.0.0.1:7471", "--size", "64MiB"],
+    ];
+    for args in attempts {
+        let out = swarm(args);
+        let t = text(&out);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {t}");
+        assert!(
+            t.contains("built without RDMA support") && t.contains("--features rdma"),
+            "{args:?}: {t}"
+        );
+        assert!(!t.contains("panicked"), "{args:?}: {t}");
+    }
+    assert!(!dir.exists(), "a refused init must not write anything");
+}
+
+#[cfg(feature = "rdma")]
 #[test]
 fn rdma_commands_without_a_device_fail_clearly() {
     let scratch = ScratchDir::new("cli-rdma").unwrap();

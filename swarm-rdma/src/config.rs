@@ -91,33 +91,10 @@ fn check_host_port(addr: &str, any_port: bool) -> Result<(), RdmaError> {
     }
 }
 
-/// Parses a memory size such as `4GiB`, `512MiB`, `1G` (binary), `2GB` (decimal) or
-/// a plain byte count.
+/// Parses a memory size such as `4GiB` or `512MiB` ([`swarm_core::units::parse_size`]).
 pub fn parse_size(text: &str) -> Result<u64, RdmaError> {
-    let text = text.trim();
-    let split = text
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(text.len());
-    let (digits, unit) = text.split_at(split);
-    let bad = || {
-        RdmaError::Config(format!(
-            "size {text:?} is invalid: expected a number with an optional unit (B, KiB, MiB, GiB, TiB, K, M, G, T, KB, MB, GB, TB), e.g. 4GiB"
-        ))
-    };
-    let number: u64 = digits.parse().map_err(|_| bad())?;
-    let multiplier: u64 = match unit.trim() {
-        "" | "B" => 1,
-        "K" | "KiB" => 1 << 10,
-        "M" | "MiB" => 1 << 20,
-        "G" | "GiB" => 1 << 30,
-        "T" | "TiB" => 1 << 40,
-        "KB" => 1_000,
-        "MB" => 1_000_000,
-        "GB" => 1_000_000_000,
-        "TB" => 1_000_000_000_000,
-        _ => return Err(bad()),
-    };
-    number.checked_mul(multiplier).ok_or_else(bad)
+    swarm_core::units::parse_size(text)
+        .map_err(|e| RdmaError::Config(format!("size {text:?} is invalid: {e}")))
 }
 
 /// The contents of a cluster file.

@@ -11,6 +11,9 @@
 //! swarm init --rdma 10.0.0.1:7471,10.0.0.2:7471,10.0.0.3:7471 --dir cluster   # RDMA
 //! swarm memnode --listen 10.0.0.1:7471 --size 4GiB --cluster cluster/swarm-cluster.conf
 //! ```
+//!
+//! The RDMA commands need a build with the `rdma` feature (module `rdma`); without it
+//! they parse their arguments and say how to get one (module `no_rdma`).
 
 use std::fs::File;
 use std::io::{BufReader, Write};
@@ -21,7 +24,10 @@ use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand};
 use swarm_core::{Batch, Fabric, NodeId, OpStats, Roundtrip, block_on};
 use swarm_kv::layout::ClusterParams;
-use swarm_kv::{KvStore, RdmaStore, Store};
+use swarm_kv::{KvStore, Store};
+
+#[cfg_attr(not(feature = "rdma"), path = "no_rdma.rs")]
+mod rdma;
 
 /// SWARM-KV: a replicated key-value store on disaggregated memory.
 #[derive(Debug, Parser)]
@@ -80,7 +86,7 @@ enum Command {
         file: PathBuf,
     },
     /// Run an RDMA memory node: register memory, serve clients, stay passive.
-    Memnode(swarm_rdma::memnode::MemnodeArgs),
+    Memnode(rdma::MemnodeArgs),
 }
 
 #[derive(Debug, Args)]
@@ -169,7 +175,7 @@ impl ParamArgs {
 }
 
 fn parse_size(text: &str) -> Result<u64> {
-    swarm_rdma::config::parse_size(text).with_context(|| {
+    swarm_core::units::parse_size(text).with_context(|| {
         format!("invalid size {text:?}: use e.g. 64MiB, 1GiB or a number of bytes")
     })
 }
@@ -190,6 +196,7 @@ macro_rules! with_store {
     ($at:expr, |$store:ident| $body:expr) => {
         match open_target($at)? {
             AnyStore::Shm($store) => $body,
+            #[cfg(feature = "rdma")]
             AnyStore::Rdma($store) => $body,
         }
     };
@@ -197,26 +204,8 @@ macro_rules! with_store {
 
 enum AnyStore {
     Shm(KvStore),
-    Rdma(RdmaStore),
-}
-
-fn rdma_config(at: &ClusterArg) -> Result<Option<swarm_rdma::RdmaConfig>> {
-    let mut config = match (&at.target.rdma, &at.target.cluster) {
-        (Some(list), _) => {
-            let nodes = swarm_rdma::config::parse_nodes(list)?;
-            let token = swarm_rdma::auth::Token::load(&at.token)
-                .with_context(|| format!("cannot load the cluster token {}", at.token.display()))?;
-            swarm_rdma::RdmaConfig::new(nodes, token)
-        }
-        (None, Some(file)) => {
-            let cluster = swarm_rdma::config::ClusterConfig::load(file)
-                .with_context(|| format!("cannot load the cluster file {}", file.display()))?;
-            swarm_rdma::RdmaConfig::from_cluster(&cluster)?
-        }
-        (None, None) => return Ok(None),
-    };
-    config.device = at.device.clone();
-    Ok(Some(config))
+    #[cfg(feature = "rdma")]
+    Rdma(rdma::Store),
 }
 
 fn open_target(at: &ClusterArg) -> Result<AnyStore> {
@@ -225,36 +214,23 @@ fn open_target(at: &ClusterArg) -> Result<AnyStore> {
             format!("cannot open the SWARM-KV cluster in {}", dir.display())
         })?));
     }
-    let config = rdma_config(at)?.context("give --dir, --rdma or --cluster")?;
-    Ok(AnyStore::Rdma(
-        RdmaStore::open(config).context("cannot open the SWARM-KV cluster over RDMA")?,
-    ))
+    #[cfg(feature = "rdma")]
+    return Ok(AnyStore::Rdma(rdma::open(at)?));
+    #[cfg(not(feature = "rdma"))]
+    match rdma::open(at)? {}
 }
 
 fn run(cli: Cli) -> Result<ExitCode> {
     match cli.command {
         Command::Init(args) => init(args),
-        Command::Format { at, params } => {
-            let config = rdma_config(&at)?
-                .context("`swarm format` formats RDMA memory nodes: give --rdma or --cluster")?;
-            let store = RdmaStore::format(config, params.params()?)
-                .context("cannot format the RDMA memory nodes")?;
-            println!(
-                "formatted: room for {} keys",
-                store.layout().params.registers
-            );
-            Ok(ExitCode::SUCCESS)
-        }
+        Command::Format { at, params } => rdma::format(&at, params.params()?),
         Command::Put { at, key, value } => with_store!(&at, |store| put(&store, &key, &value)),
         Command::Get { at, key } => with_store!(&at, |store| get(&store, &key)),
         Command::Delete { at, key } => with_store!(&at, |store| delete(&store, &key)),
         Command::Stat { at } => with_store!(&at, |store| stat(&store)),
         Command::Bench(args) => bench(&args),
         Command::Check { file } => check(&file),
-        Command::Memnode(args) => {
-            swarm_rdma::memnode::serve(&args)?;
-            Ok(ExitCode::SUCCESS)
-        }
+        Command::Memnode(args) => rdma::memnode(&args),
     }
 }
 
@@ -310,32 +286,7 @@ fn with_client<S: Store, T>(
 
 fn init(args: InitArgs) -> Result<ExitCode> {
     if let Some(list) = &args.rdma {
-        let nodes = swarm_rdma::config::parse_nodes(list)?;
-        std::fs::create_dir_all(&args.dir)
-            .with_context(|| format!("cannot create {}", args.dir.display()))?;
-        let token = swarm_rdma::auth::Token::generate()?;
-        let token_path = args.dir.join("swarm.token");
-        write_private(&token_path, token.to_hex().as_bytes(), args.force)?;
-        let random = swarm_rdma::auth::random_nonce()?;
-        let mut id = [0u8; 8];
-        id.copy_from_slice(&random[..8]);
-        let config = swarm_rdma::config::ClusterConfig {
-            nodes,
-            cluster_id: u64::from_le_bytes(id),
-            epoch_unix_ns: swarm_kv::clock::SystemClock::unix_ns(),
-            tick_ns: args.tick_ns,
-            // Relative: resolved against the cluster file's directory on load.
-            token_file: PathBuf::from("swarm.token"),
-        };
-        let conf_path = args.dir.join("swarm-cluster.conf");
-        write_private(&conf_path, config.render().as_bytes(), args.force)?;
-        println!(
-            "wrote {} and {} (token fingerprint {}); start `swarm memnode` on every node",
-            conf_path.display(),
-            token_path.display(),
-            token.fingerprint()
-        );
-        return Ok(ExitCode::SUCCESS);
+        return rdma::init(&args, list);
     }
     let params = args.params.params()?;
     let size = parse_size(&args.size)?;
@@ -361,25 +312,6 @@ fn init(args: InitArgs) -> Result<ExitCode> {
         p.log_slots
     );
     Ok(ExitCode::SUCCESS)
-}
-
-fn write_private(path: &Path, bytes: &[u8], overwrite: bool) -> Result<()> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut options = std::fs::OpenOptions::new();
-    options.write(true).mode(0o600);
-    if overwrite {
-        options.create(true).truncate(true);
-    } else {
-        options.create_new(true);
-    }
-    let mut file = options.open(path).with_context(|| {
-        format!(
-            "cannot write {} (use --force to replace it)",
-            path.display()
-        )
-    })?;
-    file.write_all(bytes)?;
-    Ok(())
 }
 
 fn stat<S: Store>(store: &S) -> Result<ExitCode> {
