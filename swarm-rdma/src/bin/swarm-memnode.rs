@@ -96,9 +96,7 @@ fn init(rdma: &str, dir: &std::path::Path, tick_ns: u64) -> Result<()> {
     let token = Token::generate()?;
     let token_path = dir.join("swarm.token");
     write_private(&token_path, &token.to_hex())?;
-    let random = swarm_rdma::auth::random_nonce()?;
-    let mut id = [0u8; 8];
-    id.copy_from_slice(&random[..8]);
+    let id = swarm_rdma::auth::random_bytes::<8>()?;
     let epoch_unix_ns = u64::try_from(SystemTime::now().duration_since(UNIX_EPOCH)?.as_nanos())?;
     let cluster = ClusterConfig {
         nodes,

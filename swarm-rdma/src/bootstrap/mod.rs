@@ -27,7 +27,7 @@ use std::io::Write;
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::time::Duration;
 
-use crate::auth::{Token, proof_matches, random_nonce};
+use crate::auth::{Token, random_nonce};
 use crate::error::RdmaError;
 use crate::wire::{Message, QpInfo, RefuseReason, RegionInfo, WireError};
 
@@ -124,7 +124,7 @@ pub fn client_handshake<S: std::io::Read + Write>(
     .map_err(wire)?;
     let server_nonce = match Message::read_from(stream).map_err(wire)? {
         Message::ServerHello { nonce, proof } => {
-            if !proof_matches(&token.server_proof(&client_nonce, &nonce), &proof) {
+            if !token.verify_server_proof(&client_nonce, &nonce, &proof) {
                 return Err(RdmaError::BadToken {
                     peer: peer.to_owned(),
                 });
@@ -199,7 +199,7 @@ pub fn server_handshake<S: std::io::Read + Write, A: Acceptor>(
     .map_err(|e| RdmaError::wire(peer, e))?;
     let client_qp = match Message::read_from(stream) {
         Ok(Message::ClientAuth { proof, qp }) => {
-            if !proof_matches(&token.client_proof(&client_nonce, &server_nonce), &proof) {
+            if !token.verify_client_proof(&client_nonce, &server_nonce, &proof) {
                 refuse(stream, RefuseReason::BadToken);
                 return Err(RdmaError::BadToken {
                     peer: peer.to_owned(),

@@ -66,6 +66,7 @@ impl QueuePair {
     /// Creates an RC queue pair on `cq` and moves it to INIT.
     pub fn new(cq: Arc<CompletionQueue>, settings: QpSettings) -> Result<Self, RdmaError> {
         let device = cq.device().clone();
+        let psn = random_psn()?;
         let create = |max_inline: u32| {
             // SAFETY: ibv_qp_init_attr is plain data and pointers; zero (null
             // pointers) is valid for every field we do not set.
@@ -89,7 +90,7 @@ impl QueuePair {
             .ok_or_else(|| RdmaError::last_os("ibv_create_qp (reliable connected)"))?;
         let mut qp = Self {
             qp,
-            psn: random_psn(),
+            psn,
             max_inline,
             settings,
             _cq: cq,
@@ -226,10 +227,12 @@ fn zeroed_attr() -> ibv_qp_attr {
     unsafe { std::mem::zeroed() }
 }
 
-/// A random 24-bit initial packet sequence number.
-fn random_psn() -> u32 {
-    let nonce = crate::auth::random_nonce().unwrap_or([0x5a; 32]);
-    u32::from_le_bytes([nonce[0], nonce[1], nonce[2], 0])
+/// A random 24-bit initial packet sequence number (never a fixed fallback: a
+/// predictable PSN makes injecting packets into the connection easier).
+fn random_psn() -> Result<u32, RdmaError> {
+    let [a, b, c] = crate::auth::random_bytes()
+        .map_err(|e| RdmaError::io("cannot draw a packet sequence number", e))?;
+    Ok(u32::from_le_bytes([a, b, c, 0]))
 }
 
 impl Drop for QueuePair {
