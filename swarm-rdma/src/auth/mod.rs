@@ -1,13 +1,14 @@
-//! The cluster token and the challenge-response that proves knowledge of it.
+//! The cluster token, and the cryptography that proves knowledge of it.
 //!
 //! A memory node serves one-sided reads, writes and CAS to whoever holds a queue pair
 //! connected to it, so who gets a queue pair is the only access control there is.
 //! `swarm init` creates a random 256-bit [`Token`]; memory nodes and clients load it
 //! from a file. The bootstrap handshake ([`crate::bootstrap`]) never sends it: each
-//! side sends a fresh random nonce and proves knowledge of the token with
-//! `HMAC-SHA256(token, label ‖ client nonce ‖ server nonce)`, with a different label
-//! per direction so that a proof cannot be reflected back. The memory node proves
-//! itself first, so a client never answers an impostor's challenge.
+//! side sends a fresh random nonce, the memory node proves knowledge of the token
+//! over the whole transcript first (so a client never answers an impostor), and the
+//! client's queue pair and the node's queue pair and region travel sealed under keys
+//! derived from the token and both nonces ([`session`] explains the construction and
+//! why it is not Noise).
 //!
 //! Limits, stated plainly: this authenticates the bootstrap only. RDMA traffic after
 //! it is neither encrypted nor authenticated (the RC connection and the region's
@@ -19,6 +20,8 @@
 //! random byte comes from the operating system through `getrandom`, and the token's
 //! bytes (and its hexadecimal text while it is parsed or written) are wiped from
 //! memory when dropped (`zeroize`).
+
+pub mod session;
 
 use std::fmt;
 use std::io;
@@ -43,8 +46,6 @@ pub type Nonce = [u8; NONCE_LEN];
 /// A proof that its sender knows the cluster token.
 pub type Proof = [u8; PROOF_LEN];
 
-const SERVER_LABEL: &[u8] = b"swarm-rdma v1 memory node proof";
-const CLIENT_LABEL: &[u8] = b"swarm-rdma v1 client proof";
 const FINGERPRINT_LABEL: &[u8] = b"swarm-rdma v1 token fingerprint";
 
 /// Why a token could not be loaded.
@@ -165,40 +166,6 @@ impl Token {
             .map(|b| format!("{b:02x}"))
             .collect()
     }
-
-    /// The memory node's proof for a handshake.
-    pub fn server_proof(&self, client_nonce: &Nonce, server_nonce: &Nonce) -> Proof {
-        hmac_sha256(&self.0, &[SERVER_LABEL, client_nonce, server_nonce])
-    }
-
-    /// The client's proof for a handshake.
-    pub fn client_proof(&self, client_nonce: &Nonce, server_nonce: &Nonce) -> Proof {
-        hmac_sha256(&self.0, &[CLIENT_LABEL, client_nonce, server_nonce])
-    }
-
-    /// Whether `proof` is the memory node's proof for a handshake (constant time).
-    pub fn verify_server_proof(
-        &self,
-        client_nonce: &Nonce,
-        server_nonce: &Nonce,
-        proof: &Proof,
-    ) -> bool {
-        keyed_mac(&self.0, &[SERVER_LABEL, client_nonce, server_nonce])
-            .verify_slice(proof)
-            .is_ok()
-    }
-
-    /// Whether `proof` is the client's proof for a handshake (constant time).
-    pub fn verify_client_proof(
-        &self,
-        client_nonce: &Nonce,
-        server_nonce: &Nonce,
-        proof: &Proof,
-    ) -> bool {
-        keyed_mac(&self.0, &[CLIENT_LABEL, client_nonce, server_nonce])
-            .verify_slice(proof)
-            .is_ok()
-    }
 }
 
 /// A fresh nonce from the operating system's random generator.
@@ -246,24 +213,6 @@ mod tests {
         // 64 characters but multi-byte: refused, no panic on char boundaries.
         let unicode = "é".repeat(TOKEN_LEN);
         assert!(Token::from_hex(&unicode).is_err());
-    }
-
-    #[test]
-    fn proofs_depend_on_token_direction_and_nonces() {
-        let a = Token::from_bytes([1; TOKEN_LEN]);
-        let b = Token::from_bytes([2; TOKEN_LEN]);
-        let (nc, ns) = ([3; NONCE_LEN], [4; NONCE_LEN]);
-        let proof = a.server_proof(&nc, &ns);
-        assert!(a.verify_server_proof(&nc, &ns, &proof));
-        assert!(!b.verify_server_proof(&nc, &ns, &proof));
-        assert!(!a.verify_client_proof(&nc, &ns, &proof));
-        assert!(!a.verify_server_proof(&ns, &nc, &proof));
-        let proof = a.client_proof(&nc, &ns);
-        assert!(a.verify_client_proof(&nc, &ns, &proof));
-        assert!(!b.verify_client_proof(&nc, &ns, &proof));
-        let mut flipped = proof;
-        flipped[31] ^= 1;
-        assert!(!a.verify_client_proof(&nc, &ns, &flipped));
     }
 
     fn hex(bytes: &[u8]) -> String {
