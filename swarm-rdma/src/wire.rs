@@ -171,6 +171,8 @@ pub enum RefuseReason {
     Malformed,
     /// The memory node could not create a queue pair for the client.
     NoResources,
+    /// The memory node already serves as many clients as it is configured for.
+    TooManyClients,
 }
 
 impl RefuseReason {
@@ -180,6 +182,7 @@ impl RefuseReason {
             Self::UnsupportedVersion => 2,
             Self::Malformed => 3,
             Self::NoResources => 4,
+            Self::TooManyClients => 5,
         }
     }
 
@@ -189,6 +192,7 @@ impl RefuseReason {
             2 => Self::UnsupportedVersion,
             3 => Self::Malformed,
             4 => Self::NoResources,
+            5 => Self::TooManyClients,
             _ => return Err(WireError::BadField("unknown refusal reason")),
         })
     }
@@ -206,6 +210,9 @@ impl std::fmt::Display for RefuseReason {
             Self::Malformed => "malformed bootstrap message",
             Self::NoResources => {
                 "the memory node could not create a queue pair (see its log for the verbs error)"
+            }
+            Self::TooManyClients => {
+                "the memory node serves its maximum number of clients; retry when some have left"
             }
         })
     }

@@ -153,14 +153,16 @@ pub fn client_handshake<S: Read + Write>(
 
 /// The memory node's side of the handshake over an accepted stream. On any failure
 /// the client is sent a refusal (best effort; proved whenever the client's nonce is
-/// known) and the error is returned. [`Acceptor::accept`] runs only for a client
-/// that proved the token.
-pub fn server_handshake<S: Read + Write, A: Acceptor>(
+/// known) and the error is returned. Only for a client that proved the token does
+/// it call `admit` (which may refuse: too many clients) and then
+/// [`Acceptor::accept`]; it returns the connection and what `admit` gave.
+pub fn server_handshake<S: Read + Write, A: Acceptor, Slot>(
     stream: &mut S,
     peer: &str,
     token: &Token,
     acceptor: &A,
-) -> Result<A::Connection, RdmaError> {
+    admit: impl FnOnce() -> Option<Slot>,
+) -> Result<(A::Connection, Slot), RdmaError> {
     let mut talk = Conversation {
         stream,
         transcript: Transcript::new(),
@@ -241,6 +243,13 @@ pub fn server_handshake<S: Read + Write, A: Acceptor>(
         }
     };
 
+    let Some(slot) = admit() else {
+        refuse(&mut talk, RefuseReason::TooManyClients);
+        return Err(RdmaError::Refused {
+            peer: peer.to_owned(),
+            reason: RefuseReason::TooManyClients,
+        });
+    };
     let (qp, connection) = match acceptor.accept(&client_qp) {
         Ok(accepted) => accepted,
         Err(e) => {
@@ -256,7 +265,7 @@ pub fn server_handshake<S: Read + Write, A: Acceptor>(
     let tag = keys.seal(Sender::MemoryNode, &talk.transcript, &header, &mut sealed);
     talk.send_frame(&Message::Accept { sealed, tag }.encode())
         .map_err(|e| RdmaError::wire(peer, e))?;
-    Ok(connection)
+    Ok((connection, slot))
 }
 
 /// An unproved refusal, for a peer whose nonce is unknown.

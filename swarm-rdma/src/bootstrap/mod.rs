@@ -29,11 +29,13 @@
 //!
 //! Everything here is device-independent: the memory node plugs its verbs-specific
 //! part in through [`Acceptor`], so the whole exchange is tested on loopback TCP.
-//! Sockets have read/write timeouts during the handshake, and a malformed message is
-//! answered with a refusal and a closed connection, never a panic.
+//! Each side gives the whole handshake one absolute deadline (not a per-read timeout
+//! that a peer trickling bytes could stretch forever), and a malformed message is
+//! answered with a refusal and a closed connection, never a panic. The memory node
+//! also bounds unauthenticated connections ([`ServerLimits`]).
 
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::auth::Token;
 use crate::error::RdmaError;
@@ -41,6 +43,7 @@ use crate::wire::{QpInfo, RegionInfo};
 
 #[cfg(test)]
 mod attack_tests;
+mod deadline;
 mod handshake;
 mod server;
 #[cfg(test)]
@@ -49,7 +52,7 @@ mod tests;
 pub use handshake::{client_handshake, server_handshake};
 pub use server::{Server, ServerLimits};
 
-/// Default limit on each handshake read or write.
+/// Default time for a whole handshake (connecting included, on the client).
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The memory node's side of accepting one client, supplied by the daemon.
@@ -76,18 +79,26 @@ pub struct Accepted {
     pub stream: TcpStream,
 }
 
-/// Connects to the memory node at `addr` and runs the client side of the handshake.
-/// `local_qp` describes the client's queue pair (already created, in INIT).
+/// Connects to the memory node at `addr` and runs the client side of the handshake,
+/// all within `timeout`. `local_qp` describes the client's queue pair (already
+/// created, in INIT).
 pub fn connect(
     addr: &str,
     token: &Token,
     local_qp: &QpInfo,
     timeout: Duration,
 ) -> Result<Accepted, RdmaError> {
-    let mut stream = open(addr, timeout)?;
-    let (qp, region) = client_handshake(&mut stream, addr, token, local_qp)?;
+    let deadline = Instant::now() + timeout;
+    let stream = open(addr, timeout)?;
+    let (qp, region) = client_handshake(
+        &mut deadline::Deadline::new(&stream, deadline),
+        addr,
+        token,
+        local_qp,
+    )?;
     // The connection now only signals liveness: no more timeouts on it.
     let _ = stream.set_read_timeout(None);
+    let _ = stream.set_write_timeout(None);
     Ok(Accepted { qp, region, stream })
 }
 
@@ -100,8 +111,6 @@ fn open(addr: &str, timeout: Duration) -> Result<TcpStream, RdmaError> {
     for candidate in candidates {
         match TcpStream::connect_timeout(&candidate, timeout) {
             Ok(stream) => {
-                set_timeouts(&stream, timeout)
-                    .map_err(|e| RdmaError::io(format!("cannot configure socket to {addr}"), e))?;
                 let _ = stream.set_nodelay(true);
                 return Ok(stream);
             }
@@ -113,9 +122,4 @@ fn open(addr: &str, timeout: Duration) -> Result<TcpStream, RdmaError> {
         format!("cannot connect to memory node {addr} (is `swarm memnode` running there?)"),
         error,
     ))
-}
-
-fn set_timeouts(stream: &TcpStream, timeout: Duration) -> std::io::Result<()> {
-    stream.set_read_timeout(Some(timeout))?;
-    stream.set_write_timeout(Some(timeout))
 }
