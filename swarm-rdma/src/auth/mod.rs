@@ -68,6 +68,25 @@ pub enum TokenError {
         /// Characters found after trimming whitespace.
         found: usize,
     },
+    /// The token file can be read or written by other users than its owner.
+    #[error(
+        "the cluster token file {path} is accessible to other users (mode {mode:03o}); \
+         anyone who reads it gets full access to the memory nodes: run `chmod 600 {path}`"
+    )]
+    Exposed {
+        /// The file.
+        path: String,
+        /// Its permission bits.
+        mode: u32,
+    },
+    /// The token file could not be written.
+    #[error("cannot write the cluster token file {path}: {source}")]
+    Write {
+        /// The file.
+        path: String,
+        /// The I/O error.
+        source: io::Error,
+    },
     /// The system random generator failed.
     #[error("cannot draw random bytes from the operating system: {0}")]
     Random(io::Error),
@@ -146,16 +165,56 @@ impl Token {
         text
     }
 
-    /// Loads a token file written by `swarm init`.
+    /// Loads a token file written by `swarm init`. A file that group or others may
+    /// read or write is refused (like ssh does with private keys): the token is
+    /// the cluster's only access control.
     pub fn load(path: &Path) -> Result<Self, TokenError> {
-        let text =
-            Zeroizing::new(
-                std::fs::read_to_string(path).map_err(|source| TokenError::Read {
-                    path: path.display().to_string(),
-                    source,
-                })?,
-            );
+        use std::io::Read as _;
+        use std::os::unix::fs::PermissionsExt as _;
+        let read_error = |source| TokenError::Read {
+            path: path.display().to_string(),
+            source,
+        };
+        let mut file = std::fs::File::open(path).map_err(read_error)?;
+        // The mode of the file actually opened, not of whatever the path names now.
+        let mode = file.metadata().map_err(read_error)?.permissions().mode() & 0o777;
+        if mode & 0o077 != 0 {
+            return Err(TokenError::Exposed {
+                path: path.display().to_string(),
+                mode,
+            });
+        }
+        let mut text = Zeroizing::new(String::new());
+        file.read_to_string(&mut text).map_err(read_error)?;
         Self::from_hex(&text)
+    }
+
+    /// Writes the token file, readable and writable by its owner only (mode 0600).
+    /// With `overwrite`, an existing file is replaced, and its mode is reset to
+    /// 0600 *before* the new token is written into it (opening an existing file
+    /// keeps its old mode, which may let others read it); without, an existing
+    /// file is an error.
+    pub fn write(&self, path: &Path, overwrite: bool) -> Result<(), TokenError> {
+        use std::io::Write as _;
+        use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
+        let write_error = |source| TokenError::Write {
+            path: path.display().to_string(),
+            source,
+        };
+        let mut options = std::fs::OpenOptions::new();
+        options.write(true).mode(0o600);
+        if overwrite {
+            options.create(true);
+        } else {
+            options.create_new(true);
+        }
+        let mut file = options.open(path).map_err(write_error)?;
+        file.set_permissions(std::fs::Permissions::from_mode(0o600))
+            .map_err(write_error)?;
+        file.set_len(0).map_err(write_error)?;
+        file.write_all(self.to_hex().as_bytes())
+            .map_err(write_error)?;
+        file.sync_all().map_err(write_error)
     }
 
     /// A short public identifier of the token, safe to log: 8 hex digits of a
@@ -289,6 +348,66 @@ mod tests {
                 .verify_slice(&tag[..31])
                 .is_err()
         );
+    }
+
+    fn scratch_dir(name: &str) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("swarm-rdma-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    fn mode_of(path: &Path) -> u32 {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::metadata(path).unwrap().permissions().mode() & 0o777
+    }
+
+    #[test]
+    fn token_files_readable_by_others_are_refused_with_the_chmod_to_run() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = scratch_dir("token-mode");
+        let path = dir.join("swarm.token");
+        let token = Token::generate().unwrap();
+        token.write(&path, false).unwrap();
+        assert_eq!(mode_of(&path), 0o600);
+        assert_eq!(Token::load(&path).unwrap(), token);
+        for mode in [0o640, 0o604, 0o620, 0o644] {
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+            let error = Token::load(&path).unwrap_err();
+            assert!(
+                matches!(error, TokenError::Exposed { mode: m, .. } if m == mode),
+                "{mode:o}: {error}"
+            );
+            assert!(
+                error
+                    .to_string()
+                    .contains(&format!("chmod 600 {}", path.display())),
+                "{error}"
+            );
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn overwriting_a_token_file_resets_its_mode() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = scratch_dir("token-overwrite");
+        let path = dir.join("swarm.token");
+        std::fs::write(
+            &path,
+            "an older, longer token file that was world-readable\n",
+        )
+        .unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let token = Token::generate().unwrap();
+        assert!(
+            matches!(token.write(&path, false), Err(TokenError::Write { .. })),
+            "an existing file is replaced only when asked"
+        );
+        token.write(&path, true).unwrap();
+        assert_eq!(mode_of(&path), 0o600);
+        assert_eq!(Token::load(&path).unwrap(), token);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
