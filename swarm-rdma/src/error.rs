@@ -96,6 +96,19 @@ pub enum RdmaError {
         /// The peer's address.
         peer: String,
     },
+    /// A handshake message from a peer that had proved the token failed its check:
+    /// something on the path altered, replayed or forged it.
+    #[error(
+        "the bootstrap with {peer} was tampered with: its {message} message is not \
+         authenticated by the cluster token (altered, replayed or forged on the way); \
+         check what sits on the network path to the memory node"
+    )]
+    Tampered {
+        /// The peer's address.
+        peer: String,
+        /// The message that failed its check.
+        message: &'static str,
+    },
     /// The memory node refused the connection.
     #[error("memory node {peer} refused the connection: {reason}")]
     Refused {

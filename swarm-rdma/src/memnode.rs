@@ -383,7 +383,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("swarm-rdma-memnode-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let token = Token::generate().unwrap();
-        std::fs::write(dir.join("swarm.token"), token.to_hex()).unwrap();
+        token.write(&dir.join("swarm.token"), true).unwrap();
         let cluster = ClusterConfig {
             nodes: vec!["10.0.0.1:7471".into(), "10.0.0.2:7471".into()],
             cluster_id: 9,

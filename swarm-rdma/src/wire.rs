@@ -18,24 +18,43 @@
 //!
 //! All integers are little endian. Bytes from the network are untrusted: decoding
 //! checks every length and field and fails with a [`WireError`], never a panic.
+//!
+//! Payloads of version 2 (every length is fixed):
+//!
+//! | message | payload |
+//! |---------|---------|
+//! | `ClientHello` | client nonce (32) |
+//! | `ServerHello` | node nonce (32), proof (32) |
+//! | `ClientAuth` | sealed [`QpInfo`] ([`QP_INFO_LEN`]), tag (16) |
+//! | `Accept` | sealed [`QpInfo`] and [`RegionInfo`] ([`ACCEPT_BODY_LEN`]), tag (16) |
+//! | `Refuse` | reason (1), proof (32; zero when the node could not read a `ClientHello`) |
+//!
+//! Version 1 carried queue pairs, the region's address and its rkey in clear and
+//! authenticated none of them; [`crate::auth::session`] says how version 2 proves and
+//! seals them. Sealed fields are decoded with [`QpInfo::from_bytes`] and
+//! [`decode_accept_body`] once opened.
 
 use std::io::{self, Read, Write};
 
 use swarm_core::header::{ENCODED_LEN, HEADER_SIZE, HeaderError, NodeHeader};
 
+use crate::auth::session::{SealTag, TAG_LEN};
 use crate::auth::{NONCE_LEN, Nonce, PROOF_LEN, Proof};
 
 /// First bytes of every frame.
 pub const MAGIC: [u8; 4] = *b"SWRB";
 /// The bootstrap protocol version this build speaks.
-pub const PROTOCOL_VERSION: u16 = 1;
+pub const PROTOCOL_VERSION: u16 = 2;
 /// Bytes in a frame header.
 pub const FRAME_HEADER_LEN: usize = 12;
 /// The largest payload accepted; every valid message is far smaller.
 pub const MAX_PAYLOAD: u32 = 1024;
 
-const QP_INFO_LEN: usize = 2 + 16 + 4 + 4 + 1 + 1;
+/// Bytes of an encoded [`QpInfo`].
+pub const QP_INFO_LEN: usize = 2 + 16 + 4 + 4 + 1 + 1;
 const REGION_INFO_LEN: usize = 8 + 4 + 8 + ENCODED_LEN;
+/// Bytes of `Accept`'s sealed body: the node's [`QpInfo`] and [`RegionInfo`].
+pub const ACCEPT_BODY_LEN: usize = QP_INFO_LEN + REGION_INFO_LEN;
 /// Queue pair numbers and packet sequence numbers are 24-bit quantities.
 const MAX_24_BIT: u32 = (1 << 24) - 1;
 
@@ -152,6 +171,8 @@ pub enum RefuseReason {
     Malformed,
     /// The memory node could not create a queue pair for the client.
     NoResources,
+    /// The memory node already serves as many clients as it is configured for.
+    TooManyClients,
 }
 
 impl RefuseReason {
@@ -161,6 +182,7 @@ impl RefuseReason {
             Self::UnsupportedVersion => 2,
             Self::Malformed => 3,
             Self::NoResources => 4,
+            Self::TooManyClients => 5,
         }
     }
 
@@ -170,6 +192,7 @@ impl RefuseReason {
             2 => Self::UnsupportedVersion,
             3 => Self::Malformed,
             4 => Self::NoResources,
+            5 => Self::TooManyClients,
             _ => return Err(WireError::BadField("unknown refusal reason")),
         })
     }
@@ -188,6 +211,9 @@ impl std::fmt::Display for RefuseReason {
             Self::NoResources => {
                 "the memory node could not create a queue pair (see its log for the verbs error)"
             }
+            Self::TooManyClients => {
+                "the memory node serves its maximum number of clients; retry when some have left"
+            }
         })
     }
 }
@@ -204,27 +230,31 @@ pub enum Message {
     ServerHello {
         /// The node's fresh nonce.
         nonce: Nonce,
-        /// `server_proof(client nonce, node nonce)`.
+        /// The node's proof over the transcript and this message's nonce.
         proof: Proof,
     },
-    /// Client → node: the client's proof and its queue pair.
+    /// Client → node: the client's queue pair, sealed (which proves the token).
     ClientAuth {
-        /// `client_proof(client nonce, node nonce)`.
-        proof: Proof,
-        /// The client's queue pair.
-        qp: QpInfo,
+        /// The client's [`QpInfo`], encrypted.
+        sealed_qp: [u8; QP_INFO_LEN],
+        /// Its authentication tag.
+        tag: SealTag,
     },
-    /// Node → client: the node's queue pair (already ready to receive) and region.
+    /// Node → client: the node's queue pair (already ready to receive) and region,
+    /// sealed.
     Accept {
-        /// The node's queue pair for this client.
-        qp: QpInfo,
-        /// The node's memory.
-        region: RegionInfo,
+        /// The node's [`QpInfo`] and [`RegionInfo`], encrypted.
+        sealed: [u8; ACCEPT_BODY_LEN],
+        /// Their authentication tag.
+        tag: SealTag,
     },
     /// Node → client: the connection is refused; the node closes it.
     Refuse {
         /// Why.
         reason: RefuseReason,
+        /// The node's proof over the transcript and the reason; all zero when the
+        /// node could not read the client's nonce (nothing to bind it to).
+        proof: Proof,
     },
 }
 
@@ -253,18 +283,18 @@ impl Message {
                 payload.extend_from_slice(nonce);
                 payload.extend_from_slice(proof);
             }
-            Self::ClientAuth { proof, qp } => {
+            Self::ClientAuth { sealed_qp, tag } => {
+                payload.extend_from_slice(sealed_qp);
+                payload.extend_from_slice(tag);
+            }
+            Self::Accept { sealed, tag } => {
+                payload.extend_from_slice(sealed);
+                payload.extend_from_slice(tag);
+            }
+            Self::Refuse { reason, proof } => {
+                payload.push(reason.code());
                 payload.extend_from_slice(proof);
-                encode_qp(qp, &mut payload);
             }
-            Self::Accept { qp, region } => {
-                encode_qp(qp, &mut payload);
-                payload.extend_from_slice(&region.addr.to_le_bytes());
-                payload.extend_from_slice(&region.rkey.to_le_bytes());
-                payload.extend_from_slice(&region.size.to_le_bytes());
-                payload.extend_from_slice(&region.header.encode());
-            }
-            Self::Refuse { reason } => payload.push(reason.code()),
         }
         let mut frame = Vec::with_capacity(FRAME_HEADER_LEN + payload.len());
         frame.extend_from_slice(&MAGIC);
@@ -298,12 +328,19 @@ impl Message {
 
     /// Reads one message from `stream` (never more than one frame's bytes).
     pub fn read_from(stream: &mut impl Read) -> Result<Self, WireError> {
-        let mut header = [0u8; FRAME_HEADER_LEN];
-        stream.read_exact(&mut header)?;
-        let (type_code, len) = parse_frame_header(&header)?;
-        let mut payload = vec![0u8; len as usize];
-        stream.read_exact(&mut payload)?;
-        decode_payload(type_code, &payload)
+        Self::read_frame(stream).map(|(message, _)| message)
+    }
+
+    /// Reads one message from `stream` and returns it with the exact bytes of its
+    /// frame (for the handshake transcript).
+    pub fn read_frame(stream: &mut impl Read) -> Result<(Self, Vec<u8>), WireError> {
+        let mut frame = vec![0u8; FRAME_HEADER_LEN];
+        stream.read_exact(&mut frame)?;
+        let (type_code, len) = parse_frame_header(&frame)?;
+        frame.resize(FRAME_HEADER_LEN + len as usize, 0);
+        stream.read_exact(&mut frame[FRAME_HEADER_LEN..])?;
+        let message = decode_payload(type_code, &frame[FRAME_HEADER_LEN..])?;
+        Ok((message, frame))
     }
 }
 
@@ -370,9 +407,9 @@ fn decode_payload(type_code: u8, payload: &[u8]) -> Result<Message, WireError> {
     let expected = match type_code {
         1 => NONCE_LEN,
         2 => NONCE_LEN + PROOF_LEN,
-        3 => PROOF_LEN + QP_INFO_LEN,
-        4 => QP_INFO_LEN + REGION_INFO_LEN,
-        5 => 1,
+        3 => QP_INFO_LEN + TAG_LEN,
+        4 => ACCEPT_BODY_LEN + TAG_LEN,
+        5 => 1 + PROOF_LEN,
         other => return Err(WireError::UnknownType(other)),
     };
     if payload.len() != expected {
@@ -390,41 +427,80 @@ fn decode_payload(type_code: u8, payload: &[u8]) -> Result<Message, WireError> {
             proof: f.take(),
         },
         3 => Message::ClientAuth {
-            proof: f.take(),
-            qp: decode_qp(&mut f)?,
+            sealed_qp: f.take(),
+            tag: f.take(),
         },
-        4 => {
-            let qp = decode_qp(&mut f)?;
-            let addr = f.u64();
-            let rkey = f.u32();
-            let size = f.u64();
-            let header_bytes: [u8; ENCODED_LEN] = f.take();
-            if size < HEADER_SIZE {
-                return Err(WireError::BadField("region is smaller than a node header"));
-            }
-            if addr.checked_add(size).is_none() {
-                return Err(WireError::BadField("region wraps around the address space"));
-            }
-            let header = NodeHeader::decode(&header_bytes, size).map_err(WireError::Header)?;
-            if header.size != size {
-                return Err(WireError::BadField(
-                    "region size differs from the size in its node header",
-                ));
-            }
-            Message::Accept {
-                qp,
-                region: RegionInfo {
-                    addr,
-                    rkey,
-                    size,
-                    header,
-                },
-            }
-        }
+        4 => Message::Accept {
+            sealed: f.take(),
+            tag: f.take(),
+        },
         _ => Message::Refuse {
             reason: RefuseReason::from_code(f.u8())?,
+            proof: f.take(),
         },
     })
+}
+
+impl QpInfo {
+    /// The encoded form (sealed inside `ClientAuth` and `Accept`).
+    pub fn to_bytes(&self) -> [u8; QP_INFO_LEN] {
+        let mut out = Vec::with_capacity(QP_INFO_LEN);
+        encode_qp(self, &mut out);
+        let mut bytes = [0u8; QP_INFO_LEN];
+        bytes.copy_from_slice(&out);
+        bytes
+    }
+
+    /// Decodes and checks an encoded queue pair description.
+    pub fn from_bytes(bytes: &[u8; QP_INFO_LEN]) -> Result<Self, WireError> {
+        decode_qp(&mut Fields(&bytes[..]))
+    }
+}
+
+/// The body sealed inside `Accept`: the node's queue pair and region.
+pub fn encode_accept_body(qp: &QpInfo, region: &RegionInfo) -> [u8; ACCEPT_BODY_LEN] {
+    let mut out = Vec::with_capacity(ACCEPT_BODY_LEN);
+    encode_qp(qp, &mut out);
+    out.extend_from_slice(&region.addr.to_le_bytes());
+    out.extend_from_slice(&region.rkey.to_le_bytes());
+    out.extend_from_slice(&region.size.to_le_bytes());
+    out.extend_from_slice(&region.header.encode());
+    let mut bytes = [0u8; ACCEPT_BODY_LEN];
+    bytes.copy_from_slice(&out);
+    bytes
+}
+
+/// Decodes and checks an opened `Accept` body.
+pub fn decode_accept_body(
+    bytes: &[u8; ACCEPT_BODY_LEN],
+) -> Result<(QpInfo, RegionInfo), WireError> {
+    let mut f = Fields(&bytes[..]);
+    let qp = decode_qp(&mut f)?;
+    let addr = f.u64();
+    let rkey = f.u32();
+    let size = f.u64();
+    let header_bytes: [u8; ENCODED_LEN] = f.take();
+    if size < HEADER_SIZE {
+        return Err(WireError::BadField("region is smaller than a node header"));
+    }
+    if addr.checked_add(size).is_none() {
+        return Err(WireError::BadField("region wraps around the address space"));
+    }
+    let header = NodeHeader::decode(&header_bytes, size).map_err(WireError::Header)?;
+    if header.size != size {
+        return Err(WireError::BadField(
+            "region size differs from the size in its node header",
+        ));
+    }
+    Ok((
+        qp,
+        RegionInfo {
+            addr,
+            rkey,
+            size,
+            header,
+        },
+    ))
 }
 
 fn encode_qp(qp: &QpInfo, out: &mut Vec<u8>) {
@@ -497,20 +573,16 @@ pub(crate) mod tests {
                 proof: [3; 32],
             },
             Message::ClientAuth {
-                proof: [4; 32],
-                qp: sample_qp(),
+                sealed_qp: [4; QP_INFO_LEN],
+                tag: [5; TAG_LEN],
             },
             Message::Accept {
-                qp: sample_qp(),
-                region: RegionInfo {
-                    addr: 0x7f00_0000_0000,
-                    rkey: 0xdead,
-                    size: 1 << 20,
-                    header: sample_header(1 << 20),
-                },
+                sealed: [6; ACCEPT_BODY_LEN],
+                tag: [7; TAG_LEN],
             },
             Message::Refuse {
                 reason: RefuseReason::BadToken,
+                proof: [8; PROOF_LEN],
             },
         ]
     }
@@ -573,47 +645,77 @@ pub(crate) mod tests {
         assert!(matches!(Message::decode(&bad), Err(WireError::Trailing(1))));
     }
 
+    fn sample_region() -> RegionInfo {
+        RegionInfo {
+            addr: 0x7f00_0000_0000,
+            rkey: 0xdead,
+            size: 1 << 20,
+            header: sample_header(1 << 20),
+        }
+    }
+
+    #[test]
+    fn sealed_bodies_roundtrip() {
+        let qp = sample_qp();
+        assert_eq!(QpInfo::from_bytes(&qp.to_bytes()).unwrap(), qp);
+        let body = encode_accept_body(&qp, &sample_region());
+        assert_eq!(decode_accept_body(&body).unwrap(), (qp, sample_region()));
+    }
+
     #[test]
     fn out_of_range_fields_are_refused() {
         let mut qp = sample_qp();
         qp.qpn = 1 << 24;
-        let bytes = Message::ClientAuth { proof: [0; 32], qp }.encode();
         assert!(matches!(
-            Message::decode(&bytes),
+            QpInfo::from_bytes(&qp.to_bytes()),
             Err(WireError::BadField(_))
         ));
         for mtu in [0, 6] {
             let qp = QpInfo { mtu, ..sample_qp() };
-            let bytes = Message::ClientAuth { proof: [0; 32], qp }.encode();
-            assert!(Message::decode(&bytes).is_err());
+            assert!(QpInfo::from_bytes(&qp.to_bytes()).is_err());
         }
         // A region whose header disagrees with its size.
-        let bytes = Message::Accept {
-            qp: sample_qp(),
-            region: RegionInfo {
-                addr: 0,
-                rkey: 1,
-                size: 1 << 21,
-                header: sample_header(1 << 20),
-            },
+        let region = RegionInfo {
+            addr: 0,
+            rkey: 1,
+            size: 1 << 21,
+            header: sample_header(1 << 20),
+        };
+        assert!(matches!(
+            decode_accept_body(&encode_accept_body(&sample_qp(), &region)),
+            Err(WireError::BadField(_))
+        ));
+        // A header that claims more bytes than the region has.
+        let region = RegionInfo {
+            addr: 0,
+            rkey: 1,
+            size: 1 << 20,
+            header: sample_header(1 << 21),
+        };
+        assert!(matches!(
+            decode_accept_body(&encode_accept_body(&sample_qp(), &region)),
+            Err(WireError::Header(_))
+        ));
+        // An unknown refusal reason.
+        let mut bytes = Message::Refuse {
+            reason: RefuseReason::Malformed,
+            proof: [0; PROOF_LEN],
         }
         .encode();
+        bytes[FRAME_HEADER_LEN] = 99;
         assert!(matches!(
             Message::decode(&bytes),
             Err(WireError::BadField(_))
         ));
-        // A header that claims more bytes than the region has.
-        let bytes = Message::Accept {
-            qp: sample_qp(),
-            region: RegionInfo {
-                addr: 0,
-                rkey: 1,
-                size: 1 << 20,
-                header: sample_header(1 << 21),
-            },
+    }
+
+    #[test]
+    fn read_frame_returns_the_exact_bytes() {
+        for message in samples() {
+            let bytes = message.encode();
+            let (read, frame) = Message::read_frame(&mut std::io::Cursor::new(&bytes)).unwrap();
+            assert_eq!((read, frame), (message, bytes));
         }
-        .encode();
-        assert!(matches!(Message::decode(&bytes), Err(WireError::Header(_))));
     }
 
     proptest! {
@@ -634,6 +736,13 @@ pub(crate) mod tests {
             let i = at.index(bytes.len());
             bytes[i] = byte;
             let _ = Message::decode(&bytes);
+        }
+
+        /// Random opened bodies never panic their decoders.
+        #[test]
+        fn random_bodies_never_panic(qp: [u8; QP_INFO_LEN], body in proptest::collection::vec(any::<u8>(), ACCEPT_BODY_LEN)) {
+            let _ = QpInfo::from_bytes(&qp);
+            let _ = decode_accept_body(&body.try_into().unwrap());
         }
     }
 }

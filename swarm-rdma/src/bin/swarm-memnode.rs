@@ -15,7 +15,6 @@
 //! `swarm memnode`, `swarm init` and `swarm --rdma` will call the same library
 //! functions (see the crate docs).
 
-use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
@@ -95,10 +94,8 @@ fn init(rdma: &str, dir: &std::path::Path, tick_ns: u64) -> Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let token = Token::generate()?;
     let token_path = dir.join("swarm.token");
-    write_private(&token_path, &token.to_hex())?;
-    let random = swarm_rdma::auth::random_nonce()?;
-    let mut id = [0u8; 8];
-    id.copy_from_slice(&random[..8]);
+    token.write(&token_path, false)?;
+    let id = swarm_rdma::auth::random_bytes::<8>()?;
     let epoch_unix_ns = u64::try_from(SystemTime::now().duration_since(UNIX_EPOCH)?.as_nanos())?;
     let cluster = ClusterConfig {
         nodes,
@@ -116,18 +113,6 @@ fn init(rdma: &str, dir: &std::path::Path, tick_ns: u64) -> Result<()> {
         token_path.display(),
         token.fingerprint()
     );
-    Ok(())
-}
-
-fn write_private(path: &std::path::Path, text: &str) -> Result<()> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(path)
-        .with_context(|| format!("creating {} (it must not exist yet)", path.display()))?;
-    file.write_all(text.as_bytes())?;
     Ok(())
 }
 

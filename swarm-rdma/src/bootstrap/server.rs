@@ -1,32 +1,89 @@
 //! The memory node's bootstrap server: one accept thread, one thread per client that
 //! sleeps on the idle connection until the client leaves.
+//!
+//! Unauthenticated peers are cheap to be and must stay cheap to serve: a connection
+//! first takes a slot in a small pre-authentication pool, at most a few per source
+//! address, and has one absolute deadline for the whole handshake. Only a client
+//! that proved the token takes one of the (many) client slots, each holding a queue
+//! pair; its idle connection then gets TCP keepalive so that a vanished host frees
+//! its slot.
 
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::collections::HashMap;
+use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use super::{Acceptor, DEFAULT_TIMEOUT, server_handshake, set_timeouts};
+use super::deadline::{Deadline, configure_idle_connection};
+use super::{Acceptor, DEFAULT_TIMEOUT, server_handshake};
 use crate::auth::Token;
 use crate::error::RdmaError;
+
+/// How long a refused connection is drained (in total) so that the refusal is
+/// delivered before the socket closes.
+const DRAIN_DEADLINE: Duration = Duration::from_millis(100);
 
 /// Limits of a bootstrap server.
 #[derive(Clone, Copy, Debug)]
 pub struct ServerLimits {
-    /// Limit on each handshake read or write.
-    pub timeout: Duration,
-    /// Clients connected at once (handshaking or holding a queue pair); more
-    /// connections are closed at once.
+    /// Time for a whole handshake, from accepting the connection to sending
+    /// `Accept`; a peer that is not done by then is disconnected.
+    pub handshake_deadline: Duration,
+    /// Authenticated clients connected at once (each holds a queue pair); more
+    /// are refused with [`crate::wire::RefuseReason::TooManyClients`].
     pub max_clients: usize,
+    /// Connections handshaking at once (not yet authenticated); more are closed
+    /// at once.
+    pub max_handshakes: usize,
+    /// Connections handshaking at once from one IP address; more are closed at
+    /// once, so that one host cannot fill the pre-authentication pool.
+    pub max_handshakes_per_address: usize,
 }
 
 impl Default for ServerLimits {
     fn default() -> Self {
         Self {
-            timeout: DEFAULT_TIMEOUT,
+            handshake_deadline: DEFAULT_TIMEOUT,
             max_clients: 1024,
+            max_handshakes: 64,
+            max_handshakes_per_address: 8,
         }
+    }
+}
+
+/// Connections still handshaking, in total and per source address.
+#[derive(Debug, Default)]
+struct Handshaking {
+    total: usize,
+    per_address: HashMap<IpAddr, usize>,
+}
+
+/// A slot in the pre-authentication pool, given back on drop.
+struct HandshakeSlot {
+    pool: Arc<Mutex<Handshaking>>,
+    address: IpAddr,
+}
+
+impl Drop for HandshakeSlot {
+    fn drop(&mut self) {
+        let mut pool = self.pool.lock().unwrap_or_else(PoisonError::into_inner);
+        pool.total -= 1;
+        if let Some(count) = pool.per_address.get_mut(&self.address) {
+            *count -= 1;
+            if *count == 0 {
+                pool.per_address.remove(&self.address);
+            }
+        }
+    }
+}
+
+/// A slot among the authenticated clients, given back on drop.
+struct ClientSlot<'a>(&'a AtomicUsize);
+
+impl Drop for ClientSlot<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -45,7 +102,9 @@ struct Shared<A> {
     acceptor: A,
     limits: ServerLimits,
     stop: Arc<AtomicBool>,
+    /// Authenticated clients connected.
     live: AtomicUsize,
+    handshaking: Arc<Mutex<Handshaking>>,
     next_id: AtomicU64,
     clients: Arc<Mutex<Vec<(u64, TcpStream)>>>,
 }
@@ -69,6 +128,7 @@ impl Server {
             limits,
             stop: stop.clone(),
             live: AtomicUsize::new(0),
+            handshaking: Arc::default(),
             next_id: AtomicU64::new(0),
             clients: clients.clone(),
         });
@@ -125,6 +185,40 @@ impl Drop for Server {
     }
 }
 
+impl<A> Shared<A> {
+    /// A pre-authentication slot for a connection from `address`, if the pool and
+    /// the address's share of it have room.
+    fn start_handshake(&self, address: IpAddr) -> Option<HandshakeSlot> {
+        let mut pool = self
+            .handshaking
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let from_address = pool.per_address.get(&address).copied().unwrap_or(0);
+        if pool.total >= self.limits.max_handshakes
+            || from_address >= self.limits.max_handshakes_per_address
+        {
+            return None;
+        }
+        pool.total += 1;
+        *pool.per_address.entry(address).or_insert(0) += 1;
+        Some(HandshakeSlot {
+            pool: self.handshaking.clone(),
+            address,
+        })
+    }
+
+    /// A client slot for an authenticated client, if any is left.
+    fn admit_client(&self) -> Option<ClientSlot<'_>> {
+        let admitted = self
+            .live
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |live| {
+                (live < self.limits.max_clients).then(|| live + 1)
+            })
+            .is_ok();
+        admitted.then(|| ClientSlot(&self.live))
+    }
+}
+
 fn accept_loop<A: Acceptor>(listener: &TcpListener, shared: &Arc<Shared<A>>) {
     for incoming in listener.incoming() {
         if shared.stop.load(Ordering::SeqCst) {
@@ -139,35 +233,43 @@ fn accept_loop<A: Acceptor>(listener: &TcpListener, shared: &Arc<Shared<A>>) {
                 continue;
             }
         };
-        let peer = stream
-            .peer_addr()
-            .map_or_else(|_| "unknown peer".to_owned(), |a| a.to_string());
-        if shared.live.fetch_add(1, Ordering::SeqCst) >= shared.limits.max_clients {
-            shared.live.fetch_sub(1, Ordering::SeqCst);
-            tracing::warn!(%peer, max = shared.limits.max_clients, "too many clients, closing");
+        let Ok(peer_addr) = stream.peer_addr() else {
             continue;
-        }
+        };
+        let peer = peer_addr.to_string();
+        let Some(slot) = shared.start_handshake(peer_addr.ip()) else {
+            tracing::warn!(%peer, "too many connections handshaking, closing");
+            continue;
+        };
         let worker = shared.clone();
+        // If the thread cannot start, the closure is dropped and the slot with it.
         let spawned = std::thread::Builder::new()
             .name("swarm-rdma-client".into())
-            .spawn(move || {
-                serve_client(stream, &peer, &worker);
-                worker.live.fetch_sub(1, Ordering::SeqCst);
-            });
+            .spawn(move || serve_client(stream, &peer, &worker, slot));
         if let Err(error) = spawned {
-            shared.live.fetch_sub(1, Ordering::SeqCst);
             tracing::warn!(%error, "cannot start a client thread");
         }
     }
 }
 
-fn serve_client<A: Acceptor>(mut stream: TcpStream, peer: &str, shared: &Shared<A>) {
-    if set_timeouts(&stream, shared.limits.timeout).is_err() {
-        return;
-    }
+fn serve_client<A: Acceptor>(
+    mut stream: TcpStream,
+    peer: &str,
+    shared: &Shared<A>,
+    handshake_slot: HandshakeSlot,
+) {
     let _ = stream.set_nodelay(true);
-    let connection = match server_handshake(&mut stream, peer, &shared.token, &shared.acceptor) {
-        Ok(connection) => connection,
+    let deadline = Instant::now() + shared.limits.handshake_deadline;
+    let handshake = server_handshake(
+        &mut Deadline::new(&stream, deadline),
+        peer,
+        &shared.token,
+        &shared.acceptor,
+        || shared.admit_client(),
+    );
+    drop(handshake_slot);
+    let (connection, _client_slot) = match handshake {
+        Ok(accepted) => accepted,
         Err(error) => {
             tracing::warn!(%peer, %error, "refused a client");
             close_gracefully(&mut stream);
@@ -181,8 +283,10 @@ fn serve_client<A: Acceptor>(mut stream: TcpStream, peer: &str, shared: &Shared<
         clients.push((id, clone));
     }
     if !shared.stop.load(Ordering::SeqCst) {
+        if let Err(error) = configure_idle_connection(&stream) {
+            tracing::warn!(%peer, %error, "cannot enable keepalive on the client's connection");
+        }
         // Passive from now on: block until the client closes the connection.
-        let _ = stream.set_read_timeout(None);
         let mut sink = [0u8; 64];
         // Clients send nothing after the handshake; stray bytes are ignored.
         while let Ok(1..) = std::io::Read::read(&mut stream, &mut sink) {}
@@ -195,17 +299,12 @@ fn serve_client<A: Acceptor>(mut stream: TcpStream, peer: &str, shared: &Shared<
 }
 
 /// Closes a refused connection so that the refusal is delivered: send FIN, then
-/// drain what the client still sends for a moment (closing with unread input would
-/// make the kernel send a reset, which can discard the refusal in flight).
+/// drain what the client still sends until a short deadline (closing with unread
+/// input would make the kernel send a reset, which can discard the refusal in
+/// flight). The deadline is absolute: a peer trickling bytes cannot stretch it.
 fn close_gracefully(stream: &mut TcpStream) {
     let _ = stream.shutdown(Shutdown::Write);
-    let _ = stream.set_read_timeout(Some(Duration::from_millis(100)));
+    let mut drain = Deadline::new(stream, Instant::now() + DRAIN_DEADLINE);
     let mut sink = [0u8; 256];
-    let mut budget: usize = 64 * 1024;
-    while budget > 0 {
-        match std::io::Read::read(stream, &mut sink) {
-            Ok(0) | Err(_) => break,
-            Ok(n) => budget = budget.saturating_sub(n),
-        }
-    }
+    while let Ok(1..) = std::io::Read::read(&mut drain, &mut sink) {}
 }

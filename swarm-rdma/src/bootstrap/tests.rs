@@ -1,9 +1,12 @@
 //! Loopback tests of the bootstrap: handshake, refusals, malformed input.
 
 use super::*;
+use crate::auth::PROOF_LEN;
+use crate::auth::session::TAG_LEN;
 use crate::wire::tests::{sample_header, sample_qp};
-use std::io::Read;
-use std::net::TcpListener;
+use crate::wire::{Message, RefuseReason, WireError};
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 
@@ -50,6 +53,15 @@ impl Acceptor for FakeAcceptor {
 }
 
 fn start(token: &Token, fail: bool) -> (Server, Arc<AtomicUsize>) {
+    let limits = ServerLimits {
+        handshake_deadline: Duration::from_millis(500),
+        max_clients: 8,
+        ..ServerLimits::default()
+    };
+    start_with(token, fail, limits)
+}
+
+fn start_with(token: &Token, fail: bool, limits: ServerLimits) -> (Server, Arc<AtomicUsize>) {
     let live = Arc::new(AtomicUsize::new(0));
     let acceptor = FakeAcceptor {
         next_qpn: AtomicU32::new(100),
@@ -57,10 +69,6 @@ fn start(token: &Token, fail: bool) -> (Server, Arc<AtomicUsize>) {
         fail,
     };
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let limits = ServerLimits {
-        timeout: Duration::from_millis(500),
-        max_clients: 8,
-    };
     let server = Server::start(listener, token.clone(), acceptor, limits).unwrap();
     (server, live)
 }
@@ -110,7 +118,7 @@ fn wrong_token_is_refused_both_ways() {
     let error = connect(&addr, &other, &sample_qp(), DEFAULT_TIMEOUT).unwrap_err();
     assert!(matches!(error, RdmaError::BadToken { .. }), "{error}");
     assert!(error.to_string().contains("token"));
-    // A client that skips the check and answers with a bad proof is refused.
+    // A client that skips the check and answers with a bad seal is refused.
     let mut stream = TcpStream::connect(server.local_addr()).unwrap();
     Message::ClientHello { nonce: [9; 32] }
         .write_to(&mut stream)
@@ -119,17 +127,18 @@ fn wrong_token_is_refused_both_ways() {
         panic!("expected ServerHello")
     };
     Message::ClientAuth {
-        proof: [0; 32],
-        qp: sample_qp(),
+        sealed_qp: sample_qp().to_bytes(),
+        tag: [0; TAG_LEN],
     }
     .write_to(&mut stream)
     .unwrap();
-    assert_eq!(
+    assert!(matches!(
         Message::read_from(&mut stream).unwrap(),
         Message::Refuse {
-            reason: RefuseReason::BadToken
+            reason: RefuseReason::BadToken,
+            ..
         }
-    );
+    ));
     assert_eq!(
         live.load(Ordering::SeqCst),
         0,
@@ -156,6 +165,7 @@ fn malformed_messages_are_refused_without_stopping_the_server() {
         // The right message type out of turn.
         &Message::Refuse {
             reason: RefuseReason::Malformed,
+            proof: [0; PROOF_LEN],
         }
         .encode(),
     ];
@@ -163,11 +173,15 @@ fn malformed_messages_are_refused_without_stopping_the_server() {
         let mut stream = TcpStream::connect(server.local_addr()).unwrap();
         stream.write_all(bytes).unwrap();
         let reply = Message::read_from(&mut stream).unwrap();
-        assert_eq!(
-            reply,
-            Message::Refuse {
-                reason: RefuseReason::Malformed
-            }
+        assert!(
+            matches!(
+                reply,
+                Message::Refuse {
+                    reason: RefuseReason::Malformed,
+                    ..
+                }
+            ),
+            "{reply:?}"
         );
         // And the node closed the connection.
         let mut rest = Vec::new();
@@ -247,4 +261,139 @@ fn unreachable_node_is_a_clear_error() {
     let token = Token::generate().unwrap();
     let error = connect(&addr, &token, &sample_qp(), Duration::from_millis(500)).unwrap_err();
     assert!(error.to_string().contains("swarm memnode"), "{error}");
+}
+
+/// A connection from `local` (any 127.x.y.z address) to `server`.
+fn connect_from(local: [u8; 4], server: SocketAddr) -> TcpStream {
+    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    let local = SocketAddr::from((local, 0));
+    socket.bind(&local.into()).unwrap();
+    socket.connect(&server.into()).unwrap();
+    socket.into()
+}
+
+/// Whether the server closed `stream` without a word (it reads end of file, or a
+/// reset, and no message), waiting at most 10 s.
+fn closed_without_reply(stream: &mut TcpStream) -> bool {
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut buf = [0u8; 64];
+    match stream.read(&mut buf) {
+        Ok(0) => true,
+        Ok(_) => false,
+        Err(e) => e.kind() == std::io::ErrorKind::ConnectionReset,
+    }
+}
+
+/// Runs a full handshake as a client bound to `local`.
+fn handshake_from(local: [u8; 4], server: SocketAddr, token: &Token) -> Result<(), RdmaError> {
+    let mut stream = connect_from(local, server);
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    client_handshake(&mut stream, "test server", token, &sample_qp()).map(drop)
+}
+
+#[test]
+fn a_peer_trickling_bytes_is_dropped_at_the_handshake_deadline() {
+    let token = Token::generate().unwrap();
+    let limits = ServerLimits {
+        handshake_deadline: Duration::from_millis(300),
+        ..ServerLimits::default()
+    };
+    let (server, _) = start_with(&token, false, limits);
+    let mut stream = TcpStream::connect(server.local_addr()).unwrap();
+    // One byte every 30 ms: each gap is far below the deadline, the whole hello
+    // (44 bytes, over a second) far above it.
+    let hello = Message::ClientHello { nonce: [5; 32] }.encode();
+    for byte in &hello {
+        if stream.write_all(std::slice::from_ref(byte)).is_err() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(30));
+    }
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let reply = Message::read_from(&mut stream);
+    assert!(
+        reply.is_err(),
+        "the node answered a peer that took longer than the deadline: {reply:?}"
+    );
+    // The node still serves clients.
+    connect(
+        &server.local_addr().to_string(),
+        &token,
+        &sample_qp(),
+        DEFAULT_TIMEOUT,
+    )
+    .unwrap();
+    server.shutdown();
+}
+
+#[test]
+fn unauthenticated_connections_do_not_take_client_slots() {
+    let token = Token::generate().unwrap();
+    let limits = ServerLimits {
+        max_clients: 1,
+        ..ServerLimits::default()
+    };
+    let (server, live) = start_with(&token, false, limits);
+    let addr = server.local_addr().to_string();
+    // Two silent connections (under the per-address cap of 8) hold no client slot.
+    let _silent = [
+        TcpStream::connect(server.local_addr()).unwrap(),
+        TcpStream::connect(server.local_addr()).unwrap(),
+    ];
+    let first = connect(&addr, &token, &sample_qp(), DEFAULT_TIMEOUT).unwrap();
+    assert_eq!(live.load(Ordering::SeqCst), 1);
+    // The one client slot is taken: the next authenticated client is refused, with
+    // a proved refusal that says why.
+    let error = connect(&addr, &token, &sample_qp(), DEFAULT_TIMEOUT).unwrap_err();
+    assert!(
+        matches!(
+            error,
+            RdmaError::Refused {
+                reason: RefuseReason::TooManyClients,
+                ..
+            }
+        ),
+        "{error}"
+    );
+    drop(first);
+    wait_for("the client slot to free", || {
+        connect(&addr, &token, &sample_qp(), DEFAULT_TIMEOUT).is_ok()
+    });
+    server.shutdown();
+}
+
+#[test]
+fn the_pre_authentication_pool_is_small_and_shared_fairly_between_addresses() {
+    let token = Token::generate().unwrap();
+    let limits = ServerLimits {
+        max_handshakes: 3,
+        max_handshakes_per_address: 2,
+        ..ServerLimits::default()
+    };
+    let (server, _) = start_with(&token, false, limits);
+    let node = server.local_addr();
+    let a = [127, 0, 0, 1];
+    // Address A fills its share with silent connections...
+    let silent_a = [connect_from(a, node), connect_from(a, node)];
+    // ...so a third connection from A is closed at once, even a real client's.
+    assert!(closed_without_reply(&mut connect_from(a, node)));
+    // Address B still gets through the pool and is served.
+    handshake_from([127, 0, 0, 2], node, &token).unwrap();
+    // One more silent connection fills the whole pool: C is closed at once too.
+    let _silent_c = connect_from([127, 0, 0, 3], node);
+    wait_for("the pool to fill", || {
+        closed_without_reply(&mut connect_from([127, 0, 0, 4], node))
+    });
+    // When A's silent connections go, A is served again.
+    drop(silent_a);
+    wait_for("A's slots to free", || {
+        handshake_from(a, node, &token).is_ok()
+    });
+    server.shutdown();
 }

@@ -66,6 +66,7 @@ impl QueuePair {
     /// Creates an RC queue pair on `cq` and moves it to INIT.
     pub fn new(cq: Arc<CompletionQueue>, settings: QpSettings) -> Result<Self, RdmaError> {
         let device = cq.device().clone();
+        let psn = random_psn()?;
         let create = |max_inline: u32| {
             // SAFETY: ibv_qp_init_attr is plain data and pointers; zero (null
             // pointers) is valid for every field we do not set.
@@ -89,7 +90,7 @@ impl QueuePair {
             .ok_or_else(|| RdmaError::last_os("ibv_create_qp (reliable connected)"))?;
         let mut qp = Self {
             qp,
-            psn: random_psn(),
+            psn,
             max_inline,
             settings,
             _cq: cq,
@@ -150,10 +151,7 @@ impl QueuePair {
         attr.qp_state = ibv_qp_state::IBV_QPS_INIT;
         attr.pkey_index = 0;
         attr.port_num = self.settings.port.port;
-        attr.qp_access_flags = (ibv_access_flags::IBV_ACCESS_REMOTE_READ
-            | ibv_access_flags::IBV_ACCESS_REMOTE_WRITE
-            | ibv_access_flags::IBV_ACCESS_REMOTE_ATOMIC)
-            .0;
+        attr.qp_access_flags = remote_access(self.settings.role).0;
         self.modify(
             &mut attr,
             mask::IBV_QP_STATE
@@ -220,16 +218,34 @@ impl QueuePair {
     }
 }
 
+/// What the remote side of a queue pair may do to this side's memory through it.
+/// Only a memory node serves one-sided verbs; a client's queue pair lets its peer
+/// do nothing (its staging buffers are registered for local access only, and a
+/// client QP that granted remote access would let whoever controls the memory
+/// node's end read or write them as soon as an rkey leaked).
+fn remote_access(role: Role) -> ibv_access_flags {
+    match role {
+        Role::Client => ibv_access_flags(0),
+        Role::MemoryNode => {
+            ibv_access_flags::IBV_ACCESS_REMOTE_READ
+                | ibv_access_flags::IBV_ACCESS_REMOTE_WRITE
+                | ibv_access_flags::IBV_ACCESS_REMOTE_ATOMIC
+        }
+    }
+}
+
 fn zeroed_attr() -> ibv_qp_attr {
     // SAFETY: ibv_qp_attr is plain data (integers, unions of integers); all-zero is
     // a valid value and ibv_modify_qp reads only the fields named in the mask.
     unsafe { std::mem::zeroed() }
 }
 
-/// A random 24-bit initial packet sequence number.
-fn random_psn() -> u32 {
-    let nonce = crate::auth::random_nonce().unwrap_or([0x5a; 32]);
-    u32::from_le_bytes([nonce[0], nonce[1], nonce[2], 0])
+/// A random 24-bit initial packet sequence number (never a fixed fallback: a
+/// predictable PSN makes injecting packets into the connection easier).
+fn random_psn() -> Result<u32, RdmaError> {
+    let [a, b, c] = crate::auth::random_bytes()
+        .map_err(|e| RdmaError::io("cannot draw a packet sequence number", e))?;
+    Ok(u32::from_le_bytes([a, b, c, 0]))
 }
 
 impl Drop for QueuePair {
@@ -238,6 +254,24 @@ impl Drop for QueuePair {
         let rc = unsafe { ibv_destroy_qp(self.qp.as_ptr()) };
         if rc != 0 {
             tracing::warn!(errno = rc, "ibv_destroy_qp failed");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_memory_node_queue_pairs_grant_remote_access() {
+        assert_eq!(remote_access(Role::Client).0, 0);
+        let node = remote_access(Role::MemoryNode).0;
+        for flag in [
+            ibv_access_flags::IBV_ACCESS_REMOTE_READ,
+            ibv_access_flags::IBV_ACCESS_REMOTE_WRITE,
+            ibv_access_flags::IBV_ACCESS_REMOTE_ATOMIC,
+        ] {
+            assert_ne!(node & flag.0, 0);
         }
     }
 }

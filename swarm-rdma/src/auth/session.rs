@@ -1,0 +1,271 @@
+//! The handshake's cryptography: a transcript of every frame exchanged, proofs bound
+//! to it, and sealed (encrypted and authenticated) queue-pair and region details.
+//!
+//! Why these pieces, and not a bare nonce challenge: a proof that covers only the
+//! nonces says "someone with the token is at the other end", not "the queue pair and
+//! the rkey in this message come from that someone". An on-path relay could forward
+//! the proofs and swap the client's queue pair for its own, then read the region's
+//! address and rkey in clear: full access without the token. So every message after
+//! `ClientHello` is authenticated over the *whole transcript* — both nonces and every
+//! byte of every earlier frame, plus the message's own header and clear fields —
+//! and the fields that grant access are encrypted:
+//!
+//! - **Transcript**: SHA-256 over the exact bytes of every frame, in order.
+//! - **Proofs** (the memory node's `ServerHello` and `Refuse`): HMAC-SHA256 under the
+//!   token of a label, the transcript digest so far, and the message's bytes before
+//!   the proof. Checked with `Mac::verify_slice` (constant time).
+//! - **Sealed messages** (`ClientAuth`'s queue pair, `Accept`'s queue pair and
+//!   region): ChaCha20-Poly1305 under a per-handshake, per-direction key derived with
+//!   HKDF-SHA256 from the token, salted with both nonces; the associated data is the
+//!   transcript digest and the frame header. Each key seals exactly one message, so
+//!   the AEAD nonce is a constant; keys never repeat because the client's nonce is
+//!   fresh (a memory node that reuses its nonce cannot make a key repeat).
+//!
+//! Why not Noise (`snow`, `Noise_NNpsk0`): it would add an ephemeral Diffie-Hellman,
+//! i.e. forward secrecy, which buys nothing here. The token *is* the capability: whoever
+//! steals it later can simply connect and receive a fresh rkey, so protecting
+//! recorded past handshakes from a future token thief protects nothing, and the RDMA
+//! traffic itself is clear text on the wire anyway. What the handshake must give —
+//! mutual proof of the token, integrity of every field, confidentiality of rkeys and
+//! PSNs, freshness against replay — these four primitives from well-kept crates
+//! give, with a transcript small enough to read in one screen
+//! ([`crate::bootstrap`]).
+
+use chacha20poly1305::{AeadInOut, ChaCha20Poly1305, Key, KeyInit as _, Nonce as AeadNonce, Tag};
+use hkdf::Hkdf;
+use hmac::Mac;
+use sha2::{Digest, Sha256};
+use zeroize::Zeroizing;
+
+use super::{Nonce, PROOF_LEN, Proof, Token, keyed_mac};
+
+/// Bytes of the authentication tag appended to a sealed message.
+pub const TAG_LEN: usize = 16;
+
+/// The authentication tag of a sealed message.
+pub type SealTag = [u8; TAG_LEN];
+
+const NODE_PROOF_LABEL: &[u8] = b"swarm-rdma v2 memory node proof";
+const CLIENT_KEY_LABEL: &[u8] = b"swarm-rdma v2 client-to-node seal key";
+const NODE_KEY_LABEL: &[u8] = b"swarm-rdma v2 node-to-client seal key";
+
+/// Who sealed a message: each direction has its own key, so a message cannot be
+/// reflected back to its sender.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Sender {
+    /// The client (its `ClientAuth`).
+    Client,
+    /// The memory node (its `Accept`).
+    MemoryNode,
+}
+
+/// The running hash of every frame exchanged so far.
+#[derive(Clone, Debug, Default)]
+pub struct Transcript {
+    hash: Sha256,
+}
+
+impl Transcript {
+    /// An empty transcript (before `ClientHello`).
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Appends a frame, exactly as sent or received.
+    pub fn record(&mut self, frame: &[u8]) {
+        self.hash.update(frame);
+    }
+
+    fn digest(&self) -> [u8; 32] {
+        self.hash.clone().finalize().into()
+    }
+}
+
+impl Token {
+    /// The memory node's proof of a message: `prefix` is the message's frame up to
+    /// (not including) the proof; `transcript` holds every earlier frame.
+    pub fn prove(&self, transcript: &Transcript, prefix: &[u8]) -> Proof {
+        self.proof_mac(transcript, prefix)
+            .finalize()
+            .into_bytes()
+            .into()
+    }
+
+    /// Whether `proof` is the memory node's proof of the message (constant time).
+    pub fn verify(&self, transcript: &Transcript, prefix: &[u8], proof: &Proof) -> bool {
+        self.proof_mac(transcript, prefix)
+            .verify_slice(proof)
+            .is_ok()
+    }
+
+    fn proof_mac(&self, transcript: &Transcript, prefix: &[u8]) -> hmac::Hmac<Sha256> {
+        keyed_mac(&self.0, &[NODE_PROOF_LABEL, &transcript.digest(), prefix])
+    }
+
+    /// The keys of the handshake with these nonces.
+    pub fn session_keys(&self, client_nonce: &Nonce, server_nonce: &Nonce) -> SessionKeys {
+        let mut salt = [0u8; 2 * super::NONCE_LEN];
+        salt[..super::NONCE_LEN].copy_from_slice(client_nonce);
+        salt[super::NONCE_LEN..].copy_from_slice(server_nonce);
+        let hkdf = Hkdf::<Sha256>::new(Some(&salt), &self.0);
+        let expand = |label: &[u8]| {
+            let mut key = Zeroizing::new([0u8; 32]);
+            // 32 bytes is far below HKDF-SHA256's 8160-byte limit: never fails.
+            hkdf.expand(label, key.as_mut())
+                .expect("HKDF-SHA256 can expand 32 bytes");
+            key
+        };
+        SessionKeys {
+            client: expand(CLIENT_KEY_LABEL),
+            node: expand(NODE_KEY_LABEL),
+        }
+    }
+}
+
+const _: () = assert!(PROOF_LEN == 32);
+
+/// The two sealing keys of one handshake (wiped from memory when dropped).
+pub struct SessionKeys {
+    client: Zeroizing<[u8; 32]>,
+    node: Zeroizing<[u8; 32]>,
+}
+
+impl std::fmt::Debug for SessionKeys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SessionKeys { .. }")
+    }
+}
+
+impl SessionKeys {
+    fn cipher(&self, sender: Sender) -> ChaCha20Poly1305 {
+        let key = match sender {
+            Sender::Client => &self.client,
+            Sender::MemoryNode => &self.node,
+        };
+        ChaCha20Poly1305::new(&Key::from(**key))
+    }
+
+    /// Encrypts `plaintext` in place and returns its tag. `header` is the frame
+    /// header of the message carrying it; `transcript` holds every earlier frame.
+    pub fn seal(
+        &self,
+        sender: Sender,
+        transcript: &Transcript,
+        header: &[u8],
+        plaintext: &mut [u8],
+    ) -> SealTag {
+        let aad = associated_data(transcript, header);
+        // Only fails for messages beyond ChaCha20's 256 GiB limit.
+        self.cipher(sender)
+            .encrypt_inout_detached(&one_message_nonce(), &aad, plaintext.into())
+            .expect("a handshake message is far below the AEAD's size limit")
+            .into()
+    }
+
+    /// Decrypts `ciphertext` in place if `tag` authenticates it, its header and the
+    /// transcript; on failure the buffer's content is unspecified (wipe or drop it).
+    pub fn open(
+        &self,
+        sender: Sender,
+        transcript: &Transcript,
+        header: &[u8],
+        ciphertext: &mut [u8],
+        tag: &SealTag,
+    ) -> bool {
+        let aad = associated_data(transcript, header);
+        self.cipher(sender)
+            .decrypt_inout_detached(
+                &one_message_nonce(),
+                &aad,
+                ciphertext.into(),
+                &Tag::from(*tag),
+            )
+            .is_ok()
+    }
+}
+
+/// Each key seals exactly one message in its direction, so a constant nonce never
+/// repeats under one key.
+fn one_message_nonce() -> AeadNonce {
+    AeadNonce::default()
+}
+
+fn associated_data(transcript: &Transcript, header: &[u8]) -> Vec<u8> {
+    let mut aad = Vec::with_capacity(32 + header.len());
+    aad.extend_from_slice(&transcript.digest());
+    aad.extend_from_slice(header);
+    aad
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn token(byte: u8) -> Token {
+        Token::from_bytes([byte; super::super::TOKEN_LEN])
+    }
+
+    #[test]
+    fn proofs_cover_the_transcript_and_the_message() {
+        let a = token(1);
+        let mut transcript = Transcript::new();
+        transcript.record(b"client hello");
+        let proof = a.prove(&transcript, b"server hello prefix");
+        assert!(a.verify(&transcript, b"server hello prefix", &proof));
+        assert!(!token(2).verify(&transcript, b"server hello prefix", &proof));
+        assert!(!a.verify(&transcript, b"server hello prefiy", &proof));
+        let mut other = Transcript::new();
+        other.record(b"client hellp");
+        assert!(!a.verify(&other, b"server hello prefix", &proof));
+    }
+
+    #[test]
+    fn sealed_messages_open_only_with_the_same_keys_direction_transcript_and_header() {
+        let a = token(1);
+        let keys = a.session_keys(&[3; 32], &[4; 32]);
+        let mut transcript = Transcript::new();
+        transcript.record(b"frames so far");
+        let secret = *b"queue pair and rkey";
+        let mut buf = secret;
+        let tag = keys.seal(Sender::MemoryNode, &transcript, b"header", &mut buf);
+        assert_ne!(buf, secret, "sealed bytes are not the plaintext");
+        let sealed = buf;
+
+        let opens = |keys: &SessionKeys, sender, transcript: &Transcript, header: &[u8]| {
+            let mut buf = sealed;
+            keys.open(sender, transcript, header, &mut buf, &tag) && buf == secret
+        };
+        assert!(opens(&keys, Sender::MemoryNode, &transcript, b"header"));
+        assert!(!opens(&keys, Sender::Client, &transcript, b"header"));
+        assert!(!opens(&keys, Sender::MemoryNode, &transcript, b"headex"));
+        assert!(!opens(
+            &keys,
+            Sender::MemoryNode,
+            &Transcript::new(),
+            b"header"
+        ));
+        let other_nonce = a.session_keys(&[3; 32], &[5; 32]);
+        assert!(!opens(
+            &other_nonce,
+            Sender::MemoryNode,
+            &transcript,
+            b"header"
+        ));
+        let other_token = token(2).session_keys(&[3; 32], &[4; 32]);
+        assert!(!opens(
+            &other_token,
+            Sender::MemoryNode,
+            &transcript,
+            b"header"
+        ));
+        let mut flipped = sealed;
+        flipped[0] ^= 1;
+        assert!(!keys.open(
+            Sender::MemoryNode,
+            &transcript,
+            b"header",
+            &mut flipped,
+            &tag
+        ));
+    }
+}
