@@ -71,7 +71,9 @@ pub fn init(args: &InitArgs, list: &str) -> Result<ExitCode> {
         .with_context(|| format!("cannot create {}", args.dir.display()))?;
     let token = Token::generate()?;
     let token_path = args.dir.join("swarm.token");
-    write_private(&token_path, token.to_hex().as_bytes(), args.force)?;
+    token
+        .write(&token_path, args.force)
+        .with_context(|| format!("use --force to replace {}", token_path.display()))?;
     let random = swarm_rdma::auth::random_nonce()?;
     let mut id = [0u8; 8];
     id.copy_from_slice(&random[..8]);
@@ -94,9 +96,10 @@ pub fn init(args: &InitArgs, list: &str) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Writes a private (0600) file; refuses to replace one unless `overwrite`.
+/// Writes a private (0600) file; refuses to replace one unless `overwrite`. A replaced
+/// file gets mode 0600 too (opening an existing file keeps its old mode).
 fn write_private(path: &Path, bytes: &[u8], overwrite: bool) -> Result<()> {
-    use std::os::unix::fs::OpenOptionsExt;
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
     let mut options = std::fs::OpenOptions::new();
     options.write(true).mode(0o600);
     if overwrite {
@@ -110,6 +113,7 @@ fn write_private(path: &Path, bytes: &[u8], overwrite: bool) -> Result<()> {
             path.display()
         )
     })?;
+    file.set_permissions(std::fs::Permissions::from_mode(0o600))?;
     file.write_all(bytes)?;
     Ok(())
 }
