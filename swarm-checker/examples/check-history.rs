@@ -3,8 +3,8 @@
 //! operations where the search got stuck.
 //!
 //! ```text
-//! cargo run --release -p swarm-core --features checker --example check-history -- history.jsonl
-//! some-recorder | cargo run --release -p swarm-core --features checker --example check-history -- -
+//! cargo run --release -p swarm-checker --example check-history -- history.jsonl
+//! some-recorder | cargo run --release -p swarm-checker --example check-history -- -
 //! ```
 //!
 //! Exit status: 0 linearizable, 1 not linearizable (or undecided within `--budget`),
@@ -16,7 +16,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
-use swarm_core::checker::{CheckOptions, History, ParseError, check_with};
+use swarm_checker::{CheckOptions, History, ParseError, check_with};
 
 /// Checks a history (one JSON operation per line) for linearizability.
 #[derive(Debug, Parser)]

@@ -1,12 +1,16 @@
-//! A linearizability checker for recorded histories (DESIGN.md §7).
+//! # swarm-checker
+//!
+//! A linearizability checker for recorded histories.
 //!
 //! SWARM's claim is that its registers, and SWARM-KV's keys, are **linearizable**
 //! (paper §3, §5): every operation appears to take effect atomically at one instant
-//! between its call and its return. This module checks that claim on histories
-//! recorded by simulations, multi-process runs and benchmarks.
+//! between its call and its return. This crate checks that claim on histories
+//! recorded by simulations (`swarm-sim`), multi-process runs and benchmarks
+//! (`swarm-kv`'s `swarm check`). It is independent of the protocol: it knows only
+//! operations on keys, so it lives apart from the `no_std` core (`swarm-core`).
 //!
 //! ```
-//! use swarm_core::checker::{History, check};
+//! use swarm_checker::{History, check};
 //!
 //! let history = History::from_jsonl(&br#"
 //! {"client": 1, "op": "write", "key": "k", "value": "a", "ok": true, "start": 0, "end": 10}
@@ -15,7 +19,7 @@
 //! "#[..])?;
 //! let report = check(&history);
 //! assert!(!report.is_linearizable()); // the second read is stale: the write returned
-//! # Ok::<(), swarm_core::checker::ParseError>(())
+//! # Ok::<(), swarm_checker::ParseError>(())
 //! ```
 //!
 //! # Histories and models
@@ -169,6 +173,8 @@
 //! could have come next, and why none fits, all as JSON Lines with a `"line"` field
 //! pointing back into the input. A search can be bounded ([`CheckOptions`]); a key that
 //! exhausts the bound is [`Verdict::Undecided`], never reported linearizable.
+
+#![warn(missing_docs)]
 
 mod explain;
 mod history;

@@ -146,7 +146,7 @@ impl History {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::checker::op::Operation;
+    use crate::op::Operation;
     use std::string::ToString;
     use std::vec::Vec;
 

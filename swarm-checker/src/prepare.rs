@@ -194,8 +194,8 @@ fn first_impossible(model: Model, completed: &[SearchOp], crashed: &[SearchOp]) 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::checker::history::StoredOp;
-    use crate::checker::op::Model;
+    use crate::history::StoredOp;
+    use crate::op::Model;
     use std::sync::Arc;
 
     fn op(kind: OpKind, start: u64, end: Option<u64>) -> StoredOp {

@@ -1,5 +1,5 @@
 //! The Wing–Gong search with Lowe's memoization, over one key (see the module docs of
-//! [`crate::checker`] for the why).
+//! [`crate`] for the why).
 //!
 //! The search walks a doubly linked list of call and return entries in time order.
 //! The operations whose call precedes the first remaining return are exactly those

@@ -1,4 +1,3 @@
-#![cfg(feature = "checker")]
 //! Generated histories: random executions of the sequential objects with random
 //! overlapping intervals (linearizable by construction), the same with one read
 //! corrupted (never linearizable), a brute-force cross-check on tiny arbitrary
@@ -8,7 +7,7 @@ use std::collections::HashMap;
 use std::time::Instant;
 
 use proptest::prelude::*;
-use swarm_core::checker::{CheckOptions, History, OpKind, Operation, Verdict, check, check_with};
+use swarm_checker::{CheckOptions, History, OpKind, Operation, Verdict, check, check_with};
 
 /// splitmix64: small, seedable, good enough to shape test histories.
 struct Rng(u64);
@@ -349,7 +348,7 @@ fn bench_like(ops: usize, keys: usize, clients: u64) -> Shape {
     }
 }
 
-fn timed_check(ops: &[Operation]) -> (History, swarm_core::checker::Report) {
+fn timed_check(ops: &[Operation]) -> (History, swarm_checker::Report) {
     let built = Instant::now();
     let h = history(ops);
     let build_time = built.elapsed();
@@ -456,7 +455,7 @@ fn sixteen_clients_on_one_key() {
 }
 
 /// The benchmark's scale: 1M operations over 100k keys, 16 clients. Run with
-/// `cargo test --release -p swarm-core --features checker --test checker_generated -- --ignored --nocapture`.
+/// `cargo test --release -p swarm-checker --test checker_generated -- --ignored --nocapture`.
 /// With `CHECKER_DUMP=path` it also writes the history as JSON Lines (to try the
 /// `check-history` example on).
 #[test]
@@ -481,7 +480,7 @@ fn a_million_operations_like_the_benchmark() {
 /// the last read of the hottest key returns a value never written, with `CORRUPT=2`
 /// the key's first value (stale, if overwritten since: then the history must be
 /// rejected). For example
-/// `OPS=10000 KEYS=1 cargo test --release -p swarm-core --features checker --test
+/// `OPS=10000 KEYS=1 cargo test --release -p swarm-checker --test
 /// checker_generated -- --ignored --nocapture generated_shape_from_the_environment`.
 #[test]
 #[ignore = "a tool for measuring, driven by environment variables"]

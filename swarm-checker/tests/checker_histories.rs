@@ -1,8 +1,7 @@
-#![cfg(feature = "checker")]
 //! Hand-made histories with known verdicts: violations the checker must reject and
 //! tricky linearizable histories (overlaps, crashes, cuts) it must accept.
 
-use swarm_core::checker::{
+use swarm_checker::{
     CheckOptions, History, OpKind, Operation, ParseError, Recorder, Report, Verdict, check,
     check_with,
 };

@@ -9,17 +9,19 @@
 //! transport. Everything it needs from disaggregated memory is the [`Fabric`]
 //! contract of SWARM §2.1: non-atomic reads and writes, an atomic 8-byte CAS, ordered
 //! batches to one node, and quorum waits. Transports (`swarm-shm`, `swarm-rdma`, the
-//! simulated fabric behind the `sim` feature) implement it; protocol code is written
-//! as `async fn`s over it and driven by the small executor in [`exec`].
+//! deterministic simulated fabric of `swarm-sim`) implement it; protocol code is
+//! written as `async fn`s over it and driven by the small executor in [`exec`].
 //!
 //! Time is an input: timestamps come from a caller-supplied [`Clock`], timeouts from
 //! [`Fabric::now`]. The core reads no clock, spawns no thread and does no I/O.
 //!
 //! ## Features
-//! - `std`: implement `std::error::Error` and friends.
-//! - `sim`: the deterministic, fault-injecting simulated fabric.
-//! - `checker`: the linearizability checker over JSON Lines histories.
-//! - `loom`: run the word-level code on `loom` atomics (model-checking tests only).
+//! - `std`: implement `std::error::Error` for the error types.
+//!
+//! Without features the crate builds for `no_std` targets with an allocator. The
+//! simulator and the linearizability checker live in their own crates (`swarm-sim`,
+//! `swarm-checker`). Building with `RUSTFLAGS="--cfg loom"` runs the word-level code
+//! on `loom`'s model-checked atomics (`tests/loom.rs`).
 #![no_std]
 #![warn(missing_docs)]
 
@@ -36,14 +38,7 @@ pub mod layout;
 pub mod mem;
 pub mod protocol;
 pub mod roundtrip;
-pub mod sync;
-
-#[cfg(feature = "checker")]
-pub mod checker;
-#[cfg(all(feature = "sim", feature = "checker"))]
-pub mod scenario;
-#[cfg(feature = "sim")]
-pub mod sim;
+mod sync;
 
 pub use clock::Clock;
 pub use exec::{LocalExecutor, block_on};

@@ -1,9 +1,11 @@
 //! `loom` models of SWARM's word-level concurrency: MAX by CAS (§4.4) and the
 //! timestamp lock's exclusion (§3.3, Theorem B.2), running the real protocol code on
-//! the in-process fabric, whose words are loom atomics under the `loom` feature.
+//! the in-process fabric, whose words are loom atomics when built with `--cfg loom`.
 //!
-//! Run with `cargo test -p swarm-core --features loom --release --test loom`.
-#![cfg(feature = "loom")]
+//! Run with
+//! `RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test -p swarm-core --release --test loom`
+//! (a target directory of its own, so that the cfg does not rebuild the normal one).
+#![cfg(loom)]
 
 use loom::thread;
 use swarm_core::clock::FixedClock;

@@ -3,16 +3,16 @@
 //! format); a summary goes to stderr.
 //!
 //! ```text
-//! cargo run --release -p swarm-core --features sim,checker --example sim-history -- \
+//! cargo run --release -p swarm-sim --example sim-history -- \
 //!     --seed 7 --ops 2000 --clients 8 --keys 4 --faults all > history.jsonl
-//! cargo run --release -p swarm-core --features checker --example check-history -- history.jsonl
+//! cargo run --release -p swarm-checker --example check-history -- history.jsonl
 //! ```
 
 use std::io::{BufWriter, Write};
 use std::process::ExitCode;
 
 use clap::{Parser, ValueEnum};
-use swarm_core::scenario::{self, Faults, Protocol, Scenario};
+use swarm_sim::scenario::{self, Faults, Protocol, Scenario};
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
 enum ProtocolArg {

@@ -10,8 +10,8 @@
 use core::cell::Cell;
 
 use super::world::SimWorld;
-use crate::clock::Clock;
-use crate::fabric::Nanos;
+use swarm_core::clock::Clock;
+use swarm_core::fabric::Nanos;
 
 /// Ticks count from this many virtual nanoseconds *before* the world started, so
 /// that negative skews up to one virtual second stay meaningful instead of

@@ -3,7 +3,7 @@
 use alloc::vec;
 use alloc::vec::Vec;
 
-use crate::fabric::{Nanos, NodeId};
+use swarm_core::fabric::{Nanos, NodeId};
 
 /// The one-way latency between any client and one memory node.
 ///

@@ -202,8 +202,8 @@ impl TraceDigest {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fabric::NodeId;
-    use crate::sim::{BatchId, ClientId};
+    use crate::{BatchId, ClientId};
+    use swarm_core::fabric::NodeId;
 
     fn digest(events: &[TraceEvent]) -> u64 {
         let mut d = TraceDigest::new();

@@ -29,7 +29,7 @@ use super::fault::Fault;
 use super::node::{Chunk, Node, chunks};
 use super::rng::SimRng;
 use super::trace::{BatchId, BatchRef, OpSummary, TraceKind, TraceLog, read_summary};
-use crate::fabric::{
+use swarm_core::fabric::{
     Batch, Completion, FabricError, Nanos, NodeId, Op, OpOutput, Ticket, TicketSlab, check_batch,
 };
 

@@ -6,7 +6,7 @@ use core::fmt::Write;
 
 use super::fabric::ClientId;
 use super::trace::BatchRef;
-use crate::fabric::{Nanos, NodeId};
+use swarm_core::fabric::{Nanos, NodeId};
 
 /// How many stuck batches a stall message lists.
 const LISTED: usize = 8;
@@ -75,7 +75,7 @@ pub enum SimError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sim::BatchId;
+    use crate::BatchId;
     use alloc::string::ToString;
 
     #[test]

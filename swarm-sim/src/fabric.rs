@@ -4,7 +4,7 @@ use core::fmt;
 use core::task::Poll;
 
 use super::world::{SimWorld, Sleep};
-use crate::fabric::{Batch, Completion, Fabric, FabricError, Nanos, NodeId, Ticket};
+use swarm_core::fabric::{Batch, Completion, Fabric, FabricError, Nanos, NodeId, Ticket};
 
 /// Identifies a simulated client (one per [`SimWorld::client`] call).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]

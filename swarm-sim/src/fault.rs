@@ -9,7 +9,7 @@
 use core::fmt;
 
 use super::fabric::ClientId;
-use crate::fabric::NodeId;
+use swarm_core::fabric::NodeId;
 
 /// A fault to inject (see [`super::SimWorld::apply`] and [`super::SimWorld::at`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

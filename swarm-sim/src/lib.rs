@@ -1,8 +1,12 @@
-//! The deterministic, fault-injecting simulated fabric (feature `sim`).
+//! # swarm-sim
 //!
-//! Every protocol test runs here (DESIGN.md §3, last paragraph): the fabric contract
-//! of SWARM §2.1 executed with seeded randomness, under the failures of SWARM §2.2,
-//! in virtual time, so that a failing interleaving replays exactly from its seed.
+//! The deterministic, fault-injecting simulated fabric for `swarm-core`.
+//!
+//! Every protocol test runs here: the fabric contract of SWARM §2.1 executed with
+//! seeded randomness, under the failures of SWARM §2.2, in virtual time, so that a
+//! failing interleaving replays exactly from its seed. [`scenario`] runs seeded
+//! closed-loop workloads of Safe-Guess or DM-ABD registers on it and checks their
+//! histories with `swarm-checker`.
 //!
 //! # The model
 //!
@@ -21,7 +25,7 @@
 //!   clients interleave with it freely, so a read overlapping a write returns it
 //!   torn, at 8-byte granularity and never below (SWARM §2.1, first property; §4).
 //!   A CAS on an aligned word is atomic (second property). Out-of-bounds or
-//!   misaligned batches are refused whole by [`crate::fabric::check_batch`] and
+//!   misaligned batches are refused whole by [`swarm_core::fabric::check_batch`] and
 //!   complete with the error.
 //! - **Faults** ([`Fault`]), each for a reason of SWARM §2.2:
 //!   [`Fault::Crash`] (a node stops answering; batches to, on, or from it are lost
@@ -34,10 +38,10 @@
 //!   executes, leaving half-done work for others, as real hardware does).
 //! - **Time** is a virtual clock in nanoseconds. Events wait in a queue ordered by
 //!   `(time, sequence number)`. [`SimWorld::step`] runs one;
-//!   [`SimWorld::progress`] (which is [`crate::Fabric::progress`]) runs them up to
+//!   [`SimWorld::progress`] (which is [`swarm_core::Fabric::progress`]) runs them up to
 //!   the next one a client can observe, and returns `false` only when the queue is
 //!   empty: nothing outstanding can complete, so executors report a stall. Deadlines
-//!   ([`crate::Fabric::wake_at`], [`SimWorld::sleep`]) are timer events, so a
+//!   ([`swarm_core::Fabric::wake_at`], [`SimWorld::sleep`]) are timer events, so a
 //!   protocol waiting for a timeout is never mistaken for a stalled one.
 //!   [`SimClock`] turns virtual time into timestamp ticks with a per-client skew,
 //!   to make Safe-Guess timestamp guesses stale on purpose.
@@ -63,7 +67,7 @@
 //! Three nodes, a write replicated to a majority while one node crashes:
 //!
 //! ```
-//! use swarm_core::sim::{Fault, SimRunner, SimWorld, for_each_seed};
+//! use swarm_sim::{Fault, SimRunner, SimWorld, for_each_seed};
 //! use swarm_core::{Batch, NodeId, OpStats, Roundtrip};
 //!
 //! for_each_seed(10, |seed| {
@@ -85,6 +89,10 @@
 //! });
 //! ```
 
+#![warn(missing_docs)]
+
+extern crate alloc;
+
 mod clock;
 mod config;
 mod digest;
@@ -98,6 +106,8 @@ mod runner;
 mod seeds;
 mod trace;
 mod world;
+
+pub mod scenario;
 
 pub use clock::{CLOCK_EPOCH_NS, SimClock};
 pub use config::{Latency, NodeConfig, SimConfig};

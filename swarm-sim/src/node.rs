@@ -4,7 +4,7 @@
 //! CAS, or one chunk of a write. A chunk never crosses an 8-byte aligned word, which
 //! is exactly the atomicity RDMA and CXL give (SWARM §4: "8 B in RDMA and CXLv3"), so
 //! reads in the simulation tear at 8-byte granularity and never below it. Callers
-//! check bounds and alignment with [`crate::fabric::check_batch`] first.
+//! check bounds and alignment with [`swarm_core::fabric::check_batch`] first.
 
 use alloc::vec;
 use alloc::vec::Vec;

@@ -1,6 +1,6 @@
 //! [`SimRunner`]: many simulated clients, each running protocol operations as tasks.
 //!
-//! The runner is the multi-client counterpart of [`crate::LocalExecutor`]: it polls
+//! The runner is the multi-client counterpart of [`swarm_core::LocalExecutor`]: it polls
 //! every live task, then runs world events up to the next one clients can observe
 //! ([`SimWorld::progress`]: a completion, a timer, a fault), and repeats until every
 //! task finished.
@@ -27,7 +27,7 @@ use super::error::SimError;
 use super::fabric::ClientId;
 use super::fault::Fault;
 use super::world::SimWorld;
-use crate::fabric::Nanos;
+use swarm_core::fabric::Nanos;
 
 type Task = Pin<Box<dyn Future<Output = ()>>>;
 

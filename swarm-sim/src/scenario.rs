@@ -1,4 +1,4 @@
-//! Seeded protocol scenarios on the simulated fabric (features `sim` + `checker`).
+//! Seeded protocol scenarios on the simulated fabric, checked for linearizability.
 //!
 //! A scenario runs closed-loop clients, each issuing reads and writes on a few
 //! replicated registers through Safe-Guess (or DM-ABD, for comparison), over a
@@ -20,16 +20,16 @@ use std::rc::Rc;
 use std::string::{String, ToString};
 use std::vec::Vec;
 
-use crate::checker::{History, OpKind, Operation};
-use crate::encoding::WriterId;
-use crate::fabric::NodeId;
-use crate::header::HEADER_SIZE;
-use crate::layout::Layout;
-use crate::protocol::{ProtocolConfig, ReadValue, RegisterCache, RegisterLoc, Replicas};
-use crate::sim::{
+use crate::{
     Fault, RunReport, SimClock, SimConfig, SimError, SimFabric, SimRng, SimRunner, SimWorld,
 };
-use crate::{Client, OpStats};
+use swarm_checker::{History, OpKind, Operation};
+use swarm_core::encoding::WriterId;
+use swarm_core::fabric::NodeId;
+use swarm_core::header::HEADER_SIZE;
+use swarm_core::layout::Layout;
+use swarm_core::protocol::{ProtocolConfig, ReadValue, RegisterCache, RegisterLoc, Replicas};
+use swarm_core::{Client, OpStats};
 
 /// Which replication protocol the clients run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -14,7 +14,7 @@ use xxhash_rust::xxh3::xxh3_64;
 use super::digest::TraceDigest;
 use super::fabric::ClientId;
 use super::fault::Fault;
-use crate::fabric::{FabricError, MAX_BATCH_OPS, Nanos, NodeId, Op};
+use swarm_core::fabric::{FabricError, MAX_BATCH_OPS, Nanos, NodeId, Op};
 
 /// Identifies one posted batch across the whole simulation (posting order).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]

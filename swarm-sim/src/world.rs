@@ -12,7 +12,7 @@ use super::engine::{State, Stepped};
 use super::fabric::{ClientId, SimFabric};
 use super::fault::Fault;
 use super::trace::{BatchRef, Trace, TraceKind};
-use crate::fabric::{FabricError, Nanos, NodeId, check_bounds};
+use swarm_core::fabric::{FabricError, Nanos, NodeId, check_bounds};
 
 /// A simulated cluster of memory nodes and the clients talking to them.
 ///
@@ -126,7 +126,7 @@ impl SimWorld {
     /// Runs events until one that clients can observe: a completion delivered, a
     /// timer fired, a fault applied. Returns `false` when no event is scheduled:
     /// nothing outstanding can complete any more unless a client posts. This is
-    /// [`crate::Fabric::progress`]; executors poll their tasks after each call
+    /// [`swarm_core::Fabric::progress`]; executors poll their tasks after each call
     /// (polling them between events they cannot observe would change nothing).
     pub fn progress(&self) -> bool {
         self.state.borrow_mut().progress()
@@ -156,7 +156,7 @@ impl SimWorld {
     }
 
     /// Schedules a timer event at `time` (if later than now), so that the clock
-    /// reaches it: this is [`crate::Fabric::wake_at`].
+    /// reaches it: this is [`swarm_core::Fabric::wake_at`].
     pub fn wake_at(&self, time: Nanos) {
         self.state.borrow_mut().wake_at(time);
     }

@@ -1,4 +1,3 @@
-#![cfg(feature = "sim")]
 //! The simulated fabric keeps the fabric contract (SWARM §2.1) and no more: batches
 //! in order, reordering across nodes, torn reads at 8-byte granularity only, CAS
 //! atomic, errors as completions, and runs that replay exactly from their seed.
@@ -8,10 +7,10 @@ use std::rc::Rc;
 use std::task::Poll;
 
 use swarm_core::fabric::{Completion, Fabric, FabricError, Ticket};
-use swarm_core::sim::{
+use swarm_core::{Batch, NodeId, Op, OpStats, Roundtrip};
+use swarm_sim::{
     Latency, SimConfig, SimFabric, SimRng, SimRunner, SimWorld, TraceKind, for_each_seed,
 };
-use swarm_core::{Batch, NodeId, Op, OpStats, Roundtrip};
 
 const N0: NodeId = NodeId(0);
 

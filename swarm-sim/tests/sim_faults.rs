@@ -1,4 +1,3 @@
-#![cfg(feature = "sim")]
 //! Faults of SWARM §2.2 in the simulated fabric: crashed minorities do not block a
 //! majority, crashed majorities stall, slow nodes answer late, recovered nodes answer
 //! with their memory, and crashed clients leave their posted work behind.
@@ -6,10 +5,10 @@
 use std::task::Poll;
 
 use swarm_core::fabric::{Completion, Fabric, FabricError, Ticket};
-use swarm_core::sim::{
+use swarm_core::{Batch, NodeId, OpStats, Roundtrip, WaitOutcome, block_on};
+use swarm_sim::{
     Fault, Latency, SimConfig, SimError, SimFabric, SimRunner, SimWorld, TraceKind, for_each_seed,
 };
-use swarm_core::{Batch, NodeId, OpStats, Roundtrip, WaitOutcome, block_on};
 
 /// Posts `batch` to every node of `nodes` and waits for `k` of them.
 async fn quorum(

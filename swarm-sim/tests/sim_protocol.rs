@@ -2,16 +2,14 @@
 //! linearizability (DESIGN.md §7) and for their roundtrip counts (SWARM Table 2).
 //!
 //! Every randomized test prints the seed of a failing run; replay one with
-//! `SWARM_SIM_SEED=N cargo test -p swarm-core --features sim,checker --test sim_protocol`
+//! `SWARM_SIM_SEED=N cargo test -p swarm-sim --test sim_protocol`
 //! or, to get its history, with the `sim-history` example.
-#![cfg(all(feature = "sim", feature = "checker"))]
 
-use swarm_core::checker;
-use swarm_core::scenario::{self, Faults, Outcome, Protocol, Scenario};
-use swarm_core::sim::for_each_seed;
+use swarm_sim::for_each_seed;
+use swarm_sim::scenario::{self, Faults, Outcome, Protocol, Scenario};
 
 fn check(outcome: &Outcome, what: &str) {
-    let report = checker::check(&outcome.history);
+    let report = swarm_checker::check(&outcome.history);
     assert!(
         report.is_linearizable(),
         "{what}: history is not linearizable:\n{report}"
@@ -171,12 +169,12 @@ fn the_checker_catches_a_broken_protocol_run() {
     let mut ops = outcome.history.operations();
     let read = ops
         .iter_mut()
-        .find(|o| o.op.op == checker::OpKind::Read && o.op.end.is_some())
+        .find(|o| o.op.op == swarm_checker::OpKind::Read && o.op.end.is_some())
         .expect("the scenario reads");
     read.op.value = Some("never written".into());
-    let mut forged = checker::History::new();
+    let mut forged = swarm_checker::History::new();
     for o in ops {
         forged.push(o.op).unwrap();
     }
-    assert!(!checker::check(&forged).is_linearizable());
+    assert!(!swarm_checker::check(&forged).is_linearizable());
 }

@@ -1,4 +1,3 @@
-#![cfg(feature = "sim")]
 //! The multi-client runner and the virtual clocks: closed-loop clients, tasks spawned
 //! later, sleeps, livelock detection, and timestamp clocks with skew.
 
@@ -7,8 +6,8 @@ use std::rc::Rc;
 
 use swarm_core::clock::Clock;
 use swarm_core::fabric::Fabric;
-use swarm_core::sim::{CLOCK_EPOCH_NS, SimClock, SimError, SimFabric, SimRunner, SimWorld};
 use swarm_core::{Batch, NodeId, OpStats, Roundtrip};
+use swarm_sim::{CLOCK_EPOCH_NS, SimClock, SimError, SimFabric, SimRunner, SimWorld};
 
 async fn read(fabric: &SimFabric, node: u16) {
     let stats = OpStats::new();

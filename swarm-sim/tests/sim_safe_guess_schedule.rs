@@ -19,18 +19,17 @@
 //! it, would let A win the lock and rewrite `x`: R3 would return `x` after R2 returned
 //! `y`, which the checker rejects. The test also asserts each step went as scripted,
 //! so that it cannot pass vacuously if timing changes elsewhere.
-#![cfg(all(feature = "sim", feature = "checker"))]
 
 use std::rc::Rc;
 
-use swarm_core::checker::{self, OpKind, Recorder};
+use swarm_checker::{OpKind, Recorder};
 use swarm_core::encoding::WriterId;
 use swarm_core::header::HEADER_SIZE;
 use swarm_core::layout::Layout;
-use swarm_core::sim::{Fault, Latency, SimClock, SimConfig, SimFabric, SimRunner, SimWorld};
 use swarm_core::{
     Client, NodeId, OpStats, ProtocolConfig, ReadValue, RegisterCache, RegisterLoc, Replicas,
 };
+use swarm_sim::{Fault, Latency, SimClock, SimConfig, SimFabric, SimRunner, SimWorld};
 
 const KEY: &str = "k";
 /// One-way latency of every message, fixed so the script is exact.
@@ -97,7 +96,7 @@ impl Script {
         writer: u16,
         start: u64,
         value: &'static str,
-    ) -> swarm_core::sim::TaskHandle<Done> {
+    ) -> swarm_sim::TaskHandle<Done> {
         let client = self.client(writer);
         let (reg, recorder, world) = (self.reg.clone(), self.recorder.clone(), self.world.clone());
         runner.spawn_at(start, client.fabric().id(), async move {
@@ -120,12 +119,7 @@ impl Script {
     }
 
     /// Spawns a read by a fresh client at `start`.
-    fn read(
-        &self,
-        runner: &SimRunner,
-        writer: u16,
-        start: u64,
-    ) -> swarm_core::sim::TaskHandle<Done> {
+    fn read(&self, runner: &SimRunner, writer: u16, start: u64) -> swarm_sim::TaskHandle<Done> {
         let client = self.client(writer);
         let (reg, recorder, world) = (self.reg.clone(), self.recorder.clone(), self.world.clone());
         runner.spawn_at(start, client.fabric().id(), async move {
@@ -174,7 +168,7 @@ fn a_read_locks_the_guessed_write_it_returns_so_a_stale_writer_cannot_rewrite_it
         .run()
         .expect("every operation completes with n0 and n1 alive");
 
-    let take = |h: &swarm_core::sim::TaskHandle<Done>, what: &str| {
+    let take = |h: &swarm_sim::TaskHandle<Done>, what: &str| {
         h.take().unwrap_or_else(|| panic!("{what} did not finish"))
     };
     let (a, r1, b, r2, r3) = (
@@ -193,7 +187,7 @@ fn a_read_locks_the_guessed_write_it_returns_so_a_stale_writer_cannot_rewrite_it
          had returned)"
     );
     let history = script.recorder.history().expect("well-formed history");
-    let report = checker::check(&history);
+    let report = swarm_checker::check(&history);
     assert!(report.is_linearizable(), "not linearizable:\n{report}");
 
     // The schedule went as scripted.

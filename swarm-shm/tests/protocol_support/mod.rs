@@ -15,7 +15,7 @@ use std::path::PathBuf;
 use std::task::Poll;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use swarm_core::checker::{self, History, OpKind, Operation};
+use swarm_checker::{History, OpKind, Operation};
 use swarm_core::encoding::WriterId;
 use swarm_core::fabric::Nanos;
 use swarm_core::header::HEADER_SIZE;
@@ -376,7 +376,7 @@ pub fn key_name(key: u32) -> String {
 /// Checks `history` and panics with the report, the seed, and the path of a copy of
 /// the history (for `swarm-core`'s checker tools) if it is not linearizable.
 pub fn assert_linearizable(history: &History, what: &str, seed: u64) {
-    let report = checker::check(history);
+    let report = swarm_checker::check(history);
     if report.is_linearizable() {
         print!("{what}: {report}");
         return;
