@@ -63,7 +63,14 @@ fn max_by_cas_ends_at_the_maximum_and_never_returns_early() {
 #[test]
 fn trylock_read_and_write_never_both_succeed() {
     loom::model(|| {
-        let layout = Layout::new(8, 1, 1024, 2, 4).unwrap();
+        let layout = Layout::builder()
+            .payload_max(8)
+            .meta_words(1)
+            .log_base(1024)
+            .writers(2)
+            .slots_per_writer(4)
+            .build()
+            .unwrap();
         let cluster = MemCluster::new(3, 4096);
         let owner = WriterId::new(1).unwrap();
         let ts = Timestamp::new(42, owner).unwrap();
@@ -102,7 +109,14 @@ fn trylock_read_and_write_never_both_succeed() {
 #[test]
 fn trylock_without_conflict_succeeds() {
     loom::model(|| {
-        let layout = Layout::new(8, 1, 1024, 2, 4).unwrap();
+        let layout = Layout::builder()
+            .payload_max(8)
+            .meta_words(1)
+            .log_base(1024)
+            .writers(2)
+            .slots_per_writer(4)
+            .build()
+            .unwrap();
         let cluster = MemCluster::new(3, 4096);
         let reg = RegisterLoc {
             addr: 0,

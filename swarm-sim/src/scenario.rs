@@ -201,7 +201,15 @@ pub fn run(scenario: &Scenario) -> Result<Outcome, SimError> {
     let writers = scenario.clients.max(1) as u16;
     // Every write uses a fresh log slot (no recycling yet): size the logs for it.
     let slots = (scenario.ops_per_client * 2 + 16).next_power_of_two();
-    let shape = |log_base| Layout::new(32, scenario.meta_words, log_base, writers, slots);
+    let shape = |log_base| {
+        Layout::builder()
+            .payload_max(32)
+            .meta_words(scenario.meta_words)
+            .log_base(log_base)
+            .writers(writers)
+            .slots_per_writer(slots)
+            .build()
+    };
     let register_bytes = shape(0)
         .expect("scenario layouts are valid")
         .register_bytes();
@@ -300,10 +308,9 @@ async fn client_task(task: ClientTask) {
     } = task;
     let world = fabric.world().clone();
     let writer = WriterId::new(index).expect("scenarios stay below the writer limit");
-    let config = ProtocolConfig {
-        slow_after_ns: 10_000,
-        suspect_ns: 200_000,
-    };
+    let config = ProtocolConfig::default()
+        .with_slow_after_ns(10_000)
+        .with_suspect_ns(200_000);
     let client = match Client::new(fabric, clock, layout, writer, config) {
         Ok(client) => client,
         Err(e) => {

@@ -56,7 +56,15 @@ struct Script {
 impl Script {
     fn new() -> Self {
         let writers = 5;
-        let shape = |log_base| Layout::new(32, 2, log_base, writers, 64);
+        let shape = |log_base| {
+            Layout::builder()
+                .payload_max(32)
+                .meta_words(2)
+                .log_base(log_base)
+                .writers(writers)
+                .slots_per_writer(64)
+                .build()
+        };
         let register_bytes = shape(0).expect("valid layout").register_bytes();
         let log_base = (HEADER_SIZE + register_bytes).next_multiple_of(4096);
         let layout = shape(log_base).expect("valid layout");
@@ -75,10 +83,9 @@ impl Script {
 
     /// A protocol client with writer id `writer` on its own simulated connection.
     fn client(&self, writer: u16) -> Client<SimFabric, SimClock> {
-        let config = ProtocolConfig {
-            slow_after_ns: 10_000,
-            suspect_ns: 100_000_000,
-        };
+        let config = ProtocolConfig::default()
+            .with_slow_after_ns(10_000)
+            .with_suspect_ns(100_000_000);
         Client::new(
             self.world.client(),
             SimClock::new(&self.world, 100),

@@ -55,18 +55,24 @@ impl Shape {
     pub fn layout(&self) -> Layout {
         let registers_end = self.registers_base() + u64::from(self.keys) * self.register_bytes();
         let slots = (2 * self.writes_per_writer + 16).next_power_of_two();
-        Layout::new(
-            PAYLOAD_MAX,
-            self.meta_words,
-            registers_end.next_multiple_of(4096),
-            self.writers,
-            slots,
-        )
-        .expect("test layouts are valid")
+        Layout::builder()
+            .payload_max(PAYLOAD_MAX)
+            .meta_words(self.meta_words)
+            .log_base(registers_end.next_multiple_of(4096))
+            .writers(self.writers)
+            .slots_per_writer(slots)
+            .build()
+            .expect("test layouts are valid")
     }
 
     fn register_bytes(&self) -> u64 {
-        Layout::new(PAYLOAD_MAX, self.meta_words, 0, 1, 1)
+        Layout::builder()
+            .payload_max(PAYLOAD_MAX)
+            .meta_words(self.meta_words)
+            .log_base(0)
+            .writers(1)
+            .slots_per_writer(1)
+            .build()
             .expect("test layouts are valid")
             .register_bytes()
     }
