@@ -175,16 +175,23 @@ struct Setup {
 
 impl Setup {
     fn new() -> Self {
-        let probe = Layout::new(PAYLOAD as u32, META_WORDS, 0, 1, 1).expect("a valid layout");
+        let probe = Layout::builder()
+            .payload_max(PAYLOAD as u32)
+            .meta_words(META_WORDS)
+            .log_base(0)
+            .writers(1)
+            .slots_per_writer(1)
+            .build()
+            .expect("a valid layout");
         let registers_end = HEADER_SIZE + 3 * probe.register_bytes();
-        let layout = Layout::new(
-            PAYLOAD as u32,
-            META_WORDS,
-            registers_end.next_multiple_of(4096),
-            1,
-            SLOTS,
-        )
-        .expect("a valid layout");
+        let layout = Layout::builder()
+            .payload_max(PAYLOAD as u32)
+            .meta_words(META_WORDS)
+            .log_base(registers_end.next_multiple_of(4096))
+            .writers(1)
+            .slots_per_writer(SLOTS)
+            .build()
+            .expect("a valid layout");
         let fixture = ShmFixture::new(NODES, layout.log_base() + layout.log_bytes())
             .expect("benchmark cluster");
         let clock = WallClock {
@@ -254,10 +261,7 @@ impl<'a> Runner<'a> {
             self.setup.clock,
             self.setup.layout,
             writer,
-            ProtocolConfig {
-                slow_after_ns: SLOW_AFTER_NS,
-                ..ProtocolConfig::default()
-            },
+            ProtocolConfig::default().with_slow_after_ns(SLOW_AFTER_NS),
         )
         .expect("a client for writer 0");
         let last = (0..self.reg.replicas.len())

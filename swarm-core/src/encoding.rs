@@ -59,6 +59,7 @@ pub const DEFAULT_TICK_NS: u64 = 1_000;
 
 /// Why a word could not be built.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum EncodingError {
     /// The writer id does not fit in [`WRITER_BITS`].
     #[error("writer id {0} is out of range: at most {MAX_WRITERS} writers are supported")]

@@ -10,6 +10,43 @@
 //! When no task finished in a round and the fabric reports that nothing outstanding
 //! can complete any more, the executor stops with [`FabricError::Stalled`] instead of
 //! spinning forever: the operations wait on failed nodes only.
+//!
+//! # The executor contract
+//!
+//! * **Who calls [`Fabric::progress`].** Whoever drives the futures, between polls.
+//!   Protocol futures never block and never wait for an interrupt: a [`Roundtrip`]
+//!   that is not complete returns `Pending`, and only `progress` moves the transport
+//!   on (polls an RDMA completion queue, advances simulated time, spins out an
+//!   emulated latency). Some fabrics complete batches inside [`Fabric::post`] (the
+//!   in-process [`crate::mem`] fabric, shared memory without emulated latency), but
+//!   code must not rely on it.
+//! * **[`block_on`]** runs one future on the calling thread: poll, `progress`, poll
+//!   again, until it is ready. It returns `Err(FabricError::Stalled)` when
+//!   `progress` reports that nothing outstanding can complete (every batch waits on
+//!   a failed node, and no deadline asked for with [`Fabric::wake_at`] is pending).
+//! * **[`LocalExecutor`]** does the same for several futures of one client thread,
+//!   polling each live task once per round, then calling `progress` once.
+//! * **Fabric handles are per thread.** Transports hand out one handle per client
+//!   thread (typically `!Sync`), and a [`crate::Client`] owns one; its futures borrow
+//!   the client and stay on that thread.
+//! * **Wakers.** A pending roundtrip wakes its own task at once
+//!   (`wake_by_ref` before returning `Pending`), so any executor re-polls it; that
+//!   is a busy poll, not a notification, and nothing calls `progress` for you.
+//!
+//! **On a foreign executor** (tokio, async-std, an embedded one): the futures run, but
+//! unless something calls `progress` on the same fabric handle, a transport that
+//! needs it never completes a batch, and the task spins. Do one of:
+//!
+//! 1. Give each client a thread of its own and call [`block_on`] or
+//!    [`LocalExecutor::run`] there; from tokio, that is `spawn_blocking` (or a
+//!    dedicated thread) with the client created inside it.
+//! 2. Drive the operation yourself: poll it, call `fabric.progress()` whenever it is
+//!    `Pending`, and yield to your executor between rounds if other tasks share the
+//!    thread. This is what [`block_on`] does, minus the yield.
+//!
+//! Either way a client's operations spin while they wait; that is the point of
+//! one-sided memory access (a roundtrip is microseconds), and the reason the core
+//! does not sleep or park.
 
 use alloc::boxed::Box;
 use alloc::vec::Vec;
@@ -18,6 +55,8 @@ use core::pin::{Pin, pin};
 use core::task::{Context, Poll, Waker};
 
 use crate::fabric::{Fabric, FabricError};
+#[cfg(doc)]
+use crate::roundtrip::Roundtrip;
 
 /// Runs one future to completion on `fabric`.
 pub fn block_on<F, T>(fabric: &F, future: impl Future<Output = T>) -> Result<T, FabricError>
@@ -159,7 +198,7 @@ pub async fn join<A: Future, B: Future>(a: A, b: B) -> (A::Output, B::Output) {
     }
 }
 
-#[cfg(all(test, not(feature = "loom")))]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
     use crate::mem::MemCluster;

@@ -34,6 +34,7 @@ pub const ENCODED_LEN: usize = 56;
 
 /// Why a header was refused.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum HeaderError {
     /// Fewer bytes than a header: the node file or region is truncated.
     #[error("memory node is truncated: {len} bytes, a header alone needs {HEADER_SIZE}")]

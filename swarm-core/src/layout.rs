@@ -50,6 +50,7 @@ const fn pad8(n: u64) -> u64 {
 
 /// Why a layout was refused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum LayoutError {
     /// `W` must be between 1 and 64.
     #[error("{0} metadata words per register is out of range: use 1 to 64")]
@@ -66,6 +67,26 @@ pub enum LayoutError {
 }
 
 /// The cluster-wide shape of registers and logs: every client must use the same.
+///
+/// Built with [`Layout::builder`], which names each parameter:
+///
+/// ```
+/// use swarm_core::layout::{Layout, LayoutError};
+///
+/// let layout = Layout::builder()
+///     .payload_max(64)
+///     .meta_words(4)
+///     .log_base(1 << 16)
+///     .writers(8)
+///     .slots_per_writer(256)
+///     .build()?;
+/// assert_eq!(layout.writers(), 8);
+/// assert_eq!(
+///     Layout::builder().meta_words(0).build(),
+///     Err(LayoutError::MetaWords(0))
+/// );
+/// # Ok::<(), LayoutError>(())
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Layout {
     payload_max: u32,
@@ -75,17 +96,72 @@ pub struct Layout {
     slots_per_writer: u32,
 }
 
-impl Layout {
-    /// A layout for payloads of at most `payload_max` bytes, `meta_words` metadata
-    /// words per register, and logs of `slots_per_writer` slots for `writers` writers
-    /// starting at byte `log_base` of every node.
-    pub fn new(
-        payload_max: u32,
-        meta_words: u16,
-        log_base: u64,
-        writers: u16,
-        slots_per_writer: u32,
-    ) -> Result<Self, LayoutError> {
+/// Names the parameters of a [`Layout`]; [`LayoutBuilder::build`] validates them.
+///
+/// Unset parameters keep their defaults: 64-byte payloads, one metadata word, one
+/// writer with one log slot, and the log at byte 0.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[must_use = "a builder does nothing until `build` is called"]
+pub struct LayoutBuilder {
+    payload_max: u32,
+    meta_words: u16,
+    log_base: u64,
+    writers: u16,
+    slots_per_writer: u32,
+}
+
+impl Default for LayoutBuilder {
+    fn default() -> Self {
+        Self {
+            payload_max: 64,
+            meta_words: 1,
+            log_base: 0,
+            writers: 1,
+            slots_per_writer: 1,
+        }
+    }
+}
+
+impl LayoutBuilder {
+    /// Largest payload a register holds, in bytes (1 B to 16 MiB).
+    pub const fn payload_max(mut self, bytes: u32) -> Self {
+        self.payload_max = bytes;
+        self
+    }
+
+    /// Metadata words per register, `W` (1 to 64; SWARM §4.4, §7.9).
+    pub const fn meta_words(mut self, words: u16) -> Self {
+        self.meta_words = words;
+        self
+    }
+
+    /// Byte offset of the out-of-place logs on every node.
+    pub const fn log_base(mut self, addr: u64) -> Self {
+        self.log_base = addr;
+        self
+    }
+
+    /// Writers that have a log (at least one).
+    pub const fn writers(mut self, writers: u16) -> Self {
+        self.writers = writers;
+        self
+    }
+
+    /// Slots in each writer's log (at least one).
+    pub const fn slots_per_writer(mut self, slots: u32) -> Self {
+        self.slots_per_writer = slots;
+        self
+    }
+
+    /// The layout, or why these parameters cannot make one.
+    pub fn build(self) -> Result<Layout, LayoutError> {
+        let Self {
+            payload_max,
+            meta_words,
+            log_base,
+            writers,
+            slots_per_writer,
+        } = self;
         if !(1..=64).contains(&meta_words) {
             return Err(LayoutError::MetaWords(meta_words));
         }
@@ -95,7 +171,7 @@ impl Layout {
         if writers == 0 || slots_per_writer == 0 {
             return Err(LayoutError::EmptyLog);
         }
-        let layout = Self {
+        let layout = Layout {
             payload_max,
             meta_words,
             log_base,
@@ -109,6 +185,13 @@ impl Layout {
             .and_then(|total| total.checked_add(log_base))
             .ok_or(LayoutError::LogTooLarge)?;
         Ok(layout)
+    }
+}
+
+impl Layout {
+    /// A builder with the defaults of [`LayoutBuilder`].
+    pub fn builder() -> LayoutBuilder {
+        LayoutBuilder::default()
     }
 
     /// Largest payload a register holds.
@@ -237,6 +320,7 @@ pub fn decode_record(bytes: &mut [u8], payload_max: u32) -> Option<Record<'_>> {
 
 /// Why no log slot could be allocated.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum SlotError {
     /// Every slot of this writer's log is in use.
     #[error(
@@ -340,16 +424,56 @@ mod tests {
     use proptest::prelude::*;
 
     fn layout() -> Layout {
-        Layout::new(100, 4, 1 << 20, 8, 64).unwrap()
+        Layout::builder()
+            .payload_max(100)
+            .meta_words(4)
+            .log_base(1 << 20)
+            .writers(8)
+            .slots_per_writer(64)
+            .build()
+            .unwrap()
     }
 
     #[test]
     fn layout_rejects_bad_parameters() {
-        assert_eq!(Layout::new(8, 0, 0, 1, 1), Err(LayoutError::MetaWords(0)));
-        assert_eq!(Layout::new(0, 1, 0, 1, 1), Err(LayoutError::PayloadMax(0)));
-        assert_eq!(Layout::new(8, 1, 0, 0, 1), Err(LayoutError::EmptyLog));
         assert_eq!(
-            Layout::new(8, 1, u64::MAX - 8, 1, 1),
+            Layout::builder()
+                .payload_max(8)
+                .meta_words(0)
+                .log_base(0)
+                .writers(1)
+                .slots_per_writer(1)
+                .build(),
+            Err(LayoutError::MetaWords(0))
+        );
+        assert_eq!(
+            Layout::builder()
+                .payload_max(0)
+                .meta_words(1)
+                .log_base(0)
+                .writers(1)
+                .slots_per_writer(1)
+                .build(),
+            Err(LayoutError::PayloadMax(0))
+        );
+        assert_eq!(
+            Layout::builder()
+                .payload_max(8)
+                .meta_words(1)
+                .log_base(0)
+                .writers(0)
+                .slots_per_writer(1)
+                .build(),
+            Err(LayoutError::EmptyLog)
+        );
+        assert_eq!(
+            Layout::builder()
+                .payload_max(8)
+                .meta_words(1)
+                .log_base(u64::MAX - 8)
+                .writers(1)
+                .slots_per_writer(1)
+                .build(),
             Err(LayoutError::LogTooLarge)
         );
     }

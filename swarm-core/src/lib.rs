@@ -9,17 +9,89 @@
 //! transport. Everything it needs from disaggregated memory is the [`Fabric`]
 //! contract of SWARM §2.1: non-atomic reads and writes, an atomic 8-byte CAS, ordered
 //! batches to one node, and quorum waits. Transports (`swarm-shm`, `swarm-rdma`, the
-//! simulated fabric behind the `sim` feature) implement it; protocol code is written
-//! as `async fn`s over it and driven by the small executor in [`exec`].
+//! deterministic simulated fabric of `swarm-sim`) implement it; protocol code is
+//! written as `async fn`s over it and driven by the small executor in [`exec`].
 //!
 //! Time is an input: timestamps come from a caller-supplied [`Clock`], timeouts from
 //! [`Fabric::now`]. The core reads no clock, spawns no thread and does no I/O.
 //!
+//! ## Example
+//!
+//! Three memory nodes in this process ([`mem::MemCluster`]), one register replicated
+//! on all three, written and read by a client through Safe-Guess (SWARM §3.2): both
+//! operations take one roundtrip in the common case (SWARM Table 2).
+//!
+//! ```
+//! use swarm_core::clock::FixedClock;
+//! use swarm_core::encoding::WriterId;
+//! use swarm_core::mem::MemCluster;
+//! use swarm_core::{
+//!     Client, Layout, OpStats, ProtocolConfig, ReadValue, RegisterCache, RegisterLoc,
+//!     Replicas, WriteOutcome, block_on,
+//! };
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! // Registers of up to 64 B with 4 metadata words each; the out-of-place logs of
+//! // 8 writers (256 slots each) start at 64 KiB on every node.
+//! let layout = Layout::builder()
+//!     .payload_max(64)
+//!     .meta_words(4)
+//!     .log_base(64 << 10)
+//!     .writers(8)
+//!     .slots_per_writer(256)
+//!     .build()?;
+//! let cluster = MemCluster::new(3, 1 << 20);
+//!
+//! // One client per thread: its own fabric handle, a timestamp clock, a writer id.
+//! let client = Client::new(
+//!     cluster.client(),
+//!     FixedClock(1_000), // a real deployment passes a synchronised clock
+//!     layout,
+//!     WriterId::new(0).expect("writer ids go up to 2047"),
+//!     ProtocolConfig::default(),
+//! )?;
+//!
+//! // The register at byte 4096 of nodes 0, 1 and 2; the key's hash picks the primary.
+//! let register = RegisterLoc { addr: 4096, replicas: Replicas::all(3, 42)? };
+//! let mut cache = RegisterCache::new(); // what this client knows of the register
+//!
+//! // `block_on` fails only on a stall (every node it waits on failed); the inner
+//! // result is the operation's own.
+//! let stats = OpStats::new();
+//! let write = client.write(&register, &mut cache, &stats, b"hello");
+//! let written = block_on(client.fabric(), write)??;
+//! assert_eq!(written, WriteOutcome::Written);
+//! println!("write: {} roundtrip(s)", stats.roundtrips());
+//!
+//! let stats = OpStats::new();
+//! let read = block_on(client.fabric(), client.read(&register, &mut cache, &stats))??;
+//! assert_eq!(read, ReadValue::Value(b"hello".to_vec()));
+//! println!("read: {} roundtrip(s)", stats.roundtrips());
+//! assert_eq!(stats.roundtrips(), 1);
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! [`block_on`] suits one operation at a time; [`LocalExecutor`] keeps several of one
+//! thread in flight. The [`exec`] module states the executor contract, including what
+//! to do on a foreign executor such as tokio.
+//!
+//! ## Where things are
+//!
+//! For embedders, the root re-exports what an application needs: [`Client`] and its
+//! operations' types, [`Layout`], [`Replicas`]/[`RegisterLoc`], [`OpStats`],
+//! [`block_on`]/[`LocalExecutor`], and the error types. The modules hold the rest:
+//! [`fabric`] and [`header`] for transport implementers, [`encoding`] and
+//! [`layout`] for the on-memory formats, [`protocol`] for the algorithms layer by
+//! layer, [`mem`] for the in-process fabric, [`clock`] for timestamp clocks.
+//!
 //! ## Features
-//! - `std`: implement `std::error::Error` and friends.
-//! - `sim`: the deterministic, fault-injecting simulated fabric.
-//! - `checker`: the linearizability checker over JSON Lines histories.
-//! - `loom`: run the word-level code on `loom` atomics (model-checking tests only).
+//! - `std`: implement `std::error::Error` for the error types.
+//!
+//! Without features the crate builds for `no_std` targets with an allocator. The
+//! simulator and the linearizability checker live in their own crates (`swarm-sim`,
+//! `swarm-checker`). Building with `RUSTFLAGS="--cfg loom"` runs the word-level code
+//! on `loom`'s model-checked atomics (`tests/loom.rs`).
 #![no_std]
 #![warn(missing_docs)]
 
@@ -36,19 +108,15 @@ pub mod layout;
 pub mod mem;
 pub mod protocol;
 pub mod roundtrip;
-pub mod sync;
+mod sync;
 pub mod units;
 
-#[cfg(feature = "checker")]
-pub mod checker;
-#[cfg(all(feature = "sim", feature = "checker"))]
-pub mod scenario;
-#[cfg(feature = "sim")]
-pub mod sim;
-
 pub use clock::Clock;
-pub use exec::{LocalExecutor, block_on};
-pub use fabric::{Batch, Completion, Fabric, FabricError, NodeId, Op, OpOutput, Ticket};
+pub use exec::{LocalExecutor, TaskId, block_on, join};
+pub use fabric::{
+    Batch, Completion, Fabric, FabricError, FailureCause, NodeId, Op, OpOutput, Ticket,
+};
+pub use layout::{Layout, LayoutBuilder, LayoutError};
 pub use protocol::{
     Client, ProtocolConfig, ReadValue, RegisterCache, RegisterLoc, Replicas, SwarmError,
     WriteOutcome,

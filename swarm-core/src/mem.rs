@@ -1,7 +1,7 @@
 //! An in-process fabric: memory nodes as arrays of atomic words.
 //!
 //! This is the smallest honest implementation of the fabric contract and the one the
-//! `loom` models run on: every byte lives in an [`AtomicU64`] from [`crate::sync`],
+//! `loom` models run on: every byte lives in an `AtomicU64` of the crate's sync facade,
 //! reads and writes go word by word (so a read concurrent with a write tears at 8-byte
 //! granularity, as on RDMA and CXL), CAS is one atomic compare-exchange, and the
 //! operations of a batch execute in program order with release/acquire ordering.
@@ -223,7 +223,7 @@ impl Fabric for MemFabric {
     }
 }
 
-#[cfg(all(test, not(feature = "loom")))]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
     use crate::exec::block_on;

@@ -97,10 +97,7 @@ impl<'a, F: Fabric + ?Sized> Roundtrip<'a, F> {
     /// Posts `batch` to `node` as part of this step.
     pub fn post(&mut self, node: NodeId, batch: Batch) -> Result<(), FabricError> {
         if self.outstanding.len() + self.replies.len() + self.failures.len() >= MAX_NODES {
-            return Err(FabricError::NoSuchNode {
-                node,
-                nodes: MAX_NODES,
-            });
+            return Err(FabricError::TooManyPosts { max: MAX_NODES });
         }
         let ticket = self.fabric.post(node, batch);
         // Capacity checked above.
@@ -216,4 +213,25 @@ impl<F: Fabric + ?Sized> Drop for Roundtrip<'_, F> {
 pub fn post_background<F: Fabric + ?Sized>(fabric: &F, node: NodeId, batch: Batch) {
     let ticket = fabric.post(node, batch);
     fabric.forget(ticket);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mem::MemCluster;
+
+    #[test]
+    fn a_roundtrip_refuses_more_posts_than_it_can_track() {
+        let cluster = MemCluster::new(1, 64);
+        let fabric = cluster.client();
+        let stats = OpStats::new();
+        let mut step = Roundtrip::start(&fabric, &stats);
+        for _ in 0..MAX_NODES {
+            step.post(NodeId(0), Batch::read(0, 8)).unwrap();
+        }
+        assert_eq!(
+            step.post(NodeId(0), Batch::read(0, 8)),
+            Err(FabricError::TooManyPosts { max: MAX_NODES })
+        );
+    }
 }

@@ -2,14 +2,15 @@
 //!
 //! Word-level code (the in-process [`crate::mem`] fabric, and through it the MAX and
 //! TRYLOCK algorithms) imports its atomics from here, so that the same code runs on
-//! `loom` when the `loom` feature is on (as in tokio and concurrent-queue).
+//! `loom` when the crate is built with `RUSTFLAGS="--cfg loom"` (the convention of
+//! tokio and concurrent-queue; see `tests/loom.rs`).
 
-#[cfg(feature = "loom")]
-pub use loom::sync::Arc;
-#[cfg(feature = "loom")]
-pub use loom::sync::atomic::{AtomicBool, AtomicU64, Ordering, fence};
+#[cfg(loom)]
+pub(crate) use loom::sync::Arc;
+#[cfg(loom)]
+pub(crate) use loom::sync::atomic::{AtomicU64, Ordering};
 
-#[cfg(not(feature = "loom"))]
-pub use alloc::sync::Arc;
-#[cfg(not(feature = "loom"))]
-pub use core::sync::atomic::{AtomicBool, AtomicU64, Ordering, fence};
+#[cfg(not(loom))]
+pub(crate) use alloc::sync::Arc;
+#[cfg(not(loom))]
+pub(crate) use core::sync::atomic::{AtomicU64, Ordering};

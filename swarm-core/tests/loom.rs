@@ -1,9 +1,11 @@
 //! `loom` models of SWARM's word-level concurrency: MAX by CAS (§4.4) and the
 //! timestamp lock's exclusion (§3.3, Theorem B.2), running the real protocol code on
-//! the in-process fabric, whose words are loom atomics under the `loom` feature.
+//! the in-process fabric, whose words are loom atomics when built with `--cfg loom`.
 //!
-//! Run with `cargo test -p swarm-core --features loom --release --test loom`.
-#![cfg(feature = "loom")]
+//! Run with
+//! `RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test -p swarm-core --release --test loom`
+//! (a target directory of its own, so that the cfg does not rebuild the normal one).
+#![cfg(loom)]
 
 use loom::thread;
 use swarm_core::clock::FixedClock;
@@ -61,7 +63,14 @@ fn max_by_cas_ends_at_the_maximum_and_never_returns_early() {
 #[test]
 fn trylock_read_and_write_never_both_succeed() {
     loom::model(|| {
-        let layout = Layout::new(8, 1, 1024, 2, 4).unwrap();
+        let layout = Layout::builder()
+            .payload_max(8)
+            .meta_words(1)
+            .log_base(1024)
+            .writers(2)
+            .slots_per_writer(4)
+            .build()
+            .unwrap();
         let cluster = MemCluster::new(3, 4096);
         let owner = WriterId::new(1).unwrap();
         let ts = Timestamp::new(42, owner).unwrap();
@@ -100,7 +109,14 @@ fn trylock_read_and_write_never_both_succeed() {
 #[test]
 fn trylock_without_conflict_succeeds() {
     loom::model(|| {
-        let layout = Layout::new(8, 1, 1024, 2, 4).unwrap();
+        let layout = Layout::builder()
+            .payload_max(8)
+            .meta_words(1)
+            .log_base(1024)
+            .writers(2)
+            .slots_per_writer(4)
+            .build()
+            .unwrap();
         let cluster = MemCluster::new(3, 4096);
         let reg = RegisterLoc {
             addr: 0,

@@ -11,7 +11,14 @@ use swarm_core::{
 };
 
 fn setup(writer: u32, clock: u64, cluster: &MemCluster) -> Client<MemFabric, FixedClock> {
-    let layout = Layout::new(64, 4, 1 << 16, 8, 256).unwrap();
+    let layout = Layout::builder()
+        .payload_max(64)
+        .meta_words(4)
+        .log_base(1 << 16)
+        .writers(8)
+        .slots_per_writer(256)
+        .build()
+        .unwrap();
     Client::new(
         cluster.client(),
         FixedClock(clock),

@@ -443,7 +443,9 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
                 WriteOutcome::Deleted => self.forget_deleted(key, located.register, stats).await?,
             }
         }
-        Err(KvError::Corrupted { register: u64::MAX })
+        Err(KvError::Contended {
+            attempts: MAX_RETRIES,
+        })
     }
 
     /// Inserts `key` (an insert of a present key becomes an update).
@@ -559,7 +561,9 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
                 WriteOutcome::Deleted => self.forget_deleted(key, located.register, stats).await?,
             }
         }
-        Err(KvError::Corrupted { register: u64::MAX })
+        Err(KvError::Contended {
+            attempts: MAX_RETRIES,
+        })
     }
 
     /// Flushes a deleted register from the cache and unmaps it from the index (a

@@ -7,6 +7,7 @@ use crate::layout::ParamsError;
 
 /// Why a SWARM-KV operation failed.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum KvError {
     /// Keys must not be empty.
     #[error("empty keys are not allowed")]
@@ -60,6 +61,15 @@ pub enum KvError {
     Corrupted {
         /// The register.
         register: u64,
+    },
+    /// The key's register was deleted under the operation every time it tried: other
+    /// clients keep deleting and re-inserting the key.
+    #[error(
+        "the key was deleted concurrently on each of {attempts} attempts: retry the operation, and spread writes to this key over fewer clients"
+    )]
+    Contended {
+        /// Attempts made.
+        attempts: u32,
     },
     /// The operation is not available with the chosen register protocol.
     #[error("{0} is not supported")]

@@ -285,26 +285,26 @@ impl NodeLayout {
         let chunks = params.registers.div_ceil(u64::from(params.chunk_registers));
         let index_at = align(chunks_at + 8 * chunks, AREA_ALIGN);
         let registers_at = align(index_at + params.index_buckets * BUCKET_BYTES, AREA_ALIGN);
-        let probe = Layout::new(
-            params.payload_max(),
-            params.meta_words,
-            0,
-            params.writers,
-            params.log_slots,
-        )?;
+        let probe = Layout::builder()
+            .payload_max(params.payload_max())
+            .meta_words(params.meta_words)
+            .log_base(0)
+            .writers(params.writers)
+            .slots_per_writer(params.log_slots)
+            .build()?;
         let register_slot_bytes = params.key_header_bytes() + probe.register_bytes();
         let registers_bytes = params
             .registers
             .checked_mul(register_slot_bytes)
             .ok_or(ParamsError::Invalid("too many registers".into()))?;
         let logs_at = align(registers_at + registers_bytes, AREA_ALIGN);
-        let swarm = Layout::new(
-            params.payload_max(),
-            params.meta_words,
-            logs_at,
-            params.writers,
-            params.log_slots,
-        )?;
+        let swarm = Layout::builder()
+            .payload_max(params.payload_max())
+            .meta_words(params.meta_words)
+            .log_base(logs_at)
+            .writers(params.writers)
+            .slots_per_writer(params.log_slots)
+            .build()?;
         Ok(Self {
             params,
             clients_at,

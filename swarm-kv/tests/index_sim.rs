@@ -12,12 +12,12 @@ use std::collections::HashMap;
 use std::rc::Rc;
 
 use index_support::{Log, index, layout, sim_config, sim_header, value};
+use swarm_checker::OpKind;
 use swarm_core::OpStats;
-use swarm_core::checker::{self, OpKind};
 use swarm_core::fabric::NodeId;
-use swarm_core::sim::{Fault, SimConfig, SimFabric, SimRng, SimRunner, SimWorld, for_each_seed};
 use swarm_kv::index::{Index, InsertOutcome};
 use swarm_kv::layout::NodeLayout;
+use swarm_sim::{Fault, SimConfig, SimFabric, SimRng, SimRunner, SimWorld, for_each_seed};
 
 /// What a scenario injects.
 #[derive(Clone, Copy, Debug, Default)]
@@ -280,7 +280,7 @@ fn run(s: Scenario) -> usize {
     );
     runner.run().unwrap_or_else(|e| panic!("verification: {e}"));
     let history = shared.log.history();
-    let report = checker::check(&history);
+    let report = swarm_checker::check(&history);
     assert!(
         report.is_linearizable(),
         "seed {}: not linearizable:\n{report}",
@@ -510,7 +510,7 @@ fn a_client_crashing_mid_update_is_repaired_by_the_next() {
             finished < 30_000 + 2 * sim_config(2).ack_wait_ns + 200_000,
             "B took until {finished}"
         );
-        let report = checker::check(&log.history());
+        let report = swarm_checker::check(&log.history());
         assert!(report.is_linearizable(), "not linearizable:\n{report}");
     });
 }
@@ -563,7 +563,7 @@ fn a_node_that_comes_back_with_old_memory_does_not_resurrect_old_mappings() {
             verify_task(shared.clone(), ix, fabric, 900, s.keys),
         );
         runner.run().unwrap_or_else(|e| panic!("verification: {e}"));
-        let report = checker::check(&shared.log.history());
+        let report = swarm_checker::check(&shared.log.history());
         assert!(report.is_linearizable(), "not linearizable:\n{report}");
     });
 }

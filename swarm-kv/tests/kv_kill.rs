@@ -13,7 +13,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use swarm_core::checker::{self, History, OpKind, Operation};
+use swarm_checker::{History, OpKind, Operation};
 use swarm_core::{OpStats, block_on};
 use swarm_kv::KvStore;
 use swarm_kv::layout::ClusterParams;
@@ -248,6 +248,6 @@ fn killed_client_loses_nothing_acknowledged() {
             ))
             .unwrap();
     }
-    let report = checker::check(&history);
+    let report = swarm_checker::check(&history);
     assert!(report.is_linearizable(), "{report}");
 }

@@ -4,7 +4,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use swarm_core::checker::{self, History, OpKind, Operation};
+use swarm_checker::{History, OpKind, Operation};
 use swarm_core::{NodeId, OpStats, block_on};
 use swarm_kv::layout::ClusterParams;
 use swarm_kv::{KvError, KvStore};
@@ -256,6 +256,6 @@ fn concurrent_clients_are_linearizable() {
         t.join().unwrap();
     }
     let history = history.lock().unwrap();
-    let report = checker::check(&history);
+    let report = swarm_checker::check(&history);
     assert!(report.is_linearizable(), "{report}");
 }

@@ -16,7 +16,7 @@
 //! which all processes of the host share: a record at the call and one at the return,
 //! each one `write(2)` (see `journal.rs`), so a process killed mid-operation leaves
 //! its unfinished operation behind as a call record. The parent merges the journals into
-//! one history and runs `swarm_core::checker` on it.
+//! one history and runs `swarm_checker` on it.
 //!
 //! Killing *mid-operation*, for certain and without timing assumptions: the victim
 //! runs with an emulated roundtrip time (so most of its time is spent inside
@@ -48,7 +48,7 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use swarm_core::checker::{History, OpKind};
+use swarm_checker::{History, OpKind};
 use swarm_core::header::HEADER_SIZE;
 use swarm_core::{Client, Clock, Fabric, NodeId, ProtocolConfig};
 use swarm_shm::{NodeMemory, ScratchDir, ShmCluster};

@@ -29,7 +29,7 @@ use std::sync::{Arc, Barrier};
 use std::thread;
 use std::time::Duration;
 
-use swarm_core::checker::History;
+use swarm_checker::History;
 use swarm_core::clock::FixedClock;
 use swarm_core::{
     Client, Clock, NodeId, OpStats, ProtocolConfig, RegisterCache, WriteOutcome, block_on,

@@ -4,6 +4,7 @@ use super::NodeId;
 
 /// Why a node is considered failed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum FailureCause {
     /// The node was marked failed (fault injection) or crashed.
     Crashed,
@@ -28,6 +29,7 @@ impl core::fmt::Display for FailureCause {
 
 /// What can go wrong on the fabric.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum FabricError {
     /// A memory node failed to execute a batch; the protocol carries on with a majority.
     #[error("memory node {node} failed ({cause}); operations continue while a majority is alive")]
@@ -72,6 +74,30 @@ pub enum FabricError {
         needed: usize,
         /// Nodes that answered or may still answer.
         live: usize,
+    },
+    /// A register's replica list names the same memory node twice.
+    #[error("memory node {node} is listed twice among a register's replicas: list each node once")]
+    DuplicateReplica {
+        /// The node listed twice.
+        node: NodeId,
+    },
+    /// A register was given more replicas than a client can address.
+    #[error(
+        "a register has {count} replicas but at most {max} are supported: replicate on fewer nodes"
+    )]
+    TooManyReplicas {
+        /// Replicas asked for.
+        count: usize,
+        /// The most a register can have.
+        max: usize,
+    },
+    /// One roundtrip was asked to post more batches than it can track (one per node).
+    #[error(
+        "a roundtrip posts at most {max} batches, one per memory node: post to fewer nodes or start another roundtrip"
+    )]
+    TooManyPosts {
+        /// The most batches a roundtrip holds.
+        max: usize,
     },
     /// A batch was given more operations than it can hold.
     #[error("a batch holds at most {} operations", super::MAX_BATCH_OPS)]

@@ -21,9 +21,10 @@
 //! completion queue, advances a virtual clock, spins out an emulated latency) in
 //! [`Fabric::progress`]. It never blocks inside `post` or `poll`, so one client thread
 //! can keep several protocol operations in flight on the small executor in
-//! [`crate::exec`]. A failed node surfaces either as an error completion or as a
-//! ticket that never completes; the protocol treats both alike and moves on with a
-//! majority.
+//! [`crate::exec`], whose module docs state who must call `progress` (the executor
+//! contract, also for foreign executors). A failed node surfaces either as an error
+//! completion or as a ticket that never completes; the protocol treats both alike
+//! and moves on with a majority.
 
 mod batch;
 mod error;

@@ -14,7 +14,18 @@ use super::SwarmError;
 use super::guess::TimestampGuesser;
 
 /// Tunables of the protocol.
+///
+/// Start from [`ProtocolConfig::default`] and change what you need, so that a
+/// tunable added later does not break your code:
+///
+/// ```
+/// use swarm_core::ProtocolConfig;
+///
+/// let config = ProtocolConfig::default().with_slow_after_ns(10_000);
+/// assert_eq!(config.slow_after_ns, 10_000);
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ProtocolConfig {
     /// How long to wait for the preferred majority before also contacting the other
     /// replicas (SWARM §6), on the fabric's clock.
@@ -30,6 +41,22 @@ impl Default for ProtocolConfig {
             slow_after_ns: 50_000,
             suspect_ns: 100_000_000,
         }
+    }
+}
+
+impl ProtocolConfig {
+    /// This configuration with [`Self::slow_after_ns`] set.
+    #[must_use]
+    pub const fn with_slow_after_ns(mut self, ns: Nanos) -> Self {
+        self.slow_after_ns = ns;
+        self
+    }
+
+    /// This configuration with [`Self::suspect_ns`] set.
+    #[must_use]
+    pub const fn with_suspect_ns(mut self, ns: Nanos) -> Self {
+        self.suspect_ns = ns;
+        self
     }
 }
 

@@ -6,6 +6,7 @@ use crate::layout::SlotError;
 
 /// Why a SWARM operation failed.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum SwarmError {
     /// The fabric failed in a way the protocol cannot mask (no majority, bad address).
     #[error(transparent)]

@@ -204,7 +204,14 @@ mod tests {
 
     #[test]
     fn parse_register_read() {
-        let layout = Layout::new(16, 3, 4096, 2, 4).unwrap();
+        let layout = Layout::builder()
+            .payload_max(16)
+            .meta_words(3)
+            .log_base(4096)
+            .writers(2)
+            .slots_per_writer(4)
+            .build()
+            .unwrap();
         let mut bytes = alloc::vec![0u8; layout.register_bytes() as usize];
         let record = encode_record(tsp(9, 1), b"hello");
         bytes[..record.len()].copy_from_slice(&record);

@@ -23,18 +23,18 @@ impl Replicas {
     /// `nodes` rotated by `key_hash`: the hash picks the primary and the preferred
     /// majority. Fails on zero nodes, duplicates, or more than [`MAX_REPLICAS`].
     pub fn new(nodes: &[NodeId], key_hash: u64) -> Result<Self, FabricError> {
-        if nodes.is_empty() || nodes.len() > MAX_REPLICAS.min(MAX_NODES) {
-            return Err(FabricError::NotEnoughLiveNodes {
-                needed: 1,
-                live: nodes.len(),
+        if nodes.is_empty() {
+            return Err(FabricError::NotEnoughLiveNodes { needed: 1, live: 0 });
+        }
+        if nodes.len() > MAX_REPLICAS.min(MAX_NODES) {
+            return Err(FabricError::TooManyReplicas {
+                count: nodes.len(),
+                max: MAX_REPLICAS.min(MAX_NODES),
             });
         }
         for (i, a) in nodes.iter().enumerate() {
             if nodes[..i].contains(a) {
-                return Err(FabricError::NoSuchNode {
-                    node: *a,
-                    nodes: nodes.len(),
-                });
+                return Err(FabricError::DuplicateReplica { node: *a });
             }
         }
         let start = (key_hash % nodes.len() as u64) as usize;
@@ -49,9 +49,9 @@ impl Replicas {
     /// All `n` nodes `0..n` of a cluster, rotated by `key_hash`.
     pub fn all(n: usize, key_hash: u64) -> Result<Self, FabricError> {
         if n > MAX_REPLICAS {
-            return Err(FabricError::NoSuchNode {
-                node: NodeId(n.min(usize::from(u16::MAX)) as u16),
-                nodes: MAX_REPLICAS,
+            return Err(FabricError::TooManyReplicas {
+                count: n,
+                max: MAX_REPLICAS,
             });
         }
         let nodes: heapless::Vec<NodeId, MAX_REPLICAS> = (0..n).map(|i| NodeId(i as u16)).collect();
@@ -173,5 +173,16 @@ mod tests {
         assert!(Replicas::new(&[], 0).is_err());
         assert!(Replicas::new(&[NodeId(1), NodeId(1)], 0).is_err());
         assert!(Replicas::all(16, 0).is_err());
+        assert_eq!(
+            Replicas::new(&[NodeId(0), NodeId(1), NodeId(0)], 0),
+            Err(FabricError::DuplicateReplica { node: NodeId(0) })
+        );
+        assert_eq!(
+            Replicas::all(16, 0),
+            Err(FabricError::TooManyReplicas {
+                count: 16,
+                max: MAX_REPLICAS
+            })
+        );
     }
 }

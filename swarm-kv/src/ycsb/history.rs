@@ -1,5 +1,5 @@
 //! The history of a run, for the linearizability checker (`swarm check`,
-//! [`swarm_core::checker`]; DESIGN.md §7).
+//! [`swarm_checker`]; DESIGN.md §7).
 //!
 //! Every operation of every phase is recorded, the load included, so the history
 //! starts from an empty store, as the checker's key-value model assumes. One JSON
@@ -19,7 +19,7 @@ use std::fs::{self, File};
 use std::io::{self, BufWriter, Write};
 use std::path::{Path, PathBuf};
 
-use swarm_core::checker::Operation;
+use swarm_checker::Operation;
 
 use super::error::BenchError;
 
@@ -105,7 +105,7 @@ pub(crate) fn discard(parts: Vec<HistoryPart>) {
 
 #[cfg(test)]
 mod tests {
-    use swarm_core::checker::{History, OpKind};
+    use swarm_checker::{History, OpKind};
 
     use super::*;
 

@@ -36,7 +36,7 @@ use std::time::Instant;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use rand::SeedableRng;
 use rand::rngs::Xoshiro256PlusPlus;
-use swarm_core::checker::{OpKind, Operation};
+use swarm_checker::{OpKind, Operation};
 use swarm_core::{Fabric, FabricError, LocalExecutor, NodeId, OpStats};
 use swarm_shm::ShmFabric;
 

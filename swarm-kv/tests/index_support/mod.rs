@@ -5,13 +5,13 @@
 use std::cell::RefCell;
 use std::rc::Rc;
 
-use swarm_core::checker::{History, OpKind, Operation};
+use swarm_checker::{History, OpKind, Operation};
 use swarm_core::fabric::{Batch, NodeId};
 use swarm_core::mem::MemCluster;
-use swarm_core::sim::SimWorld;
 use swarm_core::{OpStats, Roundtrip, block_on};
 use swarm_kv::index::{Index, IndexConfig};
 use swarm_kv::layout::{ClusterParams, NodeLayout, encode_key_header};
+use swarm_sim::SimWorld;
 
 /// A small cluster: `registers` registers, `buckets` index buckets.
 pub fn layout(registers: u64, buckets: u64) -> NodeLayout {

@@ -5,7 +5,7 @@
 
 use std::path::Path;
 
-use swarm_core::checker::{History, check};
+use swarm_checker::{History, check};
 use swarm_kv::ycsb::{BenchConfig, BenchReport, OpType, System, TempStore, Workload, run};
 
 /// The seed of every run: `SWARM_TEST_SEED` if set, else a fixed one.

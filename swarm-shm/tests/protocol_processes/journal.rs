@@ -1,7 +1,7 @@
 //! A per-process history journal that survives `SIGKILL`.
 //!
 //! A client process appends one JSON Lines record (the checker's format,
-//! `swarm_core::checker`) when it calls an operation — as a crashed operation, with
+//! `swarm_checker`) when it calls an operation — as a crashed operation, with
 //! `"end": null` — and another when the operation returns, in its final form. Each
 //! record is one `write(2)` on an unbuffered file, so whatever the process has
 //! journaled is in the kernel's page cache when it is killed, and the file is never
@@ -18,7 +18,7 @@ use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
-use swarm_core::checker::{History, Operation};
+use swarm_checker::{History, Operation};
 
 /// The journal file of writer `writer` in `dir`.
 pub fn path(dir: &Path, writer: u32) -> PathBuf {
@@ -127,7 +127,7 @@ fn same_call(call: &Operation, ret: &Operation) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use swarm_core::checker::OpKind;
+    use swarm_checker::OpKind;
 
     fn write_journal(lines: &str) -> (swarm_shm::ScratchDir, PathBuf) {
         let dir = swarm_shm::ScratchDir::new("swarm-shm-journal-test").expect("scratch");

@@ -15,7 +15,7 @@ use std::path::PathBuf;
 use std::task::Poll;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use swarm_core::checker::{self, History, OpKind, Operation};
+use swarm_checker::{History, OpKind, Operation};
 use swarm_core::encoding::WriterId;
 use swarm_core::fabric::Nanos;
 use swarm_core::header::HEADER_SIZE;
@@ -55,18 +55,24 @@ impl Shape {
     pub fn layout(&self) -> Layout {
         let registers_end = self.registers_base() + u64::from(self.keys) * self.register_bytes();
         let slots = (2 * self.writes_per_writer + 16).next_power_of_two();
-        Layout::new(
-            PAYLOAD_MAX,
-            self.meta_words,
-            registers_end.next_multiple_of(4096),
-            self.writers,
-            slots,
-        )
-        .expect("test layouts are valid")
+        Layout::builder()
+            .payload_max(PAYLOAD_MAX)
+            .meta_words(self.meta_words)
+            .log_base(registers_end.next_multiple_of(4096))
+            .writers(self.writers)
+            .slots_per_writer(slots)
+            .build()
+            .expect("test layouts are valid")
     }
 
     fn register_bytes(&self) -> u64 {
-        Layout::new(PAYLOAD_MAX, self.meta_words, 0, 1, 1)
+        Layout::builder()
+            .payload_max(PAYLOAD_MAX)
+            .meta_words(self.meta_words)
+            .log_base(0)
+            .writers(1)
+            .slots_per_writer(1)
+            .build()
             .expect("test layouts are valid")
             .register_bytes()
     }
@@ -376,7 +382,7 @@ pub fn key_name(key: u32) -> String {
 /// Checks `history` and panics with the report, the seed, and the path of a copy of
 /// the history (for `swarm-core`'s checker tools) if it is not linearizable.
 pub fn assert_linearizable(history: &History, what: &str, seed: u64) {
-    let report = checker::check(history);
+    let report = swarm_checker::check(history);
     if report.is_linearizable() {
         print!("{what}: {report}");
         return;

@@ -413,13 +413,13 @@ fn bench(args: &swarm_kv::ycsb::BenchArgs) -> Result<ExitCode> {
 
 fn check(file: &Path) -> Result<ExitCode> {
     let history = if file == Path::new("-") {
-        swarm_core::checker::History::from_jsonl(std::io::stdin().lock())
+        swarm_checker::History::from_jsonl(std::io::stdin().lock())
     } else {
         let f = File::open(file).with_context(|| format!("cannot open {}", file.display()))?;
-        swarm_core::checker::History::from_jsonl(BufReader::new(f))
+        swarm_checker::History::from_jsonl(BufReader::new(f))
     }
     .with_context(|| format!("{} is not a valid history", file.display()))?;
-    let report = swarm_core::checker::check(&history);
+    let report = swarm_checker::check(&history);
     print_out(&report.to_string());
     if report.is_linearizable() {
         Ok(ExitCode::SUCCESS)

@@ -1,0 +1,191 @@
+//! How a simulated cluster is shaped: nodes, memory, latencies, execution costs.
+
+use alloc::vec;
+use alloc::vec::Vec;
+
+use swarm_core::fabric::{Nanos, NodeId};
+
+/// The one-way latency between any client and one memory node.
+///
+/// Each message (request or completion) draws its own delay, uniformly in
+/// `base_ns ± jitter_ns`, plus `tail_ns` with probability `tail_probability` (a
+/// congested switch, a PCIe hiccup), all multiplied by the node's slow factor. Two
+/// independent draws per batch are what reorder batches across nodes, and across
+/// batches to one node.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Latency {
+    /// Median one-way delay.
+    pub base_ns: Nanos,
+    /// Half-width of the uniform spread around `base_ns`.
+    pub jitter_ns: Nanos,
+    /// Probability that a message also suffers `tail_ns`.
+    pub tail_probability: f64,
+    /// Extra delay of a tail message.
+    pub tail_ns: Nanos,
+}
+
+impl Latency {
+    /// `base_ns ± jitter_ns`, no tail.
+    pub const fn new(base_ns: Nanos, jitter_ns: Nanos) -> Self {
+        Self {
+            base_ns,
+            jitter_ns,
+            tail_probability: 0.0,
+            tail_ns: 0,
+        }
+    }
+
+    /// Adds a tail: with probability `probability`, `extra_ns` more.
+    pub const fn with_tail(mut self, probability: f64, extra_ns: Nanos) -> Self {
+        self.tail_probability = probability;
+        self.tail_ns = extra_ns;
+        self
+    }
+}
+
+impl Default for Latency {
+    /// About one microsecond one way, as on an RDMA fabric (SWARM §7: 1.9 µs RAW gets).
+    fn default() -> Self {
+        Self::new(1_000, 300)
+    }
+}
+
+/// One memory node's behaviour.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct NodeConfig {
+    /// Its one-way latency distribution.
+    pub latency: Latency,
+    /// Its initial slow factor (see [`super::Fault::Slow`]); 0 counts as 1.
+    pub slow: u32,
+}
+
+impl Default for NodeConfig {
+    /// Default latency, full speed.
+    fn default() -> Self {
+        Self {
+            latency: Latency::default(),
+            slow: 1,
+        }
+    }
+}
+
+/// The shape of a simulated cluster. Fields are public; the builder methods are
+/// shorthands.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SimConfig {
+    /// Bytes of memory per node (rounded up to a multiple of 8). Memory starts zeroed.
+    pub node_bytes: usize,
+    /// One entry per memory node.
+    pub nodes: Vec<NodeConfig>,
+    /// Time a node spends on a read or a CAS, and between two operations of a batch.
+    pub op_ns: Nanos,
+    /// Time between the 8-byte chunks of a write: a write of `k` chunks is applied
+    /// over `(k - 1) * word_ns`, and reads in that window may see it torn.
+    pub word_ns: Nanos,
+    /// Keep every trace event in memory (the digest is computed either way). Turn
+    /// off for very long runs.
+    pub keep_trace: bool,
+}
+
+impl Default for SimConfig {
+    /// Three nodes (`f = 1`) of 1 MiB each with default latencies.
+    fn default() -> Self {
+        Self::new(3, 1 << 20)
+    }
+}
+
+impl SimConfig {
+    /// `nodes` nodes of `node_bytes` bytes each, default latencies and costs.
+    pub fn new(nodes: usize, node_bytes: usize) -> Self {
+        Self {
+            node_bytes,
+            nodes: vec![NodeConfig::default(); nodes],
+            op_ns: 20,
+            word_ns: 10,
+            keep_trace: true,
+        }
+    }
+
+    /// Number of memory nodes.
+    pub fn node_count(&self) -> usize {
+        self.nodes.len()
+    }
+
+    fn node_mut(&mut self, node: NodeId) -> &mut NodeConfig {
+        let count = self.nodes.len();
+        match self.nodes.get_mut(node.index()) {
+            Some(config) => config,
+            None => panic!("SimConfig has {count} nodes, there is no node {node} to configure"),
+        }
+    }
+
+    /// Sets the latency of every node.
+    pub fn latency(mut self, latency: Latency) -> Self {
+        for node in &mut self.nodes {
+            node.latency = latency;
+        }
+        self
+    }
+
+    /// Sets the latency of one node.
+    ///
+    /// # Panics
+    /// If `node` does not exist (a bug in the test).
+    pub fn node_latency(mut self, node: NodeId, latency: Latency) -> Self {
+        self.node_mut(node).latency = latency;
+        self
+    }
+
+    /// Makes one node `factor` times slower from the start (see
+    /// [`super::Fault::Slow`]).
+    ///
+    /// # Panics
+    /// If `node` does not exist (a bug in the test).
+    pub fn slow(mut self, node: NodeId, factor: u32) -> Self {
+        self.node_mut(node).slow = factor;
+        self
+    }
+
+    /// Sets the per-operation and per-word execution costs at the nodes.
+    pub fn costs(mut self, op_ns: Nanos, word_ns: Nanos) -> Self {
+        self.op_ns = op_ns;
+        self.word_ns = word_ns;
+        self
+    }
+
+    /// Sets whether every trace event is kept in memory.
+    pub fn keep_trace(mut self, keep: bool) -> Self {
+        self.keep_trace = keep;
+        self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn builders_configure_the_named_nodes() {
+        let config = SimConfig::new(3, 64)
+            .latency(Latency::new(500, 0))
+            .node_latency(NodeId(2), Latency::new(9, 1).with_tail(0.5, 7))
+            .slow(NodeId(0), 4)
+            .costs(1, 2)
+            .keep_trace(false);
+        assert_eq!(config.node_count(), 3);
+        assert_eq!(config.nodes[0].slow, 4);
+        assert_eq!(config.nodes[1].latency, Latency::new(500, 0));
+        assert_eq!(config.nodes[1].slow, 1);
+        assert_eq!(config.nodes[2].latency.tail_ns, 7);
+        assert_eq!(
+            (config.op_ns, config.word_ns, config.keep_trace),
+            (1, 2, false)
+        );
+    }
+
+    #[test]
+    #[should_panic(expected = "there is no node 3 to configure")]
+    fn configuring_a_missing_node_is_a_test_bug() {
+        let _ = SimConfig::new(3, 64).slow(NodeId(3), 2);
+    }
+}

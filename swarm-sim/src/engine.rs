@@ -1,0 +1,537 @@
+//! The event engine behind [`super::SimWorld`]: a virtual clock, a queue of events
+//! ordered by `(time, sequence number)`, and what each event does.
+//!
+//! A batch's life is a chain of events:
+//!
+//! 1. `Arrive` after a one-way latency drawn for its node: a crashed node loses the
+//!    batch; otherwise the whole batch is checked ([`check_batch`]) and a refused
+//!    batch goes straight to step 3 with the error.
+//! 2. One `Exec` per operation step, strictly in batch order: a read or a CAS is
+//!    one instant; a write is one instant per 8-byte chunk, `word_ns` apart, in a
+//!    seeded random order (the contract promises nothing about the order, so the
+//!    simulation picks the most adversarial one). The next operation starts `op_ns`
+//!    after the previous one finished, so batch order holds (SWARM §2.1, third
+//!    property), while other batches, to this node or others, interleave freely.
+//! 3. `Deliver` after another one-way latency: the result lands in the client's
+//!    [`TicketSlab`].
+//!
+//! The sequence number breaks ties between events at the same instant in scheduling
+//! order, and every random choice comes from the one seeded [`SimRng`], so a run is a
+//! pure function of its seed and of what the clients do.
+
+use alloc::collections::{BTreeMap, BTreeSet};
+use alloc::vec::Vec;
+use core::task::Poll;
+
+use super::config::SimConfig;
+use super::fabric::ClientId;
+use super::fault::Fault;
+use super::node::{Chunk, Node, chunks};
+use super::rng::SimRng;
+use super::trace::{BatchId, BatchRef, OpSummary, TraceKind, TraceLog, read_summary};
+use swarm_core::fabric::{
+    Batch, Completion, FabricError, Nanos, NodeId, Op, OpOutput, Ticket, TicketSlab, check_batch,
+};
+
+/// Something that happens at a virtual instant.
+#[derive(Debug)]
+enum Event {
+    Arrive(BatchId),
+    Exec(BatchId),
+    Deliver(BatchId),
+    Fault(Fault),
+    Wake,
+}
+
+impl Event {
+    fn batch(&self) -> Option<BatchId> {
+        match self {
+            Self::Arrive(id) | Self::Exec(id) | Self::Deliver(id) => Some(*id),
+            Self::Fault(_) | Self::Wake => None,
+        }
+    }
+}
+
+#[derive(Debug)]
+struct ClientState {
+    /// Pending entries remember which batch they wait for.
+    slab: TicketSlab<BatchRef>,
+    crashed: bool,
+}
+
+/// A write being applied chunk by chunk.
+#[derive(Debug)]
+struct WriteProgress {
+    order: Vec<Chunk>,
+    applied: usize,
+}
+
+/// A posted batch that has neither completed nor been lost.
+#[derive(Debug)]
+struct InFlight {
+    at: BatchRef,
+    ticket: Ticket,
+    batch: Batch,
+    next_op: usize,
+    write: Option<WriteProgress>,
+    completion: Completion,
+    /// Set when the node refused the batch.
+    refused: Option<FabricError>,
+}
+
+/// What running one event did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Stepped {
+    /// No event was scheduled.
+    Idle,
+    /// An event only the nodes see (a batch arrived, an operation step ran).
+    Internal,
+    /// An event clients can observe: a completion, a timer, a fault.
+    Visible,
+}
+
+/// What an execution step leads to.
+enum Next {
+    /// The current operation finished; the next one may start at this time.
+    OpDone(Nanos),
+    /// The current write has more chunks; the next one lands at this time.
+    Chunk(Nanos),
+}
+
+/// The whole simulated world. Single-threaded; shared behind `Rc<RefCell<_>>`.
+#[derive(Debug)]
+pub(crate) struct State {
+    pub(crate) seed: u64,
+    pub(crate) cfg: SimConfig,
+    rng: SimRng,
+    pub(crate) now: Nanos,
+    seq: u64,
+    queue: BTreeMap<(Nanos, u64), Event>,
+    pub(crate) nodes: Vec<Node>,
+    clients: Vec<ClientState>,
+    batches: BTreeMap<BatchId, InFlight>,
+    next_batch: u64,
+    pub(crate) trace: TraceLog,
+    /// Instants at which a timer event is scheduled.
+    wakes: BTreeSet<Nanos>,
+    pub(crate) events_run: u64,
+}
+
+impl State {
+    pub(crate) fn new(seed: u64, cfg: SimConfig) -> Self {
+        let nodes = cfg
+            .nodes
+            .iter()
+            .map(|node| Node::new(cfg.node_bytes, *node))
+            .collect();
+        Self {
+            seed,
+            rng: SimRng::new(seed),
+            now: 0,
+            seq: 0,
+            queue: BTreeMap::new(),
+            nodes,
+            clients: Vec::new(),
+            batches: BTreeMap::new(),
+            next_batch: 0,
+            trace: TraceLog::new(cfg.keep_trace),
+            wakes: BTreeSet::new(),
+            events_run: 0,
+            cfg,
+        }
+    }
+
+    fn record(&mut self, kind: TraceKind) {
+        self.trace.record(self.now, kind);
+    }
+
+    fn schedule(&mut self, at: Nanos, event: Event) {
+        self.seq += 1;
+        self.queue.insert((at.max(self.now), self.seq), event);
+    }
+
+    pub(crate) fn has_events(&self) -> bool {
+        !self.queue.is_empty()
+    }
+
+    /// A one-way message delay to or from `node`.
+    fn delay(&mut self, node: NodeId) -> Nanos {
+        let Node { latency, slow, .. } = self.nodes[node.index()];
+        let low = latency.base_ns.saturating_sub(latency.jitter_ns);
+        let high = latency.base_ns.saturating_add(latency.jitter_ns);
+        let mut delay = self.rng.between(low, high);
+        if latency.tail_probability > 0.0 && self.rng.chance(latency.tail_probability) {
+            delay = delay.saturating_add(latency.tail_ns);
+        }
+        delay.saturating_mul(u64::from(slow))
+    }
+
+    // ---- clients -------------------------------------------------------------
+
+    pub(crate) fn add_client(&mut self) -> ClientId {
+        self.clients.push(ClientState {
+            slab: TicketSlab::new(),
+            crashed: false,
+        });
+        ClientId(self.clients.len() as u32 - 1)
+    }
+
+    pub(crate) fn client_count(&self) -> usize {
+        self.clients.len()
+    }
+
+    pub(crate) fn client_crashed(&self, client: ClientId) -> bool {
+        self.clients
+            .get(client.0 as usize)
+            .is_some_and(|c| c.crashed)
+    }
+
+    pub(crate) fn pending(&self, client: ClientId) -> usize {
+        self.clients
+            .get(client.0 as usize)
+            .map_or(0, |c| c.slab.pending_count())
+    }
+
+    /// The batches `client` posted that have not completed (forgotten ones and ones
+    /// lost to a crash included), in posting order.
+    pub(crate) fn pending_batches(&self, client: ClientId) -> Vec<BatchRef> {
+        let mut batches: Vec<BatchRef> = self
+            .clients
+            .get(client.0 as usize)
+            .map(|c| c.slab.pending_iter().map(|(_, at)| *at).collect())
+            .unwrap_or_default();
+        batches.sort_unstable_by_key(|at| at.batch);
+        batches
+    }
+
+    fn slab(&mut self, client: ClientId) -> &mut TicketSlab<BatchRef> {
+        // Client ids are only minted by `add_client`.
+        &mut self.clients[client.0 as usize].slab
+    }
+
+    pub(crate) fn post(&mut self, client: ClientId, node: NodeId, batch: Batch) -> Ticket {
+        let id = BatchId(self.next_batch);
+        self.next_batch += 1;
+        let at = BatchRef {
+            client,
+            node,
+            batch: id,
+        };
+        let mut ops = heapless::Vec::new();
+        for op in batch.ops() {
+            // A batch and its summary have the same capacity.
+            let _ = ops.push(OpSummary::from(op));
+        }
+        self.record(TraceKind::Post { at, ops });
+        if node.index() >= self.nodes.len() {
+            let error = FabricError::NoSuchNode {
+                node,
+                nodes: self.nodes.len(),
+            };
+            self.record(TraceKind::Complete {
+                at,
+                result: Err(error.clone()),
+            });
+            return self.slab(client).insert_done(Err(error));
+        }
+        let ticket = self.slab(client).insert_pending(at);
+        let arrival = self.now.saturating_add(self.delay(node));
+        self.batches.insert(
+            id,
+            InFlight {
+                at,
+                ticket,
+                batch,
+                next_op: 0,
+                write: None,
+                completion: Completion::new(),
+                refused: None,
+            },
+        );
+        self.schedule(arrival, Event::Arrive(id));
+        ticket
+    }
+
+    pub(crate) fn poll(
+        &mut self,
+        client: ClientId,
+        ticket: Ticket,
+    ) -> Poll<Result<Completion, FabricError>> {
+        self.slab(client).poll(ticket)
+    }
+
+    pub(crate) fn forget(&mut self, client: ClientId, ticket: Ticket) {
+        self.slab(client).forget(ticket);
+    }
+
+    // ---- time ----------------------------------------------------------------
+
+    /// Runs the earliest event, if any, and says whether clients can observe it.
+    pub(crate) fn step_event(&mut self) -> Stepped {
+        let Some(((time, _), event)) = self.queue.pop_first() else {
+            return Stepped::Idle;
+        };
+        self.now = self.now.max(time);
+        self.events_run += 1;
+        match event {
+            Event::Arrive(id) => self.arrive(id),
+            Event::Exec(id) => self.exec(id),
+            Event::Deliver(id) => {
+                self.deliver(id);
+                return Stepped::Visible;
+            }
+            Event::Fault(fault) => {
+                self.apply(fault);
+                return Stepped::Visible;
+            }
+            Event::Wake => {
+                self.wakes.remove(&time);
+                self.record(TraceKind::Wake);
+                return Stepped::Visible;
+            }
+        }
+        Stepped::Internal
+    }
+
+    /// Runs events until one that clients can observe (a completion, a timer, a
+    /// fault); `false` if the queue ran dry first.
+    pub(crate) fn progress(&mut self) -> bool {
+        loop {
+            match self.step_event() {
+                Stepped::Idle => return false,
+                Stepped::Visible => return true,
+                Stepped::Internal => {}
+            }
+        }
+    }
+
+    /// Runs every event up to `time`, then sets the clock to `time`.
+    pub(crate) fn advance_to(&mut self, time: Nanos) {
+        while self
+            .queue
+            .first_key_value()
+            .is_some_and(|((t, _), _)| *t <= time)
+        {
+            self.step_event();
+        }
+        self.now = self.now.max(time);
+    }
+
+    /// Makes sure an event happens at `time` (one timer per instant is enough).
+    pub(crate) fn wake_at(&mut self, time: Nanos) {
+        if time > self.now && self.wakes.insert(time) {
+            self.schedule(time, Event::Wake);
+        }
+    }
+
+    pub(crate) fn fault_at(&mut self, time: Nanos, fault: Fault) {
+        self.schedule(time, Event::Fault(fault));
+    }
+
+    // ---- faults --------------------------------------------------------------
+
+    pub(crate) fn apply(&mut self, fault: Fault) {
+        self.record(TraceKind::Fault(fault));
+        match fault {
+            Fault::Crash(node) => {
+                self.nodes[node.index()].crashed = true;
+                self.lose_batches_of(node);
+            }
+            Fault::Recover(node) => self.nodes[node.index()].crashed = false,
+            Fault::Slow(node, factor) => self.nodes[node.index()].slow = factor.max(1),
+            Fault::CrashClient(client) => self.clients[client.0 as usize].crashed = true,
+        }
+    }
+
+    /// A crashed node answers nothing: every batch travelling to it, executing on
+    /// it or travelling back from it is lost.
+    fn lose_batches_of(&mut self, node: NodeId) {
+        let lost: Vec<BatchId> = self
+            .batches
+            .iter()
+            .filter(|(_, flight)| flight.at.node == node)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in &lost {
+            if let Some(flight) = self.batches.remove(id) {
+                self.record(TraceKind::Lost { at: flight.at });
+            }
+        }
+        let batches = &self.batches;
+        self.queue
+            .retain(|_, event| event.batch().is_none_or(|id| batches.contains_key(&id)));
+    }
+
+    // ---- a batch's life ------------------------------------------------------
+
+    fn arrive(&mut self, id: BatchId) {
+        let Some(flight) = self.batches.get(&id) else {
+            return;
+        };
+        let at = flight.at;
+        let node = &self.nodes[at.node.index()];
+        if node.crashed {
+            self.batches.remove(&id);
+            self.record(TraceKind::Lost { at });
+            return;
+        }
+        let checked = check_batch(at.node, &flight.batch, node.size());
+        let empty = flight.batch.is_empty();
+        self.record(TraceKind::Arrive { at });
+        match checked {
+            Err(error) => {
+                if let Some(flight) = self.batches.get_mut(&id) {
+                    flight.refused = Some(error);
+                }
+                self.send_back(id, self.now);
+            }
+            Ok(()) if empty => self.send_back(id, self.now),
+            Ok(()) => self.schedule(self.now, Event::Exec(id)),
+        }
+    }
+
+    /// Executes one instantaneous step of the batch's current operation.
+    fn exec(&mut self, id: BatchId) {
+        let now = self.now;
+        let Some(flight) = self.batches.get_mut(&id) else {
+            return;
+        };
+        let at = flight.at;
+        let index = flight.next_op;
+        let node = &mut self.nodes[at.node.index()];
+        let slow = u64::from(node.slow);
+        let op_done = now.saturating_add(self.cfg.op_ns.saturating_mul(slow));
+        let Some(op) = flight.batch.ops().get(index) else {
+            return;
+        };
+        let (output, next) = match op {
+            Op::Read { addr, len } => {
+                let bytes = node.read(*addr, *len as usize);
+                let (head, hash) = read_summary(&bytes);
+                self.trace.record(
+                    now,
+                    TraceKind::Read {
+                        at,
+                        index: index as u8,
+                        addr: *addr,
+                        len: *len,
+                        head,
+                        hash,
+                    },
+                );
+                (Some(OpOutput::Read(bytes)), Next::OpDone(op_done))
+            }
+            Op::Cas {
+                addr,
+                expected,
+                new,
+            } => {
+                let previous = node.cas(*addr, *expected, *new);
+                self.trace.record(
+                    now,
+                    TraceKind::Cas {
+                        at,
+                        index: index as u8,
+                        addr: *addr,
+                        expected: *expected,
+                        new: *new,
+                        previous,
+                    },
+                );
+                (Some(OpOutput::Cas(previous)), Next::OpDone(op_done))
+            }
+            Op::Write { addr, data } => {
+                let (addr, len) = (*addr, data.len() as u64);
+                let progress = flight.write.get_or_insert_with(|| {
+                    let mut order = chunks(addr, data.len());
+                    self.rng.shuffle(&mut order);
+                    self.trace.record(
+                        now,
+                        TraceKind::WriteBegin {
+                            at,
+                            index: index as u8,
+                            addr,
+                            len,
+                        },
+                    );
+                    WriteProgress { order, applied: 0 }
+                });
+                if let Some(chunk) = progress.order.get(progress.applied) {
+                    node.store(chunk.addr, &data[chunk.data.clone()]);
+                    progress.applied += 1;
+                }
+                if progress.applied < progress.order.len() {
+                    let gap = self.cfg.word_ns.saturating_mul(slow);
+                    (None, Next::Chunk(now.saturating_add(gap)))
+                } else {
+                    flight.write = None;
+                    self.trace.record(
+                        now,
+                        TraceKind::WriteEnd {
+                            at,
+                            index: index as u8,
+                            addr,
+                            len,
+                        },
+                    );
+                    (Some(OpOutput::Written), Next::OpDone(op_done))
+                }
+            }
+        };
+        if let Some(output) = output {
+            // A completion has room for one output per operation of the batch.
+            let _ = flight.completion.push(output);
+            flight.next_op += 1;
+        }
+        let more_ops = flight.next_op < flight.batch.len();
+        match next {
+            Next::Chunk(t) => self.schedule(t, Event::Exec(id)),
+            Next::OpDone(t) if more_ops => self.schedule(t, Event::Exec(id)),
+            Next::OpDone(t) => self.send_back(id, t),
+        }
+    }
+
+    /// The node is done with the batch at `time`: its completion travels back.
+    fn send_back(&mut self, id: BatchId, time: Nanos) {
+        let Some(node) = self.batches.get(&id).map(|f| f.at.node) else {
+            return;
+        };
+        let arrival = time.saturating_add(self.delay(node));
+        self.schedule(arrival, Event::Deliver(id));
+    }
+
+    fn deliver(&mut self, id: BatchId) {
+        let Some(flight) = self.batches.remove(&id) else {
+            return;
+        };
+        let result = match flight.refused {
+            Some(error) => Err(error),
+            None => Ok(flight.completion),
+        };
+        self.record(TraceKind::Complete {
+            at: flight.at,
+            result: result.as_ref().map(|_| ()).map_err(Clone::clone),
+        });
+        self.slab(flight.at.client).complete(flight.ticket, result);
+    }
+}
+
+/// Trace events a world prints when it is dropped during a panic.
+const PANIC_TRACE_TAIL: usize = 40;
+
+impl Drop for State {
+    /// A failing test unwinds through the world: show what it was doing.
+    fn drop(&mut self) {
+        if std::thread::panicking() && !self.trace.is_empty() {
+            let tail = self.trace.tail(PANIC_TRACE_TAIL);
+            std::eprintln!(
+                "simulation (seed {}) at {} ns, last {} of {} events:\n{}",
+                self.seed,
+                self.now,
+                tail.len(),
+                tail.recorded(),
+                tail
+            );
+        }
+    }
+}

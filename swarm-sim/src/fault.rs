@@ -1,0 +1,41 @@
+//! The faults a simulation can inject, now or at a virtual time.
+//!
+//! They are the failures of SWARM §2.2: memory nodes crash (a minority may, and the
+//! protocol must not wait for them), the interconnect partitions and heals (a node
+//! comes back with its memory), some nodes are slow (a preferred majority may have to
+//! be abandoned for a fallback node), and clients crash mid-operation, leaving
+//! half-done work in memory for others to cope with.
+
+use core::fmt;
+
+use super::fabric::ClientId;
+use swarm_core::fabric::NodeId;
+
+/// A fault to inject (see [`super::SimWorld::apply`] and [`super::SimWorld::at`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// The node stops answering: batches in flight to or from it, or executing on it,
+    /// are lost and never complete; batches arriving later are dropped. Its memory
+    /// is kept as it was at the crash (a write can be left half applied).
+    Crash(NodeId),
+    /// The node answers again, with the memory it had. Batches lost while it was down
+    /// stay lost. Models a partition or outage of a node whose memory survived.
+    Recover(NodeId),
+    /// Multiplies every latency and execution time of the node by the factor, for
+    /// messages sent from now on (1 restores full speed; 0 counts as 1).
+    Slow(NodeId, u32),
+    /// The client crashes: the runner stops polling its tasks (dropping them). Its
+    /// batches already posted still execute, as on real hardware.
+    CrashClient(ClientId),
+}
+
+impl fmt::Display for Fault {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Crash(node) => write!(f, "crash n{node}"),
+            Self::Recover(node) => write!(f, "recover n{node}"),
+            Self::Slow(node, factor) => write!(f, "slow n{node} x{factor}"),
+            Self::CrashClient(client) => write!(f, "crash client c{}", client.0),
+        }
+    }
+}

@@ -1,0 +1,180 @@
+//! Safe-Guess and DM-ABD on the simulated fabric, with faults, checked for
+//! linearizability (DESIGN.md §7) and for their roundtrip counts (SWARM Table 2).
+//!
+//! Every randomized test prints the seed of a failing run; replay one with
+//! `SWARM_SIM_SEED=N cargo test -p swarm-sim --test sim_protocol`
+//! or, to get its history, with the `sim-history` example.
+
+use swarm_sim::for_each_seed;
+use swarm_sim::scenario::{self, Faults, Outcome, Protocol, Scenario};
+
+fn check(outcome: &Outcome, what: &str) {
+    let report = swarm_checker::check(&outcome.history);
+    assert!(
+        report.is_linearizable(),
+        "{what}: history is not linearizable:\n{report}"
+    );
+}
+
+fn assert_wait_free(outcome: &Outcome, writers: u32) {
+    assert!(
+        outcome.errors.is_empty(),
+        "operations failed while a majority was alive: {:?}",
+        outcome.errors
+    );
+    let bound = 2 * writers + 1;
+    assert!(
+        outcome.max_read_iterations <= bound,
+        "a read looped {} times, above the 2·writers+1 = {bound} bound",
+        outcome.max_read_iterations
+    );
+}
+
+#[test]
+fn common_case_is_one_roundtrip_for_safe_guess_and_two_for_abd() {
+    for_each_seed(8, |seed| {
+        // One client per key, spaced operations: no contention, no fault.
+        let mut s = Scenario::new(seed);
+        s.clients = 4;
+        s.keys = 4;
+        s.ops_per_client = 60;
+        s.think_ns = 20_000;
+        s.write_first = true;
+        let sg = scenario::run(&Scenario {
+            keys: 1,
+            clients: 1,
+            ..s
+        })
+        .expect("no stall");
+        assert_eq!(sg.reads.counts[0], sg.reads.total(), "reads: {}", sg.reads);
+        assert_eq!(
+            sg.writes.counts[0],
+            sg.writes.total(),
+            "writes: {}",
+            sg.writes
+        );
+        check(&sg, "safe-guess");
+        let abd = scenario::run(&Scenario {
+            keys: 1,
+            clients: 1,
+            protocol: Protocol::Abd,
+            ..s
+        })
+        .expect("no stall");
+        assert_eq!(
+            abd.reads.counts[1],
+            abd.reads.total(),
+            "abd reads: {}",
+            abd.reads
+        );
+        assert_eq!(
+            abd.writes.counts[1],
+            abd.writes.total(),
+            "abd writes: {}",
+            abd.writes
+        );
+        check(&abd, "abd");
+    });
+}
+
+#[test]
+fn safe_guess_is_linearizable_under_every_fault() {
+    for_each_seed(40, |seed| {
+        let mut s = Scenario::new(seed);
+        s.clients = 6;
+        s.keys = 3;
+        s.ops_per_client = 40;
+        s.faults = Faults::ALL;
+        let outcome = scenario::run(&s).expect("wait-free: no stall with a live majority");
+        assert_wait_free(&outcome, s.clients);
+        check(&outcome, "safe-guess, all faults");
+    });
+}
+
+#[test]
+fn five_replicas_survive_two_crashes() {
+    for_each_seed(10, |seed| {
+        let mut s = Scenario::new(seed);
+        s.replicas = 5;
+        s.clients = 5;
+        s.keys = 2;
+        s.faults = Faults::ALL;
+        let outcome = scenario::run(&s).expect("no stall");
+        assert_wait_free(&outcome, s.clients);
+        check(&outcome, "5 replicas");
+    });
+}
+
+#[test]
+fn sixteen_writers_on_one_key_stay_live_and_linearizable() {
+    for_each_seed(6, |seed| {
+        let mut s = Scenario::new(seed);
+        s.clients = 16;
+        s.keys = 1;
+        s.ops_per_client = 25;
+        s.write_percent = 50;
+        s.meta_words = 16; // one metadata word per writer (§4.4, §7.9)
+        s.faults = Faults {
+            clock_skew: true,
+            ..Faults::NONE
+        };
+        let outcome = scenario::run(&s).expect("no stall under contention");
+        assert_wait_free(&outcome, s.clients);
+        check(&outcome, "16 writers, one key");
+        eprintln!(
+            "seed {seed}: 16 writers on one key: writes {} / reads {}",
+            outcome.writes, outcome.reads
+        );
+    });
+}
+
+#[test]
+fn abd_is_linearizable_under_every_fault() {
+    for_each_seed(15, |seed| {
+        let mut s = Scenario::new(seed);
+        s.protocol = Protocol::Abd;
+        s.clients = 5;
+        s.keys = 2;
+        s.faults = Faults::ALL;
+        let outcome = scenario::run(&s).expect("no stall");
+        assert_wait_free(&outcome, s.clients);
+        check(&outcome, "abd, all faults");
+    });
+}
+
+#[test]
+fn metadata_word_count_does_not_change_correctness() {
+    for_each_seed(6, |seed| {
+        for w in [1, 2, 16] {
+            let mut s = Scenario::new(seed);
+            s.meta_words = w;
+            s.clients = 6;
+            s.keys = 2;
+            s.faults = Faults::ALL;
+            let outcome = scenario::run(&s).expect("no stall");
+            assert_wait_free(&outcome, s.clients);
+            check(&outcome, "W metadata words");
+        }
+    });
+}
+
+#[test]
+fn the_checker_catches_a_broken_protocol_run() {
+    // Guard against a checker that accepts everything: a scenario history with one
+    // read's value replaced by a value nobody wrote must be rejected.
+    let mut s = Scenario::new(7);
+    s.clients = 3;
+    s.keys = 1;
+    let outcome = scenario::run(&s).expect("no stall");
+    let mut ops = outcome.history.operations();
+    let read = ops
+        .iter_mut()
+        .find(|o| o.op.op == swarm_checker::OpKind::Read && o.op.end.is_some())
+        .expect("the scenario reads");
+    read.op.value = Some("never written".into());
+    let mut forged = swarm_checker::History::new();
+    for o in ops {
+        forged.push(o.op).unwrap();
+    }
+    assert!(!swarm_checker::check(&forged).is_linearizable());
+}
