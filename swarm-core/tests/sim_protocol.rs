@@ -130,6 +130,59 @@ fn sixteen_writers_on_one_key_stay_live_and_linearizable() {
     });
 }
 
+/// The adversarial mix the mutation tests rely on (`scripts/mutants.sh`): every
+/// fault, late messages that leave new tuples on a minority, node stalls between a
+/// buffer write and its CAS, clocks that jump around on ticks longer than a
+/// roundtrip (slow paths and timestamp-lock races), and writers sharing metadata
+/// words (§4.4).
+fn adversarial(seed: u64) -> Scenario {
+    let mut s = Scenario::new(seed);
+    s.clients = 6;
+    s.keys = 2;
+    s.ops_per_client = 40;
+    s.meta_words = 2;
+    s.tick_ns = 2_000;
+    s.max_skew_ns = 40_000;
+    s.faults = Faults::ALL;
+    s
+}
+
+#[test]
+fn safe_guess_survives_inversions_stalls_and_clock_jumps() {
+    for_each_seed(60, |seed| {
+        let s = adversarial(seed);
+        let outcome = scenario::run(&s).expect("no stall");
+        assert_wait_free(&outcome, s.clients);
+        check(&outcome, "adversarial");
+    });
+}
+
+#[test]
+fn several_operations_in_flight_per_writer_stay_linearizable() {
+    for_each_seed(60, |seed| {
+        let mut s = adversarial(seed);
+        s.clients = 4;
+        s.inflight = 3;
+        s.ops_per_client = 60;
+        let outcome = scenario::run(&s).expect("no stall");
+        assert_wait_free(&outcome, s.clients);
+        check(&outcome, "3 operations in flight per writer");
+    });
+}
+
+#[test]
+fn deletes_and_reinserts_mixed_with_writes_stay_linearizable() {
+    for_each_seed(60, |seed| {
+        let mut s = adversarial(seed);
+        s.delete_percent = 10;
+        s.write_percent = 40;
+        s.write_first = true;
+        let outcome = scenario::run(&s).expect("no stall");
+        assert_wait_free(&outcome, s.clients);
+        check(&outcome, "deletes and re-inserts");
+    });
+}
+
 #[test]
 fn abd_is_linearizable_under_every_fault() {
     for_each_seed(15, |seed| {

@@ -82,6 +82,13 @@ pub struct SimConfig {
     /// Time between the 8-byte chunks of a write: a write of `k` chunks is applied
     /// over `(k - 1) * word_ns`, and reads in that window may see it torn.
     pub word_ns: Nanos,
+    /// Probability that a node stalls between two operations of one batch (a PCIe
+    /// hiccup, a descheduled memory-node thread). 0 by default.
+    pub stall_probability: f64,
+    /// Longest such stall; each one lasts a uniform draw in `0..=stall_ns`, times the
+    /// node's slow factor. Stalls are what let another client's batch land between a
+    /// buffer write and the CAS that publishes it (SWARM §2.1, third property).
+    pub stall_ns: Nanos,
     /// Keep every trace event in memory (the digest is computed either way). Turn
     /// off for very long runs.
     pub keep_trace: bool,
@@ -102,6 +109,8 @@ impl SimConfig {
             nodes: vec![NodeConfig::default(); nodes],
             op_ns: 20,
             word_ns: 10,
+            stall_probability: 0.0,
+            stall_ns: 0,
             keep_trace: true,
         }
     }
@@ -153,6 +162,14 @@ impl SimConfig {
         self
     }
 
+    /// Makes nodes stall between the operations of a batch: with `probability`, for
+    /// up to `max_ns` (see [`SimConfig::stall_ns`]).
+    pub fn stalls(mut self, probability: f64, max_ns: Nanos) -> Self {
+        self.stall_probability = probability;
+        self.stall_ns = max_ns;
+        self
+    }
+
     /// Sets whether every trace event is kept in memory.
     pub fn keep_trace(mut self, keep: bool) -> Self {
         self.keep_trace = keep;
@@ -171,6 +188,7 @@ mod tests {
             .node_latency(NodeId(2), Latency::new(9, 1).with_tail(0.5, 7))
             .slow(NodeId(0), 4)
             .costs(1, 2)
+            .stalls(0.25, 900)
             .keep_trace(false);
         assert_eq!(config.node_count(), 3);
         assert_eq!(config.nodes[0].slow, 4);
@@ -181,6 +199,7 @@ mod tests {
             (config.op_ns, config.word_ns, config.keep_trace),
             (1, 2, false)
         );
+        assert_eq!((config.stall_probability, config.stall_ns), (0.25, 900));
     }
 
     #[test]

@@ -10,8 +10,10 @@
 //!    one instant; a write is one instant per 8-byte chunk, `word_ns` apart, in a
 //!    seeded random order (the contract promises nothing about the order, so the
 //!    simulation picks the most adversarial one). The next operation starts `op_ns`
-//!    after the previous one finished, so batch order holds (SWARM §2.1, third
-//!    property), while other batches, to this node or others, interleave freely.
+//!    after the previous one finished, plus, sometimes, a stall
+//!    ([`SimConfig::stall_probability`]), so batch order holds (SWARM §2.1, third
+//!    property), while other batches, to this node or others, interleave freely,
+//!    and sometimes a whole roundtrip of another client fits between two operations.
 //! 3. `Deliver` after another one-way latency: the result lands in the client's
 //!    [`TicketSlab`].
 //!
@@ -486,8 +488,26 @@ impl State {
         let more_ops = flight.next_op < flight.batch.len();
         match next {
             Next::Chunk(t) => self.schedule(t, Event::Exec(id)),
-            Next::OpDone(t) if more_ops => self.schedule(t, Event::Exec(id)),
+            Next::OpDone(t) if more_ops => {
+                let stall = self.stall().saturating_mul(slow);
+                self.schedule(t.saturating_add(stall), Event::Exec(id));
+            }
             Next::OpDone(t) => self.send_back(id, t),
+        }
+    }
+
+    /// A node's pause before the next operation of a batch (0 unless stalls are on;
+    /// no random draw then, so runs without stalls keep their traces).
+    fn stall(&mut self) -> Nanos {
+        let SimConfig {
+            stall_probability,
+            stall_ns,
+            ..
+        } = self.cfg;
+        if stall_probability > 0.0 && self.rng.chance(stall_probability) {
+            self.rng.between(0, stall_ns)
+        } else {
+            0
         }
     }
 

@@ -13,9 +13,11 @@
 //!   draws reorder batches across nodes, and also across batches to one node: the
 //!   contract only orders operations *within* a batch, so neither does the
 //!   simulation.
-//! - **Execution at the node.** The operations of a batch run strictly in order: the
-//!   next starts `op_ns` after the previous one finished (SWARM §2.1, third
-//!   property: "if the second update is visible, so is the first"). A read and a
+//! - **Execution at the node.** The operations of a batch run strictly in order
+//!   (SWARM §2.1, third property: "if the second update is visible, so is the
+//!   first"): the next starts `op_ns` after the previous one finished, or later if
+//!   the node stalls ([`SimConfig::stalls`]), sometimes long enough for a whole
+//!   roundtrip of another client to land between two operations of one batch. A read and a
 //!   CAS each happen at one instant; a write is applied one 8-byte-aligned chunk at
 //!   a time, `word_ns` apart, **in a seeded random order**. Batches of other
 //!   clients interleave with it freely, so a read overlapping a write returns it
