@@ -119,6 +119,12 @@ pub struct Scenario {
     /// updates (which fail on a deleted key), and as many operations again are
     /// inserts, which re-create a deleted key in a fresh register.
     pub delete_percent: u32,
+    /// Whether a delete's reported outcome (removed the key or found it deleted)
+    /// goes into the history. When not, a completed delete is recorded as one whose
+    /// outcome is unknown (it may or may not have taken effect), which still checks
+    /// every other operation around it: two concurrent deletes can both report that
+    /// they removed the key today (`tests/sim_concurrent_deletes.rs`).
+    pub check_delete_outcomes: bool,
     /// Metadata words per register (`W`, §4.4).
     pub meta_words: u16,
     /// Virtual nanoseconds a client pauses between operations.
@@ -148,6 +154,7 @@ impl Scenario {
             faults: Faults::NONE,
             write_percent: 50,
             delete_percent: 0,
+            check_delete_outcomes: true,
             meta_words: 4,
             think_ns: 0,
             write_first: false,
@@ -531,6 +538,9 @@ async fn lane_task(lane: Lane) {
         let end = world.now();
         let mut r = record.borrow_mut();
         match result {
+            Ok(_) if action == Action::Delete && !scenario.check_delete_outcomes => {
+                r.writes.add(stats.roundtrips());
+            }
             Ok(done) => {
                 let op = &mut r.history[slot];
                 op.end = Some(end);
