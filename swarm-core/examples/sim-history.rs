@@ -38,6 +38,8 @@ enum FaultArg {
     Clients,
     /// One message in eight delayed by 5 to 40 µs: new tuples sit on a minority.
     Late,
+    /// Nodes take turns being 5-40x slower for 5 to 50 µs.
+    Spells,
     /// Nodes stall up to 5 µs between two operations of one batch.
     Stalls,
     /// Client clocks jump to a new skew before one operation in eight.
@@ -111,6 +113,7 @@ fn main() -> ExitCode {
             FaultArg::Skew => faults.clock_skew = true,
             FaultArg::Clients => faults.crash_clients = true,
             FaultArg::Late => faults.late_messages = true,
+            FaultArg::Spells => faults.slow_spells = true,
             FaultArg::Stalls => faults.node_stalls = true,
             FaultArg::Jumps => faults.clock_jumps = true,
         }

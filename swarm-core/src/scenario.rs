@@ -58,6 +58,10 @@ pub struct Faults {
     /// the new-old inversions that read write-backs and the same-writer rule of
     /// Safe-Guess must handle (appendix A, Lemma A.3; appendix C).
     pub late_messages: bool,
+    /// Nodes take turns being 5 to 40 times slower for 5 to 50 µs: messages sent to
+    /// a node in its spell arrive late, so tuples land on different majorities in
+    /// different orders, and clients suspect different nodes (§6 fallbacks).
+    pub slow_spells: bool,
     /// Nodes stall for up to 5 µs between two operations of one batch (one gap in
     /// five), so that other clients land between a buffer write and the CAS that
     /// publishes it, or between a pipelined read and its CAS (SWARM §2.1, §4.3).
@@ -76,6 +80,7 @@ impl Faults {
         clock_skew: false,
         crash_clients: false,
         late_messages: false,
+        slow_spells: false,
         node_stalls: false,
         clock_jumps: false,
     };
@@ -86,6 +91,7 @@ impl Faults {
         clock_skew: true,
         crash_clients: true,
         late_messages: true,
+        slow_spells: true,
         node_stalls: true,
         clock_jumps: true,
     };
@@ -407,6 +413,16 @@ fn schedule_faults(scenario: &Scenario, runner: &SimRunner, rng: &mut SimRng, sp
         let from = rng.between(0, span / 2);
         runner.at(from, Fault::Slow(node, 20));
         runner.at(from + span / 4, Fault::Slow(node, 1));
+    }
+    if scenario.faults.slow_spells {
+        // About one spell every 20 µs of the run, each on a random node.
+        for _ in 0..span / 20_000 + 1 {
+            let node = NodeId(rng.below(u64::from(n)) as u16);
+            let from = rng.between(0, span);
+            let factor = rng.between(5, 40) as u32;
+            runner.at(from, Fault::Slow(node, factor));
+            runner.at(from + rng.between(5_000, 50_000), Fault::Slow(node, 1));
+        }
     }
 }
 
