@@ -40,6 +40,8 @@ enum FaultArg {
     Late,
     /// Nodes take turns being 5-40x slower for 5 to 50 µs.
     Spells,
+    /// A third of the client-node links 3-15x slower, redrawn over time.
+    Links,
     /// Nodes stall up to 5 µs between two operations of one batch.
     Stalls,
     /// Client clocks jump to a new skew before one operation in eight.
@@ -114,6 +116,7 @@ fn main() -> ExitCode {
             FaultArg::Clients => faults.crash_clients = true,
             FaultArg::Late => faults.late_messages = true,
             FaultArg::Spells => faults.slow_spells = true,
+            FaultArg::Links => faults.slow_links = true,
             FaultArg::Stalls => faults.node_stalls = true,
             FaultArg::Jumps => faults.clock_jumps = true,
         }

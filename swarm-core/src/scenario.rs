@@ -29,7 +29,7 @@ use crate::protocol::{
     ProtocolConfig, ReadValue, RegisterCache, RegisterLoc, Replicas, SwarmError, WriteOutcome,
 };
 use crate::sim::{
-    Fault, RunReport, SimClock, SimConfig, SimError, SimFabric, SimRng, SimRunner, SimWorld,
+    ClientId, Fault, RunReport, SimClock, SimConfig, SimError, SimFabric, SimRng, SimRunner, SimWorld,
 };
 use crate::{Client, OpStats};
 
@@ -62,6 +62,11 @@ pub struct Faults {
     /// a node in its spell arrive late, so tuples land on different majorities in
     /// different orders, and clients suspect different nodes (§6 fallbacks).
     pub slow_spells: bool,
+    /// About a third of the client-node links are 3 to 15 times slower, redrawn
+    /// every 40 µs or so: clients disagree about which nodes answer first, so one
+    /// client's majority holds a tuple that another's misses (the wrong maximum of
+    /// a max-register read concurrent with writes, SWARM §3.2 Figure 2).
+    pub slow_links: bool,
     /// Nodes stall for up to 5 µs between two operations of one batch (one gap in
     /// five), so that other clients land between a buffer write and the CAS that
     /// publishes it, or between a pipelined read and its CAS (SWARM §2.1, §4.3).
@@ -81,6 +86,7 @@ impl Faults {
         crash_clients: false,
         late_messages: false,
         slow_spells: false,
+        slow_links: false,
         node_stalls: false,
         clock_jumps: false,
     };
@@ -92,6 +98,7 @@ impl Faults {
         crash_clients: true,
         late_messages: true,
         slow_spells: true,
+        slow_links: true,
         node_stalls: true,
         clock_jumps: true,
     };
@@ -135,6 +142,12 @@ pub struct Scenario {
     pub meta_words: u16,
     /// Virtual nanoseconds a client pauses between operations.
     pub think_ns: u64,
+    /// When above 0, operations start in bursts: each waits for the next multiple of
+    /// this many virtual nanoseconds, plus a random 0 to [`BURST_SPREAD_NS`]. Every
+    /// burst starts reads and writes of several clients within a roundtrip or two
+    /// of each other, the overlaps that the reader-writer races of §3.2 need (a
+    /// read begun just before a write, a stale write begun just after it ends).
+    pub burst_ns: u64,
     /// Whether each lane's first operation is a write (an insert with deletes on),
     /// so that reads find values.
     pub write_first: bool,
@@ -163,6 +176,7 @@ impl Scenario {
             check_delete_outcomes: true,
             meta_words: 4,
             think_ns: 0,
+            burst_ns: 0,
             write_first: false,
             tick_ns: 100,
             max_skew_ns: 20_000,
@@ -305,7 +319,7 @@ pub fn run(scenario: &Scenario) -> Result<Outcome, SimError> {
     let layout = shape(registers_end.next_multiple_of(4096)).expect("scenario layouts are valid");
     let node_bytes = (layout.log_base() + layout.log_bytes()) as usize;
     let mut rng = SimRng::new(scenario.seed ^ 0x5ca1_ab1e);
-    let config = sim_config(scenario, node_bytes, &mut rng);
+    let config = sim_config(scenario, node_bytes);
     let world = SimWorld::new(scenario.seed, config);
     let mut runner = SimRunner::new(&world);
     let record = Rc::new(RefCell::new(Record::default()));
@@ -318,7 +332,7 @@ pub fn run(scenario: &Scenario) -> Result<Outcome, SimError> {
         }
     }
     // Rough length of the run, to place faults inside it.
-    let span = u64::from(scenario.ops_per_client) * (3_000 + scenario.think_ns);
+    let span = u64::from(scenario.ops_per_client) * (3_000 + scenario.think_ns + scenario.burst_ns);
     schedule_faults(scenario, &runner, &mut rng, span);
 
     for c in 0..scenario.clients {
@@ -326,6 +340,9 @@ pub fn run(scenario: &Scenario) -> Result<Outcome, SimError> {
         let id = fabric.id();
         if scenario.faults.crash_clients && c % 4 == 3 {
             runner.at(rng.between(span / 4, span), Fault::CrashClient(id));
+        }
+        if scenario.faults.slow_links {
+            schedule_slow_links(scenario, &runner, &mut rng, id, span);
         }
         let skew = if scenario.faults.clock_skew {
             random_skew(&mut rng, scenario.max_skew_ns)
@@ -359,7 +376,9 @@ pub fn run(scenario: &Scenario) -> Result<Outcome, SimError> {
             runner.spawn(id, task);
         }
     }
-    runner.time_limit(span * 50 + 10_000_000);
+    // A livelock guard only: slow links and spells stretch operations to tens of
+    // microseconds, hundreds with retries.
+    runner.time_limit(span * 400 + 10_000_000);
     let report = runner.run()?;
     let record = Rc::try_unwrap(record)
         .map(RefCell::into_inner)
@@ -379,12 +398,21 @@ pub fn run(scenario: &Scenario) -> Result<Outcome, SimError> {
     })
 }
 
+/// Spread of the start times of the operations of one burst ([`Scenario::burst_ns`]).
+pub const BURST_SPREAD_NS: u64 = 4_000;
+
+/// Probability that a message is late under [`Faults::late_messages`].
+const LATE_PROBABILITY: f64 = 0.125;
+/// Longest extra delay of a late message: each draws its own in `0..=LATE_MAX_NS`,
+/// a few roundtrips to a few slow-path timeouts.
+const LATE_MAX_NS: u64 = 40_000;
+
 /// The simulated cluster: late messages and stalls per [`Faults`].
-fn sim_config(scenario: &Scenario, node_bytes: usize, rng: &mut SimRng) -> SimConfig {
+fn sim_config(scenario: &Scenario, node_bytes: usize) -> SimConfig {
     let mut config = SimConfig::new(usize::from(scenario.replicas), node_bytes).keep_trace(false);
     if scenario.faults.late_messages {
         for node in &mut config.nodes {
-            node.latency = node.latency.with_tail(0.125, rng.between(5_000, 40_000));
+            node.latency = node.latency.with_tail_upto(LATE_PROBABILITY, LATE_MAX_NS);
         }
     }
     if scenario.faults.node_stalls {
@@ -423,6 +451,35 @@ fn schedule_faults(scenario: &Scenario, runner: &SimRunner, rng: &mut SimRng, sp
             runner.at(from, Fault::Slow(node, factor));
             runner.at(from + rng.between(5_000, 50_000), Fault::Slow(node, 1));
         }
+    }
+}
+
+/// Slows a third of `client`'s links from the start, then redraws one of them
+/// every 40 µs or so.
+fn schedule_slow_links(
+    scenario: &Scenario,
+    runner: &SimRunner,
+    rng: &mut SimRng,
+    client: ClientId,
+    span: u64,
+) {
+    let draw = |rng: &mut SimRng| match rng.below(10) {
+        0..4 => 1,
+        4..7 => rng.between(2, 4) as u32,
+        _ => rng.between(10, 30) as u32,
+    };
+    for node in 0..scenario.replicas {
+        runner.at(0, Fault::SlowLink(client, NodeId(node), draw(rng)));
+    }
+    for _ in 0..span / 40_000 {
+        let node = NodeId(rng.below(u64::from(scenario.replicas)) as u16);
+        let at = rng.between(0, span);
+        runner.at(at, Fault::SlowLink(client, node, draw(rng)));
+    }
+    // Every link heals by the end: a read whose holders all answer slower than
+    // `slow_after_ns` retries until one answers in time (see the report of issue 10).
+    for node in 0..scenario.replicas {
+        runner.at(span, Fault::SlowLink(client, NodeId(node), 1));
     }
 }
 
@@ -526,6 +583,12 @@ async fn lane_task(lane: Lane) {
     {
         if scenario.think_ns > 0 {
             client.fabric().sleep(scenario.think_ns).await;
+        }
+        if scenario.burst_ns > 0 {
+            let now = world.now();
+            let start = (now / scenario.burst_ns + 1) * scenario.burst_ns;
+            let wait = start - now + rng.between(0, BURST_SPREAD_NS);
+            client.fabric().sleep(wait).await;
         }
         if scenario.faults.clock_jumps && rng.chance(0.125) {
             client

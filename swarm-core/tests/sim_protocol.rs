@@ -51,6 +51,8 @@ fn common_case_is_one_roundtrip_for_safe_guess_and_two_for_abd() {
                 clock_jumps: true,
                 ..Faults::NONE
             },
+            // Steps back of up to 400 µs, far more than the time between two writes.
+            max_skew_ns: 200_000,
             ..s
         })
         .expect("no stall");

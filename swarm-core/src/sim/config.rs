@@ -22,6 +22,10 @@ pub struct Latency {
     pub tail_probability: f64,
     /// Extra delay of a tail message.
     pub tail_ns: Nanos,
+    /// Whether each tail message draws its extra delay uniformly in `0..=tail_ns`
+    /// instead of taking all of it: late messages then overtake each other and
+    /// land at every distance from their batch's other messages.
+    pub tail_uniform: bool,
 }
 
 impl Latency {
@@ -32,6 +36,7 @@ impl Latency {
             jitter_ns,
             tail_probability: 0.0,
             tail_ns: 0,
+            tail_uniform: false,
         }
     }
 
@@ -39,6 +44,15 @@ impl Latency {
     pub const fn with_tail(mut self, probability: f64, extra_ns: Nanos) -> Self {
         self.tail_probability = probability;
         self.tail_ns = extra_ns;
+        self
+    }
+
+    /// Adds a spread tail: with probability `probability`, a uniform draw in
+    /// `0..=max_extra_ns` more.
+    pub const fn with_tail_upto(mut self, probability: f64, max_extra_ns: Nanos) -> Self {
+        self.tail_probability = probability;
+        self.tail_ns = max_extra_ns;
+        self.tail_uniform = true;
         self
     }
 }

@@ -59,6 +59,8 @@ struct ClientState {
     /// Pending entries remember which batch they wait for.
     slab: TicketSlab<BatchRef>,
     crashed: bool,
+    /// Per node: the slow factor of the link to it (see [`Fault::SlowLink`]), if set.
+    links: BTreeMap<NodeId, u32>,
 }
 
 /// A write being applied chunk by chunk.
@@ -156,16 +158,26 @@ impl State {
         !self.queue.is_empty()
     }
 
-    /// A one-way message delay to or from `node`.
-    fn delay(&mut self, node: NodeId) -> Nanos {
+    /// A one-way message delay between `client` and `node`.
+    fn delay(&mut self, client: ClientId, node: NodeId) -> Nanos {
         let Node { latency, slow, .. } = self.nodes[node.index()];
         let low = latency.base_ns.saturating_sub(latency.jitter_ns);
         let high = latency.base_ns.saturating_add(latency.jitter_ns);
         let mut delay = self.rng.between(low, high);
         if latency.tail_probability > 0.0 && self.rng.chance(latency.tail_probability) {
-            delay = delay.saturating_add(latency.tail_ns);
+            let tail = if latency.tail_uniform {
+                self.rng.between(0, latency.tail_ns)
+            } else {
+                latency.tail_ns
+            };
+            delay = delay.saturating_add(tail);
         }
-        delay.saturating_mul(u64::from(slow))
+        let link = self.clients[client.0 as usize]
+            .links
+            .get(&node)
+            .copied()
+            .unwrap_or(1);
+        delay.saturating_mul(u64::from(slow).saturating_mul(u64::from(link)))
     }
 
     // ---- clients -------------------------------------------------------------
@@ -174,6 +186,7 @@ impl State {
         self.clients.push(ClientState {
             slab: TicketSlab::new(),
             crashed: false,
+            links: BTreeMap::new(),
         });
         ClientId(self.clients.len() as u32 - 1)
     }
@@ -237,7 +250,7 @@ impl State {
             return self.slab(client).insert_done(Err(error));
         }
         let ticket = self.slab(client).insert_pending(at);
-        let arrival = self.now.saturating_add(self.delay(node));
+        let arrival = self.now.saturating_add(self.delay(client, node));
         self.batches.insert(
             id,
             InFlight {
@@ -341,6 +354,14 @@ impl State {
             }
             Fault::Recover(node) => self.nodes[node.index()].crashed = false,
             Fault::Slow(node, factor) => self.nodes[node.index()].slow = factor.max(1),
+            Fault::SlowLink(client, node, factor) => {
+                let links = &mut self.clients[client.0 as usize].links;
+                if factor > 1 {
+                    links.insert(node, factor);
+                } else {
+                    links.remove(&node);
+                }
+            }
             Fault::CrashClient(client) => self.clients[client.0 as usize].crashed = true,
         }
     }
@@ -513,10 +534,10 @@ impl State {
 
     /// The node is done with the batch at `time`: its completion travels back.
     fn send_back(&mut self, id: BatchId, time: Nanos) {
-        let Some(node) = self.batches.get(&id).map(|f| f.at.node) else {
+        let Some(at) = self.batches.get(&id).map(|f| f.at) else {
             return;
         };
-        let arrival = time.saturating_add(self.delay(node));
+        let arrival = time.saturating_add(self.delay(at.client, at.node));
         self.schedule(arrival, Event::Deliver(id));
     }
 

@@ -31,7 +31,9 @@
 //!   [`Fault::Recover`] (the node answers again with its memory: a healed partition
 //!   or an outage of a node whose memory survived; lost batches stay lost),
 //!   [`Fault::Slow`] (a straggler, which makes protocols abandon a preferred
-//!   majority for a fallback node after a timeout), and [`Fault::CrashClient`]
+//!   majority for a fallback node after a timeout), [`Fault::SlowLink`] (one
+//!   client reaches one node late: clients disagree on which majority answers
+//!   first), and [`Fault::CrashClient`]
 //!   (the client's tasks are dropped mid-operation, but what it posted still
 //!   executes, leaving half-done work for others, as real hardware does).
 //! - **Time** is a virtual clock in nanoseconds. Events wait in a queue ordered by
