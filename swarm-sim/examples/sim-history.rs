@@ -26,16 +26,26 @@ enum ProtocolArg {
 enum FaultArg {
     /// No fault.
     None,
-    /// Crashed minority, slow node, clock skew and crashing clients.
+    /// Every fault below.
     All,
     /// A crashed minority of memory nodes.
     Crash,
     /// One node 20x slower for a while.
     Slow,
-    /// Client clocks skewed by up to ±20 µs.
+    /// Client clocks skewed by up to ±max-skew-ns.
     Skew,
     /// A quarter of the clients crash mid-operation.
     Clients,
+    /// One message in eight delayed by 5 to 40 µs: new tuples sit on a minority.
+    Late,
+    /// Nodes take turns being 5-40x slower for 5 to 50 µs.
+    Spells,
+    /// A third of the client-node links 3-15x slower, redrawn over time.
+    Links,
+    /// Nodes stall up to 5 µs between two operations of one batch.
+    Stalls,
+    /// Client clocks jump to a new skew before one operation in eight.
+    Jumps,
 }
 
 /// Seeded SWARM simulation that prints its history as JSON Lines.
@@ -50,7 +60,10 @@ struct Args {
     /// Number of clients, each a writer (at most 2048).
     #[arg(long, default_value_t = 4)]
     clients: u32,
-    /// Number of registers.
+    /// Operations each client keeps in flight (one writer id).
+    #[arg(long, default_value_t = 1)]
+    inflight: u32,
+    /// Number of keys.
     #[arg(long, default_value_t = 4)]
     keys: u32,
     /// Replicas per register (3, 5, 7, ...).
@@ -65,9 +78,22 @@ struct Args {
     /// Percentage of writes.
     #[arg(long, default_value_t = 50)]
     write_percent: u32,
+    /// Percentage of deletes, and as many inserts (Safe-Guess only; the history is
+    /// then a key-value one).
+    #[arg(long, default_value_t = 0)]
+    delete_percent: u32,
+    /// Length of a timestamp tick in virtual nanoseconds.
+    #[arg(long, default_value_t = 100)]
+    tick_ns: u64,
+    /// Largest clock skew of the `skew` and `jumps` faults, in virtual nanoseconds.
+    #[arg(long, default_value_t = 20_000)]
+    max_skew_ns: u64,
     /// Metadata words per register (W, SWARM §4.4): writer w CASes word w mod W.
     #[arg(long, default_value_t = 4)]
     meta_words: u16,
+    /// Make each client's first operation a write (an insert with deletes on).
+    #[arg(long)]
+    write_first: bool,
     /// Virtual nanoseconds each client waits between operations.
     #[arg(long, default_value_t = 0)]
     think_ns: u64,
@@ -88,17 +114,27 @@ fn main() -> ExitCode {
             FaultArg::Slow => faults.slow_node = true,
             FaultArg::Skew => faults.clock_skew = true,
             FaultArg::Clients => faults.crash_clients = true,
+            FaultArg::Late => faults.late_messages = true,
+            FaultArg::Spells => faults.slow_spells = true,
+            FaultArg::Links => faults.slow_links = true,
+            FaultArg::Stalls => faults.node_stalls = true,
+            FaultArg::Jumps => faults.clock_jumps = true,
         }
     }
     let mut s = Scenario::new(args.seed);
     s.clients = args.clients;
     s.ops_per_client = args.ops.div_ceil(args.clients);
+    s.inflight = args.inflight.clamp(1, 64);
     s.keys = args.keys.max(1);
+    s.delete_percent = args.delete_percent.min(50);
+    s.tick_ns = args.tick_ns.max(1);
+    s.max_skew_ns = args.max_skew_ns;
     s.replicas = args.replicas;
     s.faults = faults;
-    s.write_percent = args.write_percent.min(100);
+    s.write_percent = args.write_percent.min(100 - 2 * s.delete_percent);
     s.meta_words = args.meta_words.clamp(1, 64);
     s.think_ns = args.think_ns;
+    s.write_first = args.write_first;
     s.protocol = match args.protocol {
         ProtocolArg::Sg => Protocol::SafeGuess,
         ProtocolArg::Abd => Protocol::Abd,

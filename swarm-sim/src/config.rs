@@ -22,6 +22,10 @@ pub struct Latency {
     pub tail_probability: f64,
     /// Extra delay of a tail message.
     pub tail_ns: Nanos,
+    /// Whether each tail message draws its extra delay uniformly in `0..=tail_ns`
+    /// instead of taking all of it: late messages then overtake each other and
+    /// land at every distance from their batch's other messages.
+    pub tail_uniform: bool,
 }
 
 impl Latency {
@@ -32,6 +36,7 @@ impl Latency {
             jitter_ns,
             tail_probability: 0.0,
             tail_ns: 0,
+            tail_uniform: false,
         }
     }
 
@@ -39,6 +44,15 @@ impl Latency {
     pub const fn with_tail(mut self, probability: f64, extra_ns: Nanos) -> Self {
         self.tail_probability = probability;
         self.tail_ns = extra_ns;
+        self
+    }
+
+    /// Adds a spread tail: with probability `probability`, a uniform draw in
+    /// `0..=max_extra_ns` more.
+    pub const fn with_tail_upto(mut self, probability: f64, max_extra_ns: Nanos) -> Self {
+        self.tail_probability = probability;
+        self.tail_ns = max_extra_ns;
+        self.tail_uniform = true;
         self
     }
 }
@@ -82,6 +96,13 @@ pub struct SimConfig {
     /// Time between the 8-byte chunks of a write: a write of `k` chunks is applied
     /// over `(k - 1) * word_ns`, and reads in that window may see it torn.
     pub word_ns: Nanos,
+    /// Probability that a node stalls between two operations of one batch (a PCIe
+    /// hiccup, a descheduled memory-node thread). 0 by default.
+    pub stall_probability: f64,
+    /// Longest such stall; each one lasts a uniform draw in `0..=stall_ns`, times the
+    /// node's slow factor. Stalls are what let another client's batch land between a
+    /// buffer write and the CAS that publishes it (SWARM §2.1, third property).
+    pub stall_ns: Nanos,
     /// Keep every trace event in memory (the digest is computed either way). Turn
     /// off for very long runs.
     pub keep_trace: bool,
@@ -102,6 +123,8 @@ impl SimConfig {
             nodes: vec![NodeConfig::default(); nodes],
             op_ns: 20,
             word_ns: 10,
+            stall_probability: 0.0,
+            stall_ns: 0,
             keep_trace: true,
         }
     }
@@ -153,6 +176,14 @@ impl SimConfig {
         self
     }
 
+    /// Makes nodes stall between the operations of a batch: with `probability`, for
+    /// up to `max_ns` (see [`SimConfig::stall_ns`]).
+    pub fn stalls(mut self, probability: f64, max_ns: Nanos) -> Self {
+        self.stall_probability = probability;
+        self.stall_ns = max_ns;
+        self
+    }
+
     /// Sets whether every trace event is kept in memory.
     pub fn keep_trace(mut self, keep: bool) -> Self {
         self.keep_trace = keep;
@@ -171,6 +202,7 @@ mod tests {
             .node_latency(NodeId(2), Latency::new(9, 1).with_tail(0.5, 7))
             .slow(NodeId(0), 4)
             .costs(1, 2)
+            .stalls(0.25, 900)
             .keep_trace(false);
         assert_eq!(config.node_count(), 3);
         assert_eq!(config.nodes[0].slow, 4);
@@ -181,6 +213,7 @@ mod tests {
             (config.op_ns, config.word_ns, config.keep_trace),
             (1, 2, false)
         );
+        assert_eq!((config.stall_probability, config.stall_ns), (0.25, 900));
     }
 
     #[test]

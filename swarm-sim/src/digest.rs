@@ -99,6 +99,12 @@ impl TraceDigest {
                 self.tag(3);
                 self.u64(u64::from(client.0));
             }
+            Fault::SlowLink(client, node, factor) => {
+                self.tag(4);
+                self.u64(u64::from(client.0));
+                self.u64(u64::from(node.0));
+                self.u64(u64::from(factor));
+            }
         }
     }
 

@@ -10,8 +10,10 @@
 //!    one instant; a write is one instant per 8-byte chunk, `word_ns` apart, in a
 //!    seeded random order (the contract promises nothing about the order, so the
 //!    simulation picks the most adversarial one). The next operation starts `op_ns`
-//!    after the previous one finished, so batch order holds (SWARM §2.1, third
-//!    property), while other batches, to this node or others, interleave freely.
+//!    after the previous one finished, plus, sometimes, a stall
+//!    ([`SimConfig::stall_probability`]), so batch order holds (SWARM §2.1, third
+//!    property), while other batches, to this node or others, interleave freely,
+//!    and sometimes a whole roundtrip of another client fits between two operations.
 //! 3. `Deliver` after another one-way latency: the result lands in the client's
 //!    [`TicketSlab`].
 //!
@@ -57,6 +59,8 @@ struct ClientState {
     /// Pending entries remember which batch they wait for.
     slab: TicketSlab<BatchRef>,
     crashed: bool,
+    /// Per node: the slow factor of the link to it (see [`Fault::SlowLink`]), if set.
+    links: BTreeMap<NodeId, u32>,
 }
 
 /// A write being applied chunk by chunk.
@@ -154,16 +158,26 @@ impl State {
         !self.queue.is_empty()
     }
 
-    /// A one-way message delay to or from `node`.
-    fn delay(&mut self, node: NodeId) -> Nanos {
+    /// A one-way message delay between `client` and `node`.
+    fn delay(&mut self, client: ClientId, node: NodeId) -> Nanos {
         let Node { latency, slow, .. } = self.nodes[node.index()];
         let low = latency.base_ns.saturating_sub(latency.jitter_ns);
         let high = latency.base_ns.saturating_add(latency.jitter_ns);
         let mut delay = self.rng.between(low, high);
         if latency.tail_probability > 0.0 && self.rng.chance(latency.tail_probability) {
-            delay = delay.saturating_add(latency.tail_ns);
+            let tail = if latency.tail_uniform {
+                self.rng.between(0, latency.tail_ns)
+            } else {
+                latency.tail_ns
+            };
+            delay = delay.saturating_add(tail);
         }
-        delay.saturating_mul(u64::from(slow))
+        let link = self.clients[client.0 as usize]
+            .links
+            .get(&node)
+            .copied()
+            .unwrap_or(1);
+        delay.saturating_mul(u64::from(slow).saturating_mul(u64::from(link)))
     }
 
     // ---- clients -------------------------------------------------------------
@@ -172,6 +186,7 @@ impl State {
         self.clients.push(ClientState {
             slab: TicketSlab::new(),
             crashed: false,
+            links: BTreeMap::new(),
         });
         ClientId(self.clients.len() as u32 - 1)
     }
@@ -235,7 +250,7 @@ impl State {
             return self.slab(client).insert_done(Err(error));
         }
         let ticket = self.slab(client).insert_pending(at);
-        let arrival = self.now.saturating_add(self.delay(node));
+        let arrival = self.now.saturating_add(self.delay(client, node));
         self.batches.insert(
             id,
             InFlight {
@@ -339,6 +354,14 @@ impl State {
             }
             Fault::Recover(node) => self.nodes[node.index()].crashed = false,
             Fault::Slow(node, factor) => self.nodes[node.index()].slow = factor.max(1),
+            Fault::SlowLink(client, node, factor) => {
+                let links = &mut self.clients[client.0 as usize].links;
+                if factor > 1 {
+                    links.insert(node, factor);
+                } else {
+                    links.remove(&node);
+                }
+            }
             Fault::CrashClient(client) => self.clients[client.0 as usize].crashed = true,
         }
     }
@@ -486,17 +509,35 @@ impl State {
         let more_ops = flight.next_op < flight.batch.len();
         match next {
             Next::Chunk(t) => self.schedule(t, Event::Exec(id)),
-            Next::OpDone(t) if more_ops => self.schedule(t, Event::Exec(id)),
+            Next::OpDone(t) if more_ops => {
+                let stall = self.stall().saturating_mul(slow);
+                self.schedule(t.saturating_add(stall), Event::Exec(id));
+            }
             Next::OpDone(t) => self.send_back(id, t),
+        }
+    }
+
+    /// A node's pause before the next operation of a batch (0 unless stalls are on;
+    /// no random draw then, so runs without stalls keep their traces).
+    fn stall(&mut self) -> Nanos {
+        let SimConfig {
+            stall_probability,
+            stall_ns,
+            ..
+        } = self.cfg;
+        if stall_probability > 0.0 && self.rng.chance(stall_probability) {
+            self.rng.between(0, stall_ns)
+        } else {
+            0
         }
     }
 
     /// The node is done with the batch at `time`: its completion travels back.
     fn send_back(&mut self, id: BatchId, time: Nanos) {
-        let Some(node) = self.batches.get(&id).map(|f| f.at.node) else {
+        let Some(at) = self.batches.get(&id).map(|f| f.at) else {
             return;
         };
-        let arrival = time.saturating_add(self.delay(node));
+        let arrival = time.saturating_add(self.delay(at.client, at.node));
         self.schedule(arrival, Event::Deliver(id));
     }
 

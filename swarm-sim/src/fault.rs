@@ -3,7 +3,8 @@
 //! They are the failures of SWARM §2.2: memory nodes crash (a minority may, and the
 //! protocol must not wait for them), the interconnect partitions and heals (a node
 //! comes back with its memory), some nodes are slow (a preferred majority may have to
-//! be abandoned for a fallback node), and clients crash mid-operation, leaving
+//! be abandoned for a fallback node), some links are slow (clients disagree on which
+//! nodes answer first), and clients crash mid-operation, leaving
 //! half-done work in memory for others to cope with.
 
 use core::fmt;
@@ -24,6 +25,11 @@ pub enum Fault {
     /// Multiplies every latency and execution time of the node by the factor, for
     /// messages sent from now on (1 restores full speed; 0 counts as 1).
     Slow(NodeId, u32),
+    /// Multiplies the latency of the messages between one client and one node by the
+    /// factor, for messages sent from now on (1 restores it; 0 counts as 1): an
+    /// asymmetric network, where one client reaches a node late while others reach
+    /// it at once, so clients see different majorities in different orders.
+    SlowLink(ClientId, NodeId, u32),
     /// The client crashes: the runner stops polling its tasks (dropping them). Its
     /// batches already posted still execute, as on real hardware.
     CrashClient(ClientId),
@@ -35,6 +41,9 @@ impl fmt::Display for Fault {
             Self::Crash(node) => write!(f, "crash n{node}"),
             Self::Recover(node) => write!(f, "recover n{node}"),
             Self::Slow(node, factor) => write!(f, "slow n{node} x{factor}"),
+            Self::SlowLink(client, node, factor) => {
+                write!(f, "slow link c{}-n{node} x{factor}", client.0)
+            }
             Self::CrashClient(client) => write!(f, "crash client c{}", client.0),
         }
     }

@@ -17,9 +17,11 @@
 //!   draws reorder batches across nodes, and also across batches to one node: the
 //!   contract only orders operations *within* a batch, so neither does the
 //!   simulation.
-//! - **Execution at the node.** The operations of a batch run strictly in order: the
-//!   next starts `op_ns` after the previous one finished (SWARM §2.1, third
-//!   property: "if the second update is visible, so is the first"). A read and a
+//! - **Execution at the node.** The operations of a batch run strictly in order
+//!   (SWARM §2.1, third property: "if the second update is visible, so is the
+//!   first"): the next starts `op_ns` after the previous one finished, or later if
+//!   the node stalls ([`SimConfig::stalls`]), sometimes long enough for a whole
+//!   roundtrip of another client to land between two operations of one batch. A read and a
 //!   CAS each happen at one instant; a write is applied one 8-byte-aligned chunk at
 //!   a time, `word_ns` apart, **in a seeded random order**. Batches of other
 //!   clients interleave with it freely, so a read overlapping a write returns it
@@ -33,7 +35,9 @@
 //!   [`Fault::Recover`] (the node answers again with its memory: a healed partition
 //!   or an outage of a node whose memory survived; lost batches stay lost),
 //!   [`Fault::Slow`] (a straggler, which makes protocols abandon a preferred
-//!   majority for a fallback node after a timeout), and [`Fault::CrashClient`]
+//!   majority for a fallback node after a timeout), [`Fault::SlowLink`] (one
+//!   client reaches one node late: clients disagree on which majority answers
+//!   first), and [`Fault::CrashClient`]
 //!   (the client's tasks are dropped mid-operation, but what it posted still
 //!   executes, leaving half-done work for others, as real hardware does).
 //! - **Time** is a virtual clock in nanoseconds. Events wait in a queue ordered by

@@ -21,14 +21,17 @@ use std::string::{String, ToString};
 use std::vec::Vec;
 
 use crate::{
-    Fault, RunReport, SimClock, SimConfig, SimError, SimFabric, SimRng, SimRunner, SimWorld,
+    ClientId, Fault, RunReport, SimClock, SimConfig, SimError, SimFabric, SimRng, SimRunner,
+    SimWorld,
 };
 use swarm_checker::{History, OpKind, Operation};
 use swarm_core::encoding::WriterId;
 use swarm_core::fabric::NodeId;
 use swarm_core::header::HEADER_SIZE;
 use swarm_core::layout::Layout;
-use swarm_core::protocol::{ProtocolConfig, ReadValue, RegisterCache, RegisterLoc, Replicas};
+use swarm_core::protocol::{
+    ProtocolConfig, ReadValue, RegisterCache, RegisterLoc, Replicas, SwarmError, WriteOutcome,
+};
 use swarm_core::{Client, OpStats};
 
 /// Which replication protocol the clients run.
@@ -47,10 +50,32 @@ pub struct Faults {
     pub crash_minority: bool,
     /// Slow one node down by 20× for part of the run.
     pub slow_node: bool,
-    /// Skew client clocks by up to ±20 µs (about ten roundtrips), so guesses go stale.
+    /// Skew client clocks by up to ±[`Scenario::max_skew_ns`], so guesses go stale.
     pub clock_skew: bool,
     /// Crash up to a quarter of the clients mid-operation.
     pub crash_clients: bool,
+    /// Delay about one message in eight by 5 to 40 µs (a per-node tail), so that a
+    /// new tuple often sits on a minority while a majority still holds older ones:
+    /// the new-old inversions that read write-backs and the same-writer rule of
+    /// Safe-Guess must handle (appendix A, Lemma A.3; appendix C).
+    pub late_messages: bool,
+    /// Nodes take turns being 5 to 40 times slower for 5 to 50 µs: messages sent to
+    /// a node in its spell arrive late, so tuples land on different majorities in
+    /// different orders, and clients suspect different nodes (§6 fallbacks).
+    pub slow_spells: bool,
+    /// About a third of the client-node links are 3 to 15 times slower, redrawn
+    /// every 40 µs or so: clients disagree about which nodes answer first, so one
+    /// client's majority holds a tuple that another's misses (the wrong maximum of
+    /// a max-register read concurrent with writes, SWARM §3.2 Figure 2).
+    pub slow_links: bool,
+    /// Nodes stall for up to 5 µs between two operations of one batch (one gap in
+    /// five), so that other clients land between a buffer write and the CAS that
+    /// publishes it, or between a pipelined read and its CAS (SWARM §2.1, §4.3).
+    pub node_stalls: bool,
+    /// Before about one operation in eight, a client's clock jumps to a new skew in
+    /// ±[`Scenario::max_skew_ns`], so guesses go stale again after every
+    /// re-synchronisation and writes take the slow path often (§3.2, §6).
+    pub clock_jumps: bool,
 }
 
 impl Faults {
@@ -60,6 +85,11 @@ impl Faults {
         slow_node: false,
         clock_skew: false,
         crash_clients: false,
+        late_messages: false,
+        slow_spells: false,
+        slow_links: false,
+        node_stalls: false,
+        clock_jumps: false,
     };
     /// Every fault.
     pub const ALL: Self = Self {
@@ -67,6 +97,11 @@ impl Faults {
         slow_node: true,
         clock_skew: true,
         crash_clients: true,
+        late_messages: true,
+        slow_spells: true,
+        slow_links: true,
+        node_stalls: true,
+        clock_jumps: true,
     };
 }
 
@@ -75,11 +110,15 @@ impl Faults {
 pub struct Scenario {
     /// Seed of the world and of every random choice.
     pub seed: u64,
-    /// Operations per client.
+    /// Operations per client (all its in-flight lanes together).
     pub ops_per_client: u32,
     /// Number of clients (each one writer).
     pub clients: u32,
-    /// Number of registers.
+    /// Operations each client keeps in flight at once, on one [`Client`] (one
+    /// writer id): its lanes pick keys independently, so one writer may have two
+    /// writes in flight on one register.
+    pub inflight: u32,
+    /// Number of keys.
     pub keys: u32,
     /// Replicas per register (`2f + 1`); the cluster has this many nodes.
     pub replicas: u16,
@@ -89,12 +128,36 @@ pub struct Scenario {
     pub faults: Faults,
     /// Fraction of writes among operations, in percent.
     pub write_percent: u32,
+    /// Fraction of deletes among operations, in percent (Safe-Guess only). Above 0,
+    /// the history is a key-value one (SWARM-KV §5.3): reads are gets, writes are
+    /// updates (which fail on a deleted key), and as many operations again are
+    /// inserts, which re-create a deleted key in a fresh register.
+    pub delete_percent: u32,
+    /// Whether a delete's reported outcome (removed the key or found it deleted)
+    /// goes into the history. When not, a completed delete is recorded as one whose
+    /// outcome is unknown (it may or may not have taken effect), which still checks
+    /// every other operation around it: two concurrent deletes can both report that
+    /// they removed the key today (`tests/sim_concurrent_deletes.rs`).
+    pub check_delete_outcomes: bool,
     /// Metadata words per register (`W`, §4.4).
     pub meta_words: u16,
     /// Virtual nanoseconds a client pauses between operations.
     pub think_ns: u64,
-    /// Whether each client's first operation is a write, so that reads find values.
+    /// When above 0, operations start in bursts: each waits for the next multiple of
+    /// this many virtual nanoseconds, plus a random 0 to [`BURST_SPREAD_NS`]. Every
+    /// burst starts reads and writes of several clients within a roundtrip or two
+    /// of each other, the overlaps that the reader-writer races of §3.2 need (a
+    /// read begun just before a write, a stale write begun just after it ends).
+    pub burst_ns: u64,
+    /// Whether each lane's first operation is a write (an insert with deletes on),
+    /// so that reads find values.
     pub write_first: bool,
+    /// Length of a timestamp tick in virtual nanoseconds. Ticks longer than a
+    /// roundtrip make concurrent writers guess the same ticks, which only the writer
+    /// id orders, so the lower ids take the slow path.
+    pub tick_ns: u64,
+    /// Largest clock skew of [`Faults::clock_skew`] and [`Faults::clock_jumps`].
+    pub max_skew_ns: u64,
 }
 
 impl Scenario {
@@ -104,15 +167,26 @@ impl Scenario {
             seed,
             ops_per_client: 50,
             clients: 4,
+            inflight: 1,
             keys: 4,
             replicas: 3,
             protocol: Protocol::SafeGuess,
             faults: Faults::NONE,
             write_percent: 50,
+            delete_percent: 0,
+            check_delete_outcomes: true,
             meta_words: 4,
             think_ns: 0,
+            burst_ns: 0,
             write_first: false,
+            tick_ns: 100,
+            max_skew_ns: 20_000,
         }
+    }
+
+    /// Whether the history uses the key-value model (deletes and inserts).
+    fn key_value(&self) -> bool {
+        self.delete_percent > 0 && self.protocol == Protocol::SafeGuess
     }
 }
 
@@ -186,12 +260,41 @@ struct Record {
     errors: Vec<String>,
 }
 
-/// The register of key `k` in a scenario's layout.
-fn register(layout: &Layout, replicas: u16, key: u32) -> RegisterLoc {
+/// Register number `index` of a scenario's layout.
+fn register(layout: &Layout, replicas: u16, index: u32) -> RegisterLoc {
     RegisterLoc {
-        addr: HEADER_SIZE + u64::from(key) * layout.register_bytes(),
-        replicas: Replicas::all(usize::from(replicas), u64::from(key))
-            .unwrap_or_else(|_| Replicas::all(3, u64::from(key)).expect("3 replicas are valid")),
+        addr: HEADER_SIZE + u64::from(index) * layout.register_bytes(),
+        replicas: Replicas::all(usize::from(replicas), u64::from(index))
+            .unwrap_or_else(|_| Replicas::all(3, u64::from(index)).expect("3 replicas are valid")),
+    }
+}
+
+/// Which register holds each key now, in the key-value model: a key absent from
+/// the start or after a delete has none until an insert publishes a fresh register
+/// with the value already written (as SWARM-KV's index does, §5.3.1). Publishing is
+/// an atomic compare-and-set in virtual time, so it is the insert's linearization
+/// point, and every operation on a register started before the key moved away
+/// from it.
+struct Directory {
+    current: Vec<Option<u32>>,
+    next_free: u32,
+    capacity: u32,
+}
+
+impl Directory {
+    fn new(keys: u32, capacity: u32) -> Self {
+        Self {
+            current: (0..keys).map(|_| None).collect(),
+            next_free: 0,
+            capacity,
+        }
+    }
+
+    fn allocate(&mut self) -> Option<u32> {
+        (self.next_free < self.capacity).then(|| {
+            self.next_free += 1;
+            self.next_free - 1
+        })
     }
 }
 
@@ -199,8 +302,16 @@ fn register(layout: &Layout, replicas: u16, key: u32) -> RegisterLoc {
 /// (a wait-freedom violation while a majority is alive).
 pub fn run(scenario: &Scenario) -> Result<Outcome, SimError> {
     let writers = scenario.clients.max(1) as u16;
-    // Every write uses a fresh log slot (no recycling yet): size the logs for it.
-    let slots = (scenario.ops_per_client * 2 + 16).next_power_of_two();
+    let inflight = scenario.inflight.max(1);
+    // Every write uses a fresh log slot (no recycling yet), a rewrite or an insert
+    // into a fresh register one more: size the logs for it.
+    let slots = (scenario.ops_per_client * 3 + 16).next_power_of_two();
+    // With deletes, a key may move to a fresh register at every insert.
+    let registers = if scenario.key_value() {
+        scenario.clients * scenario.ops_per_client + scenario.keys
+    } else {
+        scenario.keys
+    };
     let shape = |log_base| {
         Layout::builder()
             .payload_max(32)
@@ -213,16 +324,24 @@ pub fn run(scenario: &Scenario) -> Result<Outcome, SimError> {
     let register_bytes = shape(0)
         .expect("scenario layouts are valid")
         .register_bytes();
-    let registers_end = HEADER_SIZE + u64::from(scenario.keys) * register_bytes;
+    let registers_end = HEADER_SIZE + u64::from(registers) * register_bytes;
     let layout = shape(registers_end.next_multiple_of(4096)).expect("scenario layouts are valid");
     let node_bytes = (layout.log_base() + layout.log_bytes()) as usize;
-    let config = SimConfig::new(usize::from(scenario.replicas), node_bytes).keep_trace(false);
-    let world = SimWorld::new(scenario.seed, config);
     let mut rng = SimRng::new(scenario.seed ^ 0x5ca1_ab1e);
+    let config = sim_config(scenario, node_bytes);
+    let world = SimWorld::new(scenario.seed, config);
     let mut runner = SimRunner::new(&world);
     let record = Rc::new(RefCell::new(Record::default()));
+    let directory = Rc::new(RefCell::new(Directory::new(scenario.keys, registers)));
+    if !scenario.key_value() {
+        // One register per key, for good.
+        let mut dir = directory.borrow_mut();
+        for key in 0..scenario.keys {
+            dir.current[key as usize] = dir.allocate();
+        }
+    }
     // Rough length of the run, to place faults inside it.
-    let span = u64::from(scenario.ops_per_client) * (3_000 + scenario.think_ns);
+    let span = u64::from(scenario.ops_per_client) * (3_000 + scenario.think_ns + scenario.burst_ns);
     schedule_faults(scenario, &runner, &mut rng, span);
 
     for c in 0..scenario.clients {
@@ -231,25 +350,43 @@ pub fn run(scenario: &Scenario) -> Result<Outcome, SimError> {
         if scenario.faults.crash_clients && c % 4 == 3 {
             runner.at(rng.between(span / 4, span), Fault::CrashClient(id));
         }
+        if scenario.faults.slow_links {
+            schedule_slow_links(scenario, &runner, &mut rng, id, span);
+        }
         let skew = if scenario.faults.clock_skew {
-            rng.between(0, 40_000) as i64 - 20_000
+            random_skew(&mut rng, scenario.max_skew_ns)
         } else {
             0
         };
-        let clock = SimClock::new(&world, 100).with_skew(skew);
-        let seed = rng.next_u64();
-        let task = client_task(ClientTask {
-            scenario: *scenario,
-            index: c,
-            fabric,
-            clock,
-            layout,
-            record: record.clone(),
-            seed,
-        });
-        runner.spawn(id, task);
+        let clock = SimClock::new(&world, scenario.tick_ns).with_skew(skew);
+        let writer = WriterId::new(c).expect("scenarios stay below the writer limit");
+        let config = ProtocolConfig::default()
+            .with_slow_after_ns(10_000)
+            .with_suspect_ns(200_000);
+        let client = match Client::new(fabric, clock, layout, writer, config) {
+            Ok(client) => Rc::new(client),
+            Err(e) => {
+                record.borrow_mut().errors.push(e.to_string());
+                continue;
+            }
+        };
+        for lane in 0..inflight {
+            let task = lane_task(Lane {
+                scenario: *scenario,
+                client: client.clone(),
+                index: c,
+                lane,
+                layout,
+                directory: directory.clone(),
+                record: record.clone(),
+                seed: rng.next_u64(),
+            });
+            runner.spawn(id, task);
+        }
     }
-    runner.time_limit(span * 50 + 10_000_000);
+    // A livelock guard only: slow links and spells stretch operations to tens of
+    // microseconds, hundreds with retries.
+    runner.time_limit(span * 400 + 10_000_000);
     let report = runner.run()?;
     let record = Rc::try_unwrap(record)
         .map(RefCell::into_inner)
@@ -269,6 +406,35 @@ pub fn run(scenario: &Scenario) -> Result<Outcome, SimError> {
     })
 }
 
+/// Spread of the start times of the operations of one burst ([`Scenario::burst_ns`]).
+pub const BURST_SPREAD_NS: u64 = 4_000;
+
+/// Probability that a message is late under [`Faults::late_messages`].
+const LATE_PROBABILITY: f64 = 0.125;
+/// Longest extra delay of a late message: each draws its own in `0..=LATE_MAX_NS`,
+/// a few roundtrips to a few slow-path timeouts.
+const LATE_MAX_NS: u64 = 40_000;
+
+/// The simulated cluster: late messages and stalls per [`Faults`].
+fn sim_config(scenario: &Scenario, node_bytes: usize) -> SimConfig {
+    let mut config = SimConfig::new(usize::from(scenario.replicas), node_bytes).keep_trace(false);
+    if scenario.faults.late_messages {
+        for node in &mut config.nodes {
+            node.latency = node.latency.with_tail_upto(LATE_PROBABILITY, LATE_MAX_NS);
+        }
+    }
+    if scenario.faults.node_stalls {
+        config = config.stalls(0.2, 5_000);
+    }
+    config
+}
+
+/// A skew in `±max_ns`.
+fn random_skew(rng: &mut SimRng, max_ns: u64) -> i64 {
+    let max = max_ns.min(i64::MAX as u64 / 2);
+    rng.between(0, 2 * max) as i64 - max as i64
+}
+
 fn schedule_faults(scenario: &Scenario, runner: &SimRunner, rng: &mut SimRng, span: u64) {
     let n = scenario.replicas;
     let mut nodes: Vec<u16> = (0..n).collect();
@@ -284,65 +450,170 @@ fn schedule_faults(scenario: &Scenario, runner: &SimRunner, rng: &mut SimRng, sp
         runner.at(from, Fault::Slow(node, 20));
         runner.at(from + span / 4, Fault::Slow(node, 1));
     }
+    if scenario.faults.slow_spells {
+        // About one spell every 20 µs of the run, each on a random node.
+        for _ in 0..span / 20_000 + 1 {
+            let node = NodeId(rng.below(u64::from(n)) as u16);
+            let from = rng.between(0, span);
+            let factor = rng.between(5, 40) as u32;
+            runner.at(from, Fault::Slow(node, factor));
+            runner.at(from + rng.between(5_000, 50_000), Fault::Slow(node, 1));
+        }
+    }
 }
 
-struct ClientTask {
+/// Slows a third of `client`'s links from the start, then redraws one of them
+/// every 40 µs or so.
+fn schedule_slow_links(
+    scenario: &Scenario,
+    runner: &SimRunner,
+    rng: &mut SimRng,
+    client: ClientId,
+    span: u64,
+) {
+    let draw = |rng: &mut SimRng| match rng.below(10) {
+        0..4 => 1,
+        4..7 => rng.between(2, 4) as u32,
+        _ => rng.between(10, 30) as u32,
+    };
+    for node in 0..scenario.replicas {
+        runner.at(0, Fault::SlowLink(client, NodeId(node), draw(rng)));
+    }
+    for _ in 0..span / 40_000 {
+        let node = NodeId(rng.below(u64::from(scenario.replicas)) as u16);
+        let at = rng.between(0, span);
+        runner.at(at, Fault::SlowLink(client, node, draw(rng)));
+    }
+    // Every link heals by the end: a read whose holders all answer slower than
+    // `slow_after_ns` retries until one answers in time (see the report of issue 10).
+    for node in 0..scenario.replicas {
+        runner.at(span, Fault::SlowLink(client, NodeId(node), 1));
+    }
+}
+
+/// One operation a lane issues.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Action {
+    Read,
+    Write,
+    Delete,
+    Insert,
+}
+
+impl Action {
+    fn pick(scenario: &Scenario, first: bool, rng: &mut SimRng) -> Self {
+        let insert = if scenario.key_value() {
+            Self::Insert
+        } else {
+            Self::Write
+        };
+        if scenario.write_first && first {
+            return insert;
+        }
+        let roll = rng.below(100);
+        let deletes = if scenario.key_value() {
+            u64::from(scenario.delete_percent)
+        } else {
+            0
+        };
+        let writes = u64::from(scenario.write_percent);
+        if roll < deletes {
+            Self::Delete
+        } else if roll < 2 * deletes {
+            insert
+        } else if roll < 2 * deletes + writes {
+            Self::Write
+        } else {
+            Self::Read
+        }
+    }
+
+    /// How the history names it.
+    fn kind(self, key_value: bool) -> OpKind {
+        match (self, key_value) {
+            (Self::Read, false) => OpKind::Read,
+            (Self::Write, false) => OpKind::Write,
+            (Self::Read, true) => OpKind::Get,
+            (Self::Write, true) => OpKind::Update,
+            (Self::Delete, _) => OpKind::Delete,
+            (Self::Insert, _) => OpKind::Insert,
+        }
+    }
+}
+
+/// One of a client's concurrent sequences of operations.
+struct Lane {
     scenario: Scenario,
+    client: Rc<Client<SimFabric, SimClock>>,
     index: u32,
-    fabric: SimFabric,
-    clock: SimClock,
+    lane: u32,
     layout: Layout,
+    directory: Rc<RefCell<Directory>>,
     record: Rc<RefCell<Record>>,
     seed: u64,
 }
 
-async fn client_task(task: ClientTask) {
-    let ClientTask {
+/// What an operation returned, for the history.
+struct Done {
+    ok: bool,
+    /// The value a read returned.
+    value: Option<String>,
+    /// Whether it read (for the roundtrip histograms).
+    read: bool,
+}
+
+async fn lane_task(lane: Lane) {
+    let Lane {
         scenario,
+        client,
         index,
-        fabric,
-        clock,
+        lane,
         layout,
+        directory,
         record,
         seed,
-    } = task;
-    let world = fabric.world().clone();
-    let writer = WriterId::new(index).expect("scenarios stay below the writer limit");
-    let config = ProtocolConfig::default()
-        .with_slow_after_ns(10_000)
-        .with_suspect_ns(200_000);
-    let client = match Client::new(fabric, clock, layout, writer, config) {
-        Ok(client) => client,
-        Err(e) => {
-            record.borrow_mut().errors.push(e.to_string());
-            return;
-        }
-    };
+    } = lane;
+    let world = client.fabric().world().clone();
+    let inflight = scenario.inflight.max(1);
+    let process = u64::from(index) * u64::from(inflight) + u64::from(lane);
+    let key_value = scenario.key_value();
     let mut rng = SimRng::new(seed);
-    let mut caches: BTreeMap<u32, RegisterCache> = BTreeMap::new();
-    for i in 0..scenario.ops_per_client {
+    let mut ops = OpContext {
+        scenario,
+        client: &client,
+        layout,
+        directory: &directory,
+        caches: BTreeMap::new(),
+    };
+    for (n, i) in (lane..scenario.ops_per_client)
+        .step_by(inflight as usize)
+        .enumerate()
+    {
         if scenario.think_ns > 0 {
             client.fabric().sleep(scenario.think_ns).await;
         }
+        let now = world.now();
+        if let Some(bursts) = now.checked_div(scenario.burst_ns) {
+            let start = (bursts + 1) * scenario.burst_ns;
+            let wait = start - now + rng.between(0, BURST_SPREAD_NS);
+            client.fabric().sleep(wait).await;
+        }
+        if scenario.faults.clock_jumps && rng.chance(0.125) {
+            client
+                .clock()
+                .set_skew(random_skew(&mut rng, scenario.max_skew_ns));
+        }
         let key = rng.below(u64::from(scenario.keys.max(1))) as u32;
-        let reg = register(&layout, scenario.replicas, key);
-        let cache = caches.entry(key).or_default();
-        let is_write =
-            (scenario.write_first && i == 0) || rng.below(100) < u64::from(scenario.write_percent);
+        let action = Action::pick(&scenario, n == 0, &mut rng);
         let value = format!("c{index}-{i}");
         let start = world.now();
         // Recorded as crashed until it completes: a client crash drops this task here.
         let slot = {
             let mut r = record.borrow_mut();
-            let kind = if is_write {
-                OpKind::Write
-            } else {
-                OpKind::Read
-            };
-            let written = is_write.then_some(value.as_str());
+            let written = matches!(action, Action::Write | Action::Insert).then_some(&*value);
             r.history.push(Operation::crashed(
-                u64::from(index),
-                kind,
+                process,
+                action.kind(key_value),
                 key.to_string(),
                 written,
                 start,
@@ -350,32 +621,19 @@ async fn client_task(task: ClientTask) {
             r.history.len() - 1
         };
         let stats = OpStats::new();
-        let result = match (is_write, scenario.protocol) {
-            (true, Protocol::SafeGuess) => client
-                .write(&reg, cache, &stats, value.as_bytes())
-                .await
-                .map(|_| None),
-            (true, Protocol::Abd) => client
-                .abd_write(&reg, cache, &stats, value.as_bytes())
-                .await
-                .map(|_| None),
-            (false, Protocol::SafeGuess) => client.read(&reg, cache, &stats).await.map(Some),
-            (false, Protocol::Abd) => client.abd_read(&reg, cache, &stats).await.map(Some),
-        };
+        let result = ops.run(action, key, &value, &stats).await;
         let end = world.now();
         let mut r = record.borrow_mut();
         match result {
-            Ok(read) => {
+            Ok(_) if action == Action::Delete && !scenario.check_delete_outcomes => {
+                r.writes.add(stats.roundtrips());
+            }
+            Ok(done) => {
                 let op = &mut r.history[slot];
                 op.end = Some(end);
-                op.ok = true;
-                if let Some(read) = read {
-                    op.value = match read {
-                        ReadValue::Value(bytes) => {
-                            Some(String::from_utf8_lossy(&bytes).into_owned())
-                        }
-                        ReadValue::Empty | ReadValue::Deleted => None,
-                    };
+                op.ok = done.ok;
+                if done.read {
+                    op.value = done.value;
                     r.reads.add(stats.roundtrips());
                     r.max_iterations = r.max_iterations.max(stats.iterations());
                 } else {
@@ -384,5 +642,145 @@ async fn client_task(task: ClientTask) {
             }
             Err(e) => r.errors.push(format!("client {index} op {i}: {e}")),
         }
+    }
+}
+
+/// Why a scenario operation failed.
+#[derive(Debug, thiserror::Error)]
+enum OpError {
+    /// The protocol failed.
+    #[error(transparent)]
+    Swarm(#[from] SwarmError),
+    /// Every register of the layout went to an earlier insert.
+    #[error("no free register left for an insert: size the scenario's layout larger")]
+    NoFreeRegister,
+}
+
+/// What a lane needs to run operations: its caches are its own, so two lanes of one
+/// client are two independent operations of one writer.
+struct OpContext<'a> {
+    scenario: Scenario,
+    client: &'a Client<SimFabric, SimClock>,
+    layout: Layout,
+    directory: &'a RefCell<Directory>,
+    caches: BTreeMap<u32, RegisterCache>,
+}
+
+impl OpContext<'_> {
+    async fn run(
+        &mut self,
+        action: Action,
+        key: u32,
+        value: &str,
+        stats: &OpStats,
+    ) -> Result<Done, OpError> {
+        let client = self.client;
+        let current = self.directory.borrow().current[key as usize];
+        // A get of an absent key returns nothing; the other operations fail.
+        let absent = Done {
+            ok: action == Action::Read,
+            value: None,
+            read: action == Action::Read,
+        };
+        match (action, current) {
+            (Action::Insert, _) => self.insert(key, current, value, stats).await,
+            (_, None) => Ok(absent),
+            (Action::Read, Some(reg)) => {
+                let read = match self.scenario.protocol {
+                    Protocol::SafeGuess => {
+                        let (loc, cache) = self.register(reg);
+                        client.read(&loc, cache, stats).await?
+                    }
+                    Protocol::Abd => {
+                        let (loc, cache) = self.register(reg);
+                        client.abd_read(&loc, cache, stats).await?
+                    }
+                };
+                let value = match read {
+                    ReadValue::Value(bytes) => Some(String::from_utf8_lossy(&bytes).into_owned()),
+                    ReadValue::Empty | ReadValue::Deleted => None,
+                };
+                Ok(Done {
+                    ok: true,
+                    value,
+                    read: true,
+                })
+            }
+            (Action::Write, Some(reg)) => {
+                let outcome = match self.scenario.protocol {
+                    Protocol::SafeGuess => {
+                        let (loc, cache) = self.register(reg);
+                        client.write(&loc, cache, stats, value.as_bytes()).await?
+                    }
+                    Protocol::Abd => {
+                        let (loc, cache) = self.register(reg);
+                        client
+                            .abd_write(&loc, cache, stats, value.as_bytes())
+                            .await?
+                    }
+                };
+                Ok(Done {
+                    // A register write always takes effect; an update fails on a
+                    // deleted key.
+                    ok: !self.scenario.key_value() || outcome == WriteOutcome::Written,
+                    value: None,
+                    read: false,
+                })
+            }
+            (Action::Delete, Some(reg)) => {
+                let (loc, cache) = self.register(reg);
+                let outcome = client.delete(&loc, cache, stats).await?;
+                Ok(Done {
+                    ok: outcome == WriteOutcome::Written,
+                    value: None,
+                    read: false,
+                })
+            }
+        }
+    }
+
+    /// Insert: an update of the current register if the key is there; otherwise
+    /// (absent, or the update found it deleted) the value goes into a fresh register,
+    /// published if the key has not moved meanwhile, else tried again.
+    async fn insert(
+        &mut self,
+        key: u32,
+        mut current: Option<u32>,
+        value: &str,
+        stats: &OpStats,
+    ) -> Result<Done, OpError> {
+        let client = self.client;
+        let written = Done {
+            ok: true,
+            value: None,
+            read: false,
+        };
+        loop {
+            if let Some(reg) = current {
+                let (loc, cache) = self.register(reg);
+                if client.write(&loc, cache, stats, value.as_bytes()).await?
+                    == WriteOutcome::Written
+                {
+                    return Ok(written);
+                }
+            }
+            let Some(fresh) = self.directory.borrow_mut().allocate() else {
+                return Err(OpError::NoFreeRegister);
+            };
+            let (loc, cache) = self.register(fresh);
+            client.write(&loc, cache, stats, value.as_bytes()).await?;
+            let mut dir = self.directory.borrow_mut();
+            let slot = &mut dir.current[key as usize];
+            if *slot == current {
+                *slot = Some(fresh);
+                return Ok(written);
+            }
+            current = *slot;
+        }
+    }
+
+    fn register(&mut self, index: u32) -> (RegisterLoc, &mut RegisterCache) {
+        let loc = register(&self.layout, self.scenario.replicas, index);
+        (loc, self.caches.entry(index).or_default())
     }
 }

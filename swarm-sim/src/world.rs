@@ -177,6 +177,14 @@ impl SimWorld {
                 client.0,
                 state.client_count()
             ),
+            Fault::SlowLink(client, node, _) => assert!(
+                (client.0 as usize) < state.client_count() && node.index() < state.nodes.len(),
+                "fault {fault} names client {} and node {node}, but the world has {} clients \
+                 and {} nodes",
+                client.0,
+                state.client_count(),
+                state.nodes.len()
+            ),
         }
     }
 

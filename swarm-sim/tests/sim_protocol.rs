@@ -40,9 +40,17 @@ fn common_case_is_one_roundtrip_for_safe_guess_and_two_for_abd() {
         s.ops_per_client = 60;
         s.think_ns = 20_000;
         s.write_first = true;
+        // A writer alone stays on the fast path even when its clock steps back:
+        // its guesses still exceed its own earlier writes (§6).
         let sg = scenario::run(&Scenario {
             keys: 1,
             clients: 1,
+            faults: Faults {
+                clock_jumps: true,
+                ..Faults::NONE
+            },
+            // Steps back of up to 400 µs, far more than the time between two writes.
+            max_skew_ns: 200_000,
             ..s
         })
         .expect("no stall");
@@ -125,6 +133,62 @@ fn sixteen_writers_on_one_key_stay_live_and_linearizable() {
             "seed {seed}: 16 writers on one key: writes {} / reads {}",
             outcome.writes, outcome.reads
         );
+    });
+}
+
+/// The adversarial mix the mutation tests rely on (`scripts/mutants.sh`): every
+/// fault, late messages that leave new tuples on a minority, node stalls between a
+/// buffer write and its CAS, clocks that jump around on ticks longer than a
+/// roundtrip (slow paths and timestamp-lock races), and writers sharing metadata
+/// words (§4.4).
+fn adversarial(seed: u64) -> Scenario {
+    let mut s = Scenario::new(seed);
+    s.clients = 6;
+    s.keys = 2;
+    s.ops_per_client = 40;
+    s.meta_words = 2;
+    s.tick_ns = 2_000;
+    s.max_skew_ns = 40_000;
+    s.faults = Faults::ALL;
+    s
+}
+
+#[test]
+fn safe_guess_survives_inversions_stalls_and_clock_jumps() {
+    for_each_seed(60, |seed| {
+        let s = adversarial(seed);
+        let outcome = scenario::run(&s).expect("no stall");
+        assert_wait_free(&outcome, s.clients);
+        check(&outcome, "adversarial");
+    });
+}
+
+#[test]
+fn several_operations_in_flight_per_writer_stay_linearizable() {
+    for_each_seed(60, |seed| {
+        let mut s = adversarial(seed);
+        s.clients = 4;
+        s.inflight = 3;
+        s.ops_per_client = 60;
+        let outcome = scenario::run(&s).expect("no stall");
+        assert_wait_free(&outcome, s.clients);
+        check(&outcome, "3 operations in flight per writer");
+    });
+}
+
+#[test]
+fn deletes_and_reinserts_mixed_with_writes_stay_linearizable() {
+    for_each_seed(60, |seed| {
+        let mut s = adversarial(seed);
+        s.delete_percent = 10;
+        s.write_percent = 40;
+        s.write_first = true;
+        // Concurrent deletes can both report removing the key (a known defect,
+        // reproduced by tests/sim_concurrent_deletes.rs): check everything else.
+        s.check_delete_outcomes = false;
+        let outcome = scenario::run(&s).expect("no stall");
+        assert_wait_free(&outcome, s.clients);
+        check(&outcome, "deletes and re-inserts");
     });
 }
 

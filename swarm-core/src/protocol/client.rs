@@ -116,6 +116,11 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         &self.fabric
     }
 
+    /// The clock this client guesses timestamps from.
+    pub fn clock(&self) -> &C {
+        &self.clock
+    }
+
     /// The cluster layout.
     pub fn layout(&self) -> &Layout {
         &self.layout

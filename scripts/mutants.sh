@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# Mutation testing of the protocol against the randomized simulation.
+#
+# Applies each mutant of scripts/mutants/*.patch (one deliberate bug in
+# swarm-core/src/protocol per file) in turn, runs ONLY the randomized simulation
+# tests (swarm-sim/tests/sim_protocol.rs and sim_max_register_race.rs; not the
+# scripted schedules) at their default CI seed counts, reverts
+# the mutant, and prints a table: `caught` (a test failed), `MISSED` (every test
+# passed: the simulation cannot see this bug), `unviable` (it does not compile) or
+# `stale` (the patch no longer applies: refresh it against the current code).
+#
+# Usage: scripts/mutants.sh [NAME ...]   (names without .patch; default: all)
+# Logs go to target/mutants/NAME.log. Not run in CI: expect about a minute per mutant.
+set -euo pipefail
+
+root=$(git rev-parse --show-toplevel)
+cd "$root"
+if ! git diff --quiet -- swarm-core/src; then
+    echo "swarm-core/src has uncommitted changes: commit or stash them first" >&2
+    exit 2
+fi
+# The CI seed counts, not a soak and not a single replay.
+unset SWARM_SIM_SEED SWARM_SIM_SEEDS
+test_cmd=(cargo test -q -p swarm-sim --test sim_protocol --test sim_max_register_race)
+logs=target/mutants
+mkdir -p "$logs"
+
+applied=""
+restore() {
+    if [ -n "$applied" ]; then
+        git apply -R "$applied"
+        applied=""
+    fi
+}
+trap restore EXIT INT TERM
+
+if [ $# -gt 0 ]; then
+    patches=()
+    for name in "$@"; do patches+=("scripts/mutants/$name.patch"); done
+else
+    patches=(scripts/mutants/*.patch)
+fi
+
+echo "Building the unmutated tests once..."
+"${test_cmd[@]}" --no-run >/dev/null 2>&1 || {
+    echo "the unmutated tests do not build" >&2
+    exit 2
+}
+
+printf '| %-42s | %-8s | %7s | %s\n' mutant result seconds "first failure"
+printf '|%s|%s|%s|%s\n' "--------------------------------------------" ---------- --------- ---------------
+caught=0
+total=0
+for patch in "${patches[@]}"; do
+    name=$(basename "$patch" .patch)
+    log="$logs/$name.log"
+    total=$((total + 1))
+    if ! git apply --check "$patch" 2>"$log"; then
+        printf '| %-42s | %-8s | %7s | %s\n' "$name" stale - "patch does not apply"
+        continue
+    fi
+    git apply "$patch"
+    applied=$patch
+    start=$(date +%s)
+    if ! "${test_cmd[@]}" --no-run >>"$log" 2>&1; then
+        result=unviable
+        detail="does not compile"
+    elif timeout 1200 "${test_cmd[@]}" >>"$log" 2>&1; then
+        result=MISSED
+        detail="all randomized sim tests passed"
+    else
+        result=caught
+        caught=$((caught + 1))
+        failed=$(grep -m1 -o '^test [a-z0-9_]* \.\.\. FAILED\|^---- [a-z0-9_]*' "$log" | sed 's/^---- //; s/^test //; s/ \.\.\. FAILED//' || true)
+        seed=$(grep -m1 -o 'SWARM_SIM_SEED=[0-9]*' "$log" || true)
+        detail="${failed:-timeout} ${seed}"
+    fi
+    secs=$(($(date +%s) - start))
+    restore
+    printf '| %-42s | %-8s | %7s | %s\n' "$name" "$result" "$secs" "$detail"
+done
+echo
+echo "caught $caught of $total mutants (logs in $logs/)"
