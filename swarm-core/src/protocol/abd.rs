@@ -30,6 +30,10 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         self.check_payload(payload)?;
         let m = self.max_read_weak(reg, cache, stats).await?;
         if m.is_tombstone() {
+            // The weak read may have seen the tombstone on a minority only: make the
+            // delete take effect before reporting it (one more roundtrip, this path only).
+            self.inner_write(reg, cache, stats, m, &[], &mut WriteProgress::default())
+                .await?;
             return Ok(WriteOutcome::Deleted);
         }
         let next = if m.is_empty() { 1 } else { m.ts().ticks() + 1 };

@@ -28,8 +28,10 @@
 //! is written VERIFIED directly and readers return "deleted" at once. A write that
 //! finds a tombstone (`m > w` with `m` a tombstone) must not rewrite above it (there
 //! is no timestamp above); it locks its guess in WRITE mode instead: if that succeeds
-//! no reader ever returns `w` and the write reports [`WriteOutcome::Deleted`]; if it
-//! fails, a reader may have returned `w`, so the write took effect (before the delete).
+//! no reader ever returns `w`, and the write writes the tombstone back to a majority
+//! (the weak read may have seen it on one node only) before it reports
+//! [`WriteOutcome::Deleted`]; if the lock fails, a reader may have returned `w`, so
+//! the write took effect (before the delete).
 //!
 //! Background VERIFIED marks (§3.2 line 8 and the read's line 17) CAS the flag into
 //! the replicas known to hold the guessed tuple and write the in-place copy on the
@@ -75,11 +77,16 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         self.observe(m.ts());
         let locked = self.trylock(reg, stats, ts, LockMode::Write).await?;
         if m.is_tombstone() {
-            return Ok(if locked {
-                WriteOutcome::Deleted
-            } else {
-                WriteOutcome::Written
-            });
+            if !locked {
+                return Ok(WriteOutcome::Written);
+            }
+            // The weak read may have found the tombstone on a minority only: reporting
+            // Deleted is linearizable only once the delete took effect, that is, once
+            // its tombstone is on a majority (an empty record: one more roundtrip on
+            // this path only).
+            self.inner_write(reg, cache, stats, m, &[], &mut WriteProgress::default())
+                .await?;
+            return Ok(WriteOutcome::Deleted);
         }
         if locked {
             let fresh = self.allocate_ts(m.ts().ticks() + 1)?;
