@@ -28,6 +28,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         payload: &[u8],
     ) -> Result<WriteOutcome, SwarmError> {
         self.check_payload(payload)?;
+        let _slot = self.write_slot(reg).await;
         let m = self.max_read_weak(reg, cache, stats).await?;
         if m.is_tombstone() {
             // The weak read may have seen the tombstone on a minority only: make the

@@ -1,5 +1,6 @@
 //! A protocol client: one per client thread.
 
+use alloc::vec::Vec;
 use core::cell::RefCell;
 
 use crate::clock::Clock;
@@ -72,6 +73,13 @@ pub(crate) struct WriterState {
 /// Operations take `&self`, so a thread can keep several in flight on one
 /// [`crate::LocalExecutor`]; writer-local state sits in a `RefCell` that is never
 /// borrowed across an `await`.
+///
+/// Writes and deletes of one client to one register run one at a time: a second one
+/// waits (re-polled, like every future of this crate) until the first has returned.
+/// Safe-Guess reads rely on it (appendix C, Assumption 2: one operation in flight per
+/// writer): a reader that sees a newer tuple of a writer concludes that the writer's
+/// older write on that register completed. Reads, and writes to other registers, are
+/// not held back.
 #[derive(Debug)]
 pub struct Client<F, C> {
     pub(crate) fabric: F,
@@ -82,6 +90,25 @@ pub struct Client<F, C> {
     pub(crate) state: RefCell<WriterState>,
     /// Per node: suspected of having failed until this fabric time (0: trusted).
     pub(crate) suspected_until: RefCell<[Nanos; MAX_NODES]>,
+    /// Addresses of the registers with a write or delete of this client in flight.
+    writing: RefCell<Vec<u64>>,
+}
+
+/// A register's write slot of one client, held by the write or delete in flight on it
+/// (see [`Client`]); given back on drop, also when the operation is dropped midway.
+#[derive(Debug)]
+pub(crate) struct WriteSlot<'a> {
+    writing: &'a RefCell<Vec<u64>>,
+    addr: u64,
+}
+
+impl Drop for WriteSlot<'_> {
+    fn drop(&mut self) {
+        let mut writing = self.writing.borrow_mut();
+        if let Some(i) = writing.iter().position(|&a| a == self.addr) {
+            writing.swap_remove(i);
+        }
+    }
 }
 
 impl<F: Fabric, C: Clock> Client<F, C> {
@@ -108,6 +135,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
                 guesser: TimestampGuesser::new(),
             }),
             suspected_until: RefCell::new([0; MAX_NODES]),
+            writing: RefCell::new(Vec::new()),
         })
     }
 
@@ -145,6 +173,26 @@ impl<F: Fabric, C: Clock> Client<F, C> {
             state.slots.mark_used(slot);
         }
         state.guesser.used(last_ticks);
+    }
+
+    /// Waits until no other write or delete of this client is in flight on `reg`,
+    /// then holds its write slot until the returned guard is dropped.
+    pub(crate) async fn write_slot(&self, reg: &RegisterLoc) -> WriteSlot<'_> {
+        core::future::poll_fn(|cx| {
+            let mut writing = self.writing.borrow_mut();
+            if writing.contains(&reg.addr) {
+                // Busy re-poll, as everywhere in this crate (see `crate::exec`).
+                cx.waker().wake_by_ref();
+                return core::task::Poll::Pending;
+            }
+            writing.push(reg.addr);
+            core::task::Poll::Ready(())
+        })
+        .await;
+        WriteSlot {
+            writing: &self.writing,
+            addr: reg.addr,
+        }
     }
 
     /// Whether `node` missed a deadline recently (see [`ProtocolConfig::suspect_ns`]).

@@ -59,6 +59,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         payload: &[u8],
     ) -> Result<WriteOutcome, SwarmError> {
         self.check_payload(payload)?;
+        let _slot = self.write_slot(reg).await;
         let ts = self.guess_ts()?;
         let w = Tsp::new(ts, Flag::Guessed);
         let mut progress = WriteProgress::default();
@@ -106,6 +107,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         cache: &mut RegisterCache,
         stats: &OpStats,
     ) -> Result<WriteOutcome, SwarmError> {
+        let _slot = self.write_slot(reg).await;
         let t = Tsp::new(Timestamp::tombstone(self.writer), Flag::Verified);
         let mut progress = WriteProgress::default();
         let m = self
