@@ -189,14 +189,18 @@ impl<F: Fabric, C: Clock> Client<F, C> {
 
     /// The value of write `t`, the maximum of `views`: from the primary's in-place
     /// block when it holds `t`, otherwise from `t`'s out-of-place buffer on a replica
-    /// whose maximum is `t` (one more roundtrip). `None` when every such replica
-    /// stopped answering: the caller reads a majority again.
+    /// whose maximum is `t` (one more roundtrip). `None` when no such replica answered
+    /// within `patience` times `slow_after_ns` (they may have crashed since the
+    /// metadata read): the caller reads a majority again, with more patience, so that
+    /// holders that are alive but slower than `slow_after_ns` are waited for in the
+    /// end (a read whose every retry had the same deadline would never return).
     pub(crate) async fn fetch_value(
         &self,
         reg: &RegisterLoc,
         stats: &OpStats,
         views: &mut Views,
         t: Tsp,
+        patience: u64,
     ) -> Result<Option<Vec<u8>>, SwarmError> {
         if t.is_empty() || t.is_tombstone() {
             return Ok(Some(Vec::new()));
@@ -231,7 +235,8 @@ impl<F: Fabric, C: Clock> Client<F, C> {
                 rt.post(reg.replicas.node(p), batch)?;
             }
             asked = upto;
-            let deadline = self.fabric.now().saturating_add(self.config.slow_after_ns);
+            let wait = self.config.slow_after_ns.saturating_mul(patience);
+            let deadline = self.fabric.now().saturating_add(wait);
             if rt.wait_until(1, deadline).await == WaitOutcome::Reached {
                 break;
             }
@@ -276,12 +281,19 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         stats: &OpStats,
         with_inplace: bool,
     ) -> Result<(Tsp, Vec<u8>), SwarmError> {
+        // Doubles on every retry, without a cap: a holder that is alive is waited for
+        // long enough in the end, however slow its link (wait-freedom).
+        let mut patience = 1;
         let (t, value) = loop {
             let mut views = self.read_views(reg, cache, stats, with_inplace).await?;
             let t = views.max();
-            if let Some(value) = self.fetch_value(reg, stats, &mut views, t).await? {
+            if let Some(value) = self
+                .fetch_value(reg, stats, &mut views, t, patience)
+                .await?
+            {
                 break (t, value);
             }
+            patience = patience.saturating_mul(2);
         };
         if !t.is_empty() {
             self.inner_write(reg, cache, stats, t, &value, &mut WriteProgress::default())
