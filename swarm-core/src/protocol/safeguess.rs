@@ -6,8 +6,10 @@
 //!   w = (guessTs(), GUESSED, v)
 //!   in parallel: m = M.READ_weak();  M.WRITE(w)       # one pipelined batch per node
 //!   if m <= w: background M.WRITE((w.ts, VERIFIED, v)); return      # fast path
+//!   a = M.READ()                                     # slow path: something above w
+//!   if a <= w: background M.WRITE((w.ts, VERIFIED, v)); return      # is on a majority
 //!   if TSL[tid].TRYLOCK(w.ts, WRITE):                # no reader can ever return w
-//!      M.WRITE(((m.ts.counter+1, tid), VERIFIED, v))
+//!      M.WRITE(((max(m, a).ts.counter+1, tid), VERIFIED, v))
 //!   return                                           # else a reader deemed w fresh
 //!
 //! READ():
@@ -23,15 +25,27 @@
 //!     seen[m.ts.tid] = m
 //! ```
 //!
+//! The paper's line 6 is a full `M.READ`; ours is weak (no value fetched, nothing
+//! written back) so that the fast path stays at one roundtrip. The slow path makes up
+//! for it with the strong `M.READ` above, *before* the WRITE lock: Lemma C.5 case (ii)
+//! (wait-freedom) needs the tuple that sent the write to its slow path on a majority
+//! by then, so that a reader whose READ lock on `w` fails finds something newer on its
+//! next read even if this writer crashes before rewriting. If that read finds nothing
+//! above `w` (what the weak read saw was on a minority and is not on the majority read
+//! now), `w` is the maximum of a majority and is as fresh as on the fast path: every
+//! write or read that completed before this write began is at most `w` (Lemmas A.3
+//! and C.4), so the write completes like the fast path.
+//!
 //! Deletes (SWARM-KV §5.3.2) write the tombstone timestamp, which is above every
 //! write. A tombstone is fresh by construction and its writer never rewrites it, so it
 //! is written VERIFIED directly and readers return "deleted" at once. A write that
 //! finds a tombstone (`m > w` with `m` a tombstone) must not rewrite above it (there
-//! is no timestamp above); it locks its guess in WRITE mode instead: if that succeeds
-//! no reader ever returns `w`, and the write writes the tombstone back to a majority
-//! (the weak read may have seen it on one node only) before it reports
-//! [`WriteOutcome::Deleted`]; if the lock fails, a reader may have returned `w`, so
-//! the write took effect (before the delete).
+//! is no timestamp above). It writes the tombstone back to a majority first (the weak
+//! read may have seen it on one node only; it has no value to fetch, so this is the
+//! slow path's strong read), then locks its guess in WRITE mode: if that succeeds no
+//! reader ever returns `w`, and the write reports [`WriteOutcome::Deleted`] (the
+//! delete took effect, and is linearized before this write); if the lock fails, a
+//! reader may have returned `w`, so the write took effect (before the delete).
 //!
 //! Background VERIFIED marks (§3.2 line 8 and the read's line 17) CAS the flag into
 //! the replicas known to hold the guessed tuple and write the in-place copy on the
@@ -76,26 +90,42 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         // The guess may have been stale: re-synchronise, then make sure no reader
         // returns `w` before writing again with a fresh timestamp.
         self.observe(m.ts());
-        let locked = self.trylock(reg, stats, ts, LockMode::Write).await?;
-        if m.is_tombstone() {
-            if !locked {
-                return Ok(WriteOutcome::Written);
-            }
-            // The weak read may have found the tombstone on a minority only: reporting
-            // Deleted is linearizable only once the delete took effect, that is, once
-            // its tombstone is on a majority (an empty record: one more roundtrip on
-            // this path only).
+        // Lemma C.5 (ii) needs a tuple above `w` on a majority *before* the WRITE lock:
+        // a reader that then fails its READ lock on `w` must find something newer on
+        // its next majority read, or it would see `w` forever if this writer crashes
+        // before rewriting (wait-freedom). The weak read may have seen `m` on one node
+        // only, so read the register strongly (`M.READ` writes its maximum back,
+        // Lemma A.3); a tombstone carries no value, so write it back directly.
+        let above = if m.is_tombstone() {
             self.inner_write(reg, cache, stats, m, &[], &mut WriteProgress::default())
                 .await?;
+            m
+        } else {
+            self.max_read(reg, cache, stats, false).await?.0
+        };
+        if above.ts() <= w.ts() {
+            // What `m` stood for never reached a majority and is gone from the one
+            // the strong read saw: `w` is the maximum of a majority now, as on the
+            // fast path (every write that completed before this one is at most `w`).
+            self.mark_verified(reg, cache, w, record);
+            return Ok(WriteOutcome::Written);
+        }
+        if !self.trylock(reg, stats, ts, LockMode::Write).await? {
+            // A reader locked `w` first and may have returned it: the write took effect.
+            return Ok(WriteOutcome::Written);
+        }
+        // No reader will ever return `w` (Lemma C.3). A tombstone above it (now on a
+        // majority: the delete took effect) means the register was deleted first and
+        // this write never takes effect; otherwise rewrite above everything seen,
+        // VERIFIED, as Lemma C.4's second case needs.
+        if above.is_tombstone() {
             return Ok(WriteOutcome::Deleted);
         }
-        if locked {
-            let fresh = self.allocate_ts(m.ts().ticks() + 1)?;
-            let v = Tsp::new(fresh, Flag::Verified);
-            self.inner_write(reg, cache, stats, v, payload, &mut WriteProgress::default())
-                .await?;
-            self.write_inplace(reg, encode_record(v, payload));
-        }
+        let fresh = self.allocate_ts(m.max(above).ts().ticks() + 1)?;
+        let v = Tsp::new(fresh, Flag::Verified);
+        self.inner_write(reg, cache, stats, v, payload, &mut WriteProgress::default())
+            .await?;
+        self.write_inplace(reg, encode_record(v, payload));
         Ok(WriteOutcome::Written)
     }
 
