@@ -3,14 +3,15 @@
 #
 # Applies each mutant of scripts/mutants/*.patch (one deliberate bug in
 # swarm-core/src/protocol per file) in turn, runs ONLY the randomized simulation
-# tests (swarm-sim/tests/sim_protocol.rs and sim_max_register_race.rs; not the
-# scripted schedules) at their default CI seed counts, reverts
-# the mutant, and prints a table: `caught` (a test failed), `MISSED` (every test
-# passed: the simulation cannot see this bug), `unviable` (it does not compile) or
-# `stale` (the patch no longer applies: refresh it against the current code).
+# tests (swarm-sim/tests/sim_protocol.rs and sim_max_register_race.rs, not the
+# scripted schedules) at their default CI seed counts, reverts the mutant, and
+# prints a table: `caught` (a test failed), `MISSED` (every test passed: the
+# simulation cannot see this bug), `unviable` (it does not compile) or `stale`
+# (the patch no longer applies: refresh it against the current code).
 #
 # Usage: scripts/mutants.sh [NAME ...]   (names without .patch; default: all)
-# Logs go to target/mutants/NAME.log. Not run in CI: expect about a minute per mutant.
+#   MUTANTS_TEST_ARGS="--skip TEST" passes arguments to the test binaries.
+# Logs go to target/mutants/NAME.log. Not run in CI: about 10 s per mutant.
 set -euo pipefail
 
 root=$(git rev-parse --show-toplevel)
@@ -21,7 +22,7 @@ if ! git diff --quiet -- swarm-core/src; then
 fi
 # The CI seed counts, not a soak and not a single replay.
 unset SWARM_SIM_SEED SWARM_SIM_SEEDS
-test_cmd=(cargo test -q -p swarm-sim --test sim_protocol --test sim_max_register_race)
+test_cmd=(cargo test -q --no-fail-fast -p swarm-sim --test sim_protocol --test sim_max_register_race)
 logs=target/mutants
 mkdir -p "$logs"
 
@@ -41,11 +42,16 @@ else
     patches=(scripts/mutants/*.patch)
 fi
 
-echo "Building the unmutated tests once..."
-"${test_cmd[@]}" --no-run >/dev/null 2>&1 || {
-    echo "the unmutated tests do not build" >&2
+build_cmd=("${test_cmd[@]}" --no-run)
+# Extra arguments for the test binaries, e.g. MUTANTS_TEST_ARGS="--skip NAME".
+read -r -a extra <<<"${MUTANTS_TEST_ARGS:-}"
+test_cmd+=(-- "${extra[@]}")
+
+echo "Running the unmutated tests first..."
+if ! "${test_cmd[@]}" >"$logs/unmutated.log" 2>&1; then
+    echo "the unmutated tests fail (see $logs/unmutated.log): every mutant would look caught" >&2
     exit 2
-}
+fi
 
 printf '| %-42s | %-8s | %7s | %s\n' mutant result seconds "first failure"
 printf '|%s|%s|%s|%s\n' "--------------------------------------------" ---------- --------- ---------------
@@ -62,7 +68,7 @@ for patch in "${patches[@]}"; do
     git apply "$patch"
     applied=$patch
     start=$(date +%s)
-    if ! "${test_cmd[@]}" --no-run >>"$log" 2>&1; then
+    if ! "${build_cmd[@]}" >>"$log" 2>&1; then
         result=unviable
         detail="does not compile"
     elif timeout 1200 "${test_cmd[@]}" >>"$log" 2>&1; then
@@ -71,9 +77,10 @@ for patch in "${patches[@]}"; do
     else
         result=caught
         caught=$((caught + 1))
-        failed=$(grep -m1 -o '^test [a-z0-9_]* \.\.\. FAILED\|^---- [a-z0-9_]*' "$log" | sed 's/^---- //; s/^test //; s/ \.\.\. FAILED//' || true)
+        tests=$(grep -c ' --- FAILED$' "$log" || true)
+        failed=$(grep -m1 -o '^[a-z0-9_]* --- FAILED$' "$log" | sed 's/ --- FAILED//' || true)
         seed=$(grep -m1 -o 'SWARM_SIM_SEED=[0-9]*' "$log" || true)
-        detail="${failed:-timeout} ${seed}"
+        detail="${tests} test(s) failed; first: ${failed:-timeout} ${seed}"
     fi
     secs=$(($(date +%s) - start))
     restore

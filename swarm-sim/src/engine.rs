@@ -576,3 +576,79 @@ impl Drop for State {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Latency;
+
+    /// Posts `batch` from `client` to `node` and runs the world until it completes;
+    /// returns the virtual time it took.
+    fn roundtrip(state: &mut State, client: ClientId, node: NodeId, batch: Batch) -> Nanos {
+        let start = state.now;
+        let ticket = state.post(client, node, batch);
+        while state.poll(client, ticket).is_pending() {
+            assert!(state.progress(), "the world stalled");
+        }
+        state.now - start
+    }
+
+    fn fixed(nodes: usize) -> SimConfig {
+        SimConfig::new(nodes, 4096).latency(Latency::new(1_000, 0))
+    }
+
+    #[test]
+    fn a_slow_link_slows_only_its_client_and_node() {
+        let mut state = State::new(1, fixed(2));
+        let (slow, other) = (state.add_client(), state.add_client());
+        state.apply(Fault::SlowLink(slow, NodeId(0), 5));
+        let read = || Batch::read(0, 8);
+        assert_eq!(roundtrip(&mut state, slow, NodeId(0), read()), 10_020);
+        assert_eq!(roundtrip(&mut state, slow, NodeId(1), read()), 2_020);
+        assert_eq!(roundtrip(&mut state, other, NodeId(0), read()), 2_020);
+        state.apply(Fault::SlowLink(slow, NodeId(0), 1));
+        assert_eq!(roundtrip(&mut state, slow, NodeId(0), read()), 2_020);
+    }
+
+    #[test]
+    fn a_spread_tail_draws_each_extra_delay_up_to_its_bound() {
+        let config = fixed(1).latency(Latency::new(1_000, 0).with_tail_upto(1.0, 10_000));
+        let mut state = State::new(3, config);
+        let client = state.add_client();
+        let times: BTreeSet<Nanos> = (0..20)
+            .map(|_| roundtrip(&mut state, client, NodeId(0), Batch::read(0, 8)))
+            .collect();
+        assert!(
+            times.iter().all(|&t| (2_020..=22_020).contains(&t)),
+            "{times:?}"
+        );
+        assert!(times.len() > 10, "extra delays vary: {times:?}");
+    }
+
+    #[test]
+    fn stalls_delay_the_next_operation_of_a_batch_only() {
+        let batch = || {
+            let mut batch = Batch::read(0, 8);
+            batch.push(Op::Read { addr: 8, len: 8 }).expect("room");
+            batch
+        };
+        let mut calm = State::new(5, fixed(1));
+        let client = calm.add_client();
+        assert_eq!(roundtrip(&mut calm, client, NodeId(0), batch()), 2_040);
+        let mut stalling = State::new(5, fixed(1).stalls(1.0, 50_000));
+        let client = stalling.add_client();
+        let times: BTreeSet<Nanos> = (0..10)
+            .map(|_| roundtrip(&mut stalling, client, NodeId(0), batch()))
+            .collect();
+        assert!(
+            times.iter().all(|&t| (2_040..=52_040).contains(&t)),
+            "{times:?}"
+        );
+        assert!(times.iter().any(|&t| t > 12_040), "{times:?}");
+        // A one-operation batch has no gap to stall in.
+        assert_eq!(
+            roundtrip(&mut stalling, client, NodeId(0), Batch::read(0, 8)),
+            2_020
+        );
+    }
+}

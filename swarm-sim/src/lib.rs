@@ -13,17 +13,17 @@
 //! - **Memory nodes** are zeroed byte arrays ([`SimConfig::node_bytes`]).
 //! - **Messages.** A batch travels to its node and its completion travels back, each
 //!   after its own random one-way delay drawn from the node's [`Latency`]
-//!   (`base ± jitter`, optional tail, times the node's slow factor). Independent
-//!   draws reorder batches across nodes, and also across batches to one node: the
-//!   contract only orders operations *within* a batch, so neither does the
-//!   simulation.
+//!   (`base ± jitter`, optional tail, times the node's and the link's slow
+//!   factors). Independent draws reorder batches across nodes, and also across
+//!   batches to one node: the contract only orders operations *within* a batch, so
+//!   neither does the simulation.
 //! - **Execution at the node.** The operations of a batch run strictly in order
 //!   (SWARM §2.1, third property: "if the second update is visible, so is the
 //!   first"): the next starts `op_ns` after the previous one finished, or later if
 //!   the node stalls ([`SimConfig::stalls`]), sometimes long enough for a whole
-//!   roundtrip of another client to land between two operations of one batch. A read and a
-//!   CAS each happen at one instant; a write is applied one 8-byte-aligned chunk at
-//!   a time, `word_ns` apart, **in a seeded random order**. Batches of other
+//!   roundtrip of another client to land between two operations of one batch. A
+//!   read and a CAS each happen at one instant; a write is applied one
+//!   8-byte-aligned chunk at a time, `word_ns` apart, **in a seeded random order**. Batches of other
 //!   clients interleave with it freely, so a read overlapping a write returns it
 //!   torn, at 8-byte granularity and never below (SWARM §2.1, first property; §4).
 //!   A CAS on an aligned word is atomic (second property). Out-of-bounds or
@@ -37,9 +37,9 @@
 //!   [`Fault::Slow`] (a straggler, which makes protocols abandon a preferred
 //!   majority for a fallback node after a timeout), [`Fault::SlowLink`] (one
 //!   client reaches one node late: clients disagree on which majority answers
-//!   first), and [`Fault::CrashClient`]
-//!   (the client's tasks are dropped mid-operation, but what it posted still
-//!   executes, leaving half-done work for others, as real hardware does).
+//!   first), and [`Fault::CrashClient`] (the client's tasks are dropped
+//!   mid-operation, but what it posted still executes, leaving half-done work for
+//!   others, as real hardware does).
 //! - **Time** is a virtual clock in nanoseconds. Events wait in a queue ordered by
 //!   `(time, sequence number)`. [`SimWorld::step`] runs one;
 //!   [`SimWorld::progress`] (which is [`swarm_core::Fabric::progress`]) runs them up to

@@ -2,12 +2,17 @@
 //!
 //! A scenario runs closed-loop clients, each issuing reads and writes on a few
 //! replicated registers through Safe-Guess (or DM-ABD, for comparison), over a
-//! [`SimWorld`] with the failures of SWARM §2.2 injected: a crashed minority of
-//! memory nodes, slow nodes, clock skew that makes timestamp guesses stale, clients
-//! that crash mid-operation, and torn reads (the simulation tears every write that
-//! overlaps a read). Every operation is recorded in a [`History`] for the
-//! linearizability checker (DESIGN.md §7), with its roundtrips and, for Safe-Guess
-//! reads, its loop iterations (appendix C bounds them by `2·writers + 1`).
+//! [`SimWorld`] with the failures of SWARM §2.2 injected ([`Faults`]): a crashed
+//! minority of memory nodes, slow nodes, slow spells and slow client-node links,
+//! late messages, nodes that stall between the operations of a batch, clock skew
+//! and clock jumps that make timestamp guesses stale, clients that crash
+//! mid-operation, and torn reads (the simulation tears every write that overlaps a
+//! read). A client may keep several operations in flight on one writer id
+//! ([`Scenario::inflight`]), and keys may be deleted and re-inserted
+//! ([`Scenario::delete_percent`]), which turns the history into a key-value one.
+//! Every operation is recorded in a [`History`] for the linearizability checker,
+//! with its roundtrips and, for Safe-Guess reads, its loop iterations (appendix C
+//! bounds them by `2·writers + 1`).
 //!
 //! The protocol tests and the `sim-history` example are thin wrappers around
 //! [`run`], so that any failing test can be replayed from the command line with the
@@ -143,12 +148,6 @@ pub struct Scenario {
     pub meta_words: u16,
     /// Virtual nanoseconds a client pauses between operations.
     pub think_ns: u64,
-    /// When above 0, operations start in bursts: each waits for the next multiple of
-    /// this many virtual nanoseconds, plus a random 0 to [`BURST_SPREAD_NS`]. Every
-    /// burst starts reads and writes of several clients within a roundtrip or two
-    /// of each other, the overlaps that the reader-writer races of §3.2 need (a
-    /// read begun just before a write, a stale write begun just after it ends).
-    pub burst_ns: u64,
     /// Whether each lane's first operation is a write (an insert with deletes on),
     /// so that reads find values.
     pub write_first: bool,
@@ -177,7 +176,6 @@ impl Scenario {
             check_delete_outcomes: true,
             meta_words: 4,
             think_ns: 0,
-            burst_ns: 0,
             write_first: false,
             tick_ns: 100,
             max_skew_ns: 20_000,
@@ -341,7 +339,7 @@ pub fn run(scenario: &Scenario) -> Result<Outcome, SimError> {
         }
     }
     // Rough length of the run, to place faults inside it.
-    let span = u64::from(scenario.ops_per_client) * (3_000 + scenario.think_ns + scenario.burst_ns);
+    let span = u64::from(scenario.ops_per_client) * (3_000 + scenario.think_ns);
     schedule_faults(scenario, &runner, &mut rng, span);
 
     for c in 0..scenario.clients {
@@ -405,9 +403,6 @@ pub fn run(scenario: &Scenario) -> Result<Outcome, SimError> {
         run: report,
     })
 }
-
-/// Spread of the start times of the operations of one burst ([`Scenario::burst_ns`]).
-pub const BURST_SPREAD_NS: u64 = 4_000;
 
 /// Probability that a message is late under [`Faults::late_messages`].
 const LATE_PROBABILITY: f64 = 0.125;
@@ -591,12 +586,6 @@ async fn lane_task(lane: Lane) {
     {
         if scenario.think_ns > 0 {
             client.fabric().sleep(scenario.think_ns).await;
-        }
-        let now = world.now();
-        if let Some(bursts) = now.checked_div(scenario.burst_ns) {
-            let start = (bursts + 1) * scenario.burst_ns;
-            let wait = start - now + rng.between(0, BURST_SPREAD_NS);
-            client.fabric().sleep(wait).await;
         }
         if scenario.faults.clock_jumps && rng.chance(0.125) {
             client
