@@ -20,7 +20,7 @@ mod support;
 
 use std::rc::Rc;
 
-use support::{CrashAfterLock, MS, Script, Step, US, finished};
+use support::{AfterFirstLock, MS, Script, Step, US, finished};
 use swarm_core::{NodeId, WriteOutcome};
 use swarm_sim::{Fault, SimRunner};
 
@@ -44,7 +44,7 @@ fn a_read_returns_after_a_slow_path_writer_crashes_holding_its_write_lock() {
     runner.at(105 * US, Fault::CrashClient(y_id));
     // X writes on n0 and n1, finds Y's tuple above its guess on n0, takes the slow
     // path, wins the WRITE lock on its guess and crashes before its next batch.
-    let x_fabric = CrashAfterLock::new(&script.world, &script.layout);
+    let x_fabric = AfterFirstLock::new(&script.world, &script.layout);
     let x_id = x_fabric.id();
     let x_crashed = x_fabric.crashed();
 

@@ -22,7 +22,7 @@ use swarm_core::{
     Batch, Client, Completion, Fabric, FabricError, NodeId, Op, OpStats, ProtocolConfig, ReadValue,
     RegisterCache, RegisterLoc, Replicas, Ticket, WriteOutcome,
 };
-use swarm_sim::{Latency, SimClock, SimConfig, SimFabric, SimRunner, SimWorld, TaskHandle};
+use swarm_sim::{Fault, Latency, SimClock, SimConfig, SimFabric, SimRunner, SimWorld, TaskHandle};
 
 pub const KEY: &str = "k";
 /// One-way latency of every message, fixed so a script is exact.
@@ -69,8 +69,14 @@ pub struct Script {
 }
 
 impl Script {
-    /// Three nodes, one register replicated on all of them, room for `writers`.
+    /// Three nodes, one register replicated on all of them, room for `writers`;
+    /// exact latencies.
     pub fn new(writers: u16) -> Self {
+        Self::seeded(writers, 7, 0)
+    }
+
+    /// Like [`Script::new`], with the world's `seed` and `jitter_ns` of latency jitter.
+    pub fn seeded(writers: u16, seed: u64, jitter_ns: u64) -> Self {
         let shape = |log_base| {
             Layout::builder()
                 .payload_max(32)
@@ -84,9 +90,11 @@ impl Script {
         let log_base = (HEADER_SIZE + register_bytes).next_multiple_of(4096);
         let layout = shape(log_base).expect("valid layout");
         let node_bytes = (layout.log_base() + layout.log_bytes()) as usize;
-        let config = SimConfig::new(3, node_bytes).latency(Latency::new(ONE_WAY_NS, 0));
+        let config = SimConfig::new(3, node_bytes)
+            .latency(Latency::new(ONE_WAY_NS, jitter_ns))
+            .keep_trace(false);
         Self {
-            world: SimWorld::new(7, config),
+            world: SimWorld::new(seed, config),
             layout,
             reg: RegisterLoc {
                 addr: HEADER_SIZE,
@@ -205,26 +213,45 @@ pub fn finished(handle: &TaskHandle<Done>, what: &str) -> Done {
         .unwrap_or_else(|| panic!("{what} did not finish"))
 }
 
-/// A client fabric that crashes its client right after its first timestamp lock:
-/// the first batch it is asked to post after the lock's CAS is replaced by a
-/// harmless one-word read, so memory never sees it, and the client crashes (its
-/// tasks are dropped). Lock words live in log slots (`TRYLOCK` CASes a slot's first
+/// What happens to a client right after its first timestamp lock (at the first
+/// batch it posts after the lock).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AfterLock {
+    /// It crashes: that batch is replaced by a harmless one-word read, so memory
+    /// never sees it, and the client's tasks are dropped.
+    Crash,
+    /// Its links to every node become this many times slower, from that batch on.
+    Slow(u32),
+}
+
+/// A client fabric that injects [`AfterLock`] right after the client's first
+/// timestamp lock. Lock words live in log slots (`TRYLOCK` CASes a slot's first
 /// word): the only single-CAS batches at or above the log base.
-pub struct CrashAfterLock {
+pub struct AfterFirstLock {
     inner: SimFabric,
     world: SimWorld,
     log_base: u64,
+    then: AfterLock,
     locked: Cell<bool>,
+    triggered: Cell<bool>,
     crashed: Rc<Cell<bool>>,
 }
 
-impl CrashAfterLock {
+impl AfterFirstLock {
+    /// Crashes the client after its first lock.
     pub fn new(world: &SimWorld, layout: &Layout) -> Self {
+        Self::then(world, layout, AfterLock::Crash)
+    }
+
+    /// Does `then` after the client's first lock.
+    pub fn then(world: &SimWorld, layout: &Layout, then: AfterLock) -> Self {
         Self {
             inner: world.client(),
             world: world.clone(),
             log_base: layout.log_base(),
+            then,
             locked: Cell::new(false),
+            triggered: Cell::new(false),
             crashed: Rc::new(Cell::new(false)),
         }
     }
@@ -244,17 +271,27 @@ impl CrashAfterLock {
     }
 }
 
-impl Fabric for CrashAfterLock {
+impl Fabric for AfterFirstLock {
     fn node_count(&self) -> usize {
         self.inner.node_count()
     }
 
     fn post(&self, node: NodeId, batch: Batch) -> Ticket {
-        if self.is_lock(&batch) && !self.crashed.get() {
+        if self.is_lock(&batch) {
             self.locked.set(true);
-        } else if self.locked.get() && !self.crashed.get() {
-            self.crashed.set(true);
-            self.world.crash_client(self.inner.id());
+        } else if self.locked.get() && !self.triggered.replace(true) {
+            match self.then {
+                AfterLock::Crash => {
+                    self.crashed.set(true);
+                    self.world.crash_client(self.inner.id());
+                }
+                AfterLock::Slow(factor) => {
+                    for node in 0..self.inner.node_count() {
+                        let fault = Fault::SlowLink(self.inner.id(), NodeId(node as u16), factor);
+                        self.world.apply(fault);
+                    }
+                }
+            }
         }
         if self.crashed.get() {
             return self.inner.post(node, Batch::read(0, 8));
