@@ -27,7 +27,8 @@
 //!
 //! The paper's line 6 is a full `M.READ`; ours is weak (no value fetched, nothing
 //! written back) so that the fast path stays at one roundtrip. The slow path makes up
-//! for it with the strong `M.READ` above, *before* the WRITE lock: Lemma C.5 case (ii)
+//! for it with the strong `M.READ` above (skipped when the weak read already saw `m` or
+//! more on a majority), *before* the WRITE lock: Lemma C.5 case (ii)
 //! (wait-freedom) needs the tuple that sent the write to its slow path on a majority
 //! by then, so that a reader whose READ lock on `w` fails finds something newer on its
 //! next read even if this writer crashes before rewriting. If that read finds nothing
@@ -96,7 +97,11 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         // before rewriting (wait-freedom). The weak read may have seen `m` on one node
         // only, so read the register strongly (`M.READ` writes its maximum back,
         // Lemma A.3); a tombstone carries no value, so write it back directly.
-        let above = if m.is_tombstone() {
+        let above = if cache.holding(reg.replicas.len(), m) >= reg.replicas.quorum() {
+            // The weak read itself saw `m` or more on a majority (word values never go
+            // down): nothing to do.
+            m
+        } else if m.is_tombstone() {
             self.inner_write(reg, cache, stats, m, &[], &mut WriteProgress::default())
                 .await?;
             m
