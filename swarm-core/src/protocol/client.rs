@@ -206,14 +206,31 @@ impl<F: Fabric, C: Clock> Client<F, C> {
     }
 
     pub(crate) fn suspect(&self, node: NodeId) {
-        let until = self.fabric.now().saturating_add(self.config.suspect_ns);
+        let now = self.fabric.now();
+        let until = now.saturating_add(self.config.suspect_ns);
         if let Some(slot) = self.suspected_until.borrow_mut().get_mut(node.index()) {
+            if *slot == 0 || *slot <= now {
+                tracing::info!(
+                    writer = self.writer.get(),
+                    node = node.index(),
+                    suspect_ns = self.config.suspect_ns,
+                    "memory node did not answer within slow_after_ns: suspected, \
+                     its registers are served by the other replicas"
+                );
+            }
             *slot = until;
         }
     }
 
     pub(crate) fn trust(&self, node: NodeId) {
         if let Some(slot) = self.suspected_until.borrow_mut().get_mut(node.index()) {
+            if *slot != 0 {
+                tracing::info!(
+                    writer = self.writer.get(),
+                    node = node.index(),
+                    "memory node answered in time again: trusted"
+                );
+            }
             *slot = 0;
         }
     }

@@ -294,6 +294,13 @@ impl<F: Fabric, C: Clock> Client<F, C> {
                 break (t, value);
             }
             patience = patience.saturating_mul(2);
+            tracing::debug!(
+                writer = self.writer.get(),
+                tsp = ?t,
+                patience,
+                "no replica holding the maximum answered a value fetch in time: \
+                 reading the register again, waiting longer"
+            );
         };
         if !t.is_empty() {
             self.inner_write(reg, cache, stats, t, &value, &mut WriteProgress::default())

@@ -91,6 +91,12 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         // The guess may have been stale: re-synchronise, then make sure no reader
         // returns `w` before writing again with a fresh timestamp.
         self.observe(m.ts());
+        tracing::debug!(
+            writer = self.writer.get(),
+            guess = ?w,
+            seen = ?m,
+            "stale timestamp guess: slow path"
+        );
         // Lemma C.5 (ii) needs a tuple above `w` on a majority *before* the WRITE lock:
         // a reader that then fails its READ lock on `w` must find something newer on
         // its next majority read, or it would see `w` forever if this writer crashes
@@ -176,6 +182,13 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         loop {
             let iteration = stats.count_iteration();
             if iteration > bound {
+                tracing::warn!(
+                    writer = self.writer.get(),
+                    iterations = iteration - 1,
+                    bound,
+                    "read gave up after the wait-freedom bound (2 x writers + 1 iterations): \
+                     more writers than the layout allows, or a protocol bug"
+                );
                 return Err(SwarmError::ReadBoundExceeded(iteration - 1));
             }
             let (m, value) = self.max_read(reg, cache, stats, true).await?;

@@ -181,6 +181,7 @@ fn parse_size(text: &str) -> Result<u64> {
 }
 
 fn main() -> ExitCode {
+    init_logging();
     match run(Cli::parse()) {
         Ok(code) => code,
         Err(e) => {
@@ -188,6 +189,19 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Logs to standard error, filtered by `RUST_LOG` (default: warnings and errors only),
+/// e.g. `RUST_LOG=swarm_core=info` to see memory nodes suspected and trusted again, or
+/// `RUST_LOG=debug` for slow paths and retries too.
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::builder()
+        .with_default_directive(tracing_subscriber::filter::LevelFilter::WARN.into())
+        .from_env_lossy();
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
 }
 
 /// Runs `$body` with `$store` bound to the store the target names (shared memory or
