@@ -6,7 +6,7 @@
 //! memory nodes, slow nodes, clock skew that makes timestamp guesses stale, clients
 //! that crash mid-operation, and torn reads (the simulation tears every write that
 //! overlaps a read). Every operation is recorded in a [`History`] for the
-//! linearizability checker (DESIGN.md §7), with its roundtrips and, for Safe-Guess
+//! linearizability checker (`swarm-checker`), with its roundtrips and, for Safe-Guess
 //! reads, its loop iterations (appendix C bounds them by `2·writers + 1`).
 //!
 //! The protocol tests and the `sim-history` example are thin wrappers around

@@ -1,5 +1,5 @@
 //! Safe-Guess and DM-ABD on the simulated fabric, with faults, checked for
-//! linearizability (DESIGN.md §7) and for their roundtrip counts (SWARM Table 2).
+//! linearizability (`swarm-checker`) and for their roundtrip counts (SWARM Table 2).
 //!
 //! Every randomized test prints the seed of a failing run; replay one with
 //! `SWARM_SIM_SEED=N cargo test -p swarm-sim --test sim_protocol`
