@@ -1,5 +1,5 @@
 //! Histories recorded by the YCSB harness pass the linearizability checker
-//! (DESIGN.md §7): plain runs, runs with several operations in flight per client, a
+//! (`swarm-checker`): plain runs, runs with several operations in flight per client, a
 //! memory-node crash mid-run (SWARM §7.7), and extreme contention (§7.8: 16 clients
 //! on 10 keys).
 
