@@ -1,4 +1,4 @@
-//! Checks a JSON Lines history for linearizability (DESIGN.md §7) and prints the
+//! Checks a JSON Lines history for linearizability and prints the
 //! report: verdict, totals, and for each key without a linearization the window of
 //! operations where the search got stuck.
 //!

@@ -1,8 +1,9 @@
 //! A history: the operations recorded by all clients, stored per key.
 //!
 //! Operations are partitioned by key as they arrive, since the checker handles each
-//! key on its own (P-compositionality, DESIGN.md §7). Keys and values are interned so a
-//! history of millions of operations stays compact: an operation is a few integers.
+//! key on its own (P-compositionality, see the crate docs). Keys and values are
+//! interned so a history of millions of operations stays compact: an operation is a
+//! few integers.
 
 use std::collections::HashMap;
 use std::io::{self, Write};

@@ -1,4 +1,4 @@
-//! Reading histories from JSON Lines (DESIGN.md §7), one operation per line:
+//! Reading histories from JSON Lines, one operation per line:
 //!
 //! ```text
 //! {"client": 3, "op": "write", "key": "k", "value": "v", "ok": true, "start": 10, "end": 25}

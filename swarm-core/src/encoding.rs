@@ -1,4 +1,4 @@
-//! The 64-bit words SWARM stores in disaggregated memory (DESIGN.md §4.6).
+//! The 64-bit words SWARM stores in disaggregated memory (SWARM §3.2, §3.3, §4.3).
 //!
 //! Three kinds of word are compared and swapped by memory nodes that cannot run
 //! code, so their order must be the plain `u64` order:
@@ -231,7 +231,8 @@ impl Tsp {
         Self((self.0 & !1) | flag as u64)
     }
 
-    /// Whether both words name the same write, whatever their flags (DESIGN.md §4.5 `≈`).
+    /// Whether both words name the same write, whatever their flags: the `≈` an
+    /// In-n-Out read uses to match the in-place record against the maximum (SWARM §4.3).
     pub const fn same_write(self, other: Self) -> bool {
         self.0 | 1 == other.0 | 1
     }

@@ -23,12 +23,12 @@
 //!   the payload length, an xxh3-128 hash of the record, and the payload. A record is
 //!   valid only if its hash matches, so a read torn by a concurrent write is detected
 //!   (in-place data is written without any lock, §4.2).
-//! * The slot of write `(ticks, w)` in `w`'s log is `xxh3(ts) mod slots` (DESIGN.md
-//!   §4.6): the metadata word names the buffer without any index bits. The writer
-//!   keeps a bitmap of the slots it has used ([`SlotAllocator`]) and bumps its guessed
-//!   timestamp by one tick until it lands on a free slot. A slot is dedicated to one
-//!   write until it is recycled (a later issue), and a reader checks the record's tsp,
-//!   so a reused slot is detected, never misread.
+//! * The slot of write `(ticks, w)` in `w`'s log is `xxh3(ts) mod slots` (see
+//!   [`crate::encoding`]): the metadata word names the buffer without any index bits.
+//!   The writer keeps a bitmap of the slots it has used ([`SlotAllocator`]) and bumps
+//!   its guessed timestamp by one tick until it lands on a free slot. A slot is
+//!   dedicated to one write until it is recycled (a later issue), and a reader checks
+//!   the record's tsp, so a reused slot is detected, never misread.
 //! * The first word of a slot is the CAS object of the timestamp lock for that write
 //!   (§3.3): one lock per writer timestamp, costing no memory per key. Data writes
 //!   start after it and never touch it.

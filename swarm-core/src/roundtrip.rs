@@ -1,15 +1,16 @@
 //! Roundtrips: the one place where protocol code waits on the fabric.
 //!
-//! A *roundtrip* (DESIGN.md §3) is one step "post ordered batches to some nodes, wait
+//! A *roundtrip* (SWARM §2.1) is one step "post ordered batches to some nodes, wait
 //! for `k` of them". Protocol code can only obtain fabric results through a
 //! [`Roundtrip`], and creating one increments the operation's [`OpStats`], so the
 //! roundtrip count (the paper's Table 2) cannot be forgotten or faked. Extending a
 //! step to fallback nodes after a timeout ([`Roundtrip::escalate`]) counts as one more
 //! roundtrip: it costs the caller about one more network delay.
 //!
-//! A roundtrip waits for a quorum, never for all (SWARM §2.1, fourth property):
-//! batches still outstanding when the quorum is reached are *forgotten* when the
-//! roundtrip is dropped; they still execute, their results are discarded.
+//! A roundtrip waits for a quorum, never for all (SWARM §2.2: only a majority of memory
+//! nodes is assumed alive): batches still outstanding when the quorum is reached are
+//! *forgotten* when the roundtrip is dropped; they still execute, their results are
+//! discarded.
 
 use alloc::vec::Vec;
 use core::cell::Cell;

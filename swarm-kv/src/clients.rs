@@ -1,5 +1,5 @@
-//! The client table: writer ids and leases in disaggregated memory (DESIGN.md §5,
-//! LOCO's one-row-per-client idea).
+//! The client table: writer ids and leases in disaggregated memory (LOCO's
+//! one-row-per-client idea; its place on a node is in [`crate::layout`]).
 //!
 //! Every client thread that writes needs a writer id: it names the thread's
 //! out-of-place log and breaks timestamp ties (SWARM §3.2). Two live clients must never

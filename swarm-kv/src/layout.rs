@@ -1,7 +1,7 @@
 //! Where everything lives on a SWARM-KV memory node.
 //!
 //! Every memory node of a cluster has the same layout, so a register is at the same
-//! offset on each of its replicas (DESIGN.md §5) and one address names it everywhere.
+//! offset on each of its replicas and one address names it everywhere.
 //! Offsets are bytes from the start of the node; areas are 4 KiB aligned.
 //!
 //! ```text

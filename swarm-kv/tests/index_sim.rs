@@ -1,6 +1,6 @@
 //! The index on the simulated fabric: concurrent inserts, removes, replaces and
 //! lookups on a few hot keys, with crashed memory nodes, slow nodes and clients that
-//! crash mid-operation, recorded and checked for linearizability (DESIGN.md §7).
+//! crash mid-operation, recorded and checked for linearizability (`swarm-checker`).
 //!
 //! Every randomized test prints its seed on failure; replay one with
 //! `SWARM_SIM_SEED=N cargo test -p swarm-kv --test index_sim`.

@@ -15,7 +15,7 @@
 //! ```
 //!
 //! The file carries what a memory node writes into its header (SWARM keeps the
-//! timestamp epoch and tick in the cluster header, DESIGN.md §4.6) and where the
+//! timestamp epoch and tick in the node header, [`swarm_core::header`]) and where the
 //! token is; the token itself stays in its own file (mode 0600) so the cluster file
 //! can be shared and logged. A relative `token_file` is relative to the cluster file.
 

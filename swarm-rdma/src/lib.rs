@@ -8,7 +8,7 @@
 //! `RDMA WRITE` and `ATOMIC_CMP_AND_SWP` on reliable-connected queue pairs, and a
 //! pipeline is one chain of work requests posted with one doorbell. Memory nodes
 //! are passive: a tiny daemon registers memory and hands out queue pairs, then its
-//! CPU sleeps (DESIGN.md §1).
+//! CPU sleeps (SWARM §2.1: no code runs next to the data).
 //!
 //! ## Layout
 //!

@@ -1,6 +1,6 @@
 //! The memory-node daemon (`swarm memnode`): passive memory served over RDMA.
 //!
-//! A SWARM memory node runs no protocol code (DESIGN.md §1, SWARM §2.1): it
+//! A SWARM memory node runs no protocol code (SWARM §2.1): it
 //! allocates memory, writes the node header every transport shares
 //! ([`swarm_core::header`]) at its start, registers it for remote READ, WRITE and
 //! atomics, and accepts clients on a TCP port. For each authenticated client

@@ -1,7 +1,7 @@
 //! Safe-Guess registers on shared memory, many *processes*, one of them killed by
 //! `SIGKILL` in the middle of an operation: the merged history must be linearizable
-//! (DESIGN.md §7 "Multi-process runs on shm, with clients killed by signal
-//! mid-operation"; SWARM §2.1 "any number of crashed clients", §3, appendix C).
+//! (SWARM §2.2 "any number of application threads can fail", §3, appendix C;
+//! ARCHITECTURE.md, "How correctness is tested").
 //!
 //! The parent test creates a three-node `ShmCluster` and re-executes this test binary
 //! as client processes (`--exact protocol_child`, configured by environment

@@ -1,5 +1,5 @@
 //! Safe-Guess registers on shared memory, many threads: every recorded history must
-//! be linearizable (DESIGN.md §7; SWARM §3, appendix C).
+//! be linearizable (SWARM §3, appendix C; ARCHITECTURE.md, "How correctness is tested").
 //!
 //! Eight client threads of one process share a three-node `ShmCluster` in a scratch
 //! directory. Each has its own `ShmFabric`, `Client` and writer id, a wall clock in

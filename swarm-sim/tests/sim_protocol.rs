@@ -1,5 +1,5 @@
 //! Safe-Guess and DM-ABD on the simulated fabric, with faults, checked for
-//! linearizability and for their roundtrip counts (SWARM Table 2).
+//! linearizability (`swarm-checker`) and for their roundtrip counts (SWARM Table 2).
 //!
 //! `scripts/mutants.sh` runs these tests against deliberately broken protocols:
 //! each adversarial scenario below says which kind of bug it is there to expose.

@@ -1,5 +1,5 @@
 //! The history of a run, for the linearizability checker (`swarm check`,
-//! [`swarm_checker`]; DESIGN.md §7).
+//! [`swarm_checker`]).
 //!
 //! Every operation of every phase is recorded, the load included, so the history
 //! starts from an empty store, as the checker's key-value model assumes. One JSON

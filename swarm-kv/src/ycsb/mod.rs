@@ -1,5 +1,5 @@
 //! The YCSB benchmark harness of SWARM-KV (`swarm bench`), reproducing the paper's
-//! evaluation setting (SWARM §7, DESIGN.md §6).
+//! evaluation setting (SWARM §7).
 //!
 //! The paper measures SWARM-KV with YCSB workloads A (50 % gets, 50 % updates) and B
 //! (95 % / 5 %) over a scrambled Zipfian (0.99) key choice, 100 000 keys of 24 B,

@@ -1,7 +1,7 @@
 //! How big a cluster a benchmark needs, and whether a given cluster is big enough.
 //!
 //! Registers are allocated in chunks claimed by each client (two-level allocation,
-//! FUSEE §4.4, DESIGN.md §5), so a load of `keys` keys by `clients` clients may leave
+//! FUSEE §4.4), so a load of `keys` keys by `clients` clients may leave
 //! up to one partly used chunk per client: the cluster needs that much slack.
 //!
 //! Every write also takes an out-of-place log slot of its writer (SWARM §4.3), and

@@ -25,7 +25,7 @@
 //! gives the construction and why it is not Noise. The TCP connection then
 //! stays open, idle, for as long as the client uses the queue pair: when it closes
 //! (the client exits or crashes), the memory node destroys that client's queue pair.
-//! Apart from that the memory node's CPU does nothing (DESIGN.md §1: passive memory).
+//! Apart from that the memory node's CPU does nothing (passive memory, SWARM §2.1).
 //!
 //! Everything here is device-independent: the memory node plugs its verbs-specific
 //! part in through [`Acceptor`], so the whole exchange is tested on loopback TCP.

@@ -1,4 +1,5 @@
-//! [`RdmaFabric`]: SWARM's fabric contract (DESIGN.md §3) over RDMA verbs.
+//! [`RdmaFabric`]: SWARM's fabric contract ([`swarm_core::fabric`], SWARM §2.1) over
+//! RDMA verbs.
 //!
 //! A process opens the device once ([`RdmaCluster::open`]); every client thread then
 //! gets its own [`RdmaFabric`] ([`RdmaCluster::client`]) with its own completion

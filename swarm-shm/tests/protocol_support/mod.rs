@@ -2,12 +2,12 @@
 //! a wall clock in cluster ticks, a seeded client workload that records every
 //! operation for the linearizability checker, and the check itself.
 //!
-//! The workload is the one of DESIGN.md §7 on real shared memory: closed-loop clients,
-//! each its own writer, doing mixed Safe-Guess reads and writes (SWARM §3.2) of
-//! unique values on a few registers, so that the history pins down which write every
-//! read saw. Every operation is recorded with its call and return times on
-//! `CLOCK_MONOTONIC`, which all threads *and* all processes of the host share, so
-//! histories recorded by different processes merge into one.
+//! The workload, on real shared memory: closed-loop clients, each its own writer, doing
+//! mixed Safe-Guess reads and writes (SWARM §3.2) of unique values on a few registers,
+//! so that the history pins down which write every read saw. Every operation is
+//! recorded with its call and return times on `CLOCK_MONOTONIC`, which all threads
+//! *and* all processes of the host share, so histories recorded by different processes
+//! merge into one.
 
 use std::fmt;
 use std::fs;
