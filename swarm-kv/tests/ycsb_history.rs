@@ -1,14 +1,7 @@
-<<<<<<< HEAD
 //! Histories recorded by the YCSB harness pass the linearizability checker (SWARM
 //! §7): plain runs, runs with several operations in flight per client, a memory-node
 //! crash mid-run (§7.7), and extreme contention (§7.8: 16 clients on 10 keys, also
 //! with four operations in flight each).
-=======
-//! Histories recorded by the YCSB harness pass the linearizability checker
-//! (`swarm-checker`): plain runs, runs with several operations in flight per client, a
-//! memory-node crash mid-run (SWARM §7.7), and extreme contention (§7.8: 16 clients
-//! on 10 keys).
->>>>>>> docs
 
 mod ycsb_support;
 

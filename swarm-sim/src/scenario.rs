@@ -2,7 +2,6 @@
 //!
 //! A scenario runs closed-loop clients, each issuing reads and writes on a few
 //! replicated registers through Safe-Guess (or DM-ABD, for comparison), over a
-<<<<<<< HEAD
 //! [`SimWorld`] with the failures of SWARM §2.2 injected ([`Faults`]): a crashed
 //! minority of memory nodes, slow nodes, slow spells and slow client-node links,
 //! late messages, nodes that stall between the operations of a batch, clock skew
@@ -11,17 +10,9 @@
 //! read). A client may keep several operations in flight on one writer id
 //! ([`Scenario::inflight`]), and keys may be deleted and re-inserted
 //! ([`Scenario::delete_percent`]), which turns the history into a key-value one.
-//! Every operation is recorded in a [`History`] for the linearizability checker,
-//! with its roundtrips and, for Safe-Guess reads, its loop iterations (appendix C
-//! bounds them by `2·writers + 1`).
-=======
-//! [`SimWorld`] with the failures of SWARM §2.2 injected: a crashed minority of
-//! memory nodes, slow nodes, clock skew that makes timestamp guesses stale, clients
-//! that crash mid-operation, and torn reads (the simulation tears every write that
-//! overlaps a read). Every operation is recorded in a [`History`] for the
-//! linearizability checker (`swarm-checker`), with its roundtrips and, for Safe-Guess
-//! reads, its loop iterations (appendix C bounds them by `2·writers + 1`).
->>>>>>> docs
+//! Every operation is recorded in a [`History`] for the linearizability checker
+//! (`swarm-checker`), with its roundtrips and, for Safe-Guess reads, its loop
+//! iterations (appendix C bounds them by `2·writers + 1`).
 //!
 //! The protocol tests and the `sim-history` example are thin wrappers around
 //! [`run`], so that any failing test can be replayed from the command line with the
