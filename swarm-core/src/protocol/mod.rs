@@ -11,6 +11,9 @@
 //!    with the tombstone timestamp (§5.3.2).
 //! 5. [`abd`] and [`raw`] — the DM-ABD and unreplicated baselines of §7.
 //!
+//! Beside the layers: [`quorum`], the broadcast and preferred-majority steps they
+//! and embedders' own replicated structures are built from.
+//!
 //! Every operation is an `async fn` on a [`Client`] (one per client thread) and takes
 //! the register's [`RegisterLoc`], the client's [`RegisterCache`] for it and an
 //! [`crate::OpStats`] that counts its roundtrips.
@@ -21,6 +24,7 @@ mod error;
 pub mod guess;
 pub mod inout;
 pub mod maxreg;
+pub mod quorum;
 pub mod raw;
 pub mod register;
 pub mod safeguess;
