@@ -12,7 +12,8 @@
 //! 5. [`abd`] and [`raw`] — the DM-ABD and unreplicated baselines of §7.
 //!
 //! Beside the layers: [`quorum`], the broadcast and preferred-majority steps they
-//! and embedders' own replicated structures are built from.
+//! and embedders' own replicated structures are built from, and [`resume`], which
+//! lets a new incarnation of a writer id continue an earlier one's log.
 //!
 //! Every operation is an `async fn` on a [`Client`] (one per client thread) and takes
 //! the register's [`RegisterLoc`], the client's [`RegisterCache`] for it and an
@@ -27,6 +28,7 @@ pub mod maxreg;
 pub mod quorum;
 pub mod raw;
 pub mod register;
+pub mod resume;
 pub mod safeguess;
 pub mod tslock;
 
