@@ -40,7 +40,7 @@ pub use client::{KvClient, KvConfig};
 pub use error::KvError;
 #[cfg(feature = "rdma")]
 pub use rdma::RdmaStore;
-pub use shm::KvStore;
+pub use shm::ShmStore;
 pub use store::Store;
 
 pub use index::RegisterId;

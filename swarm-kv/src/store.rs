@@ -1,7 +1,7 @@
 //! What every transport's store provides, and the superblock I/O they share.
 //!
 //! A *store* is a SWARM-KV cluster opened by this process over one transport: shared
-//! memory ([`crate::KvStore`]) or RDMA (`rdma::RdmaStore`, feature `rdma`). The `swarm`
+//! memory ([`crate::ShmStore`]) or RDMA (`rdma::RdmaStore`, feature `rdma`). The `swarm`
 //! command and the benchmark only need the [`Store`] trait, so they run unchanged on
 //! either.
 
