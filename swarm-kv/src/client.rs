@@ -32,11 +32,11 @@ use swarm_core::{
 };
 use xxhash_rust::xxh3::xxh3_64;
 
-use crate::alloc::RegisterAllocator;
 use crate::cache::{Location, LocationCache};
-use crate::clients::{self, Registration};
 use crate::index::{Index, IndexConfig, IndexError, InsertOutcome};
 use crate::layout::{NodeLayout, decode_payload, encode_key_header, encode_payload};
+use crate::register_alloc::RegisterAllocator;
+use crate::writer_ids::{self, Registration};
 use crate::{KvError, RegisterId};
 
 /// How often a client renews its lease in the client table.
@@ -151,12 +151,12 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         let now = crate::clock::SystemClock::unix_ns();
         let registration = swarm_core::block_on(
             &fabric,
-            clients::register(&fabric, &layout, nodes, token, pid, now),
+            writer_ids::register(&fabric, &layout, nodes, token, pid, now),
         )??;
         let scan = if registration.reused {
             Some(swarm_core::block_on(
                 &fabric,
-                clients::scan_log(&fabric, &layout, nodes, registration.writer),
+                writer_ids::scan_log(&fabric, &layout, nodes, registration.writer),
             )??)
         } else {
             None
@@ -217,7 +217,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
 
     /// Gives the writer id back (its log is resumed by the next client that takes it).
     pub fn close(self) {
-        clients::unregister(
+        writer_ids::unregister(
             self.swarm.fabric(),
             &self.layout,
             self.nodes,
@@ -256,7 +256,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         if now.saturating_sub(self.last_heartbeat.get()) >= HEARTBEAT_NS {
             self.last_heartbeat.set(now);
             let unix = crate::clock::SystemClock::unix_ns();
-            clients::heartbeat(
+            writer_ids::heartbeat(
                 self.swarm.fabric(),
                 &self.layout,
                 self.nodes,

@@ -361,7 +361,7 @@ fn stat<S: Store>(store: &S) -> Result<ExitCode> {
     }
     let rows = block_on(
         &fabric,
-        swarm_kv::clients::read_table(&fabric, &layout, NodeId(0)),
+        swarm_kv::writer_ids::read_table(&fabric, &layout, NodeId(0)),
     )??;
     let now = swarm_kv::clock::SystemClock::unix_ns();
     let live: Vec<_> = rows
