@@ -16,14 +16,18 @@
 //! | 3 | 1 once the row has ever been used (its log may hold live buffers) |
 //!
 //! A client that stops cleanly gives its row back. The next client that claims a
-//! used row *resumes* its log: it scans the log on a majority of nodes and marks every
-//! slot holding a record as used, and starts its timestamps above the largest one it
-//! finds, so no buffer that a register may still point to is overwritten
-//! ([`swarm_core::Client::resume`]). Rows of clients that crashed keep their claim;
-//! they are reclaimed by memory recycling (a later issue), which can tell when their
-//! buffers are no longer referenced.
+//! used row *resumes* its log: it scans the log on every node that answers
+//! ([`swarm_core::protocol::resume::scan_log`], waiting [`RESUME_STRAGGLER_NS`] for
+//! nodes beyond a majority, since a write the earlier client abandoned may sit on one
+//! node only), marks every slot holding a record or a lock as used, and starts its
+//! timestamps above the largest one it finds, so no buffer that a register may still
+//! point to is overwritten and no timestamp repeats ([`swarm_core::Client::resume`]).
+//! Rows of clients that crashed keep their claim; they are reclaimed by memory
+//! recycling (a later issue), which can tell when their buffers are no longer
+//! referenced.
 
-use swarm_core::encoding::Tsp;
+use swarm_core::fabric::Nanos;
+use swarm_core::protocol::quorum::{broadcast, majority, nodes as node_ids};
 use swarm_core::{Batch, Fabric, FabricError, NodeId, OpStats, Roundtrip};
 
 use crate::KvError;
@@ -34,8 +38,10 @@ use crate::layout::NodeLayout;
 const LEASE: u64 = 8;
 const USED: u64 = 24;
 
-/// Bytes read per READ while scanning a log.
-const SCAN_CHUNK: u64 = 4 << 20;
+/// How long resuming a log waits for each node beyond the first majority, on the
+/// fabric's clock. Generous: it is paid once per client start, and only when a node
+/// is down; a node slower than this is read as if it had failed (see the module docs).
+pub const RESUME_STRAGGLER_NS: Nanos = 100_000_000;
 
 /// A claimed row.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -61,12 +67,12 @@ pub async fn register<F: Fabric>(
         if claim(fabric, &stats, nodes, at, token).await? != Claim::Won {
             continue;
         }
-        // Was the row used before? Read the used word from a majority.
-        let mut rt = Roundtrip::start(fabric, &stats);
-        for node in 0..nodes {
-            rt.post(NodeId(node as u16), Batch::read(at + USED, 8))?;
-        }
-        rt.wait(nodes / 2 + 1).await?;
+        // Was the row used before? Read the used word from a majority: a client writes
+        // it to a majority (below) before it writes anything to its log.
+        let rt = broadcast(fabric, &stats, node_ids(nodes), majority(nodes), |_| {
+            Ok(Batch::read(at + USED, 8))
+        })
+        .await?;
         let reused = rt
             .replies()
             .iter()
@@ -76,11 +82,10 @@ pub async fn register<F: Fabric>(
         info.extend_from_slice(&now_unix_ns.to_le_bytes());
         info.extend_from_slice(&pid.to_le_bytes());
         info.extend_from_slice(&1u64.to_le_bytes());
-        let mut rt = Roundtrip::start(fabric, &stats);
-        for node in 0..nodes {
-            rt.post(NodeId(node as u16), Batch::write(at + LEASE, info.clone()))?;
-        }
-        rt.wait(nodes / 2 + 1).await?;
+        broadcast(fabric, &stats, node_ids(nodes), majority(nodes), |_| {
+            Ok(Batch::write(at + LEASE, info.clone()))
+        })
+        .await?;
         return Ok(Registration {
             writer: row,
             reused,
@@ -166,71 +171,128 @@ pub async fn read_table<F: Fabric>(
         .collect())
 }
 
-/// What an earlier incarnation left in a writer's log.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct LogScan {
-    /// Slots holding a record on some node.
-    pub used_slots: Vec<u32>,
-    /// The largest tick count of any record.
-    pub last_ticks: u64,
-}
+#[cfg(test)]
+mod tests {
+    use swarm_core::clock::FixedClock;
+    use swarm_core::encoding::WriterId;
+    use swarm_core::mem::{MemCluster, MemFabric};
+    use swarm_core::protocol::resume::scan_log;
+    use swarm_core::{OpStats, block_on};
 
-/// Scans `writer`'s log on a majority of nodes (see the module docs).
-pub async fn scan_log<F: Fabric>(
-    fabric: &F,
-    layout: &NodeLayout,
-    nodes: usize,
-    writer: u16,
-) -> Result<LogScan, KvError> {
-    let swarm = &layout.swarm;
-    let Some(first) = swarm_core::encoding::WriterId::new(u32::from(writer))
-        .ok()
-        .and_then(|w| swarm.slot_addr(w, 0))
-    else {
-        return Ok(LogScan::default());
-    };
-    let slot_bytes = swarm.slot_bytes();
-    let slots = u64::from(swarm.slots_per_writer());
-    let total = slots * slot_bytes;
-    let per_read = (SCAN_CHUNK / slot_bytes).max(1) * slot_bytes;
-    let mut used = vec![false; slots as usize];
-    let mut last_ticks = 0;
-    let stats = OpStats::new();
-    let mut offset = 0;
-    while offset < total {
-        let len = per_read.min(total - offset);
-        let mut rt = Roundtrip::start(fabric, &stats);
-        for node in 0..nodes {
-            rt.post(NodeId(node as u16), Batch::read(first + offset, len as u32))?;
-        }
-        rt.wait(nodes / 2 + 1).await?;
-        for (_, completion) in rt.replies() {
-            let Some(data) = completion.read(0) else {
-                continue;
-            };
-            for (i, slot) in data.chunks(slot_bytes as usize).enumerate() {
-                // The record's tsp is the word after the lock word.
-                let Some(word) = slot.get(8..16) else {
-                    continue;
-                };
-                let tsp = Tsp::from_word(u64::from_le_bytes(word.try_into().unwrap_or([0; 8])));
-                if !tsp.is_empty() {
-                    used[(offset / slot_bytes) as usize + i] = true;
-                    if !tsp.is_tombstone() {
-                        last_ticks = last_ticks.max(tsp.ts().ticks());
-                    }
-                }
+    use super::*;
+    use crate::layout::ClusterParams;
+    use crate::{KvClient, KvConfig};
+
+    const NODE_BYTES: u64 = 4 << 20;
+
+    fn cluster() -> (MemCluster, NodeLayout) {
+        let params = ClusterParams::default()
+            .for_node_size(NODE_BYTES)
+            .expect("a 4 MiB node fits a small cluster");
+        let layout = NodeLayout::new(params).expect("a valid layout");
+        let cluster = MemCluster::new(3, NODE_BYTES as usize);
+        crate::store::write_superblock(&cluster.client(), &params).expect("three live nodes");
+        (cluster, layout)
+    }
+
+    fn connect(cluster: &MemCluster, layout: NodeLayout) -> KvClient<MemFabric, FixedClock> {
+        // Every incarnation reads the same clock: without resuming, the second one
+        // would guess the very timestamps (and slots) the first one used.
+        KvClient::connect(
+            cluster.client(),
+            FixedClock(1_000),
+            layout,
+            KvConfig::new(0, 1),
+        )
+        .expect("a free writer id")
+    }
+
+    /// Every slot of `writer`'s log that holds anything, with its bytes on each node.
+    fn log_contents(fabric: &MemFabric, layout: &NodeLayout, writer: u16) -> Vec<Vec<u8>> {
+        let w = WriterId::new(u32::from(writer)).expect("a writer id");
+        let stats = OpStats::new();
+        let scan = block_on(fabric, scan_log(fabric, &stats, &layout.swarm, w, 0))
+            .expect("no stall")
+            .expect("three live nodes");
+        let slot_bytes = layout.swarm.slot_bytes() as u32;
+        let mut contents = Vec::new();
+        for slot in scan.used_slots {
+            let at = layout.swarm.slot_addr(w, slot).expect("in the log");
+            let rt = block_on(
+                fabric,
+                broadcast(fabric, &stats, node_ids(3), 3, |_| {
+                    Ok(Batch::read(at, slot_bytes))
+                }),
+            )
+            .expect("no stall")
+            .expect("three live nodes");
+            for node in node_ids(3) {
+                let (_, completion) = rt
+                    .replies()
+                    .iter()
+                    .find(|(n, _)| *n == node)
+                    .expect("every node answered");
+                contents.push(completion.read(0).unwrap_or_default().to_vec());
             }
         }
-        offset += len;
+        contents
     }
-    Ok(LogScan {
-        used_slots: used
-            .iter()
-            .enumerate()
-            .filter(|(_, u)| **u)
-            .map(|(i, _)| i as u32)
-            .collect(),
-        last_ticks,
-    })
+
+    #[test]
+    fn a_row_given_back_is_claimed_again_as_used() {
+        let (cluster, layout) = cluster();
+        let fabric = cluster.client();
+        let register = |token| {
+            block_on(&fabric, register(&fabric, &layout, 3, token, 1, 0))
+                .expect("no stall")
+                .expect("a free row")
+        };
+        let first = register(11);
+        assert_eq!((first.writer, first.reused), (0, false));
+        assert_eq!(register(22).writer, 1, "row 0 is taken");
+        unregister(&fabric, &layout, 3, first.writer, 11);
+        let again = register(33);
+        assert_eq!((again.writer, again.reused), (0, true));
+    }
+
+    #[test]
+    fn a_reused_writer_id_leaves_the_earlier_log_alone() {
+        let (cluster, layout) = cluster();
+        let stats = OpStats::new();
+        let first = connect(&cluster, layout);
+        for key in [&b"a"[..], b"b"] {
+            block_on(first.fabric(), first.insert(key, b"first", &stats))
+                .expect("no stall")
+                .expect("inserted");
+        }
+        let writer = first.writer();
+        first.close();
+        let fabric = cluster.client();
+        let before = log_contents(&fabric, &layout, writer);
+        assert!(!before.is_empty(), "the first client wrote to its log");
+
+        let second = connect(&cluster, layout);
+        assert_eq!(second.writer(), writer, "the row was given back and reused");
+        for key in [&b"c"[..], b"d"] {
+            block_on(second.fabric(), second.insert(key, b"second", &stats))
+                .expect("no stall")
+                .expect("inserted");
+        }
+        let after = log_contents(&fabric, &layout, writer);
+        assert!(after.len() > before.len(), "the second client wrote too");
+        for slot in &before {
+            assert!(
+                after.contains(slot),
+                "a slot of the first client was overwritten by the second"
+            );
+        }
+        for key in [&b"a"[..], b"b"] {
+            assert_eq!(
+                block_on(second.fabric(), second.get(key, &stats))
+                    .expect("no stall")
+                    .expect("read"),
+                Some(b"first".to_vec())
+            );
+        }
+    }
 }
