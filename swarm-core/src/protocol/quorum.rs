@@ -126,18 +126,47 @@ pub async fn preferred_step<'a, F, B, E>(
     order: &[NodeId],
     k: usize,
     slow_after: Nanos,
-    mut build: B,
-    mut enough: E,
+    build: B,
+    enough: E,
 ) -> Result<Roundtrip<'a, F>, FabricError>
 where
     F: Fabric + ?Sized,
     B: FnMut(NodeId) -> Result<Batch, FabricError>,
     E: FnMut(&[(NodeId, Completion)]) -> bool,
 {
+    preferred_step_reporting_late(fabric, stats, order, k, slow_after, build, enough, |_| {}).await
+}
+
+/// [`preferred_step`], also calling `late(node)` for each preferred node that had
+/// not answered when the step gave up waiting for the preferred set: the hook a
+/// caller uses to *suspect* slow nodes and order them last next time (SWARM §6).
+#[allow(clippy::too_many_arguments)]
+pub async fn preferred_step_reporting_late<'a, F, B, E, L>(
+    fabric: &'a F,
+    stats: &'a OpStats,
+    order: &[NodeId],
+    k: usize,
+    slow_after: Nanos,
+    mut build: B,
+    mut enough: E,
+    mut late: L,
+) -> Result<Roundtrip<'a, F>, FabricError>
+where
+    F: Fabric + ?Sized,
+    B: FnMut(NodeId) -> Result<Batch, FabricError>,
+    E: FnMut(&[(NodeId, Completion)]) -> bool,
+    L: FnMut(NodeId),
+{
     let mut rt = Roundtrip::start(fabric, stats);
     let first = k.min(order.len());
     for &node in &order[..first] {
         rt.post(node, build(node)?)?;
+    }
+    // A fabric that completes batches inside `post` (shared memory) has answered
+    // already: collect those replies before reading the clock for the deadline.
+    let _ = rt.reached(first);
+    if enough(rt.replies()) {
+        return Ok(rt);
     }
     let deadline = fabric.now().saturating_add(slow_after);
     loop {
@@ -147,6 +176,11 @@ where
         let have = rt.replies().len();
         if rt.wait_until(have + 1, deadline).await == WaitOutcome::Short {
             break;
+        }
+    }
+    for &node in &order[..first] {
+        if !rt.replies().iter().any(|(n, _)| *n == node) {
+            late(node);
         }
     }
     if order.len() > first {
@@ -327,5 +361,26 @@ mod tests {
             never.map(|_| ()),
             Err(FabricError::NotEnoughLiveNodes { .. })
         ));
+        // A failed preferred node is reported late, once, and the others answer.
+        fabric.fail_node(NodeId(0));
+        let mut late = Vec::new();
+        let rt = block_on(
+            &fabric,
+            preferred_step_reporting_late(
+                &fabric,
+                &stats,
+                &order,
+                2,
+                1_000,
+                |_| Ok(Batch::read(0, 8)),
+                |r| r.len() >= 2,
+                |node| late.push(node),
+            ),
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(answered(&rt), [1, 2]);
+        drop(rt);
+        assert_eq!(late, [NodeId(0)]);
     }
 }
