@@ -10,7 +10,9 @@
 //! elsewhere. That is obstruction-free, not wait-free, which is fine for the rare
 //! operations that use it (a client starting, a chunk of registers running out).
 
-use swarm_core::{Batch, Fabric, FabricError, NodeId, OpStats, Roundtrip};
+use swarm_core::protocol::quorum::{broadcast, majority, nodes as node_ids};
+use swarm_core::roundtrip::post_background;
+use swarm_core::{Batch, Fabric, FabricError, OpStats};
 
 /// How a claim ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -32,12 +34,11 @@ pub async fn claim<F: Fabric>(
     token: u64,
 ) -> Result<Claim, FabricError> {
     debug_assert!(token != 0, "0 is the free word");
-    let quorum = nodes / 2 + 1;
-    let mut rt = Roundtrip::start(fabric, stats);
-    for node in 0..nodes {
-        rt.post(NodeId(node as u16), Batch::cas(addr, 0, token))?;
-    }
-    rt.wait(quorum).await?;
+    let quorum = majority(nodes);
+    let rt = broadcast(fabric, stats, node_ids(nodes), quorum, |_| {
+        Ok(Batch::cas(addr, 0, token))
+    })
+    .await?;
     let mut mine = 0;
     let mut others: heapless::Vec<(u64, usize), 16> = heapless::Vec::new();
     for (_, completion) in rt.replies() {
@@ -60,13 +61,7 @@ pub async fn claim<F: Fabric>(
     let other_can_win = others.iter().any(|(_, c)| c + unanswered >= quorum);
     // Give back whatever we took, on every node (late CASes included).
     drop(rt);
-    for node in 0..nodes {
-        swarm_core::roundtrip::post_background(
-            fabric,
-            NodeId(node as u16),
-            Batch::cas(addr, token, 0),
-        );
-    }
+    release(fabric, nodes, addr, token);
     Ok(if other_can_win {
         Claim::Taken
     } else {
@@ -76,20 +71,16 @@ pub async fn claim<F: Fabric>(
 
 /// Gives a claimed word back on every node.
 pub fn release<F: Fabric>(fabric: &F, nodes: usize, addr: u64, token: u64) {
-    for node in 0..nodes {
-        swarm_core::roundtrip::post_background(
-            fabric,
-            NodeId(node as u16),
-            Batch::cas(addr, token, 0),
-        );
+    for node in node_ids(nodes) {
+        post_background(fabric, node, Batch::cas(addr, token, 0));
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use swarm_core::block_on;
     use swarm_core::mem::MemCluster;
+    use swarm_core::{NodeId, Roundtrip, block_on};
 
     #[test]
     fn first_claimer_wins_and_others_see_it_taken() {

@@ -26,17 +26,19 @@ use std::cell::{Cell, RefCell};
 use swarm_core::encoding::WriterId;
 use swarm_core::fabric::Nanos;
 use swarm_core::protocol::ProtocolConfig;
+use swarm_core::protocol::quorum::broadcast;
+use swarm_core::protocol::resume::scan_log;
 use swarm_core::{
     Batch, Client, Clock, Fabric, NodeId, OpStats, ReadValue, RegisterCache, RegisterLoc, Replicas,
-    Roundtrip, WriteOutcome,
+    WriteOutcome,
 };
 use xxhash_rust::xxh3::xxh3_64;
 
-use crate::alloc::RegisterAllocator;
 use crate::cache::{Location, LocationCache};
-use crate::clients::{self, Registration};
 use crate::index::{Index, IndexConfig, IndexError, InsertOutcome};
 use crate::layout::{NodeLayout, decode_payload, encode_key_header, encode_payload};
+use crate::register_alloc::RegisterAllocator;
+use crate::writer_ids::{self, Registration};
 use crate::{KvError, RegisterId};
 
 /// How often a client renews its lease in the client table.
@@ -151,18 +153,25 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         let now = crate::clock::SystemClock::unix_ns();
         let registration = swarm_core::block_on(
             &fabric,
-            clients::register(&fabric, &layout, nodes, token, pid, now),
+            writer_ids::register(&fabric, &layout, nodes, token, pid, now),
         )??;
+        let writer =
+            WriterId::new(u32::from(registration.writer)).map_err(swarm_core::SwarmError::from)?;
         let scan = if registration.reused {
+            let stats = OpStats::new();
             Some(swarm_core::block_on(
                 &fabric,
-                clients::scan_log(&fabric, &layout, nodes, registration.writer),
+                scan_log(
+                    &fabric,
+                    &stats,
+                    &layout.swarm,
+                    writer,
+                    writer_ids::RESUME_STRAGGLER_NS,
+                ),
             )??)
         } else {
             None
         };
-        let writer =
-            WriterId::new(u32::from(registration.writer)).map_err(swarm_core::SwarmError::from)?;
         let index = Index::new(
             &layout,
             nodes,
@@ -217,7 +226,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
 
     /// Gives the writer id back (its log is resumed by the next client that takes it).
     pub fn close(self) {
-        clients::unregister(
+        writer_ids::unregister(
             self.swarm.fabric(),
             &self.layout,
             self.nodes,
@@ -256,7 +265,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         if now.saturating_sub(self.last_heartbeat.get()) >= HEARTBEAT_NS {
             self.last_heartbeat.set(now);
             let unix = crate::clock::SystemClock::unix_ns();
-            clients::heartbeat(
+            writer_ids::heartbeat(
                 self.swarm.fabric(),
                 &self.layout,
                 self.nodes,
@@ -472,11 +481,12 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         let header = encode_key_header(key);
         let replicas = fresh.loc.replicas.clone();
         let write_header = async {
-            let mut rt = Roundtrip::start(fabric, stats);
-            for &node in replicas.nodes() {
-                rt.post(node, Batch::write(header_at, header.clone()))?;
-            }
-            rt.wait(replicas.quorum()).await
+            let nodes = replicas.nodes().iter().copied();
+            broadcast(fabric, stats, nodes, replicas.quorum(), |_| {
+                Ok(Batch::write(header_at, header.clone()))
+            })
+            .await
+            .map(drop)
         };
         let write_value = self.write_register(&mut fresh, stats, &payload);
         let (header_written, value_written) =

@@ -7,8 +7,8 @@
 //!
 //! * [`layout`] — where everything lives on a memory node.
 //! * [`index`] — the replicated, linearizable index (key → register).
-//! * [`alloc`], [`claim`], [`clients`] — register chunks, writer ids and leases,
-//!   claimed from the memory nodes by CAS.
+//! * [`register_alloc`], [`claim`], [`writer_ids`] — register chunks, writer ids and
+//!   leases, claimed from the memory nodes by CAS.
 //! * [`cache`] — the client's location cache.
 //! * [`client`] — the operations: get, insert, update, delete (§5.3).
 //! * [`shm`], `rdma`, [`store`] — clusters on shared-memory files or RDMA memory
@@ -21,26 +21,26 @@
 //!   libibverbs. Without it the crate and the `swarm` binary need no system library.
 #![warn(missing_docs)]
 
-pub mod alloc;
 pub mod cache;
 pub mod claim;
 pub mod client;
-pub mod clients;
 pub mod clock;
 mod error;
 pub mod index;
 pub mod layout;
 #[cfg(feature = "rdma")]
 pub mod rdma;
+pub mod register_alloc;
 pub mod shm;
 pub mod store;
+pub mod writer_ids;
 pub mod ycsb;
 
 pub use client::{KvClient, KvConfig};
 pub use error::KvError;
 #[cfg(feature = "rdma")]
 pub use rdma::RdmaStore;
-pub use shm::KvStore;
+pub use shm::ShmStore;
 pub use store::Store;
 
 pub use index::RegisterId;

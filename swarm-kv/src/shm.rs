@@ -1,8 +1,8 @@
 //! SWARM-KV on shared-memory files (emulated CXL memory nodes, see `swarm-shm`).
 //!
-//! [`KvStore::create`] lays a SWARM-KV cluster over a new `swarm-shm` cluster: it
+//! [`ShmStore::create`] lays a SWARM-KV cluster over a new `swarm-shm` cluster: it
 //! writes the superblock on every node (the rest of the memory is zero, which is the
-//! empty state of every structure). [`KvStore::open`] maps an existing one, validates
+//! empty state of every structure). [`ShmStore::open`] maps an existing one, validates
 //! every node header and superblock, and hands out one [`KvClient`] per thread.
 
 use std::path::Path;
@@ -17,16 +17,17 @@ use crate::clock::SystemClock;
 use crate::layout::{ClusterParams, NodeLayout, ParamsError};
 use crate::store::{Store, open_layout, write_superblock};
 
-/// A SWARM-KV cluster mapped by this process.
+/// A SWARM-KV cluster on shared-memory node files, mapped by this process (the
+/// shared-memory counterpart of `RdmaStore`, feature `rdma`).
 #[derive(Debug, Clone)]
-pub struct KvStore {
+pub struct ShmStore {
     shm: Arc<ShmCluster>,
     layout: NodeLayout,
     header: NodeHeader,
     rtt_ns: u64,
 }
 
-impl KvStore {
+impl ShmStore {
     /// Creates a cluster of `nodes` node files of `node_bytes` bytes in `dir`, with
     /// capacities derived from `params` and the node size.
     pub fn create(
@@ -44,7 +45,7 @@ impl KvStore {
         )
     }
 
-    /// [`KvStore::create`] with an explicit timestamp tick length.
+    /// [`ShmStore::create`] with an explicit timestamp tick length.
     pub fn create_with_tick(
         dir: &Path,
         nodes: u16,
@@ -107,7 +108,7 @@ impl KvStore {
         self.shm.client().with_rtt_ns(self.rtt_ns)
     }
 
-    /// A raw fabric handle for the calling thread (same as [`KvStore::shm_fabric`]).
+    /// A raw fabric handle for the calling thread (same as [`ShmStore::shm_fabric`]).
     pub fn fabric(&self) -> ShmFabric {
         self.shm_fabric()
     }
@@ -141,7 +142,7 @@ impl KvStore {
     }
 }
 
-impl Store for KvStore {
+impl Store for ShmStore {
     type Fabric = ShmFabric;
 
     fn layout(&self) -> &NodeLayout {

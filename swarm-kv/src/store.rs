@@ -1,12 +1,13 @@
 //! What every transport's store provides, and the superblock I/O they share.
 //!
 //! A *store* is a SWARM-KV cluster opened by this process over one transport: shared
-//! memory ([`crate::KvStore`]) or RDMA (`rdma::RdmaStore`, feature `rdma`). The `swarm`
+//! memory ([`crate::ShmStore`]) or RDMA (`rdma::RdmaStore`, feature `rdma`). The `swarm`
 //! command and the benchmark only need the [`Store`] trait, so they run unchanged on
 //! either.
 
 use swarm_core::header::NodeHeader;
-use swarm_core::{Batch, Fabric, FabricError, NodeId, OpStats, Roundtrip, block_on};
+use swarm_core::protocol::quorum::{broadcast, majority, nodes as node_ids};
+use swarm_core::{Batch, Fabric, FabricError, OpStats, block_on};
 
 use crate::KvError;
 use crate::client::{KvClient, KvConfig};
@@ -52,16 +53,12 @@ pub trait Store {
 pub fn write_superblock<F: Fabric>(fabric: &F, params: &ClusterParams) -> Result<(), KvError> {
     let nodes = fabric.node_count();
     let stats = OpStats::new();
-    block_on(fabric, async {
-        let mut rt = Roundtrip::start(fabric, &stats);
-        for node in 0..nodes {
-            rt.post(
-                NodeId(node as u16),
-                Batch::write(SUPERBLOCK_AT, params.encode().to_vec()),
-            )?;
-        }
-        rt.wait(nodes).await
-    })??;
+    block_on(
+        fabric,
+        broadcast(fabric, &stats, node_ids(nodes), nodes, |_| {
+            Ok(Batch::write(SUPERBLOCK_AT, params.encode().to_vec()))
+        }),
+    )??;
     Ok(())
 }
 
@@ -70,11 +67,10 @@ pub fn read_superblock<F: Fabric>(fabric: &F) -> Result<ClusterParams, KvError> 
     let nodes = fabric.node_count();
     let stats = OpStats::new();
     let decoded = block_on(fabric, async {
-        let mut rt = Roundtrip::start(fabric, &stats);
-        for node in 0..nodes {
-            rt.post(NodeId(node as u16), Batch::read(SUPERBLOCK_AT, 64))?;
-        }
-        rt.wait(nodes / 2 + 1).await?;
+        let rt = broadcast(fabric, &stats, node_ids(nodes), majority(nodes), |_| {
+            Ok(Batch::read(SUPERBLOCK_AT, 64))
+        })
+        .await?;
         Ok::<_, FabricError>(
             rt.replies()
                 .iter()

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use swarm_checker::{History, OpKind, Operation};
 use swarm_core::{OpStats, block_on};
-use swarm_kv::KvStore;
+use swarm_kv::ShmStore;
 use swarm_kv::layout::ClusterParams;
 use swarm_shm::ScratchDir;
 
@@ -38,7 +38,7 @@ fn line(kind: &str, id: u64, op: &Operation) -> String {
 }
 
 fn child(dir: &Path, client: u64, ops: u64, log: &Path) {
-    let store = KvStore::open(dir).unwrap();
+    let store = ShmStore::open(dir).unwrap();
     let kv = store.client().unwrap();
     let f = kv.fabric();
     let mut out = std::fs::File::create(log).unwrap();
@@ -162,7 +162,7 @@ fn killed_client_loses_nothing_acknowledged() {
         writers: 16,
         ..ClusterParams::default()
     };
-    let store = KvStore::create(&dir, 3, 32 << 20, params).unwrap();
+    let store = ShmStore::create(&dir, 3, 32 << 20, params).unwrap();
     // Load every key first, from this process, recorded as client 0.
     let mut history = History::new();
     let kv = store.client().unwrap();

@@ -7,17 +7,17 @@ use std::time::Instant;
 use swarm_checker::{History, OpKind, Operation};
 use swarm_core::{NodeId, OpStats, block_on};
 use swarm_kv::layout::ClusterParams;
-use swarm_kv::{KvError, KvStore};
+use swarm_kv::{KvError, ShmStore};
 use swarm_shm::ScratchDir;
 
-fn store(dir: &ScratchDir) -> KvStore {
+fn store(dir: &ScratchDir) -> ShmStore {
     let params = ClusterParams {
         key_max: 32,
         value_max: 64,
         writers: 32,
         ..ClusterParams::default()
     };
-    KvStore::create(dir.path(), 3, 16 << 20, params).expect("create")
+    ShmStore::create(dir.path(), 3, 16 << 20, params).expect("create")
 }
 
 #[test]

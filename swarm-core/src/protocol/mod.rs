@@ -11,6 +11,10 @@
 //!    with the tombstone timestamp (§5.3.2).
 //! 5. [`abd`] and [`raw`] — the DM-ABD and unreplicated baselines of §7.
 //!
+//! Beside the layers: [`quorum`], the broadcast and preferred-majority steps they
+//! and embedders' own replicated structures are built from, and [`resume`], which
+//! lets a new incarnation of a writer id continue an earlier one's log.
+//!
 //! Every operation is an `async fn` on a [`Client`] (one per client thread) and takes
 //! the register's [`RegisterLoc`], the client's [`RegisterCache`] for it and an
 //! [`crate::OpStats`] that counts its roundtrips.
@@ -21,8 +25,10 @@ mod error;
 pub mod guess;
 pub mod inout;
 pub mod maxreg;
+pub mod quorum;
 pub mod raw;
 pub mod register;
+pub mod resume;
 pub mod safeguess;
 pub mod tslock;
 

@@ -7,12 +7,12 @@
 
 use swarm_core::Fabric;
 use swarm_core::fabric::{Batch, Completion, NodeId, Op};
+use swarm_core::protocol::quorum::broadcast_until;
 use swarm_core::roundtrip::post_background;
 
 use super::IndexError;
 use super::bucket::applied_slot;
 use super::engine::Engine;
-use super::quorum::broadcast_step;
 use super::word::{Ballot, Proposal, SLOTS, Slot};
 
 /// Slots whose tag is this many ballots behind get rewritten with a current tag.
@@ -123,7 +123,7 @@ impl<F: Fabric> Engine<'_, F> {
                     (p, None) => p,
                 }
             };
-            let rt = broadcast_step(
+            let rt = broadcast_until(
                 self.fabric,
                 self.stats,
                 q.saturating_sub(already).max(1),

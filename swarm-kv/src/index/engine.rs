@@ -10,10 +10,11 @@
 use core::cell::Cell;
 
 use swarm_core::fabric::{Batch, Completion, Nanos, NodeId, Op};
+use swarm_core::protocol::quorum::{broadcast_until, preferred_step};
 use swarm_core::{Fabric, OpStats};
 
 use super::bucket::{BucketError, NodeBucket, Status, View};
-use super::quorum::{Jitter, broadcast_step, preferred_step, rotation, sleep};
+use super::schedule::{Jitter, rotation, sleep};
 use super::watch::Watch;
 use super::word::{Ballot, Meta, Proposal, SLOTS, Slot};
 use super::{Index, IndexError};
@@ -361,7 +362,7 @@ impl<'a, F: Fabric> Engine<'a, F> {
                     })
                     .count()
             };
-        let rt = broadcast_step(
+        let rt = broadcast_until(
             self.fabric,
             self.stats,
             q,
@@ -513,7 +514,7 @@ impl<'a, F: Fabric> Engine<'a, F> {
         };
         // Nodes that promised a newer ballot only get a read of the meta word: every
         // node gets a batch, so a live majority always answers.
-        let rt = broadcast_step(
+        let rt = broadcast_until(
             self.fabric,
             self.stats,
             q,

@@ -12,10 +12,11 @@
 //! register whose header is rewritten on reuse is judged by its newest header.
 
 use swarm_core::fabric::{Batch, Op};
+use swarm_core::protocol::quorum::preferred_step;
 use swarm_core::{Fabric, OpStats};
 
 use super::error::HeaderProblem;
-use super::quorum::{preferred_step, rotation};
+use super::schedule::rotation;
 use super::{Index, IndexError};
 
 /// Bytes of a key header to read to compare it with a key of `key_len` bytes.

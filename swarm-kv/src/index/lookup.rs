@@ -8,13 +8,14 @@
 //! docs of [`super`], "reads").
 
 use swarm_core::fabric::{Batch, Op};
+use swarm_core::protocol::quorum::preferred_step;
 use swarm_core::{Fabric, OpStats};
 
 use super::bucket::Status;
 use super::engine::{Engine, MAX_BUCKETS, Settled};
 use super::hash::KeyHash;
 use super::header;
-use super::quorum::{preferred_step, rotation};
+use super::schedule::rotation;
 use super::word::{Ballot, SLOTS, Slot};
 use super::{Candidates, Index, IndexError, RegisterId};
 use crate::layout::BUCKET_BYTES;

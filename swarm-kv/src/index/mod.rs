@@ -184,7 +184,7 @@ mod error;
 pub mod hash;
 mod header;
 mod lookup;
-mod quorum;
+mod schedule;
 mod update;
 mod watch;
 pub mod word;
@@ -301,7 +301,7 @@ impl Index {
 
     /// A majority of the nodes.
     pub fn quorum(&self) -> usize {
-        quorum::majority(self.nodes)
+        swarm_core::protocol::quorum::majority(self.nodes)
     }
 
     /// The candidate buckets and fingerprint of `key`, after checking its length.

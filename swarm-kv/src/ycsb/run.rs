@@ -50,7 +50,7 @@ use super::stats::PhaseStats;
 use super::workload::{KeySpace, OpChooser, OpType, value};
 use crate::client::{KvClient, RegisterProtocol};
 use crate::clock::SystemClock;
-use crate::{KvError, KvStore};
+use crate::{KvError, ShmStore};
 
 type Client = KvClient<ShmFabric, SystemClock>;
 
@@ -73,7 +73,7 @@ pub fn register_protocol(system: System) -> RegisterProtocol {
 /// overwrites them, and the history stays checkable because every key is inserted
 /// before any other operation touches it. Registers are not recycled yet, though, so
 /// each run uses `keys` fresh ones.
-pub fn run(store: &KvStore, config: &BenchConfig) -> Result<BenchReport, BenchError> {
+pub fn run(store: &ShmStore, config: &BenchConfig) -> Result<BenchReport, BenchError> {
     config.validate()?;
     check_capacity(store.layout(), config)?;
     let nodes = store.fabric().node_count();
@@ -162,7 +162,7 @@ pub fn run(store: &KvStore, config: &BenchConfig) -> Result<BenchReport, BenchEr
 
 /// One client per thread, each registered as its own writer, with the run's
 /// protocol and emulated roundtrip time.
-fn connect(store: &KvStore, config: &BenchConfig) -> Result<Vec<Client>, BenchError> {
+fn connect(store: &ShmStore, config: &BenchConfig) -> Result<Vec<Client>, BenchError> {
     let store = store.clone().with_rtt_ns(config.rtt_ns);
     let mut kv_config = store.config();
     kv_config.register_protocol = register_protocol(config.system);

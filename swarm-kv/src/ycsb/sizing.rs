@@ -47,7 +47,7 @@ pub fn log_slots_needed(config: &BenchConfig) -> u64 {
 }
 
 /// Parameters and node size (bytes) of the smallest cluster (to the MiB) that holds
-/// `config` with `replicas` replicas per key; pass both to `KvStore::create`.
+/// `config` with `replicas` replicas per key; pass both to `ShmStore::create`.
 pub fn cluster_for(
     config: &BenchConfig,
     replicas: u16,

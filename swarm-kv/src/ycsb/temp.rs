@@ -7,12 +7,12 @@ use swarm_shm::ScratchDir;
 use super::config::BenchConfig;
 use super::error::BenchError;
 use super::sizing::cluster_for;
-use crate::KvStore;
+use crate::ShmStore;
 
 /// A cluster that lives as long as this value.
 #[derive(Debug)]
 pub struct TempStore {
-    store: KvStore,
+    store: ShmStore,
     // Dropped after `store`, so the node files outlive their mappings' users.
     _dir: ScratchDir,
 }
@@ -23,12 +23,12 @@ impl TempStore {
     pub fn new(config: &BenchConfig, nodes: u16, replicas: u16) -> Result<Self, BenchError> {
         let (params, node_bytes) = cluster_for(config, replicas)?;
         let dir = ScratchDir::new("swarm-ycsb").map_err(BenchError::TempDir)?;
-        let store = KvStore::create(dir.path(), nodes, node_bytes, params)?;
+        let store = ShmStore::create(dir.path(), nodes, node_bytes, params)?;
         Ok(Self { store, _dir: dir })
     }
 
     /// The cluster.
-    pub fn store(&self) -> &KvStore {
+    pub fn store(&self) -> &ShmStore {
         &self.store
     }
 }

@@ -24,7 +24,7 @@ use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand};
 use swarm_core::{Batch, Fabric, NodeId, OpStats, Roundtrip, block_on};
 use swarm_kv::layout::ClusterParams;
-use swarm_kv::{KvStore, Store};
+use swarm_kv::{ShmStore, Store};
 
 #[cfg_attr(not(feature = "rdma"), path = "no_rdma.rs")]
 mod rdma;
@@ -217,14 +217,14 @@ macro_rules! with_store {
 }
 
 enum AnyStore {
-    Shm(KvStore),
+    Shm(ShmStore),
     #[cfg(feature = "rdma")]
     Rdma(rdma::Store),
 }
 
 fn open_target(at: &ClusterArg) -> Result<AnyStore> {
     if let Some(dir) = &at.target.dir {
-        return Ok(AnyStore::Shm(KvStore::open(dir).with_context(|| {
+        return Ok(AnyStore::Shm(ShmStore::open(dir).with_context(|| {
             format!("cannot open the SWARM-KV cluster in {}", dir.display())
         })?));
     }
@@ -310,7 +310,7 @@ fn init(args: InitArgs) -> Result<ExitCode> {
         }
     }
     swarm_core::encoding::check_tick_ns(args.tick_ns)?;
-    let store = KvStore::create_with_tick(&args.dir, args.nodes, size, params, args.tick_ns)
+    let store = ShmStore::create_with_tick(&args.dir, args.nodes, size, params, args.tick_ns)
         .with_context(|| format!("cannot create a cluster in {}", args.dir.display()))?;
     let p = store.layout().params;
     println!(
@@ -375,7 +375,7 @@ fn stat<S: Store>(store: &S) -> Result<ExitCode> {
     }
     let rows = block_on(
         &fabric,
-        swarm_kv::clients::read_table(&fabric, &layout, NodeId(0)),
+        swarm_kv::writer_ids::read_table(&fabric, &layout, NodeId(0)),
     )??;
     let now = swarm_kv::clock::SystemClock::unix_ns();
     let live: Vec<_> = rows
@@ -408,7 +408,7 @@ fn print_out(text: &str) {
 
 fn bench(args: &swarm_kv::ycsb::BenchArgs) -> Result<ExitCode> {
     let config = args.to_config()?;
-    let store = KvStore::open(&args.dir)
+    let store = ShmStore::open(&args.dir)
         .with_context(|| format!("cannot open the SWARM-KV cluster in {}", args.dir.display()))?;
     let report = swarm_kv::ycsb::run(&store, &config)?;
     print_out(&report.to_string());
