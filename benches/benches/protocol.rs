@@ -46,7 +46,7 @@ use swarm_core::header::HEADER_SIZE;
 use swarm_core::layout::Layout;
 use swarm_core::{
     Client, Clock, OpStats, ProtocolConfig, ReadValue, RegisterCache, RegisterLoc, Replicas,
-    WriteOutcome, block_on,
+    WriteOutcome, block_on, block_on_future,
 };
 use swarm_shm::{ShmCluster, ShmFabric};
 
@@ -280,27 +280,25 @@ impl<'a> Runner<'a> {
         let stalled = "no stall with every node alive";
         let read = match (self.protocol, kind) {
             (Protocol::Raw, Kind::Read) => {
-                Some(block_on(fabric, client.raw_read(reg, &stats)).expect(stalled))
+                Some(block_on_future(fabric, client.raw_read(reg, &stats)).expect(stalled))
             }
             (Protocol::Raw, Kind::Write) => {
-                block_on(fabric, client.raw_write(reg, &stats, payload))
-                    .expect(stalled)
-                    .expect("RAW write");
+                block_on(fabric, client.raw_write(reg, &stats, payload)).expect("RAW write");
                 None
             }
             (Protocol::SafeGuess, Kind::Read) => {
-                Some(block_on(fabric, client.read(reg, cache, &stats)).expect(stalled))
+                Some(block_on_future(fabric, client.read(reg, cache, &stats)).expect(stalled))
             }
             (Protocol::SafeGuess, Kind::Write) => {
-                let out = block_on(fabric, client.write(reg, cache, &stats, payload));
+                let out = block_on_future(fabric, client.write(reg, cache, &stats, payload));
                 assert_eq!(out, Ok(Ok(WriteOutcome::Written)), "Safe-Guess write");
                 None
             }
             (Protocol::Abd, Kind::Read) => {
-                Some(block_on(fabric, client.abd_read(reg, cache, &stats)).expect(stalled))
+                Some(block_on_future(fabric, client.abd_read(reg, cache, &stats)).expect(stalled))
             }
             (Protocol::Abd, Kind::Write) => {
-                let out = block_on(fabric, client.abd_write(reg, cache, &stats, payload));
+                let out = block_on_future(fabric, client.abd_write(reg, cache, &stats, payload));
                 assert_eq!(out, Ok(Ok(WriteOutcome::Written)), "ABD write");
                 None
             }
@@ -338,9 +336,9 @@ impl<'a> Runner<'a> {
         let stats = OpStats::new();
         let (reg, cache, fabric) = (&self.reg, &mut self.cache, client.fabric());
         let out = match self.protocol {
-            Protocol::Raw => block_on(fabric, client.raw_read(reg, &stats)),
-            Protocol::SafeGuess => block_on(fabric, client.read(reg, cache, &stats)),
-            Protocol::Abd => block_on(fabric, client.abd_read(reg, cache, &stats)),
+            Protocol::Raw => block_on_future(fabric, client.raw_read(reg, &stats)),
+            Protocol::SafeGuess => block_on_future(fabric, client.read(reg, cache, &stats)),
+            Protocol::Abd => block_on_future(fabric, client.abd_read(reg, cache, &stats)),
         };
         out.expect("no stall").expect("read")
     }

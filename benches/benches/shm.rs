@@ -24,7 +24,7 @@ use std::task::Poll;
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use swarm_benches::ShmFixture;
 use swarm_core::header::HEADER_SIZE;
-use swarm_core::{Batch, Completion, Fabric, NodeId, OpStats, Roundtrip, block_on};
+use swarm_core::{Batch, Completion, Fabric, NodeId, OpStats, Roundtrip, block_on_future};
 use swarm_shm::ShmFabric;
 
 const NODE: NodeId = NodeId(0);
@@ -48,7 +48,7 @@ fn post_poll(fabric: &ShmFabric, batch: Batch) -> Completion {
 /// One protocol roundtrip of `batch` to one node, as protocol code runs it.
 fn roundtrip(fabric: &ShmFabric, batch: Batch) -> Completion {
     let stats = OpStats::new();
-    block_on(fabric, async {
+    block_on_future(fabric, async {
         let mut rt = Roundtrip::start(fabric, &stats);
         rt.post(NODE, batch).expect("post");
         rt.wait(1).await.expect("a live node answers");

@@ -20,10 +20,12 @@
 //!   emulated latency). Some fabrics complete batches inside [`Fabric::post`] (the
 //!   in-process [`crate::mem`] fabric, shared memory without emulated latency), but
 //!   code must not rely on it.
-//! * **[`block_on`]** runs one future on the calling thread: poll, `progress`, poll
-//!   again, until it is ready. It returns `Err(FabricError::Stalled)` when
-//!   `progress` reports that nothing outstanding can complete (every batch waits on
-//!   a failed node, and no deadline asked for with [`Fabric::wake_at`] is pending).
+//! * **[`block_on`]** runs one operation on the calling thread: poll, `progress`, poll
+//!   again, until it is ready, and returns the operation's own `Result`. A stall
+//!   (`progress` reports that nothing outstanding can complete: every batch waits on a
+//!   failed node, and no deadline asked for with [`Fabric::wake_at`] is pending) comes
+//!   back as the operation's error, converted from [`FabricError::Stalled`].
+//!   [`block_on_future`] does the same for a future that returns no `Result`.
 //! * **[`LocalExecutor`]** does the same for several futures of one client thread,
 //!   polling each live task once per round, then calling `progress` once.
 //! * **Fabric handles are per thread.** Transports hand out one handle per client
@@ -58,8 +60,24 @@ use crate::fabric::{Fabric, FabricError};
 #[cfg(doc)]
 use crate::roundtrip::Roundtrip;
 
-/// Runs one future to completion on `fabric`.
-pub fn block_on<F, T>(fabric: &F, future: impl Future<Output = T>) -> Result<T, FabricError>
+/// Runs one operation to completion on `fabric` and returns its result.
+///
+/// Polls the operation and calls [`Fabric::progress`] whenever it is pending. If
+/// nothing can complete any more (every batch it waits for is on a failed node), the
+/// operation stalled: that is reported as the operation's own error type, through
+/// `From<FabricError>` ([`FabricError::Stalled`]), so callers handle one `Result`.
+/// Futures that return no `Result` use [`block_on_future`].
+pub fn block_on<F, T, E>(fabric: &F, operation: impl Future<Output = Result<T, E>>) -> Result<T, E>
+where
+    F: Fabric + ?Sized,
+    E: From<FabricError>,
+{
+    block_on_future(fabric, operation)?
+}
+
+/// Runs any future to completion on `fabric`, like [`block_on`]; `Err` only if it
+/// stalled ([`FabricError::Stalled`]).
+pub fn block_on_future<F, T>(fabric: &F, future: impl Future<Output = T>) -> Result<T, FabricError>
 where
     F: Fabric + ?Sized,
 {
@@ -207,7 +225,7 @@ mod tests {
     fn join_waits_for_both_and_stall_is_reported() {
         let cluster = MemCluster::new(1, 64);
         let fabric = cluster.client();
-        let (a, b) = block_on(&fabric, join(async { 1 }, async { "two" })).unwrap();
+        let (a, b) = block_on_future(&fabric, join(async { 1 }, async { "two" })).unwrap();
         assert_eq!((a, b), (1, "two"));
         let mut exec: LocalExecutor<'_, u32> = LocalExecutor::new();
         exec.spawn(async { 7 });

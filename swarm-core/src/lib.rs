@@ -55,16 +55,16 @@
 //! let register = RegisterLoc { addr: 4096, replicas: Replicas::all(3, 42)? };
 //! let mut cache = RegisterCache::new(); // what this client knows of the register
 //!
-//! // `block_on` fails only on a stall (every node it waits on failed); the inner
-//! // result is the operation's own.
+//! // `block_on` returns the operation's own result; a stall (every node it waits
+//! // on failed) comes back as `SwarmError::Fabric(FabricError::Stalled)`.
 //! let stats = OpStats::new();
 //! let write = client.write(&register, &mut cache, &stats, b"hello");
-//! let written = block_on(client.fabric(), write)??;
+//! let written = block_on(client.fabric(), write)?;
 //! assert_eq!(written, WriteOutcome::Written);
 //! println!("write: {} roundtrip(s)", stats.roundtrips());
 //!
 //! let stats = OpStats::new();
-//! let read = block_on(client.fabric(), client.read(&register, &mut cache, &stats))??;
+//! let read = block_on(client.fabric(), client.read(&register, &mut cache, &stats))?;
 //! assert_eq!(read, ReadValue::Value(b"hello".to_vec()));
 //! println!("read: {} roundtrip(s)", stats.roundtrips());
 //! assert_eq!(stats.roundtrips(), 1);
@@ -112,7 +112,7 @@ mod sync;
 pub mod units;
 
 pub use clock::Clock;
-pub use exec::{LocalExecutor, TaskId, block_on, join};
+pub use exec::{LocalExecutor, TaskId, block_on, block_on_future, join};
 pub use fabric::{
     Batch, Completion, Fabric, FabricError, FailureCause, NodeId, Op, OpOutput, Ticket,
 };

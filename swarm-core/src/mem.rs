@@ -226,7 +226,7 @@ impl Fabric for MemFabric {
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
-    use crate::exec::block_on;
+    use crate::exec::block_on_future;
     use crate::roundtrip::{OpStats, Roundtrip};
 
     #[test]
@@ -261,7 +261,7 @@ mod tests {
             .push(Op::Read { addr: 0, len: 16 })
             .unwrap();
         let stats = OpStats::new();
-        let completion = block_on(&fabric, async {
+        let completion = block_on_future(&fabric, async {
             let mut rt = Roundtrip::start(&fabric, &stats);
             rt.post(NodeId(0), batch).unwrap();
             rt.wait(1).await.unwrap();
@@ -302,7 +302,7 @@ mod tests {
         let fabric = cluster.client();
         fabric.fail_node(NodeId(2));
         let stats = OpStats::new();
-        let reached = block_on(&fabric, async {
+        let reached = block_on_future(&fabric, async {
             let mut rt = Roundtrip::start(&fabric, &stats);
             for n in 0..3 {
                 rt.post(NodeId(n), Batch::read(0, 8)).unwrap();
@@ -313,7 +313,7 @@ mod tests {
         assert_eq!(reached, Ok(()));
 
         fabric.fail_node(NodeId(1));
-        let stalled = block_on(&fabric, async {
+        let stalled = block_on_future(&fabric, async {
             let mut rt = Roundtrip::start(&fabric, &stats);
             for n in 0..3 {
                 rt.post(NodeId(n), Batch::read(0, 8)).unwrap();

@@ -46,9 +46,8 @@ fn max_by_cas_ends_at_the_maximum_and_never_returns_early() {
                 thread::spawn(move || {
                     let f = cluster.client();
                     let stats = OpStats::new();
-                    let now = block_on(&f, max_on_node(&f, &stats, NodeId(0), 8, Tsp::EMPTY, v))
-                        .unwrap()
-                        .unwrap();
+                    let now =
+                        block_on(&f, max_on_node(&f, &stats, NodeId(0), 8, Tsp::EMPTY, v)).unwrap();
                     assert!(now >= v, "MAX returned {now} below its value {v}");
                 })
             })
@@ -91,9 +90,7 @@ fn trylock_read_and_write_never_both_succeed() {
                 )
                 .unwrap();
                 let stats = OpStats::new();
-                block_on(client.fabric(), client.trylock(&reg, &stats, ts, mode))
-                    .unwrap()
-                    .unwrap()
+                block_on(client.fabric(), client.trylock(&reg, &stats, ts, mode)).unwrap()
             })
         };
         let reader = lock(LockMode::Read, 0);
@@ -140,7 +137,6 @@ fn trylock_without_conflict_succeeds() {
                         client.fabric(),
                         client.trylock(&reg, &stats, ts, LockMode::Read),
                     )
-                    .unwrap()
                     .unwrap()
                 })
             })

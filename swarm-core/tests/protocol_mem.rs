@@ -7,7 +7,7 @@ use swarm_core::layout::Layout;
 use swarm_core::mem::{MemCluster, MemFabric};
 use swarm_core::{
     Client, NodeId, OpStats, ProtocolConfig, ReadValue, RegisterCache, RegisterLoc, Replicas,
-    WriteOutcome, block_on,
+    WriteOutcome, block_on, block_on_future,
 };
 
 fn setup(writer: u32, clock: u64, cluster: &MemCluster) -> Client<MemFabric, FixedClock> {
@@ -45,28 +45,26 @@ fn safe_guess_common_case_is_one_roundtrip() {
     let f = a.fabric();
     let s = OpStats::new();
     assert_eq!(
-        block_on(f, a.read(&reg, &mut ca, &s)).unwrap(),
+        block_on_future(f, a.read(&reg, &mut ca, &s)).unwrap(),
         Ok(ReadValue::Empty)
     );
     assert_eq!(s.roundtrips(), 1);
     for i in 0..5u8 {
         let s = OpStats::new();
-        let out = block_on(f, a.write(&reg, &mut ca, &s, &[i; 10])).unwrap();
+        let out = block_on_future(f, a.write(&reg, &mut ca, &s, &[i; 10])).unwrap();
         assert_eq!(out, Ok(WriteOutcome::Written));
         assert_eq!(s.roundtrips(), 1, "write {i}");
         let s = OpStats::new();
-        let got = block_on(b.fabric(), b.read(&reg, &mut cb, &s)).unwrap();
+        let got = block_on_future(b.fabric(), b.read(&reg, &mut cb, &s)).unwrap();
         assert_eq!(got, Ok(ReadValue::Value(vec![i; 10])));
         assert_eq!(s.roundtrips(), 1, "read {i}");
     }
     // b writes with a larger clock: still one roundtrip, and a reads it.
     let s = OpStats::new();
-    block_on(b.fabric(), b.write(&reg, &mut cb, &s, b"from b"))
-        .unwrap()
-        .unwrap();
+    block_on(b.fabric(), b.write(&reg, &mut cb, &s, b"from b")).unwrap();
     assert_eq!(s.roundtrips(), 1);
     let s = OpStats::new();
-    let got = block_on(f, a.read(&reg, &mut ca, &s)).unwrap().unwrap();
+    let got = block_on(f, a.read(&reg, &mut ca, &s)).unwrap();
     assert_eq!(got, ReadValue::Value(b"from b".to_vec()));
 }
 
@@ -80,25 +78,18 @@ fn stale_guess_takes_the_slow_path_and_still_wins() {
         ahead.fabric(),
         ahead.write(&reg, &mut c0, &OpStats::new(), b"old"),
     )
-    .unwrap()
     .unwrap();
     let s = OpStats::new();
-    block_on(behind.fabric(), behind.write(&reg, &mut c1, &s, b"new"))
-        .unwrap()
-        .unwrap();
+    block_on(behind.fabric(), behind.write(&reg, &mut c1, &s, b"new")).unwrap();
     assert!(
         s.roundtrips() >= 3,
         "stale guess: read+write, lock, rewrite"
     );
-    let got = block_on(ahead.fabric(), ahead.read(&reg, &mut c0, &OpStats::new()))
-        .unwrap()
-        .unwrap();
+    let got = block_on(ahead.fabric(), ahead.read(&reg, &mut c0, &OpStats::new())).unwrap();
     assert_eq!(got, ReadValue::Value(b"new".to_vec()));
     // The guesser re-synchronised: the next write of the lagging writer is fast.
     let s = OpStats::new();
-    block_on(behind.fabric(), behind.write(&reg, &mut c1, &s, b"newer"))
-        .unwrap()
-        .unwrap();
+    block_on(behind.fabric(), behind.write(&reg, &mut c1, &s, b"newer")).unwrap();
     assert_eq!(s.roundtrips(), 1);
 }
 
@@ -109,12 +100,10 @@ fn abd_takes_two_roundtrips_and_raw_one() {
     let (reg, mut c) = (reg(), RegisterCache::new());
     let f = a.fabric();
     let s = OpStats::new();
-    block_on(f, a.abd_write(&reg, &mut c, &s, b"abd"))
-        .unwrap()
-        .unwrap();
+    block_on(f, a.abd_write(&reg, &mut c, &s, b"abd")).unwrap();
     assert_eq!(s.roundtrips(), 2);
     let s = OpStats::new();
-    let got = block_on(f, a.abd_read(&reg, &mut c, &s)).unwrap().unwrap();
+    let got = block_on(f, a.abd_read(&reg, &mut c, &s)).unwrap();
     assert_eq!(got, ReadValue::Value(b"abd".to_vec()));
     assert_eq!(s.roundtrips(), 2);
     let raw = RegisterLoc {
@@ -122,8 +111,8 @@ fn abd_takes_two_roundtrips_and_raw_one() {
         ..reg.clone()
     };
     let s = OpStats::new();
-    block_on(f, a.raw_write(&raw, &s, b"raw")).unwrap().unwrap();
-    let got = block_on(f, a.raw_read(&raw, &s)).unwrap().unwrap();
+    block_on(f, a.raw_write(&raw, &s, b"raw")).unwrap();
+    let got = block_on(f, a.raw_read(&raw, &s)).unwrap();
     assert_eq!(got, ReadValue::Value(b"raw".to_vec()));
     assert_eq!(s.roundtrips(), 2);
 }
@@ -134,28 +123,16 @@ fn delete_hides_the_value_and_blocks_later_writes() {
     let a = setup(0, 5, &cluster);
     let b = setup(1, 50, &cluster);
     let (reg, mut ca, mut cb) = (reg(), RegisterCache::new(), RegisterCache::new());
-    block_on(a.fabric(), a.write(&reg, &mut ca, &OpStats::new(), b"v"))
-        .unwrap()
-        .unwrap();
-    let out = block_on(b.fabric(), b.delete(&reg, &mut cb, &OpStats::new()))
-        .unwrap()
-        .unwrap();
+    block_on(a.fabric(), a.write(&reg, &mut ca, &OpStats::new(), b"v")).unwrap();
+    let out = block_on(b.fabric(), b.delete(&reg, &mut cb, &OpStats::new())).unwrap();
     assert_eq!(out, WriteOutcome::Written);
-    let again = block_on(a.fabric(), a.delete(&reg, &mut ca, &OpStats::new()))
-        .unwrap()
-        .unwrap();
+    let again = block_on(a.fabric(), a.delete(&reg, &mut ca, &OpStats::new())).unwrap();
     assert_eq!(again, WriteOutcome::Deleted);
-    let got = block_on(a.fabric(), a.read(&reg, &mut ca, &OpStats::new()))
-        .unwrap()
-        .unwrap();
+    let got = block_on(a.fabric(), a.read(&reg, &mut ca, &OpStats::new())).unwrap();
     assert_eq!(got, ReadValue::Deleted);
-    let w = block_on(a.fabric(), a.write(&reg, &mut ca, &OpStats::new(), b"late"))
-        .unwrap()
-        .unwrap();
+    let w = block_on(a.fabric(), a.write(&reg, &mut ca, &OpStats::new(), b"late")).unwrap();
     assert_eq!(w, WriteOutcome::Deleted);
-    let got = block_on(b.fabric(), b.read(&reg, &mut cb, &OpStats::new()))
-        .unwrap()
-        .unwrap();
+    let got = block_on(b.fabric(), b.read(&reg, &mut cb, &OpStats::new())).unwrap();
     assert_eq!(got, ReadValue::Deleted);
 }
 
@@ -168,16 +145,12 @@ fn a_crashed_minority_is_masked_and_a_crashed_majority_stalls() {
     // The primary fails for a: fall back to the third replica.
     a.fabric().fail_node(reg.replicas.node(0));
     let s = OpStats::new();
-    block_on(a.fabric(), a.write(&reg, &mut ca, &s, b"x"))
-        .unwrap()
-        .unwrap();
+    block_on(a.fabric(), a.write(&reg, &mut ca, &s, b"x")).unwrap();
     assert_eq!(s.roundtrips(), 2, "one timeout fallback");
-    let got = block_on(b.fabric(), b.read(&reg, &mut cb, &OpStats::new()))
-        .unwrap()
-        .unwrap();
+    let got = block_on(b.fabric(), b.read(&reg, &mut cb, &OpStats::new())).unwrap();
     assert_eq!(got, ReadValue::Value(b"x".to_vec()));
     a.fabric().fail_node(NodeId(reg.replicas.node(1).0));
-    let stalled = block_on(a.fabric(), a.read(&reg, &mut ca, &OpStats::new()));
+    let stalled = block_on_future(a.fabric(), a.read(&reg, &mut ca, &OpStats::new()));
     assert!(matches!(stalled, Err(_) | Ok(Err(_))), "{stalled:?}");
 }
 
@@ -191,15 +164,12 @@ fn reads_repair_the_in_place_copy_on_a_new_primary() {
         writer.fabric(),
         writer.write(&reg, &mut cw, &OpStats::new(), b"x"),
     )
-    .unwrap()
     .unwrap();
     // The primary (in-place data lives there only, §6) fails for the reader.
     reader.fabric().fail_node(reg.replicas.node(0));
     let mut read = |what: &str| {
         let s = OpStats::new();
-        let got = block_on(reader.fabric(), reader.read(&reg, &mut cr, &s))
-            .unwrap()
-            .unwrap();
+        let got = block_on(reader.fabric(), reader.read(&reg, &mut cr, &s)).unwrap();
         assert_eq!(got, ReadValue::Value(b"x".to_vec()), "{what}");
         s.roundtrips()
     };

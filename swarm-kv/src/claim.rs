@@ -80,31 +80,22 @@ pub fn release<F: Fabric>(fabric: &F, nodes: usize, addr: u64, token: u64) {
 mod tests {
     use super::*;
     use swarm_core::mem::MemCluster;
-    use swarm_core::{NodeId, Roundtrip, block_on};
+    use swarm_core::{NodeId, Roundtrip, block_on, block_on_future};
 
     #[test]
     fn first_claimer_wins_and_others_see_it_taken() {
         let cluster = MemCluster::new(3, 64);
         let (a, b) = (cluster.client(), cluster.client());
         let s = OpStats::new();
+        assert_eq!(block_on(&a, claim(&a, &s, 3, 8, 11)), Ok(Claim::Won));
         assert_eq!(
-            block_on(&a, claim(&a, &s, 3, 8, 11)).unwrap(),
-            Ok(Claim::Won)
-        );
-        assert_eq!(
-            block_on(&a, claim(&a, &s, 3, 8, 11)).unwrap(),
+            block_on(&a, claim(&a, &s, 3, 8, 11)),
             Ok(Claim::Won),
             "idempotent"
         );
-        assert_eq!(
-            block_on(&b, claim(&b, &s, 3, 8, 22)).unwrap(),
-            Ok(Claim::Taken)
-        );
+        assert_eq!(block_on(&b, claim(&b, &s, 3, 8, 22)), Ok(Claim::Taken));
         release(&a, 3, 8, 11);
-        assert_eq!(
-            block_on(&b, claim(&b, &s, 3, 8, 22)).unwrap(),
-            Ok(Claim::Won)
-        );
+        assert_eq!(block_on(&b, claim(&b, &s, 3, 8, 22)), Ok(Claim::Won));
     }
 
     #[test]
@@ -120,19 +111,12 @@ mod tests {
             rt.post(NodeId(0), Batch::cas(8, 0, 11)).unwrap();
             rt.wait(1).await
         })
-        .unwrap()
         .unwrap();
         // b holds only node 1 and cannot tell whether silent node 2 holds a's token:
         // it reports Taken (a may still win) and gives its copy back.
-        assert_eq!(
-            block_on(&b, claim(&b, &s, 3, 8, 22)).unwrap(),
-            Ok(Claim::Taken)
-        );
+        assert_eq!(block_on(&b, claim(&b, &s, 3, 8, 22)), Ok(Claim::Taken));
         // b gave node 1 back, so a can now win nodes 0 and 1.
-        assert_eq!(
-            block_on(&a, claim(&a, &s, 3, 8, 11)).unwrap(),
-            Ok(Claim::Won)
-        );
+        assert_eq!(block_on(&a, claim(&a, &s, 3, 8, 11)), Ok(Claim::Won));
     }
 
     #[test]
@@ -148,15 +132,11 @@ mod tests {
                 rt.post(NodeId(node), Batch::cas(8, 0, token)).unwrap();
                 rt.wait(1).await
             })
-            .unwrap()
             .unwrap();
         }
-        assert_eq!(
-            block_on(&c, claim(&c, &s, 3, 8, 33)).unwrap(),
-            Ok(Claim::Undecided)
-        );
+        assert_eq!(block_on(&c, claim(&c, &s, 3, 8, 33)), Ok(Claim::Undecided));
         // Its copy on node 2 was given back.
-        let previous = block_on(&c, async {
+        let previous = block_on_future(&c, async {
             let mut rt = Roundtrip::start(&c, &s);
             rt.post(NodeId(2), Batch::cas(8, 0, 0)).unwrap();
             rt.wait(1).await.unwrap();

@@ -154,7 +154,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         let registration = swarm_core::block_on(
             &fabric,
             writer_ids::register(&fabric, &layout, nodes, token, pid, now),
-        )??;
+        )?;
         let writer =
             WriterId::new(u32::from(registration.writer)).map_err(swarm_core::SwarmError::from)?;
         let scan = if registration.reused {
@@ -168,7 +168,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
                     writer,
                     writer_ids::RESUME_STRAGGLER_NS,
                 ),
-            )??)
+            )?)
         } else {
             None
         };
@@ -234,7 +234,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
             self.token,
         );
         // Let the release reach the nodes.
-        let _ = swarm_core::block_on(self.swarm.fabric(), async {});
+        let _ = swarm_core::block_on_future(self.swarm.fabric(), async {});
     }
 
     fn check_key(&self, key: &[u8]) -> Result<(), KvError> {

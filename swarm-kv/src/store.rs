@@ -58,7 +58,7 @@ pub fn write_superblock<F: Fabric>(fabric: &F, params: &ClusterParams) -> Result
         broadcast(fabric, &stats, node_ids(nodes), nodes, |_| {
             Ok(Batch::write(SUPERBLOCK_AT, params.encode().to_vec()))
         }),
-    )??;
+    )?;
     Ok(())
 }
 
@@ -77,7 +77,7 @@ pub fn read_superblock<F: Fabric>(fabric: &F) -> Result<ClusterParams, KvError> 
                 .map(|(_, c)| ClusterParams::decode(c.read(0).unwrap_or_default()))
                 .collect::<Vec<_>>(),
         )
-    })??;
+    })?;
     let mut params: Option<ClusterParams> = None;
     for p in decoded {
         let p = p?;

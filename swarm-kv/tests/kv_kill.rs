@@ -63,19 +63,14 @@ fn child(dir: &Path, client: u64, ops: u64, log: &Path) {
                 true,
                 block_on(f, kv.get(key.as_bytes(), &s))
                     .unwrap()
-                    .unwrap()
                     .map(|v| String::from_utf8(v).unwrap()),
             ),
             OpKind::Update => (
-                block_on(f, kv.update(key.as_bytes(), value.as_bytes(), &s))
-                    .unwrap()
-                    .unwrap(),
+                block_on(f, kv.update(key.as_bytes(), value.as_bytes(), &s)).unwrap(),
                 Some(value.clone()),
             ),
             _ => {
-                block_on(f, kv.insert(key.as_bytes(), value.as_bytes(), &s))
-                    .unwrap()
-                    .unwrap();
+                block_on(f, kv.insert(key.as_bytes(), value.as_bytes(), &s)).unwrap();
                 (true, Some(value.clone()))
             }
         };
@@ -173,7 +168,6 @@ fn killed_client_loses_nothing_acknowledged() {
             kv.fabric(),
             kv.insert(key.as_bytes(), b"init", &OpStats::new()),
         )
-        .unwrap()
         .unwrap();
         history
             .push(Operation::completed(
@@ -231,9 +225,7 @@ fn killed_client_loses_nothing_acknowledged() {
     for k in 0..KEYS {
         let key = format!("key{k}");
         let start = monotonic_ns();
-        let got = block_on(kv.fabric(), kv.get(key.as_bytes(), &OpStats::new()))
-            .unwrap()
-            .unwrap();
+        let got = block_on(kv.fabric(), kv.get(key.as_bytes(), &OpStats::new())).unwrap();
         let got = got.map(|v| String::from_utf8(v).unwrap());
         assert!(got.is_some(), "{key} vanished");
         history

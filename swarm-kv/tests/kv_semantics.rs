@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use swarm_checker::{History, OpKind, Operation};
-use swarm_core::{NodeId, OpStats, block_on};
+use swarm_core::{NodeId, OpStats, block_on, block_on_future};
 use swarm_kv::layout::ClusterParams;
 use swarm_kv::{KvError, ShmStore};
 use swarm_shm::ScratchDir;
@@ -28,73 +28,46 @@ fn insert_get_update_delete_and_their_roundtrips() {
     let b = store.client().unwrap();
     let f = a.fabric();
     let s = OpStats::new();
-    assert_eq!(block_on(f, a.get(b"k1", &s)).unwrap().unwrap(), None);
-    block_on(f, a.insert(b"k1", b"v1", &OpStats::new()))
-        .unwrap()
-        .unwrap();
+    assert_eq!(block_on(f, a.get(b"k1", &s)).unwrap(), None);
+    block_on(f, a.insert(b"k1", b"v1", &OpStats::new())).unwrap();
     let s = OpStats::new();
-    assert_eq!(
-        block_on(f, a.get(b"k1", &s)).unwrap().unwrap(),
-        Some(b"v1".to_vec())
-    );
+    assert_eq!(block_on(f, a.get(b"k1", &s)).unwrap(), Some(b"v1".to_vec()));
     assert_eq!(s.roundtrips(), 1, "cached get: one roundtrip");
     // b has an empty cache: one index roundtrip, then the read.
     let s = OpStats::new();
     assert_eq!(
-        block_on(b.fabric(), b.get(b"k1", &s)).unwrap().unwrap(),
+        block_on(b.fabric(), b.get(b"k1", &s)).unwrap(),
         Some(b"v1".to_vec())
     );
     assert_eq!(s.roundtrips(), 2, "cache miss: index + read");
     let s = OpStats::new();
-    assert!(block_on(f, a.update(b"k1", b"v2", &s)).unwrap().unwrap());
+    assert!(block_on(f, a.update(b"k1", b"v2", &s)).unwrap());
     assert_eq!(s.roundtrips(), 1, "cached update: one roundtrip");
     let s = OpStats::new();
     assert_eq!(
-        block_on(b.fabric(), b.get(b"k1", &s)).unwrap().unwrap(),
+        block_on(b.fabric(), b.get(b"k1", &s)).unwrap(),
         Some(b"v2".to_vec())
     );
     assert_eq!(s.roundtrips(), 1);
     // Update of an absent key fails; insert of a present key updates.
-    assert!(
-        !block_on(f, a.update(b"nope", b"x", &OpStats::new()))
-            .unwrap()
-            .unwrap()
-    );
-    block_on(b.fabric(), b.insert(b"k1", b"v3", &OpStats::new()))
-        .unwrap()
-        .unwrap();
+    assert!(!block_on(f, a.update(b"nope", b"x", &OpStats::new())).unwrap());
+    block_on(b.fabric(), b.insert(b"k1", b"v3", &OpStats::new())).unwrap();
     assert_eq!(
-        block_on(f, a.get(b"k1", &OpStats::new())).unwrap().unwrap(),
+        block_on(f, a.get(b"k1", &OpStats::new())).unwrap(),
         Some(b"v3".to_vec())
     );
     // Delete; b's cached location is stale and must not resurrect the key.
-    assert!(
-        block_on(f, a.delete(b"k1", &OpStats::new()))
-            .unwrap()
-            .unwrap()
-    );
-    assert!(
-        !block_on(f, a.delete(b"k1", &OpStats::new()))
-            .unwrap()
-            .unwrap()
-    );
+    assert!(block_on(f, a.delete(b"k1", &OpStats::new())).unwrap());
+    assert!(!block_on(f, a.delete(b"k1", &OpStats::new())).unwrap());
     assert_eq!(
-        block_on(b.fabric(), b.get(b"k1", &OpStats::new()))
-            .unwrap()
-            .unwrap(),
+        block_on(b.fabric(), b.get(b"k1", &OpStats::new())).unwrap(),
         None
     );
-    assert!(
-        !block_on(b.fabric(), b.update(b"k1", b"late", &OpStats::new()))
-            .unwrap()
-            .unwrap()
-    );
+    assert!(!block_on(b.fabric(), b.update(b"k1", b"late", &OpStats::new())).unwrap());
     // Re-insert after delete.
-    block_on(b.fabric(), b.insert(b"k1", b"again", &OpStats::new()))
-        .unwrap()
-        .unwrap();
+    block_on(b.fabric(), b.insert(b"k1", b"again", &OpStats::new())).unwrap();
     assert_eq!(
-        block_on(f, a.get(b"k1", &OpStats::new())).unwrap().unwrap(),
+        block_on(f, a.get(b"k1", &OpStats::new())).unwrap(),
         Some(b"again".to_vec())
     );
     a.close();
@@ -107,19 +80,17 @@ fn bad_input_is_a_clear_error_and_nothing_is_lost() {
     let store = store(&dir);
     let c = store.client().unwrap();
     let f = c.fabric();
-    block_on(f, c.insert(b"keep", b"safe", &OpStats::new()))
-        .unwrap()
-        .unwrap();
+    block_on(f, c.insert(b"keep", b"safe", &OpStats::new())).unwrap();
     let long_key = vec![b'k'; 33];
     let big_value = vec![b'v'; 65];
-    let err = block_on(f, c.insert(&long_key, b"x", &OpStats::new()))
+    let err = block_on_future(f, c.insert(&long_key, b"x", &OpStats::new()))
         .unwrap()
         .unwrap_err();
     assert!(
         matches!(err, KvError::KeyTooLong { len: 33, max: 32 }),
         "{err}"
     );
-    let err = block_on(f, c.insert(b"k", &big_value, &OpStats::new()))
+    let err = block_on_future(f, c.insert(b"k", &big_value, &OpStats::new()))
         .unwrap()
         .unwrap_err();
     assert!(
@@ -127,18 +98,16 @@ fn bad_input_is_a_clear_error_and_nothing_is_lost() {
         "{err}"
     );
     assert!(err.to_string().contains("--value-max"));
-    let err = block_on(f, c.get(b"", &OpStats::new()))
+    let err = block_on_future(f, c.get(b"", &OpStats::new()))
         .unwrap()
         .unwrap_err();
     assert!(matches!(err, KvError::EmptyKey));
-    let err = block_on(f, c.update(b"keep", &big_value, &OpStats::new()))
+    let err = block_on_future(f, c.update(b"keep", &big_value, &OpStats::new()))
         .unwrap()
         .unwrap_err();
     assert!(matches!(err, KvError::ValueTooLarge { .. }));
     assert_eq!(
-        block_on(f, c.get(b"keep", &OpStats::new()))
-            .unwrap()
-            .unwrap(),
+        block_on(f, c.get(b"keep", &OpStats::new())).unwrap(),
         Some(b"safe".to_vec())
     );
 }
@@ -154,32 +123,21 @@ fn a_failed_node_is_masked() {
             f,
             c.insert(format!("k{i}").as_bytes(), b"v", &OpStats::new()),
         )
-        .unwrap()
         .unwrap();
     }
     f.fail_node(NodeId(1));
     for i in 0..20u32 {
         let key = format!("k{i}");
-        assert!(
-            block_on(f, c.update(key.as_bytes(), b"w", &OpStats::new()))
-                .unwrap()
-                .unwrap()
-        );
+        assert!(block_on(f, c.update(key.as_bytes(), b"w", &OpStats::new())).unwrap());
         assert_eq!(
-            block_on(f, c.get(key.as_bytes(), &OpStats::new()))
-                .unwrap()
-                .unwrap(),
+            block_on(f, c.get(key.as_bytes(), &OpStats::new())).unwrap(),
             Some(b"w".to_vec())
         );
     }
-    block_on(f, c.insert(b"new", b"n", &OpStats::new()))
-        .unwrap()
-        .unwrap();
+    block_on(f, c.insert(b"new", b"n", &OpStats::new())).unwrap();
     let other = store.client().unwrap();
     assert_eq!(
-        block_on(other.fabric(), other.get(b"new", &OpStats::new()))
-            .unwrap()
-            .unwrap(),
+        block_on(other.fabric(), other.get(b"new", &OpStats::new())).unwrap(),
         Some(b"n".to_vec())
     );
 }
@@ -214,25 +172,18 @@ fn concurrent_clients_are_linearizable() {
                     let start = origin.elapsed().as_nanos() as u64;
                     let (ok, value) = match kind {
                         OpKind::Get => {
-                            let v = block_on(f, c.get(key.as_bytes(), &s)).unwrap().unwrap();
+                            let v = block_on(f, c.get(key.as_bytes(), &s)).unwrap();
                             (true, v.map(|v| String::from_utf8(v).unwrap()))
                         }
                         OpKind::Update => (
-                            block_on(f, c.update(key.as_bytes(), value.as_bytes(), &s))
-                                .unwrap()
-                                .unwrap(),
+                            block_on(f, c.update(key.as_bytes(), value.as_bytes(), &s)).unwrap(),
                             Some(value),
                         ),
                         OpKind::Insert => {
-                            block_on(f, c.insert(key.as_bytes(), value.as_bytes(), &s))
-                                .unwrap()
-                                .unwrap();
+                            block_on(f, c.insert(key.as_bytes(), value.as_bytes(), &s)).unwrap();
                             (true, Some(value))
                         }
-                        _ => (
-                            block_on(f, c.delete(key.as_bytes(), &s)).unwrap().unwrap(),
-                            None,
-                        ),
+                        _ => (block_on(f, c.delete(key.as_bytes(), &s)).unwrap(), None),
                     };
                     let end = origin.elapsed().as_nanos() as u64;
                     local.push(Operation::completed(

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use swarm_core::fabric::{Batch, Completion, FabricError, NodeId, Op};
 use swarm_core::header::{ENCODED_LEN, HEADER_SIZE, NodeHeader};
 use swarm_core::roundtrip::{OpStats, Roundtrip};
-use swarm_core::{Fabric, block_on};
+use swarm_core::{Fabric, block_on_future};
 use swarm_rdma::auth::Token;
 use swarm_rdma::bootstrap::ServerLimits;
 use swarm_rdma::wr::ReadOrdering;
@@ -272,7 +272,7 @@ fn a_dead_memory_node_is_a_failed_node_and_the_majority_continues() {
     let deadline = Instant::now() + Duration::from_secs(10);
     // Keep writing to all three, waiting for two, until node 2 is reported failed.
     while !fabric.is_failed(NodeId(2)) {
-        let reached = block_on(&fabric, async {
+        let reached = block_on_future(&fabric, async {
             let mut rt = Roundtrip::start(&fabric, &stats);
             for n in 0..3 {
                 rt.post(NodeId(n), Batch::write(DATA, vec![7; 8])).unwrap();

@@ -40,7 +40,7 @@
 //!         rt.post(NodeId(node), Batch::write(HEADER_SIZE, b"replicated".to_vec()))?;
 //!     }
 //!     rt.wait(2).await
-//! })??;
+//! })?;
 //! assert_eq!(stats.roundtrips(), 1);
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```

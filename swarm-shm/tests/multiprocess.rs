@@ -26,7 +26,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use swarm_core::header::HEADER_SIZE;
-use swarm_core::{Batch, Completion, NodeId, Op, OpStats, Roundtrip, block_on};
+use swarm_core::{Batch, Completion, NodeId, Op, OpStats, Roundtrip, block_on_future};
 use swarm_shm::{ScratchDir, ShmCluster, ShmFabric};
 
 const ROLE_VAR: &str = "SWARM_SHM_CHILD_ROLE";
@@ -80,7 +80,7 @@ fn child_process() {
 /// One roundtrip of `batch` to node 0.
 fn roundtrip(fabric: &ShmFabric, batch: Batch) -> Completion {
     let stats = OpStats::new();
-    block_on(fabric, async {
+    block_on_future(fabric, async {
         let mut rt = Roundtrip::start(fabric, &stats);
         rt.post(NODE, batch).expect("post");
         rt.wait(1).await.expect("node 0 answers");
@@ -362,7 +362,7 @@ fn start(fabric: &ShmFabric, children: u64) {
         std::thread::sleep(Duration::from_millis(1));
     }
     let stats = OpStats::new();
-    block_on(fabric, async {
+    block_on_future(fabric, async {
         let mut rt = Roundtrip::start(fabric, &stats);
         rt.post(NODE, Batch::cas(START_FLAG, 0, 1)).expect("post");
         rt.wait(1).await.expect("start flag set");

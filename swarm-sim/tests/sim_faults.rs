@@ -5,7 +5,7 @@
 use std::task::Poll;
 
 use swarm_core::fabric::{Completion, Fabric, FabricError, Ticket};
-use swarm_core::{Batch, NodeId, OpStats, Roundtrip, WaitOutcome, block_on};
+use swarm_core::{Batch, NodeId, OpStats, Roundtrip, WaitOutcome, block_on_future};
 use swarm_sim::{
     Fault, Latency, SimConfig, SimError, SimFabric, SimRunner, SimWorld, TraceKind, for_each_seed,
 };
@@ -95,7 +95,7 @@ fn a_majority_wait_stalls_with_a_crashed_majority() {
         }
         // The single-client executor of the core sees the same stall.
         let client = world.client();
-        let result = block_on(&client, quorum(&client, &[0, 1, 2], 2, Batch::read(0, 8)));
+        let result = block_on_future(&client, quorum(&client, &[0, 1, 2], 2, Batch::read(0, 8)));
         assert_eq!(result, Err(FabricError::Stalled));
     });
 }

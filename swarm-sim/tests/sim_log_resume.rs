@@ -59,7 +59,6 @@ fn scan(world: &SimWorld, layout: &Layout, w: WriterId) -> LogScan {
     let fabric = world.client();
     let stats = OpStats::new();
     block_on(&fabric, scan_log(&fabric, &stats, layout, w, STRAGGLER_NS))
-        .expect("no stall with a live majority")
         .expect("a majority answers")
 }
 
@@ -103,7 +102,6 @@ fn a_record_on_a_slow_minority_is_found_and_never_reused() {
             client.fabric(),
             client.write(&reg, &mut cache, &stats, b"resumed"),
         )
-        .expect("no stall")
         .expect("the write succeeds");
         world.drain();
         let meta = world

@@ -203,7 +203,7 @@ mod tests {
     use alloc::vec::Vec;
 
     use super::*;
-    use crate::exec::block_on;
+    use crate::exec::{block_on, block_on_future};
     use crate::mem::MemCluster;
 
     fn answered(rt: &Roundtrip<'_, impl Fabric>) -> Vec<u16> {
@@ -236,7 +236,6 @@ mod tests {
                 Ok(Batch::write(8, alloc::vec![n.0 as u8 + 1; 8]))
             }),
         )
-        .unwrap()
         .unwrap();
         assert!(rt.replies().len() >= 2);
         drop(rt);
@@ -246,7 +245,6 @@ mod tests {
             &fabric,
             broadcast(&fabric, &stats, nodes(3), 3, |_| Ok(Batch::read(8, 8))),
         )
-        .unwrap()
         .unwrap();
         for (node, completion) in rt.replies() {
             assert_eq!(completion.read(0), Some(&[node.0 as u8 + 1; 8][..]));
@@ -256,7 +254,7 @@ mod tests {
         // failed, the step cannot finish and the executor reports the stall.
         fabric.fail_node(NodeId(1));
         fabric.fail_node(NodeId(2));
-        let lost = block_on(
+        let lost = block_on_future(
             &fabric,
             broadcast(&fabric, &stats, nodes(3), 2, |_| Ok(Batch::read(8, 8))),
         );
@@ -279,11 +277,10 @@ mod tests {
                 |replies| replies.len() >= 3,
             ),
         )
-        .unwrap()
         .unwrap();
         assert_eq!(answered(&rt), [0, 2], "node 1 had no batch");
         drop(rt);
-        let refused = block_on(
+        let refused = block_on_future(
             &fabric,
             broadcast_until(
                 &fabric,
@@ -319,7 +316,6 @@ mod tests {
                 |r| r.len() >= 2,
             ),
         )
-        .unwrap()
         .unwrap();
         assert_eq!(answered(&rt), [0, 2], "the first two of the order");
         drop(rt);
@@ -338,13 +334,12 @@ mod tests {
                 |r| r.iter().filter(|(n, _)| n.0 != 2).count() >= 2,
             ),
         )
-        .unwrap()
         .unwrap();
         assert_eq!(answered(&rt), [0, 1, 2]);
         drop(rt);
         assert_eq!(stats.roundtrips(), 2, "the escalation counts a roundtrip");
         // Never enough, every node answered: the step fails instead of waiting.
-        let never = block_on(
+        let never = block_on_future(
             &fabric,
             preferred_step(
                 &fabric,
@@ -377,7 +372,6 @@ mod tests {
                 |node| late.push(node),
             ),
         )
-        .unwrap()
         .unwrap();
         assert_eq!(answered(&rt), [1, 2]);
         drop(rt);

@@ -176,7 +176,7 @@ pub async fn scan_log<F: Fabric + ?Sized>(
 mod tests {
     use super::*;
     use crate::encoding::{Flag, LockMode};
-    use crate::exec::block_on;
+    use crate::exec::{block_on, block_on_future};
     use crate::fabric::NodeId;
     use crate::layout::encode_record;
     use crate::mem::MemCluster;
@@ -199,7 +199,7 @@ mod tests {
 
     fn poke(fabric: &impl Fabric, node: u16, addr: u64, data: Vec<u8>) {
         let stats = OpStats::new();
-        block_on(fabric, async {
+        block_on_future(fabric, async {
             let mut rt = Roundtrip::start(fabric, &stats);
             rt.post(NodeId(node), Batch::write(addr, data)).unwrap();
             rt.wait(1).await.unwrap();
@@ -291,9 +291,7 @@ mod tests {
             encode_record(Tsp::new(ts(99, 0), Flag::Guessed), b"y"),
         );
         let stats = OpStats::new();
-        let scan = block_on(&fabric, scan_log(&fabric, &stats, &layout, w, 1_000))
-            .unwrap()
-            .unwrap();
+        let scan = block_on(&fabric, scan_log(&fabric, &stats, &layout, w, 1_000)).unwrap();
         assert_eq!(
             scan,
             LogScan {
@@ -304,17 +302,13 @@ mod tests {
 
         // A failed node is waited for until the deadline only, once.
         fabric.fail_node(NodeId(2));
-        let scan = block_on(&fabric, scan_log(&fabric, &stats, &layout, w, 1_000))
-            .unwrap()
-            .unwrap();
+        let scan = block_on(&fabric, scan_log(&fabric, &stats, &layout, w, 1_000)).unwrap();
         assert_eq!(scan.used_slots, [2]);
         assert_eq!(scan.last_ticks, 30);
 
         // A writer without a log has nothing to resume.
         let none = WriterId::new(7).unwrap();
-        let scan = block_on(&fabric, scan_log(&fabric, &stats, &layout, none, 1_000))
-            .unwrap()
-            .unwrap();
+        let scan = block_on(&fabric, scan_log(&fabric, &stats, &layout, none, 1_000)).unwrap();
         assert_eq!(scan, LogScan::default());
     }
 }

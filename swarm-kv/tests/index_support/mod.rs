@@ -8,7 +8,7 @@ use std::rc::Rc;
 use swarm_checker::{History, OpKind, Operation};
 use swarm_core::fabric::{Batch, NodeId};
 use swarm_core::mem::MemCluster;
-use swarm_core::{OpStats, Roundtrip, block_on};
+use swarm_core::{OpStats, Roundtrip, block_on_future};
 use swarm_kv::index::{Index, IndexConfig};
 use swarm_kv::layout::{ClusterParams, NodeLayout, encode_key_header};
 use swarm_sim::SimWorld;
@@ -77,7 +77,7 @@ pub fn mem_header(
     let fabric = cluster.client();
     let at = layout.key_header(register).expect("register exists");
     let stats = OpStats::new();
-    block_on(&fabric, async {
+    block_on_future(&fabric, async {
         let mut rt = Roundtrip::start(&fabric, &stats);
         for n in 0..nodes {
             rt.post(NodeId(n as u16), Batch::write(at, encode_key_header(key)))

@@ -132,7 +132,7 @@ fn check(cluster: &ClusterConfig, device: Option<String>, reads: usize) -> Resul
         let ticket = fabric.post(id, Batch::read(0, ENCODED_LEN as u32));
         let completion = block_on(&fabric, async {
             std::future::poll_fn(|_| fabric.poll(ticket)).await
-        })??;
+        })?;
         let header = NodeHeader::decode(completion.read(0).unwrap_or_default(), expected.size)?;
         if header != expected {
             bail!("node {node}: the header read over RDMA differs from the bootstrap's");
@@ -145,7 +145,7 @@ fn check(cluster: &ClusterConfig, device: Option<String>, reads: usize) -> Resul
                 let mut rt = Roundtrip::start(&fabric, &stats);
                 rt.post(id, Batch::read(0, 8))?;
                 rt.wait(1).await
-            })??;
+            })?;
             micros.push(start.elapsed().as_secs_f64() * 1e6);
         }
         micros.sort_by(f64::total_cmp);

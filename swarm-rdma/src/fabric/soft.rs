@@ -223,7 +223,7 @@ mod tests {
     use swarm_core::fabric::{Completion, FabricError, FailureCause, NodeId};
     use swarm_core::mem::MemCluster;
     use swarm_core::roundtrip::{OpStats, Roundtrip};
-    use swarm_core::{Fabric, block_on};
+    use swarm_core::{Fabric, block_on_future};
 
     const SIZE: usize = 4096;
     const BASE: u64 = 0x7f00_0000_0000;
@@ -330,7 +330,7 @@ mod tests {
         let f = fabric(3, 4096, 64, 7);
         f.engine().nic_mut().set_mode(2, Mode::Crash);
         let stats = OpStats::new();
-        let reached = block_on(&f, async {
+        let reached = block_on_future(&f, async {
             let mut rt = Roundtrip::start(&f, &stats);
             for n in 0..3 {
                 let mut batch = Batch::new();
@@ -406,7 +406,7 @@ mod tests {
         let f = fabric(3, 4096, 64, 5);
         f.engine().nic_mut().set_mode(1, Mode::Silent);
         let stats = OpStats::new();
-        let reached = block_on(&f, async {
+        let reached = block_on_future(&f, async {
             let mut rt = Roundtrip::start(&f, &stats);
             for n in 0..3 {
                 rt.post(NodeId(n), Batch::read(0, 8)).unwrap();

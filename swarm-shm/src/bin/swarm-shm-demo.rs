@@ -301,7 +301,7 @@ fn on_nodes(
         }
         rt.wait(k).await?;
         Ok::<_, FabricError>(rt.replies().to_vec())
-    })??;
+    })?;
     Ok(replies)
 }
 

@@ -1,7 +1,7 @@
 use std::time::Duration;
 
 use swarm_core::header::HEADER_SIZE;
-use swarm_core::{Op, OpStats, Roundtrip, WaitOutcome, block_on};
+use swarm_core::{Op, OpStats, Roundtrip, WaitOutcome, block_on_future};
 
 use super::*;
 use crate::ScratchDir;
@@ -23,7 +23,7 @@ fn roundtrip(
     k: usize,
 ) -> Result<Result<Vec<(NodeId, Completion)>, FabricError>, FabricError> {
     let stats = OpStats::new();
-    block_on(fabric, async {
+    block_on_future(fabric, async {
         let mut rt = Roundtrip::start(fabric, &stats);
         for &n in nodes {
             rt.post(NodeId(n), batch.clone())?;
@@ -255,7 +255,7 @@ fn emulated_rtt_delays_completion() {
     // Three nodes in one roundtrip overlap: all complete one rtt after posting.
     let stats = OpStats::new();
     let start = fabric.now();
-    let replies = block_on(&fabric, async {
+    let replies = block_on_future(&fabric, async {
         let mut rt = Roundtrip::start(&fabric, &stats);
         for n in 0..3 {
             rt.post(NodeId(n), Batch::read(DATA, 8)).unwrap();
@@ -301,7 +301,7 @@ fn deadlines_keep_progress_going_until_they_pass() {
     let stats = OpStats::new();
     let deadline = fabric.now() + Duration::from_millis(2).as_nanos() as u64;
     // Only node 2 answers: the wait falls short at the deadline instead of stalling.
-    let outcome = block_on(&fabric, async {
+    let outcome = block_on_future(&fabric, async {
         let mut rt = Roundtrip::start(&fabric, &stats);
         for n in 0..3 {
             rt.post(NodeId(n), Batch::read(DATA, 8)).unwrap();

@@ -22,7 +22,7 @@ use swarm_core::header::HEADER_SIZE;
 use swarm_core::layout::Layout;
 use swarm_core::{
     Batch, Client, Clock, Completion, Fabric, FabricError, NodeId, OpStats, ReadValue,
-    RegisterCache, RegisterLoc, Replicas, Ticket, WriteOutcome, block_on,
+    RegisterCache, RegisterLoc, Replicas, Ticket, WriteOutcome, block_on_future,
 };
 use swarm_shm::{ShmCluster, ShmFabric};
 
@@ -326,7 +326,7 @@ impl<F: Fabric, C: Clock> Worker<F, C> {
         );
         observe(&op);
         let result = if is_write {
-            match block_on(fabric, client.write(&reg, cache, &stats, value.as_bytes())) {
+            match block_on_future(fabric, client.write(&reg, cache, &stats, value.as_bytes())) {
                 Ok(Ok(WriteOutcome::Written)) => Ok(None),
                 Ok(Ok(WriteOutcome::Deleted)) => {
                     Err("a write reported a delete, but nothing deletes".to_string())
@@ -335,7 +335,7 @@ impl<F: Fabric, C: Clock> Worker<F, C> {
                 Err(e) => Err(e.to_string()),
             }
         } else {
-            match block_on(fabric, client.read(&reg, cache, &stats)) {
+            match block_on_future(fabric, client.read(&reg, cache, &stats)) {
                 Ok(Ok(read)) => Ok(Some(read)),
                 Ok(Err(e)) => Err(e.to_string()),
                 Err(e) => Err(e.to_string()),

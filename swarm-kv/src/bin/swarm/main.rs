@@ -286,16 +286,13 @@ type Client<S> = swarm_kv::KvClient<<S as Store>::Fabric, swarm_kv::clock::Syste
 
 fn with_client<S: Store, T>(
     store: &S,
-    op: impl FnOnce(
-        &Client<S>,
-        &OpStats,
-    ) -> Result<Result<T, swarm_kv::KvError>, swarm_core::FabricError>,
+    op: impl FnOnce(&Client<S>, &OpStats) -> Result<T, swarm_kv::KvError>,
 ) -> Result<T> {
     let client = store.client().context("cannot start a client")?;
     let stats = OpStats::new();
     let result = op(&client, &stats);
     client.close();
-    Ok(result??)
+    Ok(result?)
 }
 
 fn init(args: InitArgs) -> Result<ExitCode> {
@@ -338,7 +335,7 @@ fn stat<S: Store>(store: &S) -> Result<ExitCode> {
     let keys = block_on(
         client.fabric(),
         client.index().count(client.fabric(), &stats),
-    )??;
+    )?;
     let writer = client.writer();
     client.close();
     println!(
@@ -362,7 +359,7 @@ fn stat<S: Store>(store: &S) -> Result<ExitCode> {
                     .filter(|w| w.iter().any(|b| *b != 0))
                     .count(),
             )
-        })??;
+        })?;
         let registers = (claimed as u64 * u64::from(p.chunk_registers)).min(p.registers);
         let used = registers * layout.register_slot_bytes;
         println!(
@@ -376,7 +373,7 @@ fn stat<S: Store>(store: &S) -> Result<ExitCode> {
     let rows = block_on(
         &fabric,
         swarm_kv::writer_ids::read_table(&fabric, &layout, NodeId(0)),
-    )??;
+    )?;
     let now = swarm_kv::clock::SystemClock::unix_ns();
     let live: Vec<_> = rows
         .iter()
