@@ -18,7 +18,7 @@
 //!   that is not complete returns `Pending`, and only `progress` moves the transport
 //!   on (polls an RDMA completion queue, advances simulated time, spins out an
 //!   emulated latency). Some fabrics complete batches inside [`Fabric::post`] (the
-//!   in-process [`crate::mem`] fabric, shared memory without emulated latency), but
+//!   in-process [`crate::MemCluster`] fabric, shared memory without emulated latency), but
 //!   code must not rely on it.
 //! * **[`block_on`]** runs one operation on the calling thread: poll, `progress`, poll
 //!   again, until it is ready, and returns the operation's own `Result`. A stall

@@ -22,9 +22,9 @@
 //! operations take one roundtrip in the common case (SWARM Table 2).
 //!
 //! ```
-//! use swarm_core::clock::FixedClock;
+//! use swarm_core::FixedClock;
 //! use swarm_core::encoding::WriterId;
-//! use swarm_core::mem::MemCluster;
+//! use swarm_core::MemCluster;
 //! use swarm_core::{
 //!     Client, Layout, OpStats, ProtocolConfig, ReadValue, RegisterCache, RegisterLoc,
 //!     Replicas, WriteOutcome, block_on,
@@ -78,12 +78,15 @@
 //!
 //! ## Where things are
 //!
-//! For embedders, the root re-exports what an application needs: [`Client`] and its
-//! operations' types, [`Layout`], [`Replicas`]/[`RegisterLoc`], [`OpStats`],
-//! [`block_on`]/[`LocalExecutor`], and the error types. The modules hold the rest:
-//! [`fabric`] and [`header`] for transport implementers, [`encoding`] and
-//! [`layout`] for the on-memory formats, [`protocol`] for the algorithms layer by
-//! layer, [`mem`] for the in-process fabric, [`clock`] for timestamp clocks.
+//! The root holds what an application needs: [`Client`] and its operations' types,
+//! [`Layout`], [`Replicas`]/[`RegisterLoc`], [`OpStats`], [`block_on`] and
+//! [`LocalExecutor`], the in-process fabric [`MemCluster`], the [`Clock`] trait, and
+//! the error types. Five modules are public on purpose: [`fabric`] (the transport
+//! contract) and [`header`] for transport implementers, [`encoding`] and [`layout`]
+//! for the on-memory formats, [`exec`] for the executor contract; [`quorum`] and
+//! [`resume`] are the quorum steps and the log scan that stores built on the core
+//! (SWARM-KV) reuse. The protocol layers themselves (max register, In-n-Out,
+//! timestamp locks, Safe-Guess, DM-ABD) are private: their behaviour is [`Client`]'s.
 //!
 //! ## Features
 //! - `std`: implement `std::error::Error` for the error types.
@@ -99,26 +102,34 @@ extern crate alloc;
 #[cfg(feature = "std")]
 extern crate std;
 
-pub mod clock;
+// Formats and contracts that transports and tools build on are public modules; the
+// rest is private and re-exported below, deliberately.
 pub mod encoding;
 pub mod exec;
 pub mod fabric;
 pub mod header;
 pub mod layout;
-pub mod mem;
-pub mod protocol;
-pub mod roundtrip;
-mod sync;
-pub mod units;
 
-pub use clock::Clock;
+mod clock;
+mod mem;
+mod protocol;
+mod roundtrip;
+mod sync;
+mod units;
+
+pub use clock::{Clock, FixedClock};
 pub use exec::{LocalExecutor, TaskId, block_on, block_on_future, join};
 pub use fabric::{
     Batch, Completion, Fabric, FabricError, FailureCause, NodeId, Op, OpOutput, Ticket,
 };
 pub use layout::{Layout, LayoutBuilder, LayoutError};
+pub use mem::{MemCluster, MemFabric};
+#[cfg(loom)]
+#[doc(hidden)]
+pub use protocol::inout::max_on_node;
 pub use protocol::{
-    Client, ProtocolConfig, ReadValue, RegisterCache, RegisterLoc, Replicas, SwarmError,
-    WriteOutcome,
+    Client, MAX_REPLICAS, ProtocolConfig, ReadValue, RegisterCache, RegisterLoc, Replicas,
+    SwarmError, WriteOutcome, quorum, resume,
 };
-pub use roundtrip::{OpStats, Roundtrip, WaitOutcome};
+pub use roundtrip::{MAX_NODES, OpStats, Roundtrip, WaitOutcome, post_background};
+pub use units::{SizeError, parse_size};

@@ -8,11 +8,11 @@
 #![cfg(loom)]
 
 use loom::thread;
-use swarm_core::clock::FixedClock;
+use swarm_core::FixedClock;
+use swarm_core::MemCluster;
 use swarm_core::encoding::{Flag, LockMode, Timestamp, Tsp, WriterId};
 use swarm_core::layout::Layout;
-use swarm_core::mem::MemCluster;
-use swarm_core::protocol::inout::max_on_node;
+use swarm_core::max_on_node;
 use swarm_core::{
     Batch, Client, Fabric, NodeId, OpStats, ProtocolConfig, RegisterLoc, Replicas, block_on,
 };

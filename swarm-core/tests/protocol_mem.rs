@@ -1,14 +1,14 @@
 //! Protocol sanity on the in-process fabric: roundtrip counts in the common case,
 //! deletes, and a crashed minority.
 
-use swarm_core::clock::FixedClock;
+use swarm_core::FixedClock;
 use swarm_core::encoding::WriterId;
 use swarm_core::layout::Layout;
-use swarm_core::mem::{MemCluster, MemFabric};
 use swarm_core::{
     Client, NodeId, OpStats, ProtocolConfig, ReadValue, RegisterCache, RegisterLoc, Replicas,
     WriteOutcome, block_on, block_on_future,
 };
+use swarm_core::{MemCluster, MemFabric};
 
 fn setup(writer: u32, clock: u64, cluster: &MemCluster) -> Client<MemFabric, FixedClock> {
     let layout = Layout::builder()

@@ -10,8 +10,8 @@
 //! elsewhere. That is obstruction-free, not wait-free, which is fine for the rare
 //! operations that use it (a client starting, a chunk of registers running out).
 
-use swarm_core::protocol::quorum::{broadcast, majority, nodes as node_ids};
-use swarm_core::roundtrip::post_background;
+use swarm_core::post_background;
+use swarm_core::quorum::{broadcast, majority, nodes as node_ids};
 use swarm_core::{Batch, Fabric, FabricError, OpStats};
 
 /// How a claim ended.
@@ -79,7 +79,7 @@ pub fn release<F: Fabric>(fabric: &F, nodes: usize, addr: u64, token: u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use swarm_core::mem::MemCluster;
+    use swarm_core::MemCluster;
     use swarm_core::{NodeId, Roundtrip, block_on, block_on_future};
 
     #[test]

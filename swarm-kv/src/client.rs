@@ -23,11 +23,11 @@
 
 use std::cell::{Cell, RefCell};
 
+use swarm_core::ProtocolConfig;
 use swarm_core::encoding::WriterId;
 use swarm_core::fabric::Nanos;
-use swarm_core::protocol::ProtocolConfig;
-use swarm_core::protocol::quorum::broadcast;
-use swarm_core::protocol::resume::scan_log;
+use swarm_core::quorum::broadcast;
+use swarm_core::resume::scan_log;
 use swarm_core::{
     Batch, Client, Clock, Fabric, NodeId, OpStats, ReadValue, RegisterCache, RegisterLoc, Replicas,
     WriteOutcome,
@@ -489,8 +489,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
             .map(drop)
         };
         let write_value = self.write_register(&mut fresh, stats, &payload);
-        let (header_written, value_written) =
-            swarm_core::exec::join(write_header, write_value).await;
+        let (header_written, value_written) = swarm_core::join(write_header, write_value).await;
         header_written?;
         value_written?;
         for _ in 0..MAX_RETRIES {

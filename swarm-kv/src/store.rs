@@ -6,7 +6,7 @@
 //! either.
 
 use swarm_core::header::NodeHeader;
-use swarm_core::protocol::quorum::{broadcast, majority, nodes as node_ids};
+use swarm_core::quorum::{broadcast, majority, nodes as node_ids};
 use swarm_core::{Batch, Fabric, FabricError, OpStats, block_on};
 
 use crate::KvError;

@@ -17,7 +17,7 @@
 //!
 //! A client that stops cleanly gives its row back. The next client that claims a
 //! used row *resumes* its log: it scans the log on every node that answers
-//! ([`swarm_core::protocol::resume::scan_log`], waiting [`RESUME_STRAGGLER_NS`] for
+//! ([`swarm_core::resume::scan_log`], waiting [`RESUME_STRAGGLER_NS`] for
 //! nodes beyond a majority, since a write the earlier client abandoned may sit on one
 //! node only), marks every slot holding a record or a lock as used, and starts its
 //! timestamps above the largest one it finds, so no buffer that a register may still
@@ -27,7 +27,7 @@
 //! referenced.
 
 use swarm_core::fabric::Nanos;
-use swarm_core::protocol::quorum::{broadcast, majority, nodes as node_ids};
+use swarm_core::quorum::{broadcast, majority, nodes as node_ids};
 use swarm_core::{Batch, Fabric, FabricError, NodeId, OpStats, Roundtrip};
 
 use crate::KvError;
@@ -105,7 +105,7 @@ pub fn heartbeat<F: Fabric>(
     now_unix_ns: u64,
 ) {
     for node in 0..nodes {
-        swarm_core::roundtrip::post_background(
+        swarm_core::post_background(
             fabric,
             NodeId(node as u16),
             Batch::write(
@@ -173,10 +173,10 @@ pub async fn read_table<F: Fabric>(
 
 #[cfg(test)]
 mod tests {
-    use swarm_core::clock::FixedClock;
+    use swarm_core::FixedClock;
     use swarm_core::encoding::WriterId;
-    use swarm_core::mem::{MemCluster, MemFabric};
-    use swarm_core::protocol::resume::scan_log;
+    use swarm_core::resume::scan_log;
+    use swarm_core::{MemCluster, MemFabric};
     use swarm_core::{OpStats, block_on};
 
     use super::*;

@@ -9,8 +9,8 @@ use std::thread;
 
 use index_support::{index, layout, mem_config, mem_header};
 use swarm_core::fabric::NodeId;
-use swarm_core::mem::{MemCluster, MemFabric};
 use swarm_core::{Fabric, FabricError, OpStats, Roundtrip, block_on, block_on_future};
+use swarm_core::{MemCluster, MemFabric};
 use swarm_kv::index::word::{Ballot, Meta, Proposal};
 use swarm_kv::index::{Index, IndexConfig, IndexError, InsertOutcome, SLOTS};
 use swarm_kv::layout::{BUCKET_BYTES, NodeLayout};

@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 
 use swarm_core::fabric::{Batch, Completion, FabricError, NodeId, Op};
 use swarm_core::header::{ENCODED_LEN, HEADER_SIZE, NodeHeader};
-use swarm_core::roundtrip::{OpStats, Roundtrip};
 use swarm_core::{Fabric, block_on_future};
+use swarm_core::{OpStats, Roundtrip};
 use swarm_rdma::auth::Token;
 use swarm_rdma::bootstrap::ServerLimits;
 use swarm_rdma::wr::ReadOrdering;

@@ -30,7 +30,7 @@ use std::thread;
 use std::time::Duration;
 
 use swarm_checker::History;
-use swarm_core::clock::FixedClock;
+use swarm_core::FixedClock;
 use swarm_core::{
     Client, Clock, NodeId, OpStats, ProtocolConfig, RegisterCache, WriteOutcome, block_on,
     block_on_future,

@@ -10,7 +10,7 @@
 use core::cell::Cell;
 
 use super::world::SimWorld;
-use swarm_core::clock::Clock;
+use swarm_core::Clock;
 use swarm_core::fabric::Nanos;
 
 /// Ticks count from this many virtual nanoseconds *before* the world started, so

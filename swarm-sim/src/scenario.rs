@@ -34,10 +34,10 @@ use swarm_core::encoding::WriterId;
 use swarm_core::fabric::NodeId;
 use swarm_core::header::HEADER_SIZE;
 use swarm_core::layout::Layout;
-use swarm_core::protocol::{
+use swarm_core::{Client, OpStats};
+use swarm_core::{
     ProtocolConfig, ReadValue, RegisterCache, RegisterLoc, Replicas, SwarmError, WriteOutcome,
 };
-use swarm_core::{Client, OpStats};
 
 /// Which replication protocol the clients run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

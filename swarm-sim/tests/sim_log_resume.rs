@@ -1,4 +1,4 @@
-//! Resuming a writer id's log (`swarm_core::protocol::resume`) on the simulated
+//! Resuming a writer id's log (`swarm_core::resume`) on the simulated
 //! fabric: a write the earlier incarnation abandoned after it reached one node only
 //! must still be found when that node is slower than the others, or the next
 //! incarnation reuses its timestamp range and its slot (issue 10, "scan_log reads
@@ -11,7 +11,7 @@
 
 use swarm_core::encoding::{Flag, Timestamp, Tsp, WriterId};
 use swarm_core::layout::{Layout, encode_record};
-use swarm_core::protocol::resume::{LogScan, scan_log};
+use swarm_core::resume::{LogScan, scan_log};
 use swarm_core::{
     Client, NodeId, OpStats, ProtocolConfig, RegisterCache, RegisterLoc, Replicas, block_on,
 };

@@ -4,7 +4,7 @@
 use std::cell::RefCell;
 use std::rc::Rc;
 
-use swarm_core::clock::Clock;
+use swarm_core::Clock;
 use swarm_core::fabric::Fabric;
 use swarm_core::{Batch, NodeId, OpStats, Roundtrip};
 use swarm_sim::{CLOCK_EPOCH_NS, SimClock, SimError, SimFabric, SimRunner, SimWorld};

@@ -147,6 +147,7 @@ pub fn max_outcome(expected: Tsp, new: Tsp, previous: Tsp) -> MaxOutcome {
 /// is still below `new`. Each attempt is one roundtrip. Returns the word's value once
 /// it is at least `new`. The reliable register pipelines the first attempt with the
 /// buffer write (see [`super::maxreg`]) and applies the same rule per replica.
+#[cfg_attr(not(loom), allow(dead_code))] // The unit MAX step that tests/loom.rs model-checks.
 pub async fn max_on_node<F: crate::fabric::Fabric + ?Sized>(
     fabric: &F,
     stats: &crate::roundtrip::OpStats,

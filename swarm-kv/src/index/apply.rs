@@ -7,8 +7,8 @@
 
 use swarm_core::Fabric;
 use swarm_core::fabric::{Batch, Completion, NodeId, Op};
-use swarm_core::protocol::quorum::broadcast_until;
-use swarm_core::roundtrip::post_background;
+use swarm_core::post_background;
+use swarm_core::quorum::broadcast_until;
 
 use super::IndexError;
 use super::bucket::applied_slot;

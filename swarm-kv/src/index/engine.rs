@@ -10,7 +10,7 @@
 use core::cell::Cell;
 
 use swarm_core::fabric::{Batch, Completion, Nanos, NodeId, Op};
-use swarm_core::protocol::quorum::{broadcast_until, preferred_step};
+use swarm_core::quorum::{broadcast_until, preferred_step};
 use swarm_core::{Fabric, OpStats};
 
 use super::bucket::{BucketError, NodeBucket, Status, View};

@@ -12,7 +12,7 @@
 //! register whose header is rewritten on reuse is judged by its newest header.
 
 use swarm_core::fabric::{Batch, Op};
-use swarm_core::protocol::quorum::preferred_step;
+use swarm_core::quorum::preferred_step;
 use swarm_core::{Fabric, OpStats};
 
 use super::error::HeaderProblem;

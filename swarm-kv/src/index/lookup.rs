@@ -8,7 +8,7 @@
 //! docs of [`super`], "reads").
 
 use swarm_core::fabric::{Batch, Op};
-use swarm_core::protocol::quorum::preferred_step;
+use swarm_core::quorum::preferred_step;
 use swarm_core::{Fabric, OpStats};
 
 use super::bucket::Status;

@@ -192,8 +192,8 @@ pub mod word;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
+use swarm_core::MAX_REPLICAS;
 use swarm_core::encoding::MAX_WRITERS;
-use swarm_core::protocol::MAX_REPLICAS;
 use swarm_core::{Fabric, OpStats};
 
 pub use bucket::BucketError;
@@ -301,7 +301,7 @@ impl Index {
 
     /// A majority of the nodes.
     pub fn quorum(&self) -> usize {
-        swarm_core::protocol::quorum::majority(self.nodes)
+        swarm_core::quorum::majority(self.nodes)
     }
 
     /// The candidate buckets and fingerprint of `key`, after checking its length.

@@ -1,7 +1,7 @@
 //! Where and when the index sends its quorum steps: the preferred order of nodes,
 //! backoff between contended attempts, and sleeps on the fabric's clock.
 //!
-//! The steps themselves are the protocol core's (`swarm_core::protocol::quorum`):
+//! The steps themselves are the protocol core's (`swarm_core::quorum`):
 //! * reads use `preferred_step`, asking a *preferred majority* first (a
 //!   [`rotation`] of the nodes, spread by bucket) and everybody else only when one
 //!   of them is slow, failed or returned something unusable (SWARM §6);

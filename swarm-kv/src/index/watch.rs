@@ -147,7 +147,7 @@ impl<F: Fabric> Engine<'_, F> {
 
 #[cfg(test)]
 mod tests {
-    use swarm_core::mem::MemCluster;
+    use swarm_core::MemCluster;
     use swarm_core::{Fabric, OpStats};
 
     use super::*;

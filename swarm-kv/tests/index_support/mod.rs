@@ -6,8 +6,8 @@ use std::cell::RefCell;
 use std::rc::Rc;
 
 use swarm_checker::{History, OpKind, Operation};
+use swarm_core::MemCluster;
 use swarm_core::fabric::{Batch, NodeId};
-use swarm_core::mem::MemCluster;
 use swarm_core::{OpStats, Roundtrip, block_on_future};
 use swarm_kv::index::{Index, IndexConfig};
 use swarm_kv::layout::{ClusterParams, NodeLayout, encode_key_header};

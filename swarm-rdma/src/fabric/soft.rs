@@ -220,10 +220,10 @@ mod tests {
     use crate::wr::{ChainLimits, ReadOrdering, RemoteRegion};
     use proptest::prelude::*;
     use std::task::Poll;
+    use swarm_core::MemCluster;
     use swarm_core::fabric::{Completion, FabricError, FailureCause, NodeId};
-    use swarm_core::mem::MemCluster;
-    use swarm_core::roundtrip::{OpStats, Roundtrip};
     use swarm_core::{Fabric, block_on_future};
+    use swarm_core::{OpStats, Roundtrip};
 
     const SIZE: usize = 4096;
     const BASE: u64 = 0x7f00_0000_0000;

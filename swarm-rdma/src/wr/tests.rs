@@ -3,7 +3,7 @@
 use super::*;
 use proptest::prelude::*;
 use swarm_core::Fabric;
-use swarm_core::mem::MemCluster;
+use swarm_core::MemCluster;
 
 const NODE: NodeId = NodeId(2);
 const REGION: RemoteRegion = RemoteRegion {

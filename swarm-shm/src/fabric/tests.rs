@@ -285,7 +285,7 @@ fn rtt_errors_are_reported_at_once() {
 fn forgotten_batches_still_execute() {
     let (_dir, cluster) = cluster(1);
     let fabric = cluster.client().with_rtt_ns(1000);
-    swarm_core::roundtrip::post_background(&fabric, NodeId(0), Batch::cas(DATA, 0, 3));
+    swarm_core::post_background(&fabric, NodeId(0), Batch::cas(DATA, 0, 3));
     assert!(fabric.progress());
     assert_eq!(fabric.slab.borrow().pending_count(), 0);
     let word = word_at(&cluster, 0, DATA);
