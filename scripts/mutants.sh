@@ -5,9 +5,10 @@
 # swarm-core/src/protocol per file) in turn, runs ONLY the randomized simulation
 # tests (swarm-sim/tests/sim_protocol.rs, sim_max_register_race.rs,
 # sim_slow_path_race.rs, sim_inflight_race.rs; not the scripted schedules) at their
-# default CI seed counts, reverts the mutant, and prints a table: `caught` (a test failed), `MISSED` (every test passed: the
-# simulation cannot see this bug), `unviable` (it does not compile) or `stale`
-# (the patch no longer applies: refresh it against the current code).
+# default CI seed counts, reverts the mutant, and prints a table: `caught` (a test
+# failed), `MISSED` (every test passed: the simulation cannot see this bug),
+# `unviable` (it does not compile) or `stale` (the patch no longer applies: refresh
+# it against the current code).
 #
 # Usage: scripts/mutants.sh [NAME ...]   (names without .patch; default: all)
 #   MUTANTS_TEST_ARGS="--skip TEST" passes arguments to the test binaries.
