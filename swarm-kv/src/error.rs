@@ -71,6 +71,29 @@ pub enum KvError {
         /// Attempts made.
         attempts: u32,
     },
+    /// `swarm evict` refused: the writer renewed its lease too recently to be presumed
+    /// dead.
+    #[error(
+        "writer {writer} renewed its lease {idle_secs:.1} s ago, less than the {min_idle_secs} s required: \
+         it looks alive. Evict only a client you know is dead (two clients sharing a writer id \
+         break linearizability), or wait"
+    )]
+    LeaseFresh {
+        /// The writer id.
+        writer: u16,
+        /// Seconds since its last lease renewal.
+        idle_secs: f64,
+        /// The idle time required.
+        min_idle_secs: u64,
+    },
+    /// A writer id beyond the cluster's table.
+    #[error("no writer {writer}: the cluster has writer ids 0 to {}", writers.saturating_sub(1))]
+    NoSuchWriter {
+        /// The writer id asked for.
+        writer: u16,
+        /// Writer ids in the cluster.
+        writers: u16,
+    },
     /// The operation is not available with the chosen register protocol.
     #[error("{0} is not supported")]
     Unsupported(&'static str),

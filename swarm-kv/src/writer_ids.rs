@@ -22,9 +22,9 @@
 //! node only), marks every slot holding a record or a lock as used, and starts its
 //! timestamps above the largest one it finds, so no buffer that a register may still
 //! point to is overwritten and no timestamp repeats ([`swarm_core::Client::resume`]).
-//! Rows of clients that crashed keep their claim; they are reclaimed by memory
-//! recycling (a later issue), which can tell when their buffers are no longer
-//! referenced.
+//! Rows of clients that crashed keep their claim until an operator gives them back
+//! with `swarm evict` ([`evict`], after the lease has been idle long enough);
+//! automatic reclaim needs self-fencing leases, which are not built yet.
 
 use swarm_core::fabric::Nanos;
 use swarm_core::quorum::{broadcast, majority, nodes as node_ids};
@@ -125,6 +125,78 @@ pub fn unregister<F: Fabric>(
     token: u64,
 ) {
     crate::claim::release(fabric, nodes, layout.client_row(writer), token);
+}
+
+/// What [`evict`] did.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Eviction {
+    /// The writer id was not registered: nothing to do.
+    NotRegistered,
+    /// The row was given back on behalf of its owner, idle this long.
+    Released {
+        /// Seconds since the owner's last lease renewal.
+        idle_secs: f64,
+    },
+}
+
+/// Gives back the row of `writer`, registered by a client that crashed (its lease
+/// was last renewed at least `min_idle_ns` ago on the caller's clock), so that a new
+/// client can claim the writer id; the next owner resumes its log like after a clean
+/// stop. Nothing stops a client that is only paused: it keeps the id it believes it
+/// holds, and two clients with one writer id break linearizability. Hence the idle
+/// time, which should exceed any pause the deployment expects plus the clock skew
+/// between hosts. (Automatic reclaim with self-fencing leases is not built yet.)
+pub async fn evict<F: Fabric>(
+    fabric: &F,
+    layout: &NodeLayout,
+    nodes: usize,
+    writer: u16,
+    min_idle_ns: u64,
+    now_unix_ns: u64,
+) -> Result<Eviction, KvError> {
+    if writer >= layout.params.writers {
+        return Err(KvError::NoSuchWriter {
+            writer,
+            writers: layout.params.writers,
+        });
+    }
+    let stats = OpStats::new();
+    let at = layout.client_row(writer);
+    let rt = broadcast(fabric, &stats, node_ids(nodes), majority(nodes), |_| {
+        Ok(Batch::read(at, 16))
+    })
+    .await?;
+    let (mut token, mut lease) = (0, 0);
+    for (_, completion) in rt.replies() {
+        let bytes = completion.read(0).unwrap_or_default();
+        let word = |i: usize| {
+            bytes
+                .get(i * 8..i * 8 + 8)
+                .map_or(0, |b| u64::from_le_bytes(b.try_into().unwrap_or([0; 8])))
+        };
+        // A claim is won on a majority: any non-zero token seen is the owner's.
+        token = token.max(word(0));
+        lease = lease.max(word(1));
+    }
+    drop(rt);
+    if token == 0 {
+        return Ok(Eviction::NotRegistered);
+    }
+    let idle_ns = now_unix_ns.saturating_sub(lease);
+    if idle_ns < min_idle_ns {
+        return Err(KvError::LeaseFresh {
+            writer,
+            idle_secs: idle_ns as f64 / 1e9,
+            min_idle_secs: min_idle_ns / 1_000_000_000,
+        });
+    }
+    broadcast(fabric, &stats, node_ids(nodes), majority(nodes), |_| {
+        Ok(Batch::cas(at, token, 0))
+    })
+    .await?;
+    Ok(Eviction::Released {
+        idle_secs: idle_ns as f64 / 1e9,
+    })
 }
 
 /// A row as read from one node.
@@ -249,6 +321,43 @@ mod tests {
         unregister(&fabric, &layout, 3, first.writer, 11);
         let again = register(33);
         assert_eq!((again.writer, again.reused), (0, true));
+    }
+
+    #[test]
+    fn a_crashed_clients_row_is_evicted_only_once_its_lease_is_idle_long_enough() {
+        const S: u64 = 1_000_000_000;
+        let (cluster, layout) = cluster();
+        let fabric = cluster.client();
+        // A client registers with its lease at t = 100 s, then crashes (never gives
+        // its row back); the next client gets another row.
+        let crashed =
+            block_on(&fabric, register(&fabric, &layout, 3, 11, 1, 100 * S)).expect("a free row");
+        assert_eq!(crashed.writer, 0);
+        let next = block_on(&fabric, register(&fabric, &layout, 3, 22, 2, 100 * S));
+        assert_eq!(next.expect("a free row").writer, 1);
+        let evict_at =
+            |writer, now| block_on(&fabric, evict(&fabric, &layout, 3, writer, 60 * S, now));
+        // Idle 30 s: presumed alive.
+        assert!(matches!(
+            evict_at(0, 130 * S),
+            Err(KvError::LeaseFresh {
+                writer: 0,
+                min_idle_secs: 60,
+                ..
+            })
+        ));
+        assert!(matches!(evict_at(2, 130 * S), Ok(Eviction::NotRegistered)));
+        assert!(matches!(
+            evict_at(64, 130 * S),
+            Err(KvError::NoSuchWriter { writer: 64, .. })
+        ));
+        // Idle 61 s: given back; the next client resumes its log.
+        assert!(matches!(
+            evict_at(0, 161 * S),
+            Ok(Eviction::Released { idle_secs }) if idle_secs == 61.0
+        ));
+        let again = block_on(&fabric, register(&fabric, &layout, 3, 33, 3, 162 * S));
+        assert_eq!(again.ok().map(|r| (r.writer, r.reused)), Some((0, true)));
     }
 
     #[test]

@@ -258,3 +258,48 @@ fn rdma_commands_without_a_device_fail_clearly() {
         }
     }
 }
+
+/// A client that crashed keeps its writer id until `swarm evict` gives it back, and
+/// only once its lease has been idle long enough.
+#[test]
+fn evict_gives_back_the_writer_id_of_a_crashed_client() {
+    let scratch = ScratchDir::new("cli-evict").unwrap();
+    let dir = scratch.path().join("c");
+    init(&dir);
+    let d = dir.to_str().unwrap();
+    // A client that never closes: its row stays claimed, as after a crash.
+    let store = swarm_kv::ShmStore::open(&dir).expect("open the cluster");
+    let crashed = store.client().expect("a writer id");
+    let writer = crashed.writer().to_string();
+    std::mem::forget(crashed);
+    let out = swarm(&["stat", "--dir", d]);
+    assert!(text(&out).contains("1 registered now"), "{}", text(&out));
+
+    // Its lease is fresh: refused with the reason.
+    let out = swarm(&["evict", "--dir", d, "--writer", &writer]);
+    assert!(!out.status.success());
+    assert!(text(&out).contains("looks alive"), "{}", text(&out));
+    let out = swarm(&["evict", "--dir", d, "--writer", "999"]);
+    assert!(!out.status.success());
+    assert!(text(&out).contains("no writer 999"), "{}", text(&out));
+
+    let evict_now = [
+        "evict",
+        "--dir",
+        d,
+        "--writer",
+        &writer,
+        "--min-idle-secs",
+        "0",
+    ];
+    let out = swarm(&evict_now);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains("given back"), "{}", text(&out));
+    let out = swarm(&["stat", "--dir", d]);
+    assert!(text(&out).contains("0 registered now"), "{}", text(&out));
+    let out = swarm(&evict_now);
+    assert!(text(&out).contains("not registered"), "{}", text(&out));
+    // The cluster keeps working, and the id is used again.
+    assert!(swarm(&["put", "--dir", d, "k", "v"]).status.success());
+    assert_get(d, "k", "v");
+}

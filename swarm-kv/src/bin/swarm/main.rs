@@ -70,6 +70,20 @@ enum Command {
         #[command(flatten)]
         at: ClusterArg,
     },
+    /// Give back the writer id of a client that crashed, so that a new client can use
+    /// it (see `swarm stat` for ids and the age of their last heartbeat).
+    Evict {
+        #[command(flatten)]
+        at: ClusterArg,
+        /// The writer id to give back.
+        #[arg(long)]
+        writer: u16,
+        /// Refuse unless the client's lease was last renewed at least this long ago
+        /// (clients renew it every second while they run). Two live clients sharing a
+        /// writer id break linearizability: keep it above any pause you expect.
+        #[arg(long, default_value_t = 60)]
+        min_idle_secs: u64,
+    },
     /// Write the SWARM-KV superblock on freshly started RDMA memory nodes.
     Format {
         #[command(flatten)]
@@ -242,6 +256,11 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Command::Get { at, key } => with_store!(&at, |store| get(&store, &key)),
         Command::Delete { at, key } => with_store!(&at, |store| delete(&store, &key)),
         Command::Stat { at } => with_store!(&at, |store| stat(&store)),
+        Command::Evict {
+            at,
+            writer,
+            min_idle_secs,
+        } => with_store!(&at, |store| evict(&store, writer, min_idle_secs)),
         Command::Bench(args) => bench(&args),
         Command::Check { file } => check(&file),
         Command::Memnode(args) => rdma::memnode(&args),
@@ -322,6 +341,27 @@ fn init(args: InitArgs) -> Result<ExitCode> {
         p.writers,
         p.log_slots
     );
+    Ok(ExitCode::SUCCESS)
+}
+
+fn evict<S: Store>(store: &S, writer: u16, min_idle_secs: u64) -> Result<ExitCode> {
+    let layout = *store.layout();
+    let fabric = store.fabric()?;
+    let nodes = fabric.node_count();
+    let now = swarm_kv::clock::SystemClock::unix_ns();
+    let min_idle_ns = min_idle_secs.saturating_mul(1_000_000_000);
+    let eviction = block_on(
+        &fabric,
+        swarm_kv::writer_ids::evict(&fabric, &layout, nodes, writer, min_idle_ns, now),
+    )?;
+    match eviction {
+        swarm_kv::writer_ids::Eviction::NotRegistered => {
+            println!("writer {writer} is not registered: nothing to do");
+        }
+        swarm_kv::writer_ids::Eviction::Released { idle_secs } => {
+            println!("writer {writer} given back (its lease was idle for {idle_secs:.1} s)");
+        }
+    }
     Ok(ExitCode::SUCCESS)
 }
 
