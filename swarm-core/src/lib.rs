@@ -109,6 +109,7 @@ pub mod exec;
 pub mod fabric;
 pub mod header;
 pub mod layout;
+pub mod words;
 
 mod clock;
 mod mem;

@@ -2,10 +2,10 @@
 //!
 //! This is the smallest honest implementation of the fabric contract and the one the
 //! `loom` models run on: every byte lives in an `AtomicU64` of the crate's sync facade,
-//! reads and writes go word by word (so a read concurrent with a write tears at 8-byte
-//! granularity, as on RDMA and CXL), CAS is one atomic compare-exchange, and the
-//! operations of a batch execute in program order with release/acquire ordering.
-//! Batches complete synchronously inside [`Fabric::post`].
+//! and batches execute with [`crate::words`], the word-level code `swarm-shm` runs too
+//! (reads and writes word by word, tearing at 8-byte granularity as on RDMA and CXL;
+//! CAS atomic; the operations of a batch in order). Batches complete synchronously
+//! inside [`Fabric::post`].
 //!
 //! [`MemCluster`] holds the nodes and is shared by threads; each thread talks to it
 //! through its own [`MemFabric`] handle, which can mark nodes failed for itself
@@ -17,10 +17,10 @@ use core::cell::{Cell, RefCell};
 use core::task::Poll;
 
 use crate::fabric::{
-    Batch, Completion, Fabric, FabricError, Nanos, NodeId, Op, OpOutput, Ticket, TicketSlab,
-    check_batch,
+    Batch, Completion, Fabric, FabricError, Nanos, NodeId, Ticket, TicketSlab, check_batch,
 };
-use crate::sync::{Arc, AtomicU64, Ordering};
+use crate::sync::{Arc, AtomicU64};
+use crate::words;
 
 /// One memory node: `words.len() * 8` bytes.
 struct MemNode {
@@ -37,80 +37,8 @@ impl MemNode {
         self.words.len() as u64 * 8
     }
 
-    fn read(&self, addr: u64, out: &mut [u8]) {
-        let mut pos = 0;
-        while pos < out.len() {
-            let byte = addr as usize + pos;
-            let (word, offset) = (byte / 8, byte % 8);
-            let take = (8 - offset).min(out.len() - pos);
-            let value = self.words[word].load(Ordering::Acquire).to_le_bytes();
-            out[pos..pos + take].copy_from_slice(&value[offset..offset + take]);
-            pos += take;
-        }
-    }
-
-    fn write(&self, addr: u64, data: &[u8]) {
-        let mut pos = 0;
-        while pos < data.len() {
-            let byte = addr as usize + pos;
-            let (word, offset) = (byte / 8, byte % 8);
-            let take = (8 - offset).min(data.len() - pos);
-            let cell = &self.words[word];
-            if take == 8 {
-                let value = u64::from_le_bytes(data[pos..pos + 8].try_into().unwrap_or([0; 8]));
-                cell.store(value, Ordering::Release);
-            } else {
-                // A partial word: merge with a CAS loop so that bytes outside the range
-                // written concurrently by others are not clobbered.
-                let mut current = cell.load(Ordering::Acquire);
-                loop {
-                    let mut bytes = current.to_le_bytes();
-                    bytes[offset..offset + take].copy_from_slice(&data[pos..pos + take]);
-                    match cell.compare_exchange_weak(
-                        current,
-                        u64::from_le_bytes(bytes),
-                        Ordering::AcqRel,
-                        Ordering::Acquire,
-                    ) {
-                        Ok(_) => break,
-                        Err(actual) => current = actual,
-                    }
-                }
-            }
-            pos += take;
-        }
-    }
-
-    fn cas(&self, addr: u64, expected: u64, new: u64) -> u64 {
-        let cell = &self.words[addr as usize / 8];
-        match cell.compare_exchange(expected, new, Ordering::AcqRel, Ordering::Acquire) {
-            Ok(previous) | Err(previous) => previous,
-        }
-    }
-
     fn execute(&self, batch: &Batch) -> Completion {
-        let mut completion = Completion::new();
-        for op in batch.ops() {
-            let output = match op {
-                Op::Read { addr, len } => {
-                    let mut buf = alloc::vec![0; *len as usize];
-                    self.read(*addr, &mut buf);
-                    OpOutput::Read(buf)
-                }
-                Op::Write { addr, data } => {
-                    self.write(*addr, data);
-                    OpOutput::Written
-                }
-                Op::Cas {
-                    addr,
-                    expected,
-                    new,
-                } => OpOutput::Cas(self.cas(*addr, *expected, *new)),
-            };
-            // Batches and completions share the same capacity.
-            let _ = completion.push(output);
-        }
-        completion
+        words::execute(&self.words, batch)
     }
 }
 
@@ -227,19 +155,8 @@ impl Fabric for MemFabric {
 mod tests {
     use super::*;
     use crate::exec::block_on_future;
+    use crate::fabric::Op;
     use crate::roundtrip::{OpStats, Roundtrip};
-
-    #[test]
-    fn unaligned_writes_do_not_clobber_neighbours() {
-        let node = MemNode::new(32);
-        node.write(0, &[0xAA; 32]);
-        node.write(3, &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]);
-        let mut out = [0u8; 32];
-        node.read(0, &mut out);
-        assert_eq!(&out[..3], &[0xAA; 3]);
-        assert_eq!(&out[3..13], &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]);
-        assert_eq!(&out[13..], &[0xAA; 19]);
-    }
 
     #[test]
     fn batch_executes_in_order_and_reports_cas_previous() {

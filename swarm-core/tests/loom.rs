@@ -1,4 +1,5 @@
-//! `loom` models of SWARM's word-level concurrency: MAX by CAS (§4.4) and the
+//! `loom` models of SWARM's word-level concurrency: the order of a batch's operations
+//! (`swarm_core::words`, In-n-Out §4.3), MAX by CAS (§4.4) and the
 //! timestamp lock's exclusion (§3.3, Theorem B.2), running the real protocol code on
 //! the in-process fabric, whose words are loom atomics when built with `--cfg loom`.
 //!
@@ -145,5 +146,50 @@ fn trylock_without_conflict_succeeds() {
         for r in readers {
             assert!(r.join().unwrap());
         }
+    });
+}
+
+/// In-n-Out's write batch (§4.3): a buffer write, then the metadata CAS. A reader that
+/// sees the CAS's value in one operation finds the whole buffer in its next one, in
+/// every interleaving (`swarm_core::words`' fences), and a partial-word write never
+/// clobbers the bytes around it.
+#[test]
+fn a_reader_that_sees_the_cas_of_a_batch_sees_the_writes_before_it() {
+    use swarm_core::Op;
+    use swarm_core::words::{self, AtomicU64};
+
+    loom::model(|| {
+        let memory: std::sync::Arc<Vec<AtomicU64>> =
+            std::sync::Arc::new((0..4).map(|_| AtomicU64::new(0)).collect());
+        let writer = {
+            let memory = memory.clone();
+            thread::spawn(move || {
+                let mut batch = Batch::new();
+                // Bytes 9..23: partial words at both ends.
+                batch
+                    .push(Op::Write {
+                        addr: 9,
+                        data: vec![0xAB; 14],
+                    })
+                    .unwrap()
+                    .push(Op::Cas {
+                        addr: 0,
+                        expected: 0,
+                        new: 1,
+                    })
+                    .unwrap();
+                words::execute(&memory, &batch);
+            })
+        };
+        let mut meta = [0u8; 8];
+        words::read(&memory, 0, &mut meta);
+        if u64::from_le_bytes(meta) == 1 {
+            let mut buffer = [0u8; 16];
+            words::read(&memory, 8, &mut buffer);
+            assert_eq!(buffer[0], 0, "byte 8 is outside the write");
+            assert_eq!(&buffer[1..15], &[0xAB; 14], "saw the CAS, not the buffer");
+            assert_eq!(buffer[15], 0, "byte 23 is outside the write");
+        }
+        writer.join().unwrap();
     });
 }

@@ -1,0 +1,248 @@
+//! Word-level memory: the fabric's three operations executed on a memory node that
+//! is an array of 8-byte atomic words (SWARM §2.1). One implementation, used by the
+//! in-process fabric ([`crate::MemCluster`]) and by shared-memory nodes (`swarm-shm`,
+//! over a mapped file), and model-checked by `loom` (`tests/loom.rs`): built with
+//! `RUSTFLAGS="--cfg loom"`, [`AtomicU64`] is loom's.
+//!
+//! # Memory orderings, once
+//!
+//! What the fabric contract promises, and nothing more:
+//!
+//! * **A CAS is atomic** on its word: `compare_exchange`, `AcqRel` on success and
+//!   `Acquire` on failure.
+//! * **Reads and writes are not atomic**: they go word by word with `Relaxed` loads
+//!   and stores, so a read concurrent with a write may see it torn at 8-byte
+//!   granularity, as on RDMA and CXL. A partial word at either end of a write is
+//!   merged with a CAS loop, so bytes outside the range written, and CASes on the same
+//!   word, are never clobbered.
+//! * **The operations of a batch take effect in order**: every operation ends with an
+//!   `AcqRel` fence. If an operation of a later batch (or a later operation of the same
+//!   batch) on another thread observes the effect of operation `k`, it also observes
+//!   every operation before `k` in `k`'s batch: the writer's release fence sits between
+//!   operation `k - 1`'s stores and operation `k`'s, and the reader's acquire fence
+//!   between the load that saw operation `k` and its next operation's loads. This is
+//!   what In-n-Out needs (§4.3): a reader that sees a metadata word set by a write's
+//!   CAS finds that write's buffer, written earlier in the same batch, when it reads
+//!   it in its next roundtrip. Inside one read operation there is no such promise.
+//!
+//! # Bounds
+//!
+//! The functions index the word slice directly and panic on an address outside it:
+//! transports check every batch first with [`crate::fabric::check_batch`] (memory
+//! mapped from a shared file is untrusted, so its size comes from the mapping, never
+//! from its contents).
+
+use alloc::vec::Vec;
+
+use crate::fabric::{Batch, Completion, Op, OpOutput};
+use crate::sync::{Ordering, fence};
+
+/// The word type: `core`'s `AtomicU64`, or `loom`'s under `--cfg loom`.
+pub use crate::sync::AtomicU64;
+
+/// Copies the bytes at `addr..addr + out.len()` out of `words`: a partial first word,
+/// whole words, a partial last word. Not atomic (see the module docs).
+pub fn read(words: &[AtomicU64], addr: usize, out: &mut [u8]) {
+    let (mut index, offset) = (addr / 8, addr % 8);
+    let mut out = out;
+    if offset != 0 && !out.is_empty() {
+        let take = (8 - offset).min(out.len());
+        let value = words[index].load(Ordering::Relaxed).to_le_bytes();
+        let (head, rest) = out.split_at_mut(take);
+        head.copy_from_slice(&value[offset..offset + take]);
+        out = rest;
+        index += 1;
+    }
+    let mut chunks = out.chunks_exact_mut(8);
+    let whole = chunks.len();
+    for (chunk, word) in (&mut chunks).zip(&words[index..index + whole]) {
+        chunk.copy_from_slice(&word.load(Ordering::Relaxed).to_le_bytes());
+    }
+    let tail = chunks.into_remainder();
+    if !tail.is_empty() {
+        let value = words[index + whole].load(Ordering::Relaxed).to_le_bytes();
+        tail.copy_from_slice(&value[..tail.len()]);
+    }
+    fence(Ordering::AcqRel);
+}
+
+/// Stores `data` at `addr..addr + data.len()` into `words`: whole words are stored,
+/// partial words at either end are merged. Not atomic (see the module docs).
+pub fn write(words: &[AtomicU64], addr: usize, data: &[u8]) {
+    let (mut index, offset) = (addr / 8, addr % 8);
+    let mut data = data;
+    if offset != 0 && !data.is_empty() {
+        let take = (8 - offset).min(data.len());
+        let (head, rest) = data.split_at(take);
+        merge(&words[index], offset, head);
+        data = rest;
+        index += 1;
+    }
+    let chunks = data.chunks_exact(8);
+    let whole = chunks.len();
+    let tail = chunks.remainder();
+    for (chunk, word) in chunks.zip(&words[index..index + whole]) {
+        let mut value = [0u8; 8];
+        value.copy_from_slice(chunk);
+        word.store(u64::from_le_bytes(value), Ordering::Relaxed);
+    }
+    if !tail.is_empty() {
+        merge(&words[index + whole], 0, tail);
+    }
+    fence(Ordering::AcqRel);
+}
+
+/// Replaces the word at byte `addr` (8-byte aligned) by `new` if it equals `expected`;
+/// returns the previous value either way.
+pub fn cas(words: &[AtomicU64], addr: usize, expected: u64, new: u64) -> u64 {
+    let word = &words[addr / 8];
+    let previous = match word.compare_exchange(expected, new, Ordering::AcqRel, Ordering::Acquire) {
+        Ok(previous) | Err(previous) => previous,
+    };
+    fence(Ordering::AcqRel);
+    previous
+}
+
+/// Executes `batch` in order on `words` (already checked with
+/// [`crate::fabric::check_batch`]).
+pub fn execute(words: &[AtomicU64], batch: &Batch) -> Completion {
+    let mut completion = Completion::new();
+    for op in batch.ops() {
+        let output = match op {
+            Op::Read { addr, len } => {
+                // `with_capacity` + `resize`, not `vec![0; len]`: that is `calloc`,
+                // which bypasses the thread cache in glibc 2.36 and costs ~250
+                // instructions for a small buffer, more than the copy itself.
+                #[allow(clippy::slow_vector_initialization)]
+                let mut buf = Vec::with_capacity(*len as usize);
+                buf.resize(*len as usize, 0);
+                read(words, *addr as usize, &mut buf);
+                OpOutput::Read(buf)
+            }
+            Op::Write { addr, data } => {
+                write(words, *addr as usize, data);
+                OpOutput::Written
+            }
+            Op::Cas {
+                addr,
+                expected,
+                new,
+            } => OpOutput::Cas(cas(words, *addr as usize, *expected, *new)),
+        };
+        // Batches and completions share the same capacity.
+        let _ = completion.push(output);
+    }
+    completion
+}
+
+/// Writes `bytes` at byte `offset` of `word`, keeping its other bytes: a CAS loop, so
+/// that concurrent writers of the other bytes (and CASes on the word) are not
+/// clobbered.
+fn merge(word: &AtomicU64, offset: usize, bytes: &[u8]) {
+    let mut current = word.load(Ordering::Relaxed);
+    loop {
+        let mut value = current.to_le_bytes();
+        value[offset..offset + bytes.len()].copy_from_slice(bytes);
+        match word.compare_exchange_weak(
+            current,
+            u64::from_le_bytes(value),
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+        ) {
+            Ok(_) => break,
+            Err(actual) => current = actual,
+        }
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn words(bytes: usize) -> Vec<AtomicU64> {
+        (0..bytes / 8).map(|_| AtomicU64::new(0)).collect()
+    }
+
+    fn snapshot(words: &[AtomicU64]) -> Vec<u8> {
+        let mut out = alloc::vec![0; words.len() * 8];
+        read(words, 0, &mut out);
+        out
+    }
+
+    #[test]
+    fn unaligned_writes_do_not_clobber_neighbours() {
+        let mem = words(32);
+        write(&mem, 0, &[0xAA; 32]);
+        write(&mem, 3, &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]);
+        let out = snapshot(&mem);
+        assert_eq!(&out[..3], &[0xAA; 3]);
+        assert_eq!(&out[3..13], &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]);
+        assert_eq!(&out[13..], &[0xAA; 19]);
+    }
+
+    #[test]
+    fn bytes_are_little_endian_words() {
+        let mem = words(16);
+        write(&mem, 8, &0x0102_0304_0506_0708u64.to_le_bytes());
+        assert_eq!(mem[1].load(Ordering::Relaxed), 0x0102_0304_0506_0708);
+    }
+
+    #[test]
+    fn cas_returns_the_previous_word_and_swaps_only_on_a_match() {
+        let mem = words(16);
+        assert_eq!(cas(&mem, 8, 0, 5), 0);
+        assert_eq!(cas(&mem, 8, 0, 6), 5, "no swap: the word is 5");
+        assert_eq!(mem[1].load(Ordering::Relaxed), 5);
+    }
+
+    #[test]
+    fn a_batch_executes_in_order() {
+        let mem = words(64);
+        let mut batch = Batch::new();
+        batch
+            .push(Op::Write {
+                addr: 8,
+                data: alloc::vec![7; 8],
+            })
+            .unwrap()
+            .push(Op::Cas {
+                addr: 0,
+                expected: 0,
+                new: 5,
+            })
+            .unwrap()
+            .push(Op::Read { addr: 0, len: 16 })
+            .unwrap();
+        let completion = execute(&mem, &batch);
+        assert_eq!(completion.cas(1), Some(0));
+        let read = completion.read(2).unwrap();
+        assert_eq!(u64::from_le_bytes(read[..8].try_into().unwrap()), 5);
+        assert_eq!(&read[8..], &[7; 8]);
+    }
+
+    proptest! {
+        /// Any sequence of writes followed by any read agrees with a plain byte array.
+        #[test]
+        fn matches_a_byte_array_model(
+            writes in proptest::collection::vec(
+                (0usize..200, proptest::collection::vec(any::<u8>(), 0..60)),
+                0..20,
+            ),
+            read_at in 0usize..256,
+            read_len in 0usize..256,
+        ) {
+            let mem = words(256);
+            let mut model = alloc::vec![0u8; 256];
+            for (addr, data) in &writes {
+                let len = data.len().min(256 - addr);
+                write(&mem, *addr, &data[..len]);
+                model[*addr..addr + len].copy_from_slice(&data[..len]);
+            }
+            let len = read_len.min(256 - read_at);
+            let mut out = alloc::vec![0; len];
+            read(&mem, read_at, &mut out);
+            prop_assert_eq!(&out[..], &model[read_at..read_at + len]);
+        }
+    }
+}
