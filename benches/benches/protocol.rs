@@ -4,7 +4,7 @@
 //!
 //! Groups `raw`, `safe_guess` and `abd`, each with `read` and `write`, at emulated
 //! roundtrip times of 0 (the software cost alone), 300 ns (CXL-like) and 1500 ns
-//! (RDMA-like) ([`ShmFabric::with_rtt_ns`]), e.g. `safe_guess/write/rtt1500`.
+//! (RDMA-like) ([`ShmCluster::client_with`], an `EmulatedRtt` around the shm fabric), e.g. `safe_guess/write/rtt1500`.
 //!
 //! Setting: three memory nodes on shared memory (`/dev/shm`), one register per
 //! protocol replicated on all three (RAW: on the primary only), `W = 8` metadata
@@ -48,7 +48,7 @@ use swarm_core::{
     Client, Clock, OpStats, ProtocolConfig, ReadValue, RegisterCache, RegisterLoc, Replicas,
     WriteOutcome, block_on, block_on_future,
 };
-use swarm_shm::{ShmCluster, ShmFabric};
+use swarm_shm::{EmulatedFabric, ShmCluster};
 
 const NODES: u16 = 3;
 const PAYLOAD: usize = 64;
@@ -253,8 +253,8 @@ impl<'a> Runner<'a> {
     }
 
     /// A fresh client (fresh slot allocator) continuing the timestamps written so far.
-    fn client(&self) -> Client<ShmFabric, WallClock> {
-        let fabric = self.setup.cluster().client().with_rtt_ns(self.rtt_ns);
+    fn client(&self) -> Client<EmulatedFabric, WallClock> {
+        let fabric = self.setup.cluster().client_with(self.rtt_ns);
         let writer = WriterId::new(0).expect("writer 0");
         let client = Client::new(
             fabric,
@@ -273,7 +273,7 @@ impl<'a> Runner<'a> {
     }
 
     /// Runs one operation of `kind`; returns its roundtrips.
-    fn op(&mut self, client: &Client<ShmFabric, WallClock>, kind: Kind) -> u32 {
+    fn op(&mut self, client: &Client<EmulatedFabric, WallClock>, kind: Kind) -> u32 {
         let stats = OpStats::new();
         let (reg, cache, payload) = (&self.reg, &mut self.cache, &self.payload);
         let fabric = client.fabric();
@@ -332,7 +332,7 @@ impl<'a> Runner<'a> {
         }
     }
 
-    fn read_value(&mut self, client: &Client<ShmFabric, WallClock>) -> ReadValue {
+    fn read_value(&mut self, client: &Client<EmulatedFabric, WallClock>) -> ReadValue {
         let stats = OpStats::new();
         let (reg, cache, fabric) = (&self.reg, &mut self.cache, client.fabric());
         let out = match self.protocol {

@@ -8,8 +8,8 @@
 //! inside [`Fabric::post`].
 //!
 //! [`MemCluster`] holds the nodes and is shared by threads; each thread talks to it
-//! through its own [`MemFabric`] handle, which can mark nodes failed for itself
-//! (their batches never complete) to test protocols with a crashed minority.
+//! through its own [`MemFabric`] handle. To test protocols with a crashed minority,
+//! wrap a handle in [`crate::fabric::FailNodes`].
 
 use alloc::boxed::Box;
 use alloc::vec::Vec;
@@ -69,7 +69,6 @@ impl MemCluster {
     pub fn client(&self) -> MemFabric {
         MemFabric {
             cluster: self.clone(),
-            failed: RefCell::new(alloc::vec![false; self.nodes.len()]),
             slab: RefCell::new(TicketSlab::new()),
             tick: Cell::new(0),
             wake: Cell::new(0),
@@ -80,8 +79,7 @@ impl MemCluster {
 /// One thread's handle on a [`MemCluster`].
 pub struct MemFabric {
     cluster: MemCluster,
-    failed: RefCell<Vec<bool>>,
-    /// Pending entries are batches sent to failed nodes: they never complete.
+    /// Every batch completes inside `post`: no entry is ever pending.
     slab: RefCell<TicketSlab<()>>,
     /// Logical time: one tick per `progress` call.
     tick: Cell<Nanos>,
@@ -93,17 +91,7 @@ impl core::fmt::Debug for MemFabric {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.debug_struct("MemFabric")
             .field("cluster", &self.cluster)
-            .field("failed", &self.failed.borrow())
             .finish()
-    }
-}
-
-impl MemFabric {
-    /// Marks `node` failed for this client: its batches never complete from now on.
-    pub fn fail_node(&self, node: NodeId) {
-        if let Some(flag) = self.failed.borrow_mut().get_mut(node.index()) {
-            *flag = true;
-        }
     }
 }
 
@@ -120,9 +108,6 @@ impl Fabric for MemFabric {
                 nodes: self.cluster.nodes.len(),
             }));
         };
-        if self.failed.borrow()[node.index()] {
-            return slab.insert_pending(());
-        }
         let result = check_batch(node, &batch, mem.size()).map(|()| mem.execute(&batch));
         slab.insert_done(result)
     }
@@ -136,8 +121,9 @@ impl Fabric for MemFabric {
     }
 
     fn progress(&self) -> bool {
-        // Everything completes inside `post`; what is still pending is stuck on a
-        // failed node. Logical time moves on so that deadlines pass.
+        // Everything completes inside `post`: nothing is ever pending here. Logical
+        // time moves on so that deadlines pass (a wrapper such as `FailNodes` may be
+        // waiting for one).
         self.tick.set(self.tick.get() + 1);
         self.tick.get() <= self.wake.get()
     }
@@ -216,7 +202,7 @@ mod tests {
     #[test]
     fn majority_wait_ignores_a_failed_node_and_stalls_without_majority() {
         let cluster = MemCluster::new(3, 64);
-        let fabric = cluster.client();
+        let fabric = crate::fabric::FailNodes::new(cluster.client());
         fabric.fail_node(NodeId(2));
         let stats = OpStats::new();
         let reached = block_on_future(&fabric, async {

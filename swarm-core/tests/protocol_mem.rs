@@ -3,6 +3,7 @@
 
 use swarm_core::FixedClock;
 use swarm_core::encoding::WriterId;
+use swarm_core::fabric::FailNodes;
 use swarm_core::layout::Layout;
 use swarm_core::{
     Client, NodeId, OpStats, ProtocolConfig, ReadValue, RegisterCache, RegisterLoc, Replicas,
@@ -10,7 +11,11 @@ use swarm_core::{
 };
 use swarm_core::{MemCluster, MemFabric};
 
-fn setup(writer: u32, clock: u64, cluster: &MemCluster) -> Client<MemFabric, FixedClock> {
+fn setup(
+    writer: u32,
+    clock: u64,
+    cluster: &MemCluster,
+) -> Client<FailNodes<MemFabric>, FixedClock> {
     let layout = Layout::builder()
         .payload_max(64)
         .meta_words(4)
@@ -20,7 +25,7 @@ fn setup(writer: u32, clock: u64, cluster: &MemCluster) -> Client<MemFabric, Fix
         .build()
         .unwrap();
     Client::new(
-        cluster.client(),
+        FailNodes::new(cluster.client()),
         FixedClock(clock),
         layout,
         WriterId::new(writer).unwrap(),

@@ -101,7 +101,10 @@ mod tests {
     #[test]
     fn a_loser_gives_its_copies_back() {
         let cluster = MemCluster::new(3, 64);
-        let (a, b) = (cluster.client(), cluster.client());
+        let (a, b) = (
+            swarm_core::fabric::FailNodes::new(cluster.client()),
+            swarm_core::fabric::FailNodes::new(cluster.client()),
+        );
         let s = OpStats::new();
         // a holds node 0, b holds node 1, node 2 is down for both.
         a.fail_node(NodeId(2));

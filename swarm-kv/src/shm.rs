@@ -9,7 +9,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use swarm_core::header::NodeHeader;
-use swarm_shm::{CreateOptions, ShmCluster, ShmFabric};
+use swarm_shm::{CreateOptions, EmulatedFabric, ShmCluster};
 
 use crate::KvError;
 use crate::client::{KvClient, KvConfig};
@@ -104,12 +104,12 @@ impl ShmStore {
     }
 
     /// A raw fabric handle for the calling thread, with the store's emulated rtt.
-    pub fn shm_fabric(&self) -> ShmFabric {
-        self.shm.client().with_rtt_ns(self.rtt_ns)
+    pub fn shm_fabric(&self) -> EmulatedFabric {
+        self.shm.client_with(self.rtt_ns)
     }
 
     /// A raw fabric handle for the calling thread (same as [`ShmStore::shm_fabric`]).
-    pub fn fabric(&self) -> ShmFabric {
+    pub fn fabric(&self) -> EmulatedFabric {
         self.shm_fabric()
     }
 
@@ -129,7 +129,7 @@ impl ShmStore {
     }
 
     /// A client for the calling thread (registers a writer id).
-    pub fn client(&self) -> Result<KvClient<ShmFabric, SystemClock>, KvError> {
+    pub fn client(&self) -> Result<KvClient<EmulatedFabric, SystemClock>, KvError> {
         Store::client(self)
     }
 
@@ -137,13 +137,13 @@ impl ShmStore {
     pub fn client_with(
         &self,
         config: KvConfig,
-    ) -> Result<KvClient<ShmFabric, SystemClock>, KvError> {
+    ) -> Result<KvClient<EmulatedFabric, SystemClock>, KvError> {
         Store::client_with(self, config)
     }
 }
 
 impl Store for ShmStore {
-    type Fabric = ShmFabric;
+    type Fabric = EmulatedFabric;
 
     fn layout(&self) -> &NodeLayout {
         &self.layout
@@ -153,7 +153,7 @@ impl Store for ShmStore {
         &self.header
     }
 
-    fn fabric(&self) -> Result<ShmFabric, KvError> {
+    fn fabric(&self) -> Result<EmulatedFabric, KvError> {
         Ok(self.shm_fabric())
     }
 }

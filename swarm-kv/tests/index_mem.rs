@@ -41,7 +41,7 @@ impl Setup {
 }
 
 /// Runs one index call, returning its result and roundtrips.
-fn run<T>(fabric: &MemFabric, f: impl AsyncFnOnce(&OpStats) -> T) -> (T, u32) {
+fn run<F: swarm_core::Fabric, T>(fabric: &F, f: impl AsyncFnOnce(&OpStats) -> T) -> (T, u32) {
     let stats = OpStats::new();
     let out = block_on_future(fabric, f(&stats)).expect("no stall with a live majority");
     (out, stats.roundtrips())
@@ -215,7 +215,7 @@ fn bad_input_is_refused_with_clear_errors() {
 fn a_failed_minority_costs_nothing_and_a_failed_majority_stalls() {
     let s = Setup::new(5, 64, 16);
     let ix = s.index(1);
-    let f = s.cluster.client();
+    let f = swarm_core::fabric::FailNodes::new(s.cluster.client());
     // The key's preferred majority for reads starts at its first bucket's node.
     let key = b"survivor";
     s.header(5, key);

@@ -26,10 +26,11 @@ use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use swarm_core::NodeId;
+use swarm_core::fabric::{EmulatedRtt, FailNodes, Nanos};
 use swarm_core::header::{ENCODED_LEN, HEADER_SIZE, HeaderError, NodeHeader};
 
 use crate::error::ShmError;
-use crate::fabric::ShmFabric;
+use crate::fabric::{EmulatedFabric, ShmFabric};
 use crate::mapping::{self, Mapping};
 use crate::node::NodeMemory;
 
@@ -219,6 +220,13 @@ impl ShmCluster {
     /// A client handle for one thread, with no emulated latency.
     pub fn client(self: &Arc<Self>) -> ShmFabric {
         ShmFabric::new(Arc::clone(self))
+    }
+
+    /// A client handle for the calling thread with an emulated roundtrip of `rtt_ns`
+    /// (0: none) and nodes that can be crashed for it
+    /// ([`swarm_core::fabric::FailNodes::fail_node`]): for benchmarks and failure tests.
+    pub fn client_with(self: &Arc<Self>, rtt_ns: Nanos) -> EmulatedFabric {
+        FailNodes::new(EmulatedRtt::new(self.client(), rtt_ns))
     }
 
     /// The cluster directory.

@@ -17,9 +17,10 @@
 //!   hosts sharing a CXL memory pool. No daemon runs anywhere.
 //! - Each client **thread** talks to the nodes through its own [`ShmFabric`], which
 //!   implements [`swarm_core::Fabric`]: it executes batches synchronously (the memory
-//!   is local), optionally delays their completion by an emulated roundtrip time
-//!   (`rtt_ns`: ~300 ns for CXL-like, ~1500 ns for RDMA-like latency), and can mark
-//!   nodes failed for itself to test protocols against a crashed minority.
+//!   is local). [`ShmCluster::client_with`] wraps it in the core's fault injectors:
+//!   an emulated roundtrip time (`rtt_ns`: ~300 ns for CXL-like, ~1500 ns for
+//!   RDMA-like latency) and nodes failed for one client, to test protocols against a
+//!   crashed minority.
 //!
 //! ```
 //! use std::sync::Arc;
@@ -30,7 +31,7 @@
 //! let dir = ScratchDir::new("swarm-shm-doc")?;
 //! // Three memory nodes of 64 KiB; another process would `ShmCluster::open` the dir.
 //! let cluster = Arc::new(ShmCluster::create(dir.path(), 3, 64 << 10)?);
-//! let fabric = cluster.client().with_rtt_ns(300);
+//! let fabric = cluster.client_with(300);
 //!
 //! // One roundtrip: write to all three nodes, wait for a majority.
 //! let stats = OpStats::new();
@@ -109,6 +110,6 @@ pub mod scratch;
 
 pub use cluster::{CreateOptions, DEFAULT_TICK_NS, ShmCluster, node_file_name};
 pub use error::ShmError;
-pub use fabric::ShmFabric;
+pub use fabric::{EmulatedFabric, ShmFabric};
 pub use node::NodeMemory;
 pub use scratch::ScratchDir;

@@ -231,7 +231,7 @@ fn protocol_child() {
     };
     let client = Client::new(
         PauseBeforeProgress {
-            fabric: cluster.client().with_rtt_ns(spec.rtt_ns),
+            fabric: cluster.client_with(spec.rtt_ns),
             pause: thread::yield_now,
         },
         WallClock::new(&cluster, skew),

@@ -91,7 +91,7 @@ fn run(variant: &Variant) -> Tally {
             .map(|t| {
                 let (cluster, start) = (&cluster, &start);
                 scope.spawn(move || {
-                    let fabric = cluster.client();
+                    let fabric = cluster.client_with(0);
                     if let Some(node) = variant.failed_node {
                         fabric.fail_node(node);
                     }
@@ -343,7 +343,7 @@ fn a_deadline_passing_while_descheduled_is_not_a_stall() {
 
     // Descheduled for 200 µs before every `progress`.
     let fabric = PauseBeforeProgress {
-        fabric: cluster.client(),
+        fabric: cluster.client_with(0),
         pause: || thread::sleep(Duration::from_micros(200)),
     };
     fabric.fabric.fail_node(reg.replicas.node(0));

@@ -110,3 +110,18 @@ pub enum FabricError {
     #[error("the operation stalled: every pending batch waits on a failed memory node")]
     Stalled,
 }
+
+impl FabricError {
+    /// Whether the fabric refused the batch before sending it (an invalid address or
+    /// node, a full batch): such errors come back at once, without a roundtrip.
+    pub fn is_local(&self) -> bool {
+        matches!(
+            self,
+            Self::OutOfBounds { .. }
+                | Self::Misaligned { .. }
+                | Self::NoSuchNode { .. }
+                | Self::BatchFull
+                | Self::UnknownTicket(_)
+        )
+    }
+}

@@ -28,10 +28,12 @@
 
 mod batch;
 mod error;
+mod faults;
 mod slab;
 
 pub use batch::{Batch, Completion, MAX_BATCH_OPS, Op, OpOutput};
 pub use error::{FabricError, FailureCause};
+pub use faults::{EmulatedRtt, FailNodes};
 pub use slab::TicketSlab;
 
 use core::fmt;

@@ -228,7 +228,7 @@ mod tests {
     #[test]
     fn broadcast_waits_for_k_and_stalls_without_a_majority() {
         let cluster = MemCluster::new(3, 64);
-        let fabric = cluster.client();
+        let fabric = crate::fabric::FailNodes::new(cluster.client());
         let stats = OpStats::new();
         let rt = block_on(
             &fabric,
@@ -264,7 +264,7 @@ mod tests {
     #[test]
     fn broadcast_until_skips_nodes_without_a_batch_and_needs_a_quorum_of_posts() {
         let cluster = MemCluster::new(3, 64);
-        let fabric = cluster.client();
+        let fabric = crate::fabric::FailNodes::new(cluster.client());
         let stats = OpStats::new();
         let rt = block_on(
             &fabric,
@@ -301,7 +301,7 @@ mod tests {
     #[test]
     fn preferred_step_escalates_only_when_the_preferred_replies_are_not_enough() {
         let cluster = MemCluster::new(3, 64);
-        let fabric = cluster.client();
+        let fabric = crate::fabric::FailNodes::new(cluster.client());
         let order = [NodeId(2), NodeId(0), NodeId(1)];
         let stats = OpStats::new();
         let rt = block_on(

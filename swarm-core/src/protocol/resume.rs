@@ -263,7 +263,7 @@ mod tests {
     fn the_scan_takes_the_union_of_every_node_that_answers() {
         let layout = layout();
         let cluster = MemCluster::new(3, 4096);
-        let fabric = cluster.client();
+        let fabric = crate::fabric::FailNodes::new(cluster.client());
         let w = WriterId::new(1).unwrap();
         let slot = |s| layout.slot_addr(w, s).unwrap();
         // Slot 2 holds a record on node 0 only, slot 5 a lock on node 2 only, and

@@ -19,7 +19,7 @@
 //! progress are written only after the end time is taken.
 //!
 //! With a [`FailPlan`](super::FailPlan), every client marks the node failed on its
-//! own fabric (`ShmFabric::fail_node`) when it claims the measured operation
+//! own fabric (`FailNodes::fail_node`, in `EmulatedFabric`) when it claims the measured operation
 //! numbered `after_ops`: from then on that node never answers it, which is how a
 //! crashed memory node looks to a client (§7.7). Operations must go on with no error.
 //!
@@ -38,7 +38,7 @@ use rand::SeedableRng;
 use rand::rngs::Xoshiro256PlusPlus;
 use swarm_checker::{OpKind, Operation};
 use swarm_core::{Fabric, FabricError, LocalExecutor, NodeId, OpStats};
-use swarm_shm::ShmFabric;
+use swarm_shm::EmulatedFabric;
 
 use super::config::{BenchConfig, System};
 use super::error::BenchError;
@@ -52,7 +52,7 @@ use crate::client::{KvClient, RegisterProtocol};
 use crate::clock::SystemClock;
 use crate::{KvError, ShmStore};
 
-type Client = KvClient<ShmFabric, SystemClock>;
+type Client = KvClient<EmulatedFabric, SystemClock>;
 
 /// Progress is reported to the bar in batches of this many operations.
 const PROGRESS_BATCH: u64 = 256;

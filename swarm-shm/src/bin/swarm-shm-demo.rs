@@ -18,7 +18,7 @@ use swarm_core::header::HEADER_SIZE;
 use swarm_core::{
     Batch, Completion, Fabric, FabricError, NodeId, Op, OpStats, Roundtrip, block_on,
 };
-use swarm_shm::{CreateOptions, ScratchDir, ShmCluster, ShmFabric, node_file_name};
+use swarm_shm::{CreateOptions, EmulatedFabric, ScratchDir, ShmCluster, node_file_name};
 
 /// Creates a SWARM shared-memory cluster and exercises it through the fabric.
 #[derive(Debug, Parser)]
@@ -116,7 +116,7 @@ fn demo(args: &Args) -> Result<()> {
 fn run(dir: &Path, args: &Args) -> Result<()> {
     // Open the cluster as any client process does: every node file is validated.
     let cluster = Arc::new(ShmCluster::open(dir)?);
-    let fabric = cluster.client().with_rtt_ns(args.rtt_ns);
+    let fabric = cluster.client_with(args.rtt_ns);
     let n = fabric.node_count();
     let majority = n / 2 + 1;
     println!(
@@ -198,7 +198,7 @@ fn run(dir: &Path, args: &Args) -> Result<()> {
     let start = Instant::now();
     let threads: Vec<_> = (0..args.threads)
         .map(|_| {
-            let fabric = cluster.client().with_rtt_ns(args.rtt_ns);
+            let fabric = cluster.client_with(args.rtt_ns);
             std::thread::spawn(move || -> Result<u64> {
                 let (mut value, mut retries) = (before, 0);
                 for _ in 0..per_thread {
@@ -232,7 +232,7 @@ fn run(dir: &Path, args: &Args) -> Result<()> {
 
     // 6. A crashed minority does not block a majority; a crashed majority does.
     if n >= 3 {
-        let client = cluster.client().with_rtt_ns(args.rtt_ns);
+        let client = cluster.client_with(args.rtt_ns);
         client.fail_node(NodeId(n as u16 - 1));
         let stats = OpStats::new();
         on_nodes(&client, &stats, n, majority, |_| {
@@ -287,7 +287,7 @@ fn run(dir: &Path, args: &Args) -> Result<()> {
 
 /// One roundtrip: `batch(node)` posted to nodes `0..nodes`, waiting for `k` replies.
 fn on_nodes(
-    fabric: &ShmFabric,
+    fabric: &EmulatedFabric,
     stats: &OpStats,
     nodes: usize,
     k: usize,
@@ -305,7 +305,7 @@ fn on_nodes(
     Ok(replies)
 }
 
-fn read_u64(fabric: &ShmFabric, addr: u64) -> Result<u64> {
+fn read_u64(fabric: &EmulatedFabric, addr: u64) -> Result<u64> {
     let replies = on_nodes(fabric, &OpStats::new(), 1, 1, |_| Batch::read(addr, 8))?;
     let bytes = replies[0].1.read(0).context("the read returned no bytes")?;
     Ok(u64::from_le_bytes(bytes.try_into()?))
@@ -313,7 +313,7 @@ fn read_u64(fabric: &ShmFabric, addr: u64) -> Result<u64> {
 
 /// Adds 1 to the word at `addr` on node 0 with CAS, first expecting `guess` and then
 /// whatever the failed CAS found; returns the new value and the number of retries.
-fn increment(fabric: &ShmFabric, addr: u64, guess: u64) -> Result<(u64, u64)> {
+fn increment(fabric: &EmulatedFabric, addr: u64, guess: u64) -> Result<(u64, u64)> {
     let (mut expected, mut retries) = (guess, 0);
     loop {
         let replies = on_nodes(fabric, &OpStats::new(), 1, 1, |_| {

@@ -24,7 +24,7 @@ use swarm_core::{
     Batch, Client, Clock, Completion, Fabric, FabricError, NodeId, OpStats, ReadValue,
     RegisterCache, RegisterLoc, Replicas, Ticket, WriteOutcome, block_on_future,
 };
-use swarm_shm::{ShmCluster, ShmFabric};
+use swarm_shm::ShmCluster;
 
 /// Memory nodes (and replicas of every register): `n = 2f + 1` with `f = 1`.
 pub const NODES: u16 = 3;
@@ -417,7 +417,7 @@ pub fn writer_id(id: u32) -> WriterId {
 #[derive(Debug)]
 pub struct PauseBeforeProgress {
     /// The fabric every call goes to.
-    pub fabric: ShmFabric,
+    pub fabric: swarm_shm::EmulatedFabric,
     /// Runs before each `progress`.
     pub pause: fn(),
 }

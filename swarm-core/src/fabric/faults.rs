@@ -1,0 +1,430 @@
+//! Fault injection around any fabric, in the manner of smoltcp's `FaultInjector`: a
+//! wrapper that is itself a [`Fabric`], so that tests, benchmarks and the `swarm bench`
+//! harness inject the same faults into every transport (the in-process fabric, shared
+//! memory, RDMA) instead of each transport carrying its own knobs.
+//!
+//! * [`FailNodes`] makes chosen memory nodes crashed *for this client* (SWARM §2.1: a
+//!   crashed node stops answering): batches posted to them are not executed and never
+//!   complete, and batches in flight to them when they fail are lost too. The protocol
+//!   waits for a majority, never for all, so a crashed minority costs nothing.
+//! * [`EmulatedRtt`] delivers every completion a fixed roundtrip time after its batch
+//!   was posted, on the inner fabric's clock ([`Fabric::now`]), so that a fabric that
+//!   completes batches at once (shared memory) behaves like one with network latency:
+//!   batches posted to several nodes in one protocol step overlap and cost one
+//!   roundtrip together, as on RDMA. The batch's effects are visible at once (on a real
+//!   fabric they land about half a roundtrip after posting).
+//!
+//! Put [`FailNodes`] outside [`EmulatedRtt`] (`FailNodes<EmulatedRtt<F>>`) so that a
+//! batch waiting for its roundtrip when its node fails is lost, as on a real network.
+
+use alloc::vec::Vec;
+use core::cell::{Cell, RefCell};
+use core::task::Poll;
+
+use super::{Batch, Completion, Fabric, FabricError, Nanos, NodeId, Ticket};
+
+/// Tickets of batches posted to a failed node carry this bit; the inner fabric's
+/// tickets never do (see [`FailNodes`]).
+const LOST: u32 = 1 << 31;
+
+/// A fabric on which chosen nodes are crashed for this client; see the module docs.
+///
+/// Tickets of batches that reach the inner fabric are the inner fabric's own, which
+/// keeps the wrapper free on the fast path; tickets of batches posted to a failed
+/// node are numbered apart, with the top bit set (an inner fabric never has 2^31
+/// batches in flight).
+#[derive(Debug)]
+pub struct FailNodes<F> {
+    inner: F,
+    failed: RefCell<Vec<bool>>,
+    /// Node of each inner ticket, indexed by ticket number (a batch in flight to a
+    /// node that fails is lost too).
+    node_of: RefCell<Vec<u16>>,
+    /// Batches posted to failed nodes and not forgotten yet: they never complete.
+    lost: RefCell<Vec<bool>>,
+}
+
+impl<F: Fabric> FailNodes<F> {
+    /// Wraps `inner`, with every node alive.
+    pub fn new(inner: F) -> Self {
+        let nodes = inner.node_count();
+        Self {
+            inner,
+            failed: RefCell::new(alloc::vec![false; nodes]),
+            node_of: RefCell::new(Vec::new()),
+            lost: RefCell::new(Vec::new()),
+        }
+    }
+
+    /// Crashes `node` for this client: batches posted to it from now on never
+    /// complete, nor do those still in flight. Unknown nodes are ignored.
+    pub fn fail_node(&self, node: NodeId) {
+        if let Some(flag) = self.failed.borrow_mut().get_mut(node.index()) {
+            *flag = true;
+        }
+    }
+
+    /// Whether `node` was crashed with [`FailNodes::fail_node`].
+    pub fn is_failed(&self, node: NodeId) -> bool {
+        self.failed
+            .borrow()
+            .get(node.index())
+            .copied()
+            .unwrap_or(false)
+    }
+
+    /// The wrapped fabric.
+    pub fn inner(&self) -> &F {
+        &self.inner
+    }
+}
+
+impl<F: Fabric> Fabric for FailNodes<F> {
+    fn node_count(&self) -> usize {
+        self.inner.node_count()
+    }
+
+    fn post(&self, node: NodeId, batch: Batch) -> Ticket {
+        if self.is_failed(node) {
+            let mut lost = self.lost.borrow_mut();
+            let index = match lost.iter().position(|&used| !used) {
+                Some(free) => free,
+                None => {
+                    lost.push(false);
+                    lost.len() - 1
+                }
+            };
+            lost[index] = true;
+            return Ticket(LOST | index as u32);
+        }
+        let ticket = self.inner.post(node, batch);
+        debug_assert!(ticket.0 & LOST == 0, "inner fabric ticket {ticket:?}");
+        let mut node_of = self.node_of.borrow_mut();
+        let index = ticket.0 as usize;
+        if node_of.len() <= index {
+            node_of.resize(index + 1, 0);
+        }
+        node_of[index] = node.0;
+        ticket
+    }
+
+    fn poll(&self, ticket: Ticket) -> Poll<Result<Completion, FabricError>> {
+        if ticket.0 & LOST != 0 {
+            return Poll::Pending;
+        }
+        let node = self.node_of.borrow().get(ticket.0 as usize).copied();
+        if node.is_some_and(|node| self.is_failed(NodeId(node))) {
+            return Poll::Pending;
+        }
+        self.inner.poll(ticket)
+    }
+
+    fn forget(&self, ticket: Ticket) {
+        if ticket.0 & LOST != 0 {
+            if let Some(used) = self.lost.borrow_mut().get_mut((ticket.0 & !LOST) as usize) {
+                *used = false;
+            }
+            return;
+        }
+        self.inner.forget(ticket);
+    }
+
+    fn progress(&self) -> bool {
+        // Batches of failed nodes never complete: only the inner fabric can make
+        // progress, and when it cannot, whatever is left waits on failed nodes.
+        self.inner.progress()
+    }
+
+    fn now(&self) -> Nanos {
+        self.inner.now()
+    }
+
+    fn wake_at(&self, deadline: Nanos) {
+        self.inner.wake_at(deadline);
+    }
+}
+
+/// A fabric whose completions arrive a fixed roundtrip time after posting; see the
+/// module docs. Errors the inner fabric reports at once (a batch refused before it
+/// was sent: out of bounds, misaligned, no such node) are delivered at once, as
+/// transports do.
+///
+/// With a roundtrip to emulate, tickets are the wrapper's own (the inner fabric may
+/// reuse a ticket number as soon as it delivered the result, which the wrapper holds
+/// back until the roundtrip elapsed); with none, they are the inner fabric's.
+#[derive(Debug)]
+pub struct EmulatedRtt<F> {
+    inner: F,
+    rtt: Nanos,
+    /// Batches not yet delivered, by ticket number (`None`: a free number). A handful
+    /// at a time.
+    in_flight: RefCell<Vec<Option<InFlight>>>,
+    /// The latest deadline asked for with [`Fabric::wake_at`] and not reported yet.
+    wake: Cell<Nanos>,
+}
+
+#[derive(Debug)]
+struct InFlight {
+    /// The inner fabric's ticket, until it delivered the result.
+    inner: Option<Ticket>,
+    due: Nanos,
+    result: Option<Result<Completion, FabricError>>,
+}
+
+impl<F: Fabric> EmulatedRtt<F> {
+    /// Wraps `inner`, delaying completions by `rtt` ns (e.g. ~300 for CXL-like and
+    /// ~1500 for RDMA-like latency); 0 delivers them as the inner fabric does.
+    pub fn new(inner: F, rtt: Nanos) -> Self {
+        Self {
+            inner,
+            rtt,
+            in_flight: RefCell::new(Vec::new()),
+            wake: Cell::new(0),
+        }
+    }
+
+    /// The emulated roundtrip time in ns.
+    pub fn rtt_ns(&self) -> Nanos {
+        self.rtt
+    }
+
+    /// The wrapped fabric.
+    pub fn inner(&self) -> &F {
+        &self.inner
+    }
+}
+
+impl<F: Fabric> Fabric for EmulatedRtt<F> {
+    fn node_count(&self) -> usize {
+        self.inner.node_count()
+    }
+
+    fn post(&self, node: NodeId, batch: Batch) -> Ticket {
+        let inner = self.inner.post(node, batch);
+        if self.rtt == 0 {
+            return inner;
+        }
+        let entry = InFlight {
+            inner: Some(inner),
+            due: self.inner.now().saturating_add(self.rtt),
+            result: None,
+        };
+        let mut in_flight = self.in_flight.borrow_mut();
+        let index = match in_flight.iter().position(Option::is_none) {
+            Some(free) => {
+                in_flight[free] = Some(entry);
+                free
+            }
+            None => {
+                in_flight.push(Some(entry));
+                in_flight.len() - 1
+            }
+        };
+        Ticket(index as u32)
+    }
+
+    fn poll(&self, ticket: Ticket) -> Poll<Result<Completion, FabricError>> {
+        if self.rtt == 0 {
+            return self.inner.poll(ticket);
+        }
+        let mut in_flight = self.in_flight.borrow_mut();
+        let Some(Some(entry)) = in_flight.get_mut(ticket.0 as usize) else {
+            return Poll::Ready(Err(FabricError::UnknownTicket(ticket.0)));
+        };
+        if let Some(inner) = entry.inner {
+            match self.inner.poll(inner) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(result) => {
+                    entry.inner = None;
+                    let local = matches!(&result, Err(error) if error.is_local());
+                    entry.result = Some(result);
+                    if local {
+                        entry.due = 0;
+                    }
+                }
+            }
+        }
+        if entry.due > self.inner.now() {
+            return Poll::Pending;
+        }
+        match in_flight[ticket.0 as usize].take().and_then(|e| e.result) {
+            Some(result) => Poll::Ready(result),
+            None => Poll::Pending,
+        }
+    }
+
+    fn forget(&self, ticket: Ticket) {
+        if self.rtt == 0 {
+            return self.inner.forget(ticket);
+        }
+        let entry = self
+            .in_flight
+            .borrow_mut()
+            .get_mut(ticket.0 as usize)
+            .and_then(Option::take);
+        if let Some(InFlight {
+            inner: Some(inner), ..
+        }) = entry
+        {
+            self.inner.forget(inner);
+        }
+    }
+
+    fn progress(&self) -> bool {
+        if self.inner.progress() {
+            return true;
+        }
+        // Spin until the next event: a completion due, or a deadline a waiter set.
+        let now = self.inner.now();
+        let wake = self.wake.get();
+        if wake != 0 && wake <= now {
+            self.wake.set(0);
+            return true;
+        }
+        let next_due = self
+            .in_flight
+            .borrow()
+            .iter()
+            .flatten()
+            .map(|f| f.due)
+            .filter(|&due| due > now)
+            .min();
+        let wake = Some(wake).filter(|&wake| wake > now);
+        let Some(until) = next_due.into_iter().chain(wake).min() else {
+            return false;
+        };
+        while self.inner.now() < until {
+            core::hint::spin_loop();
+            // An inner fabric with a logical clock moves it here.
+            self.inner.progress();
+        }
+        if self.wake.get() <= self.inner.now() {
+            self.wake.set(0);
+        }
+        true
+    }
+
+    fn now(&self) -> Nanos {
+        self.inner.now()
+    }
+
+    fn wake_at(&self, deadline: Nanos) {
+        // Kept here, not passed on: `progress` spins to the earlier of the next
+        // completion due and this deadline, and an inner fabric told the deadline
+        // could spin past completions due before it.
+        self.wake.set(self.wake.get().max(deadline));
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use crate::MemCluster;
+
+    fn ready<F: Fabric>(fabric: &F, ticket: Ticket) -> Option<Result<Completion, FabricError>> {
+        match fabric.poll(ticket) {
+            Poll::Ready(result) => Some(result),
+            Poll::Pending => None,
+        }
+    }
+
+    #[test]
+    fn a_failed_node_never_completes_and_the_others_do() {
+        let cluster = MemCluster::new(3, 64);
+        let fabric = FailNodes::new(cluster.client());
+        fabric.fail_node(NodeId(2));
+        fabric.fail_node(NodeId(7)); // unknown: ignored
+        assert!(fabric.is_failed(NodeId(2)) && !fabric.is_failed(NodeId(0)));
+        let alive = fabric.post(NodeId(0), Batch::write(8, alloc::vec![1; 8]));
+        let dead = fabric.post(NodeId(2), Batch::write(8, alloc::vec![1; 8]));
+        assert!(matches!(ready(&fabric, alive), Some(Ok(_))));
+        assert!(ready(&fabric, dead).is_none());
+        assert!(!fabric.progress(), "only a batch on a failed node is left");
+        // The failed node's memory was not touched.
+        let check = cluster.client();
+        let t = check.post(NodeId(2), Batch::read(8, 8));
+        let read = ready(&check, t).unwrap().unwrap();
+        assert_eq!(read.read(0), Some(&[0u8; 8][..]));
+        // Forgotten lost tickets are reused, not piled up.
+        fabric.forget(dead);
+        let again = fabric.post(NodeId(2), Batch::read(0, 8));
+        assert_eq!(again, dead);
+    }
+
+    #[test]
+    fn batches_in_flight_to_a_node_that_fails_are_lost() {
+        let cluster = MemCluster::new(2, 64);
+        let fabric = FailNodes::new(EmulatedRtt::new(cluster.client(), 5));
+        let lost = fabric.post(NodeId(1), Batch::read(0, 8));
+        let kept = fabric.post(NodeId(0), Batch::read(0, 8));
+        fabric.fail_node(NodeId(1));
+        while fabric.progress() {}
+        assert!(matches!(ready(&fabric, kept), Some(Ok(_))));
+        assert!(ready(&fabric, lost).is_none());
+    }
+
+    #[test]
+    fn completions_arrive_one_rtt_after_posting_and_local_errors_at_once() {
+        let cluster = MemCluster::new(2, 64);
+        // The in-process fabric's clock is logical: one tick per `progress`.
+        let fabric = EmulatedRtt::new(cluster.client(), 3);
+        assert_eq!(fabric.rtt_ns(), 3);
+        let start = fabric.now();
+        let a = fabric.post(NodeId(0), Batch::write(0, alloc::vec![9; 8]));
+        let b = fabric.post(NodeId(1), Batch::read(0, 8));
+        let bad = fabric.post(NodeId(0), Batch::read(60, 8));
+        assert!(matches!(
+            ready(&fabric, bad),
+            Some(Err(FabricError::OutOfBounds { .. }))
+        ));
+        assert!(ready(&fabric, a).is_none(), "the roundtrip has not elapsed");
+        assert!(fabric.progress());
+        assert!(fabric.now() >= start + 3);
+        // Both overlap: one roundtrip for the two.
+        assert!(matches!(ready(&fabric, a), Some(Ok(_))));
+        assert!(matches!(ready(&fabric, b), Some(Ok(_))));
+        assert!(!fabric.progress(), "nothing is left");
+        // Forgotten batches still took effect.
+        let c = fabric.post(NodeId(1), Batch::write(8, alloc::vec![5; 8]));
+        fabric.forget(c);
+        assert!(!fabric.progress());
+        let check = cluster.client();
+        let t = check.post(NodeId(1), Batch::read(8, 8));
+        let read = ready(&check, t).unwrap().unwrap();
+        assert_eq!(read.read(0), Some(&[5u8; 8][..]));
+    }
+
+    #[test]
+    fn each_ticket_gets_its_own_result_when_the_inner_fabric_reuses_numbers() {
+        let cluster = MemCluster::new(1, 64);
+        let fabric = EmulatedRtt::new(cluster.client(), 3);
+        let setup = cluster.client();
+        let t = setup.post(NodeId(0), Batch::write(0, alloc::vec![1; 16]));
+        assert!(matches!(ready(&setup, t), Some(Ok(_))));
+        // The first poll takes `a`'s result from the inner fabric, which then gives
+        // its ticket number to `b`.
+        let a = fabric.post(NodeId(0), Batch::read(0, 8));
+        assert!(ready(&fabric, a).is_none());
+        let b = fabric.post(NodeId(0), Batch::read(0, 16));
+        assert_ne!(a, b);
+        while fabric.progress() {}
+        let a = ready(&fabric, a).unwrap().unwrap();
+        let b = ready(&fabric, b).unwrap().unwrap();
+        assert_eq!(a.read(0).map(<[u8]>::len), Some(8));
+        assert_eq!(b.read(0).map(<[u8]>::len), Some(16));
+    }
+
+    #[test]
+    fn a_deadline_ends_the_spin_before_a_later_completion() {
+        let cluster = MemCluster::new(1, 64);
+        let fabric = EmulatedRtt::new(cluster.client(), 100);
+        let t = fabric.post(NodeId(0), Batch::read(0, 8));
+        let deadline = fabric.now() + 10;
+        fabric.wake_at(deadline);
+        assert!(fabric.progress());
+        assert!(fabric.now() >= deadline && fabric.now() < deadline + 50);
+        assert!(ready(&fabric, t).is_none());
+        assert!(fabric.progress());
+        assert!(matches!(ready(&fabric, t), Some(Ok(_))));
+    }
+}
