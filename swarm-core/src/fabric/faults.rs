@@ -37,6 +37,8 @@ const LOST: u32 = 1 << 31;
 pub struct FailNodes<F> {
     inner: F,
     failed: RefCell<Vec<bool>>,
+    /// Whether any node failed: until then, polls go straight to the inner fabric.
+    any_failed: Cell<bool>,
     /// Node of each inner ticket, indexed by ticket number (a batch in flight to a
     /// node that fails is lost too).
     node_of: RefCell<Vec<u16>>,
@@ -51,6 +53,7 @@ impl<F: Fabric> FailNodes<F> {
         Self {
             inner,
             failed: RefCell::new(alloc::vec![false; nodes]),
+            any_failed: Cell::new(false),
             node_of: RefCell::new(Vec::new()),
             lost: RefCell::new(Vec::new()),
         }
@@ -61,6 +64,7 @@ impl<F: Fabric> FailNodes<F> {
     pub fn fail_node(&self, node: NodeId) {
         if let Some(flag) = self.failed.borrow_mut().get_mut(node.index()) {
             *flag = true;
+            self.any_failed.set(true);
         }
     }
 
@@ -85,7 +89,7 @@ impl<F: Fabric> Fabric for FailNodes<F> {
     }
 
     fn post(&self, node: NodeId, batch: Batch) -> Ticket {
-        if self.is_failed(node) {
+        if self.any_failed.get() && self.is_failed(node) {
             let mut lost = self.lost.borrow_mut();
             let index = match lost.iter().position(|&used| !used) {
                 Some(free) => free,
@@ -109,6 +113,9 @@ impl<F: Fabric> Fabric for FailNodes<F> {
     }
 
     fn poll(&self, ticket: Ticket) -> Poll<Result<Completion, FabricError>> {
+        if !self.any_failed.get() {
+            return self.inner.poll(ticket);
+        }
         if ticket.0 & LOST != 0 {
             return Poll::Pending;
         }
