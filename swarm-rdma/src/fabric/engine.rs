@@ -187,6 +187,14 @@ impl<N: Nic> Engine<N> {
             }));
         }
         let ticket = self.slab.insert_pending(());
+        tracing::trace!(
+            %node,
+            ticket = ticket.0,
+            ops = batch.ops().len(),
+            requests = chain.requests().len(),
+            staging = chain.staging_len(),
+            "batch posted"
+        );
         let waiting = Waiting {
             ticket,
             batch,
@@ -297,6 +305,15 @@ impl<N: Nic> Engine<N> {
         let node = entry.node;
         let node_id = NodeId(node as u16);
         let last = index + 1 == entry.chain.requests().len();
+        tracing::trace!(
+            node = %node_id,
+            seq,
+            index,
+            last,
+            status = wc.status,
+            ticket = entry.ticket.0,
+            "work completion"
+        );
         let mut failed = None;
         if wc.status != 0 {
             let error = status::completion_error(node_id, wc.status);
@@ -339,8 +356,12 @@ impl<N: Nic> Engine<N> {
     }
 
     /// See [`Fabric::progress`]: drains the completion queue, then posts waiting
-    /// chains. Returns whether any batch is still pending.
+    /// chains. Returns whether it delivered a completion or a batch is still pending:
+    /// a call that completed the last pending batches made progress (the caller's
+    /// next poll takes their results), and reporting "nothing pending" then would
+    /// read as a stall (the first run over soft-RoCE stalled on exactly that).
     pub fn progress(&mut self) -> bool {
+        let mut delivered = false;
         loop {
             let mut completions = std::mem::take(&mut self.completions);
             if let Err(code) = self.nic.poll(&mut completions) {
@@ -351,6 +372,7 @@ impl<N: Nic> Engine<N> {
                 completions.clear();
             }
             let drained = completions.is_empty();
+            delivered |= !drained;
             for wc in completions.drain(..) {
                 self.on_completion(wc);
             }
@@ -370,7 +392,7 @@ impl<N: Nic> Engine<N> {
                 }
             }
         }
-        self.slab.pending_count() > 0
+        delivered || self.slab.pending_count() > 0
     }
 
     /// See [`Fabric::poll`].
@@ -440,7 +462,16 @@ impl<N: Nic> Fabric for EngineFabric<N> {
         // A pending batch on a silent node still ends: RC retries give up with
         // IBV_WC_RETRY_EXC_ERR. Until then, and until any deadline asked for, keep
         // the executor spinning.
-        pending || self.now() < self.wake.get()
+        let more = pending || self.now() < self.wake.get();
+        if !more {
+            let engine = self.engine.borrow();
+            tracing::trace!(
+                in_flight = engine.in_flight(),
+                staging_in_use = engine.staging_in_use(),
+                "progress: no batch pending and no deadline ahead"
+            );
+        }
+        more
     }
 
     fn now(&self) -> Nanos {

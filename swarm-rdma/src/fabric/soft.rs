@@ -477,6 +477,32 @@ mod tests {
         assert!(!f.progress());
     }
 
+    /// Over soft-RoCE, every `swarm put` stalled at client start: `progress` reported
+    /// "nothing pending" in the very call that delivered a roundtrip's last
+    /// completions, and the executor took it for a stall before the operation could
+    /// post its next step. Whether it made progress is what `progress` must say.
+    #[test]
+    fn progress_that_delivers_the_last_completion_reports_progress() {
+        let f = fabric(2, 64, 64, 1);
+        let stats = OpStats::new();
+        // Three sequential roundtrips in one operation, as `register` does.
+        let result = swarm_core::block_on(&f, async {
+            for step in 0..3u64 {
+                let mut rt = Roundtrip::start(&f, &stats);
+                rt.post(NodeId(0), Batch::cas(0, step, step + 1))?;
+                rt.post(NodeId(1), Batch::read(0, 8))?;
+                rt.wait(2).await?;
+            }
+            Ok::<_, FabricError>(stats.roundtrips())
+        });
+        assert_eq!(result, Ok(3));
+        // A lone batch: the call that delivers it says so; the next finds nothing.
+        let t = f.post(NodeId(0), Batch::read(0, 8));
+        assert!(f.progress(), "the call that delivered the completion");
+        assert!(matches!(f.poll(t), Poll::Ready(Ok(_))));
+        assert!(!f.progress(), "nothing left");
+    }
+
     #[test]
     fn unconnected_nodes_are_failed_from_the_start() {
         let nic = SoftNic::new(2, SIZE, BASE, 4096, 1);
