@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# SWARM-KV over real verbs: builds the `swarm` binary with RDMA and swarm-rdma's device
+# tests on this machine, then runs them inside the soft-RoCE VM of run-in-vm.sh:
+#
+#   1. the device tests (batches, ordering, a dead node, a wrong token...), which print
+#      "SKIPPED ...: no RDMA device" on a machine without one and must really run here;
+#   2. a cluster of three `swarm memnode` daemons: init, format, put, get, stat, delete;
+#   3. one memory node killed: put and get keep working with the other two.
+#
+# Each step prints PASS or FAIL; the exit status is non-zero on any failure.
+# Usage (as root, from anywhere in the repository): scripts/softroce/test.sh
+set -euo pipefail
+root=$(git -C "$(dirname "$0")" rev-parse --show-toplevel)
+cd "$root"
+
+echo "softroce: building swarm (feature rdma) and the swarm-rdma device tests"
+cargo build -q -p swarm-kv --features rdma
+device_tests=$(cargo test -q -p swarm-rdma --test device --no-run --message-format=json 2>/dev/null |
+    sed -n 's/.*"executable":"\([^"]*device[^"]*\)".*/\1/p' | tail -1)
+[ -x "$device_tests" ] || { echo "softroce: cannot find the device test binary" >&2; exit 1; }
+
+out=$root/target/softroce
+mkdir -p "$out"
+script=$out/in-vm.sh
+cat >"$script" <<SCRIPT
+#!/usr/bin/env bash
+set -u
+swarm=$root/target/debug/swarm
+failed=0
+: >"$out/results.txt"
+pass() { echo "PASS \$1" | tee -a "$out/results.txt"; }
+fail() { echo "FAIL \$1" | tee -a "$out/results.txt"; failed=1; }
+
+# 1. Device tests.
+if "$device_tests" --test-threads 1 >"$out/device.log" 2>&1 &&
+    ! grep -q "SKIPPED.*no RDMA device" "$out/device.log"; then
+    pass "device tests (\$(grep -c '\.\.\. ok' "$out/device.log") passed)"
+else
+    fail "device tests (see $out/device.log)"; tail -20 "$out/device.log"
+fi
+
+# 2. A three-node cluster.
+dir=\$(mktemp -d)
+\$swarm init --rdma 10.0.2.15:7471,10.0.2.15:7472,10.0.2.15:7473 --dir "\$dir" >/dev/null
+pids=()
+for port in 7471 7472 7473; do
+    \$swarm memnode --listen 10.0.2.15:\$port --size 64MiB --cluster "\$dir/swarm-cluster.conf" \
+        >"$out/memnode-\$port.log" 2>&1 &
+    pids+=(\$!)
+done
+sleep 3
+c=(--cluster "\$dir/swarm-cluster.conf")
+run() { timeout 120 \$swarm "\$@" "\${c[@]}"; }
+at() { local cmd=\$1; shift; timeout 120 \$swarm "\$cmd" "\${c[@]}" "\$@"; }
+at format --value-max 64 --writers 8 >/dev/null && pass format || fail format
+at put hello world && pass put || fail put
+[ "\$(at get hello)" = world ] && pass get || fail get
+stat=\$(at stat) && [[ "\$stat" == *"keys: 1"* ]] && pass stat || fail stat
+at delete hello && pass delete || fail delete
+if at get hello 2>/dev/null; then fail "get after delete"; else pass "get after delete: absent"; fi
+
+# 3. A memory node killed.
+kill -9 "\${pids[2]}"
+sleep 1
+at put after-kill yes && pass "put with node 2 killed" || fail "put with node 2 killed"
+[ "\$(at get after-kill)" = yes ] && pass "get with node 2 killed" || fail "get with node 2 killed"
+
+kill "\${pids[0]}" "\${pids[1]}" 2>/dev/null
+exit \$failed
+SCRIPT
+chmod +x "$script"
+echo "softroce: running in the VM"
+status=0
+"$root/scripts/softroce/run-in-vm.sh" "$script" >"$out/vm.log" 2>&1 || status=$?
+# The VM's console interleaves kernel messages with the script's output: the results
+# are also written to a file, printed here.
+echo "softroce: results (VM console in $out/vm.log)"
+cat "$out/results.txt" 2>/dev/null || echo "FAIL no results: the VM did not run the script"
+exit "$status"
