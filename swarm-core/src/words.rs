@@ -196,31 +196,6 @@ mod tests {
         assert_eq!(mem[1].load(Ordering::Relaxed), 5);
     }
 
-    #[test]
-    fn a_batch_executes_in_order() {
-        let mem = words(64);
-        let mut batch = Batch::new();
-        batch
-            .push(Op::Write {
-                addr: 8,
-                data: alloc::vec![7; 8],
-            })
-            .unwrap()
-            .push(Op::Cas {
-                addr: 0,
-                expected: 0,
-                new: 5,
-            })
-            .unwrap()
-            .push(Op::Read { addr: 0, len: 16 })
-            .unwrap();
-        let completion = execute(&mem, &batch);
-        assert_eq!(completion.cas(1), Some(0));
-        let read = completion.read(2).unwrap();
-        assert_eq!(u64::from_le_bytes(read[..8].try_into().unwrap()), 5);
-        assert_eq!(&read[8..], &[7; 8]);
-    }
-
     proptest! {
         /// Any sequence of writes followed by any read agrees with a plain byte array.
         #[test]
