@@ -303,3 +303,20 @@ fn evict_gives_back_the_writer_id_of_a_crashed_client() {
     assert!(swarm(&["put", "--dir", d, "k", "v"]).status.success());
     assert_get(d, "k", "v");
 }
+
+/// `swarm stat | head -1`: a reader that stops early is not an error.
+#[test]
+fn stat_into_a_closed_pipe_is_not_an_error() {
+    let scratch = ScratchDir::new("cli-pipe").unwrap();
+    let dir = scratch.path().join("c");
+    init(&dir);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_swarm"))
+        .args(["stat", "--dir", dir.to_str().unwrap()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run swarm");
+    drop(child.stdout.take());
+    let out = child.wait_with_output().expect("swarm exits");
+    assert!(out.status.success(), "{}", text(&out));
+}

@@ -365,7 +365,17 @@ fn evict<S: Store>(store: &S, writer: u16, min_idle_secs: u64) -> Result<ExitCod
     Ok(ExitCode::SUCCESS)
 }
 
+/// Appends a formatted line to a `String` (the report is printed at once, with
+/// [`print_out`], so that a closed pipe is not an error).
+macro_rules! outln {
+    ($text:ident, $($arg:tt)*) => {{
+        $text.push_str(&format!($($arg)*));
+        $text.push('\n');
+    }};
+}
+
 fn stat<S: Store>(store: &S) -> Result<ExitCode> {
+    let mut text = String::new();
     let layout = *store.layout();
     let p = layout.params;
     let fabric = store.fabric()?;
@@ -378,11 +388,14 @@ fn stat<S: Store>(store: &S) -> Result<ExitCode> {
     )?;
     let writer = client.writer();
     client.close();
-    println!(
+    outln!(
+        text,
         "cluster: {} nodes, {} replicas per key, W = {} metadata words",
-        nodes, p.replicas, p.meta_words
+        nodes,
+        p.replicas,
+        p.meta_words
     );
-    println!("keys: {keys} (capacity {})", p.registers);
+    outln!(text, "keys: {keys} (capacity {})", p.registers);
     for node in 0..nodes {
         let node = NodeId(node as u16);
         let claimed = block_on(&fabric, async {
@@ -402,7 +415,8 @@ fn stat<S: Store>(store: &S) -> Result<ExitCode> {
         })?;
         let registers = (claimed as u64 * u64::from(p.chunk_registers)).min(p.registers);
         let used = registers * layout.register_slot_bytes;
-        println!(
+        outln!(
+            text,
             "node {node}: {} register chunks claimed ({registers} registers, {:.1} MiB of {:.1} MiB), logs {:.1} MiB",
             claimed,
             used as f64 / (1 << 20) as f64,
@@ -420,20 +434,23 @@ fn stat<S: Store>(store: &S) -> Result<ExitCode> {
         .filter(|r| r.token != 0 && r.writer != writer)
         .collect();
     let used = rows.iter().filter(|r| r.used).count();
-    println!(
+    outln!(
+        text,
         "writers: {} of {} ids ever used, {} registered now",
         used,
         p.writers,
         live.len()
     );
     for row in live {
-        println!(
+        outln!(
+            text,
             "  writer {}: pid {}, last heartbeat {:.1} s ago",
             row.writer,
             row.pid,
             now.saturating_sub(row.lease_unix_ns) as f64 / 1e9
         );
     }
+    print_out(text.trim_end());
     Ok(ExitCode::SUCCESS)
 }
 
