@@ -25,6 +25,13 @@
 //!   CAS finds that write's buffer, written earlier in the same batch, when it reads
 //!   it in its next roundtrip. Inside one read operation there is no such promise.
 //!
+//! What this does not promise: that a write is visible to a read that starts later
+//! in *real time* on another thread with which the writer has not synchronised (the
+//! language's memory model gives no real-time bound; on x86 the gap is a store buffer's
+//! few nanoseconds). RDMA does give it once the write completed. The shared-memory
+//! tests check linearizability against wall-clock times and have not seen the gap; a
+//! `SeqCst` fence per operation would be the price of closing it.
+//!
 //! # Bounds
 //!
 //! The functions index the word slice directly and panic on an address outside it:

@@ -193,3 +193,78 @@ fn a_reader_that_sees_the_cas_of_a_batch_sees_the_writes_before_it() {
         writer.join().unwrap();
     });
 }
+
+/// Batch order holds across a thread's successive batches too: a writer that writes
+/// a buffer in one batch and CASes the metadata word in the next, and a reader that
+/// reads the word in one batch and the buffer in the next.
+#[test]
+fn batch_order_holds_across_a_threads_successive_batches() {
+    use swarm_core::words::{self, AtomicU64};
+
+    loom::model(|| {
+        let memory: std::sync::Arc<Vec<AtomicU64>> =
+            std::sync::Arc::new((0..4).map(|_| AtomicU64::new(0)).collect());
+        let writer = {
+            let memory = memory.clone();
+            thread::spawn(move || {
+                words::execute(&memory, &Batch::write(3, b"out-of-place buf".to_vec()));
+                words::execute(&memory, &Batch::cas(24, 0, 1));
+            })
+        };
+        let meta = words::execute(&memory, &Batch::read(24, 8));
+        let buffer = words::execute(&memory, &Batch::read(3, 16));
+        if meta.read(0) == Some(&1u64.to_le_bytes()[..]) {
+            assert_eq!(buffer.read(0), Some(&b"out-of-place buf"[..]));
+        }
+        writer.join().unwrap();
+    });
+}
+
+/// Writes of neighbouring bytes of one word merge their bytes (a CAS loop), so two
+/// concurrent partial writes and an earlier CAS of the same word all survive.
+#[test]
+fn concurrent_writes_of_neighbouring_bytes_and_a_cas_all_survive() {
+    use swarm_core::words::{self, AtomicU64};
+
+    loom::model(|| {
+        let memory: std::sync::Arc<Vec<AtomicU64>> = std::sync::Arc::new(vec![AtomicU64::new(0)]);
+        words::cas(
+            &memory,
+            0,
+            0,
+            u64::from_le_bytes([0, 0, 0, 0, 0, 0, 0, 0xCC]),
+        );
+        let low = {
+            let memory = memory.clone();
+            thread::spawn(move || words::write(&memory, 0, &[0xAA; 3]))
+        };
+        words::write(&memory, 3, &[0xBB; 4]);
+        low.join().unwrap();
+        let mut out = [0u8; 8];
+        words::read(&memory, 0, &mut out);
+        assert_eq!(out, [0xAA, 0xAA, 0xAA, 0xBB, 0xBB, 0xBB, 0xBB, 0xCC]);
+    });
+}
+
+/// A partial write concurrent with a CAS of another byte of the same word neither
+/// loses its bytes nor undoes the CAS.
+#[test]
+fn a_partial_write_never_undoes_a_concurrent_cas() {
+    use swarm_core::words::{self, AtomicU64};
+
+    loom::model(|| {
+        let memory: std::sync::Arc<Vec<AtomicU64>> = std::sync::Arc::new(vec![AtomicU64::new(0)]);
+        let cas = {
+            let memory = memory.clone();
+            thread::spawn(move || words::cas(&memory, 0, 0, 0xCC << 56))
+        };
+        words::write(&memory, 0, &[0xAA; 3]);
+        let found = cas.join().unwrap();
+        let mut out = [0u8; 8];
+        words::read(&memory, 0, &mut out);
+        assert_eq!(&out[..3], &[0xAA; 3], "the write was lost");
+        if found == 0 {
+            assert_eq!(out[7], 0xCC, "the write undid the CAS");
+        }
+    });
+}
