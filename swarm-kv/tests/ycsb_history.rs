@@ -84,3 +84,30 @@ fn dm_abd_run_is_linearizable() {
     assert_clean(&report);
     assert_linearizable(&history_path(&dir), &report);
 }
+
+#[test]
+fn fusee_run_with_contention_is_linearizable() {
+    let dir = swarm_shm::ScratchDir::new("ycsb-history").unwrap();
+    let mut config = small(System::Fusee, Workload::A, 10, 3_000, 8);
+    config.history = Some(history_path(&dir));
+    let report = run_fresh(&config);
+    assert_clean(&report);
+    assert_linearizable(&history_path(&dir), &report);
+}
+
+/// FUSEE's primary memory node crashes mid-run: the master reconfigures (FUSEE §5.2)
+/// and no operation fails; the history stays linearizable.
+#[test]
+fn fusee_run_through_a_primary_crash_is_linearizable() {
+    let dir = swarm_shm::ScratchDir::new("ycsb-history").unwrap();
+    let mut config = small(System::Fusee, Workload::A, 100, 3_000, 4);
+    config.fail = Some(FailPlan {
+        node: 0,
+        after_ops: 1_000,
+    });
+    config.history = Some(history_path(&dir));
+    let report = run_fresh(&config);
+    assert_clean(&report);
+    assert!(report.fail_node.is_some_and(|f| f.triggered));
+    assert_linearizable(&history_path(&dir), &report);
+}

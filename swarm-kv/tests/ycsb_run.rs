@@ -71,6 +71,25 @@ fn ycsb_b_roundtrips_match_table_2() {
     assert_table_2(System::Raw, OpType::Get, 1);
 }
 
+/// Table 2 and FUSEE §4.6: FUSEE's gets take one roundtrip when the cached object is
+/// still current and two otherwise; its updates take four in the common case (rule 1:
+/// object + primary read, backup CASes, log, primary CAS) and more under conflicts.
+#[test]
+fn fusee_roundtrips_match_its_paper() {
+    let config = small(System::Fusee, Workload::B, 1_000, 6_000, 4);
+    let report = run_fresh(&config);
+    assert_clean(&report);
+    let gets = report.op(OpType::Get).expect("gets");
+    assert!(gets.roundtrips.one >= 0.9, "{report}");
+    assert!(
+        gets.roundtrips.one + gets.roundtrips.two >= 0.999,
+        "{report}"
+    );
+    let updates = report.op(OpType::Update).expect("updates");
+    assert_eq!(updates.roundtrips.four_plus, 1.0, "{report}");
+    assert!(updates.roundtrips_mean < 4.2, "{report}");
+}
+
 /// Table 2: RAW updates take one roundtrip.
 #[test]
 fn raw_updates_take_one_roundtrip() {

@@ -33,18 +33,22 @@ pub enum System {
     Abd,
     /// RAW: unreplicated, no concurrency control; the latency floor.
     Raw,
+    /// FUSEE (FAST '23): SNAPSHOT-replicated index, out-of-place values; gets take 1-2
+    /// roundtrips, updates 4 or more. Runs on its own store (`swarm_fusee`).
+    Fusee,
 }
 
 impl System {
     /// Every system, baselines first (the order of comparison tables).
-    pub const ALL: [Self; 3] = [Self::Raw, Self::Abd, Self::Swarm];
+    pub const ALL: [Self; 4] = [Self::Raw, Self::Abd, Self::Fusee, Self::Swarm];
 
-    /// `"swarm"`, `"abd"` or `"raw"`, as in the JSON report.
+    /// `"swarm"`, `"abd"`, `"raw"` or `"fusee"`, as in the JSON report.
     pub fn name(self) -> &'static str {
         match self {
             Self::Swarm => "swarm",
             Self::Abd => "abd",
             Self::Raw => "raw",
+            Self::Fusee => "fusee",
         }
     }
 }

@@ -46,6 +46,9 @@ pub enum BenchError {
     /// Creating or opening the cluster failed.
     #[error("cannot set up the benchmark cluster: {0}")]
     Store(#[from] KvError),
+    /// Creating the FUSEE baseline's store failed.
+    #[error("cannot set up the FUSEE store: {0}")]
+    Fusee(#[from] swarm_fusee::FuseeError),
     /// No scratch directory for a temporary cluster could be made.
     #[error(
         "cannot create a scratch directory for the benchmark cluster under /dev/shm or the temporary directory: {0}"

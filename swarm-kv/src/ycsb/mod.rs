@@ -23,11 +23,16 @@
 //! * [`sizing`]: how large a cluster a run needs;
 //! * `run`: [`run`], the driver: client threads, phases, operations in flight, node
 //!   crash, history (`history`) and phase gates (`gate`);
-//! * `temp`: [`TempStore`], a throw-away cluster for benchmarks and tests.
+//! * `temp`: [`TempStore`], a throw-away cluster for benchmarks and tests;
+//! * `bench_client`: what the driver needs from a system's client, implemented by
+//!   SWARM-KV's and FUSEE's;
+//! * `fusee`: the FUSEE baseline's throw-away store ([`run_fusee`]).
 
+mod bench_client;
 pub mod compare;
 pub mod config;
 mod error;
+mod fusee;
 mod gate;
 mod history;
 pub mod report;
@@ -38,10 +43,11 @@ mod temp;
 pub mod workload;
 pub mod zipf;
 
+pub use bench_client::OpError;
 pub use compare::comparison_table;
 pub use config::{BenchArgs, BenchConfig, FailPlan, System};
 pub use error::BenchError;
 pub use report::BenchReport;
-pub use run::{register_protocol, run};
+pub use run::{register_protocol, run, run_fusee};
 pub use temp::TempStore;
 pub use workload::{OpType, Workload};

@@ -40,6 +40,7 @@ use swarm_checker::{OpKind, Operation};
 use swarm_core::{Fabric, FabricError, LocalExecutor, NodeId, OpStats};
 use swarm_shm::EmulatedFabric;
 
+use super::bench_client::{BenchClient, OpError};
 use super::config::{BenchConfig, System};
 use super::error::BenchError;
 use super::gate::Gate;
@@ -63,6 +64,8 @@ pub fn register_protocol(system: System) -> RegisterProtocol {
         System::Swarm => RegisterProtocol::SafeGuess,
         System::Abd => RegisterProtocol::Abd,
         System::Raw => RegisterProtocol::Raw,
+        // FUSEE has its own store and protocol; its client never asks for this.
+        System::Fusee => RegisterProtocol::SafeGuess,
     }
 }
 
@@ -75,8 +78,30 @@ pub fn register_protocol(system: System) -> RegisterProtocol {
 /// each run uses `keys` fresh ones.
 pub fn run(store: &ShmStore, config: &BenchConfig) -> Result<BenchReport, BenchError> {
     config.validate()?;
-    check_capacity(store.layout(), config)?;
     let nodes = store.fabric().node_count();
+    check_fail_node(config, nodes)?;
+    if config.system == System::Fusee {
+        let nodes = u16::try_from(nodes).unwrap_or(u16::MAX);
+        return run_fusee(nodes, config);
+    }
+    check_capacity(store.layout(), config)?;
+    let clients = connect(store, config)?;
+    run_clients(clients, config)
+}
+
+/// Runs `config` with `--system fusee` on a fresh FUSEE store of `nodes` shared-memory
+/// nodes in a scratch directory, sized for the run (FUSEE formats its nodes its own
+/// way, so it cannot share a SWARM-KV cluster; the fabric and its emulated latency
+/// are the same).
+pub fn run_fusee(nodes: u16, config: &BenchConfig) -> Result<BenchReport, BenchError> {
+    config.validate()?;
+    check_fail_node(config, usize::from(nodes))?;
+    let store = super::fusee::TempFusee::new(config, nodes)?;
+    let clients = store.connect(config)?;
+    run_clients(clients, config)
+}
+
+fn check_fail_node(config: &BenchConfig, nodes: usize) -> Result<(), BenchError> {
     if let Some(fail) = config.fail
         && usize::from(fail.node) >= nodes
     {
@@ -86,9 +111,24 @@ pub fn run(store: &ShmStore, config: &BenchConfig) -> Result<BenchReport, BenchE
             nodes.saturating_sub(1)
         )));
     }
-    let keys = KeySpace::new(config.keys, config.key_size)?;
-    let chooser = OpChooser::new(config.workload, config.keys)?;
-    let clients = connect(store, config)?;
+    Ok(())
+}
+
+/// Runs the phases with `clients`, one thread each.
+fn run_clients<C: BenchClient + Send>(
+    clients: Vec<C>,
+    config: &BenchConfig,
+) -> Result<BenchReport, BenchError> {
+    let setup = KeySpace::new(config.keys, config.key_size)
+        .and_then(|keys| Ok((keys, OpChooser::new(config.workload, config.keys)?)));
+    let (keys, chooser) = match setup {
+        Ok(setup) => setup,
+        Err(e) => {
+            // Give the writer ids back.
+            clients.into_iter().for_each(BenchClient::close);
+            return Err(e);
+        }
+    };
     let parts = match &config.history {
         None => None,
         Some(dest) => {
@@ -98,7 +138,7 @@ pub fn run(store: &ShmStore, config: &BenchConfig) -> Result<BenchReport, BenchE
                     Ok(part) => parts.push(part),
                     Err(e) => {
                         history::discard(parts);
-                        clients.into_iter().for_each(KvClient::close);
+                        clients.into_iter().for_each(BenchClient::close);
                         return Err(e);
                     }
                 }
@@ -237,9 +277,9 @@ enum ThreadFailure {
 /// Runs one thread per client and times the phases from the coordinating thread:
 /// `times` are the instants every client was ready, finished loading, finished the
 /// warm-up, and finished the measured phase.
-fn run_threads(
+fn run_threads<C: BenchClient + Send>(
     shared: &Shared<'_>,
-    clients: Vec<Client>,
+    clients: Vec<C>,
     parts: Option<Vec<HistoryPart>>,
 ) -> (Vec<Result<WorkerOutput, ThreadFailure>>, [Instant; 4]) {
     let mut parts: Vec<Option<HistoryPart>> = match parts {
@@ -394,10 +434,10 @@ impl Sink<'_> {
 }
 
 /// The body of client thread `index`: the three phases, between gates.
-fn worker(
+fn worker<C: BenchClient>(
     shared: &Shared<'_>,
     index: usize,
-    client: Client,
+    client: C,
     history: Option<HistoryPart>,
 ) -> WorkerOutput {
     let _release = AbortOnPanic(&shared.gate);
@@ -550,7 +590,7 @@ struct Done {
     op: OpType,
     keynum: u64,
     written: Option<Vec<u8>>,
-    result: Result<Outcome, KvError>,
+    result: Result<Outcome, OpError>,
     /// ns since the run's origin.
     start: u64,
     end: u64,
@@ -561,15 +601,15 @@ struct Done {
 struct Finished {
     slot: usize,
     written: Option<Vec<u8>>,
-    result: Result<Outcome, KvError>,
+    result: Result<Outcome, OpError>,
     start: u64,
     end: u64,
     roundtrips: u32,
 }
 
 /// Issues one operation; times it from its first poll to its completion.
-async fn issue(
-    client: &Client,
+async fn issue<C: BenchClient>(
+    client: &C,
     shared: &Shared<'_>,
     key: &str,
     op: OpType,
@@ -611,8 +651,8 @@ struct InFlight {
 
 /// Keeps `inflight` operations from `next` going on `client` until `next` runs dry,
 /// handing each to `finish` as it completes.
-fn drive<'a>(
-    client: &'a Client,
+fn drive<'a, C: BenchClient>(
+    client: &'a C,
     shared: &'a Shared<'a>,
     index: usize,
     next: &mut dyn FnMut() -> Option<Planned>,
@@ -660,7 +700,7 @@ fn drive<'a>(
                             op: lost.op,
                             keynum: lost.keynum,
                             written: written(lost.op, lost.seq),
-                            result: Err(KvError::Fabric(FabricError::Stalled)),
+                            result: Err(OpError::Kv(KvError::Fabric(FabricError::Stalled))),
                             start: lost.issued_at,
                             end: shared.now_ns(),
                             roundtrips: 0,

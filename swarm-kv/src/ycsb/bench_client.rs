@@ -1,0 +1,70 @@
+//! What the harness needs from a system's client, so that SWARM-KV (and its register
+//! protocol baselines RAW and DM-ABD) and FUSEE run through the same driver, phases,
+//! statistics and history recording.
+
+use swarm_core::OpStats;
+use swarm_fusee::{FuseeClient, FuseeError};
+use swarm_shm::EmulatedFabric;
+
+use crate::KvError;
+use crate::client::KvClient;
+use crate::clock::SystemClock;
+
+/// Why a benchmark operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum OpError {
+    /// A SWARM-KV (or RAW / DM-ABD) operation failed.
+    #[error(transparent)]
+    Kv(#[from] KvError),
+    /// A FUSEE operation failed.
+    #[error(transparent)]
+    Fusee(#[from] FuseeError),
+}
+
+/// One client thread's handle on the system under test.
+pub(crate) trait BenchClient {
+    /// The fabric handle (to crash a node for this client, and drive progress).
+    fn fabric(&self) -> &EmulatedFabric;
+    /// The value of `key`.
+    async fn get(&self, key: &[u8], stats: &OpStats) -> Result<Option<Vec<u8>>, OpError>;
+    /// Sets `key` if present; whether it was.
+    async fn update(&self, key: &[u8], value: &[u8], stats: &OpStats) -> Result<bool, OpError>;
+    /// Sets `key`.
+    async fn insert(&self, key: &[u8], value: &[u8], stats: &OpStats) -> Result<(), OpError>;
+    /// Gives back what the client holds (its writer id).
+    fn close(self);
+}
+
+impl BenchClient for KvClient<EmulatedFabric, SystemClock> {
+    fn fabric(&self) -> &EmulatedFabric {
+        KvClient::fabric(self)
+    }
+    async fn get(&self, key: &[u8], stats: &OpStats) -> Result<Option<Vec<u8>>, OpError> {
+        Ok(KvClient::get(self, key, stats).await?)
+    }
+    async fn update(&self, key: &[u8], value: &[u8], stats: &OpStats) -> Result<bool, OpError> {
+        Ok(KvClient::update(self, key, value, stats).await?)
+    }
+    async fn insert(&self, key: &[u8], value: &[u8], stats: &OpStats) -> Result<(), OpError> {
+        Ok(KvClient::insert(self, key, value, stats).await?)
+    }
+    fn close(self) {
+        KvClient::close(self);
+    }
+}
+
+impl BenchClient for FuseeClient<EmulatedFabric> {
+    fn fabric(&self) -> &EmulatedFabric {
+        FuseeClient::fabric(self)
+    }
+    async fn get(&self, key: &[u8], stats: &OpStats) -> Result<Option<Vec<u8>>, OpError> {
+        Ok(FuseeClient::get(self, key, stats).await?)
+    }
+    async fn update(&self, key: &[u8], value: &[u8], stats: &OpStats) -> Result<bool, OpError> {
+        Ok(FuseeClient::update(self, key, value, stats).await?)
+    }
+    async fn insert(&self, key: &[u8], value: &[u8], stats: &OpStats) -> Result<(), OpError> {
+        Ok(FuseeClient::insert(self, key, value, stats).await?)
+    }
+    fn close(self) {}
+}
