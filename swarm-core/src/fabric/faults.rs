@@ -176,6 +176,8 @@ struct InFlight {
     inner: Option<Ticket>,
     due: Nanos,
     result: Option<Result<Completion, FabricError>>,
+    /// `progress` already reported this completion as due.
+    announced: bool,
 }
 
 impl<F: Fabric> EmulatedRtt<F> {
@@ -201,6 +203,31 @@ impl<F: Fabric> EmulatedRtt<F> {
     }
 }
 
+impl<F: Fabric> EmulatedRtt<F> {
+    /// Takes the results the inner fabric has ready; whether one of them is due by
+    /// `now` and was not reported yet (it is reported once).
+    fn newly_due(&self, now: Nanos) -> bool {
+        let mut in_flight = self.in_flight.borrow_mut();
+        let mut found = false;
+        for entry in in_flight.iter_mut().flatten() {
+            if let Some(inner) = entry.inner
+                && let Poll::Ready(result) = self.inner.poll(inner)
+            {
+                entry.inner = None;
+                if matches!(&result, Err(error) if error.is_local()) {
+                    entry.due = 0;
+                }
+                entry.result = Some(result);
+            }
+            if entry.result.is_some() && entry.due <= now && !entry.announced {
+                entry.announced = true;
+                found = true;
+            }
+        }
+        found
+    }
+}
+
 impl<F: Fabric> Fabric for EmulatedRtt<F> {
     fn node_count(&self) -> usize {
         self.inner.node_count()
@@ -215,6 +242,7 @@ impl<F: Fabric> Fabric for EmulatedRtt<F> {
             inner: Some(inner),
             due: self.inner.now().saturating_add(self.rtt),
             result: None,
+            announced: false,
         };
         let mut in_flight = self.in_flight.borrow_mut();
         let index = match in_flight.iter().position(Option::is_none) {
@@ -281,8 +309,14 @@ impl<F: Fabric> Fabric for EmulatedRtt<F> {
         if self.inner.progress() {
             return true;
         }
-        // Spin until the next event: a completion due, or a deadline a waiter set.
+        // A completion already due is an event now: its owner just has not polled it
+        // yet (a thread busy elsewhere). Spinning to a later deadline instead would
+        // stall every waiter for that long.
         let now = self.inner.now();
+        if self.newly_due(now) {
+            return true;
+        }
+        // Spin until the next event: a completion due, or a deadline a waiter set.
         let wake = self.wake.get();
         if wake != 0 && wake <= now {
             self.wake.set(0);
@@ -356,6 +390,26 @@ mod tests {
         fabric.forget(dead);
         let again = fabric.post(NodeId(2), Batch::read(0, 8));
         assert_eq!(again, dead);
+    }
+
+    #[test]
+    fn a_completion_already_due_ends_progress_at_once_despite_a_later_wake_up() {
+        let cluster = MemCluster::new(1, 64);
+        let fabric = EmulatedRtt::new(cluster.client(), 3);
+        let t = fabric.post(NodeId(0), Batch::read(0, 8));
+        // A waiter far in the future (a timeout that will not be needed).
+        fabric.wake_at(fabric.now() + 1_000_000);
+        // The in-process clock moves one tick per inner `progress`: let the batch fall due.
+        for _ in 0..3 {
+            fabric.inner().progress();
+        }
+        let before = fabric.now();
+        assert!(fabric.progress());
+        assert!(
+            fabric.now() < before + 10,
+            "progress spun to the wake-up instead of reporting the due completion"
+        );
+        assert!(matches!(ready(&fabric, t), Some(Ok(_))));
     }
 
     #[test]
