@@ -1,6 +1,6 @@
 //! YCSB on SWARM-KV and its baselines, in one run (SWARM §7.1, Figure 5, Table 2).
 //!
-//! For each workload (A and B by default) and each system (RAW, DM-ABD, SWARM-KV), a
+//! For each workload (A and B by default) and each system (RAW, DM-ABD, FUSEE, SWARM-KV), a
 //! fresh 3-node shared-memory cluster (3 replicas per key) is loaded and measured with
 //! `swarm_kv::ycsb::run`; then one table puts the systems side by side: throughput,
 //! median and 99th percentile latency, and the roundtrip distribution of gets and
@@ -16,7 +16,7 @@
 //! Settings (environment variables): `SWARM_BENCH_KEYS` (10 000), `SWARM_BENCH_OPS`
 //! (100 000), `SWARM_BENCH_CLIENTS` (4), `SWARM_BENCH_INFLIGHT` (1),
 //! `SWARM_BENCH_VALUE_SIZE` (64), `SWARM_BENCH_RTT_NS` (0), `SWARM_BENCH_WARMUP_OPS`
-//! (0), `SWARM_BENCH_WORKLOADS` (`a,b`), `SWARM_BENCH_SYSTEMS` (`raw,abd,swarm`),
+//! (0), `SWARM_BENCH_WORKLOADS` (`a,b`), `SWARM_BENCH_SYSTEMS` (`raw,abd,fusee,swarm`),
 //! `SWARM_BENCH_JSON` (write every report to this file, as a JSON array).
 //!
 //! Run by `cargo test --benches` (without `--bench`), it does a tiny smoke run
@@ -80,7 +80,7 @@ fn bench() -> Result<bool, Box<dyn Error>> {
         (200, 2_000)
     };
     let workloads: Vec<Workload> = env_list("SWARM_BENCH_WORKLOADS", "a,b")?;
-    let systems: Vec<System> = env_list("SWARM_BENCH_SYSTEMS", "raw,abd,swarm")?;
+    let systems: Vec<System> = env_list("SWARM_BENCH_SYSTEMS", "raw,abd,fusee,swarm")?;
     let mut reports: Vec<BenchReport> = Vec::new();
     for &workload in &workloads {
         for &system in &systems {
@@ -107,8 +107,8 @@ fn bench() -> Result<bool, Box<dyn Error>> {
     println!("{}", comparison_table(&reports));
     println!(
         "paper (RDMA, YCSB B, 4 clients): get p50 RAW 1.9µs, SWARM-KV 2.4µs, DM-ABD 4.3µs; \
-         update p50 RAW 1.6µs, SWARM-KV 3.1µs, DM-ABD 4.9µs;\n\
-         roundtrips (Table 2, common case): RAW 1/1, SWARM-KV 1/1, DM-ABD 2/2 (get/update)"
+         update p50 RAW 1.6µs, SWARM-KV 3.1µs, DM-ABD 4.9µs, FUSEE 8.5µs;\n\
+         roundtrips (Table 2, common case): RAW 1/1, SWARM-KV 1/1, DM-ABD 2/2, FUSEE 1-2/4 (get/update)"
     );
     if let Ok(path) = std::env::var("SWARM_BENCH_JSON") {
         std::fs::write(&path, serde_json::to_string_pretty(&reports)?)
