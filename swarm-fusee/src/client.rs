@@ -104,8 +104,6 @@ enum Round {
     Won,
     /// Another value won: the primary holds it.
     Lost(u64),
-    /// Nothing happened (the master kept the old value): start again.
-    Retry,
 }
 
 /// What a write does.
@@ -564,10 +562,6 @@ impl<F: Fabric> FuseeClient<F> {
                 self.remember(key, slot, v_new);
                 Ok(Some(!absent || mode == Mode::Insert))
             }
-            Round::Retry => {
-                self.discard(view, alloc.addr);
-                Ok(None)
-            }
             Round::Lost(winner) => {
                 self.discard(view, alloc.addr);
                 if v_old == 0 {
@@ -612,22 +606,52 @@ impl<F: Fabric> FuseeClient<F> {
     }
 
     /// The SNAPSHOT write of `v_new` over `v_old` in `slot` (Algorithms 1, 2 and 4).
+    ///
+    /// A round interrupted by a membership change, a failed node or a last writer
+    /// that never finished is simply run again under the new membership, after the
+    /// master made every alive copy of the slot equal to some value `s` (or left the
+    /// slot alone, if the change was about another one). Every step is idempotent for
+    /// the same `(v_old, v_new)`: a backup CAS returns what the copy holds, so the
+    /// snapshot and the verdict are the same as before, or reflect `s`: `s = v_new`
+    /// (this writer won; its primary CAS returns `v_new`), `s = v_old` (nobody's
+    /// value was kept: the round starts afresh among the same writers) or another
+    /// value (lost, learnt from the primary). This is Algorithm 4's "retry WRITE"
+    /// without a fresh object, and it needs no further settling, so one recovery does
+    /// not set off others.
     async fn round(
         &self,
-        view: View,
+        mut view: View,
         slot: u64,
         v_old: u64,
         v_new: u64,
         object: u64,
         stats: &OpStats,
     ) -> Step<Round> {
-        match self
-            .round_steps(view, slot, v_old, v_new, object, stats)
-            .await
-        {
-            Ok(round) => Ok(round),
-            Err(StepError::Fatal(e)) => Err(StepError::Fatal(e)),
-            Err(e) => Ok(self.resolve(view, e, slot, v_old, v_new, stats).await?),
+        let timeout = self.config.fail_timeout_ns;
+        loop {
+            let recovery = match self
+                .round_steps(view, slot, v_old, v_new, object, stats)
+                .await
+            {
+                Ok(round) => return Ok(round),
+                Err(StepError::Fatal(e)) => return Err(StepError::Fatal(e)),
+                Err(StepError::ViewChanged) => None,
+                Err(StepError::Failed(mask)) => Some((mask, None)),
+                Err(StepError::Unfinished) => Some((0, Some(slot))),
+            };
+            if let Some((mask, settle)) = recovery {
+                self.master
+                    .recover(
+                        &self.fabric,
+                        &self.layout,
+                        view.epoch,
+                        mask,
+                        settle,
+                        timeout,
+                    )
+                    .await?;
+            }
+            view = self.current_view().await;
         }
     }
 
@@ -732,72 +756,6 @@ impl<F: Fabric> FuseeClient<F> {
             }
             pause(&self.fabric, backoff).await;
             backoff = (backoff * 2).min(20_000);
-        }
-    }
-
-    /// Learns the fate of a round interrupted by a failure or a membership change
-    /// (Algorithm 4, lines 35-38), asking the master to settle the slot if needed.
-    async fn resolve(
-        &self,
-        view: View,
-        error: StepError,
-        slot: u64,
-        v_old: u64,
-        v_new: u64,
-        stats: &OpStats,
-    ) -> Result<Round, FuseeError> {
-        let timeout = self.config.fail_timeout_ns;
-        let mut settle = matches!(error, StepError::Unfinished);
-        if let StepError::Failed(mask) = error {
-            self.master
-                .recover(&self.fabric, &self.layout, view.epoch, mask, None, timeout)
-                .await?;
-        }
-        loop {
-            let view = self.current_view().await;
-            if settle {
-                self.master
-                    .recover(
-                        &self.fabric,
-                        &self.layout,
-                        view.epoch,
-                        0,
-                        Some(slot),
-                        timeout,
-                    )
-                    .await?;
-                settle = false;
-                continue;
-            }
-            let posts = view.nodes().map(|n| (n, Batch::read(slot, 8))).collect();
-            match self.step(view, posts, stats).await {
-                Ok(replies) => {
-                    let Ok(primary) = reply(&replies, view.primary) else {
-                        continue;
-                    };
-                    let word = word_of(primary, 0);
-                    if word == v_new {
-                        return Ok(Round::Won);
-                    }
-                    if word != v_old {
-                        return Ok(Round::Lost(word));
-                    }
-                    // Untouched primary: safe to retry unless our value sits on a backup,
-                    // where a later round would mistake it for a competitor.
-                    if replies.iter().any(|(_, c)| word_of(c, 0) == v_new) {
-                        settle = true;
-                        continue;
-                    }
-                    return Ok(Round::Retry);
-                }
-                Err(StepError::Failed(mask)) => {
-                    self.master
-                        .recover(&self.fabric, &self.layout, view.epoch, mask, None, timeout)
-                        .await?;
-                }
-                Err(StepError::Fatal(e)) => return Err(e),
-                Err(_) => {}
-            }
         }
     }
 

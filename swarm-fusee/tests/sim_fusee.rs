@@ -140,7 +140,7 @@ fn assert_linearizable(seed: u64, recorder: &Recorder) {
 
 #[test]
 fn concurrent_writers_on_hot_keys_are_linearizable() {
-    for_each_seed(60, |seed| {
+    for_each_seed(200, |seed| {
         let recorder = run_random(seed, 4, 25, |_, _| {});
         assert_linearizable(seed, &recorder);
     });
@@ -148,7 +148,7 @@ fn concurrent_writers_on_hot_keys_are_linearizable() {
 
 #[test]
 fn inserts_of_different_keys_racing_for_one_empty_slot_are_linearizable() {
-    for_each_seed(60, |seed| {
+    for_each_seed(200, |seed| {
         let recorder = run_random_on(setup_with(seed, 4, 2), seed, 4, 20, 6, |_, _| {});
         assert_linearizable(seed, &recorder);
     });
@@ -156,7 +156,7 @@ fn inserts_of_different_keys_racing_for_one_empty_slot_are_linearizable() {
 
 #[test]
 fn a_crashed_client_does_not_block_the_others_and_histories_stay_linearizable() {
-    for_each_seed(40, |seed| {
+    for_each_seed(500, |seed| {
         let mut rng = SimRng::new(seed ^ 0xC0FFEE);
         let at = rng.between(1_000, 60_000);
         let recorder = run_random(seed, 4, 20, |runner, ids| {
@@ -168,7 +168,7 @@ fn a_crashed_client_does_not_block_the_others_and_histories_stay_linearizable() 
 
 #[test]
 fn a_crashed_primary_memory_node_is_replaced_by_the_master() {
-    for_each_seed(30, |seed| {
+    for_each_seed(500, |seed| {
         let mut rng = SimRng::new(seed ^ 0xDEAD);
         let at = rng.between(5_000, 80_000);
         let node = NodeId(rng.below(NODES as u64) as u16);
