@@ -111,3 +111,14 @@ fn fusee_run_through_a_primary_crash_is_linearizable() {
     assert!(report.fail_node.is_some_and(|f| f.triggered));
     assert_linearizable(&history_path(&dir), &report);
 }
+
+#[test]
+fn fusee_run_with_operations_in_flight_is_linearizable() {
+    let dir = swarm_shm::ScratchDir::new("ycsb-history").unwrap();
+    let mut config = small(System::Fusee, Workload::A, 20, 3_000, 4);
+    config.inflight = 3;
+    config.history = Some(history_path(&dir));
+    let report = run_fresh(&config);
+    assert_clean(&report);
+    assert_linearizable(&history_path(&dir), &report);
+}
