@@ -130,7 +130,7 @@ pub use mem::{MemCluster, MemFabric};
 pub use protocol::inout::max_on_node;
 pub use protocol::{
     Client, MAX_REPLICAS, ProtocolConfig, ReadValue, RegisterCache, RegisterLoc, Replicas,
-    SwarmError, WriteOutcome, quorum, resume,
+    Suspicion, SwarmError, WriteOutcome, quorum, resume,
 };
 pub use roundtrip::{MAX_NODES, OpStats, Roundtrip, WaitOutcome, post_background};
 pub use units::{SizeError, parse_size};

@@ -172,6 +172,8 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         } else {
             None
         };
+        let swarm = Client::new(fabric, clock, layout.swarm, writer, config.protocol)?;
+        // Index and key-header reads avoid the nodes the register protocol suspects.
         let index = Index::new(
             &layout,
             nodes,
@@ -179,8 +181,8 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
                 client_id: registration.writer,
                 ..config.index
             },
-        )?;
-        let swarm = Client::new(fabric, clock, layout.swarm, writer, config.protocol)?;
+        )?
+        .with_suspicion(swarm.suspicion().clone());
         if let Some(scan) = scan {
             swarm.resume(scan.used_slots, scan.last_ticks);
         }

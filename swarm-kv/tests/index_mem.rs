@@ -243,6 +243,38 @@ fn a_failed_minority_costs_nothing_and_a_failed_majority_stalls() {
     );
 }
 
+/// SWARM §6 on the index path: after a node crash, lookups and key-header reads whose
+/// preferred majority includes the dead node (two keys in three with 3 nodes) pay the
+/// `slow_after_ns` fallback once; the node is then suspected and read last, so every
+/// later resolve takes its usual two roundtrips (lookup, header).
+#[test]
+fn a_crashed_node_costs_one_fallback_then_is_suspected_on_the_index_path() {
+    let s = Setup::new(3, 64, 16);
+    let ix = s.index(1);
+    let keys: Vec<Vec<u8>> = (0..30u64)
+        .map(|i| format!("key-{i}").into_bytes())
+        .collect();
+    let g = s.cluster.client();
+    for (i, key) in keys.iter().enumerate() {
+        s.header(i as u64, key);
+        let (out, _) = run(&g, async |st| ix.insert(&g, st, key, i as u64).await);
+        assert_eq!(out, Ok(InsertOutcome::Inserted));
+    }
+    let f = swarm_core::fabric::FailNodes::new(s.cluster.client());
+    f.fail_node(NodeId(1));
+    let ix = s.index(2);
+    let mut escalated = 0;
+    for (i, key) in keys.iter().enumerate() {
+        let (r, roundtrips) = run(&f, async |st| ix.resolve(&f, st, key).await);
+        assert_eq!(r, Ok(Some(i as u64)));
+        escalated += u32::from(roundtrips > 2);
+    }
+    assert!(
+        escalated <= 1,
+        "{escalated} of 30 resolves fell back to another node: the crashed node is not suspected"
+    );
+}
+
 #[test]
 fn a_corrupted_copy_is_outvoted_and_a_corrupted_majority_is_reported() {
     let s = Setup::new(3, 64, 4);

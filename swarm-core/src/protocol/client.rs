@@ -6,7 +6,9 @@ use core::cell::RefCell;
 use crate::clock::Clock;
 use crate::encoding::{Timestamp, WriterId};
 use crate::fabric::{Fabric, Nanos, NodeId};
-use crate::roundtrip::MAX_NODES;
+use alloc::sync::Arc;
+
+use super::Suspicion;
 
 use super::RegisterLoc;
 use crate::layout::{Layout, SlotAllocator};
@@ -88,8 +90,8 @@ pub struct Client<F, C> {
     pub(crate) config: ProtocolConfig,
     pub(crate) writer: WriterId,
     pub(crate) state: RefCell<WriterState>,
-    /// Per node: suspected of having failed until this fabric time (0: trusted).
-    pub(crate) suspected_until: RefCell<[Nanos; MAX_NODES]>,
+    /// The nodes this client suspects, shared with the store's other paths.
+    pub(crate) suspicion: Arc<Suspicion>,
     /// Addresses of the registers with a write or delete of this client in flight.
     writing: RefCell<Vec<u64>>,
 }
@@ -134,7 +136,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
                 slots,
                 guesser: TimestampGuesser::new(),
             }),
-            suspected_until: RefCell::new([0; MAX_NODES]),
+            suspicion: Arc::new(Suspicion::new(config.suspect_ns)),
             writing: RefCell::new(Vec::new()),
         })
     }
@@ -197,41 +199,35 @@ impl<F: Fabric, C: Clock> Client<F, C> {
 
     /// Whether `node` missed a deadline recently (see [`ProtocolConfig::suspect_ns`]).
     pub fn suspects(&self, node: NodeId) -> bool {
-        self.suspected_until
-            .borrow()
-            .get(node.index())
-            // `trust` resets the deadline to 0: no clock read for a trusted node,
-            // which is every node on the fast path.
-            .is_some_and(|&until| until != 0 && until > self.fabric.now())
+        // No clock read while every node is trusted: the fast path.
+        self.suspicion.any() && self.suspicion.suspects(node, self.fabric.now())
+    }
+
+    /// The table of suspected nodes, for a store's other paths (index and header
+    /// reads) to order and suspect nodes the same way.
+    pub fn suspicion(&self) -> &Arc<Suspicion> {
+        &self.suspicion
     }
 
     pub(crate) fn suspect(&self, node: NodeId) {
-        let now = self.fabric.now();
-        let until = now.saturating_add(self.config.suspect_ns);
-        if let Some(slot) = self.suspected_until.borrow_mut().get_mut(node.index()) {
-            if *slot == 0 || *slot <= now {
-                tracing::info!(
-                    writer = self.writer.get(),
-                    node = node.index(),
-                    suspect_ns = self.config.suspect_ns,
-                    "memory node did not answer within slow_after_ns: suspected, \
-                     its registers are served by the other replicas"
-                );
-            }
-            *slot = until;
+        if self.suspicion.suspect(node, self.fabric.now()) {
+            tracing::info!(
+                writer = self.writer.get(),
+                node = node.index(),
+                suspect_ns = self.config.suspect_ns,
+                "memory node did not answer within slow_after_ns: suspected, \
+                 its registers are served by the other replicas"
+            );
         }
     }
 
     pub(crate) fn trust(&self, node: NodeId) {
-        if let Some(slot) = self.suspected_until.borrow_mut().get_mut(node.index()) {
-            if *slot != 0 {
-                tracing::info!(
-                    writer = self.writer.get(),
-                    node = node.index(),
-                    "memory node answered in time again: trusted"
-                );
-            }
-            *slot = 0;
+        if self.suspicion.trust(node) {
+            tracing::info!(
+                writer = self.writer.get(),
+                node = node.index(),
+                "memory node answered in time again: trusted"
+            );
         }
     }
 

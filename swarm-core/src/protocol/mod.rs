@@ -30,11 +30,13 @@ pub mod raw;
 pub mod register;
 pub mod resume;
 pub mod safeguess;
+mod suspicion;
 pub mod tslock;
 
 pub use client::{Client, ProtocolConfig};
 pub use error::SwarmError;
 pub use register::{MAX_REPLICAS, RegisterCache, RegisterLoc, Replicas};
+pub use suspicion::Suspicion;
 
 use alloc::vec::Vec;
 

@@ -10,11 +10,11 @@
 use core::cell::Cell;
 
 use swarm_core::fabric::{Batch, Completion, Nanos, NodeId, Op};
-use swarm_core::quorum::{broadcast_until, preferred_step};
+use swarm_core::quorum::{broadcast_until, preferred_step_reporting_late};
 use swarm_core::{Fabric, OpStats};
 
 use super::bucket::{BucketError, NodeBucket, Status, View};
-use super::schedule::{Jitter, rotation, sleep};
+use super::schedule::{Jitter, sleep};
 use super::watch::Watch;
 use super::word::{Ballot, Meta, Proposal, SLOTS, Slot};
 use super::{Index, IndexError};
@@ -243,10 +243,10 @@ impl<'a, F: Fabric> Engine<'a, F> {
         let count = self.buckets.len();
         let addrs: heapless::Vec<u64, MAX_BUCKETS> =
             (0..count).map(|i| self.meta_addr(i)).collect();
-        let order = rotation(self.ix.nodes, self.buckets[0]);
+        let order = self.ix.order(self.fabric, self.buckets[0]);
         let sent = self.fabric.now();
         let bad: Cell<Option<(usize, NodeId, BucketError)>> = Cell::new(None);
-        let result = preferred_step(
+        let result = preferred_step_reporting_late(
             self.fabric,
             self.stats,
             &order,
@@ -277,6 +277,7 @@ impl<'a, F: Fabric> Engine<'a, F> {
                         >= q
                 })
             },
+            |node| self.ix.late(self.fabric, node),
         )
         .await;
         let rt = match result {

@@ -12,11 +12,10 @@
 //! register whose header is rewritten on reuse is judged by its newest header.
 
 use swarm_core::fabric::{Batch, Op};
-use swarm_core::quorum::preferred_step;
+use swarm_core::quorum::preferred_step_reporting_late;
 use swarm_core::{Fabric, OpStats};
 
 use super::error::HeaderProblem;
-use super::schedule::rotation;
 use super::{Index, IndexError};
 
 /// Bytes of a key header to read to compare it with a key of `key_len` bytes.
@@ -94,8 +93,8 @@ pub async fn verify<F: Fabric>(
                 })?;
             addrs.push(addr);
         }
-        let order = rotation(ix.nodes, chunk[0]);
-        let rt = preferred_step(
+        let order = ix.order(fabric, chunk[0]);
+        let rt = preferred_step_reporting_late(
             fabric,
             stats,
             &order,
@@ -109,6 +108,7 @@ pub async fn verify<F: Fabric>(
                 Ok(batch)
             },
             |replies| replies.len() >= q,
+            |node| ix.late(fabric, node),
         )
         .await?;
         for (k, &register) in chunk.iter().enumerate() {

@@ -15,7 +15,6 @@ use super::bucket::Status;
 use super::engine::{Engine, MAX_BUCKETS, Settled};
 use super::hash::KeyHash;
 use super::header;
-use super::schedule::rotation;
 use super::word::{Ballot, SLOTS, Slot};
 use super::{Candidates, Index, IndexError, RegisterId};
 use crate::layout::BUCKET_BYTES;
@@ -137,7 +136,7 @@ pub async fn count<F: Fabric>(ix: &Index, fabric: &F, stats: &OpStats) -> Result
             reads.push((start + offset, len as u32));
             offset += len;
         }
-        let order = rotation(ix.nodes, preferred);
+        let order = ix.order(fabric, preferred);
         let rt = preferred_step(
             fabric,
             stats,

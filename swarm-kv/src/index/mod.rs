@@ -194,7 +194,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use swarm_core::MAX_REPLICAS;
 use swarm_core::encoding::MAX_WRITERS;
-use swarm_core::{Fabric, OpStats};
+use swarm_core::fabric::NodeId;
+use swarm_core::{Fabric, OpStats, ProtocolConfig, Suspicion};
 
 pub use bucket::BucketError;
 pub use config::IndexConfig;
@@ -234,6 +235,10 @@ pub struct Index {
     pub(crate) nodes: usize,
     pub(crate) config: IndexConfig,
     nonces: Arc<AtomicU32>,
+    /// The nodes this client suspects: lookups and key-header reads order them last
+    /// and suspect the ones that miss `slow_after_ns` (SWARM §6), sharing the table of
+    /// the client's register protocol ([`Index::with_suspicion`]).
+    suspicion: Arc<Suspicion>,
 }
 
 impl Index {
@@ -281,7 +286,35 @@ impl Index {
             nodes,
             config,
             nonces: Arc::new(AtomicU32::new(0)),
+            suspicion: Arc::new(Suspicion::new(ProtocolConfig::default().suspect_ns)),
         })
+    }
+
+    /// Shares `suspicion` (a register client's, [`swarm_core::Client::suspicion`]): a
+    /// node either path found late is ordered last by both.
+    pub fn with_suspicion(mut self, suspicion: Arc<Suspicion>) -> Self {
+        self.suspicion = suspicion;
+        self
+    }
+
+    /// The nodes to read from, `start`'s rotation with suspected nodes last.
+    pub(crate) fn order<F: Fabric + ?Sized>(&self, fabric: &F, start: u64) -> Vec<NodeId> {
+        let mut order = schedule::rotation(self.nodes, start);
+        if self.suspicion.any() {
+            self.suspicion.trusted_first(&mut order, fabric.now());
+        }
+        order
+    }
+
+    /// Suspects `node`, which missed `slow_after_ns` in a preferred step.
+    pub(crate) fn late<F: Fabric + ?Sized>(&self, fabric: &F, node: NodeId) {
+        if self.suspicion.suspect(node, fabric.now()) {
+            tracing::info!(
+                node = node.index(),
+                suspect_ns = self.suspicion.suspect_ns(),
+                "index: memory node did not answer within slow_after_ns: suspected, read from the others first"
+            );
+        }
     }
 
     /// The cluster layout.

@@ -1,0 +1,111 @@
+//! Which memory nodes a client currently suspects of having failed (SWARM §6).
+//!
+//! A node that misses a deadline (`slow_after_ns`) is suspected for `suspect_ns`: the
+//! client orders it last when it picks the nodes to contact first, so that a crashed
+//! node costs one timeout, not one per operation. Every path that prefers some nodes
+//! over others consults the same table: register reads and writes in this crate, and
+//! the index and key-header reads of a store built on it (SWARM-KV), which share the
+//! table of their register client ([`crate::Client::suspicion`]).
+//!
+//! Plain atomics, not the loom facade: the table is one client's view, not shared
+//! disaggregated memory, and a stale read of it only costs a timeout.
+
+use core::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use crate::fabric::{Nanos, NodeId};
+use crate::roundtrip::MAX_NODES;
+
+/// Per node, suspected until a fabric time (0: trusted). See the module docs.
+#[derive(Debug)]
+pub struct Suspicion {
+    until: [AtomicU64; MAX_NODES],
+    suspect_ns: Nanos,
+}
+
+impl Suspicion {
+    /// A table that suspects a late node for `suspect_ns`.
+    pub fn new(suspect_ns: Nanos) -> Self {
+        Self {
+            until: core::array::from_fn(|_| AtomicU64::new(0)),
+            suspect_ns,
+        }
+    }
+
+    /// How long a late node stays suspected.
+    pub fn suspect_ns(&self) -> Nanos {
+        self.suspect_ns
+    }
+
+    fn slot(&self, node: NodeId) -> Option<&AtomicU64> {
+        self.until.get(node.index())
+    }
+
+    /// Whether `node` is suspected at fabric time `now`.
+    pub fn suspects(&self, node: NodeId, now: Nanos) -> bool {
+        self.slot(node)
+            .map(|s| s.load(Relaxed))
+            .is_some_and(|until| until != 0 && until > now)
+    }
+
+    /// Whether any node is suspected at all (a cheap test before reading a clock).
+    pub fn any(&self) -> bool {
+        self.until.iter().any(|s| s.load(Relaxed) != 0)
+    }
+
+    /// Suspects `node` from `now` on; whether it was trusted until then.
+    pub fn suspect(&self, node: NodeId, now: Nanos) -> bool {
+        let Some(slot) = self.slot(node) else {
+            return false;
+        };
+        let previous = slot.swap(now.saturating_add(self.suspect_ns), Relaxed);
+        previous == 0 || previous <= now
+    }
+
+    /// Trusts `node` again; whether it was suspected.
+    pub fn trust(&self, node: NodeId) -> bool {
+        self.slot(node).is_some_and(|s| s.swap(0, Relaxed) != 0)
+    }
+
+    /// Moves the nodes suspected at `now` to the end of `order`, keeping the relative
+    /// order of the trusted ones and of the suspected ones.
+    pub fn trusted_first(&self, order: &mut [NodeId], now: Nanos) {
+        if !self.any() {
+            return;
+        }
+        // A stable partition of at most MAX_NODES elements.
+        let mut sorted: heapless::Vec<NodeId, MAX_NODES> = heapless::Vec::new();
+        for pass in [false, true] {
+            for &node in order.iter() {
+                if self.suspects(node, now) == pass {
+                    let _ = sorted.push(node);
+                }
+            }
+        }
+        if sorted.len() == order.len() {
+            order.copy_from_slice(&sorted);
+        }
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_late_node_is_ordered_last_until_its_suspicion_expires() {
+        let s = Suspicion::new(100);
+        let mut order = [NodeId(2), NodeId(0), NodeId(1)];
+        s.trusted_first(&mut order, 5);
+        assert_eq!(order, [NodeId(2), NodeId(0), NodeId(1)]);
+        assert!(s.suspect(NodeId(2), 10));
+        assert!(!s.suspect(NodeId(2), 20), "already suspected");
+        s.trusted_first(&mut order, 50);
+        assert_eq!(order, [NodeId(0), NodeId(1), NodeId(2)]);
+        assert!(s.suspects(NodeId(2), 119) && !s.suspects(NodeId(2), 120));
+        let mut order = [NodeId(2), NodeId(0), NodeId(1)];
+        s.trusted_first(&mut order, 500);
+        assert_eq!(order, [NodeId(2), NodeId(0), NodeId(1)], "expired");
+        assert!(s.trust(NodeId(2)) && !s.trust(NodeId(2)));
+        assert!(!s.suspect(NodeId(99), 0), "unknown nodes are ignored");
+    }
+}
