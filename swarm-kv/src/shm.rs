@@ -8,13 +8,14 @@
 use std::path::Path;
 use std::sync::Arc;
 
+use swarm_core::fabric::NodeId;
 use swarm_core::header::NodeHeader;
 use swarm_shm::{CreateOptions, EmulatedFabric, ShmCluster};
 
 use crate::KvError;
 use crate::client::{KvClient, KvConfig};
 use crate::clock::SystemClock;
-use crate::layout::{ClusterParams, NodeLayout, ParamsError};
+use crate::layout::{ClusterParams, NodeLayout};
 use crate::store::{Store, open_layout, write_superblock};
 
 /// A SWARM-KV cluster on shared-memory node files, mapped by this process (the
@@ -82,7 +83,7 @@ impl ShmStore {
     }
 
     fn from_shm(shm: Arc<ShmCluster>, rtt_ns: u64) -> Result<Self, KvError> {
-        let header = *shm.headers().first().ok_or(ParamsError::NotInitialized)?;
+        let header = *shm.header();
         let layout = open_layout(&shm.client(), &header)?;
         Ok(Self {
             shm,
@@ -155,5 +156,13 @@ impl Store for ShmStore {
 
     fn fabric(&self) -> Result<EmulatedFabric, KvError> {
         Ok(self.shm_fabric())
+    }
+
+    fn unusable_nodes(&self) -> Vec<(NodeId, String)> {
+        self.shm
+            .absent()
+            .iter()
+            .map(|a| (a.node, a.error.to_string()))
+            .collect()
     }
 }

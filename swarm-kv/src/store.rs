@@ -5,6 +5,7 @@
 //! command and the benchmark only need the [`Store`] trait, so they run unchanged on
 //! either.
 
+use swarm_core::fabric::NodeId;
 use swarm_core::header::NodeHeader;
 use swarm_core::quorum::{broadcast, majority, nodes as node_ids};
 use swarm_core::{Batch, Fabric, FabricError, OpStats, block_on};
@@ -27,6 +28,12 @@ pub trait Store {
 
     /// A raw fabric handle for the calling thread (for tools).
     fn fabric(&self) -> Result<Self::Fabric, KvError>;
+
+    /// Nodes left out when the cluster was opened, and why (a minority of nodes may be
+    /// unusable: the others serve). Empty when every node is in use.
+    fn unusable_nodes(&self) -> Vec<(NodeId, String)> {
+        Vec::new()
+    }
 
     /// Default client settings for this cluster.
     fn config(&self) -> KvConfig {

@@ -83,8 +83,20 @@ impl Default for CreateOptions {
 #[derive(Debug)]
 pub struct ShmCluster {
     dir: PathBuf,
-    headers: Vec<NodeHeader>,
-    nodes: Vec<NodeMemory>,
+    /// The header the usable nodes agree on (node 0's when it is usable).
+    reference: NodeHeader,
+    headers: Vec<Option<NodeHeader>>,
+    nodes: Vec<Option<NodeMemory>>,
+    absent: Vec<AbsentNode>,
+}
+
+/// A node of the cluster that could not be used when it was opened, and why.
+#[derive(Debug)]
+pub struct AbsentNode {
+    /// The node.
+    pub node: NodeId,
+    /// Why its file was not usable (missing, corrupted, of another cluster...).
+    pub error: ShmError,
 }
 
 impl ShmCluster {
@@ -162,6 +174,15 @@ impl ShmCluster {
     }
 
     /// Opens the cluster in `dir`, validating every node file (see the module docs).
+    ///
+    /// A replicated cluster serves with any majority of its nodes, so a *minority* of
+    /// node files that are missing, corrupted, truncated or from another cluster does
+    /// not stop it: those nodes are [absent](ShmCluster::absent) (batches to them fail
+    /// with [`FabricError::NodeFailed`], as a crashed node's would) and the reason is
+    /// kept for the caller to report. Only when the usable nodes are not a majority
+    /// does opening fail ([`ShmError::NoMajority`], or the single node's own error for
+    /// a one-node cluster). Usable nodes must agree on the cluster (id, node count,
+    /// epoch, tick length); the largest agreeing group is the cluster.
     pub fn open(dir: impl AsRef<Path>) -> Result<Self, ShmError> {
         let dir = dir.as_ref();
         if !fs::metadata(dir)
@@ -170,50 +191,111 @@ impl ShmCluster {
         {
             return Err(ShmError::NotACluster { dir: dir.into() });
         }
-        let Some((first, first_node)) = open_node(dir, 0)? else {
+        let files = node_files(dir)?;
+        if files.is_empty() {
             return Err(ShmError::NotACluster { dir: dir.into() });
-        };
-        let mut headers = vec![first];
-        let mut nodes = vec![first_node];
-        for index in 1..first.node_count {
-            let path = dir.join(node_file_name(index));
-            let Some((header, node)) = open_node(dir, index)? else {
-                return Err(ShmError::MissingNode {
-                    path,
-                    nodes: first.node_count,
-                });
-            };
-            let differs = if header.cluster_id != first.cluster_id {
-                Some("it belongs to another cluster (different cluster id)".to_string())
-            } else if header.node_count != first.node_count {
-                Some(format!(
-                    "its header says {} nodes, node 0 says {}",
-                    header.node_count, first.node_count
-                ))
-            } else if (header.epoch_unix_ns, header.tick_ns) != (first.epoch_unix_ns, first.tick_ns)
-            {
-                Some("its epoch or tick length differs from node 0's".to_string())
-            } else {
-                None
-            };
-            if let Some(reason) = differs {
-                return Err(ShmError::Mismatch { path, reason });
-            }
-            headers.push(header);
-            nodes.push(node);
         }
-        for (index, path) in node_files(dir)? {
-            if index >= first.node_count {
-                return Err(ShmError::Mismatch {
-                    path,
-                    reason: format!("the cluster has only {} nodes", first.node_count),
-                });
+        let mut usable: Vec<(NodeHeader, NodeMemory)> = Vec::new();
+        let mut problems: Vec<(u16, ShmError)> = Vec::new();
+        for (index, path) in &files {
+            match open_node(dir, *index) {
+                Ok(Some(node)) => usable.push(node),
+                Ok(None) => problems.push((
+                    *index,
+                    ShmError::Io {
+                        op: "node file vanished while opening",
+                        path: path.clone(),
+                        error: io::ErrorKind::NotFound.into(),
+                    },
+                )),
+                Err(error) => problems.push((*index, error)),
             }
+        }
+        // The cluster is the largest group of usable nodes that agree.
+        let identity = |h: &NodeHeader| (h.cluster_id, h.node_count, h.epoch_unix_ns, h.tick_ns);
+        let reference = usable.iter().map(|(h, _)| *h).max_by_key(|h| {
+            let agreeing = usable
+                .iter()
+                .filter(|(o, _)| identity(o) == identity(h))
+                .count();
+            // Ties go to the group of the lowest node.
+            (agreeing, core::cmp::Reverse(h.node_id))
+        });
+        let Some(reference) = reference else {
+            // Nothing usable at all: the first node's own error says most.
+            let (_, error) = problems.remove(0);
+            return Err(error);
+        };
+        let node_count = reference.node_count;
+        let mut headers: Vec<Option<NodeHeader>> = vec![None; usize::from(node_count)];
+        let mut nodes: Vec<Option<NodeMemory>> = (0..node_count).map(|_| None).collect();
+        for (header, node) in usable {
+            let path = dir.join(node_file_name(header.node_id));
+            if identity(&header) == identity(&reference) {
+                headers[usize::from(header.node_id)] = Some(header);
+                nodes[usize::from(header.node_id)] = Some(node);
+                continue;
+            }
+            let reason = if header.cluster_id != reference.cluster_id {
+                "it belongs to another cluster (different cluster id)".to_string()
+            } else if header.node_count != reference.node_count {
+                format!(
+                    "its header says {} nodes, the others say {}",
+                    header.node_count, reference.node_count
+                )
+            } else {
+                "its epoch or tick length differs from the other nodes'".to_string()
+            };
+            problems.push((header.node_id, ShmError::Mismatch { path, reason }));
+        }
+        if let Some((index, _)) = problems.iter().find(|(index, _)| *index >= node_count) {
+            return Err(ShmError::Mismatch {
+                path: dir.join(node_file_name(*index)),
+                reason: format!("the cluster has only {node_count} nodes"),
+            });
+        }
+        let mut absent = Vec::new();
+        for index in 0..node_count {
+            if nodes[usize::from(index)].is_some() {
+                continue;
+            }
+            let error = match problems.iter().position(|(i, _)| *i == index) {
+                Some(at) => problems.swap_remove(at).1,
+                None => ShmError::MissingNode {
+                    path: dir.join(node_file_name(index)),
+                    nodes: node_count,
+                },
+            };
+            absent.push(AbsentNode {
+                node: NodeId(index),
+                error,
+            });
+        }
+        let present = nodes.iter().flatten().count();
+        if present <= usize::from(node_count) / 2 {
+            if node_count == 1 || absent.len() == 1 {
+                return Err(absent.remove(0).error);
+            }
+            return Err(ShmError::NoMajority {
+                dir: dir.into(),
+                usable: present,
+                nodes: node_count,
+                problems: absent
+                    .iter()
+                    .map(|a| format!("node {}: {}", a.node.0, a.error))
+                    .collect::<Vec<_>>()
+                    .join("; "),
+            });
+        }
+        for a in &absent {
+            tracing::warn!(node = a.node.0, reason = %a.error, "memory node unusable: serving with the others");
         }
         Ok(Self {
             dir: dir.into(),
+            reference,
             headers,
             nodes,
+            absent,
         })
     }
 
@@ -239,29 +321,40 @@ impl ShmCluster {
         self.nodes.len()
     }
 
-    /// The validated header of every node, in node order.
-    pub fn headers(&self) -> &[NodeHeader] {
+    /// The validated header of each node, in node order; `None` for an absent node.
+    pub fn headers(&self) -> &[Option<NodeHeader>] {
         &self.headers
+    }
+
+    /// The header the usable nodes agree on (cluster id, node count, epoch, tick), with
+    /// the size and id of the lowest usable node.
+    pub fn header(&self) -> &NodeHeader {
+        &self.reference
+    }
+
+    /// Nodes that could not be used when the cluster was opened, and why.
+    pub fn absent(&self) -> &[AbsentNode] {
+        &self.absent
     }
 
     /// The random id shared by all nodes of this cluster.
     pub fn cluster_id(&self) -> u64 {
-        self.headers[0].cluster_id
+        self.reference.cluster_id
     }
 
     /// Unix time (ns) of timestamp tick 0.
     pub fn epoch_unix_ns(&self) -> u64 {
-        self.headers[0].epoch_unix_ns
+        self.reference.epoch_unix_ns
     }
 
     /// Length of a timestamp tick in ns.
     pub fn tick_ns(&self) -> u64 {
-        self.headers[0].tick_ns
+        self.reference.tick_ns
     }
 
-    /// A node's memory, or `None` past the node count.
+    /// A node's memory; `None` past the node count or for an absent node.
     pub fn node(&self, node: NodeId) -> Option<&NodeMemory> {
-        self.nodes.get(node.index())
+        self.nodes.get(node.index()).and_then(Option::as_ref)
     }
 }
 

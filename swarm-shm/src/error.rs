@@ -57,6 +57,21 @@ pub enum ShmError {
         /// The directory given.
         dir: PathBuf,
     },
+    /// Too few node files are usable: a cluster serves with a majority of its nodes.
+    #[error(
+        "only {usable} of the {nodes} memory nodes in {dir} are usable, and a majority is needed: {problems}",
+        dir = dir.display()
+    )]
+    NoMajority {
+        /// The cluster directory.
+        dir: PathBuf,
+        /// Nodes that could be opened and agree.
+        usable: usize,
+        /// The cluster's node count.
+        nodes: u16,
+        /// Each unusable node and why.
+        problems: String,
+    },
     /// A node file of the cluster is missing.
     #[error(
         "memory node file {path} is missing (the cluster has {nodes} nodes): restore it or recreate the cluster",

@@ -19,7 +19,7 @@ use std::task::Poll;
 use std::time::Instant;
 
 use swarm_core::fabric::{Nanos, TicketSlab};
-use swarm_core::{Batch, Completion, Fabric, FabricError, NodeId, Ticket};
+use swarm_core::{Batch, Completion, Fabric, FabricError, FailureCause, NodeId, Ticket};
 
 use crate::cluster::ShmCluster;
 
@@ -74,10 +74,19 @@ impl Fabric for ShmFabric {
     fn post(&self, node: NodeId, batch: Batch) -> Ticket {
         let mut slab = self.slab.borrow_mut();
         let Some(memory) = self.cluster.node(node) else {
-            return slab.insert_done(Err(FabricError::NoSuchNode {
-                node,
-                nodes: self.cluster.node_count(),
-            }));
+            let error = if node.index() < self.cluster.node_count() {
+                // Absent (its file was unusable at open): it behaves as crashed.
+                FabricError::NodeFailed {
+                    node,
+                    cause: FailureCause::Crashed,
+                }
+            } else {
+                FabricError::NoSuchNode {
+                    node,
+                    nodes: self.cluster.node_count(),
+                }
+            };
+            return slab.insert_done(Err(error));
         };
         // Checks the whole batch before executing any of it. Invalid batches are
         // refused at once, like a local validation error, without a roundtrip.

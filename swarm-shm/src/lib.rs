@@ -108,7 +108,7 @@ mod mapping;
 mod node;
 pub mod scratch;
 
-pub use cluster::{CreateOptions, DEFAULT_TICK_NS, ShmCluster, node_file_name};
+pub use cluster::{AbsentNode, CreateOptions, DEFAULT_TICK_NS, ShmCluster, node_file_name};
 pub use error::ShmError;
 pub use fabric::{EmulatedFabric, ShmFabric};
 pub use node::NodeMemory;

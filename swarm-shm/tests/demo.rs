@@ -60,12 +60,22 @@ fn demo_creates_exercises_and_removes_a_cluster() {
         "{}",
         text(&out.stderr)
     );
+    // One corrupted node of three: the others serve, with a warning naming it.
     std::fs::write(dir.join(node_file_name(2)), b"garbage").expect("corrupt node 2");
+    let out = demo(&["--dir", dir_arg, "--attach"]);
+    let stderr = text(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.starts_with("warning: memory node 2") && stderr.contains("node-2.swarm"),
+        "{stderr}"
+    );
+    // Two: no majority, an error naming both.
+    std::fs::write(dir.join(node_file_name(1)), b"garbage").expect("corrupt node 1");
     let out = demo(&["--dir", dir_arg, "--attach"]);
     let stderr = text(&out.stderr);
     assert!(!out.status.success());
     assert!(
-        stderr.starts_with("error: ") && stderr.contains("node-2.swarm"),
+        stderr.starts_with("error: ") && stderr.contains("node 1") && stderr.contains("node 2"),
         "{stderr}"
     );
 }

@@ -114,8 +114,15 @@ fn demo(args: &Args) -> Result<()> {
 }
 
 fn run(dir: &Path, args: &Args) -> Result<()> {
-    // Open the cluster as any client process does: every node file is validated.
+    // Open the cluster as any client process does: every node file is validated, and
+    // a minority of unusable ones is reported and left out.
     let cluster = Arc::new(ShmCluster::open(dir)?);
+    for absent in cluster.absent() {
+        eprintln!(
+            "warning: memory node {} is unusable and left out (the others serve): {}",
+            absent.node.0, absent.error
+        );
+    }
     let fabric = cluster.client_with(args.rtt_ns);
     let n = fabric.node_count();
     let majority = n / 2 + 1;
@@ -126,7 +133,7 @@ fn run(dir: &Path, args: &Args) -> Result<()> {
 
     // 1. Claim a slot of our own with CAS, so that demos attached to the same cluster
     //    do not disturb each other's checks.
-    let node0_size = cluster.node(NodeId(0)).map_or(0, |node| node.size());
+    let node0_size = cluster.header().size;
     let slot = increment(&fabric, SLOT_COUNTER, 0)?.0 - 1;
     let value_addr = SLOTS + slot * SLOT_LEN;
     let version_addr = value_addr + u64::from(VALUE_LEN);

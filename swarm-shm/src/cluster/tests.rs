@@ -1,6 +1,7 @@
 use std::fs::File;
 use std::os::unix::fs::PermissionsExt;
 
+use swarm_core::Fabric as _;
 use swarm_core::header::HeaderError;
 
 use super::*;
@@ -18,6 +19,17 @@ fn create3(dir: &Path) -> ShmCluster {
 
 fn node_path(dir: &Path, index: u16) -> PathBuf {
     dir.join(node_file_name(index))
+}
+
+/// Opens a cluster with one unusable node, which must open (a majority is left) with
+/// exactly that node absent; returns why it is absent.
+fn absent_reason(dir: &Path, node: u16) -> ShmError {
+    let mut cluster = ShmCluster::open(dir).expect("a majority is usable: the cluster opens");
+    assert_eq!(cluster.absent().len(), 1, "{:?}", cluster.absent());
+    assert_eq!(cluster.absent()[0].node, NodeId(node));
+    assert!(cluster.node(NodeId(node)).is_none());
+    assert!(cluster.headers()[usize::from(node)].is_none());
+    cluster.absent.remove(0).error
 }
 
 /// Overwrites bytes of a node file in place.
@@ -52,7 +64,9 @@ fn create_then_open_roundtrips_the_headers() {
     assert_eq!(opened.node_count(), 3);
     assert_eq!(opened.tick_ns(), 250);
     assert_eq!(opened.cluster_id(), created.cluster_id());
+    assert!(opened.absent().is_empty());
     for (i, header) in opened.headers().iter().enumerate() {
+        let header = header.expect("every node is usable");
         assert_eq!(usize::from(header.node_id), i);
         assert_eq!(header.node_count, 3);
         assert_eq!(header.size, SIZE);
@@ -87,7 +101,7 @@ fn header_is_visible_through_node_memory() {
     node.read(0, &mut bytes).unwrap();
     assert_eq!(
         NodeHeader::decode(&bytes, SIZE).unwrap(),
-        cluster.headers()[1]
+        cluster.headers()[1].unwrap()
     );
 }
 
@@ -169,7 +183,7 @@ fn missing_node_file_is_named() {
     let dir = scratch();
     drop(create3(dir.path()));
     fs::remove_file(node_path(dir.path(), 2)).unwrap();
-    let error = ShmCluster::open(dir.path()).unwrap_err();
+    let error = absent_reason(dir.path(), 2);
     assert!(
         matches!(&error, ShmError::MissingNode { path, nodes: 3 } if path.ends_with("node-2.swarm")),
         "{error}"
@@ -181,7 +195,7 @@ fn wrong_magic_is_refused() {
     let dir = scratch();
     drop(create3(dir.path()));
     patch(&node_path(dir.path(), 1), 0, b"NOTSWARM");
-    let error = ShmCluster::open(dir.path()).unwrap_err();
+    let error = absent_reason(dir.path(), 1);
     assert!(
         matches!(&error, ShmError::Header { error: HeaderError::BadMagic, path } if path.ends_with("node-1.swarm")),
         "{error}"
@@ -193,7 +207,7 @@ fn wrong_version_is_refused() {
     let dir = scratch();
     drop(create3(dir.path()));
     patch(&node_path(dir.path(), 0), 8, &7u32.to_le_bytes());
-    let error = ShmCluster::open(dir.path()).unwrap_err();
+    let error = absent_reason(dir.path(), 0);
     assert!(
         matches!(
             error,
@@ -212,7 +226,7 @@ fn bad_checksum_is_refused() {
     drop(create3(dir.path()));
     // Flip a bit of the cluster id without fixing the checksum.
     patch(&node_path(dir.path(), 2), 24, &[0xFF]);
-    let error = ShmCluster::open(dir.path()).unwrap_err();
+    let error = absent_reason(dir.path(), 2);
     assert!(
         matches!(
             error,
@@ -230,7 +244,7 @@ fn wrong_node_count_is_refused() {
     let dir = scratch();
     drop(create3(dir.path()));
     rewrite_header(dir.path(), 1, |h| h.node_count = 4);
-    let error = ShmCluster::open(dir.path()).unwrap_err();
+    let error = absent_reason(dir.path(), 1);
     assert!(matches!(error, ShmError::Mismatch { .. }), "{error}");
     assert!(error.to_string().contains("4 nodes"), "{error}");
 }
@@ -240,7 +254,7 @@ fn node_id_must_match_the_file_name() {
     let dir = scratch();
     drop(create3(dir.path()));
     rewrite_header(dir.path(), 2, |h| h.node_id = 1);
-    let error = ShmCluster::open(dir.path()).unwrap_err();
+    let error = absent_reason(dir.path(), 2);
     assert!(matches!(error, ShmError::Mismatch { .. }), "{error}");
     assert!(error.to_string().contains("node 1, not node 2"), "{error}");
 }
@@ -251,7 +265,7 @@ fn a_node_of_another_cluster_is_refused() {
     drop(create3(a.path()));
     drop(create3(b.path()));
     fs::copy(node_path(b.path(), 1), node_path(a.path(), 1)).unwrap();
-    let error = ShmCluster::open(a.path()).unwrap_err();
+    let error = absent_reason(a.path(), 1);
     assert!(
         matches!(&error, ShmError::Mismatch { path, .. } if path.ends_with("node-1.swarm")),
         "{error}"
@@ -282,7 +296,7 @@ fn truncated_files_are_refused_before_mapping() {
     // than a header, empty.
     for len in [SIZE - 8, HEADER_SIZE, HEADER_SIZE - 1, 100, 0] {
         file.set_len(len).unwrap();
-        let error = ShmCluster::open(dir.path()).unwrap_err();
+        let error = absent_reason(dir.path(), 1);
         assert!(
             matches!(&error, ShmError::Truncated { len: l, path } if *l == len && path.ends_with("node-1.swarm")),
             "{len}: {error}"
@@ -301,7 +315,7 @@ fn an_extended_file_is_refused() {
         .unwrap()
         .set_len(SIZE + 8)
         .unwrap();
-    let error = ShmCluster::open(dir.path()).unwrap_err();
+    let error = absent_reason(dir.path(), 0);
     assert!(matches!(error, ShmError::Mismatch { .. }), "{error}");
     assert!(error.to_string().contains("header says"), "{error}");
 }
@@ -313,12 +327,76 @@ fn a_directory_in_place_of_a_node_is_refused() {
     let path = node_path(dir.path(), 2);
     fs::remove_file(&path).unwrap();
     fs::create_dir(&path).unwrap();
-    let error = ShmCluster::open(dir.path()).unwrap_err();
+    let error = absent_reason(dir.path(), 2);
     // Opening a directory read-write fails (EISDIR) before the regular-file check.
     assert!(
         matches!(error, ShmError::Io { .. } | ShmError::Mismatch { .. }),
         "{error}"
     );
+}
+
+#[test]
+fn a_majority_of_unusable_nodes_is_refused_naming_each() {
+    let dir = scratch();
+    drop(create3(dir.path()));
+    fs::remove_file(node_path(dir.path(), 0)).unwrap();
+    patch(&node_path(dir.path(), 2), 0, b"NOTSWARM");
+    let error = ShmCluster::open(dir.path()).unwrap_err();
+    assert!(
+        matches!(
+            error,
+            ShmError::NoMajority {
+                usable: 1,
+                nodes: 3,
+                ..
+            }
+        ),
+        "{error}"
+    );
+    let message = error.to_string();
+    assert!(
+        message.contains("node 0") && message.contains("node 2"),
+        "{message}"
+    );
+}
+
+#[test]
+fn a_single_node_cluster_reports_its_nodes_own_error() {
+    let dir = scratch();
+    drop(ShmCluster::create(dir.path(), 1, SIZE).unwrap());
+    patch(&node_path(dir.path(), 0), 0, b"NOTSWARM");
+    let error = ShmCluster::open(dir.path()).unwrap_err();
+    assert!(
+        matches!(
+            error,
+            ShmError::Header {
+                error: HeaderError::BadMagic,
+                ..
+            }
+        ),
+        "{error}"
+    );
+}
+
+#[test]
+fn an_absent_node_fails_batches_like_a_crashed_node_and_the_rest_serve() {
+    let dir = scratch();
+    drop(create3(dir.path()));
+    fs::remove_file(node_path(dir.path(), 0)).unwrap();
+    let cluster = Arc::new(ShmCluster::open(dir.path()).unwrap());
+    assert_eq!(
+        cluster.header().node_id,
+        1,
+        "the lowest usable node's header"
+    );
+    let fabric = cluster.client();
+    let dead = fabric.post(NodeId(0), swarm_core::Batch::read(HEADER_SIZE, 8));
+    let alive = fabric.post(NodeId(1), swarm_core::Batch::read(HEADER_SIZE, 8));
+    assert!(matches!(
+        fabric.poll(dead),
+        std::task::Poll::Ready(Err(swarm_core::FabricError::NodeFailed { .. }))
+    ));
+    assert!(matches!(fabric.poll(alive), std::task::Poll::Ready(Ok(_))));
 }
 
 #[test]
@@ -339,8 +417,9 @@ fn node_file_names_parse_strictly() {
 
 #[test]
 fn garbage_headers_never_panic() {
-    // A deterministic sweep of corruptions over the encoded header: every one is a
-    // clear error (the exhaustive decoder properties live in swarm-core).
+    // A deterministic sweep of corruptions over the encoded header: every one makes
+    // the node absent with a clear reason, the others serving (the exhaustive decoder
+    // properties live in swarm-core).
     let dir = scratch();
     drop(create3(dir.path()));
     let path = node_path(dir.path(), 0);
@@ -351,11 +430,13 @@ fn garbage_headers_never_panic() {
         .unwrap();
     for offset in 0..ENCODED_LEN as u64 {
         patch(&path, offset, &[pristine[offset as usize] ^ 0x5A]);
-        assert!(
-            ShmCluster::open(dir.path()).is_err(),
+        let opened = ShmCluster::open(dir.path()).expect("two usable nodes remain");
+        assert_eq!(
+            opened.absent().iter().map(|a| a.node).collect::<Vec<_>>(),
+            [NodeId(0)],
             "corruption at byte {offset} accepted"
         );
         patch(&path, offset, &[pristine[offset as usize]]);
     }
-    assert!(ShmCluster::open(dir.path()).is_ok());
+    assert!(ShmCluster::open(dir.path()).unwrap().absent().is_empty());
 }

@@ -396,8 +396,17 @@ fn stat<S: Store>(store: &S) -> Result<ExitCode> {
         p.meta_words
     );
     outln!(text, "keys: {keys} (capacity {})", p.registers);
+    let unusable = store.unusable_nodes();
+    let mut table_node = None;
     for node in 0..nodes {
         let node = NodeId(node as u16);
+        if let Some((_, why)) = unusable.iter().find(|(n, _)| *n == node) {
+            outln!(
+                text,
+                "node {node}: UNUSABLE, left out (the others serve): {why}"
+            );
+            continue;
+        }
         let claimed = block_on(&fabric, async {
             let mut rt = Roundtrip::start(&fabric, &stats);
             rt.post(
@@ -412,21 +421,30 @@ fn stat<S: Store>(store: &S) -> Result<ExitCode> {
                     .filter(|w| w.iter().any(|b| *b != 0))
                     .count(),
             )
-        })?;
+        });
+        let claimed = match claimed {
+            Ok(claimed) => claimed,
+            Err(e) => {
+                outln!(text, "node {node}: UNREACHABLE: {e}");
+                continue;
+            }
+        };
+        table_node.get_or_insert(node);
         let registers = (claimed as u64 * u64::from(p.chunk_registers)).min(p.registers);
         let used = registers * layout.register_slot_bytes;
         outln!(
             text,
-            "node {node}: {} register chunks claimed ({registers} registers, {:.1} MiB of {:.1} MiB), logs {:.1} MiB",
+            "node {node}: up, {} register chunks claimed ({registers} registers, {:.1} MiB of {:.1} MiB), logs {:.1} MiB",
             claimed,
             used as f64 / (1 << 20) as f64,
             (p.registers * layout.register_slot_bytes) as f64 / (1 << 20) as f64,
             layout.swarm.log_bytes() as f64 / (1 << 20) as f64,
         );
     }
+    let table_node = table_node.context("no memory node answered")?;
     let rows = block_on(
         &fabric,
-        swarm_kv::writer_ids::read_table(&fabric, &layout, NodeId(0)),
+        swarm_kv::writer_ids::read_table(&fabric, &layout, table_node),
     )?;
     let now = swarm_kv::clock::SystemClock::unix_ns();
     let live: Vec<_> = rows
