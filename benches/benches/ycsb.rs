@@ -14,10 +14,12 @@
 //! ```
 //!
 //! Settings (environment variables): `SWARM_BENCH_KEYS` (10 000), `SWARM_BENCH_OPS`
-//! (100 000), `SWARM_BENCH_CLIENTS` (4), `SWARM_BENCH_INFLIGHT` (1),
+//! (100 000), `SWARM_BENCH_CLIENTS` (4; a list such as `1,2,4` sweeps), `SWARM_BENCH_INFLIGHT` (1),
 //! `SWARM_BENCH_VALUE_SIZE` (64), `SWARM_BENCH_RTT_NS` (0), `SWARM_BENCH_WARMUP_OPS`
 //! (0), `SWARM_BENCH_WORKLOADS` (`a,b`), `SWARM_BENCH_SYSTEMS` (`raw,abd,fusee,swarm`),
-//! `SWARM_BENCH_JSON` (write every report to this file, as a JSON array).
+//! `SWARM_BENCH_JSON` (write every report to this file, as a JSON array),
+//! `SWARM_BENCH_PLOT` (draw the paper's figures into this directory, see
+//! `swarm_kv::ycsb::plot`).
 //!
 //! Run by `cargo test --benches` (without `--bench`), it does a tiny smoke run
 //! instead, so the test suite checks that it works without benchmarking.
@@ -43,6 +45,21 @@ fn env_or<T: FromStr>(name: &str, default: T) -> Result<T, String> {
             .replace('_', "")
             .parse()
             .map_err(|_| format!("{name}={text:?} is not a valid number")),
+    }
+}
+
+/// A comma-separated list of numbers, or `default` alone.
+fn env_numbers(name: &str, default: usize) -> Result<Vec<usize>, String> {
+    match std::env::var(name) {
+        Err(_) => Ok(vec![default]),
+        Ok(text) => text
+            .split(',')
+            .map(|item| {
+                item.trim()
+                    .parse()
+                    .map_err(|_| format!("{name}: {item:?} is not a number (in {text:?})"))
+            })
+            .collect(),
     }
 }
 
@@ -80,28 +97,31 @@ fn bench() -> Result<bool, Box<dyn Error>> {
         (200, 2_000)
     };
     let workloads: Vec<Workload> = env_list("SWARM_BENCH_WORKLOADS", "a,b")?;
+    let client_counts: Vec<usize> = env_numbers("SWARM_BENCH_CLIENTS", 4)?;
     let systems: Vec<System> = env_list("SWARM_BENCH_SYSTEMS", "raw,abd,fusee,swarm")?;
     let mut reports: Vec<BenchReport> = Vec::new();
     for &workload in &workloads {
-        for &system in &systems {
-            let mut config = BenchConfig::new(system, workload);
-            config.keys = env_or("SWARM_BENCH_KEYS", default_keys)?;
-            config.ops = env_or("SWARM_BENCH_OPS", default_ops)?;
-            config.clients = env_or("SWARM_BENCH_CLIENTS", 4)?;
-            config.inflight = env_or("SWARM_BENCH_INFLIGHT", 1)?;
-            config.value_size = env_or("SWARM_BENCH_VALUE_SIZE", 64)?;
-            config.rtt_ns = env_or("SWARM_BENCH_RTT_NS", 0)?;
-            config.warmup_ops = env_or("SWARM_BENCH_WARMUP_OPS", 0)?;
-            config.progress = benchmarking;
-            config.validate()?;
-            eprintln!(
-                "running {system} {workload}: {} keys, {} ops, {} clients",
-                config.keys, config.ops, config.clients
-            );
-            let store = TempStore::new(&config, NODES, REPLICAS)?;
-            let report = run(store.store(), &config)?;
-            eprintln!("{report}\n");
-            reports.push(report);
+        for &clients in &client_counts {
+            for &system in &systems {
+                let mut config = BenchConfig::new(system, workload);
+                config.keys = env_or("SWARM_BENCH_KEYS", default_keys)?;
+                config.ops = env_or("SWARM_BENCH_OPS", default_ops)?;
+                config.clients = clients;
+                config.inflight = env_or("SWARM_BENCH_INFLIGHT", 1)?;
+                config.value_size = env_or("SWARM_BENCH_VALUE_SIZE", 64)?;
+                config.rtt_ns = env_or("SWARM_BENCH_RTT_NS", 0)?;
+                config.warmup_ops = env_or("SWARM_BENCH_WARMUP_OPS", 0)?;
+                config.progress = benchmarking;
+                config.validate()?;
+                eprintln!(
+                    "running {system} {workload}: {} keys, {} ops, {} clients",
+                    config.keys, config.ops, config.clients
+                );
+                let store = TempStore::new(&config, NODES, REPLICAS)?;
+                let report = run(store.store(), &config)?;
+                eprintln!("{report}\n");
+                reports.push(report);
+            }
         }
     }
     println!("{}", comparison_table(&reports));
@@ -110,6 +130,10 @@ fn bench() -> Result<bool, Box<dyn Error>> {
          update p50 RAW 1.6µs, SWARM-KV 3.1µs, DM-ABD 4.9µs, FUSEE 8.5µs;\n\
          roundtrips (Table 2, common case): RAW 1/1, SWARM-KV 1/1, DM-ABD 2/2, FUSEE 1-2/4 (get/update)"
     );
+    if let Ok(dir) = std::env::var("SWARM_BENCH_PLOT") {
+        let written = swarm_kv::ycsb::plot::write_figures(&reports, std::path::Path::new(&dir))?;
+        eprintln!("{} figures written to {dir}", written.len());
+    }
     if let Ok(path) = std::env::var("SWARM_BENCH_JSON") {
         std::fs::write(&path, serde_json::to_string_pretty(&reports)?)
             .map_err(|e| format!("cannot write the reports to {path}: {e}"))?;

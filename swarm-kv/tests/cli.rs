@@ -345,3 +345,90 @@ fn stat_into_a_closed_pipe_is_not_an_error() {
     let out = child.wait_with_output().expect("swarm exits");
     assert!(out.status.success(), "{}", text(&out));
 }
+
+/// `--plot` draws the figures of a client sweep and of the contention experiment, with
+/// their data beside them; `--json` of several runs is an array.
+#[test]
+fn bench_draws_the_papers_figures() {
+    let scratch = ScratchDir::new("cli-plot").unwrap();
+    let dir = scratch.path().join("c");
+    let d = dir.to_str().unwrap();
+    let out = swarm(&[
+        "init",
+        "--dir",
+        d,
+        "--size",
+        "64MiB",
+        "--value-max",
+        "64",
+        "--writers",
+        "16",
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    let plots = scratch.path().join("plots");
+    let json = scratch.path().join("runs.json");
+    let common = [
+        "--dir",
+        d,
+        "--keys",
+        "200",
+        "--ops",
+        "4000",
+        "--timeline-ms",
+        "1",
+        "--plot",
+        plots.to_str().unwrap(),
+    ];
+    let mut sweep = vec![
+        "bench",
+        "--clients",
+        "1,2",
+        "--json",
+        json.to_str().unwrap(),
+    ];
+    sweep.extend_from_slice(&common);
+    let out = swarm(&sweep);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains("run 2 of 2"), "{}", text(&out));
+    let runs: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(runs.as_array().map(Vec::len), Some(2));
+    let mut contention = vec!["bench", "--contention", "1,2", "--system", "fusee"];
+    contention.extend_from_slice(&common);
+    let out = swarm(&contention);
+    assert!(out.status.success(), "{}", text(&out));
+    for name in [
+        "latency-cdf-b-get.png",
+        "latency-cdf-b-update.png",
+        "roundtrips-b.png",
+        "roundtrips-b.md",
+        "throughput-vs-clients-b.png",
+        "contention.png",
+        "timeline-swarm-b-c2.png",
+    ] {
+        let path = plots.join(name);
+        let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        if name.ends_with(".png") {
+            assert!(bytes.starts_with(b"\x89PNG"), "{name}");
+            assert!(
+                path.with_extension("json").exists(),
+                "{name} has no data beside it"
+            );
+        }
+    }
+    let out = swarm(&[
+        "bench",
+        "--dir",
+        d,
+        "--clients",
+        "1,2",
+        "--history",
+        "h.jsonl",
+    ]);
+    assert!(!out.status.success());
+    assert!(
+        text(&out).contains("--history records one run"),
+        "{}",
+        text(&out)
+    );
+}

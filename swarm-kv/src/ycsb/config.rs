@@ -11,6 +11,8 @@ use serde::{Deserialize, Serialize};
 use super::error::BenchError;
 use super::workload::{MIN_KEY_SIZE, Workload, value_tag_len};
 
+/// Timeline intervals: 10 ms, as in SWARM's Figure 11.
+pub const DEFAULT_TIMELINE_INTERVAL_NS: u64 = 10_000_000;
 /// The seed of a run unless one is given.
 pub const DEFAULT_SEED: u64 = 0x5EED_5A4A;
 /// The most client threads (SWARM-KV's writer-id space).
@@ -106,6 +108,8 @@ pub struct BenchConfig {
     pub history: Option<PathBuf>,
     /// Show a progress bar on stderr (only when stderr is a terminal).
     pub progress: bool,
+    /// Length of the timeline's intervals (SWARM Figure 11), ns.
+    pub timeline_interval_ns: u64,
 }
 
 impl BenchConfig {
@@ -127,6 +131,7 @@ impl BenchConfig {
             fail: None,
             history: None,
             progress: false,
+            timeline_interval_ns: DEFAULT_TIMELINE_INTERVAL_NS,
         }
     }
 
@@ -206,7 +211,7 @@ pub struct BenchArgs {
     /// Cluster directory (made by `swarm init`); the benchmark inserts its keys there.
     #[arg(long)]
     pub dir: PathBuf,
-    /// YCSB workload: a (50 % updates), b (5 % updates), c (read only).
+    /// YCSB workload: a (50 % updates), b (5 % updates), c (read only), u (update only).
     #[arg(long, value_enum, default_value_t = Workload::B)]
     pub workload: Workload,
     /// Keys inserted by the load phase.
@@ -215,9 +220,14 @@ pub struct BenchArgs {
     /// Measured operations, all clients together.
     #[arg(long, default_value_t = 1_000_000)]
     pub ops: u64,
-    /// Client threads.
-    #[arg(long, default_value_t = 4)]
-    pub clients: usize,
+    /// Client threads; a list (`1,2,4,8`) runs once per count, one after the other on
+    /// the same cluster, and compares them (throughput vs clients, Figure 6).
+    #[arg(long, value_delimiter = ',', default_value = "4")]
+    pub clients: Vec<usize>,
+    /// The contention experiment (SWARM §7.8): for each count in the list, that many
+    /// clients update one single key (the update-only workload, `--keys` ignored).
+    #[arg(long, value_delimiter = ',', conflicts_with = "clients")]
+    pub contention: Option<Vec<usize>>,
     /// Operations each client keeps in flight.
     #[arg(long, default_value_t = 1)]
     pub inflight: usize,
@@ -242,9 +252,16 @@ pub struct BenchArgs {
     /// Seed of the key and operation choices.
     #[arg(long, default_value_t = DEFAULT_SEED)]
     pub seed: u64,
-    /// Write the report as JSON to this file.
+    /// Write the report as JSON to this file (an array when several runs are made).
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// Draw the paper's figures of the run(s) into this directory as PNG files, with
+    /// the JSON they were drawn from beside them.
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
+    /// Length of the timeline's intervals, ms (throughput and latency over time).
+    #[arg(long, default_value_t = 10)]
+    pub timeline_ms: u64,
     /// Write every operation as JSON Lines to this file (for `swarm check`).
     #[arg(long)]
     pub history: Option<PathBuf>,
@@ -257,9 +274,18 @@ pub struct BenchArgs {
 }
 
 impl BenchArgs {
-    /// The run these flags describe, validated. The progress bar is on (it only shows
-    /// when stderr is a terminal).
+    /// The run these flags describe, validated; with a list of client counts, the
+    /// first. The progress bar is on (it only shows when stderr is a terminal).
     pub fn to_config(&self) -> Result<BenchConfig, BenchError> {
+        self.to_configs()?
+            .into_iter()
+            .next()
+            .ok_or_else(|| BenchError::InvalidConfig("--clients needs at least one count".into()))
+    }
+
+    /// Every run these flags describe, validated: one per `--clients` count, or one per
+    /// `--contention` count (update-only on one key).
+    pub fn to_configs(&self) -> Result<Vec<BenchConfig>, BenchError> {
         let fail = match (self.fail_node, self.fail_after_ops) {
             (Some(node), Some(after_ops)) => Some(FailPlan { node, after_ops }),
             (None, None) => None,
@@ -269,25 +295,54 @@ impl BenchArgs {
                 ));
             }
         };
-        let config = BenchConfig {
-            system: self.system,
-            workload: self.workload,
-            keys: self.keys,
-            ops: self.ops,
-            clients: self.clients,
-            inflight: self.inflight,
-            key_size: self.key_size,
-            value_size: self.value_size,
-            warmup_ops: self.warmup_ops,
-            warm_cache: !self.no_warm_cache,
-            rtt_ns: self.rtt_ns,
-            seed: self.seed,
-            fail,
-            history: self.history.clone(),
-            progress: true,
+        if self.timeline_ms == 0 {
+            return Err(BenchError::InvalidConfig(
+                "--timeline-ms must be at least 1".into(),
+            ));
+        }
+        let (counts, contention) = match &self.contention {
+            Some(counts) => (counts, true),
+            None => (&self.clients, false),
         };
-        config.validate()?;
-        Ok(config)
+        if counts.is_empty() {
+            return Err(BenchError::InvalidConfig(
+                "give at least one client count".into(),
+            ));
+        }
+        if counts.len() > 1 && self.history.is_some() {
+            return Err(BenchError::InvalidConfig(
+                "--history records one run: give a single client count".into(),
+            ));
+        }
+        counts
+            .iter()
+            .map(|&clients| {
+                let config = BenchConfig {
+                    system: self.system,
+                    workload: if contention {
+                        Workload::U
+                    } else {
+                        self.workload
+                    },
+                    keys: if contention { 1 } else { self.keys },
+                    ops: self.ops,
+                    clients,
+                    inflight: self.inflight,
+                    key_size: self.key_size,
+                    value_size: self.value_size,
+                    warmup_ops: self.warmup_ops,
+                    warm_cache: !self.no_warm_cache,
+                    rtt_ns: self.rtt_ns,
+                    seed: self.seed,
+                    fail,
+                    history: self.history.clone(),
+                    progress: true,
+                    timeline_interval_ns: self.timeline_ms.saturating_mul(1_000_000),
+                };
+                config.validate()?;
+                Ok(config)
+            })
+            .collect()
     }
 }
 

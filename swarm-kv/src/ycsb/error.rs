@@ -64,6 +64,14 @@ pub enum BenchError {
         /// The underlying error.
         source: io::Error,
     },
+    /// Drawing a figure failed.
+    #[error("cannot draw the figure {path}: {message}")]
+    Plot {
+        /// The image file.
+        path: PathBuf,
+        /// What the plotting library said.
+        message: String,
+    },
     /// A client thread could not start (registering its writer id, spawning).
     #[error("client {client} could not start: {message}")]
     ClientStart {

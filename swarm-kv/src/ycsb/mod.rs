@@ -19,11 +19,13 @@
 //!   kind, merged at the end;
 //! * [`report`]: [`BenchReport`], its JSON schema (documented there) and its table;
 //! * [`compare`]: the side-by-side table of several systems;
+//! * [`plot`]: the paper's figures as PNG files (`--plot DIR`);
 //! * [`config`]: [`BenchConfig`] and the `swarm bench` flags ([`BenchArgs`]);
 //! * [`sizing`]: how large a cluster a run needs;
 //! * `run`: [`run`], the driver: client threads, phases, operations in flight, node
 //!   crash, history (`history`) and phase gates (`gate`);
 //! * `temp`: [`TempStore`], a throw-away cluster for benchmarks and tests;
+//! * [`timeline`]: throughput and latency per interval of the measured phase (Figure 11);
 //! * `bench_client`: what the driver needs from a system's client, implemented by
 //!   SWARM-KV's and FUSEE's;
 //! * `fusee`: the FUSEE baseline's throw-away store ([`run_fusee`]).
@@ -35,11 +37,13 @@ mod error;
 mod fusee;
 mod gate;
 mod history;
+pub mod plot;
 pub mod report;
 mod run;
 pub mod sizing;
 pub mod stats;
 mod temp;
+pub mod timeline;
 pub mod workload;
 pub mod zipf;
 

@@ -39,9 +39,18 @@
 //!   "load":   {"ops": 100000, "seconds": 0.3, "throughput_ops_s": 3.3e5, "errors": 0},
 //!   "warmup": {"ops": 400000, "seconds": 0.5, "throughput_ops_s": 8.0e5, "errors": 0},
 //!                                 // cache warm-up and warm-up operations together
-//!   "fail_node": {"node": 1, "after_ops": 500000, "triggered": true}   // only with --fail-node
+//!   "fail_node": {"node": 1, "after_ops": 500000, "triggered": true},  // only with --fail-node
+//!   "fail_at_ms": 412.5,          // when it happened, since the measured phase began
+//!   "timeline_interval_ms": 10.0,
+//!   "timeline": [                 // the measured phase per interval (Figure 11)
+//!     {"t_ms": 0.0, "ops": 9100, "throughput_ops_s": 9.1e5, "p50_ns": 2300, "p99_ns": 3100,
+//!      "errors": 0}
+//!   ]
 //! }
 //! ```
+//!
+//! Each operation kind also has `"cdf": [[latency_ns, fraction], ...]`, the latency
+//! distribution at fractions 0.01 ... 0.99, 0.995, 0.999, 0.9995, 0.9999 and 1 (Figure 5).
 //!
 //! Percentiles come from HDR histograms with three significant digits (0.1 %).
 
@@ -52,6 +61,7 @@ use serde::{Deserialize, Serialize};
 
 use super::config::{BenchConfig, FailPlan, System};
 use super::stats::{OpTypeStats, PhaseStats};
+pub use super::timeline::TimelinePoint;
 use super::workload::{OpType, Workload};
 
 /// Roundtrip distribution of one operation kind: fractions of the completed
@@ -104,6 +114,17 @@ pub struct OpTypeReport {
     pub roundtrips: RoundtripFractions,
     /// Mean roundtrips per operation.
     pub roundtrips_mean: f64,
+    /// The latency distribution: `[latency_ns, fraction of operations at most that
+    /// slow]`, fractions from 0.01 to 1, finer toward the tail (SWARM Figure 5).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cdf: Vec<(u64, f64)>,
+}
+
+/// The quantiles of [`OpTypeReport::cdf`].
+fn cdf_quantiles() -> impl Iterator<Item = f64> {
+    (1..100)
+        .map(|i| f64::from(i) / 100.0)
+        .chain([0.995, 0.999, 0.9995, 0.9999, 1.0])
 }
 
 impl OpTypeReport {
@@ -134,6 +155,13 @@ impl OpTypeReport {
                 four_plus: stats.roundtrip_fraction(4),
             },
             roundtrips_mean,
+            cdf: if count == 0 {
+                Vec::new()
+            } else {
+                cdf_quantiles()
+                    .map(|q| (h.value_at_quantile(q), q))
+                    .collect()
+            },
         }
     }
 }
@@ -209,6 +237,10 @@ pub struct RunStats {
     pub measured_seconds: f64,
     /// Whether the planned node crash happened.
     pub fail_triggered: bool,
+    /// The measured phase per interval.
+    pub timeline: Vec<TimelinePoint>,
+    /// When the planned node crash happened, ns since the measured phase began.
+    pub fail_at_ns: Option<u64>,
 }
 
 /// The result of a run; see the module docs for its JSON form.
@@ -256,6 +288,15 @@ pub struct BenchReport {
     /// The node crash, if one was planned.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fail_node: Option<FailReport>,
+    /// Length of a timeline interval, ms.
+    #[serde(default)]
+    pub timeline_interval_ms: f64,
+    /// The measured phase per interval (SWARM Figure 11).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub timeline: Vec<TimelinePoint>,
+    /// When the planned node crash happened, ms since the measured phase began.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fail_at_ms: Option<f64>,
 }
 
 impl BenchReport {
@@ -303,6 +344,9 @@ impl BenchReport {
                 after_ops,
                 triggered: stats.fail_triggered,
             }),
+            timeline_interval_ms: config.timeline_interval_ns as f64 / 1e6,
+            timeline: stats.timeline.clone(),
+            fail_at_ms: stats.fail_at_ns.map(|ns| ns as f64 / 1e6),
         }
     }
 

@@ -48,6 +48,7 @@ use super::history::{self, HistoryPart};
 use super::report::{BenchReport, RunStats};
 use super::sizing::check_capacity;
 use super::stats::PhaseStats;
+use super::timeline::Timeline;
 use super::workload::{KeySpace, OpChooser, OpType, value};
 use crate::client::{KvClient, RegisterProtocol};
 use crate::clock::SystemClock;
@@ -155,12 +156,14 @@ fn run_clients<C: BenchClient + Send>(
         measured_claimed: AtomicU64::new(0),
         warmup_claimed: AtomicU64::new(0),
         fail_triggered: AtomicBool::new(false),
+        fail_at_ns: AtomicU64::new(u64::MAX),
         progress: progress_bar(config),
     };
     let (outputs, times) = run_threads(&shared, clients, parts);
     shared.progress.finish_and_clear();
 
     let mut stats = RunStats::default();
+    let mut timeline = Timeline::new(config.timeline_interval_ns);
     let mut history_parts = Vec::new();
     let mut failure = None;
     for (client, output) in outputs.into_iter().enumerate() {
@@ -169,6 +172,7 @@ fn run_clients<C: BenchClient + Send>(
                 stats.load.merge(&output.load);
                 stats.warmup.merge(&output.warmup);
                 stats.measured.merge(&output.measured);
+                timeline.merge(&output.timeline);
                 match output.history {
                     Some(Ok(path)) => history_parts.push(path),
                     Some(Err(e)) => failure = failure.or(Some(e)),
@@ -197,6 +201,15 @@ fn run_clients<C: BenchClient + Send>(
     stats.warmup_seconds = seconds(times[1], times[2]);
     stats.measured_seconds = seconds(times[2], times[3]);
     stats.fail_triggered = shared.fail_triggered.load(Ordering::Relaxed);
+    let since_origin = |t: Instant| {
+        u64::try_from(t.saturating_duration_since(shared.origin).as_nanos()).unwrap_or(u64::MAX)
+    };
+    let measured_start = since_origin(times[2]);
+    stats.timeline = timeline.points(measured_start, since_origin(times[3]));
+    stats.fail_at_ns = match shared.fail_at_ns.load(Ordering::Relaxed) {
+        u64::MAX => None,
+        at => Some(at.saturating_sub(measured_start)),
+    };
     Ok(BenchReport::new(config, &stats))
 }
 
@@ -259,6 +272,8 @@ struct Shared<'a> {
     measured_claimed: AtomicU64,
     warmup_claimed: AtomicU64,
     fail_triggered: AtomicBool,
+    /// When the planned node crash happened, ns since `origin` (`u64::MAX`: not yet).
+    fail_at_ns: AtomicU64,
     progress: ProgressBar,
 }
 
@@ -340,11 +355,12 @@ impl Drop for AbortOnPanic<'_> {
 }
 
 /// A client thread's measurements.
-#[derive(Default)]
 struct WorkerOutput {
     load: PhaseStats,
     warmup: PhaseStats,
     measured: PhaseStats,
+    /// The measured operations per interval.
+    timeline: Timeline,
     /// The finished history part, if one is written.
     history: Option<Result<std::path::PathBuf, BenchError>>,
 }
@@ -442,7 +458,13 @@ fn worker<C: BenchClient>(
 ) -> WorkerOutput {
     let _release = AbortOnPanic(&shared.gate);
     let config = shared.config;
-    let mut out = WorkerOutput::default();
+    let mut out = WorkerOutput {
+        load: PhaseStats::default(),
+        warmup: PhaseStats::default(),
+        measured: PhaseStats::default(),
+        timeline: Timeline::new(config.timeline_interval_ns),
+        history: None,
+    };
     let mut sink = Sink {
         shared,
         index,
@@ -534,6 +556,9 @@ fn worker<C: BenchClient>(
                 {
                     client.fabric().fail_node(NodeId(fail.node));
                     shared.fail_triggered.store(true, Ordering::Relaxed);
+                    shared
+                        .fail_at_ns
+                        .fetch_min(shared.now_ns(), Ordering::Relaxed);
                     failed = true;
                 }
                 let (op, keynum) = shared.chooser.next(&mut rng);
@@ -543,7 +568,15 @@ fn worker<C: BenchClient>(
                     seq: next_seq(),
                 })
             },
-            &mut |done| sink.finish(&mut out.measured, done),
+            &mut |done| {
+                if done.result.is_ok() {
+                    out.timeline
+                        .record(done.end, done.end.saturating_sub(done.start));
+                } else {
+                    out.timeline.record_error(done.end);
+                }
+                sink.finish(&mut out.measured, done)
+            },
         );
         sink.flush_progress();
         shared.gate.wait();

@@ -32,6 +32,9 @@ pub enum Workload {
     B,
     /// Read only: 100 % gets.
     C,
+    /// Update only: 100 % updates. Not a YCSB core workload: the contention experiment
+    /// (SWARM §7.8) runs it on one key with more and more writers.
+    U,
 }
 
 impl Workload {
@@ -41,22 +44,27 @@ impl Workload {
             Self::A => 0.5,
             Self::B => 0.95,
             Self::C => 1.0,
+            Self::U => 0.0,
         }
     }
 
-    /// `"a"`, `"b"` or `"c"`, as in the JSON report.
+    /// `"a"`, `"b"`, `"c"` or `"u"`, as in the JSON report.
     pub fn name(self) -> &'static str {
         match self {
             Self::A => "a",
             Self::B => "b",
             Self::C => "c",
+            Self::U => "u",
         }
     }
 }
 
 impl std::fmt::Display for Workload {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "YCSB-{}", self.name().to_uppercase())
+        match self {
+            Self::U => f.write_str("update-only"),
+            _ => write!(f, "YCSB-{}", self.name().to_uppercase()),
+        }
     }
 }
 

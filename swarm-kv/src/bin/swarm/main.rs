@@ -479,20 +479,42 @@ fn print_out(text: &str) {
 }
 
 fn bench(args: &swarm_kv::ycsb::BenchArgs) -> Result<ExitCode> {
-    let config = args.to_config()?;
+    let configs = args.to_configs()?;
     let store = ShmStore::open(&args.dir)
         .with_context(|| format!("cannot open the SWARM-KV cluster in {}", args.dir.display()))?;
-    let report = swarm_kv::ycsb::run(&store, &config)?;
-    print_out(&report.to_string());
-    if let Some(path) = &args.json {
-        std::fs::write(path, report.to_json())
-            .with_context(|| format!("cannot write {}", path.display()))?;
+    let mut reports = Vec::with_capacity(configs.len());
+    for (i, config) in configs.iter().enumerate() {
+        if configs.len() > 1 {
+            eprintln!(
+                "run {} of {}: {} {}, {} clients",
+                i + 1,
+                configs.len(),
+                config.system,
+                config.workload,
+                config.clients
+            );
+        }
+        let report = swarm_kv::ycsb::run(&store, config)?;
+        print_out(&report.to_string());
+        reports.push(report);
     }
-    if report.total_errors() > 0 {
-        bail!(
-            "{} operations failed (see the report)",
-            report.total_errors()
-        );
+    if reports.len() > 1 {
+        print_out(&format!("\n{}", swarm_kv::ycsb::comparison_table(&reports)));
+    }
+    if let Some(path) = &args.json {
+        let json = match reports.as_slice() {
+            [one] => one.to_json(),
+            all => serde_json::to_string_pretty(all).unwrap_or_default(),
+        };
+        std::fs::write(path, json).with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    if let Some(dir) = &args.plot {
+        let written = swarm_kv::ycsb::plot::write_figures(&reports, dir)?;
+        eprintln!("{} figures written to {}", written.len(), dir.display());
+    }
+    let errors: u64 = reports.iter().map(|r| r.total_errors()).sum();
+    if errors > 0 {
+        bail!("{errors} operations failed (see the report)");
     }
     Ok(ExitCode::SUCCESS)
 }
