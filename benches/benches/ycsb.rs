@@ -19,7 +19,8 @@
 //! (0), `SWARM_BENCH_WORKLOADS` (`a,b`), `SWARM_BENCH_SYSTEMS` (`raw,abd,fusee,swarm`),
 //! `SWARM_BENCH_JSON` (write every report to this file, as a JSON array),
 //! `SWARM_BENCH_PLOT` (draw the paper's figures into this directory, see
-//! `swarm_kv::ycsb::plot`).
+//! `swarm_kv::ycsb::plot`), `SWARM_BENCH_CONTENTION` (e.g. `1,2,4,8`: also run the
+//! contention experiment, that many clients updating one key, §7.8).
 //!
 //! Run by `cargo test --benches` (without `--bench`), it does a tiny smoke run
 //! instead, so the test suite checks that it works without benchmarking.
@@ -117,6 +118,25 @@ fn bench() -> Result<bool, Box<dyn Error>> {
                     "running {system} {workload}: {} keys, {} ops, {} clients",
                     config.keys, config.ops, config.clients
                 );
+                let store = TempStore::new(&config, NODES, REPLICAS)?;
+                let report = run(store.store(), &config)?;
+                eprintln!("{report}\n");
+                reports.push(report);
+            }
+        }
+    }
+    // The contention experiment (SWARM §7.8): N clients updating one key.
+    if std::env::var("SWARM_BENCH_CONTENTION").is_ok() {
+        for clients in env_numbers("SWARM_BENCH_CONTENTION", 4)? {
+            for &system in &systems {
+                let mut config = BenchConfig::new(system, Workload::U);
+                config.keys = 1;
+                config.clients = clients;
+                config.ops = env_or("SWARM_BENCH_OPS", default_ops)?;
+                config.rtt_ns = env_or("SWARM_BENCH_RTT_NS", 0)?;
+                config.progress = benchmarking;
+                config.validate()?;
+                eprintln!("running {system} contention: {clients} clients on one key");
                 let store = TempStore::new(&config, NODES, REPLICAS)?;
                 let report = run(store.store(), &config)?;
                 eprintln!("{report}\n");

@@ -633,6 +633,12 @@ impl<F: Fabric> FuseeClient<F> {
                 .round_steps(view, slot, v_old, v_new, object, stats)
                 .await
             {
+                // The master may have installed this writer's own value while it was
+                // parked (it was a backup's value), and another write may even have
+                // replaced it since: its linearization point was the installation.
+                Ok(Round::Lost(winner)) if winner == v_new || self.master.installed(v_new) => {
+                    return Ok(Round::Won);
+                }
                 Ok(round) => return Ok(round),
                 Err(StepError::Fatal(e)) => return Err(StepError::Fatal(e)),
                 Err(StepError::ViewChanged) => None,
@@ -652,6 +658,9 @@ impl<F: Fabric> FuseeClient<F> {
                     .await?;
             }
             view = self.current_view().await;
+            if self.master.installed(v_new) {
+                return Ok(Round::Won);
+            }
         }
     }
 

@@ -28,7 +28,9 @@
 //! new membership: detection (a timeout) plus recovery, tens of milliseconds in the
 //! paper (SWARM §7.7 measures that pause).
 
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, AtomicUsize, Ordering::SeqCst};
+use std::sync::{Mutex, PoisonError};
 
 use swarm_core::{Batch, Fabric, NodeId, Op, OpStats, Roundtrip, WaitOutcome};
 use tracing::{debug, info, warn};
@@ -86,6 +88,11 @@ pub struct Master {
     next_client: AtomicU16,
     max_clients: u16,
     recoveries: AtomicU64,
+    /// Slot values a recovery installed on a writer's behalf (from a backup): a writer
+    /// interrupted by that recovery learns here that it won, even if a later write
+    /// already replaced its value. Values are unique forever, so entries never lie;
+    /// the set grows by at most the index's occupied slots per memory-node failure.
+    installed: Mutex<HashSet<u64>>,
 }
 
 /// A client step in progress under the current membership; see the module docs.
@@ -122,6 +129,7 @@ impl Master {
             next_client: AtomicU16::new(0),
             max_clients,
             recoveries: AtomicU64::new(0),
+            installed: Mutex::new(HashSet::new()),
         })
     }
 
@@ -138,6 +146,14 @@ impl Master {
     /// Recoveries run so far.
     pub fn recoveries(&self) -> u64 {
         self.recoveries.load(SeqCst)
+    }
+
+    /// Whether a recovery installed the slot value `value` on its writer's behalf.
+    pub fn installed(&self, value: u64) -> bool {
+        self.installed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .contains(&value)
     }
 
     /// A fresh client id.
@@ -228,8 +244,16 @@ impl Master {
                 _ => index_ranges(layout),
             };
             match make_consistent(fabric, layout, old.primary, view, &ranges, timeout_ns).await {
-                Ok(fixed) => {
-                    debug!(fixed, "FUSEE master: slot copies made consistent");
+                Ok((fixed, installed)) => {
+                    debug!(
+                        fixed,
+                        installed = installed.len(),
+                        "FUSEE master: slot copies made consistent"
+                    );
+                    self.installed
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .extend(installed);
                     break Ok(view);
                 }
                 Err(Failure::Nodes(mask)) => {
@@ -307,7 +331,9 @@ pub(crate) async fn all_or_failed<F: Fabric + ?Sized>(
 
 /// Makes every alive copy of the slots in `ranges` equal to the first alive backup's
 /// (or the primary's when no backup is alive), and commits the logs of the values it
-/// installed. Returns how many slot copies it changed.
+/// installed. Returns how many slot copies it changed, and the values it may have
+/// installed on a writer's behalf: those that differed from some alive copy, and,
+/// when the primary is gone (its copy unknown), every chosen value.
 async fn make_consistent<F: Fabric + ?Sized>(
     fabric: &F,
     layout: &FuseeLayout,
@@ -315,8 +341,10 @@ async fn make_consistent<F: Fabric + ?Sized>(
     view: View,
     ranges: &[(u64, u64)],
     timeout_ns: u64,
-) -> Result<usize, Failure> {
+) -> Result<(usize, Vec<u64>), Failure> {
     let stats = OpStats::new();
+    let primary_lost = view.alive & (1 << old_primary.0) == 0;
+    let mut installed = Vec::new();
     let nodes: Vec<NodeId> = (0..16u16)
         .filter(|&n| view.alive & (1 << n) != 0)
         .map(NodeId)
@@ -367,6 +395,9 @@ async fn make_consistent<F: Fabric + ?Sized>(
             if differs && let Some(v) = SlotValue::decode(chosen) {
                 commits.push(v.addr);
             }
+            if chosen != 0 && (differs || primary_lost) {
+                installed.push(chosen);
+            }
         }
         fixed += fixes.len();
         for chunk in fixes.chunks(swarm_core::fabric::MAX_BATCH_OPS) {
@@ -397,7 +428,7 @@ async fn make_consistent<F: Fabric + ?Sized>(
             all_or_failed(fabric, &stats, posts, timeout_ns).await?;
         }
     }
-    Ok(fixed)
+    Ok((fixed, installed))
 }
 
 #[cfg(test)]

@@ -275,7 +275,8 @@ pub struct BenchArgs {
 
 impl BenchArgs {
     /// The run these flags describe, validated; with a list of client counts, the
-    /// first. The progress bar is on (it only shows when stderr is a terminal).
+    /// first. The progress bar is on unless `--json` is given (it only shows when
+    /// stderr is a terminal).
     pub fn to_config(&self) -> Result<BenchConfig, BenchError> {
         self.to_configs()?
             .into_iter()
@@ -336,7 +337,8 @@ impl BenchArgs {
                     seed: self.seed,
                     fail,
                     history: self.history.clone(),
-                    progress: true,
+                    // Quiet with --json (scripted runs) or when stderr is not a terminal.
+                    progress: self.json.is_none(),
                     timeline_interval_ns: self.timeline_ms.saturating_mul(1_000_000),
                 };
                 config.validate()?;
