@@ -187,11 +187,15 @@ impl<'a, F: Fabric + ?Sized> Roundtrip<'a, F> {
     pub async fn wait_until(&mut self, k: usize, deadline: Nanos) -> WaitOutcome {
         self.fabric.wake_at(deadline);
         poll_fn(|cx| {
+            // The clock is read *before* collecting: a thread preempted between the
+            // two (more client threads than cores) must not find the deadline passed
+            // while its completions, due long ago, sit uncollected.
+            let now = self.fabric.now();
             let ok = self.collect();
             if ok >= k {
                 return Poll::Ready(WaitOutcome::Reached);
             }
-            if ok + self.outstanding.len() < k || self.fabric.now() >= deadline {
+            if ok + self.outstanding.len() < k || now >= deadline {
                 return Poll::Ready(WaitOutcome::Short);
             }
             cx.waker().wake_by_ref();

@@ -204,22 +204,12 @@ impl<F: Fabric> EmulatedRtt<F> {
 }
 
 impl<F: Fabric> EmulatedRtt<F> {
-    /// Takes the results the inner fabric has ready; whether one of them is due by
-    /// `now` and was not reported yet (it is reported once).
+    /// Whether a batch posted through this wrapper fell due by `now` and was not
+    /// reported yet (each is reported once, so `while progress() {}` ends).
     fn newly_due(&self, now: Nanos) -> bool {
-        let mut in_flight = self.in_flight.borrow_mut();
         let mut found = false;
-        for entry in in_flight.iter_mut().flatten() {
-            if let Some(inner) = entry.inner
-                && let Poll::Ready(result) = self.inner.poll(inner)
-            {
-                entry.inner = None;
-                if matches!(&result, Err(error) if error.is_local()) {
-                    entry.due = 0;
-                }
-                entry.result = Some(result);
-            }
-            if entry.result.is_some() && entry.due <= now && !entry.announced {
+        for entry in self.in_flight.borrow_mut().iter_mut().flatten() {
+            if entry.due <= now && !entry.announced {
                 entry.announced = true;
                 found = true;
             }
@@ -334,6 +324,13 @@ impl<F: Fabric> Fabric for EmulatedRtt<F> {
         let Some(until) = next_due.into_iter().chain(wake).min() else {
             return false;
         };
+        if next_due.is_none() {
+            // Only a waiter's deadline is pending, and it may be stale (its waiter may
+            // have finished early): spinning to it here would keep every other waiter
+            // of this thread (a short pause) from being polled until then. Let the
+            // executor poll, and come back.
+            return true;
+        }
         while self.inner.now() < until {
             core::hint::spin_loop();
             // An inner fabric with a logical clock moves it here.
