@@ -436,7 +436,14 @@ fn xy_figure(
             .configure_mesh()
             .x_desc(x_desc)
             .y_desc(y_desc)
-            .x_label_formatter(&label)
+            // Client counts: whole numbers only.
+            .x_label_formatter(&|v| {
+                if v.fract() == 0.0 {
+                    label(v)
+                } else {
+                    String::new()
+                }
+            })
             .y_label_formatter(&label)
             .label_style((FONT, 16).into_font())
             .axis_desc_style((FONT, 18).into_font())
