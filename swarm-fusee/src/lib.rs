@@ -39,6 +39,6 @@ mod store;
 pub use client::{FuseeClient, FuseeConfig};
 pub use error::FuseeError;
 pub use layout::{FuseeLayout, FuseeParams};
-pub use master::{Master, View};
+pub use master::{Master, StepGuard, View};
 pub use recovery::recover_client;
 pub use store::FuseeStore;

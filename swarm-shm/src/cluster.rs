@@ -178,7 +178,7 @@ impl ShmCluster {
     /// A replicated cluster serves with any majority of its nodes, so a *minority* of
     /// node files that are missing, corrupted, truncated or from another cluster does
     /// not stop it: those nodes are [absent](ShmCluster::absent) (batches to them fail
-    /// with [`FabricError::NodeFailed`], as a crashed node's would) and the reason is
+    /// with [`swarm_core::FabricError::NodeFailed`], as a crashed node's would) and the reason is
     /// kept for the caller to report. Only when the usable nodes are not a majority
     /// does opening fail ([`ShmError::NoMajority`], or the single node's own error for
     /// a one-node cluster). Usable nodes must agree on the cluster (id, node count,
