@@ -193,6 +193,24 @@ impl<'a, T> LocalExecutor<'a, T> {
     }
 }
 
+/// Waits `ns` on the fabric's clock, asking the fabric to wake up then
+/// ([`Fabric::wake_at`]), so that an executor keeps driving it (and a simulated fabric
+/// advances its virtual time) instead of reporting a stall: backoff between contended
+/// attempts, a loser polling for the winner, a client waiting for a membership change.
+pub async fn sleep<F: Fabric + ?Sized>(fabric: &F, ns: crate::fabric::Nanos) {
+    let deadline = fabric.now().saturating_add(ns);
+    fabric.wake_at(deadline);
+    core::future::poll_fn(|cx| {
+        if fabric.now() >= deadline {
+            Poll::Ready(())
+        } else {
+            cx.waker().wake_by_ref();
+            Poll::Pending
+        }
+    })
+    .await
+}
+
 /// Runs two futures concurrently on the current task and returns both outputs: the
 /// way an operation keeps two protocol steps in flight at once (for example an
 /// insert writing a key header and replicating the value in the same roundtrip).

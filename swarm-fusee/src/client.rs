@@ -34,9 +34,9 @@ use crate::error::FuseeError;
 use crate::layout::FuseeLayout;
 use crate::master::{Failure, Master, View, all_or_failed};
 use crate::object::{self, Kind, LogEntry, OLD_PRESENT, USED, offset};
-use crate::pause::pause;
 use crate::rules::{self, Verdict};
 use crate::slot::{KeyHash, SLOTS_PER_BUCKET, SlotValue};
+use swarm_core::sleep as pause;
 
 /// Client settings.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -341,17 +341,21 @@ impl<F: Fabric> FuseeClient<F> {
     async fn lookup(&self, view: View, key: &[u8], stats: &OpStats) -> Step<Lookup> {
         let hash = KeyHash::of(key, self.layout.params().buckets);
         let mut batch = Batch::new();
-        for b in hash.buckets {
-            batch
-                .push(Op::Read {
-                    addr: self.layout.bucket(b),
-                    len: (SLOTS_PER_BUCKET * 8) as u32,
-                })
-                .map_err(FuseeError::from)?;
-        }
+        self.push_bucket_reads(&mut batch, hash)?;
         let replies = self.step(view, vec![(view.primary, batch)], stats).await?;
         let words = self.bucket_words(reply(&replies, view.primary)?, 0, hash);
         self.find(view, key, hash, &words, stats).await
+    }
+
+    /// Appends the reads of `hash`'s two candidate buckets to `batch`.
+    fn push_bucket_reads(&self, batch: &mut Batch, hash: KeyHash) -> Result<(), FuseeError> {
+        for b in hash.buckets {
+            batch.push(Op::Read {
+                addr: self.layout.bucket(b),
+                len: (SLOTS_PER_BUCKET * 8) as u32,
+            })?;
+        }
+        Ok(())
     }
 
     /// The slots of both candidate buckets, read as ops `first` and `first + 1`.
@@ -513,16 +517,7 @@ impl<F: Fabric> FuseeClient<F> {
                             })
                             .map_err(FuseeError::from)?;
                     }
-                    None => {
-                        for b in hash.buckets {
-                            batch
-                                .push(Op::Read {
-                                    addr: self.layout.bucket(b),
-                                    len: (SLOTS_PER_BUCKET * 8) as u32,
-                                })
-                                .map_err(FuseeError::from)?;
-                        }
-                    }
+                    None => self.push_bucket_reads(&mut batch, hash)?,
                 }
             }
             posts.push((node, batch));

@@ -30,7 +30,6 @@ mod error;
 mod layout;
 mod master;
 mod object;
-mod pause;
 mod recovery;
 mod rules;
 mod slot;

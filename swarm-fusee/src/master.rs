@@ -38,8 +38,8 @@ use tracing::{debug, info, warn};
 use crate::error::FuseeError;
 use crate::layout::FuseeLayout;
 use crate::object::{COMMITTED, offset};
-use crate::pause::pause;
 use crate::slot::SlotValue;
+use swarm_core::sleep as pause;
 
 /// A membership: who is alive and who holds the primary index.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

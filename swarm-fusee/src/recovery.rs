@@ -26,8 +26,8 @@ use crate::error::FuseeError;
 use crate::layout::FuseeLayout;
 use crate::master::{Failure, Master, all_or_failed};
 use crate::object::{self, COMMITTED, OLD_PRESENT};
-use crate::pause::pause;
 use crate::slot::{KeyHash, SLOTS_PER_BUCKET, SlotValue};
+use swarm_core::sleep as pause;
 
 /// Finishes the unfinished writes of crashed client `cid`; returns how many slots were
 /// settled. Call it only for a client that will not run again.

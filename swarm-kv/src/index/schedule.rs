@@ -10,10 +10,7 @@
 //!   otherwise: every node should see every promise and accept, so that the copies
 //!   stay alike and later reads are settled in one roundtrip.
 
-use core::future::poll_fn;
-use core::task::Poll;
-
-use swarm_core::fabric::{Fabric, Nanos, NodeId};
+use swarm_core::fabric::{Nanos, NodeId};
 
 /// Nodes `0..n`, starting at `start % n`: spreads preferred majorities over nodes.
 pub fn rotation(n: usize, start: u64) -> Vec<NodeId> {
@@ -22,21 +19,7 @@ pub fn rotation(n: usize, start: u64) -> Vec<NodeId> {
     (0..n).map(|i| NodeId(((first + i) % n) as u16)).collect()
 }
 
-/// Sleeps `ns` on the fabric's clock (asks the fabric to wake up then, so that a
-/// simulated fabric's executor does not mistake the pause for a stall).
-pub async fn sleep<F: Fabric + ?Sized>(fabric: &F, ns: Nanos) {
-    let deadline = fabric.now().saturating_add(ns);
-    fabric.wake_at(deadline);
-    poll_fn(|cx| {
-        if fabric.now() >= deadline {
-            Poll::Ready(())
-        } else {
-            cx.waker().wake_by_ref();
-            Poll::Pending
-        }
-    })
-    .await
-}
+pub use swarm_core::sleep;
 
 /// A small deterministic generator for backoff jitter (splitmix64): deterministic so
 /// that a simulation replays from its seed.

@@ -107,6 +107,23 @@ fn setup(r: &BenchReport, clients: Option<&str>) -> String {
     )
 }
 
+/// Draws the legend of `chart`'s labelled series at `position`.
+fn legend<'a, CT: plotters::coord::CoordTranslate>(
+    chart: &mut ChartContext<'a, BitMapBackend<'a>, CT>,
+    position: SeriesLabelPosition,
+    size: u32,
+    path: &Path,
+) -> Result<(), BenchError> {
+    chart
+        .configure_series_labels()
+        .position(position)
+        .label_font((FONT, size).into_font())
+        .background_style(WHITE.mix(0.9))
+        .border_style(BLACK)
+        .draw()
+        .map_err(|e| plot_error(path, e))
+}
+
 /// Writes every figure `reports` allow into `dir` (created if needed); returns the
 /// image files written.
 pub fn write_figures(reports: &[BenchReport], dir: &Path) -> Result<Vec<PathBuf>, BenchError> {
@@ -253,14 +270,7 @@ fn latency_cdf(reports: &[&BenchReport], op: OpType, path: &Path) -> Result<Path
                     PathElement::new(vec![(x, y), (x + 25, y)], color.stroke_width(3))
                 });
         }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::LowerRight)
-            .label_font((FONT, 17).into_font())
-            .background_style(WHITE.mix(0.9))
-            .border_style(BLACK)
-            .draw()
-            .map_err(|e| plot_error(path, e))?;
+        legend(&mut chart, SeriesLabelPosition::LowerRight, 17, path)?;
     }
     caption(&strip, &setup(reports[0], None), path)?;
     main.present().map_err(|e| plot_error(path, e))?;
@@ -337,14 +347,7 @@ fn roundtrips(reports: &[&BenchReport], path: &Path) -> Result<PathBuf, BenchErr
                     Rectangle::new([(x, y - 6), (x + 14, y + 6)], color.filled())
                 });
         }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperRight)
-            .label_font((FONT, 16).into_font())
-            .background_style(WHITE.mix(0.9))
-            .border_style(BLACK)
-            .draw()
-            .map_err(|e| plot_error(path, e))?;
+        legend(&mut chart, SeriesLabelPosition::UpperRight, 16, path)?;
     }
     caption(&strip, &setup(reports[0], None), path)?;
     main.present().map_err(|e| plot_error(path, e))?;
@@ -462,14 +465,7 @@ fn xy_figure(
                 .draw_series(points.iter().map(|&p| Circle::new(p, 5, color.filled())))
                 .map_err(|e| plot_error(path, e))?;
         }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperLeft)
-            .label_font((FONT, 17).into_font())
-            .background_style(WHITE.mix(0.9))
-            .border_style(BLACK)
-            .draw()
-            .map_err(|e| plot_error(path, e))?;
+        legend(&mut chart, SeriesLabelPosition::UpperLeft, 17, path)?;
     }
     caption(&strip, setup_text, path)?;
     main.present().map_err(|e| plot_error(path, e))?;
@@ -594,14 +590,7 @@ fn timeline(r: &BenchReport, path: &Path) -> Result<PathBuf, BenchError> {
                 .legend(|(x, y)| {
                     PathElement::new(vec![(x, y), (x + 25, y)], BLACK.stroke_width(2))
                 });
-            chart
-                .configure_series_labels()
-                .position(SeriesLabelPosition::LowerRight)
-                .label_font((FONT, 16).into_font())
-                .background_style(WHITE.mix(0.9))
-                .border_style(BLACK)
-                .draw()
-                .map_err(|e| plot_error(path, e))?;
+            legend(&mut chart, SeriesLabelPosition::LowerRight, 16, path)?;
         }
         let mut chart = ChartBuilder::on(&bottom)
             .margin(15)
@@ -648,14 +637,7 @@ fn timeline(r: &BenchReport, path: &Path) -> Result<PathBuf, BenchError> {
                 ))
                 .map_err(|e| plot_error(path, e))?;
         }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperRight)
-            .label_font((FONT, 16).into_font())
-            .background_style(WHITE.mix(0.9))
-            .border_style(BLACK)
-            .draw()
-            .map_err(|e| plot_error(path, e))?;
+        legend(&mut chart, SeriesLabelPosition::UpperRight, 16, path)?;
     }
     caption(&strip, &setup(r, None), path)?;
     main.present().map_err(|e| plot_error(path, e))?;
