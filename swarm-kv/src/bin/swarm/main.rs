@@ -94,6 +94,16 @@ enum Command {
     /// Run a YCSB workload on a shared-memory cluster and report throughput, latency
     /// percentiles and roundtrips per operation type.
     Bench(swarm_kv::ycsb::BenchArgs),
+    /// Draw the figures of saved reports (`swarm bench --json`, one report or an
+    /// array each), e.g. several systems run one after the other, in one set of figures.
+    Plot {
+        /// Directory the figures are written to.
+        #[arg(long)]
+        out: PathBuf,
+        /// Report files.
+        #[arg(required = true)]
+        reports: Vec<PathBuf>,
+    },
     /// Check a history file (JSON Lines) for linearizability.
     Check {
         /// The history file (`-` for standard input).
@@ -262,6 +272,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             min_idle_secs,
         } => with_store!(&at, |store| evict(&store, writer, min_idle_secs)),
         Command::Bench(args) => bench(&args),
+        Command::Plot { out, reports } => plot(&out, &reports),
         Command::Check { file } => check(&file),
         Command::Memnode(args) => rdma::memnode(&args),
     }
@@ -516,6 +527,28 @@ fn bench(args: &swarm_kv::ycsb::BenchArgs) -> Result<ExitCode> {
     if errors > 0 {
         bail!("{errors} operations failed (see the report)");
     }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn plot(out: &Path, files: &[PathBuf]) -> Result<ExitCode> {
+    let mut reports: Vec<swarm_kv::ycsb::BenchReport> = Vec::new();
+    for file in files {
+        let text = std::fs::read_to_string(file)
+            .with_context(|| format!("cannot read {}", file.display()))?;
+        let parsed: serde_json::Value = serde_json::from_str(&text)
+            .with_context(|| format!("{} is not JSON", file.display()))?;
+        let items = match parsed {
+            serde_json::Value::Array(items) => items,
+            one => vec![one],
+        };
+        for item in items {
+            reports.push(serde_json::from_value(item).with_context(|| {
+                format!("{} is not a `swarm bench --json` report", file.display())
+            })?);
+        }
+    }
+    let written = swarm_kv::ycsb::plot::write_figures(&reports, out)?;
+    eprintln!("{} figures written to {}", written.len(), out.display());
     Ok(ExitCode::SUCCESS)
 }
 
