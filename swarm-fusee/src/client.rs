@@ -233,21 +233,25 @@ impl<F: Fabric> FuseeClient<F> {
         Ok(all_or_failed(&self.fabric, stats, posts, self.config.fail_timeout_ns).await?)
     }
 
+    /// Runs the master's recovery for nodes `mask` that did not answer and/or a `slot`
+    /// whose round nobody finished, seen under `view`.
+    async fn ask_master(&self, view: View, mask: u16, slot: Option<u64>) -> Result<(), FuseeError> {
+        self.master
+            .recover(
+                &self.fabric,
+                &self.layout,
+                view.epoch,
+                mask,
+                slot,
+                self.config.fail_timeout_ns,
+            )
+            .await
+    }
+
     /// Deals with a step that failed before this operation changed anything.
     async fn recover(&self, view: View, e: StepError) -> Result<(), FuseeError> {
         match e {
-            StepError::Failed(mask) => {
-                self.master
-                    .recover(
-                        &self.fabric,
-                        &self.layout,
-                        view.epoch,
-                        mask,
-                        None,
-                        self.config.fail_timeout_ns,
-                    )
-                    .await
-            }
+            StepError::Failed(mask) => self.ask_master(view, mask, None).await,
             StepError::ViewChanged => Ok(()),
             StepError::Unfinished => Ok(()),
             StepError::Fatal(e) => Err(e),
@@ -622,7 +626,6 @@ impl<F: Fabric> FuseeClient<F> {
         object: u64,
         stats: &OpStats,
     ) -> Step<Round> {
-        let timeout = self.config.fail_timeout_ns;
         loop {
             let recovery = match self
                 .round_steps(view, slot, v_old, v_new, object, stats)
@@ -641,16 +644,7 @@ impl<F: Fabric> FuseeClient<F> {
                 Err(StepError::Unfinished) => Some((0, Some(slot))),
             };
             if let Some((mask, settle)) = recovery {
-                self.master
-                    .recover(
-                        &self.fabric,
-                        &self.layout,
-                        view.epoch,
-                        mask,
-                        settle,
-                        timeout,
-                    )
-                    .await?;
+                self.ask_master(view, mask, settle).await?;
             }
             view = self.current_view().await;
             if self.master.installed(v_new) {

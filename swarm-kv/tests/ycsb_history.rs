@@ -122,3 +122,14 @@ fn fusee_run_with_operations_in_flight_is_linearizable() {
     assert_clean(&report);
     assert_linearizable(&history_path(&dir), &report);
 }
+
+/// The issue's own case: `swarm bench --system fusee --workload b`, history checked.
+#[test]
+fn fusee_ycsb_b_run_is_linearizable() {
+    let dir = swarm_shm::ScratchDir::new("ycsb-history").unwrap();
+    let mut config = small(System::Fusee, Workload::B, 50, 3_000, 4);
+    config.history = Some(history_path(&dir));
+    let report = run_fresh(&config);
+    assert_clean(&report);
+    assert_linearizable(&history_path(&dir), &report);
+}

@@ -42,9 +42,16 @@ impl Suspicion {
 
     /// Whether `node` is suspected at fabric time `now`.
     pub fn suspects(&self, node: NodeId, now: Nanos) -> bool {
-        self.slot(node)
-            .map(|s| s.load(Relaxed))
-            .is_some_and(|until| until != 0 && until > now)
+        self.suspects_with(node, || now)
+    }
+
+    /// Whether `node` is suspected, reading the clock (`now`) only if it was suspected
+    /// at some point: a trusted node, the common case, costs one load.
+    pub fn suspects_with(&self, node: NodeId, now: impl FnOnce() -> Nanos) -> bool {
+        match self.slot(node).map(|s| s.load(Relaxed)) {
+            None | Some(0) => false,
+            Some(until) => until > now(),
+        }
     }
 
     /// Whether any node is suspected at all (a cheap test before reading a clock).
@@ -61,9 +68,11 @@ impl Suspicion {
         previous == 0 || previous <= now
     }
 
-    /// Trusts `node` again; whether it was suspected.
+    /// Trusts `node` again; whether it was suspected. A plain load when it was not (the
+    /// hot path: every timely answer trusts its node).
     pub fn trust(&self, node: NodeId) -> bool {
-        self.slot(node).is_some_and(|s| s.swap(0, Relaxed) != 0)
+        self.slot(node)
+            .is_some_and(|s| s.load(Relaxed) != 0 && s.swap(0, Relaxed) != 0)
     }
 
     /// Moves the nodes suspected at `now` to the end of `order`, keeping the relative

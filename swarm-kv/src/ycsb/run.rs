@@ -59,14 +59,14 @@ type Client = KvClient<EmulatedFabric, SystemClock>;
 /// Progress is reported to the bar in batches of this many operations.
 const PROGRESS_BATCH: u64 = 256;
 
-/// The register protocol a system runs.
-pub fn register_protocol(system: System) -> RegisterProtocol {
+/// The register protocol a system runs on SWARM-KV's store; `None` for FUSEE, which
+/// has a store and protocol of its own ([`run_fusee`]).
+pub fn register_protocol(system: System) -> Option<RegisterProtocol> {
     match system {
-        System::Swarm => RegisterProtocol::SafeGuess,
-        System::Abd => RegisterProtocol::Abd,
-        System::Raw => RegisterProtocol::Raw,
-        // FUSEE has its own store and protocol; its client never asks for this.
-        System::Fusee => RegisterProtocol::SafeGuess,
+        System::Swarm => Some(RegisterProtocol::SafeGuess),
+        System::Abd => Some(RegisterProtocol::Abd),
+        System::Raw => Some(RegisterProtocol::Raw),
+        System::Fusee => None,
     }
 }
 
@@ -218,7 +218,9 @@ fn run_clients<C: BenchClient + Send>(
 fn connect(store: &ShmStore, config: &BenchConfig) -> Result<Vec<Client>, BenchError> {
     let store = store.clone().with_rtt_ns(config.rtt_ns);
     let mut kv_config = store.config();
-    kv_config.register_protocol = register_protocol(config.system);
+    kv_config.register_protocol = register_protocol(config.system).ok_or_else(|| {
+        BenchError::InvalidConfig("FUSEE runs on a store of its own: use run_fusee".into())
+    })?;
     let mut clients = Vec::with_capacity(config.clients);
     for index in 0..config.clients {
         match store.client_with(kv_config) {
