@@ -71,6 +71,18 @@ pub enum RdmaError {
         /// The mmap error.
         source: io::Error,
     },
+    /// Registering memory would exceed the process's locked-memory limit.
+    #[error(
+        "registering RDMA memory needs {needed} bytes of locked memory but RLIMIT_MEMLOCK \
+         allows {limit}: raise it (`ulimit -l unlimited` in the shell, LimitMEMLOCK=infinity \
+         in a systemd unit, `memlock` in /etc/security/limits.conf) or grant CAP_IPC_LOCK"
+    )]
+    MemlockLimit {
+        /// Bytes this process would have registered in all.
+        needed: u64,
+        /// The soft limit, in bytes.
+        limit: u64,
+    },
     /// A socket operation of the bootstrap failed.
     #[error("{context}: {source}")]
     Io {

@@ -11,7 +11,12 @@
 //! 3. A [`Batch`] is an ordered pipeline of operations to one node: if a later
 //!    operation's effect is visible, so are the earlier ones' (on RDMA: one chain of
 //!    work requests on one RC queue pair; on shared memory: program order plus
-//!    fences). A batch completes in one roundtrip.
+//!    fences). A batch completes in one roundtrip. Two batches, even to the same
+//!    node, are **not** ordered with each other: a transport may execute a batch
+//!    before an earlier one has completed (RDMA does not fence the first request of
+//!    a chain against the previous chain's atomics, and the simulated fabric
+//!    reorders batches on purpose). A protocol that needs one batch's effects
+//!    before another's waits for the first one's completion.
 //! 4. Batches to different nodes are in flight at once. Waiting for a quorum of them
 //!    is the job of [`crate::Roundtrip`], which is also the only place roundtrips are
 //!    counted, so protocol code cannot forget to count one.

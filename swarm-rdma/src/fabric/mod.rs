@@ -62,7 +62,10 @@ pub struct RdmaConfig {
     pub ordering: ReadOrdering,
     /// Limit on each bootstrap step.
     pub bootstrap_timeout: Duration,
-    /// ACK timeout exponent (4.096 µs · 2^n per retry; 14 ≈ 67 ms).
+    /// ACK timeout exponent (4.096 µs · 2^n per retry; 14 ≈ 67 ms). 0 means *no*
+    /// timeout in the InfiniBand spec (a silent node would never be reported), so it
+    /// is refused; below [`MIN_SANE_ACK_TIMEOUT`] retries outpace a congested
+    /// fabric's round trips and a warning is logged.
     pub ack_timeout: u8,
     /// Transport retries before a silent node is reported failed (at most 7).
     pub retry_count: u8,
@@ -121,9 +124,27 @@ impl RdmaConfig {
                 "retry_count must be at most 7 and ack_timeout at most 31".into(),
             ));
         }
+        if self.ack_timeout == 0 {
+            return Err(RdmaError::Config(
+                "ack_timeout 0 disables the transport timeout (InfiniBand: infinite), so a \
+                 crashed memory node would stall its clients forever; use 12 to 18 \
+                 (4.096 µs · 2^n: 17 ms to 1 s)"
+                    .into(),
+            ));
+        }
+        if self.ack_timeout < MIN_SANE_ACK_TIMEOUT {
+            tracing::warn!(
+                ack_timeout = self.ack_timeout,
+                "ack_timeout below {MIN_SANE_ACK_TIMEOUT} (≈ 17 ms): retries may give up on a \
+                 live but congested memory node and report it failed"
+            );
+        }
         Ok(())
     }
 }
+
+/// The smallest ACK timeout exponent that does not warn (4.096 µs · 2^12 ≈ 17 ms).
+pub const MIN_SANE_ACK_TIMEOUT: u8 = 12;
 
 /// An open device and the cluster to connect to; shared by a process's client
 /// threads.
@@ -215,8 +236,14 @@ impl RdmaFabric {
         let mut headers = Vec::with_capacity(n);
         let mut streams = Vec::with_capacity(n);
         let mut failures = Vec::new();
-        for (i, addr) in config.nodes.iter().enumerate() {
-            match connect_node(cluster, &cq, settings, i, addr) {
+        // All nodes at once: an unreachable node costs one bootstrap timeout, not one
+        // per node before it in the list.
+        let results = in_parallel(n, |i| {
+            connect_node(cluster, &cq, settings, i, &config.nodes[i])
+        });
+        for (i, result) in results.into_iter().enumerate() {
+            let addr = &config.nodes[i];
+            match result {
                 Ok(c) => {
                     qps.push(Some(c.qp));
                     links.push(Some(c.link));
@@ -264,6 +291,18 @@ impl RdmaFabric {
     pub fn is_failed(&self, node: NodeId) -> bool {
         self.inner.engine().is_dead(node)
     }
+}
+
+/// `f(0)`, ..., `f(n - 1)`, each on its own thread, in index order.
+fn in_parallel<T: Send>(n: usize, f: impl Fn(usize) -> T + Sync) -> Vec<T> {
+    std::thread::scope(|scope| {
+        let f = &f;
+        let handles: Vec<_> = (0..n).map(|i| scope.spawn(move || f(i))).collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)))
+            .collect()
+    })
 }
 
 fn connect_node(
@@ -366,12 +405,37 @@ mod tests {
     }
 
     #[test]
+    fn nodes_are_connected_at_the_same_time() {
+        // Every call waits until all have started: run one after the other, the
+        // first would give up waiting and the test would fail.
+        let started = std::sync::Mutex::new(0);
+        let all = std::sync::Condvar::new();
+        let results = in_parallel(5, |i| {
+            let mut count = started.lock().unwrap();
+            *count += 1;
+            all.notify_all();
+            let (count, timeout) = all
+                .wait_timeout_while(count, Duration::from_secs(20), |c| *c < 5)
+                .unwrap();
+            assert!(!timeout.timed_out(), "call {i} ran alone ({} started)", *count);
+            i * 10
+        });
+        assert_eq!(results, vec![0, 10, 20, 30, 40]);
+    }
+
+    #[test]
     fn config_is_validated_before_touching_the_device() {
         let token = Token::from_bytes([1; 32]);
         let mut config = RdmaConfig::new(vec!["a:1".into()], token.clone());
         assert!(config.validate().is_ok());
         config.send_queue_depth = 2;
         assert!(config.validate().is_err());
+        let mut config = RdmaConfig::new(vec!["a:1".into()], token.clone());
+        config.ack_timeout = 0;
+        let error = config.validate().unwrap_err().to_string();
+        assert!(error.contains("infinite"), "{error}");
+        config.ack_timeout = 8;
+        assert!(config.validate().is_ok(), "a short timeout only warns");
         let config = RdmaConfig::new(vec!["nope".into()], token.clone());
         assert!(matches!(
             RdmaCluster::open(config),

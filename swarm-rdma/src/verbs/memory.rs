@@ -14,8 +14,14 @@ use rdma_sys::{ibv_access_flags, ibv_dereg_mr, ibv_mr, ibv_reg_mr};
 
 use crate::error::RdmaError;
 use crate::verbs::device::Device;
+use crate::verbs::memlock::Registered;
 
 const HUGE_PAGE: usize = 2 << 20;
+/// `MAP_HUGETLB` alone takes the system's *default* huge page size, which may be
+/// 1 GiB: ask for 2 MiB pages explicitly, the size the length is rounded to (and
+/// unmapped with).
+const HUGE_FLAGS: i32 = libc::MAP_HUGETLB | libc::MAP_HUGE_2MB;
+const _: () = assert!(libc::MAP_HUGE_2MB == 21 << libc::MAP_HUGE_SHIFT);
 
 /// A private anonymous mapping, unmapped on drop.
 #[derive(Debug)]
@@ -42,7 +48,7 @@ impl Mapping {
         }
         if huge {
             if let Some(mapped) = len.checked_next_multiple_of(HUGE_PAGE)
-                && let Ok(ptr) = map(mapped, libc::MAP_HUGETLB)
+                && let Ok(ptr) = map(mapped, HUGE_FLAGS)
             {
                 return Ok(Self {
                     ptr,
@@ -152,6 +158,7 @@ pub struct MemoryRegion {
     mr: NonNull<ibv_mr>,
     memory: Mapping,
     _device: Arc<Device>,
+    _locked: Registered,
 }
 
 // SAFETY: the MR handle is only used through thread-safe verbs (dereg in Drop).
@@ -160,7 +167,8 @@ unsafe impl Send for MemoryRegion {}
 unsafe impl Sync for MemoryRegion {}
 
 impl MemoryRegion {
-    /// Registers `memory` on `device`.
+    /// Registers `memory` on `device`, after checking the locked-memory limit
+    /// ([`RdmaError::MemlockLimit`]).
     pub fn register(
         device: Arc<Device>,
         memory: Mapping,
@@ -176,6 +184,7 @@ impl MemoryRegion {
             Access::Local => ibv_access_flags::IBV_ACCESS_LOCAL_WRITE,
         };
         let len = memory.len();
+        let locked = Registered::reserve(len as u64)?;
         let addr = memory.ptr.as_ptr();
         // SAFETY: the PD is alive (we hold the device); `[addr, addr + len)` is a
         // live mapping owned by the returned region, which deregisters before it
@@ -187,6 +196,7 @@ impl MemoryRegion {
             mr,
             memory,
             _device: device,
+            _locked: locked,
         })
     }
 
@@ -240,6 +250,13 @@ mod tests {
         assert!(m.slice_mut(m.len(), 1).is_none());
         assert!(m.slice_mut(usize::MAX, 2).is_none());
         assert!(Mapping::new(0, false).is_err());
+    }
+
+    #[test]
+    fn huge_mappings_ask_for_2_mib_pages_not_the_default_size() {
+        assert_ne!(HUGE_FLAGS & libc::MAP_HUGETLB, 0);
+        assert_eq!(HUGE_FLAGS & (0x3f << libc::MAP_HUGE_SHIFT), libc::MAP_HUGE_2MB);
+        assert_eq!(HUGE_PAGE, 1 << 21);
     }
 
     #[test]

@@ -9,6 +9,7 @@
 
 pub mod cq;
 pub mod device;
+pub mod memlock;
 pub mod memory;
 pub mod post;
 pub mod qp;

@@ -52,6 +52,16 @@
 //!   write → read, CAS → read and (strict) read → write on hardware or soft-RoCE,
 //!   which can catch a violation but not prove its absence.
 //!
+//! # Across chains
+//!
+//! Fence state does not carry over from one chain to the next, even on one queue
+//! pair: a CAS at the start of a chain may execute before a CAS at the end of the
+//! previous chain has. This is the fabric contract (no order between batches,
+//! [`swarm_core::fabric`] item 3), which the protocols honour by waiting for a
+//! batch's completion before they post anything that depends on it; fencing every
+//! chain's first request would instead stall back-to-back batches (a background
+//! VERIFIED mark behind a CAS) for a full roundtrip.
+//!
 //! # Addresses and local buffers
 //!
 //! The core's addresses are byte offsets in a node's memory. A node's memory is one
