@@ -12,6 +12,11 @@
 //! epoch_unix_ns = 1700000000000000000
 //! tick_ns = 1000
 //! token_file = swarm.token
+//! # Optional: how queue pairs address each other (defaults shown).
+//! port = 1
+//! gid_index = auto
+//! traffic_class = 0
+//! service_level = 0
 //! ```
 //!
 //! The file carries what a memory node writes into its header (SWARM keeps the
@@ -22,6 +27,67 @@
 use std::path::{Path, PathBuf};
 
 use crate::error::RdmaError;
+use crate::verbs::gid::GidChoice;
+
+/// How a queue pair addresses its peer: the device port, the GID, and the GRH's
+/// traffic class and service level. Shared by clients and memory nodes; the cluster
+/// file may set it for everyone, `--port`/`--gid-index` override it per process.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PathConfig {
+    /// Device port (from 1; `None`: port 1).
+    pub port: Option<u8>,
+    /// Which GID to use (default: the RoCE v2 GID of the local IP address that
+    /// reaches the peer; see [`crate::verbs::gid`]).
+    pub gid: GidChoice,
+    /// GRH traffic class (RoCE: DSCP and ECN bits; PFC fabrics map lossless
+    /// classes to it).
+    pub traffic_class: u8,
+    /// Service level (RoCE: the VLAN priority).
+    pub service_level: u8,
+}
+
+impl PathConfig {
+    /// The port to use.
+    pub fn port(&self) -> u8 {
+        self.port.unwrap_or(1)
+    }
+
+    /// Checks the values (ports count from 1; SLs are 4 bits).
+    pub fn validate(&self) -> Result<(), RdmaError> {
+        if self.port == Some(0) {
+            return Err(RdmaError::Config("device ports count from 1".into()));
+        }
+        if self.service_level > 15 {
+            return Err(RdmaError::Config(format!(
+                "service level {} is invalid: it is 0 to 15",
+                self.service_level
+            )));
+        }
+        Ok(())
+    }
+
+    /// These settings with the command line's `--port`/`--gid-index` (when given)
+    /// taking precedence.
+    pub fn overridden_by(self, port: Option<u8>, gid: Option<GidChoice>) -> Self {
+        Self {
+            port: port.or(self.port),
+            gid: gid.unwrap_or(self.gid),
+            ..self
+        }
+    }
+}
+
+/// Parses a GID index (`auto` or `0`..`255`).
+pub fn parse_gid_choice(text: &str) -> Result<GidChoice, RdmaError> {
+    match text.trim() {
+        "auto" => Ok(GidChoice::Auto),
+        n => n.parse().map(GidChoice::Index).map_err(|_| {
+            RdmaError::Config(format!(
+                "GID index {text:?} is invalid: expected auto or 0 to 255"
+            ))
+        }),
+    }
+}
 
 /// Parses a comma-separated list of memory-node addresses (`HOST:PORT`, IPv6 hosts
 /// in brackets). Node `i` of the cluster is the `i`-th address.
@@ -111,6 +177,8 @@ pub struct ClusterConfig {
     /// The token file (absolute, or resolved against the cluster file's directory
     /// by [`ClusterConfig::load`]).
     pub token_file: PathBuf,
+    /// Port, GID and traffic class for every process of the cluster.
+    pub path: PathConfig,
 }
 
 impl ClusterConfig {
@@ -118,6 +186,7 @@ impl ClusterConfig {
     pub fn parse(text: &str, base: &Path) -> Result<Self, RdmaError> {
         let mut nodes = Vec::new();
         let (mut cluster_id, mut epoch, mut tick, mut token_file) = (None, None, None, None);
+        let mut path = PathConfig::default();
         for (n, raw) in text.lines().enumerate() {
             let line = raw.split('#').next().unwrap_or("").trim();
             if line.is_empty() {
@@ -131,12 +200,21 @@ impl ClusterConfig {
                 .ok_or_else(|| bad("expected `key = value`"))?;
             let value = value.trim();
             let number = || parse_u64(value).ok_or_else(|| bad("not a number"));
+            let byte =
+                || number().and_then(|n| u8::try_from(n).map_err(|_| bad("must be 0 to 255")));
             match key.trim() {
                 "node" => nodes.push(value.to_owned()),
                 "cluster_id" => cluster_id = Some(number()?),
                 "epoch_unix_ns" => epoch = Some(number()?),
                 "tick_ns" => tick = Some(number()?),
                 "token_file" => token_file = Some(PathBuf::from(value)),
+                "port" => path.port = Some(byte()?),
+                "gid_index" => {
+                    path.gid =
+                        parse_gid_choice(value).map_err(|_| bad("expected auto or 0 to 255"))?
+                }
+                "traffic_class" => path.traffic_class = byte()?,
+                "service_level" => path.service_level = byte()?,
                 other => return Err(bad(&format!("unknown key {other:?}"))),
             }
         }
@@ -147,7 +225,10 @@ impl ClusterConfig {
             return Err(RdmaError::Config("cluster file: tick_ns is zero".into()));
         }
         let token_file = token_file.ok_or_else(|| missing("token_file"))?;
+        path.validate()
+            .map_err(|e| RdmaError::Config(format!("cluster file: {e}")))?;
         Ok(Self {
+            path,
             nodes,
             cluster_id: cluster_id.ok_or_else(|| missing("cluster_id"))?,
             epoch_unix_ns: epoch.ok_or_else(|| missing("epoch_unix_ns"))?,
@@ -178,6 +259,19 @@ impl ClusterConfig {
         out.push_str(&format!("epoch_unix_ns = {}\n", self.epoch_unix_ns));
         out.push_str(&format!("tick_ns = {}\n", self.tick_ns));
         out.push_str(&format!("token_file = {}\n", self.token_file.display()));
+        let path = self.path;
+        if let Some(port) = path.port {
+            out.push_str(&format!("port = {port}\n"));
+        }
+        if let GidChoice::Index(index) = path.gid {
+            out.push_str(&format!("gid_index = {index}\n"));
+        }
+        if path.traffic_class != 0 {
+            out.push_str(&format!("traffic_class = {}\n", path.traffic_class));
+        }
+        if path.service_level != 0 {
+            out.push_str(&format!("service_level = {}\n", path.service_level));
+        }
         out
     }
 
@@ -242,9 +336,38 @@ mod tests {
             epoch_unix_ns: 1_700_000_000_000_000_000,
             tick_ns: 1000,
             token_file: PathBuf::from("/etc/swarm/swarm.token"),
+            path: PathConfig::default(),
         };
         let parsed = ClusterConfig::parse(&config.render(), Path::new("/x")).unwrap();
         assert_eq!(parsed, config);
+        let routed = ClusterConfig {
+            path: PathConfig {
+                port: Some(2),
+                gid: GidChoice::Index(3),
+                traffic_class: 106,
+                service_level: 3,
+            },
+            ..config.clone()
+        };
+        assert_eq!(
+            ClusterConfig::parse(&routed.render(), Path::new("/x")).unwrap(),
+            routed
+        );
+        let auto = format!("{}gid_index = auto\n", config.render());
+        assert_eq!(
+            ClusterConfig::parse(&auto, Path::new("/x")).unwrap(),
+            config
+        );
+        let overridden = routed.path.overridden_by(Some(1), None);
+        assert_eq!(
+            (overridden.port(), overridden.gid),
+            (1, GidChoice::Index(3))
+        );
+        let overridden = config.path.overridden_by(None, Some(GidChoice::Index(0)));
+        assert_eq!(
+            (overridden.port(), overridden.gid),
+            (1, GidChoice::Index(0))
+        );
         assert_eq!(parsed.node_id("10.0.0.2:7471").unwrap(), 1);
         assert!(parsed.node_id("0.0.0.0:7471").is_err());
         let relative = config.render().replace("/etc/swarm/", "");
@@ -266,6 +389,15 @@ mod tests {
             (
                 "node = a:1\ncluster_id = 1\nepoch_unix_ns = 0\ntick_ns = 0\ntoken_file = t\n",
                 "tick_ns is zero",
+            ),
+            ("node = a:1\ngid_index = 256\n", "auto or 0 to 255"),
+            (
+                "node = a:1\nport = 0\ncluster_id = 1\nepoch_unix_ns = 0\ntick_ns = 1\ntoken_file = t\n",
+                "count from 1",
+            ),
+            (
+                "node = a:1\nservice_level = 16\ncluster_id = 1\nepoch_unix_ns = 0\ntick_ns = 1\ntoken_file = t\n",
+                "0 to 15",
             ),
         ];
         for (text, expected) in cases {

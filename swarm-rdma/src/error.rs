@@ -55,6 +55,16 @@ pub enum RdmaError {
         /// The `ibv_port_state` code.
         state: u32,
     },
+    /// No usable GID (address) on the port for the peers to reach.
+    #[error("cannot address memory nodes from port {port} of RDMA device {device}: {detail}")]
+    Addressing {
+        /// The device.
+        device: String,
+        /// The port number.
+        port: u8,
+        /// What is wrong and what to pass instead.
+        detail: String,
+    },
     /// The device lacks a capability the transport needs.
     #[error("RDMA device {device} cannot be used: {what}")]
     Unsupported {

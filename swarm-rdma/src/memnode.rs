@@ -24,10 +24,13 @@ use swarm_core::header::{ENCODED_LEN, HEADER_SIZE, NodeHeader};
 
 use crate::auth::Token;
 use crate::bootstrap::{Acceptor, Server, ServerLimits};
-use crate::config::{ClusterConfig, check_listen_address, parse_size};
+use crate::config::{
+    ClusterConfig, PathConfig, check_listen_address, parse_gid_choice, parse_size,
+};
 use crate::error::RdmaError;
 use crate::verbs::cq::CompletionQueue;
-use crate::verbs::device::{Device, open_device};
+use crate::verbs::device::{Device, PortInfo, open_device};
+use crate::verbs::gid::GidChoice;
 use crate::verbs::memory::{Access, Mapping, MemoryRegion};
 use crate::verbs::qp::{QpSettings, QueuePair, Role};
 use crate::wire::{QpInfo, RegionInfo};
@@ -42,10 +45,8 @@ pub struct MemnodeConfig {
     pub size: u64,
     /// RDMA device name; `None` for the first device.
     pub device: Option<String>,
-    /// Device port (from 1).
-    pub port: u8,
-    /// GID table index.
-    pub gid_index: u8,
+    /// Device port, GID, traffic class and service level.
+    pub path: PathConfig,
     /// The cluster token clients must prove they know.
     pub token: Token,
     /// This node's id in the cluster.
@@ -77,8 +78,7 @@ impl MemnodeConfig {
             listen: listen.to_owned(),
             size,
             device,
-            port: 1,
-            gid_index: 0,
+            path: cluster.path,
             token: Token::load(&cluster.token_file)?,
             node_id: cluster.node_id(listen)?,
             // At most u16::MAX nodes: checked when the cluster file was parsed.
@@ -106,6 +106,7 @@ impl MemnodeConfig {
     /// Checks the configuration without touching any device.
     pub fn validate(&self) -> Result<(), RdmaError> {
         check_listen_address(&self.listen)?;
+        self.path.validate()?;
         if self.size < 2 * HEADER_SIZE || !self.size.is_multiple_of(8) {
             return Err(RdmaError::Config(format!(
                 "memory node size {} is invalid: it must be a multiple of 8 bytes and at least {} bytes",
@@ -146,6 +147,18 @@ impl Acceptor for VerbsAcceptor {
     }
 }
 
+/// A fresh random incarnation (never zero).
+fn new_incarnation() -> Result<u64, RdmaError> {
+    loop {
+        let bytes = crate::auth::random_bytes::<8>()
+            .map_err(|e| RdmaError::io("cannot draw the memory node's incarnation", e))?;
+        let incarnation = u64::from_le_bytes(bytes);
+        if incarnation != 0 {
+            return Ok(incarnation);
+        }
+    }
+}
+
 /// A running memory node.
 #[derive(Debug)]
 pub struct Memnode {
@@ -153,6 +166,7 @@ pub struct Memnode {
     // and unmap the memory, then close the device.
     server: Server,
     region: RegionInfo,
+    port: PortInfo,
     huge_pages: bool,
     _memory: MemoryRegion,
     device: Arc<Device>,
@@ -180,7 +194,17 @@ impl Memnode {
                 ),
             });
         }
-        let port = device.port(config.port, config.gid_index)?;
+        // The GID of the address clients reach us on; on a wildcard address, the
+        // first RoCE v2 IPv4 GID (a multi-homed host then needs --gid-index).
+        let listen_ip = config
+            .listen
+            .parse::<SocketAddr>()
+            .ok()
+            .map(|a| a.ip())
+            .filter(|ip| !ip.is_unspecified());
+        let port = device
+            .port(config.path.port())?
+            .address(config.path.gid, listen_ip)?;
         let header = config.header();
         // Checked by validate(): the size fits in usize.
         let mut memory = Mapping::new(config.size as usize, config.huge_pages)?;
@@ -194,6 +218,7 @@ impl Memnode {
             rkey: memory.rkey(),
             size: config.size,
             header,
+            incarnation: new_incarnation()?,
         };
         let cq = Arc::new(CompletionQueue::new(device.clone(), 16)?);
         let acceptor = VerbsAcceptor {
@@ -207,6 +232,8 @@ impl Memnode {
                 initiator_depth: 1,
                 ack_timeout: 14,
                 retry_count: 7,
+                traffic_class: config.path.traffic_class,
+                service_level: config.path.service_level,
             },
             region,
         };
@@ -227,12 +254,15 @@ impl Memnode {
             nodes = header.node_count,
             bytes = config.size,
             huge_pages,
+            incarnation = format_args!("{:#018x}", region.incarnation),
+            gid_index = port.gid_index,
             token = %config.token.fingerprint(),
             "memory node serving"
         );
         Ok(Self {
             server,
             region,
+            port,
             huge_pages,
             _memory: memory,
             device,
@@ -247,6 +277,11 @@ impl Memnode {
     /// What clients are told about the memory.
     pub fn region(&self) -> RegionInfo {
         self.region
+    }
+
+    /// The port and GID queue pairs use.
+    pub fn port(&self) -> PortInfo {
+        self.port
     }
 
     /// Whether huge pages back the memory.
@@ -288,18 +323,32 @@ pub struct MemnodeArgs {
     /// The cluster file written by `swarm init --rdma` (or `swarm-memnode init`).
     #[arg(long, default_value = "swarm-cluster.conf")]
     pub cluster: PathBuf,
+    /// Device port (default: the cluster file's, or 1).
+    #[arg(long)]
+    pub port: Option<u8>,
+    /// GID table index, or `auto` (default: the cluster file's, or auto: the RoCE v2
+    /// GID of the --listen address).
+    #[arg(long, value_parser = parse_gid_arg)]
+    pub gid_index: Option<GidChoice>,
+}
+
+/// `--gid-index`'s parser.
+pub fn parse_gid_arg(text: &str) -> Result<GidChoice, String> {
+    parse_gid_choice(text).map_err(|e| e.to_string())
 }
 
 impl MemnodeArgs {
     /// The node's configuration: the cluster file's, for the node at `listen`.
     pub fn config(&self) -> Result<MemnodeConfig, RdmaError> {
         let cluster = ClusterConfig::load(&self.cluster)?;
-        MemnodeConfig::from_cluster(
+        let mut config = MemnodeConfig::from_cluster(
             &cluster,
             &self.listen,
             parse_size(&self.size)?,
             self.device.clone(),
-        )
+        )?;
+        config.path = config.path.overridden_by(self.port, self.gid_index);
+        Ok(config)
     }
 }
 
@@ -311,11 +360,15 @@ pub fn serve(args: &MemnodeArgs) -> Result<(), RdmaError> {
     let (id, count) = (config.node_id, config.node_count);
     let node = Memnode::start(config)?;
     eprintln!(
-        "memory node {id} of {count}: serving {} on {} from {} (huge pages: {}); Ctrl-C to stop",
+        "memory node {id} of {count}: serving {} on {} from {} port {} GID index {} \
+         (huge pages: {}, incarnation {:#018x}); Ctrl-C to stop",
         args.size,
         node.local_addr(),
         node.device_name(),
-        node.huge_pages()
+        node.port().port,
+        node.port().gid_index,
+        node.huge_pages(),
+        node.region().incarnation,
     );
     node.wait();
     Ok(())
@@ -330,8 +383,7 @@ mod tests {
             listen: "127.0.0.1:0".into(),
             size: 1 << 20,
             device: None,
-            port: 1,
-            gid_index: 0,
+            path: PathConfig::default(),
             token: Token::from_bytes([7; 32]),
             node_id: 0,
             node_count: 3,
@@ -390,6 +442,7 @@ mod tests {
             epoch_unix_ns: 5,
             tick_ns: 1000,
             token_file: dir.join("swarm.token"),
+            path: PathConfig::default(),
         };
         let c = MemnodeConfig::from_cluster(&cluster, "10.0.0.2:7471", 1 << 30, None).unwrap();
         assert_eq!(c.token, token);

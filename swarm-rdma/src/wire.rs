@@ -19,7 +19,7 @@
 //! All integers are little endian. Bytes from the network are untrusted: decoding
 //! checks every length and field and fails with a [`WireError`], never a panic.
 //!
-//! Payloads of version 2 (every length is fixed):
+//! Payloads of version 3 (every length is fixed):
 //!
 //! | message | payload |
 //! |---------|---------|
@@ -31,7 +31,7 @@
 //!
 //! Version 1 carried queue pairs, the region's address and its rkey in clear and
 //! authenticated none of them; [`crate::auth::session`] says how version 2 proves and
-//! seals them. Sealed fields are decoded with [`QpInfo::from_bytes`] and
+//! seals them. Version 3 adds the memory node's incarnation to [`RegionInfo`]. Sealed fields are decoded with [`QpInfo::from_bytes`] and
 //! [`decode_accept_body`] once opened.
 
 use std::io::{self, Read, Write};
@@ -44,7 +44,7 @@ use crate::auth::{NONCE_LEN, Nonce, PROOF_LEN, Proof};
 /// First bytes of every frame.
 pub const MAGIC: [u8; 4] = *b"SWRB";
 /// The bootstrap protocol version this build speaks.
-pub const PROTOCOL_VERSION: u16 = 2;
+pub const PROTOCOL_VERSION: u16 = 3;
 /// Bytes in a frame header.
 pub const FRAME_HEADER_LEN: usize = 12;
 /// The largest payload accepted; every valid message is far smaller.
@@ -52,7 +52,7 @@ pub const MAX_PAYLOAD: u32 = 1024;
 
 /// Bytes of an encoded [`QpInfo`].
 pub const QP_INFO_LEN: usize = 2 + 16 + 4 + 4 + 1 + 1;
-const REGION_INFO_LEN: usize = 8 + 4 + 8 + ENCODED_LEN;
+const REGION_INFO_LEN: usize = 8 + 4 + 8 + 8 + ENCODED_LEN;
 /// Bytes of `Accept`'s sealed body: the node's [`QpInfo`] and [`RegionInfo`].
 pub const ACCEPT_BODY_LEN: usize = QP_INFO_LEN + REGION_INFO_LEN;
 /// Queue pair numbers and packet sequence numbers are 24-bit quantities.
@@ -158,6 +158,10 @@ pub struct RegionInfo {
     pub size: u64,
     /// The node header stored in the first bytes of the region.
     pub header: NodeHeader,
+    /// Random, non-zero, drawn when the memory node process started: a node that
+    /// restarts (with empty memory) has a new one, so a client that knew the old
+    /// one never takes it for the node it was talking to.
+    pub incarnation: u64,
 }
 
 /// Why a memory node refused a client.
@@ -464,6 +468,7 @@ pub fn encode_accept_body(qp: &QpInfo, region: &RegionInfo) -> [u8; ACCEPT_BODY_
     out.extend_from_slice(&region.addr.to_le_bytes());
     out.extend_from_slice(&region.rkey.to_le_bytes());
     out.extend_from_slice(&region.size.to_le_bytes());
+    out.extend_from_slice(&region.incarnation.to_le_bytes());
     out.extend_from_slice(&region.header.encode());
     let mut bytes = [0u8; ACCEPT_BODY_LEN];
     bytes.copy_from_slice(&out);
@@ -479,7 +484,11 @@ pub fn decode_accept_body(
     let addr = f.u64();
     let rkey = f.u32();
     let size = f.u64();
+    let incarnation = f.u64();
     let header_bytes: [u8; ENCODED_LEN] = f.take();
+    if incarnation == 0 {
+        return Err(WireError::BadField("the memory node's incarnation is zero"));
+    }
     if size < HEADER_SIZE {
         return Err(WireError::BadField("region is smaller than a node header"));
     }
@@ -499,6 +508,7 @@ pub fn decode_accept_body(
             rkey,
             size,
             header,
+            incarnation,
         },
     ))
 }
@@ -651,6 +661,7 @@ pub(crate) mod tests {
             rkey: 0xdead,
             size: 1 << 20,
             header: sample_header(1 << 20),
+            incarnation: 0x1ca7,
         }
     }
 
@@ -680,6 +691,7 @@ pub(crate) mod tests {
             rkey: 1,
             size: 1 << 21,
             header: sample_header(1 << 20),
+            incarnation: 1,
         };
         assert!(matches!(
             decode_accept_body(&encode_accept_body(&sample_qp(), &region)),
@@ -691,10 +703,20 @@ pub(crate) mod tests {
             rkey: 1,
             size: 1 << 20,
             header: sample_header(1 << 21),
+            incarnation: 1,
         };
         assert!(matches!(
             decode_accept_body(&encode_accept_body(&sample_qp(), &region)),
             Err(WireError::Header(_))
+        ));
+        // A node without an incarnation.
+        let region = RegionInfo {
+            incarnation: 0,
+            ..sample_region()
+        };
+        assert!(matches!(
+            decode_accept_body(&encode_accept_body(&sample_qp(), &region)),
+            Err(WireError::BadField(_))
         ));
         // An unknown refusal reason.
         let mut bytes = Message::Refuse {

@@ -21,6 +21,7 @@ use swarm_core::{Fabric, block_on_future};
 use swarm_core::{OpStats, Roundtrip};
 use swarm_rdma::auth::Token;
 use swarm_rdma::bootstrap::ServerLimits;
+use swarm_rdma::config::PathConfig;
 use swarm_rdma::wr::ReadOrdering;
 use swarm_rdma::{Memnode, MemnodeConfig, RdmaCluster, RdmaConfig, RdmaError, RdmaFabric};
 
@@ -51,8 +52,7 @@ fn node_config(token: &Token, id: u16, count: u16) -> MemnodeConfig {
         listen: "127.0.0.1:0".into(),
         size: NODE_BYTES,
         device: None,
-        port: 1,
-        gid_index: 0,
+        path: PathConfig::default(),
         token: token.clone(),
         node_id: id,
         node_count: count,

@@ -26,7 +26,7 @@ use swarm_core::header::{ENCODED_LEN, NodeHeader};
 use swarm_core::{Fabric, block_on};
 use swarm_core::{OpStats, Roundtrip};
 use swarm_rdma::auth::Token;
-use swarm_rdma::config::{ClusterConfig, parse_nodes};
+use swarm_rdma::config::{ClusterConfig, PathConfig, parse_nodes};
 use swarm_rdma::memnode::MemnodeArgs;
 use swarm_rdma::{RdmaCluster, RdmaConfig};
 
@@ -103,6 +103,7 @@ fn init(rdma: &str, dir: &std::path::Path, tick_ns: u64) -> Result<()> {
         epoch_unix_ns,
         tick_ns,
         token_file: PathBuf::from("swarm.token"),
+        path: PathConfig::default(),
     };
     let cluster_path = dir.join("swarm-cluster.conf");
     std::fs::write(&cluster_path, cluster.render())

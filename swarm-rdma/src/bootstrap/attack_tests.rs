@@ -32,6 +32,7 @@ impl Acceptor for RecordingAcceptor {
             rkey: RKEY,
             size: 1 << 20,
             header: sample_header(1 << 20),
+            incarnation: 7,
         }
     }
 
@@ -189,6 +190,7 @@ fn a_forged_accept_is_refused() {
         rkey: 0x666,
         size: 1 << 20,
         header: sample_header(1 << 20),
+        incarnation: 7,
     };
     let forgeries: [Tamper; 2] = [
         // An Accept in the relay's own terms, "sealed" without the key.

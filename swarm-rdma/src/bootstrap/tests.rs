@@ -35,6 +35,7 @@ impl Acceptor for FakeAcceptor {
             rkey: 0x42,
             size: 1 << 20,
             header: sample_header(1 << 20),
+            incarnation: 0xfeed,
         }
     }
 

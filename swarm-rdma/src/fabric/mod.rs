@@ -18,7 +18,7 @@ pub mod nic;
 #[cfg(test)]
 mod soft;
 
-use std::net::TcpStream;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream, ToSocketAddrs, UdpSocket};
 use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
@@ -28,10 +28,11 @@ use swarm_core::header::{HeaderError, NodeHeader};
 
 use crate::auth::Token;
 use crate::bootstrap;
+use crate::config::PathConfig;
 use crate::config::{ClusterConfig, check_address};
 use crate::error::RdmaError;
 use crate::verbs::cq::CompletionQueue;
-use crate::verbs::device::{Device, PortInfo, open_device};
+use crate::verbs::device::{Device, PortAttr, open_device};
 use crate::verbs::memory::{Access, Mapping, MemoryRegion};
 use crate::verbs::qp::{QpSettings, QueuePair, Role};
 use crate::wr::{ChainLimits, ReadOrdering, RemoteRegion};
@@ -47,10 +48,8 @@ pub struct RdmaConfig {
     pub token: Token,
     /// RDMA device name; `None` for the first device.
     pub device: Option<String>,
-    /// Device port (from 1).
-    pub port: u8,
-    /// GID table index (RoCE v2 is often 1 or 3; see `show_gids`).
-    pub gid_index: u8,
+    /// Device port, GID, traffic class and service level.
+    pub path: PathConfig,
     /// Registered staging bytes per client thread: bounds the data of batches in
     /// flight at once (and the largest batch).
     pub staging_bytes: u64,
@@ -78,8 +77,7 @@ impl RdmaConfig {
             nodes,
             token,
             device: None,
-            port: 1,
-            gid_index: 0,
+            path: PathConfig::default(),
             staging_bytes: 8 << 20,
             send_queue_depth: 256,
             max_inline: 128,
@@ -92,16 +90,16 @@ impl RdmaConfig {
 
     /// Defaults for the nodes of a cluster file, loading its token file.
     pub fn from_cluster(cluster: &ClusterConfig) -> Result<Self, RdmaError> {
-        Ok(Self::new(
-            cluster.nodes.clone(),
-            Token::load(&cluster.token_file)?,
-        ))
+        let mut config = Self::new(cluster.nodes.clone(), Token::load(&cluster.token_file)?);
+        config.path = cluster.path;
+        Ok(config)
     }
 
     fn validate(&self) -> Result<(), RdmaError> {
         if self.nodes.is_empty() {
             return Err(RdmaError::Config("no memory node given".into()));
         }
+        self.path.validate()?;
         for node in &self.nodes {
             check_address(node)?;
         }
@@ -151,7 +149,7 @@ pub const MIN_SANE_ACK_TIMEOUT: u8 = 12;
 #[derive(Debug)]
 pub struct RdmaCluster {
     device: Arc<Device>,
-    port: PortInfo,
+    port: PortAttr,
     config: RdmaConfig,
 }
 
@@ -167,7 +165,9 @@ impl RdmaCluster {
                 what: "it does not support RDMA atomics (compare-and-swap)".into(),
             });
         }
-        let port = device.port(config.port, config.gid_index)?;
+        let port = device.port(config.path.port())?;
+        // Fail now, not per node, when no GID can work whatever the route.
+        port.address(config.path.gid, None)?;
         Ok(Self {
             device,
             port,
@@ -192,6 +192,7 @@ impl RdmaCluster {
 pub struct RdmaFabric {
     inner: EngineFabric<VerbsNic>,
     headers: Vec<Option<NodeHeader>>,
+    incarnations: Vec<Option<u64>>,
     /// Bootstrap connections, held open while the queue pairs are in use: closing
     /// one tells that memory node to destroy its side.
     _streams: Vec<Option<TcpStream>>,
@@ -201,6 +202,7 @@ struct Connected {
     qp: QueuePair,
     link: NodeLink,
     header: NodeHeader,
+    incarnation: u64,
     stream: TcpStream,
 }
 
@@ -221,25 +223,30 @@ impl RdmaFabric {
             Mapping::new(staging_len, false)?,
             Access::Local,
         )?;
-        let settings = QpSettings {
+        let settings = |port| QpSettings {
             role: Role::Client,
-            port: cluster.port,
+            port,
             send_depth: depth,
             max_inline: config.max_inline,
             responder_depth: 1,
             initiator_depth: caps.max_qp_init_rd_atom.max(1),
             ack_timeout: config.ack_timeout,
             retry_count: config.retry_count,
+            traffic_class: config.path.traffic_class,
+            service_level: config.path.service_level,
         };
         let mut qps = Vec::with_capacity(n);
         let mut links = Vec::with_capacity(n);
         let mut headers = Vec::with_capacity(n);
+        let mut incarnations = Vec::with_capacity(n);
         let mut streams = Vec::with_capacity(n);
         let mut failures = Vec::new();
         // All nodes at once: an unreachable node costs one bootstrap timeout, not one
         // per node before it in the list.
         let results = in_parallel(n, |i| {
-            connect_node(cluster, &cq, settings, i, &config.nodes[i])
+            let addr = &config.nodes[i];
+            let port = cluster.port.address(config.path.gid, route_source(addr))?;
+            connect_node(cluster, &cq, settings(port), i, addr)
         });
         for (i, result) in results.into_iter().enumerate() {
             let addr = &config.nodes[i];
@@ -248,6 +255,7 @@ impl RdmaFabric {
                     qps.push(Some(c.qp));
                     links.push(Some(c.link));
                     headers.push(Some(c.header));
+                    incarnations.push(Some(c.incarnation));
                     streams.push(Some(c.stream));
                 }
                 Err(error) => {
@@ -256,6 +264,7 @@ impl RdmaFabric {
                     qps.push(None);
                     links.push(None);
                     headers.push(None);
+                    incarnations.push(None);
                     streams.push(None);
                 }
             }
@@ -278,6 +287,7 @@ impl RdmaFabric {
         Ok(Self {
             inner: EngineFabric::new(Engine::new(nic, links)),
             headers,
+            incarnations,
             _streams: streams,
         })
     }
@@ -287,10 +297,32 @@ impl RdmaFabric {
         &self.headers
     }
 
+    /// The memory nodes' incarnations learnt during the bootstrap (`None`: node
+    /// unreachable). A memory node process draws a new one each time it starts, so a
+    /// changed incarnation means the node lost its memory.
+    pub fn incarnations(&self) -> &[Option<u64>] {
+        &self.incarnations
+    }
+
     /// Whether this client considers `node` failed.
     pub fn is_failed(&self, node: NodeId) -> bool {
         self.inner.engine().is_dead(node)
     }
+}
+
+/// The local IP address traffic to `addr` leaves from (the kernel's route; no packet
+/// is sent), which names the GID to use on RoCE. `None` if it cannot be resolved:
+/// the GID is then chosen without it, and the bootstrap reports the address.
+fn route_source(addr: &str) -> Option<IpAddr> {
+    let remote = addr.to_socket_addrs().ok()?.next()?;
+    let any: SocketAddr = if remote.is_ipv4() {
+        (Ipv4Addr::UNSPECIFIED, 0).into()
+    } else {
+        (Ipv6Addr::UNSPECIFIED, 0).into()
+    };
+    let socket = UdpSocket::bind(any).ok()?;
+    socket.connect(remote).ok()?;
+    Some(socket.local_addr().ok()?.ip())
 }
 
 /// `f(0)`, ..., `f(n - 1)`, each on its own thread, in index order.
@@ -300,7 +332,10 @@ fn in_parallel<T: Send>(n: usize, f: impl Fn(usize) -> T + Sync) -> Vec<T> {
         let handles: Vec<_> = (0..n).map(|i| scope.spawn(move || f(i))).collect();
         handles
             .into_iter()
-            .map(|h| h.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)))
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+            })
             .collect()
     })
 }
@@ -346,6 +381,7 @@ fn connect_node(
         },
         qp,
         header,
+        incarnation: accepted.region.incarnation,
         stream: accepted.stream,
     })
 }
@@ -405,6 +441,15 @@ mod tests {
     }
 
     #[test]
+    fn the_route_names_the_local_address() {
+        assert_eq!(
+            route_source("127.0.0.1:7471"),
+            Some(IpAddr::V4(Ipv4Addr::LOCALHOST))
+        );
+        assert_eq!(route_source("no port"), None);
+    }
+
+    #[test]
     fn nodes_are_connected_at_the_same_time() {
         // Every call waits until all have started: run one after the other, the
         // first would give up waiting and the test would fail.
@@ -417,7 +462,11 @@ mod tests {
             let (count, timeout) = all
                 .wait_timeout_while(count, Duration::from_secs(20), |c| *c < 5)
                 .unwrap();
-            assert!(!timeout.timed_out(), "call {i} ran alone ({} started)", *count);
+            assert!(
+                !timeout.timed_out(),
+                "call {i} ran alone ({} started)",
+                *count
+            );
             i * 10
         });
         assert_eq!(results, vec![0, 10, 20, 30, 40]);

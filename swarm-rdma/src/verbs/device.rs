@@ -6,6 +6,7 @@
 
 use std::ffi::CStr;
 use std::io;
+use std::net::IpAddr;
 use std::ptr::NonNull;
 
 use rdma_sys::{
@@ -15,6 +16,7 @@ use rdma_sys::{
 };
 
 use crate::error::RdmaError;
+use crate::verbs::gid::{self, GidChoice, GidEntry, LinkLayer};
 
 /// The capabilities of a device that the transport uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -33,21 +35,80 @@ pub struct DeviceCaps {
     pub max_mr_size: u64,
 }
 
-/// One port of a device, as a queue pair needs it.
+/// One port of a device and the GID a queue pair uses on it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PortInfo {
     /// Port number (from 1).
     pub port: u8,
+    /// InfiniBand or Ethernet (RoCE).
+    pub link_layer: LinkLayer,
     /// Local identifier (InfiniBand; 0 on RoCE).
     pub lid: u16,
-    /// The GID at the configured index.
+    /// The GID in use.
     pub gid: [u8; 16],
-    /// GID table index used for the GRH.
+    /// Its index in the GID table (`sgid_index` of the GRH).
     pub gid_index: u8,
     /// Active MTU as an `ibv_mtu` code.
     pub active_mtu: u8,
     /// Largest message.
     pub max_msg_sz: u32,
+}
+
+/// An active port: its attributes and GID table, from which each connection picks
+/// its GID ([`PortAttr::address`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PortAttr {
+    /// The device's name, for messages.
+    pub device: String,
+    /// Port number (from 1).
+    pub port: u8,
+    /// InfiniBand or Ethernet (RoCE).
+    pub link_layer: LinkLayer,
+    /// Local identifier (InfiniBand; 0 on RoCE).
+    pub lid: u16,
+    /// Active MTU as an `ibv_mtu` code.
+    pub active_mtu: u8,
+    /// Largest message.
+    pub max_msg_sz: u32,
+    /// Populated GID table entries.
+    pub gids: Vec<GidEntry>,
+}
+
+impl PortAttr {
+    /// The port with the GID `choice` gives for traffic leaving from `local_ip`
+    /// ([`gid::select`]).
+    pub fn address(
+        &self,
+        choice: GidChoice,
+        local_ip: Option<IpAddr>,
+    ) -> Result<PortInfo, RdmaError> {
+        let entry =
+            gid::select(&self.gids, self.link_layer, choice, local_ip).map_err(|detail| {
+                RdmaError::Addressing {
+                    device: self.device.clone(),
+                    port: self.port,
+                    detail,
+                }
+            })?;
+        tracing::debug!(
+            device = %self.device,
+            port = self.port,
+            gid_index = entry.index,
+            gid = %std::net::Ipv6Addr::from(entry.gid),
+            kind = ?entry.kind,
+            ?local_ip,
+            "GID selected"
+        );
+        Ok(PortInfo {
+            port: self.port,
+            link_layer: self.link_layer,
+            lid: self.lid,
+            gid: entry.gid,
+            gid_index: entry.index,
+            active_mtu: self.active_mtu,
+            max_msg_sz: self.max_msg_sz,
+        })
+    }
 }
 
 /// An open device with one protection domain. Verbs objects are thread-safe, so one
@@ -226,8 +287,8 @@ impl Device {
         })
     }
 
-    /// Queries `port` and the GID at `gid_index`; fails if the port is not active.
-    pub fn port(&self, port: u8, gid_index: u8) -> Result<PortInfo, RdmaError> {
+    /// Queries `port` and its GID table; fails if the port is not active.
+    pub fn port(&self, port: u8) -> Result<PortAttr, RdmaError> {
         // SAFETY: ibv_port_attr is plain data; zero is valid before the query fills it.
         let mut attr: ibv_port_attr = unsafe { std::mem::zeroed() };
         // SAFETY: the context is open; `attr` is a valid, correctly sized out-pointer.
@@ -242,21 +303,35 @@ impl Device {
                 state: attr.state,
             });
         }
-        // SAFETY: ibv_gid is a 16-byte union of plain data.
-        let mut gid: ibv_gid = unsafe { std::mem::zeroed() };
-        // SAFETY: the context is open; `gid` is a valid out-pointer.
-        let rc = unsafe { ibv_query_gid(self.context(), port, i32::from(gid_index), &mut gid) };
-        if rc != 0 {
-            return Err(RdmaError::code("ibv_query_gid", rc));
-        }
-        Ok(PortInfo {
-            port,
-            lid: attr.lid,
+        // sgid_index is a u8: entries past 255 cannot be used anyway.
+        let table_len = u16::try_from(attr.gid_tbl_len).unwrap_or(0).min(256);
+        let mut gids = Vec::new();
+        for index in 0..table_len {
+            // Below 256.
+            let index = index as u8;
+            // SAFETY: ibv_gid is a 16-byte union of plain data.
+            let mut gid: ibv_gid = unsafe { std::mem::zeroed() };
+            // SAFETY: the context is open; `gid` is a valid out-pointer.
+            let rc = unsafe { ibv_query_gid(self.context(), port, i32::from(index), &mut gid) };
             // SAFETY: every bit pattern of the union is a valid byte array.
-            gid: unsafe { gid.raw },
-            gid_index,
+            let raw = unsafe { gid.raw };
+            if rc != 0 || raw == [0; 16] {
+                continue;
+            }
+            gids.push(GidEntry {
+                index,
+                gid: raw,
+                kind: gid::sysfs_type(&self.name, port, index),
+            });
+        }
+        Ok(PortAttr {
+            device: self.name.clone(),
+            port,
+            link_layer: LinkLayer::from_verbs(attr.link_layer),
+            lid: attr.lid,
             active_mtu: u8::try_from(attr.active_mtu).unwrap_or(1),
             max_msg_sz: attr.max_msg_sz,
+            gids,
         })
     }
 }

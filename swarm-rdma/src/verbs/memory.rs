@@ -255,7 +255,10 @@ mod tests {
     #[test]
     fn huge_mappings_ask_for_2_mib_pages_not_the_default_size() {
         assert_ne!(HUGE_FLAGS & libc::MAP_HUGETLB, 0);
-        assert_eq!(HUGE_FLAGS & (0x3f << libc::MAP_HUGE_SHIFT), libc::MAP_HUGE_2MB);
+        assert_eq!(
+            HUGE_FLAGS & (0x3f << libc::MAP_HUGE_SHIFT),
+            libc::MAP_HUGE_2MB
+        );
         assert_eq!(HUGE_PAGE, 1 << 21);
     }
 

@@ -16,6 +16,7 @@ use rdma_sys::{
 use crate::error::RdmaError;
 use crate::verbs::cq::CompletionQueue;
 use crate::verbs::device::PortInfo;
+use crate::verbs::gid::{self, LinkLayer};
 use crate::wire::QpInfo;
 
 /// Which end of a client ↔ memory-node connection a queue pair is.
@@ -47,6 +48,11 @@ pub struct QpSettings {
     pub ack_timeout: u8,
     /// Transport retries before the request fails with `IBV_WC_RETRY_EXC_ERR`.
     pub retry_count: u8,
+    /// Traffic class of the GRH (RoCE: the DSCP/ECN byte; lossless classes on PFC
+    /// fabrics are picked by it).
+    pub traffic_class: u8,
+    /// Service level (InfiniBand SL; RoCE maps it to the VLAN priority).
+    pub service_level: u8,
 }
 
 /// An RC queue pair; destroyed on drop.
@@ -56,7 +62,7 @@ pub struct QueuePair {
     psn: u32,
     max_inline: u32,
     settings: QpSettings,
-    _cq: Arc<CompletionQueue>,
+    cq: Arc<CompletionQueue>,
 }
 
 // SAFETY: the QP is only used through verbs, which are thread-safe.
@@ -93,7 +99,7 @@ impl QueuePair {
             psn,
             max_inline,
             settings,
-            _cq: cq,
+            cq,
         };
         qp.modify_to_init()?;
         Ok(qp)
@@ -173,15 +179,24 @@ impl QueuePair {
         attr.max_dest_rd_atomic = self.settings.responder_depth.max(1);
         attr.min_rnr_timer = 12;
         attr.ah_attr.dlid = remote.lid;
-        attr.ah_attr.sl = 0;
+        attr.ah_attr.sl = self.settings.service_level;
         attr.ah_attr.src_path_bits = 0;
         attr.ah_attr.port_num = port.port;
-        if remote.gid != [0; 16] {
-            // RoCE needs a global route header; on InfiniBand it is harmless.
+        if port.link_layer == LinkLayer::Ethernet && remote.gid == [0; 16] {
+            return Err(RdmaError::Addressing {
+                device: self.cq.device().name().to_owned(),
+                port: port.port,
+                detail: "the peer sent an all-zero GID, which RoCE cannot address: its port \
+                         has no IP address for the GID index it uses"
+                    .into(),
+            });
+        }
+        if gid::needs_grh(port.link_layer, &port.gid, &remote.gid) {
             attr.ah_attr.is_global = 1;
             attr.ah_attr.grh.dgid.raw = remote.gid;
             attr.ah_attr.grh.sgid_index = port.gid_index;
             attr.ah_attr.grh.hop_limit = 64;
+            attr.ah_attr.grh.traffic_class = self.settings.traffic_class;
         }
         self.modify(
             &mut attr,

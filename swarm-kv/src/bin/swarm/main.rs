@@ -137,6 +137,13 @@ struct ClusterArg {
     /// RDMA device (default: the first one).
     #[arg(long)]
     device: Option<String>,
+    /// RDMA device port (default: the cluster file's, or 1).
+    #[arg(long)]
+    port: Option<u8>,
+    /// RDMA GID table index, or `auto` (default: the cluster file's, or auto: the
+    /// RoCE v2 GID of the local address that reaches each memory node).
+    #[arg(long)]
+    gid_index: Option<String>,
 }
 
 #[derive(Debug, Args)]

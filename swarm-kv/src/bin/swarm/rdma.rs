@@ -9,7 +9,7 @@ use anyhow::{Context, Result};
 use swarm_kv::RdmaStore;
 use swarm_kv::layout::ClusterParams;
 use swarm_rdma::auth::Token;
-use swarm_rdma::config::{ClusterConfig, parse_nodes};
+use swarm_rdma::config::{ClusterConfig, PathConfig, parse_gid_choice, parse_nodes};
 use swarm_rdma::{RdmaConfig, memnode};
 
 use crate::{ClusterArg, InitArgs};
@@ -37,6 +37,8 @@ fn config(at: &ClusterArg) -> Result<Option<RdmaConfig>> {
         (None, None) => return Ok(None),
     };
     config.device = at.device.clone();
+    let gid = at.gid_index.as_deref().map(parse_gid_choice).transpose()?;
+    config.path = config.path.overridden_by(at.port, gid);
     Ok(Some(config))
 }
 
@@ -84,6 +86,7 @@ pub fn init(args: &InitArgs, list: &str) -> Result<ExitCode> {
         tick_ns: args.tick_ns,
         // Relative: resolved against the cluster file's directory on load.
         token_file: PathBuf::from("swarm.token"),
+        path: PathConfig::default(),
     };
     let conf_path = args.dir.join("swarm-cluster.conf");
     write_private(&conf_path, config.render().as_bytes(), args.force)?;
