@@ -5,7 +5,9 @@
 #   1. the device tests (batches, ordering, a dead node, a wrong token...), which print
 #      "SKIPPED ...: no RDMA device" on a machine without one and must really run here;
 #   2. a cluster of three `swarm memnode` daemons: init, format, put, get, stat, delete;
-#   3. one memory node killed: put and get keep working with the other two.
+#   3. `swarm bench --cluster` over the three nodes, its history checked;
+#   4. one memory node killed in the middle of a bench, whose history is checked,
+#      then put and get with the other two.
 #
 # Each step prints PASS or FAIL; the exit status is non-zero on any failure, and 77 if
 # the VM could not be started at all (no test ran).
@@ -60,9 +62,29 @@ stat=\$(at stat) && [[ "\$stat" == *"keys: 1"* ]] && pass stat || fail stat
 at delete hello && pass delete || fail delete
 if at get hello 2>/dev/null; then fail "get after delete"; else pass "get after delete: absent"; fi
 
-# 3. A memory node killed.
+# 3. A benchmark over RDMA, its history checked for linearizability.
+bench=(bench --workload a --keys 1000 --ops 20000 --clients 2 --warmup-ops 0)
+if at "\${bench[@]}" --history "$out/history.jsonl" >"$out/bench.log" 2>&1; then
+    pass "bench --cluster (\$(grep -m1 -o '[0-9.]* kops/s' "$out/bench.log" || echo '?'))"
+else
+    fail "bench --cluster (see $out/bench.log)"; tail -20 "$out/bench.log"
+fi
+\$swarm check "$out/history.jsonl" >"$out/check.log" 2>&1 && pass "bench history linearizable" ||
+    fail "bench history linearizable (see $out/check.log)"
+
+# 4. A memory node killed in the middle of a benchmark, then put and get without it.
+at "\${bench[@]}" --seed 7 --history "$out/history-kill.jsonl" >"$out/bench-kill.log" 2>&1 &
+bench_pid=\$!
+sleep 5
 kill -9 "\${pids[2]}"
-sleep 1
+if wait \$bench_pid; then
+    pass "bench with node 2 killed mid-run (\$(grep -m1 -o '[0-9.]* kops/s' "$out/bench-kill.log" || echo '?'))"
+else
+    fail "bench with node 2 killed mid-run (see $out/bench-kill.log)"; tail -20 "$out/bench-kill.log"
+fi
+\$swarm check "$out/history-kill.jsonl" >"$out/check-kill.log" 2>&1 &&
+    pass "history across the kill linearizable" ||
+    fail "history across the kill linearizable (see $out/check-kill.log)"
 at put after-kill yes && pass "put with node 2 killed" || fail "put with node 2 killed"
 [ "\$(at get after-kill)" = yes ] && pass "get with node 2 killed" || fail "get with node 2 killed"
 

@@ -2,9 +2,10 @@
 //! protocol baselines RAW and DM-ABD) and FUSEE run through the same driver, phases,
 //! statistics and history recording.
 
-use swarm_core::OpStats;
+use swarm_core::fabric::{EmulatedRtt, FailNodes};
+use swarm_core::{Fabric, OpStats};
 use swarm_fusee::{FuseeClient, FuseeError};
-use swarm_shm::EmulatedFabric;
+use swarm_shm::{EmulatedFabric, ShmFabric};
 
 use crate::KvError;
 use crate::client::KvClient;
@@ -23,8 +24,10 @@ pub enum OpError {
 
 /// One client thread's handle on the system under test.
 pub(crate) trait BenchClient {
+    /// The transport under the fault injector.
+    type Transport: Fabric;
     /// The fabric handle (to crash a node for this client, and drive progress).
-    fn fabric(&self) -> &EmulatedFabric;
+    fn fabric(&self) -> &FailNodes<Self::Transport>;
     /// The value of `key`.
     async fn get(&self, key: &[u8], stats: &OpStats) -> Result<Option<Vec<u8>>, OpError>;
     /// Sets `key` if present; whether it was.
@@ -35,8 +38,9 @@ pub(crate) trait BenchClient {
     fn close(self);
 }
 
-impl BenchClient for KvClient<EmulatedFabric, SystemClock> {
-    fn fabric(&self) -> &EmulatedFabric {
+impl<F: Fabric> BenchClient for KvClient<FailNodes<F>, SystemClock> {
+    type Transport = F;
+    fn fabric(&self) -> &FailNodes<F> {
         KvClient::fabric(self)
     }
     async fn get(&self, key: &[u8], stats: &OpStats) -> Result<Option<Vec<u8>>, OpError> {
@@ -54,6 +58,7 @@ impl BenchClient for KvClient<EmulatedFabric, SystemClock> {
 }
 
 impl BenchClient for FuseeClient<EmulatedFabric> {
+    type Transport = EmulatedRtt<ShmFabric>;
     fn fabric(&self) -> &EmulatedFabric {
         FuseeClient::fabric(self)
     }

@@ -208,9 +208,6 @@ impl BenchConfig {
 /// [`BenchConfig`].
 #[derive(Clone, Debug, clap::Args)]
 pub struct BenchArgs {
-    /// Cluster directory (made by `swarm init`); the benchmark inserts its keys there.
-    #[arg(long)]
-    pub dir: PathBuf,
     /// YCSB workload: a (50 % updates), b (5 % updates), c (read only), u (update only).
     #[arg(long, value_enum, default_value_t = Workload::B)]
     pub workload: Workload,

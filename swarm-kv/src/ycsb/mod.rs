@@ -52,6 +52,6 @@ pub use compare::comparison_table;
 pub use config::{BenchArgs, BenchConfig, FailPlan, System};
 pub use error::BenchError;
 pub use report::BenchReport;
-pub use run::{register_protocol, run, run_fusee};
+pub use run::{register_protocol, run, run_fusee, run_on};
 pub use temp::TempStore;
 pub use workload::{OpType, Workload};

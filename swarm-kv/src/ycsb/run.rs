@@ -37,8 +37,8 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use rand::SeedableRng;
 use rand::rngs::Xoshiro256PlusPlus;
 use swarm_checker::{OpKind, Operation};
+use swarm_core::fabric::FailNodes;
 use swarm_core::{Fabric, FabricError, LocalExecutor, NodeId, OpStats};
-use swarm_shm::EmulatedFabric;
 
 use super::bench_client::{BenchClient, OpError};
 use super::config::{BenchConfig, System};
@@ -52,9 +52,7 @@ use super::timeline::Timeline;
 use super::workload::{KeySpace, OpChooser, OpType, value};
 use crate::client::{KvClient, RegisterProtocol};
 use crate::clock::SystemClock;
-use crate::{KvError, ShmStore};
-
-type Client = KvClient<EmulatedFabric, SystemClock>;
+use crate::{KvError, ShmStore, Store};
 
 /// Progress is reported to the bar in batches of this many operations.
 const PROGRESS_BATCH: u64 = 256;
@@ -86,7 +84,38 @@ pub fn run(store: &ShmStore, config: &BenchConfig) -> Result<BenchReport, BenchE
         return run_fusee(nodes, config);
     }
     check_capacity(store.layout(), config)?;
-    let clients = connect(store, config)?;
+    // The shared-memory fabric already carries the fault injector.
+    let store = store.clone().with_rtt_ns(config.rtt_ns);
+    let clients = connect(&store, config, || Ok(store.fabric()))?;
+    run_clients(clients, config)
+}
+
+/// Runs `config` on any SWARM-KV store — over RDMA, say (`swarm bench --cluster`) —
+/// with its real latency: `rtt_ns` (emulated latency) must be 0 and FUSEE, which
+/// has a store of its own, is not available. [`run`] is the shared-memory version.
+pub fn run_on<S: Store>(store: &S, config: &BenchConfig) -> Result<BenchReport, BenchError>
+where
+    S::Fabric: Send,
+{
+    config.validate()?;
+    if config.rtt_ns != 0 {
+        return Err(BenchError::InvalidConfig(
+            "--rtt-ns emulates network latency on shared memory; this cluster has a real \
+             network: leave it at 0"
+                .into(),
+        ));
+    }
+    if config.system == System::Fusee {
+        return Err(BenchError::InvalidConfig(
+            "FUSEE runs on a shared-memory store of its own: use --dir (or leave --system \
+             at swarm, abd or raw)"
+                .into(),
+        ));
+    }
+    let nodes = store.fabric()?.node_count();
+    check_fail_node(config, nodes)?;
+    check_capacity(store.layout(), config)?;
+    let clients = connect(store, config, || store.fabric().map(FailNodes::new))?;
     run_clients(clients, config)
 }
 
@@ -215,15 +244,25 @@ fn run_clients<C: BenchClient + Send>(
 
 /// One client per thread, each registered as its own writer, with the run's
 /// protocol and emulated roundtrip time.
-fn connect(store: &ShmStore, config: &BenchConfig) -> Result<Vec<Client>, BenchError> {
-    let store = store.clone().with_rtt_ns(config.rtt_ns);
+/// One client per thread of the run, each on its own fabric handle from
+/// `fabric`, which wraps the store's in the fault injector that `--fail-node` uses.
+fn connect<S: Store, T: Fabric>(
+    store: &S,
+    config: &BenchConfig,
+    fabric: impl Fn() -> Result<FailNodes<T>, KvError>,
+) -> Result<Vec<KvClient<FailNodes<T>, SystemClock>>, BenchError> {
     let mut kv_config = store.config();
     kv_config.register_protocol = register_protocol(config.system).ok_or_else(|| {
         BenchError::InvalidConfig("FUSEE runs on a store of its own: use run_fusee".into())
     })?;
+    let header = *store.header();
     let mut clients = Vec::with_capacity(config.clients);
     for index in 0..config.clients {
-        match store.client_with(kv_config) {
+        let client = fabric().and_then(|fabric| {
+            let clock = SystemClock::new(header.epoch_unix_ns, header.tick_ns);
+            KvClient::connect(fabric, clock, *store.layout(), kv_config)
+        });
+        match client {
             Ok(client) => clients.push(client),
             Err(e) => {
                 // Give the writer ids taken so far back.

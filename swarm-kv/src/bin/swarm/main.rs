@@ -24,6 +24,7 @@ use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand};
 use swarm_core::{Batch, Fabric, NodeId, OpStats, Roundtrip, block_on};
 use swarm_kv::layout::ClusterParams;
+use swarm_kv::ycsb::{BenchConfig, BenchError, BenchReport};
 use swarm_kv::{ShmStore, Store};
 
 #[cfg_attr(not(feature = "rdma"), path = "no_rdma.rs")]
@@ -91,9 +92,15 @@ enum Command {
         #[command(flatten)]
         params: ParamArgs,
     },
-    /// Run a YCSB workload on a shared-memory cluster and report throughput, latency
-    /// percentiles and roundtrips per operation type.
-    Bench(swarm_kv::ycsb::BenchArgs),
+    /// Run a YCSB workload on a cluster (shared memory: --dir; RDMA: --cluster or
+    /// --rdma) and report throughput, latency percentiles and roundtrips per
+    /// operation type.
+    Bench {
+        #[command(flatten)]
+        at: ClusterArg,
+        #[command(flatten)]
+        args: swarm_kv::ycsb::BenchArgs,
+    },
     /// Draw the figures of saved reports (`swarm bench --json`, one report or an
     /// array each), e.g. several systems run one after the other, in one set of figures.
     Plot {
@@ -278,7 +285,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             writer,
             min_idle_secs,
         } => with_store!(&at, |store| evict(&store, writer, min_idle_secs)),
-        Command::Bench(args) => bench(&args),
+        Command::Bench { at, args } => with_store!(&at, |store| bench(&store, &args)),
         Command::Plot { out, reports } => plot(&out, &reports),
         Command::Check { file } => check(&file),
         Command::Memnode(args) => rdma::memnode(&args),
@@ -496,10 +503,28 @@ fn print_out(text: &str) {
     let _ = writeln!(out, "{text}").and_then(|()| out.flush());
 }
 
-fn bench(args: &swarm_kv::ycsb::BenchArgs) -> Result<ExitCode> {
+/// How `swarm bench` runs on a store: shared memory has emulated latency and the
+/// FUSEE baseline; other transports run SWARM-KV and its register baselines with
+/// their real latency.
+trait Bench {
+    fn bench(&self, config: &BenchConfig) -> Result<BenchReport, BenchError>;
+}
+
+impl Bench for ShmStore {
+    fn bench(&self, config: &BenchConfig) -> Result<BenchReport, BenchError> {
+        swarm_kv::ycsb::run(self, config)
+    }
+}
+
+#[cfg(feature = "rdma")]
+impl Bench for rdma::Store {
+    fn bench(&self, config: &BenchConfig) -> Result<BenchReport, BenchError> {
+        swarm_kv::ycsb::run_on(self, config)
+    }
+}
+
+fn bench<S: Bench>(store: &S, args: &swarm_kv::ycsb::BenchArgs) -> Result<ExitCode> {
     let configs = args.to_configs()?;
-    let store = ShmStore::open(&args.dir)
-        .with_context(|| format!("cannot open the SWARM-KV cluster in {}", args.dir.display()))?;
     let mut reports = Vec::with_capacity(configs.len());
     for (i, config) in configs.iter().enumerate() {
         if configs.len() > 1 {
@@ -512,7 +537,7 @@ fn bench(args: &swarm_kv::ycsb::BenchArgs) -> Result<ExitCode> {
                 config.clients
             );
         }
-        let report = swarm_kv::ycsb::run(&store, config)?;
+        let report = store.bench(config)?;
         print_out(&report.to_string());
         reports.push(report);
     }
