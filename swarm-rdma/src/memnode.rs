@@ -294,6 +294,13 @@ impl Memnode {
         self.device.name()
     }
 
+    /// Disconnects every client (destroying its queue pair) and keeps serving, as
+    /// a memory node that evicts its clients would; they reconnect on their own.
+    /// Returns how many were connected.
+    pub fn disconnect_clients(&self) -> usize {
+        self.server.disconnect_clients()
+    }
+
     /// Serves until the process ends.
     pub fn wait(self) {
         let Self { server, .. } = self;

@@ -23,6 +23,7 @@ use swarm_rdma::auth::Token;
 use swarm_rdma::bootstrap::ServerLimits;
 use swarm_rdma::config::PathConfig;
 use swarm_rdma::wr::ReadOrdering;
+use swarm_rdma::fabric::NodeStatus;
 use swarm_rdma::{Memnode, MemnodeConfig, RdmaCluster, RdmaConfig, RdmaError, RdmaFabric};
 
 /// `Some(device names)` when a device exists; otherwise prints the skip line
@@ -61,6 +62,29 @@ fn node_config(token: &Token, id: u16, count: u16) -> MemnodeConfig {
         tick_ns: 1000,
         huge_pages: false,
         limits: ServerLimits::default(),
+    }
+}
+
+/// Waits until `node` has the status `wanted` on `fabric`, driving progress and
+/// posting a read to `node` now and then (a failure is only noticed through a
+/// request).
+fn wait_status(fabric: &RdmaFabric, node: NodeId, wanted: NodeStatus) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut probe = None;
+    while fabric.node_status(node) != wanted {
+        assert!(
+            Instant::now() < deadline,
+            "node {node} did not become {wanted:?} in 20 s (it is {:?})",
+            fabric.node_status(node)
+        );
+        let ticket = *probe.get_or_insert_with(|| fabric.post(node, Batch::read(DATA, 8)));
+        if fabric.poll(ticket).is_ready() {
+            probe = None;
+        }
+        fabric.progress();
+    }
+    if let Some(ticket) = probe {
+        fabric.forget(ticket);
     }
 }
 
@@ -292,6 +316,60 @@ fn a_dead_memory_node_is_a_failed_node_and_the_majority_continues() {
             ..
         }))
     ));
+}
+
+#[test]
+fn a_node_that_drops_its_clients_is_reconnected_with_its_memory() {
+    if require_device("a_node_that_drops_its_clients_is_reconnected_with_its_memory").is_none() {
+        return;
+    }
+    let token = Token::generate().unwrap();
+    let nodes = start_nodes(&token, 3);
+    let cluster = RdmaCluster::open(client_config(&nodes, &token)).unwrap();
+    let fabric = cluster.client().unwrap();
+    let node = NodeId(1);
+    let incarnation = fabric.incarnations()[1];
+    assert!(incarnation.is_some_and(|i| i != 0));
+    let write = batch(vec![Op::Write {
+        addr: DATA,
+        data: vec![7; 8],
+    }]);
+    wait(&fabric, fabric.post(node, write)).unwrap();
+    assert_eq!(nodes[1].disconnect_clients(), 1);
+    wait_status(&fabric, node, NodeStatus::Reconnecting);
+    wait_status(&fabric, node, NodeStatus::Live);
+    // Same process, same memory: the write is still there.
+    let read = wait(&fabric, fabric.post(node, Batch::read(DATA, 8))).unwrap();
+    assert_eq!(read.read(0), Some(&[7u8; 8][..]));
+    assert_eq!(fabric.incarnations()[1], incarnation);
+}
+
+#[test]
+fn a_restarted_node_is_never_used_again() {
+    if require_device("a_restarted_node_is_never_used_again").is_none() {
+        return;
+    }
+    let token = Token::generate().unwrap();
+    let mut nodes = start_nodes(&token, 3);
+    let cluster = RdmaCluster::open(client_config(&nodes, &token)).unwrap();
+    let fabric = cluster.client().unwrap();
+    let node = NodeId(1);
+    let old = nodes.remove(1);
+    let listen = old.local_addr().to_string();
+    let old_incarnation = old.region().incarnation;
+    old.shutdown();
+    // The same node (same id, address and cluster) restarts with empty memory.
+    let mut config = node_config(&token, 1, 3);
+    config.listen = listen;
+    let restarted = Memnode::start(config).expect("the node restarts on its address");
+    assert_ne!(restarted.region().incarnation, old_incarnation);
+    wait_status(&fabric, node, NodeStatus::Retired);
+    assert!(wait(&fabric, fabric.post(node, Batch::read(DATA, 8))).is_err());
+    // The other two still serve.
+    for other in [0, 2] {
+        wait(&fabric, fabric.post(NodeId(other), Batch::read(DATA, 8))).unwrap();
+    }
+    drop(restarted);
 }
 
 #[test]

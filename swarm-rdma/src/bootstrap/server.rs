@@ -149,6 +149,17 @@ impl Server {
         self.local_addr
     }
 
+    /// Disconnects every client now (their queue pairs are destroyed) and keeps
+    /// serving: clients see their requests fail and connect again. Returns how many
+    /// clients were connected.
+    pub fn disconnect_clients(&self) -> usize {
+        let clients = self.clients.lock().unwrap_or_else(PoisonError::into_inner);
+        for (_, client) in clients.iter() {
+            let _ = client.shutdown(Shutdown::Both);
+        }
+        clients.len()
+    }
+
     /// Blocks until the server stops (only [`Server::shutdown`] stops it).
     pub fn wait(mut self) {
         if let Some(thread) = self.accept_thread.take() {

@@ -111,6 +111,8 @@ pub struct Engine<N: Nic> {
     staging: StagingAllocator,
     next_seq: u64,
     completions: Vec<WorkCompletion>,
+    /// Nodes marked dead.
+    dead: usize,
 }
 
 impl<N: Nic> Engine<N> {
@@ -118,6 +120,7 @@ impl<N: Nic> Engine<N> {
     /// treated as failed).
     pub fn new(nic: N, links: Vec<Option<NodeLink>>) -> Self {
         let staging = StagingAllocator::new(nic.staging_capacity());
+        let dead = links.iter().filter(|l| l.is_none()).count();
         let nodes = links
             .into_iter()
             .map(|link| NodeState {
@@ -135,6 +138,7 @@ impl<N: Nic> Engine<N> {
             staging,
             next_seq: 0,
             completions: Vec::new(),
+            dead,
         }
     }
 
@@ -146,6 +150,47 @@ impl<N: Nic> Engine<N> {
     /// Whether `node` is considered failed by this client.
     pub fn is_dead(&self, node: NodeId) -> bool {
         self.nodes.get(node.index()).is_none_or(|n| n.dead)
+    }
+
+    /// Whether any node is considered failed (one load: the fabric checks it on
+    /// every progress call before looking for nodes to reconnect).
+    pub fn any_dead(&self) -> bool {
+        self.dead > 0
+    }
+
+    /// Marks every node failed (the device or its port went down).
+    pub fn kill_all(&mut self) {
+        for node in 0..self.nodes.len() {
+            self.kill(node, &status::post_error(NodeId(node as u16)));
+        }
+    }
+
+    /// Puts a failed `node` back in service over `link`, a fresh queue pair the
+    /// caller has already swapped into the NIC in place of the old one (which must
+    /// be destroyed by now: it never completes its chains, and the NIC no longer
+    /// touches their staging slices, which are given back here). Every ticket of
+    /// the old queue pair was already failed when the node was marked dead; late
+    /// completions of its chains name sequence numbers that are gone and are ignored.
+    pub fn revive(&mut self, node: NodeId, link: NodeLink) {
+        let Some(state) = self.nodes.get_mut(node.index()) else {
+            return;
+        };
+        if !state.dead {
+            return;
+        }
+        state.dead = false;
+        state.link = Some(link);
+        state.outstanding = 0;
+        self.dead -= 1;
+        let staging = &mut self.staging;
+        self.inflight.retain(|_, entry| {
+            if entry.node != node.index() {
+                return true;
+            }
+            staging.release(entry.extent);
+            false
+        });
+        tracing::info!(%node, "memory node back in service");
     }
 
     /// Number of nodes.
@@ -283,6 +328,7 @@ impl<N: Nic> Engine<N> {
         let state = &mut self.nodes[node];
         if !state.dead {
             tracing::warn!(node, %error, "memory node failed; continuing with the others");
+            self.dead += 1;
         }
         state.dead = true;
         for waiting in std::mem::take(&mut state.waiting) {
@@ -366,9 +412,7 @@ impl<N: Nic> Engine<N> {
             let mut completions = std::mem::take(&mut self.completions);
             if let Err(code) = self.nic.poll(&mut completions) {
                 tracing::error!(code, "ibv_poll_cq failed; every memory node is unreachable");
-                for node in 0..self.nodes.len() {
-                    self.kill(node, &status::post_error(NodeId(node as u16)));
-                }
+                self.kill_all();
                 completions.clear();
             }
             let drained = completions.is_empty();

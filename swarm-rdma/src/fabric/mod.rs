@@ -14,14 +14,16 @@
 
 pub mod engine;
 pub mod nic;
+pub mod reconnect;
 
 #[cfg(test)]
 mod soft;
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream, ToSocketAddrs, UdpSocket};
-use std::sync::Arc;
+use std::cell::{Cell, RefCell};
+use std::sync::{Arc, mpsc};
 use std::task::Poll;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use swarm_core::fabric::{Batch, Completion, Fabric, FabricError, Nanos, NodeId, Ticket};
 use swarm_core::header::{HeaderError, NodeHeader};
@@ -32,12 +34,14 @@ use crate::config::PathConfig;
 use crate::config::{ClusterConfig, check_address};
 use crate::error::RdmaError;
 use crate::verbs::cq::CompletionQueue;
-use crate::verbs::device::{Device, PortAttr, open_device};
+use crate::verbs::device::{Device, PortAttr, PortInfo, open_device};
+use crate::verbs::events::DeviceEvents;
 use crate::verbs::memory::{Access, Mapping, MemoryRegion};
 use crate::verbs::qp::{QpSettings, QueuePair, Role};
 use crate::wr::{ChainLimits, ReadOrdering, RemoteRegion};
 use engine::{Engine, EngineFabric, NodeLink};
 use nic::VerbsNic;
+use reconnect::{Known, Slot, Verdict, judge};
 
 /// How a client connects to memory nodes.
 #[derive(Clone, Debug)]
@@ -148,6 +152,14 @@ pub const MIN_SANE_ACK_TIMEOUT: u8 = 12;
 /// threads.
 #[derive(Debug)]
 pub struct RdmaCluster {
+    shared: Arc<Shared>,
+}
+
+/// What client threads (and their background reconnects) share.
+#[derive(Debug)]
+struct Shared {
+    // Drop order: stop the event thread, then close the device.
+    events: DeviceEvents,
     device: Arc<Device>,
     port: PortAttr,
     config: RdmaConfig,
@@ -168,23 +180,112 @@ impl RdmaCluster {
         let port = device.port(config.path.port())?;
         // Fail now, not per node, when no GID can work whatever the route.
         port.address(config.path.gid, None)?;
+        let events = DeviceEvents::start(device.clone(), port.port)?;
         Ok(Self {
-            device,
-            port,
-            config,
+            shared: Arc::new(Shared {
+                events,
+                device,
+                port,
+                config,
+            }),
         })
     }
 
     /// The device in use.
     pub fn device(&self) -> &Device {
-        &self.device
+        &self.shared.device
     }
 
     /// Connects a new client handle (one per thread) to every memory node.
     pub fn client(&self) -> Result<RdmaFabric, RdmaError> {
-        RdmaFabric::connect(self)
+        RdmaFabric::connect(&self.shared)
     }
 }
+
+impl Shared {
+    /// Queue pair settings of a client's connection through `port`.
+    fn client_settings(&self, port: PortInfo) -> QpSettings {
+        let caps = self.device.caps();
+        QpSettings {
+            role: Role::Client,
+            port,
+            send_depth: self.config.send_queue_depth.min(caps.max_qp_wr),
+            max_inline: self.config.max_inline,
+            responder_depth: 1,
+            initiator_depth: caps.max_qp_init_rd_atom.max(1),
+            ack_timeout: self.config.ack_timeout,
+            retry_count: self.config.retry_count,
+            traffic_class: self.config.path.traffic_class,
+            service_level: self.config.path.service_level,
+        }
+    }
+
+    /// A new queue pair on `cq`, connected to node `index` through its bootstrap.
+    fn connect_node(
+        &self,
+        cq: &Arc<CompletionQueue>,
+        index: usize,
+    ) -> Result<Connected, RdmaError> {
+        let addr = &self.config.nodes[index];
+        let port = self.port.address(self.config.path.gid, route_source(addr))?;
+        let settings = self.client_settings(port);
+        let mut qp = QueuePair::new(cq.clone(), settings)?;
+        let accepted = bootstrap::connect(
+            addr,
+            &self.config.token,
+            &qp.info(),
+            self.config.bootstrap_timeout,
+        )?;
+        let header = accepted.region.header;
+        if usize::from(header.node_id) != index {
+            return Err(RdmaError::Cluster {
+                nodes: addr.to_owned(),
+                source: HeaderError::Mismatch(
+                    "the memory node's id differs from its position in the node list",
+                ),
+            });
+        }
+        qp.connect(&accepted.qp)?;
+        let limits = ChainLimits {
+            max_inline: qp.max_inline(),
+            max_message: self.port.max_msg_sz,
+            ordering: self.config.ordering,
+        };
+        Ok(Connected {
+            link: NodeLink {
+                region: RemoteRegion {
+                    addr: accepted.region.addr,
+                    rkey: accepted.region.rkey,
+                    size: accepted.region.size,
+                },
+                limits,
+                depth: settings.send_depth,
+            },
+            qp,
+            known: Known {
+                header,
+                incarnation: accepted.region.incarnation,
+            },
+            stream: accepted.stream,
+        })
+    }
+}
+
+/// How one memory node looks to a client thread.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NodeStatus {
+    /// Connected and answering.
+    Live,
+    /// Failed; reconnect attempts are running in the background.
+    Reconnecting,
+    /// Failed for good for this client: unreachable when it started, restarted
+    /// with empty memory (a new incarnation), replaced by another node, or the
+    /// device died.
+    Retired,
+}
+
+/// A reconnect attempt running on its own thread.
+type Attempt = mpsc::Receiver<Result<Connected, RdmaError>>;
 
 /// One client thread's fabric over RDMA. `!Sync`: create one per thread with
 /// [`RdmaCluster::client`].
@@ -195,68 +296,59 @@ pub struct RdmaFabric {
     incarnations: Vec<Option<u64>>,
     /// Bootstrap connections, held open while the queue pairs are in use: closing
     /// one tells that memory node to destroy its side.
-    _streams: Vec<Option<TcpStream>>,
+    streams: RefCell<Vec<Option<TcpStream>>>,
+    shared: Arc<Shared>,
+    cq: Arc<CompletionQueue>,
+    slots: RefCell<Vec<Slot<Attempt>>>,
+    /// The device health generation last acted on.
+    health_seen: Cell<u64>,
 }
 
+#[derive(Debug)]
 struct Connected {
     qp: QueuePair,
     link: NodeLink,
-    header: NodeHeader,
-    incarnation: u64,
+    known: Known,
     stream: TcpStream,
 }
 
 impl RdmaFabric {
-    fn connect(cluster: &RdmaCluster) -> Result<Self, RdmaError> {
-        let config = &cluster.config;
-        let caps = cluster.device.caps();
+    fn connect(shared: &Arc<Shared>) -> Result<Self, RdmaError> {
+        let config = &shared.config;
+        let caps = shared.device.caps();
         let n = config.nodes.len();
         let depth = config.send_queue_depth.min(caps.max_qp_wr);
         let cq_entries = depth
             .checked_mul(n as u32)
             .ok_or_else(|| RdmaError::Config("send_queue_depth × nodes overflows".into()))?;
-        let cq = Arc::new(CompletionQueue::new(cluster.device.clone(), cq_entries)?);
+        let cq = Arc::new(CompletionQueue::new(shared.device.clone(), cq_entries)?);
         let staging_len = usize::try_from(config.staging_bytes)
             .map_err(|_| RdmaError::Config("staging_bytes exceeds the address space".into()))?;
         let staging = MemoryRegion::register(
-            cluster.device.clone(),
+            shared.device.clone(),
             Mapping::new(staging_len, false)?,
             Access::Local,
         )?;
-        let settings = |port| QpSettings {
-            role: Role::Client,
-            port,
-            send_depth: depth,
-            max_inline: config.max_inline,
-            responder_depth: 1,
-            initiator_depth: caps.max_qp_init_rd_atom.max(1),
-            ack_timeout: config.ack_timeout,
-            retry_count: config.retry_count,
-            traffic_class: config.path.traffic_class,
-            service_level: config.path.service_level,
-        };
         let mut qps = Vec::with_capacity(n);
         let mut links = Vec::with_capacity(n);
         let mut headers = Vec::with_capacity(n);
         let mut incarnations = Vec::with_capacity(n);
         let mut streams = Vec::with_capacity(n);
+        let mut slots = Vec::with_capacity(n);
         let mut failures = Vec::new();
         // All nodes at once: an unreachable node costs one bootstrap timeout, not one
         // per node before it in the list.
-        let results = in_parallel(n, |i| {
-            let addr = &config.nodes[i];
-            let port = cluster.port.address(config.path.gid, route_source(addr))?;
-            connect_node(cluster, &cq, settings(port), i, addr)
-        });
+        let results = in_parallel(n, |i| shared.connect_node(&cq, i));
         for (i, result) in results.into_iter().enumerate() {
             let addr = &config.nodes[i];
             match result {
                 Ok(c) => {
                     qps.push(Some(c.qp));
                     links.push(Some(c.link));
-                    headers.push(Some(c.header));
-                    incarnations.push(Some(c.incarnation));
+                    headers.push(Some(c.known.header));
+                    incarnations.push(Some(c.known.incarnation));
                     streams.push(Some(c.stream));
+                    slots.push(Slot::Live);
                 }
                 Err(error) => {
                     tracing::warn!(node = i, %addr, %error, "memory node unreachable; treated as failed");
@@ -266,6 +358,8 @@ impl RdmaFabric {
                     headers.push(None);
                     incarnations.push(None);
                     streams.push(None);
+                    // Its incarnation is unknown: it may be a restarted, empty node.
+                    slots.push(Slot::Retired);
                 }
             }
         }
@@ -283,12 +377,16 @@ impl RdmaFabric {
             nodes: config.nodes.join(","),
             source,
         })?;
-        let nic = VerbsNic::new(qps, staging, cq);
+        let nic = VerbsNic::new(qps, staging, cq.clone());
         Ok(Self {
             inner: EngineFabric::new(Engine::new(nic, links)),
             headers,
             incarnations,
-            _streams: streams,
+            streams: RefCell::new(streams),
+            health_seen: Cell::new(shared.events.health().generation()),
+            shared: shared.clone(),
+            cq,
+            slots: RefCell::new(slots),
         })
     }
 
@@ -307,6 +405,141 @@ impl RdmaFabric {
     /// Whether this client considers `node` failed.
     pub fn is_failed(&self, node: NodeId) -> bool {
         self.inner.engine().is_dead(node)
+    }
+
+    /// Where `node` stands for this client.
+    pub fn node_status(&self, node: NodeId) -> NodeStatus {
+        if !self.inner.engine().is_dead(node) {
+            return NodeStatus::Live;
+        }
+        match self.slots.borrow().get(node.index()) {
+            Some(Slot::Retired) | None => NodeStatus::Retired,
+            Some(_) => NodeStatus::Reconnecting,
+        }
+    }
+
+    /// Acts on device events (one atomic load when nothing happened): a port that
+    /// went down fails every node now instead of letting batches hang; a fatal
+    /// device error retires every node.
+    fn watch_health(&self) {
+        let health = self.shared.events.health();
+        let generation = health.generation();
+        if generation == self.health_seen.get() {
+            return;
+        }
+        self.health_seen.set(generation);
+        if health.is_usable() {
+            // The port is back: try failed nodes now rather than after their backoff.
+            let now = Instant::now();
+            for slot in self.slots.borrow_mut().iter_mut() {
+                if let Slot::Waiting { at, .. } = slot {
+                    *at = now;
+                }
+            }
+            return;
+        }
+        self.inner.engine().kill_all();
+        if health.is_fatal() {
+            for slot in self.slots.borrow_mut().iter_mut() {
+                *slot = Slot::Retired;
+            }
+        }
+    }
+
+    /// Moves failed nodes along their reconnect path (see [`reconnect`]); cheap
+    /// when every node is live.
+    fn reconnect_failed(&self) {
+        if !self.inner.engine().any_dead() {
+            return;
+        }
+        let now = Instant::now();
+        let usable = self.shared.events.health().is_usable();
+        let mut slots = self.slots.borrow_mut();
+        for (index, slot) in slots.iter_mut().enumerate() {
+            let node = NodeId(index as u16);
+            if !self.inner.engine().is_dead(node) {
+                continue;
+            }
+            *slot = match std::mem::replace(slot, Slot::Retired) {
+                Slot::Retired => Slot::Retired,
+                Slot::Live => {
+                    tracing::info!(%node, "memory node failed; reconnecting in the background");
+                    Slot::failed(now)
+                }
+                Slot::Waiting { at, backoff } if now < at || !usable => {
+                    Slot::Waiting { at, backoff }
+                }
+                Slot::Waiting { backoff, .. } => {
+                    let (tx, rx) = mpsc::channel();
+                    let (shared, cq) = (self.shared.clone(), self.cq.clone());
+                    let spawned = std::thread::Builder::new()
+                        .name("swarm-rdma-reconnect".into())
+                        .spawn(move || {
+                            let _ = tx.send(shared.connect_node(&cq, index));
+                        });
+                    match spawned {
+                        Ok(_) => Slot::Trying {
+                            attempt: rx,
+                            backoff,
+                        },
+                        Err(_) => Slot::retry_later(now, backoff),
+                    }
+                }
+                Slot::Trying { attempt, backoff } => match attempt.try_recv() {
+                    Err(mpsc::TryRecvError::Empty) => Slot::Trying { attempt, backoff },
+                    Err(mpsc::TryRecvError::Disconnected) => Slot::retry_later(now, backoff),
+                    Ok(Err(error)) => {
+                        tracing::debug!(%node, %error, "reconnect attempt failed; retrying later");
+                        Slot::retry_later(now, backoff)
+                    }
+                    Ok(Ok(connected)) => self.reinstate(node, connected),
+                },
+            };
+        }
+    }
+
+    /// Puts a reconnected node back in service if it is the same process (same
+    /// incarnation) as before.
+    fn reinstate(&self, node: NodeId, connected: Connected) -> Slot<Attempt> {
+        let Some(Some(header)) = self.headers.get(node.index()) else {
+            return Slot::Retired;
+        };
+        let Some(Some(incarnation)) = self.incarnations.get(node.index()) else {
+            return Slot::Retired;
+        };
+        let known = Known {
+            header: *header,
+            incarnation: *incarnation,
+        };
+        match judge(&known, &connected.known.header, connected.known.incarnation) {
+            Verdict::Same => {
+                let Connected {
+                    qp, link, stream, ..
+                } = connected;
+                let mut engine = self.inner.engine();
+                // The old queue pair is destroyed here, before the engine releases
+                // the staging of its chains.
+                drop(engine.nic_mut().replace_qp(node.index(), qp));
+                engine.revive(node, link);
+                // Closing the old bootstrap connection lets the node destroy its end.
+                self.streams.borrow_mut()[node.index()] = Some(stream);
+                tracing::info!(%node, "memory node reconnected (same incarnation)");
+                Slot::Live
+            }
+            Verdict::Restarted { old, new } => {
+                tracing::warn!(
+                    %node,
+                    old = format_args!("{old:#018x}"),
+                    new = format_args!("{new:#018x}"),
+                    "memory node restarted with empty memory (new incarnation): it is not used again until it is repaired"
+                );
+                Slot::Retired
+            }
+            Verdict::Other => {
+                tracing::warn!(%node, "another memory node answers at this node's address; it is not used");
+                Slot::Retired
+            }
+        }
     }
 }
 
@@ -340,52 +573,6 @@ fn in_parallel<T: Send>(n: usize, f: impl Fn(usize) -> T + Sync) -> Vec<T> {
     })
 }
 
-fn connect_node(
-    cluster: &RdmaCluster,
-    cq: &Arc<CompletionQueue>,
-    settings: QpSettings,
-    index: usize,
-    addr: &str,
-) -> Result<Connected, RdmaError> {
-    let mut qp = QueuePair::new(cq.clone(), settings)?;
-    let accepted = bootstrap::connect(
-        addr,
-        &cluster.config.token,
-        &qp.info(),
-        cluster.config.bootstrap_timeout,
-    )?;
-    let header = accepted.region.header;
-    if usize::from(header.node_id) != index {
-        return Err(RdmaError::Cluster {
-            nodes: addr.to_owned(),
-            source: HeaderError::Mismatch(
-                "the memory node's id differs from its position in the node list",
-            ),
-        });
-    }
-    qp.connect(&accepted.qp)?;
-    let limits = ChainLimits {
-        max_inline: qp.max_inline(),
-        max_message: cluster.port.max_msg_sz,
-        ordering: cluster.config.ordering,
-    };
-    Ok(Connected {
-        link: NodeLink {
-            region: RemoteRegion {
-                addr: accepted.region.addr,
-                rkey: accepted.region.rkey,
-                size: accepted.region.size,
-            },
-            limits,
-            depth: settings.send_depth,
-        },
-        qp,
-        header,
-        incarnation: accepted.region.incarnation,
-        stream: accepted.stream,
-    })
-}
-
 impl Fabric for RdmaFabric {
     fn node_count(&self) -> usize {
         self.inner.node_count()
@@ -400,7 +587,10 @@ impl Fabric for RdmaFabric {
         self.inner.forget(ticket);
     }
     fn progress(&self) -> bool {
-        self.inner.progress()
+        self.watch_health();
+        let more = self.inner.progress();
+        self.reconnect_failed();
+        more
     }
     fn now(&self) -> Nanos {
         self.inner.now()

@@ -32,6 +32,15 @@ impl VerbsNic {
     }
 }
 
+impl VerbsNic {
+    /// Puts `qp` in place of node `node`'s queue pair (after a reconnect) and
+    /// returns the old one, for the caller to destroy before the engine reuses the
+    /// staging of the old one's chains.
+    pub fn replace_qp(&mut self, node: usize, qp: QueuePair) -> Option<QueuePair> {
+        self.qps.get_mut(node).and_then(|slot| slot.replace(qp))
+    }
+}
+
 impl Nic for VerbsNic {
     fn staging_capacity(&self) -> u64 {
         self.staging.memory().len() as u64

@@ -85,6 +85,13 @@ impl SoftNic {
         self.nodes[node].mode = mode;
     }
 
+    /// A fresh queue pair to node `i` in place of the old one (as after a
+    /// reconnect): chains posted on the old one are gone, never completed.
+    pub fn replace_qp(&mut self, node: usize) {
+        self.nodes[node].queue.clear();
+        self.nodes[node].mode = Mode::Up;
+    }
+
     /// Node `i`'s memory.
     pub fn memory(&self, node: usize) -> &[u8] {
         &self.nodes[node].memory
@@ -228,25 +235,25 @@ mod tests {
     const SIZE: usize = 4096;
     const BASE: u64 = 0x7f00_0000_0000;
 
+    fn link(nic: &SoftNic, node: usize, depth: u32) -> NodeLink {
+        NodeLink {
+            region: RemoteRegion {
+                addr: nic.base(node),
+                rkey: 0x100 + node as u32,
+                size: SIZE as u64,
+            },
+            limits: ChainLimits {
+                max_inline: 16,
+                max_message: 1 << 30,
+                ordering: ReadOrdering::Concurrent,
+            },
+            depth,
+        }
+    }
+
     fn fabric(nodes: usize, staging: usize, depth: u32, seed: u64) -> EngineFabric<SoftNic> {
         let nic = SoftNic::new(nodes, SIZE, BASE, staging, seed);
-        let links = (0..nodes)
-            .map(|i| {
-                Some(NodeLink {
-                    region: RemoteRegion {
-                        addr: nic.base(i),
-                        rkey: 0x100 + i as u32,
-                        size: SIZE as u64,
-                    },
-                    limits: ChainLimits {
-                        max_inline: 16,
-                        max_message: 1 << 30,
-                        ordering: ReadOrdering::Concurrent,
-                    },
-                    depth,
-                })
-            })
-            .collect();
+        let links = (0..nodes).map(|i| Some(link(&nic, i, depth))).collect();
         EngineFabric::new(Engine::new(nic, links))
     }
 
@@ -323,6 +330,51 @@ mod tests {
                 prop_assert!(engine.nic_mut().memory(usize::from(node)) == c.read(0).unwrap());
             }
         }
+    }
+
+    #[test]
+    fn a_revived_node_gets_a_fresh_queue_pair_and_its_old_chains_are_forgotten() {
+        let f = fabric(3, 4096, 64, 7);
+        f.engine().nic_mut().set_mode(2, Mode::Silent);
+        let stuck = f.post(NodeId(2), Batch::read(0, 64));
+        for _ in 0..10 {
+            f.progress();
+        }
+        assert!(f.poll(stuck).is_pending());
+        assert!(!f.engine().any_dead());
+        // The port went down: every node fails, the stuck chain with it, but its
+        // staging stays lent out (the old queue pair may still write into it).
+        f.engine().kill_all();
+        assert!(matches!(f.poll(stuck), Poll::Ready(Err(_))));
+        assert!(f.engine().any_dead());
+        assert_eq!(f.engine().staging_in_use(), 64);
+        // Node 2 reconnects: fresh queue pair, the old chain forgotten.
+        {
+            let mut engine = f.engine();
+            engine.nic_mut().replace_qp(2);
+            let fresh = link(engine.nic_mut(), 2, 64);
+            engine.revive(NodeId(2), fresh);
+            assert_eq!(engine.staging_in_use(), 0);
+            assert_eq!(engine.in_flight(), 0);
+            assert!(!engine.is_dead(NodeId(2)) && engine.is_dead(NodeId(0)));
+        }
+        let mut write = Batch::new();
+        write.push(Op::Write { addr: 8, data: vec![5; 8] }).unwrap();
+        write.push(Op::Read { addr: 8, len: 8 }).unwrap();
+        let done = wait(&f, f.post(NodeId(2), write)).unwrap();
+        assert_eq!(done.read(1), Some(&[5u8; 8][..]));
+        assert!(wait(&f, f.post(NodeId(0), Batch::read(0, 8))).is_err());
+        // Reviving a live node changes nothing; the other two still count as dead.
+        let again = link(f.engine().nic_mut(), 2, 64);
+        f.engine().revive(NodeId(2), again);
+        assert!(f.engine().any_dead());
+        for node in [0, 1] {
+            let mut engine = f.engine();
+            engine.nic_mut().replace_qp(node);
+            let fresh = link(engine.nic_mut(), node, 64);
+            engine.revive(NodeId(node as u16), fresh);
+        }
+        assert!(!f.engine().any_dead());
     }
 
     #[test]

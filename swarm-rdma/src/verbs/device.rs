@@ -263,6 +263,13 @@ impl Device {
         self.context.as_ptr()
     }
 
+    /// The context's asynchronous event descriptor ([`crate::verbs::events`]).
+    pub(crate) fn async_fd(&self) -> i32 {
+        // SAFETY: the context is open until drop; async_fd is set at open and
+        // never changes.
+        unsafe { (*self.context()).async_fd }
+    }
+
     pub(crate) fn pd(&self) -> *mut ibv_pd {
         self.pd.as_ptr()
     }

@@ -9,6 +9,7 @@
 
 pub mod cq;
 pub mod device;
+pub mod events;
 pub mod gid;
 pub mod memlock;
 pub mod memory;

@@ -1,0 +1,164 @@
+//! Reconnecting to memory nodes that failed: when, and whether to trust them again.
+//!
+//! A client marks a memory node failed at its first error completion (a flapping
+//! link, a memory node that dropped the connection, a port reset). Without a way
+//! back, a long-running client thread would lose one node per incident until it has
+//! no majority left. So a failed node is retried in the background — a fresh queue
+//! pair and a fresh bootstrap on a short-lived thread, never on the client's
+//! progress path — with exponential backoff ([`FIRST_RETRY`] doubling to
+//! [`MAX_RETRY`]).
+//!
+//! **Whether the node may serve again** is decided by its incarnation
+//! ([`crate::wire::RegionInfo::incarnation`]): a memory node process draws a random
+//! one at start, and its memory lives exactly as long as the process. Same
+//! incarnation, same memory: the node merely missed some of this client's batches,
+//! which the protocol already treats like messages that never arrived (SWARM's
+//! model is asynchronous; a failed batch may or may not have executed), so putting
+//! it back in service is safe. A different incarnation means the node restarted
+//! with empty memory: it would answer reads with zeros and could form a quorum that
+//! misses acknowledged writes, so it is *not* put back ([`Verdict::Restarted`]);
+//! it needs repair first. A node this client never reached has no known
+//! incarnation and is not retried either, for the same reason.
+
+use std::time::{Duration, Instant};
+
+use swarm_core::header::NodeHeader;
+
+/// Delay before the first attempt to reconnect a node that just failed.
+pub const FIRST_RETRY: Duration = Duration::from_millis(100);
+/// Longest delay between two attempts.
+pub const MAX_RETRY: Duration = Duration::from_secs(5);
+
+/// What a client knew about a memory node when it first connected.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Known {
+    /// The node's header.
+    pub header: NodeHeader,
+    /// The node process's incarnation.
+    pub incarnation: u64,
+}
+
+/// Whether a node that answered a reconnect is the one the client knew.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Same process, same memory: back in service.
+    Same,
+    /// The node process restarted: its memory is empty.
+    Restarted {
+        /// The incarnation the client knew.
+        old: u64,
+        /// The one it has now.
+        new: u64,
+    },
+    /// Another node answered at that address (another cluster, id or size).
+    Other,
+}
+
+/// Judges a reconnected node against what the client knew.
+pub fn judge(known: &Known, header: &NodeHeader, incarnation: u64) -> Verdict {
+    if *header != known.header {
+        Verdict::Other
+    } else if incarnation != known.incarnation {
+        Verdict::Restarted {
+            old: known.incarnation,
+            new: incarnation,
+        }
+    } else {
+        Verdict::Same
+    }
+}
+
+/// The delay after `previous` (doubling, capped at [`MAX_RETRY`]).
+pub fn next_backoff(previous: Duration) -> Duration {
+    (previous * 2).clamp(FIRST_RETRY, MAX_RETRY)
+}
+
+/// Where one node stands, as far as reconnecting goes.
+#[derive(Debug)]
+pub enum Slot<A> {
+    /// In service (or never reached: then nothing is tried).
+    Live,
+    /// Failed; the next attempt starts at `at`.
+    Waiting {
+        /// When to try.
+        at: Instant,
+        /// The delay that led here.
+        backoff: Duration,
+    },
+    /// An attempt is running; `attempt` reports its outcome.
+    Trying {
+        /// The running attempt (a channel from its thread).
+        attempt: A,
+        /// The delay that led here.
+        backoff: Duration,
+    },
+    /// Never again: the node restarted, or is another node, or the device died.
+    Retired,
+}
+
+impl<A> Slot<A> {
+    /// A node that just failed: first attempt after [`FIRST_RETRY`].
+    pub fn failed(now: Instant) -> Self {
+        Self::Waiting {
+            at: now + FIRST_RETRY,
+            backoff: FIRST_RETRY,
+        }
+    }
+
+    /// After a failed attempt that had waited `backoff`: wait longer.
+    pub fn retry_later(now: Instant, backoff: Duration) -> Self {
+        let backoff = next_backoff(backoff);
+        Self::Waiting {
+            at: now + backoff,
+            backoff,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn header() -> NodeHeader {
+        NodeHeader {
+            node_id: 1,
+            node_count: 3,
+            size: 1 << 20,
+            cluster_id: 9,
+            epoch_unix_ns: 5,
+            tick_ns: 1000,
+        }
+    }
+
+    #[test]
+    fn only_the_same_incarnation_of_the_same_node_serves_again() {
+        let known = Known {
+            header: header(),
+            incarnation: 0xaaaa,
+        };
+        assert_eq!(judge(&known, &header(), 0xaaaa), Verdict::Same);
+        assert_eq!(
+            judge(&known, &header(), 0xbbbb),
+            Verdict::Restarted {
+                old: 0xaaaa,
+                new: 0xbbbb
+            }
+        );
+        let mut other = header();
+        other.cluster_id = 10;
+        assert_eq!(judge(&known, &other, 0xaaaa), Verdict::Other);
+    }
+
+    #[test]
+    fn backoff_doubles_up_to_its_cap() {
+        assert_eq!(next_backoff(FIRST_RETRY), FIRST_RETRY * 2);
+        assert_eq!(next_backoff(Duration::ZERO), FIRST_RETRY);
+        assert_eq!(next_backoff(MAX_RETRY), MAX_RETRY);
+        let now = Instant::now();
+        let Slot::<()>::Waiting { at, backoff } = Slot::retry_later(now, Duration::from_secs(4))
+        else {
+            panic!("not waiting")
+        };
+        assert_eq!((at - now, backoff), (MAX_RETRY, MAX_RETRY));
+    }
+}
