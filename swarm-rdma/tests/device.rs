@@ -372,6 +372,57 @@ fn a_restarted_node_is_never_used_again() {
     drop(restarted);
 }
 
+/// Takes the network interface under the RDMA device down and up again, so it runs
+/// only where that is harmless: the soft-RoCE VM of `scripts/softroce/test.sh` sets
+/// `SWARM_TEST_FLAP_NETDEV` to its interface. The port's asynchronous events must
+/// fail every node at once (no batch left hanging) and bring them back.
+#[test]
+fn a_port_that_goes_down_and_up_fails_every_node_then_reconnects_them() {
+    let name = "a_port_that_goes_down_and_up_fails_every_node_then_reconnects_them";
+    if require_device(name).is_none() {
+        return;
+    }
+    let Some(netdev) = std::env::var_os("SWARM_TEST_FLAP_NETDEV") else {
+        let _ = writeln!(
+            std::io::stderr(),
+            "SKIPPED {name}: set SWARM_TEST_FLAP_NETDEV=<interface> where taking it down is harmless"
+        );
+        return;
+    };
+    let link = |state: &str| {
+        let status = Command::new("ip")
+            .args(["link", "set"])
+            .arg(&netdev)
+            .arg(state)
+            .status()
+            .expect("ip runs");
+        assert!(status.success(), "ip link set {netdev:?} {state} failed");
+    };
+    let token = Token::generate().unwrap();
+    let nodes = start_nodes(&token, 3);
+    let cluster = RdmaCluster::open(client_config(&nodes, &token)).unwrap();
+    let fabric = cluster.client().unwrap();
+    let port_usable = |wanted: bool| {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while cluster.port_usable() != wanted {
+            assert!(Instant::now() < deadline, "no port event in 10 s");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    };
+    assert!(cluster.port_usable());
+    link("down");
+    port_usable(false);
+    for node in 0..3 {
+        wait_status(&fabric, NodeId(node), NodeStatus::Reconnecting);
+    }
+    link("up");
+    port_usable(true);
+    for node in 0..3 {
+        wait_status(&fabric, NodeId(node), NodeStatus::Live);
+        wait(&fabric, fabric.post(NodeId(node), Batch::read(DATA, 8))).unwrap();
+    }
+}
+
 #[test]
 fn wrong_token_and_unknown_device_are_refused() {
     if require_device("wrong_token_and_unknown_device_are_refused").is_none() {

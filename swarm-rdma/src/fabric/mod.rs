@@ -196,6 +196,12 @@ impl RdmaCluster {
         &self.shared.device
     }
 
+    /// Whether the device and its port are usable, as its asynchronous events last
+    /// said ([`crate::verbs::events`]).
+    pub fn port_usable(&self) -> bool {
+        self.shared.events.health().is_usable()
+    }
+
     /// Connects a new client handle (one per thread) to every memory node.
     pub fn client(&self) -> Result<RdmaFabric, RdmaError> {
         RdmaFabric::connect(&self.shared)
