@@ -522,11 +522,21 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
                     let value = self.read_register(&mut old, stats).await?;
                     if value == ReadValue::Deleted {
                         // Re-insert over a deleted key: take over its mapping.
-                        if self
+                        let replaced = match self
                             .index
                             .replace(fabric, stats, key, existing, register)
-                            .await?
+                            .await
                         {
+                            Ok(replaced) => replaced,
+                            // As for the insert above: ask the index what happened.
+                            Err(IndexError::OutcomeUnknown { .. }) => {
+                                self.index.resolve(fabric, stats, key).await? == Some(register)
+                            }
+                            // Others keep changing the key's bucket: look again.
+                            Err(IndexError::Contention { .. }) => false,
+                            Err(e) => return Err(e.into()),
+                        };
+                        if replaced {
                             self.remember(key, &fresh);
                             return Ok(());
                         }
@@ -543,7 +553,9 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
                 }
             }
         }
-        Err(KvError::Corrupted { register })
+        Err(KvError::Contended {
+            attempts: MAX_RETRIES,
+        })
     }
 
     /// Deletes `key`; `Ok(false)` if it was absent.
@@ -565,7 +577,14 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
                 .await?
             {
                 WriteOutcome::Written => {
-                    self.forget_deleted(key, located.register, stats).await?;
+                    // The tombstone is the delete's linearization point (SWARM
+                    // §5.3.2): the key is gone whatever the unmap does. An index
+                    // that cannot unmap now (contention, a stalled client, a lost
+                    // majority) leaves `key → tombstone`, which reads as absent and
+                    // which the next insert of the key replaces.
+                    if let Err(error) = self.forget_deleted(key, located.register, stats).await {
+                        tracing::debug!(%error, register = located.register, "delete: unmapping the tombstoned register failed; the mapping stays (it reads as absent)");
+                    }
                     return Ok(true);
                 }
                 // Already deleted by someone else: the key may live elsewhere now.

@@ -11,11 +11,37 @@
 
 use std::cell::RefCell;
 
-use swarm_core::{Fabric, OpStats};
+use swarm_core::quorum::{broadcast, majority, nodes as node_ids};
+use swarm_core::{Batch, Fabric, OpStats};
 
 use crate::claim::{Claim, claim};
 use crate::layout::NodeLayout;
 use crate::{KvError, RegisterId};
+
+/// How many register chunks clients have claimed so far (an upper bound: a chunk
+/// counts if a majority of nodes answered and any of them shows a claim, so partial
+/// claims count too). Reads the chunk table of a majority of nodes in one roundtrip.
+pub async fn claimed_chunks<F: Fabric>(
+    fabric: &F,
+    stats: &OpStats,
+    layout: &NodeLayout,
+) -> Result<u64, KvError> {
+    let nodes = fabric.node_count();
+    let table_bytes = u32::try_from(8 * layout.chunks())
+        .map_err(|_| KvError::Unsupported("a chunk table larger than 4 GiB"))?;
+    let rt = broadcast(fabric, stats, node_ids(nodes), majority(nodes), |_| {
+        Ok(Batch::read(layout.chunks_at, table_bytes))
+    })
+    .await?;
+    let mut claimed = vec![false; layout.chunks() as usize];
+    for (_, completion) in rt.replies() {
+        let words = completion.read(0).unwrap_or_default();
+        for (flag, word) in claimed.iter_mut().zip(words.chunks_exact(8)) {
+            *flag |= word.iter().any(|b| *b != 0);
+        }
+    }
+    Ok(claimed.iter().filter(|c| **c).count() as u64)
+}
 
 /// A client's pool of claimed register slots.
 #[derive(Debug)]

@@ -1,13 +1,17 @@
 //! SWARM-KV operations on a shared-memory cluster: semantics, roundtrips, bad input,
 //! and a concurrent history checked for linearizability.
 
+use std::cell::RefCell;
 use std::sync::{Arc, Mutex};
+use std::task::Poll;
 use std::time::Instant;
 
 use swarm_checker::{History, OpKind, Operation};
-use swarm_core::{NodeId, OpStats, block_on, block_on_future};
+use swarm_core::fabric::{Completion, FabricError, FailureCause, Ticket};
+use swarm_core::{Batch, Fabric, NodeId, OpStats, block_on, block_on_future};
+use swarm_kv::clock::SystemClock;
 use swarm_kv::layout::ClusterParams;
-use swarm_kv::{KvError, ShmStore};
+use swarm_kv::{KvClient, KvError, ShmStore, Store};
 use swarm_shm::ScratchDir;
 
 fn store(dir: &ScratchDir) -> ShmStore {
@@ -209,4 +213,146 @@ fn concurrent_clients_are_linearizable() {
     let history = history.lock().unwrap();
     let report = swarm_checker::check(&history);
     assert!(report.is_linearizable(), "{report}");
+}
+
+/// A fabric on which chosen nodes fail every batch at once with `NodeFailed`, as
+/// crashed RDMA memory nodes do (the shared-memory fabric's `fail_node` makes them
+/// silent instead, which stalls an operation that needs them).
+struct ErroringNodes<F> {
+    inner: F,
+    failed: RefCell<Vec<bool>>,
+    /// Results of batches posted to failed nodes, by ticket number minus `ERRORED`.
+    errors: RefCell<Vec<Option<FabricError>>>,
+}
+
+const ERRORED: u32 = 1 << 31;
+
+impl<F: Fabric> ErroringNodes<F> {
+    fn new(inner: F) -> Self {
+        let nodes = inner.node_count();
+        Self {
+            inner,
+            failed: RefCell::new(vec![false; nodes]),
+            errors: RefCell::new(Vec::new()),
+        }
+    }
+
+    fn fail(&self, node: NodeId) {
+        self.failed.borrow_mut()[node.index()] = true;
+    }
+}
+
+impl<F: Fabric> Fabric for ErroringNodes<F> {
+    fn node_count(&self) -> usize {
+        self.inner.node_count()
+    }
+    fn post(&self, node: NodeId, batch: Batch) -> Ticket {
+        if !self
+            .failed
+            .borrow()
+            .get(node.index())
+            .copied()
+            .unwrap_or(false)
+        {
+            return self.inner.post(node, batch);
+        }
+        let mut errors = self.errors.borrow_mut();
+        errors.push(Some(FabricError::NodeFailed {
+            node,
+            cause: FailureCause::Crashed,
+        }));
+        Ticket(ERRORED | (errors.len() as u32 - 1))
+    }
+    fn poll(&self, ticket: Ticket) -> Poll<Result<Completion, FabricError>> {
+        if ticket.0 & ERRORED == 0 {
+            return self.inner.poll(ticket);
+        }
+        let error = self.errors.borrow_mut()[(ticket.0 & !ERRORED) as usize].take();
+        Poll::Ready(Err(error.expect("polled once")))
+    }
+    fn forget(&self, ticket: Ticket) {
+        if ticket.0 & ERRORED == 0 {
+            self.inner.forget(ticket);
+        }
+    }
+    fn progress(&self) -> bool {
+        self.inner.progress()
+    }
+    fn now(&self) -> u64 {
+        self.inner.now()
+    }
+    fn wake_at(&self, deadline: u64) {
+        self.inner.wake_at(deadline);
+    }
+}
+
+#[test]
+fn a_delete_whose_unmap_fails_still_deleted_the_key() {
+    let dir = ScratchDir::new("kv-delete-unmap").unwrap();
+    let params = ClusterParams {
+        key_max: 32,
+        value_max: 64,
+        writers: 8,
+        replicas: 3,
+        ..ClusterParams::default()
+    };
+    let store = ShmStore::create(dir.path(), 5, 16 << 20, params).expect("create");
+    let header = *store.header();
+    let c = KvClient::connect(
+        ErroringNodes::new(store.fabric()),
+        SystemClock::new(header.epoch_unix_ns, header.tick_ns),
+        *store.layout(),
+        store.config(),
+    )
+    .unwrap();
+    let f = c.fabric();
+    let stats = OpStats::new();
+    block_on(f, c.insert(b"gone", b"v", &stats)).unwrap();
+    let register = block_on(f, c.index().resolve(f, &stats, b"gone"))
+        .unwrap()
+        .expect("mapped");
+    let replicas = c.register_loc(register).unwrap().replicas.nodes().to_vec();
+    // One replica and both other nodes fail: the register keeps a quorum (2 of 3),
+    // the index, replicated on all 5 nodes, loses its majority. The tombstone is
+    // written (the delete took effect), the unmap cannot be.
+    f.fail(replicas[2]);
+    for node in (0..5).map(NodeId).filter(|n| !replicas.contains(n)) {
+        f.fail(node);
+    }
+    assert!(block_on(f, c.delete(b"gone", &stats)).unwrap());
+    // With every node back (another client), the key is absent and can come back.
+    let other = store.client().unwrap();
+    let g = other.fabric();
+    assert_eq!(block_on(g, other.get(b"gone", &stats)).unwrap(), None);
+    block_on(g, other.insert(b"gone", b"again", &stats)).unwrap();
+    assert_eq!(
+        block_on(g, other.get(b"gone", &stats)).unwrap(),
+        Some(b"again".to_vec())
+    );
+}
+
+#[test]
+fn claimed_chunks_count_what_clients_took() {
+    let dir = ScratchDir::new("kv-claimed").unwrap();
+    let store = store(&dir);
+    let stats = OpStats::new();
+    let fabric = store.fabric();
+    let claimed = |f| {
+        block_on(
+            f,
+            swarm_kv::register_alloc::claimed_chunks(f, &stats, store.layout()),
+        )
+        .unwrap()
+    };
+    assert_eq!(claimed(&fabric), 0);
+    let per_chunk = u64::from(store.layout().params.chunk_registers);
+    for client in 0..2 {
+        let c = store.client().unwrap();
+        for i in 0..per_chunk + 1 {
+            let key = format!("c{client}-{i}");
+            block_on(c.fabric(), c.insert(key.as_bytes(), b"v", &stats)).unwrap();
+        }
+    }
+    // Each client filled one chunk and started a second.
+    assert_eq!(claimed(&fabric), 4);
 }

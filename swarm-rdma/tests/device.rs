@@ -22,8 +22,8 @@ use swarm_core::{OpStats, Roundtrip};
 use swarm_rdma::auth::Token;
 use swarm_rdma::bootstrap::ServerLimits;
 use swarm_rdma::config::PathConfig;
-use swarm_rdma::wr::ReadOrdering;
 use swarm_rdma::fabric::NodeStatus;
+use swarm_rdma::wr::ReadOrdering;
 use swarm_rdma::{Memnode, MemnodeConfig, RdmaCluster, RdmaConfig, RdmaError, RdmaFabric};
 
 /// `Some(device names)` when a device exists; otherwise prints the skip line

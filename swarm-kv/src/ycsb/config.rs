@@ -363,7 +363,7 @@ mod tests {
 
     #[test]
     fn defaults_are_the_papers_setting() {
-        let args = parse(&["--dir", "/tmp/x"]).unwrap();
+        let args = parse(&[]).unwrap();
         let config = args.to_config().unwrap();
         let mut expected = BenchConfig::new(System::Swarm, Workload::B);
         expected.progress = true;
@@ -374,8 +374,6 @@ mod tests {
     #[test]
     fn every_flag_reaches_the_config() {
         let args = parse(&[
-            "--dir",
-            "d",
             "--workload",
             "a",
             "--keys",
@@ -438,12 +436,12 @@ mod tests {
 
     #[test]
     fn bad_flags_are_refused_with_the_fix() {
-        assert!(parse(&["--dir", "d", "--fail-node", "1"]).is_err());
-        assert!(parse(&["--dir", "d", "--workload", "z"]).is_err());
-        assert!(parse(&["--dir", "d", "--system", "fused"]).is_err());
-        assert!(parse(&["--dir", "d", "--system", "fusee"]).is_ok());
+        assert!(parse(&["--fail-node", "1"]).is_err());
+        assert!(parse(&["--workload", "z"]).is_err());
+        assert!(parse(&["--system", "fused"]).is_err());
+        assert!(parse(&["--system", "fusee"]).is_ok());
         let refuse = |flags: &[&str]| {
-            let mut all = vec!["--dir", "d"];
+            let mut all = vec![];
             all.extend_from_slice(flags);
             parse(&all).unwrap().to_config().unwrap_err().to_string()
         };

@@ -83,7 +83,7 @@ pub fn run(store: &ShmStore, config: &BenchConfig) -> Result<BenchReport, BenchE
         let nodes = u16::try_from(nodes).unwrap_or(u16::MAX);
         return run_fusee(nodes, config);
     }
-    check_capacity(store.layout(), config)?;
+    check_capacity(store.layout(), claimed_chunks(store)?, config)?;
     // The shared-memory fabric already carries the fault injector.
     let store = store.clone().with_rtt_ns(config.rtt_ns);
     let clients = connect(&store, config, || Ok(store.fabric()))?;
@@ -114,7 +114,7 @@ where
     }
     let nodes = store.fabric()?.node_count();
     check_fail_node(config, nodes)?;
-    check_capacity(store.layout(), config)?;
+    check_capacity(store.layout(), claimed_chunks(store)?, config)?;
     let clients = connect(store, config, || store.fabric().map(FailNodes::new))?;
     run_clients(clients, config)
 }
@@ -129,6 +129,17 @@ pub fn run_fusee(nodes: u16, config: &BenchConfig) -> Result<BenchReport, BenchE
     let store = super::fusee::TempFusee::new(config, nodes)?;
     let clients = store.connect(config)?;
     run_clients(clients, config)
+}
+
+/// Register chunks earlier clients of `store` claimed (not free for this run).
+fn claimed_chunks<S: Store>(store: &S) -> Result<u64, BenchError> {
+    let fabric = store.fabric()?;
+    let stats = OpStats::new();
+    let claimed = swarm_core::block_on(
+        &fabric,
+        crate::register_alloc::claimed_chunks(&fabric, &stats, store.layout()),
+    )?;
+    Ok(claimed)
 }
 
 fn check_fail_node(config: &BenchConfig, nodes: usize) -> Result<(), BenchError> {

@@ -95,9 +95,14 @@ pub fn cluster_for(
     Ok((params, high))
 }
 
-/// Checks that the cluster laid out as `layout` can run `config`; the error says what
-/// is missing and how to get a cluster that has it.
-pub fn check_capacity(layout: &NodeLayout, config: &BenchConfig) -> Result<(), BenchError> {
+/// Checks that the cluster laid out as `layout`, where earlier clients claimed
+/// `claimed_chunks` register chunks, can run `config`; the error says what is
+/// missing and how to get a cluster that has it.
+pub fn check_capacity(
+    layout: &NodeLayout,
+    claimed_chunks: u64,
+    config: &BenchConfig,
+) -> Result<(), BenchError> {
     let p = &layout.params;
     let fix = "create the cluster with larger limits (`swarm init`)";
     if (p.key_max as usize) < config.key_size {
@@ -119,12 +124,15 @@ pub fn check_capacity(layout: &NodeLayout, config: &BenchConfig) -> Result<(), B
         )));
     }
     let needed = registers_needed(config, p.chunk_registers);
-    if p.registers < needed {
+    let claimed = claimed_chunks.saturating_mul(u64::from(p.chunk_registers));
+    let free = p.registers.saturating_sub(claimed);
+    if free < needed {
         return Err(BenchError::Capacity(format!(
-            "{} keys loaded by {} clients need {needed} registers but it has {} \
-             (and memory is not recycled yet): lower --keys or create a larger cluster \
+            "{} keys loaded by {} clients need {needed} registers but it has {free} free \
+             of {} ({claimed_chunks} chunks of {} claimed by earlier clients, and memory \
+             is not recycled yet): lower --keys or create a larger cluster \
              (`swarm init --size`) in a fresh directory",
-            config.keys, config.clients, p.registers
+            config.keys, config.clients, p.registers, p.chunk_registers
         )));
     }
     let slots = log_slots_needed(config);
@@ -166,7 +174,7 @@ mod tests {
             let (params, bytes) = cluster_for(&config, 3).unwrap();
             let sized = params.for_node_size(bytes).unwrap();
             let layout = NodeLayout::new(sized).unwrap();
-            check_capacity(&layout, &config).unwrap();
+            check_capacity(&layout, 0, &config).unwrap();
             assert!(u64::from(sized.log_slots) >= log_slots_needed(&config));
             assert!(layout.end() <= bytes);
             // One step less would not fit (or is below the search's floor).
@@ -195,11 +203,26 @@ mod tests {
     }
 
     #[test]
+    fn registers_claimed_by_earlier_clients_are_not_free() {
+        let mut config = BenchConfig::new(System::Swarm, Workload::B);
+        config.keys = 1000;
+        config.clients = 2;
+        let (params, bytes) = cluster_for(&config, 3).unwrap();
+        let layout = NodeLayout::new(params.for_node_size(bytes).unwrap()).unwrap();
+        check_capacity(&layout, 0, &config).unwrap();
+        // Earlier runs claimed every chunk: the same run no longer fits.
+        let err = check_capacity(&layout, layout.chunks(), &config)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("0 free") && err.contains("claimed"), "{err}");
+    }
+
+    #[test]
     fn capacity_errors_name_the_fix() {
         let config = BenchConfig::new(System::Swarm, Workload::B);
         let small = ClusterParams::default().for_node_size(64 << 20).unwrap();
         let layout = NodeLayout::new(small).unwrap();
-        let err = check_capacity(&layout, &config).unwrap_err().to_string();
+        let err = check_capacity(&layout, 0, &config).unwrap_err().to_string();
         assert!(
             err.contains("--keys") && err.contains("swarm init"),
             "{err}"
@@ -207,18 +230,20 @@ mod tests {
         let mut tiny_keys = config.clone();
         tiny_keys.keys = 10;
         tiny_keys.key_size = 200;
-        let err = check_capacity(&layout, &tiny_keys).unwrap_err().to_string();
+        let err = check_capacity(&layout, 0, &tiny_keys)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("--key-size"), "{err}");
         let mut many = config.clone();
         many.keys = 10;
         many.clients = 100;
-        let err = check_capacity(&layout, &many).unwrap_err().to_string();
+        let err = check_capacity(&layout, 0, &many).unwrap_err().to_string();
         assert!(err.contains("--clients"), "{err}");
         let mut long = config.clone();
         long.keys = 10;
         long.workload = Workload::A;
         long.ops = 100_000_000;
-        let err = check_capacity(&layout, &long).unwrap_err().to_string();
+        let err = check_capacity(&layout, 0, &long).unwrap_err().to_string();
         assert!(
             err.contains("not recycled") && err.contains("--ops"),
             "{err}"

@@ -19,8 +19,8 @@ pub mod reconnect;
 #[cfg(test)]
 mod soft;
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream, ToSocketAddrs, UdpSocket};
 use std::cell::{Cell, RefCell};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream, ToSocketAddrs, UdpSocket};
 use std::sync::{Arc, mpsc};
 use std::task::Poll;
 use std::time::{Duration, Instant};
@@ -233,7 +233,9 @@ impl Shared {
         index: usize,
     ) -> Result<Connected, RdmaError> {
         let addr = &self.config.nodes[index];
-        let port = self.port.address(self.config.path.gid, route_source(addr))?;
+        let port = self
+            .port
+            .address(self.config.path.gid, route_source(addr))?;
         let settings = self.client_settings(port);
         let mut qp = QueuePair::new(cq.clone(), settings)?;
         let accepted = bootstrap::connect(

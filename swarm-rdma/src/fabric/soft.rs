@@ -359,7 +359,12 @@ mod tests {
             assert!(!engine.is_dead(NodeId(2)) && engine.is_dead(NodeId(0)));
         }
         let mut write = Batch::new();
-        write.push(Op::Write { addr: 8, data: vec![5; 8] }).unwrap();
+        write
+            .push(Op::Write {
+                addr: 8,
+                data: vec![5; 8],
+            })
+            .unwrap();
         write.push(Op::Read { addr: 8, len: 8 }).unwrap();
         let done = wait(&f, f.post(NodeId(2), write)).unwrap();
         assert_eq!(done.read(1), Some(&[5u8; 8][..]));
