@@ -11,7 +11,7 @@ use swarm_core::fabric::{Completion, FabricError, FailureCause, Ticket};
 use swarm_core::{Batch, Fabric, NodeId, OpStats, block_on, block_on_future};
 use swarm_kv::clock::SystemClock;
 use swarm_kv::layout::ClusterParams;
-use swarm_kv::{KvClient, KvError, ShmStore, Store};
+use swarm_kv::{KvClient, KvError, ShmStore};
 use swarm_shm::ScratchDir;
 
 fn store(dir: &ScratchDir) -> ShmStore {
