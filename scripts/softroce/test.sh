@@ -7,7 +7,9 @@
 #   2. a cluster of three `swarm memnode` daemons: init, format, put, get, stat, delete;
 #   3. `swarm bench --cluster` over the three nodes, its history checked;
 #   4. one memory node killed in the middle of a bench, whose history is checked,
-#      then put and get with the other two.
+#      then put and get with the other two;
+#   5. that node restarted with empty memory: left out (stat says why), gets still
+#      right, and `swarm format` refuses to write over the live store.
 #
 # Each step prints PASS or FAIL; the exit status is non-zero on any failure, and 77 if
 # the VM could not be started at all (no test ran).
@@ -66,7 +68,7 @@ if at get hello 2>/dev/null; then fail "get after delete"; else pass "get after 
 # 3. A benchmark over RDMA, its history checked for linearizability.
 bench=(bench --workload a --keys 1000 --ops 20000 --clients 2 --warmup-ops 0)
 if at "\${bench[@]}" --history "$out/history.jsonl" >"$out/bench.log" 2>&1; then
-    pass "bench --cluster (\$(grep -m1 -o '[0-9.]* kops/s' "$out/bench.log" || echo '?'))"
+    pass "bench --cluster (\$(sed -n 's/^measured.*: \\([0-9.]* k*ops\\/s\\).*/\\1/p' "$out/bench.log"))"
 else
     fail "bench --cluster (see $out/bench.log)"; tail -20 "$out/bench.log"
 fi
@@ -79,7 +81,7 @@ bench_pid=\$!
 sleep 5
 kill -9 "\${pids[2]}"
 if wait \$bench_pid; then
-    pass "bench with node 2 killed mid-run (\$(grep -m1 -o '[0-9.]* kops/s' "$out/bench-kill.log" || echo '?'))"
+    pass "bench with node 2 killed mid-run (\$(sed -n 's/^measured.*: \\([0-9.]* k*ops\\/s\\).*/\\1/p' "$out/bench-kill.log"))"
 else
     fail "bench with node 2 killed mid-run (see $out/bench-kill.log)"; tail -20 "$out/bench-kill.log"
 fi
@@ -89,7 +91,25 @@ fi
 at put after-kill yes && pass "put with node 2 killed" || fail "put with node 2 killed"
 [ "\$(at get after-kill)" = yes ] && pass "get with node 2 killed" || fail "get with node 2 killed"
 
-kill "\${pids[0]}" "\${pids[1]}" 2>/dev/null
+# 5. The killed node restarts with empty memory (a new incarnation): it must be left
+#    out, never read as a replica, and `swarm format` must not paper over it.
+\$swarm memnode --listen 10.0.2.15:7473 --size 64MiB --cluster "\$dir/swarm-cluster.conf" \
+    >"$out/memnode-7473-restarted.log" 2>&1 &
+pids[2]=\$!
+sleep 3
+stat=\$(at stat 2>&1)
+[[ "\$stat" == *"node 2: UNUSABLE"*"no SWARM-KV superblock"* ]] &&
+    pass "stat: restarted node 2 left out" || { fail "stat: restarted node 2 left out"; echo "\$stat"; }
+[ "\$(at get after-kill 2>/dev/null)" = yes ] && pass "get with node 2 restarted empty" ||
+    fail "get with node 2 restarted empty"
+if at format --value-max 64 --writers 8 >"$out/format-again.log" 2>&1; then
+    fail "format over a live store refused"
+else
+    grep -q "already holds a SWARM-KV store" "$out/format-again.log" &&
+        pass "format over a live store refused" || fail "format over a live store refused (see $out/format-again.log)"
+fi
+
+kill "\${pids[0]}" "\${pids[1]}" "\${pids[2]}" 2>/dev/null
 exit \$failed
 SCRIPT
 chmod +x "$script"

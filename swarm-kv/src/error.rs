@@ -1,6 +1,6 @@
 //! Errors of SWARM-KV operations.
 
-use swarm_core::{FabricError, SwarmError};
+use swarm_core::{FabricError, NodeId, SwarmError};
 
 use crate::index::IndexError;
 use crate::layout::ParamsError;
@@ -55,6 +55,16 @@ pub enum KvError {
         nodes: usize,
         /// Replicas per key.
         replicas: u16,
+    },
+    /// `swarm format` found a store already on the memory nodes.
+    #[error(
+        "memory node {node} already holds a SWARM-KV store: formatting again would make \
+         restarted (empty) memory nodes look like replicas of it; to start over, restart \
+         every memory node (their memory is then empty) and format again"
+    )]
+    AlreadyFormatted {
+        /// A node holding a superblock.
+        node: NodeId,
     },
     /// A register holds data that does not belong to the key that maps to it.
     #[error("register {register} holds data of another key: the index or memory is corrupted")]

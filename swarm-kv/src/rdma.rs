@@ -11,11 +11,13 @@
 
 use std::sync::Arc;
 
+use swarm_core::Fabric;
+use swarm_core::fabric::NodeId;
 use swarm_core::header::NodeHeader;
 use swarm_rdma::{RdmaCluster, RdmaConfig, RdmaError, RdmaFabric};
 
 use crate::KvError;
-use crate::layout::{ClusterParams, NodeLayout, ParamsError};
+use crate::layout::{ClusterParams, NodeLayout, ParamsError, SUPERBLOCK_AT};
 use crate::store::{Store, open_layout, write_superblock};
 
 /// A SWARM-KV cluster on RDMA memory nodes, opened by this process.
@@ -24,6 +26,8 @@ pub struct RdmaStore {
     cluster: Arc<RdmaCluster>,
     layout: NodeLayout,
     header: NodeHeader,
+    /// Nodes left out when the store was opened, and why.
+    unusable: Arc<[(NodeId, String)]>,
 }
 
 fn first_header(fabric: &RdmaFabric) -> Result<NodeHeader, KvError> {
@@ -39,14 +43,28 @@ fn first_header(fabric: &RdmaFabric) -> Result<NodeHeader, KvError> {
 impl RdmaStore {
     /// Connects to the memory nodes of `config`.
     pub fn open(config: RdmaConfig) -> Result<Self, KvError> {
-        let cluster = Arc::new(RdmaCluster::open(config).map_err(rdma)?);
+        let cluster = Arc::new(RdmaCluster::open(config.clone()).map_err(rdma)?);
         let fabric = cluster.client().map_err(rdma)?;
         let header = first_header(&fabric)?;
-        let layout = open_layout(&fabric, &header)?;
+        let (layout, mut unusable) = open_layout(&fabric, &header)?;
+        // Nodes this first client could not reach (each later client connects on
+        // its own, and may reach them).
+        for (i, node_header) in fabric.headers().iter().enumerate() {
+            let node = NodeId(i as u16);
+            if node_header.is_none() && !unusable.iter().any(|(n, _)| *n == node) {
+                let addr = config.nodes.get(i).map_or("?", String::as_str);
+                unusable.push((
+                    node,
+                    format!("unreachable or refused when the cluster was opened ({addr})"),
+                ));
+            }
+        }
+        unusable.sort_by_key(|(n, _)| *n);
         Ok(Self {
             cluster,
             layout,
             header,
+            unusable: unusable.into(),
         })
     }
 
@@ -57,11 +75,45 @@ impl RdmaStore {
         let fabric = cluster.client().map_err(rdma)?;
         let header = first_header(&fabric)?;
         let params = params.for_node_size(header.size)?;
+        if let Some(node) = formatted_node(&fabric)? {
+            return Err(KvError::AlreadyFormatted { node });
+        }
         write_superblock(&fabric, &params)?;
         drop(fabric);
         drop(cluster);
         Self::open(config)
     }
+}
+
+/// The first reachable node that already holds a superblock, if any: formatting
+/// over it would make a restarted, empty node look like a replica of the store the
+/// others hold.
+fn formatted_node(fabric: &RdmaFabric) -> Result<Option<NodeId>, KvError> {
+    let stats = swarm_core::OpStats::new();
+    let reachable: Vec<NodeId> = (0..fabric.node_count())
+        .map(|i| NodeId(i as u16))
+        .filter(|n| !fabric.is_failed(*n))
+        .collect();
+    let replies = swarm_core::block_on(fabric, async {
+        let rt = swarm_core::quorum::broadcast(
+            fabric,
+            &stats,
+            reachable.iter().copied(),
+            reachable.len(),
+            |_| Ok(swarm_core::Batch::read(SUPERBLOCK_AT, 64)),
+        )
+        .await?;
+        Ok::<_, swarm_core::FabricError>(
+            rt.replies()
+                .iter()
+                .map(|(n, c)| (*n, c.read(0).unwrap_or_default().to_vec()))
+                .collect::<Vec<_>>(),
+        )
+    })?;
+    Ok(replies
+        .into_iter()
+        .find(|(_, bytes)| ClusterParams::decode(bytes).is_ok())
+        .map(|(n, _)| n))
 }
 
 fn rdma(e: RdmaError) -> KvError {
@@ -80,6 +132,16 @@ impl Store for RdmaStore {
     }
 
     fn fabric(&self) -> Result<RdmaFabric, KvError> {
-        self.cluster.client().map_err(rdma)
+        let fabric = self.cluster.client().map_err(rdma)?;
+        // A node without the cluster's superblock (restarted with empty memory)
+        // never serves, even if this client reaches it.
+        for (node, _) in self.unusable.iter() {
+            fabric.retire(*node);
+        }
+        Ok(fabric)
+    }
+
+    fn unusable_nodes(&self) -> Vec<(NodeId, String)> {
+        self.unusable.to_vec()
     }
 }

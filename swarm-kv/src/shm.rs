@@ -84,7 +84,20 @@ impl ShmStore {
 
     fn from_shm(shm: Arc<ShmCluster>, rtt_ns: u64) -> Result<Self, KvError> {
         let header = *shm.header();
-        let layout = open_layout(&shm.client(), &header)?;
+        let (layout, left_out) = open_layout(&shm.client(), &header)?;
+        let shm = if left_out.is_empty() {
+            shm
+        } else {
+            // Nodes without the cluster's superblock (a node file recreated empty)
+            // must never count as replicas: take them out of every client's fabric.
+            let mut cluster = Arc::try_unwrap(shm).map_err(|_| {
+                KvError::Unsupported("leaving out a node of a cluster that is already shared")
+            })?;
+            for (node, why) in left_out {
+                cluster.leave_out(node, why);
+            }
+            Arc::new(cluster)
+        };
         Ok(Self {
             shm,
             layout,

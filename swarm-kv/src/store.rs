@@ -7,7 +7,7 @@
 
 use swarm_core::fabric::NodeId;
 use swarm_core::header::NodeHeader;
-use swarm_core::quorum::{broadcast, majority, nodes as node_ids};
+use swarm_core::quorum::{broadcast, broadcast_until, majority, nodes as node_ids};
 use swarm_core::{Batch, Fabric, FabricError, OpStats, block_on};
 
 use crate::KvError;
@@ -69,36 +69,101 @@ pub fn write_superblock<F: Fabric>(fabric: &F, params: &ClusterParams) -> Result
     Ok(())
 }
 
-/// Reads the superblock from a majority of nodes; they must agree.
-pub fn read_superblock<F: Fabric>(fabric: &F) -> Result<ClusterParams, KvError> {
+/// How long the superblock read waits for nodes beyond the first majority (on the
+/// fabric's clock): a node that answers later is not judged, just used.
+const SUPERBLOCK_STRAGGLER_NS: u64 = 50_000_000;
+
+/// The superblock a majority of nodes agrees on, and the nodes that hold another
+/// one or none: a memory node that restarted with empty memory (or a replaced,
+/// unformatted one) answers with zeros, and must never be read as a replica — its
+/// empty registers and index would count towards quorums that miss acknowledged
+/// writes. Such nodes are left out of every client of this store until repaired.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Superblock {
+    /// The cluster's parameters.
+    pub params: ClusterParams,
+    /// Nodes left out, and why.
+    pub unusable: Vec<(NodeId, String)>,
+}
+
+/// Reads the superblock from every node that answers (at least a majority): a
+/// majority of all nodes must hold the same one (see [`Superblock`]).
+pub fn read_superblock<F: Fabric>(fabric: &F) -> Result<Superblock, KvError> {
     let nodes = fabric.node_count();
     let stats = OpStats::new();
     let decoded = block_on(fabric, async {
-        let rt = broadcast(fabric, &stats, node_ids(nodes), majority(nodes), |_| {
-            Ok(Batch::read(SUPERBLOCK_AT, 64))
-        })
+        let rt = broadcast_until(
+            fabric,
+            &stats,
+            majority(nodes),
+            SUPERBLOCK_STRAGGLER_NS,
+            |_| Ok(Some(Batch::read(SUPERBLOCK_AT, 64))),
+            |_| false,
+        )
         .await?;
         Ok::<_, FabricError>(
             rt.replies()
                 .iter()
-                .map(|(_, c)| ClusterParams::decode(c.read(0).unwrap_or_default()))
+                .map(|(node, c)| (*node, ClusterParams::decode(c.read(0).unwrap_or_default())))
                 .collect::<Vec<_>>(),
         )
     })?;
-    let mut params: Option<ClusterParams> = None;
-    for p in decoded {
-        let p = p?;
-        if params.is_some_and(|q| q != p) {
-            return Err(ParamsError::Disagree.into());
-        }
-        params = Some(p);
-    }
-    Ok(params.ok_or(ParamsError::NotInitialized)?)
+    judge_superblocks(nodes, &decoded)
 }
 
-/// The layout in the superblock, checked against the node size.
-pub fn open_layout<F: Fabric>(fabric: &F, header: &NodeHeader) -> Result<NodeLayout, KvError> {
-    let layout = NodeLayout::new(read_superblock(fabric)?)?;
+/// The verdict of [`read_superblock`] on what each answering node holds.
+fn judge_superblocks(
+    nodes: usize,
+    decoded: &[(NodeId, Result<ClusterParams, ParamsError>)],
+) -> Result<Superblock, KvError> {
+    let agreeing = |p: &ClusterParams| {
+        decoded
+            .iter()
+            .filter(|(_, q)| q.as_ref().is_ok_and(|q| q == p))
+            .count()
+    };
+    let best = decoded
+        .iter()
+        .filter_map(|(_, p)| p.as_ref().ok())
+        .max_by_key(|p| agreeing(p));
+    let Some(params) = best.filter(|p| agreeing(p) >= majority(nodes)).copied() else {
+        let formatted = decoded.iter().filter(|(_, p)| p.is_ok()).count();
+        if formatted == 0 {
+            // Every answer is "no superblock" (a fresh cluster) or unreadable.
+            return Err(decoded
+                .iter()
+                .find_map(|(_, p)| p.clone().err())
+                .unwrap_or(ParamsError::NotInitialized)
+                .into());
+        }
+        return Err(ParamsError::Disagree.into());
+    };
+    let unusable = decoded
+        .iter()
+        .filter_map(|(node, p)| {
+            let why = match p {
+                Ok(p) if *p == params => return None,
+                Ok(_) => "its SWARM-KV superblock differs from the majority's".to_owned(),
+                Err(ParamsError::NotInitialized) => "it holds no SWARM-KV superblock: its memory \
+                     is empty (a memory node that restarted or was replaced), so it must be \
+                     repaired before it serves again"
+                    .to_owned(),
+                Err(e) => format!("its SWARM-KV superblock is unreadable ({e})"),
+            };
+            Some((*node, why))
+        })
+        .collect();
+    Ok(Superblock { params, unusable })
+}
+
+/// The layout in the superblock, checked against the node size, and the nodes
+/// left out (see [`Superblock`]).
+pub fn open_layout<F: Fabric>(
+    fabric: &F,
+    header: &NodeHeader,
+) -> Result<(NodeLayout, Vec<(NodeId, String)>), KvError> {
+    let superblock = read_superblock(fabric)?;
+    let layout = NodeLayout::new(superblock.params)?;
     if layout.end() > header.size {
         return Err(ParamsError::TooSmall {
             node_bytes: header.size,
@@ -106,5 +171,75 @@ pub fn open_layout<F: Fabric>(fabric: &F, header: &NodeHeader) -> Result<NodeLay
         }
         .into());
     }
-    Ok(layout)
+    for (node, why) in &superblock.unusable {
+        tracing::warn!(%node, "memory node left out: {why}");
+    }
+    Ok((layout, superblock.unusable))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params(value_max: u32) -> ClusterParams {
+        ClusterParams {
+            value_max,
+            ..ClusterParams::default()
+        }
+    }
+
+    #[test]
+    fn a_majority_superblock_wins_and_the_others_are_left_out() {
+        let (a, b) = (params(64), params(128));
+        let replies = [
+            (NodeId(0), Ok(a)),
+            (NodeId(1), Err(ParamsError::NotInitialized)),
+            (NodeId(2), Ok(a)),
+            (NodeId(3), Ok(b)),
+            (NodeId(4), Err(ParamsError::Checksum)),
+        ];
+        let judged = judge_superblocks(3, &replies[..3]).unwrap();
+        assert_eq!(judged.params, a);
+        assert_eq!(judged.unusable.len(), 1);
+        assert_eq!(judged.unusable[0].0, NodeId(1));
+        assert!(
+            judged.unusable[0].1.contains("empty"),
+            "{}",
+            judged.unusable[0].1
+        );
+        // Two of five agreeing is not a majority, whatever the others hold.
+        assert!(matches!(
+            judge_superblocks(5, &replies),
+            Err(KvError::Params(ParamsError::Disagree))
+        ));
+        let mut more = replies.to_vec();
+        more[1].1 = Ok(a);
+        let judged = judge_superblocks(5, &more).unwrap();
+        let left: Vec<_> = judged.unusable.iter().map(|(n, _)| n.0).collect();
+        assert_eq!(left, vec![3, 4]);
+        assert!(judged.unusable[0].1.contains("differs"));
+        assert!(judged.unusable[1].1.contains("unreadable"));
+    }
+
+    #[test]
+    fn a_fresh_cluster_is_not_initialized() {
+        let fresh = [
+            (NodeId(0), Err(ParamsError::NotInitialized)),
+            (NodeId(1), Err(ParamsError::NotInitialized)),
+        ];
+        assert!(matches!(
+            judge_superblocks(3, &fresh),
+            Err(KvError::Params(ParamsError::NotInitialized))
+        ));
+        // One formatted node of three: neither a store nor a fresh cluster.
+        let partial = [
+            (NodeId(0), Ok(params(64))),
+            fresh[0].clone(),
+            fresh[1].clone(),
+        ];
+        assert!(matches!(
+            judge_superblocks(3, &partial),
+            Err(KvError::Params(ParamsError::Disagree))
+        ));
+    }
 }

@@ -149,6 +149,49 @@ fn a_minority_of_corrupted_nodes_is_left_out_and_a_majority_is_needed() {
 }
 
 #[test]
+fn a_node_whose_memory_was_lost_is_left_out_and_never_read_as_a_replica() {
+    let scratch = ScratchDir::new("cli-wiped").unwrap();
+    let dir = scratch.path().join("c");
+    init(&dir);
+    let d = dir.to_str().unwrap();
+    for i in 0..20 {
+        let (key, value) = (format!("k{i}"), format!("v{i}"));
+        assert!(swarm(&["put", "--dir", d, &key, &value]).status.success());
+    }
+    // Node 1 comes back with its header but empty memory, as a restarted RDMA
+    // memory node does: it must not count towards any quorum.
+    let wipe = |index: u16| {
+        let node = dir.join(swarm_shm::node_file_name(index));
+        let mut bytes = std::fs::read(&node).unwrap();
+        let header = swarm_core::header::HEADER_SIZE as usize;
+        bytes[header..].fill(0);
+        std::fs::write(&node, &bytes).unwrap();
+    };
+    wipe(1);
+    for i in 0..20 {
+        let out = swarm(&["get", "--dir", d, &format!("k{i}")]);
+        let t = text(&out);
+        assert!(out.status.success(), "{t}");
+        assert!(t.starts_with(&format!("v{i}\n")), "{t}");
+    }
+    let out = swarm(&["stat", "--dir", d]);
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    assert!(
+        t.contains("node 1: UNUSABLE") && t.contains("no SWARM-KV superblock"),
+        "{t}"
+    );
+    assert!(swarm(&["put", "--dir", d, "more", "data"]).status.success());
+    assert_get(d, "more", "data");
+    // Losing a second node's memory loses the majority: refused, not wrong.
+    wipe(0);
+    let out = swarm(&["get", "--dir", d, "k1"]);
+    let t = text(&out);
+    assert!(!out.status.success(), "{t}");
+    assert!(!t.contains("panicked"), "{t}");
+}
+
+#[test]
 fn check_accepts_good_and_rejects_bad_histories() {
     let scratch = ScratchDir::new("cli-check").unwrap();
     let good = scratch.path().join("good.jsonl");

@@ -337,6 +337,26 @@ impl ShmCluster {
         &self.absent
     }
 
+    /// Leaves `node` out from now on, as if its file had been unusable at open:
+    /// its memory is unmapped and batches to it fail with `NodeFailed`. For layers
+    /// above that find a node's contents unusable (`reason` is reported with
+    /// [`ShmCluster::absent`]). Call before sharing the cluster; unknown or already
+    /// absent nodes are ignored.
+    pub fn leave_out(&mut self, node: NodeId, reason: String) {
+        let Some(slot) = self.nodes.get_mut(node.index()) else {
+            return;
+        };
+        if slot.take().is_none() {
+            return;
+        }
+        self.headers[node.index()] = None;
+        self.absent.push(AbsentNode {
+            node,
+            error: ShmError::LeftOut { reason },
+        });
+        self.absent.sort_by_key(|a| a.node);
+    }
+
     /// The random id shared by all nodes of this cluster.
     pub fn cluster_id(&self) -> u64 {
         self.reference.cluster_id

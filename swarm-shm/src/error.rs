@@ -58,6 +58,13 @@ pub enum ShmError {
         dir: PathBuf,
     },
     /// Too few node files are usable: a cluster serves with a majority of its nodes.
+    /// A layer above left a node out (its contents are unusable: say, its SWARM-KV
+    /// superblock is missing after the file was recreated).
+    #[error("{reason}")]
+    LeftOut {
+        /// Why.
+        reason: String,
+    },
     #[error(
         "only {usable} of the {nodes} memory nodes in {dir} are usable, and a majority is needed: {problems}",
         dir = dir.display()

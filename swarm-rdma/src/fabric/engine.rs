@@ -158,6 +158,13 @@ impl<N: Nic> Engine<N> {
         self.dead > 0
     }
 
+    /// Marks `node` failed, failing everything waiting on it.
+    pub fn fail_node(&mut self, node: NodeId) {
+        if node.index() < self.nodes.len() {
+            self.kill(node.index(), &status::post_error(node));
+        }
+    }
+
     /// Marks every node failed (the device or its port went down).
     pub fn kill_all(&mut self) {
         for node in 0..self.nodes.len() {

@@ -371,6 +371,21 @@ impl RdmaFabric {
                 }
             }
         }
+        // A minority whose header disagrees with the others' (a memory node started
+        // with another cluster file) is left out like an unreachable one.
+        for i in outliers(&headers) {
+            let addr = &config.nodes[i];
+            tracing::warn!(node = i, %addr, "memory node belongs to another cluster (its header differs from the majority's); treated as failed");
+            failures.push(format!(
+                "node {i} ({addr}): its header differs from the other nodes' (another cluster file?)"
+            ));
+            qps[i] = None;
+            links[i] = None;
+            headers[i] = None;
+            incarnations[i] = None;
+            streams[i] = None;
+            slots[i] = Slot::Retired;
+        }
         let live = n - failures.len();
         let needed = n / 2 + 1;
         if live < needed {
@@ -413,6 +428,16 @@ impl RdmaFabric {
     /// Whether this client considers `node` failed.
     pub fn is_failed(&self, node: NodeId) -> bool {
         self.inner.engine().is_dead(node)
+    }
+
+    /// Takes `node` out of service for good on this client (its contents are
+    /// unusable: say, it restarted with empty memory): batches to it fail at once
+    /// and it is never reconnected.
+    pub fn retire(&self, node: NodeId) {
+        if let Some(slot) = self.slots.borrow_mut().get_mut(node.index()) {
+            *slot = Slot::Retired;
+        }
+        self.inner.engine().fail_node(node);
     }
 
     /// Where `node` stands for this client.
@@ -566,6 +591,27 @@ fn route_source(addr: &str) -> Option<IpAddr> {
     Some(socket.local_addr().ok()?.ip())
 }
 
+/// The reachable nodes whose header does not describe the cluster that most
+/// reachable nodes describe (cluster id, node count, timestamp epoch and tick). On a
+/// tie nobody is an outlier: [`NodeHeader::check_reachable`] then refuses the lot.
+fn outliers(headers: &[Option<NodeHeader>]) -> Vec<usize> {
+    let key = |h: &NodeHeader| (h.cluster_id, h.node_count, h.epoch_unix_ns, h.tick_ns);
+    let keys: Vec<_> = headers.iter().map(|h| h.as_ref().map(key)).collect();
+    let count = |k| keys.iter().filter(|other| **other == Some(k)).count();
+    let Some(best) = keys.iter().flatten().copied().max_by_key(|k| count(*k)) else {
+        return Vec::new();
+    };
+    let reachable = keys.iter().flatten().count();
+    if count(best) * 2 <= reachable {
+        return Vec::new();
+    }
+    keys.iter()
+        .enumerate()
+        .filter(|(_, k)| k.is_some_and(|k| k != best))
+        .map(|(i, _)| i)
+        .collect()
+}
+
 /// `f(0)`, ..., `f(n - 1)`, each on its own thread, in index order.
 fn in_parallel<T: Send>(n: usize, f: impl Fn(usize) -> T + Sync) -> Vec<T> {
     std::thread::scope(|scope| {
@@ -636,6 +682,19 @@ mod tests {
         let mut other = header(1, 2);
         other.tick_ns = 1;
         assert!(NodeHeader::check_reachable(&[Some(header(0, 2)), Some(other)]).is_err());
+    }
+
+    #[test]
+    fn a_minority_of_foreign_headers_is_left_out() {
+        let mut foreign = header(1, 3);
+        foreign.cluster_id = 8;
+        let headers = [Some(header(0, 3)), Some(foreign), Some(header(2, 3))];
+        assert_eq!(outliers(&headers), vec![1]);
+        let headers = [Some(header(0, 3)), Some(foreign), None];
+        assert!(outliers(&headers).is_empty(), "a tie leaves nobody out");
+        let headers = [Some(header(0, 3)), None, Some(header(2, 3))];
+        assert!(outliers(&headers).is_empty());
+        assert!(outliers(&[None, None]).is_empty());
     }
 
     #[test]
