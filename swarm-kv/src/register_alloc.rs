@@ -10,6 +10,7 @@
 //! which is what lets an insert write into it in one roundtrip (SWARM §5.3.1).
 
 use std::cell::RefCell;
+use std::collections::{HashSet, VecDeque};
 
 use swarm_core::quorum::{broadcast, majority, nodes as node_ids};
 use swarm_core::{Batch, Fabric, OpStats};
@@ -44,6 +45,13 @@ pub async fn claimed_chunks<F: Fabric>(
 }
 
 /// A client's pool of claimed register slots.
+///
+/// Several operations of one client may allocate at once (`--inflight`): each chunk
+/// claim picks its chunk index synchronously, before its first await, so concurrent
+/// claims of one client never race for the same chunk. (They would both win it —
+/// a claim is idempotent for its own token — and hand out its registers twice: two
+/// keys in one register, one of them lost. A load with 8 inserts in flight did
+/// exactly that.) Every claimed chunk's slots go into the pool, none is dropped.
 #[derive(Debug)]
 pub struct RegisterAllocator {
     state: RefCell<State>,
@@ -51,13 +59,15 @@ pub struct RegisterAllocator {
 
 #[derive(Debug)]
 struct State {
-    /// Slots claimed and not handed out: `next..end` of the current chunk.
-    next: u64,
-    end: u64,
-    /// Where the next chunk search starts (spread clients over the area).
+    /// Slots claimed and not handed out, as `start..end` ranges in claim order.
+    free: VecDeque<(u64, u64)>,
+    /// The next chunk a claim tries (spreads clients over the area; advanced by
+    /// every attempt, so concurrent attempts try different chunks).
     cursor: u64,
-    /// Chunks claimed so far.
-    claimed: u64,
+    /// Chunks this client claimed. A claim is idempotent for its own token, so a
+    /// cursor that wraps around would "win" them again and hand their (used) slots
+    /// out a second time: they are skipped.
+    owned: HashSet<u64>,
     /// This client incarnation's claim token.
     token: u64,
 }
@@ -69,10 +79,9 @@ impl RegisterAllocator {
         let chunks = layout.chunks().max(1);
         Self {
             state: RefCell::new(State {
-                next: 0,
-                end: 0,
+                free: VecDeque::new(),
                 cursor: (u64::from(writer) * 0x9E37_79B9) % chunks,
-                claimed: 0,
+                owned: HashSet::new(),
                 token,
             }),
         }
@@ -80,7 +89,7 @@ impl RegisterAllocator {
 
     /// Chunks this client has claimed.
     pub fn chunks_claimed(&self) -> u64 {
-        self.state.borrow().claimed
+        self.state.borrow().owned.len() as u64
     }
 
     /// A fresh, pre-cleared register slot; claims a new chunk when the pool is empty.
@@ -92,15 +101,23 @@ impl RegisterAllocator {
         nodes: usize,
     ) -> Result<RegisterId, KvError> {
         loop {
-            {
-                let mut s = self.state.borrow_mut();
-                if s.next < s.end {
-                    s.next += 1;
-                    return Ok(s.next - 1);
-                }
+            if let Some(register) = self.take() {
+                return Ok(register);
             }
             self.claim_chunk(fabric, stats, layout, nodes).await?;
         }
+    }
+
+    /// The next free slot of the pool, if any.
+    fn take(&self) -> Option<RegisterId> {
+        let mut s = self.state.borrow_mut();
+        let (start, end) = s.free.front_mut()?;
+        let register = *start;
+        *start += 1;
+        if *start >= *end {
+            s.free.pop_front();
+        }
+        Some(register)
     }
 
     async fn claim_chunk<F: Fabric>(
@@ -111,28 +128,106 @@ impl RegisterAllocator {
         nodes: usize,
     ) -> Result<(), KvError> {
         let chunks = layout.chunks();
-        let (start, token) = {
-            let s = self.state.borrow();
-            (s.cursor, s.token)
-        };
-        for step in 0..chunks {
-            let chunk = (start + step) % chunks;
+        for _ in 0..chunks {
+            // Reserve the index before awaiting: no other operation of this client
+            // tries the same chunk while this claim is in flight.
+            let (chunk, token) = {
+                let mut s = self.state.borrow_mut();
+                let chunk = s.cursor % chunks;
+                s.cursor = (chunk + 1) % chunks;
+                if s.owned.contains(&chunk) {
+                    continue;
+                }
+                (chunk, s.token)
+            };
             let outcome = claim(fabric, stats, nodes, layout.chunk_word(chunk), token).await?;
             if outcome == Claim::Won {
                 let per = u64::from(layout.params.chunk_registers);
                 let first = chunk * per;
+                let end = (first + per).min(layout.params.registers);
                 let mut s = self.state.borrow_mut();
-                // Another operation of this client may have claimed one meanwhile;
-                // keep both (the older remainder is simply dropped: never reused).
-                s.next = first;
-                s.end = (first + per).min(layout.params.registers);
-                s.cursor = (chunk + 1) % chunks;
-                s.claimed += 1;
+                if s.owned.insert(chunk) {
+                    s.free.push_back((first, end));
+                }
                 return Ok(());
             }
         }
         Err(KvError::RegistersFull {
             registers: layout.params.registers,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashSet;
+
+    use swarm_core::fabric::EmulatedRtt;
+    use swarm_core::{MemCluster, block_on, join};
+
+    use super::*;
+    use crate::layout::ClusterParams;
+
+    fn layout() -> NodeLayout {
+        let params = ClusterParams {
+            key_max: 16,
+            value_max: 16,
+            writers: 4,
+            chunk_registers: 4,
+            ..ClusterParams::default()
+        }
+        .for_node_size(1 << 20)
+        .unwrap();
+        NodeLayout::new(params).unwrap()
+    }
+
+    #[test]
+    fn concurrent_allocations_of_one_client_never_share_a_register() {
+        let layout = layout();
+        let cluster = MemCluster::new(3, layout.end() as usize);
+        // Emulated latency: the claims are really in flight together.
+        let fabric = EmulatedRtt::new(cluster.client(), 1_000);
+        let alloc = RegisterAllocator::new(&layout, 1, 0xabc);
+        let stats = OpStats::new();
+        let one = || alloc.allocate(&fabric, &stats, &layout, 3);
+        let mut seen = HashSet::new();
+        for _ in 0..5 {
+            let ((a, b), (c, d)) = block_on(&fabric, async {
+                Ok::<_, swarm_core::FabricError>(join(join(one(), one()), join(one(), one())).await)
+            })
+            .unwrap();
+            for register in [a, b, c, d] {
+                let register = register.unwrap();
+                assert!(
+                    seen.insert(register),
+                    "register {register} handed out twice"
+                );
+            }
+        }
+        // Four concurrent claims took four chunks; every slot of them is used.
+        assert_eq!(seen.len(), 20);
+    }
+
+    #[test]
+    fn a_full_area_is_full_not_reused() {
+        let layout = layout();
+        let cluster = MemCluster::new(3, layout.end() as usize);
+        let fabric = cluster.client();
+        let alloc = RegisterAllocator::new(&layout, 2, 0xdef);
+        let stats = OpStats::new();
+        let mut seen = HashSet::new();
+        loop {
+            match block_on(&fabric, async {
+                Ok::<_, swarm_core::FabricError>(alloc.allocate(&fabric, &stats, &layout, 3).await)
+            })
+            .unwrap()
+            {
+                Ok(register) => assert!(seen.insert(register), "register {register} reused"),
+                Err(KvError::RegistersFull { .. }) => break,
+                Err(other) => panic!("{other}"),
+            }
+        }
+        assert_eq!(seen.len() as u64, layout.params.registers);
+        assert_eq!(alloc.chunks_claimed(), layout.chunks());
     }
 }

@@ -33,6 +33,21 @@ fn run_with_operations_in_flight_is_linearizable() {
     assert_linearizable(&history_path(&dir), &report);
 }
 
+/// With emulated latency, operations in flight really interleave, the load phase's
+/// inserts included: eight inserts of one client claiming register chunks at once
+/// once handed one register to several keys (each claim "won" the same chunk).
+#[test]
+fn a_load_with_eight_inserts_in_flight_per_client_is_linearizable() {
+    let dir = swarm_shm::ScratchDir::new("ycsb-history").unwrap();
+    let mut config = small(System::Swarm, Workload::B, 2_000, 4_000, 2);
+    config.inflight = 8;
+    config.rtt_ns = 2_000;
+    config.history = Some(history_path(&dir));
+    let report = run_fresh(&config);
+    assert_clean(&report);
+    assert_linearizable(&history_path(&dir), &report);
+}
+
 #[test]
 fn run_with_a_node_crash_is_linearizable() {
     let dir = swarm_shm::ScratchDir::new("ycsb-history").unwrap();
