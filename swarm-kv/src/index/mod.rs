@@ -163,8 +163,13 @@
 //! * Ballots and slot tags are 16-bit serial numbers. Updates rewrite slots whose tag
 //!   fell 2^13 ballots behind (`apply.rs`), so that untouched slots keep comparing as
 //!   older than new ballots while the bucket's ballots wrap around. A memory node that
-//!   comes back (a healed partition) after missing 2^15 ballots of a bucket must be
-//!   wiped before it rejoins, or its copy may look newer than it is.
+//!   comes back (a healed partition) after missing 2^15 ballots of a bucket may have
+//!   a copy that looks newer than it is. Wiping such a node is safe only because a
+//!   node without the cluster's superblock is left out of every client
+//!   (`crate::store::read_superblock`): a wiped node that served would form quorums
+//!   with a lagging node and hide a completed insert. Rebuilding it from the others
+//!   (repair) and a background scrub of diverged copies are not implemented yet; until
+//!   then the cluster runs with one fewer node.
 //! * Liveness is obstruction-freedom: proposers that keep preempting each other back
 //!   off (randomised, exponential); [`IndexConfig::max_attempts`] bounds the retries.
 //!   A lookup that races an update may settle the update's change itself, which
