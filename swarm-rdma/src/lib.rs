@@ -21,7 +21,10 @@
 //! - [`status`]: verbs statuses → [`swarm_core::FabricError::NodeFailed`];
 //! - [`wire`], [`auth`], [`bootstrap`]: the authenticated TCP bootstrap (tested on
 //!   loopback);
-//! - [`config`]: node lists, sizes, the cluster file.
+//! - [`config`]: node lists, sizes, the cluster file;
+//! - [`emu`]: an emulated verbs provider below [`verbs::post::SendQueue`] (reordering
+//!   within the IBA rules, errors mid-chain, CAS reply byte order), so that the real
+//!   chains `post.rs` builds run in tests, protocol histories included.
 //!
 //! The unsafe verbs layer, [`verbs`], and what is built on it — [`fabric::RdmaFabric`]
 //! and [`memnode`] — need a device; `tests/device.rs` runs them where one exists
@@ -51,6 +54,7 @@ compile_error!(
 pub mod auth;
 pub mod bootstrap;
 pub mod config;
+pub mod emu;
 pub mod error;
 pub mod fabric;
 pub mod memnode;

@@ -188,6 +188,21 @@ fn read_write_cas_batches_over_the_device() {
 }
 
 #[test]
+fn the_cas_self_test_finds_the_native_byte_order_on_this_device() {
+    if require_device("the_cas_self_test_finds_the_native_byte_order_on_this_device").is_none() {
+        return;
+    }
+    let token = Token::generate().unwrap();
+    let nodes = start_nodes(&token, 1);
+    let cluster = RdmaCluster::open(client_config(&nodes, &token)).unwrap();
+    // soft-RoCE and mlx5 return CAS results in host order (mlx4 would not).
+    assert_eq!(
+        cluster.cas_reply_order(),
+        swarm_rdma::wr::CasReplyOrder::Native
+    );
+}
+
+#[test]
 fn the_header_read_over_rdma_matches_the_bootstrap() {
     if require_device("the_header_read_over_rdma_matches_the_bootstrap").is_none() {
         return;

@@ -38,7 +38,8 @@ use crate::verbs::device::{Device, PortAttr, PortInfo, open_device};
 use crate::verbs::events::DeviceEvents;
 use crate::verbs::memory::{Access, Mapping, MemoryRegion};
 use crate::verbs::qp::{QpSettings, QueuePair, Role};
-use crate::wr::{ChainLimits, ReadOrdering, RemoteRegion};
+use crate::verbs::selftest::{self, DeviceLoopback};
+use crate::wr::{CasReplyOrder, ChainLimits, ReadOrdering, RemoteRegion};
 use engine::{Engine, EngineFabric, NodeLink};
 use nic::VerbsNic;
 use reconnect::{Known, Slot, Verdict, judge};
@@ -163,6 +164,8 @@ struct Shared {
     device: Arc<Device>,
     port: PortAttr,
     config: RdmaConfig,
+    /// How the device returns CAS results (its self-test at open).
+    cas_reply: CasReplyOrder,
 }
 
 impl RdmaCluster {
@@ -181,12 +184,27 @@ impl RdmaCluster {
         // Fail now, not per node, when no GID can work whatever the route.
         port.address(config.path.gid, None)?;
         let events = DeviceEvents::start(device.clone(), port.port)?;
+        // How this device returns CAS results (mlx4 byte-swaps them): one chain
+        // over a loopback connection, before any client relies on a CAS.
+        let loopback_port = port.address(config.path.gid, None)?;
+        let cas_reply = selftest::cas_byte_order(
+            &mut DeviceLoopback::new(&device, loopback_port)?,
+            device.name(),
+        )?;
+        if cas_reply != CasReplyOrder::Native {
+            tracing::warn!(
+                device = device.name(),
+                ?cas_reply,
+                "this device returns CAS results byte-swapped (as ConnectX-3 does); decoding them accordingly"
+            );
+        }
         Ok(Self {
             shared: Arc::new(Shared {
                 events,
                 device,
                 port,
                 config,
+                cas_reply,
             }),
         })
     }
@@ -200,6 +218,11 @@ impl RdmaCluster {
     /// said ([`crate::verbs::events`]).
     pub fn port_usable(&self) -> bool {
         self.shared.events.health().is_usable()
+    }
+
+    /// How the device returns CAS results, as its self-test at open found.
+    pub fn cas_reply_order(&self) -> CasReplyOrder {
+        self.shared.cas_reply
     }
 
     /// Connects a new client handle (one per thread) to every memory node.
@@ -258,6 +281,7 @@ impl Shared {
             max_inline: qp.max_inline(),
             max_message: self.port.max_msg_sz,
             ordering: self.config.ordering,
+            cas_reply: self.cas_reply,
         };
         Ok(Connected {
             link: NodeLink {

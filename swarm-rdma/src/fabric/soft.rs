@@ -224,7 +224,7 @@ impl Nic for SoftNic {
 mod tests {
     use super::*;
     use crate::fabric::engine::{Engine, EngineFabric, NodeLink};
-    use crate::wr::{ChainLimits, ReadOrdering, RemoteRegion};
+    use crate::wr::{CasReplyOrder, ChainLimits, ReadOrdering, RemoteRegion};
     use proptest::prelude::*;
     use std::task::Poll;
     use swarm_core::MemCluster;
@@ -246,6 +246,7 @@ mod tests {
                 max_inline: 16,
                 max_message: 1 << 30,
                 ordering: ReadOrdering::Concurrent,
+                cas_reply: CasReplyOrder::Native,
             },
             depth,
         }

@@ -15,3 +15,4 @@ pub mod memlock;
 pub mod memory;
 pub mod post;
 pub mod qp;
+pub mod selftest;

@@ -3,6 +3,11 @@
 //! Everything about the chain was decided by [`crate::wr::plan`]; this only
 //! transcribes it. One call per chain means one doorbell per memory node per
 //! roundtrip.
+//!
+//! The finished list goes through [`SendQueue`], the one boundary between the
+//! transport and a verbs provider: a real [`QueuePair`] hands it to `ibv_post_send`,
+//! the emulated provider ([`crate::emu`]) executes the very same structures, so the
+//! code that builds them runs in every test.
 
 use rdma_sys::{atomic_t, ibv_post_send, ibv_send_wr, ibv_sge, ibv_wr_opcode, rdma_t};
 use swarm_core::fabric::{Batch, MAX_BATCH_OPS, Op};
@@ -28,10 +33,30 @@ pub struct StagingSlice {
     pub lkey: u32,
 }
 
+/// Where a built list of work requests is posted: a verbs provider's send queue.
+pub trait SendQueue {
+    /// Posts the NULL-terminated list starting at `wr`, as `ibv_post_send` does:
+    /// returns 0, or an errno with `*bad` pointing at the first request not posted.
+    ///
+    /// # Safety
+    ///
+    /// `wr` must be a well-formed list of `ibv_send_wr` whose `next` and `sg_list`
+    /// pointers (and, for inline requests, the memory their entries name) stay
+    /// valid for the duration of the call, and `bad` must be a valid out-pointer.
+    unsafe fn post_send(&self, wr: *mut ibv_send_wr, bad: *mut *mut ibv_send_wr) -> i32;
+}
+
+impl SendQueue for QueuePair {
+    unsafe fn post_send(&self, wr: *mut ibv_send_wr, bad: *mut *mut ibv_send_wr) -> i32 {
+        // SAFETY: the queue pair is alive; the caller vouches for the list.
+        unsafe { ibv_post_send(self.as_ptr(), wr, bad) }
+    }
+}
+
 /// Posts `chain` (planned from `batch`) on `qp` as chain number `seq`. On failure,
 /// reports the errno and how many requests (a prefix) the provider did post.
 pub fn post_chain(
-    qp: &QueuePair,
+    qp: &impl SendQueue,
     chain: &Chain,
     batch: &Batch,
     staging: StagingSlice,
@@ -116,10 +141,10 @@ pub fn post_chain(
         }
     }
     let mut bad: *mut ibv_send_wr = std::ptr::null_mut();
-    // SAFETY: the QP is alive; `wrs[0..n]` is a well-formed NULL-terminated list whose
-    // scatter/gather entries point into registered staging memory (or, for inline
-    // requests, into the batch's payloads); both arrays outlive the call.
-    let rc = unsafe { ibv_post_send(qp.as_ptr(), wr_base, &mut bad) };
+    // SAFETY: `wrs[0..n]` is a well-formed NULL-terminated list whose scatter/gather
+    // entries point into registered staging memory (or, for inline requests, into
+    // the batch's payloads); both arrays outlive the call.
+    let rc = unsafe { qp.post_send(wr_base, &mut bad) };
     if rc != 0 {
         // `bad` points at the first request not posted (or is null if unknown).
         let posted = if bad.is_null() {

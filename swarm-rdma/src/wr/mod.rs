@@ -174,6 +174,32 @@ pub enum ReadOrdering {
     Strict,
 }
 
+/// The byte order in which a device returns a CAS's original value.
+///
+/// The InfiniBand spec has atomics operate on (and return) 64-bit values in the
+/// byte order of the memory they target, which on our little-endian hosts is the
+/// host's: mlx5 and soft-RoCE do that. ConnectX-3 (mlx4) returns the original value
+/// in network (big-endian) byte order while operating correctly on memory. A
+/// self-test at start ([`crate::verbs::selftest`]) tells which one a device is.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum CasReplyOrder {
+    /// The host's byte order.
+    #[default]
+    Native,
+    /// Big-endian (mlx4).
+    BigEndian,
+}
+
+impl CasReplyOrder {
+    /// The value of a CAS reply's 8 bytes.
+    pub fn decode(self, bytes: [u8; 8]) -> u64 {
+        match self {
+            Self::Native => u64::from_ne_bytes(bytes),
+            Self::BigEndian => u64::from_be_bytes(bytes),
+        }
+    }
+}
+
 /// Per-queue-pair limits and choices that shape a chain.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ChainLimits {
@@ -183,6 +209,8 @@ pub struct ChainLimits {
     pub max_message: u32,
     /// Read ordering within a batch.
     pub ordering: ReadOrdering,
+    /// How the device returns CAS results.
+    pub cas_reply: CasReplyOrder,
 }
 
 /// Staging slots are 8-byte aligned (atomics need an aligned result buffer).
@@ -193,6 +221,7 @@ pub const STAGING_ALIGN: u64 = 8;
 pub struct Chain {
     wrs: heapless::Vec<WorkRequest, { swarm_core::fabric::MAX_BATCH_OPS }>,
     staging_len: u64,
+    cas_reply: CasReplyOrder,
 }
 
 impl Chain {
@@ -239,8 +268,7 @@ impl Chain {
                     let at = offset as usize;
                     let mut word = [0u8; 8];
                     word.copy_from_slice(&staging[at..at + 8]);
-                    // The HCA returns the original value in host byte order.
-                    OpOutput::Cas(u64::from_ne_bytes(word))
+                    OpOutput::Cas(self.cas_reply.decode(word))
                 }
                 (Opcode::CompareSwap, _) => OpOutput::Cas(0),
             };
@@ -350,6 +378,7 @@ pub fn plan(
         last.flags |= SendFlags::SIGNALED;
     }
     chain.staging_len = staging;
+    chain.cas_reply = limits.cas_reply;
     Ok(chain)
 }
 

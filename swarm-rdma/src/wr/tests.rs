@@ -15,6 +15,7 @@ const LIMITS: ChainLimits = ChainLimits {
     max_inline: 64,
     max_message: 1 << 30,
     ordering: ReadOrdering::Concurrent,
+    cas_reply: CasReplyOrder::Native,
 };
 
 fn batch(ops: Vec<Op>) -> Batch {
