@@ -47,14 +47,8 @@ impl Nic for VerbsNic {
     }
 
     fn staging_mut(&mut self, offset: u64, len: u64) -> &mut [u8] {
-        let (Ok(offset), Ok(len)) = (usize::try_from(offset), usize::try_from(len)) else {
-            return &mut [];
-        };
         // The engine only asks for extents it allocated inside the capacity.
-        self.staging
-            .memory_mut()
-            .slice_mut(offset, len)
-            .unwrap_or_default()
+        self.staging.memory_mut().extent_mut(offset, len)
     }
 
     fn post(

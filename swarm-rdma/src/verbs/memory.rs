@@ -99,6 +99,15 @@ impl Mapping {
         self.ptr.as_ptr() as u64
     }
 
+    /// The bytes `[offset, offset + len)` for a caller that counts in `u64` (the
+    /// transport engine's staging extents); empty if out of bounds.
+    pub fn extent_mut(&mut self, offset: u64, len: u64) -> &mut [u8] {
+        let (Ok(offset), Ok(len)) = (usize::try_from(offset), usize::try_from(len)) else {
+            return &mut [];
+        };
+        self.slice_mut(offset, len).unwrap_or_default()
+    }
+
     /// The bytes `[offset, offset + len)`, or `None` if out of bounds.
     ///
     /// Registered memory can be written by the NIC at any time; callers only touch
