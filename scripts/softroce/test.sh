@@ -92,7 +92,7 @@ at put after-kill yes && pass "put with node 2 killed" || fail "put with node 2 
 [ "\$(at get after-kill)" = yes ] && pass "get with node 2 killed" || fail "get with node 2 killed"
 
 # 5. The killed node restarts with empty memory (a new incarnation): it must be left
-#    out, never read as a replica, and `swarm format` must not paper over it.
+#    out, never read as a replica, and swarm format must not paper over it.
 \$swarm memnode --listen 10.0.2.15:7473 --size 64MiB --cluster "\$dir/swarm-cluster.conf" \
     >"$out/memnode-7473-restarted.log" 2>&1 &
 pids[2]=\$!
