@@ -423,3 +423,70 @@ fn mappings_survive_ballots_wrapping_around() {
         assert_eq!(r, Ok(None), "step {step}: {key} was removed");
     }
 }
+
+/// Slot words of every bucket on `node`, read straight from its memory.
+fn slot_words(s: &Setup, node: usize) -> Vec<u64> {
+    let f = s.cluster.client();
+    let len = (s.layout.params.index_buckets * BUCKET_BYTES) as u32;
+    let t = f.post(
+        NodeId(node as u16),
+        swarm_core::Batch::read(s.layout.index_at, len),
+    );
+    let std::task::Poll::Ready(Ok(c)) = f.poll(t) else {
+        panic!("the in-process fabric completes at once")
+    };
+    c.read(0)
+        .unwrap()
+        .chunks_exact(8)
+        .enumerate()
+        .filter(|(i, _)| i % 8 != 0)
+        .map(|(_, w)| u64::from_le_bytes(w.try_into().unwrap()))
+        .collect()
+}
+
+#[test]
+fn a_scrub_brings_a_lagging_nodes_slots_up_to_date() {
+    let s = Setup::new(3, 256, 16);
+    let ix = s.index(1);
+    // Node 2 misses every update below: its slot copies lag behind.
+    let lagging = swarm_core::fabric::FailNodes::new(s.cluster.client());
+    lagging.fail_node(NodeId(2));
+    for r in 0..40u64 {
+        let key = format!("key{r}");
+        s.header(r, key.as_bytes());
+        let (out, _) = run(&lagging, async |st| {
+            ix.insert(&lagging, st, key.as_bytes(), r).await
+        });
+        assert_eq!(out, Ok(InsertOutcome::Inserted));
+    }
+    for r in (0..40u64).step_by(3) {
+        let key = format!("key{r}");
+        let (ok, _) = run(&lagging, async |st| {
+            ix.remove(&lagging, st, key.as_bytes(), r).await
+        });
+        assert_eq!(ok, Ok(true));
+    }
+    assert_ne!(slot_words(&s, 2), slot_words(&s, 0), "node 2 lags");
+    // Node 2 is back; a scrub moves its copies forward.
+    let f = s.cluster.client();
+    let (report, _) = run(&f, async |st| ix.scrub(&f, st, 0..u64::MAX).await);
+    let report = report.unwrap();
+    assert_eq!((report.buckets, report.skipped), (16, 0));
+    assert!(report.repaired > 0, "{report:?}");
+    assert_eq!(slot_words(&s, 2), slot_words(&s, 0));
+    assert_eq!(slot_words(&s, 1), slot_words(&s, 0));
+    // Nothing left to do, and every key still resolves as before.
+    let (again, _) = run(&f, async |st| ix.scrub(&f, st, 0..u64::MAX).await);
+    assert_eq!(again.unwrap().repaired, 0);
+    // With node 0 down, node 2's copies now carry the index.
+    let without_0 = swarm_core::fabric::FailNodes::new(s.cluster.client());
+    without_0.fail_node(NodeId(0));
+    for r in 0..40u64 {
+        let key = format!("key{r}");
+        let (found, _) = run(&without_0, async |st| {
+            ix.resolve(&without_0, st, key.as_bytes()).await
+        });
+        let expected = if r % 3 == 0 { None } else { Some(r) };
+        assert_eq!(found, Ok(expected), "{key}");
+    }
+}

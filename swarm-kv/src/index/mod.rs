@@ -167,9 +167,10 @@
 //!   a copy that looks newer than it is. Wiping such a node is safe only because a
 //!   node without the cluster's superblock is left out of every client
 //!   (`crate::store::read_superblock`): a wiped node that served would form quorums
-//!   with a lagging node and hide a completed insert. Rebuilding it from the others
-//!   (repair) and a background scrub of diverged copies are not implemented yet; until
-//!   then the cluster runs with one fewer node.
+//!   with a lagging node and hide a completed insert. A scrub ([`Index::scrub`],
+//!   `swarm scrub`) moves a lagging node's slot copies forward before they fall that
+//!   far behind; rebuilding a wiped node from the others (repair) is not implemented
+//!   yet, so until then the cluster runs with one fewer node.
 //! * Liveness is obstruction-freedom: proposers that keep preempting each other back
 //!   off (randomised, exponential); [`IndexConfig::max_attempts`] bounds the retries.
 //!   A lookup that races an update may settle the update's change itself, which
@@ -190,9 +191,12 @@ pub mod hash;
 mod header;
 mod lookup;
 mod schedule;
+mod scrub;
 mod update;
 mod watch;
 pub mod word;
+
+pub use scrub::ScrubReport;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
