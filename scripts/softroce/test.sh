@@ -90,6 +90,8 @@ fi
     fail "history across the kill linearizable (see $out/check-kill.log)"
 at put after-kill yes && pass "put with node 2 killed" || fail "put with node 2 killed"
 [ "\$(at get after-kill)" = yes ] && pass "get with node 2 killed" || fail "get with node 2 killed"
+at scrub >"$out/scrub.log" 2>&1 && grep -q "0 buckets skipped" "$out/scrub.log" &&
+    pass "scrub with node 2 killed" || fail "scrub with node 2 killed (see $out/scrub.log)"
 
 # 5. The killed node restarts with empty memory (a new incarnation): it must be left
 #    out, never read as a replica, and swarm format must not paper over it.
