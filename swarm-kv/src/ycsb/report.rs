@@ -37,6 +37,7 @@
 //!     "update": { ... }
 //!   },
 //!   "load":   {"ops": 100000, "seconds": 0.3, "throughput_ops_s": 3.3e5, "errors": 0},
+//!   "load_inserts": { ... },      // the load phase's inserts, like an "ops_by_type" entry
 //!   "warmup": {"ops": 400000, "seconds": 0.5, "throughput_ops_s": 8.0e5, "errors": 0},
 //!                                 // cache warm-up and warm-up operations together
 //!   "fail_node": {"node": 1, "after_ops": 500000, "triggered": true},  // only with --fail-node
@@ -283,6 +284,10 @@ pub struct BenchReport {
     pub ops_by_type: BTreeMap<OpType, OpTypeReport>,
     /// The load phase.
     pub load: PhaseSummary,
+    /// The load phase's inserts, with latencies and roundtrips like the measured
+    /// kinds (SWARM-KV inserts into an empty store: their cost is the insert path's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub load_inserts: Option<OpTypeReport>,
     /// The warm-up (cache warm-up and warm-up operations).
     pub warmup: PhaseSummary,
     /// The node crash, if one was planned.
@@ -338,6 +343,9 @@ impl BenchReport {
             error_samples,
             ops_by_type,
             load: PhaseSummary::from_stats(&stats.load, stats.load_seconds),
+            load_inserts: Some(stats.load.get(OpType::Insert))
+                .filter(|s| s.count() + s.errors > 0)
+                .map(OpTypeReport::from_stats),
             warmup: PhaseSummary::from_stats(&stats.warmup, stats.warmup_seconds),
             fail_node: config.fail.map(|FailPlan { node, after_ops }| FailReport {
                 node,
@@ -464,11 +472,17 @@ impl fmt::Display for BenchReport {
             "4+ RT",
             "mean RT"
         );
-        for (op, r) in &self.ops_by_type {
+        let load_row = self.load_inserts.as_ref().map(|r| ("insert*", r));
+        let rows = self
+            .ops_by_type
+            .iter()
+            .map(|(op, r)| (op.name(), r))
+            .chain(load_row);
+        for (name, r) in rows {
             let _ = writeln!(
                 out,
                 "{:<7} {:>9} {:>7} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} | {:>6} {:>6} {:>6} {:>6} {:>7.3}",
-                op.name(),
+                name,
                 r.count,
                 r.misses,
                 format_ns(r.mean_ns),
@@ -482,6 +496,12 @@ impl fmt::Display for BenchReport {
                 format_fraction(r.roundtrips.three),
                 format_fraction(r.roundtrips.four_plus),
                 r.roundtrips_mean
+            );
+        }
+        if self.load_inserts.is_some() {
+            let _ = writeln!(
+                out,
+                "* load phase (keys inserted before the measured phase)"
             );
         }
         if let Some(fail) = self.fail_node {
