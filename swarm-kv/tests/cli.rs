@@ -212,6 +212,13 @@ fn scrub_reports_what_it_examined_and_leaves_a_healthy_index_alone() {
         "{t}"
     );
     assert_get(d, "k3", "v");
+    // As a background scrubber: a pass every 10 ms, two passes.
+    let out = swarm(&["scrub", "--dir", d, "--every", "0.01", "--passes", "2"]);
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    assert_eq!(t.matches("scrubbed ").count(), 2, "{t}");
+    let out = swarm(&["scrub", "--dir", d, "--every=-1"]);
+    assert!(!out.status.success() && text(&out).contains("--every"));
 }
 
 #[test]

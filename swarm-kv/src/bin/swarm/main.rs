@@ -91,6 +91,13 @@ enum Command {
     Scrub {
         #[command(flatten)]
         at: ClusterArg,
+        /// Keep scrubbing, a pass every this many seconds (a background scrubber);
+        /// default: one pass.
+        #[arg(long)]
+        every: Option<f64>,
+        /// With --every, stop after this many passes (default: run until stopped).
+        #[arg(long, requires = "every")]
+        passes: Option<u64>,
     },
     /// Write the SWARM-KV superblock on freshly started RDMA memory nodes.
     Format {
@@ -292,7 +299,9 @@ fn run(cli: Cli) -> Result<ExitCode> {
             writer,
             min_idle_secs,
         } => with_store!(&at, |store| evict(&store, writer, min_idle_secs)),
-        Command::Scrub { at } => with_store!(&at, |store| scrub(&store)),
+        Command::Scrub { at, every, passes } => {
+            with_store!(&at, |store| scrub(&store, every, passes))
+        }
         Command::Bench { at, args } => with_store!(&at, |store| bench(&store, &args)),
         Command::Plot { out, reports } => plot(&out, &reports),
         Command::Check { file } => check(&file),
@@ -398,7 +407,14 @@ fn evict<S: Store>(store: &S, writer: u16, min_idle_secs: u64) -> Result<ExitCod
     Ok(ExitCode::SUCCESS)
 }
 
-fn scrub<S: Store>(store: &S) -> Result<ExitCode> {
+fn scrub<S: Store>(store: &S, every: Option<f64>, passes: Option<u64>) -> Result<ExitCode> {
+    let period = match every {
+        Some(secs) if !(secs.is_finite() && secs >= 0.0) => {
+            bail!("--every {secs} is not a number of seconds")
+        }
+        Some(secs) => Some(std::time::Duration::from_secs_f64(secs)),
+        None => None,
+    };
     let fabric = store.fabric()?;
     let nodes = fabric.node_count();
     // A scrub only moves slots forward; it never removes, so no writer id is needed.
@@ -407,15 +423,24 @@ fn scrub<S: Store>(store: &S) -> Result<ExitCode> {
         nodes,
         swarm_kv::index::IndexConfig::default(),
     )?;
-    let stats = OpStats::new();
-    let report = block_on(&fabric, async {
-        Ok::<_, swarm_core::FabricError>(index.scrub(&fabric, &stats, 0..u64::MAX).await)
-    })??;
-    println!(
-        "scrubbed {} index buckets: {} lagging slot copies moved forward, {} buckets skipped \
-         (fewer than a majority of well-formed copies answered)",
-        report.buckets, report.repaired, report.skipped
-    );
+    let mut pass = 0u64;
+    loop {
+        let stats = OpStats::new();
+        let report = block_on(&fabric, async {
+            Ok::<_, swarm_core::FabricError>(index.scrub(&fabric, &stats, 0..u64::MAX).await)
+        })??;
+        print_out(&format!(
+            "scrubbed {} index buckets: {} lagging slot copies moved forward, {} buckets \
+             skipped (fewer than a majority of well-formed copies answered)",
+            report.buckets, report.repaired, report.skipped
+        ));
+        pass += 1;
+        let Some(period) = period else { break };
+        if passes.is_some_and(|n| pass >= n) {
+            break;
+        }
+        std::thread::sleep(period);
+    }
     Ok(ExitCode::SUCCESS)
 }
 
