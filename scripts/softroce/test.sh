@@ -66,7 +66,7 @@ at delete hello && pass delete || fail delete
 if at get hello 2>/dev/null; then fail "get after delete"; else pass "get after delete: absent"; fi
 
 # 3. A benchmark over RDMA, its history checked for linearizability.
-bench=(bench --workload a --keys 1000 --ops 20000 --clients 2 --warmup-ops 0)
+bench=(bench --workload a --keys 1000 --ops 10000 --clients 2 --warmup-ops 0)
 if at "\${bench[@]}" --history "$out/history.jsonl" >"$out/bench.log" 2>&1; then
     pass "bench --cluster (\$(sed -n 's/^measured.*: \\([0-9.]* k*ops\\/s\\).*/\\1/p' "$out/bench.log"))"
 else

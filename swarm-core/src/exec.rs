@@ -67,6 +67,9 @@ use crate::roundtrip::Roundtrip;
 /// operation stalled: that is reported as the operation's own error type, through
 /// `From<FabricError>` ([`FabricError::Stalled`]), so callers handle one `Result`.
 /// Futures that return no `Result` use [`block_on_future`].
+// Inlined so that the operation's future (kilobytes of state for a Safe-Guess
+// operation) is built where it is polled instead of being copied into this frame.
+#[inline(always)]
 pub fn block_on<F, T, E>(fabric: &F, operation: impl Future<Output = Result<T, E>>) -> Result<T, E>
 where
     F: Fabric + ?Sized,
@@ -77,6 +80,7 @@ where
 
 /// Runs any future to completion on `fabric`, like [`block_on`]; `Err` only if it
 /// stalled ([`FabricError::Stalled`]).
+#[inline(always)]
 pub fn block_on_future<F, T>(fabric: &F, future: impl Future<Output = T>) -> Result<T, FabricError>
 where
     F: Fabric + ?Sized,

@@ -19,7 +19,19 @@
 //! | 32 | 8 | cluster epoch: Unix time in ns that timestamp tick 0 stands for |
 //! | 40 | 8 | tick length in ns |
 //! | 48 | 8 | xxh3-64 of bytes 0..48 |
-//! | 56 | .. | zero up to [`HEADER_SIZE`] |
+//! | 56 | .. | zero up to [`INCARNATION_AT`] |
+//! | 64 | 8 | node incarnation (random, nonzero; 0 in files of older builds) |
+//! | 72 | 8 | xxh3-64 of bytes 64..72 |
+//! | 80 | .. | zero up to [`HEADER_SIZE`] |
+//!
+//! **Incarnations** (issue 12). The incarnation word is drawn at random when a node's
+//! memory is created (a node file, by swarm-shm; RDMA memory nodes carry theirs in the
+//! bootstrap instead) and never changes while that memory lives. The store's
+//! configuration records the incarnation of every member node; a node whose
+//! incarnation differs (a node file recreated, a restored copy of another node) is
+//! not a member and is never read as a replica. It is kept outside the checksummed
+//! fields above so that the RDMA bootstrap's encoding of [`NodeHeader`] is unchanged
+//! and files of older builds (zeros there: incarnation 0, "legacy") still open.
 
 use xxhash_rust::xxh3::xxh3_64;
 
@@ -31,6 +43,35 @@ pub const MAGIC: [u8; 8] = *b"SWARMMEM";
 pub const FORMAT_VERSION: u32 = 1;
 /// Bytes of the encoded header that carry information (the rest is zero).
 pub const ENCODED_LEN: usize = 56;
+
+/// Offset of the node incarnation word in the header page (see the module docs).
+pub const INCARNATION_AT: usize = 64;
+/// Bytes of the encoded incarnation: the word and its checksum.
+pub const INCARNATION_LEN: usize = 16;
+
+/// Encodes a node incarnation: the caller writes it at [`INCARNATION_AT`].
+pub fn encode_incarnation(incarnation: u64) -> [u8; INCARNATION_LEN] {
+    let mut out = [0u8; INCARNATION_LEN];
+    out[..8].copy_from_slice(&incarnation.to_le_bytes());
+    let sum = xxh3_64(&out[..8]);
+    out[8..].copy_from_slice(&sum.to_le_bytes());
+    out
+}
+
+/// Decodes an incarnation read at [`INCARNATION_AT`]: `Ok(0)` for all zeros (a file
+/// written before incarnations existed), [`HeaderError::BadChecksum`] if corrupted.
+pub fn decode_incarnation(bytes: &[u8]) -> Result<u64, HeaderError> {
+    let bytes = bytes
+        .get(..INCARNATION_LEN)
+        .ok_or(HeaderError::Truncated { len: 0 })?;
+    if bytes.iter().all(|b| *b == 0) {
+        return Ok(0);
+    }
+    if le_u64(bytes, 8) != xxh3_64(&bytes[..8]) {
+        return Err(HeaderError::BadChecksum);
+    }
+    Ok(le_u64(bytes, 0))
+}
 
 /// Why a header was refused.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -260,6 +301,16 @@ mod tests {
         nodes[2].cluster_id = 1;
         assert!(NodeHeader::check_cluster(&nodes).is_err());
         assert!(NodeHeader::check_cluster(&nodes[..2]).is_err());
+    }
+
+    #[test]
+    fn incarnations_roundtrip_old_files_read_as_zero_and_corruption_is_refused() {
+        assert_eq!(decode_incarnation(&encode_incarnation(0xabcd)), Ok(0xabcd));
+        assert_eq!(decode_incarnation(&[0; INCARNATION_LEN]), Ok(0));
+        let mut bad = encode_incarnation(7);
+        bad[1] ^= 1;
+        assert_eq!(decode_incarnation(&bad), Err(HeaderError::BadChecksum));
+        assert!(decode_incarnation(&[1; 3]).is_err());
     }
 
     proptest! {

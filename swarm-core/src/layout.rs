@@ -27,8 +27,9 @@
 //!   [`crate::encoding`]): the metadata word names the buffer without any index bits.
 //!   The writer keeps a bitmap of the slots it has used ([`SlotAllocator`]) and bumps
 //!   its guessed timestamp by one tick until it lands on a free slot. A slot is
-//!   dedicated to one write until it is recycled (a later issue), and a reader checks
-//!   the record's tsp, so a reused slot is detected, never misread.
+//!   dedicated to one write until it is recycled ([`crate::reclaim`]: a grace period
+//!   after the write was superseded), and a reader checks the record's tsp, so a
+//!   reused slot is detected, never misread.
 //! * The first word of a slot is the CAS object of the timestamp lock for that write
 //!   (§3.3): one lock per writer timestamp, costing no memory per key. Data writes
 //!   start after it and never touch it.
@@ -39,7 +40,7 @@ use xxhash_rust::xxh3::{xxh3_64, xxh3_128};
 
 use crate::encoding::{Flag, Timestamp, Tsp, WriterId};
 
-/// Bytes of a record before its payload: tsp (8), len (4), reserved (4), hash (16).
+/// Bytes of a record before its payload: tsp (8), len (4), owner tag (4), hash (16).
 pub const RECORD_HEADER: u32 = 32;
 /// Bytes of a log slot before its record: the timestamp-lock word.
 pub const SLOT_LOCK_BYTES: u32 = 8;
@@ -270,12 +271,32 @@ impl Layout {
     }
 }
 
-/// Encodes a record: `tsp` (flag cleared), length, hash, payload, padded to 8 bytes.
+/// Encodes a record: `tsp` (flag cleared), length, hash, payload, padded to 8 bytes;
+/// no owner (see [`encode_record_for`]).
 pub fn encode_record(tsp: Tsp, payload: &[u8]) -> Vec<u8> {
+    encode_record_for(tsp, None, payload)
+}
+
+/// The owner tag of a record: the address of the register it belongs to, in units of
+/// 8 bytes, or 0 (unknown) for a register at or beyond 32 GiB.
+fn owner_tag(register: Option<u64>) -> u32 {
+    register
+        .filter(|addr| addr % 8 == 0)
+        .and_then(|addr| u32::try_from(addr / 8).ok())
+        .unwrap_or(0)
+}
+
+/// Encodes a record of a write to the register at `register` (its owner): the tsp
+/// (flag cleared), the length, the owner tag (bytes 12..16, covered by the hash),
+/// the hash and the payload, padded to 8 bytes. The owner tag lets a new incarnation
+/// of the writer id find which register a buffer of its log belongs to
+/// ([`crate::resume`]), so that it can recycle it.
+pub fn encode_record_for(tsp: Tsp, register: Option<u64>, payload: &[u8]) -> Vec<u8> {
     let len = pad8(u64::from(RECORD_HEADER) + payload.len() as u64) as usize;
     let mut record = alloc::vec![0u8; len];
     record[0..8].copy_from_slice(&tsp.with_flag(Flag::Guessed).word().to_le_bytes());
     record[8..12].copy_from_slice(&(payload.len() as u32).to_le_bytes());
+    record[12..16].copy_from_slice(&owner_tag(register).to_le_bytes());
     record[32..32 + payload.len()].copy_from_slice(payload);
     let hash = xxh3_128(&record);
     record[16..32].copy_from_slice(&hash.to_le_bytes());
@@ -289,6 +310,8 @@ pub struct Record<'a> {
     pub tsp: Tsp,
     /// Its payload.
     pub payload: &'a [u8],
+    /// The address of the register it was written for, if the record names it.
+    pub owner: Option<u64>,
 }
 
 /// Validates a record read from untrusted memory (torn, stale, garbage): returns it
@@ -312,9 +335,11 @@ pub fn decode_record(bytes: &mut [u8], payload_max: u32) -> Option<Record<'_>> {
     if xxh3_128(&bytes[..end]) != stored {
         return None;
     }
+    let tag = u32::from_le_bytes(bytes[12..16].try_into().ok()?);
     Some(Record {
         tsp: Tsp::from_word(word),
         payload: &bytes[32..32 + len as usize],
+        owner: (tag != 0).then_some(u64::from(tag) * 8),
     })
 }
 
@@ -524,6 +549,11 @@ mod tests {
             let decoded = decode_record(&mut bytes, 100).unwrap();
             prop_assert!(decoded.tsp.same_write(tsp));
             prop_assert_eq!(decoded.payload, &payload[..]);
+            prop_assert_eq!(decoded.owner, None);
+            let mut owned = encode_record_for(tsp, Some(4096), &payload);
+            prop_assert_eq!(decode_record(&mut owned, 100).unwrap().owner, Some(4096));
+            let mut far = encode_record_for(tsp, Some(64 << 30), &payload);
+            prop_assert_eq!(decode_record(&mut far, 100).unwrap().owner, None);
             // Flip one bit anywhere in the meaningful bytes: never accepted as is.
             let meaningful = 32 + payload.len();
             let mut bad = record.clone();

@@ -121,7 +121,7 @@ mod units;
 pub use clock::{Clock, FixedClock};
 pub use exec::{LocalExecutor, TaskId, block_on, block_on_future, join, sleep};
 pub use fabric::{
-    Batch, Completion, Fabric, FabricError, FailureCause, NodeId, Op, OpOutput, Ticket,
+    Batch, Completion, Fabric, FabricError, FailureCause, NodeId, Op, OpOutput, Submitted, Ticket,
 };
 pub use layout::{Layout, LayoutBuilder, LayoutError};
 pub use mem::{MemCluster, MemFabric};
@@ -130,7 +130,9 @@ pub use mem::{MemCluster, MemFabric};
 pub use protocol::inout::max_on_node;
 pub use protocol::{
     Client, MAX_REPLICAS, ProtocolConfig, ReadValue, RegisterCache, RegisterLoc, Replicas,
-    Suspicion, SwarmError, WriteOutcome, quorum, resume,
+    Suspicion, SwarmError, WriteOutcome, quorum, reclaim, resume,
 };
-pub use roundtrip::{MAX_NODES, OpStats, Roundtrip, WaitOutcome, post_background};
+pub use roundtrip::{
+    DeadlineScope, MAX_NODES, OpStats, Roundtrip, WaitOutcome, post_background, post_background_for,
+};
 pub use units::{SizeError, parse_size};

@@ -5,7 +5,7 @@
 //! and batches execute with [`crate::words`], the word-level code `swarm-shm` runs too
 //! (reads and writes word by word, tearing at 8-byte granularity as on RDMA and CXL;
 //! CAS atomic; the operations of a batch in order). Batches complete synchronously
-//! inside [`Fabric::post`].
+//! inside [`Fabric::post`], and [`Fabric::submit`] returns their results at once.
 //!
 //! [`MemCluster`] holds the nodes and is shared by threads; each thread talks to it
 //! through its own [`MemFabric`] handle. To test protocols with a crashed minority,
@@ -17,7 +17,8 @@ use core::cell::{Cell, RefCell};
 use core::task::Poll;
 
 use crate::fabric::{
-    Batch, Completion, Fabric, FabricError, Nanos, NodeId, Ticket, TicketSlab, check_batch,
+    Batch, Completion, Fabric, FabricError, Nanos, NodeId, Submitted, Ticket, TicketSlab,
+    check_batch,
 };
 use crate::sync::{Arc, AtomicU64};
 use crate::words;
@@ -95,21 +96,32 @@ impl core::fmt::Debug for MemFabric {
     }
 }
 
+impl MemFabric {
+    /// Checks and executes `batch` on `node`.
+    fn execute(&self, node: NodeId, batch: &Batch) -> Result<Completion, FabricError> {
+        let Some(mem) = self.cluster.nodes.get(node.index()) else {
+            return Err(FabricError::NoSuchNode {
+                node,
+                nodes: self.cluster.nodes.len(),
+            });
+        };
+        check_batch(node, batch, mem.size()).map(|()| mem.execute(batch))
+    }
+}
+
 impl Fabric for MemFabric {
     fn node_count(&self) -> usize {
         self.cluster.nodes.len()
     }
 
     fn post(&self, node: NodeId, batch: Batch) -> Ticket {
-        let mut slab = self.slab.borrow_mut();
-        let Some(mem) = self.cluster.nodes.get(node.index()) else {
-            return slab.insert_done(Err(FabricError::NoSuchNode {
-                node,
-                nodes: self.cluster.nodes.len(),
-            }));
-        };
-        let result = check_batch(node, &batch, mem.size()).map(|()| mem.execute(&batch));
-        slab.insert_done(result)
+        let result = self.execute(node, &batch);
+        self.slab.borrow_mut().insert_done(result)
+    }
+
+    #[inline]
+    fn submit(&self, node: NodeId, batch: Batch) -> Submitted {
+        Submitted::Done(self.execute(node, &batch))
     }
 
     fn poll(&self, ticket: Ticket) -> Poll<Result<Completion, FabricError>> {

@@ -11,31 +11,176 @@
 //! nodes is assumed alive): batches still outstanding when the quorum is reached are
 //! *forgotten* when the roundtrip is dropped; they still execute, their results are
 //! discarded.
+//!
+//! **Fast path.** Batches are posted with [`Fabric::submit`]: on a transport that
+//! completes them inside the call (shared memory, [`crate::MemCluster`]) the reply
+//! lands in the roundtrip at once, with no ticket, and a step whose quorum already
+//! answered returns `Ready` from its first poll. Replies of up to [`INLINE_REPLIES`]
+//! nodes (the preferred majority of a three-replica register) are stored inline, so
+//! such a step allocates nothing of its own.
 
 use alloc::vec::Vec;
 use core::cell::Cell;
 use core::future::poll_fn;
 use core::task::Poll;
 
-use crate::fabric::{Batch, Completion, Fabric, FabricError, Nanos, NodeId, Ticket};
+use crate::fabric::{Batch, Completion, Fabric, FabricError, Nanos, NodeId, Submitted, Ticket};
 
 /// The most nodes one roundtrip can address (replication factors up to 15).
 pub const MAX_NODES: usize = 16;
 
-/// Statistics of one protocol operation; today, its roundtrip count.
-#[derive(Debug, Default)]
+/// Replies a roundtrip stores without a heap allocation: the majority of a
+/// three-replica register that a quorum step asks first (SWARM §6). More spill to
+/// the heap. Kept small on purpose: a roundtrip lives in the state of every
+/// operation future, which is moved, so each inline reply costs a copy too (three
+/// measured slower than two).
+pub const INLINE_REPLIES: usize = 2;
+
+/// The replies of one roundtrip: inline up to [`INLINE_REPLIES`], then on the heap.
+/// Large inline on purpose: avoiding the allocation is the point.
+#[derive(Debug)]
+#[allow(clippy::large_enum_variant)]
+enum Replies {
+    Inline(heapless::Vec<(NodeId, Completion), INLINE_REPLIES>),
+    Heap(Vec<(NodeId, Completion)>),
+}
+
+impl Replies {
+    const fn new() -> Self {
+        Self::Inline(heapless::Vec::new())
+    }
+
+    fn push(&mut self, reply: (NodeId, Completion)) {
+        match self {
+            Self::Inline(inline) => {
+                if let Err(reply) = inline.push(reply) {
+                    let mut heap = Vec::with_capacity(2 * INLINE_REPLIES);
+                    heap.extend(inline.drain(..));
+                    heap.push(reply);
+                    *self = Self::Heap(heap);
+                }
+            }
+            Self::Heap(heap) => heap.push(reply),
+        }
+    }
+
+    fn as_slice(&self) -> &[(NodeId, Completion)] {
+        match self {
+            Self::Inline(inline) => inline,
+            Self::Heap(heap) => heap,
+        }
+    }
+
+    fn as_mut_slice(&mut self) -> &mut [(NodeId, Completion)] {
+        match self {
+            Self::Inline(inline) => inline,
+            Self::Heap(heap) => heap,
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.as_slice().len()
+    }
+}
+
+/// No deadline (see [`OpStats::deadline`]).
+const NO_DEADLINE: Nanos = Nanos::MAX;
+
+/// Statistics of one protocol operation (its roundtrip count), and its deadline.
+///
+/// The deadline is the operation *fence* (see [`crate::reclaim`]): no batch of the
+/// operation is posted once the fabric clock is past it ([`Roundtrip::post`] fails
+/// with [`FabricError::Fenced`], [`post_background_for`] drops the batch). Memory an
+/// operation may have observed is recycled only a grace period after it became
+/// unreachable, which every fenced operation has stopped posting by.
+#[derive(Debug)]
 pub struct OpStats {
     roundtrips: Cell<u32>,
     iterations: Cell<u32>,
+    recycled_fetches: Cell<u32>,
+    deadline: Cell<Nanos>,
+}
+
+/// The deadline of one operation on an [`OpStats`], armed by
+/// [`OpStats::arm_deadline`] and disarmed (the previous deadline restored) on drop.
+#[derive(Debug)]
+#[must_use = "the deadline is disarmed when the scope is dropped"]
+pub struct DeadlineScope<'a> {
+    stats: &'a OpStats,
+    previous: Nanos,
+}
+
+impl Drop for DeadlineScope<'_> {
+    fn drop(&mut self) {
+        self.stats.deadline.set(self.previous);
+    }
+}
+
+impl Default for OpStats {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 impl OpStats {
-    /// Fresh statistics, zero roundtrips.
+    /// Fresh statistics, zero roundtrips, no deadline yet (a [`crate::Client`]
+    /// operation arms one from its `max_op_ns` when it starts).
     pub const fn new() -> Self {
         Self {
             roundtrips: Cell::new(0),
             iterations: Cell::new(0),
+            recycled_fetches: Cell::new(0),
+            deadline: Cell::new(NO_DEADLINE),
         }
+    }
+
+    /// Fresh statistics for an operation that must post nothing after `deadline` on
+    /// the fabric's clock ([`crate::Fabric::now`]).
+    pub const fn with_deadline(deadline: Nanos) -> Self {
+        Self {
+            roundtrips: Cell::new(0),
+            iterations: Cell::new(0),
+            recycled_fetches: Cell::new(0),
+            deadline: Cell::new(deadline),
+        }
+    }
+
+    /// The instant after which the operation posts nothing, if it has one.
+    pub fn deadline(&self) -> Option<Nanos> {
+        let deadline = self.deadline.get();
+        (deadline != NO_DEADLINE).then_some(deadline)
+    }
+
+    /// Arms the deadline of an operation that starts now, for as long as the returned
+    /// scope lives: `deadline`, unless an enclosing operation's earlier one is armed
+    /// already (an operation made of several steps keeps the deadline of its start).
+    /// Dropping the scope restores the deadline it found, so one `OpStats` can count
+    /// the roundtrips of many operations in a row, each fenced from its own start.
+    /// One operation at a time per `OpStats`: scopes must be dropped in the reverse
+    /// order of their creation (they are, when held by nested `async fn`s).
+    pub fn arm_deadline(&self, deadline: Nanos) -> DeadlineScope<'_> {
+        let previous = self.deadline.get();
+        if deadline < previous {
+            self.deadline.set(deadline);
+        }
+        DeadlineScope {
+            stats: self,
+            previous,
+        }
+    }
+
+    /// Whether the operation may no longer post at fabric time `now`.
+    pub fn is_fenced(&self, now: Nanos) -> bool {
+        now > self.deadline.get()
+    }
+
+    /// Fails with [`FabricError::Fenced`] when the deadline has passed on `fabric`'s
+    /// clock (one compare, and no clock read without a deadline).
+    pub fn check_fence<F: Fabric + ?Sized>(&self, fabric: &F) -> Result<(), FabricError> {
+        if self.deadline.get() != NO_DEADLINE && self.is_fenced(fabric.now()) {
+            return Err(FabricError::Fenced);
+        }
+        Ok(())
     }
 
     /// Roundtrips the operation has waited for so far.
@@ -47,6 +192,20 @@ impl OpStats {
     /// `2·writers + 1`); zero for other operations.
     pub fn iterations(&self) -> u32 {
         self.iterations.get()
+    }
+
+    /// Value fetches of the operation that found the buffer of the write they
+    /// wanted recycled (another write's record, or an invalid one) and read the
+    /// register again. Zero for an operation with a deadline whose cluster
+    /// recycles by the rules of [`crate::reclaim`]: tests assert it.
+    pub fn recycled_fetches(&self) -> u32 {
+        self.recycled_fetches.get()
+    }
+
+    /// Counts one more fetch that found a recycled buffer.
+    pub fn count_recycled_fetch(&self) {
+        self.recycled_fetches
+            .set(self.recycled_fetches.get().saturating_add(1));
     }
 
     /// Counts one more read-loop iteration; returns the new count.
@@ -77,9 +236,12 @@ pub struct Roundtrip<'a, F: Fabric + ?Sized> {
     fabric: &'a F,
     stats: &'a OpStats,
     outstanding: heapless::Vec<(NodeId, Ticket), MAX_NODES>,
-    // Heap-allocated: completions are large and a roundtrip is moved by value.
-    replies: Vec<(NodeId, Completion)>,
+    replies: Replies,
+    // Empty, hence unallocated, unless a node failed.
     failures: Vec<(NodeId, FabricError)>,
+    /// The fence was checked since the step last waited: the posts of one burst
+    /// (no await between them) share one clock read.
+    fence_checked: bool,
 }
 
 impl<'a, F: Fabric + ?Sized> Roundtrip<'a, F> {
@@ -90,19 +252,37 @@ impl<'a, F: Fabric + ?Sized> Roundtrip<'a, F> {
             fabric,
             stats,
             outstanding: heapless::Vec::new(),
-            replies: Vec::new(),
+            replies: Replies::new(),
             failures: Vec::new(),
+            fence_checked: false,
         }
     }
 
-    /// Posts `batch` to `node` as part of this step.
+    /// Posts `batch` to `node` as part of this step. Fails with
+    /// [`FabricError::Fenced`], posting nothing, once the operation's deadline has
+    /// passed ([`OpStats::deadline`]).
+    ///
+    /// A transport that completes it inside [`Fabric::submit`] has answered when this returns.
+    #[inline]
     pub fn post(&mut self, node: NodeId, batch: Batch) -> Result<(), FabricError> {
+        // One clock read per burst of posts: the posts between two waits of a step
+        // follow each other within microseconds, which the recycling grace's
+        // delivery margin covers (`crate::reclaim`).
+        if !self.fence_checked {
+            self.stats.check_fence(self.fabric)?;
+            self.fence_checked = true;
+        }
         if self.outstanding.len() + self.replies.len() + self.failures.len() >= MAX_NODES {
             return Err(FabricError::TooManyPosts { max: MAX_NODES });
         }
-        let ticket = self.fabric.post(node, batch);
-        // Capacity checked above.
-        let _ = self.outstanding.push((node, ticket));
+        match self.fabric.submit(node, batch) {
+            Submitted::Done(Ok(completion)) => self.replies.push((node, completion)),
+            Submitted::Done(Err(error)) => self.failures.push((node, error)),
+            // Capacity checked above.
+            Submitted::Posted(ticket) => {
+                let _ = self.outstanding.push((node, ticket));
+            }
+        }
         Ok(())
     }
 
@@ -115,18 +295,18 @@ impl<'a, F: Fabric + ?Sized> Roundtrip<'a, F> {
     /// Whether `node` was already posted to in this step.
     pub fn contacted(&self, node: NodeId) -> bool {
         self.outstanding.iter().any(|(n, _)| *n == node)
-            || self.replies.iter().any(|(n, _)| *n == node)
+            || self.replies().iter().any(|(n, _)| *n == node)
             || self.failures.iter().any(|(n, _)| *n == node)
     }
 
     /// Successful replies received so far, in arrival order.
     pub fn replies(&self) -> &[(NodeId, Completion)] {
-        &self.replies
+        self.replies.as_slice()
     }
 
     /// Mutable access to the replies (to take read buffers out of them).
     pub fn replies_mut(&mut self) -> &mut [(NodeId, Completion)] {
-        &mut self.replies
+        self.replies.as_mut_slice()
     }
 
     /// Nodes that answered with an error in this step.
@@ -135,7 +315,13 @@ impl<'a, F: Fabric + ?Sized> Roundtrip<'a, F> {
     }
 
     /// Collects whatever completed; returns how many successes there are now.
+    #[inline]
     fn collect(&mut self) -> usize {
+        // Called at every poll of a wait: posts after it check the fence again.
+        self.fence_checked = false;
+        if self.outstanding.is_empty() {
+            return self.replies.len();
+        }
         let mut i = 0;
         while i < self.outstanding.len() {
             let (node, ticket) = self.outstanding[i];
@@ -215,15 +401,143 @@ impl<F: Fabric + ?Sized> Drop for Roundtrip<'_, F> {
 
 /// Posts `batch` to `node` without waiting for it: background work such as a lazy
 /// in-place write or marking a tuple VERIFIED (SWARM §3.2, §4.3). Costs no roundtrip.
+/// A transport that completes it inside [`Fabric::submit`] has executed it on return
+/// (its result is dropped); on the others it is in flight and its ticket forgotten.
 pub fn post_background<F: Fabric + ?Sized>(fabric: &F, node: NodeId, batch: Batch) {
-    let ticket = fabric.post(node, batch);
-    fabric.forget(ticket);
+    if let Submitted::Posted(ticket) = fabric.submit(node, batch) {
+        fabric.forget(ticket);
+    }
 }
 
-#[cfg(test)]
+/// [`post_background`] on behalf of the operation of `stats`: dropped (and `false`
+/// returned) once its deadline has passed, so that a fenced operation posts nothing,
+/// not even background work.
+pub fn post_background_for<F: Fabric + ?Sized>(
+    fabric: &F,
+    stats: &OpStats,
+    node: NodeId,
+    batch: Batch,
+) -> bool {
+    if stats.check_fence(fabric).is_err() {
+        tracing::debug!(
+            node = node.index(),
+            "operation past its deadline: background batch dropped (fenced)"
+        );
+        return false;
+    }
+    post_background(fabric, node, batch);
+    true
+}
+
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
-    use crate::mem::MemCluster;
+    use crate::mem::{MemCluster, MemFabric};
+    use core::pin::pin;
+    use core::task::{Context, Waker};
+
+    /// Counts the calls a roundtrip makes besides `submit`.
+    struct Counting {
+        inner: MemFabric,
+        polls: Cell<u32>,
+        progress: Cell<u32>,
+        forgets: Cell<u32>,
+    }
+
+    impl Fabric for Counting {
+        fn node_count(&self) -> usize {
+            self.inner.node_count()
+        }
+        fn post(&self, node: NodeId, batch: Batch) -> Ticket {
+            self.inner.post(node, batch)
+        }
+        fn submit(&self, node: NodeId, batch: Batch) -> Submitted {
+            self.inner.submit(node, batch)
+        }
+        fn poll(&self, ticket: Ticket) -> Poll<Result<Completion, FabricError>> {
+            self.polls.set(self.polls.get() + 1);
+            self.inner.poll(ticket)
+        }
+        fn forget(&self, ticket: Ticket) {
+            self.forgets.set(self.forgets.get() + 1);
+            self.inner.forget(ticket);
+        }
+        fn progress(&self) -> bool {
+            self.progress.set(self.progress.get() + 1);
+            self.inner.progress()
+        }
+        fn now(&self) -> Nanos {
+            self.inner.now()
+        }
+        fn wake_at(&self, deadline: Nanos) {
+            self.inner.wake_at(deadline);
+        }
+    }
+
+    /// The fast path: on a fabric that completes batches inside `submit`, a quorum
+    /// step is complete before its first poll, with no ticket polled or forgotten,
+    /// and background posts leave nothing behind either.
+    #[test]
+    fn a_synchronous_fabric_completes_a_step_without_tickets_or_progress() {
+        let cluster = MemCluster::new(3, 64);
+        let fabric = Counting {
+            inner: cluster.client(),
+            polls: Cell::new(0),
+            progress: Cell::new(0),
+            forgets: Cell::new(0),
+        };
+        let stats = OpStats::new();
+        let mut step = pin!(async {
+            let mut rt = Roundtrip::start(&fabric, &stats);
+            for n in 0..3 {
+                rt.post(NodeId(n), Batch::write(8, alloc::vec![n as u8 + 1; 8]))
+                    .unwrap();
+            }
+            rt.wait(2).await.unwrap();
+            rt.replies().len()
+        });
+        let mut cx = Context::from_waker(Waker::noop());
+        assert_eq!(step.as_mut().poll(&mut cx), Poll::Ready(3));
+        post_background(&fabric, NodeId(1), Batch::cas(0, 0, 9));
+        assert_eq!(
+            (
+                fabric.polls.get(),
+                fabric.progress.get(),
+                fabric.forgets.get()
+            ),
+            (0, 0, 0),
+            "polls, progress calls and forgets of a synchronous step"
+        );
+        assert_eq!(stats.roundtrips(), 1);
+        // The effects are those of post + poll: each node got its own write, and the
+        // background CAS was executed.
+        let check = cluster.client();
+        let t = check.post(NodeId(1), Batch::read(0, 16));
+        let Poll::Ready(Ok(done)) = check.poll(t) else {
+            panic!("the in-process fabric completes at once");
+        };
+        let mut expected = [0u8; 16];
+        expected[0] = 9;
+        expected[8..].fill(2);
+        assert_eq!(done.read(0), Some(&expected[..]));
+    }
+
+    /// More replies than fit inline move to the heap, keeping their order.
+    #[test]
+    fn replies_beyond_the_inline_capacity_are_kept_in_order() {
+        let nodes = INLINE_REPLIES + 2;
+        let cluster = MemCluster::new(nodes, 64);
+        let fabric = cluster.client();
+        let stats = OpStats::new();
+        let mut rt = Roundtrip::start(&fabric, &stats);
+        for n in 0..nodes {
+            rt.post(NodeId(n as u16), Batch::read(0, 8)).unwrap();
+        }
+        assert!(rt.reached(nodes));
+        let order: alloc::vec::Vec<u16> = rt.replies().iter().map(|(n, _)| n.0).collect();
+        assert_eq!(order, (0..nodes as u16).collect::<alloc::vec::Vec<_>>());
+        assert!(rt.contacted(NodeId(nodes as u16 - 1)));
+    }
 
     #[test]
     fn a_roundtrip_refuses_more_posts_than_it_can_track() {
@@ -238,5 +552,54 @@ mod tests {
             step.post(NodeId(0), Batch::read(0, 8)),
             Err(FabricError::TooManyPosts { max: MAX_NODES })
         );
+    }
+
+    #[test]
+    fn nothing_is_posted_after_the_deadline() {
+        let cluster = MemCluster::new(1, 64);
+        let fabric = cluster.client();
+        fabric.progress(); // logical time 1
+        assert_eq!(fabric.now(), 1);
+        // At the deadline itself the operation may still post.
+        let on_time = OpStats::with_deadline(1);
+        assert_eq!(on_time.deadline(), Some(1));
+        let mut step = Roundtrip::start(&fabric, &on_time);
+        assert_eq!(step.post(NodeId(0), Batch::read(0, 8)), Ok(()));
+        let late = OpStats::with_deadline(0);
+        let mut fenced = Roundtrip::start(&fabric, &late);
+        assert_eq!(
+            fenced.post(NodeId(0), Batch::read(0, 8)),
+            Err(FabricError::Fenced)
+        );
+        assert!(!post_background_for(
+            &fabric,
+            &late,
+            NodeId(0),
+            Batch::write(0, alloc::vec![1; 8])
+        ));
+        assert!(post_background_for(
+            &fabric,
+            &on_time,
+            NodeId(0),
+            Batch::write(0, alloc::vec![1; 8])
+        ));
+        // Without a deadline nothing is fenced; an earlier deadline wins.
+        let stats = OpStats::new();
+        assert_eq!(stats.deadline(), None);
+        assert_eq!(stats.check_fence(&fabric), Ok(()));
+        {
+            let _operation = stats.arm_deadline(100);
+            {
+                let _step = stats.arm_deadline(200);
+                assert_eq!(stats.deadline(), Some(100));
+            }
+            assert_eq!(stats.deadline(), Some(100));
+            assert!(!stats.is_fenced(100));
+            assert!(stats.is_fenced(101));
+        }
+        // The next operation on the same statistics gets its own deadline.
+        assert_eq!(stats.deadline(), None);
+        let _next = stats.arm_deadline(300);
+        assert_eq!(stats.deadline(), Some(300));
     }
 }

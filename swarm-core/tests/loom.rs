@@ -268,3 +268,135 @@ fn a_partial_write_never_undoes_a_concurrent_cas() {
         }
     });
 }
+
+/// A recycled log slot (SWARM §4.5): the slot's lock word still holds a lock of an
+/// earlier write of the slot, a stale reader's `TRYLOCK(ts_old, READ)` (an
+/// operation that observed the superseded write `ts_old`) races the new write's
+/// `TRYLOCK(ts_new, WRITE)` and a fresh reader's `TRYLOCK(ts_new, READ)` on that
+/// word. Lock words carry the whole timestamp and `ts_new > ts_old` (timestamps of
+/// one writer only grow), so the stale lock is climbed over, never taken for
+/// `ts_new`'s: the write and the fresh reader still exclude each other, and a
+/// majority of words ends at `ts_new` or above (`swarm_core::protocol::tslock`).
+#[test]
+fn a_stale_trylock_on_a_recycled_slot_never_locks_the_new_write() {
+    let mut builder = loom::model::Builder::new();
+    builder.preemption_bound = Some(2);
+    builder.check(|| {
+        // One slot per writer: every timestamp of writer 1 uses the same slot.
+        let layout = Layout::builder()
+            .payload_max(8)
+            .meta_words(1)
+            .log_base(1024)
+            .writers(2)
+            .slots_per_writer(1)
+            .build()
+            .unwrap();
+        let cluster = MemCluster::new(3, 4096);
+        let owner = WriterId::new(1).unwrap();
+        let at = |ticks| Timestamp::new(ticks, owner).unwrap();
+        let (ts_prev, ts_old, ts_new) = (at(10), at(20), at(30));
+        let slot = layout.buffer_addr(ts_new).unwrap();
+        assert_eq!(Some(slot), layout.buffer_addr(ts_old), "one recycled slot");
+        // The slot's earlier life left a READ lock of `ts_prev` on every node.
+        let prev = swarm_core::encoding::LockWord::new(ts_prev, LockMode::Read).word();
+        for node in 0..3 {
+            let f = cluster.client();
+            let t = f.post(NodeId(node), Batch::cas(slot, 0, prev));
+            assert!(f.poll(t).is_ready());
+        }
+        let reg = RegisterLoc {
+            addr: 0,
+            replicas: Replicas::all(3, 0).unwrap(),
+        };
+        let lock = |ts: Timestamp, mode: LockMode, writer: u32| {
+            let cluster = cluster.clone();
+            let reg = reg.clone();
+            thread::spawn(move || {
+                let client = Client::new(
+                    cluster.client(),
+                    FixedClock(1),
+                    layout,
+                    WriterId::new(writer).unwrap(),
+                    ProtocolConfig::default(),
+                )
+                .unwrap();
+                let stats = OpStats::new();
+                block_on(client.fabric(), client.trylock(&reg, &stats, ts, mode)).unwrap()
+            })
+        };
+        let stale = lock(ts_old, LockMode::Read, 0);
+        let fresh = lock(ts_new, LockMode::Read, 0);
+        let write = lock(ts_new, LockMode::Write, 1);
+        let _ = stale.join().unwrap();
+        let (r, w) = (fresh.join().unwrap(), write.join().unwrap());
+        assert!(
+            !(r && w),
+            "TRYLOCK(ts_new, READ) and TRYLOCK(ts_new, WRITE) both returned true"
+        );
+        let at_new = (0..3)
+            .map(|node| swarm_core::encoding::LockWord::from_word(word(&cluster, node, slot)))
+            .filter(|l| l.ts() >= Some(ts_new))
+            .count();
+        assert!(at_new >= 2, "a majority of lock words reached ts_new");
+    });
+}
+
+/// The same recycled slot without a fresh reader: the new write's
+/// `TRYLOCK(ts_new, WRITE)` always succeeds, whenever the stale `TRYLOCK(ts_old,
+/// READ)` lands (a lock of an older timestamp never costs the write its lock).
+#[test]
+fn a_stale_trylock_on_a_recycled_slot_never_fails_the_new_write() {
+    loom::model(|| {
+        let layout = Layout::builder()
+            .payload_max(8)
+            .meta_words(1)
+            .log_base(1024)
+            .writers(2)
+            .slots_per_writer(1)
+            .build()
+            .unwrap();
+        let cluster = MemCluster::new(3, 4096);
+        let owner = WriterId::new(1).unwrap();
+        let at = |ticks| Timestamp::new(ticks, owner).unwrap();
+        let (ts_prev, ts_old, ts_new) = (at(10), at(20), at(30));
+        let slot = layout.buffer_addr(ts_new).unwrap();
+        let prev = swarm_core::encoding::LockWord::new(ts_prev, LockMode::Write).word();
+        for node in 0..3 {
+            let f = cluster.client();
+            let t = f.post(NodeId(node), Batch::cas(slot, 0, prev));
+            assert!(f.poll(t).is_ready());
+        }
+        let reg = RegisterLoc {
+            addr: 0,
+            replicas: Replicas::all(3, 0).unwrap(),
+        };
+        let lock = |ts: Timestamp, mode: LockMode, writer: u32| {
+            let cluster = cluster.clone();
+            let reg = reg.clone();
+            thread::spawn(move || {
+                let client = Client::new(
+                    cluster.client(),
+                    FixedClock(1),
+                    layout,
+                    WriterId::new(writer).unwrap(),
+                    ProtocolConfig::default(),
+                )
+                .unwrap();
+                let stats = OpStats::new();
+                block_on(client.fabric(), client.trylock(&reg, &stats, ts, mode)).unwrap()
+            })
+        };
+        let stale = lock(ts_old, LockMode::Read, 0);
+        let write = lock(ts_new, LockMode::Write, 1);
+        let _ = stale.join().unwrap();
+        assert!(
+            write.join().unwrap(),
+            "a stale lock of an older timestamp failed the new write's lock"
+        );
+        let at_new = (0..3)
+            .map(|node| swarm_core::encoding::LockWord::from_word(word(&cluster, node, slot)))
+            .filter(|l| *l == swarm_core::encoding::LockWord::new(ts_new, LockMode::Write))
+            .count();
+        assert!(at_new >= 2, "a majority of lock words hold (ts_new, WRITE)");
+    });
+}

@@ -17,6 +17,27 @@
 //!   removed. Clients holding the location in their cache see the tombstone, flush and
 //!   retry through the index.
 //!
+//! Every operation starts with a lease check (self-fencing, [`crate::lease`]): it runs
+//! only while the client's lease is provably valid for the cluster's operation
+//! deadline (`max_op_ns`, superblock), renewing it synchronously if it is about to run
+//! out, and fails with [`KvError::LeaseExpired`] otherwise. Renewals are posted in the
+//! background of operations, so an idle client's lease lapses: it renews at its next
+//! operation, unless another client took its writer id meanwhile.
+//!
+//! # Recycling (SWARM §5.4)
+//!
+//! The client whose index remove (or replace) unmapped a deleted register, and the
+//! client whose insert turned into an update (its fresh register was never
+//! published), *retire* that register; after a grace covering every cached location
+//! (`cache_ttl_ns`, superblock) and every operation (`max_op_ns`, superblock) that
+//! may still name it, the register is reset on all its replicas and handed out
+//! again (`crate::recycle` has the argument). Two things make the grace sufficient
+//! and are enforced here: cache entries expire `cache_ttl_ns` after the index
+//! vouched for them (`crate::cache`), and an operation stops at its deadline
+//! (start + `max_op_ns`) with [`KvError::Fenced`] before posting its next step, and
+//! the index posts no CAS after it (`Index::remove_until`), and the register
+//! protocol posts no batch after it (`swarm_core`'s operation fence, `OpStats`).
+//!
 //! Operations take `&self` and can be kept in flight several at a time on one thread
 //! ([`swarm_core::LocalExecutor`]); the location cache is only borrowed between
 //! awaits.
@@ -37,14 +58,17 @@ use xxhash_rust::xxh3::xxh3_64;
 use crate::cache::{Location, LocationCache};
 use crate::index::{Index, IndexConfig, IndexError, InsertOutcome};
 use crate::layout::{NodeLayout, decode_payload, encode_key_header, encode_payload};
+use crate::lease_renewal::{LeaseHolder, renew_now};
+use crate::recycle::{RecycleStats, Recycler, Retired};
 use crate::register_alloc::RegisterAllocator;
 use crate::writer_ids::{self, Registration};
 use crate::{KvError, RegisterId};
 
-/// How often a client renews its lease in the client table.
-const HEARTBEAT_NS: Nanos = 1_000_000_000;
 /// How many times an operation re-resolves a key that keeps moving under it.
 const MAX_RETRIES: u32 = 16;
+/// Registers per background reclaim check of the log (`Client::reclaim_tick`, at
+/// most one check per `ProtocolConfig::reclaim_interval_ns`).
+const RECLAIM_BUDGET: usize = 8;
 
 /// The register protocol a client uses: SWARM, or one of the paper's baselines (§7),
 /// so that all of them run on the same store, index and cache.
@@ -78,7 +102,9 @@ pub struct KvConfig {
 }
 
 impl KvConfig {
-    /// Defaults for a cluster with the given epoch and tick: 64 MiB of cache.
+    /// Defaults for a cluster with the given epoch and tick: 64 MiB of cache. The
+    /// operation fence (`ProtocolConfig::max_op_ns`) is the cluster's, from its
+    /// superblock: [`KvClient::connect`] sets it.
     pub fn new(epoch_unix_ns: u64, tick_ns: u64) -> Self {
         Self {
             cache_bytes: 64 << 20,
@@ -96,6 +122,24 @@ struct Located {
     register: RegisterId,
     loc: RegisterLoc,
     knowledge: RegisterCache,
+    /// When the index (or this client's insert) vouched for the location.
+    vouched_at: Nanos,
+}
+
+/// An operation that passed its lease check: its start and deadline on the fabric
+/// clock, and the deadline armed on its `OpStats` until it ends.
+struct Started<'s> {
+    start: Nanos,
+    deadline: Nanos,
+    _scope: swarm_core::DeadlineScope<'s>,
+}
+
+/// How an insert's fresh register ended.
+enum Published {
+    /// The key now maps to it.
+    Yes,
+    /// The key was present: the insert updated the existing register instead.
+    No,
 }
 
 /// See the module docs.
@@ -105,11 +149,16 @@ pub struct KvClient<F: Fabric, C: Clock> {
     nodes: usize,
     index: Index,
     alloc: RegisterAllocator,
+    recycler: Recycler,
+    max_op_ns: Nanos,
     cache: RefCell<LocationCache>,
     token: u64,
     registration: Registration,
     protocol: RegisterProtocol,
-    last_heartbeat: Cell<Nanos>,
+    lease: RefCell<LeaseHolder>,
+    /// No adoption of dead clients' chunks before this time (fabric clock): a round
+    /// that found nothing is not repeated on every insert.
+    next_adoption: Cell<Nanos>,
 }
 
 impl<F: Fabric, C: Clock> std::fmt::Debug for KvClient<F, C> {
@@ -132,6 +181,38 @@ fn token_for(pid: u64) -> u64 {
     xxh3_64(&bytes) | 1
 }
 
+/// The replicas of register `register` in a cluster of `nodes` nodes (see
+/// [`KvClient::register_loc`]).
+fn register_loc_for(
+    layout: &NodeLayout,
+    nodes: usize,
+    register: RegisterId,
+) -> Result<RegisterLoc, KvError> {
+    let addr = layout
+        .register(register)
+        .ok_or(KvError::Corrupted { register })?;
+    let hash = xxh3_64(&register.to_le_bytes());
+    let n = nodes;
+    let r = usize::from(layout.params.replicas);
+    let start = (hash % n as u64) as usize;
+    let nodes: Vec<NodeId> = (0..r).map(|i| NodeId(((start + i) % n) as u16)).collect();
+    Ok(RegisterLoc {
+        addr,
+        replicas: Replicas::new(&nodes, hash / n as u64)?,
+    })
+}
+
+/// The register whose SWARM register starts at `addr` (an address read from a log
+/// record: untrusted), if any.
+fn register_at(layout: &NodeLayout, addr: u64) -> Option<RegisterId> {
+    let offset = addr
+        .checked_sub(layout.registers_at)?
+        .checked_sub(layout.params.key_header_bytes())?;
+    let register = offset / layout.register_slot_bytes;
+    (offset % layout.register_slot_bytes == 0 && layout.register(register) == Some(addr))
+        .then_some(register)
+}
+
 impl<F: Fabric, C: Clock> KvClient<F, C> {
     /// Registers a writer id in the client table and returns a client using it.
     /// Blocks until the registration is done (a few roundtrips, driven on `fabric`).
@@ -150,10 +231,9 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         }
         let pid = u64::from(std::process::id());
         let token = token_for(pid);
-        let now = crate::clock::SystemClock::unix_ns();
-        let registration = swarm_core::block_on(
+        let (registration, lease) = swarm_core::block_on(
             &fabric,
-            writer_ids::register(&fabric, &layout, nodes, token, pid, now),
+            writer_ids::register(&fabric, &layout, nodes, token, pid),
         )?;
         let writer =
             WriterId::new(u32::from(registration.writer)).map_err(swarm_core::SwarmError::from)?;
@@ -172,7 +252,9 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         } else {
             None
         };
-        let swarm = Client::new(fabric, clock, layout.swarm, writer, config.protocol)?;
+        // The fence is cluster-wide: recycling waits a grace computed from it.
+        let protocol = config.protocol.with_max_op_ns(layout.params.max_op_ns);
+        let swarm = Client::new(fabric, clock, layout.swarm, writer, protocol)?;
         // Index and key-header reads avoid the nodes the register protocol suspects.
         let index = Index::new(
             &layout,
@@ -184,20 +266,29 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         )?
         .with_suspicion(swarm.suspicion().clone());
         if let Some(scan) = scan {
-            swarm.resume(scan.used_slots, scan.last_ticks);
+            // The earlier incarnation's buffers are tracked by register, so that the
+            // ones superseded since are recycled (`swarm_core::resume`).
+            swarm.resume_scan(&scan, |addr| {
+                register_at(&layout, addr).and_then(|r| register_loc_for(&layout, nodes, r).ok())
+            });
         }
-        let now = swarm.fabric().now();
         Ok(Self {
             alloc: RegisterAllocator::new(&layout, registration.writer, token),
             swarm,
             layout,
             nodes,
             index,
-            cache: RefCell::new(LocationCache::new(config.cache_bytes)),
+            recycler: Recycler::new(layout.params.register_grace_ns(), token),
+            max_op_ns: layout.params.max_op_ns,
+            cache: RefCell::new(LocationCache::new(
+                config.cache_bytes,
+                layout.params.cache_ttl_ns,
+            )),
             token,
             registration,
             protocol: config.register_protocol,
-            last_heartbeat: Cell::new(now),
+            lease: RefCell::new(lease),
+            next_adoption: Cell::new(0),
         })
     }
 
@@ -226,8 +317,40 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         self.cache.borrow().len()
     }
 
+    /// This client's out-of-place log: slots in use, in limbo, recycled so far.
+    pub fn log_counters(&self) -> swarm_core::reclaim::SlotCounters {
+        self.swarm.slot_counters()
+    }
+
+    /// Registers this client retired and has not handed out again yet (waiting for
+    /// their grace or their reset).
+    pub fn registers_in_limbo(&self) -> usize {
+        self.recycler.in_limbo()
+    }
+
+    /// Register recycling counters of this client.
+    pub fn recycle_stats(&self) -> RecycleStats {
+        self.recycler.stats()
+    }
+
+    /// Location-cache entries dropped because they outlived `cache_ttl_ns`.
+    pub fn cache_expired(&self) -> u64 {
+        self.cache.borrow().expired()
+    }
+
     /// Gives the writer id back (its log is resumed by the next client that takes it).
+    /// Registers in limbo are not recycled (`crate::recycle`, "what is not recycled").
     pub fn close(self) {
+        self.swarm.cancel_reclaim();
+        let log = self.swarm.slot_counters();
+        tracing::info!(
+            writer = self.registration.writer,
+            in_use = log.in_use,
+            in_limbo = log.in_limbo,
+            recycled = log.recycled,
+            "closing: out-of-place log slots in use, waiting out the grace, recycled"
+        );
+        self.recycler.abandon(self.swarm.fabric());
         writer_ids::unregister(
             self.swarm.fabric(),
             &self.layout,
@@ -262,47 +385,74 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         Ok(())
     }
 
-    fn tick(&self) {
-        let now = self.swarm.fabric().now();
-        if now.saturating_sub(self.last_heartbeat.get()) >= HEARTBEAT_NS {
-            self.last_heartbeat.set(now);
-            let unix = crate::clock::SystemClock::unix_ns();
-            writer_ids::heartbeat(
-                self.swarm.fabric(),
-                &self.layout,
-                self.nodes,
-                self.registration.writer,
-                unix,
-            );
+    /// Starts an operation (self-fencing, [`crate::lease`]): takes the answers of the
+    /// lease renewal in flight and posts the next one when due, off the critical path;
+    /// the operation may start only if the lease is valid for the whole operation
+    /// deadline (`max_op_ns`, superblock) — if not, one synchronous renewal, then
+    /// [`KvError::LeaseExpired`]. Returns the operation's deadline on the fabric clock
+    /// (it must post nothing after it: `KvClient::begin` arms it on the operation's
+    /// `OpStats`, which the register protocol and the index check before posting).
+    async fn begin_op(&self) -> Result<Nanos, KvError> {
+        let fabric = self.swarm.fabric();
+        let max_op_ns = self.layout.params.max_op_ns;
+        let now = fabric.now();
+        // Background log recycling: bounded, never waits.
+        self.swarm.reclaim_tick_at(RECLAIM_BUDGET, now);
+        {
+            let mut lease = self.lease.borrow_mut();
+            lease.tick(fabric, now);
+            if lease.valid_for(now, max_op_ns) {
+                return Ok(now.saturating_add(max_op_ns));
+            }
         }
+        tracing::debug!(
+            writer = self.registration.writer,
+            "lease about to run out: renewing synchronously"
+        );
+        renew_now(&self.lease, fabric, max_op_ns).await;
+        let now = fabric.now();
+        if self.lease.borrow().valid_for(now, max_op_ns) {
+            return Ok(now.saturating_add(max_op_ns));
+        }
+        tracing::warn!(
+            writer = self.registration.writer,
+            lost = self.lease.borrow().lost(),
+            "lease expired: the client stops issuing operations"
+        );
+        Err(KvError::LeaseExpired {
+            writer: self.registration.writer,
+        })
+    }
+
+    /// Lease renewals a majority acknowledged since the client started.
+    pub fn lease_renewals(&self) -> u64 {
+        self.lease.borrow().renewals()
+    }
+
+    /// Whether the client's lease is valid now for a whole operation.
+    pub fn lease_valid(&self) -> bool {
+        let now = self.swarm.fabric().now();
+        self.lease
+            .borrow()
+            .valid_for(now, self.layout.params.max_op_ns)
     }
 
     /// The replicas of register `register`: `replicas` consecutive nodes starting at a
     /// hash of its id, in preference order (the first is its primary, §6).
     pub fn register_loc(&self, register: RegisterId) -> Result<RegisterLoc, KvError> {
-        let addr = self
-            .layout
-            .register(register)
-            .ok_or(KvError::Corrupted { register })?;
-        let hash = xxh3_64(&register.to_le_bytes());
-        let n = self.nodes;
-        let r = usize::from(self.layout.params.replicas);
-        let start = (hash % n as u64) as usize;
-        let nodes: Vec<NodeId> = (0..r).map(|i| NodeId(((start + i) % n) as u16)).collect();
-        Ok(RegisterLoc {
-            addr,
-            replicas: Replicas::new(&nodes, hash / n as u64)?,
-        })
+        register_loc_for(&self.layout, self.nodes, register)
     }
 
-    fn cached(&self, key: &[u8]) -> Result<Option<Located>, KvError> {
-        let Some(location) = self.cache.borrow_mut().get(key) else {
+    /// The cached location of `key` at time `now` (expired entries are dropped).
+    fn cached_at(&self, key: &[u8], now: Nanos) -> Result<Option<Located>, KvError> {
+        let Some(location) = self.cache.borrow_mut().get(key, now) else {
             return Ok(None);
         };
         Ok(Some(Located {
             register: location.register,
             loc: self.register_loc(location.register)?,
             knowledge: location.knowledge,
+            vouched_at: location.vouched_at,
         }))
     }
 
@@ -312,8 +462,108 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
             Location {
                 register: located.register,
                 knowledge: located.knowledge.clone(),
+                vouched_at: located.vouched_at,
             },
         );
+    }
+
+    /// Fails with [`KvError::Fenced`] once `deadline` passed: the caller is about to
+    /// post a step, and memory it may name could be recycled after the deadline.
+    fn fence(&self, deadline: Nanos) -> Result<(), KvError> {
+        if self.swarm.fabric().now() > deadline {
+            return Err(KvError::Fenced {
+                max_op_ns: self.max_op_ns,
+            });
+        }
+        Ok(())
+    }
+
+    /// Hands the registers whose reset completed to the allocator, and starts the
+    /// resets that are due. Never waits.
+    fn recycle_step(&self) {
+        let now = self.swarm.fabric().now();
+        let may_start = self.lease.borrow().valid_for(now, 0);
+        let ready = self
+            .recycler
+            .step(self.swarm.fabric(), &self.layout, may_start, |r| {
+                self.register_loc(r).ok()
+            });
+        for register in ready {
+            self.alloc.give_back(register);
+        }
+    }
+
+    /// A pre-cleared register for an insert. When every chunk is claimed and the
+    /// pool is empty, waits for this client's retired registers to pass their grace
+    /// (before the operation starts: the wait posts nothing but resets), up to one
+    /// grace and a bit.
+    async fn allocate_register(&self, stats: &OpStats) -> Result<RegisterId, KvError> {
+        let fabric = self.swarm.fabric();
+        let give_up = fabric
+            .now()
+            .saturating_add(self.recycler.grace_ns().saturating_mul(2));
+        loop {
+            self.recycle_step();
+            match self
+                .alloc
+                .allocate(fabric, stats, &self.layout, self.nodes)
+                .await
+            {
+                Err(KvError::RegistersFull { .. })
+                    if self.recycler.in_limbo() == 0
+                        && fabric.now() >= self.next_adoption.get() =>
+                {
+                    self.adopt_orphans().await?;
+                    if self.recycler.in_limbo() == 0 {
+                        return Err(KvError::RegistersFull {
+                            registers: self.layout.params.registers,
+                        });
+                    }
+                }
+                Err(KvError::RegistersFull { .. })
+                    if self.recycler.in_limbo() > 0 && fabric.now() < give_up =>
+                {
+                    // Resets start only under a valid lease: an idle client renews.
+                    if !self.lease.borrow().valid_for(fabric.now(), 0) {
+                        renew_now(&self.lease, fabric, 0).await;
+                    }
+                    let now = fabric.now();
+                    let wait = match self.recycler.next_due() {
+                        Some(due) if !self.recycler.resetting() => due.saturating_sub(now),
+                        // Resets in flight: look again in a millisecond.
+                        _ => 1_000_000,
+                    };
+                    tracing::debug!(
+                        wait_ns = wait,
+                        in_limbo = self.recycler.in_limbo(),
+                        "insert: no free register; waiting for retired ones to pass their grace"
+                    );
+                    swarm_core::sleep(fabric, wait.max(1)).await;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// Adopts the chunks of clients that are no longer registered and retires their
+    /// free registers into this client's limbo (`crate::orphans`): they are handed out
+    /// after the register grace. At most one round per lease period.
+    async fn adopt_orphans(&self) -> Result<(), KvError> {
+        let fabric = self.swarm.fabric();
+        self.next_adoption
+            .set(fabric.now().saturating_add(self.layout.params.lease_ns));
+        let adopted = crate::orphans::adopt_orphans(fabric, &self.layout, self.token, |r| {
+            self.register_loc(r).ok()
+        })
+        .await?;
+        for chunk in &adopted.chunks {
+            self.alloc.adopt(*chunk);
+        }
+        let now = fabric.now();
+        for register in adopted.free {
+            self.recycler.retire(register, now, Retired::Adopted);
+        }
+        Ok(())
     }
 
     async fn read_register(
@@ -389,15 +639,44 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
 
     /// The register of `key` for an update or a delete: the cached one if the cache
     /// knows it holds a write, otherwise the one the index resolves (`None`: absent).
+    /// `now` is the current time (the cache entry's age is judged at it); the flag
+    /// tells whether the index was asked (time passed: fence before the next step).
     async fn locate_written(
         &self,
         key: &[u8],
         stats: &OpStats,
-    ) -> Result<Option<Located>, KvError> {
-        match self.cached(key)? {
-            Some(located) if located.knowledge.knows_a_write() => Ok(Some(located)),
-            _ => Ok(self.resolve(key, stats).await?.map(|(located, _)| located)),
+        now: Nanos,
+    ) -> Result<(Option<Located>, bool), KvError> {
+        match self.cached_at(key, now)? {
+            Some(located) if located.knowledge.knows_a_write() => Ok((Some(located), false)),
+            _ => Ok((
+                self.resolve(key, stats).await?.map(|(located, _)| located),
+                true,
+            )),
         }
+    }
+
+    /// Starts an operation: the lease check ([`Self::begin_op`]), then its deadline
+    /// armed on `stats`, so that every step (index, registers) is fenced from the
+    /// start. Returns the start and the deadline on the fabric clock.
+    async fn begin<'s>(&self, stats: &'s OpStats) -> Result<Started<'s>, KvError> {
+        let deadline = self.begin_op().await?;
+        Ok(Started {
+            start: deadline.saturating_sub(self.max_op_ns),
+            deadline,
+            _scope: stats.arm_deadline(deadline),
+        })
+    }
+
+    /// The current time for attempt `attempt` of an operation that started at
+    /// `start` (the first attempt runs at its start: no clock read), after fencing
+    /// later attempts.
+    fn attempt_now(&self, attempt: u32, start: Nanos, deadline: Nanos) -> Result<Nanos, KvError> {
+        if attempt == 0 {
+            return Ok(start);
+        }
+        self.fence(deadline)?;
+        Ok(self.swarm.fabric().now())
     }
 
     /// Finds `key` through the index: the first candidate register that holds it.
@@ -406,12 +685,14 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         key: &[u8],
         stats: &OpStats,
     ) -> Result<Option<(Located, Vec<u8>)>, KvError> {
+        let asked = self.swarm.fabric().now();
         let candidates = self.index.lookup(self.swarm.fabric(), stats, key).await?;
         for register in candidates.registers {
             let mut located = Located {
                 register,
                 loc: self.register_loc(register)?,
                 knowledge: RegisterCache::new(),
+                vouched_at: asked,
             };
             if let Some(value) = self.read_checked(key, &mut located, stats).await? {
                 self.remember(key, &located);
@@ -424,8 +705,8 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
     /// The key's current value, or `None` if it is absent.
     pub async fn get(&self, key: &[u8], stats: &OpStats) -> Result<Option<Vec<u8>>, KvError> {
         self.check_key(key)?;
-        self.tick();
-        if let Some(mut located) = self.cached(key)? {
+        let started = self.begin(stats).await?;
+        if let Some(mut located) = self.cached_at(key, started.start)? {
             if let Some(value) = self.read_checked(key, &mut located, stats).await? {
                 self.remember(key, &located);
                 return Ok(Some(value));
@@ -440,18 +721,27 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
     pub async fn update(&self, key: &[u8], value: &[u8], stats: &OpStats) -> Result<bool, KvError> {
         self.check_key(key)?;
         self.check_value(value)?;
-        self.tick();
         let payload = encode_payload(key, value);
-        for _ in 0..MAX_RETRIES {
-            let Some(mut located) = self.locate_written(key, stats).await? else {
+        let started = self.begin(stats).await?;
+        let (start, deadline) = (started.start, started.deadline);
+        for attempt in 0..MAX_RETRIES {
+            let now = self.attempt_now(attempt, start, deadline)?;
+            let (located, resolved) = self.locate_written(key, stats, now).await?;
+            let Some(mut located) = located else {
                 return Ok(false);
             };
+            if resolved {
+                self.fence(deadline)?;
+            }
             match self.write_register(&mut located, stats, &payload).await? {
                 WriteOutcome::Written => {
                     self.remember(key, &located);
                     return Ok(true);
                 }
-                WriteOutcome::Deleted => self.forget_deleted(key, located.register, stats).await?,
+                WriteOutcome::Deleted => {
+                    self.forget_deleted(key, located.register, stats, deadline)
+                        .await?;
+                }
             }
         }
         Err(KvError::Contended {
@@ -463,18 +753,55 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
     pub async fn insert(&self, key: &[u8], value: &[u8], stats: &OpStats) -> Result<(), KvError> {
         self.check_key(key)?;
         self.check_value(value)?;
-        self.tick();
         let payload = encode_payload(key, value);
-        let fabric = self.swarm.fabric();
-        let register = self
-            .alloc
-            .allocate(fabric, stats, &self.layout, self.nodes)
-            .await?;
+        // The operation starts once it has its register: waiting for one (for
+        // retired registers to pass their grace) posts nothing but chunk claims and
+        // resets, which no operation deadline protects.
+        let register = self.allocate_register(&OpStats::new()).await?;
+        let started = self.begin(stats).await?;
+        let (start, deadline) = (started.start, started.deadline);
         let mut fresh = Located {
             register,
             loc: self.register_loc(register)?,
             knowledge: RegisterCache::new(),
+            vouched_at: start,
         };
+        // Set when an index call could not tell whether it mapped `register`.
+        let uncertain = Cell::new(false);
+        let result = self
+            .publish(key, &payload, &mut fresh, stats, deadline, &uncertain)
+            .await;
+        match &result {
+            Ok(Published::Yes) => {}
+            // Never published: nobody else can know the register (recycle.rs).
+            Ok(Published::No) | Err(_) if !uncertain.get() => {
+                self.recycler
+                    .retire(register, self.swarm.fabric().now(), Retired::Unpublished);
+            }
+            _ => {
+                tracing::debug!(
+                    register,
+                    "insert: the index could not tell whether the fresh register was mapped; it is not recycled"
+                );
+            }
+        }
+        result.map(drop)
+    }
+
+    /// Writes `fresh` (key header and value) and maps `key` to it, or updates the
+    /// key's existing register if it is present. Sets `uncertain` when an index call
+    /// could not tell whether it mapped `fresh`.
+    async fn publish(
+        &self,
+        key: &[u8],
+        payload: &[u8],
+        fresh: &mut Located,
+        stats: &OpStats,
+        deadline: Nanos,
+        uncertain: &Cell<bool>,
+    ) -> Result<Published, KvError> {
+        let fabric = self.swarm.fabric();
+        let register = fresh.register;
         // The key header and the value, in flight together (§5.3.1).
         let header_at = self
             .layout
@@ -490,63 +817,87 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
             .await
             .map(drop)
         };
-        let write_value = self.write_register(&mut fresh, stats, &payload);
+        let write_value = self.write_register(fresh, stats, payload);
         let (header_written, value_written) = swarm_core::join(write_header, write_value).await;
         header_written?;
         value_written?;
         for _ in 0..MAX_RETRIES {
-            let outcome = match self.index.insert(fabric, stats, key, register).await {
+            self.fence(deadline)?;
+            let asked = fabric.now();
+            let outcome = match self
+                .index
+                .insert_until(fabric, stats, key, register, deadline)
+                .await
+            {
                 Ok(outcome) => outcome,
                 // The index could not tell whether our mapping took effect (this client
                 // stalled past its acknowledgement window): ask it.
                 Err(IndexError::OutcomeUnknown { .. }) => {
+                    uncertain.set(true);
                     match self.index.resolve(fabric, stats, key).await? {
                         Some(r) if r == register => InsertOutcome::Inserted,
                         Some(other) => InsertOutcome::Exists(other),
                         None => continue,
                     }
                 }
-                Err(e) => return Err(e.into()),
+                Err(e) => {
+                    uncertain.set(true);
+                    return Err(e.into());
+                }
             };
             match outcome {
                 InsertOutcome::Inserted => {
-                    self.remember(key, &fresh);
-                    return Ok(());
+                    self.remember(key, fresh);
+                    return Ok(Published::Yes);
                 }
                 InsertOutcome::Exists(existing) => {
                     let mut old = Located {
                         register: existing,
                         loc: self.register_loc(existing)?,
                         knowledge: RegisterCache::new(),
+                        vouched_at: asked,
                     };
+                    self.fence(deadline)?;
                     let value = self.read_register(&mut old, stats).await?;
                     if value == ReadValue::Deleted {
+                        self.fence(deadline)?;
                         // Re-insert over a deleted key: take over its mapping.
                         let replaced = match self
                             .index
-                            .replace(fabric, stats, key, existing, register)
+                            .replace_until(fabric, stats, key, existing, register, deadline)
                             .await
                         {
                             Ok(replaced) => replaced,
                             // As for the insert above: ask the index what happened.
                             Err(IndexError::OutcomeUnknown { .. }) => {
+                                uncertain.set(true);
                                 self.index.resolve(fabric, stats, key).await? == Some(register)
                             }
                             // Others keep changing the key's bucket: look again.
-                            Err(IndexError::Contention { .. }) => false,
-                            Err(e) => return Err(e.into()),
+                            Err(IndexError::Contention { .. }) => {
+                                uncertain.set(true);
+                                false
+                            }
+                            Err(e) => {
+                                uncertain.set(true);
+                                return Err(e.into());
+                            }
                         };
                         if replaced {
-                            self.remember(key, &fresh);
-                            return Ok(());
+                            self.remember(key, fresh);
+                            // This call unmapped the deleted register: it owns it.
+                            self.recycler
+                                .retire(existing, fabric.now(), Retired::Unmapped);
+                            return Ok(Published::Yes);
                         }
                         continue;
                     }
                     // The key is present: the insert becomes an update (§5.3.1).
-                    match self.write_register(&mut old, stats, &payload).await? {
+                    self.fence(deadline)?;
+                    match self.write_register(&mut old, stats, payload).await? {
                         WriteOutcome::Written => {
                             self.remember(key, &old);
-                            return Ok(());
+                            return Ok(Published::No);
                         }
                         WriteOutcome::Deleted => continue,
                     }
@@ -566,11 +917,21 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
                 "delete with the RAW baseline protocol",
             ));
         }
-        self.tick();
-        for _ in 0..MAX_RETRIES {
-            let Some(mut located) = self.locate_written(key, stats).await? else {
+        let started = self.begin(stats).await?;
+        // Hand out the registers whose reset completed and start the resets due
+        // (never waits): deletes retire registers, so they also move them along.
+        // After the lease check: resets start only under a valid lease.
+        self.recycle_step();
+        let (start, deadline) = (started.start, started.deadline);
+        for attempt in 0..MAX_RETRIES {
+            let now = self.attempt_now(attempt, start, deadline)?;
+            let (located, resolved) = self.locate_written(key, stats, now).await?;
+            let Some(mut located) = located else {
                 return Ok(false);
             };
+            if resolved {
+                self.fence(deadline)?;
+            }
             match self
                 .swarm
                 .delete(&located.loc, &mut located.knowledge, stats)
@@ -580,15 +941,21 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
                     // The tombstone is the delete's linearization point (SWARM
                     // §5.3.2): the key is gone whatever the unmap does. An index
                     // that cannot unmap now (contention, a stalled client, a lost
-                    // majority) leaves `key → tombstone`, which reads as absent and
-                    // which the next insert of the key replaces.
-                    if let Err(error) = self.forget_deleted(key, located.register, stats).await {
+                    // majority, the deadline) leaves `key → tombstone`, which reads
+                    // as absent and which the next insert of the key replaces.
+                    if let Err(error) = self
+                        .forget_deleted(key, located.register, stats, deadline)
+                        .await
+                    {
                         tracing::debug!(%error, register = located.register, "delete: unmapping the tombstoned register failed; the mapping stays (it reads as absent)");
                     }
                     return Ok(true);
                 }
                 // Already deleted by someone else: the key may live elsewhere now.
-                WriteOutcome::Deleted => self.forget_deleted(key, located.register, stats).await?,
+                WriteOutcome::Deleted => {
+                    self.forget_deleted(key, located.register, stats, deadline)
+                        .await?;
+                }
             }
         }
         Err(KvError::Contended {
@@ -597,17 +964,49 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
     }
 
     /// Flushes a deleted register from the cache and unmaps it from the index (a
-    /// no-op if its deleter already did, or a re-insert replaced it).
+    /// no-op if its deleter already did, or a re-insert replaced it). If this call's
+    /// remove is the one that unmapped it, this client owns the register and retires
+    /// it (`crate::recycle`).
     async fn forget_deleted(
         &self,
         key: &[u8],
         register: RegisterId,
         stats: &OpStats,
+        deadline: Nanos,
     ) -> Result<(), KvError> {
         self.cache.borrow_mut().remove(key);
-        self.index
-            .remove(self.swarm.fabric(), stats, key, register)
-            .await?;
+        self.fence(deadline)?;
+        let fabric = self.swarm.fabric();
+        if self
+            .index
+            .remove_until(fabric, stats, key, register, deadline)
+            .await?
+        {
+            self.recycler
+                .retire(register, fabric.now(), Retired::Unmapped);
+        }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layout::ClusterParams;
+
+    #[test]
+    fn a_log_records_register_address_maps_back_to_its_register_only() {
+        let params = ClusterParams::default().for_node_size(64 << 20).unwrap();
+        let layout = NodeLayout::new(params).unwrap();
+        for register in [0, 1, 7, params.registers - 1] {
+            let addr = layout.register(register).unwrap();
+            assert_eq!(register_at(&layout, addr), Some(register));
+            assert_eq!(register_at(&layout, addr + 8), None);
+            assert_eq!(register_at(&layout, addr - 8), None);
+        }
+        let past = layout.register(params.registers - 1).unwrap() + layout.register_slot_bytes;
+        assert_eq!(register_at(&layout, past), None);
+        assert_eq!(register_at(&layout, 0), None);
+        assert_eq!(register_at(&layout, u64::MAX), None);
     }
 }

@@ -32,9 +32,9 @@ pub enum KvError {
         /// The limit.
         max: u32,
     },
-    /// Every register slot is claimed.
+    /// Every register slot is claimed and this client has none free or due soon.
     #[error(
-        "the register area is full ({registers} keys): create a larger cluster with `swarm init --size` (memory recycling is not implemented yet)"
+        "the register area is full ({registers} keys): delete keys (their registers are reused after the recycling grace, by the client that unmapped them) or create a larger cluster with `swarm init --size`"
     )]
     RegistersFull {
         /// The cluster's capacity.
@@ -55,6 +55,21 @@ pub enum KvError {
         nodes: usize,
         /// Replicas per key.
         replicas: u16,
+    },
+    /// Fewer than a majority of the memory nodes can serve (missing, corrupted, empty,
+    /// or of an incarnation the configuration does not list).
+    #[error(
+        "only {usable} of the {nodes} memory nodes can serve and a majority is needed: \
+         {problems}; restore the missing node files or memory nodes (a lost majority \
+         cannot be repaired from the rest)"
+    )]
+    NoMajority {
+        /// Nodes that can serve.
+        usable: usize,
+        /// The cluster's node count.
+        nodes: usize,
+        /// Each node that cannot serve, and why.
+        problems: String,
     },
     /// `swarm format` found a store already on the memory nodes.
     #[error(
@@ -81,20 +96,28 @@ pub enum KvError {
         /// Attempts made.
         attempts: u32,
     },
-    /// `swarm evict` refused: the writer renewed its lease too recently to be presumed
-    /// dead.
+    /// `swarm evict` refused: the writer renewed its lease while it was watched.
     #[error(
-        "writer {writer} renewed its lease {idle_secs:.1} s ago, less than the {min_idle_secs} s required: \
-         it looks alive. Evict only a client you know is dead (two clients sharing a writer id \
-         break linearizability), or wait"
+        "writer {writer} renewed its lease during the {watched_secs:.1} s it was watched: it is \
+         alive. Stop that client, or evict it anyway with --force (it then stops at its next \
+         operation with a lease error)"
     )]
     LeaseFresh {
         /// The writer id.
         writer: u16,
-        /// Seconds since its last lease renewal.
-        idle_secs: f64,
-        /// The idle time required.
-        min_idle_secs: u64,
+        /// How long it was watched, seconds.
+        watched_secs: f64,
+    },
+    /// The client could not prove its lease valid for a whole operation and stopped
+    /// (self-fencing): it must reconnect.
+    #[error(
+        "the lease of writer id {writer} expired and could not be renewed (a majority of memory \
+         nodes is unreachable, or the client paused so long that its id was reclaimed): this \
+         client stopped issuing operations; reconnect (open a new client) to continue"
+    )]
+    LeaseExpired {
+        /// The writer id the client held.
+        writer: u16,
     },
     /// A writer id beyond the cluster's table.
     #[error("no writer {writer}: the cluster has writer ids 0 to {}", writers.saturating_sub(1))]
@@ -103,6 +126,14 @@ pub enum KvError {
         writer: u16,
         /// Writer ids in the cluster.
         writers: u16,
+    },
+    /// The operation ran past its deadline (start + `KvConfig::max_op_ns`).
+    #[error(
+        "the operation ran longer than max_op_ns ({max_op_ns} ns) and stopped so that memory it may still reference can be recycled; retry it"
+    )]
+    Fenced {
+        /// The operation deadline, ns.
+        max_op_ns: u64,
     },
     /// The operation is not available with the chosen register protocol.
     #[error("{0} is not supported")]

@@ -41,8 +41,33 @@ pub const CLIENT_ROW_BYTES: u64 = 64;
 pub const BUCKET_BYTES: u64 = 64;
 /// Magic bytes of the superblock.
 pub const KV_MAGIC: [u8; 8] = *b"SWARMKV\0";
-/// Superblock format version.
-pub const KV_VERSION: u32 = 1;
+/// Superblock format version written by this build (2: lease parameters and the
+/// operation deadline; version-1 superblocks are still read, with the defaults).
+pub const KV_VERSION: u32 = 2;
+/// Bytes of an encoded superblock (version 2; version 1 used the first 64).
+pub const SUPERBLOCK_ENCODED_BYTES: usize = 128;
+/// Default lease duration (`swarm init --lease`).
+pub const DEFAULT_LEASE_NS: u64 = 2_000_000_000;
+/// Default lease renewal period (`swarm init --lease-renew`).
+pub const DEFAULT_LEASE_RENEW_NS: u64 = 250_000_000;
+/// Default operation deadline (`swarm init --max-op`): an operation never posts a
+/// batch later than this after it started (the fence the recycling code relies on,
+/// `swarm_core::reclaim`). Operations take microseconds (milliseconds with failed
+/// nodes, and up to about 100 ms for a client thread descheduled on an overloaded
+/// machine: a 100 ms fence failed one operation in a few hundred thousand on a 2-core
+/// machine running four builds); a superseded log slot returns to its writer about
+/// `max_op + max_op / 8 + 10 ms` later, so the fence also bounds the backlog of slots
+/// waiting to be recycled: about 235 ms of a writer's writes with 200 ms, beyond
+/// which a writer with a full log waits (a 500 ms fence made YCSB A on a 64 MiB
+/// cluster wait for its logs: 320 kops/s instead of 870). An operation that runs
+/// longer fails with `KvError::Fenced` (or the register protocol's `Fenced`) and may
+/// be retried.
+pub const DEFAULT_MAX_OP_NS: u64 = 200_000_000;
+/// Default location-cache entry lifetime (`swarm init --cache-ttl`): a client uses a
+/// cached key → register location for at most this long after the index vouched for
+/// it, so a deleted key's register is reused `cache_ttl + max_op` (plus drift and a
+/// margin) after it was unmapped (`crate::recycle`).
+pub const DEFAULT_CACHE_TTL_NS: u64 = 10_000_000_000;
 
 const fn align(n: u64, to: u64) -> u64 {
     n.div_ceil(to) * to
@@ -71,7 +96,9 @@ pub enum ParamsError {
     #[error("no SWARM-KV superblock on this cluster (bad magic): run `swarm init` first")]
     NotInitialized,
     /// The superblock was written by another format version.
-    #[error("SWARM-KV superblock version {0} is not supported (this build reads {KV_VERSION})")]
+    #[error(
+        "SWARM-KV superblock version {0} is not supported (this build reads versions 1 to {KV_VERSION}): use a matching `swarm` build"
+    )]
     Version(u32),
     /// The superblock's checksum does not match: it is corrupted.
     #[error("SWARM-KV superblock is corrupted (checksum mismatch)")]
@@ -102,6 +129,20 @@ pub struct ClusterParams {
     pub index_buckets: u64,
     /// Out-of-place log slots per writer.
     pub log_slots: u32,
+    /// Lease duration, ns: a client whose renewals stop is presumed dead (and its
+    /// writer id reclaimable) this long after its last renewal, plus the clock-drift
+    /// allowance and the reclamation grace (see [`crate::lease`]).
+    pub lease_ns: u64,
+    /// Lease renewal period, ns (less than half the lease).
+    pub lease_renew_ns: u64,
+    /// Operation deadline, ns: an operation never posts a batch later than this after
+    /// it started, so that memory it may reference can be recycled after a grace
+    /// derived from it. Cluster-wide, since recyclers wait for every client's.
+    pub max_op_ns: u64,
+    /// Location-cache entry lifetime, ns: how long a client may use a cached key
+    /// location after the index vouched for it (updates and deletes write to cached
+    /// registers blindly). Cluster-wide: register recycling waits for every client's.
+    pub cache_ttl_ns: u64,
 }
 
 /// Defaults for `swarm init`.
@@ -117,11 +158,22 @@ impl Default for ClusterParams {
             chunk_registers: 256,
             index_buckets: 1 << 14,
             log_slots: 1 << 14,
+            lease_ns: DEFAULT_LEASE_NS,
+            lease_renew_ns: DEFAULT_LEASE_RENEW_NS,
+            max_op_ns: DEFAULT_MAX_OP_NS,
+            cache_ttl_ns: DEFAULT_CACHE_TTL_NS,
         }
     }
 }
 
 impl ClusterParams {
+    /// How long a retired register waits before it is reset and reused: the
+    /// reclamation grace of a window of `cache_ttl_ns + max_op_ns`
+    /// (`swarm_core::reclaim::grace_ns`, `crate::recycle`).
+    pub fn register_grace_ns(&self) -> u64 {
+        swarm_core::reclaim::grace_ns(self.cache_ttl_ns.saturating_add(self.max_op_ns))
+    }
+
     /// Bytes of a register's payload: `[key length u16 | key | value]`.
     pub fn payload_max(&self) -> u32 {
         2 + self.key_max + self.value_max
@@ -152,6 +204,12 @@ impl ClusterParams {
         }
         if !self.index_buckets.is_power_of_two() {
             return bad("index buckets must be a power of two");
+        }
+        crate::lease::LeaseParams::from_params(self)
+            .validate()
+            .map_err(|e| ParamsError::Invalid(e.to_string()))?;
+        if self.cache_ttl_ns == 0 {
+            return bad("the location-cache lifetime (--cache-ttl) must be positive");
         }
         Ok(())
     }
@@ -196,9 +254,12 @@ impl ClusterParams {
         Ok(self)
     }
 
-    /// Encodes the superblock.
-    pub fn encode(&self) -> [u8; 64] {
-        let mut out = [0u8; 64];
+    /// Encodes the superblock (version [`KV_VERSION`]): the version-1 fields at the
+    /// same offsets, then `lease_ns` at 56, `lease_renew_ns` at 64, `max_op_ns` at 72,
+    /// `cache_ttl_ns` at 80,
+    /// and an xxh3-64 of bytes `0..120` at 120.
+    pub fn encode(&self) -> [u8; SUPERBLOCK_ENCODED_BYTES] {
+        let mut out = [0u8; SUPERBLOCK_ENCODED_BYTES];
         out[0..8].copy_from_slice(&KV_MAGIC);
         out[8..12].copy_from_slice(&KV_VERSION.to_le_bytes());
         out[12..16].copy_from_slice(&self.key_max.to_le_bytes());
@@ -210,20 +271,36 @@ impl ClusterParams {
         out[32..40].copy_from_slice(&self.registers.to_le_bytes());
         out[40..48].copy_from_slice(&self.index_buckets.to_le_bytes());
         out[48..52].copy_from_slice(&self.log_slots.to_le_bytes());
-        let sum = xxh3_64(&out[..56]);
-        out[56..64].copy_from_slice(&sum.to_le_bytes());
+        out[56..64].copy_from_slice(&self.lease_ns.to_le_bytes());
+        out[64..72].copy_from_slice(&self.lease_renew_ns.to_le_bytes());
+        out[72..80].copy_from_slice(&self.max_op_ns.to_le_bytes());
+        out[80..88].copy_from_slice(&self.cache_ttl_ns.to_le_bytes());
+        let sum = xxh3_64(&out[..120]);
+        out[120..128].copy_from_slice(&sum.to_le_bytes());
         out
     }
 
-    /// Decodes and validates a superblock read from untrusted memory.
+    /// Decodes and validates a superblock read from untrusted memory (versions 1 and
+    /// 2; a version-1 superblock gets the default lease parameters and deadline).
     pub fn decode(bytes: &[u8]) -> Result<Self, ParamsError> {
-        let bytes: &[u8; 64] = bytes
-            .get(..64)
-            .and_then(|b| b.try_into().ok())
-            .ok_or(ParamsError::NotInitialized)?;
-        if bytes[0..8] != KV_MAGIC {
+        if bytes.get(0..8) != Some(&KV_MAGIC[..]) {
             return Err(ParamsError::NotInitialized);
         }
+        let version = bytes
+            .get(8..12)
+            .map(|v| u32::from_le_bytes([v[0], v[1], v[2], v[3]]))
+            .ok_or(ParamsError::NotInitialized)?;
+        let encoded = match version {
+            1 => 64,
+            KV_VERSION => SUPERBLOCK_ENCODED_BYTES,
+            other => return Err(ParamsError::Version(other)),
+        };
+        let bytes: &[u8; SUPERBLOCK_ENCODED_BYTES] = &{
+            let mut padded = [0u8; SUPERBLOCK_ENCODED_BYTES];
+            padded[..encoded]
+                .copy_from_slice(bytes.get(..encoded).ok_or(ParamsError::NotInitialized)?);
+            padded
+        };
         let u16_at = |i: usize| u16::from_le_bytes([bytes[i], bytes[i + 1]]);
         let u32_at =
             |i: usize| u32::from_le_bytes([bytes[i], bytes[i + 1], bytes[i + 2], bytes[i + 3]]);
@@ -232,12 +309,19 @@ impl ClusterParams {
             w.copy_from_slice(&bytes[i..i + 8]);
             u64::from_le_bytes(w)
         };
-        if u32_at(8) != KV_VERSION {
-            return Err(ParamsError::Version(u32_at(8)));
-        }
-        if u64_at(56) != xxh3_64(&bytes[..56]) {
+        if u64_at(encoded - 8) != xxh3_64(&bytes[..encoded - 8]) {
             return Err(ParamsError::Checksum);
         }
+        let (lease_ns, lease_renew_ns, max_op_ns, cache_ttl_ns) = if version == 1 {
+            (
+                DEFAULT_LEASE_NS,
+                DEFAULT_LEASE_RENEW_NS,
+                DEFAULT_MAX_OP_NS,
+                DEFAULT_CACHE_TTL_NS,
+            )
+        } else {
+            (u64_at(56), u64_at(64), u64_at(72), u64_at(80))
+        };
         let params = Self {
             key_max: u32_at(12),
             value_max: u32_at(16),
@@ -248,6 +332,10 @@ impl ClusterParams {
             registers: u64_at(32),
             index_buckets: u64_at(40),
             log_slots: u32_at(48),
+            lease_ns,
+            lease_renew_ns,
+            max_op_ns,
+            cache_ttl_ns,
         };
         params.validate()?;
         Ok(params)
@@ -431,6 +519,45 @@ mod tests {
         let mut bad = bytes;
         bad[8] = 7;
         assert_eq!(ClusterParams::decode(&bad), Err(ParamsError::Version(7)));
+        let mut bad = bytes;
+        bad[70] ^= 1;
+        assert_eq!(
+            ClusterParams::decode(&bad),
+            Err(ParamsError::Checksum),
+            "the lease fields are covered by the checksum"
+        );
+    }
+
+    #[test]
+    fn lease_parameters_roundtrip_and_a_version_1_superblock_gets_the_defaults() {
+        let p = ClusterParams {
+            lease_ns: 400_000_000,
+            lease_renew_ns: 50_000_000,
+            max_op_ns: 200_000_000,
+            ..ClusterParams::default().for_node_size(64 << 20).unwrap()
+        };
+        assert_eq!(ClusterParams::decode(&p.encode()), Ok(p));
+        // A version-1 superblock, as the previous build wrote it: 56 bytes of fields
+        // and their checksum.
+        let mut v1 = [0u8; 64];
+        v1[..56].copy_from_slice(&p.encode()[..56]);
+        v1[8..12].copy_from_slice(&1u32.to_le_bytes());
+        let sum = xxh3_64(&v1[..56]);
+        v1[56..64].copy_from_slice(&sum.to_le_bytes());
+        let old = ClusterParams::decode(&v1).unwrap();
+        assert_eq!(
+            (old.lease_ns, old.lease_renew_ns, old.max_op_ns),
+            (DEFAULT_LEASE_NS, DEFAULT_LEASE_RENEW_NS, DEFAULT_MAX_OP_NS)
+        );
+        assert_eq!(old.registers, p.registers);
+        // A renewal period of half the lease is refused with the reason.
+        let bad = ClusterParams {
+            lease_renew_ns: 200_000_000,
+            ..p
+        };
+        assert!(
+            matches!(bad.validate(), Err(ParamsError::Invalid(why)) if why.contains("less than half the lease"))
+        );
     }
 
     proptest! {

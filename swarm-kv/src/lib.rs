@@ -7,8 +7,9 @@
 //!
 //! * [`layout`] — where everything lives on a memory node.
 //! * [`index`] — the replicated, linearizable index (key → register).
-//! * [`register_alloc`], [`claim`], [`writer_ids`] — register chunks, writer ids and
+//! * [`register_alloc`], [`claim`], [`writer_ids`], [`lease`] — register chunks, writer ids and
 //!   leases, claimed from the memory nodes by CAS.
+//! * [`orphans`] — adopting dead clients' register chunks.
 //! * [`cache`] — the client's location cache.
 //! * [`client`] — the operations: get, insert, update, delete (§5.3).
 //! * [`shm`], `rdma`, [`store`] — clusters on shared-memory files or RDMA memory
@@ -25,11 +26,20 @@ pub mod cache;
 pub mod claim;
 pub mod client;
 pub mod clock;
+pub mod configuration;
+pub mod duration;
 mod error;
 pub mod index;
 pub mod layout;
+pub mod lease;
+pub mod lease_renewal;
+#[cfg(test)]
+mod lease_tests;
+pub mod orphans;
 #[cfg(feature = "rdma")]
 pub mod rdma;
+pub mod reclaim;
+pub mod recycle;
 pub mod register_alloc;
 pub mod shm;
 pub mod store;

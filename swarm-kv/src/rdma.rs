@@ -6,6 +6,10 @@
 //! its shared-memory counterpart, and every command and the benchmark run unchanged
 //! through the [`Store`] trait.
 //!
+//! Every client ([`Store::client_with`]) asks the memory nodes to watch its lease
+//! word once it holds its writer row, so that a node cuts its queue pair when the
+//! lease is killed or not renewed (`swarm_rdma::lease_watch`).
+//!
 //! Without an RDMA device both fail with the transport's `no RDMA device found: ...`
 //! error.
 
@@ -14,10 +18,12 @@ use std::sync::Arc;
 use swarm_core::Fabric;
 use swarm_core::fabric::NodeId;
 use swarm_core::header::NodeHeader;
+use swarm_rdma::lease_watch::{MAX_STALL_NS, MIN_STALL_NS, WatchRequest};
 use swarm_rdma::{RdmaCluster, RdmaConfig, RdmaError, RdmaFabric};
 
 use crate::KvError;
 use crate::layout::{ClusterParams, NodeLayout, ParamsError, SUPERBLOCK_AT};
+use crate::lease::LeaseParams;
 use crate::store::{Store, open_layout, write_superblock};
 
 /// A SWARM-KV cluster on RDMA memory nodes, opened by this process.
@@ -46,7 +52,7 @@ impl RdmaStore {
         let cluster = Arc::new(RdmaCluster::open(config.clone()).map_err(rdma)?);
         let fabric = cluster.client().map_err(rdma)?;
         let header = first_header(&fabric)?;
-        let (layout, mut unusable) = open_layout(&fabric, &header)?;
+        let (layout, mut unusable) = open_layout(&fabric, &header, fabric.incarnations())?;
         // Nodes this first client could not reach (each later client connects on
         // its own, and may reach them).
         for (i, node_header) in fabric.headers().iter().enumerate() {
@@ -79,6 +85,15 @@ impl RdmaStore {
             return Err(KvError::AlreadyFormatted { node });
         }
         write_superblock(&fabric, &params)?;
+        let members = crate::configuration::Configuration {
+            epoch: 1,
+            incarnations: fabric
+                .incarnations()
+                .iter()
+                .map(|i| i.unwrap_or_default())
+                .collect(),
+        };
+        crate::store::write_configuration(&fabric, &members)?;
         drop(fabric);
         drop(cluster);
         Self::open(config)
@@ -100,7 +115,12 @@ fn formatted_node(fabric: &RdmaFabric) -> Result<Option<NodeId>, KvError> {
             &stats,
             reachable.iter().copied(),
             reachable.len(),
-            |_| Ok(swarm_core::Batch::read(SUPERBLOCK_AT, 64)),
+            |_| {
+                Ok(swarm_core::Batch::read(
+                    SUPERBLOCK_AT,
+                    crate::layout::SUPERBLOCK_ENCODED_BYTES as u32,
+                ))
+            },
         )
         .await?;
         Ok::<_, swarm_core::FabricError>(
@@ -144,4 +164,46 @@ impl Store for RdmaStore {
     fn unusable_nodes(&self) -> Vec<(NodeId, String)> {
         self.unusable.to_vec()
     }
+
+    fn client_with(
+        &self,
+        config: crate::KvConfig,
+    ) -> Result<crate::KvClient<RdmaFabric, crate::clock::SystemClock>, KvError> {
+        let fabric = self.fabric()?;
+        let clock =
+            crate::clock::SystemClock::new(self.header().epoch_unix_ns, self.header().tick_ns);
+        let client = crate::KvClient::connect(fabric, clock, self.layout, config)?;
+        watch_lease(&client, &self.layout);
+        Ok(client)
+    }
+}
+
+/// Asks the memory nodes to cut `client` off once its lease word (row word 1 of its
+/// client-table row, [`crate::writer_ids`]) is killed, or unchanged for as long as
+/// a reclaimer waits before it may kill it ([`LeaseParams::observer_wait_ns`]): by
+/// then the client's own clock says its lease ended, whatever the drift within the
+/// bound (defence in depth behind the self-fence, [`crate::lease`]).
+fn watch_lease(
+    client: &crate::KvClient<RdmaFabric, crate::clock::SystemClock>,
+    layout: &NodeLayout,
+) {
+    let params = LeaseParams::from_params(&layout.params);
+    let stall_ns = params.observer_wait_ns().max(MIN_STALL_NS);
+    if stall_ns > MAX_STALL_NS {
+        tracing::warn!(
+            stall_ns,
+            "lease too long for the memory nodes' lease watch; not watched"
+        );
+        return;
+    }
+    let request = WatchRequest {
+        offset: layout.client_row(client.writer()) + 8,
+        stall_ns,
+    };
+    let armed = client.fabric().watch_lease_word(request);
+    tracing::debug!(
+        armed,
+        writer = client.writer(),
+        "memory nodes watch the lease word"
+    );
 }

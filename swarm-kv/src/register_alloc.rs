@@ -5,9 +5,17 @@
 //! client claims a whole chunk from the memory nodes with a majority CAS on the
 //! chunk's claim word ([`crate::claim`]). Fine level: the client hands out the slots of
 //! its chunks locally, with no remote access, so that an insert needs no allocation
-//! roundtrip. Memory starts zeroed and slots are never reused until memory recycling
-//! exists, so every slot handed out is *pre-cleared*: its metadata words are empty,
-//! which is what lets an insert write into it in one roundtrip (SWARM §5.3.1).
+//! roundtrip. Every slot handed out is *pre-cleared*: its metadata words are empty,
+//! which is what lets an insert write into it in one roundtrip (SWARM §5.3.1). A slot
+//! is pre-cleared either because it was never used (memory starts zeroed) or because
+//! the register recycler (`crate::recycle`) reset it on every replica after its
+//! grace and gave it back ([`RegisterAllocator::give_back`]); given-back slots are
+//! handed out first, so a client that deletes as much as it inserts claims no new
+//! chunks.
+//!
+//! Once every chunk is claimed, a failed claim scan is not repeated on every insert
+//! (it costs a roundtrip per chunk): the allocator remembers the area as exhausted
+//! and only hands out given-back slots.
 
 use std::cell::RefCell;
 use std::collections::{HashSet, VecDeque};
@@ -70,6 +78,10 @@ struct State {
     owned: HashSet<u64>,
     /// This client incarnation's claim token.
     token: u64,
+    /// Recycled slots (reset on every replica), handed out before fresh ones.
+    recycled: Vec<RegisterId>,
+    /// A claim scan found every chunk taken: do not scan again.
+    exhausted: bool,
 }
 
 impl RegisterAllocator {
@@ -83,6 +95,8 @@ impl RegisterAllocator {
                 cursor: (u64::from(writer) * 0x9E37_79B9) % chunks,
                 owned: HashSet::new(),
                 token,
+                recycled: Vec::new(),
+                exhausted: false,
             }),
         }
     }
@@ -92,7 +106,34 @@ impl RegisterAllocator {
         self.state.borrow().owned.len() as u64
     }
 
-    /// A fresh, pre-cleared register slot; claims a new chunk when the pool is empty.
+    /// Records `chunk` as this client's (adopted from a dead client,
+    /// `crate::orphans`): its slots are not handed out as fresh ones (some hold live
+    /// data; the free ones come back through the recycler), and the claim scan skips
+    /// it, since a claim is idempotent for the owner's token and would "win" it.
+    pub fn adopt(&self, chunk: u64) {
+        self.state.borrow_mut().owned.insert(chunk);
+    }
+
+    /// Whether every chunk was found claimed (only given-back slots are handed out).
+    pub fn exhausted(&self) -> bool {
+        self.state.borrow().exhausted
+    }
+
+    /// Gives back a slot reset on every replica (pre-cleared again): the next
+    /// allocations hand it out before fresh slots.
+    pub fn give_back(&self, register: RegisterId) {
+        self.state.borrow_mut().recycled.push(register);
+    }
+
+    /// Slots in the pool: claimed or given back, not handed out.
+    pub fn pooled(&self) -> u64 {
+        let s = self.state.borrow();
+        s.recycled.len() as u64 + s.free.iter().map(|(a, b)| b - a).sum::<u64>()
+    }
+
+    /// A pre-cleared register slot: a given-back one, else a fresh one of a claimed
+    /// chunk; claims a new chunk when the pool is empty. `RegistersFull` once every
+    /// chunk is claimed and the pool is empty.
     pub async fn allocate<F: Fabric>(
         &self,
         fabric: &F,
@@ -104,6 +145,11 @@ impl RegisterAllocator {
             if let Some(register) = self.take() {
                 return Ok(register);
             }
+            if self.state.borrow().exhausted {
+                return Err(KvError::RegistersFull {
+                    registers: layout.params.registers,
+                });
+            }
             self.claim_chunk(fabric, stats, layout, nodes).await?;
         }
     }
@@ -111,6 +157,9 @@ impl RegisterAllocator {
     /// The next free slot of the pool, if any.
     fn take(&self) -> Option<RegisterId> {
         let mut s = self.state.borrow_mut();
+        if let Some(register) = s.recycled.pop() {
+            return Some(register);
+        }
         let (start, end) = s.free.front_mut()?;
         let register = *start;
         *start += 1;
@@ -152,6 +201,7 @@ impl RegisterAllocator {
                 return Ok(());
             }
         }
+        self.state.borrow_mut().exhausted = true;
         Err(KvError::RegistersFull {
             registers: layout.params.registers,
         })
@@ -229,5 +279,24 @@ mod tests {
         }
         assert_eq!(seen.len() as u64, layout.params.registers);
         assert_eq!(alloc.chunks_claimed(), layout.chunks());
+        // Full, and no chunk scan any more; given-back slots are handed out again.
+        let stats = OpStats::new();
+        let full = block_on(&fabric, async {
+            Ok::<_, swarm_core::FabricError>(alloc.allocate(&fabric, &stats, &layout, 3).await)
+        })
+        .unwrap();
+        assert!(matches!(full, Err(KvError::RegistersFull { .. })));
+        assert_eq!(
+            stats.roundtrips(),
+            0,
+            "an exhausted area is not scanned again"
+        );
+        alloc.give_back(3);
+        assert_eq!(alloc.pooled(), 1);
+        let again = block_on(&fabric, async {
+            Ok::<_, swarm_core::FabricError>(alloc.allocate(&fabric, &stats, &layout, 3).await)
+        })
+        .unwrap();
+        assert_eq!(again.unwrap(), 3);
     }
 }

@@ -4,6 +4,10 @@
 //! writes the superblock on every node (the rest of the memory is zero, which is the
 //! empty state of every structure). [`ShmStore::open`] maps an existing one, validates
 //! every node header and superblock, and hands out one [`KvClient`] per thread.
+//!
+//! A minority of node files that are missing, corrupted, empty or of an incarnation
+//! the configuration does not list (`crate::configuration`) is left out with a
+//! warning ([`Store::unusable_nodes`], `swarm stat`); the rest serve.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -15,8 +19,9 @@ use swarm_shm::{CreateOptions, EmulatedFabric, ShmCluster};
 use crate::KvError;
 use crate::client::{KvClient, KvConfig};
 use crate::clock::SystemClock;
+use crate::configuration::Configuration;
 use crate::layout::{ClusterParams, NodeLayout};
-use crate::store::{Store, open_layout, write_superblock};
+use crate::store::{Store, open_layout, write_configuration, write_superblock};
 
 /// A SWARM-KV cluster on shared-memory node files, mapped by this process (the
 /// shared-memory counterpart of `RdmaStore`, feature `rdma`).
@@ -73,6 +78,15 @@ impl ShmStore {
             },
         )?);
         write_superblock(&shm.client(), &params)?;
+        let config = Configuration {
+            epoch: 1,
+            incarnations: shm
+                .incarnations()
+                .iter()
+                .map(|i| i.unwrap_or_default())
+                .collect(),
+        };
+        write_configuration(&shm.client(), &config)?;
         Self::from_shm(shm, 0)
     }
 
@@ -84,7 +98,7 @@ impl ShmStore {
 
     fn from_shm(shm: Arc<ShmCluster>, rtt_ns: u64) -> Result<Self, KvError> {
         let header = *shm.header();
-        let (layout, left_out) = open_layout(&shm.client(), &header)?;
+        let (layout, left_out) = open_layout(&shm.client(), &header, shm.incarnations())?;
         let shm = if left_out.is_empty() {
             shm
         } else {

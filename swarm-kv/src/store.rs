@@ -13,6 +13,7 @@ use swarm_core::{Batch, Fabric, FabricError, OpStats, block_on};
 use crate::KvError;
 use crate::client::{KvClient, KvConfig};
 use crate::clock::SystemClock;
+use crate::configuration::{CONFIG_AT, CONFIG_READ_BYTES, Configuration};
 use crate::layout::{ClusterParams, NodeLayout, ParamsError, SUPERBLOCK_AT};
 
 /// A SWARM-KV cluster opened over some transport.
@@ -97,7 +98,12 @@ pub fn read_superblock<F: Fabric>(fabric: &F) -> Result<Superblock, KvError> {
             &stats,
             majority(nodes),
             SUPERBLOCK_STRAGGLER_NS,
-            |_| Ok(Some(Batch::read(SUPERBLOCK_AT, 64))),
+            |_| {
+                Ok(Some(Batch::read(
+                    SUPERBLOCK_AT,
+                    crate::layout::SUPERBLOCK_ENCODED_BYTES as u32,
+                )))
+            },
             |_| false,
         )
         .await?;
@@ -156,13 +162,112 @@ fn judge_superblocks(
     Ok(Superblock { params, unusable })
 }
 
+/// Writes the configuration record (`crate::configuration`) on every node (they must
+/// all answer): at creation or format, with each node's incarnation.
+pub fn write_configuration<F: Fabric>(fabric: &F, config: &Configuration) -> Result<(), KvError> {
+    let nodes = fabric.node_count();
+    let stats = OpStats::new();
+    block_on(
+        fabric,
+        broadcast(fabric, &stats, node_ids(nodes), nodes, |_| {
+            Ok(Batch::write(CONFIG_AT, config.encode()))
+        }),
+    )?;
+    Ok(())
+}
+
+/// The configuration that wins among the copies of the nodes that answer (at least a
+/// majority): see `crate::configuration`.
+pub fn read_configuration<F: Fabric>(fabric: &F) -> Result<Configuration, KvError> {
+    let nodes = fabric.node_count();
+    let stats = OpStats::new();
+    let copies = block_on(fabric, async {
+        let rt = broadcast_until(
+            fabric,
+            &stats,
+            majority(nodes),
+            SUPERBLOCK_STRAGGLER_NS,
+            |_| Ok(Some(Batch::read(CONFIG_AT, CONFIG_READ_BYTES as u32))),
+            |_| false,
+        )
+        .await?;
+        Ok::<_, FabricError>(
+            rt.replies()
+                .iter()
+                .map(|(_, c)| Configuration::decode(c.read(0).unwrap_or_default(), nodes))
+                .collect::<Vec<_>>(),
+        )
+    })?;
+    Ok(Configuration::newest(&copies, nodes))
+}
+
+/// The nodes whose incarnation (`incarnations[i]`, `None` when unknown: the node is
+/// absent already) is not the member `config` records: never read as replicas.
+pub fn foreign_incarnations(
+    config: &Configuration,
+    incarnations: &[Option<u64>],
+) -> Vec<(NodeId, String)> {
+    incarnations
+        .iter()
+        .enumerate()
+        .filter_map(|(i, inc)| {
+            let inc = (*inc)?;
+            (!config.admits(i, inc)).then(|| {
+                (
+                    NodeId(i as u16),
+                    format!(
+                        "unknown incarnation {inc:#x} (configuration epoch {} admits {:#x}):                          its memory was re-created, so it must be repaired before it serves again",
+                        config.epoch,
+                        config.incarnations.get(i).copied().unwrap_or_default()
+                    ),
+                )
+            })
+        })
+        .collect()
+}
+
 /// The layout in the superblock, checked against the node size, and the nodes
-/// left out (see [`Superblock`]).
+/// left out: those without the majority's superblock (see [`Superblock`]) and those
+/// whose incarnation (`incarnations[i]`, `None` if unknown) the configuration does
+/// not admit (`crate::configuration`).
 pub fn open_layout<F: Fabric>(
     fabric: &F,
     header: &NodeHeader,
+    incarnations: &[Option<u64>],
 ) -> Result<(NodeLayout, Vec<(NodeId, String)>), KvError> {
-    let superblock = read_superblock(fabric)?;
+    let mut superblock = read_superblock(fabric)?;
+    let config = read_configuration(fabric)?;
+    for (node, why) in foreign_incarnations(&config, incarnations) {
+        if !superblock.unusable.iter().any(|(n, _)| *n == node) {
+            superblock.unusable.push((node, why));
+        }
+    }
+    superblock.unusable.sort_by_key(|(n, _)| *n);
+    // Nodes absent already (their incarnation unknown) plus those left out here.
+    let nodes = fabric.node_count();
+    let out = (0..nodes)
+        .filter(|&i| {
+            incarnations.get(i).is_none_or(Option::is_none)
+                || superblock.unusable.iter().any(|(n, _)| n.index() == i)
+        })
+        .count();
+    if nodes - out < majority(nodes) {
+        return Err(KvError::NoMajority {
+            usable: nodes - out,
+            nodes,
+            problems: superblock
+                .unusable
+                .iter()
+                .map(|(n, why)| format!("node {}: {why}", n.0))
+                .chain(
+                    (0..nodes)
+                        .filter(|&i| incarnations.get(i).is_none_or(Option::is_none))
+                        .map(|i| format!("node {i}: unusable when opened")),
+                )
+                .collect::<Vec<_>>()
+                .join("; "),
+        });
+    }
     let layout = NodeLayout::new(superblock.params)?;
     if layout.end() > header.size {
         return Err(ParamsError::TooSmall {

@@ -4,39 +4,46 @@
 //! Every client thread that writes needs a writer id: it names the thread's
 //! out-of-place log and breaks timestamp ties (SWARM §3.2). Two live clients must never
 //! share one, so a client claims a row of the table on a majority of nodes
-//! ([`crate::claim`]) with a token unique to its incarnation.
+//! ([`crate::claim`]) with a token unique to its incarnation, and holds it with a
+//! lease ([`crate::lease`]): it stops issuing operations when it cannot prove its lease
+//! valid, so that a row whose lease expired can be taken over ([`crate::reclaim`]).
 //!
 //! Row layout (64 bytes, same on every node):
 //!
 //! | word | meaning |
 //! |---:|---|
 //! | 0 | claim: 0 free, else the owner's incarnation token |
-//! | 1 | lease: Unix ns of the owner's last heartbeat |
+//! | 1 | lease word: renewal counter, bit 63 set once killed by a reclaimer ([`crate::lease`]) |
 //! | 2 | pid of the owner (informational) |
 //! | 3 | 1 once the row has ever been used (its log may hold live buffers) |
+//! | 4 | reserved: the writer's timestamp floor (reserved for a bounded log resume, not used yet) |
+//! | 5 | the owner's wall clock at its last renewal, Unix ns (informational: `swarm stat`) |
+//! | 6, 7 | reserved for leases |
 //!
-//! A client that stops cleanly gives its row back. The next client that claims a
-//! used row *resumes* its log: it scans the log on every node that answers
-//! ([`swarm_core::resume::scan_log`], waiting [`RESUME_STRAGGLER_NS`] for
+//! A client that stops cleanly gives its row back. A client that finds every row
+//! claimed watches them for a lease period and takes over one whose owner did not
+//! renew ([`crate::reclaim::reclaim_expired`]). The next client of a used row,
+//! given back or taken over, *resumes* its log: it scans the log on every node that
+//! answers ([`swarm_core::resume::scan_log`], waiting [`RESUME_STRAGGLER_NS`] for
 //! nodes beyond a majority, since a write the earlier client abandoned may sit on one
 //! node only), marks every slot holding a record or a lock as used, and starts its
 //! timestamps above the largest one it finds, so no buffer that a register may still
-//! point to is overwritten and no timestamp repeats ([`swarm_core::Client::resume`]).
-//! Rows of clients that crashed keep their claim until an operator gives them back
-//! with `swarm evict` ([`evict`], after the lease has been idle long enough);
-//! automatic reclaim needs self-fencing leases, which are not built yet.
+//! point to is overwritten and no timestamp repeats ([`swarm_core::Client::resume`]):
+//! a dead client's values that are still current stay readable.
 
 use swarm_core::fabric::Nanos;
-use swarm_core::quorum::{broadcast, majority, nodes as node_ids};
+use swarm_core::quorum::{broadcast, broadcast_until, majority, nodes as node_ids};
 use swarm_core::{Batch, Fabric, FabricError, NodeId, OpStats, Roundtrip};
 
 use crate::KvError;
 use crate::claim::{Claim, claim};
 use crate::layout::NodeLayout;
+use crate::lease::{LeaseKeeper, LeaseParams};
+use crate::lease_renewal::{LeaseHolder, RENEWED_UNIX, renew_now};
+use crate::reclaim::{STRAGGLER_NS, reclaim_expired};
 
 /// Word offsets inside a row.
-const LEASE: u64 = 8;
-const USED: u64 = 24;
+const PID: u64 = 16;
 
 /// How long resuming a log waits for each node beyond the first majority, on the
 /// fabric's clock. Generous: it is paid once per client start, and only when a node
@@ -52,68 +59,103 @@ pub struct Registration {
     pub reused: bool,
 }
 
-/// Claims a free row for the incarnation `token`.
+/// Claims a free row for the incarnation `token`, or, when every row is claimed,
+/// takes over the row of a client whose lease expired (which takes a lease period:
+/// [`LeaseParams::observer_wait_ns`]). Returns the row and its lease, renewed.
 pub async fn register<F: Fabric>(
     fabric: &F,
     layout: &NodeLayout,
     nodes: usize,
     token: u64,
     pid: u64,
-    now_unix_ns: u64,
-) -> Result<Registration, KvError> {
+) -> Result<(Registration, LeaseHolder), KvError> {
+    let lease = LeaseParams::from_params(&layout.params);
     let stats = OpStats::new();
-    for row in 0..layout.params.writers {
-        let at = layout.client_row(row);
-        if claim(fabric, &stats, nodes, at, token).await? != Claim::Won {
-            continue;
+    let mut row = claim_free_row(fabric, layout, nodes, token, &stats).await?;
+    if row.is_none() {
+        tracing::info!("every writer id is claimed: looking for clients whose lease expired");
+        let reclaimed = reclaim_expired(fabric, layout, &lease, Some(token), None).await?;
+        row = reclaimed.taken.map(|r| r.writer);
+        if row.is_none() && !reclaimed.released.is_empty() {
+            // Another reclaimer took the dead row we tried and released the others
+            // before us: they are free now.
+            row = claim_free_row(fabric, layout, nodes, token, &stats).await?;
         }
-        // Was the row used before? Read the used word from a majority: a client writes
-        // it to a majority (below) before it writes anything to its log.
-        let rt = broadcast(fabric, &stats, node_ids(nodes), majority(nodes), |_| {
-            Ok(Batch::read(at + USED, 8))
-        })
-        .await?;
-        let reused = rt
-            .replies()
-            .iter()
-            .any(|(_, c)| c.read(0).is_some_and(|b| b.iter().any(|&x| x != 0)));
-        drop(rt);
-        let mut info = Vec::with_capacity(24);
-        info.extend_from_slice(&now_unix_ns.to_le_bytes());
-        info.extend_from_slice(&pid.to_le_bytes());
-        info.extend_from_slice(&1u64.to_le_bytes());
-        broadcast(fabric, &stats, node_ids(nodes), majority(nodes), |_| {
-            Ok(Batch::write(at + LEASE, info.clone()))
-        })
-        .await?;
-        return Ok(Registration {
-            writer: row,
-            reused,
-        });
     }
-    Err(KvError::WritersFull {
-        writers: layout.params.writers,
+    let Some(writer) = row else {
+        return Err(KvError::WritersFull {
+            writers: layout.params.writers,
+        });
+    };
+    let at = layout.client_row(writer);
+    // The row's lease words and used flag, from every node that answers: a client
+    // writes the used flag to a majority (below) before it writes to its log.
+    let rt = broadcast_until(
+        fabric,
+        &stats,
+        majority(nodes),
+        STRAGGLER_NS,
+        |_| Ok(Some(Batch::read(at, 32))),
+        |replies| replies.len() == nodes,
+    )
+    .await?;
+    let mut seen = vec![None; nodes];
+    let mut reused = false;
+    for (node, completion) in rt.replies() {
+        let bytes = completion.read(0).unwrap_or_default();
+        let word = |i: usize| {
+            bytes
+                .get(i * 8..i * 8 + 8)
+                .map(|b| u64::from_le_bytes(b.try_into().unwrap_or([0; 8])))
+        };
+        if let Some(slot) = seen.get_mut(node.index()) {
+            *slot = word(1);
+        }
+        reused |= word(3).is_some_and(|w| w != 0);
+    }
+    drop(rt);
+    let holder = core::cell::RefCell::new(LeaseHolder::new(
+        LeaseKeeper::new(lease, seen),
+        at,
+        token,
+        nodes,
+    ));
+    // The first renewal may meet a reclaimer's kill of the previous owner's lease,
+    // which teaches the words to CAS from: a few attempts.
+    for _ in 0..4 {
+        renew_now(&holder, fabric, 0).await;
+        if holder.borrow().valid_until().is_some() {
+            break;
+        }
+    }
+    if holder.borrow().valid_until().is_none() {
+        crate::claim::release(fabric, nodes, at, token);
+        return Err(KvError::LeaseExpired { writer });
+    }
+    let mut info = Vec::with_capacity(16);
+    info.extend_from_slice(&pid.to_le_bytes());
+    info.extend_from_slice(&1u64.to_le_bytes());
+    broadcast(fabric, &stats, node_ids(nodes), majority(nodes), |_| {
+        Ok(Batch::write(at + PID, info.clone()))
     })
+    .await?;
+    Ok((Registration { writer, reused }, holder.into_inner()))
 }
 
-/// Renews the lease of `writer` (posted, not awaited).
-pub fn heartbeat<F: Fabric>(
+/// Claims the first free row for `token`, if any.
+async fn claim_free_row<F: Fabric>(
     fabric: &F,
     layout: &NodeLayout,
     nodes: usize,
-    writer: u16,
-    now_unix_ns: u64,
-) {
-    for node in 0..nodes {
-        swarm_core::post_background(
-            fabric,
-            NodeId(node as u16),
-            Batch::write(
-                layout.client_row(writer) + LEASE,
-                now_unix_ns.to_le_bytes().to_vec(),
-            ),
-        );
+    token: u64,
+    stats: &OpStats,
+) -> Result<Option<u16>, KvError> {
+    for writer in 0..layout.params.writers {
+        if claim(fabric, stats, nodes, layout.client_row(writer), token).await? == Claim::Won {
+            return Ok(Some(writer));
+        }
     }
+    Ok(None)
 }
 
 /// Gives the row back (clean shutdown).
@@ -132,27 +174,22 @@ pub fn unregister<F: Fabric>(
 pub enum Eviction {
     /// The writer id was not registered: nothing to do.
     NotRegistered,
-    /// The row was given back on behalf of its owner, idle this long.
-    Released {
-        /// Seconds since the owner's last lease renewal.
-        idle_secs: f64,
-    },
+    /// The row was given back: its owner's lease had expired (or was killed, with
+    /// `force`), and the longest lease it may still believe in has passed.
+    Released,
 }
 
-/// Gives back the row of `writer`, registered by a client that crashed (its lease
-/// was last renewed at least `min_idle_ns` ago on the caller's clock), so that a new
-/// client can claim the writer id; the next owner resumes its log like after a clean
-/// stop. Nothing stops a client that is only paused: it keeps the id it believes it
-/// holds, and two clients with one writer id break linearizability. Hence the idle
-/// time, which should exceed any pause the deployment expects plus the clock skew
-/// between hosts. (Automatic reclaim with self-fencing leases is not built yet.)
+/// Gives back the row of `writer` so that a new client can claim it; the next owner
+/// resumes its log like after a clean stop. Without `force`, the row is watched for a
+/// lease period ([`LeaseParams::observer_wait_ns`]) and released only if its owner did
+/// not renew ([`KvError::LeaseFresh`] otherwise). With `force`, the lease is killed at
+/// once (a live owner stops at its next renewal with [`KvError::LeaseExpired`]) and
+/// the row released after the same wait. Either way two clients never share an id.
 pub async fn evict<F: Fabric>(
     fabric: &F,
     layout: &NodeLayout,
-    nodes: usize,
     writer: u16,
-    min_idle_ns: u64,
-    now_unix_ns: u64,
+    force: bool,
 ) -> Result<Eviction, KvError> {
     if writer >= layout.params.writers {
         return Err(KvError::NoSuchWriter {
@@ -160,43 +197,27 @@ pub async fn evict<F: Fabric>(
             writers: layout.params.writers,
         });
     }
-    let stats = OpStats::new();
-    let at = layout.client_row(writer);
-    let rt = broadcast(fabric, &stats, node_ids(nodes), majority(nodes), |_| {
-        Ok(Batch::read(at, 16))
-    })
-    .await?;
-    let (mut token, mut lease) = (0, 0);
-    for (_, completion) in rt.replies() {
-        let bytes = completion.read(0).unwrap_or_default();
-        let word = |i: usize| {
-            bytes
-                .get(i * 8..i * 8 + 8)
-                .map_or(0, |b| u64::from_le_bytes(b.try_into().unwrap_or([0; 8])))
-        };
-        // A claim is won on a majority: any non-zero token seen is the owner's.
-        token = token.max(word(0));
-        lease = lease.max(word(1));
+    let lease = LeaseParams::from_params(&layout.params);
+    if force {
+        return Ok(
+            if crate::reclaim::evict_now(fabric, layout, &lease, writer).await? {
+                Eviction::Released
+            } else {
+                Eviction::NotRegistered
+            },
+        );
     }
-    drop(rt);
-    if token == 0 {
-        return Ok(Eviction::NotRegistered);
-    }
-    let idle_ns = now_unix_ns.saturating_sub(lease);
-    if idle_ns < min_idle_ns {
-        return Err(KvError::LeaseFresh {
+    let reclaimed = reclaim_expired(fabric, layout, &lease, None, Some(writer)).await?;
+    if reclaimed.released.contains(&writer) {
+        Ok(Eviction::Released)
+    } else if reclaimed.alive.contains(&writer) {
+        Err(KvError::LeaseFresh {
             writer,
-            idle_secs: idle_ns as f64 / 1e9,
-            min_idle_secs: min_idle_ns / 1_000_000_000,
-        });
+            watched_secs: lease.observer_wait_ns() as f64 / 1e9,
+        })
+    } else {
+        Ok(Eviction::NotRegistered)
     }
-    broadcast(fabric, &stats, node_ids(nodes), majority(nodes), |_| {
-        Ok(Batch::cas(at, token, 0))
-    })
-    .await?;
-    Ok(Eviction::Released {
-        idle_secs: idle_ns as f64 / 1e9,
-    })
 }
 
 /// A row as read from one node.
@@ -206,8 +227,10 @@ pub struct Row {
     pub writer: u16,
     /// Owner token (0: free).
     pub token: u64,
-    /// Last heartbeat, Unix ns.
-    pub lease_unix_ns: u64,
+    /// The lease word (renewal counter; bit 63: killed).
+    pub lease: u64,
+    /// The owner's wall clock at its last renewal, Unix ns (0: never renewed).
+    pub renewed_unix_ns: u64,
     /// Owner pid.
     pub pid: u64,
     /// Ever used.
@@ -236,7 +259,8 @@ pub async fn read_table<F: Fabric>(
         .map(|row| Row {
             writer: row as u16,
             token: word(row, 0),
-            lease_unix_ns: word(row, 1),
+            lease: word(row, 1),
+            renewed_unix_ns: word(row, (RENEWED_UNIX / 8) as usize),
             pid: word(row, 2),
             used: word(row, 3) != 0,
         })
@@ -313,7 +337,9 @@ mod tests {
         let (cluster, layout) = cluster();
         let fabric = cluster.client();
         let register = |token| {
-            block_on(&fabric, register(&fabric, &layout, 3, token, 1, 0)).expect("a free row")
+            block_on(&fabric, register(&fabric, &layout, 3, token, 1))
+                .expect("a free row")
+                .0
         };
         let first = register(11);
         assert_eq!((first.writer, first.reused), (0, false));
@@ -324,40 +350,17 @@ mod tests {
     }
 
     #[test]
-    fn a_crashed_clients_row_is_evicted_only_once_its_lease_is_idle_long_enough() {
-        const S: u64 = 1_000_000_000;
+    fn evicting_a_row_nobody_holds_or_that_does_not_exist() {
         let (cluster, layout) = cluster();
         let fabric = cluster.client();
-        // A client registers with its lease at t = 100 s, then crashes (never gives
-        // its row back); the next client gets another row.
-        let crashed =
-            block_on(&fabric, register(&fabric, &layout, 3, 11, 1, 100 * S)).expect("a free row");
-        assert_eq!(crashed.writer, 0);
-        let next = block_on(&fabric, register(&fabric, &layout, 3, 22, 2, 100 * S));
-        assert_eq!(next.expect("a free row").writer, 1);
-        let evict_at =
-            |writer, now| block_on(&fabric, evict(&fabric, &layout, 3, writer, 60 * S, now));
-        // Idle 30 s: presumed alive.
         assert!(matches!(
-            evict_at(0, 130 * S),
-            Err(KvError::LeaseFresh {
-                writer: 0,
-                min_idle_secs: 60,
-                ..
-            })
+            block_on(&fabric, evict(&fabric, &layout, 2, false)),
+            Ok(Eviction::NotRegistered)
         ));
-        assert!(matches!(evict_at(2, 130 * S), Ok(Eviction::NotRegistered)));
         assert!(matches!(
-            evict_at(64, 130 * S),
+            block_on(&fabric, evict(&fabric, &layout, 64, true)),
             Err(KvError::NoSuchWriter { writer: 64, .. })
         ));
-        // Idle 61 s: given back; the next client resumes its log.
-        assert!(matches!(
-            evict_at(0, 161 * S),
-            Ok(Eviction::Released { idle_secs }) if idle_secs == 61.0
-        ));
-        let again = block_on(&fabric, register(&fabric, &layout, 3, 33, 3, 162 * S));
-        assert_eq!(again.ok().map(|r| (r.writer, r.reused)), Some((0, true)));
     }
 
     #[test]

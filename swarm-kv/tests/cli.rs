@@ -357,47 +357,98 @@ fn rdma_commands_without_a_device_fail_clearly() {
     }
 }
 
-/// A client that crashed keeps its writer id until `swarm evict` gives it back, and
-/// only once its lease has been idle long enough.
+/// `swarm evict` watches a lease for a lease period: it gives back the writer id of a
+/// client that crashed, refuses a client that keeps renewing, and with --force
+/// evicts even that one, which then stops with a lease error instead of writing.
 #[test]
-fn evict_gives_back_the_writer_id_of_a_crashed_client() {
+fn evict_gives_back_the_writer_id_of_a_crashed_client_and_refuses_a_live_one() {
     let scratch = ScratchDir::new("cli-evict").unwrap();
     let dir = scratch.path().join("c");
-    init(&dir);
     let d = dir.to_str().unwrap();
-    // A client that never closes: its row stays claimed, as after a crash.
+    let out = swarm(&[
+        "init",
+        "--dir",
+        d,
+        "--nodes",
+        "3",
+        "--size",
+        "32MiB",
+        "--value-max",
+        "64",
+        "--key-max",
+        "16",
+        "--lease",
+        "400ms",
+        "--lease-renew",
+        "50ms",
+        "--max-op",
+        "200ms",
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        text(&out).contains("client leases of 400ms renewed every 50ms"),
+        "{}",
+        text(&out)
+    );
+    // A client that never closes nor renews: its row stays claimed, as after a crash.
     let store = swarm_kv::ShmStore::open(&dir).expect("open the cluster");
     let crashed = store.client().expect("a writer id");
-    let writer = crashed.writer().to_string();
+    let crashed_id = crashed.writer().to_string();
     std::mem::forget(crashed);
+    // A live client, renewing as it works.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (live_id_tx, live_id_rx) = std::sync::mpsc::channel();
+    let live = {
+        let (store, stop) = (store.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let kv = store.client().expect("a writer id");
+            live_id_tx.send(kv.writer()).unwrap();
+            let s = swarm_core::OpStats::new();
+            let mut ops = 0u64;
+            loop {
+                let result = swarm_core::block_on(kv.fabric(), kv.get(b"k", &s));
+                if let Err(e) = result {
+                    return (ops, Some(e.to_string()));
+                }
+                ops += 1;
+                if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    return (ops, None);
+                }
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+        })
+    };
+    let live_id = live_id_rx.recv().unwrap().to_string();
     let out = swarm(&["stat", "--dir", d]);
-    assert!(text(&out).contains("1 registered now"), "{}", text(&out));
+    assert!(text(&out).contains("2 registered now"), "{}", text(&out));
 
-    // Its lease is fresh: refused with the reason.
-    let out = swarm(&["evict", "--dir", d, "--writer", &writer]);
+    // The live client renews during the watch: refused with the reason.
+    let out = swarm(&["evict", "--dir", d, "--writer", &live_id]);
     assert!(!out.status.success());
-    assert!(text(&out).contains("looks alive"), "{}", text(&out));
+    assert!(text(&out).contains("it is alive"), "{}", text(&out));
     let out = swarm(&["evict", "--dir", d, "--writer", "999"]);
     assert!(!out.status.success());
     assert!(text(&out).contains("no writer 999"), "{}", text(&out));
 
-    let evict_now = [
-        "evict",
-        "--dir",
-        d,
-        "--writer",
-        &writer,
-        "--min-idle-secs",
-        "0",
-    ];
-    let out = swarm(&evict_now);
+    // The crashed one is given back.
+    let evict_crashed = ["evict", "--dir", d, "--writer", &crashed_id];
+    let out = swarm(&evict_crashed);
     assert!(out.status.success(), "{}", text(&out));
     assert!(text(&out).contains("given back"), "{}", text(&out));
     let out = swarm(&["stat", "--dir", d]);
-    assert!(text(&out).contains("0 registered now"), "{}", text(&out));
-    let out = swarm(&evict_now);
+    assert!(text(&out).contains("1 registered now"), "{}", text(&out));
+    let out = swarm(&evict_crashed);
     assert!(text(&out).contains("not registered"), "{}", text(&out));
-    // The cluster keeps working, and the id is used again.
+
+    // --force evicts the live one; it stops with a lease error at its next operation.
+    let out = swarm(&["evict", "--dir", d, "--writer", &live_id, "--force"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let (ops, error) = live.join().unwrap();
+    assert!(ops > 0);
+    let error = error.expect("the evicted client stopped by itself");
+    assert!(error.contains("lease"), "{error}");
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    // The cluster keeps working, and the ids are used again.
     assert!(swarm(&["put", "--dir", d, "k", "v"]).status.success());
     assert_get(d, "k", "v");
 }

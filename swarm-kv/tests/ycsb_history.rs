@@ -5,7 +5,7 @@
 
 mod ycsb_support;
 
-use swarm_kv::ycsb::{FailPlan, System, Workload};
+use swarm_kv::ycsb::{FailPlan, OpType, System, Workload};
 use ycsb_support::{assert_clean, assert_linearizable, run_fresh, small};
 
 fn history_path(dir: &swarm_shm::ScratchDir) -> std::path::PathBuf {
@@ -147,4 +147,48 @@ fn fusee_ycsb_b_run_is_linearizable() {
     let report = run_fresh(&config);
     assert_clean(&report);
     assert_linearizable(&history_path(&dir), &report);
+}
+
+/// Churn: a sliding window of live keys, nothing loaded; only the sampled key range is
+/// recorded, and its history is complete and linearizable. (This one stays within the
+/// register capacity; `tests/recycle.rs` churns through ten times it.)
+#[test]
+fn a_churn_run_records_its_sample_key_range_linearizably() {
+    let dir = swarm_shm::ScratchDir::new("ycsb-history").unwrap();
+    let mut config = small(System::Swarm, Workload::Churn, 64, 400, 2);
+    config.inflight = 2;
+    config.history = Some(history_path(&dir));
+    config.history_keys = Some(16);
+    let report = run_fresh(&config);
+    assert_eq!(report.errors, 0, "seed {}:\n{report}", config.seed);
+    assert_eq!(report.load.ops, 0, "churn loads nothing");
+    // A window of 64 live keys: 200 inserts, 64 gets while it fills, 136 deletes.
+    let count = |op| report.op(op).map_or(0, |r| r.count);
+    assert_eq!(
+        (
+            count(OpType::Insert),
+            count(OpType::Get),
+            count(OpType::Delete)
+        ),
+        (200, 64, 136),
+        "seed {}:\n{report}",
+        config.seed
+    );
+    let file = std::fs::File::open(history_path(&dir)).unwrap();
+    let history = swarm_checker::History::from_jsonl(std::io::BufReader::new(file)).unwrap();
+    let ops = history.operations();
+    assert!(!ops.is_empty() && ops.len() < 400, "{} recorded", ops.len());
+    let keys = swarm_kv::ycsb::workload::KeySpace::new(16, config.key_size).unwrap();
+    let sample: Vec<&str> = (0..16).map(|k| keys.key(k)).collect();
+    assert!(
+        ops.iter().all(|o| sample.contains(&o.op.key.as_str())),
+        "only the sampled keys are recorded"
+    );
+    assert!(
+        ops.iter()
+            .any(|o| o.op.op == swarm_checker::OpKind::Delete && o.op.ok),
+        "some delete removed a present key"
+    );
+    let verdict = swarm_checker::check(&history);
+    assert!(verdict.is_linearizable(), "seed {}: {verdict}", config.seed);
 }

@@ -95,7 +95,9 @@ fn load_inserts_report_their_roundtrips() {
 
 /// Table 2 and FUSEE §4.6: FUSEE's gets take one roundtrip when the cached object is
 /// still current and two otherwise; its updates take four in the common case (rule 1:
-/// object + primary read, backup CASes, log, primary CAS) and more under conflicts.
+/// object + primary read, backup CASes, log, primary CAS) and more under conflicts,
+/// except for a writer that took no backup in a conflict: it loses after three
+/// (`swarm_fusee::rules`), which 4 clients on 1000 keys make rare but possible.
 #[test]
 fn fusee_roundtrips_match_its_paper() {
     let config = small(System::Fusee, Workload::B, 1_000, 6_000, 4);
@@ -108,7 +110,12 @@ fn fusee_roundtrips_match_its_paper() {
         "{report}"
     );
     let updates = report.op(OpType::Update).expect("updates");
-    assert_eq!(updates.roundtrips.four_plus, 1.0, "{report}");
+    assert!(updates.roundtrips.four_plus >= 0.99, "{report}");
+    assert_eq!(
+        updates.roundtrips.three + updates.roundtrips.four_plus,
+        1.0,
+        "{report}"
+    );
     assert!(updates.roundtrips_mean < 4.2, "{report}");
 }
 
@@ -166,4 +173,57 @@ fn misconfigured_runs_are_refused_before_starting() {
     // Nothing was left registered: a valid run still gets every writer id it needs.
     let report = run(store.store(), &config).unwrap();
     assert_clean(&report);
+}
+
+/// `--duration`: the measured phase ends after that long when no operation count is
+/// given, or at the count when it comes first; the report shows memory in use before
+/// and after, and the clients' lease renewals.
+#[test]
+fn a_duration_run_stops_on_time_and_reports_memory_and_leases() {
+    // YCSB B, with logs sized for 1 000 000 operations.
+    let sized = small(System::Swarm, Workload::B, 300, 1_000_000, 2);
+    let store = TempStore::new(&sized, 3, 3).expect("temporary cluster");
+    let mut config = sized.clone();
+    config.ops = u64::MAX;
+    config.duration_ns = Some(100_000_000);
+    let report = run(store.store(), &config)
+        .unwrap_or_else(|e| panic!("seed {}: run failed: {e}", config.seed));
+    assert_eq!(report.errors, 0, "seed {}:\n{report}", config.seed);
+    assert_eq!(report.duration_ns, Some(100_000_000));
+    let completed: u64 = report.ops_by_type.values().map(|r| r.count).sum();
+    assert!(completed > 0, "seed {}:\n{report}", config.seed);
+    let (start, end) = (
+        report.memory_start.expect("memory before"),
+        report.memory_end.expect("memory after"),
+    );
+    assert_eq!((start.keys, end.keys), (0, 300));
+    assert_eq!(start.registers_claimed, 0);
+    assert!(end.registers_claimed >= 300, "{end:?}");
+    // Not counted before the run; afterwards, what the clients' logs held: at least
+    // the live value of every key one of them wrote last.
+    assert_eq!(start.log_slots_in_use, None);
+    assert!(end.log_slots_in_use.is_some_and(|n| n >= 300), "{end:?}");
+    // Every client renewed at least once (when it registered).
+    assert!(report.lease_renewals >= 2, "{}", report.lease_renewals);
+    // Nothing is deleted: no register is recycled.
+    assert_eq!(report.recycled_registers, 0);
+    let json: serde_json::Value = serde_json::from_str(&report.to_json()).unwrap();
+    for field in [
+        "memory_start",
+        "memory_end",
+        "lease_renewals",
+        "recycled_slots",
+        "recycled_registers",
+        "duration_ns",
+    ] {
+        assert!(json.get(field).is_some(), "{field} missing from the JSON");
+    }
+    assert!(report.to_string().contains("keys 0 -> 300"), "{report}");
+
+    // With an operation count that comes first, the run stops at the count.
+    let mut config = small(System::Swarm, Workload::B, 300, 1_000, 2);
+    config.duration_ns = Some(600_000_000_000);
+    let report = run(store.store(), &config).expect("run");
+    let completed: u64 = report.ops_by_type.values().map(|r| r.count).sum();
+    assert_eq!(completed, 1_000, "seed {}:\n{report}", config.seed);
 }

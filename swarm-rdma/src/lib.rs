@@ -57,6 +57,7 @@ pub mod config;
 pub mod emu;
 pub mod error;
 pub mod fabric;
+pub mod lease_watch;
 pub mod memnode;
 pub mod staging;
 pub mod status;

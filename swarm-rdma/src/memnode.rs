@@ -8,6 +8,15 @@
 //! one-sided verbs are served by the NIC alone and the daemon's threads sleep in
 //! `accept`/`read` until a client leaves (its queue pair is then destroyed).
 //!
+//! One daemon thread does wake up: the **lease watch** ([`crate::lease_watch`],
+//! [`crate::bootstrap`]). A SWARM-KV client names its lease word after claiming its
+//! writer row; every 10 ms the node loads each watched word from its own memory (an
+//! atomic load; no protocol logic, no knowledge of the KV layout) and destroys the
+//! queue pair of a client whose word is killed or has stopped changing for the stall
+//! time it asked for, then tells it why (`Refuse(LeaseExpired)`) and closes its
+//! bootstrap connection. A hung or partitioned client that wakes up late then cannot
+//! write through its old queue pair: defence in depth behind its self-fence.
+//!
 //! Memory is zero-filled anonymous memory, on 2 MiB huge pages when the system has
 //! them reserved (`vm.nr_hugepages`), normal pages otherwise. It is not persistent:
 //! a restarted memory node comes back empty, with a new rkey, and clients that used
@@ -131,6 +140,8 @@ struct VerbsAcceptor {
     cq: Arc<CompletionQueue>,
     settings: QpSettings,
     region: RegionInfo,
+    /// The served memory, for the lease watch's reads.
+    memory: Arc<MemoryRegion>,
 }
 
 impl Acceptor for VerbsAcceptor {
@@ -144,6 +155,10 @@ impl Acceptor for VerbsAcceptor {
         let mut qp = QueuePair::new(self.cq.clone(), self.settings)?;
         qp.connect(client)?;
         Ok((qp.info(), qp))
+    }
+
+    fn read_word(&self, offset: u64) -> Option<u64> {
+        self.memory.memory().load_u64(offset)
     }
 }
 
@@ -168,7 +183,7 @@ pub struct Memnode {
     region: RegionInfo,
     port: PortInfo,
     huge_pages: bool,
-    _memory: MemoryRegion,
+    _memory: Arc<MemoryRegion>,
     device: Arc<Device>,
 }
 
@@ -212,7 +227,11 @@ impl Memnode {
         if let Some(bytes) = memory.slice_mut(0, ENCODED_LEN) {
             bytes.copy_from_slice(&header.encode());
         }
-        let memory = MemoryRegion::register(device.clone(), memory, Access::Remote)?;
+        let memory = Arc::new(MemoryRegion::register(
+            device.clone(),
+            memory,
+            Access::Remote,
+        )?);
         let region = RegionInfo {
             addr: memory.memory().addr(),
             rkey: memory.rkey(),
@@ -236,6 +255,7 @@ impl Memnode {
                 service_level: config.path.service_level,
             },
             region,
+            memory: memory.clone(),
         };
         let listener = TcpListener::bind(&config.listen).map_err(|e| {
             RdmaError::io(

@@ -19,7 +19,7 @@
 //! All integers are little endian. Bytes from the network are untrusted: decoding
 //! checks every length and field and fails with a [`WireError`], never a panic.
 //!
-//! Payloads of version 3 (every length is fixed):
+//! Payloads of version 4 (every length is fixed):
 //!
 //! | message | payload |
 //! |---------|---------|
@@ -28,10 +28,16 @@
 //! | `ClientAuth` | sealed [`QpInfo`] ([`QP_INFO_LEN`]), tag (16) |
 //! | `Accept` | sealed [`QpInfo`] and [`RegionInfo`] ([`ACCEPT_BODY_LEN`]), tag (16) |
 //! | `Refuse` | reason (1), proof (32; zero when the node could not read a `ClientHello`) |
+//! | `Watch` | sealed [`WatchRequest`] ([`WATCH_REQUEST_LEN`]), tag (16) |
+//! | `Watching` | proof (32) |
 //!
 //! Version 1 carried queue pairs, the region's address and its rkey in clear and
 //! authenticated none of them; [`crate::auth::session`] says how version 2 proves and
-//! seals them. Version 3 adds the memory node's incarnation to [`RegionInfo`]. Sealed fields are decoded with [`QpInfo::from_bytes`] and
+//! seals them. Version 3 adds the memory node's incarnation to [`RegionInfo`]. Version 4
+//! adds the lease watch after the handshake ([`crate::lease_watch`]): the client sends
+//! `Watch` (sealed, its `n`th message under its key), the node answers `Watching` or
+//! `Refuse` (proved over the transcript), and later cuts the client with a proved
+//! `Refuse` ([`RefuseReason::LeaseExpired`]). Sealed fields are decoded with [`QpInfo::from_bytes`] and
 //! [`decode_accept_body`] once opened.
 
 use std::io::{self, Read, Write};
@@ -40,11 +46,12 @@ use swarm_core::header::{ENCODED_LEN, HEADER_SIZE, HeaderError, NodeHeader};
 
 use crate::auth::session::{SealTag, TAG_LEN};
 use crate::auth::{NONCE_LEN, Nonce, PROOF_LEN, Proof};
+use crate::lease_watch::WATCH_REQUEST_LEN;
 
 /// First bytes of every frame.
 pub const MAGIC: [u8; 4] = *b"SWRB";
 /// The bootstrap protocol version this build speaks.
-pub const PROTOCOL_VERSION: u16 = 3;
+pub const PROTOCOL_VERSION: u16 = 4;
 /// Bytes in a frame header.
 pub const FRAME_HEADER_LEN: usize = 12;
 /// The largest payload accepted; every valid message is far smaller.
@@ -177,6 +184,11 @@ pub enum RefuseReason {
     NoResources,
     /// The memory node already serves as many clients as it is configured for.
     TooManyClients,
+    /// The client asked to watch a word outside the region, unaligned, or with a
+    /// stall time out of range.
+    BadWatch,
+    /// The client's lease word was killed or stopped changing: its queue pair is cut.
+    LeaseExpired,
 }
 
 impl RefuseReason {
@@ -187,6 +199,8 @@ impl RefuseReason {
             Self::Malformed => 3,
             Self::NoResources => 4,
             Self::TooManyClients => 5,
+            Self::BadWatch => 6,
+            Self::LeaseExpired => 7,
         }
     }
 
@@ -197,6 +211,8 @@ impl RefuseReason {
             3 => Self::Malformed,
             4 => Self::NoResources,
             5 => Self::TooManyClients,
+            6 => Self::BadWatch,
+            7 => Self::LeaseExpired,
             _ => return Err(WireError::BadField("unknown refusal reason")),
         })
     }
@@ -217,6 +233,12 @@ impl std::fmt::Display for RefuseReason {
             }
             Self::TooManyClients => {
                 "the memory node serves its maximum number of clients; retry when some have left"
+            }
+            Self::BadWatch => {
+                "the lease watch names a word outside the memory node's region or an invalid stall time (a client bug: see the memory node's log)"
+            }
+            Self::LeaseExpired => {
+                "the client's lease expired (its lease word was killed or not renewed in time): the memory node cut its queue pair; open a new client"
             }
         })
     }
@@ -260,6 +282,18 @@ pub enum Message {
         /// node could not read the client's nonce (nothing to bind it to).
         proof: Proof,
     },
+    /// Client → node, after `Accept`: watch my lease word ([`crate::lease_watch`]).
+    Watch {
+        /// The [`crate::lease_watch::WatchRequest`], encrypted.
+        sealed: [u8; WATCH_REQUEST_LEN],
+        /// Its authentication tag.
+        tag: SealTag,
+    },
+    /// Node → client: the watch is armed.
+    Watching {
+        /// The node's proof over the transcript.
+        proof: Proof,
+    },
 }
 
 impl Message {
@@ -270,6 +304,8 @@ impl Message {
             Self::ClientAuth { .. } => 3,
             Self::Accept { .. } => 4,
             Self::Refuse { .. } => 5,
+            Self::Watch { .. } => 6,
+            Self::Watching { .. } => 7,
         }
     }
 
@@ -299,6 +335,11 @@ impl Message {
                 payload.push(reason.code());
                 payload.extend_from_slice(proof);
             }
+            Self::Watch { sealed, tag } => {
+                payload.extend_from_slice(sealed);
+                payload.extend_from_slice(tag);
+            }
+            Self::Watching { proof } => payload.extend_from_slice(proof),
         }
         let mut frame = Vec::with_capacity(FRAME_HEADER_LEN + payload.len());
         frame.extend_from_slice(&MAGIC);
@@ -355,6 +396,8 @@ fn kind_name(type_code: u8) -> &'static str {
         3 => "ClientAuth",
         4 => "Accept",
         5 => "Refuse",
+        6 => "Watch",
+        7 => "Watching",
         _ => "unknown",
     }
 }
@@ -414,6 +457,8 @@ fn decode_payload(type_code: u8, payload: &[u8]) -> Result<Message, WireError> {
         3 => QP_INFO_LEN + TAG_LEN,
         4 => ACCEPT_BODY_LEN + TAG_LEN,
         5 => 1 + PROOF_LEN,
+        6 => WATCH_REQUEST_LEN + TAG_LEN,
+        7 => PROOF_LEN,
         other => return Err(WireError::UnknownType(other)),
     };
     if payload.len() != expected {
@@ -438,10 +483,15 @@ fn decode_payload(type_code: u8, payload: &[u8]) -> Result<Message, WireError> {
             sealed: f.take(),
             tag: f.take(),
         },
-        _ => Message::Refuse {
+        5 => Message::Refuse {
             reason: RefuseReason::from_code(f.u8())?,
             proof: f.take(),
         },
+        6 => Message::Watch {
+            sealed: f.take(),
+            tag: f.take(),
+        },
+        _ => Message::Watching { proof: f.take() },
     })
 }
 
@@ -593,6 +643,17 @@ pub(crate) mod tests {
             Message::Refuse {
                 reason: RefuseReason::BadToken,
                 proof: [8; PROOF_LEN],
+            },
+            Message::Watch {
+                sealed: [9; WATCH_REQUEST_LEN],
+                tag: [10; TAG_LEN],
+            },
+            Message::Watching {
+                proof: [11; PROOF_LEN],
+            },
+            Message::Refuse {
+                reason: RefuseReason::LeaseExpired,
+                proof: [12; PROOF_LEN],
             },
         ]
     }
@@ -753,7 +814,7 @@ pub(crate) mod tests {
 
         /// Valid frames with random payload bytes and random corruption never panic.
         #[test]
-        fn corrupted_valid_frames_never_panic(which in 0usize..5, at in any::<prop::sample::Index>(), byte: u8) {
+        fn corrupted_valid_frames_never_panic(which in 0usize..8, at in any::<prop::sample::Index>(), byte: u8) {
             let mut bytes = samples()[which].encode();
             let i = at.index(bytes.len());
             bytes[i] = byte;

@@ -23,6 +23,7 @@ use swarm_rdma::auth::Token;
 use swarm_rdma::bootstrap::ServerLimits;
 use swarm_rdma::config::PathConfig;
 use swarm_rdma::fabric::NodeStatus;
+use swarm_rdma::lease_watch::{KILLED, MIN_STALL_NS, WatchRequest};
 use swarm_rdma::wr::ReadOrdering;
 use swarm_rdma::{Memnode, MemnodeConfig, RdmaCluster, RdmaConfig, RdmaError, RdmaFabric};
 
@@ -357,6 +358,55 @@ fn a_node_that_drops_its_clients_is_reconnected_with_its_memory() {
     let read = wait(&fabric, fabric.post(node, Batch::read(DATA, 8))).unwrap();
     assert_eq!(read.read(0), Some(&[7u8; 8][..]));
     assert_eq!(fabric.incarnations()[1], incarnation);
+}
+
+#[test]
+fn a_client_whose_lease_word_stops_changing_is_cut_off_by_the_memory_node() {
+    if require_device("a_client_whose_lease_word_stops_changing_is_cut_off_by_the_memory_node")
+        .is_none()
+    {
+        return;
+    }
+    let token = Token::generate().unwrap();
+    let nodes = start_nodes(&token, 1);
+    let cluster = RdmaCluster::open(client_config(&nodes, &token)).unwrap();
+    let fabric = cluster.client().unwrap();
+    let node = NodeId(0);
+    let lease = DATA + 4096;
+    let renew = |value: u64| {
+        let write = batch(vec![Op::Write {
+            addr: lease,
+            data: value.to_le_bytes().to_vec(),
+        }]);
+        wait(&fabric, fabric.post(node, write))
+    };
+    renew(1).unwrap();
+    let request = WatchRequest {
+        offset: lease,
+        stall_ns: 4 * MIN_STALL_NS,
+    };
+    assert_eq!(fabric.watch_lease_word(request), 1);
+    // Renewing well within the stall time keeps the queue pair.
+    for value in 2..40 {
+        renew(value).expect("a renewing client is served");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // The client stops renewing (hung): the node cuts its queue pair, and a late
+    // write fails instead of landing.
+    std::thread::sleep(Duration::from_nanos(3 * request.stall_ns));
+    let late = renew(1000);
+    assert!(
+        late.is_err(),
+        "a write landed after the lease stalled: {late:?}"
+    );
+    // A reclaimer kills the lease: reconnecting cannot revive the client there.
+    let reclaimer = cluster.client().unwrap();
+    let kill = batch(vec![Op::Write {
+        addr: lease,
+        data: (39 | KILLED).to_le_bytes().to_vec(),
+    }]);
+    wait(&reclaimer, reclaimer.post(node, kill)).unwrap();
+    wait_status(&fabric, node, NodeStatus::Retired);
 }
 
 #[test]

@@ -27,7 +27,10 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use swarm_core::NodeId;
 use swarm_core::fabric::{EmulatedRtt, FailNodes, Nanos};
-use swarm_core::header::{ENCODED_LEN, HEADER_SIZE, HeaderError, NodeHeader};
+use swarm_core::header::{
+    ENCODED_LEN, HEADER_SIZE, HeaderError, INCARNATION_AT, INCARNATION_LEN, NodeHeader,
+    decode_incarnation, encode_incarnation,
+};
 
 use crate::error::ShmError;
 use crate::fabric::{EmulatedFabric, ShmFabric};
@@ -86,6 +89,8 @@ pub struct ShmCluster {
     /// The header the usable nodes agree on (node 0's when it is usable).
     reference: NodeHeader,
     headers: Vec<Option<NodeHeader>>,
+    /// Each usable node's incarnation (`swarm_core::header`; 0 for older files).
+    incarnations: Vec<Option<u64>>,
     nodes: Vec<Option<NodeMemory>>,
     absent: Vec<AbsentNode>,
 }
@@ -195,7 +200,7 @@ impl ShmCluster {
         if files.is_empty() {
             return Err(ShmError::NotACluster { dir: dir.into() });
         }
-        let mut usable: Vec<(NodeHeader, NodeMemory)> = Vec::new();
+        let mut usable: Vec<(NodeHeader, NodeMemory, u64)> = Vec::new();
         let mut problems: Vec<(u16, ShmError)> = Vec::new();
         for (index, path) in &files {
             match open_node(dir, *index) {
@@ -213,10 +218,10 @@ impl ShmCluster {
         }
         // The cluster is the largest group of usable nodes that agree.
         let identity = |h: &NodeHeader| (h.cluster_id, h.node_count, h.epoch_unix_ns, h.tick_ns);
-        let reference = usable.iter().map(|(h, _)| *h).max_by_key(|h| {
+        let reference = usable.iter().map(|(h, _, _)| *h).max_by_key(|h| {
             let agreeing = usable
                 .iter()
-                .filter(|(o, _)| identity(o) == identity(h))
+                .filter(|(o, _, _)| identity(o) == identity(h))
                 .count();
             // Ties go to the group of the lowest node.
             (agreeing, core::cmp::Reverse(h.node_id))
@@ -229,11 +234,13 @@ impl ShmCluster {
         let node_count = reference.node_count;
         let mut headers: Vec<Option<NodeHeader>> = vec![None; usize::from(node_count)];
         let mut nodes: Vec<Option<NodeMemory>> = (0..node_count).map(|_| None).collect();
-        for (header, node) in usable {
+        let mut incarnations: Vec<Option<u64>> = vec![None; usize::from(node_count)];
+        for (header, node, incarnation) in usable {
             let path = dir.join(node_file_name(header.node_id));
             if identity(&header) == identity(&reference) {
                 headers[usize::from(header.node_id)] = Some(header);
                 nodes[usize::from(header.node_id)] = Some(node);
+                incarnations[usize::from(header.node_id)] = Some(incarnation);
                 continue;
             }
             let reason = if header.cluster_id != reference.cluster_id {
@@ -294,6 +301,7 @@ impl ShmCluster {
             dir: dir.into(),
             reference,
             headers,
+            incarnations,
             nodes,
             absent,
         })
@@ -332,6 +340,52 @@ impl ShmCluster {
         &self.reference
     }
 
+    /// Each node's incarnation, in node order (`None` for an absent node; 0 for a file
+    /// written before incarnations existed): the store admits a node as a replica only
+    /// if its configuration records this incarnation (`swarm_kv::layout::Configuration`).
+    pub fn incarnations(&self) -> &[Option<u64>] {
+        &self.incarnations
+    }
+
+    /// Replaces node `index` of the cluster in `dir` by a new, empty node file with a
+    /// fresh incarnation (a new memory node in that slot, as after a disk loss or a
+    /// node replacement). Processes that mapped the old file keep its memory; every
+    /// later opener sees the new one, which the store leaves out (its incarnation is
+    /// not in the configuration) until a repair rebuilds it and admits it with a
+    /// configuration change. A majority of the other nodes must be usable.
+    pub fn replace_node(dir: impl AsRef<Path>, index: u16) -> Result<(), ShmError> {
+        let dir = dir.as_ref();
+        let cluster = Self::open(dir)?;
+        let reference = *cluster.header();
+        if index >= reference.node_count {
+            return Err(ShmError::InvalidConfig(format!(
+                "node {index} does not exist: the cluster has {} nodes",
+                reference.node_count
+            )));
+        }
+        let size = (0..reference.node_count)
+            .filter_map(|i| cluster.headers[usize::from(i)].map(|h| h.size))
+            .next()
+            .unwrap_or(reference.size);
+        let header = NodeHeader {
+            node_id: index,
+            size,
+            ..reference
+        };
+        let options = CreateOptions {
+            tick_ns: reference.tick_ns,
+            overwrite: true,
+            preallocate: true,
+        };
+        drop(cluster);
+        publish_node(dir, &header, &options)?;
+        tracing::warn!(
+            node = index,
+            "memory node file replaced by an empty one with a new incarnation: it stays out of service until repaired"
+        );
+        Ok(())
+    }
+
     /// Nodes that could not be used when the cluster was opened, and why.
     pub fn absent(&self) -> &[AbsentNode] {
         &self.absent
@@ -350,6 +404,7 @@ impl ShmCluster {
             return;
         }
         self.headers[node.index()] = None;
+        self.incarnations[node.index()] = None;
         self.absent.push(AbsentNode {
             node,
             error: ShmError::LeftOut { reason },
@@ -477,12 +532,22 @@ fn build_node_file(
             .map_err(ShmError::io("cannot reserve memory for node file", tmp))?;
     }
     file.write_all_at(&header.encode(), 0)
-        .map_err(ShmError::io("cannot write node header", tmp))
+        .map_err(ShmError::io("cannot write node header", tmp))?;
+    file.write_all_at(
+        &encode_incarnation(random_incarnation()),
+        INCARNATION_AT as u64,
+    )
+    .map_err(ShmError::io("cannot write node incarnation", tmp))
+}
+
+/// A random, nonzero node incarnation (0 means "written before incarnations").
+fn random_incarnation() -> u64 {
+    random_id().max(1)
 }
 
 /// Opens, validates and maps node `index` of the cluster in `dir`; `None` if its file
 /// does not exist.
-fn open_node(dir: &Path, index: u16) -> Result<Option<(NodeHeader, NodeMemory)>, ShmError> {
+fn open_node(dir: &Path, index: u16) -> Result<Option<(NodeHeader, NodeMemory, u64)>, ShmError> {
     let path = dir.join(node_file_name(index));
     let file = match OpenOptions::new().read(true).write(true).open(&path) {
         Ok(file) => file,
@@ -538,11 +603,19 @@ fn open_node(dir: &Path, index: u16) -> Result<Option<(NodeHeader, NodeMemory)>,
             header.node_id
         )));
     }
+    let mut incarnation = [0u8; INCARNATION_LEN];
+    file.read_exact_at(&mut incarnation, INCARNATION_AT as u64)
+        .map_err(ShmError::io("cannot read node incarnation", &path))?;
+    let incarnation = decode_incarnation(&incarnation).map_err(|error| ShmError::Header {
+        path: path.clone(),
+        error,
+    })?;
     let mapping =
         Mapping::new(&file, header.size).map_err(ShmError::io("cannot map node file", &path))?;
     Ok(Some((
         header,
         NodeMemory::new(NodeId(index), path, mapping),
+        incarnation,
     )))
 }
 

@@ -1,7 +1,8 @@
 //! [`ShmFabric`]: one client thread's [`Fabric`] over a shared-memory cluster.
 //!
 //! Batches execute synchronously inside [`Fabric::post`]: the memory is local, so
-//! there is nothing to wait for. Faults and latency are wrappers around any fabric
+//! there is nothing to wait for, and [`Fabric::submit`] (the path protocol code
+//! takes) hands the result back at once, with no ticket. Faults and latency are wrappers around any fabric
 //! (`swarm_core::fabric`): [`EmulatedRtt`] delivers completions a roundtrip after
 //! posting, for latency experiments on one host (batches posted to several nodes in
 //! one protocol step overlap and cost one roundtrip together, as on RDMA), and
@@ -18,7 +19,7 @@ use std::sync::Arc;
 use std::task::Poll;
 use std::time::Instant;
 
-use swarm_core::fabric::{Nanos, TicketSlab};
+use swarm_core::fabric::{Nanos, Submitted, TicketSlab};
 use swarm_core::{Batch, Completion, Fabric, FabricError, FailureCause, NodeId, Ticket};
 
 use crate::cluster::ShmCluster;
@@ -64,6 +65,24 @@ impl ShmFabric {
     pub fn cluster(&self) -> &Arc<ShmCluster> {
         &self.cluster
     }
+
+    /// Checks the whole batch, then executes it on `node`. Invalid batches are
+    /// refused at once, like a local validation error, without a roundtrip.
+    #[inline]
+    fn execute(&self, node: NodeId, batch: &Batch) -> Result<Completion, FabricError> {
+        match self.cluster.node(node) {
+            Some(memory) => memory.execute(batch),
+            // Absent (its file was unusable at open): it behaves as crashed.
+            None if node.index() < self.cluster.node_count() => Err(FabricError::NodeFailed {
+                node,
+                cause: FailureCause::Crashed,
+            }),
+            None => Err(FabricError::NoSuchNode {
+                node,
+                nodes: self.cluster.node_count(),
+            }),
+        }
+    }
 }
 
 impl Fabric for ShmFabric {
@@ -72,25 +91,13 @@ impl Fabric for ShmFabric {
     }
 
     fn post(&self, node: NodeId, batch: Batch) -> Ticket {
-        let mut slab = self.slab.borrow_mut();
-        let Some(memory) = self.cluster.node(node) else {
-            let error = if node.index() < self.cluster.node_count() {
-                // Absent (its file was unusable at open): it behaves as crashed.
-                FabricError::NodeFailed {
-                    node,
-                    cause: FailureCause::Crashed,
-                }
-            } else {
-                FabricError::NoSuchNode {
-                    node,
-                    nodes: self.cluster.node_count(),
-                }
-            };
-            return slab.insert_done(Err(error));
-        };
-        // Checks the whole batch before executing any of it. Invalid batches are
-        // refused at once, like a local validation error, without a roundtrip.
-        slab.insert_done(memory.execute(&batch))
+        let result = self.execute(node, &batch);
+        self.slab.borrow_mut().insert_done(result)
+    }
+
+    #[inline]
+    fn submit(&self, node: NodeId, batch: Batch) -> Submitted {
+        Submitted::Done(self.execute(node, &batch))
     }
 
     fn poll(&self, ticket: Ticket) -> Poll<Result<Completion, FabricError>> {

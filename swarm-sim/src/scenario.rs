@@ -157,6 +157,26 @@ pub struct Scenario {
     pub tick_ns: u64,
     /// Largest clock skew of [`Faults::clock_skew`] and [`Faults::clock_jumps`].
     pub max_skew_ns: u64,
+    /// Log slot recycling (SWARM §4.5): `None` sizes every log for the whole run,
+    /// as if nothing were recycled; `Some` gives each writer a tiny log and runs a
+    /// background reclaim task per client.
+    pub recycling: Option<Recycling>,
+}
+
+/// A scenario's log slot recycling (see `swarm_core::reclaim`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Recycling {
+    /// Slots in each writer's log (the tombstone slot included).
+    pub log_slots: u32,
+    /// The operation fence, `ProtocolConfig::max_op_ns`.
+    pub max_op_ns: u64,
+    /// `ProtocolConfig::delivery_margin_ns`: the simulated links deliver within
+    /// microseconds, even late messages and slow spells.
+    pub delivery_margin_ns: u64,
+    /// Registers per background reclaim check, one check every `interval_ns`.
+    pub budget: usize,
+    /// Time between two background reclaim ticks.
+    pub interval_ns: u64,
 }
 
 impl Scenario {
@@ -179,6 +199,7 @@ impl Scenario {
             write_first: false,
             tick_ns: 100,
             max_skew_ns: 20_000,
+            recycling: None,
         }
     }
 
@@ -247,6 +268,16 @@ pub struct Outcome {
     pub errors: Vec<String>,
     /// The simulation run.
     pub run: RunReport,
+    /// Log slots recycled, all clients together (clients that crashed excluded).
+    pub recycled_slots: u64,
+    /// The most log slots any surviving writer had in use when it finished.
+    pub max_slots_in_use: u32,
+    /// The longest operation that returned, in virtual ns (to size a fence).
+    pub longest_op_ns: u64,
+    /// Value fetches that found their buffer recycled and read again
+    /// (`OpStats::recycled_fetches`, all operations together): zero when recycling
+    /// keeps its rules, since every operation here has a deadline.
+    pub recycled_fetches: u64,
 }
 
 #[derive(Default)]
@@ -256,6 +287,10 @@ struct Record {
     writes: RoundtripHistogram,
     max_iterations: u32,
     errors: Vec<String>,
+    recycled: u64,
+    max_in_use: u32,
+    longest_op_ns: u64,
+    recycled_fetches: u64,
 }
 
 /// Register number `index` of a scenario's layout.
@@ -301,9 +336,12 @@ impl Directory {
 pub fn run(scenario: &Scenario) -> Result<Outcome, SimError> {
     let writers = scenario.clients.max(1) as u16;
     let inflight = scenario.inflight.max(1);
-    // Every write uses a fresh log slot (no recycling yet), a rewrite or an insert
+    // Without recycling every write uses a fresh log slot, a rewrite or an insert
     // into a fresh register one more: size the logs for it.
-    let slots = (scenario.ops_per_client * 3 + 16).next_power_of_two();
+    let slots = match scenario.recycling {
+        Some(r) => r.log_slots,
+        None => (scenario.ops_per_client * 3 + 16).next_power_of_two(),
+    };
     // With deletes, a key may move to a fresh register at every insert.
     let registers = if scenario.key_value() {
         scenario.clients * scenario.ops_per_client + scenario.keys
@@ -358,9 +396,15 @@ pub fn run(scenario: &Scenario) -> Result<Outcome, SimError> {
         };
         let clock = SimClock::new(&world, scenario.tick_ns).with_skew(skew);
         let writer = WriterId::new(c).expect("scenarios stay below the writer limit");
-        let config = ProtocolConfig::default()
+        let mut config = ProtocolConfig::default()
             .with_slow_after_ns(10_000)
             .with_suspect_ns(200_000);
+        if let Some(r) = scenario.recycling {
+            config = config
+                .with_max_op_ns(r.max_op_ns)
+                .with_delivery_margin_ns(r.delivery_margin_ns)
+                .with_reclaim_interval_ns(r.interval_ns);
+        }
         let client = match Client::new(fabric, clock, layout, writer, config) {
             Ok(client) => Rc::new(client),
             Err(e) => {
@@ -368,6 +412,13 @@ pub fn run(scenario: &Scenario) -> Result<Outcome, SimError> {
                 continue;
             }
         };
+        let lanes_left = Rc::new(core::cell::Cell::new(inflight));
+        if let Some(r) = scenario.recycling {
+            runner.spawn(
+                id,
+                reclaim_task(client.clone(), r, lanes_left.clone(), record.clone()),
+            );
+        }
         for lane in 0..inflight {
             let task = lane_task(Lane {
                 scenario: *scenario,
@@ -378,6 +429,7 @@ pub fn run(scenario: &Scenario) -> Result<Outcome, SimError> {
                 directory: directory.clone(),
                 record: record.clone(),
                 seed: rng.next_u64(),
+                lanes_left: lanes_left.clone(),
             });
             runner.spawn(id, task);
         }
@@ -401,7 +453,30 @@ pub fn run(scenario: &Scenario) -> Result<Outcome, SimError> {
         max_read_iterations: record.max_iterations,
         errors: record.errors,
         run: report,
+        recycled_slots: record.recycled,
+        max_slots_in_use: record.max_in_use,
+        longest_op_ns: record.longest_op_ns,
+        recycled_fetches: record.recycled_fetches,
     })
+}
+
+/// A client's background recycling: a reclaim tick every `interval_ns` while its
+/// lanes run, then the client's log counters into the record.
+async fn reclaim_task(
+    client: Rc<Client<SimFabric, SimClock>>,
+    recycling: Recycling,
+    lanes_left: Rc<core::cell::Cell<u32>>,
+    record: Rc<RefCell<Record>>,
+) {
+    while lanes_left.get() > 0 {
+        client.reclaim_tick(recycling.budget);
+        client.fabric().sleep(recycling.interval_ns).await;
+    }
+    client.cancel_reclaim();
+    let counters = client.slot_counters();
+    let mut r = record.borrow_mut();
+    r.recycled += counters.recycled;
+    r.max_in_use = r.max_in_use.max(counters.in_use);
 }
 
 /// Probability that a message is late under [`Faults::late_messages`].
@@ -546,6 +621,8 @@ struct Lane {
     directory: Rc<RefCell<Directory>>,
     record: Rc<RefCell<Record>>,
     seed: u64,
+    /// Lanes of this client still running (its reclaim task stops at zero).
+    lanes_left: Rc<core::cell::Cell<u32>>,
 }
 
 /// What an operation returned, for the history.
@@ -567,7 +644,16 @@ async fn lane_task(lane: Lane) {
         directory,
         record,
         seed,
+        lanes_left,
     } = lane;
+    // Counts this lane down when it ends (also when a client crash drops it).
+    struct LaneDone(Rc<core::cell::Cell<u32>>);
+    impl Drop for LaneDone {
+        fn drop(&mut self) {
+            self.0.set(self.0.get().saturating_sub(1));
+        }
+    }
+    let _done = LaneDone(lanes_left);
     let world = client.fabric().world().clone();
     let inflight = scenario.inflight.max(1);
     let process = u64::from(index) * u64::from(inflight) + u64::from(lane);
@@ -613,6 +699,8 @@ async fn lane_task(lane: Lane) {
         let result = ops.run(action, key, &value, &stats).await;
         let end = world.now();
         let mut r = record.borrow_mut();
+        r.longest_op_ns = r.longest_op_ns.max(end - start);
+        r.recycled_fetches += u64::from(stats.recycled_fetches());
         match result {
             Ok(_) if action == Action::Delete && !scenario.check_delete_outcomes => {
                 r.writes.add(stats.roundtrips());
@@ -629,7 +717,12 @@ async fn lane_task(lane: Lane) {
                     r.writes.add(stats.roundtrips());
                 }
             }
-            Err(e) => r.errors.push(format!("client {index} op {i}: {e}")),
+            Err(e) => r.errors.push(format!(
+                "client {index} op {i} ({:?}, {} ns, {} roundtrips): {e}",
+                action,
+                end - start,
+                stats.roundtrips()
+            )),
         }
     }
 }

@@ -148,3 +148,80 @@ fn a_crashed_node_delays_the_scan_by_one_deadline_and_a_majority_suffices() {
         );
     });
 }
+
+/// The claim a bounded resume rests on (`swarm_core::resume` module docs, "Towards a
+/// bounded scan"): every slot an incarnation wrote is among
+/// `slots_of_ticks(first..=last)` of its tick range, allocator bumps included, so a
+/// scan of those slots finds what a whole-log scan finds, reading far fewer bytes.
+#[test]
+fn an_incarnations_writes_lie_in_the_slots_of_its_tick_range() {
+    let layout = Layout::builder()
+        .payload_max(32)
+        .meta_words(2)
+        .log_base(64 << 10)
+        .writers(4)
+        .slots_per_writer(16384)
+        .build()
+        .expect("a valid layout");
+    let w = WriterId::new(3).expect("a writer id");
+    for_each_seed(10, |seed| {
+        let world = SimWorld::new(seed, SimConfig::new(3, 8 << 20));
+        let client = Client::new(
+            world.client(),
+            SimClock::new(&world, 1_000),
+            layout,
+            w,
+            ProtocolConfig::default(),
+        )
+        .expect("a client");
+        let mut cache = RegisterCache::new();
+        let mut ticks = Vec::new();
+        for (i, addr) in [REGISTER_AT, REGISTER_AT + 512, REGISTER_AT + 1024]
+            .into_iter()
+            .cycle()
+            .take(12)
+            .enumerate()
+        {
+            let reg = RegisterLoc {
+                addr,
+                replicas: Replicas::all(3, 0).expect("three replicas"),
+            };
+            let stats = OpStats::new();
+            let value = format!("value {i}");
+            block_on(
+                client.fabric(),
+                client.write(&reg, &mut cache, &stats, value.as_bytes()),
+            )
+            .expect("the write succeeds");
+            world.drain();
+            let meta = world
+                .peek(NodeId(1), layout.meta_word_addr(addr, w), 8)
+                .expect("in bounds");
+            let written = Tsp::from_word(u64::from_le_bytes(meta.try_into().expect("8 bytes")));
+            ticks.push(written.ts().ticks());
+        }
+        let (first, last) = (
+            *ticks.iter().min().expect("writes"),
+            *ticks.iter().max().expect("writes"),
+        );
+        let ranges = swarm_core::resume::slots_of_ticks(&layout, w, first..=last);
+        let slots: u32 = ranges.iter().map(|r| r.end - r.start).sum();
+        assert!(
+            slots < layout.slots_per_writer() / 8,
+            "seed {seed}: the writes spanned ticks {first}..={last}, too many for a bound"
+        );
+        let whole = scan(&world, &layout, w);
+        let fabric = world.client();
+        let stats = OpStats::new();
+        let bounded = block_on(
+            &fabric,
+            swarm_core::resume::scan_slots(&fabric, &stats, &layout, w, &ranges, STRAGGLER_NS),
+        )
+        .expect("a majority answers");
+        assert!(!whole.used_slots.is_empty(), "seed {seed}");
+        assert_eq!(
+            bounded, whole,
+            "seed {seed}: ticks {first}..={last}, {ranges:?}"
+        );
+    });
+}

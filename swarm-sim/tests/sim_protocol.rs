@@ -25,6 +25,15 @@ fn assert_wait_free(outcome: &Outcome, writers: u32) {
         "operations failed while a majority was alive: {:?}",
         outcome.errors
     );
+    // Every operation here has a deadline and recycling keeps its grace, so a value
+    // fetch may never find its buffer holding another record: one that does saw a
+    // metadata word before its buffer was written (a write that publishes the word
+    // first) or a slot recycled too early. On real memory either ends in `Corrupted`
+    // once the writer stalls long enough; here it only costs a re-read, so count it.
+    assert_eq!(
+        outcome.recycled_fetches, 0,
+        "value fetches found a buffer holding another write than its metadata word named"
+    );
     let bound = 2 * writers + 1;
     assert!(
         outcome.max_read_iterations <= bound,

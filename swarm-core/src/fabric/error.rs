@@ -109,6 +109,12 @@ pub enum FabricError {
     /// failed node.
     #[error("the operation stalled: every pending batch waits on a failed memory node")]
     Stalled,
+    /// The operation passed its deadline ([`crate::OpStats::deadline`]) and posted
+    /// nothing more, so that memory it may still reference can be recycled.
+    #[error(
+        "the operation ran past its deadline (max_op_ns) and stopped posting so that memory it may still reference can be recycled; retry it"
+    )]
+    Fenced,
 }
 
 impl FabricError {

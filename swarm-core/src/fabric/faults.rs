@@ -14,6 +14,11 @@
 //!   roundtrip together, as on RDMA. The batch's effects are visible at once (on a real
 //!   fabric they land about half a roundtrip after posting).
 //!
+//! Both forward [`Fabric::submit`]: a batch the inner fabric completed at once comes
+//! back at once through [`FailNodes`] (unless its node failed), and through
+//! [`EmulatedRtt`] when there is no roundtrip to emulate (`rtt` 0) or it was refused
+//! locally; otherwise it gets a ticket that falls due a roundtrip after posting.
+//!
 //! Put [`FailNodes`] outside [`EmulatedRtt`] (`FailNodes<EmulatedRtt<F>>`) so that a
 //! batch waiting for its roundtrip when its node fails is lost, as on a real network.
 
@@ -21,7 +26,7 @@ use alloc::vec::Vec;
 use core::cell::{Cell, RefCell};
 use core::task::Poll;
 
-use super::{Batch, Completion, Fabric, FabricError, Nanos, NodeId, Ticket};
+use super::{Batch, Completion, Fabric, FabricError, Nanos, NodeId, Submitted, Ticket};
 
 /// Tickets of batches posted to a failed node carry this bit; the inner fabric's
 /// tickets never do (see [`FailNodes`]).
@@ -83,25 +88,24 @@ impl<F: Fabric> FailNodes<F> {
     }
 }
 
-impl<F: Fabric> Fabric for FailNodes<F> {
-    fn node_count(&self) -> usize {
-        self.inner.node_count()
+impl<F: Fabric> FailNodes<F> {
+    /// A ticket for a batch posted to a failed node: it never completes.
+    fn lost_ticket(&self) -> Ticket {
+        let mut lost = self.lost.borrow_mut();
+        let index = match lost.iter().position(|&used| !used) {
+            Some(free) => free,
+            None => {
+                lost.push(false);
+                lost.len() - 1
+            }
+        };
+        lost[index] = true;
+        Ticket(LOST | index as u32)
     }
 
-    fn post(&self, node: NodeId, batch: Batch) -> Ticket {
-        if self.any_failed.get() && self.is_failed(node) {
-            let mut lost = self.lost.borrow_mut();
-            let index = match lost.iter().position(|&used| !used) {
-                Some(free) => free,
-                None => {
-                    lost.push(false);
-                    lost.len() - 1
-                }
-            };
-            lost[index] = true;
-            return Ticket(LOST | index as u32);
-        }
-        let ticket = self.inner.post(node, batch);
+    /// Remembers the node of an inner ticket (a batch in flight to a node that fails
+    /// is lost too).
+    fn track(&self, node: NodeId, ticket: Ticket) -> Ticket {
         debug_assert!(ticket.0 & LOST == 0, "inner fabric ticket {ticket:?}");
         let mut node_of = self.node_of.borrow_mut();
         let index = ticket.0 as usize;
@@ -110,6 +114,32 @@ impl<F: Fabric> Fabric for FailNodes<F> {
         }
         node_of[index] = node.0;
         ticket
+    }
+}
+
+impl<F: Fabric> Fabric for FailNodes<F> {
+    fn node_count(&self) -> usize {
+        self.inner.node_count()
+    }
+
+    fn post(&self, node: NodeId, batch: Batch) -> Ticket {
+        if self.any_failed.get() && self.is_failed(node) {
+            return self.lost_ticket();
+        }
+        let ticket = self.inner.post(node, batch);
+        self.track(node, ticket)
+    }
+
+    #[inline]
+    fn submit(&self, node: NodeId, batch: Batch) -> Submitted {
+        if self.any_failed.get() && self.is_failed(node) {
+            return Submitted::Posted(self.lost_ticket());
+        }
+        match self.inner.submit(node, batch) {
+            // Completed before the node could fail: as a completion that arrived.
+            Submitted::Done(result) => Submitted::Done(result),
+            Submitted::Posted(ticket) => Submitted::Posted(self.track(node, ticket)),
+        }
     }
 
     fn poll(&self, ticket: Ticket) -> Poll<Result<Completion, FabricError>> {
@@ -218,21 +248,28 @@ impl<F: Fabric> EmulatedRtt<F> {
     }
 }
 
-impl<F: Fabric> Fabric for EmulatedRtt<F> {
-    fn node_count(&self) -> usize {
-        self.inner.node_count()
-    }
-
-    fn post(&self, node: NodeId, batch: Batch) -> Ticket {
-        let inner = self.inner.post(node, batch);
-        if self.rtt == 0 {
-            return inner;
-        }
-        let entry = InFlight {
-            inner: Some(inner),
-            due: self.inner.now().saturating_add(self.rtt),
-            result: None,
-            announced: false,
+impl<F: Fabric> EmulatedRtt<F> {
+    /// Holds back what the inner fabric did with a batch until a roundtrip after now.
+    fn delay(&self, submitted: Submitted) -> Ticket {
+        let due = self.inner.now().saturating_add(self.rtt);
+        let entry = match submitted {
+            Submitted::Posted(inner) => InFlight {
+                inner: Some(inner),
+                due,
+                result: None,
+                announced: false,
+            },
+            Submitted::Done(result) => InFlight {
+                inner: None,
+                // Refused before it was sent: delivered at once, as transports do.
+                due: if matches!(&result, Err(error) if error.is_local()) {
+                    0
+                } else {
+                    due
+                },
+                result: Some(result),
+                announced: false,
+            },
         };
         let mut in_flight = self.in_flight.borrow_mut();
         let index = match in_flight.iter().position(Option::is_none) {
@@ -246,6 +283,33 @@ impl<F: Fabric> Fabric for EmulatedRtt<F> {
             }
         };
         Ticket(index as u32)
+    }
+}
+
+impl<F: Fabric> Fabric for EmulatedRtt<F> {
+    fn node_count(&self) -> usize {
+        self.inner.node_count()
+    }
+
+    fn post(&self, node: NodeId, batch: Batch) -> Ticket {
+        if self.rtt == 0 {
+            return self.inner.post(node, batch);
+        }
+        self.delay(Submitted::Posted(self.inner.post(node, batch)))
+    }
+
+    #[inline]
+    fn submit(&self, node: NodeId, batch: Batch) -> Submitted {
+        let submitted = self.inner.submit(node, batch);
+        if self.rtt == 0 {
+            return submitted;
+        }
+        if let Submitted::Done(Err(error)) = &submitted
+            && error.is_local()
+        {
+            return submitted;
+        }
+        Submitted::Posted(self.delay(submitted))
     }
 
     fn poll(&self, ticket: Ticket) -> Poll<Result<Completion, FabricError>> {
@@ -364,6 +428,50 @@ mod tests {
             Poll::Ready(result) => Some(result),
             Poll::Pending => None,
         }
+    }
+
+    /// `submit` through the wrappers: at once when nothing is emulated, never on a
+    /// failed node, a roundtrip later with an emulated latency, and at once when the
+    /// batch is refused locally.
+    #[test]
+    fn submit_keeps_the_fast_path_only_where_the_wrappers_allow_it() {
+        let cluster = MemCluster::new(3, 64);
+        let fabric = FailNodes::new(EmulatedRtt::new(cluster.client(), 0));
+        assert!(matches!(
+            fabric.submit(NodeId(0), Batch::write(8, alloc::vec![3; 8])),
+            Submitted::Done(Ok(_))
+        ));
+        fabric.fail_node(NodeId(2));
+        let Submitted::Posted(lost) = fabric.submit(NodeId(2), Batch::write(8, alloc::vec![3; 8]))
+        else {
+            panic!("a batch to a failed node completed");
+        };
+        assert!(ready(&fabric, lost).is_none());
+        assert!(!fabric.progress(), "only a batch on a failed node is left");
+        fabric.forget(lost);
+
+        let delayed = EmulatedRtt::new(cluster.client(), 5);
+        let Submitted::Posted(t) = delayed.submit(NodeId(0), Batch::read(8, 8)) else {
+            panic!("a batch completed before its emulated roundtrip");
+        };
+        assert!(ready(&delayed, t).is_none());
+        while delayed.progress() && ready_peek(&delayed, t) {}
+        let read = ready(&delayed, t)
+            .expect("due after the roundtrip")
+            .unwrap();
+        assert_eq!(read.read(0), Some(&[3u8; 8][..]));
+        assert!(matches!(
+            delayed.submit(NodeId(0), Batch::read(60, 8)),
+            Submitted::Done(Err(FabricError::OutOfBounds { .. }))
+        ));
+    }
+
+    /// Whether `ticket` is still pending, without consuming a result: the in-flight
+    /// entry of an [`EmulatedRtt`] is only taken once it is due.
+    fn ready_peek<F: Fabric>(fabric: &EmulatedRtt<F>, ticket: Ticket) -> bool {
+        fabric.in_flight.borrow()[ticket.0 as usize]
+            .as_ref()
+            .is_some_and(|entry| entry.due > fabric.inner.now())
     }
 
     #[test]

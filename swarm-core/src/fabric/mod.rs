@@ -24,7 +24,20 @@
 //! A transport implements [`Fabric`]: it *posts* batches and hands back a [`Ticket`],
 //! reports completions through [`Fabric::poll`], and makes progress (polls a
 //! completion queue, advances a virtual clock, spins out an emulated latency) in
-//! [`Fabric::progress`]. It never blocks inside `post` or `poll`, so one client thread
+//! [`Fabric::progress`].
+//!
+//! **Synchronous completion, the fast path.** A transport whose memory is local
+//! (shared memory, CXL, the in-process fabric) executes a batch while it is posted.
+//! Protocol code posts through [`Fabric::submit`], which lets such a transport hand
+//! the result back at once ([`Submitted::Done`]) instead of parking it behind a
+//! ticket: no ticket bookkeeping, no second borrow of the transport's state, no
+//! poll, and the roundtrip that posted it is complete before it first waits (its
+//! future is `Ready` on the first poll, so the executor never calls `progress`).
+//! `submit`'s default posts and returns the ticket ([`Submitted::Posted`]), so
+//! asynchronous transports (RDMA, the simulator) and wrappers that only override
+//! `post` keep their exact behaviour; there is one protocol code path for both.
+//!
+//! A transport never blocks inside `post`, `submit` or `poll`, so one client thread
 //! can keep several protocol operations in flight on the small executor in
 //! [`crate::exec`], whose module docs state who must call `progress` (the executor
 //! contract, also for foreign executors). A failed node surfaces either as an error
@@ -70,6 +83,18 @@ pub type Nanos = u64;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Ticket(pub u32);
 
+/// What [`Fabric::submit`] did with a batch.
+#[derive(Debug)]
+pub enum Submitted {
+    /// The transport executed the batch inside `submit`: here is its result, exactly
+    /// what [`Fabric::poll`] would have returned for its ticket. Nothing is left to
+    /// poll or forget.
+    Done(Result<Completion, FabricError>),
+    /// The batch is in flight: redeem the ticket with [`Fabric::poll`] or drop it with
+    /// [`Fabric::forget`], as for [`Fabric::post`].
+    Posted(Ticket),
+}
+
 /// A memory-node transport as seen by one client thread.
 ///
 /// Methods take `&self` because several protocol operations of the same thread hold
@@ -82,6 +107,17 @@ pub trait Fabric {
     /// Posts an ordered batch to `node` and returns at once. Errors (bad address,
     /// failed node) are reported by [`Fabric::poll`] on the returned ticket.
     fn post(&self, node: NodeId, batch: Batch) -> Ticket;
+
+    /// Posts an ordered batch to `node`, like [`Fabric::post`], but lets a transport
+    /// that executes it synchronously return the result at once
+    /// ([`Submitted::Done`]); see the module docs. The batch's effects and its result
+    /// are those `post` + `poll` would give; only the bookkeeping differs. The
+    /// default posts and returns the ticket. Wrappers forward it to their inner
+    /// fabric so the fast path survives them.
+    #[inline]
+    fn submit(&self, node: NodeId, batch: Batch) -> Submitted {
+        Submitted::Posted(self.post(node, batch))
+    }
 
     /// Reports whether the batch behind `ticket` has completed. A `Ready` result
     /// consumes the ticket; polling it again is a logic error and yields
@@ -117,6 +153,9 @@ impl<F: Fabric + ?Sized> Fabric for &F {
     }
     fn post(&self, node: NodeId, batch: Batch) -> Ticket {
         (**self).post(node, batch)
+    }
+    fn submit(&self, node: NodeId, batch: Batch) -> Submitted {
+        (**self).submit(node, batch)
     }
     fn poll(&self, ticket: Ticket) -> Poll<Result<Completion, FabricError>> {
         (**self).poll(ticket)

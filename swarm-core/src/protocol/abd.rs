@@ -28,6 +28,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         payload: &[u8],
     ) -> Result<WriteOutcome, SwarmError> {
         self.check_payload(payload)?;
+        let _deadline = self.arm_deadline(stats);
         let _slot = self.write_slot(reg).await;
         let m = self.max_read_weak(reg, cache, stats).await?;
         if m.is_tombstone() {
@@ -35,13 +36,19 @@ impl<F: Fabric, C: Clock> Client<F, C> {
             // delete take effect before reporting it (one more roundtrip, this path only).
             self.inner_write(reg, cache, stats, m, &[], &mut WriteProgress::default())
                 .await?;
+            self.settle(reg, m);
             return Ok(WriteOutcome::Deleted);
         }
         let next = if m.is_empty() { 1 } else { m.ts().ticks() + 1 };
-        let ts = self.allocate_ts(next)?;
+        let ts = self
+            .allocate_waiting(stats, || self.allocate_ts(next))
+            .await?;
+        self.track(reg, ts);
         let v = Tsp::new(ts, Flag::Verified);
         self.inner_write(reg, cache, stats, v, payload, &mut WriteProgress::default())
             .await?;
+        // `v` is on a majority: this writer's earlier writes here are superseded.
+        self.settle(reg, v);
         Ok(WriteOutcome::Written)
     }
 
@@ -52,6 +59,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         cache: &mut RegisterCache,
         stats: &OpStats,
     ) -> Result<ReadValue, SwarmError> {
+        let _deadline = self.arm_deadline(stats);
         let (m, value) = self.max_read(reg, cache, stats, false).await?;
         Ok(if m.is_empty() {
             ReadValue::Empty

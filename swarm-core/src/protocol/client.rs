@@ -11,10 +11,13 @@ use alloc::sync::Arc;
 use super::Suspicion;
 
 use super::RegisterLoc;
-use crate::layout::{Layout, SlotAllocator};
+use crate::layout::{Layout, SlotAllocator, SlotError};
 
 use super::SwarmError;
 use super::guess::TimestampGuesser;
+use super::reclaim::{SlotCounters, SlotTracker};
+use crate::encoding::Tsp;
+use crate::roundtrip::OpStats;
 
 /// Tunables of the protocol.
 ///
@@ -36,6 +39,18 @@ pub struct ProtocolConfig {
     /// How long a node that missed a deadline stays *suspected*: it is tried last
     /// instead of first, so one dead node does not cost every operation a timeout.
     pub suspect_ns: Nanos,
+    /// The operation deadline (*fence*, see [`super::reclaim`]): an operation posts
+    /// no batch after its start plus this, on the fabric's clock, and fails with
+    /// [`SwarmError::Fenced`] instead. Log slots are recycled a grace of about this
+    /// long after they were superseded. 1 s by default.
+    pub max_op_ns: Nanos,
+    /// How long a batch posted before its operation's deadline may take to take
+    /// effect on a memory node; part of the recycling grace
+    /// ([`super::reclaim::grace_with_margin_ns`]). 10 ms by default.
+    pub delivery_margin_ns: Nanos,
+    /// Least time between two background reclaim checks
+    /// ([`Client::reclaim_tick`]). 1 ms by default.
+    pub reclaim_interval_ns: Nanos,
 }
 
 impl Default for ProtocolConfig {
@@ -43,6 +58,9 @@ impl Default for ProtocolConfig {
         Self {
             slow_after_ns: 50_000,
             suspect_ns: 100_000_000,
+            max_op_ns: 1_000_000_000,
+            delivery_margin_ns: super::reclaim::DEFAULT_DELIVERY_MARGIN_NS,
+            reclaim_interval_ns: 1_000_000,
         }
     }
 }
@@ -61,13 +79,42 @@ impl ProtocolConfig {
         self.suspect_ns = ns;
         self
     }
+
+    /// This configuration with [`Self::max_op_ns`] set.
+    #[must_use]
+    pub const fn with_max_op_ns(mut self, ns: Nanos) -> Self {
+        self.max_op_ns = ns;
+        self
+    }
+
+    /// This configuration with [`Self::delivery_margin_ns`] set.
+    #[must_use]
+    pub const fn with_delivery_margin_ns(mut self, ns: Nanos) -> Self {
+        self.delivery_margin_ns = ns;
+        self
+    }
+
+    /// This configuration with [`Self::reclaim_interval_ns`] set.
+    #[must_use]
+    pub const fn with_reclaim_interval_ns(mut self, ns: Nanos) -> Self {
+        self.reclaim_interval_ns = ns;
+        self
+    }
+
+    /// The grace after which a superseded log slot is reused
+    /// ([`super::reclaim::grace_with_margin_ns`] of `max_op_ns` and the margin).
+    pub const fn grace_ns(&self) -> Nanos {
+        super::reclaim::grace_with_margin_ns(self.max_op_ns, self.delivery_margin_ns)
+    }
 }
 
-/// Writer-local state: which log slots are in use, and the timestamp guesser.
+/// Writer-local state: which log slots are in use, the timestamp guesser, and what
+/// the writer knows of its slots' supersession ([`super::reclaim`]).
 #[derive(Debug)]
 pub(crate) struct WriterState {
     pub(crate) slots: SlotAllocator,
     pub(crate) guesser: TimestampGuesser,
+    pub(crate) tracker: SlotTracker,
 }
 
 /// A client thread's handle on SWARM: its fabric, clock, writer id and local state.
@@ -135,6 +182,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
             state: RefCell::new(WriterState {
                 slots,
                 guesser: TimestampGuesser::new(),
+                tracker: SlotTracker::default(),
             }),
             suspicion: Arc::new(Suspicion::new(config.suspect_ns)),
             writing: RefCell::new(Vec::new()),
@@ -161,9 +209,191 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         self.writer
     }
 
+    /// The protocol's tunables.
+    pub fn config(&self) -> &ProtocolConfig {
+        &self.config
+    }
+
     /// Log slots in use by this writer.
     pub fn slots_in_use(&self) -> u32 {
         self.state.borrow().slots.in_use()
+    }
+
+    /// Counters of this writer's log: slots in use, in limbo, recycled so far.
+    pub fn slot_counters(&self) -> SlotCounters {
+        let state = self.state.borrow();
+        state.tracker.counters(state.slots.in_use())
+    }
+
+    /// Background recycling work, bounded and non-blocking (call it between
+    /// operations, e.g. from a store's per-operation tick): gives back limbo slots
+    /// whose grace has passed, collects the replies of the reclaim check in flight,
+    /// and at most every [`ProtocolConfig::reclaim_interval_ns`] starts a new check
+    /// of up to `budget` registers this writer has live buffers on (one metadata
+    /// read per replica, posted without waiting; see [`super::reclaim`]).
+    pub fn reclaim_tick(&self, budget: usize) {
+        self.reclaim_tick_at(budget, self.fabric.now());
+    }
+
+    /// [`Self::reclaim_tick`] with the fabric clock already read (`now`): an
+    /// operation that reads the clock as it starts passes it on.
+    pub fn reclaim_tick_at(&self, budget: usize, now: Nanos) {
+        let mut state = self.state.borrow_mut();
+        let WriterState { slots, tracker, .. } = &mut *state;
+        let grace = self.config.grace_ns();
+        tracker.poll_check(&self.fabric, self.config.max_op_ns);
+        if let Some(at) = tracker.next_expiry(grace)
+            && now >= at
+        {
+            tracker.expire(slots, &self.layout, now, grace);
+        }
+        tracker.start_check(
+            &self.fabric,
+            &self.layout,
+            budget,
+            self.config.reclaim_interval_ns,
+            now,
+        );
+    }
+
+    /// One reclaim check of up to `budget` tracked registers, waited for (at most
+    /// `max_op_ns`), then the release of every limbo slot whose grace has passed.
+    /// Returns the log's counters afterwards.
+    pub async fn reclaim_step(&self, budget: usize) -> SlotCounters {
+        let started = {
+            let mut state = self.state.borrow_mut();
+            let tracker = &mut state.tracker;
+            tracker.poll_check(&self.fabric, 0);
+            tracker.start_check(&self.fabric, &self.layout, budget, 0, self.fabric.now())
+        };
+        if started {
+            core::future::poll_fn(|cx| {
+                let mut state = self.state.borrow_mut();
+                if state
+                    .tracker
+                    .poll_check(&self.fabric, self.config.max_op_ns)
+                {
+                    return core::task::Poll::Ready(());
+                }
+                self.fabric
+                    .wake_at(self.fabric.now().saturating_add(self.config.slow_after_ns));
+                cx.waker().wake_by_ref();
+                core::task::Poll::Pending
+            })
+            .await;
+        }
+        let mut state = self.state.borrow_mut();
+        let WriterState { slots, tracker, .. } = &mut *state;
+        tracker.expire(
+            slots,
+            &self.layout,
+            self.fabric.now(),
+            self.config.grace_ns(),
+        );
+        tracker.counters(slots.in_use())
+    }
+
+    /// Abandons the reclaim check in flight, if any (its batches are forgotten).
+    pub fn cancel_reclaim(&self) {
+        self.state.borrow_mut().tracker.cancel_check(&self.fabric);
+    }
+
+    /// Arms the operation fence for as long as the returned scope lives: `stats`'
+    /// deadline becomes now plus [`ProtocolConfig::max_op_ns`] unless it has an
+    /// earlier one. Every operation of this client does it when it starts; a store
+    /// that runs several steps per operation (an index lookup, then a register read)
+    /// arms its own deadline first ([`OpStats::arm_deadline`]), so that all of them
+    /// are fenced from the operation's start.
+    pub fn arm_deadline<'s>(&self, stats: &'s OpStats) -> crate::roundtrip::DeadlineScope<'s> {
+        // An enclosing operation's deadline, armed when it started (before now), is
+        // at most now plus `max_op_ns`: keep it without reading the clock.
+        let deadline = if stats.deadline().is_some() {
+            Nanos::MAX
+        } else {
+            self.fabric.now().saturating_add(self.config.max_op_ns)
+        };
+        stats.arm_deadline(deadline)
+    }
+
+    /// A write of `ts` on `reg` is about to be posted: track its slot.
+    pub(crate) fn track(&self, reg: &RegisterLoc, ts: Timestamp) {
+        self.state.borrow_mut().tracker.track(reg, ts);
+    }
+
+    /// A majority of `reg`'s replicas holds `floor` or more: this writer's writes
+    /// below it are superseded (see [`super::reclaim`]).
+    pub(crate) fn settle(&self, reg: &RegisterLoc, floor: Tsp) {
+        let now = self.fabric.now();
+        self.state.borrow_mut().tracker.settle(reg.addr, floor, now);
+    }
+
+    /// A slot for a new write: `allocate` (a [`Self::guess_ts`] or
+    /// [`Self::allocate_ts`] call) once the log has a free slot, waiting for limbo
+    /// slots to come back (see [`Self::wait_for_slot`]) when it is full.
+    pub(crate) async fn allocate_waiting(
+        &self,
+        stats: &OpStats,
+        mut allocate: impl FnMut() -> Result<Timestamp, SwarmError>,
+    ) -> Result<Timestamp, SwarmError> {
+        loop {
+            self.wait_for_slot(stats).await;
+            match allocate() {
+                Err(SwarmError::Slot(SlotError::LogFull(..))) => {
+                    match self.limbo_expiry() {
+                        // A limbo slot comes back before the deadline: wait for it.
+                        Some(at) if stats.deadline().is_none_or(|d| at <= d) => {}
+                        // Only after the deadline: the operation cannot go on within
+                        // its fence.
+                        Some(_) => return Err(SwarmError::Fenced),
+                        // Every slot holds live data: the log is too small.
+                        None => return allocate(),
+                    }
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// When the oldest limbo slot comes back, if any.
+    fn limbo_expiry(&self) -> Option<Nanos> {
+        let state = self.state.borrow();
+        state.tracker.next_expiry(self.config.grace_ns())
+    }
+
+    /// Waits, while the operation's deadline allows, until the log has a free slot
+    /// or none can come back from the limbo; expired limbo slots are released.
+    /// An operation that has not observed anything yet waits before arming its
+    /// deadline, so a full log throttles its writer instead of failing.
+    pub(crate) async fn wait_for_slot(&self, stats: &OpStats) {
+        loop {
+            let wake = {
+                let mut state = self.state.borrow_mut();
+                let WriterState { slots, tracker, .. } = &mut *state;
+                let grace = self.config.grace_ns();
+                let Some(at) = tracker.next_expiry(grace) else {
+                    return;
+                };
+                let now = self.fabric.now();
+                if now >= at {
+                    tracker.expire(slots, &self.layout, now, grace);
+                }
+                if slots.in_use() < self.layout.slots_per_writer() {
+                    return;
+                }
+                match tracker.next_expiry(grace) {
+                    Some(at) if stats.deadline().is_none_or(|d| at <= d) => at,
+                    // Nothing comes back in time: let the allocation report it.
+                    _ => return,
+                }
+            };
+            tracing::debug!(
+                writer = self.writer.get(),
+                until = wake,
+                "log full: waiting for a superseded slot's grace to pass"
+            );
+            let now = self.fabric.now();
+            crate::exec::sleep(&self.fabric, wake.saturating_sub(now)).await;
+        }
     }
 
     /// Resumes the log of an earlier incarnation of this writer id: marks `used`
@@ -175,6 +405,29 @@ impl<F: Fabric, C: Clock> Client<F, C> {
             state.slots.mark_used(slot);
         }
         state.guesser.used(last_ticks);
+    }
+
+    /// Resumes an earlier incarnation's log from its scan (see [`super::resume`]):
+    /// like [`Self::resume`], and each resumed write whose register `locate` knows
+    /// (`None`: not a register of this store; the slot stays taken) is tracked as a
+    /// write of unknown outcome, so that reclaim checks free its slot once a
+    /// majority of its register holds something above it.
+    pub fn resume_scan(
+        &self,
+        scan: &super::resume::LogScan,
+        locate: impl Fn(u64) -> Option<RegisterLoc>,
+    ) {
+        self.resume(scan.used_slots.iter().copied(), scan.last_ticks);
+        let mut state = self.state.borrow_mut();
+        let tombstone = self.layout.slot_of(Timestamp::tombstone(self.writer));
+        for write in &scan.resumed {
+            if write.slot == tombstone || self.layout.slot_of(write.ts) != write.slot {
+                continue;
+            }
+            if let Some(reg) = locate(write.register) {
+                state.tracker.track(&reg, write.ts);
+            }
+        }
     }
 
     /// Waits until no other write or delete of this client is in flight on `reg`,
@@ -268,7 +521,18 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         want: impl FnOnce(&mut TimestampGuesser) -> u64,
     ) -> Result<Timestamp, SwarmError> {
         let mut state = self.state.borrow_mut();
-        let WriterState { slots, guesser } = &mut *state;
+        let WriterState {
+            slots,
+            guesser,
+            tracker,
+        } = &mut *state;
+        let grace = self.config.grace_ns();
+        if let Some(at) = tracker.next_expiry(grace) {
+            let now = self.fabric.now();
+            if now >= at {
+                tracker.expire(slots, &self.layout, now, grace);
+            }
+        }
         let wanted = want(guesser);
         let ts = slots.allocate(&self.layout, wanted)?;
         guesser.used(ts.ticks());

@@ -10,7 +10,13 @@ use crate::layout::SlotError;
 pub enum SwarmError {
     /// The fabric failed in a way the protocol cannot mask (no majority, bad address).
     #[error(transparent)]
-    Fabric(#[from] FabricError),
+    Fabric(FabricError),
+    /// The operation ran longer than `max_op_ns` ([`crate::ProtocolConfig::max_op_ns`])
+    /// and stopped so that memory it may still reference can be recycled; retry it.
+    #[error(
+        "the operation ran longer than max_op_ns and stopped so that memory it may still reference can be recycled; retry it"
+    )]
+    Fenced,
     /// No out-of-place buffer could be allocated.
     #[error(transparent)]
     Slot(#[from] SlotError),
@@ -42,4 +48,14 @@ pub enum SwarmError {
         "read gave up after {0} iterations: wait-freedom bound exceeded (a bug: please report)"
     )]
     ReadBoundExceeded(u32),
+}
+
+impl From<FabricError> for SwarmError {
+    fn from(error: FabricError) -> Self {
+        match error {
+            // A fence is the protocol's own decision, not a fabric failure.
+            FabricError::Fenced => Self::Fenced,
+            other => Self::Fabric(other),
+        }
+    }
 }

@@ -20,7 +20,7 @@ use alloc::vec::Vec;
 
 use crate::encoding::Tsp;
 use crate::fabric::{Batch, Completion, FabricError, Op};
-use crate::layout::{Layout, SLOT_LOCK_BYTES, decode_record};
+use crate::layout::{Layout, RECORD_HEADER, SLOT_LOCK_BYTES, decode_record};
 
 /// What one node's reply to a register read says.
 #[derive(Clone, Debug, Default)]
@@ -70,7 +70,15 @@ pub fn parse_read(layout: &Layout, mut bytes: Vec<u8>, with_inplace: bool) -> No
     let meta_at = (layout.meta_offset() as usize).min(bytes.len());
     let max = max_word(&bytes[meta_at..]);
     let (record, _) = bytes.split_at_mut(meta_at);
-    let inplace = decode_record(record, layout.payload_max()).map(|r| (r.tsp, r.payload.to_vec()));
+    let decoded = decode_record(record, layout.payload_max()).map(|r| (r.tsp, r.payload.len()));
+    let inplace = decoded.map(|(tsp, len)| {
+        // The payload moves to the front of the buffer it was read into, which becomes
+        // the value: no second allocation and copy on every in-place read.
+        let start = RECORD_HEADER as usize;
+        bytes.copy_within(start..start + len, 0);
+        bytes.truncate(len);
+        (tsp, bytes)
+    });
     NodeView { max, inplace }
 }
 

@@ -26,14 +26,40 @@
 //!   every read of a key would cost two roundtrips until its next write. In-place
 //!   writes are unlocked and self-validating (tsp and hash), so a repair racing a
 //!   newer write can only cost a later read its fast path, never its correctness.
+//!
+//! Recycled log slots (§4.5, [`super::reclaim`]):
+//! * A value fetch takes a buffer as `t`'s value only if its record validates and
+//!   names `t`. Another record (the slot was recycled) or an invalid one (it is being
+//!   rewritten) makes the read read the register again, never return foreign data
+//!   and never fail — unless the same maximum's buffer stays unusable for
+//!   `SUPERSEDED_RETRIES` (8) reads in a row, which recycling cannot cause (the next
+//!   majority read after a supersession returns something above `t`) and which is
+//!   then reported as `Corrupted`.
+//! * The write-back (`inner_write(t)` writes `t`'s record into `t`'s slot on the
+//!   replicas that lack `t`) could clobber a recycled slot's new buffer. It cannot:
+//!   the read that writes `t` back saw `t` as the maximum of a majority, so it
+//!   started before `t` was superseded on a majority (a majority read after that
+//!   returns something above `t`); it posts nothing after its start plus `max_op_ns`
+//!   (the fence); and `t`'s writer reuses the slot only `grace_ns` after it *learned*
+//!   of the supersession, which is after the supersession itself — later than the
+//!   read's last post plus the delivery margin, even with the clocks' rates drifting
+//!   by up to 1/8. The same holds for a stale `TRYLOCK(t)` (see also `tslock`).
+//! * Wait-freedom, precisely: a read still returns after a bounded number of its own
+//!   steps (appendix C, Lemma C.5, plus at most `SUPERSEDED_RETRIES` re-reads per
+//!   maximum, each of which only happens when `t` was superseded, i.e. the maximum
+//!   grew); in time, every operation is bounded by its fence: one that would run past
+//!   `max_op_ns` (a slow or partitioned client, a majority that answers too slowly)
+//!   fails with `SwarmError::Fenced` instead and may be retried. Recycling never makes
+//!   a read fail or retry while its fence holds and the grace rules are kept
+//!   (`swarm-sim/tests/sim_recycling.rs` asserts that no fetch meets a recycled slot).
 
 use alloc::vec::Vec;
 
 use crate::clock::Clock;
 use crate::encoding::{Flag, Tsp};
 use crate::fabric::{Batch, Fabric, FabricError};
-use crate::layout::{decode_record, encode_record};
-use crate::roundtrip::{OpStats, Roundtrip, WaitOutcome, post_background};
+use crate::layout::{decode_record, encode_record_for};
+use crate::roundtrip::{OpStats, Roundtrip, WaitOutcome, post_background_for};
 
 use super::inout::{self, MaxOutcome, NodeView};
 use super::register::{MAX_REPLICAS, RegisterCache, RegisterLoc};
@@ -81,6 +107,25 @@ impl Views {
     }
 }
 
+/// What a value fetch found.
+#[derive(Debug)]
+pub(crate) enum Fetched {
+    /// The value of the write asked for.
+    Value(Vec<u8>),
+    /// No holder answered in time: read the register again, with more patience.
+    NoAnswer,
+    /// The holders answered with a record of another write, or one that fails
+    /// validation: the slot was recycled (the write was superseded, see
+    /// [`super::reclaim`]) or is being rewritten. Read the register again.
+    Superseded,
+}
+
+/// Consecutive re-reads that find the same maximum's buffer unusable before a read
+/// reports [`SwarmError::Corrupted`]: a recycled buffer belongs to a superseded
+/// write, which the next majority read no longer returns as the maximum, so only
+/// memory corruption (or recycling that broke its rules) repeats.
+const SUPERSEDED_RETRIES: u32 = 8;
+
 /// Progress of one `inner_write` across its roundtrips.
 #[derive(Debug, Default)]
 pub(crate) struct WriteProgress {
@@ -100,15 +145,19 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         k: usize,
         mut build: impl FnMut(usize) -> Result<Batch, FabricError>,
     ) -> Result<Roundtrip<'a, F>, SwarmError> {
-        // Suspected nodes go last, keeping the preference order otherwise.
-        let (trusted, suspected): (
-            heapless::Vec<usize, MAX_REPLICAS>,
-            heapless::Vec<usize, MAX_REPLICAS>,
-        ) = candidates
-            .iter()
-            .partition(|&&p| !self.suspects(reg.replicas.node(p)));
-        let ordered: heapless::Vec<usize, MAX_REPLICAS> =
-            trusted.iter().chain(&suspected).copied().collect();
+        // Suspected nodes go last, keeping the preference order otherwise (nothing to
+        // reorder in the common case: no node suspected at all).
+        let ordered: heapless::Vec<usize, MAX_REPLICAS> = if self.suspicion.any() {
+            let (trusted, suspected): (
+                heapless::Vec<usize, MAX_REPLICAS>,
+                heapless::Vec<usize, MAX_REPLICAS>,
+            ) = candidates
+                .iter()
+                .partition(|&&p| !self.suspects(reg.replicas.node(p)));
+            trusted.iter().chain(&suspected).copied().collect()
+        } else {
+            candidates.iter().copied().collect()
+        };
         let mut rt = Roundtrip::start(&self.fabric, stats);
         let first = k.min(ordered.len());
         for &p in &ordered[..first] {
@@ -189,11 +238,18 @@ impl<F: Fabric, C: Clock> Client<F, C> {
 
     /// The value of write `t`, the maximum of `views`: from the primary's in-place
     /// block when it holds `t`, otherwise from `t`'s out-of-place buffer on a replica
-    /// whose maximum is `t` (one more roundtrip). `None` when no such replica answered
-    /// within `patience` times `slow_after_ns` (they may have crashed since the
-    /// metadata read): the caller reads a majority again, with more patience, so that
-    /// holders that are alive but slower than `slow_after_ns` are waited for in the
-    /// end (a read whose every retry had the same deadline would never return).
+    /// whose maximum is `t` (one more roundtrip). [`Fetched::NoAnswer`] when no such
+    /// replica answered within `patience` times `slow_after_ns` (they may have
+    /// crashed since the metadata read): the caller reads a majority again, with more
+    /// patience, so that holders that are alive but slower than `slow_after_ns` are
+    /// waited for in the end (a read whose every retry had the same deadline would
+    /// never return).
+    ///
+    /// A buffer is only ever taken as `t`'s value if its record validates and names
+    /// `t`. Any other record means the slot was recycled after `t` was superseded
+    /// (or is being rewritten): [`Fetched::Superseded`], never foreign data and never
+    /// an error; the caller reads the register again, and a majority read after the
+    /// supersession returns something above `t` (see [`super::reclaim`]).
     pub(crate) async fn fetch_value(
         &self,
         reg: &RegisterLoc,
@@ -201,27 +257,31 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         views: &mut Views,
         t: Tsp,
         patience: u64,
-    ) -> Result<Option<Vec<u8>>, SwarmError> {
+    ) -> Result<Fetched, SwarmError> {
         if t.is_empty() || t.is_tombstone() {
-            return Ok(Some(Vec::new()));
+            return Ok(Fetched::Value(Vec::new()));
         }
         if let Some((tsp, payload)) = views.inplace.take()
             && tsp.same_write(t)
         {
-            return Ok(Some(payload));
+            return Ok(Fetched::Value(payload));
         }
         let corrupted = SwarmError::Corrupted {
             node: reg.replicas.node(0),
             tsp: t,
         };
-        let buffer = self.layout.buffer_addr(t.ts()).ok_or(corrupted.clone())?;
+        let buffer = self.layout.buffer_addr(t.ts()).ok_or(corrupted)?;
         let holders: heapless::Vec<usize, MAX_REPLICAS> = (0..reg.replicas.len())
             .filter(|&p| views.holds(p, t))
             .collect();
-        // Ask the first holder; on a timeout, all of them; if none answers in time
-        // (they crashed since the metadata read), give up and let the caller re-read.
+        // Ask the first holder; on a timeout, or if its copy is not `t`'s, all of them
+        // (one holder's copy may have been overwritten while another's is intact:
+        // any copy that validates and names `t` is `t`'s value); if none answers in
+        // time (they crashed since the metadata read), give up and let the caller
+        // re-read.
         let mut rt = Roundtrip::start(&self.fabric, stats);
         let mut asked = 0;
+        let mut answered = false;
         for upto in [1, holders.len()] {
             if upto <= asked {
                 break;
@@ -237,36 +297,51 @@ impl<F: Fabric, C: Clock> Client<F, C> {
             asked = upto;
             let wait = self.config.slow_after_ns.saturating_mul(patience);
             let deadline = self.fabric.now().saturating_add(wait);
-            if rt.wait_until(1, deadline).await == WaitOutcome::Reached {
-                break;
-            }
-        }
-        let mut answered = false;
-        for (_, completion) in rt.replies_mut() {
-            answered = true;
-            let Some(mut bytes) = completion.take_read(0) else {
-                continue;
-            };
-            if let Some(record) = decode_record(&mut bytes, self.layout.payload_max())
-                && record.tsp.same_write(t)
-            {
-                // The primary answered without `t` in place although `t` is verified:
-                // its in-place write was lost, or the primary changed because a node
-                // is suspected (§6). Repair it so later reads take one roundtrip again.
-                if views.inplace_read && t.flag() == Flag::Verified {
-                    self.write_inplace(reg, encode_record(t, record.payload));
+            let want = if upto == 1 { 1 } else { holders.len() };
+            let _ = rt.wait_until(want, deadline).await;
+            for (_, completion) in rt.replies_mut() {
+                answered = true;
+                let Some(mut bytes) = completion.take_read(0) else {
+                    continue;
+                };
+                if let Some(record) = decode_record(&mut bytes, self.layout.payload_max())
+                    && record.tsp.same_write(t)
+                {
+                    // The primary answered without `t` in place although `t` is
+                    // verified: its in-place write was lost, or the primary changed
+                    // because a node is suspected (§6). Repair it so later reads take
+                    // one roundtrip again.
+                    if views.inplace_read && t.flag() == Flag::Verified {
+                        self.write_inplace(
+                            reg,
+                            stats,
+                            encode_record_for(t, Some(reg.addr), record.payload),
+                        );
+                    }
+                    return Ok(Fetched::Value(record.payload.to_vec()));
                 }
-                return Ok(Some(record.payload.to_vec()));
             }
         }
-        if answered { Err(corrupted) } else { Ok(None) }
+        if answered {
+            tracing::debug!(
+                writer = self.writer.get(),
+                tsp = ?t,
+                "the buffer of the maximum holds another write (recycled slot): \
+                 reading the register again"
+            );
+            Ok(Fetched::Superseded)
+        } else {
+            Ok(Fetched::NoAnswer)
+        }
     }
 
-    /// Background in-place write of `record` (from [`encode_record`]) on the primary
-    /// (lazy and unlocked, §4.3 line 7; readers check its tsp and hash).
-    pub(crate) fn write_inplace(&self, reg: &RegisterLoc, record: Vec<u8>) {
-        post_background(
+    /// Background in-place write of `record` (from [`encode_record_for`]) on the primary
+    /// (lazy and unlocked, §4.3 line 7; readers check its tsp and hash); dropped if
+    /// the operation of `stats` is past its deadline.
+    pub(crate) fn write_inplace(&self, reg: &RegisterLoc, stats: &OpStats, record: Vec<u8>) {
+        post_background_for(
             &self.fabric,
+            stats,
             reg.replicas.node(self.primary(reg)),
             Batch::write(reg.addr, record),
         );
@@ -284,14 +359,32 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         // Doubles on every retry, without a cap: a holder that is alive is waited for
         // long enough in the end, however slow its link (wait-freedom).
         let mut patience = 1;
+        // Re-reads in a row that found the same maximum's buffer unusable.
+        let mut unusable: (Tsp, u32) = (Tsp::EMPTY, 0);
         let (t, value) = loop {
             let mut views = self.read_views(reg, cache, stats, with_inplace).await?;
             let t = views.max();
-            if let Some(value) = self
+            match self
                 .fetch_value(reg, stats, &mut views, t, patience)
                 .await?
             {
-                break (t, value);
+                Fetched::Value(value) => break (t, value),
+                Fetched::Superseded => {
+                    stats.count_recycled_fetch();
+                    unusable = if unusable.0 == t {
+                        (t, unusable.1 + 1)
+                    } else {
+                        (t, 1)
+                    };
+                    if unusable.1 >= SUPERSEDED_RETRIES {
+                        return Err(SwarmError::Corrupted {
+                            node: reg.replicas.node(0),
+                            tsp: t,
+                        });
+                    }
+                    continue;
+                }
+                Fetched::NoAnswer => {}
             }
             patience = patience.saturating_mul(2);
             tracing::debug!(
@@ -337,14 +430,14 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         if cache.holding(reg.replicas.len(), tsp) >= reg.replicas.quorum() {
             return Ok(());
         }
-        let record = encode_record(tsp, payload);
+        let record = encode_record_for(tsp, Some(reg.addr), payload);
         self.write_round(reg, cache, stats, tsp, &record, progress, false)
             .await?;
         Ok(())
     }
 
     /// Runs `inner_write` rounds until a majority holds `tsp`, whose encoded record
-    /// (`encode_record(tsp, payload)`) is `record`. With `read_first`, the
+    /// (`encode_record_for(tsp, Some(reg.addr), payload)`) is `record`. With `read_first`, the
     /// first round also reads the metadata words *before* writing (one pipelined batch
     /// per node, SWARM §3.2 line 6) and contacts a majority even if the cache says it
     /// is not needed; the maximum of those reads is returned (`Tsp::EMPTY` otherwise).

@@ -27,6 +27,7 @@ pub mod inout;
 pub mod maxreg;
 pub mod quorum;
 pub mod raw;
+pub mod reclaim;
 pub mod register;
 pub mod resume;
 pub mod safeguess;

@@ -28,6 +28,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
     ) -> Result<(), SwarmError> {
         self.check_payload(payload)?;
         let tsp = Tsp::new(Timestamp::new(1, self.writer)?, Flag::Verified);
+        let _deadline = self.arm_deadline(stats);
         let mut rt = Roundtrip::start(&self.fabric, stats);
         rt.post(
             reg.replicas.node(0),
@@ -43,6 +44,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         reg: &RegisterLoc,
         stats: &OpStats,
     ) -> Result<ReadValue, SwarmError> {
+        let _deadline = self.arm_deadline(stats);
         let node = reg.replicas.node(0);
         for _ in 0..RAW_READ_ATTEMPTS {
             let mut rt = Roundtrip::start(&self.fabric, stats);

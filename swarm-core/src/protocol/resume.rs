@@ -27,14 +27,59 @@
 //! on a failed node, so it should be generous (a scan runs once, when a client
 //! starts).
 //!
-//! The result feeds [`super::Client::resume`].
+//! **Recycling its slots.** A slot of the earlier incarnation is taken only while its
+//! buffer may still be needed. Each record names the register it was written for
+//! (its owner tag, [`crate::layout::encode_record_for`]), so the scan also reports,
+//! per slot, the newest valid record of this writer and its register
+//! ([`LogScan::resumed`]); [`super::Client::resume_scan`] tracks those as writes of
+//! unknown outcome, which the reclaim checks free once a majority of their register
+//! holds something above them, like any failed write ([`super::reclaim`]). Only older
+//! records in the same slot are dead for sure (the slot was reused after them). A
+//! slot with no valid record naming its register on any node that answered (a torn
+//! or lock-only slot, a register past the owner tag's 32 GiB) stays taken for good.
+//!
+//! [`scan_log`] still reads the whole log on every node (one READ per 4 MiB) when a
+//! writer id is resumed; [`scan_slots`] reads only given slot ranges and is the
+//! building block of a bounded resume (below), which is not wired in yet.
+//!
+//! **Towards a bounded scan.** A *slot-index* high-water mark ("the writer only uses
+//! slots below a persisted mark, resume scans `[0, mark)`") does not fit this log:
+//! the slot of write `ts` is `xxh3(ts) mod slots` ([`crate::layout`]), fixed by the
+//! timestamp because readers find the buffer from the metadata word alone. To keep
+//! its slots below a mark `M`, a writer would have to bump its ticks until the hash
+//! lands below `M`: `slots / (M - live)` ticks per write on average, so its
+//! timestamps would run ahead of its clock (every other writer's guesses go stale,
+//! §3.2) unless `M` is a constant fraction of the log, which bounds nothing. The
+//! part of the log an earlier incarnation can have written is instead bounded by
+//! *its ticks*: its writes (and the lock words for them, §3.3) sit in the slots
+//! [`slots_of_ticks`] of its tick range, so a resume that knows
+//!
+//! * a **ticks ceiling**, raised on a majority (CAS to the max, so a delayed older
+//!   raise cannot lower it) *before* the writer posts any write above it, in steps
+//!   of a window so that the raise is rare; the resumer takes the max over every
+//!   node that answers (a majority intersects the raise's majority; a raise that
+//!   reached a minority only is a harmless over-estimate) and starts above it, so no
+//!   timestamp repeats without reading any lock word;
+//! * the **first tick** of that incarnation, and
+//! * the slots it **carried** from earlier incarnations (its own resume's live set,
+//!   persisted as a bitmap before its first write, since those buffers may be current
+//!   values for ever),
+//!
+//! needs to scan only `slots_of_ticks(first..=ceiling)` plus the carried slots, and
+//! falls back to the whole log when the range covers it (a long-lived writer). The
+//! short clients that pay for the full scan today (`swarm put`: one write, a few
+//! ticks) would read a few slots. Where the three words live (writer row word 4 for
+//! the ceiling, a per-writer bitmap region for the carried slots) is open.
+//!
+//! The result feeds [`super::Client::resume`] or [`super::Client::resume_scan`].
 
 use alloc::vec;
 use alloc::vec::Vec;
+use core::ops::Range;
 
 use crate::encoding::{LockWord, Timestamp, Tsp, WriterId};
 use crate::fabric::{Batch, Fabric, FabricError, Nanos};
-use crate::layout::{Layout, SLOT_LOCK_BYTES};
+use crate::layout::{Layout, SLOT_LOCK_BYTES, decode_record};
 use crate::roundtrip::{MAX_NODES, OpStats};
 
 use super::quorum::{broadcast_until, majority};
@@ -90,7 +135,7 @@ impl SlotUse {
 }
 
 /// What an earlier incarnation left in a writer's log: the input of
-/// [`super::Client::resume`].
+/// [`super::Client::resume`] and [`super::Client::resume_scan`].
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct LogScan {
     /// Slots written or locked in on some node that answered, in increasing order.
@@ -98,6 +143,21 @@ pub struct LogScan {
     /// The largest tick count of a timestamp of this writer found in a record or a
     /// lock word (0 if none).
     pub last_ticks: u64,
+    /// Per used slot with one, the newest valid record of this writer (tombstones
+    /// excluded) that names its register, in increasing slot order.
+    pub resumed: Vec<ResumedWrite>,
+}
+
+/// A write of an earlier incarnation found in its log (see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ResumedWrite {
+    /// The slot holding its buffer.
+    pub slot: u32,
+    /// The write's timestamp.
+    pub ts: Timestamp,
+    /// The address of the register it was written for (from untrusted memory: the
+    /// caller maps it to a register or ignores it).
+    pub register: u64,
 }
 
 /// Scans `writer`'s log on every node of `fabric` (see the module docs): waits for a
@@ -114,6 +174,64 @@ pub async fn scan_log<F: Fabric + ?Sized>(
     writer: WriterId,
     straggler_ns: Nanos,
 ) -> Result<LogScan, FabricError> {
+    let all = 0..layout.slots_per_writer();
+    let ranges = core::slice::from_ref(&all);
+    scan_slots(fabric, stats, layout, writer, ranges, straggler_ns).await
+}
+
+/// The slots that the writes of `writer` with ticks in `ticks` can occupy, as sorted,
+/// disjoint, coalesced ranges: `[0, slots)` when the range has at least as many ticks
+/// as the log has slots. This is the part of the log that a bounded resume must read
+/// for an incarnation whose timestamps are known to lie in `ticks` (see the module
+/// docs, "Towards a bounded scan"); ticks outside `1..=MAX_TICKS` have no slot.
+pub fn slots_of_ticks(
+    layout: &Layout,
+    writer: WriterId,
+    ticks: core::ops::RangeInclusive<u64>,
+) -> Vec<Range<u32>> {
+    let slots = layout.slots_per_writer();
+    let (first, last) = (
+        *ticks.start(),
+        (*ticks.end()).min(crate::encoding::MAX_TICKS),
+    );
+    let first = first.max(1);
+    if first > last {
+        return Vec::new();
+    }
+    if last - first >= u64::from(slots) - 1 {
+        return alloc::vec![Range {
+            start: 0,
+            end: slots,
+        }];
+    }
+    let mut hit: Vec<u32> = (first..=last)
+        .filter_map(|t| Timestamp::new(t, writer).ok())
+        .map(|ts| layout.slot_of(ts))
+        .collect();
+    hit.sort_unstable();
+    hit.dedup();
+    let mut ranges: Vec<Range<u32>> = Vec::new();
+    for slot in hit {
+        match ranges.last_mut() {
+            Some(r) if r.end == slot => r.end = slot + 1,
+            _ => ranges.push(slot..slot + 1),
+        }
+    }
+    ranges
+}
+
+/// Like [`scan_log`], but reads only the slots in `ranges` (sorted, disjoint; parts
+/// beyond the log are ignored): slots outside them are neither read nor reported.
+/// Reads `slot_bytes` times the slots in `ranges` from each node, in READs of at most
+/// 4 MiB.
+pub async fn scan_slots<F: Fabric + ?Sized>(
+    fabric: &F,
+    stats: &OpStats,
+    layout: &Layout,
+    writer: WriterId,
+    ranges: &[Range<u32>],
+    straggler_ns: Nanos,
+) -> Result<LogScan, FabricError> {
     let Some(first) = layout.slot_addr(writer, 0) else {
         return Ok(LogScan::default());
     };
@@ -123,12 +241,19 @@ pub async fn scan_log<F: Fabric + ?Sized>(
     let total = slots * slot_bytes;
     let per_read = (SCAN_CHUNK / slot_bytes).max(1) * slot_bytes;
     let mut used = vec![false; slots as usize];
+    let mut newest: Vec<Option<(Timestamp, u64)>> = vec![None; slots as usize];
+    let mut record = Vec::new();
     let mut last_ticks = 0;
     // Nodes that missed a deadline earlier in this scan: read, but not waited for.
     let mut late = [false; MAX_NODES];
-    let mut offset = 0;
-    while offset < total {
-        let len = per_read.min(total - offset);
+    let reads = ranges.iter().flat_map(|r| {
+        let start = u64::from(r.start) * slot_bytes;
+        let end = (u64::from(r.end) * slot_bytes).min(total);
+        (start..end)
+            .step_by(per_read as usize)
+            .map(move |offset| (offset, per_read.min(end - offset)))
+    });
+    for (offset, len) in reads {
         let rt = broadcast_until(
             fabric,
             stats,
@@ -150,17 +275,28 @@ pub async fn scan_log<F: Fabric + ?Sized>(
             let Some(data) = completion.read(0) else {
                 continue;
             };
-            for (i, slot) in data.chunks(slot_bytes as usize).enumerate() {
-                let slot = SlotUse::parse(slot);
+            for (i, bytes) in data.chunks(slot_bytes as usize).enumerate() {
+                let slot = SlotUse::parse(bytes);
                 if slot.is_used() {
                     used[first_slot + i] = true;
                 }
                 if let Some(ticks) = slot.ticks_of(writer) {
                     last_ticks = last_ticks.max(ticks);
                 }
+                // The newest valid record of this writer naming its register.
+                record.clear();
+                record.extend_from_slice(bytes.get(SLOT_LOCK_BYTES as usize..).unwrap_or(&[]));
+                if let Some(r) = decode_record(&mut record, layout.payload_max())
+                    && let Some(register) = r.owner
+                {
+                    let ts = r.tsp.ts();
+                    let newer = newest[first_slot + i].is_none_or(|(seen, _)| ts > seen);
+                    if ts.writer() == writer && !ts.is_tombstone() && newer {
+                        newest[first_slot + i] = Some((ts, register));
+                    }
+                }
             }
         }
-        offset += len;
     }
     Ok(LogScan {
         used_slots: (0u32..)
@@ -169,6 +305,12 @@ pub async fn scan_log<F: Fabric + ?Sized>(
             .map(|(slot, _)| slot)
             .collect(),
         last_ticks,
+        resumed: (0u32..)
+            .zip(&newest)
+            .filter_map(|(slot, found)| {
+                found.map(|(ts, register)| ResumedWrite { slot, ts, register })
+            })
+            .collect(),
     })
 }
 
@@ -178,7 +320,7 @@ mod tests {
     use crate::encoding::{Flag, LockMode};
     use crate::exec::{block_on, block_on_future};
     use crate::fabric::NodeId;
-    use crate::layout::encode_record;
+    use crate::layout::{encode_record, encode_record_for};
     use crate::mem::MemCluster;
     use crate::roundtrip::Roundtrip;
 
@@ -296,7 +438,8 @@ mod tests {
             scan,
             LogScan {
                 used_slots: vec![2, 5],
-                last_ticks: 55
+                last_ticks: 55,
+                resumed: vec![],
             }
         );
 
@@ -310,5 +453,120 @@ mod tests {
         let none = WriterId::new(7).unwrap();
         let scan = block_on(&fabric, scan_log(&fabric, &stats, &layout, none, 1_000)).unwrap();
         assert_eq!(scan, LogScan::default());
+    }
+
+    /// Counts the bytes READ through it (the cost of a scan).
+    struct CountReads<F> {
+        inner: F,
+        bytes: core::cell::Cell<u64>,
+    }
+
+    impl<F: Fabric> Fabric for CountReads<F> {
+        fn node_count(&self) -> usize {
+            self.inner.node_count()
+        }
+        fn post(&self, node: NodeId, batch: Batch) -> crate::fabric::Ticket {
+            for op in batch.ops() {
+                if let crate::fabric::Op::Read { len, .. } = op {
+                    self.bytes.set(self.bytes.get() + u64::from(*len));
+                }
+            }
+            self.inner.post(node, batch)
+        }
+        fn poll(
+            &self,
+            ticket: crate::fabric::Ticket,
+        ) -> core::task::Poll<Result<crate::fabric::Completion, FabricError>> {
+            self.inner.poll(ticket)
+        }
+        fn forget(&self, ticket: crate::fabric::Ticket) {
+            self.inner.forget(ticket)
+        }
+        fn progress(&self) -> bool {
+            self.inner.progress()
+        }
+        fn now(&self) -> Nanos {
+            self.inner.now()
+        }
+        fn wake_at(&self, deadline: Nanos) {
+            self.inner.wake_at(deadline)
+        }
+    }
+
+    #[test]
+    fn slots_of_ticks_covers_each_tick_and_falls_back_to_the_whole_log() {
+        let layout = layout();
+        let w = WriterId::new(1).unwrap();
+        let ranges = slots_of_ticks(&layout, w, 100..=102);
+        let covered = |slot: u32| ranges.iter().any(|r| r.contains(&slot));
+        for t in 100..=102 {
+            assert!(covered(layout.slot_of(ts(t, 1))), "tick {t} not covered");
+        }
+        // Exactly the slots of those ticks: a superset would read slots in vain.
+        let mut want: Vec<u32> = (100..=102).map(|t| layout.slot_of(ts(t, 1))).collect();
+        want.sort_unstable();
+        want.dedup();
+        let got: Vec<u32> = ranges.iter().flat_map(|r| r.clone()).collect();
+        assert_eq!(got, want, "{ranges:?}");
+        let six = slots_of_ticks(&layout, w, 200..=205);
+        let mut want: Vec<u32> = (200..=205).map(|t| layout.slot_of(ts(t, 1))).collect();
+        want.sort_unstable();
+        want.dedup();
+        let got: Vec<u32> = six.iter().flat_map(|r| r.clone()).collect();
+        assert_eq!(got, want, "{six:?}");
+        assert!(
+            ranges.windows(2).all(|p| p[0].end < p[1].start),
+            "{ranges:?}"
+        );
+        assert_eq!(
+            slots_of_ticks(&layout, w, 1..=8),
+            [Range { start: 0, end: 8 }]
+        );
+        assert!(
+            slots_of_ticks(&layout, w, 0..=0).is_empty(),
+            "tick 0 is no write"
+        );
+        let (hi, lo) = (9, 5);
+        assert!(slots_of_ticks(&layout, w, hi..=lo).is_empty());
+    }
+
+    #[test]
+    fn a_bounded_scan_reads_and_reports_only_its_slots() {
+        let layout = layout();
+        let cluster = MemCluster::new(3, 4096);
+        let fabric = CountReads {
+            inner: cluster.client(),
+            bytes: core::cell::Cell::new(0),
+        };
+        let w = WriterId::new(1).unwrap();
+        let slot = |s| layout.slot_addr(w, s).unwrap();
+        for (s, ticks) in [(1, 11), (3, 33), (6, 66)] {
+            poke(
+                &fabric,
+                1,
+                slot(s) + 8,
+                encode_record_for(Tsp::new(ts(ticks, 1), Flag::Guessed), Some(4096), b"v"),
+            );
+        }
+        let stats = OpStats::new();
+        fabric.bytes.set(0);
+        let scan = block_on(
+            &fabric,
+            scan_slots(&fabric, &stats, &layout, w, &[0..2, 3..4], 1_000),
+        )
+        .unwrap();
+        assert_eq!(scan.used_slots, [1, 3], "slot 6 is outside the ranges");
+        assert_eq!(scan.last_ticks, 33);
+        assert_eq!(scan.resumed.len(), 2);
+        assert_eq!(
+            fabric.bytes.get(),
+            3 * 3 * layout.slot_bytes(),
+            "three slots from each of three nodes"
+        );
+
+        fabric.bytes.set(0);
+        let whole = block_on(&fabric, scan_log(&fabric, &stats, &layout, w, 1_000)).unwrap();
+        assert_eq!(whole.used_slots, [1, 3, 6]);
+        assert_eq!(fabric.bytes.get(), 3 * 8 * layout.slot_bytes());
     }
 }

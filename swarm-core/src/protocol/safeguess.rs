@@ -57,8 +57,8 @@ use alloc::vec::Vec;
 use crate::clock::Clock;
 use crate::encoding::{Flag, LockMode, Timestamp, Tsp};
 use crate::fabric::{Batch, Fabric, Op};
-use crate::layout::encode_record;
-use crate::roundtrip::{OpStats, post_background};
+use crate::layout::encode_record_for;
+use crate::roundtrip::{OpStats, post_background_for};
 
 use super::maxreg::WriteProgress;
 use super::register::{RegisterCache, RegisterLoc};
@@ -75,17 +75,23 @@ impl<F: Fabric, C: Clock> Client<F, C> {
     ) -> Result<WriteOutcome, SwarmError> {
         self.check_payload(payload)?;
         let _slot = self.write_slot(reg).await;
-        let ts = self.guess_ts()?;
+        // Nothing observed yet: a full log may hold the write back before its fence
+        // is armed (unless the caller armed one already).
+        let ts = self.allocate_waiting(stats, || self.guess_ts()).await?;
+        let _deadline = self.arm_deadline(stats);
+        self.track(reg, ts);
         let w = Tsp::new(ts, Flag::Guessed);
         let mut progress = WriteProgress::default();
         // Records carry the write without its flag: the same bytes serve as the
         // out-of-place buffer and, once verified, as the in-place copy.
-        let record = encode_record(w, payload);
+        let record = encode_record_for(w, Some(reg.addr), payload);
         let m = self
             .write_round(reg, cache, stats, w, &record, &mut progress, true)
             .await?;
         if m <= w {
-            self.mark_verified(reg, cache, w, record);
+            // `w` is on a majority: this writer's earlier writes here are superseded.
+            self.settle(reg, w);
+            self.mark_verified(reg, cache, stats, w, record);
             return Ok(WriteOutcome::Written);
         }
         // The guess may have been stale: re-synchronise, then make sure no reader
@@ -118,11 +124,14 @@ impl<F: Fabric, C: Clock> Client<F, C> {
             // What `m` stood for never reached a majority and is gone from the one
             // the strong read saw: `w` is the maximum of a majority now, as on the
             // fast path (every write that completed before this one is at most `w`).
-            self.mark_verified(reg, cache, w, record);
+            self.settle(reg, w);
+            self.mark_verified(reg, cache, stats, w, record);
             return Ok(WriteOutcome::Written);
         }
         if !self.trylock(reg, stats, ts, LockMode::Write).await? {
             // A reader locked `w` first and may have returned it: the write took effect.
+            // `above` (> `w`) is on a majority: `w`'s buffer is superseded as well.
+            self.settle(reg, above);
             return Ok(WriteOutcome::Written);
         }
         // No reader will ever return `w` (Lemma C.3). A tombstone above it (now on a
@@ -130,13 +139,19 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         // this write never takes effect; otherwise rewrite above everything seen,
         // VERIFIED, as Lemma C.4's second case needs.
         if above.is_tombstone() {
+            self.settle(reg, above);
             return Ok(WriteOutcome::Deleted);
         }
-        let fresh = self.allocate_ts(m.max(above).ts().ticks() + 1)?;
+        let min_ticks = m.max(above).ts().ticks() + 1;
+        let fresh = self
+            .allocate_waiting(stats, || self.allocate_ts(min_ticks))
+            .await?;
+        self.track(reg, fresh);
         let v = Tsp::new(fresh, Flag::Verified);
         self.inner_write(reg, cache, stats, v, payload, &mut WriteProgress::default())
             .await?;
-        self.write_inplace(reg, encode_record(v, payload));
+        self.settle(reg, v);
+        self.write_inplace(reg, stats, encode_record_for(v, Some(reg.addr), payload));
         Ok(WriteOutcome::Written)
     }
 
@@ -148,6 +163,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         cache: &mut RegisterCache,
         stats: &OpStats,
     ) -> Result<WriteOutcome, SwarmError> {
+        let _deadline = self.arm_deadline(stats);
         let _slot = self.write_slot(reg).await;
         let t = Tsp::new(Timestamp::tombstone(self.writer), Flag::Verified);
         let mut progress = WriteProgress::default();
@@ -157,11 +173,13 @@ impl<F: Fabric, C: Clock> Client<F, C> {
                 cache,
                 stats,
                 t,
-                &encode_record(t, &[]),
+                &encode_record_for(t, Some(reg.addr), &[]),
                 &mut progress,
                 true,
             )
             .await?;
+        // The tombstone is on a majority: every write of this writer here is superseded.
+        self.settle(reg, t);
         Ok(if m.is_tombstone() {
             WriteOutcome::Deleted
         } else {
@@ -176,6 +194,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         cache: &mut RegisterCache,
         stats: &OpStats,
     ) -> Result<ReadValue, SwarmError> {
+        let _deadline = self.arm_deadline(stats);
         // One entry per writer seen: at most one per concurrent writer.
         let mut seen: Vec<(Tsp, Vec<u8>)> = Vec::new();
         let bound = 2 * u32::from(self.layout.writers()) + 1;
@@ -206,7 +225,13 @@ impl<F: Fabric, C: Clock> Client<F, C> {
             if let Some(i) = earlier {
                 if seen[i].0 == m {
                     if self.trylock(reg, stats, m.ts(), LockMode::Read).await? {
-                        self.mark_verified(reg, cache, m, encode_record(m, &value));
+                        self.mark_verified(
+                            reg,
+                            cache,
+                            stats,
+                            m,
+                            encode_record_for(m, Some(reg.addr), &value),
+                        );
                         return Ok(ReadValue::Value(value));
                     }
                 } else {
@@ -222,12 +247,13 @@ impl<F: Fabric, C: Clock> Client<F, C> {
 
     /// Background `M.WRITE((ts, VERIFIED, v))`: CAS the flag into the replicas known
     /// to hold the guessed tuple, and write the in-place copy (`record`, from
-    /// [`encode_record`]) on the primary, in the same batch as its CAS: whoever sees
+    /// [`encode_record_for`]) on the primary, in the same batch as its CAS: whoever sees
     /// the flag there also finds the in-place copy.
     fn mark_verified(
         &self,
         reg: &RegisterLoc,
         cache: &mut RegisterCache,
+        stats: &OpStats,
         guessed: Tsp,
         record: Vec<u8>,
     ) {
@@ -260,7 +286,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
                 cache.own_word[p] = verified;
             }
             if !batch.ops().is_empty() {
-                post_background(&self.fabric, reg.replicas.node(p), batch);
+                post_background_for(&self.fabric, stats, reg.replicas.node(p), batch);
             }
         }
     }

@@ -23,6 +23,29 @@
 //! first word of `ts`'s out-of-place buffer (see [`crate::layout`]), on every replica
 //! of the register: no memory per key, and since writes never touch that word, a
 //! recycled slot simply holds an older lock that the loop above climbs over.
+//!
+//! **Recycled slots (SWARM §4.5, [`super::reclaim`]).** One word serves every write
+//! that ever uses the slot, so a `TRYLOCK(ts_old, ·)` of an operation that observed a
+//! superseded write `ts_old` may reach the word after the slot went to a new write
+//! `ts_new`. It can never lock `ts_new`:
+//!
+//! * the lock word carries the *whole* timestamp (`LockWord` is `ticks | writer |
+//!   mode`), and a CAS only ever installs the caller's own `(ts, mode)`;
+//! * `ts_new > ts_old`: one writer's timestamps only grow (the guesser is strictly
+//!   increasing, [`super::guess`]), and a new incarnation of a writer id resumes above
+//!   every tick its predecessor left in a record or a lock word
+//!   ([`super::resume`]), so also across writer-id reuse;
+//! * so the stale CAS either finds a word `>= ts_new` and stops (its own lock is lost,
+//!   which only concerns the superseded `ts_old`), or finds an older word and installs
+//!   `(ts_old, mode)` — still below `ts_new`, which `TRYLOCK(ts_new, ·)` climbs over
+//!   like any older lock. A lock of `ts_new` is decided only by words holding
+//!   `ts_new` itself, so exclusion between `ts_new`'s readers and writer (Theorem
+//!   B.2) is untouched, and an older lock never makes `TRYLOCK(ts_new, WRITE)` fail.
+//!
+//! Besides, the fence and grace of [`super::reclaim`] keep stale operations from
+//! posting to a slot by the time it is reused; the argument above holds without them.
+//! `tests/loom.rs` model-checks both races on one recycled word
+//! (`a_stale_trylock_on_a_recycled_slot_*`).
 
 use crate::clock::Clock;
 use crate::encoding::{LockMode, LockWord, Timestamp};

@@ -48,6 +48,7 @@ impl<F: Fabric> Engine<'_, F> {
         let (Some(s), Some(content)) = (proposal.slot(), proposal.content()) else {
             return Ok(true);
         };
+        self.fence()?;
         let q = self.quorum();
         let addr = self.slot_addr(i, s);
         let target = applied_slot(ballot, proposal, owner_fp);

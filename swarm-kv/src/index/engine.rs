@@ -82,6 +82,9 @@ pub struct Engine<'a, F: Fabric> {
     /// The last accept met a newer promise somewhere: a helper may be deciding and
     /// applying the same value under its own ballot.
     contested: bool,
+    /// No CAS is posted after this instant on the fabric's clock (the caller's
+    /// operation deadline; `Nanos::MAX`: none).
+    deadline: Nanos,
 }
 
 impl<'a, F: Fabric> Engine<'a, F> {
@@ -104,7 +107,27 @@ impl<'a, F: Fabric> Engine<'a, F> {
             jitter,
             watches: Vec::new(),
             contested: false,
+            deadline: Nanos::MAX,
         }
+    }
+
+    /// This engine, posting no CAS after `deadline` (fabric clock): the operation
+    /// deadline that makes register recycling safe (`crate::recycle`). A paused
+    /// remove that resumed after the register it names was reused for the same key
+    /// would otherwise unmap the live mapping.
+    pub fn until(mut self, deadline: Nanos) -> Self {
+        self.deadline = deadline;
+        self
+    }
+
+    /// Fails with [`IndexError::Fenced`] once the deadline passed.
+    pub(super) fn fence(&self) -> Result<(), IndexError> {
+        if self.fabric.now() > self.deadline {
+            return Err(IndexError::Fenced {
+                deadline: self.deadline,
+            });
+        }
+        Ok(())
     }
 
     /// The index this engine works for.
@@ -320,6 +343,7 @@ impl<'a, F: Fabric> Engine<'a, F> {
         ballots: [Option<Ballot>; MAX_BUCKETS],
         header: Option<(u64, u32)>,
     ) -> Result<Promised, IndexError> {
+        self.fence()?;
         let q = self.quorum();
         let registers = self.registers();
         let nodes = self.ix.nodes;
@@ -488,6 +512,7 @@ impl<'a, F: Fabric> Engine<'a, F> {
         ballot: Ballot,
         proposal: Proposal,
     ) -> Result<bool, IndexError> {
+        self.fence()?;
         let q = self.quorum();
         let addr = self.meta_addr(i);
         let new = Meta {

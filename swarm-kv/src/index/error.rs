@@ -109,6 +109,17 @@ pub enum IndexError {
         /// The configured acknowledgement wait.
         ack_wait_ns: Nanos,
     },
+    /// The operation reached its deadline before posting a CAS (the caller's
+    /// operation deadline, `KvConfig::max_op_ns`).
+    #[error(
+        "the index update stopped at its deadline ({deadline} ns on the client's clock) so that \
+         registers it may still name can be recycled; it may or may not have taken effect: \
+         look the key up, or retry"
+    )]
+    Fenced {
+        /// The deadline, on the fabric's clock.
+        deadline: Nanos,
+    },
     /// A fabric error other than a missing majority (a bad address: a layout bug).
     #[error(transparent)]
     Fabric(FabricError),

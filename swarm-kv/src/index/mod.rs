@@ -179,8 +179,10 @@
 //!   that was down never completes, so a node coming back does not count for
 //!   roundtrips already in flight (as in `swarm_core`).
 //! * Key headers: the KV layer must write a register's header to a majority before
-//!   indexing it and not change it while it is indexed; on reuse it should bump the
-//!   header's generation (the reserved `u32`), which `header.rs` prefers.
+//!   indexing it and not change it while it is indexed. A recycled register's header
+//!   is zeroed on every replica before reuse (`crate::recycle`), so its generation (the
+//!   reserved `u32`, which `header.rs` prefers) stays 0 and an old header never
+//!   competes with the new one.
 
 mod apply;
 mod bucket;
@@ -203,7 +205,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use swarm_core::MAX_REPLICAS;
 use swarm_core::encoding::MAX_WRITERS;
-use swarm_core::fabric::NodeId;
+use swarm_core::fabric::{Nanos, NodeId};
 use swarm_core::{Fabric, OpStats, ProtocolConfig, Suspicion};
 
 pub use bucket::BucketError;
@@ -374,9 +376,39 @@ impl Index {
         Ok(())
     }
 
-    /// A nonce naming one remove call: `client id | 16-bit counter`, never 0, unique
-    /// among a client's last 65 535 removes.
+    /// A nonce naming one remove call: `client id << 16 | counter` (11 + 16 bits,
+    /// within the 27-bit value field), counter `1..=65_535`, so never 0 ("never
+    /// cleared").
+    ///
+    /// # What uniqueness is needed, and why this gives it
+    ///
+    /// A nonce is only ever compared inside one remove call: the call watches its
+    /// proposal `CLEAR slot, nonce` (`watch.rs`) in the meta words and slots it
+    /// observes, and takes a match as "my remove took effect", which makes it return
+    /// `true`, and the register recycler's ownership hangs on that (`crate::recycle`:
+    /// exactly one remover of a mapping owns the register). Two calls with equal
+    /// proposals would both return `true` if one of them is decided: so nonces must
+    /// differ between removes **of the same mapping (same bucket slot) that run at the
+    /// same time**. A proposal from an earlier era cannot be mistaken either: once a
+    /// slot moved on (a later change was decided over it) its old values never come
+    /// back as the newest accepted value or the newest slot copy.
+    ///
+    /// * One client: the counter repeats after 65 535 calls; far fewer are ever in
+    ///   flight at once.
+    /// * Two clients: their client ids (writer ids) differ.
+    /// * Two incarnations of one writer id: the later one gets the id only after the
+    ///   earlier one closed (no operation in flight) or its lease expired (contract
+    ///   3), and every operation of the earlier one posts no CAS after its deadline
+    ///   ([`Index::remove_until`]) and fails rather than returning `true` then. So a
+    ///   remove of the later incarnation overlaps no remove of the earlier one that
+    ///   can still decide something; if it meets an accepted-but-undecided `CLEAR`
+    ///   left by it with the same nonce (the same mapping, since it is still mapped),
+    ///   finishing that proposal is exactly what its own remove would do, and nobody
+    ///   else returns `true` for it.
+    ///
+    /// So the counter need not survive writer-id reuse; what must is the deadline.
     pub(crate) fn next_nonce(&self) -> u32 {
+        const { assert!((MAX_WRITERS as u64) << 16 <= word::MAX_REGISTERS) };
         let counter = self.nonces.fetch_add(1, Ordering::Relaxed) % 0xFFFF + 1;
         u32::from(self.config.client_id) << 16 | counter
     }
@@ -426,8 +458,22 @@ impl Index {
         key: &[u8],
         register: RegisterId,
     ) -> Result<InsertOutcome, IndexError> {
+        self.insert_until(fabric, stats, key, register, Nanos::MAX)
+            .await
+    }
+
+    /// [`Index::insert`], posting no CAS after `deadline` on the fabric's clock
+    /// ([`IndexError::Fenced`]; the insert may or may not have taken effect).
+    pub async fn insert_until<F: Fabric>(
+        &self,
+        fabric: &F,
+        stats: &OpStats,
+        key: &[u8],
+        register: RegisterId,
+        deadline: Nanos,
+    ) -> Result<InsertOutcome, IndexError> {
         self.check_fabric(fabric)?;
-        update::insert(self, fabric, stats, key, register).await
+        update::insert(self, fabric, stats, key, register, deadline).await
     }
 
     /// Unmaps `key` if it maps to `register`; `Ok(false)` if it did not. Of several
@@ -440,8 +486,23 @@ impl Index {
         key: &[u8],
         register: RegisterId,
     ) -> Result<bool, IndexError> {
+        self.remove_until(fabric, stats, key, register, Nanos::MAX)
+            .await
+    }
+
+    /// [`Index::remove`], posting no CAS after `deadline` on the fabric's clock
+    /// ([`IndexError::Fenced`]; the remove may or may not have taken effect, and
+    /// returned `true` to nobody if it did).
+    pub async fn remove_until<F: Fabric>(
+        &self,
+        fabric: &F,
+        stats: &OpStats,
+        key: &[u8],
+        register: RegisterId,
+        deadline: Nanos,
+    ) -> Result<bool, IndexError> {
         self.check_fabric(fabric)?;
-        update::change(self, fabric, stats, key, register, None).await
+        update::change(self, fabric, stats, key, register, None, deadline).await
     }
 
     /// Replaces the mapping `key → old` by `key → new` in place (SWARM §5.3.1:
@@ -455,8 +516,23 @@ impl Index {
         old: RegisterId,
         new: RegisterId,
     ) -> Result<bool, IndexError> {
+        self.replace_until(fabric, stats, key, old, new, Nanos::MAX)
+            .await
+    }
+
+    /// [`Index::replace`], posting no CAS after `deadline` on the fabric's clock
+    /// ([`IndexError::Fenced`]; the replace may or may not have taken effect).
+    pub async fn replace_until<F: Fabric>(
+        &self,
+        fabric: &F,
+        stats: &OpStats,
+        key: &[u8],
+        old: RegisterId,
+        new: RegisterId,
+        deadline: Nanos,
+    ) -> Result<bool, IndexError> {
         self.check_fabric(fabric)?;
-        update::change(self, fabric, stats, key, old, Some(new)).await
+        update::change(self, fabric, stats, key, old, Some(new), deadline).await
     }
 
     /// Number of mapped slots on one node (approximate: that node may lag behind the
@@ -465,5 +541,41 @@ impl Index {
     pub async fn count<F: Fabric>(&self, fabric: &F, stats: &OpStats) -> Result<u64, IndexError> {
         self.check_fabric(fabric)?;
         lookup::count(self, fabric, stats).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layout::ClusterParams;
+
+    #[test]
+    fn nonces_fit_their_field_are_never_zero_and_name_their_client() {
+        let layout = NodeLayout::new(ClusterParams::default()).unwrap();
+        let ix = |client_id| {
+            Index::new(
+                &layout,
+                3,
+                IndexConfig {
+                    client_id,
+                    ..IndexConfig::default()
+                },
+            )
+            .unwrap()
+        };
+        let (first, last) = (ix(0), ix(MAX_WRITERS - 1));
+        let mut seen = std::collections::HashSet::new();
+        for _ in 0..0xFFFF {
+            let (a, b) = (first.next_nonce(), last.next_nonce());
+            assert!(a != 0 && u64::from(b) < word::MAX_REGISTERS);
+            assert_eq!(b >> 16, u32::from(MAX_WRITERS - 1));
+            assert!(
+                seen.insert(a) && seen.insert(b),
+                "repeated within 65 535 calls"
+            );
+        }
+        // Then the counter wraps around (module docs: only overlapping removes of
+        // one mapping need distinct nonces).
+        assert!(seen.contains(&first.next_nonce()));
     }
 }

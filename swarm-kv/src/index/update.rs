@@ -166,6 +166,7 @@ pub async fn insert<F: Fabric>(
     stats: &OpStats,
     key: &[u8],
     register: RegisterId,
+    deadline: Nanos,
 ) -> Result<InsertOutcome, IndexError> {
     let hash = ix.hash(key)?;
     ix.check_register(register)?;
@@ -175,7 +176,8 @@ pub async fn insert<F: Fabric>(
         stats,
         &hash.buckets(),
         register ^ u64::from(hash.fp),
-    );
+    )
+    .until(deadline);
     let config = ix.config;
     let mut owner = Owner::default();
     let mut known_keys: Vec<(RegisterId, bool)> = Vec::new();
@@ -308,6 +310,7 @@ pub async fn change<F: Fabric>(
     key: &[u8],
     old: RegisterId,
     new: Option<RegisterId>,
+    deadline: Nanos,
 ) -> Result<bool, IndexError> {
     let hash = ix.hash(key)?;
     ix.check_register(old)?;
@@ -318,7 +321,8 @@ pub async fn change<F: Fabric>(
         }
     }
     let config = ix.config;
-    let mut eng = Engine::new(ix, fabric, stats, &hash.buckets(), old ^ u64::from(hash.fp));
+    let mut eng =
+        Engine::new(ix, fabric, stats, &hash.buckets(), old ^ u64::from(hash.fp)).until(deadline);
     // Which bucket maps `old`? Registers never move, so a settled read tells.
     let states = settled(&mut eng).await?;
     let Some(i) = states

@@ -34,8 +34,31 @@ pub(crate) trait BenchClient {
     async fn update(&self, key: &[u8], value: &[u8], stats: &OpStats) -> Result<bool, OpError>;
     /// Sets `key`.
     async fn insert(&self, key: &[u8], value: &[u8], stats: &OpStats) -> Result<(), OpError>;
+    /// Deletes `key`; whether it was present.
+    async fn delete(&self, key: &[u8], stats: &OpStats) -> Result<bool, OpError>;
     /// Gives back what the client holds (its writer id).
     fn close(self);
+    /// Lease renewals acknowledged so far (systems without leases: 0).
+    fn lease_renewals(&self) -> u64 {
+        0
+    }
+    /// What the client recycled so far, and the log slots it holds now (systems
+    /// that recycle nothing: zeros and `None`).
+    fn recycling(&self) -> Recycling {
+        Recycling::default()
+    }
+}
+
+/// One client's memory recycling, as [`BenchClient::recycling`] reports it.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Recycling {
+    /// Out-of-place log slots given back to the writer's log.
+    pub slots: u64,
+    /// Registers reset and handed out again.
+    pub registers: u64,
+    /// Log slots in use now (live values, writes in flight, slots waiting out the
+    /// grace).
+    pub log_slots_in_use: Option<u64>,
 }
 
 impl<F: Fabric> BenchClient for KvClient<FailNodes<F>, SystemClock> {
@@ -52,8 +75,22 @@ impl<F: Fabric> BenchClient for KvClient<FailNodes<F>, SystemClock> {
     async fn insert(&self, key: &[u8], value: &[u8], stats: &OpStats) -> Result<(), OpError> {
         Ok(KvClient::insert(self, key, value, stats).await?)
     }
+    async fn delete(&self, key: &[u8], stats: &OpStats) -> Result<bool, OpError> {
+        Ok(KvClient::delete(self, key, stats).await?)
+    }
     fn close(self) {
         KvClient::close(self);
+    }
+    fn lease_renewals(&self) -> u64 {
+        KvClient::lease_renewals(self)
+    }
+    fn recycling(&self) -> Recycling {
+        let log = self.log_counters();
+        Recycling {
+            slots: log.recycled,
+            registers: self.recycle_stats().recycled,
+            log_slots_in_use: Some(u64::from(log.in_use)),
+        }
     }
 }
 
@@ -70,6 +107,9 @@ impl BenchClient for FuseeClient<EmulatedFabric> {
     }
     async fn insert(&self, key: &[u8], value: &[u8], stats: &OpStats) -> Result<(), OpError> {
         Ok(FuseeClient::insert(self, key, value, stats).await?)
+    }
+    async fn delete(&self, key: &[u8], stats: &OpStats) -> Result<bool, OpError> {
+        Ok(FuseeClient::delete(self, key, stats).await?)
     }
     fn close(self) {}
 }

@@ -13,6 +13,8 @@ use super::workload::{MIN_KEY_SIZE, Workload, value_tag_len};
 
 /// Timeline intervals: 10 ms, as in SWARM's Figure 11.
 pub const DEFAULT_TIMELINE_INTERVAL_NS: u64 = 10_000_000;
+/// Measured operations unless `--ops` or `--duration` is given.
+pub const DEFAULT_OPS: u64 = 1_000_000;
 /// The seed of a run unless one is given.
 pub const DEFAULT_SEED: u64 = 0x5EED_5A4A;
 /// The most client threads (SWARM-KV's writer-id space).
@@ -79,8 +81,13 @@ pub struct BenchConfig {
     pub workload: Workload,
     /// Keys loaded before the measured phase.
     pub keys: u64,
-    /// Measured operations, all clients together.
+    /// Measured operations, all clients together (`u64::MAX`: no limit, with
+    /// `duration_ns`).
     pub ops: u64,
+    /// Ends the measured phase after this long, even if `ops` were not all issued
+    /// (`swarm bench --duration`): each client stops claiming operations once this
+    /// long has passed since it entered the measured phase.
+    pub duration_ns: Option<u64>,
     /// Client threads, each with its own `KvClient`.
     pub clients: usize,
     /// Operations each client keeps in flight (closed loop).
@@ -106,6 +113,10 @@ pub struct BenchConfig {
     /// Write every operation (load, warm-up and measured) to this file as JSON Lines
     /// for the linearizability checker.
     pub history: Option<PathBuf>,
+    /// Record in the history only operations on keys numbered below this (a sample
+    /// key range whose history is complete, so it can be checked; churn runs over
+    /// many distinct keys). `None`: every key.
+    pub history_keys: Option<u64>,
     /// Show a progress bar on stderr (only when stderr is a terminal).
     pub progress: bool,
     /// Length of the timeline's intervals (SWARM Figure 11), ns.
@@ -119,7 +130,8 @@ impl BenchConfig {
             system,
             workload,
             keys: 100_000,
-            ops: 1_000_000,
+            ops: DEFAULT_OPS,
+            duration_ns: None,
             clients: 4,
             inflight: 1,
             key_size: 24,
@@ -130,6 +142,7 @@ impl BenchConfig {
             seed: DEFAULT_SEED,
             fail: None,
             history: None,
+            history_keys: None,
             progress: false,
             timeline_interval_ns: DEFAULT_TIMELINE_INTERVAL_NS,
         }
@@ -195,6 +208,15 @@ impl BenchConfig {
                 min,
             });
         }
+        if self.duration_ns == Some(0) {
+            return invalid("--duration must be longer than 0".into());
+        }
+        if self.workload == Workload::Churn && matches!(self.system, System::Raw) {
+            return invalid("--workload churn deletes keys, which RAW cannot do".into());
+        }
+        if self.history_keys == Some(0) {
+            return invalid("--history-keys must be at least 1".into());
+        }
         if self.fail.is_some() && self.system == System::Raw {
             return invalid(
                 "--fail-node needs a replicated system: RAW keeps each key on one node only".into(),
@@ -214,9 +236,13 @@ pub struct BenchArgs {
     /// Keys inserted by the load phase.
     #[arg(long, default_value_t = 100_000)]
     pub keys: u64,
-    /// Measured operations, all clients together.
-    #[arg(long, default_value_t = 1_000_000)]
-    pub ops: u64,
+    /// Measured operations, all clients together (default 1000000, or no limit with
+    /// --duration; with both, the measured phase ends at whichever comes first).
+    #[arg(long)]
+    pub ops: Option<u64>,
+    /// Length of the measured phase, e.g. 60s or 10m (a long-running run; see --ops).
+    #[arg(long)]
+    pub duration: Option<String>,
     /// Client threads; a list (`1,2,4,8`) runs once per count, one after the other on
     /// the same cluster, and compares them (throughput vs clients, Figure 6).
     #[arg(long, value_delimiter = ',', default_value = "4")]
@@ -268,6 +294,11 @@ pub struct BenchArgs {
     /// Measured operations (all clients) before --fail-node crashes.
     #[arg(long, requires = "fail_node")]
     pub fail_after_ops: Option<u64>,
+    /// With --history, record only the operations on the first N keys (a sample
+    /// range whose history is complete and checkable; useful with --workload churn,
+    /// which inserts many distinct keys).
+    #[arg(long, requires = "history")]
+    pub history_keys: Option<u64>,
 }
 
 impl BenchArgs {
@@ -312,6 +343,18 @@ impl BenchArgs {
                 "--history records one run: give a single client count".into(),
             ));
         }
+        let duration_ns = match &self.duration {
+            None => None,
+            Some(text) => Some(
+                crate::duration::parse_duration_ns(text)
+                    .map_err(|e| BenchError::InvalidConfig(format!("--duration: {e}")))?,
+            ),
+        };
+        let ops = match (self.ops, duration_ns) {
+            (Some(ops), _) => ops,
+            (None, Some(_)) => u64::MAX,
+            (None, None) => DEFAULT_OPS,
+        };
         counts
             .iter()
             .map(|&clients| {
@@ -323,7 +366,8 @@ impl BenchArgs {
                         self.workload
                     },
                     keys: if contention { 1 } else { self.keys },
-                    ops: self.ops,
+                    ops,
+                    duration_ns,
                     clients,
                     inflight: self.inflight,
                     key_size: self.key_size,
@@ -334,6 +378,7 @@ impl BenchArgs {
                     seed: self.seed,
                     fail,
                     history: self.history.clone(),
+                    history_keys: self.history_keys,
                     // Quiet with --json (scripted runs) or when stderr is not a terminal.
                     progress: self.json.is_none(),
                     timeline_interval_ns: self.timeline_ms.saturating_mul(1_000_000),

@@ -13,6 +13,8 @@
 //!   "inflight": 1,                // operations in flight per client (closed loop)
 //!   "keys": 100000,               // keys loaded before the measured phase
 //!   "ops": 1000000,               // measured operations requested, all clients
+//!                                 // (18446744073709551615: no limit, a --duration run)
+//!   "duration_ns": 60000000000,   // only with --duration: the measured phase's length
 //!   "key_size": 24, "value_size": 64,
 //!   "rtt_ns": 0,                  // emulated network roundtrip time
 //!   "seed": 1592613450,
@@ -42,6 +44,17 @@
 //!                                 // cache warm-up and warm-up operations together
 //!   "fail_node": {"node": 1, "after_ops": 500000, "triggered": true},  // only with --fail-node
 //!   "fail_at_ms": 412.5,          // when it happened, since the measured phase began
+//!   "memory_start": {             // cluster memory in use before the run (SWARM-KV stores)
+//!     "registers_claimed": 1024,  // register slots in chunks claimed by clients
+//!     "keys": 0,                  // keys in the index (registers holding live keys)
+//!     "log_slots_in_use": null    // memory_start: null (not counted); memory_end: the log
+//!                                 // slots the run's clients held when they stopped (live
+//!                                 // values and slots waiting out the recycling grace)
+//!   },
+//!   "memory_end": { ... },        // the same after the run (clients closed)
+//!   "lease_renewals": 480,        // client lease renewals a majority acknowledged, all clients
+//!   "recycled_slots": 1190000,    // log slots given back to their writers during the run
+//!   "recycled_registers": 0,      // registers reset and handed out again during the run
 //!   "timeline_interval_ms": 10.0,
 //!   "timeline": [                 // the measured phase per interval (Figure 11)
 //!     {"t_ms": 0.0, "ops": 9100, "throughput_ops_s": 9.1e5, "p50_ns": 2300, "p99_ns": 3100,
@@ -221,6 +234,20 @@ pub struct FailReport {
     pub triggered: bool,
 }
 
+/// Cluster memory in use at one moment (a SWARM-KV store's, read from the memory
+/// nodes; see the module docs).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemoryUse {
+    /// Register slots in chunks claimed by clients, handed out or not.
+    pub registers_claimed: u64,
+    /// Keys in the index: registers holding live keys.
+    pub keys: u64,
+    /// Log slots in use, all the run's writers together, as the clients counted
+    /// them when they stopped; `None` where not counted (before the run, other
+    /// systems).
+    pub log_slots_in_use: Option<u64>,
+}
+
 /// The measured phases of a run, as [`BenchReport::new`] takes them.
 #[derive(Clone, Debug, Default)]
 pub struct RunStats {
@@ -242,6 +269,19 @@ pub struct RunStats {
     pub timeline: Vec<TimelinePoint>,
     /// When the planned node crash happened, ns since the measured phase began.
     pub fail_at_ns: Option<u64>,
+    /// Lease renewals acknowledged, all clients.
+    pub lease_renewals: u64,
+    /// Memory in use before the run.
+    pub memory_start: Option<MemoryUse>,
+    /// Memory in use after the run.
+    pub memory_end: Option<MemoryUse>,
+    /// Log slots given back to their writers' logs, all clients.
+    pub recycled_slots: u64,
+    /// Registers reset and handed out again, all clients.
+    pub recycled_registers: u64,
+    /// Log slots the clients held when they stopped, all clients (`None`: a system
+    /// that does not count them).
+    pub log_slots_in_use: Option<u64>,
 }
 
 /// The result of a run; see the module docs for its JSON form.
@@ -302,6 +342,30 @@ pub struct BenchReport {
     /// When the planned node crash happened, ms since the measured phase began.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fail_at_ms: Option<f64>,
+    /// The measured phase's length limit (`--duration`), ns.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duration_ns: Option<u64>,
+    /// Memory in use before the run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_start: Option<MemoryUse>,
+    /// Memory in use after the run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_end: Option<MemoryUse>,
+    /// Lease renewals acknowledged, all clients.
+    #[serde(default)]
+    pub lease_renewals: u64,
+    /// Log slots given back to their writers' logs during the run, all clients
+    /// (SWARM §4.5, `swarm_core::reclaim`).
+    #[serde(default)]
+    pub recycled_slots: u64,
+    /// Registers reset and handed out again during the run, all clients (SWARM
+    /// §5.4, `crate::recycle`).
+    #[serde(default)]
+    pub recycled_registers: u64,
+    /// Log slots the run's clients held when they stopped (copied into
+    /// `memory_end.log_slots_in_use`).
+    #[serde(skip)]
+    pub log_slots_in_use_at_end: Option<u64>,
 }
 
 impl BenchReport {
@@ -355,6 +419,13 @@ impl BenchReport {
             timeline_interval_ms: config.timeline_interval_ns as f64 / 1e6,
             timeline: stats.timeline.clone(),
             fail_at_ms: stats.fail_at_ns.map(|ns| ns as f64 / 1e6),
+            duration_ns: config.duration_ns,
+            memory_start: stats.memory_start,
+            memory_end: stats.memory_end,
+            lease_renewals: stats.lease_renewals,
+            recycled_slots: stats.recycled_slots,
+            recycled_registers: stats.recycled_registers,
+            log_slots_in_use_at_end: stats.log_slots_in_use,
         }
     }
 
@@ -445,6 +516,23 @@ impl fmt::Display for BenchReport {
         let _ = writeln!(out, "{}", phase("load", &self.load));
         if self.warmup.ops + self.warmup.errors > 0 {
             let _ = writeln!(out, "{}", phase("warm-up", &self.warmup));
+        }
+        if let (Some(start), Some(end)) = (&self.memory_start, &self.memory_end) {
+            let held = end
+                .log_slots_in_use
+                .map(|n| format!(" ({n} log slots held at the end)"))
+                .unwrap_or_default();
+            let _ = writeln!(
+                out,
+                "memory   registers claimed {} -> {}, keys {} -> {}; {} lease renewals; recycled {} log slots{held}, {} registers",
+                start.registers_claimed,
+                end.registers_claimed,
+                start.keys,
+                end.keys,
+                self.lease_renewals,
+                self.recycled_slots,
+                self.recycled_registers
+            );
         }
         let completed: u64 = self.ops_by_type.values().map(|r| r.count).sum();
         let measured_errors: u64 = self.ops_by_type.values().map(|r| r.errors).sum();

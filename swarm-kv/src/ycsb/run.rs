@@ -40,12 +40,12 @@ use swarm_checker::{OpKind, Operation};
 use swarm_core::fabric::FailNodes;
 use swarm_core::{Fabric, FabricError, LocalExecutor, NodeId, OpStats};
 
-use super::bench_client::{BenchClient, OpError};
+use super::bench_client::{BenchClient, OpError, Recycling};
 use super::config::{BenchConfig, System};
 use super::error::BenchError;
 use super::gate::Gate;
 use super::history::{self, HistoryPart};
-use super::report::{BenchReport, RunStats};
+use super::report::{BenchReport, MemoryUse, RunStats};
 use super::sizing::check_capacity;
 use super::stats::PhaseStats;
 use super::timeline::Timeline;
@@ -73,8 +73,9 @@ pub fn register_protocol(system: System) -> Option<RegisterProtocol> {
 ///
 /// The store may already hold the benchmark's keys (an earlier run): the load then
 /// overwrites them, and the history stays checkable because every key is inserted
-/// before any other operation touches it. Registers are not recycled yet, though, so
-/// each run uses `keys` fresh ones.
+/// before any other operation touches it. Each insert of a key that is already there
+/// allocated a fresh register before finding it; that register is retired and reused
+/// after the recycling grace (`crate::recycle`).
 pub fn run(store: &ShmStore, config: &BenchConfig) -> Result<BenchReport, BenchError> {
     config.validate()?;
     let nodes = store.fabric().node_count();
@@ -84,10 +85,12 @@ pub fn run(store: &ShmStore, config: &BenchConfig) -> Result<BenchReport, BenchE
         return run_fusee(nodes, config);
     }
     check_capacity(store.layout(), claimed_chunks(store)?, config)?;
+    let memory_start = memory_use(store)?;
     // The shared-memory fabric already carries the fault injector.
     let store = store.clone().with_rtt_ns(config.rtt_ns);
     let clients = connect(&store, config, || Ok(store.fabric()))?;
-    run_clients(clients, config)
+    let report = run_clients(clients, config)?;
+    with_memory(report, memory_start, memory_use(&store)?)
 }
 
 /// Runs `config` on any SWARM-KV store — over RDMA, say (`swarm bench --cluster`) —
@@ -115,8 +118,48 @@ where
     let nodes = store.fabric()?.node_count();
     check_fail_node(config, nodes)?;
     check_capacity(store.layout(), claimed_chunks(store)?, config)?;
+    let memory_start = memory_use(store)?;
     let clients = connect(store, config, || store.fabric().map(FailNodes::new))?;
-    run_clients(clients, config)
+    let report = run_clients(clients, config)?;
+    with_memory(report, memory_start, memory_use(store)?)
+}
+
+/// Memory in use on `store` now: registers in claimed chunks, and keys in the index.
+pub fn memory_use<S: Store>(store: &S) -> Result<MemoryUse, BenchError> {
+    let fabric = store.fabric()?;
+    let layout = store.layout();
+    let stats = OpStats::new();
+    let chunks = claimed_chunks(store)?;
+    let index = crate::index::Index::new(
+        layout,
+        fabric.node_count(),
+        crate::index::IndexConfig::default(),
+    )
+    .map_err(KvError::from)?;
+    let keys =
+        swarm_core::block_on(&fabric, index.count(&fabric, &stats)).map_err(KvError::from)?;
+    Ok(MemoryUse {
+        registers_claimed: chunks
+            .saturating_mul(u64::from(layout.params.chunk_registers))
+            .min(layout.params.registers),
+        keys,
+        log_slots_in_use: None,
+    })
+}
+
+fn with_memory(
+    mut report: BenchReport,
+    start: MemoryUse,
+    end: MemoryUse,
+) -> Result<BenchReport, BenchError> {
+    report.memory_start = Some(start);
+    // The log slots the run's clients held when they stopped: each client counts its
+    // own writer's log (live values and slots waiting out the grace).
+    report.memory_end = Some(MemoryUse {
+        log_slots_in_use: report.log_slots_in_use_at_end,
+        ..end
+    });
+    Ok(report)
 }
 
 /// Runs `config` with `--system fusee` on a fresh FUSEE store of `nodes` shared-memory
@@ -160,7 +203,13 @@ fn run_clients<C: BenchClient + Send>(
     clients: Vec<C>,
     config: &BenchConfig,
 ) -> Result<BenchReport, BenchError> {
-    let setup = KeySpace::new(config.keys, config.key_size)
+    // Churn names `CHURN_SPACE` windows of keys (see `Workload::Churn`).
+    let names = if config.workload.loads_keys() {
+        config.keys
+    } else {
+        config.keys.saturating_mul(super::workload::CHURN_SPACE)
+    };
+    let setup = KeySpace::new(names, config.key_size)
         .and_then(|keys| Ok((keys, OpChooser::new(config.workload, config.keys)?)));
     let (keys, chooser) = match setup {
         Ok(setup) => setup,
@@ -212,6 +261,12 @@ fn run_clients<C: BenchClient + Send>(
                 stats.load.merge(&output.load);
                 stats.warmup.merge(&output.warmup);
                 stats.measured.merge(&output.measured);
+                stats.lease_renewals += output.lease_renewals;
+                stats.recycled_slots += output.recycling.slots;
+                stats.recycled_registers += output.recycling.registers;
+                if let Some(in_use) = output.recycling.log_slots_in_use {
+                    *stats.log_slots_in_use.get_or_insert(0) += in_use;
+                }
                 timeline.merge(&output.timeline);
                 match output.history {
                     Some(Ok(path)) => history_parts.push(path),
@@ -303,7 +358,9 @@ fn progress_bar(config: &BenchConfig) -> ProgressBar {
         .saturating_add(warm)
         .saturating_add(config.warmup_ops)
         .saturating_add(config.ops);
-    let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
+    // A --duration run without --ops has no known length.
+    let total = (config.ops != u64::MAX).then_some(total);
+    let bar = ProgressBar::with_draw_target(total, ProgressDrawTarget::stderr());
     if let Ok(style) = ProgressStyle::with_template(
         "{msg:>9} [{elapsed_precise}] {wide_bar} {human_pos}/{human_len} ops ({per_sec}, eta {eta})",
     ) {
@@ -415,6 +472,10 @@ struct WorkerOutput {
     timeline: Timeline,
     /// The finished history part, if one is written.
     history: Option<Result<std::path::PathBuf, BenchError>>,
+    /// Lease renewals the client's writer id got.
+    lease_renewals: u64,
+    /// What the client recycled, and the log slots it held when it stopped.
+    recycling: Recycling,
 }
 
 /// What a client thread records as operations finish.
@@ -434,7 +495,12 @@ impl Sink<'_> {
             Ok(outcome) => stats.record(done.op, latency, done.roundtrips, outcome.hit()),
             Err(e) => stats.record_error(done.op, e),
         }
-        if self.history.is_some() {
+        let sampled = self
+            .shared
+            .config
+            .history_keys
+            .is_none_or(|keys| done.keynum < keys);
+        if self.history.is_some() && sampled {
             let op = self.operation(&done);
             if let Some(history) = &mut self.history {
                 history.record(&op);
@@ -464,6 +530,7 @@ impl Sink<'_> {
             OpType::Get => OpKind::Get,
             OpType::Update => OpKind::Update,
             OpType::Insert => OpKind::Insert,
+            OpType::Delete => OpKind::Delete,
         };
         match &done.result {
             Ok(Outcome::Got(value)) => {
@@ -487,6 +554,9 @@ impl Sink<'_> {
                 done.start,
                 done.end,
             ),
+            Ok(Outcome::Deleted(ok)) => {
+                Operation::completed(client, kind, key, None, *ok, done.start, done.end)
+            }
             Ok(Outcome::Inserted) => Operation::completed(
                 client,
                 kind,
@@ -516,6 +586,8 @@ fn worker<C: BenchClient>(
         measured: PhaseStats::default(),
         timeline: Timeline::new(config.timeline_interval_ns),
         history: None,
+        lease_renewals: 0,
+        recycling: Recycling::default(),
     };
     let mut sink = Sink {
         shared,
@@ -540,8 +612,12 @@ fn worker<C: BenchClient>(
         if !shared.gate.wait() {
             break 'phases;
         }
-        // 1. Load: this client's range of keys.
-        let mut next_key = share(index as u64)..share(index as u64 + 1);
+        // 1. Load: this client's range of keys (churn loads nothing).
+        let mut next_key = if config.workload.loads_keys() {
+            share(index as u64)..share(index as u64 + 1)
+        } else {
+            0..0
+        };
         drive(
             &client,
             shared,
@@ -561,7 +637,11 @@ fn worker<C: BenchClient>(
             break 'phases;
         }
         // 2. Warm-up: every key once from this client's first key, then workload ops.
-        let mut warm = if config.warm_cache { 0..n } else { 0..0 };
+        let mut warm = if config.warm_cache && config.workload.loads_keys() {
+            0..n
+        } else {
+            0..0
+        };
         let offset = share(index as u64);
         drive(
             &client,
@@ -591,13 +671,20 @@ fn worker<C: BenchClient>(
         if !shared.gate.wait() {
             break 'phases;
         }
-        // 3. Measured: claim operations until `ops` were issued by all clients.
+        // 3. Measured: claim operations until `ops` were issued by all clients, or
+        // the run's duration has passed.
         let mut failed = false;
+        let deadline = config
+            .duration_ns
+            .map(|d| shared.now_ns().saturating_add(d));
         drive(
             &client,
             shared,
             index,
             &mut || {
+                if deadline.is_some_and(|d| shared.now_ns() >= d) {
+                    return None;
+                }
                 let number = shared.measured_claimed.fetch_add(1, Ordering::Relaxed);
                 if number >= config.ops {
                     return None;
@@ -633,6 +720,8 @@ fn worker<C: BenchClient>(
         sink.flush_progress();
         shared.gate.wait();
     }
+    out.lease_renewals = client.lease_renewals();
+    out.recycling = client.recycling();
     client.close();
     out.history = sink.history.take().map(HistoryPart::finish);
     out
@@ -655,6 +744,8 @@ enum Outcome {
     Updated(bool),
     /// An insert.
     Inserted,
+    /// A delete: whether the key was present.
+    Deleted(bool),
 }
 
 impl Outcome {
@@ -662,7 +753,7 @@ impl Outcome {
     fn hit(&self) -> bool {
         match self {
             Self::Got(value) => value.is_some(),
-            Self::Updated(present) => *present,
+            Self::Updated(present) | Self::Deleted(present) => *present,
             Self::Inserted => true,
         }
     }
@@ -714,6 +805,7 @@ async fn issue<C: BenchClient>(
             .insert(key, written.as_deref().unwrap_or_default(), &stats)
             .await
             .map(|()| Outcome::Inserted),
+        OpType::Delete => client.delete(key, &stats).await.map(Outcome::Deleted),
     };
     let end = shared.now_ns();
     Finished {
@@ -747,7 +839,7 @@ fn drive<'a, C: BenchClient>(
     let value_size = shared.config.value_size;
     // `validate` checked that every tag fits in `value_size`.
     let written = |op: OpType, seq: u64| match op {
-        OpType::Get => None,
+        OpType::Get | OpType::Delete => None,
         OpType::Update | OpType::Insert => value(index as u32, seq, value_size),
     };
     let mut slots: Vec<Option<InFlight>> = (0..inflight).map(|_| None).collect();

@@ -4,9 +4,11 @@
 //! FUSEE §4.4), so a load of `keys` keys by `clients` clients may leave
 //! up to one partly used chunk per client: the cluster needs that much slack.
 //!
-//! Every write also takes an out-of-place log slot of its writer (SWARM §4.3), and
-//! slots are not recycled yet, so each client's log must hold every value it writes
-//! during the run (see [`log_slots_needed`]).
+//! Every write also takes an out-of-place log slot of its writer (SWARM §4.3) until
+//! it is superseded and a grace period has passed (`swarm_core::reclaim`), so each
+//! client's log must hold the live values it may own plus a backlog of superseded
+//! slots waiting out the grace, not every value it ever writes (see
+//! [`log_slots_needed`]).
 
 use swarm_core::encoding::MAX_WRITERS;
 
@@ -22,28 +24,50 @@ const NODE_BYTES_STEP: u64 = 1 << 20;
 const MAX_NODE_BYTES: u64 = 1 << 40;
 /// Log slots beyond the estimate of [`log_slots_needed`].
 const LOG_SLACK: u64 = 1024;
+/// Superseded slots a writer's log should have room for while they wait out the
+/// recycling grace. A smaller backlog does not fail writes: a writer whose log is
+/// full waits for the oldest one (its write rate is then at most backlog / grace).
+const RECYCLING_BACKLOG: u64 = 8192;
 
 /// Registers `config` needs in a cluster with chunks of `chunk_registers`: every
-/// key, plus one partly used chunk per client.
+/// key (churn: its window of live keys), plus one partly used chunk per client.
 pub fn registers_needed(config: &BenchConfig, chunk_registers: u32) -> u64 {
+    // Churn loads nothing, but keeps a window of `keys` live keys; the registers of
+    // the keys it deleted come back after the recycling grace (`crate::recycle`).
     config
         .keys
         .saturating_add(config.clients as u64 * u64::from(chunk_registers))
 }
 
-/// Out-of-place log slots each writer needs for `config`: one per value it writes,
-/// since slots are not recycled yet. That is its share of the load, plus twice its
-/// even share of the workload's expected updates (measured operations go to whichever
-/// client is free, so shares are uneven; the margin also keeps logs at most about
-/// half full, where picking a free slot by hashing stays cheap), plus some slack.
-pub fn log_slots_needed(config: &BenchConfig) -> u64 {
+/// Out-of-place log slots each writer needs for `config`: the fewer of
+///
+/// * every value it writes (its share of the load, plus twice its even share of the
+///   workload's expected updates — measured operations go to whichever client is
+///   free, so shares are uneven), and
+/// * what recycling keeps in use at once: the newest value of every key may be this
+///   writer's (one live slot per key), plus [`RECYCLING_BACKLOG`] superseded slots
+///   waiting out the grace,
+///
+/// plus some slack (logs at most about half full keep picking a free slot by hashing
+/// cheap). Keys that can be live at once are `config.keys`, or for the churn workload
+/// (a key space larger than the cluster) at most `registers`, one per register.
+pub fn log_slots_needed(config: &BenchConfig, registers: u64) -> u64 {
     let clients = config.clients.max(1) as u64;
-    let load_share = config.keys.div_ceil(clients);
+    let load_share = if config.workload.loads_keys() {
+        config.keys.div_ceil(clients)
+    } else {
+        0
+    };
     let workload_ops = config.warmup_ops.saturating_add(config.ops) as f64;
     let updates = (workload_ops * (1.0 - config.workload.get_proportion())).ceil() as u64;
-    load_share
-        .saturating_add(updates.div_ceil(clients).saturating_mul(2))
-        .saturating_add(LOG_SLACK)
+    let every_write = load_share.saturating_add(updates.div_ceil(clients).saturating_mul(2));
+    let live_keys = if config.workload.loads_keys() {
+        config.keys
+    } else {
+        config.keys.min(registers)
+    };
+    let recycled = live_keys.saturating_add(RECYCLING_BACKLOG);
+    every_write.min(recycled).saturating_add(LOG_SLACK)
 }
 
 /// Parameters and node size (bytes) of the smallest cluster (to the MiB) that holds
@@ -63,7 +87,7 @@ pub fn cluster_for(
         ..ClusterParams::default()
     };
     let needed = registers_needed(config, params.chunk_registers);
-    let slots = log_slots_needed(config);
+    let slots = log_slots_needed(config, u64::MAX);
     let fits = |bytes: u64| match params.for_node_size(bytes) {
         Ok(sized) => Ok(sized.registers >= needed && u64::from(sized.log_slots) >= slots),
         Err(ParamsError::TooSmall { .. }) => Ok(false),
@@ -129,19 +153,20 @@ pub fn check_capacity(
     if free < needed {
         return Err(BenchError::Capacity(format!(
             "{} keys loaded by {} clients need {needed} registers but it has {free} free \
-             of {} ({claimed_chunks} chunks of {} claimed by earlier clients, and memory \
-             is not recycled yet): lower --keys or create a larger cluster \
+             of {} ({claimed_chunks} chunks of {} claimed by earlier clients, whose \
+             unused registers are not reclaimed yet): lower --keys or create a larger cluster \
              (`swarm init --size`) in a fresh directory",
             config.keys, config.clients, p.registers, p.chunk_registers
         )));
     }
-    let slots = log_slots_needed(config);
-    if u64::from(p.log_slots) < slots {
+    let slots = log_slots_needed(config, p.registers);
+    if config.ops != u64::MAX && u64::from(p.log_slots) < slots {
         return Err(BenchError::Capacity(format!(
-            "each client may write about {slots} values but a writer's out-of-place log \
-             holds {} (and log slots are not recycled yet): lower --ops or --keys, or \
-             create the cluster with more memory per node, smaller values or fewer \
-             writers (`swarm init --size`, `--value-max`, `--writers`) so each log holds more",
+            "each client may need about {slots} log slots at once (the live value of \
+             every key, plus superseded slots waiting to be recycled) but a writer's \
+             out-of-place log holds {}: lower --keys, or create the cluster with more \
+             memory per node, smaller values or fewer writers (`swarm init --size`, \
+             `--value-max`, `--writers`) so each log holds more",
             p.log_slots
         )));
     }
@@ -175,7 +200,7 @@ mod tests {
             let sized = params.for_node_size(bytes).unwrap();
             let layout = NodeLayout::new(sized).unwrap();
             check_capacity(&layout, 0, &config).unwrap();
-            assert!(u64::from(sized.log_slots) >= log_slots_needed(&config));
+            assert!(u64::from(sized.log_slots) >= log_slots_needed(&config, u64::MAX));
             assert!(layout.end() <= bytes);
             // One step less would not fit (or is below the search's floor).
             let smaller = params.for_node_size(bytes - NODE_BYTES_STEP);
@@ -184,7 +209,7 @@ mod tests {
                     || smaller.is_err()
                     || smaller.as_ref().unwrap().registers
                         < registers_needed(&config, params.chunk_registers)
-                    || u64::from(smaller.unwrap().log_slots) < log_slots_needed(&config),
+                    || u64::from(smaller.unwrap().log_slots) < log_slots_needed(&config, u64::MAX),
                 "{keys} keys: {bytes} B is not the smallest"
             );
         }
@@ -197,9 +222,19 @@ mod tests {
         config.ops = 10_000;
         config.clients = 4;
         // 250 inserts, then twice an even share of 5 000 updates, plus slack.
-        assert_eq!(log_slots_needed(&config), 250 + 2 * 1250 + LOG_SLACK);
+        assert_eq!(
+            log_slots_needed(&config, u64::MAX),
+            250 + 2 * 1250 + LOG_SLACK
+        );
         config.workload = Workload::C;
-        assert_eq!(log_slots_needed(&config), 250 + LOG_SLACK);
+        assert_eq!(log_slots_needed(&config, u64::MAX), 250 + LOG_SLACK);
+        // Far more writes than the log: recycling keeps live values and a backlog.
+        config.workload = Workload::A;
+        config.ops = 5_000_000;
+        assert_eq!(
+            log_slots_needed(&config, u64::MAX),
+            1000 + RECYCLING_BACKLOG + LOG_SLACK
+        );
     }
 
     #[test]
@@ -239,14 +274,26 @@ mod tests {
         many.clients = 100;
         let err = check_capacity(&layout, 0, &many).unwrap_err().to_string();
         assert!(err.contains("--clients"), "{err}");
+        // Writes far beyond the logs fit: slots are recycled (`swarm init --size
+        // 64MiB --value-max 64 --writers 4`: about 47 000 slots per writer).
+        let four = ClusterParams {
+            value_max: 64,
+            writers: 4,
+            ..ClusterParams::default()
+        };
+        let four = NodeLayout::new(four.for_node_size(64 << 20).unwrap()).unwrap();
         let mut long = config.clone();
-        long.keys = 10;
+        long.keys = 1000;
+        long.clients = 2;
         long.workload = Workload::A;
         long.ops = 100_000_000;
-        let err = check_capacity(&layout, 0, &long).unwrap_err().to_string();
-        assert!(
-            err.contains("not recycled") && err.contains("--ops"),
-            "{err}"
-        );
+        assert!(u64::from(four.params.log_slots) < long.ops / 100);
+        check_capacity(&four, 0, &long).unwrap();
+        // Live data (plus the backlog) beyond the logs does not.
+        let mut wide = long.clone();
+        wide.keys = 40_000;
+        assert!(wide.keys + RECYCLING_BACKLOG > u64::from(four.params.log_slots));
+        let err = check_capacity(&four, 0, &wide).unwrap_err().to_string();
+        assert!(err.contains("log slots") && err.contains("--keys"), "{err}");
     }
 }

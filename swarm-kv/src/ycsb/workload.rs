@@ -35,6 +35,13 @@ pub enum Workload {
     /// Update only: 100 % updates. Not a YCSB core workload: the contention experiment
     /// (SWARM §7.8) runs it on one key with more and more writers.
     U,
+    /// Churn: a sliding window of `--keys` live keys over an ever-new key sequence.
+    /// Operation `2j` inserts key `j`; operation `2j + 1` deletes key `j - keys` (a
+    /// get of key `j` while the window fills). Nothing is loaded first. Over a run,
+    /// `ops / 2` distinct keys are inserted (names wrap after [`CHURN_SPACE`] windows),
+    /// many times the cluster's register capacity, while at most about `--keys` are
+    /// live at once. Not a YCSB workload: it exercises memory recycling (SWARM §5.4).
+    Churn,
 }
 
 impl Workload {
@@ -44,8 +51,14 @@ impl Workload {
             Self::A => 0.5,
             Self::B => 0.95,
             Self::C => 1.0,
-            Self::U => 0.0,
+            Self::U | Self::Churn => 0.0,
         }
+    }
+
+    /// Whether the keys are loaded (inserted) before the measured phase: all but
+    /// churn, which inserts and deletes them as it goes.
+    pub fn loads_keys(self) -> bool {
+        self != Self::Churn
     }
 
     /// `"a"`, `"b"`, `"c"` or `"u"`, as in the JSON report.
@@ -55,6 +68,7 @@ impl Workload {
             Self::B => "b",
             Self::C => "c",
             Self::U => "u",
+            Self::Churn => "churn",
         }
     }
 }
@@ -63,6 +77,7 @@ impl std::fmt::Display for Workload {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Self::U => f.write_str("update-only"),
+            Self::Churn => f.write_str("churn"),
             _ => write!(f, "YCSB-{}", self.name().to_uppercase()),
         }
     }
@@ -76,13 +91,15 @@ pub enum OpType {
     Get,
     /// Overwrite a present key.
     Update,
-    /// Insert a key (the load phase).
+    /// Insert a key (the load phase; churn).
     Insert,
+    /// Delete a key (churn).
+    Delete,
 }
 
 impl OpType {
     /// Every kind, in report order.
-    pub const ALL: [Self; 3] = [Self::Get, Self::Update, Self::Insert];
+    pub const ALL: [Self; 4] = [Self::Get, Self::Update, Self::Insert, Self::Delete];
 
     /// Position in [`Self::ALL`].
     pub fn index(self) -> usize {
@@ -95,6 +112,7 @@ impl OpType {
             Self::Get => "get",
             Self::Update => "update",
             Self::Insert => "insert",
+            Self::Delete => "delete",
         }
     }
 }
@@ -204,32 +222,79 @@ impl KeyChooser {
     }
 }
 
+/// How many windows of `--keys` names the churn workload cycles through: key `j`
+/// is named like key `j mod (CHURN_SPACE x keys)`. A name comes back long after its
+/// earlier key left the window (was deleted).
+pub const CHURN_SPACE: u64 = 16;
+
 /// Draws the operations of a workload: kind (YCSB's `DiscreteGenerator` over the
-/// read and update proportions), then key.
+/// read and update proportions), then key; for churn, the next step of the sliding
+/// window (see [`Workload::Churn`]), shared by every client of the run.
 #[derive(Clone, Debug)]
 pub struct OpChooser {
     get_proportion: f64,
-    keys: KeyChooser,
+    mode: KeyMode,
+}
+
+#[derive(Clone, Debug)]
+enum KeyMode {
+    /// YCSB's scrambled Zipfian over the loaded keys.
+    Ycsb(KeyChooser),
+    /// Churn: a window of `window` live keys; `issued` numbers the operations of
+    /// every client that shares this chooser.
+    Churn {
+        window: u64,
+        issued: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    },
 }
 
 impl OpChooser {
-    /// Operations of `workload` over `keys` loaded keys.
+    /// Operations of `workload` over `keys` keys (loaded, or the churn window).
     pub fn new(workload: Workload, keys: u64) -> Result<Self, BenchError> {
+        let mode = if workload == Workload::Churn {
+            if keys == 0 {
+                return Err(BenchError::InvalidConfig(
+                    "churn needs at least one key".into(),
+                ));
+            }
+            KeyMode::Churn {
+                window: keys,
+                issued: Default::default(),
+            }
+        } else {
+            KeyMode::Ycsb(KeyChooser::new(keys)?)
+        };
         Ok(Self {
             get_proportion: workload.get_proportion(),
-            keys: KeyChooser::new(keys)?,
+            mode,
         })
     }
 
     /// The next operation: its kind and key number.
     pub fn next<R: Rng + ?Sized>(&self, rng: &mut R) -> (OpType, u64) {
-        let u: f64 = rng.random();
-        let op = if u < self.get_proportion {
-            OpType::Get
-        } else {
-            OpType::Update
-        };
-        (op, self.keys.next(rng))
+        match &self.mode {
+            KeyMode::Churn { window, issued } => {
+                let number = issued.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let space = window.saturating_mul(CHURN_SPACE);
+                let j = number / 2;
+                if number % 2 == 0 {
+                    (OpType::Insert, j % space)
+                } else if j >= *window {
+                    (OpType::Delete, (j - window) % space)
+                } else {
+                    (OpType::Get, j % space)
+                }
+            }
+            KeyMode::Ycsb(keys) => {
+                let u: f64 = rng.random();
+                let op = if u < self.get_proportion {
+                    OpType::Get
+                } else {
+                    OpType::Update
+                };
+                (op, keys.next(rng))
+            }
+        }
     }
 }
 
@@ -319,6 +384,39 @@ mod tests {
                 "seed {seed}: {workload} get fraction {frac}"
             );
         }
+    }
+
+    #[test]
+    fn churn_keeps_a_window_of_live_keys_over_many_distinct_keys() {
+        let mut rng = Xoshiro256PlusPlus::seed_from_u64(11);
+        let window = 100;
+        let chooser = OpChooser::new(Workload::Churn, window).unwrap();
+        // Replay the operations in order and track the live set.
+        let mut live = std::collections::HashSet::new();
+        let (mut inserted, mut max_live) = (0u64, 0usize);
+        for _ in 0..4 * window * CHURN_SPACE {
+            let (op, key) = chooser.next(&mut rng);
+            assert!(key < window * CHURN_SPACE);
+            match op {
+                OpType::Insert => {
+                    assert!(live.insert(key), "key {key} inserted while live");
+                    inserted += 1;
+                }
+                OpType::Delete => assert!(live.remove(&key), "key {key} deleted while absent"),
+                OpType::Get => assert!(live.contains(&key)),
+                OpType::Update => panic!("churn never updates"),
+            }
+            max_live = max_live.max(live.len());
+        }
+        assert_eq!(max_live as u64, window + 1);
+        // Many times the window, and the names wrapped around.
+        assert_eq!(inserted, 2 * window * CHURN_SPACE);
+        // Clones share the sequence (one chooser per run, cloned per client).
+        let other = chooser.clone();
+        let (a, b) = (chooser.next(&mut rng).1, other.next(&mut rng).1);
+        assert_ne!(a, b);
+        assert!(!Workload::Churn.loads_keys() && Workload::A.loads_keys());
+        assert!(OpChooser::new(Workload::Churn, 0).is_err());
     }
 
     #[test]

@@ -25,6 +25,7 @@ pub fn layout(registers: u64, buckets: u64) -> NodeLayout {
         chunk_registers: 16,
         index_buckets: buckets,
         log_slots: 16,
+        ..ClusterParams::default()
     };
     NodeLayout::new(params).expect("test layout is valid")
 }

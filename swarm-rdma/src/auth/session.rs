@@ -17,8 +17,9 @@
 //! - **Sealed messages** (`ClientAuth`'s queue pair, `Accept`'s queue pair and
 //!   region): ChaCha20-Poly1305 under a per-handshake, per-direction key derived with
 //!   HKDF-SHA256 from the token, salted with both nonces; the associated data is the
-//!   transcript digest and the frame header. Each key seals exactly one message, so
-//!   the AEAD nonce is a constant; keys never repeat because the client's nonce is
+//!   transcript digest and the frame header. Each message sealed under a key has its
+//!   own nonce, its index in its direction (the handshake's is 0, later requests
+//!   such as a lease watch count up); keys never repeat because the client's nonce is
 //!   fresh (a memory node that reuses its nonce cannot make a key repeat).
 //!
 //! Why not Noise (`snow`, `Noise_NNpsk0`): it would add an ephemeral Diffie-Hellman,
@@ -147,6 +148,7 @@ impl SessionKeys {
 
     /// Encrypts `plaintext` in place and returns its tag. `header` is the frame
     /// header of the message carrying it; `transcript` holds every earlier frame.
+    /// The handshake's one message per direction (`ClientAuth`, `Accept`).
     pub fn seal(
         &self,
         sender: Sender,
@@ -154,10 +156,24 @@ impl SessionKeys {
         header: &[u8],
         plaintext: &mut [u8],
     ) -> SealTag {
+        self.seal_nth(sender, 0, transcript, header, plaintext)
+    }
+
+    /// [`SessionKeys::seal`] for the `n`th message `sender` seals with these keys
+    /// (0: the handshake's; 1, 2, ...: requests after it, such as a lease watch):
+    /// each message has its own AEAD nonce, so no nonce repeats under one key.
+    pub fn seal_nth(
+        &self,
+        sender: Sender,
+        n: u64,
+        transcript: &Transcript,
+        header: &[u8],
+        plaintext: &mut [u8],
+    ) -> SealTag {
         let aad = associated_data(transcript, header);
         // Only fails for messages beyond ChaCha20's 256 GiB limit.
         self.cipher(sender)
-            .encrypt_inout_detached(&one_message_nonce(), &aad, plaintext.into())
+            .encrypt_inout_detached(&message_nonce(n), &aad, plaintext.into())
             .expect("a handshake message is far below the AEAD's size limit")
             .into()
     }
@@ -172,22 +188,33 @@ impl SessionKeys {
         ciphertext: &mut [u8],
         tag: &SealTag,
     ) -> bool {
+        self.open_nth(sender, 0, transcript, header, ciphertext, tag)
+    }
+
+    /// [`SessionKeys::open`] for the `n`th message of `sender`.
+    pub fn open_nth(
+        &self,
+        sender: Sender,
+        n: u64,
+        transcript: &Transcript,
+        header: &[u8],
+        ciphertext: &mut [u8],
+        tag: &SealTag,
+    ) -> bool {
         let aad = associated_data(transcript, header);
         self.cipher(sender)
-            .decrypt_inout_detached(
-                &one_message_nonce(),
-                &aad,
-                ciphertext.into(),
-                &Tag::from(*tag),
-            )
+            .decrypt_inout_detached(&message_nonce(n), &aad, ciphertext.into(), &Tag::from(*tag))
             .is_ok()
     }
 }
 
-/// Each key seals exactly one message in its direction, so a constant nonce never
-/// repeats under one key.
-fn one_message_nonce() -> AeadNonce {
-    AeadNonce::default()
+/// The AEAD nonce of a direction's `n`th sealed message: `n`, little endian. The
+/// receiver counts messages itself (TCP keeps them in order), so a replayed or
+/// reordered message fails to open.
+fn message_nonce(n: u64) -> AeadNonce {
+    let mut nonce = AeadNonce::default();
+    nonce[..8].copy_from_slice(&n.to_le_bytes());
+    nonce
 }
 
 fn associated_data(transcript: &Transcript, header: &[u8]) -> Vec<u8> {
@@ -258,6 +285,17 @@ mod tests {
             &transcript,
             b"header"
         ));
+        // Later messages have their own nonce: one sealed as message 1 opens only
+        // as message 1.
+        let mut later = secret;
+        let tag1 = keys.seal_nth(Sender::Client, 1, &transcript, b"header", &mut later);
+        let opens_nth = |n| {
+            let mut buf = later;
+            keys.open_nth(Sender::Client, n, &transcript, b"header", &mut buf, &tag1)
+                && buf == secret
+        };
+        assert!(opens_nth(1));
+        assert!(!opens_nth(0) && !opens_nth(2));
         let mut flipped = sealed;
         flipped[0] ^= 1;
         assert!(!keys.open(

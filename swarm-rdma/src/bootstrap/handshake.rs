@@ -7,9 +7,10 @@
 
 use std::io::{Read, Write};
 
-use crate::auth::session::{Sender, TAG_LEN, Transcript};
+use crate::auth::session::{Sender, SessionKeys, TAG_LEN, Transcript};
 use crate::auth::{PROOF_LEN, Token, random_nonce};
 use crate::error::RdmaError;
+use crate::lease_watch::{WATCH_REQUEST_LEN, WatchRequest};
 use crate::wire::{
     ACCEPT_BODY_LEN, FRAME_HEADER_LEN, Message, QP_INFO_LEN, QpInfo, RefuseReason, RegionInfo,
     WireError, decode_accept_body, encode_accept_body,
@@ -71,6 +72,133 @@ fn unexpected(expected: &'static str, found: &Message) -> WireError {
     }
 }
 
+/// What either side keeps of a finished handshake to exchange more authenticated
+/// messages on the same connection (the lease watch, [`crate::lease_watch`]): the
+/// session keys, the transcript so far, and how many messages the client sealed.
+pub struct Session {
+    token: Token,
+    keys: SessionKeys,
+    transcript: Transcript,
+    /// Messages the client sealed after its `ClientAuth` (the next one's index is
+    /// this plus one).
+    client_sealed: u64,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Session { .. }")
+    }
+}
+
+impl Session {
+    /// Client: asks the memory node to watch a lease word, and waits for its answer
+    /// (`Watching`, or a proved `Refuse`: [`RdmaError::Refused`]).
+    pub fn request_watch<S: Read + Write>(
+        &mut self,
+        stream: &mut S,
+        peer: &str,
+        request: WatchRequest,
+    ) -> Result<(), RdmaError> {
+        let wire = |e| RdmaError::wire(peer, e);
+        let mut sealed = request.to_bytes();
+        let header = header_of(&Message::Watch {
+            sealed: [0; WATCH_REQUEST_LEN],
+            tag: [0; TAG_LEN],
+        });
+        self.client_sealed += 1;
+        let tag = self.keys.seal_nth(
+            Sender::Client,
+            self.client_sealed,
+            &self.transcript,
+            &header,
+            &mut sealed,
+        );
+        let frame = Message::Watch { sealed, tag }.encode();
+        stream.write_all(&frame).map_err(|e| wire(e.into()))?;
+        stream.flush().map_err(|e| wire(e.into()))?;
+        self.transcript.record(&frame);
+        let (reply, frame) = Message::read_frame(stream).map_err(wire)?;
+        let proved = self.proved(&frame);
+        self.transcript.record(&frame);
+        match reply {
+            Message::Watching { .. } if proved => Ok(()),
+            Message::Refuse { reason, .. } if proved => Err(RdmaError::Refused {
+                peer: peer.to_owned(),
+                reason,
+            }),
+            Message::Watching { .. } | Message::Refuse { .. } => Err(RdmaError::Tampered {
+                peer: peer.to_owned(),
+                message: reply.kind(),
+            }),
+            other => Err(wire(unexpected("Watching", &other))),
+        }
+    }
+
+    /// Client: the proved refusal the memory node sent before closing the
+    /// connection (say, [`RefuseReason::LeaseExpired`] when it cut the client), if
+    /// one is waiting in `stream`; `None` if none is, or it is not the node's.
+    pub fn read_refusal(&mut self, stream: &mut impl Read) -> Option<RefuseReason> {
+        let (message, frame) = Message::read_frame(stream).ok()?;
+        let proved = self.proved(&frame);
+        self.transcript.record(&frame);
+        match message {
+            Message::Refuse { reason, .. } if proved => Some(reason),
+            _ => None,
+        }
+    }
+
+    /// Memory node: reads the client's next request (a `Watch`), opened and
+    /// decoded (not yet checked against the region).
+    pub fn receive_watch(&mut self, stream: &mut impl Read) -> Result<WatchRequest, WireError> {
+        let (message, frame) = Message::read_frame(stream)?;
+        let result = match message {
+            Message::Watch { mut sealed, tag } => {
+                self.client_sealed += 1;
+                if self.keys.open_nth(
+                    Sender::Client,
+                    self.client_sealed,
+                    &self.transcript,
+                    &frame[..FRAME_HEADER_LEN],
+                    &mut sealed,
+                    &tag,
+                ) {
+                    Ok(WatchRequest::from_bytes(&sealed))
+                } else {
+                    Err(WireError::BadField(
+                        "the Watch message does not open with the session keys",
+                    ))
+                }
+            }
+            other => Err(unexpected("Watch", &other)),
+        };
+        self.transcript.record(&frame);
+        result
+    }
+
+    /// Memory node: sends `Watching` or a refusal, proved over the transcript.
+    pub fn send_proved(
+        &mut self,
+        stream: &mut impl Write,
+        message: &Message,
+    ) -> Result<(), WireError> {
+        let mut frame = message.encode();
+        let cut = frame.len() - PROOF_LEN;
+        let proof = self.token.prove(&self.transcript, &frame[..cut]);
+        frame[cut..].copy_from_slice(&proof);
+        stream.write_all(&frame)?;
+        stream.flush()?;
+        self.transcript.record(&frame);
+        Ok(())
+    }
+
+    fn proved(&self, frame: &[u8]) -> bool {
+        let (prefix, proof) = frame.split_at(frame.len().saturating_sub(PROOF_LEN));
+        proof
+            .try_into()
+            .is_ok_and(|proof| self.token.verify(&self.transcript, prefix, proof))
+    }
+}
+
 /// The client side of the handshake over an already connected stream: returns the
 /// memory node's queue pair and region.
 pub fn client_handshake<S: Read + Write>(
@@ -79,6 +207,16 @@ pub fn client_handshake<S: Read + Write>(
     token: &Token,
     local_qp: &QpInfo,
 ) -> Result<(QpInfo, RegionInfo), RdmaError> {
+    client_handshake_session(stream, peer, token, local_qp).map(|(qp, region, _)| (qp, region))
+}
+
+/// [`client_handshake`], also returning the session for later requests.
+pub fn client_handshake_session<S: Read + Write>(
+    stream: &mut S,
+    peer: &str,
+    token: &Token,
+    local_qp: &QpInfo,
+) -> Result<(QpInfo, RegionInfo, Session), RdmaError> {
     let wire = |e| RdmaError::wire(peer, e);
     let tampered = |message| RdmaError::Tampered {
         peer: peer.to_owned(),
@@ -140,7 +278,18 @@ pub fn client_handshake<S: Read + Write>(
             ) {
                 return Err(tampered("Accept"));
             }
-            decode_accept_body(&sealed).map_err(wire)
+            let (qp, region) = decode_accept_body(&sealed).map_err(wire)?;
+            talk.transcript.record(&frame);
+            Ok((
+                qp,
+                region,
+                Session {
+                    token: token.clone(),
+                    keys,
+                    transcript: talk.transcript,
+                    client_sealed: 0,
+                },
+            ))
         }
         Message::Refuse { reason, .. } if talk.proved(token, &frame) => Err(RdmaError::Refused {
             peer: peer.to_owned(),
@@ -162,7 +311,7 @@ pub fn server_handshake<S: Read + Write, A: Acceptor, Slot>(
     token: &Token,
     acceptor: &A,
     admit: impl FnOnce() -> Option<Slot>,
-) -> Result<(A::Connection, Slot), RdmaError> {
+) -> Result<(A::Connection, Slot, Session), RdmaError> {
     let mut talk = Conversation {
         stream,
         transcript: Transcript::new(),
@@ -265,7 +414,13 @@ pub fn server_handshake<S: Read + Write, A: Acceptor, Slot>(
     let tag = keys.seal(Sender::MemoryNode, &talk.transcript, &header, &mut sealed);
     talk.send_frame(&Message::Accept { sealed, tag }.encode())
         .map_err(|e| RdmaError::wire(peer, e))?;
-    Ok((connection, slot))
+    let session = Session {
+        token: token.clone(),
+        keys,
+        transcript: talk.transcript,
+        client_sealed: 0,
+    };
+    Ok((connection, slot, session))
 }
 
 /// An unproved refusal, for a peer whose nonce is unknown.

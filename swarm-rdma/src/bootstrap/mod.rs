@@ -33,6 +33,16 @@
 //! that a peer trickling bytes could stretch forever), and a malformed message is
 //! answered with a refusal and a closed connection, never a panic. The memory node
 //! also bounds unauthenticated connections ([`ServerLimits`]).
+//!
+//! After the handshake the connection stays open and may carry one more kind of
+//! request: a **lease watch** ([`crate::lease_watch`], [`Session::request_watch`]).
+//! The client names its lease word; the memory node reads it every
+//! [`ServerLimits::watch_period`] and, once it is killed or stalled, destroys the
+//! client's queue pair (no more of its verbs land), sends a proved
+//! `Refuse(LeaseExpired)` and closes the connection. The request is sealed with the
+//! session's keys under the next message index and covered by the transcript, like
+//! the handshake's own messages, so nobody without the session can make a node cut
+//! (or stop watching) someone else's client. State per client: one watch.
 
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
@@ -49,7 +59,7 @@ mod server;
 #[cfg(test)]
 mod tests;
 
-pub use handshake::{client_handshake, server_handshake};
+pub use handshake::{Session, client_handshake, client_handshake_session, server_handshake};
 pub use server::{Server, ServerLimits};
 
 /// Default time for a whole handshake (connecting included, on the client).
@@ -66,6 +76,14 @@ pub trait Acceptor: Send + Sync + 'static {
 
     /// Creates a queue pair connected to `client` and ready to serve it (RTR).
     fn accept(&self, client: &QpInfo) -> Result<(QpInfo, Self::Connection), RdmaError>;
+
+    /// The 8-byte word at `offset` of the served memory, read atomically, for the
+    /// lease watch ([`crate::lease_watch`]); `None` if out of bounds or unaligned
+    /// (then no client can be watched).
+    fn read_word(&self, offset: u64) -> Option<u64> {
+        let _ = offset;
+        None
+    }
 }
 
 /// What a client learns from a successful handshake.
@@ -77,6 +95,9 @@ pub struct Accepted {
     pub region: RegionInfo,
     /// The bootstrap connection: keep it open while the queue pair is used.
     pub stream: TcpStream,
+    /// The handshake's session, for a lease watch on `stream`
+    /// ([`Session::request_watch`]).
+    pub session: Session,
 }
 
 /// Connects to the memory node at `addr` and runs the client side of the handshake,
@@ -90,7 +111,7 @@ pub fn connect(
 ) -> Result<Accepted, RdmaError> {
     let deadline = Instant::now() + timeout;
     let stream = open(addr, timeout)?;
-    let (qp, region) = client_handshake(
+    let (qp, region, session) = client_handshake_session(
         &mut deadline::Deadline::new(&stream, deadline),
         addr,
         token,
@@ -99,7 +120,12 @@ pub fn connect(
     // The connection now only signals liveness: no more timeouts on it.
     let _ = stream.set_read_timeout(None);
     let _ = stream.set_write_timeout(None);
-    Ok(Accepted { qp, region, stream })
+    Ok(Accepted {
+        qp,
+        region,
+        stream,
+        session,
+    })
 }
 
 fn open(addr: &str, timeout: Duration) -> Result<TcpStream, RdmaError> {

@@ -16,9 +16,11 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::deadline::{Deadline, configure_idle_connection};
-use super::{Acceptor, DEFAULT_TIMEOUT, server_handshake};
+use super::{Acceptor, DEFAULT_TIMEOUT, Session, server_handshake};
 use crate::auth::Token;
 use crate::error::RdmaError;
+use crate::lease_watch::{CutReason, Verdict, WordWatch};
+use crate::wire::{Message, RefuseReason};
 
 /// How long a refused connection is drained (in total) so that the refusal is
 /// delivered before the socket closes.
@@ -39,6 +41,8 @@ pub struct ServerLimits {
     /// Connections handshaking at once from one IP address; more are closed at
     /// once, so that one host cannot fill the pre-authentication pool.
     pub max_handshakes_per_address: usize,
+    /// How often watched lease words are read ([`crate::lease_watch`]).
+    pub watch_period: Duration,
 }
 
 impl Default for ServerLimits {
@@ -48,6 +52,7 @@ impl Default for ServerLimits {
             max_clients: 1024,
             max_handshakes: 64,
             max_handshakes_per_address: 8,
+            watch_period: Duration::from_millis(10),
         }
     }
 }
@@ -95,6 +100,16 @@ pub struct Server {
     stop: Arc<AtomicBool>,
     clients: Arc<Mutex<Vec<(u64, TcpStream)>>>,
     accept_thread: Option<JoinHandle<()>>,
+    watch_thread: Option<JoinHandle<()>>,
+}
+
+/// A client whose lease word is watched: at most one per connected client.
+struct Watched {
+    watch: WordWatch,
+    /// Shut down (for reading) to wake the client's thread when it is cut.
+    stream: TcpStream,
+    /// Set once the client is cut off, and why.
+    cut: Option<CutReason>,
 }
 
 struct Shared<A> {
@@ -107,6 +122,10 @@ struct Shared<A> {
     handshaking: Arc<Mutex<Handshaking>>,
     next_id: AtomicU64,
     clients: Arc<Mutex<Vec<(u64, TcpStream)>>>,
+    /// Watched clients by connection id.
+    watches: Mutex<HashMap<u64, Watched>>,
+    /// Zero of the watch clock.
+    epoch: Instant,
 }
 
 impl Server {
@@ -131,7 +150,14 @@ impl Server {
             handshaking: Arc::default(),
             next_id: AtomicU64::new(0),
             clients: clients.clone(),
+            watches: Mutex::default(),
+            epoch: Instant::now(),
         });
+        let watcher = shared.clone();
+        let watch_thread = std::thread::Builder::new()
+            .name("swarm-rdma-lease-watch".into())
+            .spawn(move || watch_loop(&watcher))
+            .map_err(|e| RdmaError::io("cannot start the lease watch thread", e))?;
         let accept_thread = std::thread::Builder::new()
             .name("swarm-rdma-accept".into())
             .spawn(move || accept_loop(&listener, &shared))
@@ -141,6 +167,7 @@ impl Server {
             stop,
             clients,
             accept_thread: Some(accept_thread),
+            watch_thread: Some(watch_thread),
         })
     }
 
@@ -178,6 +205,9 @@ impl Server {
         // Wake the blocking accept() with a throwaway connection.
         let _ = TcpStream::connect_timeout(&self.local_addr, Duration::from_secs(1));
         if let Some(thread) = self.accept_thread.take() {
+            let _ = thread.join();
+        }
+        if let Some(thread) = self.watch_thread.take() {
             let _ = thread.join();
         }
         if let Ok(clients) = self.clients.lock() {
@@ -279,7 +309,7 @@ fn serve_client<A: Acceptor>(
         || shared.admit_client(),
     );
     drop(handshake_slot);
-    let (connection, _client_slot) = match handshake {
+    let (connection, _client_slot, mut session) = match handshake {
         Ok(accepted) => accepted,
         Err(error) => {
             tracing::warn!(%peer, %error, "refused a client");
@@ -297,16 +327,141 @@ fn serve_client<A: Acceptor>(
         if let Err(error) = configure_idle_connection(&stream) {
             tracing::warn!(%peer, %error, "cannot enable keepalive on the client's connection");
         }
-        // Passive from now on: block until the client closes the connection.
-        let mut sink = [0u8; 64];
-        // Clients send nothing after the handshake; stray bytes are ignored.
-        while let Ok(1..) = std::io::Read::read(&mut stream, &mut sink) {}
+        // Passive from now on: block until the client closes the connection or
+        // the watcher cuts it; the only request it may send is a lease watch.
+        serve_watch_requests(&mut stream, peer, id, shared, &mut session);
     }
     if let Ok(mut clients) = shared.clients.lock() {
         clients.retain(|(other, _)| *other != id);
     }
+    let watched = shared
+        .watches
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .remove(&id);
+    // The queue pair goes first: once the client hears why, nothing more lands.
     drop(connection);
+    if let Some(reason) = watched.and_then(|w| w.cut) {
+        tracing::warn!(%peer, %reason, "client cut off: lease expired; its queue pair is destroyed");
+        let refusal = Message::Refuse {
+            reason: RefuseReason::LeaseExpired,
+            proof: [0; crate::auth::PROOF_LEN],
+        };
+        let mut deadline = Deadline::new(&stream, Instant::now() + DRAIN_DEADLINE);
+        let _ = session.send_proved(&mut deadline, &refusal);
+        close_gracefully(&mut stream);
+        return;
+    }
     tracing::info!(%peer, "client disconnected; its queue pair is destroyed");
+}
+
+/// Serves a connected client's lease-watch requests until the connection ends (the
+/// client left, or the watcher cut it). A bad request is refused and ends the
+/// connection (its queue pair is destroyed).
+fn serve_watch_requests<A: Acceptor>(
+    stream: &mut TcpStream,
+    peer: &str,
+    id: u64,
+    shared: &Shared<A>,
+    session: &mut Session,
+) {
+    loop {
+        let request = match session.receive_watch(stream) {
+            Ok(request) => request,
+            Err(crate::wire::WireError::Truncated | crate::wire::WireError::Io(_)) => return,
+            Err(error) => {
+                tracing::warn!(%peer, %error, "malformed request after the handshake; disconnecting");
+                let _ = session.send_proved(stream, &refuse(RefuseReason::Malformed));
+                return;
+            }
+        };
+        let size = shared.acceptor.region().size;
+        let armed = request.check(size).and_then(|()| {
+            let word = shared.acceptor.read_word(request.offset).ok_or(
+                crate::lease_watch::WatchError::OutOfRegion {
+                    offset: request.offset,
+                    size,
+                },
+            )?;
+            WordWatch::arm(request, shared.now_ns(), word)
+        });
+        let watch = match armed {
+            Ok(watch) => watch,
+            Err(error) => {
+                let reason = match error {
+                    crate::lease_watch::WatchError::Killed => RefuseReason::LeaseExpired,
+                    _ => RefuseReason::BadWatch,
+                };
+                tracing::warn!(%peer, %error, "lease watch refused; disconnecting");
+                let _ = session.send_proved(stream, &refuse(reason));
+                return;
+            }
+        };
+        let Ok(clone) = stream.try_clone() else {
+            return;
+        };
+        // One watch per client: a new request replaces the old one.
+        shared
+            .watches
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(
+                id,
+                Watched {
+                    watch,
+                    stream: clone,
+                    cut: None,
+                },
+            );
+        tracing::info!(
+            %peer,
+            offset = format_args!("{:#x}", request.offset),
+            stall_ms = request.stall_ns / 1_000_000,
+            "watching the client's lease word"
+        );
+        let watching = Message::Watching {
+            proof: [0; crate::auth::PROOF_LEN],
+        };
+        if session.send_proved(stream, &watching).is_err() {
+            return;
+        }
+    }
+}
+
+fn refuse(reason: RefuseReason) -> Message {
+    Message::Refuse {
+        reason,
+        proof: [0; crate::auth::PROOF_LEN],
+    }
+}
+
+impl<A: Acceptor> Shared<A> {
+    fn now_ns(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    /// Reads every watched word once; cuts the clients whose lease expired (their
+    /// threads wake, destroy the queue pair and tell them why).
+    fn check_watches(&self) {
+        let mut watches = self.watches.lock().unwrap_or_else(PoisonError::into_inner);
+        for watched in watches.values_mut().filter(|w| w.cut.is_none()) {
+            let offset = watched.watch.request().offset;
+            let Some(word) = self.acceptor.read_word(offset) else {
+                continue;
+            };
+            if let Verdict::Cut(reason) = watched.watch.observe(self.now_ns(), word) {
+                watched.cut = Some(reason);
+                let _ = watched.stream.shutdown(Shutdown::Read);
+            }
+        }
+    }
+}
+
+fn watch_loop<A: Acceptor>(shared: &Shared<A>) {
+    while !shared.stop.load(Ordering::SeqCst) {
+        std::thread::sleep(shared.limits.watch_period);
+        shared.check_watches();
+    }
 }
 
 /// Closes a refused connection so that the refusal is delivered: send FIN, then

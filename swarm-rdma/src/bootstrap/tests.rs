@@ -16,7 +16,11 @@ struct FakeAcceptor {
     next_qpn: AtomicU32,
     live: Arc<AtomicUsize>,
     fail: bool,
+    /// The served memory's words that tests set (others read as zero).
+    words: Words,
 }
+
+type Words = Arc<std::sync::Mutex<std::collections::HashMap<u64, u64>>>;
 
 struct FakeConnection(Arc<AtomicUsize>);
 
@@ -51,6 +55,17 @@ impl Acceptor for FakeAcceptor {
         };
         Ok((qp, FakeConnection(self.live.clone())))
     }
+
+    fn read_word(&self, offset: u64) -> Option<u64> {
+        (offset.is_multiple_of(8) && offset + 8 <= self.region().size).then(|| {
+            self.words
+                .lock()
+                .unwrap()
+                .get(&offset)
+                .copied()
+                .unwrap_or(0)
+        })
+    }
 }
 
 fn start(token: &Token, fail: bool) -> (Server, Arc<AtomicUsize>) {
@@ -63,15 +78,26 @@ fn start(token: &Token, fail: bool) -> (Server, Arc<AtomicUsize>) {
 }
 
 fn start_with(token: &Token, fail: bool, limits: ServerLimits) -> (Server, Arc<AtomicUsize>) {
+    let (server, live, _) = start_watched(token, fail, limits);
+    (server, live)
+}
+
+fn start_watched(
+    token: &Token,
+    fail: bool,
+    limits: ServerLimits,
+) -> (Server, Arc<AtomicUsize>, Words) {
     let live = Arc::new(AtomicUsize::new(0));
+    let words = Words::default();
     let acceptor = FakeAcceptor {
         next_qpn: AtomicU32::new(100),
         live: live.clone(),
         fail,
+        words: words.clone(),
     };
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let server = Server::start(listener, token.clone(), acceptor, limits).unwrap();
-    (server, live)
+    (server, live, words)
 }
 
 fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
@@ -397,4 +423,246 @@ fn the_pre_authentication_pool_is_small_and_shared_fairly_between_addresses() {
         handshake_from(a, node, &token).is_ok()
     });
     server.shutdown();
+}
+
+mod lease_watch {
+    //! The lease watch end to end on loopback: a client asks the node to watch its
+    //! lease word; the node cuts it (drops its queue pair, says why) when the word is
+    //! killed or stalls, and refuses bad requests.
+
+    use super::*;
+    use crate::lease_watch::{KILLED, MIN_STALL_NS, WatchRequest};
+
+    const WORD: u64 = 4096;
+
+    fn request(stall_ns: u64) -> WatchRequest {
+        WatchRequest {
+            offset: WORD,
+            stall_ns,
+        }
+    }
+
+    fn set(words: &Words, value: u64) {
+        words.lock().unwrap().insert(WORD, value);
+    }
+
+    /// Waits for the node's refusal on the client's connection.
+    fn refusal(accepted: &mut Accepted) -> Option<RefuseReason> {
+        accepted
+            .stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        let Accepted {
+            stream, session, ..
+        } = accepted;
+        session.read_refusal(stream)
+    }
+
+    fn watched(addr: &str, token: &Token, words: &Words, stall_ns: u64) -> Accepted {
+        set(words, 1);
+        let mut accepted = connect(addr, token, &sample_qp(), DEFAULT_TIMEOUT).unwrap();
+        let Accepted {
+            stream, session, ..
+        } = &mut accepted;
+        session
+            .request_watch(stream, addr, request(stall_ns))
+            .unwrap();
+        accepted
+    }
+
+    #[test]
+    fn a_stalled_lease_word_gets_the_client_cut_with_its_reason() {
+        let token = Token::generate().unwrap();
+        let (server, live, words) = start_watched(&token, false, ServerLimits::default());
+        let addr = server.local_addr().to_string();
+        let mut client = watched(&addr, &token, &words, MIN_STALL_NS);
+        assert_eq!(refusal(&mut client), Some(RefuseReason::LeaseExpired));
+        // The queue pair was destroyed before the refusal was sent.
+        assert_eq!(live.load(Ordering::SeqCst), 0);
+        // An unwatched client on the same node is never cut.
+        let other = connect(&addr, &token, &sample_qp(), DEFAULT_TIMEOUT).unwrap();
+        std::thread::sleep(Duration::from_nanos(3 * MIN_STALL_NS));
+        assert_eq!(live.load(Ordering::SeqCst), 1);
+        drop(other);
+    }
+
+    #[test]
+    fn an_advancing_lease_word_keeps_the_client() {
+        let token = Token::generate().unwrap();
+        let (server, live, words) = start_watched(&token, false, ServerLimits::default());
+        let addr = server.local_addr().to_string();
+        // A generous stall time: renewals every 5 ms must never look stalled even on
+        // a loaded machine.
+        let stall_ns = 10 * MIN_STALL_NS;
+        let mut client = watched(&addr, &token, &words, stall_ns);
+        for value in 2..300 {
+            set(&words, value);
+            std::thread::sleep(Duration::from_millis(5));
+            assert_eq!(live.load(Ordering::SeqCst), 1, "cut while renewing");
+        }
+        // Renewals stop: then it is cut.
+        assert_eq!(refusal(&mut client), Some(RefuseReason::LeaseExpired));
+        assert_eq!(live.load(Ordering::SeqCst), 0);
+    }
+
+    #[test]
+    fn a_killed_lease_word_is_cut_and_cannot_be_watched_again() {
+        let token = Token::generate().unwrap();
+        let (server, live, words) = start_watched(&token, false, ServerLimits::default());
+        let addr = server.local_addr().to_string();
+        let mut client = watched(&addr, &token, &words, 1000 * MIN_STALL_NS);
+        set(&words, 1 | KILLED);
+        assert_eq!(refusal(&mut client), Some(RefuseReason::LeaseExpired));
+        assert_eq!(live.load(Ordering::SeqCst), 0);
+        // Reconnecting does not help: the node refuses to watch a killed word, and
+        // drops the new queue pair.
+        let mut again = connect(&addr, &token, &sample_qp(), DEFAULT_TIMEOUT).unwrap();
+        let Accepted {
+            stream, session, ..
+        } = &mut again;
+        let error = session
+            .request_watch(stream, &addr, request(MIN_STALL_NS))
+            .unwrap_err();
+        assert!(
+            matches!(
+                error,
+                RdmaError::Refused {
+                    reason: RefuseReason::LeaseExpired,
+                    ..
+                }
+            ),
+            "{error}"
+        );
+        wait_for("the refused client's queue pair to go", || {
+            live.load(Ordering::SeqCst) == 0
+        });
+    }
+
+    #[test]
+    fn bad_watch_requests_are_refused_and_disconnected() {
+        let token = Token::generate().unwrap();
+        let (server, live, _words) = start_watched(&token, false, ServerLimits::default());
+        let addr = server.local_addr().to_string();
+        for bad in [
+            WatchRequest {
+                offset: 4097,
+                stall_ns: MIN_STALL_NS,
+            },
+            WatchRequest {
+                offset: 1 << 20,
+                stall_ns: MIN_STALL_NS,
+            },
+            WatchRequest {
+                offset: 0,
+                stall_ns: MIN_STALL_NS,
+            },
+            WatchRequest {
+                offset: WORD,
+                stall_ns: 1,
+            },
+        ] {
+            let mut client = connect(&addr, &token, &sample_qp(), DEFAULT_TIMEOUT).unwrap();
+            let Accepted {
+                stream, session, ..
+            } = &mut client;
+            let error = session.request_watch(stream, &addr, bad).unwrap_err();
+            assert!(
+                matches!(
+                    error,
+                    RdmaError::Refused {
+                        reason: RefuseReason::BadWatch,
+                        ..
+                    }
+                ),
+                "{bad:?}: {error}"
+            );
+            wait_for("the refused client's queue pair to go", || {
+                live.load(Ordering::SeqCst) == 0
+            });
+        }
+    }
+
+    #[test]
+    fn a_watch_not_sealed_by_the_session_is_refused() {
+        let token = Token::generate().unwrap();
+        let (server, live, words) = start_watched(&token, false, ServerLimits::default());
+        let addr = server.local_addr().to_string();
+        set(&words, 1);
+        let mut client = connect(&addr, &token, &sample_qp(), DEFAULT_TIMEOUT).unwrap();
+        // A Watch in clear with a made-up tag (what an on-path attacker could send).
+        Message::Watch {
+            sealed: request(MIN_STALL_NS).to_bytes(),
+            tag: [0; TAG_LEN],
+        }
+        .write_to(&mut client.stream)
+        .unwrap();
+        assert_eq!(
+            unproved_refusal(&mut client.stream),
+            Some(RefuseReason::Malformed)
+        );
+        wait_for("the client's queue pair to go", || {
+            live.load(Ordering::SeqCst) == 0
+        });
+    }
+
+    /// A stream that keeps a copy of what is written to it.
+    struct Recorder<'s> {
+        stream: &'s mut TcpStream,
+        written: Vec<u8>,
+    }
+
+    impl Read for Recorder<'_> {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            self.stream.read(buf)
+        }
+    }
+
+    impl Write for Recorder<'_> {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            let n = self.stream.write(buf)?;
+            self.written.extend_from_slice(&buf[..n]);
+            Ok(n)
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            self.stream.flush()
+        }
+    }
+
+    #[test]
+    fn a_replayed_watch_is_refused() {
+        let token = Token::generate().unwrap();
+        let (server, live, words) = start_watched(&token, false, ServerLimits::default());
+        let addr = server.local_addr().to_string();
+        set(&words, 1);
+        let mut client = connect(&addr, &token, &sample_qp(), DEFAULT_TIMEOUT).unwrap();
+        let Accepted {
+            stream, session, ..
+        } = &mut client;
+        let mut recorder = Recorder {
+            stream,
+            written: Vec::new(),
+        };
+        session
+            .request_watch(&mut recorder, &addr, request(1000 * MIN_STALL_NS))
+            .unwrap();
+        let watch = recorder.written;
+        // The same sealed bytes again: the node expects the next message index.
+        stream.write_all(&watch).unwrap();
+        assert_eq!(unproved_refusal(stream), Some(RefuseReason::Malformed));
+        wait_for("the client's queue pair to go", || {
+            live.load(Ordering::SeqCst) == 0
+        });
+    }
+
+    /// The refusal sent after a forged frame (which is not in the client session's
+    /// transcript, so its proof cannot be checked here).
+    fn unproved_refusal(stream: &mut TcpStream) -> Option<RefuseReason> {
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        match Message::read_from(stream).ok()? {
+            Message::Refuse { reason, .. } => Some(reason),
+            _ => None,
+        }
+    }
 }

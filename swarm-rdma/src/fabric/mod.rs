@@ -33,12 +33,14 @@ use crate::bootstrap;
 use crate::config::PathConfig;
 use crate::config::{ClusterConfig, check_address};
 use crate::error::RdmaError;
+use crate::lease_watch::WatchRequest;
 use crate::verbs::cq::CompletionQueue;
 use crate::verbs::device::{Device, PortAttr, PortInfo, open_device};
 use crate::verbs::events::DeviceEvents;
 use crate::verbs::memory::{Access, Mapping, MemoryRegion};
 use crate::verbs::qp::{QpSettings, QueuePair, Role};
 use crate::verbs::selftest::{self, DeviceLoopback};
+use crate::wire::RefuseReason;
 use crate::wr::{CasReplyOrder, ChainLimits, ReadOrdering, RemoteRegion};
 use engine::{Engine, EngineFabric, NodeLink};
 use nic::VerbsNic;
@@ -254,6 +256,7 @@ impl Shared {
         &self,
         cq: &Arc<CompletionQueue>,
         index: usize,
+        watch: Option<WatchRequest>,
     ) -> Result<Connected, RdmaError> {
         let addr = &self.config.nodes[index];
         let port = self
@@ -261,12 +264,17 @@ impl Shared {
             .address(self.config.path.gid, route_source(addr))?;
         let settings = self.client_settings(port);
         let mut qp = QueuePair::new(cq.clone(), settings)?;
-        let accepted = bootstrap::connect(
+        let mut accepted = bootstrap::connect(
             addr,
             &self.config.token,
             &qp.info(),
             self.config.bootstrap_timeout,
         )?;
+        // A reconnect re-arms the lease watch before the queue pair is used: the
+        // node refuses it if the lease was killed meanwhile.
+        if let Some(request) = watch {
+            self.request_watch(&mut accepted.stream, &mut accepted.session, addr, request)?;
+        }
         let header = accepted.region.header;
         if usize::from(header.node_id) != index {
             return Err(RdmaError::Cluster {
@@ -299,7 +307,26 @@ impl Shared {
                 incarnation: accepted.region.incarnation,
             },
             stream: accepted.stream,
+            session: accepted.session,
         })
+    }
+
+    /// Asks the node behind `stream` to watch a lease word, within the bootstrap
+    /// timeout.
+    fn request_watch(
+        &self,
+        stream: &mut TcpStream,
+        session: &mut bootstrap::Session,
+        addr: &str,
+        request: WatchRequest,
+    ) -> Result<(), RdmaError> {
+        let timeout = Some(self.config.bootstrap_timeout);
+        let _ = stream.set_read_timeout(timeout);
+        let _ = stream.set_write_timeout(timeout);
+        let result = session.request_watch(stream, addr, request);
+        let _ = stream.set_read_timeout(None);
+        let _ = stream.set_write_timeout(None);
+        result
     }
 }
 
@@ -328,7 +355,10 @@ pub struct RdmaFabric {
     incarnations: Vec<Option<u64>>,
     /// Bootstrap connections, held open while the queue pairs are in use: closing
     /// one tells that memory node to destroy its side.
-    streams: RefCell<Vec<Option<TcpStream>>>,
+    streams: RefCell<Vec<Option<(TcpStream, bootstrap::Session)>>>,
+    /// The lease word memory nodes watch for this client, once asked
+    /// ([`RdmaFabric::watch_lease_word`]); re-armed on every reconnect.
+    watch: Cell<Option<WatchRequest>>,
     shared: Arc<Shared>,
     cq: Arc<CompletionQueue>,
     slots: RefCell<Vec<Slot<Attempt>>>,
@@ -342,6 +372,7 @@ struct Connected {
     link: NodeLink,
     known: Known,
     stream: TcpStream,
+    session: bootstrap::Session,
 }
 
 impl RdmaFabric {
@@ -370,7 +401,7 @@ impl RdmaFabric {
         let mut failures = Vec::new();
         // All nodes at once: an unreachable node costs one bootstrap timeout, not one
         // per node before it in the list.
-        let results = in_parallel(n, |i| shared.connect_node(&cq, i));
+        let results = in_parallel(n, |i| shared.connect_node(&cq, i, None));
         for (i, result) in results.into_iter().enumerate() {
             let addr = &config.nodes[i];
             match result {
@@ -379,7 +410,7 @@ impl RdmaFabric {
                     links.push(Some(c.link));
                     headers.push(Some(c.known.header));
                     incarnations.push(Some(c.known.incarnation));
-                    streams.push(Some(c.stream));
+                    streams.push(Some((c.stream, c.session)));
                     slots.push(Slot::Live);
                 }
                 Err(error) => {
@@ -430,6 +461,7 @@ impl RdmaFabric {
             headers,
             incarnations,
             streams: RefCell::new(streams),
+            watch: Cell::new(None),
             health_seen: Cell::new(shared.events.health().generation()),
             shared: shared.clone(),
             cq,
@@ -462,6 +494,47 @@ impl RdmaFabric {
             *slot = Slot::Retired;
         }
         self.inner.engine().fail_node(node);
+    }
+
+    /// Asks every live memory node to watch this client's lease word (an 8-byte
+    /// word at `request.offset` of each node's memory, [`crate::lease_watch`]) and to
+    /// cut the client off once it is killed (bit 63) or unchanged for
+    /// `request.stall_ns`. Reconnects re-arm it. A node that refuses or does not
+    /// answer is failed (and retried in the background, which re-arms the watch).
+    /// Returns how many nodes watch the word now.
+    pub fn watch_lease_word(&self, request: WatchRequest) -> usize {
+        self.watch.set(Some(request));
+        let mut armed = 0;
+        let mut streams = self.streams.borrow_mut();
+        for (index, entry) in streams.iter_mut().enumerate() {
+            let node = NodeId(index as u16);
+            let Some((stream, session)) = entry else {
+                continue;
+            };
+            if self.inner.engine().is_dead(node) {
+                continue;
+            }
+            let addr = &self.shared.config.nodes[index];
+            match self.shared.request_watch(stream, session, addr, request) {
+                Ok(()) => armed += 1,
+                Err(error) => {
+                    tracing::warn!(%node, %error, "memory node did not arm the lease watch; treating it as failed");
+                    self.inner.engine().fail_node(node);
+                }
+            }
+        }
+        armed
+    }
+
+    /// Why node `index` cut this client off, if it said so before closing the
+    /// bootstrap connection (read without blocking).
+    fn cut_reason(&self, index: usize) -> Option<RefuseReason> {
+        let mut streams = self.streams.borrow_mut();
+        let (stream, session) = streams.get_mut(index)?.as_mut()?;
+        stream.set_nonblocking(true).ok()?;
+        let reason = session.read_refusal(stream);
+        let _ = stream.set_nonblocking(false);
+        reason
     }
 
     /// Where `node` stands for this client.
@@ -520,7 +593,17 @@ impl RdmaFabric {
             *slot = match std::mem::replace(slot, Slot::Retired) {
                 Slot::Retired => Slot::Retired,
                 Slot::Live => {
-                    tracing::info!(%node, "memory node failed; reconnecting in the background");
+                    match self.cut_reason(index) {
+                        Some(reason) => tracing::warn!(
+                            %node,
+                            %reason,
+                            "memory node cut this client off; reconnecting in the background"
+                        ),
+                        None => tracing::info!(
+                            %node,
+                            "memory node failed; reconnecting in the background"
+                        ),
+                    }
                     Slot::failed(now)
                 }
                 Slot::Waiting { at, backoff } if now < at || !usable => {
@@ -529,10 +612,11 @@ impl RdmaFabric {
                 Slot::Waiting { backoff, .. } => {
                     let (tx, rx) = mpsc::channel();
                     let (shared, cq) = (self.shared.clone(), self.cq.clone());
+                    let watch = self.watch.get();
                     let spawned = std::thread::Builder::new()
                         .name("swarm-rdma-reconnect".into())
                         .spawn(move || {
-                            let _ = tx.send(shared.connect_node(&cq, index));
+                            let _ = tx.send(shared.connect_node(&cq, index, watch));
                         });
                     match spawned {
                         Ok(_) => Slot::Trying {
@@ -545,6 +629,15 @@ impl RdmaFabric {
                 Slot::Trying { attempt, backoff } => match attempt.try_recv() {
                     Err(mpsc::TryRecvError::Empty) => Slot::Trying { attempt, backoff },
                     Err(mpsc::TryRecvError::Disconnected) => Slot::retry_later(now, backoff),
+                    Ok(Err(
+                        error @ RdmaError::Refused {
+                            reason: RefuseReason::LeaseExpired,
+                            ..
+                        },
+                    )) => {
+                        tracing::warn!(%node, %error, "memory node refuses this client for good");
+                        Slot::Retired
+                    }
                     Ok(Err(error)) => {
                         tracing::debug!(%node, %error, "reconnect attempt failed; retrying later");
                         Slot::retry_later(now, backoff)
@@ -571,7 +664,11 @@ impl RdmaFabric {
         match judge(&known, &connected.known.header, connected.known.incarnation) {
             Verdict::Same => {
                 let Connected {
-                    qp, link, stream, ..
+                    qp,
+                    link,
+                    stream,
+                    session,
+                    ..
                 } = connected;
                 let mut engine = self.inner.engine();
                 // The old queue pair is destroyed here, before the engine releases
@@ -579,7 +676,7 @@ impl RdmaFabric {
                 drop(engine.nic_mut().replace_qp(node.index(), qp));
                 engine.revive(node, link);
                 // Closing the old bootstrap connection lets the node destroy its end.
-                self.streams.borrow_mut()[node.index()] = Some(stream);
+                self.streams.borrow_mut()[node.index()] = Some((stream, session));
                 tracing::info!(%node, "memory node reconnected (same incarnation)");
                 Slot::Live
             }

@@ -99,6 +99,27 @@ impl Mapping {
         self.ptr.as_ptr() as u64
     }
 
+    /// The 8-byte word at `offset`, loaded atomically (the NIC may write it at any
+    /// moment); `None` if unaligned or out of bounds.
+    pub fn load_u64(&self, offset: u64) -> Option<u64> {
+        let offset = usize::try_from(offset).ok()?;
+        if !offset.is_multiple_of(8) || offset.checked_add(8)? > self.len {
+            return None;
+        }
+        // SAFETY: `[offset, offset + 8)` is inside the live mapping (checked above)
+        // and 8-byte aligned (the mapping is page aligned, the offset a multiple of
+        // 8); an atomic load is sound even while the NIC or another atomic writes it,
+        // and Rust code only ever writes registered memory before registration.
+        let word = unsafe {
+            &*self
+                .ptr
+                .as_ptr()
+                .add(offset)
+                .cast::<std::sync::atomic::AtomicU64>()
+        };
+        Some(word.load(std::sync::atomic::Ordering::Acquire))
+    }
+
     /// The bytes `[offset, offset + len)` for a caller that counts in `u64` (the
     /// transport engine's staging extents); empty if out of bounds.
     pub fn extent_mut(&mut self, offset: u64, len: u64) -> &mut [u8] {

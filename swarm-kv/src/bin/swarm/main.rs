@@ -71,19 +71,21 @@ enum Command {
         #[command(flatten)]
         at: ClusterArg,
     },
-    /// Give back the writer id of a client that crashed, so that a new client can use
-    /// it (see `swarm stat` for ids and the age of their last heartbeat).
+    /// Give back the writer id of a client that died, so that a new client can use it
+    /// (clients also take over expired ids by themselves when none is free; see
+    /// `swarm stat` for ids and leases). Watches the lease for a lease period first
+    /// and refuses if the client renewed it.
     Evict {
         #[command(flatten)]
         at: ClusterArg,
         /// The writer id to give back.
         #[arg(long)]
         writer: u16,
-        /// Refuse unless the client's lease was last renewed at least this long ago
-        /// (clients renew it every second while they run). Two live clients sharing a
-        /// writer id break linearizability: keep it above any pause you expect.
-        #[arg(long, default_value_t = 60)]
-        min_idle_secs: u64,
+        /// Evict even a live client: its lease is killed at once (it stops at its next
+        /// operation with a lease error), and the id is given back once the longest
+        /// lease it may still believe in has passed.
+        #[arg(long)]
+        force: bool,
     },
     /// Bring lagging copies of the index up to date: after a memory node was down or
     /// slow, its copies of index slots miss the updates it did not see. Safe while
@@ -210,6 +212,22 @@ struct ParamArgs {
     /// Writer ids (client threads) the cluster has room for.
     #[arg(long, default_value_t = 64)]
     writers: u16,
+    /// Client lease duration, e.g. 2s: a client that stops renewing is presumed dead,
+    /// and its writer id reclaimed, about 9/8 of this plus the reclamation grace later.
+    #[arg(long, default_value = "2s")]
+    lease: String,
+    /// Lease renewal period, e.g. 250ms (less than half the lease).
+    #[arg(long, default_value = "250ms")]
+    lease_renew: String,
+    /// Operation deadline, e.g. 200ms: an operation never posts a batch later than this
+    /// after it started (it fails instead), so that memory it may reference can be
+    /// recycled; with the renewal period, it must fit in 7/8 of the lease.
+    #[arg(long, default_value = "200ms")]
+    max_op: String,
+    /// How long a client uses a cached key location after the index vouched for it,
+    /// e.g. 10s: a deleted key's register is reused about this plus --max-op later.
+    #[arg(long, default_value = "10s")]
+    cache_ttl: String,
 }
 
 impl ParamArgs {
@@ -221,6 +239,10 @@ impl ParamArgs {
             meta_words: self.meta_words,
             writers: self.writers,
             replicas: self.replicas,
+            lease_ns: parse_duration(&self.lease, "--lease")?,
+            lease_renew_ns: parse_duration(&self.lease_renew, "--lease-renew")?,
+            max_op_ns: parse_duration(&self.max_op, "--max-op")?,
+            cache_ttl_ns: parse_duration(&self.cache_ttl, "--cache-ttl")?,
             ..ClusterParams::default()
         })
     }
@@ -230,6 +252,10 @@ fn parse_size(text: &str) -> Result<u64> {
     swarm_core::parse_size(text).with_context(|| {
         format!("invalid size {text:?}: use e.g. 64MiB, 1GiB or a number of bytes")
     })
+}
+
+fn parse_duration(text: &str, flag: &str) -> Result<u64> {
+    swarm_kv::duration::parse_duration_ns(text).with_context(|| flag.to_string())
 }
 
 fn main() -> ExitCode {
@@ -294,11 +320,9 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Command::Get { at, key } => with_store!(&at, |store| get(&store, &key)),
         Command::Delete { at, key } => with_store!(&at, |store| delete(&store, &key)),
         Command::Stat { at } => with_store!(&at, |store| stat(&store)),
-        Command::Evict {
-            at,
-            writer,
-            min_idle_secs,
-        } => with_store!(&at, |store| evict(&store, writer, min_idle_secs)),
+        Command::Evict { at, writer, force } => {
+            with_store!(&at, |store| evict(&store, writer, force))
+        }
         Command::Scrub { at, every, passes } => {
             with_store!(&at, |store| scrub(&store, every, passes))
         }
@@ -372,7 +396,7 @@ fn init(args: InitArgs) -> Result<ExitCode> {
         .with_context(|| format!("cannot create a cluster in {}", args.dir.display()))?;
     let p = store.layout().params;
     println!(
-        "created a SWARM-KV cluster in {}: {} nodes of {}, {} replicas per key, room for {} keys of up to {} B with values up to {} B, {} writers with {} log slots each",
+        "created a SWARM-KV cluster in {}: {} nodes of {}, {} replicas per key, room for {} keys of up to {} B with values up to {} B, {} writers with {} log slots each, client leases of {} renewed every {}, operations fenced after {}",
         args.dir.display(),
         args.nodes,
         args.size,
@@ -381,27 +405,33 @@ fn init(args: InitArgs) -> Result<ExitCode> {
         p.key_max,
         p.value_max,
         p.writers,
-        p.log_slots
+        p.log_slots,
+        swarm_kv::duration::format_ns(p.lease_ns),
+        swarm_kv::duration::format_ns(p.lease_renew_ns),
+        swarm_kv::duration::format_ns(p.max_op_ns),
     );
     Ok(ExitCode::SUCCESS)
 }
 
-fn evict<S: Store>(store: &S, writer: u16, min_idle_secs: u64) -> Result<ExitCode> {
+fn evict<S: Store>(store: &S, writer: u16, force: bool) -> Result<ExitCode> {
     let layout = *store.layout();
     let fabric = store.fabric()?;
-    let nodes = fabric.node_count();
-    let now = swarm_kv::clock::SystemClock::unix_ns();
-    let min_idle_ns = min_idle_secs.saturating_mul(1_000_000_000);
+    let lease = swarm_kv::lease::LeaseParams::from_params(&layout.params);
+    eprintln!(
+        "{} writer {writer}'s lease; this takes {:.1} s",
+        if force { "killing" } else { "watching" },
+        lease.observer_wait_ns() as f64 / 1e9
+    );
     let eviction = block_on(
         &fabric,
-        swarm_kv::writer_ids::evict(&fabric, &layout, nodes, writer, min_idle_ns, now),
+        swarm_kv::writer_ids::evict(&fabric, &layout, writer, force),
     )?;
     match eviction {
         swarm_kv::writer_ids::Eviction::NotRegistered => {
             println!("writer {writer} is not registered: nothing to do");
         }
-        swarm_kv::writer_ids::Eviction::Released { idle_secs } => {
-            println!("writer {writer} given back (its lease was idle for {idle_secs:.1} s)");
+        swarm_kv::writer_ids::Eviction::Released => {
+            println!("writer {writer} given back (its lease expired)");
         }
     }
     Ok(ExitCode::SUCCESS)
@@ -460,13 +490,11 @@ fn stat<S: Store>(store: &S) -> Result<ExitCode> {
     let fabric = store.fabric()?;
     let nodes = fabric.node_count();
     let stats = OpStats::new();
-    let client = store.client().context("cannot start a client")?;
-    let keys = block_on(
-        client.fabric(),
-        client.index().count(client.fabric(), &stats),
-    )?;
-    let writer = client.writer();
-    client.close();
+    // Counting keys needs no writer id: `swarm stat` works on a cluster whose ids are
+    // all taken.
+    let index =
+        swarm_kv::index::Index::new(&layout, nodes, swarm_kv::index::IndexConfig::default())?;
+    let keys = block_on(&fabric, index.count(&fabric, &stats))?;
     outln!(
         text,
         "cluster: {} nodes, {} replicas per key, W = {} metadata words",
@@ -477,6 +505,7 @@ fn stat<S: Store>(store: &S) -> Result<ExitCode> {
     outln!(text, "keys: {keys} (capacity {})", p.registers);
     let unusable = store.unusable_nodes();
     let mut table_node = None;
+    let mut chunk_tokens: Vec<u64> = Vec::new();
     for node in 0..nodes {
         let node = NodeId(node as u16);
         if let Some((_, why)) = unusable.iter().find(|(n, _)| *n == node) {
@@ -486,7 +515,7 @@ fn stat<S: Store>(store: &S) -> Result<ExitCode> {
             );
             continue;
         }
-        let claimed = block_on(&fabric, async {
+        let words = block_on(&fabric, async {
             let mut rt = Roundtrip::start(&fabric, &stats);
             rt.post(
                 node,
@@ -497,18 +526,22 @@ fn stat<S: Store>(store: &S) -> Result<ExitCode> {
             Ok::<_, swarm_core::FabricError>(
                 words
                     .chunks_exact(8)
-                    .filter(|w| w.iter().any(|b| *b != 0))
-                    .count(),
+                    .map(|w| u64::from_le_bytes(w.try_into().unwrap_or([0; 8])))
+                    .collect::<Vec<u64>>(),
             )
         });
-        let claimed = match claimed {
-            Ok(claimed) => claimed,
+        let words = match words {
+            Ok(words) => words,
             Err(e) => {
                 outln!(text, "node {node}: UNREACHABLE: {e}");
                 continue;
             }
         };
-        table_node.get_or_insert(node);
+        let claimed = words.iter().filter(|w| **w != 0).count();
+        if table_node.is_none() {
+            table_node = Some(node);
+            chunk_tokens = words;
+        }
         let registers = (claimed as u64 * u64::from(p.chunk_registers)).min(p.registers);
         let used = registers * layout.register_slot_bytes;
         outln!(
@@ -525,28 +558,67 @@ fn stat<S: Store>(store: &S) -> Result<ExitCode> {
         &fabric,
         swarm_kv::writer_ids::read_table(&fabric, &layout, table_node),
     )?;
+    let lease = swarm_kv::lease::LeaseParams::from_params(&p);
     let now = swarm_kv::clock::SystemClock::unix_ns();
-    let live: Vec<_> = rows
-        .iter()
-        .filter(|r| r.token != 0 && r.writer != writer)
-        .collect();
+    let registered: Vec<_> = rows.iter().filter(|r| r.token != 0).collect();
     let used = rows.iter().filter(|r| r.used).count();
     outln!(
         text,
-        "writers: {} of {} ids ever used, {} registered now",
+        "leases: {}, renewed every {}, operations fenced after {}; a client that stops \
+         renewing loses its writer id to the next client that needs one after {:.2} s",
+        swarm_kv::duration::format_ns(p.lease_ns),
+        swarm_kv::duration::format_ns(p.lease_renew_ns),
+        swarm_kv::duration::format_ns(p.max_op_ns),
+        lease.observer_wait_ns() as f64 / 1e9
+    );
+    let status = |row: &swarm_kv::writer_ids::Row| {
+        let age_ns = now.saturating_sub(row.renewed_unix_ns);
+        if swarm_kv::lease::is_killed(row.lease) {
+            ("killed: reclaimable now", true)
+        } else if row.renewed_unix_ns != 0 && age_ns <= p.lease_ns {
+            ("valid", false)
+        } else {
+            ("expired: reclaimable", true)
+        }
+    };
+    let reclaimable = registered.iter().filter(|r| status(r).1).count();
+    outln!(
+        text,
+        "writers: {} of {} ids ever used, {} registered now, {} of them with an expired lease \
+         (by the owners' wall clocks, node {table_node}'s copy)",
         used,
         p.writers,
-        live.len()
+        registered.len(),
+        reclaimable
     );
-    for row in live {
+    for row in &registered {
+        let age = now.saturating_sub(row.renewed_unix_ns) as f64 / 1e9;
         outln!(
             text,
-            "  writer {}: pid {}, last heartbeat {:.1} s ago",
+            "  writer {}: pid {}, lease counter {}, last renewal {:.1} s ago, lease {}",
             row.writer,
             row.pid,
-            now.saturating_sub(row.lease_unix_ns) as f64 / 1e9
+            swarm_kv::lease::counter(row.lease),
+            age,
+            status(row).0
         );
     }
+    let live_tokens: Vec<u64> = registered
+        .iter()
+        .filter(|r| !status(r).1)
+        .map(|r| r.token)
+        .collect();
+    let orphaned = chunk_tokens
+        .iter()
+        .filter(|t| **t != 0 && !live_tokens.contains(t))
+        .count();
+    outln!(
+        text,
+        "register chunks held by clients without a valid lease: {orphaned} ({} registers; \
+         a client that runs out of chunks adopts those whose owner's writer id was reclaimed or \
+         given back, and recycles their never-used registers after the register grace)",
+        orphaned as u64 * u64::from(p.chunk_registers)
+    );
     print_out(text.trim_end());
     Ok(ExitCode::SUCCESS)
 }

@@ -1,0 +1,214 @@
+//! Runs one operation `N` times, for instruction counts that a loaded host does not
+//! blur: run it under `valgrind --tool=callgrind` at two `N` and divide the
+//! difference of the totals by the difference of the `N`s (`scripts/opcost.sh` does
+//! exactly that for every operation).
+//!
+//! ```text
+//! cargo run --release -p swarm-benches --example opcost -- sg-read 10000
+//! ```
+//!
+//! Operations: `read-node` (64 B directly on the mapped node), `read-roundtrip`
+//! (the same read as protocol code runs it: `block_on` + `Roundtrip`), `raw-read`,
+//! `raw-write`, `sg-read`, `sg-write` (Safe-Guess, 3 replicas, W = 8, 64 B payloads,
+//! rtt 0 through the `swarm bench` fabric stack `FailNodes<EmulatedRtt<ShmFabric>>`).
+//!
+//! `inflight-K` is not for callgrind: `K` Safe-Guess reads of `K` registers in flight
+//! on one thread (`LocalExecutor`) at an emulated 1.5 µs roundtrip, `N` operations in
+//! all; prints reads per second of wall time and of the thread's CPU time, to compare
+//! `K` = 8 with `K` = 1 (SWARM §7.2's in-flight operations).
+
+use std::hint::black_box;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use swarm_benches::ShmFixture;
+use swarm_core::encoding::WriterId;
+use swarm_core::header::HEADER_SIZE;
+use swarm_core::layout::Layout;
+use swarm_core::{
+    Batch, Client, Clock, NodeId, OpStats, ProtocolConfig, RegisterCache, RegisterLoc, Replicas,
+    Roundtrip, block_on, block_on_future,
+};
+
+const PAYLOAD: usize = 64;
+/// Emulated roundtrip of the `inflight-N` mode.
+const INFLIGHT_RTT_NS: u64 = 1500;
+const SLOTS: u32 = 1 << 16;
+
+#[derive(Clone, Copy)]
+struct WallClock {
+    epoch_unix_ns: u64,
+    tick_ns: u64,
+}
+
+impl Clock for WallClock {
+    fn ticks(&self) -> u64 {
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
+        now.saturating_sub(self.epoch_unix_ns) / self.tick_ns
+    }
+}
+
+fn main() {
+    let mut args = std::env::args().skip(1);
+    let op = args.next().unwrap_or_else(|| "sg-read".into());
+    let n: u64 = args.next().and_then(|s| s.parse().ok()).unwrap_or(10_000);
+    let layout = Layout::builder()
+        .payload_max(PAYLOAD as u32)
+        .meta_words(8)
+        .log_base(HEADER_SIZE + 4096)
+        .writers(1)
+        .slots_per_writer(SLOTS)
+        .build()
+        .expect("layout");
+    let fixture = ShmFixture::new(3, layout.log_base() + layout.log_bytes()).expect("cluster");
+    let cluster = &fixture.cluster;
+    let reg = RegisterLoc {
+        addr: HEADER_SIZE,
+        replicas: Replicas::all(3, 0).expect("replicas"),
+    };
+    let clock = WallClock {
+        epoch_unix_ns: cluster.epoch_unix_ns(),
+        tick_ns: cluster.tick_ns(),
+    };
+    let client = Client::new(
+        cluster.client_with(0),
+        clock,
+        layout,
+        WriterId::new(0).expect("writer"),
+        ProtocolConfig::default().with_slow_after_ns(1_000_000_000),
+    )
+    .expect("client");
+    let fabric = client.fabric();
+    let mut cache = RegisterCache::new();
+    let payload = [0x5Au8; PAYLOAD];
+    let stats = OpStats::new();
+    block_on(fabric, client.write(&reg, &mut cache, &stats, &payload)).expect("first write");
+    block_on(fabric, client.raw_write(&reg, &stats, &payload)).expect("first raw write");
+    if std::env::var_os("OPCOST_SIZES").is_some() {
+        let read = client.read(&reg, &mut cache, &stats);
+        eprintln!("read future: {} bytes", std::mem::size_of_val(&read));
+        drop(read);
+        let write = client.write(&reg, &mut cache, &stats, &payload);
+        eprintln!("write future: {} bytes", std::mem::size_of_val(&write));
+    }
+    if let Some(inflight) = op.strip_prefix("inflight-") {
+        let inflight: usize = inflight.parse().expect("inflight-N");
+        in_flight(cluster, layout, clock, inflight, n);
+        return;
+    }
+    // Writes take a log slot each, and logs are not recycled.
+    assert!(n < u64::from(SLOTS) / 2, "at most {} operations", SLOTS / 2);
+    let node = cluster.node(NodeId(0)).expect("node 0");
+    let plain = cluster.client();
+    let mut out = [0u8; PAYLOAD];
+    for _ in 0..n {
+        match op.as_str() {
+            "read-node" => node.read(black_box(HEADER_SIZE), &mut out).expect("read"),
+            "read-roundtrip" => {
+                let stats = OpStats::new();
+                let done = block_on_future(&plain, async {
+                    let mut rt = Roundtrip::start(&plain, &stats);
+                    rt.post(NodeId(0), Batch::read(black_box(HEADER_SIZE), 64))
+                        .expect("post");
+                    rt.wait(1).await.expect("answer");
+                    std::mem::take(&mut rt.replies_mut()[0].1)
+                });
+                black_box(done.expect("no stall"));
+            }
+            "raw-read" => {
+                let stats = OpStats::new();
+                black_box(block_on(fabric, client.raw_read(&reg, &stats)).expect("raw read"));
+            }
+            "raw-write" => {
+                let stats = OpStats::new();
+                block_on(fabric, client.raw_write(&reg, &stats, &payload)).expect("raw write");
+            }
+            "sg-read" => {
+                let stats = OpStats::new();
+                let read = block_on(fabric, client.read(&reg, &mut cache, &stats));
+                black_box(read.expect("read"));
+            }
+            "sg-write" => {
+                let stats = OpStats::new();
+                block_on(fabric, client.write(&reg, &mut cache, &stats, &payload)).expect("write");
+            }
+            other => panic!("unknown operation {other:?}"),
+        }
+    }
+}
+
+/// `inflight` Safe-Guess reads in flight at once on one client thread; see the
+/// module docs.
+fn in_flight(
+    cluster: &std::sync::Arc<swarm_shm::ShmCluster>,
+    layout: Layout,
+    clock: WallClock,
+    inflight: usize,
+    total: u64,
+) {
+    use std::cell::Cell;
+    let client = Client::new(
+        cluster.client_with(INFLIGHT_RTT_NS),
+        clock,
+        layout,
+        WriterId::new(0).expect("writer"),
+        ProtocolConfig::default().with_slow_after_ns(1_000_000_000),
+    )
+    .expect("client");
+    let regs: Vec<RegisterLoc> = (0..inflight as u64)
+        .map(|i| RegisterLoc {
+            addr: HEADER_SIZE + i * layout.register_bytes(),
+            replicas: Replicas::all(3, i).expect("replicas"),
+        })
+        .collect();
+    assert!(
+        HEADER_SIZE + inflight as u64 * layout.register_bytes() <= layout.log_base(),
+        "too many registers for the layout"
+    );
+    let caches: Vec<RegisterCache> = regs
+        .iter()
+        .map(|reg| {
+            let mut cache = RegisterCache::new();
+            let stats = OpStats::new();
+            block_on(
+                client.fabric(),
+                client.write(reg, &mut cache, &stats, &[7; PAYLOAD]),
+            )
+            .expect("first write");
+            cache
+        })
+        .collect();
+    let left = Cell::new(total);
+    let cpu = || {
+        let mut now = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: `now` is a valid, writable timespec for the duration of the call.
+        unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut now) };
+        now.tv_sec as f64 + now.tv_nsec as f64 * 1e-9
+    };
+    let (wall0, cpu0) = (std::time::Instant::now(), cpu());
+    let mut exec = swarm_core::LocalExecutor::new();
+    for (reg, mut cache) in regs.iter().zip(caches) {
+        let (client, left) = (&client, &left);
+        exec.spawn(async move {
+            while left.get() > 0 {
+                left.set(left.get() - 1);
+                let stats = OpStats::new();
+                let read = client.read(reg, &mut cache, &stats).await.expect("read");
+                black_box(read);
+            }
+        });
+    }
+    exec.run(client.fabric(), |_, ()| {}).expect("no stall");
+    let (wall, cpu) = (wall0.elapsed().as_secs_f64(), cpu() - cpu0);
+    println!(
+        "inflight {inflight}: {:.0} reads/s wall, {:.0} reads per CPU second ({:.2} s wall, {:.2} s CPU)",
+        total as f64 / wall,
+        total as f64 / cpu,
+        wall,
+        cpu
+    );
+}

@@ -1,0 +1,438 @@
+//! Recycling out-of-place log slots (SWARM §4.5), with the operation fence.
+//!
+//! Every write of a writer takes a slot of its log (`Layout::slot_of(ts)`, §4.3).
+//! A slot can be given back to the writer's [`crate::layout::SlotAllocator`] once no
+//! operation of any client can still read it, lock in it or write it back. This
+//! module decides when that is, with two rules.
+//!
+//! **The fence.** Every operation has a deadline, its start plus
+//! [`super::ProtocolConfig::max_op_ns`] on the fabric clock ([`crate::OpStats`]
+//! carries it; a [`super::Client`] operation arms it when it starts). No batch of
+//! the operation is posted after it: [`crate::Roundtrip::post`] fails with
+//! [`crate::FabricError::Fenced`] (surfacing as [`super::SwarmError::Fenced`]) and
+//! background posts are dropped (`post_background_for`).
+//!
+//! **Supersession, then grace.** The buffer of this writer's write `ts` on register
+//! `R` is *superseded* once a majority of `R`'s replicas hold a metadata word above
+//! `ts` (a tombstone counts). From then on every operation that *starts* reads a
+//! majority of `R` (every Safe-Guess and ABD step does, appendix A), which intersects
+//! that majority, so its maximum is above `ts`: it never fetches `ts`'s buffer, never
+//! locks `ts` (a read locks only a maximum it saw twice, §3.2) and never writes `ts`
+//! back (`inner_write` writes the maximum of its read). Only operations that started
+//! *before* the supersession can still touch the slot, and each of those stops
+//! posting at its start plus `max_op_ns`. So the writer stamps a superseded slot
+//! with its fabric clock at the moment it *learns* of the supersession (which is
+//! after the supersession happened), keeps it in a *limbo* queue, and releases it
+//! [`grace_ns`] later: `max_op_ns`, plus an eighth for the rate drift of two
+//! clients' clocks (assumed below 1/8: local monotonic clocks, not synchronised
+//! ones), plus a delivery margin ([`super::ProtocolConfig::delivery_margin_ns`],
+//! 10 ms by default) for a batch posted just before a deadline to take effect on its
+//! memory node. Operations without a deadline (an [`crate::OpStats`] built by hand
+//! and used with the lower-level steps) are not covered by this argument; readers
+//! defend themselves anyway (see `fetch_value` in the `maxreg` module: a buffer whose
+//! record names another write is treated as superseded and the register re-read).
+//!
+//! **How the writer learns of supersession** (cheapest first):
+//!
+//! 1. Its own later write to `R` completes (any [`super::WriteOutcome`]): a word at
+//!    least the new write's is then on a majority (the write's `inner_write`, its
+//!    slow path's strong read, or the tombstone it found), and every earlier write
+//!    of this writer is below it (timestamps of one writer only grow). A slow-path
+//!    write's own guess is superseded too when something above it is on a majority.
+//! 2. Its delete of `R` completes: the tombstone is on a majority.
+//! 3. A reclaim check ([`super::Client::reclaim_tick`], [`super::Client::reclaim_step`])
+//!    reads the metadata words of a majority of `R`'s replicas and finds a majority
+//!    above `ts`; or, for a write known to have completed (a majority once held a
+//!    word `>= ts`), a majority showing only words below `ts`: words only go up
+//!    except when the register is reset for reuse, which happens only after its
+//!    tombstone was on a majority (SWARM-KV register recycling).
+//!
+//! Writes that failed (an error, a dropped future) stay tracked: they may have
+//! reached some nodes, so only rule 3 (a majority above them) frees them.
+//!
+//! **Bounded use.** A writer's slots in use are: at most one completed write per
+//! register it wrote that nobody overwrote since it last checked, writes that
+//! failed, writes in flight, the tombstone slot, slots resumed from an earlier
+//! incarnation, and the limbo, which holds the writes of the last grace period.
+//! When the log is full and the limbo is not empty, an allocation waits for the
+//! oldest limbo slot (while its operation's deadline allows), which bounds the
+//! writer's write rate by `slots / grace` rather than failing.
+
+use alloc::collections::{BTreeMap, VecDeque};
+use alloc::vec::Vec;
+
+use crate::encoding::{Timestamp, Tsp};
+use crate::fabric::{Batch, Fabric, Nanos, Ticket};
+use crate::layout::{Layout, SlotAllocator};
+
+use super::inout;
+use super::register::{MAX_REPLICAS, RegisterLoc, Replicas};
+
+/// Default delivery margin: how long a batch posted before its operation's deadline
+/// may take to take effect on a memory node.
+pub const DEFAULT_DELIVERY_MARGIN_NS: Nanos = 10_000_000;
+
+/// The grace after which memory that became unreachable for new operations may be
+/// reused: `max_op_ns + max_op_ns / 8 + 10 ms` (clock rate drift below 1/8, batches
+/// take effect within 10 ms of their post). See the module docs.
+pub const fn grace_ns(max_op_ns: Nanos) -> Nanos {
+    grace_with_margin_ns(max_op_ns, DEFAULT_DELIVERY_MARGIN_NS)
+}
+
+/// [`grace_ns`] with another delivery margin (simulations with microsecond links).
+pub const fn grace_with_margin_ns(max_op_ns: Nanos, delivery_margin_ns: Nanos) -> Nanos {
+    max_op_ns
+        .saturating_add(max_op_ns / 8)
+        .saturating_add(delivery_margin_ns)
+}
+
+/// Counters of a writer's log, for `swarm stat` and bench reports.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SlotCounters {
+    /// Slots of the log in use (live, in flight, failed, in limbo, reserved).
+    pub in_use: u32,
+    /// Slots superseded and waiting for the grace before reuse.
+    pub in_limbo: u32,
+    /// Slots given back to the allocator since this client started.
+    pub recycled: u64,
+    /// Registers with a tracked write of this writer.
+    pub tracked_registers: u32,
+}
+
+/// One tracked write of this writer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Tracked {
+    ts: Timestamp,
+    /// A majority of the register's replicas held a word `>= ts` at some point.
+    completed: bool,
+}
+
+/// This writer's writes on one register that are not known to be superseded.
+#[derive(Clone, Debug)]
+struct RegisterWrites {
+    replicas: Replicas,
+    writes: Vec<Tracked>,
+}
+
+/// A reclaim check in flight: metadata reads of a few registers' replicas.
+#[derive(Debug)]
+struct Check {
+    started: Nanos,
+    /// Register address, its replicas' maxima by position, and who answered.
+    regs: Vec<(u64, [Tsp; MAX_REPLICAS], u16)>,
+    /// (index in `regs`, replica position, ticket) still outstanding.
+    outstanding: Vec<(usize, usize, Ticket)>,
+}
+
+/// What a writer knows about the use of its log slots. See the module docs.
+#[derive(Debug, Default)]
+pub(crate) struct SlotTracker {
+    registers: BTreeMap<u64, RegisterWrites>,
+    /// Superseded writes, with the fabric time their supersession was learned.
+    limbo: VecDeque<(Nanos, Timestamp)>,
+    recycled: u64,
+    /// Next register address a reclaim check starts from.
+    cursor: u64,
+    check: Option<Check>,
+    /// Fabric time the last check started.
+    last_check: Option<Nanos>,
+}
+
+impl SlotTracker {
+    /// A write of `ts` to `reg` is about to be posted.
+    pub(crate) fn track(&mut self, reg: &RegisterLoc, ts: Timestamp) {
+        let entry = self
+            .registers
+            .entry(reg.addr)
+            .or_insert_with(|| RegisterWrites {
+                replicas: reg.replicas.clone(),
+                writes: Vec::new(),
+            });
+        entry.writes.push(Tracked {
+            ts,
+            completed: false,
+        });
+    }
+
+    /// A majority of `reg`'s replicas holds a word `>= floor`, learned at `now`:
+    /// this writer's writes below `floor` are superseded; a write equal to it is
+    /// completed.
+    pub(crate) fn settle(&mut self, addr: u64, floor: Tsp, now: Nanos) {
+        let Some(entry) = self.registers.get_mut(&addr) else {
+            return;
+        };
+        let floor = floor.ts();
+        let limbo = &mut self.limbo;
+        entry.writes.retain_mut(|w| {
+            if w.ts < floor {
+                limbo.push_back((now, w.ts));
+                false
+            } else {
+                if w.ts == floor {
+                    w.completed = true;
+                }
+                true
+            }
+        });
+        if entry.writes.is_empty() {
+            self.registers.remove(&addr);
+        }
+    }
+
+    /// A majority read of `addr`'s metadata words answered with `maxima` (by replica
+    /// position; `answered` has bit `p` set for each reply), at `now` (rule 3).
+    fn observe(&mut self, addr: u64, maxima: &[Tsp; MAX_REPLICAS], answered: u16, now: Nanos) {
+        let Some(entry) = self.registers.get_mut(&addr) else {
+            return;
+        };
+        let n = entry.replicas.len();
+        let q = entry.replicas.quorum();
+        let replies = || {
+            (0..n)
+                .filter(|&p| answered & (1 << p) != 0)
+                .map(|p| maxima[p])
+        };
+        if replies().count() < q {
+            return;
+        }
+        let limbo = &mut self.limbo;
+        entry.writes.retain(|w| {
+            let above = replies().filter(|m| m.ts() > w.ts).count();
+            let below = replies().filter(|m| m.is_empty() || m.ts() < w.ts).count();
+            let superseded = above >= q || (w.completed && below >= q);
+            if superseded {
+                limbo.push_back((now, w.ts));
+            }
+            !superseded
+        });
+        if entry.writes.is_empty() {
+            self.registers.remove(&addr);
+        }
+    }
+
+    /// Gives back to `slots` every limbo slot whose grace has passed at `now`.
+    pub(crate) fn expire(
+        &mut self,
+        slots: &mut SlotAllocator,
+        layout: &Layout,
+        now: Nanos,
+        grace: Nanos,
+    ) {
+        while let Some(&(at, ts)) = self.limbo.front() {
+            if now < at.saturating_add(grace) {
+                break;
+            }
+            self.limbo.pop_front();
+            slots.release(layout, ts);
+            self.recycled += 1;
+        }
+    }
+
+    /// When the oldest limbo slot may be reused, if any.
+    pub(crate) fn next_expiry(&self, grace: Nanos) -> Option<Nanos> {
+        self.limbo.front().map(|(at, _)| at.saturating_add(grace))
+    }
+
+    pub(crate) fn counters(&self, in_use: u32) -> SlotCounters {
+        SlotCounters {
+            in_use,
+            in_limbo: self.limbo.len() as u32,
+            recycled: self.recycled,
+            tracked_registers: self.registers.len() as u32,
+        }
+    }
+
+    /// Starts a check of up to `budget` tracked registers, round robin from the
+    /// cursor, unless one is in flight or the last started less than `interval` ago.
+    /// Returns whether a check started.
+    pub(crate) fn start_check<F: Fabric + ?Sized>(
+        &mut self,
+        fabric: &F,
+        layout: &Layout,
+        budget: usize,
+        interval: Nanos,
+        now: Nanos,
+    ) -> bool {
+        if self.check.is_some() || self.registers.is_empty() || budget == 0 {
+            return false;
+        }
+        if let Some(last) = self.last_check
+            && now < last.saturating_add(interval)
+        {
+            return false;
+        }
+        self.last_check = Some(now);
+        let picked: Vec<(u64, Replicas)> = self
+            .registers
+            .range(self.cursor..)
+            .chain(self.registers.range(..self.cursor))
+            .take(budget)
+            .map(|(addr, e)| (*addr, e.replicas.clone()))
+            .collect();
+        self.cursor = picked.last().map_or(0, |(addr, _)| addr.saturating_add(1));
+        let mut check = Check {
+            started: now,
+            regs: Vec::with_capacity(picked.len()),
+            outstanding: Vec::new(),
+        };
+        for (i, (addr, replicas)) in picked.into_iter().enumerate() {
+            check.regs.push((addr, [Tsp::EMPTY; MAX_REPLICAS], 0));
+            for p in 0..replicas.len() {
+                let mut batch = Batch::new();
+                // Cannot fail: the batch is empty.
+                let _ = batch.push(inout::read_op(layout, addr, false));
+                let ticket = fabric.post(replicas.node(p), batch);
+                check.outstanding.push((i, p, ticket));
+            }
+        }
+        self.check = Some(check);
+        true
+    }
+
+    /// Collects the replies of the check in flight; once all arrived or `timeout`
+    /// passed, applies what it learned (rule 3) and ends it. Returns whether a check
+    /// ended.
+    pub(crate) fn poll_check<F: Fabric + ?Sized>(&mut self, fabric: &F, timeout: Nanos) -> bool {
+        let Some(check) = self.check.as_mut() else {
+            return false;
+        };
+        let now = fabric.now();
+        let mut i = 0;
+        while i < check.outstanding.len() {
+            let (r, p, ticket) = check.outstanding[i];
+            match fabric.poll(ticket) {
+                core::task::Poll::Pending => i += 1,
+                core::task::Poll::Ready(result) => {
+                    check.outstanding.swap_remove(i);
+                    if let Ok(mut completion) = result {
+                        let bytes = completion.take_read(0).unwrap_or_default();
+                        let entry = &mut check.regs[r];
+                        entry.1[p] = inout::max_word(&bytes);
+                        entry.2 |= 1 << p;
+                    }
+                }
+            }
+        }
+        if !check.outstanding.is_empty() && now < check.started.saturating_add(timeout) {
+            return false;
+        }
+        let Some(check) = self.check.take() else {
+            return false;
+        };
+        for (_, _, ticket) in &check.outstanding {
+            fabric.forget(*ticket);
+        }
+        // Stamped now, after every reply it uses was read on its node.
+        for (addr, maxima, answered) in &check.regs {
+            self.observe(*addr, maxima, *answered, now);
+        }
+        true
+    }
+
+    /// Abandons a check in flight (the client is going away).
+    pub(crate) fn cancel_check<F: Fabric + ?Sized>(&mut self, fabric: &F) {
+        if let Some(check) = self.check.take() {
+            for (_, _, ticket) in check.outstanding {
+                fabric.forget(ticket);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::encoding::{Flag, WriterId};
+
+    fn ts(t: u64) -> Timestamp {
+        Timestamp::new(t, WriterId::new(1).unwrap()).unwrap()
+    }
+
+    fn reg() -> RegisterLoc {
+        RegisterLoc {
+            addr: 4096,
+            replicas: Replicas::all(3, 0).unwrap(),
+        }
+    }
+
+    fn layout() -> Layout {
+        Layout::builder()
+            .writers(2)
+            .slots_per_writer(16)
+            .build()
+            .unwrap()
+    }
+
+    #[test]
+    fn the_grace_covers_the_fence_drift_and_delivery() {
+        assert_eq!(grace_ns(1_000_000_000), 1_135_000_000);
+        assert_eq!(grace_with_margin_ns(800, 100), 1_000);
+        assert_eq!(grace_ns(Nanos::MAX), Nanos::MAX, "saturates");
+    }
+
+    #[test]
+    fn a_completed_later_write_supersedes_earlier_ones_after_the_grace() {
+        let layout = layout();
+        let mut slots = SlotAllocator::new(&layout, WriterId::new(1).unwrap()).unwrap();
+        let mut t = SlotTracker::default();
+        let a = slots.allocate(&layout, 10).unwrap();
+        t.track(&reg(), a);
+        let b = slots.allocate(&layout, a.ticks() + 1).unwrap();
+        t.track(&reg(), b);
+        assert_eq!(slots.in_use(), 2);
+        t.settle(4096, Tsp::new(b, Flag::Guessed), 100);
+        assert_eq!(t.counters(slots.in_use()).in_limbo, 1);
+        t.expire(&mut slots, &layout, 100 + 49, 50);
+        assert_eq!(slots.in_use(), 2, "not before the grace");
+        t.expire(&mut slots, &layout, 150, 50);
+        assert_eq!(slots.in_use(), 1);
+        assert_eq!(t.counters(1).recycled, 1);
+        assert_eq!(t.counters(1).tracked_registers, 1, "b is live");
+        // A tombstone supersedes everything.
+        t.settle(
+            4096,
+            Tsp::new(Timestamp::tombstone(b.writer()), Flag::Verified),
+            200,
+        );
+        assert_eq!(t.counters(1).tracked_registers, 0);
+        assert_eq!(t.next_expiry(50), Some(250));
+    }
+
+    #[test]
+    fn a_check_frees_writes_a_majority_is_above_and_completed_writes_of_a_reset() {
+        let mut t = SlotTracker::default();
+        // A write that failed midway: tracked, not completed.
+        t.track(&reg(), ts(10));
+        let word = |x| Tsp::new(ts(x), Flag::Verified);
+        let mut maxima = [Tsp::EMPTY; MAX_REPLICAS];
+        // Only one replica above 10: not enough.
+        maxima[0] = word(15);
+        maxima[1] = word(5);
+        t.observe(4096, &maxima, 0b011, 2);
+        assert_eq!(t.limbo.len(), 0);
+        // An incomplete write is not freed by words below it on a majority (it may
+        // sit on a minority that a reader's majority includes).
+        maxima[0] = word(5);
+        t.observe(4096, &maxima, 0b011, 2);
+        assert_eq!(t.limbo.len(), 0);
+        // A minority of answers decides nothing.
+        maxima[0] = word(15);
+        maxima[1] = word(15);
+        t.observe(4096, &maxima, 0b001, 2);
+        assert_eq!(t.limbo.len(), 0);
+        t.observe(4096, &maxima, 0b011, 3);
+        assert_eq!(t.limbo.len(), 1, "10 superseded");
+        assert!(t.registers.is_empty());
+        // A completed write: words below it on a majority mean a reset register.
+        t.track(&reg(), ts(20));
+        t.settle(4096, word(20), 4);
+        maxima[1] = word(20);
+        t.observe(4096, &maxima, 0b011, 5);
+        assert_eq!(t.limbo.len(), 1, "20 is live: a majority holds 20 or more");
+        maxima[0] = Tsp::EMPTY;
+        maxima[1] = word(3);
+        t.observe(4096, &maxima, 0b011, 6);
+        assert_eq!(t.limbo.len(), 2);
+        assert!(t.registers.is_empty());
+    }
+}

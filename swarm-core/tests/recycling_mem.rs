@@ -1,0 +1,142 @@
+//! Log slot recycling on the in-process fabric (SWARM §4.5, `swarm_core::reclaim`):
+//! which events free a slot, that nothing is freed before the grace, and that a new
+//! incarnation of a writer id recycles the slots its predecessor left.
+
+use swarm_core::encoding::WriterId;
+use swarm_core::layout::Layout;
+use swarm_core::resume::scan_log;
+use swarm_core::{
+    Client, Fabric, FixedClock, MemCluster, MemFabric, OpStats, ProtocolConfig, RegisterCache,
+    RegisterLoc, Replicas, block_on, block_on_future,
+};
+
+/// The grace of these clients (`max_op_ns` 4, `4 / 8` = 0 for drift, no delivery
+/// margin), in ticks of the in-process fabric's logical clock.
+const GRACE: u64 = 4;
+
+fn layout() -> Layout {
+    Layout::builder()
+        .payload_max(16)
+        .meta_words(2)
+        .log_base(1 << 16)
+        .writers(4)
+        .slots_per_writer(16)
+        .build()
+        .unwrap()
+}
+
+fn client(cluster: &MemCluster, writer: u32) -> Client<MemFabric, FixedClock> {
+    let config = ProtocolConfig::default()
+        .with_max_op_ns(4)
+        .with_delivery_margin_ns(0);
+    assert_eq!(config.grace_ns(), GRACE);
+    Client::new(
+        cluster.client(),
+        FixedClock(100),
+        layout(),
+        WriterId::new(writer).unwrap(),
+        config,
+    )
+    .unwrap()
+}
+
+fn reg(i: u64) -> RegisterLoc {
+    RegisterLoc {
+        addr: 4096 + i * 512,
+        replicas: Replicas::all(3, i).unwrap(),
+    }
+}
+
+fn write(c: &Client<MemFabric, FixedClock>, r: &RegisterLoc, v: &[u8]) {
+    let stats = OpStats::new();
+    block_on(c.fabric(), c.write(r, &mut RegisterCache::new(), &stats, v)).unwrap();
+}
+
+/// One reclaim step of `c`, run to its end.
+fn step(c: &Client<MemFabric, FixedClock>) -> swarm_core::reclaim::SlotCounters {
+    block_on_future(c.fabric(), c.reclaim_step(8)).unwrap()
+}
+
+/// Lets the in-process fabric's logical clock move on by `ticks`.
+fn pass(c: &Client<MemFabric, FixedClock>, ticks: u64) {
+    for _ in 0..ticks {
+        c.fabric().progress();
+    }
+}
+
+#[test]
+fn own_writes_deletes_and_checks_free_slots_after_the_grace() {
+    let cluster = MemCluster::new(3, 1 << 20);
+    let a = client(&cluster, 1);
+    let b = client(&cluster, 2);
+    let (r0, r1) = (reg(0), reg(1));
+    let reserved = a.slot_counters().in_use; // the tombstone slot
+    write(&a, &r0, b"x1");
+    write(&a, &r0, b"x2"); // supersedes x1
+    write(&a, &r1, b"y1");
+    let c = a.slot_counters();
+    assert_eq!((c.in_use, c.in_limbo, c.recycled), (reserved + 3, 1, 0));
+    // Not before the grace.
+    step(&a);
+    assert_eq!(a.slot_counters().recycled, 0, "released before the grace");
+    pass(&a, GRACE);
+    let c = step(&a);
+    assert_eq!((c.in_use, c.in_limbo, c.recycled), (reserved + 2, 0, 1));
+    // Another writer overwrites r1: only a check of a majority tells a.
+    write(&b, &r1, b"z1");
+    // a's delete of r0 supersedes x2 by its tombstone.
+    let stats = OpStats::new();
+    block_on(a.fabric(), a.delete(&r0, &mut RegisterCache::new(), &stats)).unwrap();
+    let c = step(&a);
+    assert_eq!(
+        c.in_limbo, 2,
+        "x2 (tombstone) and y1 (check) superseded: {c:?}"
+    );
+    assert_eq!(c.tracked_registers, 0);
+    pass(&a, GRACE);
+    let c = step(&a);
+    assert_eq!((c.in_use, c.recycled), (reserved, 3));
+}
+
+#[test]
+fn a_new_incarnation_recycles_its_predecessors_superseded_slots() {
+    let cluster = MemCluster::new(3, 1 << 20);
+    let (r0, r1) = (reg(0), reg(1));
+    {
+        // The first incarnation of writer 1 writes x1, y1, x2 and crashes before
+        // x1's grace passed: its limbo is lost with it.
+        let a = client(&cluster, 1);
+        write(&a, &r0, b"x1");
+        write(&a, &r1, b"y1");
+        write(&a, &r0, b"x2");
+        assert_eq!(a.slot_counters().in_limbo, 1);
+    }
+    let b = client(&cluster, 1);
+    let w = WriterId::new(1).unwrap();
+    let stats = OpStats::new();
+    let scan = block_on(b.fabric(), scan_log(b.fabric(), &stats, &layout(), w, 10)).unwrap();
+    assert_eq!(scan.used_slots.len(), 3);
+    assert_eq!(scan.resumed.len(), 3, "every record names its register");
+    let locate = |addr: u64| [reg(0), reg(1)].into_iter().find(|r| r.addr == addr);
+    b.resume_scan(&scan, locate);
+    let before = b.slot_counters();
+    assert_eq!(before.tracked_registers, 2);
+    // x1 is below x2 on a majority of r0: superseded; x2 and y1 are live.
+    step(&b);
+    pass(&b, GRACE);
+    let after = step(&b);
+    assert_eq!(after.recycled, 1, "{after:?}");
+    assert_eq!(after.in_use, before.in_use - 1);
+    assert_eq!(
+        after.tracked_registers, 2,
+        "x2 and y1 stay: they are current"
+    );
+    // Without the registers (the old resume), every slot stays taken.
+    let c = client(&cluster, 3);
+    c.resume(scan.used_slots.iter().copied(), scan.last_ticks);
+    let taken = c.slot_counters().in_use;
+    step(&c);
+    pass(&c, GRACE);
+    let c = step(&c);
+    assert_eq!((c.in_use, c.recycled), (taken, 0));
+}

@@ -1,0 +1,218 @@
+//! The cluster configuration: which memory-node incarnations are members, at which
+//! epoch (issue 12, items 1 and 2).
+//!
+//! **Why.** A memory node whose memory was lost and re-created — a node file
+//! recreated, an RDMA memory node restarted, a node replaced — must never be read as a
+//! replica: its registers and index buckets would count towards quorums that miss
+//! acknowledged writes (a write on `{A, X}`, `X` recreated, a read on `{B, X}` misses
+//! it). An empty node is caught by its missing superblock (`crate::store`), but a node
+//! whose first pages were copied from another (a half-finished repair, an operator's
+//! `cp`) is not. So every node's memory carries a random *incarnation*
+//! (`swarm_core::header`, drawn when the memory is created; RDMA memory nodes carry
+//! theirs in the bootstrap), and the configuration lists, per node slot, the
+//! incarnation that is a member. A node whose incarnation is not the one listed is
+//! left out exactly like a crashed node.
+//!
+//! **Where.** In the superblock area of every node, at [`CONFIG_AT`], after the
+//! parameters: `[magic "SWARMCFG" | version u32 | node count u16 | 0 u16 | epoch u64 |
+//! incarnation u64 × node count | xxh3-64 of the preceding bytes]`. Written on every
+//! node when the store is created or formatted.
+//!
+//! **Which copy wins.** Opening reads the record from every node that answers (at
+//! least a majority) and adopts the valid copy (checksum, node count) with the highest
+//! epoch. A configuration change (the later repair: a rebuilt node rejoins with its
+//! new incarnation at epoch `e + 1`) must write the new record to a majority of the
+//! members of epoch `e` *after* the rebuild is complete, and to the rejoining node
+//! last. Then any copy of epoch `e + 1` proves the rebuild finished, so a client that
+//! adopts it may read the node; a client that still reads `e` treats the node as
+//! failed, which is safe (its quorums are majorities of the same replica sets, just
+//! without that node). A reader always reads a majority, so once `e + 1` is on a
+//! majority every new opener sees it. Writes that race the rebuild are the repair's
+//! argument to make, not this record's.
+//!
+//! **Older clusters.** A store created before configurations existed has no record:
+//! it opens as epoch 0 ([`Configuration::legacy`]), which admits every incarnation
+//! (RDMA memory nodes of such a store have incarnations no record lists); only the
+//! superblock check protects it. Every store created or formatted by this build starts
+//! at epoch 1.
+
+use swarm_core::MAX_NODES;
+use xxhash_rust::xxh3::xxh3_64;
+
+use crate::layout::{SUPERBLOCK_AT, SUPERBLOCK_BYTES};
+
+/// Offset of the configuration record (inside the superblock area).
+pub const CONFIG_AT: u64 = SUPERBLOCK_AT + 1024;
+/// Magic bytes of the configuration record.
+pub const CONFIG_MAGIC: [u8; 8] = *b"SWARMCFG";
+/// Configuration record format version.
+pub const CONFIG_VERSION: u32 = 1;
+/// Bytes read for a configuration record (room for [`MAX_NODES`] nodes).
+pub const CONFIG_READ_BYTES: usize = 24 + 8 * MAX_NODES + 8;
+
+const _: () = assert!(CONFIG_AT + CONFIG_READ_BYTES as u64 <= SUPERBLOCK_AT + SUPERBLOCK_BYTES);
+
+/// Which node incarnations are members of the cluster, at which epoch.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Configuration {
+    /// Bumped by every configuration change; the highest valid copy wins.
+    pub epoch: u64,
+    /// Per node slot, the incarnation that is a member (0: a node of an older build).
+    pub incarnations: Vec<u64>,
+}
+
+/// Why a configuration record was refused.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    /// No record (a store created by an older build, or a node with empty memory).
+    #[error("no configuration record")]
+    Missing,
+    /// The record's checksum, version or node count is wrong.
+    #[error("the configuration record is corrupted or of another format: {0}")]
+    Corrupted(&'static str),
+}
+
+impl Configuration {
+    /// The configuration of a store created before configurations existed.
+    pub fn legacy(nodes: usize) -> Self {
+        Self {
+            epoch: 0,
+            incarnations: vec![0; nodes],
+        }
+    }
+
+    /// Whether a node in slot `node` with incarnation `incarnation` is a member (any
+    /// incarnation of an existing slot is, in a legacy configuration, epoch 0).
+    pub fn admits(&self, node: usize, incarnation: u64) -> bool {
+        match self.incarnations.get(node) {
+            None => false,
+            Some(_) if self.epoch == 0 => true,
+            Some(member) => *member == incarnation,
+        }
+    }
+
+    /// Encodes the record (at most [`CONFIG_READ_BYTES`] bytes).
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(CONFIG_READ_BYTES);
+        out.extend_from_slice(&CONFIG_MAGIC);
+        out.extend_from_slice(&CONFIG_VERSION.to_le_bytes());
+        out.extend_from_slice(&(self.incarnations.len() as u16).to_le_bytes());
+        out.extend_from_slice(&[0, 0]);
+        out.extend_from_slice(&self.epoch.to_le_bytes());
+        for i in &self.incarnations {
+            out.extend_from_slice(&i.to_le_bytes());
+        }
+        let sum = xxh3_64(&out);
+        out.extend_from_slice(&sum.to_le_bytes());
+        out
+    }
+
+    /// Decodes a record read from untrusted memory for a cluster of `nodes` nodes.
+    pub fn decode(bytes: &[u8], nodes: usize) -> Result<Self, ConfigError> {
+        if bytes.get(..8).is_none_or(|m| m.iter().all(|b| *b == 0)) {
+            return Err(ConfigError::Missing);
+        }
+        if bytes[..8] != CONFIG_MAGIC {
+            return Err(ConfigError::Corrupted("bad magic bytes"));
+        }
+        let word = |at: usize| -> Result<u64, ConfigError> {
+            let b = bytes
+                .get(at..at + 8)
+                .ok_or(ConfigError::Corrupted("truncated"))?;
+            Ok(u64::from_le_bytes(b.try_into().unwrap_or([0; 8])))
+        };
+        let head = word(8)?;
+        let version = head as u32;
+        let count = (head >> 32) as u16;
+        if version != CONFIG_VERSION {
+            return Err(ConfigError::Corrupted("unknown version"));
+        }
+        if usize::from(count) != nodes || nodes > MAX_NODES {
+            return Err(ConfigError::Corrupted(
+                "node count differs from the cluster's",
+            ));
+        }
+        let end = 24 + 8 * nodes;
+        if word(end)? != xxh3_64(&bytes[..end]) {
+            return Err(ConfigError::Corrupted("checksum mismatch"));
+        }
+        let incarnations = (0..nodes)
+            .map(|i| word(24 + 8 * i))
+            .collect::<Result<_, _>>()?;
+        Ok(Self {
+            epoch: word(16)?,
+            incarnations,
+        })
+    }
+
+    /// The copy that wins among the records read from the nodes that answered: the
+    /// valid one with the highest epoch; [`Configuration::legacy`] if no node holds one.
+    pub fn newest<'a>(
+        copies: impl IntoIterator<Item = &'a Result<Self, ConfigError>>,
+        nodes: usize,
+    ) -> Self {
+        copies
+            .into_iter()
+            .filter_map(|c| c.as_ref().ok())
+            .max_by_key(|c| c.epoch)
+            .cloned()
+            .unwrap_or_else(|| Self::legacy(nodes))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn roundtrips_and_refuses_corruption_and_the_highest_epoch_wins() {
+        let c = Configuration {
+            epoch: 3,
+            incarnations: vec![11, 22, 33],
+        };
+        let bytes = c.encode();
+        assert_eq!(Configuration::decode(&bytes, 3), Ok(c.clone()));
+        assert_eq!(
+            Configuration::decode(&[0; CONFIG_READ_BYTES], 3),
+            Err(ConfigError::Missing)
+        );
+        assert!(matches!(
+            Configuration::decode(&bytes, 5),
+            Err(ConfigError::Corrupted(_))
+        ));
+        let mut bad = bytes.clone();
+        bad[30] ^= 1;
+        assert!(matches!(
+            Configuration::decode(&bad, 3),
+            Err(ConfigError::Corrupted(_))
+        ));
+        assert!(
+            Configuration::legacy(3).admits(2, 99),
+            "a legacy store checks no incarnation"
+        );
+        let newer = Configuration {
+            epoch: 4,
+            incarnations: vec![11, 44, 33],
+        };
+        let copies = [
+            Ok(c.clone()),
+            Err(ConfigError::Missing),
+            Ok(newer.clone()),
+            Err(ConfigError::Corrupted("x")),
+        ];
+        assert_eq!(Configuration::newest(&copies, 3), newer);
+        assert_eq!(
+            Configuration::newest(&[Err(ConfigError::Missing)], 3),
+            Configuration::legacy(3)
+        );
+        assert!(newer.admits(1, 44) && !newer.admits(1, 22) && !newer.admits(9, 44));
+    }
+
+    proptest! {
+        #[test]
+        fn decode_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..200), nodes in 0usize..20) {
+            let _ = Configuration::decode(&bytes, nodes);
+        }
+    }
+}

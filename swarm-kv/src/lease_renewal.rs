@@ -1,0 +1,238 @@
+//! The lease owner's I/O: renewals posted in the background of a client's
+//! operations, and the synchronous renewal an operation falls back to when the lease
+//! is about to run out (the arithmetic and the argument are in [`crate::lease`]).
+//!
+//! A renewal is one batch per node, `[CAS lease word expected → next, write the
+//! owner's wall clock (row word 5, informational: `swarm stat`), read the claim
+//! word]`: it counts on a node only if the CAS swapped and the claim word still held
+//! the owner's token ([`LeaseKeeper::absorb`]). Background renewals
+//! are posted with [`Fabric::post`] and their tickets polled when the next operation
+//! starts, so they cost no roundtrip on the critical path; at most one renewal is
+//! outstanding (a newer one forgets the older one's tickets: a late CAS of the older
+//! one fails or lands below the newer counter, both harmless).
+
+use core::future::poll_fn;
+use core::task::Poll;
+
+use swarm_core::fabric::{Nanos, Ticket};
+use swarm_core::quorum::majority;
+use swarm_core::{Batch, Fabric, NodeId, Op};
+
+use crate::lease::{LeaseKeeper, LeaseParams};
+
+/// Row word offsets (bytes) the owner writes.
+pub(crate) const LEASE_WORD: u64 = 8;
+/// The owner's wall clock at its last renewal, Unix ns (informational).
+pub(crate) const RENEWED_UNIX: u64 = 40;
+
+/// A renewal in flight.
+#[derive(Debug)]
+struct Pending {
+    sent_at: Nanos,
+    next: u64,
+    /// `(node, expected word, ticket while unanswered)`.
+    posts: Vec<(usize, u64, Option<Ticket>)>,
+    successes: usize,
+    acknowledged: bool,
+}
+
+impl Pending {
+    fn answered(&self) -> bool {
+        self.posts.iter().all(|(_, _, t)| t.is_none())
+    }
+}
+
+/// A client's lease: what it knows of its lease word, and its renewal in flight.
+#[derive(Debug)]
+pub struct LeaseHolder {
+    keeper: LeaseKeeper,
+    row_at: u64,
+    token: u64,
+    nodes: usize,
+    pending: Option<Pending>,
+    last_sent: Option<Nanos>,
+    renewals: u64,
+}
+
+impl LeaseHolder {
+    /// The lease of the row at `row_at`, claimed with `token`, whose words were read
+    /// as in `keeper`.
+    pub fn new(keeper: LeaseKeeper, row_at: u64, token: u64, nodes: usize) -> Self {
+        Self {
+            keeper,
+            row_at,
+            token,
+            nodes,
+            pending: None,
+            last_sent: None,
+            renewals: 0,
+        }
+    }
+
+    /// The lease parameters.
+    pub fn params(&self) -> &LeaseParams {
+        self.keeper.params()
+    }
+
+    /// Renewals acknowledged by a majority so far.
+    pub fn renewals(&self) -> u64 {
+        self.renewals
+    }
+
+    /// Whether the lease is valid at `now` for `for_ns` more (owner clock).
+    pub fn valid_for(&self, now: Nanos, for_ns: Nanos) -> bool {
+        self.keeper.valid_for(now, for_ns)
+    }
+
+    /// Until when the lease is valid (owner clock), if it ever was.
+    pub fn valid_until(&self) -> Option<Nanos> {
+        self.keeper.valid_until()
+    }
+
+    /// Whether a reclaimer killed this lease, or another client took the row, on a
+    /// majority: the lease can never be renewed.
+    pub fn lost(&self) -> bool {
+        self.keeper.lost_nodes() >= majority(self.nodes)
+    }
+
+    /// Non-blocking upkeep at the start of an operation: takes the answers of the
+    /// renewal in flight, and posts the next one once a renewal period has passed.
+    pub fn tick<F: Fabric + ?Sized>(&mut self, fabric: &F, now: Nanos) {
+        self.collect(fabric);
+        let due = self
+            .last_sent
+            .is_none_or(|sent| now.saturating_sub(sent) >= self.keeper.params().renew_ns);
+        if due && !self.lost() {
+            self.post(fabric, now);
+            // A fabric that completes batches inside `post` (shared memory) has
+            // answered already.
+            self.collect(fabric);
+        }
+    }
+
+    /// Posts a renewal now (forgetting the one in flight, if any).
+    fn post<F: Fabric + ?Sized>(&mut self, fabric: &F, now: Nanos) {
+        self.collect(fabric);
+        if let Some(old) = self.pending.take() {
+            for ticket in old.posts.into_iter().filter_map(|(_, _, t)| t) {
+                fabric.forget(ticket);
+            }
+        }
+        let renewal = self.keeper.renewal();
+        let unix = crate::clock::SystemClock::unix_ns();
+        let posts = renewal
+            .cas
+            .iter()
+            .map(|&(node, expected)| {
+                let mut batch = Batch::cas(self.row_at + LEASE_WORD, expected, renewal.next);
+                // A fresh one-op batch has room for a second operation.
+                let _ = batch.push(Op::Write {
+                    addr: self.row_at + RENEWED_UNIX,
+                    data: unix.to_le_bytes().to_vec(),
+                });
+                let _ = batch.push(Op::Read {
+                    addr: self.row_at,
+                    len: 8,
+                });
+                let ticket = fabric.post(NodeId(node as u16), batch);
+                (node, expected, Some(ticket))
+            })
+            .collect();
+        tracing::trace!(next = renewal.next, "lease renewal posted");
+        self.pending = Some(Pending {
+            sent_at: now,
+            next: renewal.next,
+            posts,
+            successes: 0,
+            acknowledged: false,
+        });
+        self.last_sent = Some(now);
+    }
+
+    /// Takes whatever answers of the renewal in flight have arrived.
+    fn collect<F: Fabric + ?Sized>(&mut self, fabric: &F) {
+        let Some(pending) = self.pending.as_mut() else {
+            return;
+        };
+        for (node, expected, ticket) in &mut pending.posts {
+            let Some(t) = *ticket else { continue };
+            match fabric.poll(t) {
+                Poll::Pending => continue,
+                Poll::Ready(Ok(completion)) => {
+                    let claim = completion
+                        .read(2)
+                        .and_then(|b| b.try_into().ok())
+                        .map(u64::from_le_bytes);
+                    if let Some(previous) = completion.cas(0)
+                        && self.keeper.absorb(
+                            *node,
+                            *expected,
+                            pending.next,
+                            previous,
+                            claim == Some(self.token),
+                        )
+                    {
+                        pending.successes += 1;
+                    }
+                }
+                Poll::Ready(Err(error)) => {
+                    tracing::debug!(%error, node, "lease renewal failed on a memory node");
+                }
+            }
+            *ticket = None;
+        }
+        if !pending.acknowledged && pending.successes >= majority(self.nodes) {
+            pending.acknowledged = true;
+            self.keeper.acknowledged(pending.sent_at);
+            self.renewals += 1;
+        }
+        if pending.answered() {
+            self.pending = None;
+        }
+    }
+
+    /// Whether the renewal in flight is over: acknowledged, or every node answered.
+    fn settled(&self) -> bool {
+        self.pending
+            .as_ref()
+            .is_none_or(|p| p.acknowledged || p.answered())
+    }
+}
+
+/// Renews `holder`'s lease synchronously: waits for the renewal in flight, if any,
+/// then, if the lease is still not valid for `for_ns` more, posts a renewal and waits
+/// until a majority acknowledged it, every node answered, or a renewal period passed
+/// (the caller then checks [`LeaseHolder::valid_for`]). Never holds the borrow across
+/// an await.
+pub async fn renew_now<F: Fabric + ?Sized>(
+    holder: &core::cell::RefCell<LeaseHolder>,
+    fabric: &F,
+    for_ns: Nanos,
+) {
+    for fresh in [false, true] {
+        let deadline = {
+            let mut h = holder.borrow_mut();
+            h.collect(fabric);
+            let now = fabric.now();
+            if h.lost() || h.valid_for(now, for_ns) {
+                return;
+            }
+            if fresh || h.pending.is_none() {
+                h.post(fabric, now);
+            }
+            now.saturating_add(h.params().renew_ns)
+        };
+        fabric.wake_at(deadline);
+        poll_fn(|cx| {
+            let mut h = holder.borrow_mut();
+            h.collect(fabric);
+            if h.settled() || fabric.now() >= deadline {
+                return Poll::Ready(());
+            }
+            cx.waker().wake_by_ref();
+            Poll::Pending
+        })
+        .await;
+    }
+    // Answers that arrive later are taken by the next `tick`.
+}

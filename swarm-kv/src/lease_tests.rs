@@ -1,0 +1,295 @@
+//! Leases end to end on in-memory nodes with a virtual clock shared by every client:
+//! a client that stops renewing (a pause: it issues nothing while others run) loses
+//! its writer id only after the lease expired, and then fails instead of writing; a
+//! client that keeps renewing is never reclaimed; an idle client renews when it
+//! comes back.
+
+use std::cell::Cell;
+use std::rc::Rc;
+use std::task::Poll;
+
+use swarm_core::fabric::{FailNodes, Nanos, Ticket};
+use swarm_core::{
+    Batch, Completion, Fabric, FabricError, FixedClock, MemCluster, MemFabric, NodeId, OpStats,
+    block_on, block_on_future,
+};
+
+use crate::layout::{ClusterParams, NodeLayout};
+use crate::lease::LeaseParams;
+use crate::reclaim::reclaim_expired;
+use crate::{KvClient, KvConfig, KvError};
+
+const NODE_BYTES: u64 = 4 << 20;
+const MS: Nanos = 1_000_000;
+/// Virtual time that passes per `progress` call while somebody waits for a deadline.
+const STEP: Nanos = MS;
+
+/// A fabric on shared in-memory nodes whose clock is shared by every handle and moves
+/// only while somebody waits for a deadline ([`Fabric::wake_at`]): whoever is not
+/// running an operation then is *paused*.
+struct Paced {
+    inner: MemFabric,
+    time: Rc<Cell<Nanos>>,
+    wake: Rc<Cell<Nanos>>,
+}
+
+impl Fabric for Paced {
+    fn node_count(&self) -> usize {
+        self.inner.node_count()
+    }
+    fn post(&self, node: NodeId, batch: Batch) -> Ticket {
+        self.inner.post(node, batch)
+    }
+    fn poll(&self, ticket: Ticket) -> Poll<Result<Completion, FabricError>> {
+        self.inner.poll(ticket)
+    }
+    fn forget(&self, ticket: Ticket) {
+        self.inner.forget(ticket)
+    }
+    fn progress(&self) -> bool {
+        let inner = self.inner.progress();
+        let now = self.time.get();
+        if now < self.wake.get() {
+            self.time.set((now + STEP).min(self.wake.get()));
+            return true;
+        }
+        inner
+    }
+    fn now(&self) -> Nanos {
+        self.time.get()
+    }
+    fn wake_at(&self, deadline: Nanos) {
+        self.wake.set(self.wake.get().max(deadline));
+    }
+}
+
+struct World {
+    cluster: MemCluster,
+    layout: NodeLayout,
+    time: Rc<Cell<Nanos>>,
+    wake: Rc<Cell<Nanos>>,
+}
+
+impl World {
+    fn new(writers: u16) -> Self {
+        let params = ClusterParams {
+            writers,
+            ..ClusterParams::default()
+        }
+        .for_node_size(NODE_BYTES)
+        .expect("a 4 MiB node fits a small cluster");
+        let layout = NodeLayout::new(params).expect("a valid layout");
+        let cluster = MemCluster::new(3, NODE_BYTES as usize);
+        crate::store::write_superblock(&cluster.client(), &params).expect("three live nodes");
+        Self {
+            cluster,
+            layout,
+            time: Rc::new(Cell::new(1_000 * MS)),
+            wake: Rc::new(Cell::new(0)),
+        }
+    }
+
+    fn fabric(&self) -> Paced {
+        Paced {
+            inner: self.cluster.client(),
+            time: self.time.clone(),
+            wake: self.wake.clone(),
+        }
+    }
+
+    fn connect(&self) -> KvClient<Paced, FixedClock> {
+        KvClient::connect(
+            self.fabric(),
+            FixedClock(1_000),
+            self.layout,
+            KvConfig::new(0, 1),
+        )
+        .expect("a writer id")
+    }
+
+    /// A client whose memory node `down` never answers.
+    fn connect_without(&self, down: u16) -> KvClient<FailNodes<Paced>, FixedClock> {
+        let fabric = FailNodes::new(self.fabric());
+        fabric.fail_node(NodeId(down));
+        KvClient::connect(fabric, FixedClock(1_000), self.layout, KvConfig::new(0, 1))
+            .expect("a writer id")
+    }
+
+    fn now(&self) -> Nanos {
+        self.time.get()
+    }
+
+    fn lease(&self) -> LeaseParams {
+        LeaseParams::from_params(&self.layout.params)
+    }
+}
+
+fn get<F: Fabric>(c: &KvClient<F, FixedClock>, key: &str) -> Result<Option<Vec<u8>>, KvError> {
+    block_on(c.fabric(), c.get(key.as_bytes(), &OpStats::new()))
+}
+
+fn insert<F: Fabric>(c: &KvClient<F, FixedClock>, key: &str, value: &str) -> Result<(), KvError> {
+    block_on(
+        c.fabric(),
+        c.insert(key.as_bytes(), value.as_bytes(), &OpStats::new()),
+    )
+}
+
+#[test]
+fn a_paused_client_loses_its_id_only_after_expiry_and_then_fails_instead_of_writing() {
+    let world = World::new(2);
+    let a = world.connect();
+    let b = world.connect();
+    insert(&a, "a", "from a").expect("inserted");
+    insert(&b, "b", "from b").expect("inserted");
+    // Every id is taken; a and b now pause (issue nothing). A third client watches
+    // both leases for the observer's wait, finds them unchanged, and takes one.
+    let before = world.now();
+    let c = world.connect();
+    let waited = world.now() - before;
+    assert!(
+        waited >= world.lease().observer_wait_ns(),
+        "an id was reclaimed after {waited} ns, before the lease could have expired"
+    );
+    assert_eq!(c.writer(), a.writer(), "the first dead row is taken over");
+    // The dead client's acknowledged value stays readable (its log was resumed).
+    assert_eq!(get(&c, "a").expect("read"), Some(b"from a".to_vec()));
+    // The paused client comes back: it cannot renew a killed lease and stops.
+    assert!(matches!(
+        insert(&a, "a", "zombie"),
+        Err(KvError::LeaseExpired { writer }) if writer == a.writer()
+    ));
+    assert!(matches!(get(&a, "a"), Err(KvError::LeaseExpired { .. })));
+    assert_eq!(get(&c, "a").expect("read"), Some(b"from a".to_vec()));
+    // The other dead row was released: the next client gets it without waiting.
+    let before = world.now();
+    let d = world.connect();
+    assert_eq!(d.writer(), b.writer());
+    assert!(world.now() - before < world.lease().observer_wait_ns());
+    assert_eq!(get(&d, "b").expect("read"), Some(b"from b".to_vec()));
+    assert!(matches!(
+        insert(&b, "b", "zombie"),
+        Err(KvError::LeaseExpired { .. })
+    ));
+    insert(&d, "b", "from d").expect("the new owner writes");
+    assert_eq!(get(&c, "b").expect("read"), Some(b"from d".to_vec()));
+}
+
+#[test]
+fn a_client_that_keeps_renewing_is_never_reclaimed() {
+    let world = World::new(1);
+    let a = world.connect();
+    insert(&a, "k", "v").expect("inserted");
+    let watcher = world.fabric();
+    let lease = world.lease();
+    let watch = reclaim_expired(&watcher, &world.layout, &lease, Some(77), None);
+    // Meanwhile a works at a slow pace: an operation every 100 ms of virtual time, for
+    // longer than the watch.
+    let work = async {
+        for _ in 0..(lease.observer_wait_ns() / (100 * MS) + 10) {
+            let got = a.get(b"k", &OpStats::new()).await;
+            assert_eq!(got.expect("a keeps its lease"), Some(b"v".to_vec()));
+            swarm_core::sleep(a.fabric(), 100 * MS).await;
+        }
+    };
+    let (reclaimed, ()) =
+        block_on_future(&watcher, swarm_core::join(watch, work)).expect("no stall");
+    let reclaimed = reclaimed.expect("the watch ran");
+    assert_eq!(reclaimed.taken, None, "a live client's id was taken");
+    assert_eq!(reclaimed.alive, vec![a.writer()]);
+    assert!(a.lease_renewals() > 10);
+    insert(&a, "k", "still mine").expect("a keeps writing");
+}
+
+#[test]
+fn an_idle_client_renews_when_it_comes_back_if_nobody_reclaimed_its_id() {
+    let world = World::new(1);
+    let a = world.connect();
+    insert(&a, "k", "v").expect("inserted");
+    let renewals = a.lease_renewals();
+    // Ten seconds without an operation: the lease lapsed, but nobody needed the id.
+    world.time.set(world.now() + 10_000 * MS);
+    assert!(!a.lease_valid());
+    assert_eq!(
+        get(&a, "k").expect("renewed synchronously"),
+        Some(b"v".to_vec())
+    );
+    assert!(a.lease_renewals() > renewals);
+    assert!(a.lease_valid());
+}
+
+#[test]
+fn with_a_memory_node_down_leases_renew_and_expired_ids_are_still_reclaimed() {
+    let world = World::new(1);
+    let a = world.connect_without(2);
+    insert(&a, "k", "v").expect("inserted with a majority");
+    // Twenty operations 100 ms apart: the lease is renewed on the two live nodes.
+    let renewals = a.lease_renewals();
+    for _ in 0..20 {
+        world.time.set(world.now() + 100 * MS);
+        assert_eq!(get(&a, "k").expect("lease renewed"), Some(b"v".to_vec()));
+    }
+    assert!(a.lease_renewals() >= renewals + 5, "{}", a.lease_renewals());
+    // a pauses; c, with the same node down, reclaims the only id after the wait.
+    let before = world.now();
+    let c = world.connect_without(2);
+    assert_eq!(c.writer(), a.writer());
+    assert!(world.now() - before >= world.lease().observer_wait_ns());
+    assert_eq!(get(&c, "k").expect("read"), Some(b"v".to_vec()));
+    assert!(matches!(
+        insert(&a, "k", "zombie"),
+        Err(KvError::LeaseExpired { .. })
+    ));
+    assert_eq!(get(&c, "k").expect("read"), Some(b"v".to_vec()));
+}
+
+#[test]
+fn a_client_cut_off_from_a_majority_fences_itself() {
+    let world = World::new(2);
+    let fabric = FailNodes::new(world.fabric());
+    let a = KvClient::connect(fabric, FixedClock(1_000), world.layout, KvConfig::new(0, 1))
+        .expect("a writer id");
+    insert(&a, "k", "v").expect("inserted");
+    // A partition leaves a with node 0 only: its renewals reach a minority and must
+    // not extend its lease. Once the term has passed it stops with a lease error,
+    // not with a failed operation.
+    a.fabric().fail_node(NodeId(1));
+    a.fabric().fail_node(NodeId(2));
+    world.time.set(world.now() + 2 * world.lease().lease_ns);
+    assert!(matches!(get(&a, "k"), Err(KvError::LeaseExpired { .. })));
+    assert!(matches!(
+        insert(&a, "k", "cut off"),
+        Err(KvError::LeaseExpired { .. })
+    ));
+    // The other side of the partition still reads the value a last wrote.
+    let b = world.connect();
+    assert_eq!(get(&b, "k").expect("read"), Some(b"v".to_vec()));
+}
+
+#[test]
+fn two_clients_reclaiming_at_once_get_one_dead_id_each() {
+    let world = World::new(2);
+    let (a, b) = (world.connect(), world.connect());
+    insert(&a, "a", "1").expect("inserted");
+    insert(&b, "b", "2").expect("inserted");
+    // Both pause; two new clients look for an id at the same time.
+    let (fc, fd) = (world.fabric(), world.fabric());
+    let both = swarm_core::join(
+        crate::writer_ids::register(&fc, &world.layout, 3, 101, 1),
+        crate::writer_ids::register(&fd, &world.layout, 3, 202, 2),
+    );
+    let (c, d) = block_on_future(&fc, both).expect("no stall");
+    let (c, d) = (c.expect("an id for c").0, d.expect("an id for d").0);
+    let mut ids = [c.writer, d.writer];
+    ids.sort_unstable();
+    assert_eq!(ids, [0, 1], "each took one dead id");
+    assert!(c.reused && d.reused, "both logs are resumed");
+    assert!(matches!(
+        insert(&a, "a", "x"),
+        Err(KvError::LeaseExpired { .. })
+    ));
+    assert!(matches!(
+        insert(&b, "b", "x"),
+        Err(KvError::LeaseExpired { .. })
+    ));
+}

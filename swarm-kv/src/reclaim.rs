@@ -1,0 +1,272 @@
+//! Reclaiming the writer ids of dead clients: watch, kill, take over or release.
+//!
+//! A client that finds no free row in the client table (or `swarm evict`) reads the
+//! table on every node that answers, waits [`LeaseParams::observer_wait_ns`] on its own
+//! clock from the read's completion, and then *kills* the lease word of each row still
+//! claimed by the same token, by CAS from the value it read to that value with the
+//! kill bit ([`crate::lease::KILLED`]). A row whose lease was killed on a majority
+//! belonged to a client that can no longer act: [`crate::lease`] proves that its
+//! owner's lease ended, and its last batches landed, before the kill was posted. The
+//! reclaimer then takes such a row over (CAS of the claim word from the dead token to
+//! its own, on a majority, as in [`crate::claim`]) and resumes its log like any reused
+//! row ([`crate::writer_ids`]); other dead rows are released (claim word back to 0) so
+//! that the next client claims them without waiting.
+//!
+//! A kill that does not reach a majority means the owner renewed in time: the row is
+//! left to its owner (the kills that landed are final, and only cost the owner those
+//! nodes' votes until it goes away).
+//!
+//! Register chunks claimed by a dead client keep its token in their claim words: they
+//! are not reclaimed here but adopted, once its row no longer holds its token, by the
+//! next client that runs out of chunks ([`crate::orphans`]).
+
+use swarm_core::fabric::Nanos;
+use swarm_core::quorum::{broadcast_until, majority};
+use swarm_core::{Batch, Fabric, NodeId, OpStats, Roundtrip, WaitOutcome};
+
+use crate::KvError;
+use crate::layout::{CLIENT_ROW_BYTES, NodeLayout};
+use crate::lease::{KILLED, LeaseParams, is_killed};
+use crate::lease_renewal::LEASE_WORD;
+
+/// How long a reclaimer waits for nodes beyond a majority at each step.
+pub const STRAGGLER_NS: Nanos = 50_000_000;
+
+/// A row of the client table as read from every node that answered.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ObservedRow {
+    /// The writer id.
+    pub writer: u16,
+    /// The token held on a majority of all nodes (0: none).
+    pub token: u64,
+    /// The lease word on each node (`None`: no answer).
+    pub lease: Vec<Option<u64>>,
+}
+
+/// What a reclaim did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Reclaimed {
+    /// The row taken over for the caller, with its lease words as last seen.
+    pub taken: Option<ObservedRow>,
+    /// Rows found dead and released (claim word back to 0).
+    pub released: Vec<u16>,
+    /// Rows whose owner renewed during the watch: alive.
+    pub alive: Vec<u16>,
+}
+
+/// Reads the whole client table on every node that answers (a majority at least).
+pub async fn observe<F: Fabric + ?Sized>(
+    fabric: &F,
+    layout: &NodeLayout,
+) -> Result<Vec<ObservedRow>, KvError> {
+    let nodes = fabric.node_count();
+    let writers = usize::from(layout.params.writers);
+    let bytes = u32::try_from(writers as u64 * CLIENT_ROW_BYTES)
+        .map_err(|_| KvError::Unsupported("a client table larger than 4 GiB"))?;
+    let stats = OpStats::new();
+    let rt = broadcast_until(
+        fabric,
+        &stats,
+        majority(nodes),
+        STRAGGLER_NS,
+        |_| Ok(Some(Batch::read(layout.clients_at, bytes))),
+        |replies| replies.len() == nodes,
+    )
+    .await?;
+    let mut rows: Vec<ObservedRow> = (0..writers)
+        .map(|w| ObservedRow {
+            writer: w as u16,
+            token: 0,
+            lease: vec![None; nodes],
+        })
+        .collect();
+    let mut tokens: Vec<Vec<u64>> = vec![Vec::new(); writers];
+    for (node, completion) in rt.replies() {
+        let data = completion.read(0).unwrap_or_default();
+        for (w, row) in rows.iter_mut().enumerate() {
+            let word = |i: usize| {
+                let at = w * CLIENT_ROW_BYTES as usize + i * 8;
+                data.get(at..at + 8)
+                    .map(|b| u64::from_le_bytes(b.try_into().unwrap_or([0; 8])))
+            };
+            if let (Some(token), Some(lease)) = (word(0), word(1)) {
+                tokens[w].push(token);
+                if let Some(slot) = row.lease.get_mut(node.index()) {
+                    *slot = Some(lease);
+                }
+            }
+        }
+    }
+    for (row, seen) in rows.iter_mut().zip(tokens) {
+        row.token = seen
+            .iter()
+            .copied()
+            .find(|t| *t != 0 && seen.iter().filter(|s| *s == t).count() >= majority(nodes))
+            .unwrap_or(0);
+    }
+    Ok(rows)
+}
+
+/// CASes `word(node)` at `addr` on every node `build` gives a batch for, waiting for
+/// all of them (stragglers up to [`STRAGGLER_NS`]); returns `(node, previous)`.
+async fn cas_all<F: Fabric + ?Sized>(
+    fabric: &F,
+    stats: &OpStats,
+    posts: &[(NodeId, u64, u64, u64)],
+) -> Result<Vec<(NodeId, u64)>, KvError> {
+    let mut out = Vec::new();
+    for chunk in posts.chunks(swarm_core::MAX_NODES) {
+        let mut rt = Roundtrip::start(fabric, stats);
+        for &(node, addr, expected, new) in chunk {
+            rt.post(node, Batch::cas(addr, expected, new))?;
+        }
+        let deadline = fabric.now().saturating_add(STRAGGLER_NS);
+        if rt.wait_until(chunk.len(), deadline).await == WaitOutcome::Short {
+            tracing::debug!("reclaim: some memory nodes did not answer a CAS in time");
+        }
+        out.extend(
+            rt.replies()
+                .iter()
+                .filter_map(|(node, c)| c.cas(0).map(|p| (*node, p))),
+        );
+    }
+    Ok(out)
+}
+
+/// Kills the lease of `row` from the values observed; returns whether it is now
+/// killed on a majority (kills by other reclaimers of the same values count).
+async fn kill<F: Fabric + ?Sized>(
+    fabric: &F,
+    layout: &NodeLayout,
+    row: &ObservedRow,
+) -> Result<bool, KvError> {
+    let nodes = fabric.node_count();
+    let addr = layout.client_row(row.writer) + LEASE_WORD;
+    let mut killed = 0;
+    let mut posts = Vec::new();
+    for (node, word) in row.lease.iter().enumerate() {
+        match word {
+            Some(w) if is_killed(*w) => killed += 1,
+            Some(w) => posts.push((NodeId(node as u16), addr, *w, *w | KILLED)),
+            None => {}
+        }
+    }
+    let stats = OpStats::new();
+    for (node, previous) in cas_all(fabric, &stats, &posts).await? {
+        let observed = row.lease.get(node.index()).copied().flatten();
+        if observed.is_some_and(|w| previous == w || previous == w | KILLED) {
+            killed += 1;
+        }
+    }
+    Ok(killed >= majority(nodes))
+}
+
+/// Watches the rows claimed on a majority (only `only`, if given) for a lease period,
+/// kills those whose owner did not renew, and takes the first dead one over for
+/// `taker` (a token; `None`: release them all). Rows already killed on a majority (an
+/// earlier reclaim stopped half way) are not waited for.
+pub async fn reclaim_expired<F: Fabric + ?Sized>(
+    fabric: &F,
+    layout: &NodeLayout,
+    lease: &LeaseParams,
+    taker: Option<u64>,
+    only: Option<u16>,
+) -> Result<Reclaimed, KvError> {
+    let nodes = fabric.node_count();
+    let observed = observe(fabric, layout).await?;
+    let watched_at = fabric.now();
+    let candidates: Vec<ObservedRow> = observed
+        .into_iter()
+        .filter(|r| r.token != 0 && only.is_none_or(|w| w == r.writer))
+        .collect();
+    let mut result = Reclaimed::default();
+    if candidates.is_empty() {
+        return Ok(result);
+    }
+    let all_killed = candidates
+        .iter()
+        .all(|r| r.lease.iter().flatten().filter(|w| is_killed(**w)).count() >= majority(nodes));
+    if !all_killed {
+        let wait = lease.observer_wait_ns();
+        tracing::info!(
+            rows = candidates.len(),
+            wait_ms = wait / 1_000_000,
+            "watching claimed writer ids for expired leases"
+        );
+        let elapsed = fabric.now().saturating_sub(watched_at);
+        swarm_core::sleep(fabric, wait.saturating_sub(elapsed)).await;
+    }
+    let stats = OpStats::new();
+    for row in candidates {
+        if !kill(fabric, layout, &row).await? {
+            tracing::debug!(writer = row.writer, "lease renewed while watched: alive");
+            result.alive.push(row.writer);
+            continue;
+        }
+        let claim_at = layout.client_row(row.writer);
+        if let (Some(token), None) = (taker, &result.taken) {
+            let posts: Vec<_> = (0..nodes)
+                .map(|n| (NodeId(n as u16), claim_at, row.token, token))
+                .collect();
+            let won = cas_all(fabric, &stats, &posts)
+                .await?
+                .iter()
+                .filter(|(_, prev)| *prev == row.token || *prev == token)
+                .count();
+            if won >= majority(nodes) {
+                tracing::info!(
+                    writer = row.writer,
+                    "took over the writer id of a dead client"
+                );
+                result.taken = Some(row);
+                continue;
+            }
+            // Split with another reclaimer: give our copies back to the dead token.
+            crate::claim::give_back(fabric, nodes, claim_at, token, row.token);
+        }
+        let posts: Vec<_> = (0..nodes)
+            .map(|n| (NodeId(n as u16), claim_at, row.token, 0))
+            .collect();
+        cas_all(fabric, &stats, &posts).await?;
+        tracing::info!(
+            writer = row.writer,
+            "released the writer id of a dead client"
+        );
+        result.released.push(row.writer);
+    }
+    Ok(result)
+}
+
+/// Kills the lease of `writer` now, whatever its age, then waits out the longest
+/// lease its owner may still believe in, and releases the row (`swarm evict
+/// --force`). Returns whether the row was registered. A live owner finds its lease
+/// killed at its next renewal and stops with [`KvError::LeaseExpired`].
+pub async fn evict_now<F: Fabric + ?Sized>(
+    fabric: &F,
+    layout: &NodeLayout,
+    lease: &LeaseParams,
+    writer: u16,
+) -> Result<bool, KvError> {
+    let nodes = fabric.node_count();
+    // The owner may renew between our read and our kill: read again and retry.
+    for _ in 0..16 {
+        let observed = observe(fabric, layout).await?;
+        let Some(row) = observed.into_iter().find(|r| r.writer == writer) else {
+            return Ok(false);
+        };
+        if row.token == 0 {
+            return Ok(false);
+        }
+        if !kill(fabric, layout, &row).await? {
+            continue;
+        }
+        // Every renewal a majority acknowledged was sent before the kill completed.
+        swarm_core::sleep(fabric, lease.observer_wait_ns()).await;
+        let posts: Vec<_> = (0..nodes)
+            .map(|n| (NodeId(n as u16), layout.client_row(writer), row.token, 0))
+            .collect();
+        cas_all(fabric, &OpStats::new(), &posts).await?;
+        return Ok(true);
+    }
+    Err(KvError::Contended { attempts: 16 })
+}

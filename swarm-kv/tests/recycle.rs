@@ -1,0 +1,620 @@
+//! Register recycling (SWARM §5.4, `swarm_kv::recycle`) on a shared-memory cluster
+//! whose clients share a *virtual* clock: the tests move time past cache lifetimes
+//! and recycling graces without sleeping, and nothing depends on the machine's speed.
+//!
+//! What is checked: a retired register is reused only after its grace; a client
+//! whose cache is older than the time-to-live never writes into a reused register; a
+//! reset reaches every replica before reuse; a put that turned into an update and a
+//! delete whose unmap was lost both give their register back; a churn of ten times
+//! the register capacity completes with a linearizable history.
+
+use std::cell::{Cell, RefCell};
+use std::ops::Range;
+use std::rc::Rc;
+use std::task::{Context, Poll, Waker};
+
+use swarm_checker::{History, OpKind, Operation};
+use swarm_core::fabric::{Completion, FabricError, FailureCause, Op, Ticket};
+use swarm_core::{Batch, Fabric, NodeId, OpStats, block_on};
+use swarm_kv::clock::SystemClock;
+use swarm_kv::layout::{ClusterParams, NodeLayout};
+use swarm_kv::store::write_superblock;
+use swarm_kv::{KvClient, KvConfig, KvError, ShmStore};
+use swarm_shm::{CreateOptions, EmulatedFabric, ScratchDir, ShmCluster};
+
+/// Test knobs shared by the fabrics of one test's clients.
+#[derive(Default)]
+struct World {
+    /// Virtual time, ns.
+    now: Cell<u64>,
+    /// Nodes that swallow batches (never applied, never answered).
+    silent: RefCell<Vec<NodeId>>,
+}
+
+impl World {
+    fn new() -> Rc<Self> {
+        let world = Self::default();
+        world.now.set(1_000_000_000);
+        Rc::new(world)
+    }
+
+    fn advance(&self, ns: u64) {
+        self.now.set(self.now.get() + ns);
+    }
+}
+
+/// The store's fabric, with the shared virtual clock, silent nodes, and per-client
+/// failed nodes and refused address ranges (batches there fail at once).
+struct TestFabric {
+    inner: EmulatedFabric,
+    world: Rc<World>,
+    /// Deadlines asked for with `wake_at` and not reached yet.
+    wakes: RefCell<std::collections::BTreeSet<u64>>,
+    failed: RefCell<Vec<NodeId>>,
+    refused: RefCell<Option<Range<u64>>>,
+    /// While set, batches touching this range are applied at once but their
+    /// completions are withheld: the client is paused right after posting them.
+    paused_on: RefCell<Option<Range<u64>>>,
+    /// Inner tickets of withheld completions, by ticket number minus `HELD`.
+    held: RefCell<Vec<Ticket>>,
+    /// Results of batches not passed to `inner`, by ticket number minus `OURS`.
+    ours: RefCell<Vec<Option<Result<Completion, FabricError>>>>,
+}
+
+const OURS: u32 = 1 << 31;
+const HELD: u32 = 1 << 30;
+/// A ticket that never completes (a silent node).
+const NEVER: u32 = u32::MAX;
+
+impl TestFabric {
+    fn new(inner: EmulatedFabric, world: &Rc<World>) -> Self {
+        Self {
+            inner,
+            world: world.clone(),
+            wakes: RefCell::default(),
+            failed: RefCell::new(Vec::new()),
+            refused: RefCell::new(None),
+            paused_on: RefCell::new(None),
+            held: RefCell::new(Vec::new()),
+            ours: RefCell::new(Vec::new()),
+        }
+    }
+
+    fn touches(batch: &Batch, range: &Range<u64>) -> bool {
+        batch.ops().iter().any(|op| {
+            let addr = match op {
+                Op::Read { addr, .. } | Op::Write { addr, .. } | Op::Cas { addr, .. } => *addr,
+            };
+            range.contains(&addr)
+        })
+    }
+}
+
+impl Fabric for TestFabric {
+    fn node_count(&self) -> usize {
+        self.inner.node_count()
+    }
+    fn post(&self, node: NodeId, batch: Batch) -> Ticket {
+        if self.world.silent.borrow().contains(&node) {
+            return Ticket(NEVER);
+        }
+        let refused = self
+            .refused
+            .borrow()
+            .as_ref()
+            .is_some_and(|r| Self::touches(&batch, r));
+        let paused = self
+            .paused_on
+            .borrow()
+            .as_ref()
+            .is_some_and(|r| Self::touches(&batch, r));
+        if paused && !refused && !self.failed.borrow().contains(&node) {
+            let mut held = self.held.borrow_mut();
+            held.push(self.inner.post(node, batch));
+            return Ticket(HELD | (held.len() as u32 - 1));
+        }
+        if !refused && !self.failed.borrow().contains(&node) {
+            return self.inner.post(node, batch);
+        }
+        let mut ours = self.ours.borrow_mut();
+        ours.push(Some(Err(FabricError::NodeFailed {
+            node,
+            cause: FailureCause::Crashed,
+        })));
+        Ticket(OURS | (ours.len() as u32 - 1))
+    }
+    fn poll(&self, ticket: Ticket) -> Poll<Result<Completion, FabricError>> {
+        if ticket.0 == NEVER {
+            return Poll::Pending;
+        }
+        if ticket.0 & OURS == 0 && ticket.0 & HELD != 0 {
+            if self.paused_on.borrow().is_some() {
+                return Poll::Pending;
+            }
+            let inner = self.held.borrow()[(ticket.0 & !HELD) as usize];
+            return self.inner.poll(inner);
+        }
+        if ticket.0 & OURS == 0 {
+            return self.inner.poll(ticket);
+        }
+        match self.ours.borrow_mut()[(ticket.0 & !OURS) as usize].take() {
+            Some(result) => Poll::Ready(result),
+            None => Poll::Pending,
+        }
+    }
+    fn forget(&self, ticket: Ticket) {
+        if ticket.0 & OURS == 0 && ticket.0 & HELD != 0 {
+            let inner = self.held.borrow()[(ticket.0 & !HELD) as usize];
+            self.inner.forget(inner);
+        } else if ticket.0 & OURS == 0 {
+            self.inner.forget(ticket);
+        }
+    }
+    fn progress(&self) -> bool {
+        // Everything completes inside `post`; the only events are deadlines, and
+        // virtual time jumps to them: to the earliest one still ahead (jumping further
+        // would skip past another waiter's, an operation's fence among them); the
+        // later ones stay pending, as `Fabric::wake_at` requires.
+        let now = self.world.now.get();
+        let mut wakes = self.wakes.borrow_mut();
+        wakes.retain(|&t| t > now);
+        match wakes.pop_first() {
+            Some(wake) => {
+                self.world.now.set(wake);
+                true
+            }
+            None => false,
+        }
+    }
+    fn now(&self) -> u64 {
+        self.world.now.get()
+    }
+    fn wake_at(&self, deadline: u64) {
+        self.wakes.borrow_mut().insert(deadline);
+    }
+}
+
+type Client = KvClient<TestFabric, SystemClock>;
+
+/// Cache lifetime and operation deadline of the tests' clients: 1 ms each, so the
+/// recycling grace is 2 ms + 1/8 + 10 ms.
+const TTL_NS: u64 = 1_000_000;
+const MAX_OP_NS: u64 = 1_000_000;
+
+fn config(store: &ShmStore) -> KvConfig {
+    store.config()
+}
+
+fn grace(store: &ShmStore) -> u64 {
+    store.layout().params.register_grace_ns()
+}
+
+/// A tiny cluster: 3 nodes, 3 replicas per key, `registers` registers or a few more.
+fn tiny(dir: &ScratchDir, node_bytes: u64) -> ShmStore {
+    let params = ClusterParams {
+        key_max: 16,
+        value_max: 32,
+        writers: 8,
+        chunk_registers: 8,
+        meta_words: 4,
+        cache_ttl_ns: TTL_NS,
+        max_op_ns: MAX_OP_NS,
+        ..ClusterParams::default()
+    };
+    ShmStore::create(dir.path(), 3, node_bytes, params).expect("create")
+}
+
+/// A cluster of exactly `registers` registers whose logs are large enough for a
+/// long churn: out-of-place log slots are not recycled on this branch (the slots
+/// work does that), so every write takes one for good.
+fn exact(dir: &ScratchDir, registers: u64, log_slots: u32) -> ShmStore {
+    let params = ClusterParams {
+        key_max: 16,
+        value_max: 32,
+        writers: 4,
+        chunk_registers: 8,
+        meta_words: 4,
+        registers,
+        index_buckets: (registers / 2).next_power_of_two(),
+        log_slots,
+        cache_ttl_ns: TTL_NS,
+        max_op_ns: MAX_OP_NS,
+        ..ClusterParams::default()
+    };
+    let node_bytes = NodeLayout::new(params)
+        .unwrap()
+        .end()
+        .next_multiple_of(4096);
+    let shm = std::sync::Arc::new(
+        ShmCluster::create_with(dir.path(), 3, node_bytes, &CreateOptions::default())
+            .expect("create"),
+    );
+    write_superblock(&shm.client(), &params).expect("superblock");
+    drop(shm);
+    ShmStore::open(dir.path()).expect("open")
+}
+
+fn client(store: &ShmStore, world: &Rc<World>) -> Client {
+    let header = *store.header();
+    KvClient::connect(
+        TestFabric::new(store.fabric(), world),
+        SystemClock::new(header.epoch_unix_ns, header.tick_ns),
+        *store.layout(),
+        config(store),
+    )
+    .expect("connect")
+}
+
+fn get(c: &Client, key: &str) -> Option<String> {
+    block_on(c.fabric(), c.get(key.as_bytes(), &OpStats::new()))
+        .expect("get")
+        .map(|v| String::from_utf8(v).unwrap())
+}
+
+fn insert(c: &Client, key: &str, value: &str) {
+    block_on(
+        c.fabric(),
+        c.insert(key.as_bytes(), value.as_bytes(), &OpStats::new()),
+    )
+    .expect("insert");
+}
+
+fn update(c: &Client, key: &str, value: &str) -> bool {
+    block_on(
+        c.fabric(),
+        c.update(key.as_bytes(), value.as_bytes(), &OpStats::new()),
+    )
+    .expect("update")
+}
+
+fn delete(c: &Client, key: &str) -> bool {
+    block_on(c.fabric(), c.delete(key.as_bytes(), &OpStats::new())).expect("delete")
+}
+
+fn register_of(c: &Client, key: &str) -> Option<u64> {
+    let f = c.fabric();
+    block_on(f, c.index().resolve(f, &OpStats::new(), key.as_bytes())).expect("resolve")
+}
+
+#[test]
+fn a_stale_cached_location_never_writes_into_the_reused_register() {
+    let dir = ScratchDir::new("kv-recycle-stale").unwrap();
+    let store = tiny(&dir, 256 << 10);
+    let world = World::new();
+    let (a, b) = (client(&store, &world), client(&store, &world));
+    insert(&a, "k1", "v1");
+    let r = register_of(&a, "k1").unwrap();
+    assert_eq!(get(&a, "k1").as_deref(), Some("v1"), "a caches k1 -> r");
+    // b deletes k1: its remove unmaps r, so b owns r.
+    assert!(delete(&b, "k1"));
+    assert_eq!(b.registers_in_limbo(), 1);
+    // Past the grace (so past a's cache lifetime), b reuses r for another key.
+    world.advance(grace(&store) + 1);
+    insert(&b, "k2", "v2");
+    assert_eq!(register_of(&b, "k2"), Some(r), "r was recycled");
+    assert_eq!(b.recycle_stats().recycled, 1);
+    // a's cache still names r for k1, but the entry is older than the ttl: a goes
+    // through the index, finds k1 absent, and writes nothing.
+    assert!(!update(&a, "k1", "stale"), "k1 was deleted");
+    assert!(a.cache_expired() >= 1);
+    let c = client(&store, &world);
+    assert_eq!(get(&c, "k2").as_deref(), Some("v2"));
+    assert_eq!(get(&c, "k1"), None);
+    assert_eq!(get(&a, "k2").as_deref(), Some("v2"));
+}
+
+#[test]
+fn a_register_is_not_reused_within_its_grace() {
+    let dir = ScratchDir::new("kv-recycle-grace").unwrap();
+    let store = tiny(&dir, 256 << 10);
+    let world = World::new();
+    let (a, b) = (client(&store, &world), client(&store, &world));
+    insert(&a, "k1", "v1");
+    let r = register_of(&a, "k1").unwrap();
+    assert!(delete(&b, "k1"));
+    // Within a's cache lifetime: a still writes to r blindly, so r must not hold
+    // another key yet.
+    world.advance(TTL_NS / 2);
+    insert(&b, "k2", "v2");
+    // a's blind update meets r's tombstone: k1 stays deleted, k2 untouched.
+    assert!(!update(&a, "k1", "stale"), "a stale write resurrected k1");
+    assert_eq!(get(&a, "k2").as_deref(), Some("v2"));
+    assert_eq!(get(&b, "k1"), None);
+    assert_ne!(register_of(&b, "k2"), Some(r), "r reused within its grace");
+    // Even just before the grace ends, r stays in limbo.
+    world.advance(grace(&store) - TTL_NS / 2 - 1);
+    insert(&b, "k3", "v3");
+    assert_ne!(register_of(&b, "k3"), Some(r));
+    world.advance(1);
+    insert(&b, "k4", "v4");
+    assert_eq!(
+        register_of(&b, "k4"),
+        Some(r),
+        "reused once the grace passed"
+    );
+}
+
+#[test]
+fn a_silent_replica_keeps_the_register_in_limbo() {
+    let dir = ScratchDir::new("kv-recycle-silent").unwrap();
+    let store = tiny(&dir, 256 << 10);
+    let world = World::new();
+    let (a, b) = (client(&store, &world), client(&store, &world));
+    insert(&a, "k1", "v1");
+    let r = register_of(&a, "k1").unwrap();
+    assert!(delete(&b, "k1"));
+    world.advance(grace(&store) + 1);
+    // Node 2 (a replica of r: every node is) does not answer the reset.
+    world.silent.borrow_mut().push(NodeId(2));
+    insert(&b, "k2", "v2");
+    assert_ne!(
+        register_of(&b, "k2"),
+        Some(r),
+        "reused before every replica was reset"
+    );
+    assert_eq!(b.registers_in_limbo(), 1);
+    assert_eq!(b.recycle_stats().recycled, 0);
+    world.silent.borrow_mut().clear();
+    assert_eq!(get(&a, "k2").as_deref(), Some("v2"));
+}
+
+#[test]
+fn a_reset_reaches_every_replica_so_a_lagging_one_reads_as_fresh_memory() {
+    let dir = ScratchDir::new("kv-recycle-all").unwrap();
+    let store = tiny(&dir, 256 << 10);
+    let world = World::new();
+    let (a, b) = (client(&store, &world), client(&store, &world));
+    for lagging in (0..3).map(NodeId) {
+        let (k1, k2) = (format!("a{}", lagging.0), format!("b{}", lagging.0));
+        insert(&a, &k1, "v1");
+        let r = register_of(&a, &k1).unwrap();
+        assert!(delete(&b, &k1));
+        world.advance(grace(&store) + 1);
+        // Any operation of b runs its recycler: r is reset on every replica.
+        assert!(!delete(&b, "absent"));
+        assert_eq!(b.registers_in_limbo(), 0);
+        // The lagging replica misses the whole insert that reuses r.
+        world.silent.borrow_mut().push(lagging);
+        insert(&b, &k2, "v2");
+        assert_eq!(register_of(&b, &k2), Some(r), "r recycled");
+        world.silent.borrow_mut().clear();
+        // Clients that cannot reach one up-to-date replica read the lagging one:
+        // it must look like fresh memory (no old key header, no tombstone).
+        for failed in (0..3).map(NodeId).filter(|n| *n != lagging) {
+            let c = client(&store, &world);
+            c.fabric().failed.borrow_mut().push(failed);
+            assert_eq!(
+                get(&c, &k2).as_deref(),
+                Some("v2"),
+                "lagging {lagging:?}, failed {failed:?}"
+            );
+            let s = OpStats::new();
+            block_on(c.fabric(), c.insert(k2.as_bytes(), b"v3", &s)).unwrap_or_else(|e| {
+                panic!("insert over lagging {lagging:?} with {failed:?} failed: {e}")
+            });
+            assert_eq!(get(&c, &k2).as_deref(), Some("v3"));
+            block_on(c.fabric(), c.update(k2.as_bytes(), b"v2", &s)).unwrap();
+            c.fabric().failed.borrow_mut().clear();
+            c.close();
+        }
+    }
+}
+
+#[test]
+fn a_put_that_turned_into_an_update_gives_its_fresh_register_back() {
+    let dir = ScratchDir::new("kv-recycle-put").unwrap();
+    let store = tiny(&dir, 256 << 10);
+    let world = World::new();
+    let (a, b) = (client(&store, &world), client(&store, &world));
+    insert(&a, "k", "va");
+    // b's insert writes a fresh register, then finds k present: an update.
+    insert(&b, "k", "vb");
+    assert_eq!(
+        b.recycle_stats().retired,
+        1,
+        "the unpublished register is retired"
+    );
+    assert_eq!(get(&a, "k").as_deref(), Some("vb"));
+    world.advance(grace(&store) + 1);
+    insert(&b, "k2", "v2");
+    assert_eq!(b.recycle_stats().recycled, 1);
+    assert_eq!(b.registers_in_limbo(), 0);
+    let c = client(&store, &world);
+    assert_eq!(get(&c, "k").as_deref(), Some("vb"));
+    assert_eq!(get(&c, "k2").as_deref(), Some("v2"));
+    assert_ne!(register_of(&c, "k"), register_of(&c, "k2"));
+}
+
+#[test]
+fn a_delete_that_crashed_before_its_unmap_leaves_a_register_the_next_insert_recycles() {
+    let dir = ScratchDir::new("kv-recycle-crash").unwrap();
+    let store = tiny(&dir, 256 << 10);
+    let world = World::new();
+    let (a, b) = (client(&store, &world), client(&store, &world));
+    insert(&a, "k", "v1");
+    let r = register_of(&a, "k").unwrap();
+    // a's delete writes the tombstone, then loses the index (as if it crashed
+    // there): the mapping k -> r stays, and nobody retired r.
+    let layout = *store.layout();
+    *a.fabric().refused.borrow_mut() = Some(layout.index_at..layout.registers_at);
+    assert!(delete(&a, "k"));
+    *a.fabric().refused.borrow_mut() = None;
+    assert_eq!(a.registers_in_limbo(), 0);
+    assert_eq!(
+        register_of(&b, "k"),
+        Some(r),
+        "still mapped (to a tombstone)"
+    );
+    assert_eq!(get(&b, "k"), None);
+    // b's insert replaces the dead mapping: b unmapped r, so b owns it.
+    insert(&b, "k", "v2");
+    assert_eq!(b.recycle_stats().retired, 1);
+    world.advance(grace(&store) + 1);
+    // b deletes k (retiring its register too) and inserts another key: it gets r.
+    assert!(delete(&b, "k"));
+    insert(&b, "k3", "v3");
+    assert_eq!(register_of(&b, "k3"), Some(r));
+    assert_eq!(get(&a, "k3").as_deref(), Some("v3"));
+    assert_eq!(get(&a, "k"), None);
+}
+
+#[test]
+fn a_delete_paused_past_its_deadline_never_unmaps_its_register_reused_for_the_same_key() {
+    let dir = ScratchDir::new("kv-recycle-paused").unwrap();
+    let store = tiny(&dir, 256 << 10);
+    let world = World::new();
+    let (p, b) = (client(&store, &world), client(&store, &world));
+    insert(&p, "k", "v1");
+    let r = register_of(&p, "k").unwrap();
+    // p deletes k: the tombstone lands, then p pauses right after posting its
+    // first index read (the unmap has not started deciding anything).
+    let layout = *store.layout();
+    *p.fabric().paused_on.borrow_mut() = Some(layout.index_at..layout.registers_at);
+    let stats = OpStats::new();
+    let mut paused = std::pin::pin!(p.delete(b"k", &stats));
+    let mut cx = Context::from_waker(Waker::noop());
+    for _ in 0..3 {
+        assert!(paused.as_mut().poll(&mut cx).is_pending());
+    }
+    assert_eq!(get(&b, "k"), None, "the tombstone is written");
+    // Long after p's deadline, b re-inserts k (replacing the dead mapping: b owns
+    // r), deletes it, and after r's grace inserts k again: into r.
+    world.advance(MAX_OP_NS + 1);
+    insert(&b, "k", "v2");
+    world.advance(grace(&store) + 1);
+    assert!(delete(&b, "k"));
+    insert(&b, "k", "v3");
+    assert_eq!(register_of(&b, "k"), Some(r), "r holds k again");
+    // p resumes. Its unmap would find k -> r (same key, same register) and clear
+    // the live mapping; its deadline passed, so it posts no CAS.
+    *p.fabric().paused_on.borrow_mut() = None;
+    assert!(block_on(p.fabric(), paused).expect("the tombstone was written: deleted"));
+    let c = client(&store, &world);
+    assert_eq!(
+        get(&c, "k").as_deref(),
+        Some("v3"),
+        "the paused delete unmapped k"
+    );
+    assert_eq!(register_of(&c, "k"), Some(r));
+}
+
+/// Splitmix64: the churn's seeded choices.
+fn next(x: &mut u64) -> u64 {
+    *x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut z = *x;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// One churn run: three clients on one thread, `10 × capacity` inserts over a key
+/// space of a quarter of the capacity, with deletes, gets and updates; with
+/// `faults`, about one operation in a hundred runs while its client cannot reach
+/// the index (its unmap is lost, or it fails and counts as crashed: it may or may
+/// not have taken effect). Returns the registers recycled.
+fn churn(seed: u64, faults: bool) -> u64 {
+    let dir = ScratchDir::new("kv-recycle-churn").unwrap();
+    let capacity = 64;
+    let store = exact(&dir, capacity, 1 << 12);
+    let layout = *store.layout();
+    let world = World::new();
+    let clients: Vec<Client> = (0..3).map(|_| client(&store, &world)).collect();
+    // Fewer keys than registers: live keys, retired registers and the clients'
+    // pools share the rest.
+    let keys = capacity / 4;
+    let mut history = History::new();
+    let mut x = seed;
+    let mut inserts = 0u64;
+    let mut clock = 0u64;
+    let mut op = 0u64;
+    let (mut cut_offs, mut crashed) = (0u32, 0u32);
+    while inserts < 10 * capacity {
+        op += 1;
+        let r = next(&mut x);
+        let c = (r % 3) as usize;
+        let client = &clients[c];
+        let key = format!("key{}", (r >> 8) % keys);
+        let value = format!("v{op}");
+        let kind = match (r >> 32) % 10 {
+            0..=3 => OpKind::Insert,
+            4..=6 => OpKind::Delete,
+            7..=8 => OpKind::Get,
+            _ => OpKind::Update,
+        };
+        let cut_off = faults && (r >> 48).is_multiple_of(100);
+        if cut_off {
+            cut_offs += 1;
+            *client.fabric().refused.borrow_mut() = Some(layout.index_at..layout.registers_at);
+        }
+        let f = client.fabric();
+        let s = OpStats::new();
+        let start = clock;
+        let result: Result<(bool, Option<String>), KvError> = match kind {
+            OpKind::Insert => {
+                inserts += 1;
+                block_on(f, client.insert(key.as_bytes(), value.as_bytes(), &s))
+                    .map(|()| (true, Some(value.clone())))
+            }
+            OpKind::Delete => block_on(f, client.delete(key.as_bytes(), &s)).map(|ok| (ok, None)),
+            OpKind::Get => block_on(f, client.get(key.as_bytes(), &s))
+                .map(|v| (true, v.map(|v| String::from_utf8(v).unwrap()))),
+            _ => block_on(f, client.update(key.as_bytes(), value.as_bytes(), &s))
+                .map(|ok| (ok, Some(value.clone()))),
+        };
+        *client.fabric().refused.borrow_mut() = None;
+        clock += 2;
+        let record = match result {
+            Ok((ok, value)) => {
+                Operation::completed(c as u64, kind, key, value.as_deref(), ok, start, start + 1)
+            }
+            Err(_) if cut_off => {
+                crashed += 1;
+                let written = matches!(kind, OpKind::Insert | OpKind::Update).then_some(value);
+                Operation::crashed(c as u64, kind, key, written.as_deref(), start)
+            }
+            Err(e) => {
+                panic!("seed {seed} (CHURN_SEED to replay): op {op} ({kind:?} {key}) failed: {e}")
+            }
+        };
+        history.push(record).unwrap();
+        // Clients run at a modest pace: 500 µs of virtual time per operation, so
+        // about 25 operations' retired registers wait for their grace at any time.
+        world.advance(500_000);
+    }
+    assert!(!faults || cut_offs > 0, "seed {seed}: no outage injected");
+    eprintln!("seed {seed}: {op} operations, {cut_offs} index outages, {crashed} failed");
+    let report = swarm_checker::check(&history);
+    assert!(
+        report.is_linearizable(),
+        "seed {seed} (CHURN_SEED to replay), faults {faults}: {report}"
+    );
+    clients.iter().map(|c| c.recycle_stats().recycled).sum()
+}
+
+fn churn_seeds() -> Vec<u64> {
+    match std::env::var("CHURN_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+    {
+        Some(seed) => vec![seed],
+        None => (0..4).map(|i| 0x5eed + i).collect(),
+    }
+}
+
+#[test]
+fn a_churn_of_ten_times_the_register_capacity_completes_and_is_linearizable() {
+    for seed in churn_seeds() {
+        let recycled = churn(seed, false);
+        assert!(
+            recycled >= 8 * 64,
+            "seed {seed}: only {recycled} registers recycled for 640 inserts on 64 registers"
+        );
+    }
+}
+
+#[test]
+fn a_churn_with_index_outages_stays_linearizable() {
+    for seed in churn_seeds() {
+        churn(seed, true);
+    }
+}
