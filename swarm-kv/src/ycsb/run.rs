@@ -863,30 +863,25 @@ fn drive<'a, C: BenchClient>(
         spawn(&mut exec, &mut slots, slot);
     }
     while exec.live() > 0 {
-        let mut completed = exec.poll_once(|_, f| finished.push(f));
-        if completed == 0 && !client.fabric().progress() {
-            // One last poll picks up what progress delivered.
-            completed = exec.poll_once(|_, f| finished.push(f));
-            if completed == 0 {
-                // Every operation in flight waits on failed nodes only: give up on them.
-                exec = LocalExecutor::new();
-                for slot in 0..inflight {
-                    if let Some(lost) = slots[slot].take() {
-                        finish(Done {
-                            slot,
-                            op: lost.op,
-                            keynum: lost.keynum,
-                            written: written(lost.op, lost.seq),
-                            result: Err(OpError::Kv(KvError::Fabric(FabricError::Stalled))),
-                            start: lost.issued_at,
-                            end: shared.now_ns(),
-                            roundtrips: 0,
-                        });
-                    }
-                    spawn(&mut exec, &mut slots, slot);
+        if exec.step(client.fabric(), |_, f| finished.push(f)).is_err() {
+            // Every operation in flight waits on failed nodes only: give up on them.
+            exec = LocalExecutor::new();
+            for slot in 0..inflight {
+                if let Some(lost) = slots[slot].take() {
+                    finish(Done {
+                        slot,
+                        op: lost.op,
+                        keynum: lost.keynum,
+                        written: written(lost.op, lost.seq),
+                        result: Err(OpError::Kv(KvError::Fabric(FabricError::Stalled))),
+                        start: lost.issued_at,
+                        end: shared.now_ns(),
+                        roundtrips: 0,
+                    });
                 }
-                continue;
+                spawn(&mut exec, &mut slots, slot);
             }
+            continue;
         }
         for f in finished.drain(..) {
             let Some(issued) = slots[f.slot].take() else {
