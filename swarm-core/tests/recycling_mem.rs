@@ -140,3 +140,55 @@ fn a_new_incarnation_recycles_its_predecessors_superseded_slots() {
     let c = step(&c);
     assert_eq!((c.in_use, c.recycled), (taken, 0));
 }
+
+/// Wipes node `node`'s copy of every log buffer, as a write landing late in a
+/// recycled slot would overwrite one (see `swarm_core::reclaim`).
+fn wipe_logs(cluster: &MemCluster, node: u16) {
+    let layout = layout();
+    let wipe = swarm_core::Batch::write(layout.log_base(), vec![0; layout.log_bytes() as usize]);
+    let fabric = cluster.client();
+    let ticket = fabric.post(swarm_core::NodeId(node), wipe);
+    block_on_future(&fabric, core::future::poll_fn(|_| fabric.poll(ticket)))
+        .unwrap()
+        .unwrap();
+}
+
+/// `reg(0)` with the replicas ranked from node `first`: a reader's preferred
+/// majority and primary.
+fn ranked_from(first: u64) -> RegisterLoc {
+    RegisterLoc {
+        addr: reg(0).addr,
+        replicas: Replicas::all(3, first).unwrap(),
+    }
+}
+
+fn read_value(c: &Client<MemFabric, FixedClock>, r: &RegisterLoc, stats: &OpStats) -> Vec<u8> {
+    match block_on(c.fabric(), c.read(r, &mut RegisterCache::new(), stats)) {
+        Ok(swarm_core::ReadValue::Value(v)) => v,
+        other => panic!("a majority holds the write and one copy is intact: {other:?}"),
+    }
+}
+
+#[test]
+fn a_holder_whose_copy_was_overwritten_is_passed_over_for_one_that_holds_the_write() {
+    let cluster = MemCluster::new(3, 1 << 20);
+    let writer = client(&cluster, 0);
+    // The write lands on the writer's preferred majority, nodes 0 and 1.
+    write(&writer, &reg(0), b"value");
+    wipe_logs(&cluster, 1);
+    // A reader ranking node 1 first reads nodes 1 and 2: only node 1 holds the write,
+    // and its copy is gone. The reader has no in-place copy on node 1 (the writer's
+    // primary is node 0), so it must find node 0's copy by asking every replica.
+    let reader = client(&cluster, 1);
+    let stats = OpStats::new();
+    assert_eq!(read_value(&reader, &ranked_from(1), &stats), b"value");
+    assert_eq!(stats.recycled_fetches(), 1, "one re-read, of every replica");
+    // That read wrote the value back to node 2 (buffer and metadata; the in-place
+    // copy only to its primary, node 1). Now node 2's copy is wiped: a reader ranking
+    // node 2 first reads nodes 2 and 0, both hold the write, and the value fetch
+    // passes over node 2's copy for node 0's without reading the register again.
+    wipe_logs(&cluster, 2);
+    let stats = OpStats::new();
+    assert_eq!(read_value(&reader, &ranked_from(2), &stats), b"value");
+    assert_eq!(stats.recycled_fetches(), 0, "found in the same fetch");
+}

@@ -207,21 +207,57 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         stats: &OpStats,
         with_inplace: bool,
     ) -> Result<Views, SwarmError> {
+        self.read_views_from(reg, cache, stats, with_inplace, None)
+            .await
+    }
+
+    /// [`Self::read_views`], or with `every_replica = Some(patience)`: the metadata
+    /// of every replica that answers within `patience` times `slow_after_ns` (and of
+    /// a majority in any case), for a read whose maximum's buffer was unusable on
+    /// every holder a majority read found. A holder outside that majority may still
+    /// have an intact copy: a write lands on a majority `{A, B}`, the read asks
+    /// `{B, C}`, and `B`'s copy was overwritten (see [`super::reclaim`]: a write that
+    /// landed later than the delivery margin); `A`'s copy is the value. A maximum of
+    /// more than a majority's replies is a correct read all the same (appendix A).
+    async fn read_views_from(
+        &self,
+        reg: &RegisterLoc,
+        cache: &mut RegisterCache,
+        stats: &OpStats,
+        with_inplace: bool,
+        every_replica: Option<u64>,
+    ) -> Result<Views, SwarmError> {
         let n = reg.replicas.len();
         let positions: heapless::Vec<usize, MAX_REPLICAS> = (0..n).collect();
         let layout = self.layout;
         let primary = self.primary(reg);
-        let mut rt = self
-            .quorum_step(stats, reg, &positions, reg.replicas.quorum(), |p| {
-                let mut batch = Batch::new();
-                batch.push(inout::read_op(
-                    &layout,
-                    reg.addr,
-                    with_inplace && p == primary,
-                ))?;
-                Ok(batch)
-            })
-            .await?;
+        let build = |p: usize| {
+            let mut batch = Batch::new();
+            batch.push(inout::read_op(
+                &layout,
+                reg.addr,
+                with_inplace && p == primary,
+            ))?;
+            Ok(batch)
+        };
+        let mut rt = match every_replica {
+            None => {
+                self.quorum_step(stats, reg, &positions, reg.replicas.quorum(), build)
+                    .await?
+            }
+            Some(patience) => {
+                let mut rt = Roundtrip::start(&self.fabric, stats);
+                for &p in &positions {
+                    rt.post(reg.replicas.node(p), build(p)?)?;
+                }
+                let wait = self.config.slow_after_ns.saturating_mul(patience);
+                let deadline = self.fabric.now().saturating_add(wait);
+                let _ = rt.wait_until(n, deadline).await;
+                rt.wait(reg.replicas.quorum()).await?;
+                self.trust_replies(&rt);
+                rt
+            }
+        };
         let mut views: Views = Default::default();
         for (node, completion) in rt.replies_mut() {
             let Some(p) = reg.replicas.position(*node) else {
@@ -299,12 +335,25 @@ impl<F: Fabric, C: Clock> Client<F, C> {
             let deadline = self.fabric.now().saturating_add(wait);
             let want = if upto == 1 { 1 } else { holders.len() };
             let _ = rt.wait_until(want, deadline).await;
-            for (_, completion) in rt.replies_mut() {
+            for (node, completion) in rt.replies_mut() {
                 answered = true;
                 let Some(mut bytes) = completion.take_read(0) else {
                     continue;
                 };
-                if let Some(record) = decode_record(&mut bytes, self.layout.payload_max())
+                let record = decode_record(&mut bytes, self.layout.payload_max());
+                if !record.as_ref().is_some_and(|r| r.tsp.same_write(t)) {
+                    // What the slot held instead: an older write of the same writer
+                    // points at a late write into a recycled slot, nothing at all at
+                    // a torn or never-written buffer.
+                    tracing::debug!(
+                        writer = self.writer.get(),
+                        tsp = ?t,
+                        %node,
+                        found = ?record.as_ref().map(|r| r.tsp),
+                        "a holder's buffer does not hold the maximum's write"
+                    );
+                }
+                if let Some(record) = record
                     && record.tsp.same_write(t)
                 {
                     // The primary answered without `t` in place although `t` is
@@ -362,7 +411,12 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         // Re-reads in a row that found the same maximum's buffer unusable.
         let mut unusable: (Tsp, u32) = (Tsp::EMPTY, 0);
         let (t, value) = loop {
-            let mut views = self.read_views(reg, cache, stats, with_inplace).await?;
+            // After a maximum's buffer was unusable on every holder that answered,
+            // ask every replica: another holder may have an intact copy.
+            let every_replica = (unusable.1 > 0).then_some(patience);
+            let mut views = self
+                .read_views_from(reg, cache, stats, with_inplace, every_replica)
+                .await?;
             let t = views.max();
             match self
                 .fetch_value(reg, stats, &mut views, t, patience)
