@@ -264,7 +264,7 @@ impl<'a, F: Fabric + ?Sized> Roundtrip<'a, F> {
     ///
     /// A transport that completes it inside [`Fabric::submit`] has answered when this returns.
     #[inline]
-    pub fn post(&mut self, node: NodeId, batch: Batch) -> Result<(), FabricError> {
+    pub fn post(&mut self, node: NodeId, mut batch: Batch) -> Result<(), FabricError> {
         // One clock read per burst of posts: the posts between two waits of a step
         // follow each other within microseconds, which the recycling grace's
         // delivery margin covers (`crate::reclaim`).
@@ -275,6 +275,8 @@ impl<'a, F: Fabric + ?Sized> Roundtrip<'a, F> {
         if self.outstanding.len() + self.replies.len() + self.failures.len() >= MAX_NODES {
             return Err(FabricError::TooManyPosts { max: MAX_NODES });
         }
+        // A transport that queues the batch must not start it after the deadline.
+        batch.set_deadline(self.stats.deadline());
         match self.fabric.submit(node, batch) {
             Submitted::Done(Ok(completion)) => self.replies.push((node, completion)),
             Submitted::Done(Err(error)) => self.failures.push((node, error)),
@@ -425,6 +427,8 @@ pub fn post_background_for<F: Fabric + ?Sized>(
         );
         return false;
     }
+    let mut batch = batch;
+    batch.set_deadline(stats.deadline());
     post_background(fabric, node, batch);
     true
 }

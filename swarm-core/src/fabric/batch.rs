@@ -39,9 +39,16 @@ pub enum Op {
 
 /// An ordered batch of operations to one node (SWARM §2.1, third property): a later
 /// operation's effect is only visible once the earlier ones' are.
+///
+/// A batch may carry the *deadline* of the operation that posts it (the operation
+/// fence, [`crate::reclaim`]): a transport that cannot hand the batch to the memory
+/// node at once (RDMA's software queue behind a full send queue) must fail it with
+/// [`FabricError::Fenced`] rather than start it after that instant on its clock
+/// ([`super::Fabric::now`]), since the memory it names may be recycled by then.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Batch {
     ops: heapless::Vec<Op, MAX_BATCH_OPS>,
+    deadline: Option<super::Nanos>,
 }
 
 impl Batch {
@@ -49,7 +56,20 @@ impl Batch {
     pub const fn new() -> Self {
         Self {
             ops: heapless::Vec::new(),
+            deadline: None,
         }
+    }
+
+    /// Sets the instant after which the batch must not start (see the type docs);
+    /// `None` for no deadline.
+    pub fn set_deadline(&mut self, deadline: Option<super::Nanos>) -> &mut Self {
+        self.deadline = deadline;
+        self
+    }
+
+    /// The instant after which the batch must not start, if any.
+    pub fn deadline(&self) -> Option<super::Nanos> {
+        self.deadline
     }
 
     /// Appends `op`; fails with [`FabricError::BatchFull`] past [`MAX_BATCH_OPS`].

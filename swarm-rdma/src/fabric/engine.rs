@@ -413,7 +413,12 @@ impl<N: Nic> Engine<N> {
     /// a call that completed the last pending batches made progress (the caller's
     /// next poll takes their results), and reporting "nothing pending" then would
     /// read as a stall (the first run over soft-RoCE stalled on exactly that).
-    pub fn progress(&mut self) -> bool {
+    ///
+    /// A waiting chain whose batch has a deadline before `now` is failed with
+    /// [`FabricError::Fenced`] instead of posted: its operation gave up on it, and
+    /// the memory it writes may be recycled (the operation fence, see
+    /// [`swarm_core::reclaim`]).
+    pub fn progress(&mut self, now: Nanos) -> bool {
         let mut delivered = false;
         loop {
             let mut completions = std::mem::take(&mut self.completions);
@@ -437,6 +442,20 @@ impl<N: Nic> Engine<N> {
                 continue;
             }
             while let Some(waiting) = self.nodes[node].waiting.pop_front() {
+                if waiting
+                    .batch
+                    .deadline()
+                    .is_some_and(|deadline| now > deadline)
+                {
+                    tracing::debug!(
+                        node,
+                        ticket = waiting.ticket.0,
+                        "queued batch past its operation's deadline: failed, not posted"
+                    );
+                    self.slab.complete(waiting.ticket, Err(FabricError::Fenced));
+                    delivered = true;
+                    continue;
+                }
                 if let Some(waiting) = self.try_post(node, waiting) {
                     self.nodes[node].waiting.push_front(waiting);
                     break;
@@ -509,7 +528,8 @@ impl<N: Nic> Fabric for EngineFabric<N> {
     }
 
     fn progress(&self) -> bool {
-        let pending = self.engine.borrow_mut().progress();
+        let now = self.now();
+        let pending = self.engine.borrow_mut().progress(now);
         // A pending batch on a silent node still ends: RC retries give up with
         // IBV_WC_RETRY_EXC_ERR. Until then, and until any deadline asked for, keep
         // the executor spinning.

@@ -628,6 +628,32 @@ mod tests {
     }
 
     #[test]
+    fn a_queued_batch_past_its_deadline_is_fenced_and_never_lands() {
+        // 64 staging bytes: the first 40-byte write takes the staging, the second waits
+        // behind it in the engine's queue, not on the queue pair.
+        let f = fabric(1, 64, 64, 13);
+        let first = f.post(NodeId(0), Batch::write(128, vec![1; 40]));
+        let mut late = Batch::write(256, vec![2; 40]);
+        late.set_deadline(Some(f.now()));
+        let late = f.post(NodeId(0), late);
+        let mut open = Batch::write(512, vec![3; 40]);
+        open.set_deadline(Some(u64::MAX));
+        let open = f.post(NodeId(0), open);
+        assert_eq!(f.engine().in_flight(), 1, "the others wait for staging");
+        // The deadline passes while the batch is queued.
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        assert!(wait(&f, first).is_ok());
+        assert_eq!(wait(&f, late), Err(FabricError::Fenced));
+        assert!(
+            wait(&f, open).is_ok(),
+            "a batch within its deadline is posted"
+        );
+        let memory = f.engine().nic_mut().memory(0).to_vec();
+        assert!(memory[256..296].iter().all(|&b| b == 0), "never written");
+        assert!(memory[512..552].iter().all(|&b| b == 3));
+    }
+
+    #[test]
     fn progress_reports_deadlines() {
         let f = fabric(1, 4096, 64, 1);
         assert!(!f.progress());
