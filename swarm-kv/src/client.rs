@@ -253,7 +253,11 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
             None
         };
         // The fence is cluster-wide: recycling waits a grace computed from it.
-        let protocol = config.protocol.with_max_op_ns(layout.params.max_op_ns);
+        // So are the delivery margin and so the grace.
+        let protocol = config
+            .protocol
+            .with_max_op_ns(layout.params.max_op_ns)
+            .with_delivery_margin_ns(layout.params.delivery_margin_ns);
         let swarm = Client::new(fabric, clock, layout.swarm, writer, protocol)?;
         // Index and key-header reads avoid the nodes the register protocol suspects.
         let index = Index::new(

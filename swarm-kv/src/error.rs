@@ -48,6 +48,19 @@ pub enum KvError {
         /// The cluster's writer ids.
         writers: u16,
     },
+    /// This client's transport may deliver a batch later after its post than the
+    /// cluster's delivery margin allows: memory could be recycled under its writes.
+    #[error(
+        "this client's transport may land a write up to {transport_ns} ns after posting it, \
+         beyond the cluster's delivery margin of {cluster_ns} ns: lower the queue pairs' \
+         ack_timeout or retry_count, or format the cluster with a larger --delivery-margin"
+    )]
+    DeliveryMargin {
+        /// The transport's bound, ns.
+        transport_ns: u64,
+        /// The cluster's margin (superblock), ns.
+        cluster_ns: u64,
+    },
     /// The cluster has fewer nodes than its replication factor.
     #[error("the cluster has {nodes} memory nodes but keys are replicated on {replicas}")]
     TooFewNodes {

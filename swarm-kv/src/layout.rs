@@ -68,6 +68,9 @@ pub const DEFAULT_MAX_OP_NS: u64 = 200_000_000;
 /// it, so a deleted key's register is reused `cache_ttl + max_op` (plus drift and a
 /// margin) after it was unmapped (`crate::recycle`).
 pub const DEFAULT_CACHE_TTL_NS: u64 = 10_000_000_000;
+/// Largest delivery margin a superblock may carry (`swarm init --delivery-margin`):
+/// every recycling grace includes it, so a larger one would hold memory for minutes.
+pub const MAX_DELIVERY_MARGIN_NS: u64 = 60_000_000_000;
 
 const fn align(n: u64, to: u64) -> u64 {
     n.div_ceil(to) * to
@@ -143,6 +146,13 @@ pub struct ClusterParams {
     /// location after the index vouched for it (updates and deletes write to cached
     /// registers blindly). Cluster-wide: register recycling waits for every client's.
     pub cache_ttl_ns: u64,
+    /// Delivery margin, ns: how long after its post a batch may still take effect on a
+    /// memory node (the transport's worst case: on RDMA the queue pair's retry window,
+    /// `ack timeout × (retry count + 1)`, plus scheduling). Recycled memory waits
+    /// this on top of the operation deadline (`swarm_core::reclaim`). Cluster-wide: a
+    /// writer recycles its log slots on the margin of every client that may write
+    /// them back, so a client whose transport can deliver later refuses to connect.
+    pub delivery_margin_ns: u64,
 }
 
 /// Defaults for `swarm init`.
@@ -162,16 +172,28 @@ impl Default for ClusterParams {
             lease_renew_ns: DEFAULT_LEASE_RENEW_NS,
             max_op_ns: DEFAULT_MAX_OP_NS,
             cache_ttl_ns: DEFAULT_CACHE_TTL_NS,
+            delivery_margin_ns: swarm_core::reclaim::DEFAULT_DELIVERY_MARGIN_NS,
         }
     }
 }
 
 impl ClusterParams {
     /// How long a retired register waits before it is reset and reused: the
-    /// reclamation grace of a window of `cache_ttl_ns + max_op_ns`
-    /// (`swarm_core::reclaim::grace_ns`, `crate::recycle`).
+    /// reclamation grace of a window of `cache_ttl_ns + max_op_ns`, with this
+    /// cluster's delivery margin (`swarm_core::reclaim::grace_with_margin_ns`,
+    /// `crate::recycle`).
     pub fn register_grace_ns(&self) -> u64 {
-        swarm_core::reclaim::grace_ns(self.cache_ttl_ns.saturating_add(self.max_op_ns))
+        swarm_core::reclaim::grace_with_margin_ns(
+            self.cache_ttl_ns.saturating_add(self.max_op_ns),
+            self.delivery_margin_ns,
+        )
+    }
+
+    /// How long a superseded out-of-place log slot waits before its writer reuses it
+    /// (`swarm_core::reclaim`): the operation deadline, its drift allowance and the
+    /// delivery margin.
+    pub fn slot_grace_ns(&self) -> u64 {
+        swarm_core::reclaim::grace_with_margin_ns(self.max_op_ns, self.delivery_margin_ns)
     }
 
     /// Bytes of a register's payload: `[key length u16 | key | value]`.
@@ -210,6 +232,9 @@ impl ClusterParams {
             .map_err(|e| ParamsError::Invalid(e.to_string()))?;
         if self.cache_ttl_ns == 0 {
             return bad("the location-cache lifetime (--cache-ttl) must be positive");
+        }
+        if self.delivery_margin_ns == 0 || self.delivery_margin_ns > MAX_DELIVERY_MARGIN_NS {
+            return bad("the delivery margin (--delivery-margin) must be positive and at most 60s");
         }
         Ok(())
     }
@@ -256,7 +281,7 @@ impl ClusterParams {
 
     /// Encodes the superblock (version [`KV_VERSION`]): the version-1 fields at the
     /// same offsets, then `lease_ns` at 56, `lease_renew_ns` at 64, `max_op_ns` at 72,
-    /// `cache_ttl_ns` at 80,
+    /// `cache_ttl_ns` at 80, `delivery_margin_ns` at 88,
     /// and an xxh3-64 of bytes `0..120` at 120.
     pub fn encode(&self) -> [u8; SUPERBLOCK_ENCODED_BYTES] {
         let mut out = [0u8; SUPERBLOCK_ENCODED_BYTES];
@@ -275,6 +300,7 @@ impl ClusterParams {
         out[64..72].copy_from_slice(&self.lease_renew_ns.to_le_bytes());
         out[72..80].copy_from_slice(&self.max_op_ns.to_le_bytes());
         out[80..88].copy_from_slice(&self.cache_ttl_ns.to_le_bytes());
+        out[88..96].copy_from_slice(&self.delivery_margin_ns.to_le_bytes());
         let sum = xxh3_64(&out[..120]);
         out[120..128].copy_from_slice(&sum.to_le_bytes());
         out
@@ -312,16 +338,18 @@ impl ClusterParams {
         if u64_at(encoded - 8) != xxh3_64(&bytes[..encoded - 8]) {
             return Err(ParamsError::Checksum);
         }
-        let (lease_ns, lease_renew_ns, max_op_ns, cache_ttl_ns) = if version == 1 {
-            (
-                DEFAULT_LEASE_NS,
-                DEFAULT_LEASE_RENEW_NS,
-                DEFAULT_MAX_OP_NS,
-                DEFAULT_CACHE_TTL_NS,
-            )
-        } else {
-            (u64_at(56), u64_at(64), u64_at(72), u64_at(80))
-        };
+        let (lease_ns, lease_renew_ns, max_op_ns, cache_ttl_ns, delivery_margin_ns) =
+            if version == 1 {
+                (
+                    DEFAULT_LEASE_NS,
+                    DEFAULT_LEASE_RENEW_NS,
+                    DEFAULT_MAX_OP_NS,
+                    DEFAULT_CACHE_TTL_NS,
+                    swarm_core::reclaim::DEFAULT_DELIVERY_MARGIN_NS,
+                )
+            } else {
+                (u64_at(56), u64_at(64), u64_at(72), u64_at(80), u64_at(88))
+            };
         let params = Self {
             key_max: u32_at(12),
             value_max: u32_at(16),
@@ -336,6 +364,7 @@ impl ClusterParams {
             lease_renew_ns,
             max_op_ns,
             cache_ttl_ns,
+            delivery_margin_ns,
         };
         params.validate()?;
         Ok(params)

@@ -100,6 +100,9 @@ pub struct LeaseParams {
     pub renew_ns: Nanos,
     /// Operation deadline, ns.
     pub max_op_ns: Nanos,
+    /// Delivery margin, ns (`ClusterParams::delivery_margin_ns`): how late after
+    /// its post a batch may still land.
+    pub delivery_margin_ns: Nanos,
 }
 
 impl LeaseParams {
@@ -109,6 +112,7 @@ impl LeaseParams {
             lease_ns: params.lease_ns,
             renew_ns: params.lease_renew_ns,
             max_op_ns: params.max_op_ns,
+            delivery_margin_ns: params.delivery_margin_ns,
         }
     }
 
@@ -145,7 +149,9 @@ impl LeaseParams {
     /// How long a reclaimer watches a lease word unchanged, on its own clock, from
     /// the completion of its read, before it may kill it: `lease·(1 + 1/8) + grace`.
     pub const fn observer_wait_ns(&self) -> Nanos {
-        self.lease_ns + self.lease_ns / DRIFT_DIV + swarm_core::reclaim::grace_ns(self.max_op_ns)
+        self.lease_ns
+            + self.lease_ns / DRIFT_DIV
+            + swarm_core::reclaim::grace_with_margin_ns(self.max_op_ns, self.delivery_margin_ns)
     }
 }
 
@@ -300,6 +306,7 @@ mod tests {
             lease_ns: 2_000 * MS,
             renew_ns: 250 * MS,
             max_op_ns: 1_000 * MS,
+            delivery_margin_ns: swarm_core::reclaim::DEFAULT_DELIVERY_MARGIN_NS,
         }
     }
 
@@ -311,6 +318,7 @@ mod tests {
                 lease_ns,
                 renew_ns,
                 max_op_ns,
+                delivery_margin_ns: 10 * MS,
             }
             .validate()
         };

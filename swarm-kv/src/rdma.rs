@@ -53,6 +53,15 @@ impl RdmaStore {
         let fabric = cluster.client().map_err(rdma)?;
         let header = first_header(&fabric)?;
         let (layout, mut unusable) = open_layout(&fabric, &header, fabric.incarnations())?;
+        // Every client's late writes must fall within the margin the cluster's
+        // recyclers wait for (`swarm_core::reclaim`).
+        let transport_ns = config.delivery_bound_ns();
+        if transport_ns > layout.params.delivery_margin_ns {
+            return Err(KvError::DeliveryMargin {
+                transport_ns,
+                cluster_ns: layout.params.delivery_margin_ns,
+            });
+        }
         // Nodes this first client could not reach (each later client connects on
         // its own, and may reach them).
         for (i, node_header) in fabric.headers().iter().enumerate() {
@@ -80,7 +89,13 @@ impl RdmaStore {
         let cluster = RdmaCluster::open(config.clone()).map_err(rdma)?;
         let fabric = cluster.client().map_err(rdma)?;
         let header = first_header(&fabric)?;
-        let params = params.for_node_size(header.size)?;
+        // Batches may land as late as the queue pairs' retry window after their post:
+        // the recycling grace must wait for them (`swarm_core::reclaim`).
+        let params = ClusterParams {
+            delivery_margin_ns: params.delivery_margin_ns.max(config.delivery_bound_ns()),
+            ..params
+        }
+        .for_node_size(header.size)?;
         if let Some(node) = formatted_node(&fabric)? {
             return Err(KvError::AlreadyFormatted { node });
         }

@@ -27,7 +27,24 @@
 //! clients' clocks (assumed below 1/8: local monotonic clocks, not synchronised
 //! ones), plus a delivery margin ([`super::ProtocolConfig::delivery_margin_ns`],
 //! 10 ms by default) for a batch posted just before a deadline to take effect on its
-//! memory node. Operations without a deadline (an [`crate::OpStats`] built by hand
+//! memory node.
+//!
+//! **The delivery margin is the transport's, and cluster-wide.** Other clients write
+//! into this writer's slots too: a read's write-back copies the maximum's record into
+//! its buffer (appendix A), and a read locks in the slot's lock word. So the grace of
+//! *this* writer must cover how late *any* client's batch may land. Shared memory
+//! lands a batch when the posting thread runs it (10 ms covers scheduling). RDMA
+//! lands it when the NIC gets an acknowledgement: a lost packet is sent again after
+//! each ACK timeout until the queue pair's retries run out (≈ 0.55 s with the default
+//! `ack_timeout` 14 and 7 retries), so a write-back posted just before its deadline
+//! can overwrite a slot reused 235 ms later. SWARM-KV keeps the margin in its
+//! superblock, raised to the RDMA retry window when the nodes are formatted, and
+//! refuses clients whose transport could land later. A transport that queues batches
+//! before they reach the wire must also not start one after its operation's deadline
+//! ([`crate::Batch::deadline`]): the RDMA engine fails such a batch with
+//! [`crate::FabricError::Fenced`] instead of posting it late.
+//!
+//! Operations without a deadline (an [`crate::OpStats`] built by hand
 //! and used with the lower-level steps) are not covered by this argument; readers
 //! defend themselves anyway (see `fetch_value` in the `maxreg` module: a buffer whose
 //! record names another write is treated as superseded and the register re-read).

@@ -95,6 +95,23 @@ impl RdmaConfig {
         }
     }
 
+    /// How long after its post a work request may still take effect on a memory
+    /// node: the queue pair's retry window, `4.096 µs · 2^ack_timeout` per try and
+    /// `retry_count + 1` tries (a lost packet is sent again after each timeout; after
+    /// the last the queue pair is in error and nothing more lands), plus
+    /// [`SCHEDULING_SLACK_NS`] for the NIC (soft-RoCE: a kernel thread) to pick the
+    /// request up. Recycling waits at least this for batches still in flight: a
+    /// SWARM-KV cluster's delivery margin must cover it. Rounded up to a whole
+    /// millisecond (defaults: 547 ms).
+    pub fn delivery_bound_ns(&self) -> u64 {
+        let per_try = 4_096u64 << self.ack_timeout.min(31);
+        per_try
+            .saturating_mul(u64::from(self.retry_count) + 1)
+            .saturating_add(SCHEDULING_SLACK_NS)
+            .div_ceil(1_000_000)
+            .saturating_mul(1_000_000)
+    }
+
     /// Defaults for the nodes of a cluster file, loading its token file.
     pub fn from_cluster(cluster: &ClusterConfig) -> Result<Self, RdmaError> {
         let mut config = Self::new(cluster.nodes.clone(), Token::load(&cluster.token_file)?);
@@ -147,6 +164,10 @@ impl RdmaConfig {
         Ok(())
     }
 }
+
+/// Allowance in [`RdmaConfig::delivery_bound_ns`] between posting a work request and
+/// the NIC sending it.
+pub const SCHEDULING_SLACK_NS: u64 = 10_000_000;
 
 /// The smallest ACK timeout exponent that does not warn (4.096 µs · 2^12 ≈ 17 ms).
 pub const MIN_SANE_ACK_TIMEOUT: u8 = 12;
@@ -803,6 +824,20 @@ mod tests {
         let mut other = header(1, 2);
         other.tick_ns = 1;
         assert!(NodeHeader::check_reachable(&[Some(header(0, 2)), Some(other)]).is_err());
+    }
+
+    #[test]
+    fn the_delivery_bound_is_the_retry_window_plus_slack() {
+        let mut config = RdmaConfig::new(vec![], Token::from_bytes([1; 32]));
+        // 4.096 µs · 2^14 = 67.1 ms per try, 8 tries: 536.9 ms, and 10 ms of slack.
+        assert_eq!(config.delivery_bound_ns(), 547_000_000);
+        config.ack_timeout = 12;
+        config.retry_count = 0;
+        // 16.8 ms, one try.
+        assert_eq!(config.delivery_bound_ns(), 27_000_000);
+        config.ack_timeout = 31;
+        config.retry_count = 7;
+        assert!(config.delivery_bound_ns() > 60_000_000_000, "no overflow");
     }
 
     #[test]

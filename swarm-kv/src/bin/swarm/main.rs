@@ -228,6 +228,11 @@ struct ParamArgs {
     /// e.g. 10s: a deleted key's register is reused about this plus --max-op later.
     #[arg(long, default_value = "10s")]
     cache_ttl: String,
+    /// How late after its post a write may still land on a memory node, e.g. 10ms:
+    /// recycled memory waits this on top of --max-op. `swarm format` raises it to
+    /// the RDMA queue pairs' retry window (≈ 547 ms with the default ack timeout).
+    #[arg(long, default_value = "10ms")]
+    delivery_margin: String,
 }
 
 impl ParamArgs {
@@ -243,6 +248,7 @@ impl ParamArgs {
             lease_renew_ns: parse_duration(&self.lease_renew, "--lease-renew")?,
             max_op_ns: parse_duration(&self.max_op, "--max-op")?,
             cache_ttl_ns: parse_duration(&self.cache_ttl, "--cache-ttl")?,
+            delivery_margin_ns: parse_duration(&self.delivery_margin, "--delivery-margin")?,
             ..ClusterParams::default()
         })
     }
@@ -564,11 +570,13 @@ fn stat<S: Store>(store: &S) -> Result<ExitCode> {
     let used = rows.iter().filter(|r| r.used).count();
     outln!(
         text,
-        "leases: {}, renewed every {}, operations fenced after {}; a client that stops \
-         renewing loses its writer id to the next client that needs one after {:.2} s",
+        "leases: {}, renewed every {}, operations fenced after {}, writes land within {}; a \
+         client that stops renewing loses its writer id to the next client that needs one \
+         after {:.2} s",
         swarm_kv::duration::format_ns(p.lease_ns),
         swarm_kv::duration::format_ns(p.lease_renew_ns),
         swarm_kv::duration::format_ns(p.max_op_ns),
+        swarm_kv::duration::format_ns(p.delivery_margin_ns),
         lease.observer_wait_ns() as f64 / 1e9
     );
     let status = |row: &swarm_kv::writer_ids::Row| {

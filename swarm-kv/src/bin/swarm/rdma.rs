@@ -53,9 +53,13 @@ pub fn format(at: &ClusterArg, params: ClusterParams) -> Result<ExitCode> {
     let config = config(at)?
         .context("`swarm format` formats RDMA memory nodes: give --rdma or --cluster")?;
     let store = RdmaStore::format(config, params).context("cannot format the RDMA memory nodes")?;
+    let params = swarm_kv::Store::layout(&store).params;
     println!(
-        "formatted: room for {} keys",
-        swarm_kv::Store::layout(&store).params.registers
+        "formatted: room for {} keys; writes land within {} (the queue pairs' retry window), \
+         so superseded log slots are reused {} after they stop being the newest",
+        params.registers,
+        swarm_kv::duration::format_ns(params.delivery_margin_ns),
+        swarm_kv::duration::format_ns(params.slot_grace_ns()),
     );
     Ok(ExitCode::SUCCESS)
 }
