@@ -563,6 +563,7 @@ mod tests {
             lease_ns: 400_000_000,
             lease_renew_ns: 50_000_000,
             max_op_ns: 200_000_000,
+            delivery_margin_ns: 547_000_000,
             ..ClusterParams::default().for_node_size(64 << 20).unwrap()
         };
         assert_eq!(ClusterParams::decode(&p.encode()), Ok(p));
@@ -578,6 +579,10 @@ mod tests {
             (old.lease_ns, old.lease_renew_ns, old.max_op_ns),
             (DEFAULT_LEASE_NS, DEFAULT_LEASE_RENEW_NS, DEFAULT_MAX_OP_NS)
         );
+        assert_eq!(
+            old.delivery_margin_ns,
+            swarm_core::reclaim::DEFAULT_DELIVERY_MARGIN_NS
+        );
         assert_eq!(old.registers, p.registers);
         // A renewal period of half the lease is refused with the reason.
         let bad = ClusterParams {
@@ -587,6 +592,36 @@ mod tests {
         assert!(
             matches!(bad.validate(), Err(ParamsError::Invalid(why)) if why.contains("less than half the lease"))
         );
+    }
+
+    #[test]
+    fn the_delivery_margin_enters_every_grace_and_is_bounded() {
+        let p = ClusterParams {
+            max_op_ns: 200_000_000,
+            cache_ttl_ns: 10_000_000_000,
+            delivery_margin_ns: 547_000_000,
+            ..ClusterParams::default()
+        };
+        // max_op + max_op / 8 + margin.
+        assert_eq!(p.slot_grace_ns(), 200_000_000 + 25_000_000 + 547_000_000);
+        assert_eq!(
+            p.register_grace_ns(),
+            10_200_000_000 + 1_275_000_000 + 547_000_000
+        );
+        let lease = crate::lease::LeaseParams::from_params(&p);
+        assert_eq!(
+            lease.observer_wait_ns(),
+            p.lease_ns + p.lease_ns / 8 + p.slot_grace_ns()
+        );
+        for bad in [0, MAX_DELIVERY_MARGIN_NS + 1] {
+            let p = ClusterParams {
+                delivery_margin_ns: bad,
+                ..p
+            };
+            assert!(
+                matches!(p.validate(), Err(ParamsError::Invalid(why)) if why.contains("--delivery-margin"))
+            );
+        }
     }
 
     proptest! {
