@@ -4,7 +4,8 @@
 # Applies each mutant of scripts/mutants/*.patch (one deliberate bug in
 # swarm-core/src/protocol per file) in turn, runs ONLY the randomized simulation
 # tests (swarm-sim/tests/sim_protocol.rs, sim_max_register_race.rs,
-# sim_slow_path_race.rs, sim_inflight_race.rs; not the scripted schedules) at their
+# sim_slow_path_race.rs, sim_inflight_race.rs, sim_recycling.rs; not the scripted
+# schedules) at their
 # default CI seed counts, reverts the mutant, and prints a table: `caught` (a test
 # failed), `MISSED` (every test passed: the simulation cannot see this bug),
 # `unviable` (it does not compile) or `stale` (the patch no longer applies: refresh
@@ -33,7 +34,7 @@ export CARGO_TARGET_DIR=$root/target
 cd "$tree"
 # The CI seed counts, not a soak and not a single replay.
 unset SWARM_SIM_SEED SWARM_SIM_SEEDS
-test_cmd=(cargo test -q --no-fail-fast -p swarm-sim --test sim_protocol --test sim_max_register_race --test sim_slow_path_race --test sim_inflight_race)
+test_cmd=(cargo test -q --no-fail-fast -p swarm-sim --test sim_protocol --test sim_max_register_race --test sim_slow_path_race --test sim_inflight_race --test sim_recycling)
 applied=""
 restore() {
     if [ -n "$applied" ]; then

@@ -31,10 +31,10 @@ use crate::{
 };
 use swarm_checker::{History, OpKind, Operation};
 use swarm_core::encoding::WriterId;
-use swarm_core::fabric::NodeId;
+use swarm_core::fabric::{Batch, MAX_BATCH_OPS, NodeId, Op};
 use swarm_core::header::HEADER_SIZE;
 use swarm_core::layout::Layout;
-use swarm_core::{Client, OpStats};
+use swarm_core::{Client, Fabric, OpStats};
 use swarm_core::{
     ProtocolConfig, ReadValue, RegisterCache, RegisterLoc, Replicas, SwarmError, WriteOutcome,
 };
@@ -81,6 +81,15 @@ pub struct Faults {
     /// ±[`Scenario::max_skew_ns`], so guesses go stale again after every
     /// re-synchronisation and writes take the slow path often (§3.2, §6).
     pub clock_jumps: bool,
+    /// A few times during the run, node 1's copy of every out-of-place record (not
+    /// the timestamp-lock words) is overwritten, as writes landing later than the
+    /// delivery margin would overwrite recycled slots (`swarm_core::reclaim`): a
+    /// maximum's buffer can be unusable on some of its holders (only node 1 is
+    /// hit). Combine it with no node crash, which could take the last intact copy,
+    /// and no client crash, which can leave a write on node 1 alone. Reads must find
+    /// an intact copy: value fetches meet foreign records, so
+    /// [`Outcome::recycled_fetches`] is not zero under this fault.
+    pub wiped_copies: bool,
 }
 
 impl Faults {
@@ -95,6 +104,7 @@ impl Faults {
         slow_links: false,
         node_stalls: false,
         clock_jumps: false,
+        wiped_copies: false,
     };
     /// Every fault.
     pub const ALL: Self = Self {
@@ -107,6 +117,7 @@ impl Faults {
         slow_links: true,
         node_stalls: true,
         clock_jumps: true,
+        wiped_copies: false,
     };
 }
 
@@ -434,6 +445,12 @@ pub fn run(scenario: &Scenario) -> Result<Outcome, SimError> {
             runner.spawn(id, task);
         }
     }
+    if scenario.faults.wiped_copies {
+        let fabric = world.client();
+        let id = fabric.id();
+        let times: Vec<u64> = (0..16).map(|_| rng.between(span / 16, span)).collect();
+        runner.spawn(id, wipe_copies(fabric, layout, NodeId(1), times));
+    }
     // A livelock guard only: slow links and spells stretch operations to tens of
     // microseconds, hundreds with retries.
     runner.time_limit(span * 400 + 10_000_000);
@@ -477,6 +494,38 @@ async fn reclaim_task(
     let mut r = record.borrow_mut();
     r.recycled += counters.recycled;
     r.max_in_use = r.max_in_use.max(counters.in_use);
+}
+
+/// [`Faults::wiped_copies`]: at each of `times`, overwrites the record header (its
+/// timestamp word and length) of every log slot of every writer on `node` with
+/// zeros, leaving the timestamp-lock words that precede the records alone.
+async fn wipe_copies(fabric: SimFabric, layout: Layout, node: NodeId, mut times: Vec<u64>) {
+    times.sort_unstable();
+    for at in times {
+        fabric.sleep(at.saturating_sub(fabric.now())).await;
+        for writer in 0..layout.writers() {
+            let Ok(writer) = WriterId::new(u32::from(writer)) else {
+                continue;
+            };
+            let slots: Vec<u32> = (0..layout.slots_per_writer()).collect();
+            for chunk in slots.chunks(MAX_BATCH_OPS) {
+                let mut batch = Batch::new();
+                for &slot in chunk {
+                    let Some(addr) = layout.slot_addr(writer, slot) else {
+                        continue;
+                    };
+                    let record = addr + u64::from(swarm_core::layout::SLOT_LOCK_BYTES);
+                    // At most MAX_BATCH_OPS operations: cannot fail.
+                    let _ = batch.push(Op::Write {
+                        addr: record,
+                        data: std::vec![0; 16],
+                    });
+                }
+                let ticket = fabric.post(node, batch);
+                fabric.forget(ticket);
+            }
+        }
+    }
 }
 
 /// Probability that a message is late under [`Faults::late_messages`].
