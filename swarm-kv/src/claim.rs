@@ -10,9 +10,13 @@
 //! elsewhere. That is obstruction-free, not wait-free, which is fine for the rare
 //! operations that use it (a client starting, a chunk of registers running out).
 
+use swarm_core::fabric::Nanos;
 use swarm_core::post_background;
-use swarm_core::quorum::{broadcast, majority, nodes as node_ids};
+use swarm_core::quorum::{broadcast_until, majority, nodes as node_ids};
 use swarm_core::{Batch, Fabric, FabricError, OpStats};
+
+/// How long a claim waits for each node's answer beyond the first majority.
+pub const STRAGGLER_NS: Nanos = 50_000_000;
 
 /// How a claim ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -35,26 +39,52 @@ pub async fn claim<F: Fabric>(
 ) -> Result<Claim, FabricError> {
     debug_assert!(token != 0, "0 is the free word");
     let quorum = majority(nodes);
-    let rt = broadcast(fabric, stats, node_ids(nodes), quorum, |_| {
-        Ok(Batch::cas(addr, 0, token))
-    })
+    // Every node's answer, stragglers included (up to `STRAGGLER_NS` each): a copy
+    // holding a stale token is only seen, and taken, in its own answer.
+    let rt = broadcast_until(
+        fabric,
+        stats,
+        quorum,
+        STRAGGLER_NS,
+        |node| Ok((node.index() < nodes).then(|| Batch::cas(addr, 0, token))),
+        |_| false,
+    )
     .await?;
     let mut mine = 0;
     let mut others: heapless::Vec<(u64, usize), 16> = heapless::Vec::new();
-    for (_, completion) in rt.replies() {
+    let mut foreign: heapless::Vec<(swarm_core::NodeId, u64), 16> = heapless::Vec::new();
+    for (node, completion) in rt.replies() {
         match completion.cas(0) {
             Some(0) => mine += 1,
             Some(t) if t == token => mine += 1,
-            Some(t) => match others.iter_mut().find(|(o, _)| *o == t) {
-                Some((_, count)) => *count += 1,
-                None => {
-                    let _ = others.push((t, 1));
+            Some(t) => {
+                let _ = foreign.push((*node, t));
+                match others.iter_mut().find(|(o, _)| *o == t) {
+                    Some((_, count)) => *count += 1,
+                    None => {
+                        let _ = others.push((t, 1));
+                    }
                 }
-            },
+            }
             None => {}
         }
     }
     if mine >= quorum {
+        // Won: nobody else can hold a majority, so another token on a copy is stale
+        // (an earlier owner's release that never reached this node, say, because
+        // its process exited first) or a loser's that it is about to give back.
+        // Take those copies too: a word the caller owns on a bare majority would be
+        // lost with any one of those nodes (a lease then can never be renewed again:
+        // its renewals count only where the claim is the owner's).
+        for (node, stale) in foreign {
+            tracing::info!(
+                %node,
+                addr,
+                stale,
+                "claimed word held another token on this node: taking the copy"
+            );
+            post_background(fabric, node, Batch::cas(addr, stale, token));
+        }
         return Ok(Claim::Won);
     }
     let unanswered = nodes - rt.replies().len();
@@ -103,6 +133,34 @@ mod tests {
         assert_eq!(block_on(&b, claim(&b, &s, 3, 8, 22)), Ok(Claim::Taken));
         release(&a, 3, 8, 11);
         assert_eq!(block_on(&b, claim(&b, &s, 3, 8, 22)), Ok(Claim::Won));
+    }
+
+    /// An earlier owner's release that reached only nodes 0 and 2 left its token on
+    /// node 1; the next claimer wins nodes 0 and 2 and takes node 1's copy as well, so
+    /// that losing node 0 or 2 later does not leave it short of a majority.
+    #[test]
+    fn a_winner_takes_the_copies_a_stale_token_still_holds() {
+        let cluster = MemCluster::new(3, 64);
+        let c = cluster.client();
+        let s = OpStats::new();
+        block_on(&c, async {
+            let mut rt = Roundtrip::start(&c, &s);
+            rt.post(NodeId(1), Batch::cas(8, 0, 77)).unwrap();
+            rt.wait(1).await
+        })
+        .unwrap();
+        assert_eq!(block_on(&c, claim(&c, &s, 3, 8, 11)), Ok(Claim::Won));
+        for node in 0..3u16 {
+            let word = block_on_future(&c, async {
+                let mut rt = Roundtrip::start(&c, &s);
+                rt.post(NodeId(node), Batch::read(8, 8)).unwrap();
+                rt.wait(1).await.unwrap();
+                let bytes = rt.replies()[0].1.read(0).unwrap().to_vec();
+                u64::from_le_bytes(bytes.try_into().unwrap())
+            })
+            .unwrap();
+            assert_eq!(word, 11, "node {node}");
+        }
     }
 
     #[test]
