@@ -48,6 +48,16 @@ else
     fail "device tests (see $out/device.log)"; tail -20 "$out/device.log"
 fi
 
+# Waits until the memory node logging to \$1 serves (up to 120 s: a loaded VM can
+# take many seconds to start one).
+serving() {
+    for _ in \$(seq 1 240); do
+        grep -q "serving" "\$1" 2>/dev/null && return 0
+        sleep 0.5
+    done
+    echo "memory node of \$1 did not start"; cat "\$1"
+}
+
 # 2. A three-node cluster.
 dir=\$(mktemp -d)
 \$swarm init --rdma 10.0.2.15:7471,10.0.2.15:7472,10.0.2.15:7473 --dir "\$dir" >/dev/null
@@ -57,7 +67,7 @@ for port in 7471 7472 7473; do
         >"$out/memnode-\$port.log" 2>&1 &
     pids+=(\$!)
 done
-sleep 3
+for port in 7471 7472 7473; do serving "$out/memnode-\$port.log"; done
 c=(--cluster "\$dir/swarm-cluster.conf")
 run() { timeout 120 \$swarm "\$@" "\${c[@]}"; }
 at() { local cmd=\$1; shift; timeout 120 \$swarm "\$cmd" "\${c[@]}" "\$@"; }
@@ -113,7 +123,7 @@ at scrub >"$out/scrub.log" 2>&1 && grep -q "0 buckets skipped" "$out/scrub.log" 
 \$swarm memnode --listen 10.0.2.15:7473 --size 64MiB --cluster "\$dir/swarm-cluster.conf" \
     >"$out/memnode-7473-restarted.log" 2>&1 &
 pids[2]=\$!
-sleep 3
+serving "$out/memnode-7473-restarted.log"
 stat=\$(at stat 2>&1)
 [[ "\$stat" == *"node 2: UNUSABLE"*"no SWARM-KV superblock"* ]] &&
     pass "stat: restarted node 2 left out" || { fail "stat: restarted node 2 left out"; echo "\$stat"; }
