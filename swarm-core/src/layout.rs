@@ -392,6 +392,11 @@ impl SlotAllocator {
         self.in_use
     }
 
+    /// The used-slot bitmap: bit `s % 64` of word `s / 64` is set when slot `s` is used.
+    pub fn bitmap(&self) -> &[u64] {
+        &self.used
+    }
+
     fn is_used(&self, slot: u32) -> bool {
         self.used[slot as usize / 64] & (1 << (slot % 64)) != 0
     }

@@ -141,6 +141,71 @@ fn a_new_incarnation_recycles_its_predecessors_superseded_slots() {
     assert_eq!((c.in_use, c.recycled), (taken, 0));
 }
 
+/// A clean stop hands its log summary to the next incarnation, which reads no log
+/// slot to start (`swarm_core::summary`), writes above every earlier timestamp, never
+/// reuses a carried slot unexamined, and recycles the superseded ones once the
+/// background examination learned what they hold (`carried.rs`).
+#[test]
+fn a_summary_resume_examines_carried_slots_lazily_and_recycles_the_superseded() {
+    let cluster = MemCluster::new(3, 1 << 20);
+    let (r0, r1) = (reg(0), reg(1));
+    let summary = {
+        let a = client(&cluster, 1);
+        write(&a, &r0, b"x1");
+        write(&a, &r1, b"y1");
+        write(&a, &r0, b"x2");
+        // x1 is recycled: its slot (and timestamp's slot) is free again.
+        step(&a);
+        pass(&a, GRACE);
+        assert_eq!(step(&a).recycled, 1);
+        a.log_summary()
+    };
+    let reserved = client(&cluster, 3).slot_counters().in_use; // the tombstone slot
+    assert_eq!(summary.in_use(), reserved + 2);
+    // Round trip through memory, as a store does.
+    let summary =
+        swarm_core::summary::LogSummary::decode(&summary.encode(7), 7, layout().slots_per_writer())
+            .unwrap();
+
+    let b = client(&cluster, 1);
+    b.resume_summary(&summary);
+    let c = b.slot_counters();
+    assert_eq!(
+        (c.in_use, c.carried, c.tracked_registers),
+        (reserved + 2, 2, 0)
+    );
+    // Same clock as `a`: without the summary's last ticks, b would guess x1's
+    // timestamp again (its slot is free), a timestamp used twice.
+    write(&b, &r0, b"x3");
+    assert!(b.log_summary().last_ticks > summary.last_ticks);
+    let stats = OpStats::new();
+    assert_eq!(read_value(&b, &r0, &stats), b"x3");
+    write(&b, &r1, b"y2");
+    assert_eq!(
+        b.slot_counters().in_use,
+        reserved + 4,
+        "no carried slot reused"
+    );
+
+    // The examination runs between operations, a read at a time.
+    let locate = |addr: u64| [reg(0), reg(1)].into_iter().find(|r| r.addr == addr);
+    for _ in 0..100 {
+        if b.carried_remaining() == 0 {
+            break;
+        }
+        b.examine_carried_tick(b.fabric().now(), locate);
+        b.fabric().progress();
+    }
+    assert_eq!(b.carried_remaining(), 0);
+    // x2 and y1 are now known, and superseded (by x3 and y2).
+    step(&b);
+    pass(&b, GRACE);
+    let c = step(&b);
+    assert_eq!(c.recycled, 2, "{c:?}");
+    assert_eq!(c.in_use, reserved + 2, "x3 and y2 stay");
+    assert_eq!(read_value(&b, &r1, &stats), b"y2");
+}
+
 /// Wipes node `node`'s copy of every log buffer, as a write landing late in a
 /// recycled slot would overwrite one (see `swarm_core::reclaim`).
 fn wipe_logs(cluster: &MemCluster, node: u16) {

@@ -14,8 +14,10 @@ use super::RegisterLoc;
 use crate::layout::{Layout, SlotAllocator, SlotError};
 
 use super::SwarmError;
+use super::carried::CarriedSlots;
 use super::guess::TimestampGuesser;
 use super::reclaim::{SlotCounters, SlotTracker};
+use super::summary::LogSummary;
 use crate::encoding::Tsp;
 use crate::roundtrip::OpStats;
 
@@ -115,6 +117,8 @@ pub(crate) struct WriterState {
     pub(crate) slots: SlotAllocator,
     pub(crate) guesser: TimestampGuesser,
     pub(crate) tracker: SlotTracker,
+    /// Slots carried over from an earlier incarnation's summary, examined lazily.
+    pub(crate) carried: CarriedSlots,
 }
 
 /// A client thread's handle on SWARM: its fabric, clock, writer id and local state.
@@ -183,6 +187,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
                 slots,
                 guesser: TimestampGuesser::new(),
                 tracker: SlotTracker::default(),
+                carried: CarriedSlots::default(),
             }),
             suspicion: Arc::new(Suspicion::new(config.suspect_ns)),
             writing: RefCell::new(Vec::new()),
@@ -222,7 +227,10 @@ impl<F: Fabric, C: Clock> Client<F, C> {
     /// Counters of this writer's log: slots in use, in limbo, recycled so far.
     pub fn slot_counters(&self) -> SlotCounters {
         let state = self.state.borrow();
-        state.tracker.counters(state.slots.in_use())
+        SlotCounters {
+            carried: state.carried.remaining() as u32,
+            ..state.tracker.counters(state.slots.in_use())
+        }
     }
 
     /// Background recycling work, bounded and non-blocking (call it between
@@ -293,9 +301,12 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         tracker.counters(slots.in_use())
     }
 
-    /// Abandons the reclaim check in flight, if any (its batches are forgotten).
+    /// Abandons the reclaim check and the carried-slot examination in flight, if any
+    /// (their batches are forgotten).
     pub fn cancel_reclaim(&self) {
-        self.state.borrow_mut().tracker.cancel_check(&self.fabric);
+        let mut state = self.state.borrow_mut();
+        state.tracker.cancel_check(&self.fabric);
+        state.carried.cancel(&self.fabric);
     }
 
     /// Arms the operation fence for as long as the returned scope lives: `stats`'
@@ -405,6 +416,68 @@ impl<F: Fabric, C: Clock> Client<F, C> {
             state.slots.mark_used(slot);
         }
         state.guesser.used(last_ticks);
+    }
+
+    /// What a clean stop hands to the next incarnation of this writer id (see
+    /// [`super::summary`]): the used-slot bitmap (carried slots not examined yet
+    /// included) and a tick count above every timestamp this writer used.
+    ///
+    /// Take it only once no operation of this client is in flight: a write allocated
+    /// after it would be missing from it.
+    pub fn log_summary(&self) -> LogSummary {
+        let state = self.state.borrow();
+        LogSummary::new(
+            self.layout.slots_per_writer(),
+            state.slots.bitmap().to_vec(),
+            state.guesser.last(),
+        )
+    }
+
+    /// Resumes an earlier incarnation's log from its [`LogSummary`] instead of a
+    /// whole-log scan: marks its used slots as taken and makes later timestamps
+    /// exceed its last tick count (as [`Self::resume`]), and queues the used slots
+    /// for lazy examination ([`Self::examine_carried_tick`]), which learns what they
+    /// hold so that reclaim checks can free the superseded ones.
+    pub fn resume_summary(&self, summary: &LogSummary) {
+        self.resume(summary.used_slots(), summary.last_ticks);
+        // The tombstone slot's record is the same for every delete: nothing to learn.
+        let tombstone = self.layout.slot_of(Timestamp::tombstone(self.writer));
+        let mut state = self.state.borrow_mut();
+        let mut pending: Vec<u32> = summary
+            .used_slots()
+            .filter(|&slot| slot != tombstone)
+            .collect();
+        pending.sort_unstable();
+        state.carried = CarriedSlots::new(pending);
+    }
+
+    /// One bounded, non-blocking step of the examination of carried slots (call it
+    /// between operations, like [`Self::reclaim_tick`]; a no-op once every carried
+    /// slot was examined): collects the read in flight and posts the next one (see
+    /// `carried.rs`). Each write found whose register `locate` knows is tracked as a
+    /// write of unknown outcome, as by [`Self::resume_scan`].
+    pub fn examine_carried_tick(&self, now: Nanos, locate: impl Fn(u64) -> Option<RegisterLoc>) {
+        let mut state = self.state.borrow_mut();
+        if state.carried.remaining() == 0 {
+            return;
+        }
+        let found = state.carried.tick(
+            &self.fabric,
+            &self.layout,
+            self.writer,
+            now,
+            self.config.max_op_ns,
+        );
+        for (_, ts, register) in found {
+            if let Some(reg) = locate(register) {
+                state.tracker.track(&reg, ts);
+            }
+        }
+    }
+
+    /// Carried slots not examined yet (see [`Self::resume_summary`]).
+    pub fn carried_remaining(&self) -> usize {
+        self.state.borrow().carried.remaining()
     }
 
     /// Resumes an earlier incarnation's log from its scan (see [`super::resume`]):
@@ -525,6 +598,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
             slots,
             guesser,
             tracker,
+            ..
         } = &mut *state;
         let grace = self.config.grace_ns();
         if let Some(at) = tracker.next_expiry(grace) {

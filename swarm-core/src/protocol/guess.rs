@@ -34,6 +34,11 @@ impl TimestampGuesser {
         guess
     }
 
+    /// The largest tick count guessed or used so far (0 before the first).
+    pub fn last(&self) -> u64 {
+        self.last
+    }
+
     /// The next timestamp of at least `min_ticks` (not a clock reading: no offset).
     pub fn at_least(&mut self, min_ticks: u64) -> u64 {
         let t = min_ticks.max(self.last.saturating_add(1));

@@ -12,14 +12,16 @@
 //! 5. [`abd`] and [`raw`] — the DM-ABD and unreplicated baselines of §7.
 //!
 //! Beside the layers: [`quorum`], the broadcast and preferred-majority steps they
-//! and embedders' own replicated structures are built from, and [`resume`], which
-//! lets a new incarnation of a writer id continue an earlier one's log.
+//! and embedders' own replicated structures are built from, and [`resume`] and
+//! [`summary`], which let a new incarnation of a writer id continue an earlier one's
+//! log.
 //!
 //! Every operation is an `async fn` on a [`Client`] (one per client thread) and takes
 //! the register's [`RegisterLoc`], the client's [`RegisterCache`] for it and an
 //! [`crate::OpStats`] that counts its roundtrips.
 
 pub mod abd;
+mod carried;
 mod client;
 mod error;
 pub mod guess;
@@ -31,6 +33,7 @@ pub mod reclaim;
 pub mod register;
 pub mod resume;
 pub mod safeguess;
+pub mod summary;
 mod suspicion;
 pub mod tslock;
 

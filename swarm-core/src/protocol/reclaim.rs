@@ -115,6 +115,9 @@ pub struct SlotCounters {
     pub recycled: u64,
     /// Registers with a tracked write of this writer.
     pub tracked_registers: u32,
+    /// Slots carried over from an earlier incarnation's summary and not examined yet
+    /// (they count in `in_use`; see `swarm_core::protocol::carried`).
+    pub carried: u32,
 }
 
 /// One tracked write of this writer.
@@ -332,6 +335,7 @@ impl SlotTracker {
             in_limbo: self.limbo.len() as u32,
             recycled: self.recycled,
             tracked_registers: self.registers.len() as u32,
+            carried: 0,
         }
     }
 

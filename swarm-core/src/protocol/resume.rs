@@ -38,38 +38,22 @@
 //! slot with no valid record naming its register on any node that answered (a torn
 //! or lock-only slot, a register past the owner tag's 32 GiB) stays taken for good.
 //!
-//! [`scan_log`] still reads the whole log on every node (one READ per 4 MiB) when a
-//! writer id is resumed; [`scan_slots`] reads only given slot ranges and is the
-//! building block of a bounded resume (below), which is not wired in yet.
+//! **Bounded resume.** [`scan_log`] reads the whole log on every node (one READ per
+//! 4 MiB). A writer that stops *cleanly* knows everything the scan would learn (its
+//! used-slot bitmap and its last tick count) and hands it on as a
+//! [`super::summary::LogSummary`]; the next incarnation then starts from that bitmap
+//! ([`super::Client::resume_summary`]) and examines the slots it marks lazily, in the
+//! background. Only a writer that crashed (or was evicted) leaves no summary behind,
+//! and its successor pays one whole-log scan. The store decides which summary is
+//! trustworthy (swarm-kv's `writer_ids`: a generation word sealed after the summary
+//! reached a majority). [`scan_slots`] reads given slot ranges only.
 //!
-//! **Towards a bounded scan.** A *slot-index* high-water mark ("the writer only uses
-//! slots below a persisted mark, resume scans `[0, mark)`") does not fit this log:
-//! the slot of write `ts` is `xxh3(ts) mod slots` ([`crate::layout`]), fixed by the
-//! timestamp because readers find the buffer from the metadata word alone. To keep
-//! its slots below a mark `M`, a writer would have to bump its ticks until the hash
-//! lands below `M`: `slots / (M - live)` ticks per write on average, so its
-//! timestamps would run ahead of its clock (every other writer's guesses go stale,
-//! §3.2) unless `M` is a constant fraction of the log, which bounds nothing. The
-//! part of the log an earlier incarnation can have written is instead bounded by
-//! *its ticks*: its writes (and the lock words for them, §3.3) sit in the slots
-//! [`slots_of_ticks`] of its tick range, so a resume that knows
-//!
-//! * a **ticks ceiling**, raised on a majority (CAS to the max, so a delayed older
-//!   raise cannot lower it) *before* the writer posts any write above it, in steps
-//!   of a window so that the raise is rare; the resumer takes the max over every
-//!   node that answers (a majority intersects the raise's majority; a raise that
-//!   reached a minority only is a harmless over-estimate) and starts above it, so no
-//!   timestamp repeats without reading any lock word;
-//! * the **first tick** of that incarnation, and
-//! * the slots it **carried** from earlier incarnations (its own resume's live set,
-//!   persisted as a bitmap before its first write, since those buffers may be current
-//!   values for ever),
-//!
-//! needs to scan only `slots_of_ticks(first..=ceiling)` plus the carried slots, and
-//! falls back to the whole log when the range covers it (a long-lived writer). The
-//! short clients that pay for the full scan today (`swarm put`: one write, a few
-//! ticks) would read a few slots. Where the three words live (writer row word 4 for
-//! the ceiling, a per-writer bitmap region for the carried slots) is open.
+//! A bound by *ticks* instead (a persisted ceiling, the successor scanning the slots
+//! [`slots_of_ticks`] of the earlier incarnation's tick range) does not work with
+//! this log as well as it seems: the slot of write `ts` is `xxh3(ts) mod slots`, so a
+//! long-lived writer's tick range covers the whole log, and the carried slots of
+//! still earlier incarnations must be persisted anyway. The summary persists exactly
+//! that set, at one bit per slot.
 //!
 //! The result feeds [`super::Client::resume`] or [`super::Client::resume_scan`].
 
@@ -284,16 +268,10 @@ pub async fn scan_slots<F: Fabric + ?Sized>(
                     last_ticks = last_ticks.max(ticks);
                 }
                 // The newest valid record of this writer naming its register.
-                record.clear();
-                record.extend_from_slice(bytes.get(SLOT_LOCK_BYTES as usize..).unwrap_or(&[]));
-                if let Some(r) = decode_record(&mut record, layout.payload_max())
-                    && let Some(register) = r.owner
+                if let Some((ts, register)) = record_in_slot(bytes, layout, writer, &mut record)
+                    && newest[first_slot + i].is_none_or(|(seen, _)| ts > seen)
                 {
-                    let ts = r.tsp.ts();
-                    let newer = newest[first_slot + i].is_none_or(|(seen, _)| ts > seen);
-                    if ts.writer() == writer && !ts.is_tombstone() && newer {
-                        newest[first_slot + i] = Some((ts, register));
-                    }
+                    newest[first_slot + i] = Some((ts, register));
                 }
             }
         }
@@ -312,6 +290,24 @@ pub async fn scan_slots<F: Fabric + ?Sized>(
             })
             .collect(),
     })
+}
+
+/// The write of `writer` (not a tombstone) whose valid record one copy of a slot
+/// (`slot`: lock word then record, from untrusted memory) holds, with the register its
+/// record names; `None` for an empty, torn, foreign or ownerless record. `scratch` is
+/// reused between calls.
+pub(crate) fn record_in_slot(
+    slot: &[u8],
+    layout: &Layout,
+    writer: WriterId,
+    scratch: &mut Vec<u8>,
+) -> Option<(Timestamp, u64)> {
+    scratch.clear();
+    scratch.extend_from_slice(slot.get(SLOT_LOCK_BYTES as usize..).unwrap_or(&[]));
+    let record = decode_record(scratch, layout.payload_max())?;
+    let register = record.owner?;
+    let ts = record.tsp.ts();
+    (ts.writer() == writer && !ts.is_tombstone()).then_some((ts, register))
 }
 
 #[cfg(all(test, not(loom)))]

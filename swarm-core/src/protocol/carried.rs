@@ -1,0 +1,194 @@
+//! Examining the slots a writer carried over from an earlier incarnation, in the
+//! background.
+//!
+//! A writer resumed from a [`super::summary::LogSummary`] knows *which* slots of its
+//! log the earlier incarnations left in use, but not what they hold: which write, for
+//! which register. Until it knows, it cannot tell when such a slot's buffer is
+//! superseded (SWARM §4.5: a slot is reused once a majority of its register holds a
+//! newer value, [`super::reclaim`]), so the slot stays taken. Reading every carried
+//! slot when the client starts would make the start cost grow with the earlier
+//! incarnations' live data again (the very cost the summary removes), so the carried
+//! slots are *examined* lazily instead: between operations, a bounded read of a few
+//! carried slots at a time ([`EXAMINE_BYTES`] per read) is posted to every node without
+//! waiting, and once a majority of nodes answered (or [`CarriedSlots::tick`]'s timeout
+//! passed with a majority), each slot's newest valid record of this writer that
+//! names its register is handed to the slot tracker as a write of unknown outcome,
+//! exactly as a whole-log resume does ([`super::Client::resume_scan`]).
+//!
+//! Safety does not depend on the examination: a carried slot is marked used in the
+//! allocator from the start and only the tracker ever frees it, after the reclaim
+//! check and the grace. A slot whose copies hold no usable record (torn, locked only,
+//! a register the store cannot name) simply stays used, as after a whole-log scan; a
+//! read that a majority does not answer in time is retried later. A short-lived
+//! client that stops before examining everything passes the rest on in its own
+//! summary, still marked used.
+
+use alloc::vec::Vec;
+use core::ops::Range;
+use core::task::Poll;
+
+use crate::encoding::{Timestamp, WriterId};
+use crate::fabric::{Batch, Fabric, Nanos, NodeId, Ticket};
+use crate::layout::Layout;
+
+use super::quorum::majority;
+use super::resume::record_in_slot;
+
+/// Bytes of log read per examination step on each node (whole slots, at least one).
+pub const EXAMINE_BYTES: u64 = 64 << 10;
+
+/// The carried slots not examined yet, and the read in flight.
+#[derive(Debug, Default)]
+pub(crate) struct CarriedSlots {
+    /// Carried slots, sorted; those before `next` are examined or being examined.
+    pending: Vec<u32>,
+    next: usize,
+    reading: Option<Reading>,
+}
+
+#[derive(Debug)]
+struct Reading {
+    started: Nanos,
+    /// The first slot read, and the indices in `pending` the read covers.
+    first_slot: u32,
+    covers: Range<usize>,
+    outstanding: Vec<Ticket>,
+    copies: Vec<Vec<u8>>,
+}
+
+impl CarriedSlots {
+    /// Slots to examine (sorted, deduplicated by the caller).
+    pub(crate) fn new(pending: Vec<u32>) -> Self {
+        Self {
+            pending,
+            ..Self::default()
+        }
+    }
+
+    /// Carried slots not examined yet (the read in flight included).
+    pub(crate) fn remaining(&self) -> usize {
+        let reading = self.reading.as_ref().map_or(0, |r| r.covers.len());
+        self.pending.len() - self.next + reading
+    }
+
+    /// One step, never waiting: collects the replies of the read in flight and, once a
+    /// majority of `nodes` answered and either every node did or `timeout` passed
+    /// since it was posted, returns what it found (the writes to track) and ends it;
+    /// then posts the next read if slots remain.
+    pub(crate) fn tick<F: Fabric + ?Sized>(
+        &mut self,
+        fabric: &F,
+        layout: &Layout,
+        writer: WriterId,
+        now: Nanos,
+        timeout: Nanos,
+    ) -> Vec<(u32, Timestamp, u64)> {
+        let nodes = fabric.node_count();
+        let mut found = Vec::new();
+        if let Some(reading) = self.reading.as_mut() {
+            reading
+                .outstanding
+                .retain(|&ticket| match fabric.poll(ticket) {
+                    Poll::Pending => true,
+                    Poll::Ready(result) => {
+                        if let Ok(mut completion) = result {
+                            reading
+                                .copies
+                                .push(completion.take_read(0).unwrap_or_default());
+                        }
+                        false
+                    }
+                });
+            let late = now >= reading.started.saturating_add(timeout);
+            if (reading.outstanding.is_empty() || late)
+                && let Some(reading) = self.reading.take()
+            {
+                for ticket in &reading.outstanding {
+                    fabric.forget(*ticket);
+                }
+                if reading.copies.len() >= majority(nodes) {
+                    found = self.records(layout, writer, &reading);
+                } else {
+                    // Not enough copies to learn anything: read these slots again.
+                    self.next = reading.covers.start;
+                }
+            }
+        }
+        if self.reading.is_none() && self.next < self.pending.len() {
+            self.post_next(fabric, layout, writer, now);
+        }
+        found
+    }
+
+    /// Abandons the read in flight (the client is going away).
+    pub(crate) fn cancel<F: Fabric + ?Sized>(&mut self, fabric: &F) {
+        if let Some(reading) = self.reading.take() {
+            for ticket in reading.outstanding {
+                fabric.forget(ticket);
+            }
+            self.next = reading.covers.start;
+        }
+    }
+
+    fn post_next<F: Fabric + ?Sized>(
+        &mut self,
+        fabric: &F,
+        layout: &Layout,
+        writer: WriterId,
+        now: Nanos,
+    ) {
+        let slot_bytes = layout.slot_bytes();
+        let first_slot = self.pending[self.next];
+        let Some(addr) = layout.slot_addr(writer, first_slot) else {
+            // Not a slot of this log (cannot happen for a summary that decoded for
+            // this log's size): nothing to examine.
+            self.next = self.pending.len();
+            return;
+        };
+        let span = (EXAMINE_BYTES / slot_bytes).max(1);
+        let end = self.pending[self.next..]
+            .iter()
+            .position(|&slot| u64::from(slot - first_slot) >= span)
+            .map_or(self.pending.len(), |i| self.next + i);
+        let last_slot = self.pending[end - 1];
+        let len = (u64::from(last_slot - first_slot) + 1) * slot_bytes;
+        let outstanding = (0..fabric.node_count())
+            .map(|node| fabric.post(NodeId(node as u16), Batch::read(addr, len as u32)))
+            .collect();
+        self.reading = Some(Reading {
+            started: now,
+            first_slot,
+            covers: self.next..end,
+            outstanding,
+            copies: Vec::new(),
+        });
+        self.next = end;
+    }
+
+    /// Per covered slot, the newest record of this writer found on any copy:
+    /// `(slot, timestamp, register address)`.
+    fn records(
+        &self,
+        layout: &Layout,
+        writer: WriterId,
+        reading: &Reading,
+    ) -> Vec<(u32, Timestamp, u64)> {
+        let slot_bytes = layout.slot_bytes() as usize;
+        let mut scratch = Vec::new();
+        let mut found = Vec::new();
+        for &slot in &self.pending[reading.covers.clone()] {
+            let at = (slot - reading.first_slot) as usize * slot_bytes;
+            let newest = reading
+                .copies
+                .iter()
+                .filter_map(|copy| copy.get(at..at + slot_bytes))
+                .filter_map(|bytes| record_in_slot(bytes, layout, writer, &mut scratch))
+                .filter(|(ts, _)| layout.slot_of(*ts) == slot)
+                .max_by_key(|(ts, _)| *ts);
+            if let Some((ts, register)) = newest {
+                found.push((slot, ts, register));
+            }
+        }
+        found
+    }
+}
