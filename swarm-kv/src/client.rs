@@ -61,7 +61,7 @@ use crate::layout::{NodeLayout, decode_payload, encode_key_header, encode_payloa
 use crate::lease_renewal::{LeaseHolder, renew_now};
 use crate::recycle::{RecycleStats, Recycler, Retired};
 use crate::register_alloc::RegisterAllocator;
-use crate::writer_ids::{self, Registration};
+use crate::writer_ids::{self, Registration, Resume};
 use crate::{KvError, RegisterId};
 
 /// How many times an operation re-resolves a key that keeps moving under it.
@@ -202,6 +202,12 @@ fn register_loc_for(
     })
 }
 
+/// The location of the register whose SWARM register starts at `addr` (an address
+/// read from a log record: untrusted), if any.
+fn locate_register(layout: &NodeLayout, nodes: usize, addr: u64) -> Option<RegisterLoc> {
+    register_at(layout, addr).and_then(|r| register_loc_for(layout, nodes, r).ok())
+}
+
 /// The register whose SWARM register starts at `addr` (an address read from a log
 /// record: untrusted), if any.
 fn register_at(layout: &NodeLayout, addr: u64) -> Option<RegisterId> {
@@ -237,8 +243,21 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         )?;
         let writer =
             WriterId::new(u32::from(registration.writer)).map_err(swarm_core::SwarmError::from)?;
-        let scan = if registration.reused {
+        // The earlier incarnations' log: from a sealed summary, else a whole-log scan
+        // (`crate::writer_ids`, "Resuming a log").
+        let summary = match registration.resume {
+            Resume::Summary { stamp } => swarm_core::block_on(
+                &fabric,
+                writer_ids::read_summary(&fabric, &layout, nodes, registration.writer, stamp),
+            )?,
+            Resume::Fresh | Resume::Scan => None,
+        };
+        let scan = if registration.reused && summary.is_none() {
             let stats = OpStats::new();
+            tracing::info!(
+                writer = registration.writer,
+                "resuming the writer id's log by a whole-log scan (no sealed summary)"
+            );
             Some(swarm_core::block_on(
                 &fabric,
                 scan_log(
@@ -272,9 +291,15 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         if let Some(scan) = scan {
             // The earlier incarnation's buffers are tracked by register, so that the
             // ones superseded since are recycled (`swarm_core::resume`).
-            swarm.resume_scan(&scan, |addr| {
-                register_at(&layout, addr).and_then(|r| register_loc_for(&layout, nodes, r).ok())
-            });
+            swarm.resume_scan(&scan, |addr| locate_register(&layout, nodes, addr));
+        }
+        if let Some(summary) = summary {
+            tracing::debug!(
+                writer = registration.writer,
+                carried = summary.in_use(),
+                "resumed the writer id's log from its sealed summary"
+            );
+            swarm.resume_summary(&summary);
         }
         Ok(Self {
             alloc: RegisterAllocator::new(&layout, registration.writer, token),
@@ -355,6 +380,18 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
             "closing: out-of-place log slots in use, waiting out the grace, recycled"
         );
         self.recycler.abandon(self.swarm.fabric());
+        match self.seal_log_summary() {
+            Ok(true) => {}
+            Ok(false) => tracing::debug!(
+                writer = self.registration.writer,
+                "no log summary left: the next client of this writer id scans the whole log"
+            ),
+            Err(error) => tracing::info!(
+                writer = self.registration.writer,
+                %error,
+                "log summary not sealed: the next client of this writer id scans the whole log"
+            ),
+        }
         writer_ids::unregister(
             self.swarm.fabric(),
             &self.layout,
@@ -364,6 +401,43 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         );
         // Let the release reach the nodes.
         let _ = swarm_core::block_on_future(self.swarm.fabric(), async {});
+    }
+
+    /// Leaves this client's log summary for the next client of its writer id
+    /// ([`writer_ids::seal_summary`]), if the cluster has summary areas and the lease
+    /// covers the whole seal (it posts nothing after `max_op_ns` from now). Returns
+    /// whether the summary was sealed.
+    fn seal_log_summary(&self) -> Result<bool, KvError> {
+        let fabric = self.swarm.fabric();
+        let now = fabric.now();
+        let max_op_ns = self.layout.params.max_op_ns;
+        if self.layout.summaries_at.is_none() || !self.lease.borrow().valid_for(now, max_op_ns) {
+            return Ok(false);
+        }
+        let stats = OpStats::new();
+        let _deadline = stats.arm_deadline(now.saturating_add(max_op_ns));
+        let summary = self.swarm.log_summary();
+        let sealed = swarm_core::block_on(
+            fabric,
+            writer_ids::seal_summary(
+                fabric,
+                &stats,
+                &self.layout,
+                self.nodes,
+                self.registration.writer,
+                self.registration.generation,
+                &summary,
+            ),
+        )?;
+        if sealed {
+            tracing::debug!(
+                writer = self.registration.writer,
+                generation = self.registration.generation,
+                used_slots = summary.in_use(),
+                "log summary sealed"
+            );
+        }
+        Ok(sealed)
     }
 
     fn check_key(&self, key: &[u8]) -> Result<(), KvError> {
@@ -402,6 +476,11 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         let now = fabric.now();
         // Background log recycling: bounded, never waits.
         self.swarm.reclaim_tick_at(RECLAIM_BUDGET, now);
+        if self.swarm.carried_remaining() != 0 {
+            let (layout, nodes) = (&self.layout, self.nodes);
+            self.swarm
+                .examine_carried_tick(now, |addr| locate_register(layout, nodes, addr));
+        }
         {
             let mut lease = self.lease.borrow_mut();
             lease.tick(fabric, now);

@@ -12,6 +12,7 @@
 //! index        the replicated hash index (see crate::index)
 //! registers    register slots: [key header | SWARM register (in-place block, W words)]
 //! logs         one out-of-place log per writer id (swarm_core::layout)
+//! summaries    one log summary per writer id (superblock version 3 and later)
 //! ```
 //!
 //! * A **register slot** starts with an immutable *key header* `[key length u32 |
@@ -27,6 +28,7 @@
 use swarm_core::encoding::MAX_WRITERS;
 use swarm_core::header::HEADER_SIZE;
 use swarm_core::layout::{Layout, LayoutError};
+use swarm_core::summary::{LogSummary, SUMMARY_HEADER_BYTES};
 use xxhash_rust::xxh3::xxh3_64;
 
 /// Alignment of every area.
@@ -42,8 +44,11 @@ pub const BUCKET_BYTES: u64 = 64;
 /// Magic bytes of the superblock.
 pub const KV_MAGIC: [u8; 8] = *b"SWARMKV\0";
 /// Superblock format version written by this build (2: lease parameters and the
-/// operation deadline; version-1 superblocks are still read, with the defaults).
-pub const KV_VERSION: u32 = 2;
+/// operation deadline; 3: the flags word, whose bit 0 says the node has a log-summary
+/// area). Versions 1 and 2 are still read, with the defaults and no summaries.
+pub const KV_VERSION: u32 = 3;
+/// Bit of the superblock's flags word: the layout has a log-summary area.
+pub const FLAG_LOG_SUMMARIES: u64 = 1;
 /// Bytes of an encoded superblock (version 2; version 1 used the first 64).
 pub const SUPERBLOCK_ENCODED_BYTES: usize = 128;
 /// Default lease duration (`swarm init --lease`).
@@ -71,6 +76,10 @@ pub const DEFAULT_CACHE_TTL_NS: u64 = 10_000_000_000;
 /// Largest delivery margin a superblock may carry (`swarm init --delivery-margin`):
 /// every recycling grace includes it, so a larger one would hold memory for minutes.
 pub const MAX_DELIVERY_MARGIN_NS: u64 = 60_000_000_000;
+
+/// Bytes a writer's summary takes beyond its bitmap, at most: the header and the
+/// padding to 64 bytes (see [`NodeLayout::summary_bytes`]).
+const SUMMARY_SLACK: u64 = (SUMMARY_HEADER_BYTES as u64) + 8 + 64;
 
 const fn align(n: u64, to: u64) -> u64 {
     n.div_ceil(to) * to
@@ -153,6 +162,11 @@ pub struct ClusterParams {
     /// writer recycles its log slots on the margin of every client that may write
     /// them back, so a client whose transport can deliver later refuses to connect.
     pub delivery_margin_ns: u64,
+    /// Whether each writer has a log-summary area after the logs (clusters made
+    /// before superblock version 3 have none): a client that stops cleanly leaves
+    /// its summary there, and the next client of its writer id resumes the log from
+    /// it instead of scanning the whole log ([`crate::writer_ids`]).
+    pub log_summaries: bool,
 }
 
 /// Defaults for `swarm init`.
@@ -173,6 +187,7 @@ impl Default for ClusterParams {
             max_op_ns: DEFAULT_MAX_OP_NS,
             cache_ttl_ns: DEFAULT_CACHE_TTL_NS,
             delivery_margin_ns: swarm_core::reclaim::DEFAULT_DELIVERY_MARGIN_NS,
+            log_summaries: true,
         }
     }
 }
@@ -267,8 +282,14 @@ impl ClusterParams {
         self.index_buckets = (self.registers / 2).next_power_of_two().max(2);
         let used = NodeLayout::new(self)?.end();
         let left = node_bytes.saturating_sub(used + AREA_ALIGN);
-        let per_writer = left / u64::from(self.writers) / swarm.slot_bytes();
-        self.log_slots = per_writer.min(u64::from(u32::MAX)) as u32;
+        // Each writer's log, and its summary (one bit per slot, a header, padding).
+        let per_writer = (left / u64::from(self.writers)).saturating_sub(if self.log_summaries {
+            SUMMARY_SLACK
+        } else {
+            0
+        });
+        let bits_per_slot = 8 * swarm.slot_bytes() + u64::from(self.log_summaries);
+        self.log_slots = (8 * per_writer / bits_per_slot).min(u64::from(u32::MAX)) as u32;
         if self.log_slots < 16 {
             return Err(ParamsError::TooSmall {
                 node_bytes,
@@ -281,8 +302,8 @@ impl ClusterParams {
 
     /// Encodes the superblock (version [`KV_VERSION`]): the version-1 fields at the
     /// same offsets, then `lease_ns` at 56, `lease_renew_ns` at 64, `max_op_ns` at 72,
-    /// `cache_ttl_ns` at 80, `delivery_margin_ns` at 88,
-    /// and an xxh3-64 of bytes `0..120` at 120.
+    /// `cache_ttl_ns` at 80, `delivery_margin_ns` at 88, the flags word at 96
+    /// ([`FLAG_LOG_SUMMARIES`]), and an xxh3-64 of bytes `0..120` at 120.
     pub fn encode(&self) -> [u8; SUPERBLOCK_ENCODED_BYTES] {
         let mut out = [0u8; SUPERBLOCK_ENCODED_BYTES];
         out[0..8].copy_from_slice(&KV_MAGIC);
@@ -301,6 +322,12 @@ impl ClusterParams {
         out[72..80].copy_from_slice(&self.max_op_ns.to_le_bytes());
         out[80..88].copy_from_slice(&self.cache_ttl_ns.to_le_bytes());
         out[88..96].copy_from_slice(&self.delivery_margin_ns.to_le_bytes());
+        let flags = if self.log_summaries {
+            FLAG_LOG_SUMMARIES
+        } else {
+            0
+        };
+        out[96..104].copy_from_slice(&flags.to_le_bytes());
         let sum = xxh3_64(&out[..120]);
         out[120..128].copy_from_slice(&sum.to_le_bytes());
         out
@@ -318,7 +345,7 @@ impl ClusterParams {
             .ok_or(ParamsError::NotInitialized)?;
         let encoded = match version {
             1 => 64,
-            KV_VERSION => SUPERBLOCK_ENCODED_BYTES,
+            2 | KV_VERSION => SUPERBLOCK_ENCODED_BYTES,
             other => return Err(ParamsError::Version(other)),
         };
         let bytes: &[u8; SUPERBLOCK_ENCODED_BYTES] = &{
@@ -350,6 +377,8 @@ impl ClusterParams {
             } else {
                 (u64_at(56), u64_at(64), u64_at(72), u64_at(80), u64_at(88))
             };
+        // Flags a later version may add are refused by the version check above.
+        let log_summaries = version >= 3 && u64_at(96) & FLAG_LOG_SUMMARIES != 0;
         let params = Self {
             key_max: u32_at(12),
             value_max: u32_at(16),
@@ -365,6 +394,7 @@ impl ClusterParams {
             max_op_ns,
             cache_ttl_ns,
             delivery_margin_ns,
+            log_summaries,
         };
         params.validate()?;
         Ok(params)
@@ -388,6 +418,9 @@ pub struct NodeLayout {
     pub register_slot_bytes: u64,
     /// The SWARM register and log geometry (logs start after the registers).
     pub swarm: Layout,
+    /// First writer's log summary, if the cluster has the area
+    /// ([`ClusterParams::log_summaries`]).
+    pub summaries_at: Option<u64>,
 }
 
 impl NodeLayout {
@@ -422,6 +455,9 @@ impl NodeLayout {
             .writers(params.writers)
             .slots_per_writer(params.log_slots)
             .build()?;
+        let summaries_at = params
+            .log_summaries
+            .then(|| align(swarm.log_base() + swarm.log_bytes(), 64));
         Ok(Self {
             params,
             clients_at,
@@ -430,12 +466,29 @@ impl NodeLayout {
             registers_at,
             register_slot_bytes,
             swarm,
+            summaries_at,
         })
     }
 
     /// First byte past the last area: the node size this layout needs.
     pub fn end(&self) -> u64 {
-        self.swarm.log_base() + self.swarm.log_bytes()
+        match self.summaries_at {
+            Some(at) => at + u64::from(self.params.writers) * self.summary_bytes(),
+            None => self.swarm.log_base() + self.swarm.log_bytes(),
+        }
+    }
+
+    /// Bytes of one writer's log-summary area (an encoded
+    /// [`swarm_core::summary::LogSummary`] of its log, padded to 64).
+    pub fn summary_bytes(&self) -> u64 {
+        align(LogSummary::encoded_len(self.params.log_slots) as u64, 64)
+    }
+
+    /// Address of writer `writer`'s log summary, if the cluster has summaries and the
+    /// writer exists.
+    pub fn summary(&self, writer: u16) -> Option<u64> {
+        let at = self.summaries_at?;
+        (writer < self.params.writers).then(|| at + u64::from(writer) * self.summary_bytes())
     }
 
     /// Number of register chunks.
@@ -592,6 +645,44 @@ mod tests {
         assert!(
             matches!(bad.validate(), Err(ParamsError::Invalid(why)) if why.contains("less than half the lease"))
         );
+    }
+
+    /// A version-2 superblock (clusters made before log summaries) decodes without
+    /// them, and its layout is the old one: the logs where they were, nothing after.
+    #[test]
+    fn a_version_2_superblock_has_no_summary_area_and_keeps_its_layout() {
+        let p = ClusterParams {
+            log_summaries: false,
+            ..ClusterParams::default()
+        }
+        .for_node_size(64 << 20)
+        .unwrap();
+        let mut v2 = p.encode();
+        v2[8..12].copy_from_slice(&2u32.to_le_bytes());
+        v2[96..104].fill(0);
+        let sum = xxh3_64(&v2[..120]);
+        v2[120..128].copy_from_slice(&sum.to_le_bytes());
+        let old = ClusterParams::decode(&v2).unwrap();
+        assert_eq!(old, p);
+        let l = NodeLayout::new(old).unwrap();
+        assert_eq!(l.summaries_at, None);
+        assert_eq!(l.end(), l.swarm.log_base() + l.swarm.log_bytes());
+        // With summaries, the same parameters put the area after the logs.
+        let with = NodeLayout::new(ClusterParams {
+            log_summaries: true,
+            ..p
+        })
+        .unwrap();
+        assert_eq!(with.swarm, l.swarm, "the logs do not move");
+        let at = with.summary(p.writers - 1).unwrap();
+        assert!(at >= l.end() && at + with.summary_bytes() <= with.end());
+        assert_eq!(with.summary(p.writers), None);
+        assert!(
+            with.summary_bytes() as usize >= LogSummary::encoded_len(p.log_slots),
+            "a summary fits its area"
+        );
+        let p3 = ClusterParams::decode(&with.params.encode()).unwrap();
+        assert!(p3.log_summaries, "version 3 carries the flag");
     }
 
     #[test]

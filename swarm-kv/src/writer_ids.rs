@@ -16,20 +16,56 @@
 //! | 1 | lease word: renewal counter, bit 63 set once killed by a reclaimer ([`crate::lease`]) |
 //! | 2 | pid of the owner (informational) |
 //! | 3 | 1 once the row has ever been used (its log may hold live buffers) |
-//! | 4 | reserved: the writer's timestamp floor (reserved for a bounded log resume, not used yet) |
+//! | 4 | resume generation: `generation << 1 \| sealed` (see "Resuming a log" below) |
 //! | 5 | the owner's wall clock at its last renewal, Unix ns (informational: `swarm stat`) |
 //! | 6, 7 | reserved for leases |
 //!
 //! A client that stops cleanly gives its row back. A client that finds every row
 //! claimed watches them for a lease period and takes over one whose owner did not
 //! renew ([`crate::reclaim::reclaim_expired`]). The next client of a used row,
-//! given back or taken over, *resumes* its log: it scans the log on every node that
-//! answers ([`swarm_core::resume::scan_log`], waiting [`RESUME_STRAGGLER_NS`] for
-//! nodes beyond a majority, since a write the earlier client abandoned may sit on one
-//! node only), marks every slot holding a record or a lock as used, and starts its
-//! timestamps above the largest one it finds, so no buffer that a register may still
-//! point to is overwritten and no timestamp repeats ([`swarm_core::Client::resume`]):
-//! a dead client's values that are still current stay readable.
+//! given back or taken over, *resumes* its log, so that no buffer that a register may
+//! still point to is overwritten and no timestamp repeats: a dead client's values
+//! that are still current stay readable.
+//!
+//! # Resuming a log
+//!
+//! * **After a clean stop**, from the earlier client's log summary
+//!   ([`swarm_core::summary`]): its used-slot bitmap and last tick count, one bit per
+//!   slot in the summary area ([`NodeLayout::summary`]). The next client reads that
+//!   (a few KiB to a few tens of KiB) instead of the log (tens of MiB), and examines
+//!   the slots it marks lazily ([`swarm_core::Client::resume_summary`]).
+//! * **Otherwise** (the earlier client crashed, was evicted, or the cluster predates
+//!   summaries), by scanning the whole log on every node that answers
+//!   ([`swarm_core::resume::scan_log`], waiting [`RESUME_STRAGGLER_NS`] for nodes
+//!   beyond a majority, since a write the earlier client abandoned may sit on one
+//!   node only): every slot holding a record or a lock is marked used, and
+//!   timestamps start above the largest one found.
+//!
+//! Which summary may be trusted is decided by the row's *generation word* (word 4),
+//! `generation << 1 | sealed`, which only ever goes up on each node (every change is
+//! a CAS from the value the node holds to a larger one, so a delayed change cannot
+//! lower it):
+//!
+//! 1. A client that registers reads word 4 from a majority (stragglers included,
+//!    up to [`STRAGGLER_NS`]), takes the largest value `g << 1 | s`, and raises the
+//!    word to `(g + 1) << 1` on a majority **before it writes anything to the log**.
+//!    Any later registration's majority meets that one, so it sees generation
+//!    `g + 1` or later: a client that crashed after writing to its log is never
+//!    mistaken for one that sealed.
+//! 2. A client that stops cleanly, with its lease valid for the whole stop (nothing
+//!    it posts can land after a reclaimer could take the row over), writes its
+//!    summary stamped `g + 1` to every node, waits for a majority, and only then
+//!    raises word 4 to `(g + 1) << 1 | 1` (*sealed*), and finally gives the row back.
+//! 3. The next client resumes from the summary only if the largest word it read is
+//!    sealed: then that generation's summary reached a majority before the seal was
+//!    posted, and a majority read of the summary area finds an intact copy with that
+//!    stamp (the checksum rejects torn copies, the stamp older ones). Any other case
+//!    (unsealed, never set, no intact copy found) is a whole-log scan.
+//!
+//! A summary carries everything a whole-log scan would learn that matters: every slot
+//! the writer had not recycled (it may hold a live buffer, a write abandoned on one
+//! node, or a lock), and a tick count above every timestamp it used (a lock word
+//! names only a timestamp its writer used).
 
 use swarm_core::fabric::Nanos;
 use swarm_core::quorum::{broadcast, broadcast_until, majority, nodes as node_ids};
@@ -41,6 +77,7 @@ use crate::layout::NodeLayout;
 use crate::lease::{LeaseKeeper, LeaseParams};
 use crate::lease_renewal::{LeaseHolder, RENEWED_UNIX, renew_now};
 use crate::reclaim::{STRAGGLER_NS, reclaim_expired};
+use swarm_core::summary::LogSummary;
 
 /// Word offsets inside a row.
 const PID: u64 = 16;
@@ -50,6 +87,12 @@ const PID: u64 = 16;
 /// is down; a node slower than this is read as if it had failed (see the module docs).
 pub const RESUME_STRAGGLER_NS: Nanos = 100_000_000;
 
+/// Largest piece of a log summary read or written in one batch.
+const SUMMARY_PIECE: usize = 4 << 20;
+
+/// Offset of the resume-generation word in a row (see the module docs).
+pub const GENERATION: u64 = 32;
+
 /// A claimed row.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Registration {
@@ -57,6 +100,24 @@ pub struct Registration {
     pub writer: u16,
     /// Whether the row was used before: its log must be resumed.
     pub reused: bool,
+    /// How to resume the log (see the module docs).
+    pub resume: Resume,
+    /// This incarnation's generation: its summary's stamp.
+    pub generation: u64,
+}
+
+/// How a new client of a row resumes its log.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Resume {
+    /// The row was never used: nothing to resume.
+    Fresh,
+    /// From the summary stamped with this generation, sealed by a clean stop.
+    Summary {
+        /// The summary's stamp.
+        stamp: u64,
+    },
+    /// By scanning the whole log (no sealed summary).
+    Scan,
 }
 
 /// Claims a free row for the incarnation `token`, or, when every row is claimed,
@@ -88,18 +149,20 @@ pub async fn register<F: Fabric>(
         });
     };
     let at = layout.client_row(writer);
-    // The row's lease words and used flag, from every node that answers: a client
-    // writes the used flag to a majority (below) before it writes to its log.
+    // The row's lease words, used flag and generation word, from every node that
+    // answers: a client writes the used flag and raises the generation on a majority
+    // (below) before it writes to its log.
     let rt = broadcast_until(
         fabric,
         &stats,
         majority(nodes),
         STRAGGLER_NS,
-        |_| Ok(Some(Batch::read(at, 32))),
+        |_| Ok(Some(Batch::read(at, 40))),
         |replies| replies.len() == nodes,
     )
     .await?;
     let mut seen = vec![None; nodes];
+    let mut generations = vec![None; nodes];
     let mut reused = false;
     for (node, completion) in rt.replies() {
         let bytes = completion.read(0).unwrap_or_default();
@@ -111,9 +174,19 @@ pub async fn register<F: Fabric>(
         if let Some(slot) = seen.get_mut(node.index()) {
             *slot = word(1);
         }
+        if let Some(slot) = generations.get_mut(node.index()) {
+            *slot = word(4);
+        }
         reused |= word(3).is_some_and(|w| w != 0);
     }
     drop(rt);
+    let newest = generations.iter().flatten().copied().max().unwrap_or(0);
+    let resume = match (reused, newest & 1 == 1) {
+        (false, _) => Resume::Fresh,
+        (true, true) => Resume::Summary { stamp: newest >> 1 },
+        (true, false) => Resume::Scan,
+    };
+    let generation = (newest >> 1) + 1;
     let holder = core::cell::RefCell::new(LeaseHolder::new(
         LeaseKeeper::new(lease, seen),
         at,
@@ -139,7 +212,188 @@ pub async fn register<F: Fabric>(
         Ok(Batch::write(at + PID, info.clone()))
     })
     .await?;
-    Ok((Registration { writer, reused }, holder.into_inner()))
+    // Before any write to the log: a later registration must see this generation.
+    if let Err(e) = raise_word(
+        fabric,
+        &stats,
+        nodes,
+        at + GENERATION,
+        generation << 1,
+        &generations,
+    )
+    .await
+    {
+        crate::claim::release(fabric, nodes, at, token);
+        return Err(e.into());
+    }
+    tracing::debug!(writer, generation, ?resume, "writer id registered");
+    let registration = Registration {
+        writer,
+        reused,
+        resume,
+        generation,
+    };
+    Ok((registration, holder.into_inner()))
+}
+
+/// Raises the word at `addr` to at least `target` on the nodes, never lowering it:
+/// a CAS from the value each node is known to hold (`known`, by node index; 0 if
+/// unknown) to `target`, again from the value a failed CAS returned while it is below
+/// `target` (a few rounds). Succeeds once a majority holds `target` or more; fails
+/// with [`FabricError::NotEnoughLiveNodes`] otherwise.
+pub(crate) async fn raise_word<F: Fabric + ?Sized>(
+    fabric: &F,
+    stats: &OpStats,
+    nodes: usize,
+    addr: u64,
+    target: u64,
+    known: &[Option<u64>],
+) -> Result<(), FabricError> {
+    let mut held: Vec<u64> = (0..nodes)
+        .map(|i| known.get(i).copied().flatten().unwrap_or(0))
+        .collect();
+    let needed = majority(nodes);
+    for _ in 0..4 {
+        let done = held.iter().filter(|&&w| w >= target).count();
+        if done >= needed {
+            return Ok(());
+        }
+        let rt = broadcast_until(
+            fabric,
+            stats,
+            needed - done,
+            STRAGGLER_NS,
+            |node| {
+                let held = held.get(node.index()).copied().unwrap_or(target);
+                Ok((held < target).then(|| Batch::cas(addr, held, target)))
+            },
+            |_| false,
+        )
+        .await?;
+        for (node, completion) in rt.replies() {
+            if let (Some(slot), Some(previous)) = (held.get_mut(node.index()), completion.cas(0)) {
+                *slot = if previous == *slot { target } else { previous };
+            }
+        }
+    }
+    let live = held.iter().filter(|&&w| w >= target).count();
+    if live >= needed {
+        Ok(())
+    } else {
+        Err(FabricError::NotEnoughLiveNodes { needed, live })
+    }
+}
+
+/// Seals a clean stop (see the module docs, step 2): writes `summary`, stamped with
+/// this incarnation's `generation`, to writer `writer`'s summary area on every node,
+/// waits for a majority (stragglers up to [`STRAGGLER_NS`]), then raises the row's
+/// generation word to sealed on a majority. Posts nothing after `stats`' deadline:
+/// the caller arms one its lease covers. Returns `false` if the cluster has no summary
+/// area; fails if a step did not reach a majority. Either way the next client then
+/// scans the whole log.
+pub async fn seal_summary<F: Fabric + ?Sized>(
+    fabric: &F,
+    stats: &OpStats,
+    layout: &NodeLayout,
+    nodes: usize,
+    writer: u16,
+    generation: u64,
+    summary: &LogSummary,
+) -> Result<bool, FabricError> {
+    let Some(at) = layout.summary(writer) else {
+        return Ok(false);
+    };
+    let bytes = summary.encode(generation);
+    // In pieces a transport's staging buffer takes (a summary is one bit per slot:
+    // 4 MiB covers 32 Mi slots).
+    let mut offset = 0;
+    for piece in bytes.chunks(SUMMARY_PIECE) {
+        broadcast_until(
+            fabric,
+            stats,
+            majority(nodes),
+            STRAGGLER_NS,
+            |_| Ok(Some(Batch::write(at + offset, piece.to_vec()))),
+            |replies| replies.len() == nodes,
+        )
+        .await?;
+        offset += piece.len() as u64;
+    }
+    let unsealed = vec![Some(generation << 1); nodes];
+    raise_word(
+        fabric,
+        stats,
+        nodes,
+        layout.client_row(writer) + GENERATION,
+        (generation << 1) | 1,
+        &unsealed,
+    )
+    .await?;
+    Ok(true)
+}
+
+/// Reads writer `writer`'s log summary stamped `stamp` from every node that answers
+/// (a majority, then stragglers up to [`RESUME_STRAGGLER_NS`]; in pieces of at most
+/// 4 MiB), and returns the first intact copy; `None` (with the reason logged) if no
+/// copy is intact.
+pub async fn read_summary<F: Fabric + ?Sized>(
+    fabric: &F,
+    layout: &NodeLayout,
+    nodes: usize,
+    writer: u16,
+    stamp: u64,
+) -> Result<Option<LogSummary>, FabricError> {
+    let Some(at) = layout.summary(writer) else {
+        return Ok(None);
+    };
+    let stats = OpStats::new();
+    let slots = layout.params.log_slots;
+    let len = LogSummary::encoded_len(slots);
+    // Each node's copy, read in pieces; a node that misses a piece is dropped.
+    let mut copies: Vec<Option<Vec<u8>>> = vec![Some(Vec::with_capacity(len)); nodes];
+    let mut offset = 0;
+    while offset < len {
+        let piece = SUMMARY_PIECE.min(len - offset);
+        let rt = broadcast_until(
+            fabric,
+            &stats,
+            majority(nodes),
+            RESUME_STRAGGLER_NS,
+            |node| {
+                let wanted = copies.get(node.index()).is_some_and(Option::is_some);
+                Ok(wanted.then(|| Batch::read(at + offset as u64, piece as u32)))
+            },
+            |replies| replies.len() == nodes,
+        )
+        .await?;
+        for (i, copy) in copies.iter_mut().enumerate() {
+            let got = rt
+                .replies()
+                .iter()
+                .find(|(node, _)| node.index() == i)
+                .and_then(|(_, completion)| completion.read(0));
+            match (copy.as_mut(), got) {
+                (Some(copy), Some(bytes)) => copy.extend_from_slice(bytes),
+                _ => *copy = None,
+            }
+        }
+        offset += piece;
+    }
+    let mut why = None;
+    for (node, copy) in copies.iter().enumerate() {
+        let Some(copy) = copy else { continue };
+        match LogSummary::decode(copy, stamp, slots) {
+            Ok(summary) => return Ok(Some(summary)),
+            Err(e) => why = Some((node, e)),
+        }
+    }
+    tracing::warn!(
+        writer,
+        stamp,
+        ?why,
+        "no intact copy of the sealed log summary: scanning the whole log instead"
+    );
+    Ok(None)
 }
 
 /// Claims the first free row for `token`, if any.
@@ -235,6 +489,16 @@ pub struct Row {
     pub pid: u64,
     /// Ever used.
     pub used: bool,
+    /// The resume-generation word: `generation << 1 | sealed` (see the module docs).
+    pub generation: u64,
+}
+
+impl Row {
+    /// Whether the row's last incarnation left a sealed log summary (its next client
+    /// resumes without reading the log).
+    pub fn sealed(&self) -> bool {
+        self.generation & 1 == 1
+    }
 }
 
 /// Reads the whole client table from `node` (for `swarm stat`).
@@ -263,6 +527,7 @@ pub async fn read_table<F: Fabric>(
             renewed_unix_ns: word(row, (RENEWED_UNIX / 8) as usize),
             pid: word(row, 2),
             used: word(row, 3) != 0,
+            generation: word(row, (GENERATION / 8) as usize),
         })
         .collect())
 }
@@ -278,6 +543,7 @@ mod tests {
     use super::*;
     use crate::layout::ClusterParams;
     use crate::{KvClient, KvConfig};
+    use swarm_core::summary::LogSummary;
 
     const NODE_BYTES: u64 = 4 << 20;
 
@@ -347,6 +613,128 @@ mod tests {
         unregister(&fabric, &layout, 3, first.writer, 11);
         let again = register(33);
         assert_eq!((again.writer, again.reused), (0, true));
+    }
+
+    /// The generation word decides how the next client resumes: a sealed summary
+    /// only if the newest incarnation sealed one; an incarnation that stopped without
+    /// sealing (a crash, an eviction) after resuming from a summary makes the next
+    /// one scan, never trust the older summary that misses its writes.
+    #[test]
+    fn only_the_newest_incarnations_sealed_summary_is_trusted() {
+        let (cluster, layout) = cluster();
+        let fabric = cluster.client();
+        let stats = OpStats::new();
+        let register = |token| {
+            block_on(&fabric, register(&fabric, &layout, 3, token, 1))
+                .expect("a free row")
+                .0
+        };
+        let slots = layout.params.log_slots;
+        let first = register(11);
+        assert_eq!((first.resume, first.generation), (Resume::Fresh, 1));
+        let summary = LogSummary::new(slots, vec![0b1010], 500);
+        assert!(
+            block_on(
+                &fabric,
+                seal_summary(&fabric, &stats, &layout, 3, 0, first.generation, &summary)
+            )
+            .expect("three live nodes")
+        );
+        unregister(&fabric, &layout, 3, 0, 11);
+
+        let second = register(22);
+        assert_eq!(second.writer, 0);
+        assert_eq!(
+            (second.resume, second.generation),
+            (Resume::Summary { stamp: 1 }, 2)
+        );
+        let read =
+            block_on(&fabric, read_summary(&fabric, &layout, 3, 0, 1)).expect("three live nodes");
+        assert_eq!(read, Some(summary), "the sealed summary is read back");
+        // Gone without sealing.
+        unregister(&fabric, &layout, 3, 0, 22);
+
+        let third = register(33);
+        assert_eq!((third.resume, third.generation), (Resume::Scan, 3));
+    }
+
+    /// A summary that reached a majority is found even where one node missed it and
+    /// holds an older incarnation's copy.
+    #[test]
+    fn a_summary_copy_missing_on_one_node_is_read_from_another() {
+        let (cluster, layout) = cluster();
+        let fabric = cluster.client();
+        let stats = OpStats::new();
+        let slots = layout.params.log_slots;
+        let old = LogSummary::new(slots, vec![1], 10).encode(1);
+        let new = LogSummary::new(slots, vec![6], 20);
+        let at = layout.summary(0).expect("summaries are on");
+        block_on(
+            &fabric,
+            broadcast(&fabric, &stats, node_ids(3), 3, |node| {
+                Ok(Batch::write(
+                    at,
+                    if node.index() == 0 {
+                        old.clone()
+                    } else {
+                        new.encode(2)
+                    },
+                ))
+            }),
+        )
+        .expect("three live nodes");
+        let read =
+            block_on(&fabric, read_summary(&fabric, &layout, 3, 0, 2)).expect("three live nodes");
+        assert_eq!(read, Some(new));
+        let none =
+            block_on(&fabric, read_summary(&fabric, &layout, 3, 0, 3)).expect("three live nodes");
+        assert_eq!(none, None, "no copy has stamp 3");
+    }
+
+    /// End to end: a client that closes cleanly hands its log on by summary; the next
+    /// one starts without a whole-log scan (its log's slots are *carried*), keeps the
+    /// earlier values readable and examines the carried slots between operations.
+    #[test]
+    fn a_clean_close_hands_the_log_on_by_summary() {
+        let (cluster, layout) = cluster();
+        let stats = OpStats::new();
+        let first = connect(&cluster, layout);
+        for key in [&b"a"[..], b"b", b"c"] {
+            block_on(first.fabric(), first.insert(key, b"first", &stats)).expect("inserted");
+        }
+        let used = first.log_counters().in_use;
+        first.close();
+
+        let second = connect(&cluster, layout);
+        let log = second.log_counters();
+        assert_eq!(
+            log.in_use, used,
+            "every slot of the first client is carried"
+        );
+        assert_eq!(
+            log.carried + 1,
+            used,
+            "all but the tombstone slot await examination"
+        );
+        for _ in 0..50 {
+            block_on(second.fabric(), second.get(b"a", &stats)).expect("read");
+        }
+        assert_eq!(
+            second.log_counters().carried,
+            0,
+            "examined between operations"
+        );
+        assert_eq!(
+            second.log_counters().tracked_registers,
+            3,
+            "the three buffers are tracked again"
+        );
+        for key in [&b"a"[..], b"b", b"c"] {
+            assert_eq!(
+                block_on(second.fabric(), second.get(key, &stats)).expect("read"),
+                Some(b"first".to_vec())
+            );
+        }
     }
 
     #[test]

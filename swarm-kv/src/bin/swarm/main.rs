@@ -590,6 +590,10 @@ fn stat<S: Store>(store: &S) -> Result<ExitCode> {
         }
     };
     let reclaimable = registered.iter().filter(|r| status(r).1).count();
+    let sealed = rows
+        .iter()
+        .filter(|r| r.token == 0 && r.used && r.sealed())
+        .count();
     outln!(
         text,
         "writers: {} of {} ids ever used, {} registered now, {} of them with an expired lease \
@@ -599,6 +603,23 @@ fn stat<S: Store>(store: &S) -> Result<ExitCode> {
         registered.len(),
         reclaimable
     );
+    if layout.summaries_at.is_some() {
+        outln!(
+            text,
+            "log resume: {sealed} of the {} free used ids have a sealed log summary (their \
+             next client reads {:.1} KiB instead of the {:.1} MiB log); the others are \
+             scanned whole",
+            rows.iter().filter(|r| r.token == 0 && r.used).count(),
+            layout.summary_bytes() as f64 / 1024.0,
+            (u64::from(p.log_slots) * layout.swarm.slot_bytes()) as f64 / (1 << 20) as f64,
+        );
+    } else {
+        outln!(
+            text,
+            "log resume: this cluster predates log summaries (superblock version 2): the \
+             next client of a used id scans its whole log"
+        );
+    }
     for row in &registered {
         let age = now.saturating_sub(row.renewed_unix_ns) as f64 / 1e9;
         outln!(
