@@ -30,7 +30,11 @@ mkdir -p "$logs"
 tree=$logs/tree
 git worktree remove --force "$tree" >/dev/null 2>&1 || true
 git worktree add --detach "$tree" HEAD >/dev/null
-export CARGO_TARGET_DIR=$root/target
+# A target directory of its own: cargo's artifact hashes do not depend on the source
+# path, so sharing the checkout's would let the mutated tree's fingerprints (which name
+# the tree's files) stand for the checkout's crates, and a later build in the checkout
+# would link a stale or mutated swarm-core without noticing.
+export CARGO_TARGET_DIR=$logs/target
 cd "$tree"
 # The CI seed counts, not a soak and not a single replay.
 unset SWARM_SIM_SEED SWARM_SIM_SEEDS

@@ -168,7 +168,8 @@ fn a_summary_resume_examines_carried_slots_lazily_and_recycles_the_superseded() 
             .unwrap();
 
     let b = client(&cluster, 1);
-    b.resume_summary(&summary);
+    let locate = |addr: u64| [reg(0), reg(1)].into_iter().find(|r| r.addr == addr);
+    b.resume_summary(&summary, locate);
     let c = b.slot_counters();
     assert_eq!(
         (c.in_use, c.carried, c.tracked_registers),
@@ -188,12 +189,11 @@ fn a_summary_resume_examines_carried_slots_lazily_and_recycles_the_superseded() 
     );
 
     // The examination runs between operations, a read at a time.
-    let locate = |addr: u64| [reg(0), reg(1)].into_iter().find(|r| r.addr == addr);
     for _ in 0..100 {
         if b.carried_remaining() == 0 {
             break;
         }
-        b.examine_carried_tick(b.fabric().now(), locate);
+        b.examine_carried_tick(b.fabric().now());
         b.fabric().progress();
     }
     assert_eq!(b.carried_remaining(), 0);

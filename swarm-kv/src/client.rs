@@ -299,7 +299,22 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
                 carried = summary.in_use(),
                 "resumed the writer id's log from its sealed summary"
             );
-            swarm.resume_summary(&summary);
+            swarm.resume_summary(&summary, move |addr| locate_register(&layout, nodes, addr));
+        }
+        if swarm.slots_in_use() >= layout.params.log_slots {
+            // Every operation would fence waiting for a slot's grace (one-shot clients
+            // that each inherit the same full log would never get one): wait for it
+            // here, before any operation starts.
+            tracing::info!(
+                writer = registration.writer,
+                "resumed a full log: waiting for a superseded slot's grace"
+            );
+            if !swarm_core::block_on_future(swarm.fabric(), swarm.make_room())? {
+                tracing::warn!(
+                    writer = registration.writer,
+                    "every slot of the resumed log holds a live value: writes will fail"
+                );
+            }
         }
         Ok(Self {
             alloc: RegisterAllocator::new(&layout, registration.writer, token),
@@ -476,11 +491,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         let now = fabric.now();
         // Background log recycling: bounded, never waits.
         self.swarm.reclaim_tick_at(RECLAIM_BUDGET, now);
-        if self.swarm.carried_remaining() != 0 {
-            let (layout, nodes) = (&self.layout, self.nodes);
-            self.swarm
-                .examine_carried_tick(now, |addr| locate_register(layout, nodes, addr));
-        }
+        self.swarm.examine_carried_tick(now);
         {
             let mut lease = self.lease.borrow_mut();
             lease.tick(fabric, now);

@@ -737,6 +737,58 @@ mod tests {
         }
     }
 
+    /// One-shot clients that each inherit a log full of superseded buffers (none
+    /// lived through a grace) still write: the next client makes room at connect,
+    /// before any operation and its deadline.
+    #[test]
+    fn a_client_resuming_a_full_log_makes_room_before_its_first_operation() {
+        const MS: u64 = 1_000_000;
+        let params = ClusterParams {
+            key_max: 16,
+            value_max: 16,
+            writers: 2,
+            registers: 256,
+            chunk_registers: 16,
+            index_buckets: 128,
+            log_slots: 16,
+            lease_ns: 200 * MS,
+            lease_renew_ns: 20 * MS,
+            max_op_ns: MS,
+            cache_ttl_ns: 10 * MS,
+            delivery_margin_ns: MS,
+            ..ClusterParams::default()
+        };
+        let layout = NodeLayout::new(params).expect("a valid layout");
+        let cluster = MemCluster::new(3, layout.end() as usize);
+        crate::store::write_superblock(&cluster.client(), &params).expect("three live nodes");
+        let stats = OpStats::new();
+        let first = connect(&cluster, layout);
+        block_on(first.fabric(), first.insert(b"k", b"v0", &stats)).expect("inserted");
+        let mut i = 0;
+        while first.log_counters().in_use < params.log_slots {
+            i += 1;
+            block_on(
+                first.fabric(),
+                first.update(b"k", format!("v{i}").as_bytes(), &stats),
+            )
+            .expect("updated: the log is not full yet");
+        }
+        first.close();
+
+        let second = connect(&cluster, layout);
+        assert!(
+            second.log_counters().in_use < params.log_slots,
+            "room was made at connect: {:?}",
+            second.log_counters()
+        );
+        block_on(second.fabric(), second.update(b"k", b"second", &stats))
+            .expect("the first operation finds a free slot");
+        assert_eq!(
+            block_on(second.fabric(), second.get(b"k", &stats)).expect("read"),
+            Some(b"second".to_vec())
+        );
+    }
+
     #[test]
     fn evicting_a_row_nobody_holds_or_that_does_not_exist() {
         let (cluster, layout) = cluster();

@@ -34,6 +34,7 @@ use swarm_core::encoding::WriterId;
 use swarm_core::fabric::{Batch, MAX_BATCH_OPS, NodeId, Op};
 use swarm_core::header::HEADER_SIZE;
 use swarm_core::layout::Layout;
+use swarm_core::summary::LogSummary;
 use swarm_core::{Client, Fabric, OpStats};
 use swarm_core::{
     ProtocolConfig, ReadValue, RegisterCache, RegisterLoc, Replicas, SwarmError, WriteOutcome,
@@ -172,6 +173,12 @@ pub struct Scenario {
     /// as if nothing were recycled; `Some` gives each writer a tiny log and runs a
     /// background reclaim task per client.
     pub recycling: Option<Recycling>,
+    /// Incarnations per client (1: one for the whole run). With more, each client's
+    /// operations are split among that many incarnations of its writer id, one after
+    /// the other: an incarnation stops cleanly once its operations returned, hands
+    /// its log summary on (`swarm_core::summary`, through its encoding), and the next
+    /// one resumes from it and examines the carried slots in the background.
+    pub incarnations: u32,
 }
 
 /// A scenario's log slot recycling (see `swarm_core::reclaim`).
@@ -211,6 +218,7 @@ impl Scenario {
             tick_ns: 100,
             max_skew_ns: 20_000,
             recycling: None,
+            incarnations: 1,
         }
     }
 
@@ -289,6 +297,12 @@ pub struct Outcome {
     /// (`OpStats::recycled_fetches`, all operations together): zero when recycling
     /// keeps its rules, since every operation here has a deadline.
     pub recycled_fetches: u64,
+    /// Incarnations that resumed from a log summary ([`Scenario::incarnations`]).
+    pub summary_resumes: u64,
+    /// Slots those incarnations carried over, all together.
+    pub carried_slots: u64,
+    /// Carried slots examined before their incarnation stopped, all together.
+    pub carried_examined: u64,
 }
 
 #[derive(Default)]
@@ -302,6 +316,16 @@ struct Record {
     max_in_use: u32,
     longest_op_ns: u64,
     recycled_fetches: u64,
+    summary_resumes: u64,
+    carried_slots: u64,
+    carried_examined: u64,
+}
+
+/// The register a log record names, from its address (untrusted: checked).
+fn locate(layout: &Layout, replicas: u16, addr: u64) -> Option<RegisterLoc> {
+    let offset = addr.checked_sub(HEADER_SIZE)?;
+    let index = u32::try_from(offset / layout.register_bytes()).ok()?;
+    (offset % layout.register_bytes() == 0).then(|| register(layout, replicas, index))
 }
 
 /// Register number `index` of a scenario's layout.
@@ -346,7 +370,6 @@ impl Directory {
 /// (a wait-freedom violation while a majority is alive).
 pub fn run(scenario: &Scenario) -> Result<Outcome, SimError> {
     let writers = scenario.clients.max(1) as u16;
-    let inflight = scenario.inflight.max(1);
     // Without recycling every write uses a fresh log slot, a rewrite or an insert
     // into a fresh register one more: size the logs for it.
     let slots = match scenario.recycling {
@@ -406,7 +429,6 @@ pub fn run(scenario: &Scenario) -> Result<Outcome, SimError> {
             0
         };
         let clock = SimClock::new(&world, scenario.tick_ns).with_skew(skew);
-        let writer = WriterId::new(c).expect("scenarios stay below the writer limit");
         let mut config = ProtocolConfig::default()
             .with_slow_after_ns(10_000)
             .with_suspect_ns(200_000);
@@ -416,34 +438,21 @@ pub fn run(scenario: &Scenario) -> Result<Outcome, SimError> {
                 .with_delivery_margin_ns(r.delivery_margin_ns)
                 .with_reclaim_interval_ns(r.interval_ns);
         }
-        let client = match Client::new(fabric, clock, layout, writer, config) {
-            Ok(client) => Rc::new(client),
-            Err(e) => {
-                record.borrow_mut().errors.push(e.to_string());
-                continue;
-            }
-        };
-        let lanes_left = Rc::new(core::cell::Cell::new(inflight));
-        if let Some(r) = scenario.recycling {
-            runner.spawn(
-                id,
-                reclaim_task(client.clone(), r, lanes_left.clone(), record.clone()),
-            );
-        }
-        for lane in 0..inflight {
-            let task = lane_task(Lane {
+        runner.spawn(
+            id,
+            incarnations_task(Incarnations {
                 scenario: *scenario,
-                client: client.clone(),
+                spawner: runner.spawner(),
+                fabric,
+                clock,
+                config,
                 index: c,
-                lane,
                 layout,
                 directory: directory.clone(),
                 record: record.clone(),
                 seed: rng.next_u64(),
-                lanes_left: lanes_left.clone(),
-            });
-            runner.spawn(id, task);
-        }
+            }),
+        );
     }
     if scenario.faults.wiped_copies {
         let fabric = world.client();
@@ -474,21 +483,143 @@ pub fn run(scenario: &Scenario) -> Result<Outcome, SimError> {
         max_slots_in_use: record.max_in_use,
         longest_op_ns: record.longest_op_ns,
         recycled_fetches: record.recycled_fetches,
+        summary_resumes: record.summary_resumes,
+        carried_slots: record.carried_slots,
+        carried_examined: record.carried_examined,
     })
 }
 
-/// A client's background recycling: a reclaim tick every `interval_ns` while its
-/// lanes run, then the client's log counters into the record.
-async fn reclaim_task(
+/// What a client's incarnations share ([`Scenario::incarnations`]).
+struct Incarnations {
+    scenario: Scenario,
+    spawner: crate::runner::Spawner,
+    fabric: SimFabric,
+    clock: SimClock,
+    config: ProtocolConfig,
+    index: u32,
+    layout: Layout,
+    directory: Rc<RefCell<Directory>>,
+    record: Rc<RefCell<Record>>,
+    seed: u64,
+}
+
+/// Runs a client's operations through its incarnations, one after the other (one
+/// incarnation unless [`Scenario::incarnations`] says more): each runs its lanes and
+/// its reclaim task, and, once its lanes are done, hands its log summary to the
+/// next.
+async fn incarnations_task(ctx: Incarnations) {
+    let Incarnations {
+        scenario,
+        spawner,
+        fabric,
+        clock,
+        config,
+        index,
+        layout,
+        directory,
+        record,
+        seed,
+    } = ctx;
+    let id = fabric.id();
+    let inflight = scenario.inflight.max(1);
+    let incarnations = scenario.incarnations.max(1);
+    let per = scenario.ops_per_client.div_ceil(incarnations);
+    let writer = WriterId::new(index).expect("scenarios stay below the writer limit");
+    let mut rng = SimRng::new(seed);
+    let mut summary: Option<LogSummary> = None;
+    for k in 0..incarnations {
+        let first_op = k * per;
+        if first_op >= scenario.ops_per_client {
+            break;
+        }
+        // A restart may run on another host, whose clock may lag: later incarnations
+        // get a clock of their own, skewed afresh under clock faults.
+        let clock = if k > 0 && scenario.faults.clock_skew {
+            SimClock::new(fabric.world(), scenario.tick_ns)
+                .with_skew(random_skew(&mut rng, scenario.max_skew_ns))
+        } else {
+            clock.clone()
+        };
+        let client = match Client::new(fabric.clone(), clock, layout, writer, config) {
+            Ok(client) => Rc::new(client),
+            Err(e) => {
+                record.borrow_mut().errors.push(e.to_string());
+                return;
+            }
+        };
+        if let Some(summary) = &summary {
+            let replicas = scenario.replicas;
+            client.resume_summary(summary, move |addr| locate(&layout, replicas, addr));
+            let mut r = record.borrow_mut();
+            r.summary_resumes += 1;
+            r.carried_slots += client.carried_remaining() as u64;
+        }
+        let lanes_left = Rc::new(core::cell::Cell::new(inflight));
+        if let Some(r) = scenario.recycling {
+            spawner.spawn(
+                id,
+                reclaim_task(Reclaim {
+                    client: client.clone(),
+                    recycling: r,
+                    lanes_left: lanes_left.clone(),
+                    record: record.clone(),
+                }),
+            );
+        }
+        for lane in 0..inflight {
+            let task = lane_task(Lane {
+                scenario: Scenario {
+                    ops_per_client: per.min(scenario.ops_per_client - first_op),
+                    ..scenario
+                },
+                client: client.clone(),
+                index,
+                lane,
+                first_op,
+                layout,
+                directory: directory.clone(),
+                record: record.clone(),
+                seed: rng.next_u64(),
+                lanes_left: lanes_left.clone(),
+            });
+            spawner.spawn(id, task);
+        }
+        while lanes_left.get() > 0 {
+            fabric.sleep(10_000).await;
+        }
+        // A clean stop: every operation of this incarnation returned. Its summary
+        // goes through its encoding, as a store hands it on through memory.
+        let stamp = u64::from(k) + 1;
+        let slots = layout.slots_per_writer();
+        summary = LogSummary::decode(&client.log_summary().encode(stamp), stamp, slots).ok();
+    }
+}
+
+/// What a client's background recycling needs.
+struct Reclaim {
     client: Rc<Client<SimFabric, SimClock>>,
     recycling: Recycling,
     lanes_left: Rc<core::cell::Cell<u32>>,
     record: Rc<RefCell<Record>>,
-) {
+}
+
+/// A client's background recycling: a reclaim tick (and a step of the examination
+/// of carried slots) every `interval_ns` while its lanes run, then the client's log
+/// counters into the record.
+async fn reclaim_task(ctx: Reclaim) {
+    let Reclaim {
+        client,
+        recycling,
+        lanes_left,
+        record,
+    } = ctx;
+    let carried = client.carried_remaining();
     while lanes_left.get() > 0 {
         client.reclaim_tick(recycling.budget);
+        client.examine_carried_tick(client.fabric().now());
         client.fabric().sleep(recycling.interval_ns).await;
     }
+    record.borrow_mut().carried_examined += (carried - client.carried_remaining()) as u64;
     client.cancel_reclaim();
     let counters = client.slot_counters();
     let mut r = record.borrow_mut();
@@ -666,6 +797,9 @@ struct Lane {
     client: Rc<Client<SimFabric, SimClock>>,
     index: u32,
     lane: u32,
+    /// The client's operation number of this incarnation's first (values stay unique
+    /// across incarnations).
+    first_op: u32,
     layout: Layout,
     directory: Rc<RefCell<Directory>>,
     record: Rc<RefCell<Record>>,
@@ -689,6 +823,7 @@ async fn lane_task(lane: Lane) {
         client,
         index,
         lane,
+        first_op,
         layout,
         directory,
         record,
@@ -729,7 +864,7 @@ async fn lane_task(lane: Lane) {
         }
         let key = rng.below(u64::from(scenario.keys.max(1))) as u32;
         let action = Action::pick(&scenario, n == 0, &mut rng);
-        let value = format!("c{index}-{i}");
+        let value = format!("c{index}-{}", first_op + i);
         let start = world.now();
         // Recorded as crashed until it completes: a client crash drops this task here.
         let slot = {

@@ -113,6 +113,41 @@ fn recycling_with_deletes_reinserts_and_operations_in_flight() {
     });
 }
 
+/// Clean restarts under every fault: each client's operations run through four
+/// incarnations of its writer id, each resuming from the previous one's log summary
+/// (`swarm_core::summary`) with the carried slots examined in the background. A new
+/// incarnation that reused a carried slot too early, repeated a timestamp or lost
+/// track of a buffer would show as a non-linearizable history, a failed operation or
+/// a full log.
+#[test]
+fn clean_restarts_resume_from_log_summaries() {
+    for_each_seed(8, |seed| {
+        let mut s = recycling(seed);
+        s.incarnations = 4;
+        // More keys than writers: a writer's values stay current for a while, so its
+        // successor carries live buffers as well as superseded ones.
+        s.keys = 8;
+        let outcome = scenario::run(&s).expect("no stall");
+        check(
+            &outcome,
+            "restarts from summaries",
+            s.clients,
+            RECYCLING.log_slots,
+        );
+        assert!(
+            outcome.summary_resumes >= 3 * u64::from(s.clients - s.clients / 4),
+            "seed {seed}: only {} resumes from a summary",
+            outcome.summary_resumes
+        );
+        assert!(
+            outcome.carried_slots > 0 && outcome.carried_examined > 0,
+            "seed {seed}: nothing carried ({}) or examined ({})",
+            outcome.carried_slots,
+            outcome.carried_examined
+        );
+    });
+}
+
 /// Prints what the recycling runs do (`--ignored --nocapture`), to size them.
 #[test]
 #[ignore]

@@ -119,6 +119,18 @@ pub(crate) struct WriterState {
     pub(crate) tracker: SlotTracker,
     /// Slots carried over from an earlier incarnation's summary, examined lazily.
     pub(crate) carried: CarriedSlots,
+    /// Maps a register address read from a carried slot's record to its location
+    /// (given with the summary, [`Client::resume_summary`]).
+    pub(crate) locate: Option<Locator>,
+}
+
+/// Maps a register address read from a log record (untrusted) to its location.
+pub(crate) struct Locator(alloc::boxed::Box<dyn Fn(u64) -> Option<RegisterLoc> + Send>);
+
+impl core::fmt::Debug for Locator {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str("Locator")
+    }
 }
 
 /// A client thread's handle on SWARM: its fabric, clock, writer id and local state.
@@ -188,6 +200,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
                 guesser: TimestampGuesser::new(),
                 tracker: SlotTracker::default(),
                 carried: CarriedSlots::default(),
+                locate: None,
             }),
             suspicion: Arc::new(Suspicion::new(config.suspect_ns)),
             writing: RefCell::new(Vec::new()),
@@ -376,7 +389,28 @@ impl<F: Fabric, C: Clock> Client<F, C> {
     /// An operation that has not observed anything yet waits before arming its
     /// deadline, so a full log throttles its writer instead of failing.
     pub(crate) async fn wait_for_slot(&self, stats: &OpStats) {
+        let mut learned = false;
         loop {
+            let limbo = {
+                let state = self.state.borrow();
+                let expiry = state.tracker.next_expiry(self.config.grace_ns());
+                let full = state.slots.in_use() >= self.layout.slots_per_writer();
+                match expiry {
+                    None if !full || learned => return,
+                    expiry => expiry,
+                }
+            };
+            if limbo.is_none() {
+                // Full, and nothing in limbo: the log may hold buffers superseded
+                // since, not known as such yet (after a resume). Learn once.
+                tracing::debug!(
+                    writer = self.writer.get(),
+                    "log full with nothing in limbo: checking what it holds"
+                );
+                self.learn_superseded().await;
+                learned = true;
+                continue;
+            }
             let wake = {
                 let mut state = self.state.borrow_mut();
                 let WriterState { slots, tracker, .. } = &mut *state;
@@ -436,9 +470,16 @@ impl<F: Fabric, C: Clock> Client<F, C> {
     /// Resumes an earlier incarnation's log from its [`LogSummary`] instead of a
     /// whole-log scan: marks its used slots as taken and makes later timestamps
     /// exceed its last tick count (as [`Self::resume`]), and queues the used slots
-    /// for lazy examination ([`Self::examine_carried_tick`]), which learns what they
-    /// hold so that reclaim checks can free the superseded ones.
-    pub fn resume_summary(&self, summary: &LogSummary) {
+    /// for lazy examination ([`Self::examine_carried_tick`], and before a write would
+    /// find the log full), which learns what they hold so that reclaim checks can
+    /// free the superseded ones. `locate` maps the register address a record names
+    /// (untrusted) to the register's location, as for [`Self::resume_scan`]; `None`
+    /// leaves that slot taken.
+    pub fn resume_summary(
+        &self,
+        summary: &LogSummary,
+        locate: impl Fn(u64) -> Option<RegisterLoc> + Send + 'static,
+    ) {
         self.resume(summary.used_slots(), summary.last_ticks);
         // The tombstone slot's record is the same for every delete: nothing to learn.
         let tombstone = self.layout.slot_of(Timestamp::tombstone(self.writer));
@@ -449,30 +490,99 @@ impl<F: Fabric, C: Clock> Client<F, C> {
             .collect();
         pending.sort_unstable();
         state.carried = CarriedSlots::new(pending);
+        state.locate = Some(Locator(alloc::boxed::Box::new(locate)));
     }
 
     /// One bounded, non-blocking step of the examination of carried slots (call it
     /// between operations, like [`Self::reclaim_tick`]; a no-op once every carried
     /// slot was examined): collects the read in flight and posts the next one (see
-    /// `carried.rs`). Each write found whose register `locate` knows is tracked as a
-    /// write of unknown outcome, as by [`Self::resume_scan`].
-    pub fn examine_carried_tick(&self, now: Nanos, locate: impl Fn(u64) -> Option<RegisterLoc>) {
+    /// `carried.rs`). Each write found whose register the summary's `locate` knows
+    /// is tracked as a write of unknown outcome, as by [`Self::resume_scan`].
+    pub fn examine_carried_tick(&self, now: Nanos) {
         let mut state = self.state.borrow_mut();
         if state.carried.remaining() == 0 {
             return;
         }
-        let found = state.carried.tick(
+        let WriterState {
+            carried,
+            tracker,
+            locate,
+            ..
+        } = &mut *state;
+        let found = carried.tick(
             &self.fabric,
             &self.layout,
             self.writer,
             now,
             self.config.max_op_ns,
         );
+        let Some(Locator(locate)) = locate else {
+            return;
+        };
         for (_, ts, register) in found {
             if let Some(reg) = locate(register) {
-                state.tracker.track(&reg, ts);
+                tracker.track(&reg, ts);
             }
         }
+    }
+
+    /// Learns which slots of a full log hold superseded buffers (a log full with
+    /// nothing in limbo, typically just after a resume): examines every carried slot
+    /// not examined yet, then checks every tracked register once. Reads only.
+    async fn learn_superseded(&self) {
+        loop {
+            self.examine_carried_tick(self.fabric.now());
+            if self.carried_remaining() == 0 {
+                break;
+            }
+            crate::exec::sleep(&self.fabric, self.config.slow_after_ns).await;
+        }
+        // A check of every tracked register; one in flight already (the background
+        // tick's) ends first. Another task may collect the replies: wait for the
+        // count of ended checks to move rather than for this task to see one end.
+        for _ in 0..2 {
+            let (started, ended) = {
+                let mut state = self.state.borrow_mut();
+                let budget = state.tracker.counters(0).tracked_registers as usize;
+                let tracker = &mut state.tracker;
+                tracker.poll_check(&self.fabric, self.config.max_op_ns);
+                let ended = tracker.checks_ended();
+                let started =
+                    tracker.start_check(&self.fabric, &self.layout, budget, 0, self.fabric.now());
+                (started, ended)
+            };
+            if !started && !self.state.borrow().tracker.checking() {
+                // Nothing tracked: nothing to check.
+                break;
+            }
+            while self.poll_check_ended() == ended {
+                crate::exec::sleep(&self.fabric, self.config.slow_after_ns).await;
+            }
+            if started {
+                break;
+            }
+        }
+    }
+
+    /// Makes room in a full log before any operation needs it (a client that just
+    /// resumed a log full of its predecessors' buffers, say a one-shot command whose
+    /// predecessors never lived long enough to recycle anything): learns which
+    /// buffers are superseded, then waits, with no operation deadline, until the
+    /// first of them is past its grace. Returns whether a slot is free; `false` means
+    /// every slot holds a live buffer (the log is too small for this writer).
+    pub async fn make_room(&self) -> bool {
+        self.wait_for_slot(&OpStats::new()).await;
+        self.slots_in_use() < self.layout.slots_per_writer()
+    }
+
+    /// Collects the replies of the reclaim check in flight; returns how many checks
+    /// have ended so far.
+    fn poll_check_ended(&self) -> u64 {
+        let mut state = self.state.borrow_mut();
+        state
+            .tracker
+            .poll_check(&self.fabric, self.config.max_op_ns);
+        state.tracker.checks_ended()
     }
 
     /// Carried slots not examined yet (see [`Self::resume_summary`]).

@@ -235,6 +235,8 @@ pub(crate) struct SlotTracker {
     check: Option<Check>,
     /// Fabric time the last check started.
     last_check: Option<Nanos>,
+    /// Checks ended or abandoned so far.
+    checks_ended: u64,
 }
 
 impl SlotTracker {
@@ -417,6 +419,7 @@ impl SlotTracker {
         let Some(check) = self.check.take() else {
             return false;
         };
+        self.checks_ended += 1;
         for (_, _, ticket) in &check.outstanding {
             fabric.forget(*ticket);
         }
@@ -427,9 +430,21 @@ impl SlotTracker {
         true
     }
 
+    /// Whether a check is in flight.
+    pub(crate) fn checking(&self) -> bool {
+        self.check.is_some()
+    }
+
+    /// Checks ended (or abandoned) so far: at most one is in flight, so the first
+    /// check to end after one started is that one.
+    pub(crate) fn checks_ended(&self) -> u64 {
+        self.checks_ended
+    }
+
     /// Abandons a check in flight (the client is going away).
     pub(crate) fn cancel_check<F: Fabric + ?Sized>(&mut self, fabric: &F) {
         if let Some(check) = self.check.take() {
+            self.checks_ended += 1;
             for (_, _, ticket) in check.outstanding {
                 fabric.forget(ticket);
             }
