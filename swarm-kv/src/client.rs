@@ -524,7 +524,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
     /// grace and a bit.
     async fn allocate_register(&self, stats: &OpStats) -> Result<RegisterId, KvError> {
         let fabric = self.swarm.fabric();
-        let give_up = fabric
+        let mut give_up = fabric
             .now()
             .saturating_add(self.recycler.grace_ns().saturating_mul(2));
         loop {
@@ -539,6 +539,11 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
                         && fabric.now() >= self.next_adoption.get() =>
                 {
                     self.reclaim_gone().await?;
+                    // What the pass took waits a whole grace from now, however long
+                    // the pass took.
+                    give_up = fabric
+                        .now()
+                        .saturating_add(self.recycler.grace_ns().saturating_mul(2));
                     if self.recycler.in_limbo() == 0 {
                         return Err(KvError::RegistersFull {
                             registers: self.layout.params.registers,

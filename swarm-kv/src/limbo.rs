@@ -545,8 +545,21 @@ pub async fn reclaim<F: Fabric>(
             // then the takes, all before the group's deadline.
             let op = OpStats::new();
             let _deadline = op.arm_deadline(fabric.now().saturating_add(layout.params.max_op_ns));
-            let copies = read_headers(fabric, &op, layout, at, stop, &loc).await?;
-            let live = read_registered(fabric, &op, layout).await?.union(&before);
+            let read = async {
+                let copies = read_headers(fabric, &op, layout, at, stop, &loc).await?;
+                let live = read_registered(fabric, &op, layout).await?;
+                Ok::<_, KvError>((copies, live.union(&before)))
+            };
+            let (copies, live) = match read.await {
+                Ok(read) => read,
+                // Past the group's deadline (a stalled process) or too few nodes: this
+                // group waits for the next pass.
+                Err(error) => {
+                    tracing::debug!(first = at, end = stop, %error, "reclaim: a group could not be read");
+                    at = stop;
+                    continue;
+                }
+            };
             for (i, copies) in copies.iter().enumerate() {
                 let register = at + i as u64;
                 let Some(replicas) = loc(register) else {
