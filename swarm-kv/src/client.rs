@@ -183,7 +183,7 @@ fn token_for(pid: u64) -> u64 {
 
 /// The replicas of register `register` in a cluster of `nodes` nodes (see
 /// [`KvClient::register_loc`]).
-fn register_loc_for(
+pub fn register_loc_for(
     layout: &NodeLayout,
     nodes: usize,
     register: RegisterId,
@@ -322,7 +322,11 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
             layout,
             nodes,
             index,
-            recycler: Recycler::new(layout.params.register_grace_ns(), token),
+            recycler: Recycler::new(
+                layout.params.register_grace_ns(),
+                token,
+                crate::limbo::holder_tag(registration.writer, token),
+            ),
             max_op_ns: layout.params.max_op_ns,
             cache: RefCell::new(LocationCache::new(
                 config.cache_bytes,
@@ -372,6 +376,11 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         self.recycler.in_limbo()
     }
 
+    /// This client's holder tag (`crate::limbo`).
+    pub fn recycler_tag(&self) -> u32 {
+        self.recycler.tag()
+    }
+
     /// Register recycling counters of this client.
     pub fn recycle_stats(&self) -> RecycleStats {
         self.recycler.stats()
@@ -383,9 +392,21 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
     }
 
     /// Gives the writer id back (its log is resumed by the next client that takes it).
-    /// Registers in limbo are not recycled (`crate::recycle`, "what is not recycled").
+    /// Registers in limbo and in the pool are left to others: they carry this client's
+    /// holder tag, which is gone once the row is given back, so a client that runs out
+    /// of registers reclaims them (`crate::limbo`, "a clean close"). Waits up to
+    /// [`crate::reclaim::STRAGGLER_NS`] for retire marks still in flight.
     pub fn close(self) {
         self.swarm.cancel_reclaim();
+        let fabric = self.swarm.fabric();
+        if self.recycler.marks_in_flight(fabric) > 0 {
+            let until = fabric.now().saturating_add(crate::reclaim::STRAGGLER_NS);
+            let _ = swarm_core::block_on_future(fabric, async {
+                while self.recycler.marks_in_flight(fabric) > 0 && fabric.now() < until {
+                    swarm_core::sleep(fabric, 100_000).await;
+                }
+            });
+        }
         let log = self.swarm.slot_counters();
         tracing::info!(
             writer = self.registration.writer,
@@ -593,7 +614,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
     /// grace and a bit.
     async fn allocate_register(&self, stats: &OpStats) -> Result<RegisterId, KvError> {
         let fabric = self.swarm.fabric();
-        let give_up = fabric
+        let mut give_up = fabric
             .now()
             .saturating_add(self.recycler.grace_ns().saturating_mul(2));
         loop {
@@ -607,7 +628,12 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
                     if self.recycler.in_limbo() == 0
                         && fabric.now() >= self.next_adoption.get() =>
                 {
-                    self.adopt_orphans().await?;
+                    self.reclaim_gone().await?;
+                    // What the pass took waits a whole grace from now, however long
+                    // the pass took.
+                    give_up = fabric
+                        .now()
+                        .saturating_add(self.recycler.grace_ns().saturating_mul(2));
                     if self.recycler.in_limbo() == 0 {
                         return Err(KvError::RegistersFull {
                             registers: self.layout.params.registers,
@@ -639,25 +665,51 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         }
     }
 
-    /// Adopts the chunks of clients that are no longer registered and retires their
-    /// free registers into this client's limbo (`crate::orphans`): they are handed out
-    /// after the register grace. At most one round per lease period.
-    async fn adopt_orphans(&self) -> Result<(), KvError> {
+    /// Adopts the chunks of clients that are no longer registered and takes the
+    /// registers that gone clients held (their limbos and pools, in any chunk, and the
+    /// never-used registers of adopted chunks) into this client's limbo
+    /// (`crate::limbo`): they are handed out after the register grace. At most one
+    /// round per lease period, and only under a valid lease (renewed first if needed):
+    /// the takes are CASes that no operation deadline covers otherwise.
+    async fn reclaim_gone(&self) -> Result<(), KvError> {
         let fabric = self.swarm.fabric();
+        let max_op = self.layout.params.max_op_ns;
         self.next_adoption
             .set(fabric.now().saturating_add(self.layout.params.lease_ns));
-        let adopted = crate::orphans::adopt_orphans(fabric, &self.layout, self.token, |r| {
-            self.register_loc(r).ok()
-        })
+        if !self.lease.borrow().valid_for(fabric.now(), max_op) {
+            renew_now(&self.lease, fabric, max_op).await;
+        }
+        let me = crate::limbo::Reclaimer {
+            token: self.token,
+            tag: self.recycler.tag(),
+        };
+        let reclaimed = crate::limbo::reclaim(
+            fabric,
+            &self.layout,
+            me,
+            || self.lease.borrow().valid_for(fabric.now(), max_op),
+            |r| self.register_loc(r).ok(),
+        )
         .await?;
-        for chunk in &adopted.chunks {
+        for chunk in &reclaimed.chunks {
             self.alloc.adopt(*chunk);
         }
         let now = fabric.now();
-        for register in adopted.free {
-            self.recycler.retire(register, now, Retired::Adopted);
+        for (register, kind) in reclaimed.taken {
+            let why = match kind {
+                crate::limbo::Verdict::Limbo => Retired::ReclaimedLimbo,
+                crate::limbo::Verdict::Pool => Retired::ReclaimedPool,
+                crate::limbo::Verdict::Fresh | crate::limbo::Verdict::Keep => Retired::Adopted,
+            };
+            self.recycler.retire(register, now, why);
         }
         Ok(())
+    }
+
+    /// Runs one reclamation pass now, whatever the allocator holds (tests and tools;
+    /// clients run it by themselves when they run out of registers).
+    pub async fn reclaim_now(&self) -> Result<(), KvError> {
+        self.reclaim_gone().await
     }
 
     async fn read_register(
@@ -869,8 +921,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
             Ok(Published::Yes) => {}
             // Never published: nobody else can know the register (recycle.rs).
             Ok(Published::No) | Err(_) if !uncertain.get() => {
-                self.recycler
-                    .retire(register, self.swarm.fabric().now(), Retired::Unpublished);
+                self.retire_marked(register, key.len(), Retired::Unpublished, deadline);
             }
             _ => {
                 tracing::debug!(
@@ -980,8 +1031,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
                         if replaced {
                             self.remember(key, fresh);
                             // This call unmapped the deleted register: it owns it.
-                            self.recycler
-                                .retire(existing, fabric.now(), Retired::Unmapped);
+                            self.retire_marked(existing, key.len(), Retired::Unmapped, deadline);
                             return Ok(Published::Yes);
                         }
                         continue;
@@ -1076,10 +1126,28 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
             .remove_until(fabric, stats, key, register, deadline)
             .await?
         {
-            self.recycler
-                .retire(register, fabric.now(), Retired::Unmapped);
+            self.retire_marked(register, key.len(), Retired::Unmapped, deadline);
         }
         Ok(())
+    }
+
+    /// Retires `register`, whose key header holds a key of `key_len` bytes, after
+    /// tagging it as this client's on every replica (`crate::limbo`): if this client
+    /// goes away before the register's grace, another reclaims it. The mark is posted
+    /// only before the operation's `deadline`.
+    fn retire_marked(&self, register: RegisterId, key_len: usize, why: Retired, deadline: Nanos) {
+        let fabric = self.swarm.fabric();
+        if let Ok(loc) = self.register_loc(register) {
+            self.recycler.mark(
+                fabric,
+                &self.layout,
+                register,
+                key_len,
+                loc.replicas.nodes(),
+                deadline,
+            );
+        }
+        self.recycler.retire(register, fabric.now(), why);
     }
 }
 

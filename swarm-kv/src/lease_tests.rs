@@ -293,3 +293,51 @@ fn two_clients_reclaiming_at_once_get_one_dead_id_each() {
         Err(KvError::LeaseExpired { .. })
     ));
 }
+
+/// A client killed mid-grace (it stops, its row stays registered): its limbo is left
+/// alone while its row is registered, even once its lease lapsed, and is reclaimed
+/// once its row was taken over by a new client, whose tag on the same writer id is
+/// another (`crate::limbo`).
+#[test]
+fn a_killed_clients_limbo_is_reclaimed_once_its_row_is_taken_over() {
+    let world = World::new(2);
+    let a = world.connect();
+    insert(&a, "live", "A").expect("inserted");
+    for i in 0..3 {
+        let key = format!("k{i}");
+        insert(&a, &key, "gone").expect("inserted");
+        assert!(block_on(a.fabric(), a.delete(key.as_bytes(), &OpStats::new())).expect("delete"));
+    }
+    assert_eq!(a.registers_in_limbo(), 3);
+    // a is killed here: it never issues anything again.
+    let b = world.connect();
+    insert(&b, "b", "B").expect("inserted");
+    block_on(b.fabric(), b.reclaim_now()).expect("a pass");
+    assert_eq!(
+        b.recycle_stats().reclaimed_limbo,
+        0,
+        "a registered client's limbo was taken"
+    );
+    // Every id is taken: c waits out a's lease and takes its row over.
+    let c = world.connect();
+    assert_eq!(c.writer(), a.writer());
+    assert_ne!(c.recycler_tag(), a.recycler_tag());
+    block_on(c.fabric(), c.reclaim_now()).expect("a pass");
+    assert_eq!(
+        c.recycle_stats().reclaimed_limbo,
+        3,
+        "{:?}",
+        c.recycle_stats()
+    );
+    for i in 0..3 {
+        assert_eq!(get(&c, &format!("k{i}")).expect("read"), None);
+    }
+    assert_eq!(get(&c, "live").expect("read"), Some(b"A".to_vec()));
+    // b was idle meanwhile (its lease lapsed and c released its row too): its key stays.
+    assert_eq!(get(&c, "b").expect("read"), Some(b"B".to_vec()));
+    // The zombie cannot use what it held.
+    assert!(matches!(
+        insert(&a, "zombie", "Z"),
+        Err(KvError::LeaseExpired { .. })
+    ));
+}

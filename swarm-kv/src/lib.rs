@@ -9,7 +9,8 @@
 //! * [`index`] — the replicated, linearizable index (key → register).
 //! * [`register_alloc`], [`claim`], [`writer_ids`], [`lease`] — register chunks, writer ids and
 //!   leases, claimed from the memory nodes by CAS.
-//! * [`orphans`] — adopting dead clients' register chunks.
+//! * [`orphans`], [`limbo`] — adopting dead clients' register chunks, and reclaiming
+//!   the registers gone clients held in their limbos and pools (holder tags, §5.4).
 //! * [`cache`] — the client's location cache.
 //! * [`client`] — the operations: get, insert, update, delete (§5.3).
 //! * [`shm`], `rdma`, [`store`] — clusters on shared-memory files or RDMA memory
@@ -35,6 +36,7 @@ pub mod lease;
 pub mod lease_renewal;
 #[cfg(test)]
 mod lease_tests;
+pub mod limbo;
 pub mod orphans;
 #[cfg(feature = "rdma")]
 pub mod rdma;

@@ -21,85 +21,27 @@
 //! [`crate::claim`], so two adopters never both own a chunk. A loser hands its copies
 //! back to the value it read.
 //!
-//! # Sorting the registers of an adopted chunk
+//! # The registers of an adopted chunk
 //!
 //! The dead client's pool and limbo died with it, and registers move between clients
 //! through recycling (client U may retire a register of T's chunk when U's delete
 //! unmaps it, and hold it in its limbo or, reset, in its pool). So "in a dead chunk"
-//! does not mean "nobody's". The adopter reads each register's key header on a
-//! majority of its replicas and takes a register only when every copy is **blank**
-//! (length 0) with a holder mark of 0 (never reset) or of a token that is in no
-//! client-table copy (reset and pooled by a client now gone). Such a register is held
-//! by no live client:
-//!
-//! * a live client holds a register of another's chunk only after retiring it, which
-//!   needs it to have been published (its key header was written to a majority of its
-//!   replicas before the index mapped it, and a header copy only ever changes to
-//!   another header or to a holder mark, never back to blank-and-unmarked), or after
-//!   its own insert of a register from its pool, which is a register it reset
-//!   (marked with its own, live, token on every replica);
-//! * the index maps only registers whose key header is on a majority of replicas
-//!   (and never changes it while mapped), so a mapped register is never blank on a
-//!   majority read: live data is never taken.
-//!
-//! A taken register is *retired* into the adopter's recycler limbo
-//! ([`crate::recycle`]): it is reset on every replica and pooled only after the
-//! register grace, so any batch of the dead incarnation still in flight (a clean
-//! close does not wait for its last resets to land) has landed before the register is
-//! handed out. Registers holding a key, or marked by a live client, stay where they
-//! are: live data, a live client's pool or limbo, or (not returned yet) the dead
-//! client's own limbo and unpublished inserts, which cannot be told apart from a live
-//! client's limbo without a per-register holder word written at retirement.
+//! does not mean "nobody's", and a dead client's registers lie in live clients' chunks
+//! too. Adoption only gives the adopter the chunk's *never-used* registers (their
+//! fresh-register pool died with the owner); every register, in adopted chunks and in
+//! all others, is then judged and taken one by one, by its key header's holder tag and
+//! a CAS on it, by the reclamation pass of [`crate::limbo`], which runs adoption first
+//! and has the argument.
 
 use std::collections::HashSet;
 
 use swarm_core::quorum::{broadcast, broadcast_until, majority, nodes as node_ids};
 use swarm_core::{Batch, Fabric, NodeId, OpStats};
 
-use crate::layout::{CLIENT_ROW_BYTES, NodeLayout};
+use crate::KvError;
+use crate::layout::NodeLayout;
+use crate::limbo::Registered;
 use crate::reclaim::STRAGGLER_NS;
-use crate::{KvError, RegisterId};
-
-/// What one adoption round found.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Adopted {
-    /// Chunks now owned by the adopter.
-    pub chunks: Vec<u64>,
-    /// Registers of those chunks that nobody holds: to retire into the adopter's limbo.
-    pub free: Vec<RegisterId>,
-    /// Registers of those chunks left alone (a key, or a live client's mark).
-    pub kept: u64,
-}
-
-/// Tokens of every client-table row copy on the nodes that answered (a majority at
-/// least): a token absent from all of them is registered on no majority.
-async fn registered_tokens<F: Fabric>(
-    fabric: &F,
-    stats: &OpStats,
-    layout: &NodeLayout,
-) -> Result<HashSet<u64>, KvError> {
-    let nodes = fabric.node_count();
-    let bytes = u32::try_from(u64::from(layout.params.writers) * CLIENT_ROW_BYTES)
-        .map_err(|_| KvError::Unsupported("a client table larger than 4 GiB"))?;
-    let rt = broadcast_until(
-        fabric,
-        stats,
-        majority(nodes),
-        STRAGGLER_NS,
-        |_| Ok(Some(Batch::read(layout.clients_at, bytes))),
-        |replies| replies.len() == nodes,
-    )
-    .await?;
-    let mut tokens = HashSet::new();
-    for (_, completion) in rt.replies() {
-        let data = completion.read(0).unwrap_or_default();
-        for row in data.chunks_exact(CLIENT_ROW_BYTES as usize) {
-            tokens.insert(word(row, 0));
-        }
-    }
-    tokens.remove(&0);
-    Ok(tokens)
-}
 
 fn word(bytes: &[u8], at: usize) -> u64 {
     bytes
@@ -197,72 +139,25 @@ fn give_back_one<F: Fabric>(fabric: &F, addr: u64, node: NodeId, mine: u64, to: 
     swarm_core::post_background(fabric, node, Batch::cas(addr, mine, to));
 }
 
-/// Whether key-header copies (a majority of the register's replicas) say that no
-/// live client holds the register: every copy blank, with no mark or a dead one.
-pub fn nobody_holds(copies: &[Vec<u8>], registered: &HashSet<u64>) -> bool {
-    copies.iter().all(|copy| {
-        let keyed = copy.get(0..4).is_none_or(|b| b.iter().any(|x| *x != 0));
-        let mark = word(copy, 8);
-        copy.len() >= 16 && !keyed && (mark == 0 || !registered.contains(&mark))
-    })
-}
-
-/// Adopts every chunk of an unregistered incarnation (see the module docs) for the
-/// client whose token is `mine`, and sorts their registers. `loc` gives a register's
-/// replicas.
-pub async fn adopt_orphans<F: Fabric>(
+/// Adopts every chunk whose claim token is registered in no copy of the client table
+/// (`registered`, read on a majority; see the module docs) for the client whose token
+/// is `mine`. Returns the chunks now owned by `mine`.
+pub async fn adopt_orphan_chunks<F: Fabric>(
     fabric: &F,
+    stats: &OpStats,
     layout: &NodeLayout,
+    registered: &Registered,
     mine: u64,
-    loc: impl Fn(RegisterId) -> Option<swarm_core::RegisterLoc>,
-) -> Result<Adopted, KvError> {
-    let stats = OpStats::new();
-    let registered = registered_tokens(fabric, &stats, layout).await?;
-    let orphans = orphaned_chunks(fabric, &stats, layout, &registered, mine).await?;
-    let mut out = Adopted::default();
-    let per = u64::from(layout.params.chunk_registers);
+) -> Result<Vec<u64>, KvError> {
+    let orphans = orphaned_chunks(fabric, stats, layout, &registered.tokens, mine).await?;
+    let mut adopted = Vec::new();
     for (chunk, seen) in orphans {
-        if !adopt_chunk(fabric, &stats, layout, chunk, &seen, mine).await? {
-            continue;
-        }
-        tracing::info!(chunk, "adopted the register chunk of a dead client");
-        out.chunks.push(chunk);
-        let first = chunk * per;
-        let end = (first + per).min(layout.params.registers);
-        for register in first..end {
-            let (Some(loc), Some(at)) = (loc(register), layout.key_header(register)) else {
-                continue;
-            };
-            let len = 16u32;
-            let rt = broadcast(
-                fabric,
-                &stats,
-                loc.replicas.nodes().iter().copied(),
-                loc.replicas.quorum(),
-                |_| Ok(Batch::read(at, len)),
-            )
-            .await?;
-            let copies: Vec<Vec<u8>> = rt
-                .replies()
-                .iter()
-                .map(|(_, c)| c.read(0).unwrap_or_default().to_vec())
-                .collect();
-            if copies.len() >= loc.replicas.quorum() && nobody_holds(&copies, &registered) {
-                out.free.push(register);
-            } else {
-                out.kept += 1;
-            }
+        if adopt_chunk(fabric, stats, layout, chunk, &seen, mine).await? {
+            tracing::info!(chunk, "adopted the register chunk of a dead client");
+            adopted.push(chunk);
         }
     }
-    if !out.chunks.is_empty() {
-        tracing::info!(
-            chunks = out.chunks.len(),
-            free = out.free.len(),
-            kept = out.kept,
-            "adopted dead clients' chunks: free registers go through the grace"
-        );
-    }
-    Ok(out)
+    Ok(adopted)
 }
 
 #[cfg(test)]
@@ -356,28 +251,5 @@ mod tests {
             let key = format!("c{i}");
             assert_eq!(get(&b, &key).as_deref(), Some(&b"C"[..]), "{key}");
         }
-    }
-
-    fn header(len: u32, mark: u64) -> Vec<u8> {
-        let mut h = vec![0u8; 16];
-        h[0..4].copy_from_slice(&len.to_le_bytes());
-        h[8..16].copy_from_slice(&mark.to_le_bytes());
-        h
-    }
-
-    #[test]
-    fn only_blank_registers_with_no_live_mark_are_free() {
-        let live: HashSet<u64> = [7].into_iter().collect();
-        assert!(nobody_holds(&[header(0, 0), header(0, 0)], &live));
-        assert!(
-            nobody_holds(&[header(0, 9), header(0, 0)], &live),
-            "dead mark"
-        );
-        assert!(!nobody_holds(&[header(0, 0), header(3, 0)], &live), "a key");
-        assert!(
-            !nobody_holds(&[header(0, 7), header(0, 0)], &live),
-            "live mark"
-        );
-        assert!(!nobody_holds(&[vec![0; 8]], &live), "short read");
     }
 }

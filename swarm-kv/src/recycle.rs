@@ -62,7 +62,7 @@
 //! * *Slot recycling* (contract 4): metadata words only ever go up, except by this
 //!   reset, which happens only once no operation can reach the register.
 //!
-//! # What is not recycled (leaks, counted nowhere yet)
+//! # What is not recycled (leaks; `swarm stat` counts registers holding a key)
 //!
 //! * a delete whose unmap failed (contention, a lost majority, the deadline): the
 //!   mapping `key → tombstone` stays until an insert of that key replaces it (then
@@ -72,17 +72,19 @@
 //!   (`OutcomeUnknown`, contention, an error): the register may be published, so it
 //!   is kept;
 //! * the limbo queue and the pool live in the client's memory: a client that dies
-//!   *or closes* loses them. The unused rest of its chunks, and its pooled registers
-//!   that lie in its own chunks, come back through chunk adoption
-//!   ([`crate::orphans`], which relies on the holder mark the reset leaves); its
-//!   limbo (registers still holding a key) does not, so a one-shot `swarm delete`
-//!   process still leaks the register it retired.
+//!   *or closes* loses them. They come back through the holder tags in the key
+//!   headers ([`crate::limbo`]): the retiree tags each register it retires on every
+//!   replica ([`Recycler::mark`]) and the reset tags the registers it pools
+//!   ([`reset_batch`]), so a client that runs out of registers finds those held by
+//!   gone clients, takes them by CAS and recycles them after its own grace. Still
+//!   leaked: a retired register whose mark reached no replica, and the cases above
+//!   (`crate::limbo`, "what stays leaked").
 
 use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::task::Poll;
 
-use swarm_core::fabric::{Batch, Nanos, NodeId, Op, Ticket};
+use swarm_core::fabric::{Batch, Nanos, NodeId, Op, Submitted, Ticket};
 use swarm_core::layout::RECORD_HEADER;
 use swarm_core::{Fabric, RegisterLoc};
 
@@ -101,9 +103,13 @@ pub enum Retired {
     /// This client's insert turned into an update: the fresh register was never
     /// published.
     Unpublished,
-    /// Found free in a dead client's chunk that this client adopted
-    /// (`crate::orphans`).
+    /// Never used, in a dead client's chunk that this client adopted
+    /// (`crate::orphans`, `crate::limbo`).
     Adopted,
+    /// Taken from a gone client's limbo: retired by it, not reset yet (`crate::limbo`).
+    ReclaimedLimbo,
+    /// Taken from a gone client's pool: reset by it, blank (`crate::limbo`).
+    ReclaimedPool,
 }
 
 /// Counters of one client's recycler.
@@ -115,6 +121,12 @@ pub struct RecycleStats {
     pub recycled: u64,
     /// Reset attempts that failed on some replica (the register waits another grace).
     pub reset_failures: u64,
+    /// Registers taken from gone clients' limbos (retired, still keyed).
+    pub reclaimed_limbo: u64,
+    /// Registers taken from gone clients' pools (reset, blank).
+    pub reclaimed_pool: u64,
+    /// Retire marks that failed on a replica (that copy keeps no tag).
+    pub mark_failures: u64,
 }
 
 #[derive(Debug)]
@@ -135,6 +147,8 @@ struct Reset {
 struct State {
     limbo: VecDeque<Limbo>,
     resetting: Vec<Reset>,
+    /// Retire marks in flight (`Recycler::mark`).
+    marking: Vec<(NodeId, Ticket)>,
     stats: RecycleStats,
 }
 
@@ -142,21 +156,85 @@ struct State {
 #[derive(Debug)]
 pub struct Recycler {
     grace_ns: Nanos,
-    /// The owner's incarnation token, left in every register it resets (the holder
-    /// mark, see [`reset_batch`]).
+    /// The owner's incarnation token, left in every register it resets (the old
+    /// holder mark, see [`reset_batch`]).
     holder: u64,
+    /// The owner's holder tag (`crate::limbo::holder_tag`).
+    tag: u32,
     state: RefCell<State>,
 }
 
 impl Recycler {
     /// A recycler that waits `grace_ns` before resetting a retired register, for the
-    /// client incarnation whose token is `holder`.
-    pub fn new(grace_ns: Nanos, holder: u64) -> Self {
+    /// client incarnation whose token is `holder` and holder tag `tag`.
+    pub fn new(grace_ns: Nanos, holder: u64, tag: u32) -> Self {
         Self {
             grace_ns,
             holder,
+            tag,
             state: RefCell::new(State::default()),
         }
+    }
+
+    /// Tags `register`, which this client is retiring and whose key header holds a key
+    /// of `key_len` bytes, as retired by this client on each of its replicas `nodes`:
+    /// a CAS of header word 0 from `(key_len, 0)` to `(key_len, tag)`
+    /// (`crate::limbo`), posted in the background and carrying the operation's
+    /// `deadline`. Nothing is posted once the deadline passed (returns `false`): the
+    /// register then stays untagged (a leak if this client goes away before its
+    /// grace). Call it before [`Recycler::retire`].
+    pub fn mark<F: Fabric>(
+        &self,
+        fabric: &F,
+        layout: &NodeLayout,
+        register: RegisterId,
+        key_len: usize,
+        nodes: &[NodeId],
+        deadline: Nanos,
+    ) -> bool {
+        let (Some(at), Ok(len)) = (layout.key_header(register), u32::try_from(key_len)) else {
+            return false;
+        };
+        if key_len == 0 || fabric.now() > deadline {
+            tracing::debug!(
+                register,
+                "retire mark not posted: past the operation deadline"
+            );
+            return false;
+        }
+        let (from, to) = (
+            crate::limbo::header_word(len, 0),
+            crate::limbo::header_word(len, self.tag),
+        );
+        let mut s = self.state.borrow_mut();
+        for &node in nodes {
+            let mut batch = Batch::cas(at, from, to);
+            batch.set_deadline(Some(deadline));
+            match fabric.submit(node, batch) {
+                Submitted::Posted(ticket) => s.marking.push((node, ticket)),
+                Submitted::Done(result) => note_mark(&mut s.stats, register, node, result),
+            }
+        }
+        true
+    }
+
+    /// Retire marks still in flight, after taking the answers that arrived.
+    pub fn marks_in_flight<F: Fabric>(&self, fabric: &F) -> usize {
+        let mut s = self.state.borrow_mut();
+        let State { marking, stats, .. } = &mut *s;
+        marking.retain(|&(node, ticket)| match fabric.poll(ticket) {
+            Poll::Pending => true,
+            Poll::Ready(result) => {
+                note_mark(stats, RegisterId::MAX, node, result);
+                false
+            }
+        });
+        marking.len()
+    }
+
+    /// The holder tag this recycler leaves.
+    pub fn tag(&self) -> u32 {
+        self.tag
     }
 
     /// The grace, ns.
@@ -189,6 +267,11 @@ impl Recycler {
     pub fn retire(&self, register: RegisterId, now: Nanos, why: Retired) {
         let mut s = self.state.borrow_mut();
         s.stats.retired += 1;
+        match why {
+            Retired::ReclaimedLimbo => s.stats.reclaimed_limbo += 1,
+            Retired::ReclaimedPool => s.stats.reclaimed_pool += 1,
+            Retired::Unmapped | Retired::Unpublished | Retired::Adopted => {}
+        }
         let due = now.saturating_add(self.grace_ns);
         tracing::trace!(register, ?why, due, "register retired");
         s.limbo.push_back(Limbo { register, due });
@@ -210,6 +293,9 @@ impl Recycler {
         may_start: bool,
         loc: impl Fn(RegisterId) -> Option<RegisterLoc>,
     ) -> Vec<RegisterId> {
+        if !self.state.borrow().marking.is_empty() {
+            self.marks_in_flight(fabric);
+        }
         let mut s = self.state.borrow_mut();
         if s.limbo.is_empty() && s.resetting.is_empty() {
             // The common case: no clock read.
@@ -224,9 +310,10 @@ impl Recycler {
             && let Some(Limbo { register, .. }) = s.limbo.pop_front()
         {
             started += 1;
-            let (Some(loc), Some(batch)) =
-                (loc(register), reset_batch(layout, register, self.holder))
-            else {
+            let (Some(loc), Some(batch)) = (
+                loc(register),
+                reset_batch(layout, register, self.holder, self.tag),
+            ) else {
                 // Not a register of this layout: nothing to recycle.
                 tracing::warn!(register, "recycler: no such register; dropped");
                 continue;
@@ -281,9 +368,13 @@ impl Recycler {
         ready
     }
 
-    /// Forgets the resets in flight (the client is going away; the registers leak).
+    /// Forgets the resets and marks in flight (the client is going away: its limbo and
+    /// pool stay tagged with its tag, for others to reclaim, `crate::limbo`).
     pub fn abandon<F: Fabric>(&self, fabric: &F) {
         let mut s = self.state.borrow_mut();
+        for (_, ticket) in s.marking.drain(..) {
+            fabric.forget(ticket);
+        }
         for reset in s.resetting.drain(..) {
             for (_, ticket) in reset.pending {
                 fabric.forget(ticket);
@@ -293,15 +384,20 @@ impl Recycler {
 }
 
 /// The batch that resets register `register` on one replica: in-place record header
-/// and metadata words to zero, and the key header to *blank with a holder mark*:
-/// length 0 (no key: the index and `decode_key_header` read it as unwritten) and the
-/// resetting client's token `holder` in bytes 8..16, where a key's first bytes go.
-/// The mark tells a register reset (and pooled) by a client from one never used,
-/// which is what lets a reclaimer of a dead client's chunk hand out its never-used
-/// registers without taking a live client's pooled ones (`crate::orphans`). The next
-/// insert's key header (at least 16 bytes) overwrites the mark. (The in-place payload
-/// bytes need no clearing: a record is valid only with its header and hash.)
-pub fn reset_batch(layout: &NodeLayout, register: RegisterId, holder: u64) -> Option<Batch> {
+/// and metadata words to zero, and the key header to *blank, held by the resetter*:
+/// length 0 (no key: the index and `decode_key_header` read it as unwritten), the
+/// resetting client's holder tag `tag` in bytes 4..8 (`crate::limbo`: the register is
+/// in its pool) and its token `holder` in bytes 8..16, where a key's first bytes go
+/// (the holder mark of earlier builds, still honoured). A reclaimer takes a blank
+/// register only when its holder is gone, so a live client's pool is never taken.
+/// The next insert's key header overwrites both. (The in-place payload bytes need no
+/// clearing: a record is valid only with its header and hash.)
+pub fn reset_batch(
+    layout: &NodeLayout,
+    register: RegisterId,
+    holder: u64,
+    tag: u32,
+) -> Option<Batch> {
     let header_at = layout.key_header(register)?;
     let register_at = layout.register(register)?;
     let swarm = &layout.swarm;
@@ -309,6 +405,7 @@ pub fn reset_batch(layout: &NodeLayout, register: RegisterId, holder: u64) -> Op
     let record_bytes = (RECORD_HEADER as u64).min(swarm.record_bytes()) as usize;
     let meta_bytes = 8 * usize::from(swarm.meta_words());
     let mut header = vec![0; header_bytes];
+    header.get_mut(4..8)?.copy_from_slice(&tag.to_le_bytes());
     header
         .get_mut(8..16)?
         .copy_from_slice(&holder.to_le_bytes());
@@ -326,6 +423,18 @@ pub fn reset_batch(layout: &NodeLayout, register: RegisterId, holder: u64) -> Op
         })
         .ok()?;
     Some(batch)
+}
+
+fn note_mark(
+    stats: &mut RecycleStats,
+    register: RegisterId,
+    node: NodeId,
+    result: Result<swarm_core::Completion, swarm_core::FabricError>,
+) {
+    if let Err(error) = result {
+        stats.mark_failures += 1;
+        tracing::debug!(register, node = node.index(), %error, "retire mark failed on a replica");
+    }
 }
 
 #[cfg(test)]

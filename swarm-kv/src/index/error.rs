@@ -10,7 +10,7 @@ pub enum HeaderProblem {
     /// No node of a majority holds a well-formed header.
     #[error("missing on a majority of nodes")]
     Missing,
-    /// Nodes disagree on the key under the same generation.
+    /// Nodes disagree on the key.
     #[error("inconsistent across nodes")]
     Inconsistent,
 }

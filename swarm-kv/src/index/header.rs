@@ -7,9 +7,10 @@
 //! of nodes before indexing the register and never changes while it is indexed.
 //!
 //! A node may lag behind the header write, so a majority is read and judged
-//! together: unwritten copies are ignored, and among written ones the highest
-//! *generation* (the reserved `u32` after the length; 0 today) wins, so that a
-//! register whose header is rewritten on reuse is judged by its newest header.
+//! together: unwritten copies are ignored, and written ones must agree. The `u32`
+//! after the length is the register's *holder tag* (`crate::limbo`), which its retiree
+//! sets once the register is unmapped: it is ignored here (a register's header is
+//! written once per life, and a reset blanks every copy before the next life).
 
 use swarm_core::fabric::{Batch, Op};
 use swarm_core::quorum::preferred_step_reporting_late;
@@ -28,8 +29,8 @@ pub fn read_len(key_len: usize) -> u32 {
 enum Copy {
     /// Not (yet) written on that node, or garbage.
     Blank,
-    /// A header of this generation, for `key` or not.
-    Written { generation: u32, same: bool },
+    /// A header, for `key` or not.
+    Written { same: bool },
 }
 
 fn judge_copy(bytes: &[u8], key: &[u8], key_max: u32) -> Copy {
@@ -39,33 +40,31 @@ fn judge_copy(bytes: &[u8], key: &[u8], key_max: u32) -> Copy {
             .and_then(|b| b.try_into().ok())
             .map(u32::from_le_bytes)
     };
-    let (Some(len), Some(generation)) = (field(0), field(4)) else {
+    // Bytes 4..8 (the holder tag) are not judged.
+    let (Some(len), Some(_tag)) = (field(0), field(4)) else {
         return Copy::Blank;
     };
     if len == 0 || len > key_max {
         return Copy::Blank;
     }
     let same = len as usize == key.len() && bytes.get(8..8 + key.len()) == Some(key);
-    Copy::Written { generation, same }
+    Copy::Written { same }
 }
 
 /// Whether copies of one register's key header (at least a majority of them) name
 /// `key`.
 pub fn judge(copies: &[Vec<u8>], key: &[u8], key_max: u32) -> Result<bool, HeaderProblem> {
-    let mut best: Option<(u32, bool)> = None;
+    let mut best: Option<bool> = None;
     for copy in copies {
-        let Copy::Written { generation, same } = judge_copy(copy, key, key_max) else {
+        let Copy::Written { same } = judge_copy(copy, key, key_max) else {
             continue;
         };
         best = match best {
-            Some((g, s)) if g == generation && s != same => {
-                return Err(HeaderProblem::Inconsistent);
-            }
-            Some((g, _)) if g >= generation => best,
-            _ => Some((generation, same)),
+            Some(s) if s != same => return Err(HeaderProblem::Inconsistent),
+            _ => Some(same),
         };
     }
-    best.map(|(_, same)| same).ok_or(HeaderProblem::Missing)
+    best.ok_or(HeaderProblem::Missing)
 }
 
 /// Reads the key headers of `registers` from a majority (one roundtrip per four
@@ -131,14 +130,14 @@ mod tests {
     use crate::layout::encode_key_header;
     use proptest::prelude::*;
 
-    fn header(key: &[u8], generation: u32) -> Vec<u8> {
+    fn header(key: &[u8], tag: u32) -> Vec<u8> {
         let mut h = encode_key_header(key);
-        h[4..8].copy_from_slice(&generation.to_le_bytes());
+        h[4..8].copy_from_slice(&tag.to_le_bytes());
         h
     }
 
     #[test]
-    fn newest_written_copy_decides() {
+    fn written_copies_decide_and_the_holder_tag_is_ignored() {
         let key = b"apple";
         let blank = vec![0u8; 16];
         assert_eq!(judge(&[header(key, 0), blank.clone()], key, 64), Ok(true));
@@ -150,17 +149,17 @@ mod tests {
             judge(&[blank.clone(), blank.clone()], key, 64),
             Err(HeaderProblem::Missing)
         );
-        // A register reused for another key: the newer generation wins either way.
+        // A retiree tagged one copy: the key is still judged the same.
         assert_eq!(
-            judge(&[header(b"old", 1), header(key, 2)], key, 64),
+            judge(&[header(key, 0x8000_0001), header(key, 0)], key, 64),
             Ok(true)
         );
         assert_eq!(
-            judge(&[header(key, 3), header(b"new", 4)], key, 64),
+            judge(&[header(b"pear", 0x8000_0001), header(b"pear", 0)], key, 64),
             Ok(false)
         );
         assert_eq!(
-            judge(&[header(key, 1), header(b"other", 1)], key, 64),
+            judge(&[header(key, 1), header(b"other", 0)], key, 64),
             Err(HeaderProblem::Inconsistent)
         );
         // Longer than the limit: garbage.

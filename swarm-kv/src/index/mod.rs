@@ -180,9 +180,10 @@
 //!   roundtrips already in flight (as in `swarm_core`).
 //! * Key headers: the KV layer must write a register's header to a majority before
 //!   indexing it and not change it while it is indexed. A recycled register's header
-//!   is zeroed on every replica before reuse (`crate::recycle`), so its generation (the
-//!   reserved `u32`, which `header.rs` prefers) stays 0 and an old header never
-//!   competes with the new one.
+//!   is blanked on every replica before reuse (`crate::recycle`), so an old header
+//!   never competes with the new one. The `u32` after the length is the holder tag
+//!   (`crate::limbo`), set by the retiree after the register is unmapped; `header.rs`
+//!   ignores it.
 
 mod apply;
 mod bucket;

@@ -56,6 +56,8 @@ pub(crate) struct Recycling {
     pub slots: u64,
     /// Registers reset and handed out again.
     pub registers: u64,
+    /// Registers taken from gone clients' limbos and pools (`crate::limbo`).
+    pub reclaimed_registers: u64,
     /// Log slots in use now (live values, writes in flight, slots waiting out the
     /// grace).
     pub log_slots_in_use: Option<u64>,
@@ -89,6 +91,10 @@ impl<F: Fabric> BenchClient for KvClient<FailNodes<F>, SystemClock> {
         Recycling {
             slots: log.recycled,
             registers: self.recycle_stats().recycled,
+            reclaimed_registers: {
+                let r = self.recycle_stats();
+                r.reclaimed_limbo + r.reclaimed_pool
+            },
             log_slots_in_use: Some(u64::from(log.in_use)),
         }
     }

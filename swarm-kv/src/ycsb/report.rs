@@ -55,6 +55,7 @@
 //!   "lease_renewals": 480,        // client lease renewals a majority acknowledged, all clients
 //!   "recycled_slots": 1190000,    // log slots given back to their writers during the run
 //!   "recycled_registers": 0,      // registers reset and handed out again during the run
+//!   "reclaimed_registers": 0,     // registers taken from gone clients' limbos and pools
 //!   "timeline_interval_ms": 10.0,
 //!   "timeline": [                 // the measured phase per interval (Figure 11)
 //!     {"t_ms": 0.0, "ops": 9100, "throughput_ops_s": 9.1e5, "p50_ns": 2300, "p99_ns": 3100,
@@ -279,6 +280,8 @@ pub struct RunStats {
     pub recycled_slots: u64,
     /// Registers reset and handed out again, all clients.
     pub recycled_registers: u64,
+    /// Registers taken from gone clients' limbos and pools, all clients.
+    pub reclaimed_registers: u64,
     /// Log slots the clients held when they stopped, all clients (`None`: a system
     /// that does not count them).
     pub log_slots_in_use: Option<u64>,
@@ -362,6 +365,10 @@ pub struct BenchReport {
     /// §5.4, `crate::recycle`).
     #[serde(default)]
     pub recycled_registers: u64,
+    /// Registers taken from gone clients' limbos and pools during the run, all
+    /// clients (SWARM §5.4, `crate::limbo`).
+    #[serde(default)]
+    pub reclaimed_registers: u64,
     /// Log slots the run's clients held when they stopped (copied into
     /// `memory_end.log_slots_in_use`).
     #[serde(skip)]
@@ -425,6 +432,7 @@ impl BenchReport {
             lease_renewals: stats.lease_renewals,
             recycled_slots: stats.recycled_slots,
             recycled_registers: stats.recycled_registers,
+            reclaimed_registers: stats.reclaimed_registers,
             log_slots_in_use_at_end: stats.log_slots_in_use,
         }
     }
@@ -524,14 +532,15 @@ impl fmt::Display for BenchReport {
                 .unwrap_or_default();
             let _ = writeln!(
                 out,
-                "memory   registers claimed {} -> {}, keys {} -> {}; {} lease renewals; recycled {} log slots{held}, {} registers",
+                "memory   registers claimed {} -> {}, keys {} -> {}; {} lease renewals; recycled {} log slots{held}, {} registers ({} reclaimed from gone clients)",
                 start.registers_claimed,
                 end.registers_claimed,
                 start.keys,
                 end.keys,
                 self.lease_renewals,
                 self.recycled_slots,
-                self.recycled_registers
+                self.recycled_registers,
+                self.reclaimed_registers
             );
         }
         let completed: u64 = self.ops_by_type.values().map(|r| r.count).sum();

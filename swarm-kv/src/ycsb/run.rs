@@ -264,6 +264,7 @@ fn run_clients<C: BenchClient + Send>(
                 stats.lease_renewals += output.lease_renewals;
                 stats.recycled_slots += output.recycling.slots;
                 stats.recycled_registers += output.recycling.registers;
+                stats.reclaimed_registers += output.recycling.reclaimed_registers;
                 if let Some(in_use) = output.recycling.log_slots_in_use {
                     *stats.log_slots_in_use.get_or_insert(0) += in_use;
                 }

@@ -560,6 +560,26 @@ fn stat<S: Store>(store: &S) -> Result<ExitCode> {
         );
     }
     let table_node = table_node.context("no memory node answered")?;
+    let census = block_on(
+        &fabric,
+        swarm_kv::limbo::census(&fabric, &layout, |r| {
+            swarm_kv::client::register_loc_for(&layout, nodes, r).ok()
+        }),
+    )?;
+    outln!(
+        text,
+        "registers: {} holding data ({} with a key header: keys, inserts in flight and leaks; \
+         {} retired in live clients' limbos; {} retired by gone clients, reclaimable), \
+         {} free in pools ({} of gone clients, reclaimable), {} never used, {} unreadable",
+        census.holding_data(),
+        census.keyed,
+        census.retired_live,
+        census.retired_gone,
+        census.pooled_live + census.pooled_gone,
+        census.pooled_gone,
+        census.fresh,
+        census.unknown
+    );
     let rows = block_on(
         &fabric,
         swarm_kv::writer_ids::read_table(&fabric, &layout, table_node),
@@ -644,8 +664,8 @@ fn stat<S: Store>(store: &S) -> Result<ExitCode> {
     outln!(
         text,
         "register chunks held by clients without a valid lease: {orphaned} ({} registers; \
-         a client that runs out of chunks adopts those whose owner's writer id was reclaimed or \
-         given back, and recycles their never-used registers after the register grace)",
+         a client that runs out of registers adopts those whose owner's writer id was reclaimed \
+         or given back, and reclaims what gone clients held, after the register grace)",
         orphaned as u64 * u64::from(p.chunk_registers)
     );
     print_out(text.trim_end());
