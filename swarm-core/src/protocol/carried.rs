@@ -22,6 +22,12 @@
 //! read that a majority does not answer in time is retried later. A short-lived
 //! client that stops before examining everything passes the rest on in its own
 //! summary, still marked used.
+//!
+//! A write that finds the log full with nothing in limbo does not wait for the lazy
+//! pace: it examines every carried slot and checks every tracked register at once
+//! (`Client::wait_for_slot`), and a store whose client resumes a full log makes room
+//! before its first operation ([`super::Client::make_room`]): one-shot clients that
+//! each inherit the same full log would otherwise never live through a grace.
 
 use alloc::vec::Vec;
 use core::ops::Range;
