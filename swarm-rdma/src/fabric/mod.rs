@@ -486,7 +486,12 @@ impl RdmaFabric {
         })?;
         let nic = VerbsNic::new(qps, staging, cq.clone());
         Ok(Self {
-            inner: EngineFabric::new(Engine::new(nic, links)),
+            // Twice the retry window: a chain still in flight then was lost by the
+            // NIC (engine module docs).
+            inner: EngineFabric::new(
+                Engine::new(nic, links)
+                    .warn_overdue_after(config.delivery_bound_ns().saturating_mul(2)),
+            ),
             headers,
             incarnations,
             streams: RefCell::new(streams),
