@@ -5,6 +5,8 @@
 #   1. the device tests (batches, ordering, a dead node, a wrong token...), which print
 #      "SKIPPED ...: no RDMA device" on a machine without one and must really run here;
 #   2. a cluster of three `swarm memnode` daemons: init, format, put, get, stat, delete;
+#      then one client that idles past its lease (every node cuts it off) and must
+#      still put and get (swarm-kv's `examples/idle_client.rs`);
 #   3. `swarm bench --cluster` over the three nodes, its history checked;
 #   4. one memory node killed in the middle of a bench, whose history is checked,
 #      then put and get with the other two;
@@ -20,6 +22,7 @@ cd "$root"
 
 echo "softroce: building swarm (feature rdma) and the swarm-rdma device tests"
 cargo build -q -p swarm-kv --features rdma
+cargo build -q -p swarm-kv --features rdma --example idle_client
 device_tests=$(cargo test -q -p swarm-rdma --test device --no-run --message-format=json 2>/dev/null |
     sed -n 's/.*"executable":"\([^"]*device[^"]*\)".*/\1/p' | tail -1)
 [ -x "$device_tests" ] || { echo "softroce: cannot find the device test binary" >&2; exit 1; }
@@ -34,6 +37,7 @@ cat >"$script" <<SCRIPT
 #!/usr/bin/env bash
 set -u
 swarm=$root/target/debug/swarm
+idle_client=$root/target/debug/examples/idle_client
 failed=0
 : >"$out/results.txt"
 pass() { echo "PASS \$1" | tee -a "$out/results.txt"; }
@@ -77,8 +81,10 @@ at() { local cmd=\$1; shift; timeout 120 \$swarm "\$cmd" "\${c[@]}" "\$@"; }
 bench_at() { timeout 600 \$swarm bench "\${c[@]}" "\$@"; }
 # The VM emulates every instruction: a roundtrip takes milliseconds and an insert that
 # meets the killed node (step 4) can take 100-250 ms, past the default 200 ms operation
-# deadline. Real RDMA takes microseconds; here the deadline is 1 s.
-at format --value-max 64 --writers 8 --max-op 1s >"$out/format.log" 2>&1 && pass format ||
+# deadline. Real RDMA takes microseconds; here the deadline is 1 s. The lease is the
+# shortest that fits it (2 s): the idle step below waits for the lease watch.
+at format --value-max 64 --writers 8 --max-op 1s --lease 2s --lease-renew 250ms \
+    >"$out/format.log" 2>&1 && pass format ||
     { fail "format (see $out/format.log)"; cat "$out/format.log"; }
 # Late writes: the cluster's delivery margin is the queue pairs' retry window, not 10 ms.
 margin=\$(grep -o 'writes land within [^ ]*' "$out/format.log")
@@ -89,6 +95,23 @@ at put hello world && pass put || fail put
 stat=\$(at stat) && [[ "\$stat" == *"keys: 1"* ]] && pass stat || fail stat
 at delete hello && pass delete || fail delete
 if at get hello 2>/dev/null; then fail "get after delete"; else pass "get after delete: absent"; fi
+
+# 2b. A client idle past its lease: each node's lease watch cuts it off once its
+#     lease word stayed unchanged for the watch's stall time (2 s lease: about 4 s);
+#     its next operation waits for the reconnects, revives the lease and succeeds.
+cuts_before=\$(cat "$out"/memnode-747?.log | grep -c "client cut off: lease expired")
+if timeout 120 "\$idle_client" "\$dir/swarm-cluster.conf" 8 >"$out/idle.out" 2>"$out/idle.log"; then
+    cuts=\$(( \$(cat "$out"/memnode-747?.log | grep -c "client cut off: lease expired") - cuts_before ))
+    if [ "\$cuts" -ge 2 ] && grep -q "memory node cut this client off" "$out/idle.log" &&
+        grep -q "idle client revived" "$out/idle.log"; then
+        pass "idle client cut off by \$cuts nodes, then put and get succeeded (\$(sed -n 's/.*(first operation took \([0-9]*\) ms.*/\1/p' "$out/idle.out") ms)"
+    else
+        fail "idle client: not cut off by a majority, or no revival logged (\$cuts cuts; see $out/idle.log)"
+        tail -20 "$out/idle.log"
+    fi
+else
+    fail "idle client: an operation after the idle period failed (see $out/idle.log)"; tail -20 "$out/idle.log"
+fi
 
 # 3. A benchmark over RDMA, its history checked for linearizability.
 bench=(--workload a --keys 1000 --ops 10000 --clients 2 --warmup-ops 0)

@@ -21,8 +21,10 @@
 //! only while the client's lease is provably valid for the cluster's operation
 //! deadline (`max_op_ns`, superblock), renewing it synchronously if it is about to run
 //! out, and fails with [`KvError::LeaseExpired`] otherwise. Renewals are posted in the
-//! background of operations, so an idle client's lease lapses: it renews at its next
-//! operation, unless another client took its writer id meanwhile.
+//! background of operations, so an idle client's lease lapses: its next operation
+//! revives it first (retrying for up to [`KvConfig::lease_revive_ns`] while the
+//! transport reconnects nodes that cut the client off), unless a reclaimer killed
+//! it meanwhile ([`crate::lease`], "Idle clients").
 //!
 //! # Recycling (SWARM §5.4)
 //!
@@ -99,7 +101,22 @@ pub struct KvConfig {
     pub tick_ns: u64,
     /// The register protocol (SWARM by default).
     pub register_protocol: RegisterProtocol,
+    /// How long an operation that finds the lease lapsed (not killed) keeps trying
+    /// to revive it before failing with [`KvError::LeaseExpired`], ns: long enough
+    /// for a transport to reconnect the memory nodes that cut an idle client off
+    /// (RDMA: `swarm_rdma::lease_watch`). Only an operation after a lapse waits;
+    /// `0`: one synchronous renewal, then fail ([`crate::lease`], "Idle clients").
+    pub lease_revive_ns: Nanos,
 }
+
+/// Default [`KvConfig::lease_revive_ns`]: 5 s, room for several reconnect attempts
+/// to every memory node (RDMA: a bootstrap takes milliseconds, its first retry
+/// 100 ms after a failure).
+pub const DEFAULT_LEASE_REVIVE_NS: Nanos = 5_000_000_000;
+
+/// Pause between two attempts to revive a lapsed lease (the transport reconnects
+/// meanwhile: the pause drives its progress).
+const REVIVE_RETRY_NS: Nanos = 20_000_000;
 
 impl KvConfig {
     /// Defaults for a cluster with the given epoch and tick: 64 MiB of cache. The
@@ -113,6 +130,7 @@ impl KvConfig {
             epoch_unix_ns,
             tick_ns,
             register_protocol: RegisterProtocol::SafeGuess,
+            lease_revive_ns: DEFAULT_LEASE_REVIVE_NS,
         }
     }
 }
@@ -156,6 +174,8 @@ pub struct KvClient<F: Fabric, C: Clock> {
     registration: Registration,
     protocol: RegisterProtocol,
     lease: RefCell<LeaseHolder>,
+    /// [`KvConfig::lease_revive_ns`].
+    lease_revive_ns: Nanos,
     /// No adoption of dead clients' chunks before this time (fabric clock): a round
     /// that found nothing is not repeated on every insert.
     next_adoption: Cell<Nanos>,
@@ -336,6 +356,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
             registration,
             protocol: config.register_protocol,
             lease: RefCell::new(lease),
+            lease_revive_ns: config.lease_revive_ns,
             next_adoption: Cell::new(0),
         })
     }
@@ -502,10 +523,13 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
     /// Starts an operation (self-fencing, [`crate::lease`]): takes the answers of the
     /// lease renewal in flight and posts the next one when due, off the critical path;
     /// the operation may start only if the lease is valid for the whole operation
-    /// deadline (`max_op_ns`, superblock) — if not, one synchronous renewal, then
-    /// [`KvError::LeaseExpired`]. Returns the operation's deadline on the fabric clock
-    /// (it must post nothing after it: `KvClient::begin` arms it on the operation's
-    /// `OpStats`, which the register protocol and the index check before posting).
+    /// deadline (`max_op_ns`, superblock) — if not, a synchronous renewal, retried
+    /// for up to [`KvConfig::lease_revive_ns`] while the lease is not lost (an idle
+    /// client whose memory nodes cut it off waits for the transport to reconnect
+    /// them), then [`KvError::LeaseExpired`]. Returns the operation's deadline on the
+    /// fabric clock (it must post nothing after it: `KvClient::begin` arms it on the
+    /// operation's `OpStats`, which the register protocol and the index check before
+    /// posting).
     async fn begin_op(&self) -> Result<Nanos, KvError> {
         let fabric = self.swarm.fabric();
         let max_op_ns = self.layout.params.max_op_ns;
@@ -513,26 +537,62 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         // Background log recycling: bounded, never waits.
         self.swarm.reclaim_tick_at(RECLAIM_BUDGET, now);
         self.swarm.examine_carried_tick(now);
-        {
+        let lapsed_since = {
             let mut lease = self.lease.borrow_mut();
             lease.tick(fabric, now);
             if lease.valid_for(now, max_op_ns) {
                 return Ok(now.saturating_add(max_op_ns));
             }
-        }
+            // `Some`: the lease had already ended (an idle client, not one whose
+            // lease merely runs short of a whole operation).
+            lease.valid_until().filter(|until| *until <= now)
+        };
         tracing::debug!(
             writer = self.registration.writer,
             "lease about to run out: renewing synchronously"
         );
         renew_now(&self.lease, fabric, max_op_ns).await;
-        let now = fabric.now();
-        if self.lease.borrow().valid_for(now, max_op_ns) {
-            return Ok(now.saturating_add(max_op_ns));
+        let started = now;
+        let give_up = started.saturating_add(self.lease_revive_ns);
+        let mut attempts = 1u32;
+        loop {
+            let now = fabric.now();
+            let (valid, lost) = {
+                let lease = self.lease.borrow();
+                (lease.valid_for(now, max_op_ns), lease.lost())
+            };
+            if valid {
+                if let Some(until) = lapsed_since {
+                    tracing::info!(
+                        writer = self.registration.writer,
+                        lapsed_ms = now.saturating_sub(until) / 1_000_000,
+                        attempts,
+                        waited_ms = now.saturating_sub(started) / 1_000_000,
+                        "idle client revived: its lease had lapsed (not killed) and is renewed \
+                         on a majority again"
+                    );
+                }
+                return Ok(now.saturating_add(max_op_ns));
+            }
+            // A lease killed by a reclaimer (or a row taken over) on a majority is
+            // final: the writer id may belong to someone else now.
+            if lost || now >= give_up {
+                break;
+            }
+            // Not acknowledged by a majority (nodes unreachable or reconnecting):
+            // let the transport make progress, then renew again.
+            swarm_core::sleep(fabric, REVIVE_RETRY_NS.min(give_up - now)).await;
+            renew_now(&self.lease, fabric, max_op_ns).await;
+            attempts += 1;
         }
+        let lease = self.lease.borrow();
         tracing::warn!(
             writer = self.registration.writer,
-            lost = self.lease.borrow().lost(),
-            "lease expired: the client stops issuing operations"
+            lost = lease.lost(),
+            attempts,
+            waited_ms = fabric.now().saturating_sub(started) / 1_000_000,
+            "lease expired and could not be renewed on a majority: the client stops issuing \
+             operations"
         );
         Err(KvError::LeaseExpired {
             writer: self.registration.writer,

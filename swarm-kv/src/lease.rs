@@ -43,11 +43,40 @@
 //! A kill that reaches only a minority proves nothing: the reclaimer stops (the owner
 //! renewed in time), and the owner keeps renewing on the other nodes.
 //!
+//! ## Idle clients
 //! A client that stops issuing operations stops renewing (renewals ride on its
 //! operations, off their critical path: [`crate::KvClient`]), so an idle client may
-//! find its lease lapsed; it renews synchronously at its next operation, which
-//! succeeds unless a reclaimer killed the lease meanwhile, in which case the client
-//! fails with [`crate::KvError::LeaseExpired`] and must reconnect.
+//! find its lease lapsed. Its next operation *revives* it before running: it renews
+//! synchronously, and while no majority acknowledged and the lease is not lost
+//! (killed, or the row taken over, on a majority: [`LeaseKeeper::lost_nodes`]) it
+//! renews again every 20 ms, for up to [`crate::KvConfig::lease_revive_ns`] (5 s by
+//! default). The retries are for transports that cut an idle client off: RDMA memory
+//! nodes destroy the queue pair of a client whose lease word stopped changing
+//! (`swarm_rdma::lease_watch`), so the first renewals fail until the transport has
+//! reconnected in the background (the waits between retries drive it). If the
+//! lease was killed, the client fails with [`crate::KvError::LeaseExpired`] and must
+//! be reopened: its writer id may belong to another client now.
+//!
+//! Reviving changes nothing in the argument above. A revival is an ordinary renewal:
+//! a CAS from the word the owner last saw, sent at `s`, which counts only once a
+//! majority swapped *and* still held the owner's claim, and buys the lease until
+//! `s + owner_term_ns` — measured from its send, however long the client idled. A
+//! reclaimer that killed the lease on a majority makes every such CAS fail on a
+//! majority (the kill is final, and this generation never CASes from its own killed
+//! value), so no revival counts after a successful kill. Until the revival is
+//! acknowledged the client posts nothing but renewals; its self-fence
+//! (`valid_for(now, max_op_ns)`) is checked again before the operation starts.
+//!
+//! Why not keep idle leases alive with a background thread instead: the library
+//! core has no threads (the client is one `!Send` handle per thread, its fabric
+//! included), and a keep-alive would have to renew through another connection and
+//! share the keeper's counter and term with the owner's thread. Worse, it would
+//! keep a writer id, its register chunks and its queue pairs pinned for a process
+//! whose worker thread hung or stopped using the store for good, which is exactly
+//! what the lease is there to detect. Reviving on demand costs one reconnect on the
+//! first operation after an idle period longer than the lease (RDMA: tens of
+//! milliseconds, more on soft-RoCE) and nothing otherwise; an application that must
+//! not pay it can issue a cheap operation (a `get`) more often than the lease.
 
 use swarm_core::fabric::Nanos;
 

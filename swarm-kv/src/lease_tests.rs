@@ -341,3 +341,140 @@ fn a_killed_clients_limbo_is_reclaimed_once_its_row_is_taken_over() {
         Err(KvError::LeaseExpired { .. })
     ));
 }
+
+/// A fabric whose memory nodes cut this client off (as RDMA memory nodes do to a
+/// client whose lease word stopped changing) until a reconnect completes at virtual
+/// time `back_at`: batches posted before then fail, like batches on a cut queue pair.
+struct Cut {
+    inner: Paced,
+    cut: Cell<bool>,
+    back_at: Cell<Nanos>,
+}
+
+impl Cut {
+    /// Cuts every node off until `reconnect_ns` from now.
+    fn cut_for(&self, reconnect_ns: Nanos) {
+        self.cut.set(true);
+        self.back_at.set(self.inner.now() + reconnect_ns);
+    }
+
+    fn is_cut(&self) -> bool {
+        self.cut.get() && self.inner.now() < self.back_at.get()
+    }
+}
+
+impl Fabric for Cut {
+    fn node_count(&self) -> usize {
+        self.inner.node_count()
+    }
+    fn post(&self, node: NodeId, batch: Batch) -> Ticket {
+        if self.is_cut() {
+            // A read past the node's end: the batch fails, as on a cut queue pair.
+            return self.inner.post(node, Batch::read(NODE_BYTES, 8));
+        }
+        self.inner.post(node, batch)
+    }
+    fn poll(&self, ticket: Ticket) -> Poll<Result<Completion, FabricError>> {
+        self.inner.poll(ticket)
+    }
+    fn forget(&self, ticket: Ticket) {
+        self.inner.forget(ticket)
+    }
+    fn progress(&self) -> bool {
+        self.inner.progress()
+    }
+    fn now(&self) -> Nanos {
+        self.inner.now()
+    }
+    fn wake_at(&self, deadline: Nanos) {
+        self.inner.wake_at(deadline)
+    }
+}
+
+impl World {
+    fn connect_cuttable(&self, lease_revive_ns: Nanos) -> KvClient<Cut, FixedClock> {
+        let fabric = Cut {
+            inner: self.fabric(),
+            cut: Cell::new(false),
+            back_at: Cell::new(0),
+        };
+        let config = KvConfig {
+            lease_revive_ns,
+            ..KvConfig::new(0, 1)
+        };
+        KvClient::connect(fabric, FixedClock(1_000), self.layout, config).expect("a writer id")
+    }
+}
+
+#[test]
+fn an_idle_client_cut_off_by_every_node_is_revived_once_they_reconnect() {
+    let world = World::new(1);
+    let a = world.connect_cuttable(crate::DEFAULT_LEASE_REVIVE_NS);
+    insert(&a, "k", "v").expect("inserted");
+    let renewals = a.lease_renewals();
+    // Ten idle seconds: the lease lapsed, every node cut the client off, and the
+    // transport's reconnects take 300 ms once it comes back.
+    world.time.set(world.now() + 10_000 * MS);
+    a.fabric().cut_for(300 * MS);
+    let before = world.now();
+    assert_eq!(get(&a, "k").expect("revived"), Some(b"v".to_vec()));
+    assert!(
+        world.now() - before >= 300 * MS,
+        "the operation ran before any node was back"
+    );
+    assert!(a.lease_renewals() > renewals);
+    assert!(a.lease_valid());
+    insert(&a, "k2", "v2").expect("writes again");
+    assert_eq!(get(&a, "k2").expect("read"), Some(b"v2".to_vec()));
+}
+
+#[test]
+fn without_a_revive_window_an_idle_cut_client_fails_at_once() {
+    let world = World::new(1);
+    let a = world.connect_cuttable(0);
+    insert(&a, "k", "v").expect("inserted");
+    world.time.set(world.now() + 10_000 * MS);
+    a.fabric().cut_for(300 * MS);
+    assert!(matches!(get(&a, "k"), Err(KvError::LeaseExpired { .. })));
+    // Once the nodes are back, the next operation renews.
+    world.time.set(world.now() + 300 * MS);
+    assert_eq!(get(&a, "k").expect("renewed"), Some(b"v".to_vec()));
+}
+
+#[test]
+fn a_cut_client_gives_up_after_its_revive_window() {
+    let world = World::new(1);
+    let revive = 2_000 * MS;
+    let a = world.connect_cuttable(revive);
+    insert(&a, "k", "v").expect("inserted");
+    world.time.set(world.now() + 10_000 * MS);
+    // The nodes stay unreachable for longer than the window.
+    a.fabric().cut_for(60_000 * MS);
+    let before = world.now();
+    assert!(matches!(get(&a, "k"), Err(KvError::LeaseExpired { .. })));
+    let waited = world.now() - before;
+    assert!(
+        (revive..revive + 2 * world.lease().renew_ns).contains(&waited),
+        "gave up after {waited} ns"
+    );
+}
+
+#[test]
+fn a_cut_client_whose_lease_was_killed_fails_even_once_the_nodes_are_back() {
+    let world = World::new(1);
+    let a = world.connect_cuttable(crate::DEFAULT_LEASE_REVIVE_NS);
+    insert(&a, "k", "v").expect("inserted");
+    // a idles and is cut off; meanwhile another client waits out its lease, kills
+    // it and takes its writer id.
+    let c = world.connect();
+    assert_eq!(c.writer(), a.writer(), "the dead id is taken over");
+    a.fabric().cut_for(300 * MS);
+    let before = world.now();
+    assert!(matches!(
+        insert(&a, "k", "zombie"),
+        Err(KvError::LeaseExpired { writer }) if writer == a.writer()
+    ));
+    // It stopped as soon as it saw the kill, not at the end of the window.
+    assert!(world.now() - before < crate::DEFAULT_LEASE_REVIVE_NS / 2);
+    assert_eq!(get(&c, "k").expect("read"), Some(b"v".to_vec()));
+}

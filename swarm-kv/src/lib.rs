@@ -48,7 +48,7 @@ pub mod store;
 pub mod writer_ids;
 pub mod ycsb;
 
-pub use client::{KvClient, KvConfig};
+pub use client::{DEFAULT_LEASE_REVIVE_NS, KvClient, KvConfig};
 pub use error::KvError;
 #[cfg(feature = "rdma")]
 pub use rdma::RdmaStore;

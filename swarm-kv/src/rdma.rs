@@ -10,6 +10,25 @@
 //! word once it holds its writer row, so that a node cuts its queue pair when the
 //! lease is killed or not renewed (`swarm_rdma::lease_watch`).
 //!
+//! **Idle clients.** A client that issues nothing for longer than its lease stops
+//! renewing, so every node cuts it off. That is the intended defence against a hung
+//! client, and no reason for a merely idle application to fail: its next operation
+//! revives the lease ([`crate::lease`], "Idle clients"). On RDMA that goes: the
+//! first post after an idle gap sees the nodes' cut notices on the bootstrap
+//! connections and fails those nodes at once (instead of waiting out the queue
+//! pairs' retry window); the fabric reconnects them in the background right away,
+//! re-arming the watch (a node refuses a killed lease word, and is then never used
+//! again by this client); the operation's renewals fail until a majority is back,
+//! then one succeeds and the operation runs. It costs the first operation one
+//! reconnect (a bootstrap per node, in parallel); it logs
+//! `memory node cut this client off` (warn, per node) and `idle client revived`
+//! (info). A killed lease fails with [`KvError::LeaseExpired`] ("reopen"): at once if
+//! a renewal meets the kill on a majority; but nodes that refused the reconnect for
+//! a killed word never answer this client again, so usually only once
+//! [`crate::KvConfig::lease_revive_ns`] (5 s by default) has passed, as when a
+//! majority stays unreachable. Never with a write under the reclaimed id.
+//! There is deliberately no keep-alive thread (see [`crate::lease`] for why).
+//!
 //! Without an RDMA device both fail with the transport's `no RDMA device found: ...`
 //! error.
 

@@ -20,6 +20,12 @@
 //!   protocol then carries on with a majority, as with any failed node (SWARM §2.1).
 //!   A staging slice is reused only once the chain's last request reported back
 //!   (success or flush), so the NIC never writes into memory lent to a newer chain.
+//! * **Overdue chains.** An RC queue pair completes or fails every request within
+//!   its retry window; a chain that does neither for much longer (the NIC lost it)
+//!   would leave its operation waiting forever with nothing in the log. The engine
+//!   looks at its chains in flight every [`OVERDUE_SCAN_NS`] and warns once per chain
+//!   in flight for longer than [`Engine::warn_overdue_after`] (a diagnostic only: the
+//!   node is not failed, since a slow NIC would then lose healthy chains).
 
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, VecDeque};
@@ -99,7 +105,14 @@ struct InFlight {
     /// The NIC may still touch the staging slice even after the last completion (a
     /// failed post left part of the chain behind): never reuse it.
     leak: bool,
+    /// When an overdue scan first saw it in flight (engine clock).
+    seen_at: Option<Nanos>,
+    /// An overdue warning was logged for it.
+    warned: bool,
 }
+
+/// How often the engine looks for overdue chains (see the module docs).
+pub const OVERDUE_SCAN_NS: Nanos = 100_000_000;
 
 /// The engine. See the module docs.
 #[derive(Debug)]
@@ -113,6 +126,12 @@ pub struct Engine<N: Nic> {
     completions: Vec<WorkCompletion>,
     /// Nodes marked dead.
     dead: usize,
+    /// Warn about chains in flight for longer than this (`Nanos::MAX`: never).
+    overdue_after_ns: Nanos,
+    /// The next overdue scan, engine clock.
+    next_overdue_scan: Nanos,
+    /// Overdue warnings logged so far.
+    overdue_warnings: u64,
 }
 
 impl<N: Nic> Engine<N> {
@@ -139,6 +158,53 @@ impl<N: Nic> Engine<N> {
             next_seq: 0,
             completions: Vec::new(),
             dead,
+            overdue_after_ns: Nanos::MAX,
+            next_overdue_scan: 0,
+            overdue_warnings: 0,
+        }
+    }
+
+    /// Warns (once per chain) about chains in flight for longer than `after_ns`:
+    /// past the queue pairs' retry window, the NIC should have completed or failed
+    /// them (see the module docs).
+    pub fn warn_overdue_after(mut self, after_ns: Nanos) -> Self {
+        self.overdue_after_ns = after_ns;
+        self
+    }
+
+    /// Overdue warnings logged so far (for tests and diagnostics).
+    pub fn overdue_warnings(&self) -> u64 {
+        self.overdue_warnings
+    }
+
+    /// Warns about chains in flight for longer than the overdue limit (at most one
+    /// scan per [`OVERDUE_SCAN_NS`]).
+    fn scan_overdue(&mut self, now: Nanos) {
+        if self.overdue_after_ns == Nanos::MAX || now < self.next_overdue_scan {
+            return;
+        }
+        self.next_overdue_scan = now.saturating_add(OVERDUE_SCAN_NS);
+        for (seq, entry) in self.inflight.iter_mut() {
+            let since = *entry.seen_at.get_or_insert(now);
+            let for_ns = now.saturating_sub(since);
+            // A chain whose ticket already failed (its node is dead) keeps nobody
+            // waiting.
+            if entry.warned || entry.reported || for_ns < self.overdue_after_ns {
+                continue;
+            }
+            entry.warned = true;
+            self.overdue_warnings += 1;
+            let node = NodeId(entry.node as u16);
+            tracing::warn!(
+                %node,
+                seq,
+                requests = entry.chain.requests().len(),
+                in_flight_ms = for_ns / 1_000_000,
+                limit_ms = self.overdue_after_ns / 1_000_000,
+                "a work request chain neither completed nor failed long past the queue pair's \
+                 retry window: the NIC seems to have lost it, and the operation waiting on it \
+                 may never finish"
+            );
         }
     }
 
@@ -294,6 +360,8 @@ impl<N: Nic> Engine<N> {
                         extent,
                         reported: false,
                         leak: false,
+                        seen_at: None,
+                        warned: false,
                     },
                 );
             }
@@ -321,6 +389,8 @@ impl<N: Nic> Engine<N> {
                             extent,
                             reported: true,
                             leak: true,
+                            seen_at: None,
+                            warned: false,
                         },
                     );
                 }
@@ -462,6 +532,7 @@ impl<N: Nic> Engine<N> {
                 }
             }
         }
+        self.scan_overdue(now);
         delivered || self.slab.pending_count() > 0
     }
 

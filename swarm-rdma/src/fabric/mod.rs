@@ -385,7 +385,15 @@ pub struct RdmaFabric {
     slots: RefCell<Vec<Slot<Attempt>>>,
     /// The device health generation last acted on.
     health_seen: Cell<u64>,
+    /// When this client last posted a batch (fabric clock): after an idle gap, the
+    /// next post first looks for cut notices ([`RdmaFabric::probe_cuts`]).
+    last_post: Cell<Nanos>,
 }
+
+/// An idle gap after which the next post first checks whether memory nodes cut
+/// this client off (a lease watch fires only after its stall time, at least
+/// [`crate::lease_watch::MIN_STALL_NS`]).
+pub const IDLE_PROBE_NS: Nanos = 50_000_000;
 
 #[derive(Debug)]
 struct Connected {
@@ -478,7 +486,12 @@ impl RdmaFabric {
         })?;
         let nic = VerbsNic::new(qps, staging, cq.clone());
         Ok(Self {
-            inner: EngineFabric::new(Engine::new(nic, links)),
+            // Twice the retry window: a chain still in flight then was lost by the
+            // NIC (engine module docs).
+            inner: EngineFabric::new(
+                Engine::new(nic, links)
+                    .warn_overdue_after(config.delivery_bound_ns().saturating_mul(2)),
+            ),
             headers,
             incarnations,
             streams: RefCell::new(streams),
@@ -487,6 +500,7 @@ impl RdmaFabric {
             shared: shared.clone(),
             cq,
             slots: RefCell::new(slots),
+            last_post: Cell::new(0),
         })
     }
 
@@ -545,6 +559,32 @@ impl RdmaFabric {
             }
         }
         armed
+    }
+
+    /// Fails, now, every live node whose bootstrap connection shows that it cut this
+    /// client off (a refusal waiting, or the connection closed): the memory node
+    /// destroyed the queue pair, so a batch posted on it would only fail after the
+    /// queue pair's whole retry window ([`RdmaConfig::delivery_bound_ns`]), and the
+    /// reconnect that revives it would start that much later. One non-blocking
+    /// `peek` per node; nothing is consumed ([`RdmaFabric::cut_reason`] reads the
+    /// refusal when the failure is handled). Called by the first post after an idle
+    /// gap of [`IDLE_PROBE_NS`]: an idle client is the one a lease watch cuts.
+    /// Returns how many nodes it failed.
+    fn probe_cuts(&self) -> usize {
+        let mut failed = 0;
+        let streams = self.streams.borrow();
+        for (index, entry) in streams.iter().enumerate() {
+            let node = NodeId(index as u16);
+            let Some((stream, _)) = entry else {
+                continue;
+            };
+            if !self.inner.engine().is_dead(node) && has_spoken(stream) {
+                tracing::debug!(%node, "memory node closed this idle client's connection");
+                self.inner.engine().fail_node(node);
+                failed += 1;
+            }
+        }
+        failed
     }
 
     /// Why node `index` cut this client off, if it said so before closing the
@@ -613,20 +653,25 @@ impl RdmaFabric {
             }
             *slot = match std::mem::replace(slot, Slot::Retired) {
                 Slot::Retired => Slot::Retired,
-                Slot::Live => {
-                    match self.cut_reason(index) {
-                        Some(reason) => tracing::warn!(
+                Slot::Live => match self.cut_reason(index) {
+                    Some(reason) => {
+                        tracing::warn!(
                             %node,
                             %reason,
                             "memory node cut this client off; reconnecting in the background"
-                        ),
-                        None => tracing::info!(
-                            %node,
-                            "memory node failed; reconnecting in the background"
-                        ),
+                        );
+                        // The node is up (it just told us so): reconnect at once. A
+                        // killed lease is refused then, and the node retired.
+                        Slot::Waiting {
+                            at: now,
+                            backoff: reconnect::FIRST_RETRY,
+                        }
                     }
-                    Slot::failed(now)
-                }
+                    None => {
+                        tracing::info!(%node, "memory node failed; reconnecting in the background");
+                        Slot::failed(now)
+                    }
+                },
                 Slot::Waiting { at, backoff } if now < at || !usable => {
                     Slot::Waiting { at, backoff }
                 }
@@ -718,6 +763,25 @@ impl RdmaFabric {
     }
 }
 
+/// Whether the memory node behind a bootstrap connection sent something or closed
+/// it, without consuming anything or blocking. On a connection the node keeps open
+/// nothing is ever waiting: the bootstrap exchange is over, and a watch request is
+/// answered before [`RdmaFabric::watch_lease_word`] returns; so anything readable is
+/// a cut notice (or the end of the connection). `false` if the socket cannot be
+/// probed.
+fn has_spoken(stream: &TcpStream) -> bool {
+    if stream.set_nonblocking(true).is_err() {
+        return false;
+    }
+    let mut byte = [0u8; 1];
+    let spoken = !matches!(
+        stream.peek(&mut byte),
+        Err(error) if error.kind() == std::io::ErrorKind::WouldBlock
+    );
+    let _ = stream.set_nonblocking(false);
+    spoken
+}
+
 /// The local IP address traffic to `addr` leaves from (the kernel's route; no packet
 /// is sent), which names the GID to use on RoCE. `None` if it cannot be resolved:
 /// the GID is then chosen without it, and the bootstrap reports the address.
@@ -774,6 +838,12 @@ impl Fabric for RdmaFabric {
         self.inner.node_count()
     }
     fn post(&self, node: NodeId, batch: Batch) -> Ticket {
+        let now = self.inner.now();
+        if now.saturating_sub(self.last_post.get()) >= IDLE_PROBE_NS && self.probe_cuts() > 0 {
+            // Start the reconnects now rather than at the next progress.
+            self.reconnect_failed();
+        }
+        self.last_post.set(now);
         self.inner.post(node, batch)
     }
     fn poll(&self, ticket: Ticket) -> Poll<Result<Completion, FabricError>> {
@@ -860,6 +930,49 @@ mod tests {
             Some(IpAddr::V4(Ipv4Addr::LOCALHOST))
         );
         assert_eq!(route_source("no port"), None);
+    }
+
+    #[test]
+    fn a_bootstrap_connection_has_spoken_once_the_node_writes_or_closes() {
+        use std::io::{Read, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let pair = || {
+            let client = TcpStream::connect(addr).unwrap();
+            let (server, _) = listener.accept().unwrap();
+            (client, server)
+        };
+        let settle = || std::thread::sleep(Duration::from_millis(50));
+        // Open and quiet: nothing to say, and the probe does not block.
+        let (client, server) = pair();
+        assert!(!has_spoken(&client));
+        // A refusal arrives: spoken, and still readable afterwards (peek only).
+        let (mut client, mut server2) = (client, server);
+        server2.write_all(b"R").unwrap();
+        settle();
+        assert!(has_spoken(&client));
+        assert!(has_spoken(&client), "the probe consumed the notice");
+        let mut byte = [0u8; 1];
+        client.read_exact(&mut byte).unwrap();
+        assert_eq!(&byte, b"R");
+        assert!(!has_spoken(&client));
+        // The node closes the connection.
+        drop(server2);
+        settle();
+        assert!(has_spoken(&client));
+        // The stream is blocking again after a probe.
+        let (mut client, server) = pair();
+        assert!(!has_spoken(&client));
+        client
+            .set_read_timeout(Some(Duration::from_millis(100)))
+            .unwrap();
+        let started = Instant::now();
+        assert!(client.read(&mut byte).is_err(), "nothing to read");
+        assert!(
+            started.elapsed() >= Duration::from_millis(90),
+            "the read returned at once: the stream was left non-blocking"
+        );
+        drop(server);
     }
 
     #[test]

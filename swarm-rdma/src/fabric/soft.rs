@@ -485,6 +485,38 @@ mod tests {
     }
 
     #[test]
+    fn a_chain_the_nic_never_answers_is_reported_once_past_the_limit() {
+        let nic = SoftNic::new(3, SIZE, BASE, 4096, 3);
+        let links = (0..3).map(|i| Some(link(&nic, i, 64))).collect();
+        let engine = Engine::new(nic, links).warn_overdue_after(50_000_000);
+        let f = EngineFabric::new(engine);
+        f.engine().nic_mut().set_mode(2, Mode::Silent);
+        let answered = f.post(NodeId(0), Batch::read(0, 8));
+        let lost = f.post(NodeId(2), Batch::read(0, 8));
+        assert!(wait(&f, answered).is_ok());
+        let started = std::time::Instant::now();
+        while f.engine().overdue_warnings() == 0 {
+            assert!(f.progress(), "the lost chain is still pending");
+            assert!(
+                started.elapsed() < std::time::Duration::from_secs(5),
+                "no warning about the lost chain"
+            );
+        }
+        assert!(
+            started.elapsed() >= std::time::Duration::from_millis(50),
+            "warned before the limit"
+        );
+        // Once per chain; the chain stays pending (a diagnostic, not a failure).
+        let until = std::time::Instant::now() + std::time::Duration::from_millis(300);
+        while std::time::Instant::now() < until {
+            f.progress();
+        }
+        assert_eq!(f.engine().overdue_warnings(), 1);
+        assert!(f.poll(lost).is_pending());
+        assert!(!f.engine().is_dead(NodeId(2)));
+    }
+
+    #[test]
     fn post_failures_kill_the_node() {
         let f = fabric(2, 4096, 64, 1);
         f.engine().nic_mut().fail_posts = Some((libc::EINVAL, 0));
