@@ -262,6 +262,8 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         let mut state = self.state.borrow_mut();
         let WriterState { slots, tracker, .. } = &mut *state;
         let grace = self.config.grace_ns();
+        // Before the check's replies, which stamp theirs later than `now`.
+        tracker.stamp(now);
         tracker.poll_check(&self.fabric, self.config.max_op_ns);
         if let Some(at) = tracker.next_expiry(grace)
             && now >= at
@@ -347,8 +349,11 @@ impl<F: Fabric, C: Clock> Client<F, C> {
     /// A majority of `reg`'s replicas holds `floor` or more: this writer's writes
     /// below it are superseded (see [`super::reclaim`]).
     pub(crate) fn settle(&self, reg: &RegisterLoc, floor: Tsp) {
-        let now = self.fabric.now();
-        self.state.borrow_mut().tracker.settle(reg.addr, floor, now);
+        // Stamped at the next clock reading (`SlotTracker::stamp`): no read here.
+        self.state
+            .borrow_mut()
+            .tracker
+            .settle(reg.addr, floor, None);
     }
 
     /// A slot for a new write: `allocate` (a [`Self::guess_ts`] or
@@ -380,7 +385,8 @@ impl<F: Fabric, C: Clock> Client<F, C> {
 
     /// When the oldest limbo slot comes back, if any.
     fn limbo_expiry(&self) -> Option<Nanos> {
-        let state = self.state.borrow();
+        let mut state = self.state.borrow_mut();
+        state.tracker.stamp(self.fabric.now());
         state.tracker.next_expiry(self.config.grace_ns())
     }
 
@@ -389,10 +395,15 @@ impl<F: Fabric, C: Clock> Client<F, C> {
     /// An operation that has not observed anything yet waits before arming its
     /// deadline, so a full log throttles its writer instead of failing.
     pub(crate) async fn wait_for_slot(&self, stats: &OpStats) {
+        // The common case, with no clock read: the log has room.
+        if self.state.borrow().slots.in_use() < self.layout.slots_per_writer() {
+            return;
+        }
         let mut learned = false;
         loop {
             let limbo = {
-                let state = self.state.borrow();
+                let mut state = self.state.borrow_mut();
+                state.tracker.stamp(self.fabric.now());
                 let expiry = state.tracker.next_expiry(self.config.grace_ns());
                 let full = state.slots.in_use() >= self.layout.slots_per_writer();
                 match expiry {
@@ -704,19 +715,9 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         want: impl FnOnce(&mut TimestampGuesser) -> u64,
     ) -> Result<Timestamp, SwarmError> {
         let mut state = self.state.borrow_mut();
-        let WriterState {
-            slots,
-            guesser,
-            tracker,
-            ..
-        } = &mut *state;
-        let grace = self.config.grace_ns();
-        if let Some(at) = tracker.next_expiry(grace) {
-            let now = self.fabric.now();
-            if now >= at {
-                tracker.expire(slots, &self.layout, now, grace);
-            }
-        }
+        // Limbo slots come back in `reclaim_tick` and, once the log is full, in
+        // `wait_for_slot`: no clock read here.
+        let WriterState { slots, guesser, .. } = &mut *state;
         let wanted = want(guesser);
         let ts = slots.allocate(&self.layout, wanted)?;
         guesser.used(ts.ticks());

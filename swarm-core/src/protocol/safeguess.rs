@@ -58,7 +58,7 @@ use crate::clock::Clock;
 use crate::encoding::{Flag, LockMode, Timestamp, Tsp};
 use crate::fabric::{Batch, Fabric, Op};
 use crate::layout::encode_record_for;
-use crate::roundtrip::{OpStats, post_background_for};
+use crate::roundtrip::{OpStats, post_background};
 
 use super::maxreg::WriteProgress;
 use super::register::{RegisterCache, RegisterLoc};
@@ -257,6 +257,11 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         guessed: Tsp,
         record: Vec<u8>,
     ) {
+        // One fence check (one clock read) for the burst of background posts below.
+        if stats.check_fence(&self.fabric).is_err() {
+            tracing::debug!("operation past its deadline: VERIFIED marks dropped (fenced)");
+            return;
+        }
         let verified = guessed.with_flag(Flag::Verified);
         let addr = self.layout.meta_word_addr(reg.addr, self.writer);
         let primary = self.primary(reg);
@@ -286,7 +291,8 @@ impl<F: Fabric, C: Clock> Client<F, C> {
                 cache.own_word[p] = verified;
             }
             if !batch.ops().is_empty() {
-                post_background_for(&self.fabric, stats, reg.replicas.node(p), batch);
+                batch.set_deadline(stats.deadline());
+                post_background(&self.fabric, reg.replicas.node(p), batch);
             }
         }
     }
