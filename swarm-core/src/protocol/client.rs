@@ -262,8 +262,6 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         let mut state = self.state.borrow_mut();
         let WriterState { slots, tracker, .. } = &mut *state;
         let grace = self.config.grace_ns();
-        // Before the check's replies, which stamp theirs later than `now`.
-        tracker.stamp(now);
         tracker.poll_check(&self.fabric, self.config.max_op_ns);
         if let Some(at) = tracker.next_expiry(grace)
             && now >= at
@@ -349,11 +347,8 @@ impl<F: Fabric, C: Clock> Client<F, C> {
     /// A majority of `reg`'s replicas holds `floor` or more: this writer's writes
     /// below it are superseded (see [`super::reclaim`]).
     pub(crate) fn settle(&self, reg: &RegisterLoc, floor: Tsp) {
-        // Stamped at the next clock reading (`SlotTracker::stamp`): no read here.
-        self.state
-            .borrow_mut()
-            .tracker
-            .settle(reg.addr, floor, None);
+        let now = self.fabric.now();
+        self.state.borrow_mut().tracker.settle(reg.addr, floor, now);
     }
 
     /// A slot for a new write: `allocate` (a [`Self::guess_ts`] or
@@ -385,8 +380,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
 
     /// When the oldest limbo slot comes back, if any.
     fn limbo_expiry(&self) -> Option<Nanos> {
-        let mut state = self.state.borrow_mut();
-        state.tracker.stamp(self.fabric.now());
+        let state = self.state.borrow();
         state.tracker.next_expiry(self.config.grace_ns())
     }
 
@@ -402,8 +396,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         let mut learned = false;
         loop {
             let limbo = {
-                let mut state = self.state.borrow_mut();
-                state.tracker.stamp(self.fabric.now());
+                let state = self.state.borrow();
                 let expiry = state.tracker.next_expiry(self.config.grace_ns());
                 let full = state.slots.in_use() >= self.layout.slots_per_writer();
                 match expiry {

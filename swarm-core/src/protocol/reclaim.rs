@@ -237,11 +237,6 @@ pub(crate) struct SlotTracker {
     last_check: Option<Nanos>,
     /// Checks ended or abandoned so far.
     checks_ended: u64,
-    /// Writes a completed operation found superseded, not yet stamped with a time:
-    /// [`SlotTracker::stamp`] moves them to the limbo with a clock reading taken
-    /// after they were learned (a later start of their grace: never earlier), so that
-    /// a write's settle costs no clock read.
-    unstamped: Vec<Timestamp>,
 }
 
 impl SlotTracker {
@@ -260,21 +255,15 @@ impl SlotTracker {
     /// A majority of `reg`'s replicas holds a word `>= floor`, learned at `now`:
     /// this writer's writes below `floor` are superseded; a write equal to it is
     /// completed.
-    ///
-    /// `now: None` leaves the superseded writes unstamped until the next
-    /// [`Self::stamp`] (whose clock reading is later than this call).
-    pub(crate) fn settle(&mut self, addr: u64, floor: Tsp, now: Option<Nanos>) {
+    pub(crate) fn settle(&mut self, addr: u64, floor: Tsp, now: Nanos) {
         let Some(entry) = self.registers.get_mut(addr) else {
             return;
         };
         let floor = floor.ts();
-        let (limbo, unstamped) = (&mut self.limbo, &mut self.unstamped);
+        let limbo = &mut self.limbo;
         entry.writes.retain_mut(|w| {
             if w.ts < floor {
-                match now {
-                    Some(now) => limbo.push_back((now, w.ts)),
-                    None => unstamped.push(w.ts),
-                }
+                limbo.push_back((now, w.ts));
                 false
             } else {
                 if w.ts == floor {
@@ -319,16 +308,7 @@ impl SlotTracker {
         }
     }
 
-    /// Moves the unstamped superseded writes to the limbo, stamped `now` (a clock
-    /// reading taken after they were settled).
-    pub(crate) fn stamp(&mut self, now: Nanos) {
-        for ts in self.unstamped.drain(..) {
-            self.limbo.push_back((now, ts));
-        }
-    }
-
-    /// Gives back to `slots` every limbo slot whose grace has passed at `now` (after
-    /// stamping the unstamped ones `now`).
+    /// Gives back to `slots` every limbo slot whose grace has passed at `now`.
     pub(crate) fn expire(
         &mut self,
         slots: &mut SlotAllocator,
@@ -336,7 +316,6 @@ impl SlotTracker {
         now: Nanos,
         grace: Nanos,
     ) {
-        self.stamp(now);
         while let Some(&(at, ts)) = self.limbo.front() {
             if now < at.saturating_add(grace) {
                 break;
@@ -348,8 +327,6 @@ impl SlotTracker {
     }
 
     /// When the oldest limbo slot may be reused, if any.
-    ///
-    /// Unstamped writes are not counted: stamp them first where it matters.
     pub(crate) fn next_expiry(&self, grace: Nanos) -> Option<Nanos> {
         self.limbo.front().map(|(at, _)| at.saturating_add(grace))
     }
@@ -357,7 +334,7 @@ impl SlotTracker {
     pub(crate) fn counters(&self, in_use: u32) -> SlotCounters {
         SlotCounters {
             in_use,
-            in_limbo: (self.limbo.len() + self.unstamped.len()) as u32,
+            in_limbo: self.limbo.len() as u32,
             recycled: self.recycled,
             tracked_registers: self.registers.len() as u32,
             carried: 0,
@@ -587,7 +564,7 @@ mod tests {
         let b = slots.allocate(&layout, a.ticks() + 1).unwrap();
         t.track(&reg(), b);
         assert_eq!(slots.in_use(), 2);
-        t.settle(4096, Tsp::new(b, Flag::Guessed), Some(100));
+        t.settle(4096, Tsp::new(b, Flag::Guessed), 100);
         assert_eq!(t.counters(slots.in_use()).in_limbo, 1);
         t.expire(&mut slots, &layout, 100 + 49, 50);
         assert_eq!(slots.in_use(), 2, "not before the grace");
@@ -599,7 +576,7 @@ mod tests {
         t.settle(
             4096,
             Tsp::new(Timestamp::tombstone(b.writer()), Flag::Verified),
-            Some(200),
+            200,
         );
         assert_eq!(t.counters(1).tracked_registers, 0);
         assert_eq!(t.next_expiry(50), Some(250));
@@ -632,7 +609,7 @@ mod tests {
         assert!(t.registers.is_empty());
         // A completed write: words below it on a majority mean a reset register.
         t.track(&reg(), ts(20));
-        t.settle(4096, word(20), Some(4));
+        t.settle(4096, word(20), 4);
         maxima[1] = word(20);
         t.observe(4096, &maxima, 0b011, 5);
         assert_eq!(t.limbo.len(), 1, "20 is live: a majority holds 20 or more");
