@@ -83,8 +83,12 @@ bench_at() { timeout 600 \$swarm bench "\${c[@]}" "\$@"; }
 # meets the killed node (step 4) can take 100-250 ms, past the default 200 ms operation
 # deadline. Real RDMA takes microseconds; here the deadline is 1 s. The lease is the
 # shortest that fits it (2 s): the idle step below waits for the lease watch.
+# Soft-RoCE under CPU starvation has held work requests 1.1-1.3 s before delivering
+# them (the engine's overdue warning), past the 547 ms retry window that `swarm format`
+# takes as the delivery margin; a write that lands that late can overwrite a recycled
+# log slot. The margin is the transport's worst case, so this cluster states 3 s.
 at format --value-max 64 --writers 8 --max-op 1s --lease 2s --lease-renew 250ms \
-    >"$out/format.log" 2>&1 && pass format ||
+    --delivery-margin 3s >"$out/format.log" 2>&1 && pass format ||
     { fail "format (see $out/format.log)"; cat "$out/format.log"; }
 # Late writes: the cluster's delivery margin is the queue pairs' retry window, not 10 ms.
 margin=\$(grep -o 'writes land within [^ ]*' "$out/format.log")
