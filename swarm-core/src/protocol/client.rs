@@ -281,28 +281,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
     /// `max_op_ns`), then the release of every limbo slot whose grace has passed.
     /// Returns the log's counters afterwards.
     pub async fn reclaim_step(&self, budget: usize) -> SlotCounters {
-        let started = {
-            let mut state = self.state.borrow_mut();
-            let tracker = &mut state.tracker;
-            tracker.poll_check(&self.fabric, 0);
-            tracker.start_check(&self.fabric, &self.layout, budget, 0, self.fabric.now())
-        };
-        if started {
-            core::future::poll_fn(|cx| {
-                let mut state = self.state.borrow_mut();
-                if state
-                    .tracker
-                    .poll_check(&self.fabric, self.config.max_op_ns)
-                {
-                    return core::task::Poll::Ready(());
-                }
-                self.fabric
-                    .wake_at(self.fabric.now().saturating_add(self.config.slow_after_ns));
-                cx.waker().wake_by_ref();
-                core::task::Poll::Pending
-            })
-            .await;
-        }
+        self.check_tracked(budget).await;
         let mut state = self.state.borrow_mut();
         let WriterState { slots, tracker, .. } = &mut *state;
         tracker.expire(
@@ -312,6 +291,34 @@ impl<F: Fabric, C: Clock> Client<F, C> {
             self.config.grace_ns(),
         );
         tracker.counters(slots.in_use())
+    }
+
+    /// Runs one whole reclaim check of up to `budget` tracked registers (`usize::MAX`:
+    /// all of them), after the one in flight, if any: at most one runs at a time.
+    /// Another task (the background tick) may collect the replies, so this waits for
+    /// the count of ended checks to move, never for itself to see the check end.
+    async fn check_tracked(&self, budget: usize) {
+        for _ in 0..2 {
+            let (started, ended, checking) = {
+                let mut state = self.state.borrow_mut();
+                let tracker = &mut state.tracker;
+                tracker.poll_check(&self.fabric, self.config.max_op_ns);
+                let ended = tracker.checks_ended();
+                let started =
+                    tracker.start_check(&self.fabric, &self.layout, budget, 0, self.fabric.now());
+                (started, ended, tracker.checking())
+            };
+            if !checking {
+                // Nothing tracked (or a zero budget): nothing to check.
+                return;
+            }
+            while self.poll_check_ended() == ended {
+                crate::exec::sleep(&self.fabric, self.config.slow_after_ns).await;
+            }
+            if started {
+                return;
+            }
+        }
     }
 
     /// Abandons the reclaim check and the carried-slot examination in flight, if any
@@ -541,31 +548,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
             }
             crate::exec::sleep(&self.fabric, self.config.slow_after_ns).await;
         }
-        // A check of every tracked register; one in flight already (the background
-        // tick's) ends first. Another task may collect the replies: wait for the
-        // count of ended checks to move rather than for this task to see one end.
-        for _ in 0..2 {
-            let (started, ended) = {
-                let mut state = self.state.borrow_mut();
-                let budget = state.tracker.counters(0).tracked_registers as usize;
-                let tracker = &mut state.tracker;
-                tracker.poll_check(&self.fabric, self.config.max_op_ns);
-                let ended = tracker.checks_ended();
-                let started =
-                    tracker.start_check(&self.fabric, &self.layout, budget, 0, self.fabric.now());
-                (started, ended)
-            };
-            if !started && !self.state.borrow().tracker.checking() {
-                // Nothing tracked: nothing to check.
-                break;
-            }
-            while self.poll_check_ended() == ended {
-                crate::exec::sleep(&self.fabric, self.config.slow_after_ns).await;
-            }
-            if started {
-                break;
-            }
-        }
+        self.check_tracked(usize::MAX).await;
     }
 
     /// Makes room in a full log before any operation needs it (a client that just
