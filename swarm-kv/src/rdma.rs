@@ -187,6 +187,8 @@ impl Store for RdmaStore {
 
     fn fabric(&self) -> Result<RdmaFabric, KvError> {
         let fabric = self.cluster.client().map_err(rdma)?;
+        // Nothing this client posts may land after the margin the recyclers wait for.
+        fabric.bound_delivery(self.layout.params.delivery_margin_ns);
         // A node without the cluster's superblock (restarted with empty memory)
         // never serves, even if this client reaches it.
         for (node, _) in self.unusable.iter() {

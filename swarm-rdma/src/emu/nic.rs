@@ -168,4 +168,10 @@ impl Nic for EmuNic {
         self.run(steps, out);
         Ok(())
     }
+
+    fn abort(&mut self, node: usize) {
+        if let Some(qp) = self.qps.get(node) {
+            qp.to_error();
+        }
+    }
 }

@@ -135,6 +135,12 @@ impl EmuQp {
         self.state.borrow_mut().mode = mode;
     }
 
+    /// Moves the queue pair to the error state (`ibv_modify_qp` to ERR): every
+    /// request still queued, and every later one, is flushed.
+    pub fn to_error(&self) {
+        self.state.borrow_mut().error = true;
+    }
+
     /// Whether there are requests that a step would execute.
     pub fn ready(&self) -> bool {
         let state = self.state.borrow();

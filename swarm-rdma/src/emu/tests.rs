@@ -124,6 +124,46 @@ fn a_crash_in_the_middle_of_a_chain_fails_the_batch_and_flushes_the_rest() {
     assert!(wait(&f, f.post(NodeId(1), Batch::read(0, 8))).is_ok());
 }
 
+#[test]
+fn a_queue_pair_holding_a_chain_past_the_give_up_limit_is_aborted_and_its_node_failed() {
+    let cluster = EmulatedCluster::new(3, SIZE, EmuOptions::default());
+    let f = cluster.client(2).unwrap();
+    f.engine().set_fail_overdue_after(200_000_000);
+    f.engine().nic_mut().set_mode(1, Mode::Silent);
+    let held = f.post(NodeId(1), Batch::write(64, vec![7; 8]));
+    let started = std::time::Instant::now();
+    let result = loop {
+        if let Poll::Ready(result) = f.poll(held) {
+            break result;
+        }
+        assert!(started.elapsed().as_secs() < 5, "never given up on");
+        f.progress();
+    };
+    assert!(
+        started.elapsed().as_millis() >= 200,
+        "given up before the limit"
+    );
+    assert_eq!(
+        result,
+        Err(FabricError::NodeFailed {
+            node: NodeId(1),
+            cause: FailureCause::TimedOut
+        })
+    );
+    // Aborted: the held write is flushed, never executed, even once the node
+    // would answer again.
+    f.engine().nic_mut().set_mode(1, Mode::Up);
+    for _ in 0..100 {
+        f.progress();
+    }
+    let engine = f.engine();
+    assert!(engine.is_dead(NodeId(1)));
+    assert_eq!(engine.lost_chain_failures(), 1);
+    assert_eq!(engine.in_flight(), 0, "the flushed request reported back");
+    assert_eq!(engine.staging_in_use(), 0);
+    cluster.nodes()[1].with(|bytes| assert_eq!(&bytes[64..72], &[0; 8]));
+}
+
 /// Posts `batch`'s chain straight to node 0's emulated queue pair and runs it to
 /// the end; the completions, in order.
 fn post_raw(

@@ -22,10 +22,22 @@
 //!   (success or flush), so the NIC never writes into memory lent to a newer chain.
 //! * **Overdue chains.** An RC queue pair completes or fails every request within
 //!   its retry window; a chain that does neither for much longer (the NIC lost it)
-//!   would leave its operation waiting forever with nothing in the log. The engine
-//!   looks at its chains in flight every [`OVERDUE_SCAN_NS`] and warns once per chain
-//!   in flight for longer than [`Engine::warn_overdue_after`] (a diagnostic only: the
-//!   node is not failed, since a slow NIC would then lose healthy chains).
+//!   would leave its operation waiting forever with nothing in the log. Soft-RoCE
+//!   does lose chains: under CPU starvation its requester was seen holding a request
+//!   for seconds (the responder had executed it), and for good when nothing else was
+//!   posted on the queue pair, which stayed in RTS all along. Worse for recycling, a
+//!   held write lands whenever the requester wakes up. The engine looks at its
+//!   chains in flight every [`OVERDUE_SCAN_NS`] (from `progress`, and before a post):
+//!   - past [`Engine::warn_overdue_after`] (twice the retry window) it warns once per
+//!     chain and *nudges* the queue pair with an 8-byte read of the node's first
+//!     word: a post wakes a soft-RoCE requester that sleeps on a request, and costs a
+//!     healthy NIC one read;
+//!   - past [`Engine::fail_overdue_after`] it gives up: the queue pair is moved to the
+//!     error state ([`Nic::abort`]: it sends nothing more and flushes what it holds)
+//!     and the node is failed as after an error completion, so the operation waiting
+//!     carries on with the other nodes and the fabric reconnects the node with a new
+//!     queue pair. This is what bounds how late this client's writes can land, the
+//!     bound a SWARM-KV cluster's delivery margin states.
 
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, VecDeque};
@@ -33,7 +45,7 @@ use std::task::Poll;
 use std::time::Instant;
 
 use swarm_core::fabric::{
-    Batch, Completion, Fabric, FabricError, Nanos, NodeId, Ticket, TicketSlab,
+    Batch, Completion, Fabric, FabricError, FailureCause, Nanos, NodeId, Ticket, TicketSlab,
 };
 
 use crate::staging::{Extent, StagingAllocator};
@@ -64,6 +76,12 @@ pub trait Nic {
 
     /// Drains available completions into `out` (cleared first).
     fn poll(&mut self, out: &mut Vec<WorkCompletion>) -> Result<(), i32>;
+
+    /// Moves `node`'s queue pair to the error state: it sends nothing more and
+    /// flushes every request it holds. The engine gives up on the node this way when
+    /// a chain is lost (see the module docs); the fabric then reconnects it with a
+    /// new queue pair.
+    fn abort(&mut self, node: usize);
 }
 
 /// What the engine knows about one memory node.
@@ -92,6 +110,8 @@ struct Waiting {
     ticket: Ticket,
     batch: Batch,
     chain: Chain,
+    /// A nudge (see the module docs): never warned about or nudged itself.
+    nudge: bool,
 }
 
 #[derive(Debug)]
@@ -107,7 +127,7 @@ struct InFlight {
     leak: bool,
     /// When an overdue scan first saw it in flight (engine clock).
     seen_at: Option<Nanos>,
-    /// An overdue warning was logged for it.
+    /// An overdue warning was logged for it (or it is a nudge, which gets none).
     warned: bool,
 }
 
@@ -132,6 +152,10 @@ pub struct Engine<N: Nic> {
     next_overdue_scan: Nanos,
     /// Overdue warnings logged so far.
     overdue_warnings: u64,
+    /// Fail the node of a chain in flight for longer than this (`Nanos::MAX`: never).
+    give_up_after_ns: Nanos,
+    /// Nodes failed because a chain was lost, so far.
+    gave_up: u64,
 }
 
 impl<N: Nic> Engine<N> {
@@ -161,6 +185,8 @@ impl<N: Nic> Engine<N> {
             overdue_after_ns: Nanos::MAX,
             next_overdue_scan: 0,
             overdue_warnings: 0,
+            give_up_after_ns: Nanos::MAX,
+            gave_up: 0,
         }
     }
 
@@ -177,34 +203,92 @@ impl<N: Nic> Engine<N> {
         self.overdue_warnings
     }
 
-    /// Warns about chains in flight for longer than the overdue limit (at most one
-    /// scan per [`OVERDUE_SCAN_NS`]).
+    /// Gives up on a chain in flight for longer than `after_ns` (at least the warning
+    /// limit): its node's queue pair is aborted and the node failed (see the module
+    /// docs).
+    pub fn fail_overdue_after(mut self, after_ns: Nanos) -> Self {
+        self.set_fail_overdue_after(after_ns);
+        self
+    }
+
+    /// [`Self::fail_overdue_after`] on a running engine.
+    pub fn set_fail_overdue_after(&mut self, after_ns: Nanos) {
+        self.give_up_after_ns = after_ns;
+    }
+
+    /// Nodes failed because one of their chains was lost, so far.
+    pub fn lost_chain_failures(&self) -> u64 {
+        self.gave_up
+    }
+
+    /// Warns about (and nudges the queue pairs of) chains in flight for longer than
+    /// the overdue limit and gives up on those in flight for longer than the give-up
+    /// limit, at most once per [`OVERDUE_SCAN_NS`] (see the module docs).
     fn scan_overdue(&mut self, now: Nanos) {
-        if self.overdue_after_ns == Nanos::MAX || now < self.next_overdue_scan {
+        let limit = self.overdue_after_ns.min(self.give_up_after_ns);
+        if limit == Nanos::MAX || now < self.next_overdue_scan {
             return;
         }
         self.next_overdue_scan = now.saturating_add(OVERDUE_SCAN_NS);
+        let mut nudge: Vec<usize> = Vec::new();
+        let mut lost: Vec<(usize, u64, Nanos)> = Vec::new();
         for (seq, entry) in self.inflight.iter_mut() {
             let since = *entry.seen_at.get_or_insert(now);
             let for_ns = now.saturating_sub(since);
             // A chain whose ticket already failed (its node is dead) keeps nobody
             // waiting.
-            if entry.warned || entry.reported || for_ns < self.overdue_after_ns {
+            if entry.reported || for_ns < limit {
+                continue;
+            }
+            if for_ns >= self.give_up_after_ns {
+                lost.push((entry.node, *seq, for_ns));
+                continue;
+            }
+            if entry.warned {
                 continue;
             }
             entry.warned = true;
             self.overdue_warnings += 1;
-            let node = NodeId(entry.node as u16);
+            nudge.push(entry.node);
             tracing::warn!(
-                %node,
+                node = %NodeId(entry.node as u16),
                 seq,
                 requests = entry.chain.requests().len(),
                 in_flight_ms = for_ns / 1_000_000,
                 limit_ms = self.overdue_after_ns / 1_000_000,
-                "a work request chain neither completed nor failed long past the queue pair's \
-                 retry window: the NIC seems to have lost it, and the operation waiting on it \
-                 may never finish"
+                "a work request chain neither completed nor failed within twice the queue \
+                 pair's retry window: nudging the queue pair (the NIC is slow or holds it)"
             );
+        }
+        lost.sort_unstable();
+        lost.dedup_by_key(|(node, ..)| *node);
+        for &(node, seq, for_ns) in &lost {
+            self.gave_up += 1;
+            tracing::warn!(
+                node = %NodeId(node as u16),
+                seq,
+                in_flight_ms = for_ns / 1_000_000,
+                limit_ms = self.give_up_after_ns / 1_000_000,
+                "the NIC lost a work request chain (neither completed nor failed long past \
+                 the queue pair's retry window): aborting the queue pair and failing the \
+                 node, which is reconnected in the background"
+            );
+            self.nic.abort(node);
+            self.kill(
+                node,
+                &FabricError::NodeFailed {
+                    node: NodeId(node as u16),
+                    cause: FailureCause::TimedOut,
+                },
+            );
+        }
+        nudge.sort_unstable();
+        nudge.dedup();
+        for node in nudge {
+            if !self.nodes[node].dead {
+                let ticket = self.post_as(NodeId(node as u16), Batch::read(0, 8), true);
+                self.slab.forget(ticket);
+            }
         }
     }
 
@@ -273,6 +357,11 @@ impl<N: Nic> Engine<N> {
 
     /// See [`Fabric::post`].
     pub fn post(&mut self, node: NodeId, batch: Batch) -> Ticket {
+        self.post_as(node, batch, false)
+    }
+
+    /// [`Self::post`]; a `nudge` is never warned about itself.
+    fn post_as(&mut self, node: NodeId, batch: Batch, nudge: bool) -> Ticket {
         let nodes = self.nodes.len();
         let Some(state) = self.nodes.get(node.index()) else {
             return self
@@ -317,6 +406,7 @@ impl<N: Nic> Engine<N> {
             ticket,
             batch,
             chain,
+            nudge,
         };
         if self.nodes[node.index()].waiting.is_empty() {
             if let Some(waiting) = self.try_post(node.index(), waiting) {
@@ -361,7 +451,7 @@ impl<N: Nic> Engine<N> {
                         reported: false,
                         leak: false,
                         seen_at: None,
-                        warned: false,
+                        warned: w.nudge,
                     },
                 );
             }
@@ -587,7 +677,12 @@ impl<N: Nic> Fabric for EngineFabric<N> {
     }
 
     fn post(&self, node: NodeId, batch: Batch) -> Ticket {
-        self.engine.borrow_mut().post(node, batch)
+        let now = self.now();
+        let mut engine = self.engine.borrow_mut();
+        // Before anything new goes out: a post would wake a requester holding a
+        // request that the engine must give up on first (module docs).
+        engine.scan_overdue(now);
+        engine.post(node, batch)
     }
 
     fn poll(&self, ticket: Ticket) -> Poll<Result<Completion, FabricError>> {

@@ -531,6 +531,23 @@ impl RdmaFabric {
         self.inner.engine().fail_node(node);
     }
 
+    /// Makes sure none of this client's requests takes effect on a memory node later
+    /// than `margin_ns` after its post, as far as the NIC can be stopped: a chain
+    /// still in flight that long before the margin runs out is given up on (its
+    /// queue pair aborted, its node failed and reconnected; see
+    /// [`engine`](self::engine)'s module docs). A SWARM-KV store passes its cluster's
+    /// delivery margin, which its recyclers wait for. The give-up comes two overdue
+    /// scans and the NIC's scheduling slack early: a chain is first seen in flight
+    /// up to one scan after its post, and scans run every [`engine::OVERDUE_SCAN_NS`].
+    /// With a margin under the queue pairs' retry window a node that retries that
+    /// long is failed, which such a cluster's margin requires anyway.
+    pub fn bound_delivery(&self, margin_ns: Nanos) {
+        let give_up = margin_ns
+            .saturating_sub(2 * engine::OVERDUE_SCAN_NS + SCHEDULING_SLACK_NS)
+            .max(engine::OVERDUE_SCAN_NS);
+        self.inner.engine().set_fail_overdue_after(give_up);
+    }
+
     /// Asks every live memory node to watch this client's lease word (an 8-byte
     /// word at `request.offset` of each node's memory, [`crate::lease_watch`]) and to
     /// cut the client off once it is killed (bit 63) or unchanged for

@@ -75,4 +75,14 @@ impl Nic for VerbsNic {
     fn poll(&mut self, out: &mut Vec<WorkCompletion>) -> Result<(), i32> {
         self.cq.poll(out)
     }
+
+    fn abort(&mut self, node: usize) {
+        if let Some(Some(qp)) = self.qps.get_mut(node)
+            && let Err(error) = qp.to_error()
+        {
+            // The node is failed anyway; its queue pair is destroyed at the
+            // reconnect.
+            tracing::warn!(node, %error, "could not move a lost queue pair to the error state");
+        }
+    }
 }

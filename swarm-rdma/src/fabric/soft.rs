@@ -24,6 +24,9 @@ pub enum Mode {
     Up,
     /// Never answers: chains stay posted (a node whose retries have not run out yet).
     Silent,
+    /// Executes nothing until the next post on its queue pair, then is `Up` (a
+    /// soft-RoCE requester asleep on a request until a post wakes it).
+    Held,
     /// The next request fails with `RETRY_EXC_ERR`, then the QP is in error.
     Crash,
     /// The QP is in the error state: everything is flushed.
@@ -114,7 +117,7 @@ impl SoftNic {
             qp_num: node as u32,
         };
         match self.nodes[node].mode {
-            Mode::Silent => unreachable!("silent nodes execute nothing"),
+            Mode::Silent | Mode::Held => unreachable!("silent and held nodes execute nothing"),
             Mode::Broken => {
                 out.extend((0..n).map(|i| completion(i, s::IBV_WC_WR_FLUSH_ERR)));
                 return;
@@ -185,6 +188,9 @@ impl Nic for SoftNic {
         if let Some((errno, posted)) = self.fail_posts {
             return Err(PostFailure { errno, posted });
         }
+        if self.nodes[node].mode == Mode::Held {
+            self.nodes[node].mode = Mode::Up;
+        }
         let inline = chain
             .requests()
             .iter()
@@ -206,7 +212,10 @@ impl Nic for SoftNic {
         out.clear();
         for _ in 0..self.per_poll {
             let ready: Vec<usize> = (0..self.nodes.len())
-                .filter(|&i| self.nodes[i].mode != Mode::Silent && !self.nodes[i].queue.is_empty())
+                .filter(|&i| {
+                    !matches!(self.nodes[i].mode, Mode::Silent | Mode::Held)
+                        && !self.nodes[i].queue.is_empty()
+                })
                 .collect();
             if ready.is_empty() {
                 break;
@@ -217,6 +226,10 @@ impl Nic for SoftNic {
             }
         }
         Ok(())
+    }
+
+    fn abort(&mut self, node: usize) {
+        self.nodes[node].mode = Mode::Broken;
     }
 }
 
@@ -269,6 +282,22 @@ mod tests {
             f.progress();
         }
         panic!("ticket {ticket:?} never completed");
+    }
+
+    /// Like `wait`, for tickets that complete only after the engine's overdue limits
+    /// (wall-clock time): up to 5 s.
+    fn wait_timed(
+        f: &EngineFabric<SoftNic>,
+        ticket: swarm_core::Ticket,
+    ) -> Result<Completion, FabricError> {
+        let started = std::time::Instant::now();
+        while started.elapsed() < std::time::Duration::from_secs(5) {
+            if let Poll::Ready(result) = f.poll(ticket) {
+                return result;
+            }
+            f.progress();
+        }
+        panic!("ticket {ticket:?} did not complete within 5 s");
     }
 
     fn arb_op() -> impl Strategy<Value = Op> {
@@ -514,6 +543,61 @@ mod tests {
         assert_eq!(f.engine().overdue_warnings(), 1);
         assert!(f.poll(lost).is_pending());
         assert!(!f.engine().is_dead(NodeId(2)));
+        assert_eq!(f.engine().in_flight(), 2, "the lost chain and its nudge");
+    }
+
+    #[test]
+    fn the_nudge_wakes_a_queue_pair_holding_a_chain() {
+        let nic = SoftNic::new(3, SIZE, BASE, 4096, 4);
+        let links = (0..3).map(|i| Some(link(&nic, i, 64))).collect();
+        let engine = Engine::new(nic, links)
+            .warn_overdue_after(50_000_000)
+            .fail_overdue_after(5_000_000_000);
+        let f = EngineFabric::new(engine);
+        f.engine().nic_mut().set_mode(2, Mode::Held);
+        // Posts wake a held queue pair: hold it once the chain is posted.
+        let held = f.post(NodeId(2), Batch::read(0, 8));
+        f.engine().nic_mut().set_mode(2, Mode::Held);
+        let started = std::time::Instant::now();
+        assert!(
+            wait_timed(&f, held).is_ok(),
+            "the nudge woke the queue pair"
+        );
+        assert!(started.elapsed() >= std::time::Duration::from_millis(50));
+        assert_eq!(f.engine().overdue_warnings(), 1);
+        assert!(!f.engine().is_dead(NodeId(2)));
+        while f.progress() {}
+        assert_eq!(f.engine().in_flight(), 0, "the nudge completed too");
+    }
+
+    #[test]
+    fn a_chain_lost_past_the_give_up_limit_fails_its_node() {
+        let nic = SoftNic::new(3, SIZE, BASE, 4096, 5);
+        let links = (0..3).map(|i| Some(link(&nic, i, 64))).collect();
+        let engine = Engine::new(nic, links)
+            .warn_overdue_after(50_000_000)
+            .fail_overdue_after(250_000_000);
+        let f = EngineFabric::new(engine);
+        f.engine().nic_mut().set_mode(2, Mode::Silent);
+        let lost = f.post(NodeId(2), Batch::read(0, 8));
+        let started = std::time::Instant::now();
+        assert_eq!(
+            wait_timed(&f, lost),
+            Err(FabricError::NodeFailed {
+                node: NodeId(2),
+                cause: FailureCause::TimedOut
+            })
+        );
+        assert!(started.elapsed() >= std::time::Duration::from_millis(250));
+        assert!(f.engine().is_dead(NodeId(2)));
+        assert_eq!(f.engine().lost_chain_failures(), 1);
+        // The queue pair was aborted: its chains (the lost one and its nudge) come
+        // back flushed and their staging is released.
+        while f.progress() {}
+        assert_eq!(f.engine().in_flight(), 0);
+        assert_eq!(f.engine().staging_in_use(), 0);
+        // Later posts to the node fail at once, until a reconnect revives it.
+        assert!(f.poll(f.post(NodeId(2), Batch::read(0, 8))).is_ready());
     }
 
     #[test]

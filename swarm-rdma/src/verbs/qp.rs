@@ -168,6 +168,14 @@ impl QueuePair {
         )
     }
 
+    /// Moves the queue pair to the error state: it sends nothing more, and every
+    /// request it holds completes with a flush error.
+    pub fn to_error(&mut self) -> Result<(), RdmaError> {
+        let mut attr = zeroed_attr();
+        attr.qp_state = ibv_qp_state::IBV_QPS_ERR;
+        self.modify(&mut attr, mask::IBV_QP_STATE, "ibv_modify_qp (to ERR)")
+    }
+
     /// Connects to `remote` and moves to RTS (ready to send and to serve).
     pub fn connect(&mut self, remote: &QpInfo) -> Result<(), RdmaError> {
         let port = self.settings.port;
