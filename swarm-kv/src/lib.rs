@@ -45,6 +45,8 @@ pub mod recycle;
 pub mod register_alloc;
 pub mod shm;
 pub mod store;
+#[cfg(test)]
+mod test_support;
 pub mod writer_ids;
 pub mod ycsb;
 

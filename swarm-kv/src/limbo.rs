@@ -715,44 +715,14 @@ mod tests {
     use super::*;
     use swarm_core::{FixedClock, MemCluster, MemFabric, block_on, block_on_future};
 
+    use crate::KvClient;
     use crate::client::register_loc_for;
-    use crate::layout::ClusterParams;
-    use crate::{KvClient, KvConfig};
-
-    const MS: u64 = 1_000_000;
-
-    /// Three in-memory nodes, chunks of 4 registers, a short grace (each client's
-    /// in-memory fabric has its own logical clock).
-    fn cluster() -> (MemCluster, NodeLayout) {
-        let params = ClusterParams {
-            key_max: 16,
-            value_max: 16,
-            writers: 4,
-            chunk_registers: 4,
-            lease_ns: 400 * MS,
-            lease_renew_ns: 20 * MS,
-            max_op_ns: 50 * MS,
-            cache_ttl_ns: 10 * MS,
-            ..ClusterParams::default()
-        }
-        .for_node_size(1 << 20)
-        .expect("a 1 MiB node fits a small cluster");
-        let layout = NodeLayout::new(params).expect("a valid layout");
-        let cluster = MemCluster::new(3, 1 << 20);
-        crate::store::write_superblock(&cluster.client(), &params).expect("three live nodes");
-        (cluster, layout)
-    }
+    use crate::test_support::{MS, connect, small_cluster};
 
     type Client = KvClient<MemFabric, FixedClock>;
 
-    fn connect(cluster: &MemCluster, layout: NodeLayout) -> Client {
-        KvClient::connect(
-            cluster.client(),
-            FixedClock(1_000),
-            layout,
-            KvConfig::new(0, 1),
-        )
-        .expect("a free writer id")
+    fn cluster() -> (MemCluster, NodeLayout) {
+        small_cluster(400 * MS)
     }
 
     fn insert(c: &Client, key: &str, value: &str) -> Result<(), KvError> {

@@ -165,39 +165,11 @@ mod tests {
     use swarm_core::{FixedClock, MemCluster, MemFabric, block_on};
 
     use super::*;
-    use crate::layout::ClusterParams;
-    use crate::{KvClient, KvConfig};
-
-    const MS: u64 = 1_000_000;
+    use crate::KvClient;
+    use crate::test_support::{MS, connect, small_cluster};
 
     fn cluster() -> (MemCluster, NodeLayout) {
-        let params = ClusterParams {
-            key_max: 16,
-            value_max: 16,
-            writers: 4,
-            chunk_registers: 4,
-            lease_ns: 200 * MS,
-            lease_renew_ns: 20 * MS,
-            max_op_ns: 50 * MS,
-            cache_ttl_ns: 10 * MS,
-            ..ClusterParams::default()
-        }
-        .for_node_size(1 << 20)
-        .expect("a 1 MiB node fits a small cluster");
-        let layout = NodeLayout::new(params).expect("a valid layout");
-        let cluster = MemCluster::new(3, 1 << 20);
-        crate::store::write_superblock(&cluster.client(), &params).expect("three live nodes");
-        (cluster, layout)
-    }
-
-    fn connect(cluster: &MemCluster, layout: NodeLayout) -> KvClient<MemFabric, FixedClock> {
-        KvClient::connect(
-            cluster.client(),
-            FixedClock(1_000),
-            layout,
-            KvConfig::new(0, 1),
-        )
-        .expect("a free writer id")
+        small_cluster(200 * MS)
     }
 
     fn get(client: &KvClient<MemFabric, FixedClock>, key: &str) -> Option<Vec<u8>> {

@@ -534,7 +534,6 @@ pub async fn read_table<F: Fabric>(
 
 #[cfg(test)]
 mod tests {
-    use swarm_core::FixedClock;
     use swarm_core::encoding::WriterId;
     use swarm_core::resume::scan_log;
     use swarm_core::{MemCluster, MemFabric};
@@ -542,31 +541,13 @@ mod tests {
 
     use super::*;
     use crate::layout::ClusterParams;
-    use crate::{KvClient, KvConfig};
+    use crate::test_support::{cluster_with, connect};
     use swarm_core::summary::LogSummary;
 
     const NODE_BYTES: u64 = 4 << 20;
 
     fn cluster() -> (MemCluster, NodeLayout) {
-        let params = ClusterParams::default()
-            .for_node_size(NODE_BYTES)
-            .expect("a 4 MiB node fits a small cluster");
-        let layout = NodeLayout::new(params).expect("a valid layout");
-        let cluster = MemCluster::new(3, NODE_BYTES as usize);
-        crate::store::write_superblock(&cluster.client(), &params).expect("three live nodes");
-        (cluster, layout)
-    }
-
-    fn connect(cluster: &MemCluster, layout: NodeLayout) -> KvClient<MemFabric, FixedClock> {
-        // Every incarnation reads the same clock: without resuming, the second one
-        // would guess the very timestamps (and slots) the first one used.
-        KvClient::connect(
-            cluster.client(),
-            FixedClock(1_000),
-            layout,
-            KvConfig::new(0, 1),
-        )
-        .expect("a free writer id")
+        cluster_with(ClusterParams::default(), NODE_BYTES as usize)
     }
 
     /// Every slot of `writer`'s log that holds anything, with its bytes on each node.
