@@ -9,7 +9,9 @@
 #      still put and get (swarm-kv's `examples/idle_client.rs`);
 #   3. `swarm bench --cluster` over the three nodes, its history checked;
 #   4. one memory node killed in the middle of a bench, whose history is checked,
-#      then put and get with the other two;
+#      then put and get with the other two (operations that fail for want of a
+#      majority while soft-RoCE holds a live node's requests are tolerated, and
+#      reported, only when the client logged that it gave up on that queue pair);
 #   5. that node restarted with empty memory: left out (stat says why), gets still
 #      right, and `swarm format` refuses to write over the live store.
 #
@@ -42,6 +44,8 @@ failed=0
 : >"$out/results.txt"
 pass() { echo "PASS \$1" | tee -a "$out/results.txt"; }
 fail() { echo "FAIL \$1" | tee -a "$out/results.txt"; failed=1; }
+# The last lines of a failed step's log, into the results too: CI prints only those.
+tail_of() { tail -"\${2:-12}" "\$1" | sed 's/^/    | /' | cut -c1-400 | tee -a "$out/results.txt"; }
 
 # 1. Device tests.
 # The VM's eth0 carries rxe0 and nothing else: the link-flap test may take it down.
@@ -49,7 +53,7 @@ if SWARM_TEST_FLAP_NETDEV=eth0 "$device_tests" --test-threads 1 >"$out/device.lo
     ! grep -q "SKIPPED.*no RDMA device" "$out/device.log"; then
     pass "device tests (\$(grep -c '\.\.\. ok' "$out/device.log") passed)"
 else
-    fail "device tests (see $out/device.log)"; tail -20 "$out/device.log"
+    fail "device tests (see $out/device.log)"; tail_of "$out/device.log" 20
 fi
 
 # Waits until the memory node logging to \$1 serves (up to 120 s: a loaded VM can
@@ -84,7 +88,7 @@ bench_at() { timeout 600 \$swarm bench "\${c[@]}" "\$@"; }
 # deadline. Real RDMA takes microseconds; here the deadline is 1 s. The lease is the
 # shortest that fits it (2 s): the idle step below waits for the lease watch.
 # Soft-RoCE under CPU starvation has held work requests 1.1-1.3 s before delivering
-# them (the engine's overdue warning), past the 547 ms retry window that `swarm format`
+# them (the engine's overdue warning), past the 547 ms retry window that swarm format
 # takes as the delivery margin; a write that lands that late can overwrite a recycled
 # log slot. The margin is the transport's worst case, so this cluster states 3 s.
 at format --value-max 64 --writers 8 --max-op 1s --lease 2s --lease-renew 250ms \
@@ -111,10 +115,10 @@ if timeout 120 "\$idle_client" "\$dir/swarm-cluster.conf" 8 >"$out/idle.out" 2>"
         pass "idle client cut off by \$cuts nodes, then put and get succeeded (\$(sed -n 's/.*(first operation took \([0-9]*\) ms.*/\1/p' "$out/idle.out") ms)"
     else
         fail "idle client: not cut off by a majority, or no revival logged (\$cuts cuts; see $out/idle.log)"
-        tail -20 "$out/idle.log"
+        tail_of "$out/idle.log" 20
     fi
 else
-    fail "idle client: an operation after the idle period failed (see $out/idle.log)"; tail -20 "$out/idle.log"
+    fail "idle client: an operation after the idle period failed (see $out/idle.log)"; tail_of "$out/idle.log" 20
 fi
 
 # 3. A benchmark over RDMA, its history checked for linearizability.
@@ -122,28 +126,41 @@ bench=(--workload a --keys 1000 --ops 10000 --clients 2 --warmup-ops 0)
 if bench_at "\${bench[@]}" --history "$out/history.jsonl" >"$out/bench.log" 2>&1; then
     pass "bench --cluster (\$(sed -n 's/^measured.*: \\([0-9.]* k*ops\\/s\\).*/\\1/p' "$out/bench.log"))"
 else
-    fail "bench --cluster (see $out/bench.log)"; tail -20 "$out/bench.log"
+    fail "bench --cluster (see $out/bench.log)"; tail_of "$out/bench.log" 20
 fi
 \$swarm check "$out/history.jsonl" >"$out/check.log" 2>&1 && pass "bench history linearizable" ||
-    fail "bench history linearizable (see $out/check.log)"
+    { fail "bench history linearizable (see $out/check.log)"; tail_of "$out/check.log"; }
 
 # 4. A memory node killed in the middle of a benchmark, then put and get without it.
-bench_at "\${bench[@]}" --seed 7 --history "$out/history-kill.jsonl" >"$out/bench-kill.log" 2>&1 &
+#    With node 2 dead, every operation needs both others. Soft-RoCE under CPU load
+#    sometimes holds a queue pair's requests for seconds; the client then gives up
+#    on that queue pair and reconnects it (swarm-rdma's "lost work requests"), and
+#    the operations waiting meanwhile fail, rightly, for want of a majority. Such
+#    failures pass only if that is all they are: each one a lost majority, and the
+#    client's log shows it gave up on a queue pair.
+bench_at "\${bench[@]}" --seed 7 --history "$out/history-kill.jsonl" \
+    >"$out/bench-kill.log" 2>&1 &
 bench_pid=\$!
 sleep 5
 kill -9 "\${pids[2]}"
+kill_rate() { sed -n 's/^measured.*: \\([0-9.]* k*ops\\/s\\).*/\\1/p' "$out/bench-kill.log"; }
 if wait \$bench_pid; then
-    pass "bench with node 2 killed mid-run (\$(sed -n 's/^measured.*: \\([0-9.]* k*ops\\/s\\).*/\\1/p' "$out/bench-kill.log"))"
+    pass "bench with node 2 killed mid-run (\$(kill_rate))"
+elif lost=\$(awk '/failed operations in all phases/ { total = \$1 }
+        /^  [0-9]+x .*memory nodes can answer but/ { lost += \$1 }
+        END { if (total > 0 && lost == total) print total; else exit 1 }' "$out/bench-kill.log") && grep -q "the NIC lost a work request chain" "$out/bench-kill.log"; then
+    pass "bench with node 2 killed mid-run (\$(kill_rate); \$lost operations failed for want of a majority while soft-RoCE held a live node's requests)"
 else
-    fail "bench with node 2 killed mid-run (see $out/bench-kill.log)"; tail -20 "$out/bench-kill.log"
+    fail "bench with node 2 killed mid-run (see $out/bench-kill.log)"; tail_of "$out/bench-kill.log" 20
 fi
 \$swarm check "$out/history-kill.jsonl" >"$out/check-kill.log" 2>&1 &&
     pass "history across the kill linearizable" ||
-    fail "history across the kill linearizable (see $out/check-kill.log)"
+    { fail "history across the kill linearizable (see $out/check-kill.log)"; tail_of "$out/check-kill.log"; }
 at put after-kill yes && pass "put with node 2 killed" || fail "put with node 2 killed"
 [ "\$(at get after-kill)" = yes ] && pass "get with node 2 killed" || fail "get with node 2 killed"
 at scrub >"$out/scrub.log" 2>&1 && grep -q "0 buckets skipped" "$out/scrub.log" &&
-    pass "scrub with node 2 killed" || fail "scrub with node 2 killed (see $out/scrub.log)"
+    pass "scrub with node 2 killed" ||
+    { fail "scrub with node 2 killed (see $out/scrub.log)"; tail_of "$out/scrub.log"; }
 
 # 5. The killed node restarts with empty memory (a new incarnation): it must be left
 #    out, never read as a replica, and swarm format must not paper over it.
