@@ -198,7 +198,8 @@ impl<N: Nic> Engine<N> {
         self
     }
 
-    /// Overdue warnings logged so far (for tests and diagnostics).
+    /// Chains warned about as overdue so far (for tests and diagnostics; one warning
+    /// line per node and scan covers them).
     pub fn overdue_warnings(&self) -> u64 {
         self.overdue_warnings
     }
@@ -230,7 +231,8 @@ impl<N: Nic> Engine<N> {
             return;
         }
         self.next_overdue_scan = now.saturating_add(OVERDUE_SCAN_NS);
-        let mut nudge: Vec<usize> = Vec::new();
+        // Per node: chains newly overdue, and the longest time one was in flight.
+        let mut overdue: Vec<(usize, u32, Nanos)> = Vec::new();
         let mut lost: Vec<(usize, u64, Nanos)> = Vec::new();
         for (seq, entry) in self.inflight.iter_mut() {
             let since = *entry.seen_at.get_or_insert(now);
@@ -249,16 +251,13 @@ impl<N: Nic> Engine<N> {
             }
             entry.warned = true;
             self.overdue_warnings += 1;
-            nudge.push(entry.node);
-            tracing::warn!(
-                node = %NodeId(entry.node as u16),
-                seq,
-                requests = entry.chain.requests().len(),
-                in_flight_ms = for_ns / 1_000_000,
-                limit_ms = self.overdue_after_ns / 1_000_000,
-                "a work request chain neither completed nor failed within twice the queue \
-                 pair's retry window: nudging the queue pair (the NIC is slow or holds it)"
-            );
+            match overdue.iter_mut().find(|(node, ..)| *node == entry.node) {
+                Some((_, chains, longest)) => {
+                    *chains += 1;
+                    *longest = (*longest).max(for_ns);
+                }
+                None => overdue.push((entry.node, 1, for_ns)),
+            }
         }
         lost.sort_unstable();
         lost.dedup_by_key(|(node, ..)| *node);
@@ -282,13 +281,20 @@ impl<N: Nic> Engine<N> {
                 },
             );
         }
-        nudge.sort_unstable();
-        nudge.dedup();
-        for node in nudge {
-            if !self.nodes[node].dead {
-                let ticket = self.post_as(NodeId(node as u16), Batch::read(0, 8), true);
-                self.slab.forget(ticket);
+        for (node, chains, longest) in overdue {
+            if self.nodes[node].dead {
+                continue;
             }
+            tracing::warn!(
+                node = %NodeId(node as u16),
+                chains,
+                in_flight_ms = longest / 1_000_000,
+                limit_ms = self.overdue_after_ns / 1_000_000,
+                "work request chains neither completed nor failed within twice the queue \
+                 pair's retry window: nudging the queue pair (the NIC is slow or holds them)"
+            );
+            let ticket = self.post_as(NodeId(node as u16), Batch::read(0, 8), true);
+            self.slab.forget(ticket);
         }
     }
 
