@@ -21,13 +21,7 @@ out=$root/target/softroce-hang
 rm -rf "$out"; mkdir -p "$out"
 swarm=$root/target/debug/swarm
 export RUST_LOG=swarm_kv=debug,swarm_rdma=debug,swarm_core=debug
-serving() {
-    for _ in $(seq 1 240); do
-        grep -q "serving" "$1" 2>/dev/null && return 0
-        sleep 0.5
-    done
-    echo "memory node of $1 did not start"
-}
+. "$root/scripts/softroce/common.sh"
 snapshot() {
     for t in /proc/$1/task/*; do
         echo "$t $(cat "$t/comm") $(cut -d' ' -f3,14,15 "$t/stat") wchan=$(cat "$t/wchan" 2>/dev/null)"
@@ -43,8 +37,8 @@ for port in 7471 7472 7473; do
 done
 for port in 7471 7472 7473; do serving "$out/memnode-$port.log"; done
 c=(--cluster "$dir/swarm-cluster.conf")
-timeout 120 $swarm format "${c[@]}" --value-max 64 --writers 8 --max-op 1s --lease 2s \
-    --lease-renew 250ms >"$out/format.log" 2>&1
+timeout 120 $swarm format "${c[@]}" --value-max 64 --writers 8 --max-op 4s --lease 6s \
+    --lease-renew 250ms --delivery-margin 2s >"$out/format.log" 2>&1
 echo "format: $?" | tee "$out/result.txt"
 bench=(--workload a --keys 1000 --ops 10000 --clients 2 --warmup-ops 0)
 for i in 1 2 3; do

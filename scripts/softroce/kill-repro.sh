@@ -21,13 +21,7 @@ rm -rf "$out"; mkdir -p "$out"
 cp "$root/target/debug/swarm" "$out/swarm"
 swarm=$out/swarm
 export RUST_LOG=${RUST_LOG:-info,swarm_core::protocol::maxreg=debug}
-serving() {
-    for _ in $(seq 1 240); do
-        grep -q "serving" "$1" 2>/dev/null && return 0
-        sleep 0.5
-    done
-    echo "memory node of $1 did not start"
-}
+. "$root/scripts/softroce/common.sh"
 bench=(--workload a --keys 1000 --ops 10000 --clients 2 --warmup-ops 0)
 for round in $(seq 1 4); do
     base=$((7400 + round * 10))
@@ -43,8 +37,8 @@ for round in $(seq 1 4); do
     done
     for port in "${ports[@]}"; do serving "$out/memnode-$round-$port.log"; done
     c=(--cluster "$dir/swarm-cluster.conf")
-    timeout 120 $swarm format "${c[@]}" --value-max 64 --writers 8 --max-op 1s --lease 2s \
-        --lease-renew 250ms --delivery-margin 3s >"$out/format-$round.log" 2>&1
+    timeout 120 $swarm format "${c[@]}" --value-max 64 --writers 8 --max-op 4s --lease 6s \
+        --lease-renew 250ms --delivery-margin 2s >"$out/format-$round.log" 2>&1
     start=$(date +%s)
     timeout 600 $swarm bench "${c[@]}" "${bench[@]}" --seed 7 \
         --history "$out/history-$round.jsonl" >"$out/bench-$round.log" 2>&1 &
