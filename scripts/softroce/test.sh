@@ -82,7 +82,7 @@ bench_at() { timeout 600 \$swarm bench "\${c[@]}" "\$@"; }
 # for seconds (swarm-rdma's README, "Lost work requests"): the client nudges it after
 # 1.1 s (twice the retry window) and gives up on it, failing and reconnecting the
 # node, when the cluster's delivery margin is about to run out. So this cluster
-# states a 2 s margin (given up on after 1.8 s) and a 4 s operation deadline, which
+# states a 2 s margin (given up on after 1.9 s) and a 4 s operation deadline, which
 # an operation stuck behind a held queue pair outlives once the node is given up on.
 # The lease is the shortest that fits that deadline (6 s: an operation plus a renewal
 # within 7/8 of it); the idle step below waits for its lease watch.

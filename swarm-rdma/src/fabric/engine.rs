@@ -125,8 +125,8 @@ struct InFlight {
     /// The NIC may still touch the staging slice even after the last completion (a
     /// failed post left part of the chain behind): never reuse it.
     leak: bool,
-    /// When an overdue scan first saw it in flight (engine clock).
-    seen_at: Option<Nanos>,
+    /// When it was handed to the NIC (engine clock, [`Engine::clock`]).
+    posted_at: Nanos,
     /// An overdue warning was logged for it (or it is a nudge, which gets none).
     warned: bool,
 }
@@ -154,6 +154,8 @@ pub struct Engine<N: Nic> {
     overdue_warnings: u64,
     /// Fail the node of a chain in flight for longer than this (`Nanos::MAX`: never).
     give_up_after_ns: Nanos,
+    /// The engine clock: the latest time a post or a progress call was made at.
+    clock: Nanos,
     /// Nodes failed because a chain was lost, so far.
     gave_up: u64,
 }
@@ -187,6 +189,7 @@ impl<N: Nic> Engine<N> {
             overdue_warnings: 0,
             give_up_after_ns: Nanos::MAX,
             gave_up: 0,
+            clock: 0,
         }
     }
 
@@ -226,6 +229,7 @@ impl<N: Nic> Engine<N> {
     /// the overdue limit and gives up on those in flight for longer than the give-up
     /// limit, at most once per [`OVERDUE_SCAN_NS`] (see the module docs).
     fn scan_overdue(&mut self, now: Nanos) {
+        self.clock = self.clock.max(now);
         let limit = self.overdue_after_ns.min(self.give_up_after_ns);
         if limit == Nanos::MAX || now < self.next_overdue_scan {
             return;
@@ -235,8 +239,7 @@ impl<N: Nic> Engine<N> {
         let mut overdue: Vec<(usize, u32, Nanos)> = Vec::new();
         let mut lost: Vec<(usize, u64, Nanos)> = Vec::new();
         for (seq, entry) in self.inflight.iter_mut() {
-            let since = *entry.seen_at.get_or_insert(now);
-            let for_ns = now.saturating_sub(since);
+            let for_ns = now.saturating_sub(entry.posted_at);
             // A chain whose ticket already failed (its node is dead) keeps nobody
             // waiting.
             if entry.reported || for_ns < limit {
@@ -456,7 +459,7 @@ impl<N: Nic> Engine<N> {
                         extent,
                         reported: false,
                         leak: false,
-                        seen_at: None,
+                        posted_at: self.clock,
                         warned: w.nudge,
                     },
                 );
@@ -485,7 +488,7 @@ impl<N: Nic> Engine<N> {
                             extent,
                             reported: true,
                             leak: true,
-                            seen_at: None,
+                            posted_at: self.clock,
                             warned: false,
                         },
                     );
@@ -585,6 +588,7 @@ impl<N: Nic> Engine<N> {
     /// the memory it writes may be recycled (the operation fence, see
     /// [`swarm_core::reclaim`]).
     pub fn progress(&mut self, now: Nanos) -> bool {
+        self.clock = self.clock.max(now);
         let mut delivered = false;
         loop {
             let mut completions = std::mem::take(&mut self.completions);

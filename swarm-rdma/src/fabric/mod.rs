@@ -533,17 +533,18 @@ impl RdmaFabric {
 
     /// Makes sure none of this client's requests takes effect on a memory node later
     /// than `margin_ns` after its post, as far as the NIC can be stopped: a chain
-    /// still in flight that long before the margin runs out is given up on (its
-    /// queue pair aborted, its node failed and reconnected; see
-    /// [`engine`](self::engine)'s module docs). A SWARM-KV store passes its cluster's
-    /// delivery margin, which its recyclers wait for. The give-up comes two overdue
-    /// scans and the NIC's scheduling slack early: a chain is first seen in flight
-    /// up to one scan after its post, and scans run every [`engine::OVERDUE_SCAN_NS`].
-    /// With a margin under the queue pairs' retry window a node that retries that
-    /// long is failed, which such a cluster's margin requires anyway.
+    /// still in flight shortly before the margin runs out is given up on (its queue
+    /// pair aborted, its node failed and reconnected; see
+    /// [`engine`](self::engine)'s module docs), before the client posts anything
+    /// else, since a post may wake a queue pair that holds requests. A SWARM-KV store
+    /// passes its cluster's delivery margin, which its recyclers wait for. The give-up
+    /// comes one overdue scan ([`engine::OVERDUE_SCAN_NS`]: scans are that far apart)
+    /// and the NIC's scheduling slack early. With a margin under the queue pairs'
+    /// retry window a node that retries that long is failed, which such a cluster's
+    /// margin requires anyway.
     pub fn bound_delivery(&self, margin_ns: Nanos) {
         let give_up = margin_ns
-            .saturating_sub(2 * engine::OVERDUE_SCAN_NS + SCHEDULING_SLACK_NS)
+            .saturating_sub(engine::OVERDUE_SCAN_NS + SCHEDULING_SLACK_NS)
             .max(engine::OVERDUE_SCAN_NS);
         self.inner.engine().set_fail_overdue_after(give_up);
     }

@@ -570,6 +570,34 @@ mod tests {
         assert_eq!(f.engine().in_flight(), 0, "the nudge completed too");
     }
 
+    /// An idle client (no progress calls) whose queue pair holds a write past the
+    /// give-up limit: its next post must not wake the queue pair and let the held
+    /// write land late, so the engine gives up on it before posting.
+    #[test]
+    fn a_post_after_an_idle_gap_gives_up_on_a_held_queue_pair_first() {
+        let nic = SoftNic::new(3, SIZE, BASE, 4096, 6);
+        let links = (0..3).map(|i| Some(link(&nic, i, 64))).collect();
+        let engine = Engine::new(nic, links)
+            .warn_overdue_after(50_000_000)
+            .fail_overdue_after(150_000_000);
+        let f = EngineFabric::new(engine);
+        let held = f.post(NodeId(1), Batch::write(64, vec![7; 8]));
+        f.engine().nic_mut().set_mode(1, Mode::Held);
+        // One progress call, then the client idles past the limit.
+        f.progress();
+        std::thread::sleep(std::time::Duration::from_millis(400));
+        let next = f.post(NodeId(1), Batch::read(0, 8));
+        assert!(f.engine().is_dead(NodeId(1)), "given up on before the post");
+        assert!(matches!(f.poll(held), Poll::Ready(Err(_))));
+        assert!(matches!(f.poll(next), Poll::Ready(Err(_))));
+        while f.progress() {}
+        assert_eq!(
+            &f.engine().nic_mut().memory(1)[64..72],
+            &[0; 8],
+            "the held write never landed"
+        );
+    }
+
     #[test]
     fn a_chain_lost_past_the_give_up_limit_fails_its_node() {
         let nic = SoftNic::new(3, SIZE, BASE, 4096, 5);
