@@ -352,10 +352,13 @@ impl<F: Fabric, C: Clock> Client<F, C> {
     }
 
     /// A majority of `reg`'s replicas holds `floor` or more: this writer's writes
-    /// below it are superseded (see [`super::reclaim`]).
-    pub(crate) fn settle(&self, reg: &RegisterLoc, floor: Tsp) {
+    /// below it are superseded (see [`super::reclaim`]). Returns the fabric time they
+    /// were stamped with (read now, after the supersession was learned), for the
+    /// caller's next fence check if it posts without waiting in between.
+    pub(crate) fn settle(&self, reg: &RegisterLoc, floor: Tsp) -> Nanos {
         let now = self.fabric.now();
         self.state.borrow_mut().tracker.settle(reg.addr, floor, now);
+        now
     }
 
     /// A slot for a new write: `allocate` (a [`Self::guess_ts`] or

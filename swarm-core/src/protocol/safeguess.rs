@@ -56,7 +56,7 @@ use alloc::vec::Vec;
 
 use crate::clock::Clock;
 use crate::encoding::{Flag, LockMode, Timestamp, Tsp};
-use crate::fabric::{Batch, Fabric, Op};
+use crate::fabric::{Batch, Fabric, Nanos, Op};
 use crate::layout::encode_record_for;
 use crate::roundtrip::{OpStats, post_background};
 
@@ -90,8 +90,8 @@ impl<F: Fabric, C: Clock> Client<F, C> {
             .await?;
         if m <= w {
             // `w` is on a majority: this writer's earlier writes here are superseded.
-            self.settle(reg, w);
-            self.mark_verified(reg, cache, stats, w, record);
+            let now = self.settle(reg, w);
+            self.mark_verified(reg, cache, stats, w, record, now);
             return Ok(WriteOutcome::Written);
         }
         // The guess may have been stale: re-synchronise, then make sure no reader
@@ -124,8 +124,8 @@ impl<F: Fabric, C: Clock> Client<F, C> {
             // What `m` stood for never reached a majority and is gone from the one
             // the strong read saw: `w` is the maximum of a majority now, as on the
             // fast path (every write that completed before this one is at most `w`).
-            self.settle(reg, w);
-            self.mark_verified(reg, cache, stats, w, record);
+            let now = self.settle(reg, w);
+            self.mark_verified(reg, cache, stats, w, record, now);
             return Ok(WriteOutcome::Written);
         }
         if !self.trylock(reg, stats, ts, LockMode::Write).await? {
@@ -231,6 +231,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
                             stats,
                             m,
                             encode_record_for(m, Some(reg.addr), &value),
+                            self.fabric.now(),
                         );
                         return Ok(ReadValue::Value(value));
                     }
@@ -249,6 +250,12 @@ impl<F: Fabric, C: Clock> Client<F, C> {
     /// to hold the guessed tuple, and write the in-place copy (`record`, from
     /// [`encode_record_for`]) on the primary, in the same batch as its CAS: whoever sees
     /// the flag there also finds the in-place copy.
+    ///
+    /// `now` is a fabric clock reading taken since the operation last waited (a write
+    /// passes the one its `settle` just took): the posts below follow it within
+    /// microseconds, like the posts of one burst after their fence check
+    /// ([`crate::Roundtrip::post`]), which the recycling grace's delivery margin
+    /// covers.
     fn mark_verified(
         &self,
         reg: &RegisterLoc,
@@ -256,9 +263,10 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         stats: &OpStats,
         guessed: Tsp,
         record: Vec<u8>,
+        now: Nanos,
     ) {
-        // One fence check (one clock read) for the burst of background posts below.
-        if stats.check_fence(&self.fabric).is_err() {
+        // One fence check for the burst of background posts below.
+        if stats.is_fenced(now) {
             tracing::debug!("operation past its deadline: VERIFIED marks dropped (fenced)");
             return;
         }
