@@ -62,7 +62,11 @@
 //!    above `ts`; or, for a write known to have completed (a majority once held a
 //!    word `>= ts`), a majority showing only words below `ts`: words only go up
 //!    except when the register is reset for reuse, which happens only after its
-//!    tombstone was on a majority (SWARM-KV register recycling).
+//!    tombstone was on a majority (SWARM-KV register recycling). A check judges only
+//!    the writes tracked (for the second half, completed) before it posted its
+//!    reads: replies read earlier say nothing about a later write, and a register
+//!    reset and reused in between would show the reset's empty words, below the
+//!    write that is its new value.
 //!
 //! Writes that failed (an error, a dropped future) stay tracked: they may have
 //! reached some nodes, so only rule 3 (a majority above them) frees them.
@@ -126,6 +130,10 @@ struct Tracked {
     ts: Timestamp,
     /// A majority of the register's replicas held a word `>= ts` at some point.
     completed: bool,
+    /// The tracker's event count ([`SlotTracker::events`]) when this write was
+    /// tracked or, once completed, when it completed: a check judges the write only
+    /// if it started later (see [`SlotTracker::observe`]).
+    known_at: u64,
 }
 
 /// Writes of one register kept inline: the steady state is one (the last completed
@@ -194,6 +202,8 @@ struct RegisterWrites {
 #[derive(Debug)]
 struct Check {
     started: Nanos,
+    /// The tracker's event count when the check posted its reads.
+    events: u64,
     /// Register address, its replicas' maxima by position, and who answered.
     regs: Vec<(u64, [Tsp; MAX_REPLICAS], u16)>,
     /// (index in `regs`, replica position, ticket) still outstanding.
@@ -296,6 +306,9 @@ pub(crate) struct SlotTracker {
     last_check: Option<Nanos>,
     /// Checks ended or abandoned so far.
     checks_ended: u64,
+    /// Writes tracked and completed so far: orders what the tracker learns against
+    /// the reads of a check.
+    events: u64,
 }
 
 impl SlotTracker {
@@ -304,9 +317,11 @@ impl SlotTracker {
         let writes = self
             .registers
             .get_or_insert(reg.addr, || reg.replicas.clone());
+        self.events += 1;
         writes.push(Tracked {
             ts,
             completed: false,
+            known_at: self.events,
         });
     }
 
@@ -319,13 +334,16 @@ impl SlotTracker {
         };
         let floor = floor.ts();
         let limbo = &mut self.limbo;
+        self.events += 1;
+        let events = self.events;
         writes.retain_mut(|w| {
             if w.ts < floor {
                 limbo.push_back((now, w.ts));
                 false
             } else {
-                if w.ts == floor {
+                if w.ts == floor && !w.completed {
                     w.completed = true;
+                    w.known_at = events;
                 }
                 true
             }
@@ -336,8 +354,23 @@ impl SlotTracker {
     }
 
     /// A majority read of `addr`'s metadata words answered with `maxima` (by replica
-    /// position; `answered` has bit `p` set for each reply), at `now` (rule 3).
-    fn observe(&mut self, addr: u64, maxima: &[Tsp; MAX_REPLICAS], answered: u16, now: Nanos) {
+    /// position; `answered` has bit `p` set for each reply), at `now` (rule 3), for a
+    /// check that posted its reads when the event count was `events`.
+    ///
+    /// Only writes tracked (and, for the "below" half of the rule, completed) before
+    /// the reads were posted are judged: replies read earlier say nothing about a
+    /// later write. The register may even have been reset and reused in between, the
+    /// reads showing the empty words of the reset: a write completed on it since
+    /// would look like a write of the register's previous life, its slot recycled
+    /// while it is the register's current value.
+    fn observe(
+        &mut self,
+        addr: u64,
+        maxima: &[Tsp; MAX_REPLICAS],
+        answered: u16,
+        now: Nanos,
+        events: u64,
+    ) {
         let Some((writes, replicas)) = self.registers.get_mut(addr) else {
             return;
         };
@@ -353,6 +386,9 @@ impl SlotTracker {
         }
         let limbo = &mut self.limbo;
         writes.retain_mut(|w| {
+            if w.known_at > events {
+                return true;
+            }
             let above = replies().filter(|m| m.ts() > w.ts).count();
             let below = replies().filter(|m| m.is_empty() || m.ts() < w.ts).count();
             let superseded = above >= q || (w.completed && below >= q);
@@ -430,6 +466,7 @@ impl SlotTracker {
         self.cursor = (start + picked.len()) % len;
         let mut check = Check {
             started: now,
+            events: self.events,
             regs: Vec::with_capacity(picked.len()),
             outstanding: Vec::new(),
         };
@@ -483,7 +520,7 @@ impl SlotTracker {
         }
         // Stamped now, after every reply it uses was read on its node.
         for (addr, maxima, answered) in &check.regs {
-            self.observe(*addr, maxima, *answered, now);
+            self.observe(*addr, maxima, *answered, now, check.events);
         }
         true
     }
@@ -553,6 +590,7 @@ mod tests {
                     table.get_or_insert(addr, || replicas_of(addr)).push(Tracked {
                         ts: ts(key + 1),
                         completed: false,
+                        known_at: 0,
                     });
                     model.insert(addr);
                 } else {
@@ -583,7 +621,7 @@ mod tests {
             let mut model: Vec<u64> = Vec::new();
             for (push, t) in ops {
                 if push {
-                    writes.push(Tracked { ts: ts(t + 1), completed: false });
+                    writes.push(Tracked { ts: ts(t + 1), completed: false, known_at: 0 });
                     model.push(t + 1);
                 } else {
                     // Drop the writes at or below `t`, as a settle does.
@@ -682,31 +720,59 @@ mod tests {
         // Only one replica above 10: not enough.
         maxima[0] = word(15);
         maxima[1] = word(5);
-        t.observe(4096, &maxima, 0b011, 2);
+        t.observe(4096, &maxima, 0b011, 2, t.events);
         assert_eq!(t.limbo.len(), 0);
         // An incomplete write is not freed by words below it on a majority (it may
         // sit on a minority that a reader's majority includes).
         maxima[0] = word(5);
-        t.observe(4096, &maxima, 0b011, 2);
+        t.observe(4096, &maxima, 0b011, 2, t.events);
         assert_eq!(t.limbo.len(), 0);
         // A minority of answers decides nothing.
         maxima[0] = word(15);
         maxima[1] = word(15);
-        t.observe(4096, &maxima, 0b001, 2);
+        t.observe(4096, &maxima, 0b001, 2, t.events);
         assert_eq!(t.limbo.len(), 0);
-        t.observe(4096, &maxima, 0b011, 3);
+        t.observe(4096, &maxima, 0b011, 3, t.events);
         assert_eq!(t.limbo.len(), 1, "10 superseded");
         assert!(t.registers.is_empty());
         // A completed write: words below it on a majority mean a reset register.
         t.track(&reg(), ts(20));
         t.settle(4096, word(20), 4);
         maxima[1] = word(20);
-        t.observe(4096, &maxima, 0b011, 5);
+        t.observe(4096, &maxima, 0b011, 5, t.events);
         assert_eq!(t.limbo.len(), 1, "20 is live: a majority holds 20 or more");
         maxima[0] = Tsp::EMPTY;
         maxima[1] = word(3);
-        t.observe(4096, &maxima, 0b011, 6);
+        t.observe(4096, &maxima, 0b011, 6, t.events);
         assert_eq!(t.limbo.len(), 2);
         assert!(t.registers.is_empty());
+    }
+
+    /// A check whose reads were posted before a write was tracked (or completed)
+    /// says nothing about it: here the reads saw the empty words of a register reset
+    /// for reuse, and the writer then wrote the register's new value.
+    #[test]
+    fn a_check_posted_before_a_write_does_not_judge_it() {
+        let mut t = SlotTracker::default();
+        let word = |x| Tsp::new(ts(x), Flag::Verified);
+        // The register's previous life.
+        t.track(&reg(), ts(10));
+        t.settle(4096, word(10), 1);
+        // A check posts its reads now: the register was reset, its words are empty.
+        let posted = t.events;
+        let empty = [Tsp::EMPTY; MAX_REPLICAS];
+        // Its new life: this writer's write of 20 completes (and supersedes 10).
+        t.track(&reg(), ts(20));
+        t.settle(4096, word(20), 2);
+        assert_eq!(t.limbo.len(), 1, "10 superseded");
+        t.observe(4096, &empty, 0b111, 3, posted);
+        assert_eq!(
+            t.limbo.len(),
+            1,
+            "20 is the register's value: the reads predate it"
+        );
+        // The same replies from a check posted after 20 completed mean a reset.
+        t.observe(4096, &empty, 0b111, 4, t.events);
+        assert_eq!(t.limbo.len(), 2);
     }
 }
