@@ -7,7 +7,8 @@
 #   2. a cluster of three `swarm memnode` daemons: init, format, put, get, stat, delete;
 #      then one client that idles past its lease (every node cuts it off) and must
 #      still put and get (swarm-kv's `examples/idle_client.rs`);
-#   3. `swarm bench --cluster` over the three nodes, its history checked;
+#   3. `swarm bench --cluster` over the three nodes, its history checked, every
+#      node watching each bench client's lease word;
 #   4. one memory node killed in the middle of a bench, whose history is checked,
 #      then put and get with the other two (operations that fail for want of a
 #      majority while soft-RoCE holds a live node's requests are tolerated, and
@@ -64,7 +65,7 @@ dir=\$(mktemp -d)
 \$swarm init --rdma 10.0.2.15:7471,10.0.2.15:7472,10.0.2.15:7473 --dir "\$dir" >/dev/null
 pids=()
 for port in 7471 7472 7473; do
-    \$swarm memnode --listen 10.0.2.15:\$port --size 64MiB --cluster "\$dir/swarm-cluster.conf" \
+    RUST_LOG=swarm_rdma=info \$swarm memnode --listen 10.0.2.15:\$port --size 64MiB --cluster "\$dir/swarm-cluster.conf" \
         >"$out/memnode-\$port.log" 2>&1 &
     pids+=(\$!)
 done
@@ -119,11 +120,17 @@ fi
 
 # 3. A benchmark over RDMA, its history checked for linearizability.
 bench=(--workload a --keys 1000 --ops 10000 --clients 2 --warmup-ops 0)
+watches() { cat "$out"/memnode-747?.log | grep -c "watching the client's lease word"; }
+watches_before=\$(watches)
 if bench_at "\${bench[@]}" --history "$out/history.jsonl" >"$out/bench.log" 2>&1; then
     pass "bench --cluster (\$(sed -n 's/^measured.*: \\([0-9.]* k*ops\\/s\\).*/\\1/p' "$out/bench.log"))"
 else
     fail "bench --cluster (see $out/bench.log)"; tail_of "$out/bench.log" 20
 fi
+# Each bench client asks every node to watch its lease word (swarm-kv's Store::watch_lease).
+watched=\$(( \$(watches) - watches_before ))
+[ "\$watched" -ge 6 ] && pass "bench clients' lease words watched (\$watched watches on 3 nodes)" ||
+    fail "bench clients' lease words watched: \$watched watches, expected 2 clients x 3 nodes"
 \$swarm check "$out/history.jsonl" >"$out/check.log" 2>&1 && pass "bench history linearizable" ||
     { fail "bench history linearizable (see $out/check.log)"; tail_of "$out/check.log"; }
 
@@ -160,7 +167,7 @@ at scrub >"$out/scrub.log" 2>&1 && grep -q "0 buckets skipped" "$out/scrub.log" 
 
 # 5. The killed node restarts with empty memory (a new incarnation): it must be left
 #    out, never read as a replica, and swarm format must not paper over it.
-\$swarm memnode --listen 10.0.2.15:7473 --size 64MiB --cluster "\$dir/swarm-cluster.conf" \
+RUST_LOG=swarm_rdma=info \$swarm memnode --listen 10.0.2.15:7473 --size 64MiB --cluster "\$dir/swarm-cluster.conf" \
     >"$out/memnode-7473-restarted.log" 2>&1 &
 pids[2]=\$!
 serving "$out/memnode-7473-restarted.log"

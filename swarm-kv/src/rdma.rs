@@ -209,20 +209,21 @@ impl Store for RdmaStore {
         let clock =
             crate::clock::SystemClock::new(self.header().epoch_unix_ns, self.header().tick_ns);
         let client = crate::KvClient::connect(fabric, clock, self.layout, config)?;
-        watch_lease(&client, &self.layout);
+        self.watch_lease(client.fabric(), client.writer());
         Ok(client)
+    }
+
+    fn watch_lease(&self, fabric: &RdmaFabric, writer: u16) {
+        watch_lease(fabric, &self.layout, writer);
     }
 }
 
-/// Asks the memory nodes to cut `client` off once its lease word (row word 1 of its
+/// Asks the memory nodes to cut the client of `writer` off once its lease word (row word 1 of its
 /// client-table row, [`crate::writer_ids`]) is killed, or unchanged for as long as
 /// a reclaimer waits before it may kill it ([`LeaseParams::observer_wait_ns`]): by
 /// then the client's own clock says its lease ended, whatever the drift within the
 /// bound (defence in depth behind the self-fence, [`crate::lease`]).
-fn watch_lease(
-    client: &crate::KvClient<RdmaFabric, crate::clock::SystemClock>,
-    layout: &NodeLayout,
-) {
+fn watch_lease(fabric: &RdmaFabric, layout: &NodeLayout, writer: u16) {
     let params = LeaseParams::from_params(&layout.params);
     let stall_ns = params.observer_wait_ns().max(MIN_STALL_NS);
     if stall_ns > MAX_STALL_NS {
@@ -233,13 +234,9 @@ fn watch_lease(
         return;
     }
     let request = WatchRequest {
-        offset: layout.client_row(client.writer()) + 8,
+        offset: layout.client_row(writer) + 8,
         stall_ns,
     };
-    let armed = client.fabric().watch_lease_word(request);
-    tracing::debug!(
-        armed,
-        writer = client.writer(),
-        "memory nodes watch the lease word"
-    );
+    let armed = fabric.watch_lease_word(request);
+    tracing::debug!(armed, writer, "memory nodes watch the lease word");
 }

@@ -88,7 +88,7 @@ pub fn run(store: &ShmStore, config: &BenchConfig) -> Result<BenchReport, BenchE
     let memory_start = memory_use(store)?;
     // The shared-memory fabric already carries the fault injector.
     let store = store.clone().with_rtt_ns(config.rtt_ns);
-    let clients = connect(&store, config, || Ok(store.fabric()))?;
+    let clients = connect(&store, config, || Ok(store.fabric()), |_| {})?;
     let report = run_clients(clients, config)?;
     with_memory(report, memory_start, memory_use(&store)?)
 }
@@ -119,7 +119,12 @@ where
     check_fail_node(config, nodes)?;
     check_capacity(store.layout(), claimed_chunks(store)?, config)?;
     let memory_start = memory_use(store)?;
-    let clients = connect(store, config, || store.fabric().map(FailNodes::new))?;
+    let clients = connect(
+        store,
+        config,
+        || store.fabric().map(FailNodes::new),
+        |client| store.watch_lease(client.fabric().inner(), client.writer()),
+    )?;
     let report = run_clients(clients, config)?;
     with_memory(report, memory_start, memory_use(store)?)
 }
@@ -309,14 +314,15 @@ fn run_clients<C: BenchClient + Send>(
     Ok(BenchReport::new(config, &stats))
 }
 
-/// One client per thread, each registered as its own writer, with the run's
-/// protocol and emulated roundtrip time.
-/// One client per thread of the run, each on its own fabric handle from
-/// `fabric`, which wraps the store's in the fault injector that `--fail-node` uses.
+/// One client per thread of the run, each registered as its own writer with the
+/// run's protocol, on its own fabric handle from `fabric`, which wraps the store's
+/// in the fault injector that `--fail-node` uses; `connected` sees each client once
+/// it is (to arm the store's lease watch on it).
 fn connect<S: Store, T: Fabric>(
     store: &S,
     config: &BenchConfig,
     fabric: impl Fn() -> Result<FailNodes<T>, KvError>,
+    connected: impl Fn(&KvClient<FailNodes<T>, SystemClock>),
 ) -> Result<Vec<KvClient<FailNodes<T>, SystemClock>>, BenchError> {
     let mut kv_config = store.config();
     kv_config.register_protocol = register_protocol(config.system).ok_or_else(|| {
@@ -330,7 +336,10 @@ fn connect<S: Store, T: Fabric>(
             KvClient::connect(fabric, clock, *store.layout(), kv_config)
         });
         match client {
-            Ok(client) => clients.push(client),
+            Ok(client) => {
+                connected(&client);
+                clients.push(client);
+            }
             Err(e) => {
                 // Give the writer ids taken so far back.
                 clients.into_iter().for_each(KvClient::close);
