@@ -16,7 +16,6 @@ use std::task::{Context, Poll, Waker};
 use swarm_checker::{History, OpKind, Operation};
 use swarm_core::fabric::{Completion, FabricError, FailureCause, Op, Ticket};
 use swarm_core::{Batch, Fabric, NodeId, OpStats, block_on};
-use swarm_kv::clock::SystemClock;
 use swarm_kv::layout::{ClusterParams, NodeLayout};
 use swarm_kv::store::write_superblock;
 use swarm_kv::{KvClient, KvConfig, KvError, ShmStore};
@@ -174,7 +173,21 @@ impl Fabric for TestFabric {
     }
 }
 
-type Client = KvClient<TestFabric, SystemClock>;
+/// Timestamp ticks from the virtual clock too: with the machine's clock, which
+/// slots writes take (and so which runs meet a reused slot) would depend on its
+/// speed, and a seed would not replay.
+struct WorldClock {
+    world: Rc<World>,
+    tick_ns: u64,
+}
+
+impl swarm_core::Clock for WorldClock {
+    fn ticks(&self) -> u64 {
+        self.world.now.get() / self.tick_ns
+    }
+}
+
+type Client = KvClient<TestFabric, WorldClock>;
 
 /// Cache lifetime and operation deadline of the tests' clients: 1 ms each, so the
 /// recycling grace is 2 ms + 1/8 + 10 ms.
@@ -238,7 +251,10 @@ fn client(store: &ShmStore, world: &Rc<World>) -> Client {
     let header = *store.header();
     KvClient::connect(
         TestFabric::new(store.fabric(), world),
-        SystemClock::new(header.epoch_unix_ns, header.tick_ns),
+        WorldClock {
+            world: world.clone(),
+            tick_ns: header.tick_ns.max(1),
+        },
         *store.layout(),
         config(store),
     )
@@ -591,19 +607,23 @@ fn churn(seed: u64, faults: bool) -> u64 {
     clients.iter().map(|c| c.recycle_stats().recycled).sum()
 }
 
-fn churn_seeds() -> Vec<u64> {
+/// The churn's seeds: `CHURN_SEED` alone if set, else four, plus `replays`.
+fn churn_seeds(replays: &[u64]) -> Vec<u64> {
     match std::env::var("CHURN_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
     {
         Some(seed) => vec![seed],
-        None => (0..4).map(|i| 0x5eed + i).collect(),
+        None => (0..4)
+            .map(|i| 0x5eed + i)
+            .chain(replays.iter().copied())
+            .collect(),
     }
 }
 
 #[test]
 fn a_churn_of_ten_times_the_register_capacity_completes_and_is_linearizable() {
-    for seed in churn_seeds() {
+    for seed in churn_seeds(&[]) {
         let recycled = churn(seed, false);
         assert!(
             recycled >= 8 * 64,
@@ -614,7 +634,11 @@ fn a_churn_of_ten_times_the_register_capacity_completes_and_is_linearizable() {
 
 #[test]
 fn a_churn_with_index_outages_stays_linearizable() {
-    for seed in churn_seeds() {
+    // Seed 108's schedule met a reclaim check whose reads predated a write on a
+    // register reset and reused meanwhile: the write's slot was recycled while it
+    // was the register's value, and a later read failed validation
+    // (`swarm_core::reclaim`, rule 3).
+    for seed in churn_seeds(&[108]) {
         churn(seed, true);
     }
 }
