@@ -148,6 +148,20 @@ fn clean_restarts_resume_from_log_summaries() {
     });
 }
 
+/// The tiny-log runs: logs of 6 slots for 2 keys (see
+/// `a_tiny_log_is_reused_at_once_yet_no_reader_meets_a_recycled_slot`).
+fn tiny_log(seed: u64) -> Scenario {
+    let mut s = recycling(seed);
+    s.keys = 2;
+    s.ops_per_client = 200;
+    s.think_ns = 2_000;
+    s.recycling = Some(Recycling {
+        log_slots: 6,
+        ..RECYCLING
+    });
+    s
+}
+
 /// The tiny log again, with two operations of each client in flight: a write of one
 /// lane completes (and settles its register's older buffers) while a read of the
 /// other lane that saw one of them as the maximum still has to fetch it. A build that
@@ -158,16 +172,9 @@ fn clean_restarts_resume_from_log_summaries() {
 #[test]
 fn a_tiny_log_with_operations_in_flight_never_hands_a_reader_a_reused_slot() {
     for_each_seed(16, |seed| {
-        let mut s = recycling(seed);
-        s.keys = 2;
-        s.ops_per_client = 200;
-        s.think_ns = 2_000;
+        let mut s = tiny_log(seed);
         s.inflight = 2;
         s.write_percent = 30;
-        s.recycling = Some(Recycling {
-            log_slots: 6,
-            ..RECYCLING
-        });
         let outcome = scenario::run(&s).expect("no stall");
         check(&outcome, "tiny log, operations in flight", s.clients, 6);
     });
@@ -200,14 +207,7 @@ fn print_recycling_runs() {
 #[test]
 fn a_tiny_log_is_reused_at_once_yet_no_reader_meets_a_recycled_slot() {
     for_each_seed(16, |seed| {
-        let mut s = recycling(seed);
-        s.keys = 2;
-        s.ops_per_client = 200;
-        s.think_ns = 2_000;
-        s.recycling = Some(Recycling {
-            log_slots: 6,
-            ..RECYCLING
-        });
+        let s = tiny_log(seed);
         let outcome = scenario::run(&s).expect("no stall");
         check(&outcome, "tiny log", s.clients, 6);
     });
