@@ -51,7 +51,10 @@ cleanup() {
     cd "$root"
     git worktree remove --force "$tree" >/dev/null 2>&1 || true
 }
-trap cleanup EXIT INT TERM
+# On a signal, clean up and stop: a handler that returned would let the loop go on
+# in the checkout (cleanup leaves the removed worktree) and mutate it.
+trap cleanup EXIT
+trap 'exit 130' INT TERM
 
 if [ $# -gt 0 ]; then
     patches=()
