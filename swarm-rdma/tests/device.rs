@@ -360,6 +360,47 @@ fn a_node_that_drops_its_clients_is_reconnected_with_its_memory() {
     assert_eq!(fabric.incarnations()[1], incarnation);
 }
 
+/// A node given up on (as when soft-RoCE holds a queue pair's chain) is alive: the
+/// client reconnects it at once, and the batches posted meanwhile are parked, then
+/// posted in order on the new queue pair, instead of failing.
+#[test]
+fn posts_to_a_node_given_up_on_wait_for_its_reconnect() {
+    if require_device("posts_to_a_node_given_up_on_wait_for_its_reconnect").is_none() {
+        return;
+    }
+    let token = Token::generate().unwrap();
+    let nodes = start_nodes(&token, 3);
+    let cluster = RdmaCluster::open(client_config(&nodes, &token)).unwrap();
+    let fabric = cluster.client().unwrap();
+    let node = NodeId(1);
+    let first = batch(vec![Op::Write {
+        addr: DATA,
+        data: vec![7; 8],
+    }]);
+    wait(&fabric, fabric.post(node, first)).unwrap();
+    fabric.give_up_on(node);
+    assert_eq!(fabric.node_status(node), NodeStatus::Reconnecting);
+    assert_eq!(fabric.lost_chain_failures(), 1);
+    let second = batch(vec![Op::Write {
+        addr: DATA + 8,
+        data: vec![8; 8],
+    }]);
+    let write = fabric.post(node, second);
+    let read = fabric.post(node, Batch::read(DATA, 16));
+    assert!(fabric.poll(write).is_pending(), "parked, not failed");
+    wait(&fabric, write).unwrap();
+    let read = wait(&fabric, read).unwrap();
+    let mut expected = vec![7u8; 8];
+    expected.extend([8u8; 8]);
+    assert_eq!(read.read(0), Some(&expected[..]), "posted in order");
+    assert_eq!(fabric.node_status(node), NodeStatus::Live);
+    let parking = fabric.park_stats();
+    assert_eq!(
+        (parking.parked_batches, parking.revived, parking.failed),
+        (2, 1, 0)
+    );
+}
+
 #[test]
 fn a_client_whose_lease_word_stops_changing_is_cut_off_by_the_memory_node() {
     if require_device("a_client_whose_lease_word_stops_changing_is_cut_off_by_the_memory_node")

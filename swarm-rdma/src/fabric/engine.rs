@@ -16,10 +16,11 @@
 //!   their posting order. `post` never blocks.
 //! * **Failure.** The first error completion (or post failure) on a queue pair marks
 //!   the node dead: every batch waiting for it fails at once with
-//!   [`FabricError::NodeFailed`], and later batches to it fail immediately. The
-//!   protocol then carries on with a majority, as with any failed node (SWARM §2.1).
-//!   A staging slice is reused only once the chain's last request reported back
-//!   (success or flush), so the NIC never writes into memory lent to a newer chain.
+//!   [`FabricError::NodeFailed`], and later batches to it fail immediately (unless it
+//!   is *parked*, below). The protocol then carries on with a majority, as with any
+//!   failed node (SWARM §2.1). A staging slice is reused only once the chain's last
+//!   request reported back (success or flush), so the NIC never writes into memory
+//!   lent to a newer chain.
 //! * **Overdue chains.** An RC queue pair completes or fails every request within
 //!   its retry window; a chain that does neither for much longer (the NIC lost it)
 //!   would leave its operation waiting forever with nothing in the log. Soft-RoCE
@@ -36,8 +37,34 @@
 //!     error state ([`Nic::abort`]: it sends nothing more and flushes what it holds)
 //!     and the node is failed as after an error completion, so the operation waiting
 //!     carries on with the other nodes and the fabric reconnects the node with a new
-//!     queue pair. This is what bounds how late this client's writes can land, the
-//!     bound a SWARM-KV cluster's delivery margin states.
+//!     queue pair, at once (the node is believed alive). This is what bounds how late
+//!     this client's writes can land, the bound a SWARM-KV cluster's delivery margin
+//!     states. The batches in flight or waiting at that moment fail
+//!     ([`FailureCause::TimedOut`]); later posts to the node are parked.
+//! * **Parking.** A node given up on this way is alive, and back a moment later (a
+//!   reconnect is one bootstrap exchange, about 200 ms in an emulated VM); failing
+//!   every post to it meanwhile would fail every operation for want of a majority
+//!   when another node is down too. So until it is revived ([`Engine::revive`]) the
+//!   node is *parked*: a post to it does not fail but queues the batch in the
+//!   node's waiting FIFO with a pending ticket, and the operation waits for it as
+//!   for any batch in flight. The revive plans the parked batches again for the new
+//!   queue pair, and `progress` posts them in order, failing with
+//!   [`FabricError::Fenced`] (never posting) each one whose operation deadline
+//!   ([`Batch::deadline`]) has passed, as for any waiting batch; a parked batch past
+//!   its deadline is failed so even before the revive. So a parked batch is posted
+//!   before its operation's deadline or never, and the delivery margin holds as for
+//!   a batch that waited for staging. Parking ends in failure (every parked batch
+//!   fails with the give-up's error, and later posts fail at once again) when the
+//!   window passes ([`Engine::park_window_ns`]: the give-up limit, at most
+//!   [`MAX_PARK_NS`]; a parked batch waits no longer than one in flight may before
+//!   the engine gives up on it, and batches without a deadline do not wait
+//!   forever), when the fabric's reconnect attempt fails or the node is retired
+//!   ([`Engine::stop_parking`]), or when the node is failed again for any reason
+//!   (the device went down). Only give-ups park: a node failed by an error
+//!   completion, a post failure, a cut notice or never reached is not known to be
+//!   up, and posts to it still fail at once. [`Engine::park_stats`] counts what
+//!   parking did; the node's parking, revive with its parked batches, and parking
+//!   that ends in failure are logged (target `swarm_rdma`).
 
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, VecDeque};
@@ -102,7 +129,26 @@ struct NodeState {
     dead: bool,
     /// Work requests posted and not yet reported back.
     outstanding: u32,
+    /// Chains not handed to the NIC yet: waiting for send-queue room or staging on a
+    /// live node, or parked on a dead one.
     waiting: VecDeque<Waiting>,
+    /// The node was given up on while believed alive and is being reconnected:
+    /// posts to it are parked in `waiting` (see the module docs). Only ever `Some`
+    /// on a dead node.
+    parked: Option<Park>,
+}
+
+/// A parking window (see the module docs).
+#[derive(Debug)]
+struct Park {
+    /// When the node was given up on (engine clock).
+    since: Nanos,
+    /// When parking ends in failure unless the node was revived (engine clock).
+    until: Nanos,
+    /// What the parked batches fail with if parking ends in failure: the give-up's.
+    error: FabricError,
+    /// Batches parked in this window so far.
+    batches: u64,
 }
 
 #[derive(Debug)]
@@ -134,6 +180,13 @@ struct InFlight {
 /// How often the engine looks for overdue chains (see the module docs).
 pub const OVERDUE_SCAN_NS: Nanos = 100_000_000;
 
+/// The longest parking window (see the module docs), whatever the give-up limit
+/// (which is unbounded unless set): a reconnect of a live node takes one bootstrap
+/// exchange (about 100 to 200 ms in an emulated VM), so this leaves room for several
+/// slow ones, while a batch without a deadline (a background write) does not hold
+/// its caller for long on a node that does not come back.
+pub const MAX_PARK_NS: Nanos = 2_000_000_000;
+
 /// The engine. See the module docs.
 #[derive(Debug)]
 pub struct Engine<N: Nic> {
@@ -158,6 +211,22 @@ pub struct Engine<N: Nic> {
     clock: Nanos,
     /// Nodes failed because a chain was lost, so far.
     gave_up: u64,
+    /// Parking statistics (see [`ParkStats`]).
+    parking: ParkStats,
+}
+
+/// What parking did so far (see the module docs), for tests and diagnostics.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ParkStats {
+    /// Nodes parked (one per give-up).
+    pub parked_nodes: u64,
+    /// Batches posted while their node was parked (each waited for the revive).
+    pub parked_batches: u64,
+    /// Parked nodes revived, their parked batches then posted in order.
+    pub revived: u64,
+    /// Parking windows that ended in failure (window passed, reconnect attempt
+    /// failed, node retired or failed otherwise), their parked batches failed.
+    pub failed: u64,
 }
 
 impl<N: Nic> Engine<N> {
@@ -173,6 +242,7 @@ impl<N: Nic> Engine<N> {
                 link,
                 outstanding: 0,
                 waiting: VecDeque::new(),
+                parked: None,
             })
             .collect();
         Self {
@@ -190,6 +260,7 @@ impl<N: Nic> Engine<N> {
             give_up_after_ns: Nanos::MAX,
             gave_up: 0,
             clock: 0,
+            parking: ParkStats::default(),
         }
     }
 
@@ -223,6 +294,128 @@ impl<N: Nic> Engine<N> {
     /// Nodes failed because one of their chains was lost, so far.
     pub fn lost_chain_failures(&self) -> u64 {
         self.gave_up
+    }
+
+    /// What parking did so far (see the module docs).
+    pub fn park_stats(&self) -> ParkStats {
+        self.parking
+    }
+
+    /// How long posts to a node given up on are parked at most: the give-up limit
+    /// itself, at most [`MAX_PARK_NS`] (see the module docs).
+    pub fn park_window_ns(&self) -> Nanos {
+        self.give_up_after_ns.min(MAX_PARK_NS)
+    }
+
+    /// Whether posts to `node` are parked: it was given up on while believed alive
+    /// and is being reconnected (see the module docs).
+    pub fn is_parked(&self, node: NodeId) -> bool {
+        self.nodes
+            .get(node.index())
+            .is_some_and(|n| n.parked.is_some())
+    }
+
+    /// Ends `node`'s parking window, if any, in failure: every parked batch fails
+    /// with the error of the give-up, and later posts to the node fail at once
+    /// again. `why` is logged. The fabric calls it when a reconnect attempt fails
+    /// or the node is retired.
+    pub fn stop_parking(&mut self, node: NodeId, why: &str) {
+        if node.index() < self.nodes.len() {
+            self.end_park(node.index(), why);
+        }
+    }
+
+    fn end_park(&mut self, node: usize, why: &str) {
+        let Some(park) = self.nodes[node].parked.take() else {
+            return;
+        };
+        self.parking.failed += 1;
+        let waiting = std::mem::take(&mut self.nodes[node].waiting);
+        tracing::warn!(
+            node = %NodeId(node as u16),
+            batches = waiting.len(),
+            parked_ms = self.clock.saturating_sub(park.since) / 1_000_000,
+            why,
+            "parking ended in failure: the parked batches fail and later posts to the \
+             node fail at once"
+        );
+        for w in waiting {
+            self.slab.complete(w.ticket, Err(park.error.clone()));
+        }
+    }
+
+    /// Gives up on live `node`'s queue pair as the overdue scan does when it holds a
+    /// chain past the give-up limit: aborts it, fails the node with
+    /// [`FailureCause::TimedOut`] (every batch waiting for it or in flight fails)
+    /// and parks later posts to it (see the module docs). Public for tests that
+    /// cannot make a real NIC hold a chain.
+    pub fn give_up_on(&mut self, node: NodeId) {
+        if self.nodes.get(node.index()).is_some_and(|n| !n.dead) {
+            let now = self.clock;
+            self.give_up(node.index(), now);
+        }
+    }
+
+    fn give_up(&mut self, node: usize, now: Nanos) {
+        self.gave_up += 1;
+        self.nic.abort(node);
+        let error = FabricError::NodeFailed {
+            node: NodeId(node as u16),
+            cause: FailureCause::TimedOut,
+        };
+        self.kill(node, &error);
+        // The node itself is believed alive: only its queue pair held a chain.
+        self.park(node, now, error);
+    }
+
+    /// Starts parking posts to `node`, just given up on (see the module docs).
+    fn park(&mut self, node: usize, now: Nanos, error: FabricError) {
+        let window = self.park_window_ns();
+        self.parking.parked_nodes += 1;
+        tracing::info!(
+            node = %NodeId(node as u16),
+            window_ms = window / 1_000_000,
+            "parking posts to the node given up on until it is reconnected"
+        );
+        self.nodes[node].parked = Some(Park {
+            since: now,
+            until: now.saturating_add(window),
+            error,
+            batches: 0,
+        });
+    }
+
+    /// Ends a parking window that passed, or fails (with
+    /// [`FabricError::Fenced`]) the parked batches whose deadline passed: they could
+    /// only be fenced once the node is back.
+    fn check_park(&mut self, node: usize, now: Nanos) -> bool {
+        let Some(park) = &self.nodes[node].parked else {
+            return false;
+        };
+        if now >= park.until {
+            self.end_park(
+                node,
+                "the park window passed before the node was reconnected",
+            );
+            return true;
+        }
+        let mut fenced = false;
+        let slab = &mut self.slab;
+        self.nodes[node].waiting.retain(|w| {
+            if w.batch.deadline().is_some_and(|deadline| now > deadline) {
+                tracing::debug!(
+                    node,
+                    ticket = w.ticket.0,
+                    "parked batch past its operation's deadline: failed, never posted"
+                );
+                slab.complete(w.ticket, Err(FabricError::Fenced));
+                fenced = true;
+                false
+            } else {
+                true
+            }
+        });
+        fenced
     }
 
     /// Warns about (and nudges the queue pairs of) chains in flight for longer than
@@ -265,7 +458,6 @@ impl<N: Nic> Engine<N> {
         lost.sort_unstable();
         lost.dedup_by_key(|(node, ..)| *node);
         for &(node, seq, for_ns) in &lost {
-            self.gave_up += 1;
             tracing::warn!(
                 node = %NodeId(node as u16),
                 seq,
@@ -273,16 +465,10 @@ impl<N: Nic> Engine<N> {
                 limit_ms = self.give_up_after_ns / 1_000_000,
                 "the NIC lost a work request chain (neither completed nor failed long past \
                  the queue pair's retry window): aborting the queue pair and failing the \
-                 node, which is reconnected in the background"
+                 node, which is reconnected in the background (later posts to it are \
+                 parked meanwhile)"
             );
-            self.nic.abort(node);
-            self.kill(
-                node,
-                &FabricError::NodeFailed {
-                    node: NodeId(node as u16),
-                    cause: FailureCause::TimedOut,
-                },
-            );
+            self.give_up(node, now);
         }
         for (node, chains, longest) in overdue {
             if self.nodes[node].dead {
@@ -345,8 +531,9 @@ impl<N: Nic> Engine<N> {
             return;
         }
         state.dead = false;
-        state.link = Some(link);
         state.outstanding = 0;
+        let park = state.parked.take();
+        let parked = std::mem::take(&mut state.waiting);
         self.dead -= 1;
         let staging = &mut self.staging;
         self.inflight.retain(|_, entry| {
@@ -357,6 +544,49 @@ impl<N: Nic> Engine<N> {
             false
         });
         tracing::info!(%node, "memory node back in service");
+        if let Some(park) = park {
+            // Planned for the old queue pair: plan them again for the new one (same
+            // memory, but its address, key and limits come from the new connection).
+            let mut waiting = VecDeque::with_capacity(parked.len());
+            for mut w in parked {
+                match wr::plan(node, &w.batch, &link.region, &link.limits) {
+                    Ok(chain) if chain.is_empty() => {
+                        self.slab.complete(w.ticket, Ok(Completion::new()));
+                    }
+                    Ok(chain) if chain.staging_len() > self.staging.capacity() => {
+                        self.slab.complete(
+                            w.ticket,
+                            Err(FabricError::OutOfBounds {
+                                node,
+                                addr: 0,
+                                len: chain.staging_len(),
+                                size: self.staging.capacity(),
+                            }),
+                        );
+                    }
+                    Ok(chain) => {
+                        w.chain = chain;
+                        waiting.push_back(w);
+                    }
+                    Err(error) => {
+                        self.slab.complete(w.ticket, Err(error));
+                    }
+                }
+            }
+            self.parking.revived += 1;
+            tracing::info!(
+                %node,
+                batches = waiting.len(),
+                parked = park.batches,
+                parked_ms = self.clock.saturating_sub(park.since) / 1_000_000,
+                "memory node given up on is reconnected: posting its parked batches in order"
+            );
+            self.nodes[node.index()].waiting = waiting;
+        } else {
+            // Empty: failing the node failed its waiting batches.
+            self.nodes[node.index()].waiting = parked;
+        }
+        self.nodes[node.index()].link = Some(link);
     }
 
     /// Number of nodes.
@@ -372,13 +602,19 @@ impl<N: Nic> Engine<N> {
     /// [`Self::post`]; a `nudge` is never warned about itself.
     fn post_as(&mut self, node: NodeId, batch: Batch, nudge: bool) -> Ticket {
         let nodes = self.nodes.len();
-        let Some(state) = self.nodes.get(node.index()) else {
+        if node.index() >= nodes {
             return self
                 .slab
                 .insert_done(Err(FabricError::NoSuchNode { node, nodes }));
-        };
+        }
+        let clock = self.clock;
+        self.check_park(node.index(), clock);
+        let state = &self.nodes[node.index()];
+        let parked = state.parked.is_some();
         let link = match &state.link {
-            Some(link) if !state.dead => link,
+            // A parked node's batches are planned for its old queue pair, to reject
+            // what it would reject now, and again when it is revived.
+            Some(link) if !state.dead || parked => link,
             _ => return self.slab.insert_done(Err(status::post_error(node))),
         };
         let chain = match wr::plan(node, &batch, &link.region, &link.limits) {
@@ -386,6 +622,10 @@ impl<N: Nic> Engine<N> {
             Err(error) => return self.slab.insert_done(Err(error)),
         };
         if chain.is_empty() {
+            if let Some(park) = &state.parked {
+                // Nothing to wait for, but no answer from a node that is not back.
+                return self.slab.insert_done(Err(park.error.clone()));
+            }
             return self.slab.insert_done(Ok(Completion::new()));
         }
         if chain.staging_len() > self.staging.capacity() {
@@ -417,7 +657,16 @@ impl<N: Nic> Engine<N> {
             chain,
             nudge,
         };
-        if self.nodes[node.index()].waiting.is_empty() {
+        if let Some(park) = &mut self.nodes[node.index()].parked {
+            park.batches += 1;
+            self.parking.parked_batches += 1;
+            tracing::debug!(
+                %node,
+                ticket = ticket.0,
+                "batch parked until the node given up on is reconnected"
+            );
+            self.nodes[node.index()].waiting.push_back(waiting);
+        } else if self.nodes[node.index()].waiting.is_empty() {
             if let Some(waiting) = self.try_post(node.index(), waiting) {
                 self.nodes[node.index()].waiting.push_back(waiting);
             }
@@ -507,6 +756,18 @@ impl<N: Nic> Engine<N> {
             self.dead += 1;
         }
         state.dead = true;
+        if let Some(park) = state.parked.take() {
+            // Failed again while parked (retired, device down): the parked batches
+            // fail with this failure's error.
+            self.parking.failed += 1;
+            tracing::warn!(
+                node = %NodeId(node as u16),
+                batches = state.waiting.len(),
+                parked_ms = self.clock.saturating_sub(park.since) / 1_000_000,
+                %error,
+                "parking ended in failure: the node failed while parked"
+            );
+        }
         for waiting in std::mem::take(&mut state.waiting) {
             self.slab.complete(waiting.ticket, Err(error.clone()));
         }
@@ -572,7 +833,11 @@ impl<N: Nic> Engine<N> {
                 self.staging.release(entry.extent);
             }
         }
-        if let Some(error) = failed {
+        // On a dead node, the error (a flush, after a give-up's abort) comes from the
+        // queue pair that failed it: nothing new, and no reason to end its parking.
+        if let Some(error) = failed
+            && !self.nodes[node].dead
+        {
             self.kill(node, &error);
         }
     }
@@ -609,6 +874,7 @@ impl<N: Nic> Engine<N> {
         }
         for node in 0..self.nodes.len() {
             if self.nodes[node].dead {
+                delivered |= self.check_park(node, now);
                 continue;
             }
             while let Some(waiting) = self.nodes[node].waiting.pop_front() {

@@ -356,7 +356,8 @@ impl Shared {
 pub enum NodeStatus {
     /// Connected and answering.
     Live,
-    /// Failed; reconnect attempts are running in the background.
+    /// Failed; reconnect attempts are running in the background (posts to a node
+    /// given up on are parked meanwhile, see [`engine`]).
     Reconnecting,
     /// Failed for good for this client: unreachable when it started, restarted
     /// with empty memory (a new incarnation), replaced by another node, or the
@@ -521,6 +522,26 @@ impl RdmaFabric {
         self.inner.engine().is_dead(node)
     }
 
+    /// Nodes this client gave up on because their queue pair held a chain (see
+    /// [`engine`]'s module docs), so far.
+    pub fn lost_chain_failures(&self) -> u64 {
+        self.inner.engine().lost_chain_failures()
+    }
+
+    /// What parking posts to nodes given up on did so far (see
+    /// [`engine`]'s module docs).
+    pub fn park_stats(&self) -> engine::ParkStats {
+        self.inner.engine().park_stats()
+    }
+
+    /// Gives up on `node`'s queue pair now, as the engine does when it holds a chain
+    /// too long: for tests, which cannot make a device hold one. The node is
+    /// reconnected at once and posts to it are parked meanwhile.
+    #[doc(hidden)]
+    pub fn give_up_on(&self, node: NodeId) {
+        self.inner.engine().give_up_on(node);
+    }
+
     /// Takes `node` out of service for good on this client (its contents are
     /// unusable: say, it restarted with empty memory): batches to it fail at once
     /// and it is never reconnected.
@@ -534,9 +555,10 @@ impl RdmaFabric {
     /// Makes sure none of this client's requests takes effect on a memory node later
     /// than `margin_ns` after its post, as far as the NIC can be stopped: a chain
     /// still in flight shortly before the margin runs out is given up on (its queue
-    /// pair aborted, its node failed and reconnected; see
-    /// [`engine`](self::engine)'s module docs), before the client posts anything
-    /// else, since a post may wake a queue pair that holds requests. A SWARM-KV store
+    /// pair aborted, its node failed and reconnected at once, later posts to it
+    /// parked until then; see [`engine`]'s module docs), before the
+    /// client posts anything else, since a post may wake a queue pair that holds
+    /// requests. The give-up limit is also the longest parking window. A SWARM-KV store
     /// passes its cluster's delivery margin, which its recyclers wait for. The give-up
     /// comes one overdue scan ([`engine::OVERDUE_SCAN_NS`]: scans are that far apart)
     /// and the NIC's scheduling slack early. With a margin under the queue pairs'
@@ -685,6 +707,19 @@ impl RdmaFabric {
                             backoff: reconnect::FIRST_RETRY,
                         }
                     }
+                    None if self.inner.engine().is_parked(node) => {
+                        tracing::info!(
+                            %node,
+                            "gave up on a queue pair of a memory node believed alive; \
+                             reconnecting at once, posts to it parked meanwhile"
+                        );
+                        // Only the queue pair held a chain: the node is up, so no
+                        // backoff (as after a cut notice), and parked operations wait.
+                        Slot::Waiting {
+                            at: now,
+                            backoff: reconnect::FIRST_RETRY,
+                        }
+                    }
                     None => {
                         tracing::info!(%node, "memory node failed; reconnecting in the background");
                         Slot::failed(now)
@@ -707,12 +742,18 @@ impl RdmaFabric {
                             attempt: rx,
                             backoff,
                         },
-                        Err(_) => Slot::retry_later(now, backoff),
+                        Err(_) => {
+                            self.stop_parking(node, "could not start a reconnect attempt");
+                            Slot::retry_later(now, backoff)
+                        }
                     }
                 }
                 Slot::Trying { attempt, backoff } => match attempt.try_recv() {
                     Err(mpsc::TryRecvError::Empty) => Slot::Trying { attempt, backoff },
-                    Err(mpsc::TryRecvError::Disconnected) => Slot::retry_later(now, backoff),
+                    Err(mpsc::TryRecvError::Disconnected) => {
+                        self.stop_parking(node, "the reconnect attempt died");
+                        Slot::retry_later(now, backoff)
+                    }
                     Ok(Err(
                         error @ RdmaError::Refused {
                             reason: RefuseReason::LeaseExpired,
@@ -724,12 +765,21 @@ impl RdmaFabric {
                     }
                     Ok(Err(error)) => {
                         tracing::debug!(%node, %error, "reconnect attempt failed; retrying later");
+                        self.stop_parking(node, "the reconnect attempt failed");
                         Slot::retry_later(now, backoff)
                     }
                     Ok(Ok(connected)) => self.reinstate(node, connected),
                 },
             };
+            if matches!(slot, Slot::Retired) {
+                self.stop_parking(node, "the memory node is retired");
+            }
         }
+    }
+
+    /// Ends `node`'s parking window in failure, if it has one (engine module docs).
+    fn stop_parking(&self, node: NodeId, why: &str) {
+        self.inner.engine().stop_parking(node, why);
     }
 
     /// Puts a reconnected node back in service if it is the same process (same

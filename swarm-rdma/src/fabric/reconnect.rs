@@ -6,7 +6,10 @@
 //! no majority left. So a failed node is retried in the background — a fresh queue
 //! pair and a fresh bootstrap on a short-lived thread, never on the client's
 //! progress path — with exponential backoff ([`FIRST_RETRY`] doubling to
-//! [`MAX_RETRY`]).
+//! [`MAX_RETRY`]). A node known to be up is tried at once instead: one that cut the
+//! client off (it said so), and one the client gave up on because its queue pair held
+//! a chain (the engine parks the posts to it until it is back, see
+//! [`super::engine`]).
 //!
 //! **Whether the node may serve again** is decided by its incarnation
 //! ([`crate::wire::RegionInfo::incarnation`]): a memory node process draws a random

@@ -236,7 +236,7 @@ impl Nic for SoftNic {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fabric::engine::{Engine, EngineFabric, NodeLink};
+    use crate::fabric::engine::{Engine, EngineFabric, MAX_PARK_NS, NodeLink, ParkStats};
     use crate::wr::{CasReplyOrder, ChainLimits, ReadOrdering, RemoteRegion};
     use proptest::prelude::*;
     use std::task::Poll;
@@ -589,7 +589,10 @@ mod tests {
         let next = f.post(NodeId(1), Batch::read(0, 8));
         assert!(f.engine().is_dead(NodeId(1)), "given up on before the post");
         assert!(matches!(f.poll(held), Poll::Ready(Err(_))));
-        assert!(matches!(f.poll(next), Poll::Ready(Err(_))));
+        // The post itself is parked until the node is reconnected (or the window
+        // passes: then it fails).
+        assert!(f.engine().is_parked(NodeId(1)));
+        assert!(wait_timed(&f, next).is_err(), "never reconnected");
         while f.progress() {}
         assert_eq!(
             &f.engine().nic_mut().memory(1)[64..72],
@@ -624,8 +627,238 @@ mod tests {
         while f.progress() {}
         assert_eq!(f.engine().in_flight(), 0);
         assert_eq!(f.engine().staging_in_use(), 0);
-        // Later posts to the node fail at once, until a reconnect revives it.
+        // Later posts to the node are parked until a reconnect revives it or the
+        // park window (the give-up limit) passes, then fail at once.
+        assert!(f.engine().is_parked(NodeId(2)));
+        assert!(f.poll(f.post(NodeId(2), Batch::read(0, 8))).is_pending());
+        std::thread::sleep(std::time::Duration::from_millis(250));
+        f.progress();
+        assert!(!f.engine().is_parked(NodeId(2)));
         assert!(f.poll(f.post(NodeId(2), Batch::read(0, 8))).is_ready());
+    }
+
+    /// Three nodes whose node `node` was given up on (its queue pair held a write
+    /// past the `give_up_ns` limit): the held write failed, the node is dead and
+    /// parked. No overdue warning, hence no nudge (which would wake the queue pair).
+    fn given_up_on(node: usize, give_up_ns: u64, seed: u64) -> EngineFabric<SoftNic> {
+        let nic = SoftNic::new(3, SIZE, BASE, 4096, seed);
+        let links = (0..3).map(|i| Some(link(&nic, i, 64))).collect();
+        let f = EngineFabric::new(Engine::new(nic, links).fail_overdue_after(give_up_ns));
+        let id = NodeId(node as u16);
+        let held = f.post(id, Batch::write(64, vec![7; 8]));
+        f.engine().nic_mut().set_mode(node, Mode::Held);
+        assert_eq!(
+            wait_timed(&f, held),
+            Err(FabricError::NodeFailed {
+                node: id,
+                cause: FailureCause::TimedOut
+            })
+        );
+        assert!(f.engine().is_dead(id) && f.engine().is_parked(id));
+        f
+    }
+
+    /// What the fabric does once a reconnect attempt succeeds: a fresh queue pair
+    /// in place of the old one, then the revive.
+    fn reconnect(f: &EngineFabric<SoftNic>, node: usize) {
+        let mut engine = f.engine();
+        engine.nic_mut().replace_qp(node);
+        let fresh = link(engine.nic_mut(), node, 64);
+        engine.revive(NodeId(node as u16), fresh);
+    }
+
+    /// Polls `future` once, as an executor would between two progress calls.
+    fn poll_once<T>(future: std::pin::Pin<&mut impl Future<Output = T>>) -> Poll<T> {
+        future.poll(&mut std::task::Context::from_waker(std::task::Waker::noop()))
+    }
+
+    /// Soft-RoCE held a queue pair's chain and the engine gave up on its (live)
+    /// node while another node was down: operations posted while it is being
+    /// reconnected wait for it instead of failing for want of a majority.
+    #[test]
+    fn a_post_to_a_node_given_up_on_waits_for_its_reconnect_and_completes() {
+        let f = given_up_on(1, 150_000_000, 21);
+        f.engine().fail_node(NodeId(2));
+        assert!(!f.engine().is_parked(NodeId(2)), "only give-ups park");
+        let write = f.post(NodeId(1), Batch::write(128, vec![9; 8]));
+        let read = f.post(NodeId(1), Batch::read(128, 8));
+        // An operation that needs both nodes left.
+        let stats = OpStats::new();
+        let mut operation = std::pin::pin!(async {
+            let mut rt = Roundtrip::start(&f, &stats);
+            for n in 0..3 {
+                rt.post(NodeId(n), Batch::read(64, 8)).unwrap();
+            }
+            rt.wait(2).await
+        });
+        for _ in 0..20 {
+            assert!(poll_once(operation.as_mut()).is_pending(), "it waits");
+            assert!(f.progress(), "parked batches are pending");
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        assert!(f.poll(write).is_pending() && f.poll(read).is_pending());
+        assert_eq!(f.engine().in_flight(), 0, "parked, not posted");
+        reconnect(&f, 1);
+        assert!(!f.engine().is_parked(NodeId(1)));
+        let reached = loop {
+            if let Poll::Ready(reached) = poll_once(operation.as_mut()) {
+                break reached;
+            }
+            f.progress();
+        };
+        assert_eq!(reached, Ok(()));
+        assert!(wait(&f, write).is_ok());
+        // Posted in order: the read sees the write.
+        assert_eq!(wait(&f, read).unwrap().read(0), Some(&[9u8; 8][..]));
+        assert_eq!(
+            &f.engine().nic_mut().memory(1)[64..72],
+            &[0; 8],
+            "the held write was aborted, never landed"
+        );
+        assert_eq!(
+            f.engine().park_stats(),
+            ParkStats {
+                parked_nodes: 1,
+                parked_batches: 3,
+                revived: 1,
+                failed: 0
+            }
+        );
+        while f.progress() {}
+        assert_eq!(f.engine().in_flight(), 0);
+        assert_eq!(f.engine().staging_in_use(), 0);
+    }
+
+    /// The delivery-margin contract: a parked batch is posted before its
+    /// operation's deadline or never, whether the deadline passes before the revive
+    /// or between the revive and the next progress call.
+    #[test]
+    fn a_parked_batch_past_its_deadline_is_fenced_and_never_lands() {
+        let f = given_up_on(1, 1_000_000_000, 22);
+        let mut late = Batch::write(256, vec![3; 8]);
+        late.set_deadline(Some(f.now() + 30_000_000));
+        let late = f.post(NodeId(1), late);
+        let open = f.post(NodeId(1), Batch::write(320, vec![4; 8]));
+        assert!(f.poll(late).is_pending());
+        std::thread::sleep(std::time::Duration::from_millis(40));
+        f.progress();
+        assert_eq!(
+            f.poll(late),
+            Poll::Ready(Err(FabricError::Fenced)),
+            "failed as soon as its deadline passed, before the revive"
+        );
+        assert!(f.poll(open).is_pending(), "still parked");
+        // Revived before the deadline, which passes before the next progress call.
+        let mut later = Batch::write(384, vec![5; 8]);
+        later.set_deadline(Some(f.now() + 20_000_000));
+        let later = f.post(NodeId(1), later);
+        reconnect(&f, 1);
+        std::thread::sleep(std::time::Duration::from_millis(30));
+        assert!(wait(&f, open).is_ok());
+        assert_eq!(wait(&f, later), Err(FabricError::Fenced));
+        while f.progress() {}
+        let memory = f.engine().nic_mut().memory(1).to_vec();
+        assert_eq!(&memory[256..264], &[0; 8], "the late batch never landed");
+        assert_eq!(&memory[384..392], &[0; 8], "nor the later one");
+        assert_eq!(&memory[320..328], &[4; 8]);
+    }
+
+    #[test]
+    fn parking_ends_in_failure_when_the_window_passes() {
+        let f = given_up_on(0, 150_000_000, 23);
+        assert_eq!(f.engine().park_window_ns(), 150_000_000);
+        let parked = f.post(NodeId(0), Batch::read(0, 8));
+        let started = std::time::Instant::now();
+        assert_eq!(
+            wait_timed(&f, parked),
+            Err(FabricError::NodeFailed {
+                node: NodeId(0),
+                cause: FailureCause::TimedOut
+            })
+        );
+        // The window started at the give-up, a moment before the post.
+        assert!(started.elapsed() >= std::time::Duration::from_millis(100));
+        assert!(!f.engine().is_parked(NodeId(0)));
+        assert_eq!(f.engine().park_stats().failed, 1);
+        assert!(f.poll(f.post(NodeId(0), Batch::read(0, 8))).is_ready());
+        // Without a give-up limit the window is still bounded.
+        let nic = SoftNic::new(1, SIZE, BASE, 4096, 1);
+        let links = vec![Some(link(&nic, 0, 64))];
+        assert_eq!(Engine::new(nic, links).park_window_ns(), MAX_PARK_NS);
+    }
+
+    #[test]
+    fn parking_ends_in_failure_when_the_reconnect_fails_or_the_node_fails_again() {
+        // The reconnect attempt failed (or the node was retired): the fabric stops
+        // parking; the parked batches fail with the give-up's error.
+        let f = given_up_on(2, 1_000_000_000, 24);
+        let parked = f.post(NodeId(2), Batch::read(0, 8));
+        f.progress();
+        assert!(f.poll(parked).is_pending());
+        f.engine()
+            .stop_parking(NodeId(2), "the reconnect attempt failed");
+        assert_eq!(
+            f.poll(parked),
+            Poll::Ready(Err(FabricError::NodeFailed {
+                node: NodeId(2),
+                cause: FailureCause::TimedOut
+            }))
+        );
+        assert!(f.poll(f.post(NodeId(2), Batch::read(0, 8))).is_ready());
+        // Failed again while parked (the device went down): that failure's error.
+        let f = given_up_on(2, 1_000_000_000, 25);
+        let parked = f.post(NodeId(2), Batch::read(0, 8));
+        f.engine().kill_all();
+        assert_eq!(
+            f.poll(parked),
+            Poll::Ready(Err(FabricError::NodeFailed {
+                node: NodeId(2),
+                cause: FailureCause::Disconnected
+            }))
+        );
+        assert!(!f.engine().is_parked(NodeId(2)));
+        assert_eq!(f.engine().park_stats().failed, 1);
+    }
+
+    /// Only give-ups park: a node failed by an error completion is not known to be
+    /// up, and posts to it fail at once, as before.
+    #[test]
+    fn a_node_failed_by_an_error_completion_still_fails_posts_at_once() {
+        let f = fabric(3, 4096, 64, 26);
+        f.engine().nic_mut().set_mode(1, Mode::Crash);
+        assert_eq!(
+            wait(&f, f.post(NodeId(1), Batch::read(0, 8))),
+            Err(FabricError::NodeFailed {
+                node: NodeId(1),
+                cause: FailureCause::Transport(s::IBV_WC_RETRY_EXC_ERR)
+            })
+        );
+        assert!(!f.engine().is_parked(NodeId(1)));
+        let t = f.post(NodeId(1), Batch::write(64, vec![1; 8]));
+        assert_eq!(
+            f.poll(t),
+            Poll::Ready(Err(FabricError::NodeFailed {
+                node: NodeId(1),
+                cause: FailureCause::Disconnected
+            })),
+            "failed at once, not parked"
+        );
+        // With node 2 failed too, an operation fails for want of a majority at once.
+        f.engine().fail_node(NodeId(2));
+        let stats = OpStats::new();
+        let reached = block_on_future(&f, async {
+            let mut rt = Roundtrip::start(&f, &stats);
+            for n in 0..3 {
+                rt.post(NodeId(n), Batch::read(0, 8)).unwrap();
+            }
+            rt.wait(2).await
+        })
+        .unwrap();
+        assert!(matches!(
+            reached,
+            Err(FabricError::NotEnoughLiveNodes { .. })
+        ));
+        assert_eq!(f.engine().park_stats(), ParkStats::default());
     }
 
     #[test]
