@@ -381,12 +381,17 @@ fn posts_to_a_node_given_up_on_wait_for_its_reconnect() {
     fabric.give_up_on(node);
     assert_eq!(fabric.node_status(node), NodeStatus::Reconnecting);
     assert_eq!(fabric.lost_chain_failures(), 1);
-    let second = batch(vec![Op::Write {
+    // Only batches with an operation deadline are parked.
+    let due = Some(fabric.now() + 10_000_000_000);
+    let mut second = batch(vec![Op::Write {
         addr: DATA + 8,
         data: vec![8; 8],
     }]);
+    second.set_deadline(due);
+    let mut read = Batch::read(DATA, 16);
+    read.set_deadline(due);
     let write = fabric.post(node, second);
-    let read = fabric.post(node, Batch::read(DATA, 16));
+    let read = fabric.post(node, read);
     assert!(fabric.poll(write).is_pending(), "parked, not failed");
     wait(&fabric, write).unwrap();
     let read = wait(&fabric, read).unwrap();

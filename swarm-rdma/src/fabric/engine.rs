@@ -53,12 +53,14 @@
 //!   ([`Batch::deadline`]) has passed, as for any waiting batch; a parked batch past
 //!   its deadline is failed so even before the revive. So a parked batch is posted
 //!   before its operation's deadline or never, and the delivery margin holds as for
-//!   a batch that waited for staging. Parking ends in failure (every parked batch
+//!   a batch that waited for staging. Only batches with a deadline are parked: one
+//!   without (background work such as an index apply or a claim's give-back) could
+//!   reach the node a whole window late, then be in flight up to the give-up limit,
+//!   past the margin; it fails at once, as before parking existed. Parking ends in failure (every parked batch
 //!   fails with the give-up's error, and later posts fail at once again) when the
 //!   window passes ([`Engine::park_window_ns`]: the give-up limit, at most
 //!   [`MAX_PARK_NS`]; a parked batch waits no longer than one in flight may before
-//!   the engine gives up on it, and batches without a deadline do not wait
-//!   forever), when the fabric's reconnect attempt fails or the node is retired
+//!   the engine gives up on it), when the fabric's reconnect attempt fails or the node is retired
 //!   ([`Engine::stop_parking`]), or when the node is failed again for any reason
 //!   (the device went down). Only give-ups park: a node failed by an error
 //!   completion, a post failure, a cut notice or never reached is not known to be
@@ -611,6 +613,12 @@ impl<N: Nic> Engine<N> {
         self.check_park(node.index(), clock);
         let state = &self.nodes[node.index()];
         let parked = state.parked.is_some();
+        if let Some(park) = &state.parked
+            && batch.deadline().is_none()
+        {
+            // Only batches with an operation deadline wait (see the module docs).
+            return self.slab.insert_done(Err(park.error.clone()));
+        }
         let link = match &state.link {
             // A parked node's batches are planned for its old queue pair, to reject
             // what it would reject now, and again when it is revived.

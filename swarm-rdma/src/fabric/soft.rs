@@ -630,7 +630,10 @@ mod tests {
         // Later posts to the node are parked until a reconnect revives it or the
         // park window (the give-up limit) passes, then fail at once.
         assert!(f.engine().is_parked(NodeId(2)));
-        assert!(f.poll(f.post(NodeId(2), Batch::read(0, 8))).is_pending());
+        assert!(
+            f.poll(f.post(NodeId(2), op_batch(&f, Batch::read(0, 8))))
+                .is_pending()
+        );
         std::thread::sleep(std::time::Duration::from_millis(250));
         f.progress();
         assert!(!f.engine().is_parked(NodeId(2)));
@@ -667,6 +670,13 @@ mod tests {
         engine.revive(NodeId(node as u16), fresh);
     }
 
+    /// `batch` as an operation posts it: with a deadline (ten seconds ahead). Only
+    /// such batches are parked.
+    fn op_batch(f: &EngineFabric<SoftNic>, mut batch: Batch) -> Batch {
+        batch.set_deadline(Some(f.now() + 10_000_000_000));
+        batch
+    }
+
     /// Polls `future` once, as an executor would between two progress calls.
     fn poll_once<T>(future: std::pin::Pin<&mut impl Future<Output = T>>) -> Poll<T> {
         future.poll(&mut std::task::Context::from_waker(std::task::Waker::noop()))
@@ -680,10 +690,13 @@ mod tests {
         let f = given_up_on(1, 150_000_000, 21);
         f.engine().fail_node(NodeId(2));
         assert!(!f.engine().is_parked(NodeId(2)), "only give-ups park");
-        let write = f.post(NodeId(1), Batch::write(128, vec![9; 8]));
-        let read = f.post(NodeId(1), Batch::read(128, 8));
+        let write = f.post(NodeId(1), op_batch(&f, Batch::write(128, vec![9; 8])));
+        let read = f.post(NodeId(1), op_batch(&f, Batch::read(128, 8)));
+        // Background work without a deadline is not parked: it fails at once.
+        assert!(f.poll(f.post(NodeId(1), Batch::read(0, 8))).is_ready());
         // An operation that needs both nodes left.
         let stats = OpStats::new();
+        let _armed = stats.arm_deadline(f.now() + 10_000_000_000);
         let mut operation = std::pin::pin!(async {
             let mut rt = Roundtrip::start(&f, &stats);
             for n in 0..3 {
@@ -738,7 +751,7 @@ mod tests {
         let mut late = Batch::write(256, vec![3; 8]);
         late.set_deadline(Some(f.now() + 30_000_000));
         let late = f.post(NodeId(1), late);
-        let open = f.post(NodeId(1), Batch::write(320, vec![4; 8]));
+        let open = f.post(NodeId(1), op_batch(&f, Batch::write(320, vec![4; 8])));
         assert!(f.poll(late).is_pending());
         std::thread::sleep(std::time::Duration::from_millis(40));
         f.progress();
@@ -767,7 +780,7 @@ mod tests {
     fn parking_ends_in_failure_when_the_window_passes() {
         let f = given_up_on(0, 150_000_000, 23);
         assert_eq!(f.engine().park_window_ns(), 150_000_000);
-        let parked = f.post(NodeId(0), Batch::read(0, 8));
+        let parked = f.post(NodeId(0), op_batch(&f, Batch::read(0, 8)));
         let started = std::time::Instant::now();
         assert_eq!(
             wait_timed(&f, parked),
@@ -792,7 +805,7 @@ mod tests {
         // The reconnect attempt failed (or the node was retired): the fabric stops
         // parking; the parked batches fail with the give-up's error.
         let f = given_up_on(2, 1_000_000_000, 24);
-        let parked = f.post(NodeId(2), Batch::read(0, 8));
+        let parked = f.post(NodeId(2), op_batch(&f, Batch::read(0, 8)));
         f.progress();
         assert!(f.poll(parked).is_pending());
         f.engine()
@@ -807,7 +820,7 @@ mod tests {
         assert!(f.poll(f.post(NodeId(2), Batch::read(0, 8))).is_ready());
         // Failed again while parked (the device went down): that failure's error.
         let f = given_up_on(2, 1_000_000_000, 25);
-        let parked = f.post(NodeId(2), Batch::read(0, 8));
+        let parked = f.post(NodeId(2), op_batch(&f, Batch::read(0, 8)));
         f.engine().kill_all();
         assert_eq!(
             f.poll(parked),
