@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Side-by-side YCSB throughput of two builds of `swarm` on shared memory, alternating
+# runs on fresh clusters (the measured phase's kops/s, one line per run).
+#
+# Usage: scripts/ycsb-side-by-side.sh OLD_SWARM NEW_SWARM
+#   W=a|b (workload, default a)  N=runs of each (5)  CL=clients (2)
+#   OPS=measured ops (400000)    KEYS=keys (100000)
+#   TOUCH=1 (default) writes every page of the fresh node files once before the
+#   run (python3), so that first-touch page faults of tmpfs, which otherwise take
+#   a large and build-dependent share of a short run, stay out of the comparison;
+#   TOUCH=0 leaves them in.
+# Not a test; the numbers are only comparable within one invocation on a quiet
+# machine. Clusters: 1 GiB per node, values up to 128 B, 8 writers (the README's).
+set -euo pipefail
+old=$1 new=$2
+W=${W:-a} N=${N:-5} CL=${CL:-2} OPS=${OPS:-400000} KEYS=${KEYS:-100000} TOUCH=${TOUCH:-1}
+touch_pages() {
+    python3 - "$@" <<'PY'
+import mmap, os, sys
+for path in sys.argv[1:]:
+    fd = os.open(path, os.O_RDWR)
+    m = mmap.mmap(fd, os.fstat(fd).st_size, mmap.MAP_SHARED)
+    for offset in range(0, len(m), 4096):
+        m[offset] = m[offset]
+    m.close()
+    os.close(fd)
+PY
+}
+run() { # LABEL BINARY
+    local dir
+    dir=$(mktemp -d -p /dev/shm)
+    "$2" init --dir "$dir/kv" --size 1GiB --value-max 128 --writers 8 >/dev/null
+    if [ "$TOUCH" = 1 ]; then touch_pages "$dir"/kv/node-*; fi
+    local rate
+    rate=$("$2" bench --dir "$dir/kv" --workload "$W" --keys "$KEYS" --ops "$OPS" \
+        --clients "$CL" 2>&1 | sed -n 's/^measured .*: \([0-9.]* [kM]ops\/s\).*/\1/p')
+    rm -rf "$dir"
+    echo "$W run $i $1 ${rate:-failed}"
+}
+for i in $(seq "$N"); do
+    run old "$old"
+    run new "$new"
+done
