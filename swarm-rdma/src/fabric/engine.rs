@@ -56,12 +56,13 @@
 //!   a batch that waited for staging. Only batches with a deadline are parked: one
 //!   without (background work such as an index apply or a claim's give-back) could
 //!   reach the node a whole window late, then be in flight up to the give-up limit,
-//!   past the margin; it fails at once, as before parking existed. Parking ends in failure (every parked batch
-//!   fails with the give-up's error, and later posts fail at once again) when the
-//!   window passes ([`Engine::park_window_ns`]: the give-up limit, at most
-//!   [`MAX_PARK_NS`]; a parked batch waits no longer than one in flight may before
-//!   the engine gives up on it), when the fabric's reconnect attempt fails or the node is retired
-//!   ([`Engine::stop_parking`]), or when the node is failed again for any reason
+//!   past the margin; it fails at once, as before parking existed. Parking ends in
+//!   failure (every parked batch fails with the give-up's error, and later posts
+//!   fail at once again) when the window passes ([`Engine::park_window_ns`]: the
+//!   give-up limit, at most [`MAX_PARK_NS`]; a parked batch waits no longer than one
+//!   in flight may before the engine gives up on it), when the fabric's reconnect
+//!   attempt fails or the node is retired ([`Engine::stop_parking`]), or when the
+//!   node is failed again for any reason
 //!   (the device went down). Only give-ups park: a node failed by an error
 //!   completion, a post failure, a cut notice or never reached is not known to be
 //!   up, and posts to it still fail at once. [`Engine::park_stats`] counts what
@@ -551,24 +552,13 @@ impl<N: Nic> Engine<N> {
             // memory, but its address, key and limits come from the new connection).
             let mut waiting = VecDeque::with_capacity(parked.len());
             for mut w in parked {
-                match wr::plan(node, &w.batch, &link.region, &link.limits) {
-                    Ok(chain) if chain.is_empty() => {
-                        self.slab.complete(w.ticket, Ok(Completion::new()));
-                    }
-                    Ok(chain) if chain.staging_len() > self.staging.capacity() => {
-                        self.slab.complete(
-                            w.ticket,
-                            Err(FabricError::OutOfBounds {
-                                node,
-                                addr: 0,
-                                len: chain.staging_len(),
-                                size: self.staging.capacity(),
-                            }),
-                        );
-                    }
-                    Ok(chain) => {
+                match self.plan(node, &w.batch, &link) {
+                    Ok(Some(chain)) => {
                         w.chain = chain;
                         waiting.push_back(w);
+                    }
+                    Ok(None) => {
+                        self.slab.complete(w.ticket, Ok(Completion::new()));
                     }
                     Err(error) => {
                         self.slab.complete(w.ticket, Err(error));
@@ -625,31 +615,15 @@ impl<N: Nic> Engine<N> {
             Some(link) if !state.dead || parked => link,
             _ => return self.slab.insert_done(Err(status::post_error(node))),
         };
-        let chain = match wr::plan(node, &batch, &link.region, &link.limits) {
-            Ok(chain) => chain,
+        let chain = match self.plan(node, &batch, link) {
+            Ok(Some(chain)) => chain,
+            // Nothing to wait for, but no answer from a node that is not back.
+            Ok(None) => match &state.parked {
+                Some(park) => return self.slab.insert_done(Err(park.error.clone())),
+                None => return self.slab.insert_done(Ok(Completion::new())),
+            },
             Err(error) => return self.slab.insert_done(Err(error)),
         };
-        if chain.is_empty() {
-            if let Some(park) = &state.parked {
-                // Nothing to wait for, but no answer from a node that is not back.
-                return self.slab.insert_done(Err(park.error.clone()));
-            }
-            return self.slab.insert_done(Ok(Completion::new()));
-        }
-        if chain.staging_len() > self.staging.capacity() {
-            tracing::error!(
-                %node,
-                needed = chain.staging_len(),
-                capacity = self.staging.capacity(),
-                "batch needs more staging memory than the client registered; raise RdmaConfig::staging_bytes"
-            );
-            return self.slab.insert_done(Err(FabricError::OutOfBounds {
-                node,
-                addr: 0,
-                len: chain.staging_len(),
-                size: self.staging.capacity(),
-            }));
-        }
         let ticket = self.slab.insert_pending(());
         tracing::trace!(
             %node,
@@ -682,6 +656,35 @@ impl<N: Nic> Engine<N> {
             self.nodes[node.index()].waiting.push_back(waiting);
         }
         ticket
+    }
+
+    /// `batch` planned as a chain for `node` over `link`: `None` if it has nothing to
+    /// post; an error if the link or the staging buffer cannot take it.
+    fn plan(
+        &self,
+        node: NodeId,
+        batch: &Batch,
+        link: &NodeLink,
+    ) -> Result<Option<Chain>, FabricError> {
+        let chain = wr::plan(node, batch, &link.region, &link.limits)?;
+        if chain.is_empty() {
+            return Ok(None);
+        }
+        if chain.staging_len() > self.staging.capacity() {
+            tracing::error!(
+                %node,
+                needed = chain.staging_len(),
+                capacity = self.staging.capacity(),
+                "batch needs more staging memory than the client registered; raise RdmaConfig::staging_bytes"
+            );
+            return Err(FabricError::OutOfBounds {
+                node,
+                addr: 0,
+                len: chain.staging_len(),
+                size: self.staging.capacity(),
+            });
+        }
+        Ok(Some(chain))
     }
 
     /// Posts `w` now if its queue pair and the staging buffer have room; gives it
