@@ -95,6 +95,16 @@ fn start_nodes(token: &Token, count: u16) -> Vec<Memnode> {
         .collect()
 }
 
+/// `count` memory nodes started with a fresh token, the cluster opened on them, and
+/// a client thread's fabric (drop order: fabric, cluster, nodes).
+fn nodes_and_client(count: u16) -> (Vec<Memnode>, RdmaCluster, RdmaFabric) {
+    let token = Token::generate().unwrap();
+    let nodes = start_nodes(&token, count);
+    let cluster = RdmaCluster::open(client_config(&nodes, &token)).unwrap();
+    let fabric = cluster.client().unwrap();
+    (nodes, cluster, fabric)
+}
+
 fn client_config(nodes: &[Memnode], token: &Token) -> RdmaConfig {
     let mut config = RdmaConfig::new(
         nodes.iter().map(|n| n.local_addr().to_string()).collect(),
@@ -130,10 +140,7 @@ fn read_write_cas_batches_over_the_device() {
     if require_device("read_write_cas_batches_over_the_device").is_none() {
         return;
     }
-    let token = Token::generate().unwrap();
-    let nodes = start_nodes(&token, 1);
-    let cluster = RdmaCluster::open(client_config(&nodes, &token)).unwrap();
-    let fabric = cluster.client().unwrap();
+    let (_nodes, _cluster, fabric) = nodes_and_client(1);
     let node = NodeId(0);
     // Small (inline) and large (staged) writes, a CAS that succeeds, one that fails,
     // and reads that must observe the earlier updates of their own chain.
@@ -339,10 +346,7 @@ fn a_node_that_drops_its_clients_is_reconnected_with_its_memory() {
     if require_device("a_node_that_drops_its_clients_is_reconnected_with_its_memory").is_none() {
         return;
     }
-    let token = Token::generate().unwrap();
-    let nodes = start_nodes(&token, 3);
-    let cluster = RdmaCluster::open(client_config(&nodes, &token)).unwrap();
-    let fabric = cluster.client().unwrap();
+    let (nodes, _cluster, fabric) = nodes_and_client(3);
     let node = NodeId(1);
     let incarnation = fabric.incarnations()[1];
     assert!(incarnation.is_some_and(|i| i != 0));
@@ -368,10 +372,7 @@ fn posts_to_a_node_given_up_on_wait_for_its_reconnect() {
     if require_device("posts_to_a_node_given_up_on_wait_for_its_reconnect").is_none() {
         return;
     }
-    let token = Token::generate().unwrap();
-    let nodes = start_nodes(&token, 3);
-    let cluster = RdmaCluster::open(client_config(&nodes, &token)).unwrap();
-    let fabric = cluster.client().unwrap();
+    let (_nodes, _cluster, fabric) = nodes_and_client(3);
     let node = NodeId(1);
     let first = batch(vec![Op::Write {
         addr: DATA,
@@ -413,10 +414,7 @@ fn a_client_whose_lease_word_stops_changing_is_cut_off_by_the_memory_node() {
     {
         return;
     }
-    let token = Token::generate().unwrap();
-    let nodes = start_nodes(&token, 1);
-    let cluster = RdmaCluster::open(client_config(&nodes, &token)).unwrap();
-    let fabric = cluster.client().unwrap();
+    let (_nodes, cluster, fabric) = nodes_and_client(1);
     let node = NodeId(0);
     let lease = DATA + 4096;
     let renew = |value: u64| {
@@ -509,10 +507,7 @@ fn a_port_that_goes_down_and_up_fails_every_node_then_reconnects_them() {
             .expect("ip runs");
         assert!(status.success(), "ip link set {netdev:?} {state} failed");
     };
-    let token = Token::generate().unwrap();
-    let nodes = start_nodes(&token, 3);
-    let cluster = RdmaCluster::open(client_config(&nodes, &token)).unwrap();
-    let fabric = cluster.client().unwrap();
+    let (_nodes, cluster, fabric) = nodes_and_client(3);
     let port_usable = |wanted: bool| {
         let deadline = Instant::now() + Duration::from_secs(10);
         while cluster.port_usable() != wanted {
