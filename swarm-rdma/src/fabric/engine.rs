@@ -324,11 +324,13 @@ impl<N: Nic> Engine<N> {
     /// or the node is retired.
     pub fn stop_parking(&mut self, node: NodeId, why: &str) {
         if node.index() < self.nodes.len() {
-            self.end_park(node.index(), why);
+            self.end_park(node.index(), why, None);
         }
     }
 
-    fn end_park(&mut self, node: usize, why: &str) {
+    /// Ends `node`'s parking window, if any, in failure: its parked batches fail with
+    /// `error`, or the give-up's error if `None`.
+    fn end_park(&mut self, node: usize, why: &str, error: Option<&FabricError>) {
         let Some(park) = self.nodes[node].parked.take() else {
             return;
         };
@@ -342,8 +344,9 @@ impl<N: Nic> Engine<N> {
             "parking ended in failure: the parked batches fail and later posts to the \
              node fail at once"
         );
+        let error = error.unwrap_or(&park.error);
         for w in waiting {
-            self.slab.complete(w.ticket, Err(park.error.clone()));
+            self.slab.complete(w.ticket, Err(error.clone()));
         }
     }
 
@@ -399,6 +402,7 @@ impl<N: Nic> Engine<N> {
             self.end_park(
                 node,
                 "the park window passed before the node was reconnected",
+                None,
             );
             return true;
         }
@@ -767,19 +771,10 @@ impl<N: Nic> Engine<N> {
             self.dead += 1;
         }
         state.dead = true;
-        if let Some(park) = state.parked.take() {
-            // Failed again while parked (retired, device down): the parked batches
-            // fail with this failure's error.
-            self.parking.failed += 1;
-            tracing::warn!(
-                node = %NodeId(node as u16),
-                batches = state.waiting.len(),
-                parked_ms = self.clock.saturating_sub(park.since) / 1_000_000,
-                %error,
-                "parking ended in failure: the node failed while parked"
-            );
-        }
-        for waiting in std::mem::take(&mut state.waiting) {
+        // Failed again while parked (device down): the parked batches fail with this
+        // failure's error.
+        self.end_park(node, "the node failed while parked", Some(error));
+        for waiting in std::mem::take(&mut self.nodes[node].waiting) {
             self.slab.complete(waiting.ticket, Err(error.clone()));
         }
         for entry in self.inflight.values_mut() {
