@@ -213,30 +213,27 @@ impl Store for RdmaStore {
         Ok(client)
     }
 
+    /// Asks the memory nodes to cut the client of `writer` off once its lease word
+    /// (row word 1 of its client-table row, [`crate::writer_ids`]) is killed, or
+    /// unchanged for as long as a reclaimer waits before it may kill it
+    /// ([`LeaseParams::observer_wait_ns`]): by then the client's own clock says its
+    /// lease ended, whatever the drift within the bound (defence in depth behind the
+    /// self-fence, [`crate::lease`]).
     fn watch_lease(&self, fabric: &RdmaFabric, writer: u16) {
-        watch_lease(fabric, &self.layout, writer);
-    }
-}
-
-/// Asks the memory nodes to cut the client of `writer` off once its lease word (row word 1 of its
-/// client-table row, [`crate::writer_ids`]) is killed, or unchanged for as long as
-/// a reclaimer waits before it may kill it ([`LeaseParams::observer_wait_ns`]): by
-/// then the client's own clock says its lease ended, whatever the drift within the
-/// bound (defence in depth behind the self-fence, [`crate::lease`]).
-fn watch_lease(fabric: &RdmaFabric, layout: &NodeLayout, writer: u16) {
-    let params = LeaseParams::from_params(&layout.params);
-    let stall_ns = params.observer_wait_ns().max(MIN_STALL_NS);
-    if stall_ns > MAX_STALL_NS {
-        tracing::warn!(
+        let params = LeaseParams::from_params(&self.layout.params);
+        let stall_ns = params.observer_wait_ns().max(MIN_STALL_NS);
+        if stall_ns > MAX_STALL_NS {
+            tracing::warn!(
+                stall_ns,
+                "lease too long for the memory nodes' lease watch; not watched"
+            );
+            return;
+        }
+        let request = WatchRequest {
+            offset: self.layout.client_row(writer) + 8,
             stall_ns,
-            "lease too long for the memory nodes' lease watch; not watched"
-        );
-        return;
+        };
+        let armed = fabric.watch_lease_word(request);
+        tracing::debug!(armed, writer, "memory nodes watch the lease word");
     }
-    let request = WatchRequest {
-        offset: layout.client_row(writer) + 8,
-        stall_ns,
-    };
-    let armed = fabric.watch_lease_word(request);
-    tracing::debug!(armed, writer, "memory nodes watch the lease word");
 }
