@@ -612,13 +612,7 @@ mod tests {
         f.engine().nic_mut().set_mode(2, Mode::Silent);
         let lost = f.post(NodeId(2), Batch::read(0, 8));
         let started = std::time::Instant::now();
-        assert_eq!(
-            wait_timed(&f, lost),
-            Err(FabricError::NodeFailed {
-                node: NodeId(2),
-                cause: FailureCause::TimedOut
-            })
-        );
+        assert_eq!(wait_timed(&f, lost), Err(given_up_error(NodeId(2))));
         assert!(started.elapsed() >= std::time::Duration::from_millis(250));
         assert!(f.engine().is_dead(NodeId(2)));
         assert_eq!(f.engine().lost_chain_failures(), 1);
@@ -650,15 +644,17 @@ mod tests {
         let id = NodeId(node as u16);
         let held = f.post(id, Batch::write(64, vec![7; 8]));
         f.engine().nic_mut().set_mode(node, Mode::Held);
-        assert_eq!(
-            wait_timed(&f, held),
-            Err(FabricError::NodeFailed {
-                node: id,
-                cause: FailureCause::TimedOut
-            })
-        );
+        assert_eq!(wait_timed(&f, held), Err(given_up_error(id)));
         assert!(f.engine().is_dead(id) && f.engine().is_parked(id));
         f
+    }
+
+    /// The error of the batches of a node the engine gave up on.
+    fn given_up_error(node: NodeId) -> FabricError {
+        FabricError::NodeFailed {
+            node,
+            cause: FailureCause::TimedOut,
+        }
     }
 
     /// What the fabric does once a reconnect attempt succeeds: a fresh queue pair
@@ -782,13 +778,7 @@ mod tests {
         assert_eq!(f.engine().park_window_ns(), 150_000_000);
         let parked = f.post(NodeId(0), op_batch(&f, Batch::read(0, 8)));
         let started = std::time::Instant::now();
-        assert_eq!(
-            wait_timed(&f, parked),
-            Err(FabricError::NodeFailed {
-                node: NodeId(0),
-                cause: FailureCause::TimedOut
-            })
-        );
+        assert_eq!(wait_timed(&f, parked), Err(given_up_error(NodeId(0))));
         // The window started at the give-up, a moment before the post.
         assert!(started.elapsed() >= std::time::Duration::from_millis(100));
         assert!(!f.engine().is_parked(NodeId(0)));
@@ -810,13 +800,7 @@ mod tests {
         assert!(f.poll(parked).is_pending());
         f.engine()
             .stop_parking(NodeId(2), "the reconnect attempt failed");
-        assert_eq!(
-            f.poll(parked),
-            Poll::Ready(Err(FabricError::NodeFailed {
-                node: NodeId(2),
-                cause: FailureCause::TimedOut
-            }))
-        );
+        assert_eq!(f.poll(parked), Poll::Ready(Err(given_up_error(NodeId(2)))));
         assert!(f.poll(f.post(NodeId(2), Batch::read(0, 8))).is_ready());
         // Failed again while parked (the device went down): that failure's error.
         let f = given_up_on(2, 1_000_000_000, 25);
