@@ -130,8 +130,10 @@ fn a_queue_pair_holding_a_chain_past_the_give_up_limit_is_aborted_and_its_node_f
     let f = cluster.client(2).unwrap();
     f.engine().set_fail_overdue_after(200_000_000);
     f.engine().nic_mut().set_mode(1, Mode::Silent);
-    let held = f.post(NodeId(1), Batch::write(64, vec![7; 8]));
+    // Timed from before the post: the chain's age counts from its post, and the
+    // thread may be preempted between the post and a later clock read.
     let started = std::time::Instant::now();
+    let held = f.post(NodeId(1), Batch::write(64, vec![7; 8]));
     let result = loop {
         if let Poll::Ready(result) = f.poll(held) {
             break result;

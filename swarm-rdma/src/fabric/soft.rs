@@ -520,10 +520,12 @@ mod tests {
         let engine = Engine::new(nic, links).warn_overdue_after(50_000_000);
         let f = EngineFabric::new(engine);
         f.engine().nic_mut().set_mode(2, Mode::Silent);
+        // Timed from before the post: the chain's age counts from its post, and the
+        // thread may be preempted between the post and a later clock read.
+        let started = std::time::Instant::now();
         let answered = f.post(NodeId(0), Batch::read(0, 8));
         let lost = f.post(NodeId(2), Batch::read(0, 8));
         assert!(wait(&f, answered).is_ok());
-        let started = std::time::Instant::now();
         while f.engine().overdue_warnings() == 0 {
             assert!(f.progress(), "the lost chain is still pending");
             assert!(
@@ -556,9 +558,9 @@ mod tests {
         let f = EngineFabric::new(engine);
         f.engine().nic_mut().set_mode(2, Mode::Held);
         // Posts wake a held queue pair: hold it once the chain is posted.
+        let started = std::time::Instant::now();
         let held = f.post(NodeId(2), Batch::read(0, 8));
         f.engine().nic_mut().set_mode(2, Mode::Held);
-        let started = std::time::Instant::now();
         assert!(
             wait_timed(&f, held).is_ok(),
             "the nudge woke the queue pair"
@@ -610,8 +612,8 @@ mod tests {
             .fail_overdue_after(250_000_000);
         let f = EngineFabric::new(engine);
         f.engine().nic_mut().set_mode(2, Mode::Silent);
-        let lost = f.post(NodeId(2), Batch::read(0, 8));
         let started = std::time::Instant::now();
+        let lost = f.post(NodeId(2), Batch::read(0, 8));
         assert_eq!(wait_timed(&f, lost), Err(given_up_error(NodeId(2))));
         assert!(started.elapsed() >= std::time::Duration::from_millis(250));
         assert!(f.engine().is_dead(NodeId(2)));
@@ -776,8 +778,8 @@ mod tests {
     fn parking_ends_in_failure_when_the_window_passes() {
         let f = given_up_on(0, 150_000_000, 23);
         assert_eq!(f.engine().park_window_ns(), 150_000_000);
-        let parked = f.post(NodeId(0), op_batch(&f, Batch::read(0, 8)));
         let started = std::time::Instant::now();
+        let parked = f.post(NodeId(0), op_batch(&f, Batch::read(0, 8)));
         assert_eq!(wait_timed(&f, parked), Err(given_up_error(NodeId(0))));
         // The window started at the give-up, a moment before the post.
         assert!(started.elapsed() >= std::time::Duration::from_millis(100));
