@@ -440,8 +440,13 @@ impl SlotAllocator {
 
     /// Returns the slot of `ts` to the free pool (memory recycling).
     pub fn release(&mut self, layout: &Layout, ts: Timestamp) {
-        let slot = layout.slot_of(ts);
-        if self.is_used(slot) {
+        self.release_slot(layout.slot_of(ts));
+    }
+
+    /// Returns slot `slot` to the free pool (a carried slot found never written,
+    /// `swarm_core::protocol::carried`).
+    pub fn release_slot(&mut self, slot: u32) {
+        if slot < self.slots && self.is_used(slot) {
             self.used[slot as usize / 64] &= !(1 << (slot % 64));
             self.in_use -= 1;
         }

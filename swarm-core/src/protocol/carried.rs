@@ -38,10 +38,24 @@ use crate::fabric::{Batch, Fabric, Nanos, NodeId, Ticket};
 use crate::layout::Layout;
 
 use super::quorum::majority;
-use super::resume::record_in_slot;
+use super::resume::{SlotUse, record_in_slot};
 
 /// Bytes of log read per examination step on each node (whole slots, at least one).
 pub const EXAMINE_BYTES: u64 = 64 << 10;
+
+/// What one finished examination read learned about the slots it covered.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(crate) struct Examined {
+    /// Per slot holding one, the newest valid record of this writer that names its
+    /// register, on any copy: `(slot, timestamp, register address)`, to track.
+    pub(crate) writes: Vec<(u32, Timestamp, u64)>,
+    /// Slots with neither a record nor a lock word on any copy read (a majority of
+    /// nodes answered): never written, to free.
+    pub(crate) empty: Vec<u32>,
+    /// The largest tick count of a timestamp of this writer in a record or a lock
+    /// word of any slot covered (0 if none), to raise the guesser above.
+    pub(crate) max_ticks: u64,
+}
 
 /// The carried slots not examined yet, and the read in flight.
 #[derive(Debug, Default)]
@@ -88,9 +102,9 @@ impl CarriedSlots {
         writer: WriterId,
         now: Nanos,
         timeout: Nanos,
-    ) -> Vec<(u32, Timestamp, u64)> {
+    ) -> Examined {
         let nodes = fabric.node_count();
-        let mut found = Vec::new();
+        let mut found = Examined::default();
         if let Some(reading) = self.reading.as_mut() {
             reading
                 .outstanding
@@ -171,28 +185,44 @@ impl CarriedSlots {
         self.next = end;
     }
 
-    /// Per covered slot, the newest record of this writer found on any copy:
-    /// `(slot, timestamp, register address)`.
-    fn records(
-        &self,
-        layout: &Layout,
-        writer: WriterId,
-        reading: &Reading,
-    ) -> Vec<(u32, Timestamp, u64)> {
+    /// What the copies of a finished read say about each slot it covers (see
+    /// [`Examined`]).
+    fn records(&self, layout: &Layout, writer: WriterId, reading: &Reading) -> Examined {
         let slot_bytes = layout.slot_bytes() as usize;
         let mut scratch = Vec::new();
-        let mut found = Vec::new();
+        let mut found = Examined::default();
         for &slot in &self.pending[reading.covers.clone()] {
             let at = (slot - reading.first_slot) as usize * slot_bytes;
-            let newest = reading
-                .copies
-                .iter()
-                .filter_map(|copy| copy.get(at..at + slot_bytes))
+            let copies = || {
+                reading
+                    .copies
+                    .iter()
+                    .map(move |copy| copy.get(at..at + slot_bytes))
+            };
+            // A copy too short to hold the slot says nothing: the slot counts as used.
+            let mut empty = true;
+            for copy in copies() {
+                let Some(bytes) = copy else {
+                    empty = false;
+                    continue;
+                };
+                let slot_use = SlotUse::parse(bytes);
+                empty &= !slot_use.is_used();
+                if let Some(ticks) = slot_use.ticks_of(writer) {
+                    found.max_ticks = found.max_ticks.max(ticks);
+                }
+            }
+            if empty {
+                found.empty.push(slot);
+                continue;
+            }
+            let newest = copies()
+                .flatten()
                 .filter_map(|bytes| record_in_slot(bytes, layout, writer, &mut scratch))
                 .filter(|(ts, _)| layout.slot_of(*ts) == slot)
                 .max_by_key(|(ts, _)| *ts);
             if let Some((ts, register)) = newest {
-                found.push((slot, ts, register));
+                found.writes.push((slot, ts, register));
             }
         }
         found

@@ -5,7 +5,7 @@ use core::cell::RefCell;
 
 use crate::clock::Clock;
 use crate::encoding::{Timestamp, WriterId};
-use crate::fabric::{Fabric, Nanos, NodeId};
+use crate::fabric::{Fabric, FabricError, Nanos, NodeId};
 use alloc::sync::Arc;
 
 use super::Suspicion;
@@ -122,6 +122,25 @@ pub(crate) struct WriterState {
     /// Maps a register address read from a carried slot's record to its location
     /// (given with the summary, [`Client::resume_summary`]).
     pub(crate) locate: Option<Locator>,
+    /// The tick ceiling this writer persists, if its store keeps one
+    /// ([`Client::set_tick_ceiling`]).
+    pub(crate) ceiling: Option<Ceiling>,
+}
+
+/// A tick ceiling persisted in memory: a word at `addr` on every node, which this
+/// writer raises on a majority (never lowering it on any node) before it uses a
+/// timestamp above it (see [`super::resume`], "Crash resume").
+#[derive(Debug)]
+pub(crate) struct Ceiling {
+    addr: u64,
+    /// Ticks persisted beyond the timestamp that needs a raise.
+    headroom: u64,
+    /// A value a majority of nodes holds (or held: the word only goes up).
+    persisted: u64,
+    /// What each node is believed to hold, by node index: the CAS expectations.
+    known: Vec<u64>,
+    /// A raise is in flight (by another operation of this client).
+    raising: bool,
 }
 
 /// Maps a register address read from a log record (untrusted) to its location.
@@ -201,6 +220,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
                 tracker: SlotTracker::default(),
                 carried: CarriedSlots::default(),
                 locate: None,
+                ceiling: None,
             }),
             suspicion: Arc::new(Suspicion::new(config.suspect_ns)),
             writing: RefCell::new(Vec::new()),
@@ -383,9 +403,132 @@ impl<F: Fabric, C: Clock> Client<F, C> {
                         None => return allocate(),
                     }
                 }
+                Ok(ts) => {
+                    // Nothing is posted with `ts` before the ceiling covers it.
+                    if let Err(e) = self.cover_ticks(stats, ts.ticks()).await {
+                        self.state.borrow_mut().slots.release(&self.layout, ts);
+                        return Err(e);
+                    }
+                    return Ok(ts);
+                }
                 other => return other,
             }
         }
+    }
+
+    /// Has this writer persist a *tick ceiling* at `addr` (a word on every node,
+    /// which only this writer id writes, never lowered): from now on no timestamp
+    /// above the ceiling is returned by an allocation before a majority of nodes
+    /// holds a ceiling at or above it (one more roundtrip, a CAS per node, each time
+    /// a timestamp passes it; the ceiling is then raised `headroom` ticks beyond
+    /// it). `held` is the largest value read from the word on a majority, which the
+    /// caller also resumes above after a crash ([`Self::resume_crashed`]). See
+    /// [`super::resume`], "Crash resume".
+    pub fn set_tick_ceiling(&self, addr: u64, held: u64, headroom: u64) {
+        let nodes = self.fabric.node_count();
+        self.state.borrow_mut().ceiling = Some(Ceiling {
+            addr,
+            headroom: headroom.max(1),
+            persisted: held,
+            known: alloc::vec![held; nodes],
+            raising: false,
+        });
+    }
+
+    /// The tick ceiling persisted on a majority, if this writer keeps one.
+    pub fn tick_ceiling(&self) -> Option<u64> {
+        self.state.borrow().ceiling.as_ref().map(|c| c.persisted)
+    }
+
+    /// Makes sure a majority of nodes holds a tick ceiling at or above `ticks`
+    /// (no-op without a ceiling): raises it to `ticks + headroom` by CAS from the
+    /// value each node is believed to hold, never lowering it. One raise at a time
+    /// per client; another operation that needs one waits for it.
+    async fn cover_ticks(&self, stats: &OpStats, ticks: u64) -> Result<(), SwarmError> {
+        let (addr, target, mut known) = loop {
+            {
+                let mut state = self.state.borrow_mut();
+                let Some(ceiling) = state.ceiling.as_mut() else {
+                    return Ok(());
+                };
+                if ceiling.persisted >= ticks {
+                    return Ok(());
+                }
+                if !ceiling.raising {
+                    ceiling.raising = true;
+                    let target = ticks
+                        .saturating_add(ceiling.headroom)
+                        .min(crate::encoding::MAX_TICKS)
+                        .max(ticks);
+                    break (ceiling.addr, target, ceiling.known.clone());
+                }
+            }
+            crate::exec::sleep(&self.fabric, self.config.slow_after_ns).await;
+        };
+        // Clears the flag however this ends (an error, a dropped operation).
+        struct Raising<'a>(&'a RefCell<WriterState>);
+        impl Drop for Raising<'_> {
+            fn drop(&mut self) {
+                if let Some(ceiling) = self.0.borrow_mut().ceiling.as_mut() {
+                    ceiling.raising = false;
+                }
+            }
+        }
+        let _raising = Raising(&self.state);
+        let nodes = known.len();
+        let needed = super::quorum::majority(nodes);
+        let mut result = Err(SwarmError::Fabric(FabricError::NotEnoughLiveNodes {
+            needed,
+            live: 0,
+        }));
+        for _ in 0..8 {
+            let done = known.iter().filter(|&&w| w >= target).count();
+            if done >= needed {
+                result = Ok(());
+                break;
+            }
+            let behind: Vec<NodeId> = (0..nodes)
+                .filter(|&i| known[i] < target)
+                .map(|i| NodeId(i as u16))
+                .collect();
+            let expected = known.clone();
+            let rt = super::quorum::broadcast(&self.fabric, stats, behind, needed - done, |node| {
+                Ok(crate::fabric::Batch::cas(
+                    addr,
+                    expected[node.index()],
+                    target,
+                ))
+            })
+            .await;
+            let rt = match rt {
+                Ok(rt) => rt,
+                Err(e) => {
+                    result = Err(e.into());
+                    break;
+                }
+            };
+            for (node, completion) in rt.replies() {
+                if let (Some(held), Some(previous)) =
+                    (known.get_mut(node.index()), completion.cas(0))
+                {
+                    *held = if previous == expected[node.index()] {
+                        target
+                    } else {
+                        previous
+                    };
+                }
+            }
+        }
+        let mut state = self.state.borrow_mut();
+        if let Some(ceiling) = state.ceiling.as_mut() {
+            for (mine, seen) in ceiling.known.iter_mut().zip(&known) {
+                *mine = (*mine).max(*seen);
+            }
+            if result.is_ok() {
+                ceiling.persisted = ceiling.persisted.max(target);
+            }
+        }
+        result
     }
 
     /// When the oldest limbo slot comes back, if any.
@@ -507,11 +650,34 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         state.locate = Some(Locator(alloc::boxed::Box::new(locate)));
     }
 
+    /// Resumes the log of an earlier incarnation that left no summary (it crashed,
+    /// or was evicted) without reading the log first: every slot but the tombstone's
+    /// is *carried* (marked used and queued for the lazy examination, as after
+    /// [`Self::resume_summary`]), and later timestamps exceed `last_ticks`, which
+    /// must be at or above every tick the earlier incarnations used (their persisted
+    /// tick ceiling, [`Self::set_tick_ceiling`]). The examination frees the slots it
+    /// finds empty on every node that answered, and tracks the writes it finds, as
+    /// after a whole-log scan. See [`super::resume`], "Crash resume".
+    pub fn resume_crashed(
+        &self,
+        last_ticks: u64,
+        locate: impl Fn(u64) -> Option<RegisterLoc> + Send + 'static,
+    ) {
+        let slots = self.layout.slots_per_writer();
+        let tombstone = self.layout.slot_of(Timestamp::tombstone(self.writer));
+        self.resume(0..slots, last_ticks);
+        let mut state = self.state.borrow_mut();
+        state.carried = CarriedSlots::new((0..slots).filter(|&s| s != tombstone).collect());
+        state.locate = Some(Locator(alloc::boxed::Box::new(locate)));
+    }
+
     /// One bounded, non-blocking step of the examination of carried slots (call it
     /// between operations, like [`Self::reclaim_tick`]; a no-op once every carried
     /// slot was examined): collects the read in flight and posts the next one (see
     /// `carried.rs`). Each write found whose register the summary's `locate` knows
-    /// is tracked as a write of unknown outcome, as by [`Self::resume_scan`].
+    /// is tracked as a write of unknown outcome, as by [`Self::resume_scan`]; the
+    /// guesser is raised above every tick found in a record or a lock word; and
+    /// each slot empty on every copy read is given back to the allocator.
     pub fn examine_carried_tick(&self, now: Nanos) {
         let mut state = self.state.borrow_mut();
         if state.carried.remaining() == 0 {
@@ -521,6 +687,8 @@ impl<F: Fabric, C: Clock> Client<F, C> {
             carried,
             tracker,
             locate,
+            slots,
+            guesser,
             ..
         } = &mut *state;
         let found = carried.tick(
@@ -530,28 +698,54 @@ impl<F: Fabric, C: Clock> Client<F, C> {
             now,
             self.config.max_op_ns,
         );
+        // Before any of these slots can be allocated again (tslock.rs: a slot's new
+        // write is above every lock and record it held).
+        guesser.used(found.max_ticks);
+        for slot in found.empty {
+            slots.release_slot(slot);
+        }
         let Some(Locator(locate)) = locate else {
             return;
         };
-        for (_, ts, register) in found {
+        for (_, ts, register) in found.writes {
             if let Some(reg) = locate(register) {
                 tracker.track(&reg, ts);
             }
         }
     }
 
-    /// Learns which slots of a full log hold superseded buffers (a log full with
-    /// nothing in limbo, typically just after a resume): examines every carried slot
-    /// not examined yet, then checks every tracked register once. Reads only.
+    /// Learns which slots of a full log can come back (a log full with nothing in
+    /// limbo, typically just after a resume), reading only as much as that takes:
+    /// one examination step of the carried slots at a time, each followed by a check
+    /// of every tracked register, until a slot is free, one is in limbo, or nothing
+    /// is left to examine. Reads only.
     async fn learn_superseded(&self) {
         loop {
-            self.examine_carried_tick(self.fabric.now());
-            if self.carried_remaining() == 0 {
-                break;
+            let before = self.carried_remaining();
+            if before > 0 {
+                // One whole step: post it (or collect the one in flight), then wait
+                // until a read ends with a majority of copies.
+                loop {
+                    self.examine_carried_tick(self.fabric.now());
+                    if self.carried_remaining() < before {
+                        break;
+                    }
+                    crate::exec::sleep(&self.fabric, self.config.slow_after_ns).await;
+                }
             }
-            crate::exec::sleep(&self.fabric, self.config.slow_after_ns).await;
+            if self.slots_in_use() < self.layout.slots_per_writer() {
+                return;
+            }
+            self.check_tracked(usize::MAX).await;
+            let progress = {
+                let state = self.state.borrow();
+                state.slots.in_use() < self.layout.slots_per_writer()
+                    || state.tracker.next_expiry(self.config.grace_ns()).is_some()
+            };
+            if progress || self.carried_remaining() == 0 {
+                return;
+            }
         }
-        self.check_tracked(usize::MAX).await;
     }
 
     /// Makes room in a full log before any operation needs it (a client that just
