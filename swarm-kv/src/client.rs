@@ -272,7 +272,10 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
             )?,
             Resume::Fresh | Resume::Scan => None,
         };
-        let scan = if registration.reused && summary.is_none() {
+        // After a crash (no sealed summary), a cluster with tick ceilings resumes the
+        // log lazily above the ceiling; an older one scans it whole first.
+        let crashed = registration.reused && summary.is_none();
+        let scan = if crashed && !layout.params.tick_ceilings {
             let stats = OpStats::new();
             tracing::info!(
                 writer = registration.writer,
@@ -308,6 +311,28 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
             },
         )?
         .with_suspicion(swarm.suspicion().clone());
+        if layout.params.tick_ceilings {
+            // About a second of ticks past each timestamp that needs a raise (one
+            // more roundtrip per second of timestamps), plus the log's slots (an
+            // allocation bumps ticks until its slot is free).
+            let headroom = (1_000_000_000 / config.tick_ns.max(1))
+                .saturating_add(u64::from(layout.params.log_slots));
+            swarm.set_tick_ceiling(
+                layout.client_row(registration.writer) + writer_ids::TICK_CEILING,
+                registration.ceiling,
+                headroom,
+            );
+            if crashed {
+                tracing::info!(
+                    writer = registration.writer,
+                    ceiling = registration.ceiling,
+                    "resuming a crashed writer id's log lazily, above its tick ceiling"
+                );
+                swarm.resume_crashed(registration.ceiling, move |addr| {
+                    locate_register(&layout, nodes, addr)
+                });
+            }
+        }
         if let Some(scan) = scan {
             // The earlier incarnation's buffers are tracked by register, so that the
             // ones superseded since are recycled (`swarm_core::resume`).

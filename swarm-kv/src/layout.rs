@@ -45,10 +45,16 @@ pub const BUCKET_BYTES: u64 = 64;
 pub const KV_MAGIC: [u8; 8] = *b"SWARMKV\0";
 /// Superblock format version written by this build (2: lease parameters and the
 /// operation deadline; 3: the flags word, whose bit 0 says the node has a log-summary
-/// area). Versions 1 and 2 are still read, with the defaults and no summaries.
-pub const KV_VERSION: u32 = 3;
+/// area; 4: bit 1 of the flags word, tick ceilings in the client table). Versions 1
+/// to 3 are still read, with the defaults, no summaries (1, 2) and no tick ceilings.
+pub const KV_VERSION: u32 = 4;
 /// Bit of the superblock's flags word: the layout has a log-summary area.
 pub const FLAG_LOG_SUMMARIES: u64 = 1;
+/// Bit of the superblock's flags word: every client keeps a tick ceiling in its
+/// client-table row (`crate::writer_ids`), so that a crashed client's successor
+/// resumes its log without reading it first. Only builds that keep the ceiling
+/// read a cluster with this bit (version 4 and later).
+pub const FLAG_TICK_CEILINGS: u64 = 2;
 /// Bytes of an encoded superblock (version 2; version 1 used the first 64).
 pub const SUPERBLOCK_ENCODED_BYTES: usize = 128;
 /// Default lease duration (`swarm init --lease`).
@@ -167,6 +173,11 @@ pub struct ClusterParams {
     /// its summary there, and the next client of its writer id resumes the log from
     /// it instead of scanning the whole log ([`crate::writer_ids`]).
     pub log_summaries: bool,
+    /// Whether every client persists a tick ceiling in its client-table row
+    /// (superblock version 4 and later): a client that takes over the writer id of
+    /// a crashed one then resumes its log lazily, starting above the ceiling,
+    /// instead of reading the whole log first ([`crate::writer_ids`]).
+    pub tick_ceilings: bool,
 }
 
 /// Defaults for `swarm init`.
@@ -188,6 +199,7 @@ impl Default for ClusterParams {
             cache_ttl_ns: DEFAULT_CACHE_TTL_NS,
             delivery_margin_ns: swarm_core::reclaim::DEFAULT_DELIVERY_MARGIN_NS,
             log_summaries: true,
+            tick_ceilings: true,
         }
     }
 }
@@ -326,6 +338,10 @@ impl ClusterParams {
             FLAG_LOG_SUMMARIES
         } else {
             0
+        } | if self.tick_ceilings {
+            FLAG_TICK_CEILINGS
+        } else {
+            0
         };
         out[96..104].copy_from_slice(&flags.to_le_bytes());
         let sum = xxh3_64(&out[..120]);
@@ -345,7 +361,7 @@ impl ClusterParams {
             .ok_or(ParamsError::NotInitialized)?;
         let encoded = match version {
             1 => 64,
-            2 | KV_VERSION => SUPERBLOCK_ENCODED_BYTES,
+            2 | 3 | KV_VERSION => SUPERBLOCK_ENCODED_BYTES,
             other => return Err(ParamsError::Version(other)),
         };
         let bytes: &[u8; SUPERBLOCK_ENCODED_BYTES] = &{
@@ -379,6 +395,7 @@ impl ClusterParams {
             };
         // Flags a later version may add are refused by the version check above.
         let log_summaries = version >= 3 && u64_at(96) & FLAG_LOG_SUMMARIES != 0;
+        let tick_ceilings = version >= 4 && u64_at(96) & FLAG_TICK_CEILINGS != 0;
         let params = Self {
             key_max: u32_at(12),
             value_max: u32_at(16),
@@ -395,6 +412,7 @@ impl ClusterParams {
             cache_ttl_ns,
             delivery_margin_ns,
             log_summaries,
+            tick_ceilings,
         };
         params.validate()?;
         Ok(params)
@@ -653,6 +671,7 @@ mod tests {
     fn a_version_2_superblock_has_no_summary_area_and_keeps_its_layout() {
         let p = ClusterParams {
             log_summaries: false,
+            tick_ceilings: false,
             ..ClusterParams::default()
         }
         .for_node_size(64 << 20)
@@ -683,6 +702,19 @@ mod tests {
         );
         let p3 = ClusterParams::decode(&with.params.encode()).unwrap();
         assert!(p3.log_summaries, "version 3 carries the flag");
+        // A version-3 superblock has no tick ceilings, whatever its flags say.
+        let mut v3 = with.params.encode();
+        v3[8..12].copy_from_slice(&3u32.to_le_bytes());
+        v3[96..104].copy_from_slice(&(FLAG_LOG_SUMMARIES | FLAG_TICK_CEILINGS).to_le_bytes());
+        let sum = xxh3_64(&v3[..120]);
+        v3[120..128].copy_from_slice(&sum.to_le_bytes());
+        let old = ClusterParams::decode(&v3).unwrap();
+        assert!(old.log_summaries && !old.tick_ceilings);
+        assert!(
+            ClusterParams::decode(&with.params.encode())
+                .unwrap()
+                .tick_ceilings
+        );
     }
 
     #[test]

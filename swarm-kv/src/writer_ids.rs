@@ -18,7 +18,8 @@
 //! | 3 | 1 once the row has ever been used (its log may hold live buffers) |
 //! | 4 | resume generation: `generation << 1 \| sealed` (see "Resuming a log" below) |
 //! | 5 | the owner's wall clock at its last renewal, Unix ns (informational: `swarm stat`) |
-//! | 6, 7 | reserved for leases |
+//! | 6 | tick ceiling: no incarnation of this writer id used a timestamp above it (superblock version 4; see "Resuming a log") |
+//! | 7 | reserved for leases |
 //!
 //! A client that stops cleanly gives its row back. A client that finds every row
 //! claimed watches them for a lease period and takes over one whose owner did not
@@ -93,6 +94,9 @@ const SUMMARY_PIECE: usize = 4 << 20;
 /// Offset of the resume-generation word in a row (see the module docs).
 pub const GENERATION: u64 = 32;
 
+/// Offset of the tick-ceiling word in a row (see the module docs).
+pub const TICK_CEILING: u64 = 48;
+
 /// A claimed row.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Registration {
@@ -104,6 +108,10 @@ pub struct Registration {
     pub resume: Resume,
     /// This incarnation's generation: its summary's stamp.
     pub generation: u64,
+    /// The largest tick ceiling read from the row (every node that answered, a
+    /// majority at least): at or above every timestamp an earlier incarnation used,
+    /// on a cluster with tick ceilings (see the module docs).
+    pub ceiling: u64,
 }
 
 /// How a new client of a row resumes its log.
@@ -157,13 +165,14 @@ pub async fn register<F: Fabric>(
         &stats,
         majority(nodes),
         STRAGGLER_NS,
-        |_| Ok(Some(Batch::read(at, 40))),
+        |_| Ok(Some(Batch::read(at, 56))),
         |replies| replies.len() == nodes,
     )
     .await?;
     let mut seen = vec![None; nodes];
     let mut generations = vec![None; nodes];
     let mut reused = false;
+    let mut ceiling = 0;
     for (node, completion) in rt.replies() {
         let bytes = completion.read(0).unwrap_or_default();
         let word = |i: usize| {
@@ -178,6 +187,7 @@ pub async fn register<F: Fabric>(
             *slot = word(4);
         }
         reused |= word(3).is_some_and(|w| w != 0);
+        ceiling = ceiling.max(word(6).unwrap_or(0));
     }
     drop(rt);
     let newest = generations.iter().flatten().copied().max().unwrap_or(0);
@@ -232,6 +242,7 @@ pub async fn register<F: Fabric>(
         reused,
         resume,
         generation,
+        ceiling,
     };
     Ok((registration, holder.into_inner()))
 }
