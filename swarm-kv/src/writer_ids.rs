@@ -35,8 +35,17 @@
 //!   slot in the summary area ([`NodeLayout::summary`]). The next client reads that
 //!   (a few KiB to a few tens of KiB) instead of the log (tens of MiB), and examines
 //!   the slots it marks lazily ([`swarm_core::Client::resume_summary`]).
-//! * **Otherwise** (the earlier client crashed, was evicted, or the cluster predates
-//!   summaries), by scanning the whole log on every node that answers
+//! * **After a crash or an eviction**, on a cluster with tick ceilings (superblock
+//!   version 4): every client raises its row's tick-ceiling word (word 6) on a
+//!   majority before it uses a timestamp above it ([`swarm_core::Client::set_tick_ceiling`],
+//!   about a second of ticks at a time), so the next client reads the largest
+//!   ceiling with the row, starts its timestamps above it, carries every slot of the
+//!   log and examines them lazily ([`swarm_core::Client::resume_crashed`]), freeing
+//!   the never-written ones: its start reads one or a few 64 KiB steps of the log,
+//!   not the log ([`swarm_core::resume`], "Crash resume", has the argument and the
+//!   straggler caveat).
+//! * **Otherwise** (a cluster that predates tick ceilings or summaries), by scanning
+//!   the whole log on every node that answers
 //!   ([`swarm_core::resume::scan_log`], waiting [`RESUME_STRAGGLER_NS`] for nodes
 //!   beyond a majority, since a write the earlier client abandoned may sit on one
 //!   node only): every slot holding a record or a lock is marked used, and

@@ -3,31 +3,43 @@
 //!
 //! A writer resumed from a [`super::summary::LogSummary`] knows *which* slots of its
 //! log the earlier incarnations left in use, but not what they hold: which write, for
-//! which register. Until it knows, it cannot tell when such a slot's buffer is
-//! superseded (SWARM §4.5: a slot is reused once a majority of its register holds a
-//! newer value, [`super::reclaim`]), so the slot stays taken. Reading every carried
-//! slot when the client starts would make the start cost grow with the earlier
-//! incarnations' live data again (the very cost the summary removes), so the carried
-//! slots are *examined* lazily instead: between operations, a bounded read of a few
-//! carried slots at a time ([`EXAMINE_BYTES`] per read) is posted to every node without
-//! waiting, and once a majority of nodes answered (or [`CarriedSlots::tick`]'s timeout
-//! passed with a majority), each slot's newest valid record of this writer that
-//! names its register is handed to the slot tracker as a write of unknown outcome,
-//! exactly as a whole-log resume does ([`super::Client::resume_scan`]).
+//! which register; one resumed after a crash ([`super::Client::resume_crashed`])
+//! knows nothing and carries every slot. Until it knows, it cannot tell when such a
+//! slot's buffer is superseded (SWARM §4.5: a slot is reused once a majority of its
+//! register holds a newer value, [`super::reclaim`]), so the slot stays taken.
+//! Reading every carried slot when the client starts would make the start cost grow
+//! with the log again (the very cost the summary and the crash resume remove), so
+//! the carried slots are *examined* lazily instead: between operations, a bounded
+//! read of a few carried slots at a time ([`EXAMINE_BYTES`] per read) is posted to
+//! every node without waiting, and once a majority of nodes answered (or
+//! [`CarriedSlots::tick`]'s timeout passed with a majority), for each slot:
 //!
-//! Safety does not depend on the examination: a carried slot is marked used in the
-//! allocator from the start and only the tracker ever frees it, after the reclaim
-//! check and the grace. A slot whose copies hold no usable record (torn, locked only,
-//! a register the store cannot name) simply stays used, as after a whole-log scan; a
-//! read that a majority does not answer in time is retried later. A short-lived
-//! client that stops before examining everything passes the rest on in its own
-//! summary, still marked used.
+//! * its newest valid record of this writer that names its register is handed to
+//!   the slot tracker as a write of unknown outcome, exactly as a whole-log resume
+//!   does ([`super::Client::resume_scan`]);
+//! * the guesser is raised above every tick of this writer in its records and lock
+//!   words, before the slot can be freed (the per-slot order `tslock.rs` needs);
+//! * a slot with neither a record nor a lock word on any copy read is given back to
+//!   the allocator at once: it was never written (see [`super::resume`], "Crash
+//!   resume", for why nothing can reach it, and the straggler caveat).
+//!
+//! Safety does not depend on the pace of the examination: a carried slot is marked
+//! used in the allocator from the start and only the examination (empty slots) or
+//! the tracker (after the reclaim check and the grace) ever frees it. A slot whose
+//! copies hold no usable record (torn, locked only, a register the store cannot
+//! name) simply stays used, as after a whole-log scan; a read that a majority does
+//! not answer in time is retried later. A short-lived client that stops before
+//! examining everything passes the rest on in its own summary, still marked used,
+//! so successive one-shot clients each examine a bit more.
 //!
 //! A write that finds the log full with nothing in limbo does not wait for the lazy
-//! pace: it examines every carried slot and checks every tracked register at once
-//! (`Client::wait_for_slot`), and a store whose client resumes a full log makes room
-//! before its first operation ([`super::Client::make_room`]): one-shot clients that
-//! each inherit the same full log would otherwise never live through a grace.
+//! pace (`Client::wait_for_slot`), and a store whose client resumes a full log makes
+//! room before its first operation ([`super::Client::make_room`]): one-shot clients
+//! that each inherit the same full log would otherwise never live through a grace.
+//! Both examine one step at a time, each followed by a check of the tracked
+//! registers, and stop as soon as a slot is free or one is in limbo: a bounded
+//! number of reads, independent of the log's size, when the log holds free or
+//! superseded slots (a log that holds only live values is examined to its end).
 
 use alloc::vec::Vec;
 use core::ops::Range;

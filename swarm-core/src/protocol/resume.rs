@@ -43,19 +43,68 @@
 //! used-slot bitmap and its last tick count) and hands it on as a
 //! [`super::summary::LogSummary`]; the next incarnation then starts from that bitmap
 //! ([`super::Client::resume_summary`]) and examines the slots it marks lazily, in the
-//! background. Only a writer that crashed (or was evicted) leaves no summary behind,
-//! and its successor pays one whole-log scan. The store decides which summary is
-//! trustworthy (swarm-kv's `writer_ids`: a generation word sealed after the summary
-//! reached a majority). [`scan_slots`] reads given slot ranges only.
+//! background. The store decides which summary is trustworthy (swarm-kv's
+//! `writer_ids`: a generation word sealed after the summary reached a majority).
+//! [`scan_slots`] reads given slot ranges only.
 //!
-//! A bound by *ticks* instead (a persisted ceiling, the successor scanning the slots
+//! **Crash resume** ([`super::Client::resume_crashed`]). A writer that crashed (or
+//! was evicted) leaves no summary, but its successor need not read the log first
+//! either, if the store keeps a *tick ceiling* per writer id:
+//!
+//! * **Slots: every slot carried.** The successor marks every slot of the log used
+//!   and queues every slot but the tombstone's for the lazy examination of
+//!   `carried.rs` (SWARM §4.3: a slot is taken until known free). A slot examined
+//!   *empty on every node that answered* (no record, no lock word: any non-zero word
+//!   counts as use, as in [`scan_log`]; a majority answered, the others up to the
+//!   examination's deadline) is given back at once: no metadata word names a
+//!   timestamp of this slot, since a write's buffer reaches each node in the same
+//!   ordered batch as, and before, its metadata word, so no operation can fetch,
+//!   lock in or write back to it. A slot whose record names a register is tracked
+//!   as a write of unknown outcome and freed by reclaim checks once superseded,
+//!   after the grace (SWARM §4.5, [`super::reclaim`]); a slot with no usable record
+//!   stays taken (and passes on, like every slot not examined yet, in this writer's
+//!   own summary if it stops cleanly). **The straggler caveat is [`scan_log`]'s:**
+//!   a node silent past the deadline may hold the single copy of an abandoned write
+//!   in a slot the others show empty, and that slot is then reused.
+//! * **Timestamps: above a persisted ceiling.** Per-slot knowledge is *not* enough.
+//!   Raising the guesser above every tick of a slot before reusing it keeps the
+//!   slot's lock word below every new write in it (what `tslock.rs` needs) and keeps
+//!   timestamps unique (a timestamp has exactly one slot). But Safe-Guess reads also
+//!   rely on a writer's timestamps growing with real time *per register* (appendix
+//!   C, Assumption 2: a reader that saw `(t1, w)` and then a larger `(t2, w)`
+//!   returns `t1`'s value, concluding that `w` finished `t1` before writing `t2`).
+//!   A successor that writes `t1` on register `R` below an abandoned `t2` of its
+//!   predecessor on one node of `R`, whose slot it has not examined yet, breaks
+//!   that: a reader sees `t1`, then `t2` (its strong read writes `t2` back to a
+//!   majority) and returns `t1`; another reader returns `t2` after it (the dead
+//!   writer never WRITE-locks `t2`, so a READ lock succeeds); the successor's slow
+//!   path then WRITE-locks `t1` (nobody READ-locked it) and rewrites `t1`'s value
+//!   above `t2`, which a third reader returns: `v1, v2, v1` in real-time order, with
+//!   one write of each value, is not linearizable. So the successor must start above
+//!   *every* tick its predecessor used before its first write, which a lazy
+//!   examination cannot give. The store therefore keeps a ceiling word per writer id
+//!   on every node: [`super::Client::set_tick_ceiling`] makes the writer raise it on
+//!   a majority (by CAS, never lowering it on any node) before it uses a timestamp
+//!   above it, `headroom` ticks at a time, and the successor reads it from a majority
+//!   and resumes above the largest value (a lock word names only a timestamp its
+//!   writer used, so locks are covered too). This has no straggler caveat: every
+//!   raise reached a majority, and every majority read meets it. The examination
+//!   still raises the guesser per examined slot before freeing it (for a caller that
+//!   resumes from a lower bound).
+//!
+//! Start-up then costs the ceiling read and, since the log is full (every slot is
+//! carried), examination steps of 64 KiB per node (`carried.rs`) until a slot is
+//! free or one is in limbo (`Client::wait_for_slot`), not the log. [`scan_log`]
+//! remains for stores without a ceiling (swarm-kv clusters made before superblock
+//! version 4), for the checker and for tests.
+//!
+//! A bound on the *slots* read by ticks instead (the successor scanning the slots
 //! [`slots_of_ticks`] of the earlier incarnation's tick range) does not work with
-//! this log as well as it seems: the slot of write `ts` is `xxh3(ts) mod slots`, so a
-//! long-lived writer's tick range covers the whole log, and the carried slots of
-//! still earlier incarnations must be persisted anyway. The summary persists exactly
-//! that set, at one bit per slot.
+//! this log: the slot of write `ts` is `xxh3(ts) mod slots`, so a long-lived
+//! writer's tick range covers the whole log, and the carried slots of still earlier
+//! incarnations must be persisted anyway. After a crash, every slot is carried.
 //!
-//! The result feeds [`super::Client::resume`] or [`super::Client::resume_scan`].
+//! A scan's result feeds [`super::Client::resume`] or [`super::Client::resume_scan`].
 
 use alloc::vec;
 use alloc::vec::Vec;

@@ -32,9 +32,13 @@
 //! * the lock word carries the *whole* timestamp (`LockWord` is `ticks | writer |
 //!   mode`), and a CAS only ever installs the caller's own `(ts, mode)`;
 //! * `ts_new > ts_old`: one writer's timestamps only grow (the guesser is strictly
-//!   increasing, [`super::guess`]), and a new incarnation of a writer id resumes above
-//!   every tick its predecessor left in a record or a lock word
-//!   ([`super::resume`]), so also across writer-id reuse;
+//!   increasing, [`super::guess`]), and across writer-id reuse it holds *per slot*: a
+//!   new incarnation hands a slot of its predecessors' log to its allocator only
+//!   after it either scanned the whole log and resumed above every tick found in a
+//!   record or a lock word, or examined that slot on a majority and raised its
+//!   guesser above every tick of that slot (`carried.rs`); and a crash-resumed one
+//!   starts above its predecessor's persisted tick ceiling, above every timestamp it
+//!   used ([`super::resume`], "Crash resume"), which covers the lock words too;
 //! * so the stale CAS either finds a word `>= ts_new` and stops (its own lock is lost,
 //!   which only concerns the superseded `ts_old`), or finds an older word and installs
 //!   `(ts_old, mode)` — still below `ts_new`, which `TRYLOCK(ts_new, ·)` climbs over
