@@ -710,10 +710,13 @@ mod tests {
         v3[120..128].copy_from_slice(&sum.to_le_bytes());
         let old = ClusterParams::decode(&v3).unwrap();
         assert!(old.log_summaries && !old.tick_ceilings);
+        let v4 = ClusterParams {
+            tick_ceilings: true,
+            ..with.params
+        };
         assert!(
-            ClusterParams::decode(&with.params.encode())
-                .unwrap()
-                .tick_ceilings
+            ClusterParams::decode(&v4.encode()).unwrap().tick_ceilings,
+            "version 4 carries the flag"
         );
     }
 
