@@ -215,10 +215,16 @@ pub fn register_loc_for(
     let n = nodes;
     let r = usize::from(layout.params.replicas);
     let start = (hash % n as u64) as usize;
-    let nodes: Vec<NodeId> = (0..r).map(|i| NodeId(((start + i) % n) as u16)).collect();
+    // On the stack: this runs once per operation. More replicas than a batch can
+    // reach are refused by `Replicas::new` (given at most one too many here).
+    let mut chosen = [NodeId(0); swarm_core::MAX_NODES + 1];
+    let r = r.min(chosen.len());
+    for (i, node) in chosen[..r].iter_mut().enumerate() {
+        *node = NodeId(((start + i) % n) as u16);
+    }
     Ok(RegisterLoc {
         addr,
-        replicas: Replicas::new(&nodes, hash / n as u64)?,
+        replicas: Replicas::new(&chosen[..r], hash / n as u64)?,
     })
 }
 

@@ -211,9 +211,28 @@ struct Check {
 }
 
 /// Hashes a register address (a multiple of the register size: its low bits are
-/// zero, so it cannot be its own hash) with xxh3.
+/// zero, so it cannot be its own hash) by a folded multiply: the 128-bit product with
+/// an odd constant, high half xor low half, mixes every input bit into both the low
+/// bits (the bucket) and the top seven (the tag) `hashbrown` uses, in two
+/// multiplications. Addresses are not attacker-chosen (they come from this client's
+/// own writes), so a keyed hash buys nothing here; this runs twice per write.
 #[derive(Default)]
 struct AddrHasher(u64);
+
+impl AddrHasher {
+    const MULTIPLIER: u64 = 0x9E37_79B9_7F4A_7C15;
+
+    fn fold(x: u64) -> u64 {
+        let product = u128::from(x) * u128::from(Self::MULTIPLIER);
+        (product as u64) ^ ((product >> 64) as u64)
+    }
+
+    fn mix(&mut self, word: u64) {
+        // Twice: once leaves the low bits weak for addresses that differ only in
+        // high bits (huge strides).
+        self.0 = Self::fold(Self::fold(self.0 ^ word));
+    }
+}
 
 impl Hasher for AddrHasher {
     fn finish(&self) -> u64 {
@@ -221,11 +240,15 @@ impl Hasher for AddrHasher {
     }
 
     fn write(&mut self, bytes: &[u8]) {
-        self.0 = xxhash_rust::xxh3::xxh3_64_with_seed(bytes, self.0);
+        for chunk in bytes.chunks(8) {
+            let mut word = [0u8; 8];
+            word[..chunk.len()].copy_from_slice(chunk);
+            self.mix(u64::from_le_bytes(word));
+        }
     }
 
     fn write_u64(&mut self, addr: u64) {
-        self.0 = xxhash_rust::xxh3::xxh3_64_with_seed(&addr.to_le_bytes(), self.0);
+        self.mix(addr);
     }
 }
 
@@ -573,6 +596,35 @@ mod tests {
 
     fn replicas_of(addr: u64) -> Replicas {
         Replicas::all(3, addr / 512).unwrap()
+    }
+
+    /// Aligned register addresses spread over buckets (low bits) and tags (top seven
+    /// bits) like random numbers would: a weak hash would turn every probe into a
+    /// scan of a long run.
+    #[test]
+    fn register_addresses_hash_evenly() {
+        let hash = |addr: u64| {
+            let mut h = AddrHasher::default();
+            h.write_u64(addr);
+            h.finish()
+        };
+        for stride in [64u64, 512, 4096, 1 << 20] {
+            let n = 1 << 12;
+            let mut buckets = alloc::collections::BTreeSet::new();
+            let mut tags = alloc::collections::BTreeSet::new();
+            for i in 0..n {
+                let h = hash(4096 + i * stride);
+                buckets.insert(h & (n - 1));
+                tags.insert(h >> 57);
+            }
+            // 4096 random values in 4096 buckets fill about 63 % of them.
+            assert!(
+                buckets.len() > 2400,
+                "stride {stride}: {} buckets",
+                buckets.len()
+            );
+            assert_eq!(tags.len(), 128, "stride {stride}");
+        }
     }
 
     proptest::proptest! {
