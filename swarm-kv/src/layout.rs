@@ -710,11 +710,12 @@ mod tests {
         v3[120..128].copy_from_slice(&sum.to_le_bytes());
         let old = ClusterParams::decode(&v3).unwrap();
         assert!(old.log_summaries && !old.tick_ceilings);
-        assert!(
-            ClusterParams::decode(&with.params.encode())
-                .unwrap()
-                .tick_ceilings
-        );
+        // A version-4 superblock carries the flag (`with` has it off, as `p`).
+        let v4 = ClusterParams {
+            tick_ceilings: true,
+            ..with.params
+        };
+        assert!(ClusterParams::decode(&v4.encode()).unwrap().tick_ceilings);
     }
 
     #[test]
