@@ -105,6 +105,11 @@ impl TraceDigest {
                 self.u64(u64::from(node.0));
                 self.u64(u64::from(factor));
             }
+            Fault::CrashClientAtPost(client, n) => {
+                self.tag(5);
+                self.u64(u64::from(client.0));
+                self.u64(u64::from(n));
+            }
         }
     }
 

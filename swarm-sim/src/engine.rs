@@ -21,6 +21,7 @@
 //! order, and every random choice comes from the one seeded [`SimRng`], so a run is a
 //! pure function of its seed and of what the clients do.
 
+use alloc::boxed::Box;
 use alloc::collections::{BTreeMap, BTreeSet};
 use alloc::vec::Vec;
 use core::task::Poll;
@@ -59,6 +60,8 @@ struct ClientState {
     /// Pending entries remember which batch they wait for.
     slab: TicketSlab<BatchRef>,
     crashed: bool,
+    /// Posts left before the client crashes (see [`Fault::CrashClientAtPost`]).
+    crash_at_post: Option<u32>,
     /// Per node: the slow factor of the link to it (see [`Fault::SlowLink`]), if set.
     links: BTreeMap<NodeId, u32>,
 }
@@ -81,6 +84,8 @@ struct InFlight {
     completion: Completion,
     /// Set when the node refused the batch.
     refused: Option<FabricError>,
+    /// Whether it reached its node (a client crash can still lose it before).
+    arrived: bool,
 }
 
 /// What running one event did.
@@ -119,6 +124,26 @@ pub(crate) struct State {
     /// Instants at which a timer event is scheduled.
     wakes: BTreeSet<Nanos>,
     pub(crate) events_run: u64,
+    /// Sees every batch that leaves a client ([`super::SimWorld::observe_posts`]).
+    pub(crate) observer: Observer,
+}
+
+/// A callback that sees every batch a client sends, before it travels: the client,
+/// the destination node and the batch (posts of crashed clients excluded).
+pub type PostObserver = Box<dyn FnMut(ClientId, NodeId, &Batch)>;
+
+/// The [`PostObserver`], if any.
+#[derive(Default)]
+pub(crate) struct Observer(pub(crate) Option<PostObserver>);
+
+impl core::fmt::Debug for Observer {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "Observer(Some)"
+        } else {
+            "Observer(None)"
+        })
+    }
 }
 
 impl State {
@@ -141,6 +166,7 @@ impl State {
             trace: TraceLog::new(cfg.keep_trace),
             wakes: BTreeSet::new(),
             events_run: 0,
+            observer: Observer::default(),
             cfg,
         }
     }
@@ -186,6 +212,7 @@ impl State {
         self.clients.push(ClientState {
             slab: TicketSlab::new(),
             crashed: false,
+            crash_at_post: None,
             links: BTreeMap::new(),
         });
         ClientId(self.clients.len() as u32 - 1)
@@ -219,6 +246,22 @@ impl State {
         batches
     }
 
+    /// Whether `client` is crashed, or crashes at this post
+    /// ([`Fault::CrashClientAtPost`]).
+    fn crashes_at_post(&mut self, client: ClientId) -> bool {
+        let state = &mut self.clients[client.0 as usize];
+        if let Some(left) = state.crash_at_post.as_mut() {
+            *left -= 1;
+            if *left == 0 {
+                state.crash_at_post = None;
+                state.crashed = true;
+                self.record(TraceKind::Fault(Fault::CrashClient(client)));
+                self.lose_unsent_batches_of(client);
+            }
+        }
+        self.clients[client.0 as usize].crashed
+    }
+
     fn slab(&mut self, client: ClientId) -> &mut TicketSlab<BatchRef> {
         // Client ids are only minted by `add_client`.
         &mut self.clients[client.0 as usize].slab
@@ -238,6 +281,14 @@ impl State {
             let _ = ops.push(OpSummary::from(op));
         }
         self.record(TraceKind::Post { at, ops });
+        if self.crashes_at_post(client) {
+            // It never left the client: pending for good, as if lost.
+            self.record(TraceKind::Lost { at });
+            return self.slab(client).insert_pending(at);
+        }
+        if let Some(observe) = self.observer.0.as_mut() {
+            observe(client, node, &batch);
+        }
         if node.index() >= self.nodes.len() {
             let error = FabricError::NoSuchNode {
                 node,
@@ -261,6 +312,7 @@ impl State {
                 write: None,
                 completion: Completion::new(),
                 refused: None,
+                arrived: false,
             },
         );
         self.schedule(arrival, Event::Arrive(id));
@@ -363,7 +415,32 @@ impl State {
                 }
             }
             Fault::CrashClient(client) => self.clients[client.0 as usize].crashed = true,
+            Fault::CrashClientAtPost(client, n) => {
+                self.clients[client.0 as usize].crash_at_post = Some(n.max(1));
+            }
         }
+    }
+
+    /// A client that crashes at a post ([`Fault::CrashClientAtPost`]) loses each of
+    /// its batches still travelling to their node with probability 1/2: the crash of
+    /// its machine takes what its network card had not sent yet, in no set order.
+    fn lose_unsent_batches_of(&mut self, client: ClientId) {
+        let unsent: Vec<BatchId> = self
+            .batches
+            .iter()
+            .filter(|(_, flight)| flight.at.client == client && !flight.arrived)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in unsent {
+            if self.rng.chance(0.5)
+                && let Some(flight) = self.batches.remove(&id)
+            {
+                self.record(TraceKind::Lost { at: flight.at });
+            }
+        }
+        let batches = &self.batches;
+        self.queue
+            .retain(|_, event| event.batch().is_none_or(|id| batches.contains_key(&id)));
     }
 
     /// A crashed node answers nothing: every batch travelling to it, executing on
@@ -400,6 +477,9 @@ impl State {
         }
         let checked = check_batch(at.node, &flight.batch, node.size());
         let empty = flight.batch.is_empty();
+        if let Some(flight) = self.batches.get_mut(&id) {
+            flight.arrived = true;
+        }
         self.record(TraceKind::Arrive { at });
         match checked {
             Err(error) => {

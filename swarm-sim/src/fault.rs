@@ -33,6 +33,14 @@ pub enum Fault {
     /// The client crashes: the runner stops polling its tasks (dropping them). Its
     /// batches already posted still execute, as on real hardware.
     CrashClient(ClientId),
+    /// The client's machine crashes as it makes its `n`-th post from now (`n` ≥ 1; 0
+    /// counts as 1): that batch and every later one never leave it, each batch it
+    /// posted earlier that has not reached its node yet is lost with probability 1/2
+    /// (its network card had not sent it, in no set order), the others execute, and
+    /// its tasks are dropped as by [`Fault::CrashClient`]. A writer that dies so in
+    /// the middle of a roundtrip leaves its write on any subset of the replicas (an
+    /// abandoned write on a minority).
+    CrashClientAtPost(ClientId, u32),
 }
 
 impl fmt::Display for Fault {
@@ -45,6 +53,9 @@ impl fmt::Display for Fault {
                 write!(f, "slow link c{}-n{node} x{factor}", client.0)
             }
             Self::CrashClient(client) => write!(f, "crash client c{}", client.0),
+            Self::CrashClientAtPost(client, n) => {
+                write!(f, "crash client c{} at its post {n} from now", client.0)
+            }
         }
     }
 }

@@ -37,7 +37,7 @@
 //!   [`Fault::Slow`] (a straggler, which makes protocols abandon a preferred
 //!   majority for a fallback node after a timeout), [`Fault::SlowLink`] (one
 //!   client reaches one node late: clients disagree on which majority answers
-//!   first), and [`Fault::CrashClient`] (the client's tasks are dropped
+//!   first), [`Fault::CrashClient`] and [`Fault::CrashClientAtPost`] (the client's tasks are dropped
 //!   mid-operation, but what it posted still executes, leaving half-done work for
 //!   others, as real hardware does).
 //! - **Time** is a virtual clock in nanoseconds. Events wait in a queue ordered by
@@ -115,6 +115,7 @@ pub mod scenario;
 
 pub use clock::{CLOCK_EPOCH_NS, SimClock};
 pub use config::{Latency, NodeConfig, SimConfig};
+pub use engine::PostObserver;
 pub use error::SimError;
 pub use fabric::{ClientId, SimFabric};
 pub use fault::Fault;

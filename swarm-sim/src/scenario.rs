@@ -30,10 +30,11 @@ use crate::{
     SimWorld,
 };
 use swarm_checker::{History, OpKind, Operation};
-use swarm_core::encoding::WriterId;
+use swarm_core::encoding::{Tsp, WriterId};
 use swarm_core::fabric::{Batch, MAX_BATCH_OPS, NodeId, Op};
 use swarm_core::header::HEADER_SIZE;
 use swarm_core::layout::Layout;
+use swarm_core::quorum::{broadcast_until, majority};
 use swarm_core::summary::LogSummary;
 use swarm_core::{Client, Fabric, OpStats};
 use swarm_core::{
@@ -179,6 +180,21 @@ pub struct Scenario {
     /// its log summary on (`swarm_core::summary`, through its encoding), and the next
     /// one resumes from it and examines the carried slots in the background.
     pub incarnations: u32,
+    /// With [`Scenario::incarnations`] above 1: every incarnation but the last
+    /// *crashes* instead of stopping cleanly, in the middle of one of its writes (at
+    /// its first, second, ... post, [`Fault::CrashClientAtPost`]: the write reaches
+    /// some replicas only, other lanes' operations stay in flight), and leaves no
+    /// summary. A delivery margin later, the successor takes the writer id over as
+    /// SWARM-KV does after a crash: it reads the id's tick ceiling from a majority,
+    /// resumes with `Client::resume_crashed` above it (every slot carried, examined
+    /// lazily) and persists the ceiling with `Client::set_tick_ceiling`, as every
+    /// incarnation does. Client crash faults ([`Faults::crash_clients`]) are not
+    /// scheduled: these crashes replace them. See [`Outcome::crash_resumes`].
+    pub crash_restarts: bool,
+    /// Largest value of a register (`Layout::payload_max`), which sizes log slots:
+    /// larger slots make a writer's log span several examination steps of a resumed
+    /// incarnation (`swarm_core::protocol::carried`, 64 KiB per node per step).
+    pub payload_max: u32,
 }
 
 /// A scenario's log slot recycling (see `swarm_core::reclaim`).
@@ -219,6 +235,8 @@ impl Scenario {
             max_skew_ns: 20_000,
             recycling: None,
             incarnations: 1,
+            crash_restarts: false,
+            payload_max: 32,
         }
     }
 
@@ -303,6 +321,20 @@ pub struct Outcome {
     pub carried_slots: u64,
     /// Carried slots examined before their incarnation stopped, all together.
     pub carried_examined: u64,
+    /// Incarnations that took a crashed writer id over
+    /// ([`Scenario::crash_restarts`]).
+    pub crash_resumes: u64,
+    /// Writes of crashed incarnations that left for a minority of the replicas of
+    /// their register only (abandoned there: the crash came between two posts).
+    pub partial_writes: u64,
+    /// The fewest writes that any incarnation which took a crashed writer id over
+    /// completed (`u64::MAX` if none did): it started with every slot of its log
+    /// taken, so beyond the log's size it wrote into slots that came back.
+    pub min_writes_after_crash: u64,
+    /// Writes (first or rewrite) of an incarnation whose timestamp is at or below
+    /// one that an earlier incarnation of the same writer id sent for the same
+    /// register ([`Scenario::crash_restarts`]): each must be empty.
+    pub ticks_not_above_predecessors: Vec<String>,
 }
 
 #[derive(Default)]
@@ -319,6 +351,77 @@ struct Record {
     summary_resumes: u64,
     carried_slots: u64,
     carried_examined: u64,
+    crash_resumes: u64,
+    min_writes_after_crash: Option<u64>,
+    /// Per incarnation of a crash-restarting client: its simulated client, writer
+    /// index, incarnation number, and whether it crashed.
+    incarnations: Vec<(ClientId, u32, u32, bool)>,
+}
+
+/// The writes that left the clients, seen as they were posted (crash restarts only):
+/// per timestamp (ticks, writer), the first client that sent a record with it, the
+/// register, the record, and the nodes that client sent it to. A later batch with
+/// the same timestamp is a write-back of that write by another operation (a read
+/// copies the buffer to the nodes that lack it), unless its record differs.
+#[derive(Default)]
+struct SentWrites {
+    sent: BTreeMap<(u64, u16), SentWrite>,
+    /// Timestamps sent again with another record (a timestamp used twice).
+    reused: Vec<String>,
+}
+
+/// The first sending of one timestamp ([`SentWrites`]).
+struct SentWrite {
+    client: ClientId,
+    register: u32,
+    record: Vec<u8>,
+    nodes: u32,
+}
+
+impl SentWrites {
+    /// Notes `batch` if it writes a record: a record written into a log slot and a
+    /// CAS of a register's metadata word to that record's timestamp.
+    fn see(&mut self, layout: &Layout, ceilings: u64, client: ClientId, batch: &Batch) {
+        let mut record = None;
+        let mut register = None;
+        for op in batch.ops() {
+            match op {
+                Op::Write { addr, data } if *addr >= layout.log_base() => record = Some(data),
+                Op::Cas { addr, new, .. } if (HEADER_SIZE..ceilings).contains(addr) => {
+                    let index = (addr - HEADER_SIZE) / layout.register_bytes();
+                    register = Some((index as u32, *new));
+                }
+                _ => {}
+            }
+        }
+        let (Some(record), Some((register, meta))) = (record, register) else {
+            return;
+        };
+        let Some(word) = record.get(..8).and_then(|w| w.try_into().ok()) else {
+            return;
+        };
+        let ts = Tsp::from_word(u64::from_le_bytes(word)).ts();
+        if ts != Tsp::from_word(meta).ts() || ts.is_tombstone() {
+            return;
+        }
+        let first = self
+            .sent
+            .entry((ts.ticks(), ts.writer().get()))
+            .or_insert_with(|| SentWrite {
+                client,
+                register,
+                record: record.clone(),
+                nodes: 0,
+            });
+        if first.record != *record || first.register != register {
+            self.reused.push(format!(
+                "{ts:?} sent by {client} for register {register}, first by {} for register {}",
+                first.client, first.register
+            ));
+        } else if first.client == client {
+            first.nodes += 1;
+        }
+    }
 }
 
 /// The register a log record names, from its address (untrusted: checked).
@@ -384,7 +487,7 @@ pub fn run(scenario: &Scenario) -> Result<Outcome, SimError> {
     };
     let shape = |log_base| {
         Layout::builder()
-            .payload_max(32)
+            .payload_max(scenario.payload_max)
             .meta_words(scenario.meta_words)
             .log_base(log_base)
             .writers(writers)
@@ -395,11 +498,25 @@ pub fn run(scenario: &Scenario) -> Result<Outcome, SimError> {
         .expect("scenario layouts are valid")
         .register_bytes();
     let registers_end = HEADER_SIZE + u64::from(registers) * register_bytes;
-    let layout = shape(registers_end.next_multiple_of(4096)).expect("scenario layouts are valid");
+    // The tick-ceiling words of crash restarts, one per writer id, after the registers.
+    let ceilings = registers_end.next_multiple_of(8);
+    let logs_from = if scenario.crash_restarts {
+        ceilings + 8 * u64::from(writers)
+    } else {
+        registers_end
+    };
+    let layout = shape(logs_from.next_multiple_of(4096)).expect("scenario layouts are valid");
     let node_bytes = (layout.log_base() + layout.log_bytes()) as usize;
     let mut rng = SimRng::new(scenario.seed ^ 0x5ca1_ab1e);
     let config = sim_config(scenario, node_bytes);
     let world = SimWorld::new(scenario.seed, config);
+    let sent = Rc::new(RefCell::new(SentWrites::default()));
+    if scenario.crash_restarts {
+        let sent = sent.clone();
+        world.observe_posts(move |client, _, batch| {
+            sent.borrow_mut().see(&layout, ceilings, client, batch);
+        });
+    }
     let mut runner = SimRunner::new(&world);
     let record = Rc::new(RefCell::new(Record::default()));
     let directory = Rc::new(RefCell::new(Directory::new(scenario.keys, registers)));
@@ -410,18 +527,23 @@ pub fn run(scenario: &Scenario) -> Result<Outcome, SimError> {
             dir.current[key as usize] = dir.allocate();
         }
     }
-    // Rough length of the run, to place faults inside it.
-    let span = u64::from(scenario.ops_per_client) * (3_000 + scenario.think_ns);
+    // Rough length of the run, to place faults inside it. Crash restarts run about
+    // fifteen times longer: each successor starts with a full log, and the tiny logs
+    // they run with make writes wait for slots to come back.
+    let mut span = u64::from(scenario.ops_per_client) * (3_000 + scenario.think_ns);
+    if scenario.crash_restarts {
+        span *= 16;
+    }
     schedule_faults(scenario, &runner, &mut rng, span);
 
     for c in 0..scenario.clients {
         let fabric = world.client();
         let id = fabric.id();
-        if scenario.faults.crash_clients && c % 4 == 3 {
+        if scenario.faults.crash_clients && !scenario.crash_restarts && c % 4 == 3 {
             runner.at(rng.between(span / 4, span), Fault::CrashClient(id));
         }
         if scenario.faults.slow_links {
-            schedule_slow_links(scenario, &runner, &mut rng, id, span);
+            schedule_slow_links(scenario, &world, &mut rng, id, 0, span);
         }
         let skew = if scenario.faults.clock_skew {
             random_skew(&mut rng, scenario.max_skew_ns)
@@ -451,6 +573,8 @@ pub fn run(scenario: &Scenario) -> Result<Outcome, SimError> {
                 directory: directory.clone(),
                 record: record.clone(),
                 seed: rng.next_u64(),
+                ceilings,
+                span,
             }),
         );
     }
@@ -467,6 +591,8 @@ pub fn run(scenario: &Scenario) -> Result<Outcome, SimError> {
     let record = Rc::try_unwrap(record)
         .map(RefCell::into_inner)
         .unwrap_or_else(|shared| core::mem::take(&mut *shared.borrow_mut()));
+    let (partial_writes, ticks_not_above_predecessors) =
+        crash_restart_writes(&record.incarnations, &sent.borrow(), scenario.replicas);
     let mut history = History::new();
     for op in record.history {
         // Operations built by this module are always well formed.
@@ -486,7 +612,57 @@ pub fn run(scenario: &Scenario) -> Result<Outcome, SimError> {
         summary_resumes: record.summary_resumes,
         carried_slots: record.carried_slots,
         carried_examined: record.carried_examined,
+        crash_resumes: record.crash_resumes,
+        partial_writes,
+        min_writes_after_crash: record.min_writes_after_crash.unwrap_or(u64::MAX),
+        ticks_not_above_predecessors,
     })
+}
+
+/// What the writes seen leaving the clients say about crash restarts: how many
+/// writes of crashed incarnations left for some replicas only, and every write of an
+/// incarnation whose timestamp is not above all those an earlier incarnation of its
+/// writer id sent for the same register.
+fn crash_restart_writes(
+    incarnations: &[(ClientId, u32, u32, bool)],
+    sent: &SentWrites,
+    replicas: u16,
+) -> (u64, Vec<String>) {
+    let of = |client: ClientId| incarnations.iter().find(|i| i.0 == client);
+    let mut partial = 0;
+    // Per (writer, register, incarnation): the ticks it used first.
+    let mut ticks: BTreeMap<(u32, u32, u32), Vec<u64>> = BTreeMap::new();
+    for (&(ticks_of, ts_writer), first) in &sent.sent {
+        let Some(&(_, writer, k, crashed)) = of(first.client) else {
+            continue;
+        };
+        if u32::from(ts_writer) != writer {
+            continue;
+        }
+        if crashed && (first.nodes as usize) < majority(usize::from(replicas)) {
+            partial += 1;
+        }
+        ticks
+            .entry((writer, first.register, k))
+            .or_default()
+            .push(ticks_of);
+    }
+    let mut violations = sent.reused.clone();
+    for (&(writer, register, k), later) in &ticks {
+        for (&(w, r, earlier_k), earlier) in
+            ticks.range((writer, register, 0)..(writer, register, k))
+        {
+            debug_assert!(w == writer && r == register && earlier_k < k);
+            let highest = earlier.iter().copied().max().unwrap_or(0);
+            for &t in later.iter().filter(|&&t| t <= highest) {
+                violations.push(format!(
+                    "writer {writer} register {register}: incarnation {k} wrote at tick {t}, \
+                     incarnation {earlier_k} at tick {highest}"
+                ));
+            }
+        }
+    }
+    (partial, violations)
 }
 
 /// What a client's incarnations share ([`Scenario::incarnations`]).
@@ -501,12 +677,23 @@ struct Incarnations {
     directory: Rc<RefCell<Directory>>,
     record: Rc<RefCell<Record>>,
     seed: u64,
+    /// Address of writer 0's tick-ceiling word ([`Scenario::crash_restarts`]).
+    ceilings: u64,
+    /// Rough length of the run.
+    span: u64,
 }
+
+/// Ticks a crash-restarting incarnation persists its tick ceiling beyond the
+/// timestamp that needs a raise: at the scenarios' ticks of microseconds, a raise
+/// every few operations (and operations that wait for another's raise), yet most
+/// writes start with their own posts (where the crashes are placed).
+const CEILING_HEADROOM: u64 = 256;
 
 /// Runs a client's operations through its incarnations, one after the other (one
 /// incarnation unless [`Scenario::incarnations`] says more): each runs its lanes and
 /// its reclaim task, and, once its lanes are done, hands its log summary to the
-/// next.
+/// next; or, with [`Scenario::crash_restarts`], crashes mid-write and leaves the
+/// next one to take its writer id over.
 async fn incarnations_task(ctx: Incarnations) {
     let Incarnations {
         scenario,
@@ -519,14 +706,18 @@ async fn incarnations_task(ctx: Incarnations) {
         directory,
         record,
         seed,
+        ceilings,
+        span,
     } = ctx;
-    let id = fabric.id();
     let inflight = scenario.inflight.max(1);
     let incarnations = scenario.incarnations.max(1);
     let per = scenario.ops_per_client.div_ceil(incarnations);
     let writer = WriterId::new(index).expect("scenarios stay below the writer limit");
     let mut rng = SimRng::new(seed);
     let mut summary: Option<LogSummary> = None;
+    let world = fabric.world().clone();
+    // The skew of the last incarnation's clock when it stopped.
+    let mut last_skew = clock.skew();
     for k in 0..incarnations {
         let first_op = k * per;
         if first_op >= scenario.ops_per_client {
@@ -534,12 +725,31 @@ async fn incarnations_task(ctx: Incarnations) {
         }
         // A restart may run on another host, whose clock may lag: later incarnations
         // get a clock of their own, skewed afresh under clock faults.
-        let clock = if k > 0 && scenario.faults.clock_skew {
-            SimClock::new(fabric.world(), scenario.tick_ns)
+        let clock = if k > 0 && scenario.faults.clock_skew && scenario.crash_restarts {
+            // The host a crashed writer id is taken over on lags the dead one's clock
+            // (by up to twice the largest skew): without its predecessor's ticks, it
+            // would guess below them.
+            let lag = rng.between(0, 2 * scenario.max_skew_ns.min(i64::MAX as u64 / 4));
+            SimClock::new(&world, scenario.tick_ns).with_skew(last_skew - lag as i64)
+        } else if k > 0 && scenario.faults.clock_skew {
+            SimClock::new(&world, scenario.tick_ns)
                 .with_skew(random_skew(&mut rng, scenario.max_skew_ns))
         } else {
             clock.clone()
         };
+        // A crash-restarting incarnation is a process of its own (crashing it drops
+        // its tasks, not this one).
+        let fabric = if scenario.crash_restarts {
+            let own = world.client();
+            if scenario.faults.slow_links {
+                let now = world.now();
+                schedule_slow_links(&scenario, &world, &mut rng, own.id(), now, span.max(now));
+            }
+            own
+        } else {
+            fabric.clone()
+        };
+        let id = fabric.id();
         let client = match Client::new(fabric.clone(), clock, layout, writer, config) {
             Ok(client) => Rc::new(client),
             Err(e) => {
@@ -547,14 +757,44 @@ async fn incarnations_task(ctx: Incarnations) {
                 return;
             }
         };
-        if let Some(summary) = &summary {
-            let replicas = scenario.replicas;
+        let replicas = scenario.replicas;
+        if scenario.crash_restarts {
+            let addr = ceilings + 8 * u64::from(index);
+            let held = match read_ceiling(&fabric, addr).await {
+                Ok(held) => held,
+                Err(e) => {
+                    record.borrow_mut().errors.push(e.to_string());
+                    return;
+                }
+            };
+            if k > 0 {
+                // As SWARM-KV's client does on a writer id whose holder crashed.
+                client.resume_crashed(held, move |addr| locate(&layout, replicas, addr));
+                let mut r = record.borrow_mut();
+                r.crash_resumes += 1;
+                r.carried_slots += client.carried_remaining() as u64;
+            }
+            client.set_tick_ceiling(addr, held, CEILING_HEADROOM);
+            let crashes = k + 1 < incarnations;
+            record
+                .borrow_mut()
+                .incarnations
+                .push((id, index, k, crashes));
+        } else if let Some(summary) = &summary {
             client.resume_summary(summary, move |addr| locate(&layout, replicas, addr));
             let mut r = record.borrow_mut();
             r.summary_resumes += 1;
             r.carried_slots += client.carried_remaining() as u64;
         }
+        let ops = per.min(scenario.ops_per_client - first_op);
+        // Where a crashing incarnation dies: at its first write from a random
+        // operation of its last quarter on (lane 0), at one of that write's posts.
+        let crash = (scenario.crash_restarts && k + 1 < incarnations).then(|| CrashAt {
+            op: rng.between(u64::from(ops * 3 / 4), u64::from(ops.saturating_sub(1))) as u32,
+            post: rng.between(1, u64::from(replicas)) as u32,
+        });
         let lanes_left = Rc::new(core::cell::Cell::new(inflight));
+        let writes_done = Rc::new(core::cell::Cell::new(0u64));
         if let Some(r) = scenario.recycling {
             spawner.spawn(
                 id,
@@ -569,7 +809,7 @@ async fn incarnations_task(ctx: Incarnations) {
         for lane in 0..inflight {
             let task = lane_task(Lane {
                 scenario: Scenario {
-                    ops_per_client: per.min(scenario.ops_per_client - first_op),
+                    ops_per_client: ops,
                     ..scenario
                 },
                 client: client.clone(),
@@ -581,11 +821,30 @@ async fn incarnations_task(ctx: Incarnations) {
                 record: record.clone(),
                 seed: rng.next_u64(),
                 lanes_left: lanes_left.clone(),
+                crash: if lane == 0 { crash } else { None },
+                writes_done: writes_done.clone(),
             });
             spawner.spawn(id, task);
         }
         while lanes_left.get() > 0 {
-            fabric.sleep(10_000).await;
+            world.sleep(10_000).await;
+        }
+        last_skew = client.clock().skew();
+        if scenario.crash_restarts {
+            if k > 0 {
+                let mut r = record.borrow_mut();
+                let fewest = r.min_writes_after_crash.unwrap_or(u64::MAX);
+                r.min_writes_after_crash = Some(fewest.min(writes_done.get()));
+            }
+            if crash.is_some() {
+                // Dead for good, even if lane 0 found no write to die in.
+                world.crash_client(id);
+                // Its successor is given the writer id once what it posted landed
+                // (as a lease that expired long after: a delivery margin here).
+                let margin = scenario.recycling.map_or(100_000, |r| r.delivery_margin_ns);
+                world.sleep(margin).await;
+            }
+            continue;
         }
         // A clean stop: every operation of this incarnation returned. Its summary
         // goes through its encoding, as a store hands it on through memory.
@@ -593,6 +852,29 @@ async fn incarnations_task(ctx: Incarnations) {
         let slots = layout.slots_per_writer();
         summary = LogSummary::decode(&client.log_summary().encode(stamp), stamp, slots).ok();
     }
+}
+
+/// Reads a writer's tick-ceiling word at `addr` from a majority of nodes (and every
+/// other node that answers in time): the largest value read.
+async fn read_ceiling(fabric: &SimFabric, addr: u64) -> Result<u64, SwarmError> {
+    let stats = OpStats::new();
+    let nodes = fabric.node_count();
+    let rt = broadcast_until(
+        fabric,
+        &stats,
+        majority(nodes),
+        100_000,
+        |_| Ok(Some(Batch::read(addr, 8))),
+        |replies| replies.len() == nodes,
+    )
+    .await?;
+    Ok(rt
+        .replies()
+        .iter()
+        .filter_map(|(_, completion)| completion.read(0))
+        .filter_map(|bytes| bytes.try_into().ok().map(u64::from_le_bytes))
+        .max()
+        .unwrap_or(0))
 }
 
 /// What a client's background recycling needs.
@@ -712,14 +994,15 @@ fn schedule_faults(scenario: &Scenario, runner: &SimRunner, rng: &mut SimRng, sp
     }
 }
 
-/// Slows a third of `client`'s links from the start, then redraws one of them
-/// every 40 µs or so.
+/// Slows a third of `client`'s links from `from` (virtual time), then redraws one of
+/// them every 40 µs or so until `until`, when they all heal.
 fn schedule_slow_links(
     scenario: &Scenario,
-    runner: &SimRunner,
+    world: &SimWorld,
     rng: &mut SimRng,
     client: ClientId,
-    span: u64,
+    from: u64,
+    until: u64,
 ) {
     let draw = |rng: &mut SimRng| match rng.below(10) {
         0..4 => 1,
@@ -727,17 +1010,17 @@ fn schedule_slow_links(
         _ => rng.between(10, 30) as u32,
     };
     for node in 0..scenario.replicas {
-        runner.at(0, Fault::SlowLink(client, NodeId(node), draw(rng)));
+        world.at(from, Fault::SlowLink(client, NodeId(node), draw(rng)));
     }
-    for _ in 0..span / 40_000 {
+    for _ in 0..until.saturating_sub(from) / 40_000 {
         let node = NodeId(rng.below(u64::from(scenario.replicas)) as u16);
-        let at = rng.between(0, span);
-        runner.at(at, Fault::SlowLink(client, node, draw(rng)));
+        let at = rng.between(from, until);
+        world.at(at, Fault::SlowLink(client, node, draw(rng)));
     }
     // Every link heals by the end: a read whose holders all answer slower than
     // `slow_after_ns` retries until one answers in time (see the report of issue 10).
     for node in 0..scenario.replicas {
-        runner.at(span, Fault::SlowLink(client, NodeId(node), 1));
+        world.at(until.max(from), Fault::SlowLink(client, NodeId(node), 1));
     }
 }
 
@@ -806,6 +1089,19 @@ struct Lane {
     seed: u64,
     /// Lanes of this client still running (its reclaim task stops at zero).
     lanes_left: Rc<core::cell::Cell<u32>>,
+    /// Where this lane's incarnation crashes, if it does.
+    crash: Option<CrashAt>,
+    /// Writes of this incarnation that returned.
+    writes_done: Rc<core::cell::Cell<u64>>,
+}
+
+/// Where a crash-restarting incarnation crashes ([`Scenario::crash_restarts`]).
+#[derive(Clone, Copy, Debug)]
+struct CrashAt {
+    /// The lane's first write from this operation number on (of the incarnation's).
+    op: u32,
+    /// At this post from the write's start (1: before anything leaves).
+    post: u32,
 }
 
 /// What an operation returned, for the history.
@@ -829,6 +1125,8 @@ async fn lane_task(lane: Lane) {
         record,
         seed,
         lanes_left,
+        mut crash,
+        writes_done,
     } = lane;
     // Counts this lane down when it ends (also when a client crash drops it).
     struct LaneDone(Rc<core::cell::Cell<u32>>);
@@ -865,6 +1163,10 @@ async fn lane_task(lane: Lane) {
         let key = rng.below(u64::from(scenario.keys.max(1))) as u32;
         let action = Action::pick(&scenario, n == 0, &mut rng);
         let value = format!("c{index}-{}", first_op + i);
+        if let Some(at) = crash.filter(|at| i >= at.op && action == Action::Write) {
+            world.apply(Fault::CrashClientAtPost(client.fabric().id(), at.post));
+            crash = None;
+        }
         let start = world.now();
         // Recorded as crashed until it completes: a client crash drops this task here.
         let slot = {
@@ -899,6 +1201,7 @@ async fn lane_task(lane: Lane) {
                     r.max_iterations = r.max_iterations.max(stats.iterations());
                 } else {
                     r.writes.add(stats.roundtrips());
+                    writes_done.set(writes_done.get() + 1);
                 }
             }
             Err(e) => r.errors.push(format!(

@@ -12,7 +12,7 @@ use super::engine::{State, Stepped};
 use super::fabric::{ClientId, SimFabric};
 use super::fault::Fault;
 use super::trace::{BatchRef, Trace, TraceKind};
-use swarm_core::fabric::{FabricError, Nanos, NodeId, check_bounds};
+use swarm_core::fabric::{Batch, FabricError, Nanos, NodeId, check_bounds};
 
 /// A simulated cluster of memory nodes and the clients talking to them.
 ///
@@ -171,7 +171,7 @@ impl SimWorld {
                 "fault {fault} names node {node}, but the world has {} nodes",
                 state.nodes.len()
             ),
-            Fault::CrashClient(client) => assert!(
+            Fault::CrashClient(client) | Fault::CrashClientAtPost(client, _) => assert!(
                 (client.0 as usize) < state.client_count(),
                 "fault {fault} names client {}, but the world has {} clients",
                 client.0,
@@ -219,6 +219,15 @@ impl SimWorld {
     /// Makes `node` `factor` times slower from now on (see [`Fault::Slow`]).
     pub fn set_slow(&self, node: NodeId, factor: u32) {
         self.apply(Fault::Slow(node, factor));
+    }
+
+    /// Has `observe` see every batch that leaves a client from now on, as it is
+    /// posted (replacing any earlier observer): the posting client, the destination
+    /// node and the batch. Posts a crashed client drops
+    /// ([`Fault::CrashClientAtPost`]) are not seen. It runs inside the world: it must
+    /// not call back into it.
+    pub fn observe_posts(&self, observe: impl FnMut(ClientId, NodeId, &Batch) + 'static) {
+        self.state.borrow_mut().observer.0 = Some(Box::new(observe));
     }
 
     /// Crashes `client` now (see [`Fault::CrashClient`]).

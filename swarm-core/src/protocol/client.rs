@@ -399,6 +399,11 @@ impl<F: Fabric, C: Clock> Client<F, C> {
                         // Only after the deadline: the operation cannot go on within
                         // its fence.
                         Some(_) => return Err(SwarmError::Fenced),
+                        // Carried slots not examined yet may come back: learn more
+                        // (another operation of this client can take the slot that
+                        // one examination step gave back, `learn_superseded` stopping
+                        // there; each step examines more of the log).
+                        None if self.carried_remaining() > 0 => {}
                         // Every slot holds live data: the log is too small.
                         None => return allocate(),
                     }
