@@ -624,11 +624,15 @@ fn stat<S: Store>(store: &S) -> Result<ExitCode> {
         reclaimable
     );
     if layout.summaries_at.is_some() {
+        let others = if p.tick_ceilings {
+            "the others resume above their tick ceiling and examine the log lazily"
+        } else {
+            "the others are scanned whole (a cluster made before tick ceilings)"
+        };
         outln!(
             text,
             "log resume: {sealed} of the {} free used ids have a sealed log summary (their \
-             next client reads {:.1} KiB instead of the {:.1} MiB log); the others are \
-             scanned whole",
+             next client reads {:.1} KiB instead of the {:.1} MiB log); {others}",
             rows.iter().filter(|r| r.token == 0 && r.used).count(),
             layout.summary_bytes() as f64 / 1024.0,
             (u64::from(p.log_slots) * layout.swarm.slot_bytes()) as f64 / (1 << 20) as f64,
