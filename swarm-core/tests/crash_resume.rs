@@ -4,15 +4,16 @@
 //! examines only until a slot can come back, and timestamps start above the tick
 //! ceiling the crashed holder persisted.
 
+mod support;
+
+use support::{GRACE, pass, reg, write};
 use swarm_core::encoding::{Flag, LockMode, LockWord, Timestamp, Tsp, WriterId};
 use swarm_core::layout::{Layout, encode_record_for};
 use swarm_core::{
-    Batch, Client, Fabric, FixedClock, MemCluster, MemFabric, NodeId, OpStats, ProtocolConfig,
-    RegisterCache, RegisterLoc, Replicas, block_on, block_on_future,
+    Batch, Client, Fabric, FixedClock, MemCluster, MemFabric, NodeId, OpStats, RegisterCache,
+    RegisterLoc, block_on, block_on_future,
 };
 
-/// The grace of these clients, in ticks of the in-process fabric's logical clock.
-const GRACE: u64 = 4;
 /// Where writer 1 keeps its tick ceiling (below the logs, above the registers).
 const CEILING_AT: u64 = 60 << 10;
 
@@ -28,34 +29,11 @@ fn layout(slots: u32) -> Layout {
 }
 
 fn client(cluster: &MemCluster, layout: Layout, clock: u64) -> Client<MemFabric, FixedClock> {
-    let config = ProtocolConfig::default()
-        .with_max_op_ns(4)
-        .with_delivery_margin_ns(0);
-    assert_eq!(config.grace_ns(), GRACE);
-    Client::new(
-        cluster.client(),
-        FixedClock(clock),
-        layout,
-        WriterId::new(1).unwrap(),
-        config,
-    )
-    .unwrap()
-}
-
-fn reg(i: u64) -> RegisterLoc {
-    RegisterLoc {
-        addr: 4096 + i * 512,
-        replicas: Replicas::all(3, i).unwrap(),
-    }
+    support::client(cluster, layout, 1, clock)
 }
 
 fn locate(addr: u64) -> Option<RegisterLoc> {
     (0..40).map(reg).find(|r| r.addr == addr)
-}
-
-fn write(c: &Client<MemFabric, FixedClock>, r: &RegisterLoc, v: &[u8]) {
-    let stats = OpStats::new();
-    block_on(c.fabric(), c.write(r, &mut RegisterCache::new(), &stats, v)).unwrap();
 }
 
 fn read_value(c: &Client<MemFabric, FixedClock>, r: &RegisterLoc) -> Vec<u8> {
@@ -67,13 +45,7 @@ fn read_value(c: &Client<MemFabric, FixedClock>, r: &RegisterLoc) -> Vec<u8> {
 }
 
 fn step(c: &Client<MemFabric, FixedClock>) -> swarm_core::reclaim::SlotCounters {
-    block_on_future(c.fabric(), c.reclaim_step(64)).unwrap()
-}
-
-fn pass(c: &Client<MemFabric, FixedClock>, ticks: u64) {
-    for _ in 0..ticks {
-        c.fabric().progress();
-    }
+    support::step(c, 64)
 }
 
 /// Runs one request to one node to its end.

@@ -2,17 +2,16 @@
 //! which events free a slot, that nothing is freed before the grace, and that a new
 //! incarnation of a writer id recycles the slots its predecessor left.
 
+mod support;
+
+use support::{GRACE, pass, reg, write};
 use swarm_core::encoding::WriterId;
 use swarm_core::layout::Layout;
 use swarm_core::resume::scan_log;
 use swarm_core::{
-    Client, Fabric, FixedClock, MemCluster, MemFabric, OpStats, ProtocolConfig, RegisterCache,
-    RegisterLoc, Replicas, block_on, block_on_future,
+    Client, Fabric, FixedClock, MemCluster, MemFabric, OpStats, RegisterCache, RegisterLoc,
+    Replicas, block_on, block_on_future,
 };
-
-/// The grace of these clients (`max_op_ns` 4, `4 / 8` = 0 for drift, no delivery
-/// margin), in ticks of the in-process fabric's logical clock.
-const GRACE: u64 = 4;
 
 fn layout() -> Layout {
     Layout::builder()
@@ -26,42 +25,12 @@ fn layout() -> Layout {
 }
 
 fn client(cluster: &MemCluster, writer: u32) -> Client<MemFabric, FixedClock> {
-    let config = ProtocolConfig::default()
-        .with_max_op_ns(4)
-        .with_delivery_margin_ns(0);
-    assert_eq!(config.grace_ns(), GRACE);
-    Client::new(
-        cluster.client(),
-        FixedClock(100),
-        layout(),
-        WriterId::new(writer).unwrap(),
-        config,
-    )
-    .unwrap()
-}
-
-fn reg(i: u64) -> RegisterLoc {
-    RegisterLoc {
-        addr: 4096 + i * 512,
-        replicas: Replicas::all(3, i).unwrap(),
-    }
-}
-
-fn write(c: &Client<MemFabric, FixedClock>, r: &RegisterLoc, v: &[u8]) {
-    let stats = OpStats::new();
-    block_on(c.fabric(), c.write(r, &mut RegisterCache::new(), &stats, v)).unwrap();
+    support::client(cluster, layout(), writer, 100)
 }
 
 /// One reclaim step of `c`, run to its end.
 fn step(c: &Client<MemFabric, FixedClock>) -> swarm_core::reclaim::SlotCounters {
-    block_on_future(c.fabric(), c.reclaim_step(8)).unwrap()
-}
-
-/// Lets the in-process fabric's logical clock move on by `ticks`.
-fn pass(c: &Client<MemFabric, FixedClock>, ticks: u64) {
-    for _ in 0..ticks {
-        c.fabric().progress();
-    }
+    support::step(c, 8)
 }
 
 #[test]
