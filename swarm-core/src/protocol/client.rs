@@ -6,6 +6,7 @@ use core::cell::RefCell;
 use crate::clock::Clock;
 use crate::encoding::{Timestamp, WriterId};
 use crate::fabric::{Fabric, FabricError, Nanos, NodeId};
+use alloc::boxed::Box;
 use alloc::sync::Arc;
 
 use super::Suspicion;
@@ -408,9 +409,12 @@ impl<F: Fabric, C: Clock> Client<F, C> {
                         None => return allocate(),
                     }
                 }
+                Ok(ts) if self.ceiling_covers(ts.ticks()) => return Ok(ts),
                 Ok(ts) => {
-                    // Nothing is posted with `ts` before the ceiling covers it.
-                    if let Err(e) = self.cover_ticks(stats, ts.ticks()).await {
+                    // Nothing is posted with `ts` before the ceiling covers it. The
+                    // raise (about once a second) is boxed, so that its state does
+                    // not enlarge every write's future.
+                    if let Err(e) = Box::pin(self.cover_ticks(stats, ts.ticks())).await {
                         self.state.borrow_mut().slots.release(&self.layout, ts);
                         return Err(e);
                     }
@@ -443,6 +447,16 @@ impl<F: Fabric, C: Clock> Client<F, C> {
     /// The tick ceiling persisted on a majority, if this writer keeps one.
     pub fn tick_ceiling(&self) -> Option<u64> {
         self.state.borrow().ceiling.as_ref().map(|c| c.persisted)
+    }
+
+    /// Whether no raise is needed before using `ticks`: no ceiling is kept, or a
+    /// majority holds one at or above it.
+    fn ceiling_covers(&self, ticks: u64) -> bool {
+        self.state
+            .borrow()
+            .ceiling
+            .as_ref()
+            .is_none_or(|c| c.persisted >= ticks)
     }
 
     /// Makes sure a majority of nodes holds a tick ceiling at or above `ticks`
