@@ -22,7 +22,8 @@
 //! | 56 | .. | zero up to [`INCARNATION_AT`] |
 //! | 64 | 8 | node incarnation (random, nonzero; 0 in files of older builds) |
 //! | 72 | 8 | xxh3-64 of bytes 64..72 |
-//! | 80 | .. | zero up to [`HEADER_SIZE`] |
+//! | 80 | 8 | retired word: 0 while this memory serves; nonzero once it is declared lost ([`RETIRED_AT`]) |
+//! | 88 | .. | zero up to [`HEADER_SIZE`] |
 //!
 //! **Incarnations** (issue 12). The incarnation word is drawn at random when a node's
 //! memory is created (a node file, by swarm-shm; RDMA memory nodes carry theirs in the
@@ -48,6 +49,13 @@ pub const ENCODED_LEN: usize = 56;
 pub const INCARNATION_AT: usize = 64;
 /// Bytes of the encoded incarnation: the word and its checksum.
 pub const INCARNATION_LEN: usize = 16;
+/// Offset of the *retired* word in the header page: zero while the node's memory
+/// serves, nonzero once it has been declared lost (a shared-memory node file that was
+/// replaced or crashed on purpose, `swarm-shm`'s `ShmCluster::retire_node`). A
+/// transport that maps the memory checks it on every batch and fails the batch as a
+/// crashed node's: a process that still maps lost memory must not keep using it as a
+/// replica once a repair may be copying the others (issue 12, `swarm_kv::repair`).
+pub const RETIRED_AT: usize = 80;
 
 /// Encodes a node incarnation: the caller writes it at [`INCARNATION_AT`].
 pub fn encode_incarnation(incarnation: u64) -> [u8; INCARNATION_LEN] {

@@ -22,13 +22,13 @@ use std::hash::BuildHasher;
 use std::io;
 use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use swarm_core::NodeId;
 use swarm_core::fabric::{EmulatedRtt, FailNodes, Nanos};
 use swarm_core::header::{
-    ENCODED_LEN, HEADER_SIZE, HeaderError, INCARNATION_AT, INCARNATION_LEN, NodeHeader,
+    ENCODED_LEN, HEADER_SIZE, HeaderError, INCARNATION_AT, INCARNATION_LEN, NodeHeader, RETIRED_AT,
     decode_incarnation, encode_incarnation,
 };
 
@@ -92,6 +92,9 @@ pub struct ShmCluster {
     /// Each usable node's incarnation (`swarm_core::header`; 0 for older files).
     incarnations: Vec<Option<u64>>,
     nodes: Vec<Option<NodeMemory>>,
+    /// A node admitted after the cluster was shared ([`ShmCluster::admit`]), with its
+    /// incarnation: it replaces `nodes[i]` for every handle from then on.
+    admitted: Vec<OnceLock<(NodeMemory, u64)>>,
     absent: Vec<AbsentNode>,
 }
 
@@ -297,12 +300,14 @@ impl ShmCluster {
         for a in &absent {
             tracing::warn!(node = a.node.0, reason = %a.error, "memory node unusable: serving with the others");
         }
+        let admitted = (0..node_count).map(|_| OnceLock::new()).collect();
         Ok(Self {
             dir: dir.into(),
             reference,
             headers,
             incarnations,
             nodes,
+            admitted,
             absent,
         })
     }
@@ -378,12 +383,109 @@ impl ShmCluster {
             preallocate: true,
         };
         drop(cluster);
+        // Whoever still maps the old file must stop using it as a replica.
+        Self::retire_node(dir, index)?;
         publish_node(dir, &header, &options)?;
         tracing::warn!(
             node = index,
             "memory node file replaced by an empty one with a new incarnation: it stays out of service until repaired"
         );
         Ok(())
+    }
+
+    /// Declares the memory of node `index` of the cluster in `dir` lost, as a crash
+    /// of a memory node that takes its memory with it: sets the retired word of its
+    /// header (`swarm_core::header::RETIRED_AT`), after which every process that maps
+    /// the file fails its batches to it as to a crashed node, and openers refuse it
+    /// ([`ShmError::Retired`]). The file stays until [`ShmCluster::replace_node`]
+    /// replaces it. Returns `false` if there was no such file. Only the header page is
+    /// touched; the rest of the file is not validated.
+    pub fn retire_node(dir: impl AsRef<Path>, index: u16) -> Result<bool, ShmError> {
+        let path = dir.as_ref().join(node_file_name(index));
+        let file = match OpenOptions::new().write(true).open(&path) {
+            Ok(file) => file,
+            Err(error) if error.kind() == io::ErrorKind::NotFound => return Ok(false),
+            Err(error) => return Err(ShmError::io("cannot open node file", path)(error)),
+        };
+        let len = file
+            .metadata()
+            .map_err(ShmError::io("cannot inspect node file", &path))?
+            .len();
+        if len < HEADER_SIZE {
+            // Too short to be mapped by anyone: nothing to retire.
+            return Ok(true);
+        }
+        // A shared write through the page cache: every mapping sees it at once.
+        file.write_all_at(&1u64.to_le_bytes(), RETIRED_AT as u64)
+            .map_err(ShmError::io("cannot retire node file", &path))?;
+        tracing::warn!(
+            node = index,
+            "memory node retired: its memory is declared lost"
+        );
+        Ok(true)
+    }
+
+    /// Admits node `node`, found in its file with incarnation `incarnation`, into this
+    /// opened (and possibly shared) cluster: every handle, existing or new, reaches the
+    /// new memory from its next batch on. For a node that a repair rebuilt and a
+    /// configuration change admitted (`swarm_kv::repair`): the caller has read that
+    /// configuration. The file must be of this cluster, not retired, and carry exactly
+    /// `incarnation`. A node slot can be admitted once per opened cluster (a second
+    /// replacement of the same node needs a fresh [`ShmCluster::open`]); admitting the
+    /// incarnation already in use is a no-op.
+    pub fn admit(&self, node: NodeId, incarnation: u64) -> Result<(), ShmError> {
+        let index = node.index();
+        let path = self.dir.join(node_file_name(node.0));
+        let Some(slot) = self.admitted.get(index) else {
+            return Err(ShmError::InvalidConfig(format!(
+                "node {node} does not exist: the cluster has {} nodes",
+                self.node_count()
+            )));
+        };
+        if self.incarnation_of(node) == Some(incarnation)
+            && self.node(node).is_some_and(|m| !m.is_retired())
+        {
+            return Ok(());
+        }
+        if slot.get().is_some() {
+            return Err(ShmError::InvalidConfig(format!(
+                "node {node} was admitted once already by this process: open the cluster again to admit another incarnation"
+            )));
+        }
+        let Some((header, memory, found)) = open_node(&self.dir, node.0)? else {
+            return Err(ShmError::MissingNode {
+                path,
+                nodes: self.reference.node_count,
+            });
+        };
+        let identity = |h: &NodeHeader| (h.cluster_id, h.node_count, h.epoch_unix_ns, h.tick_ns);
+        if identity(&header) != identity(&self.reference) {
+            return Err(ShmError::Mismatch {
+                path,
+                reason: "it belongs to another cluster (or its epoch or tick differs)".into(),
+            });
+        }
+        if found != incarnation {
+            return Err(ShmError::Mismatch {
+                path,
+                reason: format!(
+                    "its incarnation is {found:#x}, the configuration admits {incarnation:#x}"
+                ),
+            });
+        }
+        // A race with another admitter of the same incarnation is harmless: one wins.
+        let _ = slot.set((memory, found));
+        tracing::info!(%node, incarnation = format_args!("{incarnation:#x}"), "memory node admitted");
+        Ok(())
+    }
+
+    /// The incarnation of the memory this cluster uses for `node` now (an admitted
+    /// one, else the one opened); `None` for an absent node.
+    pub fn incarnation_of(&self, node: NodeId) -> Option<u64> {
+        if let Some((_, incarnation)) = self.admitted.get(node.index()).and_then(OnceLock::get) {
+            return Some(*incarnation);
+        }
+        self.incarnations.get(node.index()).copied().flatten()
     }
 
     /// Nodes that could not be used when the cluster was opened, and why.
@@ -427,8 +529,13 @@ impl ShmCluster {
         self.reference.tick_ns
     }
 
-    /// A node's memory; `None` past the node count or for an absent node.
+    /// A node's memory (the admitted one, [`ShmCluster::admit`], if any); `None` past
+    /// the node count or for an absent node.
+    #[inline]
     pub fn node(&self, node: NodeId) -> Option<&NodeMemory> {
+        if let Some((memory, _)) = self.admitted.get(node.index()).and_then(OnceLock::get) {
+            return Some(memory);
+        }
         self.nodes.get(node.index()).and_then(Option::as_ref)
     }
 }
@@ -610,6 +717,12 @@ fn open_node(dir: &Path, index: u16) -> Result<Option<(NodeHeader, NodeMemory, u
         path: path.clone(),
         error,
     })?;
+    let mut retired = [0u8; 8];
+    file.read_exact_at(&mut retired, RETIRED_AT as u64)
+        .map_err(ShmError::io("cannot read node header", &path))?;
+    if retired != [0; 8] {
+        return Err(ShmError::Retired { path });
+    }
     let mapping =
         Mapping::new(&file, header.size).map_err(ShmError::io("cannot map node file", &path))?;
     Ok(Some((

@@ -47,6 +47,16 @@ pub enum ShmError {
         /// Its length.
         len: u64,
     },
+    /// A node file's memory was declared lost (its header's retired word is set: it
+    /// was crashed on purpose or replaced, `ShmCluster::retire_node`).
+    #[error(
+        "memory node file {path} was retired (its memory is declared lost): replace and repair it (`swarm repair`)",
+        path = path.display()
+    )]
+    Retired {
+        /// The node file.
+        path: PathBuf,
+    },
     /// The directory holds no cluster (no `node-0.swarm`).
     #[error(
         "{dir} holds no SWARM cluster (no {first}): create one first (e.g. `swarm-shm-demo --dir {dir} --keep`)",

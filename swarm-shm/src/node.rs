@@ -8,9 +8,11 @@
 
 use std::fmt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
 use swarm_core::fabric::{check_bounds, check_cas};
+use swarm_core::header::RETIRED_AT;
 use swarm_core::words;
-use swarm_core::{Batch, Completion, FabricError, NodeId};
+use swarm_core::{Batch, Completion, FabricError, FailureCause, NodeId};
 
 use crate::mapping::Mapping;
 
@@ -84,9 +86,30 @@ impl NodeMemory {
     }
 
     /// Executes an ordered batch. The whole batch is checked first, so a batch with an
-    /// invalid operation has no effect at all.
+    /// invalid operation has no effect at all. Memory that was declared lost
+    /// ([`NodeMemory::is_retired`]) fails every batch as a crashed node would.
+    #[inline]
     pub fn execute(&self, batch: &Batch) -> Result<Completion, FabricError> {
+        if self.is_retired() {
+            return Err(FabricError::NodeFailed {
+                node: self.id,
+                cause: FailureCause::Crashed,
+            });
+        }
         swarm_core::fabric::check_batch(self.id, batch, self.size())?;
         Ok(words::execute(self.mapping.words(), batch))
+    }
+
+    /// Whether this memory was declared lost (its header's retired word,
+    /// `swarm_core::header::RETIRED_AT`, is set: the node file was replaced or
+    /// crashed on purpose, [`crate::ShmCluster::retire_node`]). Checked on every
+    /// batch: one load of a word that stays in cache.
+    #[inline]
+    pub fn is_retired(&self) -> bool {
+        // The mapping is at least a header long (checked at open), so the word exists.
+        self.mapping
+            .words()
+            .get(RETIRED_AT / 8)
+            .is_some_and(|w| w.load(Ordering::Relaxed) != 0)
     }
 }

@@ -440,3 +440,75 @@ fn garbage_headers_never_panic() {
     }
     assert!(ShmCluster::open(dir.path()).unwrap().absent().is_empty());
 }
+
+#[test]
+fn a_retired_node_fails_batches_everywhere_and_a_replacement_is_admitted_online() {
+    let dir = scratch();
+    let cluster = Arc::new(create3(dir.path()));
+    let fabric = cluster.client();
+    let write = |f: &ShmFabric, node: u16| {
+        swarm_core::block_on(f, async {
+            let t = f.post(
+                NodeId(node),
+                swarm_core::Batch::write(HEADER_SIZE, vec![7; 8]),
+            );
+            core::future::poll_fn(|_| f.poll(t)).await
+        })
+    };
+    write(&fabric, 1).expect("node 1 serves");
+    let old = cluster.incarnation_of(NodeId(1)).unwrap();
+
+    // Retiring the file fails this process's batches to it at once.
+    assert!(ShmCluster::retire_node(dir.path(), 1).unwrap());
+    assert!(cluster.node(NodeId(1)).unwrap().is_retired());
+    assert!(matches!(
+        write(&fabric, 1),
+        Err(swarm_core::FabricError::NodeFailed {
+            node: NodeId(1),
+            ..
+        })
+    ));
+    // A new opener refuses it, naming why.
+    assert!(matches!(
+        absent_reason(dir.path(), 1),
+        ShmError::Retired { .. }
+    ));
+
+    // Replaced by an empty file with a new incarnation, which an opened cluster
+    // admits only with exactly that incarnation.
+    ShmCluster::replace_node(dir.path(), 1).unwrap();
+    let reopened = ShmCluster::open(dir.path()).unwrap();
+    let new = reopened.incarnation_of(NodeId(1)).unwrap();
+    assert_ne!(new, old);
+    assert!(matches!(
+        cluster.admit(NodeId(1), new ^ 1),
+        Err(ShmError::Mismatch { .. })
+    ));
+    cluster.admit(NodeId(1), new).unwrap();
+    assert_eq!(cluster.incarnation_of(NodeId(1)), Some(new));
+    write(&fabric, 1).expect("the existing handle reaches the admitted memory");
+    let mut byte = [0u8; 8];
+    reopened
+        .node(NodeId(1))
+        .unwrap()
+        .read(HEADER_SIZE, &mut byte)
+        .unwrap();
+    assert_eq!(byte, [7; 8], "the write landed in the new file");
+    cluster
+        .admit(NodeId(1), new)
+        .expect("admitting it again is a no-op");
+    // A second replacement needs a fresh open.
+    ShmCluster::replace_node(dir.path(), 1).unwrap();
+    let third = ShmCluster::open(dir.path())
+        .unwrap()
+        .incarnation_of(NodeId(1))
+        .unwrap();
+    assert!(matches!(
+        cluster.admit(NodeId(1), third),
+        Err(ShmError::InvalidConfig(_))
+    ));
+    assert!(
+        !ShmCluster::retire_node(dir.path(), 5).unwrap(),
+        "no such file"
+    );
+}
