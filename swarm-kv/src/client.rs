@@ -1012,6 +1012,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
             Ok(Published::Yes) => {}
             // Never published: nobody else can know the register (recycle.rs).
             Ok(Published::No) | Err(_) if !uncertain.get() => {
+                self.swarm.abandon_register(&fresh.loc);
                 self.retire_marked(register, key.len(), Retired::Unpublished, deadline);
             }
             _ => {
