@@ -313,6 +313,18 @@ impl LockWord {
         }
     }
 
+    /// A word just above both modes of `ts` and below every later timestamp of
+    /// `ts`'s writer: the next timestamp in `(ticks, writer)` order, mode READ. On a
+    /// lock word, every `TRYLOCK(ts, ·)` fails (it sees a higher timestamp) while the
+    /// writer's later timestamps climb over it as over any older lock. A node rebuilt
+    /// from donors that hold both modes at `ts` gets it (`swarm_kv::repair`): copying
+    /// either mode could give that mode a majority after the other won. No writer
+    /// ever locks it: a slot's lock word only ever locks timestamps of the slot's
+    /// writer.
+    pub const fn above(ts: Timestamp) -> Self {
+        Self((ts.bits() | 1).saturating_add(1))
+    }
+
     /// The lock mode (meaningless for ⊥).
     pub const fn mode(self) -> LockMode {
         if self.0 & 1 == 1 {

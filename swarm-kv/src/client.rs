@@ -179,6 +179,9 @@ pub struct KvClient<F: Fabric, C: Clock> {
     /// No adoption of dead clients' chunks before this time (fabric clock): a round
     /// that found nothing is not repeated on every insert.
     next_adoption: Cell<Nanos>,
+    /// The configuration epoch whose nodes this client has admitted (0: none read
+    /// yet); a renewal that reads a higher one makes the next operation follow it.
+    config_epoch: Cell<u64>,
 }
 
 impl<F: Fabric, C: Clock> std::fmt::Debug for KvClient<F, C> {
@@ -389,6 +392,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
             lease: RefCell::new(lease),
             lease_revive_ns: config.lease_revive_ns,
             next_adoption: Cell::new(0),
+            config_epoch: Cell::new(0),
         })
     }
 
@@ -551,6 +555,36 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         Ok(())
     }
 
+    /// Puts in service the memory nodes that configuration `seen` (or a newer one)
+    /// admits: a renewal read that epoch on some node, so a repair rebuilt a node
+    /// and admitted its new incarnation (`crate::repair`). Reads the configuration
+    /// from a majority (one roundtrip, once per change) and asks the fabric to admit
+    /// every member incarnation ([`Fabric::admit`]: a no-op for the nodes in use).
+    /// If the read fails, the next operation tries again.
+    async fn follow_configuration(&self, seen: u64) {
+        let fabric = self.swarm.fabric();
+        let stats = OpStats::new();
+        match crate::repair::read_configuration(fabric, &stats).await {
+            Ok(config) => {
+                if config.epoch > 0 {
+                    let admitted: Vec<usize> = (0..config.incarnations.len())
+                        .filter(|&i| fabric.admit(NodeId(i as u16), config.incarnations[i]))
+                        .collect();
+                    tracing::info!(
+                        writer = self.registration.writer,
+                        epoch = config.epoch,
+                        ?admitted,
+                        "following the cluster configuration"
+                    );
+                }
+                self.config_epoch.set(seen.max(config.epoch));
+            }
+            Err(error) => {
+                tracing::debug!(%error, "cannot read the configuration yet");
+            }
+        }
+    }
+
     /// Starts an operation (self-fencing, [`crate::lease`]): takes the answers of the
     /// lease renewal in flight and posts the next one when due, off the critical path;
     /// the operation may start only if the lease is valid for the whole operation
@@ -568,9 +602,16 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         // Background log recycling: bounded, never waits.
         self.swarm.reclaim_tick_at(RECLAIM_BUDGET, now);
         self.swarm.examine_carried_tick(now);
-        let lapsed_since = {
+        let seen = {
             let mut lease = self.lease.borrow_mut();
             lease.tick(fabric, now);
+            lease.config_epoch_seen()
+        };
+        if seen > self.config_epoch.get() {
+            self.follow_configuration(seen).await;
+        }
+        let lapsed_since = {
+            let lease = self.lease.borrow();
             if lease.valid_for(now, max_op_ns) {
                 return Ok(now.saturating_add(max_op_ns));
             }

@@ -166,6 +166,9 @@ pub enum KvError {
     /// Opening or creating the shared-memory cluster failed.
     #[error(transparent)]
     Shm(#[from] swarm_shm::ShmError),
+    /// Repairing a memory node failed (`crate::repair`); the node stays out of service.
+    #[error(transparent)]
+    Repair(#[from] crate::repair::RepairError),
     /// Connecting to RDMA memory nodes failed.
     #[cfg(feature = "rdma")]
     #[error(transparent)]

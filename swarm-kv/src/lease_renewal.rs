@@ -10,6 +10,10 @@
 //! starts, so they cost no roundtrip on the critical path; at most one renewal is
 //! outstanding (a newer one forgets the older one's tickets: a late CAS of the older
 //! one fails or lands below the newer counter, both harmless).
+//!
+//! Each renewal batch also reads the epoch of the node's configuration record
+//! (`crate::configuration`): a client learns within a renewal period that a repair
+//! admitted a rebuilt node ([`LeaseHolder::config_epoch_seen`], `crate::repair`).
 
 use core::future::poll_fn;
 use core::task::Poll;
@@ -24,6 +28,8 @@ use crate::lease::{LeaseKeeper, LeaseParams};
 pub(crate) const LEASE_WORD: u64 = 8;
 /// The owner's wall clock at its last renewal, Unix ns (informational).
 pub(crate) const RENEWED_UNIX: u64 = 40;
+/// The epoch word of a node's configuration record.
+const CONFIG_EPOCH_AT: u64 = crate::configuration::CONFIG_AT + 16;
 
 /// A renewal in flight.
 #[derive(Debug)]
@@ -52,6 +58,8 @@ pub struct LeaseHolder {
     pending: Option<Pending>,
     last_sent: Option<Nanos>,
     renewals: u64,
+    /// The highest configuration epoch a renewal read.
+    config_epoch_seen: u64,
 }
 
 impl LeaseHolder {
@@ -66,12 +74,19 @@ impl LeaseHolder {
             pending: None,
             last_sent: None,
             renewals: 0,
+            config_epoch_seen: 0,
         }
     }
 
     /// The lease parameters.
     pub fn params(&self) -> &LeaseParams {
         self.keeper.params()
+    }
+
+    /// The highest configuration epoch any renewal read (0 before the first
+    /// answer, or on a store without configurations).
+    pub fn config_epoch_seen(&self) -> u64 {
+        self.config_epoch_seen
     }
 
     /// Renewals acknowledged by a majority so far.
@@ -134,6 +149,10 @@ impl LeaseHolder {
                     addr: self.row_at,
                     len: 8,
                 });
+                let _ = batch.push(Op::Read {
+                    addr: CONFIG_EPOCH_AT,
+                    len: 8,
+                });
                 let ticket = fabric.post(NodeId(node as u16), batch);
                 (node, expected, Some(ticket))
             })
@@ -159,6 +178,11 @@ impl LeaseHolder {
             match fabric.poll(t) {
                 Poll::Pending => continue,
                 Poll::Ready(Ok(completion)) => {
+                    let epoch = completion
+                        .read(3)
+                        .and_then(|b| b.try_into().ok())
+                        .map_or(0, u64::from_le_bytes);
+                    self.config_epoch_seen = self.config_epoch_seen.max(epoch);
                     let claim = completion
                         .read(2)
                         .and_then(|b| b.try_into().ok())

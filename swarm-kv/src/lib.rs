@@ -43,6 +43,7 @@ pub mod rdma;
 pub mod reclaim;
 pub mod recycle;
 pub mod register_alloc;
+pub mod repair;
 pub mod shm;
 pub mod store;
 #[cfg(test)]

@@ -21,6 +21,7 @@ use crate::client::{KvClient, KvConfig};
 use crate::clock::SystemClock;
 use crate::configuration::Configuration;
 use crate::layout::{ClusterParams, NodeLayout};
+use crate::repair::{RepairError, RepairOptions, RepairReport, repair_node};
 use crate::store::{Store, open_layout, write_configuration, write_superblock};
 
 /// A SWARM-KV cluster on shared-memory node files, mapped by this process (the
@@ -118,6 +119,62 @@ impl ShmStore {
             header,
             rtt_ns,
         })
+    }
+
+    /// Rebuilds node `node` of the cluster in `dir` from the other nodes and admits
+    /// it back (`crate::repair`, which has the procedure and the argument), while
+    /// clients of the cluster keep running; they start using the node within a lease
+    /// renewal period. A node file that is missing, corrupted or retired (its memory
+    /// declared lost) is first replaced by an empty one with a new incarnation
+    /// ([`ShmCluster::replace_node`]); a node file whose incarnation is already a
+    /// member is refused ([`crate::repair::RepairError::AlreadyMember`]).
+    /// `progress(done, total)` is called after every piece copied.
+    pub fn repair(
+        dir: &Path,
+        node: u16,
+        options: RepairOptions,
+        progress: impl FnMut(u64, u64),
+    ) -> Result<RepairReport, KvError> {
+        let store = Self::open(dir)?;
+        let nodes = store.shm.node_count();
+        if usize::from(node) >= nodes {
+            return Err(RepairError::NoSuchNode {
+                node: NodeId(node),
+                nodes,
+            }
+            .into());
+        }
+        let mut raw = ShmCluster::open(dir)?;
+        if raw.node(NodeId(node)).is_none() {
+            tracing::warn!(
+                node,
+                "the node file is unusable: replacing it by an empty one to rebuild"
+            );
+            drop(raw);
+            ShmCluster::replace_node(dir, node)?;
+            raw = ShmCluster::open(dir)?;
+        }
+        let incarnation = raw
+            .incarnation_of(NodeId(node))
+            .ok_or(KvError::Unsupported(
+                "repairing a node whose file cannot be opened",
+            ))?;
+        let raw = Arc::new(raw);
+        let fabric = raw.client();
+        let report = swarm_core::block_on(&fabric, async {
+            Ok::<_, swarm_core::FabricError>(
+                repair_node(
+                    &fabric,
+                    store.layout(),
+                    NodeId(node),
+                    incarnation,
+                    options,
+                    progress,
+                )
+                .await,
+            )
+        })??;
+        Ok(report)
     }
 
     /// Emulates `rtt_ns` of network roundtrip on every client created from now on.

@@ -130,6 +130,18 @@ impl Fabric for ShmFabric {
     fn wake_at(&self, deadline: Nanos) {
         self.wake.set(self.wake.get().max(deadline));
     }
+
+    /// Maps the node's file if it holds `incarnation` ([`ShmCluster::admit`]); every
+    /// handle on the same opened cluster reaches it from then on.
+    fn admit(&self, node: NodeId, incarnation: u64) -> bool {
+        match self.cluster.admit(node, incarnation) {
+            Ok(()) => true,
+            Err(error) => {
+                tracing::debug!(%node, %error, "cannot admit the memory node");
+                false
+            }
+        }
+    }
 }
 
 #[cfg(test)]

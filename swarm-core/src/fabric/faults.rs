@@ -179,6 +179,10 @@ impl<F: Fabric> Fabric for FailNodes<F> {
     fn wake_at(&self, deadline: Nanos) {
         self.inner.wake_at(deadline);
     }
+
+    fn admit(&self, node: NodeId, incarnation: u64) -> bool {
+        self.inner.admit(node, incarnation)
+    }
 }
 
 /// A fabric whose completions arrive a fixed roundtrip time after posting; see the
@@ -415,6 +419,10 @@ impl<F: Fabric> Fabric for EmulatedRtt<F> {
         // completion due and this deadline, and an inner fabric told the deadline
         // could spin past completions due before it.
         self.wake.set(self.wake.get().max(deadline));
+    }
+
+    fn admit(&self, node: NodeId, incarnation: u64) -> bool {
+        self.inner.admit(node, incarnation)
     }
 }
 

@@ -145,6 +145,18 @@ pub trait Fabric {
     /// about to fall back to other nodes. A simulated fabric schedules a timer event;
     /// a real-time fabric just keeps spinning until the deadline.
     fn wake_at(&self, deadline: Nanos);
+
+    /// Puts memory node `node` in service with the memory of incarnation
+    /// `incarnation`, if the transport can reach that memory: a node that a repair
+    /// rebuilt and a configuration change admitted (`swarm_kv::repair`). Returns
+    /// whether batches to `node` now reach that incarnation (`true` also when they
+    /// did already). The caller has read a configuration that lists it; a transport
+    /// must never serve another incarnation's memory under it. The default cannot
+    /// admit anything.
+    fn admit(&self, node: NodeId, incarnation: u64) -> bool {
+        let _ = (node, incarnation);
+        false
+    }
 }
 
 impl<F: Fabric + ?Sized> Fabric for &F {
@@ -171,6 +183,9 @@ impl<F: Fabric + ?Sized> Fabric for &F {
     }
     fn wake_at(&self, deadline: Nanos) {
         (**self).wake_at(deadline)
+    }
+    fn admit(&self, node: NodeId, incarnation: u64) -> bool {
+        (**self).admit(node, incarnation)
     }
 }
 

@@ -1,0 +1,395 @@
+//! What a rebuilt node holds, word by word: the merge of its donors' copies.
+//!
+//! Every function here takes the copies of one object read from the donors (every
+//! member node but the one being rebuilt, read after the quiescence wait: see the
+//! parent module) and returns what the rebuilt node gets. Copies are untrusted bytes;
+//! nothing here panics on any input. The rules, by kind of word, and why each is
+//! safe (the parent module's docs give the common argument: the result must be a
+//! value the node could hold as an ordinary node that *missed* some operations, and
+//! every value decided on a majority must survive):
+//!
+//! * **Max registers** (register metadata words, the generation, tick-ceiling, used
+//!   and clock words of a client-table row): every change of such a word on a node
+//!   raises it (a register's reset, the one exception, needs every replica to answer,
+//!   so it cannot complete while the node is out). The maximum of the donors is
+//!   at least every value written on a majority (a majority that included the lost
+//!   node still has a donor in it) and is a value some node holds: [`max_word`].
+//! * **Lease words** go up in the order `(counter, killed)` (a renewal raises the
+//!   counter, a kill sets bit 63 on the same counter, a new owner starts above every
+//!   counter it saw, `crate::lease`), so they are max registers in that order:
+//!   [`lease_word`].
+//! * **Claim words** (a client-table row's owner token, a chunk's claim token) go
+//!   `0 → token → 0`: no order. If the donors agree, or show one token besides zeros,
+//!   the node gets it: a token owned on a majority shows up in a donor, and two
+//!   distinct tokens cannot both be owned. If the donors show two distinct tokens
+//!   the node gets [`POISON_TOKEN`], a token no client has (tokens are odd): for that
+//!   word the node then answers like a crashed one, which the claim protocol
+//!   tolerates, instead of possibly handing a majority to a token that lost.
+//!   [`claim_word`]. Key-header holder tags follow the same rule ([`holder_tag`]).
+//! * **Timestamp-lock words** (the first word of a log slot, SWARM §3.3): a word
+//!   never changes its mode for a timestamp and only climbs to higher ones, so the
+//!   donors' maximum is safe *unless* the donors show both modes at the top
+//!   timestamp. Copying either mode could then give that mode a majority it never
+//!   had while the other mode's TRYLOCK already returned true (two modes winning is
+//!   exactly what Theorem B.2 forbids). The node then gets a word just above that
+//!   timestamp ([`swarm_core::encoding::LockWord::above`]): every TRYLOCK of that
+//!   timestamp fails on it (a failed TRYLOCK is always safe: the read or write takes
+//!   its slow path), and later timestamps of the slot's writer climb over it.
+//!   [`lock_word`].
+//! * **Index acceptors** (a bucket's meta word, one Paxos acceptor per node): the
+//!   highest promise and the highest-ballot accepted value of the donors. That is the
+//!   classic rebuild of an acceptor from a majority: any value chosen is accepted on a
+//!   majority, so a donor shows it or a higher-ballot proposal (which carries the same
+//!   value), and any promise made on a majority shows in a donor. [`meta_word`].
+//!   Index slots hold decided changes with serial-number tags: the newest tag wins,
+//!   as in a lookup's merge ([`slot_word`]).
+//! * **Records** (a register's in-place block, a log slot's record): each validates
+//!   itself (tsp and xxh3-128); the valid copy with the highest tsp wins, and no valid
+//!   copy gives zeros (a node that never received the record): [`record`].
+//! * **Key headers**: the key written before the register is published, and zeroed
+//!   on every replica by a reset; donors that disagree on a non-empty key cannot
+//!   happen while resets need every replica, and give zeros if they do
+//!   ([`key_header`]).
+//! * **Log summaries**: the valid copy with the highest stamp (stamps are
+//!   generations, which only go up), else zeros ([`summary`]).
+
+use swarm_core::encoding::{LockMode, LockWord};
+use swarm_core::layout::decode_record;
+use swarm_core::summary::LogSummary;
+
+use crate::index::word::{Ballot, Meta, Slot};
+use crate::lease::{counter, is_killed};
+
+/// The claim token a rebuilt node gets where its donors show two distinct owners:
+/// even, so no client's token (always odd) ever equals it.
+pub const POISON_TOKEN: u64 = 2;
+
+/// The holder tag a rebuilt node gets where its donors show two distinct holders:
+/// bit 31 clear, so it is no client's tag (`crate::limbo`).
+pub const POISON_TAG: u32 = 1;
+
+/// How many words a merge could not copy safely and poisoned instead.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Conflicts {
+    /// Claim words and holder tags given a poison value.
+    pub claims: u64,
+    /// Lock words that showed both modes at their top timestamp.
+    pub locks: u64,
+    /// Key headers whose donors named different keys.
+    pub keys: u64,
+}
+
+impl Conflicts {
+    /// All conflicts.
+    pub fn total(&self) -> u64 {
+        self.claims + self.locks + self.keys
+    }
+}
+
+/// The largest word.
+pub fn max_word(copies: &[u64]) -> u64 {
+    copies.iter().copied().max().unwrap_or(0)
+}
+
+/// The most advanced lease word, in the order `(counter, killed)`.
+pub fn lease_word(copies: &[u64]) -> u64 {
+    copies
+        .iter()
+        .copied()
+        .max_by_key(|w| (counter(*w), is_killed(*w)))
+        .unwrap_or(0)
+}
+
+/// A claim word (see the module docs).
+pub fn claim_word(copies: &[u64], conflicts: &mut Conflicts) -> u64 {
+    let mut owner = 0;
+    for &c in copies.iter().filter(|c| **c != 0) {
+        if owner == 0 {
+            owner = c;
+        } else if owner != c {
+            conflicts.claims += 1;
+            return POISON_TOKEN;
+        }
+    }
+    owner
+}
+
+/// A key header's holder tag (same rule as [`claim_word`]).
+pub fn holder_tag(copies: &[u32], conflicts: &mut Conflicts) -> u32 {
+    let mut holder = 0;
+    for &c in copies.iter().filter(|c| **c != 0) {
+        if holder == 0 {
+            holder = c;
+        } else if holder != c {
+            conflicts.claims += 1;
+            return POISON_TAG;
+        }
+    }
+    holder
+}
+
+/// A timestamp-lock word (see the module docs).
+pub fn lock_word(copies: &[u64], conflicts: &mut Conflicts) -> u64 {
+    let top = copies
+        .iter()
+        .map(|w| LockWord::from_word(*w))
+        .max()
+        .unwrap_or(LockWord::BOTTOM);
+    let Some(ts) = top.ts() else {
+        return 0;
+    };
+    let both = [LockMode::Read, LockMode::Write]
+        .iter()
+        .all(|m| copies.contains(&LockWord::new(ts, *m).word()));
+    if both {
+        conflicts.locks += 1;
+        return LockWord::above(ts).word();
+    }
+    top.word()
+}
+
+/// An index bucket's meta word: the highest promise and the highest-ballot accepted
+/// value among the copies that decode (an empty acceptor if none does).
+pub fn meta_word(copies: &[u64]) -> u64 {
+    let metas = copies.iter().filter_map(|w| Meta::decode(*w).ok());
+    let mut promised: Option<Ballot> = None;
+    let mut accepted = None;
+    for m in metas {
+        promised = Some(promised.map_or(m.promised, |p| p.newest(m.promised)));
+        if let Some((ballot, proposal)) = m.accepted
+            && accepted.is_none_or(|(b, _): (Ballot, _)| ballot.is_newer_than(b))
+        {
+            accepted = Some((ballot, proposal));
+        }
+    }
+    let Some(mut promised) = promised else {
+        return Meta::EMPTY.encode();
+    };
+    if let Some((ballot, _)) = accepted {
+        promised = promised.newest(ballot);
+    }
+    Meta { promised, accepted }.encode()
+}
+
+/// An index slot word: the copy with the newest tag among those that decode.
+pub fn slot_word(copies: &[u64]) -> u64 {
+    copies
+        .iter()
+        .filter_map(|w| Some((*w, Slot::decode(*w).ok()?)))
+        .reduce(|a, b| if b.1.tag.is_newer_than(a.1.tag) { b } else { a })
+        .map_or(0, |(w, _)| w)
+}
+
+/// A record area (a register's in-place block, a log slot after its lock word):
+/// the valid copy with the highest tsp, or zeros. `out` has the area's length.
+pub fn record(copies: &[&[u8]], payload_max: u32, out: &mut [u8]) {
+    let mut best: Option<(u64, usize)> = None;
+    let mut scratch = vec![0u8; out.len()];
+    for (i, copy) in copies.iter().enumerate() {
+        let Some(bytes) = copy.get(..out.len()) else {
+            continue;
+        };
+        scratch.copy_from_slice(bytes);
+        if let Some(r) = decode_record(&mut scratch, payload_max) {
+            let tsp = r.tsp.word();
+            if best.is_none_or(|(b, _)| tsp > b) {
+                best = Some((tsp, i));
+            }
+        }
+    }
+    match best {
+        Some((_, i)) => out.copy_from_slice(&copies[i][..out.len()]),
+        None => out.fill(0),
+    }
+}
+
+/// A key header (`[len u32 | holder tag u32 | key]`): the one key the donors name
+/// (zeros if none, or if they name different ones) with the merged holder tag.
+pub fn key_header(copies: &[&[u8]], key_max: u32, out: &mut [u8], conflicts: &mut Conflicts) {
+    out.fill(0);
+    let len_of = |c: &[u8]| -> Option<u32> {
+        let len = u32::from_le_bytes(c.get(0..4)?.try_into().ok()?);
+        (len != 0 && len <= key_max && 8 + len as usize <= out.len()).then_some(len)
+    };
+    let mut key: Option<&[u8]> = None;
+    let mut disagree = false;
+    for c in copies {
+        let Some(len) = len_of(c) else { continue };
+        let k = &c[..8 + len as usize];
+        match key {
+            None => key = Some(k),
+            Some(prev) if prev[..4] != k[..4] || prev[8..] != k[8..] => disagree = true,
+            Some(_) => {}
+        }
+    }
+    if disagree {
+        conflicts.keys += 1;
+    } else if let Some(k) = key {
+        out[..4].copy_from_slice(&k[..4]);
+        out[8..k.len()].copy_from_slice(&k[8..]);
+    }
+    let tags: Vec<u32> = copies
+        .iter()
+        .filter_map(|c| Some(u32::from_le_bytes(c.get(4..8)?.try_into().ok()?)))
+        .collect();
+    let tag = holder_tag(&tags, conflicts);
+    out[4..8].copy_from_slice(&tag.to_le_bytes());
+}
+
+/// A writer's log-summary area: the valid copy with the highest stamp, or zeros.
+pub fn summary(copies: &[&[u8]], slots: u32, out: &mut [u8]) {
+    let stamp = |c: &[u8]| -> Option<u64> {
+        let s = u64::from_le_bytes(c.get(8..16)?.try_into().ok()?);
+        LogSummary::decode(c, s, slots).ok().map(|_| s)
+    };
+    let best = copies
+        .iter()
+        .filter_map(|c| Some((stamp(c)?, *c)))
+        .max_by_key(|(s, _)| *s);
+    out.fill(0);
+    if let Some((_, c)) = best {
+        let n = out.len().min(c.len());
+        out[..n].copy_from_slice(&c[..n]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::index::word::Proposal;
+    use proptest::prelude::*;
+    use swarm_core::encoding::{Flag, Timestamp, Tsp, WriterId};
+    use swarm_core::layout::encode_record;
+
+    fn ts(ticks: u64, writer: u16) -> Timestamp {
+        Timestamp::new(ticks, WriterId::new(u32::from(writer)).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn claims_copy_one_owner_and_poison_two() {
+        let mut c = Conflicts::default();
+        assert_eq!(claim_word(&[0, 0], &mut c), 0);
+        assert_eq!(claim_word(&[0, 7], &mut c), 7);
+        assert_eq!(claim_word(&[7, 7], &mut c), 7);
+        assert_eq!(c.total(), 0);
+        assert_eq!(claim_word(&[7, 9], &mut c), POISON_TOKEN);
+        assert_eq!(holder_tag(&[0x8000_0001, 0x8000_0002], &mut c), POISON_TAG);
+        assert_eq!(c.claims, 2);
+    }
+
+    #[test]
+    fn lease_words_order_kills_after_their_counter_and_new_owners_above() {
+        use crate::lease::KILLED;
+        assert_eq!(lease_word(&[5, 5 | KILLED]), 5 | KILLED);
+        assert_eq!(
+            lease_word(&[5 | KILLED, 6]),
+            6,
+            "a new owner's counter is above"
+        );
+        assert_eq!(lease_word(&[3, 9, 4]), 9);
+    }
+
+    #[test]
+    fn lock_words_take_the_top_unless_both_modes_hold_it() {
+        let mut c = Conflicts::default();
+        let r = LockWord::new(ts(10, 3), LockMode::Read).word();
+        let w = LockWord::new(ts(10, 3), LockMode::Write).word();
+        let older = LockWord::new(ts(9, 3), LockMode::Write).word();
+        assert_eq!(lock_word(&[0, 0], &mut c), 0);
+        assert_eq!(lock_word(&[r, older], &mut c), r);
+        assert_eq!(lock_word(&[w, 0], &mut c), w);
+        assert_eq!(c.locks, 0);
+        let poisoned = LockWord::from_word(lock_word(&[r, w], &mut c));
+        assert_eq!(c.locks, 1);
+        assert!(
+            poisoned.ts() > Some(ts(10, 3)),
+            "both TRYLOCKs of ts fail on it"
+        );
+        assert!(
+            poisoned.ts() < Some(ts(11, 3)),
+            "the writer's next ts climbs over it"
+        );
+        let last = swarm_core::encoding::MAX_WRITERS - 1;
+        let top = LockWord::above(ts(10, last));
+        assert!(top.ts() > Some(ts(10, last)) && top.ts() < Some(ts(11, last)));
+    }
+
+    #[test]
+    fn acceptors_take_the_highest_promise_and_accepted_value() {
+        let set = |slot, register| Proposal::Set { slot, register };
+        let a = Meta {
+            promised: Ballot(7),
+            accepted: Some((Ballot(5), set(1, 40))),
+        };
+        let b = Meta {
+            promised: Ballot(6),
+            accepted: Some((Ballot(6), set(2, 80))),
+        };
+        let merged = Meta::decode(meta_word(&[a.encode(), b.encode(), u64::MAX])).unwrap();
+        assert_eq!(merged.promised, Ballot(7));
+        assert_eq!(merged.accepted, Some((Ballot(6), set(2, 80))));
+        assert_eq!(meta_word(&[u64::MAX]), Meta::EMPTY.encode());
+    }
+
+    #[test]
+    fn records_take_the_newest_valid_copy() {
+        let len = encode_record(Tsp::new(ts(1, 0), Flag::Guessed), b"x").len() + 16;
+        let pad = |mut v: Vec<u8>| {
+            v.resize(len, 0);
+            v
+        };
+        let old = pad(encode_record(Tsp::new(ts(3, 1), Flag::Guessed), b"old"));
+        let new = pad(encode_record(Tsp::new(ts(4, 1), Flag::Guessed), b"new"));
+        let mut torn = new.clone();
+        torn[33] ^= 1;
+        let mut out = vec![9u8; len];
+        record(&[&old, &torn], 64, &mut out);
+        assert_eq!(out, old, "a torn newer copy does not win");
+        record(&[&old, &new], 64, &mut out);
+        assert_eq!(out, new);
+        record(&[&torn, &vec![0; len]], 64, &mut out);
+        assert!(out.iter().all(|b| *b == 0));
+    }
+
+    #[test]
+    fn key_headers_keep_the_one_key() {
+        let mut c = Conflicts::default();
+        let mut h = crate::layout::encode_key_header(b"key");
+        h.resize(24, 0);
+        h[4..8].copy_from_slice(&0x8000_0005u32.to_le_bytes());
+        let zero = vec![0u8; 24];
+        let mut out = vec![0u8; 24];
+        key_header(&[&zero, &h], 16, &mut out, &mut c);
+        assert_eq!(out, h);
+        let mut other = crate::layout::encode_key_header(b"kez");
+        other.resize(24, 0);
+        key_header(&[&other, &h], 16, &mut out, &mut c);
+        assert_eq!(&out[..4], &[0; 4], "different keys: no key");
+        assert_eq!(c.keys, 1);
+    }
+
+    proptest! {
+        #[test]
+        fn merges_never_panic(words in proptest::collection::vec(any::<u64>(), 0..5),
+                              bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
+            let mut c = Conflicts::default();
+            let _ = (max_word(&words), lease_word(&words), claim_word(&words, &mut c));
+            let _ = (lock_word(&words, &mut c), meta_word(&words), slot_word(&words));
+            let copies = [&bytes[..], &bytes[..bytes.len() / 2]];
+            let mut out = vec![0u8; 64];
+            record(&copies, 16, &mut out);
+            key_header(&copies, 16, &mut out, &mut c);
+            summary(&copies, 64, &mut out);
+        }
+
+        #[test]
+        fn the_merge_of_max_words_is_at_least_every_copy(words in proptest::collection::vec(any::<u64>(), 1..5)) {
+            let m = max_word(&words);
+            prop_assert!(words.iter().all(|w| *w <= m) && words.contains(&m));
+            let mut c = Conflicts::default();
+            let l = lock_word(&words, &mut c);
+            let top = words.iter().map(|w| LockWord::from_word(*w)).max().unwrap();
+            prop_assert!(LockWord::from_word(l) >= top);
+        }
+    }
+}

@@ -1,0 +1,530 @@
+//! Online repair: rebuilding a memory node that lost its memory, from the others,
+//! while clients keep running, and admitting it back with a configuration change
+//! (issue 12, item 3).
+//!
+//! # Why a lost node cannot simply be wiped and reused
+//!
+//! Quorum protocols tolerate a node that *missed* operations, never one that forgot
+//! them: a write acknowledged by `{A, X}`, then `X` restarted empty, then a read on
+//! `{B, X}` misses it. So a node whose memory was lost stays out of service
+//! ([`crate::configuration`]: its new incarnation is not a member) until this module
+//! has rebuilt it into a state it could have reached as an ordinary node that merely
+//! missed some operations, with every value decided on a majority restored. Then a
+//! configuration change (epoch `e + 1`, listing its new incarnation) admits it.
+//!
+//! # The procedure ([`repair_node`])
+//!
+//! 1. Read the configuration (a majority's newest copy); the node's new incarnation
+//!    must not be a member yet. The *donors* are every other node: all must answer
+//!    (a majority would do for the argument below in clusters where every node holds
+//!    every register; asking all keeps one rule for registers placed on a subset of
+//!    nodes, at the price of not repairing while a second node is down).
+//! 2. **Quiesce**: wait [`quiescence_ns`] on the fabric's clock: a lease observer's
+//!    whole wait (`lease·(1 + 1/8)` plus a grace) plus an operation's deadline, the
+//!    drift allowance and the delivery margin. The lost memory was gone before the
+//!    repair started (the node was replaced, or its file retired, `swarm-shm`), so
+//!    every action taken on an *observation* of the lost memory — an operation that
+//!    counted its reply towards a quorum, a reclaimer that read its lease word and
+//!    will kill it after its wait — has landed on the donors by then. Without this
+//!    wait, a TRYLOCK that counted the lost node's WRITE and then wrote a donor after
+//!    the copy read it could leave both lock modes winning.
+//! 3. **Copy**, area by area, in pieces of about 1 MiB: read the piece from every
+//!    donor, merge the copies word by word ([`merge`] has the rule for each kind of
+//!    word and its argument), write the result to the node. Areas: the superblock
+//!    (re-encoded from the parameters), the client table, the chunk table, the index,
+//!    the registers the node replicates (others stay zero), the logs, the log
+//!    summaries.
+//! 4. **Admit**: write the configuration `e + 1` (the node's new incarnation listed)
+//!    to every donor — a majority of the members of `e` — then to the node itself.
+//!    Running clients see the new epoch in their next lease renewal and admit the
+//!    node ([`swarm_core::Fabric::admit`]); new clients open with it.
+//!
+//! # Why it is correct
+//!
+//! *Every decided value survives.* A value decided on a majority `M` (a write, an
+//! index change, a claim, a lock, a kill) either had the lost node in `M` — then
+//! `M` minus that node is at least a majority minus one of the donors, so every
+//! donor set that is a majority of the cluster without the node meets it — or not,
+//! and then it is on the donors themselves. Each merge rule keeps any value that
+//! shows in one donor and was decided (max registers keep the largest, claims keep a
+//! sole owner, acceptors keep the highest accepted proposal).
+//!
+//! *Writes racing the copy.* Until step 4, no client uses the node (its incarnation
+//! is not a member), so every operation that completes during the copy is decided on
+//! a majority of the *other* nodes. The node may end up without it (its piece was
+//! copied before): it is then exactly a node that missed that operation, and every
+//! later quorum that includes it also includes one of the nodes the operation
+//! reached. The merge of a piece reads the donors at slightly different times, so
+//! its result may combine states of different moments; each rule is per word and
+//! yields a value some donor held, or a *poison* that makes the node answer like a
+//! crashed one for that word (claims and lock words whose donors disagree).
+//!
+//! *A client with the old configuration* treats the node as failed: its quorums are
+//! majorities of the other nodes, which is always safe. A client with the new one
+//! reads the node as a lagging replica.
+//!
+//! *A second failure during the repair.* A donor that does not answer stops the
+//! repair with [`RepairError::Donor`] before anything is admitted; the node stays
+//! out, and the repair can be run again once the donor is back (the copy is
+//! idempotent: it overwrites the node's pieces). A failure of the node itself stops
+//! the repair likewise. Losing a donor *after* the new configuration reached a
+//! majority is an ordinary failure of a member.
+//!
+//! *Index scrub.* The rebuilt node's index slots may lag behind operations that
+//! raced the copy, as a node that was down would; `swarm scrub`
+//! ([`crate::index::scrub`]) moves them forward.
+
+pub mod merge;
+
+use std::time::Instant;
+
+use swarm_core::fabric::{Batch, FabricError, NodeId};
+use swarm_core::quorum::{broadcast, broadcast_until, majority};
+use swarm_core::{Fabric, OpStats};
+
+use crate::client::register_loc_for;
+use crate::configuration::{CONFIG_AT, CONFIG_READ_BYTES, Configuration};
+use crate::layout::{BUCKET_BYTES, CLIENT_ROW_BYTES, NodeLayout, SUPERBLOCK_AT};
+use crate::lease::LeaseParams;
+use merge::Conflicts;
+
+/// Bytes read from each donor per step.
+const PIECE_BYTES: u64 = 1 << 20;
+
+/// How long a configuration read waits for nodes beyond the first majority.
+const CONFIG_STRAGGLER_NS: u64 = 50_000_000;
+
+/// Why a repair stopped. The node stays out of service; running the repair again
+/// once the cause is gone starts over.
+#[derive(Debug, thiserror::Error)]
+pub enum RepairError {
+    /// The cluster predates configurations (epoch 0): it cannot admit a node.
+    #[error(
+        "this store predates node configurations (epoch 0), so a rebuilt node cannot be admitted: create the store again with this build"
+    )]
+    Legacy,
+    /// The node's memory is already a member: nothing to repair.
+    #[error(
+        "node {node}'s incarnation {incarnation:#x} is already a member (configuration epoch {epoch}): it does not need a repair"
+    )]
+    AlreadyMember {
+        /// The node.
+        node: NodeId,
+        /// Its incarnation.
+        incarnation: u64,
+        /// The configuration epoch.
+        epoch: u64,
+    },
+    /// A node of the cluster that the repair needs did not answer.
+    #[error(
+        "node {node} did not answer during the repair ({error}): a repair reads every other node and writes the rebuilt one; bring it back and run the repair again"
+    )]
+    Donor {
+        /// The node.
+        node: NodeId,
+        /// What the fabric reported.
+        error: FabricError,
+    },
+    /// No such node.
+    #[error("node {node} does not exist: the cluster has nodes 0 to {}", .nodes - 1)]
+    NoSuchNode {
+        /// The node asked for.
+        node: NodeId,
+        /// The node count.
+        nodes: usize,
+    },
+    /// Another fabric failure.
+    #[error(transparent)]
+    Fabric(#[from] FabricError),
+}
+
+/// What a repair did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RepairReport {
+    /// The node rebuilt.
+    pub node: u16,
+    /// The configuration epoch that admitted it.
+    pub epoch: u64,
+    /// Bytes written to the node.
+    pub bytes: u64,
+    /// Words that donors disagreed on and that the node got a poison value for.
+    pub conflicts: Conflicts,
+    /// Time spent waiting for quiescence, ms.
+    pub quiesce_ms: u64,
+    /// Time spent copying, ms.
+    pub copy_ms: u64,
+}
+
+/// What a repair waits before it copies (see the module docs, step 2).
+pub fn quiescence_ns(layout: &NodeLayout) -> u64 {
+    let lease = LeaseParams::from_params(&layout.params);
+    lease
+        .observer_wait_ns()
+        .saturating_add(swarm_core::reclaim::grace_with_margin_ns(
+            layout.params.max_op_ns,
+            layout.params.delivery_margin_ns,
+        ))
+}
+
+/// Options of [`repair_node`].
+#[derive(Clone, Copy, Debug)]
+pub struct RepairOptions {
+    /// Wait this long before copying instead of [`quiescence_ns`] (tests with no
+    /// client running; never shorter in production).
+    pub quiesce_ns: Option<u64>,
+}
+
+/// Rebuilds `node`, whose memory now has incarnation `incarnation`, from every other
+/// node, and admits it with a configuration change (see the module docs). `fabric`
+/// must reach the node (a raw fabric: the store's clients leave it out), and
+/// `progress` is called after every piece with the bytes done and the total.
+pub async fn repair_node<F: Fabric>(
+    fabric: &F,
+    layout: &NodeLayout,
+    node: NodeId,
+    incarnation: u64,
+    options: RepairOptions,
+    mut progress: impl FnMut(u64, u64),
+) -> Result<RepairReport, RepairError> {
+    let nodes = fabric.node_count();
+    if node.index() >= nodes {
+        return Err(RepairError::NoSuchNode { node, nodes });
+    }
+    let stats = OpStats::new();
+    let config = read_configuration(fabric, &stats).await?;
+    if config.epoch == 0 {
+        return Err(RepairError::Legacy);
+    }
+    if config.incarnations.get(node.index()) == Some(&incarnation) {
+        return Err(RepairError::AlreadyMember {
+            node,
+            incarnation,
+            epoch: config.epoch,
+        });
+    }
+    let donors: Vec<NodeId> = (0..nodes as u16)
+        .map(NodeId)
+        .filter(|n| *n != node)
+        .collect();
+    let span = tracing::info_span!("repair", %node, epoch = config.epoch);
+    let _entered = span.enter();
+    let wait = options.quiesce_ns.unwrap_or_else(|| quiescence_ns(layout));
+    tracing::info!(
+        wait_ms = wait / 1_000_000,
+        "waiting for every action on the lost memory to land"
+    );
+    let started = Instant::now();
+    swarm_core::sleep(fabric, wait).await;
+    let quiesce_ms = started.elapsed().as_millis() as u64;
+
+    let copy_started = Instant::now();
+    let mut copier = Copier {
+        fabric,
+        stats: &stats,
+        layout,
+        donors: &donors,
+        target: node,
+        nodes,
+        conflicts: Conflicts::default(),
+        done: 0,
+        total: copy_bytes(layout),
+    };
+    copier
+        .write(SUPERBLOCK_AT, layout.params.encode().to_vec())
+        .await?;
+    copier.copy_all(&mut progress).await?;
+    let (bytes, conflicts) = (copier.done, copier.conflicts);
+    let copy_ms = copy_started.elapsed().as_millis() as u64;
+
+    // Admit: the new configuration on every donor (a majority of the old members),
+    // then on the node.
+    let mut next = config.clone();
+    next.epoch += 1;
+    next.incarnations[node.index()] = incarnation;
+    let record = next.encode();
+    rt_all(fabric, &stats, &donors, |_| {
+        Batch::write(CONFIG_AT, record.clone())
+    })
+    .await?;
+    rt_all(fabric, &stats, &[node], |_| {
+        Batch::write(CONFIG_AT, record.clone())
+    })
+    .await?;
+    tracing::info!(
+        epoch = next.epoch,
+        bytes,
+        conflicts = conflicts.total(),
+        copy_ms,
+        "memory node rebuilt and admitted"
+    );
+    Ok(RepairReport {
+        node: node.0,
+        epoch: next.epoch,
+        bytes,
+        conflicts,
+        quiesce_ms,
+        copy_ms,
+    })
+}
+
+/// The newest valid configuration among a majority's copies (and stragglers').
+pub(crate) async fn read_configuration<F: Fabric>(
+    fabric: &F,
+    stats: &OpStats,
+) -> Result<Configuration, FabricError> {
+    let nodes = fabric.node_count();
+    let rt = broadcast_until(
+        fabric,
+        stats,
+        majority(nodes),
+        CONFIG_STRAGGLER_NS,
+        |_| Ok(Some(Batch::read(CONFIG_AT, CONFIG_READ_BYTES as u32))),
+        |_| false,
+    )
+    .await?;
+    let copies: Vec<_> = rt
+        .replies()
+        .iter()
+        .map(|(_, c)| Configuration::decode(c.read(0).unwrap_or_default(), nodes))
+        .collect();
+    Ok(Configuration::newest(&copies, nodes))
+}
+
+/// Posts `build(node)` to each of `nodes` and waits for all of them.
+async fn rt_all<F: Fabric>(
+    fabric: &F,
+    stats: &OpStats,
+    nodes: &[NodeId],
+    build: impl FnMut(NodeId) -> Batch,
+) -> Result<Vec<(NodeId, swarm_core::Completion)>, RepairError> {
+    let mut build = build;
+    match broadcast(fabric, stats, nodes.iter().copied(), nodes.len(), |n| {
+        Ok(build(n))
+    })
+    .await
+    {
+        Ok(rt) => {
+            if let Some((node, error)) = rt.failures().first() {
+                return Err(RepairError::Donor {
+                    node: *node,
+                    error: error.clone(),
+                });
+            }
+            Ok(rt.replies().to_vec())
+        }
+        Err(error) => Err(match error {
+            FabricError::NodeFailed { node, .. } => RepairError::Donor { node, error },
+            FabricError::NotEnoughLiveNodes { .. } if nodes.len() == 1 => RepairError::Donor {
+                node: nodes[0],
+                error,
+            },
+            error => RepairError::Fabric(error),
+        }),
+    }
+}
+
+/// Bytes the copy writes (for progress reports).
+fn copy_bytes(layout: &NodeLayout) -> u64 {
+    layout.end() - (SUPERBLOCK_AT + crate::layout::SUPERBLOCK_BYTES)
+}
+
+/// How one element of an area is merged.
+#[derive(Clone, Copy)]
+enum Area {
+    ClientRows,
+    Chunks,
+    Index,
+    Registers,
+    Logs,
+    Summaries,
+}
+
+struct Copier<'a, F: Fabric> {
+    fabric: &'a F,
+    stats: &'a OpStats,
+    layout: &'a NodeLayout,
+    donors: &'a [NodeId],
+    target: NodeId,
+    nodes: usize,
+    conflicts: Conflicts,
+    done: u64,
+    total: u64,
+}
+
+impl<F: Fabric> Copier<'_, F> {
+    async fn write(&mut self, at: u64, data: Vec<u8>) -> Result<(), RepairError> {
+        let len = data.len() as u64;
+        let mut data = Some(data);
+        rt_all(self.fabric, self.stats, &[self.target], |_| {
+            Batch::write(at, data.take().unwrap_or_default())
+        })
+        .await?;
+        self.done += len;
+        Ok(())
+    }
+
+    async fn copy_all(&mut self, progress: &mut impl FnMut(u64, u64)) -> Result<(), RepairError> {
+        let l = *self.layout;
+        let p = &l.params;
+        let areas = [
+            (
+                Area::ClientRows,
+                l.clients_at,
+                CLIENT_ROW_BYTES,
+                u64::from(p.writers),
+            ),
+            (Area::Chunks, l.chunks_at, 8, l.chunks()),
+            (Area::Index, l.index_at, BUCKET_BYTES, p.index_buckets),
+            (
+                Area::Registers,
+                l.registers_at,
+                l.register_slot_bytes,
+                p.registers,
+            ),
+            (
+                Area::Logs,
+                l.swarm.log_base(),
+                l.swarm.slot_bytes(),
+                u64::from(p.writers) * u64::from(p.log_slots),
+            ),
+        ];
+        for (area, start, elem, count) in areas {
+            self.copy_area(area, start, elem, count, progress).await?;
+        }
+        if let Some(at) = l.summaries_at {
+            self.copy_area(
+                Area::Summaries,
+                at,
+                l.summary_bytes(),
+                u64::from(p.writers),
+                progress,
+            )
+            .await?;
+        }
+        Ok(())
+    }
+
+    async fn copy_area(
+        &mut self,
+        area: Area,
+        start: u64,
+        elem: u64,
+        count: u64,
+        progress: &mut impl FnMut(u64, u64),
+    ) -> Result<(), RepairError> {
+        let per_piece = (PIECE_BYTES / elem).max(1);
+        let mut first = 0;
+        while first < count {
+            let n = per_piece.min(count - first);
+            let at = start + first * elem;
+            let len = (n * elem) as u32;
+            let replies = rt_all(self.fabric, self.stats, self.donors, |_| {
+                Batch::read(at, len)
+            })
+            .await?;
+            let copies: Vec<&[u8]> = replies
+                .iter()
+                .map(|(_, c)| c.read(0).unwrap_or_default())
+                .collect();
+            let mut out = vec![0u8; len as usize];
+            for i in 0..n as usize {
+                let range = i * elem as usize..(i + 1) * elem as usize;
+                let element: Vec<&[u8]> = copies
+                    .iter()
+                    .map(|c| c.get(range.clone()).unwrap_or_default())
+                    .collect();
+                self.merge(area, first + i as u64, &element, &mut out[range]);
+            }
+            drop(replies);
+            self.write(at, out).await?;
+            first += n;
+            progress(self.done, self.total);
+        }
+        Ok(())
+    }
+
+    /// Merges the donors' copies of element `index` of `area` into `out`.
+    fn merge(&mut self, area: Area, index: u64, copies: &[&[u8]], out: &mut [u8]) {
+        let c = &mut self.conflicts;
+        match area {
+            Area::ClientRows => {
+                for (w, chunk) in out.chunks_exact_mut(8).enumerate() {
+                    let words = words_at(copies, 8 * w);
+                    let merged = match w {
+                        0 => merge::claim_word(&words, c),
+                        1 => merge::lease_word(&words),
+                        _ => merge::max_word(&words),
+                    };
+                    chunk.copy_from_slice(&merged.to_le_bytes());
+                }
+            }
+            Area::Chunks => {
+                let merged = merge::claim_word(&words_at(copies, 0), c);
+                out.copy_from_slice(&merged.to_le_bytes());
+            }
+            Area::Index => {
+                for (w, chunk) in out.chunks_exact_mut(8).enumerate() {
+                    let words = words_at(copies, 8 * w);
+                    let merged = if w == 0 {
+                        merge::meta_word(&words)
+                    } else {
+                        merge::slot_word(&words)
+                    };
+                    chunk.copy_from_slice(&merged.to_le_bytes());
+                }
+            }
+            Area::Registers => {
+                let replicated = register_loc_for(self.layout, self.nodes, index)
+                    .is_ok_and(|loc| loc.replicas.position(self.target).is_some());
+                if !replicated {
+                    out.fill(0);
+                    return;
+                }
+                let key_bytes = self.layout.params.key_header_bytes() as usize;
+                let record_bytes = self.layout.swarm.record_bytes() as usize;
+                let (header, register) = out.split_at_mut(key_bytes);
+                let (block, meta) = register.split_at_mut(record_bytes);
+                let part = |from: usize, to: usize| -> Vec<&[u8]> {
+                    copies
+                        .iter()
+                        .map(|c| c.get(from..to).unwrap_or_default())
+                        .collect()
+                };
+                merge::key_header(&part(0, key_bytes), self.layout.params.key_max, header, c);
+                merge::record(
+                    &part(key_bytes, key_bytes + record_bytes),
+                    self.layout.swarm.payload_max(),
+                    block,
+                );
+                for (w, chunk) in meta.chunks_exact_mut(8).enumerate() {
+                    let merged =
+                        merge::max_word(&words_at(copies, key_bytes + record_bytes + 8 * w));
+                    chunk.copy_from_slice(&merged.to_le_bytes());
+                }
+            }
+            Area::Logs => {
+                let (lock, record) = out.split_at_mut(8);
+                let merged = merge::lock_word(&words_at(copies, 0), c);
+                lock.copy_from_slice(&merged.to_le_bytes());
+                let records: Vec<&[u8]> = copies
+                    .iter()
+                    .map(|c| c.get(8..).unwrap_or_default())
+                    .collect();
+                merge::record(&records, self.layout.swarm.payload_max(), record);
+            }
+            Area::Summaries => merge::summary(copies, self.layout.params.log_slots, out),
+        }
+    }
+}
+
+/// The little-endian word at `offset` of each copy (copies too short are skipped).
+fn words_at(copies: &[&[u8]], offset: usize) -> Vec<u64> {
+    copies
+        .iter()
+        .filter_map(|c| {
+            Some(u64::from_le_bytes(
+                c.get(offset..offset + 8)?.try_into().ok()?,
+            ))
+        })
+        .collect()
+}
