@@ -946,6 +946,20 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         })
     }
 
+    /// [`Self::begin`] for an operation that writes: while this writer's log is full,
+    /// it first waits, with no deadline armed and nothing posted but reads, for a
+    /// superseded slot's grace to pass (`swarm_core::Client::make_room`). A writer
+    /// faster than its log recycles (`log_slots / grace` writes per second, about
+    /// 6,300 on a 32 MiB cluster with 64 writers) is throttled instead of failing
+    /// with `Fenced`: the grace is longer than the operation deadline, so a write
+    /// that waited inside its operation would run out of time.
+    /// An insert may write two registers (its fresh one, then the key's existing
+    /// one), so writes wait for two free slots.
+    async fn begin_write<'s>(&self, stats: &'s OpStats) -> Result<Started<'s>, KvError> {
+        self.swarm.make_room_for(2).await;
+        self.begin(stats).await
+    }
+
     /// The current time for attempt `attempt` of an operation that started at
     /// `start` (the first attempt runs at its start: no clock read), after fencing
     /// later attempts.
@@ -1000,7 +1014,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         self.check_key(key)?;
         self.check_value(value)?;
         let payload = encode_payload(key, value);
-        let started = self.begin(stats).await?;
+        let started = self.begin_write(stats).await?;
         let (start, deadline) = (started.start, started.deadline);
         for attempt in 0..MAX_RETRIES {
             let now = self.attempt_now(attempt, start, deadline)?;
@@ -1036,7 +1050,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         // retired registers to pass their grace) posts nothing but chunk claims and
         // resets, which no operation deadline protects.
         let register = self.allocate_register(&OpStats::new()).await?;
-        let started = self.begin(stats).await?;
+        let started = self.begin_write(stats).await?;
         let (start, deadline) = (started.start, started.deadline);
         let mut fresh = Located {
             register,
@@ -1194,7 +1208,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
                 "delete with the RAW baseline protocol",
             ));
         }
-        let started = self.begin(stats).await?;
+        let started = self.begin_write(stats).await?;
         // Hand out the registers whose reset completed and start the resets due
         // (never waits): deletes retire registers, so they also move them along.
         // After the lease check: resets start only under a valid lease.

@@ -575,8 +575,15 @@ impl<F: Fabric, C: Clock> Client<F, C> {
     /// An operation that has not observed anything yet waits before arming its
     /// deadline, so a full log throttles its writer instead of failing.
     pub(crate) async fn wait_for_slot(&self, stats: &OpStats) {
+        self.wait_for_slots(stats, 1).await;
+    }
+
+    /// [`Self::wait_for_slot`] for `needed` free slots (at least one).
+    async fn wait_for_slots(&self, stats: &OpStats, needed: u32) {
+        let room =
+            |in_use: u32| in_use.saturating_add(needed.max(1)) <= self.layout.slots_per_writer();
         // The common case, with no clock read: the log has room.
-        if self.state.borrow().slots.in_use() < self.layout.slots_per_writer() {
+        if room(self.state.borrow().slots.in_use()) {
             return;
         }
         let mut learned = false;
@@ -584,7 +591,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
             let limbo = {
                 let state = self.state.borrow();
                 let expiry = state.tracker.next_expiry(self.config.grace_ns());
-                let full = state.slots.in_use() >= self.layout.slots_per_writer();
+                let full = !room(state.slots.in_use());
                 match expiry {
                     None if !full || learned => return,
                     expiry => expiry,
@@ -612,7 +619,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
                 if now >= at {
                     tracker.expire(slots, &self.layout, now, grace);
                 }
-                if slots.in_use() < self.layout.slots_per_writer() {
+                if room(slots.in_use()) {
                     return;
                 }
                 match tracker.next_expiry(grace) {
@@ -788,8 +795,14 @@ impl<F: Fabric, C: Clock> Client<F, C> {
     /// first of them is past its grace. Returns whether a slot is free; `false` means
     /// every slot holds a live buffer (the log is too small for this writer).
     pub async fn make_room(&self) -> bool {
-        self.wait_for_slot(&OpStats::new()).await;
-        self.slots_in_use() < self.layout.slots_per_writer()
+        self.make_room_for(1).await
+    }
+
+    /// [`Self::make_room`] for `slots` writes (an operation that may write several
+    /// registers); returns whether that many slots are free.
+    pub async fn make_room_for(&self, slots: u32) -> bool {
+        self.wait_for_slots(&OpStats::new(), slots).await;
+        self.slots_in_use().saturating_add(slots.max(1)) <= self.layout.slots_per_writer()
     }
 
     /// Collects the replies of the reclaim check in flight; returns how many checks
