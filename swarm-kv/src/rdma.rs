@@ -35,7 +35,7 @@
 use std::sync::Arc;
 
 use swarm_core::Fabric;
-use swarm_core::fabric::NodeId;
+use swarm_core::fabric::{FabricError, NodeId};
 use swarm_core::header::NodeHeader;
 use swarm_rdma::lease_watch::{MAX_STALL_NS, MIN_STALL_NS, WatchRequest};
 use swarm_rdma::{RdmaCluster, RdmaConfig, RdmaError, RdmaFabric};
@@ -43,6 +43,7 @@ use swarm_rdma::{RdmaCluster, RdmaConfig, RdmaError, RdmaFabric};
 use crate::KvError;
 use crate::layout::{ClusterParams, NodeLayout, ParamsError, SUPERBLOCK_AT};
 use crate::lease::LeaseParams;
+use crate::repair::{RepairError, RepairOptions, RepairReport, repair_node};
 use crate::store::{Store, open_layout, write_superblock};
 
 /// A SWARM-KV cluster on RDMA memory nodes, opened by this process.
@@ -100,6 +101,53 @@ impl RdmaStore {
             header,
             unusable: unusable.into(),
         })
+    }
+
+    /// Rebuilds memory node `node` of the cluster of `config` from the other nodes and
+    /// admits it back (`crate::repair`), while clients keep running; they reconnect to
+    /// it within a lease renewal period. The node must be reachable with a memory
+    /// node process whose memory is not a member (one started after the old one was
+    /// lost: a restarted `swarm memnode`); [`RepairOptions::replace`] is refused here,
+    /// since a client cannot discard a remote node's memory (restart its process).
+    pub fn repair(
+        config: RdmaConfig,
+        node: u16,
+        options: RepairOptions,
+        progress: impl FnMut(u64, u64),
+    ) -> Result<RepairReport, KvError> {
+        if options.replace {
+            return Err(KvError::Unsupported(
+                "--replace over RDMA (restart the memory node process to discard its memory, then repair it)",
+            ));
+        }
+        let store = Self::open(config)?;
+        let fabric = store.cluster.client().map_err(rdma)?;
+        fabric.bound_delivery(store.layout.params.delivery_margin_ns);
+        let id = NodeId(node);
+        if usize::from(node) >= fabric.node_count() {
+            return Err(RepairError::NoSuchNode {
+                node: id,
+                nodes: fabric.node_count(),
+            }
+            .into());
+        }
+        let Some(incarnation) = fabric.incarnations()[usize::from(node)] else {
+            return Err(RepairError::Donor {
+                node: id,
+                error: FabricError::NodeFailed {
+                    node: id,
+                    cause: swarm_core::FailureCause::Disconnected,
+                },
+            }
+            .into());
+        };
+        let layout = store.layout;
+        let report = swarm_core::block_on(&fabric, async {
+            Ok::<_, FabricError>(
+                repair_node(&fabric, &layout, id, incarnation, options, progress).await,
+            )
+        })??;
+        Ok(report)
     }
 
     /// Writes the superblock of a fresh store on the memory nodes of `config`, with

@@ -149,8 +149,9 @@ pub trait Fabric {
     /// Puts memory node `node` in service with the memory of incarnation
     /// `incarnation`, if the transport can reach that memory: a node that a repair
     /// rebuilt and a configuration change admitted (`swarm_kv::repair`). Returns
-    /// whether batches to `node` now reach that incarnation (`true` also when they
-    /// did already). The caller has read a configuration that lists it; a transport
+    /// whether batches to `node` now reach that incarnation, or will once the
+    /// transport has connected to it in the background (RDMA); `true` also when they
+    /// did already. The caller has read a configuration that lists it; a transport
     /// must never serve another incarnation's memory under it. The default cannot
     /// admit anything.
     fn admit(&self, node: NodeId, incarnation: u64) -> bool {

@@ -384,6 +384,10 @@ pub struct RdmaFabric {
     shared: Arc<Shared>,
     cq: Arc<CompletionQueue>,
     slots: RefCell<Vec<Slot<Attempt>>>,
+    /// Per node, the incarnation a configuration change admitted after this client
+    /// connected ([`Fabric::admit`]): a reconnect then expects it instead of the one
+    /// of the bootstrap.
+    admitted: RefCell<Vec<Option<u64>>>,
     /// The device health generation last acted on.
     health_seen: Cell<u64>,
     /// When this client last posted a batch (fabric clock): after an idle gap, the
@@ -501,6 +505,7 @@ impl RdmaFabric {
             shared: shared.clone(),
             cq,
             slots: RefCell::new(slots),
+            admitted: RefCell::new(vec![None; n]),
             last_post: Cell::new(0),
         })
     }
@@ -785,15 +790,35 @@ impl RdmaFabric {
     /// Puts a reconnected node back in service if it is the same process (same
     /// incarnation) as before.
     fn reinstate(&self, node: NodeId, connected: Connected) -> Slot<Attempt> {
-        let Some(Some(header)) = self.headers.get(node.index()) else {
-            return Slot::Retired;
-        };
-        let Some(Some(incarnation)) = self.incarnations.get(node.index()) else {
-            return Slot::Retired;
-        };
-        let known = Known {
-            header: *header,
-            incarnation: *incarnation,
+        let admitted = self.admitted.borrow().get(node.index()).copied().flatten();
+        let known = match admitted {
+            // A rebuilt node, admitted by a configuration change: any header of this
+            // cluster for this node id, and exactly the admitted incarnation.
+            Some(incarnation) => {
+                let Some(reference) = self.headers.iter().flatten().next().copied() else {
+                    return Slot::Retired;
+                };
+                let theirs = connected.known.header;
+                let identity =
+                    |h: &NodeHeader| (h.cluster_id, h.node_count, h.epoch_unix_ns, h.tick_ns);
+                let ours = theirs.node_id == node.0 && identity(&theirs) == identity(&reference);
+                Known {
+                    header: if ours { theirs } else { reference },
+                    incarnation,
+                }
+            }
+            None => {
+                let Some(Some(header)) = self.headers.get(node.index()) else {
+                    return Slot::Retired;
+                };
+                let Some(Some(incarnation)) = self.incarnations.get(node.index()) else {
+                    return Slot::Retired;
+                };
+                Known {
+                    header: *header,
+                    incarnation: *incarnation,
+                }
+            }
         };
         match judge(&known, &connected.known.header, connected.known.incarnation) {
             Verdict::Same => {
@@ -931,6 +956,42 @@ impl Fabric for RdmaFabric {
     }
     fn wake_at(&self, deadline: Nanos) {
         self.inner.wake_at(deadline);
+    }
+
+    /// Expects `incarnation` from `node` from now on and reconnects it in the
+    /// background (the next [`Fabric::progress`] starts the attempt); the node serves
+    /// once a reconnect finds exactly that incarnation. `true` if the node is in
+    /// service with it already or a reconnect is scheduled.
+    fn admit(&self, node: NodeId, incarnation: u64) -> bool {
+        let index = node.index();
+        if index >= self.node_count() {
+            return false;
+        }
+        let current = self.admitted.borrow()[index].or(self.incarnations[index]);
+        let dead = self.inner.engine().is_dead(node);
+        if current == Some(incarnation) && !dead {
+            return true;
+        }
+        let mut slots = self.slots.borrow_mut();
+        let reconnecting = matches!(slots[index], Slot::Waiting { .. } | Slot::Trying { .. });
+        if current == Some(incarnation) && reconnecting {
+            return true;
+        }
+        self.admitted.borrow_mut()[index] = Some(incarnation);
+        if !dead {
+            // Another incarnation's memory is not this node any more.
+            self.inner.engine().fail_node(node);
+        }
+        slots[index] = Slot::Waiting {
+            at: Instant::now(),
+            backoff: reconnect::FIRST_RETRY,
+        };
+        tracing::info!(
+            %node,
+            incarnation = format_args!("{incarnation:#018x}"),
+            "memory node admitted by a configuration change: connecting"
+        );
+        true
     }
 }
 

@@ -36,6 +36,16 @@ pub fn format(_at: &ClusterArg, _params: ClusterParams) -> Result<ExitCode> {
     bail!(NO_RDMA)
 }
 
+/// `swarm repair` of an RDMA node: refused.
+pub fn repair(
+    _at: &ClusterArg,
+    _node: u16,
+    _options: swarm_kv::repair::RepairOptions,
+    _progress: impl FnMut(u64, u64),
+) -> Result<swarm_kv::repair::RepairReport> {
+    bail!(NO_RDMA)
+}
+
 /// `swarm memnode`: refused.
 pub fn memnode(_args: &MemnodeArgs) -> Result<ExitCode> {
     bail!(NO_RDMA)

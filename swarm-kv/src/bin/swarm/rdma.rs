@@ -48,6 +48,18 @@ pub fn open(at: &ClusterArg) -> Result<Store> {
     RdmaStore::open(config).context("cannot open the SWARM-KV cluster over RDMA")
 }
 
+/// `swarm repair` of an RDMA memory node.
+pub fn repair(
+    at: &ClusterArg,
+    node: u16,
+    options: swarm_kv::repair::RepairOptions,
+    progress: impl FnMut(u64, u64),
+) -> Result<swarm_kv::repair::RepairReport> {
+    let config = config(at)?.context("give --dir, --rdma or --cluster")?;
+    RdmaStore::repair(config, node, options, progress)
+        .with_context(|| format!("cannot repair memory node {node}"))
+}
+
 /// `swarm format`: writes the superblock on freshly started memory nodes.
 pub fn format(at: &ClusterArg, params: ClusterParams) -> Result<ExitCode> {
     let config = config(at)?
