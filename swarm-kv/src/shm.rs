@@ -124,10 +124,12 @@ impl ShmStore {
     /// Rebuilds node `node` of the cluster in `dir` from the other nodes and admits
     /// it back (`crate::repair`, which has the procedure and the argument), while
     /// clients of the cluster keep running; they start using the node within a lease
-    /// renewal period. A node file that is missing, corrupted or retired (its memory
-    /// declared lost) is first replaced by an empty one with a new incarnation
+    /// renewal period. A node file that is missing, corrupted, retired (its memory
+    /// declared lost) or otherwise left out by the store (no superblock: wiped in
+    /// place) is first replaced by an empty one with a new incarnation
     /// ([`ShmCluster::replace_node`]); a node file whose incarnation is already a
-    /// member is refused ([`crate::repair::RepairError::AlreadyMember`]).
+    /// member is refused ([`crate::repair::RepairError::AlreadyMember`]) unless
+    /// [`RepairOptions::replace`] asks to replace it anyway.
     /// `progress(done, total)` is called after every piece copied.
     pub fn repair(
         dir: &Path,
@@ -145,10 +147,14 @@ impl ShmStore {
             .into());
         }
         let mut raw = ShmCluster::open(dir)?;
-        if raw.node(NodeId(node)).is_none() {
+        // Left out by the store (no superblock, say: its memory was wiped in place,
+        // incarnation and all) counts as lost too.
+        let left_out = store.unusable_nodes().iter().any(|(n, _)| n.0 == node);
+        if raw.node(NodeId(node)).is_none() || left_out || options.replace {
             tracing::warn!(
                 node,
-                "the node file is unusable: replacing it by an empty one to rebuild"
+                replace = options.replace,
+                "replacing the node file by an empty one to rebuild (its memory is declared lost)"
             );
             drop(raw);
             ShmCluster::replace_node(dir, node)?;

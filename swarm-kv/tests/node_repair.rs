@@ -28,6 +28,7 @@ fn params() -> ClusterParams {
 
 const NO_WAIT: RepairOptions = RepairOptions {
     quiesce_ns: Some(0),
+    replace: false,
 };
 
 fn get(store: &ShmStore, key: &str) -> Option<Vec<u8>> {
@@ -162,8 +163,7 @@ fn clients_run_through_a_loss_and_an_online_repair() {
     wait_ops(500);
     ShmCluster::retire_node(dir.path(), 1).unwrap();
     wait_ops(500);
-    let report =
-        ShmStore::repair(dir.path(), 1, RepairOptions { quiesce_ns: None }, |_, _| {}).unwrap();
+    let report = ShmStore::repair(dir.path(), 1, RepairOptions::default(), |_, _| {}).unwrap();
     assert!(report.quiesce_ms >= 2_000, "{report:?}");
     // The running client follows the new configuration within a renewal period.
     let start = Instant::now();

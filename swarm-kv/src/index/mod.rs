@@ -164,13 +164,13 @@
 //!   fell 2^13 ballots behind (`apply.rs`), so that untouched slots keep comparing as
 //!   older than new ballots while the bucket's ballots wrap around. A memory node that
 //!   comes back (a healed partition) after missing 2^15 ballots of a bucket may have
-//!   a copy that looks newer than it is. Wiping such a node is safe only because a
-//!   node without the cluster's superblock is left out of every client
-//!   (`crate::store::read_superblock`): a wiped node that served would form quorums
-//!   with a lagging node and hide a completed insert. A scrub ([`Index::scrub`],
-//!   `swarm scrub`) moves a lagging node's slot copies forward before they fall that
-//!   far behind; rebuilding a wiped node from the others (repair) is not implemented
-//!   yet, so until then the cluster runs with one fewer node.
+//!   a copy that looks newer than it is. A scrub ([`Index::scrub`], `swarm scrub
+//!   --every`) moves a lagging node's slot copies forward before they fall that far
+//!   behind. A node that fell behind anyway must not be wiped and reused (a wiped
+//!   node that served would form quorums with a lagging node and hide a completed
+//!   insert): it is *repaired* (`swarm repair --replace`, [`crate::repair`]), which
+//!   retires its memory, rebuilds it from the other nodes and admits it with a
+//!   configuration change.
 //! * Liveness is obstruction-freedom: proposers that keep preempting each other back
 //!   off (randomised, exponential); [`IndexConfig::max_attempts`] bounds the retries.
 //!   A lookup that races an update may settle the update's change itself, which

@@ -166,12 +166,17 @@ pub fn quiescence_ns(layout: &NodeLayout) -> u64 {
         ))
 }
 
-/// Options of [`repair_node`].
-#[derive(Clone, Copy, Debug)]
+/// Options of a repair.
+#[derive(Clone, Copy, Debug, Default)]
 pub struct RepairOptions {
     /// Wait this long before copying instead of [`quiescence_ns`] (tests with no
     /// client running; never shorter in production).
     pub quiesce_ns: Option<u64>,
+    /// Declare the node's memory lost and rebuild it even if it is a member in good
+    /// shape: for a node that fell too far behind (its index copies missed `2^15`
+    /// ballots, `crate::index`, "Limits"). The transport retires the memory first
+    /// (shared memory: `ShmCluster::replace_node`).
+    pub replace: bool,
 }
 
 /// Rebuilds `node`, whose memory now has incarnation `incarnation`, from every other

@@ -101,6 +101,21 @@ enum Command {
         #[arg(long, requires = "every")]
         passes: Option<u64>,
     },
+    /// Rebuild a memory node that lost its memory (a node file missing, corrupted or
+    /// re-created; an RDMA memory node restarted) from the other nodes, while clients
+    /// keep running, and put it back in service: running clients start using it
+    /// within a lease renewal period. Every other node must answer.
+    Repair {
+        #[command(flatten)]
+        at: ClusterArg,
+        /// The node to rebuild.
+        #[arg(long)]
+        node: u16,
+        /// Rebuild it even if it serves (its memory is discarded first): for a node
+        /// that fell too far behind.
+        #[arg(long)]
+        replace: bool,
+    },
     /// Write the SWARM-KV superblock on freshly started RDMA memory nodes.
     Format {
         #[command(flatten)]
@@ -326,6 +341,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Command::Get { at, key } => with_store!(&at, |store| get(&store, &key)),
         Command::Delete { at, key } => with_store!(&at, |store| delete(&store, &key)),
         Command::Stat { at } => with_store!(&at, |store| stat(&store)),
+        Command::Repair { at, node, replace } => repair(&at, node, replace),
         Command::Evict { at, writer, force } => {
             with_store!(&at, |store| evict(&store, writer, force))
         }
@@ -440,6 +456,55 @@ fn evict<S: Store>(store: &S, writer: u16, force: bool) -> Result<ExitCode> {
             println!("writer {writer} given back (its lease expired)");
         }
     }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn repair(at: &ClusterArg, node: u16, replace: bool) -> Result<ExitCode> {
+    let options = swarm_kv::repair::RepairOptions {
+        replace,
+        ..Default::default()
+    };
+    let mut shown = 0;
+    let progress = |done: u64, total: u64| {
+        let percent = (done * 100).checked_div(total).unwrap_or(100);
+        if percent >= shown + 10 {
+            shown = percent - percent % 10;
+            eprintln!("repair: {percent}% copied ({} MiB)", done >> 20);
+        }
+    };
+    let report = match &at.target.dir {
+        Some(dir) => {
+            eprintln!(
+                "repair: waiting {} ms for what clients did on the lost memory to land, then copying",
+                ShmStore::open(dir)
+                    .map(|s| swarm_kv::repair::quiescence_ns(s.layout()) / 1_000_000)
+                    .unwrap_or(0)
+            );
+            ShmStore::repair(dir, node, options, progress)
+                .with_context(|| format!("cannot repair node {node} of {}", dir.display()))?
+        }
+        None => rdma::repair(at, node, options, progress)?,
+    };
+    print_out(&format!(
+        "node {} rebuilt ({} MiB copied in {} ms after a {} ms quiescence wait) and admitted \
+         at configuration epoch {}{}",
+        report.node,
+        report.bytes >> 20,
+        report.copy_ms,
+        report.quiesce_ms,
+        report.epoch,
+        if report.conflicts.total() == 0 {
+            String::new()
+        } else {
+            format!(
+                "; {} words whose copies disagreed were poisoned on it (claims {}, locks {}, keys {})",
+                report.conflicts.total(),
+                report.conflicts.claims,
+                report.conflicts.locks,
+                report.conflicts.keys
+            )
+        }
+    ));
     Ok(ExitCode::SUCCESS)
 }
 
