@@ -15,7 +15,9 @@
 #   4. one memory node killed in the middle of a bench, whose history is checked,
 #      then put and get with the other two (the same tolerance as step 3);
 #   5. that node restarted with empty memory: left out (stat says why), gets still
-#      right, and `swarm format` refuses to write over the live store.
+#      right, and `swarm format` refuses to write over the live store;
+#   6. that node repaired (`swarm repair`) while a bench runs, whose history is
+#      checked; then another node killed: what only the other two held is still read.
 #
 # Each step prints PASS or FAIL; the exit status is non-zero on any failure, and 77 if
 # the VM could not be started at all (no test ran).
@@ -221,6 +223,33 @@ else
     grep -q "already holds a SWARM-KV store" "$out/format-again.log" &&
         pass "format over a live store refused" || fail "format over a live store refused (see $out/format-again.log)"
 fi
+
+# 6. Node 2 repaired while a bench runs (issue 12): rebuilt from nodes 0 and 1 over
+#    RDMA and admitted at configuration epoch 2, the bench's clients reconnecting to
+#    it; then node 0 is killed, and what only nodes 0 and 1 held (step 4's key,
+#    written while node 2 was dead) is still read from nodes 1 and 2.
+bench_at "\${bench[@]}" --key-size 26 --seed 9 --history "$out/history-repair.jsonl" >"$out/bench-repair.log" 2>&1 &
+bench_pid=\$!
+sleep 3
+if RUST_LOG=info at repair --node 2 >"$out/repair.log" 2>&1 && grep -q "node 2 rebuilt" "$out/repair.log"; then
+    pass "repair of node 2 while a bench runs (\$(grep -o 'rebuilt (.*' "$out/repair.log" | cut -c1-120))"
+else
+    fail "repair of node 2 while a bench runs (see $out/repair.log)"; tail_of "$out/repair.log" 20
+fi
+wait \$bench_pid
+bench_step "bench during the repair" "$out/bench-repair.log"
+\$swarm check "$out/history-repair.jsonl" >"$out/check-repair.log" 2>&1 &&
+    pass "history across the repair linearizable" ||
+    { fail "history across the repair linearizable (see $out/check-repair.log)"; tail_of "$out/check-repair.log"; }
+stat=\$(at stat 2>&1)
+[[ "\$stat" == *"node 2: up"* ]] && pass "stat: repaired node 2 up" ||
+    { fail "stat: repaired node 2 up"; echo "\$stat" | head -8; }
+kill -9 "\${pids[0]}"
+[ "\$(at get after-kill 2>/dev/null)" = yes ] &&
+    pass "get with node 0 killed after the repair: node 2 holds what only nodes 0 and 1 had" ||
+    fail "get with node 0 killed after the repair"
+at put after-repair yes && [ "\$(at get after-repair)" = yes ] &&
+    pass "put and get on nodes 1 and 2" || fail "put and get on nodes 1 and 2"
 
 kill "\${pids[0]}" "\${pids[1]}" "\${pids[2]}" 2>/dev/null
 exit \$failed

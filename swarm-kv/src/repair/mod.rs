@@ -28,7 +28,7 @@
 //!    will kill it after its wait — has landed on the donors by then. Without this
 //!    wait, a TRYLOCK that counted the lost node's WRITE and then wrote a donor after
 //!    the copy read it could leave both lock modes winning.
-//! 3. **Copy**, area by area, in pieces of about 1 MiB: read the piece from every
+//! 3. **Copy**, area by area, in pieces of up to 1 MiB: read the piece from every
 //!    donor, merge the copies word by word ([`merge`] has the rule for each kind of
 //!    word and its argument), write the result to the node. Areas: the superblock
 //!    (re-encoded from the parameters), the client table, the chunk table, the index,
@@ -88,8 +88,10 @@ use crate::layout::{BUCKET_BYTES, CLIENT_ROW_BYTES, NodeLayout, SUPERBLOCK_AT};
 use crate::lease::LeaseParams;
 use merge::Conflicts;
 
-/// Bytes read from each donor per step.
-const PIECE_BYTES: u64 = 1 << 20;
+/// Bytes read from every donor together (and written) per step, at most: pieces of
+/// 1 MiB, smaller in clusters of more than four nodes, so that a step fits an RDMA
+/// client's staging buffer (8 MiB by default, `swarm_rdma::RdmaConfig`).
+const STEP_BYTES: u64 = 4 << 20;
 
 /// How long a configuration read waits for nodes beyond the first majority.
 const CONFIG_STRAGGLER_NS: u64 = 50_000_000;
@@ -417,7 +419,8 @@ impl<F: Fabric> Copier<'_, F> {
         count: u64,
         progress: &mut impl FnMut(u64, u64),
     ) -> Result<(), RepairError> {
-        let per_piece = (PIECE_BYTES / elem).max(1);
+        let piece = (STEP_BYTES / self.nodes as u64).clamp(64 << 10, 1 << 20);
+        let per_piece = (piece / elem).max(1);
         let mut first = 0;
         while first < count {
             let n = per_piece.min(count - first);
