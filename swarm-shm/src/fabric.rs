@@ -24,6 +24,9 @@ use swarm_core::{Batch, Completion, Fabric, FabricError, FailureCause, NodeId, T
 
 use crate::cluster::ShmCluster;
 
+/// Waits longer than this (ns) sleep in [`Fabric::progress`] instead of spinning.
+const SLEEP_ABOVE_NS: u64 = 2_000_000;
+
 /// A [`ShmFabric`] with an emulated roundtrip and nodes that can be crashed for it
 /// ([`ShmCluster::client_with`]).
 pub type EmulatedFabric = swarm_core::fabric::FailNodes<swarm_core::fabric::EmulatedRtt<ShmFabric>>;
@@ -113,6 +116,15 @@ impl Fabric for ShmFabric {
         let wake = self.wake.get();
         if wake == 0 {
             return false;
+        }
+        // Sleep through most of a long wait (a repair's quiescence, a full log's wait
+        // for a slot's grace): spinning would take a core from the other clients. The
+        // last stretch spins, since a sleep may overshoot by tens of microseconds.
+        let now = self.now();
+        if wake.saturating_sub(now) > SLEEP_ABOVE_NS {
+            std::thread::sleep(std::time::Duration::from_nanos(
+                wake - now - SLEEP_ABOVE_NS / 2,
+            ));
         }
         // Spin until it passes (a deadline that passed since the last call is an event
         // the waiter has not seen yet: its thread may have been descheduled).
