@@ -332,6 +332,25 @@ mod tests {
     }
 
     #[test]
+    fn index_slots_take_the_newest_tag() {
+        use crate::index::word::SlotState;
+        let slot = |tag, register| {
+            Slot {
+                tag: Ballot(tag),
+                state: SlotState::Used { fp: 3, register },
+            }
+            .encode()
+        };
+        assert_eq!(
+            slot_word(&[slot(4, 10), slot(9, 20), slot(7, 30)]),
+            slot(9, 20)
+        );
+        // Serial-number order: 2 is newer than 65,530 (the ballots wrapped).
+        assert_eq!(slot_word(&[slot(65_530, 10), slot(2, 20)]), slot(2, 20));
+        assert_eq!(slot_word(&[]), 0);
+    }
+
+    #[test]
     fn records_take_the_newest_valid_copy() {
         let len = encode_record(Tsp::new(ts(1, 0), Flag::Guessed), b"x").len() + 16;
         let pad = |mut v: Vec<u8>| {
