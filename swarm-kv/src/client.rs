@@ -182,6 +182,10 @@ pub struct KvClient<F: Fabric, C: Clock> {
     /// The configuration epoch whose nodes this client has admitted (0: none read
     /// yet); a renewal that reads a higher one makes the next operation follow it.
     config_epoch: Cell<u64>,
+    /// [`LeaseHolder::renewal_answers`] when the configuration was last read: a
+    /// renewal that saw a newer epoch than the configuration a majority then held
+    /// (a record being written) triggers one more read per renewal, not per operation.
+    config_checked: Cell<u64>,
 }
 
 impl<F: Fabric, C: Clock> std::fmt::Debug for KvClient<F, C> {
@@ -393,6 +397,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
             lease_revive_ns: config.lease_revive_ns,
             next_adoption: Cell::new(0),
             config_epoch: Cell::new(0),
+            config_checked: Cell::new(0),
         })
     }
 
@@ -555,18 +560,21 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         Ok(())
     }
 
-    /// Puts in service the memory nodes that configuration `seen` (or a newer one)
-    /// admits: a renewal read that epoch on some node, so a repair rebuilt a node
-    /// and admitted its new incarnation (`crate::repair`). Reads the configuration
-    /// from a majority (one roundtrip, once per change) and asks the fabric to admit
-    /// every member incarnation ([`Fabric::admit`]: a no-op for the nodes in use).
-    /// If the read fails, the next operation tries again.
-    async fn follow_configuration(&self, seen: u64) {
+    /// Puts in service the memory nodes that a newer configuration admits: a renewal
+    /// (whose answers so far are `answers`) read a higher epoch on some node, so a
+    /// repair rebuilt a node and admitted its new incarnation (`crate::repair`).
+    /// Reads the configuration from a majority (one roundtrip) and asks the fabric to
+    /// admit every member incarnation ([`Fabric::admit`]: a no-op for the nodes in
+    /// use). The epoch followed is the one read, not the one a renewal saw: a renewal
+    /// may read the epoch of a record still being written (its checksum not yet), so
+    /// the next renewal answer triggers another read until they agree.
+    async fn follow_configuration(&self, answers: u64) {
         let fabric = self.swarm.fabric();
         let stats = OpStats::new();
+        self.config_checked.set(answers);
         match crate::repair::read_configuration(fabric, &stats).await {
             Ok(config) => {
-                if config.epoch > 0 {
+                if config.epoch > 0 && config.epoch > self.config_epoch.get() {
                     let admitted: Vec<usize> = (0..config.incarnations.len())
                         .filter(|&i| fabric.admit(NodeId(i as u16), config.incarnations[i]))
                         .collect();
@@ -577,11 +585,29 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
                         "following the cluster configuration"
                     );
                 }
-                self.config_epoch.set(seen.max(config.epoch));
+                self.config_epoch
+                    .set(self.config_epoch.get().max(config.epoch));
             }
             Err(error) => {
                 tracing::debug!(%error, "cannot read the configuration yet");
             }
+        }
+    }
+
+    /// Between operations, and while an insert waits for a register: takes the
+    /// answers of the lease renewal in flight and posts the next one when due, and
+    /// follows a newer configuration a renewal saw (`follow_configuration`). A client
+    /// that waits for retired registers (whose resets need every replica) must still
+    /// admit a repaired node, or it would wait for a reset that only the admission
+    /// lets complete.
+    async fn upkeep(&self, now: Nanos) {
+        let (seen, answers) = {
+            let mut lease = self.lease.borrow_mut();
+            lease.tick(self.swarm.fabric(), now);
+            (lease.config_epoch_seen(), lease.renewal_answers())
+        };
+        if seen > self.config_epoch.get() && answers > self.config_checked.get() {
+            self.follow_configuration(answers).await;
         }
     }
 
@@ -602,14 +628,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         // Background log recycling: bounded, never waits.
         self.swarm.reclaim_tick_at(RECLAIM_BUDGET, now);
         self.swarm.examine_carried_tick(now);
-        let seen = {
-            let mut lease = self.lease.borrow_mut();
-            lease.tick(fabric, now);
-            lease.config_epoch_seen()
-        };
-        if seen > self.config_epoch.get() {
-            self.follow_configuration(seen).await;
-        }
+        self.upkeep(now).await;
         let lapsed_since = {
             let lease = self.lease.borrow();
             if lease.valid_for(now, max_op_ns) {
@@ -775,6 +794,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
                 Err(KvError::RegistersFull { .. })
                     if self.recycler.in_limbo() > 0 && fabric.now() < give_up =>
                 {
+                    self.upkeep(fabric.now()).await;
                     // Resets start only under a valid lease: an idle client renews.
                     if !self.lease.borrow().valid_for(fabric.now(), 0) {
                         renew_now(&self.lease, fabric, 0).await;

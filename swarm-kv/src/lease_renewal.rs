@@ -60,6 +60,8 @@ pub struct LeaseHolder {
     renewals: u64,
     /// The highest configuration epoch a renewal read.
     config_epoch_seen: u64,
+    /// Renewal answers taken so far (successful or not), one per node and renewal.
+    answers: u64,
 }
 
 impl LeaseHolder {
@@ -75,6 +77,7 @@ impl LeaseHolder {
             last_sent: None,
             renewals: 0,
             config_epoch_seen: 0,
+            answers: 0,
         }
     }
 
@@ -87,6 +90,12 @@ impl LeaseHolder {
     /// answer, or on a store without configurations).
     pub fn config_epoch_seen(&self) -> u64 {
         self.config_epoch_seen
+    }
+
+    /// Renewal answers taken so far: a caller that acted on
+    /// [`Self::config_epoch_seen`] waits for a newer answer before acting again.
+    pub fn renewal_answers(&self) -> u64 {
+        self.answers
     }
 
     /// Renewals acknowledged by a majority so far.
@@ -183,6 +192,7 @@ impl LeaseHolder {
                         .and_then(|b| b.try_into().ok())
                         .map_or(0, u64::from_le_bytes);
                     self.config_epoch_seen = self.config_epoch_seen.max(epoch);
+                    self.answers += 1;
                     let claim = completion
                         .read(2)
                         .and_then(|b| b.try_into().ok())

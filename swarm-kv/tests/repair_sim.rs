@@ -1,0 +1,347 @@
+//! Repair on the simulated fabric (issue 12): a KV workload of inserts, updates,
+//! deletes and gets runs while a memory node crashes and loses its memory, restarts
+//! empty, is rebuilt by `repair_node` (racing the workload) and admitted by a
+//! configuration change that each client follows on its own; then another node
+//! crashes for good, so the rest of the run depends on the rebuilt node. The history
+//! must be linearizable and every acknowledged write must survive.
+//!
+//! Every randomized test prints its seed on failure; replay one with
+//! `SWARM_SIM_SEED=N cargo test -p swarm-kv --test repair_sim`.
+
+mod index_support;
+
+use std::cell::{Cell, RefCell};
+use std::rc::Rc;
+use std::task::Poll;
+
+use index_support::Log;
+use swarm_checker::OpKind;
+use swarm_core::fabric::{Batch, Completion, FabricError, FailureCause, Nanos, NodeId, Ticket};
+use swarm_core::{Fabric, OpStats};
+use swarm_kv::configuration::Configuration;
+use swarm_kv::layout::{ClusterParams, NodeLayout};
+use swarm_kv::repair::{RepairOptions, repair_node};
+use swarm_kv::store::{write_configuration, write_superblock};
+use swarm_kv::{KvClient, KvConfig};
+use swarm_sim::{
+    Fault, SimClock, SimConfig, SimFabric, SimRng, SimRunner, SimWorld, for_each_seed,
+};
+
+const MS: u64 = 1_000_000;
+const TICK_NS: u64 = 1_000;
+
+fn layout() -> NodeLayout {
+    let params = ClusterParams {
+        key_max: 16,
+        value_max: 16,
+        meta_words: 2,
+        writers: 8,
+        replicas: 3,
+        registers: 4096,
+        chunk_registers: 16,
+        index_buckets: 64,
+        log_slots: 256,
+        lease_ns: 20 * MS,
+        lease_renew_ns: 2 * MS,
+        max_op_ns: 4 * MS,
+        cache_ttl_ns: 10 * MS,
+        delivery_margin_ns: MS,
+        ..ClusterParams::default()
+    };
+    NodeLayout::new(params).expect("a valid layout")
+}
+
+/// One client's view of the membership, as a store gives it: batches to a node left
+/// out fail at once, as to a crashed node, until a configuration admits the
+/// incarnation the node now has ([`Fabric::admit`], which `KvClient` calls when a
+/// lease renewal shows a newer configuration).
+struct Member {
+    inner: SimFabric,
+    /// The node left out, if any, and the incarnation its memory has now.
+    out: LeftOut,
+    admitted: Rc<Cell<bool>>,
+    refused: RefCell<Vec<Option<NodeId>>>,
+}
+
+/// The node a client leaves out and the incarnation its memory has now, if any.
+type LeftOut = Rc<Cell<Option<(u16, u64)>>>;
+
+const REFUSED: u32 = 1 << 31;
+
+impl Fabric for Member {
+    fn node_count(&self) -> usize {
+        self.inner.node_count()
+    }
+    fn post(&self, node: NodeId, batch: Batch) -> Ticket {
+        if self.out.get().is_some_and(|(n, _)| n == node.0) {
+            let mut refused = self.refused.borrow_mut();
+            refused.push(Some(node));
+            return Ticket(REFUSED | (refused.len() as u32 - 1));
+        }
+        self.inner.post(node, batch)
+    }
+    fn poll(&self, ticket: Ticket) -> Poll<Result<Completion, FabricError>> {
+        if ticket.0 & REFUSED == 0 {
+            return self.inner.poll(ticket);
+        }
+        let node = self.refused.borrow_mut()[(ticket.0 & !REFUSED) as usize].take();
+        Poll::Ready(match node {
+            Some(node) => Err(FabricError::NodeFailed {
+                node,
+                cause: FailureCause::Crashed,
+            }),
+            None => Err(FabricError::UnknownTicket(ticket.0)),
+        })
+    }
+    fn forget(&self, ticket: Ticket) {
+        if ticket.0 & REFUSED == 0 {
+            self.inner.forget(ticket);
+        }
+    }
+    fn progress(&self) -> bool {
+        self.inner.progress()
+    }
+    fn now(&self) -> Nanos {
+        self.inner.now()
+    }
+    fn wake_at(&self, deadline: Nanos) {
+        self.inner.wake_at(deadline);
+    }
+    fn admit(&self, node: NodeId, incarnation: u64) -> bool {
+        match self.out.get() {
+            Some((n, now)) if n == node.0 && now == incarnation => {
+                self.out.set(None);
+                self.admitted.set(true);
+                true
+            }
+            Some((n, _)) if n == node.0 => false,
+            _ => true,
+        }
+    }
+}
+
+type Client = KvClient<Member, SimClock>;
+
+#[derive(Default)]
+struct Shared {
+    log: Log,
+    /// Operations that failed (they stay in the history as crashed).
+    failed: RefCell<Vec<String>>,
+    repaired: Cell<Option<Nanos>>,
+}
+
+fn key(k: u64) -> String {
+    format!("k{k}")
+}
+
+async fn client_task(
+    world: SimWorld,
+    shared: Rc<Shared>,
+    client: Client,
+    c: u64,
+    until: Nanos,
+    (keys, clients): (u64, u64),
+    seed: u64,
+) {
+    let mut rng = SimRng::new(seed);
+    let log = &shared.log;
+    let mut n = 0u64;
+    while world.now() < until {
+        n += 1;
+        let index = rng.below(keys);
+        let k = key(index);
+        let value = format!("c{c}.{n}");
+        let stats = OpStats::new();
+        let start = world.now();
+        let roll = rng.below(100);
+        let (op, result) = if roll < 40 {
+            let id = log.begin(c, OpKind::Get, &k, None, start);
+            let r = client.get(k.as_bytes(), &stats).await;
+            (
+                id,
+                r.map(|v| (OpKind::Get, v.map(|v| String::from_utf8(v).unwrap()))),
+            )
+        } else if roll < 65 {
+            let id = log.begin(c, OpKind::Insert, &k, Some(&value), start);
+            let r = client.insert(k.as_bytes(), value.as_bytes(), &stats).await;
+            (id, r.map(|()| (OpKind::Insert, Some(value.clone()))))
+        } else if roll < 85 {
+            let id = log.begin(c, OpKind::Update, &k, Some(&value), start);
+            match client.update(k.as_bytes(), value.as_bytes(), &stats).await {
+                Ok(true) => (id, Ok((OpKind::Update, Some(value.clone())))),
+                // Absent: an observation that the key was absent.
+                Ok(false) => (id, Ok((OpKind::Get, None))),
+                Err(e) => (id, Err(e)),
+            }
+        } else if index % clients == c {
+            // Only one client deletes a given key: two concurrent deletes of one key
+            // may both report that they removed it (a documented limit, README).
+            let id = log.begin(c, OpKind::Delete, &k, None, start);
+            match client.delete(k.as_bytes(), &stats).await {
+                Ok(true) => (id, Ok((OpKind::Delete, None))),
+                Ok(false) => (id, Ok((OpKind::Get, None))),
+                Err(e) => (id, Err(e)),
+            }
+        } else {
+            continue;
+        };
+        match result {
+            Ok((kind, v)) => log.end(op, kind, v, true, world.now()),
+            Err(e) => shared
+                .failed
+                .borrow_mut()
+                .push(format!("c{c} at {} ns: {e}", world.now())),
+        }
+    }
+}
+
+/// Node `lost` crashes with its memory, restarts empty with incarnation `new`; a
+/// repair rebuilds it; node `next` crashes for good once every client admitted it.
+#[allow(clippy::too_many_arguments)]
+async fn fault_task(
+    world: SimWorld,
+    shared: Rc<Shared>,
+    raw: SimFabric,
+    layout: NodeLayout,
+    outs: Vec<LeftOut>,
+    admitted: Vec<Rc<Cell<bool>>>,
+    (lost, next, new): (u16, u16, u64),
+    crash_at: Nanos,
+) {
+    raw.sleep(crash_at).await;
+    world.apply(Fault::Crash(NodeId(lost)));
+    // Its memory is gone: it restarts empty (only its node header would survive a
+    // restart; this layer never reads it) with a new incarnation, which every client
+    // leaves out, as a store that reads the configuration does.
+    for out in &outs {
+        out.set(Some((lost, new)));
+    }
+    let zeros = vec![0u8; 64 << 10];
+    let mut at = 0u64;
+    while at < layout.end() {
+        let len = (layout.end() - at).min(zeros.len() as u64) as usize;
+        world
+            .poke(NodeId(lost), at, &zeros[..len])
+            .expect("in the node");
+        at += len as u64;
+    }
+    raw.sleep(2 * MS).await;
+    world.apply(Fault::Recover(NodeId(lost)));
+    let report = repair_node(
+        &raw,
+        &layout,
+        NodeId(lost),
+        new,
+        RepairOptions::default(),
+        |_, _| {},
+    )
+    .await
+    .expect("the repair completes with every other node up");
+    assert_eq!(report.epoch, 2);
+    shared.repaired.set(Some(world.now()));
+    // Every client follows the new configuration within a renewal period or so.
+    let deadline = world.now() + 20 * MS;
+    while admitted.iter().any(|a| !a.get()) {
+        assert!(
+            world.now() < deadline,
+            "a client never admitted the rebuilt node (repaired at {} ns, now {} ns, admitted {:?})",
+            shared.repaired.get().unwrap_or(0),
+            world.now(),
+            admitted.iter().map(|a| a.get()).collect::<Vec<_>>()
+        );
+        raw.sleep(MS / 2).await;
+    }
+    world.apply(Fault::Crash(NodeId(next)));
+}
+
+fn run(seed: u64) {
+    let layout = layout();
+    let config = SimConfig::new(3, layout.end() as usize).keep_trace(false);
+    let world = SimWorld::new(seed, config);
+    let mut rng = SimRng::new(seed ^ 0x005e_a1ed);
+    let setup = world.client();
+    write_superblock(&setup, &layout.params).expect("format");
+    write_configuration(
+        &setup,
+        &Configuration {
+            epoch: 1,
+            incarnations: vec![11, 12, 13],
+        },
+    )
+    .expect("configuration");
+    let shared = Rc::new(Shared::default());
+    let mut runner = SimRunner::new(&world);
+    let clients = 3u64;
+    let until = 120 * MS;
+    let (mut outs, mut admitted) = (Vec::new(), Vec::new());
+    for c in 0..clients {
+        let out = Rc::new(Cell::new(None));
+        let done = Rc::new(Cell::new(false));
+        let fabric = Member {
+            inner: world.client(),
+            out: Rc::clone(&out),
+            admitted: Rc::clone(&done),
+            refused: RefCell::new(Vec::new()),
+        };
+        let id = fabric.inner.id();
+        let client = KvClient::connect(
+            fabric,
+            SimClock::new(&world, TICK_NS),
+            layout,
+            KvConfig::new(0, TICK_NS),
+        )
+        .expect("connect");
+        outs.push(out);
+        admitted.push(done);
+        runner.spawn(
+            id,
+            client_task(
+                world.clone(),
+                Rc::clone(&shared),
+                client,
+                c,
+                until,
+                (6, clients),
+                rng.next_u64(),
+            ),
+        );
+    }
+    let lost = rng.below(3) as u16;
+    let next = (lost + 1 + rng.below(2) as u16) % 3;
+    let raw = world.client();
+    runner.spawn(
+        raw.id(),
+        fault_task(
+            world.clone(),
+            Rc::clone(&shared),
+            raw.clone(),
+            layout,
+            outs,
+            admitted,
+            (lost, next, 0xabc),
+            rng.between(5 * MS, 20 * MS),
+        ),
+    );
+    runner.run().unwrap_or_else(|e| panic!("seed {seed}: {e}"));
+    let repaired = shared.repaired.get().expect("the repair ran");
+    // Nothing may fail while a majority is up and admitted: before the first crash,
+    // while the node is out (two of three serve), after the repair.
+    let failed = shared.failed.borrow();
+    assert!(
+        failed.is_empty(),
+        "seed {seed}: {} operations failed (repair done at {repaired} ns), e.g. {:?}",
+        failed.len(),
+        &failed[..failed.len().min(3)]
+    );
+    let history = shared.log.history();
+    let report = swarm_checker::check(&history);
+    assert!(
+        report.is_linearizable(),
+        "seed {seed}: not linearizable:\n{report}"
+    );
+}
+
+#[test]
+fn a_node_lost_repaired_online_then_another_lost_keeps_every_write() {
+    for_each_seed(12, run);
+}
