@@ -572,7 +572,10 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         let fabric = self.swarm.fabric();
         let stats = OpStats::new();
         self.config_checked.set(answers);
-        match crate::repair::read_configuration(fabric, &stats).await {
+        // A silent node must not hold the operation that follows: wait for stragglers
+        // only as long as the protocol waits for a slow node.
+        let straggler_ns = self.swarm.config().slow_after_ns;
+        match crate::repair::read_configuration_within(fabric, &stats, straggler_ns).await {
             Ok(config) => {
                 if config.epoch > 0 && config.epoch > self.config_epoch.get() {
                     let admitted: Vec<usize> = (0..config.incarnations.len())
@@ -629,6 +632,8 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         self.swarm.reclaim_tick_at(RECLAIM_BUDGET, now);
         self.swarm.examine_carried_tick(now);
         self.upkeep(now).await;
+        // Following a configuration took a roundtrip: the operation starts after it.
+        let now = fabric.now();
         let lapsed_since = {
             let lease = self.lease.borrow();
             if lease.valid_for(now, max_op_ns) {
@@ -1087,7 +1092,6 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
             Ok(Published::Yes) => {}
             // Never published: nobody else can know the register (recycle.rs).
             Ok(Published::No) | Err(_) if !uncertain.get() => {
-                self.swarm.abandon_register(&fresh.loc);
                 self.retire_marked(register, key.len(), Retired::Unpublished, deadline);
             }
             _ => {

@@ -441,46 +441,6 @@ fn a_put_that_turned_into_an_update_gives_its_fresh_register_back() {
     assert_ne!(register_of(&c, "k"), register_of(&c, "k2"));
 }
 
-/// A client that keeps inserting a key that exists (`swarm put` over and over) writes
-/// a fresh register each time before it finds the key: those writes' log slots must
-/// come back after the slot grace, not wait for the register's own (the cache
-/// lifetime), or the log fills within `log_slots` puts (here `in_use` would grow by one
-/// per put).
-#[test]
-fn repeated_puts_of_an_existing_key_do_not_fill_the_log() {
-    let dir = ScratchDir::new("kv-recycle-puts").unwrap();
-    let params = ClusterParams {
-        key_max: 16,
-        value_max: 32,
-        writers: 4,
-        chunk_registers: 8,
-        meta_words: 4,
-        // Registers for every put: none waits for a retired register's grace (a wait
-        // that would let the register's reset free the slots anyway).
-        registers: 2_048,
-        index_buckets: 1_024,
-        cache_ttl_ns: 10_000_000_000,
-        max_op_ns: MAX_OP_NS,
-        ..ClusterParams::default()
-    };
-    let node_bytes = NodeLayout::new(params)
-        .unwrap()
-        .end()
-        .next_multiple_of(4096);
-    let store = ShmStore::create(dir.path(), 3, node_bytes, params).unwrap();
-    let world = World::new();
-    let c = client(&store, &world);
-    let step = store.layout().params.slot_grace_ns() / 4;
-    for i in 0..1_000 {
-        insert(&c, "k", &format!("v{i}"));
-        world.advance(step);
-    }
-    assert_eq!(get(&c, "k").as_deref(), Some("v999"));
-    // A few graces' worth of slots, not one per put.
-    let counters = c.log_counters();
-    assert!(counters.in_use < 40, "{counters:?}");
-}
-
 #[test]
 fn a_delete_that_crashed_before_its_unmap_leaves_a_register_the_next_insert_recycles() {
     let dir = ScratchDir::new("kv-recycle-crash").unwrap();

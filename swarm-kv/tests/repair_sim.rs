@@ -1,9 +1,11 @@
 //! Repair on the simulated fabric (issue 12): a KV workload of inserts, updates,
-//! deletes and gets runs while a memory node crashes and loses its memory, restarts
-//! empty, is rebuilt by `repair_node` (racing the workload) and admitted by a
-//! configuration change that each client follows on its own; then another node
-//! crashes for good, so the rest of the run depends on the rebuilt node. The history
-//! must be linearizable and every acknowledged write must survive.
+//! deletes and gets runs while one node is down for a while (the others take the
+//! writes), then, as it comes back lagging, another node crashes and loses its
+//! memory, restarts empty, is rebuilt by `repair_node` from the lagging node and the
+//! one that kept up (racing the workload) and admitted by a configuration change
+//! that each client follows on its own; then the node that kept up crashes for good,
+//! so the rest of the run depends on what the merge put on the rebuilt node. The
+//! history must be linearizable and every acknowledged write must survive.
 //!
 //! Every randomized test prints its seed on failure; replay one with
 //! `SWARM_SIM_SEED=N cargo test -p swarm-kv --test repair_sim`.
@@ -37,14 +39,14 @@ fn layout() -> NodeLayout {
         meta_words: 2,
         writers: 8,
         replicas: 3,
-        registers: 4096,
+        registers: 16_384,
         chunk_registers: 16,
-        index_buckets: 64,
-        log_slots: 256,
-        lease_ns: 20 * MS,
+        index_buckets: 256,
+        log_slots: 4096,
+        lease_ns: 60 * MS,
         lease_renew_ns: 2 * MS,
-        max_op_ns: 4 * MS,
-        cache_ttl_ns: 10 * MS,
+        max_op_ns: 20 * MS,
+        cache_ttl_ns: 20 * MS,
         delivery_margin_ns: MS,
         ..ClusterParams::default()
     };
@@ -125,9 +127,11 @@ type Client = KvClient<Member, SimClock>;
 #[derive(Default)]
 struct Shared {
     log: Log,
-    /// Operations that failed (they stay in the history as crashed).
-    failed: RefCell<Vec<String>>,
+    /// Operations that failed (they stay in the history as crashed): start, end, why.
+    failed: RefCell<Vec<(Nanos, Nanos, String)>>,
     repaired: Cell<Option<Nanos>>,
+    /// When the node that kept up crashed for good.
+    keeper_crashed: Cell<Option<Nanos>>,
 }
 
 fn key(k: u64) -> String {
@@ -146,7 +150,17 @@ async fn client_task(
     let mut rng = SimRng::new(seed);
     let log = &shared.log;
     let mut n = 0u64;
-    while world.now() < until {
+    // Until `until`, or shortly after the last crash: with a node down for good no
+    // register reset can complete (they need every replica), so a workload that
+    // keeps inserting would run out of registers (a known limit, ARCHITECTURE.md).
+    let running = |now: Nanos| {
+        now < until
+            && shared
+                .keeper_crashed
+                .get()
+                .is_none_or(|at| now < at + 30 * MS)
+    };
+    while running(world.now()) {
         n += 1;
         let index = rng.below(keys);
         let k = key(index);
@@ -187,16 +201,20 @@ async fn client_task(
         };
         match result {
             Ok((kind, v)) => log.end(op, kind, v, true, world.now()),
-            Err(e) => shared
-                .failed
-                .borrow_mut()
-                .push(format!("c{c} at {} ns: {e}", world.now())),
+            Err(e) => shared.failed.borrow_mut().push((
+                start,
+                world.now(),
+                format!("c{c} {roll} {k}: {e:?}"),
+            )),
         }
     }
 }
 
-/// Node `lost` crashes with its memory, restarts empty with incarnation `new`; a
-/// repair rebuilds it; node `next` crashes for good once every client admitted it.
+/// Node `lagging` is down for `lag` (writes then reach the other two only), and as it
+/// comes back node `lost` crashes with its memory and restarts empty with incarnation
+/// `new`: the two donors disagree, and only `keeper` holds the writes of that window.
+/// A repair rebuilds `lost`; once every client admitted it, `keeper` crashes for good,
+/// so those writes must have reached the rebuilt node through the merge.
 #[allow(clippy::too_many_arguments)]
 async fn fault_task(
     world: SimWorld,
@@ -205,10 +223,14 @@ async fn fault_task(
     layout: NodeLayout,
     outs: Vec<LeftOut>,
     admitted: Vec<Rc<Cell<bool>>>,
-    (lost, next, new): (u16, u16, u64),
-    crash_at: Nanos,
+    (lost, lagging, new): (u16, u16, u64),
+    (crash_at, lag): (Nanos, Nanos),
 ) {
+    let keeper = 3 - lost - lagging;
     raw.sleep(crash_at).await;
+    world.apply(Fault::Crash(NodeId(lagging)));
+    raw.sleep(lag).await;
+    world.apply(Fault::Recover(NodeId(lagging)));
     world.apply(Fault::Crash(NodeId(lost)));
     // Its memory is gone: it restarts empty (only its node header would survive a
     // restart; this layer never reads it) with a new incarnation, which every client
@@ -240,7 +262,7 @@ async fn fault_task(
     assert_eq!(report.epoch, 2);
     shared.repaired.set(Some(world.now()));
     // Every client follows the new configuration within a renewal period or so.
-    let deadline = world.now() + 20 * MS;
+    let deadline = world.now() + 40 * MS;
     while admitted.iter().any(|a| !a.get()) {
         assert!(
             world.now() < deadline,
@@ -251,7 +273,8 @@ async fn fault_task(
         );
         raw.sleep(MS / 2).await;
     }
-    world.apply(Fault::Crash(NodeId(next)));
+    world.apply(Fault::Crash(NodeId(keeper)));
+    shared.keeper_crashed.set(Some(world.now()));
 }
 
 fn run(seed: u64) {
@@ -272,7 +295,7 @@ fn run(seed: u64) {
     let shared = Rc::new(Shared::default());
     let mut runner = SimRunner::new(&world);
     let clients = 3u64;
-    let until = 120 * MS;
+    let until = 400 * MS;
     let (mut outs, mut admitted) = (Vec::new(), Vec::new());
     for c in 0..clients {
         let out = Rc::new(Cell::new(None));
@@ -307,7 +330,7 @@ fn run(seed: u64) {
         );
     }
     let lost = rng.below(3) as u16;
-    let next = (lost + 1 + rng.below(2) as u16) % 3;
+    let lagging = (lost + 1 + rng.below(2) as u16) % 3;
     let raw = world.client();
     runner.spawn(
         raw.id(),
@@ -318,20 +341,28 @@ fn run(seed: u64) {
             layout,
             outs,
             admitted,
-            (lost, next, 0xabc),
-            rng.between(5 * MS, 20 * MS),
+            (lost, lagging, 0xabc),
+            (rng.between(5 * MS, 20 * MS), rng.between(MS, 5 * MS)),
         ),
     );
     runner.run().unwrap_or_else(|e| panic!("seed {seed}: {e}"));
     let repaired = shared.repaired.get().expect("the repair ran");
     // Nothing may fail while a majority is up and admitted: before the first crash,
-    // while the node is out (two of three serve), after the repair.
+    // while the node is out (two of three serve), after the repair. An operation in
+    // flight when a node crashes silently may run out of time (it is recorded as
+    // crashed: it may or may not have taken effect).
+    let crashes = [shared.keeper_crashed.get()];
     let failed = shared.failed.borrow();
+    let unexplained: Vec<&(Nanos, Nanos, String)> = failed
+        .iter()
+        .filter(|(start, end, _)| !crashes.iter().flatten().any(|at| start <= at && at <= end))
+        .collect();
     assert!(
-        failed.is_empty(),
-        "seed {seed}: {} operations failed (repair done at {repaired} ns), e.g. {:?}",
-        failed.len(),
-        &failed[..failed.len().min(3)]
+        unexplained.is_empty(),
+        "seed {seed}: {} operations failed (repair done at {repaired} ns, keeper crashed at {:?}), e.g. {:?}",
+        unexplained.len(),
+        shared.keeper_crashed.get(),
+        &unexplained[..unexplained.len().min(3)]
     );
     let history = shared.log.history();
     let report = swarm_checker::check(&history);

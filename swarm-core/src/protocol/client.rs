@@ -382,20 +382,6 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         now
     }
 
-    /// Gives back, after the grace, the log slots of every write of this client to
-    /// `reg`, a register that no other client can name: one that was never published
-    /// and will be recycled (SWARM-KV's insert that found its key present wrote a
-    /// fresh register first). Its slots would otherwise wait for a reclaim check to
-    /// see the register reset, which only happens after the register's own, much
-    /// longer, grace (the location-cache lifetime): a client that keeps inserting
-    /// existing keys would fill its log first. The grace still covers this client's
-    /// own batches in flight; no other client can read, lock or write back a slot of
-    /// a register it cannot name.
-    pub fn abandon_register(&self, reg: &RegisterLoc) {
-        let now = self.fabric.now();
-        self.state.borrow_mut().tracker.abandon(reg.addr, now);
-    }
-
     /// A slot for a new write: `allocate` (a [`Self::guess_ts`] or
     /// [`Self::allocate_ts`] call) once the log has a free slot, waiting for limbo
     /// slots to come back (see [`Self::wait_for_slot`]) when it is full.

@@ -376,22 +376,6 @@ impl SlotTracker {
         }
     }
 
-    /// Every write of this writer to `addr` is unreachable for every other client (the
-    /// register was never published: SWARM-KV's insert that turned into an update):
-    /// all of them go to the limbo, stamped `now`, and come back after the grace.
-    pub(crate) fn abandon(&mut self, addr: u64, now: Nanos) {
-        let Some((writes, _)) = self.registers.get_mut(addr) else {
-            return;
-        };
-        self.events += 1;
-        let limbo = &mut self.limbo;
-        writes.retain_mut(|w| {
-            limbo.push_back((now, w.ts));
-            false
-        });
-        self.registers.remove(addr);
-    }
-
     /// A majority read of `addr`'s metadata words answered with `maxima` (by replica
     /// position; `answered` has bit `p` set for each reply), at `now` (rule 3), for a
     /// check that posted its reads when the event count was `events`.

@@ -279,12 +279,22 @@ pub(crate) async fn read_configuration<F: Fabric>(
     fabric: &F,
     stats: &OpStats,
 ) -> Result<Configuration, FabricError> {
+    read_configuration_within(fabric, stats, CONFIG_STRAGGLER_NS).await
+}
+
+/// [`read_configuration`] waiting `straggler_ns` for nodes beyond the first majority
+/// (a client between operations waits little: it reads again at its next renewal).
+pub(crate) async fn read_configuration_within<F: Fabric>(
+    fabric: &F,
+    stats: &OpStats,
+    straggler_ns: u64,
+) -> Result<Configuration, FabricError> {
     let nodes = fabric.node_count();
     let rt = broadcast_until(
         fabric,
         stats,
         majority(nodes),
-        CONFIG_STRAGGLER_NS,
+        straggler_ns,
         |_| Ok(Some(Batch::read(CONFIG_AT, CONFIG_READ_BYTES as u32))),
         |_| false,
     )
