@@ -575,7 +575,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         // A silent node must not hold the operation that follows: wait for stragglers
         // only as long as the protocol waits for a slow node.
         let straggler_ns = self.swarm.config().slow_after_ns;
-        match crate::repair::read_configuration_within(fabric, &stats, straggler_ns).await {
+        match crate::repair::read_configuration_within(fabric, &stats, 1, straggler_ns).await {
             Ok(config) => {
                 if config.epoch > 0 && config.epoch > self.config_epoch.get() {
                     let admitted: Vec<usize> = (0..config.incarnations.len())
@@ -678,6 +678,10 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
             // Not acknowledged by a majority (nodes unreachable or reconnecting):
             // let the transport make progress, then renew again.
             swarm_core::sleep(fabric, REVIVE_RETRY_NS.min(give_up - now)).await;
+            // A renewal answer may show a configuration that admits a repaired node,
+            // without which no majority may answer (an idle client across a repair
+            // and the loss of another node).
+            self.upkeep(fabric.now()).await;
             renew_now(&self.lease, fabric, max_op_ns).await;
             attempts += 1;
         }

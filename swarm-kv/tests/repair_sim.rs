@@ -132,6 +132,8 @@ struct Shared {
     repaired: Cell<Option<Nanos>>,
     /// When the node that kept up crashed for good.
     keeper_crashed: Cell<Option<Nanos>>,
+    /// Whether the lagging node is down now.
+    lagging_down: Cell<bool>,
 }
 
 fn key(k: u64) -> String {
@@ -210,6 +212,58 @@ async fn client_task(
     }
 }
 
+/// Inserts keys of its own while the lagging node is down (so only the keeper and the
+/// node about to be lost take them), touches them no more, and reads them all once
+/// the keeper crashed for good: by then only the rebuilt node and the lagging one
+/// are left, so the rebuilt node must have taken them from the keeper.
+async fn witness_task(world: SimWorld, shared: Rc<Shared>, client: Client, c: u64) {
+    let log = &shared.log;
+    while !shared.lagging_down.get() {
+        client.fabric().inner.sleep(50_000).await;
+    }
+    let mut written = 0u64;
+    while shared.lagging_down.get() {
+        let (k, value) = (format!("w{written}"), format!("witness{written}"));
+        let start = world.now();
+        let id = log.begin(c, OpKind::Insert, &k, Some(&value), start);
+        match client
+            .insert(k.as_bytes(), value.as_bytes(), &OpStats::new())
+            .await
+        {
+            Ok(()) => log.end(id, OpKind::Insert, Some(value), true, world.now()),
+            Err(e) => {
+                shared
+                    .failed
+                    .borrow_mut()
+                    .push((start, world.now(), format!("witness {k}: {e:?}")))
+            }
+        }
+        written += 1;
+    }
+    while shared.keeper_crashed.get().is_none() {
+        client.fabric().inner.sleep(MS).await;
+    }
+    for i in 0..written {
+        let k = format!("w{i}");
+        let start = world.now();
+        let id = log.begin(c, OpKind::Get, &k, None, start);
+        match client.get(k.as_bytes(), &OpStats::new()).await {
+            Ok(v) => log.end(
+                id,
+                OpKind::Get,
+                v.map(|v| String::from_utf8(v).unwrap()),
+                true,
+                world.now(),
+            ),
+            Err(e) => shared.failed.borrow_mut().push((
+                start,
+                world.now(),
+                format!("witness get {k}: {e:?}"),
+            )),
+        }
+    }
+}
+
 /// Node `lagging` is down for `lag` (writes then reach the other two only), and as it
 /// comes back node `lost` crashes with its memory and restarts empty with incarnation
 /// `new`: the two donors disagree, and only `keeper` holds the writes of that window.
@@ -229,8 +283,10 @@ async fn fault_task(
     let keeper = 3 - lost - lagging;
     raw.sleep(crash_at).await;
     world.apply(Fault::Crash(NodeId(lagging)));
+    shared.lagging_down.set(true);
     raw.sleep(lag).await;
     world.apply(Fault::Recover(NodeId(lagging)));
+    shared.lagging_down.set(false);
     world.apply(Fault::Crash(NodeId(lost)));
     // Its memory is gone: it restarts empty (only its node header would survive a
     // restart; this layer never reads it) with a new incarnation, which every client
@@ -263,7 +319,8 @@ async fn fault_task(
     shared.repaired.set(Some(world.now()));
     // Every client follows the new configuration within a renewal period or so.
     let deadline = world.now() + 40 * MS;
-    while admitted.iter().any(|a| !a.get()) {
+    // (The witness, idle by now, follows at its next operation.)
+    while admitted[..admitted.len() - 1].iter().any(|a| !a.get()) {
         assert!(
             world.now() < deadline,
             "a client never admitted the rebuilt node (repaired at {} ns, now {} ns, admitted {:?})",
@@ -327,6 +384,30 @@ fn run(seed: u64) {
                 (6, clients),
                 rng.next_u64(),
             ),
+        );
+    }
+    {
+        let out = Rc::new(Cell::new(None));
+        let done = Rc::new(Cell::new(false));
+        let fabric = Member {
+            inner: world.client(),
+            out: Rc::clone(&out),
+            admitted: Rc::clone(&done),
+            refused: RefCell::new(Vec::new()),
+        };
+        let id = fabric.inner.id();
+        let client = KvClient::connect(
+            fabric,
+            SimClock::new(&world, TICK_NS),
+            layout,
+            KvConfig::new(0, TICK_NS),
+        )
+        .expect("connect");
+        outs.push(out);
+        admitted.push(done);
+        runner.spawn(
+            id,
+            witness_task(world.clone(), Rc::clone(&shared), client, clients),
         );
     }
     let lost = rng.below(3) as u16;

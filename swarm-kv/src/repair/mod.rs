@@ -279,21 +279,26 @@ pub(crate) async fn read_configuration<F: Fabric>(
     fabric: &F,
     stats: &OpStats,
 ) -> Result<Configuration, FabricError> {
-    read_configuration_within(fabric, stats, CONFIG_STRAGGLER_NS).await
+    let nodes = fabric.node_count();
+    read_configuration_within(fabric, stats, majority(nodes), CONFIG_STRAGGLER_NS).await
 }
 
-/// [`read_configuration`] waiting `straggler_ns` for nodes beyond the first majority
-/// (a client between operations waits little: it reads again at its next renewal).
+/// [`read_configuration`] from at least `quorum` nodes, waiting `straggler_ns` for
+/// the others. A client that follows a configuration change needs one answer: a
+/// valid copy of epoch `e + 1` exists only once the rebuild finished (it is written
+/// to the donors after the copy), and a client with one node lost and the rebuilt
+/// one not admitted yet may reach a single node.
 pub(crate) async fn read_configuration_within<F: Fabric>(
     fabric: &F,
     stats: &OpStats,
+    quorum: usize,
     straggler_ns: u64,
 ) -> Result<Configuration, FabricError> {
     let nodes = fabric.node_count();
     let rt = broadcast_until(
         fabric,
         stats,
-        majority(nodes),
+        quorum,
         straggler_ns,
         |_| Ok(Some(Batch::read(CONFIG_AT, CONFIG_READ_BYTES as u32))),
         |_| false,
