@@ -423,7 +423,7 @@ fn run(seed: u64) {
             outs,
             admitted,
             (lost, lagging, 0xabc),
-            (rng.between(5 * MS, 20 * MS), rng.between(MS, 5 * MS)),
+            (rng.between(5 * MS, 20 * MS), rng.between(10 * MS, 30 * MS)),
         ),
     );
     runner.run().unwrap_or_else(|e| panic!("seed {seed}: {e}"));
