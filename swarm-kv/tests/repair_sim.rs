@@ -40,7 +40,7 @@ fn layout() -> NodeLayout {
         writers: 8,
         replicas: 3,
         registers: 16_384,
-        chunk_registers: 16,
+        chunk_registers: 256,
         index_buckets: 256,
         log_slots: 4096,
         lease_ns: 60 * MS,
@@ -218,6 +218,14 @@ async fn client_task(
 /// are left, so the rebuilt node must have taken them from the keeper.
 async fn witness_task(world: SimWorld, shared: Rc<Shared>, client: Client, c: u64) {
     let log = &shared.log;
+    // A first insert claims a chunk of registers now: a claim waits for a silent
+    // node's answer (up to 50 ms), longer than the lag window.
+    let id = log.begin(c, OpKind::Insert, "w-warm", Some("warm"), world.now());
+    client
+        .insert(b"w-warm", b"warm", &OpStats::new())
+        .await
+        .expect("no fault yet");
+    log.end(id, OpKind::Insert, Some("warm".into()), true, world.now());
     while !shared.lagging_down.get() {
         client.fabric().inner.sleep(50_000).await;
     }
@@ -243,6 +251,7 @@ async fn witness_task(world: SimWorld, shared: Rc<Shared>, client: Client, c: u6
     while shared.keeper_crashed.get().is_none() {
         client.fabric().inner.sleep(MS).await;
     }
+    assert!(written > 5, "the witness wrote {written} keys in the lag window");
     for i in 0..written {
         let k = format!("w{i}");
         let start = world.now();
