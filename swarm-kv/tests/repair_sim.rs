@@ -26,7 +26,7 @@ use swarm_kv::repair::{RepairOptions, repair_node};
 use swarm_kv::store::{write_configuration, write_superblock};
 use swarm_kv::{KvClient, KvConfig};
 use swarm_sim::{
-    Fault, SimClock, SimConfig, SimFabric, SimRng, SimRunner, SimWorld, for_each_seed,
+    ClientId, Fault, SimClock, SimConfig, SimFabric, SimRng, SimRunner, SimWorld, for_each_seed,
 };
 
 const MS: u64 = 1_000_000;
@@ -251,7 +251,10 @@ async fn witness_task(world: SimWorld, shared: Rc<Shared>, client: Client, c: u6
     while shared.keeper_crashed.get().is_none() {
         client.fabric().inner.sleep(MS).await;
     }
-    assert!(written > 5, "the witness wrote {written} keys in the lag window");
+    assert!(
+        written > 5,
+        "the witness wrote {written} keys in the lag window"
+    );
     for i in 0..written {
         let k = format!("w{i}");
         let start = world.now();
@@ -343,6 +346,28 @@ async fn fault_task(
     shared.keeper_crashed.set(Some(world.now()));
 }
 
+/// A client of the simulated cluster behind its own membership view: the client,
+/// its simulated id, the node it leaves out and whether it admitted it.
+fn connect(world: &SimWorld, layout: NodeLayout) -> (Client, ClientId, LeftOut, Rc<Cell<bool>>) {
+    let out = Rc::new(Cell::new(None));
+    let done = Rc::new(Cell::new(false));
+    let fabric = Member {
+        inner: world.client(),
+        out: Rc::clone(&out),
+        admitted: Rc::clone(&done),
+        refused: RefCell::new(Vec::new()),
+    };
+    let id = fabric.inner.id();
+    let client = KvClient::connect(
+        fabric,
+        SimClock::new(world, TICK_NS),
+        layout,
+        KvConfig::new(0, TICK_NS),
+    )
+    .expect("connect");
+    (client, id, out, done)
+}
+
 fn run(seed: u64) {
     let layout = layout();
     let config = SimConfig::new(3, layout.end() as usize).keep_trace(false);
@@ -363,28 +388,17 @@ fn run(seed: u64) {
     let clients = 3u64;
     let until = 400 * MS;
     let (mut outs, mut admitted) = (Vec::new(), Vec::new());
-    for c in 0..clients {
-        let out = Rc::new(Cell::new(None));
-        let done = Rc::new(Cell::new(false));
-        let fabric = Member {
-            inner: world.client(),
-            out: Rc::clone(&out),
-            admitted: Rc::clone(&done),
-            refused: RefCell::new(Vec::new()),
-        };
-        let id = fabric.inner.id();
-        let client = KvClient::connect(
-            fabric,
-            SimClock::new(&world, TICK_NS),
-            layout,
-            KvConfig::new(0, TICK_NS),
-        )
-        .expect("connect");
+    for c in 0..=clients {
+        let (client, id, out, done) = connect(&world, layout);
         outs.push(out);
         admitted.push(done);
-        runner.spawn(
-            id,
-            client_task(
+        if c == clients {
+            runner.spawn(
+                id,
+                witness_task(world.clone(), Rc::clone(&shared), client, c),
+            );
+        } else {
+            let task = client_task(
                 world.clone(),
                 Rc::clone(&shared),
                 client,
@@ -392,32 +406,9 @@ fn run(seed: u64) {
                 until,
                 (6, clients),
                 rng.next_u64(),
-            ),
-        );
-    }
-    {
-        let out = Rc::new(Cell::new(None));
-        let done = Rc::new(Cell::new(false));
-        let fabric = Member {
-            inner: world.client(),
-            out: Rc::clone(&out),
-            admitted: Rc::clone(&done),
-            refused: RefCell::new(Vec::new()),
-        };
-        let id = fabric.inner.id();
-        let client = KvClient::connect(
-            fabric,
-            SimClock::new(&world, TICK_NS),
-            layout,
-            KvConfig::new(0, TICK_NS),
-        )
-        .expect("connect");
-        outs.push(out);
-        admitted.push(done);
-        runner.spawn(
-            id,
-            witness_task(world.clone(), Rc::clone(&shared), client, clients),
-        );
+            );
+            runner.spawn(id, task);
+        }
     }
     let lost = rng.below(3) as u16;
     let lagging = (lost + 1 + rng.below(2) as u16) % 3;

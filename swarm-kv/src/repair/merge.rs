@@ -102,30 +102,27 @@ pub fn lease_word(copies: &[u64]) -> u64 {
 
 /// A claim word (see the module docs).
 pub fn claim_word(copies: &[u64], conflicts: &mut Conflicts) -> u64 {
-    let mut owner = 0;
-    for &c in copies.iter().filter(|c| **c != 0) {
-        if owner == 0 {
-            owner = c;
-        } else if owner != c {
-            conflicts.claims += 1;
-            return POISON_TOKEN;
-        }
-    }
-    owner
+    sole_owner(copies, POISON_TOKEN, conflicts)
 }
 
 /// A key header's holder tag (same rule as [`claim_word`]).
 pub fn holder_tag(copies: &[u32], conflicts: &mut Conflicts) -> u32 {
-    let mut holder = 0;
-    for &c in copies.iter().filter(|c| **c != 0) {
-        if holder == 0 {
-            holder = c;
-        } else if holder != c {
+    sole_owner(copies, POISON_TAG, conflicts)
+}
+
+/// The one non-zero value among `copies` (zero if none), or `poison` if there are
+/// two distinct ones.
+fn sole_owner<T: Copy + Eq + Default>(copies: &[T], poison: T, conflicts: &mut Conflicts) -> T {
+    let mut owner = T::default();
+    for &c in copies.iter().filter(|c| **c != T::default()) {
+        if owner == T::default() {
+            owner = c;
+        } else if owner != c {
             conflicts.claims += 1;
-            return POISON_TAG;
+            return poison;
         }
     }
-    holder
+    owner
 }
 
 /// A timestamp-lock word (see the module docs).
