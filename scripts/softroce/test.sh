@@ -168,7 +168,7 @@ bench_step() {
     local status=\$? lost
     if [ \$status -eq 0 ]; then
         pass "\$1 (\$(rate "\$2"); \$(parking "\$2"))"
-    elif lost=\$(lost_majorities_only "\$2" "\$3"); then
+    elif lost=\$(lost_majorities_only "\$2" "\${3:-}"); then
         pass "\$1 (\$(rate "\$2"); \$lost operations failed for want of a majority while soft-RoCE held requests; \$(parking "\$2"))"
     else
         fail "\$1 (see \$2)"; tail_of "\$2" 20
