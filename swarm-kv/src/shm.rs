@@ -183,6 +183,13 @@ impl ShmStore {
         Ok(report)
     }
 
+    /// Replaces node `node`'s file in `dir` by an empty one with a new incarnation
+    /// ([`ShmCluster::replace_node`]): the node's memory is lost for every process
+    /// at once (the old file is retired), and the new node stays out until a repair.
+    pub fn replace_node_file(dir: &Path, node: u16) -> Result<(), KvError> {
+        Ok(ShmCluster::replace_node(dir, node)?)
+    }
+
     /// Emulates `rtt_ns` of network roundtrip on every client created from now on.
     pub fn with_rtt_ns(mut self, rtt_ns: u64) -> Self {
         self.rtt_ns = rtt_ns;

@@ -4,6 +4,7 @@
 
 mod ycsb_support;
 
+use swarm_kv::ycsb::config::FailMode;
 use swarm_kv::ycsb::{BenchError, FailPlan, OpType, System, TempStore, Workload, run};
 use ycsb_support::{assert_clean, run_fresh, small};
 
@@ -144,6 +145,31 @@ fn node_crash_mid_run_costs_no_operation() {
     let report = run_fresh(&config);
     assert_clean(&report);
     assert!(report.fail_node.is_some_and(|f| f.triggered), "{report}");
+}
+
+/// Issue 12's timeline: a node crashes with its memory and is repaired online while
+/// the bench runs; no operation fails, and the report marks the repair.
+#[test]
+fn a_node_lost_and_repaired_mid_run_costs_no_operation() {
+    let mut config = small(System::Swarm, Workload::A, 500, u64::MAX, 2);
+    config.duration_ns = Some(5_000_000_000);
+    config.fail = Some(FailPlan {
+        node: 1,
+        after_ops: 2_000,
+    });
+    config.fail_mode = FailMode::Repair;
+    let report = run_fresh(&config);
+    assert_eq!(report.errors, 0, "seed {}: {report}", report.seed);
+    let marks = report.repair.clone().expect("the repair ran");
+    assert!(marks.error.is_none(), "{marks:?}");
+    let done_ns = marks.done_ns.expect("the node was admitted before the end");
+    assert!(marks.started_ns < done_ns && marks.bytes > 0, "{marks:?}");
+    // Idle intervals are not asserted: this debug build shows stalls of 100-300 ms
+    // in the degraded period (both clients), which release builds do not (0 idle
+    // intervals of 801 in the run ARCHITECTURE.md quotes); an open finding.
+    let _ = done_ns;
+    let json = serde_json::to_value(&report).unwrap();
+    assert!(json["repair"]["done_ns"].is_u64(), "{json}");
 }
 
 #[test]

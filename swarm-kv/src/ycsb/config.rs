@@ -63,6 +63,24 @@ impl std::fmt::Display for System {
     }
 }
 
+/// What `--fail-node` does to the node (issue 12).
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, clap::ValueEnum,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum FailMode {
+    /// Every client stops reaching the node; its memory survives (a partition).
+    #[default]
+    Stop,
+    /// The node crashes with its memory and restarts empty (shared memory: its file is
+    /// retired, which every process sees at once, and re-created with a new
+    /// incarnation): it stays out.
+    LoseMemory,
+    /// As `lose-memory`, then `swarm repair` rebuilds it online in the background and
+    /// the clients admit it back.
+    Repair,
+}
+
 /// Crash a memory node in the middle of the measured phase (SWARM §7.7).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FailPlan {
@@ -110,6 +128,8 @@ pub struct BenchConfig {
     pub seed: u64,
     /// Optional memory-node crash during the measured phase.
     pub fail: Option<FailPlan>,
+    /// What the crash does (memory kept, lost, lost and repaired).
+    pub fail_mode: FailMode,
     /// Write every operation (load, warm-up and measured) to this file as JSON Lines
     /// for the linearizability checker.
     pub history: Option<PathBuf>,
@@ -141,6 +161,7 @@ impl BenchConfig {
             rtt_ns: 0,
             seed: DEFAULT_SEED,
             fail: None,
+            fail_mode: FailMode::Stop,
             history: None,
             history_keys: None,
             progress: false,
@@ -294,6 +315,11 @@ pub struct BenchArgs {
     /// Measured operations (all clients) before --fail-node crashes.
     #[arg(long, requires = "fail_node")]
     pub fail_after_ops: Option<u64>,
+    /// What --fail-node does: `stop` (clients stop reaching it, its memory survives),
+    /// `lose-memory` (it restarts empty and stays out) or `repair` (then it is rebuilt
+    /// online and admitted back); the last two on shared memory only.
+    #[arg(long, value_enum, default_value_t = FailMode::Stop, requires = "fail_node")]
+    pub fail_mode: FailMode,
     /// With --history, record only the operations on the first N keys (a sample
     /// range whose history is complete and checkable; useful with --workload churn,
     /// which inserts many distinct keys).
@@ -377,6 +403,7 @@ impl BenchArgs {
                     rtt_ns: self.rtt_ns,
                     seed: self.seed,
                     fail,
+                    fail_mode: self.fail_mode,
                     history: self.history.clone(),
                     history_keys: self.history_keys,
                     // Quiet with --json (scripted runs) or when stderr is not a terminal.

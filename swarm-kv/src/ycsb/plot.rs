@@ -590,6 +590,32 @@ fn timeline(r: &BenchReport, path: &Path) -> Result<PathBuf, BenchError> {
                 .legend(|(x, y)| {
                     PathElement::new(vec![(x, y), (x + 25, y)], BLACK.stroke_width(2))
                 });
+            let marks = r.repair.iter().flat_map(|m| {
+                [
+                    (
+                        "repair: quiescence",
+                        Some(m.started_ns),
+                        RGBColor(255, 127, 14),
+                    ),
+                    ("repair: copy", m.copy_from_ns, RGBColor(148, 103, 189)),
+                    ("repaired, admitted", m.done_ns, RGBColor(44, 160, 44)),
+                ]
+            });
+            for (name, at, color) in marks {
+                let Some(at) = at.map(|ns| ns as f64 / 1e6) else {
+                    continue;
+                };
+                chart
+                    .draw_series(LineSeries::new(
+                        [(at, 0.0), (at, kops_max)],
+                        color.stroke_width(2),
+                    ))
+                    .map_err(|e| plot_error(path, e))?
+                    .label(name)
+                    .legend(move |(x, y)| {
+                        PathElement::new(vec![(x, y), (x + 25, y)], color.stroke_width(2))
+                    });
+            }
             legend(&mut chart, SeriesLabelPosition::LowerRight, 16, path)?;
         }
         let mut chart = ChartBuilder::on(&bottom)

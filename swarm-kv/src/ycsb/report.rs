@@ -235,6 +235,22 @@ pub struct FailReport {
     pub triggered: bool,
 }
 
+/// When a bench's background repair (`--fail-mode repair`) started, copied and
+/// ended, ns (since the measured phase began, in a report).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RepairMarks {
+    /// The repair started (its quiescence wait).
+    pub started_ns: u64,
+    /// The copy started (the quiescence wait ended).
+    pub copy_from_ns: Option<u64>,
+    /// The node was rebuilt and admitted (configuration written).
+    pub done_ns: Option<u64>,
+    /// Bytes copied.
+    pub bytes: u64,
+    /// Why the repair failed, if it did.
+    pub error: Option<String>,
+}
+
 /// Cluster memory in use at one moment (a SWARM-KV store's, read from the memory
 /// nodes; see the module docs).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -270,6 +286,9 @@ pub struct RunStats {
     pub timeline: Vec<TimelinePoint>,
     /// When the planned node crash happened, ns since the measured phase began.
     pub fail_at_ns: Option<u64>,
+    /// The background repair of `--fail-mode repair` (times since the measured phase
+    /// began).
+    pub repair: Option<RepairMarks>,
     /// Lease renewals acknowledged, all clients.
     pub lease_renewals: u64,
     /// Memory in use before the run.
@@ -345,6 +364,10 @@ pub struct BenchReport {
     /// When the planned node crash happened, ms since the measured phase began.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fail_at_ms: Option<f64>,
+    /// The background repair of `--fail-mode repair` (ns since the measured phase
+    /// began; see [`RepairMarks`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repair: Option<RepairMarks>,
     /// The measured phase's length limit (`--duration`), ns.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub duration_ns: Option<u64>,
@@ -426,6 +449,7 @@ impl BenchReport {
             timeline_interval_ms: config.timeline_interval_ns as f64 / 1e6,
             timeline: stats.timeline.clone(),
             fail_at_ms: stats.fail_at_ns.map(|ns| ns as f64 / 1e6),
+            repair: stats.repair.clone(),
             duration_ns: config.duration_ns,
             memory_start: stats.memory_start,
             memory_end: stats.memory_end,
@@ -613,6 +637,24 @@ impl fmt::Display for BenchReport {
                 },
                 fail.after_ops
             );
+            if let Some(r) = &self.repair {
+                let ms = |ns: Option<u64>| {
+                    ns.map_or("-".to_owned(), |ns| format!("{:.0} ms", ns as f64 / 1e6))
+                };
+                let _ = writeln!(
+                    out,
+                    "repair of node {}: started at {}, copying from {}, admitted at {} ({} MiB){}",
+                    fail.node,
+                    ms(Some(r.started_ns)),
+                    ms(r.copy_from_ns),
+                    ms(r.done_ns),
+                    r.bytes >> 20,
+                    r.error
+                        .as_deref()
+                        .map(|e| format!("; FAILED: {e}"))
+                        .unwrap_or_default()
+                );
+            }
         }
         if self.errors > 0 {
             let _ = writeln!(

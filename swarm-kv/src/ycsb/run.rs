@@ -23,12 +23,22 @@
 //! numbered `after_ops`: from then on that node never answers it, which is how a
 //! crashed memory node looks to a client (§7.7). Operations must go on with no error.
 //!
+//! With [`FailMode::LoseMemory`](super::config::FailMode) the claiming client instead
+//! replaces the node's file (`ShmCluster::replace_node`: the old memory is retired,
+//! which every client sees at once, and an empty node with a new incarnation takes
+//! its place, left out); with `FailMode::Repair` a background thread then rebuilds it
+//! (`ShmStore::repair`) while the clients run, and they admit it back: the report
+//! marks the repair's start, the end of its quiescence wait and its end on the
+//! timeline (issue 12). Shared memory only.
+//!
 //! Failed operations are counted per kind with example messages, recorded in the
 //! history without an end (their effect is unknown), and the run goes on. If every
 //! operation in flight on a client waits on failed nodes only, the executor reports a
 //! stall: those operations fail with [`FabricError::Stalled`] and the client moves on.
 
 use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread;
 use std::time::Instant;
@@ -41,10 +51,12 @@ use swarm_core::fabric::FailNodes;
 use swarm_core::{Fabric, FabricError, LocalExecutor, NodeId, OpStats};
 
 use super::bench_client::{BenchClient, OpError, Recycling};
+use super::config::FailMode;
 use super::config::{BenchConfig, System};
 use super::error::BenchError;
 use super::gate::Gate;
 use super::history::{self, HistoryPart};
+use super::report::RepairMarks;
 use super::report::{BenchReport, MemoryUse, RunStats};
 use super::sizing::check_capacity;
 use super::stats::PhaseStats;
@@ -89,7 +101,7 @@ pub fn run(store: &ShmStore, config: &BenchConfig) -> Result<BenchReport, BenchE
     // The shared-memory fabric already carries the fault injector.
     let store = store.clone().with_rtt_ns(config.rtt_ns);
     let clients = connect(&store, config, || Ok(store.fabric()), |_| {})?;
-    let report = run_clients(clients, config)?;
+    let report = run_clients(clients, config, Some(store.shm().dir().to_path_buf()))?;
     with_memory(report, memory_start, memory_use(&store)?)
 }
 
@@ -117,6 +129,13 @@ where
     }
     let nodes = store.fabric()?.node_count();
     check_fail_node(config, nodes)?;
+    if config.fail.is_some() && config.fail_mode != FailMode::Stop {
+        return Err(BenchError::InvalidConfig(
+            "--fail-mode lose-memory and repair replace a node file: shared memory (--dir) \
+             only; over RDMA, kill and restart a `swarm memnode` and run `swarm repair`"
+                .into(),
+        ));
+    }
     check_capacity(store.layout(), claimed_chunks(store)?, config)?;
     let memory_start = memory_use(store)?;
     let clients = connect(
@@ -125,7 +144,7 @@ where
         || store.fabric().map(FailNodes::new),
         |client| store.watch_lease(client.fabric().inner(), client.writer()),
     )?;
-    let report = run_clients(clients, config)?;
+    let report = run_clients(clients, config, None)?;
     with_memory(report, memory_start, memory_use(store)?)
 }
 
@@ -175,8 +194,14 @@ pub fn run_fusee(nodes: u16, config: &BenchConfig) -> Result<BenchReport, BenchE
     config.validate()?;
     check_fail_node(config, usize::from(nodes))?;
     let store = super::fusee::TempFusee::new(config, nodes)?;
+    if config.fail.is_some() && config.fail_mode != FailMode::Stop {
+        return Err(BenchError::InvalidConfig(
+            "--fail-mode lose-memory and repair need a SWARM-KV store: not with --system fusee"
+                .into(),
+        ));
+    }
     let clients = store.connect(config)?;
-    run_clients(clients, config)
+    run_clients(clients, config, None)
 }
 
 /// Register chunks earlier clients of `store` claimed (not free for this run).
@@ -203,10 +228,68 @@ fn check_fail_node(config: &BenchConfig, nodes: usize) -> Result<(), BenchError>
     Ok(())
 }
 
+/// `--fail-mode lose-memory|repair`: replaces node `node`'s file (every client sees
+/// the old memory crashed at once; the empty one stays out) and, for `repair`,
+/// rebuilds it in a background thread (see the module docs). Once per run.
+fn lose_memory(shared: &Shared<'_>, dir: &std::path::Path, node: u16, mode: FailMode) {
+    if shared.fail_triggered.swap(true, Ordering::Relaxed) {
+        return;
+    }
+    // The crash itself, at once and cheap (one word of the old file's header)...
+    if let Err(error) = swarm_shm::ShmCluster::retire_node(dir, node) {
+        tracing::warn!(%error, node, "bench: could not retire the node file");
+        return;
+    }
+    // ...then, off the clients' threads, the restart with empty memory (a new file)
+    // and, for `repair`, the rebuild.
+    let (dir, origin) = (dir.to_path_buf(), shared.origin);
+    let since = move || u64::try_from(origin.elapsed().as_nanos()).unwrap_or(u64::MAX);
+    let spawned = thread::Builder::new()
+        .name("swarm-bench-repair".into())
+        .spawn(move || {
+            if let Err(error) = crate::ShmStore::replace_node_file(&dir, node) {
+                tracing::warn!(%error, node, "bench: could not re-create the node file");
+                return None;
+            }
+            if mode != FailMode::Repair {
+                return None;
+            }
+            let started_ns = since();
+            let options = crate::repair::RepairOptions::default();
+            let result = crate::ShmStore::repair(&dir, node, options, |_, _| {});
+            let done = since();
+            Some(match result {
+                Ok(report) => RepairMarks {
+                    started_ns,
+                    copy_from_ns: Some(started_ns + report.quiesce_ms * 1_000_000),
+                    done_ns: Some(done),
+                    bytes: report.bytes,
+                    error: None,
+                },
+                Err(error) => RepairMarks {
+                    started_ns,
+                    copy_from_ns: None,
+                    done_ns: None,
+                    bytes: 0,
+                    error: Some(error.to_string()),
+                },
+            })
+        });
+    match spawned {
+        Ok(handle) => {
+            if let Ok(mut slot) = shared.repair.lock() {
+                *slot = Some(handle);
+            }
+        }
+        Err(error) => tracing::warn!(%error, "bench: could not start the repair thread"),
+    }
+}
+
 /// Runs the phases with `clients`, one thread each.
 fn run_clients<C: BenchClient + Send>(
     clients: Vec<C>,
     config: &BenchConfig,
+    fail_dir: Option<PathBuf>,
 ) -> Result<BenchReport, BenchError> {
     // Churn names `CHURN_SPACE` windows of keys (see `Workload::Churn`).
     let names = if config.workload.loads_keys() {
@@ -251,10 +334,20 @@ fn run_clients<C: BenchClient + Send>(
         warmup_claimed: AtomicU64::new(0),
         fail_triggered: AtomicBool::new(false),
         fail_at_ns: AtomicU64::new(u64::MAX),
+        fail_dir,
+        repair: Mutex::new(None),
         progress: progress_bar(config),
     };
     let (outputs, times) = run_threads(&shared, clients, parts);
     shared.progress.finish_and_clear();
+    // A repair still running finishes before the report (its marks need it).
+    let repair = shared
+        .repair
+        .lock()
+        .map(|mut r| r.take())
+        .unwrap_or_default()
+        .and_then(|thread| thread.join().ok())
+        .flatten();
 
     let mut stats = RunStats::default();
     let mut timeline = Timeline::new(config.timeline_interval_ns);
@@ -311,6 +404,12 @@ fn run_clients<C: BenchClient + Send>(
         u64::MAX => None,
         at => Some(at.saturating_sub(measured_start)),
     };
+    stats.repair = repair.map(|r| RepairMarks {
+        started_ns: r.started_ns.saturating_sub(measured_start),
+        copy_from_ns: r.copy_from_ns.map(|t| t.saturating_sub(measured_start)),
+        done_ns: r.done_ns.map(|t| t.saturating_sub(measured_start)),
+        ..r
+    });
     Ok(BenchReport::new(config, &stats))
 }
 
@@ -393,6 +492,10 @@ struct Shared<'a> {
     fail_triggered: AtomicBool,
     /// When the planned node crash happened, ns since `origin` (`u64::MAX`: not yet).
     fail_at_ns: AtomicU64,
+    /// The shared-memory cluster's directory, for `--fail-mode lose-memory|repair`.
+    fail_dir: Option<PathBuf>,
+    /// The background repair of `--fail-mode repair`, once started.
+    repair: Mutex<Option<thread::JoinHandle<Option<RepairMarks>>>>,
     progress: ProgressBar,
 }
 
@@ -703,7 +806,12 @@ fn worker<C: BenchClient>(
                     && !failed
                     && number >= fail.after_ops
                 {
-                    client.fabric().fail_node(NodeId(fail.node));
+                    match (config.fail_mode, &shared.fail_dir) {
+                        (FailMode::Stop, _) | (_, None) => {
+                            client.fabric().fail_node(NodeId(fail.node));
+                        }
+                        (mode, Some(dir)) => lose_memory(shared, dir, fail.node, mode),
+                    }
                     shared.fail_triggered.store(true, Ordering::Relaxed);
                     shared
                         .fail_at_ns
