@@ -95,7 +95,7 @@ fn machine() -> String {
 fn setup(r: &BenchReport, clients: Option<&str>) -> String {
     let clients = clients.map_or_else(|| r.clients.to_string(), String::from);
     format!(
-        "setup: {}; shared-memory fabric, emulated RTT {} ns; {} clients x {} in flight; {} keys of {} B, {} B values; {} measured ops",
+        "setup: {}; shared-memory fabric, emulated RTT {} ns; {} clients x {} in flight; {} keys of {} B, {} B values; {}",
         machine(),
         r.rtt_ns,
         clients,
@@ -103,7 +103,11 @@ fn setup(r: &BenchReport, clients: Option<&str>) -> String {
         r.keys,
         r.key_size,
         r.value_size,
-        r.ops
+        // A `--duration` run has no operation count (`ops` is then unbounded).
+        match r.duration_ns {
+            Some(ns) => format!("measured for {:.1} s", ns as f64 / 1e9),
+            None => format!("{} measured ops", r.ops),
+        }
     )
 }
 
