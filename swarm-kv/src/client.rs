@@ -602,16 +602,19 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
     /// follows a newer configuration a renewal saw (`follow_configuration`). A client
     /// that waits for retired registers (whose resets need every replica) must still
     /// admit a repaired node, or it would wait for a reset that only the admission
-    /// lets complete.
-    async fn upkeep(&self, now: Nanos) {
+    /// lets complete. Returns whether it followed a configuration (a roundtrip: the
+    /// clock has moved).
+    async fn upkeep(&self, now: Nanos) -> bool {
         let (seen, answers) = {
             let mut lease = self.lease.borrow_mut();
             lease.tick(self.swarm.fabric(), now);
             (lease.config_epoch_seen(), lease.renewal_answers())
         };
-        if seen > self.config_epoch.get() && answers > self.config_checked.get() {
+        let follow = seen > self.config_epoch.get() && answers > self.config_checked.get();
+        if follow {
             self.follow_configuration(answers).await;
         }
+        follow
     }
 
     /// Starts an operation (self-fencing, [`crate::lease`]): takes the answers of the
@@ -631,9 +634,14 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         // Background log recycling: bounded, never waits.
         self.swarm.reclaim_tick_at(RECLAIM_BUDGET, now);
         self.swarm.examine_carried_tick(now);
-        self.upkeep(now).await;
         // Following a configuration took a roundtrip: the operation starts after it.
-        let now = fabric.now();
+        // Otherwise the reading above serves (only synchronous work came since: a
+        // deadline from it is, if anything, early).
+        let now = if self.upkeep(now).await {
+            fabric.now()
+        } else {
+            now
+        };
         let lapsed_since = {
             let lease = self.lease.borrow();
             if lease.valid_for(now, max_op_ns) {
@@ -681,7 +689,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
             // A renewal answer may show a configuration that admits a repaired node,
             // without which no majority may answer (an idle client across a repair
             // and the loss of another node).
-            self.upkeep(fabric.now()).await;
+            let _ = self.upkeep(fabric.now()).await;
             renew_now(&self.lease, fabric, max_op_ns).await;
             attempts += 1;
         }
@@ -803,7 +811,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
                 Err(KvError::RegistersFull { .. })
                     if self.recycler.in_limbo() > 0 && fabric.now() < give_up =>
                 {
-                    self.upkeep(fabric.now()).await;
+                    let _ = self.upkeep(fabric.now()).await;
                     // Resets start only under a valid lease: an idle client renews.
                     if !self.lease.borrow().valid_for(fabric.now(), 0) {
                         renew_now(&self.lease, fabric, 0).await;
