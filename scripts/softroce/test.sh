@@ -225,7 +225,7 @@ else
 fi
 
 # 6. Node 2 repaired while a bench runs (issue 12): rebuilt from nodes 0 and 1 over
-#    RDMA and admitted at configuration epoch 2, the bench's clients reconnecting to
+#    RDMA and admitted at configuration epoch 3 (announced at 2), the bench's clients reconnecting to
 #    it; then node 0 is killed, and what only nodes 0 and 1 held (step 4's key,
 #    written while node 2 was dead) is still read from nodes 1 and 2.
 bench_at "\${bench[@]}" --key-size 26 --seed 9 --history "$out/history-repair.jsonl" >"$out/bench-repair.log" 2>&1 &

@@ -58,6 +58,7 @@ use swarm_core::{
 use xxhash_rust::xxh3::xxh3_64;
 
 use crate::cache::{Location, LocationCache};
+use crate::configuration::Configuration;
 use crate::index::{Index, IndexConfig, IndexError, InsertOutcome};
 use crate::layout::{NodeLayout, decode_payload, encode_key_header, encode_payload};
 use crate::lease_renewal::{LeaseHolder, renew_now};
@@ -186,6 +187,8 @@ pub struct KvClient<F: Fabric, C: Clock> {
     /// renewal that saw a newer epoch than the configuration a majority then held
     /// (a record being written) triggers one more read per renewal, not per operation.
     config_checked: Cell<u64>,
+    /// The configuration this client last followed (`None`: not read yet).
+    followed: RefCell<Option<Configuration>>,
 }
 
 impl<F: Fabric, C: Clock> std::fmt::Debug for KvClient<F, C> {
@@ -398,6 +401,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
             next_adoption: Cell::new(0),
             config_epoch: Cell::new(0),
             config_checked: Cell::new(0),
+            followed: RefCell::new(None),
         })
     }
 
@@ -588,8 +592,10 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
                         "following the cluster configuration"
                     );
                 }
-                self.config_epoch
-                    .set(self.config_epoch.get().max(config.epoch));
+                if config.epoch >= self.config_epoch.get() {
+                    self.config_epoch.set(config.epoch);
+                    self.followed.replace(Some(config));
+                }
             }
             Err(error) => {
                 tracing::debug!(%error, "cannot read the configuration yet");
@@ -766,14 +772,35 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
     fn recycle_step(&self) {
         let now = self.swarm.fabric().now();
         let may_start = self.lease.borrow().valid_for(now, 0);
-        let ready = self
-            .recycler
-            .step(self.swarm.fabric(), &self.layout, may_start, |r| {
-                self.register_loc(r).ok()
-            });
+        let ready = self.recycler.step(
+            self.swarm.fabric(),
+            &self.layout,
+            may_start,
+            |r| self.register_loc(r).ok(),
+            |node| self.reset_may_skip(node),
+        );
         for register in ready {
             self.alloc.give_back(register);
         }
+    }
+
+    /// Whether a register reset may leave out `node` (`crate::recycle`, "a node out
+    /// of service"): the memory of its member incarnation, in the configuration this
+    /// client follows, is known lost, no repair of it is announced there, and no lease
+    /// renewal has shown a newer configuration since (a repair's announcement reaches
+    /// this client through its renewals; `crate::repair`, steps 1 and 2).
+    fn reset_may_skip(&self, node: NodeId) -> bool {
+        let followed = self.followed.borrow();
+        let Some(config) = followed.as_ref() else {
+            return false;
+        };
+        let Some(&member) = config.incarnations.get(node.index()) else {
+            return false;
+        };
+        config.epoch > 0
+            && !config.is_repairing(node.index())
+            && self.lease.borrow().config_epoch_seen() <= config.epoch
+            && self.swarm.fabric().memory_lost(node, member)
     }
 
     /// A pre-cleared register for an insert. When every chunk is claimed and the

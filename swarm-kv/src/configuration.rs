@@ -14,20 +14,24 @@
 //! left out exactly like a crashed node.
 //!
 //! **Where.** In the superblock area of every node, at [`CONFIG_AT`], after the
-//! parameters: `[magic "SWARMCFG" | version u32 | node count u16 | 0 u16 | epoch u64 |
-//! incarnation u64 × node count | xxh3-64 of the preceding bytes]`. Written on every
-//! node when the store is created or formatted.
+//! parameters: `[magic "SWARMCFG" | version u32 | node count u16 | repairing u16 |
+//! epoch u64 | incarnation u64 × node count | xxh3-64 of the preceding bytes]`.
+//! Written on every node when the store is created or formatted. `repairing` has bit
+//! `i` set while a repair of node `i` is under way ([`Configuration::repairing`]);
+//! builds before it wrote 0 there and ignore it.
 //!
 //! **Which copy wins.** Opening reads the record from every node that answers (at
 //! least a majority) and adopts the valid copy (checksum, node count) with the highest
-//! epoch. A configuration change (the later repair: a rebuilt node rejoins with its
-//! new incarnation at epoch `e + 1`) must write the new record to a majority of the
-//! members of epoch `e` *after* the rebuild is complete, and to the rejoining node
-//! last. Then any copy of epoch `e + 1` proves the rebuild finished, so a client that
-//! adopts it may read the node; a client that still reads `e` treats the node as
-//! failed, which is safe (its quorums are majorities of the same replica sets, just
-//! without that node). A reader always reads a majority, so once `e + 1` is on a
-//! majority every new opener sees it. Writes that race the rebuild are the repair's
+//! epoch. A configuration change that admits a node (a repair: a rebuilt node rejoins
+//! with its new incarnation) must write the new record to a majority of the members
+//! *after* the rebuild is complete, and to the rejoining node last. Then any copy
+//! that lists the new incarnation proves the rebuild finished, so a client that
+//! adopts it may read the node; a client that still reads an older record treats the
+//! node as failed, which is safe (its quorums are majorities of the same replica
+//! sets, just without that node). A reader always reads a majority, so once the
+//! record is on a majority every new opener sees it. (A repair changes the
+//! configuration twice: `e + 1` announces it, same members, and `e + 2` admits the
+//! node; `crate::repair`.) Writes that race the rebuild are the repair's
 //! argument to make, not this record's.
 //!
 //! **Older clusters.** A store created before configurations existed has no record:
@@ -50,6 +54,8 @@ pub const CONFIG_VERSION: u32 = 1;
 /// Bytes read for a configuration record (room for [`MAX_NODES`] nodes).
 pub const CONFIG_READ_BYTES: usize = 24 + 8 * MAX_NODES + 8;
 
+// `repairing` has a bit per node.
+const _: () = assert!(MAX_NODES <= 16);
 const _: () = assert!(CONFIG_AT + CONFIG_READ_BYTES as u64 <= SUPERBLOCK_AT + SUPERBLOCK_BYTES);
 
 /// Which node incarnations are members of the cluster, at which epoch.
@@ -59,6 +65,10 @@ pub struct Configuration {
     pub epoch: u64,
     /// Per node slot, the incarnation that is a member (0: a node of an older build).
     pub incarnations: Vec<u64>,
+    /// Bit `i`: a repair of node `i` announced itself and has not admitted the node
+    /// yet (`crate::repair`). While it is set, no client may leave node `i`'s lost
+    /// memory out of a register reset (`crate::recycle`, "a node out of service").
+    pub repairing: u16,
 }
 
 /// Why a configuration record was refused.
@@ -75,10 +85,21 @@ pub enum ConfigError {
 impl Configuration {
     /// The configuration of a store created before configurations existed.
     pub fn legacy(nodes: usize) -> Self {
+        Self::new(0, vec![0; nodes])
+    }
+
+    /// Epoch `epoch` with these members and no repair under way.
+    pub fn new(epoch: u64, incarnations: Vec<u64>) -> Self {
         Self {
-            epoch: 0,
-            incarnations: vec![0; nodes],
+            epoch,
+            incarnations,
+            repairing: 0,
         }
+    }
+
+    /// Whether a repair of node slot `node` is under way (see [`Self::repairing`]).
+    pub fn is_repairing(&self, node: usize) -> bool {
+        node < MAX_NODES && self.repairing & (1 << node) != 0
     }
 
     /// Whether a node in slot `node` with incarnation `incarnation` is a member (any
@@ -97,7 +118,7 @@ impl Configuration {
         out.extend_from_slice(&CONFIG_MAGIC);
         out.extend_from_slice(&CONFIG_VERSION.to_le_bytes());
         out.extend_from_slice(&(self.incarnations.len() as u16).to_le_bytes());
-        out.extend_from_slice(&[0, 0]);
+        out.extend_from_slice(&self.repairing.to_le_bytes());
         out.extend_from_slice(&self.epoch.to_le_bytes());
         for i in &self.incarnations {
             out.extend_from_slice(&i.to_le_bytes());
@@ -124,6 +145,7 @@ impl Configuration {
         let head = word(8)?;
         let version = head as u32;
         let count = (head >> 32) as u16;
+        let repairing = (head >> 48) as u16;
         if version != CONFIG_VERSION {
             return Err(ConfigError::Corrupted("unknown version"));
         }
@@ -142,6 +164,7 @@ impl Configuration {
         Ok(Self {
             epoch: word(16)?,
             incarnations,
+            repairing,
         })
     }
 
@@ -167,10 +190,15 @@ mod tests {
 
     #[test]
     fn roundtrips_and_refuses_corruption_and_the_highest_epoch_wins() {
-        let c = Configuration {
-            epoch: 3,
-            incarnations: vec![11, 22, 33],
-        };
+        let c = Configuration::new(3, vec![11, 22, 33]);
+        let mut announced = Configuration::new(4, vec![11, 22, 33]);
+        announced.repairing = 0b100;
+        assert_eq!(
+            Configuration::decode(&announced.encode(), 3),
+            Ok(announced.clone())
+        );
+        assert!(announced.is_repairing(2) && !announced.is_repairing(1) && !c.is_repairing(2));
+        assert!(!announced.is_repairing(40));
         let bytes = c.encode();
         assert_eq!(Configuration::decode(&bytes, 3), Ok(c.clone()));
         assert_eq!(
@@ -191,10 +219,7 @@ mod tests {
             Configuration::legacy(3).admits(2, 99),
             "a legacy store checks no incarnation"
         );
-        let newer = Configuration {
-            epoch: 4,
-            incarnations: vec![11, 44, 33],
-        };
+        let newer = Configuration::new(4, vec![11, 44, 33]);
         let copies = [
             Ok(c.clone()),
             Err(ConfigError::Missing),
@@ -213,6 +238,16 @@ mod tests {
         #[test]
         fn decode_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..200), nodes in 0usize..20) {
             let _ = Configuration::decode(&bytes, nodes);
+        }
+
+        #[test]
+        fn every_record_roundtrips(
+            epoch in any::<u64>(),
+            incarnations in proptest::collection::vec(any::<u64>(), 1..=MAX_NODES),
+            repairing in any::<u16>(),
+        ) {
+            let c = Configuration { epoch, incarnations, repairing };
+            prop_assert_eq!(Configuration::decode(&c.encode(), c.incarnations.len()), Ok(c.clone()));
         }
     }
 }

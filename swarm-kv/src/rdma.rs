@@ -54,6 +54,9 @@ pub struct RdmaStore {
     header: NodeHeader,
     /// Nodes left out when the store was opened, and why.
     unusable: Arc<[(NodeId, String)]>,
+    /// Member incarnations found replaced when the store opened (their memory is
+    /// gone: `RdmaFabric::declare_lost` on every client).
+    lost: Arc<[(NodeId, u64)]>,
 }
 
 fn first_header(fabric: &RdmaFabric) -> Result<NodeHeader, KvError> {
@@ -72,7 +75,11 @@ impl RdmaStore {
         let cluster = Arc::new(RdmaCluster::open(config.clone()).map_err(rdma)?);
         let fabric = cluster.client().map_err(rdma)?;
         let header = first_header(&fabric)?;
-        let (layout, mut unusable) = open_layout(&fabric, &header, fabric.incarnations())?;
+        let crate::store::OpenedLayout {
+            layout,
+            left_out: mut unusable,
+            lost,
+        } = open_layout(&fabric, &header, fabric.incarnations())?;
         // Every client's late writes must fall within the margin the cluster's
         // recyclers wait for (`swarm_core::reclaim`).
         let transport_ns = config.delivery_bound_ns();
@@ -100,6 +107,7 @@ impl RdmaStore {
             layout,
             header,
             unusable: unusable.into(),
+            lost: lost.into(),
         })
     }
 
@@ -167,14 +175,14 @@ impl RdmaStore {
             return Err(KvError::AlreadyFormatted { node });
         }
         write_superblock(&fabric, &params)?;
-        let members = crate::configuration::Configuration {
-            epoch: 1,
-            incarnations: fabric
+        let members = crate::configuration::Configuration::new(
+            1,
+            fabric
                 .incarnations()
                 .iter()
                 .map(|i| i.unwrap_or_default())
                 .collect(),
-        };
+        );
         crate::store::write_configuration(&fabric, &members)?;
         drop(fabric);
         drop(cluster);
@@ -241,6 +249,9 @@ impl Store for RdmaStore {
         // never serves, even if this client reaches it.
         for (node, _) in self.unusable.iter() {
             fabric.retire(*node);
+        }
+        for &(node, incarnation) in self.lost.iter() {
+            fabric.declare_lost(node, incarnation);
         }
         Ok(fabric)
     }

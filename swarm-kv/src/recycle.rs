@@ -49,6 +49,30 @@
 //! *pre-cleared* (`crate::register_alloc`), which is what an insert needs to write it
 //! in one roundtrip (SWARM §5.3.1).
 //!
+//! # A node out of service
+//!
+//! A replica whose memory is *lost* needs no reset: that memory never answers again
+//! (`swarm_core::Fabric::memory_lost`: a retired node file, a memory node that came
+//! back with another incarnation), and the node serves again only as a new
+//! incarnation that a repair rebuilt from the other replicas (`crate::repair`). So
+//! while a node is out, registers keep coming back: a reset that every other replica
+//! acknowledged is complete when the failed one is a lost member
+//! (`KvClient::reset_may_skip`). Without this, a churn workload would run out of
+//! registers while a node waits for its repair.
+//!
+//! The repair is what makes it safe, and it needs one thing from resets: none may
+//! land on the donors after the copy read them, or the rebuilt node would keep the
+//! register's old words (a tombstone at the top timestamp) under the next key. A
+//! repair therefore *announces* itself (configuration `e + 1` with the node's
+//! repairing bit) before its quiescence wait; a client leaves the node out of a
+//! reset only while the configuration it follows is the newest its lease renewals
+//! have shown and has no repairing bit for the node. A client whose lease is still
+//! valid at the end of the wait renewed after the announcement (the lease
+//! argument), so from then on its resets need the node again (they fail until the
+//! admission, and retry after another grace), and resets posted before have landed
+//! within the delivery margin, which the wait includes. A client with a lapsed lease
+//! starts no reset at all (`may_start`).
+//!
 //! # Why a reused register is never confused with its old life
 //!
 //! * *Stale blind writes and stale CAS expectations*: by the grace, no operation
@@ -140,7 +164,8 @@ struct Reset {
     register: RegisterId,
     /// Replicas whose reset has not answered yet.
     pending: Vec<(NodeId, Ticket)>,
-    failed: bool,
+    /// Replicas whose reset failed.
+    failed: Vec<NodeId>,
 }
 
 #[derive(Debug, Default)]
@@ -286,12 +311,17 @@ impl Recycler {
     /// a client whose lease was killed (a zombie) posts no reset after its lease
     /// ended, and a reclaimer that adopts its chunks (`crate::orphans`) can rely on
     /// the lease argument (`crate::lease`) for resets too.
+    ///
+    /// `may_skip(node)`: whether a reset that failed on `node` may do without it, its
+    /// memory being lost and out of service with no repair announced (see the module
+    /// docs, "a node out of service"). Asked when the other replicas have answered.
     pub fn step<F: Fabric>(
         &self,
         fabric: &F,
         layout: &NodeLayout,
         may_start: bool,
         loc: impl Fn(RegisterId) -> Option<RegisterLoc>,
+        may_skip: impl Fn(NodeId) -> bool,
     ) -> Vec<RegisterId> {
         if !self.state.borrow().marking.is_empty() {
             self.marks_in_flight(fabric);
@@ -327,7 +357,7 @@ impl Recycler {
             s.resetting.push(Reset {
                 register,
                 pending,
-                failed: false,
+                failed: Vec::new(),
             });
         }
         // Collect what answered.
@@ -340,16 +370,35 @@ impl Recycler {
                 Poll::Ready(Ok(_)) => false,
                 Poll::Ready(Err(error)) => {
                     tracing::debug!(register = reset.register, node = node.index(), %error, "recycler: reset failed on a replica");
-                    reset.failed = true;
+                    reset.failed.push(node);
                     false
                 }
             });
-            if !reset.pending.is_empty() {
+            // A lost node out of service may never answer (a silent RDMA node):
+            // once only such nodes are pending, they count as failed.
+            if !reset.pending.iter().all(|&(node, _)| may_skip(node)) {
                 i += 1;
                 continue;
             }
-            let done = s.resetting.swap_remove(i);
-            if done.failed {
+            for (node, ticket) in reset.pending.drain(..) {
+                fabric.forget(ticket);
+                reset.failed.push(node);
+            }
+            let mut done = s.resetting.swap_remove(i);
+            // Every other replica answered: those of lost nodes out of service are
+            // left to the repair that will rebuild them.
+            done.failed.retain(|&node| {
+                let skip = may_skip(node);
+                if skip {
+                    tracing::debug!(
+                        register = done.register,
+                        node = node.index(),
+                        "recycler: reset without a lost node out of service (its repair rebuilds it)"
+                    );
+                }
+                !skip
+            });
+            if !done.failed.is_empty() {
                 // Some replica may keep the old metadata: try again after a grace.
                 s.stats.reset_failures += 1;
                 s.limbo.push_back(Limbo {

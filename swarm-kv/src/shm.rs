@@ -22,7 +22,7 @@ use crate::clock::SystemClock;
 use crate::configuration::Configuration;
 use crate::layout::{ClusterParams, NodeLayout};
 use crate::repair::{RepairError, RepairOptions, RepairReport, repair_node};
-use crate::store::{Store, open_layout, write_configuration, write_superblock};
+use crate::store::{OpenedLayout, Store, open_layout, write_configuration, write_superblock};
 
 /// A SWARM-KV cluster on shared-memory node files, mapped by this process (the
 /// shared-memory counterpart of `RdmaStore`, feature `rdma`).
@@ -79,14 +79,13 @@ impl ShmStore {
             },
         )?);
         write_superblock(&shm.client(), &params)?;
-        let config = Configuration {
-            epoch: 1,
-            incarnations: shm
-                .incarnations()
+        let config = Configuration::new(
+            1,
+            shm.incarnations()
                 .iter()
                 .map(|i| i.unwrap_or_default())
                 .collect(),
-        };
+        );
         write_configuration(&shm.client(), &config)?;
         Self::from_shm(shm, 0)
     }
@@ -99,7 +98,11 @@ impl ShmStore {
 
     fn from_shm(shm: Arc<ShmCluster>, rtt_ns: u64) -> Result<Self, KvError> {
         let header = *shm.header();
-        let (layout, left_out) = open_layout(&shm.client(), &header, shm.incarnations())?;
+        let OpenedLayout {
+            layout,
+            left_out,
+            lost,
+        } = open_layout(&shm.client(), &header, shm.incarnations())?;
         let shm = if left_out.is_empty() {
             shm
         } else {
@@ -110,6 +113,9 @@ impl ShmStore {
             })?;
             for (node, why) in left_out {
                 cluster.leave_out(node, why);
+            }
+            for (node, incarnation) in lost {
+                cluster.declare_lost(node, incarnation);
             }
             Arc::new(cluster)
         };

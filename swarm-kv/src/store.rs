@@ -236,6 +236,19 @@ pub fn foreign_incarnations(
         .collect()
 }
 
+/// A store's layout as [`open_layout`] found it.
+#[derive(Debug)]
+pub struct OpenedLayout {
+    /// The layout in the superblock, checked against the node size.
+    pub layout: NodeLayout,
+    /// The nodes left out, and why.
+    pub left_out: Vec<(NodeId, String)>,
+    /// Member incarnations whose memory is gone: another incarnation answers in
+    /// their slot (a node file re-created, a memory node restarted), so the member's
+    /// memory can never answer again (`swarm_core::Fabric::memory_lost`).
+    pub lost: Vec<(NodeId, u64)>,
+}
+
 /// The layout in the superblock, checked against the node size, and the nodes
 /// left out: those without the majority's superblock (see [`Superblock`]) and those
 /// whose incarnation (`incarnations[i]`, `None` if unknown) the configuration does
@@ -244,10 +257,16 @@ pub fn open_layout<F: Fabric>(
     fabric: &F,
     header: &NodeHeader,
     incarnations: &[Option<u64>],
-) -> Result<(NodeLayout, Vec<(NodeId, String)>), KvError> {
+) -> Result<OpenedLayout, KvError> {
     let mut superblock = read_superblock(fabric)?;
     let config = read_configuration(fabric)?;
-    for (node, why) in foreign_incarnations(&config, incarnations) {
+    let foreign = foreign_incarnations(&config, incarnations);
+    let lost = foreign
+        .iter()
+        .filter(|_| config.epoch > 0)
+        .filter_map(|(node, _)| Some((*node, *config.incarnations.get(node.index())?)))
+        .collect();
+    for (node, why) in foreign {
         if !superblock.unusable.iter().any(|(n, _)| *n == node) {
             superblock.unusable.push((node, why));
         }
@@ -289,7 +308,11 @@ pub fn open_layout<F: Fabric>(
     for (node, why) in &superblock.unusable {
         tracing::warn!(%node, "memory node left out: {why}");
     }
-    Ok((layout, superblock.unusable))
+    Ok(OpenedLayout {
+        layout,
+        left_out: superblock.unusable,
+        lost,
+    })
 }
 
 #[cfg(test)]

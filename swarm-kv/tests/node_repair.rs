@@ -99,7 +99,10 @@ fn rebuilt_node_restores_what_only_it_and_one_other_held(lose: u16) {
     assert_eq!(degraded.unusable_nodes().len(), 1);
     let report = ShmStore::repair(dir.path(), 1, NO_WAIT, |_, _| {}).unwrap();
     assert_eq!(report.node, 1);
-    assert_eq!(report.epoch, 2, "created at epoch 1, admitted at 2");
+    assert_eq!(
+        report.epoch, 3,
+        "created at epoch 1, announced at 2, admitted at 3"
+    );
     assert_eq!(report.conflicts.total(), 0, "{report:?}");
     let repaired = ShmStore::open(dir.path()).unwrap();
     assert!(

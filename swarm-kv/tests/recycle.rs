@@ -9,6 +9,7 @@
 //! the register capacity completes with a linearizable history.
 
 use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
 use std::ops::Range;
 use std::rc::Rc;
 use std::task::{Context, Poll, Waker};
@@ -16,8 +17,10 @@ use std::task::{Context, Poll, Waker};
 use swarm_checker::{History, OpKind, Operation};
 use swarm_core::fabric::{Completion, FabricError, FailureCause, Op, Ticket};
 use swarm_core::{Batch, Fabric, NodeId, OpStats, block_on};
+use swarm_kv::configuration::{CONFIG_AT, Configuration};
 use swarm_kv::layout::{ClusterParams, NodeLayout};
-use swarm_kv::store::write_superblock;
+use swarm_kv::repair::RepairOptions;
+use swarm_kv::store::{read_configuration, write_configuration, write_superblock};
 use swarm_kv::{KvClient, KvConfig, KvError, ShmStore};
 use swarm_shm::{CreateOptions, EmulatedFabric, ScratchDir, ShmCluster};
 
@@ -171,6 +174,12 @@ impl Fabric for TestFabric {
     fn wake_at(&self, deadline: u64) {
         self.wakes.borrow_mut().insert(deadline);
     }
+    fn memory_lost(&self, node: NodeId, incarnation: u64) -> bool {
+        self.inner.memory_lost(node, incarnation)
+    }
+    fn admit(&self, node: NodeId, incarnation: u64) -> bool {
+        self.inner.admit(node, incarnation)
+    }
 }
 
 /// Timestamp ticks from the virtual clock too: with the machine's clock, which
@@ -243,6 +252,8 @@ fn exact(dir: &ScratchDir, registers: u64, log_slots: u32) -> ShmStore {
             .expect("create"),
     );
     write_superblock(&shm.client(), &params).expect("superblock");
+    let members = shm.incarnations().iter().map(|i| i.unwrap()).collect();
+    write_configuration(&shm.client(), &Configuration::new(1, members)).expect("configuration");
     drop(shm);
     ShmStore::open(dir.path()).expect("open")
 }
@@ -640,5 +651,177 @@ fn a_churn_with_index_outages_stays_linearizable() {
     // (`swarm_core::reclaim`, rule 3).
     for seed in churn_seeds(&[108]) {
         churn(seed, true);
+    }
+}
+
+/// One churn step of [`a_lost_node_out_of_service_does_not_stop_register_recycling`]:
+/// a random insert, delete, get or update by one of `clients`, checked against
+/// `model` (the clients run one operation at a time, with no faults).
+fn churn_step(clients: &[Client], model: &mut HashMap<String, String>, x: &mut u64, op: u64) {
+    let r = next(x);
+    let client = &clients[(r % clients.len() as u64) as usize];
+    let key = format!("key{}", (r >> 8) % 16);
+    let value = format!("v{op}");
+    let s = OpStats::new();
+    let f = client.fabric();
+    match (r >> 32) % 10 {
+        0..=3 => {
+            block_on(f, client.insert(key.as_bytes(), value.as_bytes(), &s))
+                .unwrap_or_else(|e| panic!("op {op}: insert {key}: {e}"));
+            model.insert(key, value);
+        }
+        4..=6 => {
+            let deleted = block_on(f, client.delete(key.as_bytes(), &s))
+                .unwrap_or_else(|e| panic!("op {op}: delete {key}: {e}"));
+            assert_eq!(
+                deleted,
+                model.remove(&key).is_some(),
+                "op {op}: delete {key}"
+            );
+        }
+        7..=8 => assert_eq!(
+            get(client, &key).as_ref(),
+            model.get(&key),
+            "op {op}: get {key}"
+        ),
+        _ => {
+            let updated = block_on(f, client.update(key.as_bytes(), value.as_bytes(), &s))
+                .unwrap_or_else(|e| panic!("op {op}: update {key}: {e}"));
+            assert_eq!(updated, model.contains_key(&key), "op {op}: update {key}");
+            if updated {
+                model.insert(key, value);
+            }
+        }
+    }
+    clients[0].fabric().world.advance(500_000);
+}
+
+fn total_recycled(clients: &[Client]) -> u64 {
+    clients.iter().map(|c| c.recycle_stats().recycled).sum()
+}
+
+/// Writes `config` to nodes `nodes` only (a repair's announcement on the donors).
+fn write_config_to(store: &ShmStore, config: &Configuration, nodes: &[u16]) {
+    let f = store.fabric();
+    for &n in nodes {
+        let t = f.post(NodeId(n), Batch::write(CONFIG_AT, config.encode()));
+        block_on(&f, core::future::poll_fn(|_| f.poll(t))).expect("config written");
+    }
+}
+
+/// Issue 12: while a node's memory is lost and out of service, register resets
+/// leave it out, so a churn of many times the register capacity goes on; once a
+/// repair announced itself, resets need the node again; the repair rebuilds it with
+/// the recycled registers' fresh state, so losing another node afterwards loses
+/// nothing and reads no stale tombstone.
+#[test]
+fn a_lost_node_out_of_service_does_not_stop_register_recycling() {
+    let dir = ScratchDir::new("kv-recycle-lost").unwrap();
+    let capacity = 64;
+    let store = exact(&dir, capacity, 1 << 12);
+    let world = World::new();
+    let clients: Vec<Client> = (0..2).map(|_| client(&store, &world)).collect();
+    let mut model = HashMap::new();
+    let mut x = 0x1057;
+    let mut op = 0;
+    let mut run = |clients: &[Client], model: &mut HashMap<String, String>, ops: u64| {
+        for _ in 0..ops {
+            op += 1;
+            churn_step(clients, model, &mut x, op);
+        }
+    };
+    run(&clients, &mut model, 300);
+
+    // Node 2's memory is lost: its file retired (a crash that takes the memory).
+    assert!(ShmCluster::retire_node(dir.path(), 2).unwrap());
+    let before = total_recycled(&clients);
+    // Ten times the capacity in inserts (about 4 in 10 operations).
+    run(&clients, &mut model, 1600);
+    let degraded = total_recycled(&clients) - before;
+    assert!(
+        degraded >= 4 * capacity,
+        "only {degraded} registers recycled with node 2 out"
+    );
+
+    // A repair of node 2 announces itself: resets need node 2 again (they fail
+    // until it is admitted, and the registers wait in limbo).
+    let mut announced = read_configuration(&store.fabric()).unwrap();
+    announced.epoch += 1;
+    announced.repairing |= 1 << 2;
+    write_config_to(&store, &announced, &[0, 1]);
+    // A lease renewal shows the new epoch, and a later operation follows it (until
+    // then a client may still reset without node 2: the repair's quiescence wait
+    // covers those resets).
+    clients[0]
+        .fabric()
+        .world
+        .advance(store.layout().params.lease_renew_ns * 2);
+    for _ in 0..3 {
+        for c in &clients {
+            get(c, "key0");
+        }
+    }
+    let (recycled, failures) = (
+        total_recycled(&clients),
+        clients
+            .iter()
+            .map(|c| c.recycle_stats().reset_failures)
+            .sum::<u64>(),
+    );
+    for i in 0..6 {
+        for c in &clients {
+            let key = format!("announced{i}");
+            insert(c, &key, "x");
+            assert!(delete(c, &key));
+        }
+        clients[0].fabric().world.advance(grace(&store) + 1);
+    }
+    assert_eq!(
+        total_recycled(&clients),
+        recycled,
+        "reset without node 2 after the announcement"
+    );
+    assert!(
+        clients
+            .iter()
+            .map(|c| c.recycle_stats().reset_failures)
+            .sum::<u64>()
+            > failures,
+        "no reset tried"
+    );
+
+    // The repair rebuilds node 2 (from nodes 0 and 1, whose registers the resets
+    // above brought back), and the clients admit it.
+    let report = ShmStore::repair(
+        dir.path(),
+        2,
+        RepairOptions {
+            quiesce_ns: Some(0),
+            replace: false,
+        },
+        |_, _| {},
+    )
+    .expect("repair");
+    assert_eq!(report.epoch, announced.epoch + 2);
+    clients[0]
+        .fabric()
+        .world
+        .advance(store.layout().params.lease_renew_ns * 2);
+    run(&clients, &mut model, 800);
+    assert!(total_recycled(&clients) > recycled, "recycling resumed");
+
+    // Node 0 lost too: nodes 1 and 2 hold every key's state.
+    assert!(ShmCluster::retire_node(dir.path(), 0).unwrap());
+    let reader = client(&store, &world);
+    for k in 0..16 {
+        let key = format!("key{k}");
+        assert_eq!(
+            get(&reader, &key).as_ref(),
+            model.get(&key),
+            "{key} after losing node 0"
+        );
+    }
+    for c in clients {
+        c.close();
     }
 }

@@ -474,6 +474,11 @@ fn a_restarted_node_is_never_used_again() {
     assert_ne!(restarted.region().incarnation, old_incarnation);
     wait_status(&fabric, node, NodeStatus::Retired);
     assert!(wait(&fabric, fabric.post(node, Batch::read(DATA, 8))).is_err());
+    assert!(
+        fabric.memory_lost(node, old_incarnation),
+        "the old incarnation's memory is known lost"
+    );
+    assert!(!fabric.memory_lost(NodeId(0), fabric.incarnations()[0].unwrap()));
     // The other two still serve.
     for other in [0, 2] {
         wait(&fabric, fabric.post(NodeId(other), Batch::read(DATA, 8))).unwrap();

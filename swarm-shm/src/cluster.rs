@@ -96,6 +96,9 @@ pub struct ShmCluster {
     /// incarnation: it replaces `nodes[i]` for every handle from then on.
     admitted: Vec<OnceLock<(NodeMemory, u64)>>,
     absent: Vec<AbsentNode>,
+    /// Per node slot, an incarnation whose memory is known lost: found retired at
+    /// open, or declared by the store ([`ShmCluster::declare_lost`]).
+    lost: Vec<Option<u64>>,
 }
 
 /// A node of the cluster that could not be used when it was opened, and why.
@@ -265,6 +268,7 @@ impl ShmCluster {
             });
         }
         let mut absent = Vec::new();
+        let mut lost = vec![None; usize::from(node_count)];
         for index in 0..node_count {
             if nodes[usize::from(index)].is_some() {
                 continue;
@@ -276,6 +280,9 @@ impl ShmCluster {
                     nodes: node_count,
                 },
             };
+            if let ShmError::Retired { incarnation, .. } = &error {
+                lost[usize::from(index)] = Some(*incarnation);
+            }
             absent.push(AbsentNode {
                 node: NodeId(index),
                 error,
@@ -309,6 +316,7 @@ impl ShmCluster {
             nodes,
             admitted,
             absent,
+            lost,
         })
     }
 
@@ -486,6 +494,38 @@ impl ShmCluster {
             return Some(*incarnation);
         }
         self.incarnations.get(node.index()).copied().flatten()
+    }
+
+    /// Whether the memory of `node`'s incarnation `incarnation` is known lost for good
+    /// (`swarm_core::Fabric::memory_lost`): its file was retired (before the cluster
+    /// was opened, or since, in the memory this process maps), or the store declared
+    /// it lost ([`ShmCluster::declare_lost`]). A file that is merely missing or
+    /// unreadable is not known lost: it may come back with its memory.
+    pub fn memory_lost(&self, node: NodeId, incarnation: u64) -> bool {
+        let i = node.index();
+        if self.lost.get(i).copied().flatten() == Some(incarnation) {
+            return true;
+        }
+        if let Some((memory, admitted)) = self.admitted.get(i).and_then(OnceLock::get)
+            && *admitted == incarnation
+        {
+            return memory.is_retired();
+        }
+        self.incarnations.get(i).copied().flatten() == Some(incarnation)
+            && self
+                .nodes
+                .get(i)
+                .and_then(Option::as_ref)
+                .is_some_and(NodeMemory::is_retired)
+    }
+
+    /// Records that the memory of `node`'s incarnation `incarnation` is lost for good:
+    /// the store found another incarnation's file in its place (a node file re-created
+    /// after that memory was retired or deleted). Before the cluster is shared.
+    pub fn declare_lost(&mut self, node: NodeId, incarnation: u64) {
+        if let Some(slot) = self.lost.get_mut(node.index()) {
+            *slot = Some(incarnation);
+        }
     }
 
     /// Nodes that could not be used when the cluster was opened, and why.
@@ -721,7 +761,7 @@ fn open_node(dir: &Path, index: u16) -> Result<Option<(NodeHeader, NodeMemory, u
     file.read_exact_at(&mut retired, RETIRED_AT as u64)
         .map_err(ShmError::io("cannot read node header", &path))?;
     if retired != [0; 8] {
-        return Err(ShmError::Retired { path });
+        return Err(ShmError::Retired { path, incarnation });
     }
     let mapping =
         Mapping::new(&file, header.size).map_err(ShmError::io("cannot map node file", &path))?;

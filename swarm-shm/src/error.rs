@@ -56,6 +56,8 @@ pub enum ShmError {
     Retired {
         /// The node file.
         path: PathBuf,
+        /// The incarnation of the memory it held.
+        incarnation: u64,
     },
     /// The directory holds no cluster (no `node-0.swarm`).
     #[error(

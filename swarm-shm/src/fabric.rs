@@ -154,6 +154,10 @@ impl Fabric for ShmFabric {
             }
         }
     }
+
+    fn memory_lost(&self, node: NodeId, incarnation: u64) -> bool {
+        self.cluster.memory_lost(node, incarnation)
+    }
 }
 
 #[cfg(test)]

@@ -183,6 +183,10 @@ impl<F: Fabric> Fabric for FailNodes<F> {
     fn admit(&self, node: NodeId, incarnation: u64) -> bool {
         self.inner.admit(node, incarnation)
     }
+
+    fn memory_lost(&self, node: NodeId, incarnation: u64) -> bool {
+        self.inner.memory_lost(node, incarnation)
+    }
 }
 
 /// A fabric whose completions arrive a fixed roundtrip time after posting; see the
@@ -423,6 +427,10 @@ impl<F: Fabric> Fabric for EmulatedRtt<F> {
 
     fn admit(&self, node: NodeId, incarnation: u64) -> bool {
         self.inner.admit(node, incarnation)
+    }
+
+    fn memory_lost(&self, node: NodeId, incarnation: u64) -> bool {
+        self.inner.memory_lost(node, incarnation)
     }
 }
 

@@ -158,6 +158,18 @@ pub trait Fabric {
         let _ = (node, incarnation);
         false
     }
+
+    /// Whether the memory of `node`'s incarnation `incarnation` is known to be gone
+    /// for good: it can never answer again as that incarnation (a retired node file,
+    /// a memory node that came back with another incarnation). Only a repair brings
+    /// the node back, by rebuilding a new incarnation from the others. A store may
+    /// then leave that memory out of work that otherwise needs every replica
+    /// (`swarm_kv::recycle`, register resets). `false` means *not known*: a node
+    /// that does not answer may come back with its memory. The default knows nothing.
+    fn memory_lost(&self, node: NodeId, incarnation: u64) -> bool {
+        let _ = (node, incarnation);
+        false
+    }
 }
 
 impl<F: Fabric + ?Sized> Fabric for &F {
@@ -187,6 +199,9 @@ impl<F: Fabric + ?Sized> Fabric for &F {
     }
     fn admit(&self, node: NodeId, incarnation: u64) -> bool {
         (**self).admit(node, incarnation)
+    }
+    fn memory_lost(&self, node: NodeId, incarnation: u64) -> bool {
+        (**self).memory_lost(node, incarnation)
     }
 }
 

@@ -10,18 +10,27 @@
 //! ([`crate::configuration`]: its new incarnation is not a member) until this module
 //! has rebuilt it into a state it could have reached as an ordinary node that merely
 //! missed some operations, with every value decided on a majority restored. Then a
-//! configuration change (epoch `e + 1`, listing its new incarnation) admits it.
+//! configuration change (epoch `e + 2`, listing its new incarnation) admits it.
 //!
 //! # The procedure ([`repair_node`])
 //!
-//! 1. Read the configuration (a majority's newest copy); the node's new incarnation
-//!    must not be a member yet. The *donors* are every other node: all must answer
-//!    (a majority would do for the argument below in clusters where every node holds
-//!    every register; asking all keeps one rule for registers placed on a subset of
-//!    nodes, at the price of not repairing while a second node is down).
+//! 1. Read the configuration `e` (a majority's newest copy); the node's new
+//!    incarnation must not be a member yet. The *donors* are every other node: all
+//!    must answer (a majority would do for the argument below in clusters where every
+//!    node holds every register; asking all keeps one rule for registers placed on a
+//!    subset of nodes, at the price of not repairing while a second node is down).
+//!    **Announce** the repair: write configuration `e + 1`, the same members with the
+//!    node's *repairing* bit set, to every donor. While a node is out of service,
+//!    clients reset recycled registers on the other replicas only
+//!    ([`crate::recycle`], "a node out of service"); a reset that lands on the donors
+//!    after the copy read them would leave the rebuilt node with the register's old
+//!    words. Clients see the announcement in their lease renewals, and stop leaving
+//!    the node out of resets before the wait below ends.
 //! 2. **Quiesce**: wait [`quiescence_ns`] on the fabric's clock: a lease observer's
 //!    whole wait (`lease·(1 + 1/8)` plus a grace) plus an operation's deadline, the
-//!    drift allowance and the delivery margin. The lost memory was gone before the
+//!    drift allowance and the delivery margin. A client whose lease is valid after
+//!    the wait renewed it after the announcement, so it saw the repairing bit; the
+//!    resets it posted before have landed. The lost memory was gone before the
 //!    repair started (the node was replaced, or its file retired, `swarm-shm`), so
 //!    every action taken on an *observation* of the lost memory — an operation that
 //!    counted its reply towards a quorum, a reclaimer that read its lease word and
@@ -34,8 +43,8 @@
 //!    (re-encoded from the parameters), the client table, the chunk table, the index,
 //!    the registers the node replicates (others stay zero), the logs, the log
 //!    summaries.
-//! 4. **Admit**: write the configuration `e + 1` (the node's new incarnation listed)
-//!    to every donor — a majority of the members of `e` — then to the node itself.
+//! 4. **Admit**: write the configuration `e + 2` (the node's new incarnation listed,
+//!    its repairing bit clear) to every donor — a majority of the members of `e` — then to the node itself.
 //!    Running clients see the new epoch in their next lease renewal and admit the
 //!    node ([`swarm_core::Fabric::admit`]); new clients open with it.
 //!
@@ -215,6 +224,18 @@ pub async fn repair_node<F: Fabric>(
         .collect();
     let span = tracing::info_span!("repair", %node, epoch = config.epoch);
     let _entered = span.enter();
+    // Announce the repair (epoch e + 1, the node's repairing bit) on every donor
+    // before the wait: from the end of the wait on, no client leaves the node's
+    // lost memory out of a register reset (step 1, `crate::recycle`).
+    let mut announced = config.clone();
+    announced.epoch += 1;
+    announced.repairing |= 1 << node.index();
+    let record = announced.encode();
+    rt_all(fabric, &stats, &donors, |_| {
+        Batch::write(CONFIG_AT, record.clone())
+    })
+    .await?;
+    tracing::info!(epoch = announced.epoch, "repair announced");
     let wait = options.quiesce_ns.unwrap_or_else(|| quiescence_ns(layout));
     tracing::info!(
         wait_ms = wait / 1_000_000,
@@ -245,9 +266,10 @@ pub async fn repair_node<F: Fabric>(
 
     // Admit: the new configuration on every donor (a majority of the old members),
     // then on the node.
-    let mut next = config.clone();
+    let mut next = announced;
     next.epoch += 1;
     next.incarnations[node.index()] = incarnation;
+    next.repairing &= !(1 << node.index());
     let record = next.encode();
     rt_all(fabric, &stats, &donors, |_| {
         Batch::write(CONFIG_AT, record.clone())
@@ -285,8 +307,8 @@ pub(crate) async fn read_configuration<F: Fabric>(
 
 /// [`read_configuration`] from at least `quorum` nodes, waiting `straggler_ns` for
 /// the others. A client that follows a configuration change needs one answer: a
-/// valid copy of epoch `e + 1` exists only once the rebuild finished (it is written
-/// to the donors after the copy), and a client with one node lost and the rebuilt
+/// valid copy that lists a rebuilt node's new incarnation exists only once the
+/// rebuild finished (it is written to the donors after the copy), and a client with one node lost and the rebuilt
 /// one not admitted yet may reach a single node.
 pub(crate) async fn read_configuration_within<F: Fabric>(
     fabric: &F,

@@ -388,6 +388,10 @@ pub struct RdmaFabric {
     /// connected ([`Fabric::admit`]): a reconnect then expects it instead of the one
     /// of the bootstrap.
     admitted: RefCell<Vec<Option<u64>>>,
+    /// Per node, an incarnation whose memory is known gone ([`Fabric::memory_lost`]):
+    /// a reconnect found the node restarted with another one, or the store declared
+    /// it ([`RdmaFabric::declare_lost`]).
+    lost: RefCell<Vec<Option<u64>>>,
     /// The device health generation last acted on.
     health_seen: Cell<u64>,
     /// When this client last posted a batch (fabric clock): after an idle gap, the
@@ -506,6 +510,7 @@ impl RdmaFabric {
             cq,
             slots: RefCell::new(slots),
             admitted: RefCell::new(vec![None; n]),
+            lost: RefCell::new(vec![None; n]),
             last_post: Cell::new(0),
         })
     }
@@ -545,6 +550,15 @@ impl RdmaFabric {
     #[doc(hidden)]
     pub fn give_up_on(&self, node: NodeId) {
         self.inner.engine().give_up_on(node);
+    }
+
+    /// Records that the memory of `node`'s incarnation `incarnation` is gone: the
+    /// store found the node running another incarnation when it opened (a memory
+    /// node process keeps its memory only while it runs).
+    pub fn declare_lost(&self, node: NodeId, incarnation: u64) {
+        if let Some(slot) = self.lost.borrow_mut().get_mut(node.index()) {
+            *slot = Some(incarnation);
+        }
     }
 
     /// Takes `node` out of service for good on this client (its contents are
@@ -840,6 +854,8 @@ impl RdmaFabric {
                 Slot::Live
             }
             Verdict::Restarted { old, new } => {
+                // A memory node keeps its memory only while its process runs.
+                self.declare_lost(node, old);
                 tracing::warn!(
                     %node,
                     old = format_args!("{old:#018x}"),
@@ -992,6 +1008,10 @@ impl Fabric for RdmaFabric {
             "memory node admitted by a configuration change: connecting"
         );
         true
+    }
+
+    fn memory_lost(&self, node: NodeId, incarnation: u64) -> bool {
+        self.lost.borrow().get(node.index()).copied().flatten() == Some(incarnation)
     }
 }
 

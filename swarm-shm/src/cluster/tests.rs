@@ -457,10 +457,20 @@ fn a_retired_node_fails_batches_everywhere_and_a_replacement_is_admitted_online(
     };
     write(&fabric, 1).expect("node 1 serves");
     let old = cluster.incarnation_of(NodeId(1)).unwrap();
+    assert!(
+        !cluster.memory_lost(NodeId(1), old),
+        "serving memory is not lost"
+    );
 
     // Retiring the file fails this process's batches to it at once.
     assert!(ShmCluster::retire_node(dir.path(), 1).unwrap());
     assert!(cluster.node(NodeId(1)).unwrap().is_retired());
+    assert!(fabric.memory_lost(NodeId(1), old), "retired memory is lost");
+    assert!(
+        !fabric.memory_lost(NodeId(1), old ^ 1),
+        "only that incarnation"
+    );
+    assert!(!fabric.memory_lost(NodeId(0), cluster.incarnation_of(NodeId(0)).unwrap()));
     assert!(matches!(
         write(&fabric, 1),
         Err(swarm_core::FabricError::NodeFailed {
@@ -468,11 +478,16 @@ fn a_retired_node_fails_batches_everywhere_and_a_replacement_is_admitted_online(
             ..
         })
     ));
-    // A new opener refuses it, naming why.
+    // A new opener refuses it, naming why, and knows that memory is lost.
     assert!(matches!(
         absent_reason(dir.path(), 1),
-        ShmError::Retired { .. }
+        ShmError::Retired { incarnation, .. } if incarnation == old
     ));
+    assert!(
+        ShmCluster::open(dir.path())
+            .unwrap()
+            .memory_lost(NodeId(1), old)
+    );
 
     // Replaced by an empty file with a new incarnation, which an opened cluster
     // admits only with exactly that incarnation.
@@ -484,8 +499,23 @@ fn a_retired_node_fails_batches_everywhere_and_a_replacement_is_admitted_online(
         cluster.admit(NodeId(1), new ^ 1),
         Err(ShmError::Mismatch { .. })
     ));
+    assert!(
+        !reopened.memory_lost(NodeId(1), old),
+        "replaced, not known lost"
+    );
+    let mut declared = ShmCluster::open(dir.path()).unwrap();
+    declared.declare_lost(NodeId(1), old);
+    assert!(declared.memory_lost(NodeId(1), old) && !declared.memory_lost(NodeId(1), new));
     cluster.admit(NodeId(1), new).unwrap();
     assert_eq!(cluster.incarnation_of(NodeId(1)), Some(new));
+    assert!(
+        cluster.memory_lost(NodeId(1), old),
+        "the old mapping stays lost"
+    );
+    assert!(
+        !cluster.memory_lost(NodeId(1), new),
+        "the admitted memory serves"
+    );
     write(&fabric, 1).expect("the existing handle reaches the admitted memory");
     let mut byte = [0u8; 8];
     reopened
