@@ -73,6 +73,14 @@ const MAX_RETRIES: u32 = 16;
 /// most one check per `ProtocolConfig::reclaim_interval_ns`).
 const RECLAIM_BUDGET: usize = 8;
 
+/// How long an insert waits for a register while a repair is announced, at most:
+/// from the announcement to the admission, resets need the node being rebuilt
+/// (`crate::recycle`, "a node out of service"), so registers come back only once it
+/// is admitted (a repair's wait and copy: seconds). A repair that failed after its
+/// announcement leaves the bit set until another one completes; inserts then fail
+/// with `RegistersFull` after this long.
+const REPAIR_WAIT_NS: Nanos = 30_000_000_000;
+
 /// The register protocol a client uses: SWARM, or one of the paper's baselines (§7),
 /// so that all of them run on the same store, index and cache.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -784,6 +792,15 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         }
     }
 
+    /// Whether a repair is announced in the configuration this client follows (its
+    /// resets wait for the node being rebuilt until the node is admitted).
+    fn repair_announced(&self) -> bool {
+        self.followed
+            .borrow()
+            .as_ref()
+            .is_some_and(|config| config.repairing != 0)
+    }
+
     /// Whether a register reset may leave out `node` (`crate::recycle`, "a node out
     /// of service"): the memory of its member incarnation, in the configuration this
     /// client follows, is known lost, no repair of it is announced there, and no lease
@@ -809,9 +826,8 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
     /// grace and a bit.
     async fn allocate_register(&self, stats: &OpStats) -> Result<RegisterId, KvError> {
         let fabric = self.swarm.fabric();
-        let mut give_up = fabric
-            .now()
-            .saturating_add(self.recycler.grace_ns().saturating_mul(2));
+        let started = fabric.now();
+        let mut give_up = started.saturating_add(self.recycler.grace_ns().saturating_mul(2));
         loop {
             self.recycle_step();
             match self
@@ -836,7 +852,10 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
                     }
                 }
                 Err(KvError::RegistersFull { .. })
-                    if self.recycler.in_limbo() > 0 && fabric.now() < give_up =>
+                    if self.recycler.in_limbo() > 0
+                        && (fabric.now() < give_up
+                            || (self.repair_announced()
+                                && fabric.now() < started.saturating_add(REPAIR_WAIT_NS))) =>
                 {
                     let _ = self.upkeep(fabric.now()).await;
                     // Resets start only under a valid lease: an idle client renews.

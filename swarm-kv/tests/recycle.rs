@@ -790,6 +790,24 @@ fn a_lost_node_out_of_service_does_not_stop_register_recycling() {
         "no reset tried"
     );
 
+    // Out of registers while the repair runs, an insert waits for the admission (up
+    // to 30 s) instead of failing after two graces.
+    let waited_from = world.now.get();
+    let mut i = 0;
+    let error = loop {
+        let key = format!("waiting{i}");
+        i += 1;
+        assert!(i < 1000, "registers never ran out");
+        let c = &clients[0];
+        match block_on(c.fabric(), c.insert(key.as_bytes(), b"x", &OpStats::new())) {
+            Ok(()) => assert!(delete(c, &key)),
+            Err(error) => break error,
+        }
+    };
+    assert!(matches!(error, KvError::RegistersFull { .. }), "{error}");
+    let waited = world.now.get() - waited_from;
+    assert!(waited >= 30_000_000_000, "gave up after {waited} ns");
+
     // The repair rebuilds node 2 (from nodes 0 and 1, whose registers the resets
     // above brought back), and the clients admit it.
     let report = ShmStore::repair(
