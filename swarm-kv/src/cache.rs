@@ -29,12 +29,20 @@
 //! were hot long ago fade.
 //!
 //! Keys are hashed with xxh3 under a seed drawn per cache from the standard
-//! library's random keys (every operation hashes its key at least twice here:
-//! SipHash, the standard map's hasher, cost a few percent of a YCSB run on shared
-//! memory). The seed keeps key sets chosen to collide from being computed offline.
+//! library's random keys (SipHash, the standard map's hasher, cost a few percent of a
+//! YCSB run on shared memory). The seed keeps key sets chosen to collide from being
+//! computed offline.
+//!
+//! # Layout (why one table of indices)
+//!
+//! Entries live in one vector (eviction samples it at random), and a `hashbrown`
+//! table maps each key's hash to its entry's index. An entry holds its key inline
+//! when it is short (YCSB's 24-byte keys are) and the key's full hash, so a lookup
+//! touches the table and then one entry, where the hash and the key bytes sit next to
+//! the location: a map keyed by heap-allocated keys cost a cache miss per probe on the
+//! key bytes (the key comparison was a tenth of a YCSB A run on 20k keys).
 
-use std::collections::HashMap;
-use std::hash::{BuildHasher, Hasher};
+use std::hash::BuildHasher;
 
 use swarm_core::RegisterCache;
 use swarm_core::fabric::Nanos;
@@ -43,6 +51,9 @@ use crate::RegisterId;
 
 /// Entries examined per eviction.
 const SAMPLE: usize = 8;
+
+/// Keys up to this long are stored inside their entry.
+const INLINE_KEY: usize = 38;
 
 /// A cached location.
 #[derive(Clone, Debug)]
@@ -56,51 +67,49 @@ pub struct Location {
     pub vouched_at: Nanos,
 }
 
+/// A key's bytes: inline when short, else on the heap.
+enum KeyBytes {
+    Inline { len: u8, bytes: [u8; INLINE_KEY] },
+    Heap(Box<[u8]>),
+}
+
+impl KeyBytes {
+    fn new(key: &[u8]) -> Self {
+        if key.len() <= INLINE_KEY {
+            let mut bytes = [0; INLINE_KEY];
+            bytes[..key.len()].copy_from_slice(key);
+            Self::Inline {
+                len: key.len() as u8,
+                bytes,
+            }
+        } else {
+            Self::Heap(key.into())
+        }
+    }
+
+    fn as_slice(&self) -> &[u8] {
+        match self {
+            Self::Inline { len, bytes } => &bytes[..usize::from(*len)],
+            Self::Heap(bytes) => bytes,
+        }
+    }
+}
+
 struct Entry {
-    key: Vec<u8>,
+    /// The key's hash ([`LocationCache::hash`]), compared before the key.
+    hash: u64,
+    key: KeyBytes,
     location: Location,
     hits: u32,
 }
 
-/// Builds [`KeyHasher`]s with this cache's random seed.
-#[derive(Clone, Copy, Debug)]
-struct SeededKeys(u64);
-
-impl SeededKeys {
-    fn random() -> Self {
-        Self(std::collections::hash_map::RandomState::new().hash_one(0u64))
-    }
-}
-
-impl BuildHasher for SeededKeys {
-    type Hasher = KeyHasher;
-
-    fn build_hasher(&self) -> KeyHasher {
-        KeyHasher(self.0)
-    }
-}
-
-/// xxh3 of the key bytes, seeded (a `[u8]` hashes its length, then its bytes).
-struct KeyHasher(u64);
-
-impl Hasher for KeyHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        self.0 = xxhash_rust::xxh3::xxh3_64_with_seed(bytes, self.0);
-    }
-
-    fn write_usize(&mut self, n: usize) {
-        self.0 = self.0.rotate_left(29) ^ (n as u64);
-    }
-}
-
 /// See the module docs.
 pub struct LocationCache {
-    map: HashMap<Vec<u8>, usize, SeededKeys>,
+    /// Entry indices by key hash.
+    table: hashbrown::HashTable<u32>,
     entries: Vec<Entry>,
+    /// The seed of the key hash (random per cache).
+    seed: u64,
     bytes: usize,
     budget: usize,
     ttl_ns: Nanos,
@@ -121,8 +130,11 @@ impl std::fmt::Debug for LocationCache {
     }
 }
 
+/// What an entry of `key` costs, approximately: the entry, its table slot, and the
+/// key's bytes when they do not fit inline.
 fn entry_bytes(key: &[u8]) -> usize {
-    key.len() * 2 + std::mem::size_of::<Entry>() + std::mem::size_of::<(Vec<u8>, usize)>()
+    let heap = if key.len() > INLINE_KEY { key.len() } else { 0 };
+    heap + std::mem::size_of::<Entry>() + std::mem::size_of::<u32>() + 1
 }
 
 impl LocationCache {
@@ -130,8 +142,9 @@ impl LocationCache {
     /// after they were last vouched for.
     pub fn new(budget: usize, ttl_ns: Nanos) -> Self {
         Self {
-            map: HashMap::with_hasher(SeededKeys::random()),
+            table: hashbrown::HashTable::new(),
             entries: Vec::new(),
+            seed: std::collections::hash_map::RandomState::new().hash_one(0u64),
             bytes: 0,
             budget,
             ttl_ns,
@@ -166,15 +179,29 @@ impl LocationCache {
         self.bytes
     }
 
+    fn hash(&self, key: &[u8]) -> u64 {
+        xxhash_rust::xxh3::xxh3_64_with_seed(key, self.seed)
+    }
+
+    /// The index of `key`'s entry, if cached.
+    fn find(&self, hash: u64, key: &[u8]) -> Option<usize> {
+        let entries = &self.entries;
+        self.table
+            .find(hash, |&i| {
+                let e = &entries[i as usize];
+                e.hash == hash && e.key.as_slice() == key
+            })
+            .map(|&i| i as usize)
+    }
+
     /// The location of `key` at time `now`, counting a hit; `None` (and the entry
     /// dropped) if it was vouched for `ttl_ns` or longer ago: the register may have
     /// been recycled since (module docs).
     pub fn get(&mut self, key: &[u8], now: Nanos) -> Option<Location> {
-        let &i = self.map.get(key)?;
+        let i = self.find(self.hash(key), key)?;
         let entry = &mut self.entries[i];
         if now.saturating_sub(entry.location.vouched_at) >= self.ttl_ns {
             self.expired += 1;
-            self.map.remove(key);
             self.remove_at(i);
             return None;
         }
@@ -186,7 +213,8 @@ impl LocationCache {
     /// knowledge is merged and the newer vouch kept: remembering a location found in
     /// the cache does not make it younger.
     pub fn put(&mut self, key: &[u8], location: Location) {
-        if let Some(&i) = self.map.get(key) {
+        let hash = self.hash(key);
+        if let Some(i) = self.find(hash, key) {
             let entry = &mut self.entries[i];
             if entry.location.register == location.register {
                 merge(&mut entry.location.knowledge, &location.knowledge);
@@ -197,7 +225,8 @@ impl LocationCache {
             return;
         }
         let size = entry_bytes(key);
-        if size > self.budget {
+        // Indices are `u32`: a cache of four billion entries is out of any budget.
+        if size > self.budget || self.entries.len() >= u32::MAX as usize {
             return;
         }
         while self.bytes + size > self.budget && !self.entries.is_empty() {
@@ -209,9 +238,13 @@ impl LocationCache {
                 e.hits /= 2;
             }
         }
-        self.map.insert(key.to_vec(), self.entries.len());
+        let index = self.entries.len() as u32;
+        let entries = &self.entries;
+        self.table
+            .insert_unique(hash, index, |&i| entries[i as usize].hash);
         self.entries.push(Entry {
-            key: key.to_vec(),
+            hash,
+            key: KeyBytes::new(key),
             location,
             hits: 1,
         });
@@ -220,7 +253,7 @@ impl LocationCache {
 
     /// Forgets `key` (a stale entry: the register was deleted).
     pub fn remove(&mut self, key: &[u8]) {
-        if let Some(i) = self.map.remove(key) {
+        if let Some(i) = self.find(self.hash(key), key) {
             self.remove_at(i);
         }
     }
@@ -242,16 +275,22 @@ impl LocationCache {
                 victim = i;
             }
         }
-        let key = self.entries[victim].key.clone();
-        self.map.remove(&key);
         self.remove_at(victim);
     }
 
+    /// Drops entry `i` and its table slot; the last entry takes its place.
     fn remove_at(&mut self, i: usize) {
+        let hash = self.entries[i].hash;
+        if let Ok(slot) = self.table.find_entry(hash, |&j| j as usize == i) {
+            slot.remove();
+        }
         let entry = self.entries.swap_remove(i);
-        self.bytes -= entry_bytes(&entry.key);
+        self.bytes -= entry_bytes(entry.key.as_slice());
         if let Some(moved) = self.entries.get(i) {
-            self.map.insert(moved.key.clone(), i);
+            let last = self.entries.len();
+            if let Some(slot) = self.table.find_mut(moved.hash, |&j| j as usize == last) {
+                *slot = i as u32;
+            }
         }
     }
 }
@@ -299,6 +338,39 @@ mod tests {
         c.put(b"k", at(8, 2_500));
         assert_eq!(c.get(b"k", 2_599).map(|l| l.register), Some(8));
         assert!(c.get(b"k", 2_600).is_none());
+    }
+
+    #[test]
+    fn behaves_as_a_map_for_short_and_long_keys() {
+        use std::collections::HashMap;
+        let mut c = LocationCache::new(usize::MAX, u64::MAX);
+        let mut model: HashMap<Vec<u8>, RegisterId> = HashMap::new();
+        let mut x = 7u64;
+        for step in 0..20_000u64 {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            // Keys of 1 to 80 bytes: inline and on the heap, some sharing prefixes.
+            let len = 1 + (x >> 40) as usize % 80;
+            let key: Vec<u8> = (0..len)
+                .map(|i| b'a' + ((x >> 20) as usize + i) as u8 % 3)
+                .collect();
+            match (x >> 60) % 3 {
+                0 => {
+                    c.put(&key, loc(step));
+                    model.insert(key, step);
+                }
+                1 => {
+                    c.remove(&key);
+                    model.remove(&key);
+                }
+                _ => assert_eq!(c.get(&key, 0).map(|l| l.register), model.get(&key).copied()),
+            }
+            assert_eq!(c.len(), model.len());
+        }
+        for (key, register) in &model {
+            assert_eq!(c.get(key, 0).map(|l| l.register), Some(*register));
+        }
     }
 
     #[test]
