@@ -152,7 +152,8 @@ impl ShmStore {
             }
             .into());
         }
-        let mut raw = ShmCluster::open(dir)?;
+        // Reopened for the copy; `open` above named the unusable nodes already.
+        let mut raw = ShmCluster::open_quietly(dir)?;
         // Left out by the store (no superblock, say: its memory was wiped in place,
         // incarnation and all) counts as lost too.
         let left_out = store.unusable_nodes().iter().any(|(n, _)| n.0 == node);
@@ -164,7 +165,7 @@ impl ShmStore {
             );
             drop(raw);
             ShmCluster::replace_node(dir, node)?;
-            raw = ShmCluster::open(dir)?;
+            raw = ShmCluster::open_quietly(dir)?;
         }
         let incarnation = raw
             .incarnation_of(NodeId(node))

@@ -195,6 +195,16 @@ impl ShmCluster {
     /// a one-node cluster). Usable nodes must agree on the cluster (id, node count,
     /// epoch, tick length); the largest agreeing group is the cluster.
     pub fn open(dir: impl AsRef<Path>) -> Result<Self, ShmError> {
+        let cluster = Self::open_quietly(dir)?;
+        for a in &cluster.absent {
+            tracing::warn!(node = a.node.0, reason = %a.error, "memory node unusable: serving with the others");
+        }
+        Ok(cluster)
+    }
+
+    /// [`ShmCluster::open`] without the warning per unusable node: for a tool that
+    /// opens a cluster again after reporting its nodes once (a repair).
+    pub fn open_quietly(dir: impl AsRef<Path>) -> Result<Self, ShmError> {
         let dir = dir.as_ref();
         if !fs::metadata(dir)
             .map_err(ShmError::io("cannot open cluster directory", dir))?
@@ -304,9 +314,6 @@ impl ShmCluster {
                     .join("; "),
             });
         }
-        for a in &absent {
-            tracing::warn!(node = a.node.0, reason = %a.error, "memory node unusable: serving with the others");
-        }
         let admitted = (0..node_count).map(|_| OnceLock::new()).collect();
         Ok(Self {
             dir: dir.into(),
@@ -368,7 +375,7 @@ impl ShmCluster {
     /// configuration change. A majority of the other nodes must be usable.
     pub fn replace_node(dir: impl AsRef<Path>, index: u16) -> Result<(), ShmError> {
         let dir = dir.as_ref();
-        let cluster = Self::open(dir)?;
+        let cluster = Self::open_quietly(dir)?;
         let reference = *cluster.header();
         if index >= reference.node_count {
             return Err(ShmError::InvalidConfig(format!(
