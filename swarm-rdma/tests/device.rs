@@ -355,7 +355,24 @@ fn a_node_that_drops_its_clients_is_reconnected_with_its_memory() {
         data: vec![7; 8],
     }]);
     wait(&fabric, fabric.post(node, write)).unwrap();
-    assert_eq!(nodes[1].disconnect_clients(), 1);
+    // The node registers a client's connection right after its side of the
+    // handshake, which the client may finish (and write over) first: wait for it.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match nodes[1].disconnect_clients() {
+            0 => {
+                assert!(
+                    Instant::now() < deadline,
+                    "the node never registered the client"
+                );
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            n => {
+                assert_eq!(n, 1);
+                break;
+            }
+        }
+    }
     wait_status(&fabric, node, NodeStatus::Reconnecting);
     wait_status(&fabric, node, NodeStatus::Live);
     // Same process, same memory: the write is still there.
