@@ -521,7 +521,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
                 return Ok(read_max);
             }
             let candidates: heapless::Vec<usize, MAX_REPLICAS> = (0..n)
-                .filter(|&p| !progress.failed[p] && (first || cache.known_max[p] < tsp))
+                .filter(|&p| !progress.failed[p] && (first || cache.known_max.get(p) < tsp))
                 .collect();
             let need = q - have;
             if candidates.len() < need {
@@ -532,7 +532,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
                 .into());
             }
             let mut rt = {
-                let own = cache.own_word;
+                let own = cache.own_word.clone();
                 let written = progress.buffer_written;
                 self.quorum_step(stats, reg, &candidates, need, |p| {
                     let mut batch = Batch::new();
@@ -542,7 +542,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
                     if !written[p] {
                         batch.push(inout::buffer_write_op(buffer, record.to_vec()))?;
                     }
-                    let expected = inout::max_expected(own[p], tsp);
+                    let expected = inout::max_expected(own.get(p), tsp);
                     inout::push_max(&mut batch, &layout, reg.addr, writer, expected, tsp)?;
                     Ok(batch)
                 })
@@ -569,14 +569,14 @@ impl<F: Fabric, C: Clock> Client<F, C> {
                 let Some(previous) = inout::cas_result(completion, cas_index) else {
                     continue;
                 };
-                let expected = inout::max_expected(cache.own_word[p], tsp);
+                let expected = inout::max_expected(cache.own_word.get(p), tsp);
                 match inout::max_outcome(expected, tsp, previous) {
                     MaxOutcome::Done(now) => {
-                        cache.own_word[p] = now;
+                        cache.own_word.set(p, now);
                         cache.learn(p, now);
                     }
                     MaxOutcome::Retry(found) => {
-                        cache.own_word[p] = found;
+                        cache.own_word.set(p, found);
                         cache.learn(p, found);
                     }
                 }

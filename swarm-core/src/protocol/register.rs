@@ -1,6 +1,8 @@
 //! A replicated register as a client sees it: where its replicas are, and what the
 //! client already knows about them.
 
+use alloc::boxed::Box;
+
 use crate::encoding::Tsp;
 use crate::fabric::{FabricError, NodeId};
 use crate::roundtrip::MAX_NODES;
@@ -110,9 +112,76 @@ pub struct RegisterLoc {
 ///   retry, never safety.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RegisterCache {
-    pub(crate) known_max: [Tsp; MAX_REPLICAS],
-    pub(crate) own_word: [Tsp; MAX_REPLICAS],
+    pub(crate) known_max: ReplicaWords,
+    pub(crate) own_word: ReplicaWords,
 }
+
+/// Replica positions whose words a [`RegisterCache`] keeps inline.
+const INLINE_REPLICAS: usize = 4;
+
+/// One word per replica position, as [`RegisterCache`] keeps them: the first
+/// [`INLINE_REPLICAS`] inline, all [`MAX_REPLICAS`] on the heap once a later position
+/// holds a word. A store caches this for every key it knows and copies it on every
+/// cache hit, so the common 3-replica case must stay small (40 bytes, not 120).
+#[derive(Clone, Debug)]
+pub(crate) enum ReplicaWords {
+    Inline([Tsp; INLINE_REPLICAS]),
+    Heap(Box<[Tsp; MAX_REPLICAS]>),
+}
+
+impl Default for ReplicaWords {
+    fn default() -> Self {
+        Self::Inline([Tsp::EMPTY; INLINE_REPLICAS])
+    }
+}
+
+impl ReplicaWords {
+    /// The word of position `p` (empty if none was set).
+    #[inline]
+    pub(crate) fn get(&self, p: usize) -> Tsp {
+        let words: &[Tsp] = match self {
+            Self::Inline(words) => words,
+            Self::Heap(words) => &words[..],
+        };
+        words.get(p).copied().unwrap_or(Tsp::EMPTY)
+    }
+
+    /// Sets the word of position `p` (ignored beyond [`MAX_REPLICAS`]).
+    #[inline]
+    pub(crate) fn set(&mut self, p: usize, word: Tsp) {
+        match self {
+            Self::Inline(words) if p < INLINE_REPLICAS => words[p] = word,
+            Self::Inline(_) if word.is_empty() || p >= MAX_REPLICAS => {}
+            Self::Inline(words) => {
+                let mut all = Box::new([Tsp::EMPTY; MAX_REPLICAS]);
+                all[..INLINE_REPLICAS].copy_from_slice(words);
+                all[p] = word;
+                *self = Self::Heap(all);
+            }
+            Self::Heap(words) => {
+                if let Some(slot) = words.get_mut(p) {
+                    *slot = word;
+                }
+            }
+        }
+    }
+
+    /// The positions that may hold a word: every one set so far and maybe more.
+    fn len(&self) -> usize {
+        match self {
+            Self::Inline(_) => INLINE_REPLICAS,
+            Self::Heap(_) => MAX_REPLICAS,
+        }
+    }
+}
+
+impl PartialEq for ReplicaWords {
+    fn eq(&self, other: &Self) -> bool {
+        (0..MAX_REPLICAS).all(|p| self.get(p) == other.get(p))
+    }
+}
+
+impl Eq for ReplicaWords {}
 
 impl RegisterCache {
     /// Knowledge of a pre-cleared register: every word empty.
@@ -122,47 +191,88 @@ impl RegisterCache {
 
     /// The largest tuple known on replica `p`.
     pub fn known_max(&self, p: usize) -> Tsp {
-        self.known_max[p]
+        self.known_max.get(p)
     }
 
     /// Knowledge that a RAW (unreplicated, in-place) write stored a value: RAW keeps no
     /// metadata words, so this only records that the register is not empty.
     pub fn holding_raw_value() -> Self {
         let mut cache = Self::default();
-        cache.known_max[0] = Tsp::from_word(1 << 12);
+        cache.known_max.set(0, Tsp::from_word(1 << 12));
         cache
     }
 
     /// Whether some replica is known to hold a write (or a tombstone): the register is
     /// not empty, and never will be again.
     pub fn knows_a_write(&self) -> bool {
-        self.known_max.iter().any(|t| !t.is_empty())
+        (0..self.known_max.len()).any(|p| !self.known_max.get(p).is_empty())
     }
 
     /// Merges what another copy of this knowledge learned (two operations on the
     /// same register ran concurrently): words only grow, so the larger value wins.
     pub fn merge(&mut self, other: &Self) {
-        for p in 0..MAX_REPLICAS {
-            self.known_max[p] = self.known_max[p].max(other.known_max[p]);
-            self.own_word[p] = self.own_word[p].max(other.own_word[p]);
+        let n = self.known_max.len().max(other.known_max.len());
+        for p in 0..n {
+            let known = self.known_max.get(p).max(other.known_max.get(p));
+            self.known_max.set(p, known);
+        }
+        let n = self.own_word.len().max(other.own_word.len());
+        for p in 0..n {
+            let own = self.own_word.get(p).max(other.own_word.get(p));
+            self.own_word.set(p, own);
         }
     }
 
     pub(crate) fn learn(&mut self, p: usize, tsp: Tsp) {
-        if tsp > self.known_max[p] {
-            self.known_max[p] = tsp;
+        if tsp > self.known_max.get(p) {
+            self.known_max.set(p, tsp);
         }
     }
 
     /// How many of the first `n` replicas are known to hold `tsp` or more.
     pub(crate) fn holding(&self, n: usize, tsp: Tsp) -> usize {
-        self.known_max[..n].iter().filter(|m| **m >= tsp).count()
+        (0..n).filter(|&p| self.known_max.get(p) >= tsp).count()
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn replica_words_stay_inline_for_small_registers_and_grow_for_large_ones() {
+        let t = |w: u64| Tsp::from_word(w << 12);
+        let mut a = RegisterCache::new();
+        assert!(!a.knows_a_write());
+        a.learn(2, t(5));
+        a.own_word.set(1, t(3));
+        assert!(matches!(a.known_max, ReplicaWords::Inline(_)));
+        assert_eq!(
+            (a.known_max(2), a.known_max(9), a.own_word.get(1)),
+            (t(5), Tsp::EMPTY, t(3))
+        );
+        // An empty word beyond the inline ones needs no heap.
+        a.known_max.set(9, Tsp::EMPTY);
+        assert!(matches!(a.known_max, ReplicaWords::Inline(_)));
+        let mut b = a.clone();
+        b.learn(9, t(7));
+        assert!(matches!(b.known_max, ReplicaWords::Heap(_)));
+        assert_eq!((b.known_max(2), b.known_max(9)), (t(5), t(7)));
+        assert_eq!(b.holding(10, t(5)), 2);
+        // Equality and merging do not depend on where the words are kept.
+        let mut c = a.clone();
+        c.known_max.set(9, t(7));
+        assert_eq!(b, c);
+        a.learn(0, t(8));
+        a.merge(&b);
+        assert_eq!(
+            (a.known_max(0), a.known_max(2), a.known_max(9)),
+            (t(8), t(5), t(7))
+        );
+        a.known_max.set(MAX_REPLICAS, t(1));
+        assert_eq!(a.known_max(MAX_REPLICAS), Tsp::EMPTY, "no such position");
+        assert!(core::mem::size_of::<RegisterCache>() <= 80);
+    }
 
     #[test]
     fn replicas_rotate_by_hash_and_reject_bad_sets() {

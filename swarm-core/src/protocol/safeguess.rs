@@ -287,8 +287,8 @@ impl<F: Fabric, C: Clock> Client<F, C> {
             }
             // Only where the guessed tuple is the known maximum, and only with a CAS
             // that cannot lower the word (see `inout::max_expected`).
-            if cache.known_max[p] == guessed && cache.own_word[p] < verified {
-                let expected = cache.own_word[p];
+            if cache.known_max.get(p) == guessed && cache.own_word.get(p) < verified {
+                let expected = cache.own_word.get(p);
                 // Cannot fail: the batch holds at most one operation so far.
                 let _ = batch.push(Op::Cas {
                     addr,
@@ -296,7 +296,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
                     new: verified.word(),
                 });
                 // A hint for the next CAS only; `known_max` waits for a real answer.
-                cache.own_word[p] = verified;
+                cache.own_word.set(p, verified);
             }
             if !batch.ops().is_empty() {
                 batch.set_deadline(stats.deadline());
