@@ -151,6 +151,9 @@ pub struct RecycleStats {
     pub reclaimed_pool: u64,
     /// Retire marks that failed on a replica (that copy keeps no tag).
     pub mark_failures: u64,
+    /// Of `recycled`, registers reset without a replica whose memory was lost (the
+    /// node out of service, "a node out of service" in the module docs).
+    pub reset_without_lost: u64,
 }
 
 #[derive(Debug)]
@@ -387,6 +390,7 @@ impl Recycler {
             let mut done = s.resetting.swap_remove(i);
             // Every other replica answered: those of lost nodes out of service are
             // left to the repair that will rebuild them.
+            let failed_replicas = done.failed.len();
             done.failed.retain(|&node| {
                 let skip = may_skip(node);
                 if skip {
@@ -398,6 +402,7 @@ impl Recycler {
                 }
                 !skip
             });
+            let skipped = failed_replicas > done.failed.len();
             if !done.failed.is_empty() {
                 // Some replica may keep the old metadata: try again after a grace.
                 s.stats.reset_failures += 1;
@@ -407,6 +412,7 @@ impl Recycler {
                 });
             } else {
                 s.stats.recycled += 1;
+                s.stats.reset_without_lost += u64::from(skipped);
                 tracing::trace!(
                     register = done.register,
                     "register reset on every replica: recycled"

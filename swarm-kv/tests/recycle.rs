@@ -742,6 +742,14 @@ fn a_lost_node_out_of_service_does_not_stop_register_recycling() {
         degraded >= 4 * capacity,
         "only {degraded} registers recycled with node 2 out"
     );
+    let without: u64 = clients
+        .iter()
+        .map(|c| c.recycle_stats().reset_without_lost)
+        .sum();
+    assert!(
+        without >= degraded,
+        "{without} of {degraded} counted as reset without node 2"
+    );
 
     // A repair of node 2 announces itself: resets need node 2 again (they fail
     // until it is admitted, and the registers wait in limbo).
