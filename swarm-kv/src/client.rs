@@ -188,14 +188,13 @@ pub struct KvClient<F: Fabric, C: Clock> {
     /// No adoption of dead clients' chunks before this time (fabric clock): a round
     /// that found nothing is not repeated on every insert.
     next_adoption: Cell<Nanos>,
-    /// The configuration epoch whose nodes this client has admitted (0: none read
-    /// yet); a renewal that reads a higher one makes the next operation follow it.
-    config_epoch: Cell<u64>,
     /// [`LeaseHolder::renewal_answers`] when the configuration was last read: a
     /// renewal that saw a newer epoch than the configuration a majority then held
     /// (a record being written) triggers one more read per renewal, not per operation.
     config_checked: Cell<u64>,
-    /// The configuration this client last followed (`None`: not read yet).
+    /// The configuration this client last followed (`None`: not read yet): its
+    /// nodes are admitted; a renewal that reads a higher epoch makes the next
+    /// operation follow that one ([`KvClient::followed_epoch`]).
     followed: RefCell<Option<Configuration>>,
 }
 
@@ -407,7 +406,6 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
             lease: RefCell::new(lease),
             lease_revive_ns: config.lease_revive_ns,
             next_adoption: Cell::new(0),
-            config_epoch: Cell::new(0),
             config_checked: Cell::new(0),
             followed: RefCell::new(None),
         })
@@ -589,7 +587,8 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         let straggler_ns = self.swarm.config().slow_after_ns;
         match crate::repair::read_configuration_within(fabric, &stats, 1, straggler_ns).await {
             Ok(config) => {
-                if config.epoch > 0 && config.epoch > self.config_epoch.get() {
+                let followed = self.followed_epoch();
+                if config.epoch > 0 && config.epoch > followed {
                     let admitted: Vec<usize> = (0..config.incarnations.len())
                         .filter(|&i| fabric.admit(NodeId(i as u16), config.incarnations[i]))
                         .collect();
@@ -600,8 +599,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
                         "following the cluster configuration"
                     );
                 }
-                if config.epoch >= self.config_epoch.get() {
-                    self.config_epoch.set(config.epoch);
+                if config.epoch >= followed {
                     self.followed.replace(Some(config));
                 }
             }
@@ -609,6 +607,11 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
                 tracing::debug!(%error, "cannot read the configuration yet");
             }
         }
+    }
+
+    /// The epoch of the configuration this client follows (0: none read yet).
+    fn followed_epoch(&self) -> u64 {
+        self.followed.borrow().as_ref().map_or(0, |c| c.epoch)
     }
 
     /// Between operations, and while an insert waits for a register: takes the
@@ -624,7 +627,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
             lease.tick(self.swarm.fabric(), now);
             (lease.config_epoch_seen(), lease.renewal_answers())
         };
-        let follow = seen > self.config_epoch.get() && answers > self.config_checked.get();
+        let follow = seen > self.followed_epoch() && answers > self.config_checked.get();
         if follow {
             self.follow_configuration(answers).await;
         }

@@ -97,6 +97,18 @@ impl Configuration {
         }
     }
 
+    /// Sets or clears node slot `node`'s repairing bit (see [`Self::repairing`]).
+    pub fn set_repairing(&mut self, node: usize, repairing: bool) {
+        if node < MAX_NODES {
+            let bit = 1u16 << node;
+            self.repairing = if repairing {
+                self.repairing | bit
+            } else {
+                self.repairing & !bit
+            };
+        }
+    }
+
     /// Whether a repair of node slot `node` is under way (see [`Self::repairing`]).
     pub fn is_repairing(&self, node: usize) -> bool {
         node < MAX_NODES && self.repairing & (1 << node) != 0
@@ -192,13 +204,18 @@ mod tests {
     fn roundtrips_and_refuses_corruption_and_the_highest_epoch_wins() {
         let c = Configuration::new(3, vec![11, 22, 33]);
         let mut announced = Configuration::new(4, vec![11, 22, 33]);
-        announced.repairing = 0b100;
+        announced.set_repairing(2, true);
+        assert_eq!(announced.repairing, 0b100);
         assert_eq!(
             Configuration::decode(&announced.encode(), 3),
             Ok(announced.clone())
         );
         assert!(announced.is_repairing(2) && !announced.is_repairing(1) && !c.is_repairing(2));
         assert!(!announced.is_repairing(40));
+        let mut cleared = announced.clone();
+        cleared.set_repairing(2, false);
+        cleared.set_repairing(40, true);
+        assert_eq!(cleared.repairing, 0, "cleared, and no bit for a slot that cannot exist");
         let bytes = c.encode();
         assert_eq!(Configuration::decode(&bytes, 3), Ok(c.clone()));
         assert_eq!(

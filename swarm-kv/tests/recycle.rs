@@ -755,7 +755,7 @@ fn a_lost_node_out_of_service_does_not_stop_register_recycling() {
     // until it is admitted, and the registers wait in limbo).
     let mut announced = read_configuration(&store.fabric()).unwrap();
     announced.epoch += 1;
-    announced.repairing |= 1 << 2;
+    announced.set_repairing(2, true);
     write_config_to(&store, &announced, &[0, 1]);
     // A lease renewal shows the new epoch, and a later operation follows it (until
     // then a client may still reset without node 2: the repair's quiescence wait

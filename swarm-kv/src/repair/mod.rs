@@ -229,7 +229,7 @@ pub async fn repair_node<F: Fabric>(
     // lost memory out of a register reset (step 1, `crate::recycle`).
     let mut announced = config.clone();
     announced.epoch += 1;
-    announced.repairing |= 1 << node.index();
+    announced.set_repairing(node.index(), true);
     let record = announced.encode();
     rt_all(fabric, &stats, &donors, |_| {
         Batch::write(CONFIG_AT, record.clone())
@@ -269,7 +269,7 @@ pub async fn repair_node<F: Fabric>(
     let mut next = announced;
     next.epoch += 1;
     next.incarnations[node.index()] = incarnation;
-    next.repairing &= !(1 << node.index());
+    next.set_repairing(node.index(), false);
     let record = next.encode();
     rt_all(fabric, &stats, &donors, |_| {
         Batch::write(CONFIG_AT, record.clone())
