@@ -215,7 +215,10 @@ mod tests {
         let mut cleared = announced.clone();
         cleared.set_repairing(2, false);
         cleared.set_repairing(40, true);
-        assert_eq!(cleared.repairing, 0, "cleared, and no bit for a slot that cannot exist");
+        assert_eq!(
+            cleared.repairing, 0,
+            "cleared, and no bit for a slot that cannot exist"
+        );
         let bytes = c.encode();
         assert_eq!(Configuration::decode(&bytes, 3), Ok(c.clone()));
         assert_eq!(
