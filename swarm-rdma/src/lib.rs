@@ -24,11 +24,15 @@
 //! - [`config`]: node lists, sizes, the cluster file;
 //! - [`emu`]: an emulated verbs provider below [`verbs::post::SendQueue`] (reordering
 //!   within the IBA rules, errors mid-chain, CAS reply byte order), so that the real
-//!   chains `post.rs` builds run in tests, protocol histories included.
+//!   chains `post.rs` builds run in tests, protocol histories included;
+//! - [`fabric::RdmaFabric`]'s own logic (reconnects, incarnation checks,
+//!   configuration changes, [`fabric::transport`]), over that provider behind the
+//!   real bootstrap ([`emu::EmulatedMemnode`], [`emu::EmuTransport`]).
 //!
 //! The unsafe verbs layer, [`verbs`], and what is built on it — [`fabric::RdmaFabric`]
-//! and [`memnode`] — need a device; `tests/device.rs` runs them where one exists
-//! (hardware or soft-RoCE) and prints a `SKIPPED` line elsewhere.
+//! over [`fabric::VerbsTransport`], and [`memnode`] — need a device; `tests/device.rs`
+//! runs them where one exists (hardware or soft-RoCE) and prints a `SKIPPED` line
+//! elsewhere.
 //!
 //! ## Entry points
 //!

@@ -32,20 +32,33 @@
 //!
 //! [`EmulatedCluster`] holds memory nodes shared by any number of clients (one
 //! [`EmulatedFabric`] per thread), so protocol histories run over it exactly as over
-//! shared memory, with the checker.
+//! shared memory, with the checker. Those clients are the engine alone: no
+//! bootstrap, no reconnects.
+//!
+//! [`EmulatedMemnode`]s go one layer up: each is a memory node *process* behind the
+//! real bootstrap server (loopback TCP, the cluster token, its incarnation in the
+//! sealed `Accept`), which can drop its clients, stop, and restart with zeroed
+//! memory under another incarnation at the same address. Their clients are
+//! [`crate::RdmaFabric`]s over [`EmuTransport`], so the fabric's reconnects,
+//! incarnation checks, admissions and lost-memory reports run as over verbs
+//! (`tests/emulated_reconnect.rs`).
 
+mod memnode;
 mod memory;
 mod nic;
 mod queue;
+mod transport;
 
 #[cfg(test)]
 mod tests;
 
 use std::sync::Arc;
 
+pub use memnode::{EmuWire, EmulatedMemnode, Route};
 pub use memory::EmuNode;
-pub use nic::EmuNic;
+pub use nic::{EmuConnection, EmuNic};
 pub use queue::{EmuQp, LocalRegion, Mode, Step};
+pub use transport::EmuTransport;
 
 use crate::fabric::engine::{Engine, EngineFabric, NodeLink};
 use crate::wr::{CasReplyOrder, ChainLimits, ReadOrdering, RemoteRegion};

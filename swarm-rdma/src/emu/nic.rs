@@ -34,12 +34,22 @@ impl Rng {
     }
 }
 
+/// A client's emulated queue pair and the memory node it reaches: what a queue
+/// pair number routes to on a real fabric.
+#[derive(Debug)]
+pub struct EmuConnection {
+    /// The client's queue pair.
+    pub qp: EmuQp,
+    /// The memory its requests execute on.
+    pub node: Arc<EmuNode>,
+}
+
 /// One emulated client's verbs objects: a queue pair per node, a registered
 /// staging buffer, a seeded schedule.
 #[derive(Debug)]
 pub struct EmuNic {
-    qps: Vec<EmuQp>,
-    nodes: Vec<Arc<EmuNode>>,
+    /// Per node; `None`: never connected.
+    connections: Vec<Option<EmuConnection>>,
     staging: Mapping,
     lkey: u32,
     cas_reply: CasReplyOrder,
@@ -66,13 +76,32 @@ impl EmuNic {
         cas_reply: CasReplyOrder,
         seed: u64,
     ) -> Result<Self, crate::RdmaError> {
+        let connections = nodes
+            .into_iter()
+            .enumerate()
+            .map(|(i, node)| {
+                Some(EmuConnection {
+                    qp: EmuQp::new(0x100 + i as u32, depth, max_inline),
+                    node,
+                })
+            })
+            .collect();
+        Self::with_connections(connections, staging, cas_reply, seed)
+    }
+
+    /// A NIC over queue pairs already connected (`connections[i]`: node `i`'s, if
+    /// it was reached), a staging buffer of `staging` bytes, CAS replies in
+    /// `cas_reply` order, and a schedule drawn from `seed`.
+    pub fn with_connections(
+        connections: Vec<Option<EmuConnection>>,
+        staging: usize,
+        cas_reply: CasReplyOrder,
+        seed: u64,
+    ) -> Result<Self, crate::RdmaError> {
         let mut rng = Rng::new(seed);
         let lkey = (rng.next() as u32) | 1;
         Ok(Self {
-            qps: (0..nodes.len())
-                .map(|i| EmuQp::new(0x100 + i as u32, depth, max_inline))
-                .collect(),
-            nodes,
+            connections,
             staging: Mapping::new(staging, false)?,
             lkey,
             cas_reply,
@@ -83,14 +112,34 @@ impl EmuNic {
         })
     }
 
-    /// Node `node`'s queue pair (tests post to it directly).
+    /// Node `node`'s queue pair (tests post to it directly). Panics if the node
+    /// was never connected.
     pub fn qp(&self, node: usize) -> &EmuQp {
-        &self.qps[node]
+        &self.connection(node).qp
     }
 
-    /// Changes how node `node` behaves for this client.
+    /// Changes how node `node` behaves for this client. Panics if the node was
+    /// never connected.
     pub fn set_mode(&self, node: usize, mode: Mode) {
-        self.qps[node].set_mode(mode);
+        self.connection(node).qp.set_mode(mode);
+    }
+
+    /// Puts `connection` in place of node `node`'s (after a reconnect) and returns
+    /// the old one.
+    pub fn replace_connection(
+        &mut self,
+        node: usize,
+        connection: EmuConnection,
+    ) -> Option<EmuConnection> {
+        self.connections
+            .get_mut(node)
+            .and_then(|slot| slot.replace(connection))
+    }
+
+    fn connection(&self, node: usize) -> &EmuConnection {
+        self.connections[node]
+            .as_ref()
+            .unwrap_or_else(|| panic!("node {node} was never connected"))
     }
 
     /// The staging buffer's address and key (where a chain's local buffers are).
@@ -115,17 +164,20 @@ impl EmuNic {
             bytes,
         };
         for _ in 0..steps {
-            let ready: Vec<usize> = (0..self.qps.len())
-                .filter(|&i| self.qps[i].ready())
+            let ready: Vec<&EmuConnection> = self
+                .connections
+                .iter()
+                .flatten()
+                .filter(|c| c.qp.ready())
                 .collect();
             if ready.is_empty() {
                 break;
             }
-            let node = ready[self.rng.below(ready.len() as u64) as usize];
+            let connection = ready[self.rng.below(ready.len() as u64) as usize];
             let overtake = self.rng.below(100) < self.overtake_percent;
-            self.qps[node].step(&mut Step {
+            connection.qp.step(&mut Step {
                 local: &mut local,
-                node: &self.nodes[node],
+                node: &connection.node,
                 cas_reply: self.cas_reply,
                 broken_cas_replies: self.broken_cas_replies,
                 overtake,
@@ -153,7 +205,7 @@ impl Nic for EmuNic {
         staging_offset: u64,
     ) -> Result<(), PostFailure> {
         let slice = self.staging_slice(staging_offset);
-        let Some(qp) = self.qps.get(node) else {
+        let Some(Some(EmuConnection { qp, .. })) = self.connections.get(node) else {
             return Err(PostFailure {
                 errno: libc::ENOTCONN,
                 posted: 0,
@@ -170,8 +222,8 @@ impl Nic for EmuNic {
     }
 
     fn abort(&mut self, node: usize) {
-        if let Some(qp) = self.qps.get(node) {
-            qp.to_error();
+        if let Some(Some(connection)) = self.connections.get(node) {
+            connection.qp.to_error();
         }
     }
 }

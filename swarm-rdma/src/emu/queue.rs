@@ -3,6 +3,8 @@
 
 use std::cell::RefCell;
 use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use rdma_sys::{ibv_send_wr, ibv_wc_status as s, ibv_wr_opcode};
 
@@ -110,6 +112,11 @@ pub struct EmuQp {
     depth: u32,
     max_inline: u32,
     state: RefCell<State>,
+    /// Whether the memory node's end of the connection still exists: `false` once
+    /// the node destroyed it (the client's bootstrap connection closed, or the node
+    /// process stopped). `None`: a queue pair with no bootstrap behind it, whose
+    /// node never goes away.
+    peer: Option<Arc<AtomicBool>>,
 }
 
 impl EmuQp {
@@ -127,6 +134,17 @@ impl EmuQp {
                 error: false,
                 mode: Mode::Up,
             }),
+            peer: None,
+        }
+    }
+
+    /// A queue pair connected to the node's queue pair whose existence `peer`
+    /// tells: once it is gone, the next request fails with `IBV_WC_RETRY_EXC_ERR`
+    /// (nothing acknowledges it) and the queue pair is in the error state.
+    pub fn connected(qp_num: u32, depth: u32, max_inline: u32, peer: Arc<AtomicBool>) -> Self {
+        Self {
+            peer: Some(peer),
+            ..Self::new(qp_num, depth, max_inline)
         }
     }
 
@@ -157,6 +175,13 @@ impl EmuQp {
     /// request first — and reports completions in posting order.
     pub fn step(&self, step: &mut Step<'_, '_>) {
         let mut state = self.state.borrow_mut();
+        if self
+            .peer
+            .as_ref()
+            .is_some_and(|peer| !peer.load(Ordering::Acquire))
+        {
+            state.mode = Mode::CrashAfter(0);
+        }
         if !state.error && state.mode == Mode::Silent {
             return;
         }

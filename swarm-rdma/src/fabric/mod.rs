@@ -15,6 +15,7 @@
 pub mod engine;
 pub mod nic;
 pub mod reconnect;
+pub mod transport;
 
 #[cfg(test)]
 mod soft;
@@ -26,7 +27,7 @@ use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use swarm_core::fabric::{Batch, Completion, Fabric, FabricError, Nanos, NodeId, Ticket};
-use swarm_core::header::{HeaderError, NodeHeader};
+use swarm_core::header::NodeHeader;
 
 use crate::auth::Token;
 use crate::bootstrap;
@@ -36,7 +37,7 @@ use crate::error::RdmaError;
 use crate::lease_watch::WatchRequest;
 use crate::verbs::cq::CompletionQueue;
 use crate::verbs::device::{Device, PortAttr, PortInfo, open_device};
-use crate::verbs::events::DeviceEvents;
+use crate::verbs::events::{DeviceEvents, DeviceHealth};
 use crate::verbs::memory::{Access, Mapping, MemoryRegion};
 use crate::verbs::qp::{QpSettings, QueuePair, Role};
 use crate::verbs::selftest::{self, DeviceLoopback};
@@ -45,6 +46,7 @@ use crate::wr::{CasReplyOrder, ChainLimits, ReadOrdering, RemoteRegion};
 use engine::{Engine, EngineFabric, NodeLink};
 use nic::VerbsNic;
 use reconnect::{Known, Slot, Verdict, judge};
+pub use transport::{Connected, Transport};
 
 /// How a client connects to memory nodes.
 #[derive(Clone, Debug)]
@@ -271,46 +273,59 @@ impl Shared {
             service_level: self.config.path.service_level,
         }
     }
+}
 
-    /// A new queue pair on `cq`, connected to node `index` through its bootstrap.
+/// Verbs under an [`RdmaFabric`]: the process's device (shared by its clients) and
+/// one client's completion queue, which its queue pairs (reconnected ones too)
+/// report to.
+#[derive(Debug)]
+pub struct VerbsTransport {
+    shared: Arc<Shared>,
+    cq: Arc<CompletionQueue>,
+}
+
+impl Transport for VerbsTransport {
+    type Nic = VerbsNic;
+    type Qp = QueuePair;
+
+    fn node_count(&self) -> usize {
+        self.shared.config.nodes.len()
+    }
+
+    fn node_addr(&self, index: usize) -> &str {
+        &self.shared.config.nodes[index]
+    }
+
+    fn bootstrap_timeout(&self) -> Duration {
+        self.shared.config.bootstrap_timeout
+    }
+
     fn connect_node(
         &self,
-        cq: &Arc<CompletionQueue>,
         index: usize,
         watch: Option<WatchRequest>,
-    ) -> Result<Connected, RdmaError> {
-        let addr = &self.config.nodes[index];
-        let port = self
+    ) -> Result<Connected<QueuePair>, RdmaError> {
+        let shared = &self.shared;
+        let addr = self.node_addr(index);
+        let port = shared
             .port
-            .address(self.config.path.gid, route_source(addr))?;
-        let settings = self.client_settings(port);
-        let mut qp = QueuePair::new(cq.clone(), settings)?;
-        let mut accepted = bootstrap::connect(
+            .address(shared.config.path.gid, route_source(addr))?;
+        let settings = shared.client_settings(port);
+        let mut qp = QueuePair::new(self.cq.clone(), settings)?;
+        let accepted = transport::bootstrap_node(
             addr,
-            &self.config.token,
+            index,
+            &shared.config.token,
             &qp.info(),
-            self.config.bootstrap_timeout,
+            shared.config.bootstrap_timeout,
+            watch,
         )?;
-        // A reconnect re-arms the lease watch before the queue pair is used: the
-        // node refuses it if the lease was killed meanwhile.
-        if let Some(request) = watch {
-            self.request_watch(&mut accepted.stream, &mut accepted.session, addr, request)?;
-        }
-        let header = accepted.region.header;
-        if usize::from(header.node_id) != index {
-            return Err(RdmaError::Cluster {
-                nodes: addr.to_owned(),
-                source: HeaderError::Mismatch(
-                    "the memory node's id differs from its position in the node list",
-                ),
-            });
-        }
         qp.connect(&accepted.qp)?;
         let limits = ChainLimits {
             max_inline: qp.max_inline(),
-            max_message: self.port.max_msg_sz,
-            ordering: self.config.ordering,
-            cas_reply: self.cas_reply,
+            max_message: shared.port.max_msg_sz,
+            ordering: shared.config.ordering,
+            cas_reply: shared.cas_reply,
         };
         Ok(Connected {
             link: NodeLink {
@@ -324,7 +339,7 @@ impl Shared {
             },
             qp,
             known: Known {
-                header,
+                header: accepted.region.header,
                 incarnation: accepted.region.incarnation,
             },
             stream: accepted.stream,
@@ -332,22 +347,12 @@ impl Shared {
         })
     }
 
-    /// Asks the node behind `stream` to watch a lease word, within the bootstrap
-    /// timeout.
-    fn request_watch(
-        &self,
-        stream: &mut TcpStream,
-        session: &mut bootstrap::Session,
-        addr: &str,
-        request: WatchRequest,
-    ) -> Result<(), RdmaError> {
-        let timeout = Some(self.config.bootstrap_timeout);
-        let _ = stream.set_read_timeout(timeout);
-        let _ = stream.set_write_timeout(timeout);
-        let result = session.request_watch(stream, addr, request);
-        let _ = stream.set_read_timeout(None);
-        let _ = stream.set_write_timeout(None);
-        result
+    fn replace_qp(nic: &mut VerbsNic, index: usize, qp: QueuePair) -> Option<QueuePair> {
+        nic.replace_qp(index, qp)
+    }
+
+    fn health(&self) -> &DeviceHealth {
+        self.shared.events.health()
     }
 }
 
@@ -366,13 +371,14 @@ pub enum NodeStatus {
 }
 
 /// A reconnect attempt running on its own thread.
-type Attempt = mpsc::Receiver<Result<Connected, RdmaError>>;
+type Attempt<Q> = mpsc::Receiver<Result<Connected<Q>, RdmaError>>;
 
 /// One client thread's fabric over RDMA. `!Sync`: create one per thread with
-/// [`RdmaCluster::client`].
+/// [`RdmaCluster::client`]. `T` is what it runs on: verbs, or the emulated provider
+/// in tests ([`transport`]).
 #[derive(Debug)]
-pub struct RdmaFabric {
-    inner: EngineFabric<VerbsNic>,
+pub struct RdmaFabric<T: Transport = VerbsTransport> {
+    inner: EngineFabric<T::Nic>,
     headers: Vec<Option<NodeHeader>>,
     incarnations: Vec<Option<u64>>,
     /// Bootstrap connections, held open while the queue pairs are in use: closing
@@ -381,9 +387,8 @@ pub struct RdmaFabric {
     /// The lease word memory nodes watch for this client, once asked
     /// ([`RdmaFabric::watch_lease_word`]); re-armed on every reconnect.
     watch: Cell<Option<WatchRequest>>,
-    shared: Arc<Shared>,
-    cq: Arc<CompletionQueue>,
-    slots: RefCell<Vec<Slot<Attempt>>>,
+    transport: Arc<T>,
+    slots: RefCell<Vec<Slot<Attempt<T::Qp>>>>,
     /// Per node, the incarnation a configuration change admitted after this client
     /// connected ([`Fabric::admit`]): a reconnect then expects it instead of the one
     /// of the bootstrap.
@@ -404,16 +409,7 @@ pub struct RdmaFabric {
 /// [`crate::lease_watch::MIN_STALL_NS`]).
 pub const IDLE_PROBE_NS: Nanos = 50_000_000;
 
-#[derive(Debug)]
-struct Connected {
-    qp: QueuePair,
-    link: NodeLink,
-    known: Known,
-    stream: TcpStream,
-    session: bootstrap::Session,
-}
-
-impl RdmaFabric {
+impl RdmaFabric<VerbsTransport> {
     fn connect(shared: &Arc<Shared>) -> Result<Self, RdmaError> {
         let config = &shared.config;
         let caps = shared.device.caps();
@@ -430,6 +426,30 @@ impl RdmaFabric {
             Mapping::new(staging_len, false)?,
             Access::Local,
         )?;
+        let transport = Arc::new(VerbsTransport {
+            shared: shared.clone(),
+            cq: cq.clone(),
+        });
+        // Twice the retry window: a chain still in flight then was lost by the NIC
+        // (engine module docs).
+        let warn_overdue_after = config.delivery_bound_ns().saturating_mul(2);
+        Self::connect_all(transport, warn_overdue_after, |qps| {
+            Ok(VerbsNic::new(qps, staging, cq))
+        })
+    }
+}
+
+impl<T: Transport> RdmaFabric<T> {
+    /// Connects to every memory node of `transport` at once, its NIC made by
+    /// `make_nic` from the queue pairs (`None`: node unreachable or left out), and
+    /// warns about chains in flight for longer than `warn_overdue_after`. Fails
+    /// without a majority of reachable nodes of one cluster.
+    pub(crate) fn connect_all(
+        transport: Arc<T>,
+        warn_overdue_after: Nanos,
+        make_nic: impl FnOnce(Vec<Option<T::Qp>>) -> Result<T::Nic, RdmaError>,
+    ) -> Result<Self, RdmaError> {
+        let n = transport.node_count();
         let mut qps = Vec::with_capacity(n);
         let mut links = Vec::with_capacity(n);
         let mut headers = Vec::with_capacity(n);
@@ -439,9 +459,9 @@ impl RdmaFabric {
         let mut failures = Vec::new();
         // All nodes at once: an unreachable node costs one bootstrap timeout, not one
         // per node before it in the list.
-        let results = in_parallel(n, |i| shared.connect_node(&cq, i, None));
+        let results = in_parallel(n, |i| transport.connect_node(i, None));
         for (i, result) in results.into_iter().enumerate() {
-            let addr = &config.nodes[i];
+            let addr = transport.node_addr(i);
             match result {
                 Ok(c) => {
                     qps.push(Some(c.qp));
@@ -467,7 +487,7 @@ impl RdmaFabric {
         // A minority whose header disagrees with the others' (a memory node started
         // with another cluster file) is left out like an unreachable one.
         for i in outliers(&headers) {
-            let addr = &config.nodes[i];
+            let addr = transport.node_addr(i);
             tracing::warn!(node = i, %addr, "memory node belongs to another cluster (its header differs from the majority's); treated as failed");
             failures.push(format!(
                 "node {i} ({addr}): its header differs from the other nodes' (another cluster file?)"
@@ -490,24 +510,23 @@ impl RdmaFabric {
             });
         }
         NodeHeader::check_reachable(&headers).map_err(|source| RdmaError::Cluster {
-            nodes: config.nodes.join(","),
+            nodes: (0..n)
+                .map(|i| transport.node_addr(i))
+                .collect::<Vec<_>>()
+                .join(","),
             source,
         })?;
-        let nic = VerbsNic::new(qps, staging, cq.clone());
+        let nic = make_nic(qps)?;
         Ok(Self {
-            // Twice the retry window: a chain still in flight then was lost by the
-            // NIC (engine module docs).
             inner: EngineFabric::new(
-                Engine::new(nic, links)
-                    .warn_overdue_after(config.delivery_bound_ns().saturating_mul(2)),
+                Engine::new(nic, links).warn_overdue_after(warn_overdue_after),
             ),
             headers,
             incarnations,
             streams: RefCell::new(streams),
             watch: Cell::new(None),
-            health_seen: Cell::new(shared.events.health().generation()),
-            shared: shared.clone(),
-            cq,
+            health_seen: Cell::new(transport.health().generation()),
+            transport,
             slots: RefCell::new(slots),
             admitted: RefCell::new(vec![None; n]),
             lost: RefCell::new(vec![None; n]),
@@ -608,8 +627,9 @@ impl RdmaFabric {
             if self.inner.engine().is_dead(node) {
                 continue;
             }
-            let addr = &self.shared.config.nodes[index];
-            match self.shared.request_watch(stream, session, addr, request) {
+            let addr = self.transport.node_addr(index);
+            let timeout = self.transport.bootstrap_timeout();
+            match transport::request_watch(stream, session, addr, request, timeout) {
                 Ok(()) => armed += 1,
                 Err(error) => {
                     tracing::warn!(%node, %error, "memory node did not arm the lease watch; treating it as failed");
@@ -672,7 +692,7 @@ impl RdmaFabric {
     /// went down fails every node now instead of letting batches hang; a fatal
     /// device error retires every node.
     fn watch_health(&self) {
-        let health = self.shared.events.health();
+        let health = self.transport.health();
         let generation = health.generation();
         if generation == self.health_seen.get() {
             return;
@@ -703,7 +723,7 @@ impl RdmaFabric {
             return;
         }
         let now = Instant::now();
-        let usable = self.shared.events.health().is_usable();
+        let usable = self.transport.health().is_usable();
         let mut slots = self.slots.borrow_mut();
         for (index, slot) in slots.iter_mut().enumerate() {
             let node = NodeId(index as u16);
@@ -749,12 +769,12 @@ impl RdmaFabric {
                 }
                 Slot::Waiting { backoff, .. } => {
                     let (tx, rx) = mpsc::channel();
-                    let (shared, cq) = (self.shared.clone(), self.cq.clone());
+                    let transport = self.transport.clone();
                     let watch = self.watch.get();
                     let spawned = std::thread::Builder::new()
                         .name("swarm-rdma-reconnect".into())
                         .spawn(move || {
-                            let _ = tx.send(shared.connect_node(&cq, index, watch));
+                            let _ = tx.send(transport.connect_node(index, watch));
                         });
                     match spawned {
                         Ok(_) => Slot::Trying {
@@ -803,7 +823,7 @@ impl RdmaFabric {
 
     /// Puts a reconnected node back in service if it is the same process (same
     /// incarnation) as before.
-    fn reinstate(&self, node: NodeId, connected: Connected) -> Slot<Attempt> {
+    fn reinstate(&self, node: NodeId, connected: Connected<T::Qp>) -> Slot<Attempt<T::Qp>> {
         let admitted = self.admitted.borrow().get(node.index()).copied().flatten();
         let known = match admitted {
             // A rebuilt node, admitted by a configuration change: any header of this
@@ -846,7 +866,7 @@ impl RdmaFabric {
                 let mut engine = self.inner.engine();
                 // The old queue pair is destroyed here, before the engine releases
                 // the staging of its chains.
-                drop(engine.nic_mut().replace_qp(node.index(), qp));
+                drop(T::replace_qp(engine.nic_mut(), node.index(), qp));
                 engine.revive(node, link);
                 // Closing the old bootstrap connection lets the node destroy its end.
                 self.streams.borrow_mut()[node.index()] = Some((stream, session));
@@ -942,7 +962,7 @@ fn in_parallel<T: Send>(n: usize, f: impl Fn(usize) -> T + Sync) -> Vec<T> {
     })
 }
 
-impl Fabric for RdmaFabric {
+impl<T: Transport> Fabric for RdmaFabric<T> {
     fn node_count(&self) -> usize {
         self.inner.node_count()
     }
