@@ -15,7 +15,9 @@
 //!   never empty, so readers never see a half-inserted key.
 //! * **delete** — a Safe-Guess write of the tombstone (§5.3.2), then the mapping is
 //!   removed. Clients holding the location in their cache see the tombstone, flush and
-//!   retry through the index.
+//!   retry through the index. With [`KvConfig::deferred_unmaps`] the delete returns at
+//!   its tombstone and the unmap runs afterwards ([`KvClient::run_deferred_unmaps`];
+//!   `deferred_unmap` has the argument).
 //!
 //! Every operation starts with a lease check (self-fencing, [`crate::lease`]): it runs
 //! only while the client's lease is provably valid for the cluster's operation
@@ -67,6 +69,11 @@ use crate::register_alloc::RegisterAllocator;
 use crate::writer_ids::{self, Registration, Resume};
 use crate::{KvError, RegisterId};
 
+mod deferred_unmap;
+
+pub use deferred_unmap::DeferredUnmapStats;
+use deferred_unmap::DeferredUnmaps;
+
 /// How many times an operation re-resolves a key that keeps moving under it.
 const MAX_RETRIES: u32 = 16;
 /// Registers per background reclaim check of the log (`Client::reclaim_tick`, at
@@ -116,6 +123,13 @@ pub struct KvConfig {
     /// (RDMA: `swarm_rdma::lease_watch`). Only an operation after a lapse waits;
     /// `0`: one synchronous renewal, then fail ([`crate::lease`], "Idle clients").
     pub lease_revive_ns: Nanos,
+    /// Index unmaps a client's deletes may leave to run after they return (SWARM
+    /// §5.3.2: a delete returns at its tombstone), at most; `0` (the default): every
+    /// delete unmaps before it returns. The caller must then keep
+    /// [`KvClient::run_deferred_unmaps`] running next to the operations; a delete
+    /// that finds this many waiting unmaps before it returns, and
+    /// [`KvClient::close`] runs those left.
+    pub deferred_unmaps: usize,
 }
 
 /// Default [`KvConfig::lease_revive_ns`]: 5 s, room for several reconnect attempts
@@ -140,6 +154,7 @@ impl KvConfig {
             tick_ns,
             register_protocol: RegisterProtocol::SafeGuess,
             lease_revive_ns: DEFAULT_LEASE_REVIVE_NS,
+            deferred_unmaps: 0,
         }
     }
 }
@@ -196,6 +211,8 @@ pub struct KvClient<F: Fabric, C: Clock> {
     /// nodes are admitted; a renewal that reads a higher epoch makes the next
     /// operation follow that one ([`KvClient::followed_epoch`]).
     followed: RefCell<Option<Configuration>>,
+    /// Index unmaps of deletes that returned at their tombstone.
+    deferred: RefCell<DeferredUnmaps>,
 }
 
 impl<F: Fabric, C: Clock> std::fmt::Debug for KvClient<F, C> {
@@ -408,6 +425,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
             next_adoption: Cell::new(0),
             config_checked: Cell::new(0),
             followed: RefCell::new(None),
+            deferred: RefCell::new(DeferredUnmaps::new(config.deferred_unmaps)),
         })
     }
 
@@ -468,6 +486,20 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
     /// of registers reclaims them (`crate::limbo`, "a clean close"). Waits up to
     /// [`crate::reclaim::STRAGGLER_NS`] for retire marks still in flight.
     pub fn close(self) {
+        if self.has_deferred_unmaps() {
+            let fabric = self.swarm.fabric();
+            if let Err(error) = swarm_core::block_on_future(fabric, self.run_deferred_unmaps())
+                .map_err(KvError::from)
+                .and_then(|ran| ran)
+            {
+                tracing::warn!(
+                    writer = self.registration.writer,
+                    waiting = self.deferred_unmap_stats().waiting,
+                    %error,
+                    "closing: deferred index unmaps could not run; their keys read as absent"
+                );
+            }
+        }
         self.swarm.cancel_reclaim();
         let fabric = self.swarm.fabric();
         if self.recycler.marks_in_flight(fabric) > 0 {
@@ -1318,7 +1350,13 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
                     // §5.3.2): the key is gone whatever the unmap does. An index
                     // that cannot unmap now (contention, a stalled client, a lost
                     // majority, the deadline) leaves `key → tombstone`, which reads
-                    // as absent and which the next insert of the key replaces.
+                    // as absent and which the next insert of the key replaces. So
+                    // the unmap may also wait until after the delete returned
+                    // (`deferred_unmap`).
+                    if self.deferred.borrow_mut().defer(key, located.register) {
+                        self.cache.borrow_mut().remove(key);
+                        return Ok(true);
+                    }
                     if let Err(error) = self
                         .forget_deleted(key, located.register, stats, deadline)
                         .await

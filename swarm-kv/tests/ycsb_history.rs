@@ -174,6 +174,13 @@ fn a_churn_run_records_its_sample_key_range_linearizably() {
         "seed {}:\n{report}",
         config.seed
     );
+    // Deletes returned at their tombstone; each client's background task unmapped
+    // them next to its operations in flight.
+    assert!(
+        report.deferred_unmaps > 0 && report.deferred_unmaps <= 136,
+        "seed {}:\n{report}",
+        config.seed
+    );
     let file = std::fs::File::open(history_path(&dir)).unwrap();
     let history = swarm_checker::History::from_jsonl(std::io::BufReader::new(file)).unwrap();
     let ops = history.operations();

@@ -94,6 +94,35 @@ fn load_inserts_report_their_roundtrips() {
     assert_eq!(json["load_inserts"]["count"], 500);
 }
 
+/// Deletes return at their tombstone (SWARM §5.3.2): one roundtrip for a key whose
+/// location the client cached (one client inserts and deletes every key of a churn),
+/// the index unmap (three more) run by the client's background task and reported
+/// apart; with `deferred_unmaps = 0` every delete pays for its unmap.
+#[test]
+fn deletes_return_at_their_tombstone_and_report_their_unmaps_apart() {
+    let mut config = small(System::Swarm, Workload::Churn, 64, 2_000, 1);
+    let report = run_fresh(&config);
+    assert_eq!(report.errors, 0, "{report}");
+    let deletes = report.op(OpType::Delete).expect("deletes");
+    assert_eq!(deletes.roundtrips.one, 1.0, "{report}");
+    assert_eq!(report.deferred_unmaps, deletes.count, "{report}");
+    let per_unmap = report.deferred_unmap_roundtrips as f64 / report.deferred_unmaps as f64;
+    assert!((2.5..4.0).contains(&per_unmap), "{per_unmap}\n{report}");
+    assert!(
+        report.to_string().contains("index unmaps ran after"),
+        "{report}"
+    );
+    let json: serde_json::Value = serde_json::from_str(&report.to_json()).unwrap();
+    assert_eq!(json["deferred_unmaps"], deletes.count);
+
+    config.deferred_unmaps = 0;
+    let report = run_fresh(&config);
+    assert_eq!(report.errors, 0, "{report}");
+    let deletes = report.op(OpType::Delete).expect("deletes");
+    assert!(deletes.roundtrips_mean > 3.5, "{report}");
+    assert_eq!(report.deferred_unmaps, 0, "{report}");
+}
+
 /// Table 2 and FUSEE §4.6: FUSEE's gets take one roundtrip when the cached object is
 /// still current and two otherwise; its updates take four in the common case (rule 1:
 /// object + primary read, backup CASes, log, primary CAS) and more under conflicts,

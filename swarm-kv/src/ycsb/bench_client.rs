@@ -38,6 +38,14 @@ pub(crate) trait BenchClient {
     async fn delete(&self, key: &[u8], stats: &OpStats) -> Result<bool, OpError>;
     /// Gives back what the client holds (its writer id).
     fn close(self);
+    /// Whether work the client left past its operations' return waits (SWARM-KV:
+    /// the index unmaps of deletes that returned at their tombstone).
+    fn has_deferred_work(&self) -> bool {
+        false
+    }
+    /// Runs the deferred work until none waits (the harness keeps it running next
+    /// to the client's operations).
+    async fn run_deferred_work(&self) {}
     /// Lease renewals acknowledged so far (systems without leases: 0).
     fn lease_renewals(&self) -> u64 {
         0
@@ -61,6 +69,10 @@ pub(crate) struct Recycling {
     /// Log slots in use now (live values, writes in flight, slots waiting out the
     /// grace).
     pub log_slots_in_use: Option<u64>,
+    /// Index unmaps run after their delete returned.
+    pub deferred_unmaps: u64,
+    /// Roundtrips those unmaps took, in all.
+    pub deferred_unmap_roundtrips: u64,
 }
 
 impl<F: Fabric> BenchClient for KvClient<FailNodes<F>, SystemClock> {
@@ -83,6 +95,14 @@ impl<F: Fabric> BenchClient for KvClient<FailNodes<F>, SystemClock> {
     fn close(self) {
         KvClient::close(self);
     }
+    fn has_deferred_work(&self) -> bool {
+        self.has_deferred_unmaps()
+    }
+    async fn run_deferred_work(&self) {
+        if let Err(error) = self.run_deferred_unmaps().await {
+            tracing::debug!(%error, "deferred index unmaps stopped; they run again later");
+        }
+    }
     fn lease_renewals(&self) -> u64 {
         KvClient::lease_renewals(self)
     }
@@ -96,6 +116,8 @@ impl<F: Fabric> BenchClient for KvClient<FailNodes<F>, SystemClock> {
                 r.reclaimed_limbo + r.reclaimed_pool
             },
             log_slots_in_use: Some(u64::from(log.in_use)),
+            deferred_unmaps: self.deferred_unmap_stats().ran,
+            deferred_unmap_roundtrips: self.deferred_unmap_stats().roundtrips,
         }
     }
 }

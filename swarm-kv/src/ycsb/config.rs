@@ -21,6 +21,9 @@ pub const DEFAULT_SEED: u64 = 0x5EED_5A4A;
 pub const MAX_CLIENTS: usize = swarm_core::encoding::MAX_WRITERS as usize;
 /// The most operations one client keeps in flight.
 pub const MAX_INFLIGHT: usize = 64;
+/// Default [`BenchConfig::deferred_unmaps`]: deletes return at their tombstone, with
+/// room for a burst of deletes while the client's background task unmaps.
+pub const DEFAULT_DEFERRED_UNMAPS: usize = 64;
 /// The largest key the benchmark builds.
 pub const MAX_KEY_SIZE: usize = 4096;
 /// The largest value the benchmark writes.
@@ -110,6 +113,9 @@ pub struct BenchConfig {
     pub clients: usize,
     /// Operations each client keeps in flight (closed loop).
     pub inflight: usize,
+    /// Index unmaps each SWARM-KV client's deletes may leave to a background task
+    /// ([`crate::KvConfig::deferred_unmaps`]; `0`: deletes unmap before they return).
+    pub deferred_unmaps: usize,
     /// Bytes per key.
     pub key_size: usize,
     /// Bytes per value.
@@ -154,6 +160,7 @@ impl BenchConfig {
             duration_ns: None,
             clients: 4,
             inflight: 1,
+            deferred_unmaps: DEFAULT_DEFERRED_UNMAPS,
             key_size: 24,
             value_size: 64,
             warmup_ops: 0,
@@ -275,6 +282,11 @@ pub struct BenchArgs {
     /// Operations each client keeps in flight.
     #[arg(long, default_value_t = 1)]
     pub inflight: usize,
+    /// Index unmaps a client's deletes leave to a background task, at most (deletes
+    /// return at their tombstone, SWARM §5.3.2); 0: every delete unmaps before it
+    /// returns.
+    #[arg(long, default_value_t = DEFAULT_DEFERRED_UNMAPS)]
+    pub deferred_unmaps: usize,
     /// Bytes per key (YCSB key names are zero-padded to it; at least 23).
     #[arg(long, default_value_t = 24)]
     pub key_size: usize,
@@ -396,6 +408,7 @@ impl BenchArgs {
                     duration_ns,
                     clients,
                     inflight: self.inflight,
+                    deferred_unmaps: self.deferred_unmaps,
                     key_size: self.key_size,
                     value_size: self.value_size,
                     warmup_ops: self.warmup_ops,

@@ -56,6 +56,9 @@
 //!   "recycled_slots": 1190000,    // log slots given back to their writers during the run
 //!   "recycled_registers": 0,      // registers reset and handed out again during the run
 //!   "reclaimed_registers": 0,     // registers taken from gone clients' limbos and pools
+//!   "deferred_unmaps": 0,         // index unmaps run after their delete returned (at its
+//!                                 // tombstone), all phases and clients
+//!   "deferred_unmap_roundtrips": 0, // their roundtrips (not in the deletes' counts)
 //!   "timeline_interval_ms": 10.0,
 //!   "timeline": [                 // the measured phase per interval (Figure 11)
 //!     {"t_ms": 0.0, "ops": 9100, "throughput_ops_s": 9.1e5, "p50_ns": 2300, "p99_ns": 3100,
@@ -304,6 +307,10 @@ pub struct RunStats {
     /// Log slots the clients held when they stopped, all clients (`None`: a system
     /// that does not count them).
     pub log_slots_in_use: Option<u64>,
+    /// Index unmaps run after their delete returned, all clients.
+    pub deferred_unmaps: u64,
+    /// Roundtrips of those unmaps, all clients.
+    pub deferred_unmap_roundtrips: u64,
 }
 
 /// The result of a run; see the module docs for its JSON form.
@@ -392,6 +399,13 @@ pub struct BenchReport {
     /// clients (SWARM §5.4, `crate::limbo`).
     #[serde(default)]
     pub reclaimed_registers: u64,
+    /// Index unmaps that ran after their delete returned (at its tombstone, SWARM
+    /// §5.3.2), all phases and clients: their roundtrips are not in the deletes'.
+    #[serde(default)]
+    pub deferred_unmaps: u64,
+    /// Roundtrips those unmaps took, in all.
+    #[serde(default)]
+    pub deferred_unmap_roundtrips: u64,
     /// Log slots the run's clients held when they stopped (copied into
     /// `memory_end.log_slots_in_use`).
     #[serde(skip)]
@@ -457,6 +471,8 @@ impl BenchReport {
             recycled_slots: stats.recycled_slots,
             recycled_registers: stats.recycled_registers,
             reclaimed_registers: stats.reclaimed_registers,
+            deferred_unmaps: stats.deferred_unmaps,
+            deferred_unmap_roundtrips: stats.deferred_unmap_roundtrips,
             log_slots_in_use_at_end: stats.log_slots_in_use,
         }
     }
@@ -565,6 +581,14 @@ impl fmt::Display for BenchReport {
                 self.recycled_slots,
                 self.recycled_registers,
                 self.reclaimed_registers
+            );
+        }
+        if self.deferred_unmaps > 0 {
+            let _ = writeln!(
+                out,
+                "deletes  {} index unmaps ran after their delete returned ({:.2} roundtrips each, not in the deletes' counts)",
+                self.deferred_unmaps,
+                self.deferred_unmap_roundtrips as f64 / self.deferred_unmaps as f64
             );
         }
         let completed: u64 = self.ops_by_type.values().map(|r| r.count).sum();

@@ -363,6 +363,8 @@ fn run_clients<C: BenchClient + Send>(
                 stats.recycled_slots += output.recycling.slots;
                 stats.recycled_registers += output.recycling.registers;
                 stats.reclaimed_registers += output.recycling.reclaimed_registers;
+                stats.deferred_unmaps += output.recycling.deferred_unmaps;
+                stats.deferred_unmap_roundtrips += output.recycling.deferred_unmap_roundtrips;
                 if let Some(in_use) = output.recycling.log_slots_in_use {
                     *stats.log_slots_in_use.get_or_insert(0) += in_use;
                 }
@@ -424,6 +426,7 @@ fn connect<S: Store, T: Fabric>(
     connected: impl Fn(&KvClient<FailNodes<T>, SystemClock>),
 ) -> Result<Vec<KvClient<FailNodes<T>, SystemClock>>, BenchError> {
     let mut kv_config = store.config();
+    kv_config.deferred_unmaps = config.deferred_unmaps;
     kv_config.register_protocol = register_protocol(config.system).ok_or_else(|| {
         BenchError::InvalidConfig("FUSEE runs on a store of its own: use run_fusee".into())
     })?;
@@ -944,8 +947,19 @@ struct InFlight {
     issued_at: u64,
 }
 
+/// What a task of a client's executor returns.
+enum Task {
+    /// A benchmark operation finished.
+    Op(Finished),
+    /// The client's deferred work (`BenchClient::run_deferred_work`) ran dry.
+    Deferred,
+}
+
 /// Keeps `inflight` operations from `next` going on `client` until `next` runs dry,
-/// handing each to `finish` as it completes.
+/// handing each to `finish` as it completes. Next to them, whenever the client has
+/// deferred work (the index unmaps of deletes that returned at their tombstone), one
+/// task runs it on the same executor: off the operations' critical path, but on the
+/// client's thread, as an application would run it.
 fn drive<'a, C: BenchClient>(
     client: &'a C,
     shared: &'a Shared<'a>,
@@ -962,9 +976,10 @@ fn drive<'a, C: BenchClient>(
     };
     let mut slots: Vec<Option<InFlight>> = (0..inflight).map(|_| None).collect();
     let mut finished: Vec<Finished> = Vec::with_capacity(inflight);
-    let mut exec: LocalExecutor<'a, Finished> = LocalExecutor::new();
+    let mut exec: LocalExecutor<'a, Task> = LocalExecutor::new();
+    let mut deferred_running = false;
     let mut spawn =
-        |exec: &mut LocalExecutor<'a, Finished>, slots: &mut [Option<InFlight>], slot: usize| {
+        |exec: &mut LocalExecutor<'a, Task>, slots: &mut [Option<InFlight>], slot: usize| {
             if let Some(planned) = next() {
                 slots[slot] = Some(InFlight {
                     op: planned.op,
@@ -974,16 +989,22 @@ fn drive<'a, C: BenchClient>(
                 });
                 let key = shared.keys.key(planned.keynum);
                 let value = written(planned.op, planned.seq);
-                exec.spawn(issue(client, shared, key, planned.op, value, slot));
+                let op = issue(client, shared, key, planned.op, value, slot);
+                exec.spawn(async move { Task::Op(op.await) });
             }
         };
     for slot in 0..inflight {
         spawn(&mut exec, &mut slots, slot);
     }
     while exec.live() > 0 {
-        if exec.step(client.fabric(), |_, f| finished.push(f)).is_err() {
+        let stepped = exec.step(client.fabric(), |_, task| match task {
+            Task::Op(f) => finished.push(f),
+            Task::Deferred => deferred_running = false,
+        });
+        if stepped.is_err() {
             // Every operation in flight waits on failed nodes only: give up on them.
             exec = LocalExecutor::new();
+            deferred_running = false;
             for slot in 0..inflight {
                 if let Some(lost) = slots[slot].take() {
                     finish(Done {
@@ -1016,6 +1037,13 @@ fn drive<'a, C: BenchClient>(
                 roundtrips: f.roundtrips,
             });
             spawn(&mut exec, &mut slots, f.slot);
+        }
+        if !deferred_running && client.has_deferred_work() {
+            deferred_running = true;
+            exec.spawn(async {
+                client.run_deferred_work().await;
+                Task::Deferred
+            });
         }
     }
 }
