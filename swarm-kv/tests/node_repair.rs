@@ -17,6 +17,9 @@ use swarm_kv::repair::{RepairError, RepairOptions};
 use swarm_kv::store::Store;
 use swarm_shm::{ScratchDir, ShmCluster};
 
+mod fault_support;
+use fault_support::ErroringNodes;
+
 fn params() -> ClusterParams {
     ClusterParams {
         key_max: 32,
@@ -233,5 +236,83 @@ fn clients_run_through_a_loss_and_an_online_repair() {
     for (k, n) in last.iter().enumerate() {
         let want = n.map(|n| format!("v{n}").into_bytes());
         assert_eq!(get(&survivors, &format!("k{k}")), want, "k{k}");
+    }
+}
+
+/// A second failure during the repair: donor node 2 fails in the middle of node 1's
+/// copy. The repair stops with `RepairError::Donor` and admits nothing (node 1 stays
+/// out, its repairing bit set, clients serve from nodes 0 and 2 and do not read the
+/// half-copied node); once node 2 answers again, the repair runs again (on a fresh
+/// file), admits the node and clears the bit, and the rebuilt node then holds every key alone with
+/// node 2 (node 0 lost).
+#[test]
+fn a_donor_failing_during_the_copy_stops_the_repair_and_a_second_repair_admits_the_node() {
+    let dir = ScratchDir::new("kv-repair-donor-lost").unwrap();
+    let store = ShmStore::create(dir.path(), 3, 32 << 20, params()).unwrap();
+    let c = store.client().unwrap();
+    for i in 0..200 {
+        let key = format!("k{i}");
+        block_on(c.fabric(), c.insert(key.as_bytes(), b"v", &OpStats::new())).unwrap();
+    }
+    c.close();
+    ShmStore::replace_node_file(dir.path(), 1).unwrap();
+
+    // The copy's fabric loses node 2 after the first piece.
+    let raw = Arc::new(ShmCluster::open_quietly(dir.path()).unwrap());
+    let incarnation = raw.incarnation_of(NodeId(1)).expect("node 1's new file");
+    let fabric = ErroringNodes::new(raw.client());
+    let mut pieces = 0;
+    let failed = block_on(
+        &fabric,
+        swarm_kv::repair::repair_node(
+            &fabric,
+            store.layout(),
+            NodeId(1),
+            incarnation,
+            NO_WAIT,
+            |_, _| {
+                pieces += 1;
+                fabric.fail(NodeId(2));
+            },
+        ),
+    );
+    assert!(
+        matches!(
+            failed,
+            Err(RepairError::Donor {
+                node: NodeId(2),
+                ..
+            })
+        ),
+        "{failed:?}"
+    );
+    assert_eq!(
+        pieces, 1,
+        "the repair stopped at the first piece after the failure"
+    );
+    let config = swarm_kv::store::read_configuration(&raw.client()).unwrap();
+    assert!(!config.admits(1, incarnation), "{config:?}");
+    assert!(config.is_repairing(1), "{config:?}");
+    drop(raw);
+    // Clients serve without the half-copied node.
+    assert_eq!(get(&store, "k7"), Some(b"v".to_vec()));
+
+    // Node 2 answers again: the repair runs again and admits node 1.
+    let report = ShmStore::repair(dir.path(), 1, NO_WAIT, |_, _| {}).unwrap();
+    assert!(report.bytes > 0);
+    let raw = Arc::new(ShmCluster::open_quietly(dir.path()).unwrap());
+    let config = swarm_kv::store::read_configuration(&raw.client()).unwrap();
+    // The half-copied file was left out when the store opened: the second repair
+    // rebuilt a fresh one.
+    let rebuilt = raw.incarnation_of(NodeId(1)).expect("node 1's file");
+    assert!(config.admits(1, rebuilt), "{config:?}");
+    assert!(!config.admits(1, incarnation), "{config:?}");
+    assert!(!config.is_repairing(1), "{config:?}");
+    drop(raw);
+
+    ShmStore::replace_node_file(dir.path(), 0).unwrap();
+    let store = ShmStore::open(dir.path()).unwrap();
+    for i in 0..200 {
+        assert_eq!(get(&store, &format!("k{i}")), Some(b"v".to_vec()), "k{i}");
     }
 }

@@ -88,8 +88,8 @@ pub mod merge;
 use std::time::Instant;
 
 use swarm_core::fabric::{Batch, FabricError, NodeId};
-use swarm_core::quorum::{broadcast, broadcast_until, majority};
-use swarm_core::{Fabric, OpStats};
+use swarm_core::quorum::{broadcast_until, majority};
+use swarm_core::{Fabric, OpStats, Roundtrip};
 
 use crate::client::register_loc_for;
 use crate::configuration::{CONFIG_AT, CONFIG_READ_BYTES, Configuration};
@@ -334,37 +334,31 @@ pub(crate) async fn read_configuration_within<F: Fabric>(
     Ok(Configuration::newest(&copies, nodes))
 }
 
-/// Posts `build(node)` to each of `nodes` and waits for all of them.
+/// Posts `build(node)` to each of `nodes` and waits for all of them. A node that
+/// fails is named ([`RepairError::Donor`]: the user must bring that one back), also
+/// when its failure is what leaves the roundtrip short of replies.
 async fn rt_all<F: Fabric>(
     fabric: &F,
     stats: &OpStats,
     nodes: &[NodeId],
-    build: impl FnMut(NodeId) -> Batch,
+    mut build: impl FnMut(NodeId) -> Batch,
 ) -> Result<Vec<(NodeId, swarm_core::Completion)>, RepairError> {
-    let mut build = build;
-    match broadcast(fabric, stats, nodes.iter().copied(), nodes.len(), |n| {
-        Ok(build(n))
-    })
-    .await
-    {
-        Ok(rt) => {
-            if let Some((node, error)) = rt.failures().first() {
-                return Err(RepairError::Donor {
-                    node: *node,
-                    error: error.clone(),
-                });
-            }
-            Ok(rt.replies().to_vec())
-        }
-        Err(error) => Err(match error {
-            FabricError::NodeFailed { node, .. } => RepairError::Donor { node, error },
-            FabricError::NotEnoughLiveNodes { .. } if nodes.len() == 1 => RepairError::Donor {
-                node: nodes[0],
-                error,
-            },
+    let mut rt = Roundtrip::start(fabric, stats);
+    for &node in nodes {
+        rt.post(node, build(node)).map_err(|error| match error {
+            FabricError::NodeFailed { .. } => RepairError::Donor { node, error },
             error => RepairError::Fabric(error),
-        }),
+        })?;
     }
+    let waited = rt.wait(nodes.len()).await;
+    if let Some((node, error)) = rt.failures().first() {
+        return Err(RepairError::Donor {
+            node: *node,
+            error: error.clone(),
+        });
+    }
+    waited.map_err(RepairError::Fabric)?;
+    Ok(rt.replies().to_vec())
 }
 
 /// Bytes the copy writes (for progress reports).
