@@ -183,6 +183,33 @@ impl OpStats {
         Ok(())
     }
 
+    /// Statistics for one of several steps this operation runs concurrently: the
+    /// same deadline, counts of its own. Fold the branches back with
+    /// [`OpStats::join_branches`].
+    pub fn branch(&self) -> OpStats {
+        let branch = OpStats::new();
+        branch.deadline.set(self.deadline.get());
+        branch
+    }
+
+    /// Adds the counts of steps that ran concurrently ([`OpStats::branch`]): the
+    /// largest roundtrip count among them (they overlapped in time), and every
+    /// iteration and recycled fetch.
+    pub fn join_branches(&self, branches: &[&OpStats]) {
+        let longest = branches.iter().map(|b| b.roundtrips()).max().unwrap_or(0);
+        self.roundtrips
+            .set(self.roundtrips.get().saturating_add(longest));
+        for b in branches {
+            self.iterations
+                .set(self.iterations.get().saturating_add(b.iterations()));
+            self.recycled_fetches.set(
+                self.recycled_fetches
+                    .get()
+                    .saturating_add(b.recycled_fetches()),
+            );
+        }
+    }
+
     /// Roundtrips the operation has waited for so far.
     pub fn roundtrips(&self) -> u32 {
         self.roundtrips.get()
@@ -439,6 +466,26 @@ mod tests {
     use crate::mem::{MemCluster, MemFabric};
     use core::pin::pin;
     use core::task::{Context, Waker};
+
+    #[test]
+    fn concurrent_branches_count_as_their_longest() {
+        let stats = OpStats::new();
+        stats.count();
+        let _scope = stats.arm_deadline(50);
+        let (a, b) = (stats.branch(), stats.branch());
+        assert_eq!(
+            a.deadline(),
+            Some(50),
+            "a branch keeps the operation's fence"
+        );
+        a.count();
+        b.count();
+        b.count();
+        b.count_iteration();
+        stats.join_branches(&[&a, &b]);
+        assert_eq!(stats.roundtrips(), 3);
+        assert_eq!(stats.iterations(), 1);
+    }
 
     /// Counts the calls a roundtrip makes besides `submit`.
     struct Counting {

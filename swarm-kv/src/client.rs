@@ -1218,26 +1218,46 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
             .ok_or(KvError::Corrupted { register })?;
         let header = encode_key_header(key);
         let replicas = fresh.loc.replicas.clone();
+        // Three steps in flight together, one roundtrip: the key header, the value,
+        // and the read of the key's index buckets (§5.3.1). The index changes only
+        // once the header is on a majority (a register is never indexed before its
+        // key header), in one more roundtrip on the fast path (`index::fast`).
+        let (header_stats, value_stats, read_stats) =
+            (stats.branch(), stats.branch(), stats.branch());
         let write_header = async {
             let nodes = replicas.nodes().iter().copied();
-            broadcast(fabric, stats, nodes, replicas.quorum(), |_| {
+            broadcast(fabric, &header_stats, nodes, replicas.quorum(), |_| {
                 Ok(Batch::write(header_at, header.clone()))
             })
             .await
             .map(drop)
         };
-        let write_value = self.write_register(fresh, stats, payload);
-        let (header_written, value_written) = swarm_core::join(write_header, write_value).await;
+        let write_value = self.write_register(fresh, &value_stats, payload);
+        let read_sent = fabric.now();
+        let read_index = self
+            .index
+            .read_for_insert(fabric, &read_stats, key, register, deadline);
+        let ((header_written, value_written), index_read) =
+            swarm_core::join(swarm_core::join(write_header, write_value), read_index).await;
+        stats.join_branches(&[&header_stats, &value_stats, &read_stats]);
         header_written?;
         value_written?;
+        let mut index_read = Some((index_read, read_sent));
         for _ in 0..MAX_RETRIES {
             self.fence(deadline)?;
-            let asked = fabric.now();
-            let outcome = match self
-                .index
-                .insert_until(fabric, stats, key, register, deadline)
-                .await
-            {
+            let (attempt, asked) = match index_read.take() {
+                Some((Ok(read), sent)) => (read.finish(stats).await, sent),
+                Some((Err(e), sent)) => (Err(e), sent),
+                None => {
+                    let asked = fabric.now();
+                    let attempt = self
+                        .index
+                        .insert_until(fabric, stats, key, register, deadline)
+                        .await;
+                    (attempt, asked)
+                }
+            };
+            let outcome = match attempt {
                 Ok(outcome) => outcome,
                 // The index could not tell whether our mapping took effect (this client
                 // stalled past its acknowledgement window): ask it.

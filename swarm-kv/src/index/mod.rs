@@ -142,7 +142,7 @@
 //! |---|---|---|
 //! | `lookup` | 1 | +1 if a preferred node is slow or dead; a couple of re-reads, then 2-3 to settle a change left open |
 //! | `resolve` | 1 (no candidate) or 2 | as lookup |
-//! | `insert` | 4: read, promise both, fence, accept | +1 to check a fingerprint match; +1-3 per change helped along; backoff under contention |
+//! | `insert` | 4: read, promise both, fence, accept (the KV layer overlaps the read with its register write: [`Index::read_for_insert`]) | +1 to check a fingerprint match; +1-3 per change helped along; backoff under contention |
 //! | `remove`, `replace` | 3: read, promise + key header, accept | as insert |
 //!
 //! Slot writes after a decision are posted in the background and cost no roundtrip
@@ -171,6 +171,17 @@
 //!   insert): it is *repaired* (`swarm repair --replace`, [`crate::repair`]), which
 //!   retires its memory, rebuilds it from the other nodes and admits it with a
 //!   configuration change.
+//! * Inserts take four roundtrips, not the paper's one (§5.3.1 assumes an index that
+//!   maps a key in one). A fast path was built and withdrawn: after the read, CAS
+//!   both candidate buckets' meta words on every node from the words read (promise
+//!   and accept in one step; Fast Paxos with a fast quorum of all nodes). Each node
+//!   may take one bucket's CAS and not the other's, so the `SET` can reach every node
+//!   — and must then be finished by any proposer that sees it, since it may be
+//!   decided — while its fence of the other bucket failed, and a concurrent insert
+//!   of the same key into that bucket wins as well (found by a 3,000-seed run of
+//!   `tests/index_sim.rs`). A safe one-roundtrip index insert needs the two buckets'
+//!   changes to take effect together on each node (one word per key pair, or a key
+//!   that can live in one bucket only); not built.
 //! * Liveness is obstruction-freedom: proposers that keep preempting each other back
 //!   off (randomised, exponential); [`IndexConfig::max_attempts`] bounds the retries.
 //!   A lookup that races an update may settle the update's change itself, which
@@ -200,6 +211,7 @@ mod watch;
 pub mod word;
 
 pub use scrub::ScrubReport;
+pub use update::InsertRead;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -475,6 +487,23 @@ impl Index {
     ) -> Result<InsertOutcome, IndexError> {
         self.check_fabric(fabric)?;
         update::insert(self, fabric, stats, key, register, deadline).await
+    }
+
+    /// The first roundtrip of [`Index::insert_until`] (reading the key's candidate
+    /// buckets), for a caller that runs it alongside other work: the KV layer reads
+    /// while it writes the register's value and key header (SWARM §5.3.1), then
+    /// calls [`InsertRead::finish`] once the header is on a majority. `stats` counts
+    /// this roundtrip (a branch of the operation's, [`OpStats::branch`]).
+    pub async fn read_for_insert<'a, F: Fabric>(
+        &'a self,
+        fabric: &'a F,
+        stats: &'a OpStats,
+        key: &'a [u8],
+        register: RegisterId,
+        deadline: Nanos,
+    ) -> Result<InsertRead<'a, F>, IndexError> {
+        self.check_fabric(fabric)?;
+        update::read_for_insert(self, fabric, stats, key, register, deadline).await
     }
 
     /// Unmaps `key` if it maps to `register`; `Ok(false)` if it did not. Of several

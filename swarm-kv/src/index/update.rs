@@ -12,6 +12,7 @@ use swarm_core::{Fabric, OpStats};
 
 use super::bucket::{Status, View};
 use super::engine::{Engine, MAX_BUCKETS, Settled};
+use super::hash::KeyHash;
 use super::header;
 use super::lookup::{candidates, settled};
 use super::watch::Fate;
@@ -159,6 +160,16 @@ async fn wait_ack<F: Fabric>(
     }
 }
 
+/// An insert whose first read is done ([`Index::read_for_insert`]), kept until the
+/// caller is ready to index the register (its key header on a majority).
+#[derive(Debug)]
+pub struct InsertRead<'a, F: Fabric> {
+    eng: Engine<'a, F>,
+    key: &'a [u8],
+    hash: KeyHash,
+    register: RegisterId,
+}
+
 /// `Index::insert`.
 pub async fn insert<F: Fabric>(
     ix: &Index,
@@ -168,6 +179,19 @@ pub async fn insert<F: Fabric>(
     register: RegisterId,
     deadline: Nanos,
 ) -> Result<InsertOutcome, IndexError> {
+    let read = read_for_insert(ix, fabric, stats, key, register, deadline).await?;
+    finish_insert(read, stats).await
+}
+
+/// The first step of an insert: reads the key's candidate buckets (one roundtrip).
+pub async fn read_for_insert<'a, F: Fabric>(
+    ix: &'a Index,
+    fabric: &'a F,
+    stats: &'a OpStats,
+    key: &'a [u8],
+    register: RegisterId,
+    deadline: Nanos,
+) -> Result<InsertRead<'a, F>, IndexError> {
     let hash = ix.hash(key)?;
     ix.check_register(register)?;
     let mut eng = Engine::new(
@@ -178,10 +202,41 @@ pub async fn insert<F: Fabric>(
         register ^ u64::from(hash.fp),
     )
     .until(deadline);
+    eng.read().await?;
+    Ok(InsertRead {
+        eng,
+        key,
+        hash,
+        register,
+    })
+}
+
+impl<'a, F: Fabric> InsertRead<'a, F> {
+    /// Indexes the register for the key read: what [`Index::insert_until`] does
+    /// after its read, counting roundtrips in `stats`.
+    pub async fn finish(self, stats: &'a OpStats) -> Result<InsertOutcome, IndexError> {
+        finish_insert(self, stats).await
+    }
+}
+
+/// The rest of an insert after its read (promise both buckets, fence, accept);
+/// counts its roundtrips in `stats`.
+async fn finish_insert<'a, F: Fabric>(
+    read: InsertRead<'a, F>,
+    stats: &'a OpStats,
+) -> Result<InsertOutcome, IndexError> {
+    let InsertRead {
+        mut eng,
+        key,
+        hash,
+        register,
+    } = read;
+    eng.stats = stats;
+    let ix = eng.index();
+    let fabric = eng.fabric;
     let config = ix.config;
     let mut owner = Owner::default();
     let mut known_keys: Vec<(RegisterId, bool)> = Vec::new();
-    eng.read().await?;
     for attempt in 0..config.max_attempts {
         if attempt > 0 {
             eng.backoff(attempt).await;
