@@ -1247,7 +1247,8 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
             self.fence(deadline)?;
             let (attempt, asked) = match index_read.take() {
                 Some((Ok(read), sent)) => (read.finish(stats).await, sent),
-                Some((Err(e), sent)) => (Err(e), sent),
+                // Nothing was proposed: the register was not mapped.
+                Some((Err(e), _)) => return Err(e.into()),
                 None => {
                     let asked = fabric.now();
                     let attempt = self

@@ -55,7 +55,8 @@ pub(super) struct Watch {
 
 impl<F: Fabric> Engine<'_, F> {
     /// Starts (or renews) watching our own `proposal` for bucket `i`, about to be sent
-    /// under `ballot`.
+    /// under `ballot`. A proposal ruled out under an older ballot (dead) is alive again
+    /// once sent again: its new accept may be decided, so it is watched from now on.
     pub fn watch(&mut self, i: usize, proposal: Proposal, ballot: Ballot) {
         let now = self.fabric.now();
         match self
@@ -63,7 +64,13 @@ impl<F: Fabric> Engine<'_, F> {
             .iter_mut()
             .find(|w| w.bucket == i && w.proposal == proposal)
         {
-            Some(w) => w.ballot = ballot,
+            Some(w) => {
+                if w.dead {
+                    w.dead = false;
+                    w.since = now;
+                }
+                w.ballot = ballot;
+            }
             None => self.watches.push(Watch {
                 bucket: i,
                 proposal,
@@ -244,6 +251,18 @@ mod tests {
             Fate::None,
             "a dead proposal cannot be lost track of"
         );
+        // Sent again under a newer ballot, it is alive again: seen applied, it took
+        // effect (an insert that retries with the same slot and register, after its
+        // first accept was ruled out, must not miss its second one being decided).
+        eng.watch(0, MINE, Ballot(12));
+        let mut applied_again = empty;
+        applied_again[2] = applied_slot(Ballot(12), MINE, None);
+        eng.observe(
+            0,
+            fabric.now(),
+            &[copy(None, applied_again), copy(None, empty)],
+        );
+        assert_eq!(eng.fate(&none), Fate::Applied(0, MINE, Ballot(12)));
 
         // Not visible after a window longer than the acknowledgement wait: unknown.
         let mut eng = Engine::new(&ix, &fabric, &stats, &[1], 0);
