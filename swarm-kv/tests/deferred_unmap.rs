@@ -6,12 +6,15 @@
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use swarm_checker::{History, OpKind, Operation};
+use swarm_checker::{History, OpKind};
 use swarm_core::{OpStats, block_on};
 use swarm_kv::clock::SystemClock;
 use swarm_kv::layout::ClusterParams;
 use swarm_kv::{KvClient, KvConfig, ShmStore};
 use swarm_shm::{EmulatedFabric, ScratchDir};
+
+mod history_support;
+use history_support::run_recorded;
 
 type Client = KvClient<EmulatedFabric, SystemClock>;
 
@@ -207,33 +210,7 @@ fn concurrent_clients_with_unmaps_left_waiting_are_linearizable() {
                         5..=6 => OpKind::Insert,
                         _ => OpKind::Delete,
                     };
-                    let s = OpStats::new();
-                    let start = origin.elapsed().as_nanos() as u64;
-                    let (ok, value) = match kind {
-                        OpKind::Get => {
-                            let v = block_on(f, c.get(key.as_bytes(), &s)).unwrap();
-                            (true, v.map(|v| String::from_utf8(v).unwrap()))
-                        }
-                        OpKind::Update => (
-                            block_on(f, c.update(key.as_bytes(), value.as_bytes(), &s)).unwrap(),
-                            Some(value),
-                        ),
-                        OpKind::Insert => {
-                            block_on(f, c.insert(key.as_bytes(), value.as_bytes(), &s)).unwrap();
-                            (true, Some(value))
-                        }
-                        _ => (block_on(f, c.delete(key.as_bytes(), &s)).unwrap(), None),
-                    };
-                    let end = origin.elapsed().as_nanos() as u64;
-                    local.push(Operation::completed(
-                        t,
-                        kind,
-                        key,
-                        value.as_deref(),
-                        ok,
-                        start,
-                        end,
-                    ));
+                    local.push(run_recorded(&c, t, kind, key, value, origin));
                 }
                 let stats = c.deferred_unmap_stats();
                 c.close();

@@ -4,12 +4,15 @@
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use swarm_checker::{History, OpKind, Operation};
+use swarm_checker::{History, OpKind};
 use swarm_core::{NodeId, OpStats, block_on, block_on_future};
 use swarm_kv::clock::SystemClock;
 use swarm_kv::layout::ClusterParams;
 use swarm_kv::{KvClient, KvError, ShmStore};
 use swarm_shm::ScratchDir;
+
+mod history_support;
+use history_support::run_recorded;
 
 mod fault_support;
 use fault_support::ErroringNodes;
@@ -165,7 +168,6 @@ fn concurrent_clients_are_linearizable() {
             let (store, history) = (store.clone(), history.clone());
             std::thread::spawn(move || {
                 let c = store.client().unwrap();
-                let f = c.fabric();
                 let mut local = Vec::new();
                 let mut x = t * 7 + 1;
                 for i in 0..300u64 {
@@ -180,33 +182,7 @@ fn concurrent_clients_are_linearizable() {
                         7..=8 => OpKind::Insert,
                         _ => OpKind::Delete,
                     };
-                    let s = OpStats::new();
-                    let start = origin.elapsed().as_nanos() as u64;
-                    let (ok, value) = match kind {
-                        OpKind::Get => {
-                            let v = block_on(f, c.get(key.as_bytes(), &s)).unwrap();
-                            (true, v.map(|v| String::from_utf8(v).unwrap()))
-                        }
-                        OpKind::Update => (
-                            block_on(f, c.update(key.as_bytes(), value.as_bytes(), &s)).unwrap(),
-                            Some(value),
-                        ),
-                        OpKind::Insert => {
-                            block_on(f, c.insert(key.as_bytes(), value.as_bytes(), &s)).unwrap();
-                            (true, Some(value))
-                        }
-                        _ => (block_on(f, c.delete(key.as_bytes(), &s)).unwrap(), None),
-                    };
-                    let end = origin.elapsed().as_nanos() as u64;
-                    local.push(Operation::completed(
-                        t,
-                        kind,
-                        key,
-                        value.as_deref(),
-                        ok,
-                        start,
-                        end,
-                    ));
+                    local.push(run_recorded(&c, t, kind, key, value, origin));
                 }
                 let mut h = history.lock().unwrap();
                 for op in local {
