@@ -122,6 +122,43 @@ fn abd_takes_two_roundtrips_and_raw_one() {
     assert_eq!(s.roundtrips(), 2);
 }
 
+/// A RAW read that keeps finding a torn record (a writer preempted in the middle of
+/// it) waits for the writer instead of giving up after a burst of re-reads: here the
+/// record is repaired 2 µs later on the fabric clock, which 64 back-to-back re-reads
+/// (one clock tick each on this fabric) never reach.
+#[test]
+fn a_raw_read_waits_out_a_torn_record() {
+    let cluster = MemCluster::new(3, 1 << 20);
+    let a = setup(0, 5, &cluster);
+    let f = a.fabric();
+    let raw = RegisterLoc {
+        addr: 8192,
+        ..reg()
+    };
+    let torn = vec![0xAB; 32];
+    block_on_future(f, async {
+        let s = OpStats::new();
+        let mut rt = swarm_core::Roundtrip::start(f, &s);
+        rt.post(
+            raw.replicas.node(0),
+            swarm_core::Batch::write(raw.addr, torn),
+        )
+        .unwrap();
+        rt.wait(1).await.unwrap();
+    })
+    .unwrap();
+    let (read, written) = block_on_future(
+        f,
+        swarm_core::join(a.raw_read(&raw, &OpStats::new()), async {
+            swarm_core::sleep(f, 2_000).await;
+            a.raw_write(&raw, &OpStats::new(), b"whole").await
+        }),
+    )
+    .unwrap();
+    written.unwrap();
+    assert_eq!(read.unwrap(), ReadValue::Value(b"whole".to_vec()));
+}
+
 #[test]
 fn delete_hides_the_value_and_blocks_later_writes() {
     let cluster = MemCluster::new(3, 1 << 20);

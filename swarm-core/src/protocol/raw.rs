@@ -17,6 +17,12 @@ use super::{Client, ReadValue, SwarmError};
 
 /// How many torn reads RAW retries before giving up.
 const RAW_READ_ATTEMPTS: u32 = 64;
+/// Torn reads retried at once; later retries first wait (doubling from 1 µs up to
+/// [`RAW_MAX_PAUSE_NS`]), so that a writer descheduled in the middle of its record
+/// (a client thread preempted on a loaded host) gets about 50 ms to finish it.
+const RAW_EAGER_ATTEMPTS: u32 = 4;
+/// Longest pause between two torn reads.
+const RAW_MAX_PAUSE_NS: u64 = 1_000_000;
 
 impl<F: Fabric, C: Clock> Client<F, C> {
     /// RAW write: the record, in place, on the primary.
@@ -46,7 +52,11 @@ impl<F: Fabric, C: Clock> Client<F, C> {
     ) -> Result<ReadValue, SwarmError> {
         let _deadline = self.arm_deadline(stats);
         let node = reg.replicas.node(0);
-        for _ in 0..RAW_READ_ATTEMPTS {
+        for attempt in 0..RAW_READ_ATTEMPTS {
+            if let Some(doublings) = attempt.checked_sub(RAW_EAGER_ATTEMPTS) {
+                let pause = (1_000u64 << doublings.min(10)).min(RAW_MAX_PAUSE_NS);
+                crate::exec::sleep(&self.fabric, pause).await;
+            }
             let mut rt = Roundtrip::start(&self.fabric, stats);
             rt.post(
                 node,
