@@ -1045,8 +1045,14 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
     ) -> Result<(Option<Located>, bool), KvError> {
         match self.cached_at(key, now)? {
             Some(located) if located.knowledge.knows_a_write() => Ok((Some(located), false)),
+            // Boxed, here and on the other rare paths (a get's miss, an insert's
+            // publication, an unmap): inline, they would make every operation's future
+            // as large as the largest of them, and executors move futures when they
+            // spawn them (`tests/kv_semantics.rs`, `operation_futures_stay_small`).
             _ => Ok((
-                self.resolve(key, stats).await?.map(|(located, _)| located),
+                Box::pin(self.resolve(key, stats))
+                    .await?
+                    .map(|(located, _)| located),
                 true,
             )),
         }
@@ -1124,7 +1130,9 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
             // Deleted (or never this key's): the cached location is stale.
             self.cache.borrow_mut().remove(key);
         }
-        Ok(self.resolve(key, stats).await?.map(|(_, value)| value))
+        Ok(Box::pin(self.resolve(key, stats))
+            .await?
+            .map(|(_, value)| value))
     }
 
     /// Replaces the value of a present key; `Ok(false)` if the key is absent.
@@ -1149,8 +1157,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
                     return Ok(true);
                 }
                 WriteOutcome::Deleted => {
-                    self.forget_deleted(key, located.register, stats, deadline)
-                        .await?;
+                    Box::pin(self.forget_deleted(key, located.register, stats, deadline)).await?;
                 }
             }
         }
@@ -1178,9 +1185,8 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         };
         // Set when an index call could not tell whether it mapped `register`.
         let uncertain = Cell::new(false);
-        let result = self
-            .publish(key, &payload, &mut fresh, stats, deadline, &uncertain)
-            .await;
+        let result =
+            Box::pin(self.publish(key, &payload, &mut fresh, stats, deadline, &uncertain)).await;
         match &result {
             Ok(Published::Yes) => {}
             // Never published: nobody else can know the register (recycle.rs).
@@ -1378,9 +1384,8 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
                         self.cache.borrow_mut().remove(key);
                         return Ok(true);
                     }
-                    if let Err(error) = self
-                        .forget_deleted(key, located.register, stats, deadline)
-                        .await
+                    if let Err(error) =
+                        Box::pin(self.forget_deleted(key, located.register, stats, deadline)).await
                     {
                         tracing::debug!(%error, register = located.register, "delete: unmapping the tombstoned register failed; the mapping stays (it reads as absent)");
                     }
@@ -1388,8 +1393,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
                 }
                 // Already deleted by someone else: the key may live elsewhere now.
                 WriteOutcome::Deleted => {
-                    self.forget_deleted(key, located.register, stats, deadline)
-                        .await?;
+                    Box::pin(self.forget_deleted(key, located.register, stats, deadline)).await?;
                 }
             }
         }
