@@ -3,10 +3,7 @@
 //! queue and `close` see meanwhile; and concurrent histories with unmaps left
 //! waiting for many operations, checked for linearizability.
 
-use std::sync::{Arc, Mutex};
-use std::time::Instant;
-
-use swarm_checker::{History, OpKind};
+use swarm_checker::OpKind;
 use swarm_core::{OpStats, block_on};
 use swarm_kv::clock::SystemClock;
 use swarm_kv::layout::ClusterParams;
@@ -14,7 +11,7 @@ use swarm_kv::{KvClient, KvConfig, ShmStore};
 use swarm_shm::{EmulatedFabric, ScratchDir};
 
 mod history_support;
-use history_support::run_recorded;
+use history_support::{Lcg, run_checked_threads, run_recorded};
 
 type Client = KvClient<EmulatedFabric, SystemClock>;
 
@@ -185,49 +182,30 @@ fn close_runs_the_unmaps_left() {
 fn concurrent_clients_with_unmaps_left_waiting_are_linearizable() {
     let dir = ScratchDir::new("kv-deferred-conc").unwrap();
     let store = store(&dir);
-    let origin = Instant::now();
-    let history = Arc::new(Mutex::new(History::new()));
-    let threads: Vec<_> = (0..6u64)
-        .map(|t| {
-            let (store, history) = (store.clone(), history.clone());
-            std::thread::spawn(move || {
-                let c = client(&store, 3);
-                let f = c.fabric();
-                let mut local = Vec::new();
-                let mut x = t * 11 + 5;
-                for i in 0..300u64 {
-                    x = x
-                        .wrapping_mul(6364136223846793005)
-                        .wrapping_add(1442695040888963407);
-                    if (x >> 40) % 7 == 0 {
-                        block_on(f, c.run_deferred_unmaps()).unwrap();
-                    }
-                    let key = format!("k{}", (x >> 33) % 5);
-                    let value = format!("t{t}-{i}");
-                    let kind = match (x >> 20) % 10 {
-                        0..=2 => OpKind::Get,
-                        3..=4 => OpKind::Update,
-                        5..=6 => OpKind::Insert,
-                        _ => OpKind::Delete,
-                    };
-                    local.push(run_recorded(&c, t, kind, key, value, origin));
-                }
-                let stats = c.deferred_unmap_stats();
-                c.close();
-                let mut history = history.lock().unwrap();
-                for op in local {
-                    history.push(op).unwrap();
-                }
-                stats
-            })
-        })
-        .collect();
-    let mut deferred = 0;
-    for t in threads {
-        deferred += t.join().unwrap().ran;
-    }
+    let deferred: u64 = run_checked_threads(6, |t, origin, ops| {
+        let c = client(&store, 3);
+        let f = c.fabric();
+        let mut rng = Lcg(t * 11 + 5);
+        for i in 0..300u64 {
+            let x = rng.next();
+            if (x >> 40).is_multiple_of(7) {
+                block_on(f, c.run_deferred_unmaps()).unwrap();
+            }
+            let key = format!("k{}", (x >> 33) % 5);
+            let value = format!("t{t}-{i}");
+            let kind = match (x >> 20) % 10 {
+                0..=2 => OpKind::Get,
+                3..=4 => OpKind::Update,
+                5..=6 => OpKind::Insert,
+                _ => OpKind::Delete,
+            };
+            ops.push(run_recorded(&c, t, kind, key, value, origin));
+        }
+        let stats = c.deferred_unmap_stats();
+        c.close();
+        stats.ran
+    })
+    .into_iter()
+    .sum();
     assert!(deferred > 0, "some unmap ran after its delete returned");
-    let history = history.lock().unwrap();
-    let report = swarm_checker::check(&history);
-    assert!(report.is_linearizable(), "{report}");
 }

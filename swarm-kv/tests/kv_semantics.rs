@@ -1,10 +1,7 @@
 //! SWARM-KV operations on a shared-memory cluster: semantics, roundtrips, bad input,
 //! and a concurrent history checked for linearizability.
 
-use std::sync::{Arc, Mutex};
-use std::time::Instant;
-
-use swarm_checker::{History, OpKind};
+use swarm_checker::OpKind;
 use swarm_core::{NodeId, OpStats, block_on, block_on_future};
 use swarm_kv::clock::SystemClock;
 use swarm_kv::layout::ClusterParams;
@@ -12,7 +9,7 @@ use swarm_kv::{KvClient, KvError, ShmStore};
 use swarm_shm::ScratchDir;
 
 mod history_support;
-use history_support::run_recorded;
+use history_support::{Lcg, run_checked_threads, run_recorded};
 
 mod fault_support;
 use fault_support::ErroringNodes;
@@ -161,42 +158,22 @@ fn a_failed_node_is_masked() {
 fn concurrent_clients_are_linearizable() {
     let dir = ScratchDir::new("kv-conc").unwrap();
     let store = store(&dir);
-    let origin = Instant::now();
-    let history = Arc::new(Mutex::new(History::new()));
-    let threads: Vec<_> = (0..6u64)
-        .map(|t| {
-            let (store, history) = (store.clone(), history.clone());
-            std::thread::spawn(move || {
-                let c = store.client().unwrap();
-                let mut local = Vec::new();
-                let mut x = t * 7 + 1;
-                for i in 0..300u64 {
-                    x = x
-                        .wrapping_mul(6364136223846793005)
-                        .wrapping_add(1442695040888963407);
-                    let key = format!("k{}", (x >> 33) % 5);
-                    let value = format!("t{t}-{i}");
-                    let kind = match (x >> 20) % 10 {
-                        0..=3 => OpKind::Get,
-                        4..=6 => OpKind::Update,
-                        7..=8 => OpKind::Insert,
-                        _ => OpKind::Delete,
-                    };
-                    local.push(run_recorded(&c, t, kind, key, value, origin));
-                }
-                let mut h = history.lock().unwrap();
-                for op in local {
-                    h.push(op).unwrap();
-                }
-            })
-        })
-        .collect();
-    for t in threads {
-        t.join().unwrap();
-    }
-    let history = history.lock().unwrap();
-    let report = swarm_checker::check(&history);
-    assert!(report.is_linearizable(), "{report}");
+    run_checked_threads(6, |t, origin, ops| {
+        let c = store.client().unwrap();
+        let mut rng = Lcg(t * 7 + 1);
+        for i in 0..300u64 {
+            let x = rng.next();
+            let key = format!("k{}", (x >> 33) % 5);
+            let value = format!("t{t}-{i}");
+            let kind = match (x >> 20) % 10 {
+                0..=3 => OpKind::Get,
+                4..=6 => OpKind::Update,
+                7..=8 => OpKind::Insert,
+                _ => OpKind::Delete,
+            };
+            ops.push(run_recorded(&c, t, kind, key, value, origin));
+        }
+    });
 }
 
 #[test]

@@ -5,7 +5,7 @@
 
 use std::time::Instant;
 
-use swarm_checker::{OpKind, Operation};
+use swarm_checker::{History, OpKind, Operation};
 use swarm_core::{Clock, Fabric, OpStats, block_on};
 use swarm_kv::KvClient;
 
@@ -42,4 +42,49 @@ pub fn run_recorded<F: Fabric, C: Clock>(
     };
     let end = origin.elapsed().as_nanos() as u64;
     Operation::completed(thread, kind, key, value.as_deref(), ok, start, end)
+}
+
+/// Runs `threads` threads of `body(thread, origin, ops)` at once, each pushing the
+/// operations it ran (`run_recorded`, timed from `origin`) to `ops`, then checks the
+/// history of all of them for linearizability. Returns what each thread returned,
+/// in thread order.
+pub fn run_checked_threads<R: Send>(
+    threads: u64,
+    body: impl Fn(u64, Instant, &mut Vec<Operation>) -> R + Sync,
+) -> Vec<R> {
+    let origin = Instant::now();
+    let (results, ops): (Vec<R>, Vec<Vec<Operation>>) = std::thread::scope(|scope| {
+        let body = &body;
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                scope.spawn(move || {
+                    let mut ops = Vec::new();
+                    let result = body(t, origin, &mut ops);
+                    (result, ops)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).unzip()
+    });
+    let mut history = History::new();
+    for op in ops.into_iter().flatten() {
+        history.push(op).unwrap();
+    }
+    let report = swarm_checker::check(&history);
+    assert!(report.is_linearizable(), "{report}");
+    results
+}
+
+/// A 64-bit linear congruential generator: the tests' cheap, seedable choice of
+/// keys and operations (use the high bits).
+pub struct Lcg(pub u64);
+
+impl Lcg {
+    pub fn next(&mut self) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        self.0
+    }
 }
