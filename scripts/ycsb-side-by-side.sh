@@ -9,6 +9,8 @@
 #   run (python3), so that first-touch page faults of tmpfs, which otherwise take
 #   a large and build-dependent share of a short run, stay out of the comparison;
 #   TOUCH=0 leaves them in.
+# The two builds take turns going first (ABBA), so that a drift of the host over
+# the invocation does not favour either. Prints the mean of each at the end.
 # Not a test; the numbers are only comparable within one invocation on a quiet
 # machine. Clusters: 1 GiB per node, values up to 128 B, 8 writers (the README's).
 set -euo pipefail
@@ -38,6 +40,12 @@ run() { # LABEL BINARY
     echo "$W run $i $1 ${rate:-failed}"
 }
 for i in $(seq "$N"); do
-    run old "$old"
-    run new "$new"
-done
+    if [ $((i % 2)) = 1 ]; then
+        run old "$old"
+        run new "$new"
+    else
+        run new "$new"
+        run old "$old"
+    fi
+done | tee /dev/stderr | awk '$5 != "failed" { sum[$4] += ($6 == "Mops/s" ? 1000 * $5 : $5); n[$4]++ }
+    END { for (b in sum) printf "%s mean %.1f kops/s over %d runs\n", b, sum[b] / n[b], n[b] }'

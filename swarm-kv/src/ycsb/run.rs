@@ -14,8 +14,9 @@
 //!
 //! A client keeps `inflight` operations going at once on one thread with a
 //! [`LocalExecutor`] (the paper's §7.2): as soon as one finishes, the next is issued
-//! in its slot. An operation's latency runs from its first poll (when it starts
-//! issuing requests) to the poll that sees it complete; its stats, history record and
+//! in its slot. An operation's latency runs from its issue (when its slot is handed
+//! it: with several in flight, the wait for its first poll counts, as it would for an
+//! application) to the poll that sees it complete; its stats, history record and
 //! progress are written only after the end time is taken.
 //!
 //! With a [`FailPlan`](super::FailPlan), every client marks the node failed on its
@@ -904,7 +905,10 @@ struct Finished {
     roundtrips: u32,
 }
 
-/// Issues one operation; times it from its first poll to its completion.
+/// Issues one operation; times it from `start`, the clock reading taken when it was
+/// issued (spawned: the wait for its first poll, behind the client's other
+/// operations in flight, counts, as it would for an application), to its
+/// completion.
 async fn issue<C: BenchClient>(
     client: &C,
     shared: &Shared<'_>,
@@ -912,10 +916,10 @@ async fn issue<C: BenchClient>(
     op: OpType,
     written: Option<Vec<u8>>,
     slot: usize,
+    start: u64,
 ) -> Finished {
     let stats = OpStats::new();
     let key = key.as_bytes();
-    let start = shared.now_ns();
     let result = match op {
         OpType::Get => client.get(key, &stats).await.map(Outcome::Got),
         OpType::Update => client
@@ -981,15 +985,17 @@ fn drive<'a, C: BenchClient>(
     let mut spawn =
         |exec: &mut LocalExecutor<'a, Task>, slots: &mut [Option<InFlight>], slot: usize| {
             if let Some(planned) = next() {
+                // One clock reading for both: the operation's latency runs from here.
+                let issued_at = shared.now_ns();
                 slots[slot] = Some(InFlight {
                     op: planned.op,
                     keynum: planned.keynum,
                     seq: planned.seq,
-                    issued_at: shared.now_ns(),
+                    issued_at,
                 });
                 let key = shared.keys.key(planned.keynum);
                 let value = written(planned.op, planned.seq);
-                let op = issue(client, shared, key, planned.op, value, slot);
+                let op = issue(client, shared, key, planned.op, value, slot, issued_at);
                 exec.spawn(async move { Task::Op(op.await) });
             }
         };
