@@ -119,7 +119,7 @@ mod sync;
 mod units;
 
 pub use clock::{Clock, FixedClock};
-pub use exec::{LocalExecutor, TaskId, block_on, block_on_future, join, sleep};
+pub use exec::{LocalExecutor, SlotExecutor, TaskId, block_on, block_on_future, join, sleep};
 pub use fabric::{
     Batch, Completion, Fabric, FabricError, FailureCause, NodeId, Op, OpOutput, Submitted, Ticket,
 };

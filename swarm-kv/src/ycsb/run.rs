@@ -13,7 +13,7 @@
 //!    shared counter by whichever client is free (closed loop).
 //!
 //! A client keeps `inflight` operations going at once on one thread with a
-//! [`LocalExecutor`] (the paper's §7.2): as soon as one finishes, the next is issued
+//! [`SlotExecutor`] (the paper's §7.2): as soon as one finishes, the next is issued
 //! in its slot. An operation's latency runs from its issue (when its slot is handed
 //! it: with several in flight, the wait for its first poll counts, as it would for an
 //! application) to the poll that sees it complete; its stats, history record and
@@ -37,10 +37,13 @@
 //! operation in flight on a client waits on failed nodes only, the executor reports a
 //! stall: those operations fail with [`FabricError::Stalled`] and the client moves on.
 
+use std::future::Future;
 use std::io::IsTerminal;
 use std::path::PathBuf;
+use std::pin::Pin;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::task::{Context, Waker};
 use std::thread;
 use std::time::Instant;
 
@@ -49,7 +52,7 @@ use rand::SeedableRng;
 use rand::rngs::Xoshiro256PlusPlus;
 use swarm_checker::{OpKind, Operation};
 use swarm_core::fabric::FailNodes;
-use swarm_core::{Fabric, FabricError, LocalExecutor, NodeId, OpStats};
+use swarm_core::{Fabric, FabricError, NodeId, OpStats, SlotExecutor};
 
 use super::bench_client::{BenchClient, OpError, Recycling};
 use super::config::FailMode;
@@ -951,19 +954,16 @@ struct InFlight {
     issued_at: u64,
 }
 
-/// What a task of a client's executor returns.
-enum Task {
-    /// A benchmark operation finished.
-    Op(Finished),
-    /// The client's deferred work (`BenchClient::run_deferred_work`) ran dry.
-    Deferred,
-}
+/// The index unmaps of deletes that returned at their tombstone, run as a task of its
+/// own next to a client's operations.
+type DeferredWork<'a> = Pin<Box<dyn Future<Output = ()> + 'a>>;
 
 /// Keeps `inflight` operations from `next` going on `client` until `next` runs dry,
-/// handing each to `finish` as it completes. Next to them, whenever the client has
-/// deferred work (the index unmaps of deletes that returned at their tombstone), one
-/// task runs it on the same executor: off the operations' critical path, but on the
-/// client's thread, as an application would run it.
+/// handing each to `finish` as it completes. Operations run in the slots of a
+/// [`SlotExecutor`] (no allocation per operation). Next to them, whenever the client
+/// has deferred work (the index unmaps of deletes that returned at their tombstone),
+/// one task runs it: off the operations' critical path, but on the client's thread,
+/// as an application would run it.
 fn drive<'a, C: BenchClient>(
     client: &'a C,
     shared: &'a Shared<'a>,
@@ -973,6 +973,7 @@ fn drive<'a, C: BenchClient>(
 ) {
     let inflight = shared.config.inflight;
     let value_size = shared.config.value_size;
+    let fabric = client.fabric();
     // `validate` checked that every tag fits in `value_size`.
     let written = |op: OpType, seq: u64| match op {
         OpType::Get | OpType::Delete => None,
@@ -980,10 +981,10 @@ fn drive<'a, C: BenchClient>(
     };
     let mut slots: Vec<Option<InFlight>> = (0..inflight).map(|_| None).collect();
     let mut finished: Vec<Finished> = Vec::with_capacity(inflight);
-    let mut exec: LocalExecutor<'a, Task> = LocalExecutor::new();
-    let mut deferred_running = false;
-    let mut spawn =
-        |exec: &mut LocalExecutor<'a, Task>, slots: &mut [Option<InFlight>], slot: usize| {
+    let mut ops = SlotExecutor::new(inflight);
+    let mut deferred: Option<DeferredWork<'a>> = None;
+    let mut issue_next =
+        |ops: &mut SlotExecutor<_>, slots: &mut [Option<InFlight>], slot: usize| {
             if let Some(planned) = next() {
                 // One clock reading for both: the operation's latency runs from here.
                 let issued_at = shared.now_ns();
@@ -995,22 +996,42 @@ fn drive<'a, C: BenchClient>(
                 });
                 let key = shared.keys.key(planned.keynum);
                 let value = written(planned.op, planned.seq);
-                let op = issue(client, shared, key, planned.op, value, slot, issued_at);
-                exec.spawn(async move { Task::Op(op.await) });
+                ops.start(
+                    slot,
+                    issue(client, shared, key, planned.op, value, slot, issued_at),
+                );
             }
         };
     for slot in 0..inflight {
-        spawn(&mut exec, &mut slots, slot);
+        issue_next(&mut ops, &mut slots, slot);
     }
-    while exec.live() > 0 {
-        let stepped = exec.step(client.fabric(), |_, task| match task {
-            Task::Op(f) => finished.push(f),
-            Task::Deferred => deferred_running = false,
-        });
-        if stepped.is_err() {
+    // Polls every operation and the deferred work once; returns how many finished.
+    let poll_round = |ops: &mut SlotExecutor<_>,
+                      deferred: &mut Option<DeferredWork<'a>>,
+                      finished: &mut Vec<Finished>| {
+        let mut count = ops.poll_once(|_, f| finished.push(f));
+        if let Some(work) = deferred
+            && work
+                .as_mut()
+                .poll(&mut Context::from_waker(Waker::noop()))
+                .is_ready()
+        {
+            *deferred = None;
+            count += 1;
+        }
+        count
+    };
+    while ops.live() > 0 || deferred.is_some() {
+        // As `LocalExecutor::step`: stalled only if nothing finished, the fabric has
+        // nothing in flight, and one more round neither finished nor posted anything.
+        if poll_round(&mut ops, &mut deferred, &mut finished) == 0
+            && !fabric.progress()
+            && poll_round(&mut ops, &mut deferred, &mut finished) == 0
+            && !fabric.progress()
+        {
             // Every operation in flight waits on failed nodes only: give up on them.
-            exec = LocalExecutor::new();
-            deferred_running = false;
+            ops.clear();
+            deferred = None;
             for slot in 0..inflight {
                 if let Some(lost) = slots[slot].take() {
                     finish(Done {
@@ -1024,7 +1045,7 @@ fn drive<'a, C: BenchClient>(
                         roundtrips: 0,
                     });
                 }
-                spawn(&mut exec, &mut slots, slot);
+                issue_next(&mut ops, &mut slots, slot);
             }
             continue;
         }
@@ -1042,14 +1063,10 @@ fn drive<'a, C: BenchClient>(
                 end: f.end,
                 roundtrips: f.roundtrips,
             });
-            spawn(&mut exec, &mut slots, f.slot);
+            issue_next(&mut ops, &mut slots, f.slot);
         }
-        if !deferred_running && client.has_deferred_work() {
-            deferred_running = true;
-            exec.spawn(async {
-                client.run_deferred_work().await;
-                Task::Deferred
-            });
+        if deferred.is_none() && client.has_deferred_work() {
+            deferred = Some(Box::pin(client.run_deferred_work()));
         }
     }
 }
