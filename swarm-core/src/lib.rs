@@ -73,7 +73,8 @@
 //! ```
 //!
 //! [`block_on`] suits one operation at a time; [`LocalExecutor`] keeps several of one
-//! thread in flight. The [`exec`] module states the executor contract, including what
+//! thread in flight, and [`SlotExecutor`] several of one future type, without an
+//! allocation per operation. The [`exec`] module states the executor contract, including what
 //! to do on a foreign executor such as tokio.
 //!
 //! ## Where things are
