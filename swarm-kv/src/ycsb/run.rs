@@ -909,8 +909,8 @@ struct Finished {
 }
 
 /// Issues one operation; times it from `start`, the clock reading taken when it was
-/// issued (spawned: the wait for its first poll, behind the client's other
-/// operations in flight, counts, as it would for an application), to its
+/// issued (started in its slot: the wait for its first poll, behind the client's
+/// other operations in flight, counts, as it would for an application), to its
 /// completion.
 async fn issue<C: BenchClient>(
     client: &C,
