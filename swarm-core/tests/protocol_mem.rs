@@ -124,8 +124,9 @@ fn abd_takes_two_roundtrips_and_raw_one() {
 
 /// A RAW read that keeps finding a torn record (a writer preempted in the middle of
 /// it) waits for the writer instead of giving up after a burst of re-reads: here the
-/// record is repaired 2 µs later on the fabric clock, which 64 back-to-back re-reads
-/// (one clock tick each on this fabric) never reach.
+/// record is repaired 20 ms later on the fabric clock, which neither 64 back-to-back
+/// re-reads (one clock tick each on this fabric) nor pauses that stop doubling reach
+/// (the read's patience is about 50 ms).
 #[test]
 fn a_raw_read_waits_out_a_torn_record() {
     let cluster = MemCluster::new(3, 1 << 20);
@@ -150,7 +151,7 @@ fn a_raw_read_waits_out_a_torn_record() {
     let (read, written) = block_on_future(
         f,
         swarm_core::join(a.raw_read(&raw, &OpStats::new()), async {
-            swarm_core::sleep(f, 2_000).await;
+            swarm_core::sleep(f, 20_000_000).await;
             a.raw_write(&raw, &OpStats::new(), b"whole").await
         }),
     )
