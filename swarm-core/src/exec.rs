@@ -201,16 +201,34 @@ impl<'a, T> LocalExecutor<'a, T> {
         fabric: &F,
         mut done: impl FnMut(TaskId, T),
     ) -> Result<usize, FabricError> {
-        let finished = self.poll_once(&mut done);
-        if finished > 0 || fabric.progress() {
-            return Ok(finished);
+        if self.live == 0 {
+            fabric.progress();
+            return Ok(0);
         }
-        let finished = self.poll_once(&mut done);
-        if finished == 0 && self.live > 0 && !fabric.progress() {
-            return Err(FabricError::Stalled);
-        }
-        Ok(finished)
+        step_rounds(fabric, || self.poll_once(&mut done))
     }
+}
+
+/// One step of an executor loop over live tasks, whatever holds them: `round` polls
+/// each live task once and returns how many finished; then `fabric` is driven. The
+/// rule of [`LocalExecutor::step`], for callers that keep their own tasks (a
+/// [`SlotExecutor`] and a task beside it): returns how many finished, or
+/// [`FabricError::Stalled`] if nothing finished, the fabric has nothing in flight and
+/// no wake-up due, and one more round neither finished a task nor gave the fabric
+/// work. Call it only while some task is live.
+pub fn step_rounds<F: Fabric + ?Sized>(
+    fabric: &F,
+    mut round: impl FnMut() -> usize,
+) -> Result<usize, FabricError> {
+    let finished = round();
+    if finished > 0 || fabric.progress() {
+        return Ok(finished);
+    }
+    let finished = round();
+    if finished == 0 && !fabric.progress() {
+        return Err(FabricError::Stalled);
+    }
+    Ok(finished)
 }
 
 /// Operations of one future type in flight in a fixed set of slots: what a client

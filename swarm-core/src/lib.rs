@@ -120,7 +120,9 @@ mod sync;
 mod units;
 
 pub use clock::{Clock, FixedClock};
-pub use exec::{LocalExecutor, SlotExecutor, TaskId, block_on, block_on_future, join, sleep};
+pub use exec::{
+    LocalExecutor, SlotExecutor, TaskId, block_on, block_on_future, join, sleep, step_rounds,
+};
 pub use fabric::{
     Batch, Completion, Fabric, FabricError, FailureCause, NodeId, Op, OpOutput, Submitted, Ticket,
 };

@@ -52,7 +52,7 @@ use rand::SeedableRng;
 use rand::rngs::Xoshiro256PlusPlus;
 use swarm_checker::{OpKind, Operation};
 use swarm_core::fabric::FailNodes;
-use swarm_core::{Fabric, FabricError, NodeId, OpStats, SlotExecutor};
+use swarm_core::{Fabric, FabricError, NodeId, OpStats, SlotExecutor, step_rounds};
 
 use super::bench_client::{BenchClient, OpError, Recycling};
 use super::config::FailMode;
@@ -1005,30 +1005,21 @@ fn drive<'a, C: BenchClient>(
     for slot in 0..inflight {
         issue_next(&mut ops, &mut slots, slot);
     }
-    // Polls every operation and the deferred work once; returns how many finished.
-    let poll_round = |ops: &mut SlotExecutor<_>,
-                      deferred: &mut Option<DeferredWork<'a>>,
-                      finished: &mut Vec<Finished>| {
-        let mut count = ops.poll_once(|_, f| finished.push(f));
-        if let Some(work) = deferred
-            && work
-                .as_mut()
-                .poll(&mut Context::from_waker(Waker::noop()))
-                .is_ready()
-        {
-            *deferred = None;
-            count += 1;
-        }
-        count
-    };
     while ops.live() > 0 || deferred.is_some() {
-        // As `LocalExecutor::step`: stalled only if nothing finished, the fabric has
-        // nothing in flight, and one more round neither finished nor posted anything.
-        if poll_round(&mut ops, &mut deferred, &mut finished) == 0
-            && !fabric.progress()
-            && poll_round(&mut ops, &mut deferred, &mut finished) == 0
-            && !fabric.progress()
-        {
+        // One round polls every operation and the deferred work once.
+        let stepped = step_rounds(fabric, || {
+            let mut count = ops.poll_once(|_, f| finished.push(f));
+            if deferred.as_mut().is_some_and(|work| {
+                work.as_mut()
+                    .poll(&mut Context::from_waker(Waker::noop()))
+                    .is_ready()
+            }) {
+                deferred = None;
+                count += 1;
+            }
+            count
+        });
+        if stepped.is_err() {
             // Every operation in flight waits on failed nodes only: give up on them.
             ops.clear();
             deferred = None;
