@@ -85,8 +85,11 @@ pub(crate) fn explain(
             Mismatch::CannotFail => format!("reports ok: false, but a {} cannot fail", o.kind),
             Mismatch::SucceededOnAbsent => "reports ok: true, but the key is absent".into(),
             Mismatch::FailedOnPresent => format!("reports ok: false, but the key holds {now}"),
-            Mismatch::None if o.outcome == Outcome::Unknown => {
+            Mismatch::None if id >= prep.completed => {
                 "crashed: taking effect here or later does not help".into()
+            }
+            Mismatch::None if o.outcome == Outcome::Unknown => {
+                "outcome unknown: taking effect here does not help".into()
             }
             Mismatch::None => "could take effect here, but nothing can follow it".into(),
         }

@@ -74,16 +74,17 @@ pub(crate) struct StoredOp {
     /// Value written or returned ([`NULL`] for null).
     pub(crate) value: ValueId,
     pub(crate) kind: OpKind,
-    pub(crate) ok: bool,
+    /// `None`: unknown (crashed, or completed without knowing it).
+    pub(crate) ok: Option<bool>,
 }
 
 impl StoredOp {
     /// The outcome the search must respect.
     pub(crate) fn outcome(&self) -> Outcome {
         match (self.end, self.ok) {
-            (None, _) => Outcome::Unknown,
-            (Some(_), true) => Outcome::Ok,
-            (Some(_), false) => Outcome::Failed,
+            (None, _) | (Some(_), None) => Outcome::Unknown,
+            (Some(_), Some(true)) => Outcome::Ok,
+            (Some(_), Some(false)) => Outcome::Failed,
         }
     }
 }
@@ -301,7 +302,7 @@ pub(crate) struct StoredParts<'a> {
     pub(crate) client: u64,
     pub(crate) kind: OpKind,
     pub(crate) value: Option<&'a str>,
-    pub(crate) ok: bool,
+    pub(crate) ok: Option<bool>,
     pub(crate) start: u64,
     pub(crate) end: Option<u64>,
     pub(crate) line: u64,

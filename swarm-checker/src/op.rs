@@ -90,12 +90,15 @@ impl fmt::Display for Model {
 ///
 /// `value` is the value written (`write`, `insert`, `update`) or returned (`read`,
 /// `get`; `None` for `null`/absent); it is ignored for `delete`. `ok` is the outcome
-/// (`true` for every operation that cannot fail). `end` is `None` when the client
-/// crashed before the operation returned: the operation may or may not have taken
-/// effect, and its `ok` and returned value are unknown (ignored).
+/// (`true` for every operation that cannot fail), `None` when the operation returned
+/// without knowing it: it took effect inside its interval, with whichever outcome the
+/// state dictates (a SWARM delete that raced another delete of the same value,
+/// [`Operation::completed_unknown`]). `end` is `None` when the client crashed before
+/// the operation returned: the operation may or may not have taken effect, and its
+/// `ok` and returned value are unknown (ignored).
 ///
-/// An operation whose outcome is unknown for another reason (a timeout, an error
-/// after which it may still take effect) must be recorded as crashed too.
+/// An operation that may not have taken effect for another reason (a timeout, an
+/// error after which it may still take effect) must be recorded as crashed.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Operation {
     /// The client (process, thread) that issued the operation.
@@ -106,8 +109,8 @@ pub struct Operation {
     pub key: String,
     /// The value written or returned, `None` for `null`.
     pub value: Option<String>,
-    /// The outcome; ignored for crashed operations.
-    pub ok: bool,
+    /// The outcome: `None` if unknown; ignored for crashed operations.
+    pub ok: Option<bool>,
     /// When the operation was called, in nanoseconds on a clock shared by all clients.
     pub start: u64,
     /// When it returned, `None` if the client crashed first.
@@ -130,7 +133,30 @@ impl Operation {
             op,
             key: key.into(),
             value: value.map(String::from),
-            ok,
+            ok: Some(ok),
+            start,
+            end: Some(end),
+        }
+    }
+
+    /// A completed operation whose outcome its client cannot know: it took effect
+    /// between `start` and `end` with the outcome the state dictates there (a delete
+    /// that raced another delete of the same value reports neither "removed" nor
+    /// "absent").
+    pub fn completed_unknown(
+        client: u64,
+        op: OpKind,
+        key: impl Into<String>,
+        value: Option<&str>,
+        start: u64,
+        end: u64,
+    ) -> Self {
+        Self {
+            client,
+            op,
+            key: key.into(),
+            value: value.map(String::from),
+            ok: None,
             start,
             end: Some(end),
         }
@@ -150,7 +176,7 @@ impl Operation {
             op,
             key: key.into(),
             value: value.map(String::from),
-            ok: false,
+            ok: None,
             start,
             end: None,
         }
@@ -162,14 +188,15 @@ impl Operation {
     }
 
     /// The operation as one JSON Lines record (without a trailing newline), tagged with
-    /// `line` when given. Crashed operations get `"ok": null, "end": null`.
+    /// `line` when given. Crashed operations get `"ok": null, "end": null`, completed
+    /// ones of unknown outcome `"ok": null`.
     pub fn to_json(&self, line: Option<u64>) -> String {
         let record = JsonRecord {
             client: self.client,
             op: self.op,
             key: &self.key,
             value: self.value.as_deref(),
-            ok: self.end.map(|_| self.ok),
+            ok: self.end.and(self.ok),
             start: self.start,
             end: self.end,
             line,

@@ -6,7 +6,9 @@
 //!
 //! `op` is one of `read`, `write`, `get`, `insert`, `update`, `delete`; `value` is a
 //! string or `null` (a missing `value` is `null`); `end: null` (or a missing `end`)
-//! marks a crashed operation, whose `ok` may be `null`. Unknown fields are ignored and
+//! marks a crashed operation, whose `ok` may be `null`. A completed operation needs
+//! `ok`: `true`, `false`, or `null` for an outcome its client could not know (it took
+//! effect within its interval, as the state dictates). Unknown fields are ignored and
 //! blank lines skipped. Any other deviation is an error naming the line.
 
 use std::borrow::Cow;
@@ -45,7 +47,9 @@ pub enum ParseError {
         source: serde_json::Error,
     },
     /// A completed operation without its `ok` outcome.
-    #[error("line {line}: a completed operation (non-null \"end\") needs \"ok\": true or false")]
+    #[error(
+        "line {line}: a completed operation (non-null \"end\") needs \"ok\": true, false, or null for an unknown outcome"
+    )]
     MissingOk {
         /// The offending line.
         line: u64,
@@ -96,11 +100,22 @@ struct Record<'a> {
     key: Cow<'a, str>,
     #[serde(borrow, default)]
     value: Option<Cow<'a, str>>,
-    #[serde(default)]
-    ok: Option<bool>,
+    /// Absent: `None`; `null`: `Some(None)` (an unknown outcome).
+    #[serde(default, deserialize_with = "present")]
+    ok: Option<Option<bool>>,
     start: u64,
     #[serde(default)]
     end: Option<u64>,
+}
+
+/// Deserializes a field that is present (possibly `null`) as `Some`, so that a
+/// missing field (`None`, from `default`) and `null` differ.
+fn present<'de, D, T>(deserializer: D) -> Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    T::deserialize(deserializer).map(Some)
 }
 
 impl History {
@@ -125,7 +140,7 @@ impl History {
                 serde_json::from_str(text).map_err(|source| json_error(line, source))?;
             let ok = match (record.end, record.ok) {
                 (Some(_), None) => return Err(ParseError::MissingOk { line }),
-                (_, ok) => ok.unwrap_or(false),
+                (_, ok) => ok.flatten(),
             };
             let parts = StoredParts {
                 client: record.client,
@@ -166,6 +181,33 @@ mod tests {
             ops[2].op,
             Operation::crashed(3, OpKind::Delete, "d", None, 5)
         );
+    }
+
+    #[test]
+    fn a_completed_operation_of_unknown_outcome_must_take_effect() {
+        let text = r#"{"client": 1, "op": "insert", "key": "k", "value": "a", "ok": true, "start": 1, "end": 2}
+{"client": 2, "op": "delete", "key": "k", "ok": null, "start": 3, "end": 4}
+{"client": 1, "op": "get", "key": "k", "value": "a", "ok": true, "start": 5, "end": 6}
+"#;
+        let h = History::from_jsonl(text.as_bytes()).unwrap();
+        assert_eq!(
+            h.operations()[1].op,
+            Operation::completed_unknown(2, OpKind::Delete, "k", None, 3, 4)
+        );
+        assert_eq!(
+            h.operations()[1].op.to_json(None),
+            r#"{"client":2,"op":"delete","key":"k","value":null,"ok":null,"start":3,"end":4}"#
+        );
+        // Taking effect before it returned, the delete hides the value from the get.
+        assert!(!crate::check(&h).is_linearizable());
+        // Had its client crashed instead, it could take effect after the get.
+        let crashed = text.replace(r#""ok": null, "start": 3, "end": 4"#, r#""start": 3"#);
+        assert!(crate::check(&History::from_jsonl(crashed.as_bytes()).unwrap()).is_linearizable());
+        // With the get gone, the unknown delete is fine on a present or absent key.
+        let last = text.lines().take(2).collect::<Vec<_>>().join("\n");
+        assert!(crate::check(&History::from_jsonl(last.as_bytes()).unwrap()).is_linearizable());
+        let absent = text.lines().nth(1).unwrap_or_default().to_string();
+        assert!(crate::check(&History::from_jsonl(absent.as_bytes()).unwrap()).is_linearizable());
     }
 
     #[test]

@@ -206,7 +206,7 @@ mod tests {
             line: 0,
             value: 1,
             kind,
-            ok: true,
+            ok: Some(true),
         }
     }
 

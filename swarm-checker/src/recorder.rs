@@ -59,13 +59,14 @@ impl Recorder {
         OpId(ops.len() - 1)
     }
 
-    /// Records the return of operation `id` at `end` with outcome `ok`. `value` is the
-    /// value a read or get returned (`None` for null or absent); it is ignored for the
-    /// other operations, which keep the value given to [`begin`](Self::begin).
+    /// Records the return of operation `id` at `end` with outcome `ok` (a `bool`, or
+    /// `None` for an outcome the client could not know, see [`Operation::ok`]). `value`
+    /// is the value a read or get returned (`None` for null or absent); it is ignored
+    /// for the other operations, which keep the value given to [`begin`](Self::begin).
     pub fn end(
         &self,
         id: OpId,
-        ok: bool,
+        ok: impl Into<Option<bool>>,
         value: Option<&str>,
         end: u64,
     ) -> Result<(), RecordError> {
@@ -75,7 +76,7 @@ impl Recorder {
             return Err(RecordError::AlreadyEnded(id.0));
         }
         op.end = Some(end);
-        op.ok = ok;
+        op.ok = ok.into();
         if op.op.is_observer() {
             op.value = value.map(String::from);
         }

@@ -36,7 +36,7 @@
 use std::vec::Vec;
 
 use super::memo::{Frontier, Memo, Undo};
-use super::model::{NULL, Outcome, ValueId, is_pure, step};
+use super::model::{NULL, ValueId, is_pure, step};
 use super::prepare::Prepared;
 
 /// How many linearized operations a failure report shows before the stuck point.
@@ -300,9 +300,9 @@ impl<'a> Search<'a> {
             return false;
         };
         let completed = self.prep.completed;
-        if o.outcome == Outcome::Unknown && next_state == self.state {
+        if op >= completed && next_state == self.state {
             // Applying a crashed operation that changes nothing is dominated by not
-            // applying it (yet).
+            // applying it (yet). (A completed one of unknown outcome must take effect.)
             return false;
         }
         let undo = self.frontier.add(op, completed);

@@ -129,7 +129,7 @@ fn generate(shape: &Shape, seed: u64) -> Vec<Operation> {
             op,
             key: key_name(k),
             value,
-            ok: true,
+            ok: Some(true),
             start,
             end: (!crashed).then_some(end),
         });
@@ -151,13 +151,15 @@ fn generate(shape: &Shape, seed: u64) -> Vec<Operation> {
                 state.insert(op.key.clone(), op.value.clone().unwrap_or_default());
             }
             OpKind::Update => {
-                op.ok = present;
+                op.ok = Some(present);
                 if present {
                     state.insert(op.key.clone(), op.value.clone().unwrap_or_default());
                 }
             }
             OpKind::Delete => {
-                op.ok = present;
+                // Some deletes do not know their outcome, as SWARM deletes that race
+                // another delete of the same value.
+                op.ok = (!rng.chance(100)).then_some(present);
                 state.remove(&op.key);
             }
         }
@@ -237,7 +239,7 @@ proptest! {
 /// (`None` = null/absent), or `Err` if the recorded result is impossible.
 fn apply(op: &Operation, state: &Option<String>) -> Result<Option<String>, ()> {
     let present = state.is_some();
-    let known = op.end.map(|_| op.ok);
+    let known = op.end.and(op.ok);
     match (op.op, known) {
         (OpKind::Read | OpKind::Get, Some(true)) if op.value == *state => Ok(state.clone()),
         (OpKind::Read | OpKind::Get, None) => Ok(state.clone()),
@@ -308,6 +310,8 @@ fn arbitrary_op(kv: bool) -> impl Strategy<Value = Operation> {
             };
             let value = if op == OpKind::Delete { None } else { value };
             let ok = ok || op.is_observer() || matches!(op, OpKind::Write | OpKind::Insert);
+            // A delete's outcome is sometimes unknown (one that raced another).
+            let ok = (op != OpKind::Delete || start % 4 != 0).then_some(ok);
             Operation {
                 client,
                 op,
@@ -394,7 +398,7 @@ fn a_200k_operation_zipfian_history_is_accepted_and_corrupted_reads_caught() {
     let overwritten = ops.iter().any(|o| {
         on_hot(o)
             && matches!(o.op, OpKind::Write | OpKind::Insert | OpKind::Update)
-            && o.ok
+            && o.ok == Some(true)
             && o.value != ops[first].value
             && o.start > first_end
             && o.end.is_some_and(|e| e < read_start)

@@ -88,6 +88,9 @@ pub const fn check_tick_ns(tick_ns: u64) -> Result<(), EncodingError> {
 pub struct WriterId(u16);
 
 impl WriterId {
+    /// Writer id 0.
+    pub const FIRST: Self = Self(0);
+
     /// The writer id `id`, if it is in range.
     pub const fn new(id: u32) -> Result<Self, EncodingError> {
         if id < MAX_WRITERS as u32 {

@@ -40,8 +40,10 @@ use xxhash_rust::xxh3::xxh3_64;
 pub const HEADER_SIZE: u64 = 4096;
 /// The magic bytes every node starts with.
 pub const MAGIC: [u8; 8] = *b"SWARMMEM";
-/// The header format this build reads and writes.
-pub const FORMAT_VERSION: u32 = 1;
+/// The header format this build reads and writes. Version 2 gave every register a
+/// delete word after its metadata words ([`crate::layout`]), which moves every
+/// register of a node: a node of version 1 is refused, not misread.
+pub const FORMAT_VERSION: u32 = 2;
 /// Bytes of the encoded header that carry information (the rest is zero).
 pub const ENCODED_LEN: usize = 56;
 

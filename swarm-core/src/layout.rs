@@ -5,9 +5,9 @@
 //!
 //! ```text
 //!  register at `addr` (same offset on every replica):
-//!  +---------------- in-place block ----------------+----- metadata -----+
-//!  | record: tsp | len | hash | payload (padded)     | word 0 .. word W-1 |
-//!  +-------------------------------------------------+--------------------+
+//!  +---------------- in-place block ----------------+---------- metadata ----------+
+//!  | record: tsp | len | hash | payload (padded)     | word 0 .. word W-1 | delete |
+//!  +-------------------------------------------------+------------------------------+
 //!
 //!  writer w's log, slot s (one log per writer on every node):
 //!  +-----------+---------------- record ----------------+
@@ -19,6 +19,12 @@
 //!   both (§4.3). Only the register's primary replica keeps in-place data (§6).
 //! * The metadata holds `W` words (§4.4, §7.9); writer `w` CASes word `w mod W` and
 //!   readers take the maximum of all `W`, which takes contention off the MAX.
+//! * After them comes the **delete word** (SWARM-KV §5.3.2), the only place a
+//!   tombstone is ever written: written once, by a CAS expecting it empty, whether by
+//!   a delete or by a read or write that writes a tombstone back. It holds each
+//!   node's first tombstone from then on, which tells racing deletes which of them
+//!   came first where ([`crate::protocol::delete`]). Readers take it into the maximum
+//!   like the `W` words.
 //! * A *record* is the same on both sides: the write's [`Tsp`] with its flag cleared,
 //!   the payload length, an xxh3-128 hash of the record, and the payload. A record is
 //!   valid only if its hash matches, so a read torn by a concurrent write is detected
@@ -227,7 +233,13 @@ impl Layout {
 
     /// Bytes of one register: in-place block and metadata.
     pub const fn register_bytes(&self) -> u64 {
-        self.record_bytes() + 8 * self.meta_words as u64
+        self.record_bytes() + self.meta_bytes()
+    }
+
+    /// Bytes of a register's metadata: the `W` words and the delete word, which one
+    /// read fetches together.
+    pub const fn meta_bytes(&self) -> u64 {
+        8 * (self.meta_words as u64 + 1)
     }
 
     /// Bytes of one log slot.
@@ -248,6 +260,12 @@ impl Layout {
     /// Address of the metadata word writer `w` CASes in the register at `addr`.
     pub const fn meta_word_addr(&self, addr: u64, writer: WriterId) -> u64 {
         addr + self.meta_offset() + 8 * (writer.get() % self.meta_words) as u64
+    }
+
+    /// Address of the delete word of the register at `addr`: the word after the `W`
+    /// metadata words, CASed by deletes only (see the module docs).
+    pub const fn delete_word_addr(&self, addr: u64) -> u64 {
+        addr + self.meta_offset() + 8 * self.meta_words as u64
     }
 
     /// The slot that write `ts` uses in its writer's log.
@@ -517,9 +535,12 @@ mod tests {
     fn addresses_are_aligned_and_disjoint() {
         let l = layout();
         assert_eq!(l.record_bytes() % 8, 0);
-        assert_eq!(l.register_bytes(), l.record_bytes() + 32);
+        // Four metadata words and the delete word after them.
+        assert_eq!(l.register_bytes(), l.record_bytes() + 40);
         let w = |i| WriterId::new(i).unwrap();
         assert_eq!(l.meta_word_addr(0, w(5)), l.meta_offset() + 8);
+        assert_eq!(l.delete_word_addr(0), l.meta_offset() + 32);
+        assert_eq!(l.delete_word_addr(0) + 8, l.register_bytes());
         assert_eq!(l.slot_addr(w(0), 0), Some(1 << 20));
         assert_eq!(l.slot_addr(w(1), 0), Some((1 << 20) + 64 * l.slot_bytes()));
         assert_eq!(l.slot_addr(w(8), 0), None);

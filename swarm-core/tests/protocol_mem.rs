@@ -3,31 +3,35 @@
 
 use swarm_core::FixedClock;
 use swarm_core::encoding::WriterId;
+use swarm_core::encoding::{Flag, Timestamp, Tsp};
 use swarm_core::fabric::FailNodes;
 use swarm_core::layout::Layout;
 use swarm_core::{
-    Client, NodeId, OpStats, ProtocolConfig, ReadValue, RegisterCache, RegisterLoc, Replicas,
-    WriteOutcome, block_on, block_on_future,
+    Batch, Client, DeleteOutcome, FirstDeleter, NodeId, OpStats, ProtocolConfig, ReadValue,
+    RegisterCache, RegisterLoc, Replicas, Roundtrip, WriteOutcome, block_on, block_on_future,
 };
 use swarm_core::{MemCluster, MemFabric};
 
-fn setup(
-    writer: u32,
-    clock: u64,
-    cluster: &MemCluster,
-) -> Client<FailNodes<MemFabric>, FixedClock> {
-    let layout = Layout::builder()
+fn layout() -> Layout {
+    Layout::builder()
         .payload_max(64)
         .meta_words(4)
         .log_base(1 << 16)
         .writers(8)
         .slots_per_writer(256)
         .build()
-        .unwrap();
+        .unwrap()
+}
+
+fn setup(
+    writer: u32,
+    clock: u64,
+    cluster: &MemCluster,
+) -> Client<FailNodes<MemFabric>, FixedClock> {
     Client::new(
         FailNodes::new(cluster.client()),
         FixedClock(clock),
-        layout,
+        layout(),
         WriterId::new(writer).unwrap(),
         ProtocolConfig::default(),
     )
@@ -168,15 +172,123 @@ fn delete_hides_the_value_and_blocks_later_writes() {
     let (reg, mut ca, mut cb) = (reg(), RegisterCache::new(), RegisterCache::new());
     block_on(a.fabric(), a.write(&reg, &mut ca, &OpStats::new(), b"v")).unwrap();
     let out = block_on(b.fabric(), b.delete(&reg, &mut cb, &OpStats::new())).unwrap();
-    assert_eq!(out, WriteOutcome::Written);
+    assert_eq!(out, DeleteOutcome::Removed);
     let again = block_on(a.fabric(), a.delete(&reg, &mut ca, &OpStats::new())).unwrap();
-    assert_eq!(again, WriteOutcome::Deleted);
+    assert_eq!(again, DeleteOutcome::Absent);
     let got = block_on(a.fabric(), a.read(&reg, &mut ca, &OpStats::new())).unwrap();
     assert_eq!(got, ReadValue::Deleted);
     let w = block_on(a.fabric(), a.write(&reg, &mut ca, &OpStats::new(), b"late")).unwrap();
     assert_eq!(w, WriteOutcome::Deleted);
     let got = block_on(b.fabric(), b.read(&reg, &mut cb, &OpStats::new())).unwrap();
     assert_eq!(got, ReadValue::Deleted);
+}
+
+/// Writer `writer`'s tombstone in the delete word of `reg` on `node` only: what a
+/// delete leaves behind when its batch reached that replica and its client crashed.
+fn tombstone_on(cluster: &MemCluster, reg: &RegisterLoc, node: NodeId, writer: u32) {
+    let fabric = cluster.client();
+    let tombstone = Tsp::new(
+        Timestamp::tombstone(WriterId::new(writer).unwrap()),
+        Flag::Verified,
+    );
+    let addr = layout().delete_word_addr(reg.addr);
+    let stats = OpStats::new();
+    block_on(&fabric, async {
+        let mut rt = Roundtrip::start(&fabric, &stats);
+        rt.post(node, Batch::cas(addr, 0, tombstone.word()))?;
+        rt.wait(1).await
+    })
+    .unwrap();
+}
+
+/// The three outcomes of a delete that meets another's tombstone (module docs of
+/// `swarm_core::protocol::delete`), and whether it may have been first on a majority.
+#[test]
+fn a_delete_reports_what_it_knows_about_racing_deletes() {
+    for (reached, expected, first) in [
+        // Writer 2's delete reached both replicas b contacts first: b came second.
+        (&[0, 1][..], DeleteOutcome::Absent, FirstDeleter::NotMe),
+        // It reached b's second replica only: each came first somewhere (and b is
+        // first on the third replica once `first_deleter` completed it there).
+        (&[1], DeleteOutcome::Raced, FirstDeleter::Me),
+        // It reached the replica b does not contact: b came first on all it heard.
+        (&[2], DeleteOutcome::Removed, FirstDeleter::Me),
+    ] {
+        let cluster = MemCluster::new(3, 1 << 20);
+        let a = setup(0, 5, &cluster);
+        let b = setup(1, 50, &cluster);
+        let (reg, mut ca, mut cb) = (reg(), RegisterCache::new(), RegisterCache::new());
+        block_on(a.fabric(), a.write(&reg, &mut ca, &OpStats::new(), b"v")).unwrap();
+        for &p in reached {
+            tombstone_on(&cluster, &reg, reg.replicas.node(p), 2);
+        }
+        let (out, votes) = block_on(
+            b.fabric(),
+            b.delete_with_votes(&reg, &mut cb, &OpStats::new()),
+        )
+        .unwrap();
+        assert_eq!(
+            out, expected,
+            "writer 2's tombstone on replicas {reached:?}"
+        );
+        let who = block_on(b.fabric(), b.first_deleter(&reg, &votes, &OpStats::new())).unwrap();
+        assert_eq!(who, first, "writer 2's tombstone on replicas {reached:?}");
+        let got = block_on(a.fabric(), a.read(&reg, &mut ca, &OpStats::new())).unwrap();
+        assert_eq!(got, ReadValue::Deleted);
+    }
+}
+
+/// The words of `reg` on `node` after its in-place block: the metadata words, then
+/// the delete word.
+fn meta_words(cluster: &MemCluster, reg: &RegisterLoc, node: NodeId) -> Vec<Tsp> {
+    let fabric = cluster.client();
+    let stats = OpStats::new();
+    let l = layout();
+    let bytes = block_on(&fabric, async {
+        let mut rt = Roundtrip::start(&fabric, &stats);
+        rt.post(
+            node,
+            Batch::read(reg.addr + l.meta_offset(), l.meta_bytes() as u32),
+        )?;
+        rt.wait(1).await?;
+        Ok::<_, swarm_core::FabricError>(rt.replies()[0].1.read(0).unwrap().to_vec())
+    })
+    .unwrap();
+    bytes
+        .chunks_exact(8)
+        .map(|w| Tsp::from_word(u64::from_le_bytes(w.try_into().unwrap())))
+        .collect()
+}
+
+/// A read that finds a tombstone on a minority writes it back into the delete words,
+/// never into a metadata word: a node's first tombstone is the one it keeps, whoever
+/// carried it there, and a later delete counts it as its writer's.
+#[test]
+fn a_tombstone_written_back_lands_in_the_delete_word_only() {
+    let cluster = MemCluster::new(3, 1 << 20);
+    let a = setup(0, 5, &cluster);
+    let b = setup(1, 50, &cluster);
+    let (reg, mut ca, mut cb) = (reg(), RegisterCache::new(), RegisterCache::new());
+    block_on(a.fabric(), a.write(&reg, &mut ca, &OpStats::new(), b"v")).unwrap();
+    // Writer 2's delete reached the first replica, then its client crashed.
+    tombstone_on(&cluster, &reg, reg.replicas.node(0), 2);
+    let got = block_on(a.fabric(), a.read(&reg, &mut ca, &OpStats::new())).unwrap();
+    assert_eq!(got, ReadValue::Deleted);
+    let tomb2 = Tsp::new(
+        Timestamp::tombstone(WriterId::new(2).unwrap()),
+        Flag::Verified,
+    );
+    for p in 0..2 {
+        let words = meta_words(&cluster, &reg, reg.replicas.node(p));
+        let (delete, meta) = words.split_last().unwrap();
+        assert_eq!(*delete, tomb2, "replica {p}'s delete word");
+        assert!(
+            meta.iter().all(|w| !w.is_tombstone()),
+            "replica {p}'s metadata words hold no tombstone: {meta:?}"
+        );
+    }
+    let out = block_on(b.fabric(), b.delete(&reg, &mut cb, &OpStats::new())).unwrap();
+    assert_eq!(out, DeleteOutcome::Absent, "writer 2 is first on both");
 }
 
 #[test]

@@ -54,8 +54,8 @@ use swarm_core::fabric::Nanos;
 use swarm_core::quorum::broadcast;
 use swarm_core::resume::scan_log;
 use swarm_core::{
-    Batch, Client, Clock, Fabric, NodeId, OpStats, ReadValue, RegisterCache, RegisterLoc, Replicas,
-    WriteOutcome,
+    Batch, Client, Clock, DeleteOutcome, DeleteVotes, Fabric, FirstDeleter, NodeId, OpStats,
+    ReadValue, RegisterCache, RegisterLoc, Replicas, WriteOutcome,
 };
 use xxhash_rust::xxh3::xxh3_64;
 
@@ -1344,8 +1344,25 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         })
     }
 
-    /// Deletes `key`; `Ok(false)` if it was absent.
-    pub async fn delete(&self, key: &[u8], stats: &OpStats) -> Result<bool, KvError> {
+    /// Deletes `key`: [`DeleteOutcome::Removed`] if this call removed its value,
+    /// [`DeleteOutcome::Absent`] if the key was absent, and [`DeleteOutcome::Raced`] if
+    /// another delete of the same value ran at the same time: the key is absent either
+    /// way, and which of the racing deletes removed the value is undecided (deciding
+    /// it is consensus, which no wait-free protocol over crash-prone memory nodes
+    /// solves; `swarm_core::protocol::delete`).
+    ///
+    /// A register found in this client's cache may no longer be the key's: deleted
+    /// by another client, the key re-inserted into another register since. Its
+    /// delete then finds another tombstone first on some replica, exactly as if
+    /// another delete were racing it. So a delete through the cache that did not
+    /// remove the value asks the index: if the key still maps to that register (or
+    /// to nothing), the outcome stands; if it maps to another one, this delete
+    /// deletes that one, unless its tombstone may be first on a majority of the
+    /// cached register (then it may be the delete that removed the value there, and
+    /// reports [`DeleteOutcome::Raced`]). If a memory node does not answer, that
+    /// may be undecidable: [`KvError::DeleteUndecided`], rare, with nothing changed
+    /// but perhaps that value.
+    pub async fn delete(&self, key: &[u8], stats: &OpStats) -> Result<DeleteOutcome, KvError> {
         self.check_key(key)?;
         if self.protocol == RegisterProtocol::Raw {
             return Err(KvError::Unsupported(
@@ -1358,21 +1375,70 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         // After the lease check: resets start only under a valid lease.
         self.recycle_step();
         let (start, deadline) = (started.start, started.deadline);
+        // A register this call found deleted and could not unmap.
+        let mut found_deleted = None;
+        // A register reached through the cache whose delete did not report `Removed`,
+        // with where it is and that outcome: the index decides next whether it was
+        // still the key's register (see the method docs).
+        let mut from_cache: Option<(RegisterId, RegisterLoc, DeleteOutcome, DeleteVotes)> = None;
         for attempt in 0..MAX_RETRIES {
             let now = self.attempt_now(attempt, start, deadline)?;
             let (located, resolved) = self.locate_written(key, stats, now).await?;
             let Some(mut located) = located else {
-                return Ok(false);
+                // The key maps to nothing now: it was absent at that moment, which
+                // agrees with either outcome of a delete of a cached register.
+                return Ok(from_cache.map_or(DeleteOutcome::Absent, |(_, _, outcome, _)| outcome));
             };
+            if resolved && found_deleted == Some(located.register) {
+                // The index, read just now, still maps the key to the register found
+                // deleted: the key was absent when the index was read.
+                return Ok(DeleteOutcome::Absent);
+            }
+            if resolved && self.deferred.borrow().holds(located.register) {
+                // This client's own delete of that register returned already, and the
+                // index still maps the key to it: the key is absent. (Deleting it
+                // again would find this writer's tombstone, which cannot tell an
+                // earlier delete from this one, and report `Raced`.)
+                return Ok(DeleteOutcome::Absent);
+            }
             if resolved {
                 self.fence(deadline)?;
             }
-            match self
-                .swarm
-                .delete(&located.loc, &mut located.knowledge, stats)
-                .await?
-            {
-                WriteOutcome::Written => {
+            let (outcome, votes) = match from_cache.take() {
+                // Still the key's register: its delete's outcome stands.
+                Some((register, _, outcome, votes)) if register == located.register => {
+                    (outcome, votes)
+                }
+                // The key moved to another register. If this delete's tombstone may be
+                // first on a majority of the cached one, it may be the delete that
+                // removed the value there, and must not remove another.
+                Some((register, loc, DeleteOutcome::Raced, votes)) => {
+                    match self.swarm.first_deleter(&loc, &votes, stats).await? {
+                        FirstDeleter::NotMe => {}
+                        FirstDeleter::Me => return Ok(DeleteOutcome::Raced),
+                        FirstDeleter::Unknown => {
+                            return Err(KvError::DeleteUndecided { register });
+                        }
+                    }
+                    self.swarm
+                        .delete_with_votes(&located.loc, &mut located.knowledge, stats)
+                        .await?
+                }
+                _ => {
+                    self.swarm
+                        .delete_with_votes(&located.loc, &mut located.knowledge, stats)
+                        .await?
+                }
+            };
+            if !resolved && outcome != DeleteOutcome::Removed {
+                // Another delete's tombstone was there first somewhere: perhaps long
+                // ago, and the key lives elsewhere now. Ask the index.
+                self.cache.borrow_mut().remove(key);
+                from_cache = Some((located.register, located.loc.clone(), outcome, votes));
+                continue;
+            }
+            match outcome {
+                outcome @ (DeleteOutcome::Removed | DeleteOutcome::Raced) => {
                     // The tombstone is the delete's linearization point (SWARM
                     // §5.3.2): the key is gone whatever the unmap does. An index
                     // that cannot unmap now (contention, a stalled client, a lost
@@ -1382,18 +1448,32 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
                     // (`deferred_unmap`).
                     if self.deferred.borrow_mut().defer(key, located.register) {
                         self.cache.borrow_mut().remove(key);
-                        return Ok(true);
+                        return Ok(outcome);
                     }
                     if let Err(error) =
                         Box::pin(self.forget_deleted(key, located.register, stats, deadline)).await
                     {
                         tracing::debug!(%error, register = located.register, "delete: unmapping the tombstoned register failed; the mapping stays (it reads as absent)");
                     }
-                    return Ok(true);
+                    return Ok(outcome);
                 }
                 // Already deleted by someone else: the key may live elsewhere now.
-                WriteOutcome::Deleted => {
-                    Box::pin(self.forget_deleted(key, located.register, stats, deadline)).await?;
+                DeleteOutcome::Absent => {
+                    match Box::pin(self.forget_deleted(key, located.register, stats, deadline))
+                        .await
+                    {
+                        Ok(()) => {}
+                        // The unmap raced other index operations on the key's bucket
+                        // (its deleter's own unmap, a re-insert): look the key up again.
+                        Err(KvError::Index(
+                            error @ (IndexError::OutcomeUnknown { .. }
+                            | IndexError::Contention { .. }),
+                        )) => {
+                            tracing::debug!(%error, register = located.register, "delete: unmapping a register found deleted did not settle; looking the key up again");
+                            found_deleted = Some(located.register);
+                        }
+                        Err(error) => return Err(error),
+                    }
                 }
             }
         }

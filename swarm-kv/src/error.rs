@@ -109,6 +109,18 @@ pub enum KvError {
         /// Attempts made.
         attempts: u32,
     },
+    /// A delete reached the key's register through this client's cache and raced
+    /// another delete there, the key now lives in another register, and too few
+    /// memory nodes answered to tell whether the cached register was still the key's
+    /// when the delete began (`KvClient::delete`). The delete may or may not have
+    /// removed a value: nothing else was changed.
+    #[error(
+        "the delete raced another delete of the key and the key was re-inserted meanwhile; with a memory node unreachable it cannot tell whether it removed the earlier value: it may or may not have taken effect. Read the key and retry the delete if it is still there"
+    )]
+    DeleteUndecided {
+        /// The register the delete reached.
+        register: u64,
+    },
     /// `swarm evict` refused: the writer renewed its lease while it was watched.
     #[error(
         "writer {writer} renewed its lease during the {watched_secs:.1} s it was watched: it is \

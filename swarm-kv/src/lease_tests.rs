@@ -17,7 +17,7 @@ use swarm_core::{
 use crate::layout::{ClusterParams, NodeLayout};
 use crate::lease::LeaseParams;
 use crate::reclaim::reclaim_expired;
-use crate::{KvClient, KvConfig, KvError};
+use crate::{DeleteOutcome, KvClient, KvConfig, KvError};
 
 const NODE_BYTES: u64 = 4 << 20;
 const MS: Nanos = 1_000_000;
@@ -306,7 +306,8 @@ fn a_killed_clients_limbo_is_reclaimed_once_its_row_is_taken_over() {
     for i in 0..3 {
         let key = format!("k{i}");
         insert(&a, &key, "gone").expect("inserted");
-        assert!(block_on(a.fabric(), a.delete(key.as_bytes(), &OpStats::new())).expect("delete"));
+        let deleted = block_on(a.fabric(), a.delete(key.as_bytes(), &OpStats::new()));
+        assert_eq!(deleted.expect("delete"), DeleteOutcome::Removed);
     }
     assert_eq!(a.registers_in_limbo(), 3);
     // a is killed here: it never issues anything again.

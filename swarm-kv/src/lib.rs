@@ -57,5 +57,6 @@ pub use error::KvError;
 pub use rdma::RdmaStore;
 pub use shm::ShmStore;
 pub use store::Store;
+pub use swarm_core::DeleteOutcome;
 
 pub use index::RegisterId;

@@ -732,8 +732,10 @@ mod tests {
         )
     }
 
+    /// Whether the delete removed the key's value (one client at a time: never raced).
     fn delete(c: &Client, key: &str) -> bool {
-        block_on(c.fabric(), c.delete(key.as_bytes(), &OpStats::new())).expect("a delete")
+        let outcome = block_on(c.fabric(), c.delete(key.as_bytes(), &OpStats::new()));
+        outcome.expect("a delete") == swarm_core::DeleteOutcome::Removed
     }
 
     fn get(c: &Client, key: &str) -> Option<Vec<u8>> {

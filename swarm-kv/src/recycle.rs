@@ -458,7 +458,7 @@ pub fn reset_batch(
     let swarm = &layout.swarm;
     let header_bytes = layout.params.key_header_bytes() as usize;
     let record_bytes = (RECORD_HEADER as u64).min(swarm.record_bytes()) as usize;
-    let meta_bytes = 8 * usize::from(swarm.meta_words());
+    let meta_bytes = swarm.meta_bytes() as usize;
     let mut header = vec![0; header_bytes];
     header.get_mut(4..8)?.copy_from_slice(&tag.to_le_bytes());
     header

@@ -7,7 +7,7 @@ use swarm_checker::OpKind;
 use swarm_core::{OpStats, block_on};
 use swarm_kv::clock::SystemClock;
 use swarm_kv::layout::ClusterParams;
-use swarm_kv::{KvClient, KvConfig, ShmStore};
+use swarm_kv::{DeleteOutcome, KvClient, KvConfig, ShmStore};
 use swarm_shm::{EmulatedFabric, ScratchDir};
 
 mod history_support;
@@ -55,7 +55,10 @@ fn a_deferred_delete_takes_one_roundtrip_and_its_unmap_runs_later() {
     let register = mapped(&a, b"k").expect("mapped");
 
     let s = OpStats::new();
-    assert!(block_on(f, a.delete(b"k", &s)).unwrap());
+    assert_eq!(
+        block_on(f, a.delete(b"k", &s)).unwrap(),
+        DeleteOutcome::Removed
+    );
     assert_eq!(
         s.roundtrips(),
         1,
@@ -74,7 +77,10 @@ fn a_deferred_delete_takes_one_roundtrip_and_its_unmap_runs_later() {
         None
     );
     assert!(!block_on(b.fabric(), b.update(b"k", b"late", &OpStats::new())).unwrap());
-    assert!(!block_on(f, a.delete(b"k", &OpStats::new())).unwrap());
+    assert_eq!(
+        block_on(f, a.delete(b"k", &OpStats::new())).unwrap(),
+        DeleteOutcome::Absent
+    );
     assert_eq!(a.recycle_stats().retired, 0, "retired only once unmapped");
 
     assert_eq!(block_on(f, a.run_deferred_unmaps()).unwrap(), 1);
@@ -101,7 +107,10 @@ fn a_reinsert_before_the_unmap_keeps_its_mapping_and_the_register_is_retired_onc
     let (fa, fb) = (a.fabric(), b.fabric());
     for (key, reinserter) in [(&b"mine"[..], &a), (&b"theirs"[..], &b)] {
         block_on(fa, a.insert(key, b"v1", &OpStats::new())).unwrap();
-        assert!(block_on(fa, a.delete(key, &OpStats::new())).unwrap());
+        assert_eq!(
+            block_on(fa, a.delete(key, &OpStats::new())).unwrap(),
+            DeleteOutcome::Removed
+        );
         block_on(
             reinserter.fabric(),
             reinserter.insert(key, b"v2", &OpStats::new()),
@@ -144,9 +153,15 @@ fn a_delete_that_finds_the_queue_full_unmaps_before_it_returns() {
         block_on(f, a.insert(key, b"v", &OpStats::new())).unwrap();
     }
     let first = OpStats::new();
-    assert!(block_on(f, a.delete(b"k1", &first)).unwrap());
+    assert_eq!(
+        block_on(f, a.delete(b"k1", &first)).unwrap(),
+        DeleteOutcome::Removed
+    );
     let second = OpStats::new();
-    assert!(block_on(f, a.delete(b"k2", &second)).unwrap());
+    assert_eq!(
+        block_on(f, a.delete(b"k2", &second)).unwrap(),
+        DeleteOutcome::Removed
+    );
     assert_eq!(first.roundtrips(), 1);
     assert!(second.roundtrips() > 1, "the full queue's delete unmapped");
     assert!(mapped(&a, b"k1").is_some());
@@ -164,7 +179,10 @@ fn close_runs_the_unmaps_left() {
     let f = a.fabric();
     for key in [b"k1", b"k2", b"k3"] {
         block_on(f, a.insert(key, b"v", &OpStats::new())).unwrap();
-        assert!(block_on(f, a.delete(key, &OpStats::new())).unwrap());
+        assert_eq!(
+            block_on(f, a.delete(key, &OpStats::new())).unwrap(),
+            DeleteOutcome::Removed
+        );
     }
     assert_eq!(a.deferred_unmap_stats().waiting, 3);
     a.close();

@@ -5,7 +5,7 @@ use swarm_checker::OpKind;
 use swarm_core::{NodeId, OpStats, block_on, block_on_future};
 use swarm_kv::clock::SystemClock;
 use swarm_kv::layout::ClusterParams;
-use swarm_kv::{KvClient, KvError, ShmStore};
+use swarm_kv::{DeleteOutcome, KvClient, KvError, ShmStore};
 use swarm_shm::ScratchDir;
 
 mod history_support;
@@ -69,8 +69,14 @@ fn insert_get_update_delete_and_their_roundtrips() {
         Some(b"v3".to_vec())
     );
     // Delete; b's cached location is stale and must not resurrect the key.
-    assert!(block_on(f, a.delete(b"k1", &OpStats::new())).unwrap());
-    assert!(!block_on(f, a.delete(b"k1", &OpStats::new())).unwrap());
+    assert_eq!(
+        block_on(f, a.delete(b"k1", &OpStats::new())).unwrap(),
+        DeleteOutcome::Removed
+    );
+    assert_eq!(
+        block_on(f, a.delete(b"k1", &OpStats::new())).unwrap(),
+        DeleteOutcome::Absent
+    );
     assert_eq!(
         block_on(b.fabric(), b.get(b"k1", &OpStats::new())).unwrap(),
         None
@@ -209,7 +215,10 @@ fn a_delete_whose_unmap_fails_still_deleted_the_key() {
     for node in (0..5).map(NodeId).filter(|n| !replicas.contains(n)) {
         f.fail(node);
     }
-    assert!(block_on(f, c.delete(b"gone", &stats)).unwrap());
+    assert_eq!(
+        block_on(f, c.delete(b"gone", &stats)).unwrap(),
+        DeleteOutcome::Removed
+    );
     // With every node back (another client), the key is absent and can come back.
     let other = store.client().unwrap();
     let g = other.fabric();

@@ -10,11 +10,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use swarm_core::{NodeId, OpStats, block_on};
-use swarm_kv::KvError;
 use swarm_kv::ShmStore;
 use swarm_kv::layout::ClusterParams;
 use swarm_kv::repair::{RepairError, RepairOptions};
 use swarm_kv::store::Store;
+use swarm_kv::{DeleteOutcome, KvError};
 use swarm_shm::{ScratchDir, ShmCluster};
 
 mod fault_support;
@@ -67,7 +67,10 @@ fn rebuilt_node_restores_what_only_it_and_one_other_held(lose: u16) {
         }
         for i in (1..150).step_by(7) {
             let key = format!("k{i}");
-            assert!(block_on(f, c.delete(key.as_bytes(), &s())).unwrap());
+            assert_eq!(
+                block_on(f, c.delete(key.as_bytes(), &s())).unwrap(),
+                DeleteOutcome::Removed
+            );
             expected.insert(key, None);
         }
         c.close();

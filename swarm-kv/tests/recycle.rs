@@ -21,7 +21,7 @@ use swarm_kv::configuration::{CONFIG_AT, Configuration};
 use swarm_kv::layout::{ClusterParams, NodeLayout};
 use swarm_kv::repair::RepairOptions;
 use swarm_kv::store::{read_configuration, write_configuration, write_superblock};
-use swarm_kv::{KvClient, KvConfig, KvError, ShmStore};
+use swarm_kv::{DeleteOutcome, KvClient, KvConfig, KvError, ShmStore};
 use swarm_shm::{CreateOptions, EmulatedFabric, ScratchDir, ShmCluster};
 
 /// Test knobs shared by the fabrics of one test's clients.
@@ -294,8 +294,10 @@ fn update(c: &Client, key: &str, value: &str) -> bool {
     .expect("update")
 }
 
+/// Whether the delete removed the key's value (these tests never race two deletes).
 fn delete(c: &Client, key: &str) -> bool {
     block_on(c.fabric(), c.delete(key.as_bytes(), &OpStats::new())).expect("delete")
+        == DeleteOutcome::Removed
 }
 
 fn register_of(c: &Client, key: &str) -> Option<u64> {
@@ -515,7 +517,10 @@ fn a_delete_paused_past_its_deadline_never_unmaps_its_register_reused_for_the_sa
     // p resumes. Its unmap would find k -> r (same key, same register) and clear
     // the live mapping; its deadline passed, so it posts no CAS.
     *p.fabric().paused_on.borrow_mut() = None;
-    assert!(block_on(p.fabric(), paused).expect("the tombstone was written: deleted"));
+    assert_eq!(
+        block_on(p.fabric(), paused).expect("the tombstone was written: deleted"),
+        DeleteOutcome::Removed
+    );
     let c = client(&store, &world);
     assert_eq!(
         get(&c, "k").as_deref(),
@@ -576,24 +581,36 @@ fn churn(seed: u64, faults: bool) -> u64 {
         let f = client.fabric();
         let s = OpStats::new();
         let start = clock;
-        let result: Result<(bool, Option<String>), KvError> = match kind {
+        // `None`: a delete that found a tombstone of an earlier, failed attempt of
+        // its own client (Raced), recorded with an unknown outcome.
+        let result: Result<(Option<bool>, Option<String>), KvError> = match kind {
             OpKind::Insert => {
                 inserts += 1;
                 block_on(f, client.insert(key.as_bytes(), value.as_bytes(), &s))
-                    .map(|()| (true, Some(value.clone())))
+                    .map(|()| (Some(true), Some(value.clone())))
             }
-            OpKind::Delete => block_on(f, client.delete(key.as_bytes(), &s)).map(|ok| (ok, None)),
+            OpKind::Delete => {
+                block_on(f, client.delete(key.as_bytes(), &s)).map(|d| (d.removed(), None))
+            }
             OpKind::Get => block_on(f, client.get(key.as_bytes(), &s))
-                .map(|v| (true, v.map(|v| String::from_utf8(v).unwrap()))),
+                .map(|v| (Some(true), v.map(|v| String::from_utf8(v).unwrap()))),
             _ => block_on(f, client.update(key.as_bytes(), value.as_bytes(), &s))
-                .map(|ok| (ok, Some(value.clone()))),
+                .map(|ok| (Some(ok), Some(value.clone()))),
         };
         *client.fabric().refused.borrow_mut() = None;
         clock += 2;
         let record = match result {
-            Ok((ok, value)) => {
+            Ok((Some(ok), value)) => {
                 Operation::completed(c as u64, kind, key, value.as_deref(), ok, start, start + 1)
             }
+            Ok((None, value)) => Operation::completed_unknown(
+                c as u64,
+                kind,
+                key,
+                value.as_deref(),
+                start,
+                start + 1,
+            ),
             Err(_) if cut_off => {
                 crashed += 1;
                 let written = matches!(kind, OpKind::Insert | OpKind::Update).then_some(value);
@@ -674,8 +691,8 @@ fn churn_step(clients: &[Client], model: &mut HashMap<String, String>, x: &mut u
             let deleted = block_on(f, client.delete(key.as_bytes(), &s))
                 .unwrap_or_else(|e| panic!("op {op}: delete {key}: {e}"));
             assert_eq!(
-                deleted,
-                model.remove(&key).is_some(),
+                deleted.removed(),
+                Some(model.remove(&key).is_some()),
                 "op {op}: delete {key}"
             );
         }

@@ -193,7 +193,7 @@ fn a_churn_run_records_its_sample_key_range_linearizably() {
     );
     assert!(
         ops.iter()
-            .any(|o| o.op.op == swarm_checker::OpKind::Delete && o.op.ok),
+            .any(|o| o.op.op == swarm_checker::OpKind::Delete && o.op.ok == Some(true)),
         "some delete removed a present key"
     );
     let verdict = swarm_checker::check(&history);

@@ -82,10 +82,6 @@ struct Args {
     /// then a key-value one).
     #[arg(long, default_value_t = 0)]
     delete_percent: u32,
-    /// Record completed deletes with an unknown outcome: concurrent deletes can both
-    /// report removing the key today (tests/sim_concurrent_deletes.rs).
-    #[arg(long)]
-    unchecked_delete_outcomes: bool,
     /// Length of a timestamp tick in virtual nanoseconds.
     #[arg(long, default_value_t = 100)]
     tick_ns: u64,
@@ -131,7 +127,6 @@ fn main() -> ExitCode {
     s.inflight = args.inflight.clamp(1, 64);
     s.keys = args.keys.max(1);
     s.delete_percent = args.delete_percent.min(50);
-    s.check_delete_outcomes = !args.unchecked_delete_outcomes;
     s.tick_ns = args.tick_ns.max(1);
     s.max_skew_ns = args.max_skew_ns;
     s.replicas = args.replicas;

@@ -151,12 +151,6 @@ pub struct Scenario {
     /// updates (which fail on a deleted key), and as many operations again are
     /// inserts, which re-create a deleted key in a fresh register.
     pub delete_percent: u32,
-    /// Whether a delete's reported outcome (removed the key or found it deleted)
-    /// goes into the history. When not, a completed delete is recorded as one whose
-    /// outcome is unknown (it may or may not have taken effect), which still checks
-    /// every other operation around it: two concurrent deletes can both report that
-    /// they removed the key today (`tests/sim_concurrent_deletes.rs`).
-    pub check_delete_outcomes: bool,
     /// Metadata words per register (`W`, §4.4).
     pub meta_words: u16,
     /// Virtual nanoseconds a client pauses between operations.
@@ -227,7 +221,6 @@ impl Scenario {
             faults: Faults::NONE,
             write_percent: 50,
             delete_percent: 0,
-            check_delete_outcomes: true,
             meta_words: 4,
             think_ns: 0,
             write_first: false,
@@ -315,6 +308,9 @@ pub struct Outcome {
     /// (`OpStats::recycled_fetches`, all operations together): zero when recycling
     /// keeps its rules, since every operation here has a deadline.
     pub recycled_fetches: u64,
+    /// Deletes that raced another delete of the same value
+    /// (`swarm_core::DeleteOutcome::Raced`), recorded with an unknown outcome.
+    pub raced_deletes: u64,
     /// Incarnations that resumed from a log summary ([`Scenario::incarnations`]).
     pub summary_resumes: u64,
     /// Slots those incarnations carried over, all together.
@@ -348,6 +344,7 @@ struct Record {
     max_in_use: u32,
     longest_op_ns: u64,
     recycled_fetches: u64,
+    raced_deletes: u64,
     summary_resumes: u64,
     carried_slots: u64,
     carried_examined: u64,
@@ -609,6 +606,7 @@ pub fn run(scenario: &Scenario) -> Result<Outcome, SimError> {
         max_slots_in_use: record.max_in_use,
         longest_op_ns: record.longest_op_ns,
         recycled_fetches: record.recycled_fetches,
+        raced_deletes: record.raced_deletes,
         summary_resumes: record.summary_resumes,
         carried_slots: record.carried_slots,
         carried_examined: record.carried_examined,
@@ -1106,7 +1104,8 @@ struct CrashAt {
 
 /// What an operation returned, for the history.
 struct Done {
-    ok: bool,
+    /// `None`: unknown (a delete that raced another, `DeleteOutcome::Raced`).
+    ok: Option<bool>,
     /// The value a read returned.
     value: Option<String>,
     /// Whether it read (for the roundtrip histograms).
@@ -1188,10 +1187,10 @@ async fn lane_task(lane: Lane) {
         r.longest_op_ns = r.longest_op_ns.max(end - start);
         r.recycled_fetches += u64::from(stats.recycled_fetches());
         match result {
-            Ok(_) if action == Action::Delete && !scenario.check_delete_outcomes => {
-                r.writes.add(stats.roundtrips());
-            }
             Ok(done) => {
+                // A delete that raced another goes into the history with an unknown
+                // outcome: it took effect, reporting neither answer.
+                r.raced_deletes += u64::from(action == Action::Delete && done.ok.is_none());
                 let op = &mut r.history[slot];
                 op.end = Some(end);
                 op.ok = done.ok;
@@ -1247,7 +1246,7 @@ impl OpContext<'_> {
         let current = self.directory.borrow().current[key as usize];
         // A get of an absent key returns nothing; the other operations fail.
         let absent = Done {
-            ok: action == Action::Read,
+            ok: Some(action == Action::Read),
             value: None,
             read: action == Action::Read,
         };
@@ -1270,7 +1269,7 @@ impl OpContext<'_> {
                     ReadValue::Empty | ReadValue::Deleted => None,
                 };
                 Ok(Done {
-                    ok: true,
+                    ok: Some(true),
                     value,
                     read: true,
                 })
@@ -1291,7 +1290,7 @@ impl OpContext<'_> {
                 Ok(Done {
                     // A register write always takes effect; an update fails on a
                     // deleted key.
-                    ok: !self.scenario.key_value() || outcome == WriteOutcome::Written,
+                    ok: Some(!self.scenario.key_value() || outcome == WriteOutcome::Written),
                     value: None,
                     read: false,
                 })
@@ -1300,7 +1299,7 @@ impl OpContext<'_> {
                 let (loc, cache) = self.register(reg);
                 let outcome = client.delete(&loc, cache, stats).await?;
                 Ok(Done {
-                    ok: outcome == WriteOutcome::Written,
+                    ok: outcome.removed(),
                     value: None,
                     read: false,
                 })
@@ -1320,7 +1319,7 @@ impl OpContext<'_> {
     ) -> Result<Done, OpError> {
         let client = self.client;
         let written = Done {
-            ok: true,
+            ok: Some(true),
             value: None,
             read: false,
         };

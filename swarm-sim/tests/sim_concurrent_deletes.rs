@@ -1,18 +1,14 @@
-//! Reproduction of a defect found by the randomized key-value scenarios
-//! (`sim_protocol::deletes_and_reinserts_mixed_with_writes_stay_linearizable`):
-//! two concurrent deletes of a present key both report [`WriteOutcome::Written`]
-//! ("I deleted it"), which no sequential order explains (SWARM-KV §5.3.2: a delete of
-//! an absent key fails).
+//! Two concurrent deletes of a present key must not both report that they removed it
+//! (SWARM-KV §5.3.2; `swarm_core::protocol::delete`). Found by the randomized
+//! key-value scenarios (`sim_protocol::deletes_and_reinserts_mixed_with_writes_stay_linearizable`)
+//! when deletes decided their outcome from their pipelined read alone.
 //!
 //! Schedule, fixed latencies, no fault: writer 0 writes `x`; then writers 1 and 2
 //! delete at the same instant. Both batches reach each node together, so both
-//! pipelined weak reads run before either tombstone CAS: each delete sees no
-//! tombstone and reports Written. `Client::delete` decides its outcome from that
-//! weak read alone (like the Deleted outcome of a write, defect B of issue 10).
-//!
-//! Ignored until the protocol decides a single winner among concurrent deletes;
-//! run it with `cargo test -p swarm-sim --test
-//! sim_concurrent_deletes -- --ignored`.
+//! pipelined reads run before either tombstone CAS and see no tombstone: only the
+//! CAS of the delete word tells the two apart. The first batch to run on each node
+//! wins that node, and with equal latencies that is the same delete everywhere: one
+//! delete reports Removed and the other Absent, and the history is linearizable.
 
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -22,12 +18,12 @@ use swarm_core::encoding::WriterId;
 use swarm_core::header::HEADER_SIZE;
 use swarm_core::layout::Layout;
 use swarm_core::{
-    Client, OpStats, ProtocolConfig, RegisterCache, RegisterLoc, Replicas, WriteOutcome,
+    Client, DeleteOutcome, OpStats, ProtocolConfig, RegisterCache, RegisterLoc, Replicas,
+    WriteOutcome,
 };
 use swarm_sim::{Latency, SimClock, SimConfig, SimRunner, SimWorld};
 
 #[test]
-#[ignore = "defect: concurrent deletes both report Written (see the module docs)"]
 fn two_concurrent_deletes_cannot_both_remove_the_key() {
     let shape = |log_base| {
         Layout::builder()
@@ -49,6 +45,7 @@ fn two_concurrent_deletes_cannot_both_remove_the_key() {
         replicas: Replicas::all(3, 0).expect("three replicas"),
     };
     let history = Rc::new(RefCell::new(Vec::new()));
+    let outcomes = Rc::new(RefCell::new(Vec::new()));
     for writer in 0..3u16 {
         let fabric = world.client();
         let id = fabric.id();
@@ -57,6 +54,7 @@ fn two_concurrent_deletes_cannot_both_remove_the_key() {
         let client = Client::new(fabric, clock, layout, writer_id, ProtocolConfig::default())
             .expect("client");
         let (history, reg, world) = (history.clone(), reg.clone(), world.clone());
+        let outcomes = outcomes.clone();
         // Writer 0 inserts at 0; writers 1 and 2 delete together once it is done.
         let start = if writer == 0 { 0 } else { 50_000 };
         runner.spawn_at(start, id, async move {
@@ -68,7 +66,9 @@ fn two_concurrent_deletes_cannot_both_remove_the_key() {
                 Operation::completed(0, OpKind::Insert, "k", Some("x"), true, begin, world.now())
             } else {
                 let outcome = client.delete(&reg, &mut cache, &stats).await;
-                let removed = outcome.expect("delete") == WriteOutcome::Written;
+                let outcome = outcome.expect("delete");
+                outcomes.borrow_mut().push(outcome);
+                let removed = outcome == DeleteOutcome::Removed;
                 let client_id = u64::from(writer);
                 Operation::completed(
                     client_id,
@@ -92,5 +92,12 @@ fn two_concurrent_deletes_cannot_both_remove_the_key() {
     assert!(
         report.is_linearizable(),
         "two concurrent deletes both removed the key:\n{report}"
+    );
+    let mut outcomes = outcomes.borrow().clone();
+    outcomes.sort_by_key(|o| *o as u8);
+    assert_eq!(
+        outcomes,
+        [DeleteOutcome::Removed, DeleteOutcome::Absent],
+        "one delete came first on every node"
     );
 }

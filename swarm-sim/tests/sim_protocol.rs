@@ -195,9 +195,6 @@ fn deletes_and_reinserts_mixed_with_writes_stay_linearizable() {
         s.delete_percent = 10;
         s.write_percent = 40;
         s.write_first = true;
-        // Concurrent deletes can both report removing the key (a known defect,
-        // reproduced by tests/sim_concurrent_deletes.rs): check everything else.
-        s.check_delete_outcomes = false;
         let outcome = scenario::run(&s).expect("no stall");
         assert_wait_free(&outcome, s.clients);
         check(&outcome, "deletes and re-inserts");
@@ -245,7 +242,6 @@ fn deletes_amid_new_old_inversions_stay_linearizable() {
         s.delete_percent = 10;
         s.write_percent = 40;
         s.write_first = true;
-        s.check_delete_outcomes = false;
         let outcome = scenario::run(&s).expect("no stall");
         assert_wait_free(&outcome, s.clients);
         check(&outcome, "deletes amid inversions");

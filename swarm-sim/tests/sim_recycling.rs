@@ -100,9 +100,6 @@ fn recycling_with_deletes_reinserts_and_operations_in_flight() {
         s.delete_percent = 10;
         s.write_percent = 40;
         s.write_first = true;
-        // Concurrent deletes can both report removing the key (known, see
-        // tests/sim_concurrent_deletes.rs): check everything else.
-        s.check_delete_outcomes = false;
         let outcome = scenario::run(&s).expect("no stall");
         check(
             &outcome,

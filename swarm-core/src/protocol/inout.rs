@@ -42,7 +42,7 @@ pub fn read_op(layout: &Layout, addr: u64, with_inplace: bool) -> Op {
     } else {
         Op::Read {
             addr: addr + layout.meta_offset(),
-            len: 8 * u32::from(layout.meta_words()),
+            len: layout.meta_bytes() as u32,
         }
     }
 }

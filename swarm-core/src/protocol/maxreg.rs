@@ -479,6 +479,9 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         payload: &[u8],
         progress: &mut WriteProgress,
     ) -> Result<(), SwarmError> {
+        if tsp.is_tombstone() {
+            return self.tombstone_round(reg, cache, stats, tsp, None).await;
+        }
         // The common case of a read's write-back: a majority already holds `tsp`.
         // Return before hashing the slot address and encoding the record.
         if cache.holding(reg.replicas.len(), tsp) >= reg.replicas.quorum() {
@@ -506,6 +509,12 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         progress: &mut WriteProgress,
         read_first: bool,
     ) -> Result<Tsp, SwarmError> {
+        if tsp.is_tombstone() {
+            // Tombstones go to the write-once delete word, never to a metadata word
+            // (`super::delete`); their records carry no value and need no buffer.
+            self.tombstone_round(reg, cache, stats, tsp, None).await?;
+            return Ok(Tsp::EMPTY);
+        }
         let n = reg.replicas.len();
         let q = reg.replicas.quorum();
         let layout = self.layout;

@@ -7,8 +7,9 @@
 //! 2. [`maxreg`] — a reliable max register over `n = 2f + 1` replicas (§2.3,
 //!    appendix A), with the client-side cache and the preferred-majority fallback (§6).
 //! 3. [`tslock`] — timestamp locks (§3.3, appendix B).
-//! 4. [`safeguess`] — Safe-Guess reads and writes (§3.2, appendix C), and deletes
-//!    with the tombstone timestamp (§5.3.2).
+//! 4. [`safeguess`] — Safe-Guess reads and writes (§3.2, appendix C); [`delete`] —
+//!    deletes with the tombstone timestamp in a write-once delete word (§5.3.2), and
+//!    what a delete that raced another one may report.
 //! 5. [`abd`] and [`raw`] — the DM-ABD and unreplicated baselines of §7.
 //!
 //! Beside the layers: [`quorum`], the broadcast and preferred-majority steps they
@@ -23,6 +24,7 @@
 pub mod abd;
 mod carried;
 mod client;
+pub mod delete;
 mod error;
 pub mod guess;
 pub mod inout;
@@ -38,6 +40,7 @@ mod suspicion;
 pub mod tslock;
 
 pub use client::{Client, ProtocolConfig};
+pub use delete::{DeleteOutcome, DeleteVotes, FirstDeleter, UNOWNED_TOMBSTONE};
 pub use error::SwarmError;
 pub use register::{MAX_REPLICAS, RegisterCache, RegisterLoc, Replicas};
 pub use suspicion::Suspicion;

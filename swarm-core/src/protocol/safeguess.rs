@@ -47,6 +47,8 @@
 //! reader ever returns `w`, and the write reports [`WriteOutcome::Deleted`] (the
 //! delete took effect, and is linearized before this write); if the lock fails, a
 //! reader may have returned `w`, so the write took effect (before the delete).
+//! Tombstones live in the register's write-once delete word, and the delete itself
+//! is in [`super::delete`], with what it reports when deletes race.
 //!
 //! Background VERIFIED marks (§3.2 line 8 and the read's line 17) CAS the flag into
 //! the replicas known to hold the guessed tuple and write the in-place copy on the
@@ -55,7 +57,7 @@
 use alloc::vec::Vec;
 
 use crate::clock::Clock;
-use crate::encoding::{Flag, LockMode, Timestamp, Tsp};
+use crate::encoding::{Flag, LockMode, Tsp};
 use crate::fabric::{Batch, Fabric, Nanos, Op};
 use crate::layout::encode_record_for;
 use crate::roundtrip::{OpStats, post_background};
@@ -153,38 +155,6 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         self.settle(reg, v);
         self.write_inplace(reg, stats, encode_record_for(v, Some(reg.addr), payload));
         Ok(WriteOutcome::Written)
-    }
-
-    /// Deletes the register's value with the tombstone timestamp (§5.3.2). Returns
-    /// [`WriteOutcome::Deleted`] if it was already deleted.
-    pub async fn delete(
-        &self,
-        reg: &RegisterLoc,
-        cache: &mut RegisterCache,
-        stats: &OpStats,
-    ) -> Result<WriteOutcome, SwarmError> {
-        let _deadline = self.arm_deadline(stats);
-        let _slot = self.write_slot(reg).await;
-        let t = Tsp::new(Timestamp::tombstone(self.writer), Flag::Verified);
-        let mut progress = WriteProgress::default();
-        let m = self
-            .write_round(
-                reg,
-                cache,
-                stats,
-                t,
-                &encode_record_for(t, Some(reg.addr), &[]),
-                &mut progress,
-                true,
-            )
-            .await?;
-        // The tombstone is on a majority: every write of this writer here is superseded.
-        self.settle(reg, t);
-        Ok(if m.is_tombstone() {
-            WriteOutcome::Deleted
-        } else {
-            WriteOutcome::Written
-        })
     }
 
     /// Safe-Guess `READ()`.

@@ -14,6 +14,15 @@
 //!   so it cannot complete while the node is out). The maximum of the donors is
 //!   at least every value written on a majority (a majority that included the lost
 //!   node still has a donor in it) and is a value some node holds: [`max_word`].
+//! * **Delete words** (after a register's metadata words) hold the node's first
+//!   tombstone, written once: which one is first tells racing deletes what to report
+//!   (`swarm_core::protocol::delete`). Donors that agree give their word. Donors
+//!   that disagree (tombstones of two writers, or one tombstone and an empty word)
+//!   give [`swarm_core::UNOWNED_TOMBSTONE`]: the register is deleted there (a
+//!   tombstone on a majority shows in a donor, and one on a donor only belongs to a
+//!   delete that never completed, which may take effect), but no delete can count
+//!   the node as its own or as one other writer's, which copying either word could
+//!   make it do wrongly. [`delete_word`].
 //! * **Lease words** go up in the order `(counter, killed)` (a renewal raises the
 //!   counter, a kill sets bit 63 on the same counter, a new owner starts above every
 //!   counter it saw, `crate::lease`), so they are max registers in that order:
@@ -83,6 +92,16 @@ impl Conflicts {
     /// All conflicts.
     pub fn total(&self) -> u64 {
         self.claims + self.locks + self.keys
+    }
+}
+
+/// A register's delete word: the donors' word if they agree, else a tombstone that
+/// is no writer's first (see the module docs).
+pub fn delete_word(copies: &[u64]) -> u64 {
+    match copies.split_first() {
+        None => 0,
+        Some((first, rest)) if rest.iter().all(|w| w == first) => *first,
+        Some(_) => swarm_core::UNOWNED_TOMBSTONE.word(),
     }
 }
 
@@ -368,6 +387,32 @@ mod tests {
     }
 
     #[test]
+    fn delete_words_are_copied_only_when_the_donors_agree() {
+        use swarm_core::encoding::{Flag, Timestamp, Tsp, WriterId};
+        let tomb = |w| {
+            Tsp::new(
+                Timestamp::tombstone(WriterId::new(w).unwrap()),
+                Flag::Verified,
+            )
+        };
+        let (t1, t2) = (tomb(1).word(), tomb(2).word());
+        let unowned = swarm_core::UNOWNED_TOMBSTONE.word();
+        assert_eq!(delete_word(&[t1, t1]), t1);
+        assert_eq!(delete_word(&[0, 0]), 0);
+        assert_eq!(
+            delete_word(&[t1, 0]),
+            unowned,
+            "one donor's first is not ours"
+        );
+        assert_eq!(delete_word(&[t2, t1]), unowned, "not the larger one either");
+        assert!(
+            Tsp::from_word(unowned).is_tombstone(),
+            "the register is deleted"
+        );
+        assert_eq!(delete_word(&[]), 0);
+    }
+
+    #[test]
     fn key_headers_keep_the_one_key() {
         let mut c = Conflicts::default();
         let mut h = crate::layout::encode_key_header(b"key");
@@ -391,6 +436,7 @@ mod tests {
             let mut c = Conflicts::default();
             let _ = (max_word(&words), lease_word(&words), claim_word(&words, &mut c));
             let _ = (lock_word(&words, &mut c), meta_word(&words), slot_word(&words));
+            let _ = delete_word(&words);
             let copies = [&bytes[..], &bytes[..bytes.len() / 2]];
             let mut out = vec![0u8; 64];
             record(&copies, 16, &mut out);

@@ -551,9 +551,14 @@ impl<F: Fabric> Copier<'_, F> {
                     self.layout.swarm.payload_max(),
                     block,
                 );
+                let delete_word = usize::from(self.layout.swarm.meta_words());
                 for (w, chunk) in meta.chunks_exact_mut(8).enumerate() {
-                    let merged =
-                        merge::max_word(&words_at(copies, key_bytes + record_bytes + 8 * w));
+                    let words = words_at(copies, key_bytes + record_bytes + 8 * w);
+                    let merged = if w == delete_word {
+                        merge::delete_word(&words)
+                    } else {
+                        merge::max_word(&words)
+                    };
                     chunk.copy_from_slice(&merged.to_le_bytes());
                 }
             }

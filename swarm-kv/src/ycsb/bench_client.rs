@@ -3,7 +3,7 @@
 //! statistics and history recording.
 
 use swarm_core::fabric::{EmulatedRtt, FailNodes};
-use swarm_core::{Fabric, OpStats};
+use swarm_core::{DeleteOutcome, Fabric, OpStats};
 use swarm_fusee::{FuseeClient, FuseeError};
 use swarm_shm::{EmulatedFabric, ShmFabric};
 
@@ -34,8 +34,9 @@ pub(crate) trait BenchClient {
     async fn update(&self, key: &[u8], value: &[u8], stats: &OpStats) -> Result<bool, OpError>;
     /// Sets `key`.
     async fn insert(&self, key: &[u8], value: &[u8], stats: &OpStats) -> Result<(), OpError>;
-    /// Deletes `key`; whether it was present.
-    async fn delete(&self, key: &[u8], stats: &OpStats) -> Result<bool, OpError>;
+    /// Deletes `key`: whether it removed the value, found it absent, or raced another
+    /// delete of the same value (SWARM-KV only).
+    async fn delete(&self, key: &[u8], stats: &OpStats) -> Result<DeleteOutcome, OpError>;
     /// Gives back what the client holds (its writer id).
     fn close(self);
     /// Whether work the client left past its operations' return waits (SWARM-KV:
@@ -89,7 +90,7 @@ impl<F: Fabric> BenchClient for KvClient<FailNodes<F>, SystemClock> {
     async fn insert(&self, key: &[u8], value: &[u8], stats: &OpStats) -> Result<(), OpError> {
         Ok(KvClient::insert(self, key, value, stats).await?)
     }
-    async fn delete(&self, key: &[u8], stats: &OpStats) -> Result<bool, OpError> {
+    async fn delete(&self, key: &[u8], stats: &OpStats) -> Result<DeleteOutcome, OpError> {
         Ok(KvClient::delete(self, key, stats).await?)
     }
     fn close(self) {
@@ -136,8 +137,13 @@ impl BenchClient for FuseeClient<EmulatedFabric> {
     async fn insert(&self, key: &[u8], value: &[u8], stats: &OpStats) -> Result<(), OpError> {
         Ok(FuseeClient::insert(self, key, value, stats).await?)
     }
-    async fn delete(&self, key: &[u8], stats: &OpStats) -> Result<bool, OpError> {
-        Ok(FuseeClient::delete(self, key, stats).await?)
+    async fn delete(&self, key: &[u8], stats: &OpStats) -> Result<DeleteOutcome, OpError> {
+        // FUSEE's delete is decided by its index CAS: never raced.
+        Ok(if FuseeClient::delete(self, key, stats).await? {
+            DeleteOutcome::Removed
+        } else {
+            DeleteOutcome::Absent
+        })
     }
     fn close(self) {}
 }

@@ -52,7 +52,7 @@ use rand::SeedableRng;
 use rand::rngs::Xoshiro256PlusPlus;
 use swarm_checker::{OpKind, Operation};
 use swarm_core::fabric::FailNodes;
-use swarm_core::{Fabric, FabricError, NodeId, OpStats, SlotExecutor, step_rounds};
+use swarm_core::{DeleteOutcome, Fabric, FabricError, NodeId, OpStats, SlotExecutor, step_rounds};
 
 use super::bench_client::{BenchClient, OpError, Recycling};
 use super::config::FailMode;
@@ -674,9 +674,11 @@ impl Sink<'_> {
                 done.start,
                 done.end,
             ),
-            Ok(Outcome::Deleted(ok)) => {
-                Operation::completed(client, kind, key, None, *ok, done.start, done.end)
-            }
+            Ok(Outcome::Deleted(outcome)) => match outcome.removed() {
+                Some(ok) => Operation::completed(client, kind, key, None, ok, done.start, done.end),
+                // Raced another delete: took effect, removed the value or not.
+                None => Operation::completed_unknown(client, kind, key, None, done.start, done.end),
+            },
             Ok(Outcome::Inserted) => Operation::completed(
                 client,
                 kind,
@@ -869,8 +871,8 @@ enum Outcome {
     Updated(bool),
     /// An insert.
     Inserted,
-    /// A delete: whether the key was present.
-    Deleted(bool),
+    /// A delete: whether it removed the value (or raced another delete).
+    Deleted(DeleteOutcome),
 }
 
 impl Outcome {
@@ -878,7 +880,8 @@ impl Outcome {
     fn hit(&self) -> bool {
         match self {
             Self::Got(value) => value.is_some(),
-            Self::Updated(present) | Self::Deleted(present) => *present,
+            Self::Updated(present) => *present,
+            Self::Deleted(outcome) => *outcome != DeleteOutcome::Absent,
             Self::Inserted => true,
         }
     }

@@ -27,21 +27,28 @@ pub fn run_recorded<F: Fabric, C: Clock>(
     let (ok, value) = match kind {
         OpKind::Get => {
             let v = block_on(f, c.get(key.as_bytes(), &s)).unwrap();
-            (true, v.map(|v| String::from_utf8(v).unwrap()))
+            (Some(true), v.map(|v| String::from_utf8(v).unwrap()))
         }
         OpKind::Update => (
-            block_on(f, c.update(key.as_bytes(), value.as_bytes(), &s)).unwrap(),
+            Some(block_on(f, c.update(key.as_bytes(), value.as_bytes(), &s)).unwrap()),
             Some(value),
         ),
         OpKind::Insert => {
             block_on(f, c.insert(key.as_bytes(), value.as_bytes(), &s)).unwrap();
-            (true, Some(value))
+            (Some(true), Some(value))
         }
-        OpKind::Delete => (block_on(f, c.delete(key.as_bytes(), &s)).unwrap(), None),
+        // A delete that raced another reports neither answer (an unknown outcome).
+        OpKind::Delete => (
+            block_on(f, c.delete(key.as_bytes(), &s)).unwrap().removed(),
+            None,
+        ),
         other => panic!("{other:?} is not a key-value operation"),
     };
     let end = origin.elapsed().as_nanos() as u64;
-    Operation::completed(thread, kind, key, value.as_deref(), ok, start, end)
+    match ok {
+        Some(ok) => Operation::completed(thread, kind, key, value.as_deref(), ok, start, end),
+        None => Operation::completed_unknown(thread, kind, key, value.as_deref(), start, end),
+    }
 }
 
 /// Runs `threads` threads of `body(thread, origin, ops)` at once, each pushing the

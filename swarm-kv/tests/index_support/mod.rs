@@ -124,14 +124,22 @@ impl Log {
         ops.len() - 1
     }
 
-    /// Records its return, as `op` with `value` (for observers) and `ok`.
-    pub fn end(&self, id: usize, op: OpKind, value: Option<String>, ok: bool, end: u64) {
+    /// Records its return, as `op` with `value` (for observers) and `ok` (`None`: an
+    /// outcome the client could not know, as a delete that raced another).
+    pub fn end(
+        &self,
+        id: usize,
+        op: OpKind,
+        value: Option<String>,
+        ok: impl Into<Option<bool>>,
+        end: u64,
+    ) {
         if let Some(Some(o)) = self.ops.borrow_mut().get_mut(id) {
             o.op = op;
             if op.is_observer() || op.writes_value() {
                 o.value = value;
             }
-            o.ok = ok;
+            o.ok = ok.into();
             o.end = Some(end);
         }
     }

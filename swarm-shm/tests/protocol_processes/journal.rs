@@ -141,7 +141,7 @@ mod tests {
         let call = Operation::crashed(1, OpKind::Write, "r0", Some("w1-0"), 10);
         let mut done = call.clone();
         done.end = Some(20);
-        done.ok = true;
+        done.ok = Some(true);
         let unfinished = Operation::crashed(1, OpKind::Read, "r1", None, 30);
         let text = format!("{call}\n{done}\n{unfinished}\n{{\"client\": 1, \"op\"");
         let (_dir, path) = write_journal(&text);

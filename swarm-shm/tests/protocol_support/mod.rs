@@ -345,7 +345,7 @@ impl<F: Fabric, C: Clock> Worker<F, C> {
         match result {
             Ok(read) => {
                 op.end = Some(end);
-                op.ok = true;
+                op.ok = Some(true);
                 if let Some(read) = read {
                     op.value = match read {
                         ReadValue::Empty => None,

@@ -19,8 +19,8 @@ use swarm_core::fabric::Nanos;
 use swarm_core::header::HEADER_SIZE;
 use swarm_core::layout::Layout;
 use swarm_core::{
-    Batch, Client, Completion, Fabric, FabricError, NodeId, Op, OpStats, ProtocolConfig, ReadValue,
-    RegisterCache, RegisterLoc, Replicas, Ticket, WriteOutcome,
+    Batch, Client, Completion, DeleteOutcome, Fabric, FabricError, NodeId, Op, OpStats,
+    ProtocolConfig, ReadValue, RegisterCache, RegisterLoc, Replicas, Ticket, WriteOutcome,
 };
 use swarm_sim::{Fault, Latency, SimClock, SimConfig, SimFabric, SimRunner, SimWorld, TaskHandle};
 
@@ -52,8 +52,10 @@ pub enum Step {
 pub struct Done {
     /// The value a read returned.
     pub value: Option<String>,
-    /// What a write or delete reported.
+    /// What a write reported.
     pub outcome: Option<WriteOutcome>,
+    /// What a delete reported.
+    pub deleted: Option<DeleteOutcome>,
     /// The protocol error, if the operation failed.
     pub error: Option<String>,
     pub roundtrips: u32,
@@ -163,18 +165,19 @@ impl Script {
                             }
                             ReadValue::Empty | ReadValue::Deleted => None,
                         };
-                        Ok(true)
+                        Ok(Some(true))
                     }
                     Err(e) => Err(e),
                 },
-                Step::Delete => client
-                    .delete(&reg, &mut cache, &stats)
-                    .await
-                    .map(|o| record_outcome(&mut done, o)),
+                Step::Delete => client.delete(&reg, &mut cache, &stats).await.map(|o| {
+                    done.deleted = Some(o);
+                    // Raced: an unknown outcome.
+                    o.removed()
+                }),
                 Step::Write(v) | Step::Insert(v) | Step::Update(v) => client
                     .write(&reg, &mut cache, &stats, v.as_bytes())
                     .await
-                    .map(|o| record_outcome(&mut done, o)),
+                    .map(|o| Some(record_outcome(&mut done, o))),
             };
             done.end = world.now();
             done.roundtrips = stats.roundtrips();

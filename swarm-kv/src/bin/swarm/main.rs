@@ -25,7 +25,7 @@ use clap::{Args, Parser, Subcommand};
 use swarm_core::{Batch, Fabric, NodeId, OpStats, Roundtrip, block_on};
 use swarm_kv::layout::ClusterParams;
 use swarm_kv::ycsb::{BenchConfig, BenchError, BenchReport};
-use swarm_kv::{ShmStore, Store};
+use swarm_kv::{DeleteOutcome, ShmStore, Store};
 
 #[cfg_attr(not(feature = "rdma"), path = "no_rdma.rs")]
 mod rdma;
@@ -378,13 +378,21 @@ fn get<S: Store>(store: &S, key: &str) -> Result<ExitCode> {
 }
 
 fn delete<S: Store>(store: &S, key: &str) -> Result<ExitCode> {
-    if with_client(store, |c, s| {
+    let outcome = with_client(store, |c, s| {
         block_on(c.fabric(), c.delete(key.as_bytes(), s))
-    })? {
-        Ok(ExitCode::SUCCESS)
-    } else {
-        eprintln!("key not found: {key}");
-        Ok(ExitCode::FAILURE)
+    })?;
+    match outcome {
+        DeleteOutcome::Removed => Ok(ExitCode::SUCCESS),
+        DeleteOutcome::Raced => {
+            eprintln!(
+                "{key} is deleted; another delete of it ran at the same time, and which of the two removed the value is undecided"
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        DeleteOutcome::Absent => {
+            eprintln!("key not found: {key}");
+            Ok(ExitCode::FAILURE)
+        }
     }
 }
 
