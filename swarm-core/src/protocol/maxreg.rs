@@ -436,6 +436,10 @@ impl<F: Fabric, C: Clock> Client<F, C> {
                             tsp: t,
                         });
                     }
+                    // The next read asks every replica: wait longer for each in turn,
+                    // so that an intact holder that is slow, or that this client
+                    // suspects, is heard before the retries run out.
+                    patience = patience.saturating_mul(2);
                     continue;
                 }
                 Fetched::NoAnswer => {}
@@ -480,6 +484,8 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         progress: &mut WriteProgress,
     ) -> Result<(), SwarmError> {
         if tsp.is_tombstone() {
+            // Tombstones go to the write-once delete word, never to a metadata word
+            // (`super::delete`); their records carry no value and need no buffer.
             return self.tombstone_round(reg, cache, stats, tsp, None).await;
         }
         // The common case of a read's write-back: a majority already holds `tsp`.
@@ -509,12 +515,10 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         progress: &mut WriteProgress,
         read_first: bool,
     ) -> Result<Tsp, SwarmError> {
-        if tsp.is_tombstone() {
-            // Tombstones go to the write-once delete word, never to a metadata word
-            // (`super::delete`); their records carry no value and need no buffer.
-            self.tombstone_round(reg, cache, stats, tsp, None).await?;
-            return Ok(Tsp::EMPTY);
-        }
+        debug_assert!(
+            !tsp.is_tombstone(),
+            "tombstones go to the delete word (inner_write, super::delete)"
+        );
         let n = reg.replicas.len();
         let q = reg.replicas.quorum();
         let layout = self.layout;
