@@ -83,6 +83,11 @@ pub struct Faults {
     /// ±[`Scenario::max_skew_ns`], so guesses go stale again after every
     /// re-synchronisation and writes take the slow path often (§3.2, §6).
     pub clock_jumps: bool,
+    /// Before about one operation in four, a client starts suspecting a random node
+    /// (as a timeout would make it): clients then contact different majorities
+    /// (§6), so a tuple or tombstone on one client's majority can be missing from
+    /// another's, and racing deletes reach different nodes first.
+    pub suspicions: bool,
     /// A few times during the run, node 1's copy of every out-of-place record (not
     /// the timestamp-lock words) is overwritten, as writes landing later than the
     /// delivery margin would overwrite recycled slots (`swarm_core::reclaim`): a
@@ -106,6 +111,7 @@ impl Faults {
         slow_links: false,
         node_stalls: false,
         clock_jumps: false,
+        suspicions: false,
         wiped_copies: false,
     };
     /// Every fault.
@@ -119,6 +125,7 @@ impl Faults {
         slow_links: true,
         node_stalls: true,
         clock_jumps: true,
+        suspicions: true,
         wiped_copies: false,
     };
 }
@@ -1158,6 +1165,10 @@ async fn lane_task(lane: Lane) {
             client
                 .clock()
                 .set_skew(random_skew(&mut rng, scenario.max_skew_ns));
+        }
+        if scenario.faults.suspicions && rng.chance(0.25) {
+            let node = NodeId(rng.below(u64::from(scenario.replicas)) as u16);
+            client.suspicion().suspect(node, world.now());
         }
         let key = rng.below(u64::from(scenario.keys.max(1))) as u32;
         let action = Action::pick(&scenario, n == 0, &mut rng);

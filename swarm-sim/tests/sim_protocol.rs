@@ -223,6 +223,34 @@ fn a_read_never_returns_an_older_value_than_an_earlier_read() {
     });
 }
 
+/// Racing deletes and reads of one key, with messages late and links slow so that a
+/// delete's tombstone often sits on one node while a read finds it there, writes it
+/// back and returns "deleted", and another delete begins: each delete must report
+/// what it can know (`swarm_core::protocol::delete`). A write-back that put the
+/// tombstone anywhere but in the delete word would let that second delete find the
+/// delete words empty and report that it removed a value already reported gone.
+#[test]
+fn racing_deletes_and_reads_of_one_key_report_linearizable_outcomes() {
+    for_each_seed(300, |seed| {
+        let mut s = adversarial(seed);
+        s.keys = 1;
+        s.faults = Faults {
+            late_messages: true,
+            slow_links: true,
+            slow_spells: true,
+            slow_node: true,
+            node_stalls: true,
+            ..Faults::NONE
+        };
+        s.delete_percent = 30;
+        s.write_percent = 10;
+        s.write_first = true;
+        let outcome = scenario::run(&s).expect("no stall");
+        assert_wait_free(&outcome, s.clients);
+        check(&outcome, "racing deletes and reads");
+    });
+}
+
 /// Deletes and re-inserts amid new-old inversions (one key, slow links, stalls,
 /// skew): an update that reports the key deleted while the tombstone sits on a
 /// minority, then takes effect anyway, or another update that succeeds after it,
