@@ -1394,13 +1394,6 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
                 // deleted: the key was absent when the index was read.
                 return Ok(DeleteOutcome::Absent);
             }
-            if resolved && self.deferred.borrow().holds(located.register) {
-                // This client's own delete of that register returned already, and the
-                // index still maps the key to it: the key is absent. (Deleting it
-                // again would find this writer's tombstone, which cannot tell an
-                // earlier delete from this one, and report `Raced`.)
-                return Ok(DeleteOutcome::Absent);
-            }
             if resolved {
                 self.fence(deadline)?;
             }

@@ -107,11 +107,6 @@ impl DeferredUnmaps {
         true
     }
 
-    /// Whether an unmap of `register` waits here: this client's delete of it returned.
-    pub(super) fn holds(&self, register: RegisterId) -> bool {
-        self.queue.iter().any(|unmap| unmap.register == register)
-    }
-
     fn pop(&mut self) -> Option<PendingUnmap> {
         self.queue.pop_front()
     }
