@@ -129,13 +129,8 @@ impl Operation {
         end: u64,
     ) -> Self {
         Self {
-            client,
-            op,
-            key: key.into(),
-            value: value.map(String::from),
             ok: Some(ok),
-            start,
-            end: Some(end),
+            ..Self::completed_unknown(client, op, key, value, start, end)
         }
     }
 

@@ -67,7 +67,7 @@
 
 use crate::clock::Clock;
 use crate::encoding::{Flag, Timestamp, Tsp, WriterId};
-use crate::fabric::{Batch, Fabric, FabricError};
+use crate::fabric::{Batch, Fabric};
 use crate::roundtrip::OpStats;
 
 use super::register::{MAX_REPLICAS, RegisterCache, RegisterLoc};
@@ -234,13 +234,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
                 .filter(|&p| !failed[p] && !done(p, votes.as_deref()))
                 .collect();
             let need = q - have;
-            if candidates.len() < need {
-                return Err(FabricError::NotEnoughLiveNodes {
-                    needed: need,
-                    live: candidates.len(),
-                }
-                .into());
-            }
+            super::maxreg::enough_candidates(&candidates, need)?;
             let mut rt = self
                 .quorum_step(stats, reg, &candidates, need, |_| {
                     Ok(Batch::cas(addr, Tsp::EMPTY.word(), tomb.word()))

@@ -133,6 +133,19 @@ pub(crate) struct WriteProgress {
     failed: [bool; MAX_REPLICAS],
 }
 
+/// Fails with [`FabricError::NotEnoughLiveNodes`] if fewer than `need` replicas are
+/// left to ask (the others failed, or already answered).
+pub(crate) fn enough_candidates(candidates: &[usize], need: usize) -> Result<(), SwarmError> {
+    if candidates.len() < need {
+        return Err(FabricError::NotEnoughLiveNodes {
+            needed: need,
+            live: candidates.len(),
+        }
+        .into());
+    }
+    Ok(())
+}
+
 impl<F: Fabric, C: Clock> Client<F, C> {
     /// One quorum step: posts `build(p)` to the first `k` of `candidates` (replica
     /// positions in preference order) and waits for `k` replies; if they are slow or
@@ -537,13 +550,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
                 .filter(|&p| !progress.failed[p] && (first || cache.known_max.get(p) < tsp))
                 .collect();
             let need = q - have;
-            if candidates.len() < need {
-                return Err(FabricError::NotEnoughLiveNodes {
-                    needed: need,
-                    live: candidates.len(),
-                }
-                .into());
-            }
+            enough_candidates(&candidates, need)?;
             let mut rt = {
                 let own = cache.own_word.clone();
                 let written = progress.buffer_written;
