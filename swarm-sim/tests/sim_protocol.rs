@@ -251,6 +251,33 @@ fn racing_deletes_and_reads_of_one_key_report_linearizable_outcomes() {
     });
 }
 
+/// The same with more updates and crashing clients: a crashed delete leaves its
+/// tombstone on a minority for good, and an update that finds it there must write it
+/// back before it reports the key deleted (SWARM §5.3.2; otherwise a later read that
+/// misses the tombstone returns a value after the update said the key was gone).
+#[test]
+fn racing_deletes_and_updates_with_crashing_clients_stay_linearizable() {
+    for_each_seed(300, |seed| {
+        let mut s = adversarial(seed);
+        s.keys = 1;
+        s.faults = Faults {
+            late_messages: true,
+            slow_links: true,
+            slow_spells: true,
+            slow_node: true,
+            node_stalls: true,
+            crash_clients: true,
+            ..Faults::NONE
+        };
+        s.delete_percent = 30;
+        s.write_percent = 30;
+        s.write_first = true;
+        let outcome = scenario::run(&s).expect("no stall");
+        assert_wait_free(&outcome, s.clients);
+        check(&outcome, "racing deletes and updates, crashing clients");
+    });
+}
+
 /// Deletes and re-inserts amid new-old inversions (one key, slow links, stalls,
 /// skew): an update that reports the key deleted while the tombstone sits on a
 /// minority, then takes effect anyway, or another update that succeeds after it,

@@ -220,9 +220,11 @@ fn a_tiny_log_is_reused_at_once_yet_no_reader_meets_a_recycled_slot() {
 #[test]
 fn reads_find_an_intact_copy_when_one_node_lost_its_records() {
     let mut met = 0;
-    // 24 seeds: a read that asks only the first holder fails by seed 18, one that
-    // never widens to every replica by seed 9 (scripts/mutants).
-    for_each_seed(24, |seed| {
+    // 100 seeds: a read that asks only the first holder fails by seed 17, one whose
+    // re-reads do not wait longer for every replica by seed 17, one that never
+    // widens to every replica by seed 83 (scripts/mutants; clients that suspect a
+    // random node often reach the intact holder by chance).
+    for_each_seed(100, |seed| {
         let mut s = recycling(seed);
         s.faults = Faults {
             crash_minority: false,
