@@ -230,6 +230,7 @@ fn reads_find_an_intact_copy_when_one_node_lost_its_records() {
             crash_minority: false,
             crash_clients: false,
             wiped_copies: true,
+            suspicions: true,
             ..Faults::ALL
         };
         let outcome = scenario::run(&s).expect("no stall");
