@@ -223,58 +223,55 @@ fn a_read_never_returns_an_older_value_than_an_earlier_read() {
     });
 }
 
-/// Racing deletes and reads of one key, with messages late and links slow so that a
-/// delete's tombstone often sits on one node while a read finds it there, writes it
-/// back and returns "deleted", and another delete begins: each delete must report
-/// what it can know (`swarm_core::protocol::delete`). A write-back that put the
+/// Deletes racing on one key, 30% of the operations, with messages late, links and
+/// nodes slow and batches stalled, so that a delete's tombstone often sits on one
+/// node while other operations find it there: `write_percent` updates, the rest
+/// reads; with `crash_clients`, some deletes never finish.
+fn racing_deletes(seed: u64, label: &str, write_percent: u32, crash_clients: bool) {
+    let mut s = adversarial(seed);
+    s.keys = 1;
+    s.faults = Faults {
+        late_messages: true,
+        slow_links: true,
+        slow_spells: true,
+        slow_node: true,
+        node_stalls: true,
+        crash_clients,
+        ..Faults::NONE
+    };
+    s.delete_percent = 30;
+    s.write_percent = write_percent;
+    s.write_first = true;
+    let outcome = scenario::run(&s).expect("no stall");
+    assert_wait_free(&outcome, s.clients);
+    check(&outcome, label);
+}
+
+/// Racing deletes and reads: a read finds a delete's tombstone on one node, writes it
+/// back and returns "deleted", and another delete begins. Each delete must report
+/// what it can know (`swarm_core::protocol::delete`): a write-back that put the
 /// tombstone anywhere but in the delete word would let that second delete find the
 /// delete words empty and report that it removed a value already reported gone.
 #[test]
 fn racing_deletes_and_reads_of_one_key_report_linearizable_outcomes() {
     for_each_seed(300, |seed| {
-        let mut s = adversarial(seed);
-        s.keys = 1;
-        s.faults = Faults {
-            late_messages: true,
-            slow_links: true,
-            slow_spells: true,
-            slow_node: true,
-            node_stalls: true,
-            ..Faults::NONE
-        };
-        s.delete_percent = 30;
-        s.write_percent = 10;
-        s.write_first = true;
-        let outcome = scenario::run(&s).expect("no stall");
-        assert_wait_free(&outcome, s.clients);
-        check(&outcome, "racing deletes and reads");
+        racing_deletes(seed, "racing deletes and reads", 10, false)
     });
 }
 
-/// The same with more updates and crashing clients: a crashed delete leaves its
+/// Racing deletes and updates with crashing clients: a crashed delete leaves its
 /// tombstone on a minority for good, and an update that finds it there must write it
 /// back before it reports the key deleted (SWARM §5.3.2; otherwise a later read that
 /// misses the tombstone returns a value after the update said the key was gone).
 #[test]
 fn racing_deletes_and_updates_with_crashing_clients_stay_linearizable() {
     for_each_seed(300, |seed| {
-        let mut s = adversarial(seed);
-        s.keys = 1;
-        s.faults = Faults {
-            late_messages: true,
-            slow_links: true,
-            slow_spells: true,
-            slow_node: true,
-            node_stalls: true,
-            crash_clients: true,
-            ..Faults::NONE
-        };
-        s.delete_percent = 30;
-        s.write_percent = 30;
-        s.write_first = true;
-        let outcome = scenario::run(&s).expect("no stall");
-        assert_wait_free(&outcome, s.clients);
-        check(&outcome, "racing deletes and updates, crashing clients");
+        racing_deletes(
+            seed,
+            "racing deletes and updates, crashing clients",
+            30,
+            true,
+        );
     });
 }
 
