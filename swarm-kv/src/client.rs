@@ -1397,27 +1397,28 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
             if resolved {
                 self.fence(deadline)?;
             }
-            let (outcome, votes) = match from_cache.take() {
+            let known = match from_cache.take() {
                 // Still the key's register: its delete's outcome stands.
                 Some((register, _, outcome, votes)) if register == located.register => {
-                    (outcome, votes)
+                    Some((outcome, votes))
                 }
                 // The key moved to another register. If this delete's tombstone may be
                 // first on a majority of the cached one, it may be the delete that
                 // removed the value there, and must not remove another.
                 Some((register, loc, DeleteOutcome::Raced, votes)) => {
                     match self.swarm.first_deleter(&loc, &votes, stats).await? {
-                        FirstDeleter::NotMe => {}
+                        FirstDeleter::NotMe => None,
                         FirstDeleter::Me => return Ok(DeleteOutcome::Raced),
                         FirstDeleter::Unknown => {
                             return Err(KvError::DeleteUndecided { register });
                         }
                     }
-                    self.swarm
-                        .delete_with_votes(&located.loc, &mut located.knowledge, stats)
-                        .await?
                 }
-                _ => {
+                _ => None,
+            };
+            let (outcome, votes) = match known {
+                Some(known) => known,
+                None => {
                     self.swarm
                         .delete_with_votes(&located.loc, &mut located.knowledge, stats)
                         .await?

@@ -50,6 +50,16 @@ fn client(store: &ShmStore, config: KvConfig) -> Client {
     .expect("connect")
 }
 
+/// Three clients of `store` with its default configuration.
+fn three_clients(store: &ShmStore) -> (Client, Client, Client) {
+    let config = store.config();
+    (
+        client(store, config),
+        client(store, config),
+        client(store, config),
+    )
+}
+
 /// The key's register and its replicas in preference order.
 fn replicas(c: &Client, key: &[u8]) -> Vec<NodeId> {
     let f = c.fabric();
@@ -85,11 +95,7 @@ fn stale_cache_behind_a_missed_delete(a: &Client, b: &Client, c: &Client) -> Vec
 fn a_delete_through_a_stale_cache_deletes_the_keys_register_of_now() {
     let dir = ScratchDir::new("kv-stale-delete").unwrap();
     let store = store(&dir);
-    let (a, b, c) = (
-        client(&store, store.config()),
-        client(&store, store.config()),
-        client(&store, store.config()),
-    );
+    let (a, b, c) = three_clients(&store);
     stale_cache_behind_a_missed_delete(&a, &b, &c);
     // `a` finds b's tombstone on the first replica and installs its own on the second:
     // a race, as far as the register can tell. The index says the key moved, and the
@@ -107,11 +113,7 @@ fn a_delete_through_a_stale_cache_deletes_the_keys_register_of_now() {
 fn a_delete_through_a_stale_cache_that_cannot_decide_changes_nothing() {
     let dir = ScratchDir::new("kv-stale-undecided").unwrap();
     let store = store(&dir);
-    let (a, b, c) = (
-        client(&store, store.config()),
-        client(&store, store.config()),
-        client(&store, store.config()),
-    );
+    let (a, b, c) = three_clients(&store);
     let old = stale_cache_behind_a_missed_delete(&a, &b, &c);
     // Now `a` cannot reach the third replica: whether its tombstone is first on a
     // majority of the old register (then it may be the delete that removed the old
