@@ -13,9 +13,12 @@
 //! handed out first, so a client that deletes as much as it inserts claims no new
 //! chunks.
 //!
-//! Once every chunk is claimed, a failed claim scan is not repeated on every insert
-//! (it costs a roundtrip per chunk): the allocator remembers the area as exhausted
-//! and only hands out given-back slots.
+//! A claim scan first reads the chunk table from a majority (one roundtrip) and
+//! claims only chunks that some node of it shows free: a claim waits up to a
+//! straggler window for a node that does not answer, so CASing every chunk with one
+//! node down cost `chunks × 50 ms`. Once every chunk is claimed, a failed scan is not
+//! repeated on every insert: the allocator remembers the area as exhausted and only
+//! hands out given-back slots.
 
 use std::cell::RefCell;
 use std::collections::{HashSet, VecDeque};
@@ -50,6 +53,36 @@ pub async fn claimed_chunks<F: Fabric>(
         }
     }
     Ok(claimed.iter().filter(|c| **c).count() as u64)
+}
+
+/// For each chunk, whether every node of a majority shows it claimed by another
+/// token than `token`: a claim of it cannot win (it needs `0` or `token` on a
+/// majority). `None` if the table could not be read (then every chunk is tried).
+async fn taken_chunks<F: Fabric>(
+    fabric: &F,
+    stats: &OpStats,
+    layout: &NodeLayout,
+    nodes: usize,
+    token: u64,
+) -> Option<Vec<bool>> {
+    let table_bytes = u32::try_from(8 * layout.chunks()).ok()?;
+    let rt = broadcast(fabric, stats, node_ids(nodes), majority(nodes), |_| {
+        Ok(Batch::read(layout.chunks_at, table_bytes))
+    })
+    .await
+    .ok()?;
+    let mut taken = vec![true; layout.chunks() as usize];
+    for (_, completion) in rt.replies() {
+        let words = completion.read(0)?;
+        if words.len() != 8 * taken.len() {
+            return None;
+        }
+        for (flag, word) in taken.iter_mut().zip(words.chunks_exact(8)) {
+            let word = u64::from_le_bytes(word.try_into().ok()?);
+            *flag &= word != 0 && word != token;
+        }
+    }
+    Some(taken)
 }
 
 /// A client's pool of claimed register slots.
@@ -177,6 +210,12 @@ impl RegisterAllocator {
         nodes: usize,
     ) -> Result<(), KvError> {
         let chunks = layout.chunks();
+        // One read of the chunk table first: a claim of a chunk that a majority shows
+        // taken cannot win, and a claim waits up to a straggler window for a node
+        // that does not answer, so a full scan of claims with one node down took
+        // chunks × 50 ms.
+        let token = self.state.borrow().token;
+        let taken = taken_chunks(fabric, stats, layout, nodes, token).await;
         for _ in 0..chunks {
             // Reserve the index before awaiting: no other operation of this client
             // tries the same chunk while this claim is in flight.
@@ -184,7 +223,11 @@ impl RegisterAllocator {
                 let mut s = self.state.borrow_mut();
                 let chunk = s.cursor % chunks;
                 s.cursor = (chunk + 1) % chunks;
-                if s.owned.contains(&chunk) {
+                if s.owned.contains(&chunk)
+                    || taken
+                        .as_ref()
+                        .is_some_and(|t| t.get(chunk as usize) == Some(&true))
+                {
                     continue;
                 }
                 (chunk, s.token)
@@ -256,6 +299,40 @@ mod tests {
         }
         // Four concurrent claims took four chunks; every slot of them is used.
         assert_eq!(seen.len(), 20);
+    }
+
+    /// A client that runs out while every chunk is another's does not CAS them one
+    /// by one (each claim waits a straggler window for a node that does not
+    /// answer): one read of the chunk table tells it no claim can win.
+    #[test]
+    fn a_scan_of_chunks_others_hold_is_one_read() {
+        let layout = layout();
+        let cluster = MemCluster::new(3, layout.end() as usize);
+        let fabric = cluster.client();
+        let other = RegisterAllocator::new(&layout, 2, 0xdef);
+        let stats = OpStats::new();
+        while block_on(&fabric, async {
+            Ok::<_, swarm_core::FabricError>(other.allocate(&fabric, &stats, &layout, 3).await)
+        })
+        .unwrap()
+        .is_ok()
+        {}
+        let me = RegisterAllocator::new(&layout, 1, 0xabc);
+        let stats = OpStats::new();
+        let full = block_on(&fabric, async {
+            Ok::<_, swarm_core::FabricError>(me.allocate(&fabric, &stats, &layout, 3).await)
+        })
+        .unwrap();
+        assert!(
+            matches!(full, Err(KvError::RegistersFull { .. })),
+            "{full:?}"
+        );
+        assert_eq!(
+            stats.roundtrips(),
+            1,
+            "one read of the chunk table, no claim"
+        );
+        assert!(me.exhausted());
     }
 
     #[test]
