@@ -64,7 +64,7 @@ use crate::configuration::Configuration;
 use crate::index::{Index, IndexConfig, IndexError, InsertOutcome};
 use crate::layout::{NodeLayout, decode_payload, encode_key_header, encode_payload};
 use crate::lease_renewal::{LeaseHolder, renew_now};
-use crate::recycle::{RecycleStats, Recycler, Retired};
+use crate::recycle::{RecycleStats, Recycler, ReplicaStatus, Retired};
 use crate::register_alloc::RegisterAllocator;
 use crate::writer_ids::{self, Registration, Resume};
 use crate::{KvError, RegisterId};
@@ -81,11 +81,12 @@ const MAX_RETRIES: u32 = 16;
 const RECLAIM_BUDGET: usize = 8;
 
 /// How long an insert waits for a register while a repair is announced, at most:
-/// from the announcement to the admission, resets need the node being rebuilt
-/// (`crate::recycle`, "a node out of service"), so registers come back only once it
-/// is admitted (a repair's wait and copy: seconds). A repair that failed after its
-/// announcement leaves the bit set until another one completes; inserts then fail
-/// with `RegistersFull` after this long.
+/// from the announcement to the admission, registers come back only once the
+/// repair copied them to the node it rebuilds (`crate::journal`), or, on a cluster
+/// without a journal, once the node is admitted (a repair's wait and copy:
+/// seconds). A repair that failed after its announcement leaves the bit set until
+/// another one completes; inserts that find no register then fail with
+/// `RegistersFull` after this long.
 const REPAIR_WAIT_NS: Nanos = 30_000_000_000;
 
 /// The register protocol a client uses: SWARM, or one of the paper's baselines (§7),
@@ -409,6 +410,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
             index,
             recycler: Recycler::new(
                 layout.params.register_grace_ns(),
+                registration.writer,
                 token,
                 crate::limbo::holder_tag(registration.writer, token),
             ),
@@ -820,7 +822,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
             &self.layout,
             may_start,
             |r| self.register_loc(r).ok(),
-            |node| self.reset_may_skip(node),
+            |node| self.replica_status(node),
         );
         for register in ready {
             self.alloc.give_back(register);
@@ -836,23 +838,37 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
             .is_some_and(|config| config.repairing != 0)
     }
 
-    /// Whether a register reset may leave out `node` (`crate::recycle`, "a node out
-    /// of service"): the memory of its member incarnation, in the configuration this
-    /// client follows, is known lost, no repair of it is announced there, and no lease
-    /// renewal has shown a newer configuration since (a repair's announcement reaches
-    /// this client through its renewals; `crate::repair`, steps 1 and 2).
-    fn reset_may_skip(&self, node: NodeId) -> bool {
+    /// What a register reset does about `node` (`crate::recycle`, "a node out of
+    /// service"). It may leave the node out only when the memory of its member
+    /// incarnation, in the configuration this client follows, is known lost and no
+    /// lease renewal has shown a newer configuration since (a repair's announcement
+    /// reaches this client through its renewals; `crate::repair`, steps 1 and 2).
+    /// Then, with no repair of the node announced, the reset simply does without
+    /// it; with one announced, it goes through the repair journal
+    /// ([`crate::journal`]), or waits on a cluster without one.
+    fn replica_status(&self, node: NodeId) -> ReplicaStatus {
         let followed = self.followed.borrow();
         let Some(config) = followed.as_ref() else {
-            return false;
+            return ReplicaStatus::InService;
         };
         let Some(&member) = config.incarnations.get(node.index()) else {
-            return false;
+            return ReplicaStatus::InService;
         };
-        config.epoch > 0
-            && !config.is_repairing(node.index())
-            && self.lease.borrow().config_epoch_seen() <= config.epoch
-            && self.swarm.fabric().memory_lost(node, member)
+        if config.epoch == 0 || !self.swarm.fabric().memory_lost(node, member) {
+            return ReplicaStatus::InService;
+        }
+        if self.lease.borrow().config_epoch_seen() > config.epoch {
+            return ReplicaStatus::Undecided;
+        }
+        if !config.is_repairing(node.index()) {
+            return ReplicaStatus::Lost;
+        }
+        match crate::journal::journal_node(node, self.nodes) {
+            Some(journal) if self.layout.journal_at.is_some() => {
+                ReplicaStatus::Repairing { journal }
+            }
+            _ => ReplicaStatus::Undecided,
+        }
     }
 
     /// A pre-cleared register for an insert. When every chunk is claimed and the
@@ -865,11 +881,11 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         let mut give_up = started.saturating_add(self.recycler.grace_ns().saturating_mul(2));
         loop {
             self.recycle_step();
-            match self
+            let r = self
                 .alloc
                 .allocate(fabric, stats, &self.layout, self.nodes)
-                .await
-            {
+                .await;
+            match r {
                 Err(KvError::RegistersFull { .. })
                     if self.recycler.in_limbo() == 0
                         && fabric.now() >= self.next_adoption.get() =>

@@ -8,6 +8,7 @@
 //! 0            node header (swarm_core::header): magic, node id, epoch, tick, ...
 //! 4 KiB        KV superblock: the cluster parameters below, with a checksum
 //! client table one 64-byte row per writer id: claim word, lease word, pid
+//! journal      one repair-journal row per writer id (superblock version 5, crate::journal)
 //! chunk table  one claim word per chunk of registers (two-level allocation, FUSEE §4.4)
 //! index        the replicated hash index (see crate::index)
 //! registers    register slots: [key header | SWARM register (in-place block, W words)]
@@ -45,9 +46,10 @@ pub const BUCKET_BYTES: u64 = 64;
 pub const KV_MAGIC: [u8; 8] = *b"SWARMKV\0";
 /// Superblock format version written by this build (2: lease parameters and the
 /// operation deadline; 3: the flags word, whose bit 0 says the node has a log-summary
-/// area; 4: bit 1 of the flags word, tick ceilings in the client table). Versions 1
-/// to 3 are still read, with the defaults, no summaries (1, 2) and no tick ceilings.
-pub const KV_VERSION: u32 = 4;
+/// area; 4: bit 1 of the flags word, tick ceilings in the client table; 5: bit 2,
+/// the repair journal). Versions 1 to 4 are still read, with the defaults, no
+/// summaries (1, 2), no tick ceilings (1 to 3) and no repair journal (1 to 4).
+pub const KV_VERSION: u32 = 5;
 /// Bit of the superblock's flags word: the layout has a log-summary area.
 pub const FLAG_LOG_SUMMARIES: u64 = 1;
 /// Bit of the superblock's flags word: every client keeps a tick ceiling in its
@@ -55,6 +57,10 @@ pub const FLAG_LOG_SUMMARIES: u64 = 1;
 /// resumes its log without reading it first. Only builds that keep the ceiling
 /// read a cluster with this bit (version 4 and later).
 pub const FLAG_TICK_CEILINGS: u64 = 2;
+/// Bit of the superblock's flags word: the layout has a repair journal after the
+/// client table ([`crate::journal`]), so that registers keep coming back while a
+/// repair rebuilds a node (version 5 and later).
+pub const FLAG_REPAIR_JOURNAL: u64 = 4;
 /// Bytes of an encoded superblock (version 2; version 1 used the first 64).
 pub const SUPERBLOCK_ENCODED_BYTES: usize = 128;
 /// Default lease duration (`swarm init --lease`).
@@ -178,6 +184,11 @@ pub struct ClusterParams {
     /// a crashed one then resumes its log lazily, starting above the ceiling,
     /// instead of reading the whole log first ([`crate::writer_ids`]).
     pub tick_ceilings: bool,
+    /// Whether the layout has a repair journal (superblock version 5 and later):
+    /// while a repair rebuilds a node, clients reset recycled registers without it
+    /// and have the repair bring the rebuilt copy along through the journal
+    /// ([`crate::journal`]); without the journal, resets wait for the admission.
+    pub repair_journal: bool,
 }
 
 /// Defaults for `swarm init`.
@@ -200,6 +211,7 @@ impl Default for ClusterParams {
             delivery_margin_ns: swarm_core::reclaim::DEFAULT_DELIVERY_MARGIN_NS,
             log_summaries: true,
             tick_ceilings: true,
+            repair_journal: true,
         }
     }
 }
@@ -342,6 +354,10 @@ impl ClusterParams {
             FLAG_TICK_CEILINGS
         } else {
             0
+        } | if self.repair_journal {
+            FLAG_REPAIR_JOURNAL
+        } else {
+            0
         };
         out[96..104].copy_from_slice(&flags.to_le_bytes());
         let sum = xxh3_64(&out[..120]);
@@ -361,7 +377,7 @@ impl ClusterParams {
             .ok_or(ParamsError::NotInitialized)?;
         let encoded = match version {
             1 => 64,
-            2 | 3 | KV_VERSION => SUPERBLOCK_ENCODED_BYTES,
+            2..=KV_VERSION => SUPERBLOCK_ENCODED_BYTES,
             other => return Err(ParamsError::Version(other)),
         };
         let bytes: &[u8; SUPERBLOCK_ENCODED_BYTES] = &{
@@ -396,6 +412,7 @@ impl ClusterParams {
         // Flags a later version may add are refused by the version check above.
         let log_summaries = version >= 3 && u64_at(96) & FLAG_LOG_SUMMARIES != 0;
         let tick_ceilings = version >= 4 && u64_at(96) & FLAG_TICK_CEILINGS != 0;
+        let repair_journal = version >= 5 && u64_at(96) & FLAG_REPAIR_JOURNAL != 0;
         let params = Self {
             key_max: u32_at(12),
             value_max: u32_at(16),
@@ -413,6 +430,7 @@ impl ClusterParams {
             delivery_margin_ns,
             log_summaries,
             tick_ceilings,
+            repair_journal,
         };
         params.validate()?;
         Ok(params)
@@ -426,6 +444,9 @@ pub struct NodeLayout {
     pub params: ClusterParams,
     /// First client-table row.
     pub clients_at: u64,
+    /// First writer's repair-journal row, if the cluster has the journal
+    /// ([`ClusterParams::repair_journal`]).
+    pub journal_at: Option<u64>,
     /// First chunk-claim word.
     pub chunks_at: u64,
     /// First index bucket.
@@ -446,10 +467,14 @@ impl NodeLayout {
     pub fn new(params: ClusterParams) -> Result<Self, ParamsError> {
         params.validate()?;
         let clients_at = SUPERBLOCK_AT + SUPERBLOCK_BYTES;
-        let chunks_at = align(
-            clients_at + u64::from(params.writers) * CLIENT_ROW_BYTES,
-            AREA_ALIGN,
-        );
+        let clients_end = clients_at + u64::from(params.writers) * CLIENT_ROW_BYTES;
+        let journal_at = params
+            .repair_journal
+            .then(|| align(clients_end, AREA_ALIGN));
+        let journal_end = journal_at.map_or(clients_end, |at| {
+            at + u64::from(params.writers) * crate::journal::ROW_BYTES
+        });
+        let chunks_at = align(journal_end, AREA_ALIGN);
         let chunks = params.registers.div_ceil(u64::from(params.chunk_registers));
         let index_at = align(chunks_at + 8 * chunks, AREA_ALIGN);
         let registers_at = align(index_at + params.index_buckets * BUCKET_BYTES, AREA_ALIGN);
@@ -479,6 +504,7 @@ impl NodeLayout {
         Ok(Self {
             params,
             clients_at,
+            journal_at,
             chunks_at,
             index_at,
             registers_at,
@@ -524,6 +550,14 @@ impl NodeLayout {
     /// Address of client-table row `writer`.
     pub fn client_row(&self, writer: u16) -> u64 {
         self.clients_at + u64::from(writer) * CLIENT_ROW_BYTES
+    }
+
+    /// Address of slot `slot` of writer `writer`'s repair-journal row, if the
+    /// cluster has the journal and both exist ([`crate::journal`]).
+    pub fn journal_slot(&self, writer: u16, slot: usize) -> Option<u64> {
+        let at = self.journal_at?;
+        (writer < self.params.writers && slot < crate::journal::SLOTS)
+            .then(|| at + u64::from(writer) * crate::journal::ROW_BYTES + 8 * slot as u64)
     }
 
     /// Address of index bucket `bucket`.
@@ -672,6 +706,7 @@ mod tests {
         let p = ClusterParams {
             log_summaries: false,
             tick_ceilings: false,
+            repair_journal: false,
             ..ClusterParams::default()
         }
         .for_node_size(64 << 20)
@@ -718,6 +753,31 @@ mod tests {
             ClusterParams::decode(&v4.encode()).unwrap().tick_ceilings,
             "version 4 carries the flag"
         );
+        // A version-4 superblock has no repair journal, whatever its flags say; a
+        // version-5 one carries the flag, and the journal sits between the client
+        // table and the chunk table.
+        let v5 = ClusterParams {
+            repair_journal: true,
+            ..v4
+        };
+        let mut as_v4 = v5.encode();
+        as_v4[8..12].copy_from_slice(&4u32.to_le_bytes());
+        let sum = xxh3_64(&as_v4[..120]);
+        as_v4[120..128].copy_from_slice(&sum.to_le_bytes());
+        let old = ClusterParams::decode(&as_v4).unwrap();
+        assert!(old.tick_ceilings && !old.repair_journal);
+        assert_eq!(NodeLayout::new(old).unwrap().journal_at, None);
+        let new = ClusterParams::decode(&v5.encode()).unwrap();
+        assert!(new.repair_journal, "version 5 carries the flag");
+        let l5 = NodeLayout::new(new).unwrap();
+        let first = l5.journal_slot(0, 0).unwrap();
+        let last = l5
+            .journal_slot(new.writers - 1, crate::journal::SLOTS - 1)
+            .unwrap();
+        assert!(first >= l5.clients_at + u64::from(new.writers) * CLIENT_ROW_BYTES);
+        assert!(last + 8 <= l5.chunks_at);
+        assert_eq!(l5.journal_slot(new.writers, 0), None);
+        assert_eq!(l5.journal_slot(0, crate::journal::SLOTS), None);
     }
 
     #[test]

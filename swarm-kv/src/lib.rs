@@ -31,6 +31,7 @@ pub mod configuration;
 pub mod duration;
 mod error;
 pub mod index;
+pub mod journal;
 pub mod layout;
 pub mod lease;
 pub mod lease_renewal;

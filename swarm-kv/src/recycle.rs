@@ -61,17 +61,22 @@
 //! registers while a node waits for its repair.
 //!
 //! The repair is what makes it safe, and it needs one thing from resets: none may
-//! land on the donors after the copy read them, or the rebuilt node would keep the
-//! register's old words (a tombstone at the top timestamp) under the next key. A
-//! repair therefore *announces* itself (configuration `e + 1` with the node's
-//! repairing bit) before its quiescence wait; a client leaves the node out of a
-//! reset only while the configuration it follows is the newest its lease renewals
-//! have shown and has no repairing bit for the node. A client whose lease is still
-//! valid at the end of the wait renewed after the announcement (the lease
-//! argument), so from then on its resets need the node again (they fail until the
-//! admission, and retry after another grace), and resets posted before have landed
-//! within the delivery margin, which the wait includes. A client with a lapsed lease
-//! starts no reset at all (`may_start`).
+//! land on the donors after the copy read them unless the repair copies the
+//! register again, or the rebuilt node would keep the register's old words (a
+//! tombstone at the top timestamp) under the next key. A repair therefore
+//! *announces* itself (configuration `e + 1` with the node's repairing bit) before
+//! its quiescence wait. A client leaves the node out of a reset plainly
+//! ([`ReplicaStatus::Lost`]) only while the configuration it follows is the newest
+//! its lease renewals have shown and has no repairing bit for the node. A client
+//! whose lease is still valid at the end of the wait renewed after the
+//! announcement (the lease argument), so resets posted before have landed within
+//! the delivery margin, which the wait includes, and from then on its resets go
+//! through the *repair journal* ([`ReplicaStatus::Repairing`], [`crate::journal`]):
+//! reset on the others, the register waits until the repair copied it to the node
+//! (or until the node is admitted and this client reset it there), then comes back.
+//! On a cluster without a journal (superblock version 4 and older) they wait for the
+//! admission instead. A client with a lapsed lease starts no reset at all
+//! (`may_start`).
 //!
 //! # Why a reused register is never confused with its old life
 //!
@@ -154,6 +159,39 @@ pub struct RecycleStats {
     /// Of `recycled`, registers reset without a replica whose memory was lost (the
     /// node out of service, "a node out of service" in the module docs).
     pub reset_without_lost: u64,
+    /// Of `reset_without_lost`, registers whose reset a repair brought to the node
+    /// it was rebuilding through the journal, or that this client reset there after
+    /// the admission ([`crate::journal`]).
+    pub reset_through_journal: u64,
+}
+
+/// What a reset does about a replica that did not take it (asked of the owner,
+/// `KvClient::replica_status`; see the module docs, "a node out of service").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReplicaStatus {
+    /// In service: the reset needs it (a failed reset is tried again after a grace).
+    InService,
+    /// Its memory is lost and no repair of it is announced: the reset does without
+    /// it (the repair's copy will read the reset from the others).
+    Lost,
+    /// Its memory is lost and a repair of it is announced: the reset does without
+    /// it, and the register waits until the repair copied it to the node through
+    /// the journal on node `journal` ([`crate::journal`]), or until the node is in
+    /// service again and this client reset it there.
+    Repairing {
+        /// The journal node ([`crate::journal::journal_node`]).
+        journal: NodeId,
+    },
+    /// Not known yet (a newer configuration is pending, or a repair is announced on
+    /// a cluster without a journal): the reset waits for it.
+    Undecided,
+}
+
+impl ReplicaStatus {
+    /// Whether a reset may complete without this replica.
+    fn skippable(self) -> bool {
+        matches!(self, Self::Lost | Self::Repairing { .. })
+    }
 }
 
 #[derive(Debug)]
@@ -171,10 +209,75 @@ struct Reset {
     failed: Vec<NodeId>,
 }
 
+/// A register reset on every replica but one being rebuilt (see [`crate::journal`]).
+#[derive(Debug)]
+struct Journaled {
+    register: RegisterId,
+    /// The node being rebuilt.
+    node: NodeId,
+    stage: Stage,
+}
+
+#[derive(Debug)]
+enum Stage {
+    /// Waiting for a free slot in this client's journal row.
+    NoSlot,
+    /// The entry's CAS into `slot` on `journal` is in flight.
+    Posting {
+        journal: NodeId,
+        slot: usize,
+        ticket: Ticket,
+    },
+    /// In the journal on `journal`, waiting for the repair to clear it. Only row
+    /// reads numbered above `since` (posted after the entry landed) can tell.
+    Posted {
+        journal: NodeId,
+        slot: usize,
+        since: u64,
+    },
+    /// The node is in service again: this client resets the register there.
+    ResettingNode {
+        slot: Option<(NodeId, usize)>,
+        ticket: Ticket,
+    },
+}
+
+/// This client's row of the repair journal (see [`crate::journal`]).
+#[derive(Debug)]
+struct JournalRow {
+    /// Slots this incarnation may write (zero as far as it knows).
+    free: Vec<usize>,
+    /// A read of the row in flight: where, and its number.
+    reading: Option<(NodeId, Ticket, u64)>,
+    /// Row reads posted so far.
+    reads_posted: u64,
+    /// When the row may be read again.
+    next_read: Nanos,
+    /// Slot clears in flight after the node was admitted.
+    clearing: Vec<(usize, Ticket)>,
+}
+
+impl Default for JournalRow {
+    fn default() -> Self {
+        Self {
+            free: (0..crate::journal::SLOTS).rev().collect(),
+            reading: None,
+            reads_posted: 0,
+            next_read: 0,
+            clearing: Vec::new(),
+        }
+    }
+}
+
+/// How often a client waiting for the repair reads its journal row.
+const JOURNAL_POLL_NS: Nanos = 1_000_000;
+
 #[derive(Debug, Default)]
 struct State {
     limbo: VecDeque<Limbo>,
     resetting: Vec<Reset>,
+    journaled: Vec<Journaled>,
+    row: JournalRow,
     /// Retire marks in flight (`Recycler::mark`).
     marking: Vec<(NodeId, Ticket)>,
     stats: RecycleStats,
@@ -184,6 +287,8 @@ struct State {
 #[derive(Debug)]
 pub struct Recycler {
     grace_ns: Nanos,
+    /// The owner's writer id (its journal row).
+    writer: u16,
     /// The owner's incarnation token, left in every register it resets (the old
     /// holder mark, see [`reset_batch`]).
     holder: u64,
@@ -194,10 +299,12 @@ pub struct Recycler {
 
 impl Recycler {
     /// A recycler that waits `grace_ns` before resetting a retired register, for the
-    /// client incarnation whose token is `holder` and holder tag `tag`.
-    pub fn new(grace_ns: Nanos, holder: u64, tag: u32) -> Self {
+    /// client incarnation of writer id `writer` whose token is `holder` and holder
+    /// tag `tag`.
+    pub fn new(grace_ns: Nanos, writer: u16, holder: u64, tag: u32) -> Self {
         Self {
             grace_ns,
+            writer,
             holder,
             tag,
             state: RefCell::new(State::default()),
@@ -275,10 +382,11 @@ impl Recycler {
         self.state.borrow().stats
     }
 
-    /// Registers retired and not yet handed back (in limbo or being reset).
+    /// Registers retired and not yet handed back (in limbo, being reset, or waiting
+    /// for a repair to copy them, [`crate::journal`]).
     pub fn in_limbo(&self) -> usize {
         let s = self.state.borrow();
-        s.limbo.len() + s.resetting.len()
+        s.limbo.len() + s.resetting.len() + s.journaled.len()
     }
 
     /// When the oldest retired register is due for its reset, if any is waiting.
@@ -286,9 +394,11 @@ impl Recycler {
         self.state.borrow().limbo.front().map(|l| l.due)
     }
 
-    /// Whether resets are in flight (a caller waiting for a register polls again).
+    /// Whether resets are in flight or wait for a repair (a caller waiting for a
+    /// register polls again).
     pub fn resetting(&self) -> bool {
-        !self.state.borrow().resetting.is_empty()
+        let s = self.state.borrow();
+        !s.resetting.is_empty() || !s.journaled.is_empty()
     }
 
     /// Retires `register` at time `now` (see the module docs for who may).
@@ -315,22 +425,26 @@ impl Recycler {
     /// ended, and a reclaimer that adopts its chunks (`crate::orphans`) can rely on
     /// the lease argument (`crate::lease`) for resets too.
     ///
-    /// `may_skip(node)`: whether a reset that failed on `node` may do without it, its
-    /// memory being lost and out of service with no repair announced (see the module
-    /// docs, "a node out of service"). Asked when the other replicas have answered.
+    /// `status(node)`: what a reset does about `node` when it failed there or the
+    /// other replicas have answered ([`ReplicaStatus`]; see the module docs, "a node
+    /// out of service").
     pub fn step<F: Fabric>(
         &self,
         fabric: &F,
         layout: &NodeLayout,
         may_start: bool,
         loc: impl Fn(RegisterId) -> Option<RegisterLoc>,
-        may_skip: impl Fn(NodeId) -> bool,
+        status: impl Fn(NodeId) -> ReplicaStatus,
     ) -> Vec<RegisterId> {
         if !self.state.borrow().marking.is_empty() {
             self.marks_in_flight(fabric);
         }
         let mut s = self.state.borrow_mut();
-        if s.limbo.is_empty() && s.resetting.is_empty() {
+        if s.limbo.is_empty()
+            && s.resetting.is_empty()
+            && s.journaled.is_empty()
+            && s.row.clearing.is_empty()
+        {
             // The common case: no clock read.
             return Vec::new();
         }
@@ -379,7 +493,11 @@ impl Recycler {
             });
             // A lost node out of service may never answer (a silent RDMA node):
             // once only such nodes are pending, they count as failed.
-            if !reset.pending.iter().all(|&(node, _)| may_skip(node)) {
+            if !reset
+                .pending
+                .iter()
+                .all(|&(node, _)| status(node).skippable())
+            {
                 i += 1;
                 continue;
             }
@@ -387,32 +505,47 @@ impl Recycler {
                 fabric.forget(ticket);
                 reset.failed.push(node);
             }
-            let mut done = s.resetting.swap_remove(i);
+            let done = s.resetting.swap_remove(i);
             // Every other replica answered: those of lost nodes out of service are
-            // left to the repair that will rebuild them.
-            let failed_replicas = done.failed.len();
-            done.failed.retain(|&node| {
-                let skip = may_skip(node);
-                if skip {
-                    tracing::debug!(
-                        register = done.register,
-                        node = node.index(),
-                        "recycler: reset without a lost node out of service (its repair rebuilds it)"
-                    );
-                }
-                !skip
-            });
-            let skipped = failed_replicas > done.failed.len();
-            if !done.failed.is_empty() {
+            // left to the repair that rebuilds them.
+            let statuses: Vec<(NodeId, ReplicaStatus)> = done
+                .failed
+                .iter()
+                .map(|&node| (node, status(node)))
+                .collect();
+            let repairing: Vec<NodeId> = statuses
+                .iter()
+                .filter(|(_, st)| matches!(st, ReplicaStatus::Repairing { .. }))
+                .map(|&(node, _)| node)
+                .collect();
+            if statuses.iter().any(|(_, st)| !st.skippable()) || repairing.len() > 1 {
                 // Some replica may keep the old metadata: try again after a grace.
                 s.stats.reset_failures += 1;
                 s.limbo.push_back(Limbo {
                     register: done.register,
                     due: now.saturating_add(self.grace_ns),
                 });
+            } else if let Some(&node) = repairing.first() {
+                tracing::debug!(
+                    register = done.register,
+                    node = node.index(),
+                    "recycler: reset without a node being rebuilt; journaled for its repair"
+                );
+                s.journaled.push(Journaled {
+                    register: done.register,
+                    node,
+                    stage: Stage::NoSlot,
+                });
             } else {
+                for (node, _) in &statuses {
+                    tracing::debug!(
+                        register = done.register,
+                        node = node.index(),
+                        "recycler: reset without a lost node out of service (its repair rebuilds it)"
+                    );
+                }
                 s.stats.recycled += 1;
-                s.stats.reset_without_lost += u64::from(skipped);
+                s.stats.reset_without_lost += u64::from(!statuses.is_empty());
                 tracing::trace!(
                     register = done.register,
                     "register reset on every replica: recycled"
@@ -420,7 +553,221 @@ impl Recycler {
                 ready.push(done.register);
             }
         }
+        if !s.journaled.is_empty() || !s.row.clearing.is_empty() {
+            self.journal_step(&mut s, fabric, layout, may_start, &status, now, &mut ready);
+        }
         ready
+    }
+
+    /// Moves the registers waiting for a repair along (see [`crate::journal`]): posts
+    /// their entries, reads this client's row to see which the repair cleared, and
+    /// once the node is in service again resets them there. Registers done go to
+    /// `ready`.
+    #[allow(clippy::too_many_arguments)]
+    fn journal_step<F: Fabric>(
+        &self,
+        s: &mut State,
+        fabric: &F,
+        layout: &NodeLayout,
+        may_start: bool,
+        status: &impl Fn(NodeId) -> ReplicaStatus,
+        now: Nanos,
+        ready: &mut Vec<RegisterId>,
+    ) {
+        let State {
+            journaled,
+            row,
+            stats,
+            limbo,
+            ..
+        } = s;
+        // Slot clears after an admission.
+        row.clearing
+            .retain(|&(slot, ticket)| match fabric.poll(ticket) {
+                Poll::Pending => true,
+                Poll::Ready(_) => {
+                    row.free.push(slot);
+                    false
+                }
+            });
+        // The row read: which posted entries the repair cleared.
+        let mut cleared: Vec<(NodeId, usize)> = Vec::new();
+        if let Some((journal, ticket, number)) = row.reading
+            && let Poll::Ready(result) = fabric.poll(ticket)
+        {
+            row.reading = None;
+            if let Ok(completion) = result
+                && let Some(bytes) = completion.read(0)
+            {
+                for j in journaled.iter() {
+                    if let Stage::Posted {
+                        journal: at,
+                        slot,
+                        since,
+                    } = j.stage
+                        && at == journal
+                        && number > since
+                        && bytes
+                            .get(8 * slot..8 * slot + 8)
+                            .and_then(|w| w.try_into().ok())
+                            .map(u64::from_le_bytes)
+                            // Exactly zero: the repair's CAS cleared it. Anything else
+                            // but the entry is a read torn by that CAS (not cleared yet).
+                            .is_some_and(|word| word == 0)
+                    {
+                        cleared.push((at, slot));
+                    }
+                }
+            }
+        }
+        let mut poll_row: Option<NodeId> = None;
+        let mut i = 0;
+        while i < journaled.len() {
+            let j = &mut journaled[i];
+            let node_status = status(j.node);
+            let mut done = false;
+            let mut back_to_limbo = false;
+            match j.stage {
+                Stage::Posted { journal, slot, .. } if cleared.contains(&(journal, slot)) => {
+                    // The repair copied the register to the node, then cleared it.
+                    row.free.push(slot);
+                    done = true;
+                }
+                Stage::Posting {
+                    journal,
+                    slot,
+                    ticket,
+                } => match fabric.poll(ticket) {
+                    Poll::Pending => {}
+                    Poll::Ready(Ok(c)) if c.cas(0) == Some(0) => {
+                        j.stage = Stage::Posted {
+                            journal,
+                            slot,
+                            since: row.reads_posted,
+                        };
+                    }
+                    Poll::Ready(Ok(_)) => {
+                        // A slot an earlier incarnation left: not this one's.
+                        tracing::debug!(slot, "journal slot in use by an earlier incarnation");
+                        j.stage = Stage::NoSlot;
+                    }
+                    Poll::Ready(Err(error)) => {
+                        // The entry may or may not be there: the slot stays out of
+                        // use, the register goes through a whole reset again.
+                        tracing::debug!(register = j.register, %error, "journal entry failed");
+                        back_to_limbo = true;
+                    }
+                },
+                Stage::ResettingNode { slot, ticket } => match fabric.poll(ticket) {
+                    Poll::Pending => {}
+                    Poll::Ready(result) => {
+                        if let Some((journal, slot)) = slot {
+                            match layout.journal_slot(self.writer, slot) {
+                                Some(at) => row.clearing.push((
+                                    slot,
+                                    fabric.post(
+                                        journal,
+                                        Batch::cas(at, crate::journal::entry(j.register), 0),
+                                    ),
+                                )),
+                                None => row.free.push(slot),
+                            }
+                        }
+                        match result {
+                            Ok(_) => done = true,
+                            Err(error) => {
+                                tracing::debug!(register = j.register, %error, "reset on the admitted node failed");
+                                back_to_limbo = true;
+                            }
+                        }
+                    }
+                },
+                Stage::NoSlot | Stage::Posted { .. } => match node_status {
+                    ReplicaStatus::Repairing { journal } => {
+                        if let Stage::Posted { journal: at, .. } = j.stage {
+                            poll_row = Some(at);
+                        } else if may_start && let Some(slot) = row.free.pop() {
+                            match layout.journal_slot(self.writer, slot) {
+                                Some(at) => {
+                                    let ticket = fabric.post(
+                                        journal,
+                                        Batch::cas(at, 0, crate::journal::entry(j.register)),
+                                    );
+                                    j.stage = Stage::Posting {
+                                        journal,
+                                        slot,
+                                        ticket,
+                                    };
+                                }
+                                None => back_to_limbo = true,
+                            }
+                        }
+                    }
+                    // In service again (admitted): reset the register there, under a
+                    // valid lease like every reset.
+                    ReplicaStatus::InService if may_start => {
+                        match reset_batch(layout, j.register, self.holder, self.tag) {
+                            Some(batch) => {
+                                let slot = match j.stage {
+                                    Stage::Posted { journal, slot, .. } => Some((journal, slot)),
+                                    _ => None,
+                                };
+                                j.stage = Stage::ResettingNode {
+                                    slot,
+                                    ticket: fabric.post(j.node, batch),
+                                };
+                            }
+                            None => back_to_limbo = true,
+                        }
+                    }
+                    // Lost with no repair announced any more: a later repair's copy
+                    // reads the reset from the others.
+                    ReplicaStatus::Lost => {
+                        if let Stage::Posted { slot, .. } = j.stage {
+                            // The entry stays for that repair to service; the slot is
+                            // not reused by this incarnation.
+                            tracing::debug!(slot, "journal entry left for a later repair");
+                        }
+                        done = true;
+                    }
+                    ReplicaStatus::InService | ReplicaStatus::Undecided => {}
+                },
+            }
+            if done || back_to_limbo {
+                let j = journaled.swap_remove(i);
+                if done {
+                    stats.recycled += 1;
+                    stats.reset_without_lost += 1;
+                    stats.reset_through_journal += 1;
+                    tracing::trace!(
+                        register = j.register,
+                        "register reset, the rebuilt node included: recycled"
+                    );
+                    ready.push(j.register);
+                } else {
+                    stats.reset_failures += 1;
+                    limbo.push_back(Limbo {
+                        register: j.register,
+                        due: now.saturating_add(self.grace_ns),
+                    });
+                }
+            } else {
+                i += 1;
+            }
+        }
+        if let Some(journal) = poll_row
+            && row.reading.is_none()
+            && now >= row.next_read
+            && let Some(at) = layout.journal_slot(self.writer, 0)
+        {
+            row.next_read = now.saturating_add(JOURNAL_POLL_NS);
+            row.reads_posted += 1;
+            row.reading = Some((
+                journal,
+                fabric.post(journal, Batch::read(at, crate::journal::ROW_BYTES as u32)),
+                row.reads_posted,
+            ));
+        }
     }
 
     /// Forgets the resets and marks in flight (the client is going away: its limbo and
@@ -434,6 +781,20 @@ impl Recycler {
             for (_, ticket) in reset.pending {
                 fabric.forget(ticket);
             }
+        }
+        for j in s.journaled.drain(..) {
+            match j.stage {
+                Stage::Posting { ticket, .. } | Stage::ResettingNode { ticket, .. } => {
+                    fabric.forget(ticket)
+                }
+                Stage::NoSlot | Stage::Posted { .. } => {}
+            }
+        }
+        if let Some((_, ticket, _)) = s.row.reading.take() {
+            fabric.forget(ticket);
+        }
+        for (_, ticket) in s.row.clearing.drain(..) {
+            fabric.forget(ticket);
         }
     }
 }

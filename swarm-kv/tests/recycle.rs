@@ -726,9 +726,28 @@ fn write_config_to(store: &ShmStore, config: &Configuration, nodes: &[u16]) {
     }
 }
 
+/// Nonzero entries in node 0's repair journal (`swarm_kv::journal`).
+fn journal_entries(store: &ShmStore) -> usize {
+    let layout = store.layout();
+    let f = store.fabric();
+    let len = u64::from(layout.params.writers) * swarm_kv::journal::ROW_BYTES;
+    let t = f.post(
+        NodeId(0),
+        Batch::read(layout.journal_at.expect("a journal"), len as u32),
+    );
+    let c = block_on(&f, core::future::poll_fn(|_| f.poll(t))).expect("journal read");
+    c.read(0)
+        .unwrap()
+        .chunks_exact(8)
+        .filter(|w| w.iter().any(|&b| b != 0))
+        .count()
+}
+
 /// Issue 12: while a node's memory is lost and out of service, register resets
 /// leave it out, so a churn of many times the register capacity goes on; once a
-/// repair announced itself, resets need the node again; the repair rebuilds it with
+/// repair announced itself, the registers reset without the node wait in the
+/// repair journal until a repair copies them (none runs here at first, so inserts
+/// wait up to 30 s, then fail); the repair rebuilds it with
 /// the recycled registers' fresh state, so losing another node afterwards loses
 /// nothing and reads no stale tombstone.
 #[test]
@@ -768,8 +787,9 @@ fn a_lost_node_out_of_service_does_not_stop_register_recycling() {
         "{without} of {degraded} counted as reset without node 2"
     );
 
-    // A repair of node 2 announces itself: resets need node 2 again (they fail
-    // until it is admitted, and the registers wait in limbo).
+    // A repair of node 2 announces itself: resets still leave node 2 out, but the
+    // registers wait in the repair journal until the repair copied them to node 2
+    // (here no repair runs yet, so they wait).
     let mut announced = read_configuration(&store.fabric()).unwrap();
     announced.epoch += 1;
     announced.set_repairing(2, true);
@@ -786,13 +806,7 @@ fn a_lost_node_out_of_service_does_not_stop_register_recycling() {
             get(c, "key0");
         }
     }
-    let (recycled, failures) = (
-        total_recycled(&clients),
-        clients
-            .iter()
-            .map(|c| c.recycle_stats().reset_failures)
-            .sum::<u64>(),
-    );
+    let recycled = total_recycled(&clients);
     for i in 0..6 {
         for c in &clients {
             let key = format!("announced{i}");
@@ -804,15 +818,11 @@ fn a_lost_node_out_of_service_does_not_stop_register_recycling() {
     assert_eq!(
         total_recycled(&clients),
         recycled,
-        "reset without node 2 after the announcement"
+        "a register came back after the announcement before any repair copied it"
     );
     assert!(
-        clients
-            .iter()
-            .map(|c| c.recycle_stats().reset_failures)
-            .sum::<u64>()
-            > failures,
-        "no reset tried"
+        journal_entries(&store) > 0,
+        "no reset journaled after the announcement"
     );
 
     // Out of registers while the repair runs, an insert waits for the admission (up
@@ -852,8 +862,119 @@ fn a_lost_node_out_of_service_does_not_stop_register_recycling() {
         .advance(store.layout().params.lease_renew_ns * 2);
     run(&clients, &mut model, 800);
     assert!(total_recycled(&clients) > recycled, "recycling resumed");
+    assert!(
+        clients
+            .iter()
+            .map(|c| c.recycle_stats().reset_through_journal)
+            .sum::<u64>()
+            > 0,
+        "the journaled registers came back"
+    );
+    assert_eq!(
+        journal_entries(&store),
+        0,
+        "the repair serviced the journal"
+    );
 
     // Node 0 lost too: nodes 1 and 2 hold every key's state.
+    assert!(ShmCluster::retire_node(dir.path(), 0).unwrap());
+    let reader = client(&store, &world);
+    for k in 0..16 {
+        let key = format!("key{k}");
+        assert_eq!(
+            get(&reader, &key).as_ref(),
+            model.get(&key),
+            "{key} after losing node 0"
+        );
+    }
+    for c in clients {
+        c.close();
+    }
+}
+
+/// Issue 12, the repair journal (`swarm_kv::journal`): registers retired before a
+/// repair copies them (their tombstones go to the rebuilt node) and reset after it,
+/// while the repair still runs, leave the rebuilt node out of their reset and wait
+/// in the journal; the repair copies their reset state to the node before it
+/// admits it, so losing another node afterwards reads no stale tombstone under a
+/// reused register's new key.
+#[test]
+fn registers_reset_during_a_repair_come_back_through_the_journal() {
+    let dir = ScratchDir::new("kv-recycle-journal").unwrap();
+    let store = exact(&dir, 64, 1 << 12);
+    let world = World::new();
+    let clients: Vec<Client> = (0..2).map(|_| client(&store, &world)).collect();
+    let mut model = HashMap::new();
+    let mut x = 0x10_0a1;
+    let mut op = 0;
+    let mut run = |clients: &[Client], model: &mut HashMap<String, String>, ops: u64| {
+        for _ in 0..ops {
+            op += 1;
+            churn_step(clients, model, &mut x, op);
+        }
+    };
+    run(&clients, &mut model, 200);
+    assert!(ShmCluster::retire_node(dir.path(), 2).unwrap());
+    run(&clients, &mut model, 100);
+    // Retire every key's register now: the copy reads their tombstones, their
+    // resets come after it.
+    for k in 0..16 {
+        let key = format!("key{k}");
+        let c = &clients[k % 2];
+        assert_eq!(delete(c, &key), model.remove(&key).is_some(), "{key}");
+    }
+    let layout = *store.layout();
+    let registers_end = 128
+        + u64::from(layout.params.writers) * 64
+        + 8 * layout.chunks()
+        + 64 * layout.params.index_buckets
+        + layout.params.registers * layout.register_slot_bytes;
+    let mut during = None;
+    let report = ShmStore::repair(
+        dir.path(),
+        2,
+        RepairOptions {
+            quiesce_ns: Some(0),
+            replace: false,
+        },
+        |done, _| {
+            if done < registers_end || during.is_some() {
+                return;
+            }
+            // The registers area is copied; the repair has not admitted node 2.
+            // The clients follow its announcement, the retired registers pass
+            // their grace, and a churn resets and reuses registers.
+            world.advance(layout.params.lease_renew_ns * 2);
+            for c in &clients {
+                get(c, "key0");
+                get(c, "key1");
+            }
+            world.advance(grace(&store) + 1);
+            let recycled = total_recycled(&clients);
+            run(&clients, &mut model, 40);
+            let entries = journal_entries(&store);
+            during = Some((total_recycled(&clients) - recycled, entries));
+        },
+    )
+    .expect("repair");
+    let (handed_out, entries) = during.expect("the repair copied the registers area");
+    assert!(entries > 0, "no reset journaled during the repair");
+    assert_eq!(
+        handed_out, 0,
+        "a register reset without node 2 came back before the repair copied it"
+    );
+    assert!(report.journaled >= entries as u64, "{report:?}");
+    world.advance(layout.params.lease_renew_ns * 2);
+    run(&clients, &mut model, 300);
+    assert!(
+        clients
+            .iter()
+            .map(|c| c.recycle_stats().reset_through_journal)
+            .sum::<u64>()
+            >= entries as u64,
+        "the journaled registers came back"
+    );
+    // Node 0 lost: nodes 1 and 2 hold every key's state, no old tombstone.
     assert!(ShmCluster::retire_node(dir.path(), 0).unwrap());
     let reader = client(&store, &world);
     for k in 0..16 {

@@ -24,8 +24,11 @@
 //!    clients reset recycled registers on the other replicas only
 //!    ([`crate::recycle`], "a node out of service"); a reset that lands on the donors
 //!    after the copy read them would leave the rebuilt node with the register's old
-//!    words. Clients see the announcement in their lease renewals, and stop leaving
-//!    the node out of resets before the wait below ends.
+//!    words. Clients see the announcement in their lease renewals, and before the
+//!    wait below ends they journal every reset that leaves the node out
+//!    ([`crate::journal`]): the repair reads the journal between the pieces of its
+//!    copy (and during the wait), copies each journaled register again, and only
+//!    then lets its client reuse it.
 //! 2. **Quiesce**: wait [`quiescence_ns`] on the fabric's clock: a lease observer's
 //!    whole wait (`lease·(1 + 1/8)` plus a grace) plus an operation's deadline, the
 //!    drift allowance and the delivery margin. A client whose lease is valid after
@@ -68,6 +71,12 @@
 //! yields a value some donor held, or a *poison* that makes the node answer like a
 //! crashed one for that word (claims and lock words whose donors disagree).
 //!
+//! *Registers recycled during the repair* come back through the journal: the
+//! argument is in [`crate::journal`] (a journaled reset landed on every donor
+//! before its entry was written; the register is reused only after the repair
+//! copied it again, between two pieces, or after the admission once its client
+//! reset it on the node).
+//!
 //! *A client with the old configuration* treats the node as failed: its quorums are
 //! majorities of the other nodes, which is always safe. A client with the new one
 //! reads the node as a lagging replica.
@@ -87,7 +96,9 @@ pub mod merge;
 
 use std::time::Instant;
 
-use swarm_core::fabric::{Batch, FabricError, NodeId};
+use std::task::Poll;
+
+use swarm_core::fabric::{Batch, FabricError, MAX_BATCH_OPS, NodeId, Op, Ticket};
 use swarm_core::quorum::{broadcast_until, majority};
 use swarm_core::{Fabric, OpStats, Roundtrip};
 
@@ -101,6 +112,11 @@ use merge::Conflicts;
 /// 1 MiB, smaller in clusters of more than four nodes, so that a step fits an RDMA
 /// client's staging buffer (8 MiB by default, `swarm_rdma::RdmaConfig`).
 const STEP_BYTES: u64 = 4 << 20;
+
+/// How long the repair sleeps when the journal was empty (see [`crate::journal`]),
+/// during the quiescence wait; during the copy it reads the journal after every
+/// piece.
+const JOURNAL_POLL_NS: u64 = 3_000_000;
 
 /// How long a configuration read waits for nodes beyond the first majority.
 const CONFIG_STRAGGLER_NS: u64 = 50_000_000;
@@ -164,6 +180,9 @@ pub struct RepairReport {
     pub quiesce_ms: u64,
     /// Time spent copying, ms.
     pub copy_ms: u64,
+    /// Journal entries serviced: registers that clients reset during the repair and
+    /// that it copied again ([`crate::journal`]).
+    pub journaled: u64,
 }
 
 /// What a repair waits before it copies (see the module docs, step 2).
@@ -241,27 +260,44 @@ pub async fn repair_node<F: Fabric>(
         wait_ms = wait / 1_000_000,
         "waiting for every action on the lost memory to land"
     );
-    let started = Instant::now();
-    swarm_core::sleep(fabric, wait).await;
-    let quiesce_ms = started.elapsed().as_millis() as u64;
-
-    let copy_started = Instant::now();
     let mut copier = Copier {
         fabric,
         stats: &stats,
         layout,
         donors: &donors,
         target: node,
+        journal: layout
+            .journal_at
+            .and_then(|_| crate::journal::journal_node(node, nodes)),
         nodes,
         conflicts: Conflicts::default(),
         done: 0,
         total: copy_bytes(layout),
+        journaled: 0,
     };
+    let started = Instant::now();
+    // Clients that saw the announcement journal their resets from now on: service
+    // them during the wait too, so that their registers keep coming back.
+    let wait_until = fabric.now().saturating_add(wait);
+    loop {
+        let serviced = copier.service_journal().await?;
+        let now = fabric.now();
+        if now >= wait_until {
+            break;
+        }
+        if serviced == 0 {
+            swarm_core::sleep(fabric, (wait_until - now).min(JOURNAL_POLL_NS)).await;
+        }
+    }
+    let quiesce_ms = started.elapsed().as_millis() as u64;
+
+    let copy_started = Instant::now();
     copier
         .write(SUPERBLOCK_AT, layout.params.encode().to_vec())
         .await?;
     copier.copy_all(&mut progress).await?;
-    let (bytes, conflicts) = (copier.done, copier.conflicts);
+    copier.service_journal().await?;
+    let (bytes, conflicts, journaled) = (copier.done, copier.conflicts, copier.journaled);
     let copy_ms = copy_started.elapsed().as_millis() as u64;
 
     // Admit: the new configuration on every donor (a majority of the old members),
@@ -284,6 +320,7 @@ pub async fn repair_node<F: Fabric>(
         bytes,
         conflicts = conflicts.total(),
         copy_ms,
+        journaled,
         "memory node rebuilt and admitted"
     );
     Ok(RepairReport {
@@ -293,6 +330,7 @@ pub async fn repair_node<F: Fabric>(
         conflicts,
         quiesce_ms,
         copy_ms,
+        journaled,
     })
 }
 
@@ -361,6 +399,50 @@ async fn rt_all<F: Fabric>(
     Ok(rt.replies().to_vec())
 }
 
+/// Posts every batch at once and waits for all of them; their completions, in order.
+/// A node that fails is named, like [`rt_all`].
+async fn post_all<F: Fabric>(
+    fabric: &F,
+    posts: Vec<(NodeId, Batch)>,
+) -> Result<Vec<swarm_core::Completion>, RepairError> {
+    let mut pending: Vec<(NodeId, Option<Ticket>)> = posts
+        .into_iter()
+        .map(|(node, batch)| (node, Some(fabric.post(node, batch))))
+        .collect();
+    let mut done: Vec<Option<swarm_core::Completion>> = pending.iter().map(|_| None).collect();
+    core::future::poll_fn(|cx| {
+        for ((node, ticket), out) in pending.iter_mut().zip(done.iter_mut()) {
+            let Some(t) = *ticket else { continue };
+            match fabric.poll(t) {
+                Poll::Pending => {}
+                Poll::Ready(Ok(c)) => {
+                    *ticket = None;
+                    *out = Some(c);
+                }
+                Poll::Ready(Err(error)) => {
+                    *ticket = None;
+                    return Poll::Ready(Err(RepairError::Donor { node: *node, error }));
+                }
+            }
+        }
+        if pending.iter().all(|(_, t)| t.is_none()) {
+            return Poll::Ready(Ok(()));
+        }
+        // Driven by re-polling after `Fabric::progress`, like `Roundtrip::wait`.
+        cx.waker().wake_by_ref();
+        Poll::Pending
+    })
+    .await
+    .inspect_err(|_| {
+        for (_, ticket) in &pending {
+            if let Some(t) = ticket {
+                fabric.forget(*t);
+            }
+        }
+    })?;
+    Ok(done.into_iter().flatten().collect())
+}
+
 /// Bytes the copy writes (for progress reports).
 fn copy_bytes(layout: &NodeLayout) -> u64 {
     layout.end() - (SUPERBLOCK_AT + crate::layout::SUPERBLOCK_BYTES)
@@ -383,10 +465,14 @@ struct Copier<'a, F: Fabric> {
     layout: &'a NodeLayout,
     donors: &'a [NodeId],
     target: NodeId,
+    /// The node whose repair journal clients use, if the cluster has one.
+    journal: Option<NodeId>,
     nodes: usize,
     conflicts: Conflicts,
     done: u64,
     total: u64,
+    /// Journal entries serviced.
+    journaled: u64,
 }
 
 impl<F: Fabric> Copier<'_, F> {
@@ -487,8 +573,143 @@ impl<F: Fabric> Copier<'_, F> {
             self.write(at, out).await?;
             first += n;
             progress(self.done, self.total);
+            self.service_journal().await?;
         }
         Ok(())
+    }
+
+    /// Reads the repair journal once and services every entry in it: copies the
+    /// register it names from the donors to the node, like the copy does, then
+    /// clears the entry (see [`crate::journal`]). Between pieces of the copy, so
+    /// that no piece read before a journaled reset is written after its entry was
+    /// serviced. Returns the entries serviced.
+    async fn service_journal(&mut self) -> Result<usize, RepairError> {
+        let (Some(journal), Some(at)) = (self.journal, self.layout.journal_at) else {
+            return Ok(0);
+        };
+        let len = u64::from(self.layout.params.writers) * crate::journal::ROW_BYTES;
+        let mut replies = rt_all(self.fabric, self.stats, &[journal], |_| {
+            Batch::read(at, len as u32)
+        })
+        .await?;
+        let row = replies
+            .first_mut()
+            .and_then(|(_, c)| c.take_read(0))
+            .unwrap_or_default();
+        let entries: Vec<(u64, u64)> = row
+            .chunks_exact(8)
+            .enumerate()
+            .filter_map(|(i, w)| {
+                let word = u64::from_le_bytes(w.try_into().ok()?);
+                (word != 0).then_some((at + 8 * i as u64, word))
+            })
+            .collect();
+        let registers = self.layout.params.registers;
+        let slot_bytes = self.layout.register_slot_bytes as usize;
+        // Every chunk's reads, writes and clears go out together: three roundtrips
+        // per pass, however many entries (a churn journals thousands per second).
+        // Each batch of entries (address, word) with the registers they name.
+        type Chunk<'e> = (&'e [(u64, u64)], Vec<u64>);
+        let chunks: Vec<Chunk<'_>> = entries
+            .chunks(MAX_BATCH_OPS)
+            .map(|chunk| {
+                let named = chunk
+                    .iter()
+                    .filter_map(|&(_, word)| crate::journal::entry_register(word, registers))
+                    .collect();
+                (chunk, named)
+            })
+            .collect();
+        let mut reads = Vec::new();
+        for (_, named) in &chunks {
+            let mut read = Batch::new();
+            for &register in named {
+                let addr = self.layout.key_header(register).unwrap_or_default();
+                read.push(Op::Read {
+                    addr,
+                    len: slot_bytes as u32,
+                })?;
+            }
+            if !read.is_empty() {
+                reads.extend(self.donors.iter().map(|&donor| (donor, read.clone())));
+            }
+        }
+        let copies = post_all(self.fabric, reads).await?;
+        let mut writes = Vec::new();
+        let mut copies = copies.chunks(self.donors.len());
+        for (_, named) in &chunks {
+            if named.is_empty() {
+                continue;
+            }
+            let donors = copies.next().unwrap_or_default();
+            let mut write = Batch::new();
+            for (k, &register) in named.iter().enumerate() {
+                let element: Vec<&[u8]> = donors
+                    .iter()
+                    .map(|c| c.read(k).unwrap_or_default())
+                    .collect();
+                // A journaled register is blank on every donor (reset, not reused
+                // before its entry is cleared). Any other state means a stale entry
+                // (its client gone, the register reset and reused by another) or a
+                // torn read: copying a live register's words here, without the log
+                // slots they name, could leave the node with words whose buffer it
+                // lacks. Skipped; the copy or the register's own reset covers it.
+                if !element.iter().all(|copy| self.is_blank(copy)) {
+                    tracing::debug!(
+                        register,
+                        "repair journal: register not blank; entry skipped"
+                    );
+                    continue;
+                }
+                let mut out = vec![0u8; slot_bytes];
+                self.merge(Area::Registers, register, &element, &mut out);
+                write.push(Op::Write {
+                    addr: self.layout.key_header(register).unwrap_or_default(),
+                    data: out,
+                })?;
+            }
+            if !write.is_empty() {
+                writes.push((self.target, write));
+            }
+        }
+        post_all(self.fabric, writes).await?;
+        // Only now, with the node holding the registers' current state, the entries
+        // are cleared (a client hands a register out on seeing its entry gone).
+        let mut clears = Vec::new();
+        for (chunk, _) in &chunks {
+            let mut clear = Batch::new();
+            for &(addr, word) in *chunk {
+                clear.push(Op::Cas {
+                    addr,
+                    expected: word,
+                    new: 0,
+                })?;
+            }
+            clears.push((journal, clear));
+        }
+        post_all(self.fabric, clears).await?;
+        if !entries.is_empty() {
+            tracing::debug!(entries = entries.len(), "repair journal serviced");
+        }
+        self.journaled += entries.len() as u64;
+        Ok(entries.len())
+    }
+
+    /// Whether a register slot read from a donor is blank: no key, no in-place
+    /// record header, every metadata word and the delete word zero (a reset
+    /// register, `crate::recycle::reset_batch`; the holder tag may stay).
+    fn is_blank(&self, slot: &[u8]) -> bool {
+        let key_bytes = self.layout.params.key_header_bytes() as usize;
+        let record_bytes = self.layout.swarm.record_bytes() as usize;
+        let record_header = (swarm_core::layout::RECORD_HEADER as usize).min(record_bytes);
+        let meta_at = key_bytes + self.layout.swarm.meta_offset() as usize;
+        let meta_bytes = self.layout.swarm.meta_bytes() as usize;
+        slot.len() == self.layout.register_slot_bytes as usize
+            && slot[0..4] == [0; 4]
+            && slot[key_bytes..key_bytes + record_header]
+                .iter()
+                .all(|&b| b == 0)
+            && slot[meta_at..meta_at + meta_bytes].iter().all(|&b| b == 0)
     }
 
     /// Merges the donors' copies of element `index` of `area` into `out`.

@@ -1,0 +1,121 @@
+//! The repair journal: how recycled registers keep coming back while a repair
+//! rebuilds a node (issue 12; superblock version 5, [`crate::layout`]).
+//!
+//! # The problem it solves
+//!
+//! A register's reset must reach every replica (`crate::recycle`, "how: the reset"):
+//! a replica that kept the old words (a tombstone at a high timestamp) would make the
+//! next key on that register read as deleted. A replica whose memory is *lost* needs
+//! no reset, since the repair that brings it back rebuilds it from the others; but a
+//! reset that lands on those others *after the repair's copy read them* would leave
+//! the rebuilt node with the old words. Until this journal, clients therefore stopped
+//! leaving the node out of resets once a repair was announced, and no register came
+//! back from the announcement to the admission: a lease and a half of waiting plus
+//! the copy. A workload with inserts and deletes stalled once its spare registers
+//! were gone (2.8 s on a 64 MiB cluster).
+//!
+//! # The journal
+//!
+//! Every writer id has a row of [`SLOTS`] words on every node, after the client
+//! table. During a repair of node `X`, only the row on the *journal node*
+//! [`journal_node`] (the lowest-numbered node other than `X`, the repair's first
+//! donor) is used:
+//!
+//! 1. A client that follows a configuration announcing the repair of `X` resets a
+//!    register `R` on its other replicas only. Once every one of them acknowledged
+//!    the reset, it writes [`entry`]`(R)` into a free slot of its row (a CAS expecting
+//!    zero, so that a slot left by an earlier incarnation of its writer id is never
+//!    overwritten) and keeps `R` out of its pool.
+//! 2. The repair reads the journal between the pieces of its copy (and throughout its
+//!    quiescence wait). For every entry it copies `R`'s slot from the donors to `X`,
+//!    exactly as the copy does (`crate::repair::merge`), and only then clears the
+//!    entry (a CAS from the entry to zero).
+//! 3. The client sees its slot cleared and hands `R` to its allocator.
+//! 4. If the client instead sees `X` admitted first (a configuration in which `X`'s
+//!    new incarnation is a member), it resets `R` on `X` itself, then clears its slot.
+//!
+//! # Why the rebuilt node never keeps a reused register's old words
+//!
+//! A register `R` is reused only once its reset reached every live replica *and* the
+//! rebuilt node holds the reset too (or a later state of `R`):
+//!
+//! * a reset posted by a client that had not seen the announcement left `X` out
+//!   without a journal entry: it landed before the copy started, since the repair's
+//!   quiescence wait covers a lease observer's wait and the delivery margin (the
+//!   argument of `crate::repair`, steps 1 and 2), so the copy reads its result;
+//! * a journaled reset had landed on every donor before its entry was written (the
+//!   client writes it after their acknowledgements), so the repair's copy of `R`,
+//!   taken after it read the entry, reads the reset (or, if the copy of `R`'s piece
+//!   comes later, that piece reads it). The repair does this between pieces, in one
+//!   task, so no piece can read `R` before the reset and write it after the entry's
+//!   copy. `R` is not reused before the entry is cleared, so the copy sees no later
+//!   life of `R` that it could make lag;
+//! * an entry still waiting at the admission is the client's own business: it resets
+//!   `R` on `X` before reusing it. Until then `R` is past its grace (no operation
+//!   names it, `crate::recycle`), so what `X` holds for it is never read.
+//!
+//! A repair's copy of a register is idempotent and yields a state some donor holds, so
+//! an entry serviced twice, a stale entry from an earlier repair or a client that
+//! died, or a torn read of an entry naming another register only copies a register
+//! once more: harmless during a repair. Nothing is ever *written* to `X` for a
+//! register outside a repair's copy, except by a client after the admission, on a
+//! register of its own past its grace.
+//!
+//! # What it costs
+//!
+//! One CAS per recycled register on the journal node while a repair runs, one read of
+//! the client's row per millisecond while it waits, and for the repair one read of
+//! the journal area per piece (`writers × 1 KiB`). Outside a repair nothing.
+//!
+//! # Limits
+//!
+//! A client has [`SLOTS`] entries in flight; more wait for a slot. A repair that
+//! fails after its announcement leaves entries waiting until the next repair services
+//! them or admits the node (running `swarm repair` again does both); their registers
+//! are out of the pool until then, at most [`SLOTS`] per client.
+
+use swarm_core::fabric::NodeId;
+
+/// Entries per writer's row.
+pub const SLOTS: usize = 128;
+
+/// Bytes of one writer's row.
+pub const ROW_BYTES: u64 = 8 * SLOTS as u64;
+
+/// The node whose journal serves the repair of `target`: the lowest-numbered other
+/// node (the repair's first donor), or `None` in a one-node cluster.
+pub fn journal_node(target: NodeId, nodes: usize) -> Option<NodeId> {
+    (0..nodes as u16).map(NodeId).find(|&n| n != target)
+}
+
+/// The journal word naming `register` (never zero, so that zero is a free slot).
+pub fn entry(register: u64) -> u64 {
+    register.wrapping_add(1)
+}
+
+/// The register a nonzero journal word read from untrusted memory names, if it names
+/// one of the cluster's `registers`.
+pub fn entry_register(word: u64, registers: u64) -> Option<u64> {
+    word.checked_sub(1).filter(|&r| r < registers)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_journal_node_is_the_lowest_other_node() {
+        assert_eq!(journal_node(NodeId(0), 3), Some(NodeId(1)));
+        assert_eq!(journal_node(NodeId(2), 3), Some(NodeId(0)));
+        assert_eq!(journal_node(NodeId(0), 1), None);
+    }
+
+    #[test]
+    fn entries_name_registers_and_never_zero() {
+        assert_eq!(entry_register(entry(0), 10), Some(0));
+        assert_eq!(entry_register(entry(9), 10), Some(9));
+        assert_eq!(entry_register(0, 10), None, "zero is a free slot");
+        assert_eq!(entry_register(entry(10), 10), None, "out of range");
+        assert_ne!(entry(u64::MAX - 1), 0);
+    }
+}
