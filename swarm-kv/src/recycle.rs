@@ -855,6 +855,170 @@ fn note_mark(
 
 #[cfg(test)]
 mod tests {
+    use std::cell::Cell;
+    use std::task::Poll;
+
+    use swarm_core::fabric::{Batch, Completion, FabricError, FailureCause, Nanos, NodeId, Ticket};
+    use swarm_core::{Fabric, MemFabric, RegisterLoc};
+
+    use super::{JOURNAL_POLL_NS, Recycler, ReplicaStatus};
+    use crate::journal;
+    use crate::layout::NodeLayout;
+    use crate::test_support::small_cluster;
+
+    /// An in-memory fabric on which one node can refuse every batch (a node out of
+    /// service), and whose clock the test moves.
+    struct Refusing {
+        inner: MemFabric,
+        refused: Cell<Option<NodeId>>,
+        now: Cell<Nanos>,
+    }
+
+    const REFUSED: u32 = 1 << 31;
+
+    impl Fabric for Refusing {
+        fn node_count(&self) -> usize {
+            self.inner.node_count()
+        }
+        fn post(&self, node: NodeId, batch: Batch) -> Ticket {
+            if self.refused.get() == Some(node) {
+                return Ticket(REFUSED | u32::from(node.0));
+            }
+            self.inner.post(node, batch)
+        }
+        fn poll(&self, ticket: Ticket) -> Poll<Result<Completion, FabricError>> {
+            if ticket.0 & REFUSED != 0 {
+                return Poll::Ready(Err(FabricError::NodeFailed {
+                    node: NodeId((ticket.0 & !REFUSED) as u16),
+                    cause: FailureCause::Crashed,
+                }));
+            }
+            self.inner.poll(ticket)
+        }
+        fn forget(&self, ticket: Ticket) {
+            if ticket.0 & REFUSED == 0 {
+                self.inner.forget(ticket);
+            }
+        }
+        fn progress(&self) -> bool {
+            self.inner.progress()
+        }
+        fn now(&self) -> Nanos {
+            self.now.get()
+        }
+        fn wake_at(&self, deadline: Nanos) {
+            self.inner.wake_at(deadline);
+        }
+    }
+
+    fn word(fabric: &MemFabric, node: u16, at: u64) -> u64 {
+        let ticket = fabric.post(NodeId(node), Batch::read(at, 8));
+        let Poll::Ready(Ok(c)) = fabric.poll(ticket) else {
+            panic!("read")
+        };
+        u64::from_le_bytes(c.read(0).unwrap().try_into().unwrap())
+    }
+
+    fn write_word(fabric: &MemFabric, node: u16, at: u64, value: u64) {
+        let ticket = fabric.post(NodeId(node), Batch::write(at, value.to_le_bytes().to_vec()));
+        assert!(matches!(fabric.poll(ticket), Poll::Ready(Ok(_))));
+    }
+
+    fn loc(layout: &NodeLayout, register: u64) -> Option<RegisterLoc> {
+        crate::client::register_loc_for(layout, 3, register).ok()
+    }
+
+    /// A register reset while node 2 is being rebuilt waits in the journal until
+    /// the repair clears its entry, then comes back; another one still waiting
+    /// when node 2 is admitted is reset there by its client, then comes back.
+    #[test]
+    fn a_journaled_register_comes_back_once_serviced_or_reset_on_the_admitted_node() {
+        let (cluster, layout) = small_cluster(200 * crate::test_support::MS);
+        let raw = cluster.client();
+        let fabric = Refusing {
+            inner: cluster.client(),
+            refused: Cell::new(Some(NodeId(2))),
+            now: Cell::new(1_000),
+        };
+        let status = Cell::new(ReplicaStatus::Repairing { journal: NodeId(0) });
+        let writer = 1;
+        let recycler = Recycler::new(0, writer, 0x70c, 7);
+        // Registers placed on node 2 too (every register is, with 3 replicas of 3).
+        let (a, b) = (5, 6);
+        let meta_at = |r: u64| layout.register(r).unwrap() + layout.swarm.meta_offset();
+        for r in [a, b] {
+            for node in 0..3 {
+                write_word(&raw, node, meta_at(r), 0xdead);
+            }
+            recycler.retire(r, 0, super::Retired::Unmapped);
+        }
+        let step = || {
+            recycler.step(
+                &fabric,
+                &layout,
+                true,
+                |r| loc(&layout, r),
+                |n| {
+                    if n == NodeId(2) {
+                        status.get()
+                    } else {
+                        ReplicaStatus::InService
+                    }
+                },
+            )
+        };
+        let slot_of = |r: u64| -> Option<usize> {
+            (0..journal::SLOTS).find(|&i| {
+                word(&raw, 0, layout.journal_slot(writer, i).unwrap()) == journal::entry(r)
+            })
+        };
+        // Reset on nodes 0 and 1, journaled on node 0; nothing comes back yet.
+        for _ in 0..3 {
+            assert!(
+                step().is_empty(),
+                "a register came back before the repair copied it"
+            );
+        }
+        assert_eq!(word(&raw, 0, meta_at(a)), 0, "reset on node 0");
+        assert_eq!(
+            word(&raw, 2, meta_at(a)),
+            0xdead,
+            "node 2 refused the reset"
+        );
+        let (slot_a, slot_b) = (
+            slot_of(a).expect("a journaled"),
+            slot_of(b).expect("b journaled"),
+        );
+        assert_eq!(recycler.in_limbo(), 2);
+        // The repair services `a`'s entry: it comes back at the next row read.
+        write_word(&raw, 0, layout.journal_slot(writer, slot_a).unwrap(), 0);
+        fabric.now.set(fabric.now.get() + JOURNAL_POLL_NS);
+        let mut back = Vec::new();
+        for _ in 0..3 {
+            back.extend(step());
+            fabric.now.set(fabric.now.get() + JOURNAL_POLL_NS);
+        }
+        assert_eq!(back, vec![a]);
+        assert_eq!(recycler.stats().reset_through_journal, 1);
+        // Node 2 is admitted before the repair serviced `b`: its client resets it
+        // there, clears its own entry, and only then hands it out.
+        fabric.refused.set(None);
+        status.set(ReplicaStatus::InService);
+        let mut back = Vec::new();
+        for _ in 0..3 {
+            back.extend(step());
+        }
+        assert_eq!(back, vec![b]);
+        assert_eq!(word(&raw, 2, meta_at(b)), 0, "reset on the admitted node");
+        assert_eq!(
+            word(&raw, 0, layout.journal_slot(writer, slot_b).unwrap()),
+            0,
+            "the entry is cleared"
+        );
+        assert_eq!(recycler.in_limbo(), 0);
+        assert_eq!(recycler.stats().reset_through_journal, 2);
+    }
+
     /// The register grace is the shared reclamation grace of its window.
     #[test]
     fn the_grace_covers_the_window_drift_and_flight() {
