@@ -726,6 +726,31 @@ fn write_config_to(store: &ShmStore, config: &Configuration, nodes: &[u16]) {
     }
 }
 
+/// Retires node 0 (after a repair of node 2: nodes 1 and 2 must hold every key's
+/// state), checks every churn key against `model` with a new client, and closes
+/// `clients`.
+fn lose_node_0_and_read_every_key(
+    dir: &ScratchDir,
+    store: &ShmStore,
+    world: &Rc<World>,
+    model: &HashMap<String, String>,
+    clients: Vec<Client>,
+) {
+    assert!(ShmCluster::retire_node(dir.path(), 0).unwrap());
+    let reader = client(store, world);
+    for k in 0..16 {
+        let key = format!("key{k}");
+        assert_eq!(
+            get(&reader, &key).as_ref(),
+            model.get(&key),
+            "{key} after losing node 0"
+        );
+    }
+    for c in clients {
+        c.close();
+    }
+}
+
 /// Nonzero entries in node 0's repair journal (`swarm_kv::journal`).
 fn journal_entries(store: &ShmStore) -> usize {
     let layout = store.layout();
@@ -877,19 +902,7 @@ fn a_lost_node_out_of_service_does_not_stop_register_recycling() {
     );
 
     // Node 0 lost too: nodes 1 and 2 hold every key's state.
-    assert!(ShmCluster::retire_node(dir.path(), 0).unwrap());
-    let reader = client(&store, &world);
-    for k in 0..16 {
-        let key = format!("key{k}");
-        assert_eq!(
-            get(&reader, &key).as_ref(),
-            model.get(&key),
-            "{key} after losing node 0"
-        );
-    }
-    for c in clients {
-        c.close();
-    }
+    lose_node_0_and_read_every_key(&dir, &store, &world, &model, clients);
 }
 
 /// Issue 12, the repair journal (`swarm_kv::journal`): registers retired before a
@@ -975,17 +988,5 @@ fn registers_reset_during_a_repair_come_back_through_the_journal() {
         "the journaled registers came back"
     );
     // Node 0 lost: nodes 1 and 2 hold every key's state, no old tombstone.
-    assert!(ShmCluster::retire_node(dir.path(), 0).unwrap());
-    let reader = client(&store, &world);
-    for k in 0..16 {
-        let key = format!("key{k}");
-        assert_eq!(
-            get(&reader, &key).as_ref(),
-            model.get(&key),
-            "{key} after losing node 0"
-        );
-    }
-    for c in clients {
-        c.close();
-    }
+    lose_node_0_and_read_every_key(&dir, &store, &world, &model, clients);
 }

@@ -247,23 +247,7 @@ async fn client_task(
     // tombstone from before a reset that it missed) shows here.
     if shared.keeper_crashed.get().is_some() {
         for index in 0..keys {
-            let k = key(index);
-            let start = world.now();
-            let id = log.begin(c, OpKind::Get, &k, None, start);
-            match client.get(k.as_bytes(), &OpStats::new()).await {
-                Ok(v) => log.end(
-                    id,
-                    OpKind::Get,
-                    v.map(|v| String::from_utf8(v).unwrap()),
-                    Some(true),
-                    world.now(),
-                ),
-                Err(e) => shared.failed.borrow_mut().push((
-                    start,
-                    world.now(),
-                    format!("c{c} final read {k}: {e:?}"),
-                )),
-            }
+            recorded_get(&world, &shared, &client, c, &key(index), "final read").await;
         }
     }
 }
@@ -358,22 +342,7 @@ async fn witness_task(world: SimWorld, shared: Rc<Shared>, client: Client, c: u6
     // the keeper goes (the fault task waits for it): it follows the configuration
     // between operations, so it reads on until then.
     while shared.keeper_crashed.get().is_none() {
-        let start = world.now();
-        let id = log.begin(c, OpKind::Get, "w0", None, start);
-        match client.get(b"w0", &OpStats::new()).await {
-            Ok(v) => log.end(
-                id,
-                OpKind::Get,
-                v.map(|v| String::from_utf8(v).unwrap()),
-                Some(true),
-                world.now(),
-            ),
-            Err(e) => shared.failed.borrow_mut().push((
-                start,
-                world.now(),
-                format!("witness get w0: {e:?}"),
-            )),
-        }
+        recorded_get(&world, &shared, &client, c, "w0", "witness get").await;
         client.fabric().inner.sleep(MS / 2).await;
     }
     assert!(
@@ -382,21 +351,35 @@ async fn witness_task(world: SimWorld, shared: Rc<Shared>, client: Client, c: u6
     );
     let lagged = (0..written).map(|i| format!("w{i}"));
     for k in lagged.chain((0..during).map(|i| format!("r{i}"))) {
-        let start = world.now();
-        let id = log.begin(c, OpKind::Get, &k, None, start);
-        match client.get(k.as_bytes(), &OpStats::new()).await {
-            Ok(v) => log.end(
-                id,
-                OpKind::Get,
-                v.map(|v| String::from_utf8(v).unwrap()),
-                true,
-                world.now(),
-            ),
-            Err(e) => shared.failed.borrow_mut().push((
-                start,
-                world.now(),
-                format!("witness get {k}: {e:?}"),
-            )),
+        recorded_get(&world, &shared, &client, c, &k, "witness get").await;
+    }
+}
+
+/// A get of `k` by client `c`, recorded in the history (or, failed, among the
+/// failures, with `what` and the error).
+async fn recorded_get(
+    world: &SimWorld,
+    shared: &Shared,
+    client: &Client,
+    c: u64,
+    k: &str,
+    what: &str,
+) {
+    let start = world.now();
+    let id = shared.log.begin(c, OpKind::Get, k, None, start);
+    match client.get(k.as_bytes(), &OpStats::new()).await {
+        Ok(v) => shared.log.end(
+            id,
+            OpKind::Get,
+            v.map(|v| String::from_utf8(v).unwrap()),
+            Some(true),
+            world.now(),
+        ),
+        Err(e) => {
+            shared
+                .failed
+                .borrow_mut()
+                .push((start, world.now(), format!("c{c} {what} {k}: {e:?}")))
         }
     }
 }
