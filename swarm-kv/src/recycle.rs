@@ -508,24 +508,27 @@ impl Recycler {
             let done = s.resetting.swap_remove(i);
             // Every other replica answered: those of lost nodes out of service are
             // left to the repair that rebuilds them.
-            let statuses: Vec<(NodeId, ReplicaStatus)> = done
-                .failed
-                .iter()
-                .map(|&node| (node, status(node)))
-                .collect();
-            let repairing: Vec<NodeId> = statuses
-                .iter()
-                .filter(|(_, st)| matches!(st, ReplicaStatus::Repairing { .. }))
-                .map(|&(node, _)| node)
-                .collect();
-            if statuses.iter().any(|(_, st)| !st.skippable()) || repairing.len() > 1 {
+            // What the replicas that did not take it allow: skipped all (lost
+            // nodes), one of them through the journal, or none.
+            let mut skip_all = true;
+            let mut repairing: Option<NodeId> = None;
+            for &node in &done.failed {
+                match status(node) {
+                    ReplicaStatus::Repairing { .. } if repairing.is_none() => {
+                        repairing = Some(node);
+                    }
+                    ReplicaStatus::Lost => {}
+                    _ => skip_all = false,
+                }
+            }
+            if !skip_all {
                 // Some replica may keep the old metadata: try again after a grace.
                 s.stats.reset_failures += 1;
                 s.limbo.push_back(Limbo {
                     register: done.register,
                     due: now.saturating_add(self.grace_ns),
                 });
-            } else if let Some(&node) = repairing.first() {
+            } else if let Some(node) = repairing {
                 tracing::debug!(
                     register = done.register,
                     node = node.index(),
@@ -537,7 +540,7 @@ impl Recycler {
                     stage: Stage::NoSlot,
                 });
             } else {
-                for (node, _) in &statuses {
+                for node in &done.failed {
                     tracing::debug!(
                         register = done.register,
                         node = node.index(),
@@ -545,7 +548,7 @@ impl Recycler {
                     );
                 }
                 s.stats.recycled += 1;
-                s.stats.reset_without_lost += u64::from(!statuses.is_empty());
+                s.stats.reset_without_lost += u64::from(!done.failed.is_empty());
                 tracing::trace!(
                     register = done.register,
                     "register reset on every replica: recycled"
@@ -621,10 +624,19 @@ impl Recycler {
             }
         }
         let mut poll_row: Option<NodeId> = None;
+        let mut known: Option<(NodeId, ReplicaStatus)> = None;
         let mut i = 0;
         while i < journaled.len() {
             let j = &mut journaled[i];
-            let node_status = status(j.node);
+            // Once per node and step (every entry names the node being rebuilt).
+            let node_status = match known {
+                Some((node, st)) if node == j.node => st,
+                _ => {
+                    let st = status(j.node);
+                    known = Some((j.node, st));
+                    st
+                }
+            };
             let mut done = false;
             let mut back_to_limbo = false;
             match j.stage {

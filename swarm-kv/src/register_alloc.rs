@@ -30,6 +30,33 @@ use crate::claim::{Claim, claim};
 use crate::layout::NodeLayout;
 use crate::{KvError, RegisterId};
 
+/// The chunk table's words as each node of a majority holds them (one roundtrip).
+async fn read_chunk_tables<F: Fabric>(
+    fabric: &F,
+    stats: &OpStats,
+    layout: &NodeLayout,
+    nodes: usize,
+) -> Result<Vec<Vec<u64>>, KvError> {
+    let table_bytes = u32::try_from(8 * layout.chunks())
+        .map_err(|_| KvError::Unsupported("a chunk table larger than 4 GiB"))?;
+    let rt = broadcast(fabric, stats, node_ids(nodes), majority(nodes), |_| {
+        Ok(Batch::read(layout.chunks_at, table_bytes))
+    })
+    .await?;
+    Ok(rt
+        .replies()
+        .iter()
+        .map(|(_, completion)| {
+            completion
+                .read(0)
+                .unwrap_or_default()
+                .chunks_exact(8)
+                .map(|w| u64::from_le_bytes(w.try_into().unwrap_or_default()))
+                .collect()
+        })
+        .collect())
+}
+
 /// How many register chunks clients have claimed so far (an upper bound: a chunk
 /// counts if a majority of nodes answered and any of them shows a claim, so partial
 /// claims count too). Reads the chunk table of a majority of nodes in one roundtrip.
@@ -38,18 +65,11 @@ pub async fn claimed_chunks<F: Fabric>(
     stats: &OpStats,
     layout: &NodeLayout,
 ) -> Result<u64, KvError> {
-    let nodes = fabric.node_count();
-    let table_bytes = u32::try_from(8 * layout.chunks())
-        .map_err(|_| KvError::Unsupported("a chunk table larger than 4 GiB"))?;
-    let rt = broadcast(fabric, stats, node_ids(nodes), majority(nodes), |_| {
-        Ok(Batch::read(layout.chunks_at, table_bytes))
-    })
-    .await?;
+    let tables = read_chunk_tables(fabric, stats, layout, fabric.node_count()).await?;
     let mut claimed = vec![false; layout.chunks() as usize];
-    for (_, completion) in rt.replies() {
-        let words = completion.read(0).unwrap_or_default();
-        for (flag, word) in claimed.iter_mut().zip(words.chunks_exact(8)) {
-            *flag |= word.iter().any(|b| *b != 0);
+    for table in &tables {
+        for (flag, word) in claimed.iter_mut().zip(table) {
+            *flag |= *word != 0;
         }
     }
     Ok(claimed.iter().filter(|c| **c).count() as u64)
@@ -65,21 +85,14 @@ async fn taken_chunks<F: Fabric>(
     nodes: usize,
     token: u64,
 ) -> Option<Vec<bool>> {
-    let table_bytes = u32::try_from(8 * layout.chunks()).ok()?;
-    let rt = broadcast(fabric, stats, node_ids(nodes), majority(nodes), |_| {
-        Ok(Batch::read(layout.chunks_at, table_bytes))
-    })
-    .await
-    .ok()?;
+    let tables = read_chunk_tables(fabric, stats, layout, nodes).await.ok()?;
     let mut taken = vec![true; layout.chunks() as usize];
-    for (_, completion) in rt.replies() {
-        let words = completion.read(0)?;
-        if words.len() != 8 * taken.len() {
+    for table in &tables {
+        if table.len() != taken.len() {
             return None;
         }
-        for (flag, word) in taken.iter_mut().zip(words.chunks_exact(8)) {
-            let word = u64::from_le_bytes(word.try_into().ok()?);
-            *flag &= word != 0 && word != token;
+        for (flag, word) in taken.iter_mut().zip(table) {
+            *flag &= *word != 0 && *word != token;
         }
     }
     Some(taken)

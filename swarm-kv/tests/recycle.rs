@@ -713,6 +713,25 @@ fn churn_step(clients: &[Client], model: &mut HashMap<String, String>, x: &mut u
     clients[0].fabric().world.advance(500_000);
 }
 
+/// A churn of [`churn_step`]s from one seed, numbering its operations.
+struct Churn {
+    x: u64,
+    op: u64,
+}
+
+impl Churn {
+    fn new(seed: u64) -> Self {
+        Self { x: seed, op: 0 }
+    }
+
+    fn run(&mut self, clients: &[Client], model: &mut HashMap<String, String>, ops: u64) {
+        for _ in 0..ops {
+            self.op += 1;
+            churn_step(clients, model, &mut self.x, self.op);
+        }
+    }
+}
+
 fn total_recycled(clients: &[Client]) -> u64 {
     clients.iter().map(|c| c.recycle_stats().recycled).sum()
 }
@@ -783,21 +802,14 @@ fn a_lost_node_out_of_service_does_not_stop_register_recycling() {
     let world = World::new();
     let clients: Vec<Client> = (0..2).map(|_| client(&store, &world)).collect();
     let mut model = HashMap::new();
-    let mut x = 0x1057;
-    let mut op = 0;
-    let mut run = |clients: &[Client], model: &mut HashMap<String, String>, ops: u64| {
-        for _ in 0..ops {
-            op += 1;
-            churn_step(clients, model, &mut x, op);
-        }
-    };
-    run(&clients, &mut model, 300);
+    let mut churn = Churn::new(0x1057);
+    churn.run(&clients, &mut model, 300);
 
     // Node 2's memory is lost: its file retired (a crash that takes the memory).
     assert!(ShmCluster::retire_node(dir.path(), 2).unwrap());
     let before = total_recycled(&clients);
     // Ten times the capacity in inserts (about 4 in 10 operations).
-    run(&clients, &mut model, 1600);
+    churn.run(&clients, &mut model, 1600);
     let degraded = total_recycled(&clients) - before;
     assert!(
         degraded >= 4 * capacity,
@@ -885,7 +897,7 @@ fn a_lost_node_out_of_service_does_not_stop_register_recycling() {
         .fabric()
         .world
         .advance(store.layout().params.lease_renew_ns * 2);
-    run(&clients, &mut model, 800);
+    churn.run(&clients, &mut model, 800);
     assert!(total_recycled(&clients) > recycled, "recycling resumed");
     assert!(
         clients
@@ -918,17 +930,10 @@ fn registers_reset_during_a_repair_come_back_through_the_journal() {
     let world = World::new();
     let clients: Vec<Client> = (0..2).map(|_| client(&store, &world)).collect();
     let mut model = HashMap::new();
-    let mut x = 0x10_0a1;
-    let mut op = 0;
-    let mut run = |clients: &[Client], model: &mut HashMap<String, String>, ops: u64| {
-        for _ in 0..ops {
-            op += 1;
-            churn_step(clients, model, &mut x, op);
-        }
-    };
-    run(&clients, &mut model, 200);
+    let mut churn = Churn::new(0x10_0a1);
+    churn.run(&clients, &mut model, 200);
     assert!(ShmCluster::retire_node(dir.path(), 2).unwrap());
-    run(&clients, &mut model, 100);
+    churn.run(&clients, &mut model, 100);
     // Retire every key's register now: the copy reads their tombstones, their
     // resets come after it.
     for k in 0..16 {
@@ -964,7 +969,7 @@ fn registers_reset_during_a_repair_come_back_through_the_journal() {
             }
             world.advance(grace(&store) + 1);
             let recycled = total_recycled(&clients);
-            run(&clients, &mut model, 40);
+            churn.run(&clients, &mut model, 40);
             let entries = journal_entries(&store);
             during = Some((total_recycled(&clients) - recycled, entries));
         },
@@ -978,7 +983,7 @@ fn registers_reset_during_a_repair_come_back_through_the_journal() {
     );
     assert!(report.journaled >= entries as u64, "{report:?}");
     world.advance(layout.params.lease_renew_ns * 2);
-    run(&clients, &mut model, 300);
+    churn.run(&clients, &mut model, 300);
     assert!(
         clients
             .iter()
