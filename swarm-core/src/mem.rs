@@ -38,8 +38,8 @@ impl MemNode {
         self.words.len() as u64 * 8
     }
 
-    fn execute(&self, batch: &Batch) -> Completion {
-        words::execute(&self.words, batch)
+    fn execute(&self, batch: &Batch, out: &mut Completion) {
+        words::execute_into(&self.words, batch, out);
     }
 }
 
@@ -97,15 +97,20 @@ impl core::fmt::Debug for MemFabric {
 }
 
 impl MemFabric {
-    /// Checks and executes `batch` on `node`.
-    fn execute(&self, node: NodeId, batch: &Batch) -> Result<Completion, FabricError> {
+    /// Checks and executes `batch` on `node`, its outputs appended to `out`.
+    fn execute(
+        &self,
+        node: NodeId,
+        batch: &Batch,
+        out: &mut Completion,
+    ) -> Result<(), FabricError> {
         let Some(mem) = self.cluster.nodes.get(node.index()) else {
             return Err(FabricError::NoSuchNode {
                 node,
                 nodes: self.cluster.nodes.len(),
             });
         };
-        check_batch(node, batch, mem.size()).map(|()| mem.execute(batch))
+        check_batch(node, batch, mem.size()).map(|()| mem.execute(batch, out))
     }
 }
 
@@ -115,13 +120,19 @@ impl Fabric for MemFabric {
     }
 
     fn post(&self, node: NodeId, batch: Batch) -> Ticket {
-        let result = self.execute(node, &batch);
-        self.slab.borrow_mut().insert_done(result)
+        let mut completion = Completion::new();
+        let result = self.execute(node, &batch, &mut completion);
+        self.slab
+            .borrow_mut()
+            .insert_done(result.map(|()| completion))
     }
 
     #[inline]
-    fn submit(&self, node: NodeId, batch: Batch) -> Submitted {
-        Submitted::Done(self.execute(node, &batch))
+    fn submit(&self, node: NodeId, batch: &mut Batch, reply: &mut Completion) -> Submitted {
+        match self.execute(node, batch, reply) {
+            Ok(()) => Submitted::Done,
+            Err(error) => Submitted::Failed(error),
+        }
     }
 
     fn poll(&self, ticket: Ticket) -> Poll<Result<Completion, FabricError>> {

@@ -38,48 +38,89 @@ pub const INLINE_REPLIES: usize = 2;
 
 /// The replies of one roundtrip: inline up to [`INLINE_REPLIES`], then on the heap.
 /// Large inline on purpose: avoiding the allocation is the point.
+///
+/// The inline slots always hold a completion (empty past `len`), so that a reply is
+/// written where it stays ([`Replies::push_blank`], the fast path of
+/// [`Fabric::submit`]) instead of being built elsewhere and moved in.
 #[derive(Debug)]
 #[allow(clippy::large_enum_variant)]
 enum Replies {
-    Inline(heapless::Vec<(NodeId, Completion), INLINE_REPLIES>),
+    Inline {
+        slots: [(NodeId, Completion); INLINE_REPLIES],
+        len: usize,
+    },
     Heap(Vec<(NodeId, Completion)>),
 }
 
 impl Replies {
     const fn new() -> Self {
-        Self::Inline(heapless::Vec::new())
+        Self::Inline {
+            slots: [const { (NodeId(0), Completion::new()) }; INLINE_REPLIES],
+            len: 0,
+        }
     }
 
-    fn push(&mut self, reply: (NodeId, Completion)) {
-        match self {
-            Self::Inline(inline) => {
-                if let Err(reply) = inline.push(reply) {
-                    let mut heap = Vec::with_capacity(2 * INLINE_REPLIES);
-                    heap.extend(inline.drain(..));
-                    heap.push(reply);
-                    *self = Self::Heap(heap);
-                }
-            }
-            Self::Heap(heap) => heap.push(reply),
+    /// Appends an empty reply from `node`, for a transport to fill in place
+    /// ([`Fabric::submit`]), and returns it; [`Replies::discard_last`] takes it back
+    /// if the transport did not complete the batch.
+    #[inline]
+    fn push_blank(&mut self, node: NodeId) -> &mut Completion {
+        if let Self::Inline { slots, len } = self
+            && *len == INLINE_REPLIES
+        {
+            let mut heap = Vec::with_capacity(2 * INLINE_REPLIES);
+            heap.extend(slots.iter_mut().map(|(n, c)| (*n, core::mem::take(c))));
+            *self = Self::Heap(heap);
         }
+        match self {
+            Self::Inline { slots, len } => {
+                let slot = &mut slots[*len];
+                *len += 1;
+                slot.0 = node;
+                &mut slot.1
+            }
+            Self::Heap(heap) => {
+                heap.push((node, Completion::new()));
+                &mut heap.last_mut().expect("just pushed").1
+            }
+        }
+    }
+
+    /// Removes the reply [`Replies::push_blank`] added last.
+    #[inline]
+    fn discard_last(&mut self) {
+        match self {
+            Self::Inline { slots, len } => {
+                *len -= 1;
+                slots[*len].1.clear();
+            }
+            Self::Heap(heap) => drop(heap.pop()),
+        }
+    }
+
+    fn push(&mut self, (node, completion): (NodeId, Completion)) {
+        *self.push_blank(node) = completion;
     }
 
     fn as_slice(&self) -> &[(NodeId, Completion)] {
         match self {
-            Self::Inline(inline) => inline,
+            Self::Inline { slots, len } => &slots[..*len],
             Self::Heap(heap) => heap,
         }
     }
 
     fn as_mut_slice(&mut self) -> &mut [(NodeId, Completion)] {
         match self {
-            Self::Inline(inline) => inline,
+            Self::Inline { slots, len } => &mut slots[..*len],
             Self::Heap(heap) => heap,
         }
     }
 
     fn len(&self) -> usize {
-        self.as_slice().len()
+        match self {
+            Self::Inline { len, .. } => *len,
+            Self::Heap(heap) => heap.len(),
+        }
     }
 }
 
@@ -304,11 +345,17 @@ impl<'a, F: Fabric + ?Sized> Roundtrip<'a, F> {
         }
         // A transport that queues the batch must not start it after the deadline.
         batch.set_deadline(self.stats.deadline());
-        match self.fabric.submit(node, batch) {
-            Submitted::Done(Ok(completion)) => self.replies.push((node, completion)),
-            Submitted::Done(Err(error)) => self.failures.push((node, error)),
+        // The reply is written where the step keeps it: no copy on a fast path.
+        let reply = self.replies.push_blank(node);
+        match self.fabric.submit(node, &mut batch, reply) {
+            Submitted::Done => {}
+            Submitted::Failed(error) => {
+                self.replies.discard_last();
+                self.failures.push((node, error));
+            }
             // Capacity checked above.
             Submitted::Posted(ticket) => {
+                self.replies.discard_last();
                 let _ = self.outstanding.push((node, ticket));
             }
         }
@@ -432,8 +479,8 @@ impl<F: Fabric + ?Sized> Drop for Roundtrip<'_, F> {
 /// in-place write or marking a tuple VERIFIED (SWARM §3.2, §4.3). Costs no roundtrip.
 /// A transport that completes it inside [`Fabric::submit`] has executed it on return
 /// (its result is dropped); on the others it is in flight and its ticket forgotten.
-pub fn post_background<F: Fabric + ?Sized>(fabric: &F, node: NodeId, batch: Batch) {
-    if let Submitted::Posted(ticket) = fabric.submit(node, batch) {
+pub fn post_background<F: Fabric + ?Sized>(fabric: &F, node: NodeId, mut batch: Batch) {
+    if let Submitted::Posted(ticket) = fabric.submit(node, &mut batch, &mut Completion::new()) {
         fabric.forget(ticket);
     }
 }
@@ -502,8 +549,8 @@ mod tests {
         fn post(&self, node: NodeId, batch: Batch) -> Ticket {
             self.inner.post(node, batch)
         }
-        fn submit(&self, node: NodeId, batch: Batch) -> Submitted {
-            self.inner.submit(node, batch)
+        fn submit(&self, node: NodeId, batch: &mut Batch, reply: &mut Completion) -> Submitted {
+            self.inner.submit(node, batch, reply)
         }
         fn poll(&self, ticket: Ticket) -> Poll<Result<Completion, FabricError>> {
             self.polls.set(self.polls.get() + 1);
@@ -588,6 +635,48 @@ mod tests {
         let order: alloc::vec::Vec<u16> = rt.replies().iter().map(|(n, _)| n.0).collect();
         assert_eq!(order, (0..nodes as u16).collect::<alloc::vec::Vec<_>>());
         assert!(rt.contacted(NodeId(nodes as u16 - 1)));
+    }
+
+    /// A reply slot handed to `submit` is taken back when the batch failed at once
+    /// or went behind a ticket: the replies are exactly the completed batches', with
+    /// their own outputs, inline and after spilling to the heap.
+    #[test]
+    fn replies_hold_only_batches_that_completed_in_place() {
+        use crate::fabric::FailNodes;
+        let nodes = INLINE_REPLIES + 3;
+        let cluster = MemCluster::new(nodes, 64);
+        let setup = cluster.client();
+        for n in 0..nodes {
+            setup.post(
+                NodeId(n as u16),
+                Batch::write(0, alloc::vec![n as u8 + 1; 8]),
+            );
+        }
+        let fabric = FailNodes::new(cluster.client());
+        fabric.fail_node(NodeId(2));
+        let stats = OpStats::new();
+        let mut rt = Roundtrip::start(&fabric, &stats);
+        for n in 0..nodes as u16 {
+            // Node 1's read is out of bounds (refused at once), node 2 is failed (a
+            // ticket that never completes).
+            let addr = if n == 1 { 64 } else { 0 };
+            rt.post(NodeId(n), Batch::read(addr, 8)).unwrap();
+        }
+        let got: alloc::vec::Vec<(u16, u8)> = rt
+            .replies()
+            .iter()
+            .map(|(n, c)| (n.0, c.read(0).expect("a read")[0]))
+            .collect();
+        let want: alloc::vec::Vec<(u16, u8)> =
+            [0u16, 3, 4].iter().map(|&n| (n, n as u8 + 1)).collect();
+        assert_eq!(got, want);
+        assert!(rt.replies().iter().all(|(_, c)| c.outputs().len() == 1));
+        assert_eq!(rt.failures().len(), 1);
+        assert!(
+            rt.contacted(NodeId(2)),
+            "the failed node's batch is in flight"
+        );
+        assert!(!rt.reached(4));
     }
 
     #[test]

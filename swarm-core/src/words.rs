@@ -114,6 +114,14 @@ pub fn cas(words: &[AtomicU64], addr: usize, expected: u64, new: u64) -> u64 {
 /// [`crate::fabric::check_batch`]).
 pub fn execute(words: &[AtomicU64], batch: &Batch) -> Completion {
     let mut completion = Completion::new();
+    execute_into(words, batch, &mut completion);
+    completion
+}
+
+/// [`execute`], appending the outputs to `out` (empty on entry): the fast path of
+/// [`crate::Fabric::submit`], which writes a reply where its caller keeps it.
+#[inline]
+pub fn execute_into(words: &[AtomicU64], batch: &Batch, out: &mut Completion) {
     for op in batch.ops() {
         let output = match op {
             Op::Read { addr, len } => {
@@ -137,9 +145,8 @@ pub fn execute(words: &[AtomicU64], batch: &Batch) -> Completion {
             } => OpOutput::Cas(cas(words, *addr as usize, *expected, *new)),
         };
         // Batches and completions share the same capacity.
-        let _ = completion.push(output);
+        let _ = out.push(output);
     }
-    completion
 }
 
 /// Writes `bytes` at byte `offset` of `word`, keeping its other bytes: a CAS loop, so

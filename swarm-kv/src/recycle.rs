@@ -113,7 +113,7 @@ use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::task::Poll;
 
-use swarm_core::fabric::{Batch, Nanos, NodeId, Op, Submitted, Ticket};
+use swarm_core::fabric::{Batch, Completion, Nanos, NodeId, Op, Submitted, Ticket};
 use swarm_core::layout::RECORD_HEADER;
 use swarm_core::{Fabric, RegisterLoc};
 
@@ -345,9 +345,11 @@ impl Recycler {
         for &node in nodes {
             let mut batch = Batch::cas(at, from, to);
             batch.set_deadline(Some(deadline));
-            match fabric.submit(node, batch) {
+            let mut reply = Completion::new();
+            match fabric.submit(node, &mut batch, &mut reply) {
                 Submitted::Posted(ticket) => s.marking.push((node, ticket)),
-                Submitted::Done(result) => note_mark(&mut s.stats, register, node, result),
+                Submitted::Done => note_mark(&mut s.stats, register, node, Ok(reply)),
+                Submitted::Failed(error) => note_mark(&mut s.stats, register, node, Err(error)),
             }
         }
         true

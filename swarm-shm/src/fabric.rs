@@ -72,9 +72,14 @@ impl ShmFabric {
     /// Checks the whole batch, then executes it on `node`. Invalid batches are
     /// refused at once, like a local validation error, without a roundtrip.
     #[inline]
-    fn execute(&self, node: NodeId, batch: &Batch) -> Result<Completion, FabricError> {
+    fn execute(
+        &self,
+        node: NodeId,
+        batch: &Batch,
+        out: &mut Completion,
+    ) -> Result<(), FabricError> {
         match self.cluster.node(node) {
-            Some(memory) => memory.execute(batch),
+            Some(memory) => memory.execute_into(batch, out),
             // Absent (its file was unusable at open): it behaves as crashed.
             None if node.index() < self.cluster.node_count() => Err(FabricError::NodeFailed {
                 node,
@@ -94,13 +99,19 @@ impl Fabric for ShmFabric {
     }
 
     fn post(&self, node: NodeId, batch: Batch) -> Ticket {
-        let result = self.execute(node, &batch);
-        self.slab.borrow_mut().insert_done(result)
+        let mut completion = Completion::new();
+        let result = self.execute(node, &batch, &mut completion);
+        self.slab
+            .borrow_mut()
+            .insert_done(result.map(|()| completion))
     }
 
     #[inline]
-    fn submit(&self, node: NodeId, batch: Batch) -> Submitted {
-        Submitted::Done(self.execute(node, &batch))
+    fn submit(&self, node: NodeId, batch: &mut Batch, reply: &mut Completion) -> Submitted {
+        match self.execute(node, batch, reply) {
+            Ok(()) => Submitted::Done,
+            Err(error) => Submitted::Failed(error),
+        }
     }
 
     fn poll(&self, ticket: Ticket) -> Poll<Result<Completion, FabricError>> {

@@ -90,6 +90,15 @@ impl NodeMemory {
     /// ([`NodeMemory::is_retired`]) fails every batch as a crashed node would.
     #[inline]
     pub fn execute(&self, batch: &Batch) -> Result<Completion, FabricError> {
+        let mut completion = Completion::new();
+        self.execute_into(batch, &mut completion)?;
+        Ok(completion)
+    }
+
+    /// [`NodeMemory::execute`], the outputs appended to `out` (empty on entry): the
+    /// fabric's fast path writes them where the caller keeps its reply.
+    #[inline]
+    pub fn execute_into(&self, batch: &Batch, out: &mut Completion) -> Result<(), FabricError> {
         if self.is_retired() {
             return Err(FabricError::NodeFailed {
                 node: self.id,
@@ -97,7 +106,8 @@ impl NodeMemory {
             });
         }
         swarm_core::fabric::check_batch(self.id, batch, self.size())?;
-        Ok(words::execute(self.mapping.words(), batch))
+        words::execute_into(self.mapping.words(), batch, out);
+        Ok(())
     }
 
     /// Whether this memory was declared lost (its header's retired word,

@@ -152,6 +152,11 @@ impl Completion {
             .map_err(|_| FabricError::BatchFull)
     }
 
+    /// Drops every output: the completion is empty again, ready to be reused.
+    pub fn clear(&mut self) {
+        self.outputs.clear();
+    }
+
     /// All outputs in batch order.
     pub fn outputs(&self) -> &[OpOutput] {
         &self.outputs

@@ -131,14 +131,14 @@ impl<F: Fabric> Fabric for FailNodes<F> {
     }
 
     #[inline]
-    fn submit(&self, node: NodeId, batch: Batch) -> Submitted {
+    fn submit(&self, node: NodeId, batch: &mut Batch, reply: &mut Completion) -> Submitted {
         if self.any_failed.get() && self.is_failed(node) {
             return Submitted::Posted(self.lost_ticket());
         }
-        match self.inner.submit(node, batch) {
-            // Completed before the node could fail: as a completion that arrived.
-            Submitted::Done(result) => Submitted::Done(result),
+        match self.inner.submit(node, batch, reply) {
             Submitted::Posted(ticket) => Submitted::Posted(self.track(node, ticket)),
+            // Completed before the node could fail: as a completion that arrived.
+            done_or_failed => done_or_failed,
         }
     }
 
@@ -197,6 +197,7 @@ impl<F: Fabric> Fabric for FailNodes<F> {
 /// With a roundtrip to emulate, tickets are the wrapper's own (the inner fabric may
 /// reuse a ticket number as soon as it delivered the result, which the wrapper holds
 /// back until the roundtrip elapsed); with none, they are the inner fabric's.
+
 #[derive(Debug)]
 pub struct EmulatedRtt<F> {
     inner: F,
@@ -257,27 +258,22 @@ impl<F: Fabric> EmulatedRtt<F> {
 }
 
 impl<F: Fabric> EmulatedRtt<F> {
-    /// Holds back what the inner fabric did with a batch until a roundtrip after now.
-    fn delay(&self, submitted: Submitted) -> Ticket {
+    /// Holds back what the inner fabric did with a batch until a roundtrip after now:
+    /// `submitted`, with the inner fabric's reply in `reply` if it was `Done`.
+    fn delay(&self, submitted: Submitted, reply: &mut Completion) -> Ticket {
         let due = self.inner.now().saturating_add(self.rtt);
-        let entry = match submitted {
-            Submitted::Posted(inner) => InFlight {
-                inner: Some(inner),
-                due,
-                result: None,
-                announced: false,
-            },
-            Submitted::Done(result) => InFlight {
-                inner: None,
-                // Refused before it was sent: delivered at once, as transports do.
-                due: if matches!(&result, Err(error) if error.is_local()) {
-                    0
-                } else {
-                    due
-                },
-                result: Some(result),
-                announced: false,
-            },
+        let (inner, result) = match submitted {
+            Submitted::Posted(inner) => (Some(inner), None),
+            Submitted::Done => (None, Some(Ok(core::mem::take(reply)))),
+            Submitted::Failed(error) => (None, Some(Err(error))),
+        };
+        // Refused before it was sent: delivered at once, as transports do.
+        let refused = matches!(&result, Some(Err(error)) if error.is_local());
+        let entry = InFlight {
+            inner,
+            due: if refused { 0 } else { due },
+            result,
+            announced: false,
         };
         let mut in_flight = self.in_flight.borrow_mut();
         let index = match in_flight.iter().position(Option::is_none) {
@@ -303,21 +299,24 @@ impl<F: Fabric> Fabric for EmulatedRtt<F> {
         if self.rtt == 0 {
             return self.inner.post(node, batch);
         }
-        self.delay(Submitted::Posted(self.inner.post(node, batch)))
+        self.delay(
+            Submitted::Posted(self.inner.post(node, batch)),
+            &mut Completion::new(),
+        )
     }
 
     #[inline]
-    fn submit(&self, node: NodeId, batch: Batch) -> Submitted {
-        let submitted = self.inner.submit(node, batch);
+    fn submit(&self, node: NodeId, batch: &mut Batch, reply: &mut Completion) -> Submitted {
+        let submitted = self.inner.submit(node, batch, reply);
         if self.rtt == 0 {
             return submitted;
         }
-        if let Submitted::Done(Err(error)) = &submitted
+        if let Submitted::Failed(error) = &submitted
             && error.is_local()
         {
             return submitted;
         }
-        Submitted::Posted(self.delay(submitted))
+        Submitted::Posted(self.delay(submitted, reply))
     }
 
     fn poll(&self, ticket: Ticket) -> Poll<Result<Completion, FabricError>> {
@@ -438,6 +437,7 @@ impl<F: Fabric> Fabric for EmulatedRtt<F> {
 mod tests {
     use super::*;
     use crate::MemCluster;
+    use crate::fabric::OpOutput;
 
     fn ready<F: Fabric>(fabric: &F, ticket: Ticket) -> Option<Result<Completion, FabricError>> {
         match fabric.poll(ticket) {
@@ -453,13 +453,22 @@ mod tests {
     fn submit_keeps_the_fast_path_only_where_the_wrappers_allow_it() {
         let cluster = MemCluster::new(3, 64);
         let fabric = FailNodes::new(EmulatedRtt::new(cluster.client(), 0));
+        let mut reply = Completion::new();
         assert!(matches!(
-            fabric.submit(NodeId(0), Batch::write(8, alloc::vec![3; 8])),
-            Submitted::Done(Ok(_))
+            fabric.submit(
+                NodeId(0),
+                &mut Batch::write(8, alloc::vec![3; 8]),
+                &mut reply
+            ),
+            Submitted::Done
         ));
+        assert_eq!(reply.outputs(), &[OpOutput::Written]);
         fabric.fail_node(NodeId(2));
-        let Submitted::Posted(lost) = fabric.submit(NodeId(2), Batch::write(8, alloc::vec![3; 8]))
-        else {
+        let Submitted::Posted(lost) = fabric.submit(
+            NodeId(2),
+            &mut Batch::write(8, alloc::vec![3; 8]),
+            &mut Completion::new(),
+        ) else {
             panic!("a batch to a failed node completed");
         };
         assert!(ready(&fabric, lost).is_none());
@@ -467,7 +476,9 @@ mod tests {
         fabric.forget(lost);
 
         let delayed = EmulatedRtt::new(cluster.client(), 5);
-        let Submitted::Posted(t) = delayed.submit(NodeId(0), Batch::read(8, 8)) else {
+        let mut reply = Completion::new();
+        let Submitted::Posted(t) = delayed.submit(NodeId(0), &mut Batch::read(8, 8), &mut reply)
+        else {
             panic!("a batch completed before its emulated roundtrip");
         };
         assert!(ready(&delayed, t).is_none());
@@ -476,9 +487,13 @@ mod tests {
             .expect("due after the roundtrip")
             .unwrap();
         assert_eq!(read.read(0), Some(&[3u8; 8][..]));
+        assert!(
+            reply.outputs().is_empty(),
+            "the reply came behind the ticket"
+        );
         assert!(matches!(
-            delayed.submit(NodeId(0), Batch::read(60, 8)),
-            Submitted::Done(Err(FabricError::OutOfBounds { .. }))
+            delayed.submit(NodeId(0), &mut Batch::read(60, 8), &mut Completion::new()),
+            Submitted::Failed(FabricError::OutOfBounds { .. })
         ));
     }
 

@@ -28,11 +28,13 @@
 //!
 //! **Synchronous completion, the fast path.** A transport whose memory is local
 //! (shared memory, CXL, the in-process fabric) executes a batch while it is posted.
-//! Protocol code posts through [`Fabric::submit`], which lets such a transport hand
-//! the result back at once ([`Submitted::Done`]) instead of parking it behind a
-//! ticket: no ticket bookkeeping, no second borrow of the transport's state, no
-//! poll, and the roundtrip that posted it is complete before it first waits (its
-//! future is `Ready` on the first poll, so the executor never calls `progress`).
+//! Protocol code posts through [`Fabric::submit`], which lets such a transport write
+//! the result at once into a completion the caller provides ([`Submitted::Done`])
+//! instead of parking it behind a ticket: no ticket bookkeeping, no second borrow of
+//! the transport's state, no poll, no copy of the result on its way (a [`crate::Roundtrip`]
+//! passes the slot its reply is kept in), and the roundtrip that posted it is
+//! complete before it first waits (its future is `Ready` on the first poll, so the
+//! executor never calls `progress`).
 //! `submit`'s default posts and returns the ticket ([`Submitted::Posted`]), so
 //! asynchronous transports (RDMA, the simulator) and wrappers that only override
 //! `post` keep their exact behaviour; there is one protocol code path for both.
@@ -86,10 +88,14 @@ pub struct Ticket(pub u32);
 /// What [`Fabric::submit`] did with a batch.
 #[derive(Debug)]
 pub enum Submitted {
-    /// The transport executed the batch inside `submit`: here is its result, exactly
-    /// what [`Fabric::poll`] would have returned for its ticket. Nothing is left to
-    /// poll or forget.
-    Done(Result<Completion, FabricError>),
+    /// The transport executed the batch inside `submit`: its outputs are in the
+    /// completion the caller passed, exactly what [`Fabric::poll`] would have returned
+    /// for its ticket. Nothing is left to poll or forget.
+    Done,
+    /// The transport refused or failed the batch inside `submit` (a bad address, a
+    /// crashed node): the error [`Fabric::poll`] would have returned for its ticket.
+    /// Nothing is left to poll or forget.
+    Failed(FabricError),
     /// The batch is in flight: redeem the ticket with [`Fabric::poll`] or drop it with
     /// [`Fabric::forget`], as for [`Fabric::post`].
     Posted(Ticket),
@@ -109,14 +115,19 @@ pub trait Fabric {
     fn post(&self, node: NodeId, batch: Batch) -> Ticket;
 
     /// Posts an ordered batch to `node`, like [`Fabric::post`], but lets a transport
-    /// that executes it synchronously return the result at once
-    /// ([`Submitted::Done`]); see the module docs. The batch's effects and its result
-    /// are those `post` + `poll` would give; only the bookkeeping differs. The
-    /// default posts and returns the ticket. Wrappers forward it to their inner
-    /// fabric so the fast path survives them.
+    /// that executes it synchronously deliver the result at once, into `reply`, which
+    /// the caller owns and passes empty ([`Submitted::Done`], or
+    /// [`Submitted::Failed`]); see the module docs. A transport that keeps the batch
+    /// takes it out of `batch` (the caller drops what is left): a synchronous one
+    /// only reads it, so the batch is never moved on the fast path. The batch's effects and its result
+    /// are those `post` + `poll` would give; only the bookkeeping differs. `reply` is
+    /// left empty unless the result is `Done`. The default posts and returns the
+    /// ticket. Wrappers forward it to their inner fabric so the fast path survives
+    /// them.
     #[inline]
-    fn submit(&self, node: NodeId, batch: Batch) -> Submitted {
-        Submitted::Posted(self.post(node, batch))
+    fn submit(&self, node: NodeId, batch: &mut Batch, reply: &mut Completion) -> Submitted {
+        let _ = reply;
+        Submitted::Posted(self.post(node, core::mem::take(batch)))
     }
 
     /// Reports whether the batch behind `ticket` has completed. A `Ready` result
@@ -179,8 +190,8 @@ impl<F: Fabric + ?Sized> Fabric for &F {
     fn post(&self, node: NodeId, batch: Batch) -> Ticket {
         (**self).post(node, batch)
     }
-    fn submit(&self, node: NodeId, batch: Batch) -> Submitted {
-        (**self).submit(node, batch)
+    fn submit(&self, node: NodeId, batch: &mut Batch, reply: &mut Completion) -> Submitted {
+        (**self).submit(node, batch, reply)
     }
     fn poll(&self, ticket: Ticket) -> Poll<Result<Completion, FabricError>> {
         (**self).poll(ticket)
