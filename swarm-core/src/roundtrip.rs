@@ -451,8 +451,10 @@ impl<'a, F: Fabric + ?Sized> Roundtrip<'a, F> {
         poll_fn(|cx| {
             // The clock is read *before* collecting: a thread preempted between the
             // two (more client threads than cores) must not find the deadline passed
-            // while its completions, due long ago, sit uncollected.
-            let now = self.fabric.now();
+            // while its completions, due long ago, sit uncollected. A recent reading
+            // does (`Fabric::recent_now`): completions due by it are collected, and a
+            // fallback one executor round late costs nothing but that round.
+            let now = self.fabric.recent_now();
             let ok = self.collect();
             if ok >= k {
                 return Poll::Ready(WaitOutcome::Reached);

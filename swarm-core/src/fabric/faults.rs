@@ -176,6 +176,10 @@ impl<F: Fabric> Fabric for FailNodes<F> {
         self.inner.now()
     }
 
+    fn recent_now(&self) -> Nanos {
+        self.inner.recent_now()
+    }
+
     fn wake_at(&self, deadline: Nanos) {
         self.inner.wake_at(deadline);
     }
@@ -197,11 +201,19 @@ impl<F: Fabric> Fabric for FailNodes<F> {
 /// With a roundtrip to emulate, tickets are the wrapper's own (the inner fabric may
 /// reuse a ticket number as soon as it delivered the result, which the wrapper holds
 /// back until the roundtrip elapsed); with none, they are the inner fabric's.
-
+///
+/// A ticket falls due by the clock's *last reading* through the wrapper ([`Fabric::now`],
+/// [`Fabric::progress`], a post), not by a fresh one: an executor polls every
+/// operation it runs after each `progress`, and with many operations in flight a clock
+/// read per pending ticket was most of the client's CPU time. A waiter that reads
+/// `now` and then polls (a roundtrip with a deadline) sees every completion due by
+/// that reading, so it never mistakes a due completion for a slow node.
 #[derive(Debug)]
 pub struct EmulatedRtt<F> {
     inner: F,
     rtt: Nanos,
+    /// The inner fabric's clock at its last reading through this wrapper.
+    clock: Cell<Nanos>,
     /// Batches not yet delivered, by ticket number (`None`: a free number). A handful
     /// at a time.
     in_flight: RefCell<Vec<Option<InFlight>>>,
@@ -223,9 +235,11 @@ impl<F: Fabric> EmulatedRtt<F> {
     /// Wraps `inner`, delaying completions by `rtt` ns (e.g. ~300 for CXL-like and
     /// ~1500 for RDMA-like latency); 0 delivers them as the inner fabric does.
     pub fn new(inner: F, rtt: Nanos) -> Self {
+        let clock = Cell::new(inner.now());
         Self {
             inner,
             rtt,
+            clock,
             in_flight: RefCell::new(Vec::new()),
             wake: Cell::new(0),
         }
@@ -243,6 +257,13 @@ impl<F: Fabric> EmulatedRtt<F> {
 }
 
 impl<F: Fabric> EmulatedRtt<F> {
+    /// Reads the inner fabric's clock, and keeps the reading for [`Fabric::poll`].
+    fn read_clock(&self) -> Nanos {
+        let now = self.inner.now();
+        self.clock.set(now);
+        now
+    }
+
     /// Whether a batch posted through this wrapper fell due by `now` and was not
     /// reported yet (each is reported once, so `while progress() {}` ends).
     fn newly_due(&self, now: Nanos) -> bool {
@@ -261,7 +282,7 @@ impl<F: Fabric> EmulatedRtt<F> {
     /// Holds back what the inner fabric did with a batch until a roundtrip after now:
     /// `submitted`, with the inner fabric's reply in `reply` if it was `Done`.
     fn delay(&self, submitted: Submitted, reply: &mut Completion) -> Ticket {
-        let due = self.inner.now().saturating_add(self.rtt);
+        let due = self.read_clock().saturating_add(self.rtt);
         let (inner, result) = match submitted {
             Submitted::Posted(inner) => (Some(inner), None),
             Submitted::Done => (None, Some(Ok(core::mem::take(reply)))),
@@ -340,7 +361,7 @@ impl<F: Fabric> Fabric for EmulatedRtt<F> {
                 }
             }
         }
-        if entry.due > self.inner.now() {
+        if entry.due > self.clock.get() {
             return Poll::Pending;
         }
         match in_flight[ticket.0 as usize].take().and_then(|e| e.result) {
@@ -373,7 +394,7 @@ impl<F: Fabric> Fabric for EmulatedRtt<F> {
         // A completion already due is an event now: its owner just has not polled it
         // yet (a thread busy elsewhere). Spinning to a later deadline instead would
         // stall every waiter for that long.
-        let now = self.inner.now();
+        let now = self.read_clock();
         if self.newly_due(now) {
             return true;
         }
@@ -402,19 +423,26 @@ impl<F: Fabric> Fabric for EmulatedRtt<F> {
             // executor poll, and come back.
             return true;
         }
-        while self.inner.now() < until {
+        while self.read_clock() < until {
             core::hint::spin_loop();
             // An inner fabric with a logical clock moves it here.
             self.inner.progress();
         }
-        if self.wake.get() <= self.inner.now() {
+        if self.wake.get() <= self.clock.get() {
             self.wake.set(0);
         }
         true
     }
 
     fn now(&self) -> Nanos {
-        self.inner.now()
+        self.read_clock()
+    }
+
+    fn recent_now(&self) -> Nanos {
+        if self.rtt == 0 {
+            return self.inner.recent_now();
+        }
+        self.clock.get()
     }
 
     fn wake_at(&self, deadline: Nanos) {
@@ -495,6 +523,33 @@ mod tests {
             delayed.submit(NodeId(0), &mut Batch::read(60, 8), &mut Completion::new()),
             Submitted::Failed(FabricError::OutOfBounds { .. })
         ));
+    }
+
+    /// A ticket falls due by the clock's last reading through the wrapper, which
+    /// `recent_now` returns: polling many pending tickets reads no clock, and a
+    /// waiter that reads `now` before it polls sees what fell due by then.
+    #[test]
+    fn completions_fall_due_by_the_last_clock_reading() {
+        let cluster = MemCluster::new(1, 64);
+        let inner = cluster.client();
+        let delayed = EmulatedRtt::new(&inner, 5);
+        let posted_at = delayed.now();
+        let ticket = delayed.post(NodeId(0), Batch::read(0, 8));
+        for _ in 0..10 {
+            inner.progress(); // the inner clock moves on, unread by the wrapper
+        }
+        assert_eq!(delayed.recent_now(), posted_at);
+        assert!(
+            delayed.poll(ticket).is_pending(),
+            "due by a clock not read yet"
+        );
+        assert_eq!(delayed.now(), posted_at + 10);
+        assert_eq!(delayed.recent_now(), posted_at + 10);
+        assert!(matches!(delayed.poll(ticket), Poll::Ready(Ok(_))));
+        // Without a roundtrip to emulate, the inner fabric's clock as it is.
+        let plain = EmulatedRtt::new(&inner, 0);
+        inner.progress();
+        assert_eq!(plain.recent_now(), inner.now());
     }
 
     /// Whether `ticket` is still pending, without consuming a result: the in-flight

@@ -149,6 +149,19 @@ pub trait Fabric {
     /// majority). Never used for timestamps, which come from a [`crate::Clock`].
     fn now(&self) -> Nanos;
 
+    /// A recent reading of [`Fabric::now`]: not later than `now()`, and not earlier
+    /// than the clock at the last call of [`Fabric::progress`] or `now()`. For
+    /// timeouts that tolerate a clock one executor round behind (a quorum step's
+    /// fallback to slower nodes, [`crate::Roundtrip::wait_until`]), which a client
+    /// with many operations in flight checks at every poll of each; never for the
+    /// operation fence, which needs `now()`. A transport whose roundtrips complete
+    /// by its own clock readings ([`EmulatedRtt`]) keeps the last one; the default
+    /// reads the clock.
+    #[inline]
+    fn recent_now(&self) -> Nanos {
+        self.now()
+    }
+
     /// Asks the fabric to keep making progress until its clock reaches `deadline`,
     /// even if no batch completes before then: [`Fabric::progress`] must not return
     /// `false` while such a wake-up is due later. A roundtrip waiting with a deadline
@@ -204,6 +217,9 @@ impl<F: Fabric + ?Sized> Fabric for &F {
     }
     fn now(&self) -> Nanos {
         (**self).now()
+    }
+    fn recent_now(&self) -> Nanos {
+        (**self).recent_now()
     }
     fn wake_at(&self, deadline: Nanos) {
         (**self).wake_at(deadline)

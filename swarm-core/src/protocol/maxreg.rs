@@ -182,7 +182,11 @@ impl<F: Fabric, C: Clock> Client<F, C> {
             self.trust_replies(&rt);
             return Ok(rt);
         }
-        let deadline = self.fabric.now().saturating_add(self.config.slow_after_ns);
+        // A fallback timer, not a fence: the clock as the posts just read it will do.
+        let deadline = self
+            .fabric
+            .recent_now()
+            .saturating_add(self.config.slow_after_ns);
         if rt.wait_until(k, deadline).await == WaitOutcome::Reached {
             self.trust_replies(&rt);
             return Ok(rt);
