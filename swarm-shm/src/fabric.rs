@@ -114,6 +114,13 @@ impl Fabric for ShmFabric {
         }
     }
 
+    #[inline]
+    fn prefetch(&self, node: NodeId, batch: &Batch) {
+        if let Some(memory) = self.cluster.node(node) {
+            memory.prefetch(batch);
+        }
+    }
+
     fn poll(&self, ticket: Ticket) -> Poll<Result<Completion, FabricError>> {
         self.slab.borrow_mut().poll(ticket)
     }

@@ -130,6 +130,10 @@ impl<F: Fabric> Fabric for FailNodes<F> {
         self.track(node, ticket)
     }
 
+    fn prefetch(&self, node: NodeId, batch: &Batch) {
+        self.inner.prefetch(node, batch);
+    }
+
     #[inline]
     fn submit(&self, node: NodeId, batch: &mut Batch, reply: &mut Completion) -> Submitted {
         if self.any_failed.get() && self.is_failed(node) {
@@ -324,6 +328,10 @@ impl<F: Fabric> Fabric for EmulatedRtt<F> {
             Submitted::Posted(self.inner.post(node, batch)),
             &mut Completion::new(),
         )
+    }
+
+    fn prefetch(&self, node: NodeId, batch: &Batch) {
+        self.inner.prefetch(node, batch);
     }
 
     #[inline]

@@ -130,6 +130,15 @@ pub trait Fabric {
         Submitted::Posted(self.post(node, core::mem::take(batch)))
     }
 
+    /// Hints that `batch` will be posted to `node` soon: a transport over local
+    /// memory may start fetching what it reads, so that a protocol step reading
+    /// several replicas waits for their memory once, not once per replica. No
+    /// effect on results; the default does nothing.
+    #[inline]
+    fn prefetch(&self, node: NodeId, batch: &Batch) {
+        let _ = (node, batch);
+    }
+
     /// Reports whether the batch behind `ticket` has completed. A `Ready` result
     /// consumes the ticket; polling it again is a logic error and yields
     /// [`FabricError::UnknownTicket`].
@@ -205,6 +214,9 @@ impl<F: Fabric + ?Sized> Fabric for &F {
     }
     fn submit(&self, node: NodeId, batch: &mut Batch, reply: &mut Completion) -> Submitted {
         (**self).submit(node, batch, reply)
+    }
+    fn prefetch(&self, node: NodeId, batch: &Batch) {
+        (**self).prefetch(node, batch)
     }
     fn poll(&self, ticket: Ticket) -> Poll<Result<Completion, FabricError>> {
         (**self).poll(ticket)

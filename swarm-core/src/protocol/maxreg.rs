@@ -173,8 +173,17 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         };
         let mut rt = Roundtrip::start(&self.fabric, stats);
         let first = k.min(ordered.len());
+        // Built first and announced, so that local memory fetches every replica's
+        // lines at once (`Fabric::prefetch`), then posted.
+        let mut batches: heapless::Vec<(crate::NodeId, Batch), MAX_REPLICAS> = heapless::Vec::new();
         for &p in &ordered[..first] {
-            rt.post(reg.replicas.node(p), build(p)?)?;
+            let node = reg.replicas.node(p);
+            let batch = build(p)?;
+            self.fabric.prefetch(node, &batch);
+            let _ = batches.push((node, batch));
+        }
+        for (node, batch) in batches {
+            rt.post(node, batch)?;
         }
         // A fabric that completes batches inside `post` (shared memory) has answered
         // already: look before reading the clock for the fallback deadline.

@@ -340,3 +340,42 @@ fn handles_are_send_and_clusters_are_shared() {
     assert_eq!(fabric.node_count(), 1);
     assert!(format!("{fabric:?}").contains("dir"));
 }
+
+/// A prefetch is a hint: reads anywhere (past the end of the node, on a node that
+/// does not exist, of lengths reaching beyond the mapping) change nothing and do not
+/// panic, and the batch then reads what it would have read without it.
+#[test]
+fn prefetch_is_only_a_hint() {
+    let (_dir, cluster) = cluster(2);
+    let fabric = ShmFabric::new(cluster.clone());
+    let size = HEADER_SIZE + 4096;
+    roundtrip(&fabric, &[0], &Batch::write(DATA + 3, vec![7; 61]), 1).unwrap();
+    let mut wild = Batch::new();
+    wild.push(Op::Read {
+        addr: DATA + 3,
+        len: 61,
+    })
+    .unwrap();
+    wild.push(Op::Read {
+        addr: size - 8,
+        len: u32::MAX,
+    })
+    .unwrap();
+    wild.push(Op::Read {
+        addr: u64::MAX - 3,
+        len: 64,
+    })
+    .unwrap();
+    wild.push(Op::Cas {
+        addr: DATA,
+        expected: 0,
+        new: 1,
+    })
+    .unwrap();
+    for node in [0, 1, 9] {
+        fabric.prefetch(NodeId(node), &wild);
+    }
+    assert_eq!(word_at(&cluster, 0, DATA), [0, 0, 0, 7, 7, 7, 7, 7]);
+    let read = roundtrip(&fabric, &[0], &Batch::read(DATA + 3, 61), 1).unwrap();
+    assert_eq!(read[0].1.read(0), Some(&[7u8; 61][..]));
+}
