@@ -311,7 +311,14 @@ fn owner_tag(register: Option<u64>) -> u32 {
 /// ([`crate::resume`]), so that it can recycle it.
 pub fn encode_record_for(tsp: Tsp, register: Option<u64>, payload: &[u8]) -> Vec<u8> {
     let len = pad8(u64::from(RECORD_HEADER) + payload.len() as u64) as usize;
-    let mut record = alloc::vec![0u8; len];
+    // `with_capacity` + `resize`, not `vec![0; len]` (`calloc`, which bypasses
+    // glibc's thread cache: see `words::execute_into`).
+    #[allow(clippy::slow_vector_initialization)]
+    let mut record = {
+        let mut record = Vec::with_capacity(len);
+        record.resize(len, 0);
+        record
+    };
     record[0..8].copy_from_slice(&tsp.with_flag(Flag::Guessed).word().to_le_bytes());
     record[8..12].copy_from_slice(&(payload.len() as u32).to_le_bytes());
     record[12..16].copy_from_slice(&owner_tag(register).to_le_bytes());

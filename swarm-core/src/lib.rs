@@ -124,7 +124,8 @@ pub use exec::{
     LocalExecutor, SlotExecutor, TaskId, block_on, block_on_future, join, sleep, step_rounds,
 };
 pub use fabric::{
-    Batch, Completion, Fabric, FabricError, FailureCause, NodeId, Op, OpOutput, Submitted, Ticket,
+    Batch, Completion, Fabric, FabricError, FailureCause, NodeId, Op, OpOutput, Payload, Submitted,
+    Ticket,
 };
 pub use layout::{Layout, LayoutBuilder, LayoutError};
 pub use mem::{MemCluster, MemFabric};

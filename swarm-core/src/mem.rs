@@ -175,7 +175,7 @@ mod tests {
         batch
             .push(Op::Write {
                 addr: 8,
-                data: alloc::vec![7; 8],
+                data: alloc::vec![7; 8].into(),
             })
             .unwrap()
             .push(Op::Cas {

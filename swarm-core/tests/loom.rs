@@ -169,7 +169,7 @@ fn a_reader_that_sees_the_cas_of_a_batch_sees_the_writes_before_it() {
                 batch
                     .push(Op::Write {
                         addr: 9,
-                        data: vec![0xAB; 14],
+                        data: vec![0xAB; 14].into(),
                     })
                     .unwrap()
                     .push(Op::Cas {

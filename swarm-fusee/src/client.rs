@@ -508,7 +508,7 @@ impl<F: Fabric> FuseeClient<F> {
             batch
                 .push(Op::Write {
                     addr: alloc.addr + offset::used(ob),
-                    data: USED.to_le_bytes().to_vec(),
+                    data: USED.to_le_bytes().to_vec().into(),
                 })
                 .map_err(FuseeError::from)?;
             if node == view.primary {
@@ -702,7 +702,7 @@ impl<F: Fabric> FuseeClient<F> {
             batch
                 .push(Op::Write {
                     addr: object + offset::old(ob),
-                    data: (OLD_PRESENT | v_old).to_le_bytes().to_vec(),
+                    data: (OLD_PRESENT | v_old).to_le_bytes().to_vec().into(),
                 })
                 .map_err(FuseeError::from)?;
             if !won_by_rule_1
@@ -788,7 +788,7 @@ impl<F: Fabric> FuseeClient<F> {
                     batch
                         .push(Op::Write {
                             addr: self.layout.log_head(self.id),
-                            data: self.layout.object(b, 0).to_le_bytes().to_vec(),
+                            data: self.layout.object(b, 0).to_le_bytes().to_vec().into(),
                         })
                         .map_err(FuseeError::from)?;
                 }

@@ -152,7 +152,7 @@ impl LeaseHolder {
                 // A fresh one-op batch has room for a second operation.
                 let _ = batch.push(Op::Write {
                     addr: self.row_at + RENEWED_UNIX,
-                    data: unix.to_le_bytes().to_vec(),
+                    data: unix.to_le_bytes().to_vec().into(),
                 });
                 let _ = batch.push(Op::Read {
                     addr: self.row_at,

@@ -843,13 +843,13 @@ pub fn reset_batch(
     batch
         .push(Op::Write {
             addr: register_at,
-            data: vec![0; record_bytes],
+            data: vec![0; record_bytes].into(),
         })
         .ok()?;
     batch
         .push(Op::Write {
             addr: register_at + swarm.meta_offset(),
-            data: vec![0; meta_bytes],
+            data: vec![0; meta_bytes].into(),
         })
         .ok()?;
     Some(batch)

@@ -149,11 +149,11 @@ fn read_write_cas_batches_over_the_device() {
         batch(vec![
             Op::Write {
                 addr: DATA,
-                data: vec![0xab; 16],
+                data: vec![0xab; 16].into(),
             },
             Op::Write {
                 addr: DATA + 64,
-                data: (0..=255).collect(),
+                data: (0..=255).collect::<Vec<u8>>().into(),
             },
             Op::Cas {
                 addr: DATA + 1024,
@@ -250,7 +250,7 @@ fn strict_ordering_keeps_reads_before_later_writes() {
                 },
                 Op::Write {
                     addr: DATA,
-                    data: vec![round; 4096],
+                    data: vec![round; 4096].into(),
                 },
             ]),
         );
@@ -352,7 +352,7 @@ fn a_node_that_drops_its_clients_is_reconnected_with_its_memory() {
     assert!(incarnation.is_some_and(|i| i != 0));
     let write = batch(vec![Op::Write {
         addr: DATA,
-        data: vec![7; 8],
+        data: vec![7; 8].into(),
     }]);
     wait(&fabric, fabric.post(node, write)).unwrap();
     // The node registers a client's connection right after its side of the
@@ -393,7 +393,7 @@ fn posts_to_a_node_given_up_on_wait_for_its_reconnect() {
     let node = NodeId(1);
     let first = batch(vec![Op::Write {
         addr: DATA,
-        data: vec![7; 8],
+        data: vec![7; 8].into(),
     }]);
     wait(&fabric, fabric.post(node, first)).unwrap();
     fabric.give_up_on(node);
@@ -403,7 +403,7 @@ fn posts_to_a_node_given_up_on_wait_for_its_reconnect() {
     let due = Some(fabric.now() + 10_000_000_000);
     let mut second = batch(vec![Op::Write {
         addr: DATA + 8,
-        data: vec![8; 8],
+        data: vec![8; 8].into(),
     }]);
     second.set_deadline(due);
     let mut read = Batch::read(DATA, 16);
@@ -437,7 +437,7 @@ fn a_client_whose_lease_word_stops_changing_is_cut_off_by_the_memory_node() {
     let renew = |value: u64| {
         let write = batch(vec![Op::Write {
             addr: lease,
-            data: value.to_le_bytes().to_vec(),
+            data: value.to_le_bytes().to_vec().into(),
         }]);
         wait(&fabric, fabric.post(node, write))
     };
@@ -464,7 +464,7 @@ fn a_client_whose_lease_word_stops_changing_is_cut_off_by_the_memory_node() {
     let reclaimer = cluster.client().unwrap();
     let kill = batch(vec![Op::Write {
         addr: lease,
-        data: (39 | KILLED).to_le_bytes().to_vec(),
+        data: (39 | KILLED).to_le_bytes().to_vec().into(),
     }]);
     wait(&reclaimer, reclaimer.post(node, kill)).unwrap();
     wait_status(&fabric, node, NodeStatus::Retired);

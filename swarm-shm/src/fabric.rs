@@ -115,9 +115,9 @@ impl Fabric for ShmFabric {
     }
 
     #[inline]
-    fn prefetch(&self, node: NodeId, batch: &Batch) {
+    fn prefetch(&self, node: NodeId, addr: u64, len: u64) {
         if let Some(memory) = self.cluster.node(node) {
-            memory.prefetch(batch);
+            memory.prefetch(addr, len);
         }
     }
 

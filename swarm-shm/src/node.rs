@@ -95,15 +95,11 @@ impl NodeMemory {
         Ok(completion)
     }
 
-    /// Starts fetching the cache lines `batch` reads into this core's caches (a hint:
-    /// no effect on any result; lines out of bounds are skipped).
+    /// Starts fetching the cache lines of bytes `addr..addr + len` into this core's
+    /// caches (a hint: no effect on any result; lines out of bounds are skipped).
     #[inline]
-    pub fn prefetch(&self, batch: &Batch) {
-        for op in batch.ops() {
-            if let swarm_core::Op::Read { addr, len } = *op {
-                self.mapping.prefetch(addr, u64::from(len));
-            }
-        }
+    pub fn prefetch(&self, addr: u64, len: u64) {
+        self.mapping.prefetch(addr, len);
     }
 
     /// [`NodeMemory::execute`], the outputs appended to `out` (empty on entry): the

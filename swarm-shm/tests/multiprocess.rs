@@ -200,7 +200,7 @@ fn writer_child(fabric: &ShmFabric) -> String {
         batch
             .push(Op::Write {
                 addr: RECORDS + (seq - 1) * RECORD_LEN,
-                data: record(seq).to_vec(),
+                data: record(seq).to_vec().into(),
             })
             .expect("room")
             .push(Op::Cas {

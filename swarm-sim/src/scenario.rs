@@ -416,10 +416,10 @@ impl SentWrites {
             .or_insert_with(|| SentWrite {
                 client,
                 register,
-                record: record.clone(),
+                record: record.to_vec(),
                 nodes: 0,
             });
-        if first.record != *record || first.register != register {
+        if first.record[..] != record[..] || first.register != register {
             self.reused.push(format!(
                 "{ts:?} sent by {client} for register {register}, first by {} for register {}",
                 first.client, first.register
@@ -938,7 +938,7 @@ async fn wipe_copies(fabric: SimFabric, layout: Layout, node: NodeId, mut times:
                     // At most MAX_BATCH_OPS operations: cannot fail.
                     let _ = batch.push(Op::Write {
                         addr: record,
-                        data: std::vec![0; 16],
+                        data: std::vec![0; 16].into(),
                     });
                 }
                 let ticket = fabric.post(node, batch);

@@ -68,13 +68,13 @@ fn a_reader_never_sees_a_later_op_of_a_batch_without_the_earlier_one() {
                 batch
                     .push(Op::Write {
                         addr: 0,
-                        data: vec![k; 64],
+                        data: vec![k; 64].into(),
                     })
                     .unwrap();
                 batch
                     .push(Op::Write {
                         addr: 64,
-                        data: vec![k; 64],
+                        data: vec![k; 64].into(),
                     })
                     .unwrap();
                 one(&writer, N0, batch).await;
@@ -237,7 +237,7 @@ fn bad_batches_complete_with_errors_and_execute_nothing() {
     batch
         .push(Op::Write {
             addr: 0,
-            data: vec![1; 8],
+            data: vec![1; 8].into(),
         })
         .unwrap();
     batch.push(Op::Read { addr: 60, len: 8 }).unwrap();
@@ -314,7 +314,7 @@ fn trace_records_each_step_of_a_batch_in_time_order() {
     batch
         .push(Op::Write {
             addr: 0,
-            data: vec![3; 16],
+            data: vec![3; 16].into(),
         })
         .unwrap();
     batch

@@ -1,6 +1,8 @@
 //! Operations, ordered batches of them, and what a completed batch returns.
 
+use alloc::sync::Arc;
 use alloc::vec::Vec;
+use core::ops::Deref;
 
 use super::FabricError;
 
@@ -23,7 +25,7 @@ pub enum Op {
         /// Byte offset in the node's memory.
         addr: u64,
         /// The bytes to store.
-        data: Vec<u8>,
+        data: Payload,
     },
     /// Atomically replaces the 8-byte word at `addr` (8-byte aligned) by `new` if it
     /// equals `expected`; returns the previous value either way.
@@ -35,6 +37,53 @@ pub enum Op {
         /// The value to store.
         new: u64,
     },
+}
+
+/// The bytes of a write: owned by its batch, or shared by the batches of one step
+/// that write the same bytes to several replicas (a Safe-Guess record goes to every
+/// replica and, in place, to the primary: one buffer, not one copy per batch).
+/// Dereferences to the bytes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Payload {
+    /// Bytes of this write only.
+    Owned(Vec<u8>),
+    /// Bytes shared with other writes (cloning shares them).
+    Shared(Arc<[u8]>),
+}
+
+impl Default for Payload {
+    fn default() -> Self {
+        Self::Owned(Vec::new())
+    }
+}
+
+impl Deref for Payload {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        match self {
+            Self::Owned(bytes) => bytes,
+            Self::Shared(bytes) => bytes,
+        }
+    }
+}
+
+impl AsRef<[u8]> for Payload {
+    fn as_ref(&self) -> &[u8] {
+        self
+    }
+}
+
+impl From<Vec<u8>> for Payload {
+    fn from(bytes: Vec<u8>) -> Self {
+        Self::Owned(bytes)
+    }
+}
+
+impl From<Arc<[u8]>> for Payload {
+    fn from(bytes: Arc<[u8]>) -> Self {
+        Self::Shared(bytes)
+    }
 }
 
 /// An ordered batch of operations to one node (SWARM §2.1, third property): a later
@@ -84,8 +133,11 @@ impl Batch {
     }
 
     /// A batch with a single write.
-    pub fn write(addr: u64, data: Vec<u8>) -> Self {
-        Self::one(Op::Write { addr, data })
+    pub fn write(addr: u64, data: impl Into<Payload>) -> Self {
+        Self::one(Op::Write {
+            addr,
+            data: data.into(),
+        })
     }
 
     /// A batch with a single CAS.

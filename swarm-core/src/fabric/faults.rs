@@ -130,8 +130,8 @@ impl<F: Fabric> Fabric for FailNodes<F> {
         self.track(node, ticket)
     }
 
-    fn prefetch(&self, node: NodeId, batch: &Batch) {
-        self.inner.prefetch(node, batch);
+    fn prefetch(&self, node: NodeId, addr: u64, len: u64) {
+        self.inner.prefetch(node, addr, len);
     }
 
     #[inline]
@@ -330,8 +330,8 @@ impl<F: Fabric> Fabric for EmulatedRtt<F> {
         )
     }
 
-    fn prefetch(&self, node: NodeId, batch: &Batch) {
-        self.inner.prefetch(node, batch);
+    fn prefetch(&self, node: NodeId, addr: u64, len: u64) {
+        self.inner.prefetch(node, addr, len);
     }
 
     #[inline]

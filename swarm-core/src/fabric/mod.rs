@@ -51,7 +51,7 @@ mod error;
 mod faults;
 mod slab;
 
-pub use batch::{Batch, Completion, MAX_BATCH_OPS, Op, OpOutput};
+pub use batch::{Batch, Completion, MAX_BATCH_OPS, Op, OpOutput, Payload};
 pub use error::{FabricError, FailureCause};
 pub use faults::{EmulatedRtt, FailNodes};
 pub use slab::TicketSlab;
@@ -130,13 +130,14 @@ pub trait Fabric {
         Submitted::Posted(self.post(node, core::mem::take(batch)))
     }
 
-    /// Hints that `batch` will be posted to `node` soon: a transport over local
-    /// memory may start fetching what it reads, so that a protocol step reading
-    /// several replicas waits for their memory once, not once per replica. No
-    /// effect on results; the default does nothing.
+    /// Hints that a batch about to be posted to `node` reads bytes `addr..addr +
+    /// len`: a transport over local memory may start fetching them, so that a
+    /// protocol step reading several replicas waits for their memory once, not once
+    /// per replica. No effect on any result, whatever the range (out of bounds
+    /// included); the default does nothing.
     #[inline]
-    fn prefetch(&self, node: NodeId, batch: &Batch) {
-        let _ = (node, batch);
+    fn prefetch(&self, node: NodeId, addr: u64, len: u64) {
+        let _ = (node, addr, len);
     }
 
     /// Reports whether the batch behind `ticket` has completed. A `Ready` result
@@ -215,8 +216,8 @@ impl<F: Fabric + ?Sized> Fabric for &F {
     fn submit(&self, node: NodeId, batch: &mut Batch, reply: &mut Completion) -> Submitted {
         (**self).submit(node, batch, reply)
     }
-    fn prefetch(&self, node: NodeId, batch: &Batch) {
-        (**self).prefetch(node, batch)
+    fn prefetch(&self, node: NodeId, addr: u64, len: u64) {
+        (**self).prefetch(node, addr, len)
     }
     fn poll(&self, ticket: Ticket) -> Poll<Result<Completion, FabricError>> {
         (**self).poll(ticket)

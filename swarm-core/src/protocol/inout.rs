@@ -19,7 +19,7 @@
 use alloc::vec::Vec;
 
 use crate::encoding::Tsp;
-use crate::fabric::{Batch, Completion, FabricError, Op};
+use crate::fabric::{Batch, Completion, FabricError, Op, Payload};
 use crate::layout::{Layout, RECORD_HEADER, SLOT_LOCK_BYTES, decode_record};
 
 /// What one node's reply to a register read says.
@@ -114,7 +114,7 @@ pub fn push_max(
 
 /// The operation writing `record` (from [`crate::layout::encode_record`]) into the
 /// out-of-place buffer at `buffer_addr`, leaving its lock word alone.
-pub fn buffer_write_op(buffer_addr: u64, record: Vec<u8>) -> Op {
+pub fn buffer_write_op(buffer_addr: u64, record: Payload) -> Op {
     Op::Write {
         addr: buffer_addr + u64::from(SLOT_LOCK_BYTES),
         data: record,

@@ -57,13 +57,23 @@ use alloc::vec::Vec;
 
 use crate::clock::Clock;
 use crate::encoding::{Flag, Tsp};
-use crate::fabric::{Batch, Fabric, FabricError};
+use crate::fabric::{Batch, Fabric, FabricError, Payload};
 use crate::layout::{decode_record, encode_record_for};
 use crate::roundtrip::{OpStats, Roundtrip, WaitOutcome, post_background_for};
 
 use super::inout::{self, MaxOutcome, NodeView};
 use super::register::{MAX_REPLICAS, RegisterCache, RegisterLoc};
 use super::{Client, SwarmError};
+
+/// `encode_record_for(tsp, Some(reg.addr), payload)` in one buffer, which the batches
+/// to every replica (and the in-place copy) share instead of copying it each.
+pub(crate) fn shared_record(tsp: Tsp, reg: &RegisterLoc, payload: &[u8]) -> Payload {
+    Payload::Shared(alloc::sync::Arc::from(encode_record_for(
+        tsp,
+        Some(reg.addr),
+        payload,
+    )))
+}
 
 /// What one majority read found: each answering replica's maximum, by preference
 /// position, and the in-place record of the replica read as the primary. Compact on
@@ -156,6 +166,24 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         reg: &RegisterLoc,
         candidates: &[usize],
         k: usize,
+        build: impl FnMut(usize) -> Result<Batch, FabricError>,
+    ) -> Result<Roundtrip<'a, F>, SwarmError> {
+        self.quorum_step_reading(stats, reg, candidates, k, |_| None, build)
+            .await
+    }
+
+    /// [`Self::quorum_step`] for batches that read: `reads(p)` is the byte range
+    /// `(addr, len)` that position `p`'s batch reads, if any. Before the first burst
+    /// of posts, every range is hinted to the fabric ([`Fabric::prefetch`]), so that
+    /// on local memory the replicas' cache misses overlap instead of coming one
+    /// batch after the other.
+    pub(crate) async fn quorum_step_reading<'a>(
+        &'a self,
+        stats: &'a OpStats,
+        reg: &RegisterLoc,
+        candidates: &[usize],
+        k: usize,
+        reads: impl Fn(usize) -> Option<(u64, u64)>,
         mut build: impl FnMut(usize) -> Result<Batch, FabricError>,
     ) -> Result<Roundtrip<'a, F>, SwarmError> {
         // Suspected nodes go last, keeping the preference order otherwise (nothing to
@@ -173,17 +201,13 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         };
         let mut rt = Roundtrip::start(&self.fabric, stats);
         let first = k.min(ordered.len());
-        // Built first and announced, so that local memory fetches every replica's
-        // lines at once (`Fabric::prefetch`), then posted.
-        let mut batches: heapless::Vec<(crate::NodeId, Batch), MAX_REPLICAS> = heapless::Vec::new();
         for &p in &ordered[..first] {
-            let node = reg.replicas.node(p);
-            let batch = build(p)?;
-            self.fabric.prefetch(node, &batch);
-            let _ = batches.push((node, batch));
+            if let Some((addr, len)) = reads(p) {
+                self.fabric.prefetch(reg.replicas.node(p), addr, len);
+            }
         }
-        for (node, batch) in batches {
-            rt.post(node, batch)?;
+        for &p in &ordered[..first] {
+            rt.post(reg.replicas.node(p), build(p)?)?;
         }
         // A fabric that completes batches inside `post` (shared memory) has answered
         // already: look before reading the clock for the fallback deadline.
@@ -266,10 +290,22 @@ impl<F: Fabric, C: Clock> Client<F, C> {
             ))?;
             Ok(batch)
         };
+        let reads = |p: usize| match inout::read_op(&layout, reg.addr, with_inplace && p == primary)
+        {
+            crate::fabric::Op::Read { addr, len } => Some((addr, u64::from(len))),
+            _ => None,
+        };
         let mut rt = match every_replica {
             None => {
-                self.quorum_step(stats, reg, &positions, reg.replicas.quorum(), build)
-                    .await?
+                self.quorum_step_reading(
+                    stats,
+                    reg,
+                    &positions,
+                    reg.replicas.quorum(),
+                    reads,
+                    build,
+                )
+                .await?
             }
             Some(patience) => {
                 let mut rt = Roundtrip::start(&self.fabric, stats);
@@ -413,7 +449,12 @@ impl<F: Fabric, C: Clock> Client<F, C> {
     /// Background in-place write of `record` (from [`encode_record_for`]) on the primary
     /// (lazy and unlocked, §4.3 line 7; readers check its tsp and hash); dropped if
     /// the operation of `stats` is past its deadline.
-    pub(crate) fn write_inplace(&self, reg: &RegisterLoc, stats: &OpStats, record: Vec<u8>) {
+    pub(crate) fn write_inplace(
+        &self,
+        reg: &RegisterLoc,
+        stats: &OpStats,
+        record: impl Into<Payload>,
+    ) {
         post_background_for(
             &self.fabric,
             stats,
@@ -519,7 +560,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         if cache.holding(reg.replicas.len(), tsp) >= reg.replicas.quorum() {
             return Ok(());
         }
-        let record = encode_record_for(tsp, Some(reg.addr), payload);
+        let record = shared_record(tsp, reg, payload);
         self.write_round(reg, cache, stats, tsp, &record, progress, false)
             .await?;
         Ok(())
@@ -537,7 +578,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         cache: &mut RegisterCache,
         stats: &OpStats,
         tsp: Tsp,
-        record: &[u8],
+        record: &Payload,
         progress: &mut WriteProgress,
         read_first: bool,
     ) -> Result<Tsp, SwarmError> {
@@ -567,13 +608,16 @@ impl<F: Fabric, C: Clock> Client<F, C> {
             let mut rt = {
                 let own = cache.own_word.clone();
                 let written = progress.buffer_written;
-                self.quorum_step(stats, reg, &candidates, need, |p| {
+                // The first round reads the metadata words it then CASes one of.
+                let meta = (reg.addr + layout.meta_offset(), layout.meta_bytes());
+                let reads = |_| first.then_some(meta);
+                self.quorum_step_reading(stats, reg, &candidates, need, reads, |p| {
                     let mut batch = Batch::new();
                     if first {
                         batch.push(inout::read_op(&layout, reg.addr, false))?;
                     }
                     if !written[p] {
-                        batch.push(inout::buffer_write_op(buffer, record.to_vec()))?;
+                        batch.push(inout::buffer_write_op(buffer, record.clone()))?;
                     }
                     let expected = inout::max_expected(own.get(p), tsp);
                     inout::push_max(&mut batch, &layout, reg.addr, writer, expected, tsp)?;

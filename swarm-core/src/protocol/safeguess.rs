@@ -58,11 +58,11 @@ use alloc::vec::Vec;
 
 use crate::clock::Clock;
 use crate::encoding::{Flag, LockMode, Tsp};
-use crate::fabric::{Batch, Fabric, Nanos, Op};
+use crate::fabric::{Batch, Fabric, Nanos, Op, Payload};
 use crate::layout::encode_record_for;
 use crate::roundtrip::{OpStats, post_background};
 
-use super::maxreg::WriteProgress;
+use super::maxreg::{WriteProgress, shared_record};
 use super::register::{RegisterCache, RegisterLoc};
 use super::{Client, ReadValue, SwarmError, WriteOutcome};
 
@@ -86,7 +86,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         let mut progress = WriteProgress::default();
         // Records carry the write without its flag: the same bytes serve as the
         // out-of-place buffer and, once verified, as the in-place copy.
-        let record = encode_record_for(w, Some(reg.addr), payload);
+        let record = shared_record(w, reg, payload);
         let m = self
             .write_round(reg, cache, stats, w, &record, &mut progress, true)
             .await?;
@@ -200,7 +200,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
                             cache,
                             stats,
                             m,
-                            encode_record_for(m, Some(reg.addr), &value),
+                            encode_record_for(m, Some(reg.addr), &value).into(),
                             self.fabric.now(),
                         );
                         return Ok(ReadValue::Value(value));
@@ -232,7 +232,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         cache: &mut RegisterCache,
         stats: &OpStats,
         guessed: Tsp,
-        record: Vec<u8>,
+        record: Payload,
         now: Nanos,
     ) {
         // One fence check for the burst of background posts below.

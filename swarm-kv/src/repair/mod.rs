@@ -683,7 +683,7 @@ impl<F: Fabric> Copier<'_, F> {
                 self.merge(Area::Registers, register, &element, &mut out);
                 write.push(Op::Write {
                     addr: self.layout.key_header(register).unwrap_or_default(),
-                    data: out,
+                    data: out.into(),
                 })?;
             }
             if !write.is_empty() {

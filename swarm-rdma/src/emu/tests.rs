@@ -36,8 +36,12 @@ fn arb_op() -> impl Strategy<Value = Op> {
     // A small area, so that requests of one batch overlap and reordering shows.
     prop_oneof![
         (0u64..256, 0u32..64).prop_map(|(addr, len)| Op::Read { addr, len }),
-        (0u64..256, proptest::collection::vec(any::<u8>(), 0..100))
-            .prop_map(|(addr, data)| Op::Write { addr, data }),
+        (0u64..256, proptest::collection::vec(any::<u8>(), 0..100)).prop_map(|(addr, data)| {
+            Op::Write {
+                addr,
+                data: data.into(),
+            }
+        }),
         (0u64..8, 0u64..3, 0u64..3).prop_map(|(w, expected, new)| Op::Cas {
             addr: w * 8,
             expected,
@@ -90,7 +94,7 @@ fn a_crash_in_the_middle_of_a_chain_fails_the_batch_and_flushes_the_rest() {
     let three = batch(vec![
         Op::Write {
             addr: 64,
-            data: vec![9; 8],
+            data: vec![9; 8].into(),
         },
         Op::Cas {
             addr: 8,
@@ -216,11 +220,11 @@ fn only_signaled_requests_complete_on_success() {
     let four = batch(vec![
         Op::Write {
             addr: 0,
-            data: vec![1; 8],
+            data: vec![1; 8].into(),
         },
         Op::Write {
             addr: 8,
-            data: vec![2; 40],
+            data: vec![2; 40].into(),
         },
         Op::Cas {
             addr: 0,
@@ -300,7 +304,7 @@ fn the_send_queue_has_a_depth_and_inline_payloads_a_limit() {
     let mut nic = raw_nic(&cluster, 16, 4);
     let small = batch(vec![Op::Write {
         addr: 0,
-        data: vec![1; 8],
+        data: vec![1; 8].into(),
     }]);
     let failure = post_raw(&mut nic, region, &small, 0).unwrap_err();
     assert_eq!((failure.errno, failure.posted), (libc::EINVAL, 0));

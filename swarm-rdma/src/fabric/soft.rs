@@ -195,7 +195,7 @@ impl Nic for SoftNic {
             .requests()
             .iter()
             .map(|wr| match (wr.local, batch.ops().get(wr.op)) {
-                (Local::Inline, Some(Op::Write { data, .. })) => Some(data.clone()),
+                (Local::Inline, Some(Op::Write { data, .. })) => Some(data.to_vec()),
                 _ => None,
             })
             .collect();
@@ -307,7 +307,10 @@ mod tests {
                 0u64..SIZE as u64,
                 proptest::collection::vec(any::<u8>(), 0..100)
             )
-                .prop_map(|(addr, data)| Op::Write { addr, data }),
+                .prop_map(|(addr, data)| Op::Write {
+                    addr,
+                    data: data.into()
+                }),
             (0u64..520, 0u64..3, 0u64..3).prop_map(|(w, expected, new)| Op::Cas {
                 addr: w * 8,
                 expected,
@@ -392,7 +395,7 @@ mod tests {
         write
             .push(Op::Write {
                 addr: 8,
-                data: vec![5; 8],
+                data: vec![5; 8].into(),
             })
             .unwrap();
         write.push(Op::Read { addr: 8, len: 8 }).unwrap();
@@ -424,7 +427,7 @@ mod tests {
                 batch
                     .push(Op::Write {
                         addr: 64,
-                        data: vec![1; 40],
+                        data: vec![1; 40].into(),
                     })
                     .unwrap();
                 batch
@@ -465,7 +468,7 @@ mod tests {
         batch
             .push(Op::Write {
                 addr: 0,
-                data: vec![1; 100],
+                data: vec![1; 100].into(),
             })
             .unwrap();
         let first = f.post(NodeId(0), batch.clone());

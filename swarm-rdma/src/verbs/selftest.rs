@@ -92,7 +92,7 @@ pub fn cas_byte_order(
     for op in [
         Op::Write {
             addr: 0,
-            data: WRITTEN.to_ne_bytes().to_vec(),
+            data: WRITTEN.to_ne_bytes().to_vec().into(),
         },
         Op::Cas {
             addr: 0,

@@ -32,7 +32,7 @@ fn read(addr: u64, len: u32) -> Op {
 fn write(addr: u64, len: usize) -> Op {
     Op::Write {
         addr,
-        data: vec![0x5a; len],
+        data: vec![0x5a; len].into(),
     }
 }
 fn cas(addr: u64) -> Op {
@@ -276,8 +276,12 @@ fn execute(batch: &Batch, chain: &Chain, memory: &mut [u8], staging: &mut [u8]) 
 fn arb_op() -> impl Strategy<Value = Op> {
     prop_oneof![
         (0u64..4096, 0u32..300).prop_map(|(addr, len)| Op::Read { addr, len }),
-        (0u64..4096, proptest::collection::vec(any::<u8>(), 0..300))
-            .prop_map(|(addr, data)| Op::Write { addr, data }),
+        (0u64..4096, proptest::collection::vec(any::<u8>(), 0..300)).prop_map(|(addr, data)| {
+            Op::Write {
+                addr,
+                data: data.into(),
+            }
+        }),
         (0u64..520, 0u64..3, 0u64..3).prop_map(|(w, expected, new)| Op::Cas {
             addr: w * 8,
             expected,

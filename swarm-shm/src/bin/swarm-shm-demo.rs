@@ -180,7 +180,7 @@ fn run(dir: &Path, args: &Args) -> Result<()> {
         let mut batch = Batch::new();
         let _ = batch.push(Op::Write {
             addr: value_addr,
-            data: next.clone(),
+            data: next.clone().into(),
         });
         let _ = batch.push(Op::Cas {
             addr: version_addr,

@@ -60,7 +60,7 @@ fn batch_executes_in_order_and_reports_cas_previous() {
     batch
         .push(Op::Write {
             addr: DATA + 8,
-            data: vec![7; 8],
+            data: vec![7; 8].into(),
         })
         .unwrap()
         .push(Op::Cas {
@@ -151,7 +151,7 @@ fn invalid_batches_are_errors_and_have_no_effect() {
     batch
         .push(Op::Write {
             addr: DATA,
-            data: vec![1; 8],
+            data: vec![1; 8].into(),
         })
         .unwrap()
         .push(Op::Cas {
@@ -341,39 +341,25 @@ fn handles_are_send_and_clusters_are_shared() {
     assert!(format!("{fabric:?}").contains("dir"));
 }
 
-/// A prefetch is a hint: reads anywhere (past the end of the node, on a node that
-/// does not exist, of lengths reaching beyond the mapping) change nothing and do not
-/// panic, and the batch then reads what it would have read without it.
+/// A prefetch is a hint: ranges anywhere (past the end of the node, on a node that
+/// does not exist, reaching beyond the mapping or the address space) change nothing
+/// and do not panic, and a batch then reads what it would have read without it.
 #[test]
 fn prefetch_is_only_a_hint() {
     let (_dir, cluster) = cluster(2);
     let fabric = ShmFabric::new(cluster.clone());
     let size = HEADER_SIZE + 4096;
     roundtrip(&fabric, &[0], &Batch::write(DATA + 3, vec![7; 61]), 1).unwrap();
-    let mut wild = Batch::new();
-    wild.push(Op::Read {
-        addr: DATA + 3,
-        len: 61,
-    })
-    .unwrap();
-    wild.push(Op::Read {
-        addr: size - 8,
-        len: u32::MAX,
-    })
-    .unwrap();
-    wild.push(Op::Read {
-        addr: u64::MAX - 3,
-        len: 64,
-    })
-    .unwrap();
-    wild.push(Op::Cas {
-        addr: DATA,
-        expected: 0,
-        new: 1,
-    })
-    .unwrap();
+    let wild = [
+        (DATA + 3, 61),
+        (size - 8, u64::MAX),
+        (u64::MAX - 3, 64),
+        (0, 0),
+    ];
     for node in [0, 1, 9] {
-        fabric.prefetch(NodeId(node), &wild);
+        for (addr, len) in wild {
+            fabric.prefetch(NodeId(node), addr, len);
+        }
     }
     assert_eq!(word_at(&cluster, 0, DATA), [0, 0, 0, 7, 7, 7, 7, 7]);
     let read = roundtrip(&fabric, &[0], &Batch::read(DATA + 3, 61), 1).unwrap();
