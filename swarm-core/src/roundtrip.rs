@@ -479,12 +479,11 @@ impl<F: Fabric + ?Sized> Drop for Roundtrip<'_, F> {
 
 /// Posts `batch` to `node` without waiting for it: background work such as a lazy
 /// in-place write or marking a tuple VERIFIED (SWARM §3.2, §4.3). Costs no roundtrip.
-/// A transport that completes it inside [`Fabric::submit`] has executed it on return
-/// (its result is dropped); on the others it is in flight and its ticket forgotten.
-pub fn post_background<F: Fabric + ?Sized>(fabric: &F, node: NodeId, mut batch: Batch) {
-    if let Submitted::Posted(ticket) = fabric.submit(node, &mut batch, &mut Completion::new()) {
-        fabric.forget(ticket);
-    }
+/// Through [`Fabric::post_detached`]: a transport that completes it inside the call has
+/// executed it on return (its result is dropped); on the others it is in flight and
+/// its ticket forgotten.
+pub fn post_background<F: Fabric + ?Sized>(fabric: &F, node: NodeId, batch: Batch) {
+    fabric.post_detached(node, batch);
 }
 
 /// [`post_background`] on behalf of the operation of `stats`: dropped (and `false`

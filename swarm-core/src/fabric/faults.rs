@@ -134,6 +134,13 @@ impl<F: Fabric> Fabric for FailNodes<F> {
         self.inner.prefetch(node, addr, len);
     }
 
+    fn post_detached(&self, node: NodeId, batch: Batch) {
+        // A failed node executes nothing.
+        if !(self.any_failed.get() && self.is_failed(node)) {
+            self.inner.post_detached(node, batch);
+        }
+    }
+
     #[inline]
     fn submit(&self, node: NodeId, batch: &mut Batch, reply: &mut Completion) -> Submitted {
         if self.any_failed.get() && self.is_failed(node) {
@@ -334,6 +341,12 @@ impl<F: Fabric> Fabric for EmulatedRtt<F> {
         self.inner.prefetch(node, addr, len);
     }
 
+    /// No ticket, hence no due time to hold a result to: the inner fabric executes
+    /// the batch (or has it in flight) as for any post, and nobody waits for it.
+    fn post_detached(&self, node: NodeId, batch: Batch) {
+        self.inner.post_detached(node, batch);
+    }
+
     #[inline]
     fn submit(&self, node: NodeId, batch: &mut Batch, reply: &mut Completion) -> Submitted {
         let submitted = self.inner.submit(node, batch, reply);
@@ -531,6 +544,38 @@ mod tests {
             delayed.submit(NodeId(0), &mut Batch::read(60, 8), &mut Completion::new()),
             Submitted::Failed(FabricError::OutOfBounds { .. })
         ));
+    }
+
+    /// A detached post executes at once through an emulated latency, leaves no
+    /// ticket behind (and reads no clock), and never reaches a failed node.
+    #[test]
+    fn detached_posts_execute_without_bookkeeping_and_skip_failed_nodes() {
+        let cluster = MemCluster::new(3, 64);
+        let fabric = FailNodes::new(EmulatedRtt::new(cluster.client(), 1_000));
+        fabric.fail_node(NodeId(2));
+        for node in 0..3 {
+            fabric.post_detached(
+                NodeId(node),
+                Batch::write(8, alloc::vec![node as u8 + 1; 8]),
+            );
+        }
+        assert!(
+            fabric
+                .inner()
+                .in_flight
+                .borrow()
+                .iter()
+                .all(Option::is_none)
+        );
+        assert!(!fabric.progress(), "nothing is in flight");
+        let check = cluster.client();
+        for (node, want) in [(0u16, 1u8), (1, 2), (2, 0)] {
+            let t = check.post(NodeId(node), Batch::read(8, 8));
+            let Poll::Ready(Ok(done)) = check.poll(t) else {
+                panic!("the in-process fabric completes at once");
+            };
+            assert_eq!(done.read(0), Some(&[want; 8][..]), "node {node}");
+        }
     }
 
     /// A ticket falls due by the clock's last reading through the wrapper, which

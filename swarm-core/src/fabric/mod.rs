@@ -140,6 +140,17 @@ pub trait Fabric {
         let _ = (node, addr, len);
     }
 
+    /// Posts `batch` to `node` for its effects only: nobody will look at its result
+    /// (background work, [`crate::roundtrip::post_background`]). Exactly `submit` then
+    /// `forget`, which the default does; a wrapper that would only hold the result
+    /// back (an emulated latency) skips that bookkeeping.
+    #[inline]
+    fn post_detached(&self, node: NodeId, mut batch: Batch) {
+        if let Submitted::Posted(ticket) = self.submit(node, &mut batch, &mut Completion::new()) {
+            self.forget(ticket);
+        }
+    }
+
     /// Reports whether the batch behind `ticket` has completed. A `Ready` result
     /// consumes the ticket; polling it again is a logic error and yields
     /// [`FabricError::UnknownTicket`].
@@ -218,6 +229,9 @@ impl<F: Fabric + ?Sized> Fabric for &F {
     }
     fn prefetch(&self, node: NodeId, addr: u64, len: u64) {
         (**self).prefetch(node, addr, len)
+    }
+    fn post_detached(&self, node: NodeId, batch: Batch) {
+        (**self).post_detached(node, batch)
     }
     fn poll(&self, ticket: Ticket) -> Poll<Result<Completion, FabricError>> {
         (**self).poll(ticket)
