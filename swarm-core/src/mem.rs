@@ -129,10 +129,7 @@ impl Fabric for MemFabric {
 
     #[inline]
     fn submit(&self, node: NodeId, batch: &mut Batch, reply: &mut Completion) -> Submitted {
-        match self.execute(node, batch, reply) {
-            Ok(()) => Submitted::Done,
-            Err(error) => Submitted::Failed(error),
-        }
+        Submitted::executed(self.execute(node, batch, reply))
     }
 
     fn poll(&self, ticket: Ticket) -> Poll<Result<Completion, FabricError>> {

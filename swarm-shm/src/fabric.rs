@@ -108,10 +108,7 @@ impl Fabric for ShmFabric {
 
     #[inline]
     fn submit(&self, node: NodeId, batch: &mut Batch, reply: &mut Completion) -> Submitted {
-        match self.execute(node, batch, reply) {
-            Ok(()) => Submitted::Done,
-            Err(error) => Submitted::Failed(error),
-        }
+        Submitted::executed(self.execute(node, batch, reply))
     }
 
     #[inline]

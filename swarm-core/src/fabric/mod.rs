@@ -101,6 +101,17 @@ pub enum Submitted {
     Posted(Ticket),
 }
 
+impl Submitted {
+    /// What a transport that executed a batch inside [`Fabric::submit`] returns:
+    /// `Done` (its outputs are in the reply) or `Failed` with the error.
+    pub fn executed(result: Result<(), FabricError>) -> Self {
+        match result {
+            Ok(()) => Self::Done,
+            Err(error) => Self::Failed(error),
+        }
+    }
+}
+
 /// A memory-node transport as seen by one client thread.
 ///
 /// Methods take `&self` because several protocol operations of the same thread hold
