@@ -99,11 +99,9 @@ impl Fabric for ShmFabric {
     }
 
     fn post(&self, node: NodeId, batch: Batch) -> Ticket {
-        let mut completion = Completion::new();
-        let result = self.execute(node, &batch, &mut completion);
         self.slab
             .borrow_mut()
-            .insert_done(result.map(|()| completion))
+            .insert_executed(|out| self.execute(node, &batch, out))
     }
 
     #[inline]

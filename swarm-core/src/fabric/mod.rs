@@ -130,11 +130,11 @@ pub trait Fabric {
     /// the caller owns and passes empty ([`Submitted::Done`], or
     /// [`Submitted::Failed`]); see the module docs. A transport that keeps the batch
     /// takes it out of `batch` (the caller drops what is left): a synchronous one
-    /// only reads it, so the batch is never moved on the fast path. The batch's effects and its result
-    /// are those `post` + `poll` would give; only the bookkeeping differs. `reply` is
-    /// left empty unless the result is `Done`. The default posts and returns the
-    /// ticket. Wrappers forward it to their inner fabric so the fast path survives
-    /// them.
+    /// only reads it, so the batch is never moved on the fast path. The batch's
+    /// effects and its result are those `post` + `poll` would give; only the
+    /// bookkeeping differs. `reply` is left empty unless the result is `Done`. The
+    /// default posts and returns the ticket. Wrappers forward it to their inner
+    /// fabric so the fast path survives them.
     #[inline]
     fn submit(&self, node: NodeId, batch: &mut Batch, reply: &mut Completion) -> Submitted {
         let _ = reply;

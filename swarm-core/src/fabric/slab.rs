@@ -89,6 +89,17 @@ impl<P> TicketSlab<P> {
         self.allocate(Slot::Done(result))
     }
 
+    /// Registers a batch that a synchronous transport executes now: `execute`
+    /// appends its outputs to an empty completion, or fails.
+    pub fn insert_executed(
+        &mut self,
+        execute: impl FnOnce(&mut Completion) -> Result<(), FabricError>,
+    ) -> Ticket {
+        let mut completion = Completion::new();
+        let result = execute(&mut completion).map(|()| completion);
+        self.insert_done(result)
+    }
+
     /// Number of batches posted and not yet complete (forgotten ones included).
     pub fn pending_count(&self) -> usize {
         self.pending
