@@ -62,7 +62,10 @@ fn sequential_semantics_and_common_case_roundtrips() {
 
     let (out, rts) = run(&f, async |st| ix.insert(&f, st, b"apple", 10).await);
     assert_eq!(out, Ok(InsertOutcome::Inserted));
-    assert_eq!(rts, 4, "insert: read, promise both buckets, fence, accept");
+    assert_eq!(
+        rts, 2,
+        "insert: read, then a fast round on the first bucket"
+    );
 
     let (found, rts) = run(&f, async |st| ix.lookup(&f, st, b"apple").await);
     assert_eq!(found.unwrap().registers, vec![10]);
@@ -403,10 +406,7 @@ fn mappings_survive_ballots_wrapping_around() {
     }
     for step in 1..=10u64 {
         let ballot = Ballot((step * 20_000 % 65_536) as u16);
-        let settled = Meta {
-            promised: ballot,
-            accepted: Some((ballot, Proposal::Noop)),
-        };
+        let settled = Meta::accepting(ballot, Proposal::Noop, false);
         poke(&f, 3, s.layout.bucket(0), settled.encode());
         // Change one mapping, keep the others.
         let (key, register) = mapped.remove(0);

@@ -39,8 +39,8 @@ fn insert_get_update_delete_and_their_roundtrips() {
     block_on(f, a.insert(b"k1", b"v1", &s)).unwrap();
     assert_eq!(
         s.roundtrips(),
-        4,
-        "insert: value, key header and index read together, then promise, fence, accept"
+        2,
+        "insert: value, key header and index read together, then the index's fast round"
     );
     let s = OpStats::new();
     assert_eq!(block_on(f, a.get(b"k1", &s)).unwrap(), Some(b"v1".to_vec()));

@@ -130,6 +130,9 @@ pub struct Latest {
     pub ballot: Ballot,
     /// The value.
     pub proposal: Proposal,
+    /// Accepted in a fast round (held by every copy merged, see [`newest_accepted`]):
+    /// only a Paxos round or an applied copy can tell whether it is decided.
+    pub fast: bool,
     /// Copies that accepted exactly this value under exactly this ballot.
     pub same: usize,
     /// Copies whose slot shows the change applied, or a newer change.
@@ -159,8 +162,8 @@ pub enum Status {
         /// The change.
         proposal: Proposal,
     },
-    /// The latest change was accepted by a quorum under one ballot (decided) but is
-    /// applied nowhere yet.
+    /// The latest change was accepted by a quorum under one classic ballot (decided)
+    /// but is applied nowhere yet.
     Decided {
         /// Ballot of the change.
         ballot: Ballot,
@@ -197,20 +200,11 @@ impl View {
     /// Merges copies. Fails only on contradictions that corrupted memory can cause.
     pub fn merge(copies: &[NodeBucket], quorum: usize) -> Result<Self, BucketError> {
         let mut max_promised: Option<Ballot> = None;
-        let mut newest: Option<(Ballot, Proposal)> = None;
         let mut slots: [Option<Slot>; SLOTS] = [None; SLOTS];
+        let newest = newest_accepted(copies.iter().map(|c| c.meta))?;
         for copy in copies {
             max_promised =
                 Some(max_promised.map_or(copy.meta.promised, |p| p.newest(copy.meta.promised)));
-            if let Some((ballot, proposal)) = copy.meta.accepted {
-                match newest {
-                    Some((b, p)) if b == ballot && p != proposal => {
-                        return Err(BucketError::BallotConflict(ballot.0));
-                    }
-                    Some((b, _)) if !ballot.is_newer_than(b) => {}
-                    _ => newest = Some((ballot, proposal)),
-                }
-            }
             for (s, merged) in slots.iter_mut().enumerate() {
                 let slot = copy.slots[s];
                 *merged = Some(match *merged {
@@ -230,10 +224,10 @@ impl View {
             }
         }
         let slots = slots.map(|s| s.unwrap_or(Slot::EMPTY));
-        let latest = newest.map(|(ballot, proposal)| {
+        let latest = newest.map(|(ballot, proposal, fast)| {
             let same = copies
                 .iter()
-                .filter(|c| c.meta.accepted == Some((ballot, proposal)))
+                .filter(|c| c.meta.accepted == Some((ballot, proposal)) && c.meta.fast == fast)
                 .count();
             let (mut applied, mut marked) = (0, false);
             if let (Some(s), Some(content)) = (proposal.slot(), proposal.content()) {
@@ -249,6 +243,7 @@ impl View {
             Latest {
                 ballot,
                 proposal,
+                fast,
                 same,
                 applied,
                 marked,
@@ -279,7 +274,7 @@ impl View {
             }
         } else if l.applied > 0 {
             Status::Partial { ballot, proposal }
-        } else if l.same >= self.quorum {
+        } else if l.same >= self.quorum && !l.fast {
             Status::Decided { ballot, proposal }
         } else {
             Status::Open { ballot, proposal }
@@ -300,6 +295,56 @@ impl View {
             }
             Status::Open { .. } => None,
         }
+    }
+}
+
+/// The accepted value that acceptor states `metas` oblige a proposer to finish, with
+/// its ballot and whether it was accepted in a fast round: Paxos's "value of the
+/// newest ballot", adapted to fast rounds whose fast quorum is every node (module
+/// docs of [`super`], "fast inserts").
+///
+/// The newest accepted ballot decides, a classic value winning a tie. A classic
+/// ballot has one owner, so its value is unique. A fast round lets each node take
+/// whichever fast proposal reaches it first, so a fast value is decided only if
+/// *every* node took it: if `metas` (a quorum's states as of its promises) do not
+/// all hold it, it is not decided and never will be. Nothing older needs finishing
+/// either: a fast round only replaces a word that every node it read agreed on,
+/// whose change was done and whose promise was its accepted ballot (`super::fast`),
+/// so every change under an older ballot is done or can no longer be decided. The
+/// result is then `None`, as for a bucket that accepted nothing. (Falling back to
+/// the newest classic value instead would resurrect a value that lost its era: a
+/// stale undecided `SET` on the one node the fast round did not reach, once the
+/// done change that superseded it was overwritten everywhere else.)
+///
+/// Fails with [`BucketError::BallotConflict`] when two states hold different values
+/// under one classic ballot (only corrupted memory does that).
+pub fn newest_accepted(
+    metas: impl Iterator<Item = Meta> + Clone,
+) -> Result<Option<(Ballot, Proposal, bool)>, BucketError> {
+    let mut newest: Option<(Ballot, Proposal, bool)> = None;
+    for m in metas.clone() {
+        let Some((ballot, proposal)) = m.accepted else {
+            continue;
+        };
+        match newest {
+            Some((b, p, false)) if b == ballot && !m.fast && p != proposal => {
+                return Err(BucketError::BallotConflict(ballot.0));
+            }
+            Some((b, _, fast)) if b == ballot && fast && !m.fast => {
+                newest = Some((ballot, proposal, false));
+            }
+            Some((b, _, _)) if !ballot.is_newer_than(b) => {}
+            _ => newest = Some((ballot, proposal, m.fast)),
+        }
+    }
+    match newest {
+        Some((ballot, proposal, true)) => {
+            let unanimous = metas
+                .into_iter()
+                .all(|m| m.fast && m.accepted == Some((ballot, proposal)));
+            Ok(unanimous.then_some((ballot, proposal, true)))
+        }
+        other => Ok(other),
     }
 }
 
@@ -349,10 +394,7 @@ mod tests {
     }
 
     fn accepted(ballot: u16, proposal: Proposal) -> Meta {
-        Meta {
-            promised: Ballot(ballot),
-            accepted: Some((Ballot(ballot), proposal)),
-        }
+        Meta::accepting(Ballot(ballot), proposal, false)
     }
 
     const SET: Proposal = Proposal::Set {
@@ -387,11 +429,11 @@ mod tests {
             NodeBucket::parse(&bytes(Meta::EMPTY, slots), REGS),
             Err(BucketError::Register { .. })
         ));
-        let mut bad = ok.clone();
-        bad[3] |= 0x08; // reserved bit of the meta word
+        let mut bad = bytes(Meta::EMPTY, empty);
+        bad[3] |= 0x08; // the fast flag, with nothing accepted
         assert!(matches!(
             NodeBucket::parse(&bad, REGS),
-            Err(BucketError::Meta(WordError::Reserved(_)))
+            Err(BucketError::Meta(WordError::NonCanonical(_)))
         ));
     }
 
@@ -495,6 +537,59 @@ mod tests {
             View::merge(&[copy(Meta::EMPTY, a), copy(Meta::EMPTY, b)], 2),
             Err(BucketError::SlotConflict { slot: 2, tag: 3 })
         );
+    }
+
+    #[test]
+    fn fast_values_count_only_where_every_copy_holds_them() {
+        let empty = [Slot::EMPTY; SLOTS];
+        let fast = |b: u16, p: Proposal| Meta::accepting(Ballot(b), p, true);
+        let other = Proposal::Set {
+            slot: 4,
+            register: 9,
+        };
+        let newest = |metas: &[Meta]| newest_accepted(metas.iter().copied());
+        // Every copy holds it: it may be decided, so it is the value to finish,
+        // but a quorum of copies does not make it decided (only a Paxos round or an
+        // applied copy can tell).
+        assert_eq!(
+            newest(&[fast(5, SET), fast(5, SET)]),
+            Ok(Some((Ballot(5), SET, true)))
+        );
+        let view = View::merge(&[copy(fast(5, SET), empty); 2], 2).unwrap();
+        assert_eq!(
+            view.status(),
+            Status::Open {
+                ballot: Ballot(5),
+                proposal: SET
+            }
+        );
+        assert_eq!(view.readable(), None);
+        let mut done = empty;
+        done[2] = applied_slot(Ballot(5), SET, Some(11));
+        let view = View::merge(&[copy(fast(5, SET), done); 2], 2).unwrap();
+        assert_eq!(view.status(), Status::Free);
+        assert_eq!(view.slots[2].register(), Some(7));
+        // A copy lacks it: not decided, and what it replaced was done (nothing older
+        // comes back, not even a newer-looking stale classic value).
+        assert_eq!(newest(&[fast(5, SET), accepted(3, other)]), Ok(None));
+        assert_eq!(newest(&[fast(5, SET), fast(5, other)]), Ok(None));
+        assert_eq!(newest(&[fast(5, SET), Meta::EMPTY]), Ok(None));
+        // A classic value under the same ballot has an owner that promised it on a
+        // quorum, so the fast one was not decided; a newer classic value wins as usual.
+        assert_eq!(
+            newest(&[fast(5, SET), accepted(5, other)]),
+            Ok(Some((Ballot(5), other, false)))
+        );
+        assert_eq!(
+            newest(&[accepted(5, other), fast(5, SET)]),
+            Ok(Some((Ballot(5), other, false)))
+        );
+        assert_eq!(
+            newest(&[fast(5, SET), accepted(6, other)]),
+            Ok(Some((Ballot(6), other, false)))
+        );
+        // Two fast values under one ballot are a race, not corruption.
+        assert!(View::merge(&[copy(fast(5, SET), empty), copy(fast(5, other), empty)], 2).is_ok());
     }
 
     proptest! {

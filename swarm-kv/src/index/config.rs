@@ -32,6 +32,10 @@ pub struct IndexConfig {
     pub ack_wait_ns: Nanos,
     /// Attempts before an update gives up with [`super::IndexError::Contention`].
     pub max_attempts: u32,
+    /// Try a fast round (one roundtrip after the read) before the classic insert
+    /// when the key's first bucket is settled (module docs of [`super`],
+    /// "fast inserts"). Off, every insert promises, fences and accepts.
+    pub fast_inserts: bool,
 }
 
 impl IndexConfig {
@@ -55,6 +59,7 @@ impl Default for IndexConfig {
             read_retries: 2,
             ack_wait_ns: 1_000_000,
             max_attempts: 10_000,
+            fast_inserts: true,
         }
     }
 }

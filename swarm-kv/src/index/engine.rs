@@ -151,7 +151,7 @@ impl<'a, F: Fabric> Engine<'a, F> {
         self.fabric.now()
     }
 
-    fn meta_addr(&self, i: usize) -> u64 {
+    pub(super) fn meta_addr(&self, i: usize) -> u64 {
         self.ix.layout.bucket(self.buckets[i])
     }
 
@@ -194,11 +194,18 @@ impl<'a, F: Fabric> Engine<'a, F> {
 
     /// The meta word node `node` probably holds for bucket `i`: the last one seen
     /// there, else the one most nodes were seen with, else all-zero.
-    fn expected_meta(&self, node: usize, i: usize) -> u64 {
+    pub(super) fn expected_meta(&self, node: usize, i: usize) -> u64 {
         if let Some(word) = self.known.get(node).and_then(|k| k[i].meta) {
             return word;
         }
         mode(self.known.iter().filter_map(|k| k[i].meta)).unwrap_or(0)
+    }
+
+    /// The meta word of bucket `i` every node seen so far showed, if they agree.
+    pub(super) fn agreed_meta(&self, i: usize) -> Option<u64> {
+        let mut words = self.known.iter().filter_map(|k| k[i].meta);
+        let first = words.next()?;
+        words.all(|w| w == first).then_some(first)
     }
 
     /// The slot word node `node` probably holds for slot `s` of bucket `i`.
@@ -216,7 +223,7 @@ impl<'a, F: Fabric> Engine<'a, F> {
         }
     }
 
-    fn learn_meta(&mut self, node: NodeId, i: usize, word: u64) {
+    pub(super) fn learn_meta(&mut self, node: NodeId, i: usize, word: u64) {
         if let Some(k) = self.known.get_mut(node.index()) {
             k[i].meta = Some(word);
         }
@@ -515,11 +522,7 @@ impl<'a, F: Fabric> Engine<'a, F> {
         self.fence()?;
         let q = self.quorum();
         let addr = self.meta_addr(i);
-        let new = Meta {
-            promised: ballot,
-            accepted: Some((ballot, proposal)),
-        }
-        .encode();
+        let new = Meta::accepting(ballot, proposal, false).encode();
         let expected: Vec<Option<u64>> = (0..self.ix.nodes)
             .map(|node| {
                 let word = self.expected_meta(node, i);

@@ -68,7 +68,8 @@
 //! with the newest tag (each is a decided value, and each change was applied on a
 //! quorum before the next could be proposed, so a quorum read sees every change done
 //! before it began); plus the newest accepted change, *if provably decided*:
-//! accepted under one ballot by a quorum of the replies, or applied in some copy.
+//! accepted under one classic ballot by a quorum of the replies, or applied in some
+//! copy (a fast-round value never counts as proven: see "fast inserts").
 //! If the newest accepted change is only accepted somewhere (an update is in flight),
 //! the bucket is *open*: the lookup re-reads a couple of times, then settles it with
 //! a Paxos round of its own (promise, propose the newest accepted value, apply), and
@@ -88,6 +89,31 @@
 //! `Y`. Chaining the real-time orders (each proposer's phase 1 completes before its
 //! phase 2 starts) yields a cycle. Removes and replaces touch one bucket: a register
 //! is mapped by one slot and never moves.
+//!
+//! # Fast inserts
+//!
+//! The classic insert needs three roundtrips after its read. When the read shows
+//! the key's *first* bucket settled, with the same meta word on every node read and
+//! no promise beyond its accepted ballot, and the key in neither bucket (no
+//! fingerprint match), the insert CASes that word on every node straight to its
+//! `SET`, accepted under the next ballot with the word's **fast** flag: phase 1 and
+//! phase 2 in one step, a fast round of Fast Paxos whose fast quorum is every node
+//! (`fast.rs`). Taken by every node, the change is decided (one roundtrip after the
+//! read, which the KV layer overlaps with its register write: two in all); taken by
+//! fewer, the classic insert takes over, watching the fast value like any proposal
+//! of its own. Readers and proposers judge fast values by one rule
+//! ([`bucket::newest_accepted`]): a fast value counts only if every copy of the
+//! quorum holds it (it may then be decided, and is finished like an open change);
+//! otherwise it is not decided, and since a fast round only replaces a settled word,
+//! nothing older needs finishing either. A fast value is never *proven* decided by
+//! copies (a quorum may be all it reached): only an applied slot or a Paxos round
+//! settles it, so lookups that race a fast insert re-read or settle as for any open
+//! change. Why it needs no fence of the second bucket, and the one ordering a fence
+//! would have caught (a classic insert of the same key into the second bucket that
+//! already fenced the first): `fast.rs`. The fast round targets only the first
+//! bucket, so that two inserts of one key that both try it race on the same words;
+//! when the first bucket is fuller than the second and more than half full, the
+//! classic insert's choice of the emptier bucket runs instead.
 //!
 //! # Knowing one's fate (exactly once)
 //!
@@ -117,8 +143,11 @@
 //! 1. *Per era, Paxos safety* ("Paxos made simple", P2c): once a change is decided
 //!    under ballot `b`, every value accepted under a newer ballot is that change, until
 //!    it is done. No-ops do not break this (they are only proposed over done or absent
-//!    values); replacing a done change ends the era, and the change stays in the
-//!    slots.
+//!    values), nor do fast rounds: a fast value is decided only on every node, so a
+//!    classic proposer's quorum that does not hold it everywhere may ignore it (Fast
+//!    Paxos's recovery rule with every node as the fast quorum), and a fast round
+//!    only starts from a settled word; replacing a done change ends the era, and the
+//!    change stays in the slots.
 //! 2. *Slots*: a slot word tagged `t` holds the change decided under `t`; changes of
 //!    a bucket are decided one era after the other with growing ballots, each applied
 //!    on a quorum before the next is proposed. So the newest-tag copy of a slot among
@@ -142,7 +171,7 @@
 //! |---|---|---|
 //! | `lookup` | 1 | +1 if a preferred node is slow or dead; a couple of re-reads, then 2-3 to settle a change left open |
 //! | `resolve` | 1 (no candidate) or 2 | as lookup |
-//! | `insert` | 4: read, promise both, fence, accept (the KV layer overlaps the read with its register write: [`Index::read_for_insert`]) | +1 to check a fingerprint match; +1-3 per change helped along; backoff under contention |
+//! | `insert` | 2: read, fast round (the KV layer overlaps the read with its register write: [`Index::read_for_insert`]); 4 when the fast round is not tried or not decided: read, promise both, fence, accept | +1 to check a fingerprint match; +1-3 per change helped along; backoff under contention |
 //! | `remove`, `replace` | 3: read, promise + key header, accept | as insert |
 //!
 //! Slot writes after a decision are posted in the background and cost no roundtrip
@@ -154,7 +183,8 @@
 //! roundtrips), and, if the change was decided, delays the next change of that bucket
 //! by `ack_wait_ns`, once. Measured on the simulated fabric (3 nodes, ~1 µs one way,
 //! `tests/index_sim.rs`): with 200 keys and no faults, 95% of resolves take one
-//! roundtrip and inserts take 4 (p99 5); with 5 clients hammering 3 keys, updates take
+//! roundtrip and inserts take 2 (4 without the fast round, p99 5); with 5 clients
+//! hammering 3 keys, updates take
 //! 3-4 roundtrips at the median and up to ~15 when preempted, plus backoff.
 //!
 //! # Limits
@@ -171,17 +201,16 @@
 //!   insert): it is *repaired* (`swarm repair --replace`, [`crate::repair`]), which
 //!   retires its memory, rebuilds it from the other nodes and admits it with a
 //!   configuration change.
-//! * Inserts take four roundtrips, not the paper's one (§5.3.1 assumes an index that
-//!   maps a key in one). A fast path was built and withdrawn: after the read, CAS
-//!   both candidate buckets' meta words on every node from the words read (promise
-//!   and accept in one step; Fast Paxos with a fast quorum of all nodes). Each node
-//!   may take one bucket's CAS and not the other's, so the `SET` can reach every node
-//!   — and must then be finished by any proposer that sees it, since it may be
-//!   decided — while its fence of the other bucket failed, and a concurrent insert
-//!   of the same key into that bucket wins as well (found by a 3,000-seed run of
-//!   `tests/index_sim.rs`). A safe one-roundtrip index insert needs the two buckets'
-//!   changes to take effect together on each node (one word per key pair, or a key
-//!   that can live in one bucket only); not built.
+//! * Inserts take two roundtrips in the common case, not the paper's one (§5.3.1
+//!   assumes an index that maps a key in one): the fast round's CAS must expect the
+//!   word a node holds, so it follows a read. An earlier fast path CAS'd *both*
+//!   candidate buckets (the `SET` and a fence) and was withdrawn: a node may take
+//!   one of the two CASes and not the other, so the `SET` could reach every node
+//!   while its fence failed, and a concurrent insert of the same key into the other
+//!   bucket won too (found by a 3,000-seed run of `tests/index_sim.rs`). Today's
+//!   fast round touches the first bucket only (see "fast inserts"). One roundtrip
+//!   would need the CAS to guess the word unread (all-zero for a fresh bucket) and
+//!   the key header written in the same batch ahead of it; not built.
 //! * Liveness is obstruction-freedom: proposers that keep preempting each other back
 //!   off (randomised, exponential); [`IndexConfig::max_attempts`] bounds the retries.
 //!   A lookup that races an update may settle the update's change itself, which
@@ -197,10 +226,11 @@
 //!   ignores it.
 
 mod apply;
-mod bucket;
+pub(crate) mod bucket;
 mod config;
 mod engine;
 mod error;
+mod fast;
 pub mod hash;
 mod header;
 mod lookup;

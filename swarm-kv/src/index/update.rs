@@ -5,13 +5,15 @@
 //! in the same batch), first finds out whether one of its own earlier proposals took
 //! effect, then settles whatever change is in flight, decides on the settled state,
 //! and proposes its change. An insert first fences the candidate bucket it does not
-//! modify by accepting a no-op there.
+//! modify by accepting a no-op there. Before all that, an insert whose read allows
+//! it tries a fast round (`fast.rs`), which decides its change in one step.
 
 use swarm_core::fabric::Nanos;
 use swarm_core::{Fabric, OpStats};
 
 use super::bucket::{Status, View};
 use super::engine::{Engine, MAX_BUCKETS, Settled};
+use super::fast;
 use super::hash::KeyHash;
 use super::header;
 use super::lookup::{candidates, settled};
@@ -165,6 +167,7 @@ async fn wait_ack<F: Fabric>(
 #[derive(Debug)]
 pub struct InsertRead<'a, F: Fabric> {
     eng: Engine<'a, F>,
+    views: heapless::Vec<View, MAX_BUCKETS>,
     key: &'a [u8],
     hash: KeyHash,
     register: RegisterId,
@@ -202,9 +205,10 @@ pub async fn read_for_insert<'a, F: Fabric>(
         register ^ u64::from(hash.fp),
     )
     .until(deadline);
-    eng.read().await?;
+    let views = eng.read().await?;
     Ok(InsertRead {
         eng,
+        views,
         key,
         hash,
         register,
@@ -219,7 +223,8 @@ impl<'a, F: Fabric> InsertRead<'a, F> {
     }
 }
 
-/// The rest of an insert after its read (promise both buckets, fence, accept);
+/// The rest of an insert after its read: a fast round when the read allows one
+/// (`fast`), else (or if it is not decided) promise both buckets, fence, accept;
 /// counts its roundtrips in `stats`.
 async fn finish_insert<'a, F: Fabric>(
     read: InsertRead<'a, F>,
@@ -227,6 +232,7 @@ async fn finish_insert<'a, F: Fabric>(
 ) -> Result<InsertOutcome, IndexError> {
     let InsertRead {
         mut eng,
+        views,
         key,
         hash,
         register,
@@ -235,6 +241,18 @@ async fn finish_insert<'a, F: Fabric>(
     let ix = eng.index();
     let fabric = eng.fabric;
     let config = ix.config;
+    if config.fast_inserts
+        && let Some(plan) = fast::plan(&eng, &views, &hash, register)
+    {
+        // Watched from now on: if the fast round is not decided but someone finishes
+        // it anyway, the classic attempts below learn it like any proposal of theirs.
+        let (ballot, proposal) = (plan.ballot, plan.proposal);
+        eng.watch(0, proposal, ballot);
+        if eng.fast_accept(plan).await? {
+            eng.apply(0, ballot, proposal, Some(hash.fp), false).await?;
+            return Ok(InsertOutcome::Inserted);
+        }
+    }
     let mut owner = Owner::default();
     let mut known_keys: Vec<(RegisterId, bool)> = Vec::new();
     for attempt in 0..config.max_attempts {

@@ -5,8 +5,9 @@
 //! change. Every quorum observation of a bucket (a read, or the read-back of a
 //! promise) tells it: a slot holding the change's unique content means it took
 //! effect; the change being the newest accepted value means it may still be decided;
-//! a different value accepted by a quorum under a newer ballot means it never will
-//! be. A decided change stays visible to every quorum read for at least the
+//! a different value accepted by a quorum under a newer classic ballot means it
+//! never will be (a fast-round value held by a quorum proves nothing: it may be
+//! held by no more than that quorum). A decided change stays visible to every quorum read for at least the
 //! acknowledgement wait, so observation windows shorter than that miss none.
 
 use swarm_core::Fabric;
@@ -123,6 +124,7 @@ impl<F: Fabric> Engine<'_, F> {
                 && !visible
                 && !w.uncertain
                 && l.same >= q
+                && !l.fast
                 && l.proposal != w.proposal
                 && l.ballot.is_newer_than(w.ballot)
             {
@@ -176,6 +178,7 @@ mod tests {
         let meta = Meta {
             promised: Ballot(accepted.map_or(0, |a| a.0)),
             accepted: accepted.map(|(b, p)| (Ballot(b), p)),
+            fast: false,
         };
         NodeBucket {
             meta_word: meta.encode(),

@@ -6,10 +6,12 @@
 //! is self-describing: a bucket read torn across words is still a set of valid words.
 //!
 //! ```text
-//! meta  63..48 promised ballot | 47..32 accepted ballot | 31..28 kind | 27 reserved (0)
+//! meta  63..48 promised ballot | 47..32 accepted ballot | 31..28 kind | 27 fast
 //!       | 26..0 value
 //!       kind 0 = nothing accepted (ballot and value 0), 1 = no-op (value 0),
 //!       2..=8 = SET slot kind-2 := register `value`, 9..=15 = CLEAR slot kind-9, nonce `value`
+//!       fast = the value was accepted in a fast round (a one-roundtrip insert,
+//!       `super::fast`): decided only if every node took it; 0 when nothing is accepted
 //! slot  63..48 tag (ballot of the change that wrote it) | 47 used | 46..27 fingerprint
 //!       | 26..0 value (register if used, nonce of the clearing remove otherwise)
 //!       an unused slot's fingerprint field is 1 if its owner wrote it, else 0
@@ -141,15 +143,17 @@ pub struct Meta {
     pub promised: Ballot,
     /// Highest ballot accepted and its value, if any.
     pub accepted: Option<(Ballot, Proposal)>,
+    /// The accepted value was CAS'd in by a fast round (`super::fast`), not by the
+    /// owner of its ballot: it is decided only if every node took it, so a quorum
+    /// holding it proves nothing. Always false when nothing is accepted.
+    pub fast: bool,
 }
 
 /// Why a word does not decode.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum WordError {
-    /// The reserved bit of a meta word is set.
-    #[error("reserved bit set in meta word {0:#018x}")]
-    Reserved(u64),
-    /// A meta word that accepted nothing (or a no-op) carries a ballot or value.
+    /// A meta word that accepted nothing carries a ballot, a value or the fast flag,
+    /// or a no-op carries a value.
     #[error("non-canonical meta word {0:#018x}")]
     NonCanonical(u64),
     /// An empty slot's fingerprint field is neither 0 nor 1.
@@ -162,7 +166,18 @@ impl Meta {
     pub const EMPTY: Self = Self {
         promised: Ballot(0),
         accepted: None,
+        fast: false,
     };
+
+    /// The state an acceptor moves to when it accepts `proposal` under `ballot`
+    /// (which it then also promises); `fast` for a fast round.
+    pub fn accepting(ballot: Ballot, proposal: Proposal, fast: bool) -> Self {
+        Self {
+            promised: ballot,
+            accepted: Some((ballot, proposal)),
+            fast,
+        }
+    }
 
     /// The word. Fields wider than their bits are masked: callers pass valid
     /// proposals ([`Proposal::is_valid`]).
@@ -182,26 +197,26 @@ impl Meta {
                 (u64::from(ballot.0), kind, value)
             }
         };
-        promised | accepted << 32 | (kind & 0xF) << 28 | (value & VALUE_MASK)
+        let fast = u64::from(self.fast && self.accepted.is_some());
+        promised | accepted << 32 | (kind & 0xF) << 28 | fast << 27 | (value & VALUE_MASK)
     }
 
     /// Decodes a word read from a node (untrusted).
     pub fn decode(word: u64) -> Result<Self, WordError> {
-        if (word >> 27) & 1 != 0 {
-            return Err(WordError::Reserved(word));
-        }
+        let fast = (word >> 27) & 1 != 0;
         let promised = Ballot((word >> 48) as u16);
         let ballot = Ballot((word >> 32) as u16);
         let kind = (word >> 28) & 0xF;
         let value = word & VALUE_MASK;
         let proposal = match kind {
             KIND_NOTHING => {
-                if ballot.0 != 0 || value != 0 {
+                if ballot.0 != 0 || value != 0 || fast {
                     return Err(WordError::NonCanonical(word));
                 }
                 return Ok(Self {
                     promised,
                     accepted: None,
+                    fast: false,
                 });
             }
             KIND_NOOP if value != 0 => return Err(WordError::NonCanonical(word)),
@@ -218,6 +233,7 @@ impl Meta {
         Ok(Self {
             promised,
             accepted: Some((ballot, proposal)),
+            fast,
         })
     }
 
@@ -390,8 +406,8 @@ mod tests {
 
     #[test]
     fn non_canonical_meta_words_are_refused() {
-        assert_eq!(Meta::decode(1 << 27), Err(WordError::Reserved(1 << 27)));
-        // Nothing accepted, but a ballot or a value.
+        // Nothing accepted, but the fast flag, a ballot or a value.
+        assert_eq!(Meta::decode(1 << 27), Err(WordError::NonCanonical(1 << 27)));
         assert!(matches!(
             Meta::decode(1 << 32),
             Err(WordError::NonCanonical(_))
@@ -411,8 +427,8 @@ mod tests {
 
     proptest! {
         #[test]
-        fn meta_roundtrips_at_the_extremes(promised in ballot(), accepted in proptest::option::of((ballot(), proposal()))) {
-            let meta = Meta { promised, accepted };
+        fn meta_roundtrips_at_the_extremes(promised in ballot(), accepted in proptest::option::of((ballot(), proposal())), fast in any::<bool>()) {
+            let meta = Meta { promised, accepted, fast: fast && accepted.is_some() };
             prop_assert_eq!(Meta::decode(meta.encode()), Ok(meta));
         }
 
@@ -446,6 +462,7 @@ mod tests {
             if let Ok(meta) = Meta::decode(meta_word) {
                 let promised = meta.with_promise(ballot);
                 prop_assert_eq!(promised.accepted, meta.accepted);
+                prop_assert_eq!(promised.fast, meta.fast);
                 prop_assert_eq!(Meta::decode(promised.encode()), Ok(promised));
             }
         }

@@ -46,10 +46,16 @@
 //!   its slow path), and later timestamps of the slot's writer climb over it.
 //!   [`lock_word`].
 //! * **Index acceptors** (a bucket's meta word, one Paxos acceptor per node): the
-//!   highest promise and the highest-ballot accepted value of the donors. That is the
+//!   highest promise and the accepted value a proposer would have to finish, by the
+//!   index's own rule (`crate::index::bucket::newest_accepted`: the value of the
+//!   newest ballot, or nothing if that is a fast-round value some donor lacks). That
+//!   is the
 //!   classic rebuild of an acceptor from a majority: any value chosen is accepted on a
 //!   majority, so a donor shows it or a higher-ballot proposal (which carries the same
-//!   value), and any promise made on a majority shows in a donor. [`meta_word`].
+//!   value), and any promise made on a majority shows in a donor. A fast-round value
+//!   that not every donor holds is not copied: it is not decided, and copying it could
+//!   hand it a unanimity it never had; nor is any older value, all of which are done
+//!   or dead once a fast round replaced them. [`meta_word`].
 //!   Index slots hold decided changes with serial-number tags: the newest tag wins,
 //!   as in a lookup's merge ([`slot_word`]).
 //! * **Records** (a register's in-place block, a log slot's record): each validates
@@ -66,6 +72,7 @@ use swarm_core::encoding::{LockMode, LockWord};
 use swarm_core::layout::decode_record;
 use swarm_core::summary::LogSummary;
 
+use crate::index::bucket::newest_accepted;
 use crate::index::word::{Ballot, Meta, Slot};
 use crate::lease::{counter, is_killed};
 
@@ -164,27 +171,32 @@ pub fn lock_word(copies: &[u64], conflicts: &mut Conflicts) -> u64 {
     top.word()
 }
 
-/// An index bucket's meta word: the highest promise and the highest-ballot accepted
-/// value among the copies that decode (an empty acceptor if none does).
+/// An index bucket's meta word: the highest promise among the copies that decode,
+/// and the accepted value a proposer holding them would have to finish (an empty
+/// acceptor if none decodes).
 pub fn meta_word(copies: &[u64]) -> u64 {
     let metas = copies.iter().filter_map(|w| Meta::decode(*w).ok());
-    let mut promised: Option<Ballot> = None;
-    let mut accepted = None;
-    for m in metas {
-        promised = Some(promised.map_or(m.promised, |p| p.newest(m.promised)));
-        if let Some((ballot, proposal)) = m.accepted
-            && accepted.is_none_or(|(b, _): (Ballot, _)| ballot.is_newer_than(b))
-        {
-            accepted = Some((ballot, proposal));
-        }
-    }
-    let Some(mut promised) = promised else {
+    let Some(mut promised) = metas.clone().map(|m| m.promised).reduce(Ballot::newest) else {
         return Meta::EMPTY.encode();
     };
-    if let Some((ballot, _)) = accepted {
+    // Two values under one classic ballot only come from corrupted memory: keep
+    // the first one seen rather than nothing.
+    let accepted = newest_accepted(metas.clone()).unwrap_or_else(|_| {
+        metas
+            .filter(|m| !m.fast)
+            .filter_map(|m| m.accepted)
+            .reduce(|a, b| if b.0.is_newer_than(a.0) { b } else { a })
+            .map(|(b, p)| (b, p, false))
+    });
+    if let Some((ballot, _, _)) = accepted {
         promised = promised.newest(ballot);
     }
-    Meta { promised, accepted }.encode()
+    Meta {
+        promised,
+        accepted: accepted.map(|(b, p, _)| (b, p)),
+        fast: accepted.is_some_and(|a| a.2),
+    }
+    .encode()
 }
 
 /// An index slot word: the copy with the newest tag among those that decode.
@@ -336,15 +348,23 @@ mod tests {
         let a = Meta {
             promised: Ballot(7),
             accepted: Some((Ballot(5), set(1, 40))),
+            fast: false,
         };
-        let b = Meta {
-            promised: Ballot(6),
-            accepted: Some((Ballot(6), set(2, 80))),
-        };
-        let merged = Meta::decode(meta_word(&[a.encode(), b.encode(), u64::MAX])).unwrap();
+        let b = Meta::accepting(Ballot(6), set(2, 80), false);
+        let garbage = 5; // nothing accepted, but a value: does not decode
+        let merged = Meta::decode(meta_word(&[a.encode(), b.encode(), garbage])).unwrap();
         assert_eq!(merged.promised, Ballot(7));
         assert_eq!(merged.accepted, Some((Ballot(6), set(2, 80))));
-        assert_eq!(meta_word(&[u64::MAX]), Meta::EMPTY.encode());
+        assert_eq!(meta_word(&[garbage]), Meta::EMPTY.encode());
+        // A fast-round value some donor lacks is not decided, and what it replaced was
+        // done: nothing is copied but the promise.
+        let fast = Meta::accepting(Ballot(9), set(3, 90), true);
+        let merged = Meta::decode(meta_word(&[a.encode(), fast.encode()])).unwrap();
+        assert_eq!((merged.promised, merged.accepted), (Ballot(9), None));
+        assert!(!merged.fast);
+        // Every donor holds it: it may be decided, and is copied as it is.
+        let merged = Meta::decode(meta_word(&[fast.encode(), fast.encode()])).unwrap();
+        assert_eq!(merged, fast);
     }
 
     #[test]

@@ -30,7 +30,8 @@ pub fn layout(registers: u64, buckets: u64) -> NodeLayout {
     NodeLayout::new(params).expect("test layout is valid")
 }
 
-/// Index tunables for a simulated microsecond fabric.
+/// Index tunables for a simulated microsecond fabric. Every third client inserts
+/// without the fast round, so fast and classic inserts race each other.
 pub fn sim_config(client_id: u16) -> IndexConfig {
     IndexConfig {
         client_id,
@@ -40,10 +41,12 @@ pub fn sim_config(client_id: u16) -> IndexConfig {
         read_retries: 2,
         ack_wait_ns: 200_000,
         max_attempts: 2_000,
+        fast_inserts: client_id % 3 != 2,
     }
 }
 
-/// Index tunables for the in-process fabric, whose clock ticks once per progress call.
+/// Index tunables for the in-process fabric, whose clock ticks once per progress call
+/// (fast and classic inserts mixed as in [`sim_config`]).
 pub fn mem_config(client_id: u16) -> IndexConfig {
     IndexConfig {
         client_id,
@@ -53,6 +56,7 @@ pub fn mem_config(client_id: u16) -> IndexConfig {
         read_retries: 2,
         ack_wait_ns: 5_000,
         max_attempts: 10_000,
+        fast_inserts: client_id % 3 != 2,
     }
 }
 

@@ -1,0 +1,276 @@
+//! The fast round of an insert: one roundtrip after the read (module docs of
+//! [`super`], "fast inserts").
+//!
+//! A classic insert needs three roundtrips after its read: promise both buckets,
+//! fence the other one, accept. When the read shows the key's *first* bucket settled
+//! (no change in flight) and the key in neither bucket, the insert instead CASes the
+//! first bucket's meta word on every node, from the word it read there, straight to
+//! its `SET` accepted under a fresh ballot with the fast flag: phase 1 and phase 2
+//! at once, as in Fast Paxos's fast rounds, with every node as the fast quorum. It
+//! is decided when every node took it; otherwise the classic insert takes over, and
+//! whatever the fast round left behind is judged by [`super::bucket::newest_accepted`]
+//! (a fast value counts only where a whole quorum holds it).
+//!
+//! Why a fast round needs no fence, and only ever targets the first bucket: two
+//! inserts of one key that both try it race on the same meta words, and at most one
+//! takes every node. A classic insert of the key into the second bucket promises the
+//! first one on a quorum before it accepts anything: if that promise reached a node
+//! before the fast CAS did, the CAS fails there (the word changed) and the fast
+//! round is not decided; if the fast CAS came first on every node of the quorum, the
+//! promise reads it back on the whole quorum and the classic insert must finish it,
+//! after which it finds the key. The fast CAS expects the exact word read, so
+//! between the read and the CAS nothing was decided in the first bucket, and a key
+//! inserted into the second bucket in that window would have promised the first.
+//!
+//! The one ordering that CAS cannot catch: the classic insert promised both buckets
+//! *and fenced the first* before the fast round read it, and has not accepted its
+//! `SET` in the second bucket yet. The fast round then reads a settled first bucket
+//! and a second one without the key. But that insert's promise on the second bucket
+//! completed before its fence began, so every node whose first bucket shows the
+//! fence had the promise on a quorum of second-bucket copies; the read (first
+//! bucket before second, in one ordered batch per node) meets a copy of the second
+//! bucket that promised more than it accepted, and the fast round is not tried
+//! while that is so (found by a 3,000-seed run of `tests/index_sim.rs`).
+
+use swarm_core::Fabric;
+use swarm_core::fabric::{Batch, Completion, NodeId};
+use swarm_core::quorum::broadcast_until;
+
+use super::IndexError;
+use super::bucket::{Status, View};
+use super::engine::Engine;
+use super::hash::KeyHash;
+use super::lookup::candidates;
+use super::word::{Ballot, Meta, Proposal, SLOTS, Slot, SlotState};
+
+/// The bucket a fast round may target: a key's first candidate.
+const FIRST: usize = 0;
+
+/// Free slots the first bucket needs for a fast round when the second bucket has
+/// more: below that, the classic insert's choice of the emptier bucket (RACE's two
+/// choices, FUSEE §4.2) keeps buckets from filling unevenly, and keys whose two
+/// candidates coincide from finding theirs full.
+const FAST_MIN_FREE: usize = SLOTS / 2 + 1;
+
+/// A fast round an insert may try.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Plan {
+    /// The meta word every node read showed for the first bucket, expected on every
+    /// node.
+    pub expected: u64,
+    /// A ballot newer than that word's promise.
+    pub ballot: Ballot,
+    /// The `SET` of the first free slot of the first bucket.
+    pub proposal: Proposal,
+}
+
+/// The fast round an insert may try after a read that produced `views`, or `None`
+/// when the classic insert must run: the nodes read disagree on the first bucket's
+/// meta word, that word promised more than it accepted, that bucket has a change in
+/// flight or fewer free slots than both [`FAST_MIN_FREE`] and the second bucket,
+/// the second bucket has a promise outstanding, a bucket is not readable, or a
+/// fingerprint matches (telling keys apart needs their headers).
+///
+/// The word's promise must be its accepted ballot so that no classic proposer that
+/// promised before the read can still accept under an older ballot than the fast
+/// one: every change under an older ballot is then done or dead, which is what lets
+/// [`super::bucket::newest_accepted`] drop a fast value some node lacks without
+/// looking further back.
+///
+/// The nodes must agree on the word, not just merge into a settled view: a read
+/// that straddles a decided change's arrival sees it on one node only, and
+/// [`super::bucket::newest_accepted`] rightly ignores a fast value some copy lacks;
+/// CASing from that node's word would then replace a decided, unapplied change.
+pub(super) fn plan<F: Fabric>(
+    eng: &Engine<'_, F>,
+    views: &[View],
+    hash: &KeyHash,
+    register: u64,
+) -> Option<Plan> {
+    let expected = eng.agreed_meta(FIRST)?;
+    let settled = Meta::decode(expected).is_ok_and(|m| match m.accepted {
+        Some((ballot, _)) => m.promised == ballot,
+        None => m.promised == Ballot(0),
+    });
+    if !settled {
+        return None;
+    }
+    let first = views.get(FIRST)?;
+    if first.status() != Status::Free {
+        return None;
+    }
+    if views.iter().skip(FIRST + 1).any(promise_outstanding) {
+        return None;
+    }
+    let states: Option<Vec<_>> = views.iter().map(View::readable).collect();
+    let states = states?;
+    if !candidates(&states, hash).is_empty() {
+        return None;
+    }
+    let free = |slots: &[Slot; SLOTS]| {
+        slots
+            .iter()
+            .filter(|s| matches!(s.state, SlotState::Empty { .. }))
+            .count()
+    };
+    let others_free = states.iter().skip(FIRST + 1).map(free).max().unwrap_or(0);
+    let first_free = free(&states[FIRST]);
+    if first_free < FAST_MIN_FREE && first_free < others_free {
+        return None;
+    }
+    let slot = states[FIRST]
+        .iter()
+        .position(|s| matches!(s.state, SlotState::Empty { .. }))?;
+    let proposal = Proposal::Set {
+        slot: slot as u8,
+        register,
+    };
+    Some(Plan {
+        expected,
+        ballot: eng.next_ballot(FIRST),
+        proposal,
+    })
+}
+
+/// Whether some copy merged into `view` promised a ballot newer than anything
+/// accepted: a proposer may be between its phase 1 and its accept, such as a classic
+/// insert of the same key into this bucket that already fenced the first one.
+fn promise_outstanding(view: &View) -> bool {
+    match view.latest {
+        Some(latest) => view.max_promised.is_newer_than(latest.ballot),
+        None => view.max_promised != Ballot(0),
+    }
+}
+
+impl<F: Fabric> Engine<'_, F> {
+    /// The fast round: CASes the first bucket's meta word on every node from
+    /// `plan.expected` to its `SET` accepted under its ballot with the fast flag.
+    /// True when every node took it: decided. Waits for every node only while they
+    /// keep answering (a straggler gets `slow_after_ns`); a node that is down makes
+    /// the round fail, not stall.
+    pub(super) async fn fast_accept(&mut self, plan: Plan) -> Result<bool, IndexError> {
+        self.fence()?;
+        let nodes = self.ix.nodes;
+        let addr = self.meta_addr(FIRST);
+        let new = Meta::accepting(plan.ballot, plan.proposal, true).encode();
+        let expected = plan.expected;
+        let took = |(_, c): &(NodeId, Completion)| c.cas(0) == Some(expected);
+        let rt = broadcast_until(
+            self.fabric,
+            self.stats,
+            self.quorum(),
+            self.ix.config.slow_after_ns,
+            |_| Ok(Some(Batch::cas(addr, expected, new))),
+            |replies| replies.len() >= nodes || !replies.iter().all(took),
+        )
+        .await?;
+        let all = rt.replies().len() >= nodes && rt.replies().iter().all(took);
+        let seen: Vec<(NodeId, Option<u64>)> =
+            rt.replies().iter().map(|(n, c)| (*n, c.cas(0))).collect();
+        drop(rt);
+        for (node, previous) in seen {
+            match previous {
+                Some(p) if p == expected => self.learn_meta(node, FIRST, new),
+                Some(p) => self.learn_meta(node, FIRST, p),
+                None => {}
+            }
+        }
+        Ok(all)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::index::bucket::{NodeBucket, applied_slot};
+
+    fn copy(meta: Meta, slots: [Slot; SLOTS]) -> NodeBucket {
+        NodeBucket {
+            meta_word: meta.encode(),
+            meta,
+            slot_words: slots.map(|s| s.encode()),
+            slots,
+        }
+    }
+
+    #[test]
+    fn a_settled_empty_pair_of_buckets_plans_a_fast_set() {
+        use crate::index::{Index, IndexConfig};
+        use crate::layout::{ClusterParams, NodeLayout};
+        use swarm_core::{MemCluster, OpStats};
+        let params = ClusterParams {
+            registers: 64,
+            chunk_registers: 16,
+            index_buckets: 4,
+            log_slots: 16,
+            writers: 4,
+            ..ClusterParams::default()
+        };
+        let ix = Index::new(&NodeLayout::new(params).unwrap(), 3, IndexConfig::new(1)).unwrap();
+        let cluster = MemCluster::new(3, 64);
+        let fabric = cluster.client();
+        let stats = OpStats::new();
+        let hash = ix.key_hash(b"k").unwrap();
+        let mut eng = Engine::new(&ix, &fabric, &stats, &hash.buckets(), 1);
+        // Nothing read yet: no agreed word, no fast round.
+        let empty = [Slot::EMPTY; SLOTS];
+        let free = View::merge(&[copy(Meta::EMPTY, empty); 2], 2).unwrap();
+        assert_eq!(plan(&eng, &[free, free], &hash, 5), None);
+        eng.learn_meta(NodeId(0), FIRST, 0);
+        eng.learn_meta(NodeId(1), FIRST, 0);
+        let Plan {
+            expected,
+            ballot,
+            proposal: p,
+        } = plan(&eng, &[free, free], &hash, 5).unwrap();
+        assert_eq!((expected, ballot), (0, Ballot(1)));
+        assert_eq!(
+            p,
+            Proposal::Set {
+                slot: 0,
+                register: 5
+            }
+        );
+        // A change in flight in the first bucket: classic.
+        let open = View::merge(
+            &[
+                copy(Meta::accepting(Ballot(2), p, false), empty),
+                copy(Meta::EMPTY, empty),
+            ],
+            2,
+        )
+        .unwrap();
+        assert_eq!(plan(&eng, &[open, free], &hash, 5), None);
+        // A fingerprint match in the second bucket: classic (headers decide).
+        let mut taken = empty;
+        taken[3] = applied_slot(
+            Ballot(1),
+            Proposal::Set {
+                slot: 3,
+                register: 9,
+            },
+            Some(hash.fp),
+        );
+        let matching = View::merge(&[copy(Meta::EMPTY, taken); 2], 2).unwrap();
+        assert_eq!(plan(&eng, &[free, matching], &hash, 5), None);
+        // A full first bucket: classic (it may use the second).
+        let full = [applied_slot(
+            Ballot(1),
+            Proposal::Set {
+                slot: 0,
+                register: 9,
+            },
+            Some(hash.fp ^ 1),
+        ); SLOTS];
+        let full = View::merge(&[copy(Meta::EMPTY, full); 2], 2).unwrap();
+        assert_eq!(plan(&eng, &[full, free], &hash, 5), None);
+        // The nodes read disagree on the meta word: classic, even if the view is
+        // settled.
+        eng.learn_meta(
+            NodeId(1),
+            FIRST,
+            Meta::accepting(Ballot(1), p, true).encode(),
+        );
+        assert_eq!(plan(&eng, &[free, free], &hash, 5), None);
+    }
+}
