@@ -281,11 +281,6 @@ fn run(s: Scenario) -> usize {
     runner.run().unwrap_or_else(|e| panic!("verification: {e}"));
     let history = shared.log.history();
     let report = swarm_checker::check(&history);
-    if !report.is_linearizable() {
-        history
-            .write_jsonl(std::fs::File::create("/tmp/hist.jsonl").unwrap())
-            .unwrap();
-    }
     assert!(
         report.is_linearizable(),
         "seed {}: not linearizable:\n{report}",
