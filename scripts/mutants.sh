@@ -3,13 +3,14 @@
 # swarm-kv's recycling tests).
 #
 # Applies each mutant of scripts/mutants/*.patch (one deliberate bug in
-# swarm-core/src/protocol, or in swarm-kv's delete and repair, per file) in turn, runs ONLY the randomized tests
+# swarm-core/src/protocol, or in swarm-kv's delete, repair and index, per file) in turn, runs ONLY the randomized tests
 # (swarm-sim/tests/sim_protocol.rs, sim_max_register_race.rs,
 # sim_slow_path_race.rs, sim_inflight_race.rs, sim_recycling.rs,
 # sim_crash_resume.rs; not the scripted schedules of swarm-sim) plus
 # swarm-kv/tests/recycle.rs (randomized churns and a few scripted register-reuse
 # schedules, under a second) and the KV's randomized histories with deletes
-# (repair_sim.rs, kv_semantics.rs, deferred_unmap.rs), at their
+# (repair_sim.rs, kv_semantics.rs, deferred_unmap.rs), and the index's randomized
+# histories (index_sim.rs, for the index-* mutants of its fast round), at their
 # default CI seed counts, reverts the mutant, and prints a table: `caught` (a test
 # failed), `MISSED` (every test passed: these tests cannot see this bug),
 # `unviable` (it does not compile) or `stale` (the patch no longer applies: refresh
@@ -46,7 +47,7 @@ unset SWARM_SIM_SEED SWARM_SIM_SEEDS
 # Plus swarm-kv's recycling tests: the simulation never reuses a register, and a
 # race of reclaim checks with register reuse only shows there (seed 108 of the
 # churn replays it).
-test_cmd=(cargo test -q --no-fail-fast -p swarm-sim --test sim_protocol --test sim_max_register_race --test sim_slow_path_race --test sim_inflight_race --test sim_recycling --test sim_crash_resume -p swarm-kv --test recycle --test repair_sim --test kv_semantics --test deferred_unmap)
+test_cmd=(cargo test -q --no-fail-fast -p swarm-sim --test sim_protocol --test sim_max_register_race --test sim_slow_path_race --test sim_inflight_race --test sim_recycling --test sim_crash_resume -p swarm-kv --test recycle --test repair_sim --test kv_semantics --test deferred_unmap --test index_sim)
 applied=""
 restore() {
     if [ -n "$applied" ]; then
