@@ -99,6 +99,17 @@ impl NodeBucket {
         })
     }
 
+    /// A copy holding exactly `meta` and `slots` (tests build views from these).
+    #[cfg(test)]
+    pub(crate) fn of(meta: Meta, slots: [Slot; SLOTS]) -> Self {
+        Self {
+            meta_word: meta.encode(),
+            meta,
+            slot_words: slots.map(|s| s.encode()),
+            slots,
+        }
+    }
+
     /// The same copy with another meta word (the acceptor state at promise time).
     pub fn with_meta(self, meta_word: u64, registers: u64) -> Result<Self, BucketError> {
         Ok(Self {
@@ -377,12 +388,7 @@ mod tests {
     const REGS: u64 = 1000;
 
     fn copy(meta: Meta, slots: [Slot; SLOTS]) -> NodeBucket {
-        NodeBucket {
-            meta_word: meta.encode(),
-            meta,
-            slot_words: slots.map(|s| s.encode()),
-            slots,
-        }
+        NodeBucket::of(meta, slots)
     }
 
     fn bytes(meta: Meta, slots: [Slot; SLOTS]) -> Vec<u8> {

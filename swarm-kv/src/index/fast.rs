@@ -185,28 +185,14 @@ mod tests {
     use crate::index::bucket::{NodeBucket, applied_slot};
 
     fn copy(meta: Meta, slots: [Slot; SLOTS]) -> NodeBucket {
-        NodeBucket {
-            meta_word: meta.encode(),
-            meta,
-            slot_words: slots.map(|s| s.encode()),
-            slots,
-        }
+        NodeBucket::of(meta, slots)
     }
 
     #[test]
     fn a_settled_empty_pair_of_buckets_plans_a_fast_set() {
-        use crate::index::{Index, IndexConfig};
-        use crate::layout::{ClusterParams, NodeLayout};
+        use crate::index::IndexConfig;
         use swarm_core::{MemCluster, OpStats};
-        let params = ClusterParams {
-            registers: 64,
-            chunk_registers: 16,
-            index_buckets: 4,
-            log_slots: 16,
-            writers: 4,
-            ..ClusterParams::default()
-        };
-        let ix = Index::new(&NodeLayout::new(params).unwrap(), 3, IndexConfig::new(1)).unwrap();
+        let ix = crate::index::tiny_test_index(IndexConfig::new(1));
         let cluster = MemCluster::new(3, 64);
         let fabric = cluster.client();
         let stats = OpStats::new();

@@ -604,6 +604,22 @@ impl Index {
     }
 }
 
+/// An index over three nodes of a tiny cluster (64 registers, 4 buckets), for unit
+/// tests of the protocol's pieces.
+#[cfg(test)]
+pub(crate) fn tiny_test_index(config: IndexConfig) -> Index {
+    let params = crate::layout::ClusterParams {
+        registers: 64,
+        chunk_registers: 16,
+        index_buckets: 4,
+        log_slots: 16,
+        writers: 4,
+        ..crate::layout::ClusterParams::default()
+    };
+    let layout = crate::layout::NodeLayout::new(params).expect("a valid tiny layout");
+    Index::new(&layout, 3, config).expect("a valid tiny index")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -163,7 +163,6 @@ mod tests {
     use crate::index::bucket::applied_slot;
     use crate::index::word::{Meta, SLOTS, Slot};
     use crate::index::{Index, IndexConfig};
-    use crate::layout::{ClusterParams, NodeLayout};
 
     const MINE: Proposal = Proposal::Set {
         slot: 2,
@@ -180,31 +179,17 @@ mod tests {
             accepted: accepted.map(|(b, p)| (Ballot(b), p)),
             fast: false,
         };
-        NodeBucket {
-            meta_word: meta.encode(),
-            meta,
-            slot_words: slots.map(|s| s.encode()),
-            slots,
-        }
+        NodeBucket::of(meta, slots)
     }
 
     fn index() -> Index {
-        let params = ClusterParams {
-            registers: 64,
-            chunk_registers: 16,
-            index_buckets: 4,
-            log_slots: 16,
-            writers: 4,
-            ..ClusterParams::default()
-        };
-        let config = IndexConfig {
+        crate::index::tiny_test_index(IndexConfig {
             ack_wait_ns: 100,
             slow_after_ns: 10,
             retry_delay_ns: 1,
             max_backoff_ns: 10,
             ..IndexConfig::default()
-        };
-        Index::new(&NodeLayout::new(params).unwrap(), 3, config).unwrap()
+        })
     }
 
     #[test]
