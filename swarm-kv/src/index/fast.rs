@@ -4,12 +4,12 @@
 //! A classic insert needs three roundtrips after its read: promise both buckets,
 //! fence the other one, accept. When the read shows the key's *first* bucket settled
 //! (no change in flight) and the key in neither bucket, the insert instead CASes the
-//! first bucket's meta word on every node, from the word it read there, straight to
+//! first bucket's meta word on every node, from the word every node read showed, to
 //! its `SET` accepted under a fresh ballot with the fast flag: phase 1 and phase 2
 //! at once, as in Fast Paxos's fast rounds, with every node as the fast quorum. It
 //! is decided when every node took it; otherwise the classic insert takes over, and
 //! whatever the fast round left behind is judged by [`super::bucket::newest_accepted`]
-//! (a fast value counts only where a whole quorum holds it).
+//! (a fast value counts only where every copy of a quorum holds it).
 //!
 //! Why a fast round needs no fence, and only ever targets the first bucket: two
 //! inserts of one key that both try it race on the same meta words, and at most one
@@ -26,11 +26,11 @@
 //! *and fenced the first* before the fast round read it, and has not accepted its
 //! `SET` in the second bucket yet. The fast round then reads a settled first bucket
 //! and a second one without the key. But that insert's promise on the second bucket
-//! completed before its fence began, so every node whose first bucket shows the
-//! fence had the promise on a quorum of second-bucket copies; the read (first
-//! bucket before second, in one ordered batch per node) meets a copy of the second
-//! bucket that promised more than it accepted, and the fast round is not tried
-//! while that is so (found by a 3,000-seed run of `tests/index_sim.rs`).
+//! completed before its fence began, so by the time any node shows the fence, the
+//! promise sits on a quorum of second-bucket copies; the read, which reads the first
+//! bucket before the second in one ordered batch per node, meets one of them, a
+//! copy that promised more than it accepted, and the fast round is not tried while
+//! that is so (found by a 3,000-seed run of `tests/index_sim.rs`).
 
 use swarm_core::Fabric;
 use swarm_core::fabric::{Batch, Completion, NodeId};
