@@ -165,6 +165,15 @@ impl<F: Fabric> Engine<'_, F> {
         )
         .await?;
         let all = rt.replies().len() >= nodes && rt.replies().iter().all(took);
+        if !all {
+            tracing::debug!(
+                bucket = self.bucket(FIRST),
+                took = rt.replies().iter().filter(|r| took(r)).count(),
+                nodes,
+                "index: fast round not taken by every node (a racing change, or a node \
+                 down or slow); the classic insert takes over"
+            );
+        }
         let seen: Vec<(NodeId, Option<u64>)> =
             rt.replies().iter().map(|(n, c)| (*n, c.cas(0))).collect();
         drop(rt);

@@ -6,8 +6,9 @@
 //! promise) tells it: a slot holding the change's unique content means it took
 //! effect; the change being the newest accepted value means it may still be decided;
 //! a different value accepted by a quorum under a newer classic ballot means it
-//! never will be (a fast-round value held by a quorum proves nothing: it may be
-//! held by no more than that quorum). A decided change stays visible to every quorum read for at least the
+//! never will be (a fast-round value held by a quorum is not taken as proof: it may
+//! be held by no more than that quorum, and watching longer is always safe). A
+//! decided change stays visible to every quorum read for at least the
 //! acknowledgement wait, so observation windows shorter than that miss none.
 
 use swarm_core::Fabric;
