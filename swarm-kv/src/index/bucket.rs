@@ -359,6 +359,16 @@ pub fn newest_accepted(
     }
 }
 
+/// How many of a bucket's slots are free.
+pub fn free_slots(slots: &[Slot; SLOTS]) -> usize {
+    slots.iter().filter(|s| s.register().is_none()).count()
+}
+
+/// The first free slot of a bucket, if any: where an insert into it goes.
+pub fn first_free_slot(slots: &[Slot; SLOTS]) -> Option<usize> {
+    slots.iter().position(|s| s.register().is_none())
+}
+
 /// The slot a change leaves behind: tagged with its ballot; `owner_fp` is the key's
 /// fingerprint when the change's owner writes it (`Some(_)` also marks a clear as
 /// written by its owner), `None` for a helper.

@@ -229,6 +229,23 @@ impl<'a, F: Fabric> Engine<'a, F> {
         }
     }
 
+    /// Learns bucket `i`'s meta word at `node` from a CAS of it from `expected` to
+    /// `new` that found `previous` there (`None`: no answer, nothing learned).
+    pub(super) fn learn_cas(
+        &mut self,
+        node: NodeId,
+        i: usize,
+        expected: Option<u64>,
+        previous: Option<u64>,
+        new: u64,
+    ) {
+        match previous {
+            Some(p) if Some(p) == expected => self.learn_meta(node, i, new),
+            Some(p) => self.learn_meta(node, i, p),
+            None => {}
+        }
+    }
+
     /// The newest copy of slot `s` of bucket `i` among the words last seen from every
     /// node.
     pub(super) fn newest_known(&self, i: usize, s: usize) -> Option<Slot> {
@@ -576,11 +593,7 @@ impl<'a, F: Fabric> Engine<'a, F> {
             .collect();
         drop(rt);
         for (node, previous) in replies {
-            match previous {
-                Some(p) if Some(p) == expected[node.index()] => self.learn_meta(node, i, new),
-                Some(p) => self.learn_meta(node, i, p),
-                None => {}
-            }
+            self.learn_cas(node, i, expected[node.index()], previous, new);
         }
         Ok(accepted >= q)
     }

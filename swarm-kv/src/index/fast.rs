@@ -37,11 +37,11 @@ use swarm_core::fabric::{Batch, Completion, NodeId};
 use swarm_core::quorum::broadcast_until;
 
 use super::IndexError;
-use super::bucket::{Status, View};
-use super::engine::Engine;
+use super::bucket::{Status, View, first_free_slot, free_slots};
+use super::engine::{Engine, MAX_BUCKETS};
 use super::hash::KeyHash;
 use super::lookup::candidates;
-use super::word::{Ballot, Meta, Proposal, SLOTS, Slot, SlotState};
+use super::word::{Ballot, Meta, Proposal, SLOTS};
 
 /// The bucket a fast round may target: a key's first candidate.
 const FIRST: usize = 0;
@@ -102,25 +102,17 @@ pub(super) fn plan<F: Fabric>(
     if views.iter().skip(FIRST + 1).any(promise_outstanding) {
         return None;
     }
-    let states: Option<Vec<_>> = views.iter().map(View::readable).collect();
+    let states: Option<heapless::Vec<_, MAX_BUCKETS>> = views.iter().map(View::readable).collect();
     let states = states?;
     if !candidates(&states, hash).is_empty() {
         return None;
     }
-    let free = |slots: &[Slot; SLOTS]| {
-        slots
-            .iter()
-            .filter(|s| matches!(s.state, SlotState::Empty { .. }))
-            .count()
-    };
-    let others_free = states.iter().skip(FIRST + 1).map(free).max().unwrap_or(0);
-    let first_free = free(&states[FIRST]);
-    if first_free < FAST_MIN_FREE && first_free < others_free {
+    let others_free = states.iter().skip(FIRST + 1).map(free_slots).max();
+    let first_free = free_slots(&states[FIRST]);
+    if first_free < FAST_MIN_FREE && others_free.is_some_and(|o| first_free < o) {
         return None;
     }
-    let slot = states[FIRST]
-        .iter()
-        .position(|s| matches!(s.state, SlotState::Empty { .. }))?;
+    let slot = first_free_slot(&states[FIRST])?;
     let proposal = Proposal::Set {
         slot: slot as u8,
         register,
@@ -178,11 +170,7 @@ impl<F: Fabric> Engine<'_, F> {
             rt.replies().iter().map(|(n, c)| (*n, c.cas(0))).collect();
         drop(rt);
         for (node, previous) in seen {
-            match previous {
-                Some(p) if p == expected => self.learn_meta(node, FIRST, new),
-                Some(p) => self.learn_meta(node, FIRST, p),
-                None => {}
-            }
+            self.learn_cas(node, FIRST, Some(expected), previous, new);
         }
         Ok(all)
     }
@@ -192,6 +180,7 @@ impl<F: Fabric> Engine<'_, F> {
 mod tests {
     use super::*;
     use crate::index::bucket::{NodeBucket, applied_slot};
+    use crate::index::word::Slot;
 
     fn copy(meta: Meta, slots: [Slot; SLOTS]) -> NodeBucket {
         NodeBucket::of(meta, slots)

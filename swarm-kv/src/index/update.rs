@@ -11,7 +11,7 @@
 use swarm_core::fabric::Nanos;
 use swarm_core::{Fabric, OpStats};
 
-use super::bucket::{Status, View};
+use super::bucket::{Status, View, first_free_slot, free_slots};
 use super::engine::{Engine, MAX_BUCKETS, Settled};
 use super::fast;
 use super::hash::KeyHash;
@@ -308,14 +308,7 @@ async fn finish_insert<'a, F: Fabric>(
         }
         // Where to put it: the bucket with more free slots, avoiding one whose last
         // change still waits for its owner's acknowledgement.
-        let free: Vec<usize> = states
-            .iter()
-            .map(|s| {
-                s.iter()
-                    .filter(|slot| matches!(slot.state, SlotState::Empty { .. }))
-                    .count()
-            })
-            .collect();
+        let free: Vec<usize> = states.iter().map(free_slots).collect();
         let Some(target) = (0..eng.len())
             .filter(|&i| free[i] > 0)
             .max_by_key(|&i| (unacked[i].is_none(), free[i], core::cmp::Reverse(i)))
@@ -345,10 +338,7 @@ async fn finish_insert<'a, F: Fabric>(
             eng.superseded(other, value, ballot);
             eng.refresh(other, None, ballot)?;
         }
-        let Some(slot) = states[target]
-            .iter()
-            .position(|s| matches!(s.state, SlotState::Empty { .. }))
-        else {
+        let Some(slot) = first_free_slot(&states[target]) else {
             continue;
         };
         let proposal = Proposal::Set {
