@@ -467,6 +467,12 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         self.recycler.in_limbo()
     }
 
+    /// Registers in this client's pool: given back after a reset, or never used in
+    /// its chunks (`crate::register_alloc`).
+    pub fn registers_pooled(&self) -> u64 {
+        self.alloc.pooled()
+    }
+
     /// This client's holder tag (`crate::limbo`).
     pub fn recycler_tag(&self) -> u32 {
         self.recycler.tag()
@@ -817,10 +823,18 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
     fn recycle_step(&self) {
         let now = self.swarm.fabric().now();
         let may_start = self.lease.borrow().valid_for(now, 0);
+        // A pool of a chunk's worth is enough: registers reset beyond it go to any
+        // client that runs out (`crate::recycle`, "donations"); not while a node is out
+        // of service, when pools are what inserts live on until the repair.
+        let donate = self.alloc.pooled() >= u64::from(self.layout.params.chunk_registers)
+            && !self.repair_announced()
+            && (0..self.nodes)
+                .all(|n| self.replica_status(NodeId(n as u16)) == ReplicaStatus::InService);
         let ready = self.recycler.step(
             self.swarm.fabric(),
             &self.layout,
             may_start,
+            donate,
             |r| self.register_loc(r).ok(),
             |node| self.replica_status(node),
         );
@@ -934,20 +948,29 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
     /// Adopts the chunks of clients that are no longer registered and takes the
     /// registers that gone clients held (their limbos and pools, in any chunk, and the
     /// never-used registers of adopted chunks) into this client's limbo
-    /// (`crate::limbo`): they are handed out after the register grace. At most one
-    /// round per lease period, and only under a valid lease (renewed first if needed):
+    /// (`crate::limbo`): they are handed out after the register grace (donated ones
+    /// at once). At most one round per lease period (or register grace, if shorter),
+    /// and only under a valid lease (renewed first if needed):
     /// the takes are CASes that no operation deadline covers otherwise.
     async fn reclaim_gone(&self) -> Result<(), KvError> {
         let fabric = self.swarm.fabric();
         let max_op = self.layout.params.max_op_ns;
+        // A client living on donations needs a pass about as often as registers pass
+        // their grace, where that is shorter than a lease.
+        let interval = self
+            .layout
+            .params
+            .lease_ns
+            .min(self.layout.params.register_grace_ns());
         self.next_adoption
-            .set(fabric.now().saturating_add(self.layout.params.lease_ns));
+            .set(fabric.now().saturating_add(interval));
         if !self.lease.borrow().valid_for(fabric.now(), max_op) {
             renew_now(&self.lease, fabric, max_op).await;
         }
         let me = crate::limbo::Reclaimer {
             token: self.token,
             tag: self.recycler.tag(),
+            max_donations: u64::from(self.layout.params.chunk_registers),
         };
         let reclaimed = crate::limbo::reclaim(
             fabric,
@@ -961,10 +984,15 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
             self.alloc.adopt(*chunk);
         }
         let now = fabric.now();
+        let settled = now.saturating_add(crate::limbo::settle_ns(&self.layout));
         for (register, kind) in reclaimed.taken {
             let why = match kind {
                 crate::limbo::Verdict::Limbo => Retired::ReclaimedLimbo,
                 crate::limbo::Verdict::Pool => Retired::ReclaimedPool,
+                crate::limbo::Verdict::Donated => {
+                    self.recycler.take_donation(register, settled);
+                    continue;
+                }
                 crate::limbo::Verdict::Fresh | crate::limbo::Verdict::Keep => Retired::Adopted,
             };
             self.recycler.retire(register, now, why);

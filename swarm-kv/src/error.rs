@@ -34,7 +34,7 @@ pub enum KvError {
     },
     /// Every register slot is claimed and this client has none free or due soon.
     #[error(
-        "the register area is full ({registers} keys): delete keys (their registers are reused after the recycling grace, by the client that unmapped them) or create a larger cluster with `swarm init --size`"
+        "the register area is full ({registers} keys): delete keys (their registers are reused after the recycling grace, by the client that unmapped them or, beyond the chunk's worth that client keeps, by any client) or create a larger cluster with `swarm init --size`"
     )]
     RegistersFull {
         /// The cluster's capacity.

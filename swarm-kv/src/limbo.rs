@@ -23,6 +23,7 @@
 //! | `(len, 0)` | holds a key: indexed, or being published, or retired with its mark missing |
 //! | `(len, t)` | **retired** (unmapped or never published) and held by `t`: in `t`'s limbo |
 //! | `(0, t)` | reset (or taken while blank) and held by `t`: in `t`'s limbo or pool |
+//! | `(0, DONATED)` | reset and given up by a client whose pool held enough ([`DONATED_TAG`]): free for any reclaimer |
 //!
 //! Who writes a tag, and when:
 //!
@@ -34,7 +35,9 @@
 //!   mapped and never will be again until it is reset (the index's "knowing one's
 //!   fate" property, `crate::index`, which the grace-then-reset recycling relies on too);
 //! * **the reset** ([`crate::recycle::reset_batch`]) writes `(0, tag)` of the resetter on
-//!   every replica: the register is in the resetter's pool;
+//!   every replica: the register is in the resetter's pool; or `(0, DONATED_TAG)`
+//!   when the resetter's pool holds enough (a *donation*, `crate::recycle`): the
+//!   resetter gives the register up for good, before the reset is posted;
 //! * **a reclaimer** that takes the register ([`take`]): a CAS from the word it observed
 //!   to `(observed len, its tag)` on each replica.
 //!
@@ -76,7 +79,16 @@
 //!    A gone reclaimer's limbo looks the same;
 //! 3. **a gone client's pool**: *every* copy is blank and some copy is `(0, t)` with `t`
 //!    gone. All copies must be blank here: a register of that pool that its holder then
-//!    published has its key header on a majority, so a majority read sees a `(len, 0)`;
+//!    published has its key header on a majority, so a majority read sees a `(len, 0)`.
+//!    A donated register is such a pool: `DONATED_TAG` is nobody's. Its donor never
+//!    uses it again, and a copy its reset has not reached yet shows the donor's tag
+//!    (rule 1) or a key, so a reclaimer takes it only where the reset landed on every
+//!    copy it reads. When every copy read is donated ([`Verdict::Donated`]), the taker
+//!    waits the delivery margin ([`settle_ns`]) instead of the register grace: the
+//!    donor reset the register a grace after its last life ended, so no cache entry
+//!    or operation names it any more; only the donor's reset itself may still be on
+//!    its way to a replica the taker did not read, and it must land before the
+//!    taker's own reset (on every replica, as always), which precedes any use;
 //! 4. **never used**: every copy `(0, 0)`, only in a chunk this reclaimer has just
 //!    adopted (its owner is gone, and so is its fresh-register pool; `crate::orphans`).
 //!
@@ -156,6 +168,13 @@ pub fn holder_tag(writer: u16, token: u64) -> u32 {
     let hash = xxh3_64(&token.to_le_bytes()) as u32;
     0x8000_0000 | (hash & 0x7FFF_F800) | (u32::from(writer) & 0x7FF)
 }
+
+/// The holder tag of a *donated* register: reset on every replica by a client whose
+/// pool held enough, and given up for any client to take (`crate::recycle`,
+/// "donations"). Bit 31 is clear, so it is no client's [`holder_tag`]: [`judge`]
+/// finds it held by nobody alive, and a copy set `(0, DONATED_TAG)` is a pool like
+/// a gone client's (rule 3).
+pub const DONATED_TAG: u32 = 0x7FFF_FFFF;
 
 /// Word 0 of a key header: the key length in bytes 0..4, the holder tag in 4..8.
 pub const fn header_word(len: u32, tag: u32) -> u64 {
@@ -272,6 +291,8 @@ pub enum Verdict {
     Limbo,
     /// Held by nobody alive: a gone client's pool (blank).
     Pool,
+    /// Donated: blank, and every copy read carries [`DONATED_TAG`].
+    Donated,
     /// Never used, in a chunk the reclaimer adopted.
     Fresh,
     /// Live data, a live client's register, or not enough evidence: left alone.
@@ -305,6 +326,9 @@ pub fn judge(
         return Verdict::Limbo;
     }
     if copies.iter().all(|c| c.len == 0) {
+        if copies.iter().all(|c| c.tag == DONATED_TAG) {
+            return Verdict::Donated;
+        }
         if copies.iter().any(|c| c.tag != 0) {
             return Verdict::Pool;
         }
@@ -482,6 +506,10 @@ pub struct Reclaimer {
     pub token: u64,
     /// Its holder tag ([`holder_tag`]).
     pub tag: u32,
+    /// Donated registers to take at most in one pass: about what a client keeps in
+    /// its pool (`crate::recycle`, "donations"). A pass that took every donation
+    /// would hoard them, and leave the next client that runs dry none.
+    pub max_donations: u64,
 }
 
 /// What one reclamation pass found.
@@ -574,7 +602,10 @@ pub async fn reclaim<F: Fabric>(
                     adopted.contains(&chunk),
                     layout.params.key_max,
                 );
-                if verdict == Verdict::Keep {
+                if verdict == Verdict::Keep
+                    || (verdict == Verdict::Donated
+                        && out.count(Verdict::Donated) >= me.max_donations)
+                {
                     continue;
                 }
                 let observed: Vec<(NodeId, u64)> =
@@ -610,9 +641,10 @@ pub async fn reclaim<F: Fabric>(
             chunks = out.chunks.len(),
             limbo = out.count(Verdict::Limbo),
             pool = out.count(Verdict::Pool),
+            donated = out.count(Verdict::Donated),
             fresh = out.count(Verdict::Fresh),
             lost = out.lost,
-            "reclaimed registers of gone clients: they go through the register grace"
+            "reclaimed registers of gone clients (they go through the register grace) and donated ones"
         );
     }
     Ok(out)
@@ -630,7 +662,7 @@ pub struct Census {
     pub retired_gone: u64,
     /// Blank registers held by live clients (pools, limbos of taken ones).
     pub pooled_live: u64,
-    /// Blank registers held by gone clients: reclaimable.
+    /// Blank registers held by gone clients, or donated (`DONATED_TAG`): reclaimable.
     pub pooled_gone: u64,
     /// Registers never used (blank, no tag).
     pub fresh: u64,
@@ -1064,6 +1096,43 @@ mod tests {
         assert_eq!(
             j(&[copy(99, gone, 0), copy(3, gone, 0)], false),
             Verdict::Keep
+        );
+    }
+
+    /// A donated register is a pool nobody holds once its reset landed on every copy
+    /// read; a copy the donor's reset has not reached (its tag, or the key it held)
+    /// keeps it.
+    #[test]
+    fn a_donated_register_is_taken_only_where_its_reset_landed() {
+        let donor = holder_tag(1, 0x111);
+        let alive = live(&[(1, 0x111)]);
+        let mine = holder_tag(2, 0x222);
+        let j = |copies: &[HeaderCopy]| judge(copies, 2, &alive, mine, false, 16);
+        assert!(!alive.tags.contains(&DONATED_TAG) && DONATED_TAG & 0x8000_0000 == 0);
+        let donated = copy(0, DONATED_TAG, 0);
+        assert_eq!(j(&[donated, donated]), Verdict::Donated);
+        assert_eq!(j(&[donated, donated, donated]), Verdict::Donated);
+        let gone = holder_tag(3, 0x333);
+        assert_eq!(
+            j(&[donated, copy(0, gone, 0)]),
+            Verdict::Pool,
+            "taken by a client that is gone since: its pool, through the grace"
+        );
+        assert_eq!(
+            j(&[donated, copy(3, donor, 0)]),
+            Verdict::Keep,
+            "retired by the donor, reset not landed"
+        );
+        assert_eq!(
+            j(&[donated, copy(3, 0, 0)]),
+            Verdict::Keep,
+            "the key it held, mark missing"
+        );
+        assert_eq!(j(&[donated, copy(0, donor, 0)]), Verdict::Keep);
+        assert_eq!(
+            j(&[donated, copy(0, mine, 0)]),
+            Verdict::Keep,
+            "taken by this reclaimer already"
         );
     }
 }

@@ -49,6 +49,26 @@
 //! *pre-cleared* (`crate::register_alloc`), which is what an insert needs to write it
 //! in one roundtrip (SWARM §5.3.1).
 //!
+//! # Donations: pools do not drift apart
+//!
+//! A reset register goes to the pool of the client that reset it, and an insert
+//! takes one from its own client's pool. So the pools drift with the mix of work:
+//! a client that mostly inserts runs dry (`RegistersFull`, once every chunk is
+//! claimed) while one that mostly deletes piles up free registers, and in a store
+//! that runs for months the drift is unbounded. A client whose pool already holds a
+//! chunk's worth of registers ([`crate::layout::ClusterParams::chunk_registers`],
+//! counting the fresh ones of its chunks) therefore *donates* the registers it
+//! resets: the reset writes the holder tag [`crate::limbo::DONATED_TAG`] instead of
+//! its own, and the register never comes back to it, whatever the replicas answer.
+//! A client that runs dry takes donated registers as it takes a gone client's pool
+//! (`crate::limbo`, rule 3), at most a chunk's worth per pass (taking all would hoard
+//! them), and resets them once the donor's reset has surely landed (the delivery
+//! margin, not a whole grace: `Recycler::take_donation`). A donation whose reset a
+//! replica in service missed leaves that copy with the donor's tag: nobody takes the
+//! register until the donor is gone (`RecycleStats::donations_incomplete`). Nothing
+//! is donated while a node is out of service or a repair is announced: resets then
+//! wait for the repair (below), and pools are what inserts live on meanwhile.
+//!
 //! # A node out of service
 //!
 //! A replica whose memory is *lost* needs no reset: that memory never answers again
@@ -163,6 +183,14 @@ pub struct RecycleStats {
     /// it was rebuilding through the journal, or that this client reset there after
     /// the admission ([`crate::journal`]).
     pub reset_through_journal: u64,
+    /// Registers reset for any client instead of this one's pool, because the pool
+    /// held enough ("donations" in the module docs). Not counted in `recycled`.
+    pub donated: u64,
+    /// Of `donated`, resets that some replica in service did not take: the register
+    /// is reclaimable only once this client is gone.
+    pub donations_incomplete: u64,
+    /// Registers taken from other clients' donations.
+    pub reclaimed_donations: u64,
 }
 
 /// What a reset does about a replica that did not take it (asked of the owner,
@@ -198,11 +226,18 @@ impl ReplicaStatus {
 struct Limbo {
     register: RegisterId,
     due: Nanos,
+    /// Never donated: taken from a donation because this client ran dry.
+    keep: bool,
 }
 
 #[derive(Debug)]
 struct Reset {
     register: RegisterId,
+    /// The reset gives the register away ([`crate::limbo::DONATED_TAG`]): once it
+    /// is posted, the register never comes back to this client.
+    donated: bool,
+    /// Carried over from its [`Limbo`] entry.
+    keep: bool,
     /// Replicas whose reset has not answered yet.
     pending: Vec<(NodeId, Ticket)>,
     /// Replicas whose reset failed.
@@ -414,7 +449,39 @@ impl Recycler {
         }
         let due = now.saturating_add(self.grace_ns);
         tracing::trace!(register, ?why, due, "register retired");
-        s.limbo.push_back(Limbo { register, due });
+        s.limbo.push_back(Limbo {
+            register,
+            due,
+            keep: false,
+        });
+    }
+
+    /// Takes `register`, which this client took from another client's donation
+    /// (`crate::limbo::DONATED_TAG`), to reset it at `due` and pool it: not a
+    /// grace after now, since its donor reset it a grace after its last life ended,
+    /// but once the donor's reset has landed on every replica (the caller passes
+    /// the delivery margin, `crate::limbo::settle_ns`: a replica that missed the
+    /// donor's reset when this client read it may still receive it, and it must not
+    /// land on this client's reset, nor on the next key). It is never donated again.
+    pub fn take_donation(&self, register: RegisterId, due: Nanos) {
+        let mut s = self.state.borrow_mut();
+        s.stats.retired += 1;
+        s.stats.reclaimed_donations += 1;
+        tracing::trace!(register, due, "donated register taken");
+        // The queue is in due order: ahead of the registers waiting for a grace.
+        let at = s
+            .limbo
+            .iter()
+            .position(|l| l.due > due)
+            .unwrap_or(s.limbo.len());
+        s.limbo.insert(
+            at,
+            Limbo {
+                register,
+                due,
+                keep: true,
+            },
+        );
     }
 
     /// Polls the resets in flight and starts those of registers whose grace passed.
@@ -427,6 +494,10 @@ impl Recycler {
     /// ended, and a reclaimer that adopts its chunks (`crate::orphans`) can rely on
     /// the lease argument (`crate::lease`) for resets too.
     ///
+    /// `donate`: the owner's pool holds enough registers; the resets started now
+    /// give theirs to any client instead (module docs, "donations"): they are never
+    /// returned.
+    ///
     /// `status(node)`: what a reset does about `node` when it failed there or the
     /// other replicas have answered ([`ReplicaStatus`]; see the module docs, "a node
     /// out of service").
@@ -435,6 +506,7 @@ impl Recycler {
         fabric: &F,
         layout: &NodeLayout,
         may_start: bool,
+        donate: bool,
         loc: impl Fn(RegisterId) -> Option<RegisterLoc>,
         status: impl Fn(NodeId) -> ReplicaStatus,
     ) -> Vec<RegisterId> {
@@ -456,13 +528,20 @@ impl Recycler {
         while may_start
             && started < RESETS_PER_STEP
             && s.limbo.front().is_some_and(|l| l.due <= now)
-            && let Some(Limbo { register, .. }) = s.limbo.pop_front()
+            && let Some(Limbo { register, keep, .. }) = s.limbo.pop_front()
         {
             started += 1;
-            let (Some(loc), Some(batch)) = (
-                loc(register),
-                reset_batch(layout, register, self.holder, self.tag),
-            ) else {
+            // A donated register carries no holder: not this client's token (the old
+            // holder mark), and the tag any reclaimer may take.
+            let donated = donate && !keep;
+            let (holder, tag) = if donated {
+                (0, crate::limbo::DONATED_TAG)
+            } else {
+                (self.holder, self.tag)
+            };
+            let (Some(loc), Some(batch)) =
+                (loc(register), reset_batch(layout, register, holder, tag))
+            else {
                 // Not a register of this layout: nothing to recycle.
                 tracing::warn!(register, "recycler: no such register; dropped");
                 continue;
@@ -475,6 +554,8 @@ impl Recycler {
                 .collect();
             s.resetting.push(Reset {
                 register,
+                donated,
+                keep,
                 pending,
                 failed: Vec::new(),
             });
@@ -508,6 +589,25 @@ impl Recycler {
                 reset.failed.push(node);
             }
             let done = s.resetting.swap_remove(i);
+            if done.donated {
+                // Given away whatever the replicas did: every reclaimer resets a
+                // register on every replica before it uses it, and a copy the reset
+                // missed shows this client's tag (or a key), so nobody takes the
+                // register while this client lives. Never retried: once some copy
+                // shows the donation, a reclaimer may own it.
+                s.stats.donated += 1;
+                let missed = done
+                    .failed
+                    .iter()
+                    .any(|&node| status(node) != ReplicaStatus::Lost);
+                s.stats.donations_incomplete += u64::from(missed);
+                tracing::trace!(
+                    register = done.register,
+                    missed,
+                    "register reset and donated"
+                );
+                continue;
+            }
             // Every other replica answered: those of lost nodes out of service are
             // left to the repair that rebuilds them.
             // What the replicas that did not take it allow: skipped all (lost
@@ -529,6 +629,7 @@ impl Recycler {
                 s.limbo.push_back(Limbo {
                     register: done.register,
                     due: now.saturating_add(self.grace_ns),
+                    keep: done.keep,
                 });
             } else if let Some(node) = repairing {
                 tracing::debug!(
@@ -763,6 +864,7 @@ impl Recycler {
                     limbo.push_back(Limbo {
                         register: j.register,
                         due: now.saturating_add(self.grace_ns),
+                        keep: false,
                     });
                 }
             } else {
@@ -971,6 +1073,7 @@ mod tests {
                 &fabric,
                 &layout,
                 true,
+                false,
                 |r| loc(&layout, r),
                 |n| {
                     if n == NodeId(2) {

@@ -643,7 +643,7 @@ fn stat<S: Store>(store: &S) -> Result<ExitCode> {
         text,
         "registers: {} holding data ({} with a key header: keys, inserts in flight and leaks; \
          {} retired in live clients' limbos; {} retired by gone clients, reclaimable), \
-         {} free in pools ({} of gone clients, reclaimable), {} never used, {} unreadable",
+         {} free in pools ({} of gone clients or donated, reclaimable), {} never used, {} unreadable",
         census.holding_data(),
         census.keyed,
         census.retired_live,
