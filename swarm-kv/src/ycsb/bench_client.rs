@@ -67,6 +67,9 @@ pub(crate) struct Recycling {
     pub registers: u64,
     /// Registers taken from gone clients' limbos and pools (`crate::limbo`).
     pub reclaimed_registers: u64,
+    /// Registers reset for any client, beyond the pool a client keeps
+    /// (`crate::recycle`, "donations").
+    pub donated_registers: u64,
     /// Log slots in use now (live values, writes in flight, slots waiting out the
     /// grace).
     pub log_slots_in_use: Option<u64>,
@@ -116,6 +119,7 @@ impl<F: Fabric> BenchClient for KvClient<FailNodes<F>, SystemClock> {
                 let r = self.recycle_stats();
                 r.reclaimed_limbo + r.reclaimed_pool
             },
+            donated_registers: self.recycle_stats().donated,
             log_slots_in_use: Some(u64::from(log.in_use)),
             deferred_unmaps: self.deferred_unmap_stats().ran,
             deferred_unmap_roundtrips: self.deferred_unmap_stats().roundtrips,

@@ -56,6 +56,8 @@
 //!   "recycled_slots": 1190000,    // log slots given back to their writers during the run
 //!   "recycled_registers": 0,      // registers reset and handed out again during the run
 //!   "reclaimed_registers": 0,     // registers taken from gone clients' limbos and pools
+//!   "donated_registers": 0,       // registers reset for any client, beyond the pool a
+//!                                 // client keeps (taken by clients that ran dry)
 //!   "deferred_unmaps": 0,         // index unmaps run after their delete returned (at its
 //!                                 // tombstone), all phases and clients
 //!   "deferred_unmap_roundtrips": 0, // their roundtrips (not in the deletes' counts)
@@ -304,6 +306,8 @@ pub struct RunStats {
     pub recycled_registers: u64,
     /// Registers taken from gone clients' limbos and pools, all clients.
     pub reclaimed_registers: u64,
+    /// Registers reset for any client beyond the pool a client keeps, all clients.
+    pub donated_registers: u64,
     /// Log slots the clients held when they stopped, all clients (`None`: a system
     /// that does not count them).
     pub log_slots_in_use: Option<u64>,
@@ -399,6 +403,10 @@ pub struct BenchReport {
     /// clients (SWARM §5.4, `crate::limbo`).
     #[serde(default)]
     pub reclaimed_registers: u64,
+    /// Registers reset for any client during the run, beyond the pool a client
+    /// keeps, all clients (`crate::recycle`, "donations").
+    #[serde(default)]
+    pub donated_registers: u64,
     /// Index unmaps that ran after their delete returned (at its tombstone, SWARM
     /// §5.3.2), all phases and clients: their roundtrips are not in the deletes'.
     #[serde(default)]
@@ -471,6 +479,7 @@ impl BenchReport {
             recycled_slots: stats.recycled_slots,
             recycled_registers: stats.recycled_registers,
             reclaimed_registers: stats.reclaimed_registers,
+            donated_registers: stats.donated_registers,
             deferred_unmaps: stats.deferred_unmaps,
             deferred_unmap_roundtrips: stats.deferred_unmap_roundtrips,
             log_slots_in_use_at_end: stats.log_slots_in_use,
@@ -572,7 +581,7 @@ impl fmt::Display for BenchReport {
                 .unwrap_or_default();
             let _ = writeln!(
                 out,
-                "memory   registers claimed {} -> {}, keys {} -> {}; {} lease renewals; recycled {} log slots{held}, {} registers ({} reclaimed from gone clients)",
+                "memory   registers claimed {} -> {}, keys {} -> {}; {} lease renewals; recycled {} log slots{held}, {} registers ({} reclaimed from gone clients, {} donated between clients)",
                 start.registers_claimed,
                 end.registers_claimed,
                 start.keys,
@@ -580,7 +589,8 @@ impl fmt::Display for BenchReport {
                 self.lease_renewals,
                 self.recycled_slots,
                 self.recycled_registers,
-                self.reclaimed_registers
+                self.reclaimed_registers,
+                self.donated_registers
             );
         }
         if self.deferred_unmaps > 0 {

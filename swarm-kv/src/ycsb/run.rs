@@ -367,6 +367,7 @@ fn run_clients<C: BenchClient + Send>(
                 stats.recycled_slots += output.recycling.slots;
                 stats.recycled_registers += output.recycling.registers;
                 stats.reclaimed_registers += output.recycling.reclaimed_registers;
+                stats.donated_registers += output.recycling.donated_registers;
                 stats.deferred_unmaps += output.recycling.deferred_unmaps;
                 stats.deferred_unmap_roundtrips += output.recycling.deferred_unmap_roundtrips;
                 if let Some(in_use) = output.recycling.log_slots_in_use {
