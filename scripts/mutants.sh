@@ -3,7 +3,8 @@
 # swarm-kv's recycling tests).
 #
 # Applies each mutant of scripts/mutants/*.patch (one deliberate bug in
-# swarm-core/src/protocol, or in swarm-kv's delete, repair and index, per file) in turn, runs ONLY the randomized tests
+# swarm-core/src/protocol, or in swarm-kv's delete, repair, index and register
+# recycling, per file) in turn, runs ONLY the randomized tests
 # (swarm-sim/tests/sim_protocol.rs, sim_max_register_race.rs,
 # sim_slow_path_race.rs, sim_inflight_race.rs, sim_recycling.rs,
 # sim_crash_resume.rs; not the scripted schedules of swarm-sim) plus
