@@ -949,8 +949,8 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
     /// registers that gone clients held (their limbos and pools, in any chunk, and the
     /// never-used registers of adopted chunks) into this client's limbo
     /// (`crate::limbo`): they are handed out after the register grace (donated ones
-    /// at once). At most one round per lease period (or register grace, if shorter),
-    /// and only under a valid lease (renewed first if needed):
+    /// after the delivery margin). At most one round per lease period (or register
+    /// grace, if shorter), and only under a valid lease (renewed first if needed):
     /// the takes are CASes that no operation deadline covers otherwise.
     async fn reclaim_gone(&self) -> Result<(), KvError> {
         let fabric = self.swarm.fabric();
