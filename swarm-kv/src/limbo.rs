@@ -555,6 +555,8 @@ pub async fn reclaim<F: Fabric>(
         crate::orphans::adopt_orphan_chunks(fabric, &stats, layout, &before, me.token).await?;
     swarm_core::sleep(fabric, settle_ns(layout)).await;
     let adopted: HashSet<u64> = out.chunks.iter().copied().collect();
+    // Donated registers taken so far (`Reclaimer::max_donations`).
+    let mut donations = 0u64;
     let per = u64::from(layout.params.chunk_registers);
     let step = registers_per_roundtrip(layout);
     for chunk in claimed_chunks(fabric, &stats, layout).await? {
@@ -603,15 +605,17 @@ pub async fn reclaim<F: Fabric>(
                     layout.params.key_max,
                 );
                 if verdict == Verdict::Keep
-                    || (verdict == Verdict::Donated
-                        && out.count(Verdict::Donated) >= me.max_donations)
+                    || (verdict == Verdict::Donated && donations >= me.max_donations)
                 {
                     continue;
                 }
                 let observed: Vec<(NodeId, u64)> =
                     copies.iter().map(|(n, c)| (*n, c.word0())).collect();
                 match take(fabric, &op, layout, &replicas, register, &observed, me.tag).await {
-                    Ok(true) => out.taken.push((register, verdict)),
+                    Ok(true) => {
+                        donations += u64::from(verdict == Verdict::Donated);
+                        out.taken.push((register, verdict));
+                    }
                     Ok(false) => out.lost += 1,
                     // Past the group's deadline (or nodes gone): leave the rest.
                     Err(error) => {
