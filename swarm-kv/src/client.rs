@@ -825,11 +825,14 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         let may_start = self.lease.borrow().valid_for(now, 0);
         // A pool of a chunk's worth is enough: registers reset beyond it go to any
         // client that runs out (`crate::recycle`, "donations"); not while a node is out
-        // of service, when pools are what inserts live on until the repair.
-        let donate = self.alloc.pooled() >= u64::from(self.layout.params.chunk_registers)
-            && !self.repair_announced()
-            && (0..self.nodes)
-                .all(|n| self.replica_status(NodeId(n as u16)) == ReplicaStatus::InService);
+        // of service, when pools are what inserts live on until the repair. Asked only
+        // when a reset starts, not on every insert and delete.
+        let donate = || {
+            self.alloc.pooled() >= u64::from(self.layout.params.chunk_registers)
+                && !self.repair_announced()
+                && (0..self.nodes)
+                    .all(|n| self.replica_status(NodeId(n as u16)) == ReplicaStatus::InService)
+        };
         let ready = self.recycler.step(
             self.swarm.fabric(),
             &self.layout,

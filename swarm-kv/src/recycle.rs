@@ -193,6 +193,17 @@ pub struct RecycleStats {
     pub reclaimed_donations: u64,
 }
 
+/// Adds `entry` to the limbo queue, which stays in due order: a retired register
+/// (due a grace from now) goes last, a taken donation (due after the delivery
+/// margin) ahead of those waiting for a grace.
+fn enqueue(limbo: &mut VecDeque<Limbo>, entry: Limbo) {
+    let at = limbo
+        .iter()
+        .rposition(|l| l.due <= entry.due)
+        .map_or(0, |i| i + 1);
+    limbo.insert(at, entry);
+}
+
 /// What a reset does about a replica that did not take it (asked of the owner,
 /// `KvClient::replica_status`; see the module docs, "a node out of service").
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -449,11 +460,14 @@ impl Recycler {
         }
         let due = now.saturating_add(self.grace_ns);
         tracing::trace!(register, ?why, due, "register retired");
-        s.limbo.push_back(Limbo {
-            register,
-            due,
-            keep: false,
-        });
+        enqueue(
+            &mut s.limbo,
+            Limbo {
+                register,
+                due,
+                keep: false,
+            },
+        );
     }
 
     /// Takes `register`, which this client took from another client's donation
@@ -468,14 +482,8 @@ impl Recycler {
         s.stats.retired += 1;
         s.stats.reclaimed_donations += 1;
         tracing::trace!(register, due, "donated register taken");
-        // The queue is in due order: ahead of the registers waiting for a grace.
-        let at = s
-            .limbo
-            .iter()
-            .position(|l| l.due > due)
-            .unwrap_or(s.limbo.len());
-        s.limbo.insert(
-            at,
+        enqueue(
+            &mut s.limbo,
             Limbo {
                 register,
                 due,
@@ -494,9 +502,9 @@ impl Recycler {
     /// ended, and a reclaimer that adopts its chunks (`crate::orphans`) can rely on
     /// the lease argument (`crate::lease`) for resets too.
     ///
-    /// `donate`: the owner's pool holds enough registers; the resets started now
-    /// give theirs to any client instead (module docs, "donations"): they are never
-    /// returned.
+    /// `donate()`: whether the owner's pool holds enough registers, so that the resets
+    /// started now give theirs to any client instead (module docs, "donations"):
+    /// they are never returned. Asked once per call, and only when a reset starts.
     ///
     /// `status(node)`: what a reset does about `node` when it failed there or the
     /// other replicas have answered ([`ReplicaStatus`]; see the module docs, "a node
@@ -506,7 +514,7 @@ impl Recycler {
         fabric: &F,
         layout: &NodeLayout,
         may_start: bool,
-        donate: bool,
+        donate: impl Fn() -> bool,
         loc: impl Fn(RegisterId) -> Option<RegisterLoc>,
         status: impl Fn(NodeId) -> ReplicaStatus,
     ) -> Vec<RegisterId> {
@@ -525,6 +533,7 @@ impl Recycler {
         let now = fabric.now();
         // Start the resets that are due.
         let mut started = 0;
+        let mut donating: Option<bool> = None;
         while may_start
             && started < RESETS_PER_STEP
             && s.limbo.front().is_some_and(|l| l.due <= now)
@@ -533,7 +542,7 @@ impl Recycler {
             started += 1;
             // A donated register carries no holder: not this client's token (the old
             // holder mark), and the tag any reclaimer may take.
-            let donated = donate && !keep;
+            let donated = !keep && *donating.get_or_insert_with(&donate);
             let (holder, tag) = if donated {
                 (0, crate::limbo::DONATED_TAG)
             } else {
@@ -1073,7 +1082,7 @@ mod tests {
                 &fabric,
                 &layout,
                 true,
-                false,
+                || false,
                 |r| loc(&layout, r),
                 |n| {
                     if n == NodeId(2) {

@@ -112,17 +112,16 @@ impl<F: Fabric> BenchClient for KvClient<FailNodes<F>, SystemClock> {
     }
     fn recycling(&self) -> Recycling {
         let log = self.log_counters();
+        let registers = self.recycle_stats();
+        let unmaps = self.deferred_unmap_stats();
         Recycling {
             slots: log.recycled,
-            registers: self.recycle_stats().recycled,
-            reclaimed_registers: {
-                let r = self.recycle_stats();
-                r.reclaimed_limbo + r.reclaimed_pool
-            },
-            donated_registers: self.recycle_stats().donated,
+            registers: registers.recycled,
+            reclaimed_registers: registers.reclaimed_limbo + registers.reclaimed_pool,
+            donated_registers: registers.donated,
             log_slots_in_use: Some(u64::from(log.in_use)),
-            deferred_unmaps: self.deferred_unmap_stats().ran,
-            deferred_unmap_roundtrips: self.deferred_unmap_stats().roundtrips,
+            deferred_unmaps: unmaps.ran,
+            deferred_unmap_roundtrips: unmaps.roundtrips,
         }
     }
 }
