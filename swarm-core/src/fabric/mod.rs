@@ -141,11 +141,12 @@ pub trait Fabric {
         Submitted::Posted(self.post(node, core::mem::take(batch)))
     }
 
-    /// Hints that a batch about to be posted to `node` reads bytes `addr..addr +
-    /// len`: a transport over local memory may start fetching them, so that a
-    /// protocol step reading several replicas waits for their memory once, not once
-    /// per replica. No effect on any result, whatever the range (out of bounds
-    /// included); the default does nothing.
+    /// Hints that a batch about to be posted to `node` touches bytes `addr..addr +
+    /// len` (reads or writes them): a transport over local memory may start
+    /// fetching them, so that a protocol step touching several replicas, or several
+    /// places of one, waits for their memory once, not once per cache miss. No
+    /// effect on any result, whatever the range (out of bounds included); the
+    /// default does nothing.
     #[inline]
     fn prefetch(&self, node: NodeId, addr: u64, len: u64) {
         let _ = (node, addr, len);

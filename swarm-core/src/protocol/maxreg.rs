@@ -58,7 +58,7 @@ use alloc::vec::Vec;
 use crate::clock::Clock;
 use crate::encoding::{Flag, Tsp};
 use crate::fabric::{Batch, Fabric, FabricError, Payload};
-use crate::layout::{decode_record, encode_record_for};
+use crate::layout::{SLOT_LOCK_BYTES, decode_record, encode_record_for};
 use crate::roundtrip::{OpStats, Roundtrip, WaitOutcome, post_background_for};
 
 use super::inout::{self, MaxOutcome, NodeView};
@@ -156,6 +156,16 @@ pub(crate) fn enough_candidates(candidates: &[usize], need: usize) -> Result<(),
     Ok(())
 }
 
+/// The byte ranges `(addr, len)` one batch touches ([`Client::quorum_step_touching`]);
+/// a range of length 0 stands for none.
+pub(crate) type Touches = [(u64, u64); 2];
+
+/// No range.
+const NO_TOUCH: (u64, u64) = (0, 0);
+
+/// No range at all.
+const NO_TOUCHES: Touches = [NO_TOUCH; 2];
+
 impl<F: Fabric, C: Clock> Client<F, C> {
     /// One quorum step: posts `build(p)` to the first `k` of `candidates` (replica
     /// positions in preference order) and waits for `k` replies; if they are slow or
@@ -168,22 +178,22 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         k: usize,
         build: impl FnMut(usize) -> Result<Batch, FabricError>,
     ) -> Result<Roundtrip<'a, F>, SwarmError> {
-        self.quorum_step_reading(stats, reg, candidates, k, |_| None, build)
+        self.quorum_step_touching(stats, reg, candidates, k, |_| NO_TOUCHES, build)
             .await
     }
 
-    /// [`Self::quorum_step`] for batches that read: `reads(p)` is the byte range
-    /// `(addr, len)` that position `p`'s batch reads, if any. Before the first burst
-    /// of posts, every range is hinted to the fabric ([`Fabric::prefetch`]), so that
-    /// on local memory the replicas' cache misses overlap instead of coming one
-    /// batch after the other.
-    pub(crate) async fn quorum_step_reading<'a>(
+    /// [`Self::quorum_step`] with memory hints: `touches(p)` are the byte ranges
+    /// that position `p`'s batch reads or writes. Before the first burst of posts,
+    /// every range is hinted to the fabric ([`Fabric::prefetch`]), so that on local
+    /// memory the cache misses of the replicas, and of the places in one, overlap
+    /// instead of coming one batch or one operation after the other.
+    pub(crate) async fn quorum_step_touching<'a>(
         &'a self,
         stats: &'a OpStats,
         reg: &RegisterLoc,
         candidates: &[usize],
         k: usize,
-        reads: impl Fn(usize) -> Option<(u64, u64)>,
+        touches: impl Fn(usize) -> Touches,
         mut build: impl FnMut(usize) -> Result<Batch, FabricError>,
     ) -> Result<Roundtrip<'a, F>, SwarmError> {
         // Suspected nodes go last, keeping the preference order otherwise (nothing to
@@ -202,8 +212,10 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         let mut rt = Roundtrip::start(&self.fabric, stats);
         let first = k.min(ordered.len());
         for &p in &ordered[..first] {
-            if let Some((addr, len)) = reads(p) {
-                self.fabric.prefetch(reg.replicas.node(p), addr, len);
+            for (addr, len) in touches(p) {
+                if len > 0 {
+                    self.fabric.prefetch(reg.replicas.node(p), addr, len);
+                }
             }
         }
         for &p in &ordered[..first] {
@@ -290,19 +302,19 @@ impl<F: Fabric, C: Clock> Client<F, C> {
             ))?;
             Ok(batch)
         };
-        let reads = |p: usize| match inout::read_op(&layout, reg.addr, with_inplace && p == primary)
-        {
-            crate::fabric::Op::Read { addr, len } => Some((addr, u64::from(len))),
-            _ => None,
-        };
+        let touches =
+            |p: usize| match inout::read_op(&layout, reg.addr, with_inplace && p == primary) {
+                crate::fabric::Op::Read { addr, len } => [(addr, u64::from(len)), NO_TOUCH],
+                _ => NO_TOUCHES,
+            };
         let mut rt = match every_replica {
             None => {
-                self.quorum_step_reading(
+                self.quorum_step_touching(
                     stats,
                     reg,
                     &positions,
                     reg.replicas.quorum(),
-                    reads,
+                    touches,
                     build,
                 )
                 .await?
@@ -608,10 +620,19 @@ impl<F: Fabric, C: Clock> Client<F, C> {
             let mut rt = {
                 let own = cache.own_word.clone();
                 let written = progress.buffer_written;
-                // The first round reads the metadata words it then CASes one of.
-                let meta = (reg.addr + layout.meta_offset(), layout.meta_bytes());
-                let reads = |_| first.then_some(meta);
-                self.quorum_step_reading(stats, reg, &candidates, need, reads, |p| {
+                // Every batch swaps this writer's metadata word (after reading all of
+                // them in the first round) and writes the buffer where it is missing.
+                let (meta, meta_bytes) = if first {
+                    (reg.addr + layout.meta_offset(), layout.meta_bytes())
+                } else {
+                    (layout.meta_word_addr(reg.addr, writer), 8)
+                };
+                let buffer_bytes = (buffer + u64::from(SLOT_LOCK_BYTES), record.len() as u64);
+                let touches = |p: usize| {
+                    let buffer = if written[p] { NO_TOUCH } else { buffer_bytes };
+                    [buffer, (meta, meta_bytes)]
+                };
+                self.quorum_step_touching(stats, reg, &candidates, need, touches, |p| {
                     let mut batch = Batch::new();
                     if first {
                         batch.push(inout::read_op(&layout, reg.addr, false))?;

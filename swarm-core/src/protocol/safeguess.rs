@@ -87,6 +87,10 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         // Records carry the write without its flag: the same bytes serve as the
         // out-of-place buffer and, once verified, as the in-place copy.
         let record = shared_record(w, reg, payload);
+        // The common case ends by writing the record in place on the primary
+        // (`mark_verified`): let that cache miss overlap the round's.
+        let primary = reg.replicas.node(self.primary(reg));
+        self.fabric.prefetch(primary, reg.addr, record.len() as u64);
         let m = self
             .write_round(reg, cache, stats, w, &record, &mut progress, true)
             .await?;
