@@ -1271,6 +1271,11 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
             .ok_or(KvError::Corrupted { register })?;
         let header = encode_key_header(key);
         let replicas = fresh.loc.replicas.clone();
+        // The header goes to every replica: let their cache misses overlap (the value
+        // write hints its own bytes, `swarm_core`'s write round).
+        for &node in replicas.nodes() {
+            fabric.prefetch(node, header_at, header.len() as u64);
+        }
         // Three steps in flight together, one roundtrip: the key header, the value,
         // and the read of the key's index buckets (§5.3.1). The index changes only
         // once the header is on a majority (a register is never indexed before its

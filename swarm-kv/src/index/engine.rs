@@ -291,6 +291,12 @@ impl<'a, F: Fabric> Engine<'a, F> {
         let addrs: heapless::Vec<u64, MAX_BUCKETS> =
             (0..count).map(|i| self.meta_addr(i)).collect();
         let order = self.ix.order(self.fabric, self.buckets[0]);
+        // The nodes asked first: let the cache misses of all their buckets overlap.
+        for &node in order.iter().take(q) {
+            for &addr in &addrs {
+                self.fabric.prefetch(node, addr, BUCKET_BYTES);
+            }
+        }
         let sent = self.fabric.now();
         let bad: Cell<Option<(usize, NodeId, BucketError)>> = Cell::new(None);
         let result = preferred_step_reporting_late(
