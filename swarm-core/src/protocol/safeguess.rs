@@ -81,16 +81,18 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         // is armed (unless the caller armed one already).
         let ts = self.allocate_waiting(stats, || self.guess_ts()).await?;
         let _deadline = self.arm_deadline(stats);
-        self.track(reg, ts);
         let w = Tsp::new(ts, Flag::Guessed);
         let mut progress = WriteProgress::default();
         // Records carry the write without its flag: the same bytes serve as the
         // out-of-place buffer and, once verified, as the in-place copy.
         let record = shared_record(w, reg, payload);
-        // The common case ends by writing the record in place on the primary
-        // (`mark_verified`): let that cache miss overlap the round's.
+        // What the round touches, and the in-place block on the primary that the
+        // common case ends by writing (`mark_verified`): their cache misses overlap
+        // each other and the slot tracking below.
+        self.hint_write(reg, w, record.len() as u64);
         let primary = reg.replicas.node(self.primary(reg));
         self.fabric.prefetch(primary, reg.addr, record.len() as u64);
+        self.track(reg, ts);
         let m = self
             .write_round(reg, cache, stats, w, &record, &mut progress, true)
             .await?;
