@@ -6,7 +6,7 @@
 //! are given: [`Hinted`] wraps the in-process fabric, records every hint of an
 //! operation, and checks each batch the operation posts against them.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::task::Poll;
 
 use swarm_core::encoding::WriterId;
@@ -28,7 +28,7 @@ struct Hinted<F> {
     /// covering its bytes.
     unhinted: RefCell<Vec<(NodeId, usize, u64, u64)>>,
     /// Batches submitted so far.
-    submitted: RefCell<usize>,
+    submitted: Cell<usize>,
 }
 
 impl<F: Fabric> Hinted<F> {
@@ -37,7 +37,7 @@ impl<F: Fabric> Hinted<F> {
             inner,
             hints: RefCell::default(),
             unhinted: RefCell::default(),
-            submitted: RefCell::new(0),
+            submitted: Cell::new(0),
         }
     }
 
@@ -45,7 +45,7 @@ impl<F: Fabric> Hinted<F> {
     fn reset(&self) {
         self.hints.borrow_mut().clear();
         self.unhinted.borrow_mut().clear();
-        *self.submitted.borrow_mut() = 0;
+        self.submitted.set(0);
     }
 
     /// Records the operations of `batch` that no hint to `node` covers.
@@ -78,7 +78,7 @@ impl<F: Fabric> Fabric for Hinted<F> {
         self.inner.post(node, batch)
     }
     fn submit(&self, node: NodeId, batch: &mut Batch, reply: &mut Completion) -> Submitted {
-        *self.submitted.borrow_mut() += 1;
+        self.submitted.set(self.submitted.get() + 1);
         self.check(node, batch);
         self.inner.submit(node, batch, reply)
     }
@@ -147,7 +147,7 @@ fn reads_and_writes_hint_every_byte_they_touch_before_posting() {
         assert_eq!(written, Ok(Ok(WriteOutcome::Written)), "write {i}");
         assert_eq!(stats.roundtrips(), 1, "write {i}: the common case");
         assert!(
-            *fabric.submitted.borrow() >= 2,
+            fabric.submitted.get() >= 2,
             "write {i}: posts to a majority"
         );
         assert_eq!(
@@ -160,10 +160,7 @@ fn reads_and_writes_hint_every_byte_they_touch_before_posting() {
         let stats = OpStats::new();
         let read = block_on_future(fabric, client.read(&reg, &mut cache, &stats));
         assert_eq!(read, Ok(Ok(ReadValue::Value(vec![i; 40]))), "read {i}");
-        assert!(
-            *fabric.submitted.borrow() >= 2,
-            "read {i}: reads a majority"
-        );
+        assert!(fabric.submitted.get() >= 2, "read {i}: reads a majority");
         assert_eq!(
             *fabric.unhinted.borrow(),
             [],

@@ -555,7 +555,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
     /// out-of-place buffer at `buffer` that a record of `record_len` bytes goes to
     /// (unless `buffer_written` there already), and the metadata words: every one
     /// of them in a round that reads them first, this writer's otherwise.
-    fn round_touches(
+    pub(crate) fn round_touches(
         &self,
         addr: u64,
         buffer: u64,
@@ -575,24 +575,6 @@ impl<F: Fabric, C: Clock> Client<F, C> {
             (layout.meta_word_addr(addr, self.writer), 8)
         };
         [buffer, meta]
-    }
-
-    /// Hints the memory that the first round of a write of `tsp` (a record of
-    /// `record_len` bytes, [`Self::write_round`] reading first) touches on the
-    /// replicas a quorum step asks first when no node is suspected, so that what the
-    /// caller must do before posting (tracking the write's slot, a miss of its own)
-    /// overlaps those cache misses. The round hints them again, which costs next to
-    /// nothing for lines already on their way.
-    pub(crate) fn hint_write(&self, reg: &RegisterLoc, tsp: Tsp, record_len: u64) {
-        let Some(buffer) = self.layout.buffer_addr(tsp.ts()) else {
-            return;
-        };
-        let touches = self.round_touches(reg.addr, buffer, record_len, false, true);
-        for p in 0..reg.replicas.quorum() {
-            for (addr, len) in touches {
-                self.fabric.prefetch(reg.replicas.node(p), addr, len);
-            }
-        }
     }
 
     /// `inner_write(tsp)`: MAX `tsp` (with `payload` in its out-of-place buffer) into

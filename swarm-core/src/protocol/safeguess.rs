@@ -86,12 +86,8 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         // Records carry the write without its flag: the same bytes serve as the
         // out-of-place buffer and, once verified, as the in-place copy.
         let record = shared_record(w, reg, payload);
-        // What the round touches, and the in-place block on the primary that the
-        // common case ends by writing (`mark_verified`): their cache misses overlap
-        // each other and the slot tracking below.
-        self.hint_write(reg, w, record.len() as u64);
-        let primary = reg.replicas.node(self.primary(reg));
-        self.fabric.prefetch(primary, reg.addr, record.len() as u64);
+        // Before the slot tracking: its cache miss overlaps the hinted ones.
+        self.hint_guessed_write(reg, w, record.len() as u64);
         self.track(reg, ts);
         let m = self
             .write_round(reg, cache, stats, w, &record, &mut progress, true)
@@ -161,6 +157,26 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         self.settle(reg, v);
         self.write_inplace(reg, stats, encode_record_for(v, Some(reg.addr), payload));
         Ok(WriteOutcome::Written)
+    }
+
+    /// Hints the memory a common-case write of `w` (a record of `record_len` bytes)
+    /// touches: what its first round reads and writes on the replicas a quorum step
+    /// asks first when no node is suspected ([`Self::round_touches`]), and the
+    /// primary's in-place block that `mark_verified` writes after it. Their cache
+    /// misses then overlap each other and whatever the caller does before posting.
+    /// The round hints its own ranges again, which costs next to nothing for lines
+    /// already on their way.
+    fn hint_guessed_write(&self, reg: &RegisterLoc, w: Tsp, record_len: u64) {
+        if let Some(buffer) = self.layout.buffer_addr(w.ts()) {
+            let touches = self.round_touches(reg.addr, buffer, record_len, false, true);
+            for p in 0..reg.replicas.quorum() {
+                for (addr, len) in touches {
+                    self.fabric.prefetch(reg.replicas.node(p), addr, len);
+                }
+            }
+        }
+        let primary = reg.replicas.node(self.primary(reg));
+        self.fabric.prefetch(primary, reg.addr, record_len);
     }
 
     /// Safe-Guess `READ()`.
