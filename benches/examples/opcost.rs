@@ -16,6 +16,13 @@
 //! on one thread (`LocalExecutor`) at an emulated 1.5 µs roundtrip, `N` operations in
 //! all; prints reads per second of wall time and of the thread's CPU time, to compare
 //! `K` = 8 with `K` = 1 (SWARM §7.2's in-flight operations).
+//!
+//! `spread-K` and `spread-plain-K` are not for callgrind either: `K` Safe-Guess reads
+//! in flight on one thread, with no latency, each of a register drawn at random among
+//! 200,000 (40 MB of registers per node, beyond the processor's caches), `N` in all;
+//! prints reads per second. `spread-K` runs them `OpStats::interleaved` (each yields
+//! after hinting its memory, so the reads' cache misses overlap), `spread-plain-K`
+//! with `OpStats::new`.
 
 use std::hint::black_box;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -91,6 +98,14 @@ fn main() {
         drop(read);
         let write = client.write(&reg, &mut cache, &stats, &payload);
         eprintln!("write future: {} bytes", std::mem::size_of_val(&write));
+    }
+    if let Some(rest) = op.strip_prefix("spread-") {
+        let (interleaved, inflight) = match rest.strip_prefix("plain-") {
+            Some(inflight) => (false, inflight),
+            None => (true, rest),
+        };
+        spread(inflight.parse().expect("spread-K"), interleaved, n);
+        return;
     }
     if let Some(inflight) = op.strip_prefix("inflight-") {
         let inflight: usize = inflight.parse().expect("inflight-N");
@@ -210,5 +225,83 @@ fn in_flight(
         total as f64 / cpu,
         wall,
         cpu
+    );
+}
+
+/// Registers the `spread-K` reads pick from.
+const SPREAD_REGISTERS: u64 = 200_000;
+
+/// `inflight` Safe-Guess reads in flight at once on one client thread, of registers
+/// drawn at random, with no latency; see the module docs.
+fn spread(inflight: usize, interleaved: bool, total: u64) {
+    use std::cell::Cell;
+    let layout_with = |log_base: u64| {
+        Layout::builder()
+            .payload_max(PAYLOAD as u32)
+            .meta_words(8)
+            .log_base(log_base)
+            .writers(1)
+            .slots_per_writer(1024)
+            .build()
+            .expect("layout")
+    };
+    let registers_end =
+        HEADER_SIZE + SPREAD_REGISTERS * layout_with(HEADER_SIZE + 4096).register_bytes();
+    let layout = layout_with(registers_end.next_multiple_of(4096));
+    let fixture = ShmFixture::new(3, layout.log_base() + layout.log_bytes()).expect("cluster");
+    let cluster = &fixture.cluster;
+    let clock = WallClock {
+        epoch_unix_ns: cluster.epoch_unix_ns(),
+        tick_ns: cluster.tick_ns(),
+    };
+    let client = Client::new(
+        cluster.client_with(0),
+        clock,
+        layout,
+        WriterId::new(0).expect("writer"),
+        ProtocolConfig::default(),
+    )
+    .expect("client");
+    let left = Cell::new(total);
+    let seed = Cell::new(0x9E37_79B9_7F4A_7C15_u64);
+    // xorshift64: the register of the next read.
+    let next_register = || {
+        let mut x = seed.get();
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        seed.set(x);
+        x % SPREAD_REGISTERS
+    };
+    let started = std::time::Instant::now();
+    let mut exec = swarm_core::LocalExecutor::new();
+    for _ in 0..inflight {
+        let (client, left, next_register) = (&client, &left, &next_register);
+        exec.spawn(async move {
+            while left.get() > 0 {
+                left.set(left.get() - 1);
+                let i = next_register();
+                // Never written: a read still reads the metadata words of a majority
+                // and the primary's in-place block, and finds the register empty.
+                let reg = RegisterLoc {
+                    addr: HEADER_SIZE + i * layout.register_bytes(),
+                    replicas: Replicas::all(3, i).expect("replicas"),
+                };
+                let stats = if interleaved {
+                    OpStats::interleaved()
+                } else {
+                    OpStats::new()
+                };
+                let read = client.read(&reg, &mut RegisterCache::new(), &stats).await;
+                black_box(read.expect("read"));
+            }
+        });
+    }
+    exec.run(client.fabric(), |_, ()| {}).expect("no stall");
+    let wall = started.elapsed().as_secs_f64();
+    println!(
+        "spread {inflight} ({}): {:.0} reads/s ({wall:.2} s)",
+        if interleaved { "interleaved" } else { "plain" },
+        total as f64 / wall
     );
 }

@@ -333,6 +333,27 @@ pub async fn sleep<F: Fabric + ?Sized>(fabric: &F, ns: crate::fabric::Nanos) {
     .await
 }
 
+/// Returns `Pending` once, waking its task at once, then `Ready`: lets the other
+/// tasks of the thread run before the caller goes on. An operation that hinted its
+/// memory to the fabric does it so that the others in flight hint theirs before
+/// any of them touches its own ([`crate::OpStats::interleaved`]). Tells `fabric`
+/// ([`Fabric::yielded`]), so that an executor does not take the round for a stall
+/// when the task has nothing in flight.
+pub async fn yield_now<F: Fabric + ?Sized>(fabric: &F) {
+    let mut yielded = false;
+    core::future::poll_fn(|cx| {
+        if yielded {
+            Poll::Ready(())
+        } else {
+            yielded = true;
+            fabric.yielded();
+            cx.waker().wake_by_ref();
+            Poll::Pending
+        }
+    })
+    .await
+}
+
 /// Runs two futures concurrently on the current task and returns both outputs: the
 /// way an operation keeps two protocol steps in flight at once (for example an
 /// insert writing a key header and replicating the value in the same roundtrip).

@@ -122,6 +122,7 @@ mod units;
 pub use clock::{Clock, FixedClock};
 pub use exec::{
     LocalExecutor, SlotExecutor, TaskId, block_on, block_on_future, join, sleep, step_rounds,
+    yield_now,
 };
 pub use fabric::{
     Batch, Completion, Fabric, FabricError, FailureCause, NodeId, Op, OpOutput, Payload, Submitted,

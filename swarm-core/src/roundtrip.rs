@@ -140,6 +140,9 @@ pub struct OpStats {
     iterations: Cell<u32>,
     recycled_fetches: Cell<u32>,
     deadline: Cell<Nanos>,
+    /// Whether the operation yields after hinting its memory
+    /// ([`OpStats::interleaved`]).
+    interleaved: bool,
 }
 
 /// The deadline of one operation on an [`OpStats`], armed by
@@ -172,7 +175,37 @@ impl OpStats {
             iterations: Cell::new(0),
             recycled_fetches: Cell::new(0),
             deadline: Cell::new(NO_DEADLINE),
+            interleaved: false,
         }
+    }
+
+    /// Fresh statistics for an operation that runs next to others on its thread
+    /// ([`crate::SlotExecutor`], [`crate::LocalExecutor`]): each of its protocol
+    /// steps that hints memory to the fabric ([`crate::Fabric::prefetch`]) yields to
+    /// the executor ([`crate::yield_now`]) after the hints and before it posts.
+    ///
+    /// On a fabric that completes batches inside `post` (shared memory, CXL), an
+    /// operation otherwise runs from start to end in one poll, and the cache misses
+    /// of the operations in flight come one after another. With the yield, each of
+    /// them hints its lines, then the others run while those lines arrive, so their
+    /// misses overlap (memory-level parallelism). On a fabric with latency the yield
+    /// costs one poll. With one operation per thread it only costs: use
+    /// [`OpStats::new`] there.
+    ///
+    /// A yield tells the fabric ([`crate::Fabric::yielded`]), so that an executor
+    /// does not take a round in which tasks only yielded for a stall.
+    pub const fn interleaved() -> Self {
+        Self {
+            interleaved: true,
+            ..Self::new()
+        }
+    }
+
+    /// Whether the operation yields after hinting its memory
+    /// ([`OpStats::interleaved`]): a store that hints memory of its own (an index
+    /// bucket, a cache entry) yields there too when this is set.
+    pub const fn is_interleaved(&self) -> bool {
+        self.interleaved
     }
 
     /// Fresh statistics for an operation that must post nothing after `deadline` on
@@ -183,6 +216,7 @@ impl OpStats {
             iterations: Cell::new(0),
             recycled_fetches: Cell::new(0),
             deadline: Cell::new(deadline),
+            interleaved: false,
         }
     }
 
@@ -225,10 +259,13 @@ impl OpStats {
     }
 
     /// Statistics for one of several steps this operation runs concurrently: the
-    /// same deadline, counts of its own. Fold the branches back with
+    /// same deadline and interleaving, counts of its own. Fold the branches back with
     /// [`OpStats::join_branches`].
     pub fn branch(&self) -> OpStats {
-        let branch = OpStats::new();
+        let branch = OpStats {
+            interleaved: self.interleaved,
+            ..OpStats::new()
+        };
         branch.deadline.set(self.deadline.get());
         branch
     }

@@ -10,12 +10,13 @@ use std::cell::{Cell, RefCell};
 use std::task::Poll;
 
 use swarm_core::encoding::WriterId;
+use swarm_core::fabric::FailNodes;
 use swarm_core::fabric::{Nanos, Submitted};
 use swarm_core::layout::Layout;
 use swarm_core::{
-    Batch, Client, Completion, Fabric, FabricError, FixedClock, MemCluster, MemFabric, NodeId, Op,
-    OpStats, ProtocolConfig, ReadValue, RegisterCache, RegisterLoc, Replicas, Ticket, WriteOutcome,
-    block_on_future,
+    Batch, Client, Completion, Fabric, FabricError, FixedClock, LocalExecutor, MemCluster,
+    MemFabric, NodeId, Op, OpStats, ProtocolConfig, ReadValue, RegisterCache, RegisterLoc,
+    Replicas, SwarmError, Ticket, WriteOutcome, block_on_future,
 };
 
 /// A fabric that records the hints it is given and, for every batch posted (waited
@@ -29,6 +30,8 @@ struct Hinted<F> {
     unhinted: RefCell<Vec<(NodeId, usize, u64, u64)>>,
     /// Batches submitted so far.
     submitted: Cell<usize>,
+    /// How many hints had been given when the first batch was submitted.
+    hints_at_first_submit: Cell<Option<usize>>,
 }
 
 impl<F: Fabric> Hinted<F> {
@@ -38,6 +41,7 @@ impl<F: Fabric> Hinted<F> {
             hints: RefCell::default(),
             unhinted: RefCell::default(),
             submitted: Cell::new(0),
+            hints_at_first_submit: Cell::new(None),
         }
     }
 
@@ -46,6 +50,7 @@ impl<F: Fabric> Hinted<F> {
         self.hints.borrow_mut().clear();
         self.unhinted.borrow_mut().clear();
         self.submitted.set(0);
+        self.hints_at_first_submit.set(None);
     }
 
     /// Records the operations of `batch` that no hint to `node` covers.
@@ -79,6 +84,10 @@ impl<F: Fabric> Fabric for Hinted<F> {
     }
     fn submit(&self, node: NodeId, batch: &mut Batch, reply: &mut Completion) -> Submitted {
         self.submitted.set(self.submitted.get() + 1);
+        if self.hints_at_first_submit.get().is_none() {
+            self.hints_at_first_submit
+                .set(Some(self.hints.borrow().len()));
+        }
         self.check(node, batch);
         self.inner.submit(node, batch, reply)
     }
@@ -167,4 +176,159 @@ fn reads_and_writes_hint_every_byte_they_touch_before_posting() {
             "read {i}: operations posted without a hint (node, op, addr, len)"
         );
     }
+}
+
+type TestClient<F> = Client<Hinted<F>, FixedClock>;
+
+/// One Safe-Guess read of `reg`, interleaved with the other operations of its thread
+/// or not.
+async fn read_register<F: Fabric>(
+    client: &TestClient<F>,
+    reg: RegisterLoc,
+    interleaved: bool,
+) -> Result<ReadValue, SwarmError> {
+    let stats = if interleaved {
+        OpStats::interleaved()
+    } else {
+        OpStats::new()
+    };
+    client.read(&reg, &mut RegisterCache::new(), &stats).await
+}
+
+fn register_at(addr: u64) -> RegisterLoc {
+    RegisterLoc {
+        addr,
+        replicas: Replicas::all(3, 0).unwrap(),
+    }
+}
+
+/// Operations in flight on one thread that are `OpStats::interleaved` all hint their
+/// memory before any of them posts: each yields after its hints, so their cache
+/// misses overlap. Without it, the first operation posts before the others have hinted
+/// anything (the control case, which shows the test can tell the two apart).
+#[test]
+fn interleaved_operations_hint_before_any_of_them_posts() {
+    const OPS: u64 = 4;
+    for interleaved in [true, false] {
+        let cluster = MemCluster::new(3, 1 << 20);
+        let client = client(&cluster);
+        let fabric = client.fabric();
+        let registers: Vec<RegisterLoc> = (1..=OPS).map(|i| register_at(i * 4096)).collect();
+        for (i, reg) in registers.iter().enumerate() {
+            let written = block_on_future(
+                fabric,
+                client.write(
+                    reg,
+                    &mut RegisterCache::new(),
+                    &OpStats::new(),
+                    &[i as u8; 40],
+                ),
+            );
+            assert_eq!(written, Ok(Ok(WriteOutcome::Written)));
+        }
+        // Fresh hints, and lines no longer in cache do not matter: what is checked is
+        // the order of hints and posts.
+        fabric.reset();
+        let mut executor = LocalExecutor::new();
+        for reg in &registers {
+            executor.spawn(read_register(&client, reg.clone(), interleaved));
+        }
+        let mut read = vec![None; OPS as usize];
+        executor
+            .run(fabric, |task, value| read[task.0] = Some(value))
+            .expect("no stall");
+        for (i, value) in read.into_iter().enumerate() {
+            assert_eq!(
+                value,
+                Some(Ok(ReadValue::Value(vec![i as u8; 40]))),
+                "read {i} (interleaved: {interleaved})"
+            );
+        }
+        let hinted_first = fabric.hints_at_first_submit.get().expect("posted");
+        let all_hints = fabric.hints.borrow().len();
+        let hinted_registers = |hints: &[(NodeId, u64, u64)]| {
+            registers
+                .iter()
+                .filter(|reg| hints.iter().any(|&(_, addr, _)| addr == reg.addr))
+                .count()
+        };
+        let before = hinted_registers(&fabric.hints.borrow()[..hinted_first]);
+        if interleaved {
+            assert_eq!(
+                before, OPS as usize,
+                "every interleaved read hints before the first post ({hinted_first} of \
+                 {all_hints} hints)"
+            );
+        } else {
+            assert_eq!(
+                before, 1,
+                "only the first read has hinted at the first post"
+            );
+        }
+    }
+}
+
+/// The executors' stall rule (nothing finished and nothing in flight, two rounds in
+/// a row) still tells a stall from a yield: operations that can complete do so,
+/// under `block_on` with nothing else to run and on a `LocalExecutor` whose tasks
+/// each run one interleaved operation after another (every round then has tasks
+/// that only yielded), and a read that can never reach a majority is reported as
+/// stalled, not spun on forever.
+#[test]
+fn interleaved_operations_complete_alone_and_in_loops_and_still_stall_on_failed_nodes() {
+    let cluster = MemCluster::new(3, 1 << 20);
+    let layout = Layout::builder()
+        .payload_max(64)
+        .meta_words(8)
+        .log_base(1 << 16)
+        .writers(4)
+        .slots_per_writer(64)
+        .build()
+        .unwrap();
+    let client = Client::new(
+        Hinted::new(FailNodes::new(cluster.client())),
+        FixedClock(1_000),
+        layout,
+        WriterId::new(1).unwrap(),
+        ProtocolConfig::default(),
+    )
+    .unwrap();
+    let fabric = client.fabric();
+    let reg = register_at(4096);
+    let stats = OpStats::interleaved();
+    let written = block_on_future(
+        fabric,
+        client.write(&reg, &mut RegisterCache::new(), &stats, &[7; 40]),
+    );
+    assert_eq!(written, Ok(Ok(WriteOutcome::Written)));
+    // Several steps on one `OpStats`, as a store's operation runs them: the second
+    // step's yield comes right after the first step completed in place, in a round
+    // that finished nothing and left nothing in flight.
+    let stats = OpStats::interleaved();
+    let reads = block_on_future(fabric, async {
+        let mut cache = RegisterCache::new();
+        let first = client.read(&reg, &mut cache, &stats).await;
+        let second = client.read(&reg, &mut cache, &stats).await;
+        (first, second)
+    });
+    let value = Ok(ReadValue::Value(vec![7; 40]));
+    assert_eq!(reads, Ok((value.clone(), value)));
+
+    // Tasks that run operation after operation: in most rounds, every task completes
+    // one operation in place and yields in its next.
+    let mut executor = LocalExecutor::new();
+    for _ in 0..3 {
+        executor.spawn(async {
+            for _ in 0..10 {
+                let read = read_register(&client, reg.clone(), true).await;
+                assert_eq!(read, Ok(ReadValue::Value(vec![7; 40])));
+            }
+        });
+    }
+    assert_eq!(executor.run(fabric, |_, ()| {}), Ok(()));
+
+    fabric.inner.fail_node(NodeId(1));
+    fabric.inner.fail_node(NodeId(2));
+    let lost = block_on_future(fabric, read_register(&client, reg.clone(), true));
+    assert_eq!(lost, Err(FabricError::Stalled));
 }

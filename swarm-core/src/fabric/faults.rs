@@ -195,6 +195,10 @@ impl<F: Fabric> Fabric for FailNodes<F> {
         self.inner.wake_at(deadline);
     }
 
+    fn yielded(&self) {
+        self.inner.yielded();
+    }
+
     fn admit(&self, node: NodeId, incarnation: u64) -> bool {
         self.inner.admit(node, incarnation)
     }
@@ -471,6 +475,11 @@ impl<F: Fabric> Fabric for EmulatedRtt<F> {
         // completion due and this deadline, and an inner fabric told the deadline
         // could spin past completions due before it.
         self.wake.set(self.wake.get().max(deadline));
+    }
+
+    // `progress` asks the inner fabric first: its answer to the yield is ours.
+    fn yielded(&self) {
+        self.inner.yielded();
     }
 
     fn admit(&self, node: NodeId, incarnation: u64) -> bool {

@@ -203,6 +203,18 @@ pub trait Fabric {
     /// a real-time fabric just keeps spinning until the deadline.
     fn wake_at(&self, deadline: Nanos);
 
+    /// A task of this thread yielded: it returned `Pending` with nothing posted, to
+    /// let the thread's other tasks run first ([`crate::OpStats::interleaved`]).
+    /// The next [`Fabric::progress`] must return `true`, so that the executor polls
+    /// that task again instead of reporting a stall. The default asks for a wake-up
+    /// one nanosecond ahead ([`Fabric::wake_at`]); a transport overrides it when that
+    /// is not enough (its `progress` may find such a deadline passed and report
+    /// nothing to do) or costs a clock reading it can do without.
+    #[inline]
+    fn yielded(&self) {
+        self.wake_at(self.now().saturating_add(1));
+    }
+
     /// Puts memory node `node` in service with the memory of incarnation
     /// `incarnation`, if the transport can reach that memory: a node that a repair
     /// rebuilt and a configuration change admitted (`swarm_kv::repair`). Returns
@@ -262,6 +274,9 @@ impl<F: Fabric + ?Sized> Fabric for &F {
     }
     fn wake_at(&self, deadline: Nanos) {
         (**self).wake_at(deadline)
+    }
+    fn yielded(&self) {
+        (**self).yielded()
     }
     fn admit(&self, node: NodeId, incarnation: u64) -> bool {
         (**self).admit(node, incarnation)

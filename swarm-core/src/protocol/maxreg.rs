@@ -57,6 +57,7 @@ use alloc::vec::Vec;
 
 use crate::clock::Clock;
 use crate::encoding::{Flag, Tsp};
+use crate::exec::yield_now;
 use crate::fabric::{Batch, Fabric, FabricError, Payload};
 use crate::layout::{SLOT_LOCK_BYTES, decode_record, encode_record_for};
 use crate::roundtrip::{OpStats, Roundtrip, WaitOutcome, post_background_for};
@@ -209,15 +210,22 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         } else {
             candidates.iter().copied().collect()
         };
-        let mut rt = Roundtrip::start(&self.fabric, stats);
         let first = k.min(ordered.len());
+        let mut hinted = false;
         for &p in &ordered[..first] {
             for (addr, len) in touches(p) {
                 if len > 0 {
                     self.fabric.prefetch(reg.replicas.node(p), addr, len);
+                    hinted = true;
                 }
             }
         }
+        // An interleaved operation lets the others in flight run while its lines
+        // arrive (`OpStats::interleaved`).
+        if hinted && stats.is_interleaved() {
+            yield_now(&self.fabric).await;
+        }
+        let mut rt = Roundtrip::start(&self.fabric, stats);
         for &p in &ordered[..first] {
             rt.post(reg.replicas.node(p), build(p)?)?;
         }

@@ -925,7 +925,13 @@ async fn issue<C: BenchClient>(
     slot: usize,
     start: u64,
 ) -> Finished {
-    let stats = OpStats::new();
+    // With others in flight on this thread, the operation yields once after hinting
+    // its memory, so that their cache misses overlap (`OpStats::interleaved`).
+    let stats = if shared.config.inflight > 1 {
+        OpStats::interleaved()
+    } else {
+        OpStats::new()
+    };
     let key = key.as_bytes();
     let result = match op {
         OpType::Get => client.get(key, &stats).await.map(Outcome::Got),

@@ -935,6 +935,8 @@ pub struct EngineFabric<N: Nic> {
     engine: RefCell<Engine<N>>,
     started: Instant,
     wake: Cell<Nanos>,
+    /// A task yielded since the last `progress` ([`Fabric::yielded`]).
+    yielded: Cell<bool>,
 }
 
 impl<N: Nic> EngineFabric<N> {
@@ -944,6 +946,7 @@ impl<N: Nic> EngineFabric<N> {
             engine: RefCell::new(engine),
             started: Instant::now(),
             wake: Cell::new(0),
+            yielded: Cell::new(false),
         }
     }
 
@@ -981,7 +984,7 @@ impl<N: Nic> Fabric for EngineFabric<N> {
         // A pending batch on a silent node still ends: RC retries give up with
         // IBV_WC_RETRY_EXC_ERR. Until then, and until any deadline asked for, keep
         // the executor spinning.
-        let more = pending || self.now() < self.wake.get();
+        let more = pending || self.yielded.replace(false) || self.now() < self.wake.get();
         if !more {
             let engine = self.engine.borrow();
             tracing::trace!(
@@ -999,5 +1002,11 @@ impl<N: Nic> Fabric for EngineFabric<N> {
 
     fn wake_at(&self, deadline: Nanos) {
         self.wake.set(self.wake.get().max(deadline));
+    }
+
+    // A flag, not a deadline: `progress` keeps spinning only while `now < wake`, and
+    // a deadline one nanosecond ahead may have passed by then.
+    fn yielded(&self) {
+        self.yielded.set(true);
     }
 }

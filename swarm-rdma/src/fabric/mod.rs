@@ -993,6 +993,9 @@ impl<T: Transport> Fabric for RdmaFabric<T> {
     fn wake_at(&self, deadline: Nanos) {
         self.inner.wake_at(deadline);
     }
+    fn yielded(&self) {
+        self.inner.yielded();
+    }
 
     /// Expects `incarnation` from `node` from now on and reconnects it in the
     /// background (the next [`Fabric::progress`] starts the attempt); the node serves

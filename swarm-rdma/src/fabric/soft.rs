@@ -284,6 +284,17 @@ mod tests {
         panic!("ticket {ticket:?} never completed");
     }
 
+    /// A task that yielded with nothing in flight (`Fabric::yielded`) gets one more
+    /// `progress` that returns `true`, then the engine is idle again.
+    #[test]
+    fn a_yield_gives_one_more_round() {
+        let f = fabric(1, 4096, 8, 1);
+        assert!(!f.progress(), "nothing is outstanding");
+        f.yielded();
+        assert!(f.progress(), "the yielded task is polled again");
+        assert!(!f.progress(), "and only once");
+    }
+
     /// Like `wait`, for tickets that complete only after the engine's overdue limits
     /// (wall-clock time): up to 5 s.
     fn wait_timed(

@@ -365,3 +365,19 @@ fn prefetch_is_only_a_hint() {
     let read = roundtrip(&fabric, &[0], &Batch::read(DATA + 3, 61), 1).unwrap();
     assert_eq!(read[0].1.read(0), Some(&[7u8; 61][..]));
 }
+
+/// A task that yielded with nothing in flight (`Fabric::yielded`) gets one more
+/// `progress` that returns `true`, then the fabric is idle again: on the plain
+/// fabric and under an emulated latency, whose `progress` asks this one first.
+#[test]
+fn a_yield_gives_one_more_round() {
+    let (_dir, cluster) = cluster(1);
+    let plain = cluster.client();
+    let delayed = cluster.client_with(1000);
+    for fabric in [&plain as &dyn Fabric, &delayed] {
+        assert!(!fabric.progress(), "nothing is outstanding");
+        fabric.yielded();
+        assert!(fabric.progress(), "the yielded task is polled again");
+        assert!(!fabric.progress(), "and only once");
+    }
+}
