@@ -104,6 +104,7 @@ compile_error!("swarm-shm needs a little-endian host: memory words are encoded l
 mod cluster;
 mod error;
 mod fabric;
+mod hint;
 mod mapping;
 mod node;
 pub mod scratch;
@@ -111,5 +112,6 @@ pub mod scratch;
 pub use cluster::{AbsentNode, CreateOptions, DEFAULT_TICK_NS, ShmCluster, node_file_name};
 pub use error::ShmError;
 pub use fabric::{EmulatedFabric, ShmFabric};
+pub use hint::prefetch_local;
 pub use node::NodeMemory;
 pub use scratch::ScratchDir;

@@ -63,15 +63,9 @@ impl Mapping {
         let end = addr.saturating_add(len).min(self.words as u64 * 8);
         let mut line = addr & !(LINE - 1);
         while line < end {
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: `_mm_prefetch` needs SSE, which every x86_64 target has; it is
-            // a hint that never faults and never changes memory, and the address is
-            // inside the mapping anyway (`line < end <= mapped bytes`).
-            unsafe {
-                core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(
-                    self.map.as_ptr().add(line as usize).cast::<i8>(),
-                );
-            }
+            // Inside the mapping (`line < end <= mapped bytes`), though a hint would
+            // not fault anywhere.
+            crate::hint::prefetch_line(self.map.as_ptr().wrapping_add(line as usize));
             line += LINE;
         }
     }
