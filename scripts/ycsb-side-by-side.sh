@@ -4,7 +4,7 @@
 #
 # Usage: scripts/ycsb-side-by-side.sh OLD_SWARM NEW_SWARM
 #   W=a|b (workload, default a)  N=runs of each (5)  CL=clients (2)
-#   OPS=measured ops (400000)    KEYS=keys (100000)
+#   OPS=measured ops (400000)    KEYS=keys (100000)   INFLIGHT=per client (1)
 #   TOUCH=1 (default) writes every page of the fresh node files once before the
 #   run (python3), so that first-touch page faults of tmpfs, which otherwise take
 #   a large and build-dependent share of a short run, stay out of the comparison;
@@ -16,6 +16,7 @@
 set -euo pipefail
 old=$1 new=$2
 W=${W:-a} N=${N:-5} CL=${CL:-2} OPS=${OPS:-400000} KEYS=${KEYS:-100000} TOUCH=${TOUCH:-1}
+INFLIGHT=${INFLIGHT:-1}
 touch_pages() {
     python3 - "$@" <<'PY'
 import mmap, os, sys
@@ -35,7 +36,7 @@ run() { # LABEL BINARY
     if [ "$TOUCH" = 1 ]; then touch_pages "$dir"/kv/node-*; fi
     local rate
     rate=$("$2" bench --dir "$dir/kv" --workload "$W" --keys "$KEYS" --ops "$OPS" \
-        --clients "$CL" 2>&1 | sed -n 's/^measured .*: \([0-9.]* [kM]ops\/s\).*/\1/p')
+        --clients "$CL" --inflight "$INFLIGHT" 2>&1 | sed -n 's/^measured .*: \([0-9.]* [kM]ops\/s\).*/\1/p')
     rm -rf "$dir"
     echo "$W run $i $1 ${rate:-failed}"
 }

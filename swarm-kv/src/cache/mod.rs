@@ -35,14 +35,29 @@
 //!
 //! # Layout (why one table of indices)
 //!
-//! Entries live in one vector (eviction samples it at random), and a `hashbrown`
-//! table maps each key's hash to its entry's index. An entry holds its key inline
+//! Entries live in one vector (eviction samples it at random), and a table of slots
+//! ([`slots`]) maps each key's hash to its entry's index. An entry holds its key inline
 //! when it is short (YCSB's 24-byte keys are) and the key's full hash, so a lookup
 //! touches the table and then one entry, where the hash and the key bytes sit next to
 //! the location: a map keyed by heap-allocated keys cost a cache miss per probe on the
 //! key bytes (the key comparison was a tenth of a YCSB A run on 20k keys).
+//!
+//! # Interleaved lookups
+//!
+//! With many keys, both of a lookup's steps miss the processor's caches: the slot,
+//! then the entry it names. On shared memory those two misses were the largest item
+//! of a YCSB get's profile, and they come one after the other. An operation that runs
+//! next to others on its thread ([`swarm_core::OpStats::interleaved`]) hints the slot
+//! ([`LocationCache::hint_slot`]), yields, hints the entry
+//! ([`LocationCache::hint_entry`]), yields again, and then looks up: the other
+//! operations' misses overlap its own. The table's probe therefore starts where the
+//! hash alone says ([`slots::Slots::home`]).
+
+mod slots;
 
 use std::hash::BuildHasher;
+
+use slots::Slots;
 
 use swarm_core::RegisterCache;
 use swarm_core::fabric::Nanos;
@@ -106,7 +121,7 @@ struct Entry {
 /// See the module docs.
 pub struct LocationCache {
     /// Entry indices by key hash.
-    table: hashbrown::HashTable<u32>,
+    table: Slots,
     entries: Vec<Entry>,
     /// The seed of the key hash (random per cache).
     seed: u64,
@@ -130,11 +145,12 @@ impl std::fmt::Debug for LocationCache {
     }
 }
 
-/// What an entry of `key` costs, approximately: the entry, its table slot, and the
-/// key's bytes when they do not fit inline.
+/// What an entry of `key` costs, approximately: the entry, its table slots (the
+/// table is at least a quarter empty), and the key's bytes when they do not fit
+/// inline.
 fn entry_bytes(key: &[u8]) -> usize {
     let heap = if key.len() > INLINE_KEY { key.len() } else { 0 };
-    heap + std::mem::size_of::<Entry>() + std::mem::size_of::<u32>() + 1
+    heap + std::mem::size_of::<Entry>() + 2 * std::mem::size_of::<u64>()
 }
 
 impl LocationCache {
@@ -142,7 +158,7 @@ impl LocationCache {
     /// after they were last vouched for.
     pub fn new(budget: usize, ttl_ns: Nanos) -> Self {
         Self {
-            table: hashbrown::HashTable::new(),
+            table: Slots::default(),
             entries: Vec::new(),
             seed: std::collections::hash_map::RandomState::new().hash_one(0u64),
             bytes: 0,
@@ -187,11 +203,33 @@ impl LocationCache {
     fn find(&self, hash: u64, key: &[u8]) -> Option<usize> {
         let entries = &self.entries;
         self.table
-            .find(hash, |&i| {
+            .find(hash, |i| {
                 let e = &entries[i as usize];
                 e.hash == hash && e.key.as_slice() == key
             })
-            .map(|&i| i as usize)
+            .map(|i| i as usize)
+    }
+
+    /// Hints the processor at the table slot where the lookup of `key` starts, and
+    /// returns the key's hash for [`Self::hint_entry`] (module docs, "Interleaved
+    /// lookups").
+    pub fn hint_slot(&self, key: &[u8]) -> u64 {
+        let hash = self.hash(key);
+        if let Some(slot) = self.table.home(hash) {
+            swarm_shm::prefetch_local(slot);
+        }
+        hash
+    }
+
+    /// Hints the processor at the entries the lookup of `hash` will compare: best
+    /// after [`Self::hint_slot`]'s line has arrived.
+    pub fn hint_entry(&self, hash: u64) {
+        let entries = &self.entries;
+        self.table.find(hash, |i| {
+            swarm_shm::prefetch_local(&entries[i as usize]);
+            // Every candidate: the key is compared only in the lookup itself.
+            false
+        });
     }
 
     /// The location of `key` at time `now`, counting a hit; `None` (and the entry
@@ -239,9 +277,7 @@ impl LocationCache {
             }
         }
         let index = self.entries.len() as u32;
-        let entries = &self.entries;
-        self.table
-            .insert_unique(hash, index, |&i| entries[i as usize].hash);
+        self.table.insert(hash, index);
         self.entries.push(Entry {
             hash,
             key: KeyBytes::new(key),
@@ -280,17 +316,12 @@ impl LocationCache {
 
     /// Drops entry `i` and its table slot; the last entry takes its place.
     fn remove_at(&mut self, i: usize) {
-        let hash = self.entries[i].hash;
-        if let Ok(slot) = self.table.find_entry(hash, |&j| j as usize == i) {
-            slot.remove();
-        }
+        self.table.remove(self.entries[i].hash, i as u32);
         let entry = self.entries.swap_remove(i);
         self.bytes -= entry_bytes(entry.key.as_slice());
         if let Some(moved) = self.entries.get(i) {
-            let last = self.entries.len();
-            if let Some(slot) = self.table.find_mut(moved.hash, |&j| j as usize == last) {
-                *slot = i as u32;
-            }
+            let last = self.entries.len() as u32;
+            self.table.renumber(moved.hash, last, i as u32);
         }
     }
 }
@@ -371,6 +402,26 @@ mod tests {
         for (key, register) in &model {
             assert_eq!(c.get(key, 0).map(|l| l.register), Some(*register));
         }
+    }
+
+    /// The hints of an interleaved lookup are hints: on an empty cache, on present
+    /// and on absent keys, they change no entry and no answer.
+    #[test]
+    fn hints_change_nothing() {
+        let mut c = LocationCache::new(1 << 20, u64::MAX);
+        c.hint_entry(c.hint_slot(b"nothing yet"));
+        for i in 0..100u64 {
+            c.put(format!("key-{i}").as_bytes(), loc(i));
+        }
+        for i in 0..200u64 {
+            let key = format!("key-{i}");
+            let hash = c.hint_slot(key.as_bytes());
+            assert_eq!(hash, c.hash(key.as_bytes()), "the lookup's own hash");
+            c.hint_entry(hash);
+            let expected = (i < 100).then_some(i);
+            assert_eq!(c.get(key.as_bytes(), 0).map(|l| l.register), expected);
+        }
+        assert_eq!(c.len(), 100);
     }
 
     #[test]
