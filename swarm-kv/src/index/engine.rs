@@ -11,7 +11,7 @@ use core::cell::Cell;
 
 use swarm_core::fabric::{Batch, Completion, Nanos, NodeId, Op};
 use swarm_core::quorum::{broadcast_until, preferred_step_reporting_late};
-use swarm_core::{Fabric, OpStats};
+use swarm_core::{Fabric, OpStats, yield_now};
 
 use super::bucket::{BucketError, NodeBucket, Status, View};
 use super::schedule::{Jitter, sleep};
@@ -296,6 +296,11 @@ impl<'a, F: Fabric> Engine<'a, F> {
             for &addr in &addrs {
                 self.fabric.prefetch(node, addr, BUCKET_BYTES);
             }
+        }
+        // And those of the other operations in flight on this thread
+        // (`OpStats::interleaved`).
+        if self.stats.is_interleaved() {
+            yield_now(self.fabric).await;
         }
         let sent = self.fabric.now();
         let bad: Cell<Option<(usize, NodeId, BucketError)>> = Cell::new(None);
