@@ -7,7 +7,8 @@
 #   2. a cluster of three `swarm memnode` daemons: init, format, put, get, stat, delete;
 #      then one client that idles past its lease (every node cuts it off) and must
 #      still put and get (swarm-kv's `examples/idle_client.rs`);
-#   3. `swarm bench --cluster` over the three nodes, its history checked, every
+#   3. `swarm bench --cluster` over the three nodes with four operations in flight per
+#      client (interleaved: they yield after their memory hints), its history checked, every
 #      node watching each bench client's lease word (operations that fail for want
 #      of a majority while soft-RoCE holds requests are tolerated, and reported,
 #      only when the client logged that it gave up on a queue pair: those in flight
@@ -176,8 +177,11 @@ bench_step() {
 }
 watches() { cat "$out"/memnode-747?.log | grep -c "watching the client's lease word"; }
 watches_before=\$(watches)
-bench_at "\${bench[@]}" --history "$out/history.jsonl" >"$out/bench.log" 2>&1
-bench_step "bench --cluster" "$out/bench.log"
+# Four operations in flight per client: interleaved, they yield after their memory
+# hints (swarm_core's OpStats::interleaved), which the RDMA engine must take as a
+# reason for one more round (Fabric::yielded), not as a stall.
+bench_at "\${bench[@]}" --inflight 4 --history "$out/history.jsonl" >"$out/bench.log" 2>&1
+bench_step "bench --cluster, 4 in flight per client" "$out/bench.log"
 # Each bench client asks every node to watch its lease word (swarm-kv's Store::watch_lease).
 watched=\$(( \$(watches) - watches_before ))
 [ "\$watched" -ge 6 ] && pass "bench clients' lease words watched (\$watched watches on 3 nodes)" ||
