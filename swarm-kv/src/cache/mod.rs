@@ -36,8 +36,8 @@
 //! # Layout (why one table of indices)
 //!
 //! Entries live in one vector (eviction samples it at random), and a table of slots
-//! ([`slots`]) maps each key's hash to its entry's index. An entry holds its key inline
-//! when it is short (YCSB's 24-byte keys are) and the key's full hash, so a lookup
+//! (`cache/slots.rs`) maps each key's hash to its entry's index. An entry holds its
+//! key inline when it is short (YCSB's 24-byte keys are) and the key's full hash, so a lookup
 //! touches the table and then one entry, where the hash and the key bytes sit next to
 //! the location: a map keyed by heap-allocated keys cost a cache miss per probe on the
 //! key bytes (the key comparison was a tenth of a YCSB A run on 20k keys).
@@ -51,7 +51,7 @@
 //! ([`LocationCache::hint_slot`]), yields, hints the entry
 //! ([`LocationCache::hint_entry`]), yields again, and then looks up: the other
 //! operations' misses overlap its own. The table's probe therefore starts where the
-//! hash alone says ([`slots::Slots::home`]).
+//! hash alone says (`Slots::home`).
 
 mod slots;
 

@@ -925,7 +925,7 @@ async fn issue<C: BenchClient>(
     slot: usize,
     start: u64,
 ) -> Finished {
-    // With others in flight on this thread, the operation yields once after hinting
+    // With others in flight on this thread, the operation yields after each hint of
     // its memory, so that their cache misses overlap (`OpStats::interleaved`).
     let stats = if shared.config.inflight > 1 {
         OpStats::interleaved()
