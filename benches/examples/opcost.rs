@@ -27,6 +27,8 @@
 use std::hint::black_box;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use std::sync::Arc;
+
 use swarm_benches::ShmFixture;
 use swarm_core::encoding::WriterId;
 use swarm_core::header::HEADER_SIZE;
@@ -35,6 +37,7 @@ use swarm_core::{
     Batch, Client, Clock, NodeId, OpStats, ProtocolConfig, RegisterCache, RegisterLoc, Replicas,
     Roundtrip, block_on, block_on_future,
 };
+use swarm_shm::{EmulatedFabric, ShmCluster};
 
 const PAYLOAD: usize = 64;
 /// Emulated roundtrip of the `inflight-N` mode.
@@ -56,6 +59,28 @@ impl Clock for WallClock {
     }
 }
 
+/// Writer 0 on `cluster` through the `swarm bench` fabric stack with an emulated
+/// roundtrip of `rtt_ns`, timestamps from the wall clock, and no fallback to the
+/// third replica within a second (every node answers here).
+fn shm_client(
+    cluster: &Arc<ShmCluster>,
+    layout: Layout,
+    rtt_ns: u64,
+) -> Client<EmulatedFabric, WallClock> {
+    let clock = WallClock {
+        epoch_unix_ns: cluster.epoch_unix_ns(),
+        tick_ns: cluster.tick_ns(),
+    };
+    Client::new(
+        cluster.client_with(rtt_ns),
+        clock,
+        layout,
+        WriterId::new(0).expect("writer"),
+        ProtocolConfig::default().with_slow_after_ns(1_000_000_000),
+    )
+    .expect("client")
+}
+
 fn main() {
     let mut args = std::env::args().skip(1);
     let op = args.next().unwrap_or_else(|| "sg-read".into());
@@ -74,18 +99,7 @@ fn main() {
         addr: HEADER_SIZE,
         replicas: Replicas::all(3, 0).expect("replicas"),
     };
-    let clock = WallClock {
-        epoch_unix_ns: cluster.epoch_unix_ns(),
-        tick_ns: cluster.tick_ns(),
-    };
-    let client = Client::new(
-        cluster.client_with(0),
-        clock,
-        layout,
-        WriterId::new(0).expect("writer"),
-        ProtocolConfig::default().with_slow_after_ns(1_000_000_000),
-    )
-    .expect("client");
+    let client = shm_client(cluster, layout, 0);
     let fabric = client.fabric();
     let mut cache = RegisterCache::new();
     let payload = [0x5Au8; PAYLOAD];
@@ -109,7 +123,7 @@ fn main() {
     }
     if let Some(inflight) = op.strip_prefix("inflight-") {
         let inflight: usize = inflight.parse().expect("inflight-N");
-        in_flight(cluster, layout, clock, inflight, n);
+        in_flight(cluster, layout, inflight, n);
         return;
     }
     // Writes take a log slot each, and logs are not recycled.
@@ -155,22 +169,9 @@ fn main() {
 
 /// `inflight` Safe-Guess reads in flight at once on one client thread; see the
 /// module docs.
-fn in_flight(
-    cluster: &std::sync::Arc<swarm_shm::ShmCluster>,
-    layout: Layout,
-    clock: WallClock,
-    inflight: usize,
-    total: u64,
-) {
+fn in_flight(cluster: &Arc<ShmCluster>, layout: Layout, inflight: usize, total: u64) {
     use std::cell::Cell;
-    let client = Client::new(
-        cluster.client_with(INFLIGHT_RTT_NS),
-        clock,
-        layout,
-        WriterId::new(0).expect("writer"),
-        ProtocolConfig::default().with_slow_after_ns(1_000_000_000),
-    )
-    .expect("client");
+    let client = shm_client(cluster, layout, INFLIGHT_RTT_NS);
     let regs: Vec<RegisterLoc> = (0..inflight as u64)
         .map(|i| RegisterLoc {
             addr: HEADER_SIZE + i * layout.register_bytes(),
@@ -249,19 +250,7 @@ fn spread(inflight: usize, interleaved: bool, total: u64) {
         HEADER_SIZE + SPREAD_REGISTERS * layout_with(HEADER_SIZE + 4096).register_bytes();
     let layout = layout_with(registers_end.next_multiple_of(4096));
     let fixture = ShmFixture::new(3, layout.log_base() + layout.log_bytes()).expect("cluster");
-    let cluster = &fixture.cluster;
-    let clock = WallClock {
-        epoch_unix_ns: cluster.epoch_unix_ns(),
-        tick_ns: cluster.tick_ns(),
-    };
-    let client = Client::new(
-        cluster.client_with(0),
-        clock,
-        layout,
-        WriterId::new(0).expect("writer"),
-        ProtocolConfig::default(),
-    )
-    .expect("client");
+    let client = shm_client(&fixture.cluster, layout, 0);
     let left = Cell::new(total);
     let seed = Cell::new(0x9E37_79B9_7F4A_7C15_u64);
     // xorshift64: the register of the next read.

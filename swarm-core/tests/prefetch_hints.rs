@@ -118,6 +118,11 @@ impl<F: Fabric> Fabric for Hinted<F> {
 }
 
 fn client(cluster: &MemCluster) -> Client<Hinted<MemFabric>, FixedClock> {
+    client_on(cluster.client())
+}
+
+/// Writer 1 on `fabric`, whose hints are recorded.
+fn client_on<F: Fabric>(fabric: F) -> Client<Hinted<F>, FixedClock> {
     let layout = Layout::builder()
         .payload_max(64)
         .meta_words(8)
@@ -127,7 +132,7 @@ fn client(cluster: &MemCluster) -> Client<Hinted<MemFabric>, FixedClock> {
         .build()
         .unwrap();
     Client::new(
-        Hinted::new(cluster.client()),
+        Hinted::new(fabric),
         FixedClock(1_000),
         layout,
         WriterId::new(1).unwrap(),
@@ -277,22 +282,7 @@ fn interleaved_operations_hint_before_any_of_them_posts() {
 #[test]
 fn interleaved_operations_complete_alone_and_in_loops_and_still_stall_on_failed_nodes() {
     let cluster = MemCluster::new(3, 1 << 20);
-    let layout = Layout::builder()
-        .payload_max(64)
-        .meta_words(8)
-        .log_base(1 << 16)
-        .writers(4)
-        .slots_per_writer(64)
-        .build()
-        .unwrap();
-    let client = Client::new(
-        Hinted::new(FailNodes::new(cluster.client())),
-        FixedClock(1_000),
-        layout,
-        WriterId::new(1).unwrap(),
-        ProtocolConfig::default(),
-    )
-    .unwrap();
+    let client = client_on(FailNodes::new(cluster.client()));
     let fabric = client.fabric();
     let reg = register_at(4096);
     let stats = OpStats::interleaved();
