@@ -23,7 +23,7 @@
 //!   tombstone is ever written: written once, by a CAS expecting it empty, whether by
 //!   a delete or by a read or write that writes a tombstone back. It holds each
 //!   node's first tombstone from then on, which tells racing deletes which of them
-//!   came first where ([`crate::protocol::delete`]). Readers take it into the maximum
+//!   came first where (`protocol/delete.rs`). Readers take it into the maximum
 //!   like the `W` words.
 //! * A *record* is the same on both sides: the write's [`Tsp`] with its flag cleared,
 //!   the payload length, an xxh3-128 hash of the record, and the payload. A record is

@@ -28,7 +28,7 @@
 //! | `ClientAuth` | sealed [`QpInfo`] ([`QP_INFO_LEN`]), tag (16) |
 //! | `Accept` | sealed [`QpInfo`] and [`RegionInfo`] ([`ACCEPT_BODY_LEN`]), tag (16) |
 //! | `Refuse` | reason (1), proof (32; zero when the node could not read a `ClientHello`) |
-//! | `Watch` | sealed [`WatchRequest`] ([`WATCH_REQUEST_LEN`]), tag (16) |
+//! | `Watch` | sealed [`WatchRequest`](crate::lease_watch::WatchRequest) ([`WATCH_REQUEST_LEN`]), tag (16) |
 //! | `Watching` | proof (32) |
 //!
 //! Version 1 carried queue pairs, the region's address and its rkey in clear and

@@ -102,7 +102,7 @@
 //! read, which the KV layer overlaps with its register write: two in all); taken by
 //! fewer, the classic insert takes over, watching the fast value like any proposal
 //! of its own. Readers and proposers judge fast values by one rule
-//! ([`bucket::newest_accepted`]): a fast value counts only if every copy of the
+//! (`bucket::newest_accepted`): a fast value counts only if every copy of the
 //! quorum holds it (it may then be decided, and is finished like an open change);
 //! otherwise it is not decided, and since a fast round only replaces a settled word,
 //! nothing older needs finishing either. A fast value is never *proven* decided by

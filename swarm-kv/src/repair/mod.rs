@@ -90,7 +90,7 @@
 //!
 //! *Index scrub.* The rebuilt node's index slots may lag behind operations that
 //! raced the copy, as a node that was down would; `swarm scrub`
-//! ([`crate::index::scrub`]) moves them forward.
+//! (`index/scrub.rs`) moves them forward.
 
 pub mod merge;
 

@@ -50,7 +50,7 @@ pub fn registers_needed(config: &BenchConfig, chunk_registers: u32) -> u64 {
 ///   workload's expected updates — measured operations go to whichever client is
 ///   free, so shares are uneven), and
 /// * what recycling keeps in use at once: the newest value of every key may be this
-///   writer's (one live slot per key), plus [`RECYCLING_BACKLOG`] superseded slots
+///   writer's (one live slot per key), plus `RECYCLING_BACKLOG` (8192) superseded slots
 ///   waiting out the grace,
 ///
 /// plus some slack (logs at most about half full keep picking a free slot by hashing
