@@ -129,6 +129,11 @@ fn deletes_return_at_their_tombstone_and_report_their_unmaps_apart() {
 /// object + primary read, backup CASes, log, primary CAS) and more under conflicts,
 /// except for a writer that took no backup in a conflict: it loses after three
 /// (`swarm_fusee::rules`), which 4 clients on 1000 keys make rare but possible.
+///
+/// How many updates conflict depends on how the host schedules the 4 clients (a
+/// loaded CI host once made the mean 4.6), so the common case's count is checked
+/// with one client, where nothing conflicts: four roundtrips, plus one now and then
+/// for claiming a fresh block of objects (`claim_block`).
 #[test]
 fn fusee_roundtrips_match_its_paper() {
     let config = small(System::Fusee, Workload::B, 1_000, 6_000, 4);
@@ -141,13 +146,24 @@ fn fusee_roundtrips_match_its_paper() {
         "{report}"
     );
     let updates = report.op(OpType::Update).expect("updates");
-    assert!(updates.roundtrips.four_plus >= 0.99, "{report}");
+    assert!(updates.roundtrips.four_plus >= 0.95, "{report}");
     assert_eq!(
         updates.roundtrips.three + updates.roundtrips.four_plus,
         1.0,
         "{report}"
     );
-    assert!(updates.roundtrips_mean < 4.2, "{report}");
+
+    let alone = run_fresh(&small(System::Fusee, Workload::B, 1_000, 6_000, 1));
+    assert_clean(&alone);
+    let updates = alone.op(OpType::Update).expect("updates");
+    assert_eq!(
+        updates.roundtrips.four_plus, 1.0,
+        "no conflict: rule 1\n{alone}"
+    );
+    assert!(
+        updates.roundtrips_mean < 4.1,
+        "no conflict: rule 1\n{alone}"
+    );
 }
 
 /// Table 2: RAW updates take one roundtrip.
