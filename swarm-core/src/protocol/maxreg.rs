@@ -211,15 +211,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
             candidates.iter().copied().collect()
         };
         let first = k.min(ordered.len());
-        let mut hinted = false;
-        for &p in &ordered[..first] {
-            for (addr, len) in touches(p) {
-                if len > 0 {
-                    self.fabric.prefetch(reg.replicas.node(p), addr, len);
-                    hinted = true;
-                }
-            }
-        }
+        let hinted = self.hint_touches(reg, ordered[..first].iter().copied(), &touches);
         // An interleaved operation lets the others in flight run while its lines
         // arrive (`OpStats::interleaved`).
         if hinted && stats.is_interleaved() {
@@ -260,6 +252,26 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         rt.wait(k).await?;
         self.trust_replies(&rt);
         Ok(rt)
+    }
+
+    /// Hints the fabric at every byte range `touches` gives for the replicas at
+    /// `positions` of `reg`; returns whether there was any.
+    pub(crate) fn hint_touches(
+        &self,
+        reg: &RegisterLoc,
+        positions: impl IntoIterator<Item = usize>,
+        touches: impl Fn(usize) -> Touches,
+    ) -> bool {
+        let mut hinted = false;
+        for p in positions {
+            for (addr, len) in touches(p) {
+                if len > 0 {
+                    self.fabric.prefetch(reg.replicas.node(p), addr, len);
+                    hinted = true;
+                }
+            }
+        }
+        hinted
     }
 
     fn trust_replies(&self, rt: &Roundtrip<'_, F>) {

@@ -169,11 +169,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
     fn hint_guessed_write(&self, reg: &RegisterLoc, w: Tsp, record_len: u64) {
         if let Some(buffer) = self.layout.buffer_addr(w.ts()) {
             let touches = self.round_touches(reg.addr, buffer, record_len, false, true);
-            for p in 0..reg.replicas.quorum() {
-                for (addr, len) in touches {
-                    self.fabric.prefetch(reg.replicas.node(p), addr, len);
-                }
-            }
+            self.hint_touches(reg, 0..reg.replicas.quorum(), |_| touches);
         }
         let primary = reg.replicas.node(self.primary(reg));
         self.fabric.prefetch(primary, reg.addr, record_len);
