@@ -37,7 +37,7 @@
 
 use std::hint::black_box;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use swarm_benches::ShmFixture;
@@ -45,9 +45,10 @@ use swarm_core::encoding::WriterId;
 use swarm_core::header::HEADER_SIZE;
 use swarm_core::layout::Layout;
 use swarm_core::{
-    Client, Clock, OpStats, ProtocolConfig, ReadValue, RegisterCache, RegisterLoc, Replicas,
-    WriteOutcome, block_on, block_on_future,
+    Client, OpStats, ProtocolConfig, ReadValue, RegisterCache, RegisterLoc, Replicas, WriteOutcome,
+    block_on, block_on_future,
 };
+use swarm_kv::clock::SystemClock;
 use swarm_shm::{EmulatedFabric, ShmCluster};
 
 const NODES: u16 = 3;
@@ -150,27 +151,11 @@ impl Kind {
     }
 }
 
-/// Real time in the cluster's ticks since its epoch (both from the node headers).
-#[derive(Clone, Copy, Debug)]
-struct WallClock {
-    epoch_unix_ns: u64,
-    tick_ns: u64,
-}
-
-impl Clock for WallClock {
-    fn ticks(&self) -> u64 {
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
-        now.saturating_sub(self.epoch_unix_ns) / self.tick_ns
-    }
-}
-
 /// The cluster and the three registers (one per protocol).
 struct Setup {
     fixture: ShmFixture,
     layout: Layout,
-    clock: WallClock,
+    clock: SystemClock,
 }
 
 impl Setup {
@@ -194,10 +179,7 @@ impl Setup {
             .expect("a valid layout");
         let fixture = ShmFixture::new(NODES, layout.log_base() + layout.log_bytes())
             .expect("benchmark cluster");
-        let clock = WallClock {
-            epoch_unix_ns: fixture.cluster.epoch_unix_ns(),
-            tick_ns: fixture.cluster.tick_ns(),
-        };
+        let clock = SystemClock::new(fixture.cluster.epoch_unix_ns(), fixture.cluster.tick_ns());
         Self {
             fixture,
             layout,
@@ -253,7 +235,7 @@ impl<'a> Runner<'a> {
     }
 
     /// A fresh client (fresh slot allocator) continuing the timestamps written so far.
-    fn client(&self) -> Client<EmulatedFabric, WallClock> {
+    fn client(&self) -> Client<EmulatedFabric, SystemClock> {
         let fabric = self.setup.cluster().client_with(self.rtt_ns);
         let writer = WriterId::new(0).expect("writer 0");
         let client = Client::new(
@@ -273,7 +255,7 @@ impl<'a> Runner<'a> {
     }
 
     /// Runs one operation of `kind`; returns its roundtrips.
-    fn op(&mut self, client: &Client<EmulatedFabric, WallClock>, kind: Kind) -> u32 {
+    fn op(&mut self, client: &Client<EmulatedFabric, SystemClock>, kind: Kind) -> u32 {
         let stats = OpStats::new();
         let (reg, cache, payload) = (&self.reg, &mut self.cache, &self.payload);
         let fabric = client.fabric();
@@ -332,7 +314,7 @@ impl<'a> Runner<'a> {
         }
     }
 
-    fn read_value(&mut self, client: &Client<EmulatedFabric, WallClock>) -> ReadValue {
+    fn read_value(&mut self, client: &Client<EmulatedFabric, SystemClock>) -> ReadValue {
         let stats = OpStats::new();
         let (reg, cache, fabric) = (&self.reg, &mut self.cache, client.fabric());
         let out = match self.protocol {

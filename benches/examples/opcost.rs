@@ -25,8 +25,6 @@
 //! with `OpStats::new`.
 
 use std::hint::black_box;
-use std::time::{SystemTime, UNIX_EPOCH};
-
 use std::sync::Arc;
 
 use swarm_benches::ShmFixture;
@@ -34,30 +32,16 @@ use swarm_core::encoding::WriterId;
 use swarm_core::header::HEADER_SIZE;
 use swarm_core::layout::Layout;
 use swarm_core::{
-    Batch, Client, Clock, NodeId, OpStats, ProtocolConfig, RegisterCache, RegisterLoc, Replicas,
+    Batch, Client, NodeId, OpStats, ProtocolConfig, RegisterCache, RegisterLoc, Replicas,
     Roundtrip, block_on, block_on_future,
 };
+use swarm_kv::clock::SystemClock;
 use swarm_shm::{EmulatedFabric, ShmCluster};
 
 const PAYLOAD: usize = 64;
 /// Emulated roundtrip of the `inflight-N` mode.
 const INFLIGHT_RTT_NS: u64 = 1500;
 const SLOTS: u32 = 1 << 16;
-
-#[derive(Clone, Copy)]
-struct WallClock {
-    epoch_unix_ns: u64,
-    tick_ns: u64,
-}
-
-impl Clock for WallClock {
-    fn ticks(&self) -> u64 {
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
-        now.saturating_sub(self.epoch_unix_ns) / self.tick_ns
-    }
-}
 
 /// Writer 0 on `cluster` through the `swarm bench` fabric stack with an emulated
 /// roundtrip of `rtt_ns`, timestamps from the wall clock, and no fallback to the
@@ -66,11 +50,8 @@ fn shm_client(
     cluster: &Arc<ShmCluster>,
     layout: Layout,
     rtt_ns: u64,
-) -> Client<EmulatedFabric, WallClock> {
-    let clock = WallClock {
-        epoch_unix_ns: cluster.epoch_unix_ns(),
-        tick_ns: cluster.tick_ns(),
-    };
+) -> Client<EmulatedFabric, SystemClock> {
+    let clock = SystemClock::new(cluster.epoch_unix_ns(), cluster.tick_ns());
     Client::new(
         cluster.client_with(rtt_ns),
         clock,
