@@ -3,48 +3,39 @@
 //! the cache misses of the replicas, and of the places in one replica, overlap.
 //!
 //! Hints change no result, so only a fabric that records them can tell whether they
-//! are given: [`Hinted`] wraps the in-process fabric, records every hint of an
-//! operation, and checks each batch the operation posts against them.
+//! are given: [`Hints`] traces the in-process fabric ([`Traced`]), records every hint
+//! of an operation, and checks each batch the operation posts against them.
 
 use std::cell::{Cell, RefCell};
-use std::task::Poll;
 
 use swarm_core::encoding::WriterId;
-use swarm_core::fabric::FailNodes;
-use swarm_core::fabric::{Nanos, Submitted};
+use swarm_core::fabric::{FailNodes, Traced, Tracer};
 use swarm_core::layout::Layout;
 use swarm_core::{
-    Batch, Client, Completion, Fabric, FabricError, FixedClock, LocalExecutor, MemCluster,
-    MemFabric, NodeId, Op, OpStats, ProtocolConfig, ReadValue, RegisterCache, RegisterLoc,
-    Replicas, SwarmError, Ticket, WriteOutcome, block_on_future,
+    Batch, Client, Fabric, FabricError, FixedClock, LocalExecutor, MemCluster, MemFabric, NodeId,
+    Op, OpStats, ProtocolConfig, ReadValue, RegisterCache, RegisterLoc, Replicas, SwarmError,
+    WriteOutcome, block_on_future,
 };
 
-/// A fabric that records the hints it is given and, for every batch posted (waited
-/// for or in the background), the operations of it whose bytes no earlier hint
-/// covered.
-struct Hinted<F> {
-    inner: F,
+/// A tracer that records the hints a fabric is given and, for every batch posted
+/// (waited for or in the background), the operations of it whose bytes no earlier
+/// hint covered.
+#[derive(Default)]
+struct Hints {
     hints: RefCell<Vec<(NodeId, u64, u64)>>,
     /// `(node, op index, addr, len)` of every operation posted without a hint
     /// covering its bytes.
     unhinted: RefCell<Vec<(NodeId, usize, u64, u64)>>,
-    /// Batches submitted so far.
+    /// Batches submitted so far (waited for, not in the background).
     submitted: Cell<usize>,
     /// How many hints had been given when the first batch was submitted.
     hints_at_first_submit: Cell<Option<usize>>,
 }
 
-impl<F: Fabric> Hinted<F> {
-    fn new(inner: F) -> Self {
-        Self {
-            inner,
-            hints: RefCell::default(),
-            unhinted: RefCell::default(),
-            submitted: Cell::new(0),
-            hints_at_first_submit: Cell::new(None),
-        }
-    }
+/// A fabric whose hints are recorded.
+type Hinted<F> = Traced<F, Hints>;
 
+impl Hints {
     /// Forgets what was recorded: the next operation starts with no hint.
     fn reset(&self) {
         self.hints.borrow_mut().clear();
@@ -75,45 +66,21 @@ impl<F: Fabric> Hinted<F> {
     }
 }
 
-impl<F: Fabric> Fabric for Hinted<F> {
-    fn node_count(&self) -> usize {
-        self.inner.node_count()
-    }
-    fn post(&self, node: NodeId, batch: Batch) -> Ticket {
-        self.inner.post(node, batch)
-    }
-    fn submit(&self, node: NodeId, batch: &mut Batch, reply: &mut Completion) -> Submitted {
+impl Tracer for Hints {
+    fn batch(&self, node: NodeId, batch: &Batch) {
         self.submitted.set(self.submitted.get() + 1);
         if self.hints_at_first_submit.get().is_none() {
             self.hints_at_first_submit
                 .set(Some(self.hints.borrow().len()));
         }
         self.check(node, batch);
-        self.inner.submit(node, batch, reply)
+    }
+    // Background posts (a write's VERIFIED marks and in-place copy) are checked too.
+    fn detached(&self, node: NodeId, batch: &Batch) {
+        self.check(node, batch);
     }
     fn prefetch(&self, node: NodeId, addr: u64, len: u64) {
         self.hints.borrow_mut().push((node, addr, len));
-        self.inner.prefetch(node, addr, len);
-    }
-    // Background posts (a write's VERIFIED marks and in-place copy) are checked too.
-    fn post_detached(&self, node: NodeId, batch: Batch) {
-        self.check(node, &batch);
-        self.inner.post_detached(node, batch)
-    }
-    fn poll(&self, ticket: Ticket) -> Poll<Result<Completion, FabricError>> {
-        self.inner.poll(ticket)
-    }
-    fn forget(&self, ticket: Ticket) {
-        self.inner.forget(ticket)
-    }
-    fn progress(&self) -> bool {
-        self.inner.progress()
-    }
-    fn now(&self) -> Nanos {
-        self.inner.now()
-    }
-    fn wake_at(&self, deadline: Nanos) {
-        self.inner.wake_at(deadline)
     }
 }
 
@@ -132,7 +99,7 @@ fn client_on<F: Fabric>(fabric: F) -> Client<Hinted<F>, FixedClock> {
         .build()
         .unwrap();
     Client::new(
-        Hinted::new(fabric),
+        Traced::new(fabric, Hints::default()),
         FixedClock(1_000),
         layout,
         WriterId::new(1).unwrap(),
@@ -155,28 +122,31 @@ fn reads_and_writes_hint_every_byte_they_touch_before_posting() {
     };
     let mut cache = RegisterCache::new();
     for i in 0..4u8 {
-        fabric.reset();
+        fabric.tracer().reset();
         let stats = OpStats::new();
         let written = block_on_future(fabric, client.write(&reg, &mut cache, &stats, &[i; 40]));
         assert_eq!(written, Ok(Ok(WriteOutcome::Written)), "write {i}");
         assert_eq!(stats.roundtrips(), 1, "write {i}: the common case");
         assert!(
-            fabric.submitted.get() >= 2,
+            fabric.tracer().submitted.get() >= 2,
             "write {i}: posts to a majority"
         );
         assert_eq!(
-            *fabric.unhinted.borrow(),
+            *fabric.tracer().unhinted.borrow(),
             [],
             "write {i}: operations posted without a hint (node, op, addr, len)"
         );
 
-        fabric.reset();
+        fabric.tracer().reset();
         let stats = OpStats::new();
         let read = block_on_future(fabric, client.read(&reg, &mut cache, &stats));
         assert_eq!(read, Ok(Ok(ReadValue::Value(vec![i; 40]))), "read {i}");
-        assert!(fabric.submitted.get() >= 2, "read {i}: reads a majority");
+        assert!(
+            fabric.tracer().submitted.get() >= 2,
+            "read {i}: reads a majority"
+        );
         assert_eq!(
-            *fabric.unhinted.borrow(),
+            *fabric.tracer().unhinted.borrow(),
             [],
             "read {i}: operations posted without a hint (node, op, addr, len)"
         );
@@ -233,7 +203,7 @@ fn interleaved_operations_hint_before_any_of_them_posts() {
         }
         // Fresh hints, and lines no longer in cache do not matter: what is checked is
         // the order of hints and posts.
-        fabric.reset();
+        fabric.tracer().reset();
         let mut executor = LocalExecutor::new();
         for reg in &registers {
             executor.spawn(read_register(&client, reg.clone(), interleaved));
@@ -249,15 +219,15 @@ fn interleaved_operations_hint_before_any_of_them_posts() {
                 "read {i} (interleaved: {interleaved})"
             );
         }
-        let hinted_first = fabric.hints_at_first_submit.get().expect("posted");
-        let all_hints = fabric.hints.borrow().len();
+        let hinted_first = fabric.tracer().hints_at_first_submit.get().expect("posted");
+        let all_hints = fabric.tracer().hints.borrow().len();
         let hinted_registers = |hints: &[(NodeId, u64, u64)]| {
             registers
                 .iter()
                 .filter(|reg| hints.iter().any(|&(_, addr, _)| addr == reg.addr))
                 .count()
         };
-        let before = hinted_registers(&fabric.hints.borrow()[..hinted_first]);
+        let before = hinted_registers(&fabric.tracer().hints.borrow()[..hinted_first]);
         if interleaved {
             assert_eq!(
                 before, OPS as usize,
@@ -317,8 +287,8 @@ fn interleaved_operations_complete_alone_and_in_loops_and_still_stall_on_failed_
     }
     assert_eq!(executor.run(fabric, |_, ()| {}), Ok(()));
 
-    fabric.inner.fail_node(NodeId(1));
-    fabric.inner.fail_node(NodeId(2));
+    fabric.inner().fail_node(NodeId(1));
+    fabric.inner().fail_node(NodeId(2));
     let lost = block_on_future(fabric, read_register(&client, reg.clone(), true));
     assert_eq!(lost, Err(FabricError::Stalled));
 }

@@ -14,12 +14,11 @@ mod fault_support;
 
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
-use std::task::Poll;
 
 use fault_support::ErroringNodes;
 use swarm_core::encoding::{Flag, Timestamp, Tsp, WriterId};
-use swarm_core::fabric::{Completion, FabricError, Nanos, Op, Ticket};
-use swarm_core::{Batch, Fabric, NodeId, OpStats, Roundtrip, block_on};
+use swarm_core::fabric::{Op, Traced, Tracer};
+use swarm_core::{Batch, NodeId, OpStats, Roundtrip, block_on};
 use swarm_kv::clock::SystemClock;
 use swarm_kv::layout::ClusterParams;
 use swarm_kv::{DeleteOutcome, KvClient, KvConfig, KvError, ShmStore};
@@ -161,47 +160,34 @@ fn a_second_delete_of_a_key_whose_unmap_waits_finds_it_absent() {
     );
 }
 
-/// A fabric that runs its hook once, right after posting the first batch that CASes
-/// word `watch` (shared memory completes a batch inside `post`): another client's
-/// operation landing inside this client's.
-struct Hooked<F> {
-    inner: F,
+/// A tracer that runs its hook once, right after the first batch that CASes word
+/// `watch` was posted (shared memory completes a batch inside `post`): another
+/// client's operation landing inside this client's.
+#[derive(Default)]
+struct Hook {
     watch: Cell<Option<u64>>,
+    /// The batch just shown CASes the watched word.
+    hit: Cell<bool>,
     hook: RefCell<Option<Box<dyn FnOnce()>>>,
 }
 
-impl<F: Fabric> Fabric for Hooked<F> {
-    fn node_count(&self) -> usize {
-        self.inner.node_count()
-    }
-    fn post(&self, node: NodeId, batch: Batch) -> Ticket {
+impl Tracer for Hook {
+    fn batch(&self, _: NodeId, batch: &Batch) {
         let hit = self.watch.get().is_some_and(|watch| {
             batch
                 .ops()
                 .iter()
                 .any(|op| matches!(op, Op::Cas { addr, .. } if *addr == watch))
         });
-        let ticket = self.inner.post(node, batch);
-        if hit && let Some(hook) = self.hook.borrow_mut().take() {
+        self.hit.set(hit);
+    }
+    fn posted(&self, _: NodeId) {
+        if self.hit.take()
+            && let Some(hook) = self.hook.borrow_mut().take()
+        {
             self.watch.set(None);
             hook();
         }
-        ticket
-    }
-    fn poll(&self, ticket: Ticket) -> Poll<Result<Completion, FabricError>> {
-        self.inner.poll(ticket)
-    }
-    fn forget(&self, ticket: Ticket) {
-        self.inner.forget(ticket);
-    }
-    fn progress(&self) -> bool {
-        self.inner.progress()
-    }
-    fn now(&self) -> Nanos {
-        self.inner.now()
-    }
-    fn wake_at(&self, deadline: Nanos) {
-        self.inner.wake_at(deadline);
     }
 }
 
@@ -211,11 +197,7 @@ fn a_delete_first_on_a_majority_of_the_old_register_leaves_the_new_one_alone() {
     let store = store(&dir);
     let header = *store.header();
     let a = KvClient::connect(
-        Hooked {
-            inner: store.fabric(),
-            watch: Cell::new(None),
-            hook: RefCell::new(None),
-        },
+        Traced::new(store.fabric(), Hook::default()),
         SystemClock::new(header.epoch_unix_ns, header.tick_ns),
         *store.layout(),
         store.config(),
@@ -248,14 +230,14 @@ fn a_delete_first_on_a_majority_of_the_old_register_leaves_the_new_one_alone() {
     // replica (a majority now holds tombstones), `c` inserts the key again: it finds
     // the old register deleted and maps the key to a fresh one.
     let inserter = Rc::clone(&c);
-    *f.hook.borrow_mut() = Some(Box::new(move || {
+    *f.tracer().hook.borrow_mut() = Some(Box::new(move || {
         block_on(
             inserter.fabric(),
             inserter.insert(b"k", b"new", &OpStats::new()),
         )
         .unwrap();
     }));
-    f.watch.set(Some(delete_word));
+    f.tracer().watch.set(Some(delete_word));
     // `a` came first on the first replica and, once it completed its delete there,
     // on the third: a majority. It may be the delete that removed "old" (the crashed
     // one may never count), so it must not remove "new" as well.
@@ -264,7 +246,7 @@ fn a_delete_first_on_a_majority_of_the_old_register_leaves_the_new_one_alone() {
         DeleteOutcome::Raced
     );
     assert!(
-        f.hook.borrow().is_none(),
+        f.tracer().hook.borrow().is_none(),
         "the insert ran inside the delete"
     );
     assert_eq!(

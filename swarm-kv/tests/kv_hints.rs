@@ -11,10 +11,9 @@
 
 use std::cell::RefCell;
 use std::ops::Range;
-use std::task::Poll;
 
-use swarm_core::fabric::{Completion, FabricError, Nanos, Op, Submitted, Ticket};
-use swarm_core::{Batch, Fabric, LocalExecutor, NodeId, OpStats, block_on};
+use swarm_core::fabric::{Op, Traced, Tracer};
+use swarm_core::{Batch, LocalExecutor, NodeId, OpStats, block_on};
 use swarm_kv::clock::SystemClock;
 use swarm_kv::layout::ClusterParams;
 use swarm_kv::{KvClient, ShmStore};
@@ -32,14 +31,21 @@ enum Event {
     Post { addrs: Vec<u64> },
 }
 
-/// A fabric that records every hint and batch it forwards.
-struct Recorded<F> {
-    inner: F,
+/// A tracer that records every hint and batch, in order.
+#[derive(Default)]
+struct Recorder {
     events: RefCell<Vec<Event>>,
 }
 
-impl<F: Fabric> Recorded<F> {
-    fn record(&self, batch: &Batch) {
+impl Recorder {
+    /// Forgets what was recorded.
+    fn reset(&self) {
+        self.events.borrow_mut().clear();
+    }
+}
+
+impl Tracer for Recorder {
+    fn batch(&self, _: NodeId, batch: &Batch) {
         let addrs = batch
             .ops()
             .iter()
@@ -49,63 +55,12 @@ impl<F: Fabric> Recorded<F> {
             .collect();
         self.events.borrow_mut().push(Event::Post { addrs });
     }
-
-    /// Forgets what was recorded.
-    fn reset(&self) {
-        self.events.borrow_mut().clear();
-    }
-}
-
-impl<F: Fabric> Fabric for Recorded<F> {
-    fn node_count(&self) -> usize {
-        self.inner.node_count()
-    }
-    fn post(&self, node: NodeId, batch: Batch) -> Ticket {
-        self.record(&batch);
-        self.inner.post(node, batch)
-    }
-    fn submit(&self, node: NodeId, batch: &mut Batch, reply: &mut Completion) -> Submitted {
-        self.record(batch);
-        self.inner.submit(node, batch, reply)
-    }
-    fn prefetch(&self, node: NodeId, addr: u64, len: u64) {
+    fn prefetch(&self, _: NodeId, addr: u64, len: u64) {
         self.events.borrow_mut().push(Event::Hint { addr, len });
-        self.inner.prefetch(node, addr, len);
-    }
-    fn post_detached(&self, node: NodeId, batch: Batch) {
-        self.record(&batch);
-        self.inner.post_detached(node, batch);
-    }
-    fn poll(&self, ticket: Ticket) -> Poll<Result<Completion, FabricError>> {
-        self.inner.poll(ticket)
-    }
-    fn forget(&self, ticket: Ticket) {
-        self.inner.forget(ticket);
-    }
-    fn progress(&self) -> bool {
-        self.inner.progress()
-    }
-    fn now(&self) -> Nanos {
-        self.inner.now()
-    }
-    fn recent_now(&self) -> Nanos {
-        self.inner.recent_now()
-    }
-    fn wake_at(&self, deadline: Nanos) {
-        self.inner.wake_at(deadline);
-    }
-    fn yielded(&self) {
-        self.inner.yielded();
-    }
-    fn admit(&self, node: NodeId, incarnation: u64) -> bool {
-        self.inner.admit(node, incarnation)
-    }
-    fn memory_lost(&self, node: NodeId, incarnation: u64) -> bool {
-        self.inner.memory_lost(node, incarnation)
     }
 }
 
-type Client = KvClient<Recorded<EmulatedFabric>, SystemClock>;
+type Client = KvClient<Traced<EmulatedFabric, Recorder>, SystemClock>;
 
 fn store(dir: &ScratchDir) -> ShmStore {
     let params = ClusterParams {
@@ -121,10 +76,7 @@ fn store(dir: &ScratchDir) -> ShmStore {
 fn client(store: &ShmStore) -> Client {
     let header = *store.header();
     KvClient::connect(
-        Recorded {
-            inner: store.fabric(),
-            events: RefCell::default(),
-        },
+        Traced::new(store.fabric(), Recorder::default()),
         SystemClock::new(header.epoch_unix_ns, header.tick_ns),
         *store.layout(),
         store.config(),
@@ -157,7 +109,7 @@ enum Kind {
 /// Runs `OPS` operations of `kind` at once on `c`, one per key, and checks their
 /// answers (an update writes round `round`'s values, a get expects them).
 fn run(c: &Client, kind: Kind, interleaved: bool, round: u8) {
-    c.fabric().reset();
+    c.fabric().tracer().reset();
     let mut executor = LocalExecutor::new();
     for i in 0..OPS {
         executor.spawn(async move {
@@ -232,7 +184,7 @@ fn interleaved_gets_and_updates_of_cached_keys_hint_every_register_before_any_po
                 round += 1;
             }
             run(&c, kind, interleaved, round);
-            let events = c.fabric().events.borrow();
+            let events = c.fabric().tracer().events.borrow();
             let before = hinted_before_first_post(&events, &registers, &register_area);
             let expected = if interleaved { OPS } else { 1 };
             assert_eq!(
@@ -264,7 +216,7 @@ fn interleaved_gets_of_uncached_keys_hint_their_buckets_before_any_reads_them() 
         // A fresh client: no key is cached, every get asks the index first.
         let c = client(&store);
         run(&c, Kind::Get, interleaved, 0);
-        let events = c.fabric().events.borrow();
+        let events = c.fabric().tracer().events.borrow();
         let first_index_post = events
             .iter()
             .position(|e| matches!(e, Event::Post { addrs } if addrs.iter().any(|a| index_area.contains(a))))

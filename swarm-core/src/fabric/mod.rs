@@ -50,11 +50,13 @@ mod batch;
 mod error;
 mod faults;
 mod slab;
+mod trace;
 
 pub use batch::{Batch, Completion, MAX_BATCH_OPS, Op, OpOutput, Payload};
 pub use error::{FabricError, FailureCause};
 pub use faults::{EmulatedRtt, FailNodes};
 pub use slab::TicketSlab;
+pub use trace::{Traced, Tracer};
 
 use core::fmt;
 use core::task::Poll;
