@@ -10,14 +10,11 @@
 //! majority of the old register may be the one that removed the old value: it must
 //! not remove the new one too.
 
-mod fault_support;
-
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
-use fault_support::ErroringNodes;
 use swarm_core::encoding::{Flag, Timestamp, Tsp, WriterId};
-use swarm_core::fabric::{Op, Traced, Tracer};
+use swarm_core::fabric::{Crash, Op, Traced, Tracer};
 use swarm_core::{Batch, NodeId, OpStats, Roundtrip, block_on};
 use swarm_kv::clock::SystemClock;
 use swarm_kv::layout::ClusterParams;
@@ -25,7 +22,7 @@ use swarm_kv::{DeleteOutcome, KvClient, KvConfig, KvError, ShmStore};
 use swarm_shm::EmulatedFabric;
 use swarm_shm::ScratchDir;
 
-type Client = KvClient<ErroringNodes<EmulatedFabric>, SystemClock>;
+type Client = KvClient<EmulatedFabric, SystemClock>;
 
 fn store(dir: &ScratchDir) -> ShmStore {
     let params = ClusterParams {
@@ -41,7 +38,7 @@ fn store(dir: &ScratchDir) -> ShmStore {
 fn client(store: &ShmStore, config: KvConfig) -> Client {
     let header = *store.header();
     KvClient::connect(
-        ErroringNodes::new(store.fabric()),
+        store.fabric(),
         SystemClock::new(header.epoch_unix_ns, header.tick_ns),
         *store.layout(),
         config,
@@ -80,7 +77,7 @@ fn stale_cache_behind_a_missed_delete(a: &Client, b: &Client, c: &Client) -> Vec
         Some(b"old".to_vec())
     );
     let old = replicas(a, b"k");
-    b.fabric().fail(old[1]);
+    b.fabric().fail_node_as(old[1], Crash::Erroring);
     assert_eq!(
         block_on(b.fabric(), b.delete(b"k", &stats)).unwrap(),
         DeleteOutcome::Removed
@@ -117,7 +114,7 @@ fn a_delete_through_a_stale_cache_that_cannot_decide_changes_nothing() {
     // Now `a` cannot reach the third replica: whether its tombstone is first on a
     // majority of the old register (then it may be the delete that removed the old
     // value, and must not remove the new one) hinges on that node.
-    a.fabric().fail(old[2]);
+    a.fabric().fail_node_as(old[2], Crash::Erroring);
     let stats = OpStats::new();
     match block_on(a.fabric(), a.delete(b"k", &stats)) {
         Err(KvError::DeleteUndecided { .. }) => {}

@@ -2,6 +2,7 @@
 //! and a concurrent history checked for linearizability.
 
 use swarm_checker::OpKind;
+use swarm_core::fabric::Crash;
 use swarm_core::{NodeId, OpStats, block_on, block_on_future};
 use swarm_kv::clock::SystemClock;
 use swarm_kv::layout::ClusterParams;
@@ -10,9 +11,6 @@ use swarm_shm::ScratchDir;
 
 mod history_support;
 use history_support::{Lcg, run_checked_threads, run_recorded};
-
-mod fault_support;
-use fault_support::ErroringNodes;
 
 fn store(dir: &ScratchDir) -> ShmStore {
     let params = ClusterParams {
@@ -195,7 +193,7 @@ fn a_delete_whose_unmap_fails_still_deleted_the_key() {
     let store = ShmStore::create(dir.path(), 5, 16 << 20, params).expect("create");
     let header = *store.header();
     let c = KvClient::connect(
-        ErroringNodes::new(store.fabric()),
+        store.fabric(),
         SystemClock::new(header.epoch_unix_ns, header.tick_ns),
         *store.layout(),
         store.config(),
@@ -211,9 +209,9 @@ fn a_delete_whose_unmap_fails_still_deleted_the_key() {
     // One replica and both other nodes fail: the register keeps a quorum (2 of 3),
     // the index, replicated on all 5 nodes, loses its majority. The tombstone is
     // written (the delete took effect), the unmap cannot be.
-    f.fail(replicas[2]);
+    f.fail_node_as(replicas[2], Crash::Erroring);
     for node in (0..5).map(NodeId).filter(|n| !replicas.contains(n)) {
-        f.fail(node);
+        f.fail_node_as(node, Crash::Erroring);
     }
     assert_eq!(
         block_on(f, c.delete(b"gone", &stats)).unwrap(),

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use swarm_core::fabric::{Crash, FailNodes};
 use swarm_core::{NodeId, OpStats, block_on};
 use swarm_kv::ShmStore;
 use swarm_kv::layout::ClusterParams;
@@ -16,9 +17,6 @@ use swarm_kv::repair::{RepairError, RepairOptions};
 use swarm_kv::store::Store;
 use swarm_kv::{DeleteOutcome, KvError};
 use swarm_shm::{ScratchDir, ShmCluster};
-
-mod fault_support;
-use fault_support::ErroringNodes;
 
 fn params() -> ClusterParams {
     ClusterParams {
@@ -263,7 +261,7 @@ fn a_donor_failing_during_the_copy_stops_the_repair_and_a_second_repair_admits_t
     // The copy's fabric loses node 2 after the first piece.
     let raw = Arc::new(ShmCluster::open_quietly(dir.path()).unwrap());
     let incarnation = raw.incarnation_of(NodeId(1)).expect("node 1's new file");
-    let fabric = ErroringNodes::new(raw.client());
+    let fabric = FailNodes::new(raw.client());
     let mut pieces = 0;
     let failed = block_on(
         &fabric,
@@ -275,7 +273,7 @@ fn a_donor_failing_during_the_copy_stops_the_repair_and_a_second_repair_admits_t
             NO_WAIT,
             |_, _| {
                 pieces += 1;
-                fabric.fail(NodeId(2));
+                fabric.fail_node_as(NodeId(2), Crash::Erroring);
             },
         ),
     );

@@ -6,7 +6,10 @@
 //! * [`FailNodes`] makes chosen memory nodes crashed *for this client* (SWARM §2.1: a
 //!   crashed node stops answering): batches posted to them are not executed and never
 //!   complete, and batches in flight to them when they fail are lost too. The protocol
-//!   waits for a majority, never for all, so a crashed minority costs nothing.
+//!   waits for a majority, never for all, so a crashed minority costs nothing. A node
+//!   can also crash the way an RDMA memory node's crash looks to its clients
+//!   ([`Crash::Erroring`]): its batches fail at once with
+//!   [`FabricError::NodeFailed`].
 //! * [`EmulatedRtt`] delivers every completion a fixed roundtrip time after its batch
 //!   was posted, on the inner fabric's clock ([`Fabric::now`]), so that a fabric that
 //!   completes batches at once (shared memory) behaves like one with network latency:
@@ -26,11 +29,36 @@ use alloc::vec::Vec;
 use core::cell::{Cell, RefCell};
 use core::task::Poll;
 
-use super::{Batch, Completion, Fabric, FabricError, Nanos, NodeId, Submitted, Ticket};
+use super::{
+    Batch, Completion, Fabric, FabricError, FailureCause, Nanos, NodeId, Submitted, Ticket,
+};
 
 /// Tickets of batches posted to a failed node carry this bit; the inner fabric's
 /// tickets never do (see [`FailNodes`]).
 const LOST: u32 = 1 << 31;
+
+/// How a node crashed by [`FailNodes::fail_node_as`] looks to the client.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Crash {
+    /// It stops answering: its batches, posted or in flight, never complete (a
+    /// shared-memory node, or a network that drops everything).
+    Silent,
+    /// Its batches, posted or in flight, fail at once with
+    /// [`FabricError::NodeFailed`] (cause [`FailureCause::Crashed`]), as the RDMA
+    /// transport fails those of a node whose queue pair broke.
+    Erroring,
+}
+
+/// A ticket of [`FailNodes`]' own, for a batch posted to a failed node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Held {
+    /// The number is free.
+    Free,
+    /// The batch never completes.
+    Lost,
+    /// The batch failed: its error is due at the next poll.
+    Failed(NodeId),
+}
 
 /// A fabric on which chosen nodes are crashed for this client; see the module docs.
 ///
@@ -41,14 +69,15 @@ const LOST: u32 = 1 << 31;
 #[derive(Debug)]
 pub struct FailNodes<F> {
     inner: F,
-    failed: RefCell<Vec<bool>>,
+    failed: RefCell<Vec<Option<Crash>>>,
     /// Whether any node failed: until then, polls go straight to the inner fabric.
     any_failed: Cell<bool>,
     /// Node of each inner ticket, indexed by ticket number (a batch in flight to a
     /// node that fails is lost too).
     node_of: RefCell<Vec<u16>>,
-    /// Batches posted to failed nodes and not forgotten yet: they never complete.
-    lost: RefCell<Vec<bool>>,
+    /// Batches posted to failed nodes and not polled to an error or forgotten yet,
+    /// by ticket number without [`LOST`].
+    held: RefCell<Vec<Held>>,
 }
 
 impl<F: Fabric> FailNodes<F> {
@@ -57,29 +86,38 @@ impl<F: Fabric> FailNodes<F> {
         let nodes = inner.node_count();
         Self {
             inner,
-            failed: RefCell::new(alloc::vec![false; nodes]),
+            failed: RefCell::new(alloc::vec![None; nodes]),
             any_failed: Cell::new(false),
             node_of: RefCell::new(Vec::new()),
-            lost: RefCell::new(Vec::new()),
+            held: RefCell::new(Vec::new()),
         }
     }
 
-    /// Crashes `node` for this client: batches posted to it from now on never
-    /// complete, nor do those still in flight. Unknown nodes are ignored.
+    /// Crashes `node` for this client, silently: batches posted to it from now on
+    /// never complete, nor do those still in flight. Unknown nodes are ignored.
     pub fn fail_node(&self, node: NodeId) {
-        if let Some(flag) = self.failed.borrow_mut().get_mut(node.index()) {
-            *flag = true;
+        self.fail_node_as(node, Crash::Silent);
+    }
+
+    /// Crashes `node` for this client the way `crash` says: batches posted to it
+    /// from now on, and those still in flight, never complete ([`Crash::Silent`]) or
+    /// fail at once ([`Crash::Erroring`]). Unknown nodes are ignored.
+    pub fn fail_node_as(&self, node: NodeId, crash: Crash) {
+        if let Some(state) = self.failed.borrow_mut().get_mut(node.index()) {
+            *state = Some(crash);
             self.any_failed.set(true);
         }
     }
 
-    /// Whether `node` was crashed with [`FailNodes::fail_node`].
+    /// Whether `node` was crashed with [`FailNodes::fail_node`] or
+    /// [`FailNodes::fail_node_as`].
     pub fn is_failed(&self, node: NodeId) -> bool {
-        self.failed
-            .borrow()
-            .get(node.index())
-            .copied()
-            .unwrap_or(false)
+        self.crash_of(node).is_some()
+    }
+
+    /// How `node` crashed, if it did.
+    fn crash_of(&self, node: NodeId) -> Option<Crash> {
+        self.failed.borrow().get(node.index()).copied().flatten()
     }
 
     /// The wrapped fabric.
@@ -89,17 +127,20 @@ impl<F: Fabric> FailNodes<F> {
 }
 
 impl<F: Fabric> FailNodes<F> {
-    /// A ticket for a batch posted to a failed node: it never completes.
-    fn lost_ticket(&self) -> Ticket {
-        let mut lost = self.lost.borrow_mut();
-        let index = match lost.iter().position(|&used| !used) {
+    /// A ticket for a batch posted to `node`, which crashed as `crash` says.
+    fn held_ticket(&self, node: NodeId, crash: Crash) -> Ticket {
+        let mut held = self.held.borrow_mut();
+        let index = match held.iter().position(|&h| h == Held::Free) {
             Some(free) => free,
             None => {
-                lost.push(false);
-                lost.len() - 1
+                held.push(Held::Free);
+                held.len() - 1
             }
         };
-        lost[index] = true;
+        held[index] = match crash {
+            Crash::Silent => Held::Lost,
+            Crash::Erroring => Held::Failed(node),
+        };
         Ticket(LOST | index as u32)
     }
 
@@ -123,8 +164,10 @@ impl<F: Fabric> Fabric for FailNodes<F> {
     }
 
     fn post(&self, node: NodeId, batch: Batch) -> Ticket {
-        if self.any_failed.get() && self.is_failed(node) {
-            return self.lost_ticket();
+        if self.any_failed.get()
+            && let Some(crash) = self.crash_of(node)
+        {
+            return self.held_ticket(node, crash);
         }
         let ticket = self.inner.post(node, batch);
         self.track(node, ticket)
@@ -143,8 +186,13 @@ impl<F: Fabric> Fabric for FailNodes<F> {
 
     #[inline]
     fn submit(&self, node: NodeId, batch: &mut Batch, reply: &mut Completion) -> Submitted {
-        if self.any_failed.get() && self.is_failed(node) {
-            return Submitted::Posted(self.lost_ticket());
+        if self.any_failed.get()
+            && let Some(crash) = self.crash_of(node)
+        {
+            return match crash {
+                Crash::Silent => Submitted::Posted(self.held_ticket(node, crash)),
+                Crash::Erroring => Submitted::Failed(crashed(node)),
+            };
         }
         match self.inner.submit(node, batch, reply) {
             Submitted::Posted(ticket) => Submitted::Posted(self.track(node, ticket)),
@@ -158,19 +206,41 @@ impl<F: Fabric> Fabric for FailNodes<F> {
             return self.inner.poll(ticket);
         }
         if ticket.0 & LOST != 0 {
-            return Poll::Pending;
+            let mut held = self.held.borrow_mut();
+            return match held.get_mut((ticket.0 & !LOST) as usize) {
+                Some(Held::Lost) => Poll::Pending,
+                Some(h @ Held::Failed(_)) => {
+                    let Held::Failed(node) = core::mem::replace(h, Held::Free) else {
+                        unreachable!("matched above")
+                    };
+                    Poll::Ready(Err(crashed(node)))
+                }
+                Some(Held::Free) | None => Poll::Ready(Err(FabricError::UnknownTicket(ticket.0))),
+            };
         }
-        let node = self.node_of.borrow().get(ticket.0 as usize).copied();
-        if node.is_some_and(|node| self.is_failed(NodeId(node))) {
-            return Poll::Pending;
+        let node = self
+            .node_of
+            .borrow()
+            .get(ticket.0 as usize)
+            .map(|&n| NodeId(n));
+        let Some((node, crash)) = node.and_then(|node| Some((node, self.crash_of(node)?))) else {
+            return self.inner.poll(ticket);
+        };
+        match crash {
+            Crash::Silent => Poll::Pending,
+            // In flight when its node crashed: it fails, and the inner fabric's
+            // result, if it ever comes, is dropped.
+            Crash::Erroring => {
+                self.inner.forget(ticket);
+                Poll::Ready(Err(crashed(node)))
+            }
         }
-        self.inner.poll(ticket)
     }
 
     fn forget(&self, ticket: Ticket) {
         if ticket.0 & LOST != 0 {
-            if let Some(used) = self.lost.borrow_mut().get_mut((ticket.0 & !LOST) as usize) {
-                *used = false;
+            if let Some(h) = self.held.borrow_mut().get_mut((ticket.0 & !LOST) as usize) {
+                *h = Held::Free;
             }
             return;
         }
@@ -205,6 +275,14 @@ impl<F: Fabric> Fabric for FailNodes<F> {
 
     fn memory_lost(&self, node: NodeId, incarnation: u64) -> bool {
         self.inner.memory_lost(node, incarnation)
+    }
+}
+
+/// The error of a batch to a node crashed with [`Crash::Erroring`].
+fn crashed(node: NodeId) -> FabricError {
+    FabricError::NodeFailed {
+        node,
+        cause: FailureCause::Crashed,
     }
 }
 
@@ -643,6 +721,63 @@ mod tests {
         fabric.forget(dead);
         let again = fabric.post(NodeId(2), Batch::read(0, 8));
         assert_eq!(again, dead);
+    }
+
+    /// A node crashed as an RDMA node's crash looks: its batches fail at once, posted
+    /// or submitted, and so do those in flight when it crashed; its memory is not
+    /// touched, and the other nodes are not affected.
+    #[test]
+    fn an_erroring_node_fails_every_batch_at_once_and_the_others_complete() {
+        let cluster = MemCluster::new(3, 64);
+        let fabric = FailNodes::new(EmulatedRtt::new(cluster.client(), 5));
+        let in_flight = fabric.post(NodeId(2), Batch::write(8, alloc::vec![1; 8]));
+        let alive = fabric.post(NodeId(0), Batch::write(8, alloc::vec![1; 8]));
+        fabric.fail_node_as(NodeId(2), Crash::Erroring);
+        assert!(fabric.is_failed(NodeId(2)) && !fabric.is_failed(NodeId(0)));
+        let error = FabricError::NodeFailed {
+            node: NodeId(2),
+            cause: FailureCause::Crashed,
+        };
+        let crashed = Err(error.clone());
+        assert_eq!(ready(&fabric, in_flight), Some(crashed.clone()));
+        let posted = fabric.post(NodeId(2), Batch::write(16, alloc::vec![2; 8]));
+        assert_eq!(ready(&fabric, posted), Some(crashed));
+        assert_eq!(
+            ready(&fabric, posted),
+            Some(Err(FabricError::UnknownTicket(posted.0))),
+            "an error is delivered once"
+        );
+        assert_eq!(
+            fabric.post(NodeId(2), Batch::read(0, 8)),
+            posted,
+            "polled tickets are reused"
+        );
+        let mut reply = Completion::new();
+        let submitted = fabric.submit(NodeId(2), &mut Batch::read(0, 8), &mut reply);
+        assert!(
+            matches!(&submitted, Submitted::Failed(e) if *e == error),
+            "{submitted:?}"
+        );
+        fabric.post_detached(NodeId(2), Batch::write(24, alloc::vec![3; 8]));
+        while ready_after_progress(&fabric, alive).is_none() {}
+        let check = cluster.client();
+        // The batch in flight when node 2 crashed had landed (an emulated latency
+        // delays completions, not effects): only its completion failed. Nothing
+        // posted to the node after the crash was executed.
+        for (node, at, want) in [(0u16, 8, 1u8), (2, 8, 1), (2, 16, 0), (2, 24, 0)] {
+            let t = check.post(NodeId(node), Batch::read(at, 8));
+            let read = ready(&check, t).unwrap().unwrap();
+            assert_eq!(read.read(0), Some(&[want; 8][..]), "node {node} at {at}");
+        }
+    }
+
+    /// Polls `ticket` after one `progress` of `fabric`.
+    fn ready_after_progress<F: Fabric>(
+        fabric: &F,
+        ticket: Ticket,
+    ) -> Option<Result<Completion, FabricError>> {
+        fabric.progress();
+        ready(fabric, ticket)
     }
 
     #[test]

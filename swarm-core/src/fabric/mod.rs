@@ -54,7 +54,7 @@ mod trace;
 
 pub use batch::{Batch, Completion, MAX_BATCH_OPS, Op, OpOutput, Payload};
 pub use error::{FabricError, FailureCause};
-pub use faults::{EmulatedRtt, FailNodes};
+pub use faults::{Crash, EmulatedRtt, FailNodes};
 pub use slab::TicketSlab;
 pub use trace::{Traced, Tracer};
 
