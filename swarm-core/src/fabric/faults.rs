@@ -207,15 +207,17 @@ impl<F: Fabric> Fabric for FailNodes<F> {
         }
         if ticket.0 & LOST != 0 {
             let mut held = self.held.borrow_mut();
-            return match held.get_mut((ticket.0 & !LOST) as usize) {
-                Some(Held::Lost) => Poll::Pending,
-                Some(h @ Held::Failed(_)) => {
-                    let Held::Failed(node) = core::mem::replace(h, Held::Free) else {
-                        unreachable!("matched above")
-                    };
+            let unknown = Poll::Ready(Err(FabricError::UnknownTicket(ticket.0)));
+            let Some(h) = held.get_mut((ticket.0 & !LOST) as usize) else {
+                return unknown;
+            };
+            return match *h {
+                Held::Lost => Poll::Pending,
+                Held::Failed(node) => {
+                    *h = Held::Free;
                     Poll::Ready(Err(crashed(node)))
                 }
-                Some(Held::Free) | None => Poll::Ready(Err(FabricError::UnknownTicket(ticket.0))),
+                Held::Free => unknown,
             };
         }
         let node = self
@@ -223,17 +225,15 @@ impl<F: Fabric> Fabric for FailNodes<F> {
             .borrow()
             .get(ticket.0 as usize)
             .map(|&n| NodeId(n));
-        let Some((node, crash)) = node.and_then(|node| Some((node, self.crash_of(node)?))) else {
-            return self.inner.poll(ticket);
-        };
-        match crash {
-            Crash::Silent => Poll::Pending,
+        match node.map(|node| (node, self.crash_of(node))) {
+            Some((_, Some(Crash::Silent))) => Poll::Pending,
             // In flight when its node crashed: it fails, and the inner fabric's
             // result, if it ever comes, is dropped.
-            Crash::Erroring => {
+            Some((node, Some(Crash::Erroring))) => {
                 self.inner.forget(ticket);
                 Poll::Ready(Err(crashed(node)))
             }
+            Some((_, None)) | None => self.inner.poll(ticket),
         }
     }
 
