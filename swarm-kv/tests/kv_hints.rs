@@ -3,11 +3,12 @@
 //! every operation in flight on a thread has hinted before any of them touches its
 //! own memory and their cache misses overlap (ARCHITECTURE "Speed on shared memory").
 //!
-//! Checked on shared memory through a fabric that records, in order, every hint and
-//! every batch: a get or update whose key is cached hints its register; one whose key
-//! is not (a fresh client) hints its index buckets first. Without interleaving (the
-//! control case, which shows the test tells the two apart) the first operation posts
-//! before the others have hinted anything. The operations' answers are checked too.
+//! Checked on shared memory through a traced fabric (`Traced`) that records, in
+//! order, every hint and every batch: a get or update whose key is cached hints its
+//! register; one whose key is not (a fresh client) hints its index buckets first.
+//! Without interleaving (the control case, which shows the test tells the two apart)
+//! the first operation posts before the others have hinted anything. The operations'
+//! answers are checked too.
 
 use std::cell::RefCell;
 use std::ops::Range;
@@ -22,7 +23,7 @@ use swarm_shm::{EmulatedFabric, ScratchDir};
 /// Operations in flight at once.
 const OPS: usize = 4;
 
-/// What a [`Recorded`] fabric saw, in order.
+/// What a [`Recorder`] saw, in order.
 #[derive(Clone, Debug)]
 enum Event {
     /// A hint of `addr..addr + len` on a node.

@@ -29,9 +29,8 @@ pub trait Tracer {
     }
 
     /// The batch shown last ([`Tracer::batch`], [`Tracer::detached`]) was handed to
-    /// the inner fabric; a
-    /// fabric over local memory (shared memory, the in-process fabric) has executed
-    /// it by now.
+    /// the inner fabric; a fabric over local memory (shared memory, the in-process
+    /// fabric) has executed it by now.
     fn posted(&self, node: NodeId) {
         let _ = node;
     }
