@@ -212,11 +212,8 @@ impl OpStats {
     /// the fabric's clock ([`crate::Fabric::now`]).
     pub const fn with_deadline(deadline: Nanos) -> Self {
         Self {
-            roundtrips: Cell::new(0),
-            iterations: Cell::new(0),
-            recycled_fetches: Cell::new(0),
             deadline: Cell::new(deadline),
-            interleaved: false,
+            ..Self::new()
         }
     }
 

@@ -255,7 +255,8 @@ impl LocationCache {
         if let Some(i) = self.find(hash, key) {
             let entry = &mut self.entries[i];
             if entry.location.register == location.register {
-                merge(&mut entry.location.knowledge, &location.knowledge);
+                // What two operations learned of one register: the larger wins.
+                entry.location.knowledge.merge(&location.knowledge);
                 entry.location.vouched_at = entry.location.vouched_at.max(location.vouched_at);
             } else {
                 entry.location = location;
@@ -324,11 +325,6 @@ impl LocationCache {
             self.table.renumber(moved.hash, last, i as u32);
         }
     }
-}
-
-/// Merges what two operations learned about one register: the larger knowledge wins.
-fn merge(into: &mut RegisterCache, from: &RegisterCache) {
-    into.merge(from);
 }
 
 #[cfg(test)]
