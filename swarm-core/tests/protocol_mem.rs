@@ -7,8 +7,9 @@ use swarm_core::encoding::{Flag, Timestamp, Tsp};
 use swarm_core::fabric::FailNodes;
 use swarm_core::layout::Layout;
 use swarm_core::{
-    Batch, Client, DeleteOutcome, FirstDeleter, NodeId, OpStats, ProtocolConfig, ReadValue,
-    RegisterCache, RegisterLoc, Replicas, Roundtrip, WriteOutcome, block_on, block_on_future,
+    Batch, Client, DeleteOutcome, FirstDeleter, FreshOutcome, NodeId, OpStats, ProtocolConfig,
+    ReadValue, RegisterCache, RegisterLoc, Replicas, Roundtrip, WriteOutcome, block_on,
+    block_on_future,
 };
 use swarm_core::{MemCluster, MemFabric};
 
@@ -336,4 +337,147 @@ fn reads_repair_the_in_place_copy_on_a_new_primary() {
     // From now on the new primary answers in place: one roundtrip.
     assert_eq!(read("read after the repair"), 1);
     assert_eq!(read("read after the repair, again"), 1);
+}
+
+/// `len` bytes at `addr` on `node`, read directly.
+fn node_bytes(cluster: &MemCluster, node: NodeId, addr: u64, len: u32) -> Vec<u8> {
+    let fabric = cluster.client();
+    let stats = OpStats::new();
+    block_on(&fabric, async {
+        let mut rt = Roundtrip::start(&fabric, &stats);
+        rt.post(node, Batch::read(addr, len))?;
+        rt.wait(1).await?;
+        Ok::<_, swarm_core::FabricError>(rt.replies()[0].1.read(0).unwrap().to_vec())
+    })
+    .unwrap()
+}
+
+/// The first write of a fresh register (SWARM §5.3.1): one roundtrip, VERIFIED at
+/// once, its prefix on every replica, and the value in place on every replica, so
+/// that a reader takes one roundtrip whichever replica it treats as the primary.
+#[test]
+fn a_fresh_write_takes_one_roundtrip_and_leaves_a_verified_value_in_place_everywhere() {
+    let cluster = MemCluster::new(3, 1 << 20);
+    let a = setup(0, 5, &cluster);
+    let b = setup(1, 9, &cluster);
+    let (reg, mut ca, mut cb) = (reg(), RegisterCache::new(), RegisterCache::new());
+    let prefix = [0xC3u8; 24];
+    let s = OpStats::new();
+    let out = block_on(
+        a.fabric(),
+        a.write_fresh(&reg, &mut ca, &s, b"first", &prefix),
+    )
+    .unwrap();
+    assert_eq!(out, FreshOutcome::Written);
+    assert_eq!(s.roundtrips(), 1);
+    let verified = Tsp::new(
+        Timestamp::new(5, WriterId::new(0).unwrap()).unwrap(),
+        Flag::Verified,
+    );
+    for p in 0..3 {
+        let node = reg.replicas.node(p);
+        let before = node_bytes(&cluster, node, reg.addr - 24, 24);
+        assert_eq!(before, prefix, "replica {p}'s prefix");
+        assert!(
+            meta_words(&cluster, &reg, node).contains(&verified),
+            "replica {p} holds the write, VERIFIED"
+        );
+    }
+    // Readers return it at once, also with the usual primary out of reach.
+    let s = OpStats::new();
+    let got = block_on(b.fabric(), b.read(&reg, &mut cb, &s)).unwrap();
+    assert_eq!(got, ReadValue::Value(b"first".to_vec()));
+    assert_eq!(s.roundtrips(), 1);
+    let c = setup(2, 9, &cluster);
+    c.fabric().fail_node(reg.replicas.node(0));
+    let mut cc = RegisterCache::new();
+    let mut read = |what: &str| {
+        let s = OpStats::new();
+        let got = block_on(c.fabric(), c.read(&reg, &mut cc, &s)).unwrap();
+        assert_eq!(got, ReadValue::Value(b"first".to_vec()), "{what}");
+        s.roundtrips()
+    };
+    assert!(read("read through the timeout") >= 2);
+    // The next primary already holds the value in place: no buffer fetch, no repair
+    // (after an ordinary write this read takes two, `reads_repair_the_in_place_copy_on_a_new_primary`).
+    assert_eq!(read("read from the new primary"), 1);
+    // Later writes, by the fresh writer and another one, go the common way.
+    for (i, (w, cache)) in [(&a, &mut ca), (&b, &mut cb)].into_iter().enumerate() {
+        let s = OpStats::new();
+        let out = block_on_future(w.fabric(), w.write(&reg, cache, &s, &[i as u8; 3])).unwrap();
+        assert_eq!(out, Ok(WriteOutcome::Written));
+        assert_eq!(s.roundtrips(), 1, "write {i}");
+        let got = block_on(
+            c.fabric(),
+            c.read(&reg, &mut RegisterCache::new(), &OpStats::new()),
+        );
+        assert_eq!(got.unwrap(), ReadValue::Value(vec![i as u8; 3]));
+    }
+}
+
+/// A register that is not fresh is never overwritten below what it holds: the write
+/// reports it, and the value it held is still there.
+#[test]
+fn a_fresh_write_into_a_used_register_reports_it_and_loses_nothing() {
+    let cluster = MemCluster::new(3, 1 << 20);
+    let a = setup(0, 50, &cluster);
+    let b = setup(1, 5, &cluster);
+    let (reg, mut ca, mut cb) = (reg(), RegisterCache::new(), RegisterCache::new());
+    block_on(a.fabric(), a.write(&reg, &mut ca, &OpStats::new(), b"kept")).unwrap();
+    let out = block_on(
+        b.fabric(),
+        b.write_fresh(&reg, &mut cb, &OpStats::new(), b"lost?", &[]),
+    )
+    .unwrap();
+    assert_eq!(out, FreshOutcome::NotFresh);
+    let got = block_on(
+        a.fabric(),
+        a.read(&reg, &mut RegisterCache::new(), &OpStats::new()),
+    );
+    assert_eq!(got.unwrap(), ReadValue::Value(b"kept".to_vec()));
+    // The ordinary write that follows still takes effect.
+    let out = block_on(b.fabric(), b.write(&reg, &mut cb, &OpStats::new(), b"next")).unwrap();
+    assert_eq!(out, WriteOutcome::Written);
+    let got = block_on(
+        a.fabric(),
+        a.read(&reg, &mut RegisterCache::new(), &OpStats::new()),
+    );
+    assert_eq!(got.unwrap(), ReadValue::Value(b"next".to_vec()));
+}
+
+/// A crashed replica is masked: the write needs a majority only.
+#[test]
+fn a_fresh_write_masks_a_crashed_replica_and_rejects_a_prefix_before_address_0() {
+    let cluster = MemCluster::new(3, 1 << 20);
+    let a = setup(0, 5, &cluster);
+    let (reg, mut ca) = (reg(), RegisterCache::new());
+    a.fabric().fail_node(reg.replicas.node(1));
+    let s = OpStats::new();
+    let out = block_on(a.fabric(), a.write_fresh(&reg, &mut ca, &s, b"x", b"key"));
+    assert_eq!(out.unwrap(), FreshOutcome::Written);
+    assert_eq!(s.roundtrips(), 1);
+    let got = block_on(
+        a.fabric(),
+        a.read(&reg, &mut RegisterCache::new(), &OpStats::new()),
+    );
+    assert_eq!(got.unwrap(), ReadValue::Value(b"x".to_vec()));
+    let low = RegisterLoc {
+        addr: 8,
+        replicas: reg.replicas.clone(),
+    };
+    let out = block_on_future(
+        a.fabric(),
+        a.write_fresh(
+            &low,
+            &mut RegisterCache::new(),
+            &OpStats::new(),
+            b"x",
+            &[0; 16],
+        ),
+    )
+    .unwrap();
+    assert_eq!(
+        out,
+        Err(swarm_core::SwarmError::PrefixTooLong { len: 16, addr: 8 })
+    );
 }

@@ -8,7 +8,8 @@
 //!   write that finds a tombstone changed nothing (the protocol locks its guess out):
 //!   flush, unmap the dead register in case its deleter crashed, and retry.
 //! * **insert** — write the key header and the value into a fresh pre-cleared register
-//!   (one roundtrip, both in flight together), then map the key to it in the index.
+//!   (one roundtrip, one batch per replica: `swarm_core`'s `Client::write_fresh`), then
+//!   map the key to it in the index.
 //!   If the key already maps to a live register the insert becomes an update of that
 //!   register; if it maps to a deleted one, the mapping is replaced (§5.3.1).
 //!   Writing the value *before* publishing the mapping means an indexed register is
@@ -54,8 +55,8 @@ use swarm_core::fabric::Nanos;
 use swarm_core::quorum::broadcast;
 use swarm_core::resume::scan_log;
 use swarm_core::{
-    Batch, Client, Clock, DeleteOutcome, DeleteVotes, Fabric, FirstDeleter, NodeId, OpStats,
-    ReadValue, RegisterCache, RegisterLoc, Replicas, WriteOutcome, yield_now,
+    Batch, Client, Clock, DeleteOutcome, DeleteVotes, Fabric, FirstDeleter, FreshOutcome, NodeId,
+    OpStats, ReadValue, RegisterCache, RegisterLoc, Replicas, WriteOutcome, yield_now,
 };
 use xxhash_rust::xxh3::xxh3_64;
 
@@ -1050,6 +1051,64 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         })
     }
 
+    /// Writes `payload` into the fresh, unpublished register `fresh` with its key
+    /// `header` (at `header_at`) on every replica. Safe-Guess does both in one batch
+    /// per replica (`swarm_core`'s `write_fresh`: the register races nothing before
+    /// it is published); the baselines write the header next to an ordinary write.
+    async fn write_fresh(
+        &self,
+        fresh: &mut Located,
+        stats: &OpStats,
+        header_at: u64,
+        header: &[u8],
+        payload: &[u8],
+    ) -> Result<(), KvError> {
+        let fabric = self.swarm.fabric();
+        if self.protocol == RegisterProtocol::SafeGuess {
+            // The header area ends where the register starts: the header, zero-padded
+            // to it, goes in the same write as the value's in-place copy.
+            let area = fresh.loc.addr.saturating_sub(header_at) as usize;
+            if header.len() > area {
+                return Err(KvError::Corrupted {
+                    register: fresh.register,
+                });
+            }
+            let mut prefix = Vec::with_capacity(area);
+            prefix.extend_from_slice(header);
+            prefix.resize(area, 0);
+            let outcome = self
+                .swarm
+                .write_fresh(&fresh.loc, &mut fresh.knowledge, stats, payload, &prefix)
+                .await?;
+            if outcome == FreshOutcome::Written {
+                return Ok(());
+            }
+            // Not cleared (a recycling bug): the ordinary write handles any state.
+            // The header is already where the replicas answered.
+        }
+        let replicas = fresh.loc.replicas.clone();
+        // The header goes to every replica: let their cache misses overlap (the value
+        // write hints its own bytes, `swarm_core`'s write round).
+        for &node in replicas.nodes() {
+            fabric.prefetch(node, header_at, header.len() as u64);
+        }
+        let (header_stats, value_stats) = (stats.branch(), stats.branch());
+        let write_header = async {
+            let nodes = replicas.nodes().iter().copied();
+            broadcast(fabric, &header_stats, nodes, replicas.quorum(), |_| {
+                Ok(Batch::write(header_at, header.to_vec()))
+            })
+            .await
+            .map(drop)
+        };
+        let write_value = self.write_register(fresh, &value_stats, payload);
+        let (header_written, value_written) = swarm_core::join(write_header, write_value).await;
+        stats.join_branches(&[&header_stats, &value_stats]);
+        header_written?;
+        value_written?;
+        Ok(())
+    }
+
     async fn write_register(
         &self,
         located: &mut Located,
@@ -1280,42 +1339,24 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
     ) -> Result<Published, KvError> {
         let fabric = self.swarm.fabric();
         let register = fresh.register;
-        // The key header and the value, in flight together (§5.3.1).
         let header_at = self
             .layout
             .key_header(register)
             .ok_or(KvError::Corrupted { register })?;
         let header = encode_key_header(key);
-        let replicas = fresh.loc.replicas.clone();
-        // The header goes to every replica: let their cache misses overlap (the value
-        // write hints its own bytes, `swarm_core`'s write round).
-        for &node in replicas.nodes() {
-            fabric.prefetch(node, header_at, header.len() as u64);
-        }
-        // Three steps in flight together, one roundtrip: the key header, the value,
+        // Two steps in flight together, one roundtrip: the key header with the value,
         // and the read of the key's index buckets (§5.3.1). The index changes only
         // once the header is on a majority (a register is never indexed before its
         // key header), in one more roundtrip on the fast path (`index::fast`).
-        let (header_stats, value_stats, read_stats) =
-            (stats.branch(), stats.branch(), stats.branch());
-        let write_header = async {
-            let nodes = replicas.nodes().iter().copied();
-            broadcast(fabric, &header_stats, nodes, replicas.quorum(), |_| {
-                Ok(Batch::write(header_at, header.clone()))
-            })
-            .await
-            .map(drop)
-        };
-        let write_value = self.write_register(fresh, &value_stats, payload);
+        let (write_stats, read_stats) = (stats.branch(), stats.branch());
+        let write = self.write_fresh(fresh, &write_stats, header_at, &header, payload);
         let read_sent = fabric.now();
         let read_index = self
             .index
             .read_for_insert(fabric, &read_stats, key, register, deadline);
-        let ((header_written, value_written), index_read) =
-            swarm_core::join(swarm_core::join(write_header, write_value), read_index).await;
-        stats.join_branches(&[&header_stats, &value_stats, &read_stats]);
-        header_written?;
-        value_written?;
+        let (written, index_read) = swarm_core::join(write, read_index).await;
+        stats.join_branches(&[&write_stats, &read_stats]);
+        written?;
         let mut index_read = Some((index_read, read_sent));
         for _ in 0..MAX_RETRIES {
             self.fence(deadline)?;

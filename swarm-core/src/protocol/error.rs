@@ -42,6 +42,17 @@ pub enum SwarmError {
         /// The write whose data is unreadable.
         tsp: crate::encoding::Tsp,
     },
+    /// The prefix of a fresh register's first write ([`crate::Client::write_fresh`])
+    /// is longer than the memory before the register: the caller's layout is wrong.
+    #[error(
+        "a prefix of {len} B does not fit before the register at {addr:#x}: check the store's layout"
+    )]
+    PrefixTooLong {
+        /// The prefix's length.
+        len: usize,
+        /// The register's address.
+        addr: u64,
+    },
     /// A Safe-Guess read exceeded its wait-freedom bound of `2·writers + 1`
     /// iterations (appendix C): a protocol bug, never expected.
     #[error(

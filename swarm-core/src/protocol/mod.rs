@@ -26,6 +26,7 @@ mod carried;
 mod client;
 pub mod delete;
 mod error;
+mod fresh;
 pub mod guess;
 pub mod inout;
 pub mod maxreg;
@@ -42,6 +43,7 @@ pub mod tslock;
 pub use client::{Client, ProtocolConfig};
 pub use delete::{DeleteOutcome, DeleteVotes, FirstDeleter, UNOWNED_TOMBSTONE};
 pub use error::SwarmError;
+pub use fresh::FreshOutcome;
 pub use register::{MAX_REPLICAS, RegisterCache, RegisterLoc, Replicas};
 pub use suspicion::Suspicion;
 

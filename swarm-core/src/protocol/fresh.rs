@@ -1,0 +1,177 @@
+//! The first write of a fresh register: one batch per replica, no guess, no
+//! background step (SWARM §5.3.1: "Clients pre-allocate cleared buffers so that this
+//! step completes in one roundtrip").
+//!
+//! A store that hands out registers (SWARM-KV's inserts) owns a *fresh* one until it
+//! publishes it: the register was reset on every replica (its metadata words cleared,
+//! SWARM §5.3.1) and no other client can name it, since it is in no index, cache or
+//! operation (the recycling grace, [`super::reclaim`] and the store's own recycling,
+//! guarantees it). Its first write races nothing, so the Safe-Guess machinery
+//! ([`super::safeguess`]) has nothing to arbitrate:
+//!
+//! ```text
+//! WRITE_FRESH(v, prefix):                        # the register is unpublished
+//!   w = (guessTs(), VERIFIED, v)
+//!   on every replica, one ordered batch:
+//!     read the metadata words                       # all ⊥ if the register is fresh
+//!     write v's record into w's out-of-place buffer
+//!     write prefix ++ v's record, ending in place   # the store's bytes, then the in-place copy
+//!     CAS own metadata word: ⊥ -> w
+//!   wait for a majority; written iff a majority read only ⊥ and their CAS found ⊥
+//! ```
+//!
+//! * **VERIFIED at once.** A Safe-Guess write marks its tuple VERIFIED once it is on a
+//!   majority (Lemma C.4); readers return a VERIFIED maximum without locking it. No
+//!   one reads the register before the store publishes it, which it does only after
+//!   this write returned, so by then `w` is on a majority, as VERIFIED requires.
+//! * **In place on every replica.** The record is written in place on every replica,
+//!   not only the primary (In-n-Out keeps it there, §4.3): the prefix must reach every
+//!   replica anyway, and the in-place copy makes the first reads take one roundtrip
+//!   whichever replica serves as the primary. In-place records are self-validating
+//!   (tsp and hash, [`super::maxreg`]), so a copy on a non-primary replica can only
+//!   ever match its own write.
+//! * **The out-of-place buffer** is written too, first: a reader that finds the
+//!   in-place copy torn (a write still landing) fetches the buffer, as for any write.
+//! * **The read and the CAS** check that the register is clean. One that is not (a
+//!   store's bug) never loses what it holds: the CAS only replaces a cleared word,
+//!   and any other writer's word, or a tombstone, stays the maximum where it is
+//!   above ours. [`FreshOutcome::NotFresh`] then tells the caller to run an ordinary
+//!   [`Client::write`], which handles any state. (The prefix and the in-place copy
+//!   were written anyway; the in-place copy is self-validating, and a reader that
+//!   finds it is not the maximum's write fetches the maximum's buffer.)
+//!
+//! The prefix lets a store write its own bytes just before the register in the same
+//! operation: SWARM-KV's key header, which must be on a majority before the key is
+//! indexed (`swarm_kv::index`, "Limits").
+
+use crate::clock::Clock;
+use crate::encoding::{Flag, Tsp};
+use crate::fabric::{Batch, Fabric, Op, Payload};
+use crate::layout::{SLOT_LOCK_BYTES, encode_record_for};
+use crate::roundtrip::OpStats;
+
+use super::inout::{self, MaxOutcome};
+use super::quorum::broadcast;
+use super::register::{RegisterCache, RegisterLoc};
+use super::{Client, SwarmError};
+
+/// How a [`Client::write_fresh`] ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FreshOutcome {
+    /// The value is on a majority, VERIFIED, and the prefix with it.
+    Written,
+    /// Fewer than a majority of the replicas showed every metadata word cleared: the
+    /// register was not fresh. The prefix was written where they answered;
+    /// nothing that was in the register is lost. Write the value with
+    /// [`Client::write`].
+    NotFresh,
+}
+
+impl<F: Fabric, C: Clock> Client<F, C> {
+    /// The first write of `payload` into a fresh, unpublished register (see the
+    /// module docs), with `prefix` stored right before the register, on every
+    /// replica, in the same batch. One roundtrip.
+    ///
+    /// The caller guarantees that no other client can reach `reg` until this returns
+    /// (the register is in no index or cache). `cache` must be the register's fresh
+    /// knowledge; it learns the words the CASes found.
+    pub async fn write_fresh(
+        &self,
+        reg: &RegisterLoc,
+        cache: &mut RegisterCache,
+        stats: &OpStats,
+        payload: &[u8],
+        prefix: &[u8],
+    ) -> Result<FreshOutcome, SwarmError> {
+        self.check_payload(payload)?;
+        let prefix_at =
+            reg.addr
+                .checked_sub(prefix.len() as u64)
+                .ok_or(SwarmError::PrefixTooLong {
+                    len: prefix.len(),
+                    addr: reg.addr,
+                })?;
+        let _slot = self.write_slot(reg).await;
+        let ts = self.allocate_waiting(stats, || self.guess_ts()).await?;
+        let _deadline = self.arm_deadline(stats);
+        let verified = Tsp::new(ts, Flag::Verified);
+        // Records carry their write without its flag (as `Client::write`'s do).
+        let record = encode_record_for(Tsp::new(ts, Flag::Guessed), Some(reg.addr), payload);
+        let buffer = self.layout.buffer_addr(ts).ok_or(SwarmError::Slot(
+            crate::layout::SlotError::NoLog(ts.writer()),
+        ))?;
+        let mut image = alloc::vec::Vec::with_capacity(prefix.len() + record.len());
+        image.extend_from_slice(prefix);
+        image.extend_from_slice(&record);
+        let (record, image): (Payload, Payload) = (
+            Payload::Shared(alloc::sync::Arc::from(record)),
+            Payload::Shared(alloc::sync::Arc::from(image)),
+        );
+        let word = self.layout.meta_word_addr(reg.addr, self.writer);
+        let record_at = buffer + u64::from(SLOT_LOCK_BYTES);
+        // Every replica's lines at once: their cache misses overlap.
+        for &node in reg.replicas.nodes() {
+            self.fabric.prefetch(node, record_at, record.len() as u64);
+            self.fabric.prefetch(node, prefix_at, image.len() as u64);
+            self.fabric.prefetch(node, word, 8);
+        }
+        if stats.is_interleaved() {
+            crate::exec::yield_now(&self.fabric).await;
+        }
+        self.track(reg, ts);
+        let q = reg.replicas.quorum();
+        let cleared = Tsp::EMPTY;
+        let rt = broadcast(
+            &self.fabric,
+            stats,
+            reg.replicas.nodes().iter().copied(),
+            q,
+            |_| {
+                let mut batch = Batch::new();
+                batch.push(inout::read_op(&self.layout, reg.addr, false))?;
+                batch.push(inout::buffer_write_op(buffer, record.clone()))?;
+                batch.push(Op::Write {
+                    addr: prefix_at,
+                    data: image.clone(),
+                })?;
+                batch.push(Op::Cas {
+                    addr: word,
+                    expected: cleared.word(),
+                    new: verified.word(),
+                })?;
+                Ok(batch)
+            },
+        )
+        .await?;
+        let mut holding = 0;
+        for (node, completion) in rt.replies() {
+            let (Some(p), Some(meta), Some(previous)) = (
+                reg.replicas.position(*node),
+                completion.read(0),
+                inout::cas_result(completion, 3),
+            ) else {
+                continue;
+            };
+            let found = inout::max_word(meta);
+            let now = match inout::max_outcome(cleared, verified, previous) {
+                MaxOutcome::Done(now) | MaxOutcome::Retry(now) => now,
+            };
+            cache.own_word.set(p, now);
+            cache.learn(p, found.max(now));
+            if found == cleared && previous == cleared {
+                holding += 1;
+            }
+        }
+        if holding < q {
+            tracing::warn!(
+                writer = self.writer.get(),
+                register = reg.addr,
+                holding,
+                "a fresh register's metadata was not cleared on a majority: writing it the ordinary way"
+            );
+            return Ok(FreshOutcome::NotFresh);
+        }
+        self.settle(reg, verified);
+        Ok(FreshOutcome::Written)
+    }
+}
