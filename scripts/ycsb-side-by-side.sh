@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Side-by-side YCSB throughput of two builds of `swarm` on shared memory, alternating
-# runs on fresh clusters (the measured phase's kops/s, one line per run).
+# runs on fresh clusters (the measured phase's kops/s, one line per run; with
+# PHASE=load, the load phase's: KEYS inserts into an empty store).
 #
 # Usage: scripts/ycsb-side-by-side.sh OLD_SWARM NEW_SWARM
 #   W=a|b (workload, default a)  N=runs of each (5)  CL=clients (2)
@@ -16,7 +17,7 @@
 set -euo pipefail
 old=$1 new=$2
 W=${W:-a} N=${N:-5} CL=${CL:-2} OPS=${OPS:-400000} KEYS=${KEYS:-100000} TOUCH=${TOUCH:-1}
-INFLIGHT=${INFLIGHT:-1}
+INFLIGHT=${INFLIGHT:-1} PHASE=${PHASE:-measured}
 touch_pages() {
     python3 - "$@" <<'PY'
 import mmap, os, sys
@@ -36,7 +37,7 @@ run() { # LABEL BINARY
     if [ "$TOUCH" = 1 ]; then touch_pages "$dir"/kv/node-*; fi
     local rate
     rate=$("$2" bench --dir "$dir/kv" --workload "$W" --keys "$KEYS" --ops "$OPS" \
-        --clients "$CL" --inflight "$INFLIGHT" 2>&1 | sed -n 's/^measured .*: \([0-9.]* [kM]ops\/s\).*/\1/p')
+        --clients "$CL" --inflight "$INFLIGHT" 2>&1 | sed -n "s/^$PHASE .*[:(] *\([0-9.]* [kM]ops\/s\).*/\1/p")
     rm -rf "$dir"
     echo "$W run $i $1 ${rate:-failed}"
 }
