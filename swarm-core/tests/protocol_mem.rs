@@ -481,3 +481,34 @@ fn a_fresh_write_masks_a_crashed_replica_and_rejects_a_prefix_before_address_0()
         Err(swarm_core::SwarmError::PrefixTooLong { len: 16, addr: 8 })
     );
 }
+
+/// The out-of-place buffer backs the in-place copies: a reader that finds the
+/// in-place copy torn (a write still landing there, or a repair) fetches the buffer.
+#[test]
+fn a_fresh_write_is_read_from_its_buffer_when_the_in_place_copies_are_torn() {
+    let cluster = MemCluster::new(3, 1 << 20);
+    let a = setup(0, 5, &cluster);
+    let b = setup(1, 9, &cluster);
+    let (reg, mut ca) = (reg(), RegisterCache::new());
+    let out = block_on(
+        a.fabric(),
+        a.write_fresh(&reg, &mut ca, &OpStats::new(), b"from the buffer", &[]),
+    );
+    assert_eq!(out.unwrap(), FreshOutcome::Written);
+    let fabric = cluster.client();
+    for p in 0..3 {
+        let torn = Batch::write(reg.addr + 16, vec![0xEE; 8]);
+        block_on(&fabric, async {
+            let stats = OpStats::new();
+            let mut rt = Roundtrip::start(&fabric, &stats);
+            rt.post(reg.replicas.node(p), torn)?;
+            rt.wait(1).await?;
+            Ok::<_, swarm_core::FabricError>(())
+        })
+        .unwrap();
+    }
+    let s = OpStats::new();
+    let got = block_on(b.fabric(), b.read(&reg, &mut RegisterCache::new(), &s)).unwrap();
+    assert_eq!(got, ReadValue::Value(b"from the buffer".to_vec()));
+    assert_eq!(s.roundtrips(), 2, "the register, then the buffer");
+}
