@@ -184,22 +184,36 @@ fn delete_hides_the_value_and_blocks_later_writes() {
     assert_eq!(got, ReadValue::Deleted);
 }
 
+/// `batch` run on `node` alone, outside any client: what a crashed client left
+/// behind, or a look at a node's memory.
+fn on_node(cluster: &MemCluster, node: NodeId, batch: Batch) -> swarm_core::Completion {
+    let fabric = cluster.client();
+    let stats = OpStats::new();
+    block_on(&fabric, async {
+        let mut rt = Roundtrip::start(&fabric, &stats);
+        rt.post(node, batch)?;
+        rt.wait(1).await?;
+        Ok::<_, swarm_core::FabricError>(std::mem::take(&mut rt.replies_mut()[0].1))
+    })
+    .unwrap()
+}
+
+/// `len` bytes at `addr` on `node`, read directly.
+fn node_bytes(cluster: &MemCluster, node: NodeId, addr: u64, len: u32) -> Vec<u8> {
+    on_node(cluster, node, Batch::read(addr, len))
+        .take_read(0)
+        .unwrap()
+}
+
 /// Writer `writer`'s tombstone in the delete word of `reg` on `node` only: what a
 /// delete leaves behind when its batch reached that replica and its client crashed.
 fn tombstone_on(cluster: &MemCluster, reg: &RegisterLoc, node: NodeId, writer: u32) {
-    let fabric = cluster.client();
     let tombstone = Tsp::new(
         Timestamp::tombstone(WriterId::new(writer).unwrap()),
         Flag::Verified,
     );
     let addr = layout().delete_word_addr(reg.addr);
-    let stats = OpStats::new();
-    block_on(&fabric, async {
-        let mut rt = Roundtrip::start(&fabric, &stats);
-        rt.post(node, Batch::cas(addr, 0, tombstone.word()))?;
-        rt.wait(1).await
-    })
-    .unwrap();
+    on_node(cluster, node, Batch::cas(addr, 0, tombstone.word()));
 }
 
 /// The three outcomes of a delete that meets another's tombstone (module docs of
@@ -242,19 +256,13 @@ fn a_delete_reports_what_it_knows_about_racing_deletes() {
 /// The words of `reg` on `node` after its in-place block: the metadata words, then
 /// the delete word.
 fn meta_words(cluster: &MemCluster, reg: &RegisterLoc, node: NodeId) -> Vec<Tsp> {
-    let fabric = cluster.client();
-    let stats = OpStats::new();
     let l = layout();
-    let bytes = block_on(&fabric, async {
-        let mut rt = Roundtrip::start(&fabric, &stats);
-        rt.post(
-            node,
-            Batch::read(reg.addr + l.meta_offset(), l.meta_bytes() as u32),
-        )?;
-        rt.wait(1).await?;
-        Ok::<_, swarm_core::FabricError>(rt.replies()[0].1.read(0).unwrap().to_vec())
-    })
-    .unwrap();
+    let bytes = node_bytes(
+        cluster,
+        node,
+        reg.addr + l.meta_offset(),
+        l.meta_bytes() as u32,
+    );
     bytes
         .chunks_exact(8)
         .map(|w| Tsp::from_word(u64::from_le_bytes(w.try_into().unwrap())))
@@ -337,19 +345,6 @@ fn reads_repair_the_in_place_copy_on_a_new_primary() {
     // From now on the new primary answers in place: one roundtrip.
     assert_eq!(read("read after the repair"), 1);
     assert_eq!(read("read after the repair, again"), 1);
-}
-
-/// `len` bytes at `addr` on `node`, read directly.
-fn node_bytes(cluster: &MemCluster, node: NodeId, addr: u64, len: u32) -> Vec<u8> {
-    let fabric = cluster.client();
-    let stats = OpStats::new();
-    block_on(&fabric, async {
-        let mut rt = Roundtrip::start(&fabric, &stats);
-        rt.post(node, Batch::read(addr, len))?;
-        rt.wait(1).await?;
-        Ok::<_, swarm_core::FabricError>(rt.replies()[0].1.read(0).unwrap().to_vec())
-    })
-    .unwrap()
 }
 
 /// The first write of a fresh register (SWARM §5.3.1): one roundtrip, VERIFIED at
@@ -495,17 +490,10 @@ fn a_fresh_write_is_read_from_its_buffer_when_the_in_place_copies_are_torn() {
         a.write_fresh(&reg, &mut ca, &OpStats::new(), b"from the buffer", &[]),
     );
     assert_eq!(out.unwrap(), FreshOutcome::Written);
-    let fabric = cluster.client();
     for p in 0..3 {
+        // Eight bytes of the record's hash: its check fails.
         let torn = Batch::write(reg.addr + 16, vec![0xEE; 8]);
-        block_on(&fabric, async {
-            let stats = OpStats::new();
-            let mut rt = Roundtrip::start(&fabric, &stats);
-            rt.post(reg.replicas.node(p), torn)?;
-            rt.wait(1).await?;
-            Ok::<_, swarm_core::FabricError>(())
-        })
-        .unwrap();
+        on_node(&cluster, reg.replicas.node(p), torn);
     }
     let s = OpStats::new();
     let got = block_on(b.fabric(), b.read(&reg, &mut RegisterCache::new(), &s)).unwrap();
