@@ -127,6 +127,10 @@ impl Replies {
 /// No deadline (see [`OpStats::deadline`]).
 const NO_DEADLINE: Nanos = Nanos::MAX;
 
+/// How often a pending [`Roundtrip::wait`] checks its operation's deadline: every
+/// this many polls.
+const FENCE_CHECK_POLLS: u32 = 32;
+
 /// Statistics of one protocol operation (its roundtrip count), and its deadline.
 ///
 /// The deadline is the operation *fence* (see [`crate::reclaim`]): no batch of the
@@ -457,8 +461,23 @@ impl<'a, F: Fabric + ?Sized> Roundtrip<'a, F> {
     }
 
     /// Waits until `k` posted nodes answered successfully. Fails with
-    /// [`FabricError::NotEnoughLiveNodes`] as soon as too few can still answer.
+    /// [`FabricError::NotEnoughLiveNodes`] as soon as too few can still answer, and
+    /// with [`FabricError::Fenced`] when it is polled past the operation's deadline
+    /// ([`OpStats::deadline`]) with fewer than `k` answers.
+    ///
+    /// The fence bounds the wait because a batch may never complete: one posted to a
+    /// node that was down is lost for good (the fabric contract), even once the node
+    /// is back, so a step whose majority lost batches that way would otherwise wait
+    /// for ever, however many nodes serve again. Past its deadline an operation may
+    /// post nothing more anyway; it fails, and its caller treats the outcome as
+    /// unknown, as for any failed write. The deadline is checked when the wait is
+    /// polled, not announced to the fabric ([`Fabric::wake_at`]): a fabric with
+    /// nothing else to do still reports a stall at once. It is checked every 32nd
+    /// poll, not at each: a transport whose clock reading costs a system call (RDMA)
+    /// pays it that much less while a step is pending.
     pub async fn wait(&mut self, k: usize) -> Result<(), FabricError> {
+        let deadline = self.stats.deadline();
+        let mut polls = 0u32;
         poll_fn(|cx| {
             let ok = self.collect();
             if ok >= k {
@@ -469,6 +488,12 @@ impl<'a, F: Fabric + ?Sized> Roundtrip<'a, F> {
                     needed: k,
                     live: ok + self.outstanding.len(),
                 }));
+            }
+            polls = polls.wrapping_add(1);
+            if polls.is_multiple_of(FENCE_CHECK_POLLS)
+                && deadline.is_some_and(|d| self.fabric.recent_now() > d)
+            {
+                return Poll::Ready(Err(FabricError::Fenced));
             }
             // Our futures are driven by re-polling after `Fabric::progress`; ask any
             // other executor to poll again too.
@@ -727,6 +752,57 @@ mod tests {
             step.post(NodeId(0), Batch::read(0, 8)),
             Err(FabricError::TooManyPosts { max: MAX_NODES })
         );
+    }
+
+    /// A batch to a silently failed node never completes; a wait that needs it ends
+    /// at the operation's deadline (while other tasks keep the executor going) with
+    /// `Fenced`, instead of waiting for ever, and a wait without a deadline is still
+    /// reported as a stall.
+    #[test]
+    fn a_wait_for_a_lost_batch_ends_at_the_operations_deadline() {
+        use crate::exec::{LocalExecutor, yield_now};
+        use crate::fabric::FailNodes;
+        let cluster = MemCluster::new(3, 64);
+        let fabric = FailNodes::new(cluster.client());
+        fabric.fail_node(NodeId(1));
+        let deadline = 50;
+        let stats = OpStats::with_deadline(deadline);
+        let outcome = core::cell::RefCell::new(None);
+        let waited_until = core::cell::Cell::new(0);
+        let mut executor = LocalExecutor::new();
+        executor.spawn(async {
+            let mut rt = Roundtrip::start(&fabric, &stats);
+            rt.post(NodeId(0), Batch::read(0, 8)).unwrap();
+            rt.post(NodeId(1), Batch::read(0, 8)).unwrap();
+            let result = rt.wait(2).await;
+            *outcome.borrow_mut() = Some(result);
+            waited_until.set(fabric.now());
+        });
+        // Another operation keeps the thread busy meanwhile, for long enough.
+        executor.spawn(async {
+            for _ in 0..10 * deadline {
+                if outcome.borrow().is_some() {
+                    break;
+                }
+                yield_now(&fabric).await;
+            }
+        });
+        executor.run(&fabric, |_, ()| {}).unwrap();
+        assert_eq!(outcome.take(), Some(Err(FabricError::Fenced)));
+        let late = waited_until.get() - deadline;
+        assert!(
+            late <= 2 * u64::from(FENCE_CHECK_POLLS),
+            "ended {late} ticks late"
+        );
+        // Without a deadline, the same wait alone is a stall, as before.
+        let plain = OpStats::new();
+        let stalled = crate::exec::block_on_future(&fabric, async {
+            let mut rt = Roundtrip::start(&fabric, &plain);
+            rt.post(NodeId(0), Batch::read(0, 8)).unwrap();
+            rt.post(NodeId(1), Batch::read(0, 8)).unwrap();
+            rt.wait(2).await
+        });
+        assert_eq!(stalled, Err(FabricError::Stalled));
     }
 
     #[test]

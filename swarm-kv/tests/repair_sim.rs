@@ -144,6 +144,8 @@ struct Shared {
     repair_started: Cell<bool>,
     /// When the node that kept up crashed for good.
     keeper_crashed: Cell<Option<Nanos>>,
+    /// When the lost node crashed (as the lagging one came back).
+    lost_crashed: Cell<Option<Nanos>>,
     /// Whether the lagging node is down now.
     lagging_down: Cell<bool>,
     /// Deletes, and those that ended with `KvError::DeleteUndecided` (outcome unknown:
@@ -408,6 +410,7 @@ async fn fault_task(
     world.apply(Fault::Recover(NodeId(lagging)));
     shared.lagging_down.set(false);
     world.apply(Fault::Crash(NodeId(lost)));
+    shared.lost_crashed.set(Some(world.now()));
     // Its memory is gone: it restarts empty (only its node header would survive a
     // restart; this layer never reads it) with a new incarnation, which every client
     // leaves out, as a store that reads the configuration does.
@@ -547,8 +550,11 @@ fn run(seed: u64) {
     // Nothing may fail while a majority is up and admitted: before the first crash,
     // while the node is out (two of three serve), after the repair. An operation in
     // flight when a node crashes silently may run out of time (it is recorded as
-    // crashed: it may or may not have taken effect).
-    let crashes = [shared.keeper_crashed.get()];
+    // crashed: it may or may not have taken effect). So may one in flight when the
+    // lost node crashed: a step it posted while the lagging node was down lost that
+    // batch for good, and with the lost node's gone too it cannot reach a majority
+    // and stops at its fence (`Roundtrip::wait`).
+    let crashes = [shared.lost_crashed.get(), shared.keeper_crashed.get()];
     let failed = shared.failed.borrow();
     let unexplained: Vec<&(Nanos, Nanos, String)> = failed
         .iter()

@@ -217,7 +217,9 @@
 //!   preempts the updater (it then finds its change decided): correct, a bit slower.
 //! * A roundtrip waits for a quorum of the nodes it posted to; a batch lost to a node
 //!   that was down never completes, so a node coming back does not count for
-//!   roundtrips already in flight (as in `swarm_core`).
+//!   roundtrips already in flight (as in `swarm_core`). Such a wait ends at the
+//!   operation's fence (`Roundtrip::wait` fails with `Fenced`), and the caller treats
+//!   the update's outcome as unknown (an insert's register is then not recycled).
 //! * Key headers: the KV layer must write a register's header to a majority before
 //!   indexing it and not change it while it is indexed. A recycled register's header
 //!   is blanked on every replica before reuse (`crate::recycle`), so an old header
