@@ -8,8 +8,8 @@
 //!   write that finds a tombstone changed nothing (the protocol locks its guess out):
 //!   flush, unmap the dead register in case its deleter crashed, and retry.
 //! * **insert** — write the key header and the value into a fresh pre-cleared register
-//!   (one roundtrip, one batch per replica: `swarm_core`'s `Client::write_fresh`), then
-//!   map the key to it in the index.
+//!   (one roundtrip, one batch per replica of a majority: `swarm_core`'s
+//!   `Client::write_fresh`), then map the key to it in the index.
 //!   If the key already maps to a live register the insert becomes an update of that
 //!   register; if it maps to a deleted one, the mapping is replaced (§5.3.1).
 //!   Writing the value *before* publishing the mapping means an indexed register is
@@ -1052,9 +1052,10 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
     }
 
     /// Writes `payload` into the fresh, unpublished register `fresh` with its key
-    /// `header` (at `header_at`) on every replica. Safe-Guess does both in one batch
-    /// per replica (`swarm_core`'s `write_fresh`: the register races nothing before
-    /// it is published); the baselines write the header next to an ordinary write.
+    /// `header` (at `header_at`), both on a majority of its replicas. Safe-Guess does
+    /// both in one batch per replica (`swarm_core`'s `write_fresh`: the register races
+    /// nothing before it is published); the baselines write the header next to an
+    /// ordinary write.
     async fn write_fresh(
         &self,
         fresh: &mut Located,

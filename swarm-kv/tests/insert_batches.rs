@@ -1,6 +1,6 @@
 //! What an insert posts to its fresh register (SWARM §5.3.1, "Clients pre-allocate
-//! cleared buffers so that this step completes in one roundtrip"): one batch per
-//! replica that reads the metadata words, writes the record's out-of-place buffer,
+//! cleared buffers so that this step completes in one roundtrip"): one batch to each
+//! replica of the preferred majority that reads the metadata words, writes the record's out-of-place buffer,
 //! writes the key header together with the value in place, and CASes the writer's
 //! metadata word to the write, VERIFIED (`swarm_core`'s `Client::write_fresh`). No
 //! other batch touches the register during the insert: no separate header write, no
@@ -91,7 +91,8 @@ fn an_insert_writes_its_register_in_one_batch_per_replica_and_nothing_else() {
 
     let posted = fabric.tracer().posted.borrow().clone();
     let key_header = encode_key_header(key);
-    // The batches that write the key header: the fresh write's, one per replica.
+    // The batches that write the key header: the fresh write's, one per replica of
+    // the preferred majority (the third replica only if one of them is slow).
     let fresh: Vec<&Posted> = posted
         .iter()
         .filter(|p| {
@@ -100,10 +101,8 @@ fn an_insert_writes_its_register_in_one_batch_per_replica_and_nothing_else() {
                 .any(|op| matches!(op, Op::Write { data, .. } if data.starts_with(&key_header)))
         })
         .collect();
-    assert_eq!(fresh.len(), 3, "one header write per replica: {fresh:#?}");
-    let mut nodes: Vec<u16> = fresh.iter().map(|p| p.node.0).collect();
-    nodes.sort_unstable();
-    assert_eq!(nodes, [0, 1, 2]);
+    assert_eq!(fresh.len(), 2, "one header write per replica: {fresh:#?}");
+    assert_ne!(fresh[0].node, fresh[1].node);
     for p in &fresh {
         assert!(!p.detached, "the fresh write is waited for");
         let kinds: Vec<&str> = p

@@ -12,24 +12,32 @@
 //! ```text
 //! WRITE_FRESH(v, prefix):                        # the register is unpublished
 //!   w = (guessTs(), VERIFIED, v)
-//!   on every replica, one ordered batch:
+//!   on a majority, one ordered batch per replica:   # a quorum step (§6)
 //!     read the metadata words                       # all ⊥ if the register is fresh
 //!     write v's record into w's out-of-place buffer
 //!     write prefix ++ v's record, ending in place   # the store's bytes, then the in-place copy
 //!     CAS own metadata word: ⊥ -> w
-//!   wait for a majority; written iff a majority read only ⊥ and their CAS found ⊥
+//!   written iff a majority read only ⊥ and their CAS found ⊥
 //! ```
 //!
 //! * **VERIFIED at once.** A Safe-Guess write marks its tuple VERIFIED once it is on a
 //!   majority (Lemma C.4); readers return a VERIFIED maximum without locking it. No
 //!   one reads the register before the store publishes it, which it does only after
 //!   this write returned, so by then `w` is on a majority, as VERIFIED requires.
-//! * **In place on every replica.** The record is written in place on every replica,
-//!   not only the primary (In-n-Out keeps it there, §4.3): the prefix must reach every
-//!   replica anyway, and the in-place copy makes the first reads take one roundtrip
-//!   whichever replica serves as the primary. In-place records are self-validating
-//!   (tsp and hash, [`super::maxreg`]), so a copy on a non-primary replica can only
-//!   ever match its own write.
+//! * **A quorum step, as a write round.** The batches go to the register's preferred
+//!   majority first, and to the other replicas when one of those is slow or failed
+//!   ([`super::maxreg`]'s quorum step): a batch lost to a node that was down never
+//!   completes, and a broadcast to every replica that waited for any majority could
+//!   then wait for ever once a second node crashed (found by a 100-seed run of
+//!   `swarm-kv/tests/repair_sim.rs`). The replicas left out hold neither the prefix nor
+//!   the value, as after any write round; a store's prefix must be judged from a
+//!   majority (SWARM-KV's key headers are).
+//! * **In place on the whole majority.** The record is written in place on every
+//!   replica the step reaches, not only the primary (In-n-Out keeps it there, §4.3):
+//!   the prefix goes there anyway, and the copy lets the other replica of the majority
+//!   answer in place when it serves as the primary after a failover. In-place records
+//!   are self-validating (tsp and hash, [`super::maxreg`]), so a copy on a non-primary
+//!   replica can only ever match its own write.
 //! * **The out-of-place buffer** is written too, first: a reader that finds the
 //!   in-place copy torn (a write still landing) fetches the buffer, as for any write.
 //! * **The read and the CAS** check that the register is clean. One that is not (a
@@ -51,8 +59,7 @@ use crate::layout::{SLOT_LOCK_BYTES, encode_record_for};
 use crate::roundtrip::OpStats;
 
 use super::inout::{self, MaxOutcome};
-use super::quorum::broadcast;
-use super::register::{RegisterCache, RegisterLoc};
+use super::register::{MAX_REPLICAS, RegisterCache, RegisterLoc};
 use super::{Client, SwarmError};
 
 /// How a [`Client::write_fresh`] ended.
@@ -69,8 +76,9 @@ pub enum FreshOutcome {
 
 impl<F: Fabric, C: Clock> Client<F, C> {
     /// The first write of `payload` into a fresh, unpublished register (see the
-    /// module docs), with `prefix` stored right before the register, on every
-    /// replica, in the same batch. One roundtrip.
+    /// module docs), with `prefix` stored right before the register, in the same
+    /// batch, on a majority of its replicas. One roundtrip when the preferred
+    /// majority answers in time.
     ///
     /// The caller guarantees that no other client can reach `reg` until this returns
     /// (the register is in no index or cache). `cache` must be the register's fresh
@@ -109,8 +117,11 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         );
         let word = self.layout.meta_word_addr(reg.addr, self.writer);
         let record_at = buffer + u64::from(SLOT_LOCK_BYTES);
-        // Every replica's lines at once: their cache misses overlap.
-        for &node in reg.replicas.nodes() {
+        let q = reg.replicas.quorum();
+        // The preferred majority's lines at once (the replicas a quorum step asks
+        // first): their cache misses overlap.
+        for p in 0..q {
+            let node = reg.replicas.node(p);
             self.fabric.prefetch(node, record_at, record.len() as u64);
             self.fabric.prefetch(node, prefix_at, image.len() as u64);
             self.fabric.prefetch(node, word, 8);
@@ -119,14 +130,10 @@ impl<F: Fabric, C: Clock> Client<F, C> {
             crate::exec::yield_now(&self.fabric).await;
         }
         self.track(reg, ts);
-        let q = reg.replicas.quorum();
         let cleared = Tsp::EMPTY;
-        let rt = broadcast(
-            &self.fabric,
-            stats,
-            reg.replicas.nodes().iter().copied(),
-            q,
-            |_| {
+        let everyone: heapless::Vec<usize, MAX_REPLICAS> = (0..reg.replicas.len()).collect();
+        let rt = self
+            .quorum_step(stats, reg, &everyone, q, |_| {
                 let mut batch = Batch::new();
                 batch.push(inout::read_op(&self.layout, reg.addr, false))?;
                 batch.push(inout::buffer_write_op(buffer, record.clone()))?;
@@ -140,9 +147,8 @@ impl<F: Fabric, C: Clock> Client<F, C> {
                     new: verified.word(),
                 })?;
                 Ok(batch)
-            },
-        )
-        .await?;
+            })
+            .await?;
         let mut holding = 0;
         for (node, completion) in rt.replies() {
             let (Some(p), Some(meta), Some(previous)) = (

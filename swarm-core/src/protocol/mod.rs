@@ -11,7 +11,7 @@
 //!    deletes with the tombstone timestamp in a write-once delete word (§5.3.2), and
 //!    what a delete that raced another one may report; `fresh` — the first write of
 //!    a fresh, unpublished register ([`Client::write_fresh`], §5.3.1: one batch per
-//!    replica, VERIFIED at once, since it races nothing).
+//!    replica of a majority, VERIFIED at once, since it races nothing).
 //! 5. [`abd`] and [`raw`] — the DM-ABD and unreplicated baselines of §7.
 //!
 //! Beside the layers: [`quorum`], the broadcast and preferred-majority steps they
