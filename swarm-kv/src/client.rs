@@ -1061,25 +1061,24 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         fresh: &mut Located,
         stats: &OpStats,
         header_at: u64,
-        header: &[u8],
+        mut header: Vec<u8>,
         payload: &[u8],
     ) -> Result<(), KvError> {
+        let header_len = header.len();
         let fabric = self.swarm.fabric();
         if self.protocol == RegisterProtocol::SafeGuess {
             // The header area ends where the register starts: the header, zero-padded
             // to it, goes in the same write as the value's in-place copy.
             let area = fresh.loc.addr.saturating_sub(header_at) as usize;
-            if header.len() > area {
+            if header_len > area {
                 return Err(KvError::Corrupted {
                     register: fresh.register,
                 });
             }
-            let mut prefix = Vec::with_capacity(area);
-            prefix.extend_from_slice(header);
-            prefix.resize(area, 0);
+            header.resize(area, 0);
             let outcome = self
                 .swarm
-                .write_fresh(&fresh.loc, &mut fresh.knowledge, stats, payload, &prefix)
+                .write_fresh(&fresh.loc, &mut fresh.knowledge, stats, payload, &header)
                 .await?;
             if outcome == FreshOutcome::Written {
                 return Ok(());
@@ -1090,8 +1089,9 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         let replicas = fresh.loc.replicas.clone();
         // The header goes to every replica: let their cache misses overlap (the value
         // write hints its own bytes, `swarm_core`'s write round).
+        let header = &header[..header_len];
         for &node in replicas.nodes() {
-            fabric.prefetch(node, header_at, header.len() as u64);
+            fabric.prefetch(node, header_at, header_len as u64);
         }
         let (header_stats, value_stats) = (stats.branch(), stats.branch());
         let write_header = async {
@@ -1350,7 +1350,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         // once the header is on a majority (a register is never indexed before its
         // key header), in one more roundtrip on the fast path (`index::fast`).
         let (write_stats, read_stats) = (stats.branch(), stats.branch());
-        let write = self.write_fresh(fresh, &write_stats, header_at, &header, payload);
+        let write = self.write_fresh(fresh, &write_stats, header_at, header, payload);
         let read_sent = fabric.now();
         let read_index = self
             .index

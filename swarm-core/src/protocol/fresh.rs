@@ -55,10 +55,11 @@
 use crate::clock::Clock;
 use crate::encoding::{Flag, Tsp};
 use crate::fabric::{Batch, Fabric, Op, Payload};
-use crate::layout::{SLOT_LOCK_BYTES, encode_record_for};
+use crate::layout::SLOT_LOCK_BYTES;
 use crate::roundtrip::OpStats;
 
 use super::inout::{self, MaxOutcome};
+use super::maxreg::shared_record;
 use super::register::{MAX_REPLICAS, RegisterCache, RegisterLoc};
 use super::{Client, SwarmError};
 
@@ -104,17 +105,11 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         let _deadline = self.arm_deadline(stats);
         let verified = Tsp::new(ts, Flag::Verified);
         // Records carry their write without its flag (as `Client::write`'s do).
-        let record = encode_record_for(Tsp::new(ts, Flag::Guessed), Some(reg.addr), payload);
+        let record = shared_record(Tsp::new(ts, Flag::Guessed), reg, payload);
         let buffer = self.layout.buffer_addr(ts).ok_or(SwarmError::Slot(
             crate::layout::SlotError::NoLog(ts.writer()),
         ))?;
-        let mut image = alloc::vec::Vec::with_capacity(prefix.len() + record.len());
-        image.extend_from_slice(prefix);
-        image.extend_from_slice(&record);
-        let (record, image): (Payload, Payload) = (
-            Payload::Shared(alloc::sync::Arc::from(record)),
-            Payload::Shared(alloc::sync::Arc::from(image)),
-        );
+        let image = Payload::Shared(prefix.iter().chain(record.iter()).copied().collect());
         let word = self.layout.meta_word_addr(reg.addr, self.writer);
         let record_at = buffer + u64::from(SLOT_LOCK_BYTES);
         let q = reg.replicas.quorum();
