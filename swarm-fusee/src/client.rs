@@ -25,7 +25,7 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use swarm_core::fabric::MAX_BATCH_OPS;
+use swarm_core::fabric::INLINE_BATCH_OPS;
 use swarm_core::{Batch, Completion, Fabric, NodeId, Op, OpStats, post_background};
 use tracing::trace;
 
@@ -402,7 +402,7 @@ impl<F: Fabric> FuseeClient<F> {
                 candidates.push((slot, word, self.object_addr(slot, word)?));
             }
         }
-        for chunk in candidates.chunks(MAX_BATCH_OPS) {
+        for chunk in candidates.chunks(INLINE_BATCH_OPS) {
             let mut batch = Batch::new();
             for &(_, _, addr) in chunk {
                 batch

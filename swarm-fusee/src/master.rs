@@ -400,7 +400,7 @@ async fn make_consistent<F: Fabric + ?Sized>(
             }
         }
         fixed += fixes.len();
-        for chunk in fixes.chunks(swarm_core::fabric::MAX_BATCH_OPS) {
+        for chunk in fixes.chunks(swarm_core::fabric::INLINE_BATCH_OPS) {
             let mut posts: Vec<(NodeId, Batch)> = Vec::new();
             for (node, op) in chunk {
                 match posts.iter_mut().find(|(n, _)| n == node) {

@@ -159,7 +159,7 @@ use crate::{KvError, RegisterId};
 pub const HEADER_PROBE: usize = 16;
 /// Largest contiguous span of the register area read by one operation of a scan.
 pub const SPAN_BYTES: u64 = 32 << 10;
-/// Spans per batch (at most `swarm_core::fabric::MAX_BATCH_OPS`).
+/// Spans per batch (at most `swarm_core::fabric::INLINE_BATCH_OPS`, a batch without a heap allocation).
 pub const SPANS_PER_BATCH: usize = 4;
 
 /// The holder tag of the client incarnation on row `writer` with token `token` (see

@@ -275,11 +275,7 @@ impl State {
             node,
             batch: id,
         };
-        let mut ops = heapless::Vec::new();
-        for op in batch.ops() {
-            // A batch and its summary have the same capacity.
-            let _ = ops.push(OpSummary::from(op));
-        }
+        let ops = batch.ops().iter().map(OpSummary::from).collect();
         self.record(TraceKind::Post { at, ops });
         if self.crashes_at_post(client) {
             // It never left the client: pending for good, as if lost.

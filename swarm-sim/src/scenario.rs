@@ -31,7 +31,7 @@ use crate::{
 };
 use swarm_checker::{History, OpKind, Operation};
 use swarm_core::encoding::{Tsp, WriterId};
-use swarm_core::fabric::{Batch, MAX_BATCH_OPS, NodeId, Op};
+use swarm_core::fabric::{Batch, INLINE_BATCH_OPS, NodeId, Op};
 use swarm_core::header::HEADER_SIZE;
 use swarm_core::layout::Layout;
 use swarm_core::quorum::{broadcast_until, majority};
@@ -928,14 +928,14 @@ async fn wipe_copies(fabric: SimFabric, layout: Layout, node: NodeId, mut times:
                 continue;
             };
             let slots: Vec<u32> = (0..layout.slots_per_writer()).collect();
-            for chunk in slots.chunks(MAX_BATCH_OPS) {
+            for chunk in slots.chunks(INLINE_BATCH_OPS) {
                 let mut batch = Batch::new();
                 for &slot in chunk {
                     let Some(addr) = layout.slot_addr(writer, slot) else {
                         continue;
                     };
                     let record = addr + u64::from(swarm_core::layout::SLOT_LOCK_BYTES);
-                    // At most MAX_BATCH_OPS operations: cannot fail.
+                    // At most INLINE_BATCH_OPS operations: cannot fail.
                     let _ = batch.push(Op::Write {
                         addr: record,
                         data: std::vec![0; 16].into(),

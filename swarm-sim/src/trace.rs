@@ -14,7 +14,7 @@ use xxhash_rust::xxh3::xxh3_64;
 use super::digest::TraceDigest;
 use super::fabric::ClientId;
 use super::fault::Fault;
-use swarm_core::fabric::{FabricError, MAX_BATCH_OPS, Nanos, NodeId, Op};
+use swarm_core::fabric::{FabricError, Nanos, NodeId, Op};
 
 /// Identifies one posted batch across the whole simulation (posting order).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -91,7 +91,7 @@ pub enum TraceKind {
         /// The batch.
         at: BatchRef,
         /// Its operations, in order.
-        ops: heapless::Vec<OpSummary, MAX_BATCH_OPS>,
+        ops: Vec<OpSummary>,
     },
     /// The batch reached its node, which starts executing it.
     Arrive {
@@ -427,14 +427,14 @@ mod tests {
 
     #[test]
     fn events_print_one_readable_line() {
-        let mut ops = heapless::Vec::new();
-        ops.push(OpSummary::Read { addr: 0x40, len: 8 }).unwrap();
-        ops.push(OpSummary::Cas {
-            addr: 0,
-            expected: 0,
-            new: 5,
-        })
-        .unwrap();
+        let ops = vec![
+            OpSummary::Read { addr: 0x40, len: 8 },
+            OpSummary::Cas {
+                addr: 0,
+                expected: 0,
+                new: 5,
+            },
+        ];
         let post = TraceEvent {
             time: 1_500,
             kind: TraceKind::Post { at: at(), ops },

@@ -6,9 +6,17 @@ use core::ops::Deref;
 
 use super::FabricError;
 
-/// The most operations one batch may hold. SWARM's longest pipeline is a Safe-Guess
-/// write: read the metadata, write the out-of-place buffer, CAS the metadata word.
-pub const MAX_BATCH_OPS: usize = 4;
+/// The most operations one batch may hold. SWARM's longest pipeline is a fresh
+/// register's write carrying a store's own CAS after it (SWARM-KV's one-roundtrip
+/// insert: read the metadata, write the out-of-place buffer, write the key header and
+/// the in-place copy, CAS the metadata word, CAS the index bucket).
+pub const MAX_BATCH_OPS: usize = 8;
+
+/// Operations a batch (and outputs a completion) holds without a heap allocation.
+/// Every batch on a read or update path fits (a Safe-Guess write round is three
+/// operations); only longer pipelines spill, so that the batches and completions
+/// every operation moves stay small.
+pub const INLINE_BATCH_OPS: usize = 4;
 
 /// One remote memory operation.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -86,6 +94,70 @@ impl From<Arc<[u8]>> for Payload {
     }
 }
 
+/// Up to [`MAX_BATCH_OPS`] items: the first [`INLINE_BATCH_OPS`] inline, more on the
+/// heap (a batch's operations, a completion's outputs).
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Spill<T> {
+    /// At most [`INLINE_BATCH_OPS`] items, no allocation.
+    Inline(heapless::Vec<T, INLINE_BATCH_OPS>),
+    /// More, up to [`MAX_BATCH_OPS`].
+    Heap(Vec<T>),
+}
+
+impl<T> Spill<T> {
+    const fn new() -> Self {
+        Self::Inline(heapless::Vec::new())
+    }
+
+    /// Appends `item`; fails with [`FabricError::BatchFull`] past [`MAX_BATCH_OPS`].
+    fn push(&mut self, item: T) -> Result<(), FabricError> {
+        match self {
+            Self::Inline(items) => {
+                if let Err(item) = items.push(item) {
+                    let mut heap = Vec::with_capacity(MAX_BATCH_OPS);
+                    heap.extend(core::mem::take(items));
+                    heap.push(item);
+                    *self = Self::Heap(heap);
+                }
+                Ok(())
+            }
+            Self::Heap(items) if items.len() < MAX_BATCH_OPS => {
+                items.push(item);
+                Ok(())
+            }
+            Self::Heap(_) => Err(FabricError::BatchFull),
+        }
+    }
+
+    fn as_slice(&self) -> &[T] {
+        match self {
+            Self::Inline(items) => items,
+            Self::Heap(items) => items,
+        }
+    }
+
+    fn as_mut_slice(&mut self) -> &mut [T] {
+        match self {
+            Self::Inline(items) => items,
+            Self::Heap(items) => items,
+        }
+    }
+
+    /// Empties it, keeping a heap allocation for the next use.
+    fn clear(&mut self) {
+        match self {
+            Self::Inline(items) => items.clear(),
+            Self::Heap(items) => items.clear(),
+        }
+    }
+}
+
+impl<T> Default for Spill<T> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 /// An ordered batch of operations to one node (SWARM §2.1, third property): a later
 /// operation's effect is only visible once the earlier ones' are.
 ///
@@ -96,7 +168,7 @@ impl From<Arc<[u8]>> for Payload {
 /// ([`super::Fabric::now`]), since the memory it names may be recycled by then.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Batch {
-    ops: heapless::Vec<Op, MAX_BATCH_OPS>,
+    ops: Spill<Op>,
     deadline: Option<super::Nanos>,
 }
 
@@ -104,7 +176,7 @@ impl Batch {
     /// An empty batch.
     pub const fn new() -> Self {
         Self {
-            ops: heapless::Vec::new(),
+            ops: Spill::new(),
             deadline: None,
         }
     }
@@ -123,7 +195,7 @@ impl Batch {
 
     /// Appends `op`; fails with [`FabricError::BatchFull`] past [`MAX_BATCH_OPS`].
     pub fn push(&mut self, op: Op) -> Result<&mut Self, FabricError> {
-        self.ops.push(op).map_err(|_| FabricError::BatchFull)?;
+        self.ops.push(op)?;
         Ok(self)
     }
 
@@ -150,25 +222,28 @@ impl Batch {
     }
 
     fn one(op: Op) -> Self {
-        let mut batch = Self::new();
-        // A fresh batch has room for one operation.
-        let _ = batch.ops.push(op);
-        batch
+        let mut ops = heapless::Vec::new();
+        // An empty inline vector has room for one operation.
+        let _ = ops.push(op);
+        Self {
+            ops: Spill::Inline(ops),
+            deadline: None,
+        }
     }
 
     /// The operations, in execution order.
     pub fn ops(&self) -> &[Op] {
-        &self.ops
+        self.ops.as_slice()
     }
 
     /// Number of operations.
     pub fn len(&self) -> usize {
-        self.ops.len()
+        self.ops().len()
     }
 
     /// Whether the batch holds no operation.
     pub fn is_empty(&self) -> bool {
-        self.ops.is_empty()
+        self.ops().is_empty()
     }
 }
 
@@ -186,22 +261,20 @@ pub enum OpOutput {
 /// The results of a completed batch, one per operation, in batch order.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Completion {
-    outputs: heapless::Vec<OpOutput, MAX_BATCH_OPS>,
+    outputs: Spill<OpOutput>,
 }
 
 impl Completion {
     /// An empty completion, to be filled by a transport in batch order.
     pub const fn new() -> Self {
         Self {
-            outputs: heapless::Vec::new(),
+            outputs: Spill::new(),
         }
     }
 
     /// Appends the output of the next operation (transports only).
     pub fn push(&mut self, output: OpOutput) -> Result<(), FabricError> {
-        self.outputs
-            .push(output)
-            .map_err(|_| FabricError::BatchFull)
+        self.outputs.push(output)
     }
 
     /// Drops every output: the completion is empty again, ready to be reused.
@@ -211,12 +284,12 @@ impl Completion {
 
     /// All outputs in batch order.
     pub fn outputs(&self) -> &[OpOutput] {
-        &self.outputs
+        self.outputs.as_slice()
     }
 
     /// The bytes read by operation `i`, or `None` if it was not a read.
     pub fn read(&self, i: usize) -> Option<&[u8]> {
-        match self.outputs.get(i) {
+        match self.outputs().get(i) {
             Some(OpOutput::Read(bytes)) => Some(bytes),
             _ => None,
         }
@@ -224,7 +297,7 @@ impl Completion {
 
     /// Takes the bytes read by operation `i` out of the completion.
     pub fn take_read(&mut self, i: usize) -> Option<Vec<u8>> {
-        match self.outputs.get_mut(i) {
+        match self.outputs.as_mut_slice().get_mut(i) {
             Some(OpOutput::Read(bytes)) => Some(core::mem::take(bytes)),
             _ => None,
         }
@@ -232,7 +305,7 @@ impl Completion {
 
     /// The previous value found by CAS `i`, or `None` if it was not a CAS.
     pub fn cas(&self, i: usize) -> Option<u64> {
-        match self.outputs.get(i) {
+        match self.outputs().get(i) {
             Some(OpOutput::Cas(previous)) => Some(*previous),
             _ => None,
         }
@@ -260,6 +333,30 @@ mod tests {
             Err(FabricError::BatchFull)
         );
         assert_eq!(b.len(), MAX_BATCH_OPS);
+        assert!(matches!(b.ops, Spill::Heap(_)));
+        // Spilled operations keep their order.
+        for (i, op) in b.ops().iter().enumerate() {
+            assert!(matches!(op, Op::Cas { addr, .. } if *addr == i as u64 * 8));
+        }
+    }
+
+    #[test]
+    fn short_batches_and_completions_stay_inline() {
+        let mut b = Batch::read(0, 8);
+        for _ in 1..INLINE_BATCH_OPS {
+            b.push(Op::Read { addr: 8, len: 8 }).unwrap();
+        }
+        assert!(matches!(b.ops, Spill::Inline(_)));
+        let mut c = Completion::new();
+        for i in 0..INLINE_BATCH_OPS as u64 {
+            c.push(OpOutput::Cas(i)).unwrap();
+        }
+        assert!(matches!(c.outputs, Spill::Inline(_)));
+        c.push(OpOutput::Written).unwrap();
+        assert_eq!(c.cas(3), Some(3));
+        assert_eq!(c.outputs().len(), INLINE_BATCH_OPS + 1);
+        c.clear();
+        assert!(c.outputs().is_empty());
     }
 
     #[test]

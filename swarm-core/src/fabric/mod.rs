@@ -52,7 +52,7 @@ mod faults;
 mod slab;
 mod trace;
 
-pub use batch::{Batch, Completion, MAX_BATCH_OPS, Op, OpOutput, Payload};
+pub use batch::{Batch, Completion, INLINE_BATCH_OPS, MAX_BATCH_OPS, Op, OpOutput, Payload};
 pub use error::{FabricError, FailureCause};
 pub use faults::{Crash, EmulatedRtt, FailNodes};
 pub use slab::TicketSlab;

@@ -190,7 +190,7 @@ impl<F: Fabric> Engine<'_, F> {
             return Ok(());
         }
         for node in 0..self.ix.nodes {
-            for chunk in aged.chunks(swarm_core::fabric::MAX_BATCH_OPS) {
+            for chunk in aged.chunks(swarm_core::fabric::INLINE_BATCH_OPS) {
                 let mut batch = Batch::new();
                 for &(s, newest) in chunk {
                     let expected = self.expected_slot(node, i, s);

@@ -80,7 +80,7 @@ pub async fn verify<F: Fabric>(
     let len = read_len(key.len());
     let key_max = ix.layout.params.key_max;
     let mut out = Vec::with_capacity(registers.len());
-    for chunk in registers.chunks(swarm_core::fabric::MAX_BATCH_OPS) {
+    for chunk in registers.chunks(swarm_core::fabric::INLINE_BATCH_OPS) {
         let mut addrs = Vec::with_capacity(chunk.len());
         for &register in chunk {
             let addr = ix

@@ -131,7 +131,7 @@ pub async fn count<F: Fabric>(ix: &Index, fabric: &F, stats: &OpStats) -> Result
     let mut preferred = 0u64;
     while offset < total {
         let mut reads = Vec::new();
-        while reads.len() < swarm_core::fabric::MAX_BATCH_OPS && offset < total {
+        while reads.len() < swarm_core::fabric::INLINE_BATCH_OPS && offset < total {
             let len = CHUNK.min(total - offset);
             reads.push((start + offset, len as u32));
             offset += len;

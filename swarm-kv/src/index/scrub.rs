@@ -20,7 +20,7 @@
 
 use std::ops::Range;
 
-use swarm_core::fabric::{Batch, MAX_BATCH_OPS, NodeId, Op};
+use swarm_core::fabric::{Batch, INLINE_BATCH_OPS, NodeId, Op};
 use swarm_core::quorum::broadcast_until;
 use swarm_core::{Fabric, OpStats, post_background};
 
@@ -124,10 +124,10 @@ impl Index {
         }
         drop(rt);
         for (node, ops) in repairs.into_iter().enumerate() {
-            for chunk in ops.chunks(MAX_BATCH_OPS) {
+            for chunk in ops.chunks(INLINE_BATCH_OPS) {
                 let mut batch = Batch::new();
                 for op in chunk {
-                    // A chunk holds at most MAX_BATCH_OPS operations.
+                    // A chunk holds at most INLINE_BATCH_OPS operations.
                     let _ = batch.push(op.clone());
                 }
                 post_background(fabric, NodeId(node as u16), batch);

@@ -98,7 +98,7 @@ use std::time::Instant;
 
 use std::task::Poll;
 
-use swarm_core::fabric::{Batch, FabricError, MAX_BATCH_OPS, NodeId, Op, Ticket};
+use swarm_core::fabric::{Batch, FabricError, INLINE_BATCH_OPS, NodeId, Op, Ticket};
 use swarm_core::quorum::{broadcast_until, majority};
 use swarm_core::{Fabric, OpStats, Roundtrip};
 
@@ -629,7 +629,7 @@ impl<F: Fabric> Copier<'_, F> {
         // Each batch of entries (address, word) with the registers they name.
         type Chunk<'e> = (&'e [(u64, u64)], Vec<u64>);
         let chunks: Vec<Chunk<'_>> = entries
-            .chunks(MAX_BATCH_OPS)
+            .chunks(INLINE_BATCH_OPS)
             .map(|chunk| {
                 let named = chunk
                     .iter()
