@@ -134,9 +134,9 @@ pub use mem::{MemCluster, MemFabric};
 #[doc(hidden)]
 pub use protocol::inout::max_on_node;
 pub use protocol::{
-    Client, DeleteOutcome, DeleteVotes, FirstDeleter, FreshOutcome, MAX_REPLICAS, ProtocolConfig,
-    ReadValue, RegisterCache, RegisterLoc, Replicas, Suspicion, SwarmError, UNOWNED_TOMBSTONE,
-    WriteOutcome, quorum, reclaim, resume, summary,
+    Carried, Client, DeleteOutcome, DeleteVotes, FirstDeleter, FreshOutcome, MAX_REPLICAS,
+    ProtocolConfig, ReadValue, RegisterCache, RegisterLoc, Replicas, Suspicion, SwarmError,
+    UNOWNED_TOMBSTONE, WriteOutcome, quorum, reclaim, resume, summary,
 };
 pub use roundtrip::{
     DeadlineScope, MAX_NODES, OpStats, Roundtrip, WaitOutcome, post_background, post_background_for,

@@ -514,3 +514,75 @@ fn a_fresh_write_is_read_from_its_buffer_when_the_in_place_copies_are_torn() {
     assert_eq!(got, ReadValue::Value(b"from the buffer".to_vec()));
     assert_eq!(s.roundtrips(), 2, "the register, then the buffer");
 }
+
+/// A fresh write carrying a store's operation: one batch to every replica at once,
+/// the carried operation last in each, what it returned reported per replica, and
+/// the write itself as without it. A crashed replica is waited for a patience only:
+/// the write still needs a majority, and the carried operation's answers are those
+/// of the replicas that answered.
+#[test]
+fn a_fresh_write_carries_an_operation_to_every_replica_after_the_write() {
+    use swarm_core::fabric::{Op, OpOutput};
+    let cluster = MemCluster::new(3, 1 << 20);
+    let a = setup(0, 5, &cluster);
+    let b = setup(1, 9, &cluster);
+    let (reg, mut ca) = (reg(), RegisterCache::new());
+    // A word of the store's own, far from the register: the carried CAS sets it.
+    let flag_at = 1 << 19;
+    let carried = Op::Cas {
+        addr: flag_at,
+        expected: 0,
+        new: 7,
+    };
+    let s = OpStats::new();
+    let (out, answers) = block_on(
+        a.fabric(),
+        a.write_fresh_carrying(&reg, &mut ca, &s, b"first", b"key", carried.clone()),
+    )
+    .unwrap();
+    assert_eq!(out, FreshOutcome::Written);
+    assert_eq!(s.roundtrips(), 1);
+    let mut nodes: Vec<NodeId> = answers.iter().map(|(n, _)| *n).collect();
+    nodes.sort();
+    assert_eq!(
+        nodes,
+        [NodeId(0), NodeId(1), NodeId(2)],
+        "every replica answered"
+    );
+    assert!(answers.iter().all(|(_, o)| *o == OpOutput::Cas(0)));
+    for node in 0..3 {
+        let node = NodeId(node);
+        assert_eq!(node_bytes(&cluster, node, flag_at, 8), 7u64.to_le_bytes());
+        // The prefix and the VERIFIED word are on every replica, not a majority only.
+        assert_eq!(node_bytes(&cluster, node, reg.addr - 3, 3), b"key");
+        assert!(
+            meta_words(&cluster, &reg, node)
+                .iter()
+                .any(|t| t.flag() == Flag::Verified)
+        );
+    }
+    let got = block_on(b.fabric(), b.read(&reg, &mut RegisterCache::new(), &s));
+    assert_eq!(got.unwrap(), ReadValue::Value(b"first".to_vec()));
+
+    // A crashed replica: the carried operation's answers are the others'.
+    let next = RegisterLoc {
+        addr: reg.addr + 2048,
+        replicas: reg.replicas.clone(),
+    };
+    let down = next.replicas.node(2);
+    a.fabric().fail_node(down);
+    let s = OpStats::new();
+    let (out, answers) = block_on(
+        a.fabric(),
+        a.write_fresh_carrying(&next, &mut RegisterCache::new(), &s, b"y", b"", carried),
+    )
+    .unwrap();
+    assert_eq!(out, FreshOutcome::Written);
+    assert_eq!(answers.len(), 2);
+    assert!(
+        answers
+            .iter()
+            .all(|(n, o)| *n != down && *o == OpOutput::Cas(7))
+    );
+    assert_eq!(s.roundtrips(), 1, "a majority answered at once");
+}

@@ -51,12 +51,25 @@
 //! The prefix lets a store write its own bytes just before the register in the same
 //! operation: SWARM-KV's key header, which must be on a majority before the key is
 //! indexed (`swarm_kv::index`, "Limits").
+//!
+//! ## Carrying a store's operation ([`Client::write_fresh_carrying`])
+//!
+//! A store may append one operation of its own to every replica's batch, after the
+//! CAS: SWARM-KV's one-roundtrip insert puts its index CAS there (SWARM §5.3.1: the
+//! value and the index mapping "in parallel"). Batches execute in order (§2.1), so on
+//! every replica the carried operation takes effect only after the prefix, the record
+//! and the CAS did: a store that publishes the register by it publishes it, on each
+//! replica, only where the value already is. The carried operation must be on every
+//! replica (an index decided on all of them), so the batches go to every replica at
+//! once rather than to the preferred majority: the write waits for a majority, as
+//! always, then gives the others `slow_after_ns` to answer, and reports what the
+//! carried operation returned on every replica that did.
 
 use crate::clock::Clock;
 use crate::encoding::{Flag, Tsp};
-use crate::fabric::{Batch, Fabric, Op, Payload};
+use crate::fabric::{Batch, Fabric, NodeId, Op, OpOutput, Payload};
 use crate::layout::SLOT_LOCK_BYTES;
-use crate::roundtrip::OpStats;
+use crate::roundtrip::{OpStats, Roundtrip, WaitOutcome};
 
 use super::inout::{self, MaxOutcome};
 use super::maxreg::shared_record;
@@ -75,6 +88,13 @@ pub enum FreshOutcome {
     NotFresh,
 }
 
+/// What the operation a [`Client::write_fresh_carrying`] carried returned, on each
+/// replica that answered in time.
+pub type Carried = heapless::Vec<(NodeId, OpOutput), MAX_REPLICAS>;
+
+/// Position of the carried operation in a fresh write's batch.
+const CARRIED_AT: usize = 4;
+
 impl<F: Fabric, C: Clock> Client<F, C> {
     /// The first write of `payload` into a fresh, unpublished register (see the
     /// module docs), with `prefix` stored right before the register, in the same
@@ -92,6 +112,40 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         payload: &[u8],
         prefix: &[u8],
     ) -> Result<FreshOutcome, SwarmError> {
+        let (outcome, _) = self
+            .fresh_write(reg, cache, stats, payload, prefix, None)
+            .await?;
+        Ok(outcome)
+    }
+
+    /// [`Self::write_fresh`], with `carried` appended to every replica's batch after
+    /// the write (module docs, "Carrying a store's operation"). The batches go to
+    /// every replica at once; the write waits for a majority, then up to
+    /// `slow_after_ns` for the others, and returns what `carried` returned on each
+    /// replica that answered. The carried operation ran on those, and may have run on
+    /// the others; on an error, on any of them.
+    pub async fn write_fresh_carrying(
+        &self,
+        reg: &RegisterLoc,
+        cache: &mut RegisterCache,
+        stats: &OpStats,
+        payload: &[u8],
+        prefix: &[u8],
+        carried: Op,
+    ) -> Result<(FreshOutcome, Carried), SwarmError> {
+        self.fresh_write(reg, cache, stats, payload, prefix, Some(carried))
+            .await
+    }
+
+    async fn fresh_write(
+        &self,
+        reg: &RegisterLoc,
+        cache: &mut RegisterCache,
+        stats: &OpStats,
+        payload: &[u8],
+        prefix: &[u8],
+        carried: Option<Op>,
+    ) -> Result<(FreshOutcome, Carried), SwarmError> {
         self.check_payload(payload)?;
         let prefix_at =
             reg.addr
@@ -113,9 +167,13 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         let word = self.layout.meta_word_addr(reg.addr, self.writer);
         let record_at = buffer + u64::from(SLOT_LOCK_BYTES);
         let q = reg.replicas.quorum();
-        // The preferred majority's lines at once (the replicas a quorum step asks
-        // first): their cache misses overlap.
-        for p in 0..q {
+        let asked = if carried.is_some() {
+            reg.replicas.len()
+        } else {
+            q
+        };
+        // The lines of the replicas asked first at once: their cache misses overlap.
+        for p in 0..asked {
             let node = reg.replicas.node(p);
             self.fabric.prefetch(node, record_at, record.len() as u64);
             self.fabric.prefetch(node, prefix_at, image.len() as u64);
@@ -127,23 +185,37 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         self.track(reg, ts);
         let cleared = Tsp::EMPTY;
         let everyone: heapless::Vec<usize, MAX_REPLICAS> = (0..reg.replicas.len()).collect();
-        let rt = self
-            .quorum_step(stats, reg, &everyone, q, |_| {
-                let mut batch = Batch::new();
-                batch.push(inout::read_op(&self.layout, reg.addr, false))?;
-                batch.push(inout::buffer_write_op(buffer, record.clone()))?;
-                batch.push(Op::Write {
-                    addr: prefix_at,
-                    data: image.clone(),
-                })?;
-                batch.push(Op::Cas {
-                    addr: word,
-                    expected: cleared.word(),
-                    new: verified.word(),
-                })?;
-                Ok(batch)
-            })
-            .await?;
+        let build = |_| {
+            let mut batch = Batch::new();
+            batch.push(inout::read_op(&self.layout, reg.addr, false))?;
+            batch.push(inout::buffer_write_op(buffer, record.clone()))?;
+            batch.push(Op::Write {
+                addr: prefix_at,
+                data: image.clone(),
+            })?;
+            batch.push(Op::Cas {
+                addr: word,
+                expected: cleared.word(),
+                new: verified.word(),
+            })?;
+            if let Some(op) = &carried {
+                batch.push(op.clone())?;
+            }
+            Ok(batch)
+        };
+        let rt = match carried {
+            None => self.quorum_step(stats, reg, &everyone, q, build).await?,
+            Some(_) => self.every_replica_step(stats, reg, build).await?,
+        };
+        let mut outputs = Carried::new();
+        if carried.is_some() {
+            for (node, completion) in rt.replies() {
+                if let Some(output) = completion.outputs().get(CARRIED_AT) {
+                    // At most one reply per replica: cannot overflow.
+                    let _ = outputs.push((*node, output.clone()));
+                }
+            }
+        }
         let mut holding = 0;
         for (node, completion) in rt.replies() {
             let (Some(p), Some(meta), Some(previous)) = (
@@ -170,9 +242,45 @@ impl<F: Fabric, C: Clock> Client<F, C> {
                 holding,
                 "a fresh register's metadata was not cleared on a majority: writing it the ordinary way"
             );
-            return Ok(FreshOutcome::NotFresh);
+            return Ok((FreshOutcome::NotFresh, outputs));
         }
         self.settle(reg, verified);
-        Ok(FreshOutcome::Written)
+        Ok((FreshOutcome::Written, outputs))
+    }
+
+    /// Posts `build(p)` to every replica `p` at once, waits for a majority (as any
+    /// write), then gives the others `slow_after_ns` to answer; those that do not
+    /// are suspected, as by a quorum step.
+    async fn every_replica_step<'a>(
+        &'a self,
+        stats: &'a OpStats,
+        reg: &RegisterLoc,
+        mut build: impl FnMut(usize) -> Result<Batch, crate::fabric::FabricError>,
+    ) -> Result<Roundtrip<'a, F>, SwarmError> {
+        let n = reg.replicas.len();
+        let mut rt = Roundtrip::start(&self.fabric, stats);
+        for p in 0..n {
+            rt.post(reg.replicas.node(p), build(p)?)?;
+        }
+        if !rt.reached(n) {
+            rt.wait(reg.replicas.quorum()).await?;
+            // A patience, not a fence: the clock as the wait just read it will do.
+            let deadline = self
+                .fabric
+                .recent_now()
+                .saturating_add(self.config.slow_after_ns);
+            if rt.wait_until(n, deadline).await == WaitOutcome::Short {
+                for p in 0..n {
+                    let node = reg.replicas.node(p);
+                    if !rt.replies().iter().any(|(r, _)| *r == node) {
+                        self.suspect(node);
+                    }
+                }
+            }
+        }
+        for (node, _) in rt.replies() {
+            self.trust(*node);
+        }
+        Ok(rt)
     }
 }

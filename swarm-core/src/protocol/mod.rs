@@ -45,7 +45,7 @@ pub mod tslock;
 pub use client::{Client, ProtocolConfig};
 pub use delete::{DeleteOutcome, DeleteVotes, FirstDeleter, UNOWNED_TOMBSTONE};
 pub use error::SwarmError;
-pub use fresh::FreshOutcome;
+pub use fresh::{Carried, FreshOutcome};
 pub use register::{MAX_REPLICAS, RegisterCache, RegisterLoc, Replicas};
 pub use suspicion::Suspicion;
 
