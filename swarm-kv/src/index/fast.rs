@@ -33,7 +33,7 @@
 //! that is so (found by a 3,000-seed run of `tests/index_sim.rs`).
 
 use swarm_core::Fabric;
-use swarm_core::fabric::{Batch, Completion, NodeId};
+use swarm_core::fabric::{Batch, Completion, NodeId, Op};
 use swarm_core::quorum::broadcast_until;
 
 use super::IndexError;
@@ -122,6 +122,91 @@ pub(super) fn plan<F: Fabric>(
         ballot: eng.next_ballot(FIRST),
         proposal,
     })
+}
+
+/// A blind fast round (module docs of [`super`], "one-roundtrip inserts"): the CAS
+/// of the key's first bucket's meta word from all zeros, the word of a bucket that
+/// never changed, to the `SET` of its first slot accepted under ballot 1 with the
+/// fast flag, sent with no read before it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlindInsert {
+    /// The first bucket's meta word.
+    addr: u64,
+    /// What the CAS writes there.
+    word: u64,
+    ballot: Ballot,
+    proposal: Proposal,
+}
+
+/// The word a blind fast round expects: a bucket that never changed.
+const NEVER_CHANGED: u64 = 0;
+
+impl BlindInsert {
+    /// The blind fast round of an insert of `register` into bucket `addr`'s meta word.
+    pub(super) fn new(addr: u64, register: u64) -> Self {
+        let ballot = Ballot(0).next();
+        let proposal = Proposal::Set { slot: 0, register };
+        Self {
+            addr,
+            word: Meta::accepting(ballot, proposal, true).encode(),
+            ballot,
+            proposal,
+        }
+    }
+
+    /// The CAS to run on every node, after the register's value and key header are
+    /// written there (in the same ordered batch).
+    pub fn op(&self) -> Op {
+        Op::Cas {
+            addr: self.addr,
+            expected: NEVER_CHANGED,
+            new: self.word,
+        }
+    }
+}
+
+impl<F: Fabric> Engine<'_, F> {
+    /// Learns what the blind fast round `blind`, sent at `sent`, found on the nodes
+    /// that answered (`took`: each node's previous word, `None` if the answer was not
+    /// a CAS's), and watches its proposal. True when every node of the index took
+    /// it: decided.
+    pub(super) fn learn_blind(
+        &mut self,
+        blind: &BlindInsert,
+        took: &[(NodeId, Option<u64>)],
+        sent: swarm_core::fabric::Nanos,
+    ) -> bool {
+        self.watch_since(FIRST, blind.proposal, blind.ballot, sent);
+        let mut taken = 0;
+        for &(node, previous) in took {
+            self.learn_cas(node, FIRST, Some(NEVER_CHANGED), previous, blind.word);
+            if previous == Some(NEVER_CHANGED) {
+                taken += 1;
+            }
+        }
+        let decided = taken >= self.ix.nodes;
+        if !decided {
+            tracing::debug!(
+                bucket = self.bucket(FIRST),
+                taken,
+                nodes = self.ix.nodes,
+                "index: blind fast round not taken by every node (a bucket in use, a \
+                 racing change, or a node down or slow); the insert goes on from a read"
+            );
+        }
+        decided
+    }
+
+    /// Applies a decided blind fast round in the background.
+    pub(super) async fn apply_blind(
+        &mut self,
+        blind: &BlindInsert,
+        fp: u32,
+    ) -> Result<(), IndexError> {
+        self.apply(FIRST, blind.ballot, blind.proposal, Some(fp), false)
+            .await
+            .map(drop)
+    }
 }
 
 /// Whether some copy merged into `view` promised a ballot newer than anything

@@ -115,6 +115,52 @@
 //! when the first bucket is fuller than the second and more than half full, the
 //! classic insert's choice of the emptier bucket runs instead.
 //!
+//! # One-roundtrip inserts
+//!
+//! The fast round's CAS follows a read because it must expect the word each node
+//! holds. One word needs no read: that of a bucket where **nothing was ever
+//! accepted** and no promise is outstanding, all zeros (a meta word that accepted
+//! anything keeps a non-zero kind for ever, `word.rs`; only a promise-only history
+//! whose ballots wrapped around could bring one back to zero, and a proposer holding
+//! that promise then finds the word changed and fails its accept). A *blind* fast round
+//! ([`Index::blind_insert`]) CASes the key's first bucket's meta word on every node
+//! from zero to the `SET` of slot 0 accepted under ballot 1 with the fast flag: the
+//! exact CAS a read-first fast round sends after reading zeros everywhere, minus the
+//! read. The KV layer runs it in the batch that writes the register's key header and
+//! value, after them, on every node (SWARM §5.3.1: value and mapping "in parallel"),
+//! and hands what each node answered to [`Index::finish_blind`]:
+//!
+//! * **Taken by every node: decided, and the key was absent.** Every node's word was
+//!   still zero when the CAS landed, so nothing was ever accepted in that bucket and
+//!   no promise was outstanding on any node: no change of it was ever decided (so the
+//!   key is not in it), and no classic insert of the key had promised it, which it must do before
+//!   it accepts anything in the key's *second* bucket (so the key is not there
+//!   either, and no such insert is between its fence and its accept: the fence would
+//!   have changed the word). A classic insert of the key that promises the bucket
+//!   later reads the fast value on its whole quorum, finishes it and finds the key,
+//!   as for a read-first fast round (`fast.rs`). The slot is applied in the
+//!   background: one roundtrip in all.
+//! * **Taken by fewer: the insert goes on from a read**, as a read-first insert after
+//!   an undecided fast round, watching the blind proposal (sent at the batch's post
+//!   time) like any of its own. What the blind CAS left is a fast value on the nodes
+//!   whose word was still zero, the same state a read-first fast round leaves when a
+//!   racing change lands between its read and its CAS, and it is judged by the same
+//!   rule (`bucket::newest_accepted`).
+//! * **Why the register must be written first, on the same node.** A reader counts
+//!   a fast value only where every copy of its quorum holds it; each of those nodes
+//!   ran the register's write before the CAS, in one ordered batch (SWARM §2.1), so
+//!   the key header and the value are on that quorum by the time any reader can find
+//!   the mapping. The round is decided only by every node, and runs on a node only
+//!   in the register's batch there, so the KV layer tries it only when the
+//!   register's replicas are all the index's nodes (and not while it suspects a
+//!   node).
+//! * **How often.** A load phase's insert finds its first bucket never used with
+//!   probability about `(m/n)(1 − e^(−n/m))` for `n` inserts into `m` buckets (each
+//!   decided blind insert touches one bucket). A bucket that ever changed stays
+//!   non-zero, so a key re-inserted after a delete, or whose first bucket another
+//!   key used, takes the read-first path: two roundtrips when it is fast, more when
+//!   classic.
+//!
 //! # Knowing one's fate (exactly once)
 //!
 //! A proposer whose accept was preempted does not know whether a helper decided its
@@ -201,16 +247,16 @@
 //!   insert): it is *repaired* (`swarm repair --replace`, [`crate::repair`]), which
 //!   retires its memory, rebuilds it from the other nodes and admits it with a
 //!   configuration change.
-//! * Inserts take two roundtrips in the common case, not the paper's one (§5.3.1
-//!   assumes an index that maps a key in one): the fast round's CAS must expect the
-//!   word a node holds, so it follows a read. An earlier fast path CAS'd *both*
-//!   candidate buckets (the `SET` and a fence) and was withdrawn: a node may take
-//!   one of the two CASes and not the other, so the `SET` could reach every node
-//!   while its fence failed, and a concurrent insert of the same key into the other
-//!   bucket won too (found by a 3,000-seed run of `tests/index_sim.rs`). Today's
-//!   fast round touches the first bucket only (see "fast inserts"). One roundtrip
-//!   would need the CAS to guess the word unread (all-zero for a fresh bucket) and
-//!   the key header written in the same batch ahead of it; not built.
+//! * Inserts take one roundtrip only into a never-used first bucket (see
+//!   "one-roundtrip inserts"); otherwise two in the common case, since the fast
+//!   round's CAS must expect the word a node holds, so it follows a read. A cached
+//!   word from an earlier read would not do: a classic insert may have fenced the
+//!   bucket since, which only a fresh read of the second bucket shows (`fast.rs`).
+//!   An earlier fast path CAS'd *both* candidate buckets (the `SET` and a fence)
+//!   and was withdrawn: a node may take one of the two CASes and not the other, so
+//!   the `SET` could reach every node while its fence failed, and a concurrent
+//!   insert of the same key into the other bucket won too (found by a 3,000-seed run
+//!   of `tests/index_sim.rs`). Fast rounds touch the first bucket only.
 //! * Liveness is obstruction-freedom: proposers that keep preempting each other back
 //!   off (randomised, exponential); [`IndexConfig::max_attempts`] bounds the retries.
 //!   A lookup that races an update may settle the update's change itself, which
@@ -242,6 +288,7 @@ mod update;
 mod watch;
 pub mod word;
 
+pub use fast::BlindInsert;
 pub use scrub::ScrubReport;
 pub use update::InsertRead;
 
@@ -536,6 +583,44 @@ impl Index {
     ) -> Result<InsertRead<'a, F>, IndexError> {
         self.check_fabric(fabric)?;
         update::read_for_insert(self, fabric, stats, key, register, deadline).await
+    }
+
+    /// The blind fast round of a one-roundtrip insert of `key` → `register` (module
+    /// docs, "one-roundtrip inserts"): a CAS ([`BlindInsert::op`]) the caller runs on
+    /// every node, in the batch that writes the register's value and key header there
+    /// and after that write, then hands to [`Index::finish_blind`].
+    pub fn blind_insert(
+        &self,
+        key: &[u8],
+        register: RegisterId,
+    ) -> Result<BlindInsert, IndexError> {
+        update::blind_insert(self, key, register)
+    }
+
+    /// Ends the insert of `key` → `register` whose blind fast round `blind` was sent
+    /// at `sent` and found, on each node that answered, the word in `took` (`None`
+    /// for an answer that was not the CAS's). Decided when every node took it (the
+    /// mapping is then applied in the background, no roundtrip); otherwise the
+    /// insert goes on as [`Index::insert_until`] after its read, and learns whatever
+    /// became of the blind round. `register`'s value and key header must be on a
+    /// majority (the batches that carried the CAS wrote them).
+    #[allow(clippy::too_many_arguments)]
+    pub async fn finish_blind<F: Fabric>(
+        &self,
+        fabric: &F,
+        stats: &OpStats,
+        key: &[u8],
+        register: RegisterId,
+        deadline: Nanos,
+        blind: BlindInsert,
+        sent: Nanos,
+        took: &[(NodeId, Option<u64>)],
+    ) -> Result<InsertOutcome, IndexError> {
+        self.check_fabric(fabric)?;
+        update::finish_blind(
+            self, fabric, stats, key, register, deadline, blind, sent, took,
+        )
+        .await
     }
 
     /// Unmaps `key` if it maps to `register`; `Ok(false)` if it did not. Of several

@@ -215,6 +215,61 @@ pub async fn read_for_insert<'a, F: Fabric>(
     })
 }
 
+/// `Index::blind_insert`.
+pub fn blind_insert(
+    ix: &Index,
+    key: &[u8],
+    register: RegisterId,
+) -> Result<fast::BlindInsert, IndexError> {
+    let hash = ix.hash(key)?;
+    ix.check_register(register)?;
+    Ok(fast::BlindInsert::new(
+        ix.layout.bucket(hash.first),
+        register,
+    ))
+}
+
+/// `Index::finish_blind`.
+#[allow(clippy::too_many_arguments)]
+pub async fn finish_blind<F: Fabric>(
+    ix: &Index,
+    fabric: &F,
+    stats: &OpStats,
+    key: &[u8],
+    register: RegisterId,
+    deadline: Nanos,
+    blind: fast::BlindInsert,
+    sent: Nanos,
+    took: &[(swarm_core::fabric::NodeId, Option<u64>)],
+) -> Result<InsertOutcome, IndexError> {
+    let hash = ix.hash(key)?;
+    ix.check_register(register)?;
+    let mut eng = Engine::new(
+        ix,
+        fabric,
+        stats,
+        &hash.buckets(),
+        register ^ u64::from(hash.fp),
+    )
+    .until(deadline);
+    if eng.learn_blind(&blind, took, sent) {
+        eng.apply_blind(&blind, hash.fp).await?;
+        return Ok(InsertOutcome::Inserted);
+    }
+    let views = eng.read().await?;
+    finish_insert(
+        InsertRead {
+            eng,
+            views,
+            key,
+            hash,
+            register,
+        },
+        stats,
+    )
+    .await
+}
+
 impl<'a, F: Fabric> InsertRead<'a, F> {
     /// Indexes the register for the key read: what [`Index::insert_until`] does
     /// after its read, counting roundtrips in `stats`.

@@ -61,6 +61,13 @@ impl<F: Fabric> Engine<'_, F> {
     /// once sent again: its new accept may be decided, so it is watched from now on.
     pub fn watch(&mut self, i: usize, proposal: Proposal, ballot: Ballot) {
         let now = self.fabric.now();
+        self.watch_since(i, proposal, ballot, now);
+    }
+
+    /// [`Self::watch`] for a proposal that was sent at `sent` (by another step: a
+    /// blind fast round rides on the register's write, `super::fast`).
+    pub fn watch_since(&mut self, i: usize, proposal: Proposal, ballot: Ballot, sent: Nanos) {
+        let now = sent;
         match self
             .watches
             .iter_mut()
