@@ -51,18 +51,18 @@ use std::cell::{Cell, RefCell};
 
 use swarm_core::ProtocolConfig;
 use swarm_core::encoding::WriterId;
-use swarm_core::fabric::Nanos;
+use swarm_core::fabric::{Nanos, Op, OpOutput};
 use swarm_core::quorum::broadcast;
 use swarm_core::resume::scan_log;
 use swarm_core::{
-    Batch, Client, Clock, DeleteOutcome, DeleteVotes, Fabric, FirstDeleter, FreshOutcome, NodeId,
-    OpStats, ReadValue, RegisterCache, RegisterLoc, Replicas, WriteOutcome, yield_now,
+    Batch, Carried, Client, Clock, DeleteOutcome, DeleteVotes, Fabric, FirstDeleter, FreshOutcome,
+    NodeId, OpStats, ReadValue, RegisterCache, RegisterLoc, Replicas, WriteOutcome, yield_now,
 };
 use xxhash_rust::xxh3::xxh3_64;
 
 use crate::cache::{Location, LocationCache};
 use crate::configuration::Configuration;
-use crate::index::{Index, IndexConfig, IndexError, InsertOutcome};
+use crate::index::{BlindInsert, Index, IndexConfig, IndexError, InsertOutcome};
 use crate::layout::{NodeLayout, decode_payload, encode_key_header, encode_payload};
 use crate::lease_renewal::{LeaseHolder, renew_now};
 use crate::recycle::{RecycleStats, Recycler, ReplicaStatus, Retired};
@@ -1056,6 +1056,10 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
     /// both in one batch per replica (`swarm_core`'s `write_fresh`: the register races
     /// nothing before it is published); the baselines write the header next to an
     /// ordinary write.
+    ///
+    /// With `carried` (Safe-Guess only), that operation rides after the write in every
+    /// replica's batch (`swarm_core`'s `write_fresh_carrying`); returns what it
+    /// returned on each replica that answered (empty without it).
     async fn write_fresh(
         &self,
         fresh: &mut Located,
@@ -1063,7 +1067,8 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         header_at: u64,
         mut header: Vec<u8>,
         payload: &[u8],
-    ) -> Result<(), KvError> {
+        carried: Option<Op>,
+    ) -> Result<Carried, KvError> {
         let header_len = header.len();
         let fabric = self.swarm.fabric();
         if self.protocol == RegisterProtocol::SafeGuess {
@@ -1076,15 +1081,34 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
                 });
             }
             header.resize(area, 0);
-            let outcome = self
-                .swarm
-                .write_fresh(&fresh.loc, &mut fresh.knowledge, stats, payload, &header)
-                .await?;
+            let (outcome, outputs) = match carried {
+                None => {
+                    let outcome = self
+                        .swarm
+                        .write_fresh(&fresh.loc, &mut fresh.knowledge, stats, payload, &header)
+                        .await?;
+                    (outcome, Carried::new())
+                }
+                Some(op) => {
+                    self.swarm
+                        .write_fresh_carrying(
+                            &fresh.loc,
+                            &mut fresh.knowledge,
+                            stats,
+                            payload,
+                            &header,
+                            op,
+                        )
+                        .await?
+                }
+            };
             if outcome == FreshOutcome::Written {
-                return Ok(());
+                return Ok(outputs);
             }
             // Not cleared (a recycling bug): the ordinary write handles any state.
             // The header is already where the replicas answered.
+            let _ = self.write_register(fresh, stats, payload).await?;
+            return Ok(outputs);
         }
         let replicas = fresh.loc.replicas.clone();
         // The header goes to every replica: let their cache misses overlap (the value
@@ -1107,7 +1131,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         stats.join_branches(&[&header_stats, &value_stats]);
         header_written?;
         value_written?;
-        Ok(())
+        Ok(Carried::new())
     }
 
     async fn write_register(
@@ -1326,6 +1350,27 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         result.map(drop)
     }
 
+    /// The blind fast round an insert of `key` → `register` carries in its register
+    /// write (index module docs, "one-roundtrip inserts"), or `None` where there is
+    /// none to try: a baseline protocol (no fresh-register write to carry it), fast
+    /// inserts turned off, registers on fewer nodes than the index (the round is
+    /// decided only by every node, and it may only run on a node after the register's
+    /// write there), or a node suspected (the round needs every node).
+    fn blind_insert(
+        &self,
+        key: &[u8],
+        register: RegisterId,
+    ) -> Result<Option<BlindInsert>, KvError> {
+        if self.protocol != RegisterProtocol::SafeGuess
+            || !self.index.config.fast_inserts
+            || usize::from(self.layout.params.replicas) != self.nodes
+            || self.swarm.suspicion().any()
+        {
+            return Ok(None);
+        }
+        Ok(Some(self.index.blind_insert(key, register)?))
+    }
+
     /// Writes `fresh` (key header and value) and maps `key` to it, or updates the
     /// key's existing register if it is present. Sets `uncertain` when an index call
     /// could not tell whether it mapped `fresh`.
@@ -1345,27 +1390,64 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
             .key_header(register)
             .ok_or(KvError::Corrupted { register })?;
         let header = encode_key_header(key);
-        // Two steps in flight together, one roundtrip: the key header with the value,
-        // and the read of the key's index buckets (§5.3.1). The index changes only
-        // once the header is on a majority (a register is never indexed before its
-        // key header), in one more roundtrip on the fast path (`index::fast`).
-        let (write_stats, read_stats) = (stats.branch(), stats.branch());
-        let write = self.write_fresh(fresh, &write_stats, header_at, header, payload);
-        let read_sent = fabric.now();
-        let read_index = self
-            .index
-            .read_for_insert(fabric, &read_stats, key, register, deadline);
-        let (written, index_read) = swarm_core::join(write, read_index).await;
-        stats.join_branches(&[&write_stats, &read_stats]);
-        written?;
-        let mut index_read = Some((index_read, read_sent));
-        for _ in 0..MAX_RETRIES {
+        let mut first = if let Some(blind) = self.blind_insert(key, register)? {
+            // One roundtrip (§5.3.1, index "one-roundtrip inserts"): the key header, the
+            // value and the index's blind fast round in one ordered batch per node,
+            // the index CAS last, so that no node maps the register before it holds
+            // the header and the value.
+            let sent = fabric.now();
+            let written = self
+                .write_fresh(fresh, stats, header_at, header, payload, Some(blind.op()))
+                .await;
+            let outputs = match written {
+                Ok(outputs) => outputs,
+                Err(e) => {
+                    // The CAS may have taken on every node.
+                    uncertain.set(true);
+                    return Err(e);
+                }
+            };
+            let took: Vec<(NodeId, Option<u64>)> = outputs
+                .iter()
+                .map(|(node, output)| match output {
+                    OpOutput::Cas(previous) => (*node, Some(*previous)),
+                    _ => (*node, None),
+                })
+                .collect();
+            if let Err(e) = self.fence(deadline) {
+                uncertain.set(true);
+                return Err(e);
+            }
+            let attempt = self
+                .index
+                .finish_blind(fabric, stats, key, register, deadline, blind, sent, &took)
+                .await;
+            Some((attempt, sent))
+        } else {
+            // Two steps in flight together, one roundtrip: the key header with the
+            // value, and the read of the key's index buckets (§5.3.1). The index
+            // changes only once the header is on a majority (a register is never
+            // indexed before its key header), in one more roundtrip on the fast path
+            // (`index::fast`).
+            let (write_stats, read_stats) = (stats.branch(), stats.branch());
+            let write = self.write_fresh(fresh, &write_stats, header_at, header, payload, None);
+            let read_sent = fabric.now();
+            let read_index =
+                self.index
+                    .read_for_insert(fabric, &read_stats, key, register, deadline);
+            let (written, index_read) = swarm_core::join(write, read_index).await;
+            stats.join_branches(&[&write_stats, &read_stats]);
+            written?;
+            // Nothing was proposed if the read failed: the register was not mapped.
+            let read = index_read?;
             self.fence(deadline)?;
-            let (attempt, asked) = match index_read.take() {
-                Some((Ok(read), sent)) => (read.finish(stats).await, sent),
-                // Nothing was proposed: the register was not mapped.
-                Some((Err(e), _)) => return Err(e.into()),
+            Some((read.finish(stats).await, read_sent))
+        };
+        for _ in 0..MAX_RETRIES {
+            let (attempt, asked) = match first.take() {
+                Some(first) => first,
                 None => {
+                    self.fence(deadline)?;
                     let asked = fabric.now();
                     let attempt = self
                         .index

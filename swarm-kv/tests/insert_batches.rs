@@ -1,10 +1,13 @@
-//! What an insert posts to its fresh register (SWARM §5.3.1, "Clients pre-allocate
-//! cleared buffers so that this step completes in one roundtrip"): one batch to each
-//! replica of the preferred majority that reads the metadata words, writes the record's out-of-place buffer,
-//! writes the key header together with the value in place, and CASes the writer's
-//! metadata word to the write, VERIFIED (`swarm_core`'s `Client::write_fresh`). No
-//! other batch touches the register during the insert: no separate header write, no
-//! guessed write round, no background VERIFIED mark.
+//! What an insert posts (SWARM §5.3.1: the value and the index mapping "in
+//! parallel", and "Clients pre-allocate cleared buffers so that this step completes
+//! in one roundtrip"): one batch to every replica that reads the metadata words,
+//! writes the record's out-of-place buffer, writes the key header together with the
+//! value in place, CASes the writer's metadata word to the write, VERIFIED
+//! (`swarm_core`'s `Client::write_fresh_carrying`), and last CASes the key's first
+//! index bucket from a never-used word (the index's blind fast round). One
+//! roundtrip. No other batch touches the register during the insert: no separate
+//! header write, no guessed write round, no background VERIFIED mark; and no other
+//! batch is waited for.
 //!
 //! Checked on shared memory through a traced fabric (`Traced`) that records every
 //! batch, waited for or in the background. The insert's answer is checked too.
@@ -85,14 +88,16 @@ fn an_insert_writes_its_register_in_one_batch_per_replica_and_nothing_else() {
     block_on(fabric, client.insert(b"warm-up", b"w", &OpStats::new())).expect("insert");
     fabric.tracer().posted.borrow_mut().clear();
     let (key, value) = (b"checked-key", [0x5Au8; 20]);
-    block_on(fabric, client.insert(key, &value, &OpStats::new())).expect("insert");
+    let stats = OpStats::new();
+    block_on(fabric, client.insert(key, &value, &stats)).expect("insert");
+    assert_eq!(stats.roundtrips(), 1, "the insert takes one roundtrip");
+    let during_insert = fabric.tracer().posted.borrow().len();
     let got = block_on(fabric, client.get(key, &OpStats::new())).expect("get");
     assert_eq!(got.as_deref(), Some(&value[..]));
 
     let posted = fabric.tracer().posted.borrow().clone();
     let key_header = encode_key_header(key);
-    // The batches that write the key header: the fresh write's, one per replica of
-    // the preferred majority (the third replica only if one of them is slow).
+    // The batches that write the key header: the fresh write's, one per replica.
     let fresh: Vec<&Posted> = posted
         .iter()
         .filter(|p| {
@@ -101,8 +106,11 @@ fn an_insert_writes_its_register_in_one_batch_per_replica_and_nothing_else() {
                 .any(|op| matches!(op, Op::Write { data, .. } if data.starts_with(&key_header)))
         })
         .collect();
-    assert_eq!(fresh.len(), 2, "one header write per replica: {fresh:#?}");
-    assert_ne!(fresh[0].node, fresh[1].node);
+    assert_eq!(fresh.len(), 3, "one header write per replica: {fresh:#?}");
+    let mut nodes: Vec<NodeId> = fresh.iter().map(|p| p.node).collect();
+    nodes.dedup();
+    assert_eq!(nodes.len(), 3, "one batch to each replica");
+
     for p in &fresh {
         assert!(!p.detached, "the fresh write is waited for");
         let kinds: Vec<&str> = p
@@ -114,8 +122,43 @@ fn an_insert_writes_its_register_in_one_batch_per_replica_and_nothing_else() {
                 Op::Cas { .. } => "cas",
             })
             .collect();
-        assert_eq!(kinds, ["read", "write", "write", "cas"], "{p:#?}");
+        assert_eq!(kinds, ["read", "write", "write", "cas", "cas"], "{p:#?}");
     }
+    // The last CAS, the same on every node: the index's, from a never-used word.
+    let Op::Cas {
+        addr: index_at,
+        expected: 0,
+        new,
+    } = fresh[0].ops[4]
+    else {
+        panic!("the index CAS expects a never-used bucket: {:#?}", fresh[0]);
+    };
+    assert!(fresh.iter().all(|p| p.ops[4] == fresh[0].ops[4]));
+    assert_ne!(new, 0);
+    // The insert waited for nothing else in the key's bucket: the mapping's slot is
+    // written in the background.
+    let bucket = index_at..index_at + 64;
+    let in_bucket: Vec<&Posted> = posted[..during_insert]
+        .iter()
+        .filter(|p| {
+            !p.detached
+                && p.ops.iter().any(|op| {
+                    let (start, end) = op_range(op);
+                    start < bucket.end && bucket.start < end
+                })
+        })
+        .collect();
+    assert_eq!(
+        in_bucket.len(),
+        3,
+        "waited for in the bucket: {in_bucket:#?}"
+    );
+    assert!(
+        posted[..during_insert]
+            .iter()
+            .any(|p| p.detached && p.ops.iter().any(|op| bucket.contains(&op_range(op).0))),
+        "the slot is applied in the background"
+    );
     let slot_at = op_range(&fresh[0].ops[2]).0;
     let slot = slot_at..slot_at + layout.register_slot_bytes;
     for p in &fresh {
@@ -137,6 +180,7 @@ fn an_insert_writes_its_register_in_one_batch_per_replica_and_nothing_else() {
             "the metadata read and the CAS are the register's"
         );
     }
+    assert!(!slot.contains(&index_at), "the last CAS is the index's");
     // Nothing else touches the register during the insert: only the get after it.
     let touching = posted
         .iter()
