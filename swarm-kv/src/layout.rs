@@ -301,9 +301,12 @@ impl ClusterParams {
             });
         }
         self.registers = chunks * u64::from(self.chunk_registers);
-        // RACE-style two-choice placement over 7-slot buckets: one bucket per two
-        // registers keeps the fullest bucket below 7 at 100% fill, with headroom.
-        self.index_buckets = (self.registers / 2).next_power_of_two().max(2);
+        // One bucket per register or more (the budget above counts one each), rounded
+        // up to a power of two. RACE-style two-choice placement over 7-slot buckets
+        // would keep the fullest bucket below 7 at 100% fill with half as many; the
+        // rest keeps first buckets unused longer, and an insert into a never-used
+        // first bucket takes one roundtrip (`crate::index`, "One-roundtrip inserts").
+        self.index_buckets = self.registers.next_power_of_two().max(2);
         let used = NodeLayout::new(self)?.end();
         let left = node_bytes.saturating_sub(used + AREA_ALIGN);
         // Each writer's log, and its summary (one bit per slot, a header, padding).
