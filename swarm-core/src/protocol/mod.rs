@@ -11,7 +11,9 @@
 //!    deletes with the tombstone timestamp in a write-once delete word (§5.3.2), and
 //!    what a delete that raced another one may report; `fresh` — the first write of
 //!    a fresh, unpublished register ([`Client::write_fresh`], §5.3.1: one batch per
-//!    replica of a majority, VERIFIED at once, since it races nothing).
+//!    replica of a majority, VERIFIED at once, since it races nothing; with
+//!    [`Client::write_fresh_carrying`], one batch per replica that also carries a
+//!    store's own operation after the write, such as SWARM-KV's index CAS).
 //! 5. [`abd`] and [`raw`] — the DM-ABD and unreplicated baselines of §7.
 //!
 //! Beside the layers: [`quorum`], the broadcast and preferred-majority steps they

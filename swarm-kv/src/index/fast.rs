@@ -1,5 +1,7 @@
 //! The fast round of an insert: one roundtrip after the read (module docs of
-//! [`super`], "fast inserts").
+//! [`super`], "fast inserts"), or none of its own when it is blind and rides in the
+//! register's write ([`BlindInsert`], module docs of [`super`], "one-roundtrip
+//! inserts").
 //!
 //! A classic insert needs three roundtrips after its read: promise both buckets,
 //! fence the other one, accept. When the read shows the key's *first* bucket settled

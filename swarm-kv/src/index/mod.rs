@@ -229,7 +229,8 @@
 //! roundtrips), and, if the change was decided, delays the next change of that bucket
 //! by `ack_wait_ns`, once. Measured on the simulated fabric (3 nodes, ~1 µs one way,
 //! `tests/index_sim.rs`): with 200 keys and no faults, 95% of resolves take one
-//! roundtrip and inserts take 2 (4 without the fast round, p99 5); with 5 clients
+//! roundtrip and read-first inserts take 2 (4 without the fast round, p99 5; a blind
+//! fast round takes 1, `common_case_roundtrips_on_the_simulated_fabric`); with 5 clients
 //! hammering 3 keys, updates take
 //! 3-4 roundtrips at the median and up to ~15 when preempted, plus backoff.
 //!
