@@ -70,8 +70,10 @@ use crate::register_alloc::RegisterAllocator;
 use crate::writer_ids::{self, Registration, Resume};
 use crate::{KvError, RegisterId};
 
+mod blind_policy;
 mod deferred_unmap;
 
+use blind_policy::BlindPolicy;
 pub use deferred_unmap::DeferredUnmapStats;
 use deferred_unmap::DeferredUnmaps;
 
@@ -215,6 +217,8 @@ pub struct KvClient<F: Fabric, C: Clock> {
     followed: RefCell<Option<Configuration>>,
     /// Index unmaps of deletes that returned at their tombstone.
     deferred: RefCell<DeferredUnmaps>,
+    /// Whether inserts try the index's blind fast round (`blind_policy`).
+    blind: BlindPolicy,
 }
 
 impl<F: Fabric, C: Clock> std::fmt::Debug for KvClient<F, C> {
@@ -429,6 +433,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
             config_checked: Cell::new(0),
             followed: RefCell::new(None),
             deferred: RefCell::new(DeferredUnmaps::new(config.deferred_unmaps)),
+            blind: BlindPolicy::new(),
         })
     }
 
@@ -1355,7 +1360,8 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
     /// none to try: a baseline protocol (no fresh-register write to carry it), fast
     /// inserts turned off, registers on fewer nodes than the index (the round is
     /// decided only by every node, and it may only run on a node after the register's
-    /// write there), or a node suspected (the round needs every node).
+    /// write there), a node suspected (the round needs every node), or too few of this
+    /// client's recent rounds decided for one more to pay (`blind_policy`).
     fn blind_insert(
         &self,
         key: &[u8],
@@ -1365,6 +1371,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
             || !self.index.config.fast_inserts
             || usize::from(self.layout.params.replicas) != self.nodes
             || self.swarm.suspicion().any()
+            || !self.blind.should_try()
         {
             return Ok(None);
         }
@@ -1414,6 +1421,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
                     _ => (*node, None),
                 })
                 .collect();
+            self.blind.record(self.index.blind_decided(&took));
             if let Err(e) = self.fence(deadline) {
                 uncertain.set(true);
                 return Err(e);

@@ -167,6 +167,14 @@ impl BlindInsert {
     }
 }
 
+/// How many nodes took a blind fast round whose CAS found the words in `took` (at
+/// most one answer per node).
+pub(super) fn blind_taken(took: &[(NodeId, Option<u64>)]) -> usize {
+    took.iter()
+        .filter(|(_, previous)| *previous == Some(NEVER_CHANGED))
+        .count()
+}
+
 impl<F: Fabric> Engine<'_, F> {
     /// Learns what the blind fast round `blind`, sent at `sent`, found on the nodes
     /// that answered (`took`: each node's previous word, `None` if the answer was not
@@ -179,13 +187,10 @@ impl<F: Fabric> Engine<'_, F> {
         sent: swarm_core::fabric::Nanos,
     ) -> bool {
         self.watch_since(FIRST, blind.proposal, blind.ballot, sent);
-        let mut taken = 0;
         for &(node, previous) in took {
             self.learn_cas(node, FIRST, Some(NEVER_CHANGED), previous, blind.word);
-            if previous == Some(NEVER_CHANGED) {
-                taken += 1;
-            }
         }
+        let taken = blind_taken(took);
         let decided = taken >= self.ix.nodes;
         if !decided {
             tracing::debug!(

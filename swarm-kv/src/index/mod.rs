@@ -158,8 +158,10 @@
 //!   probability about `(m/n)(1 − e^(−n/m))` for `n` inserts into `m` buckets (each
 //!   decided blind insert touches one bucket). A bucket that ever changed stays
 //!   non-zero, so a key re-inserted after a delete, or whose first bucket another
-//!   key used, takes the read-first path: two roundtrips when it is fast, more when
-//!   classic.
+//!   key used, fails its blind round and goes on from a read: three roundtrips,
+//!   where the read-first path alone takes two. The KV client therefore tries blind
+//!   rounds only while more than half of its recent ones were decided (its
+//!   `blind_policy`), and otherwise one insert in 32.
 //!
 //! # Knowing one's fate (exactly once)
 //!
@@ -596,6 +598,12 @@ impl Index {
         register: RegisterId,
     ) -> Result<BlindInsert, IndexError> {
         update::blind_insert(self, key, register)
+    }
+
+    /// Whether a blind fast round whose CAS found, on each node that answered, the
+    /// word in `took` is decided: every node of the index took it.
+    pub fn blind_decided(&self, took: &[(NodeId, Option<u64>)]) -> bool {
+        fast::blind_taken(took) >= self.nodes
     }
 
     /// Ends the insert of `key` → `register` whose blind fast round `blind` was sent
