@@ -487,6 +487,10 @@ fn connect(
 }
 
 fn run(seed: u64) {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
     let layout = layout();
     let config = SimConfig::new(3, layout.end() as usize).keep_trace(false);
     let world = SimWorld::new(seed, config);
@@ -562,9 +566,10 @@ fn run(seed: u64) {
         .collect();
     assert!(
         unexplained.is_empty(),
-        "seed {seed}: {} operations failed (repair done at {repaired} ns, keeper crashed at {:?}), e.g. {:?}",
+        "seed {seed}: {} operations failed (repair done at {repaired} ns, keeper crashed at {:?}, lost node crashed at {:?}), e.g. {:?}",
         unexplained.len(),
         shared.keeper_crashed.get(),
+        shared.lost_crashed.get(),
         &unexplained[..unexplained.len().min(3)]
     );
     let (deletes, undecided) = (shared.deletes.get(), shared.undecided.get());
