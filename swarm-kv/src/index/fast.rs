@@ -190,12 +190,11 @@ impl<F: Fabric> Engine<'_, F> {
         for &(node, previous) in took {
             self.learn_cas(node, FIRST, Some(NEVER_CHANGED), previous, blind.word);
         }
-        let taken = blind_taken(took);
-        let decided = taken >= self.ix.nodes;
+        let decided = self.ix.blind_decided(took);
         if !decided {
             tracing::debug!(
                 bucket = self.bucket(FIRST),
-                taken,
+                taken = blind_taken(took),
                 nodes = self.ix.nodes,
                 "index: blind fast round not taken by every node (a bucket in use, a \
                  racing change, or a node down or slow); the insert goes on from a read"
