@@ -1378,6 +1378,35 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         Ok(Some(self.index.blind_insert(key, register)?))
     }
 
+    /// One roundtrip (§5.3.1, index "one-roundtrip inserts"): writes `fresh` (key
+    /// `header` at `header_at`, and `payload`) with the index's `blind` fast round
+    /// last in its batch to every node, so that no node maps the register before it
+    /// holds the header and the value. Returns what the blind CAS found on each node
+    /// that answered, and when it was sent.
+    async fn write_fresh_blind(
+        &self,
+        fresh: &mut Located,
+        stats: &OpStats,
+        header_at: u64,
+        header: Vec<u8>,
+        payload: &[u8],
+        blind: &BlindInsert,
+    ) -> Result<(Vec<(NodeId, Option<u64>)>, Nanos), KvError> {
+        let sent = self.swarm.fabric().now();
+        let outputs = self
+            .write_fresh(fresh, stats, header_at, header, payload, Some(blind.op()))
+            .await?;
+        let took: Vec<(NodeId, Option<u64>)> = outputs
+            .iter()
+            .map(|(node, output)| match output {
+                OpOutput::Cas(previous) => (*node, Some(*previous)),
+                _ => (*node, None),
+            })
+            .collect();
+        self.blind.record(self.index.blind_decided(&took));
+        Ok((took, sent))
+    }
+
     /// Writes `fresh` (key header and value) and maps `key` to it, or updates the
     /// key's existing register if it is present. Sets `uncertain` when an index call
     /// could not tell whether it mapped `fresh`.
@@ -1398,30 +1427,15 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
             .ok_or(KvError::Corrupted { register })?;
         let header = encode_key_header(key);
         let mut first = if let Some(blind) = self.blind_insert(key, register)? {
-            // One roundtrip (§5.3.1, index "one-roundtrip inserts"): the key header, the
-            // value and the index's blind fast round in one ordered batch per node,
-            // the index CAS last, so that no node maps the register before it holds
-            // the header and the value.
-            let sent = fabric.now();
-            let written = self
-                .write_fresh(fresh, stats, header_at, header, payload, Some(blind.op()))
-                .await;
-            let outputs = match written {
-                Ok(outputs) => outputs,
+            let written = self.write_fresh_blind(fresh, stats, header_at, header, payload, &blind);
+            let (took, sent) = match written.await {
+                Ok(written) => written,
                 Err(e) => {
                     // The CAS may have taken on every node.
                     uncertain.set(true);
                     return Err(e);
                 }
             };
-            let took: Vec<(NodeId, Option<u64>)> = outputs
-                .iter()
-                .map(|(node, output)| match output {
-                    OpOutput::Cas(previous) => (*node, Some(*previous)),
-                    _ => (*node, None),
-                })
-                .collect();
-            self.blind.record(self.index.blind_decided(&took));
             if let Err(e) = self.fence(deadline) {
                 uncertain.set(true);
                 return Err(e);
