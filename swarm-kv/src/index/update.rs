@@ -186,6 +186,28 @@ pub async fn insert<F: Fabric>(
     finish_insert(read, stats).await
 }
 
+/// The engine of an insert of `key` → `register`, and the key's hash.
+fn insert_engine<'a, F: Fabric>(
+    ix: &'a Index,
+    fabric: &'a F,
+    stats: &'a OpStats,
+    key: &[u8],
+    register: RegisterId,
+    deadline: Nanos,
+) -> Result<(Engine<'a, F>, KeyHash), IndexError> {
+    let hash = ix.hash(key)?;
+    ix.check_register(register)?;
+    let eng = Engine::new(
+        ix,
+        fabric,
+        stats,
+        &hash.buckets(),
+        register ^ u64::from(hash.fp),
+    )
+    .until(deadline);
+    Ok((eng, hash))
+}
+
 /// The first step of an insert: reads the key's candidate buckets (one roundtrip).
 pub async fn read_for_insert<'a, F: Fabric>(
     ix: &'a Index,
@@ -195,16 +217,7 @@ pub async fn read_for_insert<'a, F: Fabric>(
     register: RegisterId,
     deadline: Nanos,
 ) -> Result<InsertRead<'a, F>, IndexError> {
-    let hash = ix.hash(key)?;
-    ix.check_register(register)?;
-    let mut eng = Engine::new(
-        ix,
-        fabric,
-        stats,
-        &hash.buckets(),
-        register ^ u64::from(hash.fp),
-    )
-    .until(deadline);
+    let (mut eng, hash) = insert_engine(ix, fabric, stats, key, register, deadline)?;
     let views = eng.read().await?;
     Ok(InsertRead {
         eng,
@@ -242,16 +255,7 @@ pub async fn finish_blind<F: Fabric>(
     sent: Nanos,
     took: &[(swarm_core::fabric::NodeId, Option<u64>)],
 ) -> Result<InsertOutcome, IndexError> {
-    let hash = ix.hash(key)?;
-    ix.check_register(register)?;
-    let mut eng = Engine::new(
-        ix,
-        fabric,
-        stats,
-        &hash.buckets(),
-        register ^ u64::from(hash.fp),
-    )
-    .until(deadline);
+    let (mut eng, hash) = insert_engine(ix, fabric, stats, key, register, deadline)?;
     if eng.learn_blind(&blind, took, sent) {
         eng.apply_blind(&blind, hash.fp).await?;
         return Ok(InsertOutcome::Inserted);
