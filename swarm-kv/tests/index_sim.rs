@@ -37,6 +37,9 @@ struct Scenario {
     keys: u32,
     buckets: u64,
     faults: Faults,
+    /// Whether the [`blind_client`]s insert with blind rounds (otherwise they read
+    /// first, as the other fast clients).
+    blind: bool,
 }
 
 /// Shared state of a run: the world, the history, register allocation.
@@ -119,6 +122,7 @@ async fn blind_insert(
 }
 
 /// One client: random index operations on the scenario's keys, each recorded.
+#[allow(clippy::too_many_arguments)]
 async fn client_task(
     shared: Shared,
     ix: Index,
@@ -127,6 +131,7 @@ async fn client_task(
     ops: u32,
     keys: u32,
     seed: u64,
+    blind: bool,
 ) {
     let mut rng = SimRng::new(seed);
     let mut known: HashMap<String, u64> = HashMap::new();
@@ -156,7 +161,7 @@ async fn client_task(
         } else if roll < 65 {
             let r = shared.register_for(&key);
             let id = log.begin(c, OpKind::Insert, &key, Some(&value(r)), start);
-            let inserted = if blind_client(c) {
+            let inserted = if blind {
                 let nodes = shared.world.node_count();
                 blind_insert(&ix, &fabric, &stats, nodes, key.as_bytes(), r).await
             } else {
@@ -309,6 +314,7 @@ fn run(s: Scenario) -> usize {
             s.ops,
             s.keys,
             rng.next_u64(),
+            s.blind && blind_client(u64::from(c)),
         );
         runner.spawn(fabric.id(), task);
     }
@@ -346,6 +352,7 @@ fn scenario(seed: u64) -> Scenario {
         keys: 3,
         buckets: 4,
         faults: Faults::default(),
+        blind: true,
     }
 }
 
@@ -392,6 +399,9 @@ fn many_keys_sharing_few_buckets_stay_linearizable() {
                 slow_node: false,
                 crash_clients: 1,
             },
+            // Read-first fast rounds only, as before blind rounds existed: the seeds
+            // above are where their guards' mutants fail first.
+            blind: false,
             ..scenario(seed)
         });
     });
@@ -414,6 +424,7 @@ fn inserts_racing_on_one_bucket_pair_stay_linearizable() {
                 slow_node: seed % 2 == 0,
                 crash_clients: 0,
             },
+            blind: false,
             ..scenario(seed)
         });
     });
@@ -645,6 +656,7 @@ fn a_node_that_comes_back_with_old_memory_does_not_resurrect_old_mappings() {
                 25,
                 s.keys,
                 seed ^ u64::from(c),
+                blind_client(u64::from(c)),
             );
             runner.spawn(fabric.id(), task);
         }
