@@ -67,12 +67,13 @@
 
 use crate::clock::Clock;
 use crate::encoding::{Flag, Tsp};
-use crate::fabric::{Batch, Fabric, NodeId, Op, OpOutput, Payload};
+use crate::fabric::{Batch, Fabric, FabricError, NodeId, Op, OpOutput, Payload};
 use crate::layout::SLOT_LOCK_BYTES;
-use crate::roundtrip::{OpStats, Roundtrip, WaitOutcome};
+use crate::roundtrip::{OpStats, Roundtrip};
 
 use super::inout::{self, MaxOutcome};
 use super::maxreg::shared_record;
+use super::quorum;
 use super::register::{MAX_REPLICAS, RegisterCache, RegisterLoc};
 use super::{Client, SwarmError};
 
@@ -185,7 +186,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         self.track(reg, ts);
         let cleared = Tsp::EMPTY;
         let everyone: heapless::Vec<usize, MAX_REPLICAS> = (0..reg.replicas.len()).collect();
-        let build = |_| {
+        let build = || {
             let mut batch = Batch::new();
             batch.push(inout::read_op(&self.layout, reg.addr, false))?;
             batch.push(inout::buffer_write_op(buffer, record.clone()))?;
@@ -204,7 +205,10 @@ impl<F: Fabric, C: Clock> Client<F, C> {
             Ok(batch)
         };
         let rt = match carried {
-            None => self.quorum_step(stats, reg, &everyone, q, build).await?,
+            None => {
+                self.quorum_step(stats, reg, &everyone, q, |_| build())
+                    .await?
+            }
             Some(_) => self.every_replica_step(stats, reg, build).await?,
         };
         let mut outputs = Carried::new();
@@ -248,38 +252,34 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         Ok((FreshOutcome::Written, outputs))
     }
 
-    /// Posts `build(p)` to every replica `p` at once, waits for a majority (as any
-    /// write), then gives the others `slow_after_ns` to answer; those that do not
-    /// are suspected, as by a quorum step.
+    /// Posts `build()` to every replica at once, waits for a majority (as any
+    /// write), then gives the others `slow_after_ns` to answer
+    /// ([`quorum::broadcast_until_among`]); those that do not are suspected, as by a quorum
+    /// step.
     async fn every_replica_step<'a>(
         &'a self,
         stats: &'a OpStats,
         reg: &RegisterLoc,
-        mut build: impl FnMut(usize) -> Result<Batch, crate::fabric::FabricError>,
+        mut build: impl FnMut() -> Result<Batch, FabricError>,
     ) -> Result<Roundtrip<'a, F>, SwarmError> {
-        let n = reg.replicas.len();
-        let mut rt = Roundtrip::start(&self.fabric, stats);
-        for p in 0..n {
-            rt.post(reg.replicas.node(p), build(p)?)?;
-        }
-        if !rt.reached(n) {
-            rt.wait(reg.replicas.quorum()).await?;
-            // A patience, not a fence: the clock as the wait just read it will do.
-            let deadline = self
-                .fabric
-                .recent_now()
-                .saturating_add(self.config.slow_after_ns);
-            if rt.wait_until(n, deadline).await == WaitOutcome::Short {
-                for p in 0..n {
-                    let node = reg.replicas.node(p);
-                    if !rt.replies().iter().any(|(r, _)| *r == node) {
-                        self.suspect(node);
-                    }
-                }
+        let replicas = (0..reg.replicas.len()).map(|p| reg.replicas.node(p));
+        let answered = |replies: &[(NodeId, _)], node| replies.iter().any(|(r, _)| *r == node);
+        let rt = quorum::broadcast_until_among(
+            &self.fabric,
+            stats,
+            replicas.clone(),
+            reg.replicas.quorum(),
+            self.config.slow_after_ns,
+            |_| build().map(Some),
+            |replies| replies.len() == reg.replicas.len(),
+        )
+        .await?;
+        for node in replicas {
+            if answered(rt.replies(), node) {
+                self.trust(node);
+            } else {
+                self.suspect(node);
             }
-        }
-        for (node, _) in rt.replies() {
-            self.trust(*node);
         }
         Ok(rt)
     }

@@ -8,11 +8,11 @@
 //! * [`broadcast`] posts to every node of a set and waits until `k` answered: the
 //!   plain majority step (writing a key header, claiming a word, reading a
 //!   superblock).
-//! * [`broadcast_until`] also posts to every node at once, waits for a quorum, then
-//!   for more replies while they are not `enough`, giving each straggler a deadline.
-//!   Steps whose every copy matters use it (Paxos phases of an index, where every
-//!   node should see every promise so that copies stay alike; a log scan that must
-//!   see a minority's records).
+//! * [`broadcast_until`] (and [`broadcast_until_among`] a set of nodes) also posts
+//!   to every node at once, waits for a quorum, then for more replies while they are not `enough`, giving each
+//!   straggler a deadline. Steps whose every copy matters use it (a log scan that
+//!   must see a minority's records, a fresh register's write that carries a store's
+//!   operation to every replica).
 //! * [`preferred_step`] asks a *preferred* set first and everybody else only once
 //!   one of them is slow, failed or returned something unusable (SWARM §6, the
 //!   preferred majority that keeps the common case at `f + 1` batches).
@@ -66,8 +66,28 @@ where
 }
 
 /// Posts `build(node)` (when it returns a batch) to every node of the fabric, waits
-/// for a quorum of `q` replies, then for more while the replies are not `enough`,
-/// giving each straggler `slow_after` to answer. Returns once `enough` holds, every
+/// for a quorum of `q` replies, then for more while the replies are not `enough`:
+/// [`broadcast_until_among`] the whole cluster.
+pub fn broadcast_until<'a, F, B, E>(
+    fabric: &'a F,
+    stats: &'a OpStats,
+    q: usize,
+    slow_after: Nanos,
+    build: B,
+    enough: E,
+) -> impl Future<Output = Result<Roundtrip<'a, F>, FabricError>>
+where
+    F: Fabric + ?Sized,
+    B: FnMut(NodeId) -> Result<Option<Batch>, FabricError>,
+    E: FnMut(&[(NodeId, Completion)]) -> bool,
+{
+    let all = nodes(fabric.node_count());
+    broadcast_until_among(fabric, stats, all, q, slow_after, build, enough)
+}
+
+/// Posts `build(node)` (when it returns a batch) to each of `nodes`, waits for a
+/// quorum of `q` replies, then for more while the replies are not `enough`, giving
+/// each straggler `slow_after` to answer. Returns once `enough` holds, every
 /// posted node answered or failed, or a straggler's deadline passed; the caller
 /// judges the replies it gets.
 ///
@@ -75,9 +95,10 @@ where
 /// callers post to every node that may be needed (a read where a write is not
 /// allowed). Fails with [`FabricError::NotEnoughLiveNodes`] when fewer than `q`
 /// nodes were posted to or too few of them can still answer.
-pub async fn broadcast_until<'a, F, B, E>(
+pub async fn broadcast_until_among<'a, F, B, E>(
     fabric: &'a F,
     stats: &'a OpStats,
+    nodes: impl IntoIterator<Item = NodeId>,
     q: usize,
     slow_after: Nanos,
     mut build: B,
@@ -90,7 +111,7 @@ where
 {
     let mut rt = Roundtrip::start(fabric, stats);
     let mut posted = 0;
-    for node in nodes(fabric.node_count()) {
+    for node in nodes {
         if let Some(batch) = build(node)? {
             rt.post(node, batch)?;
             posted += 1;
