@@ -51,7 +51,7 @@ use std::cell::{Cell, RefCell};
 
 use swarm_core::ProtocolConfig;
 use swarm_core::encoding::WriterId;
-use swarm_core::fabric::{Nanos, Op, OpOutput};
+use swarm_core::fabric::{Nanos, Op};
 use swarm_core::quorum::broadcast;
 use swarm_core::resume::scan_log;
 use swarm_core::{
@@ -1391,18 +1391,13 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         header: Vec<u8>,
         payload: &[u8],
         blind: &BlindInsert,
-    ) -> Result<(Vec<(NodeId, Option<u64>)>, Nanos), KvError> {
-        let sent = self.swarm.fabric().now();
-        let outputs = self
+    ) -> Result<(Carried, Nanos), KvError> {
+        // Watched from a recent reading: from a little earlier than the send is the
+        // cautious side (`index::watch`).
+        let sent = self.swarm.fabric().recent_now();
+        let took = self
             .write_fresh(fresh, stats, header_at, header, payload, Some(blind.op()))
             .await?;
-        let took: Vec<(NodeId, Option<u64>)> = outputs
-            .iter()
-            .map(|(node, output)| match output {
-                OpOutput::Cas(previous) => (*node, Some(*previous)),
-                _ => (*node, None),
-            })
-            .collect();
         self.blind.record(self.index.blind_decided(&took));
         Ok((took, sent))
     }
@@ -1442,7 +1437,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
             }
             let attempt = self
                 .index
-                .finish_blind(fabric, stats, key, register, deadline, blind, sent, &took)
+                .finish_blind(fabric, stats, key, deadline, blind, sent, &took)
                 .await;
             Some((attempt, sent))
         } else {

@@ -13,7 +13,7 @@ use std::rc::Rc;
 
 use index_support::{Log, index, layout, sim_config, sim_header, value};
 use swarm_checker::OpKind;
-use swarm_core::fabric::{Fabric, Nanos, NodeId};
+use swarm_core::fabric::{Fabric, Nanos, NodeId, OpOutput};
 use swarm_core::quorum::broadcast_until;
 use swarm_core::{Batch, OpStats};
 use swarm_kv::index::{Index, IndexError, InsertOutcome};
@@ -114,10 +114,13 @@ async fn blind_insert(
         |replies| replies.len() >= nodes,
     )
     .await?;
-    let took: Vec<(NodeId, Option<u64>)> =
-        rt.replies().iter().map(|(n, c)| (*n, c.cas(0))).collect();
+    let took: Vec<(NodeId, OpOutput)> = rt
+        .replies()
+        .iter()
+        .filter_map(|(n, c)| Some((*n, c.outputs().first()?.clone())))
+        .collect();
     drop(rt);
-    ix.finish_blind(fabric, stats, key, register, Nanos::MAX, blind, sent, &took)
+    ix.finish_blind(fabric, stats, key, Nanos::MAX, blind, sent, &took)
         .await
 }
 

@@ -35,7 +35,7 @@
 //! that is so (found by a 3,000-seed run of `tests/index_sim.rs`).
 
 use swarm_core::Fabric;
-use swarm_core::fabric::{Batch, Completion, NodeId, Op};
+use swarm_core::fabric::{Batch, Completion, NodeId, Op, OpOutput};
 use swarm_core::quorum::broadcast_until;
 
 use super::IndexError;
@@ -132,6 +132,10 @@ pub(super) fn plan<F: Fabric>(
 /// fast flag, sent with no read before it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BlindInsert {
+    /// The key's hash: the insert goes on from it when the round is not decided.
+    pub(super) hash: KeyHash,
+    /// The register the round maps the key to.
+    pub(super) register: u64,
     /// The first bucket's meta word.
     addr: u64,
     /// What the CAS writes there.
@@ -144,11 +148,14 @@ pub struct BlindInsert {
 const NEVER_CHANGED: u64 = 0;
 
 impl BlindInsert {
-    /// The blind fast round of an insert of `register` into bucket `addr`'s meta word.
-    pub(super) fn new(addr: u64, register: u64) -> Self {
+    /// The blind fast round of an insert of the key of `hash` → `register`, whose
+    /// first bucket's meta word is at `addr`.
+    pub(super) fn new(hash: KeyHash, addr: u64, register: u64) -> Self {
         let ballot = Ballot(0).next();
         let proposal = Proposal::Set { slot: 0, register };
         Self {
+            hash,
+            register,
             addr,
             word: Meta::accepting(ballot, proposal, true).encode(),
             ballot,
@@ -167,28 +174,31 @@ impl BlindInsert {
     }
 }
 
-/// How many nodes took a blind fast round whose CAS found the words in `took` (at
-/// most one answer per node).
-pub(super) fn blind_taken(took: &[(NodeId, Option<u64>)]) -> usize {
+/// How many nodes took a blind fast round whose CAS answered `took` (at most one
+/// answer per node).
+pub(super) fn blind_taken(took: &[(NodeId, OpOutput)]) -> usize {
     took.iter()
-        .filter(|(_, previous)| *previous == Some(NEVER_CHANGED))
+        .filter(|(_, output)| *output == OpOutput::Cas(NEVER_CHANGED))
         .count()
 }
 
 impl<F: Fabric> Engine<'_, F> {
     /// Learns what the blind fast round `blind`, sent at `sent`, found on the nodes
-    /// that answered (`took`: each node's previous word, `None` if the answer was not
-    /// a CAS's), and watches its proposal. True when every node of the index took
-    /// it: decided.
+    /// that answered (`took`: what each node's CAS answered), and watches its
+    /// proposal. True when every node of the index took it: decided.
     pub(super) fn learn_blind(
         &mut self,
         blind: &BlindInsert,
-        took: &[(NodeId, Option<u64>)],
+        took: &[(NodeId, OpOutput)],
         sent: swarm_core::fabric::Nanos,
     ) -> bool {
         self.watch_since(FIRST, blind.proposal, blind.ballot, sent);
-        for &(node, previous) in took {
-            self.learn_cas(node, FIRST, Some(NEVER_CHANGED), previous, blind.word);
+        for (node, output) in took {
+            let previous = match output {
+                OpOutput::Cas(previous) => Some(*previous),
+                _ => None,
+            };
+            self.learn_cas(*node, FIRST, Some(NEVER_CHANGED), previous, blind.word);
         }
         let decided = self.ix.blind_decided(took);
         if !decided {

@@ -300,7 +300,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use swarm_core::MAX_REPLICAS;
 use swarm_core::encoding::MAX_WRITERS;
-use swarm_core::fabric::{Nanos, NodeId};
+use swarm_core::fabric::{Nanos, NodeId, OpOutput};
 use swarm_core::{Fabric, OpStats, ProtocolConfig, Suspicion};
 
 pub use bucket::BucketError;
@@ -600,36 +600,33 @@ impl Index {
         update::blind_insert(self, key, register)
     }
 
-    /// Whether a blind fast round whose CAS found, on each node that answered, the
-    /// word in `took` is decided: every node of the index took it.
-    pub fn blind_decided(&self, took: &[(NodeId, Option<u64>)]) -> bool {
+    /// Whether a blind fast round whose CAS answered `took` on the nodes that
+    /// answered is decided: every node of the index took it.
+    pub fn blind_decided(&self, took: &[(NodeId, OpOutput)]) -> bool {
         fast::blind_taken(took) >= self.nodes
     }
 
-    /// Ends the insert of `key` → `register` whose blind fast round `blind` was sent
-    /// at `sent` and found, on each node that answered, the word in `took` (`None`
-    /// for an answer that was not the CAS's). Decided when every node took it (the
-    /// mapping is then applied in the background, no roundtrip); otherwise the
-    /// insert goes on as [`Index::insert_until`] after its read, and learns whatever
-    /// became of the blind round. `register`'s value and key header must be on a
-    /// majority (the batches that carried the CAS wrote them).
+    /// Ends the insert of `key` whose blind fast round `blind` (from
+    /// [`Index::blind_insert`] of the same key) was sent at `sent` and answered
+    /// `took` on the nodes that answered: what each one's CAS returned, as
+    /// [`swarm_core::Client::write_fresh_carrying`] reports it. Decided when every
+    /// node took it (the mapping is then applied in the background, no roundtrip);
+    /// otherwise the insert goes on as [`Index::insert_until`] after its read, and
+    /// learns whatever became of the blind round. The register's value and key
+    /// header must be on a majority (the batches that carried the CAS wrote them).
     #[allow(clippy::too_many_arguments)]
     pub async fn finish_blind<F: Fabric>(
         &self,
         fabric: &F,
         stats: &OpStats,
         key: &[u8],
-        register: RegisterId,
         deadline: Nanos,
         blind: BlindInsert,
         sent: Nanos,
-        took: &[(NodeId, Option<u64>)],
+        took: &[(NodeId, OpOutput)],
     ) -> Result<InsertOutcome, IndexError> {
         self.check_fabric(fabric)?;
-        update::finish_blind(
-            self, fabric, stats, key, register, deadline, blind, sent, took,
-        )
-        .await
+        update::finish_blind(self, fabric, stats, key, deadline, blind, sent, took).await
     }
 
     /// Unmaps `key` if it maps to `register`; `Ok(false)` if it did not. Of several

@@ -8,7 +8,7 @@
 //! modify by accepting a no-op there. Before all that, an insert whose read allows
 //! it tries a fast round (`fast.rs`), which decides its change in one step.
 
-use swarm_core::fabric::Nanos;
+use swarm_core::fabric::{Nanos, NodeId, OpOutput};
 use swarm_core::{Fabric, OpStats};
 
 use super::bucket::{Status, View, first_free_slot, free_slots};
@@ -197,15 +197,29 @@ fn insert_engine<'a, F: Fabric>(
 ) -> Result<(Engine<'a, F>, KeyHash), IndexError> {
     let hash = ix.hash(key)?;
     ix.check_register(register)?;
-    let eng = Engine::new(
+    Ok((
+        hashed_insert_engine(ix, fabric, stats, hash, register, deadline),
+        hash,
+    ))
+}
+
+/// The engine of an insert of the key of `hash` → `register` (both checked).
+fn hashed_insert_engine<'a, F: Fabric>(
+    ix: &'a Index,
+    fabric: &'a F,
+    stats: &'a OpStats,
+    hash: KeyHash,
+    register: RegisterId,
+    deadline: Nanos,
+) -> Engine<'a, F> {
+    Engine::new(
         ix,
         fabric,
         stats,
         &hash.buckets(),
         register ^ u64::from(hash.fp),
     )
-    .until(deadline);
-    Ok((eng, hash))
+    .until(deadline)
 }
 
 /// The first step of an insert: reads the key's candidate buckets (one roundtrip).
@@ -237,6 +251,7 @@ pub fn blind_insert(
     let hash = ix.hash(key)?;
     ix.check_register(register)?;
     Ok(fast::BlindInsert::new(
+        hash,
         ix.layout.bucket(hash.first),
         register,
     ))
@@ -249,13 +264,15 @@ pub async fn finish_blind<F: Fabric>(
     fabric: &F,
     stats: &OpStats,
     key: &[u8],
-    register: RegisterId,
     deadline: Nanos,
     blind: fast::BlindInsert,
     sent: Nanos,
-    took: &[(swarm_core::fabric::NodeId, Option<u64>)],
+    took: &[(NodeId, OpOutput)],
 ) -> Result<InsertOutcome, IndexError> {
-    let (mut eng, hash) = insert_engine(ix, fabric, stats, key, register, deadline)?;
+    // `blind_insert` hashed the key and checked the register.
+    debug_assert_eq!(ix.hash(key).ok(), Some(blind.hash), "another key's round");
+    let (hash, register) = (blind.hash, blind.register);
+    let mut eng = hashed_insert_engine(ix, fabric, stats, hash, register, deadline);
     if eng.learn_blind(&blind, took, sent) {
         eng.apply_blind(&blind, hash.fp).await?;
         return Ok(InsertOutcome::Inserted);
