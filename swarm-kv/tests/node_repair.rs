@@ -317,3 +317,93 @@ fn a_donor_failing_during_the_copy_stops_the_repair_and_a_second_repair_admits_t
         assert_eq!(get(&store, &format!("k{i}")), Some(b"v".to_vec()), "k{i}");
     }
 }
+
+/// Records each event's message and whether a span named `repair` was in scope.
+struct SpanScopes(Arc<std::sync::Mutex<Vec<(String, bool)>>>);
+
+impl<S> tracing_subscriber::Layer<S> for SpanScopes
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+{
+    fn on_event(&self, event: &tracing::Event<'_>, ctx: tracing_subscriber::layer::Context<'_, S>) {
+        struct Message<'a>(&'a mut String);
+        impl tracing::field::Visit for Message<'_> {
+            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+                if field.name() == "message" {
+                    *self.0 = format!("{value:?}");
+                }
+            }
+        }
+        let mut message = String::new();
+        event.record(&mut Message(&mut message));
+        let in_repair = ctx
+            .event_scope(event)
+            .is_some_and(|mut scope| scope.any(|span| span.name() == "repair"));
+        self.0.lock().unwrap().push((message, in_repair));
+    }
+}
+
+/// The repair's `repair` span labels the repair's own log lines only: another task
+/// polled on the same thread while the repair waits (a client of the same process)
+/// logs outside it. (A span entered across an await stays entered while the thread
+/// polls everything else.)
+#[test]
+fn the_repair_span_labels_only_the_repairs_own_events() {
+    use tracing_subscriber::layer::SubscriberExt;
+
+    let dir = ScratchDir::new("kv-repair-span").unwrap();
+    let store = ShmStore::create(dir.path(), 3, 32 << 20, params()).unwrap();
+    let c = store.client().unwrap();
+    block_on(c.fabric(), c.insert(b"k", b"v", &OpStats::new())).unwrap();
+    c.close();
+    ShmStore::replace_node_file(dir.path(), 1).unwrap();
+    let raw = Arc::new(ShmCluster::open_quietly(dir.path()).unwrap());
+    let incarnation = raw.incarnation_of(NodeId(1)).expect("node 1's new file");
+    let fabric = raw.client();
+    let events = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let subscriber = tracing_subscriber::registry().with(SpanScopes(events.clone()));
+    let options = RepairOptions {
+        quiesce_ns: Some(2_000_000),
+        replace: false,
+    };
+    tracing::subscriber::with_default(subscriber, || {
+        block_on(&fabric, async {
+            let repair = swarm_kv::repair::repair_node(
+                &fabric,
+                store.layout(),
+                NodeId(1),
+                incarnation,
+                options,
+                |_, _| {},
+            );
+            let other = async {
+                for _ in 0..100 {
+                    tracing::info!("another task");
+                    swarm_core::yield_now(&fabric).await;
+                }
+            };
+            let (report, ()) = swarm_core::join(repair, other).await;
+            report
+        })
+        .expect("the repair completes");
+    });
+    let events = events.lock().unwrap();
+    let scope = |message: &str| {
+        let scopes: Vec<bool> = events
+            .iter()
+            .filter(|(m, _)| m == message)
+            .map(|(_, in_repair)| *in_repair)
+            .collect();
+        assert!(!scopes.is_empty(), "no event {message:?}: {events:?}");
+        scopes
+    };
+    assert!(scope("repair announced").iter().all(|&s| s));
+    assert!(scope("memory node rebuilt and admitted").iter().all(|&s| s));
+    let other = scope("another task");
+    assert!(
+        other.iter().all(|&s| !s),
+        "{} of {} events of another task were logged in the repair's span",
+        other.iter().filter(|&&s| s).count(),
+        other.len()
+    );
+}

@@ -101,6 +101,7 @@ use std::task::Poll;
 use swarm_core::fabric::{Batch, FabricError, INLINE_BATCH_OPS, NodeId, Op, Ticket};
 use swarm_core::quorum::{broadcast_until, majority};
 use swarm_core::{Fabric, OpStats, Roundtrip};
+use tracing::Instrument;
 
 use crate::client::register_loc_for;
 use crate::configuration::{CONFIG_AT, CONFIG_READ_BYTES, Configuration};
@@ -251,105 +252,110 @@ pub async fn repair_node<F: Fabric>(
         .map(NodeId)
         .filter(|n| *n != node)
         .collect();
+    // The span is entered only while the repair's own future runs (`instrument`):
+    // entered across an await, it would label whatever else the thread polls then.
     let span = tracing::info_span!("repair", %node, epoch = config.epoch);
-    let _entered = span.enter();
-    // Announce the repair (epoch e + 1, the node's repairing bit) on every donor
-    // before the wait: from the end of the wait on, no client leaves the node's
-    // lost memory out of a register reset (step 1, `crate::recycle`).
-    let mut announced = config.clone();
-    announced.epoch += 1;
-    announced.set_repairing(node.index(), true);
-    let record = announced.encode();
-    rt_all(fabric, &stats, &donors, |_| {
-        Batch::write(CONFIG_AT, record.clone())
-    })
-    .await?;
-    tracing::info!(epoch = announced.epoch, "repair announced");
-    let wait = options.quiesce_ns.unwrap_or_else(|| quiescence_ns(layout));
-    tracing::info!(
-        wait_ms = wait / 1_000_000,
-        "waiting for every action on the lost memory to land"
-    );
-    let mut copier = Copier {
-        fabric,
-        stats: &stats,
-        layout,
-        donors: &donors,
-        target: node,
-        journal: layout
-            .journal_at
-            .and_then(|_| crate::journal::journal_node(node, nodes)),
-        nodes,
-        conflicts: Conflicts::default(),
-        done: 0,
-        total: copy_bytes(layout),
-        journaled: 0,
-    };
-    let started = Instant::now();
-    // Clients that saw the announcement journal their resets from now on: service
-    // them during the wait too, so that their registers keep coming back.
-    let wait_until = fabric.now().saturating_add(wait);
-    let mut busy_at = 0;
-    loop {
-        let serviced = copier.service_journal().await?;
-        let now = fabric.now();
-        if now >= wait_until {
-            break;
-        }
-        if serviced > 0 {
-            busy_at = now;
-        } else {
-            let poll = if now.saturating_sub(busy_at) < JOURNAL_BUSY_NS {
-                JOURNAL_POLL_NS
-            } else {
-                JOURNAL_IDLE_POLL_NS
-            };
-            swarm_core::sleep(fabric, (wait_until - now).min(poll)).await;
-        }
-    }
-    let quiesce_ms = started.elapsed().as_millis() as u64;
-
-    let copy_started = Instant::now();
-    copier
-        .write(SUPERBLOCK_AT, layout.params.encode().to_vec())
+    async {
+        // Announce the repair (epoch e + 1, the node's repairing bit) on every donor
+        // before the wait: from the end of the wait on, no client leaves the node's
+        // lost memory out of a register reset (step 1, `crate::recycle`).
+        let mut announced = config.clone();
+        announced.epoch += 1;
+        announced.set_repairing(node.index(), true);
+        let record = announced.encode();
+        rt_all(fabric, &stats, &donors, |_| {
+            Batch::write(CONFIG_AT, record.clone())
+        })
         .await?;
-    copier.copy_all(&mut progress).await?;
-    copier.service_journal().await?;
-    let (bytes, conflicts, journaled) = (copier.done, copier.conflicts, copier.journaled);
-    let copy_ms = copy_started.elapsed().as_millis() as u64;
+        tracing::info!(epoch = announced.epoch, "repair announced");
+        let wait = options.quiesce_ns.unwrap_or_else(|| quiescence_ns(layout));
+        tracing::info!(
+            wait_ms = wait / 1_000_000,
+            "waiting for every action on the lost memory to land"
+        );
+        let mut copier = Copier {
+            fabric,
+            stats: &stats,
+            layout,
+            donors: &donors,
+            target: node,
+            journal: layout
+                .journal_at
+                .and_then(|_| crate::journal::journal_node(node, nodes)),
+            nodes,
+            conflicts: Conflicts::default(),
+            done: 0,
+            total: copy_bytes(layout),
+            journaled: 0,
+        };
+        let started = Instant::now();
+        // Clients that saw the announcement journal their resets from now on: service
+        // them during the wait too, so that their registers keep coming back.
+        let wait_until = fabric.now().saturating_add(wait);
+        let mut busy_at = 0;
+        loop {
+            let serviced = copier.service_journal().await?;
+            let now = fabric.now();
+            if now >= wait_until {
+                break;
+            }
+            if serviced > 0 {
+                busy_at = now;
+            } else {
+                let poll = if now.saturating_sub(busy_at) < JOURNAL_BUSY_NS {
+                    JOURNAL_POLL_NS
+                } else {
+                    JOURNAL_IDLE_POLL_NS
+                };
+                swarm_core::sleep(fabric, (wait_until - now).min(poll)).await;
+            }
+        }
+        let quiesce_ms = started.elapsed().as_millis() as u64;
 
-    // Admit: the new configuration on every donor (a majority of the old members),
-    // then on the node.
-    let mut next = announced;
-    next.epoch += 1;
-    next.incarnations[node.index()] = incarnation;
-    next.set_repairing(node.index(), false);
-    let record = next.encode();
-    rt_all(fabric, &stats, &donors, |_| {
-        Batch::write(CONFIG_AT, record.clone())
-    })
-    .await?;
-    rt_all(fabric, &stats, &[node], |_| {
-        Batch::write(CONFIG_AT, record.clone())
-    })
-    .await?;
-    tracing::info!(
-        epoch = next.epoch,
-        bytes,
-        conflicts = conflicts.total(),
-        copy_ms,
-        journaled,
-        "memory node rebuilt and admitted"
-    );
-    Ok(RepairReport {
-        node: node.0,
-        epoch: next.epoch,
-        bytes,
-        conflicts,
-        quiesce_ms,
-        copy_ms,
-        journaled,
-    })
+        let copy_started = Instant::now();
+        copier
+            .write(SUPERBLOCK_AT, layout.params.encode().to_vec())
+            .await?;
+        copier.copy_all(&mut progress).await?;
+        copier.service_journal().await?;
+        let (bytes, conflicts, journaled) = (copier.done, copier.conflicts, copier.journaled);
+        let copy_ms = copy_started.elapsed().as_millis() as u64;
+
+        // Admit: the new configuration on every donor (a majority of the old members),
+        // then on the node.
+        let mut next = announced;
+        next.epoch += 1;
+        next.incarnations[node.index()] = incarnation;
+        next.set_repairing(node.index(), false);
+        let record = next.encode();
+        rt_all(fabric, &stats, &donors, |_| {
+            Batch::write(CONFIG_AT, record.clone())
+        })
+        .await?;
+        rt_all(fabric, &stats, &[node], |_| {
+            Batch::write(CONFIG_AT, record.clone())
+        })
+        .await?;
+        tracing::info!(
+            epoch = next.epoch,
+            bytes,
+            conflicts = conflicts.total(),
+            copy_ms,
+            journaled,
+            "memory node rebuilt and admitted"
+        );
+        Ok::<_, RepairError>(RepairReport {
+            node: node.0,
+            epoch: next.epoch,
+            bytes,
+            conflicts,
+            quiesce_ms,
+            copy_ms,
+            journaled,
+        })
+    }
+    .instrument(span)
+    .await
 }
 
 /// The newest valid configuration among a majority's copies (and stragglers').
