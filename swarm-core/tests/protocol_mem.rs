@@ -1,15 +1,18 @@
 //! Protocol sanity on the in-process fabric: roundtrip counts in the common case,
 //! deletes, and a crashed minority.
 
+use std::cell::Cell;
+use std::task::Poll;
 use swarm_core::FixedClock;
 use swarm_core::encoding::WriterId;
 use swarm_core::encoding::{Flag, Timestamp, Tsp};
-use swarm_core::fabric::FailNodes;
+
+use swarm_core::fabric::{FailNodes, Nanos, Ticket};
 use swarm_core::layout::Layout;
 use swarm_core::{
-    Batch, Client, DeleteOutcome, FirstDeleter, FreshOutcome, NodeId, OpStats, ProtocolConfig,
-    ReadValue, RegisterCache, RegisterLoc, Replicas, Roundtrip, WriteOutcome, block_on,
-    block_on_future,
+    Batch, Client, Completion, DeleteOutcome, Fabric, FabricError, FailureCause, FirstDeleter,
+    FreshOutcome, NodeId, Op, OpStats, ProtocolConfig, ReadValue, RegisterCache, RegisterLoc,
+    Replicas, Roundtrip, Submitted, WriteOutcome, block_on, block_on_future,
 };
 use swarm_core::{MemCluster, MemFabric};
 
@@ -298,6 +301,118 @@ fn a_tombstone_written_back_lands_in_the_delete_word_only() {
     }
     let out = block_on(b.fabric(), b.delete(&reg, &mut cb, &OpStats::new())).unwrap();
     assert_eq!(out, DeleteOutcome::Absent, "writer 2 is first on both");
+}
+
+/// The in-process fabric, on which chosen replicas fail every batch holding a CAS:
+/// a node that failed between two steps of one operation, as the second step sees
+/// it (the first one's reads reached it).
+struct RefusesCas {
+    inner: MemFabric,
+    /// By node.
+    refusing: Cell<[bool; 3]>,
+}
+
+impl RefusesCas {
+    /// From now on the replicas of `reg` at `positions` refuse CASes, the others
+    /// take them.
+    fn refuse(&self, reg: &RegisterLoc, positions: &[usize]) {
+        let mut refusing = [false; 3];
+        for &p in positions {
+            refusing[reg.replicas.node(p).index()] = true;
+        }
+        self.refusing.set(refusing);
+    }
+}
+
+impl Fabric for RefusesCas {
+    fn node_count(&self) -> usize {
+        self.inner.node_count()
+    }
+    fn post(&self, node: NodeId, batch: Batch) -> Ticket {
+        self.inner.post(node, batch)
+    }
+    fn submit(&self, node: NodeId, batch: &mut Batch, reply: &mut Completion) -> Submitted {
+        let cas = batch.ops().iter().any(|op| matches!(op, Op::Cas { .. }));
+        if cas && self.refusing.get()[node.index()] {
+            let cause = FailureCause::Crashed;
+            return Submitted::Failed(FabricError::NodeFailed { node, cause });
+        }
+        self.inner.submit(node, batch, reply)
+    }
+    fn poll(&self, ticket: Ticket) -> Poll<Result<Completion, FabricError>> {
+        self.inner.poll(ticket)
+    }
+    fn forget(&self, ticket: Ticket) {
+        self.inner.forget(ticket)
+    }
+    fn progress(&self) -> bool {
+        self.inner.progress()
+    }
+    fn now(&self) -> Nanos {
+        self.inner.now()
+    }
+    fn wake_at(&self, deadline: Nanos) {
+        self.inner.wake_at(deadline)
+    }
+}
+
+/// A delete counts a replica only once its own CAS answered there, even where the
+/// client's cache knows a tombstone on it already (`tombstone_round` with votes): a
+/// cache may know one replica's tombstone only, from a read whose write-back failed,
+/// and a delete that skipped that replica would judge who came first from the other
+/// replicas alone. Here writer 2's tombstone is first on replicas 0 and 2 and a read
+/// reported the value deleted; a delete that counted replica 0 from the cache and
+/// then found replica 1 clean would report that it removed the value.
+#[test]
+fn a_delete_counts_only_the_replicas_its_own_cas_answered_on() {
+    let cluster = MemCluster::new(3, 1 << 20);
+    let a = setup(0, 5, &cluster);
+    let c = setup(3, 70, &cluster);
+    let refusing = RefusesCas {
+        inner: cluster.client(),
+        refusing: Cell::new([false; 3]),
+    };
+    let b = Client::new(
+        refusing,
+        FixedClock(50),
+        layout(),
+        WriterId::new(1).unwrap(),
+        ProtocolConfig::default(),
+    )
+    .unwrap();
+    let reg = reg();
+    let (mut ca, mut cb, mut cc) = (
+        RegisterCache::new(),
+        RegisterCache::new(),
+        RegisterCache::new(),
+    );
+    block_on(a.fabric(), a.write(&reg, &mut ca, &OpStats::new(), b"v")).unwrap();
+    // Writer 2's delete reached replica 0, then its client crashed.
+    tombstone_on(&cluster, &reg, reg.replicas.node(0), 2);
+    // b reads; its write-back of the tombstone fails on replicas 1 and 2: b's cache
+    // knows replica 0's tombstone only.
+    b.fabric().refuse(&reg, &[1, 2]);
+    let _ = block_on(b.fabric(), b.read(&reg, &mut cb, &OpStats::new()));
+    assert!(cb.known_max(0).is_tombstone());
+    assert!(!cb.known_max(1).is_tombstone() && !cb.known_max(2).is_tombstone());
+    // A read without replica 1 writes the tombstone back on replica 2 and reports
+    // the value deleted.
+    c.fabric().fail_node(reg.replicas.node(1));
+    let read = block_on(c.fabric(), c.read(&reg, &mut cc, &OpStats::new())).unwrap();
+    assert_eq!(read, ReadValue::Deleted);
+    // Replica 1 takes CASes again, replica 2 still refuses them.
+    b.fabric().refuse(&reg, &[2]);
+    let (out, _) = block_on(
+        b.fabric(),
+        b.delete_with_votes(&reg, &mut cb, &OpStats::new()),
+    )
+    .unwrap();
+    assert_eq!(
+        out,
+        DeleteOutcome::Raced,
+        "writer 2 came first on replica 0, b on replica 1, and the value was reported \
+         deleted before b's delete began"
+    );
 }
 
 #[test]
