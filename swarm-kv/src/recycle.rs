@@ -980,10 +980,12 @@ fn note_mark(
 
 #[cfg(test)]
 mod tests {
-    use std::cell::Cell;
+    use std::cell::{Cell, RefCell};
     use std::task::Poll;
 
-    use swarm_core::fabric::{Batch, Completion, FabricError, FailureCause, Nanos, NodeId, Ticket};
+    use swarm_core::fabric::{
+        Batch, Completion, FabricError, FailureCause, Nanos, NodeId, Op, Ticket,
+    };
     use swarm_core::{Fabric, MemFabric, RegisterLoc};
 
     use super::{JOURNAL_POLL_NS, Recycler, ReplicaStatus};
@@ -1143,6 +1145,122 @@ mod tests {
         );
         assert_eq!(recycler.in_limbo(), 0);
         assert_eq!(recycler.stats().reset_through_journal, 2);
+    }
+
+    /// [`Refusing`], whose reads of node 0 (the journal's) may be held back: they
+    /// execute when posted but report their completion only once released, after
+    /// later batches completed (a transport that reorders completions, as the
+    /// simulator's late messages do).
+    struct HoldingReads {
+        refusing: Refusing,
+        hold: Cell<bool>,
+        held: RefCell<Vec<Ticket>>,
+    }
+
+    impl Fabric for HoldingReads {
+        fn node_count(&self) -> usize {
+            self.refusing.node_count()
+        }
+        fn post(&self, node: NodeId, batch: Batch) -> Ticket {
+            let read = matches!(batch.ops(), [Op::Read { .. }]);
+            let ticket = self.refusing.post(node, batch);
+            if read && node == NodeId(0) && self.hold.get() {
+                self.held.borrow_mut().push(ticket);
+            }
+            ticket
+        }
+        fn poll(&self, ticket: Ticket) -> Poll<Result<Completion, FabricError>> {
+            if self.held.borrow().contains(&ticket) {
+                return Poll::Pending;
+            }
+            self.refusing.poll(ticket)
+        }
+        fn forget(&self, ticket: Ticket) {
+            self.held.borrow_mut().retain(|&t| t != ticket);
+            self.refusing.forget(ticket);
+        }
+        fn progress(&self) -> bool {
+            self.refusing.progress()
+        }
+        fn now(&self) -> Nanos {
+            self.refusing.now()
+        }
+        fn wake_at(&self, deadline: Nanos) {
+            self.refusing.wake_at(deadline);
+        }
+    }
+
+    /// A row read posted before a register's journal entry landed cannot tell that
+    /// the repair cleared the entry, even when its completion arrives after the
+    /// entry's: it read the row before the entry was there. Here register `b`'s
+    /// entry is in the journal and a row read for it is in flight (held back) when
+    /// register `a` is reset and journaled; the read, released, shows `a`'s slot
+    /// empty, which must not hand `a` out before the repair copied it.
+    #[test]
+    fn a_row_read_posted_before_an_entry_landed_does_not_clear_it() {
+        let (cluster, layout) = small_cluster(200 * crate::test_support::MS);
+        let raw = cluster.client();
+        let fabric = HoldingReads {
+            refusing: Refusing {
+                inner: cluster.client(),
+                refused: Cell::new(Some(NodeId(2))),
+                now: Cell::new(1_000),
+            },
+            hold: Cell::new(false),
+            held: RefCell::new(Vec::new()),
+        };
+        let writer = 1;
+        let recycler = Recycler::new(0, writer, 0x70c, 7);
+        let (a, b) = (5, 6);
+        let step = || {
+            recycler.step(
+                &fabric,
+                &layout,
+                true,
+                || false,
+                |r| loc(&layout, r),
+                |n| {
+                    if n == NodeId(2) {
+                        ReplicaStatus::Repairing { journal: NodeId(0) }
+                    } else {
+                        ReplicaStatus::InService
+                    }
+                },
+            )
+        };
+        let journaled = |r: u64| {
+            (0..journal::SLOTS).any(|i| {
+                word(&raw, 0, layout.journal_slot(writer, i).unwrap()) == journal::entry(r)
+            })
+        };
+        // `b` journaled, and a row read for it posted and held back.
+        recycler.retire(b, 0, super::Retired::Unmapped);
+        fabric.hold.set(true);
+        for _ in 0..3 {
+            assert!(step().is_empty());
+        }
+        assert!(journaled(b));
+        assert_eq!(fabric.held.borrow().len(), 1, "one row read in flight");
+        // `a` reset and journaled while that read is in flight.
+        fabric.hold.set(false);
+        recycler.retire(a, 0, super::Retired::Unmapped);
+        for _ in 0..3 {
+            assert!(step().is_empty());
+        }
+        assert!(journaled(a));
+        // The read completes now: it shows `a`'s slot empty (it ran before the
+        // entry landed). Later reads show the entry, which no repair cleared.
+        fabric.held.borrow_mut().clear();
+        for _ in 0..4 {
+            assert!(
+                !step().contains(&a),
+                "a register came back before the repair copied it"
+            );
+            let now = &fabric.refusing.now;
+            now.set(now.get() + JOURNAL_POLL_NS);
+        }
+        assert!(journaled(a) && journaled(b));
+        assert_eq!(recycler.stats().reset_through_journal, 0);
     }
 
     /// The register grace is the shared reclamation grace of its window.
