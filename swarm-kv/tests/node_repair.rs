@@ -9,8 +9,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use swarm_core::encoding::{Flag, Timestamp, Tsp, WriterId};
 use swarm_core::fabric::{Crash, FailNodes};
-use swarm_core::{NodeId, OpStats, block_on};
+use swarm_core::{Batch, Fabric, NodeId, OpStats, UNOWNED_TOMBSTONE, block_on};
 use swarm_kv::ShmStore;
 use swarm_kv::layout::ClusterParams;
 use swarm_kv::repair::{RepairError, RepairOptions};
@@ -405,5 +406,64 @@ fn the_repair_span_labels_only_the_repairs_own_events() {
         "{} of {} events of another task were logged in the repair's span",
         other.iter().filter(|&&s| s).count(),
         other.len()
+    );
+}
+
+/// The word at `at` on `node`, read through `fabric` (which completes at once).
+fn word_on(fabric: &impl Fabric, node: u16, at: u64) -> u64 {
+    let ticket = fabric.post(NodeId(node), Batch::read(at, 8));
+    let std::task::Poll::Ready(Ok(read)) = fabric.poll(ticket) else {
+        panic!("a read of node {node} did not complete")
+    };
+    u64::from_le_bytes(read.read(0).unwrap().try_into().unwrap())
+}
+
+/// A register whose donors hold different first tombstones in its delete word (each
+/// writer's delete came first on one of them) is rebuilt with the unowned tombstone
+/// (`repair::merge::delete_word`): which delete came first on the lost node is
+/// unknown, so no writer may count it as its own. One where they agree keeps theirs.
+#[test]
+fn a_delete_word_the_donors_disagree_on_is_rebuilt_unowned() {
+    let dir = ScratchDir::new("kv-repair-delete-word").unwrap();
+    let store = ShmStore::create(dir.path(), 3, 32 << 20, params()).unwrap();
+    let tomb = |writer| {
+        Tsp::new(
+            Timestamp::tombstone(WriterId::new(writer).unwrap()),
+            Flag::Verified,
+        )
+        .word()
+    };
+    let delete_word = |r: u64| {
+        let layout = store.layout();
+        layout.swarm.delete_word_addr(layout.register(r).unwrap())
+    };
+    let (disagree, agree) = (3, 4);
+    {
+        let raw = Arc::new(ShmCluster::open_quietly(dir.path()).unwrap());
+        let fabric = raw.client();
+        for (node, writer) in [(0, 1), (2, 2)] {
+            let ticket = fabric.post(
+                NodeId(node),
+                Batch::cas(delete_word(disagree), 0, tomb(writer)),
+            );
+            assert!(fabric.poll(ticket).is_ready());
+            let ticket = fabric.post(NodeId(node), Batch::cas(delete_word(agree), 0, tomb(5)));
+            assert!(fabric.poll(ticket).is_ready());
+        }
+    }
+    ShmStore::replace_node_file(dir.path(), 1).unwrap();
+    ShmStore::repair(dir.path(), 1, NO_WAIT, |_, _| {}).unwrap();
+    let raw = Arc::new(ShmCluster::open_quietly(dir.path()).unwrap());
+    let fabric = raw.client();
+    assert_eq!(
+        Tsp::from_word(word_on(&fabric, 1, delete_word(disagree))),
+        UNOWNED_TOMBSTONE,
+        "donors held writer 1's and writer 2's tombstones"
+    );
+    assert_eq!(word_on(&fabric, 1, delete_word(agree)), tomb(5));
+    assert_eq!(
+        word_on(&fabric, 0, delete_word(disagree)),
+        tomb(1),
+        "donors unchanged"
     );
 }
