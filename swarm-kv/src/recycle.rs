@@ -994,14 +994,32 @@ mod tests {
     use crate::test_support::small_cluster;
 
     /// An in-memory fabric on which one node can refuse every batch (a node out of
-    /// service), and whose clock the test moves.
+    /// service), whose clock the test moves, and whose reads of node 0 (the
+    /// journal's) may be held back: they execute when posted but report their
+    /// completion only once released, after later batches completed (a transport
+    /// that reorders completions, as the simulator's late messages do).
     struct Refusing {
         inner: MemFabric,
         refused: Cell<Option<NodeId>>,
         now: Cell<Nanos>,
+        hold: Cell<bool>,
+        held: RefCell<Vec<Ticket>>,
     }
 
     const REFUSED: u32 = 1 << 31;
+
+    impl Refusing {
+        /// Node 2 refused, the clock at 1 µs, no read held back.
+        fn new(inner: MemFabric) -> Self {
+            Self {
+                inner,
+                refused: Cell::new(Some(NodeId(2))),
+                now: Cell::new(1_000),
+                hold: Cell::new(false),
+                held: RefCell::new(Vec::new()),
+            }
+        }
+    }
 
     impl Fabric for Refusing {
         fn node_count(&self) -> usize {
@@ -1011,7 +1029,12 @@ mod tests {
             if self.refused.get() == Some(node) {
                 return Ticket(REFUSED | u32::from(node.0));
             }
-            self.inner.post(node, batch)
+            let read = matches!(batch.ops(), [Op::Read { .. }]);
+            let ticket = self.inner.post(node, batch);
+            if read && node == NodeId(0) && self.hold.get() {
+                self.held.borrow_mut().push(ticket);
+            }
+            ticket
         }
         fn poll(&self, ticket: Ticket) -> Poll<Result<Completion, FabricError>> {
             if ticket.0 & REFUSED != 0 {
@@ -1020,10 +1043,14 @@ mod tests {
                     cause: FailureCause::Crashed,
                 }));
             }
+            if self.held.borrow().contains(&ticket) {
+                return Poll::Pending;
+            }
             self.inner.poll(ticket)
         }
         fn forget(&self, ticket: Ticket) {
             if ticket.0 & REFUSED == 0 {
+                self.held.borrow_mut().retain(|&t| t != ticket);
                 self.inner.forget(ticket);
             }
         }
@@ -1062,11 +1089,7 @@ mod tests {
     fn a_journaled_register_comes_back_once_serviced_or_reset_on_the_admitted_node() {
         let (cluster, layout) = small_cluster(200 * crate::test_support::MS);
         let raw = cluster.client();
-        let fabric = Refusing {
-            inner: cluster.client(),
-            refused: Cell::new(Some(NodeId(2))),
-            now: Cell::new(1_000),
-        };
+        let fabric = Refusing::new(cluster.client());
         let status = Cell::new(ReplicaStatus::Repairing { journal: NodeId(0) });
         let writer = 1;
         let recycler = Recycler::new(0, writer, 0x70c, 7);
@@ -1147,49 +1170,6 @@ mod tests {
         assert_eq!(recycler.stats().reset_through_journal, 2);
     }
 
-    /// [`Refusing`], whose reads of node 0 (the journal's) may be held back: they
-    /// execute when posted but report their completion only once released, after
-    /// later batches completed (a transport that reorders completions, as the
-    /// simulator's late messages do).
-    struct HoldingReads {
-        refusing: Refusing,
-        hold: Cell<bool>,
-        held: RefCell<Vec<Ticket>>,
-    }
-
-    impl Fabric for HoldingReads {
-        fn node_count(&self) -> usize {
-            self.refusing.node_count()
-        }
-        fn post(&self, node: NodeId, batch: Batch) -> Ticket {
-            let read = matches!(batch.ops(), [Op::Read { .. }]);
-            let ticket = self.refusing.post(node, batch);
-            if read && node == NodeId(0) && self.hold.get() {
-                self.held.borrow_mut().push(ticket);
-            }
-            ticket
-        }
-        fn poll(&self, ticket: Ticket) -> Poll<Result<Completion, FabricError>> {
-            if self.held.borrow().contains(&ticket) {
-                return Poll::Pending;
-            }
-            self.refusing.poll(ticket)
-        }
-        fn forget(&self, ticket: Ticket) {
-            self.held.borrow_mut().retain(|&t| t != ticket);
-            self.refusing.forget(ticket);
-        }
-        fn progress(&self) -> bool {
-            self.refusing.progress()
-        }
-        fn now(&self) -> Nanos {
-            self.refusing.now()
-        }
-        fn wake_at(&self, deadline: Nanos) {
-            self.refusing.wake_at(deadline);
-        }
-    }
-
     /// A row read posted before a register's journal entry landed cannot tell that
     /// the repair cleared the entry, even when its completion arrives after the
     /// entry's: it read the row before the entry was there. Here register `b`'s
@@ -1200,15 +1180,7 @@ mod tests {
     fn a_row_read_posted_before_an_entry_landed_does_not_clear_it() {
         let (cluster, layout) = small_cluster(200 * crate::test_support::MS);
         let raw = cluster.client();
-        let fabric = HoldingReads {
-            refusing: Refusing {
-                inner: cluster.client(),
-                refused: Cell::new(Some(NodeId(2))),
-                now: Cell::new(1_000),
-            },
-            hold: Cell::new(false),
-            held: RefCell::new(Vec::new()),
-        };
+        let fabric = Refusing::new(cluster.client());
         let writer = 1;
         let recycler = Recycler::new(0, writer, 0x70c, 7);
         let (a, b) = (5, 6);
@@ -1256,8 +1228,7 @@ mod tests {
                 !step().contains(&a),
                 "a register came back before the repair copied it"
             );
-            let now = &fabric.refusing.now;
-            now.set(now.get() + JOURNAL_POLL_NS);
+            fabric.now.set(fabric.now.get() + JOURNAL_POLL_NS);
         }
         assert!(journaled(a) && journaled(b));
         assert_eq!(recycler.stats().reset_through_journal, 0);
