@@ -1078,6 +1078,30 @@ mod tests {
         assert!(matches!(fabric.poll(ticket), Poll::Ready(Ok(_))));
     }
 
+    /// One recycler step on a cluster whose node 2 has `status` (the others are in
+    /// service); the registers that came back.
+    fn step_node_2(
+        recycler: &Recycler,
+        fabric: &Refusing,
+        layout: &NodeLayout,
+        status: ReplicaStatus,
+    ) -> Vec<u64> {
+        recycler.step(
+            fabric,
+            layout,
+            true,
+            || false,
+            |r| loc(layout, r),
+            |n| {
+                if n == NodeId(2) {
+                    status
+                } else {
+                    ReplicaStatus::InService
+                }
+            },
+        )
+    }
+
     fn loc(layout: &NodeLayout, register: u64) -> Option<RegisterLoc> {
         crate::client::register_loc_for(layout, 3, register).ok()
     }
@@ -1102,22 +1126,7 @@ mod tests {
             }
             recycler.retire(r, 0, super::Retired::Unmapped);
         }
-        let step = || {
-            recycler.step(
-                &fabric,
-                &layout,
-                true,
-                || false,
-                |r| loc(&layout, r),
-                |n| {
-                    if n == NodeId(2) {
-                        status.get()
-                    } else {
-                        ReplicaStatus::InService
-                    }
-                },
-            )
-        };
+        let step = || step_node_2(&recycler, &fabric, &layout, status.get());
         let slot_of = |r: u64| -> Option<usize> {
             (0..journal::SLOTS).find(|&i| {
                 word(&raw, 0, layout.journal_slot(writer, i).unwrap()) == journal::entry(r)
@@ -1184,22 +1193,8 @@ mod tests {
         let writer = 1;
         let recycler = Recycler::new(0, writer, 0x70c, 7);
         let (a, b) = (5, 6);
-        let step = || {
-            recycler.step(
-                &fabric,
-                &layout,
-                true,
-                || false,
-                |r| loc(&layout, r),
-                |n| {
-                    if n == NodeId(2) {
-                        ReplicaStatus::Repairing { journal: NodeId(0) }
-                    } else {
-                        ReplicaStatus::InService
-                    }
-                },
-            )
-        };
+        let journaling = ReplicaStatus::Repairing { journal: NodeId(0) };
+        let step = || step_node_2(&recycler, &fabric, &layout, journaling);
         let journaled = |r: u64| {
             (0..journal::SLOTS).any(|i| {
                 word(&raw, 0, layout.journal_slot(writer, i).unwrap()) == journal::entry(r)
