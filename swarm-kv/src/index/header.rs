@@ -7,7 +7,17 @@
 //! of nodes before indexing the register and never changes while it is indexed.
 //!
 //! A node may lag behind the header write, so a majority is read and judged
-//! together: unwritten copies are ignored, and written ones must agree. The `u32`
+//! together: unwritten copies are ignored, and written ones must agree.
+//!
+//! A copy read while its write is still landing may be *torn* (writes tear at 8-byte
+//! granularity, SWARM §2.1): its length there and some key bytes not yet, or still
+//! the resetter's token (`crate::recycle::reset_batch`). The majority read holds a
+//! whole copy (the header reached a majority before the register was indexed), so a
+//! torn copy can only disagree with it, never decide alone: [`judge`] reports the
+//! disagreement, and [`verify`] reads again, after a growing pause, until the write
+//! has landed ([`HEADER_REREADS`] times at most). Found by the randomized
+//! `tests/delete_race_sim.rs`, where late header writes land word by word in random
+//! order. The `u32`
 //! after the length is the register's *holder tag* (`crate::limbo`), which its retiree
 //! sets once the register is unmapped: it is ignored here (a register's header is
 //! written once per life, and a reset blanks every copy before the next life).
@@ -53,10 +63,14 @@ fn judge_copy(bytes: &[u8], key: &[u8], key_max: u32) -> Copy {
 
 /// Whether copies of one register's key header (at least a majority of them) name
 /// `key`.
-pub fn judge(copies: &[Vec<u8>], key: &[u8], key_max: u32) -> Result<bool, HeaderProblem> {
+pub fn judge<C: AsRef<[u8]>>(
+    copies: &[C],
+    key: &[u8],
+    key_max: u32,
+) -> Result<bool, HeaderProblem> {
     let mut best: Option<bool> = None;
     for copy in copies {
-        let Copy::Written { same } = judge_copy(copy, key, key_max) else {
+        let Copy::Written { same } = judge_copy(copy.as_ref(), key, key_max) else {
             continue;
         };
         best = match best {
@@ -67,8 +81,16 @@ pub fn judge(copies: &[Vec<u8>], key: &[u8], key_max: u32) -> Result<bool, Heade
     best.ok_or(HeaderProblem::Missing)
 }
 
+/// How many times [`verify`] reads a majority's key headers again when their copies
+/// disagree (a copy read while its write was landing, module docs) before it fails
+/// with [`HeaderProblem::Inconsistent`]. The pauses double from the index's
+/// `retry_delay_ns` up to its `max_backoff_ns`: with the defaults, about a third of a
+/// millisecond in all, hundreds of times a write's delivery.
+pub const HEADER_REREADS: u32 = 8;
+
 /// Reads the key headers of `registers` from a majority (one roundtrip per four
-/// registers) and tells, for each, whether it names `key`.
+/// registers, one more per re-read of copies that disagree) and tells, for each,
+/// whether it names `key`.
 pub async fn verify<F: Fabric>(
     ix: &Index,
     fabric: &F,
@@ -93,32 +115,54 @@ pub async fn verify<F: Fabric>(
             addrs.push(addr);
         }
         let order = ix.order(fabric, chunk[0]);
-        let rt = preferred_step_reporting_late(
-            fabric,
-            stats,
-            &order,
-            q,
-            ix.config.slow_after_ns,
-            |_| {
-                let mut batch = Batch::new();
-                for &addr in &addrs {
-                    batch.push(Op::Read { addr, len })?;
-                }
-                Ok(batch)
-            },
-            |replies| replies.len() >= q,
-            |node| ix.late(fabric, node),
-        )
-        .await?;
-        for (k, &register) in chunk.iter().enumerate() {
-            let copies: Vec<Vec<u8>> = rt
-                .replies()
+        let mut pause = ix.config.retry_delay_ns;
+        for reread in 0..=HEADER_REREADS {
+            let rt = preferred_step_reporting_late(
+                fabric,
+                stats,
+                &order,
+                q,
+                ix.config.slow_after_ns,
+                |_| {
+                    let mut batch = Batch::new();
+                    for &addr in &addrs {
+                        batch.push(Op::Read { addr, len })?;
+                    }
+                    Ok(batch)
+                },
+                |replies| replies.len() >= q,
+                |node| ix.late(fabric, node),
+            )
+            .await?;
+            let judged: Result<Vec<bool>, (u64, HeaderProblem)> = chunk
                 .iter()
-                .filter_map(|(_, c)| c.read(k).map(<[u8]>::to_vec))
+                .enumerate()
+                .map(|(k, &register)| {
+                    let copies: Vec<&[u8]> =
+                        rt.replies().iter().filter_map(|(_, c)| c.read(k)).collect();
+                    judge(&copies, key, key_max).map_err(|problem| (register, problem))
+                })
                 .collect();
-            let same = judge(&copies, key, key_max)
-                .map_err(|problem| IndexError::KeyHeader { register, problem })?;
-            out.push(same);
+            match judged {
+                Ok(same) => {
+                    out.extend(same);
+                    break;
+                }
+                // A copy read mid-write (module docs): read again once it landed.
+                Err((register, HeaderProblem::Inconsistent)) if reread < HEADER_REREADS => {
+                    tracing::debug!(
+                        register,
+                        reread,
+                        "index: key header copies disagree (one read while its write landed); reading again"
+                    );
+                    drop(rt);
+                    swarm_core::sleep(fabric, pause).await;
+                    pause = pause.saturating_mul(2).min(ix.config.max_backoff_ns);
+                }
+                Err((register, problem)) => {
+                    return Err(IndexError::KeyHeader { register, problem });
+                }
+            }
         }
     }
     Ok(out)

@@ -306,6 +306,7 @@ use swarm_core::{Fabric, OpStats, ProtocolConfig, Suspicion};
 pub use bucket::BucketError;
 pub use config::IndexConfig;
 pub use error::{HeaderProblem, IndexError};
+pub use header::HEADER_REREADS;
 pub use word::{MAX_REGISTERS, SLOTS};
 
 use crate::layout::NodeLayout;

@@ -13,6 +13,7 @@ use swarm_core::{Fabric, OpStats};
 
 use super::bucket::{Status, View, first_free_slot, free_slots};
 use super::engine::{Engine, MAX_BUCKETS, Settled};
+use super::error::HeaderProblem;
 use super::fast;
 use super::hash::KeyHash;
 use super::header;
@@ -491,13 +492,24 @@ pub async fn change<F: Fabric>(
             .then_some((header_at, header::read_len(key.len())));
         let promised = eng.promise(ballots, probe).await?;
         if probe.is_some() && promised.headers.len() >= ix.quorum() {
-            let same = header::judge(&promised.headers, key, ix.layout.params.key_max).map_err(
-                |problem| IndexError::KeyHeader {
-                    register: old,
-                    problem,
-                },
-            )?;
-            same_key = Some(same);
+            match header::judge(&promised.headers, key, ix.layout.params.key_max) {
+                Ok(same) => same_key = Some(same),
+                // A copy read while its write landed (`header`'s module docs): the
+                // next attempt, after its backoff, reads the header again.
+                Err(HeaderProblem::Inconsistent) if attempt + 1 < config.max_attempts => {
+                    tracing::debug!(
+                        register = old,
+                        attempt,
+                        "index: key header copies disagree (one read while its write landed); probing again"
+                    );
+                }
+                Err(problem) => {
+                    return Err(IndexError::KeyHeader {
+                        register: old,
+                        problem,
+                    });
+                }
+            }
         }
         if same_key == Some(false) {
             // `old` is another key's register.
