@@ -176,6 +176,17 @@ impl<'a, F: Fabric> Engine<'a, F> {
         sleep(self.fabric, ns).await;
     }
 
+    /// Backs off before attempt `attempt` ([`Engine::backoff`]), then reads the
+    /// buckets again (one roundtrip). What the last attempt learned of them is as old
+    /// as the pause, and the next promise's CASes expect those words: under steady
+    /// changes by others (one hot key inserted and deleted by several clients), CASes
+    /// expecting the words of before the pause never took, and a call retried until
+    /// its operation deadline (`tests/delete_race_sim.rs`, one hot key).
+    pub async fn backoff_and_reread(&mut self, attempt: u32) -> Result<(), IndexError> {
+        self.backoff(attempt).await;
+        self.read().await.map(drop)
+    }
+
     /// Sleeps `ns`.
     pub async fn pause(&self, ns: Nanos) {
         sleep(self.fabric, ns).await;

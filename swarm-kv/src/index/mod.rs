@@ -7,7 +7,11 @@
 //! roundtrip in the common case"). Unlike SWARM registers it cannot be wait-free:
 //! two inserts of one key must agree on a winner, which is consensus. This module is
 //! obstruction-free: an update finishes once contention stops (randomised backoff),
-//! while a majority of nodes is alive.
+//! while a majority of nodes is alive. An attempt that was preempted backs off and
+//! reads the buckets again before it promises (`Engine::backoff_and_reread`): its
+//! promise CASes the bucket's meta word from the value it last saw, and one seen
+//! before the pause is stale whenever others changed the bucket meanwhile, so under
+//! steady changes (one hot key) such an update never finished.
 //!
 //! # Shape: RACE hashing, replicated on every node
 //!
@@ -219,7 +223,7 @@
 //! |---|---|---|
 //! | `lookup` | 1 | +1 if a preferred node is slow or dead; a couple of re-reads, then 2-3 to settle a change left open |
 //! | `resolve` | 1 (no candidate) or 2 | as lookup |
-//! | `insert` | 2: read, fast round (the KV layer overlaps the read with its register write: [`Index::read_for_insert`]); 4 when the fast round is not tried or not decided: read, promise both, fence, accept | +1 to check a fingerprint match; +1-3 per change helped along; backoff under contention |
+//! | `insert` | 2: read, fast round (the KV layer overlaps the read with its register write: [`Index::read_for_insert`]); 4 when the fast round is not tried or not decided: read, promise both, fence, accept | +1 to check a fingerprint match; +1-3 per change helped along; under contention, a backoff and a re-read of the buckets before each new attempt |
 //! | `remove`, `replace` | 3: read, promise + key header, accept | as insert |
 //!
 //! Slot writes after a decision are posted in the background and cost no roundtrip

@@ -334,7 +334,7 @@ async fn finish_insert<'a, F: Fabric>(
     let mut known_keys: Vec<(RegisterId, bool)> = Vec::new();
     for attempt in 0..config.max_attempts {
         if attempt > 0 {
-            eng.backoff(attempt).await;
+            eng.backoff_and_reread(attempt).await?;
         }
         let mut ballots = [None; MAX_BUCKETS];
         for (i, b) in ballots.iter_mut().enumerate().take(eng.len()) {
@@ -483,7 +483,7 @@ pub async fn change<F: Fabric>(
     let mut same_key: Option<bool> = None;
     for attempt in 0..config.max_attempts {
         if attempt > 0 {
-            eng.backoff(attempt).await;
+            eng.backoff_and_reread(attempt).await?;
         }
         let mut ballots = [None; MAX_BUCKETS];
         ballots[i] = Some(eng.next_ballot(i));
