@@ -10,7 +10,7 @@
 # sim_crash_resume.rs; not the scripted schedules of swarm-sim) plus
 # swarm-kv/tests/recycle.rs (randomized churns and a few scripted register-reuse
 # schedules, under a second) and the KV's randomized histories with deletes
-# (repair_sim.rs, kv_semantics.rs, deferred_unmap.rs), and the index's randomized
+# (repair_sim.rs, kv_semantics.rs, deferred_unmap.rs, delete_race_sim.rs), and the index's randomized
 # histories (index_sim.rs, for the index-* mutants of its fast round), at their
 # default CI seed counts, reverts the mutant, and prints a table: `caught` (a test
 # failed), `MISSED` (every test passed: these tests cannot see this bug),
@@ -48,7 +48,7 @@ unset SWARM_SIM_SEED SWARM_SIM_SEEDS
 # Plus swarm-kv's recycling tests: the simulation never reuses a register, and a
 # race of reclaim checks with register reuse only shows there (seed 108 of the
 # churn replays it).
-test_cmd=(cargo test -q --no-fail-fast -p swarm-sim --test sim_protocol --test sim_max_register_race --test sim_slow_path_race --test sim_inflight_race --test sim_recycling --test sim_crash_resume -p swarm-kv --test recycle --test repair_sim --test kv_semantics --test deferred_unmap --test index_sim)
+test_cmd=(cargo test -q --no-fail-fast -p swarm-sim --test sim_protocol --test sim_max_register_race --test sim_slow_path_race --test sim_inflight_race --test sim_recycling --test sim_crash_resume -p swarm-kv --test recycle --test repair_sim --test kv_semantics --test deferred_unmap --test delete_race_sim --test index_sim)
 applied=""
 restore() {
     if [ -n "$applied" ]; then
