@@ -221,20 +221,30 @@ fn a_failed_minority_costs_nothing_and_a_failed_majority_stalls() {
     let f = swarm_core::fabric::FailNodes::new(s.cluster.client());
     // The key's preferred majority for reads starts at its first bucket's node.
     let key = b"survivor";
-    s.header(5, key);
-    s.header(6, key);
+    // Registers with three replicas among the five nodes: two whose replicas keep a
+    // majority when nodes 3 and 4 fail (a key header is read from its register's
+    // replicas).
+    let survives = |r: u64| {
+        let loc = swarm_kv::client::register_loc_for(&s.layout, 5, r).unwrap();
+        let down = loc.replicas.nodes().iter().filter(|n| n.0 >= 3).count();
+        loc.replicas.nodes().len() - down >= loc.replicas.quorum()
+    };
+    let mut surviving = (0..64).filter(|&r| survives(r));
+    let (first, second) = (surviving.next().unwrap(), surviving.next().unwrap());
+    s.header(first, key);
+    s.header(second, key);
     f.fail_node(NodeId(3));
     f.fail_node(NodeId(4));
-    let (out, _) = run(&f, async |st| ix.insert(&f, st, key, 5).await);
+    let (out, _) = run(&f, async |st| ix.insert(&f, st, key, first).await);
     assert_eq!(out, Ok(InsertOutcome::Inserted));
     let (r, _) = run(&f, async |st| ix.resolve(&f, st, key).await);
-    assert_eq!(r, Ok(Some(5)));
-    let (ok, _) = run(&f, async |st| ix.replace(&f, st, key, 5, 6).await);
+    assert_eq!(r, Ok(Some(first)));
+    let (ok, _) = run(&f, async |st| ix.replace(&f, st, key, first, second).await);
     assert_eq!(ok, Ok(true));
     // Another client with all nodes reachable sees the same.
     let g = s.cluster.client();
     let (r, _) = run(&g, async |st| ix.resolve(&g, st, key).await);
-    assert_eq!(r, Ok(Some(6)));
+    assert_eq!(r, Ok(Some(second)));
 
     f.fail_node(NodeId(2));
     let stats = OpStats::new();

@@ -284,3 +284,53 @@ fn operation_futures_stay_small() {
         assert!(size <= limit, "{op}: a {size}-byte future (limit {limit})");
     }
 }
+
+type Client = KvClient<swarm_shm::EmulatedFabric, SystemClock>;
+
+/// A cluster of five nodes whose registers have three replicas: a key header lives on
+/// its register's replicas only, so the index must read it there. It read a majority
+/// of all five nodes, which may hold none of the copies: an insert of a present key
+/// from a client without it cached failed with `KeyHeader { problem: Missing }`, and
+/// so did the unmap of a delete.
+#[test]
+fn keys_are_told_apart_by_their_headers_on_their_registers_replicas() {
+    let dir = ScratchDir::new("kv-five").unwrap();
+    let params = ClusterParams {
+        key_max: 32,
+        value_max: 64,
+        writers: 8,
+        replicas: 3,
+        ..ClusterParams::default()
+    };
+    let store = ShmStore::create(dir.path(), 5, 16 << 20, params).expect("create");
+    let keys: Vec<String> = (0..200).map(|i| format!("key{i}")).collect();
+    let run = |c: &Client, op: &dyn Fn(&Client, &[u8])| {
+        for k in &keys {
+            op(c, k.as_bytes());
+        }
+    };
+    let (a, b, c) = (
+        store.client().unwrap(),
+        store.client().unwrap(),
+        store.client().unwrap(),
+    );
+    run(&a, &|c, k| {
+        block_on(c.fabric(), c.insert(k, b"one", &OpStats::new())).unwrap()
+    });
+    // Present, not in b's cache: the insert finds the key's index entry and reads
+    // its header.
+    run(&b, &|c, k| {
+        block_on(c.fabric(), c.insert(k, b"two", &OpStats::new())).unwrap()
+    });
+    run(&c, &|c, k| {
+        let outcome = block_on(c.fabric(), c.delete(k, &OpStats::new())).unwrap();
+        assert_eq!(outcome, DeleteOutcome::Removed);
+    });
+    run(&b, &|c, k| {
+        block_on(c.fabric(), c.insert(k, b"three", &OpStats::new())).unwrap()
+    });
+    run(&a, &|c, k| {
+        let got = block_on(c.fabric(), c.get(k, &OpStats::new())).unwrap();
+        assert_eq!(got.as_deref(), Some(&b"three"[..]));
+    });
+}

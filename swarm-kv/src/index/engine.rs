@@ -38,8 +38,8 @@ pub struct Promised {
     /// Per owned bucket: the view of the promising quorum, acceptor states as of the
     /// promise (what Paxos phase 1 reports).
     pub views: [Option<View>; MAX_BUCKETS],
-    /// Key-header bytes read along, per replying node.
-    pub headers: Vec<Vec<u8>>,
+    /// Key-header bytes read along, from each replying node.
+    pub headers: Vec<(NodeId, Vec<u8>)>,
 }
 
 /// How [`Engine::settle`] left a bucket.
@@ -506,7 +506,7 @@ impl<'a, F: Fabric> Engine<'a, F> {
                     }
                     Planned::ReadHeader => {
                         if let Some(bytes) = completion.read(k) {
-                            headers.push(bytes.to_vec());
+                            headers.push((*node, bytes.to_vec()));
                         }
                     }
                 }

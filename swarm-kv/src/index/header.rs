@@ -4,10 +4,14 @@
 //! a slot's register belongs to *its* key (an insert finding the key already there, a
 //! remove checking the register it was given), it reads the register's key header
 //! (`crate::layout::NodeLayout::key_header`), which the KV layer writes to a majority
-//! of nodes before indexing the register and never changes while it is indexed.
+//! of the register's replicas before indexing the register and never changes while
+//! it is indexed.
 //!
-//! A node may lag behind the header write, so a majority is read and judged
-//! together: unwritten copies are ignored, and written ones must agree.
+//! A replica may lag behind the header write, so a majority of the replicas is read
+//! and judged together: unwritten copies are ignored, and written ones must agree.
+//! The replicas, not the index's nodes: on a cluster with more nodes than replicas,
+//! a majority of all nodes may hold no copy at all (`Index::header_holders`; an
+//! insert of a present key failed with `KeyHeader { problem: Missing }` there).
 //!
 //! A copy read while its write is still landing may be *torn* (writes tear at 8-byte
 //! granularity, SWARM §2.1): its length there and some key bytes not yet, or still
@@ -88,9 +92,10 @@ pub fn judge<C: AsRef<[u8]>>(
 /// millisecond in all, hundreds of times a write's delivery.
 pub const HEADER_REREADS: u32 = 8;
 
-/// Reads the key headers of `registers` from a majority (one roundtrip per four
-/// registers, one more per re-read of copies that disagree) and tells, for each,
-/// whether it names `key`.
+/// Reads the key headers of `registers` from a majority of each one's replicas (one
+/// roundtrip per four registers replicated on every node, else per register; one
+/// more per re-read of copies that disagree) and tells, for each, whether it names
+/// `key`.
 pub async fn verify<F: Fabric>(
     ix: &Index,
     fabric: &F,
@@ -98,11 +103,21 @@ pub async fn verify<F: Fabric>(
     registers: &[u64],
     key: &[u8],
 ) -> Result<Vec<bool>, IndexError> {
-    let q = ix.quorum();
     let len = read_len(key.len());
     let key_max = ix.layout.params.key_max;
     let mut out = Vec::with_capacity(registers.len());
-    for chunk in registers.chunks(swarm_core::fabric::INLINE_BATCH_OPS) {
+    let mut rest = registers;
+    while let Some(&first) = rest.first() {
+        // A header lives on its register's replicas only. Registers on every node
+        // share them: up to four headers per batch then.
+        let (order, q) = ix.header_holders(fabric, first)?;
+        let take = if order.len() == ix.nodes {
+            rest.len().min(swarm_core::fabric::INLINE_BATCH_OPS)
+        } else {
+            1
+        };
+        let (chunk, tail) = rest.split_at(take);
+        rest = tail;
         let mut addrs = Vec::with_capacity(chunk.len());
         for &register in chunk {
             let addr = ix
@@ -114,7 +129,6 @@ pub async fn verify<F: Fabric>(
                 })?;
             addrs.push(addr);
         }
-        let order = ix.order(fabric, chunk[0]);
         let mut pause = ix.config.retry_delay_ns;
         for reread in 0..=HEADER_REREADS {
             let rt = preferred_step_reporting_late(

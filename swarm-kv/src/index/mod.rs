@@ -273,7 +273,8 @@
 //!   roundtrips already in flight (as in `swarm_core`). Such a wait ends at the
 //!   operation's fence (`Roundtrip::wait` fails with `Fenced`), and the caller treats
 //!   the update's outcome as unknown (an insert's register is then not recycled).
-//! * Key headers: the KV layer must write a register's header to a majority before
+//! * Key headers: the KV layer must write a register's header to a majority of its
+//!   replicas (the index reads them there, `Index::header_holders`) before
 //!   indexing it and not change it while it is indexed. A recycled register's header
 //!   is blanked on every replica before reuse (`crate::recycle`), so an old header
 //!   never competes with the new one. The `u32` after the length is the holder tag
@@ -415,6 +416,33 @@ impl Index {
             self.suspicion.trusted_first(&mut order, fabric.now());
         }
         order
+    }
+
+    /// Where `register`'s key header lives, in the order to read it, and how many of
+    /// those copies make a majority: the register's replicas
+    /// (`crate::client::register_loc_for`), which are every node of the index when
+    /// registers are replicated on all of them (then in `register`'s rotation, as
+    /// [`Index::order`]); suspected nodes last.
+    pub(crate) fn header_holders<F: Fabric + ?Sized>(
+        &self,
+        fabric: &F,
+        register: RegisterId,
+    ) -> Result<(Vec<NodeId>, usize), IndexError> {
+        if usize::from(self.layout.params.replicas) >= self.nodes {
+            return Ok((self.order(fabric, register), self.quorum()));
+        }
+        let loc =
+            crate::client::register_loc_for(&self.layout, self.nodes, register).map_err(|_| {
+                IndexError::NoSuchRegister {
+                    register,
+                    registers: self.layout.params.registers,
+                }
+            })?;
+        let mut order = loc.replicas.nodes().to_vec();
+        if self.suspicion.any() {
+            self.suspicion.trusted_first(&mut order, fabric.now());
+        }
+        Ok((order, loc.replicas.quorum()))
     }
 
     /// Suspects `node`, which missed `slow_after_ns` in a preferred step.

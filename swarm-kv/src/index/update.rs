@@ -478,6 +478,7 @@ pub async fn change<F: Fabric>(
             register: old,
             registers: ix.layout.params.registers,
         })?;
+    let (holders, holders_quorum) = ix.header_holders(fabric, old)?;
     let nonce = ix.next_nonce();
     let mut owner = Owner::default();
     let mut same_key: Option<bool> = None;
@@ -491,8 +492,15 @@ pub async fn change<F: Fabric>(
             .is_none()
             .then_some((header_at, header::read_len(key.len())));
         let promised = eng.promise(ballots, probe).await?;
-        if probe.is_some() && promised.headers.len() >= ix.quorum() {
-            match header::judge(&promised.headers, key, ix.layout.params.key_max) {
+        // The header's copies are those of `old`'s replicas: a majority of them.
+        let copies: Vec<&[u8]> = promised
+            .headers
+            .iter()
+            .filter(|(node, _)| holders.contains(node))
+            .map(|(_, bytes)| bytes.as_slice())
+            .collect();
+        if probe.is_some() && copies.len() >= holders_quorum {
+            match header::judge(&copies, key, ix.layout.params.key_max) {
                 Ok(same) => same_key = Some(same),
                 // A copy read while its write landed (`header`'s module docs): the
                 // next attempt, after its backoff, reads the header again.
