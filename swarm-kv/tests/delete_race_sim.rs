@@ -277,10 +277,13 @@ fn run(scenario: Scenario, seed: u64) -> [u64; 4] {
     deletes
 }
 
+/// 64 seeds (about a second): a delete through a stale cache that decides wrongly
+/// shows in a few percent of the seeds (`kv-delete-undecided-deletes-new`, 4 of the
+/// first 60), so fewer would miss it.
 #[test]
 fn deletes_racing_reinserts_through_stale_caches_stay_linearizable() {
     let mut raced = 0;
-    for_each_seed(8, |seed| raced += run(STALE_CACHES, seed)[1]);
+    for_each_seed(64, |seed| raced += run(STALE_CACHES, seed)[1]);
     assert!(
         raced > 0,
         "no delete raced another: the runs missed what they test"
