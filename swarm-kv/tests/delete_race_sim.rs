@@ -14,7 +14,11 @@
 //! a while) leave some of those questions undecidable: such a delete ends
 //! `KvError::DeleteUndecided`, recorded as crashed (its outcome unknown).
 //!
-//! A second scenario runs several clients on **one hot key** over steady latencies:
+//! The same on **five nodes**, each register on three of them: it would have found
+//! key headers read from a majority of all nodes instead of the register's replicas
+//! (`Index::header_holders`).
+//!
+//! Another scenario runs several clients on **one hot key** over steady latencies:
 //! every insert meets the others' changes of the key's index buckets, and retries.
 //! It found index calls that starved until their operation deadline (their retries
 //! promised against bucket words as old as their backoff, `Engine::backoff_and_reread`).
@@ -50,6 +54,8 @@ const RUN_NS: u64 = 40 * MS;
 /// The shape of one run.
 #[derive(Clone, Copy)]
 struct Scenario {
+    /// Memory nodes; registers have three replicas among them.
+    nodes: usize,
     /// Clients, each its own executor task and cache.
     clients: u64,
     /// Keys they share: few, so that deletes and re-inserts of one key overlap.
@@ -63,14 +69,24 @@ struct Scenario {
 /// Late messages at every distance from their batch's others (uniform tails), and
 /// now and then a node that answers nothing for a while: stale caches.
 const STALE_CACHES: Scenario = Scenario {
+    nodes: 3,
     clients: 4,
     keys: 2,
     latency: Latency::new(1_000, 300).with_tail_upto(0.08, TAIL_NS),
     stall_probability: 0.002,
 };
 
+/// Stale caches on five nodes, each register on three of them: a key header lives on
+/// its register's replicas only (`Index::header_holders`).
+const FIVE_NODES: Scenario = Scenario {
+    nodes: 5,
+    keys: 3,
+    ..STALE_CACHES
+};
+
 /// Several clients on one key, steady latencies: contention in the index.
 const ONE_HOT_KEY: Scenario = Scenario {
+    nodes: 3,
     clients: 5,
     keys: 1,
     latency: Latency::new(1_000, 300),
@@ -223,7 +239,7 @@ fn run(scenario: Scenario, seed: u64) -> [u64; 4] {
         .with_test_writer()
         .try_init();
     let layout = layout();
-    let config = SimConfig::new(3, layout.end() as usize)
+    let config = SimConfig::new(scenario.nodes, layout.end() as usize)
         .latency(scenario.latency)
         .stalls(scenario.stall_probability, 400_000)
         .keep_trace(false);
@@ -231,7 +247,8 @@ fn run(scenario: Scenario, seed: u64) -> [u64; 4] {
     let mut rng = SimRng::new(seed ^ 0x0de1_e7e5);
     let setup = world.client();
     write_superblock(&setup, &layout.params).expect("format");
-    write_configuration(&setup, &Configuration::new(1, vec![11, 12, 13])).expect("configuration");
+    let incarnations = (11..).take(scenario.nodes).collect();
+    write_configuration(&setup, &Configuration::new(1, incarnations)).expect("configuration");
     let shared = Rc::new(Shared::default());
     let mut runner = SimRunner::new(&world);
     for c in 0..scenario.clients {
@@ -288,6 +305,13 @@ fn deletes_racing_reinserts_through_stale_caches_stay_linearizable() {
         raced > 0,
         "no delete raced another: the runs missed what they test"
     );
+}
+
+#[test]
+fn five_nodes_with_three_replicas_each_stay_linearizable() {
+    for_each_seed(8, |seed| {
+        run(FIVE_NODES, seed);
+    });
 }
 
 #[test]
