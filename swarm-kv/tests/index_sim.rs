@@ -11,7 +11,7 @@ use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::rc::Rc;
 
-use index_support::{Log, index, layout, sim_config, sim_header, value};
+use index_support::{Log, index, layout, layout_on, sim_config, sim_header, value};
 use swarm_checker::OpKind;
 use swarm_core::fabric::{Fabric, Nanos, NodeId, OpOutput};
 use swarm_core::quorum::broadcast_until;
@@ -282,7 +282,7 @@ async fn verify_task(shared: Shared, ix: Index, fabric: SimFabric, c: u64, keys:
 
 /// Runs a scenario and checks it; returns the number of recorded operations.
 fn run(s: Scenario) -> usize {
-    let layout = layout(4096, s.buckets);
+    let layout = layout_on(s.nodes, 4096, s.buckets);
     let config = SimConfig::new(s.nodes, layout.end() as usize).keep_trace(false);
     let world = SimWorld::new(s.seed, config);
     let shared = Shared::new(&world, layout);
@@ -460,7 +460,7 @@ fn blind_inserts_racing_on_fresh_buckets_stay_linearizable() {
 fn concurrent_inserts_of_the_same_keys_agree_on_one_winner() {
     for_each_seed(30, |seed| {
         let nodes = if seed % 2 == 0 { 3 } else { 5 };
-        let layout = layout(1024, 8);
+        let layout = layout_on(nodes, 1024, 8);
         let world = SimWorld::new(
             seed,
             SimConfig::new(nodes, layout.end() as usize).keep_trace(false),
@@ -634,7 +634,7 @@ fn a_node_that_comes_back_with_old_memory_does_not_resurrect_old_mappings() {
             faults: Faults::default(),
             ..scenario(seed)
         };
-        let layout = layout(4096, s.buckets);
+        let layout = layout_on(s.nodes, 4096, s.buckets);
         let world = SimWorld::new(
             seed,
             SimConfig::new(3, layout.end() as usize).keep_trace(false),

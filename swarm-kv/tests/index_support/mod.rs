@@ -13,9 +13,23 @@ use swarm_kv::index::{Index, IndexConfig};
 use swarm_kv::layout::{ClusterParams, NodeLayout, encode_key_header};
 use swarm_sim::SimWorld;
 
-/// A small cluster: `registers` registers, `buckets` index buckets.
+/// A small cluster: `registers` registers, `buckets` index buckets, each register on
+/// three nodes.
 pub fn layout(registers: u64, buckets: u64) -> NodeLayout {
-    let params = ClusterParams {
+    layout_on(3, registers, buckets)
+}
+
+/// [`layout`] with each register on `nodes` nodes (every node of a cluster of that
+/// many), as tests that write key headers on every node and crash any minority of
+/// the nodes need: the index reads a header from its register's replicas only.
+pub fn layout_on(nodes: usize, registers: u64, buckets: u64) -> NodeLayout {
+    let mut layout = layout_params(registers, buckets);
+    layout.replicas = nodes as u16;
+    NodeLayout::new(layout).expect("test layout is valid")
+}
+
+fn layout_params(registers: u64, buckets: u64) -> ClusterParams {
+    ClusterParams {
         key_max: 32,
         value_max: 32,
         meta_words: 2,
@@ -26,8 +40,7 @@ pub fn layout(registers: u64, buckets: u64) -> NodeLayout {
         index_buckets: buckets,
         log_slots: 16,
         ..ClusterParams::default()
-    };
-    NodeLayout::new(params).expect("test layout is valid")
+    }
 }
 
 /// Index tunables for a simulated microsecond fabric. Every third client inserts
