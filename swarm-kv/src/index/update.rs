@@ -482,6 +482,8 @@ pub async fn change<F: Fabric>(
     let nonce = ix.next_nonce();
     let mut owner = Owner::default();
     let mut same_key: Option<bool> = None;
+    // Probes whose header copies disagreed, read again as `header::verify` does.
+    let mut torn_probes = 0;
     for attempt in 0..config.max_attempts {
         if attempt > 0 {
             eng.backoff_and_reread(attempt).await?;
@@ -504,7 +506,8 @@ pub async fn change<F: Fabric>(
                 Ok(same) => same_key = Some(same),
                 // A copy read while its write landed (`header`'s module docs): the
                 // next attempt, after its backoff, reads the header again.
-                Err(HeaderProblem::Inconsistent) if attempt + 1 < config.max_attempts => {
+                Err(HeaderProblem::Inconsistent) if torn_probes < header::HEADER_REREADS => {
+                    torn_probes += 1;
                     tracing::debug!(
                         register = old,
                         attempt,
