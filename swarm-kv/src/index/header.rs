@@ -85,11 +85,14 @@ pub fn judge<C: AsRef<[u8]>>(
     best.ok_or(HeaderProblem::Missing)
 }
 
-/// How many times [`verify`] reads a majority's key headers again when their copies
-/// disagree (a copy read while its write was landing, module docs) before it fails
-/// with [`HeaderProblem::Inconsistent`]. The pauses double from the index's
-/// `retry_delay_ns` up to its `max_backoff_ns`: with the defaults, about a third of a
-/// millisecond in all, hundreds of times a write's delivery.
+/// How many times the index reads a majority of a register's key header copies again
+/// when they disagree (a copy read while its write was landing) before an insert,
+/// remove or replace fails with [`HeaderProblem::Inconsistent`]
+/// ([`super::IndexError::KeyHeader`]). An insert's pauses double from
+/// [`super::IndexConfig::retry_delay_ns`] up to its `max_backoff_ns`: with the
+/// defaults, about a third of a millisecond in all, hundreds of times a write's
+/// delivery; a remove or replace reads again at each of its next attempts, after
+/// their backoff.
 pub const HEADER_REREADS: u32 = 8;
 
 /// Reads the key headers of `registers` from a majority of each one's replicas (one
