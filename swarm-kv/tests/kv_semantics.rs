@@ -12,6 +12,18 @@ use swarm_shm::ScratchDir;
 mod history_support;
 use history_support::{Lcg, run_checked_threads, run_recorded};
 
+/// Five nodes, each register on three of them.
+fn five_node_store(dir: &ScratchDir) -> ShmStore {
+    let params = ClusterParams {
+        key_max: 32,
+        value_max: 64,
+        writers: 8,
+        replicas: 3,
+        ..ClusterParams::default()
+    };
+    ShmStore::create(dir.path(), 5, 16 << 20, params).expect("create")
+}
+
 fn store(dir: &ScratchDir) -> ShmStore {
     let params = ClusterParams {
         key_max: 32,
@@ -190,14 +202,7 @@ fn concurrent_clients_are_linearizable() {
 #[test]
 fn a_delete_whose_unmap_fails_still_deleted_the_key() {
     let dir = ScratchDir::new("kv-delete-unmap").unwrap();
-    let params = ClusterParams {
-        key_max: 32,
-        value_max: 64,
-        writers: 8,
-        replicas: 3,
-        ..ClusterParams::default()
-    };
-    let store = ShmStore::create(dir.path(), 5, 16 << 20, params).expect("create");
+    let store = five_node_store(&dir);
     let header = *store.header();
     let c = KvClient::connect(
         store.fabric(),
@@ -295,14 +300,7 @@ type Client = KvClient<swarm_shm::EmulatedFabric, SystemClock>;
 #[test]
 fn keys_are_told_apart_by_their_headers_on_their_registers_replicas() {
     let dir = ScratchDir::new("kv-five").unwrap();
-    let params = ClusterParams {
-        key_max: 32,
-        value_max: 64,
-        writers: 8,
-        replicas: 3,
-        ..ClusterParams::default()
-    };
-    let store = ShmStore::create(dir.path(), 5, 16 << 20, params).expect("create");
+    let store = five_node_store(&dir);
     let keys: Vec<String> = (0..200).map(|i| format!("key{i}")).collect();
     let run = |c: &Client, op: &dyn Fn(&Client, &[u8])| {
         for k in &keys {
