@@ -564,19 +564,26 @@ impl Fabric for HeaderLanding {
 }
 
 /// A key header copy read while its write lands (writes tear at 8-byte granularity)
-/// disagrees with the whole copies of the majority: the index reads it again rather
-/// than fail the operation (found by `delete_race_sim.rs`, where it failed an insert
-/// with `KeyHeader { problem: Inconsistent }`). A copy torn for good is reported
-/// once the re-reads are spent.
+/// disagrees with the whole copies of the majority: the index reads every replica's
+/// copy again rather than fail the operation (found by `delete_race_sim.rs`, where it
+/// failed an insert with `KeyHeader { problem: Inconsistent }`), and two whole copies
+/// outvote a torn one, even one torn for good (a writer that died mid-write). With
+/// one whole copy left against a torn one, nothing decides: reported once the
+/// re-reads are spent.
 #[test]
 fn a_key_header_copy_read_while_its_write_lands_is_read_again() {
     let key = b"a key of 16 byte";
     let register = 9;
-    for (torn_reads, expect_found) in [
-        (1, true),
-        (swarm_kv::index::HEADER_REREADS, true),
-        (u32::MAX, false),
+    let rereads = swarm_kv::index::HEADER_REREADS;
+    // (reads that see the copy torn, the third node down, found)
+    for (torn_reads, third_down, found) in [
+        (1, false, true),
+        (u32::MAX, false, true),
+        (1, true, true),
+        (rereads, true, true),
+        (u32::MAX, true, false),
     ] {
+        let case = format!("torn for {torn_reads} reads, third node down: {third_down}");
         let s = Setup::new(3, 64, 4);
         let ix = s.index(1);
         s.header(register, key);
@@ -589,7 +596,7 @@ fn a_key_header_copy_read_while_its_write_lands_is_read_again() {
         let whole = swarm_kv::layout::encode_key_header(key);
         let mut torn = whole.clone();
         torn[8..].fill(0);
-        let fabric = HeaderLanding {
+        let landing = HeaderLanding {
             inner: s.cluster.client(),
             node: NodeId(1),
             at,
@@ -597,23 +604,29 @@ fn a_key_header_copy_read_while_its_write_lands_is_read_again() {
             torn_reads,
             reads: std::cell::Cell::new(0),
         };
-        fabric.write_through_inner(torn);
-        let (found, rts) = run(&fabric, async |st| ix.resolve(&fabric, st, key).await);
-        let reads = fabric.reads.get();
-        if expect_found {
-            assert_eq!(found, Ok(Some(register)), "torn for {torn_reads} reads");
-            assert_eq!(reads, torn_reads + 1, "read again until it landed");
-            // The lookup's roundtrip, then one header read per read of node 1.
-            assert_eq!(rts, 1 + reads, "one roundtrip per header read");
+        landing.write_through_inner(torn);
+        let fabric = swarm_core::fabric::FailNodes::new(&landing);
+        if third_down {
+            fabric.fail_node(NodeId(2));
+        }
+        let (resolved, _) = run(&fabric, async |st| ix.resolve(&fabric, st, key).await);
+        let reads = landing.reads.get();
+        if found {
+            assert_eq!(resolved, Ok(Some(register)), "{case}");
+            // Node 2's whole copy outvotes node 1's torn one at the first re-read;
+            // without node 2, node 1 is read until its copy landed.
+            let expected = if third_down { torn_reads + 1 } else { 2 };
+            assert_eq!(reads, expected, "{case}");
         } else {
             assert_eq!(
-                found,
+                resolved,
                 Err(IndexError::KeyHeader {
                     register,
                     problem: swarm_kv::index::HeaderProblem::Inconsistent
-                })
+                }),
+                "{case}"
             );
-            assert_eq!(reads, swarm_kv::index::HEADER_REREADS + 1);
+            assert_eq!(reads, rereads + 1, "{case}");
         }
     }
 }

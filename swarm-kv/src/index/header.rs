@@ -17,17 +17,20 @@
 //! granularity, SWARM §2.1): its length there and some key bytes not yet, or still
 //! the resetter's token (`crate::recycle::reset_batch`). The majority read holds a
 //! whole copy (the header reached a majority before the register was indexed), so a
-//! torn copy can only disagree with it, never decide alone: [`judge`] reports the
-//! disagreement, and [`verify`] reads again, after a growing pause, until the write
-//! has landed ([`HEADER_REREADS`] times at most). Found by the randomized
-//! `tests/delete_race_sim.rs`, where late header writes land word by word in random
-//! order. The `u32`
+//! torn copy can only disagree with it, never decide alone. [`judge`] lets a quorum
+//! of byte-identical copies outvote it (torn copies are fewer than a quorum), and
+//! reports the disagreement otherwise; [`verify`] then reads every replica's copy
+//! again, after a growing pause, until a quorum agrees or the write has landed
+//! ([`HEADER_REREADS`] times at most). So a copy torn for good (a writer that died
+//! mid-write) costs one more roundtrip while a quorum of whole copies is reachable.
+//! Found by the randomized `tests/delete_race_sim.rs`, where late header writes land
+//! word by word in random order. The `u32`
 //! after the length is the register's *holder tag* (`crate::limbo`), which its retiree
 //! sets once the register is unmapped: it is ignored here (a register's header is
 //! written once per life, and a reset blanks every copy before the next life).
 
 use swarm_core::fabric::{Batch, Op};
-use swarm_core::quorum::preferred_step_reporting_late;
+use swarm_core::quorum::{broadcast_until_among, preferred_step_reporting_late};
 use swarm_core::{Fabric, OpStats};
 
 use super::error::HeaderProblem;
@@ -65,24 +68,49 @@ fn judge_copy(bytes: &[u8], key: &[u8], key_max: u32) -> Copy {
     Copy::Written { same }
 }
 
-/// Whether copies of one register's key header (at least a majority of them) name
-/// `key`.
+/// Whether copies of one register's key header (at least `quorum` of its replicas'
+/// copies) name `key`.
+///
+/// Unwritten copies are ignored, and written ones that agree decide. Written copies
+/// that disagree mean a torn copy (module docs): then a header that `quorum` copies
+/// hold byte for byte (length and key; the holder tag aside) decides, since at most
+/// `replicas - quorum` copies can be torn (the header was whole on a majority before
+/// the register was indexed, and a whole copy stays whole for the register's life),
+/// fewer than a quorum. Otherwise [`HeaderProblem::Inconsistent`]: read more copies,
+/// or again.
 pub fn judge<C: AsRef<[u8]>>(
     copies: &[C],
     key: &[u8],
     key_max: u32,
+    quorum: usize,
 ) -> Result<bool, HeaderProblem> {
-    let mut best: Option<bool> = None;
-    for copy in copies {
-        let Copy::Written { same } = judge_copy(copy.as_ref(), key, key_max) else {
-            continue;
-        };
-        best = match best {
-            Some(s) if s != same => return Err(HeaderProblem::Inconsistent),
-            _ => Some(same),
-        };
+    let written: Vec<(&[u8], bool)> = copies
+        .iter()
+        .map(AsRef::as_ref)
+        .filter_map(|copy| match judge_copy(copy, key, key_max) {
+            Copy::Written { same } => Some((copy, same)),
+            Copy::Blank => None,
+        })
+        .collect();
+    let Some(&(_, first)) = written.first() else {
+        return Err(HeaderProblem::Missing);
+    };
+    if written.iter().all(|&(_, same)| same == first) {
+        return Ok(first);
     }
-    best.ok_or(HeaderProblem::Missing)
+    // The length and the key, not the holder tag between them.
+    let same_header = |a: &[u8], b: &[u8]| a.get(..4) == b.get(..4) && a.get(8..) == b.get(8..);
+    written
+        .iter()
+        .find(|&&(copy, _)| {
+            written
+                .iter()
+                .filter(|&&(other, _)| same_header(copy, other))
+                .count()
+                >= quorum
+        })
+        .map(|&(_, same)| same)
+        .ok_or(HeaderProblem::Inconsistent)
 }
 
 /// How many times the index reads a majority of a register's key header copies again
@@ -132,32 +160,48 @@ pub async fn verify<F: Fabric>(
                 })?;
             addrs.push(addr);
         }
+        let read = || {
+            let mut batch = Batch::new();
+            for &addr in &addrs {
+                batch.push(Op::Read { addr, len })?;
+            }
+            Ok(batch)
+        };
         let mut pause = ix.config.retry_delay_ns;
         for reread in 0..=HEADER_REREADS {
-            let rt = preferred_step_reporting_late(
-                fabric,
-                stats,
-                &order,
-                q,
-                ix.config.slow_after_ns,
-                |_| {
-                    let mut batch = Batch::new();
-                    for &addr in &addrs {
-                        batch.push(Op::Read { addr, len })?;
-                    }
-                    Ok(batch)
-                },
-                |replies| replies.len() >= q,
-                |node| ix.late(fabric, node),
-            )
-            .await?;
+            // First a preferred majority; once copies disagreed, every holder, so
+            // that a quorum of whole copies can outvote a torn one (`judge`).
+            let rt = if reread == 0 {
+                preferred_step_reporting_late(
+                    fabric,
+                    stats,
+                    &order,
+                    q,
+                    ix.config.slow_after_ns,
+                    |_| read(),
+                    |replies| replies.len() >= q,
+                    |node| ix.late(fabric, node),
+                )
+                .await?
+            } else {
+                broadcast_until_among(
+                    fabric,
+                    stats,
+                    order.iter().copied(),
+                    q,
+                    ix.config.slow_after_ns,
+                    |_| read().map(Some),
+                    |replies| replies.len() == order.len(),
+                )
+                .await?
+            };
             let judged: Result<Vec<bool>, (u64, HeaderProblem)> = chunk
                 .iter()
                 .enumerate()
                 .map(|(k, &register)| {
                     let copies: Vec<&[u8]> =
                         rt.replies().iter().filter_map(|(_, c)| c.read(k)).collect();
-                    judge(&copies, key, key_max).map_err(|problem| (register, problem))
+                    judge(&copies, key, key_max, q).map_err(|problem| (register, problem))
                 })
                 .collect();
             match judged {
@@ -201,31 +245,61 @@ mod tests {
     fn written_copies_decide_and_the_holder_tag_is_ignored() {
         let key = b"apple";
         let blank = vec![0u8; 16];
-        assert_eq!(judge(&[header(key, 0), blank.clone()], key, 64), Ok(true));
         assert_eq!(
-            judge(&[blank.clone(), header(b"pear", 0)], key, 64),
+            judge(&[header(key, 0), blank.clone()], key, 64, 2),
+            Ok(true)
+        );
+        assert_eq!(
+            judge(&[blank.clone(), header(b"pear", 0)], key, 64, 2),
             Ok(false)
         );
         assert_eq!(
-            judge(&[blank.clone(), blank.clone()], key, 64),
+            judge(&[blank.clone(), blank.clone()], key, 64, 2),
             Err(HeaderProblem::Missing)
         );
         // A retiree tagged one copy: the key is still judged the same.
         assert_eq!(
-            judge(&[header(key, 0x8000_0001), header(key, 0)], key, 64),
+            judge(&[header(key, 0x8000_0001), header(key, 0)], key, 64, 2),
             Ok(true)
         );
         assert_eq!(
-            judge(&[header(b"pear", 0x8000_0001), header(b"pear", 0)], key, 64),
+            judge(
+                &[header(b"pear", 0x8000_0001), header(b"pear", 0)],
+                key,
+                64,
+                2
+            ),
             Ok(false)
         );
         assert_eq!(
-            judge(&[header(key, 1), header(b"other", 0)], key, 64),
+            judge(&[header(key, 1), header(b"other", 0)], key, 64, 2),
             Err(HeaderProblem::Inconsistent)
         );
+        // Copies that disagree: one read torn (its length landed, its key not yet,
+        // or still a resetter's token). A quorum of whole copies outvotes it; one
+        // whole copy against a torn one decides nothing.
+        let mut torn = header(key, 0);
+        torn[8..].fill(0);
+        let mut token = header(key, 0);
+        token[8..16].copy_from_slice(&0x1234_5678_9abc_def0u64.to_le_bytes());
+        for torn in [&torn, &token] {
+            let whole = header(key, 0);
+            let tagged = header(key, 0x8000_0001);
+            assert_eq!(judge(&[&whole, torn, &tagged], key, 64, 2), Ok(true));
+            assert_eq!(
+                judge(&[&whole, torn], key, 64, 2),
+                Err(HeaderProblem::Inconsistent)
+            );
+        }
+        // Another key's header, one copy torn: the whole ones still say "not this key".
+        let pear = header(b"pear", 0);
+        let mut torn_pear = pear.clone();
+        torn_pear[8..].fill(0);
+        assert_eq!(judge(&[&torn_pear, &pear, &pear], key, 64, 2), Ok(false));
+        assert_eq!(judge(&[&torn_pear, &pear, &pear], b"pear", 64, 2), Ok(true));
         // Longer than the limit: garbage.
         assert_eq!(
-            judge(&[header(key, 0)], key, 4),
+            judge(&[header(key, 0)], key, 4, 1),
             Err(HeaderProblem::Missing)
         );
         assert_eq!(read_len(5), 16);
@@ -237,7 +311,7 @@ mod tests {
         #[test]
         fn judging_garbage_never_panics(copies in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..40), 0..4),
                                         key in proptest::collection::vec(any::<u8>(), 0..20)) {
-            let _ = judge(&copies, &key, 32);
+            let _ = judge(&copies, &key, 32, 2);
         }
     }
 }

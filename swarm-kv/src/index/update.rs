@@ -502,7 +502,7 @@ pub async fn change<F: Fabric>(
             .map(|(_, bytes)| bytes.as_slice())
             .collect();
         if probe.is_some() && copies.len() >= holders_quorum {
-            match header::judge(&copies, key, ix.layout.params.key_max) {
+            match header::judge(&copies, key, ix.layout.params.key_max, holders_quorum) {
                 Ok(same) => same_key = Some(same),
                 // A copy read while its write landed (`header`'s module docs): the
                 // next attempt, after its backoff, reads the header again.
