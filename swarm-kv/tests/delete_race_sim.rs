@@ -12,7 +12,9 @@
 //! the key's register of now, unless its own tombstone may be first on a majority
 //! of the old one (`KvClient::delete`). Node stalls (a node that answers nothing for
 //! a while) leave some of those questions undecidable: such a delete ends
-//! `KvError::DeleteUndecided`, recorded as crashed (its outcome unknown).
+//! `KvError::DeleteUndecided`, recorded as crashed (its outcome unknown). This
+//! scenario also found an insert failing on a key header copy read while its write
+//! landed word by word (`index/header.rs`, "torn").
 //!
 //! The same on **five nodes**, each register on three of them: it would have found
 //! key headers read from a majority of all nodes instead of the register's replicas
