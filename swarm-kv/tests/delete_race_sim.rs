@@ -34,7 +34,7 @@ mod index_support;
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
-use index_support::Log;
+use index_support::{Log, kv_sim_params};
 use swarm_checker::OpKind;
 use swarm_core::OpStats;
 use swarm_core::fabric::Nanos;
@@ -98,23 +98,13 @@ const ONE_HOT_KEY: Scenario = Scenario {
 type Client = KvClient<SimFabric, SimClock>;
 
 fn layout() -> NodeLayout {
+    // Its cache lifetime (20 ms) is long enough that a client's cache outlives the
+    // key's register.
     let params = ClusterParams {
-        key_max: 16,
-        value_max: 16,
-        meta_words: 2,
-        writers: 8,
-        replicas: 3,
         registers: 8_192,
         chunk_registers: 128,
         index_buckets: 64,
-        log_slots: 4096,
-        lease_ns: 60 * MS,
-        lease_renew_ns: 2 * MS,
-        max_op_ns: 20 * MS,
-        // Long enough that a client's cache outlives the key's register.
-        cache_ttl_ns: 20 * MS,
-        delivery_margin_ns: MS,
-        ..ClusterParams::default()
+        ..kv_sim_params()
     };
     NodeLayout::new(params).expect("a valid layout")
 }

@@ -19,7 +19,7 @@ use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 use std::task::Poll;
 
-use index_support::Log;
+use index_support::{Log, kv_sim_params};
 use swarm_checker::OpKind;
 use swarm_core::fabric::{Batch, Completion, FabricError, FailureCause, Nanos, NodeId, Ticket};
 use swarm_core::{Fabric, OpStats};
@@ -37,21 +37,10 @@ const TICK_NS: u64 = 1_000;
 
 fn layout() -> NodeLayout {
     let params = ClusterParams {
-        key_max: 16,
-        value_max: 16,
-        meta_words: 2,
-        writers: 8,
-        replicas: 3,
         registers: 16_384,
         chunk_registers: 256,
         index_buckets: 256,
-        log_slots: 4096,
-        lease_ns: 60 * MS,
-        lease_renew_ns: 2 * MS,
-        max_op_ns: 20 * MS,
-        cache_ttl_ns: 20 * MS,
-        delivery_margin_ns: MS,
-        ..ClusterParams::default()
+        ..kv_sim_params()
     };
     NodeLayout::new(params).expect("a valid layout")
 }

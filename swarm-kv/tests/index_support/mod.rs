@@ -13,6 +13,27 @@ use swarm_kv::index::{Index, IndexConfig};
 use swarm_kv::layout::{ClusterParams, NodeLayout, encode_key_header};
 use swarm_sim::SimWorld;
 
+/// Parameters of a KV cluster on the simulated microsecond fabric (the KV tests that
+/// run whole clients there): short leases and operation fence (20 ms), a 1 ms
+/// delivery margin, three replicas. Tests set the register and bucket counts.
+pub fn kv_sim_params() -> ClusterParams {
+    const MS: u64 = 1_000_000;
+    ClusterParams {
+        key_max: 16,
+        value_max: 16,
+        meta_words: 2,
+        writers: 8,
+        replicas: 3,
+        log_slots: 4096,
+        lease_ns: 60 * MS,
+        lease_renew_ns: 2 * MS,
+        max_op_ns: 20 * MS,
+        cache_ttl_ns: 20 * MS,
+        delivery_margin_ns: MS,
+        ..ClusterParams::default()
+    }
+}
+
 /// A small cluster: `registers` registers, `buckets` index buckets, each register on
 /// three nodes.
 pub fn layout(registers: u64, buckets: u64) -> NodeLayout {
