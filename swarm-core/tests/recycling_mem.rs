@@ -110,6 +110,61 @@ fn a_new_incarnation_recycles_its_predecessors_superseded_slots() {
     assert_eq!((c.in_use, c.recycled), (taken, 0));
 }
 
+/// A predecessor's write of unknown outcome whose register was reset since (a
+/// store recycled the register) is on no replica: the new incarnation frees its
+/// slot once every replica shows the reset, never while one may still hold it.
+#[test]
+fn a_new_incarnation_recycles_the_slots_of_its_predecessors_reset_registers() {
+    let cluster = MemCluster::new(3, 1 << 20);
+    let r1 = reg(1);
+    {
+        let a = client(&cluster, 1);
+        write(&a, &r1, b"y1");
+    }
+    let b = client(&cluster, 1);
+    let w = WriterId::new(1).unwrap();
+    let stats = OpStats::new();
+    let scan = block_on(b.fabric(), scan_log(b.fabric(), &stats, &layout(), w, 10)).unwrap();
+    b.resume_scan(&scan, |addr| (addr == r1.addr).then(|| r1.clone()));
+    let taken = b.slot_counters().in_use;
+    // y1 is r1's value: it stays.
+    step(&b);
+    pass(&b, GRACE);
+    assert_eq!(step(&b).recycled, 0);
+    // Reset on two replicas of three: the third may still hold y1 (as far as b
+    // can tell, a write of unknown outcome sits on a minority), so it stays.
+    reset_register(&cluster, &r1, &[0, 1]);
+    step(&b);
+    pass(&b, GRACE);
+    assert_eq!(step(&b).recycled, 0, "freed while a replica held it");
+    // Reset everywhere: y1 is nowhere, its slot comes back after the grace.
+    reset_register(&cluster, &r1, &[2]);
+    let c = step(&b);
+    assert_eq!((c.in_limbo, c.recycled), (1, 0), "not before the grace");
+    pass(&b, GRACE);
+    let c = step(&b);
+    assert_eq!(
+        (c.in_use, c.recycled, c.tracked_registers),
+        (taken - 1, 1, 0)
+    );
+}
+
+/// Zeroes `r`'s memory (metadata, in-place copy) on `nodes`, as a store's
+/// register reset does.
+fn reset_register(cluster: &MemCluster, r: &RegisterLoc, nodes: &[u16]) {
+    let zeros = vec![0; layout().register_bytes() as usize];
+    let fabric = cluster.client();
+    for &node in nodes {
+        let ticket = fabric.post(
+            swarm_core::NodeId(node),
+            swarm_core::Batch::write(r.addr, zeros.clone()),
+        );
+        block_on_future(&fabric, core::future::poll_fn(|_| fabric.poll(ticket)))
+            .unwrap()
+            .unwrap();
+    }
+}
+
 /// A clean stop hands its log summary to the next incarnation, which reads no log
 /// slot to start (`swarm_core::summary`), writes above every earlier timestamp, never
 /// reuses a carried slot unexamined, and recycles the superseded ones once the

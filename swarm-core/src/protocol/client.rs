@@ -735,7 +735,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         };
         for (_, ts, register) in found.writes {
             if let Some(reg) = locate(register) {
-                tracker.track(&reg, ts);
+                tracker.track_resumed(&reg, ts);
             }
         }
     }
@@ -824,7 +824,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
                 continue;
             }
             if let Some(reg) = locate(write.register) {
-                state.tracker.track(&reg, write.ts);
+                state.tracker.track_resumed(&reg, write.ts);
             }
         }
     }

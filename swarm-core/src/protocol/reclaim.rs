@@ -66,7 +66,16 @@
 //!    the writes tracked (for the second half, completed) before it posted its
 //!    reads: replies read earlier say nothing about a later write, and a register
 //!    reset and reused in between would show the reset's empty words, below the
-//!    write that is its new value.
+//!    write that is its new value. A write of unknown outcome needs words below it
+//!    on *every* replica: it may sit on a minority that a reader's majority
+//!    includes. That frees a write resumed from an earlier incarnation of this
+//!    writer id ([`super::resume`]) once its register was reset: the incarnation's
+//!    batches have all landed or never will (its successor took the id after its
+//!    lease and the grace ran out, or after it closed), so a timestamp on no replica
+//!    stays on none, except through a write-back by an operation that started
+//!    before the check, which the grace covers as for any superseded write. Writes
+//!    of this incarnation are not freed so: one may still be on its way to the
+//!    nodes.
 //!
 //! Writes that failed (an error, a dropped future) stay tracked: they may have
 //! reached some nodes, so only rule 3 (a majority above them) frees them.
@@ -130,6 +139,9 @@ struct Tracked {
     ts: Timestamp,
     /// A majority of the register's replicas held a word `>= ts` at some point.
     completed: bool,
+    /// A write of an earlier incarnation of this writer id (resumed from its log):
+    /// none of its batches can still land (module docs, rule 3).
+    resumed: bool,
     /// The tracker's event count ([`SlotTracker::events`]) when this write was
     /// tracked or, once completed, when it completed: a check judges the write only
     /// if it started later (see [`SlotTracker::observe`]).
@@ -337,6 +349,16 @@ pub(crate) struct SlotTracker {
 impl SlotTracker {
     /// A write of `ts` to `reg` is about to be posted.
     pub(crate) fn track(&mut self, reg: &RegisterLoc, ts: Timestamp) {
+        self.track_write(reg, ts, false);
+    }
+
+    /// A write of `ts` to `reg` by an earlier incarnation of this writer id, found in
+    /// its log: its outcome is unknown, but none of its batches can land any more.
+    pub(crate) fn track_resumed(&mut self, reg: &RegisterLoc, ts: Timestamp) {
+        self.track_write(reg, ts, true);
+    }
+
+    fn track_write(&mut self, reg: &RegisterLoc, ts: Timestamp, resumed: bool) {
         let writes = self
             .registers
             .get_or_insert(reg.addr, || reg.replicas.clone());
@@ -344,6 +366,7 @@ impl SlotTracker {
         writes.push(Tracked {
             ts,
             completed: false,
+            resumed,
             known_at: self.events,
         });
     }
@@ -414,7 +437,9 @@ impl SlotTracker {
             }
             let above = replies().filter(|m| m.ts() > w.ts).count();
             let below = replies().filter(|m| m.is_empty() || m.ts() < w.ts).count();
-            let superseded = above >= q || (w.completed && below >= q);
+            // A resumed write below every replica's words is on no replica.
+            let nowhere = w.resumed && below == n;
+            let superseded = above >= q || (w.completed && below >= q) || nowhere;
             if superseded {
                 limbo.push_back((now, w.ts));
             }
@@ -642,6 +667,7 @@ mod tests {
                     table.get_or_insert(addr, || replicas_of(addr)).push(Tracked {
                         ts: ts(key + 1),
                         completed: false,
+                        resumed: false,
                         known_at: 0,
                     });
                     model.insert(addr);
@@ -673,7 +699,7 @@ mod tests {
             let mut model: Vec<u64> = Vec::new();
             for (push, t) in ops {
                 if push {
-                    writes.push(Tracked { ts: ts(t + 1), completed: false, known_at: 0 });
+                    writes.push(Tracked { ts: ts(t + 1), completed: false, resumed: false, known_at: 0 });
                     model.push(t + 1);
                 } else {
                     // Drop the writes at or below `t`, as a settle does.
@@ -798,6 +824,35 @@ mod tests {
         t.observe(4096, &maxima, 0b011, 6, t.events);
         assert_eq!(t.limbo.len(), 2);
         assert!(t.registers.is_empty());
+    }
+
+    /// A write resumed from an earlier incarnation, of unknown outcome, is freed by
+    /// words below it on every replica (its register was reset), never on fewer;
+    /// this incarnation's own unfinished write is not (it may still land).
+    #[test]
+    fn a_resumed_write_is_freed_once_no_replica_can_hold_it() {
+        let word = |x| Tsp::new(ts(x), Flag::Verified);
+        let mut t = SlotTracker::default();
+        t.track_resumed(&reg(), ts(10));
+        t.track(&reg(), ts(11));
+        let mut maxima = [Tsp::EMPTY; MAX_REPLICAS];
+        maxima[1] = word(3);
+        // Two replicas of three show nothing above 10: the third may hold 10.
+        t.observe(4096, &maxima, 0b011, 1, t.events);
+        assert_eq!(t.limbo.len(), 0);
+        // One replica holds 10 itself.
+        maxima[2] = word(10);
+        t.observe(4096, &maxima, 0b111, 2, t.events);
+        assert_eq!(t.limbo.len(), 0);
+        // Every replica reset (or below): 10 is nowhere; 11, still this
+        // incarnation's and unfinished, stays.
+        maxima[2] = Tsp::EMPTY;
+        t.observe(4096, &maxima, 0b111, 3, t.events);
+        assert_eq!(
+            t.limbo.iter().map(|(_, w)| *w).collect::<Vec<_>>(),
+            [ts(10)]
+        );
+        assert_eq!(t.counters(0).tracked_registers, 1, "11 is still tracked");
     }
 
     /// A check whose reads were posted before a write was tracked (or completed)

@@ -33,7 +33,12 @@
 //! per slot, the newest valid record of this writer and its register
 //! ([`LogScan::resumed`]); [`super::Client::resume_scan`] tracks those as writes of
 //! unknown outcome, which the reclaim checks free once a majority of their register
-//! holds something above them, like any failed write ([`super::reclaim`]). Only older
+//! holds something above them, like any failed write, or once every replica of it
+//! holds something below them: the register was reset for reuse since, and no
+//! batch of an earlier incarnation can land any more ([`super::reclaim`], rule 3).
+//! Without that second way out, a log full of the last values of registers that
+//! were retired and reset later (a store whose clients come and go) would stay full
+//! until those registers happened to be written again. Only older
 //! records in the same slot are dead for sure (the slot was reused after them). A
 //! slot with no valid record naming its register on any node that answered (a torn
 //! or lock-only slot, a register past the owner tag's 32 GiB) stays taken for good.
