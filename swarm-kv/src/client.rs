@@ -945,27 +945,33 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
                             || (self.repair_announced()
                                 && fabric.now() < started.saturating_add(REPAIR_WAIT_NS))) =>
                 {
-                    let _ = self.upkeep(fabric.now()).await;
-                    // Resets start only under a valid lease: an idle client renews.
-                    if !self.lease.borrow().valid_for(fabric.now(), 0) {
-                        renew_now(&self.lease, fabric, 0).await;
-                    }
-                    let now = fabric.now();
-                    let wait = match self.recycler.next_due() {
-                        Some(due) if !self.recycler.resetting() => due.saturating_sub(now),
-                        // Resets in flight: look again in a millisecond.
-                        _ => 1_000_000,
-                    };
                     tracing::debug!(
-                        wait_ns = wait,
                         in_limbo = self.recycler.in_limbo(),
                         "insert: no free register; waiting for retired ones to pass their grace"
                     );
-                    swarm_core::sleep(fabric, wait.max(1)).await;
+                    self.wait_for_resets().await;
                 }
                 other => return other,
             }
         }
+    }
+
+    /// Sleeps until the next retired register of this client is due for its reset,
+    /// or a millisecond while resets are in flight; renews the lease first if it
+    /// lapsed (resets start only under a valid lease). Call `recycle_step` after.
+    async fn wait_for_resets(&self) {
+        let fabric = self.swarm.fabric();
+        let _ = self.upkeep(fabric.now()).await;
+        if !self.lease.borrow().valid_for(fabric.now(), 0) {
+            renew_now(&self.lease, fabric, 0).await;
+        }
+        let now = fabric.now();
+        let wait = match self.recycler.next_due() {
+            Some(due) if !self.recycler.resetting() => due.saturating_sub(now),
+            // Resets in flight: look again in a millisecond.
+            _ => 1_000_000,
+        };
+        swarm_core::sleep(fabric, wait.max(1)).await;
     }
 
     /// Adopts the chunks of clients that are no longer registered and takes the
@@ -1021,6 +1027,68 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
             self.recycler.retire(register, now, why);
         }
         Ok(())
+    }
+
+    /// Runs a reclamation pass ([`Self::reclaim_gone`], which paces them) when this
+    /// writer's log is seven-eighths full of slots its own recycling is not about to
+    /// give back (in use, not in limbo); with no room left for a write, waits for
+    /// the resets of the registers it retired or took, which free slots.
+    ///
+    /// Such a log holds, besides the values of live keys, the last values of
+    /// registers that clients which came and went had retired but not reset yet:
+    /// each client resets its retired registers only after the register grace, and
+    /// leaves the rest to a reclamation pass when it closes. Those slots come back
+    /// only once the registers are reset (reclaim checks then find their writes on
+    /// no replica, `swarm_core::protocol::reclaim`, rule 3), and passes otherwise run
+    /// only in a client that runs out of registers. A store whose clients come and
+    /// go (one `swarm bench` after another on one cluster) filled a writer's log
+    /// with them first, and its writes waited on a trickle of slots for minutes.
+    async fn relieve_log(&self) {
+        let fabric = self.swarm.fabric();
+        let slots = self.layout.params.log_slots;
+        let log = self.swarm.slot_counters();
+        if log.in_use.saturating_sub(log.in_limbo) >= slots - slots / 8
+            && fabric.now() >= self.next_adoption.get()
+        {
+            tracing::debug!(
+                writer = self.registration.writer,
+                in_use = log.in_use,
+                in_limbo = log.in_limbo,
+                carried = log.carried,
+                "log nearly full: reclaiming the registers of gone clients, whose resets free slots"
+            );
+            if let Err(error) = self.reclaim_gone().await {
+                tracing::info!(
+                    writer = self.registration.writer,
+                    %error,
+                    "log nearly full: the reclamation pass failed; writes wait for slots"
+                );
+            }
+        }
+        // What a pass took is reset after the register grace. With no room left for
+        // this write, wait for those resets (up to two graces, as an insert waits for
+        // a register); `make_room_for` then finds the freed slots.
+        let room = || self.swarm.slot_counters().in_use.saturating_add(2) <= slots;
+        if room() || self.recycler.in_limbo() == 0 {
+            return;
+        }
+        let give_up = fabric
+            .now()
+            .saturating_add(self.recycler.grace_ns().saturating_mul(2));
+        tracing::debug!(
+            writer = self.registration.writer,
+            registers_in_limbo = self.recycler.in_limbo(),
+            "log full: waiting for retired registers' resets, which free the slots of their values"
+        );
+        while !room() && self.recycler.in_limbo() > 0 && fabric.now() < give_up {
+            self.recycle_step();
+            self.wait_for_resets().await;
+            self.recycle_step();
+            // A reset register's value is on no replica any more: a check of every
+            // tracked register frees it (after the slot grace, which this waits out).
+            let _ = self.swarm.reclaim_step(usize::MAX).await;
+            let _ = self.swarm.make_room_for(2).await;
+        }
     }
 
     /// Runs one reclamation pass now, whatever the allocator holds (tests and tools;
@@ -1230,6 +1298,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
     /// An insert may write two registers (its fresh one, then the key's existing
     /// one), so writes wait for two free slots.
     async fn begin_write<'s>(&self, stats: &'s OpStats) -> Result<Started<'s>, KvError> {
+        self.relieve_log().await;
         self.swarm.make_room_for(2).await;
         self.begin(stats).await
     }

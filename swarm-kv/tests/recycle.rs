@@ -519,6 +519,50 @@ fn a_put_that_turned_into_an_update_gives_its_fresh_register_back() {
     assert_ne!(register_of(&c, "k"), register_of(&c, "k2"));
 }
 
+/// Clients that come and go on one writer id, each putting the same keys again and
+/// closing before its retired registers pass their grace, leave that id's log
+/// full of the last values of registers nobody resets (one `swarm bench` after
+/// another on one cluster). A later client of the id reclaims those registers,
+/// resets them, and gets the slots back: its puts go on. (Before, the ninth
+/// generation's log held 126 of its 128 slots for as many dead registers and its
+/// puts failed.)
+#[test]
+fn a_log_left_full_by_clients_that_came_and_went_comes_back() {
+    const GENERATIONS: u32 = 16;
+    const KEYS: u32 = 16;
+    let dir = ScratchDir::new("kv-recycle-log-left-full").unwrap();
+    let store = exact(&dir, 1024, 128);
+    let world = World::new();
+    let mut writer = None;
+    for generation in 0..GENERATIONS {
+        let c = client(&store, &world);
+        assert_eq!(
+            *writer.get_or_insert(c.writer()),
+            c.writer(),
+            "one writer id"
+        );
+        for k in 0..KEYS {
+            let (key, value) = (format!("k{k}"), format!("v{generation}"));
+            let stats = OpStats::new();
+            let put = c.insert(key.as_bytes(), value.as_bytes(), &stats);
+            if let Err(e) = block_on(c.fabric(), put) {
+                panic!(
+                    "generation {generation}, {key}: {e:?}; log {:?}; {} registers in limbo",
+                    c.log_counters(),
+                    c.registers_in_limbo()
+                );
+            }
+        }
+        c.close();
+        world.advance(1_000_000);
+    }
+    let c = client(&store, &world);
+    let last = format!("v{}", GENERATIONS - 1);
+    for k in 0..KEYS {
+        assert_eq!(get(&c, &format!("k{k}")), Some(last.clone()), "k{k}");
+    }
+}
+
 #[test]
 fn a_delete_that_crashed_before_its_unmap_leaves_a_register_the_next_insert_recycles() {
     let dir = ScratchDir::new("kv-recycle-crash").unwrap();
