@@ -724,3 +724,50 @@ fn one_shot_deletes_do_not_leak_registers() {
     let out = swarm(&["get", "--dir", d, "k0"]);
     assert!(!out.status.success(), "k0 came back: {}", text(&out));
 }
+
+/// `swarm bench` again and again on one cluster: each run's load puts its keys again,
+/// which takes a fresh register per key for a while, so the chunks earlier runs
+/// claimed soon outnumber the unclaimed ones. What those runs left behind (their
+/// pools, the registers they retired) is reclaimable, and the capacity check counts
+/// it: the third run used to be refused ("the cluster is too small").
+#[test]
+fn bench_runs_again_and_again_on_one_cluster() {
+    let scratch = ScratchDir::new("cli-bench-again").unwrap();
+    let dir = scratch.path().join("c");
+    let d = dir.to_str().unwrap();
+    let out = swarm(&[
+        "init",
+        "--dir",
+        d,
+        "--nodes",
+        "3",
+        "--size",
+        "8MiB",
+        "--value-max",
+        "64",
+        "--key-max",
+        "24",
+        "--writers",
+        "4",
+        "--cache-ttl",
+        "20ms",
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(text(&swarm(&["stat", "--dir", d])).contains("capacity 9216"));
+    for run in 1..=4 {
+        let out = retried(&[
+            "bench",
+            "--dir",
+            d,
+            "--workload",
+            "b",
+            "--keys",
+            "4000",
+            "--ops",
+            "2000",
+            "--clients",
+            "1",
+        ]);
+        assert!(out.status.success(), "run {run}: {}", text(&out));
+    }
+}

@@ -62,7 +62,7 @@ use super::gate::Gate;
 use super::history::{self, HistoryPart};
 use super::report::RepairMarks;
 use super::report::{BenchReport, MemoryUse, RunStats};
-use super::sizing::check_capacity;
+use super::sizing::{check_capacity, registers_needed};
 use super::stats::PhaseStats;
 use super::timeline::Timeline;
 use super::workload::{KeySpace, OpChooser, OpType, value};
@@ -100,7 +100,7 @@ pub fn run(store: &ShmStore, config: &BenchConfig) -> Result<BenchReport, BenchE
         let nodes = u16::try_from(nodes).unwrap_or(u16::MAX);
         return run_fusee(nodes, config);
     }
-    check_capacity(store.layout(), claimed_chunks(store)?, config)?;
+    check_store_capacity(store, config)?;
     let memory_start = memory_use(store)?;
     // The shared-memory fabric already carries the fault injector.
     let store = store.clone().with_rtt_ns(config.rtt_ns);
@@ -140,7 +140,7 @@ where
                 .into(),
         ));
     }
-    check_capacity(store.layout(), claimed_chunks(store)?, config)?;
+    check_store_capacity(store, config)?;
     let memory_start = memory_use(store)?;
     let clients = connect(
         store,
@@ -206,6 +206,32 @@ pub fn run_fusee(nodes: u16, config: &BenchConfig) -> Result<BenchReport, BenchE
     }
     let clients = store.connect(config)?;
     run_clients(clients, config, None)
+}
+
+/// Checks that `store` can run `config` ([`check_capacity`]). Registers that earlier
+/// clients claimed are counted as reclaimable only when the unclaimed ones are too
+/// few: that takes a census, which reads the key headers of every claimed chunk.
+fn check_store_capacity<S: Store>(store: &S, config: &BenchConfig) -> Result<(), BenchError> {
+    let layout = store.layout();
+    let params = &layout.params;
+    let chunks = claimed_chunks(store)?;
+    let unclaimed = params
+        .registers
+        .saturating_sub(chunks.saturating_mul(u64::from(params.chunk_registers)));
+    let reclaimable = if unclaimed < registers_needed(config, params.chunk_registers) {
+        let fabric = store.fabric()?;
+        let nodes = fabric.node_count();
+        let census = swarm_core::block_on(
+            &fabric,
+            crate::limbo::census(&fabric, layout, |r| {
+                crate::client::register_loc_for(layout, nodes, r).ok()
+            }),
+        )?;
+        census.retired_gone + census.pooled_gone
+    } else {
+        0
+    };
+    check_capacity(layout, chunks, reclaimable, config)
 }
 
 /// Register chunks earlier clients of `store` claimed (not free for this run).

@@ -130,11 +130,14 @@ pub fn cluster_for(
 }
 
 /// Checks that the cluster laid out as `layout`, where earlier clients claimed
-/// `claimed_chunks` register chunks, can run `config`; the error says what is
-/// missing and how to get a cluster that has it.
+/// `claimed_chunks` register chunks and left `reclaimable` registers in them that a
+/// client running out takes back (their pools and retired registers,
+/// `crate::limbo`), can run `config`; the error says what is missing and how to get
+/// a cluster that has it.
 pub fn check_capacity(
     layout: &NodeLayout,
     claimed_chunks: u64,
+    reclaimable: u64,
     config: &BenchConfig,
 ) -> Result<(), BenchError> {
     let p = &layout.params;
@@ -160,12 +163,13 @@ pub fn check_capacity(
     let needed = registers_needed(config, p.chunk_registers);
     let claimed = claimed_chunks.saturating_mul(u64::from(p.chunk_registers));
     let free = p.registers.saturating_sub(claimed);
-    if free < needed {
+    if free.saturating_add(reclaimable) < needed {
         return Err(BenchError::Capacity(format!(
             "{} keys loaded by {} clients need {needed} registers but it has {free} free \
-             of {} ({claimed_chunks} chunks of {} claimed by earlier clients, whose \
-             unused registers are not reclaimed yet): lower --keys or create a larger cluster \
-             (`swarm init --size`) in a fresh directory",
+             of {} and {reclaimable} reclaimable ({claimed_chunks} chunks of {} claimed by \
+             earlier clients, holding keys or retired registers still in a live client's \
+             hands): lower --keys or create a larger cluster (`swarm init --size`) in a \
+             fresh directory",
             config.keys, config.clients, p.registers, p.chunk_registers
         )));
     }
@@ -209,7 +213,7 @@ mod tests {
             let (params, bytes) = cluster_for(&config, 3).unwrap();
             let sized = params.for_node_size(bytes).unwrap();
             let layout = NodeLayout::new(sized).unwrap();
-            check_capacity(&layout, 0, &config).unwrap();
+            check_capacity(&layout, 0, 0, &config).unwrap();
             let slots = log_slots_with_backlog(&config, u64::MAX, SIZED_BACKLOG);
             assert!(u64::from(sized.log_slots) >= slots);
             assert!(layout.end() <= bytes);
@@ -249,18 +253,22 @@ mod tests {
     }
 
     #[test]
-    fn registers_claimed_by_earlier_clients_are_not_free() {
+    fn registers_claimed_by_earlier_clients_are_free_only_if_reclaimable() {
         let mut config = BenchConfig::new(System::Swarm, Workload::B);
         config.keys = 1000;
         config.clients = 2;
         let (params, bytes) = cluster_for(&config, 3).unwrap();
         let layout = NodeLayout::new(params.for_node_size(bytes).unwrap()).unwrap();
-        check_capacity(&layout, 0, &config).unwrap();
-        // Earlier runs claimed every chunk: the same run no longer fits.
-        let err = check_capacity(&layout, layout.chunks(), &config)
+        check_capacity(&layout, 0, 0, &config).unwrap();
+        // Earlier runs claimed every chunk: the same run no longer fits...
+        let err = check_capacity(&layout, layout.chunks(), 0, &config)
             .unwrap_err()
             .to_string();
         assert!(err.contains("0 free") && err.contains("claimed"), "{err}");
+        // ... unless they left enough behind that a client running out takes back.
+        let needed = registers_needed(&config, params.chunk_registers);
+        check_capacity(&layout, layout.chunks(), needed, &config).unwrap();
+        assert!(check_capacity(&layout, layout.chunks(), needed - 1, &config).is_err());
     }
 
     #[test]
@@ -268,7 +276,9 @@ mod tests {
         let config = BenchConfig::new(System::Swarm, Workload::B);
         let small = ClusterParams::default().for_node_size(64 << 20).unwrap();
         let layout = NodeLayout::new(small).unwrap();
-        let err = check_capacity(&layout, 0, &config).unwrap_err().to_string();
+        let err = check_capacity(&layout, 0, 0, &config)
+            .unwrap_err()
+            .to_string();
         assert!(
             err.contains("--keys") && err.contains("swarm init"),
             "{err}"
@@ -276,14 +286,16 @@ mod tests {
         let mut tiny_keys = config.clone();
         tiny_keys.keys = 10;
         tiny_keys.key_size = 200;
-        let err = check_capacity(&layout, 0, &tiny_keys)
+        let err = check_capacity(&layout, 0, 0, &tiny_keys)
             .unwrap_err()
             .to_string();
         assert!(err.contains("--key-size"), "{err}");
         let mut many = config.clone();
         many.keys = 10;
         many.clients = 100;
-        let err = check_capacity(&layout, 0, &many).unwrap_err().to_string();
+        let err = check_capacity(&layout, 0, 0, &many)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("--clients"), "{err}");
         // Writes far beyond the logs fit: slots are recycled (`swarm init --size
         // 64MiB --value-max 64 --writers 4`: about 47 000 slots per writer).
@@ -299,12 +311,12 @@ mod tests {
         long.workload = Workload::A;
         long.ops = 100_000_000;
         assert!(u64::from(four.params.log_slots) < long.ops / 100);
-        check_capacity(&four, 0, &long).unwrap();
+        check_capacity(&four, 0, 0, &long).unwrap();
         // Live data (plus the backlog) beyond the logs does not.
         let mut wide = long.clone();
         wide.keys = 40_000;
         assert!(wide.keys + RECYCLING_BACKLOG > u64::from(four.params.log_slots));
-        let err = check_capacity(&four, 0, &wide).unwrap_err().to_string();
+        let err = check_capacity(&four, 0, 0, &wide).unwrap_err().to_string();
         assert!(err.contains("log slots") && err.contains("--keys"), "{err}");
     }
 }
