@@ -1080,14 +1080,24 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
             registers_in_limbo = self.recycler.in_limbo(),
             "log full: waiting for retired registers' resets, which free the slots of their values"
         );
+        let resets_done = || {
+            let stats = self.recycler.stats();
+            stats.recycled + stats.donated
+        };
+        let mut checked_at = resets_done();
         while !room() && self.recycler.in_limbo() > 0 && fabric.now() < give_up {
             self.recycle_step();
             self.wait_for_resets().await;
             self.recycle_step();
             // A reset register's value is on no replica any more: a check of every
-            // tracked register frees it (after the slot grace, which this waits out).
-            let _ = self.swarm.reclaim_step(usize::MAX).await;
-            let _ = self.swarm.make_room_for(2).await;
+            // tracked register frees it (after the slot grace, which `make_room_for`
+            // waits out). Only once resets ended since the last one: a whole check
+            // reads every register this writer has a value in.
+            if resets_done() > checked_at {
+                checked_at = resets_done();
+                let _ = self.swarm.reclaim_step(usize::MAX).await;
+                let _ = self.swarm.make_room_for(2).await;
+            }
         }
     }
 
