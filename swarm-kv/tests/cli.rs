@@ -33,6 +33,28 @@ fn assert_get(dir: &str, key: &str, value: &str) {
     );
 }
 
+/// `swarm init` of a three-node cluster at `dir` with nodes of `size`, values up to
+/// `value_max`, keys up to `key_max`, and the `extra` options; its output.
+fn init_sized(dir: &str, size: &str, value_max: &str, key_max: &str, extra: &[&str]) -> Output {
+    let mut args = vec![
+        "init",
+        "--dir",
+        dir,
+        "--nodes",
+        "3",
+        "--size",
+        size,
+        "--value-max",
+        value_max,
+        "--key-max",
+        key_max,
+    ];
+    args.extend_from_slice(extra);
+    let out = swarm(&args);
+    assert!(out.status.success(), "{}", text(&out));
+    out
+}
+
 fn init(dir: &Path) {
     let out = swarm(&[
         "init",
@@ -429,26 +451,20 @@ fn evict_gives_back_the_writer_id_of_a_crashed_client_and_refuses_a_live_one() {
     let scratch = ScratchDir::new("cli-evict").unwrap();
     let dir = scratch.path().join("c");
     let d = dir.to_str().unwrap();
-    let out = swarm(&[
-        "init",
-        "--dir",
+    let out = init_sized(
         d,
-        "--nodes",
-        "3",
-        "--size",
         "32MiB",
-        "--value-max",
         "64",
-        "--key-max",
         "16",
-        "--lease",
-        "400ms",
-        "--lease-renew",
-        "50ms",
-        "--max-op",
-        "200ms",
-    ]);
-    assert!(out.status.success(), "{}", text(&out));
+        &[
+            "--lease",
+            "400ms",
+            "--lease-renew",
+            "50ms",
+            "--max-op",
+            "200ms",
+        ],
+    );
     assert!(
         text(&out).contains("client leases of 400ms renewed every 50ms"),
         "{}",
@@ -650,24 +666,13 @@ fn one_shot_deletes_do_not_leak_registers() {
     let scratch = ScratchDir::new("cli-limbo").unwrap();
     let dir = scratch.path().join("c");
     let d = dir.to_str().unwrap();
-    let out = swarm(&[
-        "init",
-        "--dir",
+    init_sized(
         d,
-        "--nodes",
-        "3",
-        "--size",
         "8MiB",
-        "--value-max",
         "8KiB",
-        "--key-max",
         "16",
-        "--writers",
-        "4",
-        "--cache-ttl",
-        "20ms",
-    ]);
-    assert!(out.status.success(), "{}", text(&out));
+        &["--writers", "4", "--cache-ttl", "20ms"],
+    );
     let holding = |d: &str| -> (u64, String) {
         let out = swarm(&["stat", "--dir", d]);
         assert!(out.status.success(), "{}", text(&out));
@@ -735,24 +740,13 @@ fn bench_runs_again_and_again_on_one_cluster() {
     let scratch = ScratchDir::new("cli-bench-again").unwrap();
     let dir = scratch.path().join("c");
     let d = dir.to_str().unwrap();
-    let out = swarm(&[
-        "init",
-        "--dir",
+    init_sized(
         d,
-        "--nodes",
-        "3",
-        "--size",
         "8MiB",
-        "--value-max",
         "64",
-        "--key-max",
         "24",
-        "--writers",
-        "4",
-        "--cache-ttl",
-        "20ms",
-    ]);
-    assert!(out.status.success(), "{}", text(&out));
+        &["--writers", "4", "--cache-ttl", "20ms"],
+    );
     assert!(text(&swarm(&["stat", "--dir", d])).contains("capacity 9216"));
     for run in 1..=4 {
         let out = retried(&[
