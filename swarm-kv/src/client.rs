@@ -82,6 +82,9 @@ const MAX_RETRIES: u32 = 16;
 /// Registers per background reclaim check of the log (`Client::reclaim_tick`, at
 /// most one check per `ProtocolConfig::reclaim_interval_ns`).
 const RECLAIM_BUDGET: usize = 8;
+/// Log slots a write waits for before it starts: an insert may write two registers
+/// (its fresh one, then the key's existing one).
+const WRITE_SLOTS: u32 = 2;
 
 /// How long an insert waits for a register while a repair is announced, at most:
 /// from the announcement to the admission, registers come back only once the
@@ -1047,9 +1050,8 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         let fabric = self.swarm.fabric();
         let slots = self.layout.params.log_slots;
         let log = self.swarm.slot_counters();
-        if log.in_use.saturating_sub(log.in_limbo) >= slots - slots / 8
-            && fabric.now() >= self.next_adoption.get()
-        {
+        let pressed = log.in_use.saturating_sub(log.in_limbo) >= slots - slots / 8;
+        if pressed && fabric.now() >= self.next_adoption.get() {
             tracing::debug!(
                 writer = self.registration.writer,
                 in_use = log.in_use,
@@ -1067,9 +1069,10 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         }
         // What a pass took is reset after the register grace. With no room left for
         // this write, wait for those resets (up to two graces, as an insert waits for
-        // a register); `make_room_for` then finds the freed slots.
-        let room = || self.swarm.slot_counters().in_use.saturating_add(2) <= slots;
-        if room() || self.recycler.in_limbo() == 0 {
+        // a register); `make_room_for` then finds the freed slots. (A pass frees no
+        // slot itself: `log` still tells whether there is room.)
+        let room = |in_use: u32| in_use.saturating_add(WRITE_SLOTS) <= slots;
+        if room(log.in_use) || self.recycler.in_limbo() == 0 {
             return;
         }
         let give_up = fabric
@@ -1085,7 +1088,10 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
             stats.recycled + stats.donated
         };
         let mut checked_at = resets_done();
-        while !room() && self.recycler.in_limbo() > 0 && fabric.now() < give_up {
+        while !room(self.swarm.slot_counters().in_use)
+            && self.recycler.in_limbo() > 0
+            && fabric.now() < give_up
+        {
             self.recycle_step();
             self.wait_for_resets().await;
             self.recycle_step();
@@ -1096,7 +1102,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
             if resets_done() > checked_at {
                 checked_at = resets_done();
                 let _ = self.swarm.reclaim_step(usize::MAX).await;
-                let _ = self.swarm.make_room_for(2).await;
+                let _ = self.swarm.make_room_for(WRITE_SLOTS).await;
             }
         }
     }
@@ -1306,10 +1312,10 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
     /// with `Fenced`: the grace is longer than the operation deadline, so a write
     /// that waited inside its operation would run out of time.
     /// An insert may write two registers (its fresh one, then the key's existing
-    /// one), so writes wait for two free slots.
+    /// one), so writes wait for [`WRITE_SLOTS`] free slots.
     async fn begin_write<'s>(&self, stats: &'s OpStats) -> Result<Started<'s>, KvError> {
         self.relieve_log().await;
-        self.swarm.make_room_for(2).await;
+        self.swarm.make_room_for(WRITE_SLOTS).await;
         self.begin(stats).await
     }
 

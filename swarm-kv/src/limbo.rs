@@ -679,6 +679,12 @@ impl Census {
     pub fn holding_data(&self) -> u64 {
         self.keyed + self.retired_live + self.retired_gone
     }
+
+    /// Registers in claimed chunks that a client running out takes back: retired or
+    /// pooled by gone clients, or donated.
+    pub fn reclaimable(&self) -> u64 {
+        self.retired_gone + self.pooled_gone
+    }
 }
 
 /// Counts the registers of every claimed chunk by header state (read-only).

@@ -62,7 +62,7 @@ use super::gate::Gate;
 use super::history::{self, HistoryPart};
 use super::report::RepairMarks;
 use super::report::{BenchReport, MemoryUse, RunStats};
-use super::sizing::{check_capacity, registers_needed};
+use super::sizing::{check_capacity, registers_needed, unclaimed_registers};
 use super::stats::PhaseStats;
 use super::timeline::Timeline;
 use super::workload::{KeySpace, OpChooser, OpType, value};
@@ -213,12 +213,9 @@ pub fn run_fusee(nodes: u16, config: &BenchConfig) -> Result<BenchReport, BenchE
 /// few: that takes a census, which reads the key headers of every claimed chunk.
 fn check_store_capacity<S: Store>(store: &S, config: &BenchConfig) -> Result<(), BenchError> {
     let layout = store.layout();
-    let params = &layout.params;
     let chunks = claimed_chunks(store)?;
-    let unclaimed = params
-        .registers
-        .saturating_sub(chunks.saturating_mul(u64::from(params.chunk_registers)));
-    let reclaimable = if unclaimed < registers_needed(config, params.chunk_registers) {
+    let needed = registers_needed(config, layout.params.chunk_registers);
+    let reclaimable = if unclaimed_registers(layout, chunks) < needed {
         let fabric = store.fabric()?;
         let nodes = fabric.node_count();
         let census = swarm_core::block_on(
@@ -227,7 +224,7 @@ fn check_store_capacity<S: Store>(store: &S, config: &BenchConfig) -> Result<(),
                 crate::client::register_loc_for(layout, nodes, r).ok()
             }),
         )?;
-        census.retired_gone + census.pooled_gone
+        census.reclaimable()
     } else {
         0
     };

@@ -129,6 +129,13 @@ pub fn cluster_for(
     Ok((params, high))
 }
 
+/// Registers of `layout` outside the `claimed_chunks` chunks earlier clients claimed.
+pub fn unclaimed_registers(layout: &NodeLayout, claimed_chunks: u64) -> u64 {
+    let p = &layout.params;
+    p.registers
+        .saturating_sub(claimed_chunks.saturating_mul(u64::from(p.chunk_registers)))
+}
+
 /// Checks that the cluster laid out as `layout`, where earlier clients claimed
 /// `claimed_chunks` register chunks and left `reclaimable` registers in them that a
 /// client running out takes back (their pools and retired registers,
@@ -161,8 +168,7 @@ pub fn check_capacity(
         )));
     }
     let needed = registers_needed(config, p.chunk_registers);
-    let claimed = claimed_chunks.saturating_mul(u64::from(p.chunk_registers));
-    let free = p.registers.saturating_sub(claimed);
+    let free = unclaimed_registers(layout, claimed_chunks);
     if free.saturating_add(reclaimable) < needed {
         return Err(BenchError::Capacity(format!(
             "{} keys loaded by {} clients need {needed} registers but it has {free} free \
