@@ -310,22 +310,39 @@ fn owner_tag(register: Option<u64>) -> u32 {
 /// of the writer id find which register a buffer of its log belongs to
 /// ([`crate::resume`]), so that it can recycle it.
 pub fn encode_record_for(tsp: Tsp, register: Option<u64>, payload: &[u8]) -> Vec<u8> {
-    let len = pad8(u64::from(RECORD_HEADER) + payload.len() as u64) as usize;
     // `with_capacity` + `resize`, not `vec![0; len]` (`calloc`, which bypasses
     // glibc's thread cache: see `words::execute_into`).
     #[allow(clippy::slow_vector_initialization)]
     let mut record = {
+        let len = record_len(payload.len());
         let mut record = Vec::with_capacity(len);
         record.resize(len, 0);
         record
     };
+    encode_record_into(tsp, register, payload, &mut record);
+    record
+}
+
+/// The length of the record of a `payload_len`-byte payload: the header and the
+/// payload, padded to 8 bytes.
+pub fn record_len(payload_len: usize) -> usize {
+    pad8(u64::from(RECORD_HEADER) + payload_len as u64) as usize
+}
+
+/// [`encode_record_for`] into `record`, zeroed and [`record_len`]`(payload.len())`
+/// bytes long (the caller owns the buffer: a write shares one `Arc` among its
+/// replicas' batches, `Client::inner_write`).
+///
+/// # Panics
+///
+/// If `record` is shorter than the record.
+pub fn encode_record_into(tsp: Tsp, register: Option<u64>, payload: &[u8], record: &mut [u8]) {
     record[0..8].copy_from_slice(&tsp.with_flag(Flag::Guessed).word().to_le_bytes());
     record[8..12].copy_from_slice(&(payload.len() as u32).to_le_bytes());
     record[12..16].copy_from_slice(&owner_tag(register).to_le_bytes());
     record[32..32 + payload.len()].copy_from_slice(payload);
-    let hash = xxh3_128(&record);
+    let hash = xxh3_128(record);
     record[16..32].copy_from_slice(&hash.to_le_bytes());
-    record
 }
 
 /// A record that passed validation.

@@ -371,6 +371,32 @@ impl<'a, F: Fabric + ?Sized> Roundtrip<'a, F> {
     /// A transport that completes it inside [`Fabric::submit`] has answered when this returns.
     #[inline]
     pub fn post(&mut self, node: NodeId, mut batch: Batch) -> Result<(), FabricError> {
+        self.may_post()?;
+        self.submit(node, &mut batch);
+        Ok(())
+    }
+
+    /// [`Self::post`] of the batch `build` fills in (it is handed an empty one).
+    /// The batch is built where it is submitted instead of elsewhere and moved in: a
+    /// batch of writes is a few hundred bytes, and the hot steps
+    /// (`Client::quorum_step`) post one per replica. Posts nothing if the step is
+    /// fenced (checked before `build` runs) or if `build` fails.
+    #[inline]
+    pub fn post_with(
+        &mut self,
+        node: NodeId,
+        build: impl FnOnce(&mut Batch) -> Result<(), FabricError>,
+    ) -> Result<(), FabricError> {
+        self.may_post()?;
+        let mut batch = Batch::new();
+        build(&mut batch)?;
+        self.submit(node, &mut batch);
+        Ok(())
+    }
+
+    /// Whether one more batch may be posted: the fence, then the step's capacity.
+    #[inline]
+    fn may_post(&mut self) -> Result<(), FabricError> {
         // One clock read per burst of posts: the posts between two waits of a step
         // follow each other within microseconds, which the recycling grace's
         // delivery margin covers (`crate::reclaim`).
@@ -381,23 +407,29 @@ impl<'a, F: Fabric + ?Sized> Roundtrip<'a, F> {
         if self.outstanding.len() + self.replies.len() + self.failures.len() >= MAX_NODES {
             return Err(FabricError::TooManyPosts { max: MAX_NODES });
         }
+        Ok(())
+    }
+
+    /// Submits `batch` to `node` and files the outcome: a reply, a failure, or a
+    /// ticket to poll.
+    #[inline]
+    fn submit(&mut self, node: NodeId, batch: &mut Batch) {
         // A transport that queues the batch must not start it after the deadline.
         batch.set_deadline(self.stats.deadline());
         // The reply is written where the step keeps it: no copy on a fast path.
         let reply = self.replies.push_blank(node);
-        match self.fabric.submit(node, &mut batch, reply) {
+        match self.fabric.submit(node, batch, reply) {
             Submitted::Done => {}
             Submitted::Failed(error) => {
                 self.replies.discard_last();
                 self.failures.push((node, error));
             }
-            // Capacity checked above.
+            // Capacity checked by `may_post`.
             Submitted::Posted(ticket) => {
                 self.replies.discard_last();
                 let _ = self.outstanding.push((node, ticket));
             }
         }
-        Ok(())
     }
 
     /// Counts one more roundtrip: the caller is about to post to fallback nodes

@@ -67,7 +67,7 @@
 
 use crate::clock::Clock;
 use crate::encoding::{Flag, Timestamp, Tsp, WriterId};
-use crate::fabric::{Batch, Fabric};
+use crate::fabric::{Batch, Fabric, Op};
 use crate::roundtrip::OpStats;
 
 use super::register::{MAX_REPLICAS, RegisterCache, RegisterLoc};
@@ -236,8 +236,13 @@ impl<F: Fabric, C: Clock> Client<F, C> {
             let need = q - have;
             super::maxreg::enough_candidates(&candidates, need)?;
             let mut rt = self
-                .quorum_step(stats, reg, &candidates, need, |_| {
-                    Ok(Batch::cas(addr, Tsp::EMPTY.word(), tomb.word()))
+                .quorum_step(stats, reg, &candidates, need, |_, batch| {
+                    batch.push(Op::Cas {
+                        addr,
+                        expected: Tsp::EMPTY.word(),
+                        new: tomb.word(),
+                    })?;
+                    Ok(())
                 })
                 .await?;
             for (node, _) in rt.failures() {

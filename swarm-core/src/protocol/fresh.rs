@@ -186,8 +186,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         self.track(reg, ts);
         let cleared = Tsp::EMPTY;
         let everyone: heapless::Vec<usize, MAX_REPLICAS> = (0..reg.replicas.len()).collect();
-        let build = || {
-            let mut batch = Batch::new();
+        let build = |batch: &mut Batch| {
             batch.push(inout::read_op(&self.layout, reg.addr, false))?;
             batch.push(inout::buffer_write_op(buffer, record.clone()))?;
             batch.push(Op::Write {
@@ -202,11 +201,11 @@ impl<F: Fabric, C: Clock> Client<F, C> {
             if let Some(op) = &carried {
                 batch.push(op.clone())?;
             }
-            Ok(batch)
+            Ok(())
         };
         let rt = match carried {
             None => {
-                self.quorum_step(stats, reg, &everyone, q, |_| build())
+                self.quorum_step(stats, reg, &everyone, q, |_, batch| build(batch))
                     .await?
             }
             Some(_) => self.every_replica_step(stats, reg, build).await?,
@@ -260,7 +259,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         &'a self,
         stats: &'a OpStats,
         reg: &RegisterLoc,
-        mut build: impl FnMut() -> Result<Batch, FabricError>,
+        mut build: impl FnMut(&mut Batch) -> Result<(), FabricError>,
     ) -> Result<Roundtrip<'a, F>, SwarmError> {
         let replicas = (0..reg.replicas.len()).map(|p| reg.replicas.node(p));
         let answered = |replies: &[(NodeId, _)], node| replies.iter().any(|(r, _)| *r == node);
@@ -270,7 +269,11 @@ impl<F: Fabric, C: Clock> Client<F, C> {
             replicas.clone(),
             reg.replicas.quorum(),
             self.config.slow_after_ns,
-            |_| build().map(Some),
+            |_| {
+                let mut batch = Batch::new();
+                build(&mut batch)?;
+                Ok(Some(batch))
+            },
             |replies| replies.len() == reg.replicas.len(),
         )
         .await?;

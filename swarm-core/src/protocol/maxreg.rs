@@ -59,7 +59,9 @@ use crate::clock::Clock;
 use crate::encoding::{Flag, Tsp};
 use crate::exec::yield_now;
 use crate::fabric::{Batch, Fabric, FabricError, Payload};
-use crate::layout::{SLOT_LOCK_BYTES, decode_record, encode_record_for};
+use crate::layout::{
+    SLOT_LOCK_BYTES, decode_record, encode_record_for, encode_record_into, record_len,
+};
 use crate::roundtrip::{OpStats, Roundtrip, WaitOutcome, post_background_for};
 
 use super::inout::{self, MaxOutcome, NodeView};
@@ -68,12 +70,14 @@ use super::{Client, SwarmError};
 
 /// `encode_record_for(tsp, Some(reg.addr), payload)` in one buffer, which the batches
 /// to every replica (and the in-place copy) share instead of copying it each.
+/// Encoded in place in the shared buffer: one allocation, no copy.
 pub(crate) fn shared_record(tsp: Tsp, reg: &RegisterLoc, payload: &[u8]) -> Payload {
-    Payload::Shared(alloc::sync::Arc::from(encode_record_for(
-        tsp,
-        Some(reg.addr),
-        payload,
-    )))
+    // An exact-size iterator: `collect` allocates the `Arc` once, at its length.
+    let mut record: alloc::sync::Arc<[u8]> =
+        core::iter::repeat_n(0u8, record_len(payload.len())).collect();
+    let bytes = alloc::sync::Arc::get_mut(&mut record).expect("a new Arc is not shared");
+    encode_record_into(tsp, Some(reg.addr), payload, bytes);
+    Payload::Shared(record)
 }
 
 /// What one majority read found: each answering replica's maximum, by preference
@@ -168,7 +172,8 @@ const NO_TOUCH: (u64, u64) = (0, 0);
 const NO_TOUCHES: Touches = [NO_TOUCH; 2];
 
 impl<F: Fabric, C: Clock> Client<F, C> {
-    /// One quorum step: posts `build(p)` to the first `k` of `candidates` (replica
+    /// One quorum step: posts the batch `build(p, batch)` fills in to the first `k` of
+    /// `candidates` (replica
     /// positions in preference order) and waits for `k` replies; if they are slow or
     /// fail, counts one more roundtrip and posts to the remaining candidates too.
     pub(crate) async fn quorum_step<'a>(
@@ -177,7 +182,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         reg: &RegisterLoc,
         candidates: &[usize],
         k: usize,
-        build: impl FnMut(usize) -> Result<Batch, FabricError>,
+        build: impl FnMut(usize, &mut Batch) -> Result<(), FabricError>,
     ) -> Result<Roundtrip<'a, F>, SwarmError> {
         self.quorum_step_touching(stats, reg, candidates, k, |_| NO_TOUCHES, build)
             .await
@@ -195,7 +200,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         candidates: &[usize],
         k: usize,
         touches: impl Fn(usize) -> Touches,
-        mut build: impl FnMut(usize) -> Result<Batch, FabricError>,
+        mut build: impl FnMut(usize, &mut Batch) -> Result<(), FabricError>,
     ) -> Result<Roundtrip<'a, F>, SwarmError> {
         // Suspected nodes go last, keeping the preference order otherwise (nothing to
         // reorder in the common case: no node suspected at all).
@@ -219,7 +224,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         }
         let mut rt = Roundtrip::start(&self.fabric, stats);
         for &p in &ordered[..first] {
-            rt.post(reg.replicas.node(p), build(p)?)?;
+            rt.post_with(reg.replicas.node(p), |batch| build(p, batch))?;
         }
         // A fabric that completes batches inside `post` (shared memory) has answered
         // already: look before reading the clock for the fallback deadline.
@@ -246,7 +251,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         if ordered.len() > first {
             rt.escalate();
             for &p in &ordered[first..] {
-                rt.post(reg.replicas.node(p), build(p)?)?;
+                rt.post_with(reg.replicas.node(p), |batch| build(p, batch))?;
             }
         }
         rt.wait(k).await?;
@@ -313,14 +318,13 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         let positions: heapless::Vec<usize, MAX_REPLICAS> = (0..n).collect();
         let layout = self.layout;
         let primary = self.primary(reg);
-        let build = |p: usize| {
-            let mut batch = Batch::new();
+        let build = |p: usize, batch: &mut Batch| {
             batch.push(inout::read_op(
                 &layout,
                 reg.addr,
                 with_inplace && p == primary,
             ))?;
-            Ok(batch)
+            Ok(())
         };
         let touches =
             |p: usize| match inout::read_op(&layout, reg.addr, with_inplace && p == primary) {
@@ -342,7 +346,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
             Some(patience) => {
                 let mut rt = Roundtrip::start(&self.fabric, stats);
                 for &p in &positions {
-                    rt.post(reg.replicas.node(p), build(p)?)?;
+                    rt.post_with(reg.replicas.node(p), |batch| build(p, batch))?;
                 }
                 let wait = self.config.slow_after_ns.saturating_mul(patience);
                 let deadline = self.fabric.now().saturating_add(wait);
@@ -669,8 +673,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
                 let record_len = record.len() as u64;
                 let touches =
                     |p: usize| self.round_touches(reg.addr, buffer, record_len, written[p], first);
-                self.quorum_step_touching(stats, reg, &candidates, need, touches, |p| {
-                    let mut batch = Batch::new();
+                self.quorum_step_touching(stats, reg, &candidates, need, touches, |p, batch| {
                     if first {
                         batch.push(inout::read_op(&layout, reg.addr, false))?;
                     }
@@ -678,8 +681,8 @@ impl<F: Fabric, C: Clock> Client<F, C> {
                         batch.push(inout::buffer_write_op(buffer, record.clone()))?;
                     }
                     let expected = inout::max_expected(own.get(p), tsp);
-                    inout::push_max(&mut batch, &layout, reg.addr, writer, expected, tsp)?;
-                    Ok(batch)
+                    inout::push_max(batch, &layout, reg.addr, writer, expected, tsp)?;
+                    Ok(())
                 })
                 .await?
             };

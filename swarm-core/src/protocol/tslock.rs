@@ -53,7 +53,7 @@
 
 use crate::clock::Clock;
 use crate::encoding::{LockMode, LockWord, Timestamp};
-use crate::fabric::{Batch, Fabric};
+use crate::fabric::{Fabric, Op};
 use crate::layout::SlotError;
 use crate::roundtrip::OpStats;
 
@@ -90,8 +90,13 @@ impl<F: Fabric, C: Clock> Client<F, C> {
                 .collect();
             let expected = seen;
             let rt = self
-                .quorum_step(stats, reg, &candidates, q - have, |p| {
-                    Ok(Batch::cas(addr, expected[p].word(), mine.word()))
+                .quorum_step(stats, reg, &candidates, q - have, |p, batch| {
+                    batch.push(Op::Cas {
+                        addr,
+                        expected: expected[p].word(),
+                        new: mine.word(),
+                    })?;
+                    Ok(())
                 })
                 .await?;
             for (node, _) in rt.failures() {
