@@ -432,6 +432,11 @@ impl<'a, F: Fabric + ?Sized> Roundtrip<'a, F> {
         }
     }
 
+    /// The operation this step counts into.
+    pub fn stats(&self) -> &'a OpStats {
+        self.stats
+    }
+
     /// Counts one more roundtrip: the caller is about to post to fallback nodes
     /// because the preferred ones were slow or failed.
     pub fn escalate(&mut self) {

@@ -172,10 +172,10 @@ const NO_TOUCH: (u64, u64) = (0, 0);
 const NO_TOUCHES: Touches = [NO_TOUCH; 2];
 
 impl<F: Fabric, C: Clock> Client<F, C> {
-    /// One quorum step: posts the batch `build(p, batch)` fills in to the first `k` of
-    /// `candidates` (replica
-    /// positions in preference order) and waits for `k` replies; if they are slow or
-    /// fail, counts one more roundtrip and posts to the remaining candidates too.
+    /// One quorum step: posts the batch `build(p, batch)` fills in to the first `k`
+    /// of `candidates` (replica positions in preference order) and waits for `k`
+    /// replies; if they are slow or fail, counts one more roundtrip and posts to the
+    /// remaining candidates too.
     pub(crate) async fn quorum_step<'a>(
         &'a self,
         stats: &'a OpStats,
@@ -184,24 +184,32 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         k: usize,
         build: impl FnMut(usize, &mut Batch) -> Result<(), FabricError>,
     ) -> Result<Roundtrip<'a, F>, SwarmError> {
-        self.quorum_step_touching(stats, reg, candidates, k, |_| NO_TOUCHES, build)
-            .await
+        let mut rt = Roundtrip::start(&self.fabric, stats);
+        self.quorum_step_touching(&mut rt, reg, candidates, k, |_| NO_TOUCHES, build)
+            .await?;
+        Ok(rt)
     }
 
-    /// [`Self::quorum_step`] with memory hints: `touches(p)` are the byte ranges
-    /// that position `p`'s batch reads or writes. Before the first burst of posts,
-    /// every range is hinted to the fabric ([`Fabric::prefetch`]), so that on local
-    /// memory the cache misses of the replicas, and of the places in one, overlap
-    /// instead of coming one batch or one operation after the other.
-    pub(crate) async fn quorum_step_touching<'a>(
-        &'a self,
-        stats: &'a OpStats,
+    /// [`Self::quorum_step`] in the roundtrip `rt` (just started, nothing posted),
+    /// with memory hints: `touches(p)` are the byte ranges that position `p`'s batch
+    /// reads or writes. Before the first burst of posts, every range is hinted to
+    /// the fabric ([`Fabric::prefetch`]), so that on local memory the cache misses
+    /// of the replicas, and of the places in one, overlap instead of coming one
+    /// batch or one operation after the other.
+    ///
+    /// The caller owns `rt`: a `Roundtrip` is a few hundred bytes (its replies are
+    /// kept inline), and returning it from this future would copy it about three
+    /// times (out of the future, out of the `Result`, into the caller's state) on
+    /// every read and write round.
+    pub(crate) async fn quorum_step_touching(
+        &self,
+        rt: &mut Roundtrip<'_, F>,
         reg: &RegisterLoc,
         candidates: &[usize],
         k: usize,
         touches: impl Fn(usize) -> Touches,
         mut build: impl FnMut(usize, &mut Batch) -> Result<(), FabricError>,
-    ) -> Result<Roundtrip<'a, F>, SwarmError> {
+    ) -> Result<(), SwarmError> {
         // Suspected nodes go last, keeping the preference order otherwise (nothing to
         // reorder in the common case: no node suspected at all).
         let ordered: heapless::Vec<usize, MAX_REPLICAS> = if self.suspicion.any() {
@@ -219,18 +227,17 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         let hinted = self.hint_touches(reg, ordered[..first].iter().copied(), &touches);
         // An interleaved operation lets the others in flight run while its lines
         // arrive (`OpStats::interleaved`).
-        if hinted && stats.is_interleaved() {
+        if hinted && rt.stats().is_interleaved() {
             yield_now(&self.fabric).await;
         }
-        let mut rt = Roundtrip::start(&self.fabric, stats);
         for &p in &ordered[..first] {
             rt.post_with(reg.replicas.node(p), |batch| build(p, batch))?;
         }
         // A fabric that completes batches inside `post` (shared memory) has answered
         // already: look before reading the clock for the fallback deadline.
         if rt.reached(k) {
-            self.trust_replies(&rt);
-            return Ok(rt);
+            self.trust_replies(rt);
+            return Ok(());
         }
         // A fallback timer, not a fence: the clock as the posts just read it will do.
         let deadline = self
@@ -238,8 +245,8 @@ impl<F: Fabric, C: Clock> Client<F, C> {
             .recent_now()
             .saturating_add(self.config.slow_after_ns);
         if rt.wait_until(k, deadline).await == WaitOutcome::Reached {
-            self.trust_replies(&rt);
-            return Ok(rt);
+            self.trust_replies(rt);
+            return Ok(());
         }
         // Whoever was asked and did not answer in time is suspected from now on.
         for &p in &ordered[..first] {
@@ -255,8 +262,8 @@ impl<F: Fabric, C: Clock> Client<F, C> {
             }
         }
         rt.wait(k).await?;
-        self.trust_replies(&rt);
-        Ok(rt)
+        self.trust_replies(rt);
+        Ok(())
     }
 
     /// Hints the fabric at every byte range `touches` gives for the replicas at
@@ -331,20 +338,14 @@ impl<F: Fabric, C: Clock> Client<F, C> {
                 crate::fabric::Op::Read { addr, len } => [(addr, u64::from(len)), NO_TOUCH],
                 _ => NO_TOUCHES,
             };
-        let mut rt = match every_replica {
+        let mut rt = Roundtrip::start(&self.fabric, stats);
+        match every_replica {
             None => {
-                self.quorum_step_touching(
-                    stats,
-                    reg,
-                    &positions,
-                    reg.replicas.quorum(),
-                    touches,
-                    build,
-                )
-                .await?
+                let q = reg.replicas.quorum();
+                self.quorum_step_touching(&mut rt, reg, &positions, q, touches, build)
+                    .await?;
             }
             Some(patience) => {
-                let mut rt = Roundtrip::start(&self.fabric, stats);
                 for &p in &positions {
                     rt.post_with(reg.replicas.node(p), |batch| build(p, batch))?;
                 }
@@ -353,9 +354,8 @@ impl<F: Fabric, C: Clock> Client<F, C> {
                 let _ = rt.wait_until(n, deadline).await;
                 rt.wait(reg.replicas.quorum()).await?;
                 self.trust_replies(&rt);
-                rt
             }
-        };
+        }
         let mut views: Views = Default::default();
         for (node, completion) in rt.replies_mut() {
             let Some(p) = reg.replicas.position(*node) else {
@@ -667,13 +667,15 @@ impl<F: Fabric, C: Clock> Client<F, C> {
                 .collect();
             let need = q - have;
             enough_candidates(&candidates, need)?;
-            let mut rt = {
+            let mut rt = Roundtrip::start(&self.fabric, stats);
+            {
                 let own = cache.own_word.clone();
                 let written = progress.buffer_written;
                 let record_len = record.len() as u64;
                 let touches =
                     |p: usize| self.round_touches(reg.addr, buffer, record_len, written[p], first);
-                self.quorum_step_touching(stats, reg, &candidates, need, touches, |p, batch| {
+                let rt = &mut rt;
+                self.quorum_step_touching(rt, reg, &candidates, need, touches, |p, batch| {
                     if first {
                         batch.push(inout::read_op(&layout, reg.addr, false))?;
                     }
@@ -684,8 +686,8 @@ impl<F: Fabric, C: Clock> Client<F, C> {
                     inout::push_max(batch, &layout, reg.addr, writer, expected, tsp)?;
                     Ok(())
                 })
-                .await?
-            };
+                .await?;
+            }
             for (node, error) in rt.failures() {
                 let _ = error;
                 if let Some(p) = reg.replicas.position(*node) {
