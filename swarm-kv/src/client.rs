@@ -210,6 +210,11 @@ pub struct KvClient<F: Fabric, C: Clock> {
     /// No adoption of dead clients' chunks before this time (fabric clock): a round
     /// that found nothing is not repeated on every insert.
     next_adoption: Cell<Nanos>,
+    /// Donated registers this client's last reclamation pass found and left to
+    /// others ([`crate::limbo::Reclaimed::donations_left`]): its next pass may take
+    /// half of them ([`Self::reclaim_gone`]), and a dry insert waits for that pass
+    /// rather than fail.
+    donations_left: Cell<u64>,
     /// [`LeaseHolder::renewal_answers`] when the configuration was last read: a
     /// renewal that saw a newer epoch than the configuration a majority then held
     /// (a record being written) triggers one more read per renewal, not per operation.
@@ -433,6 +438,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
             lease: RefCell::new(lease),
             lease_revive_ns: config.lease_revive_ns,
             next_adoption: Cell::new(0),
+            donations_left: Cell::new(0),
             config_checked: Cell::new(0),
             followed: RefCell::new(None),
             deferred: RefCell::new(DeferredUnmaps::new(config.deferred_unmaps)),
@@ -912,9 +918,12 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
     }
 
     /// A pre-cleared register for an insert. When every chunk is claimed and the
-    /// pool is empty, waits for this client's retired registers to pass their grace
-    /// (before the operation starts: the wait posts nothing but resets), up to one
-    /// grace and a bit.
+    /// pool is empty, runs a reclamation pass (paced: [`Self::reclaim_gone`]) if this
+    /// client has no retired register of its own to wait for, or if its last pass
+    /// left donations on offer (taken, they are ready after the delivery margin,
+    /// sooner than its own pass their grace); otherwise waits for its retired
+    /// registers or for the next pass (before the operation starts: the wait posts
+    /// nothing but resets), up to two graces.
     async fn allocate_register(&self, stats: &OpStats) -> Result<RegisterId, KvError> {
         let fabric = self.swarm.fabric();
         let started = fabric.now();
@@ -925,56 +934,61 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
                 .alloc
                 .allocate(fabric, stats, &self.layout, self.nodes)
                 .await;
-            match r {
-                Err(KvError::RegistersFull { .. })
-                    if self.recycler.in_limbo() == 0
-                        && fabric.now() >= self.next_adoption.get() =>
-                {
-                    self.reclaim_gone().await?;
-                    // What the pass took waits a whole grace from now, however long
-                    // the pass took.
-                    give_up = fabric
-                        .now()
-                        .saturating_add(self.recycler.grace_ns().saturating_mul(2));
-                    if self.recycler.in_limbo() == 0 {
-                        return Err(KvError::RegistersFull {
-                            registers: self.layout.params.registers,
-                        });
-                    }
+            let Err(KvError::RegistersFull { .. }) = r else {
+                return r;
+            };
+            let now = fabric.now();
+            let in_limbo = self.recycler.in_limbo();
+            let offer = self.donations_left.get() > 0;
+            if now >= self.next_adoption.get() && (in_limbo == 0 || offer) {
+                self.reclaim_gone().await?;
+                // What the pass took waits a whole grace from now, however long
+                // the pass took.
+                give_up = fabric
+                    .now()
+                    .saturating_add(self.recycler.grace_ns().saturating_mul(2));
+                if self.recycler.in_limbo() == 0 {
+                    return r;
                 }
-                Err(KvError::RegistersFull { .. })
-                    if self.recycler.in_limbo() > 0
-                        && (fabric.now() < give_up
-                            || (self.repair_announced()
-                                && fabric.now() < started.saturating_add(REPAIR_WAIT_NS))) =>
-                {
-                    tracing::debug!(
-                        in_limbo = self.recycler.in_limbo(),
-                        "insert: no free register; waiting for retired ones to pass their grace"
-                    );
-                    self.wait_for_resets().await;
-                }
-                other => return other,
+                continue;
             }
+            let may_wait = now < give_up
+                || (self.repair_announced() && now < started.saturating_add(REPAIR_WAIT_NS));
+            if !may_wait || (in_limbo == 0 && !offer) {
+                return r;
+            }
+            tracing::debug!(
+                in_limbo,
+                donations_left = self.donations_left.get(),
+                "insert: no free register; waiting for retired ones to pass their grace, or for the next reclamation pass to take donated ones"
+            );
+            self.wait_for_resets(offer.then(|| self.next_adoption.get()))
+                .await;
         }
     }
 
-    /// Sleeps until the next retired register of this client is due for its reset,
-    /// or a millisecond while resets are in flight; renews the lease first if it
-    /// lapsed (resets start only under a valid lease). Call `recycle_step` after.
-    async fn wait_for_resets(&self) {
+    /// Sleeps until the next retired register of this client is due for its reset
+    /// (a millisecond while resets are in flight, or with none retired), or until
+    /// `or_until` if that is sooner; renews the lease first if it lapsed (resets
+    /// start only under a valid lease). Call `recycle_step` after.
+    async fn wait_for_resets(&self, or_until: Option<Nanos>) {
         let fabric = self.swarm.fabric();
         let _ = self.upkeep(fabric.now()).await;
         if !self.lease.borrow().valid_for(fabric.now(), 0) {
             renew_now(&self.lease, fabric, 0).await;
         }
         let now = fabric.now();
-        let wait = match self.recycler.next_due() {
-            Some(due) if !self.recycler.resetting() => due.saturating_sub(now),
+        let resets = match self.recycler.next_due() {
+            Some(due) if !self.recycler.resetting() => Some(due),
+            None if !self.recycler.resetting() && or_until.is_some() => None,
             // Resets in flight: look again in a millisecond.
-            _ => 1_000_000,
+            _ => Some(now.saturating_add(1_000_000)),
         };
-        swarm_core::sleep(fabric, wait.max(1)).await;
+        let until = match (resets, or_until) {
+            (Some(a), Some(b)) => a.min(b),
+            (a, b) => a.or(b).unwrap_or(now),
+        };
+        swarm_core::sleep(fabric, until.saturating_sub(now).max(1)).await;
     }
 
     /// Adopts the chunks of clients that are no longer registered and takes the
@@ -999,10 +1013,16 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         if !self.lease.borrow().valid_for(fabric.now(), max_op) {
             renew_now(&self.lease, fabric, max_op).await;
         }
+        // A chunk's worth of donations per pass shares scarce ones among the clients
+        // that run dry; half of what the last pass left lets one client drain a
+        // large offer (every register a gone client held, donated as its reclaimer
+        // resets them) in a few passes, not a chunk per `interval`, while leaving
+        // as much to the others.
         let me = crate::limbo::Reclaimer {
             token: self.token,
             tag: self.recycler.tag(),
-            max_donations: u64::from(self.layout.params.chunk_registers),
+            max_donations: u64::from(self.layout.params.chunk_registers)
+                .max(self.donations_left.get() / 2),
         };
         let reclaimed = crate::limbo::reclaim(
             fabric,
@@ -1012,6 +1032,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
             |r| self.register_loc(r).ok(),
         )
         .await?;
+        self.donations_left.set(reclaimed.donations_left);
         for chunk in &reclaimed.chunks {
             self.alloc.adopt(*chunk);
         }
@@ -1093,7 +1114,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
             && fabric.now() < give_up
         {
             self.recycle_step();
-            self.wait_for_resets().await;
+            self.wait_for_resets(None).await;
             self.recycle_step();
             // A reset register's value is on no replica any more: a check of every
             // tracked register frees it (after the slot grace, which `make_room_for`

@@ -506,9 +506,10 @@ pub struct Reclaimer {
     pub token: u64,
     /// Its holder tag ([`holder_tag`]).
     pub tag: u32,
-    /// Donated registers to take at most in one pass: about what a client keeps in
-    /// its pool (`crate::recycle`, "donations"). A pass that took every donation
-    /// would hoard them, and leave the next client that runs dry none.
+    /// Donated registers to take at most in one pass (`crate::recycle`,
+    /// "donations"). A pass that took every donation would hoard them, and leave the
+    /// next client that runs dry none; `KvClient` takes a chunk's worth, or half of
+    /// what its previous pass left on offer if that is more.
     pub max_donations: u64,
 }
 
@@ -521,6 +522,9 @@ pub struct Reclaimed {
     pub taken: Vec<(RegisterId, Verdict)>,
     /// Registers a take was tried for and lost (another reclaimer won, or no majority).
     pub lost: u64,
+    /// Donated registers the pass found and did not take (over
+    /// [`Reclaimer::max_donations`], or lost to another reclaimer).
+    pub donations_left: u64,
     /// Whether the pass stopped early (the reclaimer's lease ran short).
     pub stopped: bool,
 }
@@ -567,6 +571,12 @@ pub async fn reclaim<F: Fabric>(
         let mut at = first;
         while at < end {
             if !may_act() {
+                tracing::debug!(
+                    at,
+                    taken = out.taken.len(),
+                    donations_left = out.donations_left,
+                    "reclamation pass stopped: the lease runs short"
+                );
                 out.stopped = true;
                 return Ok(out);
             }
@@ -604,9 +614,11 @@ pub async fn reclaim<F: Fabric>(
                     adopted.contains(&chunk),
                     layout.params.key_max,
                 );
-                if verdict == Verdict::Keep
-                    || (verdict == Verdict::Donated && donations >= me.max_donations)
-                {
+                if verdict == Verdict::Keep {
+                    continue;
+                }
+                if verdict == Verdict::Donated && donations >= me.max_donations {
+                    out.donations_left += 1;
                     continue;
                 }
                 let observed: Vec<(NodeId, u64)> =
@@ -616,11 +628,15 @@ pub async fn reclaim<F: Fabric>(
                         donations += u64::from(verdict == Verdict::Donated);
                         out.taken.push((register, verdict));
                     }
-                    Ok(false) => out.lost += 1,
+                    Ok(false) => {
+                        out.lost += 1;
+                        out.donations_left += u64::from(verdict == Verdict::Donated);
+                    }
                     // Past the group's deadline (or nodes gone): leave the rest.
                     Err(error) => {
                         tracing::debug!(register, %error, "reclaim: a take failed");
                         out.lost += 1;
+                        out.donations_left += u64::from(verdict == Verdict::Donated);
                     }
                 }
             }
@@ -648,7 +664,14 @@ pub async fn reclaim<F: Fabric>(
             donated = out.count(Verdict::Donated),
             fresh = out.count(Verdict::Fresh),
             lost = out.lost,
+            donations_left = out.donations_left,
             "reclaimed registers of gone clients (they go through the register grace) and donated ones"
+        );
+    } else {
+        tracing::debug!(
+            lost = out.lost,
+            donations_left = out.donations_left,
+            "reclamation pass: nothing taken"
         );
     }
     Ok(out)

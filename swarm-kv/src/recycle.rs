@@ -61,9 +61,11 @@
 //! resets: the reset writes the holder tag [`crate::limbo::DONATED_TAG`] instead of
 //! its own, and the register never comes back to it, whatever the replicas answer.
 //! A client that runs dry takes donated registers as it takes a gone client's pool
-//! (`crate::limbo`, rule 3), at most a chunk's worth per pass (taking all would hoard
-//! them), and resets them once the donor's reset has surely landed (the delivery
-//! margin, not a whole grace: `Recycler::take_donation`). A donation whose reset a
+//! (`crate::limbo`, rule 3), at most a chunk's worth per pass, or half of what its
+//! previous pass left on offer if that is more (taking all would hoard them; a
+//! chunk's worth alone drains a large offer a chunk per pass), and resets them once
+//! the donor's reset has surely landed (the delivery margin, not a whole grace:
+//! `Recycler::take_donation`). A donation whose reset a
 //! replica in service missed leaves that copy with the donor's tag: nobody takes the
 //! register until the donor is gone (`RecycleStats::donations_incomplete`). Nothing
 //! is donated while a node is out of service or a repair is announced: resets then

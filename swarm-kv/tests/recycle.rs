@@ -230,7 +230,17 @@ fn tiny(dir: &ScratchDir, node_bytes: u64) -> ShmStore {
 /// long churn: out-of-place log slots are not recycled on this branch (the slots
 /// work does that), so every write takes one for good.
 fn exact(dir: &ScratchDir, registers: u64, log_slots: u32) -> ShmStore {
-    let params = ClusterParams {
+    exact_with(dir, registers, log_slots, |_| {})
+}
+
+/// [`exact`] with `tweak` applied to its parameters.
+fn exact_with(
+    dir: &ScratchDir,
+    registers: u64,
+    log_slots: u32,
+    tweak: impl FnOnce(&mut ClusterParams),
+) -> ShmStore {
+    let mut params = ClusterParams {
         key_max: 16,
         value_max: 32,
         writers: 4,
@@ -243,6 +253,7 @@ fn exact(dir: &ScratchDir, registers: u64, log_slots: u32) -> ShmStore {
         max_op_ns: MAX_OP_NS,
         ..ClusterParams::default()
     };
+    tweak(&mut params);
     let node_bytes = NodeLayout::new(params)
         .unwrap()
         .end()
@@ -492,6 +503,179 @@ fn an_insert_only_client_lives_on_registers_a_delete_only_client_donates() {
             "key{i} was deleted"
         );
     }
+}
+
+/// A client that runs dry while many registers are on offer as donations (here a
+/// donor freed nearly every register of the cluster; in a store, the registers of a
+/// gone client, donated as its reclaimer resets them) drains the offer in a few
+/// reclamation passes: each takes half of what the last one left, or a chunk's
+/// worth if that is more, and an insert that runs dry before the next pass is due
+/// waits for it.
+///
+/// `short_settle`: the delivery margin is 100 µs, so that a pass is short next to
+/// the interval between two (`min(lease, register grace)`), as on shared memory;
+/// otherwise it is the default, and a pass lasts about the interval.
+///
+/// Before, each pass took a chunk's worth (8 registers here): the 194 inserts took
+/// 38 passes' intervals of virtual time with the default margin, and with the short
+/// one the 41st insert failed with `RegistersFull` (the dry client had used its 8
+/// donations before the next pass was due) while 200 donations sat on offer.
+fn drain_a_large_offer_of_donations(short_settle: bool) {
+    let dir = ScratchDir::new("kv-recycle-offer").unwrap();
+    let registers = 256;
+    let store = exact_with(&dir, registers, 1 << 12, |params| {
+        if short_settle {
+            params.delivery_margin_ns = 100_000;
+        }
+    });
+    let params = store.layout().params;
+    let chunk = u64::from(params.chunk_registers);
+    let interval = params.lease_ns.min(params.register_grace_ns());
+    let world = World::new();
+    let (donor, dry) = (client(&store, &world), client(&store, &world));
+    let donated = registers - 4 * chunk;
+    for i in 0..donated {
+        insert(&donor, &format!("d{i}"), "v");
+    }
+    for i in 0..donated {
+        assert!(delete(&donor, &format!("d{i}")), "delete d{i}");
+    }
+    // Past the grace, the donor's next operations reset the registers it retired:
+    // it keeps a chunk's worth and donates the others.
+    // (A delete moves the recycling along, even of an absent key.)
+    world.advance(grace(&store) + 1);
+    for _ in 0..donated {
+        if donor.registers_in_limbo() == 0 {
+            break;
+        }
+        assert!(!delete(&donor, "absent"));
+        world.advance(100_000);
+    }
+    let given = donor.recycle_stats();
+    assert!(
+        given.donated >= donated - 2 * chunk,
+        "the donor donated what it reset beyond a chunk's worth: {given:?}"
+    );
+    // The dry client uses up the last unclaimed chunks, then lives on donations.
+    let started = world.now.get();
+    let inserts = 4 * chunk + given.donated * 3 / 4;
+    for i in 0..inserts {
+        let s = OpStats::new();
+        if let Err(e) = block_on(
+            dry.fabric(),
+            dry.insert(format!("k{i}").as_bytes(), b"v", &s),
+        ) {
+            panic!(
+                "insert {i} of {inserts}: {e}; dry {:?}, donor {:?}",
+                dry.recycle_stats(),
+                donor.recycle_stats()
+            );
+        }
+    }
+    let elapsed = world.now.get() - started;
+    let taken = dry.recycle_stats().reclaimed_donations;
+    assert!(
+        taken >= given.donated / 2 && taken <= given.donated,
+        "{taken} of {} donations taken",
+        given.donated
+    );
+    // Passes take 8, then half of the rest each: about five of them (a chunk per
+    // pass would need twenty), each a settle wait and at most `interval` apart.
+    assert!(
+        elapsed <= 6 * interval,
+        "{inserts} inserts took {elapsed} ns of virtual time ({} passes' intervals)",
+        elapsed / interval
+    );
+    for i in [0, inserts / 2, inserts - 1] {
+        assert_eq!(get(&donor, &format!("k{i}")).as_deref(), Some("v"), "k{i}");
+    }
+}
+
+/// A client that runs dry while registers it retired itself wait out their grace
+/// (every put of a key that exists retires the fresh register it wrote) takes the
+/// donations its last pass left on offer rather than wait for its own: taken, a
+/// donation is ready after the delivery margin, its own registers after a whole
+/// grace. Here the grace (400 ms of cache lifetime) is twenty times the interval
+/// between two passes (a 20 ms lease): the 108 inserts take 40 ms of virtual time.
+/// Before, the dry client waited for its own seven retired registers, a whole
+/// grace (451 ms), before its next pass; `swarm bench` run again and again on one
+/// cluster stalled on it, its clients living on a trickle of their own retired
+/// registers while hundreds of thousands were on offer.
+#[test]
+fn a_dry_client_takes_donations_on_offer_rather_than_wait_a_grace_for_its_own() {
+    let dir = ScratchDir::new("kv-recycle-offer-limbo").unwrap();
+    let registers = 256;
+    let store = exact_with(&dir, registers, 1 << 12, |params| {
+        params.cache_ttl_ns = 400_000_000;
+        params.lease_ns = 20_000_000;
+        params.lease_renew_ns = 5_000_000;
+        // A pass's settle wait well within the lease.
+        params.delivery_margin_ns = 100_000;
+    });
+    let params = store.layout().params;
+    let chunk = u64::from(params.chunk_registers);
+    let world = World::new();
+    let (donor, dry) = (client(&store, &world), client(&store, &world));
+    let donated = registers - 4 * chunk;
+    for i in 0..donated {
+        insert(&donor, &format!("d{i}"), "v");
+    }
+    for i in 0..donated {
+        assert!(delete(&donor, &format!("d{i}")), "delete d{i}");
+    }
+    world.advance(grace(&store) + 1);
+    for _ in 0..donated {
+        if donor.registers_in_limbo() == 0 {
+            break;
+        }
+        assert!(!delete(&donor, "absent"));
+        world.advance(100_000);
+    }
+    let given = donor.recycle_stats().donated;
+    assert!(given >= donated - 2 * chunk, "{given} donated");
+    // The last unclaimed chunks, then a first pass (nothing retired yet): it takes
+    // a chunk's worth and leaves the rest on offer.
+    for i in 0..4 * chunk + 1 {
+        insert(&dry, &format!("k{i}"), "v");
+    }
+    assert_eq!(dry.recycle_stats().reclaimed_donations, chunk);
+    // Puts of keys that exist: each retires the fresh register it wrote.
+    for i in 0..chunk - 1 {
+        insert(&dry, &format!("k{i}"), "v2");
+    }
+    assert!(dry.registers_in_limbo() > 0);
+    let started = world.now.get();
+    let inserts = given / 2;
+    for i in 0..inserts {
+        let s = OpStats::new();
+        let key = format!("n{i}");
+        if let Err(e) = block_on(dry.fabric(), dry.insert(key.as_bytes(), b"v", &s)) {
+            panic!(
+                "insert {i} of {inserts}: {e}; dry {:?}",
+                dry.recycle_stats()
+            );
+        }
+    }
+    let elapsed = world.now.get() - started;
+    assert!(
+        elapsed < grace(&store) / 2,
+        "{inserts} inserts took {elapsed} ns of virtual time (a grace is {} ns): {:?}",
+        grace(&store),
+        dry.recycle_stats()
+    );
+    for key in ["k0", "n0"] {
+        assert!(get(&dry, key).is_some(), "{key}");
+    }
+}
+
+#[test]
+fn a_client_that_runs_dry_drains_a_large_offer_of_donations_in_a_few_passes() {
+    drain_a_large_offer_of_donations(false);
+}
+
+#[test]
+fn a_client_that_runs_dry_between_two_short_passes_waits_for_the_next_one() {
+    drain_a_large_offer_of_donations(true);
 }
 
 #[test]
