@@ -215,6 +215,9 @@ pub struct KvClient<F: Fabric, C: Clock> {
     /// half of them ([`Self::reclaim_gone`]), and a dry insert waits for that pass
     /// rather than fail.
     donations_left: Cell<u64>,
+    /// Where this client's next reclamation pass starts its scan: where the last
+    /// one stopped ([`crate::limbo::Reclaimed::resume_at`]).
+    reclaim_resume_at: Cell<RegisterId>,
     /// [`LeaseHolder::renewal_answers`] when the configuration was last read: a
     /// renewal that saw a newer epoch than the configuration a majority then held
     /// (a record being written) triggers one more read per renewal, not per operation.
@@ -439,6 +442,13 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
             lease_revive_ns: config.lease_revive_ns,
             next_adoption: Cell::new(0),
             donations_left: Cell::new(0),
+            // Clients that run dry at once (the clients of one `swarm bench`) would
+            // race for the same registers from the same start: each writer id starts
+            // its scans at its own share of the registers.
+            reclaim_resume_at: Cell::new(
+                layout.params.registers / u64::from(layout.params.writers.max(1))
+                    * u64::from(registration.writer),
+            ),
             config_checked: Cell::new(0),
             followed: RefCell::new(None),
             deferred: RefCell::new(DeferredUnmaps::new(config.deferred_unmaps)),
@@ -1010,8 +1020,12 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
             .min(self.layout.params.register_grace_ns());
         self.next_adoption
             .set(fabric.now().saturating_add(interval));
-        if !self.lease.borrow().valid_for(fabric.now(), max_op) {
-            renew_now(&self.lease, fabric, max_op).await;
+        // A pass stops when the lease runs short (its takes are CASes no operation
+        // deadline covers): renewed now unless half a lease is left, it gets at
+        // least that long, and the next pass goes on where this one stopped.
+        let lease_ns = self.layout.params.lease_ns;
+        if !self.lease.borrow().valid_for(fabric.now(), lease_ns / 2) {
+            renew_now(&self.lease, fabric, lease_ns / 2).await;
         }
         // A chunk's worth of donations per pass shares scarce ones among the clients
         // that run dry; half of what the last pass left lets one client drain a
@@ -1023,6 +1037,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
             tag: self.recycler.tag(),
             max_donations: u64::from(self.layout.params.chunk_registers)
                 .max(self.donations_left.get() / 2),
+            resume_at: self.reclaim_resume_at.get(),
         };
         let reclaimed = crate::limbo::reclaim(
             fabric,
@@ -1033,6 +1048,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         )
         .await?;
         self.donations_left.set(reclaimed.donations_left);
+        self.reclaim_resume_at.set(reclaimed.resume_at);
         for chunk in &reclaimed.chunks {
             self.alloc.adopt(*chunk);
         }
@@ -1132,6 +1148,12 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
     /// clients run it by themselves when they run out of registers).
     pub async fn reclaim_now(&self) -> Result<(), KvError> {
         self.reclaim_gone().await
+    }
+
+    /// This client's incarnation token (tests of `crate::limbo`).
+    #[cfg(test)]
+    pub(crate) fn token(&self) -> u64 {
+        self.token
     }
 
     async fn read_register(

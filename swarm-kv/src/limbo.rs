@@ -120,6 +120,11 @@
 //! read in contiguous spans, [`SPANS_PER_BATCH`] spans of up to [`SPAN_BYTES`] per node
 //! per roundtrip.
 //!
+//! A pass stops where the reclaimer's lease runs short (its takes are CASes that only
+//! the lease argument covers, [`crate::lease`]); the reclaimer's next pass starts
+//! there ([`Reclaimer::resume_at`]) and goes round, so that passes cover a cluster
+//! too large for one lease between them.
+//!
 //! # A clean close
 //!
 //! A closing client leaves its limbo and pool marked for others (it waits a little for
@@ -511,6 +516,10 @@ pub struct Reclaimer {
     /// next client that runs dry none; `KvClient` takes a chunk's worth, or half of
     /// what its previous pass left on offer if that is more.
     pub max_donations: u64,
+    /// The register to start the scan at, going round: where the reclaimer's last
+    /// pass stopped ([`Reclaimed::resume_at`]), so that passes cut short by the
+    /// lease still cover the whole cluster between them.
+    pub resume_at: RegisterId,
 }
 
 /// What one reclamation pass found.
@@ -527,6 +536,9 @@ pub struct Reclaimed {
     pub donations_left: u64,
     /// Whether the pass stopped early (the reclaimer's lease ran short).
     pub stopped: bool,
+    /// Where the next pass should start: the first register this one did not scan
+    /// if it stopped early, 0 otherwise.
+    pub resume_at: RegisterId,
 }
 
 impl Reclaimed {
@@ -534,6 +546,29 @@ impl Reclaimed {
     pub fn count(&self, kind: Verdict) -> u64 {
         self.taken.iter().filter(|(_, v)| *v == kind).count() as u64
     }
+}
+
+/// The register ranges of `chunks` (sorted, `per` registers each, `registers` in
+/// all) in the order a pass scans them: from `resume_at` to the end, then from the
+/// start up to `resume_at`.
+fn scan_order(
+    chunks: &[u64],
+    per: u64,
+    registers: u64,
+    resume_at: RegisterId,
+) -> impl Iterator<Item = (RegisterId, RegisterId)> + '_ {
+    let range = move |c: &u64| (c * per, ((c + 1) * per).min(registers));
+    let after = chunks
+        .iter()
+        .map(range)
+        .filter(move |&(_, end)| end > resume_at)
+        .map(move |(first, end)| (first.max(resume_at), end));
+    let before = chunks
+        .iter()
+        .map(range)
+        .filter(move |&(first, _)| first < resume_at)
+        .map(move |(first, end)| (first, end.min(resume_at)));
+    after.chain(before)
 }
 
 /// One reclamation pass for `me` (module docs): adopts the chunks of gone clients,
@@ -563,11 +598,8 @@ pub async fn reclaim<F: Fabric>(
     let mut donations = 0u64;
     let per = u64::from(layout.params.chunk_registers);
     let step = registers_per_roundtrip(layout);
-    for chunk in claimed_chunks(fabric, &stats, layout).await? {
-        let (first, end) = (
-            chunk * per,
-            ((chunk + 1) * per).min(layout.params.registers),
-        );
+    let chunks = claimed_chunks(fabric, &stats, layout).await?;
+    for (first, end) in scan_order(&chunks, per, layout.params.registers, me.resume_at) {
         let mut at = first;
         while at < end {
             if !may_act() {
@@ -575,9 +607,10 @@ pub async fn reclaim<F: Fabric>(
                     at,
                     taken = out.taken.len(),
                     donations_left = out.donations_left,
-                    "reclamation pass stopped: the lease runs short"
+                    "reclamation pass stopped: the lease runs short; the next one goes on from here"
                 );
                 out.stopped = true;
+                out.resume_at = at;
                 return Ok(out);
             }
             let stop = (at + step).min(end);
@@ -611,7 +644,7 @@ pub async fn reclaim<F: Fabric>(
                     replicas.replicas.quorum(),
                     &live,
                     me.tag,
-                    adopted.contains(&chunk),
+                    adopted.contains(&(register / per)),
                     layout.params.key_max,
                 );
                 if verdict == Verdict::Keep {
@@ -855,6 +888,60 @@ mod tests {
             rt.wait(1).await.unwrap();
         })
         .unwrap();
+    }
+
+    #[test]
+    fn a_scan_starts_where_the_last_pass_stopped_and_goes_round() {
+        let order = |resume_at| scan_order(&[0, 2, 3], 8, 30, resume_at).collect::<Vec<_>>();
+        assert_eq!(order(0), [(0, 8), (16, 24), (24, 30)]);
+        assert_eq!(order(19), [(19, 24), (24, 30), (0, 8), (16, 19)]);
+        assert_eq!(order(8), [(16, 24), (24, 30), (0, 8)]);
+        assert_eq!(order(30), [(0, 8), (16, 24), (24, 30)]);
+    }
+
+    /// Passes cut short by the lease go on where the last one stopped: between them
+    /// they cover every claimed chunk. Before, every pass started at the first
+    /// chunk, and in a cluster too large for one lease (a 1 GiB cluster's pass met
+    /// its lease's end about a third of the way) the last registers were never
+    /// reclaimed: here, four passes took 8 of the 16.
+    #[test]
+    fn passes_cut_short_by_the_lease_go_on_where_the_last_one_stopped() {
+        let (cluster, layout) = cluster();
+        let a = connect(&cluster, layout);
+        let keys = 4 * u64::from(layout.params.chunk_registers);
+        for i in 0..keys {
+            insert(&a, &format!("k{i}"), "v").expect("inserted");
+        }
+        for i in 0..keys {
+            assert!(delete(&a, &format!("k{i}")));
+        }
+        a.close();
+        let b = connect(&cluster, layout);
+        let f = b.fabric();
+        let (mut resume_at, mut taken, mut stops) = (0, 0, 0);
+        for _ in 0..4 {
+            // The pass's first look and two chunks (a group each here), then the
+            // lease "runs short".
+            let budget = core::cell::Cell::new(3u32);
+            let may_act = || {
+                let left = budget.get();
+                budget.set(left.saturating_sub(1));
+                left > 0
+            };
+            let me = Reclaimer {
+                token: b.token(),
+                tag: b.recycler_tag(),
+                max_donations: 0,
+                resume_at,
+            };
+            let loc = |r| register_loc_for(&layout, 3, r).ok();
+            let out = block_on(f, reclaim(f, &layout, me, may_act, loc)).expect("a pass");
+            taken += out.count(Verdict::Limbo);
+            stops += u32::from(out.stopped);
+            resume_at = out.resume_at;
+        }
+        assert!(stops >= 2, "the passes were cut short: {stops}");
+        assert_eq!(taken, keys, "every retired register was taken");
     }
 
     /// A client deletes keys and closes before their grace; another reclaims those
