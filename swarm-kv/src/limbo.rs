@@ -531,8 +531,9 @@ pub struct Reclaimed {
     pub taken: Vec<(RegisterId, Verdict)>,
     /// Registers a take was tried for and lost (another reclaimer won, or no majority).
     pub lost: u64,
-    /// Donated registers the pass found and did not take (over
-    /// [`Reclaimer::max_donations`], or lost to another reclaimer).
+    /// Donated registers the pass found and left on offer: over
+    /// [`Reclaimer::max_donations`], or whose take failed (past the group's
+    /// deadline). Not those another reclaimer won.
     pub donations_left: u64,
     /// Whether the pass stopped early (the reclaimer's lease ran short).
     pub stopped: bool,
@@ -661,10 +662,9 @@ pub async fn reclaim<F: Fabric>(
                         donations += u64::from(verdict == Verdict::Donated);
                         out.taken.push((register, verdict));
                     }
-                    Ok(false) => {
-                        out.lost += 1;
-                        out.donations_left += u64::from(verdict == Verdict::Donated);
-                    }
+                    // Another reclaimer won it (or no majority answered): not on
+                    // offer any more, as far as this pass can tell.
+                    Ok(false) => out.lost += 1,
                     // Past the group's deadline (or nodes gone): leave the rest.
                     Err(error) => {
                         tracing::debug!(register, %error, "reclaim: a take failed");
