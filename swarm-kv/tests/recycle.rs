@@ -19,6 +19,7 @@ use swarm_core::fabric::{Completion, FabricError, FailureCause, Op, Ticket};
 use swarm_core::{Batch, Fabric, NodeId, OpStats, block_on};
 use swarm_kv::configuration::{CONFIG_AT, Configuration};
 use swarm_kv::layout::{ClusterParams, NodeLayout};
+use swarm_kv::recycle::RecycleStats;
 use swarm_kv::repair::RepairOptions;
 use swarm_kv::store::{read_configuration, write_configuration, write_superblock};
 use swarm_kv::{DeleteOutcome, KvClient, KvConfig, KvError, ShmStore};
@@ -505,6 +506,36 @@ fn an_insert_only_client_lives_on_registers_a_delete_only_client_donates() {
     }
 }
 
+/// `donor` fills every register but four chunks' worth, deletes every key, and,
+/// past the grace, resets the registers it retired: it keeps a chunk's worth and
+/// donates the others. Returns its recycling counters.
+fn donate_all_but_four_chunks(store: &ShmStore, world: &World, donor: &Client) -> RecycleStats {
+    let params = store.layout().params;
+    let chunk = u64::from(params.chunk_registers);
+    let donated = params.registers - 4 * chunk;
+    for i in 0..donated {
+        insert(donor, &format!("d{i}"), "v");
+    }
+    for i in 0..donated {
+        assert!(delete(donor, &format!("d{i}")), "delete d{i}");
+    }
+    // (A delete moves the recycling along, even of an absent key.)
+    world.advance(grace(store) + 1);
+    for _ in 0..donated {
+        if donor.registers_in_limbo() == 0 {
+            break;
+        }
+        assert!(!delete(donor, "absent"));
+        world.advance(100_000);
+    }
+    let given = donor.recycle_stats();
+    assert!(
+        given.donated >= donated - 2 * chunk,
+        "the donor donated what it reset beyond a chunk's worth: {given:?}"
+    );
+    given
+}
+
 /// A client that runs dry while many registers are on offer as donations (here a
 /// donor freed nearly every register of the cluster; in a store, the registers of a
 /// gone client, donated as its reclaimer resets them) drains the offer in a few
@@ -533,29 +564,7 @@ fn drain_a_large_offer_of_donations(short_settle: bool) {
     let interval = params.lease_ns.min(params.register_grace_ns());
     let world = World::new();
     let (donor, dry) = (client(&store, &world), client(&store, &world));
-    let donated = registers - 4 * chunk;
-    for i in 0..donated {
-        insert(&donor, &format!("d{i}"), "v");
-    }
-    for i in 0..donated {
-        assert!(delete(&donor, &format!("d{i}")), "delete d{i}");
-    }
-    // Past the grace, the donor's next operations reset the registers it retired:
-    // it keeps a chunk's worth and donates the others.
-    // (A delete moves the recycling along, even of an absent key.)
-    world.advance(grace(&store) + 1);
-    for _ in 0..donated {
-        if donor.registers_in_limbo() == 0 {
-            break;
-        }
-        assert!(!delete(&donor, "absent"));
-        world.advance(100_000);
-    }
-    let given = donor.recycle_stats();
-    assert!(
-        given.donated >= donated - 2 * chunk,
-        "the donor donated what it reset beyond a chunk's worth: {given:?}"
-    );
+    let given = donate_all_but_four_chunks(&store, &world, &donor);
     // The dry client uses up the last unclaimed chunks, then lives on donations.
     let started = world.now.get();
     let inserts = 4 * chunk + given.donated * 3 / 4;
@@ -616,23 +625,7 @@ fn a_dry_client_takes_donations_on_offer_rather_than_wait_a_grace_for_its_own() 
     let chunk = u64::from(params.chunk_registers);
     let world = World::new();
     let (donor, dry) = (client(&store, &world), client(&store, &world));
-    let donated = registers - 4 * chunk;
-    for i in 0..donated {
-        insert(&donor, &format!("d{i}"), "v");
-    }
-    for i in 0..donated {
-        assert!(delete(&donor, &format!("d{i}")), "delete d{i}");
-    }
-    world.advance(grace(&store) + 1);
-    for _ in 0..donated {
-        if donor.registers_in_limbo() == 0 {
-            break;
-        }
-        assert!(!delete(&donor, "absent"));
-        world.advance(100_000);
-    }
-    let given = donor.recycle_stats().donated;
-    assert!(given >= donated - 2 * chunk, "{given} donated");
+    let given = donate_all_but_four_chunks(&store, &world, &donor).donated;
     // The last unclaimed chunks, then a first pass (nothing retired yet): it takes
     // a chunk's worth and leaves the rest on offer.
     for i in 0..4 * chunk + 1 {
