@@ -988,16 +988,14 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
             renew_now(&self.lease, fabric, 0).await;
         }
         let now = fabric.now();
+        let resetting = self.recycler.resetting();
         let resets = match self.recycler.next_due() {
-            Some(due) if !self.recycler.resetting() => Some(due),
-            None if !self.recycler.resetting() && or_until.is_some() => None,
+            Some(due) if !resetting => due,
+            None if !resetting && or_until.is_some() => Nanos::MAX,
             // Resets in flight: look again in a millisecond.
-            _ => Some(now.saturating_add(1_000_000)),
+            _ => now.saturating_add(1_000_000),
         };
-        let until = match (resets, or_until) {
-            (Some(a), Some(b)) => a.min(b),
-            (a, b) => a.or(b).unwrap_or(now),
-        };
+        let until = resets.min(or_until.unwrap_or(Nanos::MAX));
         swarm_core::sleep(fabric, until.saturating_sub(now).max(1)).await;
     }
 

@@ -1,25 +1,13 @@
 //! The `swarm` command: bad input gives a clear message and a non-zero exit status,
 //! and leaves the cluster usable.
 
+mod cli_support;
+
 use std::path::Path;
 use std::process::{Command, Output};
 
+use cli_support::{SHORT_LEASES, swarm, text};
 use swarm_shm::ScratchDir;
-
-fn swarm(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_swarm"))
-        .args(args)
-        .output()
-        .expect("run swarm")
-}
-
-fn text(out: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
 
 /// `swarm get` of `key` in the cluster at `dir` succeeds and prints `value`.
 fn assert_get(dir: &str, key: &str, value: &str) {
@@ -451,20 +439,7 @@ fn evict_gives_back_the_writer_id_of_a_crashed_client_and_refuses_a_live_one() {
     let scratch = ScratchDir::new("cli-evict").unwrap();
     let dir = scratch.path().join("c");
     let d = dir.to_str().unwrap();
-    let out = init_sized(
-        d,
-        "32MiB",
-        "64",
-        "16",
-        &[
-            "--lease",
-            "400ms",
-            "--lease-renew",
-            "50ms",
-            "--max-op",
-            "200ms",
-        ],
-    );
+    let out = init_sized(d, "32MiB", "64", "16", &SHORT_LEASES);
     assert!(
         text(&out).contains("client leases of 400ms renewed every 50ms"),
         "{}",

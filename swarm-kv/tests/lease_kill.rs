@@ -5,25 +5,13 @@
 //! before the kills nor those made between them, each by a `swarm put` that took over
 //! a dead client's id.
 
-use std::process::{Command, Output, Stdio};
+mod cli_support;
+
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use cli_support::{SHORT_LEASES, swarm, text};
 use swarm_shm::ScratchDir;
-
-fn swarm(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_swarm"))
-        .args(args)
-        .output()
-        .expect("run swarm")
-}
-
-fn text(out: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
 
 /// How many rows `swarm stat` shows registered to process `pid`.
 fn rows_of(dir: &str, pid: u32) -> usize {
@@ -39,7 +27,7 @@ fn ten_killed_benches_leave_a_four_writer_cluster_usable() {
     let scratch = ScratchDir::new("lease-kill").unwrap();
     let dir = scratch.path().join("c");
     let d = dir.to_str().unwrap();
-    let out = swarm(&[
+    let mut args = vec![
         "init",
         "--dir",
         d,
@@ -51,13 +39,9 @@ fn ten_killed_benches_leave_a_four_writer_cluster_usable() {
         "32",
         "--writers",
         "4",
-        "--lease",
-        "400ms",
-        "--lease-renew",
-        "50ms",
-        "--max-op",
-        "200ms",
-    ]);
+    ];
+    args.extend_from_slice(&SHORT_LEASES);
+    let out = swarm(&args);
     assert!(out.status.success(), "{}", text(&out));
     let out = swarm(&["put", "--dir", d, "before", "the kills"]);
     assert!(out.status.success(), "{}", text(&out));
