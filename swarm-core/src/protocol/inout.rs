@@ -47,7 +47,8 @@ pub fn read_op(layout: &Layout, addr: u64, with_inplace: bool) -> Op {
     }
 }
 
-/// The maximum of metadata words given as little-endian bytes.
+/// The maximum of metadata words given as little-endian bytes ([`Tsp`] orders as its
+/// word; a trailing partial word is ignored).
 pub fn max_word(meta: &[u8]) -> Tsp {
     meta.chunks_exact(8)
         .map(|w| {
@@ -233,5 +234,21 @@ mod tests {
         bytes[33] ^= 0xff; // tear the payload
         assert_eq!(parse_read(&layout, bytes, true).inplace, None);
         assert_eq!(parse_read(&layout, alloc::vec![0; 3], true).max, Tsp::EMPTY);
+    }
+
+    proptest::proptest! {
+        /// The fold is the plain maximum of the whole little-endian words, whatever
+        /// the bytes (memory read from a node is untrusted), and ignores a partial
+        /// last word.
+        #[test]
+        fn max_word_is_the_largest_whole_word(
+            words in proptest::collection::vec(proptest::prelude::any::<u64>(), 0..12),
+            tail in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..8),
+        ) {
+            let mut bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+            bytes.extend_from_slice(&tail);
+            let expected = words.iter().copied().max().map_or(Tsp::EMPTY, Tsp::from_word);
+            proptest::prop_assert_eq!(max_word(&bytes), expected);
+        }
     }
 }

@@ -53,6 +53,7 @@
 //!   a read fail or retry while its fence holds and the grace rules are kept
 //!   (`swarm-sim/tests/sim_recycling.rs` asserts that no fetch meets a recycled slot).
 
+use alloc::boxed::Box;
 use alloc::vec::Vec;
 
 use crate::clock::Clock;
@@ -105,6 +106,18 @@ impl Views {
         if view.inplace.is_some() {
             self.inplace = view.inplace;
         }
+    }
+
+    /// The value of write `t`, the maximum of these views, when it needs no
+    /// roundtrip: none for an empty register or a tombstone, the primary's in-place
+    /// record when it holds `t` (taken out of the views).
+    fn value_at_hand(&mut self, t: Tsp) -> Option<Vec<u8>> {
+        if t.is_empty() || t.is_tombstone() {
+            return Some(Vec::new());
+        }
+        self.inplace
+            .take()
+            .and_then(|(tsp, payload)| tsp.same_write(t).then_some(payload))
     }
 
     /// The largest maximum any replica reported.
@@ -384,6 +397,10 @@ impl<F: Fabric, C: Clock> Client<F, C> {
     /// (or is being rewritten): [`Fetched::Superseded`], never foreign data and never
     /// an error; the caller reads the register again, and a majority read after the
     /// supersession returns something above `t` (see [`super::reclaim`]).
+    ///
+    /// The common cases, which need no roundtrip, are [`Views::value_at_hand`]: the
+    /// caller looks there first and only then builds this future, on the heap (its
+    /// state, a roundtrip of its own, would otherwise be part of every read's).
     pub(crate) async fn fetch_value(
         &self,
         reg: &RegisterLoc,
@@ -392,13 +409,8 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         t: Tsp,
         patience: u64,
     ) -> Result<Fetched, SwarmError> {
-        if t.is_empty() || t.is_tombstone() {
-            return Ok(Fetched::Value(Vec::new()));
-        }
-        if let Some((tsp, payload)) = views.inplace.take()
-            && tsp.same_write(t)
-        {
-            return Ok(Fetched::Value(payload));
+        if let Some(value) = views.value_at_hand(t) {
+            return Ok(Fetched::Value(value));
         }
         let corrupted = SwarmError::Corrupted {
             node: reg.replicas.node(0),
@@ -521,10 +533,12 @@ impl<F: Fabric, C: Clock> Client<F, C> {
                 .read_views_from(reg, cache, stats, with_inplace, every_replica)
                 .await?;
             let t = views.max();
-            match self
-                .fetch_value(reg, stats, &mut views, t, patience)
-                .await?
-            {
+            let fetched = match views.value_at_hand(t) {
+                Some(value) => Fetched::Value(value),
+                // Cold: on the heap, out of every read's future (see `fetch_value`).
+                None => Box::pin(self.fetch_value(reg, stats, &mut views, t, patience)).await?,
+            };
+            match fetched {
                 Fetched::Value(value) => break (t, value),
                 Fetched::Superseded => {
                     stats.count_recycled_fetch();
@@ -556,8 +570,11 @@ impl<F: Fabric, C: Clock> Client<F, C> {
                  reading the register again, waiting longer"
             );
         };
-        if !t.is_empty() {
-            self.inner_write(reg, cache, stats, t, &value, &mut WriteProgress::default())
+        // The common case, checked here rather than in `inner_write` alone: a majority
+        // already holds `t`. Otherwise the write-back's future, a write round's, is
+        // built on the heap rather than kept in the state of every read.
+        if !t.is_empty() && !Self::on_a_majority(reg, cache, t) {
+            Box::pin(self.inner_write(reg, cache, stats, t, &value, &mut WriteProgress::default()))
                 .await?;
         }
         Ok((t, value))
@@ -601,6 +618,13 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         [buffer, meta]
     }
 
+    /// Whether a majority of `reg`'s replicas is known to hold `tsp` (a write, not a
+    /// tombstone: those live in the delete word, which the cache does not follow) or
+    /// more: then `inner_write(tsp)` has nothing to do.
+    fn on_a_majority(reg: &RegisterLoc, cache: &RegisterCache, tsp: Tsp) -> bool {
+        !tsp.is_tombstone() && cache.holding(reg.replicas.len(), tsp) >= reg.replicas.quorum()
+    }
+
     /// `inner_write(tsp)`: MAX `tsp` (with `payload` in its out-of-place buffer) into
     /// replicas until a majority is known to hold `tsp` or more.
     pub(crate) async fn inner_write(
@@ -619,7 +643,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         }
         // The common case of a read's write-back: a majority already holds `tsp`.
         // Return before hashing the slot address and encoding the record.
-        if cache.holding(reg.replicas.len(), tsp) >= reg.replicas.quorum() {
+        if Self::on_a_majority(reg, cache, tsp) {
             return Ok(());
         }
         let record = shared_record(tsp, reg, payload);

@@ -54,6 +54,7 @@
 //! the replicas known to hold the guessed tuple and write the in-place copy on the
 //! primary (§6: in-place data is written when a tuple is marked verified).
 
+use alloc::boxed::Box;
 use alloc::vec::Vec;
 
 use crate::clock::Clock;
@@ -98,8 +99,27 @@ impl<F: Fabric, C: Clock> Client<F, C> {
             self.mark_verified(reg, cache, stats, w, record, now);
             return Ok(WriteOutcome::Written);
         }
-        // The guess may have been stale: re-synchronise, then make sure no reader
-        // returns `w` before writing again with a fresh timestamp.
+        // The guess may have been stale. The slow path's future (strong read, lock,
+        // rewrite) is built on the heap rather than kept in the state of every write.
+        Box::pin(self.write_after_stale_guess(reg, cache, stats, payload, w, m, record)).await
+    }
+
+    /// The slow path of [`Self::write`] (SWARM §3.2 lines 8–14): the first round of
+    /// the guessed write `w`, whose shared record is `record`, found `m` above it.
+    /// Re-synchronise, then make sure no reader returns `w` before writing again with
+    /// a fresh timestamp.
+    #[allow(clippy::too_many_arguments)]
+    async fn write_after_stale_guess(
+        &self,
+        reg: &RegisterLoc,
+        cache: &mut RegisterCache,
+        stats: &OpStats,
+        payload: &[u8],
+        w: Tsp,
+        m: Tsp,
+        record: Payload,
+    ) -> Result<WriteOutcome, SwarmError> {
+        let ts = w.ts();
         self.observe(m.ts());
         tracing::debug!(
             writer = self.writer.get(),
@@ -212,7 +232,9 @@ impl<F: Fabric, C: Clock> Client<F, C> {
             let earlier = seen.iter().position(|(s, _)| s.ts().writer() == writer);
             if let Some(i) = earlier {
                 if seen[i].0 == m {
-                    if self.trylock(reg, stats, m.ts(), LockMode::Read).await? {
+                    // Cold (a guessed write seen twice): the lock's future is built on
+                    // the heap rather than kept in the state of every read.
+                    if Box::pin(self.trylock(reg, stats, m.ts(), LockMode::Read)).await? {
                         self.mark_verified(
                             reg,
                             cache,
