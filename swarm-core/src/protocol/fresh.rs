@@ -185,7 +185,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         }
         self.track(reg, ts);
         let cleared = Tsp::EMPTY;
-        let everyone: heapless::Vec<usize, MAX_REPLICAS> = (0..reg.replicas.len()).collect();
+        let everyone = reg.replicas.positions();
         let build = |batch: &mut Batch| {
             batch.push(inout::read_op(&self.layout, reg.addr, false))?;
             batch.push(inout::buffer_write_op(buffer, record.clone()))?;
@@ -205,7 +205,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         };
         let rt = match carried {
             None => {
-                self.quorum_step(stats, reg, &everyone, q, |_, batch| build(batch))
+                self.quorum_step(stats, reg, everyone, q, |_, batch| build(batch))
                     .await?
             }
             Some(_) => self.every_replica_step(stats, reg, build).await?,

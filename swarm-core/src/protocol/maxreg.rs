@@ -225,17 +225,17 @@ impl<F: Fabric, C: Clock> Client<F, C> {
     ) -> Result<(), SwarmError> {
         // Suspected nodes go last, keeping the preference order otherwise (nothing to
         // reorder in the common case: no node suspected at all).
-        let ordered: heapless::Vec<usize, MAX_REPLICAS> = if self.suspicion.any() {
-            let (trusted, suspected): (
-                heapless::Vec<usize, MAX_REPLICAS>,
-                heapless::Vec<usize, MAX_REPLICAS>,
-            ) = candidates
-                .iter()
-                .partition(|&&p| !self.suspects(reg.replicas.node(p)));
-            trusted.iter().chain(&suspected).copied().collect()
-        } else {
-            candidates.iter().copied().collect()
-        };
+        let reordered: Option<heapless::Vec<usize, MAX_REPLICAS>> =
+            self.suspicion.any().then(|| {
+                let (trusted, suspected): (
+                    heapless::Vec<usize, MAX_REPLICAS>,
+                    heapless::Vec<usize, MAX_REPLICAS>,
+                ) = candidates
+                    .iter()
+                    .partition(|&&p| !self.suspects(reg.replicas.node(p)));
+                trusted.iter().chain(&suspected).copied().collect()
+            });
+        let ordered = reordered.as_deref().unwrap_or(candidates);
         let first = k.min(ordered.len());
         let hinted = self.hint_touches(reg, ordered[..first].iter().copied(), &touches);
         // An interleaved operation lets the others in flight run while its lines
@@ -335,7 +335,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         every_replica: Option<u64>,
     ) -> Result<Views, SwarmError> {
         let n = reg.replicas.len();
-        let positions: heapless::Vec<usize, MAX_REPLICAS> = (0..n).collect();
+        let positions = reg.replicas.positions();
         let layout = self.layout;
         let primary = self.primary(reg);
         let build = |p: usize, batch: &mut Batch| {
@@ -355,11 +355,11 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         match every_replica {
             None => {
                 let q = reg.replicas.quorum();
-                self.quorum_step_touching(&mut rt, reg, &positions, q, touches, build)
+                self.quorum_step_touching(&mut rt, reg, positions, q, touches, build)
                     .await?;
             }
             Some(patience) => {
-                for &p in &positions {
+                for &p in positions {
                     rt.post_with(reg.replicas.node(p), |batch| build(p, batch))?;
                 }
                 let wait = self.config.slow_after_ns.saturating_mul(patience);

@@ -70,6 +70,22 @@ impl Replicas {
         self.nodes.is_empty()
     }
 
+    /// Every preference position, `0..n`, in order: the candidates of a step that
+    /// may ask any replica. A slice of a constant, so that the hot steps (every
+    /// read's) build no list of their own.
+    pub fn positions(&self) -> &'static [usize] {
+        const ALL: [usize; MAX_REPLICAS] = {
+            let mut all = [0; MAX_REPLICAS];
+            let mut p = 0;
+            while p < MAX_REPLICAS {
+                all[p] = p;
+                p += 1;
+            }
+            all
+        };
+        &ALL[..self.nodes.len()]
+    }
+
     /// A majority: `⌊n/2⌋ + 1`.
     pub fn quorum(&self) -> usize {
         self.nodes.len() / 2 + 1
@@ -272,6 +288,14 @@ mod tests {
         a.known_max.set(MAX_REPLICAS, t(1));
         assert_eq!(a.known_max(MAX_REPLICAS), Tsp::EMPTY, "no such position");
         assert!(core::mem::size_of::<RegisterCache>() <= 80);
+    }
+
+    #[test]
+    fn positions_are_every_preference_position_in_order() {
+        for n in 1..=MAX_REPLICAS {
+            let r = Replicas::all(n, 7).unwrap();
+            assert_eq!(r.positions(), (0..n).collect::<alloc::vec::Vec<_>>());
+        }
     }
 
     #[test]
