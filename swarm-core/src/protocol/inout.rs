@@ -237,9 +237,8 @@ mod tests {
     }
 
     proptest::proptest! {
-        /// The fold is the plain maximum of the whole little-endian words, whatever
-        /// the bytes (memory read from a node is untrusted), and ignores a partial
-        /// last word.
+        /// The plain maximum of the whole little-endian words, whatever the bytes
+        /// (memory read from a node is untrusted); a partial last word is ignored.
         #[test]
         fn max_word_is_the_largest_whole_word(
             words in proptest::collection::vec(proptest::prelude::any::<u64>(), 0..12),

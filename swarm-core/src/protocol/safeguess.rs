@@ -104,10 +104,10 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         Box::pin(self.write_after_stale_guess(reg, cache, stats, payload, w, m, record)).await
     }
 
-    /// The slow path of [`Self::write`] (SWARM §3.2 lines 8–14): the first round of
-    /// the guessed write `w`, whose shared record is `record`, found `m` above it.
-    /// Re-synchronise, then make sure no reader returns `w` before writing again with
-    /// a fresh timestamp.
+    /// The slow path of [`Self::write`] (SWARM §3.2, Algorithm sg-write lines 9–11):
+    /// the first round of the guessed write `w`, whose shared record is `record`,
+    /// found `m` above it. Re-synchronise, then make sure no reader returns `w`
+    /// before writing again with a fresh timestamp.
     #[allow(clippy::too_many_arguments)]
     async fn write_after_stale_guess(
         &self,
