@@ -398,9 +398,11 @@ impl<F: Fabric, C: Clock> Client<F, C> {
     /// an error; the caller reads the register again, and a majority read after the
     /// supersession returns something above `t` (see [`super::reclaim`]).
     ///
-    /// The common cases, which need no roundtrip, are [`Views::value_at_hand`]: the
-    /// caller looks there first and only then builds this future, on the heap (its
-    /// state, a roundtrip of its own, would otherwise be part of every read's).
+    /// Only for a `t` whose value is not at hand: the common cases, which need no
+    /// roundtrip, are [`Views::value_at_hand`], which the caller tries first (taking
+    /// the in-place record out of `views`), and only then builds this future, on the
+    /// heap (its state, a roundtrip of its own, would otherwise be part of every
+    /// read's).
     pub(crate) async fn fetch_value(
         &self,
         reg: &RegisterLoc,
@@ -409,9 +411,10 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         t: Tsp,
         patience: u64,
     ) -> Result<Fetched, SwarmError> {
-        if let Some(value) = views.value_at_hand(t) {
-            return Ok(Fetched::Value(value));
-        }
+        debug_assert!(
+            !t.is_empty() && !t.is_tombstone(),
+            "an empty register or a tombstone has its value at hand"
+        );
         let corrupted = SwarmError::Corrupted {
             node: reg.replicas.node(0),
             tsp: t,
