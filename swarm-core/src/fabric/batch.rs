@@ -110,23 +110,37 @@ impl<T> Spill<T> {
     }
 
     /// Appends `item`; fails with [`FabricError::BatchFull`] past [`MAX_BATCH_OPS`].
+    /// Inlined: every batch a protocol step builds and every reply a transport fills
+    /// goes through here, and the common case is one store into the inline array.
+    #[inline]
     fn push(&mut self, item: T) -> Result<(), FabricError> {
         match self {
-            Self::Inline(items) => {
-                if let Err(item) = items.push(item) {
-                    let mut heap = Vec::with_capacity(MAX_BATCH_OPS);
-                    heap.extend(core::mem::take(items));
-                    heap.push(item);
-                    *self = Self::Heap(heap);
+            Self::Inline(items) => match items.push(item) {
+                Ok(()) => Ok(()),
+                Err(item) => {
+                    self.spill(item);
+                    Ok(())
                 }
-                Ok(())
-            }
+            },
             Self::Heap(items) if items.len() < MAX_BATCH_OPS => {
                 items.push(item);
                 Ok(())
             }
             Self::Heap(_) => Err(FabricError::BatchFull),
         }
+    }
+
+    /// Moves the full inline items to the heap, then appends `item`: the long
+    /// pipelines only, kept out of [`Spill::push`]'s inlined body.
+    #[cold]
+    #[inline(never)]
+    fn spill(&mut self, item: T) {
+        let mut heap = Vec::with_capacity(MAX_BATCH_OPS);
+        if let Self::Inline(items) = self {
+            heap.extend(core::mem::take(items));
+        }
+        heap.push(item);
+        *self = Self::Heap(heap);
     }
 
     fn as_slice(&self) -> &[T] {
@@ -194,6 +208,7 @@ impl Batch {
     }
 
     /// Appends `op`; fails with [`FabricError::BatchFull`] past [`MAX_BATCH_OPS`].
+    #[inline]
     pub fn push(&mut self, op: Op) -> Result<&mut Self, FabricError> {
         self.ops.push(op)?;
         Ok(self)
@@ -273,6 +288,7 @@ impl Completion {
     }
 
     /// Appends the output of the next operation (transports only).
+    #[inline]
     pub fn push(&mut self, output: OpOutput) -> Result<(), FabricError> {
         self.outputs.push(output)
     }
