@@ -372,10 +372,15 @@ impl<F: Fabric> EmulatedRtt<F> {
 }
 
 impl<F: Fabric> EmulatedRtt<F> {
-    /// Holds back what the inner fabric did with a batch until a roundtrip after now:
-    /// `submitted`, with the inner fabric's reply in `reply` if it was `Done`.
-    fn delay(&self, submitted: Submitted, reply: &mut Completion) -> Ticket {
-        let due = self.read_clock().saturating_add(self.rtt);
+    /// Holds back what the inner fabric did with a batch posted at `posted_at` until a
+    /// roundtrip later: `submitted`, with the inner fabric's reply in `reply` if it
+    /// was `Done`.
+    ///
+    /// `posted_at` is read *before* the inner fabric runs the batch: on a real
+    /// fabric the memory node's work is part of the roundtrip, not added to it, and
+    /// over shared memory that work is the client's own CPU running the batch.
+    fn delay(&self, posted_at: Nanos, submitted: Submitted, reply: &mut Completion) -> Ticket {
+        let due = posted_at.saturating_add(self.rtt);
         let (inner, result) = match submitted {
             Submitted::Posted(inner) => (Some(inner), None),
             Submitted::Done => (None, Some(Ok(core::mem::take(reply)))),
@@ -413,7 +418,9 @@ impl<F: Fabric> Fabric for EmulatedRtt<F> {
         if self.rtt == 0 {
             return self.inner.post(node, batch);
         }
+        let posted_at = self.read_clock();
         self.delay(
+            posted_at,
             Submitted::Posted(self.inner.post(node, batch)),
             &mut Completion::new(),
         )
@@ -431,16 +438,17 @@ impl<F: Fabric> Fabric for EmulatedRtt<F> {
 
     #[inline]
     fn submit(&self, node: NodeId, batch: &mut Batch, reply: &mut Completion) -> Submitted {
-        let submitted = self.inner.submit(node, batch, reply);
         if self.rtt == 0 {
-            return submitted;
+            return self.inner.submit(node, batch, reply);
         }
+        let posted_at = self.read_clock();
+        let submitted = self.inner.submit(node, batch, reply);
         if let Submitted::Failed(error) = &submitted
             && error.is_local()
         {
             return submitted;
         }
-        Submitted::Posted(self.delay(submitted, reply))
+        Submitted::Posted(self.delay(posted_at, submitted, reply))
     }
 
     fn poll(&self, ticket: Ticket) -> Poll<Result<Completion, FabricError>> {
@@ -841,6 +849,87 @@ mod tests {
         let t = check.post(NodeId(1), Batch::read(8, 8));
         let read = ready(&check, t).unwrap().unwrap();
         assert_eq!(read.read(0), Some(&[5u8; 8][..]));
+    }
+
+    /// An inner fabric whose batches take `cost` ticks of its clock to run, as
+    /// shared memory's take the client's CPU time.
+    struct Slow<'a> {
+        inner: &'a crate::mem::MemFabric,
+        cost: u32,
+    }
+
+    impl Slow<'_> {
+        fn run(&self) {
+            for _ in 0..self.cost {
+                self.inner.progress();
+            }
+        }
+    }
+
+    impl Fabric for Slow<'_> {
+        fn node_count(&self) -> usize {
+            self.inner.node_count()
+        }
+        fn post(&self, node: NodeId, batch: Batch) -> Ticket {
+            let ticket = self.inner.post(node, batch);
+            self.run();
+            ticket
+        }
+        fn submit(&self, node: NodeId, batch: &mut Batch, reply: &mut Completion) -> Submitted {
+            let submitted = self.inner.submit(node, batch, reply);
+            self.run();
+            submitted
+        }
+        fn poll(&self, ticket: Ticket) -> Poll<Result<Completion, FabricError>> {
+            self.inner.poll(ticket)
+        }
+        fn forget(&self, ticket: Ticket) {
+            self.inner.forget(ticket);
+        }
+        fn progress(&self) -> bool {
+            self.inner.progress()
+        }
+        fn now(&self) -> Nanos {
+            self.inner.now()
+        }
+        fn wake_at(&self, deadline: Nanos) {
+            self.inner.wake_at(deadline);
+        }
+    }
+
+    /// The roundtrip starts when a batch is posted, not when the inner fabric has
+    /// run it: on a real fabric the memory node's work is part of the roundtrip.
+    #[test]
+    fn the_roundtrip_counts_from_posting_not_from_the_end_of_the_inner_run() {
+        let cluster = MemCluster::new(1, 64);
+        let inner = cluster.client();
+        let fabric = EmulatedRtt::new(
+            Slow {
+                inner: &inner,
+                cost: 4,
+            },
+            10,
+        );
+        for how in ["post", "submit"] {
+            let posted_at = fabric.now();
+            let ticket = match how {
+                "post" => fabric.post(NodeId(0), Batch::read(0, 8)),
+                _ => match fabric.submit(NodeId(0), &mut Batch::read(0, 8), &mut Completion::new())
+                {
+                    Submitted::Posted(ticket) => ticket,
+                    _ => panic!("a batch completed before its emulated roundtrip"),
+                },
+            };
+            assert_eq!(inner.now(), posted_at + 4, "the run took 4 ticks");
+            while inner.now() < posted_at + 10 {
+                inner.progress();
+            }
+            assert_eq!(fabric.now(), posted_at + 10);
+            assert!(
+                ready(&fabric, ticket).is_some(),
+                "{how}: due a roundtrip after posting, not after the run (+4)"
+            );
+        }
     }
 
     #[test]
