@@ -49,5 +49,10 @@ for i in $(seq "$N"); do
         run new "$new"
         run old "$old"
     fi
-done | tee /dev/stderr | awk '$5 != "failed" { sum[$4] += ($6 == "Mops/s" ? 1000 * $5 : $5); n[$4]++ }
+done | while IFS= read -r line; do
+    # Each run's line goes to stderr as it comes (not `tee /dev/stderr`, which
+    # reopens the file stderr names and truncates it when both streams go there).
+    printf '%s\n' "$line" >&2
+    printf '%s\n' "$line"
+done | awk '$5 != "failed" { sum[$4] += ($6 == "Mops/s" ? 1000 * $5 : $5); n[$4]++ }
     END { for (b in sum) printf "%s mean %.1f kops/s over %d runs\n", b, sum[b] / n[b], n[b] }'
