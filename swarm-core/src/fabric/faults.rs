@@ -851,49 +851,18 @@ mod tests {
         assert_eq!(read.read(0), Some(&[5u8; 8][..]));
     }
 
-    /// An inner fabric whose batches take `cost` ticks of its clock to run, as
-    /// shared memory's take the client's CPU time.
-    struct Slow<'a> {
-        inner: &'a crate::mem::MemFabric,
+    /// Moves the in-process fabric's logical clock `cost` ticks each time a batch has
+    /// run: batches whose run takes time, as shared memory's take the client's CPU.
+    struct RunTakes<'a> {
+        clock: &'a crate::mem::MemFabric,
         cost: u32,
     }
 
-    impl Slow<'_> {
-        fn run(&self) {
+    impl crate::fabric::Tracer for RunTakes<'_> {
+        fn posted(&self, _: NodeId) {
             for _ in 0..self.cost {
-                self.inner.progress();
+                self.clock.progress();
             }
-        }
-    }
-
-    impl Fabric for Slow<'_> {
-        fn node_count(&self) -> usize {
-            self.inner.node_count()
-        }
-        fn post(&self, node: NodeId, batch: Batch) -> Ticket {
-            let ticket = self.inner.post(node, batch);
-            self.run();
-            ticket
-        }
-        fn submit(&self, node: NodeId, batch: &mut Batch, reply: &mut Completion) -> Submitted {
-            let submitted = self.inner.submit(node, batch, reply);
-            self.run();
-            submitted
-        }
-        fn poll(&self, ticket: Ticket) -> Poll<Result<Completion, FabricError>> {
-            self.inner.poll(ticket)
-        }
-        fn forget(&self, ticket: Ticket) {
-            self.inner.forget(ticket);
-        }
-        fn progress(&self) -> bool {
-            self.inner.progress()
-        }
-        fn now(&self) -> Nanos {
-            self.inner.now()
-        }
-        fn wake_at(&self, deadline: Nanos) {
-            self.inner.wake_at(deadline);
         }
     }
 
@@ -903,13 +872,11 @@ mod tests {
     fn the_roundtrip_counts_from_posting_not_from_the_end_of_the_inner_run() {
         let cluster = MemCluster::new(1, 64);
         let inner = cluster.client();
-        let fabric = EmulatedRtt::new(
-            Slow {
-                inner: &inner,
-                cost: 4,
-            },
-            10,
-        );
+        let runs = RunTakes {
+            clock: &inner,
+            cost: 4,
+        };
+        let fabric = EmulatedRtt::new(crate::fabric::Traced::new(&inner, runs), 10);
         for how in ["post", "submit"] {
             let posted_at = fabric.now();
             let ticket = match how {
