@@ -17,12 +17,12 @@ use std::cell::{Cell, RefCell};
 use std::fmt;
 use std::sync::Arc;
 use std::task::Poll;
-use std::time::Instant;
 
 use swarm_core::fabric::{Nanos, Submitted, TicketSlab};
 use swarm_core::{Batch, Completion, Fabric, FabricError, FailureCause, NodeId, Ticket};
 
 use crate::cluster::ShmCluster;
+use crate::monotonic::monotonic_ns;
 
 /// Waits longer than this (ns) sleep in [`Fabric::progress`] instead of spinning.
 const SLEEP_ABOVE_NS: u64 = 2_000_000;
@@ -37,7 +37,8 @@ pub type EmulatedFabric = swarm_core::fabric::FailNodes<swarm_core::fabric::Emul
 /// [`ShmCluster::client`] or [`ShmFabric::new`].
 pub struct ShmFabric {
     cluster: Arc<ShmCluster>,
-    origin: Instant,
+    /// `CLOCK_MONOTONIC` when the handle was made: [`Fabric::now`] counts from it.
+    origin: u64,
     /// Results not yet taken: every batch completes inside `post`.
     slab: RefCell<TicketSlab<()>>,
     /// The latest deadline asked for with [`Fabric::wake_at`] and not reported yet.
@@ -58,7 +59,7 @@ impl ShmFabric {
     pub fn new(cluster: Arc<ShmCluster>) -> Self {
         Self {
             cluster,
-            origin: Instant::now(),
+            origin: monotonic_ns(),
             slab: RefCell::new(TicketSlab::new()),
             wake: Cell::new(0),
         }
@@ -149,7 +150,7 @@ impl Fabric for ShmFabric {
     }
 
     fn now(&self) -> Nanos {
-        u64::try_from(self.origin.elapsed().as_nanos()).unwrap_or(Nanos::MAX)
+        monotonic_ns().saturating_sub(self.origin)
     }
 
     fn wake_at(&self, deadline: Nanos) {

@@ -84,8 +84,9 @@
 //! - No Rust reference to node bytes (`&[u8]`) is ever created: memory another
 //!   process may change at any time would break the immutability a `&[u8]` promises.
 //!   The only view is a slice of atomic words, which permits concurrent mutation. All
-//!   `unsafe` code of the crate lives in one small private module and is justified
-//!   there.
+//!   `unsafe` code of the crate lives in three small private modules, each block
+//!   justified there: the mapping (`mapping`), cache hints (`hint`) and the clock
+//!   (`monotonic`).
 //!
 //! What the crate cannot prevent: a process with write access that *truncates* a node
 //! file after others mapped it makes their next access to the lost pages raise
@@ -106,6 +107,7 @@ mod error;
 mod fabric;
 mod hint;
 mod mapping;
+mod monotonic;
 mod node;
 pub mod scratch;
 

@@ -1,4 +1,4 @@
-//! The crate's only `unsafe` code: viewing a mapped node file as atomic words,
+//! The `unsafe` code of node memory: viewing a mapped node file as atomic words,
 //! reserving a node file's space, and prefetch hints on the mapping.
 //!
 //! A node file is mapped `MAP_SHARED` with `memmap2::MmapRaw`, which hands out raw
