@@ -4,7 +4,8 @@
 //! reads it on every post and spin.
 
 /// Nanoseconds of `CLOCK_MONOTONIC`: since an unspecified instant (the host's boot),
-/// never going back, and the same clock in every process of the host.
+/// never going back, and the same clock in every process of the host. Tested through
+/// [`swarm_core::Fabric::now`] (`fabric::tests::now_is_monotonic`).
 #[inline]
 pub(crate) fn monotonic_ns() -> u64 {
     let mut now = libc::timespec {
@@ -22,18 +23,4 @@ pub(crate) fn monotonic_ns() -> u64 {
     (now.tv_sec as u64)
         .wrapping_mul(1_000_000_000)
         .wrapping_add(now.tv_nsec as u64)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_clock_moves_forward_with_real_time() {
-        let before = monotonic_ns();
-        std::thread::sleep(std::time::Duration::from_millis(2));
-        let after = monotonic_ns();
-        assert!(after >= before + 2_000_000, "{before} -> {after}");
-        assert!(monotonic_ns() >= after, "never goes back");
-    }
 }
