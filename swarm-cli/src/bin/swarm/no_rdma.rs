@@ -12,7 +12,7 @@ use crate::{ClusterArg, InitArgs};
 
 /// What every RDMA command says in this build.
 pub const NO_RDMA: &str = "this `swarm` was built without RDMA support: rebuild it with \
-`cargo build --release -p swarm-kv --features rdma`, which needs the rdma-core headers and \
+`cargo build --release -p swarm-cli --features rdma`, which needs the rdma-core headers and \
 libclang (Debian: apt-get install libibverbs-dev librdmacm-dev libclang-dev pkg-config)";
 
 /// `swarm memnode`'s arguments, taken as they come: this build cannot serve them.
