@@ -2,7 +2,7 @@
 //!
 //! For each workload (A and B by default) and each system (RAW, DM-ABD, FUSEE, SWARM-KV), a
 //! fresh 3-node shared-memory cluster (3 replicas per key) is loaded and measured with
-//! `swarm_kv::ycsb::run`; then one table puts the systems side by side: throughput,
+//! `swarm_benches::ycsb::run`; then one table puts the systems side by side: throughput,
 //! median and 99th percentile latency, and the roundtrip distribution of gets and
 //! updates. Without emulated latency the latencies are those of shared memory; the
 //! roundtrip counts are what the paper's Table 2 reports on RDMA.
@@ -19,7 +19,7 @@
 //! (0), `SWARM_BENCH_WORKLOADS` (`a,b`), `SWARM_BENCH_SYSTEMS` (`raw,abd,fusee,swarm`),
 //! `SWARM_BENCH_JSON` (write every report to this file, as a JSON array),
 //! `SWARM_BENCH_PLOT` (draw the paper's figures into this directory, see
-//! `swarm_kv::ycsb::plot`), `SWARM_BENCH_CONTENTION` (e.g. `1,2,4,8`: also run the
+//! `swarm_benches::ycsb::plot`), `SWARM_BENCH_CONTENTION` (e.g. `1,2,4,8`: also run the
 //! contention experiment, that many clients updating one key, §7.8).
 //!
 //! Run by `cargo test --benches` (without `--bench`), it does a tiny smoke run
@@ -30,7 +30,7 @@ use std::process::ExitCode;
 use std::str::FromStr;
 
 use clap::ValueEnum;
-use swarm_kv::ycsb::{
+use swarm_benches::ycsb::{
     BenchConfig, BenchReport, System, TempStore, Workload, comparison_table, run,
 };
 
@@ -151,7 +151,8 @@ fn bench() -> Result<bool, Box<dyn Error>> {
          roundtrips (Table 2, common case): RAW 1/1, SWARM-KV 1/1, DM-ABD 2/2, FUSEE 1-2/4 (get/update)"
     );
     if let Ok(dir) = std::env::var("SWARM_BENCH_PLOT") {
-        let written = swarm_kv::ycsb::plot::write_figures(&reports, std::path::Path::new(&dir))?;
+        let written =
+            swarm_benches::ycsb::plot::write_figures(&reports, std::path::Path::new(&dir))?;
         eprintln!("{} figures written to {dir}", written.len());
     }
     if let Ok(path) = std::env::var("SWARM_BENCH_JSON") {

@@ -1,9 +1,20 @@
-//! Shared helpers for the benchmarks.
+//! Shared helpers for the benchmarks, and the YCSB harness of SWARM-KV.
+//!
+//! * [`ycsb`] — the YCSB benchmark harness behind `swarm bench` (and the `ycsb` bench).
+//! * [`ShmFixture`] — a throw-away shared-memory cluster for the criterion benchmarks.
+//!
+//! ## Features
+//! - `rdma` (off by default): builds swarm-kv with its `rdma` feature, so that the
+//!   harness can run on `swarm_kv::RdmaStore` (`cargo test --features rdma --test
+//!   rdma_emulated`). Needs the rdma-core headers and libclang, and links libibverbs.
+#![warn(missing_docs)]
 
 use std::io;
 use std::sync::Arc;
 
 use swarm_shm::{ScratchDir, ShmCluster, ShmError};
+
+pub mod ycsb;
 
 /// Why a benchmark fixture could not be set up.
 #[derive(Debug, thiserror::Error)]

@@ -15,12 +15,11 @@
 //! * [`client`] — the operations: get, insert, update, delete (§5.3).
 //! * [`shm`], `rdma`, [`store`] — clusters on shared-memory files or RDMA memory
 //!   nodes, behind one [`Store`] trait.
-//! * [`ycsb`] — the YCSB benchmark harness behind `swarm bench`.
 //!
 //! ## Features
 //! - `rdma` (off by default): SWARM-KV over RDMA memory nodes (`rdma::RdmaStore`). It
 //!   builds `swarm-rdma`, which needs the rdma-core headers and libclang, and links
-//!   libibverbs. Without it the crate and the `swarm` binary need no system library.
+//!   libibverbs. Without it the crate needs no system library.
 #![warn(missing_docs)]
 
 pub mod cache;
@@ -50,7 +49,6 @@ pub mod store;
 #[cfg(test)]
 mod test_support;
 pub mod writer_ids;
-pub mod ycsb;
 
 pub use client::{DEFAULT_LEASE_REVIVE_NS, KvClient, KvConfig};
 pub use error::KvError;

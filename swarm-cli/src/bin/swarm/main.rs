@@ -24,7 +24,7 @@ use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand};
 use swarm_core::{Batch, Fabric, NodeId, OpStats, Roundtrip, block_on};
 use swarm_kv::layout::ClusterParams;
-use swarm_kv::ycsb::{BenchConfig, BenchError, BenchReport};
+use swarm_benches::ycsb::{BenchConfig, BenchError, BenchReport};
 use swarm_kv::{DeleteOutcome, ShmStore, Store};
 
 #[cfg_attr(not(feature = "rdma"), path = "no_rdma.rs")]
@@ -130,7 +130,7 @@ enum Command {
         #[command(flatten)]
         at: ClusterArg,
         #[command(flatten)]
-        args: swarm_kv::ycsb::BenchArgs,
+        args: swarm_benches::ycsb::BenchArgs,
     },
     /// Draw the figures of saved reports (`swarm bench --json`, one report or an
     /// array each), e.g. several systems run one after the other, in one set of figures.
@@ -764,18 +764,18 @@ trait Bench {
 
 impl Bench for ShmStore {
     fn bench(&self, config: &BenchConfig) -> Result<BenchReport, BenchError> {
-        swarm_kv::ycsb::run(self, config)
+        swarm_benches::ycsb::run(self, config)
     }
 }
 
 #[cfg(feature = "rdma")]
 impl Bench for rdma::Store {
     fn bench(&self, config: &BenchConfig) -> Result<BenchReport, BenchError> {
-        swarm_kv::ycsb::run_on(self, config)
+        swarm_benches::ycsb::run_on(self, config)
     }
 }
 
-fn bench<S: Bench>(store: &S, args: &swarm_kv::ycsb::BenchArgs) -> Result<ExitCode> {
+fn bench<S: Bench>(store: &S, args: &swarm_benches::ycsb::BenchArgs) -> Result<ExitCode> {
     let configs = args.to_configs()?;
     let mut reports = Vec::with_capacity(configs.len());
     for (i, config) in configs.iter().enumerate() {
@@ -794,7 +794,7 @@ fn bench<S: Bench>(store: &S, args: &swarm_kv::ycsb::BenchArgs) -> Result<ExitCo
         reports.push(report);
     }
     if reports.len() > 1 {
-        print_out(&format!("\n{}", swarm_kv::ycsb::comparison_table(&reports)));
+        print_out(&format!("\n{}", swarm_benches::ycsb::comparison_table(&reports)));
     }
     if let Some(path) = &args.json {
         let json = match reports.as_slice() {
@@ -804,7 +804,7 @@ fn bench<S: Bench>(store: &S, args: &swarm_kv::ycsb::BenchArgs) -> Result<ExitCo
         std::fs::write(path, json).with_context(|| format!("cannot write {}", path.display()))?;
     }
     if let Some(dir) = &args.plot {
-        let written = swarm_kv::ycsb::plot::write_figures(&reports, dir)?;
+        let written = swarm_benches::ycsb::plot::write_figures(&reports, dir)?;
         eprintln!("{} figures written to {}", written.len(), dir.display());
     }
     let errors: u64 = reports.iter().map(|r| r.total_errors()).sum();
@@ -815,7 +815,7 @@ fn bench<S: Bench>(store: &S, args: &swarm_kv::ycsb::BenchArgs) -> Result<ExitCo
 }
 
 fn plot(out: &Path, files: &[PathBuf]) -> Result<ExitCode> {
-    let mut reports: Vec<swarm_kv::ycsb::BenchReport> = Vec::new();
+    let mut reports: Vec<swarm_benches::ycsb::BenchReport> = Vec::new();
     for file in files {
         let text = std::fs::read_to_string(file)
             .with_context(|| format!("cannot read {}", file.display()))?;
@@ -831,7 +831,7 @@ fn plot(out: &Path, files: &[PathBuf]) -> Result<ExitCode> {
             })?);
         }
     }
-    let written = swarm_kv::ycsb::plot::write_figures(&reports, out)?;
+    let written = swarm_benches::ycsb::plot::write_figures(&reports, out)?;
     eprintln!("{} figures written to {}", written.len(), out.display());
     Ok(ExitCode::SUCCESS)
 }

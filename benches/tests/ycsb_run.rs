@@ -4,8 +4,8 @@
 
 mod ycsb_support;
 
-use swarm_kv::ycsb::config::FailMode;
-use swarm_kv::ycsb::{BenchError, FailPlan, OpType, System, TempStore, Workload, run};
+use swarm_benches::ycsb::config::FailMode;
+use swarm_benches::ycsb::{BenchError, FailPlan, OpType, System, TempStore, Workload, run};
 use ycsb_support::{assert_clean, run_fresh, small};
 
 #[test]

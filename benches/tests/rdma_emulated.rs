@@ -13,13 +13,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use std::task::Poll;
 
+use swarm_benches::ycsb::sizing::cluster_for;
+use swarm_benches::ycsb::{BenchConfig, System, Workload, run_on};
 use swarm_core::header::NodeHeader;
 use swarm_core::{Batch, Fabric, NodeId};
 use swarm_kv::clock::SystemClock;
 use swarm_kv::layout::NodeLayout;
 use swarm_kv::store::write_superblock;
-use swarm_kv::ycsb::sizing::cluster_for;
-use swarm_kv::ycsb::{BenchConfig, System, Workload, run_on};
 use swarm_kv::{KvError, Store};
 use swarm_rdma::emu::{EmuOptions, EmulatedCluster, EmulatedFabric, Mode};
 use swarm_rdma::wr::CasReplyOrder;

@@ -5,7 +5,7 @@
 
 mod ycsb_support;
 
-use swarm_kv::ycsb::{FailPlan, OpType, System, Workload};
+use swarm_benches::ycsb::{FailPlan, OpType, System, Workload};
 use ycsb_support::{assert_clean, assert_linearizable, run_fresh, small};
 
 fn history_path(dir: &swarm_shm::ScratchDir) -> std::path::PathBuf {
@@ -185,7 +185,7 @@ fn a_churn_run_records_its_sample_key_range_linearizably() {
     let history = swarm_checker::History::from_jsonl(std::io::BufReader::new(file)).unwrap();
     let ops = history.operations();
     assert!(!ops.is_empty() && ops.len() < 400, "{} recorded", ops.len());
-    let keys = swarm_kv::ycsb::workload::KeySpace::new(16, config.key_size).unwrap();
+    let keys = swarm_benches::ycsb::workload::KeySpace::new(16, config.key_size).unwrap();
     let sample: Vec<&str> = (0..16).map(|k| keys.key(k)).collect();
     assert!(
         ops.iter().all(|o| sample.contains(&o.op.key.as_str())),

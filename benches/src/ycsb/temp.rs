@@ -7,7 +7,7 @@ use swarm_shm::ScratchDir;
 use super::config::BenchConfig;
 use super::error::BenchError;
 use super::sizing::cluster_for;
-use crate::ShmStore;
+use swarm_kv::ShmStore;
 
 /// A cluster that lives as long as this value.
 #[derive(Debug)]

@@ -396,15 +396,15 @@ pub struct BenchReport {
     #[serde(default)]
     pub recycled_slots: u64,
     /// Registers reset and handed out again during the run, all clients (SWARM
-    /// §5.4, `crate::recycle`).
+    /// §5.4, `swarm_kv::recycle`).
     #[serde(default)]
     pub recycled_registers: u64,
     /// Registers taken from gone clients' limbos and pools during the run, all
-    /// clients (SWARM §5.4, `crate::limbo`).
+    /// clients (SWARM §5.4, `swarm_kv::limbo`).
     #[serde(default)]
     pub reclaimed_registers: u64,
     /// Registers reset for any client during the run, beyond the pool a client
-    /// keeps, all clients (`crate::recycle`, "donations").
+    /// keeps, all clients (`swarm_kv::recycle`, "donations").
     #[serde(default)]
     pub donated_registers: u64,
     /// Index unmaps that ran after their delete returned (at its tombstone, SWARM

@@ -8,8 +8,8 @@
 use std::io;
 use std::path::PathBuf;
 
-use crate::KvError;
-use crate::layout::ParamsError;
+use swarm_kv::KvError;
+use swarm_kv::layout::ParamsError;
 
 /// Why a benchmark could not be configured or run.
 #[derive(Debug, thiserror::Error)]

@@ -66,9 +66,9 @@ use super::sizing::{check_capacity, registers_needed, unclaimed_registers};
 use super::stats::PhaseStats;
 use super::timeline::Timeline;
 use super::workload::{KeySpace, OpChooser, OpType, value};
-use crate::client::{KvClient, RegisterProtocol};
-use crate::clock::SystemClock;
-use crate::{KvError, ShmStore, Store};
+use swarm_kv::client::{KvClient, RegisterProtocol};
+use swarm_kv::clock::SystemClock;
+use swarm_kv::{KvError, ShmStore, Store};
 
 /// Progress is reported to the bar in batches of this many operations.
 const PROGRESS_BATCH: u64 = 256;
@@ -91,7 +91,7 @@ pub fn register_protocol(system: System) -> Option<RegisterProtocol> {
 /// overwrites them, and the history stays checkable because every key is inserted
 /// before any other operation touches it. Each insert of a key that is already there
 /// allocated a fresh register before finding it; that register is retired and reused
-/// after the recycling grace (`crate::recycle`).
+/// after the recycling grace (`swarm_kv::recycle`).
 pub fn run(store: &ShmStore, config: &BenchConfig) -> Result<BenchReport, BenchError> {
     config.validate()?;
     let nodes = store.fabric().node_count();
@@ -158,10 +158,10 @@ pub fn memory_use<S: Store>(store: &S) -> Result<MemoryUse, BenchError> {
     let layout = store.layout();
     let stats = OpStats::new();
     let chunks = claimed_chunks(store)?;
-    let index = crate::index::Index::new(
+    let index = swarm_kv::index::Index::new(
         layout,
         fabric.node_count(),
-        crate::index::IndexConfig::default(),
+        swarm_kv::index::IndexConfig::default(),
     )
     .map_err(KvError::from)?;
     let keys =
@@ -220,8 +220,8 @@ fn check_store_capacity<S: Store>(store: &S, config: &BenchConfig) -> Result<(),
         let nodes = fabric.node_count();
         let census = swarm_core::block_on(
             &fabric,
-            crate::limbo::census(&fabric, layout, |r| {
-                crate::client::register_loc_for(layout, nodes, r).ok()
+            swarm_kv::limbo::census(&fabric, layout, |r| {
+                swarm_kv::client::register_loc_for(layout, nodes, r).ok()
             }),
         )?;
         census.reclaimable()
@@ -237,7 +237,7 @@ fn claimed_chunks<S: Store>(store: &S) -> Result<u64, BenchError> {
     let stats = OpStats::new();
     let claimed = swarm_core::block_on(
         &fabric,
-        crate::register_alloc::claimed_chunks(&fabric, &stats, store.layout()),
+        swarm_kv::register_alloc::claimed_chunks(&fabric, &stats, store.layout()),
     )?;
     Ok(claimed)
 }
@@ -274,7 +274,7 @@ fn lose_memory(shared: &Shared<'_>, dir: &std::path::Path, node: u16, mode: Fail
     let spawned = thread::Builder::new()
         .name("swarm-bench-repair".into())
         .spawn(move || {
-            if let Err(error) = crate::ShmStore::replace_node_file(&dir, node) {
+            if let Err(error) = swarm_kv::ShmStore::replace_node_file(&dir, node) {
                 tracing::warn!(%error, node, "bench: could not re-create the node file");
                 return None;
             }
@@ -282,8 +282,8 @@ fn lose_memory(shared: &Shared<'_>, dir: &std::path::Path, node: u16, mode: Fail
                 return None;
             }
             let started_ns = since();
-            let options = crate::repair::RepairOptions::default();
-            let result = crate::ShmStore::repair(&dir, node, options, |_, _| {});
+            let options = swarm_kv::repair::RepairOptions::default();
+            let result = swarm_kv::ShmStore::repair(&dir, node, options, |_, _| {});
             let done = since();
             Some(match result {
                 Ok(report) => RepairMarks {

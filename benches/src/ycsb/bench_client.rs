@@ -7,9 +7,9 @@ use swarm_core::{DeleteOutcome, Fabric, OpStats};
 use swarm_fusee::{FuseeClient, FuseeError};
 use swarm_shm::{EmulatedFabric, ShmFabric};
 
-use crate::KvError;
-use crate::client::KvClient;
-use crate::clock::SystemClock;
+use swarm_kv::KvError;
+use swarm_kv::client::KvClient;
+use swarm_kv::clock::SystemClock;
 
 /// Why a benchmark operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -65,10 +65,10 @@ pub(crate) struct Recycling {
     pub slots: u64,
     /// Registers reset and handed out again.
     pub registers: u64,
-    /// Registers taken from gone clients' limbos and pools (`crate::limbo`).
+    /// Registers taken from gone clients' limbos and pools (`swarm_kv::limbo`).
     pub reclaimed_registers: u64,
     /// Registers reset for any client, beyond the pool a client keeps
-    /// (`crate::recycle`, "donations").
+    /// (`swarm_kv::recycle`, "donations").
     pub donated_registers: u64,
     /// Log slots in use now (live values, writes in flight, slots waiting out the
     /// grace).

@@ -14,7 +14,7 @@ use swarm_core::encoding::MAX_WRITERS;
 
 use super::config::BenchConfig;
 use super::error::BenchError;
-use crate::layout::{ClusterParams, NodeLayout, ParamsError};
+use swarm_kv::layout::{ClusterParams, NodeLayout, ParamsError};
 
 /// Writer ids beyond the benchmark's clients (tools attached to the same cluster).
 const SPARE_WRITERS: usize = 4;
@@ -38,7 +38,7 @@ const SIZED_BACKLOG: u64 = 65536;
 /// key (churn: its window of live keys), plus one partly used chunk per client.
 pub fn registers_needed(config: &BenchConfig, chunk_registers: u32) -> u64 {
     // Churn loads nothing, but keeps a window of `keys` live keys; the registers of
-    // the keys it deleted come back after the recycling grace (`crate::recycle`).
+    // the keys it deleted come back after the recycling grace (`swarm_kv::recycle`).
     config
         .keys
         .saturating_add(config.clients as u64 * u64::from(chunk_registers))
@@ -139,7 +139,7 @@ pub fn unclaimed_registers(layout: &NodeLayout, claimed_chunks: u64) -> u64 {
 /// Checks that the cluster laid out as `layout`, where earlier clients claimed
 /// `claimed_chunks` register chunks and left `reclaimable` registers in them that a
 /// client running out takes back (their pools and retired registers,
-/// `crate::limbo`), can run `config`; the error says what is missing and how to get
+/// `swarm_kv::limbo`), can run `config`; the error says what is missing and how to get
 /// a cluster that has it.
 pub fn check_capacity(
     layout: &NodeLayout,

@@ -114,7 +114,7 @@ pub struct BenchConfig {
     /// Operations each client keeps in flight (closed loop).
     pub inflight: usize,
     /// Index unmaps each SWARM-KV client's deletes may leave to a background task
-    /// ([`crate::KvConfig::deferred_unmaps`]; `0`: deletes unmap before they return).
+    /// ([`swarm_kv::KvConfig::deferred_unmaps`]; `0`: deletes unmap before they return).
     pub deferred_unmaps: usize,
     /// Bytes per key.
     pub key_size: usize,
@@ -384,7 +384,7 @@ impl BenchArgs {
         let duration_ns = match &self.duration {
             None => None,
             Some(text) => Some(
-                crate::duration::parse_duration_ns(text)
+                swarm_kv::duration::parse_duration_ns(text)
                     .map_err(|e| BenchError::InvalidConfig(format!("--duration: {e}")))?,
             ),
         };

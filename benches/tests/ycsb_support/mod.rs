@@ -5,8 +5,8 @@
 
 use std::path::Path;
 
+use swarm_benches::ycsb::{BenchConfig, BenchReport, OpType, System, TempStore, Workload, run};
 use swarm_checker::{History, check};
-use swarm_kv::ycsb::{BenchConfig, BenchReport, OpType, System, TempStore, Workload, run};
 
 /// The seed of every run: `SWARM_TEST_SEED` if set, else a fixed one.
 pub fn seed() -> u64 {
