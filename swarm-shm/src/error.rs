@@ -61,7 +61,7 @@ pub enum ShmError {
     },
     /// The directory holds no cluster (no `node-0.swarm`).
     #[error(
-        "{dir} holds no SWARM cluster (no {first}): create one first (e.g. `swarm-shm-demo --dir {dir} --keep`)",
+        "{dir} holds no SWARM cluster (no {first}): create one first (e.g. `cargo run -p swarm-shm --example swarm-shm-demo -- --dir {dir} --keep`)",
         dir = dir.display(),
         first = crate::node_file_name(0)
     )]

@@ -46,7 +46,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
-//! The `swarm-shm-demo` binary (`cargo run --release -p swarm-shm --bin
+//! The `swarm-shm-demo` example (`cargo run --release -p swarm-shm --example
 //! swarm-shm-demo -- --help`) creates a cluster and exercises all of the above.
 //!
 //! ## Memory access and the ordering argument

@@ -1,12 +1,37 @@
-//! The `swarm-shm-demo` binary runs end to end, cleans up after itself, attaches to
+//! The `swarm-shm-demo` example runs end to end, cleans up after itself, attaches to
 //! a kept cluster, and reports a bad cluster as a clear error.
+//!
+//! `cargo test` builds a package's examples beside its tests; a run of this test alone
+//! (`cargo test -p swarm-shm --test demo`) needs
+//! `cargo build -p swarm-shm --example swarm-shm-demo` first.
 
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use swarm_shm::{ScratchDir, node_file_name};
 
+/// The example's binary: `target/<profile>/examples/swarm-shm-demo`, beside this
+/// test's `target/<profile>/deps/demo-<hash>`, where `cargo test` and
+/// `cargo build --example` leave it.
+fn demo_bin() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let bin = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("the test binary lives in target/<profile>/deps")
+        .join("examples")
+        .join(format!("swarm-shm-demo{}", std::env::consts::EXE_SUFFIX));
+    assert!(
+        bin.is_file(),
+        "{} is missing: run `cargo test -p swarm-shm` (which builds the examples), or \
+         `cargo build -p swarm-shm --example swarm-shm-demo` before this test alone",
+        bin.display()
+    );
+    bin
+}
+
 fn demo(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_swarm-shm-demo"))
+    Command::new(demo_bin())
         .args(args)
         .output()
         .expect("run swarm-shm-demo")
