@@ -37,7 +37,7 @@
 //! ## Entry points
 //!
 //! - Memory node (`swarm memnode --listen ADDR:PORT --size 4GiB [--device NAME]`):
-//!   [`memnode::serve`] with [`memnode::MemnodeArgs`], or
+//!   [`memnode::serve`] with [`memnode::MemnodeOptions`], or
 //!   [`memnode::MemnodeConfig::from_cluster`] then [`memnode::Memnode::start`].
 //! - Clients (`--rdma HOST:PORT,...` or a cluster file): [`config::parse_nodes`] or
 //!   [`config::ClusterConfig::load`], then [`fabric::RdmaConfig`],

@@ -33,9 +33,7 @@ use swarm_core::header::{ENCODED_LEN, HEADER_SIZE, NodeHeader};
 
 use crate::auth::Token;
 use crate::bootstrap::{Acceptor, Server, ServerLimits};
-use crate::config::{
-    ClusterConfig, PathConfig, check_listen_address, parse_gid_choice, parse_size,
-};
+use crate::config::{ClusterConfig, PathConfig, check_listen_address, parse_size};
 use crate::error::RdmaError;
 use crate::verbs::cq::CompletionQueue;
 use crate::verbs::device::{Device, PortInfo, open_device};
@@ -334,37 +332,44 @@ impl Memnode {
     }
 }
 
-/// The command-line arguments of a memory node, shared by `swarm memnode` and
-/// `swarm-memnode run`.
-#[derive(Clone, Debug, clap::Args)]
-pub struct MemnodeArgs {
+/// What a memory node is started with, as given on its command line (`swarm memnode`'s
+/// flags, parsed by the `swarm` command): its address and size, the cluster file that
+/// names it, and the device path's overrides. [`MemnodeOptions::config`] resolves it
+/// into a [`MemnodeConfig`]; [`serve`] runs it.
+#[derive(Clone, Debug)]
+pub struct MemnodeOptions {
     /// Address to accept clients on (must be listed in the cluster file).
-    #[arg(long)]
     pub listen: String,
-    /// Memory to serve, e.g. 4GiB.
-    #[arg(long)]
+    /// Memory to serve, e.g. `4GiB` (see [`parse_size`]).
     pub size: String,
     /// RDMA device (default: the first one).
-    #[arg(long)]
     pub device: Option<String>,
-    /// The cluster file written by `swarm init --rdma` (or `swarm-memnode init`).
-    #[arg(long, default_value = "swarm-cluster.conf")]
+    /// The cluster file written by `swarm init --rdma` (default: `swarm-cluster.conf`).
     pub cluster: PathBuf,
     /// Device port (default: the cluster file's, or 1).
-    #[arg(long)]
     pub port: Option<u8>,
-    /// GID table index, or `auto` (default: the cluster file's, or auto: the RoCE v2
-    /// GID of the --listen address).
-    #[arg(long, value_parser = parse_gid_arg)]
+    /// GID table index, or auto (default: the cluster file's, or auto: the RoCE v2
+    /// GID of the `listen` address).
     pub gid_index: Option<GidChoice>,
 }
 
-/// `--gid-index`'s parser.
-pub fn parse_gid_arg(text: &str) -> Result<GidChoice, String> {
-    parse_gid_choice(text).map_err(|e| e.to_string())
-}
+impl MemnodeOptions {
+    /// The cluster file's name when none is given.
+    pub const DEFAULT_CLUSTER_FILE: &'static str = "swarm-cluster.conf";
 
-impl MemnodeArgs {
+    /// A node listening on `listen` and serving `size` (e.g. `4GiB`), with the cluster
+    /// file `swarm-cluster.conf` and no override of device, port or GID.
+    pub fn new(listen: impl Into<String>, size: impl Into<String>) -> Self {
+        Self {
+            listen: listen.into(),
+            size: size.into(),
+            device: None,
+            cluster: PathBuf::from(Self::DEFAULT_CLUSTER_FILE),
+            port: None,
+            gid_index: None,
+        }
+    }
+
     /// The node's configuration: the cluster file's, for the node at `listen`.
     pub fn config(&self) -> Result<MemnodeConfig, RdmaError> {
         let cluster = ClusterConfig::load(&self.cluster)?;
@@ -382,14 +387,14 @@ impl MemnodeArgs {
 /// Runs a memory node until the process ends: what `swarm memnode` calls. Says on
 /// standard error what it serves once it accepts clients. Returns only on a setup
 /// failure (no device, bad configuration, port in use, ...).
-pub fn serve(args: &MemnodeArgs) -> Result<(), RdmaError> {
-    let config = args.config()?;
+pub fn serve(options: &MemnodeOptions) -> Result<(), RdmaError> {
+    let config = options.config()?;
     let (id, count) = (config.node_id, config.node_count);
     let node = Memnode::start(config)?;
     eprintln!(
         "memory node {id} of {count}: serving {} on {} from {} port {} GID index {} \
          (huge pages: {}, incarnation {:#018x}); Ctrl-C to stop",
-        args.size,
+        options.size,
         node.local_addr(),
         node.device_name(),
         node.port().port,

@@ -22,9 +22,9 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand};
+use swarm_benches::ycsb::{BenchConfig, BenchError, BenchReport};
 use swarm_core::{Batch, Fabric, NodeId, OpStats, Roundtrip, block_on};
 use swarm_kv::layout::ClusterParams;
-use swarm_benches::ycsb::{BenchConfig, BenchError, BenchReport};
 use swarm_kv::{DeleteOutcome, ShmStore, Store};
 
 #[cfg_attr(not(feature = "rdma"), path = "no_rdma.rs")]
@@ -280,7 +280,7 @@ fn parse_duration(text: &str, flag: &str) -> Result<u64> {
 }
 
 fn main() -> ExitCode {
-    init_logging();
+    swarm_cli::init_logging();
     match run(Cli::parse()) {
         Ok(code) => code,
         Err(e) => {
@@ -288,19 +288,6 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
-}
-
-/// Logs to standard error, filtered by `RUST_LOG` (default: warnings and errors only),
-/// e.g. `RUST_LOG=swarm_core=info` to see memory nodes suspected and trusted again, or
-/// `RUST_LOG=debug` for slow paths and retries too.
-fn init_logging() {
-    let filter = tracing_subscriber::EnvFilter::builder()
-        .with_default_directive(tracing_subscriber::filter::LevelFilter::WARN.into())
-        .from_env_lossy();
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
 }
 
 /// Runs `$body` with `$store` bound to the store the target names (shared memory or
@@ -794,7 +781,10 @@ fn bench<S: Bench>(store: &S, args: &swarm_benches::ycsb::BenchArgs) -> Result<E
         reports.push(report);
     }
     if reports.len() > 1 {
-        print_out(&format!("\n{}", swarm_benches::ycsb::comparison_table(&reports)));
+        print_out(&format!(
+            "\n{}",
+            swarm_benches::ycsb::comparison_table(&reports)
+        ));
     }
     if let Some(path) = &args.json {
         let json = match reports.as_slice() {

@@ -15,7 +15,7 @@ use swarm_rdma::{RdmaConfig, memnode};
 use crate::{ClusterArg, InitArgs};
 
 /// `swarm memnode`'s arguments.
-pub type MemnodeArgs = memnode::MemnodeArgs;
+pub type MemnodeArgs = swarm_cli::MemnodeArgs;
 
 /// The store an RDMA target names.
 pub type Store = RdmaStore;
@@ -78,7 +78,7 @@ pub fn format(at: &ClusterArg, params: ClusterParams) -> Result<ExitCode> {
 
 /// `swarm memnode`: serves one memory node until stopped.
 pub fn memnode(args: &MemnodeArgs) -> Result<ExitCode> {
-    memnode::serve(args)?;
+    memnode::serve(&args.options())?;
     Ok(ExitCode::SUCCESS)
 }
 

@@ -2,18 +2,19 @@
 //!
 //! ```text
 //! # once, anywhere: a cluster file and a token file for three memory nodes
-//! cargo run --release -p swarm-rdma --bin swarm-memnode -- \
+//! cargo run --release -p swarm-cli --features rdma --bin swarm-memnode -- \
 //!     init --rdma 10.0.0.1:7471,10.0.0.2:7471,10.0.0.3:7471 --dir cluster
 //! # on each memory-node host (with its own address), after copying `cluster/`
-//! cargo run --release -p swarm-rdma --bin swarm-memnode -- \
+//! cargo run --release -p swarm-cli --features rdma --bin swarm-memnode -- \
 //!     run --listen 10.0.0.1:7471 --size 4GiB --cluster cluster/swarm-cluster.conf
 //! # from a client host: connect, validate the headers, time one-sided reads
-//! cargo run --release -p swarm-rdma --bin swarm-memnode -- \
+//! cargo run --release -p swarm-cli --features rdma --bin swarm-memnode -- \
 //!     check --cluster cluster/swarm-cluster.conf
 //! ```
 //!
-//! `swarm memnode`, `swarm init` and `swarm --rdma` will call the same library
-//! functions (see the crate docs).
+//! `swarm memnode`, `swarm init` and `swarm --rdma` call the same library functions
+//! (see swarm-rdma's crate docs). It logs as `swarm` does (`RUST_LOG`, default:
+//! warnings and errors, on standard error).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -21,13 +22,13 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
+use swarm_cli::MemnodeArgs;
 use swarm_core::fabric::{Batch, NodeId};
 use swarm_core::header::{ENCODED_LEN, NodeHeader};
 use swarm_core::{Fabric, block_on};
 use swarm_core::{OpStats, Roundtrip};
 use swarm_rdma::auth::Token;
 use swarm_rdma::config::{ClusterConfig, PathConfig, parse_nodes};
-use swarm_rdma::memnode::MemnodeArgs;
 use swarm_rdma::{RdmaCluster, RdmaConfig};
 
 #[derive(Parser)]
@@ -68,6 +69,7 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    swarm_cli::init_logging();
     match run(Cli::parse()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
@@ -80,7 +82,7 @@ fn main() -> ExitCode {
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Init { rdma, dir, tick_ns } => init(&rdma, &dir, tick_ns),
-        Command::Run(args) => Ok(swarm_rdma::memnode::serve(&args)?),
+        Command::Run(args) => Ok(swarm_rdma::memnode::serve(&args.options())?),
         Command::Check {
             cluster,
             device,
