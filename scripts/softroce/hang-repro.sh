@@ -3,7 +3,7 @@
 # under CPU load (a bench client stops making progress with no warning). Meant to run
 # INSIDE the VM, with a busy loop beside it on the host:
 #
-#   cargo build -p swarm-kv --features rdma
+#   cargo build -p swarm-cli --features rdma
 #   bash -c 'while :; do :; done' & busy=$!
 #   scripts/softroce/run-in-vm.sh scripts/softroce/hang-repro.sh; kill $busy
 #

@@ -3,7 +3,7 @@
 # protocol's debug events on, to chase a kill bench that fails. Meant to run INSIDE the
 # VM:
 #
-#   cargo build -p swarm-kv --features rdma
+#   cargo build -p swarm-cli --features rdma
 #   scripts/softroce/run-in-vm.sh scripts/softroce/kill-repro.sh
 #
 # Each round: three memory nodes on fresh ports, `swarm format` as in test.sh, the bench

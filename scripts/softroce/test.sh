@@ -28,7 +28,7 @@ root=$(git -C "$(dirname "$0")" rev-parse --show-toplevel)
 cd "$root"
 
 echo "softroce: building swarm (feature rdma) and the swarm-rdma device tests"
-cargo build -q -p swarm-kv --features rdma
+cargo build -q -p swarm-cli --features rdma
 cargo build -q -p swarm-kv --features rdma --example idle_client
 device_tests=$(cargo test -q -p swarm-rdma --test device --no-run --message-format=json 2>/dev/null |
     sed -n 's/.*"executable":"\([^"]*device[^"]*\)".*/\1/p' | tail -1)
