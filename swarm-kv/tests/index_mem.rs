@@ -116,6 +116,51 @@ fn sequential_semantics_and_common_case_roundtrips() {
     assert_eq!(n, Ok(1));
 }
 
+/// A remove conditional on a slot tag (what a late deferred unmap uses) removes the
+/// life of the mapping it looked up, never a later life of the same `key →
+/// register`.
+#[test]
+fn a_tagged_remove_leaves_a_later_life_of_the_same_mapping() {
+    let s = Setup::new(3, 256, 64);
+    let ix = s.index(1);
+    let f = s.cluster.client();
+    s.header(10, b"apple");
+    let (out, _) = run(&f, async |st| ix.insert(&f, st, b"apple", 10).await);
+    assert_eq!(out, Ok(InsertOutcome::Inserted));
+    let (first, _) = run(&f, async |st| ix.lookup(&f, st, b"apple").await);
+    let first = first.unwrap();
+    assert_eq!(first.registers, vec![10]);
+    assert_eq!(first.tags.len(), 1);
+    let (removed, _) = run(&f, async |st| ix.remove(&f, st, b"apple", 10).await);
+    assert_eq!(removed, Ok(true));
+    // The same key maps to the same register again: a later life.
+    let (out, _) = run(&f, async |st| ix.insert(&f, st, b"apple", 10).await);
+    assert_eq!(out, Ok(InsertOutcome::Inserted));
+    let (second, _) = run(&f, async |st| ix.lookup(&f, st, b"apple").await);
+    let second = second.unwrap();
+    assert_eq!(second.registers, vec![10]);
+    assert_ne!(second.tags, first.tags, "each life has its own tag");
+
+    let (stale, _) = run(&f, async |st| {
+        ix.remove_tagged_until(&f, st, b"apple", 10, first.tags[0], u64::MAX)
+            .await
+    });
+    assert_eq!(
+        stale,
+        Ok(false),
+        "the earlier life's remove changes nothing"
+    );
+    let (r, _) = run(&f, async |st| ix.resolve(&f, st, b"apple").await);
+    assert_eq!(r, Ok(Some(10)));
+    let (current, _) = run(&f, async |st| {
+        ix.remove_tagged_until(&f, st, b"apple", 10, second.tags[0], u64::MAX)
+            .await
+    });
+    assert_eq!(current, Ok(true));
+    let (r, _) = run(&f, async |st| ix.resolve(&f, st, b"apple").await);
+    assert_eq!(r, Ok(None));
+}
+
 #[test]
 fn a_full_bucket_pair_is_reported() {
     // One bucket: every key has the same (single) candidate bucket.

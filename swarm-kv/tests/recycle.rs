@@ -317,6 +317,64 @@ fn register_of(c: &Client, key: &str) -> Option<u64> {
     block_on(f, c.index().resolve(f, &OpStats::new(), key.as_bytes())).expect("resolve")
 }
 
+/// A delete's unmap left to run late (`KvConfig::deferred_unmaps`) must not unmap a
+/// later life of its key that landed in the same register: `a` deletes `k` and
+/// defers the unmap; `b` re-inserts `k` elsewhere (retiring `r`), recycles `r`,
+/// deletes `k` and inserts it once more, into `r`. `a`'s unmap then finds `k → r`
+/// mapped again, and must leave it.
+#[test]
+fn a_late_deferred_unmap_leaves_a_new_life_of_its_key_in_the_same_register() {
+    let dir = ScratchDir::new("kv-recycle-late-unmap").unwrap();
+    let store = tiny(&dir, 256 << 10);
+    let world = World::new();
+    let header = *store.header();
+    let a = KvClient::connect(
+        TestFabric::new(store.fabric(), &world),
+        WorldClock {
+            world: world.clone(),
+            tick_ns: header.tick_ns.max(1),
+        },
+        *store.layout(),
+        KvConfig {
+            deferred_unmaps: 4,
+            ..config(&store)
+        },
+    )
+    .expect("connect");
+    let b = client(&store, &world);
+    insert(&a, "k", "v1");
+    let r = register_of(&a, "k").unwrap();
+    assert!(delete(&a, "k"));
+    assert!(a.has_deferred_unmaps(), "a's unmap waits");
+    // b's insert finds k mapped to a tombstone and replaces the mapping: b retires r.
+    insert(&b, "k", "v2");
+    assert_ne!(register_of(&b, "k"), Some(r));
+    assert_eq!(b.registers_in_limbo(), 1);
+    world.advance(grace(&store) + 1);
+    // b resets r during its next operations; its next insert of k gets r back
+    // (recycled registers are handed out newest first).
+    assert!(delete(&b, "k"));
+    insert(&b, "k", "v3");
+    assert_eq!(register_of(&b, "k"), Some(r), "k lives in r again");
+    assert_eq!(
+        block_on(a.fabric(), a.run_deferred_unmaps()).expect("run the unmap"),
+        1
+    );
+    assert_eq!(
+        a.deferred_unmap_stats().unmapped,
+        0,
+        "{:?}",
+        a.deferred_unmap_stats()
+    );
+    assert_eq!(
+        register_of(&b, "k"),
+        Some(r),
+        "k's new life is still mapped"
+    );
+    let c = client(&store, &world);
+    assert_eq!(get(&c, "k").as_deref(), Some("v3"));
+}
+
 #[test]
 fn a_stale_cached_location_never_writes_into_the_reused_register() {
     let dir = ScratchDir::new("kv-recycle-stale").unwrap();

@@ -23,6 +23,18 @@
 //!   unmapped it, as between any two removers: `crate::index`, "Knowing one's fate
 //!   (exactly once)").
 //!
+//! **Late unmaps.** An unmap may run long after its delete: the queue is polled
+//! by the caller, a client whose lease lapsed puts it back, `close` runs those
+//! left. Meanwhile the mapping may have ended (a re-insert replaced it and retired
+//! the register), the register been recycled, and the *same key* inserted into it
+//! again: the index then maps `key → register` once more, a new life of the key.
+//! A remove conditional on the register alone would unmap that live key. So an
+//! unmap looks the key up (which gives the mapping slot's tag, the ballot of the
+//! change that mapped it), reads the register, and removes only if the register
+//! holds no value of the key, and only the slot that still carries that tag
+//! (`Index::remove_tagged_until`): a later life has another tag, whenever it
+//! began, so no timing is assumed.
+//!
 //! **The unmap is an operation of its own**: it starts with the lease check and runs
 //! under its own deadline (the operation fence), like every operation, so the
 //! recycling argument (`crate::recycle`, a retired register is reset only a grace
@@ -43,9 +55,10 @@
 
 use std::collections::VecDeque;
 
-use swarm_core::{Clock, Fabric, OpStats};
+use swarm_core::fabric::Nanos;
+use swarm_core::{Clock, Fabric, OpStats, RegisterCache};
 
-use super::KvClient;
+use super::{KvClient, Located};
 use crate::recycle::Retired;
 use crate::{KvError, RegisterId};
 
@@ -170,14 +183,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
                 }
             };
             let unmapped = match self
-                .index
-                .remove_until(
-                    self.swarm.fabric(),
-                    &stats,
-                    &unmap.key,
-                    unmap.register,
-                    started.deadline,
-                )
+                .unmap_if_still_deleted(&unmap.key, unmap.register, &stats, started.deadline)
                 .await
             {
                 Ok(unmapped) => unmapped,
@@ -202,6 +208,50 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
             self.deferred.borrow_mut().ran(unmapped, stats.roundtrips());
             ran += 1;
         }
+    }
+
+    /// Unmaps `key → register` if that mapping is still the life whose delete
+    /// queued this unmap (module docs, "Late unmaps"): the index maps the key to
+    /// the register (a lookup, which also gives the slot's tag), the register holds
+    /// no value of the key (a read), and the remove is conditional on that tag.
+    /// `Ok(true)` if this call unmapped it (the caller then owns the register).
+    async fn unmap_if_still_deleted(
+        &self,
+        key: &[u8],
+        register: RegisterId,
+        stats: &OpStats,
+        deadline: Nanos,
+    ) -> Result<bool, KvError> {
+        let fabric = self.swarm.fabric();
+        let asked = fabric.now();
+        let candidates = self.index.lookup(fabric, stats, key).await?;
+        let Some(tag) = candidates
+            .registers
+            .iter()
+            .zip(&candidates.tags)
+            .find_map(|(r, tag)| (*r == register).then_some(*tag))
+        else {
+            // Unmapped already (by a re-insert's replace, or another remover).
+            return Ok(false);
+        };
+        self.fence(deadline)?;
+        let mut located = Located {
+            register,
+            loc: self.register_loc(register)?,
+            knowledge: RegisterCache::new(),
+            vouched_at: asked,
+        };
+        if self.read_checked(key, &mut located, stats).await?.is_some() {
+            // The key lives in the register again: the deleted life was unmapped,
+            // the register recycled and handed to a new insert of the same key.
+            // That life is not this unmap's to end.
+            return Ok(false);
+        }
+        self.fence(deadline)?;
+        Ok(self
+            .index
+            .remove_tagged_until(fabric, stats, key, register, tag, deadline)
+            .await?)
     }
 }
 

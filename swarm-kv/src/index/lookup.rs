@@ -93,12 +93,8 @@ pub async fn lookup<F: Fabric>(
     let hash = ix.hash(key)?;
     let mut eng = Engine::new(ix, fabric, stats, &hash.buckets(), u64::from(hash.fp));
     let states = settled(&mut eng).await?;
-    Ok(Candidates {
-        registers: candidates(&states, &hash)
-            .into_iter()
-            .map(|(_, r)| r)
-            .collect(),
-    })
+    let (tags, registers) = candidates(&states, &hash).into_iter().unzip();
+    Ok(Candidates { registers, tags })
 }
 
 /// `Index::resolve`.

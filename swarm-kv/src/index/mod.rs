@@ -328,6 +328,10 @@ pub type RegisterId = u64;
 pub struct Candidates {
     /// Candidate registers, newest first.
     pub registers: Vec<RegisterId>,
+    /// The tag of each candidate's slot (same order as `registers`): the ballot of
+    /// the change that mapped it, which tells one life of a mapping `key → register`
+    /// from a later one (see [`Index::remove_tagged_until`]).
+    pub tags: Vec<word::Ballot>,
 }
 
 /// What an insert found.
@@ -688,7 +692,39 @@ impl Index {
         deadline: Nanos,
     ) -> Result<bool, IndexError> {
         self.check_fabric(fabric)?;
-        update::change(self, fabric, stats, key, register, None, deadline).await
+        update::change(self, fabric, stats, key, register, None, None, deadline).await
+    }
+
+    /// [`Index::remove_until`], but only of the mapping whose slot still carries
+    /// `tag` (from [`Candidates::tags`]): `Ok(false)` if `key → register` was
+    /// unmapped and mapped again since that lookup, so that a remove decided on an
+    /// earlier life of the mapping never unmaps a later one, however late it runs.
+    /// A slot whose tag an update refreshed meanwhile (it fell 2^13 ballots behind,
+    /// the module docs' "Limits") is not removed either: a remove that could have been, left
+    /// to a later unmap or re-insert, never one that should not. (Tags are 16-bit
+    /// ballots: a later life carries the same tag only after 65,536 changes of the
+    /// bucket between the lookup and the remove.)
+    pub async fn remove_tagged_until<F: Fabric>(
+        &self,
+        fabric: &F,
+        stats: &OpStats,
+        key: &[u8],
+        register: RegisterId,
+        tag: word::Ballot,
+        deadline: Nanos,
+    ) -> Result<bool, IndexError> {
+        self.check_fabric(fabric)?;
+        update::change(
+            self,
+            fabric,
+            stats,
+            key,
+            register,
+            None,
+            Some(tag),
+            deadline,
+        )
+        .await
     }
 
     /// Replaces the mapping `key → old` by `key → new` in place (SWARM §5.3.1:
@@ -718,7 +754,7 @@ impl Index {
         deadline: Nanos,
     ) -> Result<bool, IndexError> {
         self.check_fabric(fabric)?;
-        update::change(self, fabric, stats, key, old, Some(new), deadline).await
+        update::change(self, fabric, stats, key, old, Some(new), None, deadline).await
     }
 
     /// Number of mapped slots on one node (approximate: that node may lag behind the

@@ -450,6 +450,7 @@ pub async fn change<F: Fabric>(
     key: &[u8],
     old: RegisterId,
     new: Option<RegisterId>,
+    tag: Option<Ballot>,
     deadline: Nanos,
 ) -> Result<bool, IndexError> {
     let hash = ix.hash(key)?;
@@ -544,6 +545,11 @@ pub async fn change<F: Fabric>(
         }) else {
             return Ok(false);
         };
+        if tag.is_some_and(|tag| view.slots[slot].tag != tag) {
+            // Another life of the mapping: unmapped and mapped again since the
+            // caller's lookup. Not the one the caller decided to remove.
+            return Ok(false);
+        }
         if same_key.is_none() {
             continue;
         }
