@@ -70,6 +70,12 @@ use crate::register_alloc::RegisterAllocator;
 use crate::writer_ids::{self, Registration, Resume};
 use crate::{KvError, RegisterId};
 
+/// Attempts an operation makes when one runs past its deadline (a stall longer than
+/// `max_op_ns`: preemption, a page fault on a disk-backed node file, a paused
+/// process), before it reports [`KvError::Fenced`]. Each attempt is an operation of
+/// its own, with its own lease check and deadline.
+pub const FENCED_ATTEMPTS: u32 = 4;
+
 mod blind_policy;
 mod deferred_unmap;
 
@@ -1395,7 +1401,24 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
     }
 
     /// The key's current value, or `None` if it is absent.
+    ///
+    /// An attempt that ran past its deadline (a stall: preemption, a page fault, a
+    /// paused process) is retried, up to [`FENCED_ATTEMPTS`] attempts in all: a read
+    /// that stopped changed nothing a reader could tell.
     pub async fn get(&self, key: &[u8], stats: &OpStats) -> Result<Option<Vec<u8>>, KvError> {
+        let mut attempt = 1;
+        loop {
+            match self.get_once(key, stats).await {
+                Err(error) if error.is_fenced() && attempt < FENCED_ATTEMPTS => {
+                    tracing::debug!(%error, attempt, "get: stalled past its deadline; retrying");
+                    attempt += 1;
+                }
+                outcome => return outcome,
+            }
+        }
+    }
+
+    async fn get_once(&self, key: &[u8], stats: &OpStats) -> Result<Option<Vec<u8>>, KvError> {
         self.check_key(key)?;
         self.hint_cached(key, stats).await;
         let started = self.begin(stats).await?;
@@ -1413,7 +1436,36 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
     }
 
     /// Replaces the value of a present key; `Ok(false)` if the key is absent.
+    ///
+    /// An attempt that ran past its deadline is retried (up to [`FENCED_ATTEMPTS`]
+    /// in all): writing the same value again within the call is safe. If a retry
+    /// finds the key absent, an earlier attempt may have written the value before a
+    /// delete: that is [`KvError::OutcomeUnknown`], not `false`.
     pub async fn update(&self, key: &[u8], value: &[u8], stats: &OpStats) -> Result<bool, KvError> {
+        let mut attempt = 1;
+        loop {
+            match self.update_once(key, value, stats).await {
+                Err(error) if error.is_fenced() && attempt < FENCED_ATTEMPTS => {
+                    tracing::debug!(%error, attempt, "update: stalled past its deadline; retrying");
+                    attempt += 1;
+                }
+                Ok(false) if attempt > 1 => {
+                    return Err(KvError::OutcomeUnknown {
+                        op: "update",
+                        attempts: attempt,
+                    });
+                }
+                outcome => return outcome,
+            }
+        }
+    }
+
+    async fn update_once(
+        &self,
+        key: &[u8],
+        value: &[u8],
+        stats: &OpStats,
+    ) -> Result<bool, KvError> {
         self.check_key(key)?;
         self.check_value(value)?;
         let payload = encode_payload(key, value);
@@ -1445,7 +1497,23 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
     }
 
     /// Inserts `key` (an insert of a present key becomes an update).
+    ///
+    /// An attempt that ran past its deadline is retried (up to [`FENCED_ATTEMPTS`]
+    /// in all): the key ends up holding the value either way.
     pub async fn insert(&self, key: &[u8], value: &[u8], stats: &OpStats) -> Result<(), KvError> {
+        let mut attempt = 1;
+        loop {
+            match self.insert_once(key, value, stats).await {
+                Err(error) if error.is_fenced() && attempt < FENCED_ATTEMPTS => {
+                    tracing::debug!(%error, attempt, "insert: stalled past its deadline; retrying");
+                    attempt += 1;
+                }
+                outcome => return outcome,
+            }
+        }
+    }
+
+    async fn insert_once(&self, key: &[u8], value: &[u8], stats: &OpStats) -> Result<(), KvError> {
         self.check_key(key)?;
         self.check_value(value)?;
         let payload = encode_payload(key, value);
@@ -1697,7 +1765,26 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
     /// reports [`DeleteOutcome::Raced`]). If a memory node does not answer, that
     /// may be undecidable: [`KvError::DeleteUndecided`], rare, with nothing changed
     /// but perhaps that value.
+    ///
+    /// An attempt that ran past its deadline is retried (up to [`FENCED_ATTEMPTS`]
+    /// in all). The attempt that stopped may have removed the value, so a retry that
+    /// finds the key absent reports [`DeleteOutcome::Raced`]: deleted, by this call or
+    /// another, undecided.
     pub async fn delete(&self, key: &[u8], stats: &OpStats) -> Result<DeleteOutcome, KvError> {
+        let mut attempt = 1;
+        loop {
+            match self.delete_once(key, stats).await {
+                Err(error) if error.is_fenced() && attempt < FENCED_ATTEMPTS => {
+                    tracing::debug!(%error, attempt, "delete: stalled past its deadline; retrying");
+                    attempt += 1;
+                }
+                Ok(DeleteOutcome::Absent) if attempt > 1 => return Ok(DeleteOutcome::Raced),
+                outcome => return outcome,
+            }
+        }
+    }
+
+    async fn delete_once(&self, key: &[u8], stats: &OpStats) -> Result<DeleteOutcome, KvError> {
         self.check_key(key)?;
         if self.protocol == RegisterProtocol::Raw {
             return Err(KvError::Unsupported(

@@ -160,6 +160,18 @@ pub enum KvError {
         /// The operation deadline, ns.
         max_op_ns: u64,
     },
+    /// An operation stalled past its deadline, was retried, and cannot tell whether
+    /// a stalled attempt took effect (`KvClient::update` found the key absent after
+    /// an earlier attempt stopped: that attempt may have written its value first).
+    #[error(
+        "the {op} stalled past its deadline and was retried ({attempts} attempts); whether it took effect is unknown: read the key to see its state"
+    )]
+    OutcomeUnknown {
+        /// The operation.
+        op: &'static str,
+        /// Attempts made.
+        attempts: u32,
+    },
     /// The operation is not available with the chosen register protocol.
     #[error("{0} is not supported")]
     Unsupported(&'static str),
@@ -185,4 +197,18 @@ pub enum KvError {
     #[cfg(feature = "rdma")]
     #[error(transparent)]
     Rdma(swarm_rdma::RdmaError),
+}
+
+impl KvError {
+    /// Whether the operation stopped at its deadline (the operation fence), at any
+    /// layer: the operation may be retried as a new one.
+    pub fn is_fenced(&self) -> bool {
+        matches!(
+            self,
+            Self::Fenced { .. }
+                | Self::Swarm(SwarmError::Fenced)
+                | Self::Index(IndexError::Fenced { .. })
+                | Self::Fabric(FabricError::Fenced)
+        )
+    }
 }

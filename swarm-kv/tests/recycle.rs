@@ -32,6 +32,9 @@ struct World {
     now: Cell<u64>,
     /// Nodes that swallow batches (never applied, never answered).
     silent: RefCell<Vec<NodeId>>,
+    /// A stall to model at the next post: virtual time jumps by this much right
+    /// after the batch passed its fence check (a preempted or paused client).
+    stall_next_post: Cell<u64>,
 }
 
 impl World {
@@ -98,6 +101,7 @@ impl Fabric for TestFabric {
         self.inner.node_count()
     }
     fn post(&self, node: NodeId, batch: Batch) -> Ticket {
+        self.world.advance(self.world.stall_next_post.take());
         if self.world.silent.borrow().contains(&node) {
             return Ticket(NEVER);
         }
@@ -373,6 +377,34 @@ fn a_late_deferred_unmap_leaves_a_new_life_of_its_key_in_the_same_register() {
     );
     let c = client(&store, &world);
     assert_eq!(get(&c, "k").as_deref(), Some("v3"));
+}
+
+/// A client that stalls past an operation's deadline (here: virtual time jumps
+/// right after a batch passed its fence check) retries the operation itself: a
+/// stall is not a failed operation.
+#[test]
+fn an_operation_that_stalls_past_its_deadline_is_retried() {
+    let dir = ScratchDir::new("kv-recycle-stall").unwrap();
+    let store = tiny(&dir, 256 << 10);
+    let world = World::new();
+    let (a, b) = (client(&store, &world), client(&store, &world));
+    let stall = || world.stall_next_post.set(5 * MAX_OP_NS);
+    stall();
+    insert(&a, "k", "v1");
+    assert_eq!(get(&b, "k").as_deref(), Some("v1"));
+    stall();
+    assert_eq!(get(&a, "k").as_deref(), Some("v1"));
+    stall();
+    assert!(update(&a, "k", "v2"));
+    assert_eq!(get(&b, "k").as_deref(), Some("v2"));
+    stall();
+    let outcome = block_on(a.fabric(), a.delete(b"k", &OpStats::new())).expect("delete");
+    assert!(
+        matches!(outcome, DeleteOutcome::Removed | DeleteOutcome::Raced),
+        "{outcome:?}"
+    );
+    assert_eq!(get(&b, "k"), None);
+    assert_eq!(world.stall_next_post.get(), 0, "every stall happened");
 }
 
 #[test]
