@@ -32,6 +32,7 @@ use swarm_core::header::{
     decode_incarnation, encode_incarnation,
 };
 
+use crate::backing::Backing;
 use crate::error::ShmError;
 use crate::fabric::{EmulatedFabric, ShmFabric};
 use crate::mapping::{self, Mapping};
@@ -135,6 +136,16 @@ impl ShmCluster {
             .mode(0o700)
             .create(dir)
             .map_err(ShmError::io("cannot create cluster directory", dir))?;
+        if let Ok(Backing::Disk { fs_type }) = Backing::of(dir) {
+            tracing::warn!(
+                dir = %dir.display(),
+                fs_type = format_args!("{fs_type:#x}"),
+                "the cluster's node files are on a disk-backed filesystem: the first touch of \
+                 each page reads or allocates a disk block and can stall operations (they are \
+                 retried, slowly); create the cluster under /dev/shm (tmpfs), a hugetlbfs \
+                 mount, or a DAX filesystem instead"
+            );
+        }
         let existing = node_files(dir)?;
         if !existing.is_empty() && !options.overwrite {
             return Err(ShmError::AlreadyExists { dir: dir.into() });
@@ -772,6 +783,9 @@ fn open_node(dir: &Path, index: u16) -> Result<Option<(NodeHeader, NodeMemory, u
     }
     let mapping =
         Mapping::new(&file, header.size).map_err(ShmError::io("cannot map node file", &path))?;
+    if Backing::of(dir).is_ok_and(Backing::is_disk) {
+        mapping.read_ahead();
+    }
     Ok(Some((
         header,
         NodeMemory::new(NodeId(index), path, mapping),

@@ -84,9 +84,11 @@
 //! - No Rust reference to node bytes (`&[u8]`) is ever created: memory another
 //!   process may change at any time would break the immutability a `&[u8]` promises.
 //!   The only view is a slice of atomic words, which permits concurrent mutation. All
-//!   `unsafe` code of the crate lives in three small private modules, each block
-//!   justified there: the mapping (`mapping`), cache hints (`hint`) and the clock
-//!   (`monotonic`).
+//!   `unsafe` code of the crate lives in four small private modules, each block
+//!   justified there: the mapping (`mapping`), cache hints (`hint`), the clock
+//!   (`monotonic`) and the filesystem check (`backing`, [`Backing`]: node files
+//!   on a disk-backed filesystem are read ahead at open, and creating a cluster
+//!   there warns).
 //!
 //! What the crate cannot prevent: a process with write access that *truncates* a node
 //! file after others mapped it makes their next access to the lost pages raise
@@ -102,6 +104,7 @@ compile_error!("swarm-shm maps node files with Unix APIs and supports Unix hosts
 #[cfg(not(target_endian = "little"))]
 compile_error!("swarm-shm needs a little-endian host: memory words are encoded little-endian");
 
+mod backing;
 mod cluster;
 mod error;
 mod fabric;
@@ -111,6 +114,7 @@ mod monotonic;
 mod node;
 pub mod scratch;
 
+pub use backing::Backing;
 pub use cluster::{AbsentNode, CreateOptions, DEFAULT_TICK_NS, ShmCluster, node_file_name};
 pub use error::ShmError;
 pub use fabric::{EmulatedFabric, ShmFabric};

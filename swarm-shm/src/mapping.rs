@@ -55,6 +55,15 @@ impl Mapping {
         })
     }
 
+    /// Asks the kernel to read the whole mapping ahead, in the background: for a
+    /// node file on a disk-backed filesystem ([`crate::Backing`]), whose pages would
+    /// otherwise be read at their first touch, inside an operation. Best effort.
+    pub(crate) fn read_ahead(&self) {
+        if let Err(error) = self.map.advise(memmap2::Advice::WillNeed) {
+            tracing::debug!(%error, "madvise(WILLNEED) on a node file failed");
+        }
+    }
+
     /// Hints the processor to fetch the cache lines of bytes `addr..addr + len` (the
     /// part inside the mapping) into its caches. Changes no memory and no result.
     #[inline]
