@@ -73,8 +73,9 @@ pub const DEFAULT_LEASE_RENEW_NS: u64 = 250_000_000;
 /// nodes, and up to about 100 ms for a client thread descheduled on an overloaded
 /// machine: a 100 ms fence failed one operation in a few hundred thousand on a 2-core
 /// machine running four builds); a superseded log slot returns to its writer about
-/// `max_op + max_op / 8 + 10 ms` later, so the fence also bounds the backlog of slots
-/// waiting to be recycled: about 235 ms of a writer's writes with 200 ms, beyond
+/// `max_op · 9/7 + 10 ms · 9/8` later (`swarm_core::reclaim::grace_ns`), so the fence
+/// also bounds the backlog of slots waiting to be recycled: about 268 ms of a
+/// writer's writes with 200 ms, beyond
 /// which a writer with a full log waits (a 500 ms fence made YCSB A on a 64 MiB
 /// cluster wait for its logs: 320 kops/s instead of 870). An operation that runs
 /// longer fails with `KvError::Fenced` (or the register protocol's `Fenced`) and may
@@ -791,11 +792,14 @@ mod tests {
             delivery_margin_ns: 547_000_000,
             ..ClusterParams::default()
         };
-        // max_op + max_op / 8 + margin.
-        assert_eq!(p.slot_grace_ns(), 200_000_000 + 25_000_000 + 547_000_000);
+        // max_op · 9/7 (rounded up) + margin · 9/8 (rounded up).
+        assert_eq!(
+            p.slot_grace_ns(),
+            200_000_000 + 57_142_858 + 547_000_000 + 68_375_000
+        );
         assert_eq!(
             p.register_grace_ns(),
-            10_200_000_000 + 1_275_000_000 + 547_000_000
+            10_200_000_000 + 2_914_285_715 + 547_000_000 + 68_375_000
         );
         let lease = crate::lease::LeaseParams::from_params(&p);
         assert_eq!(

@@ -80,8 +80,9 @@
 
 use swarm_core::fabric::Nanos;
 
-/// Clock-rate drift bound: every clock's rate is within `1 / DRIFT_DIV` of real time.
-pub const DRIFT_DIV: u64 = 8;
+/// Clock-rate drift bound: every clock's rate is within `1 / DRIFT_DIV` of real time
+/// (the system's one clock model, [`swarm_core::reclaim::CLOCK_DRIFT_DIV`]).
+pub const DRIFT_DIV: u64 = swarm_core::reclaim::CLOCK_DRIFT_DIV;
 /// Safety margin subtracted from the owner's term (scheduling jitter around clock reads).
 pub const MARGIN_NS: Nanos = 10_000_000;
 /// Bit 63 of a lease word: the lease was killed by a reclaimer.
@@ -368,9 +369,10 @@ mod tests {
     fn owner_term_and_observer_wait_bracket_the_lease_under_drift() {
         let p = params();
         assert_eq!(p.owner_term_ns(), 1_740 * MS);
-        // 2 s · 9/8 + (1 s · 9/8 + 10 ms).
-        assert_eq!(p.observer_wait_ns(), 2_250 * MS + 1_135 * MS);
-        assert_eq!(swarm_core::reclaim::grace_ns(1_000 * MS), 1_135 * MS);
+        // 2 s · 9/8 + (1 s · 9/7 + 10 ms · 9/8).
+        let grace = 1_285_714_286 + 11_250_000;
+        assert_eq!(p.observer_wait_ns(), 2_250 * MS + grace);
+        assert_eq!(swarm_core::reclaim::grace_ns(1_000 * MS), grace);
         // The worst case: the owner's clock runs 1/8 slow (its term lasts longer in
         // real time), the observer's 1/8 fast (its wait is shorter in real time).
         // Real time is measured in ns; owner term in real time = term / (7/8).

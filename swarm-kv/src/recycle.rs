@@ -25,8 +25,10 @@
 //! (the operation deadline, contract "fence"). So no operation that can name the
 //! register posts anything later than `cache_ttl_ns + max_op_ns` after it was
 //! retired, measured on the other clients' clocks. The owner waits
-//! `swarm_core::reclaim::grace_ns(cache_ttl_ns + max_op_ns)` on its own clock: the sum plus an eighth
-//! (clock rates differ by less than 1/8) plus 10 ms for batches still in flight.
+//! `swarm_core::reclaim::grace_ns(cache_ttl_ns + max_op_ns)` on its own clock: the
+//! sum as its clock may measure it (`· 9/7`: each clock's rate within 1/8 of real
+//! time, `swarm_core::reclaim::CLOCK_DRIFT_DIV`) plus the delivery margin for
+//! batches still in flight.
 //!
 //! Who enforces the deadline: the KV client between its steps
 //! (`KvClient::fence`), the index before each CAS (`Index::remove_until` and
@@ -1234,8 +1236,9 @@ mod tests {
     /// The register grace is the shared reclamation grace of its window.
     #[test]
     fn the_grace_covers_the_window_drift_and_flight() {
-        assert_eq!(swarm_core::reclaim::grace_ns(0), 10_000_000);
-        assert_eq!(swarm_core::reclaim::grace_ns(8_000_000_000), 9_010_000_000);
+        assert_eq!(swarm_core::reclaim::grace_ns(0), 11_250_000);
+        // 7 s · 9/7 + 10 ms · 9/8.
+        assert_eq!(swarm_core::reclaim::grace_ns(7_000_000_000), 9_011_250_000);
         assert_eq!(swarm_core::reclaim::grace_ns(u64::MAX), u64::MAX);
     }
 }

@@ -23,9 +23,9 @@
 //! posting at its start plus `max_op_ns`. So the writer stamps a superseded slot
 //! with its fabric clock at the moment it *learns* of the supersession (which is
 //! after the supersession happened), keeps it in a *limbo* queue, and releases it
-//! [`grace_ns`] later: `max_op_ns`, plus an eighth for the rate drift of two
-//! clients' clocks (assumed below 1/8: local monotonic clocks, not synchronised
-//! ones), plus a delivery margin ([`super::ProtocolConfig::delivery_margin_ns`],
+//! [`grace_ns`] later: `max_op_ns` as the other clients' clocks measure it, scaled
+//! for the rate drift of two clocks ([`CLOCK_DRIFT_DIV`]: each within 1/8 of real
+//! time, so `· 9/7`), plus a delivery margin ([`super::ProtocolConfig::delivery_margin_ns`],
 //! 10 ms by default) for a batch posted just before a deadline to take effect on its
 //! memory node.
 //!
@@ -37,7 +37,7 @@
 //! lands it when the NIC gets an acknowledgement: a lost packet is sent again after
 //! each ACK timeout until the queue pair's retries run out (≈ 0.55 s with the default
 //! `ack_timeout` 14 and 7 retries), so a write-back posted just before its deadline
-//! can overwrite a slot reused 235 ms later. SWARM-KV keeps the margin in its
+//! can overwrite a slot reused 268 ms later. SWARM-KV keeps the margin in its
 //! superblock, raised to the RDMA retry window when the nodes are formatted, and
 //! refuses clients whose transport could land later. A transport that queues batches
 //! before they reach the wire must also not start one after its operation's deadline
@@ -103,18 +103,38 @@ use super::register::{MAX_REPLICAS, RegisterLoc, Replicas};
 /// may take to take effect on a memory node.
 pub const DEFAULT_DELIVERY_MARGIN_NS: Nanos = 10_000_000;
 
+/// The clock model, one for the whole system (every grace here, swarm-kv's register
+/// recycling and leases): every party measures time on its own monotonic clock, and
+/// every clock's *rate* is within `1 / CLOCK_DRIFT_DIV` of real time. Offsets do not
+/// matter (no interval is measured across two clocks), and nothing else about
+/// timing is assumed: timing bounds when memory comes back, never what a reader
+/// sees (ARCHITECTURE.md, "Timing").
+pub const CLOCK_DRIFT_DIV: u64 = 8;
+
+/// The longest that an interval of `ns` on one clock may measure on another under
+/// the clock model: the first clock `1/8` slow makes it last `ns · 8/7` real time,
+/// which the second, `1/8` fast, measures as `ns · 9/7` (rounded up, saturating).
+pub const fn skewed_ns(ns: Nanos) -> Nanos {
+    ns.saturating_add(ns.saturating_mul(2).div_ceil(CLOCK_DRIFT_DIV - 1))
+}
+
+/// The longest that `ns` of real time may measure on a clock of the model: `ns · 9/8`
+/// (rounded up, saturating).
+pub const fn real_on_clock_ns(ns: Nanos) -> Nanos {
+    ns.saturating_add(ns.div_ceil(CLOCK_DRIFT_DIV))
+}
+
 /// The grace after which memory that became unreachable for new operations may be
-/// reused: `max_op_ns + max_op_ns / 8 + 10 ms` (clock rate drift below 1/8, batches
-/// take effect within 10 ms of their post). See the module docs.
+/// reused: an operation's `max_op_ns` measured on the poster's clock, as the waiter's
+/// clock may measure it ([`skewed_ns`], `· 9/7`), plus the 10 ms delivery margin of
+/// real time ([`real_on_clock_ns`], `· 9/8`). See the module docs.
 pub const fn grace_ns(max_op_ns: Nanos) -> Nanos {
     grace_with_margin_ns(max_op_ns, DEFAULT_DELIVERY_MARGIN_NS)
 }
 
 /// [`grace_ns`] with another delivery margin (simulations with microsecond links).
 pub const fn grace_with_margin_ns(max_op_ns: Nanos, delivery_margin_ns: Nanos) -> Nanos {
-    max_op_ns
-        .saturating_add(max_op_ns / 8)
-        .saturating_add(delivery_margin_ns)
+    skewed_ns(max_op_ns).saturating_add(real_on_clock_ns(delivery_margin_ns))
 }
 
 /// Counters of a writer's log, for `swarm stat` and bench reports.
@@ -755,8 +775,13 @@ mod tests {
 
     #[test]
     fn the_grace_covers_the_fence_drift_and_delivery() {
-        assert_eq!(grace_ns(1_000_000_000), 1_135_000_000);
-        assert_eq!(grace_with_margin_ns(800, 100), 1_000);
+        // 1 s · 9/7 = 1,285,714,285.7 up, plus 10 ms · 9/8.
+        assert_eq!(grace_ns(1_000_000_000), 1_285_714_286 + 11_250_000);
+        assert_eq!(grace_with_margin_ns(700, 80), 900 + 90);
+        assert_eq!(skewed_ns(7), 9);
+        assert_eq!(skewed_ns(1), 2, "rounded up");
+        assert_eq!(real_on_clock_ns(8), 9);
+        assert_eq!(skewed_ns(Nanos::MAX), Nanos::MAX, "saturates");
         assert_eq!(grace_ns(Nanos::MAX), Nanos::MAX, "saturates");
     }
 

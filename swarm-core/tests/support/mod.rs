@@ -10,8 +10,8 @@ use swarm_core::{
     RegisterLoc, Replicas, block_on, block_on_future,
 };
 
-/// The grace of [`client`]s (`max_op_ns` 4, `4 / 8` = 0 for drift, no delivery
-/// margin), in ticks of the in-process fabric's logical clock.
+/// The grace of [`client`]s (`max_op_ns` 3, `· 9/7` rounded up for drift, no
+/// delivery margin), in ticks of the in-process fabric's logical clock.
 pub const GRACE: u64 = 4;
 
 /// A client of writer `writer` on `cluster` whose timestamp clock reads `clock`.
@@ -22,7 +22,7 @@ pub fn client(
     clock: u64,
 ) -> Client<MemFabric, FixedClock> {
     let config = ProtocolConfig::default()
-        .with_max_op_ns(4)
+        .with_max_op_ns(3)
         .with_delivery_margin_ns(0);
     assert_eq!(config.grace_ns(), GRACE);
     Client::new(
