@@ -1030,8 +1030,10 @@ fn churn_seeds(replays: &[u64]) -> Vec<u64> {
         .and_then(|s| s.parse().ok())
     {
         Some(seed) => vec![seed],
+        // Four seeds from the run's base (`SWARM_SIM_SEED_BASE`: CI explores new
+        // ones each run), then the regression seeds.
         None => (0..4)
-            .map(|i| 0x5eed + i)
+            .map(|i| (0x5eed + i).wrapping_add(swarm_sim::seed_base()))
             .chain(replays.iter().copied())
             .collect(),
     }

@@ -121,6 +121,6 @@ pub use fabric::{ClientId, SimFabric};
 pub use fault::Fault;
 pub use rng::SimRng;
 pub use runner::{RunReport, SimRunner, Spawner, TaskHandle};
-pub use seeds::{SEED_VAR, SEEDS_VAR, SeedGuard, for_each_seed, seeds};
+pub use seeds::{SEED_BASE_VAR, SEED_VAR, SEEDS_VAR, SeedGuard, for_each_seed, seed_base, seeds};
 pub use trace::{BatchId, BatchRef, OpSummary, Trace, TraceEvent, TraceKind, TraceTail};
 pub use world::{SimWorld, Sleep};

@@ -7,7 +7,9 @@
 //! unwinds (and the world prints the tail of its trace, see
 //! [`super::SimWorld`]). Setting that variable makes [`seeds`] yield exactly that
 //! seed; `SWARM_SIM_SEEDS=K` runs `K` seeds instead of the test's default count
-//! (a longer soak on demand).
+//! (a longer soak on demand); `SWARM_SIM_SEED_BASE=B` runs seeds from `B` on
+//! instead of from 0, so that each CI run explores new schedules (CI picks a random
+//! base and prints it; a failure prints its seed, which `SWARM_SIM_SEED` replays).
 
 use alloc::string::String;
 use alloc::vec::Vec;
@@ -17,6 +19,8 @@ use core::ops::Range;
 pub const SEED_VAR: &str = "SWARM_SIM_SEED";
 /// Environment variable overriding how many seeds to run.
 pub const SEEDS_VAR: &str = "SWARM_SIM_SEEDS";
+/// Environment variable moving the first seed of every run (0 by default).
+pub const SEED_BASE_VAR: &str = "SWARM_SIM_SEED_BASE";
 
 /// What the environment asks for.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -33,8 +37,13 @@ fn parse_u64(var: &str, value: &str) -> Result<u64, String> {
     })
 }
 
-/// Decides which seeds to run from the two variables' values.
-fn plan(seed: Option<&str>, count: Option<&str>, default: u64) -> Result<Plan, String> {
+/// Decides which seeds to run from the three variables' values.
+fn plan(
+    seed: Option<&str>,
+    count: Option<&str>,
+    base: Option<&str>,
+    default: u64,
+) -> Result<Plan, String> {
     if let Some(seed) = seed {
         return parse_u64(SEED_VAR, seed).map(Plan::One);
     }
@@ -42,11 +51,29 @@ fn plan(seed: Option<&str>, count: Option<&str>, default: u64) -> Result<Plan, S
         Some(count) => parse_u64(SEEDS_VAR, count)?,
         None => default,
     };
-    Ok(Plan::Many(0..count))
+    let base = match base {
+        Some(base) => parse_u64(SEED_BASE_VAR, base)?,
+        None => 0,
+    };
+    Ok(Plan::Many(base..base.saturating_add(count)))
+}
+
+/// The first seed of a run: `$SWARM_SIM_SEED_BASE`, or 0. For tests that draw
+/// their own seeds (a fixed list of regression seeds plus a few others): add it to
+/// the others.
+///
+/// # Panics
+/// If the variable is set but is not an unsigned integer.
+pub fn seed_base() -> u64 {
+    match std::env::var(SEED_BASE_VAR) {
+        Ok(base) => parse_u64(SEED_BASE_VAR, &base).unwrap_or_else(|message| panic!("{message}")),
+        Err(_) => 0,
+    }
 }
 
 /// The seeds a randomized test should run: `0..count` by default,
-/// `0..$SWARM_SIM_SEEDS` if that is set, only `$SWARM_SIM_SEED` if that is set.
+/// `0..$SWARM_SIM_SEEDS` if that is set, starting at `$SWARM_SIM_SEED_BASE`
+/// instead of 0 if that is set, only `$SWARM_SIM_SEED` if that is set.
 ///
 /// # Panics
 /// If either variable is set but is not an unsigned integer: running other seeds
@@ -54,7 +81,8 @@ fn plan(seed: Option<&str>, count: Option<&str>, default: u64) -> Result<Plan, S
 pub fn seeds(count: u64) -> Vec<u64> {
     let seed = std::env::var(SEED_VAR).ok();
     let many = std::env::var(SEEDS_VAR).ok();
-    match plan(seed.as_deref(), many.as_deref(), count) {
+    let base = std::env::var(SEED_BASE_VAR).ok();
+    match plan(seed.as_deref(), many.as_deref(), base.as_deref(), count) {
         Ok(Plan::One(seed)) => alloc::vec![seed],
         Ok(Plan::Many(range)) => range.collect(),
         Err(message) => panic!("{message}"),
@@ -106,12 +134,23 @@ mod tests {
 
     #[test]
     fn plan_follows_the_variables() {
-        assert_eq!(plan(None, None, 5), Ok(Plan::Many(0..5)));
-        assert_eq!(plan(None, Some("12"), 5), Ok(Plan::Many(0..12)));
-        assert_eq!(plan(Some(" 42 "), Some("12"), 5), Ok(Plan::One(42)));
-        let error = plan(Some("x"), None, 5).unwrap_err();
+        assert_eq!(plan(None, None, None, 5), Ok(Plan::Many(0..5)));
+        assert_eq!(plan(None, Some("12"), None, 5), Ok(Plan::Many(0..12)));
+        assert_eq!(
+            plan(None, None, Some("1000"), 5),
+            Ok(Plan::Many(1000..1005))
+        );
+        assert_eq!(plan(None, Some("2"), Some("7"), 5), Ok(Plan::Many(7..9)));
+        assert_eq!(
+            plan(Some(" 42 "), Some("12"), Some("7"), 5),
+            Ok(Plan::One(42)),
+            "one seed asked for wins"
+        );
+        let error = plan(Some("x"), None, None, 5).unwrap_err();
         assert!(error.contains("SWARM_SIM_SEED"), "{error}");
-        assert!(plan(None, Some("-1"), 5).is_err());
+        assert!(plan(None, Some("-1"), None, 5).is_err());
+        let error = plan(None, None, Some("base"), 5).unwrap_err();
+        assert!(error.contains("SWARM_SIM_SEED_BASE"), "{error}");
     }
 
     #[test]
