@@ -117,7 +117,7 @@ pub use clock::{CLOCK_EPOCH_NS, SimClock};
 pub use config::{Latency, NodeConfig, SimConfig};
 pub use engine::PostObserver;
 pub use error::SimError;
-pub use fabric::{ClientId, SimFabric};
+pub use fabric::{ClientId, RATE_UNIT, SimFabric};
 pub use fault::Fault;
 pub use rng::SimRng;
 pub use runner::{RunReport, SimRunner, Spawner, TaskHandle};
