@@ -98,8 +98,10 @@ fn load_inserts_report_their_roundtrips() {
 
 /// Deletes return at their tombstone (SWARM §5.3.2): one roundtrip for a key whose
 /// location the client cached (one client inserts and deletes every key of a churn),
-/// the index unmap (three more) run by the client's background task and reported
-/// apart; with `deferred_unmaps = 0` every delete pays for its unmap.
+/// the index unmap run by the client's background task and reported apart: a lookup
+/// and a read of the register (a late unmap must not unmap a later life of its key,
+/// `swarm_kv::client::deferred_unmap`), then the remove's three; with
+/// `deferred_unmaps = 0` every delete pays for its unmap.
 #[test]
 fn deletes_return_at_their_tombstone_and_report_their_unmaps_apart() {
     let mut config = small(System::Swarm, Workload::Churn, 64, 2_000, 1);
@@ -109,7 +111,7 @@ fn deletes_return_at_their_tombstone_and_report_their_unmaps_apart() {
     assert_eq!(deletes.roundtrips.one, 1.0, "{report}");
     assert_eq!(report.deferred_unmaps, deletes.count, "{report}");
     let per_unmap = report.deferred_unmap_roundtrips as f64 / report.deferred_unmaps as f64;
-    assert!((2.5..4.0).contains(&per_unmap), "{per_unmap}\n{report}");
+    assert!((4.5..6.0).contains(&per_unmap), "{per_unmap}\n{report}");
     assert!(
         report.to_string().contains("index unmaps ran after"),
         "{report}"

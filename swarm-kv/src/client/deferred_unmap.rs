@@ -3,7 +3,8 @@
 //!
 //! A delete is linearized when its tombstone is on a majority of the register's
 //! replicas. Removing `key → register` from the index (a Paxos change of the key's
-//! bucket, three roundtrips in the common case) only lets the register be recycled;
+//! bucket, three roundtrips in the common case; a deferred one adds a lookup and a
+//! read of the register, "Late unmaps" below) only lets the register be recycled;
 //! it decides nothing any reader observes. With deferral on
 //! ([`crate::KvConfig::deferred_unmaps`] > 0) a delete queues the unmap and returns
 //! after the tombstone: one roundtrip when the location is cached.
