@@ -197,6 +197,17 @@ pub enum KvError {
     #[cfg(feature = "rdma")]
     #[error(transparent)]
     Rdma(swarm_rdma::RdmaError),
+    /// The worker thread of an [`crate::AsyncKv`] could not be started.
+    #[error(
+        "cannot start the worker thread of an async SWARM-KV client: {0}; raise the process's thread limit or use fewer async clients"
+    )]
+    WorkerSpawn(#[source] std::io::Error),
+    /// The worker thread of an [`crate::AsyncKv`] stopped before answering (it
+    /// panicked): the operation may or may not have taken effect.
+    #[error(
+        "the worker thread of this async SWARM-KV client stopped unexpectedly (see the log for a panic): the operation may or may not have taken effect; read the key to see its state, and connect a new client"
+    )]
+    WorkerStopped,
 }
 
 impl KvError {

@@ -1,61 +1,192 @@
 //! # SWARM-KV
 //!
-//! A replicated key-value store on disaggregated memory (SWARM §5): every key is a
-//! SWARM register replicated on `2f + 1` memory nodes, found through a replicated
-//! index and cached by clients, so that gets and updates take one roundtrip in the
-//! common case.
+//! A replicated key-value store on disaggregated memory (SWARM §5). Memory nodes are
+//! passive — shared-memory files on one host ([`ShmStore`]) or RDMA memory nodes
+//! (`RdmaStore`, feature `rdma`) — and clients run the whole protocol: every key is a
+//! register replicated on `2f + 1` memory nodes, found through a replicated index and
+//! cached by clients, so that gets and updates take one memory roundtrip in the
+//! common case. Every operation is linearizable, and keeps working while a minority of
+//! memory nodes is down.
 //!
-//! * [`layout`] — where everything lives on a memory node.
-//! * [`index`] — the replicated, linearizable index (key → register).
-//! * [`register_alloc`], [`claim`], [`writer_ids`], [`lease`] — register chunks, writer ids and
-//!   leases, claimed from the memory nodes by CAS.
-//! * [`orphans`], [`limbo`] — adopting dead clients' register chunks, and reclaiming
-//!   the registers gone clients held in their limbos and pools (holder tags, §5.4).
-//! * [`cache`] — the client's location cache.
-//! * [`client`] — the operations: get, insert, update, delete (§5.3).
-//! * [`shm`], `rdma`, [`store`] — clusters on shared-memory files or RDMA memory
-//!   nodes, behind one [`Store`] trait.
+//! ## Quickstart
+//!
+//! Create a store of three memory nodes (here, files in a temporary directory), write
+//! from one thread, read and delete from another:
+//!
+//! ```
+//! use swarm_kv::{ClusterParams, DeleteOutcome, ShmStore};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+//! // Three memory nodes of 32 MiB. In production put them on a tmpfs (/dev/shm),
+//! // hugetlbfs or DAX mount; other processes open them with `ShmStore::open(dir)`.
+//! let dir = std::env::temp_dir().join(format!("swarm-kv-quickstart-{}", std::process::id()));
+//! let store = ShmStore::create(&dir, 3, 32 << 20, ClusterParams::default())?;
+//!
+//! // The store is a cheap, `Send + Sync` handle: each thread connects its own client.
+//! let writer = std::thread::spawn({
+//!     let store = store.clone();
+//!     move || -> Result<(), swarm_kv::KvError> {
+//!         let kv = store.connect()?;
+//!         kv.put("user:42", "Ada")?; // insert or update
+//!         Ok(())
+//!     } // dropping `kv` gives its writer id back
+//! });
+//! writer.join().expect("the writer thread")??;
+//!
+//! let kv = store.connect()?;
+//! assert_eq!(kv.get("user:42")?.as_deref(), Some(&b"Ada"[..]));
+//! assert!(kv.update("user:42", "Ada Lovelace")?); // only if present
+//! assert_eq!(kv.delete("user:42")?, DeleteOutcome::Removed);
+//! assert_eq!(kv.get("user:42")?, None);
+//! println!("{:.2} roundtrips per operation", kv.stats().roundtrips_per_operation());
+//!
+//! drop((kv, store));
+//! std::fs::remove_dir_all(&dir)?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! ## The API
+//!
+//! * **Stores**: [`ShmStore::create`] / [`ShmStore::open`] (shared-memory node files),
+//!   `RdmaStore::open` / `RdmaStore::format` (feature `rdma`); both implement
+//!   [`Store`]. [`ClusterParams`] sets a new cluster's limits (key and value sizes,
+//!   replicas, writer ids, leases); the `swarm` command creates, inspects and repairs
+//!   clusters too (`docs/cli.md`).
+//! * **Clients**: [`Kv`], blocking (`get`, `put`, `update`, `delete`, `stats`);
+//!   [`AsyncKv`], the same operations as `Send` futures; [`KvClient`], the low-level
+//!   client they wrap (operations as `async fn`s to drive on a SWARM executor, several
+//!   in flight per thread), configured by [`KvConfig`].
+//! * **Outcomes**: [`KvError`], [`DeleteOutcome`], [`Stats`].
+//!
+//! `put` inserts or updates; `update` changes a present key only (`false` if
+//! absent); `delete` reports [`DeleteOutcome::Removed`], [`DeleteOutcome::Absent`],
+//! or [`DeleteOutcome::Raced`] (another delete of the same value ran at the same time:
+//! the key is gone, and which delete removed it is undecided). Keys and values are
+//! bytes (`impl AsRef<[u8]>`), up to the cluster's [`ClusterParams::key_max`] and
+//! [`ClusterParams::value_max`].
+//!
+//! ## Sharing across threads
+//!
+//! A store ([`ShmStore`], `RdmaStore`) is `Clone + Send + Sync`: clone it into every
+//! thread, or share it by reference. A client is per thread: [`Kv`] is `Send` (it can
+//! move to another thread) but not `Sync`, because it owns a fabric handle and a
+//! location cache that it uses without locks. Each thread connects its own with
+//! [`ShmStore::connect`] and keeps it for as long as it runs: connecting takes a few
+//! roundtrips, and the location cache is what makes operations take one.
+//!
+//! Each connected client holds one of the cluster's writer ids
+//! ([`ClusterParams::writers`], 64 by default, shared by every process); connecting
+//! fails with [`KvError::WritersFull`] when all are taken. A client gives its id back
+//! when it is dropped or closed ([`Kv::close`]). The id of a process that crashed is
+//! taken over by a later client once its lease has expired (two seconds and a grace,
+//! by default).
+//!
+//! ## From async code
+//!
+//! SWARM-KV operations spin on the memory while they wait (a roundtrip is
+//! microseconds), so they must not run on an async executor's threads. [`AsyncKv`]
+//! runs them on a worker thread of its own and hands the outcomes back as `Send`
+//! futures that any executor (tokio, async-std, ...) can await; this crate depends on
+//! none. One `AsyncKv` is one thread, one writer id, and one operation at a time: its
+//! docs have the cost model. `examples/tokio.rs` shows it under `#[tokio::main]`.
+//! Alternatively, call a [`Kv`] from `tokio::task::spawn_blocking` or a thread of
+//! your own.
+//!
+//! ## Errors
+//!
+//! Every fallible call returns [`KvError`], whose messages say what failed and what
+//! to do. Three kinds matter to an application: bad input ([`KvError::EmptyKey`],
+//! [`KvError::KeyTooLong`], [`KvError::ValueTooLarge`]: fix the call); a full cluster
+//! ([`KvError::RegistersFull`], [`KvError::WritersFull`]: delete keys, close clients,
+//! or create a larger cluster); and faults (a majority of memory nodes unreachable,
+//! [`KvError::LeaseExpired`]: reconnect; [`KvError::Fenced`],
+//! [`KvError::Contended`]: retry; [`KvError::OutcomeUnknown`]: read the key to see
+//! whether the write took effect). Operations that stall are retried within the call
+//! before any error is reported.
 //!
 //! ## Features
-//! - `rdma` (off by default): SWARM-KV over RDMA memory nodes (`rdma::RdmaStore`). It
-//!   builds `swarm-rdma`, which needs the rdma-core headers and libclang, and links
-//!   libibverbs. Without it the crate needs no system library.
+//!
+//! - `rdma` (off by default): SWARM-KV over RDMA memory nodes (`RdmaStore`, see
+//!   `examples/rdma.rs`). It builds `swarm-rdma`, which needs the rdma-core headers
+//!   and libclang, and links libibverbs. Without it the crate needs no system library.
+//!
+//! ## Internals
+//!
+//! The modules behind these types (the replicated index, register allocation and
+//! recycling, limbos, leases and writer ids, the repair journal) are public for the
+//! `swarm` command, the benchmarks and the tests, but hidden from these docs and not
+//! part of the stable API. ARCHITECTURE.md maps them to the paper.
 #![warn(missing_docs)]
 
+mod api;
+#[doc(hidden)]
 pub mod cache;
+#[doc(hidden)]
 pub mod claim;
+#[doc(hidden)]
 pub mod client;
+#[doc(hidden)]
 pub mod clock;
+#[doc(hidden)]
 pub mod configuration;
+#[doc(hidden)]
 pub mod duration;
 mod error;
+#[doc(hidden)]
 pub mod index;
+#[doc(hidden)]
 pub mod journal;
+#[doc(hidden)]
 pub mod layout;
+#[doc(hidden)]
 pub mod lease;
+#[doc(hidden)]
 pub mod lease_renewal;
 #[cfg(test)]
 mod lease_tests;
+#[doc(hidden)]
 pub mod limbo;
+#[doc(hidden)]
 pub mod orphans;
 #[cfg(feature = "rdma")]
+#[doc(hidden)]
 pub mod rdma;
+#[doc(hidden)]
 pub mod reclaim;
+#[doc(hidden)]
 pub mod recycle;
+#[doc(hidden)]
 pub mod register_alloc;
+#[doc(hidden)]
 pub mod repair;
+#[doc(hidden)]
 pub mod shm;
+#[doc(hidden)]
 pub mod store;
 #[cfg(test)]
 mod test_support;
+#[doc(hidden)]
 pub mod writer_ids;
 
-pub use client::{DEFAULT_LEASE_REVIVE_NS, KvClient, KvConfig};
+pub use api::{AsyncKv, Kv, Stats};
+pub use client::{KvClient, KvConfig};
+pub use clock::SystemClock;
 pub use error::KvError;
+pub use layout::ClusterParams;
 #[cfg(feature = "rdma")]
 pub use rdma::RdmaStore;
 pub use shm::ShmStore;
 pub use store::Store;
 pub use swarm_core::DeleteOutcome;
 
+#[doc(hidden)]
+pub use client::DEFAULT_LEASE_REVIVE_NS;
+#[doc(hidden)]
 pub use index::RegisterId;
+
+/// The README's code blocks, compiled and run by `cargo test --doc` (its `rust`
+/// blocks only: the others are `sh` and `text`).
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+mod readme {}
