@@ -31,7 +31,7 @@
 //!         Ok(())
 //!     } // dropping `kv` gives its writer id back
 //! });
-//! writer.join().expect("the writer thread")??;
+//! writer.join().expect("the writer thread")?;
 //!
 //! let kv = store.connect()?;
 //! assert_eq!(kv.get("user:42")?.as_deref(), Some(&b"Ada"[..]));
@@ -78,9 +78,13 @@
 //! Each connected client holds one of the cluster's writer ids
 //! ([`ClusterParams::writers`], 64 by default, shared by every process); connecting
 //! fails with [`KvError::WritersFull`] when all are taken. A client gives its id back
-//! when it is dropped or closed ([`Kv::close`]). The id of a process that crashed is
-//! taken over by a later client once its lease has expired (two seconds and a grace,
-//! by default).
+//! when it is dropped or closed ([`Kv::close`]). Leases are renewed by operations,
+//! with no background thread: when every id is taken, a connecting client waits a
+//! lease period (about 2.5 s by default) and takes over the id of a client that did
+//! nothing meanwhile — one that crashed, or one merely idle, whose next operation then
+//! fails with [`KvError::LeaseExpired`] (connect a new client). So size
+//! [`ClusterParams::writers`] for the clients you keep connected, and close the ones
+//! you no longer need.
 //!
 //! ## From async code
 //!
