@@ -740,3 +740,156 @@ fn bench_runs_again_and_again_on_one_cluster() {
         assert!(out.status.success(), "run {run}: {}", text(&out));
     }
 }
+
+/// Runs `swarm` with `args` (any bytes) and `stdin` on its standard input.
+fn swarm_with_input(args: &[&std::ffi::OsStr], stdin: &[u8]) -> Output {
+    use std::io::Write;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_swarm"))
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run swarm");
+    child
+        .stdin
+        .take()
+        .expect("a pipe")
+        .write_all(stdin)
+        .expect("write swarm's standard input");
+    child.wait_with_output().expect("wait for swarm")
+}
+
+/// `put KEY -` stores standard input's bytes, `get --raw` writes them back exactly,
+/// `get` adds a newline; `put KEY VALUE` takes a value that is not UTF-8 as is.
+#[test]
+fn binary_values_round_trip_through_stdin_and_stdout() {
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt;
+    let scratch = ScratchDir::new("cli-binary").unwrap();
+    let dir = scratch.path().join("c");
+    init(&dir);
+    let d = OsStr::new(dir.to_str().unwrap());
+    let mut value = vec![0, b'\n', 0xff, b'\r'];
+    value.extend((4..64u32).map(|i| (i * 37 + 200) as u8));
+    assert!(std::str::from_utf8(&value).is_err(), "not UTF-8");
+    assert!(value.contains(&0) && value.contains(&b'\n'));
+    let put = swarm_with_input(
+        &[
+            OsStr::new("put"),
+            OsStr::new("--dir"),
+            d,
+            OsStr::new("blob"),
+            OsStr::new("-"),
+        ],
+        &value,
+    );
+    assert!(put.status.success(), "{}", text(&put));
+    let raw = swarm_with_input(
+        &[
+            OsStr::new("get"),
+            OsStr::new("--dir"),
+            d,
+            OsStr::new("--raw"),
+            OsStr::new("blob"),
+        ],
+        b"",
+    );
+    assert!(raw.status.success(), "{}", text(&raw));
+    assert_eq!(raw.stdout, value);
+    let line = swarm_with_input(
+        &[
+            OsStr::new("get"),
+            OsStr::new("--dir"),
+            d,
+            OsStr::new("blob"),
+        ],
+        b"",
+    );
+    assert_eq!(line.stdout, [&value[..], b"\n"].concat());
+    // Too large from standard input: the cluster's limit, not a panic.
+    let big = swarm_with_input(
+        &[
+            OsStr::new("put"),
+            OsStr::new("--dir"),
+            d,
+            OsStr::new("big"),
+            OsStr::new("-"),
+        ],
+        &[7u8; 65],
+    );
+    assert!(!big.status.success());
+    assert!(text(&big).contains("--value-max"), "{}", text(&big));
+    // A command-line value that is not UTF-8, under a key that is not either.
+    let key = OsStr::from_bytes(b"k\xfe");
+    let arg = OsStr::from_bytes(b"\xff\x01-\x80");
+    let put = swarm_with_input(&[OsStr::new("put"), OsStr::new("--dir"), d, key, arg], b"");
+    assert!(put.status.success(), "{}", text(&put));
+    let raw = swarm_with_input(
+        &[
+            OsStr::new("get"),
+            OsStr::new("--dir"),
+            d,
+            OsStr::new("--raw"),
+            key,
+        ],
+        b"",
+    );
+    assert_eq!(raw.stdout, b"\xff\x01-\x80");
+}
+
+/// `get --json` and `stat --json` print JSON: text values as strings, other bytes as
+/// base64, absent keys as `found: false` (exit 1).
+#[test]
+fn json_output_of_get_and_stat_parses() {
+    let scratch = ScratchDir::new("cli-json").unwrap();
+    let dir = scratch.path().join("c");
+    init(&dir);
+    let d = dir.to_str().unwrap();
+    let json = |out: &Output| -> serde_json::Value {
+        serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", text(out)))
+    };
+    assert!(
+        swarm(&["put", "--dir", d, "word", "héllo \"quoted\""])
+            .status
+            .success()
+    );
+    let put = swarm_with_input(
+        &["put", "--dir", d, "bin", "-"].map(std::ffi::OsStr::new),
+        b"\x00\xff\nhi",
+    );
+    assert!(put.status.success(), "{}", text(&put));
+
+    let out = swarm(&["get", "--dir", d, "--json", "word"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(
+        json(&out),
+        serde_json::json!({"key": "word", "key_encoding": "utf-8", "found": true,
+            "value": "héllo \"quoted\"", "value_encoding": "utf-8"})
+    );
+    let out = swarm(&["get", "--dir", d, "--json", "bin"]);
+    let got = json(&out);
+    assert_eq!(got["value"], "AP8KaGk=", "{got}");
+    assert_eq!(got["value_encoding"], "base64");
+    let out = swarm(&["get", "--dir", d, "--json", "missing"]);
+    assert!(!out.status.success(), "absent: exit 1");
+    let got = json(&out);
+    assert_eq!(got["found"], false);
+    assert!(got["value"].is_null());
+
+    let out = swarm(&["stat", "--dir", d, "--json"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let stat = json(&out);
+    assert_eq!(stat["keys"], 2, "{stat}");
+    assert_eq!(stat["nodes"], 3);
+    let states = stat["node_states"].as_array().expect("node_states");
+    assert_eq!(states.len(), 3);
+    assert!(states.iter().all(|n| n["state"] == "up"), "{stat}");
+    assert_eq!(stat["registers"]["keyed"], 2);
+    assert_eq!(
+        stat["writers"]["registered"], 0,
+        "every command gave its id back"
+    );
+    assert!(stat["leases"]["lease_ns"].as_u64().is_some());
+}

@@ -3,7 +3,10 @@
 //! ```text
 //! swarm init --dir /dev/shm/kv --nodes 3 --size 1GiB      # a shared-memory cluster
 //! swarm put --dir /dev/shm/kv user42 hello
+//! swarm put --dir /dev/shm/kv photo - < photo.jpg        # the value from standard input
 //! swarm get --dir /dev/shm/kv user42
+//! swarm get --dir /dev/shm/kv --raw photo > copy.jpg     # the bytes exactly, no newline
+//! swarm get --dir /dev/shm/kv --json user42              # {"key": ..., "found": ..., ...}
 //! swarm delete --dir /dev/shm/kv user42
 //! swarm stat --dir /dev/shm/kv
 //! swarm bench --dir /dev/shm/kv --workload b --keys 100000 --ops 1000000 --clients 4
@@ -15,8 +18,9 @@
 //! The RDMA commands need a build with the `rdma` feature (module `rdma`); without it
 //! they parse their arguments and say how to get one (module `no_rdma`).
 
+use std::ffi::{OsStr, OsString};
 use std::fs::File;
-use std::io::{BufReader, Write};
+use std::io::{BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -47,29 +51,41 @@ enum Command {
     Put {
         #[command(flatten)]
         at: ClusterArg,
-        /// The key.
-        key: String,
-        /// The value.
-        value: String,
+        /// The key (its bytes, as given).
+        key: OsString,
+        /// The value (its bytes, as given), or `-` to read it from standard input
+        /// (binary-safe; to store a lone `-`, pipe it in).
+        value: OsString,
     },
-    /// Print a key's value (exit status 1 if it is absent).
+    /// Print a key's value and a newline (exit status 1 if it is absent).
     Get {
         #[command(flatten)]
         at: ClusterArg,
         /// The key.
-        key: String,
+        key: OsString,
+        /// Write the value's bytes exactly, without the newline.
+        #[arg(long, conflicts_with = "json")]
+        raw: bool,
+        /// Print one JSON object: `key`, `found`, `value` (the text if the value is
+        /// UTF-8, else its base64; null if absent) and `value_encoding` (`utf-8`,
+        /// `base64`, or null); `key` and `key_encoding` likewise.
+        #[arg(long)]
+        json: bool,
     },
     /// Delete a key (exit status 1 if it is absent).
     Delete {
         #[command(flatten)]
         at: ClusterArg,
         /// The key.
-        key: String,
+        key: OsString,
     },
     /// Show keys, memory used per node, and writers.
     Stat {
         #[command(flatten)]
         at: ClusterArg,
+        /// Print one JSON object instead of text.
+        #[arg(long)]
+        json: bool,
     },
     /// Give back the writer id of a client that died, so that a new client can use it
     /// (clients also take over expired ids by themselves when none is free; see
@@ -324,10 +340,20 @@ fn run(cli: Cli) -> Result<ExitCode> {
     match cli.command {
         Command::Init(args) => init(args),
         Command::Format { at, params } => rdma::format(&at, params.params()?),
-        Command::Put { at, key, value } => with_store!(&at, |store| put(&store, &key, &value)),
-        Command::Get { at, key } => with_store!(&at, |store| get(&store, &key)),
+        Command::Put { at, key, value } => {
+            let value = value_arg(&value)?;
+            with_store!(&at, |store| put(&store, &key, &value))
+        }
+        Command::Get { at, key, raw, json } => {
+            let format = match (raw, json) {
+                (_, true) => GetFormat::Json,
+                (true, _) => GetFormat::Raw,
+                _ => GetFormat::Line,
+            };
+            with_store!(&at, |store| get(&store, &key, format))
+        }
         Command::Delete { at, key } => with_store!(&at, |store| delete(&store, &key)),
-        Command::Stat { at } => with_store!(&at, |store| stat(&store)),
+        Command::Stat { at, json } => with_store!(&at, |store| stat(&store, json)),
         Command::Repair { at, node, replace } => repair(&at, node, replace),
         Command::Evict { at, writer, force } => {
             with_store!(&at, |store| evict(&store, writer, force))
@@ -342,32 +368,117 @@ fn run(cli: Cli) -> Result<ExitCode> {
     }
 }
 
-fn put<S: Store>(store: &S, key: &str, value: &str) -> Result<ExitCode> {
+/// The bytes of a `put` value: the argument's own, or standard input's for `-`.
+fn value_arg(value: &OsStr) -> Result<Vec<u8>> {
+    if value != "-" {
+        return Ok(value.as_encoded_bytes().to_vec());
+    }
+    let mut bytes = Vec::new();
+    std::io::stdin()
+        .lock()
+        .read_to_end(&mut bytes)
+        .context("cannot read the value from standard input")?;
+    Ok(bytes)
+}
+
+fn put<S: Store>(store: &S, key: &OsStr, value: &[u8]) -> Result<ExitCode> {
     with_client(store, |c, s| {
-        block_on(c.fabric(), c.insert(key.as_bytes(), value.as_bytes(), s))
+        block_on(c.fabric(), c.insert(key.as_encoded_bytes(), value, s))
     })?;
     Ok(ExitCode::SUCCESS)
 }
 
-fn get<S: Store>(store: &S, key: &str) -> Result<ExitCode> {
-    match with_client(store, |c, s| block_on(c.fabric(), c.get(key.as_bytes(), s)))? {
-        Some(value) => {
-            let mut out = std::io::stdout().lock();
-            out.write_all(&value)?;
-            out.write_all(b"\n")?;
-            Ok(ExitCode::SUCCESS)
+/// How `swarm get` prints a value.
+#[derive(Clone, Copy, Debug)]
+enum GetFormat {
+    /// The bytes and a newline.
+    Line,
+    /// The bytes only.
+    Raw,
+    /// A JSON object ([`get_json`]).
+    Json,
+}
+
+fn get<S: Store>(store: &S, key: &OsStr, format: GetFormat) -> Result<ExitCode> {
+    let key_bytes = key.as_encoded_bytes();
+    let value = with_client(store, |c, s| block_on(c.fabric(), c.get(key_bytes, s)))?;
+    let mut out = std::io::stdout().lock();
+    match format {
+        GetFormat::Json => {
+            writeln!(out, "{}", get_json(key_bytes, value.as_deref()))?;
         }
-        None => {
-            eprintln!("key not found: {key}");
-            Ok(ExitCode::FAILURE)
+        GetFormat::Line | GetFormat::Raw => {
+            if let Some(value) = &value {
+                out.write_all(value)?;
+                if matches!(format, GetFormat::Line) {
+                    out.write_all(b"\n")?;
+                }
+            }
         }
+    }
+    out.flush()?;
+    if value.is_some() {
+        Ok(ExitCode::SUCCESS)
+    } else {
+        eprintln!("key not found: {}", key.display());
+        Ok(ExitCode::FAILURE)
     }
 }
 
-fn delete<S: Store>(store: &S, key: &str) -> Result<ExitCode> {
+/// `swarm get --json`: bytes that are UTF-8 as text, others as base64.
+fn get_json(key: &[u8], value: Option<&[u8]>) -> serde_json::Value {
+    let (key, key_encoding) = bytes_json(key);
+    let (value, value_encoding) = match value {
+        Some(value) => {
+            let (text, encoding) = bytes_json(value);
+            (serde_json::Value::String(text), serde_json::json!(encoding))
+        }
+        None => (serde_json::Value::Null, serde_json::Value::Null),
+    };
+    serde_json::json!({
+        "key": key,
+        "key_encoding": key_encoding,
+        "found": !value.is_null(),
+        "value": value,
+        "value_encoding": value_encoding,
+    })
+}
+
+/// Bytes as a JSON string and its encoding: the text if they are UTF-8, else base64.
+fn bytes_json(bytes: &[u8]) -> (String, &'static str) {
+    match std::str::from_utf8(bytes) {
+        Ok(text) => (text.to_owned(), "utf-8"),
+        Err(_) => (base64(bytes), "base64"),
+    }
+}
+
+/// Standard base64 (RFC 4648, with padding).
+fn base64(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    for chunk in bytes.chunks(3) {
+        let b = [
+            chunk[0],
+            chunk.get(1).copied().unwrap_or(0),
+            chunk.get(2).copied().unwrap_or(0),
+        ];
+        let n = u32::from(b[0]) << 16 | u32::from(b[1]) << 8 | u32::from(b[2]);
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(char::from(ALPHABET[(n >> (18 - 6 * i) & 63) as usize]));
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+fn delete<S: Store>(store: &S, key: &OsStr) -> Result<ExitCode> {
     let outcome = with_client(store, |c, s| {
-        block_on(c.fabric(), c.delete(key.as_bytes(), s))
+        block_on(c.fabric(), c.delete(key.as_encoded_bytes(), s))
     })?;
+    let key = key.display();
     match outcome {
         DeleteOutcome::Removed => Ok(ExitCode::SUCCESS),
         DeleteOutcome::Raced => {
@@ -549,8 +660,11 @@ macro_rules! outln {
     }};
 }
 
-fn stat<S: Store>(store: &S) -> Result<ExitCode> {
+/// `swarm stat`: the report as text, or (`json`) as one JSON object with the same
+/// facts (docs/cli.md lists its fields).
+fn stat<S: Store>(store: &S, json: bool) -> Result<ExitCode> {
     let mut text = String::new();
+    let mut node_reports = Vec::new();
     let layout = *store.layout();
     let p = layout.params;
     let fabric = store.fabric()?;
@@ -569,6 +683,13 @@ fn stat<S: Store>(store: &S) -> Result<ExitCode> {
         p.meta_words
     );
     outln!(text, "keys: {keys} (capacity {})", p.registers);
+    let mut report = serde_json::json!({
+        "nodes": nodes,
+        "replicas": p.replicas,
+        "meta_words": p.meta_words,
+        "keys": keys,
+        "capacity": p.registers,
+    });
     let unusable = store.unusable_nodes();
     let mut table_node = None;
     let mut chunk_tokens: Vec<u64> = Vec::new();
@@ -579,6 +700,9 @@ fn stat<S: Store>(store: &S) -> Result<ExitCode> {
                 text,
                 "node {node}: UNUSABLE, left out (the others serve): {why}"
             );
+            node_reports.push(serde_json::json!({
+                "node": node.0, "state": "unusable", "reason": why,
+            }));
             continue;
         }
         let words = block_on(&fabric, async {
@@ -600,6 +724,9 @@ fn stat<S: Store>(store: &S) -> Result<ExitCode> {
             Ok(words) => words,
             Err(e) => {
                 outln!(text, "node {node}: UNREACHABLE: {e}");
+                node_reports.push(serde_json::json!({
+                    "node": node.0, "state": "unreachable", "reason": e.to_string(),
+                }));
                 continue;
             }
         };
@@ -618,7 +745,17 @@ fn stat<S: Store>(store: &S) -> Result<ExitCode> {
             (p.registers * layout.register_slot_bytes) as f64 / (1 << 20) as f64,
             layout.swarm.log_bytes() as f64 / (1 << 20) as f64,
         );
+        node_reports.push(serde_json::json!({
+            "node": node.0,
+            "state": "up",
+            "chunks_claimed": claimed,
+            "registers_claimed": registers,
+            "register_bytes_used": used,
+            "register_bytes": p.registers * layout.register_slot_bytes,
+            "log_bytes": layout.swarm.log_bytes(),
+        }));
     }
+    report["node_states"] = serde_json::Value::Array(node_reports);
     let table_node = table_node.context("no memory node answered")?;
     let census = block_on(
         &fabric,
@@ -640,6 +777,16 @@ fn stat<S: Store>(store: &S) -> Result<ExitCode> {
         census.fresh,
         census.unknown
     );
+    report["registers"] = serde_json::json!({
+        "holding_data": census.holding_data(),
+        "keyed": census.keyed,
+        "retired_live": census.retired_live,
+        "retired_gone": census.retired_gone,
+        "pooled_live": census.pooled_live,
+        "pooled_gone": census.pooled_gone,
+        "fresh": census.fresh,
+        "unknown": census.unknown,
+    });
     let rows = block_on(
         &fabric,
         swarm_kv::writer_ids::read_table(&fabric, &layout, table_node),
@@ -659,6 +806,13 @@ fn stat<S: Store>(store: &S) -> Result<ExitCode> {
         swarm_kv::duration::format_ns(p.delivery_margin_ns),
         lease.observer_wait_ns() as f64 / 1e9
     );
+    report["leases"] = serde_json::json!({
+        "lease_ns": p.lease_ns,
+        "renew_ns": p.lease_renew_ns,
+        "max_op_ns": p.max_op_ns,
+        "delivery_margin_ns": p.delivery_margin_ns,
+        "takeover_after_ns": lease.observer_wait_ns(),
+    });
     let status = |row: &swarm_kv::writer_ids::Row| {
         let age_ns = now.saturating_sub(row.renewed_unix_ns);
         if swarm_kv::lease::is_killed(row.lease) {
@@ -704,6 +858,21 @@ fn stat<S: Store>(store: &S) -> Result<ExitCode> {
              next client of a used id scans its whole log"
         );
     }
+    report["writers"] = serde_json::json!({
+        "ids": p.writers,
+        "ever_used": used,
+        "registered": registered.len(),
+        "reclaimable": reclaimable,
+        "sealed_summaries": sealed,
+        "table_node": table_node.0,
+        "clients": registered.iter().map(|row| serde_json::json!({
+            "writer": row.writer,
+            "pid": row.pid,
+            "lease_counter": swarm_kv::lease::counter(row.lease),
+            "last_renewal_secs": now.saturating_sub(row.renewed_unix_ns) as f64 / 1e9,
+            "lease": status(row).0.split(':').next().unwrap_or_default(),
+        })).collect::<Vec<_>>(),
+    });
     for row in &registered {
         let age = now.saturating_sub(row.renewed_unix_ns) as f64 / 1e9;
         outln!(
@@ -732,7 +901,14 @@ fn stat<S: Store>(store: &S) -> Result<ExitCode> {
          or given back, and reclaims what gone clients held, after the register grace)",
         orphaned as u64 * u64::from(p.chunk_registers)
     );
-    print_out(text.trim_end());
+    report["orphaned_chunks"] = serde_json::json!(orphaned);
+    report["orphaned_registers"] =
+        serde_json::json!(orphaned as u64 * u64::from(p.chunk_registers));
+    if json {
+        print_out(&serde_json::to_string_pretty(&report).unwrap_or_default());
+    } else {
+        print_out(text.trim_end());
+    }
     Ok(ExitCode::SUCCESS)
 }
 
