@@ -49,7 +49,7 @@
 //! ## The API
 //!
 //! * **Stores**: [`ShmStore::create`] / [`ShmStore::open`] (shared-memory node files),
-//!   `RdmaStore::open` / `RdmaStore::format` (feature `rdma`); both implement
+//!   `RdmaStore::open_cluster_file` / `RdmaStore::format` (feature `rdma`); both implement
 //!   [`Store`]. [`ClusterParams`] sets a new cluster's limits (key and value sizes,
 //!   replicas, writer ids, leases); the `swarm` command creates, inspects and repairs
 //!   clusters too (`docs/cli.md`).
