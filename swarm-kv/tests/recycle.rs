@@ -69,10 +69,13 @@ struct TestFabric {
     unapplied_on: RefCell<Option<Range<u64>>>,
     /// Batches held unapplied (taken when they land) and, once landed, their inner
     /// tickets; by ticket number minus `UNAPPLIED`.
-    unapplied: RefCell<Vec<(Option<(NodeId, Batch)>, Option<Ticket>)>>,
+    unapplied: RefCell<Vec<Unapplied>>,
     /// Results of batches not passed to `inner`, by ticket number minus `OURS`.
     ours: RefCell<Vec<Option<Result<Completion, FabricError>>>>,
 }
+
+/// A batch held unapplied (taken when it lands), and its inner ticket once landed.
+type Unapplied = (Option<(NodeId, Batch)>, Option<Ticket>);
 
 const OURS: u32 = 1 << 31;
 const HELD: u32 = 1 << 30;
