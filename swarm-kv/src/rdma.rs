@@ -37,6 +37,7 @@ use std::sync::Arc;
 use swarm_core::Fabric;
 use swarm_core::fabric::{FabricError, NodeId};
 use swarm_core::header::NodeHeader;
+use swarm_rdma::fabric::ClusterHandle;
 use swarm_rdma::lease_watch::{MAX_STALL_NS, MIN_STALL_NS, WatchRequest};
 use swarm_rdma::{RdmaCluster, RdmaConfig, RdmaError, RdmaFabric};
 
@@ -46,10 +47,19 @@ use crate::lease::LeaseParams;
 use crate::repair::{RepairError, RepairOptions, RepairReport, repair_node};
 use crate::store::{Store, open_layout, write_superblock};
 
-/// A SWARM-KV cluster on RDMA memory nodes, opened by this process.
-#[derive(Debug, Clone)]
-pub struct RdmaStore {
-    cluster: Arc<RdmaCluster>,
+/// A SWARM-KV cluster on RDMA memory nodes, opened by this process: over verbs
+/// ([`RdmaCluster`]), or over emulated memory nodes in tests (any
+/// [`ClusterHandle`]).
+///
+/// **Nodes that restart while the store is open.** Every client ([`Store::fabric`],
+/// [`Store::client_with`]) comes from the one cluster handle, which pins each node's
+/// incarnation when it first reaches it: a client made after a node restarted with
+/// empty memory leaves that node out (its old memory reported lost) instead of taking
+/// it as a replica, and [`crate::KvClient::connect`] follows the configuration before
+/// it registers, so a node whose incarnation is not the member's serves nothing.
+#[derive(Debug)]
+pub struct RdmaStore<C: ClusterHandle = RdmaCluster> {
+    cluster: Arc<C>,
     layout: NodeLayout,
     header: NodeHeader,
     /// Nodes left out when the store was opened, and why.
@@ -59,7 +69,21 @@ pub struct RdmaStore {
     lost: Arc<[(NodeId, u64)]>,
 }
 
-fn first_header(fabric: &RdmaFabric) -> Result<NodeHeader, KvError> {
+impl<C: ClusterHandle> Clone for RdmaStore<C> {
+    fn clone(&self) -> Self {
+        Self {
+            cluster: self.cluster.clone(),
+            layout: self.layout,
+            header: self.header,
+            unusable: self.unusable.clone(),
+            lost: self.lost.clone(),
+        }
+    }
+}
+
+fn first_header<T: swarm_rdma::fabric::Transport>(
+    fabric: &RdmaFabric<T>,
+) -> Result<NodeHeader, KvError> {
     Ok(fabric
         .headers()
         .iter()
@@ -72,45 +96,8 @@ fn first_header(fabric: &RdmaFabric) -> Result<NodeHeader, KvError> {
 impl RdmaStore {
     /// Connects to the memory nodes of `config`.
     pub fn open(config: RdmaConfig) -> Result<Self, KvError> {
-        let cluster = Arc::new(RdmaCluster::open(config.clone()).map_err(rdma)?);
-        let fabric = cluster.client().map_err(rdma)?;
-        let header = first_header(&fabric)?;
-        let crate::store::OpenedLayout {
-            layout,
-            left_out: mut unusable,
-            lost,
-        } = open_layout(&fabric, &header, fabric.incarnations())?;
-        // Every client's late writes must fall within the margin the cluster's
-        // recyclers wait for (`swarm_core::reclaim`).
-        let transport_ns = config.delivery_bound_ns();
-        if transport_ns > layout.params.delivery_margin_ns {
-            return Err(KvError::DeliveryMargin {
-                transport_ns,
-                cluster_ns: layout.params.delivery_margin_ns,
-            });
-        }
-        // Nodes this first client could not reach (each later client connects on
-        // its own, and may reach them).
-        for (i, node_header) in fabric.headers().iter().enumerate() {
-            let node = NodeId(i as u16);
-            if node_header.is_none() && !unusable.iter().any(|(n, _)| *n == node) {
-                let addr = config.nodes.get(i).map_or("?", String::as_str);
-                unusable.push((
-                    node,
-                    format!("unreachable or refused when the cluster was opened ({addr})"),
-                ));
-            }
-        }
-        unusable.sort_by_key(|(n, _)| *n);
-        Ok(Self {
-            cluster,
-            layout,
-            header,
-            unusable: unusable.into(),
-            lost: lost.into(),
-        })
+        Self::open_on(RdmaCluster::open(config).map_err(rdma)?)
     }
-
     /// Rebuilds memory node `node` of the cluster of `config` from the other nodes and
     /// admits it back (`crate::repair`), while clients keep running; they reconnect to
     /// it within a lease renewal period. The node must be reachable with a memory
@@ -161,13 +148,61 @@ impl RdmaStore {
     /// Writes the superblock of a fresh store on the memory nodes of `config`, with
     /// capacities derived from `params` and the nodes' size.
     pub fn format(config: RdmaConfig, params: ClusterParams) -> Result<Self, KvError> {
-        let cluster = RdmaCluster::open(config.clone()).map_err(rdma)?;
+        Self::format_on(RdmaCluster::open(config).map_err(rdma)?, params)
+    }
+}
+
+impl<C: ClusterHandle> RdmaStore<C> {
+    /// Connects to the memory nodes of `cluster`, whose clients serve the store.
+    pub fn open_on(cluster: C) -> Result<Self, KvError> {
+        let cluster = Arc::new(cluster);
+        let fabric = cluster.client().map_err(rdma)?;
+        let header = first_header(&fabric)?;
+        let crate::store::OpenedLayout {
+            layout,
+            left_out: mut unusable,
+            lost,
+        } = open_layout(&fabric, &header, fabric.incarnations())?;
+        // Every client's late writes must fall within the margin the cluster's
+        // recyclers wait for (`swarm_core::reclaim`).
+        let transport_ns = cluster.delivery_bound_ns();
+        if transport_ns > layout.params.delivery_margin_ns {
+            return Err(KvError::DeliveryMargin {
+                transport_ns,
+                cluster_ns: layout.params.delivery_margin_ns,
+            });
+        }
+        // Nodes this first client could not reach (each later client connects on
+        // its own, and may reach them).
+        for (i, node_header) in fabric.headers().iter().enumerate() {
+            let node = NodeId(i as u16);
+            if node_header.is_none() && !unusable.iter().any(|(n, _)| *n == node) {
+                let addr = cluster.node_addr(i);
+                unusable.push((
+                    node,
+                    format!("unreachable or refused when the cluster was opened ({addr})"),
+                ));
+            }
+        }
+        unusable.sort_by_key(|(n, _)| *n);
+        Ok(Self {
+            cluster,
+            layout,
+            header,
+            unusable: unusable.into(),
+            lost: lost.into(),
+        })
+    }
+
+    /// Writes the superblock of a fresh store on the memory nodes of `cluster`, with
+    /// capacities derived from `params` and the nodes' size, then opens it.
+    pub fn format_on(cluster: C, params: ClusterParams) -> Result<Self, KvError> {
         let fabric = cluster.client().map_err(rdma)?;
         let header = first_header(&fabric)?;
         // Batches may land as late as the queue pairs' retry window after their post:
         // the recycling grace must wait for them (`swarm_core::reclaim`).
         let params = ClusterParams {
-            delivery_margin_ns: params.delivery_margin_ns.max(config.delivery_bound_ns()),
+            delivery_margin_ns: params.delivery_margin_ns.max(cluster.delivery_bound_ns()),
             ..params
         }
         .for_node_size(header.size)?;
@@ -185,15 +220,16 @@ impl RdmaStore {
         );
         crate::store::write_configuration(&fabric, &members)?;
         drop(fabric);
-        drop(cluster);
-        Self::open(config)
+        Self::open_on(cluster)
     }
 }
 
 /// The first reachable node that already holds a superblock, if any: formatting
 /// over it would make a restarted, empty node look like a replica of the store the
 /// others hold.
-fn formatted_node(fabric: &RdmaFabric) -> Result<Option<NodeId>, KvError> {
+fn formatted_node<T: swarm_rdma::fabric::Transport>(
+    fabric: &RdmaFabric<T>,
+) -> Result<Option<NodeId>, KvError> {
     let stats = swarm_core::OpStats::new();
     let reachable: Vec<NodeId> = (0..fabric.node_count())
         .map(|i| NodeId(i as u16))
@@ -230,8 +266,8 @@ fn rdma(e: RdmaError) -> KvError {
     KvError::Rdma(e)
 }
 
-impl Store for RdmaStore {
-    type Fabric = RdmaFabric;
+impl<C: ClusterHandle> Store for RdmaStore<C> {
+    type Fabric = RdmaFabric<C::Transport>;
 
     fn layout(&self) -> &NodeLayout {
         &self.layout
@@ -241,7 +277,7 @@ impl Store for RdmaStore {
         &self.header
     }
 
-    fn fabric(&self) -> Result<RdmaFabric, KvError> {
+    fn fabric(&self) -> Result<Self::Fabric, KvError> {
         let fabric = self.cluster.client().map_err(rdma)?;
         // Nothing this client posts may land after the margin the recyclers wait for.
         fabric.bound_delivery(self.layout.params.delivery_margin_ns);
@@ -263,7 +299,7 @@ impl Store for RdmaStore {
     fn client_with(
         &self,
         config: crate::KvConfig,
-    ) -> Result<crate::KvClient<RdmaFabric, crate::clock::SystemClock>, KvError> {
+    ) -> Result<crate::KvClient<Self::Fabric, crate::clock::SystemClock>, KvError> {
         let fabric = self.fabric()?;
         let clock =
             crate::clock::SystemClock::new(self.header().epoch_unix_ns, self.header().tick_ns);
@@ -278,7 +314,7 @@ impl Store for RdmaStore {
     /// ([`LeaseParams::observer_wait_ns`]): by then the client's own clock says its
     /// lease ended, whatever the drift within the bound (defence in depth behind the
     /// self-fence, [`crate::lease`]).
-    fn watch_lease(&self, fabric: &RdmaFabric, writer: u16) {
+    fn watch_lease(&self, fabric: &Self::Fabric, writer: u16) {
         let params = LeaseParams::from_params(&self.layout.params);
         let stall_ns = params.observer_wait_ns().max(MIN_STALL_NS);
         if stall_ns > MAX_STALL_NS {

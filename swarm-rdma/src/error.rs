@@ -139,6 +139,20 @@ pub enum RdmaError {
         /// Why.
         reason: RefuseReason,
     },
+    /// The memory node restarted (with empty memory) since this process's cluster
+    /// handle first reached it: a new client leaves it out until a configuration
+    /// change admits its new incarnation (after a repair).
+    #[error(
+        "memory node {peer} restarted with empty memory (incarnation {found:#018x}, this process knew {pinned:#018x}): left out until it is repaired"
+    )]
+    Restarted {
+        /// The memory node's address.
+        peer: String,
+        /// The incarnation pinned for this node by the cluster handle.
+        pinned: u64,
+        /// The incarnation the node reported.
+        found: u64,
+    },
     /// The memory nodes' headers do not describe one cluster in the order given.
     #[error("memory nodes {nodes} do not form the expected cluster: {source}")]
     Cluster {

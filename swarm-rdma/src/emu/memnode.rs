@@ -100,6 +100,8 @@ struct EmuAcceptor {
     region: RegionInfo,
     /// The node's queue pairs that exist.
     live: Arc<AtomicUsize>,
+    /// Set while the node refuses new clients ([`EmulatedMemnode::refuse_clients`]).
+    refusing: Arc<AtomicBool>,
 }
 
 impl Acceptor for EmuAcceptor {
@@ -110,6 +112,11 @@ impl Acceptor for EmuAcceptor {
     }
 
     fn accept(&self, client: &QpInfo) -> Result<(QpInfo, EmuServerQp), RdmaError> {
+        if self.refusing.load(Ordering::Acquire) {
+            return Err(RdmaError::Config(
+                "this emulated memory node refuses new clients".into(),
+            ));
+        }
         let qpn = self.wire.next_qpn();
         let alive = Arc::new(AtomicBool::new(true));
         self.live.fetch_add(1, Ordering::AcqRel);
@@ -186,6 +193,8 @@ pub struct EmulatedMemnode {
     header: NodeHeader,
     addr: SocketAddr,
     process: Option<Process>,
+    /// Whether the node refuses new clients (kept across restarts).
+    refusing: Arc<AtomicBool>,
 }
 
 impl EmulatedMemnode {
@@ -208,6 +217,7 @@ impl EmulatedMemnode {
             header,
             addr,
             process: None,
+            refusing: Arc::default(),
         };
         node.process = Some(node.spawn(listener, incarnation)?);
         Ok(node)
@@ -226,6 +236,13 @@ impl EmulatedMemnode {
     /// The running incarnation's memory; `None` while stopped.
     pub fn memory(&self) -> Option<&Arc<EmuNode>> {
         self.process.as_ref().map(|p| &p.node)
+    }
+
+    /// While `refuse` is set, the node answers every new bootstrap with a refusal
+    /// (`NoResources`, as a node out of queue pairs does) and keeps serving the
+    /// clients it has, with the same memory: to the new ones it is unreachable.
+    pub fn refuse_clients(&self, refuse: bool) {
+        self.refusing.store(refuse, Ordering::Release);
     }
 
     /// Disconnects every client and keeps serving the same memory, as a node that
@@ -285,6 +302,7 @@ impl EmulatedMemnode {
                 incarnation,
             },
             live: live.clone(),
+            refusing: self.refusing.clone(),
         };
         let limits = ServerLimits {
             handshake_deadline: Duration::from_secs(2),

@@ -6,6 +6,7 @@
 //! [`EmuNic`] in place of verbs.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use super::EmuOptions;
@@ -14,10 +15,10 @@ use super::nic::{EmuConnection, EmuNic};
 use super::queue::EmuQp;
 use crate::auth::Token;
 use crate::error::RdmaError;
-use crate::fabric::RdmaFabric;
 use crate::fabric::engine::NodeLink;
-use crate::fabric::reconnect::Known;
+use crate::fabric::reconnect::{IncarnationPins, Known};
 use crate::fabric::transport::{self, Connected, Transport};
+use crate::fabric::{ClusterHandle, RdmaFabric};
 use crate::lease_watch::WatchRequest;
 use crate::verbs::events::DeviceHealth;
 use crate::wire::QpInfo;
@@ -40,17 +41,25 @@ pub struct EmuTransport {
     options: EmuOptions,
     /// Always healthy unless a test records device events on it.
     health: DeviceHealth,
+    /// The nodes' incarnations, pinned for every client made from this transport
+    /// (as an [`crate::RdmaCluster`] pins them for its clients).
+    pins: IncarnationPins,
+    /// The schedule seed of the next client made through [`ClusterHandle::client`].
+    seeds: AtomicU64,
 }
 
 impl EmuTransport {
     /// Clients of the memory nodes at `nodes` (node `i` is `nodes[i]`) on `wire`.
     pub fn new(wire: Arc<EmuWire>, nodes: Vec<String>, token: Token, options: EmuOptions) -> Self {
+        let pins = IncarnationPins::new(nodes.len());
         Self {
             wire,
             nodes,
             token,
             options,
             health: DeviceHealth::new(1),
+            pins,
+            seeds: AtomicU64::new(1),
         }
     }
 
@@ -61,6 +70,24 @@ impl EmuTransport {
         RdmaFabric::connect_all(self.clone(), WARN_OVERDUE_AFTER_NS, |connections| {
             EmuNic::with_connections(connections, o.staging, o.device_cas_reply, seed)
         })
+    }
+}
+
+/// Emulated memory nodes as a cluster handle: each client gets the next schedule
+/// seed; requests take effect only while their client polls, so nothing lands late.
+impl ClusterHandle for Arc<EmuTransport> {
+    type Transport = EmuTransport;
+
+    fn client(&self) -> Result<RdmaFabric<EmuTransport>, RdmaError> {
+        EmuTransport::client(self, self.seeds.fetch_add(1, Ordering::Relaxed))
+    }
+
+    fn node_addr(&self, index: usize) -> &str {
+        self.nodes.get(index).map_or("?", String::as_str)
+    }
+
+    fn delivery_bound_ns(&self) -> u64 {
+        0
     }
 }
 
@@ -139,5 +166,9 @@ impl Transport for EmuTransport {
 
     fn health(&self) -> &DeviceHealth {
         &self.health
+    }
+
+    fn pins(&self) -> &IncarnationPins {
+        &self.pins
     }
 }

@@ -45,7 +45,7 @@ use crate::wire::RefuseReason;
 use crate::wr::{CasReplyOrder, ChainLimits, ReadOrdering, RemoteRegion};
 use engine::{Engine, EngineFabric, NodeLink};
 use nic::VerbsNic;
-use reconnect::{Known, Slot, Verdict, judge};
+use reconnect::{IncarnationPins, Known, Slot, Verdict, judge};
 pub use transport::{Connected, Transport};
 
 /// How a client connects to memory nodes.
@@ -191,6 +191,8 @@ struct Shared {
     config: RdmaConfig,
     /// How the device returns CAS results (its self-test at open).
     cas_reply: CasReplyOrder,
+    /// The nodes' incarnations, pinned for every client of this cluster handle.
+    pins: IncarnationPins,
 }
 
 impl RdmaCluster {
@@ -223,6 +225,7 @@ impl RdmaCluster {
                 "this device returns CAS results byte-swapped (as ConnectX-3 does); decoding them accordingly"
             );
         }
+        let pins = IncarnationPins::new(config.nodes.len());
         Ok(Self {
             shared: Arc::new(Shared {
                 events,
@@ -230,6 +233,7 @@ impl RdmaCluster {
                 port,
                 config,
                 cas_reply,
+                pins,
             }),
         })
     }
@@ -250,9 +254,52 @@ impl RdmaCluster {
         self.shared.cas_reply
     }
 
-    /// Connects a new client handle (one per thread) to every memory node.
+    /// Connects a new client handle (one per thread) to every memory node. A node
+    /// whose incarnation is not the one pinned for this cluster handle (the first
+    /// one any of its clients reached, [`reconnect::IncarnationPins`]) restarted with
+    /// empty memory meanwhile: the new client leaves it out and reports its pinned
+    /// memory lost ([`Fabric::memory_lost`]).
     pub fn client(&self) -> Result<RdmaFabric, RdmaError> {
         RdmaFabric::connect(&self.shared)
+    }
+}
+
+/// What makes the client handles of one cluster, one per thread, each checked
+/// against the incarnations the handle pinned ([`reconnect::IncarnationPins`]): a
+/// process's [`RdmaCluster`] over verbs, or emulated memory nodes'
+/// [`crate::emu::EmuTransport`] in tests. SWARM-KV's store is generic over it.
+pub trait ClusterHandle: std::fmt::Debug + Send + Sync + 'static {
+    /// What the clients run on.
+    type Transport: Transport;
+
+    /// Connects a new client handle (one per thread) to every memory node.
+    fn client(&self) -> Result<RdmaFabric<Self::Transport>, RdmaError>;
+
+    /// Node `index`'s bootstrap address, for messages (`"?"` out of range).
+    fn node_addr(&self, index: usize) -> &str;
+
+    /// How late, at most, a request may take effect after its post
+    /// ([`RdmaConfig::delivery_bound_ns`]).
+    fn delivery_bound_ns(&self) -> u64;
+}
+
+impl ClusterHandle for RdmaCluster {
+    type Transport = VerbsTransport;
+
+    fn client(&self) -> Result<RdmaFabric, RdmaError> {
+        RdmaCluster::client(self)
+    }
+
+    fn node_addr(&self, index: usize) -> &str {
+        self.shared
+            .config
+            .nodes
+            .get(index)
+            .map_or("?", String::as_str)
+    }
+
+    fn delivery_bound_ns(&self) -> u64 {
+        self.shared.config.delivery_bound_ns()
     }
 }
 
@@ -353,6 +400,10 @@ impl Transport for VerbsTransport {
 
     fn health(&self) -> &DeviceHealth {
         self.shared.events.health()
+    }
+
+    fn pins(&self) -> &IncarnationPins {
+        &self.shared.pins
     }
 }
 
@@ -456,12 +507,27 @@ impl<T: Transport> RdmaFabric<T> {
         let mut incarnations = Vec::with_capacity(n);
         let mut streams = Vec::with_capacity(n);
         let mut slots = Vec::with_capacity(n);
+        let mut lost = vec![None; n];
         let mut failures = Vec::new();
         // All nodes at once: an unreachable node costs one bootstrap timeout, not one
         // per node before it in the list.
         let results = in_parallel(n, |i| transport.connect_node(i, None));
         for (i, result) in results.into_iter().enumerate() {
             let addr = transport.node_addr(i);
+            // A node that restarted since this cluster handle first reached it has
+            // empty memory: left out like an unreachable one, its old memory lost.
+            let result =
+                result.and_then(|c| match transport.pins().check(i, c.known.incarnation) {
+                    Ok(()) => Ok(c),
+                    Err(pinned) => {
+                        lost[i] = Some(pinned);
+                        Err(RdmaError::Restarted {
+                            peer: addr.to_owned(),
+                            pinned,
+                            found: c.known.incarnation,
+                        })
+                    }
+                });
             match result {
                 Ok(c) => {
                     qps.push(Some(c.qp));
@@ -529,7 +595,7 @@ impl<T: Transport> RdmaFabric<T> {
             transport,
             slots: RefCell::new(slots),
             admitted: RefCell::new(vec![None; n]),
-            lost: RefCell::new(vec![None; n]),
+            lost: RefCell::new(lost),
             last_post: Cell::new(0),
         })
     }
@@ -870,6 +936,10 @@ impl<T: Transport> RdmaFabric<T> {
                 engine.revive(node, link);
                 // Closing the old bootstrap connection lets the node destroy its end.
                 self.streams.borrow_mut()[node.index()] = Some((stream, session));
+                if admitted.is_some() {
+                    // Later clients of this cluster handle may use it from the start.
+                    self.transport.pins().admit(node.index(), known.incarnation);
+                }
                 tracing::info!(%node, "memory node reconnected (same incarnation)");
                 Slot::Live
             }
@@ -1000,10 +1070,12 @@ impl<T: Transport> Fabric for RdmaFabric<T> {
     /// Expects `incarnation` from `node` from now on and reconnects it in the
     /// background (the next [`Fabric::progress`] starts the attempt); the node serves
     /// once a reconnect finds exactly that incarnation. `true` if the node is in
-    /// service with it already or a reconnect is scheduled.
+    /// service with it already or a reconnect is scheduled; `false` (and nothing
+    /// done) for an incarnation whose memory is known lost ([`Fabric::memory_lost`]).
     fn admit(&self, node: NodeId, incarnation: u64) -> bool {
         let index = node.index();
-        if index >= self.node_count() {
+        if index >= self.node_count() || self.memory_lost(node, incarnation) {
+            // That incarnation's memory is gone for good: no node can serve it.
             return false;
         }
         let current = self.admitted.borrow()[index].or(self.incarnations[index]);

@@ -22,7 +22,19 @@
 //! misses acknowledged writes, so it is *not* put back ([`Verdict::Restarted`]);
 //! it needs repair first. A node this client never reached has no known
 //! incarnation and is not retried either, for the same reason.
+//!
+//! **Across the clients of one process.** A client thread's baseline is not its own
+//! bootstrap: each cluster handle (an [`crate::RdmaCluster`], or the emulated
+//! [`crate::emu::EmuTransport`]) pins every node's incarnation the first time one of
+//! its clients reaches the node ([`IncarnationPins`]), and every later client checks
+//! the incarnation its own bootstrap reports against that pin. A node that restarted
+//! with empty memory between two `client()` calls is therefore left out by the
+//! second client (and its pinned memory reported lost, [`swarm_core::Fabric::memory_lost`])
+//! exactly as by a client that saw the restart on a reconnect. A configuration change
+//! that admits a rebuilt node ([`swarm_core::Fabric::admit`]) moves the pin once a
+//! client reconnects to the admitted incarnation.
 
+use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use swarm_core::header::NodeHeader;
@@ -39,6 +51,57 @@ pub struct Known {
     pub header: NodeHeader,
     /// The node process's incarnation.
     pub incarnation: u64,
+}
+
+/// Per memory node, the incarnation the clients of one cluster handle may use: the
+/// first one any of them reached, or the one a configuration change admitted since
+/// (module docs, "Across the clients of one process").
+#[derive(Debug)]
+pub struct IncarnationPins {
+    pins: Mutex<Vec<Option<u64>>>,
+}
+
+impl IncarnationPins {
+    /// No node pinned yet, for a cluster of `nodes` nodes.
+    pub fn new(nodes: usize) -> Self {
+        Self {
+            pins: Mutex::new(vec![None; nodes]),
+        }
+    }
+
+    /// Checks the incarnation `incarnation` that node `index` reported to a new
+    /// client: pins it if the node had no pin (`Ok`); `Ok` if it is the pinned one;
+    /// otherwise the pinned incarnation, whose memory is gone (`Err`). A node index
+    /// out of range is never pinned (`Ok`).
+    pub fn check(&self, index: usize, incarnation: u64) -> Result<(), u64> {
+        let mut pins = self.lock();
+        match pins.get_mut(index) {
+            None => Ok(()),
+            Some(pin @ None) => {
+                *pin = Some(incarnation);
+                Ok(())
+            }
+            Some(Some(pinned)) if *pinned == incarnation => Ok(()),
+            Some(Some(pinned)) => Err(*pinned),
+        }
+    }
+
+    /// The incarnation pinned for node `index`, if any.
+    pub fn get(&self, index: usize) -> Option<u64> {
+        self.lock().get(index).copied().flatten()
+    }
+
+    /// Moves node `index`'s pin to `incarnation`, which a configuration change
+    /// admitted and a client found running ([`swarm_core::Fabric::admit`]).
+    pub fn admit(&self, index: usize, incarnation: u64) {
+        if let Some(pin) = self.lock().get_mut(index) {
+            *pin = Some(incarnation);
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Option<u64>>> {
+        self.pins.lock().unwrap_or_else(PoisonError::into_inner)
+    }
 }
 
 /// Whether a node that answered a reconnect is the one the client knew.

@@ -16,7 +16,7 @@ use crate::auth::Token;
 use crate::bootstrap::{self, Accepted, Session};
 use crate::error::RdmaError;
 use crate::fabric::engine::{Nic, NodeLink};
-use crate::fabric::reconnect::Known;
+use crate::fabric::reconnect::{IncarnationPins, Known};
 use crate::lease_watch::WatchRequest;
 use crate::verbs::events::DeviceHealth;
 use crate::wire::QpInfo;
@@ -56,6 +56,10 @@ pub trait Transport: std::fmt::Debug + Send + Sync + 'static {
 
     /// The device's health, as its asynchronous events last said.
     fn health(&self) -> &DeviceHealth;
+
+    /// The incarnations pinned for the cluster handle this transport belongs to,
+    /// shared by all its clients ([`IncarnationPins`]).
+    fn pins(&self) -> &IncarnationPins;
 }
 
 /// A queue pair connected to a memory node, and what the client learnt doing it.
