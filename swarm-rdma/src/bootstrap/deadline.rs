@@ -6,27 +6,44 @@
 //! it likes. [`Deadline`] re-arms the socket's timeouts before every read and write
 //! with the time *left* until one instant, so the whole exchange ends by then.
 
+use std::cell::Cell;
 use std::io::{self, Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use socket2::{SockRef, TcpKeepalive};
 
-/// A stream whose reads and writes all fail with `TimedOut` once `at` has passed.
+/// A stream whose reads and writes all fail with `TimedOut` once `at` has passed
+/// (or an earlier limit that its owner may move: [`Deadline::bounded_by`]).
 #[derive(Debug)]
 pub(crate) struct Deadline<'s> {
     stream: &'s TcpStream,
     at: Instant,
+    limit: Option<&'s Cell<Instant>>,
 }
 
 impl<'s> Deadline<'s> {
     /// Reads and writes on `stream` until `at`.
     pub(crate) fn new(stream: &'s TcpStream, at: Instant) -> Self {
-        Self { stream, at }
+        Self {
+            stream,
+            at,
+            limit: None,
+        }
+    }
+
+    /// Also ends reads and writes at `limit`, as it stands at each read or write
+    /// (the server moves it once a peer proved the token).
+    pub(crate) fn bounded_by(self, limit: &'s Cell<Instant>) -> Self {
+        Self {
+            limit: Some(limit),
+            ..self
+        }
     }
 
     fn arm(&self) -> io::Result<()> {
-        let left = self.at.saturating_duration_since(Instant::now());
+        let at = self.limit.map_or(self.at, |limit| limit.get().min(self.at));
+        let left = at.saturating_duration_since(Instant::now());
         if left.is_zero() {
             return Err(io::ErrorKind::TimedOut.into());
         }

@@ -60,7 +60,7 @@ mod server;
 mod tests;
 
 pub use handshake::{Session, client_handshake, client_handshake_session, server_handshake};
-pub use server::{Server, ServerLimits};
+pub use server::{PreAuthStats, Server, ServerLimits};
 
 /// Default time for a whole handshake (connecting included, on the client).
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);

@@ -3,13 +3,28 @@
 //!
 //! Unauthenticated peers are cheap to be and must stay cheap to serve: a connection
 //! first takes a slot in a small pre-authentication pool, at most a few per source
-//! address, and has one absolute deadline for the whole handshake. Only a client
-//! that proved the token takes one of the (many) client slots, each holding a queue
-//! pair; its idle connection then gets TCP keepalive so that a vanished host frees
-//! its slot.
+//! (an IPv4 address, or an IPv6 /64: one host usually has a whole /64), and must
+//! prove the token within a short deadline ([`ServerLimits::pre_auth_deadline`]: an
+//! honest client needs one roundtrip). Only a client that proved the token takes one
+//! of the (many) client slots, each holding a queue pair; its idle connection then
+//! gets TCP keepalive so that a vanished host frees its slot.
+//!
+//! **Floods.** A full pool does not turn newcomers away, which would let anyone who
+//! keeps it full with silent sockets lock every client out. A newcomer instead
+//! evicts an unauthenticated connection: the oldest one of its own source if that
+//! source is at its share, otherwise the oldest one of the source holding the most
+//! slots. A flood from a few sources thus only ever evicts itself, and an honest
+//! client (one connection, done within a roundtrip) is served while it runs; a
+//! flood from as many sources as the pool has slots can still evict honest
+//! clients, which then retry. Connections that proved the token are never evicted.
+//! A slot is given back only once its thread is done with the connection (the
+//! drain of a refusal included), so the threads of unauthenticated peers stay
+//! bounded by the pool (plus evicted ones, whose sockets are shut down and end at
+//! once).
 
-use std::collections::HashMap;
-use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::cell::Cell;
+use std::collections::{BTreeMap, HashMap};
+use std::net::{IpAddr, Ipv6Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
@@ -32,14 +47,19 @@ pub struct ServerLimits {
     /// Time for a whole handshake, from accepting the connection to sending
     /// `Accept`; a peer that is not done by then is disconnected.
     pub handshake_deadline: Duration,
+    /// Time for a peer to prove the token, from accepting the connection to its
+    /// `ClientAuth` (one roundtrip for an honest client); a peer that has not by then
+    /// is disconnected. The whole handshake still ends by `handshake_deadline`.
+    pub pre_auth_deadline: Duration,
     /// Authenticated clients connected at once (each holds a queue pair); more
     /// are refused with [`crate::wire::RefuseReason::TooManyClients`].
     pub max_clients: usize,
-    /// Connections handshaking at once (not yet authenticated); more are closed
-    /// at once.
+    /// Connections handshaking at once (not yet authenticated); a newcomer beyond
+    /// it evicts one of them (module docs, "Floods").
     pub max_handshakes: usize,
-    /// Connections handshaking at once from one IP address; more are closed at
-    /// once, so that one host cannot fill the pre-authentication pool.
+    /// Connections handshaking at once from one source (an IPv4 address, an IPv6
+    /// /64); a newcomer beyond it evicts that source's oldest, so that one host
+    /// cannot fill the pre-authentication pool.
     pub max_handshakes_per_address: usize,
     /// How often watched lease words are read ([`crate::lease_watch`]).
     pub watch_period: Duration,
@@ -49,6 +69,7 @@ impl Default for ServerLimits {
     fn default() -> Self {
         Self {
             handshake_deadline: DEFAULT_TIMEOUT,
+            pre_auth_deadline: Duration::from_secs(1),
             max_clients: 1024,
             max_handshakes: 64,
             max_handshakes_per_address: 8,
@@ -57,29 +78,136 @@ impl Default for ServerLimits {
     }
 }
 
-/// Connections still handshaking, in total and per source address.
-#[derive(Debug, Default)]
-struct Handshaking {
-    total: usize,
-    per_address: HashMap<IpAddr, usize>,
+/// The source a connection counts against: its IPv4 address, or its IPv6 /64
+/// (IPv4-mapped IPv6 addresses count as IPv4).
+pub(crate) fn source_of(address: IpAddr) -> IpAddr {
+    match address.to_canonical() {
+        IpAddr::V6(v6) => {
+            let prefix = u128::from(v6) & !((1u128 << 64) - 1);
+            IpAddr::V6(Ipv6Addr::from(prefix))
+        }
+        v4 => v4,
+    }
 }
 
-/// A slot in the pre-authentication pool, given back on drop.
+/// A connection in the pre-authentication pool.
+#[derive(Debug)]
+struct Pending {
+    /// Its source ([`source_of`]).
+    source: IpAddr,
+    /// Shut down to evict it.
+    stream: TcpStream,
+    /// It proved the token (now only waiting for its queue pair): never evicted.
+    authenticated: bool,
+}
+
+/// Connections still handshaking, by admission order (oldest first), and what the
+/// pool did so far.
+#[derive(Debug, Default)]
+struct Handshaking {
+    next: u64,
+    pending: BTreeMap<u64, Pending>,
+    stats: PreAuthStats,
+}
+
+/// What the pre-authentication pool did since the server started.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PreAuthStats {
+    /// Connections handshaking now.
+    pub handshaking: usize,
+    /// Connections admitted to the pool.
+    pub admitted: u64,
+    /// Unauthenticated connections evicted to make room for a newcomer.
+    pub evicted: u64,
+    /// Newcomers closed at once (every connection in their way had proved the
+    /// token, or the limits are zero).
+    pub refused: u64,
+}
+
+impl Handshaking {
+    /// Admits a connection from `source` within `limits`, evicting an
+    /// unauthenticated one if the pool or the source's share is full; `None` if
+    /// nobody can be evicted.
+    fn admit(&mut self, source: IpAddr, stream: TcpStream, limits: &ServerLimits) -> Option<u64> {
+        let from_source = self.pending.values().filter(|p| p.source == source).count();
+        let victim = if from_source >= limits.max_handshakes_per_address {
+            match self.oldest_evictable(|p| p.source == source) {
+                Some(victim) => Some(victim),
+                None => return self.refuse(),
+            }
+        } else if self.pending.len() >= limits.max_handshakes {
+            match self.busiest_source() {
+                Some(busiest) => self.oldest_evictable(|p| p.source == busiest),
+                None => return self.refuse(),
+            }
+        } else {
+            None
+        };
+        if let Some(victim) = victim.and_then(|id| self.pending.remove(&id)) {
+            let _ = victim.stream.shutdown(Shutdown::Both);
+            self.stats.evicted += 1;
+        }
+        let id = self.next;
+        self.next += 1;
+        self.pending.insert(
+            id,
+            Pending {
+                source,
+                stream,
+                authenticated: false,
+            },
+        );
+        self.stats.admitted += 1;
+        Some(id)
+    }
+
+    fn refuse(&mut self) -> Option<u64> {
+        self.stats.refused += 1;
+        None
+    }
+
+    fn oldest_evictable(&self, mut which: impl FnMut(&Pending) -> bool) -> Option<u64> {
+        self.pending
+            .iter()
+            .find(|(_, p)| !p.authenticated && which(p))
+            .map(|(id, _)| *id)
+    }
+
+    /// The source with the most evictable connections (the one whose oldest is
+    /// oldest, on a tie).
+    fn busiest_source(&self) -> Option<IpAddr> {
+        let mut counts: HashMap<IpAddr, (usize, u64)> = HashMap::new();
+        for (id, p) in self.pending.iter().filter(|(_, p)| !p.authenticated) {
+            counts.entry(p.source).or_insert((0, *id)).0 += 1;
+        }
+        counts
+            .into_iter()
+            .max_by_key(|(_, (count, oldest))| (*count, std::cmp::Reverse(*oldest)))
+            .map(|(source, _)| source)
+    }
+}
+
+/// A slot in the pre-authentication pool, given back on drop (if it was not
+/// evicted meanwhile).
 struct HandshakeSlot {
     pool: Arc<Mutex<Handshaking>>,
-    address: IpAddr,
+    id: u64,
+}
+
+impl HandshakeSlot {
+    /// The connection proved the token: it may no longer be evicted.
+    fn authenticated(&self) {
+        let mut pool = self.pool.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(pending) = pool.pending.get_mut(&self.id) {
+            pending.authenticated = true;
+        }
+    }
 }
 
 impl Drop for HandshakeSlot {
     fn drop(&mut self) {
         let mut pool = self.pool.lock().unwrap_or_else(PoisonError::into_inner);
-        pool.total -= 1;
-        if let Some(count) = pool.per_address.get_mut(&self.address) {
-            *count -= 1;
-            if *count == 0 {
-                pool.per_address.remove(&self.address);
-            }
-        }
+        pool.pending.remove(&self.id);
     }
 }
 
@@ -99,6 +227,7 @@ pub struct Server {
     local_addr: SocketAddr,
     stop: Arc<AtomicBool>,
     clients: Arc<Mutex<Vec<(u64, TcpStream)>>>,
+    handshaking: Arc<Mutex<Handshaking>>,
     accept_thread: Option<JoinHandle<()>>,
     watch_thread: Option<JoinHandle<()>>,
 }
@@ -141,13 +270,14 @@ impl Server {
             .map_err(|e| RdmaError::io("cannot read the listening address", e))?;
         let stop = Arc::new(AtomicBool::new(false));
         let clients = Arc::new(Mutex::new(Vec::new()));
+        let handshaking: Arc<Mutex<Handshaking>> = Arc::default();
         let shared = Arc::new(Shared {
             token,
             acceptor,
             limits,
             stop: stop.clone(),
             live: AtomicUsize::new(0),
-            handshaking: Arc::default(),
+            handshaking: handshaking.clone(),
             next_id: AtomicU64::new(0),
             clients: clients.clone(),
             watches: Mutex::default(),
@@ -166,6 +296,7 @@ impl Server {
             local_addr,
             stop,
             clients,
+            handshaking,
             accept_thread: Some(accept_thread),
             watch_thread: Some(watch_thread),
         })
@@ -174,6 +305,19 @@ impl Server {
     /// The address the server listens on.
     pub fn local_addr(&self) -> SocketAddr {
         self.local_addr
+    }
+
+    /// What the pre-authentication pool did so far, and how many connections are in
+    /// it now (module docs, "Floods").
+    pub fn pre_auth_stats(&self) -> PreAuthStats {
+        let pool = self
+            .handshaking
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        PreAuthStats {
+            handshaking: pool.pending.len(),
+            ..pool.stats
+        }
     }
 
     /// Disconnects every client now (their queue pairs are destroyed) and keeps
@@ -227,24 +371,18 @@ impl Drop for Server {
 }
 
 impl<A> Shared<A> {
-    /// A pre-authentication slot for a connection from `address`, if the pool and
-    /// the address's share of it have room.
-    fn start_handshake(&self, address: IpAddr) -> Option<HandshakeSlot> {
-        let mut pool = self
+    /// A pre-authentication slot for `stream`, from `address`, evicting another
+    /// connection if needed (module docs, "Floods"); `None` if none can be evicted.
+    fn start_handshake(&self, address: IpAddr, stream: &TcpStream) -> Option<HandshakeSlot> {
+        let clone = stream.try_clone().ok()?;
+        let id = self
             .handshaking
             .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        let from_address = pool.per_address.get(&address).copied().unwrap_or(0);
-        if pool.total >= self.limits.max_handshakes
-            || from_address >= self.limits.max_handshakes_per_address
-        {
-            return None;
-        }
-        pool.total += 1;
-        *pool.per_address.entry(address).or_insert(0) += 1;
+            .unwrap_or_else(PoisonError::into_inner)
+            .admit(source_of(address), clone, &self.limits)?;
         Some(HandshakeSlot {
             pool: self.handshaking.clone(),
-            address,
+            id,
         })
     }
 
@@ -278,8 +416,8 @@ fn accept_loop<A: Acceptor>(listener: &TcpListener, shared: &Arc<Shared<A>>) {
             continue;
         };
         let peer = peer_addr.to_string();
-        let Some(slot) = shared.start_handshake(peer_addr.ip()) else {
-            tracing::warn!(%peer, "too many connections handshaking, closing");
+        let Some(slot) = shared.start_handshake(peer_addr.ip(), &stream) else {
+            tracing::warn!(%peer, "too many authenticated connections handshaking, closing");
             continue;
         };
         let worker = shared.clone();
@@ -300,23 +438,37 @@ fn serve_client<A: Acceptor>(
     handshake_slot: HandshakeSlot,
 ) {
     let _ = stream.set_nodelay(true);
-    let deadline = Instant::now() + shared.limits.handshake_deadline;
+    let accepted_at = Instant::now();
+    let deadline = accepted_at + shared.limits.handshake_deadline;
+    // Until the peer proves the token, the shorter pre-authentication deadline.
+    let proved_by = Cell::new(accepted_at + shared.limits.pre_auth_deadline);
     let handshake = server_handshake(
-        &mut Deadline::new(&stream, deadline),
+        &mut Deadline::new(&stream, deadline).bounded_by(&proved_by),
         peer,
         &shared.token,
         &shared.acceptor,
-        || shared.admit_client(),
+        || {
+            let client = shared.admit_client()?;
+            handshake_slot.authenticated();
+            proved_by.set(deadline);
+            Some(client)
+        },
     );
-    drop(handshake_slot);
     let (connection, _client_slot, mut session) = match handshake {
         Ok(accepted) => accepted,
         Err(error) => {
-            tracing::warn!(%peer, %error, "refused a client");
+            if is_unauthenticated_noise(&error) {
+                tracing::debug!(%peer, %error, "dropped a connection that did not authenticate");
+            } else {
+                tracing::warn!(%peer, %error, "refused a client");
+            }
             close_gracefully(&mut stream);
+            // Only now: the thread is done with the connection.
+            drop(handshake_slot);
             return;
         }
     };
+    drop(handshake_slot);
     tracing::info!(%peer, "client connected");
     // Register the stream so that shutdown can disconnect it.
     let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
@@ -400,19 +552,24 @@ fn serve_watch_requests<A: Acceptor>(
         let Ok(clone) = stream.try_clone() else {
             return;
         };
-        // One watch per client: a new request replaces the old one.
-        shared
-            .watches
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(
-                id,
-                Watched {
-                    watch,
-                    stream: clone,
-                    cut: None,
-                },
-            );
+        // One watch per client: a new request replaces the old one, unless the
+        // watcher cut the client meanwhile (then the cut stands: the connection ends
+        // and the client hears why).
+        let armed = arm_watch(
+            &mut shared
+                .watches
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner),
+            id,
+            Watched {
+                watch,
+                stream: clone,
+                cut: None,
+            },
+        );
+        if armed.is_err() {
+            return;
+        }
         tracing::info!(
             %peer,
             offset = format_args!("{:#x}", request.offset),
@@ -426,6 +583,38 @@ fn serve_watch_requests<A: Acceptor>(
             return;
         }
     }
+}
+
+/// Installs `watched` as connection `id`'s watch, replacing an earlier one, unless
+/// the watcher already cut that connection: a cut entry is never replaced (the
+/// client's thread must see it, destroy the queue pair and send
+/// `Refuse(LeaseExpired)`), and its reason is returned. Runs under the watches' lock,
+/// which the watcher holds while it cuts.
+fn arm_watch(
+    watches: &mut HashMap<u64, Watched>,
+    id: u64,
+    watched: Watched,
+) -> Result<(), CutReason> {
+    if let Some(reason) = watches.get(&id).and_then(|w| w.cut) {
+        return Err(reason);
+    }
+    watches.insert(id, watched);
+    Ok(())
+}
+
+/// Whether a failed handshake is what floods and port scans produce (the peer went
+/// silent, closed, or was evicted before a full message): logged at debug level
+/// only, so that a flood does not flood the log too.
+fn is_unauthenticated_noise(error: &RdmaError) -> bool {
+    matches!(
+        error,
+        RdmaError::Wire {
+            source: crate::wire::WireError::Truncated
+                | crate::wire::WireError::TimedOut
+                | crate::wire::WireError::Io(_),
+            ..
+        }
+    )
 }
 
 fn refuse(reason: RefuseReason) -> Message {
@@ -473,4 +662,109 @@ fn close_gracefully(stream: &mut TcpStream) {
     let mut drain = Deadline::new(stream, Instant::now() + DRAIN_DEADLINE);
     let mut sink = [0u8; 256];
     while let Ok(1..) = std::io::Read::read(&mut drain, &mut sink) {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lease_watch::{MIN_STALL_NS, WatchRequest};
+    use std::net::{Ipv4Addr, TcpListener};
+
+    #[test]
+    fn ipv6_sources_count_by_slash_64_and_ipv4_by_address() {
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        assert_eq!(
+            source_of(ip("2001:db8::1")),
+            source_of(ip("2001:db8::ffff:1"))
+        );
+        assert_eq!(source_of(ip("2001:db8::1")), ip("2001:db8::"));
+        assert_ne!(
+            source_of(ip("2001:db8::1")),
+            source_of(ip("2001:db8:0:1::1"))
+        );
+        assert_eq!(source_of(ip("::1")), ip("::"));
+        assert_eq!(source_of(ip("::ffff:127.0.0.7")), ip("127.0.0.7"));
+        assert_ne!(source_of(ip("127.0.0.7")), source_of(ip("127.0.0.8")));
+    }
+
+    #[test]
+    fn one_ipv6_slash_64_gets_one_share_of_the_pool() {
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+        let stream = || TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let limits = ServerLimits {
+            max_handshakes: 64,
+            max_handshakes_per_address: 2,
+            ..ServerLimits::default()
+        };
+        let mut pool = Handshaking::default();
+        let host = |i: u16| source_of(IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, i)));
+        // Three addresses of one /64: the third evicts the first.
+        for i in 1..=3 {
+            assert!(pool.admit(host(i), stream(), &limits).is_some());
+        }
+        assert_eq!(pool.pending.len(), 2);
+        assert_eq!(pool.stats.evicted, 1);
+    }
+
+    #[test]
+    fn connections_that_proved_the_token_are_never_evicted() {
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+        let stream = || TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let limits = ServerLimits {
+            max_handshakes: 1,
+            max_handshakes_per_address: 1,
+            ..ServerLimits::default()
+        };
+        let pool = Arc::new(Mutex::new(Handshaking::default()));
+        let source = IpAddr::V4(Ipv4Addr::LOCALHOST);
+        let id = pool
+            .lock()
+            .unwrap()
+            .admit(source, stream(), &limits)
+            .unwrap();
+        let slot = HandshakeSlot {
+            pool: pool.clone(),
+            id,
+        };
+        slot.authenticated();
+        assert!(
+            pool.lock()
+                .unwrap()
+                .admit(source, stream(), &limits)
+                .is_none()
+        );
+        assert_eq!(pool.lock().unwrap().stats.refused, 1);
+        drop(slot);
+        assert!(
+            pool.lock()
+                .unwrap()
+                .admit(source, stream(), &limits)
+                .is_some()
+        );
+    }
+
+    #[test]
+    fn a_watch_request_never_replaces_a_cut_entry() {
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+        let stream = || TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let request = WatchRequest {
+            offset: 4096,
+            stall_ns: MIN_STALL_NS,
+        };
+        let watched = |cut| Watched {
+            watch: WordWatch::arm(request, 0, 1).unwrap(),
+            stream: stream(),
+            cut,
+        };
+        let mut watches = HashMap::new();
+        // A first watch, and a new request replacing it: fine.
+        assert_eq!(arm_watch(&mut watches, 7, watched(None)), Ok(()));
+        assert_eq!(arm_watch(&mut watches, 7, watched(None)), Ok(()));
+        // The watcher cuts the client; a Watch handled meanwhile must not re-insert
+        // an uncut entry (the client would never hear why and back off).
+        let reason = CutReason::Killed { word: 1 << 63 };
+        watches.get_mut(&7).unwrap().cut = Some(reason);
+        assert_eq!(arm_watch(&mut watches, 7, watched(None)), Err(reason));
+        assert_eq!(watches[&7].cut, Some(reason));
+    }
 }

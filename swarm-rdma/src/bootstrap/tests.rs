@@ -395,33 +395,104 @@ fn unauthenticated_connections_do_not_take_client_slots() {
     server.shutdown();
 }
 
+/// Whether the server keeps `stream` open and silent (nothing to read yet).
+fn still_open(stream: &TcpStream) -> bool {
+    stream.set_nonblocking(true).unwrap();
+    let mut byte = [0u8; 1];
+    let open =
+        matches!(stream.peek(&mut byte), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock);
+    stream.set_nonblocking(false).unwrap();
+    open
+}
+
 #[test]
-fn the_pre_authentication_pool_is_small_and_shared_fairly_between_addresses() {
+fn a_full_pre_authentication_pool_evicts_instead_of_refusing_newcomers() {
     let token = Token::generate().unwrap();
+    // Deadlines far off: only evictions close the silent connections.
     let limits = ServerLimits {
         max_handshakes: 3,
         max_handshakes_per_address: 2,
+        pre_auth_deadline: Duration::from_secs(60),
+        handshake_deadline: Duration::from_secs(60),
         ..ServerLimits::default()
     };
     let (server, _) = start_with(&token, false, limits);
     let node = server.local_addr();
     let a = [127, 0, 0, 1];
+    let server_ref = &server;
+    let handshaking = |n| move || server_handshaking(server_ref) == n;
     // Address A fills its share with silent connections...
-    let silent_a = [connect_from(a, node), connect_from(a, node)];
-    // ...so a third connection from A is closed at once, even a real client's.
-    assert!(closed_without_reply(&mut connect_from(a, node)));
-    // Address B still gets through the pool and is served.
-    handshake_from([127, 0, 0, 2], node, &token).unwrap();
-    // One more silent connection fills the whole pool: C is closed at once too.
-    let _silent_c = connect_from([127, 0, 0, 3], node);
-    wait_for("the pool to fill", || {
-        closed_without_reply(&mut connect_from([127, 0, 0, 4], node))
-    });
-    // When A's silent connections go, A is served again.
-    drop(silent_a);
-    wait_for("A's slots to free", || {
-        handshake_from(a, node, &token).is_ok()
-    });
+    let mut a1 = connect_from(a, node);
+    let a2 = connect_from(a, node);
+    wait_for("A's share to fill", handshaking(2));
+    // ...and a third connection from A evicts A's oldest: a real client from A is
+    // served, not closed at once.
+    handshake_from(a, node, &token).unwrap();
+    assert!(closed_without_reply(&mut a1), "A's oldest was not evicted");
+    assert!(still_open(&a2));
+    // C and D fill the pool with A's second: a newcomer from E evicts the oldest
+    // of the busiest source (all hold one: A's, the oldest) and is served.
+    let c = connect_from([127, 0, 0, 3], node);
+    let d = connect_from([127, 0, 0, 4], node);
+    wait_for("the pool to fill", handshaking(3));
+    handshake_from([127, 0, 0, 5], node, &token).unwrap();
+    let mut a2 = a2;
+    assert!(closed_without_reply(&mut a2), "the oldest was not evicted");
+    assert!(still_open(&c) && still_open(&d));
+    // A busier source loses its own: with C and F's two in the pool, G's newcomer
+    // evicts F's oldest, not C's older one.
+    drop(d);
+    wait_for("D's slot to free", handshaking(1));
+    let mut f1 = connect_from([127, 0, 0, 6], node);
+    let f2 = connect_from([127, 0, 0, 6], node);
+    wait_for("the pool to fill again", handshaking(3));
+    handshake_from([127, 0, 0, 7], node, &token).unwrap();
+    assert!(
+        closed_without_reply(&mut f1),
+        "the busiest source kept its oldest"
+    );
+    assert!(still_open(&c) && still_open(&f2));
+    server.shutdown();
+}
+
+fn server_handshaking(server: &Server) -> usize {
+    server.pre_auth_stats().handshaking
+}
+
+#[test]
+fn a_peer_that_does_not_prove_the_token_is_dropped_at_the_pre_authentication_deadline() {
+    let token = Token::generate().unwrap();
+    let limits = ServerLimits {
+        pre_auth_deadline: Duration::from_millis(200),
+        handshake_deadline: Duration::from_secs(60),
+        ..ServerLimits::default()
+    };
+    let (server, _) = start_with(&token, false, limits);
+    // Silent: closed at the pre-authentication deadline, long before the
+    // handshake's.
+    let mut silent = TcpStream::connect(server.local_addr()).unwrap();
+    assert!(closed_without_reply(&mut silent));
+    // A hello, then silence: the node answers, then closes, all well within 60 s.
+    let mut stalled = TcpStream::connect(server.local_addr()).unwrap();
+    stalled
+        .write_all(&Message::ClientHello { nonce: [5; 32] }.encode())
+        .unwrap();
+    stalled
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    assert!(matches!(
+        Message::read_from(&mut stalled),
+        Ok(Message::ServerHello { .. })
+    ));
+    assert!(closed_without_reply(&mut stalled));
+    // An honest client is far quicker than that.
+    connect(
+        &server.local_addr().to_string(),
+        &token,
+        &sample_qp(),
+        DEFAULT_TIMEOUT,
+    )
+    .unwrap();
     server.shutdown();
 }
 
