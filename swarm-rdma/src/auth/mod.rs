@@ -47,6 +47,9 @@ pub type Nonce = [u8; NONCE_LEN];
 pub type Proof = [u8; PROOF_LEN];
 
 const FINGERPRINT_LABEL: &[u8] = b"swarm-rdma v1 token fingerprint";
+/// The largest token file [`Token::load`] reads (the token and whitespace fit many
+/// times over).
+pub const MAX_TOKEN_FILE_BYTES: u64 = 4096;
 
 /// Why a token could not be loaded.
 #[derive(Debug, thiserror::Error)]
@@ -78,6 +81,16 @@ pub enum TokenError {
         path: String,
         /// Its permission bits.
         mode: u32,
+    },
+    /// The token file is larger than any token file (a token is 64 hex digits).
+    #[error(
+        "the cluster token file {path} is larger than {limit} bytes: it is not a token file (as written by `swarm init`)"
+    )]
+    TooLarge {
+        /// The file.
+        path: String,
+        /// The largest token file read.
+        limit: u64,
     },
     /// The token file could not be written.
     #[error("cannot write the cluster token file {path}: {source}")]
@@ -175,7 +188,7 @@ impl Token {
             path: path.display().to_string(),
             source,
         };
-        let mut file = std::fs::File::open(path).map_err(read_error)?;
+        let file = std::fs::File::open(path).map_err(read_error)?;
         // The mode of the file actually opened, not of whatever the path names now.
         let mode = file.metadata().map_err(read_error)?.permissions().mode() & 0o777;
         if mode & 0o077 != 0 {
@@ -184,37 +197,69 @@ impl Token {
                 mode,
             });
         }
+        // Bounded: a path naming a huge file (or a device) is not read whole.
         let mut text = Zeroizing::new(String::new());
-        file.read_to_string(&mut text).map_err(read_error)?;
+        file.take(MAX_TOKEN_FILE_BYTES + 1)
+            .read_to_string(&mut text)
+            .map_err(read_error)?;
+        if text.len() as u64 > MAX_TOKEN_FILE_BYTES {
+            return Err(TokenError::TooLarge {
+                path: path.display().to_string(),
+                limit: MAX_TOKEN_FILE_BYTES,
+            });
+        }
         Self::from_hex(&text)
     }
 
     /// Writes the token file, readable and writable by its owner only (mode 0600).
-    /// With `overwrite`, an existing file is replaced, and its mode is reset to
-    /// 0600 *before* the new token is written into it (opening an existing file
-    /// keeps its old mode, which may let others read it); without, an existing
-    /// file is an error.
+    /// Without `overwrite`, an existing file is an error. With it, an existing file
+    /// is *replaced*: the token goes to a new file (mode 0600 from its creation) in
+    /// the same directory, which is then renamed over `path`. The old file is never
+    /// rewritten in place, so whoever still holds it open (or a hard link to it)
+    /// keeps the old token and never sees the new one, and whatever mode the old file
+    /// had does not matter.
     pub fn write(&self, path: &Path, overwrite: bool) -> Result<(), TokenError> {
         use std::io::Write as _;
-        use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
+        use std::os::unix::fs::OpenOptionsExt as _;
         let write_error = |source| TokenError::Write {
             path: path.display().to_string(),
             source,
         };
-        let mut options = std::fs::OpenOptions::new();
-        options.write(true).mode(0o600);
-        if overwrite {
-            options.create(true);
-        } else {
-            options.create_new(true);
+        let write_to = |target: &Path| -> io::Result<()> {
+            let mut file = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(target)?;
+            file.write_all(self.to_hex().as_bytes())?;
+            file.sync_all()
+        };
+        if !overwrite {
+            return write_to(path).map_err(write_error);
         }
-        let mut file = options.open(path).map_err(write_error)?;
-        file.set_permissions(std::fs::Permissions::from_mode(0o600))
-            .map_err(write_error)?;
-        file.set_len(0).map_err(write_error)?;
-        file.write_all(self.to_hex().as_bytes())
-            .map_err(write_error)?;
-        file.sync_all().map_err(write_error)
+        let name = path.file_name().ok_or_else(|| {
+            write_error(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "the path names no file",
+            ))
+        })?;
+        let suffix: [u8; 8] = random_bytes().map_err(TokenError::Random)?;
+        let mut temporary = name.to_os_string();
+        temporary.push(format!(".new-{}", u64::from_le_bytes(suffix)));
+        let temporary = path.with_file_name(temporary);
+        let written = write_to(&temporary).and_then(|()| std::fs::rename(&temporary, path));
+        if written.is_err() {
+            let _ = std::fs::remove_file(&temporary);
+        }
+        written.map_err(write_error)?;
+        // Make the rename itself durable (best effort: some file systems refuse to
+        // sync a directory).
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty())
+            && let Ok(dir) = std::fs::File::open(dir)
+        {
+            let _ = dir.sync_all();
+        }
+        Ok(())
     }
 
     /// A short public identifier of the token, safe to log: 8 hex digits of a
@@ -407,6 +452,54 @@ mod tests {
         token.write(&path, true).unwrap();
         assert_eq!(mode_of(&path), 0o600);
         assert_eq!(Token::load(&path).unwrap(), token);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn overwriting_a_token_file_replaces_it_instead_of_rewriting_it_in_place() {
+        use std::io::Read as _;
+        let dir = scratch_dir("token-replace");
+        let path = dir.join("swarm.token");
+        let old = Token::generate().unwrap();
+        old.write(&path, false).unwrap();
+        // Someone holds the old file open (or a hard link to it).
+        let mut held = std::fs::File::open(&path).unwrap();
+        let link = dir.join("link");
+        std::fs::hard_link(&path, &link).unwrap();
+        let new = Token::generate().unwrap();
+        new.write(&path, true).unwrap();
+        let mut text = String::new();
+        held.read_to_string(&mut text).unwrap();
+        assert_eq!(
+            Token::from_hex(&text).unwrap(),
+            old,
+            "an open descriptor of the old file saw the new token"
+        );
+        assert_eq!(Token::load(&link).unwrap(), old);
+        assert_eq!(Token::load(&path).unwrap(), new);
+        assert_eq!(mode_of(&path), 0o600);
+        // No temporary file is left behind.
+        let mut names: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        names.sort();
+        assert_eq!(names, ["link", "swarm.token"]);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_token_file_is_read_only_up_to_a_bound() {
+        let dir = scratch_dir("token-large");
+        let path = dir.join("swarm.token");
+        let token = Token::generate().unwrap();
+        token.write(&path, false).unwrap();
+        // A token followed by a lot of whitespace: still not read whole.
+        let mut text = token.to_hex().to_string();
+        text.push_str(&" ".repeat(1 << 20));
+        std::fs::write(&path, text).unwrap();
+        let error = Token::load(&path).unwrap_err();
+        assert!(matches!(error, TokenError::TooLarge { .. }), "{error}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -143,7 +143,9 @@ impl SessionKeys {
             Sender::Client => &self.client,
             Sender::MemoryNode => &self.node,
         };
-        ChaCha20Poly1305::new(&Key::from(**key))
+        // Borrowed, not copied: `Key::from(**key)` would leave unzeroed copies of the
+        // key on the stack (the cipher wipes its own copy when dropped).
+        ChaCha20Poly1305::new(Key::cast_from_core(key))
     }
 
     /// Encrypts `plaintext` in place and returns its tag. `header` is the frame
