@@ -153,6 +153,13 @@ pub enum RdmaError {
         /// The incarnation the node reported.
         found: u64,
     },
+    /// The RDMA device had a fatal error: nothing it served works any more (the
+    /// memory node stopped serving; restart the process).
+    #[error("RDMA device {device} had a fatal error; restart the process")]
+    DeviceFatal {
+        /// The device.
+        device: String,
+    },
     /// The memory nodes' headers do not describe one cluster in the order given.
     #[error("memory nodes {nodes} do not form the expected cluster: {source}")]
     Cluster {

@@ -22,12 +22,22 @@
 //! a restarted memory node comes back empty, with a new rkey, and clients that used
 //! the old one see it as failed (SWARM tolerates that for a minority of nodes).
 //!
+//! **Device errors.** The daemon watches its device's asynchronous events
+//! ([`crate::verbs::events`]), as clients do. While the port is down it refuses new
+//! clients (`NoResources`: they retry). After a fatal device error no queue pair it
+//! hands out can work, so it stops serving at once: it closes its listening socket
+//! and every client connection (clients see the node fail and retry with backoff,
+//! instead of looping on refusals), and [`Memnode::wait`] returns
+//! [`RdmaError::DeviceFatal`], so that `swarm memnode` exits with an error (restart
+//! it: its memory is gone anyway).
+//!
 //! On a machine without RDMA, [`Memnode::start`] fails first thing — before
 //! allocating anything — with [`RdmaError::NoDevice`] ("no RDMA device found: ...").
 
 use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use swarm_core::header::{ENCODED_LEN, HEADER_SIZE, NodeHeader};
 
@@ -37,6 +47,7 @@ use crate::config::{ClusterConfig, PathConfig, check_listen_address, parse_size}
 use crate::error::RdmaError;
 use crate::verbs::cq::CompletionQueue;
 use crate::verbs::device::{Device, PortInfo, open_device};
+use crate::verbs::events::{DeviceEvents, DeviceHealth};
 use crate::verbs::gid::GidChoice;
 use crate::verbs::memory::{Access, Mapping, MemoryRegion};
 use crate::verbs::qp::{QpSettings, QueuePair, Role};
@@ -140,6 +151,8 @@ struct VerbsAcceptor {
     region: RegionInfo,
     /// The served memory, for the lease watch's reads.
     memory: Arc<MemoryRegion>,
+    /// The device's health: no queue pairs while it is unusable.
+    health: Arc<DeviceHealth>,
 }
 
 impl Acceptor for VerbsAcceptor {
@@ -150,6 +163,7 @@ impl Acceptor for VerbsAcceptor {
     }
 
     fn accept(&self, client: &QpInfo) -> Result<(QpInfo, QueuePair), RdmaError> {
+        check_health(&self.health, &self.region)?;
         let mut qp = QueuePair::new(self.cq.clone(), self.settings)?;
         qp.connect(client)?;
         Ok((qp.info(), qp))
@@ -157,6 +171,43 @@ impl Acceptor for VerbsAcceptor {
 
     fn read_word(&self, offset: u64) -> Option<u64> {
         self.memory.memory().load_u64(offset)
+    }
+}
+
+/// Refuses new queue pairs while the device is unusable (the client is told
+/// `NoResources` and retries).
+fn check_health(health: &DeviceHealth, region: &RegionInfo) -> Result<(), RdmaError> {
+    if health.is_usable() {
+        return Ok(());
+    }
+    Err(RdmaError::Config(format!(
+        "memory node {} cannot create queue pairs: its RDMA device {}",
+        region.header.node_id,
+        if health.is_fatal() {
+            "had a fatal error"
+        } else {
+            "port is down"
+        }
+    )))
+}
+
+/// How often [`Memnode::wait`] looks at the device's health.
+const HEALTH_CHECK: Duration = Duration::from_millis(100);
+
+/// Serves with `server` until `health` reports a fatal device error, then stops
+/// serving (no more bootstraps; every client disconnected, its queue pair destroyed)
+/// and says so. Returns only then.
+fn serve_until_fatal(server: Server, health: &DeviceHealth, device: &str) -> RdmaError {
+    while !health.is_fatal() {
+        std::thread::sleep(HEALTH_CHECK);
+    }
+    tracing::error!(
+        device,
+        "RDMA device fatal error: the memory node stops serving (restart it; its memory is lost)"
+    );
+    server.shutdown();
+    RdmaError::DeviceFatal {
+        device: device.to_owned(),
     }
 }
 
@@ -182,6 +233,7 @@ pub struct Memnode {
     port: PortInfo,
     huge_pages: bool,
     _memory: Arc<MemoryRegion>,
+    events: DeviceEvents,
     device: Arc<Device>,
 }
 
@@ -238,7 +290,9 @@ impl Memnode {
             incarnation: new_incarnation()?,
         };
         let cq = Arc::new(CompletionQueue::new(device.clone(), 16)?);
+        let events = DeviceEvents::start(device.clone(), port.port)?;
         let acceptor = VerbsAcceptor {
+            health: events.health().clone(),
             cq,
             settings: QpSettings {
                 role: Role::MemoryNode,
@@ -283,6 +337,7 @@ impl Memnode {
             port,
             huge_pages,
             _memory: memory,
+            events,
             device,
         })
     }
@@ -319,10 +374,17 @@ impl Memnode {
         self.server.disconnect_clients()
     }
 
-    /// Serves until the process ends.
-    pub fn wait(self) {
-        let Self { server, .. } = self;
-        server.wait();
+    /// Serves until the device has a fatal error (see the module docs, "Device
+    /// errors"), then stops serving and returns [`RdmaError::DeviceFatal`]; never
+    /// returns otherwise.
+    pub fn wait(self) -> Result<(), RdmaError> {
+        let Self {
+            server,
+            events,
+            device,
+            ..
+        } = self;
+        Err(serve_until_fatal(server, events.health(), device.name()))
     }
 
     /// Disconnects every client and releases the memory.
@@ -386,7 +448,8 @@ impl MemnodeOptions {
 
 /// Runs a memory node until the process ends: what `swarm memnode` calls. Says on
 /// standard error what it serves once it accepts clients. Returns only on a setup
-/// failure (no device, bad configuration, port in use, ...).
+/// failure (no device, bad configuration, port in use, ...) or a fatal device error
+/// ([`Memnode::wait`]).
 pub fn serve(options: &MemnodeOptions) -> Result<(), RdmaError> {
     let config = options.config()?;
     let (id, count) = (config.node_id, config.node_count);
@@ -402,8 +465,7 @@ pub fn serve(options: &MemnodeOptions) -> Result<(), RdmaError> {
         node.huge_pages(),
         node.region().incarnation,
     );
-    node.wait();
-    Ok(())
+    node.wait()
 }
 
 #[cfg(test)]
@@ -491,5 +553,92 @@ mod tests {
         );
         assert!(MemnodeConfig::from_cluster(&cluster, "10.0.0.3:7471", 1 << 30, None).is_err());
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// An acceptor without a device that refuses like [`VerbsAcceptor`] while the
+    /// device is unusable.
+    struct Healthy {
+        health: Arc<DeviceHealth>,
+        region: RegionInfo,
+    }
+
+    impl Acceptor for Healthy {
+        type Connection = ();
+
+        fn region(&self) -> RegionInfo {
+            self.region
+        }
+
+        fn accept(&self, client: &QpInfo) -> Result<(QpInfo, ()), RdmaError> {
+            check_health(&self.health, &self.region)?;
+            Ok((*client, ()))
+        }
+    }
+
+    #[test]
+    fn a_fatal_device_error_stops_the_node_serving_and_ends_wait_with_an_error() {
+        use crate::bootstrap::connect;
+        use crate::verbs::events::EventEffect;
+        use crate::wire::RefuseReason;
+
+        let token = Token::generate().unwrap();
+        let health = Arc::new(DeviceHealth::new(1));
+        let region = RegionInfo {
+            addr: 0x1000,
+            rkey: 1,
+            size: 1 << 20,
+            header: config().header(),
+            incarnation: 7,
+        };
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let acceptor = Healthy {
+            health: health.clone(),
+            region,
+        };
+        let server =
+            Server::start(listener, token.clone(), acceptor, ServerLimits::default()).unwrap();
+        let qp = QpInfo {
+            lid: 0,
+            gid: [0; 16],
+            qpn: 1,
+            psn: 1,
+            mtu: 5,
+            max_rd_atomic: 1,
+        };
+        let timeout = Duration::from_secs(5);
+        let client = connect(&addr, &token, &qp, timeout).expect("a healthy node serves");
+        // Port down: new clients are refused (and retry); the node keeps serving.
+        health.record(EventEffect::PortDown(1));
+        let refused = connect(&addr, &token, &qp, timeout).unwrap_err();
+        assert!(
+            matches!(
+                refused,
+                RdmaError::Refused {
+                    reason: RefuseReason::NoResources,
+                    ..
+                }
+            ),
+            "{refused}"
+        );
+        health.record(EventEffect::PortUp(1));
+        drop(connect(&addr, &token, &qp, timeout).expect("the port is back"));
+        // Fatal: wait returns with the error, the connected client is cut and the
+        // node accepts nobody any more.
+        let waiter = {
+            let health = health.clone();
+            std::thread::spawn(move || serve_until_fatal(server, &health, "emu0"))
+        };
+        health.record(EventEffect::DeviceFatal);
+        let error = waiter.join().unwrap();
+        assert!(matches!(error, RdmaError::DeviceFatal { .. }), "{error}");
+        let mut stream = client.stream;
+        stream.set_read_timeout(Some(timeout)).unwrap();
+        let mut byte = [0u8; 1];
+        assert!(
+            matches!(std::io::Read::read(&mut stream, &mut byte), Ok(0) | Err(_)),
+            "the client's connection outlived a fatal device error"
+        );
+        assert!(connect(&addr, &token, &qp, timeout).is_err());
     }
 }
