@@ -627,7 +627,7 @@ fn retried(args: &[&str]) -> Output {
 }
 
 /// The registers a one-shot `swarm delete` retires come back (SWARM §5.4,
-/// `swarm_kv::limbo`): on a cluster of 256 registers (one chunk), `pairs` put + delete
+/// `swarm_kv::registers::limbo`): on a cluster of 256 registers (one chunk), `pairs` put + delete
 /// processes in a row, each exiting right after its operation, leave at most a couple
 /// of registers holding data, where leaking every deleted register would hold one
 /// per pair (and exhaust the cluster after 256 pairs). `SWARM_CLI_LIMBO_PAIRS=300`

@@ -33,7 +33,7 @@
 //!   [`crate::encoding`]): the metadata word names the buffer without any index bits.
 //!   The writer keeps a bitmap of the slots it has used ([`SlotAllocator`]) and bumps
 //!   its guessed timestamp by one tick until it lands on a free slot. A slot is
-//!   dedicated to one write until it is recycled ([`crate::reclaim`]: a grace period
+//!   dedicated to one write until it is recycled ([`crate::slot_recycling`]: a grace period
 //!   after the write was superseded), and a reader checks the record's tsp, so a
 //!   reused slot is detected, never misread.
 //! * The first word of a slot is the CAS object of the timestamp lock for that write

@@ -136,7 +136,7 @@ pub use protocol::inout::max_on_node;
 pub use protocol::{
     Carried, Client, DeleteOutcome, DeleteVotes, FirstDeleter, FreshOutcome, MAX_REPLICAS,
     ProtocolConfig, ReadValue, RegisterCache, RegisterLoc, Replicas, Suspicion, SwarmError,
-    UNOWNED_TOMBSTONE, WriteOutcome, quorum, reclaim, resume, summary,
+    UNOWNED_TOMBSTONE, WriteOutcome, quorum, resume, slot_recycling, summary,
 };
 pub use roundtrip::{
     DeadlineScope, MAX_NODES, OpStats, Roundtrip, WaitOutcome, post_background, post_background_for,

@@ -133,7 +133,7 @@ const FENCE_CHECK_POLLS: u32 = 32;
 
 /// Statistics of one protocol operation (its roundtrip count), and its deadline.
 ///
-/// The deadline is the operation *fence* (see [`crate::reclaim`]): no batch of the
+/// The deadline is the operation *fence* (see [`crate::slot_recycling`]): no batch of the
 /// operation is posted once the fabric clock is past it ([`Roundtrip::post`] fails
 /// with [`FabricError::Fenced`], [`post_background_for`] drops the batch). Memory an
 /// operation may have observed is recycled only a grace period after it became
@@ -303,7 +303,7 @@ impl OpStats {
     /// Value fetches of the operation that found the buffer of the write they
     /// wanted recycled (another write's record, or an invalid one) and read the
     /// register again. Zero for an operation with a deadline whose cluster
-    /// recycles by the rules of [`crate::reclaim`]: tests assert it.
+    /// recycles by the rules of [`crate::slot_recycling`]: tests assert it.
     pub fn recycled_fetches(&self) -> u32 {
         self.recycled_fetches.get()
     }
@@ -399,7 +399,7 @@ impl<'a, F: Fabric + ?Sized> Roundtrip<'a, F> {
     fn may_post(&mut self) -> Result<(), FabricError> {
         // One clock read per burst of posts: the posts between two waits of a step
         // follow each other within microseconds, which the recycling grace's
-        // delivery margin covers (`crate::reclaim`).
+        // delivery margin covers (`crate::slot_recycling`).
         if !self.fence_checked {
             self.stats.check_fence(self.fabric)?;
             self.fence_checked = true;

@@ -44,7 +44,7 @@ fn read_value(c: &Client<MemFabric, FixedClock>, r: &RegisterLoc) -> Vec<u8> {
     }
 }
 
-fn step(c: &Client<MemFabric, FixedClock>) -> swarm_core::reclaim::SlotCounters {
+fn step(c: &Client<MemFabric, FixedClock>) -> swarm_core::slot_recycling::SlotCounters {
     support::step(c, 64)
 }
 
@@ -174,7 +174,7 @@ fn a_crash_resume_never_frees_a_slot_holding_a_current_value() {
             b.write(&r, &mut RegisterCache::new(), &stats, &v),
         )
         .unwrap();
-        b.reclaim_tick(64);
+        b.recycle_slots_tick(64);
     }
     assert_eq!(read_value(&b, &reg(0)), b"x2");
     assert_eq!(read_value(&b, &reg(1)), b"y1");

@@ -1,4 +1,4 @@
-//! Log slot recycling on the in-process fabric (SWARM §4.5, `swarm_core::reclaim`):
+//! Log slot recycling on the in-process fabric (SWARM §4.5, `swarm_core::slot_recycling`):
 //! which events free a slot, that nothing is freed before the grace, and that a new
 //! incarnation of a writer id recycles the slots its predecessor left.
 
@@ -29,7 +29,7 @@ fn client(cluster: &MemCluster, writer: u32) -> Client<MemFabric, FixedClock> {
 }
 
 /// One reclaim step of `c`, run to its end.
-fn step(c: &Client<MemFabric, FixedClock>) -> swarm_core::reclaim::SlotCounters {
+fn step(c: &Client<MemFabric, FixedClock>) -> swarm_core::slot_recycling::SlotCounters {
     support::step(c, 8)
 }
 
@@ -231,7 +231,7 @@ fn a_summary_resume_examines_carried_slots_lazily_and_recycles_the_superseded() 
 }
 
 /// Wipes node `node`'s copy of every log buffer, as a write landing late in a
-/// recycled slot would overwrite one (see `swarm_core::reclaim`).
+/// recycled slot would overwrite one (see `swarm_core::slot_recycling`).
 fn wipe_logs(cluster: &MemCluster, node: u16) {
     let layout = layout();
     let wipe = swarm_core::Batch::write(layout.log_base(), vec![0; layout.log_bytes() as usize]);

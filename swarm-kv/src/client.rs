@@ -20,14 +20,14 @@
 //!   its tombstone and the unmap runs afterwards ([`KvClient::run_deferred_unmaps`];
 //!   `deferred_unmap` has the argument).
 //!
-//! Every operation starts with a lease check (self-fencing, [`crate::lease`]): it runs
+//! Every operation starts with a lease check (self-fencing, [`crate::membership::lease`]): it runs
 //! only while the client's lease is provably valid for the cluster's operation
 //! deadline (`max_op_ns`, superblock), renewing it synchronously if it is about to run
 //! out, and fails with [`KvError::LeaseExpired`] otherwise. Renewals are posted in the
 //! background of operations, so an idle client's lease lapses: its next operation
 //! revives it first (retrying for up to [`KvConfig::lease_revive_ns`] while the
 //! transport reconnects nodes that cut the client off), unless a reclaimer killed
-//! it meanwhile ([`crate::lease`], "Idle clients").
+//! it meanwhile ([`crate::membership::lease`], "Idle clients").
 //!
 //! # Recycling (SWARM §5.4)
 //!
@@ -36,7 +36,7 @@
 //! published), *retire* that register; after a grace covering every cached location
 //! (`cache_ttl_ns`, superblock) and every operation (`max_op_ns`, superblock) that
 //! may still name it, the register is reset on all its replicas and handed out
-//! again (`crate::recycle` has the argument). Two things make the grace sufficient
+//! again (`crate::registers::recycle` has the argument). Two things make the grace sufficient
 //! and are enforced here: cache entries expire `cache_ttl_ns` after the index
 //! vouched for them (`crate::cache`), and an operation stops at its deadline
 //! (start + `max_op_ns`) with [`KvError::Fenced`] before posting its next step, and
@@ -64,10 +64,10 @@ use crate::cache::{Location, LocationCache};
 use crate::configuration::Configuration;
 use crate::index::{BlindInsert, Index, IndexConfig, IndexError, InsertOutcome};
 use crate::layout::{NodeLayout, decode_payload, encode_key_header, encode_payload};
-use crate::lease_renewal::{LeaseHolder, renew_now};
-use crate::recycle::{RecycleStats, Recycler, ReplicaStatus, Retired};
-use crate::register_alloc::RegisterAllocator;
-use crate::writer_ids::{self, Registration, Resume};
+use crate::membership::lease_renewal::{LeaseHolder, renew_now};
+use crate::membership::writer_ids::{self, Registration, Resume};
+use crate::registers::alloc::RegisterAllocator;
+use crate::registers::recycle::{RecycleStats, Recycler, ReplicaStatus, Retired};
 use crate::{KvError, RegisterId};
 
 /// Attempts an operation makes when one runs past its deadline (a stall longer than
@@ -85,16 +85,16 @@ use deferred_unmap::DeferredUnmaps;
 
 /// How many times an operation re-resolves a key that keeps moving under it.
 const MAX_RETRIES: u32 = 16;
-/// Registers per background reclaim check of the log (`Client::reclaim_tick`, at
-/// most one check per `ProtocolConfig::reclaim_interval_ns`).
-const RECLAIM_BUDGET: usize = 8;
+/// Registers per background slot-recycling check of the log (`Client::recycle_slots_tick`, at
+/// most one check per `ProtocolConfig::slot_recycling_interval_ns`).
+const SLOT_RECYCLING_BUDGET: usize = 8;
 /// Log slots a write waits for before it starts: an insert may write two registers
 /// (its fresh one, then the key's existing one).
 const WRITE_SLOTS: u32 = 2;
 
 /// How long an insert waits for a register while a repair is announced, at most:
 /// from the announcement to the admission, registers come back only once the
-/// repair copied them to the node it rebuilds (`crate::journal`), or, on a cluster
+/// repair copied them to the node it rebuilds (`crate::registers::journal`), or, on a cluster
 /// without a journal, once the node is admitted (a repair's wait and copy:
 /// seconds). A repair that failed after its announcement leaves the bit set until
 /// another one completes; inserts that find no register then fail with
@@ -134,7 +134,7 @@ pub struct KvConfig {
     /// to revive it before failing with [`KvError::LeaseExpired`], ns: long enough
     /// for a transport to reconnect the memory nodes that cut an idle client off
     /// (RDMA: `swarm_rdma::lease_watch`). Only an operation after a lapse waits;
-    /// `0`: one synchronous renewal, then fail ([`crate::lease`], "Idle clients").
+    /// `0`: one synchronous renewal, then fail ([`crate::membership::lease`], "Idle clients").
     pub lease_revive_ns: Nanos,
     /// Index unmaps a client's deletes may leave to run after they return (SWARM
     /// §5.3.2: a delete returns at its tombstone), at most; `0` (the default): every
@@ -217,12 +217,12 @@ pub struct KvClient<F: Fabric, C: Clock> {
     /// that found nothing is not repeated on every insert.
     next_adoption: Cell<Nanos>,
     /// Donated registers this client's last reclamation pass found and left to
-    /// others ([`crate::limbo::Reclaimed::donations_left`]): its next pass may take
-    /// half of them ([`Self::reclaim_gone`]), and a dry insert waits for that pass
+    /// others ([`crate::registers::limbo::Reclaimed::donations_left`]): its next pass may take
+    /// half of them ([`Self::reclaim_gone_registers`]), and a dry insert waits for that pass
     /// rather than fail.
     donations_left: Cell<u64>,
     /// Where this client's next reclamation pass starts its scan: where the last
-    /// one stopped ([`crate::limbo::Reclaimed::resume_at`]).
+    /// one stopped ([`crate::registers::limbo::Reclaimed::resume_at`]).
     reclaim_resume_at: Cell<RegisterId>,
     /// [`LeaseHolder::renewal_answers`] when the configuration was last read: a
     /// renewal that saw a newer epoch than the configuration a majority then held
@@ -332,7 +332,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         let writer =
             WriterId::new(u32::from(registration.writer)).map_err(swarm_core::SwarmError::from)?;
         // The earlier incarnations' log: from a sealed summary, else a whole-log scan
-        // (`crate::writer_ids`, "Resuming a log").
+        // (`crate::membership::writer_ids`, "Resuming a log").
         let summary = match registration.resume {
             Resume::Summary { stamp } => swarm_core::block_on(
                 &fabric,
@@ -439,7 +439,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
                 layout.params.register_grace_ns(),
                 registration.writer,
                 token,
-                crate::limbo::holder_tag(registration.writer, token),
+                crate::registers::limbo::holder_tag(registration.writer, token),
             ),
             max_op_ns: layout.params.max_op_ns,
             cache: RefCell::new(LocationCache::new(
@@ -511,7 +511,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
     }
 
     /// This client's out-of-place log: slots in use, in limbo, recycled so far.
-    pub fn log_counters(&self) -> swarm_core::reclaim::SlotCounters {
+    pub fn log_counters(&self) -> swarm_core::slot_recycling::SlotCounters {
         self.swarm.slot_counters()
     }
 
@@ -522,12 +522,12 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
     }
 
     /// Registers in this client's pool: given back after a reset, or never used in
-    /// its chunks (`crate::register_alloc`).
+    /// its chunks (`crate::registers::alloc`).
     pub fn registers_pooled(&self) -> u64 {
         self.alloc.pooled()
     }
 
-    /// This client's holder tag (`crate::limbo`).
+    /// This client's holder tag (`crate::registers::limbo`).
     pub fn recycler_tag(&self) -> u32 {
         self.recycler.tag()
     }
@@ -545,8 +545,8 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
     /// Gives the writer id back (its log is resumed by the next client that takes it).
     /// Registers in limbo and in the pool are left to others: they carry this client's
     /// holder tag, which is gone once the row is given back, so a client that runs out
-    /// of registers reclaims them (`crate::limbo`, "a clean close"). Waits up to
-    /// [`crate::reclaim::STRAGGLER_NS`] for retire marks still in flight.
+    /// of registers reclaims them (`crate::registers::limbo`, "a clean close"). Waits up to
+    /// [`crate::membership::writer_takeover::STRAGGLER_NS`] for retire marks still in flight.
     pub fn close(self) {
         if self.has_deferred_unmaps() {
             let fabric = self.swarm.fabric();
@@ -562,10 +562,12 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
                 );
             }
         }
-        self.swarm.cancel_reclaim();
+        self.swarm.cancel_slot_recycling();
         let fabric = self.swarm.fabric();
         if self.recycler.marks_in_flight(fabric) > 0 {
-            let until = fabric.now().saturating_add(crate::reclaim::STRAGGLER_NS);
+            let until = fabric
+                .now()
+                .saturating_add(crate::membership::writer_takeover::STRAGGLER_NS);
             let _ = swarm_core::block_on_future(fabric, async {
                 while self.recycler.marks_in_flight(fabric) > 0 && fabric.now() < until {
                     swarm_core::sleep(fabric, 100_000).await;
@@ -728,7 +730,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         follow
     }
 
-    /// Starts an operation (self-fencing, [`crate::lease`]): takes the answers of the
+    /// Starts an operation (self-fencing, [`crate::membership::lease`]): takes the answers of the
     /// lease renewal in flight and posts the next one when due, off the critical path;
     /// the operation may start only if the lease is valid for the whole operation
     /// deadline (`max_op_ns`, superblock) — if not, a synchronous renewal, retried
@@ -743,7 +745,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         let max_op_ns = self.layout.params.max_op_ns;
         let now = fabric.now();
         // Background log recycling: bounded, never waits.
-        self.swarm.reclaim_tick_at(RECLAIM_BUDGET, now);
+        self.swarm.recycle_slots_tick_at(SLOT_RECYCLING_BUDGET, now);
         self.swarm.examine_carried_tick(now);
         // Following a configuration took a roundtrip: the operation starts after it.
         // Otherwise the reading above serves (only synchronous work came since: a
@@ -892,7 +894,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         let now = self.swarm.fabric().now();
         let may_start = self.lease.borrow().valid_for(now, 0);
         // A pool of a chunk's worth is enough: registers reset beyond it go to any
-        // client that runs out (`crate::recycle`, "donations"); not while a node is out
+        // client that runs out (`crate::registers::recycle`, "donations"); not while a node is out
         // of service, when pools are what inserts live on until the repair. Asked only
         // when a reset starts, not on every insert and delete.
         let donate = || {
@@ -923,14 +925,14 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
             .is_some_and(|config| config.repairing != 0)
     }
 
-    /// What a register reset does about `node` (`crate::recycle`, "a node out of
+    /// What a register reset does about `node` (`crate::registers::recycle`, "a node out of
     /// service"). It may leave the node out only when the memory of its member
     /// incarnation, in the configuration this client follows, is known lost and no
     /// lease renewal has shown a newer configuration since (a repair's announcement
     /// reaches this client through its renewals; `crate::repair`, steps 1 and 2).
     /// Then, with no repair of the node announced, the reset simply does without
     /// it; with one announced, it goes through the repair journal
-    /// ([`crate::journal`]), or waits on a cluster without one.
+    /// ([`crate::registers::journal`]), or waits on a cluster without one.
     fn replica_status(&self, node: NodeId) -> ReplicaStatus {
         let followed = self.followed.borrow();
         let Some(config) = followed.as_ref() else {
@@ -948,7 +950,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         if !config.is_repairing(node.index()) {
             return ReplicaStatus::Lost;
         }
-        match crate::journal::journal_node(node, self.nodes) {
+        match crate::registers::journal::journal_node(node, self.nodes) {
             Some(journal) if self.layout.journal_at.is_some() => {
                 ReplicaStatus::Repairing { journal }
             }
@@ -957,7 +959,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
     }
 
     /// A pre-cleared register for an insert. When every chunk is claimed and the
-    /// pool is empty, runs a reclamation pass (paced: [`Self::reclaim_gone`]) if this
+    /// pool is empty, runs a reclamation pass (paced: [`Self::reclaim_gone_registers`]) if this
     /// client has no retired register of its own to wait for, or if its last pass
     /// left donations on offer (taken, they are ready after the delivery margin,
     /// sooner than its own pass their grace); otherwise waits for its retired
@@ -980,7 +982,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
             let in_limbo = self.recycler.in_limbo();
             let offer = self.donations_left.get() > 0;
             if now >= self.next_adoption.get() && (in_limbo == 0 || offer) {
-                self.reclaim_gone().await?;
+                self.reclaim_gone_registers().await?;
                 // What the pass took waits a whole grace from now, however long
                 // the pass took.
                 give_up = fabric
@@ -1031,11 +1033,11 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
     /// Adopts the chunks of clients that are no longer registered and takes the
     /// registers that gone clients held (their limbos and pools, in any chunk, and the
     /// never-used registers of adopted chunks) into this client's limbo
-    /// (`crate::limbo`): they are handed out after the register grace (donated ones
+    /// (`crate::registers::limbo`): they are handed out after the register grace (donated ones
     /// after the delivery margin). At most one round per lease period (or register
     /// grace, if shorter), and only under a valid lease (renewed first if needed):
     /// the takes are CASes that no operation deadline covers otherwise.
-    async fn reclaim_gone(&self) -> Result<(), KvError> {
+    async fn reclaim_gone_registers(&self) -> Result<(), KvError> {
         let fabric = self.swarm.fabric();
         let max_op = self.layout.params.max_op_ns;
         // A client living on donations needs a pass about as often as registers pass
@@ -1059,14 +1061,14 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         // large offer (every register a gone client held, donated as its reclaimer
         // resets them) in a few passes, not a chunk per `interval`, while leaving
         // as much to the others.
-        let me = crate::limbo::Reclaimer {
+        let me = crate::registers::limbo::Reclaimer {
             token: self.token,
             tag: self.recycler.tag(),
             max_donations: u64::from(self.layout.params.chunk_registers)
                 .max(self.donations_left.get() / 2),
             resume_at: self.reclaim_resume_at.get(),
         };
-        let reclaimed = crate::limbo::reclaim(
+        let reclaimed = crate::registers::limbo::reclaim_gone_registers(
             fabric,
             &self.layout,
             me,
@@ -1080,23 +1082,24 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
             self.alloc.adopt(*chunk);
         }
         let now = fabric.now();
-        let settled = now.saturating_add(crate::limbo::settle_ns(&self.layout));
+        let settled = now.saturating_add(crate::registers::limbo::settle_ns(&self.layout));
         for (register, kind) in reclaimed.taken {
             let why = match kind {
-                crate::limbo::Verdict::Limbo => Retired::ReclaimedLimbo,
-                crate::limbo::Verdict::Pool => Retired::ReclaimedPool,
-                crate::limbo::Verdict::Donated => {
+                crate::registers::limbo::Verdict::Limbo => Retired::ReclaimedLimbo,
+                crate::registers::limbo::Verdict::Pool => Retired::ReclaimedPool,
+                crate::registers::limbo::Verdict::Donated => {
                     self.recycler.take_donation(register, settled);
                     continue;
                 }
-                crate::limbo::Verdict::Fresh | crate::limbo::Verdict::Keep => Retired::Adopted,
+                crate::registers::limbo::Verdict::Fresh
+                | crate::registers::limbo::Verdict::Keep => Retired::Adopted,
             };
             self.recycler.retire(register, now, why);
         }
         Ok(())
     }
 
-    /// Runs a reclamation pass ([`Self::reclaim_gone`], which paces them) when this
+    /// Runs a reclamation pass ([`Self::reclaim_gone_registers`], which paces them) when this
     /// writer's log is seven-eighths full of slots its own recycling is not about to
     /// give back (in use, not in limbo); with no room left for a write, waits for
     /// the resets of the registers it retired or took, which free slots.
@@ -1105,8 +1108,8 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
     /// registers that clients which came and went had retired but not reset yet:
     /// each client resets its retired registers only after the register grace, and
     /// leaves the rest to a reclamation pass when it closes. Those slots come back
-    /// only once the registers are reset (reclaim checks then find their writes on
-    /// no replica, `swarm_core::protocol::reclaim`, rule 3), and passes otherwise run
+    /// only once the registers are reset (slot-recycling checks then find their writes on
+    /// no replica, `swarm_core::slot_recycling`, rule 3), and passes otherwise run
     /// only in a client that runs out of registers. A store whose clients come and
     /// go (one `swarm bench` after another on one cluster) filled a writer's log
     /// with them first, and its writes waited on a trickle of slots for minutes.
@@ -1123,7 +1126,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
                 carried = log.carried,
                 "log nearly full: reclaiming the registers of gone clients, whose resets free slots"
             );
-            if let Err(error) = self.reclaim_gone().await {
+            if let Err(error) = self.reclaim_gone_registers().await {
                 tracing::info!(
                     writer = self.registration.writer,
                     %error,
@@ -1165,7 +1168,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
             // reads every register this writer has a value in.
             if resets_done() > checked_at {
                 checked_at = resets_done();
-                let _ = self.swarm.reclaim_step(usize::MAX).await;
+                let _ = self.swarm.recycle_slots_step(usize::MAX).await;
                 let _ = self.swarm.make_room_for(WRITE_SLOTS).await;
             }
         }
@@ -1173,11 +1176,11 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
 
     /// Runs one reclamation pass now, whatever the allocator holds (tests and tools;
     /// clients run it by themselves when they run out of registers).
-    pub async fn reclaim_now(&self) -> Result<(), KvError> {
-        self.reclaim_gone().await
+    pub async fn reclaim_gone_registers_now(&self) -> Result<(), KvError> {
+        self.reclaim_gone_registers().await
     }
 
-    /// This client's incarnation token (tests of `crate::limbo`).
+    /// This client's incarnation token (tests of `crate::registers::limbo`).
     #[cfg(test)]
     pub(crate) fn token(&self) -> u64 {
         self.token
@@ -1925,7 +1928,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
     /// Flushes a deleted register from the cache and unmaps it from the index (a
     /// no-op if its deleter already did, or a re-insert replaced it). If this call's
     /// remove is the one that unmapped it, this client owns the register and retires
-    /// it (`crate::recycle`).
+    /// it (`crate::registers::recycle`).
     async fn forget_deleted(
         &self,
         key: &[u8],
@@ -1947,7 +1950,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
     }
 
     /// Retires `register`, whose key header holds a key of `key_len` bytes, after
-    /// tagging it as this client's on every replica (`crate::limbo`): if this client
+    /// tagging it as this client's on every replica (`crate::registers::limbo`): if this client
     /// goes away before the register's grace, another reclaims it. The mark is posted
     /// only before the operation's `deadline`.
     fn retire_marked(&self, register: RegisterId, key_len: usize, why: Retired, deadline: Nanos) {

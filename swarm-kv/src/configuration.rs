@@ -67,7 +67,7 @@ pub struct Configuration {
     pub incarnations: Vec<u64>,
     /// Bit `i`: a repair of node `i` announced itself and has not admitted the node
     /// yet (`crate::repair`). While it is set, no client may leave node `i`'s lost
-    /// memory out of a register reset (`crate::recycle`, "a node out of service").
+    /// memory out of a register reset (`crate::registers::recycle`, "a node out of service").
     pub repairing: u16,
 }
 

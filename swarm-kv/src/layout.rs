@@ -8,7 +8,7 @@
 //! 0            node header (swarm_core::header): magic, node id, epoch, tick, ...
 //! 4 KiB        KV superblock: the cluster parameters below, with a checksum
 //! client table one 64-byte row per writer id: claim word, lease word, pid
-//! journal      one repair-journal row per writer id (superblock version 5, crate::journal)
+//! journal      one repair-journal row per writer id (superblock version 5, crate::registers::journal)
 //! chunk table  one claim word per chunk of registers (two-level allocation, FUSEE §4.4)
 //! index        the replicated hash index (see crate::index)
 //! registers    register slots: [key header | SWARM register (in-place block, W words)]
@@ -53,12 +53,12 @@ pub const KV_VERSION: u32 = 5;
 /// Bit of the superblock's flags word: the layout has a log-summary area.
 pub const FLAG_LOG_SUMMARIES: u64 = 1;
 /// Bit of the superblock's flags word: every client keeps a tick ceiling in its
-/// client-table row (`crate::writer_ids`), so that a crashed client's successor
+/// client-table row (`crate::membership::writer_ids`), so that a crashed client's successor
 /// resumes its log without reading it first. Only builds that keep the ceiling
 /// read a cluster with this bit (version 4 and later).
 pub const FLAG_TICK_CEILINGS: u64 = 2;
 /// Bit of the superblock's flags word: the layout has a repair journal after the
-/// client table ([`crate::journal`]), so that registers keep coming back while a
+/// client table ([`crate::registers::journal`]), so that registers keep coming back while a
 /// repair rebuilds a node (version 5 and later).
 pub const FLAG_REPAIR_JOURNAL: u64 = 4;
 /// Bytes of an encoded superblock (version 2; version 1 used the first 64).
@@ -69,11 +69,11 @@ pub const DEFAULT_LEASE_NS: u64 = 2_000_000_000;
 pub const DEFAULT_LEASE_RENEW_NS: u64 = 250_000_000;
 /// Default operation deadline (`swarm init --max-op`): an operation never posts a
 /// batch later than this after it started (the fence the recycling code relies on,
-/// `swarm_core::reclaim`). Operations take microseconds (milliseconds with failed
+/// `swarm_core::slot_recycling`). Operations take microseconds (milliseconds with failed
 /// nodes, and up to about 100 ms for a client thread descheduled on an overloaded
 /// machine: a 100 ms fence failed one operation in a few hundred thousand on a 2-core
 /// machine running four builds); a superseded log slot returns to its writer about
-/// `max_op · 9/7 + 10 ms · 9/8` later (`swarm_core::reclaim::grace_ns`), so the fence
+/// `max_op · 9/7 + 10 ms · 9/8` later (`swarm_core::slot_recycling::grace_ns`), so the fence
 /// also bounds the backlog of slots waiting to be recycled: about 268 ms of a
 /// writer's writes with 200 ms, beyond
 /// which a writer with a full log waits (a 500 ms fence made YCSB A on a 64 MiB
@@ -84,7 +84,7 @@ pub const DEFAULT_MAX_OP_NS: u64 = 200_000_000;
 /// Default location-cache entry lifetime (`swarm init --cache-ttl`): a client uses a
 /// cached key → register location for at most this long after the index vouched for
 /// it, so a deleted key's register is reused `cache_ttl + max_op` (plus drift and a
-/// margin) after it was unmapped (`crate::recycle`).
+/// margin) after it was unmapped (`crate::registers::recycle`).
 pub const DEFAULT_CACHE_TTL_NS: u64 = 10_000_000_000;
 /// Largest delivery margin a superblock may carry (`swarm init --delivery-margin`):
 /// every recycling grace includes it, so a larger one would hold memory for minutes.
@@ -156,7 +156,7 @@ pub struct ClusterParams {
     pub log_slots: u32,
     /// Lease duration, ns: a client whose renewals stop is presumed dead (and its
     /// writer id reclaimable) this long after its last renewal, plus the clock-drift
-    /// allowance and the reclamation grace (see [`crate::lease`]).
+    /// allowance and the reclamation grace (see [`crate::membership::lease`]).
     pub lease_ns: u64,
     /// Lease renewal period, ns (less than half the lease).
     pub lease_renew_ns: u64,
@@ -171,24 +171,24 @@ pub struct ClusterParams {
     /// Delivery margin, ns: how long after its post a batch may still take effect on a
     /// memory node (the transport's worst case: on RDMA the queue pair's retry window,
     /// `ack timeout × (retry count + 1)`, plus scheduling). Recycled memory waits
-    /// this on top of the operation deadline (`swarm_core::reclaim`). Cluster-wide: a
+    /// this on top of the operation deadline (`swarm_core::slot_recycling`). Cluster-wide: a
     /// writer recycles its log slots on the margin of every client that may write
     /// them back, so a client whose transport can deliver later refuses to connect.
     pub delivery_margin_ns: u64,
     /// Whether each writer has a log-summary area after the logs (clusters made
     /// before superblock version 3 have none): a client that stops cleanly leaves
     /// its summary there, and the next client of its writer id resumes the log from
-    /// it instead of scanning the whole log ([`crate::writer_ids`]).
+    /// it instead of scanning the whole log ([`crate::membership::writer_ids`]).
     pub log_summaries: bool,
     /// Whether every client persists a tick ceiling in its client-table row
     /// (superblock version 4 and later): a client that takes over the writer id of
     /// a crashed one then resumes its log lazily, starting above the ceiling,
-    /// instead of reading the whole log first ([`crate::writer_ids`]).
+    /// instead of reading the whole log first ([`crate::membership::writer_ids`]).
     pub tick_ceilings: bool,
     /// Whether the layout has a repair journal (superblock version 5 and later):
     /// while a repair rebuilds a node, clients reset recycled registers without it
     /// and have the repair bring the rebuilt copy along through the journal
-    /// ([`crate::journal`]); without the journal, resets wait for the admission.
+    /// ([`crate::registers::journal`]); without the journal, resets wait for the admission.
     pub repair_journal: bool,
 }
 
@@ -209,7 +209,7 @@ impl Default for ClusterParams {
             lease_renew_ns: DEFAULT_LEASE_RENEW_NS,
             max_op_ns: DEFAULT_MAX_OP_NS,
             cache_ttl_ns: DEFAULT_CACHE_TTL_NS,
-            delivery_margin_ns: swarm_core::reclaim::DEFAULT_DELIVERY_MARGIN_NS,
+            delivery_margin_ns: swarm_core::slot_recycling::DEFAULT_DELIVERY_MARGIN_NS,
             log_summaries: true,
             tick_ceilings: true,
             repair_journal: true,
@@ -220,20 +220,20 @@ impl Default for ClusterParams {
 impl ClusterParams {
     /// How long a retired register waits before it is reset and reused: the
     /// reclamation grace of a window of `cache_ttl_ns + max_op_ns`, with this
-    /// cluster's delivery margin (`swarm_core::reclaim::grace_with_margin_ns`,
-    /// `crate::recycle`).
+    /// cluster's delivery margin (`swarm_core::slot_recycling::grace_with_margin_ns`,
+    /// `crate::registers::recycle`).
     pub fn register_grace_ns(&self) -> u64 {
-        swarm_core::reclaim::grace_with_margin_ns(
+        swarm_core::slot_recycling::grace_with_margin_ns(
             self.cache_ttl_ns.saturating_add(self.max_op_ns),
             self.delivery_margin_ns,
         )
     }
 
     /// How long a superseded out-of-place log slot waits before its writer reuses it
-    /// (`swarm_core::reclaim`): the operation deadline, its drift allowance and the
+    /// (`swarm_core::slot_recycling`): the operation deadline, its drift allowance and the
     /// delivery margin.
     pub fn slot_grace_ns(&self) -> u64 {
-        swarm_core::reclaim::grace_with_margin_ns(self.max_op_ns, self.delivery_margin_ns)
+        swarm_core::slot_recycling::grace_with_margin_ns(self.max_op_ns, self.delivery_margin_ns)
     }
 
     /// Bytes of a register's payload: `[key length u16 | key | value]`.
@@ -267,7 +267,7 @@ impl ClusterParams {
         if !self.index_buckets.is_power_of_two() {
             return bad("index buckets must be a power of two");
         }
-        crate::lease::LeaseParams::from_params(self)
+        crate::membership::lease::LeaseParams::from_params(self)
             .validate()
             .map_err(|e| ParamsError::Invalid(e.to_string()))?;
         if self.cache_ttl_ns == 0 {
@@ -408,7 +408,7 @@ impl ClusterParams {
                     DEFAULT_LEASE_RENEW_NS,
                     DEFAULT_MAX_OP_NS,
                     DEFAULT_CACHE_TTL_NS,
-                    swarm_core::reclaim::DEFAULT_DELIVERY_MARGIN_NS,
+                    swarm_core::slot_recycling::DEFAULT_DELIVERY_MARGIN_NS,
                 )
             } else {
                 (u64_at(56), u64_at(64), u64_at(72), u64_at(80), u64_at(88))
@@ -476,7 +476,7 @@ impl NodeLayout {
             .repair_journal
             .then(|| align(clients_end, AREA_ALIGN));
         let journal_end = journal_at.map_or(clients_end, |at| {
-            at + u64::from(params.writers) * crate::journal::ROW_BYTES
+            at + u64::from(params.writers) * crate::registers::journal::ROW_BYTES
         });
         let chunks_at = align(journal_end, AREA_ALIGN);
         let chunks = params.registers.div_ceil(u64::from(params.chunk_registers));
@@ -557,11 +557,12 @@ impl NodeLayout {
     }
 
     /// Address of slot `slot` of writer `writer`'s repair-journal row, if the
-    /// cluster has the journal and both exist ([`crate::journal`]).
+    /// cluster has the journal and both exist ([`crate::registers::journal`]).
     pub fn journal_slot(&self, writer: u16, slot: usize) -> Option<u64> {
         let at = self.journal_at?;
-        (writer < self.params.writers && slot < crate::journal::SLOTS)
-            .then(|| at + u64::from(writer) * crate::journal::ROW_BYTES + 8 * slot as u64)
+        (writer < self.params.writers && slot < crate::registers::journal::SLOTS).then(|| {
+            at + u64::from(writer) * crate::registers::journal::ROW_BYTES + 8 * slot as u64
+        })
     }
 
     /// Address of index bucket `bucket`.
@@ -690,7 +691,7 @@ mod tests {
         );
         assert_eq!(
             old.delivery_margin_ns,
-            swarm_core::reclaim::DEFAULT_DELIVERY_MARGIN_NS
+            swarm_core::slot_recycling::DEFAULT_DELIVERY_MARGIN_NS
         );
         assert_eq!(old.registers, p.registers);
         // A renewal period of half the lease is refused with the reason.
@@ -776,12 +777,12 @@ mod tests {
         let l5 = NodeLayout::new(new).unwrap();
         let first = l5.journal_slot(0, 0).unwrap();
         let last = l5
-            .journal_slot(new.writers - 1, crate::journal::SLOTS - 1)
+            .journal_slot(new.writers - 1, crate::registers::journal::SLOTS - 1)
             .unwrap();
         assert!(first >= l5.clients_at + u64::from(new.writers) * CLIENT_ROW_BYTES);
         assert!(last + 8 <= l5.chunks_at);
         assert_eq!(l5.journal_slot(new.writers, 0), None);
-        assert_eq!(l5.journal_slot(0, crate::journal::SLOTS), None);
+        assert_eq!(l5.journal_slot(0, crate::registers::journal::SLOTS), None);
     }
 
     #[test]
@@ -801,7 +802,7 @@ mod tests {
             p.register_grace_ns(),
             10_200_000_000 + 2_914_285_715 + 547_000_000 + 68_375_000
         );
-        let lease = crate::lease::LeaseParams::from_params(&p);
+        let lease = crate::membership::lease::LeaseParams::from_params(&p);
         assert_eq!(
             lease.observer_wait_ns(),
             p.lease_ns + p.lease_ns / 8 + p.slot_grace_ns()

@@ -127,8 +127,6 @@ mod api;
 #[doc(hidden)]
 pub mod cache;
 #[doc(hidden)]
-pub mod claim;
-#[doc(hidden)]
 pub mod client;
 #[doc(hidden)]
 pub mod clock;
@@ -140,28 +138,14 @@ mod error;
 #[doc(hidden)]
 pub mod index;
 #[doc(hidden)]
-pub mod journal;
-#[doc(hidden)]
 pub mod layout;
 #[doc(hidden)]
-pub mod lease;
-#[doc(hidden)]
-pub mod lease_renewal;
-#[cfg(test)]
-mod lease_tests;
-#[doc(hidden)]
-pub mod limbo;
-#[doc(hidden)]
-pub mod orphans;
+pub mod membership;
 #[cfg(feature = "rdma")]
 #[doc(hidden)]
 pub mod rdma;
 #[doc(hidden)]
-pub mod reclaim;
-#[doc(hidden)]
-pub mod recycle;
-#[doc(hidden)]
-pub mod register_alloc;
+pub mod registers;
 #[doc(hidden)]
 pub mod repair;
 #[doc(hidden)]
@@ -170,8 +154,6 @@ pub mod shm;
 pub mod store;
 #[cfg(test)]
 mod test_support;
-#[doc(hidden)]
-pub mod writer_ids;
 
 pub use api::{AsyncKv, Kv, Stats};
 pub use client::{KvClient, KvConfig};

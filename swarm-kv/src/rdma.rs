@@ -13,7 +13,7 @@
 //! **Idle clients.** A client that issues nothing for longer than its lease stops
 //! renewing, so every node cuts it off. That is the intended defence against a hung
 //! client, and no reason for a merely idle application to fail: its next operation
-//! revives the lease ([`crate::lease`], "Idle clients"). On RDMA that goes: the
+//! revives the lease ([`crate::membership::lease`], "Idle clients"). On RDMA that goes: the
 //! first post after an idle gap sees the nodes' cut notices on the bootstrap
 //! connections and fails those nodes at once (instead of waiting out the queue
 //! pairs' retry window); the fabric reconnects them in the background right away,
@@ -27,7 +27,7 @@
 //! a killed word never answer this client again, so usually only once
 //! [`crate::KvConfig::lease_revive_ns`] (5 s by default) has passed, as when a
 //! majority stays unreachable. Never with a write under the reclaimed id.
-//! There is deliberately no keep-alive thread (see [`crate::lease`] for why).
+//! There is deliberately no keep-alive thread (see [`crate::membership::lease`] for why).
 //!
 //! Without an RDMA device both fail with the transport's `no RDMA device found: ...`
 //! error.
@@ -43,7 +43,7 @@ use swarm_rdma::{RdmaCluster, RdmaConfig, RdmaError, RdmaFabric};
 
 use crate::KvError;
 use crate::layout::{ClusterParams, NodeLayout, ParamsError, SUPERBLOCK_AT};
-use crate::lease::LeaseParams;
+use crate::membership::lease::LeaseParams;
 use crate::repair::{RepairError, RepairOptions, RepairReport, repair_node};
 use crate::store::{Store, open_layout, write_superblock};
 
@@ -200,7 +200,7 @@ impl<C: ClusterHandle> RdmaStore<C> {
         let fabric = cluster.client().map_err(rdma)?;
         let header = first_header(&fabric)?;
         // Batches may land as late as the queue pairs' retry window after their post:
-        // the recycling grace must wait for them (`swarm_core::reclaim`).
+        // the recycling grace must wait for them (`swarm_core::slot_recycling`).
         let params = ClusterParams {
             delivery_margin_ns: params.delivery_margin_ns.max(cluster.delivery_bound_ns()),
             ..params
@@ -309,7 +309,7 @@ impl<C: ClusterHandle> Store for RdmaStore<C> {
     }
 
     /// Asks the memory nodes to cut the client of `writer` off once its lease word
-    /// (row word 1 of its client-table row, [`crate::writer_ids`]) is killed, or
+    /// (row word 1 of its client-table row, [`crate::membership::writer_ids`]) is killed, or
     /// unchanged for as long as a reclaimer waits before it may kill it
     /// ([`LeaseParams::observer_wait_ns`]): by then the client's own clock says its
     /// lease ended, whatever the drift within the bound (defence in depth behind the

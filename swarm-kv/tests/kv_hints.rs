@@ -77,11 +77,11 @@ fn store(dir: &ScratchDir) -> ShmStore {
 fn client(store: &ShmStore) -> Client {
     let header = *store.header();
     let mut config = store.config();
-    // No background reclaim check while the operations run: it reads the same
+    // No background slot-recycling check while the operations run: it reads the same
     // metadata words, and its posts would be taken for theirs.
     config.protocol = config
         .protocol
-        .with_reclaim_interval_ns(3_600 * 1_000_000_000);
+        .with_slot_recycling_interval_ns(3_600 * 1_000_000_000);
     KvClient::connect(
         Traced::new(store.fabric(), Recorder::default()),
         SystemClock::new(header.epoch_unix_ns, header.tick_ns),

@@ -249,7 +249,7 @@ fn claimed_chunks_count_what_clients_took() {
     let claimed = |f| {
         block_on(
             f,
-            swarm_kv::register_alloc::claimed_chunks(f, &stats, store.layout()),
+            swarm_kv::registers::alloc::claimed_chunks(f, &stats, store.layout()),
         )
         .unwrap()
     };

@@ -1,4 +1,4 @@
-//! Register recycling (SWARM §5.4, `swarm_kv::recycle`) on a shared-memory cluster
+//! Register recycling (SWARM §5.4, `swarm_kv::registers::recycle`) on a shared-memory cluster
 //! whose clients share a *virtual* clock: the tests move time past cache lifetimes
 //! and recycling graces without sleeping, and nothing depends on the machine's speed.
 //!
@@ -19,7 +19,7 @@ use swarm_core::fabric::{Completion, FabricError, FailureCause, Op, Ticket};
 use swarm_core::{Batch, Fabric, NodeId, OpStats, block_on};
 use swarm_kv::configuration::{CONFIG_AT, Configuration};
 use swarm_kv::layout::{ClusterParams, NodeLayout};
-use swarm_kv::recycle::RecycleStats;
+use swarm_kv::registers::recycle::RecycleStats;
 use swarm_kv::repair::RepairOptions;
 use swarm_kv::store::{read_configuration, write_configuration, write_superblock};
 use swarm_kv::{DeleteOutcome, KvClient, KvConfig, KvError, ShmStore};
@@ -579,7 +579,7 @@ fn a_reset_reaches_every_replica_so_a_lagging_one_reads_as_fresh_memory() {
 /// here one client only inserts and another only deletes. The deleter keeps a
 /// chunk's worth in its pool and donates the registers it resets beyond that; the
 /// inserter, once every chunk is claimed and its pool is empty, takes the donations
-/// in a reclamation pass (`swarm_kv::recycle`, "donations"). Without donations the
+/// in a reclamation pass (`swarm_kv::registers::recycle`, "donations"). Without donations the
 /// inserter got `RegistersFull` after about 48 of these inserts, with the deleter
 /// holding the other free registers.
 #[test]
@@ -1110,7 +1110,7 @@ fn churn(seed: u64, faults: bool) -> u64 {
 /// Registers of a churn's cluster. Free registers sit in per-client pools: an insert
 /// takes one from its client's pool, a delete's unmap gives one to its client's, and
 /// the churn picks clients at random, so each client's share drifts as a random
-/// walk, about √ops. Before donations (`swarm_kv::recycle`, "donations") about 2 %
+/// walk, about √ops. Before donations (`swarm_kv::registers::recycle`, "donations") about 2 %
 /// of seeds drove one client to an empty pool with every chunk claimed while the
 /// others held ~50 free registers: `RegistersFull`, no register leaked (seeds 119,
 /// 121, 143, 203, 265, 276, 318, 395 of 0..400 with faults, 10 of 400 without).
@@ -1151,10 +1151,10 @@ fn a_churn_of_ten_times_the_register_capacity_completes_and_is_linearizable() {
 
 #[test]
 fn a_churn_with_index_outages_stays_linearizable() {
-    // Seed 108's schedule met a reclaim check whose reads predated a write on a
+    // Seed 108's schedule met a slot-recycling check whose reads predated a write on a
     // register reset and reused meanwhile: the write's slot was recycled while it
     // was the register's value, and a later read failed validation
-    // (`swarm_core::reclaim`, rule 3). Seed 92 ran a client dry when a reclamation
+    // (`swarm_core::slot_recycling`, rule 3). Seed 92 ran a client dry when a reclamation
     // pass took every donation it found.
     for seed in churn_seeds(&[108, 92]) {
         churn(seed, true);
@@ -1260,11 +1260,11 @@ fn lose_node_0_and_read_every_key(
     }
 }
 
-/// Nonzero entries in node 0's repair journal (`swarm_kv::journal`).
+/// Nonzero entries in node 0's repair journal (`swarm_kv::registers::journal`).
 fn journal_entries(store: &ShmStore) -> usize {
     let layout = store.layout();
     let f = store.fabric();
-    let len = u64::from(layout.params.writers) * swarm_kv::journal::ROW_BYTES;
+    let len = u64::from(layout.params.writers) * swarm_kv::registers::journal::ROW_BYTES;
     let t = f.post(
         NodeId(0),
         Batch::read(layout.journal_at.expect("a journal"), len as u32),
@@ -1407,7 +1407,7 @@ fn a_lost_node_out_of_service_does_not_stop_register_recycling() {
     lose_node_0_and_read_every_key(&dir, &store, &world, &model, clients);
 }
 
-/// Issue 12, the repair journal (`swarm_kv::journal`): registers retired before a
+/// Issue 12, the repair journal (`swarm_kv::registers::journal`): registers retired before a
 /// repair copies them (their tombstones go to the rebuilt node) and reset after it,
 /// while the repair still runs, leave the rebuilt node out of their reset and wait
 /// in the journal; the repair copies their reset state to the node before it

@@ -417,7 +417,7 @@ async fn fault_task(
     }
     // Out of service for a while before the repair starts: long enough, in some
     // runs, for registers retired meanwhile to pass their grace and be reset
-    // without the lost node (`swarm_kv::recycle`, "a node out of service").
+    // without the lost node (`swarm_kv::registers::recycle`, "a node out of service").
     raw.sleep(out_for).await;
     world.apply(Fault::Recover(NodeId(lost)));
     shared.repair_started.set(true);

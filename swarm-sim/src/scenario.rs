@@ -92,7 +92,7 @@ pub struct Faults {
     pub suspicions: bool,
     /// A few times during the run, node 1's copy of every out-of-place record (not
     /// the timestamp-lock words) is overwritten, as writes landing later than the
-    /// delivery margin would overwrite recycled slots (`swarm_core::reclaim`): a
+    /// delivery margin would overwrite recycled slots (`swarm_core::slot_recycling`): a
     /// maximum's buffer can be unusable on some of its holders (only node 1 is
     /// hit). Combine it with no node crash, which could take the last intact copy,
     /// and no client crash, which can leave a write on node 1 alone. Reads must find
@@ -175,7 +175,7 @@ pub struct Scenario {
     pub max_skew_ns: u64,
     /// Log slot recycling (SWARM §4.5): `None` sizes every log for the whole run,
     /// as if nothing were recycled; `Some` gives each writer a tiny log and runs a
-    /// background reclaim task per client.
+    /// background slot-recycling task per client.
     pub recycling: Option<Recycling>,
     /// Incarnations per client (1: one for the whole run). With more, each client's
     /// operations are split among that many incarnations of its writer id, one after
@@ -200,7 +200,7 @@ pub struct Scenario {
     pub payload_max: u32,
 }
 
-/// A scenario's log slot recycling (see `swarm_core::reclaim`).
+/// A scenario's log slot recycling (see `swarm_core::slot_recycling`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Recycling {
     /// Slots in each writer's log (the tombstone slot included).
@@ -210,9 +210,9 @@ pub struct Recycling {
     /// `ProtocolConfig::delivery_margin_ns`: the simulated links deliver within
     /// microseconds, even late messages and slow spells.
     pub delivery_margin_ns: u64,
-    /// Registers per background reclaim check, one check every `interval_ns`.
+    /// Registers per background slot-recycling check, one check every `interval_ns`.
     pub budget: usize,
-    /// Time between two background reclaim ticks.
+    /// Time between two background slot-recycling ticks.
     pub interval_ns: u64,
 }
 
@@ -564,7 +564,7 @@ pub fn run(scenario: &Scenario) -> Result<Outcome, SimError> {
             config = config
                 .with_max_op_ns(r.max_op_ns)
                 .with_delivery_margin_ns(r.delivery_margin_ns)
-                .with_reclaim_interval_ns(r.interval_ns);
+                .with_slot_recycling_interval_ns(r.interval_ns);
         }
         runner.spawn(
             id,
@@ -698,7 +698,7 @@ const CEILING_HEADROOM: u64 = 256;
 
 /// Runs a client's operations through its incarnations, one after the other (one
 /// incarnation unless [`Scenario::incarnations`] says more): each runs its lanes and
-/// its reclaim task, and, once its lanes are done, hands its log summary to the
+/// its slot-recycling task, and, once its lanes are done, hands its log summary to the
 /// next; or, with [`Scenario::crash_restarts`], crashes mid-write and leaves the
 /// next one to take its writer id over.
 async fn incarnations_task(ctx: Incarnations) {
@@ -805,7 +805,7 @@ async fn incarnations_task(ctx: Incarnations) {
         if let Some(r) = scenario.recycling {
             spawner.spawn(
                 id,
-                reclaim_task(Reclaim {
+                slot_recycling_task(SlotRecycling {
                     client: client.clone(),
                     recycling: r,
                     lanes_left: lanes_left.clone(),
@@ -885,18 +885,18 @@ async fn read_ceiling(fabric: &SimFabric, addr: u64) -> Result<u64, SwarmError> 
 }
 
 /// What a client's background recycling needs.
-struct Reclaim {
+struct SlotRecycling {
     client: Rc<Client<SimFabric, SimClock>>,
     recycling: Recycling,
     lanes_left: Rc<core::cell::Cell<u32>>,
     record: Rc<RefCell<Record>>,
 }
 
-/// A client's background recycling: a reclaim tick (and a step of the examination
+/// A client's background recycling: a slot-recycling tick (and a step of the examination
 /// of carried slots) every `interval_ns` while its lanes run, then the client's log
 /// counters into the record.
-async fn reclaim_task(ctx: Reclaim) {
-    let Reclaim {
+async fn slot_recycling_task(ctx: SlotRecycling) {
+    let SlotRecycling {
         client,
         recycling,
         lanes_left,
@@ -904,12 +904,12 @@ async fn reclaim_task(ctx: Reclaim) {
     } = ctx;
     let carried = client.carried_remaining();
     while lanes_left.get() > 0 {
-        client.reclaim_tick(recycling.budget);
+        client.recycle_slots_tick(recycling.budget);
         client.examine_carried_tick(client.fabric().now());
         client.fabric().sleep(recycling.interval_ns).await;
     }
     record.borrow_mut().carried_examined += (carried - client.carried_remaining()) as u64;
-    client.cancel_reclaim();
+    client.cancel_slot_recycling();
     let counters = client.slot_counters();
     let mut r = record.borrow_mut();
     r.recycled += counters.recycled;
@@ -1094,7 +1094,7 @@ struct Lane {
     directory: Rc<RefCell<Directory>>,
     record: Rc<RefCell<Record>>,
     seed: u64,
-    /// Lanes of this client still running (its reclaim task stops at zero).
+    /// Lanes of this client still running (its slot-recycling task stops at zero).
     lanes_left: Rc<core::cell::Cell<u32>>,
     /// Where this lane's incarnation crashes, if it does.
     crash: Option<CrashAt>,

@@ -36,7 +36,7 @@ const RECYCLING: Recycling = Recycling {
 /// clock skews and jumps), and five incarnations per writer id, the first four of
 /// which crash mid-write. A successor's clock lags its predecessor's by up to 8 ms
 /// (twice the largest skew): longer than it takes to get a slot back in a full log
-/// (a grace of about 2 ms, `swarm_core::reclaim`), so without the ceiling its first
+/// (a grace of about 2 ms, `swarm_core::slot_recycling`), so without the ceiling its first
 /// guesses often fall below ticks its predecessor used on the same register
 /// (ceiling ignored, or never raised: caught at seed 0, see scripts/mutants).
 fn crash_restarts(seed: u64) -> Scenario {

@@ -1,4 +1,4 @@
-//! Scripted schedules around a recycled log slot (SWARM §4.5, `swarm_core::reclaim`).
+//! Scripted schedules around a recycled log slot (SWARM §4.5, `swarm_core::slot_recycling`).
 //!
 //! * A reader is held between its metadata read and its value fetch while the slot
 //!   of the value it is about to fetch is superseded, recycled and rewritten with a

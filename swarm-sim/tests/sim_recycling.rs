@@ -1,4 +1,4 @@
-//! Log slot recycling (SWARM §4.5, `swarm_core::reclaim`) under every simulated
+//! Log slot recycling (SWARM §4.5, `swarm_core::slot_recycling`) under every simulated
 //! fault, with logs so small that every slot is reused many times: histories stay
 //! linearizable, no operation fails while a majority is alive, and the slots in use
 //! stay within the tiny log.

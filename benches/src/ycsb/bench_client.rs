@@ -65,10 +65,10 @@ pub(crate) struct Recycling {
     pub slots: u64,
     /// Registers reset and handed out again.
     pub registers: u64,
-    /// Registers taken from gone clients' limbos and pools (`swarm_kv::limbo`).
+    /// Registers taken from gone clients' limbos and pools (`swarm_kv::registers::limbo`).
     pub reclaimed_registers: u64,
     /// Registers reset for any client, beyond the pool a client keeps
-    /// (`swarm_kv::recycle`, "donations").
+    /// (`swarm_kv::registers::recycle`, "donations").
     pub donated_registers: u64,
     /// Log slots in use now (live values, writes in flight, slots waiting out the
     /// grace).

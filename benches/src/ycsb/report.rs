@@ -392,19 +392,19 @@ pub struct BenchReport {
     #[serde(default)]
     pub lease_renewals: u64,
     /// Log slots given back to their writers' logs during the run, all clients
-    /// (SWARM §4.5, `swarm_core::reclaim`).
+    /// (SWARM §4.5, `swarm_core::slot_recycling`).
     #[serde(default)]
     pub recycled_slots: u64,
     /// Registers reset and handed out again during the run, all clients (SWARM
-    /// §5.4, `swarm_kv::recycle`).
+    /// §5.4, `swarm_kv::registers::recycle`).
     #[serde(default)]
     pub recycled_registers: u64,
     /// Registers taken from gone clients' limbos and pools during the run, all
-    /// clients (SWARM §5.4, `swarm_kv::limbo`).
+    /// clients (SWARM §5.4, `swarm_kv::registers::limbo`).
     #[serde(default)]
     pub reclaimed_registers: u64,
     /// Registers reset for any client during the run, beyond the pool a client
-    /// keeps, all clients (`swarm_kv::recycle`, "donations").
+    /// keeps, all clients (`swarm_kv::registers::recycle`, "donations").
     #[serde(default)]
     pub donated_registers: u64,
     /// Index unmaps that ran after their delete returned (at its tombstone, SWARM

@@ -91,7 +91,7 @@ pub fn register_protocol(system: System) -> Option<RegisterProtocol> {
 /// overwrites them, and the history stays checkable because every key is inserted
 /// before any other operation touches it. Each insert of a key that is already there
 /// allocated a fresh register before finding it; that register is retired and reused
-/// after the recycling grace (`swarm_kv::recycle`).
+/// after the recycling grace (`swarm_kv::registers::recycle`).
 pub fn run(store: &ShmStore, config: &BenchConfig) -> Result<BenchReport, BenchError> {
     config.validate()?;
     let nodes = store.fabric().node_count();
@@ -220,7 +220,7 @@ fn check_store_capacity<S: Store>(store: &S, config: &BenchConfig) -> Result<(),
         let nodes = fabric.node_count();
         let census = swarm_core::block_on(
             &fabric,
-            swarm_kv::limbo::census(&fabric, layout, |r| {
+            swarm_kv::registers::limbo::census(&fabric, layout, |r| {
                 swarm_kv::client::register_loc_for(layout, nodes, r).ok()
             }),
         )?;
@@ -237,7 +237,7 @@ fn claimed_chunks<S: Store>(store: &S) -> Result<u64, BenchError> {
     let stats = OpStats::new();
     let claimed = swarm_core::block_on(
         &fabric,
-        swarm_kv::register_alloc::claimed_chunks(&fabric, &stats, store.layout()),
+        swarm_kv::registers::alloc::claimed_chunks(&fabric, &stats, store.layout()),
     )?;
     Ok(claimed)
 }

@@ -5,7 +5,7 @@
 //! up to one partly used chunk per client: the cluster needs that much slack.
 //!
 //! Every write also takes an out-of-place log slot of its writer (SWARM §4.3) until
-//! it is superseded and a grace period has passed (`swarm_core::reclaim`), so each
+//! it is superseded and a grace period has passed (`swarm_core::slot_recycling`), so each
 //! client's log must hold the live values it may own plus a backlog of superseded
 //! slots waiting out the grace, not every value it ever writes (see
 //! [`log_slots_needed`]).
@@ -38,7 +38,7 @@ const SIZED_BACKLOG: u64 = 65536;
 /// key (churn: its window of live keys), plus one partly used chunk per client.
 pub fn registers_needed(config: &BenchConfig, chunk_registers: u32) -> u64 {
     // Churn loads nothing, but keeps a window of `keys` live keys; the registers of
-    // the keys it deleted come back after the recycling grace (`swarm_kv::recycle`).
+    // the keys it deleted come back after the recycling grace (`swarm_kv::registers::recycle`).
     config
         .keys
         .saturating_add(config.clients as u64 * u64::from(chunk_registers))
@@ -139,7 +139,7 @@ pub fn unclaimed_registers(layout: &NodeLayout, claimed_chunks: u64) -> u64 {
 /// Checks that the cluster laid out as `layout`, where earlier clients claimed
 /// `claimed_chunks` register chunks and left `reclaimable` registers in them that a
 /// client running out takes back (their pools and retired registers,
-/// `swarm_kv::limbo`), can run `config`; the error says what is missing and how to get
+/// `swarm_kv::registers::limbo`), can run `config`; the error says what is missing and how to get
 /// a cluster that has it.
 pub fn check_capacity(
     layout: &NodeLayout,

@@ -176,7 +176,7 @@ impl<T> Default for Spill<T> {
 /// operation's effect is only visible once the earlier ones' are.
 ///
 /// A batch may carry the *deadline* of the operation that posts it (the operation
-/// fence, [`crate::reclaim`]): a transport that cannot hand the batch to the memory
+/// fence, [`crate::slot_recycling`]): a transport that cannot hand the batch to the memory
 /// node at once (RDMA's software queue behind a full send queue) must fail it with
 /// [`FabricError::Fenced`] rather than start it after that instant on its clock
 /// ([`super::Fabric::now`]), since the memory it names may be recycled by then.

@@ -235,7 +235,7 @@ pub trait Fabric {
     /// a memory node that came back with another incarnation). Only a repair brings
     /// the node back, by rebuilding a new incarnation from the others. A store may
     /// then leave that memory out of work that otherwise needs every replica
-    /// (`swarm_kv::recycle`, register resets). `false` means *not known*: a node
+    /// (`swarm_kv::registers::recycle`, register resets). `false` means *not known*: a node
     /// that does not answer may come back with its memory. The default knows nothing.
     fn memory_lost(&self, node: NodeId, incarnation: u64) -> bool {
         let _ = (node, incarnation);

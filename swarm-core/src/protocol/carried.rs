@@ -6,7 +6,7 @@
 //! which register; one resumed after a crash ([`super::Client::resume_crashed`])
 //! knows nothing and carries every slot. Until it knows, it cannot tell when such a
 //! slot's buffer is superseded (SWARM §4.5: a slot is reused once a majority of its
-//! register holds a newer value, [`super::reclaim`]), so the slot stays taken.
+//! register holds a newer value, [`super::slot_recycling`]), so the slot stays taken.
 //! Reading every carried slot when the client starts would make the start cost grow
 //! with the log again (the very cost the summary and the crash resume remove), so
 //! the carried slots are *examined* lazily instead: between operations, a bounded
@@ -25,7 +25,7 @@
 //!
 //! Safety does not depend on the pace of the examination: a carried slot is marked
 //! used in the allocator from the start and only the examination (empty slots) or
-//! the tracker (after the reclaim check and the grace) ever frees it. A slot whose
+//! the tracker (after the slot-recycling check and the grace) ever frees it. A slot whose
 //! copies hold no usable record (torn, locked only, a register the store cannot
 //! name) simply stays used, as after a whole-log scan; a read that a majority does
 //! not answer in time is retried later. A short-lived client that stops before

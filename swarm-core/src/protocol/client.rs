@@ -17,7 +17,7 @@ use crate::layout::{Layout, SlotAllocator, SlotError};
 use super::SwarmError;
 use super::carried::CarriedSlots;
 use super::guess::TimestampGuesser;
-use super::reclaim::{SlotCounters, SlotTracker};
+use super::slot_recycling::{SlotCounters, SlotTracker};
 use super::summary::LogSummary;
 use crate::encoding::Tsp;
 use crate::roundtrip::OpStats;
@@ -42,18 +42,18 @@ pub struct ProtocolConfig {
     /// How long a node that missed a deadline stays *suspected*: it is tried last
     /// instead of first, so one dead node does not cost every operation a timeout.
     pub suspect_ns: Nanos,
-    /// The operation deadline (*fence*, see [`super::reclaim`]): an operation posts
+    /// The operation deadline (*fence*, see [`super::slot_recycling`]): an operation posts
     /// no batch after its start plus this, on the fabric's clock, and fails with
     /// [`SwarmError::Fenced`] instead. Log slots are recycled a grace of about this
     /// long after they were superseded. 1 s by default.
     pub max_op_ns: Nanos,
     /// How long a batch posted before its operation's deadline may take to take
     /// effect on a memory node; part of the recycling grace
-    /// ([`super::reclaim::grace_with_margin_ns`]). 10 ms by default.
+    /// ([`super::slot_recycling::grace_with_margin_ns`]). 10 ms by default.
     pub delivery_margin_ns: Nanos,
-    /// Least time between two background reclaim checks
-    /// ([`Client::reclaim_tick`]). 1 ms by default.
-    pub reclaim_interval_ns: Nanos,
+    /// Least time between two background slot-recycling checks
+    /// ([`Client::recycle_slots_tick`]). 1 ms by default.
+    pub slot_recycling_interval_ns: Nanos,
 }
 
 impl Default for ProtocolConfig {
@@ -62,8 +62,8 @@ impl Default for ProtocolConfig {
             slow_after_ns: 50_000,
             suspect_ns: 100_000_000,
             max_op_ns: 1_000_000_000,
-            delivery_margin_ns: super::reclaim::DEFAULT_DELIVERY_MARGIN_NS,
-            reclaim_interval_ns: 1_000_000,
+            delivery_margin_ns: super::slot_recycling::DEFAULT_DELIVERY_MARGIN_NS,
+            slot_recycling_interval_ns: 1_000_000,
         }
     }
 }
@@ -97,22 +97,22 @@ impl ProtocolConfig {
         self
     }
 
-    /// This configuration with [`Self::reclaim_interval_ns`] set.
+    /// This configuration with [`Self::slot_recycling_interval_ns`] set.
     #[must_use]
-    pub const fn with_reclaim_interval_ns(mut self, ns: Nanos) -> Self {
-        self.reclaim_interval_ns = ns;
+    pub const fn with_slot_recycling_interval_ns(mut self, ns: Nanos) -> Self {
+        self.slot_recycling_interval_ns = ns;
         self
     }
 
     /// The grace after which a superseded log slot is reused
-    /// ([`super::reclaim::grace_with_margin_ns`] of `max_op_ns` and the margin).
+    /// ([`super::slot_recycling::grace_with_margin_ns`] of `max_op_ns` and the margin).
     pub const fn grace_ns(&self) -> Nanos {
-        super::reclaim::grace_with_margin_ns(self.max_op_ns, self.delivery_margin_ns)
+        super::slot_recycling::grace_with_margin_ns(self.max_op_ns, self.delivery_margin_ns)
     }
 }
 
 /// Writer-local state: which log slots are in use, the timestamp guesser, and what
-/// the writer knows of its slots' supersession ([`super::reclaim`]).
+/// the writer knows of its slots' supersession ([`super::slot_recycling`]).
 #[derive(Debug)]
 pub(crate) struct WriterState {
     pub(crate) slots: SlotAllocator,
@@ -269,17 +269,17 @@ impl<F: Fabric, C: Clock> Client<F, C> {
 
     /// Background recycling work, bounded and non-blocking (call it between
     /// operations, e.g. from a store's per-operation tick): gives back limbo slots
-    /// whose grace has passed, collects the replies of the reclaim check in flight,
-    /// and at most every [`ProtocolConfig::reclaim_interval_ns`] starts a new check
+    /// whose grace has passed, collects the replies of the slot-recycling check in flight,
+    /// and at most every [`ProtocolConfig::slot_recycling_interval_ns`] starts a new check
     /// of up to `budget` registers this writer has live buffers on (one metadata
-    /// read per replica, posted without waiting; see [`super::reclaim`]).
-    pub fn reclaim_tick(&self, budget: usize) {
-        self.reclaim_tick_at(budget, self.fabric.now());
+    /// read per replica, posted without waiting; see [`super::slot_recycling`]).
+    pub fn recycle_slots_tick(&self, budget: usize) {
+        self.recycle_slots_tick_at(budget, self.fabric.now());
     }
 
-    /// [`Self::reclaim_tick`] with the fabric clock already read (`now`): an
+    /// [`Self::recycle_slots_tick`] with the fabric clock already read (`now`): an
     /// operation that reads the clock as it starts passes it on.
-    pub fn reclaim_tick_at(&self, budget: usize, now: Nanos) {
+    pub fn recycle_slots_tick_at(&self, budget: usize, now: Nanos) {
         let mut state = self.state.borrow_mut();
         let WriterState { slots, tracker, .. } = &mut *state;
         let grace = self.config.grace_ns();
@@ -293,15 +293,15 @@ impl<F: Fabric, C: Clock> Client<F, C> {
             &self.fabric,
             &self.layout,
             budget,
-            self.config.reclaim_interval_ns,
+            self.config.slot_recycling_interval_ns,
             now,
         );
     }
 
-    /// One reclaim check of up to `budget` tracked registers, waited for (at most
+    /// One slot-recycling check of up to `budget` tracked registers, waited for (at most
     /// `max_op_ns`), then the release of every limbo slot whose grace has passed.
     /// Returns the log's counters afterwards.
-    pub async fn reclaim_step(&self, budget: usize) -> SlotCounters {
+    pub async fn recycle_slots_step(&self, budget: usize) -> SlotCounters {
         self.check_tracked(budget).await;
         let mut state = self.state.borrow_mut();
         let WriterState { slots, tracker, .. } = &mut *state;
@@ -314,7 +314,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         tracker.counters(slots.in_use())
     }
 
-    /// Runs one whole reclaim check of up to `budget` tracked registers (`usize::MAX`:
+    /// Runs one whole slot-recycling check of up to `budget` tracked registers (`usize::MAX`:
     /// all of them), after the one in flight, if any: at most one runs at a time.
     /// Another task (the background tick) may collect the replies, so this waits for
     /// the count of ended checks to move, never for itself to see the check end.
@@ -342,9 +342,9 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         }
     }
 
-    /// Abandons the reclaim check and the carried-slot examination in flight, if any
+    /// Abandons the slot-recycling check and the carried-slot examination in flight, if any
     /// (their batches are forgotten).
-    pub fn cancel_reclaim(&self) {
+    pub fn cancel_slot_recycling(&self) {
         let mut state = self.state.borrow_mut();
         state.tracker.cancel_check(&self.fabric);
         state.carried.cancel(&self.fabric);
@@ -373,7 +373,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
     }
 
     /// A majority of `reg`'s replicas holds `floor` or more: this writer's writes
-    /// below it are superseded (see [`super::reclaim`]). Returns the fabric time they
+    /// below it are superseded (see [`super::slot_recycling`]). Returns the fabric time they
     /// were stamped with (read now, after the supersession was learned), for the
     /// caller's next fence check if it posts without waiting in between.
     pub(crate) fn settle(&self, reg: &RegisterLoc, floor: Tsp) -> Nanos {
@@ -654,7 +654,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
     /// whole-log scan: marks its used slots as taken and makes later timestamps
     /// exceed its last tick count (as [`Self::resume`]), and queues the used slots
     /// for lazy examination ([`Self::examine_carried_tick`], and before a write would
-    /// find the log full), which learns what they hold so that reclaim checks can
+    /// find the log full), which learns what they hold so that slot-recycling checks can
     /// free the superseded ones. `locate` maps the register address a record names
     /// (untrusted) to the register's location, as for [`Self::resume_scan`]; `None`
     /// leaves that slot taken.
@@ -698,7 +698,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
     }
 
     /// One bounded, non-blocking step of the examination of carried slots (call it
-    /// between operations, like [`Self::reclaim_tick`]; a no-op once every carried
+    /// between operations, like [`Self::recycle_slots_tick`]; a no-op once every carried
     /// slot was examined): collects the read in flight and posts the next one (see
     /// `carried.rs`). Each write found whose register the summary's `locate` knows
     /// is tracked as a write of unknown outcome, as by [`Self::resume_scan`]; the
@@ -791,7 +791,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         self.slots_in_use().saturating_add(slots.max(1)) <= self.layout.slots_per_writer()
     }
 
-    /// Collects the replies of the reclaim check in flight; returns how many checks
+    /// Collects the replies of the slot-recycling check in flight; returns how many checks
     /// have ended so far.
     fn poll_check_ended(&self) -> u64 {
         let mut state = self.state.borrow_mut();
@@ -809,7 +809,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
     /// Resumes an earlier incarnation's log from its scan (see [`super::resume`]):
     /// like [`Self::resume`], and each resumed write whose register `locate` knows
     /// (`None`: not a register of this store; the slot stays taken) is tracked as a
-    /// write of unknown outcome, so that reclaim checks free its slot once a
+    /// write of unknown outcome, so that slot-recycling checks free its slot once a
     /// majority of its register holds something above it.
     pub fn resume_scan(
         &self,
@@ -920,7 +920,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         want: impl FnOnce(&mut TimestampGuesser) -> u64,
     ) -> Result<Timestamp, SwarmError> {
         let mut state = self.state.borrow_mut();
-        // Limbo slots come back in `reclaim_tick` and, once the log is full, in
+        // Limbo slots come back in `recycle_slots_tick` and, once the log is full, in
         // `wait_for_slot`: no clock read here.
         let WriterState { slots, guesser, .. } = &mut *state;
         let wanted = want(guesser);

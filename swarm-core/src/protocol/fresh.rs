@@ -5,7 +5,7 @@
 //! A store that hands out registers (SWARM-KV's inserts) owns a *fresh* one until it
 //! publishes it: the register was reset on every replica (its metadata words cleared,
 //! SWARM §5.3.1) and no other client can name it, since it is in no index, cache or
-//! operation (the recycling grace, [`super::reclaim`] and the store's own recycling,
+//! operation (the recycling grace, [`super::slot_recycling`] and the store's own recycling,
 //! guarantees it). Its first write races nothing, so the Safe-Guess machinery
 //! ([`super::safeguess`]) has nothing to arbitrate:
 //!

@@ -27,7 +27,7 @@
 //!   writes are unlocked and self-validating (tsp and hash), so a repair racing a
 //!   newer write can only cost a later read its fast path, never its correctness.
 //!
-//! Recycled log slots (§4.5, [`super::reclaim`]):
+//! Recycled log slots (§4.5, [`super::slot_recycling`]):
 //! * A value fetch takes a buffer as `t`'s value only if its record validates and
 //!   names `t`. Another record (the slot was recycled) or an invalid one (it is being
 //!   rewritten) makes the read read the register again, never return foreign data
@@ -144,7 +144,7 @@ pub(crate) enum Fetched {
     NoAnswer,
     /// The holders answered with a record of another write, or one that fails
     /// validation: the slot was recycled (the write was superseded, see
-    /// [`super::reclaim`]) or is being rewritten. Read the register again.
+    /// [`super::slot_recycling`]) or is being rewritten. Read the register again.
     Superseded,
 }
 
@@ -323,7 +323,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
     /// a majority in any case), for a read whose maximum's buffer was unusable on
     /// every holder a majority read found. A holder outside that majority may still
     /// have an intact copy: a write lands on a majority `{A, B}`, the read asks
-    /// `{B, C}`, and `B`'s copy was overwritten (see [`super::reclaim`]: a write that
+    /// `{B, C}`, and `B`'s copy was overwritten (see [`super::slot_recycling`]: a write that
     /// landed later than the delivery margin); `A`'s copy is the value. A maximum of
     /// more than a majority's replies is a correct read all the same (appendix A).
     async fn read_views_from(
@@ -396,7 +396,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
     /// `t`. Any other record means the slot was recycled after `t` was superseded
     /// (or is being rewritten): [`Fetched::Superseded`], never foreign data and never
     /// an error; the caller reads the register again, and a majority read after the
-    /// supersession returns something above `t` (see [`super::reclaim`]).
+    /// supersession returns something above `t` (see [`super::slot_recycling`]).
     ///
     /// Only for a `t` whose value is not at hand: the common cases, which need no
     /// roundtrip, are [`Views::value_at_hand`], which the caller tries first (taking

@@ -32,10 +32,10 @@
 //! (its owner tag, [`crate::layout::encode_record_for`]), so the scan also reports,
 //! per slot, the newest valid record of this writer and its register
 //! ([`LogScan::resumed`]); [`super::Client::resume_scan`] tracks those as writes of
-//! unknown outcome, which the reclaim checks free once a majority of their register
+//! unknown outcome, which the slot-recycling checks free once a majority of their register
 //! holds something above them, like any failed write, or once every replica of it
 //! holds something below them: the register was reset for reuse since, and no
-//! batch of an earlier incarnation can land any more ([`super::reclaim`], rule 3).
+//! batch of an earlier incarnation can land any more ([`super::slot_recycling`], rule 3).
 //! Without that second way out, a log full of the last values of registers that
 //! were retired and reset later (a store whose clients come and go) would stay full
 //! until those registers happened to be written again. Only older
@@ -65,8 +65,8 @@
 //!   timestamp of this slot, since a write's buffer reaches each node in the same
 //!   ordered batch as, and before, its metadata word, so no operation can fetch,
 //!   lock in or write back to it. A slot whose record names a register is tracked
-//!   as a write of unknown outcome and freed by reclaim checks once superseded,
-//!   after the grace (SWARM §4.5, [`super::reclaim`]); a slot with no usable record
+//!   as a write of unknown outcome and freed by slot-recycling checks once superseded,
+//!   after the grace (SWARM §4.5, [`super::slot_recycling`]); a slot with no usable record
 //!   stays taken (and passes on, like every slot not examined yet, in this writer's
 //!   own summary if it stops cleanly). **The straggler caveat is [`scan_log`]'s:**
 //!   a node silent past the deadline may hold the single copy of an abandoned write

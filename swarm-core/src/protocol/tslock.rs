@@ -24,7 +24,7 @@
 //! of the register: no memory per key, and since writes never touch that word, a
 //! recycled slot simply holds an older lock that the loop above climbs over.
 //!
-//! **Recycled slots (SWARM §4.5, [`super::reclaim`]).** One word serves every write
+//! **Recycled slots (SWARM §4.5, [`super::slot_recycling`]).** One word serves every write
 //! that ever uses the slot, so a `TRYLOCK(ts_old, ·)` of an operation that observed a
 //! superseded write `ts_old` may reach the word after the slot went to a new write
 //! `ts_new`. It can never lock `ts_new`:
@@ -46,7 +46,7 @@
 //!   `ts_new` itself, so exclusion between `ts_new`'s readers and writer (Theorem
 //!   B.2) is untouched, and an older lock never makes `TRYLOCK(ts_new, WRITE)` fail.
 //!
-//! Besides, the fence and grace of [`super::reclaim`] keep stale operations from
+//! Besides, the fence and grace of [`super::slot_recycling`] keep stale operations from
 //! posting to a slot by the time it is reused; the argument above holds without them.
 //! `tests/loom.rs` model-checks both races on one recycled word
 //! (`a_stale_trylock_on_a_recycled_slot_*`).

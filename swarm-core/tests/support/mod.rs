@@ -50,8 +50,11 @@ pub fn write(c: &Client<MemFabric, FixedClock>, r: &RegisterLoc, v: &[u8]) {
 }
 
 /// One reclaim step of `c` checking up to `budget` registers, run to its end.
-pub fn step(c: &Client<MemFabric, FixedClock>, budget: usize) -> swarm_core::reclaim::SlotCounters {
-    block_on_future(c.fabric(), c.reclaim_step(budget)).unwrap()
+pub fn step(
+    c: &Client<MemFabric, FixedClock>,
+    budget: usize,
+) -> swarm_core::slot_recycling::SlotCounters {
+    block_on_future(c.fabric(), c.recycle_slots_step(budget)).unwrap()
 }
 
 /// Lets the in-process fabric's logical clock move on by `ticks`.

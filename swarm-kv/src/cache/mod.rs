@@ -20,7 +20,7 @@
 //! So a register that became unreachable through the index at time `t` is named by
 //! no cache entry used after `t + ttl` (the lookup that vouched for it began before
 //! `t`), and by no operation posting after `t + ttl + max_op_ns` (SWARM §5.4; the
-//! register recycler, `crate::recycle`, waits that long plus a clock-drift margin
+//! register recycler, `crate::registers::recycle`, waits that long plus a clock-drift margin
 //! before reusing it).
 //!
 //! Eviction is approximate LFU (as DINOMO's and FUSEE's caches): each entry counts

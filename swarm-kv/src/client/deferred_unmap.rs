@@ -38,7 +38,7 @@
 //!
 //! **The unmap is an operation of its own**: it starts with the lease check and runs
 //! under its own deadline (the operation fence), like every operation, so the
-//! recycling argument (`crate::recycle`, a retired register is reset only a grace
+//! recycling argument (`crate::registers::recycle`, a retired register is reset only a grace
 //! after every operation that may name it) holds unchanged. The delete's own
 //! deadline does not bound it: it may run long after the delete returned.
 //!
@@ -60,7 +60,7 @@ use swarm_core::fabric::Nanos;
 use swarm_core::{Clock, Fabric, OpStats, RegisterCache};
 
 use super::{KvClient, Located};
-use crate::recycle::Retired;
+use crate::registers::recycle::Retired;
 use crate::{KvError, RegisterId};
 
 /// One delete's unmap, waiting to run.

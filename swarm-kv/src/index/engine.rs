@@ -112,7 +112,7 @@ impl<'a, F: Fabric> Engine<'a, F> {
     }
 
     /// This engine, posting no CAS after `deadline` (fabric clock): the operation
-    /// deadline that makes register recycling safe (`crate::recycle`). A paused
+    /// deadline that makes register recycling safe (`crate::registers::recycle`). A paused
     /// remove that resumed after the register it names was reused for the same key
     /// would otherwise unmap the live mapping.
     pub fn until(mut self, deadline: Nanos) -> Self {

@@ -15,7 +15,7 @@
 //!
 //! A copy read while its write is still landing may be *torn* (writes tear at 8-byte
 //! granularity, SWARM §2.1): its length there and some key bytes not yet, or still
-//! the resetter's token (`crate::recycle::reset_batch`). The majority read holds a
+//! the resetter's token (`crate::registers::recycle::reset_batch`). The majority read holds a
 //! whole copy (the header reached a majority before the register was indexed), so a
 //! torn copy can only disagree with it, never decide alone. [`judge`] lets a quorum
 //! of byte-identical copies outvote it (torn copies are fewer than a quorum), and
@@ -25,7 +25,7 @@
 //! mid-write) costs one more roundtrip while a quorum of whole copies is reachable.
 //! Found by the randomized `tests/delete_race_sim.rs`, where late header writes land
 //! word by word in random order. The `u32`
-//! after the length is the register's *holder tag* (`crate::limbo`), which its retiree
+//! after the length is the register's *holder tag* (`crate::registers::limbo`), which its retiree
 //! sets once the register is unmapped: it is ignored here (a register's header is
 //! written once per life, and a reset blanks every copy before the next life).
 

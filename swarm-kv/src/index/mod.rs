@@ -276,9 +276,9 @@
 //! * Key headers: the KV layer must write a register's header to a majority of its
 //!   replicas (the index reads them there, `Index::header_holders`) before
 //!   indexing it and not change it while it is indexed. A recycled register's header
-//!   is blanked on every replica before reuse (`crate::recycle`), so an old header
+//!   is blanked on every replica before reuse (`crate::registers::recycle`), so an old header
 //!   never competes with the new one. The `u32` after the length is the holder tag
-//!   (`crate::limbo`), set by the retiree after the register is unmapped; `header.rs`
+//!   (`crate::registers::limbo`), set by the retiree after the register is unmapped; `header.rs`
 //!   ignores it.
 
 mod apply;
@@ -517,7 +517,7 @@ impl Index {
     /// A nonce is only ever compared inside one remove call: the call watches its
     /// proposal `CLEAR slot, nonce` (`watch.rs`) in the meta words and slots it
     /// observes, and takes a match as "my remove took effect", which makes it return
-    /// `true`, and the register recycler's ownership hangs on that (`crate::recycle`:
+    /// `true`, and the register recycler's ownership hangs on that (`crate::registers::recycle`:
     /// exactly one remover of a mapping owns the register). Two calls with equal
     /// proposals would both return `true` if one of them is decided: so nonces must
     /// differ between removes **of the same mapping (same bucket slot) that run at the

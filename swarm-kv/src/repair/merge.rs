@@ -25,7 +25,7 @@
 //!   make it do wrongly. [`delete_word`].
 //! * **Lease words** go up in the order `(counter, killed)` (a renewal raises the
 //!   counter, a kill sets bit 63 on the same counter, a new owner starts above every
-//!   counter it saw, `crate::lease`), so they are max registers in that order:
+//!   counter it saw, `crate::membership::lease`), so they are max registers in that order:
 //!   [`lease_word`].
 //! * **Claim words** (a client-table row's owner token, a chunk's claim token) go
 //!   `0 → token → 0`: no order. If the donors agree, or show one token besides zeros,
@@ -74,14 +74,14 @@ use swarm_core::summary::LogSummary;
 
 use crate::index::bucket::newest_accepted;
 use crate::index::word::{Ballot, Meta, Slot};
-use crate::lease::{counter, is_killed};
+use crate::membership::lease::{counter, is_killed};
 
 /// The claim token a rebuilt node gets where its donors show two distinct owners:
 /// even, so no client's token (always odd) ever equals it.
 pub const POISON_TOKEN: u64 = 2;
 
 /// The holder tag a rebuilt node gets where its donors show two distinct holders:
-/// bit 31 clear, so it is no client's tag (`crate::limbo`).
+/// bit 31 clear, so it is no client's tag (`crate::registers::limbo`).
 pub const POISON_TAG: u32 = 1;
 
 /// How many words a merge could not copy safely and poisoned instead.
@@ -307,7 +307,7 @@ mod tests {
 
     #[test]
     fn lease_words_order_kills_after_their_counter_and_new_owners_above() {
-        use crate::lease::KILLED;
+        use crate::membership::lease::KILLED;
         assert_eq!(lease_word(&[5, 5 | KILLED]), 5 | KILLED);
         assert_eq!(
             lease_word(&[5 | KILLED, 6]),

@@ -22,11 +22,11 @@
 //!    **Announce** the repair: write configuration `e + 1`, the same members with the
 //!    node's *repairing* bit set, to every donor. While a node is out of service,
 //!    clients reset recycled registers on the other replicas only
-//!    ([`crate::recycle`], "a node out of service"); a reset that lands on the donors
+//!    ([`crate::registers::recycle`], "a node out of service"); a reset that lands on the donors
 //!    after the copy read them would leave the rebuilt node with the register's old
 //!    words. Clients see the announcement in their lease renewals, and before the
 //!    wait below ends they journal every reset that leaves the node out
-//!    ([`crate::journal`]): the repair reads the journal between the pieces of its
+//!    ([`crate::registers::journal`]): the repair reads the journal between the pieces of its
 //!    copy (and during the wait), copies each journaled register again, and only
 //!    then lets its client reuse it.
 //! 2. **Quiesce**: wait [`quiescence_ns`] on the fabric's clock: a lease observer's
@@ -72,7 +72,7 @@
 //! crashed one for that word (claims and lock words whose donors disagree).
 //!
 //! *Registers recycled during the repair* come back through the journal: the
-//! argument is in [`crate::journal`] (a journaled reset landed on every donor
+//! argument is in [`crate::registers::journal`] (a journaled reset landed on every donor
 //! before its entry was written; the register is reused only after the repair
 //! copied it again, between two pieces, or after the admission once its client
 //! reset it on the node).
@@ -106,7 +106,7 @@ use tracing::Instrument;
 use crate::client::register_loc_for;
 use crate::configuration::{CONFIG_AT, CONFIG_READ_BYTES, Configuration};
 use crate::layout::{BUCKET_BYTES, CLIENT_ROW_BYTES, NodeLayout, SUPERBLOCK_AT};
-use crate::lease::LeaseParams;
+use crate::membership::lease::LeaseParams;
 use merge::Conflicts;
 
 /// Bytes read from every donor together (and written) per step, at most: pieces of
@@ -114,10 +114,10 @@ use merge::Conflicts;
 /// client's staging buffer (8 MiB by default, `swarm_rdma::RdmaConfig`).
 const STEP_BYTES: u64 = 4 << 20;
 
-/// How long the repair sleeps when the journal was empty (see [`crate::journal`]),
+/// How long the repair sleeps when the journal was empty (see [`crate::registers::journal`]),
 /// during the quiescence wait, while clients journal resets (something was
 /// serviced in the last [`JOURNAL_BUSY_NS`]); during the copy it reads the journal
-/// after every piece. Short, since a client has only [`crate::journal::SLOTS`]
+/// after every piece. Short, since a client has only [`crate::registers::journal::SLOTS`]
 /// entries in flight: 3 ms kept a 2-client churn at about half its throughput
 /// through the wait, 10 ms at a fifth.
 const JOURNAL_POLL_NS: u64 = 3_000_000;
@@ -192,7 +192,7 @@ pub struct RepairReport {
     /// Time spent copying, ms.
     pub copy_ms: u64,
     /// Journal entries serviced: registers that clients reset during the repair and
-    /// that it copied again ([`crate::journal`]).
+    /// that it copied again ([`crate::registers::journal`]).
     pub journaled: u64,
 }
 
@@ -201,7 +201,7 @@ pub fn quiescence_ns(layout: &NodeLayout) -> u64 {
     let lease = LeaseParams::from_params(&layout.params);
     lease
         .observer_wait_ns()
-        .saturating_add(swarm_core::reclaim::grace_with_margin_ns(
+        .saturating_add(swarm_core::slot_recycling::grace_with_margin_ns(
             layout.params.max_op_ns,
             layout.params.delivery_margin_ns,
         ))
@@ -258,7 +258,7 @@ pub async fn repair_node<F: Fabric>(
     async {
         // Announce the repair (epoch e + 1, the node's repairing bit) on every donor
         // before the wait: from the end of the wait on, no client leaves the node's
-        // lost memory out of a register reset (step 1, `crate::recycle`).
+        // lost memory out of a register reset (step 1, `crate::registers::recycle`).
         let mut announced = config.clone();
         announced.epoch += 1;
         announced.set_repairing(node.index(), true);
@@ -281,7 +281,7 @@ pub async fn repair_node<F: Fabric>(
             target: node,
             journal: layout
                 .journal_at
-                .and_then(|_| crate::journal::journal_node(node, nodes)),
+                .and_then(|_| crate::registers::journal::journal_node(node, nodes)),
             nodes,
             conflicts: Conflicts::default(),
             done: 0,
@@ -604,14 +604,14 @@ impl<F: Fabric> Copier<'_, F> {
 
     /// Reads the repair journal once and services every entry in it: copies the
     /// register it names from the donors to the node, like the copy does, then
-    /// clears the entry (see [`crate::journal`]). Between pieces of the copy, so
+    /// clears the entry (see [`crate::registers::journal`]). Between pieces of the copy, so
     /// that no piece read before a journaled reset is written after its entry was
     /// serviced. Returns the entries serviced.
     async fn service_journal(&mut self) -> Result<usize, RepairError> {
         let (Some(journal), Some(at)) = (self.journal, self.layout.journal_at) else {
             return Ok(0);
         };
-        let len = u64::from(self.layout.params.writers) * crate::journal::ROW_BYTES;
+        let len = u64::from(self.layout.params.writers) * crate::registers::journal::ROW_BYTES;
         let mut replies = rt_all(self.fabric, self.stats, &[journal], |_| {
             Batch::read(at, len as u32)
         })
@@ -639,7 +639,9 @@ impl<F: Fabric> Copier<'_, F> {
             .map(|chunk| {
                 let named = chunk
                     .iter()
-                    .filter_map(|&(_, word)| crate::journal::entry_register(word, registers))
+                    .filter_map(|&(_, word)| {
+                        crate::registers::journal::entry_register(word, registers)
+                    })
                     .collect();
                 (chunk, named)
             })
@@ -721,7 +723,7 @@ impl<F: Fabric> Copier<'_, F> {
 
     /// Whether a register slot read from a donor is blank: no key, no in-place
     /// record header, every metadata word and the delete word zero (a reset
-    /// register, `crate::recycle::reset_batch`; the holder tag may stay).
+    /// register, `crate::registers::recycle::reset_batch`; the holder tag may stay).
     fn is_blank(&self, slot: &[u8]) -> bool {
         let key_bytes = self.layout.params.key_header_bytes() as usize;
         let record_bytes = self.layout.swarm.record_bytes() as usize;

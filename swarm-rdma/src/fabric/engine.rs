@@ -857,7 +857,7 @@ impl<N: Nic> Engine<N> {
     /// A waiting chain whose batch has a deadline before `now` is failed with
     /// [`FabricError::Fenced`] instead of posted: its operation gave up on it, and
     /// the memory it writes may be recycled (the operation fence, see
-    /// [`swarm_core::reclaim`]).
+    /// [`swarm_core::slot_recycling`]).
     pub fn progress(&mut self, now: Nanos) -> bool {
         self.clock = self.clock.max(now);
         let mut delivered = false;

@@ -544,7 +544,7 @@ fn init(args: InitArgs) -> Result<ExitCode> {
 fn evict<S: Store>(store: &S, writer: u16, force: bool) -> Result<ExitCode> {
     let layout = *store.layout();
     let fabric = store.fabric()?;
-    let lease = swarm_kv::lease::LeaseParams::from_params(&layout.params);
+    let lease = swarm_kv::membership::lease::LeaseParams::from_params(&layout.params);
     eprintln!(
         "{} writer {writer}'s lease; this takes {:.1} s",
         if force { "killing" } else { "watching" },
@@ -552,13 +552,13 @@ fn evict<S: Store>(store: &S, writer: u16, force: bool) -> Result<ExitCode> {
     );
     let eviction = block_on(
         &fabric,
-        swarm_kv::writer_ids::evict(&fabric, &layout, writer, force),
+        swarm_kv::membership::writer_ids::evict(&fabric, &layout, writer, force),
     )?;
     match eviction {
-        swarm_kv::writer_ids::Eviction::NotRegistered => {
+        swarm_kv::membership::writer_ids::Eviction::NotRegistered => {
             println!("writer {writer} is not registered: nothing to do");
         }
-        swarm_kv::writer_ids::Eviction::Released => {
+        swarm_kv::membership::writer_ids::Eviction::Released => {
             println!("writer {writer} given back (its lease expired)");
         }
     }
@@ -759,7 +759,7 @@ fn stat<S: Store>(store: &S, json: bool) -> Result<ExitCode> {
     let table_node = table_node.context("no memory node answered")?;
     let census = block_on(
         &fabric,
-        swarm_kv::limbo::census(&fabric, &layout, |r| {
+        swarm_kv::registers::limbo::census(&fabric, &layout, |r| {
             swarm_kv::client::register_loc_for(&layout, nodes, r).ok()
         }),
     )?;
@@ -789,9 +789,9 @@ fn stat<S: Store>(store: &S, json: bool) -> Result<ExitCode> {
     });
     let rows = block_on(
         &fabric,
-        swarm_kv::writer_ids::read_table(&fabric, &layout, table_node),
+        swarm_kv::membership::writer_ids::read_table(&fabric, &layout, table_node),
     )?;
-    let lease = swarm_kv::lease::LeaseParams::from_params(&p);
+    let lease = swarm_kv::membership::lease::LeaseParams::from_params(&p);
     let now = swarm_kv::clock::SystemClock::unix_ns();
     let registered: Vec<_> = rows.iter().filter(|r| r.token != 0).collect();
     let used = rows.iter().filter(|r| r.used).count();
@@ -813,9 +813,9 @@ fn stat<S: Store>(store: &S, json: bool) -> Result<ExitCode> {
         "delivery_margin_ns": p.delivery_margin_ns,
         "takeover_after_ns": lease.observer_wait_ns(),
     });
-    let status = |row: &swarm_kv::writer_ids::Row| {
+    let status = |row: &swarm_kv::membership::writer_ids::Row| {
         let age_ns = now.saturating_sub(row.renewed_unix_ns);
-        if swarm_kv::lease::is_killed(row.lease) {
+        if swarm_kv::membership::lease::is_killed(row.lease) {
             ("killed: reclaimable now", true)
         } else if row.renewed_unix_ns != 0 && age_ns <= p.lease_ns {
             ("valid", false)
@@ -868,7 +868,7 @@ fn stat<S: Store>(store: &S, json: bool) -> Result<ExitCode> {
         "clients": registered.iter().map(|row| serde_json::json!({
             "writer": row.writer,
             "pid": row.pid,
-            "lease_counter": swarm_kv::lease::counter(row.lease),
+            "lease_counter": swarm_kv::membership::lease::counter(row.lease),
             "last_renewal_secs": now.saturating_sub(row.renewed_unix_ns) as f64 / 1e9,
             "lease": status(row).0.split(':').next().unwrap_or_default(),
         })).collect::<Vec<_>>(),
@@ -880,7 +880,7 @@ fn stat<S: Store>(store: &S, json: bool) -> Result<ExitCode> {
             "  writer {}: pid {}, lease counter {}, last renewal {:.1} s ago, lease {}",
             row.writer,
             row.pid,
-            swarm_kv::lease::counter(row.lease),
+            swarm_kv::membership::lease::counter(row.lease),
             age,
             status(row).0
         );

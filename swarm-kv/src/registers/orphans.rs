@@ -1,15 +1,15 @@
 //! Adopting the register chunks of dead clients (SWARM §5.4; issue 11 items 1, 3).
 //!
 //! A chunk's claim word holds the incarnation token of the client that claimed it
-//! ([`crate::register_alloc`]), and that token is also the claim word of the
-//! client's row in the client table ([`crate::writer_ids`]) for as long as the client
+//! ([`crate::registers::alloc`]), and that token is also the claim word of the
+//! client's row in the client table ([`crate::membership::writer_ids`]) for as long as the client
 //! is registered. A client registers its row before it claims any chunk, so a chunk
 //! whose token is in **no** copy of the client table, read on a majority of nodes,
 //! belongs to an incarnation that is no longer registered on a majority: it closed
 //! (gave its row back, with no operation in flight), or its lease was killed and its
-//! row taken over or released ([`crate::reclaim`]), which by the lease argument
-//! ([`crate::lease`]) happens only after its last operation and its last register
-//! reset (resets are started only under a valid lease, [`crate::recycle::Recycler::step`])
+//! row taken over or released ([`crate::membership::writer_takeover`]), which by the lease argument
+//! ([`crate::membership::lease`]) happens only after its last operation and its last register
+//! reset (resets are started only under a valid lease, [`crate::registers::recycle::Recycler::step`])
 //! posted. (A token still in one copy is treated as alive: conservative.)
 //!
 //! # Adoption
@@ -18,7 +18,7 @@
 //! claim word from what it read (the dead token, or 0 where the dead claim never
 //! landed) to its own token, on every node; it owns the chunk once a majority
 //! answered with the value it expected (or its own token): claim-word ownership as in
-//! [`crate::claim`], so two adopters never both own a chunk. A loser hands its copies
+//! [`crate::membership::claim`], so two adopters never both own a chunk. A loser hands its copies
 //! back to the value it read.
 //!
 //! # The registers of an adopted chunk
@@ -30,7 +30,7 @@
 //! too. Adoption only gives the adopter the chunk's *never-used* registers (their
 //! fresh-register pool died with the owner); every register, in adopted chunks and in
 //! all others, is then judged and taken one by one, by its key header's holder tag and
-//! a CAS on it, by the reclamation pass of [`crate::limbo`], which runs adoption first
+//! a CAS on it, by the reclamation pass of [`crate::registers::limbo`], which runs adoption first
 //! and has the argument.
 
 use std::collections::HashSet;
@@ -40,8 +40,8 @@ use swarm_core::{Batch, Fabric, NodeId, OpStats};
 
 use crate::KvError;
 use crate::layout::NodeLayout;
-use crate::limbo::Registered;
-use crate::reclaim::STRAGGLER_NS;
+use crate::membership::writer_takeover::STRAGGLER_NS;
+use crate::registers::limbo::Registered;
 
 fn word(bytes: &[u8], at: usize) -> u64 {
     bytes

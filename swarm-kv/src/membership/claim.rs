@@ -106,7 +106,7 @@ pub fn release<F: Fabric + ?Sized>(fabric: &F, nodes: usize, addr: u64, token: u
 
 /// Sets the word back from `mine` to `to` on every node that holds `mine` (posted,
 /// not awaited): a claim given up, or a takeover of a dead client's word that did not
-/// reach a majority ([`crate::reclaim`]) handing the copies back to the dead token.
+/// reach a majority ([`crate::membership::writer_takeover`]) handing the copies back to the dead token.
 pub fn give_back<F: Fabric + ?Sized>(fabric: &F, nodes: usize, addr: u64, mine: u64, to: u64) {
     for node in node_ids(nodes) {
         post_background(fabric, node, Batch::cas(addr, mine, to));

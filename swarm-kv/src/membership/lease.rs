@@ -1,8 +1,8 @@
 //! Client leases in disaggregated memory: arithmetic, the lease word, and the
-//! owner's renewal state (the fabric I/O is in [`crate::writer_ids`]).
+//! owner's renewal state (the fabric I/O is in [`crate::membership::writer_ids`]).
 //!
 //! Memory nodes run no code, so a lease is a word in the client's row of the client
-//! table ([`crate::writer_ids`]), replicated on every node, that only its owner and
+//! table ([`crate::membership::writer_ids`]), replicated on every node, that only its owner and
 //! *reclaimers* change, by CAS:
 //!
 //! * **The lease word** (row word 1) holds a renewal counter, bit 63 clear, or a
@@ -81,8 +81,8 @@
 use swarm_core::fabric::Nanos;
 
 /// Clock-rate drift bound: every clock's rate is within `1 / DRIFT_DIV` of real time
-/// (the system's one clock model, [`swarm_core::reclaim::CLOCK_DRIFT_DIV`]).
-pub const DRIFT_DIV: u64 = swarm_core::reclaim::CLOCK_DRIFT_DIV;
+/// (the system's one clock model, [`swarm_core::slot_recycling::CLOCK_DRIFT_DIV`]).
+pub const DRIFT_DIV: u64 = swarm_core::slot_recycling::CLOCK_DRIFT_DIV;
 /// Safety margin subtracted from the owner's term (scheduling jitter around clock reads).
 pub const MARGIN_NS: Nanos = 10_000_000;
 /// Bit 63 of a lease word: the lease was killed by a reclaimer.
@@ -181,7 +181,10 @@ impl LeaseParams {
     pub const fn observer_wait_ns(&self) -> Nanos {
         self.lease_ns
             + self.lease_ns / DRIFT_DIV
-            + swarm_core::reclaim::grace_with_margin_ns(self.max_op_ns, self.delivery_margin_ns)
+            + swarm_core::slot_recycling::grace_with_margin_ns(
+                self.max_op_ns,
+                self.delivery_margin_ns,
+            )
     }
 }
 
@@ -336,7 +339,7 @@ mod tests {
             lease_ns: 2_000 * MS,
             renew_ns: 250 * MS,
             max_op_ns: 1_000 * MS,
-            delivery_margin_ns: swarm_core::reclaim::DEFAULT_DELIVERY_MARGIN_NS,
+            delivery_margin_ns: swarm_core::slot_recycling::DEFAULT_DELIVERY_MARGIN_NS,
         }
     }
 
@@ -372,7 +375,7 @@ mod tests {
         // 2 s · 9/8 + (1 s · 9/7 + 10 ms · 9/8).
         let grace = 1_285_714_286 + 11_250_000;
         assert_eq!(p.observer_wait_ns(), 2_250 * MS + grace);
-        assert_eq!(swarm_core::reclaim::grace_ns(1_000 * MS), grace);
+        assert_eq!(swarm_core::slot_recycling::grace_ns(1_000 * MS), grace);
         // The worst case: the owner's clock runs 1/8 slow (its term lasts longer in
         // real time), the observer's 1/8 fast (its wait is shorter in real time).
         // Real time is measured in ns; owner term in real time = term / (7/8).

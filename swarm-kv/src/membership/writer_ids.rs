@@ -4,16 +4,16 @@
 //! Every client thread that writes needs a writer id: it names the thread's
 //! out-of-place log and breaks timestamp ties (SWARM §3.2). Two live clients must never
 //! share one, so a client claims a row of the table on a majority of nodes
-//! ([`crate::claim`]) with a token unique to its incarnation, and holds it with a
-//! lease ([`crate::lease`]): it stops issuing operations when it cannot prove its lease
-//! valid, so that a row whose lease expired can be taken over ([`crate::reclaim`]).
+//! ([`crate::membership::claim`]) with a token unique to its incarnation, and holds it with a
+//! lease ([`crate::membership::lease`]): it stops issuing operations when it cannot prove its lease
+//! valid, so that a row whose lease expired can be taken over ([`crate::membership::writer_takeover`]).
 //!
 //! Row layout (64 bytes, same on every node):
 //!
 //! | word | meaning |
 //! |---:|---|
 //! | 0 | claim: 0 free, else the owner's incarnation token |
-//! | 1 | lease word: renewal counter, bit 63 set once killed by a reclaimer ([`crate::lease`]) |
+//! | 1 | lease word: renewal counter, bit 63 set once killed by a reclaimer ([`crate::membership::lease`]) |
 //! | 2 | pid of the owner (informational) |
 //! | 3 | 1 once the row has ever been used (its log may hold live buffers) |
 //! | 4 | resume generation: `generation << 1 \| sealed` (see "Resuming a log" below) |
@@ -23,7 +23,7 @@
 //!
 //! A client that stops cleanly gives its row back. A client that finds every row
 //! claimed watches them for a lease period and takes over one whose owner did not
-//! renew ([`crate::reclaim::reclaim_expired`]). The next client of a used row,
+//! renew ([`crate::membership::writer_takeover::take_over_expired`]). The next client of a used row,
 //! given back or taken over, *resumes* its log, so that no buffer that a register may
 //! still point to is overwritten and no timestamp repeats: a dead client's values
 //! that are still current stay readable.
@@ -82,11 +82,11 @@ use swarm_core::quorum::{broadcast, broadcast_until, majority, nodes as node_ids
 use swarm_core::{Batch, Fabric, FabricError, NodeId, OpStats, Roundtrip};
 
 use crate::KvError;
-use crate::claim::{Claim, claim};
 use crate::layout::NodeLayout;
-use crate::lease::{LeaseKeeper, LeaseParams};
-use crate::lease_renewal::{LeaseHolder, RENEWED_UNIX, renew_now};
-use crate::reclaim::{STRAGGLER_NS, reclaim_expired};
+use crate::membership::claim::{Claim, claim};
+use crate::membership::lease::{LeaseKeeper, LeaseParams};
+use crate::membership::lease_renewal::{LeaseHolder, RENEWED_UNIX, renew_now};
+use crate::membership::writer_takeover::{STRAGGLER_NS, take_over_expired};
 use swarm_core::summary::LogSummary;
 
 /// Word offsets inside a row.
@@ -152,7 +152,7 @@ pub async fn register<F: Fabric>(
     let mut row = claim_free_row(fabric, layout, nodes, token, &stats).await?;
     if row.is_none() {
         tracing::info!("every writer id is claimed: looking for clients whose lease expired");
-        let reclaimed = reclaim_expired(fabric, layout, &lease, Some(token), None).await?;
+        let reclaimed = take_over_expired(fabric, layout, &lease, Some(token), None).await?;
         row = reclaimed.taken.map(|r| r.writer);
         if row.is_none() && !reclaimed.released.is_empty() {
             // Another reclaimer took the dead row we tried and released the others
@@ -221,7 +221,7 @@ pub async fn register<F: Fabric>(
         }
     }
     if holder.borrow().valid_until().is_none() {
-        crate::claim::release(fabric, nodes, at, token);
+        crate::membership::claim::release(fabric, nodes, at, token);
         return Err(KvError::LeaseExpired { writer });
     }
     let mut info = Vec::with_capacity(16);
@@ -242,7 +242,7 @@ pub async fn register<F: Fabric>(
     )
     .await
     {
-        crate::claim::release(fabric, nodes, at, token);
+        crate::membership::claim::release(fabric, nodes, at, token);
         return Err(e.into());
     }
     tracing::debug!(writer, generation, ?resume, "writer id registered");
@@ -440,7 +440,7 @@ pub fn unregister<F: Fabric>(
     writer: u16,
     token: u64,
 ) {
-    crate::claim::release(fabric, nodes, layout.client_row(writer), token);
+    crate::membership::claim::release(fabric, nodes, layout.client_row(writer), token);
 }
 
 /// What [`evict`] did.
@@ -474,14 +474,15 @@ pub async fn evict<F: Fabric>(
     let lease = LeaseParams::from_params(&layout.params);
     if force {
         return Ok(
-            if crate::reclaim::evict_now(fabric, layout, &lease, writer).await? {
+            if crate::membership::writer_takeover::evict_now(fabric, layout, &lease, writer).await?
+            {
                 Eviction::Released
             } else {
                 Eviction::NotRegistered
             },
         );
     }
-    let reclaimed = reclaim_expired(fabric, layout, &lease, None, Some(writer)).await?;
+    let reclaimed = take_over_expired(fabric, layout, &lease, None, Some(writer)).await?;
     if reclaimed.released.contains(&writer) {
         Ok(Eviction::Released)
     } else if reclaimed.alive.contains(&writer) {

@@ -57,7 +57,7 @@
 //!    of this writer is below it (timestamps of one writer only grow). A slow-path
 //!    write's own guess is superseded too when something above it is on a majority.
 //! 2. Its delete of `R` completes: the tombstone is on a majority.
-//! 3. A reclaim check ([`super::Client::reclaim_tick`], [`super::Client::reclaim_step`])
+//! 3. A slot-recycling check ([`super::Client::recycle_slots_tick`], [`super::Client::recycle_slots_step`])
 //!    reads the metadata words of a majority of `R`'s replicas and finds a majority
 //!    above `ts`; or, for a write known to have completed (a majority once held a
 //!    word `>= ts`), a majority showing only words below `ts`: words only go up
@@ -230,7 +230,7 @@ struct RegisterWrites {
     writes: Writes,
 }
 
-/// A reclaim check in flight: metadata reads of a few registers' replicas.
+/// A slot-recycling check in flight: metadata reads of a few registers' replicas.
 #[derive(Debug)]
 struct Check {
     started: Nanos,
@@ -287,7 +287,7 @@ impl Hasher for AddrHasher {
 /// The registers this writer has tracked writes on: a map from register address to
 /// its writes (inline), so that a write's `track` costs one hash probe and no pointer
 /// chase, and its `settle` a second probe of the same, cached, bucket; and a dense
-/// vector of addresses and replicas, which reclaim checks walk round robin by
+/// vector of addresses and replicas, which slot-recycling checks walk round robin by
 /// position. (A `BTreeMap` of 100,000 registers cost 6 % of a YCSB A run on shared
 /// memory; a map to positions in a vector of heap-allocated writes, about three cache
 /// misses per `track`.)
@@ -354,7 +354,7 @@ pub(crate) struct SlotTracker {
     /// Superseded writes, with the fabric time their supersession was learned.
     limbo: VecDeque<(Nanos, Timestamp)>,
     recycled: u64,
-    /// Position in `registers` the next reclaim check starts from.
+    /// Position in `registers` the next slot-recycling check starts from.
     cursor: usize,
     check: Option<Check>,
     /// Fabric time the last check started.

@@ -3,7 +3,7 @@
 //!
 //! # The problem it solves
 //!
-//! A register's reset must reach every replica (`crate::recycle`, "how: the reset"):
+//! A register's reset must reach every replica (`crate::registers::recycle`, "how: the reset"):
 //! a replica that kept the old words (a tombstone at a high timestamp) would make the
 //! next key on that register read as deleted. A replica whose memory is *lost* needs
 //! no reset, since the repair that brings it back rebuilds it from the others; but a
@@ -52,7 +52,7 @@
 //!   life of `R` that it could make lag;
 //! * an entry still waiting at the admission is the client's own business: it resets
 //!   `R` on `X` before reusing it. Until then `R` is past its grace (no operation
-//!   names it, `crate::recycle`), so what `X` holds for it is never read.
+//!   names it, `crate::registers::recycle`), so what `X` holds for it is never read.
 //!
 //! A repair's copy of a register is idempotent and yields a state some donor holds, so
 //! an entry serviced twice, a stale entry from an earlier repair or a client that

@@ -1,6 +1,6 @@
 //! The lease owner's I/O: renewals posted in the background of a client's
 //! operations, and the synchronous renewal an operation falls back to when the lease
-//! is about to run out (the arithmetic and the argument are in [`crate::lease`]).
+//! is about to run out (the arithmetic and the argument are in [`crate::membership::lease`]).
 //!
 //! A renewal is one batch per node, `[CAS lease word expected → next, write the
 //! owner's wall clock (row word 5, informational: `swarm stat`), read the claim
@@ -22,7 +22,7 @@ use swarm_core::fabric::{Nanos, Ticket};
 use swarm_core::quorum::majority;
 use swarm_core::{Batch, Fabric, NodeId, Op};
 
-use crate::lease::{LeaseKeeper, LeaseParams};
+use crate::membership::lease::{LeaseKeeper, LeaseParams};
 
 /// Row word offsets (bytes) the owner writes.
 pub(crate) const LEASE_WORD: u64 = 8;

@@ -3,12 +3,12 @@
 //! Coarse level: the register area is cut into chunks of
 //! [`ClusterParams::chunk_registers`](crate::layout::ClusterParams) slots, and a
 //! client claims a whole chunk from the memory nodes with a majority CAS on the
-//! chunk's claim word ([`crate::claim`]). Fine level: the client hands out the slots of
+//! chunk's claim word ([`crate::membership::claim`]). Fine level: the client hands out the slots of
 //! its chunks locally, with no remote access, so that an insert needs no allocation
 //! roundtrip. Every slot handed out is *pre-cleared*: its metadata words are empty,
 //! which is what lets an insert write into it in one roundtrip (SWARM §5.3.1). A slot
 //! is pre-cleared either because it was never used (memory starts zeroed) or because
-//! the register recycler (`crate::recycle`) reset it on every replica after its
+//! the register recycler (`crate::registers::recycle`) reset it on every replica after its
 //! grace and gave it back ([`RegisterAllocator::give_back`]); given-back slots are
 //! handed out first, so a client that deletes as much as it inserts claims no new
 //! chunks.
@@ -26,8 +26,8 @@ use std::collections::{HashSet, VecDeque};
 use swarm_core::quorum::{broadcast, majority, nodes as node_ids};
 use swarm_core::{Batch, Fabric, OpStats};
 
-use crate::claim::{Claim, claim};
 use crate::layout::NodeLayout;
+use crate::membership::claim::{Claim, claim};
 use crate::{KvError, RegisterId};
 
 /// The chunk table's words as each node of a majority holds them (one roundtrip).
@@ -153,7 +153,7 @@ impl RegisterAllocator {
     }
 
     /// Records `chunk` as this client's (adopted from a dead client,
-    /// `crate::orphans`): its slots are not handed out as fresh ones (some hold live
+    /// `crate::registers::orphans`): its slots are not handed out as fresh ones (some hold live
     /// data; the free ones come back through the recycler), and the claim scan skips
     /// it, since a claim is idempotent for the owner's token and would "win" it.
     pub fn adopt(&self, chunk: u64) {

@@ -1,6 +1,8 @@
 //! Reclaiming the registers that gone clients held: their limbos and pools (SWARM §5.4).
+//! (Not their writer ids: [`crate::membership::writer_takeover`]; nor log slots:
+//! `swarm_core::slot_recycling`.)
 //!
-//! A client that retires a register ([`crate::recycle`]) keeps it in an in-memory
+//! A client that retires a register ([`crate::registers::recycle`]) keeps it in an in-memory
 //! *limbo* for the register grace, then resets it and keeps it in an in-memory *pool*.
 //! Both die with the client. Without a trace in memory, a dead client's limbo register
 //! (unmapped, but still holding its key header) cannot be told from live data or from a
@@ -30,13 +32,13 @@
 //! * **the retiree**, right after it retires a register (its index remove returned
 //!   `true`, or its insert definitely did not publish the fresh register): a CAS
 //!   `(len, 0) → (len, tag)` on every replica, posted in the background of the
-//!   operation and before its deadline ([`crate::recycle::Recycler::mark`]). So a tag
+//!   operation and before its deadline ([`crate::registers::recycle::Recycler::mark`]). So a tag
 //!   `(len, t)` on any copy proves that the register's current life ended: it is not
 //!   mapped and never will be again until it is reset (the index's "knowing one's
 //!   fate" property, `crate::index`, which the grace-then-reset recycling relies on too);
-//! * **the reset** ([`crate::recycle::reset_batch`]) writes `(0, tag)` of the resetter on
+//! * **the reset** ([`crate::registers::recycle::reset_batch`]) writes `(0, tag)` of the resetter on
 //!   every replica: the register is in the resetter's pool; or `(0, DONATED_TAG)`
-//!   when the resetter's pool holds enough (a *donation*, `crate::recycle`): the
+//!   when the resetter's pool holds enough (a *donation*, `crate::registers::recycle`): the
 //!   resetter gives the register up for good, before the reset is posted;
 //! * **a reclaimer** that takes the register ([`take`]): a CAS from the word it observed
 //!   to `(observed len, its tag)` on each replica.
@@ -49,7 +51,7 @@
 //! # Liveness: the same rule as chunk adoption
 //!
 //! A tag is *gone* when no copy of the client table read on a majority holds a
-//! registered token whose tag it is ([`Registered`]; the rule of [`crate::orphans`]).
+//! registered token whose tag it is ([`Registered`]; the rule of [`crate::registers::orphans`]).
 //! The comparison is on 32 bits: two tokens with equal tags make a gone client's tag
 //! look alive (a leak, never a theft), while a live client's tag is always found, since
 //! it registered on a majority before it wrote any tag. The table is read **after** the
@@ -60,7 +62,7 @@
 //!
 //! A closing client gives its row back without waiting for its last batches (a mark, a
 //! reset) to land, and a taken-over zombie's batches land within the grace of the end
-//! of its lease ([`crate::lease`]). A reclaimer therefore reads the client table first,
+//! of its lease ([`crate::membership::lease`]). A reclaimer therefore reads the client table first,
 //! waits [`settle_ns`] (the delivery margin plus drift), and only then reads headers: a
 //! client absent from that first table posted everything before the read, so all of it
 //! has landed. Otherwise a late reset of the dead client could overwrite a copy the
@@ -90,7 +92,7 @@
 //!    its way to a replica the taker did not read, and it must land before the
 //!    taker's own reset (on every replica, as always), which precedes any use;
 //! 4. **never used**: every copy `(0, 0)`, only in a chunk this reclaimer has just
-//!    adopted (its owner is gone, and so is its fresh-register pool; `crate::orphans`).
+//!    adopted (its owner is gone, and so is its fresh-register pool; `crate::registers::orphans`).
 //!
 //! So live data (`(len, 0)` on a majority, no tag), a live client's limbo (its tag) and
 //! a live client's pool (its tag, or fresh registers of its own chunks) are never taken.
@@ -100,20 +102,20 @@
 //! Several reclaimers may find the same register. Each CASes word 0 of every copy it
 //! read from what it saw to `(len, its tag)` and owns the register only when a majority
 //! of the replicas answered with the expected value (or its own tag), as claims do
-//! ([`crate::claim`]); a loser hands the copies it took back. Tags carry the writer id
+//! ([`crate::membership::claim`]); a loser hands the copies it took back. Tags carry the writer id
 //! and two live clients never share one, so two live takers never write equal words; a
 //! taker skips a register whose tag equals its own. A CAS only succeeds on the value it
 //! observed, and the takes of one group are posted within `max_op_ns` of the header
 //! read (an operation deadline, [`swarm_core::OpStats`]), far less than a register's
 //! grace, so an observed word cannot come back (ABA) through a whole new life.
 //!
-//! The winner retires the register into its own limbo ([`crate::recycle`]): it is reset
+//! The winner retires the register into its own limbo ([`crate::registers::recycle`]): it is reset
 //! and pooled only after the register grace, which covers any location-cache entry and
 //! operation of other clients that may still name it.
 //!
 //! # Where it runs, and where registers are found
 //!
-//! A client runs a pass ([`reclaim`]) where it runs out of registers, next to chunk
+//! A client runs a pass ([`reclaim_gone_registers`]) where it runs out of registers, next to chunk
 //! adoption (`KvClient::allocate_register`), under a valid lease. The pass scans the
 //! headers of every claimed chunk, not only dead clients' chunks: client U may retire a
 //! register of T's chunk, so a dead client's limbo and pool lie anywhere. Headers are
@@ -121,7 +123,7 @@
 //! per roundtrip.
 //!
 //! A pass stops where the reclaimer's lease runs short (its takes are CASes that only
-//! the lease argument covers, [`crate::lease`]); the reclaimer's next pass starts
+//! the lease argument covers, [`crate::membership::lease`]); the reclaimer's next pass starts
 //! there ([`Reclaimer::resume_at`]) and goes round, so that passes cover a cluster
 //! too large for one lease between them.
 //!
@@ -156,7 +158,7 @@ use swarm_core::{Batch, Fabric, NodeId, OpStats, RegisterLoc, post_background};
 use xxhash_rust::xxh3::xxh3_64;
 
 use crate::layout::{CLIENT_ROW_BYTES, NodeLayout};
-use crate::reclaim::STRAGGLER_NS;
+use crate::membership::writer_takeover::STRAGGLER_NS;
 use crate::{KvError, RegisterId};
 
 /// Bytes of a key header a reclaimer reads: word 0 (length, tag) and word 1 (the first
@@ -175,7 +177,7 @@ pub fn holder_tag(writer: u16, token: u64) -> u32 {
 }
 
 /// The holder tag of a *donated* register: reset on every replica by a client whose
-/// pool held enough, and given up for any client to take (`crate::recycle`,
+/// pool held enough, and given up for any client to take (`crate::registers::recycle`,
 /// "donations"). Bit 31 is clear, so it is no client's [`holder_tag`]: [`judge`]
 /// finds it held by nobody alive, and a copy set `(0, DONATED_TAG)` is a pool like
 /// a gone client's (rule 3).
@@ -190,7 +192,7 @@ pub const fn header_word(len: u32, tag: u32) -> u64 {
 /// on its own clock: the delivery margin plus the clock-drift allowance (module docs).
 pub fn settle_ns(layout: &NodeLayout) -> Nanos {
     let margin = layout.params.delivery_margin_ns;
-    margin.saturating_add(margin / crate::lease::DRIFT_DIV)
+    margin.saturating_add(margin / crate::membership::lease::DRIFT_DIV)
 }
 
 /// One copy of a key header's first 16 bytes, read from untrusted memory.
@@ -511,7 +513,7 @@ pub struct Reclaimer {
     pub token: u64,
     /// Its holder tag ([`holder_tag`]).
     pub tag: u32,
-    /// Donated registers to take at most in one pass (`crate::recycle`,
+    /// Donated registers to take at most in one pass (`crate::registers::recycle`,
     /// "donations"). A pass that took every donation would hoard them, and leave the
     /// next client that runs dry none; `KvClient` takes a chunk's worth, or half of
     /// what its previous pass left on offer if that is more.
@@ -525,7 +527,7 @@ pub struct Reclaimer {
 /// What one reclamation pass found.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Reclaimed {
-    /// Chunks of gone clients adopted ([`crate::orphans`]).
+    /// Chunks of gone clients adopted ([`crate::registers::orphans`]).
     pub chunks: Vec<u64>,
     /// Registers taken, with what they were: to retire into the reclaimer's limbo.
     pub taken: Vec<(RegisterId, Verdict)>,
@@ -577,7 +579,7 @@ fn scan_order(
 /// registers no live client holds. `may_act()` is asked before each step that posts
 /// takes (the caller's lease must be valid for `max_op_ns`); `loc` gives a register's
 /// replicas.
-pub async fn reclaim<F: Fabric>(
+pub async fn reclaim_gone_registers<F: Fabric>(
     fabric: &F,
     layout: &NodeLayout,
     me: Reclaimer,
@@ -592,7 +594,8 @@ pub async fn reclaim<F: Fabric>(
     }
     let before = read_registered(fabric, &stats, layout).await?;
     out.chunks =
-        crate::orphans::adopt_orphan_chunks(fabric, &stats, layout, &before, me.token).await?;
+        crate::registers::orphans::adopt_orphan_chunks(fabric, &stats, layout, &before, me.token)
+            .await?;
     swarm_core::sleep(fabric, settle_ns(layout)).await;
     let adopted: HashSet<u64> = out.chunks.iter().copied().collect();
     // Donated registers taken so far (`Reclaimer::max_donations`).
@@ -840,8 +843,8 @@ mod tests {
         block_on(c.fabric(), c.get(key.as_bytes(), &OpStats::new())).expect("a get")
     }
 
-    fn reclaim_now(c: &Client) {
-        block_on(c.fabric(), c.reclaim_now()).expect("a reclamation pass");
+    fn reclaim_gone_registers_now(c: &Client) {
+        block_on(c.fabric(), c.reclaim_gone_registers_now()).expect("a reclamation pass");
     }
 
     fn census_of(c: &Client) -> Census {
@@ -935,7 +938,8 @@ mod tests {
                 resume_at,
             };
             let loc = |r| register_loc_for(&layout, 3, r).ok();
-            let out = block_on(f, reclaim(f, &layout, me, may_act, loc)).expect("a pass");
+            let out =
+                block_on(f, reclaim_gone_registers(f, &layout, me, may_act, loc)).expect("a pass");
             taken += out.count(Verdict::Limbo);
             stops += u32::from(out.stopped);
             resume_at = out.resume_at;
@@ -964,7 +968,7 @@ mod tests {
         let before = census_of(&b);
         assert_eq!(before.retired_gone, 3, "{before:?}");
         assert_eq!(before.keyed, 3, "{before:?}");
-        reclaim_now(&b);
+        reclaim_gone_registers_now(&b);
         let stats = b.recycle_stats();
         assert_eq!(stats.reclaimed_limbo, 3, "{stats:?}");
         assert_eq!(census_of(&b).retired_gone, 0);
@@ -1025,7 +1029,7 @@ mod tests {
             assert!(delete(&a, &format!("k{i}")));
         }
         assert_eq!(census_of(&b).retired_live, 3);
-        reclaim_now(&b);
+        reclaim_gone_registers_now(&b);
         assert_eq!(
             b.recycle_stats().reclaimed_limbo,
             0,
@@ -1036,7 +1040,7 @@ mod tests {
         after_grace(&a);
         assert_eq!(a.recycle_stats().recycled, 3);
         assert_eq!(census_of(&b).pooled_live, 3, "a's recycled three");
-        reclaim_now(&b);
+        reclaim_gone_registers_now(&b);
         assert_eq!(b.recycle_stats().reclaimed_pool, 0, "a live pool was taken");
         // a still uses its pool: its inserts land in its recycled registers.
         for i in 0..3 {
@@ -1046,7 +1050,7 @@ mod tests {
             assert!(delete(&a, &format!("again{i}")));
         }
         a.close();
-        reclaim_now(&b);
+        reclaim_gone_registers_now(&b);
         let stats = b.recycle_stats();
         assert_eq!(stats.reclaimed_limbo, 3, "a's second limbo: {stats:?}");
         assert_eq!(get(&b, "b").as_deref(), Some(&b"B"[..]));
@@ -1083,7 +1087,7 @@ mod tests {
         }
         assert_ne!(word0(&f, &layout, one, 0) >> 32, 0, "node 0 keeps the mark");
         let b = connect(&cluster, layout);
-        reclaim_now(&b);
+        reclaim_gone_registers_now(&b);
         assert_eq!(b.recycle_stats().reclaimed_limbo, 1);
         let c = census_of(&b);
         assert_eq!(c.keyed, 1, "the unmarked register stays: {c:?}");

@@ -1,15 +1,15 @@
-//! Reclaiming the writer ids of dead clients: watch, kill, take over or release.
+//! Taking over the writer ids of dead clients: watch, kill, take over or release.
 //!
 //! A client that finds no free row in the client table (or `swarm evict`) reads the
 //! table on every node that answers, waits [`LeaseParams::observer_wait_ns`] on its own
 //! clock from the read's completion, and then *kills* the lease word of each row still
 //! claimed by the same token, by CAS from the value it read to that value with the
-//! kill bit ([`crate::lease::KILLED`]). A row whose lease was killed on a majority
-//! belonged to a client that can no longer act: [`crate::lease`] proves that its
+//! kill bit ([`crate::membership::lease::KILLED`]). A row whose lease was killed on a majority
+//! belonged to a client that can no longer act: [`crate::membership::lease`] proves that its
 //! owner's lease ended, and its last batches landed, before the kill was posted. The
 //! reclaimer then takes such a row over (CAS of the claim word from the dead token to
-//! its own, on a majority, as in [`crate::claim`]) and resumes its log like any reused
-//! row ([`crate::writer_ids`]); other dead rows are released (claim word back to 0) so
+//! its own, on a majority, as in [`crate::membership::claim`]) and resumes its log like any reused
+//! row ([`crate::membership::writer_ids`]); other dead rows are released (claim word back to 0) so
 //! that the next client claims them without waiting.
 //!
 //! A kill that does not reach a majority means the owner renewed in time: the row is
@@ -18,7 +18,7 @@
 //!
 //! Register chunks claimed by a dead client keep its token in their claim words: they
 //! are not reclaimed here but adopted, once its row no longer holds its token, by the
-//! next client that runs out of chunks ([`crate::orphans`]).
+//! next client that runs out of chunks ([`crate::registers::orphans`]).
 
 use swarm_core::fabric::Nanos;
 use swarm_core::quorum::{broadcast_until, majority};
@@ -26,8 +26,8 @@ use swarm_core::{Batch, Fabric, NodeId, OpStats, Roundtrip, WaitOutcome};
 
 use crate::KvError;
 use crate::layout::{CLIENT_ROW_BYTES, NodeLayout};
-use crate::lease::{KILLED, LeaseParams, is_killed};
-use crate::lease_renewal::LEASE_WORD;
+use crate::membership::lease::{KILLED, LeaseParams, is_killed};
+use crate::membership::lease_renewal::LEASE_WORD;
 
 /// How long a reclaimer waits for nodes beyond a majority at each step.
 pub const STRAGGLER_NS: Nanos = 50_000_000;
@@ -43,7 +43,7 @@ pub struct ObservedRow {
     pub lease: Vec<Option<u64>>,
 }
 
-/// What a reclaim did.
+/// What a takeover pass did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Reclaimed {
     /// The row taken over for the caller, with its lease words as last seen.
@@ -165,7 +165,7 @@ async fn kill<F: Fabric + ?Sized>(
 /// kills those whose owner did not renew, and takes the first dead one over for
 /// `taker` (a token; `None`: release them all). Rows already killed on a majority (an
 /// earlier reclaim stopped half way) are not waited for.
-pub async fn reclaim_expired<F: Fabric + ?Sized>(
+pub async fn take_over_expired<F: Fabric + ?Sized>(
     fabric: &F,
     layout: &NodeLayout,
     lease: &LeaseParams,
@@ -222,7 +222,7 @@ pub async fn reclaim_expired<F: Fabric + ?Sized>(
                 continue;
             }
             // Split with another reclaimer: give our copies back to the dead token.
-            crate::claim::give_back(fabric, nodes, claim_at, token, row.token);
+            crate::membership::claim::give_back(fabric, nodes, claim_at, token, row.token);
         }
         let posts: Vec<_> = (0..nodes)
             .map(|n| (NodeId(n as u16), claim_at, row.token, 0))

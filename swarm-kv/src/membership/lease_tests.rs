@@ -15,8 +15,8 @@ use swarm_core::{
 };
 
 use crate::layout::{ClusterParams, NodeLayout};
-use crate::lease::LeaseParams;
-use crate::reclaim::reclaim_expired;
+use crate::membership::lease::LeaseParams;
+use crate::membership::writer_takeover::take_over_expired;
 use crate::{DeleteOutcome, KvClient, KvConfig, KvError};
 
 const NODE_BYTES: u64 = 4 << 20;
@@ -182,7 +182,7 @@ fn a_client_that_keeps_renewing_is_never_reclaimed() {
     insert(&a, "k", "v").expect("inserted");
     let watcher = world.fabric();
     let lease = world.lease();
-    let watch = reclaim_expired(&watcher, &world.layout, &lease, Some(77), None);
+    let watch = take_over_expired(&watcher, &world.layout, &lease, Some(77), None);
     // Meanwhile a works at a slow pace: an operation every 100 ms of virtual time, for
     // longer than the watch.
     let work = async {
@@ -275,8 +275,8 @@ fn two_clients_reclaiming_at_once_get_one_dead_id_each() {
     // Both pause; two new clients look for an id at the same time.
     let (fc, fd) = (world.fabric(), world.fabric());
     let both = swarm_core::join(
-        crate::writer_ids::register(&fc, &world.layout, 3, 101, 1),
-        crate::writer_ids::register(&fd, &world.layout, 3, 202, 2),
+        crate::membership::writer_ids::register(&fc, &world.layout, 3, 101, 1),
+        crate::membership::writer_ids::register(&fd, &world.layout, 3, 202, 2),
     );
     let (c, d) = block_on_future(&fc, both).expect("no stall");
     let (c, d) = (c.expect("an id for c").0, d.expect("an id for d").0);
@@ -297,7 +297,7 @@ fn two_clients_reclaiming_at_once_get_one_dead_id_each() {
 /// A client killed mid-grace (it stops, its row stays registered): its limbo is left
 /// alone while its row is registered, even once its lease lapsed, and is reclaimed
 /// once its row was taken over by a new client, whose tag on the same writer id is
-/// another (`crate::limbo`).
+/// another (`crate::registers::limbo`).
 #[test]
 fn a_killed_clients_limbo_is_reclaimed_once_its_row_is_taken_over() {
     let world = World::new(2);
@@ -313,7 +313,7 @@ fn a_killed_clients_limbo_is_reclaimed_once_its_row_is_taken_over() {
     // a is killed here: it never issues anything again.
     let b = world.connect();
     insert(&b, "b", "B").expect("inserted");
-    block_on(b.fabric(), b.reclaim_now()).expect("a pass");
+    block_on(b.fabric(), b.reclaim_gone_registers_now()).expect("a pass");
     assert_eq!(
         b.recycle_stats().reclaimed_limbo,
         0,
@@ -323,7 +323,7 @@ fn a_killed_clients_limbo_is_reclaimed_once_its_row_is_taken_over() {
     let c = world.connect();
     assert_eq!(c.writer(), a.writer());
     assert_ne!(c.recycler_tag(), a.recycler_tag());
-    block_on(c.fabric(), c.reclaim_now()).expect("a pass");
+    block_on(c.fabric(), c.reclaim_gone_registers_now()).expect("a pass");
     assert_eq!(
         c.recycle_stats().reclaimed_limbo,
         3,

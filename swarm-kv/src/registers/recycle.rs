@@ -25,9 +25,9 @@
 //! (the operation deadline, contract "fence"). So no operation that can name the
 //! register posts anything later than `cache_ttl_ns + max_op_ns` after it was
 //! retired, measured on the other clients' clocks. The owner waits
-//! `swarm_core::reclaim::grace_ns(cache_ttl_ns + max_op_ns)` on its own clock: the
+//! `swarm_core::slot_recycling::grace_ns(cache_ttl_ns + max_op_ns)` on its own clock: the
 //! sum as its clock may measure it (`· 9/7`: each clock's rate within 1/8 of real
-//! time, `swarm_core::reclaim::CLOCK_DRIFT_DIV`) plus the delivery margin for
+//! time, `swarm_core::slot_recycling::CLOCK_DRIFT_DIV`) plus the delivery margin for
 //! batches still in flight.
 //!
 //! Who enforces the deadline: the KV client between its steps
@@ -48,7 +48,7 @@
 //! pool (a failed one makes the owner retire it again and retry after another
 //! grace; a silent one keeps it forever: a leak bounded by what that node holds,
 //! never a safety problem). Only then is the register handed to the allocator as
-//! *pre-cleared* (`crate::register_alloc`), which is what an insert needs to write it
+//! *pre-cleared* (`crate::registers::alloc`), which is what an insert needs to write it
 //! in one roundtrip (SWARM §5.3.1).
 //!
 //! # Donations: pools do not drift apart
@@ -60,10 +60,10 @@
 //! that runs for months the drift is unbounded. A client whose pool already holds a
 //! chunk's worth of registers ([`crate::layout::ClusterParams::chunk_registers`],
 //! counting the fresh ones of its chunks) therefore *donates* the registers it
-//! resets: the reset writes the holder tag [`crate::limbo::DONATED_TAG`] instead of
+//! resets: the reset writes the holder tag [`crate::registers::limbo::DONATED_TAG`] instead of
 //! its own, and the register never comes back to it, whatever the replicas answer.
 //! A client that runs dry takes donated registers as it takes a gone client's pool
-//! (`crate::limbo`, rule 3), at most a chunk's worth per pass, or half of what its
+//! (`crate::registers::limbo`, rule 3), at most a chunk's worth per pass, or half of what its
 //! previous pass left on offer if that is more (taking all would hoard them; a
 //! chunk's worth alone drains a large offer a chunk per pass), and resets them once
 //! the donor's reset has surely landed (the delivery margin, not a whole grace:
@@ -95,7 +95,7 @@
 //! whose lease is still valid at the end of the wait renewed after the
 //! announcement (the lease argument), so resets posted before have landed within
 //! the delivery margin, which the wait includes, and from then on its resets go
-//! through the *repair journal* ([`ReplicaStatus::Repairing`], [`crate::journal`]):
+//! through the *repair journal* ([`ReplicaStatus::Repairing`], [`crate::registers::journal`]):
 //! reset on the others, the register waits until the repair copied it to the node
 //! (or until the node is admitted and this client reset it there), then comes back.
 //! On a cluster without a journal (superblock version 4 and older) they wait for the
@@ -126,12 +126,12 @@
 //!   is kept;
 //! * the limbo queue and the pool live in the client's memory: a client that dies
 //!   *or closes* loses them. They come back through the holder tags in the key
-//!   headers ([`crate::limbo`]): the retiree tags each register it retires on every
+//!   headers ([`crate::registers::limbo`]): the retiree tags each register it retires on every
 //!   replica ([`Recycler::mark`]) and the reset tags the registers it pools
 //!   ([`reset_batch`]), so a client that runs out of registers finds those held by
 //!   gone clients, takes them by CAS and recycles them after its own grace. Still
 //!   leaked: a retired register whose mark reached no replica, and the cases above
-//!   (`crate::limbo`, "what stays leaked").
+//!   (`crate::registers::limbo`, "what stays leaked").
 
 use std::cell::RefCell;
 use std::collections::VecDeque;
@@ -157,11 +157,11 @@ pub enum Retired {
     /// published.
     Unpublished,
     /// Never used, in a dead client's chunk that this client adopted
-    /// (`crate::orphans`, `crate::limbo`).
+    /// (`crate::registers::orphans`, `crate::registers::limbo`).
     Adopted,
-    /// Taken from a gone client's limbo: retired by it, not reset yet (`crate::limbo`).
+    /// Taken from a gone client's limbo: retired by it, not reset yet (`crate::registers::limbo`).
     ReclaimedLimbo,
-    /// Taken from a gone client's pool: reset by it, blank (`crate::limbo`).
+    /// Taken from a gone client's pool: reset by it, blank (`crate::registers::limbo`).
     ReclaimedPool,
 }
 
@@ -185,7 +185,7 @@ pub struct RecycleStats {
     pub reset_without_lost: u64,
     /// Of `reset_without_lost`, registers whose reset a repair brought to the node
     /// it was rebuilding through the journal, or that this client reset there after
-    /// the admission ([`crate::journal`]).
+    /// the admission ([`crate::registers::journal`]).
     pub reset_through_journal: u64,
     /// Registers reset for any client instead of this one's pool, because the pool
     /// held enough ("donations" in the module docs). Not counted in `recycled`.
@@ -219,10 +219,10 @@ pub enum ReplicaStatus {
     Lost,
     /// Its memory is lost and a repair of it is announced: the reset does without
     /// it, and the register waits until the repair copied it to the node through
-    /// the journal on node `journal` ([`crate::journal`]), or until the node is in
+    /// the journal on node `journal` ([`crate::registers::journal`]), or until the node is in
     /// service again and this client reset it there.
     Repairing {
-        /// The journal node ([`crate::journal::journal_node`]).
+        /// The journal node ([`crate::registers::journal::journal_node`]).
         journal: NodeId,
     },
     /// Not known yet (a newer configuration is pending, or a repair is announced on
@@ -248,7 +248,7 @@ struct Limbo {
 #[derive(Debug)]
 struct Reset {
     register: RegisterId,
-    /// The reset gives the register away ([`crate::limbo::DONATED_TAG`]): once it
+    /// The reset gives the register away ([`crate::registers::limbo::DONATED_TAG`]): once it
     /// is posted, the register never comes back to this client.
     donated: bool,
     /// Carried over from its [`Limbo`] entry.
@@ -259,7 +259,7 @@ struct Reset {
     failed: Vec<NodeId>,
 }
 
-/// A register reset on every replica but one being rebuilt (see [`crate::journal`]).
+/// A register reset on every replica but one being rebuilt (see [`crate::registers::journal`]).
 #[derive(Debug)]
 struct Journaled {
     register: RegisterId,
@@ -292,7 +292,7 @@ enum Stage {
     },
 }
 
-/// This client's row of the repair journal (see [`crate::journal`]).
+/// This client's row of the repair journal (see [`crate::registers::journal`]).
 #[derive(Debug)]
 struct JournalRow {
     /// Slots this incarnation may write (zero as far as it knows).
@@ -310,7 +310,7 @@ struct JournalRow {
 impl Default for JournalRow {
     fn default() -> Self {
         Self {
-            free: (0..crate::journal::SLOTS).rev().collect(),
+            free: (0..crate::registers::journal::SLOTS).rev().collect(),
             reading: None,
             reads_posted: 0,
             next_read: 0,
@@ -342,7 +342,7 @@ pub struct Recycler {
     /// The owner's incarnation token, left in every register it resets (the old
     /// holder mark, see [`reset_batch`]).
     holder: u64,
-    /// The owner's holder tag (`crate::limbo::holder_tag`).
+    /// The owner's holder tag (`crate::registers::limbo::holder_tag`).
     tag: u32,
     state: RefCell<State>,
 }
@@ -364,7 +364,7 @@ impl Recycler {
     /// Tags `register`, which this client is retiring and whose key header holds a key
     /// of `key_len` bytes, as retired by this client on each of its replicas `nodes`:
     /// a CAS of header word 0 from `(key_len, 0)` to `(key_len, tag)`
-    /// (`crate::limbo`), posted in the background and carrying the operation's
+    /// (`crate::registers::limbo`), posted in the background and carrying the operation's
     /// `deadline`. Nothing is posted once the deadline passed (returns `false`): the
     /// register then stays untagged (a leak if this client goes away before its
     /// grace). Call it before [`Recycler::retire`].
@@ -388,8 +388,8 @@ impl Recycler {
             return false;
         }
         let (from, to) = (
-            crate::limbo::header_word(len, 0),
-            crate::limbo::header_word(len, self.tag),
+            crate::registers::limbo::header_word(len, 0),
+            crate::registers::limbo::header_word(len, self.tag),
         );
         let mut s = self.state.borrow_mut();
         for &node in nodes {
@@ -435,7 +435,7 @@ impl Recycler {
     }
 
     /// Registers retired and not yet handed back (in limbo, being reset, or waiting
-    /// for a repair to copy them, [`crate::journal`]).
+    /// for a repair to copy them, [`crate::registers::journal`]).
     pub fn in_limbo(&self) -> usize {
         let s = self.state.borrow();
         s.limbo.len() + s.resetting.len() + s.journaled.len()
@@ -475,10 +475,10 @@ impl Recycler {
     }
 
     /// Takes `register`, which this client took from another client's donation
-    /// (`crate::limbo::DONATED_TAG`), to reset it at `due` and pool it: not a
+    /// (`crate::registers::limbo::DONATED_TAG`), to reset it at `due` and pool it: not a
     /// grace after now, since its donor reset it a grace after its last life ended,
     /// but once the donor's reset has landed on every replica (the caller passes
-    /// the delivery margin, `crate::limbo::settle_ns`: a replica that missed the
+    /// the delivery margin, `crate::registers::limbo::settle_ns`: a replica that missed the
     /// donor's reset when this client read it may still receive it, and it must not
     /// land on this client's reset, nor on the next key). It is never donated again.
     pub fn take_donation(&self, register: RegisterId, due: Nanos) {
@@ -503,8 +503,8 @@ impl Recycler {
     /// `may_start`: whether the owner's lease is valid now. A reset is a write that
     /// no operation deadline covers, so it is started only under a valid lease: then
     /// a client whose lease was killed (a zombie) posts no reset after its lease
-    /// ended, and a reclaimer that adopts its chunks (`crate::orphans`) can rely on
-    /// the lease argument (`crate::lease`) for resets too.
+    /// ended, and a reclaimer that adopts its chunks (`crate::registers::orphans`) can rely on
+    /// the lease argument (`crate::membership::lease`) for resets too.
     ///
     /// `donate()`: whether the owner's pool holds enough registers, so that the resets
     /// started now give theirs to any client instead (module docs, "donations"):
@@ -548,7 +548,7 @@ impl Recycler {
             // holder mark), and the tag any reclaimer may take.
             let donated = !keep && *donating.get_or_insert_with(&donate);
             let (holder, tag) = if donated {
-                (0, crate::limbo::DONATED_TAG)
+                (0, crate::registers::limbo::DONATED_TAG)
             } else {
                 (self.holder, self.tag)
             };
@@ -678,7 +678,7 @@ impl Recycler {
         ready
     }
 
-    /// Moves the registers waiting for a repair along (see [`crate::journal`]): posts
+    /// Moves the registers waiting for a repair along (see [`crate::registers::journal`]): posts
     /// their entries, reads this client's row to see which the repair cleared, and
     /// once the node is in service again resets them there. Registers done go to
     /// `ready`.
@@ -795,7 +795,11 @@ impl Recycler {
                                     slot,
                                     fabric.post(
                                         journal,
-                                        Batch::cas(at, crate::journal::entry(j.register), 0),
+                                        Batch::cas(
+                                            at,
+                                            crate::registers::journal::entry(j.register),
+                                            0,
+                                        ),
                                     ),
                                 )),
                                 None => row.free.push(slot),
@@ -819,7 +823,11 @@ impl Recycler {
                                 Some(at) => {
                                     let ticket = fabric.post(
                                         journal,
-                                        Batch::cas(at, 0, crate::journal::entry(j.register)),
+                                        Batch::cas(
+                                            at,
+                                            0,
+                                            crate::registers::journal::entry(j.register),
+                                        ),
                                     );
                                     j.stage = Stage::Posting {
                                         journal,
@@ -893,14 +901,17 @@ impl Recycler {
             row.reads_posted += 1;
             row.reading = Some((
                 journal,
-                fabric.post(journal, Batch::read(at, crate::journal::ROW_BYTES as u32)),
+                fabric.post(
+                    journal,
+                    Batch::read(at, crate::registers::journal::ROW_BYTES as u32),
+                ),
                 row.reads_posted,
             ));
         }
     }
 
     /// Forgets the resets and marks in flight (the client is going away: its limbo and
-    /// pool stay tagged with its tag, for others to reclaim, `crate::limbo`).
+    /// pool stay tagged with its tag, for others to reclaim, `crate::registers::limbo`).
     pub fn abandon<F: Fabric>(&self, fabric: &F) {
         let mut s = self.state.borrow_mut();
         for (_, ticket) in s.marking.drain(..) {
@@ -931,7 +942,7 @@ impl Recycler {
 /// The batch that resets register `register` on one replica: in-place record header
 /// and metadata words to zero, and the key header to *blank, held by the resetter*:
 /// length 0 (no key: the index and `decode_key_header` read it as unwritten), the
-/// resetting client's holder tag `tag` in bytes 4..8 (`crate::limbo`: the register is
+/// resetting client's holder tag `tag` in bytes 4..8 (`crate::registers::limbo`: the register is
 /// in its pool) and its token `holder` in bytes 8..16, where a key's first bytes go
 /// (the holder mark of earlier builds, still honoured). A reclaimer takes a blank
 /// register only when its holder is gone, so a live client's pool is never taken.
@@ -993,8 +1004,8 @@ mod tests {
     use swarm_core::{Fabric, MemFabric, RegisterLoc};
 
     use super::{JOURNAL_POLL_NS, Recycler, ReplicaStatus};
-    use crate::journal;
     use crate::layout::NodeLayout;
+    use crate::registers::journal;
     use crate::test_support::small_cluster;
 
     /// An in-memory fabric on which one node can refuse every batch (a node out of
@@ -1236,9 +1247,12 @@ mod tests {
     /// The register grace is the shared reclamation grace of its window.
     #[test]
     fn the_grace_covers_the_window_drift_and_flight() {
-        assert_eq!(swarm_core::reclaim::grace_ns(0), 11_250_000);
+        assert_eq!(swarm_core::slot_recycling::grace_ns(0), 11_250_000);
         // 7 s · 9/7 + 10 ms · 9/8.
-        assert_eq!(swarm_core::reclaim::grace_ns(7_000_000_000), 9_011_250_000);
-        assert_eq!(swarm_core::reclaim::grace_ns(u64::MAX), u64::MAX);
+        assert_eq!(
+            swarm_core::slot_recycling::grace_ns(7_000_000_000),
+            9_011_250_000
+        );
+        assert_eq!(swarm_core::slot_recycling::grace_ns(u64::MAX), u64::MAX);
     }
 }
