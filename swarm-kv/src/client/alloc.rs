@@ -1,0 +1,71 @@
+//! A fresh register for an insert (SWARM §5.4): from the client's pool or a new
+//! chunk (`crate::registers::alloc`); when both are dry, from a pass that reclaims the
+//! registers of gone clients, or after the grace of the registers this client retired.
+
+use swarm_core::fabric::Nanos;
+use swarm_core::{Clock, Fabric, OpStats};
+
+use crate::{KvError, RegisterId};
+
+use super::KvClient;
+
+/// How long an insert waits for a register while a repair is announced, at most:
+/// from the announcement to the admission, registers come back only once the
+/// repair copied them to the node it rebuilds (`crate::registers::journal`), or, on a cluster
+/// without a journal, once the node is admitted (a repair's wait and copy:
+/// seconds). A repair that failed after its announcement leaves the bit set until
+/// another one completes; inserts that find no register then fail with
+/// `RegistersFull` after this long.
+const REPAIR_WAIT_NS: Nanos = 30_000_000_000;
+
+impl<F: Fabric, C: Clock> KvClient<F, C> {
+    /// A pre-cleared register for an insert. When every chunk is claimed and the
+    /// pool is empty, runs a reclamation pass (paced: [`Self::reclaim_gone_registers`]) if this
+    /// client has no retired register of its own to wait for, or if its last pass
+    /// left donations on offer (taken, they are ready after the delivery margin,
+    /// sooner than its own pass their grace); otherwise waits for its retired
+    /// registers or for the next pass (before the operation starts: the wait posts
+    /// nothing but resets), up to two graces.
+    pub(super) async fn allocate_register(&self, stats: &OpStats) -> Result<RegisterId, KvError> {
+        let fabric = self.swarm.fabric();
+        let started = fabric.now();
+        let mut give_up = started.saturating_add(self.recycler.grace_ns().saturating_mul(2));
+        loop {
+            self.recycle_step();
+            let r = self
+                .alloc
+                .allocate(fabric, stats, &self.layout, self.nodes)
+                .await;
+            let Err(KvError::RegistersFull { .. }) = r else {
+                return r;
+            };
+            let now = fabric.now();
+            let in_limbo = self.recycler.in_limbo();
+            let offer = self.donations_left.get() > 0;
+            if now >= self.next_adoption.get() && (in_limbo == 0 || offer) {
+                self.reclaim_gone_registers().await?;
+                // What the pass took waits a whole grace from now, however long
+                // the pass took.
+                give_up = fabric
+                    .now()
+                    .saturating_add(self.recycler.grace_ns().saturating_mul(2));
+                if self.recycler.in_limbo() == 0 {
+                    return r;
+                }
+                continue;
+            }
+            let may_wait = now < give_up
+                || (self.repair_announced() && now < started.saturating_add(REPAIR_WAIT_NS));
+            if !may_wait || (in_limbo == 0 && !offer) {
+                return r;
+            }
+            tracing::debug!(
+                in_limbo,
+                donations_left = self.donations_left.get(),
+                "insert: no free register; waiting for retired ones to pass their grace, or for the next reclamation pass to take donated ones"
+            );
+            self.wait_for_resets(offer.then(|| self.next_adoption.get()))
+                .await;
+        }
+    }
+}

@@ -1,0 +1,321 @@
+//! Joining and leaving the cluster: [`KvClient::connect`] registers a writer id in
+//! the client table (`crate::membership::writer_ids`) and resumes that writer's
+//! out-of-place log (from a sealed summary, lazily above its tick ceiling, or by a
+//! whole-log scan); [`KvClient::close`] runs the deferred unmaps left, gives the
+//! retired registers' marks time to land, seals the log summary for the next client
+//! of the writer id, and gives the id back.
+
+use std::cell::{Cell, RefCell};
+
+use swarm_core::encoding::WriterId;
+use swarm_core::resume::scan_log;
+use swarm_core::{Client, Clock, Fabric, NodeId, OpStats};
+use xxhash_rust::xxh3::xxh3_64;
+
+use crate::KvError;
+use crate::cache::LocationCache;
+use crate::configuration::Configuration;
+use crate::index::{Index, IndexConfig};
+use crate::layout::NodeLayout;
+use crate::membership::writer_ids::{self, Resume};
+use crate::registers::alloc::RegisterAllocator;
+use crate::registers::recycle::Recycler;
+
+use super::blind_policy::BlindPolicy;
+use super::deferred_unmap::DeferredUnmaps;
+use super::{KvClient, KvConfig, locate_register};
+
+fn token_for(pid: u64) -> u64 {
+    let now = crate::clock::SystemClock::unix_ns();
+    let mut bytes = [0u8; 24];
+    bytes[..8].copy_from_slice(&now.to_le_bytes());
+    bytes[8..16].copy_from_slice(&pid.to_le_bytes());
+    let stack = &bytes as *const _ as u64;
+    bytes[16..].copy_from_slice(&stack.to_le_bytes());
+    xxh3_64(&bytes) | 1
+}
+
+impl<F: Fabric, C: Clock> KvClient<F, C> {
+    /// Registers a writer id in the client table and returns a client using it.
+    /// Blocks until the registration is done (a few roundtrips, driven on `fabric`).
+    pub fn connect(
+        fabric: F,
+        clock: C,
+        layout: NodeLayout,
+        config: KvConfig,
+    ) -> Result<Self, KvError> {
+        let nodes = fabric.node_count();
+        if nodes < usize::from(layout.params.replicas) {
+            return Err(KvError::TooFewNodes {
+                nodes,
+                replicas: layout.params.replicas,
+            });
+        }
+        // The configuration first: a node whose incarnation is not the member's (a
+        // memory node that restarted with empty memory) must not count towards the
+        // quorums of the registration or of the first operations. Until a client has
+        // followed a configuration every node counts as in service (`replica_status`).
+        let followed = Self::follow_initial_configuration(&fabric)?;
+        let pid = u64::from(std::process::id());
+        let token = token_for(pid);
+        let (registration, lease) = swarm_core::block_on(
+            &fabric,
+            writer_ids::register(&fabric, &layout, nodes, token, pid),
+        )?;
+        let writer =
+            WriterId::new(u32::from(registration.writer)).map_err(swarm_core::SwarmError::from)?;
+        // The earlier incarnations' log: from a sealed summary, else a whole-log scan
+        // (`crate::membership::writer_ids`, "Resuming a log").
+        let summary = match registration.resume {
+            Resume::Summary { stamp } => swarm_core::block_on(
+                &fabric,
+                writer_ids::read_summary(&fabric, &layout, nodes, registration.writer, stamp),
+            )?,
+            Resume::Fresh | Resume::Scan => None,
+        };
+        // After a crash (no sealed summary), a cluster with tick ceilings resumes the
+        // log lazily above the ceiling; an older one scans it whole first.
+        let crashed = registration.reused && summary.is_none();
+        let scan = if crashed && !layout.params.tick_ceilings {
+            let stats = OpStats::new();
+            tracing::info!(
+                writer = registration.writer,
+                "resuming the writer id's log by a whole-log scan (no sealed summary)"
+            );
+            Some(swarm_core::block_on(
+                &fabric,
+                scan_log(
+                    &fabric,
+                    &stats,
+                    &layout.swarm,
+                    writer,
+                    writer_ids::RESUME_STRAGGLER_NS,
+                ),
+            )?)
+        } else {
+            None
+        };
+        // The fence is cluster-wide: recycling waits a grace computed from it.
+        // So are the delivery margin and so the grace.
+        let protocol = config
+            .protocol
+            .with_max_op_ns(layout.params.max_op_ns)
+            .with_delivery_margin_ns(layout.params.delivery_margin_ns);
+        let swarm = Client::new(fabric, clock, layout.swarm, writer, protocol)?;
+        // Index and key-header reads avoid the nodes the register protocol suspects.
+        let index = Index::new(
+            &layout,
+            nodes,
+            IndexConfig {
+                client_id: registration.writer,
+                ..config.index
+            },
+        )?
+        .with_suspicion(swarm.suspicion().clone());
+        if layout.params.tick_ceilings {
+            // About a second of ticks past each timestamp that needs a raise (one
+            // more roundtrip per second of timestamps), plus the log's slots (an
+            // allocation bumps ticks until its slot is free).
+            let headroom = (1_000_000_000 / config.tick_ns.max(1))
+                .saturating_add(u64::from(layout.params.log_slots));
+            swarm.set_tick_ceiling(
+                layout.client_row(registration.writer) + writer_ids::TICK_CEILING,
+                registration.ceiling,
+                headroom,
+            );
+            if crashed {
+                tracing::info!(
+                    writer = registration.writer,
+                    ceiling = registration.ceiling,
+                    "resuming a crashed writer id's log lazily, above its tick ceiling"
+                );
+                swarm.resume_crashed(registration.ceiling, move |addr| {
+                    locate_register(&layout, nodes, addr)
+                });
+            }
+        }
+        if let Some(scan) = scan {
+            // The earlier incarnation's buffers are tracked by register, so that the
+            // ones superseded since are recycled (`swarm_core::resume`).
+            swarm.resume_scan(&scan, |addr| locate_register(&layout, nodes, addr));
+        }
+        if let Some(summary) = summary {
+            tracing::debug!(
+                writer = registration.writer,
+                carried = summary.in_use(),
+                "resumed the writer id's log from its sealed summary"
+            );
+            swarm.resume_summary(&summary, move |addr| locate_register(&layout, nodes, addr));
+        }
+        if swarm.slots_in_use() >= layout.params.log_slots {
+            // Every operation would fence waiting for a slot's grace (one-shot clients
+            // that each inherit the same full log would never get one): wait for it
+            // here, before any operation starts.
+            tracing::info!(
+                writer = registration.writer,
+                "resumed a full log: waiting for a superseded slot's grace"
+            );
+            if !swarm_core::block_on_future(swarm.fabric(), swarm.make_room())? {
+                tracing::warn!(
+                    writer = registration.writer,
+                    "every slot of the resumed log holds a live value: writes will fail"
+                );
+            }
+        }
+        Ok(Self {
+            alloc: RegisterAllocator::new(&layout, registration.writer, token),
+            swarm,
+            layout,
+            nodes,
+            index,
+            recycler: Recycler::new(
+                layout.params.register_grace_ns(),
+                registration.writer,
+                token,
+                crate::registers::limbo::holder_tag(registration.writer, token),
+            ),
+            max_op_ns: layout.params.max_op_ns,
+            cache: RefCell::new(LocationCache::new(
+                config.cache_bytes,
+                layout.params.cache_ttl_ns,
+            )),
+            token,
+            registration,
+            protocol: config.register_protocol,
+            lease: RefCell::new(lease),
+            lease_revive_ns: config.lease_revive_ns,
+            next_adoption: Cell::new(0),
+            donations_left: Cell::new(0),
+            // Clients that run dry at once (the clients of one `swarm bench`) would
+            // race for the same registers from the same start: each writer id starts
+            // its scans at its own share of the registers.
+            reclaim_resume_at: Cell::new(
+                layout.params.registers / u64::from(layout.params.writers.max(1))
+                    * u64::from(registration.writer),
+            ),
+            config_checked: Cell::new(0),
+            followed: RefCell::new(Some(followed)),
+            deferred: RefCell::new(DeferredUnmaps::new(config.deferred_unmaps)),
+            blind: BlindPolicy::new(),
+        })
+    }
+
+    /// Reads the configuration from a majority and asks `fabric` to admit every
+    /// member incarnation ([`Fabric::admit`]), before the client registers: the
+    /// transport then leaves out (and reports lost, once it reconnects) every node
+    /// that runs another incarnation, as it does for a configuration followed later
+    /// ([`Self::follow_configuration`]). A legacy configuration (epoch 0) admits
+    /// nothing.
+    fn follow_initial_configuration(fabric: &F) -> Result<Configuration, KvError> {
+        let stats = OpStats::new();
+        let config =
+            swarm_core::block_on(fabric, crate::repair::read_configuration(fabric, &stats))?;
+        if config.epoch > 0 {
+            for (i, &member) in config.incarnations.iter().enumerate() {
+                fabric.admit(NodeId(i as u16), member);
+            }
+        }
+        Ok(config)
+    }
+
+    /// Gives the writer id back (its log is resumed by the next client that takes it).
+    /// Registers in limbo and in the pool are left to others: they carry this client's
+    /// holder tag, which is gone once the row is given back, so a client that runs out
+    /// of registers reclaims them (`crate::registers::limbo`, "a clean close"). Waits up to
+    /// [`crate::membership::writer_takeover::STRAGGLER_NS`] for retire marks still in flight.
+    pub fn close(self) {
+        if self.has_deferred_unmaps() {
+            let fabric = self.swarm.fabric();
+            if let Err(error) = swarm_core::block_on_future(fabric, self.run_deferred_unmaps())
+                .map_err(KvError::from)
+                .and_then(|ran| ran)
+            {
+                tracing::warn!(
+                    writer = self.registration.writer,
+                    waiting = self.deferred_unmap_stats().waiting,
+                    %error,
+                    "closing: deferred index unmaps could not run; their keys read as absent"
+                );
+            }
+        }
+        self.swarm.cancel_slot_recycling();
+        let fabric = self.swarm.fabric();
+        if self.recycler.marks_in_flight(fabric) > 0 {
+            let until = fabric
+                .now()
+                .saturating_add(crate::membership::writer_takeover::STRAGGLER_NS);
+            let _ = swarm_core::block_on_future(fabric, async {
+                while self.recycler.marks_in_flight(fabric) > 0 && fabric.now() < until {
+                    swarm_core::sleep(fabric, 100_000).await;
+                }
+            });
+        }
+        let log = self.swarm.slot_counters();
+        tracing::info!(
+            writer = self.registration.writer,
+            in_use = log.in_use,
+            in_limbo = log.in_limbo,
+            recycled = log.recycled,
+            "closing: out-of-place log slots in use, waiting out the grace, recycled"
+        );
+        self.recycler.abandon(self.swarm.fabric());
+        match self.seal_log_summary() {
+            Ok(true) => {}
+            Ok(false) => tracing::debug!(
+                writer = self.registration.writer,
+                "no log summary left: the next client of this writer id scans the whole log"
+            ),
+            Err(error) => tracing::info!(
+                writer = self.registration.writer,
+                %error,
+                "log summary not sealed: the next client of this writer id scans the whole log"
+            ),
+        }
+        writer_ids::unregister(
+            self.swarm.fabric(),
+            &self.layout,
+            self.nodes,
+            self.registration.writer,
+            self.token,
+        );
+        // Let the release reach the nodes.
+        let _ = swarm_core::block_on_future(self.swarm.fabric(), async {});
+    }
+
+    /// Leaves this client's log summary for the next client of its writer id
+    /// ([`writer_ids::seal_summary`]), if the cluster has summary areas and the lease
+    /// covers the whole seal (it posts nothing after `max_op_ns` from now). Returns
+    /// whether the summary was sealed.
+    fn seal_log_summary(&self) -> Result<bool, KvError> {
+        let fabric = self.swarm.fabric();
+        let now = fabric.now();
+        let max_op_ns = self.layout.params.max_op_ns;
+        if self.layout.summaries_at.is_none() || !self.lease.borrow().valid_for(now, max_op_ns) {
+            return Ok(false);
+        }
+        let stats = OpStats::new();
+        let _deadline = stats.arm_deadline(now.saturating_add(max_op_ns));
+        let summary = self.swarm.log_summary();
+        let sealed = swarm_core::block_on(
+            fabric,
+            writer_ids::seal_summary(
+                fabric,
+                &stats,
+                &self.layout,
+                self.nodes,
+                self.registration.writer,
+                self.registration.generation,
+                &summary,
+            ),
+        )?;
+        if sealed {
+            tracing::debug!(
+                writer = self.registration.writer,
+                generation = self.registration.generation,
+                used_slots = summary.in_use(),
+                "log summary sealed"
+            );
+        }
+        Ok(sealed)
+    }
+}

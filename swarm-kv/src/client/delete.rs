@@ -1,0 +1,193 @@
+//! **delete** (SWARM §5.3.2): a Safe-Guess write of the tombstone, then the mapping
+//! is removed. Clients holding the location in their cache see the tombstone, flush
+//! and retry through the index. With [`KvConfig::deferred_unmaps`] the delete returns
+//! at its tombstone and the unmap runs afterwards ([`KvClient::run_deferred_unmaps`];
+//! `deferred_unmap` has the argument). The remover whose unmap took effect owns the
+//! register and retires it (SWARM §5.4).
+
+use swarm_core::fabric::Nanos;
+use swarm_core::{Clock, DeleteOutcome, DeleteVotes, Fabric, FirstDeleter, OpStats, RegisterLoc};
+
+use crate::index::IndexError;
+use crate::registers::recycle::Retired;
+use crate::{KvError, RegisterId};
+
+use super::{FENCED_ATTEMPTS, KvClient, MAX_RETRIES, RegisterProtocol};
+
+impl<F: Fabric, C: Clock> KvClient<F, C> {
+    /// Deletes `key`: [`DeleteOutcome::Removed`] if this call removed its value,
+    /// [`DeleteOutcome::Absent`] if the key was absent, and [`DeleteOutcome::Raced`] if
+    /// another delete of the same value ran at the same time: the key is absent either
+    /// way, and which of the racing deletes removed the value is undecided (deciding
+    /// it is consensus, which no wait-free protocol over crash-prone memory nodes
+    /// solves; `swarm_core::protocol::delete`).
+    ///
+    /// A register found in this client's cache may no longer be the key's: deleted
+    /// by another client, the key re-inserted into another register since. Its
+    /// delete then finds another tombstone first on some replica, exactly as if
+    /// another delete were racing it. So a delete through the cache that did not
+    /// remove the value asks the index: if the key still maps to that register (or
+    /// to nothing), the outcome stands; if it maps to another one, this delete
+    /// deletes that one, unless its tombstone may be first on a majority of the
+    /// cached register (then it may be the delete that removed the value there, and
+    /// reports [`DeleteOutcome::Raced`]). If a memory node does not answer, that
+    /// may be undecidable: [`KvError::DeleteUndecided`], rare, with nothing changed
+    /// but perhaps that value.
+    ///
+    /// An attempt that ran past its deadline is retried (up to [`FENCED_ATTEMPTS`]
+    /// in all). The attempt that stopped may have removed the value, so a retry that
+    /// finds the key absent reports [`DeleteOutcome::Raced`]: deleted, by this call or
+    /// another, undecided.
+    pub async fn delete(&self, key: &[u8], stats: &OpStats) -> Result<DeleteOutcome, KvError> {
+        let mut attempt = 1;
+        loop {
+            match self.delete_once(key, stats).await {
+                Err(error) if error.is_fenced() && attempt < FENCED_ATTEMPTS => {
+                    tracing::debug!(%error, attempt, "delete: stalled past its deadline; retrying");
+                    attempt += 1;
+                }
+                Ok(DeleteOutcome::Absent) if attempt > 1 => return Ok(DeleteOutcome::Raced),
+                outcome => return outcome,
+            }
+        }
+    }
+
+    async fn delete_once(&self, key: &[u8], stats: &OpStats) -> Result<DeleteOutcome, KvError> {
+        self.check_key(key)?;
+        if self.protocol == RegisterProtocol::Raw {
+            return Err(KvError::Unsupported(
+                "delete with the RAW baseline protocol",
+            ));
+        }
+        self.hint_cached(key, stats).await;
+        let started = self.begin_write(stats).await?;
+        // Hand out the registers whose reset completed and start the resets due
+        // (never waits): deletes retire registers, so they also move them along.
+        // After the lease check: resets start only under a valid lease.
+        self.recycle_step();
+        let (start, deadline) = (started.start, started.deadline);
+        // A register this call found deleted and could not unmap.
+        let mut found_deleted = None;
+        // A register reached through the cache whose delete did not report `Removed`,
+        // with where it is and that outcome: the index decides next whether it was
+        // still the key's register (see the method docs).
+        let mut from_cache: Option<(RegisterId, RegisterLoc, DeleteOutcome, DeleteVotes)> = None;
+        for attempt in 0..MAX_RETRIES {
+            let now = self.attempt_now(attempt, start, deadline)?;
+            let (located, resolved) = self.locate_written(key, stats, now).await?;
+            let Some(mut located) = located else {
+                // The key maps to nothing now: it was absent at that moment, which
+                // agrees with either outcome of a delete of a cached register.
+                return Ok(from_cache.map_or(DeleteOutcome::Absent, |(_, _, outcome, _)| outcome));
+            };
+            if resolved && found_deleted == Some(located.register) {
+                // The index, read just now, still maps the key to the register found
+                // deleted: the key was absent when the index was read.
+                return Ok(DeleteOutcome::Absent);
+            }
+            if resolved {
+                self.fence(deadline)?;
+            }
+            let known = match from_cache.take() {
+                // Still the key's register: its delete's outcome stands.
+                Some((register, _, outcome, votes)) if register == located.register => {
+                    Some((outcome, votes))
+                }
+                // The key moved to another register. If this delete's tombstone may be
+                // first on a majority of the cached one, it may be the delete that
+                // removed the value there, and must not remove another.
+                Some((register, loc, DeleteOutcome::Raced, votes)) => {
+                    match self.swarm.first_deleter(&loc, &votes, stats).await? {
+                        FirstDeleter::NotMe => None,
+                        FirstDeleter::Me => return Ok(DeleteOutcome::Raced),
+                        FirstDeleter::Unknown => {
+                            return Err(KvError::DeleteUndecided { register });
+                        }
+                    }
+                }
+                _ => None,
+            };
+            let (outcome, votes) = match known {
+                Some(known) => known,
+                None => {
+                    self.swarm
+                        .delete_with_votes(&located.loc, &mut located.knowledge, stats)
+                        .await?
+                }
+            };
+            if !resolved && outcome != DeleteOutcome::Removed {
+                // Another delete's tombstone was there first somewhere: perhaps long
+                // ago, and the key lives elsewhere now. Ask the index.
+                self.cache.borrow_mut().remove(key);
+                from_cache = Some((located.register, located.loc.clone(), outcome, votes));
+                continue;
+            }
+            match outcome {
+                outcome @ (DeleteOutcome::Removed | DeleteOutcome::Raced) => {
+                    // The tombstone is the delete's linearization point (SWARM
+                    // §5.3.2): the key is gone whatever the unmap does. An index
+                    // that cannot unmap now (contention, a stalled client, a lost
+                    // majority, the deadline) leaves `key → tombstone`, which reads
+                    // as absent and which the next insert of the key replaces. So
+                    // the unmap may also wait until after the delete returned
+                    // (`deferred_unmap`).
+                    if self.deferred.borrow_mut().defer(key, located.register) {
+                        self.cache.borrow_mut().remove(key);
+                        return Ok(outcome);
+                    }
+                    if let Err(error) =
+                        Box::pin(self.forget_deleted(key, located.register, stats, deadline)).await
+                    {
+                        tracing::debug!(%error, register = located.register, "delete: unmapping the tombstoned register failed; the mapping stays (it reads as absent)");
+                    }
+                    return Ok(outcome);
+                }
+                // Already deleted by someone else: the key may live elsewhere now.
+                DeleteOutcome::Absent => {
+                    match Box::pin(self.forget_deleted(key, located.register, stats, deadline))
+                        .await
+                    {
+                        Ok(()) => {}
+                        // The unmap raced other index operations on the key's bucket
+                        // (its deleter's own unmap, a re-insert): look the key up again.
+                        Err(KvError::Index(
+                            error @ (IndexError::OutcomeUnknown { .. }
+                            | IndexError::Contention { .. }),
+                        )) => {
+                            tracing::debug!(%error, register = located.register, "delete: unmapping a register found deleted did not settle; looking the key up again");
+                            found_deleted = Some(located.register);
+                        }
+                        Err(error) => return Err(error),
+                    }
+                }
+            }
+        }
+        Err(KvError::Contended {
+            attempts: MAX_RETRIES,
+        })
+    }
+
+    /// Flushes a deleted register from the cache and unmaps it from the index (a
+    /// no-op if its deleter already did, or a re-insert replaced it). If this call's
+    /// remove is the one that unmapped it, this client owns the register and retires
+    /// it (`crate::registers::recycle`).
+    pub(super) async fn forget_deleted(
+        &self,
+        key: &[u8],
+        register: RegisterId,
+        stats: &OpStats,
+        deadline: Nanos,
+    ) -> Result<(), KvError> {
+        self.cache.borrow_mut().remove(key);
+        self.fence(deadline)?;
+        let fabric = self.swarm.fabric();
+        if self
+            .index
+            .remove_until(fabric, stats, key, register, deadline)
+            .await?
+        {
+            self.retire_marked(register, key.len(), Retired::Unmapped, deadline);
+        }
+        Ok(())
+    }
+}

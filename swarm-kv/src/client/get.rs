@@ -1,0 +1,48 @@
+//! **get** (SWARM §5.3.4): find the key's register in the location cache (or, on a
+//! miss, through the index: one roundtrip), then one Safe-Guess read. The payload
+//! carries the key, so a register that does not hold this key is never mistaken for
+//! it. A tombstone means the cached location is stale: flush it and go through the
+//! index again.
+
+use swarm_core::{Clock, Fabric, OpStats};
+
+use crate::KvError;
+
+use super::{FENCED_ATTEMPTS, KvClient};
+
+impl<F: Fabric, C: Clock> KvClient<F, C> {
+    /// The key's current value, or `None` if it is absent.
+    ///
+    /// An attempt that ran past its deadline (a stall: preemption, a page fault, a
+    /// paused process) is retried, up to [`FENCED_ATTEMPTS`] attempts in all: a read
+    /// that stopped changed nothing a reader could tell.
+    pub async fn get(&self, key: &[u8], stats: &OpStats) -> Result<Option<Vec<u8>>, KvError> {
+        let mut attempt = 1;
+        loop {
+            match self.get_once(key, stats).await {
+                Err(error) if error.is_fenced() && attempt < FENCED_ATTEMPTS => {
+                    tracing::debug!(%error, attempt, "get: stalled past its deadline; retrying");
+                    attempt += 1;
+                }
+                outcome => return outcome,
+            }
+        }
+    }
+
+    async fn get_once(&self, key: &[u8], stats: &OpStats) -> Result<Option<Vec<u8>>, KvError> {
+        self.check_key(key)?;
+        self.hint_cached(key, stats).await;
+        let started = self.begin(stats).await?;
+        if let Some(mut located) = self.cached_at(key, started.start)? {
+            if let Some(value) = self.read_checked(key, &mut located, stats).await? {
+                self.remember(key, &located);
+                return Ok(Some(value));
+            }
+            // Deleted (or never this key's): the cached location is stale.
+            self.cache.borrow_mut().remove(key);
+        }
+        Ok(Box::pin(self.resolve(key, stats))
+            .await?
+            .map(|(_, value)| value))
+    }
+}

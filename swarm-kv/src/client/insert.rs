@@ -1,0 +1,74 @@
+//! **insert** (SWARM §5.3.1): write the key header and the value into a fresh
+//! pre-cleared register (one roundtrip, one batch per replica of a majority:
+//! `swarm_core`'s `Client::write_fresh`), then map the key to it in the index
+//! (`publish`). If the key already maps to a live register the insert becomes an
+//! update of that register; if it maps to a deleted one, the mapping is replaced.
+//! Writing the value *before* publishing the mapping means an indexed register is
+//! never empty, so readers never see a half-inserted key. A fresh register that was
+//! never published is retired (SWARM §5.4): nobody else can know it.
+
+use std::cell::Cell;
+
+use swarm_core::{Clock, Fabric, OpStats, RegisterCache};
+
+use crate::KvError;
+use crate::layout::encode_payload;
+use crate::registers::recycle::Retired;
+
+use super::publish::Published;
+use super::{FENCED_ATTEMPTS, KvClient, Located};
+
+impl<F: Fabric, C: Clock> KvClient<F, C> {
+    /// Inserts `key` (an insert of a present key becomes an update).
+    ///
+    /// An attempt that ran past its deadline is retried (up to [`FENCED_ATTEMPTS`]
+    /// in all): the key ends up holding the value either way.
+    pub async fn insert(&self, key: &[u8], value: &[u8], stats: &OpStats) -> Result<(), KvError> {
+        let mut attempt = 1;
+        loop {
+            match self.insert_once(key, value, stats).await {
+                Err(error) if error.is_fenced() && attempt < FENCED_ATTEMPTS => {
+                    tracing::debug!(%error, attempt, "insert: stalled past its deadline; retrying");
+                    attempt += 1;
+                }
+                outcome => return outcome,
+            }
+        }
+    }
+
+    async fn insert_once(&self, key: &[u8], value: &[u8], stats: &OpStats) -> Result<(), KvError> {
+        self.check_key(key)?;
+        self.check_value(value)?;
+        let payload = encode_payload(key, value);
+        // The operation starts once it has its register: waiting for one (for
+        // retired registers to pass their grace) posts nothing but chunk claims and
+        // resets, which no operation deadline protects.
+        let register = self.allocate_register(&OpStats::new()).await?;
+        let started = self.begin_write(stats).await?;
+        let (start, deadline) = (started.start, started.deadline);
+        let mut fresh = Located {
+            register,
+            loc: self.register_loc(register)?,
+            knowledge: RegisterCache::new(),
+            vouched_at: start,
+        };
+        // Set when an index call could not tell whether it mapped `register`.
+        let uncertain = Cell::new(false);
+        let result =
+            Box::pin(self.publish(key, &payload, &mut fresh, stats, deadline, &uncertain)).await;
+        match &result {
+            Ok(Published::Yes) => {}
+            // Never published: nobody else can know the register (recycle.rs).
+            Ok(Published::No) | Err(_) if !uncertain.get() => {
+                self.retire_marked(register, key.len(), Retired::Unpublished, deadline);
+            }
+            _ => {
+                tracing::debug!(
+                    register,
+                    "insert: the index could not tell whether the fresh register was mapped; it is not recycled"
+                );
+            }
+        }
+        result.map(drop)
+    }
+}

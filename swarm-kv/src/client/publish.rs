@@ -1,0 +1,226 @@
+//! An insert's index publication (SWARM §5.3.1): the fresh register's write and the
+//! first index step travel together — the index's blind fast round rides last in the
+//! register's batch to every node (one roundtrip), or the read of the key's buckets
+//! runs alongside the write — and the insert then maps the key, replaces a deleted
+//! register's mapping (retiring that register, §5.4), or becomes an update of the
+//! key's live register.
+
+use std::cell::Cell;
+
+use swarm_core::fabric::Nanos;
+use swarm_core::{Carried, Clock, Fabric, OpStats, ReadValue, RegisterCache, WriteOutcome};
+
+use crate::index::{BlindInsert, IndexError, InsertOutcome};
+use crate::layout::encode_key_header;
+use crate::registers::recycle::Retired;
+use crate::{KvError, RegisterId};
+
+use super::{KvClient, Located, MAX_RETRIES, RegisterProtocol};
+
+/// How an insert's fresh register ended.
+pub(super) enum Published {
+    /// The key now maps to it.
+    Yes,
+    /// The key was present: the insert updated the existing register instead.
+    No,
+}
+
+impl<F: Fabric, C: Clock> KvClient<F, C> {
+    /// The blind fast round an insert of `key` → `register` carries in its register
+    /// write (index module docs, "one-roundtrip inserts"), or `None` where there is
+    /// none to try: a baseline protocol (no fresh-register write to carry it), fast
+    /// inserts turned off, registers on fewer nodes than the index (the round is
+    /// decided only by every node, and it may only run on a node after the register's
+    /// write there), a node suspected (the round needs every node), or too few of this
+    /// client's recent rounds decided for one more to pay (`blind_policy`).
+    fn blind_insert(
+        &self,
+        key: &[u8],
+        register: RegisterId,
+    ) -> Result<Option<BlindInsert>, KvError> {
+        if self.protocol != RegisterProtocol::SafeGuess
+            || !self.index.config.fast_inserts
+            || usize::from(self.layout.params.replicas) != self.nodes
+            || self.swarm.suspicion().any()
+            || !self.blind.should_try()
+        {
+            return Ok(None);
+        }
+        Ok(Some(self.index.blind_insert(key, register)?))
+    }
+
+    /// One roundtrip (§5.3.1, index "one-roundtrip inserts"): writes `fresh` (key
+    /// `header` at `header_at`, and `payload`) with the index's `blind` fast round
+    /// last in its batch to every node, so that no node maps the register before it
+    /// holds the header and the value. Returns what the blind CAS found on each node
+    /// that answered, and when it was sent.
+    async fn write_fresh_blind(
+        &self,
+        fresh: &mut Located,
+        stats: &OpStats,
+        header_at: u64,
+        header: Vec<u8>,
+        payload: &[u8],
+        blind: &BlindInsert,
+    ) -> Result<(Carried, Nanos), KvError> {
+        // Watched from a recent reading: from a little earlier than the send is the
+        // cautious side (`index::watch`).
+        let sent = self.swarm.fabric().recent_now();
+        let took = self
+            .write_fresh(fresh, stats, header_at, header, payload, Some(blind.op()))
+            .await?;
+        self.blind.record(self.index.blind_decided(&took));
+        Ok((took, sent))
+    }
+
+    /// Writes `fresh` (key header and value) and maps `key` to it, or updates the
+    /// key's existing register if it is present. Sets `uncertain` when an index call
+    /// could not tell whether it mapped `fresh`.
+    pub(super) async fn publish(
+        &self,
+        key: &[u8],
+        payload: &[u8],
+        fresh: &mut Located,
+        stats: &OpStats,
+        deadline: Nanos,
+        uncertain: &Cell<bool>,
+    ) -> Result<Published, KvError> {
+        let fabric = self.swarm.fabric();
+        let register = fresh.register;
+        let header_at = self
+            .layout
+            .key_header(register)
+            .ok_or(KvError::Corrupted { register })?;
+        let header = encode_key_header(key);
+        let mut first = if let Some(blind) = self.blind_insert(key, register)? {
+            let written = self.write_fresh_blind(fresh, stats, header_at, header, payload, &blind);
+            let (took, sent) = match written.await {
+                Ok(written) => written,
+                Err(e) => {
+                    // The CAS may have taken on every node.
+                    uncertain.set(true);
+                    return Err(e);
+                }
+            };
+            if let Err(e) = self.fence(deadline) {
+                uncertain.set(true);
+                return Err(e);
+            }
+            let attempt = self
+                .index
+                .finish_blind(fabric, stats, key, deadline, blind, sent, &took)
+                .await;
+            Some((attempt, sent))
+        } else {
+            // Two steps in flight together, one roundtrip: the key header with the
+            // value, and the read of the key's index buckets (§5.3.1). The index
+            // changes only once the header is on a majority (a register is never
+            // indexed before its key header), in one more roundtrip on the fast path
+            // (`index::fast`).
+            let (write_stats, read_stats) = (stats.branch(), stats.branch());
+            let write = self.write_fresh(fresh, &write_stats, header_at, header, payload, None);
+            let read_sent = fabric.now();
+            let read_index =
+                self.index
+                    .read_for_insert(fabric, &read_stats, key, register, deadline);
+            let (written, index_read) = swarm_core::join(write, read_index).await;
+            stats.join_branches(&[&write_stats, &read_stats]);
+            written?;
+            // Nothing was proposed if the read failed: the register was not mapped.
+            let read = index_read?;
+            self.fence(deadline)?;
+            Some((read.finish(stats).await, read_sent))
+        };
+        for _ in 0..MAX_RETRIES {
+            let (attempt, asked) = match first.take() {
+                Some(first) => first,
+                None => {
+                    self.fence(deadline)?;
+                    let asked = fabric.now();
+                    let attempt = self
+                        .index
+                        .insert_until(fabric, stats, key, register, deadline)
+                        .await;
+                    (attempt, asked)
+                }
+            };
+            let outcome = match attempt {
+                Ok(outcome) => outcome,
+                // The index could not tell whether our mapping took effect (this client
+                // stalled past its acknowledgement window): ask it.
+                Err(IndexError::OutcomeUnknown { .. }) => {
+                    uncertain.set(true);
+                    match self.index.resolve(fabric, stats, key).await? {
+                        Some(r) if r == register => InsertOutcome::Inserted,
+                        Some(other) => InsertOutcome::Exists(other),
+                        None => continue,
+                    }
+                }
+                Err(e) => {
+                    uncertain.set(true);
+                    return Err(e.into());
+                }
+            };
+            match outcome {
+                InsertOutcome::Inserted => {
+                    self.remember(key, fresh);
+                    return Ok(Published::Yes);
+                }
+                InsertOutcome::Exists(existing) => {
+                    let mut old = Located {
+                        register: existing,
+                        loc: self.register_loc(existing)?,
+                        knowledge: RegisterCache::new(),
+                        vouched_at: asked,
+                    };
+                    self.fence(deadline)?;
+                    let value = self.read_register(&mut old, stats).await?;
+                    if value == ReadValue::Deleted {
+                        self.fence(deadline)?;
+                        // Re-insert over a deleted key: take over its mapping.
+                        let replaced = match self
+                            .index
+                            .replace_until(fabric, stats, key, existing, register, deadline)
+                            .await
+                        {
+                            Ok(replaced) => replaced,
+                            // As for the insert above: ask the index what happened.
+                            Err(IndexError::OutcomeUnknown { .. }) => {
+                                uncertain.set(true);
+                                self.index.resolve(fabric, stats, key).await? == Some(register)
+                            }
+                            // Others keep changing the key's bucket: look again.
+                            Err(IndexError::Contention { .. }) => {
+                                uncertain.set(true);
+                                false
+                            }
+                            Err(e) => {
+                                uncertain.set(true);
+                                return Err(e.into());
+                            }
+                        };
+                        if replaced {
+                            self.remember(key, fresh);
+                            // This call unmapped the deleted register: it owns it.
+                            self.retire_marked(existing, key.len(), Retired::Unmapped, deadline);
+                            return Ok(Published::Yes);
+                        }
+                        continue;
+                    }
+                    // The key is present: the insert becomes an update (§5.3.1).
+                    self.fence(deadline)?;
+                    match self.write_register(&mut old, stats, payload).await? {
+                        WriteOutcome::Written => {
+                            self.remember(key, &old);
+                            return Ok(Published::No);
+                        }
+                        WriteOutcome::Deleted => continue,
+                    }
+                }
+            }
+        }
+        Err(KvError::Contended {
+            attempts: MAX_RETRIES,
+        })
+    }
+}

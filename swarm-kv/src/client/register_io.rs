@@ -1,0 +1,171 @@
+//! Reading and writing a key's register with the client's [`RegisterProtocol`]:
+//! SWARM's Safe-Guess (one roundtrip in the common case, SWARM §3.2), or one of the
+//! paper's baselines (§7). A fresh register's first write carries its key header (and,
+//! for a one-roundtrip insert, the index's blind round) in the same batch.
+
+use swarm_core::fabric::Op;
+use swarm_core::quorum::broadcast;
+use swarm_core::{
+    Batch, Carried, Clock, Fabric, FreshOutcome, OpStats, ReadValue, RegisterCache, WriteOutcome,
+};
+
+use crate::KvError;
+use crate::layout::decode_payload;
+
+use super::{KvClient, Located, RegisterProtocol};
+
+impl<F: Fabric, C: Clock> KvClient<F, C> {
+    pub(super) async fn read_register(
+        &self,
+        located: &mut Located,
+        stats: &OpStats,
+    ) -> Result<ReadValue, KvError> {
+        Ok(match self.protocol {
+            RegisterProtocol::SafeGuess => {
+                self.swarm
+                    .read(&located.loc, &mut located.knowledge, stats)
+                    .await?
+            }
+            RegisterProtocol::Abd => {
+                self.swarm
+                    .abd_read(&located.loc, &mut located.knowledge, stats)
+                    .await?
+            }
+            RegisterProtocol::Raw => {
+                let value = self.swarm.raw_read(&located.loc, stats).await?;
+                if matches!(value, ReadValue::Value(_)) {
+                    // RAW keeps no metadata; remember that the register holds a value.
+                    located.knowledge = RegisterCache::holding_raw_value();
+                }
+                value
+            }
+        })
+    }
+
+    /// Writes `payload` into the fresh, unpublished register `fresh` with its key
+    /// `header` (at `header_at`), both on a majority of its replicas. Safe-Guess does
+    /// both in one batch per replica (`swarm_core`'s `write_fresh`: the register races
+    /// nothing before it is published); the baselines write the header next to an
+    /// ordinary write.
+    ///
+    /// With `carried` (Safe-Guess only), that operation rides after the write in every
+    /// replica's batch (`swarm_core`'s `write_fresh_carrying`); returns what it
+    /// returned on each replica that answered (empty without it).
+    pub(super) async fn write_fresh(
+        &self,
+        fresh: &mut Located,
+        stats: &OpStats,
+        header_at: u64,
+        mut header: Vec<u8>,
+        payload: &[u8],
+        carried: Option<Op>,
+    ) -> Result<Carried, KvError> {
+        let header_len = header.len();
+        let fabric = self.swarm.fabric();
+        if self.protocol == RegisterProtocol::SafeGuess {
+            // The header area ends where the register starts: the header, zero-padded
+            // to it, goes in the same write as the value's in-place copy.
+            let area = fresh.loc.addr.saturating_sub(header_at) as usize;
+            if header_len > area {
+                return Err(KvError::Corrupted {
+                    register: fresh.register,
+                });
+            }
+            header.resize(area, 0);
+            let (outcome, outputs) = match carried {
+                None => {
+                    let outcome = self
+                        .swarm
+                        .write_fresh(&fresh.loc, &mut fresh.knowledge, stats, payload, &header)
+                        .await?;
+                    (outcome, Carried::new())
+                }
+                Some(op) => {
+                    self.swarm
+                        .write_fresh_carrying(
+                            &fresh.loc,
+                            &mut fresh.knowledge,
+                            stats,
+                            payload,
+                            &header,
+                            op,
+                        )
+                        .await?
+                }
+            };
+            if outcome == FreshOutcome::Written {
+                return Ok(outputs);
+            }
+            // Not cleared (a recycling bug): the ordinary write handles any state.
+            // The header is already where the replicas answered.
+            let _ = self.write_register(fresh, stats, payload).await?;
+            return Ok(outputs);
+        }
+        let replicas = fresh.loc.replicas.clone();
+        // The header goes to every replica: let their cache misses overlap (the value
+        // write hints its own bytes, `swarm_core`'s write round).
+        let header = &header[..header_len];
+        for &node in replicas.nodes() {
+            fabric.prefetch(node, header_at, header_len as u64);
+        }
+        let (header_stats, value_stats) = (stats.branch(), stats.branch());
+        let write_header = async {
+            let nodes = replicas.nodes().iter().copied();
+            broadcast(fabric, &header_stats, nodes, replicas.quorum(), |_| {
+                Ok(Batch::write(header_at, header.to_vec()))
+            })
+            .await
+            .map(drop)
+        };
+        let write_value = self.write_register(fresh, &value_stats, payload);
+        let (header_written, value_written) = swarm_core::join(write_header, write_value).await;
+        stats.join_branches(&[&header_stats, &value_stats]);
+        header_written?;
+        value_written?;
+        Ok(Carried::new())
+    }
+
+    pub(super) async fn write_register(
+        &self,
+        located: &mut Located,
+        stats: &OpStats,
+        payload: &[u8],
+    ) -> Result<WriteOutcome, KvError> {
+        Ok(match self.protocol {
+            RegisterProtocol::SafeGuess => {
+                self.swarm
+                    .write(&located.loc, &mut located.knowledge, stats, payload)
+                    .await?
+            }
+            RegisterProtocol::Abd => {
+                self.swarm
+                    .abd_write(&located.loc, &mut located.knowledge, stats, payload)
+                    .await?
+            }
+            RegisterProtocol::Raw => {
+                self.swarm.raw_write(&located.loc, stats, payload).await?;
+                // RAW keeps no metadata; remember that the register holds a value.
+                located.knowledge = RegisterCache::holding_raw_value();
+                WriteOutcome::Written
+            }
+        })
+    }
+
+    /// Reads `located`'s register and checks that it holds `key`. `Ok(None)`: the
+    /// register is deleted, empty, or holds another key.
+    pub(super) async fn read_checked(
+        &self,
+        key: &[u8],
+        located: &mut Located,
+        stats: &OpStats,
+    ) -> Result<Option<Vec<u8>>, KvError> {
+        let value = self.read_register(located, stats).await?;
+        let ReadValue::Value(payload) = value else {
+            return Ok(None);
+        };
+        match decode_payload(&payload) {
+            Some((k, v)) if k == key => Ok(Some(v.to_vec())),
+            _ => Ok(None),
+        }
+    }
+}

@@ -1,0 +1,347 @@
+//! What a client does besides its operations: keeping its lease and following the
+//! cluster's configuration (a repaired node's admission), and recycling registers
+//! (SWARM §5.4) — retiring them with a holder mark, stepping their resets, reclaiming
+//! the registers gone clients held (`crate::registers::limbo`), and relieving a log
+//! filled with the values of registers not reset yet.
+
+use swarm_core::fabric::Nanos;
+use swarm_core::{Clock, Fabric, NodeId, OpStats};
+
+use crate::membership::lease_renewal::renew_now;
+use crate::registers::recycle::{ReplicaStatus, Retired};
+use crate::{KvError, RegisterId};
+
+use super::{KvClient, WRITE_SLOTS};
+
+impl<F: Fabric, C: Clock> KvClient<F, C> {
+    /// Puts in service the memory nodes that a newer configuration admits: a renewal
+    /// (whose answers so far are `answers`) read a higher epoch on some node, so a
+    /// repair rebuilt a node and admitted its new incarnation (`crate::repair`).
+    /// Reads the configuration from a majority (one roundtrip) and asks the fabric to
+    /// admit every member incarnation ([`Fabric::admit`]: a no-op for the nodes in
+    /// use). The epoch followed is the one read, not the one a renewal saw: a renewal
+    /// may read the epoch of a record still being written (its checksum not yet), so
+    /// the next renewal answer triggers another read until they agree.
+    async fn follow_configuration(&self, answers: u64) {
+        let fabric = self.swarm.fabric();
+        let stats = OpStats::new();
+        self.config_checked.set(answers);
+        // A silent node must not hold the operation that follows: wait for stragglers
+        // only as long as the protocol waits for a slow node.
+        let straggler_ns = self.swarm.config().slow_after_ns;
+        match crate::repair::read_configuration_within(fabric, &stats, 1, straggler_ns).await {
+            Ok(config) => {
+                let followed = self.followed_epoch();
+                if config.epoch > 0 && config.epoch > followed {
+                    let admitted: Vec<usize> = (0..config.incarnations.len())
+                        .filter(|&i| fabric.admit(NodeId(i as u16), config.incarnations[i]))
+                        .collect();
+                    tracing::info!(
+                        writer = self.registration.writer,
+                        epoch = config.epoch,
+                        ?admitted,
+                        "following the cluster configuration"
+                    );
+                }
+                if config.epoch >= followed {
+                    self.followed.replace(Some(config));
+                }
+            }
+            Err(error) => {
+                tracing::debug!(%error, "cannot read the configuration yet");
+            }
+        }
+    }
+
+    /// The epoch of the configuration this client follows (0: none read yet).
+    fn followed_epoch(&self) -> u64 {
+        self.followed.borrow().as_ref().map_or(0, |c| c.epoch)
+    }
+
+    /// Between operations, and while an insert waits for a register: takes the
+    /// answers of the lease renewal in flight and posts the next one when due, and
+    /// follows a newer configuration a renewal saw (`follow_configuration`). A client
+    /// that waits for retired registers (whose resets need every replica) must still
+    /// admit a repaired node, or it would wait for a reset that only the admission
+    /// lets complete. Returns whether it followed a configuration (a roundtrip: the
+    /// clock has moved).
+    pub(super) async fn upkeep(&self, now: Nanos) -> bool {
+        let (seen, answers) = {
+            let mut lease = self.lease.borrow_mut();
+            lease.tick(self.swarm.fabric(), now);
+            (lease.config_epoch_seen(), lease.renewal_answers())
+        };
+        let follow = seen > self.followed_epoch() && answers > self.config_checked.get();
+        if follow {
+            self.follow_configuration(answers).await;
+        }
+        follow
+    }
+
+    /// Hands the registers whose reset completed to the allocator, and starts the
+    /// resets that are due. Never waits.
+    pub(super) fn recycle_step(&self) {
+        let now = self.swarm.fabric().now();
+        let may_start = self.lease.borrow().valid_for(now, 0);
+        // A pool of a chunk's worth is enough: registers reset beyond it go to any
+        // client that runs out (`crate::registers::recycle`, "donations"); not while a node is out
+        // of service, when pools are what inserts live on until the repair. Asked only
+        // when a reset starts, not on every insert and delete.
+        let donate = || {
+            self.alloc.pooled() >= u64::from(self.layout.params.chunk_registers)
+                && !self.repair_announced()
+                && (0..self.nodes)
+                    .all(|n| self.replica_status(NodeId(n as u16)) == ReplicaStatus::InService)
+        };
+        let ready = self.recycler.step(
+            self.swarm.fabric(),
+            &self.layout,
+            may_start,
+            donate,
+            |r| self.register_loc(r).ok(),
+            |node| self.replica_status(node),
+        );
+        for register in ready {
+            self.alloc.give_back(register);
+        }
+    }
+
+    /// Whether a repair is announced in the configuration this client follows (its
+    /// resets wait for the node being rebuilt until the node is admitted).
+    pub(super) fn repair_announced(&self) -> bool {
+        self.followed
+            .borrow()
+            .as_ref()
+            .is_some_and(|config| config.repairing != 0)
+    }
+
+    /// What a register reset does about `node` (`crate::registers::recycle`, "a node out of
+    /// service"). It may leave the node out only when the memory of its member
+    /// incarnation, in the configuration this client follows, is known lost and no
+    /// lease renewal has shown a newer configuration since (a repair's announcement
+    /// reaches this client through its renewals; `crate::repair`, steps 1 and 2).
+    /// Then, with no repair of the node announced, the reset simply does without
+    /// it; with one announced, it goes through the repair journal
+    /// ([`crate::registers::journal`]), or waits on a cluster without one.
+    fn replica_status(&self, node: NodeId) -> ReplicaStatus {
+        let followed = self.followed.borrow();
+        let Some(config) = followed.as_ref() else {
+            return ReplicaStatus::InService;
+        };
+        let Some(&member) = config.incarnations.get(node.index()) else {
+            return ReplicaStatus::InService;
+        };
+        if config.epoch == 0 || !self.swarm.fabric().memory_lost(node, member) {
+            return ReplicaStatus::InService;
+        }
+        if self.lease.borrow().config_epoch_seen() > config.epoch {
+            return ReplicaStatus::Undecided;
+        }
+        if !config.is_repairing(node.index()) {
+            return ReplicaStatus::Lost;
+        }
+        match crate::registers::journal::journal_node(node, self.nodes) {
+            Some(journal) if self.layout.journal_at.is_some() => {
+                ReplicaStatus::Repairing { journal }
+            }
+            _ => ReplicaStatus::Undecided,
+        }
+    }
+
+    /// Sleeps until the next retired register of this client is due for its reset
+    /// (a millisecond while resets are in flight, or with none retired), or until
+    /// `or_until` if that is sooner; renews the lease first if it lapsed (resets
+    /// start only under a valid lease). Call `recycle_step` after.
+    pub(super) async fn wait_for_resets(&self, or_until: Option<Nanos>) {
+        let fabric = self.swarm.fabric();
+        let _ = self.upkeep(fabric.now()).await;
+        if !self.lease.borrow().valid_for(fabric.now(), 0) {
+            renew_now(&self.lease, fabric, 0).await;
+        }
+        let now = fabric.now();
+        let resetting = self.recycler.resetting();
+        let resets = match self.recycler.next_due() {
+            Some(due) if !resetting => due,
+            None if !resetting && or_until.is_some() => Nanos::MAX,
+            // Resets in flight: look again in a millisecond.
+            _ => now.saturating_add(1_000_000),
+        };
+        let until = resets.min(or_until.unwrap_or(Nanos::MAX));
+        swarm_core::sleep(fabric, until.saturating_sub(now).max(1)).await;
+    }
+
+    /// Adopts the chunks of clients that are no longer registered and takes the
+    /// registers that gone clients held (their limbos and pools, in any chunk, and the
+    /// never-used registers of adopted chunks) into this client's limbo
+    /// (`crate::registers::limbo`): they are handed out after the register grace (donated ones
+    /// after the delivery margin). At most one round per lease period (or register
+    /// grace, if shorter), and only under a valid lease (renewed first if needed):
+    /// the takes are CASes that no operation deadline covers otherwise.
+    pub(super) async fn reclaim_gone_registers(&self) -> Result<(), KvError> {
+        let fabric = self.swarm.fabric();
+        let max_op = self.layout.params.max_op_ns;
+        // A client living on donations needs a pass about as often as registers pass
+        // their grace, where that is shorter than a lease.
+        let interval = self
+            .layout
+            .params
+            .lease_ns
+            .min(self.layout.params.register_grace_ns());
+        self.next_adoption
+            .set(fabric.now().saturating_add(interval));
+        // A pass stops when the lease runs short (its takes are CASes no operation
+        // deadline covers): renewed now unless half a lease is left, it gets at
+        // least that long, and the next pass goes on where this one stopped.
+        let lease_ns = self.layout.params.lease_ns;
+        if !self.lease.borrow().valid_for(fabric.now(), lease_ns / 2) {
+            renew_now(&self.lease, fabric, lease_ns / 2).await;
+        }
+        // A chunk's worth of donations per pass shares scarce ones among the clients
+        // that run dry; half of what the last pass left lets one client drain a
+        // large offer (every register a gone client held, donated as its reclaimer
+        // resets them) in a few passes, not a chunk per `interval`, while leaving
+        // as much to the others.
+        let me = crate::registers::limbo::Reclaimer {
+            token: self.token,
+            tag: self.recycler.tag(),
+            max_donations: u64::from(self.layout.params.chunk_registers)
+                .max(self.donations_left.get() / 2),
+            resume_at: self.reclaim_resume_at.get(),
+        };
+        let reclaimed = crate::registers::limbo::reclaim_gone_registers(
+            fabric,
+            &self.layout,
+            me,
+            || self.lease.borrow().valid_for(fabric.now(), max_op),
+            |r| self.register_loc(r).ok(),
+        )
+        .await?;
+        self.donations_left.set(reclaimed.donations_left);
+        self.reclaim_resume_at.set(reclaimed.resume_at);
+        for chunk in &reclaimed.chunks {
+            self.alloc.adopt(*chunk);
+        }
+        let now = fabric.now();
+        let settled = now.saturating_add(crate::registers::limbo::settle_ns(&self.layout));
+        for (register, kind) in reclaimed.taken {
+            let why = match kind {
+                crate::registers::limbo::Verdict::Limbo => Retired::ReclaimedLimbo,
+                crate::registers::limbo::Verdict::Pool => Retired::ReclaimedPool,
+                crate::registers::limbo::Verdict::Donated => {
+                    self.recycler.take_donation(register, settled);
+                    continue;
+                }
+                crate::registers::limbo::Verdict::Fresh
+                | crate::registers::limbo::Verdict::Keep => Retired::Adopted,
+            };
+            self.recycler.retire(register, now, why);
+        }
+        Ok(())
+    }
+
+    /// Runs a reclamation pass ([`Self::reclaim_gone_registers`], which paces them) when this
+    /// writer's log is seven-eighths full of slots its own recycling is not about to
+    /// give back (in use, not in limbo); with no room left for a write, waits for
+    /// the resets of the registers it retired or took, which free slots.
+    ///
+    /// Such a log holds, besides the values of live keys, the last values of
+    /// registers that clients which came and went had retired but not reset yet:
+    /// each client resets its retired registers only after the register grace, and
+    /// leaves the rest to a reclamation pass when it closes. Those slots come back
+    /// only once the registers are reset (slot-recycling checks then find their writes on
+    /// no replica, `swarm_core::slot_recycling`, rule 3), and passes otherwise run
+    /// only in a client that runs out of registers. A store whose clients come and
+    /// go (one `swarm bench` after another on one cluster) filled a writer's log
+    /// with them first, and its writes waited on a trickle of slots for minutes.
+    pub(super) async fn relieve_log(&self) {
+        let fabric = self.swarm.fabric();
+        let slots = self.layout.params.log_slots;
+        let log = self.swarm.slot_counters();
+        let pressed = log.in_use.saturating_sub(log.in_limbo) >= slots - slots / 8;
+        if pressed && fabric.now() >= self.next_adoption.get() {
+            tracing::debug!(
+                writer = self.registration.writer,
+                in_use = log.in_use,
+                in_limbo = log.in_limbo,
+                carried = log.carried,
+                "log nearly full: reclaiming the registers of gone clients, whose resets free slots"
+            );
+            if let Err(error) = self.reclaim_gone_registers().await {
+                tracing::info!(
+                    writer = self.registration.writer,
+                    %error,
+                    "log nearly full: the reclamation pass failed; writes wait for slots"
+                );
+            }
+        }
+        // What a pass took is reset after the register grace. With no room left for
+        // this write, wait for those resets (up to two graces, as an insert waits for
+        // a register); `make_room_for` then finds the freed slots. (A pass frees no
+        // slot itself: `log` still tells whether there is room.)
+        let room = |in_use: u32| in_use.saturating_add(WRITE_SLOTS) <= slots;
+        if room(log.in_use) || self.recycler.in_limbo() == 0 {
+            return;
+        }
+        let give_up = fabric
+            .now()
+            .saturating_add(self.recycler.grace_ns().saturating_mul(2));
+        tracing::debug!(
+            writer = self.registration.writer,
+            registers_in_limbo = self.recycler.in_limbo(),
+            "log full: waiting for retired registers' resets, which free the slots of their values"
+        );
+        let resets_done = || {
+            let stats = self.recycler.stats();
+            stats.recycled + stats.donated
+        };
+        let mut checked_at = resets_done();
+        while !room(self.swarm.slot_counters().in_use)
+            && self.recycler.in_limbo() > 0
+            && fabric.now() < give_up
+        {
+            self.recycle_step();
+            self.wait_for_resets(None).await;
+            self.recycle_step();
+            // A reset register's value is on no replica any more: a check of every
+            // tracked register frees it (after the slot grace, which `make_room_for`
+            // waits out). Only once resets ended since the last one: a whole check
+            // reads every register this writer has a value in.
+            if resets_done() > checked_at {
+                checked_at = resets_done();
+                let _ = self.swarm.recycle_slots_step(usize::MAX).await;
+                let _ = self.swarm.make_room_for(WRITE_SLOTS).await;
+            }
+        }
+    }
+
+    /// Runs one reclamation pass now, whatever the allocator holds (tests and tools;
+    /// clients run it by themselves when they run out of registers).
+    pub async fn reclaim_gone_registers_now(&self) -> Result<(), KvError> {
+        self.reclaim_gone_registers().await
+    }
+
+    /// Retires `register`, whose key header holds a key of `key_len` bytes, after
+    /// tagging it as this client's on every replica (`crate::registers::limbo`): if this client
+    /// goes away before the register's grace, another reclaims it. The mark is posted
+    /// only before the operation's `deadline`.
+    pub(super) fn retire_marked(
+        &self,
+        register: RegisterId,
+        key_len: usize,
+        why: Retired,
+        deadline: Nanos,
+    ) {
+        let fabric = self.swarm.fabric();
+        if let Ok(loc) = self.register_loc(register) {
+            self.recycler.mark(
+                fabric,
+                &self.layout,
+                register,
+                key_len,
+                loc.replicas.nodes(),
+                deadline,
+            );
+        }
+        self.recycler.retire(register, fabric.now(), why);
+    }
+}
