@@ -12,6 +12,8 @@ use crate::index::IndexError;
 use crate::registers::recycle::Retired;
 use crate::{KvError, RegisterId};
 
+use crate::index::hash::HashedKey;
+
 use super::{FENCED_ATTEMPTS, KvClient, MAX_RETRIES, RegisterProtocol};
 
 impl<F: Fabric, C: Clock> KvClient<F, C> {
@@ -59,7 +61,9 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
                 "delete with the RAW baseline protocol",
             ));
         }
-        self.hint_cached(key, stats).await;
+        // The key is hashed once, for the cache's misses and every index call.
+        let key = &self.index.hash_key(key)?;
+        self.hint_cached(key.bytes(), stats).await;
         let started = self.begin_write(stats).await?;
         // Hand out the registers whose reset completed and start the resets due
         // (never waits): deletes retire registers, so they also move them along.
@@ -118,7 +122,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
             if !resolved && outcome != DeleteOutcome::Removed {
                 // Another delete's tombstone was there first somewhere: perhaps long
                 // ago, and the key lives elsewhere now. Ask the index.
-                self.cache.borrow_mut().remove(key);
+                self.cache.borrow_mut().remove(key.bytes());
                 from_cache = Some((located.register, located.loc.clone(), outcome, votes));
                 continue;
             }
@@ -131,8 +135,12 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
                     // as absent and which the next insert of the key replaces. So
                     // the unmap may also wait until after the delete returned
                     // (`deferred_unmap`).
-                    if self.deferred.borrow_mut().defer(key, located.register) {
-                        self.cache.borrow_mut().remove(key);
+                    if self
+                        .deferred
+                        .borrow_mut()
+                        .defer(key.bytes(), located.register)
+                    {
+                        self.cache.borrow_mut().remove(key.bytes());
                         return Ok(outcome);
                     }
                     if let Err(error) =
@@ -173,20 +181,20 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
     /// it (`crate::registers::recycle`).
     pub(super) async fn forget_deleted(
         &self,
-        key: &[u8],
+        key: &HashedKey<'_>,
         register: RegisterId,
         stats: &OpStats,
         deadline: Nanos,
     ) -> Result<(), KvError> {
-        self.cache.borrow_mut().remove(key);
+        self.cache.borrow_mut().remove(key.bytes());
         self.fence(deadline)?;
         let fabric = self.swarm.fabric();
         if self
             .index
-            .remove_until(fabric, stats, key, register, deadline)
+            .remove_until_hashed(fabric, stats, key, register, deadline)
             .await?
         {
-            self.retire_marked(register, key.len(), Retired::Unmapped, deadline);
+            self.retire_marked(register, key.bytes().len(), Retired::Unmapped, deadline);
         }
         Ok(())
     }

@@ -40,6 +40,8 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         self.check_key(key)?;
         self.check_value(value)?;
         let payload = encode_payload(key, value);
+        // The key is hashed once, for the cache's misses and every index call.
+        let key = &self.index.hash_key(key)?;
         // The operation starts once it has its register: waiting for one (for
         // retired registers to pass their grace) posts nothing but chunk claims and
         // resets, which no operation deadline protects.
@@ -60,7 +62,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
             Ok(Published::Yes) => {}
             // Never published: nobody else can know the register (recycle.rs).
             Ok(Published::No) | Err(_) if !uncertain.get() => {
-                self.retire_marked(register, key.len(), Retired::Unpublished, deadline);
+                self.retire_marked(register, key.bytes().len(), Retired::Unpublished, deadline);
             }
             _ => {
                 tracing::debug!(

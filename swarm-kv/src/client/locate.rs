@@ -10,6 +10,8 @@ use swarm_core::{Clock, Fabric, OpStats, RegisterCache, yield_now};
 use crate::KvError;
 use crate::cache::Location;
 
+use crate::index::hash::HashedKey;
+
 use super::{KvClient, Located};
 
 impl<F: Fabric, C: Clock> KvClient<F, C> {
@@ -57,11 +59,11 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
     /// tells whether the index was asked (time passed: fence before the next step).
     pub(super) async fn locate_written(
         &self,
-        key: &[u8],
+        key: &HashedKey<'_>,
         stats: &OpStats,
         now: Nanos,
     ) -> Result<(Option<Located>, bool), KvError> {
-        match self.cached_at(key, now)? {
+        match self.cached_at(key.bytes(), now)? {
             Some(located) if located.knowledge.knows_a_write() => Ok((Some(located), false)),
             // Boxed, here and on the other rare paths (a get's miss, an insert's
             // publication, an unmap): inline, they would make every operation's future
@@ -79,11 +81,14 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
     /// Finds `key` through the index: the first candidate register that holds it.
     pub(super) async fn resolve(
         &self,
-        key: &[u8],
+        key: &HashedKey<'_>,
         stats: &OpStats,
     ) -> Result<Option<(Located, Vec<u8>)>, KvError> {
         let asked = self.swarm.fabric().now();
-        let candidates = self.index.lookup(self.swarm.fabric(), stats, key).await?;
+        let candidates = self
+            .index
+            .lookup_hashed(self.swarm.fabric(), stats, key)
+            .await?;
         for register in candidates.registers {
             let mut located = Located {
                 register,
@@ -91,8 +96,8 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
                 knowledge: RegisterCache::new(),
                 vouched_at: asked,
             };
-            if let Some(value) = self.read_checked(key, &mut located, stats).await? {
-                self.remember(key, &located);
+            if let Some(value) = self.read_checked(key.bytes(), &mut located, stats).await? {
+                self.remember(key.bytes(), &located);
                 return Ok(Some((located, value)));
             }
         }

@@ -383,4 +383,46 @@ mod tests {
         assert_eq!(register_at(&layout, 0), None);
         assert_eq!(register_at(&layout, u64::MAX), None);
     }
+
+    /// Each operation hashes its key for the index once, at its start, and hands the
+    /// hash to every index call it makes (`HashedKey`): an insert that reads the
+    /// buckets, maps the key, finds it present or replaces a deleted register, a get
+    /// or an update through the cache or the index, a delete and its unmap.
+    #[test]
+    fn every_operation_hashes_its_key_once() {
+        use crate::index::hash::hashed_on_this_thread;
+        use swarm_core::{DeleteOutcome, OpStats, block_on};
+
+        let (cluster, layout) = crate::test_support::small_cluster(1_000 * crate::test_support::MS);
+        let client = crate::test_support::connect(&cluster, layout);
+        let hashes = |op: &dyn Fn()| {
+            let before = hashed_on_this_thread();
+            op();
+            hashed_on_this_thread() - before
+        };
+        let stats = OpStats::new();
+        let insert = |value: &[u8]| {
+            block_on(client.fabric(), client.insert(b"k", value, &stats)).expect("an insert")
+        };
+        assert_eq!(hashes(&|| insert(b"v1")), 1, "an insert of an absent key");
+        assert_eq!(hashes(&|| insert(b"v2")), 1, "an insert of a present key");
+        let get = || {
+            let got = block_on(client.fabric(), client.get(b"k", &stats)).expect("a get");
+            assert_eq!(got.as_deref(), Some(&b"v2"[..]));
+        };
+        assert_eq!(hashes(&get), 1, "a get through the cache");
+        client.cache.borrow_mut().remove(b"k");
+        assert_eq!(hashes(&get), 1, "a get through the index");
+        let update = || {
+            let updated = block_on(client.fabric(), client.update(b"k", b"v3", &stats));
+            assert!(updated.expect("an update"));
+        };
+        assert_eq!(hashes(&update), 1, "an update");
+        let delete = || {
+            let deleted = block_on(client.fabric(), client.delete(b"k", &stats));
+            assert_eq!(deleted.expect("a delete"), DeleteOutcome::Removed);
+        };
+        assert_eq!(hashes(&delete), 1, "a delete and its unmap");
+        assert_eq!(hashes(&|| insert(b"v4")), 1, "an insert after a delete");
+    }
 }

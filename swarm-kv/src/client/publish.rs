@@ -15,6 +15,8 @@ use crate::layout::encode_key_header;
 use crate::registers::recycle::Retired;
 use crate::{KvError, RegisterId};
 
+use crate::index::hash::HashedKey;
+
 use super::{KvClient, Located, MAX_RETRIES, RegisterProtocol};
 
 /// How an insert's fresh register ended.
@@ -35,7 +37,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
     /// client's recent rounds decided for one more to pay (`blind_policy`).
     fn blind_insert(
         &self,
-        key: &[u8],
+        key: &HashedKey<'_>,
         register: RegisterId,
     ) -> Result<Option<BlindInsert>, KvError> {
         if self.protocol != RegisterProtocol::SafeGuess
@@ -46,7 +48,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         {
             return Ok(None);
         }
-        Ok(Some(self.index.blind_insert(key, register)?))
+        Ok(Some(self.index.blind_insert_hashed(key, register)?))
     }
 
     /// One roundtrip (§5.3.1, index "one-roundtrip inserts"): writes `fresh` (key
@@ -78,7 +80,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
     /// could not tell whether it mapped `fresh`.
     pub(super) async fn publish(
         &self,
-        key: &[u8],
+        key: &HashedKey<'_>,
         payload: &[u8],
         fresh: &mut Located,
         stats: &OpStats,
@@ -91,7 +93,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
             .layout
             .key_header(register)
             .ok_or(KvError::Corrupted { register })?;
-        let header = encode_key_header(key);
+        let header = encode_key_header(key.bytes());
         let mut first = if let Some(blind) = self.blind_insert(key, register)? {
             let written = self.write_fresh_blind(fresh, stats, header_at, header, payload, &blind);
             let (took, sent) = match written.await {
@@ -108,7 +110,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
             }
             let attempt = self
                 .index
-                .finish_blind(fabric, stats, key, deadline, blind, sent, &took)
+                .finish_blind_hashed(fabric, stats, *key, deadline, blind, sent, &took)
                 .await;
             Some((attempt, sent))
         } else {
@@ -122,7 +124,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
             let read_sent = fabric.now();
             let read_index =
                 self.index
-                    .read_for_insert(fabric, &read_stats, key, register, deadline);
+                    .read_for_insert_hashed(fabric, &read_stats, *key, register, deadline);
             let (written, index_read) = swarm_core::join(write, read_index).await;
             stats.join_branches(&[&write_stats, &read_stats]);
             written?;
@@ -139,7 +141,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
                     let asked = fabric.now();
                     let attempt = self
                         .index
-                        .insert_until(fabric, stats, key, register, deadline)
+                        .insert_until_hashed(fabric, stats, *key, register, deadline)
                         .await;
                     (attempt, asked)
                 }
@@ -150,7 +152,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
                 // stalled past its acknowledgement window): ask it.
                 Err(IndexError::OutcomeUnknown { .. }) => {
                     uncertain.set(true);
-                    match self.index.resolve(fabric, stats, key).await? {
+                    match self.index.resolve_hashed(fabric, stats, key).await? {
                         Some(r) if r == register => InsertOutcome::Inserted,
                         Some(other) => InsertOutcome::Exists(other),
                         None => continue,
@@ -163,7 +165,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
             };
             match outcome {
                 InsertOutcome::Inserted => {
-                    self.remember(key, fresh);
+                    self.remember(key.bytes(), fresh);
                     return Ok(Published::Yes);
                 }
                 InsertOutcome::Exists(existing) => {
@@ -180,14 +182,15 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
                         // Re-insert over a deleted key: take over its mapping.
                         let replaced = match self
                             .index
-                            .replace_until(fabric, stats, key, existing, register, deadline)
+                            .replace_until_hashed(fabric, stats, key, existing, register, deadline)
                             .await
                         {
                             Ok(replaced) => replaced,
                             // As for the insert above: ask the index what happened.
                             Err(IndexError::OutcomeUnknown { .. }) => {
                                 uncertain.set(true);
-                                self.index.resolve(fabric, stats, key).await? == Some(register)
+                                self.index.resolve_hashed(fabric, stats, key).await?
+                                    == Some(register)
                             }
                             // Others keep changing the key's bucket: look again.
                             Err(IndexError::Contention { .. }) => {
@@ -200,9 +203,14 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
                             }
                         };
                         if replaced {
-                            self.remember(key, fresh);
+                            self.remember(key.bytes(), fresh);
                             // This call unmapped the deleted register: it owns it.
-                            self.retire_marked(existing, key.len(), Retired::Unmapped, deadline);
+                            self.retire_marked(
+                                existing,
+                                key.bytes().len(),
+                                Retired::Unmapped,
+                                deadline,
+                            );
                             return Ok(Published::Yes);
                         }
                         continue;
@@ -211,7 +219,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
                     self.fence(deadline)?;
                     match self.write_register(&mut old, stats, payload).await? {
                         WriteOutcome::Written => {
-                            self.remember(key, &old);
+                            self.remember(key.bytes(), &old);
                             return Ok(Published::No);
                         }
                         WriteOutcome::Deleted => continue,

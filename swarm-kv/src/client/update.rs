@@ -44,7 +44,9 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         self.check_key(key)?;
         self.check_value(value)?;
         let payload = encode_payload(key, value);
-        self.hint_cached(key, stats).await;
+        // The key is hashed once, for the cache's misses and every index call.
+        let key = &self.index.hash_key(key)?;
+        self.hint_cached(key.bytes(), stats).await;
         let started = self.begin_write(stats).await?;
         let (start, deadline) = (started.start, started.deadline);
         for attempt in 0..MAX_RETRIES {
@@ -58,7 +60,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
             }
             match self.write_register(&mut located, stats, &payload).await? {
                 WriteOutcome::Written => {
-                    self.remember(key, &located);
+                    self.remember(key.bytes(), &located);
                     return Ok(true);
                 }
                 WriteOutcome::Deleted => {

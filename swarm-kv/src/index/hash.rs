@@ -26,6 +26,8 @@ pub struct KeyHash {
 impl KeyHash {
     /// Hashes `key` for an index of `buckets` buckets (a power of two).
     pub fn new(key: &[u8], buckets: u64) -> Self {
+        #[cfg(test)]
+        HASHED.with(|hashed| hashed.set(hashed.get() + 1));
         let h1 = xxh3_64_with_seed(key, SEED_FIRST);
         let h2 = xxh3_64_with_seed(key, SEED_SECOND);
         let mask = buckets.max(1) - 1;
@@ -51,6 +53,47 @@ impl KeyHash {
     pub fn matches(&self, fp: u32) -> bool {
         fp == 0 || fp == self.fp
     }
+}
+
+/// A key with its [`KeyHash`], hashed once (by [`crate::index::Index::hash_key`],
+/// which also checks its length) for everything one KV operation asks of the index.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HashedKey<'k> {
+    bytes: &'k [u8],
+    hash: KeyHash,
+}
+
+impl<'k> HashedKey<'k> {
+    /// `key`, whose length the caller checked, hashed for an index of `buckets`.
+    pub(crate) fn new(key: &'k [u8], buckets: u64) -> Self {
+        Self {
+            bytes: key,
+            hash: KeyHash::new(key, buckets),
+        }
+    }
+
+    /// The key's bytes.
+    pub fn bytes(&self) -> &'k [u8] {
+        self.bytes
+    }
+
+    /// The key's candidate buckets and fingerprint.
+    pub fn hash(&self) -> KeyHash {
+        self.hash
+    }
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Keys hashed by this thread ([`KeyHash::new`] calls), for tests that count
+    /// hashes per operation.
+    static HASHED: core::cell::Cell<u64> = const { core::cell::Cell::new(0) };
+}
+
+/// Keys this thread hashed so far (tests: an operation hashes its key once).
+#[cfg(test)]
+pub(crate) fn hashed_on_this_thread() -> u64 {
+    HASHED.with(|hashed| hashed.get())
 }
 
 #[cfg(test)]

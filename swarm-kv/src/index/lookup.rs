@@ -13,7 +13,7 @@ use swarm_core::{Fabric, OpStats};
 
 use super::bucket::Status;
 use super::engine::{Engine, MAX_BUCKETS, Settled};
-use super::hash::KeyHash;
+use super::hash::{HashedKey, KeyHash};
 use super::header;
 use super::word::{Ballot, SLOTS, Slot};
 use super::{Candidates, Index, IndexError, RegisterId};
@@ -88,9 +88,9 @@ pub async fn lookup<F: Fabric>(
     ix: &Index,
     fabric: &F,
     stats: &OpStats,
-    key: &[u8],
+    key: &HashedKey<'_>,
 ) -> Result<Candidates, IndexError> {
-    let hash = ix.hash(key)?;
+    let hash = key.hash();
     let mut eng = Engine::new(ix, fabric, stats, &hash.buckets(), u64::from(hash.fp));
     let states = settled(&mut eng).await?;
     let (tags, registers) = candidates(&states, &hash).into_iter().unzip();
@@ -102,13 +102,13 @@ pub async fn resolve<F: Fabric>(
     ix: &Index,
     fabric: &F,
     stats: &OpStats,
-    key: &[u8],
+    key: &HashedKey<'_>,
 ) -> Result<Option<RegisterId>, IndexError> {
     let found = lookup(ix, fabric, stats, key).await?;
     if found.registers.is_empty() {
         return Ok(None);
     }
-    let same = header::verify(ix, fabric, stats, &found.registers, key).await?;
+    let same = header::verify(ix, fabric, stats, &found.registers, key.bytes()).await?;
     Ok(found
         .registers
         .iter()

@@ -315,7 +315,7 @@ pub use header::HEADER_REREADS;
 pub use word::{MAX_REGISTERS, SLOTS};
 
 use crate::layout::NodeLayout;
-use hash::KeyHash;
+use hash::{HashedKey, KeyHash};
 
 /// A register slot number in the register area (`NodeLayout::register`).
 pub type RegisterId = u64;
@@ -486,6 +486,12 @@ impl Index {
     }
 
     pub(crate) fn hash(&self, key: &[u8]) -> Result<KeyHash, IndexError> {
+        self.hash_key(key).map(|key| key.hash())
+    }
+
+    /// `key` with its candidate buckets and fingerprint, after checking its length:
+    /// hashed once for the `..._hashed` calls of one operation.
+    pub fn hash_key<'k>(&self, key: &'k [u8]) -> Result<HashedKey<'k>, IndexError> {
         if key.is_empty() {
             return Err(IndexError::EmptyKey);
         }
@@ -495,7 +501,7 @@ impl Index {
                 max: self.layout.params.key_max,
             });
         }
-        Ok(KeyHash::new(key, self.layout.params.index_buckets))
+        Ok(HashedKey::new(key, self.layout.params.index_buckets))
     }
 
     pub(crate) fn check_register(&self, register: RegisterId) -> Result<(), IndexError> {
@@ -564,6 +570,18 @@ impl Index {
         key: &[u8],
     ) -> Result<Candidates, IndexError> {
         self.check_fabric(fabric)?;
+        let key = self.hash_key(key)?;
+        self.lookup_hashed(fabric, stats, &key).await
+    }
+
+    /// [`Index::lookup`] of a key hashed already ([`Index::hash_key`]).
+    pub async fn lookup_hashed<F: Fabric>(
+        &self,
+        fabric: &F,
+        stats: &OpStats,
+        key: &HashedKey<'_>,
+    ) -> Result<Candidates, IndexError> {
+        self.check_fabric(fabric)?;
         lookup::lookup(self, fabric, stats, key).await
     }
 
@@ -574,6 +592,18 @@ impl Index {
         fabric: &F,
         stats: &OpStats,
         key: &[u8],
+    ) -> Result<Option<RegisterId>, IndexError> {
+        self.check_fabric(fabric)?;
+        let key = self.hash_key(key)?;
+        self.resolve_hashed(fabric, stats, &key).await
+    }
+
+    /// [`Index::resolve`] of a key hashed already ([`Index::hash_key`]).
+    pub async fn resolve_hashed<F: Fabric>(
+        &self,
+        fabric: &F,
+        stats: &OpStats,
+        key: &HashedKey<'_>,
     ) -> Result<Option<RegisterId>, IndexError> {
         self.check_fabric(fabric)?;
         lookup::resolve(self, fabric, stats, key).await
@@ -605,6 +635,21 @@ impl Index {
         deadline: Nanos,
     ) -> Result<InsertOutcome, IndexError> {
         self.check_fabric(fabric)?;
+        let key = self.hash_key(key)?;
+        self.insert_until_hashed(fabric, stats, key, register, deadline)
+            .await
+    }
+
+    /// [`Index::insert_until`] of a key hashed already ([`Index::hash_key`]).
+    pub async fn insert_until_hashed<F: Fabric>(
+        &self,
+        fabric: &F,
+        stats: &OpStats,
+        key: HashedKey<'_>,
+        register: RegisterId,
+        deadline: Nanos,
+    ) -> Result<InsertOutcome, IndexError> {
+        self.check_fabric(fabric)?;
         update::insert(self, fabric, stats, key, register, deadline).await
     }
 
@@ -622,6 +667,21 @@ impl Index {
         deadline: Nanos,
     ) -> Result<InsertRead<'a, F>, IndexError> {
         self.check_fabric(fabric)?;
+        let key = self.hash_key(key)?;
+        self.read_for_insert_hashed(fabric, stats, key, register, deadline)
+            .await
+    }
+
+    /// [`Index::read_for_insert`] of a key hashed already ([`Index::hash_key`]).
+    pub async fn read_for_insert_hashed<'a, F: Fabric>(
+        &'a self,
+        fabric: &'a F,
+        stats: &'a OpStats,
+        key: HashedKey<'a>,
+        register: RegisterId,
+        deadline: Nanos,
+    ) -> Result<InsertRead<'a, F>, IndexError> {
+        self.check_fabric(fabric)?;
         update::read_for_insert(self, fabric, stats, key, register, deadline).await
     }
 
@@ -632,6 +692,15 @@ impl Index {
     pub fn blind_insert(
         &self,
         key: &[u8],
+        register: RegisterId,
+    ) -> Result<BlindInsert, IndexError> {
+        self.blind_insert_hashed(&self.hash_key(key)?, register)
+    }
+
+    /// [`Index::blind_insert`] of a key hashed already ([`Index::hash_key`]).
+    pub fn blind_insert_hashed(
+        &self,
+        key: &HashedKey<'_>,
         register: RegisterId,
     ) -> Result<BlindInsert, IndexError> {
         update::blind_insert(self, key, register)
@@ -657,6 +726,24 @@ impl Index {
         fabric: &F,
         stats: &OpStats,
         key: &[u8],
+        deadline: Nanos,
+        blind: BlindInsert,
+        sent: Nanos,
+        took: &[(NodeId, OpOutput)],
+    ) -> Result<InsertOutcome, IndexError> {
+        self.check_fabric(fabric)?;
+        let key = self.hash_key(key)?;
+        self.finish_blind_hashed(fabric, stats, key, deadline, blind, sent, took)
+            .await
+    }
+
+    /// [`Index::finish_blind`] of a key hashed already ([`Index::hash_key`]).
+    #[allow(clippy::too_many_arguments)]
+    pub async fn finish_blind_hashed<F: Fabric>(
+        &self,
+        fabric: &F,
+        stats: &OpStats,
+        key: HashedKey<'_>,
         deadline: Nanos,
         blind: BlindInsert,
         sent: Nanos,
@@ -692,7 +779,27 @@ impl Index {
         deadline: Nanos,
     ) -> Result<bool, IndexError> {
         self.check_fabric(fabric)?;
-        update::change(self, fabric, stats, key, register, None, None, deadline).await
+        let key = self.hash_key(key)?;
+        self.remove_until_hashed(fabric, stats, &key, register, deadline)
+            .await
+    }
+
+    /// [`Index::remove_until`] of a key hashed already ([`Index::hash_key`]).
+    pub async fn remove_until_hashed<F: Fabric>(
+        &self,
+        fabric: &F,
+        stats: &OpStats,
+        key: &HashedKey<'_>,
+        register: RegisterId,
+        deadline: Nanos,
+    ) -> Result<bool, IndexError> {
+        self.check_fabric(fabric)?;
+        let change = update::Change {
+            old: register,
+            new: None,
+            tag: None,
+        };
+        update::change(self, fabric, stats, key, change, deadline).await
     }
 
     /// [`Index::remove_until`], but only of the mapping whose slot still carries
@@ -714,17 +821,13 @@ impl Index {
         deadline: Nanos,
     ) -> Result<bool, IndexError> {
         self.check_fabric(fabric)?;
-        update::change(
-            self,
-            fabric,
-            stats,
-            key,
-            register,
-            None,
-            Some(tag),
-            deadline,
-        )
-        .await
+        let key = self.hash_key(key)?;
+        let change = update::Change {
+            old: register,
+            new: None,
+            tag: Some(tag),
+        };
+        update::change(self, fabric, stats, &key, change, deadline).await
     }
 
     /// Replaces the mapping `key → old` by `key → new` in place (SWARM §5.3.1:
@@ -754,7 +857,28 @@ impl Index {
         deadline: Nanos,
     ) -> Result<bool, IndexError> {
         self.check_fabric(fabric)?;
-        update::change(self, fabric, stats, key, old, Some(new), None, deadline).await
+        let key = self.hash_key(key)?;
+        self.replace_until_hashed(fabric, stats, &key, old, new, deadline)
+            .await
+    }
+
+    /// [`Index::replace_until`] of a key hashed already ([`Index::hash_key`]).
+    pub async fn replace_until_hashed<F: Fabric>(
+        &self,
+        fabric: &F,
+        stats: &OpStats,
+        key: &HashedKey<'_>,
+        old: RegisterId,
+        new: RegisterId,
+        deadline: Nanos,
+    ) -> Result<bool, IndexError> {
+        self.check_fabric(fabric)?;
+        let change = update::Change {
+            old,
+            new: Some(new),
+            tag: None,
+        };
+        update::change(self, fabric, stats, key, change, deadline).await
     }
 
     /// Number of mapped slots on one node (approximate: that node may lag behind the

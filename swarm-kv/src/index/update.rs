@@ -15,7 +15,7 @@ use super::bucket::{Status, View, first_free_slot, free_slots};
 use super::engine::{Engine, MAX_BUCKETS, Settled};
 use super::error::HeaderProblem;
 use super::fast;
-use super::hash::KeyHash;
+use super::hash::{HashedKey, KeyHash};
 use super::header;
 use super::lookup::{candidates, settled};
 use super::watch::Fate;
@@ -169,8 +169,7 @@ async fn wait_ack<F: Fabric>(
 pub struct InsertRead<'a, F: Fabric> {
     eng: Engine<'a, F>,
     views: heapless::Vec<View, MAX_BUCKETS>,
-    key: &'a [u8],
-    hash: KeyHash,
+    key: HashedKey<'a>,
     register: RegisterId,
 }
 
@@ -179,29 +178,12 @@ pub async fn insert<F: Fabric>(
     ix: &Index,
     fabric: &F,
     stats: &OpStats,
-    key: &[u8],
+    key: HashedKey<'_>,
     register: RegisterId,
     deadline: Nanos,
 ) -> Result<InsertOutcome, IndexError> {
     let read = read_for_insert(ix, fabric, stats, key, register, deadline).await?;
     finish_insert(read, stats).await
-}
-
-/// The engine of an insert of `key` → `register`, and the key's hash.
-fn insert_engine<'a, F: Fabric>(
-    ix: &'a Index,
-    fabric: &'a F,
-    stats: &'a OpStats,
-    key: &[u8],
-    register: RegisterId,
-    deadline: Nanos,
-) -> Result<(Engine<'a, F>, KeyHash), IndexError> {
-    let hash = ix.hash(key)?;
-    ix.check_register(register)?;
-    Ok((
-        hashed_insert_engine(ix, fabric, stats, hash, register, deadline),
-        hash,
-    ))
 }
 
 /// The engine of an insert of the key of `hash` → `register` (both checked).
@@ -228,17 +210,17 @@ pub async fn read_for_insert<'a, F: Fabric>(
     ix: &'a Index,
     fabric: &'a F,
     stats: &'a OpStats,
-    key: &'a [u8],
+    key: HashedKey<'a>,
     register: RegisterId,
     deadline: Nanos,
 ) -> Result<InsertRead<'a, F>, IndexError> {
-    let (mut eng, hash) = insert_engine(ix, fabric, stats, key, register, deadline)?;
+    ix.check_register(register)?;
+    let mut eng = hashed_insert_engine(ix, fabric, stats, key.hash(), register, deadline);
     let views = eng.read().await?;
     Ok(InsertRead {
         eng,
         views,
         key,
-        hash,
         register,
     })
 }
@@ -246,10 +228,10 @@ pub async fn read_for_insert<'a, F: Fabric>(
 /// `Index::blind_insert`.
 pub fn blind_insert(
     ix: &Index,
-    key: &[u8],
+    key: &HashedKey<'_>,
     register: RegisterId,
 ) -> Result<fast::BlindInsert, IndexError> {
-    let hash = ix.hash(key)?;
+    let hash = key.hash();
     ix.check_register(register)?;
     Ok(fast::BlindInsert::new(
         hash,
@@ -264,14 +246,14 @@ pub async fn finish_blind<F: Fabric>(
     ix: &Index,
     fabric: &F,
     stats: &OpStats,
-    key: &[u8],
+    key: HashedKey<'_>,
     deadline: Nanos,
     blind: fast::BlindInsert,
     sent: Nanos,
     took: &[(NodeId, OpOutput)],
 ) -> Result<InsertOutcome, IndexError> {
     // `blind_insert` hashed the key and checked the register.
-    debug_assert_eq!(ix.hash(key).ok(), Some(blind.hash), "another key's round");
+    debug_assert_eq!(key.hash(), blind.hash, "another key's round");
     let (hash, register) = (blind.hash, blind.register);
     let mut eng = hashed_insert_engine(ix, fabric, stats, hash, register, deadline);
     if eng.learn_blind(&blind, took, sent) {
@@ -284,7 +266,6 @@ pub async fn finish_blind<F: Fabric>(
             eng,
             views,
             key,
-            hash,
             register,
         },
         stats,
@@ -311,9 +292,10 @@ async fn finish_insert<'a, F: Fabric>(
         mut eng,
         views,
         key,
-        hash,
         register,
     } = read;
+    let hash = key.hash();
+    let key = key.bytes();
     eng.stats = stats;
     let ix = eng.index();
     let fabric = eng.fabric;
@@ -441,6 +423,18 @@ async fn finish_insert<'a, F: Fabric>(
     })
 }
 
+/// What [`change`] does to a key's mapping: unmap `old` (`new == None`, `Index::remove`)
+/// or map the key to `new` in its place (`Index::replace`); with `tag`, only the
+/// mapping whose slot still carries it (`Index::remove_tagged_until`).
+pub struct Change {
+    /// The register the key must map to.
+    pub old: RegisterId,
+    /// The register it maps to afterwards (`None`: unmapped).
+    pub new: Option<RegisterId>,
+    /// The slot tag the mapping must still carry.
+    pub tag: Option<Ballot>,
+}
+
 /// `Index::remove` (`new == None`) and `Index::replace` (`new == Some(_)`): changes
 /// the slot mapping `old`, if `key` maps to it.
 #[allow(clippy::too_many_arguments)] // the index's internal step; its callers name each one
@@ -448,13 +442,13 @@ pub async fn change<F: Fabric>(
     ix: &Index,
     fabric: &F,
     stats: &OpStats,
-    key: &[u8],
-    old: RegisterId,
-    new: Option<RegisterId>,
-    tag: Option<Ballot>,
+    key: &HashedKey<'_>,
+    change: Change,
     deadline: Nanos,
 ) -> Result<bool, IndexError> {
-    let hash = ix.hash(key)?;
+    let Change { old, new, tag } = change;
+    let hash = key.hash();
+    let key = key.bytes();
     ix.check_register(old)?;
     if let Some(new) = new {
         ix.check_register(new)?;
