@@ -82,10 +82,12 @@
 //! The root holds what an application needs: [`Client`] and its operations' types,
 //! [`Layout`], [`Replicas`]/[`RegisterLoc`], [`OpStats`], [`block_on`] and
 //! [`LocalExecutor`], the in-process fabric [`MemCluster`], the [`Clock`] trait, and
-//! the error types. Five modules are public on purpose: [`fabric`] (the transport
+//! the error types. Six modules are public on purpose: [`fabric`] (the transport
 //! contract) and [`header`] for transport implementers, [`encoding`] and [`layout`]
-//! for the on-memory formats, [`exec`] for the executor contract; [`quorum`] and
-//! [`resume`] are the quorum steps and the log scan that stores built on the core
+//! for the on-memory formats, [`exec`] for the executor contract, and [`units`]
+//! (`units::parse_size`) for the tools that size memory nodes, kept off the root,
+//! which is the protocol's; [`quorum`] and [`resume`] are the quorum steps and the
+//! log scan that stores built on the core
 //! (SWARM-KV) reuse. The protocol layers themselves (max register, In-n-Out,
 //! timestamp locks, Safe-Guess, DM-ABD) are private: their behaviour is [`Client`]'s.
 //!
@@ -110,6 +112,7 @@ pub mod exec;
 pub mod fabric;
 pub mod header;
 pub mod layout;
+pub mod units;
 pub mod words;
 
 mod clock;
@@ -117,7 +120,6 @@ mod mem;
 mod protocol;
 mod roundtrip;
 mod sync;
-mod units;
 
 pub use clock::{Clock, FixedClock};
 pub use exec::{
@@ -141,4 +143,3 @@ pub use protocol::{
 pub use roundtrip::{
     DeadlineScope, MAX_NODES, OpStats, Roundtrip, WaitOutcome, post_background, post_background_for,
 };
-pub use units::{SizeError, parse_size};

@@ -157,9 +157,9 @@ fn check_host_port(addr: &str, any_port: bool) -> Result<(), RdmaError> {
     }
 }
 
-/// Parses a memory size such as `4GiB` or `512MiB` ([`swarm_core::parse_size`]).
+/// Parses a memory size such as `4GiB` or `512MiB` ([`swarm_core::units::parse_size`]).
 pub fn parse_size(text: &str) -> Result<u64, RdmaError> {
-    swarm_core::parse_size(text)
+    swarm_core::units::parse_size(text)
         .map_err(|e| RdmaError::Config(format!("size {text:?} is invalid: {e}")))
 }
 

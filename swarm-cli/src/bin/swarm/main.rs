@@ -286,7 +286,7 @@ impl ParamArgs {
 }
 
 fn parse_size(text: &str) -> Result<u64> {
-    swarm_core::parse_size(text).with_context(|| {
+    swarm_core::units::parse_size(text).with_context(|| {
         format!("invalid size {text:?}: use e.g. 64MiB, 1GiB or a number of bytes")
     })
 }
