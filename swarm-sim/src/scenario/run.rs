@@ -1,0 +1,248 @@
+//! The runner glue: [`run`] builds the simulated world, spawns each client's lanes
+//! and background tasks, drives the simulation to its end and gathers the
+//! [`super::Outcome`].
+
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::vec::Vec;
+
+use crate::{Fault, SimClock, SimError, SimFabric, SimRng, SimRunner, SimWorld};
+use swarm_checker::History;
+use swarm_core::fabric::NodeId;
+use swarm_core::header::HEADER_SIZE;
+use swarm_core::layout::Layout;
+use swarm_core::{Client, Fabric};
+use swarm_core::{ProtocolConfig, RegisterLoc, Replicas};
+
+use super::config::{Recycling, Scenario};
+use super::faults::{random_skew, schedule_faults, schedule_slow_links, sim_config, wipe_copies};
+use super::incarnations::{Incarnations, SentWrites, crash_restart_writes, incarnations_task};
+use super::outcome::{Outcome, Record};
+
+/// The register a log record names, from its address (untrusted: checked).
+pub(super) fn locate(layout: &Layout, replicas: u16, addr: u64) -> Option<RegisterLoc> {
+    let offset = addr.checked_sub(HEADER_SIZE)?;
+    let index = u32::try_from(offset / layout.register_bytes()).ok()?;
+    (offset % layout.register_bytes() == 0).then(|| register(layout, replicas, index))
+}
+
+/// Register number `index` of a scenario's layout.
+pub(super) fn register(layout: &Layout, replicas: u16, index: u32) -> RegisterLoc {
+    RegisterLoc {
+        addr: HEADER_SIZE + u64::from(index) * layout.register_bytes(),
+        replicas: Replicas::all(usize::from(replicas), u64::from(index))
+            .unwrap_or_else(|_| Replicas::all(3, u64::from(index)).expect("3 replicas are valid")),
+    }
+}
+
+/// Which register holds each key now, in the key-value model: a key absent from
+/// the start or after a delete has none until an insert publishes a fresh register
+/// with the value already written (as SWARM-KV's index does, §5.3.1). Publishing is
+/// an atomic compare-and-set in virtual time, so it is the insert's linearization
+/// point, and every operation on a register started before the key moved away
+/// from it.
+pub(super) struct Directory {
+    pub(super) current: Vec<Option<u32>>,
+    next_free: u32,
+    capacity: u32,
+}
+
+impl Directory {
+    fn new(keys: u32, capacity: u32) -> Self {
+        Self {
+            current: (0..keys).map(|_| None).collect(),
+            next_free: 0,
+            capacity,
+        }
+    }
+
+    pub(super) fn allocate(&mut self) -> Option<u32> {
+        (self.next_free < self.capacity).then(|| {
+            self.next_free += 1;
+            self.next_free - 1
+        })
+    }
+}
+
+/// Runs `scenario`; fails only if the simulation stalls or exceeds its time limit
+/// (a wait-freedom violation while a majority is alive).
+pub fn run(scenario: &Scenario) -> Result<Outcome, SimError> {
+    let writers = scenario.clients.max(1) as u16;
+    // Without recycling every write uses a fresh log slot, a rewrite or an insert
+    // into a fresh register one more: size the logs for it.
+    let slots = match scenario.recycling {
+        Some(r) => r.log_slots,
+        None => (scenario.ops_per_client * 3 + 16).next_power_of_two(),
+    };
+    // With deletes, a key may move to a fresh register at every insert.
+    let registers = if scenario.key_value() {
+        scenario.clients * scenario.ops_per_client + scenario.keys
+    } else {
+        scenario.keys
+    };
+    let shape = |log_base| {
+        Layout::builder()
+            .payload_max(scenario.payload_max)
+            .meta_words(scenario.meta_words)
+            .log_base(log_base)
+            .writers(writers)
+            .slots_per_writer(slots)
+            .build()
+    };
+    let register_bytes = shape(0)
+        .expect("scenario layouts are valid")
+        .register_bytes();
+    let registers_end = HEADER_SIZE + u64::from(registers) * register_bytes;
+    // The tick-ceiling words of crash restarts, one per writer id, after the registers.
+    let ceilings = registers_end.next_multiple_of(8);
+    let logs_from = if scenario.crash_restarts {
+        ceilings + 8 * u64::from(writers)
+    } else {
+        registers_end
+    };
+    let layout = shape(logs_from.next_multiple_of(4096)).expect("scenario layouts are valid");
+    let node_bytes = (layout.log_base() + layout.log_bytes()) as usize;
+    let mut rng = SimRng::new(scenario.seed ^ 0x5ca1_ab1e);
+    let config = sim_config(scenario, node_bytes);
+    let world = SimWorld::new(scenario.seed, config);
+    let sent = Rc::new(RefCell::new(SentWrites::default()));
+    if scenario.crash_restarts {
+        let sent = sent.clone();
+        world.observe_posts(move |client, _, batch| {
+            sent.borrow_mut().see(&layout, ceilings, client, batch);
+        });
+    }
+    let mut runner = SimRunner::new(&world);
+    let record = Rc::new(RefCell::new(Record::default()));
+    let directory = Rc::new(RefCell::new(Directory::new(scenario.keys, registers)));
+    if !scenario.key_value() {
+        // One register per key, for good.
+        let mut dir = directory.borrow_mut();
+        for key in 0..scenario.keys {
+            dir.current[key as usize] = dir.allocate();
+        }
+    }
+    // Rough length of the run, to place faults inside it. Crash restarts run about
+    // fifteen times longer: each successor starts with a full log, and the tiny logs
+    // they run with make writes wait for slots to come back.
+    let mut span = u64::from(scenario.ops_per_client) * (3_000 + scenario.think_ns);
+    if scenario.crash_restarts {
+        span *= 16;
+    }
+    schedule_faults(scenario, &runner, &mut rng, span);
+
+    for c in 0..scenario.clients {
+        let fabric = world.client();
+        let id = fabric.id();
+        if scenario.faults.crash_clients && !scenario.crash_restarts && c % 4 == 3 {
+            runner.at(rng.between(span / 4, span), Fault::CrashClient(id));
+        }
+        if scenario.faults.slow_links {
+            schedule_slow_links(scenario, &world, &mut rng, id, 0, span);
+        }
+        let skew = if scenario.faults.clock_skew {
+            random_skew(&mut rng, scenario.max_skew_ns)
+        } else {
+            0
+        };
+        let clock = SimClock::new(&world, scenario.tick_ns).with_skew(skew);
+        let mut config = ProtocolConfig::default()
+            .with_slow_after_ns(10_000)
+            .with_suspect_ns(200_000);
+        if let Some(r) = scenario.recycling {
+            config = config
+                .with_max_op_ns(r.max_op_ns)
+                .with_delivery_margin_ns(r.delivery_margin_ns)
+                .with_slot_recycling_interval_ns(r.interval_ns);
+        }
+        runner.spawn(
+            id,
+            incarnations_task(Incarnations {
+                scenario: *scenario,
+                spawner: runner.spawner(),
+                fabric,
+                clock,
+                config,
+                index: c,
+                layout,
+                directory: directory.clone(),
+                record: record.clone(),
+                seed: rng.next_u64(),
+                ceilings,
+                span,
+            }),
+        );
+    }
+    if scenario.faults.wiped_copies {
+        let fabric = world.client();
+        let id = fabric.id();
+        let times: Vec<u64> = (0..16).map(|_| rng.between(span / 16, span)).collect();
+        runner.spawn(id, wipe_copies(fabric, layout, NodeId(1), times));
+    }
+    // A livelock guard only: slow links and spells stretch operations to tens of
+    // microseconds, hundreds with retries.
+    runner.time_limit(span * 400 + 10_000_000);
+    let report = runner.run()?;
+    let record = Rc::try_unwrap(record)
+        .map(RefCell::into_inner)
+        .unwrap_or_else(|shared| core::mem::take(&mut *shared.borrow_mut()));
+    let (partial_writes, ticks_not_above_predecessors) =
+        crash_restart_writes(&record.incarnations, &sent.borrow(), scenario.replicas);
+    let mut history = History::new();
+    for op in record.history {
+        // Operations built by this module are always well formed.
+        let _ = history.push(op);
+    }
+    Ok(Outcome {
+        history,
+        reads: record.reads,
+        writes: record.writes,
+        max_read_iterations: record.max_iterations,
+        errors: record.errors,
+        run: report,
+        recycled_slots: record.recycled,
+        max_slots_in_use: record.max_in_use,
+        longest_op_ns: record.longest_op_ns,
+        recycled_fetches: record.recycled_fetches,
+        raced_deletes: record.raced_deletes,
+        summary_resumes: record.summary_resumes,
+        carried_slots: record.carried_slots,
+        carried_examined: record.carried_examined,
+        crash_resumes: record.crash_resumes,
+        partial_writes,
+        min_writes_after_crash: record.min_writes_after_crash.unwrap_or(u64::MAX),
+        ticks_not_above_predecessors,
+    })
+}
+
+/// What a client's background recycling needs.
+pub(super) struct SlotRecycling {
+    pub(super) client: Rc<Client<SimFabric, SimClock>>,
+    pub(super) recycling: Recycling,
+    pub(super) lanes_left: Rc<core::cell::Cell<u32>>,
+    pub(super) record: Rc<RefCell<Record>>,
+}
+
+/// A client's background recycling: a slot-recycling tick (and a step of the examination
+/// of carried slots) every `interval_ns` while its lanes run, then the client's log
+/// counters into the record.
+pub(super) async fn slot_recycling_task(ctx: SlotRecycling) {
+    let SlotRecycling {
+        client,
+        recycling,
+        lanes_left,
+        record,
+    } = ctx;
+    let carried = client.carried_remaining();
+    while lanes_left.get() > 0 {
+        client.recycle_slots_tick(recycling.budget);
+        client.examine_carried_tick(client.fabric().now());
+        client.fabric().sleep(recycling.interval_ns).await;
+    }
+    record.borrow_mut().carried_examined += (carried - client.carried_remaining()) as u64;
+    client.cancel_slot_recycling();
+    let counters = client.slot_counters();
+    let mut r = record.borrow_mut();
+    r.recycled += counters.recycled;
+    r.max_in_use = r.max_in_use.max(counters.in_use);
+}
