@@ -176,6 +176,7 @@
 
 #![warn(missing_docs)]
 
+mod assert;
 mod explain;
 mod history;
 mod keyset;
@@ -189,6 +190,7 @@ mod report;
 mod run;
 mod search;
 
+pub use assert::{assert_linearizable, assert_linearizable_keeping};
 pub use explain::{Pending, Violation};
 pub use history::{History, InvalidOperation};
 pub use op::{Model, NumberedOp, OpKind, Operation};

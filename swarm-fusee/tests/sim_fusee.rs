@@ -131,18 +131,9 @@ fn run_random_on(
 
 fn assert_linearizable(seed: u64, recorder: &Recorder) {
     let history = recorder.history().expect("valid history");
-    let report = swarm_checker::check(&history);
-    if !report.is_linearizable() {
-        // Kept for `swarm check` and a closer look.
-        let path = std::env::temp_dir().join(format!("fusee-sim-seed-{seed}.jsonl"));
-        if let Ok(file) = std::fs::File::create(&path) {
-            let _ = history.write_jsonl(file);
-        }
-        panic!(
-            "seed {seed}: not linearizable (history in {}):\n{report}",
-            path.display()
-        );
-    }
+    // Kept for `swarm check` and a closer look.
+    let path = std::env::temp_dir().join(format!("fusee-sim-seed-{seed}.jsonl"));
+    swarm_checker::assert_linearizable_keeping(&history, &format!("seed {seed}"), Some(&path));
 }
 
 #[test]

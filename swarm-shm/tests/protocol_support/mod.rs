@@ -10,7 +10,6 @@
 //! merge into one.
 
 use std::fmt;
-use std::fs;
 use std::path::PathBuf;
 use std::task::Poll;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -382,19 +381,10 @@ pub fn key_name(key: u32) -> String {
 /// Checks `history` and panics with the report, the seed, and the path of a copy of
 /// the history (for `swarm-core`'s checker tools) if it is not linearizable.
 pub fn assert_linearizable(history: &History, what: &str, seed: u64) {
-    let report = swarm_checker::check(history);
-    if report.is_linearizable() {
-        print!("{what}: {report}");
-        return;
-    }
     let path = kept_history_path(what, seed);
-    let saved = fs::File::create(&path)
-        .and_then(|file| history.write_jsonl(std::io::BufWriter::new(file)))
-        .map_or_else(
-            |e| format!("could not save it to {}: {e}", path.display()),
-            |()| format!("saved to {}", path.display()),
-        );
-    panic!("{what} (seed {seed}, rerun with {SEED_VAR}={seed}): {report}\nhistory {saved}");
+    let context = format!("{what} (seed {seed}, rerun with {SEED_VAR}={seed})");
+    let report = swarm_checker::assert_linearizable_keeping(history, &context, Some(&path));
+    print!("{what}: {report}");
 }
 
 fn kept_history_path(what: &str, seed: u64) -> PathBuf {
