@@ -437,7 +437,6 @@ pub struct Change {
 
 /// `Index::remove` (`new == None`) and `Index::replace` (`new == Some(_)`): changes
 /// the slot mapping `old`, if `key` maps to it.
-#[allow(clippy::too_many_arguments)] // the index's internal step; its callers name each one
 pub async fn change<F: Fabric>(
     ix: &Index,
     fabric: &F,
