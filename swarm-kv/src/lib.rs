@@ -53,14 +53,14 @@
 //!   [`Store`]. [`ClusterParams`] sets a new cluster's limits (key and value sizes,
 //!   replicas, writer ids, leases); the `swarm` command creates, inspects and repairs
 //!   clusters too (`docs/cli.md`).
-//! * **Clients**: [`Kv`], blocking (`get`, `put`, `update`, `delete`, `stats`);
+//! * **Clients**: [`Kv`], blocking (`get`, `put`, `insert`, `update`, `delete`, `stats`);
 //!   [`AsyncKv`], the same operations as `Send` futures; [`KvClient`], the low-level
 //!   client they wrap (operations as `async fn`s to drive on a SWARM executor, several
 //!   in flight per thread), configured by [`KvConfig`].
 //! * **Outcomes**: [`KvError`], [`DeleteOutcome`], [`Stats`].
 //!
-//! `put` inserts or updates; `update` changes a present key only (`false` if
-//! absent); `delete` reports [`DeleteOutcome::Removed`], [`DeleteOutcome::Absent`],
+//! `put` inserts or updates; `insert` inserts an absent key only (`false` if it
+//! held a value); `update` changes a present key only (`false` if absent); `delete` reports [`DeleteOutcome::Removed`], [`DeleteOutcome::Absent`],
 //! or [`DeleteOutcome::Raced`] (another delete of the same value ran at the same time:
 //! the key is gone, and which delete removed it is undecided). Keys and values are
 //! bytes (`impl AsRef<[u8]>`), up to the cluster's [`ClusterParams::key_max`] and

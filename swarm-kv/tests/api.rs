@@ -94,6 +94,76 @@ fn the_blocking_client_puts_gets_updates_deletes_and_counts() {
     kv.close();
 }
 
+/// Insert-if-absent: inserts an absent key (never written, or deleted), leaves a
+/// present one as it was, and the fresh register it did not use is not leaked.
+#[test]
+fn insert_inserts_only_an_absent_key() {
+    let scratch = ScratchDir::new("kv-api-insert").unwrap();
+    let store = store(&scratch, 4);
+    let kv = store.connect().unwrap();
+    let other = store.connect().unwrap();
+    assert!(kv.insert("k", "first").unwrap(), "absent: inserted");
+    assert!(!kv.insert("k", "second").unwrap(), "present: kept");
+    assert!(
+        !other.insert("k", "third").unwrap(),
+        "present for another client too"
+    );
+    assert_eq!(other.get("k").unwrap().as_deref(), Some(&b"first"[..]));
+    assert_eq!(kv.delete("k").unwrap(), DeleteOutcome::Removed);
+    assert!(other.insert("k", "again").unwrap(), "deleted: absent again");
+    assert_eq!(kv.get("k").unwrap().as_deref(), Some(&b"again"[..]));
+    for i in 0..50 {
+        assert!(!kv.insert("k", format!("no{i}")).unwrap());
+    }
+    assert_eq!(kv.get("k").unwrap().as_deref(), Some(&b"again"[..]));
+    let stats = kv.stats();
+    assert_eq!(stats.inserts, 52, "{stats:?}");
+    // 51 fresh registers this client wrote and did not publish, plus the deleted
+    // key's register if its own unmap (not the other client's re-insert) ended that
+    // mapping: each one retired, to be reset and reused, none leaked.
+    let retired = kv.client().recycle_stats().retired;
+    assert!(
+        (51..=52).contains(&retired),
+        "{:?}",
+        kv.client().recycle_stats()
+    );
+}
+
+/// Clients racing to insert one absent key: exactly one inserts it, and the key
+/// holds that one's value.
+#[test]
+fn racing_inserts_if_absent_have_one_winner() {
+    let scratch = ScratchDir::new("kv-api-insert-race").unwrap();
+    let store = store(&scratch, 8);
+    for round in 0..20 {
+        let key = format!("race{round}");
+        let winners: Vec<(usize, bool)> = std::thread::scope(|scope| {
+            let racers: Vec<_> = (0..3)
+                .map(|t| {
+                    let (store, key) = (&store, &key);
+                    scope.spawn(move || {
+                        let kv = store.connect().unwrap();
+                        (t, kv.insert(key, format!("by{t}")).unwrap())
+                    })
+                })
+                .collect();
+            racers.into_iter().map(|r| r.join().unwrap()).collect()
+        });
+        let won: Vec<usize> = winners
+            .iter()
+            .filter(|(_, w)| *w)
+            .map(|(t, _)| *t)
+            .collect();
+        assert_eq!(won.len(), 1, "round {round}: {winners:?}");
+        let kv = store.connect().unwrap();
+        assert_eq!(
+            kv.get(&key).unwrap(),
+            Some(format!("by{}", won[0]).into_bytes()),
+            "round {round}"
+        );
+    }
+}
+
 /// Connects a client while another holds the only other writer id: the connect
 /// must find a free id at once (a full table would make it wait a lease period and
 /// take over an idle client's id instead).

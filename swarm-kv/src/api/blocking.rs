@@ -96,6 +96,22 @@ impl<S: Store> Kv<S> {
         outcome
     }
 
+    /// Inserts the key only if it is absent: `Ok(true)` if this call inserted it,
+    /// `Ok(false)` if the key held a value, which is left as it was.
+    ///
+    /// An insert retried after a stall that then finds the key present cannot tell
+    /// whether its first attempt inserted it: [`KvError::OutcomeUnknown`].
+    pub fn insert(&self, key: impl AsRef<[u8]>, value: impl AsRef<[u8]>) -> Result<bool, KvError> {
+        let client = self.client();
+        let stats = OpStats::new();
+        let outcome = block_on(
+            client.fabric(),
+            client.insert_if_absent(key.as_ref(), value.as_ref(), &stats),
+        );
+        self.record(OpKind::Insert, &stats, outcome.is_err());
+        outcome
+    }
+
     /// Replaces the value of a present key: `Ok(true)` if it did, `Ok(false)` if the
     /// key is absent (nothing is inserted).
     ///

@@ -29,6 +29,11 @@ enum Request {
         value: Vec<u8>,
         reply: oneshot::Sender<Result<(), KvError>>,
     },
+    Insert {
+        key: Vec<u8>,
+        value: Vec<u8>,
+        reply: oneshot::Sender<Result<bool, KvError>>,
+    },
     Update {
         key: Vec<u8>,
         value: Vec<u8>,
@@ -159,6 +164,17 @@ impl AsyncKv {
         self.call(|reply| Request::Put { key, value, reply })
     }
 
+    /// Inserts the key only if it is absent; `false` if it held a value
+    /// ([`Kv::insert`]).
+    pub fn insert(
+        &self,
+        key: impl AsRef<[u8]>,
+        value: impl AsRef<[u8]>,
+    ) -> impl Future<Output = Result<bool, KvError>> + Send + '_ {
+        let (key, value) = (key.as_ref().to_vec(), value.as_ref().to_vec());
+        self.call(|reply| Request::Insert { key, value, reply })
+    }
+
     /// Replaces the value of a present key; `false` if it is absent ([`Kv::update`]).
     pub fn update(
         &self,
@@ -228,6 +244,11 @@ fn serve<S: Store>(
             }
             Request::Put { key, value, reply } => {
                 let outcome = kv.put(&key, &value);
+                publish();
+                reply.send(outcome);
+            }
+            Request::Insert { key, value, reply } => {
+                let outcome = kv.insert(&key, &value);
                 publish();
                 reply.send(outcome);
             }

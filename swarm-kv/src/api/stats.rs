@@ -13,6 +13,8 @@ pub struct Stats {
     pub gets: u64,
     /// Puts run.
     pub puts: u64,
+    /// Inserts-if-absent run.
+    pub inserts: u64,
     /// Updates run.
     pub updates: u64,
     /// Deletes run.
@@ -27,7 +29,7 @@ pub struct Stats {
 impl Stats {
     /// Operations run, of every kind.
     pub fn operations(&self) -> u64 {
-        self.gets + self.puts + self.updates + self.deletes
+        self.gets + self.puts + self.inserts + self.updates + self.deletes
     }
 
     /// Mean roundtrips per operation (0 before the first one).
@@ -44,6 +46,7 @@ impl Stats {
 pub(crate) enum OpKind {
     Get,
     Put,
+    Insert,
     Update,
     Delete,
 }
@@ -54,6 +57,7 @@ impl Stats {
         let counter = match kind {
             OpKind::Get => &mut self.gets,
             OpKind::Put => &mut self.puts,
+            OpKind::Insert => &mut self.inserts,
             OpKind::Update => &mut self.updates,
             OpKind::Delete => &mut self.deletes,
         };

@@ -15,7 +15,7 @@ use crate::KvError;
 use crate::layout::encode_payload;
 use crate::registers::recycle::Retired;
 
-use super::publish::Published;
+use super::publish::{IfPresent, Published};
 use super::{FENCED_ATTEMPTS, KvClient, Located};
 
 impl<F: Fabric, C: Clock> KvClient<F, C> {
@@ -26,17 +26,55 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
     pub async fn insert(&self, key: &[u8], value: &[u8], stats: &OpStats) -> Result<(), KvError> {
         let mut attempt = 1;
         loop {
-            match self.insert_once(key, value, stats).await {
+            match self.insert_once(key, value, stats, IfPresent::Update).await {
                 Err(error) if error.is_fenced() && attempt < FENCED_ATTEMPTS => {
                     tracing::debug!(%error, attempt, "insert: stalled past its deadline; retrying");
                     attempt += 1;
                 }
-                outcome => return outcome,
+                outcome => return outcome.map(drop),
             }
         }
     }
 
-    async fn insert_once(&self, key: &[u8], value: &[u8], stats: &OpStats) -> Result<(), KvError> {
+    /// Inserts `key` only if it is absent: `Ok(true)` if this call inserted it,
+    /// `Ok(false)` if the key held a value (which is left as it was). A key whose
+    /// register holds a tombstone (deleted, not unmapped yet) is absent.
+    ///
+    /// An attempt that ran past its deadline is retried (up to [`FENCED_ATTEMPTS`]
+    /// in all). If a retry then finds the key present, the stalled attempt may have
+    /// inserted it: that is [`KvError::OutcomeUnknown`], not `false`.
+    pub async fn insert_if_absent(
+        &self,
+        key: &[u8],
+        value: &[u8],
+        stats: &OpStats,
+    ) -> Result<bool, KvError> {
+        let mut attempt = 1;
+        loop {
+            match self.insert_once(key, value, stats, IfPresent::Keep).await {
+                Err(error) if error.is_fenced() && attempt < FENCED_ATTEMPTS => {
+                    tracing::debug!(%error, attempt, "insert-if-absent: stalled past its deadline; retrying");
+                    attempt += 1;
+                }
+                Ok(Published::Present) if attempt > 1 => {
+                    return Err(KvError::OutcomeUnknown {
+                        op: "insert-if-absent",
+                        attempts: attempt,
+                    });
+                }
+                Ok(published) => return Ok(published == Published::Yes),
+                Err(error) => return Err(error),
+            }
+        }
+    }
+
+    async fn insert_once(
+        &self,
+        key: &[u8],
+        value: &[u8],
+        stats: &OpStats,
+        if_present: IfPresent,
+    ) -> Result<Published, KvError> {
         self.check_key(key)?;
         self.check_value(value)?;
         let payload = encode_payload(key, value);
@@ -56,12 +94,14 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         };
         // Set when an index call could not tell whether it mapped `register`.
         let uncertain = Cell::new(false);
-        let result =
-            Box::pin(self.publish(key, &payload, &mut fresh, stats, deadline, &uncertain)).await;
+        let result = Box::pin(self.publish(
+            key, &payload, &mut fresh, stats, deadline, &uncertain, if_present,
+        ))
+        .await;
         match &result {
             Ok(Published::Yes) => {}
             // Never published: nobody else can know the register (recycle.rs).
-            Ok(Published::No) | Err(_) if !uncertain.get() => {
+            Ok(Published::No | Published::Present) | Err(_) if !uncertain.get() => {
                 self.retire_marked(register, key.bytes().len(), Retired::Unpublished, deadline);
             }
             _ => {
@@ -71,6 +111,6 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
                 );
             }
         }
-        result.map(drop)
+        result
     }
 }

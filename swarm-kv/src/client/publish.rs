@@ -20,11 +20,23 @@ use crate::index::hash::HashedKey;
 use super::{KvClient, Located, MAX_RETRIES, RegisterProtocol};
 
 /// How an insert's fresh register ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Published {
     /// The key now maps to it.
     Yes,
     /// The key was present: the insert updated the existing register instead.
     No,
+    /// The key was present and the insert was one only if absent: nothing written.
+    Present,
+}
+
+/// What an insert does when its key is present.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum IfPresent {
+    /// Update the key's register with the value (an upsert, `KvClient::insert`).
+    Update,
+    /// Leave it (`KvClient::insert_if_absent`).
+    Keep,
 }
 
 impl<F: Fabric, C: Clock> KvClient<F, C> {
@@ -75,9 +87,11 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         Ok((took, sent))
     }
 
-    /// Writes `fresh` (key header and value) and maps `key` to it, or updates the
-    /// key's existing register if it is present. Sets `uncertain` when an index call
-    /// could not tell whether it mapped `fresh`.
+    /// Writes `fresh` (key header and value) and maps `key` to it, or, if the key is
+    /// present, updates its existing register (`if_present` = `Update`) or leaves it
+    /// (`Keep`). Sets `uncertain` when an index call could not tell whether it
+    /// mapped `fresh`.
+    #[allow(clippy::too_many_arguments)] // one insert's state, named by its two callers
     pub(super) async fn publish(
         &self,
         key: &HashedKey<'_>,
@@ -86,6 +100,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         stats: &OpStats,
         deadline: Nanos,
         uncertain: &Cell<bool>,
+        if_present: IfPresent,
     ) -> Result<Published, KvError> {
         let fabric = self.swarm.fabric();
         let register = fresh.register;
@@ -214,6 +229,12 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
                             return Ok(Published::Yes);
                         }
                         continue;
+                    }
+                    if if_present == IfPresent::Keep {
+                        // The key held a value when it was read: an insert only if
+                        // absent is linearized there, and writes nothing.
+                        self.remember(key.bytes(), &old);
+                        return Ok(Published::Present);
                     }
                     // The key is present: the insert becomes an update (§5.3.1).
                     self.fence(deadline)?;
