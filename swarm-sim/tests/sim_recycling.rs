@@ -92,6 +92,27 @@ fn recycled_slots_keep_histories_linearizable_under_faults() {
     });
 }
 
+/// The same under clock-rate drift: every client's fabric clock runs at its own rate
+/// within 1/8 of virtual time, so one client's operation deadline and another's
+/// slot-recycling grace are measured on clocks that disagree (the graces allow
+/// `max_op · 9/7`, `swarm_core::slot_recycling::skewed_ns`). No fetch may meet a
+/// recycled slot, and histories stay linearizable.
+#[test]
+fn recycled_slots_keep_histories_linearizable_under_clock_rate_drift() {
+    for_each_seed(12, |seed| {
+        let mut s = recycling(seed);
+        s.faults.clock_rates = true;
+        s.delete_percent = 10;
+        let outcome = scenario::run(&s).expect("no stall");
+        check(
+            &outcome,
+            "recycling with drifting clock rates",
+            s.clients,
+            RECYCLING.log_slots,
+        );
+    });
+}
+
 #[test]
 fn recycling_with_deletes_reinserts_and_operations_in_flight() {
     for_each_seed(8, |seed| {

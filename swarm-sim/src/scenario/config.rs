@@ -60,6 +60,14 @@ pub struct Faults {
     /// an intact copy: value fetches meet foreign records, so
     /// [`Outcome::recycled_fetches`](super::Outcome::recycled_fetches) is not zero under this fault.
     pub wiped_copies: bool,
+    /// Every client's fabric clock (what its operation fences, slot-recycling graces
+    /// and leases are measured on) runs at its own rate, drawn in `7/8..=9/8` of
+    /// virtual time: the clock model every grace allows for
+    /// (`swarm_core::slot_recycling::CLOCK_DRIFT_DIV`). Drawn from a generator of
+    /// its own, so the other faults' schedules stay those of the seed. Not in
+    /// [`Faults::ALL`] (its seeds' timings are what the mutant record refers to):
+    /// tests ask for it.
+    pub clock_rates: bool,
 }
 
 impl Faults {
@@ -76,6 +84,7 @@ impl Faults {
         clock_jumps: false,
         suspicions: false,
         wiped_copies: false,
+        clock_rates: false,
     };
     /// Every fault.
     pub const ALL: Self = Self {
@@ -90,6 +99,7 @@ impl Faults {
         clock_jumps: true,
         suspicions: false,
         wiped_copies: false,
+        clock_rates: false,
     };
 }
 

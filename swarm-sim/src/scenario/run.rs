@@ -6,7 +6,7 @@ use std::cell::RefCell;
 use std::rc::Rc;
 use std::vec::Vec;
 
-use crate::{Fault, SimClock, SimError, SimFabric, SimRng, SimRunner, SimWorld};
+use crate::{Fault, RATE_UNIT, SimClock, SimError, SimFabric, SimRng, SimRunner, SimWorld};
 use swarm_checker::History;
 use swarm_core::fabric::NodeId;
 use swarm_core::header::HEADER_SIZE;
@@ -131,9 +131,17 @@ pub fn run(scenario: &Scenario) -> Result<Outcome, SimError> {
     }
     schedule_faults(scenario, &runner, &mut rng, span);
 
+    // Clock rates come from a generator of their own: drawing them from `rng` would
+    // move every later random choice, and with it the seed's whole schedule.
+    let mut rates = SimRng::new(scenario.seed ^ 0xc10c_4a7e_d41f_7000);
     for c in 0..scenario.clients {
         let fabric = world.client();
         let id = fabric.id();
+        if scenario.faults.clock_rates {
+            let unit = u64::from(RATE_UNIT);
+            let rate = rates.between(unit * 7 / 8, unit * 9 / 8);
+            fabric.set_clock_rate(u32::try_from(rate).unwrap_or(RATE_UNIT));
+        }
         if scenario.faults.crash_clients && !scenario.crash_restarts && c % 4 == 3 {
             runner.at(rng.between(span / 4, span), Fault::CrashClient(id));
         }
