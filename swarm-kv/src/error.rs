@@ -154,23 +154,11 @@ pub enum KvError {
     },
     /// The operation ran past its deadline (start + `KvConfig::max_op_ns`).
     #[error(
-        "the operation ran longer than max_op_ns ({max_op_ns} ns) and stopped so that memory it may still reference can be recycled; retry it"
+        "the operation ran longer than max_op_ns ({max_op_ns} ns) and stopped so that memory it may still reference can be recycled (a get retries such stalls itself before reporting this); a write's outcome is unknown: read the key, and write again if needed"
     )]
     Fenced {
         /// The operation deadline, ns.
         max_op_ns: u64,
-    },
-    /// An operation stalled past its deadline, was retried, and cannot tell whether
-    /// a stalled attempt took effect (`KvClient::update` found the key absent after
-    /// an earlier attempt stopped: that attempt may have written its value first).
-    #[error(
-        "the {op} stalled past its deadline and was retried ({attempts} attempts); whether it took effect is unknown: read the key to see its state"
-    )]
-    OutcomeUnknown {
-        /// The operation.
-        op: &'static str,
-        /// Attempts made.
-        attempts: u32,
     },
     /// The operation is not available with the chosen register protocol.
     #[error("{0} is not supported")]

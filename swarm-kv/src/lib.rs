@@ -104,10 +104,10 @@
 //! [`KvError::KeyTooLong`], [`KvError::ValueTooLarge`]: fix the call); a full cluster
 //! ([`KvError::RegistersFull`], [`KvError::WritersFull`]: delete keys, close clients,
 //! or create a larger cluster); and faults (a majority of memory nodes unreachable,
-//! [`KvError::LeaseExpired`]: reconnect; [`KvError::Fenced`],
-//! [`KvError::Contended`]: retry; [`KvError::OutcomeUnknown`]: read the key to see
-//! whether the write took effect). Operations that stall are retried within the call
-//! before any error is reported.
+//! [`KvError::LeaseExpired`]: reconnect; [`KvError::Contended`]: retry;
+//! [`KvError::Fenced`]: the operation stalled past its deadline — a get retries
+//! stalls itself before reporting it; a write's outcome is then unknown, so read the
+//! key before writing again).
 //!
 //! ## Features
 //!

@@ -99,8 +99,8 @@ impl<S: Store> Kv<S> {
     /// Inserts the key only if it is absent: `Ok(true)` if this call inserted it,
     /// `Ok(false)` if the key held a value, which is left as it was.
     ///
-    /// An insert retried after a stall that then finds the key present cannot tell
-    /// whether its first attempt inserted it: [`KvError::OutcomeUnknown`].
+    /// An insert that stalls past its deadline stops with [`KvError::Fenced`]: its
+    /// outcome is unknown (read the key).
     pub fn insert(&self, key: impl AsRef<[u8]>, value: impl AsRef<[u8]>) -> Result<bool, KvError> {
         let client = self.client();
         let stats = OpStats::new();
@@ -115,8 +115,8 @@ impl<S: Store> Kv<S> {
     /// Replaces the value of a present key: `Ok(true)` if it did, `Ok(false)` if the
     /// key is absent (nothing is inserted).
     ///
-    /// An update retried after a stall that then finds the key absent cannot tell
-    /// whether its first attempt wrote before a delete: [`KvError::OutcomeUnknown`].
+    /// An update that stalls past its deadline stops with [`KvError::Fenced`]: its
+    /// outcome is unknown (read the key).
     pub fn update(&self, key: impl AsRef<[u8]>, value: impl AsRef<[u8]>) -> Result<bool, KvError> {
         let client = self.client();
         let stats = OpStats::new();

@@ -14,7 +14,7 @@ use crate::{KvError, RegisterId};
 
 use crate::index::hash::HashedKey;
 
-use super::{FENCED_ATTEMPTS, KvClient, MAX_RETRIES, RegisterProtocol};
+use super::{KvClient, MAX_RETRIES, RegisterProtocol};
 
 impl<F: Fabric, C: Clock> KvClient<F, C> {
     /// Deletes `key`: [`DeleteOutcome::Removed`] if this call removed its value,
@@ -36,25 +36,11 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
     /// may be undecidable: [`KvError::DeleteUndecided`], rare, with nothing changed
     /// but perhaps that value.
     ///
-    /// An attempt that ran past its deadline is retried (up to [`FENCED_ATTEMPTS`]
-    /// in all). The attempt that stopped may have removed the value, so a retry that
-    /// finds the key absent reports [`DeleteOutcome::Raced`]: deleted, by this call or
-    /// another, undecided.
+    /// A delete that runs past its deadline (a stall) stops with [`KvError::Fenced`]:
+    /// its outcome is unknown (its tombstone may be on some replicas, and a reader
+    /// may complete it). It is not retried here: a retry after another client
+    /// re-inserted the key would delete the key's next life too.
     pub async fn delete(&self, key: &[u8], stats: &OpStats) -> Result<DeleteOutcome, KvError> {
-        let mut attempt = 1;
-        loop {
-            match self.delete_once(key, stats).await {
-                Err(error) if error.is_fenced() && attempt < FENCED_ATTEMPTS => {
-                    tracing::debug!(%error, attempt, "delete: stalled past its deadline; retrying");
-                    attempt += 1;
-                }
-                Ok(DeleteOutcome::Absent) if attempt > 1 => return Ok(DeleteOutcome::Raced),
-                outcome => return outcome,
-            }
-        }
-    }
-
-    async fn delete_once(&self, key: &[u8], stats: &OpStats) -> Result<DeleteOutcome, KvError> {
         self.check_key(key)?;
         if self.protocol == RegisterProtocol::Raw {
             return Err(KvError::Unsupported(

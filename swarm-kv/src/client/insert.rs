@@ -16,56 +16,34 @@ use crate::layout::encode_payload;
 use crate::registers::recycle::Retired;
 
 use super::publish::{IfPresent, Published};
-use super::{FENCED_ATTEMPTS, KvClient, Located};
+use super::{KvClient, Located};
 
 impl<F: Fabric, C: Clock> KvClient<F, C> {
     /// Inserts `key` (an insert of a present key becomes an update).
     ///
-    /// An attempt that ran past its deadline is retried (up to [`FENCED_ATTEMPTS`]
-    /// in all): the key ends up holding the value either way.
+    /// An insert that runs past its deadline (a stall) stops with
+    /// [`KvError::Fenced`]: its outcome is unknown. It is not retried here: a second
+    /// write of the value, after another client's write or delete, would make one
+    /// insert take effect twice.
     pub async fn insert(&self, key: &[u8], value: &[u8], stats: &OpStats) -> Result<(), KvError> {
-        let mut attempt = 1;
-        loop {
-            match self.insert_once(key, value, stats, IfPresent::Update).await {
-                Err(error) if error.is_fenced() && attempt < FENCED_ATTEMPTS => {
-                    tracing::debug!(%error, attempt, "insert: stalled past its deadline; retrying");
-                    attempt += 1;
-                }
-                outcome => return outcome.map(drop),
-            }
-        }
+        self.insert_once(key, value, stats, IfPresent::Update)
+            .await
+            .map(drop)
     }
 
     /// Inserts `key` only if it is absent: `Ok(true)` if this call inserted it,
     /// `Ok(false)` if the key held a value (which is left as it was). A key whose
-    /// register holds a tombstone (deleted, not unmapped yet) is absent.
-    ///
-    /// An attempt that ran past its deadline is retried (up to [`FENCED_ATTEMPTS`]
-    /// in all). If a retry then finds the key present, the stalled attempt may have
-    /// inserted it: that is [`KvError::OutcomeUnknown`], not `false`.
+    /// register holds a tombstone (deleted, not unmapped yet) is absent. A stall past
+    /// the deadline stops it with [`KvError::Fenced`], outcome unknown, as
+    /// [`Self::insert`].
     pub async fn insert_if_absent(
         &self,
         key: &[u8],
         value: &[u8],
         stats: &OpStats,
     ) -> Result<bool, KvError> {
-        let mut attempt = 1;
-        loop {
-            match self.insert_once(key, value, stats, IfPresent::Keep).await {
-                Err(error) if error.is_fenced() && attempt < FENCED_ATTEMPTS => {
-                    tracing::debug!(%error, attempt, "insert-if-absent: stalled past its deadline; retrying");
-                    attempt += 1;
-                }
-                Ok(Published::Present) if attempt > 1 => {
-                    return Err(KvError::OutcomeUnknown {
-                        op: "insert-if-absent",
-                        attempts: attempt,
-                    });
-                }
-                Ok(published) => return Ok(published == Published::Yes),
-                Err(error) => return Err(error),
-            }
-        }
+        let published = self.insert_once(key, value, stats, IfPresent::Keep).await?;
+        Ok(published == Published::Yes)
     }
 
     async fn insert_once(

@@ -55,10 +55,11 @@ use crate::registers::alloc::RegisterAllocator;
 use crate::registers::recycle::{RecycleStats, Recycler};
 use crate::{KvError, RegisterId};
 
-/// Attempts an operation makes when one runs past its deadline (a stall longer than
+/// Attempts a get makes when one runs past its deadline (a stall longer than
 /// `max_op_ns`: preemption, a page fault on a disk-backed node file, a paused
 /// process), before it reports [`KvError::Fenced`]. Each attempt is an operation of
-/// its own, with its own lease check and deadline.
+/// its own, with its own lease check and deadline. Writes are not retried: their
+/// outcome is unknown after a stall (`KvClient::update`).
 pub const FENCED_ATTEMPTS: u32 = 4;
 
 mod alloc;

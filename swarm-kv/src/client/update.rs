@@ -7,40 +7,16 @@ use swarm_core::{Clock, Fabric, OpStats, WriteOutcome};
 use crate::KvError;
 use crate::layout::encode_payload;
 
-use super::{FENCED_ATTEMPTS, KvClient, MAX_RETRIES};
+use super::{KvClient, MAX_RETRIES};
 
 impl<F: Fabric, C: Clock> KvClient<F, C> {
     /// Replaces the value of a present key; `Ok(false)` if the key is absent.
     ///
-    /// An attempt that ran past its deadline is retried (up to [`FENCED_ATTEMPTS`]
-    /// in all): writing the same value again within the call is safe. If a retry
-    /// finds the key absent, an earlier attempt may have written the value before a
-    /// delete: that is [`KvError::OutcomeUnknown`], not `false`.
+    /// An update that runs past its deadline (a stall) stops with
+    /// [`KvError::Fenced`]: its outcome is unknown (it may have written the value).
+    /// It is not retried here: a second write of the value, after another client's
+    /// write or delete, would make one update take effect twice.
     pub async fn update(&self, key: &[u8], value: &[u8], stats: &OpStats) -> Result<bool, KvError> {
-        let mut attempt = 1;
-        loop {
-            match self.update_once(key, value, stats).await {
-                Err(error) if error.is_fenced() && attempt < FENCED_ATTEMPTS => {
-                    tracing::debug!(%error, attempt, "update: stalled past its deadline; retrying");
-                    attempt += 1;
-                }
-                Ok(false) if attempt > 1 => {
-                    return Err(KvError::OutcomeUnknown {
-                        op: "update",
-                        attempts: attempt,
-                    });
-                }
-                outcome => return outcome,
-            }
-        }
-    }
-
-    async fn update_once(
-        &self,
-        key: &[u8],
-        value: &[u8],
-        stats: &OpStats,
-    ) -> Result<bool, KvError> {
         self.check_key(key)?;
         self.check_value(value)?;
         let payload = encode_payload(key, value);
