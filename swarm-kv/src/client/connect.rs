@@ -9,12 +9,11 @@ use std::cell::{Cell, RefCell};
 
 use swarm_core::encoding::WriterId;
 use swarm_core::resume::scan_log;
-use swarm_core::{Client, Clock, Fabric, NodeId, OpStats};
+use swarm_core::{Client, Clock, Fabric, OpStats};
 use xxhash_rust::xxh3::xxh3_64;
 
 use crate::KvError;
 use crate::cache::LocationCache;
-use crate::configuration::Configuration;
 use crate::index::{Index, IndexConfig};
 use crate::layout::NodeLayout;
 use crate::membership::writer_ids::{self, Resume};
@@ -51,11 +50,6 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
                 replicas: layout.params.replicas,
             });
         }
-        // The configuration first: a node whose incarnation is not the member's (a
-        // memory node that restarted with empty memory) must not count towards the
-        // quorums of the registration or of the first operations. Until a client has
-        // followed a configuration every node counts as in service (`replica_status`).
-        let followed = Self::follow_initial_configuration(&fabric)?;
         let pid = u64::from(std::process::id());
         let token = token_for(pid);
         let (registration, lease) = swarm_core::block_on(
@@ -194,28 +188,10 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
                     * u64::from(registration.writer),
             ),
             config_checked: Cell::new(0),
-            followed: RefCell::new(Some(followed)),
+            followed: RefCell::new(None),
             deferred: RefCell::new(DeferredUnmaps::new(config.deferred_unmaps)),
             blind: BlindPolicy::new(),
         })
-    }
-
-    /// Reads the configuration from a majority and asks `fabric` to admit every
-    /// member incarnation ([`Fabric::admit`]), before the client registers: the
-    /// transport then leaves out (and reports lost, once it reconnects) every node
-    /// that runs another incarnation, as it does for a configuration followed later
-    /// ([`Self::follow_configuration`]). A legacy configuration (epoch 0) admits
-    /// nothing.
-    fn follow_initial_configuration(fabric: &F) -> Result<Configuration, KvError> {
-        let stats = OpStats::new();
-        let config =
-            swarm_core::block_on(fabric, crate::repair::read_configuration(fabric, &stats))?;
-        if config.epoch > 0 {
-            for (i, &member) in config.incarnations.iter().enumerate() {
-                fabric.admit(NodeId(i as u16), member);
-            }
-        }
-        Ok(config)
     }
 
     /// Gives the writer id back (its log is resumed by the next client that takes it).
