@@ -319,6 +319,11 @@ fn exact_with(
 }
 
 fn client(store: &ShmStore, world: &Rc<World>) -> Client {
+    client_with(store, world, config(store))
+}
+
+/// A client of `store` in `world` with its own configuration.
+fn client_with(store: &ShmStore, world: &Rc<World>, config: KvConfig) -> Client {
     let header = *store.header();
     KvClient::connect(
         TestFabric::new(store.fabric(), world),
@@ -327,7 +332,7 @@ fn client(store: &ShmStore, world: &Rc<World>) -> Client {
             tick_ns: header.tick_ns.max(1),
         },
         *store.layout(),
-        config(store),
+        config,
     )
     .expect("connect")
 }
@@ -375,20 +380,14 @@ fn a_late_deferred_unmap_leaves_a_new_life_of_its_key_in_the_same_register() {
     let dir = ScratchDir::new("kv-recycle-late-unmap").unwrap();
     let store = tiny(&dir, 256 << 10);
     let world = World::new();
-    let header = *store.header();
-    let a = KvClient::connect(
-        TestFabric::new(store.fabric(), &world),
-        WorldClock {
-            world: world.clone(),
-            tick_ns: header.tick_ns.max(1),
-        },
-        *store.layout(),
+    let a = client_with(
+        &store,
+        &world,
         KvConfig {
             deferred_unmaps: 4,
             ..config(&store)
         },
-    )
-    .expect("connect");
+    );
     let b = client(&store, &world);
     insert(&a, "k", "v1");
     let r = register_of(&a, "k").unwrap();
