@@ -162,7 +162,16 @@ struct Located {
     vouched_at: Nanos,
 }
 
-/// See the module docs.
+/// The low-level SWARM-KV client that [`crate::Kv`] and [`crate::AsyncKv`] wrap: one
+/// writer id of the cluster, a location cache, and the register protocol's client,
+/// over any fabric `F` (shared memory, RDMA, the simulator) with timestamps from `C`.
+///
+/// Its operations ([`KvClient::get`], [`KvClient::insert`] (an upsert),
+/// [`KvClient::insert_if_absent`], [`KvClient::update`], [`KvClient::delete`]) are
+/// `async fn`s that take the [`swarm_core::OpStats`] to count roundtrips into; drive
+/// them with `swarm_core::block_on(client.fabric(), ...)`, or run several in flight on
+/// one thread with a SWARM executor. The client is not `Sync`: one per thread.
+/// [`KvClient::close`] gives its writer id back (the wrappers do it on drop).
 pub struct KvClient<F: Fabric, C: Clock> {
     swarm: Client<F, C>,
     layout: NodeLayout,
