@@ -27,9 +27,9 @@ pub enum Backing {
     },
 }
 
-const TMPFS_MAGIC: i64 = 0x0102_1994;
-const RAMFS_MAGIC: i64 = 0x8584_58f6_u32 as i32 as i64;
-const HUGETLBFS_MAGIC: i64 = 0x9584_58f6_u32 as i32 as i64;
+const TMPFS_MAGIC: u32 = 0x0102_1994;
+const RAMFS_MAGIC: u32 = 0x8584_58f6;
+const HUGETLBFS_MAGIC: u32 = 0x9584_58f6;
 
 impl Backing {
     /// The backing of the filesystem that holds `dir`.
@@ -52,14 +52,11 @@ impl Backing {
     }
 
     fn from_magic(fs_type: i64) -> Self {
-        // Some targets report the magic sign-extended, some not.
-        let low = fs_type & 0xffff_ffff;
-        if low == TMPFS_MAGIC || low == RAMFS_MAGIC & 0xffff_ffff {
-            Self::Memory
-        } else if low == HUGETLBFS_MAGIC & 0xffff_ffff {
-            Self::HugePages
-        } else {
-            Self::Disk { fs_type }
+        // The magic is 32 bits; some targets report it sign-extended, some not.
+        match fs_type as u32 {
+            TMPFS_MAGIC | RAMFS_MAGIC => Self::Memory,
+            HUGETLBFS_MAGIC => Self::HugePages,
+            _ => Self::Disk { fs_type },
         }
     }
 
@@ -75,11 +72,18 @@ mod tests {
 
     #[test]
     fn magic_numbers_map_to_their_backing_whatever_their_sign() {
-        assert_eq!(Backing::from_magic(TMPFS_MAGIC), Backing::Memory);
+        assert_eq!(Backing::from_magic(0x0102_1994), Backing::Memory);
         assert_eq!(Backing::from_magic(0x8584_58f6), Backing::Memory);
-        assert_eq!(Backing::from_magic(RAMFS_MAGIC), Backing::Memory);
+        assert_eq!(
+            Backing::from_magic(i64::from(0x8584_58f6_u32 as i32)),
+            Backing::Memory,
+            "sign-extended"
+        );
         assert_eq!(Backing::from_magic(0x9584_58f6), Backing::HugePages);
-        assert_eq!(Backing::from_magic(HUGETLBFS_MAGIC), Backing::HugePages);
+        assert_eq!(
+            Backing::from_magic(i64::from(0x9584_58f6_u32 as i32)),
+            Backing::HugePages
+        );
         // ext4
         assert_eq!(
             Backing::from_magic(0xef53),
