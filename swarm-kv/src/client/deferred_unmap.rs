@@ -224,8 +224,10 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         deadline: Nanos,
     ) -> Result<bool, KvError> {
         let fabric = self.swarm.fabric();
+        // Hashed once, for the lookup and the remove.
+        let hashed = self.index.hash_key(key)?;
         let asked = fabric.now();
-        let candidates = self.index.lookup(fabric, stats, key).await?;
+        let candidates = self.index.lookup_hashed(fabric, stats, &hashed).await?;
         let Some(tag) = candidates
             .registers
             .iter()
@@ -251,7 +253,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         self.fence(deadline)?;
         Ok(self
             .index
-            .remove_tagged_until(fabric, stats, key, register, tag, deadline)
+            .remove_tagged_until_hashed(fabric, stats, &hashed, register, tag, deadline)
             .await?)
     }
 }

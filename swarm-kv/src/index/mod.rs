@@ -820,14 +820,28 @@ impl Index {
         tag: word::Ballot,
         deadline: Nanos,
     ) -> Result<bool, IndexError> {
-        self.check_fabric(fabric)?;
         let key = self.hash_key(key)?;
+        self.remove_tagged_until_hashed(fabric, stats, &key, register, tag, deadline)
+            .await
+    }
+
+    /// [`Index::remove_tagged_until`] of a key hashed once by its operation.
+    pub async fn remove_tagged_until_hashed<F: Fabric>(
+        &self,
+        fabric: &F,
+        stats: &OpStats,
+        key: &HashedKey<'_>,
+        register: RegisterId,
+        tag: word::Ballot,
+        deadline: Nanos,
+    ) -> Result<bool, IndexError> {
+        self.check_fabric(fabric)?;
         let change = update::Change {
             old: register,
             new: None,
             tag: Some(tag),
         };
-        update::change(self, fabric, stats, &key, change, deadline).await
+        update::change(self, fabric, stats, key, change, deadline).await
     }
 
     /// Replaces the mapping `key → old` by `key → new` in place (SWARM §5.3.1:
