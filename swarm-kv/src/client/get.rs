@@ -31,18 +31,19 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
 
     async fn get_once(&self, key: &[u8], stats: &OpStats) -> Result<Option<Vec<u8>>, KvError> {
         self.check_key(key)?;
-        // The key is hashed once, for the cache's misses and every index call.
-        let key = &self.index.hash_key(key)?;
-        self.hint_cached(key.bytes(), stats).await;
+        self.hint_cached(key, stats).await;
         let started = self.begin(stats).await?;
-        if let Some(mut located) = self.cached_at(key.bytes(), started.start)? {
-            if let Some(value) = self.read_checked(key.bytes(), &mut located, stats).await? {
-                self.remember(key.bytes(), &located);
+        if let Some(mut located) = self.cached_at(key, started.start)? {
+            if let Some(value) = self.read_checked(key, &mut located, stats).await? {
+                self.remember(key, &located);
                 return Ok(Some(value));
             }
             // Deleted (or never this key's): the cached location is stale.
-            self.cache.borrow_mut().remove(key.bytes());
+            self.cache.borrow_mut().remove(key);
         }
+        // The index hash only on a miss (a hit never needs it), once for every
+        // index call the resolve makes.
+        let key = &self.index.hash_key(key)?;
         Ok(Box::pin(self.resolve(key, stats))
             .await?
             .map(|(_, value)| value))
