@@ -44,8 +44,12 @@ const WRITER_SHIFT: u32 = FLAG_BITS;
 const TICK_SHIFT: u32 = FLAG_BITS + WRITER_BITS;
 const WRITER_MASK: u64 = (1 << WRITER_BITS) - 1;
 
-/// Number of distinct writer ids: `0..MAX_WRITERS`.
-pub const MAX_WRITERS: u16 = 1 << WRITER_BITS;
+/// Number of writer ids a client may have: `0..MAX_WRITERS`. The last id the
+/// encoding can hold, [`RESET_WRITER`], is no client's: it marks the words of a reset
+/// register ([`Tsp::reset_marker`]).
+pub const MAX_WRITERS: u16 = (1 << WRITER_BITS) - 1;
+/// The writer id of a register reset ([`Tsp::reset_marker`]): no client has it.
+pub const RESET_WRITER: WriterId = WriterId(MAX_WRITERS);
 /// The tick value reserved for delete tombstones (all ones).
 pub const TOMBSTONE_TICKS: u64 = (1 << TICK_BITS) - 1;
 /// The largest tick count a write may use.
@@ -244,6 +248,35 @@ impl Tsp {
     pub const fn is_tombstone(self) -> bool {
         !self.is_empty() && self.ts().is_tombstone()
     }
+
+    /// The word a register reset leaves in every metadata word and in the delete
+    /// word of every replica (`swarm-kv`'s recycling): "no value", at `ticks`, which
+    /// the reset takes above every word the register held, so that no word ever goes
+    /// down and none ever repeats a value of an earlier life (a CAS that expects an
+    /// earlier life's word fails, however late it lands). Writes of the next life
+    /// order above it like above any write. `None` past the horizon.
+    pub const fn reset_marker(ticks: u64) -> Option<Self> {
+        if ticks == 0 || ticks > MAX_TICKS {
+            return None;
+        }
+        Some(Self::new(
+            Timestamp {
+                ticks,
+                writer: RESET_WRITER,
+            },
+            Flag::Verified,
+        ))
+    }
+
+    /// Whether this word is a reset's marker ([`Tsp::reset_marker`]).
+    pub const fn is_reset(self) -> bool {
+        !self.is_empty() && !self.is_tombstone() && self.ts().writer.0 == RESET_WRITER.0
+    }
+
+    /// Whether this word stands for no value: never written, or reset.
+    pub const fn is_void(self) -> bool {
+        self.is_empty() || self.is_reset()
+    }
 }
 
 impl fmt::Debug for Tsp {
@@ -256,6 +289,9 @@ impl fmt::Display for Tsp {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.is_empty() {
             return f.write_str("⊥");
+        }
+        if self.is_reset() {
+            return write!(f, "⊥@{}", self.ts().ticks());
         }
         let flag = match self.flag() {
             Flag::Guessed => "G",

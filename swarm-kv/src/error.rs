@@ -210,4 +210,11 @@ impl KvError {
                 | Self::Fabric(FabricError::Fenced)
         )
     }
+
+    /// Whether a register operation found its register reset for another life
+    /// (`swarm_core::SwarmError::Recycled`): it changed nothing there, and the
+    /// client looks the key up again.
+    pub(crate) fn is_recycled(&self) -> bool {
+        matches!(self, Self::Swarm(SwarmError::Recycled { .. }))
+    }
 }

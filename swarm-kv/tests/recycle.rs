@@ -965,11 +965,10 @@ fn a_delete_paused_past_its_deadline_never_unmaps_its_register_reused_for_the_sa
 /// tombstone CAS (expecting the delete word empty) reaches any replica; `b` deletes
 /// `k1`, recycles its register `r` and inserts `k2` into it; then `a`'s CASes land.
 ///
-/// This is the defect ARCHITECTURE.md lists under "Limitations" (recycling relies
-/// on timing): on today's code `a`'s tombstone lands on `k2`'s register and `k2`
-/// reads as absent. Ignored until recyclable words carry generations.
+/// `a`'s CAS expects `r`'s first life's delete word, which the reset raised to the
+/// next life's marker (`swarm_kv::registers::reset`): it changes nothing, and `a`,
+/// told `Recycled`, asks the index.
 #[test]
-#[ignore = "reproduces the paused-client recycling defect (ARCHITECTURE.md, Limitations); run with --ignored"]
 fn a_paused_delete_whose_cas_lands_after_recycling_leaves_the_new_key_alone() {
     let dir = ScratchDir::new("kv-recycle-paused-cas").unwrap();
     let store = tiny(&dir, 256 << 10);
@@ -996,18 +995,23 @@ fn a_paused_delete_whose_cas_lands_after_recycling_leaves_the_new_key_alone() {
     assert_eq!(register_of(&b, "k2"), Some(r), "r was recycled for k2");
     // a's stores land now; then a resumes.
     a.fabric().land_unapplied();
-    let outcome = block_on(a.fabric(), paused).expect("a's delete ends");
+    // Its CAS found another life's marker: it changed nothing, and its delete ends
+    // past its deadline (its outcome unknown) or, asking the index, not `Removed`.
+    let outcome = block_on(a.fabric(), paused);
     let c = client(&store, &world);
     assert_eq!(
         get(&c, "k2").as_deref(),
         Some("v2"),
         "k2 survives a's late CAS"
     );
-    assert_ne!(
-        outcome,
-        DeleteOutcome::Removed,
-        "b's delete removed k1's value"
-    );
+    match outcome {
+        Ok(outcome) => assert_ne!(
+            outcome,
+            DeleteOutcome::Removed,
+            "b's delete removed k1's value"
+        ),
+        Err(error) => assert!(error.is_fenced(), "{error}"),
+    }
     assert_eq!(get(&c, "k1"), None);
 }
 
@@ -1020,14 +1024,51 @@ fn next(x: &mut u64) -> u64 {
     z ^ (z >> 31)
 }
 
+/// Faults a churn injects.
+#[derive(Clone, Copy, Debug, Default)]
+struct ChurnFaults {
+    /// About one operation in a hundred runs while its client cannot reach the index
+    /// (its unmap is lost, or it fails and counts as crashed: it may or may not have
+    /// taken effect).
+    outages: bool,
+    /// About one delete or update in forty pauses after its checks, before its
+    /// stores reach any register (its batches to register memory are held), while
+    /// the other clients run for several register graces; then its stores land and
+    /// it resumes (a SIGSTOP, a long preemption, a VM's stolen time).
+    pauses: bool,
+}
+
+/// What a churn operation returns: whether it took effect (`None`: unknown) and the
+/// value it read or wrote.
+type ChurnResult = Result<(Option<bool>, Option<String>), KvError>;
+
+/// A paused churn operation's future.
+type PausedFuture<'c> = std::pin::Pin<Box<dyn std::future::Future<Output = ChurnResult> + 'c>>;
+
+/// A churn operation paused with its register stores held (see [`ChurnFaults`]).
+struct Paused<'c> {
+    client: usize,
+    kind: OpKind,
+    key: String,
+    value: Option<String>,
+    start: u64,
+    /// Other clients' operations left before it resumes.
+    left: u32,
+    future: PausedFuture<'c>,
+}
+
 /// One churn run: three clients on one thread, `10 × capacity` inserts over a key
-/// space of a quarter of the capacity, with deletes, gets and updates; with
-/// `faults`, about one operation in a hundred runs while its client cannot reach
-/// the index (its unmap is lost, or it fails and counts as crashed: it may or may
-/// not have taken effect). Returns the registers recycled.
-fn churn(seed: u64, faults: bool) -> u64 {
+/// space of a quarter of the capacity, with deletes, gets and updates, and `faults`.
+/// Returns the registers recycled.
+fn churn(seed: u64, faults: ChurnFaults) -> u64 {
     let dir = ScratchDir::new("kv-recycle-churn").unwrap();
-    let capacity = CHURN_REGISTERS;
+    // A paused client's pool and limbo are out of use while it sleeps: twice the
+    // registers, so that the others do not run dry meanwhile.
+    let capacity = if faults.pauses {
+        2 * CHURN_REGISTERS
+    } else {
+        CHURN_REGISTERS
+    };
     let store = exact(&dir, capacity, 1 << 12);
     let layout = *store.layout();
     let world = World::new();
@@ -1040,11 +1081,56 @@ fn churn(seed: u64, faults: bool) -> u64 {
     let mut inserts = 0u64;
     let mut clock = 0u64;
     let mut op = 0u64;
-    let (mut cut_offs, mut crashed) = (0u32, 0u32);
+    let (mut cut_offs, mut crashed, mut pauses) = (0u32, 0u32, 0u32);
+    let mut paused: Option<Paused<'_>> = None;
+    let registers = layout.registers_at..layout.end();
     while inserts < 10 * capacity {
         op += 1;
+        if let Some(p) = paused.as_mut() {
+            p.left = p.left.saturating_sub(1);
+        }
+        if paused.as_ref().is_some_and(|p| p.left == 0) {
+            // The paused client wakes up: its held stores land, then it goes on.
+            let p = paused.take().unwrap();
+            let fabric = clients[p.client].fabric();
+            fabric.land_unapplied();
+            let result = block_on(fabric, p.future);
+            let record = match result {
+                Ok((Some(ok), value)) => Operation::completed(
+                    p.client as u64,
+                    p.kind,
+                    p.key,
+                    value.as_deref(),
+                    ok,
+                    p.start,
+                    clock,
+                ),
+                Ok((None, value)) => Operation::completed_unknown(
+                    p.client as u64,
+                    p.kind,
+                    p.key,
+                    value.as_deref(),
+                    p.start,
+                    clock,
+                ),
+                // Past its deadline: the outcome is unknown.
+                Err(e) if e.is_fenced() => {
+                    crashed += 1;
+                    Operation::crashed(p.client as u64, p.kind, p.key, p.value.as_deref(), p.start)
+                }
+                Err(e) => panic!(
+                    "seed {seed} (CHURN_SEED to replay): paused {:?} failed: {e}",
+                    p.kind
+                ),
+            };
+            clock += 2;
+            history.push(record).unwrap();
+        }
         let r = next(&mut x);
-        let c = (r % 3) as usize;
+        let mut c = (r % 3) as usize;
+        if paused.as_ref().is_some_and(|p| p.client == c) {
+            c = (c + 1) % 3;
+        }
         let client = &clients[c];
         let key = format!("key{}", (r >> 8) % keys);
         let value = format!("v{op}");
@@ -1054,7 +1140,105 @@ fn churn(seed: u64, faults: bool) -> u64 {
             7..=8 => OpKind::Get,
             _ => OpKind::Update,
         };
-        let cut_off = faults && (r >> 48).is_multiple_of(100);
+        let cut_off = faults.outages && (r >> 48).is_multiple_of(100);
+        if faults.pauses
+            && paused.is_none()
+            && matches!(kind, OpKind::Delete | OpKind::Update)
+            && (r >> 40).is_multiple_of(40)
+        {
+            // This operation pauses between its checks and its register stores. A
+            // get first caches the key's register, so that the operation's first
+            // register batch carries its CAS (a delete's tombstone, a write's MAX).
+            pauses += 1;
+            let fabric = client.fabric();
+            let (start, got) = (clock, get(client, &key));
+            history
+                .push(Operation::completed(
+                    c as u64,
+                    OpKind::Get,
+                    key.clone(),
+                    got.as_deref(),
+                    true,
+                    start,
+                    start + 1,
+                ))
+                .unwrap();
+            clock += 2;
+            let start = clock;
+            clock += 2;
+            *fabric.unapplied_on.borrow_mut() = Some(registers.clone());
+            let (k, v) = (key.clone(), value.clone());
+            let mut future: PausedFuture<'_> = if kind == OpKind::Delete {
+                Box::pin(async move {
+                    client
+                        .delete(k.as_bytes(), &OpStats::new())
+                        .await
+                        .map(|d| (d.removed(), None))
+                })
+            } else {
+                Box::pin(async move {
+                    client
+                        .update(k.as_bytes(), v.as_bytes(), &OpStats::new())
+                        .await
+                        .map(|ok| (Some(ok), Some(v)))
+                })
+            };
+            let mut cx = Context::from_waker(Waker::noop());
+            // Polled until its first register store is held (or it ends without one).
+            let mut done = None;
+            for _ in 0..1000 {
+                if let Poll::Ready(result) = future.as_mut().poll(&mut cx) {
+                    done = Some(result);
+                    break;
+                }
+                if !fabric.unapplied.borrow().is_empty() {
+                    break;
+                }
+                fabric.progress();
+            }
+            match done {
+                Some(result) => {
+                    // Whatever it held meanwhile (a reset it started) lands now.
+                    fabric.land_unapplied();
+                    let record = match result {
+                        Ok((Some(ok), v)) => Operation::completed(
+                            c as u64,
+                            kind,
+                            key,
+                            v.as_deref(),
+                            ok,
+                            start,
+                            clock,
+                        ),
+                        Ok((None, v)) => Operation::completed_unknown(
+                            c as u64,
+                            kind,
+                            key,
+                            v.as_deref(),
+                            start,
+                            clock,
+                        ),
+                        Err(e) => panic!("seed {seed}: op {op} ({kind:?}) failed: {e}"),
+                    };
+                    history.push(record).unwrap();
+                }
+                None => {
+                    let value = (kind == OpKind::Update).then_some(value);
+                    paused = Some(Paused {
+                        client: c,
+                        kind,
+                        key,
+                        value,
+                        start,
+                        // Longer than a few register graces: the others recycle meanwhile.
+                        left: 120,
+                        future,
+                    });
+                }
+            }
+            world.advance(500_000);
+            continue;
+        }
         if cut_off {
             cut_offs += 1;
             *client.fabric().refused.borrow_mut() = Some(layout.index_at..layout.registers_at);
@@ -1064,7 +1248,7 @@ fn churn(seed: u64, faults: bool) -> u64 {
         let start = clock;
         // `None`: a delete that found a tombstone of an earlier, failed attempt of
         // its own client (Raced), recorded with an unknown outcome.
-        let result: Result<(Option<bool>, Option<String>), KvError> = match kind {
+        let result: ChurnResult = match kind {
             OpKind::Insert => {
                 inserts += 1;
                 block_on(f, client.insert(key.as_bytes(), value.as_bytes(), &s))
@@ -1098,7 +1282,10 @@ fn churn(seed: u64, faults: bool) -> u64 {
                 Operation::crashed(c as u64, kind, key, written.as_deref(), start)
             }
             Err(e) => {
-                panic!("seed {seed} (CHURN_SEED to replay): op {op} ({kind:?} {key}) failed: {e}")
+                let stats: Vec<_> = clients.iter().map(|c| c.recycle_stats()).collect();
+                panic!(
+                    "seed {seed} (CHURN_SEED to replay): op {op} ({kind:?} {key}) failed: {e}; recycling: {stats:?}"
+                )
             }
         };
         history.push(record).unwrap();
@@ -1106,12 +1293,35 @@ fn churn(seed: u64, faults: bool) -> u64 {
         // about 25 operations' retired registers wait for their grace at any time.
         world.advance(500_000);
     }
-    assert!(!faults || cut_offs > 0, "seed {seed}: no outage injected");
-    eprintln!("seed {seed}: {op} operations, {cut_offs} index outages, {crashed} failed");
+    assert!(
+        !faults.outages || cut_offs > 0,
+        "seed {seed}: no outage injected"
+    );
+    assert!(
+        !faults.pauses || pauses > 0,
+        "seed {seed}: no pause injected"
+    );
+    eprintln!(
+        "seed {seed}: {op} operations, {cut_offs} index outages, {pauses} pauses, {crashed} failed"
+    );
+    if let Some(p) = paused.take() {
+        let fabric = clients[p.client].fabric();
+        fabric.land_unapplied();
+        let _ = block_on(fabric, p.future);
+        history
+            .push(Operation::crashed(
+                p.client as u64,
+                p.kind,
+                p.key,
+                p.value.as_deref(),
+                p.start,
+            ))
+            .unwrap();
+    }
     let report = swarm_checker::check(&history);
     assert!(
         report.is_linearizable(),
-        "seed {seed} (CHURN_SEED to replay), faults {faults}: {report}"
+        "seed {seed} (CHURN_SEED to replay), faults {faults:?}: {report}"
     );
     clients.iter().map(|c| c.recycle_stats().recycled).sum()
 }
@@ -1149,7 +1359,7 @@ fn a_churn_of_ten_times_the_register_capacity_completes_and_is_linearizable() {
     // Seeds 55 and 185 ran a client dry (`RegistersFull`) when a reclamation pass took
     // every donation it found: the first dry client hoarded them (`CHURN_REGISTERS`).
     for seed in churn_seeds(&[55, 185]) {
-        let recycled = churn(seed, false);
+        let recycled = churn(seed, ChurnFaults::default());
         assert!(
             recycled >= 8 * CHURN_REGISTERS,
             "seed {seed}: only {recycled} registers recycled for {} inserts on {CHURN_REGISTERS} registers",
@@ -1166,7 +1376,31 @@ fn a_churn_with_index_outages_stays_linearizable() {
     // (`swarm_core::slot_recycling`, rule 3). Seed 92 ran a client dry when a reclamation
     // pass took every donation it found.
     for seed in churn_seeds(&[108, 92]) {
-        churn(seed, true);
+        churn(
+            seed,
+            ChurnFaults {
+                outages: true,
+                ..ChurnFaults::default()
+            },
+        );
+    }
+}
+
+/// Clients paused between their checks and their register stores, for several
+/// register graces, while the others delete, recycle and re-insert: their stores
+/// land on registers recycled meanwhile and must change nothing there (a reset
+/// raises every word to a marker no earlier life's CAS expects,
+/// `swarm_kv::registers::reset`).
+#[test]
+fn a_churn_with_clients_paused_before_their_stores_stays_linearizable() {
+    for seed in churn_seeds(&[]) {
+        churn(
+            seed,
+            ChurnFaults {
+                pauses: true,
+                ..ChurnFaults::default()
+            },
+        );
     }
 }
 

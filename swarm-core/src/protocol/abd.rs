@@ -61,7 +61,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
     ) -> Result<ReadValue, SwarmError> {
         let _deadline = self.arm_deadline(stats);
         let (m, value) = self.max_read(reg, cache, stats, false).await?;
-        Ok(if m.is_empty() {
+        Ok(if m.is_void() {
             ReadValue::Empty
         } else if m.is_tombstone() {
             ReadValue::Deleted

@@ -12,18 +12,25 @@
 //!
 //! Tombstones live in one place only: the register's **delete word**
 //! ([`crate::layout::Layout::delete_word_addr`]), after the `W` metadata words. It is
-//! written once: every tombstone write is a CAS that expects it empty, whether a
-//! delete writes its own tombstone ([`tombstone_round`]) or a read or a write that
-//! found a tombstone on a minority writes that tombstone back
-//! (`maxreg::write_round`). So each node's delete word holds, from the first
-//! tombstone write that reached it on, the **first tombstone** of that node, `T(p)`,
-//! and never changes (until the register is reset for reuse, which needs every
-//! replica, `swarm-kv`'s recycling). Reads take the delete word into the node's
-//! maximum like any metadata word; which tombstone it holds does not matter to them.
-//! A delete is complete on a node once its delete word holds any tombstone.
+//! written once per life: every tombstone write is a CAS that expects it to hold the
+//! register's *life marker* (⊥ in memory never reset, else what the last reset left,
+//! `crate::RegisterCache`), whether a delete writes its own tombstone
+//! ([`tombstone_round`]) or a read or a write that found a tombstone on a minority
+//! writes that tombstone back (`maxreg::write_round`). So each node's delete word
+//! holds, from the first tombstone write that reached it on, the **first tombstone**
+//! of that node, `T(p)`, and never changes (until the register is reset for another
+//! life, which needs every replica, `swarm-kv`'s recycling). Reads take the delete
+//! word into the node's maximum like any metadata word; which tombstone it holds does
+//! not matter to them. A delete is complete on a node once its delete word holds any
+//! tombstone.
 //!
-//! The CAS returns the word it found, atomically: `⊥` means this delete installed
-//! its tombstone as `T(p)`; a tombstone means `T(p)` is that one.
+//! The CAS returns the word it found, atomically: the life marker means this delete
+//! installed its tombstone as `T(p)`; a tombstone means `T(p)` is that one; another
+//! marker means the register was reset for another life since the client learned
+//! its marker: the CAS changed nothing, and the delete stops with
+//! [`SwarmError::Recycled`]. A delete paused for any time between its checks and its
+//! CAS therefore never tombstones a later life: that life's marker is above every
+//! word of earlier lives, so the expected word is never there again.
 //!
 //! # What a delete reports, over the replicas that answered (always a majority)
 //!
@@ -124,6 +131,9 @@ pub enum FirstDeleter {
 #[derive(Clone, Debug)]
 pub struct DeleteVotes {
     writer: WriterId,
+    /// What the delete words held in the register's life before any tombstone (what
+    /// this delete's CAS expected).
+    untombstoned: Tsp,
     /// What the replica's delete word held before this delete's CAS (or a read):
     /// `⊥` if this delete's CAS installed its tombstone, else the first tombstone.
     found: [Option<Tsp>; MAX_REPLICAS],
@@ -131,15 +141,17 @@ pub struct DeleteVotes {
 
 impl DeleteVotes {
     /// Nothing learned yet, for a delete by `writer`.
-    pub(crate) fn new(writer: WriterId) -> Self {
+    pub(crate) fn new(writer: WriterId, untombstoned: Tsp) -> Self {
         Self {
             writer,
+            untombstoned,
             found: [None; MAX_REPLICAS],
         }
     }
 
-    /// Replica `p`'s delete word held `found` (`⊥` or a tombstone) when this
-    /// delete's CAS, expecting `⊥`, reached it. Only the first answer counts.
+    /// Replica `p`'s delete word held `found` when this delete's CAS reached it: `⊥`
+    /// standing for "what the CAS expected" (the life's marker: it installed its
+    /// tombstone), or a tombstone. Only the first answer counts.
     pub(crate) fn learn(&mut self, p: usize, found: Tsp) {
         debug_assert!(found.is_empty() || found.is_tombstone());
         self.found[p].get_or_insert(found);
@@ -218,6 +230,8 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         let q = reg.replicas.quorum();
         let addr = self.layout.delete_word_addr(reg.addr);
         let mut failed = [false; MAX_REPLICAS];
+        // What the delete words hold in this life before a tombstone: its marker.
+        let untombstoned = cache.untombstoned();
         loop {
             // A replica is done once its first tombstone is known: from this round's
             // answers for a delete, from anything learned for a write-back (the only
@@ -239,7 +253,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
                 .quorum_step(stats, reg, &candidates, need, |_, batch| {
                     batch.push(Op::Cas {
                         addr,
-                        expected: Tsp::EMPTY.word(),
+                        expected: untombstoned.word(),
                         new: tomb.word(),
                     })?;
                     Ok(())
@@ -257,15 +271,21 @@ impl<F: Fabric, C: Clock> Client<F, C> {
                 let Some(found) = super::inout::cas_result(completion, 0) else {
                     continue;
                 };
-                if !found.is_empty() && !found.is_tombstone() {
-                    // Not a delete word's content: only tombstones are ever written
-                    // there. Treat the node as not answering.
+                if found != untombstoned && !found.is_tombstone() {
+                    if found.is_reset() {
+                        // Another life's marker: the register was reset since this
+                        // client learned what it knows, and the CAS changed nothing.
+                        return Err(SwarmError::Recycled { found });
+                    }
+                    // Not a delete word's content: only tombstones and reset markers
+                    // are ever written there. Treat the node as not answering.
                     failed[p] = true;
                     continue;
                 }
-                cache.learn(p, if found.is_empty() { tomb } else { found });
+                let installed = found == untombstoned;
+                cache.learn(p, if installed { tomb } else { found });
                 if let Some(votes) = votes.as_deref_mut() {
-                    votes.learn(p, found);
+                    votes.learn(p, if installed { Tsp::EMPTY } else { found });
                 }
             }
         }
@@ -295,7 +315,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         let _deadline = self.arm_deadline(stats);
         let _slot = self.write_slot(reg).await;
         let tomb = Tsp::new(Timestamp::tombstone(self.writer), Flag::Verified);
-        let mut votes = DeleteVotes::new(self.writer);
+        let mut votes = DeleteVotes::new(self.writer, cache.untombstoned());
         self.tombstone_round(reg, cache, stats, tomb, Some(&mut votes))
             .await?;
         // A tombstone is on a majority: every write of this writer here is superseded.
@@ -329,13 +349,14 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         let n = reg.replicas.len();
         let addr = self.layout.delete_word_addr(reg.addr);
         let tomb = Tsp::new(Timestamp::tombstone(self.writer), Flag::Verified);
+        let untombstoned = votes.untombstoned;
         let mut votes = votes.clone();
         let mut rt = crate::roundtrip::Roundtrip::start(&self.fabric, stats);
         let mut asked = 0;
         for p in (0..n).filter(|&p| !votes.knows(p)) {
             rt.post(
                 reg.replicas.node(p),
-                Batch::cas(addr, Tsp::EMPTY.word(), tomb.word()),
+                Batch::cas(addr, untombstoned.word(), tomb.word()),
             )?;
             asked += 1;
         }
@@ -348,10 +369,12 @@ impl<F: Fabric, C: Clock> Client<F, C> {
             let Some(p) = reg.replicas.position(*node) else {
                 continue;
             };
-            if let Some(found) = super::inout::cas_result(completion, 0)
-                && (found.is_empty() || found.is_tombstone())
-            {
-                votes.learn(p, found);
+            if let Some(found) = super::inout::cas_result(completion, 0) {
+                if found == untombstoned {
+                    votes.learn(p, Tsp::EMPTY);
+                } else if found.is_tombstone() {
+                    votes.learn(p, found);
+                }
             }
         }
         Ok(votes.first_deleter(n, reg.replicas.quorum()))
@@ -372,7 +395,7 @@ mod tests {
 
     /// A delete by `me` whose CAS found `found` on each replica listed.
     fn votes(me: u32, found: &[(usize, Tsp)]) -> DeleteVotes {
-        let mut votes = DeleteVotes::new(writer(me));
+        let mut votes = DeleteVotes::new(writer(me), Tsp::EMPTY);
         for &(p, first) in found {
             votes.learn(p, first);
         }

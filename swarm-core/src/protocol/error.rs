@@ -59,6 +59,20 @@ pub enum SwarmError {
         "read gave up after {0} iterations: wait-freedom bound exceeded (a bug: please report)"
     )]
     ReadBoundExceeded(u32),
+    /// The register was reset for another life since the caller's knowledge of it
+    /// was learned ([`crate::RegisterCache`]): nothing was changed in the new life.
+    /// The caller looks the register up again (a key-value store: through its index).
+    #[error("the register was recycled for another life (found marker {found}): look it up again")]
+    Recycled {
+        /// The other life's marker.
+        found: crate::encoding::Tsp,
+    },
+}
+
+impl From<super::register::OtherLife> for SwarmError {
+    fn from(other: super::register::OtherLife) -> Self {
+        Self::Recycled { found: other.found }
+    }
 }
 
 impl From<FabricError> for SwarmError {

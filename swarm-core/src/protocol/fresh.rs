@@ -156,7 +156,20 @@ impl<F: Fabric, C: Clock> Client<F, C> {
                     addr: reg.addr,
                 })?;
         let _slot = self.write_slot(reg).await;
-        let ts = self.allocate_waiting(stats, || self.guess_ts()).await?;
+        // What every word of a pre-cleared register holds: the marker its reset left
+        // (⊥ in memory never reset). The write goes above it.
+        let cleared = cache.untombstoned();
+        let above_marker = cleared.ts().ticks().saturating_add(1);
+        let ts = self
+            .allocate_waiting(stats, || {
+                let guess = self.guess_ts()?;
+                if cleared.is_empty() || guess.ticks() >= above_marker {
+                    Ok(guess)
+                } else {
+                    self.allocate_ts(above_marker)
+                }
+            })
+            .await?;
         let _deadline = self.arm_deadline(stats);
         let verified = Tsp::new(ts, Flag::Verified);
         // Records carry their write without its flag (as `Client::write`'s do).
@@ -184,7 +197,6 @@ impl<F: Fabric, C: Clock> Client<F, C> {
             crate::exec::yield_now(&self.fabric).await;
         }
         self.track(reg, ts);
-        let cleared = Tsp::EMPTY;
         let everyone = reg.replicas.positions();
         let build = |batch: &mut Batch| {
             batch.push(inout::read_op(&self.layout, reg.addr, false))?;
@@ -228,6 +240,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
             ) else {
                 continue;
             };
+            cache.learn_life(inout::delete_word(meta))?;
             let found = inout::max_word(meta);
             let now = match inout::max_outcome(cleared, verified, previous) {
                 MaxOutcome::Done(now) | MaxOutcome::Retry(now) => now,

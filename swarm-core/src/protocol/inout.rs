@@ -25,8 +25,12 @@ use crate::layout::{Layout, RECORD_HEADER, SLOT_LOCK_BYTES, decode_record};
 /// What one node's reply to a register read says.
 #[derive(Clone, Debug, Default)]
 pub struct NodeView {
-    /// The maximum of the register's metadata words on that node.
+    /// The maximum of the register's metadata words on that node (its delete word
+    /// included).
     pub max: Tsp,
+    /// The node's delete word: its first tombstone, or the life marker
+    /// ([`crate::RegisterCache`]) before any.
+    pub delete: Tsp,
     /// The in-place record, if read and valid: its write and payload.
     pub inplace: Option<(Tsp, Vec<u8>)>,
 }
@@ -60,16 +64,27 @@ pub fn max_word(meta: &[u8]) -> Tsp {
         .unwrap_or(Tsp::EMPTY)
 }
 
+/// The delete word of metadata given as little-endian bytes (the last whole word;
+/// ⊥ if there is none).
+pub fn delete_word(meta: &[u8]) -> Tsp {
+    let whole = meta.len() / 8 * 8;
+    meta.get(whole.saturating_sub(8)..whole)
+        .and_then(|w| w.try_into().ok())
+        .map_or(Tsp::EMPTY, |w| Tsp::from_word(u64::from_le_bytes(w)))
+}
+
 /// Interprets the bytes returned by [`read_op`].
 pub fn parse_read(layout: &Layout, mut bytes: Vec<u8>, with_inplace: bool) -> NodeView {
     if !with_inplace {
         return NodeView {
             max: max_word(&bytes),
+            delete: delete_word(&bytes),
             inplace: None,
         };
     }
     let meta_at = (layout.meta_offset() as usize).min(bytes.len());
     let max = max_word(&bytes[meta_at..]);
+    let delete = delete_word(&bytes[meta_at..]);
     let (record, _) = bytes.split_at_mut(meta_at);
     let decoded = decode_record(record, layout.payload_max()).map(|r| (r.tsp, r.payload.len()));
     let inplace = decoded.map(|(tsp, len)| {
@@ -80,7 +95,11 @@ pub fn parse_read(layout: &Layout, mut bytes: Vec<u8>, with_inplace: bool) -> No
         bytes.truncate(len);
         (tsp, bytes)
     });
-    NodeView { max, inplace }
+    NodeView {
+        max,
+        delete,
+        inplace,
+    }
 }
 
 /// The expected value of a MAX's CAS, from the caller's `hint` of the word's content.
@@ -111,6 +130,14 @@ pub fn push_max(
         new: new.word(),
     })?;
     Ok(())
+}
+
+/// The operation reading the delete word of the register at `addr` alone.
+pub fn delete_word_read_op(layout: &Layout, addr: u64) -> Op {
+    Op::Read {
+        addr: layout.delete_word_addr(addr),
+        len: 8,
+    }
 }
 
 /// The operation writing `record` (from [`crate::layout::encode_record`]) into the

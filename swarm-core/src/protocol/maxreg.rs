@@ -112,7 +112,7 @@ impl Views {
     /// roundtrip: none for an empty register or a tombstone, the primary's in-place
     /// record when it holds `t` (taken out of the views).
     fn value_at_hand(&mut self, t: Tsp) -> Option<Vec<u8>> {
-        if t.is_empty() || t.is_tombstone() {
+        if t.is_void() || t.is_tombstone() {
             return Some(Vec::new());
         }
         self.inplace
@@ -377,6 +377,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
             let bytes = completion.take_read(0).unwrap_or_default();
             let inplace = with_inplace && p == primary;
             let view = inout::parse_read(&layout, bytes, inplace);
+            cache.learn_life(view.delete)?;
             cache.learn(p, view.max);
             views.set(p, view, inplace);
         }
@@ -412,7 +413,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         patience: u64,
     ) -> Result<Fetched, SwarmError> {
         debug_assert!(
-            !t.is_empty() && !t.is_tombstone(),
+            !t.is_void() && !t.is_tombstone(),
             "an empty register or a tombstone has its value at hand"
         );
         let corrupted = SwarmError::Corrupted {
@@ -576,7 +577,9 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         // The common case, checked here rather than in `inner_write` alone: a majority
         // already holds `t`. Otherwise the write-back's future, a write round's, is
         // built on the heap rather than kept in the state of every read.
-        if !t.is_empty() && !Self::on_a_majority(reg, cache, t) {
+        // A reset's marker needs none: a reset reaches every replica before the
+        // register's next life begins.
+        if !t.is_void() && !Self::on_a_majority(reg, cache, t) {
             Box::pin(self.inner_write(reg, cache, stats, t, &value, &mut WriteProgress::default()))
                 .await?;
         }
@@ -711,6 +714,10 @@ impl<F: Fabric, C: Clock> Client<F, C> {
                     }
                     let expected = inout::max_expected(own.get(p), tsp);
                     inout::push_max(batch, &layout, reg.addr, writer, expected, tsp)?;
+                    // The delete word after the CAS: if the CAS found a word of a
+                    // later life, this read shows that life's marker or tombstone
+                    // (batch order), and no further round acts on that word.
+                    batch.push(inout::delete_word_read_op(&layout, reg.addr))?;
                     Ok(())
                 })
                 .await?;
@@ -727,15 +734,20 @@ impl<F: Fabric, C: Clock> Client<F, C> {
                 };
                 if first {
                     let meta = completion.take_read(0).unwrap_or_default();
+                    cache.learn_life(inout::delete_word(&meta))?;
                     let seen = inout::max_word(&meta);
                     read_max = read_max.max(seen);
                     cache.learn(p, seen);
                 }
                 progress.buffer_written[p] = true;
-                let cas_index = completion.outputs().len().saturating_sub(1);
-                let Some(previous) = inout::cas_result(completion, cas_index) else {
+                let last = completion.outputs().len().saturating_sub(1);
+                if let Some(delete) = completion.read(last) {
+                    cache.learn_life(inout::delete_word(delete))?;
+                }
+                let Some(previous) = inout::cas_result(completion, last.saturating_sub(1)) else {
                     continue;
                 };
+                cache.check_marker(previous)?;
                 let expected = inout::max_expected(cache.own_word.get(p), tsp);
                 match inout::max_outcome(expected, tsp, previous) {
                     MaxOutcome::Done(now) => {

@@ -126,10 +126,40 @@ pub struct RegisterLoc {
 /// * `own_word[p]` is the last value the client saw in its own metadata word on
 ///   replica `p`: the expected value of its next CAS (§4.4). A wrong guess costs a
 ///   retry, never safety.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+///
+/// * `life` is the register's *life marker*, once known: the word a reset left in
+///   every metadata word and delete word of every replica ([`Tsp::reset_marker`]),
+///   or ⊥ for memory never reset. A replica's delete word holds the marker of the
+///   current life until a tombstone replaces it, so a delete word read or CASed that
+///   holds another marker proves the register was recycled since this knowledge was
+///   learned: the operation stops with [`super::SwarmError::Recycled`] instead of
+///   acting on another life (`swarm-kv`'s recycling, "a reset is a write").
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RegisterCache {
     pub(crate) known_max: ReplicaWords,
     pub(crate) own_word: ReplicaWords,
+    life: Tsp,
+}
+
+/// [`RegisterCache::life`] not known yet: a tombstone, which no life marker is.
+const UNKNOWN_LIFE: Tsp = Tsp::from_word(u64::MAX);
+
+impl Default for RegisterCache {
+    fn default() -> Self {
+        Self {
+            known_max: ReplicaWords::default(),
+            own_word: ReplicaWords::default(),
+            life: UNKNOWN_LIFE,
+        }
+    }
+}
+
+/// A delete word or CAS answer showed another life's marker than the one known: the
+/// register was reset for another life since (see [`RegisterCache`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OtherLife {
+    /// The marker found.
+    pub found: Tsp,
 }
 
 /// Replica positions whose words a [`RegisterCache`] keeps inline.
@@ -200,9 +230,61 @@ impl PartialEq for ReplicaWords {
 impl Eq for ReplicaWords {}
 
 impl RegisterCache {
-    /// Knowledge of a pre-cleared register: every word empty.
+    /// Knowledge of a register not read yet (its life unknown).
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Knowledge of a register that a reset left with `marker` in every word of its
+    /// first `n` replicas ([`Tsp::reset_marker`]; ⊥ for memory never written): what
+    /// an insert into a pre-cleared register starts from.
+    pub fn after_reset(marker: Tsp, n: usize) -> Self {
+        let mut cache = Self::default();
+        for p in 0..n.min(MAX_REPLICAS) {
+            cache.known_max.set(p, marker);
+            cache.own_word.set(p, marker);
+        }
+        cache.life = marker;
+        cache
+    }
+
+    /// The register's life marker, if known (see the type's docs).
+    pub fn life(&self) -> Option<Tsp> {
+        (self.life != UNKNOWN_LIFE).then_some(self.life)
+    }
+
+    /// The word a delete word holds in the known life before any tombstone: what a
+    /// tombstone CAS expects. ⊥ while the life is unknown, which can only match memory
+    /// never reset (a reset never writes ⊥).
+    pub(crate) fn untombstoned(&self) -> Tsp {
+        self.life().unwrap_or(Tsp::EMPTY)
+    }
+
+    /// Takes in a delete word's content (read, or returned by a CAS): a tombstone says
+    /// nothing of the life; any other word is the life's marker, which must be the
+    /// known one if any. Fails if it is another life's.
+    pub(crate) fn learn_life(&mut self, delete_word: Tsp) -> Result<(), OtherLife> {
+        if delete_word.is_tombstone() {
+            return Ok(());
+        }
+        match self.life() {
+            None => {
+                self.life = delete_word;
+                Ok(())
+            }
+            Some(life) if life == delete_word => Ok(()),
+            Some(_) => Err(OtherLife { found: delete_word }),
+        }
+    }
+
+    /// Takes in a metadata word's content returned by a CAS: a reset's marker there
+    /// must be the known life's (the words of one life are its marker or writes above
+    /// it). Fails if it is another life's.
+    pub(crate) fn check_marker(&self, word: Tsp) -> Result<(), OtherLife> {
+        match self.life() {
+            Some(life) if word.is_reset() && word != life => Err(OtherLife { found: word }),
+            _ => Ok(()),
+        }
     }
 
     /// The largest tuple known on replica `p`.
@@ -221,7 +303,7 @@ impl RegisterCache {
     /// Whether some replica is known to hold a write (or a tombstone): the register is
     /// not empty, and never will be again.
     pub fn knows_a_write(&self) -> bool {
-        (0..self.known_max.len()).any(|p| !self.known_max.get(p).is_empty())
+        (0..self.known_max.len()).any(|p| !self.known_max.get(p).is_void())
     }
 
     /// Merges what another copy of this knowledge learned (two operations on the
@@ -236,6 +318,12 @@ impl RegisterCache {
         for p in 0..n {
             let own = self.own_word.get(p).max(other.own_word.get(p));
             self.own_word.set(p, own);
+        }
+        // Two lives: the later one (markers only grow from life to life).
+        match (self.life(), other.life()) {
+            (None, Some(life)) => self.life = life,
+            (Some(mine), Some(theirs)) if theirs > mine => self.life = theirs,
+            _ => {}
         }
     }
 
@@ -287,7 +375,7 @@ mod tests {
         );
         a.known_max.set(MAX_REPLICAS, t(1));
         assert_eq!(a.known_max(MAX_REPLICAS), Tsp::EMPTY, "no such position");
-        assert!(core::mem::size_of::<RegisterCache>() <= 80);
+        assert!(core::mem::size_of::<RegisterCache>() <= 88);
     }
 
     #[test]

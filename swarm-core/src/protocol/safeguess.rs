@@ -219,7 +219,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
                 return Err(SwarmError::ReadBoundExceeded(iteration - 1));
             }
             let (m, value) = self.max_read(reg, cache, stats, true).await?;
-            if m.is_empty() {
+            if m.is_void() {
                 return Ok(ReadValue::Empty);
             }
             if m.is_tombstone() {

@@ -2,6 +2,7 @@
 //! chunk (`crate::registers::alloc`); when both are dry, from a pass that reclaims the
 //! registers of gone clients, or after the grace of the registers this client retired.
 
+use swarm_core::encoding::Tsp;
 use swarm_core::fabric::Nanos;
 use swarm_core::{Clock, Fabric, OpStats};
 
@@ -26,7 +27,12 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
     /// sooner than its own pass their grace); otherwise waits for its retired
     /// registers or for the next pass (before the operation starts: the wait posts
     /// nothing but resets), up to two graces.
-    pub(super) async fn allocate_register(&self, stats: &OpStats) -> Result<RegisterId, KvError> {
+    /// Returns the register and its life marker (`None` for a fresh chunk's, never
+    /// reset as far as this client knows).
+    pub(super) async fn allocate_register(
+        &self,
+        stats: &OpStats,
+    ) -> Result<(RegisterId, Option<Tsp>), KvError> {
         let fabric = self.swarm.fabric();
         let started = fabric.now();
         let mut give_up = started.saturating_add(self.recycler.grace_ns().saturating_mul(2));

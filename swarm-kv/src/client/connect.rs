@@ -165,7 +165,6 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
             recycler: Recycler::new(
                 layout.params.register_grace_ns(),
                 registration.writer,
-                token,
                 crate::registers::limbo::holder_tag(registration.writer, token),
             ),
             max_op_ns: layout.params.max_op_ns,

@@ -99,11 +99,20 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
             };
             let (outcome, votes) = match known {
                 Some(known) => known,
-                None => {
-                    self.swarm
-                        .delete_with_votes(&located.loc, &mut located.knowledge, stats)
-                        .await?
-                }
+                None => match self
+                    .swarm
+                    .delete_with_votes(&located.loc, &mut located.knowledge, stats)
+                    .await
+                {
+                    Ok(voted) => voted,
+                    // Reset for another life since it was located (a stale cache
+                    // entry): the tombstone went nowhere. Ask the index.
+                    Err(swarm_core::SwarmError::Recycled { .. }) => {
+                        self.cache.borrow_mut().remove(key.bytes());
+                        continue;
+                    }
+                    Err(error) => return Err(error.into()),
+                },
             };
             if !resolved && outcome != DeleteOutcome::Removed {
                 // Another delete's tombstone was there first somewhere: perhaps long

@@ -61,13 +61,16 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         // The operation starts once it has its register: waiting for one (for
         // retired registers to pass their grace) posts nothing but chunk claims and
         // resets, which no operation deadline protects.
-        let register = self.allocate_register(&OpStats::new()).await?;
+        let (register, life) = self.allocate_register(&OpStats::new()).await?;
         let started = self.begin_write(stats).await?;
         let (start, deadline) = (started.start, started.deadline);
         let mut fresh = Located {
             register,
             loc: self.register_loc(register)?,
-            knowledge: RegisterCache::new(),
+            // What the register's reset left on every replica, if it was reset.
+            knowledge: life.map_or_else(RegisterCache::new, |marker| {
+                RegisterCache::after_reset(marker, usize::from(self.layout.params.replicas))
+            }),
             vouched_at: start,
         };
         // Set when an index call could not tell whether it mapped `register`.

@@ -159,7 +159,12 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         located: &mut Located,
         stats: &OpStats,
     ) -> Result<Option<Vec<u8>>, KvError> {
-        let value = self.read_register(located, stats).await?;
+        let value = match self.read_register(located, stats).await {
+            Ok(value) => value,
+            // Reset for another life since it was located: not the key's (any more).
+            Err(error) if error.is_recycled() => return Ok(None),
+            Err(error) => return Err(error),
+        };
         let ReadValue::Value(payload) = value else {
             return Ok(None);
         };

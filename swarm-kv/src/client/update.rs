@@ -34,14 +34,20 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
             if resolved {
                 self.fence(deadline)?;
             }
-            match self.write_register(&mut located, stats, &payload).await? {
-                WriteOutcome::Written => {
+            match self.write_register(&mut located, stats, &payload).await {
+                Ok(WriteOutcome::Written) => {
                     self.remember(key.bytes(), &located);
                     return Ok(true);
                 }
-                WriteOutcome::Deleted => {
+                Ok(WriteOutcome::Deleted) => {
                     Box::pin(self.forget_deleted(key, located.register, stats, deadline)).await?;
                 }
+                // The register was reset for another life since it was located (a
+                // stale cache entry): the write changed nothing there. Ask the index.
+                Err(error) if error.is_recycled() => {
+                    self.cache.borrow_mut().remove(key.bytes());
+                }
+                Err(error) => return Err(error),
             }
         }
         Err(KvError::Contended {

@@ -101,8 +101,8 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
             |r| self.register_loc(r).ok(),
             |node| self.replica_status(node),
         );
-        for register in ready {
-            self.alloc.give_back(register);
+        for (register, marker) in ready {
+            self.alloc.give_back(register, marker);
         }
     }
 

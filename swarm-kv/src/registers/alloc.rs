@@ -23,6 +23,7 @@
 use std::cell::RefCell;
 use std::collections::{HashSet, VecDeque};
 
+use swarm_core::encoding::Tsp;
 use swarm_core::quorum::{broadcast, majority, nodes as node_ids};
 use swarm_core::{Batch, Fabric, OpStats};
 
@@ -124,8 +125,9 @@ struct State {
     owned: HashSet<u64>,
     /// This client incarnation's claim token.
     token: u64,
-    /// Recycled slots (reset on every replica), handed out before fresh ones.
-    recycled: Vec<RegisterId>,
+    /// Recycled slots (reset on every replica), with the life marker their reset
+    /// installed, handed out before fresh ones.
+    recycled: Vec<(RegisterId, Tsp)>,
     /// A claim scan found every chunk taken: do not scan again.
     exhausted: bool,
 }
@@ -165,10 +167,10 @@ impl RegisterAllocator {
         self.state.borrow().exhausted
     }
 
-    /// Gives back a slot reset on every replica (pre-cleared again): the next
-    /// allocations hand it out before fresh slots.
-    pub fn give_back(&self, register: RegisterId) {
-        self.state.borrow_mut().recycled.push(register);
+    /// Gives back a slot reset on every replica with life marker `marker`
+    /// (`crate::registers::reset`): the next allocations hand it out before fresh slots.
+    pub fn give_back(&self, register: RegisterId, marker: Tsp) {
+        self.state.borrow_mut().recycled.push((register, marker));
     }
 
     /// Slots in the pool: claimed or given back, not handed out.
@@ -177,16 +179,17 @@ impl RegisterAllocator {
         s.recycled.len() as u64 + s.free.iter().map(|(a, b)| b - a).sum::<u64>()
     }
 
-    /// A pre-cleared register slot: a given-back one, else a fresh one of a claimed
-    /// chunk; claims a new chunk when the pool is empty. `RegistersFull` once every
-    /// chunk is claimed and the pool is empty.
+    /// A pre-cleared register slot and its life marker: a given-back one (with the
+    /// marker its reset installed), else a fresh one of a claimed chunk (`None`: never
+    /// reset, as far as this client knows); claims a new chunk when the pool is
+    /// empty. `RegistersFull` once every chunk is claimed and the pool is empty.
     pub async fn allocate<F: Fabric>(
         &self,
         fabric: &F,
         stats: &OpStats,
         layout: &NodeLayout,
         nodes: usize,
-    ) -> Result<RegisterId, KvError> {
+    ) -> Result<(RegisterId, Option<Tsp>), KvError> {
         loop {
             if let Some(register) = self.take() {
                 return Ok(register);
@@ -201,10 +204,10 @@ impl RegisterAllocator {
     }
 
     /// The next free slot of the pool, if any.
-    fn take(&self) -> Option<RegisterId> {
+    fn take(&self) -> Option<(RegisterId, Option<Tsp>)> {
         let mut s = self.state.borrow_mut();
-        if let Some(register) = s.recycled.pop() {
-            return Some(register);
+        if let Some((register, marker)) = s.recycled.pop() {
+            return Some((register, Some(marker)));
         }
         let (start, end) = s.free.front_mut()?;
         let register = *start;
@@ -212,7 +215,7 @@ impl RegisterAllocator {
         if *start >= *end {
             s.free.pop_front();
         }
-        Some(register)
+        Some((register, None))
     }
 
     async fn claim_chunk<F: Fabric>(
@@ -303,7 +306,7 @@ mod tests {
             })
             .unwrap();
             for register in [a, b, c, d] {
-                let register = register.unwrap();
+                let register = register.unwrap().0;
                 assert!(
                     seen.insert(register),
                     "register {register} handed out twice"
@@ -362,7 +365,7 @@ mod tests {
             })
             .unwrap()
             {
-                Ok(register) => assert!(seen.insert(register), "register {register} reused"),
+                Ok((register, _)) => assert!(seen.insert(register), "register {register} reused"),
                 Err(KvError::RegistersFull { .. }) => break,
                 Err(other) => panic!("{other}"),
             }
@@ -381,12 +384,13 @@ mod tests {
             0,
             "an exhausted area is not scanned again"
         );
-        alloc.give_back(3);
+        let marker = Tsp::reset_marker(7).unwrap();
+        alloc.give_back(3, marker);
         assert_eq!(alloc.pooled(), 1);
         let again = block_on(&fabric, async {
             Ok::<_, swarm_core::FabricError>(alloc.allocate(&fabric, &stats, &layout, 3).await)
         })
         .unwrap();
-        assert_eq!(again.unwrap(), 3);
+        assert_eq!(again.unwrap(), (3, Some(marker)));
     }
 }

@@ -7,6 +7,8 @@
 //!   their replicas and go back to a pool.
 //! * [`orphans`], [`limbo`] — what gone clients held: their chunks are adopted, and
 //!   the registers in their limbos and pools reclaimed, by holder tags in key headers.
+//! * [`reset`] — what a reset stores: a life marker above every earlier word, by CAS,
+//!   so that no late store of an earlier life lands on the next one.
 //! * [`journal`] — how recycled registers keep coming back while a repair rebuilds a
 //!   node.
 //!
@@ -17,3 +19,4 @@ pub mod journal;
 pub mod limbo;
 pub mod orphans;
 pub mod recycle;
+pub mod reset;

@@ -137,8 +137,8 @@ use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::task::Poll;
 
-use swarm_core::fabric::{Batch, Completion, Nanos, NodeId, Op, Submitted, Ticket};
-use swarm_core::layout::RECORD_HEADER;
+use swarm_core::encoding::Tsp;
+use swarm_core::fabric::{Batch, Completion, Nanos, NodeId, Submitted, Ticket};
 use swarm_core::{Fabric, RegisterLoc};
 
 use crate::RegisterId;
@@ -195,6 +195,13 @@ pub struct RecycleStats {
     pub donations_incomplete: u64,
     /// Registers taken from other clients' donations.
     pub reclaimed_donations: u64,
+    /// Resets given up because the register's key header shows another holder's
+    /// tag on a majority (a reclaimer took it from this client while it was
+    /// presumed gone), or this client's nowhere (its retire mark, posted only
+    /// before its operation's deadline, reached no replica): that may be another
+    /// client's life of the register, so nothing is stored. Leaked until a
+    /// reclaimer finds it.
+    pub reset_abandoned: u64,
 }
 
 /// Adds `entry` to the limbo queue, which stays in due order: a retired register
@@ -245,6 +252,21 @@ struct Limbo {
     keep: bool,
 }
 
+/// Where a reset is ([`crate::registers::reset`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    /// Reading every replica's key-header word 0, metadata words and delete word.
+    Read,
+    /// Tombstoning the delete words that held none.
+    Tombstone,
+    /// CASing what was read to the next life's marker and the holder tag.
+    Install,
+}
+
+/// Read rounds a reset may take before it waits another grace: a read runs again
+/// after a tombstone round, or when a late store of an earlier life moved a word.
+const RESET_READS: u32 = 4;
+
 #[derive(Debug)]
 struct Reset {
     register: RegisterId,
@@ -253,16 +275,133 @@ struct Reset {
     donated: bool,
     /// Carried over from its [`Limbo`] entry.
     keep: bool,
-    /// Replicas whose reset has not answered yet.
-    pending: Vec<(NodeId, Ticket)>,
-    /// Replicas whose reset failed.
+    phase: Phase,
+    /// Read rounds so far.
+    reads: u32,
+    /// What each replica's last read showed.
+    seen: Vec<(NodeId, crate::registers::reset::Seen)>,
+    /// The marker being installed.
+    marker: Tsp,
+    /// A CAS of this phase found another word than the read showed.
+    moved: bool,
+    /// Batches that have not answered yet, with what their CASes expect (install).
+    pending: Vec<(
+        NodeId,
+        Ticket,
+        Option<crate::registers::reset::InstallBatch>,
+    )>,
+    /// Replicas whose batch failed in this phase.
     failed: Vec<NodeId>,
+}
+
+impl Reset {
+    fn new(register: RegisterId, donated: bool, keep: bool) -> Self {
+        Self {
+            register,
+            donated,
+            keep,
+            phase: Phase::Read,
+            reads: 0,
+            seen: Vec::new(),
+            marker: Tsp::EMPTY,
+            moved: false,
+            pending: Vec::new(),
+            failed: Vec::new(),
+        }
+    }
+
+    /// Posts this phase's batches: `Some(false)` if one could not be built (not a
+    /// register of this layout).
+    fn post<F: Fabric>(
+        &mut self,
+        fabric: &F,
+        layout: &NodeLayout,
+        loc: &RegisterLoc,
+        tag: u32,
+    ) -> bool {
+        use crate::registers::reset;
+        self.moved = false;
+        match self.phase {
+            Phase::Read => {
+                // Replicas that fail a later phase stay failed until the next read:
+                // the reset is complete only with every one it did not reach skippable.
+                self.failed.clear();
+                self.reads += 1;
+                self.seen.clear();
+                let Some(batch) = reset::read_batch(layout, self.register) else {
+                    return false;
+                };
+                for &node in loc.replicas.nodes() {
+                    self.pending
+                        .push((node, fabric.post(node, batch.clone()), None));
+                }
+            }
+            Phase::Tombstone => {
+                for (node, seen) in &self.seen {
+                    if let Some(batch) = reset::tombstone_batch(layout, self.register, seen) {
+                        self.pending.push((*node, fabric.post(*node, batch), None));
+                    }
+                }
+            }
+            Phase::Install => {
+                for (node, seen) in &self.seen {
+                    let Some(batches) =
+                        reset::install_batches(layout, self.register, seen, self.marker, tag)
+                    else {
+                        return false;
+                    };
+                    for install in batches {
+                        let ticket = fabric.post(*node, install.batch.clone());
+                        self.pending.push((*node, ticket, Some(install)));
+                    }
+                }
+            }
+        }
+        true
+    }
+
+    /// Takes the answers that arrived.
+    fn poll<F: Fabric>(&mut self, fabric: &F, layout: &NodeLayout) {
+        let (register, phase) = (self.register, self.phase);
+        let (seen, failed, moved) = (&mut self.seen, &mut self.failed, &mut self.moved);
+        self.pending
+            .retain(|(node, ticket, install)| match fabric.poll(*ticket) {
+                Poll::Pending => true,
+                Poll::Ready(Ok(completion)) => {
+                    match phase {
+                        Phase::Read => {
+                            match crate::registers::reset::parse_read(layout, &completion) {
+                                Some(view) => seen.push((*node, view)),
+                                None => failed.push(*node),
+                            }
+                        }
+                        // A tombstone CAS that found something else: read again anyway.
+                        Phase::Tombstone => {}
+                        Phase::Install => {
+                            if install.as_ref().is_some_and(|i| !i.took(&completion)) {
+                                *moved = true;
+                            }
+                        }
+                    }
+                    false
+                }
+                Poll::Ready(Err(error)) => {
+                    tracing::debug!(register, node = node.index(), %error, ?phase, "recycler: reset failed on a replica");
+                    if !failed.contains(node) {
+                        failed.push(*node);
+                    }
+                    false
+                }
+            });
+    }
 }
 
 /// A register reset on every replica but one being rebuilt (see [`crate::registers::journal`]).
 #[derive(Debug)]
 struct Journaled {
     register: RegisterId,
+    /// The life marker the reset installed.
+    marker: Tsp,
     /// The node being rebuilt.
     node: NodeId,
     stage: Stage,
@@ -284,11 +423,6 @@ enum Stage {
         journal: NodeId,
         slot: usize,
         since: u64,
-    },
-    /// The node is in service again: this client resets the register there.
-    ResettingNode {
-        slot: Option<(NodeId, usize)>,
-        ticket: Ticket,
     },
 }
 
@@ -319,6 +453,17 @@ impl Default for JournalRow {
     }
 }
 
+/// What a reset does once a phase's batches answered.
+enum Next {
+    /// Post the next phase's batches.
+    Post,
+    /// Drop the register: not this client's to reset (see
+    /// [`RecycleStats::reset_abandoned`]).
+    Abandon,
+    /// Done: installed, or failed (the caller tells which).
+    Finish,
+}
+
 /// How often a client waiting for the repair reads its journal row.
 const JOURNAL_POLL_NS: Nanos = 1_000_000;
 
@@ -339,9 +484,6 @@ pub struct Recycler {
     grace_ns: Nanos,
     /// The owner's writer id (its journal row).
     writer: u16,
-    /// The owner's incarnation token, left in every register it resets (the old
-    /// holder mark, see [`reset_batch`]).
-    holder: u64,
     /// The owner's holder tag (`crate::registers::limbo::holder_tag`).
     tag: u32,
     state: RefCell<State>,
@@ -349,15 +491,85 @@ pub struct Recycler {
 
 impl Recycler {
     /// A recycler that waits `grace_ns` before resetting a retired register, for the
-    /// client incarnation of writer id `writer` whose token is `holder` and holder
-    /// tag `tag`.
-    pub fn new(grace_ns: Nanos, writer: u16, holder: u64, tag: u32) -> Self {
+    /// client incarnation of writer id `writer` whose holder tag is `tag`.
+    pub fn new(grace_ns: Nanos, writer: u16, tag: u32) -> Self {
         Self {
             grace_ns,
             writer,
-            holder,
             tag,
             state: RefCell::new(State::default()),
+        }
+    }
+
+    /// Decides what `reset` does after a phase whose batches all answered (or failed:
+    /// `blocked` if a replica in service failed). See [`crate::registers::reset`].
+    fn next_phase(&self, reset: &mut Reset, blocked: bool) -> Next {
+        use crate::registers::limbo::DONATED_TAG;
+        if blocked {
+            return Next::Finish;
+        }
+        match reset.phase {
+            Phase::Read => {
+                // This client's trace (its retire mark, its take, its own reset) on
+                // some copy, and no other holder's tag on a majority: a client presumed
+                // gone may have lost the register to a reclaimer, whose life of it this
+                // reset must not touch. (A minority copy may keep the tag of the pool
+                // the register's last life came from: that insert missed it.)
+                let donation = reset.keep || reset.donated;
+                let mine = |t: u32| t == self.tag || (donation && t == DONATED_TAG);
+                let foreign = reset
+                    .seen
+                    .iter()
+                    .filter(|(_, v)| v.tag() != 0 && !mine(v.tag()))
+                    .count();
+                let traced = reset.seen.iter().any(|(_, v)| mine(v.tag()));
+                if !traced || foreign > reset.seen.len() / 2 {
+                    tracing::debug!(
+                        register = reset.register,
+                        traced,
+                        foreign,
+                        "recycler: the register shows another holder, or no trace of this client; not reset"
+                    );
+                    return Next::Abandon;
+                }
+                if reset.seen.is_empty() {
+                    return Next::Finish;
+                }
+                let untombstoned = reset
+                    .seen
+                    .iter()
+                    .any(|(_, v)| !v.delete_word().is_tombstone());
+                if untombstoned {
+                    if reset.reads >= RESET_READS {
+                        return Next::Finish;
+                    }
+                    reset.phase = Phase::Tombstone;
+                    return Next::Post;
+                }
+                match crate::registers::reset::marker_above(reset.seen.iter().map(|(_, v)| v)) {
+                    Some(marker) => {
+                        reset.marker = marker;
+                        reset.phase = Phase::Install;
+                        Next::Post
+                    }
+                    None => {
+                        tracing::warn!(
+                            register = reset.register,
+                            "recycler: the register's words reached the timestamp horizon; not reused"
+                        );
+                        Next::Abandon
+                    }
+                }
+            }
+            Phase::Tombstone => {
+                reset.phase = Phase::Read;
+                Next::Post
+            }
+            Phase::Install if reset.moved && reset.reads < RESET_READS => {
+                reset.phase = Phase::Read;
+                Next::Post
+            }
+            Phase::Install => Next::Finish,
         }
     }
 
@@ -521,7 +733,7 @@ impl Recycler {
         donate: impl Fn() -> bool,
         loc: impl Fn(RegisterId) -> Option<RegisterLoc>,
         status: impl Fn(NodeId) -> ReplicaStatus,
-    ) -> Vec<RegisterId> {
+    ) -> Vec<(RegisterId, Tsp)> {
         if !self.state.borrow().marking.is_empty() {
             self.marks_in_flight(fabric);
         }
@@ -544,62 +756,69 @@ impl Recycler {
             && let Some(Limbo { register, keep, .. }) = s.limbo.pop_front()
         {
             started += 1;
-            // A donated register carries no holder: not this client's token (the old
-            // holder mark), and the tag any reclaimer may take.
+            // A donated register carries the tag any reclaimer may take.
             let donated = !keep && *donating.get_or_insert_with(&donate);
-            let (holder, tag) = if donated {
-                (0, crate::registers::limbo::DONATED_TAG)
+            let tag = if donated {
+                crate::registers::limbo::DONATED_TAG
             } else {
-                (self.holder, self.tag)
+                self.tag
             };
-            let (Some(loc), Some(batch)) =
-                (loc(register), reset_batch(layout, register, holder, tag))
-            else {
+            let mut reset = Reset::new(register, donated, keep);
+            if !loc(register).is_some_and(|loc| reset.post(fabric, layout, &loc, tag)) {
                 // Not a register of this layout: nothing to recycle.
                 tracing::warn!(register, "recycler: no such register; dropped");
                 continue;
-            };
-            let pending = loc
-                .replicas
-                .nodes()
-                .iter()
-                .map(|&node| (node, fabric.post(node, batch.clone())))
-                .collect();
-            s.resetting.push(Reset {
-                register,
-                donated,
-                keep,
-                pending,
-                failed: Vec::new(),
-            });
+            }
+            s.resetting.push(reset);
         }
         // Collect what answered.
         let mut ready = Vec::new();
         let mut i = 0;
         while i < s.resetting.len() {
             let reset = &mut s.resetting[i];
-            reset.pending.retain(|&(node, ticket)| match fabric.poll(ticket) {
-                Poll::Pending => true,
-                Poll::Ready(Ok(_)) => false,
-                Poll::Ready(Err(error)) => {
-                    tracing::debug!(register = reset.register, node = node.index(), %error, "recycler: reset failed on a replica");
-                    reset.failed.push(node);
-                    false
-                }
-            });
+            reset.poll(fabric, layout);
             // A lost node out of service may never answer (a silent RDMA node):
             // once only such nodes are pending, they count as failed.
             if !reset
                 .pending
                 .iter()
-                .all(|&(node, _)| status(node).skippable())
+                .all(|&(node, _, _)| status(node).skippable())
             {
                 i += 1;
                 continue;
             }
-            for (node, ticket) in reset.pending.drain(..) {
+            for (node, ticket, _) in reset.pending.drain(..) {
                 fabric.forget(ticket);
-                reset.failed.push(node);
+                if !reset.failed.contains(&node) {
+                    reset.failed.push(node);
+                }
+            }
+            let tag = if reset.donated {
+                crate::registers::limbo::DONATED_TAG
+            } else {
+                self.tag
+            };
+            // Every phase posts under a valid lease, like the reset's start.
+            let blocked = !may_start || reset.failed.iter().any(|&node| !status(node).skippable());
+            match self.next_phase(reset, blocked) {
+                Next::Post => {
+                    let posted = loc(reset.register)
+                        .is_some_and(|loc| reset.post(fabric, layout, &loc, tag));
+                    if !posted {
+                        s.resetting.swap_remove(i);
+                    }
+                    // Polled again at once (without `i += 1`): a fabric that executes
+                    // batches as they are posted (shared memory) answers already, so
+                    // a reset takes one step there. The phases are bounded
+                    // (`RESET_READS`).
+                    continue;
+                }
+                Next::Abandon => {
+                    s.stats.reset_abandoned += 1;
+                    s.resetting.swap_remove(i);
+                    continue;
+                }
+                Next::Finish => {}
             }
             let done = s.resetting.swap_remove(i);
             if done.donated {
@@ -636,7 +855,7 @@ impl Recycler {
                     _ => skip_all = false,
                 }
             }
-            if !skip_all {
+            if !skip_all || done.phase != Phase::Install || done.moved {
                 // Some replica may keep the old metadata: try again after a grace.
                 s.stats.reset_failures += 1;
                 s.limbo.push_back(Limbo {
@@ -652,6 +871,7 @@ impl Recycler {
                 );
                 s.journaled.push(Journaled {
                     register: done.register,
+                    marker: done.marker,
                     node,
                     stage: Stage::NoSlot,
                 });
@@ -669,7 +889,7 @@ impl Recycler {
                     register = done.register,
                     "register reset on every replica: recycled"
                 );
-                ready.push(done.register);
+                ready.push((done.register, done.marker));
             }
         }
         if !s.journaled.is_empty() || !s.row.clearing.is_empty() {
@@ -691,7 +911,7 @@ impl Recycler {
         may_start: bool,
         status: &impl Fn(NodeId) -> ReplicaStatus,
         now: Nanos,
-        ready: &mut Vec<RegisterId>,
+        ready: &mut Vec<(RegisterId, Tsp)>,
     ) {
         let State {
             journaled,
@@ -755,6 +975,7 @@ impl Recycler {
             };
             let mut done = false;
             let mut back_to_limbo = false;
+            let mut redo = false;
             match j.stage {
                 Stage::Posted { journal, slot, .. } if cleared.contains(&(journal, slot)) => {
                     // The repair copied the register to the node, then cleared it.
@@ -786,34 +1007,6 @@ impl Recycler {
                         back_to_limbo = true;
                     }
                 },
-                Stage::ResettingNode { slot, ticket } => match fabric.poll(ticket) {
-                    Poll::Pending => {}
-                    Poll::Ready(result) => {
-                        if let Some((journal, slot)) = slot {
-                            match layout.journal_slot(self.writer, slot) {
-                                Some(at) => row.clearing.push((
-                                    slot,
-                                    fabric.post(
-                                        journal,
-                                        Batch::cas(
-                                            at,
-                                            crate::registers::journal::entry(j.register),
-                                            0,
-                                        ),
-                                    ),
-                                )),
-                                None => row.free.push(slot),
-                            }
-                        }
-                        match result {
-                            Ok(_) => done = true,
-                            Err(error) => {
-                                tracing::debug!(register = j.register, %error, "reset on the admitted node failed");
-                                back_to_limbo = true;
-                            }
-                        }
-                    }
-                },
                 Stage::NoSlot | Stage::Posted { .. } => match node_status {
                     ReplicaStatus::Repairing { journal } => {
                         if let Stage::Posted { journal: at, .. } = j.stage {
@@ -839,22 +1032,28 @@ impl Recycler {
                             }
                         }
                     }
-                    // In service again (admitted): reset the register there, under a
-                    // valid lease like every reset.
-                    ReplicaStatus::InService if may_start => {
-                        match reset_batch(layout, j.register, self.holder, self.tag) {
-                            Some(batch) => {
-                                let slot = match j.stage {
-                                    Stage::Posted { journal, slot, .. } => Some((journal, slot)),
-                                    _ => None,
-                                };
-                                j.stage = Stage::ResettingNode {
+                    // In service again (admitted) before the repair copied it: reset
+                    // the register again on every replica (the node's words must be
+                    // the others' marker or above it, which only a whole reset
+                    // decides), at once: its grace has passed.
+                    ReplicaStatus::InService => {
+                        if let Stage::Posted { journal, slot, .. } = j.stage {
+                            match layout.journal_slot(self.writer, slot) {
+                                Some(at) => row.clearing.push((
                                     slot,
-                                    ticket: fabric.post(j.node, batch),
-                                };
+                                    fabric.post(
+                                        journal,
+                                        Batch::cas(
+                                            at,
+                                            crate::registers::journal::entry(j.register),
+                                            0,
+                                        ),
+                                    ),
+                                )),
+                                None => row.free.push(slot),
                             }
-                            None => back_to_limbo = true,
                         }
+                        redo = true;
                     }
                     // Lost with no repair announced any more: a later repair's copy
                     // reads the reset from the others.
@@ -866,12 +1065,22 @@ impl Recycler {
                         }
                         done = true;
                     }
-                    ReplicaStatus::InService | ReplicaStatus::Undecided => {}
+                    ReplicaStatus::Undecided => {}
                 },
             }
-            if done || back_to_limbo {
+            if done || back_to_limbo || redo {
                 let j = journaled.swap_remove(i);
-                if done {
+                if redo {
+                    stats.reset_through_journal += 1;
+                    enqueue(
+                        limbo,
+                        Limbo {
+                            register: j.register,
+                            due: now,
+                            keep: false,
+                        },
+                    );
+                } else if done {
                     stats.recycled += 1;
                     stats.reset_without_lost += 1;
                     stats.reset_through_journal += 1;
@@ -879,7 +1088,7 @@ impl Recycler {
                         register = j.register,
                         "register reset, the rebuilt node included: recycled"
                     );
-                    ready.push(j.register);
+                    ready.push((j.register, j.marker));
                 } else {
                     stats.reset_failures += 1;
                     limbo.push_back(Limbo {
@@ -918,15 +1127,13 @@ impl Recycler {
             fabric.forget(ticket);
         }
         for reset in s.resetting.drain(..) {
-            for (_, ticket) in reset.pending {
+            for (_, ticket, _) in reset.pending {
                 fabric.forget(ticket);
             }
         }
         for j in s.journaled.drain(..) {
             match j.stage {
-                Stage::Posting { ticket, .. } | Stage::ResettingNode { ticket, .. } => {
-                    fabric.forget(ticket)
-                }
+                Stage::Posting { ticket, .. } => fabric.forget(ticket),
                 Stage::NoSlot | Stage::Posted { .. } => {}
             }
         }
@@ -937,48 +1144,6 @@ impl Recycler {
             fabric.forget(ticket);
         }
     }
-}
-
-/// The batch that resets register `register` on one replica: in-place record header
-/// and metadata words to zero, and the key header to *blank, held by the resetter*:
-/// length 0 (no key: the index and `decode_key_header` read it as unwritten), the
-/// resetting client's holder tag `tag` in bytes 4..8 (`crate::registers::limbo`: the register is
-/// in its pool) and its token `holder` in bytes 8..16, where a key's first bytes go
-/// (the holder mark of earlier builds, still honoured). A reclaimer takes a blank
-/// register only when its holder is gone, so a live client's pool is never taken.
-/// The next insert's key header overwrites both. (The in-place payload bytes need no
-/// clearing: a record is valid only with its header and hash.)
-pub fn reset_batch(
-    layout: &NodeLayout,
-    register: RegisterId,
-    holder: u64,
-    tag: u32,
-) -> Option<Batch> {
-    let header_at = layout.key_header(register)?;
-    let register_at = layout.register(register)?;
-    let swarm = &layout.swarm;
-    let header_bytes = layout.params.key_header_bytes() as usize;
-    let record_bytes = (RECORD_HEADER as u64).min(swarm.record_bytes()) as usize;
-    let meta_bytes = swarm.meta_bytes() as usize;
-    let mut header = vec![0; header_bytes];
-    header.get_mut(4..8)?.copy_from_slice(&tag.to_le_bytes());
-    header
-        .get_mut(8..16)?
-        .copy_from_slice(&holder.to_le_bytes());
-    let mut batch = Batch::write(header_at, header);
-    batch
-        .push(Op::Write {
-            addr: register_at,
-            data: vec![0; record_bytes].into(),
-        })
-        .ok()?;
-    batch
-        .push(Op::Write {
-            addr: register_at + swarm.meta_offset(),
-            data: vec![0; meta_bytes].into(),
-        })
-        .ok()?;
-    Some(batch)
 }
 
 fn note_mark(
@@ -1101,7 +1266,7 @@ mod tests {
         layout: &NodeLayout,
         status: ReplicaStatus,
     ) -> Vec<u64> {
-        recycler.step(
+        let back = recycler.step(
             fabric,
             layout,
             true,
@@ -1114,7 +1279,33 @@ mod tests {
                     ReplicaStatus::InService
                 }
             },
-        )
+        );
+        for (_, marker) in &back {
+            assert!(
+                marker.is_reset(),
+                "a reset register comes back with its marker"
+            );
+        }
+        back.into_iter().map(|(r, _)| r).collect()
+    }
+
+    /// Retires `register` for the recycler whose tag is 7, as a delete does: its
+    /// key header marked with that tag on every replica.
+    fn retire_marked(recycler: &Recycler, raw: &MemFabric, layout: &NodeLayout, register: u64) {
+        let header = layout.key_header(register).unwrap();
+        for node in 0..3 {
+            write_word(
+                raw,
+                node,
+                header,
+                crate::registers::limbo::header_word(3, 7),
+            );
+        }
+        recycler.retire(register, 0, super::Retired::Unmapped);
+    }
+
+    fn is_marker(word: u64) -> bool {
+        swarm_core::encoding::Tsp::from_word(word).is_reset()
     }
 
     fn loc(layout: &NodeLayout, register: u64) -> Option<RegisterLoc> {
@@ -1131,7 +1322,7 @@ mod tests {
         let fabric = Refusing::new(cluster.client());
         let status = Cell::new(ReplicaStatus::Repairing { journal: NodeId(0) });
         let writer = 1;
-        let recycler = Recycler::new(0, writer, 0x70c, 7);
+        let recycler = Recycler::new(0, writer, 7);
         // Registers placed on node 2 too (every register is, with 3 replicas of 3).
         let (a, b) = (5, 6);
         let meta_at = |r: u64| layout.register(r).unwrap() + layout.swarm.meta_offset();
@@ -1139,7 +1330,7 @@ mod tests {
             for node in 0..3 {
                 write_word(&raw, node, meta_at(r), 0xdead);
             }
-            recycler.retire(r, 0, super::Retired::Unmapped);
+            retire_marked(&recycler, &raw, &layout, r);
         }
         let step = || step_node_2(&recycler, &fabric, &layout, status.get());
         let slot_of = |r: u64| -> Option<usize> {
@@ -1147,14 +1338,15 @@ mod tests {
                 word(&raw, 0, layout.journal_slot(writer, i).unwrap()) == journal::entry(r)
             })
         };
-        // Reset on nodes 0 and 1, journaled on node 0; nothing comes back yet.
-        for _ in 0..3 {
+        // Reset on nodes 0 and 1 (read, tombstone, read, install), journaled on
+        // node 0; nothing comes back yet.
+        for _ in 0..8 {
             assert!(
                 step().is_empty(),
                 "a register came back before the repair copied it"
             );
         }
-        assert_eq!(word(&raw, 0, meta_at(a)), 0, "reset on node 0");
+        assert!(is_marker(word(&raw, 0, meta_at(a))), "reset on node 0");
         assert_eq!(
             word(&raw, 2, meta_at(a)),
             0xdead,
@@ -1175,16 +1367,24 @@ mod tests {
         }
         assert_eq!(back, vec![a]);
         assert_eq!(recycler.stats().reset_through_journal, 1);
-        // Node 2 is admitted before the repair serviced `b`: its client resets it
-        // there, clears its own entry, and only then hands it out.
+        // Node 2 is admitted before the repair serviced `b`: its client clears its
+        // own entry and resets it again on every replica, and only then hands it out.
         fabric.refused.set(None);
         status.set(ReplicaStatus::InService);
         let mut back = Vec::new();
-        for _ in 0..3 {
+        for _ in 0..10 {
             back.extend(step());
         }
         assert_eq!(back, vec![b]);
-        assert_eq!(word(&raw, 2, meta_at(b)), 0, "reset on the admitted node");
+        assert!(
+            is_marker(word(&raw, 2, meta_at(b))),
+            "reset on the admitted node"
+        );
+        assert_eq!(
+            word(&raw, 0, meta_at(b)),
+            word(&raw, 2, meta_at(b)),
+            "one marker on every replica"
+        );
         assert_eq!(
             word(&raw, 0, layout.journal_slot(writer, slot_b).unwrap()),
             0,
@@ -1192,6 +1392,7 @@ mod tests {
         );
         assert_eq!(recycler.in_limbo(), 0);
         assert_eq!(recycler.stats().reset_through_journal, 2);
+        assert_eq!(recycler.stats().recycled, 2);
     }
 
     /// A row read posted before a register's journal entry landed cannot tell that
@@ -1206,7 +1407,7 @@ mod tests {
         let raw = cluster.client();
         let fabric = Refusing::new(cluster.client());
         let writer = 1;
-        let recycler = Recycler::new(0, writer, 0x70c, 7);
+        let recycler = Recycler::new(0, writer, 7);
         let (a, b) = (5, 6);
         let journaling = ReplicaStatus::Repairing { journal: NodeId(0) };
         let step = || step_node_2(&recycler, &fabric, &layout, journaling);
@@ -1216,7 +1417,13 @@ mod tests {
             })
         };
         // `b` journaled, and a row read for it posted and held back.
-        recycler.retire(b, 0, super::Retired::Unmapped);
+        retire_marked(&recycler, &raw, &layout, b);
+        for _ in 0..8 {
+            assert!(step().is_empty());
+            if journaled(b) {
+                break;
+            }
+        }
         fabric.hold.set(true);
         for _ in 0..3 {
             assert!(step().is_empty());
@@ -1225,8 +1432,8 @@ mod tests {
         assert_eq!(fabric.held.borrow().len(), 1, "one row read in flight");
         // `a` reset and journaled while that read is in flight.
         fabric.hold.set(false);
-        recycler.retire(a, 0, super::Retired::Unmapped);
-        for _ in 0..3 {
+        retire_marked(&recycler, &raw, &layout, a);
+        for _ in 0..8 {
             assert!(step().is_empty());
         }
         assert!(journaled(a));

@@ -98,6 +98,7 @@ use std::time::Instant;
 
 use std::task::Poll;
 
+use swarm_core::encoding::Tsp;
 use swarm_core::fabric::{Batch, FabricError, INLINE_BATCH_OPS, NodeId, Op, Ticket};
 use swarm_core::quorum::{broadcast_until, majority};
 use swarm_core::{Fabric, OpStats, Roundtrip};
@@ -722,8 +723,8 @@ impl<F: Fabric> Copier<'_, F> {
     }
 
     /// Whether a register slot read from a donor is blank: no key, no in-place
-    /// record header, every metadata word and the delete word zero (a reset
-    /// register, `crate::registers::recycle::reset_batch`; the holder tag may stay).
+    /// record header, every metadata word and the delete word one reset's marker
+    /// (`crate::registers::reset`), or zero (never used); the holder tag may stay.
     fn is_blank(&self, slot: &[u8]) -> bool {
         let key_bytes = self.layout.params.key_header_bytes() as usize;
         let record_bytes = self.layout.swarm.record_bytes() as usize;
@@ -735,7 +736,13 @@ impl<F: Fabric> Copier<'_, F> {
             && slot[key_bytes..key_bytes + record_header]
                 .iter()
                 .all(|&b| b == 0)
-            && slot[meta_at..meta_at + meta_bytes].iter().all(|&b| b == 0)
+            && slot.get(meta_at..meta_at + meta_bytes).is_some_and(|meta| {
+                let mut words = meta
+                    .chunks_exact(8)
+                    .map(|w| Tsp::from_word(u64::from_le_bytes(w.try_into().unwrap_or_default())));
+                let first = words.next().unwrap_or(Tsp::EMPTY);
+                first.is_void() && words.all(|w| w == first)
+            })
     }
 
     /// Merges the donors' copies of element `index` of `area` into `out`.
