@@ -43,7 +43,8 @@ use swarm_kv::layout::{ClusterParams, NodeLayout};
 use swarm_kv::store::{write_configuration, write_superblock};
 use swarm_kv::{DeleteOutcome, KvClient, KvConfig, KvError};
 use swarm_sim::{
-    Latency, SimClock, SimConfig, SimFabric, SimRng, SimRunner, SimWorld, for_each_seed,
+    Latency, SEED_VAR, SeedGuard, SimClock, SimConfig, SimFabric, SimRng, SimRunner, SimWorld,
+    for_each_seed,
 };
 
 const MS: u64 = 1_000_000;
@@ -286,13 +287,27 @@ fn run(scenario: Scenario, seed: u64) -> [u64; 4] {
     deletes
 }
 
+/// Seeds of [`STALE_CACHES`] that once failed, replayed after the others unless
+/// `SWARM_SIM_SEED` names one. 797: an insert whose `SET` one node had accepted took
+/// a newer change in that slot (another client's insert and delete of the key) for
+/// proof that its own was decided, reported the key inserted, and its client's get
+/// then returned that value through its cache while the key was absent
+/// (`swarm_kv::index`, "superseded unproven" in `bucket.rs` and `watch.rs`).
+const STALE_CACHES_REPLAYS: [u64; 1] = [797];
+
 /// 64 seeds (about a second): a delete through a stale cache that decides wrongly
 /// shows in a few percent of the seeds (`kv-delete-undecided-deletes-new`, 4 of the
-/// first 60), so fewer would miss it.
+/// first 60), so fewer would miss it. Then [`STALE_CACHES_REPLAYS`].
 #[test]
 fn deletes_racing_reinserts_through_stale_caches_stay_linearizable() {
     let mut raced = 0;
     for_each_seed(64, |seed| raced += run(STALE_CACHES, seed)[1]);
+    if std::env::var(SEED_VAR).is_err() {
+        for seed in STALE_CACHES_REPLAYS {
+            let _guard = SeedGuard::new(seed);
+            run(STALE_CACHES, seed);
+        }
+    }
     assert!(
         raced > 0,
         "no delete raced another: the runs missed what they test"

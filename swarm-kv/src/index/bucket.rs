@@ -4,6 +4,18 @@
 //! This is the pure part of the protocol (module docs of [`super`]): every decision a
 //! reader or a proposer takes is a function of a [`View`], so it is unit-tested here
 //! without a fabric.
+//!
+//! **What proves a change decided.** A quorum's acceptance under one classic ballot,
+//! or a slot copy holding the change itself (only decided changes are applied). A
+//! *newer* change in its slot does not: it shows that the change's era is over
+//! (the newer change could only be decided once the meta words moved past it), not
+//! whether it was decided before. The copies of a view are not read at one instant,
+//! so a view can show a change newest in the meta words while its slot already
+//! holds a newer one: [`View::superseded_unproven`]. Such a change is applied by
+//! nobody, and its owner does not take it for done (`watch`). Counting the newer
+//! change as proof made an insert whose `SET` one node had accepted report the key
+//! mapped to a register no index slot ever held, after another client's insert and
+//! delete of the key had gone through: `tests/delete_race_sim.rs`, seed 797.
 
 use super::word::{Ballot, Meta, Proposal, SLOTS, Slot, SlotState, WordError};
 use crate::layout::BUCKET_BYTES;
@@ -148,6 +160,10 @@ pub struct Latest {
     pub same: usize,
     /// Copies whose slot shows the change applied, or a newer change.
     pub applied: usize,
+    /// Copies whose slot holds the change itself (of `applied`): only decided changes
+    /// are applied, so one such copy proves it decided. A newer change in the slot
+    /// proves only that the change's era is over ([`View::superseded_unproven`]).
+    pub held: usize,
     /// Some copy shows the change written by its owner, or a newer change in its slot:
     /// the owner no longer needs the meta word to learn its fate.
     pub marked: bool,
@@ -166,7 +182,9 @@ pub enum Status {
         /// The change.
         proposal: Proposal,
     },
-    /// The latest change is decided and applied on some copies, not yet a quorum.
+    /// The latest change is decided (a copy holds it, or a quorum accepted it under
+    /// one classic ballot) and applied, or superseded by a newer change, on some
+    /// copies, not yet a quorum.
     Partial {
         /// Ballot of the change.
         ballot: Ballot,
@@ -182,7 +200,8 @@ pub enum Status {
         proposal: Proposal,
     },
     /// The latest change was accepted somewhere but may or may not be decided: only a
-    /// Paxos round can tell.
+    /// Paxos round can tell. Also a change [superseded unproven](View::superseded_unproven),
+    /// until the meta words show the change that superseded it.
     Open {
         /// Ballot of the change.
         ballot: Ballot,
@@ -240,11 +259,14 @@ impl View {
                 .iter()
                 .filter(|c| c.meta.accepted == Some((ballot, proposal)) && c.meta.fast == fast)
                 .count();
-            let (mut applied, mut marked) = (0, false);
+            let (mut applied, mut held, mut marked) = (0, 0, false);
             if let (Some(s), Some(content)) = (proposal.slot(), proposal.content()) {
                 for copy in copies {
                     let slot = copy.slots[s];
                     let newer = slot.tag.is_newer_than(ballot) && slot.content() != content;
+                    if slot.content() == content {
+                        held += 1;
+                    }
                     if slot.content() == content || newer {
                         applied += 1;
                     }
@@ -257,6 +279,7 @@ impl View {
                 fast,
                 same,
                 applied,
+                held,
                 marked,
             }
         });
@@ -266,6 +289,31 @@ impl View {
             max_promised: max_promised.unwrap_or_default(),
             latest,
             slots,
+        })
+    }
+
+    /// Whether the newest accepted change is *superseded unproven*: some copy shows a
+    /// newer change in its slot, no copy holds the change itself, and no quorum
+    /// accepted it under one classic ballot. Its era is over, since a newer change of
+    /// its slot was decided (a change replaces a decided one only once it is done,
+    /// `super` "eras"), but whether it was decided first is unknown: it was done
+    /// and then overwritten, or it never reached a quorum and never will. The copies
+    /// of one view are not read at one instant (a node's meta word as of a promise,
+    /// its slots read after, or nodes read at different times), so a view may show a
+    /// change still newest in the meta words whose slot already moved on.
+    ///
+    /// No caller may apply such a change (its slot would then hold a value perhaps
+    /// never decided, which readers and its owner would take for decided): it is
+    /// [`Status::Open`] while fewer than a quorum of copies show its slot moved on,
+    /// and [`Status::Free`] once a quorum does (nothing is left to finish). Nor may
+    /// its owner take it for done: only a copy holding it, or the owner's own
+    /// observations, tell (`watch`).
+    pub fn superseded_unproven(&self) -> bool {
+        self.latest.is_some_and(|l| {
+            // Superseded in some copy's slot, held by none, and not accepted by a
+            // quorum under one classic ballot (which would prove it decided).
+            let classic_quorum = l.same >= self.quorum && !l.fast;
+            l.applied > 0 && l.held == 0 && !classic_quorum
         })
     }
 
@@ -283,6 +331,8 @@ impl View {
             } else {
                 Status::Unacked { ballot, proposal }
             }
+        } else if self.superseded_unproven() {
+            Status::Open { ballot, proposal }
         } else if l.applied > 0 {
             Status::Partial { ballot, proposal }
         } else if l.same >= self.quorum && !l.fast {
@@ -526,6 +576,40 @@ mod tests {
         let superseded = view(&[copy(acc, newer), copy(acc, newer)]);
         assert_eq!(superseded.status(), Status::Free);
         assert_eq!(superseded.slots[2].tag, Ballot(9));
+
+        // Superseded unproven (`tests/delete_race_sim.rs`, seed 797): one copy accepted
+        // the change, the other shows a newer change in its slot. Its era is over, but
+        // nothing proves it decided: open, applied by nobody.
+        let older = accepted(2, Proposal::Noop);
+        let unproven = view(&[copy(acc, empty), copy(older, newer)]);
+        assert!(unproven.superseded_unproven());
+        assert_eq!(
+            unproven.status(),
+            Status::Open {
+                ballot: Ballot(3),
+                proposal: SET
+            }
+        );
+        assert_eq!(unproven.readable(), None);
+        // A copy holding it proves it decided.
+        let held = view(&[copy(acc, done), copy(older, newer)]);
+        assert!(!held.superseded_unproven());
+        assert_eq!(held.status(), Status::Free);
+        // So does a quorum of classic accepts: decided, and its slot moved on somewhere.
+        let decided_then_superseded = view(&[copy(acc, empty), copy(acc, newer)]);
+        assert!(!decided_then_superseded.superseded_unproven());
+        assert_eq!(
+            decided_then_superseded.status(),
+            Status::Partial {
+                ballot: Ballot(3),
+                proposal: SET
+            }
+        );
+        // A fast value on every copy is no proof.
+        let fast = Meta::accepting(Ballot(3), SET, true);
+        let fast_unproven = view(&[copy(fast, empty), copy(fast, newer)]);
+        assert!(fast_unproven.superseded_unproven());
+        assert!(matches!(fast_unproven.status(), Status::Open { .. }));
     }
 
     #[test]

@@ -177,7 +177,11 @@
 //! of its promises): a slot holding one means it took effect; being the newest
 //! accepted value means it may be decided, so the next attempt finishes it under its
 //! own ballot; a different value accepted by a quorum under a newer ballot, while
-//! it is not visible, means it never will be.
+//! it is not visible, means it never will be. A newer change in its slot proves
+//! nothing about it: the newest accepted value whose slot some copy shows moved on,
+//! with no copy holding it and no quorum of classic accepts, is not visible
+//! (*superseded unproven*, `bucket.rs`), is applied by nobody, and only the
+//! observation windows tell its owner whether it was decided before.
 //!
 //! Why "not visible" means "not decided": once decided, a change is the newest
 //! accepted value of a quorum until it is applied on a quorum, and its owner

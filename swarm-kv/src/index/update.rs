@@ -598,4 +598,71 @@ mod tests {
         assert_eq!(owner.ack_wait_left(0, q, 170, 50), 50);
         assert_eq!(owner.ack_wait_left(1, p, 180, 50), 50);
     }
+
+    /// The schedule of `tests/delete_race_sim.rs`'s seed 797, as the owner saw it.
+    /// Our insert's accept of `SET slot 2 := 7` under ballot 10 took on one node only
+    /// (the others had promised another insert's ballot). That insert then decided
+    /// its `SET` on the other two nodes, and its client deleted the key (a `CLEAR`
+    /// under ballot 14, applied). Meanwhile our next promise, ballot 12, reached the
+    /// node holding our accept and one of the others before those changes; its
+    /// read-back of the latter's slots came after them. So the promise view shows
+    /// our `SET` as the newest accepted value and a newer change in its slot, and
+    /// nothing proves our `SET` decided: it must not be taken for done (it was
+    /// reported inserted, and the get that followed through the cache returned a
+    /// value of a key that was absent), and nobody may write it into a slot.
+    #[test]
+    fn an_owner_does_not_take_its_change_superseded_unproven_for_done() {
+        use super::super::IndexConfig;
+        use super::super::bucket::{NodeBucket, applied_slot};
+        use super::super::word::{Meta, SLOTS, Slot};
+        use swarm_core::{MemCluster, block_on};
+
+        const MINE: Proposal = Proposal::Set {
+            slot: 2,
+            register: 7,
+        };
+        let ix = crate::index::tiny_test_index(IndexConfig::new(3));
+        let cluster = MemCluster::new(3, ix.layout().end() as usize);
+        let fabric = cluster.client();
+        let stats = OpStats::new();
+        let fp = 11;
+        let mut eng = Engine::new(&ix, &fabric, &stats, &[1], 0);
+        eng.watch(0, MINE, Ballot(10));
+
+        let empty = [Slot::EMPTY; SLOTS];
+        let promised = |accepted: (u16, Proposal)| Meta {
+            promised: Ballot(12),
+            accepted: Some((Ballot(accepted.0), accepted.1)),
+            fast: false,
+        };
+        let mut moved_on = empty;
+        moved_on[2] = applied_slot(Ballot(14), Proposal::Clear { slot: 2, nonce: 5 }, Some(9));
+        let copies = [
+            NodeBucket::of(promised((10, MINE)), empty),
+            NodeBucket::of(promised((9, Proposal::Noop)), moved_on),
+        ];
+        let view = View::merge(&copies, 2).unwrap();
+        assert!(view.superseded_unproven());
+        assert!(matches!(view.status(), Status::Open { .. }));
+
+        eng.observe(0, fabric.now(), &copies);
+        let views = [Some(view), None];
+        let ballots = [Some(Ballot(12)), None];
+        assert_eq!(eng.fate(&views), Fate::None);
+        let judged = block_on(&fabric, earlier(&mut eng, &views, &ballots, fp));
+        assert_eq!(judged, Ok(Earlier::None), "not taken for done");
+        // Nothing was applied: no slot holds it.
+        let read = block_on(&fabric, async { eng.read().await.map(|v| v[0].slots[2]) });
+        assert_eq!(read, Ok(Slot::EMPTY));
+
+        // Not seen again for longer than the acknowledgement wait: had it been
+        // decided, it could have been applied and overwritten unseen.
+        let later = fabric.now() + ix.config.ack_wait_ns;
+        fabric.wake_at(later);
+        while fabric.now() < later {
+            fabric.progress();
+        }
+        eng.observe(0, fabric.now(), &copies);
+        assert_eq!(eng.fate(&views), Fate::Unknown);
+    }
 }

@@ -10,6 +10,24 @@
 //! be held by no more than that quorum, and watching longer is always safe). A
 //! decided change stays visible to every quorum read for at least the
 //! acknowledgement wait, so observation windows shorter than that miss none.
+//!
+//! A change that is the newest accepted value while some copy already shows a newer
+//! change in its slot, no copy holding it and no quorum having accepted it under one
+//! classic ballot, is *superseded unproven* (`View::superseded_unproven`): it is not
+//! visible, neither finished nor taken for done. Its era is over, and whether it was
+//! decided first only the windows tell. The meta words of that observation still
+//! show it newest, so the first change after it was accepted after the observation
+//! began (by a node of its quorum whose word had not moved yet). Had ours been
+//! decided, it was applied on a quorum and then left there for an acknowledgement
+//! wait (we, its owner, never marked it) before that change could replace it. So
+//! if less than the acknowledgement wait passed since the previous observation
+//! began, that one fell between the apply and the replacement and saw our change in
+//! its slot ([`Fate::Applied`]); otherwise the window was too long
+//! ([`Fate::Unknown`]); with no previous observation, the window runs from our
+//! accept, before any apply, and is too long. Taking the newer change for proof,
+//! as the view's `applied` count does for readers, made an insert whose `SET` one
+//! node had accepted report the key mapped while no slot ever held it
+//! (`tests/delete_race_sim.rs`, seed 797).
 
 use swarm_core::Fabric;
 use swarm_core::fabric::Nanos;
@@ -115,8 +133,11 @@ impl<F: Fabric> Engine<'_, F> {
         };
         let now = self.fabric.now();
         let wait = self.ix.config.ack_wait_ns;
+        // A change superseded unproven is not visible: newest in the meta words, its
+        // slot already moved on (`View::superseded_unproven`).
+        let superseded = view.superseded_unproven();
         for w in self.watches.iter_mut().filter(|w| w.bucket == i && !w.dead) {
-            let latest = view.latest.is_some_and(|l| l.proposal == w.proposal);
+            let latest = !superseded && view.latest.is_some_and(|l| l.proposal == w.proposal);
             let applied = match (w.proposal.slot(), w.proposal.content()) {
                 (Some(s), Some(c)) if view.slots[s].content() == c => Some(view.slots[s].tag),
                 _ => None,
@@ -150,7 +171,9 @@ impl<F: Fabric> Engine<'_, F> {
             return Fate::Applied(w.bucket, w.proposal, w.applied.unwrap_or_default());
         }
         for w in alive() {
-            if views[w.bucket].is_some_and(|v| v.latest.is_some_and(|l| l.proposal == w.proposal)) {
+            if views[w.bucket].is_some_and(|v| {
+                !v.superseded_unproven() && v.latest.is_some_and(|l| l.proposal == w.proposal)
+            }) {
                 return Fate::Latest(w.bucket, w.proposal);
             }
         }
