@@ -47,9 +47,11 @@ pub const KV_MAGIC: [u8; 8] = *b"SWARMKV\0";
 /// Superblock format version written by this build (2: lease parameters and the
 /// operation deadline; 3: the flags word, whose bit 0 says the node has a log-summary
 /// area; 4: bit 1 of the flags word, tick ceilings in the client table; 5: bit 2,
-/// the repair journal). Versions 1 to 4 are still read, with the defaults, no
+/// the repair journal; 6: registers are reset to life markers, not zeros,
+/// `crate::registers::reset`, which builds that read version 5 at most must not
+/// write or misread). Versions 1 to 5 are still read, with the defaults, no
 /// summaries (1, 2), no tick ceilings (1 to 3) and no repair journal (1 to 4).
-pub const KV_VERSION: u32 = 5;
+pub const KV_VERSION: u32 = 6;
 /// Bit of the superblock's flags word: the layout has a log-summary area.
 pub const FLAG_LOG_SUMMARIES: u64 = 1;
 /// Bit of the superblock's flags word: every client keeps a tick ceiling in its
@@ -256,7 +258,7 @@ impl ClusterParams {
             return bad("the value limit must be 1 B to 1 MiB");
         }
         if self.writers == 0 || self.writers > MAX_WRITERS {
-            return bad("writers must be 1 to 2048");
+            return bad("writers must be 1 to 2047");
         }
         if self.replicas == 0 || self.replicas.is_multiple_of(2) || self.replicas > 15 {
             return bad("replicas must be odd, 1 to 15 (2f+1)");

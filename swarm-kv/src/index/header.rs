@@ -15,8 +15,8 @@
 //!
 //! A copy read while its write is still landing may be *torn* (writes tear at 8-byte
 //! granularity, SWARM §2.1): its length there and some key bytes not yet, or still
-//! the resetter's token (`crate::registers::recycle::reset_batch`). The majority read holds a
-//! whole copy (the header reached a majority before the register was indexed), so a
+//! the key of the register's earlier life (a reset blanks only word 0,
+//! `crate::registers::reset`). The majority read holds a whole copy (the header reached a majority before the register was indexed), so a
 //! torn copy can only disagree with it, never decide alone. [`judge`] lets a quorum
 //! of byte-identical copies outvote it (torn copies are fewer than a quorum), and
 //! reports the disagreement otherwise; [`verify`] then reads every replica's copy

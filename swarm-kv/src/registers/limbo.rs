@@ -36,7 +36,7 @@
 //!   `(len, t)` on any copy proves that the register's current life ended: it is not
 //!   mapped and never will be again until it is reset (the index's "knowing one's
 //!   fate" property, `crate::index`, which the grace-then-reset recycling relies on too);
-//! * **the reset** ([`crate::registers::recycle::reset_batch`]) writes `(0, tag)` of the resetter on
+//! * **the reset** ([`crate::registers::reset`]) CASes word 0 to `(0, tag)` of the resetter on
 //!   every replica: the register is in the resetter's pool; or `(0, DONATED_TAG)`
 //!   when the resetter's pool holds enough (a *donation*, `crate::registers::recycle`): the
 //!   resetter gives the register up for good, before the reset is posted;

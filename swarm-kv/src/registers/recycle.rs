@@ -38,18 +38,31 @@
 //! register read or write (say before a read's write-back CAS) posts nothing to a
 //! register that may have been recycled meanwhile.
 //!
+//! The grace is no longer what keeps a register's words safe from a late store: a
+//! client paused between its check and its store, for longer than any grace, breaks
+//! every bound above. The reset is (below, "why a reused register is never confused
+//! with its old life"); the grace makes stale operations rare, so that they cost
+//! their own retry and not the next life's.
+//!
 //! # How: the reset, on every replica
 //!
-//! After the grace the owner *resets* the register on **all** its replicas: key
-//! header, in-place record header and metadata words back to zero, as fresh memory
-//! is. A quorum is not enough: a replica that kept the old metadata (a tombstone with
-//! a high timestamp) would, in some later quorum, make the next key's value read as
-//! deleted or older. A replica that does not answer keeps the register out of the
-//! pool (a failed one makes the owner retire it again and retry after another
+//! After the grace the owner *resets* the register on **all** its replicas
+//! ([`crate::registers::reset`]): it reads every replica, tombstones any delete word
+//! that holds none, then CASes every metadata word and delete word from what it read
+//! to the next life's *marker*, a word above every word the register ever held, and
+//! key-header word 0 to "blank, held by the resetter". A reset is a write, not an
+//! erasure: no word goes down, so no CAS of an earlier life ever finds its expected
+//! value again, however late it lands (below). A quorum is not enough: a replica that
+//! kept the old metadata (a tombstone) would, in some later quorum, make the next key's
+//! value read as deleted. A replica that does not answer keeps the register out of
+//! the pool (a failed one makes the owner retire it again and retry after another
 //! grace; a silent one keeps it forever: a leak bounded by what that node holds,
-//! never a safety problem). Only then is the register handed to the allocator as
-//! *pre-cleared* (`crate::registers::alloc`), which is what an insert needs to write it
-//! in one roundtrip (SWARM §5.3.1).
+//! never a safety problem). A CAS that finds another word than the read showed (a
+//! late store landed in between) makes the reset read again. Only then is the
+//! register handed to the allocator with its marker, *pre-cleared*
+//! (`crate::registers::alloc`), which is what an insert needs to write it in one
+//! roundtrip (SWARM §5.3.1): the insert's CASes expect the marker and its write goes
+//! above it.
 //!
 //! # Donations: pools do not drift apart
 //!
@@ -104,16 +117,39 @@
 //!
 //! # Why a reused register is never confused with its old life
 //!
-//! * *Stale blind writes and stale CAS expectations*: by the grace, no operation
-//!   that could name the register posts anything to it any more (above). Without
-//!   that, a write with an expectation of the old metadata words could land on the
-//!   new key, since a reset brings the words back down.
-//! * *Read as the old key*: payloads carry their key and a read checks it; the key
-//!   header is zeroed on every replica by the reset and rewritten by the next insert
-//!   before the register is indexed, so the index's header checks see the new key
-//!   only.
-//! * *Slot recycling* (contract 4): metadata words only ever go up, except by this
-//!   reset, which happens only once no operation can reach the register.
+//! Whatever the timing: a client may be paused for any time between its last check
+//! (its deadline, its lease) and its stores, and its stores then land on the next
+//! life. What each of them does there:
+//!
+//! * *CASes on metadata words and the delete word* (a write's MAX, a read's
+//!   write-back, a tombstone, a VERIFIED mark) expect a word of the client's life.
+//!   Every word of a later life is its marker or above it, and the marker is above
+//!   every word of the earlier lives: the CAS fails and changes nothing.
+//! * *Rounds after a failed CAS*: the operation reads the delete word in the same
+//!   batch, after the CAS, and every read of the register reads it too. The delete
+//!   word holds the life's marker until the life's first tombstone; another marker
+//!   means another life, and the operation stops with `SwarmError::Recycled` (the KV
+//!   client then asks the index, `KvClient::update`, `KvClient::delete`, and a get
+//!   takes the register for not the key's). A read torn across a replica's words that
+//!   sees a word of the next life with a delete word from before the reset sees a
+//!   tombstone there (the reset tombstones every delete word first): "deleted",
+//!   never a value taken for its own life's.
+//! * *Plain writes*: the in-place record (a VERIFIED write's copy on the primary) is
+//!   used by a read only when its tsp is the maximum's, which no record of an earlier
+//!   life is. The reset's own zeroing of the record header is likewise harmless.
+//! * *Read as the old key*: payloads carry their key and a read checks it; an index
+//!   that finds the register by fingerprint reads its key header, which a reset blanks
+//!   on every replica and the next insert rewrites before the register is indexed.
+//! * *Slot recycling* (contract 4): metadata words only ever go up.
+//!
+//! What still leans on timing, for safety (ARCHITECTURE.md, "Limitations"): the
+//! plain writes an insert makes into a register of its own pool (key header and
+//! in-place record), and the resets its owner posts, are safe while that client owns
+//! its pool and limbo, which a takeover of its writer id (a lapsed lease) ends; a
+//! reset that finds another holder's tag on a majority stops
+//! ([`RecycleStats::reset_abandoned`]), but a paused owner's insert or reset can
+//! still land after a takeover. Log slots have their own grace
+//! (`swarm_core::slot_recycling`).
 //!
 //! # What is not recycled (leaks; `swarm stat` counts registers holding a key)
 //!
@@ -128,7 +164,7 @@
 //!   *or closes* loses them. They come back through the holder tags in the key
 //!   headers ([`crate::registers::limbo`]): the retiree tags each register it retires on every
 //!   replica ([`Recycler::mark`]) and the reset tags the registers it pools
-//!   ([`reset_batch`]), so a client that runs out of registers finds those held by
+//!   ([`crate::registers::reset`]), so a client that runs out of registers finds those held by
 //!   gone clients, takes them by CAS and recycles them after its own grace. Still
 //!   leaked: a retired register whose mark reached no replica, and the cases above
 //!   (`crate::registers::limbo`, "what stays leaked").

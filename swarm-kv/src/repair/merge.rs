@@ -10,8 +10,8 @@
 //!
 //! * **Max registers** (register metadata words, the generation, tick-ceiling, used
 //!   and clock words of a client-table row): every change of such a word on a node
-//!   raises it (a register's reset, the one exception, needs every replica to answer,
-//!   so it cannot complete while the node is out). The maximum of the donors is
+//!   raises it (a register's reset too: it installs a life marker above every
+//!   earlier word, `crate::registers::reset`). The maximum of the donors is
 //!   at least every value written on a majority (a majority that included the lost
 //!   node still has a donor in it) and is a value some node holds: [`max_word`].
 //! * **Delete words** (after a register's metadata words) hold the node's first
@@ -61,8 +61,8 @@
 //! * **Records** (a register's in-place block, a log slot's record): each validates
 //!   itself (tsp and xxh3-128); the valid copy with the highest tsp wins, and no valid
 //!   copy gives zeros (a node that never received the record): [`record`].
-//! * **Key headers**: the key written before the register is published, and zeroed
-//!   on every replica by a reset; donors that disagree on a non-empty key cannot
+//! * **Key headers**: the key written before the register is published, and blanked
+//!   (length 0 in word 0) on every replica by a reset; donors that disagree on a non-empty key cannot
 //!   happen while resets need every replica, and give zeros if they do
 //!   ([`key_header`]).
 //! * **Log summaries**: the valid copy with the highest stamp (stamps are
