@@ -132,11 +132,15 @@ pub fn push_max(
     Ok(())
 }
 
-/// The operation reading the delete word of the register at `addr` alone.
-pub fn delete_word_read_op(layout: &Layout, addr: u64) -> Op {
-    Op::Read {
+/// The operation that returns the delete word of the register at `addr` and changes
+/// nothing: a CAS from `life` (the caller's life marker, [`crate::RegisterCache`]) to
+/// itself. Cheaper than a read (its answer is one word, no buffer) wherever a CAS
+/// answer is parsed anyway.
+pub fn delete_word_probe_op(layout: &Layout, addr: u64, life: Tsp) -> Op {
+    Op::Cas {
         addr: layout.delete_word_addr(addr),
-        len: 8,
+        expected: life.word(),
+        new: life.word(),
     }
 }
 

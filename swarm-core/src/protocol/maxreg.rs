@@ -700,6 +700,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
             let mut rt = Roundtrip::start(&self.fabric, stats);
             {
                 let own = cache.own_word.clone();
+                let life = cache.untombstoned();
                 let written = progress.buffer_written;
                 let record_len = record.len() as u64;
                 let touches =
@@ -715,9 +716,9 @@ impl<F: Fabric, C: Clock> Client<F, C> {
                     let expected = inout::max_expected(own.get(p), tsp);
                     inout::push_max(batch, &layout, reg.addr, writer, expected, tsp)?;
                     // The delete word after the CAS: if the CAS found a word of a
-                    // later life, this read shows that life's marker or tombstone
+                    // later life, this probe shows that life's marker or tombstone
                     // (batch order), and no further round acts on that word.
-                    batch.push(inout::delete_word_read_op(&layout, reg.addr))?;
+                    batch.push(inout::delete_word_probe_op(&layout, reg.addr, life))?;
                     Ok(())
                 })
                 .await?;
@@ -741,8 +742,8 @@ impl<F: Fabric, C: Clock> Client<F, C> {
                 }
                 progress.buffer_written[p] = true;
                 let last = completion.outputs().len().saturating_sub(1);
-                if let Some(delete) = completion.read(last) {
-                    cache.learn_life(inout::delete_word(delete))?;
+                if let Some(delete) = inout::cas_result(completion, last) {
+                    cache.learn_life(delete)?;
                 }
                 let Some(previous) = inout::cas_result(completion, last.saturating_sub(1)) else {
                     continue;
