@@ -431,11 +431,24 @@ fn rdma_commands_without_a_device_fail_clearly() {
     }
 }
 
+/// The crashed client of the evict test: a process that registers a writer id, says
+/// which, and never renews nor closes (its parent kills it).
+const CRASHED_CHILD: &str = "SWARM_CLI_EVICT_CHILD";
+
 /// `swarm evict` watches a lease for a lease period: it gives back the writer id of a
-/// client that crashed, refuses a client that keeps renewing, and with --force
-/// evicts even that one, which then stops with a lease error instead of writing.
+/// client that crashed, refuses a client that keeps renewing (and, on shared memory,
+/// one whose process still runs), and with --force evicts even that one, which then
+/// stops with a lease error instead of writing.
 #[test]
 fn evict_gives_back_the_writer_id_of_a_crashed_client_and_refuses_a_live_one() {
+    if let Ok(dir) = std::env::var(CRASHED_CHILD) {
+        let store = swarm_kv::ShmStore::open(Path::new(&dir)).expect("open the cluster");
+        let client = store.client().expect("a writer id");
+        println!("{}", client.writer());
+        std::mem::forget(client);
+        std::thread::sleep(std::time::Duration::from_secs(120));
+        return;
+    }
     let scratch = ScratchDir::new("cli-evict").unwrap();
     let dir = scratch.path().join("c");
     let d = dir.to_str().unwrap();
@@ -446,10 +459,34 @@ fn evict_gives_back_the_writer_id_of_a_crashed_client_and_refuses_a_live_one() {
         text(&out)
     );
     // A client that never closes nor renews: its row stays claimed, as after a crash.
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "evict_gives_back_the_writer_id_of_a_crashed_client_and_refuses_a_live_one",
+            "--nocapture",
+        ])
+        .env(CRASHED_CHILD, &dir)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("start the client to crash");
+    let crashed_id = {
+        use std::io::BufRead;
+        let stdout = child.stdout.take().unwrap();
+        std::io::BufReader::new(stdout)
+            .lines()
+            .map(|l| l.unwrap())
+            .find(|l| l.trim().parse::<u16>().is_ok())
+            .expect("the child's writer id")
+            .trim()
+            .to_string()
+    };
+    // While its process runs, its id is not given back (it may be stopped, not dead).
+    let out = swarm(&["evict", "--dir", d, "--writer", &crashed_id]);
+    assert!(!out.status.success());
+    assert!(text(&out).contains("still runs"), "{}", text(&out));
+    child.kill().unwrap();
+    child.wait().unwrap();
     let store = swarm_kv::ShmStore::open(&dir).expect("open the cluster");
-    let crashed = store.client().expect("a writer id");
-    let crashed_id = crashed.writer().to_string();
-    std::mem::forget(crashed);
     // A live client, renewing as it works.
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let (live_id_tx, live_id_rx) = std::sync::mpsc::channel();

@@ -133,6 +133,18 @@ pub enum KvError {
         /// How long it was watched, seconds.
         watched_secs: f64,
     },
+    /// The lease of a writer id lapsed, but its owner process still runs on this
+    /// host (stopped, or stuck): its id is not released, since its stores may still
+    /// land (`crate::membership::owner_process`).
+    #[error(
+        "writer id {writer}'s lease lapsed, but its owner process still runs (stopped or stuck, \
+         see `swarm stat` for its pid): continue or kill that process, or evict it anyway with \
+         --force once you know it will never run again"
+    )]
+    OwnerRunning {
+        /// The writer id.
+        writer: u16,
+    },
     /// The client could not prove its lease valid for a whole operation and stopped
     /// (self-fencing): it must reconnect.
     #[error(

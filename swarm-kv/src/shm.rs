@@ -269,4 +269,14 @@ impl Store for ShmStore {
             .map(|a| (a.node, a.error.to_string()))
             .collect()
     }
+
+    /// Shared memory: every client is a process of this host, so a writer id is
+    /// taken over only once its owner's process is gone
+    /// (`crate::membership::owner_process`).
+    fn config(&self) -> KvConfig {
+        KvConfig {
+            owners: crate::membership::owner_process::OwnerLiveness::ThisHost,
+            ..KvConfig::new(self.header.epoch_unix_ns, self.header.tick_ns)
+        }
+    }
 }

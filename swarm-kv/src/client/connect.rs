@@ -50,11 +50,11 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
                 replicas: layout.params.replicas,
             });
         }
-        let pid = u64::from(std::process::id());
-        let token = token_for(pid);
+        let owner = crate::membership::owner_process::this_process();
+        let token = token_for(owner);
         let (registration, lease) = swarm_core::block_on(
             &fabric,
-            writer_ids::register(&fabric, &layout, nodes, token, pid),
+            writer_ids::register(&fabric, &layout, nodes, token, owner, config.owners),
         )?;
         let writer =
             WriterId::new(u32::from(registration.writer)).map_err(swarm_core::SwarmError::from)?;

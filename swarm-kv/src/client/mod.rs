@@ -128,6 +128,10 @@ pub struct KvConfig {
     /// that finds this many waiting unmaps before it returns, and
     /// [`KvClient::close`] runs those left.
     pub deferred_unmaps: usize,
+    /// Whether every client of the cluster is a process of this host (shared memory):
+    /// then a writer id is taken over only once its owner's process is gone
+    /// ([`crate::membership::owner_process`]). [`crate::ShmStore`] sets it.
+    pub owners: crate::membership::owner_process::OwnerLiveness,
 }
 
 /// Default [`KvConfig::lease_revive_ns`]: 5 s, room for several reconnect attempts
@@ -149,6 +153,7 @@ impl KvConfig {
             register_protocol: RegisterProtocol::SafeGuess,
             lease_revive_ns: DEFAULT_LEASE_REVIVE_NS,
             deferred_unmaps: 0,
+            owners: crate::membership::owner_process::OwnerLiveness::Unknown,
         }
     }
 }

@@ -16,6 +16,7 @@ use swarm_core::{
 
 use crate::layout::{ClusterParams, NodeLayout};
 use crate::membership::lease::LeaseParams;
+use crate::membership::owner_process::OwnerLiveness;
 use crate::membership::writer_takeover::take_over_expired;
 use crate::{DeleteOutcome, KvClient, KvConfig, KvError};
 
@@ -182,7 +183,14 @@ fn a_client_that_keeps_renewing_is_never_reclaimed() {
     insert(&a, "k", "v").expect("inserted");
     let watcher = world.fabric();
     let lease = world.lease();
-    let watch = take_over_expired(&watcher, &world.layout, &lease, Some(77), None);
+    let watch = take_over_expired(
+        &watcher,
+        &world.layout,
+        &lease,
+        Some(77),
+        None,
+        OwnerLiveness::Unknown,
+    );
     // Meanwhile a works at a slow pace: an operation every 100 ms of virtual time, for
     // longer than the watch.
     let work = async {
@@ -275,8 +283,22 @@ fn two_clients_reclaiming_at_once_get_one_dead_id_each() {
     // Both pause; two new clients look for an id at the same time.
     let (fc, fd) = (world.fabric(), world.fabric());
     let both = swarm_core::join(
-        crate::membership::writer_ids::register(&fc, &world.layout, 3, 101, 1),
-        crate::membership::writer_ids::register(&fd, &world.layout, 3, 202, 2),
+        crate::membership::writer_ids::register(
+            &fc,
+            &world.layout,
+            3,
+            101,
+            1,
+            OwnerLiveness::Unknown,
+        ),
+        crate::membership::writer_ids::register(
+            &fd,
+            &world.layout,
+            3,
+            202,
+            2,
+            OwnerLiveness::Unknown,
+        ),
     );
     let (c, d) = block_on_future(&fc, both).expect("no stall");
     let (c, d) = (c.expect("an id for c").0, d.expect("an id for d").0);

@@ -14,7 +14,7 @@
 //! |---:|---|
 //! | 0 | claim: 0 free, else the owner's incarnation token |
 //! | 1 | lease word: renewal counter, bit 63 set once killed by a reclaimer ([`crate::membership::lease`]) |
-//! | 2 | pid of the owner (informational) |
+//! | 2 | the owner's process: pid, start time in the high 32 bits ([`crate::membership::owner_process`]) |
 //! | 3 | 1 once the row has ever been used (its log may hold live buffers) |
 //! | 4 | resume generation: `generation << 1 \| sealed` (see "Resuming a log" below) |
 //! | 5 | the owner's wall clock at its last renewal, Unix ns (informational: `swarm stat`) |
@@ -86,6 +86,7 @@ use crate::layout::NodeLayout;
 use crate::membership::claim::{Claim, claim};
 use crate::membership::lease::{LeaseKeeper, LeaseParams};
 use crate::membership::lease_renewal::{LeaseHolder, RENEWED_UNIX, renew_now};
+use crate::membership::owner_process::OwnerLiveness;
 use crate::membership::writer_takeover::{STRAGGLER_NS, take_over_expired};
 use swarm_core::summary::LogSummary;
 
@@ -140,19 +141,25 @@ pub enum Resume {
 /// Claims a free row for the incarnation `token`, or, when every row is claimed,
 /// takes over the row of a client whose lease expired (which takes a lease period:
 /// [`LeaseParams::observer_wait_ns`]). Returns the row and its lease, renewed.
+///
+/// `owner` is the registering process's identity, left in the row
+/// ([`crate::membership::owner_process`]); `owners` says whether a takeover may judge
+/// other rows' owners by theirs.
 pub async fn register<F: Fabric>(
     fabric: &F,
     layout: &NodeLayout,
     nodes: usize,
     token: u64,
-    pid: u64,
+    owner: u64,
+    owners: OwnerLiveness,
 ) -> Result<(Registration, LeaseHolder), KvError> {
     let lease = LeaseParams::from_params(&layout.params);
     let stats = OpStats::new();
     let mut row = claim_free_row(fabric, layout, nodes, token, &stats).await?;
     if row.is_none() {
         tracing::info!("every writer id is claimed: looking for clients whose lease expired");
-        let reclaimed = take_over_expired(fabric, layout, &lease, Some(token), None).await?;
+        let reclaimed =
+            take_over_expired(fabric, layout, &lease, Some(token), None, owners).await?;
         row = reclaimed.taken.map(|r| r.writer);
         if row.is_none() && !reclaimed.released.is_empty() {
             // Another reclaimer took the dead row we tried and released the others
@@ -225,7 +232,7 @@ pub async fn register<F: Fabric>(
         return Err(KvError::LeaseExpired { writer });
     }
     let mut info = Vec::with_capacity(16);
-    info.extend_from_slice(&pid.to_le_bytes());
+    info.extend_from_slice(&owner.to_le_bytes());
     info.extend_from_slice(&1u64.to_le_bytes());
     broadcast(fabric, &stats, node_ids(nodes), majority(nodes), |_| {
         Ok(Batch::write(at + PID, info.clone()))
@@ -459,11 +466,15 @@ pub enum Eviction {
 /// not renew ([`KvError::LeaseFresh`] otherwise). With `force`, the lease is killed at
 /// once (a live owner stops at its next renewal with [`KvError::LeaseExpired`]) and
 /// the row released after the same wait. Either way two clients never share an id.
+///
+/// Without `force` and with [`OwnerLiveness::ThisHost`], a row whose owner process
+/// still runs is not released ([`KvError::OwnerRunning`]): stop or kill that process.
 pub async fn evict<F: Fabric>(
     fabric: &F,
     layout: &NodeLayout,
     writer: u16,
     force: bool,
+    owners: OwnerLiveness,
 ) -> Result<Eviction, KvError> {
     if writer >= layout.params.writers {
         return Err(KvError::NoSuchWriter {
@@ -482,9 +493,11 @@ pub async fn evict<F: Fabric>(
             },
         );
     }
-    let reclaimed = take_over_expired(fabric, layout, &lease, None, Some(writer)).await?;
+    let reclaimed = take_over_expired(fabric, layout, &lease, None, Some(writer), owners).await?;
     if reclaimed.released.contains(&writer) {
         Ok(Eviction::Released)
+    } else if reclaimed.running.contains(&writer) {
+        Err(KvError::OwnerRunning { writer })
     } else if reclaimed.alive.contains(&writer) {
         Err(KvError::LeaseFresh {
             writer,
@@ -546,7 +559,7 @@ pub async fn read_table<F: Fabric>(
             token: word(row, 0),
             lease: word(row, 1),
             renewed_unix_ns: word(row, (RENEWED_UNIX / 8) as usize),
-            pid: word(row, 2),
+            pid: word(row, 2) & 0xFFFF_FFFF,
             used: word(row, 3) != 0,
             generation: word(row, (GENERATION / 8) as usize),
         })
@@ -605,9 +618,12 @@ mod tests {
         let (cluster, layout) = cluster();
         let fabric = cluster.client();
         let register = |token| {
-            block_on(&fabric, register(&fabric, &layout, 3, token, 1))
-                .expect("a free row")
-                .0
+            block_on(
+                &fabric,
+                register(&fabric, &layout, 3, token, 1, OwnerLiveness::Unknown),
+            )
+            .expect("a free row")
+            .0
         };
         let first = register(11);
         assert_eq!((first.writer, first.reused), (0, false));
@@ -627,9 +643,12 @@ mod tests {
         let fabric = cluster.client();
         let stats = OpStats::new();
         let register = |token| {
-            block_on(&fabric, register(&fabric, &layout, 3, token, 1))
-                .expect("a free row")
-                .0
+            block_on(
+                &fabric,
+                register(&fabric, &layout, 3, token, 1, OwnerLiveness::Unknown),
+            )
+            .expect("a free row")
+            .0
         };
         let slots = layout.params.log_slots;
         let first = register(11);
@@ -798,11 +817,17 @@ mod tests {
         let (cluster, layout) = cluster();
         let fabric = cluster.client();
         assert!(matches!(
-            block_on(&fabric, evict(&fabric, &layout, 2, false)),
+            block_on(
+                &fabric,
+                evict(&fabric, &layout, 2, false, OwnerLiveness::Unknown)
+            ),
             Ok(Eviction::NotRegistered)
         ));
         assert!(matches!(
-            block_on(&fabric, evict(&fabric, &layout, 64, true)),
+            block_on(
+                &fabric,
+                evict(&fabric, &layout, 64, true, OwnerLiveness::Unknown)
+            ),
             Err(KvError::NoSuchWriter { writer: 64, .. })
         ));
     }

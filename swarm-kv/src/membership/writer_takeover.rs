@@ -28,6 +28,7 @@ use crate::KvError;
 use crate::layout::{CLIENT_ROW_BYTES, NodeLayout};
 use crate::membership::lease::{KILLED, LeaseParams, is_killed};
 use crate::membership::lease_renewal::LEASE_WORD;
+use crate::membership::owner_process::{self, OwnerLiveness};
 
 /// How long a reclaimer waits for nodes beyond a majority at each step.
 pub const STRAGGLER_NS: Nanos = 50_000_000;
@@ -41,6 +42,9 @@ pub struct ObservedRow {
     pub token: u64,
     /// The lease word on each node (`None`: no answer).
     pub lease: Vec<Option<u64>>,
+    /// The owner process identities (word 2) the nodes showed, distinct, non-zero
+    /// ([`crate::membership::owner_process`]).
+    pub owners: Vec<u64>,
 }
 
 /// What a takeover pass did.
@@ -52,6 +56,10 @@ pub struct Reclaimed {
     pub released: Vec<u16>,
     /// Rows whose owner renewed during the watch: alive.
     pub alive: Vec<u16>,
+    /// Rows whose lease lapsed (and is now killed) but whose owner process still
+    /// runs on this host ([`OwnerLiveness::ThisHost`]): left to it, since a stopped
+    /// process may still store into what the row holds when it is continued.
+    pub running: Vec<u16>,
 }
 
 /// Reads the whole client table on every node that answers (a majority at least).
@@ -78,6 +86,7 @@ pub async fn observe<F: Fabric + ?Sized>(
             writer: w as u16,
             token: 0,
             lease: vec![None; nodes],
+            owners: Vec::new(),
         })
         .collect();
     let mut tokens: Vec<Vec<u64>> = vec![Vec::new(); writers];
@@ -94,6 +103,11 @@ pub async fn observe<F: Fabric + ?Sized>(
                 if let Some(slot) = row.lease.get_mut(node.index()) {
                     *slot = Some(lease);
                 }
+            }
+            if let Some(owner) = word(2).filter(|&o| o != 0)
+                && !row.owners.contains(&owner)
+            {
+                row.owners.push(owner);
             }
         }
     }
@@ -164,13 +178,16 @@ async fn kill<F: Fabric + ?Sized>(
 /// Watches the rows claimed on a majority (only `only`, if given) for a lease period,
 /// kills those whose owner did not renew, and takes the first dead one over for
 /// `taker` (a token; `None`: release them all). Rows already killed on a majority (an
-/// earlier reclaim stopped half way) are not waited for.
+/// earlier reclaim stopped half way) are not waited for. With
+/// [`OwnerLiveness::ThisHost`], a row whose owner process still runs is killed but
+/// neither taken nor released ([`Reclaimed::running`]).
 pub async fn take_over_expired<F: Fabric + ?Sized>(
     fabric: &F,
     layout: &NodeLayout,
     lease: &LeaseParams,
     taker: Option<u64>,
     only: Option<u16>,
+    owners: OwnerLiveness,
 ) -> Result<Reclaimed, KvError> {
     let nodes = fabric.node_count();
     let observed = observe(fabric, layout).await?;
@@ -201,6 +218,22 @@ pub async fn take_over_expired<F: Fabric + ?Sized>(
         if !kill(fabric, layout, &row).await? {
             tracing::debug!(writer = row.writer, "lease renewed while watched: alive");
             result.alive.push(row.writer);
+            continue;
+        }
+        if owners == OwnerLiveness::ThisHost
+            && row
+                .owners
+                .iter()
+                .any(|&o| owner_process::alive(o) == Some(true))
+        {
+            // Killed: if it is only stopped, it finds out at its next renewal and
+            // stops; until its process is gone its late stores may still land.
+            tracing::info!(
+                writer = row.writer,
+                owners = ?row.owners,
+                "lease lapsed, but the owner process still runs: its writer id is left to it"
+            );
+            result.running.push(row.writer);
             continue;
         }
         let claim_at = layout.client_row(row.writer);

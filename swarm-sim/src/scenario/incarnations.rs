@@ -55,7 +55,10 @@ impl SentWrites {
         for op in batch.ops() {
             match op {
                 Op::Write { addr, data } if *addr >= layout.log_base() => record = Some(data),
-                Op::Cas { addr, new, .. } if (HEADER_SIZE..ceilings).contains(addr) => {
+                // The first CAS: the write's MAX (a delete-word probe may follow it).
+                Op::Cas { addr, new, .. }
+                    if (HEADER_SIZE..ceilings).contains(addr) && register.is_none() =>
+                {
                     let index = (addr - HEADER_SIZE) / layout.register_bytes();
                     register = Some((index as u32, *new));
                 }

@@ -552,7 +552,13 @@ fn evict<S: Store>(store: &S, writer: u16, force: bool) -> Result<ExitCode> {
     );
     let eviction = block_on(
         &fabric,
-        swarm_kv::membership::writer_ids::evict(&fabric, &layout, writer, force),
+        swarm_kv::membership::writer_ids::evict(
+            &fabric,
+            &layout,
+            writer,
+            force,
+            store.config().owners,
+        ),
     )?;
     match eviction {
         swarm_kv::membership::writer_ids::Eviction::NotRegistered => {
