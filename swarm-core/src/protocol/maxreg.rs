@@ -34,7 +34,8 @@
 //!   and never fail — unless the same maximum's buffer stays unusable for
 //!   `SUPERSEDED_RETRIES` (8) reads in a row, which recycling cannot cause (the next
 //!   majority read after a supersession returns something above `t`) and which is
-//!   then reported as `Corrupted`.
+//!   then reported as `Corrupted` (but see "Lost copies" below: a re-read leaves out
+//!   the replicas whose copy was unusable).
 //! * The write-back (`inner_write(t)` writes `t`'s record into `t`'s slot on the
 //!   replicas that lack `t`) could clobber a recycled slot's new buffer. It cannot:
 //!   the read that writes `t` back saw `t` as the maximum of a majority, so it
@@ -47,11 +48,43 @@
 //! * Wait-freedom, precisely: a read still returns after a bounded number of its own
 //!   steps (appendix C, Lemma C.5, plus at most `SUPERSEDED_RETRIES` re-reads per
 //!   maximum, each of which only happens when `t` was superseded, i.e. the maximum
-//!   grew); in time, every operation is bounded by its fence: one that would run past
+//!   grew, or when a copy of `t` was lost, which the next re-read leaves out); in
+//!   time, every operation is bounded by its fence: one that would run past
 //!   `max_op_ns` (a slow or partitioned client, a majority that answers too slowly)
 //!   fails with `SwarmError::Fenced` instead and may be retried. Recycling never makes
 //!   a read fail or retry while its fence holds and the grace rules are kept
 //!   (`swarm-sim/tests/sim_recycling.rs` asserts that no fetch meets a recycled slot).
+//!
+//! Lost copies (a replica's copy of its own maximum is unusable):
+//! * A replica's buffer of `t` can be overwritten while `t` is still its maximum (a
+//!   write landing later than the delivery margin, or memory lost on that node: the
+//!   simulator's `Faults::wiped_copies`), at a time when `t` is on no other replica:
+//!   its write has reached only that one so far (its batches to the others are slow,
+//!   or its writer crashed). Re-reading does not help while `t` is on no other
+//!   replica (`t`'s writer writes each replica's buffer once, and no read writes `t`
+//!   back before it fetched `t`'s value), and waiting for `t`'s writer is not
+//!   wait-free. So after a value fetch met unusable copies, the re-read (which asks
+//!   every replica) *leaves out* each replica whose maximum is still the write its
+//!   copy was found unusable for, as long as the replies left form a majority, and
+//!   takes the maximum of those (`Views::leave_out`).
+//! * That is a READ of Algorithm "wmr" (appendix A) all the same. A replica whose
+//!   In-n-Out read (§4.3, Algorithm "ino-read") cannot produce its maximum's value is
+//!   a replica whose read has not answered, which in an asynchronous system no one
+//!   can tell from a slow one; READ waits for *a* majority of replies, any one.
+//!   Lemma A.3 holds for the majority left, `Q`: if `inner_write(v)` completed before
+//!   the read, the majority holding `v` or more intersects `Q`, so `Q`'s maximum is at
+//!   least `v`, and validity and read-read and write-read monotonicity (Theorems A.1,
+//!   A.4, A.5) follow as in the paper; Safe-Guess (appendix C) uses `M` through those
+//!   properties only. In particular a `t` left out had not completed when the read
+//!   began (or a replica of `Q` would hold `t` or more), so the read goes before
+//!   `t`'s write; and if `Q`'s maximum is `t`, a replica of `Q` holds `t` and its copy
+//!   is fetched. Replies left out still raised the cache: what they reported is on
+//!   their node, as with the paper's replies that arrive after READ returned
+//!   (`cache[i]` is raised asynchronously).
+//! * A replica is left out only for the write whose copy it failed to serve: once
+//!   its maximum moves on, its replies count again. If the replies left would not
+//!   form a majority (a replica did not answer within the patience), the read takes
+//!   the maximum of every reply as before and retries with more patience.
 
 use alloc::boxed::Box;
 use alloc::vec::Vec;
@@ -133,6 +166,19 @@ impl Views {
     fn holds(&self, p: usize, t: Tsp) -> bool {
         self.answered & (1 << p) != 0 && self.max[p].same_write(t)
     }
+
+    /// Treats as not answered each replica `p` whose maximum is the write `lost[p]`
+    /// (whose copy there was found unusable), if at least `quorum` replies are left;
+    /// otherwise leaves the views as they are. See the module docs, "Lost copies".
+    fn leave_out(&mut self, lost: &[Tsp; MAX_REPLICAS], quorum: usize) {
+        let out = (0..MAX_REPLICAS)
+            .filter(|&p| !lost[p].is_empty() && self.holds(p, lost[p]))
+            .fold(0u16, |out, p| out | 1 << p);
+        let left = self.answered & !out;
+        if out != 0 && left.count_ones() as usize >= quorum {
+            self.answered = left;
+        }
+    }
 }
 
 /// What a value fetch found.
@@ -144,8 +190,13 @@ pub(crate) enum Fetched {
     NoAnswer,
     /// The holders answered with a record of another write, or one that fails
     /// validation: the slot was recycled (the write was superseded, see
-    /// [`super::slot_recycling`]) or is being rewritten. Read the register again.
-    Superseded,
+    /// [`super::slot_recycling`]), is being rewritten, or lost its copy (module
+    /// docs, "Lost copies"). Read the register again. Bit `p` of `unusable` is set
+    /// for each replica position whose copy was read and unusable.
+    Superseded {
+        /// The positions of the holders whose copy was unusable.
+        unusable: u16,
+    },
 }
 
 /// Consecutive re-reads that find the same maximum's buffer unusable before a read
@@ -395,9 +446,11 @@ impl<F: Fabric, C: Clock> Client<F, C> {
     ///
     /// A buffer is only ever taken as `t`'s value if its record validates and names
     /// `t`. Any other record means the slot was recycled after `t` was superseded
-    /// (or is being rewritten): [`Fetched::Superseded`], never foreign data and never
-    /// an error; the caller reads the register again, and a majority read after the
-    /// supersession returns something above `t` (see [`super::slot_recycling`]).
+    /// (or is being rewritten, or that copy was lost): [`Fetched::Superseded`], never
+    /// foreign data and never an error; the caller reads the register again, and a
+    /// majority read after the supersession returns something above `t` (see
+    /// [`super::slot_recycling`]), or one that leaves out the lost copies does
+    /// (module docs, "Lost copies").
     ///
     /// Only for a `t` whose value is not at hand: the common cases, which need no
     /// roundtrip, are [`Views::value_at_hand`], which the caller tries first (taking
@@ -429,6 +482,8 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         // any copy that validates and names `t` is `t`'s value); if none answers in
         // time (they crashed since the metadata read), give up and let the caller
         // re-read.
+        // The positions of the holders whose copy was read and unusable.
+        let mut unusable = 0u16;
         let mut rt = Roundtrip::start(&self.fabric, stats);
         let mut asked = 0;
         let mut answered = false;
@@ -456,6 +511,9 @@ impl<F: Fabric, C: Clock> Client<F, C> {
                 };
                 let record = decode_record(&mut bytes, self.layout.payload_max());
                 if !record.as_ref().is_some_and(|r| r.tsp.same_write(t)) {
+                    if let Some(p) = reg.replicas.position(*node) {
+                        unusable |= 1 << p;
+                    }
                     // What the slot held instead: an older write of the same writer
                     // points at a late write into a recycled slot, nothing at all at
                     // a torn or never-written buffer.
@@ -492,7 +550,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
                 "the buffer of the maximum holds another write (recycled slot): \
                  reading the register again"
             );
-            Ok(Fetched::Superseded)
+            Ok(Fetched::Superseded { unusable })
         } else {
             Ok(Fetched::NoAnswer)
         }
@@ -529,6 +587,9 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         let mut patience = 1;
         // Re-reads in a row that found the same maximum's buffer unusable.
         let mut unusable: (Tsp, u32) = (Tsp::EMPTY, 0);
+        // By replica position, the write whose copy there was found unusable (see
+        // "Lost copies" in the module docs). Cold: allocated on the first such copy.
+        let mut lost: Option<Box<[Tsp; MAX_REPLICAS]>> = None;
         let (t, value) = loop {
             // After a maximum's buffer was unusable on every holder that answered,
             // ask every replica: another holder may have an intact copy.
@@ -536,6 +597,9 @@ impl<F: Fabric, C: Clock> Client<F, C> {
             let mut views = self
                 .read_views_from(reg, cache, stats, with_inplace, every_replica)
                 .await?;
+            if let Some(lost) = &lost {
+                views.leave_out(lost, reg.replicas.quorum());
+            }
             let t = views.max();
             let fetched = match views.value_at_hand(t) {
                 Some(value) => Fetched::Value(value),
@@ -544,8 +608,16 @@ impl<F: Fabric, C: Clock> Client<F, C> {
             };
             match fetched {
                 Fetched::Value(value) => break (t, value),
-                Fetched::Superseded => {
+                Fetched::Superseded {
+                    unusable: positions,
+                } => {
                     stats.count_recycled_fetch();
+                    let lost = lost.get_or_insert_with(|| Box::new([Tsp::EMPTY; MAX_REPLICAS]));
+                    for (p, write) in lost.iter_mut().enumerate() {
+                        if positions & (1 << p) != 0 {
+                            *write = t;
+                        }
+                    }
                     unusable = if unusable.0 == t {
                         (t, unusable.1 + 1)
                     } else {
