@@ -379,6 +379,51 @@ mod tests {
     }
 
     #[test]
+    fn a_life_marker_is_learned_once_and_another_one_is_refused() {
+        let m1 = Tsp::reset_marker(10).unwrap();
+        let m2 = Tsp::reset_marker(20).unwrap();
+        let tomb = Tsp::new(
+            crate::encoding::Timestamp::tombstone(crate::encoding::WriterId::FIRST),
+            crate::encoding::Flag::Verified,
+        );
+        let mut a = RegisterCache::new();
+        assert_eq!(a.life(), None);
+        assert_eq!(
+            a.untombstoned(),
+            Tsp::EMPTY,
+            "unknown: only never-reset memory matches"
+        );
+        assert_eq!(
+            a.learn_life(tomb),
+            Ok(()),
+            "a tombstone says nothing of the life"
+        );
+        assert_eq!(a.life(), None);
+        assert_eq!(a.learn_life(m1), Ok(()));
+        assert_eq!((a.life(), a.untombstoned()), (Some(m1), m1));
+        assert_eq!(a.learn_life(m1), Ok(()));
+        assert_eq!(a.learn_life(m2), Err(OtherLife { found: m2 }));
+        assert_eq!(a.check_marker(m2), Err(OtherLife { found: m2 }));
+        assert_eq!(a.check_marker(m1), Ok(()), "its own life's marker");
+        let write = Tsp::from_word(30 << 12);
+        assert_eq!(
+            a.check_marker(write),
+            Ok(()),
+            "a write says nothing of the life"
+        );
+        // After a reset, every position knows the marker and expects it.
+        let b = RegisterCache::after_reset(m2, 3);
+        assert_eq!(
+            (b.life(), b.known_max(2), b.own_word.get(1)),
+            (Some(m2), m2, m2)
+        );
+        assert!(!b.knows_a_write(), "a marker is no value");
+        // Merging two lives keeps the later one.
+        a.merge(&b);
+        assert_eq!(a.life(), Some(m2));
+    }
+
+    #[test]
     fn positions_are_every_preference_position_in_order() {
         for n in 1..=MAX_REPLICAS {
             let r = Replicas::all(n, 7).unwrap();
