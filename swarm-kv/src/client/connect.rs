@@ -9,20 +9,25 @@ use std::cell::{Cell, RefCell};
 
 use swarm_core::encoding::WriterId;
 use swarm_core::resume::scan_log;
-use swarm_core::{Client, Clock, Fabric, OpStats};
+use swarm_core::{Client, Clock, Fabric, NodeId, OpStats};
 use xxhash_rust::xxh3::xxh3_64;
 
-use crate::KvError;
 use crate::cache::LocationCache;
 use crate::index::{Index, IndexConfig};
 use crate::layout::NodeLayout;
 use crate::membership::writer_ids::{self, Resume};
 use crate::registers::alloc::RegisterAllocator;
 use crate::registers::recycle::Recycler;
+use crate::{KvError, RegisterId};
 
 use super::blind_policy::BlindPolicy;
 use super::deferred_unmap::DeferredUnmaps;
 use super::{KvClient, KvConfig, locate_register};
+
+/// How long a closing client waits for resets due soon (taken donations, due the
+/// delivery margin after the reclamation pass that took them) so that it can donate
+/// them with the rest of its pool, at most.
+pub(super) const CLOSE_RESET_WAIT_NS: swarm_core::fabric::Nanos = 50_000_000;
 
 fn token_for(pid: u64) -> u64 {
     let now = crate::clock::SystemClock::unix_ns();
@@ -194,10 +199,14 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
     }
 
     /// Gives the writer id back (its log is resumed by the next client that takes it).
-    /// Registers in limbo and in the pool are left to others: they carry this client's
-    /// holder tag, which is gone once the row is given back, so a client that runs out
-    /// of registers reclaims them (`crate::registers::limbo`, "a clean close"). Waits up to
-    /// [`crate::membership::writer_takeover::STRAGGLER_NS`] for retire marks still in flight.
+    /// First gives back what it never used (`crate::registers::give_back`): chunks
+    /// none of whose registers it handed out go back to the chunk table, the other
+    /// registers it never handed out and its recycled pool are donated, for any client
+    /// to take without a grace. Registers in limbo are left to others: they carry this
+    /// client's holder tag, which is gone once the row is given back, so a client that
+    /// runs out of registers reclaims them (`crate::registers::limbo`, "a clean close").
+    /// Waits up to [`crate::membership::writer_takeover::STRAGGLER_NS`] for retire
+    /// marks still in flight. Bounded in time; a node error never fails it.
     pub fn close(self) {
         if self.has_deferred_unmaps() {
             let fabric = self.swarm.fabric();
@@ -214,6 +223,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
             }
         }
         self.swarm.cancel_slot_recycling();
+        self.give_back_unused();
         let fabric = self.swarm.fabric();
         if self.recycler.marks_in_flight(fabric) > 0 {
             let until = fabric
@@ -255,6 +265,113 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         );
         // Let the release reach the nodes.
         let _ = swarm_core::block_on_future(self.swarm.fabric(), async {});
+    }
+
+    /// Gives back what this client never used (`crate::registers::give_back`), best
+    /// effort, under its lease: first finishes the resets due within
+    /// `CLOSE_RESET_WAIT_NS` (taken donations wait only the delivery margin: left
+    /// in limbo, they would come back to others only after a grace), then releases
+    /// the chunks it handed nothing out of and donates its other unused registers and
+    /// its pool, all within one operation deadline (`max_op_ns`). Errors are logged at
+    /// debug level: what was not given back stays to be adopted or reclaimed.
+    fn give_back_unused(&self) {
+        let fabric = self.swarm.fabric();
+        let max_op_ns = self.layout.params.max_op_ns;
+        let started = fabric.now();
+        if !self.lease.borrow().valid_for(started, max_op_ns) {
+            tracing::debug!(
+                writer = self.registration.writer,
+                "closing: lease too short to give back unused registers; they are adopted or reclaimed later"
+            );
+            return;
+        }
+        // Resets due soon: taken donations (due the delivery margin after their
+        // pass). Every step runs under the lease, as `recycle_step` requires.
+        let until = started.saturating_add(CLOSE_RESET_WAIT_NS);
+        let due_soon = || {
+            self.recycler.resetting() || self.recycler.next_due().is_some_and(|due| due <= until)
+        };
+        if due_soon() {
+            let _ = swarm_core::block_on_future(fabric, async {
+                loop {
+                    self.recycle_step();
+                    let now = fabric.now();
+                    if !due_soon() || now >= until || !self.lease.borrow().valid_for(now, max_op_ns)
+                    {
+                        break;
+                    }
+                    let next = match self.recycler.next_due() {
+                        Some(due) if !self.recycler.resetting() => due.min(until),
+                        _ => now.saturating_add(100_000),
+                    };
+                    swarm_core::sleep(fabric, next.saturating_sub(now).max(1)).await;
+                }
+            });
+        }
+        let unused = self.alloc.take_unused();
+        if unused.chunks.is_empty() && unused.fresh.is_empty() && unused.recycled.is_empty() {
+            return;
+        }
+        let now = fabric.now();
+        if !self.lease.borrow().valid_for(now, max_op_ns) {
+            return;
+        }
+        // Donations only while every node serves and no repair is announced, as at
+        // reset time (`crate::registers::recycle`, "donations").
+        let may_donate = !self.repair_announced()
+            && (0..self.nodes).all(|n| {
+                self.replica_status(NodeId(n as u16))
+                    == crate::registers::recycle::ReplicaStatus::InService
+            });
+        let stats = OpStats::new();
+        let _deadline = stats.arm_deadline(now.saturating_add(max_op_ns));
+        let tag = self.recycler.tag();
+        let mut registers: Vec<(RegisterId, u64)> = Vec::new();
+        if may_donate {
+            registers.extend(unused.fresh.iter().map(|r| (*r, 0)));
+            let pooled = crate::registers::limbo::header_word(0, tag);
+            registers.extend(unused.recycled.iter().map(|(r, _)| (*r, pooled)));
+        }
+        let given = swarm_core::block_on(fabric, async {
+            let chunks = crate::registers::give_back::release_chunks(
+                fabric,
+                &stats,
+                &self.layout,
+                &unused.chunks,
+                self.token,
+            )
+            .await?;
+            let (donated, incomplete) = crate::registers::give_back::donate(
+                fabric,
+                &stats,
+                &self.layout,
+                &registers,
+                |r| self.register_loc(r).ok(),
+            )
+            .await?;
+            Ok::<_, KvError>(crate::registers::give_back::GivenBack {
+                chunks,
+                donated,
+                incomplete,
+            })
+        });
+        match given {
+            Ok(given) => tracing::debug!(
+                writer = self.registration.writer,
+                chunks = given.chunks,
+                of_chunks = unused.chunks.len(),
+                donated = given.donated,
+                incomplete = given.incomplete,
+                kept = (unused.fresh.len() + unused.recycled.len()) - registers.len(),
+                in_limbo = self.recycler.in_limbo(),
+                "closing: gave back the chunks and registers never used"
+            ),
+            Err(error) => tracing::debug!(
+                writer = self.registration.writer,
+                %error,
+                "closing: giving back unused registers failed; they are adopted or reclaimed later"
+            ),
+        }
     }
 
     /// Leaves this client's log summary for the next client of its writer id

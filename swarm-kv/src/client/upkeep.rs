@@ -123,7 +123,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
     /// Then, with no repair of the node announced, the reset simply does without
     /// it; with one announced, it goes through the repair journal
     /// ([`crate::registers::journal`]), or waits on a cluster without one.
-    fn replica_status(&self, node: NodeId) -> ReplicaStatus {
+    pub(super) fn replica_status(&self, node: NodeId) -> ReplicaStatus {
         let followed = self.followed.borrow();
         let Some(config) = followed.as_ref() else {
             return ReplicaStatus::InService;

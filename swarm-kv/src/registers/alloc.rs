@@ -130,6 +130,20 @@ struct State {
     recycled: Vec<(RegisterId, Tsp)>,
     /// A claim scan found every chunk taken: do not scan again.
     exhausted: bool,
+    /// Registers per chunk.
+    per: u64,
+}
+
+/// What a client's pool holds that it never handed out, taken out of the pool on a
+/// clean close ([`RegisterAllocator::take_unused`], `crate::registers::give_back`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Unused {
+    /// Chunks this client claimed (not adopted) none of whose registers it handed out.
+    pub chunks: Vec<u64>,
+    /// The never-handed-out registers of chunks it claimed and partly used.
+    pub fresh: Vec<RegisterId>,
+    /// Registers of its recycled pool: reset on every replica, with their markers.
+    pub recycled: Vec<(RegisterId, Tsp)>,
 }
 
 impl RegisterAllocator {
@@ -145,6 +159,7 @@ impl RegisterAllocator {
                 token,
                 recycled: Vec::new(),
                 exhausted: false,
+                per: u64::from(layout.params.chunk_registers).max(1),
             }),
         }
     }
@@ -201,6 +216,31 @@ impl RegisterAllocator {
             }
             self.claim_chunk(fabric, stats, layout, nodes).await?;
         }
+    }
+
+    /// Empties the pool (the client is closing): what it never handed out, sorted
+    /// into whole chunks, fresh registers of partly used chunks, and recycled
+    /// registers ([`Unused`]). Only ranges of chunks this client claimed are in the
+    /// pool (adopted chunks add none), and a range starts at its chunk's first
+    /// register until its first register is handed out, so a range that still does
+    /// is a chunk none of whose registers was handed out.
+    pub fn take_unused(&self) -> Unused {
+        let mut s = self.state.borrow_mut();
+        let per = s.per;
+        let mut unused = Unused {
+            recycled: std::mem::take(&mut s.recycled),
+            ..Unused::default()
+        };
+        for (start, end) in std::mem::take(&mut s.free) {
+            if start % per == 0 && start < end {
+                let chunk = start / per;
+                s.owned.remove(&chunk);
+                unused.chunks.push(chunk);
+            } else {
+                unused.fresh.extend(start..end);
+            }
+        }
+        unused
     }
 
     /// The next free slot of the pool, if any.

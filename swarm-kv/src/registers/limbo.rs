@@ -129,10 +129,14 @@
 //!
 //! # A clean close
 //!
-//! A closing client leaves its limbo and pool marked for others (it waits a little for
-//! its marks to land, `KvClient::close`): flushing would mean waiting out the register
-//! grace (11.5 s by default) before exiting, which a one-shot `swarm delete` cannot
-//! afford, and the marks already make every retired register reclaimable.
+//! A closing client leaves its limbo marked for others (it waits a little for its
+//! marks to land, `KvClient::close`): flushing would mean waiting out the register
+//! grace (13 s by default) before exiting, which a one-shot `swarm delete` cannot
+//! afford, and the marks already make every retired register reclaimable. What it
+//! never used, its pool and the registers of its chunks it never handed out, it
+//! donates (`DONATED_TAG`, rule 3), and chunks it handed nothing out of go back to the
+//! chunk table ([`crate::registers::give_back`], which has the argument): a client
+//! that runs dry takes those after the delivery margin, not a grace.
 //!
 //! # What stays leaked
 //!
@@ -727,6 +731,9 @@ pub struct Census {
     pub pooled_live: u64,
     /// Blank registers held by gone clients, or donated (`DONATED_TAG`): reclaimable.
     pub pooled_gone: u64,
+    /// Of `pooled_gone`, the donated ones (every copy read `(0, DONATED_TAG)`): a
+    /// reclaimer takes them after the delivery margin, not a register grace.
+    pub donated: u64,
     /// Registers never used (blank, no tag).
     pub fresh: u64,
     /// Registers too few replicas answered for.
@@ -803,6 +810,7 @@ pub async fn census<F: Fabric>(
                     out.pooled_live += 1;
                 } else {
                     out.pooled_gone += 1;
+                    out.donated += u64::from(copies.iter().all(|(_, c)| c.tag == DONATED_TAG));
                 }
             }
             at = stop;

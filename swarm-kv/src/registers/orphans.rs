@@ -31,7 +31,9 @@
 //! fresh-register pool died with the owner); every register, in adopted chunks and in
 //! all others, is then judged and taken one by one, by its key header's holder tag and
 //! a CAS on it, by the reclamation pass of [`crate::registers::limbo`], which runs adoption first
-//! and has the argument.
+//! and has the argument. An owner that closed cleanly donated the never-used registers
+//! of its chunks ([`crate::registers::give_back`]): their headers show `DONATED_TAG`, so
+//! they are judged donated, never fresh, and taken once like any other.
 
 use std::collections::HashSet;
 

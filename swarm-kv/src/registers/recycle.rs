@@ -165,7 +165,8 @@
 //!   headers ([`crate::registers::limbo`]): the retiree tags each register it retires on every
 //!   replica ([`Recycler::mark`]) and the reset tags the registers it pools
 //!   ([`crate::registers::reset`]), so a client that runs out of registers finds those held by
-//!   gone clients, takes them by CAS and recycles them after its own grace. Still
+//!   gone clients, takes them by CAS and recycles them after its own grace (a client
+//!   that closes cleanly donates its pool instead, [`crate::registers::give_back`]). Still
 //!   leaked: a retired register whose mark reached no replica, and the cases above
 //!   (`crate::registers::limbo`, "what stays leaked").
 

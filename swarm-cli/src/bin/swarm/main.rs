@@ -773,13 +773,15 @@ fn stat<S: Store>(store: &S, json: bool) -> Result<ExitCode> {
         text,
         "registers: {} holding data ({} with a key header: keys, inserts in flight and leaks; \
          {} retired in live clients' limbos; {} retired by gone clients, reclaimable), \
-         {} free in pools ({} of gone clients or donated, reclaimable), {} never used, {} unreadable",
+         {} free in pools ({} of gone clients or donated, reclaimable; {} of them donated, \
+         taken without a grace), {} never used, {} unreadable",
         census.holding_data(),
         census.keyed,
         census.retired_live,
         census.retired_gone,
         census.pooled_live + census.pooled_gone,
         census.pooled_gone,
+        census.donated,
         census.fresh,
         census.unknown
     );
@@ -790,6 +792,7 @@ fn stat<S: Store>(store: &S, json: bool) -> Result<ExitCode> {
         "retired_gone": census.retired_gone,
         "pooled_live": census.pooled_live,
         "pooled_gone": census.pooled_gone,
+        "donated": census.donated,
         "fresh": census.fresh,
         "unknown": census.unknown,
     });
