@@ -40,9 +40,10 @@ pub enum KvError {
         /// The cluster's capacity.
         registers: u64,
     },
-    /// Every writer id is taken.
+    /// Every writer id is taken, by live clients that gave none back within the
+    /// connect's wait ([`crate::KvConfig::writer_wait_ns`]).
     #[error(
-        "all {writers} writer ids are taken: stop some clients or create the cluster with more `--writers`"
+        "all {writers} writer ids are taken by running clients, and none was given back in time: stop some clients or create the cluster with more `--writers`"
     )]
     WritersFull {
         /// The cluster's writer ids.

@@ -76,8 +76,9 @@
 //! roundtrips, and the location cache is what makes operations take one.
 //!
 //! Each connected client holds one of the cluster's writer ids
-//! ([`ClusterParams::writers`], 64 by default, shared by every process); connecting
-//! fails with [`KvError::WritersFull`] when all are taken. A client gives its id back
+//! ([`ClusterParams::writers`], 64 by default, shared by every process); when all
+//! are taken by running clients, connecting waits for one to be given back, up to
+//! [`KvConfig::writer_wait_ns`] (10 s), then fails with [`KvError::WritersFull`]. A client gives its id back
 //! when it is dropped or closed ([`Kv::close`]). Leases are renewed by operations,
 //! with no background thread: when every id is taken, a connecting client waits a
 //! lease period (about 2.5 s by default) and takes over the id of a client that did

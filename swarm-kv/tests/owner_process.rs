@@ -67,13 +67,19 @@ fn a_stopped_owner_keeps_its_writer_id_until_its_process_is_gone() {
             0x0abc_0001,
             identity,
             OwnerLiveness::ThisHost,
+            0,
         ),
     )
     .expect("the owner registers");
     assert_eq!(registration.writer, 0);
 
-    // Its lease lapses, but its process runs: the id is not taken over.
-    match store.client() {
+    // Its lease lapses, but its process runs: the id is not taken over (and no
+    // waiting for it to close).
+    let no_wait = swarm_kv::KvConfig {
+        writer_wait_ns: 0,
+        ..store.config()
+    };
+    match store.client_with(no_wait) {
         Err(KvError::WritersFull { .. }) => {}
         Err(other) => panic!("expected WritersFull, got {other}"),
         Ok(_) => panic!("a running owner's writer id was taken over"),
@@ -115,6 +121,7 @@ fn where_processes_cannot_be_seen_the_lease_alone_decides() {
             0x0abc_0003,
             identity,
             OwnerLiveness::Unknown,
+            0,
         ),
     )
     .expect("the owner registers");

@@ -59,7 +59,15 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         let token = token_for(owner);
         let (registration, lease) = swarm_core::block_on(
             &fabric,
-            writer_ids::register(&fabric, &layout, nodes, token, owner, config.owners),
+            writer_ids::register(
+                &fabric,
+                &layout,
+                nodes,
+                token,
+                owner,
+                config.owners,
+                config.writer_wait_ns,
+            ),
         )?;
         let writer =
             WriterId::new(u32::from(registration.writer)).map_err(swarm_core::SwarmError::from)?;

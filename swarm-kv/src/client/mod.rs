@@ -132,7 +132,14 @@ pub struct KvConfig {
     /// then a writer id is taken over only once its owner's process is gone
     /// ([`crate::membership::owner_process`]). [`crate::ShmStore`] sets it.
     pub owners: crate::membership::owner_process::OwnerLiveness,
+    /// How long [`KvClient::connect`] waits for a writer id when live clients hold
+    /// every one (they may close soon: a script's one-shot commands), ns, before it
+    /// fails with [`KvError::WritersFull`]. Default [`DEFAULT_WRITER_WAIT_NS`].
+    pub writer_wait_ns: Nanos,
 }
+
+/// Default [`KvConfig::writer_wait_ns`]: 10 s.
+pub const DEFAULT_WRITER_WAIT_NS: Nanos = 10_000_000_000;
 
 /// Default [`KvConfig::lease_revive_ns`]: 5 s, room for several reconnect attempts
 /// to every memory node (RDMA: a bootstrap takes milliseconds, its first retry
@@ -154,6 +161,7 @@ impl KvConfig {
             lease_revive_ns: DEFAULT_LEASE_REVIVE_NS,
             deferred_unmaps: 0,
             owners: crate::membership::owner_process::OwnerLiveness::Unknown,
+            writer_wait_ns: DEFAULT_WRITER_WAIT_NS,
         }
     }
 }

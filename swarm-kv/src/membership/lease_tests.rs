@@ -290,6 +290,7 @@ fn two_clients_reclaiming_at_once_get_one_dead_id_each() {
             101,
             1,
             OwnerLiveness::Unknown,
+            0,
         ),
         crate::membership::writer_ids::register(
             &fd,
@@ -298,6 +299,7 @@ fn two_clients_reclaiming_at_once_get_one_dead_id_each() {
             202,
             2,
             OwnerLiveness::Unknown,
+            0,
         ),
     );
     let (c, d) = block_on_future(&fc, both).expect("no stall");

@@ -138,6 +138,10 @@ pub enum Resume {
     Scan,
 }
 
+/// The first pause of a registration waiting for a live client's writer id to be
+/// given back ([`register`]); it doubles up to 16 times this.
+const REGISTER_POLL_NS: Nanos = 10_000_000;
+
 /// Claims a free row for the incarnation `token`, or, when every row is claimed,
 /// takes over the row of a client whose lease expired (which takes a lease period:
 /// [`LeaseParams::observer_wait_ns`]). Returns the row and its lease, renewed.
@@ -145,6 +149,11 @@ pub enum Resume {
 /// `owner` is the registering process's identity, left in the row
 /// ([`crate::membership::owner_process`]); `owners` says whether a takeover may judge
 /// other rows' owners by theirs.
+///
+/// When every row is held by a live client, it waits up to `wait_ns` for one to be
+/// given back (short-lived clients close within milliseconds), polling the table,
+/// before it fails with [`KvError::WritersFull`].
+#[allow(clippy::too_many_arguments)]
 pub async fn register<F: Fabric>(
     fabric: &F,
     layout: &NodeLayout,
@@ -152,19 +161,39 @@ pub async fn register<F: Fabric>(
     token: u64,
     owner: u64,
     owners: OwnerLiveness,
+    wait_ns: Nanos,
 ) -> Result<(Registration, LeaseHolder), KvError> {
+    let started = fabric.now();
     let lease = LeaseParams::from_params(&layout.params);
     let stats = OpStats::new();
     let mut row = claim_free_row(fabric, layout, nodes, token, &stats).await?;
+    // Every row claimed: first wait a little for a live client to close (a script's
+    // one-shot commands hold an id for milliseconds), which is cheaper than watching
+    // every lease for a lease period.
+    let first_wait = started.saturating_add(wait_ns.min(lease.lease_ns / 2));
+    let mut pause = REGISTER_POLL_NS + token % REGISTER_POLL_NS;
+    while row.is_none() && fabric.now().saturating_add(pause) < first_wait {
+        swarm_core::sleep(fabric, pause).await;
+        row = claim_free_row(fabric, layout, nodes, token, &stats).await?;
+        pause = (pause * 2).min(16 * REGISTER_POLL_NS);
+    }
     if row.is_none() {
         tracing::info!("every writer id is claimed: looking for clients whose lease expired");
         let reclaimed =
             take_over_expired(fabric, layout, &lease, Some(token), None, owners).await?;
         row = reclaimed.taken.map(|r| r.writer);
-        if row.is_none() && !reclaimed.released.is_empty() {
+        if row.is_none() {
             // Another reclaimer took the dead row we tried and released the others
-            // before us: they are free now.
+            // before us, or live clients closed during the watch: free rows now.
             row = claim_free_row(fabric, layout, nodes, token, &stats).await?;
+        }
+        // Every row is a live client's: wait for one to close, polling (spread over
+        // the waiting clients by their token), for at most `wait_ns` in all.
+        let deadline = started.saturating_add(wait_ns);
+        while row.is_none() && fabric.now().saturating_add(pause) < deadline {
+            swarm_core::sleep(fabric, pause).await;
+            row = claim_free_row(fabric, layout, nodes, token, &stats).await?;
+            pause = (pause * 2).min(16 * REGISTER_POLL_NS);
         }
     }
     let Some(writer) = row else {
@@ -620,7 +649,7 @@ mod tests {
         let register = |token| {
             block_on(
                 &fabric,
-                register(&fabric, &layout, 3, token, 1, OwnerLiveness::Unknown),
+                register(&fabric, &layout, 3, token, 1, OwnerLiveness::Unknown, 0),
             )
             .expect("a free row")
             .0
@@ -645,7 +674,7 @@ mod tests {
         let register = |token| {
             block_on(
                 &fabric,
-                register(&fabric, &layout, 3, token, 1, OwnerLiveness::Unknown),
+                register(&fabric, &layout, 3, token, 1, OwnerLiveness::Unknown, 0),
             )
             .expect("a free row")
             .0
