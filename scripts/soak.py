@@ -31,6 +31,7 @@ import csv
 import json
 import os
 import random
+import shlex
 import shutil
 import signal
 import struct
@@ -652,18 +653,28 @@ class Soak:
         print(f"samples: {csv_path}; processes and events: soak-processes.csv, soak-events.csv "
               f"in {self.work}")
         if self.failures:
-            print(f"== soak FAILED ({len(self.failures)}); reproduce with: scripts/soak.sh "
-                  f"--duration {a.duration:g}s --clients {a.clients} --nemesis {','.join(a.nemesis)} "
-                  f"--history-keys {a.history_keys} --seed {a.seed}")
+            print(f"== soak FAILED ({len(self.failures)}); replay the seed with: {self.replay()}")
             for f in self.failures:
                 print(f"  - {f}")
         else:
             print("== soak passed")
 
+    def replay(self):
+        """The command line of this soak, with its seed and without its --dir."""
+        argv, skip = [], False
+        for arg in sys.argv[1:]:
+            if skip:
+                skip = False
+            elif arg in ("--seed", "--dir"):
+                skip = True
+            elif not arg.startswith(("--seed=", "--dir=")):
+                argv.append(shlex.quote(arg))
+        return " ".join(["scripts/soak.sh"] + argv + ["--seed", str(self.args.seed)])
+
     def main(self):
         a = self.args
         self.log(f"soak seed {a.seed} in {self.work}, {a.duration:.0f} s, nemesis "
-                 f"{','.join(a.nemesis) or 'none'}")
+                 f"{','.join(a.nemesis) or 'none'}; replay: {self.replay()}")
         self.init_cluster()
         for slot in range(a.clients):
             self.spawn_client(slot, 0)
