@@ -58,7 +58,7 @@ KINDS = ["kill", "stop", "repair", "corrupt", "fill"]
 STOP_ERRORS = ("lease", "fenced", "max_op", "stalled", "writer")
 # An operation that overran --max-op (`Fenced`: an overloaded host; outcome unknown, and
 # recorded so in the history) is counted, not a failure of the soak.
-FENCED_ERRORS = ("longer than max_op",)
+FENCED_ERRORS = ("max_op", "at its deadline")
 FULL_ERRORS = ("register area is full",)
 # A delete that raced another through a stale cache with a node out cannot tell whether
 # it removed the value (`DeleteUndecided`, ARCHITECTURE.md, "Limitations").
@@ -88,6 +88,7 @@ class Proc:
         self.rc = None
         self.history = self.report = self.log = None
         self.errors = 0
+        self.start_failed = False
         self.fenced = 0
         self.error_messages = []
         self.unexpected = []
@@ -271,7 +272,13 @@ class Soak:
         self.log(f"ended {p.name()} pid {p.popen.pid}: {how}, {p.errors} failed operations")
         if p.killed:
             return
+        if p.kind == "fill" and report is None and "too small for this benchmark" in open(p.log).read():
+            self.log(f"{p.name()}: swarm bench refused the fill (fewer free registers than "
+                     f"`swarm stat` suggested); not counted")
+            p.history = None
+            return
         if p.rc not in (0, 1) or report is None:
+            p.start_failed = report is None
             tail = open(p.log).read().strip().splitlines()[-5:]
             self.fail(f"{p.name()} exited {p.rc} without a report: {' | '.join(tail)} ({p.log})")
             return
@@ -303,6 +310,7 @@ class Soak:
     def supervise(self, until):
         """Reaps ended processes, starts replacements and janitors, samples memory."""
         generation = {}
+        respawn = []
         next_sample = 0.0
         while True:
             with self.lock:
@@ -322,7 +330,13 @@ class Soak:
                         self.janitor_queue.append(p)
                 if p.slot is not None and not self.ending.is_set():
                     generation[p.slot] = generation.get(p.slot, 0) + 1
-                    self.spawn_client(p.slot, generation[p.slot])
+                    # A process that could not start (the cluster refused it) is
+                    # replaced 5 s later, not at once.
+                    respawn.append((self.now() + (5 if p.start_failed else 0), p.slot))
+            for due, slot in [r for r in respawn if r[0] <= self.now()]:
+                respawn.remove((due, slot))
+                if not self.ending.is_set():
+                    self.spawn_client(slot, generation[slot])
             with self.lock:
                 janitor_running = any(q.kind == "janitor" and q.rc is None for q in self.procs)
                 job = self.janitor_queue.pop(0) if self.janitor_queue and not janitor_running else None
@@ -336,15 +350,16 @@ class Soak:
                 busy = any(p.rc is None for p in self.procs) or self.janitor_queue
             if until() and not busy:
                 return
-            if self.now() > self.args.duration + self.args.life_max + 120:
-                with self.lock:
-                    hung = [p for p in self.procs if p.rc is None]
-                for p in hung:
-                    self.fail(f"{p.name()} pid {p.popen.pid} still runs long after its end: killed")
-                    p.killed = True
-                    p.popen.kill()
-                if not hung:
-                    return
+            # A process that runs 120 s past its lifetime (a janitor: past its start)
+            # hangs: a failure; it is killed so that the soak ends.
+            with self.lock:
+                hung = [p for p in self.procs if p.rc is None and not p.killed
+                        and self.now() > p.start + (p.lifetime or 0) + 120]
+            for p in hung:
+                self.fail(f"{p.name()} pid {p.popen.pid} hangs: still runs 120 s after its "
+                          f"end (log {p.log}): killed")
+                p.killed = True
+                p.popen.kill()
             time.sleep(0.2)
 
     # -- the nemesis -------------------------------------------------------------------
