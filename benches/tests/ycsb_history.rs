@@ -199,3 +199,61 @@ fn a_churn_run_records_its_sample_key_range_linearizably() {
     let verdict = swarm_checker::check(&history);
     assert!(verdict.is_linearizable(), "seed {}: {verdict}", config.seed);
 }
+
+/// Two runs share one cluster in disjoint key namespaces (`--key-offset`), each
+/// draining its keys at the end (`--drain`): each one's history is checkable alone,
+/// the drain's deletes are in it, and the cluster is left with no key.
+#[test]
+fn offset_runs_share_a_cluster_and_drain_their_keys() {
+    let dir = swarm_shm::ScratchDir::new("ycsb-history").unwrap();
+    let mut churn = small(System::Swarm, Workload::Churn, 64, 400, 2);
+    churn.history = Some(dir.path().join("churn.jsonl"));
+    churn.history_keys = Some(16);
+    churn.key_offset = 1_000_000;
+    churn.drain = true;
+    let mut a = small(System::Swarm, Workload::A, 100, 1_000, 2);
+    a.history = Some(dir.path().join("a.jsonl"));
+    a.key_offset = 2_000_000;
+    a.drain = true;
+    let store = swarm_benches::ycsb::TempStore::new(&a, 3, 3).expect("temporary cluster");
+    for config in [&churn, &a] {
+        let report = swarm_benches::ycsb::run(store.store(), config)
+            .unwrap_or_else(|e| panic!("seed {}: run failed: {e}", config.seed));
+        assert_eq!(report.errors, 0, "seed {}:\n{report}", config.seed);
+        let drain = report.drain.as_ref().expect("a drain line");
+        assert_eq!(
+            drain.ops,
+            config.key_numbers(),
+            "seed {}:\n{report}",
+            config.seed
+        );
+        assert_eq!(
+            report.memory_end.map(|m| m.keys),
+            Some(0),
+            "seed {}: the drain left keys:\n{report}",
+            config.seed
+        );
+        let path = config.history.as_ref().unwrap();
+        let file = std::fs::File::open(path).unwrap();
+        let history = swarm_checker::History::from_jsonl(std::io::BufReader::new(file)).unwrap();
+        let names = swarm_benches::ycsb::workload::KeySpace::with_offset(
+            config.key_numbers(),
+            config.key_size,
+            config.key_offset,
+        )
+        .unwrap();
+        let ops = history.operations();
+        assert!(
+            ops.iter()
+                .all(|o| (0..names.len()).any(|k| names.key(k) == o.op.key)),
+            "only the run's own keys are recorded"
+        );
+        assert!(
+            ops.iter()
+                .any(|o| o.op.op == swarm_checker::OpKind::Delete && o.op.ok == Some(true)),
+            "the drain removed present keys"
+        );
+        let verdict = swarm_checker::check(&history);
+        assert!(verdict.is_linearizable(), "seed {}: {verdict}", config.seed);
+    }
+}

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 use super::error::BenchError;
-use super::workload::{MIN_KEY_SIZE, Workload, value_tag_len};
+use super::workload::{CHURN_SPACE, MIN_KEY_SIZE, Workload, value_tag_len};
 
 /// Timeline intervals: 10 ms, as in SWARM's Figure 11.
 pub const DEFAULT_TIMELINE_INTERVAL_NS: u64 = 10_000_000;
@@ -143,6 +143,16 @@ pub struct BenchConfig {
     /// key range whose history is complete, so it can be checked; churn runs over
     /// many distinct keys). `None`: every key.
     pub history_keys: Option<u64>,
+    /// Added to every key number before it is named (`swarm bench --key-offset`):
+    /// key `k` of the run is YCSB key `key_offset + k`, churn's ever-new sequence
+    /// included. Runs whose key-number ranges (`key_offset` up to `key_offset +`
+    /// [`BenchConfig::key_numbers`]) do not overlap name disjoint keys, so several
+    /// runs can share one cluster and each one's history describes its own keys.
+    pub key_offset: u64,
+    /// After the measured phase, delete every key the run names (`swarm bench
+    /// --drain`: the loaded keys, or churn's whole key space), so that a run leaves
+    /// no key behind; recorded in the history like any operation.
+    pub drain: bool,
     /// Show a progress bar on stderr (only when stderr is a terminal).
     pub progress: bool,
     /// Length of the timeline's intervals (SWARM Figure 11), ns.
@@ -171,6 +181,8 @@ impl BenchConfig {
             fail_mode: FailMode::Stop,
             history: None,
             history_keys: None,
+            key_offset: 0,
+            drain: false,
             progress: false,
             timeline_interval_ns: DEFAULT_TIMELINE_INTERVAL_NS,
         }
@@ -181,10 +193,22 @@ impl BenchConfig {
     /// operation numbers in value tags.
     pub fn max_ops_per_client(&self) -> u64 {
         let warm = if self.warm_cache { self.keys } else { 0 };
+        let drain = if self.drain { self.key_numbers() } else { 0 };
         self.keys
             .saturating_add(warm)
             .saturating_add(self.warmup_ops)
             .saturating_add(self.ops)
+            .saturating_add(drain)
+    }
+
+    /// How many key numbers the run names: `keys` for the YCSB workloads, `keys x`
+    /// [`CHURN_SPACE`] for churn (its names wrap after that many windows).
+    pub fn key_numbers(&self) -> u64 {
+        if self.workload.loads_keys() {
+            self.keys
+        } else {
+            self.keys.saturating_mul(CHURN_SPACE)
+        }
     }
 
     /// The smallest value size that holds every value tag of this run.
@@ -244,6 +268,13 @@ impl BenchConfig {
         }
         if self.history_keys == Some(0) {
             return invalid("--history-keys must be at least 1".into());
+        }
+        if self.key_offset.checked_add(self.key_numbers()).is_none() {
+            return invalid(format!(
+                "--key-offset {} plus the run's {} key numbers overflows 64 bits",
+                self.key_offset,
+                self.key_numbers()
+            ));
         }
         if self.fail.is_some() && self.system == System::Raw {
             return invalid(
@@ -337,6 +368,17 @@ pub struct BenchArgs {
     /// which inserts many distinct keys).
     #[arg(long, requires = "history")]
     pub history_keys: Option<u64>,
+    /// Shift every key number by N: key k of the run is named like YCSB key N + k
+    /// (churn's ever-new keys too). Runs on one cluster whose ranges N .. N + keys
+    /// (N .. N + 16 x keys for churn) do not overlap use disjoint keys, so each run's
+    /// --history describes its own keys alone. --history-keys counts from N.
+    #[arg(long, default_value_t = 0)]
+    pub key_offset: u64,
+    /// After the measured phase, delete every key the run names (the loaded keys;
+    /// for churn, its whole key space), so that the run leaves no key behind. The
+    /// deletes are in the history and in the report's `drain` line.
+    #[arg(long)]
+    pub drain: bool,
 }
 
 impl BenchArgs {
@@ -419,6 +461,8 @@ impl BenchArgs {
                     fail_mode: self.fail_mode,
                     history: self.history.clone(),
                     history_keys: self.history_keys,
+                    key_offset: self.key_offset,
+                    drain: self.drain,
                     // Quiet with --json (scripted runs) or when stderr is not a terminal.
                     progress: self.json.is_none(),
                     timeline_interval_ns: self.timeline_ms.saturating_mul(1_000_000),
@@ -490,6 +534,9 @@ mod tests {
             "1",
             "--fail-after-ops",
             "7",
+            "--key-offset",
+            "1000",
+            "--drain",
         ])
         .unwrap();
         let c = args.to_config().unwrap();
@@ -516,6 +563,7 @@ mod tests {
             })
         );
         assert_eq!(c.history, Some(PathBuf::from("h.jsonl")));
+        assert_eq!((c.key_offset, c.drain), (1000, true));
         assert_eq!(args.json, Some(PathBuf::from("r.json")));
     }
 
@@ -535,6 +583,7 @@ mod tests {
         assert!(refuse(&["--keys", "0"]).contains("--keys"));
         assert!(refuse(&["--key-size", "8"]).contains("--key-size 23"));
         assert!(refuse(&["--value-size", "4"]).contains("--value-size"));
+        assert!(refuse(&["--key-offset", &u64::MAX.to_string()]).contains("--key-offset"));
         assert!(
             refuse(&[
                 "--system",

@@ -42,6 +42,7 @@
 //!   "load_inserts": { ... },      // the load phase's inserts, like an "ops_by_type" entry
 //!   "warmup": {"ops": 400000, "seconds": 0.5, "throughput_ops_s": 8.0e5, "errors": 0},
 //!                                 // cache warm-up and warm-up operations together
+//!   "drain": {"ops": 100000, ...}, // only with --drain: the deletes after the measured phase
 //!   "fail_node": {"node": 1, "after_ops": 500000, "triggered": true},  // only with --fail-node
 //!   "fail_at_ms": 412.5,          // when it happened, since the measured phase began
 //!   "memory_start": {             // cluster memory in use before the run (SWARM-KV stores)
@@ -285,6 +286,10 @@ pub struct RunStats {
     pub measured: PhaseStats,
     /// Its wall time, seconds.
     pub measured_seconds: f64,
+    /// The drain (`--drain`: every key deleted after the measured phase).
+    pub drain: PhaseStats,
+    /// Its wall time, seconds.
+    pub drain_seconds: f64,
     /// Whether the planned node crash happened.
     pub fail_triggered: bool,
     /// The measured phase per interval.
@@ -363,6 +368,9 @@ pub struct BenchReport {
     pub load_inserts: Option<OpTypeReport>,
     /// The warm-up (cache warm-up and warm-up operations).
     pub warmup: PhaseSummary,
+    /// The drain after the measured phase (`--drain`), if one ran.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drain: Option<PhaseSummary>,
     /// The node crash, if one was planned.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fail_node: Option<FailReport>,
@@ -432,6 +440,7 @@ impl BenchReport {
         let mut all = stats.load.clone();
         all.merge(&stats.warmup);
         all.merge(measured);
+        all.merge(&stats.drain);
         let error_samples = all
             .error_samples()
             .iter()
@@ -463,6 +472,9 @@ impl BenchReport {
                 .filter(|s| s.count() + s.errors > 0)
                 .map(OpTypeReport::from_stats),
             warmup: PhaseSummary::from_stats(&stats.warmup, stats.warmup_seconds),
+            drain: config
+                .drain
+                .then(|| PhaseSummary::from_stats(&stats.drain, stats.drain_seconds)),
             fail_node: config.fail.map(|FailPlan { node, after_ops }| FailReport {
                 node,
                 after_ops,
@@ -573,6 +585,9 @@ impl fmt::Display for BenchReport {
         let _ = writeln!(out, "{}", phase("load", &self.load));
         if self.warmup.ops + self.warmup.errors > 0 {
             let _ = writeln!(out, "{}", phase("warm-up", &self.warmup));
+        }
+        if let Some(drain) = &self.drain {
+            let _ = writeln!(out, "{}", phase("drain", drain));
         }
         if let (Some(start), Some(end)) = (&self.memory_start, &self.memory_end) {
             let held = end

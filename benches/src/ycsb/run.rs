@@ -10,7 +10,9 @@
 //!    starting at a different key per client, so every location cache holds every
 //!    key, as in the paper's setting; then `warmup_ops` workload operations;
 //! 3. **measured**: `ops` workload operations in total, claimed one at a time from a
-//!    shared counter by whichever client is free (closed loop).
+//!    shared counter by whichever client is free (closed loop);
+//! 4. **drain** (`drain`, unmeasured): each client deletes its range of every key
+//!    the run names (churn's whole key space), so the run leaves no key behind.
 //!
 //! A client keeps `inflight` operations going at once on one thread with a
 //! [`SlotExecutor`] (the paper's §7.2): as soon as one finishes, the next is issued
@@ -319,12 +321,7 @@ fn run_clients<C: BenchClient + Send>(
     fail_dir: Option<PathBuf>,
 ) -> Result<BenchReport, BenchError> {
     // Churn names `CHURN_SPACE` windows of keys (see `Workload::Churn`).
-    let names = if config.workload.loads_keys() {
-        config.keys
-    } else {
-        config.keys.saturating_mul(super::workload::CHURN_SPACE)
-    };
-    let setup = KeySpace::new(names, config.key_size)
+    let setup = KeySpace::with_offset(config.key_numbers(), config.key_size, config.key_offset)
         .and_then(|keys| Ok((keys, OpChooser::new(config.workload, config.keys)?)));
     let (keys, chooser) = match setup {
         Ok(setup) => setup,
@@ -386,6 +383,7 @@ fn run_clients<C: BenchClient + Send>(
                 stats.load.merge(&output.load);
                 stats.warmup.merge(&output.warmup);
                 stats.measured.merge(&output.measured);
+                stats.drain.merge(&output.drain);
                 stats.lease_renewals += output.lease_renewals;
                 stats.recycled_slots += output.recycling.slots;
                 stats.recycled_registers += output.recycling.registers;
@@ -424,6 +422,7 @@ fn run_clients<C: BenchClient + Send>(
     stats.load_seconds = seconds(times[0], times[1]);
     stats.warmup_seconds = seconds(times[1], times[2]);
     stats.measured_seconds = seconds(times[2], times[3]);
+    stats.drain_seconds = seconds(times[3], times[4]);
     stats.fail_triggered = shared.fail_triggered.load(Ordering::Relaxed);
     let since_origin = |t: Instant| {
         u64::try_from(t.saturating_duration_since(shared.origin).as_nanos()).unwrap_or(u64::MAX)
@@ -544,17 +543,17 @@ enum ThreadFailure {
 
 /// Runs one thread per client and times the phases from the coordinating thread:
 /// `times` are the instants every client was ready, finished loading, finished the
-/// warm-up, and finished the measured phase.
+/// warm-up, finished the measured phase, and finished the drain.
 fn run_threads<C: BenchClient + Send>(
     shared: &Shared<'_>,
     clients: Vec<C>,
     parts: Option<Vec<HistoryPart>>,
-) -> (Vec<Result<WorkerOutput, ThreadFailure>>, [Instant; 4]) {
+) -> (Vec<Result<WorkerOutput, ThreadFailure>>, [Instant; 5]) {
     let mut parts: Vec<Option<HistoryPart>> = match parts {
         Some(parts) => parts.into_iter().map(Some).collect(),
         None => clients.iter().map(|_| None).collect(),
     };
-    let mut times = [Instant::now(); 4];
+    let mut times = [Instant::now(); 5];
     let outputs = thread::scope(|scope| {
         let mut handles = Vec::with_capacity(clients.len());
         for (index, (client, part)) in clients.into_iter().zip(parts.iter_mut()).enumerate() {
@@ -571,7 +570,10 @@ fn run_threads<C: BenchClient + Send>(
                 }
             }
         }
-        for (time, message) in times.iter_mut().zip(["load", "warm-up", "measure", "done"]) {
+        for (time, message) in times
+            .iter_mut()
+            .zip(["load", "warm-up", "measure", "drain", "done"])
+        {
             let Some(opened) = shared.gate.wait_timed() else {
                 break;
             };
@@ -612,6 +614,8 @@ struct WorkerOutput {
     load: PhaseStats,
     warmup: PhaseStats,
     measured: PhaseStats,
+    /// The drain's deletes (`--drain`).
+    drain: PhaseStats,
     /// The measured operations per interval.
     timeline: Timeline,
     /// The finished history part, if one is written.
@@ -730,6 +734,7 @@ fn worker<C: BenchClient>(
         load: PhaseStats::default(),
         warmup: PhaseStats::default(),
         measured: PhaseStats::default(),
+        drain: PhaseStats::default(),
         timeline: Timeline::new(config.timeline_interval_ns),
         history: None,
         lease_renewals: 0,
@@ -867,6 +872,34 @@ fn worker<C: BenchClient>(
                 }
                 sink.finish(&mut out.measured, done)
             },
+        );
+        sink.flush_progress();
+        if !shared.gate.wait() {
+            break 'phases;
+        }
+        // 4. Drain (`--drain`): delete this client's share of every key the run
+        // names, churn's whole key space included (deleting an absent key is
+        // harmless), so that the run leaves none behind.
+        let names = config.key_numbers();
+        let mut next_key = if config.drain {
+            let share = |i: u64| (u128::from(names) * u128::from(i) / u128::from(clients)) as u64;
+            share(index as u64)..share(index as u64 + 1)
+        } else {
+            0..0
+        };
+        drive(
+            &client,
+            shared,
+            index,
+            &mut || {
+                let keynum = next_key.next()?;
+                Some(Planned {
+                    op: OpType::Delete,
+                    keynum,
+                    seq: next_seq(),
+                })
+            },
+            &mut |done| sink.finish(&mut out.drain, done),
         );
         sink.flush_progress();
         shared.gate.wait();

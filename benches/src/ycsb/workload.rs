@@ -136,7 +136,8 @@ pub fn key_name(keynum: u64, key_size: usize) -> String {
     key
 }
 
-/// The names of keys `0..keys`, built once and shared by every client.
+/// The names of keys `0..keys`, built once and shared by every client: YCSB keys
+/// `offset..offset + keys` (see [`KeySpace::with_offset`]).
 #[derive(Clone, Debug)]
 pub struct KeySpace {
     keys: u64,
@@ -147,6 +148,14 @@ pub struct KeySpace {
 impl KeySpace {
     /// Names `keys` keys of `key_size` bytes (YCSB keys, see the module docs).
     pub fn new(keys: u64, key_size: usize) -> Result<Self, BenchError> {
+        Self::with_offset(keys, key_size, 0)
+    }
+
+    /// Names `keys` keys of `key_size` bytes, key `k` named like YCSB key `offset + k`
+    /// (`swarm bench --key-offset`): spaces whose ranges of key numbers do not
+    /// overlap name distinct keys (up to a collision of the 63-bit key hash, as
+    /// unlikely between two spaces as within one).
+    pub fn with_offset(keys: u64, key_size: usize, offset: u64) -> Result<Self, BenchError> {
         if key_size < MIN_KEY_SIZE {
             return Err(BenchError::KeySizeTooSmall {
                 size: key_size,
@@ -166,8 +175,13 @@ impl KeySpace {
                     "{keys} keys of {key_size} B do not fit in memory"
                 ))
             })?;
+        if offset.checked_add(keys).is_none() {
+            return Err(BenchError::InvalidConfig(format!(
+                "key offset {offset} plus {keys} keys overflows 64 bits"
+            )));
+        }
         let mut names = String::with_capacity(bytes);
-        for keynum in 0..keys {
+        for keynum in offset..offset + keys {
             names.push_str(&key_name(keynum, key_size));
         }
         Ok(Self {
@@ -363,6 +377,24 @@ mod tests {
             Err(BenchError::KeySizeTooSmall { size: 22, min: 23 })
         ));
         assert!(KeySpace::new(0, 24).is_err());
+    }
+
+    #[test]
+    fn offset_spaces_name_disjoint_keys() {
+        let base = KeySpace::new(3000, 24).unwrap();
+        let shifted = KeySpace::with_offset(1000, 24, 3000).unwrap();
+        let overlapping = KeySpace::with_offset(1000, 24, 2500).unwrap();
+        let names = |s: &KeySpace| {
+            (0..s.len())
+                .map(|k| s.key(k).to_owned())
+                .collect::<HashSet<_>>()
+        };
+        let (b, s, o) = (names(&base), names(&shifted), names(&overlapping));
+        assert!(b.is_disjoint(&s));
+        assert_eq!(b.intersection(&o).count(), 500);
+        assert_eq!(shifted.key(0), key_name(3000, 24));
+        assert_eq!(KeySpace::with_offset(5, 24, 0).unwrap().key(4), base.key(4));
+        assert!(KeySpace::with_offset(2, 24, u64::MAX - 1).is_err());
     }
 
     #[test]
