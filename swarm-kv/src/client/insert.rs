@@ -81,6 +81,16 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         .await;
         match &result {
             Ok(Published::Yes) => {}
+            // The register's words are another life's than its reset left: it is not
+            // this client's to retire (another client may hold it). Left alone: a
+            // leak, never a second owner.
+            Err(error) if error.is_recycled() => {
+                tracing::warn!(
+                    register,
+                    %error,
+                    "insert: a pooled register shows another life; dropped from the pool"
+                );
+            }
             // Never published: nobody else can know the register (recycle.rs).
             Ok(Published::No | Published::Present) | Err(_) if !uncertain.get() => {
                 self.retire_marked(register, key.bytes().len(), Retired::Unpublished, deadline);
