@@ -722,20 +722,20 @@ impl<F: Fabric> Copier<'_, F> {
         Ok(entries.len())
     }
 
-    /// Whether a register slot read from a donor is blank: no key, no in-place
-    /// record header, every metadata word and the delete word one reset's marker
-    /// (`crate::registers::reset`), or zero (never used); the holder tag may stay.
+    /// Whether a register slot read from a donor is blank: no key, every metadata
+    /// word and the delete word one reset's marker (`crate::registers::reset`), or
+    /// zero (never used); the holder tag may stay. The in-place record is not looked
+    /// at: a late in-place write of an earlier life (a VERIFIED mark's copy) may land
+    /// there after the reset, and is harmless, since a read takes an in-place record
+    /// only when its tsp is the maximum's, which no earlier life's is. Requiring it
+    /// zero would skip such a register's entry, which is cleared all the same, and
+    /// leave the node with the register's earlier life under the next one.
     fn is_blank(&self, slot: &[u8]) -> bool {
         let key_bytes = self.layout.params.key_header_bytes() as usize;
-        let record_bytes = self.layout.swarm.record_bytes() as usize;
-        let record_header = (swarm_core::layout::RECORD_HEADER as usize).min(record_bytes);
         let meta_at = key_bytes + self.layout.swarm.meta_offset() as usize;
         let meta_bytes = self.layout.swarm.meta_bytes() as usize;
         slot.len() == self.layout.register_slot_bytes as usize
             && slot[0..4] == [0; 4]
-            && slot[key_bytes..key_bytes + record_header]
-                .iter()
-                .all(|&b| b == 0)
             && slot.get(meta_at..meta_at + meta_bytes).is_some_and(|meta| {
                 let mut words = meta
                     .chunks_exact(8)
