@@ -1036,6 +1036,10 @@ struct ChurnFaults {
     /// the other clients run for several register graces; then its stores land and
     /// it resumes (a SIGSTOP, a long preemption, a VM's stolen time).
     pauses: bool,
+    /// Deletes leave their index unmap to run later (`KvConfig::deferred_unmaps`,
+    /// 4 waiting at most), and a client runs its waiting unmaps about once in
+    /// twenty operations, possibly after others deleted and re-inserted the key.
+    deferred: bool,
 }
 
 /// What a churn operation returns: whether it took effect (`None`: unknown) and the
@@ -1072,7 +1076,13 @@ fn churn(seed: u64, faults: ChurnFaults) -> u64 {
     let store = exact(&dir, capacity, 1 << 12);
     let layout = *store.layout();
     let world = World::new();
-    let clients: Vec<Client> = (0..3).map(|_| client(&store, &world)).collect();
+    let config = KvConfig {
+        deferred_unmaps: if faults.deferred { 4 } else { 0 },
+        ..config(&store)
+    };
+    let clients: Vec<Client> = (0..3)
+        .map(|_| client_with(&store, &world, config))
+        .collect();
     // Fewer keys than registers: live keys, retired registers and the clients'
     // pools share the rest. Pools are per client: see `CHURN_REGISTERS`.
     let keys = capacity / 4;
@@ -1132,6 +1142,11 @@ fn churn(seed: u64, faults: ChurnFaults) -> u64 {
             c = (c + 1) % 3;
         }
         let client = &clients[c];
+        if faults.deferred && (r >> 20).is_multiple_of(20) {
+            // Late unmaps: whatever happened to their keys since.
+            block_on(client.fabric(), client.run_deferred_unmaps())
+                .unwrap_or_else(|e| panic!("seed {seed}: deferred unmaps failed: {e}"));
+        }
         let key = format!("key{}", (r >> 8) % keys);
         let value = format!("v{op}");
         let kind = match (r >> 32) % 10 {
@@ -1380,6 +1395,23 @@ fn a_churn_with_index_outages_stays_linearizable() {
             seed,
             ChurnFaults {
                 outages: true,
+                ..ChurnFaults::default()
+            },
+        );
+    }
+}
+
+/// Deletes whose index unmaps run late (after other clients deleted, recycled and
+/// re-inserted their keys), with clients paused before their stores as above: a
+/// late unmap never unmaps a later life of its key (`deferred_unmap.rs`).
+#[test]
+fn a_churn_with_late_deferred_unmaps_stays_linearizable() {
+    for seed in churn_seeds(&[]) {
+        churn(
+            seed,
+            ChurnFaults {
+                pauses: true,
+                deferred: true,
                 ..ChurnFaults::default()
             },
         );
