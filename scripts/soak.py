@@ -109,6 +109,7 @@ class Soak:
         self.ending = threading.Event()
         self.failures = []
         self.procs = []
+        self.spawned = 0
         self.events = []
         self.samples = []
         self.stat_failures = 0
@@ -217,10 +218,12 @@ class Soak:
     def spawn(self, kind, slot=None, ns=None, workload=None, keys=None, lifetime=None,
               history=True, extra=()):
         ns = self.new_ns() if ns is None else ns
+        # Numbered now, listed once started: the supervisor and the nemesis threads
+        # only ever see processes that run.
         with self.lock:
-            number = len(self.procs)
-            p = Proc(number, kind, slot, ns, workload, keys)
-            self.procs.append(p)
+            number = self.spawned
+            self.spawned += 1
+        p = Proc(number, kind, slot, ns, workload, keys)
         base = os.path.join(self.hist_dir, f"p{number:04d}-{kind}")
         p.report, p.log = base + ".json", base + ".log"
         threads = FILL_THREADS if kind == "fill" else (1 if kind == "janitor" else THREADS)
@@ -241,6 +244,8 @@ class Soak:
             log.flush()
             p.popen = subprocess.Popen(argv, stdout=log, stderr=log, stdin=subprocess.DEVNULL)
         p.start = self.now()
+        with self.lock:
+            self.procs.append(p)
         life = f", {lifetime:.0f} s" if lifetime else ""
         self.log(f"started {p.name()} pid {p.popen.pid}: {workload}, {keys} keys, namespace {ns}{life}")
         return p
