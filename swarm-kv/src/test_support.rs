@@ -39,6 +39,21 @@ pub(crate) fn small_cluster(lease_ns: u64) -> (MemCluster, NodeLayout) {
     cluster_with(params, 1 << 20)
 }
 
+/// The layout of a 1 MiB node with keys and values of up to 16 B, 4 writers and
+/// chunks of 4 registers (no cluster formatted: the allocation tests' fixture).
+pub(crate) fn small_layout() -> NodeLayout {
+    let params = ClusterParams {
+        key_max: 16,
+        value_max: 16,
+        writers: 4,
+        chunk_registers: 4,
+        ..ClusterParams::default()
+    }
+    .for_node_size(1 << 20)
+    .expect("the parameters fit the node size");
+    NodeLayout::new(params).expect("a valid layout")
+}
+
 /// A client of `cluster` with writer preference 0. Every client reads the same
 /// frozen clock: without resuming its writer id's log, a later one would guess the
 /// very timestamps (and slots) an earlier one used.

@@ -48,14 +48,7 @@ fn a_stopped_owner_keeps_its_writer_id_until_its_process_is_gone() {
         .arg("60")
         .spawn()
         .expect("spawn sleep");
-    let stat = std::fs::read_to_string(format!("/proc/{}/stat", owner.id())).unwrap();
-    let start: u64 = stat[stat.rfind(')').unwrap() + 1..]
-        .split_whitespace()
-        .nth(19)
-        .unwrap()
-        .parse()
-        .unwrap();
-    let identity = owner_process::identity(owner.id(), start);
+    let identity = owner_process::identity_of(owner.id()).expect("the owner runs");
     let fabric = store.fabric();
     let layout = *store.layout();
     let (registration, _lease) = block_on(

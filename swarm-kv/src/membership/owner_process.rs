@@ -41,7 +41,12 @@ pub enum OwnerLiveness {
 /// module docs).
 pub fn this_process() -> u64 {
     let pid = std::process::id();
-    identity(pid, start_time(pid).unwrap_or(0))
+    identity_of(pid).unwrap_or_else(|| identity(pid, 0))
+}
+
+/// The identity of the running process `pid`, if there is one (and `/proc`).
+pub fn identity_of(pid: u32) -> Option<u64> {
+    start_time(pid).map(|start| identity(pid, start))
 }
 
 /// The identity of process `pid` that started at `start` (clock ticks since boot).
@@ -99,7 +104,7 @@ mod tests {
             .spawn()
             .expect("spawn sleep");
         let pid = child.id();
-        let theirs = identity(pid, start_time(pid).expect("the child runs"));
+        let theirs = identity_of(pid).expect("the child runs");
         assert_eq!(alive(theirs), Some(true));
         child.kill().expect("kill");
         child.wait().expect("reap");

@@ -142,6 +142,28 @@ pub enum Resume {
 /// given back ([`register`]); it doubles up to 16 times this.
 const REGISTER_POLL_NS: Nanos = 10_000_000;
 
+/// Polls for a free row until `deadline`: sleeps `pause` (doubling up to 16 times
+/// [`REGISTER_POLL_NS`]) between claims. `None` if none was freed in time.
+#[allow(clippy::too_many_arguments)]
+async fn poll_free_row<F: Fabric>(
+    fabric: &F,
+    layout: &NodeLayout,
+    nodes: usize,
+    token: u64,
+    stats: &OpStats,
+    pause: &mut Nanos,
+    deadline: Nanos,
+) -> Result<Option<u16>, KvError> {
+    while fabric.now().saturating_add(*pause) < deadline {
+        swarm_core::sleep(fabric, *pause).await;
+        if let Some(row) = claim_free_row(fabric, layout, nodes, token, stats).await? {
+            return Ok(Some(row));
+        }
+        *pause = (*pause * 2).min(16 * REGISTER_POLL_NS);
+    }
+    Ok(None)
+}
+
 /// Claims a free row for the incarnation `token`, or, when every row is claimed,
 /// takes over the row of a client whose lease expired (which takes a lease period:
 /// [`LeaseParams::observer_wait_ns`]). Returns the row and its lease, renewed.
@@ -170,12 +192,10 @@ pub async fn register<F: Fabric>(
     // Every row claimed: first wait a little for a live client to close (a script's
     // one-shot commands hold an id for milliseconds), which is cheaper than watching
     // every lease for a lease period.
-    let first_wait = started.saturating_add(wait_ns.min(lease.lease_ns / 2));
     let mut pause = REGISTER_POLL_NS + token % REGISTER_POLL_NS;
-    while row.is_none() && fabric.now().saturating_add(pause) < first_wait {
-        swarm_core::sleep(fabric, pause).await;
-        row = claim_free_row(fabric, layout, nodes, token, &stats).await?;
-        pause = (pause * 2).min(16 * REGISTER_POLL_NS);
+    if row.is_none() {
+        let first_wait = started.saturating_add(wait_ns.min(lease.lease_ns / 2));
+        row = poll_free_row(fabric, layout, nodes, token, &stats, &mut pause, first_wait).await?;
     }
     if row.is_none() {
         tracing::info!("every writer id is claimed: looking for clients whose lease expired");
@@ -189,11 +209,9 @@ pub async fn register<F: Fabric>(
         }
         // Every row is a live client's: wait for one to close, polling (spread over
         // the waiting clients by their token), for at most `wait_ns` in all.
-        let deadline = started.saturating_add(wait_ns);
-        while row.is_none() && fabric.now().saturating_add(pause) < deadline {
-            swarm_core::sleep(fabric, pause).await;
-            row = claim_free_row(fabric, layout, nodes, token, &stats).await?;
-            pause = (pause * 2).min(16 * REGISTER_POLL_NS);
+        if row.is_none() {
+            let deadline = started.saturating_add(wait_ns);
+            row = poll_free_row(fabric, layout, nodes, token, &stats, &mut pause, deadline).await?;
         }
     }
     let Some(writer) = row else {

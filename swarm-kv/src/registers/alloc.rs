@@ -315,20 +315,8 @@ mod tests {
     use swarm_core::{MemCluster, block_on, join};
 
     use super::*;
-    use crate::layout::ClusterParams;
 
-    fn layout() -> NodeLayout {
-        let params = ClusterParams {
-            key_max: 16,
-            value_max: 16,
-            writers: 4,
-            chunk_registers: 4,
-            ..ClusterParams::default()
-        }
-        .for_node_size(1 << 20)
-        .unwrap();
-        NodeLayout::new(params).unwrap()
-    }
+    use crate::test_support::small_layout as layout;
 
     #[test]
     fn concurrent_allocations_of_one_client_never_share_a_register() {

@@ -259,21 +259,9 @@ mod tests {
     use swarm_core::{MemCluster, block_on, join};
 
     use super::*;
-    use crate::layout::ClusterParams;
     use crate::registers::alloc::RegisterAllocator;
 
-    fn layout() -> NodeLayout {
-        let params = ClusterParams {
-            key_max: 16,
-            value_max: 16,
-            writers: 4,
-            chunk_registers: 4,
-            ..ClusterParams::default()
-        }
-        .for_node_size(1 << 20)
-        .unwrap();
-        NodeLayout::new(params).unwrap()
-    }
+    use crate::test_support::small_layout as layout;
 
     fn word(fabric: &swarm_core::MemFabric, node: u16, addr: u64) -> u64 {
         swarm_core::block_on_future(fabric, async {
