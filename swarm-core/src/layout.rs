@@ -71,6 +71,28 @@ pub enum LayoutError {
     /// The log does not fit in the address space.
     #[error("the out-of-place log does not fit in a 64-bit address space")]
     LogTooLarge,
+    /// The write-back guard table is misaligned, its stride is not a whole number of
+    /// words, or it does not fit in the address space.
+    #[error(
+        "write-back guard table at {base:#x} with stride {stride} B is invalid: \
+         use an 8-byte aligned base and a stride that is a nonzero multiple of 8"
+    )]
+    GuardTable {
+        /// The table's first word.
+        base: u64,
+        /// Bytes from one writer's guard word to the next.
+        stride: u64,
+    },
+}
+
+/// Where the writers' *write-back guards* live on every node: writer `w`'s guard word
+/// at `base + w · stride` ([`crate::write_back_guard`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GuardTable {
+    /// Address of writer 0's guard word.
+    pub base: u64,
+    /// Bytes from one writer's guard word to the next (8 for a dense table).
+    pub stride: u64,
 }
 
 /// The cluster-wide shape of registers and logs: every client must use the same.
@@ -101,6 +123,7 @@ pub struct Layout {
     log_base: u64,
     writers: u16,
     slots_per_writer: u32,
+    guards: Option<GuardTable>,
 }
 
 /// Names the parameters of a [`Layout`]; [`LayoutBuilder::build`] validates them.
@@ -115,6 +138,7 @@ pub struct LayoutBuilder {
     log_base: u64,
     writers: u16,
     slots_per_writer: u32,
+    guards: Option<GuardTable>,
 }
 
 impl Default for LayoutBuilder {
@@ -125,6 +149,7 @@ impl Default for LayoutBuilder {
             log_base: 0,
             writers: 1,
             slots_per_writer: 1,
+            guards: None,
         }
     }
 }
@@ -160,6 +185,16 @@ impl LayoutBuilder {
         self
     }
 
+    /// Writers announce their write-backs into other writers' log slots in a table
+    /// of guard words at `base`, `stride` bytes apart, on every node
+    /// ([`crate::write_back_guard`]); writers then reuse a slot only once no guard
+    /// names its write. Without a table (the default), slot reuse rests on the grace
+    /// alone ([`crate::slot_recycling`]).
+    pub const fn write_back_guards(mut self, base: u64, stride: u64) -> Self {
+        self.guards = Some(GuardTable { base, stride });
+        self
+    }
+
     /// The layout, or why these parameters cannot make one.
     pub fn build(self) -> Result<Layout, LayoutError> {
         let Self {
@@ -168,6 +203,7 @@ impl LayoutBuilder {
             log_base,
             writers,
             slots_per_writer,
+            guards,
         } = self;
         if !(1..=64).contains(&meta_words) {
             return Err(LayoutError::MetaWords(meta_words));
@@ -178,12 +214,22 @@ impl LayoutBuilder {
         if writers == 0 || slots_per_writer == 0 {
             return Err(LayoutError::EmptyLog);
         }
+        if let Some(GuardTable { base, stride }) = guards {
+            let fits = stride
+                .checked_mul(u64::from(writers))
+                .and_then(|span| span.checked_add(base))
+                .is_some();
+            if base % 8 != 0 || stride == 0 || stride % 8 != 0 || !fits {
+                return Err(LayoutError::GuardTable { base, stride });
+            }
+        }
         let layout = Layout {
             payload_max,
             meta_words,
             log_base,
             writers,
             slots_per_writer,
+            guards,
         };
         layout
             .slot_bytes()
@@ -255,6 +301,26 @@ impl Layout {
     /// Bytes of all logs together.
     pub const fn log_bytes(&self) -> u64 {
         self.slot_bytes() * self.slots_per_writer as u64 * self.writers as u64
+    }
+
+    /// The write-back guard table, if the layout has one.
+    pub const fn guards(&self) -> Option<GuardTable> {
+        self.guards
+    }
+
+    /// Address of `writer`'s write-back guard word, if the layout has a guard table
+    /// and `writer` a log.
+    pub fn guard_addr(&self, writer: WriterId) -> Option<u64> {
+        let table = self.guards?;
+        (writer.get() < self.writers).then(|| table.base + u64::from(writer.get()) * table.stride)
+    }
+
+    /// The bytes one read of the whole guard table covers, `(address, length)`, if the
+    /// layout has one (`None` too if it would not fit in one read).
+    pub fn guard_span(&self) -> Option<(u64, u32)> {
+        let table = self.guards?;
+        let len = (u64::from(self.writers) - 1) * table.stride + 8;
+        Some((table.base, u32::try_from(len).ok()?))
     }
 
     /// Address of the metadata word writer `w` CASes in the register at `addr`.

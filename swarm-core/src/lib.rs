@@ -138,7 +138,7 @@ pub use protocol::inout::max_on_node;
 pub use protocol::{
     Carried, Client, DeleteOutcome, DeleteVotes, FirstDeleter, FreshOutcome, MAX_REPLICAS,
     ProtocolConfig, ReadValue, RegisterCache, RegisterLoc, Replicas, Suspicion, SwarmError,
-    UNOWNED_TOMBSTONE, WriteOutcome, quorum, resume, slot_recycling, summary,
+    UNOWNED_TOMBSTONE, WriteOutcome, quorum, resume, slot_recycling, summary, write_back_guard,
 };
 pub use roundtrip::{
     DeadlineScope, MAX_NODES, OpStats, Roundtrip, WaitOutcome, post_background, post_background_for,

@@ -503,6 +503,10 @@ impl NodeLayout {
             .log_base(logs_at)
             .writers(params.writers)
             .slots_per_writer(params.log_slots)
+            .write_back_guards(
+                clients_at + crate::membership::writer_ids::WRITE_BACK_GUARD,
+                CLIENT_ROW_BYTES,
+            )
             .build()?;
         let summaries_at = params
             .log_summaries

@@ -17,7 +17,7 @@ use crate::layout::{Layout, SlotAllocator, SlotError};
 use super::SwarmError;
 use super::carried::CarriedSlots;
 use super::guess::TimestampGuesser;
-use super::slot_recycling::{SlotCounters, SlotTracker};
+use super::slot_recycling::{ReleaseTiming, SlotCounters, SlotTracker};
 use super::summary::LogSummary;
 use crate::encoding::Tsp;
 use crate::roundtrip::OpStats;
@@ -177,6 +177,9 @@ pub struct Client<F, C> {
     pub(crate) suspicion: Arc<Suspicion>,
     /// Addresses of the registers with a write or delete of this client in flight.
     writing: RefCell<Vec<u64>>,
+    /// An operation of this client has its write-back guard up
+    /// ([`super::write_back_guard`]).
+    pub(crate) guard_busy: core::cell::Cell<bool>,
 }
 
 /// A register's write slot of one client, held by the write or delete in flight on it
@@ -225,6 +228,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
             }),
             suspicion: Arc::new(Suspicion::new(config.suspect_ns)),
             writing: RefCell::new(Vec::new()),
+            guard_busy: core::cell::Cell::new(false),
         })
     }
 
@@ -282,12 +286,12 @@ impl<F: Fabric, C: Clock> Client<F, C> {
     pub fn recycle_slots_tick_at(&self, budget: usize, now: Nanos) {
         let mut state = self.state.borrow_mut();
         let WriterState { slots, tracker, .. } = &mut *state;
-        let grace = self.config.grace_ns();
+        let timing = self.release_timing();
         tracker.poll_check(&self.fabric, self.config.max_op_ns);
-        if let Some(at) = tracker.next_expiry(grace)
+        if let Some(at) = tracker.next_expiry(&timing)
             && now >= at
         {
-            tracker.expire(slots, &self.layout, now, grace);
+            tracker.expire(&self.fabric, slots, &self.layout, self.writer, now, &timing);
         }
         tracker.start_check(
             &self.fabric,
@@ -306,10 +310,12 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         let mut state = self.state.borrow_mut();
         let WriterState { slots, tracker, .. } = &mut *state;
         tracker.expire(
+            &self.fabric,
             slots,
             &self.layout,
+            self.writer,
             self.fabric.now(),
-            self.config.grace_ns(),
+            &self.release_timing(),
         );
         tracker.counters(slots.in_use())
     }
@@ -553,7 +559,20 @@ impl<F: Fabric, C: Clock> Client<F, C> {
     /// When the oldest limbo slot comes back, if any.
     fn limbo_expiry(&self) -> Option<Nanos> {
         let state = self.state.borrow();
-        state.tracker.next_expiry(self.config.grace_ns())
+        state.tracker.next_expiry(&self.release_timing())
+    }
+
+    /// What rules when a limbo slot goes back to the allocator.
+    fn release_timing(&self) -> ReleaseTiming {
+        ReleaseTiming {
+            grace: self.config.grace_ns(),
+            margin: self.config.delivery_margin_ns,
+            timeout: self.config.max_op_ns,
+            recheck: self
+                .config
+                .slot_recycling_interval_ns
+                .min(self.config.grace_ns()),
+        }
     }
 
     /// Waits, while the operation's deadline allows, until the log has a free slot
@@ -576,7 +595,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         loop {
             let limbo = {
                 let state = self.state.borrow();
-                let expiry = state.tracker.next_expiry(self.config.grace_ns());
+                let expiry = state.tracker.next_expiry(&self.release_timing());
                 let full = !room(state.slots.in_use());
                 match expiry {
                     None if !full || learned => return,
@@ -597,18 +616,21 @@ impl<F: Fabric, C: Clock> Client<F, C> {
             let wake = {
                 let mut state = self.state.borrow_mut();
                 let WriterState { slots, tracker, .. } = &mut *state;
-                let grace = self.config.grace_ns();
-                let Some(at) = tracker.next_expiry(grace) else {
+                let timing = self.release_timing();
+                let Some(at) = tracker.next_expiry(&timing) else {
                     return;
                 };
                 let now = self.fabric.now();
                 if now >= at {
-                    tracker.expire(slots, &self.layout, now, grace);
+                    tracker.expire(&self.fabric, slots, &self.layout, self.writer, now, &timing);
                 }
                 if room(slots.in_use()) {
                     return;
                 }
-                match tracker.next_expiry(grace) {
+                match tracker
+                    .next_expiry(&timing)
+                    .map(|at| at.max(now.saturating_add(1)))
+                {
                     Some(at) if stats.deadline().is_none_or(|d| at <= d) => at,
                     // Nothing comes back in time: let the allocation report it.
                     _ => return,
@@ -766,7 +788,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
             let progress = {
                 let state = self.state.borrow();
                 state.slots.in_use() < self.layout.slots_per_writer()
-                    || state.tracker.next_expiry(self.config.grace_ns()).is_some()
+                    || state.tracker.next_expiry(&self.release_timing()).is_some()
             };
             if progress || self.carried_remaining() == 0 {
                 return;

@@ -37,14 +37,18 @@
 //!   then reported as `Corrupted` (but see "Lost copies" below: a re-read leaves out
 //!   the replicas whose copy was unusable).
 //! * The write-back (`inner_write(t)` writes `t`'s record into `t`'s slot on the
-//!   replicas that lack `t`) could clobber a recycled slot's new buffer. It cannot:
-//!   the read that writes `t` back saw `t` as the maximum of a majority, so it
-//!   started before `t` was superseded on a majority (a majority read after that
-//!   returns something above `t`); it posts nothing after its start plus `max_op_ns`
-//!   (the fence); and `t`'s writer reuses the slot only `grace_ns` after it *learned*
-//!   of the supersession, which is after the supersession itself — later than the
+//!   replicas that lack `t`) could clobber a recycled slot's new buffer. With a guard
+//!   table in the layout (SWARM-KV's), it cannot, however long the reader stops
+//!   between two instructions: a write-back of another writer's record runs under the
+//!   reader's write-back guard, and the writer keeps every slot a guard names
+//!   ([`super::write_back_guard`] has the argument). Without one (the simulator's
+//!   layouts), only the grace protects it: the read that writes `t` back saw `t` as
+//!   the maximum of a majority, so it started before `t` was superseded; it posts
+//!   nothing after its start plus `max_op_ns` (the fence); and `t`'s writer reuses the
+//!   slot only `grace_ns` after it *learned* of the supersession, later than the
 //!   read's last post plus the delivery margin, even with the clocks' rates drifting
-//!   by up to 1/8. The same holds for a stale `TRYLOCK(t)` (see also `tslock`).
+//!   by up to 1/8, as long as no thread stops between its fence check and its stores.
+//!   A stale `TRYLOCK(t)` needs neither (`tslock`).
 //! * Wait-freedom, precisely: a read still returns after a bounded number of its own
 //!   steps (appendix C, Lemma C.5, plus at most `SUPERSEDED_RETRIES` re-reads per
 //!   maximum, each of which only happens when `t` was superseded, i.e. the maximum
@@ -100,6 +104,7 @@ use crate::roundtrip::{OpStats, Roundtrip, WaitOutcome, post_background_for};
 
 use super::inout::{self, MaxOutcome, NodeView};
 use super::register::{MAX_REPLICAS, RegisterCache, RegisterLoc};
+use super::write_back_guard::GuardedWriteBack;
 use super::{Client, SwarmError};
 
 /// `encode_record_for(tsp, Some(reg.addr), payload)` in one buffer, which the batches
@@ -154,7 +159,7 @@ impl Views {
     }
 
     /// The largest maximum any replica reported.
-    fn max(&self) -> Tsp {
+    pub(crate) fn max(&self) -> Tsp {
         (0..MAX_REPLICAS)
             .filter(|&p| self.answered & (1 << p) != 0)
             .map(|p| self.max[p])
@@ -590,72 +595,94 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         // By replica position, the write whose copy there was found unusable (see
         // "Lost copies" in the module docs). Cold: allocated on the first such copy.
         let mut lost: Option<Box<[Tsp; MAX_REPLICAS]>> = None;
-        let (t, value) = loop {
-            // After a maximum's buffer was unusable on every holder that answered,
-            // ask every replica: another holder may have an intact copy.
-            let every_replica = (unusable.1 > 0).then_some(patience);
-            let mut views = self
-                .read_views_from(reg, cache, stats, with_inplace, every_replica)
-                .await?;
-            if let Some(lost) = &lost {
-                views.leave_out(lost, reg.replicas.quorum());
-            }
-            let t = views.max();
-            let fetched = match views.value_at_hand(t) {
-                Some(value) => Fetched::Value(value),
-                // Cold: on the heap, out of every read's future (see `fetch_value`).
-                None => Box::pin(self.fetch_value(reg, stats, &mut views, t, patience)).await?,
+        'read: loop {
+            let (t, value) = loop {
+                // After a maximum's buffer was unusable on every holder that answered,
+                // ask every replica: another holder may have an intact copy.
+                let every_replica = (unusable.1 > 0).then_some(patience);
+                let mut views = self
+                    .read_views_from(reg, cache, stats, with_inplace, every_replica)
+                    .await?;
+                if let Some(lost) = &lost {
+                    views.leave_out(lost, reg.replicas.quorum());
+                }
+                let t = views.max();
+                let fetched = match views.value_at_hand(t) {
+                    Some(value) => Fetched::Value(value),
+                    // Cold: on the heap, out of every read's future (see `fetch_value`).
+                    None => Box::pin(self.fetch_value(reg, stats, &mut views, t, patience)).await?,
+                };
+                match fetched {
+                    Fetched::Value(value) => break (t, value),
+                    Fetched::Superseded {
+                        unusable: positions,
+                    } => {
+                        stats.count_recycled_fetch();
+                        let lost = lost.get_or_insert_with(|| Box::new([Tsp::EMPTY; MAX_REPLICAS]));
+                        for (p, write) in lost.iter_mut().enumerate() {
+                            if positions & (1 << p) != 0 {
+                                *write = t;
+                            }
+                        }
+                        unusable = if unusable.0 == t {
+                            (t, unusable.1 + 1)
+                        } else {
+                            (t, 1)
+                        };
+                        if unusable.1 >= SUPERSEDED_RETRIES {
+                            return Err(SwarmError::Corrupted {
+                                node: reg.replicas.node(0),
+                                tsp: t,
+                            });
+                        }
+                        // The next read asks every replica: wait longer for each in turn,
+                        // so that an intact holder that is slow, or that this client
+                        // suspects, is heard before the retries run out.
+                        patience = patience.saturating_mul(2);
+                        continue;
+                    }
+                    Fetched::NoAnswer => {}
+                }
+                patience = patience.saturating_mul(2);
+                tracing::debug!(
+                    writer = self.writer.get(),
+                    tsp = ?t,
+                    patience,
+                    "no replica holding the maximum answered a value fetch in time: \
+                     reading the register again, waiting longer"
+                );
             };
-            match fetched {
-                Fetched::Value(value) => break (t, value),
-                Fetched::Superseded {
-                    unusable: positions,
-                } => {
-                    stats.count_recycled_fetch();
-                    let lost = lost.get_or_insert_with(|| Box::new([Tsp::EMPTY; MAX_REPLICAS]));
-                    for (p, write) in lost.iter_mut().enumerate() {
-                        if positions & (1 << p) != 0 {
-                            *write = t;
+            // The common case, checked here rather than in `inner_write` alone: a majority
+            // already holds `t`. Otherwise the write-back's future, a write round's, is
+            // built on the heap rather than kept in the state of every read.
+            // A reset's marker needs none: a reset reaches every replica before the
+            // register's next life begins.
+            // Another writer's record goes back into that writer's log under this
+            // client's write-back guard (`super::write_back_guard`); given up, and the
+            // register read again, if `t` was superseded meanwhile.
+            if !t.is_void() && !Self::on_a_majority(reg, cache, t) {
+                match self.write_back_guard(t) {
+                    Some(guard) => {
+                        let guarded = self.guarded_write_back(reg, cache, stats, t, &value, guard);
+                        if Box::pin(guarded).await? == GuardedWriteBack::Superseded {
+                            continue 'read;
                         }
                     }
-                    unusable = if unusable.0 == t {
-                        (t, unusable.1 + 1)
-                    } else {
-                        (t, 1)
-                    };
-                    if unusable.1 >= SUPERSEDED_RETRIES {
-                        return Err(SwarmError::Corrupted {
-                            node: reg.replicas.node(0),
-                            tsp: t,
-                        });
+                    None => {
+                        Box::pin(self.inner_write(
+                            reg,
+                            cache,
+                            stats,
+                            t,
+                            &value,
+                            &mut WriteProgress::default(),
+                        ))
+                        .await?;
                     }
-                    // The next read asks every replica: wait longer for each in turn,
-                    // so that an intact holder that is slow, or that this client
-                    // suspects, is heard before the retries run out.
-                    patience = patience.saturating_mul(2);
-                    continue;
                 }
-                Fetched::NoAnswer => {}
             }
-            patience = patience.saturating_mul(2);
-            tracing::debug!(
-                writer = self.writer.get(),
-                tsp = ?t,
-                patience,
-                "no replica holding the maximum answered a value fetch in time: \
-                 reading the register again, waiting longer"
-            );
-        };
-        // The common case, checked here rather than in `inner_write` alone: a majority
-        // already holds `t`. Otherwise the write-back's future, a write round's, is
-        // built on the heap rather than kept in the state of every read.
-        // A reset's marker needs none: a reset reaches every replica before the
-        // register's next life begins.
-        if !t.is_void() && !Self::on_a_majority(reg, cache, t) {
-            Box::pin(self.inner_write(reg, cache, stats, t, &value, &mut WriteProgress::default()))
-                .await?;
+            return Ok((t, value));
         }
-        Ok((t, value))
     }
 
     /// `M.READ_weak()`: the maximum tuple on a majority, without fetching its value or

@@ -43,6 +43,7 @@ pub mod slot_recycling;
 pub mod summary;
 mod suspicion;
 pub mod tslock;
+pub mod write_back_guard;
 
 pub use client::{Client, ProtocolConfig};
 pub use delete::{DeleteOutcome, DeleteVotes, FirstDeleter, UNOWNED_TOMBSTONE};

@@ -44,6 +44,15 @@
 //! ([`crate::Batch::deadline`]): the RDMA engine fails such a batch with
 //! [`crate::FabricError::Fenced`] instead of posting it late.
 //!
+//! **Write-back guards.** The grace bounds when a read *posts* its write-back, not
+//! when a stopped thread's stores land. So with a guard table in the layout
+//! ([`crate::layout::GuardTable`]), a slot whose grace is over goes back to the
+//! allocator only once a read of every other writer's guard word on a majority of
+//! the nodes, posted after the grace, found none naming its write, and a delivery
+//! margin after that read ([`super::write_back_guard`] has the argument). That makes
+//! slot reuse safe whatever the timing; the grace stays, for liveness: without it a
+//! read that fetches a superseded buffer would find it reused more often.
+//!
 //! Operations without a deadline (an [`crate::OpStats`] built by hand
 //! and used with the lower-level steps) are not covered by this argument; readers
 //! defend themselves anyway (see `fetch_value` in the `maxreg` module: a buffer whose
@@ -92,12 +101,13 @@ use alloc::collections::VecDeque;
 use alloc::vec::Vec;
 use core::hash::{BuildHasherDefault, Hasher};
 
-use crate::encoding::{Timestamp, Tsp};
+use crate::encoding::{Timestamp, Tsp, WriterId};
 use crate::fabric::{Batch, Fabric, Nanos, Ticket};
 use crate::layout::{Layout, SlotAllocator};
 
 use super::inout;
 use super::register::{MAX_REPLICAS, RegisterLoc, Replicas};
+use super::write_back_guard::GuardCheck;
 
 /// Default delivery margin: how long a batch posted before its operation's deadline
 /// may take to take effect on a memory node.
@@ -364,6 +374,30 @@ pub(crate) struct SlotTracker {
     /// Writes tracked and completed so far: orders what the tracker learns against
     /// the reads of a check.
     events: u64,
+    /// With write-back guards ([`super::write_back_guard`]): writes whose grace is
+    /// over, waiting for a guard check.
+    unchecked: Vec<Timestamp>,
+    /// The guard check in flight, judging the writes it took from `unchecked`.
+    guard_check: Option<GuardCheck>,
+    /// No guard check starts before this (after one that found a guard up).
+    next_guard_check: Nanos,
+    /// Writes a guard check cleared, and when their slots may be reused.
+    cleared: VecDeque<(Nanos, Timestamp)>,
+}
+
+/// The times that rule when a limbo slot goes back to the allocator.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ReleaseTiming {
+    /// The grace after supersession ([`grace_ns`]).
+    pub(crate) grace: Nanos,
+    /// The delivery margin: a cleared slot is reused this long (on the writer's
+    /// clock, [`real_on_clock_ns`]) after the guard check that cleared it.
+    pub(crate) margin: Nanos,
+    /// How long a guard check waits for every node before judging on a majority.
+    pub(crate) timeout: Nanos,
+    /// Least time between the starts of two guard checks (a check reads the whole
+    /// guard table), and how often a waiting allocation looks at one in flight.
+    pub(crate) recheck: Nanos,
 }
 
 impl SlotTracker {
@@ -470,33 +504,113 @@ impl SlotTracker {
         }
     }
 
-    /// Gives back to `slots` every limbo slot whose grace has passed at `now`.
-    pub(crate) fn expire(
+    /// Gives back to `slots` every limbo slot whose grace has passed at `now`; with
+    /// write-back guards in `layout`, only once a guard check of `writer`'s slots
+    /// found no guard naming them, a delivery margin after it
+    /// ([`super::write_back_guard`]). Never waits: a guard check runs across calls.
+    pub(crate) fn expire<F: Fabric + ?Sized>(
         &mut self,
+        fabric: &F,
         slots: &mut SlotAllocator,
         layout: &Layout,
+        writer: WriterId,
         now: Nanos,
-        grace: Nanos,
+        timing: &ReleaseTiming,
     ) {
+        let guarded = layout.guards().is_some();
         while let Some(&(at, ts)) = self.limbo.front() {
-            if now < at.saturating_add(grace) {
+            if now < at.saturating_add(timing.grace) {
                 break;
             }
             self.limbo.pop_front();
+            if guarded {
+                self.unchecked.push(ts);
+            } else {
+                slots.release(layout, ts);
+                self.recycled += 1;
+            }
+        }
+        if !guarded {
+            return;
+        }
+        self.poll_guards(fabric, layout, writer, now, timing);
+        if self.guard_check.is_none() && !self.unchecked.is_empty() && now >= self.next_guard_check
+        {
+            // Judges only writes whose supersession it follows (module docs of
+            // `write_back_guard`): those already here.
+            let judged = core::mem::take(&mut self.unchecked);
+            self.guard_check = GuardCheck::start(fabric, layout, judged, now);
+            self.next_guard_check = now.saturating_add(timing.recheck);
+            // A transport that completes at once answers it now.
+            self.poll_guards(fabric, layout, writer, now, timing);
+        }
+        while let Some(&(at, ts)) = self.cleared.front() {
+            if now < at {
+                break;
+            }
+            self.cleared.pop_front();
             slots.release(layout, ts);
             self.recycled += 1;
         }
     }
 
-    /// When the oldest limbo slot may be reused, if any.
-    pub(crate) fn next_expiry(&self, grace: Nanos) -> Option<Nanos> {
-        self.limbo.front().map(|(at, _)| at.saturating_add(grace))
+    /// Collects the guard check in flight, if it is over.
+    fn poll_guards<F: Fabric + ?Sized>(
+        &mut self,
+        fabric: &F,
+        layout: &Layout,
+        writer: WriterId,
+        now: Nanos,
+        timing: &ReleaseTiming,
+    ) {
+        let Some(check) = self.guard_check.as_mut() else {
+            return;
+        };
+        let Some(verdict) = check.poll(fabric, layout, writer, now, timing.timeout) else {
+            return;
+        };
+        self.guard_check = None;
+        let reusable_at = now.saturating_add(real_on_clock_ns(timing.margin));
+        self.cleared
+            .extend(verdict.clear.into_iter().map(|ts| (reusable_at, ts)));
+        if !verdict.kept.is_empty() {
+            tracing::debug!(
+                writer = writer.get(),
+                kept = verdict.kept.len(),
+                "log slots kept: a reader's write-back guard names them"
+            );
+            self.unchecked.extend(verdict.kept);
+        }
+    }
+
+    /// When a limbo slot may next come back (or a guard check be looked at again),
+    /// if any is waiting.
+    pub(crate) fn next_expiry(&self, timing: &ReleaseTiming) -> Option<Nanos> {
+        let limbo = self
+            .limbo
+            .front()
+            .map(|(at, _)| at.saturating_add(timing.grace));
+        let cleared = self.cleared.front().map(|&(at, _)| at);
+        let check = match &self.guard_check {
+            Some(check) => Some(check.started().saturating_add(timing.recheck)),
+            None => (!self.unchecked.is_empty()).then_some(self.next_guard_check),
+        };
+        [limbo, cleared, check].into_iter().flatten().min()
+    }
+
+    /// Slots superseded and not yet given back: in their grace, waiting for or in a
+    /// guard check, or cleared and waiting out the delivery margin.
+    fn awaiting_release(&self) -> usize {
+        self.limbo.len()
+            + self.unchecked.len()
+            + self.guard_check.as_ref().map_or(0, GuardCheck::judged)
+            + self.cleared.len()
     }
 
     pub(crate) fn counters(&self, in_use: u32) -> SlotCounters {
         SlotCounters {
             in_use,
-            in_limbo: self.limbo.len() as u32,
+            in_limbo: self.awaiting_release() as u32,
             recycled: self.recycled,
             tracked_registers: self.registers.len() as u32,
             carried: 0,
@@ -604,7 +718,7 @@ impl SlotTracker {
         self.checks_ended
     }
 
-    /// Abandons a check in flight (the client is going away).
+    /// Abandons the checks in flight (the client is going away).
     pub(crate) fn cancel_check<F: Fabric + ?Sized>(&mut self, fabric: &F) {
         if let Some(check) = self.check.take() {
             self.checks_ended += 1;
@@ -612,13 +726,17 @@ impl SlotTracker {
                 fabric.forget(ticket);
             }
         }
+        if let Some(check) = self.guard_check.take() {
+            check.cancel(fabric);
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::encoding::{Flag, WriterId};
+    use crate::encoding::Flag;
+    use crate::fabric::NodeId;
 
     fn ts(t: u64) -> Timestamp {
         Timestamp::new(t, WriterId::new(1).unwrap()).unwrap()
@@ -797,9 +915,17 @@ mod tests {
         assert_eq!(slots.in_use(), 2);
         t.settle(4096, Tsp::new(b, Flag::Guessed), 100);
         assert_eq!(t.counters(slots.in_use()).in_limbo, 1);
-        t.expire(&mut slots, &layout, 100 + 49, 50);
+        let fabric = crate::MemCluster::new(3, 2 << 20).client();
+        let me = WriterId::new(1).unwrap();
+        let timing = ReleaseTiming {
+            grace: 50,
+            margin: 0,
+            timeout: 10,
+            recheck: 5,
+        };
+        t.expire(&fabric, &mut slots, &layout, me, 100 + 49, &timing);
         assert_eq!(slots.in_use(), 2, "not before the grace");
-        t.expire(&mut slots, &layout, 150, 50);
+        t.expire(&fabric, &mut slots, &layout, me, 150, &timing);
         assert_eq!(slots.in_use(), 1);
         assert_eq!(t.counters(1).recycled, 1);
         assert_eq!(t.counters(1).tracked_registers, 1, "b is live");
@@ -810,7 +936,94 @@ mod tests {
             200,
         );
         assert_eq!(t.counters(1).tracked_registers, 0);
-        assert_eq!(t.next_expiry(50), Some(250));
+        assert_eq!(t.next_expiry(&timing), Some(250));
+    }
+
+    #[test]
+    fn with_guards_a_slot_comes_back_only_unnamed_and_a_margin_after_the_check() {
+        let layout = Layout::builder()
+            .writers(4)
+            .slots_per_writer(16)
+            .log_base(1 << 16)
+            .write_back_guards(2048, 8)
+            .build()
+            .unwrap();
+        let cluster = crate::MemCluster::new(3, 2 << 20);
+        let fabric = cluster.client();
+        let me = WriterId::new(1).unwrap();
+        let mut slots = SlotAllocator::new(&layout, me).unwrap();
+        let mut t = SlotTracker::default();
+        let a = slots.allocate(&layout, 10).unwrap();
+        let b = slots.allocate(&layout, a.ticks() + 1).unwrap();
+        t.track(&reg(), a);
+        t.track(&reg(), b);
+        let in_use = slots.in_use();
+        let guard = |node: u16, word: u64| {
+            let ticket = fabric.post(
+                NodeId(node),
+                Batch::write(2048 + 16, word.to_le_bytes().to_vec()),
+            );
+            fabric.forget(ticket);
+        };
+        // Writer 2's guard names `a` on a majority; `b` is named nowhere.
+        for node in [0, 1] {
+            guard(node, Tsp::new(a, Flag::Guessed).word());
+        }
+        t.settle(
+            4096,
+            Tsp::new(Timestamp::tombstone(me), Flag::Verified),
+            100,
+        );
+        let timing = ReleaseTiming {
+            grace: 50,
+            margin: 8,
+            timeout: 10,
+            recheck: 5,
+        };
+        t.expire(&fabric, &mut slots, &layout, me, 149, &timing);
+        assert_eq!(
+            t.counters(slots.in_use()).in_limbo,
+            2,
+            "not before the grace"
+        );
+        t.expire(&fabric, &mut slots, &layout, me, 150, &timing);
+        assert_eq!(
+            slots.in_use(),
+            in_use,
+            "not before the margin after the check"
+        );
+        assert_eq!(
+            t.next_expiry(&timing),
+            Some(150 + 5),
+            "a is looked at again first; b comes back at 150 + 9 (the margin on this clock)"
+        );
+        t.expire(&fabric, &mut slots, &layout, me, 158, &timing);
+        assert_eq!(
+            slots.in_use(),
+            in_use,
+            "not before the margin after the check"
+        );
+        t.expire(&fabric, &mut slots, &layout, me, 159, &timing);
+        assert_eq!(slots.in_use(), in_use - 1, "b is back, a is named");
+        // The guard goes down on one node only: a check reads a majority, and the
+        // node it reads first still names `a`.
+        guard(0, 0);
+        t.expire(&fabric, &mut slots, &layout, me, 170, &timing);
+        assert_eq!(
+            t.counters(slots.in_use()).in_limbo,
+            1,
+            "a is still named on node 1"
+        );
+        guard(1, 0);
+        t.expire(&fabric, &mut slots, &layout, me, 180, &timing);
+        t.expire(&fabric, &mut slots, &layout, me, 190, &timing);
+        assert_eq!(
+            slots.in_use(),
+            in_use - 2,
+            "a is back once no guard names it"
+        );
+        assert_eq!(t.counters(slots.in_use()).recycled, 2);
+        assert_eq!(t.next_expiry(&timing), None);
     }
 
     #[test]

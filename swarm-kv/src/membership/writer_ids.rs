@@ -19,7 +19,7 @@
 //! | 4 | resume generation: `generation << 1 \| sealed` (see "Resuming a log" below) |
 //! | 5 | the owner's wall clock at its last renewal, Unix ns (informational: `swarm stat`) |
 //! | 6 | tick ceiling: no incarnation of this writer id used a timestamp above it (superblock version 4; see "Resuming a log") |
-//! | 7 | reserved for leases |
+//! | 7 | write-back guard: the write this client is writing back into another writer's log, or 0 ([`swarm_core::write_back_guard`]) |
 //!
 //! A client that stops cleanly gives its row back. A client that finds every row
 //! claimed watches them for a lease period and takes over one whose owner did not
@@ -106,6 +106,9 @@ pub const GENERATION: u64 = 32;
 
 /// Offset of the tick-ceiling word in a row (see the module docs).
 pub const TICK_CEILING: u64 = 48;
+
+/// Offset in a row of its write-back guard word ([`swarm_core::write_back_guard`]).
+pub const WRITE_BACK_GUARD: u64 = 56;
 
 /// A claimed row.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -285,6 +288,14 @@ pub async fn register<F: Fabric>(
         Ok(Batch::write(at + PID, info.clone()))
     })
     .await?;
+    // A guard an earlier owner left up would keep one slot of some writer out of use
+    // for good; that owner is gone (it closed, or its row was taken over), so lower it.
+    for node in node_ids(nodes) {
+        fabric.post_detached(
+            node,
+            Batch::write(at + WRITE_BACK_GUARD, 0u64.to_le_bytes().to_vec()),
+        );
+    }
     // Before any write to the log: a later registration must see this generation.
     if let Err(e) = raise_word(
         fabric,

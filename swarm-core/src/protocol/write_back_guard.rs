@@ -1,0 +1,379 @@
+//! Write-back guards: no reader, however long it is paused, writes into a log slot
+//! that its writer reused (SWARM §4.5, appendix A).
+//!
+//! # The hazard
+//!
+//! A read whose maximum `t` is not known to be on a majority writes it back
+//! (`inner_write(t)`, appendix A): it copies `t`'s record into `t`'s slot in the log
+//! of `t`'s writer `W` on the replicas that lack it, then MAXes their metadata words.
+//! Those buffer writes are plain stores into memory that `W` reuses once `t` is
+//! superseded ([`super::slot_recycling`]). The grace there covers a read that posts
+//! before its deadline, but nothing bounds how long a thread stays stopped between its
+//! deadline check and its stores (SIGSTOP, preemption, a page fault, a VM's stolen
+//! time). A write-back that lands after `W` reused the slot garbles the new write's
+//! copy on that node. Readers detect a garbled copy (hash and tsp) and never misread
+//! it, but enough late write-backs would leave a write with intact copies on fewer
+//! than a majority: an acknowledged write lost.
+//!
+//! # The guard
+//!
+//! Every writer has a *guard word* on every node ([`crate::layout::GuardTable`];
+//! SWARM-KV uses word 7 of the writer's client-table row). A reader that writes back
+//! a record of another writer:
+//!
+//! 1. **raises** its guard: writes `t` into its guard word and waits until a majority
+//!    of the nodes acknowledged;
+//! 2. **re-reads** a majority of the register's replicas, and gives the write-back
+//!    up (the read starts over) if any reply is above `t`;
+//! 3. writes `t` back as before;
+//! 4. **lowers** the guard (zero on every node, never fenced), when the write-back
+//!    returns or fails, or when the operation is dropped.
+//!
+//! A client keeps one guard up at a time; a second write-back of the same client waits
+//! for the first. The writer, before it hands a slot of its limbo back to its
+//! allocator, once the slot's grace is over:
+//!
+//! 5. **reads the guard table** on a majority of the nodes, and keeps every slot whose
+//!    write some other writer's guard names;
+//! 6. hands the others back a delivery margin after that read completed.
+//!
+//! # Why no slot is reused under a write-back
+//!
+//! Say `W` learned at time `T₁` that `t` is superseded (a majority `M₁` of the register's
+//! replicas holds words above `t`; words never go down, a reset included), read the
+//! guard table at `T₂ > T₁` on a majority `M₂` without finding `t`, and reused `t`'s
+//! slot. Take a reader `R` whose write-back of `t` passed step 2. Its guard was on a
+//! majority `M₃` of the nodes before its re-read was posted. A node `X` of `M₂ ∩ M₃`
+//! answered `W`'s guard read without `t`, so it did so before `R`'s raise reached it,
+//! or after `R`'s lower did:
+//!
+//! * before the raise: `R`'s re-read was posted after its raise completed, so after
+//!   `T₂ > T₁`; it read a majority of the register's replicas, which meets `M₁`, and
+//!   found a word above `t`; so `R` gave the write-back up at step 2. Contradiction;
+//! * after the lower: the lower was posted after every batch of `R`'s write-back (in
+//!   program order on shared memory, where a batch lands inside the call that posts
+//!   it; in posting order over RDMA), so each of those landed before the lower's post
+//!   plus the delivery margin, hence before `W`'s read completed plus that margin,
+//!   which is when `W` reuses the slot (step 6).
+//!
+//! Neither case depends on how long `R` stops between any two of its instructions: a
+//! stop before step 1 or 2 ends in a re-read that sees `t` superseded; a stop after
+//! step 2 keeps the guard up, and the slot out of use, for as long as it lasts. On
+//! shared memory the argument assumes nothing about time. Over RDMA it assumes what
+//! the transport enforces for every batch: a batch handed to the NIC lands within the
+//! delivery margin or never (the engine gives its queue pair up first,
+//! `RdmaFabric::bound_delivery`). A write-back posted by `W` itself needs no guard: its
+//! own stores precede its own reuse in program order.
+//!
+//! # What it costs, and what it leaves
+//!
+//! Two roundtrips more on the write-back path only (raise, re-read), which a read
+//! takes when its maximum is not yet on a majority: a write in progress or a writer
+//! that failed mid-write. The common one-roundtrip read and write are untouched. The
+//! writer reads the guard table (one READ of `writers × stride` bytes per node) once
+//! per batch of slots leaving their grace. A reader stopped for ever with its guard
+//! up holds one slot of one writer out of use until its writer id is taken over (the
+//! new owner lowers the guard when it registers).
+
+use core::cell::Cell;
+
+use alloc::vec::Vec;
+
+use crate::clock::Clock;
+use crate::encoding::{Timestamp, Tsp, WriterId};
+use crate::fabric::{Batch, Fabric, Nanos, Ticket};
+use crate::layout::Layout;
+use crate::roundtrip::OpStats;
+
+use super::maxreg::WriteProgress;
+use super::quorum::{broadcast, majority, nodes};
+use super::register::{RegisterCache, RegisterLoc};
+use super::{Client, SwarmError};
+
+/// What a guarded write-back did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum GuardedWriteBack {
+    /// `t` is on a majority now.
+    Written,
+    /// A replica holds something above `t`: `t`'s slot may be reused, so nothing was
+    /// written back; read the register again.
+    Superseded,
+}
+
+/// A raised guard: lowered when dropped, whatever the operation's fate.
+struct Raised<'a, F: Fabric> {
+    fabric: &'a F,
+    addr: u64,
+    busy: &'a Cell<bool>,
+}
+
+impl<F: Fabric> Drop for Raised<'_, F> {
+    fn drop(&mut self) {
+        // Never fenced: a late lower only lets the writer reuse a slot sooner, and it
+        // lands after this client's earlier batches to the same node.
+        for node in nodes(self.fabric.node_count()) {
+            self.fabric
+                .post_detached(node, Batch::write(self.addr, 0u64.to_le_bytes().to_vec()));
+        }
+        self.busy.set(false);
+    }
+}
+
+impl<F: Fabric, C: Clock> Client<F, C> {
+    /// Where this client's guard word is, if a write-back of `t` needs one: the
+    /// layout has a guard table and `t` is another writer's.
+    pub(crate) fn write_back_guard(&self, t: Tsp) -> Option<u64> {
+        if t.ts().writer() == self.writer {
+            return None;
+        }
+        self.layout.guard_addr(self.writer)
+    }
+
+    /// Writes `t` (whose payload is `value`) back to a majority of `reg` under this
+    /// client's guard word at `guard` (steps 1 to 4 of the module docs).
+    pub(crate) async fn guarded_write_back(
+        &self,
+        reg: &RegisterLoc,
+        cache: &mut RegisterCache,
+        stats: &OpStats,
+        t: Tsp,
+        value: &[u8],
+        guard: u64,
+    ) -> Result<GuardedWriteBack, SwarmError> {
+        let _raised = self.raise_guard(stats, t, guard).await?;
+        let views = self.read_views(reg, cache, stats, false).await?;
+        if views.max().ts() > t.ts() {
+            tracing::debug!(
+                writer = self.writer.get(),
+                tsp = ?t,
+                "write-back given up: superseded while the guard went up"
+            );
+            return Ok(GuardedWriteBack::Superseded);
+        }
+        self.inner_write(reg, cache, stats, t, value, &mut WriteProgress::default())
+            .await?;
+        Ok(GuardedWriteBack::Written)
+    }
+
+    /// Raises this client's guard to `t` on a majority of the nodes, once no other
+    /// operation of this client has its guard up.
+    async fn raise_guard(
+        &self,
+        stats: &OpStats,
+        t: Tsp,
+        guard: u64,
+    ) -> Result<Raised<'_, F>, SwarmError> {
+        let busy = &self.guard_busy;
+        core::future::poll_fn(|cx| {
+            if !busy.get() {
+                busy.set(true);
+                return core::task::Poll::Ready(Ok(()));
+            }
+            if let Err(error) = stats.check_fence(&self.fabric) {
+                return core::task::Poll::Ready(Err(error));
+            }
+            // Busy re-poll, as everywhere in this crate (see `crate::exec`).
+            cx.waker().wake_by_ref();
+            core::task::Poll::Pending
+        })
+        .await?;
+        let raised = Raised {
+            fabric: &self.fabric,
+            addr: guard,
+            busy,
+        };
+        let n = self.fabric.node_count();
+        let word = t.word().to_le_bytes().to_vec();
+        broadcast(&self.fabric, stats, nodes(n), majority(n), |_| {
+            Ok(Batch::write(guard, word.clone()))
+        })
+        .await?;
+        Ok(raised)
+    }
+}
+
+/// A writer's read of the guard table (steps 5 and 6 of the module docs), judging
+/// the slots that left their grace before it was posted.
+#[derive(Debug)]
+pub(crate) struct GuardCheck {
+    started: Nanos,
+    /// The writes whose slots this check judges.
+    judged: Vec<Timestamp>,
+    outstanding: Vec<Ticket>,
+    answered: usize,
+    /// Writes of this writer that some other writer's guard names.
+    named: Vec<Timestamp>,
+}
+
+/// What a finished [`GuardCheck`] found.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(crate) struct GuardVerdict {
+    /// Writes whose slots no guard names: reusable a delivery margin from now.
+    pub(crate) clear: Vec<Timestamp>,
+    /// Writes still named by a guard, or not judged (too few nodes answered).
+    pub(crate) kept: Vec<Timestamp>,
+}
+
+impl GuardCheck {
+    /// Posts a read of the guard table to every node, judging `judged` (`None` if the
+    /// layout has no guard table).
+    pub(crate) fn start<F: Fabric + ?Sized>(
+        fabric: &F,
+        layout: &Layout,
+        judged: Vec<Timestamp>,
+        now: Nanos,
+    ) -> Option<Self> {
+        let (addr, len) = layout.guard_span()?;
+        let outstanding = nodes(fabric.node_count())
+            .map(|node| fabric.post(node, Batch::read(addr, len)))
+            .collect();
+        Some(Self {
+            started: now,
+            judged,
+            outstanding,
+            answered: 0,
+            named: Vec::new(),
+        })
+    }
+
+    /// When the check started.
+    pub(crate) fn started(&self) -> Nanos {
+        self.started
+    }
+
+    /// How many writes it judges.
+    pub(crate) fn judged(&self) -> usize {
+        self.judged.len()
+    }
+
+    /// Collects replies; once every node answered, or `timeout` passed since the
+    /// check started, returns the verdict on the slots it judged.
+    pub(crate) fn poll<F: Fabric + ?Sized>(
+        &mut self,
+        fabric: &F,
+        layout: &Layout,
+        me: WriterId,
+        now: Nanos,
+        timeout: Nanos,
+    ) -> Option<GuardVerdict> {
+        let Self {
+            outstanding,
+            answered,
+            named,
+            ..
+        } = self;
+        outstanding.retain(|&ticket| match fabric.poll(ticket) {
+            core::task::Poll::Pending => true,
+            core::task::Poll::Ready(result) => {
+                if let Ok(mut completion) = result
+                    && let Some(bytes) = completion.take_read(0)
+                {
+                    *answered += 1;
+                    named.extend(guards_naming(layout, me, &bytes));
+                }
+                false
+            }
+        });
+        if !self.outstanding.is_empty() && now < self.started.saturating_add(timeout) {
+            return None;
+        }
+        for ticket in self.outstanding.drain(..) {
+            fabric.forget(ticket);
+        }
+        let judged = core::mem::take(&mut self.judged);
+        if self.answered < majority(fabric.node_count()) {
+            return Some(GuardVerdict {
+                clear: Vec::new(),
+                kept: judged,
+            });
+        }
+        let (kept, clear) = judged.into_iter().partition(|ts| self.named.contains(ts));
+        Some(GuardVerdict { clear, kept })
+    }
+
+    /// Abandons the check (the client is going away).
+    pub(crate) fn cancel<F: Fabric + ?Sized>(self, fabric: &F) {
+        for ticket in self.outstanding {
+            fabric.forget(ticket);
+        }
+    }
+}
+
+/// The writes of writer `me` that the guard words in `table` (a read of
+/// [`Layout::guard_span`], untrusted) name, other than `me`'s own guard.
+fn guards_naming<'a>(
+    layout: &'a Layout,
+    me: WriterId,
+    table: &'a [u8],
+) -> impl Iterator<Item = Timestamp> + 'a {
+    let stride = layout.guards().map_or(8, |g| g.stride) as usize;
+    (0..usize::from(layout.writers()))
+        .filter(move |&w| w != usize::from(me.get()))
+        .filter_map(move |w| {
+            let bytes = table.get(w * stride..w * stride + 8)?;
+            let word = u64::from_le_bytes(bytes.try_into().ok()?);
+            let t = Tsp::from_word(word);
+            (word != 0 && t.ts().writer() == me).then(|| t.ts())
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::encoding::Flag;
+    use alloc::vec;
+
+    fn layout() -> Layout {
+        Layout::builder()
+            .writers(4)
+            .slots_per_writer(8)
+            .log_base(1 << 16)
+            .write_back_guards(4096, 64)
+            .build()
+            .unwrap()
+    }
+
+    fn ts(ticks: u64, writer: u32) -> Timestamp {
+        Timestamp::new(ticks, WriterId::new(writer).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn a_guard_names_only_writes_of_the_writer_judging() {
+        let layout = layout();
+        let (addr, len) = layout.guard_span().unwrap();
+        assert_eq!((addr, len), (4096, 3 * 64 + 8));
+        let mut table = vec![0u8; len as usize];
+        let mut put = |w: usize, t: Timestamp| {
+            table[w * 64..w * 64 + 8]
+                .copy_from_slice(&Tsp::new(t, Flag::Guessed).word().to_le_bytes());
+        };
+        put(0, ts(10, 1)); // writer 0 writes back writer 1's write 10
+        put(2, ts(20, 3)); // writer 2 writes back writer 3's write 20
+        put(1, ts(30, 1)); // writer 1's own guard never names its own slots
+        let me = WriterId::new(1).unwrap();
+        let named: Vec<_> = guards_naming(&layout, me, &table).collect();
+        assert_eq!(named, vec![ts(10, 1)]);
+        // A short or garbled table names nothing it does not hold.
+        assert_eq!(guards_naming(&layout, me, &table[..5]).count(), 0);
+    }
+
+    #[test]
+    fn the_guard_table_is_checked_when_the_layout_is_built() {
+        let bad = |base, stride| {
+            Layout::builder()
+                .writers(4)
+                .write_back_guards(base, stride)
+                .build()
+        };
+        assert!(bad(4096, 0).is_err());
+        assert!(bad(4095, 64).is_err());
+        assert!(bad(4096, 12).is_err());
+        assert!(bad(u64::MAX - 8, 64).is_err());
+        let layout = bad(4096, 8).unwrap();
+        assert_eq!(
+            layout.guard_addr(WriterId::new(3).unwrap()),
+            Some(4096 + 24)
+        );
+        assert_eq!(layout.guard_addr(WriterId::new(4).unwrap()), None);
+    }
+}
