@@ -15,7 +15,9 @@ use std::rc::Rc;
 use std::task::{Context, Poll, Waker};
 
 use swarm_checker::{History, OpKind, Operation};
+use swarm_core::encoding::Tsp;
 use swarm_core::fabric::{Completion, FabricError, FailureCause, Op, Ticket};
+use swarm_core::layout::decode_record;
 use swarm_core::{Batch, Fabric, NodeId, OpStats, block_on};
 use swarm_kv::configuration::{CONFIG_AT, Configuration};
 use swarm_kv::layout::{ClusterParams, NodeLayout};
@@ -108,6 +110,14 @@ impl TestFabric {
                 entry.1 = Some(self.inner.post(node, batch));
             }
         }
+    }
+
+    /// Whether a batch is held unapplied now (landed ones do not count).
+    fn holds_unapplied(&self) -> bool {
+        self.unapplied
+            .borrow()
+            .iter()
+            .any(|entry| entry.0.is_some())
     }
 
     fn touches(batch: &Batch, range: &Range<u64>) -> bool {
@@ -1040,6 +1050,16 @@ struct ChurnFaults {
     /// 4 waiting at most), and a client runs its waiting unmaps about once in
     /// twenty operations, possibly after others deleted and re-inserted the key.
     deferred: bool,
+    /// About one update in five reaches one replica only (its client cannot reach
+    /// the other two: it fails, and may or may not have taken effect), so reads find
+    /// values on a minority and write them back into their writers' logs; and about
+    /// one get in three pauses before its write-back's stores (its batches into the
+    /// logs are held), or before its write-back guard goes up, while the others run
+    /// for several slot graces, with logs small
+    /// enough that their writers reuse slots meanwhile. After each pause, every
+    /// register's current value must have an intact copy on each replica that holds
+    /// it (a late write-back into a reused slot would garble one).
+    write_backs: bool,
 }
 
 /// What a churn operation returns: whether it took effect (`None`: unknown) and the
@@ -1073,7 +1093,9 @@ fn churn(seed: u64, faults: ChurnFaults) -> u64 {
     } else {
         CHURN_REGISTERS
     };
-    let store = exact(&dir, capacity, 1 << 12);
+    // Small logs with write-backs: writers reuse slots within a pause.
+    let log_slots = if faults.write_backs { 48 } else { 1 << 12 };
+    let store = exact(&dir, capacity, log_slots);
     let layout = *store.layout();
     let world = World::new();
     let config = KvConfig {
@@ -1135,6 +1157,9 @@ fn churn(seed: u64, faults: ChurnFaults) -> u64 {
             };
             clock += 2;
             history.push(record).unwrap();
+            if faults.write_backs {
+                audit_current_copies(&store, seed, op);
+            }
         }
         let r = next(&mut x);
         let mut c = (r % 3) as usize;
@@ -1156,6 +1181,87 @@ fn churn(seed: u64, faults: ChurnFaults) -> u64 {
             _ => OpKind::Update,
         };
         let cut_off = faults.outages && (r >> 48).is_multiple_of(100);
+        let pause_write_back = faults.write_backs
+            && paused.is_none()
+            && kind == OpKind::Get
+            && (r >> 40).is_multiple_of(3);
+        if pause_write_back {
+            // A get that writes a value back pauses right before the write-back's
+            // stores into the writer's log land, or right before its write-back guard
+            // goes up (it may hold nothing: then it ends).
+            let fabric = client.fabric();
+            let start = clock;
+            clock += 2;
+            let held = if (r >> 56).is_multiple_of(2) {
+                layout.swarm.log_base()..layout.swarm.log_base() + layout.swarm.log_bytes()
+            } else {
+                let guard = layout.client_row(client.writer()) + 56;
+                guard..guard + 8
+            };
+            *fabric.unapplied_on.borrow_mut() = Some(held);
+            let k = key.clone();
+            let mut future: PausedFuture<'_> = Box::pin(async move {
+                client
+                    .get(k.as_bytes(), &OpStats::new())
+                    .await
+                    .map(|v| (Some(true), v.map(|v| String::from_utf8(v).unwrap())))
+            });
+            let mut cx = Context::from_waker(Waker::noop());
+            let mut done = None;
+            for _ in 0..1000 {
+                if let Poll::Ready(result) = future.as_mut().poll(&mut cx) {
+                    done = Some(result);
+                    break;
+                }
+                if fabric.holds_unapplied() {
+                    break;
+                }
+                fabric.progress();
+            }
+            match done {
+                Some(result) => {
+                    fabric.land_unapplied();
+                    let (ok, v) = result.unwrap_or_else(|e| {
+                        panic!("seed {seed} (CHURN_SEED to replay): op {op} (get) failed: {e}")
+                    });
+                    history
+                        .push(Operation::completed(
+                            c as u64,
+                            OpKind::Get,
+                            key,
+                            v.as_deref(),
+                            ok.unwrap_or(true),
+                            start,
+                            clock,
+                        ))
+                        .unwrap();
+                }
+                None => {
+                    pauses += 1;
+                    paused = Some(Paused {
+                        client: c,
+                        kind: OpKind::Get,
+                        key,
+                        value: None,
+                        start,
+                        left: 120,
+                        future,
+                    });
+                }
+            }
+            world.advance(500_000);
+            continue;
+        }
+        // A torn update: its stores reach one replica, chosen at random.
+        let torn = faults.write_backs && kind == OpKind::Update && (r >> 44).is_multiple_of(5);
+        if torn {
+            let reached = (r >> 52) % 3;
+            client
+                .fabric()
+                .failed
+                .borrow_mut()
+                .extend((0..3).filter(|&n| n != reached).map(|n| NodeId(n as u16)));
+        }
         if faults.pauses
             && paused.is_none()
             && matches!(kind, OpKind::Delete | OpKind::Update)
@@ -1206,7 +1312,7 @@ fn churn(seed: u64, faults: ChurnFaults) -> u64 {
                     done = Some(result);
                     break;
                 }
-                if !fabric.unapplied.borrow().is_empty() {
+                if fabric.holds_unapplied() {
                     break;
                 }
                 fabric.progress();
@@ -1278,6 +1384,9 @@ fn churn(seed: u64, faults: ChurnFaults) -> u64 {
                 .map(|ok| (Some(ok), Some(value.clone()))),
         };
         *client.fabric().refused.borrow_mut() = None;
+        if torn {
+            client.fabric().failed.borrow_mut().clear();
+        }
         clock += 2;
         let record = match result {
             Ok((Some(ok), value)) => {
@@ -1291,7 +1400,7 @@ fn churn(seed: u64, faults: ChurnFaults) -> u64 {
                 start,
                 start + 1,
             ),
-            Err(_) if cut_off => {
+            Err(_) if cut_off || torn => {
                 crashed += 1;
                 let written = matches!(kind, OpKind::Insert | OpKind::Update).then_some(value);
                 Operation::crashed(c as u64, kind, key, written.as_deref(), start)
@@ -1341,6 +1450,53 @@ fn churn(seed: u64, faults: ChurnFaults) -> u64 {
     clients.iter().map(|c| c.recycle_stats().recycled).sum()
 }
 
+/// Checks that every register's current value (the largest word any replica holds,
+/// unless it is a tombstone or a reset's life marker) has an intact copy on each
+/// replica whose metadata holds it: the record in its writer's log slot validates and
+/// names it. A write-back that landed in a slot its writer had reused would garble one
+/// (`swarm_core::write_back_guard`). Reads node memory directly.
+fn audit_current_copies(store: &ShmStore, seed: u64, op: u64) {
+    let raw = store.fabric();
+    let layout = store.layout();
+    let swarm = layout.swarm;
+    let read = |node: u16, addr: u64, len: u64| -> Vec<u8> {
+        let ticket = raw.post(NodeId(node), Batch::read(addr, len as u32));
+        loop {
+            if let Poll::Ready(result) = raw.poll(ticket) {
+                return result.expect("audit read").take_read(0).unwrap();
+            }
+            raw.progress();
+        }
+    };
+    for register in 0..layout.params.registers {
+        let addr = layout.register(register).unwrap();
+        let maxima: Vec<Tsp> = (0..3)
+            .map(|node| {
+                read(node, addr + swarm.meta_offset(), swarm.meta_bytes())
+                    .chunks_exact(8)
+                    .map(|w| Tsp::from_word(u64::from_le_bytes(w.try_into().unwrap())))
+                    .max()
+                    .unwrap()
+            })
+            .collect();
+        let current = *maxima.iter().max().unwrap();
+        if current.is_void() || current.is_tombstone() {
+            continue;
+        }
+        for (node, _) in maxima.iter().enumerate().filter(|(_, m)| **m == current) {
+            let slot = swarm.buffer_addr(current.ts()).unwrap();
+            let mut record = read(node as u16, slot + 8, swarm.record_bytes());
+            let held = decode_record(&mut record, swarm.payload_max()).map(|r| r.tsp.ts());
+            assert_eq!(
+                held,
+                Some(current.ts()),
+                "seed {seed} (CHURN_SEED to replay), after op {op}: register {register}'s \
+                 current value {current:?} has no intact copy on node {node}"
+            );
+        }
+    }
+}
+
 /// Registers of a churn's cluster. Free registers sit in per-client pools: an insert
 /// takes one from its client's pool, a delete's unmap gives one to its client's, and
 /// the churn picks clients at random, so each client's share drifts as a random
@@ -1355,14 +1511,19 @@ const CHURN_REGISTERS: u64 = 64;
 
 /// The churn's seeds: `CHURN_SEED` alone if set, else four, plus `replays`.
 fn churn_seeds(replays: &[u64]) -> Vec<u64> {
+    churn_seeds_n(4, replays)
+}
+
+/// [`churn_seeds`] with `count` seeds from the run's base.
+fn churn_seeds_n(count: u64, replays: &[u64]) -> Vec<u64> {
     match std::env::var("CHURN_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
     {
         Some(seed) => vec![seed],
-        // Four seeds from the run's base (`SWARM_SIM_SEED_BASE`: CI explores new
+        // `count` seeds from the run's base (`SWARM_SIM_SEED_BASE`: CI explores new
         // ones each run), then the regression seeds.
-        None => (0..4)
+        None => (0..count)
             .map(|i| (0x5eed_u64 + i).wrapping_add(swarm_sim::seed_base()))
             .chain(replays.iter().copied())
             .collect(),
@@ -1430,6 +1591,24 @@ fn a_churn_with_clients_paused_before_their_stores_stays_linearizable() {
             seed,
             ChurnFaults {
                 pauses: true,
+                ..ChurnFaults::default()
+            },
+        );
+    }
+}
+
+/// Reads that write values back, paused before their stores for several slot graces
+/// while writers reuse their log slots: every current value keeps intact copies
+/// (`swarm_core::write_back_guard`).
+#[test]
+fn a_churn_with_reads_paused_before_their_write_backs_keeps_every_copy() {
+    // Sixteen seeds (a third of a second each): a writer that ignores guards garbles
+    // a copy on about two seeds in three.
+    for seed in churn_seeds_n(16, &[]) {
+        churn(
+            seed,
+            ChurnFaults {
+                write_backs: true,
                 ..ChurnFaults::default()
             },
         );

@@ -80,27 +80,40 @@ pub fn run(scenario: &Scenario) -> Result<Outcome, SimError> {
     } else {
         scenario.keys
     };
-    let shape = |log_base| {
-        Layout::builder()
+    let shape = |log_base, guards: Option<u64>| {
+        let builder = Layout::builder()
             .payload_max(scenario.payload_max)
             .meta_words(scenario.meta_words)
             .log_base(log_base)
             .writers(writers)
-            .slots_per_writer(slots)
-            .build()
+            .slots_per_writer(slots);
+        match guards {
+            Some(at) => builder.write_back_guards(at, 8),
+            None => builder,
+        }
+        .build()
     };
-    let register_bytes = shape(0)
+    let register_bytes = shape(0, None)
         .expect("scenario layouts are valid")
         .register_bytes();
     let registers_end = HEADER_SIZE + u64::from(registers) * register_bytes;
     // The tick-ceiling words of crash restarts, one per writer id, after the registers.
     let ceilings = registers_end.next_multiple_of(8);
-    let logs_from = if scenario.crash_restarts {
+    let ceilings_end = if scenario.crash_restarts {
         ceilings + 8 * u64::from(writers)
     } else {
         registers_end
     };
-    let layout = shape(logs_from.next_multiple_of(4096)).expect("scenario layouts are valid");
+    // With slot recycling, the writers' write-back guards, one word per writer id
+    // (`swarm_core::write_back_guard`), as SWARM-KV has them; not where clients crash
+    // for good: a guard a crashed reader left up keeps one slot of its writer out of
+    // use until a new owner of the reader's writer id lowers it, which SWARM-KV's
+    // takeover does and these scenarios do not model (tiny logs would run dry).
+    let guards = (scenario.recycling.is_some() && !scenario.faults.crash_clients)
+        .then(|| ceilings_end.next_multiple_of(8));
+    let logs_from = guards.map_or(ceilings_end, |at| at + 8 * u64::from(writers));
+    let layout =
+        shape(logs_from.next_multiple_of(4096), guards).expect("scenario layouts are valid");
     let node_bytes = (layout.log_base() + layout.log_bytes()) as usize;
     let mut rng = SimRng::new(scenario.seed ^ 0x5ca1_ab1e);
     let config = sim_config(scenario, node_bytes);
