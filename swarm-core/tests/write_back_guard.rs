@@ -403,7 +403,6 @@ fn a_paused_write_back_keeps_the_slot_it_writes_into_until_it_landed() {
     s.r.fabric().land();
     let (t, value) = run_to_end(&s.r, read.as_mut()).unwrap();
     assert_eq!((t.ts(), value.as_slice()), (s.t1, b"w1".as_slice()));
-    drop(read);
     let guard = peek(&s.cluster, B, GUARDS + 8 * 2, 8);
     assert_eq!(guard, [0; 8], "R's guard is down");
 
