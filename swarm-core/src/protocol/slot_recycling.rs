@@ -383,6 +383,8 @@ pub(crate) struct SlotTracker {
     next_guard_check: Nanos,
     /// Writes a guard check cleared, and when their slots may be reused.
     cleared: VecDeque<(Nanos, Timestamp)>,
+    /// When to look at the guard check in flight again.
+    guard_poll_at: Nanos,
 }
 
 /// The times that rule when a limbo slot goes back to the allocator.
@@ -567,6 +569,7 @@ impl SlotTracker {
             return;
         };
         let Some(verdict) = check.poll(fabric, layout, writer, now, timing.timeout) else {
+            self.guard_poll_at = now.saturating_add(timing.recheck);
             return;
         };
         self.guard_check = None;
@@ -592,7 +595,7 @@ impl SlotTracker {
             .map(|(at, _)| at.saturating_add(timing.grace));
         let cleared = self.cleared.front().map(|&(at, _)| at);
         let check = match &self.guard_check {
-            Some(check) => Some(check.started().saturating_add(timing.recheck)),
+            Some(_) => Some(self.guard_poll_at),
             None => (!self.unchecked.is_empty()).then_some(self.next_guard_check),
         };
         [limbo, cleared, check].into_iter().flatten().min()

@@ -33,8 +33,8 @@
 //! for the first. The writer, before it hands a slot of its limbo back to its
 //! allocator, once the slot's grace is over:
 //!
-//! 5. **reads the guard table** on a majority of the nodes, and keeps every slot whose
-//!    write some other writer's guard names;
+//! 5. **reads the guard table** on a majority of the nodes (the first majority to
+//!    answer), and keeps every slot whose write some other writer's guard names there;
 //! 6. hands the others back a delivery margin after that read completed.
 //!
 //! # Why no slot is reused under a write-back
@@ -236,18 +236,14 @@ impl GuardCheck {
         })
     }
 
-    /// When the check started.
-    pub(crate) fn started(&self) -> Nanos {
-        self.started
-    }
-
     /// How many writes it judges.
     pub(crate) fn judged(&self) -> usize {
         self.judged.len()
     }
 
-    /// Collects replies; once every node answered, or `timeout` passed since the
-    /// check started, returns the verdict on the slots it judged.
+    /// Collects replies; once a majority of the nodes answered (any majority meets
+    /// the one each raised guard reached), or `timeout` passed since the check
+    /// started, returns the verdict on the slots it judged.
     pub(crate) fn poll<F: Fabric + ?Sized>(
         &mut self,
         fabric: &F,
@@ -274,14 +270,15 @@ impl GuardCheck {
                 false
             }
         });
-        if !self.outstanding.is_empty() && now < self.started.saturating_add(timeout) {
+        let majority_answered = self.answered >= majority(fabric.node_count());
+        if !majority_answered && now < self.started.saturating_add(timeout) {
             return None;
         }
         for ticket in self.outstanding.drain(..) {
             fabric.forget(ticket);
         }
         let judged = core::mem::take(&mut self.judged);
-        if self.answered < majority(fabric.node_count()) {
+        if !majority_answered {
             return Some(GuardVerdict {
                 clear: Vec::new(),
                 kept: judged,

@@ -11,7 +11,7 @@ use swarm_checker::History;
 use swarm_core::fabric::NodeId;
 use swarm_core::header::HEADER_SIZE;
 use swarm_core::layout::Layout;
-use swarm_core::{Client, Fabric};
+use swarm_core::{Batch, Client, Fabric};
 use swarm_core::{ProtocolConfig, RegisterLoc, Replicas};
 
 use super::config::{Recycling, Scenario};
@@ -105,11 +105,12 @@ pub fn run(scenario: &Scenario) -> Result<Outcome, SimError> {
         registers_end
     };
     // With slot recycling, the writers' write-back guards, one word per writer id
-    // (`swarm_core::write_back_guard`), as SWARM-KV has them; not where clients crash
-    // for good: a guard a crashed reader left up keeps one slot of its writer out of
-    // use until a new owner of the reader's writer id lowers it, which SWARM-KV's
-    // takeover does and these scenarios do not model (tiny logs would run dry).
-    let guards = (scenario.recycling.is_some() && !scenario.faults.crash_clients)
+    // (`swarm_core::write_back_guard`), as SWARM-KV has them. A guard that a crashed
+    // client left up is lowered later, as SWARM-KV's takeover of its writer id does
+    // (`lower_guards_of_the_dead`).
+    let guards = scenario
+        .recycling
+        .is_some()
         .then(|| ceilings_end.next_multiple_of(8));
     let logs_from = guards.map_or(ceilings_end, |at| at + 8 * u64::from(writers));
     let layout =
@@ -147,6 +148,8 @@ pub fn run(scenario: &Scenario) -> Result<Outcome, SimError> {
     // Clock rates come from a generator of their own: drawing them from `rng` would
     // move every later random choice, and with it the seed's whole schedule.
     let mut rates = SimRng::new(scenario.seed ^ 0xc10c_4a7e_d41f_7000);
+    // Clients that crash for good, and when.
+    let mut crashes = Vec::new();
     for c in 0..scenario.clients {
         let fabric = world.client();
         let id = fabric.id();
@@ -156,7 +159,9 @@ pub fn run(scenario: &Scenario) -> Result<Outcome, SimError> {
             fabric.set_clock_rate(u32::try_from(rate).unwrap_or(RATE_UNIT));
         }
         if scenario.faults.crash_clients && !scenario.crash_restarts && c % 4 == 3 {
-            runner.at(rng.between(span / 4, span), Fault::CrashClient(id));
+            let at = rng.between(span / 4, span);
+            runner.at(at, Fault::CrashClient(id));
+            crashes.push((c, at));
         }
         if scenario.faults.slow_links {
             schedule_slow_links(scenario, &world, &mut rng, id, 0, span);
@@ -193,6 +198,20 @@ pub fn run(scenario: &Scenario) -> Result<Outcome, SimError> {
                 span,
             }),
         );
+    }
+    if let (Some(at), Some(r)) = (guards, scenario.recycling)
+        && !crashes.is_empty()
+    {
+        let fabric = world.client();
+        let id = fabric.id();
+        // After the crash, a takeover waits out the owner (its lease, or its
+        // process) before anything else: four operation deadlines and margins here.
+        let after = 4 * (r.max_op_ns + r.delivery_margin_ns);
+        let lowers = crashes
+            .iter()
+            .map(|&(c, crashed_at)| (at + 8 * u64::from(c), crashed_at + after))
+            .collect();
+        runner.spawn(id, lower_guards_of_the_dead(fabric, lowers));
     }
     if scenario.faults.wiped_copies {
         let fabric = world.client();
@@ -266,4 +285,21 @@ pub(super) async fn slot_recycling_task(ctx: SlotRecycling) {
     let mut r = record.borrow_mut();
     r.recycled += counters.recycled;
     r.max_in_use = r.max_in_use.max(counters.in_use);
+}
+
+/// Lowers each `(guard word, time)` of `lowers` on every node at that time: the
+/// write-back guard of a client that crashed for good, as SWARM-KV's takeover of its
+/// writer id does.
+async fn lower_guards_of_the_dead(fabric: SimFabric, mut lowers: Vec<(u64, u64)>) {
+    lowers.sort_unstable_by_key(|&(_, at)| at);
+    for (guard, at) in lowers {
+        fabric.sleep(at.saturating_sub(fabric.now())).await;
+        for node in 0..fabric.node_count() {
+            let ticket = fabric.post(
+                NodeId(node as u16),
+                Batch::write(guard, 0u64.to_le_bytes().to_vec()),
+            );
+            fabric.forget(ticket);
+        }
+    }
 }
