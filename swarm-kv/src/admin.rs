@@ -4,19 +4,23 @@
 //! An application needs none of this: it opens a store and connects clients (the
 //! crate root). An operator's tool inspects and mends a running cluster, and a
 //! harness or a store over a transport of your own needs the cluster's shape. Each
-//! function below takes a raw fabric handle ([`Store::fabric`](crate::Store::fabric))
+//! function below that reads the cluster takes a raw fabric handle ([`Store::fabric`](crate::Store::fabric))
 //! and the cluster's [`NodeLayout`] ([`Store::layout`](crate::Store::layout)), runs
 //! to completion on the calling thread, and holds no writer id: it works on a
 //! cluster whose writer ids are all taken.
 //!
 //! * **Inspecting** (`swarm stat`): [`count_keys`], [`claimed_chunks`], [`census`]
-//!   (how registers are held: keys, limbos, pools, reclaimable), [`writer_table`]
-//!   (the writer ids, their owners and leases), [`takeover_wait_ns`].
-//! * **Writer ids** (`swarm evict`): [`evict`] gives back a dead client's id.
-//! * **Index copies** (`swarm scrub`): [`scrub`] moves lagging copies forward.
+//!   (a [`Census`] of how registers are held: keys, limbos, pools, reclaimable),
+//!   [`writer_table`] (a [`WriterRow`] per writer id: owner, pid, lease),
+//!   [`takeover_wait_ns`].
+//! * **Writer ids** (`swarm evict`): [`evict`] gives back a dead client's id
+//!   ([`Eviction`]).
+//! * **Index copies** (`swarm scrub`): [`scrub`] moves lagging copies forward
+//!   ([`ScrubReport`]).
 //! * **Node repair** (`swarm repair`): `ShmStore::repair` / `RdmaStore::repair`
 //!   rebuild a lost memory node online, with [`RepairOptions`], reporting a
-//!   [`RepairReport`]; [`quiescence_ns`] is what they wait before copying.
+//!   [`RepairReport`] (with its [`Conflicts`]); [`quiescence_ns`] is what they wait
+//!   before copying.
 //! * **Formatting** on memory nodes of your own transport: [`write_superblock`],
 //!   [`NodeLayout::new`].
 //! * **Types the root's API mentions**: the tunables of [`KvConfig`](crate::KvConfig)
