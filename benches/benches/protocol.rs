@@ -48,7 +48,7 @@ use swarm_core::{
     Client, OpStats, ProtocolConfig, ReadValue, RegisterCache, RegisterLoc, Replicas, WriteOutcome,
     block_on, block_on_future,
 };
-use swarm_kv::clock::SystemClock;
+use swarm_kv::SystemClock;
 use swarm_shm::{EmulatedFabric, ShmCluster};
 
 const NODES: u16 = 3;

@@ -35,7 +35,7 @@ use swarm_core::{
     Batch, Client, NodeId, OpStats, ProtocolConfig, RegisterCache, RegisterLoc, Replicas,
     Roundtrip, block_on, block_on_future,
 };
-use swarm_kv::clock::SystemClock;
+use swarm_kv::SystemClock;
 use swarm_shm::{EmulatedFabric, ShmCluster};
 
 const PAYLOAD: usize = 64;

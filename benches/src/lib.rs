@@ -2,6 +2,7 @@
 //!
 //! * [`ycsb`] — the YCSB benchmark harness behind `swarm bench` (and the `ycsb` bench).
 //! * [`ShmFixture`] — a throw-away shared-memory cluster for the criterion benchmarks.
+//! * [`duration`] — durations on the command line (`swarm bench` and `swarm`'s flags).
 //!
 //! ## Features
 //! - `rdma` (off by default): builds swarm-kv with its `rdma` feature, so that the
@@ -14,6 +15,7 @@ use std::sync::Arc;
 
 use swarm_shm::{ScratchDir, ShmCluster, ShmError};
 
+pub mod duration;
 pub mod ycsb;
 
 /// Why a benchmark fixture could not be set up.

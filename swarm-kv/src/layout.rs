@@ -158,7 +158,7 @@ pub struct ClusterParams {
     pub log_slots: u32,
     /// Lease duration, ns: a client whose renewals stop is presumed dead (and its
     /// writer id reclaimable) this long after its last renewal, plus the clock-drift
-    /// allowance and the reclamation grace (see [`crate::membership::lease`]).
+    /// allowance and the reclamation grace (see `crate::membership::lease`).
     pub lease_ns: u64,
     /// Lease renewal period, ns (less than half the lease).
     pub lease_renew_ns: u64,
@@ -180,17 +180,17 @@ pub struct ClusterParams {
     /// Whether each writer has a log-summary area after the logs (clusters made
     /// before superblock version 3 have none): a client that stops cleanly leaves
     /// its summary there, and the next client of its writer id resumes the log from
-    /// it instead of scanning the whole log ([`crate::membership::writer_ids`]).
+    /// it instead of scanning the whole log (`crate::membership::writer_ids`).
     pub log_summaries: bool,
     /// Whether every client persists a tick ceiling in its client-table row
     /// (superblock version 4 and later): a client that takes over the writer id of
     /// a crashed one then resumes its log lazily, starting above the ceiling,
-    /// instead of reading the whole log first ([`crate::membership::writer_ids`]).
+    /// instead of reading the whole log first (`crate::membership::writer_ids`).
     pub tick_ceilings: bool,
     /// Whether the layout has a repair journal (superblock version 5 and later):
     /// while a repair rebuilds a node, clients reset recycled registers without it
     /// and have the repair bring the rebuilt copy along through the journal
-    /// ([`crate::registers::journal`]); without the journal, resets wait for the admission.
+    /// (`crate::registers::journal`); without the journal, resets wait for the admission.
     pub repair_journal: bool,
 }
 
@@ -330,10 +330,10 @@ impl ClusterParams {
         Ok(self)
     }
 
-    /// Encodes the superblock (version [`KV_VERSION`]): the version-1 fields at the
+    /// Encodes the superblock (version `KV_VERSION`): the version-1 fields at the
     /// same offsets, then `lease_ns` at 56, `lease_renew_ns` at 64, `max_op_ns` at 72,
     /// `cache_ttl_ns` at 80, `delivery_margin_ns` at 88, the flags word at 96
-    /// ([`FLAG_LOG_SUMMARIES`]), and an xxh3-64 of bytes `0..120` at 120.
+    /// (`FLAG_LOG_SUMMARIES`), and an xxh3-64 of bytes `0..120` at 120.
     pub fn encode(&self) -> [u8; SUPERBLOCK_ENCODED_BYTES] {
         let mut out = [0u8; SUPERBLOCK_ENCODED_BYTES];
         out[0..8].copy_from_slice(&KV_MAGIC);
@@ -563,7 +563,7 @@ impl NodeLayout {
     }
 
     /// Address of slot `slot` of writer `writer`'s repair-journal row, if the
-    /// cluster has the journal and both exist ([`crate::registers::journal`]).
+    /// cluster has the journal and both exist (`crate::registers::journal`).
     pub fn journal_slot(&self, writer: u16, slot: usize) -> Option<u64> {
         let at = self.journal_at?;
         (writer < self.params.writers && slot < crate::registers::journal::SLOTS).then(|| {
@@ -598,6 +598,7 @@ pub fn encode_key_header(key: &[u8]) -> Vec<u8> {
 }
 
 /// The key in a key header read from untrusted memory, if well formed.
+#[cfg(test)]
 pub fn decode_key_header(bytes: &[u8], key_max: u32) -> Option<&[u8]> {
     let len = u32::from_le_bytes(bytes.get(0..4)?.try_into().ok()?);
     if len == 0 || len > key_max {

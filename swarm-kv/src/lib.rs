@@ -56,7 +56,8 @@
 //! * **Clients**: [`Kv`], blocking (`get`, `put`, `insert`, `update`, `delete`, `stats`);
 //!   [`AsyncKv`], the same operations as `Send` futures; [`KvClient`], the low-level
 //!   client they wrap (operations as `async fn`s to drive on a SWARM executor, several
-//!   in flight per thread), configured by [`KvConfig`].
+//!   in flight per thread), configured by [`KvConfig`], with timestamps from the
+//!   [`SystemClock`].
 //! * **Outcomes**: [`KvError`], [`DeleteOutcome`], [`Stats`].
 //!
 //! `put` inserts or updates; `insert` inserts an absent key only (`false` if it
@@ -116,45 +117,36 @@
 //!   `examples/rdma.rs`). It builds `swarm-rdma`, which needs the rdma-core headers
 //!   and libclang, and links libibverbs. Without it the crate needs no system library.
 //!
-//! ## Internals
+//! ## Operating a store
 //!
-//! The modules behind these types (the replicated index, register allocation and
-//! recycling, limbos, leases and writer ids, the repair journal) are public for the
-//! `swarm` command, the benchmarks and the tests, but hidden from these docs and not
-//! part of the stable API. ARCHITECTURE.md maps them to the paper.
+//! The [`admin`] module is the operator's API that the `swarm` command and the
+//! benchmark harness use: counting keys and registers, the writer-id table and
+//! eviction, the index scrub, node repair's options and report, and the types that
+//! the settings and errors above mention. The rest (the replicated index, register
+//! allocation and recycling, limbos, leases and writer ids, the repair journal) is
+//! private; ARCHITECTURE.md maps it to the paper.
 #![warn(missing_docs)]
 
+pub mod admin;
 mod api;
-#[doc(hidden)]
-pub mod cache;
-#[doc(hidden)]
-pub mod client;
-#[doc(hidden)]
-pub mod clock;
-#[doc(hidden)]
-pub mod configuration;
-#[doc(hidden)]
-pub mod duration;
+mod cache;
+mod client;
+mod clock;
+mod configuration;
 mod error;
-#[doc(hidden)]
-pub mod index;
-#[doc(hidden)]
-pub mod layout;
-#[doc(hidden)]
-pub mod membership;
+mod index;
+mod layout;
+mod membership;
 #[cfg(feature = "rdma")]
-#[doc(hidden)]
-pub mod rdma;
-#[doc(hidden)]
-pub mod registers;
-#[doc(hidden)]
-pub mod repair;
-#[doc(hidden)]
-pub mod shm;
-#[doc(hidden)]
-pub mod store;
+mod rdma;
+mod registers;
+mod repair;
+mod shm;
+mod store;
 #[cfg(test)]
 mod test_support;
+#[doc(hidden)]
+pub mod testing;
 
 pub use api::{AsyncKv, Kv, Stats};
 pub use client::{KvClient, KvConfig};
@@ -167,10 +159,9 @@ pub use shm::ShmStore;
 pub use store::Store;
 pub use swarm_core::DeleteOutcome;
 
-#[doc(hidden)]
-pub use client::DEFAULT_LEASE_REVIVE_NS;
-#[doc(hidden)]
-pub use index::RegisterId;
+#[cfg(test)]
+use client::DEFAULT_LEASE_REVIVE_NS;
+use index::RegisterId;
 
 /// The README's code blocks, compiled and run by `cargo test --doc` (its `rust`
 /// blocks only: the others are `sh` and `text`).

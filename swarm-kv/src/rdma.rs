@@ -309,11 +309,11 @@ impl<C: ClusterHandle> Store for RdmaStore<C> {
     }
 
     /// Asks the memory nodes to cut the client of `writer` off once its lease word
-    /// (row word 1 of its client-table row, [`crate::membership::writer_ids`]) is killed, or
+    /// (row word 1 of its client-table row, `crate::membership::writer_ids`) is killed, or
     /// unchanged for as long as a reclaimer waits before it may kill it
-    /// ([`LeaseParams::observer_wait_ns`]): by then the client's own clock says its
+    /// ([`crate::admin::takeover_wait_ns`]): by then the client's own clock says its
     /// lease ended, whatever the drift within the bound (defence in depth behind the
-    /// self-fence, [`crate::membership::lease`]).
+    /// self-fence, `crate::membership::lease`).
     fn watch_lease(&self, fabric: &Self::Fabric, writer: u16) {
         let params = LeaseParams::from_params(&self.layout.params);
         let stall_ns = params.observer_wait_ns().max(MIN_STALL_NS);

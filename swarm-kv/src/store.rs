@@ -43,7 +43,7 @@ pub trait Store {
 
     /// Asks the transport to cut off the client of `writer`, on `fabric`, once its
     /// lease lapses: the RDMA memory nodes' lease watch, defence in depth behind the
-    /// client's self-fence ([`crate::membership::lease`]). [`Self::client_with`] does it for the
+    /// client's self-fence (`crate::membership::lease`). [`Self::client_with`] does it for the
     /// clients it makes; callers that connect a [`KvClient`] on a fabric of their own
     /// (the benchmark harness) call it themselves. A no-op where the transport has
     /// no such watch (shared memory).

@@ -5,8 +5,8 @@
 
 use swarm_checker::OpKind;
 use swarm_core::{OpStats, block_on};
-use swarm_kv::clock::SystemClock;
-use swarm_kv::layout::ClusterParams;
+use swarm_kv::ClusterParams;
+use swarm_kv::SystemClock;
 use swarm_kv::{DeleteOutcome, KvClient, KvConfig, ShmStore};
 use swarm_shm::{EmulatedFabric, ScratchDir};
 

@@ -38,9 +38,11 @@ use index_support::{Log, kv_sim_params};
 use swarm_checker::OpKind;
 use swarm_core::OpStats;
 use swarm_core::fabric::Nanos;
-use swarm_kv::configuration::Configuration;
-use swarm_kv::layout::{ClusterParams, NodeLayout};
-use swarm_kv::store::{write_configuration, write_superblock};
+use swarm_kv::ClusterParams;
+use swarm_kv::admin::NodeLayout;
+use swarm_kv::admin::write_superblock;
+use swarm_kv::testing::Configuration;
+use swarm_kv::testing::write_configuration;
 use swarm_kv::{DeleteOutcome, KvClient, KvConfig, KvError};
 use swarm_sim::{
     Latency, SEED_VAR, SeedGuard, SimClock, SimConfig, SimFabric, SimRng, SimRunner, SimWorld,

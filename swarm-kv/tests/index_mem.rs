@@ -11,9 +11,11 @@ use index_support::{index, layout, mem_config, mem_header};
 use swarm_core::fabric::NodeId;
 use swarm_core::{Fabric, FabricError, OpStats, Roundtrip, block_on, block_on_future};
 use swarm_core::{MemCluster, MemFabric};
-use swarm_kv::index::word::{Ballot, Meta, Proposal};
-use swarm_kv::index::{Index, IndexConfig, IndexError, InsertOutcome, SLOTS};
-use swarm_kv::layout::{BUCKET_BYTES, NodeLayout};
+use swarm_kv::admin::NodeLayout;
+use swarm_kv::admin::{IndexConfig, IndexError};
+use swarm_kv::testing::BUCKET_BYTES;
+use swarm_kv::testing::index::{Ballot, Meta, Proposal};
+use swarm_kv::testing::index::{Index, InsertOutcome, SLOTS};
 
 struct Setup {
     cluster: MemCluster,
@@ -270,7 +272,7 @@ fn a_failed_minority_costs_nothing_and_a_failed_majority_stalls() {
     // majority when nodes 3 and 4 fail (a key header is read from its register's
     // replicas).
     let survives = |r: u64| {
-        let loc = swarm_kv::client::register_loc_for(&s.layout, 5, r).unwrap();
+        let loc = swarm_kv::testing::register_loc_for(&s.layout, 5, r).unwrap();
         let down = loc.replicas.nodes().iter().filter(|n| n.0 >= 3).count();
         loc.replicas.nodes().len() - down >= loc.replicas.quorum()
     };
@@ -619,7 +621,7 @@ impl Fabric for HeaderLanding {
 fn a_key_header_copy_read_while_its_write_lands_is_read_again() {
     let key = b"a key of 16 byte";
     let register = 9;
-    let rereads = swarm_kv::index::HEADER_REREADS;
+    let rereads = swarm_kv::testing::index::HEADER_REREADS;
     // (reads that see the copy torn, the third node down, found)
     for (torn_reads, third_down, found) in [
         (1, false, true),
@@ -638,7 +640,7 @@ fn a_key_header_copy_read_while_its_write_lands_is_read_again() {
         // The first majority the header read asks holds node 0's copy whole and node
         // 1's torn: its length, not yet its key.
         let at = s.layout.key_header(register).unwrap();
-        let whole = swarm_kv::layout::encode_key_header(key);
+        let whole = swarm_kv::testing::encode_key_header(key);
         let mut torn = whole.clone();
         torn[8..].fill(0);
         let landing = HeaderLanding {
@@ -667,7 +669,7 @@ fn a_key_header_copy_read_while_its_write_lands_is_read_again() {
                 resolved,
                 Err(IndexError::KeyHeader {
                     register,
-                    problem: swarm_kv::index::HeaderProblem::Inconsistent
+                    problem: swarm_kv::admin::HeaderProblem::Inconsistent
                 }),
                 "{case}"
             );

@@ -16,8 +16,9 @@ use swarm_checker::OpKind;
 use swarm_core::fabric::{Fabric, Nanos, NodeId, OpOutput};
 use swarm_core::quorum::broadcast_until;
 use swarm_core::{Batch, OpStats};
-use swarm_kv::index::{Index, IndexError, InsertOutcome};
-use swarm_kv::layout::NodeLayout;
+use swarm_kv::admin::IndexError;
+use swarm_kv::admin::NodeLayout;
+use swarm_kv::testing::index::{Index, InsertOutcome};
 use swarm_sim::{Fault, SimConfig, SimFabric, SimRng, SimRunner, SimWorld, for_each_seed};
 
 /// What a scenario injects.

@@ -16,8 +16,9 @@ use std::cell::RefCell;
 
 use swarm_core::fabric::{Op, Traced, Tracer};
 use swarm_core::{Batch, NodeId, OpStats, block_on};
-use swarm_kv::clock::SystemClock;
-use swarm_kv::layout::{ClusterParams, encode_key_header};
+use swarm_kv::ClusterParams;
+use swarm_kv::SystemClock;
+use swarm_kv::testing::encode_key_header;
 use swarm_kv::{KvClient, ShmStore};
 use swarm_shm::ScratchDir;
 

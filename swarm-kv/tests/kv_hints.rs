@@ -15,8 +15,8 @@ use std::ops::Range;
 
 use swarm_core::fabric::{Op, Traced, Tracer};
 use swarm_core::{Batch, LocalExecutor, NodeId, OpStats, block_on};
-use swarm_kv::clock::SystemClock;
-use swarm_kv::layout::ClusterParams;
+use swarm_kv::ClusterParams;
+use swarm_kv::SystemClock;
 use swarm_kv::{KvClient, ShmStore};
 use swarm_shm::{EmulatedFabric, ScratchDir};
 

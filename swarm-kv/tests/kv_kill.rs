@@ -15,8 +15,8 @@ use std::time::Duration;
 
 use swarm_checker::{History, OpKind, Operation};
 use swarm_core::{OpStats, block_on};
+use swarm_kv::ClusterParams;
 use swarm_kv::ShmStore;
-use swarm_kv::layout::ClusterParams;
 use swarm_shm::ScratchDir;
 
 const CHILD_VAR: &str = "SWARM_KV_CHILD";

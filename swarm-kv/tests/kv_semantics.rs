@@ -4,8 +4,8 @@
 use swarm_checker::OpKind;
 use swarm_core::fabric::Crash;
 use swarm_core::{NodeId, OpStats, block_on, block_on_future};
-use swarm_kv::clock::SystemClock;
-use swarm_kv::layout::ClusterParams;
+use swarm_kv::ClusterParams;
+use swarm_kv::SystemClock;
 use swarm_kv::{DeleteOutcome, KvClient, KvError, ShmStore};
 use swarm_shm::ScratchDir;
 
@@ -246,13 +246,7 @@ fn claimed_chunks_count_what_clients_took() {
     let store = store(&dir);
     let stats = OpStats::new();
     let fabric = store.fabric();
-    let claimed = |f| {
-        block_on(
-            f,
-            swarm_kv::registers::alloc::claimed_chunks(f, &stats, store.layout()),
-        )
-        .unwrap()
-    };
+    let claimed = |f| swarm_kv::admin::claimed_chunks(f, store.layout()).unwrap();
     assert_eq!(claimed(&fabric), 0);
     let per_chunk = u64::from(store.layout().params.chunk_registers);
     for client in 0..2 {

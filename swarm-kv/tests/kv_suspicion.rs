@@ -4,8 +4,8 @@
 //! include the dead one (two keys in three with three nodes).
 
 use swarm_core::{NodeId, OpStats, block_on};
+use swarm_kv::ClusterParams;
 use swarm_kv::ShmStore;
-use swarm_kv::layout::ClusterParams;
 use swarm_shm::ScratchDir;
 
 const KEYS: u32 = 30;

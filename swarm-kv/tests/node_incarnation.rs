@@ -8,8 +8,9 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 
 use swarm_core::{NodeId, OpStats, block_on};
-use swarm_kv::layout::{ClusterParams, SUPERBLOCK_AT, SUPERBLOCK_BYTES};
-use swarm_kv::store::Store;
+use swarm_kv::ClusterParams;
+use swarm_kv::Store;
+use swarm_kv::testing::{SUPERBLOCK_AT, SUPERBLOCK_BYTES};
 use swarm_kv::{KvError, ShmStore};
 use swarm_shm::{ScratchDir, ShmCluster, node_file_name};
 

@@ -12,10 +12,10 @@ use std::time::{Duration, Instant};
 use swarm_core::encoding::{Flag, Timestamp, Tsp, WriterId};
 use swarm_core::fabric::{Crash, FailNodes};
 use swarm_core::{Batch, Fabric, NodeId, OpStats, UNOWNED_TOMBSTONE, block_on};
+use swarm_kv::ClusterParams;
 use swarm_kv::ShmStore;
-use swarm_kv::layout::ClusterParams;
-use swarm_kv::repair::{RepairError, RepairOptions};
-use swarm_kv::store::Store;
+use swarm_kv::Store;
+use swarm_kv::admin::{RepairError, RepairOptions};
 use swarm_kv::{DeleteOutcome, KvError};
 use swarm_shm::{ScratchDir, ShmCluster};
 
@@ -266,7 +266,7 @@ fn a_donor_failing_during_the_copy_stops_the_repair_and_a_second_repair_admits_t
     let mut pieces = 0;
     let failed = block_on(
         &fabric,
-        swarm_kv::repair::repair_node(
+        swarm_kv::testing::repair_node(
             &fabric,
             store.layout(),
             NodeId(1),
@@ -292,7 +292,7 @@ fn a_donor_failing_during_the_copy_stops_the_repair_and_a_second_repair_admits_t
         pieces, 1,
         "the repair stopped at the first piece after the failure"
     );
-    let config = swarm_kv::store::read_configuration(&raw.client()).unwrap();
+    let config = swarm_kv::testing::read_configuration(&raw.client()).unwrap();
     assert!(!config.admits(1, incarnation), "{config:?}");
     assert!(config.is_repairing(1), "{config:?}");
     drop(raw);
@@ -303,7 +303,7 @@ fn a_donor_failing_during_the_copy_stops_the_repair_and_a_second_repair_admits_t
     let report = ShmStore::repair(dir.path(), 1, NO_WAIT, |_, _| {}).unwrap();
     assert!(report.bytes > 0);
     let raw = Arc::new(ShmCluster::open_quietly(dir.path()).unwrap());
-    let config = swarm_kv::store::read_configuration(&raw.client()).unwrap();
+    let config = swarm_kv::testing::read_configuration(&raw.client()).unwrap();
     // The half-copied file was left out when the store opened: the second repair
     // rebuilt a fresh one.
     let rebuilt = raw.incarnation_of(NodeId(1)).expect("node 1's file");
@@ -369,7 +369,7 @@ fn the_repair_span_labels_only_the_repairs_own_events() {
     };
     tracing::subscriber::with_default(subscriber, || {
         block_on(&fabric, async {
-            let repair = swarm_kv::repair::repair_node(
+            let repair = swarm_kv::testing::repair_node(
                 &fabric,
                 store.layout(),
                 NodeId(1),

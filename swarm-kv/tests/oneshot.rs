@@ -11,9 +11,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use swarm_core::{OpStats, block_on};
+use swarm_kv::ClusterParams;
 use swarm_kv::ShmStore;
-use swarm_kv::layout::ClusterParams;
-use swarm_kv::registers::limbo::{Census, census};
+use swarm_kv::admin::{self, Census};
 use swarm_shm::ScratchDir;
 
 /// Threads, each running one-shot clients one after another (one writer id each).
@@ -25,16 +25,7 @@ const CLIENTS: usize = 200;
 const CLIENT_BUDGET: Duration = Duration::from_secs(4);
 
 fn census_of(store: &ShmStore) -> Census {
-    let fabric = store.fabric();
-    let layout = *store.layout();
-    let nodes = 3;
-    block_on(
-        &fabric,
-        census(&fabric, &layout, |r| {
-            swarm_kv::client::register_loc_for(&layout, nodes, r).ok()
-        }),
-    )
-    .expect("a census")
+    admin::census(&store.fabric(), store.layout()).expect("a census")
 }
 
 /// 200 one-shot clients on 8 writer ids and a store of 24 chunks (of 64 registers)

@@ -10,9 +10,10 @@
 use std::process::Command;
 
 use swarm_core::block_on;
-use swarm_kv::layout::ClusterParams;
-use swarm_kv::membership::owner_process::{self, OwnerLiveness};
-use swarm_kv::membership::writer_ids;
+use swarm_kv::ClusterParams;
+use swarm_kv::admin::OwnerLiveness;
+use swarm_kv::testing::owner_process;
+use swarm_kv::testing::register_writer;
 use swarm_kv::{KvError, ShmStore};
 use swarm_shm::ScratchDir;
 
@@ -51,20 +52,19 @@ fn a_stopped_owner_keeps_its_writer_id_until_its_process_is_gone() {
     let identity = owner_process::identity_of(owner.id()).expect("the owner runs");
     let fabric = store.fabric();
     let layout = *store.layout();
-    let (registration, _lease) = block_on(
+    let writer = block_on(
         &fabric,
-        writer_ids::register(
+        register_writer(
             &fabric,
             &layout,
             3,
             0x0abc_0001,
             identity,
             OwnerLiveness::ThisHost,
-            0,
         ),
     )
     .expect("the owner registers");
-    assert_eq!(registration.writer, 0);
+    assert_eq!(writer, 0);
 
     // Its lease lapses, but its process runs: the id is not taken over (and no
     // waiting for it to close).
@@ -77,10 +77,7 @@ fn a_stopped_owner_keeps_its_writer_id_until_its_process_is_gone() {
         Err(other) => panic!("expected WritersFull, got {other}"),
         Ok(_) => panic!("a running owner's writer id was taken over"),
     }
-    match block_on(
-        &fabric,
-        writer_ids::evict(&fabric, &layout, 0, false, OwnerLiveness::ThisHost),
-    ) {
+    match swarm_kv::admin::evict(&fabric, &layout, 0, false, OwnerLiveness::ThisHost) {
         Err(KvError::OwnerRunning { writer: 0 }) => {}
         other => panic!("expected OwnerRunning, got {other:?}"),
     }
@@ -107,14 +104,13 @@ fn where_processes_cannot_be_seen_the_lease_alone_decides() {
     let layout = *store.layout();
     block_on(
         &fabric,
-        writer_ids::register(
+        register_writer(
             &fabric,
             &layout,
             3,
             0x0abc_0003,
             identity,
             OwnerLiveness::Unknown,
-            0,
         ),
     )
     .expect("the owner registers");

@@ -11,7 +11,8 @@ use std::sync::Arc;
 
 use swarm_core::header::NodeHeader;
 use swarm_core::{Fabric, NodeId, OpStats, block_on};
-use swarm_kv::layout::{ClusterParams, SUPERBLOCK_AT, SUPERBLOCK_BYTES};
+use swarm_kv::ClusterParams;
+use swarm_kv::testing::{SUPERBLOCK_AT, SUPERBLOCK_BYTES};
 use swarm_kv::{RdmaStore, Store};
 use swarm_rdma::auth::Token;
 use swarm_rdma::emu::{EmuOptions, EmuTransport, EmuWire, EmulatedMemnode};
@@ -29,7 +30,7 @@ fn header(node_id: u16) -> NodeHeader {
         node_count: 3,
         size: NODE_BYTES,
         cluster_id: 0x5eed,
-        epoch_unix_ns: swarm_kv::clock::SystemClock::unix_ns(),
+        epoch_unix_ns: swarm_kv::SystemClock::unix_ns(),
         tick_ns: 1000,
     }
 }

@@ -19,11 +19,13 @@ use swarm_core::encoding::Tsp;
 use swarm_core::fabric::{Completion, FabricError, FailureCause, Op, Ticket};
 use swarm_core::layout::decode_record;
 use swarm_core::{Batch, Fabric, NodeId, OpStats, block_on};
-use swarm_kv::configuration::{CONFIG_AT, Configuration};
-use swarm_kv::layout::{ClusterParams, NodeLayout};
-use swarm_kv::registers::recycle::RecycleStats;
-use swarm_kv::repair::RepairOptions;
-use swarm_kv::store::{read_configuration, write_configuration, write_superblock};
+use swarm_kv::ClusterParams;
+use swarm_kv::admin::NodeLayout;
+use swarm_kv::admin::RecycleStats;
+use swarm_kv::admin::RepairOptions;
+use swarm_kv::admin::write_superblock;
+use swarm_kv::testing::{CONFIG_AT, Configuration};
+use swarm_kv::testing::{read_configuration, write_configuration};
 use swarm_kv::{DeleteOutcome, KvClient, KvConfig, KvError, ShmStore};
 use swarm_shm::{CreateOptions, EmulatedFabric, ScratchDir, ShmCluster};
 
@@ -1718,7 +1720,7 @@ fn lose_node_0_and_read_every_key(
 fn journal_entries(store: &ShmStore) -> usize {
     let layout = store.layout();
     let f = store.fabric();
-    let len = u64::from(layout.params.writers) * swarm_kv::registers::journal::ROW_BYTES;
+    let len = u64::from(layout.params.writers) * swarm_kv::testing::JOURNAL_ROW_BYTES;
     let t = f.post(
         NodeId(0),
         Batch::read(layout.journal_at.expect("a journal"), len as u32),

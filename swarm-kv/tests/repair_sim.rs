@@ -23,10 +23,13 @@ use index_support::{Log, kv_sim_params};
 use swarm_checker::OpKind;
 use swarm_core::fabric::{Batch, Completion, FabricError, FailureCause, Nanos, NodeId, Ticket};
 use swarm_core::{Fabric, OpStats};
-use swarm_kv::configuration::Configuration;
-use swarm_kv::layout::{ClusterParams, NodeLayout};
-use swarm_kv::repair::{RepairOptions, repair_node};
-use swarm_kv::store::{write_configuration, write_superblock};
+use swarm_kv::ClusterParams;
+use swarm_kv::admin::NodeLayout;
+use swarm_kv::admin::RepairOptions;
+use swarm_kv::admin::write_superblock;
+use swarm_kv::testing::Configuration;
+use swarm_kv::testing::repair_node;
+use swarm_kv::testing::write_configuration;
 use swarm_kv::{DeleteOutcome, KvClient, KvConfig, KvError};
 use swarm_sim::{
     ClientId, Fault, SimClock, SimConfig, SimFabric, SimRng, SimRunner, SimWorld, for_each_seed,

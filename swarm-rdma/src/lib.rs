@@ -17,7 +17,7 @@
 //!   per the InfiniBand ordering rules), address translation and bounds checks;
 //! - [`staging`]: the client's registered staging buffer, shared by chains in flight;
 //! - [`fabric::engine`]: tickets, back-pressure, completions, node failure — tested
-//!   with a software NIC that has RC semantics;
+//!   on the emulated provider's NIC ([`emu::EmuNic`], RC semantics);
 //! - [`status`]: verbs statuses → [`swarm_core::FabricError::NodeFailed`];
 //! - [`wire`], [`auth`], [`bootstrap`]: the authenticated TCP bootstrap (tested on
 //!   loopback);

@@ -7,9 +7,7 @@ use swarm_core::{DeleteOutcome, Fabric, OpStats};
 use swarm_fusee::{FuseeClient, FuseeError};
 use swarm_shm::{EmulatedFabric, ShmFabric};
 
-use swarm_kv::KvError;
-use swarm_kv::client::KvClient;
-use swarm_kv::clock::SystemClock;
+use swarm_kv::{KvClient, KvError, SystemClock};
 
 /// Why a benchmark operation failed.
 #[derive(Debug, thiserror::Error)]

@@ -426,7 +426,7 @@ impl BenchArgs {
         let duration_ns = match &self.duration {
             None => None,
             Some(text) => Some(
-                swarm_kv::duration::parse_duration_ns(text)
+                crate::duration::parse_duration_ns(text)
                     .map_err(|e| BenchError::InvalidConfig(format!("--duration: {e}")))?,
             ),
         };

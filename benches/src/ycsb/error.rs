@@ -9,7 +9,7 @@ use std::io;
 use std::path::PathBuf;
 
 use swarm_kv::KvError;
-use swarm_kv::layout::ParamsError;
+use swarm_kv::admin::ParamsError;
 
 /// Why a benchmark could not be configured or run.
 #[derive(Debug, thiserror::Error)]

@@ -68,9 +68,8 @@ use super::sizing::{check_capacity, registers_needed, unclaimed_registers};
 use super::stats::PhaseStats;
 use super::timeline::Timeline;
 use super::workload::{KeySpace, OpChooser, OpType, value};
-use swarm_kv::client::{KvClient, RegisterProtocol};
-use swarm_kv::clock::SystemClock;
-use swarm_kv::{KvError, ShmStore, Store};
+use swarm_kv::admin::{self, RegisterProtocol};
+use swarm_kv::{KvClient, KvError, ShmStore, Store, SystemClock};
 
 /// Progress is reported to the bar in batches of this many operations.
 const PROGRESS_BATCH: u64 = 256;
@@ -158,16 +157,8 @@ where
 pub fn memory_use<S: Store>(store: &S) -> Result<MemoryUse, BenchError> {
     let fabric = store.fabric()?;
     let layout = store.layout();
-    let stats = OpStats::new();
     let chunks = claimed_chunks(store)?;
-    let index = swarm_kv::index::Index::new(
-        layout,
-        fabric.node_count(),
-        swarm_kv::index::IndexConfig::default(),
-    )
-    .map_err(KvError::from)?;
-    let keys =
-        swarm_core::block_on(&fabric, index.count(&fabric, &stats)).map_err(KvError::from)?;
+    let keys = admin::count_keys(&fabric, layout)?;
     Ok(MemoryUse {
         registers_claimed: chunks
             .saturating_mul(u64::from(layout.params.chunk_registers))
@@ -218,15 +209,7 @@ fn check_store_capacity<S: Store>(store: &S, config: &BenchConfig) -> Result<(),
     let chunks = claimed_chunks(store)?;
     let needed = registers_needed(config, layout.params.chunk_registers);
     let reclaimable = if unclaimed_registers(layout, chunks) < needed {
-        let fabric = store.fabric()?;
-        let nodes = fabric.node_count();
-        let census = swarm_core::block_on(
-            &fabric,
-            swarm_kv::registers::limbo::census(&fabric, layout, |r| {
-                swarm_kv::client::register_loc_for(layout, nodes, r).ok()
-            }),
-        )?;
-        census.reclaimable()
+        admin::census(&store.fabric()?, layout)?.reclaimable()
     } else {
         0
     };
@@ -235,13 +218,7 @@ fn check_store_capacity<S: Store>(store: &S, config: &BenchConfig) -> Result<(),
 
 /// Register chunks earlier clients of `store` claimed (not free for this run).
 fn claimed_chunks<S: Store>(store: &S) -> Result<u64, BenchError> {
-    let fabric = store.fabric()?;
-    let stats = OpStats::new();
-    let claimed = swarm_core::block_on(
-        &fabric,
-        swarm_kv::registers::alloc::claimed_chunks(&fabric, &stats, store.layout()),
-    )?;
-    Ok(claimed)
+    Ok(admin::claimed_chunks(&store.fabric()?, store.layout())?)
 }
 
 fn check_fail_node(config: &BenchConfig, nodes: usize) -> Result<(), BenchError> {
@@ -284,7 +261,7 @@ fn lose_memory(shared: &Shared<'_>, dir: &std::path::Path, node: u16, mode: Fail
                 return None;
             }
             let started_ns = since();
-            let options = swarm_kv::repair::RepairOptions::default();
+            let options = admin::RepairOptions::default();
             let result = swarm_kv::ShmStore::repair(&dir, node, options, |_, _| {});
             let done = since();
             Some(match result {

@@ -14,7 +14,8 @@ use swarm_core::encoding::MAX_WRITERS;
 
 use super::config::BenchConfig;
 use super::error::BenchError;
-use swarm_kv::layout::{ClusterParams, NodeLayout, ParamsError};
+use swarm_kv::ClusterParams;
+use swarm_kv::admin::{NodeLayout, ParamsError};
 
 /// Writer ids beyond the benchmark's clients (tools attached to the same cluster).
 const SPARE_WRITERS: usize = 4;

@@ -170,11 +170,6 @@ impl LocationCache {
         }
     }
 
-    /// The time-to-live of an entry, ns.
-    pub fn ttl_ns(&self) -> Nanos {
-        self.ttl_ns
-    }
-
     /// Entries dropped so far because they outlived the time-to-live.
     pub fn expired(&self) -> u64 {
         self.expired
@@ -186,11 +181,13 @@ impl LocationCache {
     }
 
     /// Whether nothing is cached.
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }
 
     /// Bytes used (approximately).
+    #[cfg(test)]
     pub fn bytes(&self) -> usize {
         self.bytes
     }

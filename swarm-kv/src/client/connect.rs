@@ -213,7 +213,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
     /// to take without a grace. Registers in limbo are left to others: they carry this
     /// client's holder tag, which is gone once the row is given back, so a client that
     /// runs out of registers reclaims them (`crate::registers::limbo`, "a clean close").
-    /// Waits up to [`crate::membership::writer_takeover::STRAGGLER_NS`] for retire
+    /// Waits up to `crate::membership::writer_takeover::STRAGGLER_NS` for retire
     /// marks still in flight. Bounded in time; a node error never fails it.
     pub fn close(self) {
         if self.has_deferred_unmaps() {

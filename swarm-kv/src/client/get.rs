@@ -14,7 +14,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
     /// The key's current value, or `None` if it is absent.
     ///
     /// An attempt that ran past its deadline (a stall: preemption, a page fault, a
-    /// paused process) is retried, up to [`FENCED_ATTEMPTS`] attempts in all: a read
+    /// paused process) is retried, up to `FENCED_ATTEMPTS` (4) attempts in all: a read
     /// that stopped changed nothing a reader could tell.
     pub async fn get(&self, key: &[u8], stats: &OpStats) -> Result<Option<Vec<u8>>, KvError> {
         let mut attempt = 1;

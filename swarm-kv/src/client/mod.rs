@@ -119,7 +119,7 @@ pub struct KvConfig {
     /// to revive it before failing with [`KvError::LeaseExpired`], ns: long enough
     /// for a transport to reconnect the memory nodes that cut an idle client off
     /// (RDMA: `swarm_rdma::lease_watch`). Only an operation after a lapse waits;
-    /// `0`: one synchronous renewal, then fail ([`crate::membership::lease`], "Idle clients").
+    /// `0`: one synchronous renewal, then fail (`crate::membership::lease`, "Idle clients").
     pub lease_revive_ns: Nanos,
     /// Index unmaps a client's deletes may leave to run after they return (SWARM
     /// §5.3.2: a delete returns at its tombstone), at most; `0` (the default): every
@@ -130,11 +130,11 @@ pub struct KvConfig {
     pub deferred_unmaps: usize,
     /// Whether every client of the cluster is a process of this host (shared memory):
     /// then a writer id is taken over only once its owner's process is gone
-    /// ([`crate::membership::owner_process`]). [`crate::ShmStore`] sets it.
+    /// (`crate::membership::owner_process`). [`crate::ShmStore`] sets it.
     pub owners: crate::membership::owner_process::OwnerLiveness,
     /// How long [`KvClient::connect`] waits for a writer id when live clients hold
     /// every one (they may close soon: a script's one-shot commands), ns, before it
-    /// fails with [`KvError::WritersFull`]. Default [`DEFAULT_WRITER_WAIT_NS`].
+    /// fails with [`KvError::WritersFull`]. Default `DEFAULT_WRITER_WAIT_NS` (10 s).
     pub writer_wait_ns: Nanos,
 }
 

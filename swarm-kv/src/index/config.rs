@@ -33,7 +33,7 @@ pub struct IndexConfig {
     /// Attempts before an update gives up with [`super::IndexError::Contention`].
     pub max_attempts: u32,
     /// Try a fast round (one roundtrip after the read) before the classic insert
-    /// when the key's first bucket is settled (module docs of [`super`],
+    /// when the key's first bucket is settled (module docs of `crate::index`,
     /// "fast inserts"). Off, every insert promises, fences and accepts.
     pub fast_inserts: bool,
 }

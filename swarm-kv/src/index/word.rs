@@ -42,7 +42,7 @@ const KIND_CLEAR: u64 = 2 + SLOTS as u64;
 /// (RFC 1982): `a` is newer than `b` iff `a - b`, wrapping, is in `1..2^15`. Ballots
 /// of one bucket only grow, so they never run out; the comparison is meaningful while
 /// the ballots being compared are less than `2^15` apart (see the module docs of
-/// [`super`] for what that requires of a memory node that comes back after a long
+/// `crate::index` for what that requires of a memory node that comes back after a long
 /// outage).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Ballot(pub u16);

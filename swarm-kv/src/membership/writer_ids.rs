@@ -508,7 +508,7 @@ pub fn unregister<F: Fabric>(
     crate::membership::claim::release(fabric, nodes, layout.client_row(writer), token);
 }
 
-/// What [`evict`] did.
+/// What [`crate::admin::evict`] did.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Eviction {
     /// The writer id was not registered: nothing to do.

@@ -165,6 +165,7 @@ impl RegisterAllocator {
     }
 
     /// Chunks this client has claimed.
+    #[cfg(test)]
     pub fn chunks_claimed(&self) -> u64 {
         self.state.borrow().owned.len() as u64
     }
@@ -178,6 +179,7 @@ impl RegisterAllocator {
     }
 
     /// Whether every chunk was found claimed (only given-back slots are handed out).
+    #[cfg(test)]
     pub fn exhausted(&self) -> bool {
         self.state.borrow().exhausted
     }

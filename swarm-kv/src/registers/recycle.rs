@@ -222,7 +222,7 @@ pub struct RecycleStats {
     pub reset_without_lost: u64,
     /// Of `reset_without_lost`, registers whose reset a repair brought to the node
     /// it was rebuilding through the journal, or that this client reset there after
-    /// the admission ([`crate::registers::journal`]).
+    /// the admission (`crate::registers::journal`).
     pub reset_through_journal: u64,
     /// Registers reset for any client instead of this one's pool, because the pool
     /// held enough ("donations" in the module docs). Not counted in `recycled`.

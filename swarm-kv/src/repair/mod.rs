@@ -193,7 +193,7 @@ pub struct RepairReport {
     /// Time spent copying, ms.
     pub copy_ms: u64,
     /// Journal entries serviced: registers that clients reset during the repair and
-    /// that it copied again ([`crate::registers::journal`]).
+    /// that it copied again (`crate::registers::journal`).
     pub journaled: u64,
 }
 

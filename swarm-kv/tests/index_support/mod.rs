@@ -9,8 +9,11 @@ use swarm_checker::{History, OpKind, Operation};
 use swarm_core::MemCluster;
 use swarm_core::fabric::{Batch, NodeId};
 use swarm_core::{OpStats, Roundtrip, block_on_future};
-use swarm_kv::index::{Index, IndexConfig};
-use swarm_kv::layout::{ClusterParams, NodeLayout, encode_key_header};
+use swarm_kv::ClusterParams;
+use swarm_kv::admin::IndexConfig;
+use swarm_kv::admin::NodeLayout;
+use swarm_kv::testing::encode_key_header;
+use swarm_kv::testing::index::Index;
 use swarm_sim::SimWorld;
 
 /// Parameters of a KV cluster on the simulated microsecond fabric (the KV tests that

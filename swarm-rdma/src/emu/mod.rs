@@ -26,9 +26,15 @@
 //!   summarised in [`crate::wr`]): a planner that forgets a fence produces a
 //!   visible reordering. Queue pairs to different nodes progress in a seeded random
 //!   interleaving, a few requests per poll;
-//! * **faults**: a node silent (nothing executes), or crashing after `n` more
-//!   requests (`IBV_WC_RETRY_EXC_ERR`, possibly mid-chain, then flushes);
+//! * **faults**: a node silent (nothing executes), held (nothing executes until the
+//!   next post on the queue pair wakes it, as a soft-RoCE requester asleep on a
+//!   request), or crashing after `n` more requests (`IBV_WC_RETRY_EXC_ERR`, possibly
+//!   mid-chain, then flushes); posts refused after a given number of requests
+//!   (`EmuQp::refuse_posts`);
 //! * **CAS replies** in native or big-endian byte order ([`CasReplyOrder`]).
+//!
+//! It is the only software NIC of this crate: the engine's own tests
+//! (`fabric/engine_tests.rs`) run on an [`EmuNic`] too, with overtaking off.
 //!
 //! [`EmulatedCluster`] holds memory nodes shared by any number of clients (one
 //! [`EmulatedFabric`] per thread), so protocol histories run over it exactly as over

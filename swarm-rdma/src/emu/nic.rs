@@ -118,6 +118,12 @@ impl EmuNic {
         &self.connection(node).qp
     }
 
+    /// The memory node behind node `node`'s queue pair. Panics if the node was never
+    /// connected.
+    pub fn node(&self, node: usize) -> &Arc<EmuNode> {
+        &self.connection(node).node
+    }
+
     /// Changes how node `node` behaves for this client. Panics if the node was
     /// never connected.
     pub fn set_mode(&self, node: usize, mode: Mode) {

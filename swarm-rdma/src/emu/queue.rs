@@ -20,10 +20,21 @@ pub enum Mode {
     Up,
     /// Executes nothing (retries not exhausted yet): requests stay outstanding.
     Silent,
+    /// Executes nothing until the next post on the queue pair, then is `Up`: a
+    /// soft-RoCE requester asleep on a request until a post wakes it (what the
+    /// engine's nudge is for).
+    Held,
     /// Executes this many more requests, then the next one fails with
     /// `IBV_WC_RETRY_EXC_ERR` (in the middle of a chain if it falls there) and the
     /// queue pair is in the error state.
     CrashAfter(u32),
+}
+
+impl Mode {
+    /// Whether a queue pair not in the error state executes nothing in this mode.
+    fn executes_nothing(self) -> bool {
+        matches!(self, Mode::Silent | Mode::Held)
+    }
 }
 
 /// The verbs operation of a posted request.
@@ -103,6 +114,9 @@ struct State {
     uncovered: u32,
     error: bool,
     mode: Mode,
+    /// Injected post failures ([`EmuQp::refuse_posts`]): every `post_send` accepts
+    /// this many requests, then refuses the next with this errno.
+    refuse: Option<(i32, usize)>,
 }
 
 /// An emulated RC queue pair; see the module docs.
@@ -133,6 +147,7 @@ impl EmuQp {
                 uncovered: 0,
                 error: false,
                 mode: Mode::Up,
+                refuse: None,
             }),
             peer: None,
         }
@@ -153,6 +168,14 @@ impl EmuQp {
         self.state.borrow_mut().mode = mode;
     }
 
+    /// From now on, every post accepts at most `accepted` requests of its list and
+    /// refuses the next with `errno`, reporting it as `ibv_post_send` does (`bad`
+    /// at the first request not posted): a provider out of resources (`ENOMEM`) or
+    /// refusing a request (`EINVAL`). The accepted ones execute.
+    pub fn refuse_posts(&self, errno: i32, accepted: usize) {
+        self.state.borrow_mut().refuse = Some((errno, accepted));
+    }
+
     /// Moves the queue pair to the error state (`ibv_modify_qp` to ERR): every
     /// request still queued, and every later one, is flushed.
     pub fn to_error(&self) {
@@ -162,7 +185,7 @@ impl EmuQp {
     /// Whether there are requests that a step would execute.
     pub fn ready(&self) -> bool {
         let state = self.state.borrow();
-        !state.queue.is_empty() && (state.mode != Mode::Silent || state.error)
+        !state.queue.is_empty() && (!state.mode.executes_nothing() || state.error)
     }
 
     /// Requests posted and not executed.
@@ -182,7 +205,7 @@ impl EmuQp {
         {
             state.mode = Mode::CrashAfter(0);
         }
-        if !state.error && state.mode == Mode::Silent {
+        if !state.error && state.mode.executes_nothing() {
             return;
         }
         let Some(head) = state.queue.pop_front() else {
@@ -316,7 +339,11 @@ fn access(wr: &Posted, step: &mut Step<'_, '_>) -> u32 {
 impl SendQueue for EmuQp {
     unsafe fn post_send(&self, wr: *mut ibv_send_wr, bad: *mut *mut ibv_send_wr) -> i32 {
         let mut state = self.state.borrow_mut();
+        if state.mode == Mode::Held {
+            state.mode = Mode::Up;
+        }
         let mut current = wr;
+        let mut accepted = 0;
         while !current.is_null() {
             // SAFETY: the caller vouches that the list and its entries are valid for
             // the call; every field is read through the pointer, nothing is kept.
@@ -326,6 +353,11 @@ impl SendQueue for EmuQp {
                 unsafe { *bad = current };
                 errno
             };
+            if let Some((errno, limit)) = state.refuse
+                && accepted == limit
+            {
+                return refuse(errno);
+            }
             let Some(posted) = posted else {
                 return refuse(libc::EINVAL);
             };
@@ -340,6 +372,7 @@ impl SendQueue for EmuQp {
                 return refuse(libc::ENOMEM);
             }
             state.occupied += 1;
+            accepted += 1;
             state.queue.push_back(posted);
             // SAFETY: as above.
             current = unsafe { (*current).next };

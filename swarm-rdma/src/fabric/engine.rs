@@ -4,8 +4,8 @@
 //! The engine turns [`Fabric`] calls into chains ([`crate::wr::plan`]) and hands them
 //! to a [`Nic`]; completions come back through [`Nic::poll`] and complete tickets in
 //! the core's [`TicketSlab`]. The real NIC is verbs ([`super::nic::VerbsNic`]); the
-//! tests use a software NIC with RC semantics, so everything here — including
-//! failure handling — is tested on machines without RDMA.
+//! tests use the emulated provider's NIC ([`crate::emu::EmuNic`], RC semantics), so
+//! everything here — including failure handling — is tested on machines without RDMA.
 //!
 //! * **Tickets.** Each chain gets a fresh sequence number, encoded with the request
 //!   index in every work-request id. The signaled last request completes the ticket;

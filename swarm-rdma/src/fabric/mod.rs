@@ -18,7 +18,7 @@ pub mod reconnect;
 pub mod transport;
 
 #[cfg(test)]
-mod soft;
+mod engine_tests;
 
 use std::cell::{Cell, RefCell};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream, ToSocketAddrs, UdpSocket};

@@ -28,8 +28,8 @@ use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand};
 use swarm_benches::ycsb::{BenchConfig, BenchError, BenchReport};
 use swarm_core::{Batch, Fabric, NodeId, OpStats, Roundtrip, block_on};
-use swarm_kv::layout::ClusterParams;
-use swarm_kv::{DeleteOutcome, ShmStore, Store};
+use swarm_kv::admin::{self, Eviction, RepairOptions, WriterRow};
+use swarm_kv::{ClusterParams, DeleteOutcome, ShmStore, Store, SystemClock};
 
 #[cfg_attr(not(feature = "rdma"), path = "no_rdma.rs")]
 mod rdma;
@@ -292,7 +292,7 @@ fn parse_size(text: &str) -> Result<u64> {
 }
 
 fn parse_duration(text: &str, flag: &str) -> Result<u64> {
-    swarm_kv::duration::parse_duration_ns(text).with_context(|| flag.to_string())
+    swarm_benches::duration::parse_duration_ns(text).with_context(|| flag.to_string())
 }
 
 fn main() -> ExitCode {
@@ -495,7 +495,7 @@ fn delete<S: Store>(store: &S, key: &OsStr) -> Result<ExitCode> {
 }
 
 /// Runs `op` with a fresh client, then gives its writer id back.
-type Client<S> = swarm_kv::KvClient<<S as Store>::Fabric, swarm_kv::clock::SystemClock>;
+type Client<S> = swarm_kv::KvClient<<S as Store>::Fabric, SystemClock>;
 
 fn with_client<S: Store, T>(
     store: &S,
@@ -534,9 +534,9 @@ fn init(args: InitArgs) -> Result<ExitCode> {
         p.value_max,
         p.writers,
         p.log_slots,
-        swarm_kv::duration::format_ns(p.lease_ns),
-        swarm_kv::duration::format_ns(p.lease_renew_ns),
-        swarm_kv::duration::format_ns(p.max_op_ns),
+        swarm_benches::duration::format_ns(p.lease_ns),
+        swarm_benches::duration::format_ns(p.lease_renew_ns),
+        swarm_benches::duration::format_ns(p.max_op_ns),
     );
     Ok(ExitCode::SUCCESS)
 }
@@ -544,27 +544,17 @@ fn init(args: InitArgs) -> Result<ExitCode> {
 fn evict<S: Store>(store: &S, writer: u16, force: bool) -> Result<ExitCode> {
     let layout = *store.layout();
     let fabric = store.fabric()?;
-    let lease = swarm_kv::membership::lease::LeaseParams::from_params(&layout.params);
     eprintln!(
         "{} writer {writer}'s lease; this takes {:.1} s",
         if force { "killing" } else { "watching" },
-        lease.observer_wait_ns() as f64 / 1e9
+        admin::takeover_wait_ns(&layout.params) as f64 / 1e9
     );
-    let eviction = block_on(
-        &fabric,
-        swarm_kv::membership::writer_ids::evict(
-            &fabric,
-            &layout,
-            writer,
-            force,
-            store.config().owners,
-        ),
-    )?;
+    let eviction = admin::evict(&fabric, &layout, writer, force, store.config().owners)?;
     match eviction {
-        swarm_kv::membership::writer_ids::Eviction::NotRegistered => {
+        Eviction::NotRegistered => {
             println!("writer {writer} is not registered: nothing to do");
         }
-        swarm_kv::membership::writer_ids::Eviction::Released => {
+        Eviction::Released => {
             println!("writer {writer} given back (its lease expired)");
         }
     }
@@ -572,7 +562,7 @@ fn evict<S: Store>(store: &S, writer: u16, force: bool) -> Result<ExitCode> {
 }
 
 fn repair(at: &ClusterArg, node: u16, replace: bool) -> Result<ExitCode> {
-    let options = swarm_kv::repair::RepairOptions {
+    let options = RepairOptions {
         replace,
         ..Default::default()
     };
@@ -589,7 +579,7 @@ fn repair(at: &ClusterArg, node: u16, replace: bool) -> Result<ExitCode> {
             eprintln!(
                 "repair: waiting {} ms for what clients did on the lost memory to land, then copying",
                 ShmStore::open(dir)
-                    .map(|s| swarm_kv::repair::quiescence_ns(s.layout()) / 1_000_000)
+                    .map(|s| admin::quiescence_ns(s.layout()) / 1_000_000)
                     .unwrap_or(0)
             );
             ShmStore::repair(dir, node, options, progress)
@@ -629,19 +619,10 @@ fn scrub<S: Store>(store: &S, every: Option<f64>, passes: Option<u64>) -> Result
         None => None,
     };
     let fabric = store.fabric()?;
-    let nodes = fabric.node_count();
-    // A scrub only moves slots forward; it never removes, so no writer id is needed.
-    let index = swarm_kv::index::Index::new(
-        store.layout(),
-        nodes,
-        swarm_kv::index::IndexConfig::default(),
-    )?;
     let mut pass = 0u64;
     loop {
-        let stats = OpStats::new();
-        let report = block_on(&fabric, async {
-            Ok::<_, swarm_core::FabricError>(index.scrub(&fabric, &stats, 0..u64::MAX).await)
-        })??;
+        // A scrub only moves slots forward; it never removes, so no writer id is needed.
+        let report = admin::scrub(&fabric, store.layout())?;
         print_out(&format!(
             "scrubbed {} index buckets: {} lagging slot copies moved forward, {} buckets \
              skipped (fewer than a majority of well-formed copies answered)",
@@ -678,9 +659,7 @@ fn stat<S: Store>(store: &S, json: bool) -> Result<ExitCode> {
     let stats = OpStats::new();
     // Counting keys needs no writer id: `swarm stat` works on a cluster whose ids are
     // all taken.
-    let index =
-        swarm_kv::index::Index::new(&layout, nodes, swarm_kv::index::IndexConfig::default())?;
-    let keys = block_on(&fabric, index.count(&fabric, &stats))?;
+    let keys = admin::count_keys(&fabric, &layout)?;
     outln!(
         text,
         "cluster: {} nodes, {} replicas per key, W = {} metadata words",
@@ -763,12 +742,7 @@ fn stat<S: Store>(store: &S, json: bool) -> Result<ExitCode> {
     }
     report["node_states"] = serde_json::Value::Array(node_reports);
     let table_node = table_node.context("no memory node answered")?;
-    let census = block_on(
-        &fabric,
-        swarm_kv::registers::limbo::census(&fabric, &layout, |r| {
-            swarm_kv::client::register_loc_for(&layout, nodes, r).ok()
-        }),
-    )?;
+    let census = admin::census(&fabric, &layout)?;
     outln!(
         text,
         "registers: {} holding data ({} with a key header: keys, inserts in flight and leaks; \
@@ -796,12 +770,9 @@ fn stat<S: Store>(store: &S, json: bool) -> Result<ExitCode> {
         "fresh": census.fresh,
         "unknown": census.unknown,
     });
-    let rows = block_on(
-        &fabric,
-        swarm_kv::membership::writer_ids::read_table(&fabric, &layout, table_node),
-    )?;
-    let lease = swarm_kv::membership::lease::LeaseParams::from_params(&p);
-    let now = swarm_kv::clock::SystemClock::unix_ns();
+    let rows = admin::writer_table(&fabric, &layout, table_node)?;
+    let takeover_wait_ns = admin::takeover_wait_ns(&p);
+    let now = SystemClock::unix_ns();
     let registered: Vec<_> = rows.iter().filter(|r| r.token != 0).collect();
     let used = rows.iter().filter(|r| r.used).count();
     outln!(
@@ -809,22 +780,22 @@ fn stat<S: Store>(store: &S, json: bool) -> Result<ExitCode> {
         "leases: {}, renewed every {}, operations fenced after {}, writes land within {}; a \
          client that stops renewing loses its writer id to the next client that needs one \
          after {:.2} s",
-        swarm_kv::duration::format_ns(p.lease_ns),
-        swarm_kv::duration::format_ns(p.lease_renew_ns),
-        swarm_kv::duration::format_ns(p.max_op_ns),
-        swarm_kv::duration::format_ns(p.delivery_margin_ns),
-        lease.observer_wait_ns() as f64 / 1e9
+        swarm_benches::duration::format_ns(p.lease_ns),
+        swarm_benches::duration::format_ns(p.lease_renew_ns),
+        swarm_benches::duration::format_ns(p.max_op_ns),
+        swarm_benches::duration::format_ns(p.delivery_margin_ns),
+        takeover_wait_ns as f64 / 1e9
     );
     report["leases"] = serde_json::json!({
         "lease_ns": p.lease_ns,
         "renew_ns": p.lease_renew_ns,
         "max_op_ns": p.max_op_ns,
         "delivery_margin_ns": p.delivery_margin_ns,
-        "takeover_after_ns": lease.observer_wait_ns(),
+        "takeover_after_ns": takeover_wait_ns,
     });
-    let status = |row: &swarm_kv::membership::writer_ids::Row| {
+    let status = |row: &WriterRow| {
         let age_ns = now.saturating_sub(row.renewed_unix_ns);
-        if swarm_kv::membership::lease::is_killed(row.lease) {
+        if row.lease_killed() {
             ("killed: reclaimable now", true)
         } else if row.renewed_unix_ns != 0 && age_ns <= p.lease_ns {
             ("valid", false)
@@ -877,7 +848,7 @@ fn stat<S: Store>(store: &S, json: bool) -> Result<ExitCode> {
         "clients": registered.iter().map(|row| serde_json::json!({
             "writer": row.writer,
             "pid": row.pid,
-            "lease_counter": swarm_kv::membership::lease::counter(row.lease),
+            "lease_counter": row.lease_counter(),
             "last_renewal_secs": now.saturating_sub(row.renewed_unix_ns) as f64 / 1e9,
             "lease": status(row).0.split(':').next().unwrap_or_default(),
         })).collect::<Vec<_>>(),
@@ -889,7 +860,7 @@ fn stat<S: Store>(store: &S, json: bool) -> Result<ExitCode> {
             "  writer {}: pid {}, lease counter {}, last renewal {:.1} s ago, lease {}",
             row.writer,
             row.pid,
-            swarm_kv::membership::lease::counter(row.lease),
+            row.lease_counter(),
             age,
             status(row).0
         );

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use anyhow::{Result, bail};
 use clap::Args;
-use swarm_kv::layout::ClusterParams;
+use swarm_kv::ClusterParams;
 
 use crate::{ClusterArg, InitArgs};
 
@@ -40,9 +40,9 @@ pub fn format(_at: &ClusterArg, _params: ClusterParams) -> Result<ExitCode> {
 pub fn repair(
     _at: &ClusterArg,
     _node: u16,
-    _options: swarm_kv::repair::RepairOptions,
+    _options: swarm_kv::admin::RepairOptions,
     _progress: impl FnMut(u64, u64),
-) -> Result<swarm_kv::repair::RepairReport> {
+) -> Result<swarm_kv::admin::RepairReport> {
     bail!(NO_RDMA)
 }
 

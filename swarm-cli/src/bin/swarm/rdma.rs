@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{Context, Result};
+use swarm_kv::ClusterParams;
 use swarm_kv::RdmaStore;
-use swarm_kv::layout::ClusterParams;
 use swarm_rdma::auth::Token;
 use swarm_rdma::config::{ClusterConfig, PathConfig, parse_gid_choice, parse_nodes};
 use swarm_rdma::{RdmaConfig, memnode};
@@ -52,9 +52,9 @@ pub fn open(at: &ClusterArg) -> Result<Store> {
 pub fn repair(
     at: &ClusterArg,
     node: u16,
-    options: swarm_kv::repair::RepairOptions,
+    options: swarm_kv::admin::RepairOptions,
     progress: impl FnMut(u64, u64),
-) -> Result<swarm_kv::repair::RepairReport> {
+) -> Result<swarm_kv::admin::RepairReport> {
     let config = config(at)?.context("give --dir, --rdma or --cluster")?;
     RdmaStore::repair(config, node, options, progress)
         .with_context(|| format!("cannot repair memory node {node}"))
@@ -70,8 +70,8 @@ pub fn format(at: &ClusterArg, params: ClusterParams) -> Result<ExitCode> {
         "formatted: room for {} keys; writes land within {} (the queue pairs' retry window), \
          so superseded log slots are reused {} after they stop being the newest",
         params.registers,
-        swarm_kv::duration::format_ns(params.delivery_margin_ns),
-        swarm_kv::duration::format_ns(params.slot_grace_ns()),
+        swarm_benches::duration::format_ns(params.delivery_margin_ns),
+        swarm_benches::duration::format_ns(params.slot_grace_ns()),
     );
     Ok(ExitCode::SUCCESS)
 }
@@ -98,7 +98,7 @@ pub fn init(args: &InitArgs, list: &str) -> Result<ExitCode> {
     let config = ClusterConfig {
         nodes,
         cluster_id: u64::from_le_bytes(id),
-        epoch_unix_ns: swarm_kv::clock::SystemClock::unix_ns(),
+        epoch_unix_ns: swarm_kv::SystemClock::unix_ns(),
         tick_ns: args.tick_ns,
         // Relative: resolved against the cluster file's directory on load.
         token_file: PathBuf::from("swarm.token"),
