@@ -295,7 +295,8 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         self.swarm.fabric()
     }
 
-    /// The index.
+    /// The index (tests only: its type is not part of the API).
+    #[doc(hidden)]
     pub fn index(&self) -> &Index {
         &self.index
     }
@@ -322,7 +323,8 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         self.alloc.pooled()
     }
 
-    /// This client's holder tag (`crate::registers::limbo`).
+    /// This client's holder tag (`crate::registers::limbo`; tests only).
+    #[doc(hidden)]
     pub fn recycler_tag(&self) -> u32 {
         self.recycler.tag()
     }
@@ -374,7 +376,8 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
     }
 
     /// The replicas of register `register`: `replicas` consecutive nodes starting at a
-    /// hash of its id, in preference order (the first is its primary, §6).
+    /// hash of its id, in preference order (the first is its primary, §6; tests only).
+    #[doc(hidden)]
     pub fn register_loc(&self, register: RegisterId) -> Result<RegisterLoc, KvError> {
         register_loc_for(&self.layout, self.nodes, register)
     }

@@ -316,6 +316,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
 
     /// Runs one reclamation pass now, whatever the allocator holds (tests and tools;
     /// clients run it by themselves when they run out of registers).
+    #[doc(hidden)]
     pub async fn reclaim_gone_registers_now(&self) -> Result<(), KvError> {
         self.reclaim_gone_registers().await
     }
