@@ -3,11 +3,13 @@
 //! and flood steps (`scripts/softroce/test.sh`, issue 47).
 //!
 //! ```text
-//! cargo run -p swarm-kv --features rdma --example client_churn -- CLUSTER_FILE ROUNDS HISTORY
+//! cargo run -p swarm-kv --features rdma --example client_churn -- CLUSTER_FILE ROUNDS HISTORY [PREFIX]
 //! ```
 //!
 //! Opens the cluster once, then per round makes a new client (`Store::client`: a
-//! fresh bootstrap to every node), inserts `churn-{round % 4}` and reads it back,
+//! fresh bootstrap to every node), inserts `{PREFIX}-{round % 4}` (PREFIX: `churn`
+//! unless given; a run on a cluster that an earlier run wrote to needs keys of its
+//! own, since the checker starts every key absent) and reads it back,
 //! recording both operations; a client that cannot be made counts as a failed
 //! round. Prints `round R: ...` per round on standard error (with the nodes each
 //! client left out), writes the history to HISTORY (JSON Lines, for `swarm check`)
@@ -35,8 +37,9 @@ fn main() -> Result<()> {
         .init();
     let mut args = std::env::args().skip(1);
     let (Some(file), Some(rounds), Some(history)) = (args.next(), args.next(), args.next()) else {
-        bail!("usage: client_churn CLUSTER_FILE ROUNDS HISTORY");
+        bail!("usage: client_churn CLUSTER_FILE ROUNDS HISTORY [PREFIX]");
     };
+    let prefix = args.next().unwrap_or_else(|| "churn".into());
     let rounds: u64 = rounds.parse().context("ROUNDS must be a number")?;
     let file = PathBuf::from(file);
     let cluster = ClusterConfig::load(&file)
@@ -61,7 +64,7 @@ fn main() -> Result<()> {
         let out: Vec<u16> = (0..fabric.node_count() as u16)
             .filter(|&i| fabric.node_status(NodeId(i)) != NodeStatus::Live)
             .collect();
-        let key = format!("churn-{}", round % 4);
+        let key = format!("{prefix}-{}", round % 4);
         let value = format!("r{round}");
         let id = recorder.begin(round, OpKind::Insert, &key, Some(&value), now());
         let put = swarm_core::block_on(

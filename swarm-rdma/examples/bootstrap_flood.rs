@@ -9,11 +9,14 @@
 //! For each target, 8 source addresses (127.0.0.2-9) × 8 silent sockets, each one
 //! reopened as soon as the node closes it, for SECONDS seconds (then it stops by
 //! itself). No token is needed. Prints `flood: ...` with the sockets opened per
-//! target. Loopback sources reach a node listening on any of the host's own
+//! target, every 10 s so far and at the end (a flood killed early has said how
+//! much it did). Loopback sources reach a node listening on any of the host's own
 //! addresses.
 
 use std::io::ErrorKind;
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 const SOURCES: u8 = 8;
@@ -51,37 +54,48 @@ fn main() {
         eprintln!("bootstrap_flood: no IPv4 target given");
         std::process::exit(2);
     }
-    let until = Instant::now() + Duration::from_secs(seconds);
+    let started = Instant::now();
+    let until = started + Duration::from_secs(seconds);
+    let opened: Vec<Arc<AtomicU64>> = targets.iter().map(|_| Arc::default()).collect();
     let threads: Vec<_> = targets
         .iter()
-        .flat_map(|&target| (0..SOURCES).map(move |k| (target, k)))
-        .map(|(target, k)| {
+        .zip(&opened)
+        .flat_map(|(&target, count)| (0..SOURCES).map(move |k| (target, count.clone(), k)))
+        .map(|(target, count, k)| {
             std::thread::spawn(move || {
                 let source = [127, 0, 0, 2 + k];
                 let mut sockets: Vec<Option<TcpStream>> = (0..SOCKETS).map(|_| None).collect();
-                let mut opened = 0u64;
                 while Instant::now() < until {
                     for socket in &mut sockets {
                         if socket.as_ref().is_none_or(closed) {
                             *socket = connect_from(source, target);
-                            opened += 1;
+                            count.fetch_add(1, Ordering::Relaxed);
                         }
                     }
                     std::thread::sleep(Duration::from_millis(1));
                 }
-                (target, opened)
             })
         })
         .collect();
-    let mut per_target = std::collections::BTreeMap::new();
-    for thread in threads {
-        if let Ok((target, opened)) = thread.join() {
-            *per_target.entry(target).or_insert(0u64) += opened;
+    let report = || {
+        let elapsed = started.elapsed().as_secs();
+        for (target, count) in targets.iter().zip(&opened) {
+            println!(
+                "flood: {target}: {} silent sockets opened from {SOURCES} addresses over {elapsed} s",
+                count.load(Ordering::Relaxed)
+            );
+        }
+    };
+    let mut next_report = started + Duration::from_secs(10);
+    while Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(200));
+        if Instant::now() >= next_report {
+            report();
+            next_report += Duration::from_secs(10);
         }
     }
-    for (target, opened) in per_target {
-        println!(
-            "flood: {target}: {opened} silent sockets opened from {SOURCES} addresses over {seconds} s"
-        );
+    for thread in threads {
+        let _ = thread.join();
     }
+    report();
 }
