@@ -13,10 +13,12 @@
 #      source addresses x 8 sockets per node, reopened as closed) while the same kind
 #      of process makes clients, with keys of its own (the checker starts every key
 #      absent, and step 7 wrote its keys): every client must be made, and the history
-#      is checked. The flood runs inside the VM, so it also takes most of the
-#      emulated CPUs from the honest parties: proving the token took honest clients
-#      over a second there, which the nodes' pre-authentication deadline used to cut
-#      (it now covers the first message only; swarm-rdma/src/bootstrap/server.rs).
+#      is checked. The flood runs inside the VM, on the same emulated CPUs as the
+#      processes under test: proving the token took honest clients over a second
+#      there, which the nodes' pre-authentication deadline used to cut (it now
+#      covers the first message only; swarm-rdma/src/bootstrap/server.rs). The
+#      flood blocks on its sockets instead of polling them (a remote flood costs
+#      the node's host nothing but the node's own work).
 
 restart_step() {
     local churn=$target/debug/examples/client_churn
