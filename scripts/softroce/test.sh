@@ -20,8 +20,9 @@
 #   6. that node repaired (`swarm repair`) while a bench runs, whose history is
 #      checked; then another node killed: what only the other two held is still read;
 #   7. (scripts/softroce/restart-steps.sh, on a cluster of its own) a memory node
-#      restarted empty while one process keeps making clients, its history checked
-#      (step 8 of that file, a bootstrap flood, is not run yet: it says why).
+#      restarted empty while one process keeps making clients, its history checked;
+#   8. (same file, same cluster) a flood of silent bootstrap connections against
+#      every node while a process makes clients: every client made, history checked.
 #
 # Each step prints PASS or FAIL; the exit status is non-zero on any failure, and 77 if
 # the VM could not be started at all (no test ran).
@@ -29,6 +30,8 @@
 set -euo pipefail
 root=$(git -C "$(dirname "$0")" rev-parse --show-toplevel)
 cd "$root"
+# Where cargo builds (CARGO_TARGET_DIR if set): the VM runs the binaries from there.
+target=$(readlink -f "${CARGO_TARGET_DIR:-$root/target}")
 
 echo "softroce: building swarm (feature rdma) and the swarm-rdma device tests"
 cargo build -q -p swarm-cli --features rdma
@@ -43,7 +46,7 @@ device_tests=$(cargo test -q -p swarm-rdma --test device --no-run --message-form
     sed -n 's/.*"executable":"\([^"]*device[^"]*\)".*/\1/p' | tail -1)
 [ -x "$device_tests" ] || { echo "softroce: cannot find the device test binary" >&2; exit 1; }
 
-out=$root/target/softroce
+out=$target/softroce
 # Outputs of an earlier run must not be mistaken for this one's (a history checked
 # after its bench timed out would be the old one).
 rm -rf "$out"
@@ -52,8 +55,8 @@ script=$out/in-vm.sh
 cat >"$script" <<SCRIPT
 #!/usr/bin/env bash
 set -u
-swarm=$root/target/debug/swarm
-idle_client=$root/target/debug/examples/idle_client
+swarm=$target/debug/swarm
+idle_client=$target/debug/examples/idle_client
 failed=0
 : >"$out/results.txt"
 pass() { echo "PASS \$1" | tee -a "$out/results.txt"; }
@@ -267,11 +270,11 @@ at put after-repair yes && [ "\$(at get after-repair)" = yes ] &&
 kill "\${pids[0]}" "\${pids[1]}" "\${pids[2]}" 2>/dev/null
 
 # 7. A restart under a client-making process, on a cluster of its own (ports 7481-7483).
-root=$root out=$out
+# 8. A bootstrap flood under a client-making process, on the same cluster.
+root=$root target=$target out=$out
 . "$root/scripts/softroce/restart-steps.sh"
 restart_step
-# flood_step is not run yet (restart-steps.sh says why); stop step 7's nodes.
-kill "\${i47_nodes[@]}" 2>/dev/null || true
+flood_step
 
 exit \$failed
 SCRIPT

@@ -3,15 +3,18 @@
 //! and flood steps (`scripts/softroce/test.sh`, issue 47).
 //!
 //! ```text
-//! cargo run -p swarm-kv --features rdma --example client_churn -- CLUSTER_FILE ROUNDS HISTORY
+//! cargo run -p swarm-kv --features rdma --example client_churn -- CLUSTER_FILE ROUNDS HISTORY [PREFIX]
 //! ```
 //!
 //! Opens the cluster once, then per round makes a new client (`Store::client`: a
-//! fresh bootstrap to every node), inserts `churn-{round % 4}` and reads it back,
-//! recording both operations; a client that cannot be made counts as a failed
-//! round. Prints `round R: ...` per round on standard error (with the nodes each
-//! client left out), writes the history to HISTORY (JSON Lines, for `swarm check`)
-//! and prints `client churn: ...` with the counts. Exits non-zero only if the
+//! fresh bootstrap to every node), inserts `{PREFIX}-{round % 4}` (PREFIX: `churn`
+//! unless given; a run on a cluster that an earlier run wrote to needs keys of its
+//! own, since the checker starts every key absent) and reads it back, recording
+//! both operations (one that fails as crashed: it may still take effect); a client
+//! that cannot be made counts as a failed round. Prints `round R: ...` per round on
+//! standard error (with the nodes each client left out), writes the history to
+//! HISTORY (JSON Lines, for `swarm check`) and prints `client churn: ...` with the
+//! counts. Exits non-zero only if the
 //! cluster cannot be opened or the history not written.
 
 use std::path::PathBuf;
@@ -35,8 +38,9 @@ fn main() -> Result<()> {
         .init();
     let mut args = std::env::args().skip(1);
     let (Some(file), Some(rounds), Some(history)) = (args.next(), args.next(), args.next()) else {
-        bail!("usage: client_churn CLUSTER_FILE ROUNDS HISTORY");
+        bail!("usage: client_churn CLUSTER_FILE ROUNDS HISTORY [PREFIX]");
     };
+    let prefix = args.next().unwrap_or_else(|| "churn".into());
     let rounds: u64 = rounds.parse().context("ROUNDS must be a number")?;
     let file = PathBuf::from(file);
     let cluster = ClusterConfig::load(&file)
@@ -61,21 +65,28 @@ fn main() -> Result<()> {
         let out: Vec<u16> = (0..fabric.node_count() as u16)
             .filter(|&i| fabric.node_status(NodeId(i)) != NodeStatus::Live)
             .collect();
-        let key = format!("churn-{}", round % 4);
+        let key = format!("{prefix}-{}", round % 4);
         let value = format!("r{round}");
         let id = recorder.begin(round, OpKind::Insert, &key, Some(&value), now());
         let put = swarm_core::block_on(
             fabric,
             client.insert(key.as_bytes(), value.as_bytes(), &OpStats::new()),
         );
-        recorder.end(id, put.is_ok().then_some(true), None, now())?;
+        // A failed operation may still take effect (its batches may land): it stays
+        // in the history as crashed (never ended), which the checker lets take
+        // effect or not. (Ended with an unknown outcome, it would have to.)
+        if put.is_ok() {
+            recorder.end(id, true, None, now())?;
+        }
         let id = recorder.begin(round, OpKind::Get, &key, None, now());
         let got = swarm_core::block_on(fabric, client.get(key.as_bytes(), &OpStats::new()));
         let text = match &got {
             Ok(Some(bytes)) => Some(String::from_utf8_lossy(bytes).into_owned()),
             _ => None,
         };
-        recorder.end(id, got.is_ok().then_some(true), text.as_deref(), now())?;
+        if got.is_ok() {
+            recorder.end(id, true, text.as_deref(), now())?;
+        }
         if put.is_err() || got.is_err() {
             failed_ops += 1;
         }

@@ -55,8 +55,8 @@ use crate::store::{Store, open_layout, write_superblock};
 /// [`Store::client_with`]) comes from the one cluster handle, which pins each node's
 /// incarnation when it first reaches it: a client made after a node restarted with
 /// empty memory leaves that node out (its old memory reported lost) instead of taking
-/// it as a replica. (The client follows the configuration from its first lease
-/// renewal on, as before.)
+/// it as a replica. Every client also reads the configuration when it connects,
+/// before it registers, and admits its members (`KvClient::connect`).
 #[derive(Debug)]
 pub struct RdmaStore<C: ClusterHandle = RdmaCluster> {
     cluster: Arc<C>,

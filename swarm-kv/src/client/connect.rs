@@ -1,7 +1,9 @@
-//! Joining and leaving the cluster: [`KvClient::connect`] registers a writer id in
-//! the client table (`crate::membership::writer_ids`) and resumes that writer's
-//! out-of-place log (from a sealed summary, lazily above its tick ceiling, or by a
-//! whole-log scan); [`KvClient::close`] runs the deferred unmaps left, gives the
+//! Joining and leaving the cluster: [`KvClient::connect`] reads the cluster
+//! configuration and has the fabric admit its members (so that a node running
+//! another incarnation serves neither the registration nor the first operations),
+//! registers a writer id in the client table (`crate::membership::writer_ids`) and
+//! resumes that writer's out-of-place log (from a sealed summary, lazily above its
+//! tick ceiling, or by a whole-log scan); [`KvClient::close`] runs the deferred unmaps left, gives the
 //! retired registers' marks time to land, seals the log summary for the next client
 //! of the writer id, and gives the id back.
 
@@ -13,6 +15,7 @@ use swarm_core::{Client, Clock, Fabric, NodeId, OpStats};
 use xxhash_rust::xxh3::xxh3_64;
 
 use crate::cache::LocationCache;
+use crate::configuration::Configuration;
 use crate::index::{Index, IndexConfig};
 use crate::layout::NodeLayout;
 use crate::membership::writer_ids::{self, Resume};
@@ -42,6 +45,10 @@ fn token_for(pid: u64) -> u64 {
 impl<F: Fabric, C: Clock> KvClient<F, C> {
     /// Registers a writer id in the client table and returns a client using it.
     /// Blocks until the registration is done (a few roundtrips, driven on `fabric`).
+    /// First reads the configuration from a majority (one roundtrip) and follows it
+    /// ([`Fabric::admit`] for every member incarnation): the registration and every
+    /// operation then see the nodes the configuration has in service, and a
+    /// register reset or a donation sees a repair it announced.
     pub fn connect(
         fabric: F,
         clock: C,
@@ -55,6 +62,12 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
                 replicas: layout.params.replicas,
             });
         }
+        // The configuration first: a node whose incarnation is not the member's (a
+        // memory node that restarted with empty memory, a node file re-created) must
+        // not count towards the quorums of the registration or of the first
+        // operations, and a client that has followed no configuration counts every
+        // node as in service and sees no repair (`KvClient::replica_status`).
+        let followed = Self::follow_initial_configuration(&fabric, &config)?;
         let owner = crate::membership::owner_process::this_process();
         let token = token_for(owner);
         let (registration, lease) = swarm_core::block_on(
@@ -200,10 +213,48 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
                     * u64::from(registration.writer),
             ),
             config_checked: Cell::new(0),
-            followed: RefCell::new(None),
+            followed: RefCell::new(Some(followed)),
             deferred: RefCell::new(DeferredUnmaps::new(config.deferred_unmaps)),
             blind: BlindPolicy::new(),
         })
+    }
+
+    /// Reads the configuration from a majority, waiting for the other nodes only as
+    /// long as the protocol waits for a slow node, and asks `fabric` to admit every
+    /// member incarnation ([`Fabric::admit`]), before the client registers: the
+    /// transport then leaves out every node that runs another incarnation (RDMA
+    /// fails it and reconnects expecting the member), as for a configuration
+    /// followed later (`KvClient::follow_configuration`). A legacy configuration
+    /// (epoch 0, no record) admits nothing.
+    fn follow_initial_configuration(
+        fabric: &F,
+        config: &KvConfig,
+    ) -> Result<Configuration, KvError> {
+        let stats = OpStats::new();
+        let straggler_ns = config.protocol.slow_after_ns;
+        let nodes = fabric.node_count();
+        let read = swarm_core::block_on(
+            fabric,
+            crate::repair::read_configuration_within(
+                fabric,
+                &stats,
+                swarm_core::quorum::majority(nodes),
+                straggler_ns,
+            ),
+        )?;
+        if read.epoch > 0 {
+            let refused: Vec<usize> = (0..read.incarnations.len().min(nodes))
+                .filter(|&i| !fabric.admit(NodeId(i as u16), read.incarnations[i]))
+                .collect();
+            if !refused.is_empty() {
+                tracing::debug!(
+                    epoch = read.epoch,
+                    ?refused,
+                    "connecting: members the transport cannot reach as their incarnation"
+                );
+            }
+        }
+        Ok(read)
     }
 
     /// Gives the writer id back (its log is resumed by the next client that takes it).

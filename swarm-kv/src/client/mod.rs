@@ -215,7 +215,7 @@ pub struct KvClient<F: Fabric, C: Clock> {
     /// renewal that saw a newer epoch than the configuration a majority then held
     /// (a record being written) triggers one more read per renewal, not per operation.
     config_checked: Cell<u64>,
-    /// The configuration this client last followed (`None`: not read yet): its
+    /// The configuration this client last followed (read first by `connect`): its
     /// nodes are admitted; a renewal that reads a higher epoch makes the next
     /// operation follow that one ([`KvClient::followed_epoch`]).
     followed: RefCell<Option<Configuration>>,

@@ -460,19 +460,28 @@ fn server_handshaking(server: &Server) -> usize {
 }
 
 #[test]
-fn a_peer_that_does_not_prove_the_token_is_dropped_at_the_pre_authentication_deadline() {
+fn a_silent_peer_is_dropped_at_the_pre_authentication_deadline_and_a_stalled_one_at_the_handshake_deadline()
+ {
     let token = Token::generate().unwrap();
     let limits = ServerLimits {
         pre_auth_deadline: Duration::from_millis(200),
-        handshake_deadline: Duration::from_secs(60),
+        handshake_deadline: Duration::from_millis(1500),
         ..ServerLimits::default()
     };
     let (server, _) = start_with(&token, false, limits);
     // Silent: closed at the pre-authentication deadline, long before the
     // handshake's.
+    let started = Instant::now();
     let mut silent = TcpStream::connect(server.local_addr()).unwrap();
     assert!(closed_without_reply(&mut silent));
-    // A hello, then silence: the node answers, then closes, all well within 60 s.
+    let silent_for = started.elapsed();
+    assert!(
+        silent_for < Duration::from_millis(1200),
+        "a silent peer held its slot for {silent_for:?}"
+    );
+    // A hello, then silence: the node answers, then closes at the handshake
+    // deadline (the pre-authentication one covers the first message only).
+    let started = Instant::now();
     let mut stalled = TcpStream::connect(server.local_addr()).unwrap();
     stalled
         .write_all(&Message::ClientHello { nonce: [5; 32] }.encode())
@@ -485,6 +494,11 @@ fn a_peer_that_does_not_prove_the_token_is_dropped_at_the_pre_authentication_dea
         Ok(Message::ServerHello { .. })
     ));
     assert!(closed_without_reply(&mut stalled));
+    let stalled_for = started.elapsed();
+    assert!(
+        stalled_for >= Duration::from_millis(1400),
+        "a peer that sent its hello was cut after {stalled_for:?}, before the handshake deadline"
+    );
     // An honest client is far quicker than that.
     connect(
         &server.local_addr().to_string(),
@@ -493,6 +507,65 @@ fn a_peer_that_does_not_prove_the_token_is_dropped_at_the_pre_authentication_dea
         DEFAULT_TIMEOUT,
     )
     .unwrap();
+    server.shutdown();
+}
+
+/// A client stream that pauses before its second message (its `ClientAuth`), as a
+/// client starved of CPU between the node's `ServerHello` and its answer.
+struct SlowAfterHello {
+    stream: TcpStream,
+    pause: Duration,
+    flushed: usize,
+}
+
+impl Read for SlowAfterHello {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.stream.read(buf)
+    }
+}
+
+impl Write for SlowAfterHello {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.flushed == 1 {
+            std::thread::sleep(self.pause);
+            self.flushed += 1;
+        }
+        self.stream.write(buf)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.flushed += usize::from(self.flushed == 0);
+        self.stream.flush()
+    }
+}
+
+#[test]
+fn a_slow_honest_client_is_served_past_the_pre_authentication_deadline() {
+    let token = Token::generate().unwrap();
+    let limits = ServerLimits {
+        pre_auth_deadline: Duration::from_millis(200),
+        handshake_deadline: Duration::from_secs(10),
+        ..ServerLimits::default()
+    };
+    let (server, live) = start_with(&token, false, limits);
+    let stream = TcpStream::connect(server.local_addr()).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut slow = SlowAfterHello {
+        stream,
+        pause: Duration::from_millis(600),
+        flushed: 0,
+    };
+    let accepted = client_handshake(&mut slow, "test server", &token, &sample_qp());
+    assert!(
+        accepted.is_ok(),
+        "an honest client that answered the node's hello 600 ms late was cut: {:?}",
+        accepted.err()
+    );
+    wait_for("the client to be registered", || {
+        live.load(Ordering::SeqCst) == 1
+    });
     server.shutdown();
 }
 
