@@ -570,6 +570,11 @@ impl<F: Fabric + ?Sized> Drop for Roundtrip<'_, F> {
         for (_, ticket) in self.outstanding.drain(..) {
             self.fabric.forget(ticket);
         }
+        // The read buffers nobody took go back to the fabric, for its next reads
+        // (`Fabric::give_back`): a steady stream of steps allocates none.
+        for (_, reply) in self.replies.as_mut_slice() {
+            reply.give_back_reads(|buffer| self.fabric.give_back(buffer));
+        }
     }
 }
 

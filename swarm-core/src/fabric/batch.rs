@@ -319,6 +319,20 @@ impl Completion {
         }
     }
 
+    /// Hands the buffer of every read output still in the completion to `give_back`
+    /// (leaving them empty): how a finished step returns them to its fabric
+    /// ([`super::Fabric::give_back`]).
+    #[inline]
+    pub fn give_back_reads(&mut self, mut give_back: impl FnMut(Vec<u8>)) {
+        for output in self.outputs.as_mut_slice() {
+            if let OpOutput::Read(bytes) = output
+                && bytes.capacity() != 0
+            {
+                give_back(core::mem::take(bytes));
+            }
+        }
+    }
+
     /// The previous value found by CAS `i`, or `None` if it was not a CAS.
     pub fn cas(&self, i: usize) -> Option<u64> {
         match self.outputs().get(i) {

@@ -177,6 +177,9 @@ pub struct Client<F, C> {
     pub(crate) suspicion: Arc<Suspicion>,
     /// Addresses of the registers with a write or delete of this client in flight.
     writing: RefCell<Vec<u64>>,
+    /// The record buffer of the last write, reused by the next one if no batch
+    /// holds it any more (`Client::shared_record`).
+    pub(crate) spare_record: RefCell<Option<Arc<[u8]>>>,
 }
 
 /// A register's write slot of one client, held by the write or delete in flight on it
@@ -225,6 +228,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
             }),
             suspicion: Arc::new(Suspicion::new(config.suspect_ns)),
             writing: RefCell::new(Vec::new()),
+            spare_record: RefCell::new(None),
         })
     }
 
