@@ -203,6 +203,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
             followed: RefCell::new(None),
             deferred: RefCell::new(DeferredUnmaps::new(config.deferred_unmaps)),
             blind: BlindPolicy::new(),
+            payload_buffer: Cell::new(Vec::new()),
         })
     }
 
