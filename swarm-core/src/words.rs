@@ -136,7 +136,7 @@ pub fn execute_reusing(
     for op in batch.ops() {
         let output = match op {
             Op::Read { addr, len } => {
-                let mut buf = buffers.take(*len as usize);
+                let mut buf = buffers.take_for_read(*len as usize);
                 read(words, *addr as usize, &mut buf);
                 OpOutput::Read(buf)
             }
