@@ -54,8 +54,14 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         self.hint_cached(key, stats).await;
         let started = self.begin(stats).await?;
         if let Some(mut located) = self.cached_at(key, started.start)? {
+            let known = located.knowledge.clone();
             if let Some(value) = self.read_checked(key, &mut located, stats).await? {
-                self.remember(key, &located);
+                // The cache holds what the read knew before it: it needs the
+                // knowledge again only if the read learned something (a cache
+                // entry's knowledge only grows: merging what it held is a no-op).
+                if located.knowledge != known {
+                    self.remember(key, &located);
+                }
                 return Ok(Some(value));
             }
             // Deleted (or never this key's): the cached location is stale.
