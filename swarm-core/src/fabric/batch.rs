@@ -311,6 +311,15 @@ impl Completion {
         }
     }
 
+    /// The bytes read by operation `i`, mutable (to decode in place), or `None` if it
+    /// was not a read.
+    pub fn read_mut(&mut self, i: usize) -> Option<&mut [u8]> {
+        match self.outputs.as_mut_slice().get_mut(i) {
+            Some(OpOutput::Read(bytes)) => Some(bytes),
+            _ => None,
+        }
+    }
+
     /// Takes the bytes read by operation `i` out of the completion.
     pub fn take_read(&mut self, i: usize) -> Option<Vec<u8>> {
         match self.outputs.as_mut_slice().get_mut(i) {
