@@ -47,7 +47,7 @@ impl ReadBuffers {
         buffer
     }
 
-    /// Keeps `buffer` for a later [`ReadBuffers::take`] (freed if enough are kept
+    /// Keeps `buffer` for a later [`ReadBuffers::take_for_read`] (freed if enough are kept
     /// already, or if it has no capacity).
     #[inline]
     pub fn give_back(&self, buffer: Vec<u8>) {
