@@ -12,6 +12,13 @@
 //! `raw-write`, `sg-read`, `sg-write` (Safe-Guess, 3 replicas, W = 8, 64 B payloads,
 //! rtt 0 through the `swarm bench` fabric stack `FailNodes<EmulatedRtt<ShmFabric>>`).
 //!
+//! `kv-get`, `kv-update`: SWARM-KV's `KvClient::get_into` and `KvClient::update` of
+//! 16 cached keys (24-byte keys, 64-byte values) on a 3-node shared-memory store
+//! (`swarm bench`'s fabric stack), one `block_on` each. The store's time-driven upkeep
+//! (the background slot-recycling check, every millisecond by default, and the
+//! lease renewal) is set far apart, so that the count is the operation's own, not
+//! a share of upkeep that a run under callgrind, 50 times slower, would inflate.
+//!
 //! `inflight-K` is not for callgrind: `K` Safe-Guess reads of `K` registers in flight
 //! on one thread (`LocalExecutor`) at an emulated 1.5 µs roundtrip, `N` operations in
 //! all; prints reads per second of wall time and of the thread's CPU time, to compare
@@ -102,6 +109,10 @@ fn main() {
         spread(inflight.parse().expect("spread-K"), interleaved, n);
         return;
     }
+    if let Some(kv_op) = op.strip_prefix("kv-") {
+        kv(kv_op, n);
+        return;
+    }
     if let Some(inflight) = op.strip_prefix("inflight-") {
         let inflight: usize = inflight.parse().expect("inflight-N");
         in_flight(cluster, layout, inflight, n);
@@ -117,12 +128,14 @@ fn main() {
             "read-node" => node.read(black_box(HEADER_SIZE), &mut out).expect("read"),
             "read-roundtrip" => {
                 let stats = OpStats::new();
+                // The reply is read where it is, as protocol steps read metadata:
+                // its buffer goes back to the fabric with the roundtrip.
                 let done = block_on_future(&plain, async {
                     let mut rt = Roundtrip::start(&plain, &stats);
                     rt.post(NodeId(0), Batch::read(black_box(HEADER_SIZE), 64))
                         .expect("post");
                     rt.wait(1).await.expect("answer");
-                    std::mem::take(&mut rt.replies_mut()[0].1)
+                    rt.replies()[0].1.read(0).map(|bytes| bytes[0])
                 });
                 black_box(done.expect("no stall"));
             }
@@ -144,6 +157,53 @@ fn main() {
                 block_on(fabric, client.write(&reg, &mut cache, &stats, &payload)).expect("write");
             }
             other => panic!("unknown operation {other:?}"),
+        }
+    }
+}
+
+/// `n` KV operations `op` (`get` or `update`); see the module docs.
+fn kv(op: &str, n: u64) {
+    use swarm_kv::ClusterParams;
+    use swarm_kv::ShmStore;
+    const KEYS: u64 = 16;
+    let dir = swarm_shm::ScratchDir::new("opcost-kv").expect("scratch directory");
+    let params = ClusterParams {
+        key_max: 32,
+        value_max: PAYLOAD as u32,
+        writers: 4,
+        lease_ns: 600_000_000_000,
+        lease_renew_ns: 200_000_000_000,
+        ..ClusterParams::default()
+    };
+    let store = ShmStore::create(dir.path(), 3, 64 << 20, params).expect("store");
+    let mut config = store.config();
+    config.protocol = config
+        .protocol
+        .with_slot_recycling_interval_ns(600_000_000_000);
+    let client = store.client_with(config).expect("client");
+    let fabric = client.fabric();
+    let key = |i: u64| {
+        let mut key = [b'k'; 24];
+        key[16..].copy_from_slice(&(i % KEYS).to_be_bytes());
+        key
+    };
+    let value = [0x5Au8; PAYLOAD];
+    for i in 0..KEYS {
+        block_on(fabric, client.insert(&key(i), &value, &OpStats::new())).expect("insert");
+    }
+    let mut out = Vec::with_capacity(PAYLOAD);
+    for i in 0..n {
+        let stats = OpStats::new();
+        match op {
+            "get" => {
+                let found = block_on(fabric, client.get_into(&key(i), &mut out, &stats));
+                assert!(found.expect("get"), "the key is present");
+            }
+            "update" => {
+                let updated = block_on(fabric, client.update(&key(i), &value, &stats));
+                assert!(updated.expect("update"), "the key is present");
+            }
+            other => panic!("unknown KV operation {other:?}"),
         }
     }
 }

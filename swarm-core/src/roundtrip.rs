@@ -567,8 +567,15 @@ impl<'a, F: Fabric + ?Sized> Roundtrip<'a, F> {
 
 impl<F: Fabric + ?Sized> Drop for Roundtrip<'_, F> {
     fn drop(&mut self) {
-        for (_, ticket) in self.outstanding.drain(..) {
-            self.fabric.forget(ticket);
+        if !self.outstanding.is_empty() {
+            for (_, ticket) in self.outstanding.drain(..) {
+                self.fabric.forget(ticket);
+            }
+        }
+        // The read buffers nobody took go back to the fabric, for its next reads
+        // (`Fabric::give_back`): a steady stream of steps allocates none.
+        for (_, reply) in self.replies.as_mut_slice() {
+            reply.give_back_reads(|buffer| self.fabric.give_back(buffer));
         }
     }
 }

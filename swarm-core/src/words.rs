@@ -39,9 +39,7 @@
 //! mapped from a shared file is untrusted, so its size comes from the mapping, never
 //! from its contents).
 
-use alloc::vec::Vec;
-
-use crate::fabric::{Batch, Completion, Op, OpOutput};
+use crate::fabric::{Batch, Completion, Op, OpOutput, ReadBuffers};
 use crate::sync::{Ordering, fence};
 
 /// The word type: `core`'s `AtomicU64`, or `loom`'s under `--cfg loom`.
@@ -122,15 +120,23 @@ pub fn execute(words: &[AtomicU64], batch: &Batch) -> Completion {
 /// [`crate::Fabric::submit`], which writes a reply where its caller keeps it.
 #[inline]
 pub fn execute_into(words: &[AtomicU64], batch: &Batch, out: &mut Completion) {
+    execute_reusing(words, batch, out, &ReadBuffers::new());
+}
+
+/// [`execute_into`], each read's output filled into a buffer from `buffers` (a
+/// spare one given back earlier, [`crate::Fabric::give_back`]) instead of a new
+/// allocation.
+#[inline]
+pub fn execute_reusing(
+    words: &[AtomicU64],
+    batch: &Batch,
+    out: &mut Completion,
+    buffers: &ReadBuffers,
+) {
     for op in batch.ops() {
         let output = match op {
             Op::Read { addr, len } => {
-                // `with_capacity` + `resize`, not `vec![0; len]`: that is `calloc`,
-                // which bypasses the thread cache in glibc 2.36 and costs ~250
-                // instructions for a small buffer, more than the copy itself.
-                #[allow(clippy::slow_vector_initialization)]
-                let mut buf = Vec::with_capacity(*len as usize);
-                buf.resize(*len as usize, 0);
+                let mut buf = buffers.take_for_read(*len as usize);
                 read(words, *addr as usize, &mut buf);
                 OpOutput::Read(buf)
             }
@@ -172,6 +178,7 @@ fn merge(word: &AtomicU64, offset: usize, bytes: &[u8]) {
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
+    use alloc::vec::Vec;
     use proptest::prelude::*;
 
     fn words(bytes: usize) -> Vec<AtomicU64> {

@@ -610,10 +610,16 @@ pub fn decode_key_header(bytes: &[u8], key_max: u32) -> Option<&[u8]> {
 /// Encodes a register payload: `[key length u16 | key | value]`.
 pub fn encode_payload(key: &[u8], value: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(2 + key.len() + value.len());
+    encode_payload_into(&mut out, key, value);
+    out
+}
+
+/// [`encode_payload`] into `out`, replacing its content (its allocation is reused).
+pub fn encode_payload_into(out: &mut Vec<u8>, key: &[u8], value: &[u8]) {
+    out.clear();
     out.extend_from_slice(&(key.len() as u16).to_le_bytes());
     out.extend_from_slice(key);
     out.extend_from_slice(value);
-    out
 }
 
 /// Splits a payload into key and value, if well formed.

@@ -53,8 +53,9 @@
 //!   [`Store`]. [`ClusterParams`] sets a new cluster's limits (key and value sizes,
 //!   replicas, writer ids, leases); the `swarm` command creates, inspects and repairs
 //!   clusters too (`docs/cli.md`).
-//! * **Clients**: [`Kv`], blocking (`get`, `put`, `insert`, `update`, `delete`, `stats`);
-//!   [`AsyncKv`], the same operations as `Send` futures; [`KvClient`], the low-level
+//! * **Clients**: [`Kv`], blocking (`get`, `put`, `insert`, `update`, `delete`, `stats`;
+//!   `get_into` reads into the caller's buffer and, on shared memory, allocates
+//!   nothing); [`AsyncKv`], the same operations as `Send` futures (no `get_into`); [`KvClient`], the low-level
 //!   client they wrap (operations as `async fn`s to drive on a SWARM executor, several
 //!   in flight per thread), configured by [`KvConfig`], with timestamps from the
 //!   [`SystemClock`].

@@ -18,7 +18,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::task::Poll;
 
-use swarm_core::fabric::{Nanos, Submitted, TicketSlab};
+use swarm_core::fabric::{Nanos, ReadBuffers, Submitted, TicketSlab};
 use swarm_core::{Batch, Completion, Fabric, FabricError, FailureCause, NodeId, Ticket};
 
 use crate::cluster::ShmCluster;
@@ -43,6 +43,8 @@ pub struct ShmFabric {
     slab: RefCell<TicketSlab<()>>,
     /// The latest deadline asked for with [`Fabric::wake_at`] and not reported yet.
     wake: Cell<Nanos>,
+    /// Read buffers given back ([`Fabric::give_back`]) for the next reads to fill.
+    buffers: ReadBuffers,
 }
 
 impl fmt::Debug for ShmFabric {
@@ -62,6 +64,7 @@ impl ShmFabric {
             origin: monotonic_ns(),
             slab: RefCell::new(TicketSlab::new()),
             wake: Cell::new(0),
+            buffers: ReadBuffers::new(),
         }
     }
 
@@ -80,7 +83,7 @@ impl ShmFabric {
         out: &mut Completion,
     ) -> Result<(), FabricError> {
         match self.cluster.node(node) {
-            Some(memory) => memory.execute_into(batch, out),
+            Some(memory) => memory.execute_reusing(batch, out, &self.buffers),
             // Absent (its file was unusable at open): it behaves as crashed.
             None if node.index() < self.cluster.node_count() => Err(FabricError::NodeFailed {
                 node,
@@ -108,6 +111,11 @@ impl Fabric for ShmFabric {
     #[inline]
     fn submit(&self, node: NodeId, batch: &mut Batch, reply: &mut Completion) -> Submitted {
         Submitted::executed(self.execute(node, batch, reply))
+    }
+
+    #[inline]
+    fn give_back(&self, buffer: Vec<u8>) {
+        self.buffers.give_back(buffer);
     }
 
     #[inline]

@@ -9,7 +9,7 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
-use swarm_core::fabric::{check_bounds, check_cas};
+use swarm_core::fabric::{ReadBuffers, check_bounds, check_cas};
 use swarm_core::header::RETIRED_AT;
 use swarm_core::words;
 use swarm_core::{Batch, Completion, FabricError, FailureCause, NodeId};
@@ -106,6 +106,18 @@ impl NodeMemory {
     /// fabric's fast path writes them where the caller keeps its reply.
     #[inline]
     pub fn execute_into(&self, batch: &Batch, out: &mut Completion) -> Result<(), FabricError> {
+        self.execute_reusing(batch, out, &ReadBuffers::new())
+    }
+
+    /// [`NodeMemory::execute_into`], reads filled into spare buffers of `buffers`
+    /// (see [`ReadBuffers`]) instead of new allocations.
+    #[inline]
+    pub fn execute_reusing(
+        &self,
+        batch: &Batch,
+        out: &mut Completion,
+        buffers: &ReadBuffers,
+    ) -> Result<(), FabricError> {
         if self.is_retired() {
             return Err(FabricError::NodeFailed {
                 node: self.id,
@@ -113,7 +125,7 @@ impl NodeMemory {
             });
         }
         swarm_core::fabric::check_batch(self.id, batch, self.size())?;
-        words::execute_into(self.mapping.words(), batch, out);
+        words::execute_reusing(self.mapping.words(), batch, out, buffers);
         Ok(())
     }
 

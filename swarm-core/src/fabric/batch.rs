@@ -311,11 +311,34 @@ impl Completion {
         }
     }
 
+    /// The bytes read by operation `i`, mutable (to decode in place), or `None` if it
+    /// was not a read.
+    pub fn read_mut(&mut self, i: usize) -> Option<&mut [u8]> {
+        match self.outputs.as_mut_slice().get_mut(i) {
+            Some(OpOutput::Read(bytes)) => Some(bytes),
+            _ => None,
+        }
+    }
+
     /// Takes the bytes read by operation `i` out of the completion.
     pub fn take_read(&mut self, i: usize) -> Option<Vec<u8>> {
         match self.outputs.as_mut_slice().get_mut(i) {
             Some(OpOutput::Read(bytes)) => Some(core::mem::take(bytes)),
             _ => None,
+        }
+    }
+
+    /// Hands the buffer of every read output still in the completion to `give_back`
+    /// (leaving them empty): how a finished step returns them to its fabric
+    /// ([`super::Fabric::give_back`]).
+    #[inline]
+    pub fn give_back_reads(&mut self, mut give_back: impl FnMut(Vec<u8>)) {
+        for output in self.outputs.as_mut_slice() {
+            if let OpOutput::Read(bytes) = output
+                && bytes.capacity() != 0
+            {
+                give_back(core::mem::take(bytes));
+            }
         }
     }
 

@@ -173,6 +173,10 @@ impl<F: Fabric> Fabric for FailNodes<F> {
         self.track(node, ticket)
     }
 
+    fn give_back(&self, buffer: alloc::vec::Vec<u8>) {
+        self.inner.give_back(buffer);
+    }
+
     fn prefetch(&self, node: NodeId, addr: u64, len: u64) {
         self.inner.prefetch(node, addr, len);
     }
@@ -424,6 +428,10 @@ impl<F: Fabric> Fabric for EmulatedRtt<F> {
             Submitted::Posted(self.inner.post(node, batch)),
             &mut Completion::new(),
         )
+    }
+
+    fn give_back(&self, buffer: alloc::vec::Vec<u8>) {
+        self.inner.give_back(buffer);
     }
 
     fn prefetch(&self, node: NodeId, addr: u64, len: u64) {

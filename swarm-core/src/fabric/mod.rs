@@ -49,15 +49,18 @@
 mod batch;
 mod error;
 mod faults;
+mod read_buffers;
 mod slab;
 mod trace;
 
 pub use batch::{Batch, Completion, INLINE_BATCH_OPS, MAX_BATCH_OPS, Op, OpOutput, Payload};
 pub use error::{FabricError, FailureCause};
 pub use faults::{Crash, EmulatedRtt, FailNodes};
+pub use read_buffers::ReadBuffers;
 pub use slab::TicketSlab;
 pub use trace::{Traced, Tracer};
 
+use alloc::vec::Vec;
 use core::fmt;
 use core::task::Poll;
 
@@ -241,6 +244,17 @@ pub trait Fabric {
         let _ = (node, incarnation);
         false
     }
+
+    /// Hands back the buffer of a read's output ([`OpOutput::Read`]) that its
+    /// taker is done with, so that a transport which fills reads synchronously may
+    /// fill a later read into it instead of allocating one ([`ReadBuffers`]).
+    /// Protocol code calls it for the buffers it does not keep (a
+    /// [`crate::Roundtrip`] gives back its replies' buffers when dropped). No effect
+    /// on any result; the default drops the buffer.
+    #[inline]
+    fn give_back(&self, buffer: Vec<u8>) {
+        drop(buffer);
+    }
 }
 
 impl<F: Fabric + ?Sized> Fabric for &F {
@@ -285,6 +299,9 @@ impl<F: Fabric + ?Sized> Fabric for &F {
     }
     fn memory_lost(&self, node: NodeId, incarnation: u64) -> bool {
         (**self).memory_lost(node, incarnation)
+    }
+    fn give_back(&self, buffer: Vec<u8>) {
+        (**self).give_back(buffer)
     }
 }
 

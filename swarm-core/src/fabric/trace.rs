@@ -100,6 +100,10 @@ impl<F: Fabric, T: Tracer> Fabric for Traced<F, T> {
         submitted
     }
 
+    fn give_back(&self, buffer: alloc::vec::Vec<u8>) {
+        self.inner.give_back(buffer);
+    }
+
     fn prefetch(&self, node: NodeId, addr: u64, len: u64) {
         self.tracer.prefetch(node, addr, len);
         self.inner.prefetch(node, addr, len);

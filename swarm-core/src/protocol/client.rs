@@ -180,6 +180,9 @@ pub struct Client<F, C> {
     /// An operation of this client has its write-back guard up
     /// ([`super::write_back_guard`]).
     pub(crate) guard_busy: core::cell::Cell<bool>,
+    /// The record buffer of the last write, reused by the next one if no batch
+    /// holds it any more (`Client::shared_record`).
+    pub(crate) spare_record: RefCell<Option<Arc<[u8]>>>,
 }
 
 /// A register's write slot of one client, held by the write or delete in flight on it
@@ -229,6 +232,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
             suspicion: Arc::new(Suspicion::new(config.suspect_ns)),
             writing: RefCell::new(Vec::new()),
             guard_busy: core::cell::Cell::new(false),
+            spare_record: RefCell::new(None),
         })
     }
 

@@ -72,7 +72,6 @@ use crate::layout::SLOT_LOCK_BYTES;
 use crate::roundtrip::{OpStats, Roundtrip};
 
 use super::inout::{self, MaxOutcome};
-use super::maxreg::shared_record;
 use super::quorum;
 use super::register::{MAX_REPLICAS, RegisterCache, RegisterLoc};
 use super::{Client, SwarmError};
@@ -173,7 +172,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         let _deadline = self.arm_deadline(stats);
         let verified = Tsp::new(ts, Flag::Verified);
         // Records carry their write without its flag (as `Client::write`'s do).
-        let record = shared_record(Tsp::new(ts, Flag::Guessed), reg, payload);
+        let record = self.shared_record(Tsp::new(ts, Flag::Guessed), reg, payload);
         let buffer = self.layout.buffer_addr(ts).ok_or(SwarmError::Slot(
             crate::layout::SlotError::NoLog(ts.writer()),
         ))?;

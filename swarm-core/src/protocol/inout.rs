@@ -73,14 +73,20 @@ pub fn delete_word(meta: &[u8]) -> Tsp {
         .map_or(Tsp::EMPTY, |w| Tsp::from_word(u64::from_le_bytes(w)))
 }
 
+/// Interprets the bytes returned by a [`read_op`] without the in-place block: the
+/// metadata words alone (borrowed, so that their buffer can go back to the fabric).
+pub fn parse_meta(bytes: &[u8]) -> NodeView {
+    NodeView {
+        max: max_word(bytes),
+        delete: delete_word(bytes),
+        inplace: None,
+    }
+}
+
 /// Interprets the bytes returned by [`read_op`].
 pub fn parse_read(layout: &Layout, mut bytes: Vec<u8>, with_inplace: bool) -> NodeView {
     if !with_inplace {
-        return NodeView {
-            max: max_word(&bytes),
-            delete: delete_word(&bytes),
-            inplace: None,
-        };
+        return parse_meta(&bytes);
     }
     let meta_at = (layout.meta_offset() as usize).min(bytes.len());
     let max = max_word(&bytes[meta_at..]);

@@ -91,6 +91,7 @@
 //!   the maximum of every reply as before and retries with more patience.
 
 use alloc::boxed::Box;
+use alloc::sync::Arc;
 use alloc::vec::Vec;
 
 use crate::clock::Clock;
@@ -107,16 +108,33 @@ use super::register::{MAX_REPLICAS, RegisterCache, RegisterLoc};
 use super::write_back_guard::GuardedWriteBack;
 use super::{Client, SwarmError};
 
-/// `encode_record_for(tsp, Some(reg.addr), payload)` in one buffer, which the batches
-/// to every replica (and the in-place copy) share instead of copying it each.
-/// Encoded in place in the shared buffer: one allocation, no copy.
-pub(crate) fn shared_record(tsp: Tsp, reg: &RegisterLoc, payload: &[u8]) -> Payload {
-    // An exact-size iterator: `collect` allocates the `Arc` once, at its length.
-    let mut record: alloc::sync::Arc<[u8]> =
-        core::iter::repeat_n(0u8, record_len(payload.len())).collect();
-    let bytes = alloc::sync::Arc::get_mut(&mut record).expect("a new Arc is not shared");
-    encode_record_into(tsp, Some(reg.addr), payload, bytes);
-    Payload::Shared(record)
+impl<F: Fabric, C: Clock> Client<F, C> {
+    /// `encode_record_for(tsp, Some(reg.addr), payload)` in one buffer, which the
+    /// batches to every replica (and the in-place copy) share instead of copying it
+    /// each. Encoded in place in the shared buffer, which is the client's spare one
+    /// when no batch holds it any more (the previous write's batches completed and
+    /// were dropped, as on a transport that completes them inside `submit`): then no
+    /// allocation at all, otherwise one.
+    pub(crate) fn shared_record(&self, tsp: Tsp, reg: &RegisterLoc, payload: &[u8]) -> Payload {
+        let len = record_len(payload.len());
+        // An exact-size iterator: `collect` allocates the `Arc` once, at its length.
+        let fresh = || core::iter::repeat_n(0u8, len).collect::<Arc<[u8]>>();
+        let spare = self.spare_record.borrow_mut().take();
+        let mut record = spare
+            .filter(|spare| spare.len() == len)
+            .unwrap_or_else(fresh);
+        // Shared: a batch still holds it (in flight), so it must not change.
+        if Arc::get_mut(&mut record).is_none() {
+            record = fresh();
+        }
+        let bytes = Arc::get_mut(&mut record).expect("a new or unshared Arc");
+        // `encode_record_into` wants it zeroed (the hash covers the hash field as
+        // zeros, and the padding).
+        bytes.fill(0);
+        encode_record_into(tsp, Some(reg.addr), payload, bytes);
+        *self.spare_record.borrow_mut() = Some(Arc::clone(&record));
+        Payload::Shared(record)
+    }
 }
 
 /// What one majority read found: each answering replica's maximum, by preference
@@ -430,9 +448,14 @@ impl<F: Fabric, C: Clock> Client<F, C> {
             let Some(p) = reg.replicas.position(*node) else {
                 continue;
             };
-            let bytes = completion.take_read(0).unwrap_or_default();
             let inplace = with_inplace && p == primary;
-            let view = inout::parse_read(&layout, bytes, inplace);
+            // Only the in-place block is kept (it becomes the value); a metadata
+            // read's buffer stays in the reply, which gives it back to the fabric.
+            let view = if inplace {
+                inout::parse_read(&layout, completion.take_read(0).unwrap_or_default(), true)
+            } else {
+                inout::parse_meta(completion.read(0).unwrap_or_default())
+            };
             cache.learn_life(view.delete)?;
             cache.learn(p, view.max);
             views.set(p, view, inplace);
@@ -751,7 +774,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         if Self::on_a_majority(reg, cache, tsp) {
             return Ok(());
         }
-        let record = shared_record(tsp, reg, payload);
+        let record = self.shared_record(tsp, reg, payload);
         self.write_round(reg, cache, stats, tsp, &record, progress, false)
             .await?;
         Ok(())
@@ -833,9 +856,9 @@ impl<F: Fabric, C: Clock> Client<F, C> {
                     continue;
                 };
                 if first {
-                    let meta = completion.take_read(0).unwrap_or_default();
-                    cache.learn_life(inout::delete_word(&meta))?;
-                    let seen = inout::max_word(&meta);
+                    let meta = completion.read(0).unwrap_or_default();
+                    cache.learn_life(inout::delete_word(meta))?;
+                    let seen = inout::max_word(meta);
                     read_max = read_max.max(seen);
                     cache.learn(p, seen);
                 }

@@ -9,7 +9,7 @@
 use crate::clock::Clock;
 use crate::encoding::{Flag, Timestamp, Tsp};
 use crate::fabric::{Batch, Fabric, FabricError};
-use crate::layout::{decode_record, encode_record};
+use crate::layout::{RECORD_HEADER, decode_record, encode_record};
 use crate::roundtrip::{OpStats, Roundtrip};
 
 use super::register::RegisterLoc;
@@ -63,13 +63,21 @@ impl<F: Fabric, C: Clock> Client<F, C> {
                 Batch::read(reg.addr, self.layout.record_bytes() as u32),
             )?;
             rt.wait(1).await?;
-            let mut bytes = rt.replies_mut()[0].1.take_read(0).unwrap_or_default();
+            let bytes = rt.replies_mut()[0].1.read_mut(0).unwrap_or_default();
             if bytes.iter().take(8).all(|b| *b == 0) {
                 return Ok(ReadValue::Empty);
             }
-            if let Some(record) = decode_record(&mut bytes, self.layout.payload_max()) {
-                return Ok(ReadValue::Value(record.payload.to_vec()));
-            }
+            let Some(len) =
+                decode_record(bytes, self.layout.payload_max()).map(|record| record.payload.len())
+            else {
+                continue;
+            };
+            // The payload moves to the front of the buffer it was read into, which
+            // becomes the value: no allocation and copy of its own.
+            let mut bytes = rt.replies_mut()[0].1.take_read(0).unwrap_or_default();
+            bytes.copy_within(RECORD_HEADER as usize..RECORD_HEADER as usize + len, 0);
+            bytes.truncate(len);
+            return Ok(ReadValue::Value(bytes));
         }
         Err(SwarmError::Fabric(FabricError::NodeFailed {
             node,

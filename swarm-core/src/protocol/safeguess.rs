@@ -63,7 +63,7 @@ use crate::fabric::{Batch, Fabric, Nanos, Op, Payload};
 use crate::layout::encode_record_for;
 use crate::roundtrip::{OpStats, post_background};
 
-use super::maxreg::{WriteProgress, shared_record};
+use super::maxreg::WriteProgress;
 use super::register::{RegisterCache, RegisterLoc};
 use super::{Client, ReadValue, SwarmError, WriteOutcome};
 
@@ -86,7 +86,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         let mut progress = WriteProgress::default();
         // Records carry the write without its flag: the same bytes serve as the
         // out-of-place buffer and, once verified, as the in-place copy.
-        let record = shared_record(w, reg, payload);
+        let record = self.shared_record(w, reg, payload);
         // Before the slot tracking: its cache miss overlaps the hinted ones.
         self.hint_guessed_write(reg, w, record.len() as u64);
         self.track(reg, ts);

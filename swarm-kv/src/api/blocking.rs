@@ -84,6 +84,21 @@ impl<S: Store> Kv<S> {
         outcome
     }
 
+    /// [`Kv::get`] into `value` (its content replaced, its allocation reused):
+    /// `Ok(true)` if the key is present, `Ok(false)` (and `value` emptied) if it is
+    /// absent. On shared memory, a get of a key this client has in its location cache
+    /// allocates nothing.
+    pub fn get_into(&self, key: impl AsRef<[u8]>, value: &mut Vec<u8>) -> Result<bool, KvError> {
+        let client = self.client();
+        let stats = OpStats::new();
+        let outcome = block_on(
+            client.fabric(),
+            client.get_into(key.as_ref(), value, &stats),
+        );
+        self.record(OpKind::Get, &stats, outcome.is_err());
+        outcome
+    }
+
     /// Sets the key's value, inserting the key if it is absent (an upsert).
     pub fn put(&self, key: impl AsRef<[u8]>, value: impl AsRef<[u8]>) -> Result<(), KvError> {
         let client = self.client();

@@ -216,6 +216,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
             followed: RefCell::new(Some(followed)),
             deferred: RefCell::new(DeferredUnmaps::new(config.deferred_unmaps)),
             blind: BlindPolicy::new(),
+            payload_buffer: Cell::new(Vec::new()),
         })
     }
 

@@ -29,13 +29,39 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         }
     }
 
+    /// [`KvClient::get`] into `value` (its content replaced, its allocation reused):
+    /// `Ok(true)` if the key is present, `Ok(false)` (and `value` emptied) if absent.
+    /// A steady stream of gets of cached keys allocates nothing on shared memory:
+    /// the buffer the value was read into goes back to the fabric
+    /// ([`Fabric::give_back`]) for the next read.
+    pub async fn get_into(
+        &self,
+        key: &[u8],
+        value: &mut Vec<u8>,
+        stats: &OpStats,
+    ) -> Result<bool, KvError> {
+        value.clear();
+        let Some(read) = self.get(key, stats).await? else {
+            return Ok(false);
+        };
+        value.extend_from_slice(&read);
+        self.fabric().give_back(read);
+        Ok(true)
+    }
+
     async fn get_once(&self, key: &[u8], stats: &OpStats) -> Result<Option<Vec<u8>>, KvError> {
         self.check_key(key)?;
         self.hint_cached(key, stats).await;
         let started = self.begin(stats).await?;
         if let Some(mut located) = self.cached_at(key, started.start)? {
+            let known = located.knowledge.clone();
             if let Some(value) = self.read_checked(key, &mut located, stats).await? {
-                self.remember(key, &located);
+                // The cache holds what the read knew before it: it needs the
+                // knowledge again only if the read learned something (a cache
+                // entry's knowledge only grows: merging what it held is a no-op).
+                if located.knowledge != known {
+                    self.remember(key, &located);
+                }
                 return Ok(Some(value));
             }
             // Deleted (or never this key's): the cached location is stale.

@@ -223,6 +223,9 @@ pub struct KvClient<F: Fabric, C: Clock> {
     deferred: RefCell<DeferredUnmaps>,
     /// Whether inserts try the index's blind fast round (`blind_policy`).
     blind: BlindPolicy,
+    /// The payload buffer of the last update, for the next one to encode into
+    /// (empty while an update holds it: one in flight at once allocates its own).
+    payload_buffer: Cell<Vec<u8>>,
 }
 
 impl<F: Fabric, C: Clock> std::fmt::Debug for KvClient<F, C> {

@@ -165,12 +165,17 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
             Err(error) if error.is_recycled() => return Ok(None),
             Err(error) => return Err(error),
         };
-        let ReadValue::Value(payload) = value else {
+        let ReadValue::Value(mut payload) = value else {
             return Ok(None);
         };
-        match decode_payload(&payload) {
-            Some((k, v)) if k == key => Ok(Some(v.to_vec())),
-            _ => Ok(None),
-        }
+        let value_at = match decode_payload(&payload) {
+            Some((k, v)) if k == key => payload.len() - v.len(),
+            _ => return Ok(None),
+        };
+        // The value moves to the front of the payload's buffer, which becomes the
+        // value: no allocation and copy of its own.
+        payload.copy_within(value_at.., 0);
+        payload.truncate(payload.len() - value_at);
+        Ok(Some(payload))
     }
 }

@@ -5,7 +5,7 @@
 use swarm_core::{Clock, Fabric, OpStats, WriteOutcome};
 
 use crate::KvError;
-use crate::layout::encode_payload;
+use crate::layout::encode_payload_into;
 
 use super::{KvClient, MAX_RETRIES};
 
@@ -19,7 +19,21 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
     pub async fn update(&self, key: &[u8], value: &[u8], stats: &OpStats) -> Result<bool, KvError> {
         self.check_key(key)?;
         self.check_value(value)?;
-        let payload = encode_payload(key, value);
+        // Encoded into the buffer of the previous update: no allocation.
+        let mut payload = self.payload_buffer.take();
+        encode_payload_into(&mut payload, key, value);
+        let outcome = self.update_payload(key, &payload, stats).await;
+        self.payload_buffer.set(payload);
+        outcome
+    }
+
+    /// [`KvClient::update`] of the checked `key` with its encoded `payload`.
+    async fn update_payload(
+        &self,
+        key: &[u8],
+        payload: &[u8],
+        stats: &OpStats,
+    ) -> Result<bool, KvError> {
         // The key is hashed once, for the cache's misses and every index call.
         let key = &self.index.hash_key(key)?;
         self.hint_cached(key.bytes(), stats).await;
@@ -34,7 +48,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
             if resolved {
                 self.fence(deadline)?;
             }
-            match self.write_register(&mut located, stats, &payload).await {
+            match self.write_register(&mut located, stats, payload).await {
                 Ok(WriteOutcome::Written) => {
                     self.remember(key.bytes(), &located);
                     return Ok(true);
