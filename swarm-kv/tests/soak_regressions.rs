@@ -1,0 +1,100 @@
+//! Regressions found by the soak (`scripts/soak.sh`: client processes under a nemesis
+//! that loses, corrupts and repairs nodes), replayed deterministically in one process.
+
+use std::time::{Duration, Instant};
+
+use swarm_core::{NodeId, OpStats, block_on};
+use swarm_kv::ShmStore;
+use swarm_kv::layout::ClusterParams;
+use swarm_kv::repair::RepairOptions;
+use swarm_shm::{ScratchDir, ShmCluster};
+
+const MS: u64 = 1_000_000;
+
+/// The soak's short leases: a lost majority shows within a second.
+fn params() -> ClusterParams {
+    ClusterParams {
+        key_max: 32,
+        value_max: 64,
+        writers: 8,
+        lease_ns: 1_000 * MS,
+        lease_renew_ns: 200 * MS,
+        max_op_ns: 200 * MS,
+        cache_ttl_ns: 1_000 * MS,
+        ..ClusterParams::default()
+    }
+}
+
+const NO_WAIT: RepairOptions = RepairOptions {
+    quiesce_ns: Some(0),
+    replace: false,
+};
+
+/// A process that opened the cluster while a repair copied node 1 registered its
+/// writer id on nodes 0 and 2 only: the copy had read the client table already. Once
+/// node 1 is admitted, its copy of the row's claim word is not the client's, so its
+/// lease renewals counted on nodes 0 and 2 alone, and the loss of node 2 then cost it
+/// its lease ("could not be renewed"), although nodes 0 and 1 are a majority. The
+/// owner of a row on a majority takes the stale copies, as a claim that wins does.
+#[test]
+fn a_client_registered_during_a_repair_keeps_its_lease_when_another_node_is_lost() {
+    let dir = ScratchDir::new("kv-soak-register-during-repair").unwrap();
+    let path = dir.path().to_path_buf();
+    let store = ShmStore::create(&path, 3, 32 << 20, params()).unwrap();
+    ShmCluster::retire_node(&path, 1).unwrap();
+    // The first piece of the copy is the client table: the client registers after it.
+    let mut late = None;
+    ShmStore::repair(&path, 1, NO_WAIT, |_, _| {
+        if late.is_none() {
+            let opened = ShmStore::open(&path).unwrap();
+            let c = opened.client().unwrap();
+            block_on(c.fabric(), c.insert(b"k", b"v", &OpStats::new())).unwrap();
+            late = Some((opened, c));
+        }
+    })
+    .unwrap();
+    drop(store);
+    let (opened, c) = late.expect("the repair copied more than one piece");
+    let put = |n: u64| {
+        let value = format!("v{n}");
+        block_on(
+            c.fabric(),
+            c.insert(b"k", value.as_bytes(), &OpStats::new()),
+        )
+    };
+    // The client follows the admission within a renewal period.
+    let admitted = ShmCluster::open(&path)
+        .unwrap()
+        .incarnation_of(NodeId(1))
+        .unwrap();
+    let start = Instant::now();
+    let mut n = 0;
+    while opened.shm().incarnation_of(NodeId(1)) != Some(admitted) {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the client never admitted node 1"
+        );
+        put(n).unwrap();
+        n += 1;
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // A few renewals with node 1 in service.
+    let until = Instant::now() + Duration::from_millis(600);
+    while Instant::now() < until {
+        put(n).unwrap();
+        n += 1;
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    ShmCluster::retire_node(&path, 2).unwrap();
+    // Three leases on nodes 0 and 1 alone.
+    let until = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < until {
+        if let Err(error) = put(n) {
+            panic!("operation {n} on nodes 0 and 1 failed: {error}");
+        }
+        n += 1;
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let value = block_on(c.fabric(), c.get(b"k", &OpStats::new())).unwrap();
+    assert_eq!(value, Some(format!("v{}", n - 1).into_bytes()));
+}
