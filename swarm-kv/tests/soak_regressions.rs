@@ -3,7 +3,8 @@
 
 use std::time::{Duration, Instant};
 
-use swarm_core::{NodeId, OpStats, block_on};
+use swarm_core::fabric::{Batch, Completion, Submitted};
+use swarm_core::{Fabric, NodeId, OpStats, block_on};
 use swarm_kv::ShmStore;
 use swarm_kv::layout::ClusterParams;
 use swarm_kv::repair::RepairOptions;
@@ -97,4 +98,76 @@ fn a_client_registered_during_a_repair_keeps_its_lease_when_another_node_is_lost
     }
     let value = block_on(c.fabric(), c.get(b"k", &OpStats::new())).unwrap();
     assert_eq!(value, Some(format!("v{}", n - 1).into_bytes()));
+}
+
+/// Reads the word at `at` on `node` of the cluster in `path` (a raw fabric: no client).
+fn word_on(path: &std::path::Path, node: u16, at: u64) -> u64 {
+    let raw = std::sync::Arc::new(ShmCluster::open_quietly(path).unwrap());
+    let fabric = raw.client();
+    let mut batch = Batch::read(at, 8);
+    let mut reply = Completion::new();
+    match fabric.submit(NodeId(node), &mut batch, &mut reply) {
+        Submitted::Done => u64::from_le_bytes(reply.read(0).unwrap().try_into().unwrap()),
+        other => panic!("not executed at once: {other:?}"),
+    }
+}
+
+/// Writes `word` at `at` on `node` of the cluster in `path`.
+fn write_on(path: &std::path::Path, node: u16, at: u64, word: u64) {
+    let raw = std::sync::Arc::new(ShmCluster::open_quietly(path).unwrap());
+    let fabric = raw.client();
+    let mut batch = Batch::write(at, word.to_le_bytes().to_vec());
+    let mut reply = Completion::new();
+    assert!(matches!(
+        fabric.submit(NodeId(node), &mut batch, &mut reply),
+        Submitted::Done
+    ));
+}
+
+/// A client hands a journaled register out once the repair cleared its entry: the
+/// clear must mean that the rebuilt node holds the register's reset. The repair skips
+/// the copy of a register that a donor does not show blank (a late store of an earlier
+/// life, a torn read, a stale entry), and used to clear that entry all the same: the
+/// client then pooled the register while the rebuilt node kept its earlier life, and
+/// its next insert there found another life's marker (the soak's `Recycled` on an
+/// insert). A skipped entry is kept now (its client resets the register again on
+/// every replica once the node is admitted); a blank register's entry is cleared.
+#[test]
+fn a_journal_entry_whose_register_a_donor_shows_in_use_is_not_cleared() {
+    let dir = ScratchDir::new("kv-soak-journal-skip").unwrap();
+    let path = dir.path().to_path_buf();
+    let store = ShmStore::create(&path, 3, 32 << 20, params()).unwrap();
+    let layout = *store.layout();
+    drop(store);
+    let (used, blank) = (7, 8);
+    // Register 7 holds a key header on donor 2 (a late insert write, say); 8 is blank.
+    write_on(&path, 2, layout.key_header(used).unwrap(), 5);
+    // Writer 3's journal row on the journal node of a repair of node 1 (node 0).
+    let journal = swarm_kv::registers::journal::journal_node(NodeId(1), 3).unwrap();
+    let slot = |s| layout.journal_slot(3, s).unwrap();
+    write_on(
+        &path,
+        journal.0,
+        slot(0),
+        swarm_kv::registers::journal::entry(used),
+    );
+    write_on(
+        &path,
+        journal.0,
+        slot(1),
+        swarm_kv::registers::journal::entry(blank),
+    );
+    ShmCluster::retire_node(&path, 1).unwrap();
+    let report = ShmStore::repair(&path, 1, NO_WAIT, |_, _| {}).unwrap();
+    assert_eq!(report.journaled, 1, "{report:?}");
+    assert_eq!(
+        word_on(&path, journal.0, slot(0)),
+        swarm_kv::registers::journal::entry(used),
+        "the entry of a register the repair did not copy was cleared"
+    );
+    assert_eq!(
+        word_on(&path, journal.0, slot(1)),
+        0,
+        "a blank register's entry"
+    );
 }
