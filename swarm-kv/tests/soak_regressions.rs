@@ -171,3 +171,80 @@ fn a_journal_entry_whose_register_a_donor_shows_in_use_is_not_cleared() {
         "a blank register's entry"
     );
 }
+
+/// While a node is out, resets donate nothing (`crate::registers::recycle`,
+/// "donations"), so a client that deletes what it inserted piles its registers up in
+/// its pool, and nothing ever made the pool give them up once the node was back: the
+/// soak's new processes found "0 free, N reclaimable: registers still in a live
+/// client's hands", and running ones "register area is full". A pool above its bound
+/// donates the rest once every node serves again.
+#[test]
+fn a_pool_that_grew_while_a_node_was_out_is_donated_once_it_is_back() {
+    let dir = ScratchDir::new("kv-soak-pool-shed").unwrap();
+    let path = dir.path().to_path_buf();
+    let params = ClusterParams {
+        writers: 4,
+        ..params()
+    };
+    let store = ShmStore::create(&path, 3, 6 << 20, params).unwrap();
+    let registers = store.layout().params.registers;
+    assert!(registers >= 2048, "{registers} registers");
+    let c = store.client().unwrap();
+    let op = |result: Result<(), swarm_kv::KvError>, what: &str| {
+        if let Err(error) = result {
+            panic!("{what}: {error}");
+        }
+    };
+    ShmCluster::retire_node(&path, 2).unwrap();
+    // Node 2 lost: most of the area goes through c's pool.
+    let first = registers * 7 / 10;
+    for i in 0..first {
+        let key = format!("c{i}");
+        op(
+            block_on(c.fabric(), c.insert(key.as_bytes(), b"v", &OpStats::new())),
+            "insert",
+        );
+    }
+    for i in 0..first {
+        let key = format!("c{i}");
+        block_on(c.fabric(), c.delete(key.as_bytes(), &OpStats::new())).unwrap();
+    }
+    // Past the register grace, resets (without node 2) fill c's pool.
+    let until = Instant::now() + Duration::from_millis(2_500);
+    let mut n = 0;
+    while Instant::now() < until {
+        op(
+            block_on(
+                c.fabric(),
+                c.insert(b"one", format!("{n}").as_bytes(), &OpStats::new()),
+            ),
+            "insert",
+        );
+        n += 1;
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    ShmStore::repair(&path, 2, NO_WAIT, |_, _| {}).unwrap();
+    // c follows the admission and keeps writing.
+    let until = Instant::now() + Duration::from_millis(1_500);
+    while Instant::now() < until {
+        op(
+            block_on(
+                c.fabric(),
+                c.insert(b"one", format!("{n}").as_bytes(), &OpStats::new()),
+            ),
+            "insert",
+        );
+        n += 1;
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    // Another client needs more than the chunks nobody claimed.
+    let d = store.client().unwrap();
+    let second = registers * 6 / 10;
+    for i in 0..second {
+        let key = format!("d{i}");
+        op(
+            block_on(d.fabric(), d.insert(key.as_bytes(), b"v", &OpStats::new())),
+            &format!("insert {i} of {second} by a second client ({registers} registers)"),
+        );
+    }
+}

@@ -13,6 +13,12 @@ use crate::{KvError, RegisterId};
 
 use super::{KvClient, WRITE_SLOTS};
 
+/// A recycled pool sheds registers ([`KvClient::shed_pool`]) once it holds more than
+/// this many chunks' worth...
+const POOL_SHED_CHUNKS: usize = 4;
+/// ...down to this many.
+const POOL_KEEP_CHUNKS: usize = 2;
+
 impl<F: Fabric, C: Clock> KvClient<F, C> {
     /// Puts in service the memory nodes that a newer configuration admits: a renewal
     /// (whose answers so far are `answers`) read a higher epoch on some node, so a
@@ -103,6 +109,68 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         );
         for (register, marker) in ready {
             self.alloc.give_back(register, marker);
+        }
+    }
+
+    /// Donates what the recycled pool holds beyond [`POOL_KEEP_CHUNKS`] chunks' worth,
+    /// once it holds more than [`POOL_SHED_CHUNKS`] chunks' worth, a chunk's worth per
+    /// call (between operations, before a write's deadline is armed): by CAS of
+    /// key-header word 0 from `(0, its tag)` to `(0, DONATED_TAG)` on every replica
+    /// (`crate::registers::give_back::donate`, whose argument covers a pooled
+    /// register: reset on every replica a grace after its last life ended, and not
+    /// handed out since; it is out of the allocator before the CAS is posted).
+    ///
+    /// A reset donates only while the pool holds less than a chunk's worth, and not
+    /// at all while a node is out of service or a repair is announced, so a pool
+    /// grows without bound then (and with the donations a dry client takes, half of
+    /// what is on offer): it held most of the cluster's free registers after a
+    /// repair, and new clients found none. Under the same conditions as donations at
+    /// reset time, and under a valid lease. A register whose donation reached some
+    /// replicas only is not taken back (a reclaimer may own it): it stays tagged with
+    /// this client's tag where the CAS missed, and is reclaimed once the client is
+    /// gone.
+    pub(super) async fn shed_pool(&self) {
+        let chunk = usize::try_from(self.layout.params.chunk_registers)
+            .unwrap_or(usize::MAX)
+            .max(1);
+        if self.alloc.recycled() <= POOL_SHED_CHUNKS.saturating_mul(chunk) {
+            return;
+        }
+        let fabric = self.swarm.fabric();
+        let max_op_ns = self.layout.params.max_op_ns;
+        let now = fabric.now();
+        if !self.lease.borrow().valid_for(now, max_op_ns)
+            || self.repair_announced()
+            || !(0..self.nodes)
+                .all(|n| self.replica_status(NodeId(n as u16)) == ReplicaStatus::InService)
+        {
+            return;
+        }
+        let shed = self
+            .alloc
+            .take_recycled_beyond(POOL_KEEP_CHUNKS.saturating_mul(chunk), chunk);
+        let pooled = crate::registers::limbo::header_word(0, self.recycler.tag());
+        let registers: Vec<(RegisterId, u64)> = shed.iter().map(|(r, _)| (*r, pooled)).collect();
+        let stats = OpStats::new();
+        let _deadline = stats.arm_deadline(now.saturating_add(max_op_ns));
+        match crate::registers::give_back::donate(fabric, &stats, &self.layout, &registers, |r| {
+            self.register_loc(r).ok()
+        })
+        .await
+        {
+            Ok((donated, incomplete)) => tracing::debug!(
+                writer = self.registration.writer,
+                donated,
+                incomplete,
+                pooled = self.alloc.recycled(),
+                "pool above its bound: registers donated"
+            ),
+            Err(error) => tracing::debug!(
+                writer = self.registration.writer,
+                registers = registers.len(),
+                %error,
+                "pool above its bound: donation stopped; what it did not reach is reclaimed once this client is gone"
+            ),
         }
     }
 
