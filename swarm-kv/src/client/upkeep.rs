@@ -18,6 +18,9 @@ use super::{KvClient, WRITE_SLOTS};
 const POOL_SHED_CHUNKS: usize = 4;
 /// ...down to this many.
 const POOL_KEEP_CHUNKS: usize = 2;
+/// The most donated registers one reclamation pass takes, in chunks' worth
+/// ([`KvClient::reclaim_gone_registers`]).
+const DONATIONS_PER_PASS_CHUNKS: u64 = 64;
 
 impl<F: Fabric, C: Clock> KvClient<F, C> {
     /// Puts in service the memory nodes that a newer configuration admits: a renewal
@@ -268,12 +271,19 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         // that run dry; half of what the last pass left lets one client drain a
         // large offer (every register a gone client held, donated as its reclaimer
         // resets them) in a few passes, not a chunk per `interval`, while leaving
-        // as much to the others.
+        // as much to the others. At most `DONATIONS_PER_PASS_CHUNKS` chunks' worth:
+        // half of a large offer is far more than a dry client needs (in the soak,
+        // the pools of live clients took 140,000 donated registers within seconds
+        // while a node was out), and a pool cannot shed its surplus while a node is
+        // out (`shed_pool`), when the others need it most.
+        let chunk = u64::from(self.layout.params.chunk_registers);
         let me = crate::registers::limbo::Reclaimer {
             token: self.token,
             tag: self.recycler.tag(),
-            max_donations: u64::from(self.layout.params.chunk_registers)
-                .max(self.donations_left.get() / 2),
+            max_donations: chunk.max(
+                (self.donations_left.get() / 2)
+                    .min(chunk.saturating_mul(DONATIONS_PER_PASS_CHUNKS)),
+            ),
             resume_at: self.reclaim_resume_at.get(),
         };
         let reclaimed = crate::registers::limbo::reclaim_gone_registers(
