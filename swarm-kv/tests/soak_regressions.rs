@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use swarm_core::fabric::{Batch, Completion, Submitted};
+use swarm_core::fabric::{Batch, Completion, Crash, Submitted};
 use swarm_core::{Fabric, NodeId, OpStats, block_on};
 use swarm_kv::ShmStore;
 use swarm_kv::layout::ClusterParams;
@@ -247,4 +247,53 @@ fn a_pool_that_grew_while_a_node_was_out_is_donated_once_it_is_back() {
             &format!("insert {i} of {second} by a second client ({registers} registers)"),
         );
     }
+}
+
+/// A deferred unmap that failed (a node out, a stall past its deadline on a loaded
+/// host) was dropped: the key stayed mapped to its tombstone for good, and `swarm
+/// stat` counted it as a key after every process had drained its namespace (the
+/// soak's "keys left"). An unmap may run again at any time (it checks the mapping's tag
+/// and the register's value first), so a failed one is queued again for a later run.
+#[test]
+fn a_deferred_unmap_that_failed_runs_again_later() {
+    let dir = ScratchDir::new("kv-soak-unmap-retry").unwrap();
+    let store = ShmStore::create(dir.path(), 3, 16 << 20, params()).unwrap();
+    let a = store
+        .client_with(swarm_kv::KvConfig {
+            deferred_unmaps: 4,
+            ..store.config()
+        })
+        .unwrap();
+    let f = a.fabric();
+    block_on(f, a.insert(b"k", b"v", &OpStats::new())).unwrap();
+    assert_eq!(
+        block_on(f, a.delete(b"k", &OpStats::new())).unwrap(),
+        swarm_kv::DeleteOutcome::Removed
+    );
+    assert!(a.has_deferred_unmaps());
+    // Nodes 1 and 2 out for this client: the unmap cannot reach a majority.
+    f.fail_node_as(NodeId(1), Crash::Erroring);
+    f.fail_node_as(NodeId(2), Crash::Erroring);
+    let _ = block_on(f, async {
+        Ok::<_, swarm_core::FabricError>(a.run_deferred_unmaps().await)
+    });
+    assert!(
+        a.has_deferred_unmaps(),
+        "the failed unmap was dropped: the mapping to the tombstone stays for good"
+    );
+    f.recover_node(NodeId(1));
+    f.recover_node(NodeId(2));
+    block_on(f, async {
+        Ok::<_, swarm_core::FabricError>(a.run_deferred_unmaps().await)
+    })
+    .unwrap()
+    .unwrap();
+    assert!(!a.has_deferred_unmaps());
+    let b = store.client().unwrap();
+    let mapped = block_on(
+        b.fabric(),
+        b.index().resolve(b.fabric(), &OpStats::new(), b"k"),
+    )
+    .unwrap();
+    assert_eq!(mapped, None, "the key is still mapped to its tombstone");
 }
