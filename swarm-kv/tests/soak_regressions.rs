@@ -8,6 +8,7 @@ use swarm_core::{Fabric, NodeId, OpStats, block_on};
 use swarm_kv::ShmStore;
 use swarm_kv::layout::ClusterParams;
 use swarm_kv::repair::RepairOptions;
+use swarm_kv::store::Store;
 use swarm_shm::{ScratchDir, ShmCluster};
 
 const MS: u64 = 1_000_000;
@@ -296,4 +297,61 @@ fn a_deferred_unmap_that_failed_runs_again_later() {
     )
     .unwrap();
     assert_eq!(mapped, None, "the key is still mapped to its tombstone");
+}
+
+/// A process that opened the cluster while a node's header was corrupted left the
+/// node out, without knowing its memory lost: its register resets then needed that
+/// node, failed there, and nothing came back to its pool until the repair admitted
+/// the rebuilt node (the soak's janitor waited 30 s for one register and failed with
+/// "register area is full"). A repair announced for the node says its member memory
+/// is gone: the resets go through the repair journal.
+#[test]
+fn a_client_that_left_a_corrupted_node_out_recycles_through_its_repair() {
+    let dir = ScratchDir::new("kv-soak-corrupt-left-out").unwrap();
+    let path = dir.path().to_path_buf();
+    drop(ShmStore::create(&path, 3, 32 << 20, params()).unwrap());
+    // Flip a byte of node 0's checksummed header fields.
+    {
+        use std::os::unix::fs::FileExt;
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path.join("node-0.swarm"))
+            .unwrap();
+        let mut byte = [0u8; 1];
+        file.read_exact_at(&mut byte, 20).unwrap();
+        file.write_all_at(&[byte[0] ^ 0x5a], 20).unwrap();
+    }
+    let opened = ShmStore::open(&path).unwrap();
+    assert!(
+        opened.unusable_nodes().iter().any(|(n, _)| n.0 == 0),
+        "node 0 is left out"
+    );
+    let c = opened.client().unwrap();
+    let f = c.fabric();
+    for i in 0..200 {
+        let key = format!("k{i}");
+        block_on(f, c.insert(key.as_bytes(), b"v", &OpStats::new())).unwrap();
+        block_on(f, c.delete(key.as_bytes(), &OpStats::new())).unwrap();
+    }
+    // Past the register grace: the resets are due.
+    std::thread::sleep(Duration::from_millis(1_800));
+    let before = c.recycle_stats().recycled;
+    let mut n = 0u64;
+    ShmStore::repair(&path, 0, NO_WAIT, |_, _| {
+        // The client runs (and renews, and resets) during the copy.
+        block_on(
+            f,
+            c.insert(b"x", format!("{n}").as_bytes(), &OpStats::new()),
+        )
+        .unwrap();
+        n += 1;
+        std::thread::sleep(Duration::from_millis(5));
+    })
+    .unwrap();
+    let during = c.recycle_stats().recycled - before;
+    assert!(
+        during >= 100,
+        "{during} registers recycled during the repair (of 200 retired before it)"
+    );
 }

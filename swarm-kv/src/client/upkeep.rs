@@ -188,8 +188,9 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
 
     /// What a register reset does about `node` (`crate::registers::recycle`, "a node out of
     /// service"). It may leave the node out only when the memory of its member
-    /// incarnation, in the configuration this client follows, is known lost and no
-    /// lease renewal has shown a newer configuration since (a repair's announcement
+    /// incarnation, in the configuration this client follows, is known lost (or a
+    /// repair of the node is announced there) and no lease renewal has shown a newer
+    /// configuration since (a repair's announcement
     /// reaches this client through its renewals; `crate::repair`, steps 1 and 2).
     /// Then, with no repair of the node announced, the reset simply does without
     /// it; with one announced, it goes through the repair journal
@@ -202,7 +203,17 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         let Some(&member) = config.incarnations.get(node.index()) else {
             return ReplicaStatus::InService;
         };
-        if config.epoch == 0 || !self.swarm.fabric().memory_lost(node, member) {
+        if config.epoch == 0 {
+            return ReplicaStatus::InService;
+        }
+        // A repair is announced only for a node whose member memory is gone: the
+        // repair refuses a member in good shape (`RepairError::AlreadyMember`) and
+        // retires the memory it replaces before it announces itself
+        // (`ShmStore::repair`, `RepairOptions::replace`). So nobody serves from that
+        // memory any more, even where this client cannot tell (a node it left out
+        // when it opened the cluster: a corrupted header, say), and its resets go
+        // through the journal instead of failing there until the admission.
+        if !config.is_repairing(node.index()) && !self.swarm.fabric().memory_lost(node, member) {
             return ReplicaStatus::InService;
         }
         if self.lease.borrow().config_epoch_seen() > config.epoch {
