@@ -178,7 +178,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
     /// of its own (lease check, deadline), until none waits; returns how many ran.
     /// Keep it running next to the client's operations (on the same executor): a
     /// delete queues its unmap while this runs, and this takes it too. An unmap that
-    /// fails is queued again for a later call, up to [`UNMAP_ATTEMPTS`] runs; then
+    /// fails is queued again for a later call, up to eight runs; then
     /// it leaves the mapping to the tombstone, which reads as absent (module docs).
     ///
     /// # Errors
