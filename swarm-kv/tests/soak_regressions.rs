@@ -183,8 +183,10 @@ fn a_journal_entry_whose_register_a_donor_shows_in_use_is_not_cleared() {
 fn a_pool_that_grew_while_a_node_was_out_is_donated_once_it_is_back() {
     let dir = ScratchDir::new("kv-soak-pool-shed").unwrap();
     let path = dir.path().to_path_buf();
+    // Small chunks: a pool sheds above 24 chunks' worth, down to 16.
     let params = ClusterParams {
         writers: 4,
+        chunk_registers: 32,
         ..params()
     };
     let store = ShmStore::create(&path, 3, 6 << 20, params).unwrap();

@@ -14,13 +14,14 @@ use crate::{KvError, RegisterId};
 use super::{KvClient, WRITE_SLOTS};
 
 /// A recycled pool sheds registers ([`KvClient::shed_pool`]) once it holds more than
-/// this many chunks' worth...
-const POOL_SHED_CHUNKS: usize = 4;
+/// this many chunks' worth (above what one reclamation pass takes, so that a dry client
+/// does not give back what it has just taken)...
+const POOL_SHED_CHUNKS: usize = 24;
 /// ...down to this many.
-const POOL_KEEP_CHUNKS: usize = 2;
+const POOL_KEEP_CHUNKS: usize = 16;
 /// The most donated registers one reclamation pass takes, in chunks' worth
 /// ([`KvClient::reclaim_gone_registers`]).
-const DONATIONS_PER_PASS_CHUNKS: u64 = 64;
+const DONATIONS_PER_PASS_CHUNKS: u64 = 16;
 
 impl<F: Fabric, C: Clock> KvClient<F, C> {
     /// Puts in service the memory nodes that a newer configuration admits: a renewal
