@@ -14,6 +14,11 @@ pub use crate::client::register_loc_for;
 pub use crate::configuration::{CONFIG_AT, Configuration};
 pub use crate::layout::{BUCKET_BYTES, SUPERBLOCK_AT, SUPERBLOCK_BYTES, encode_key_header};
 pub use crate::registers::journal::ROW_BYTES as JOURNAL_ROW_BYTES;
+
+/// The repair journal's entries and node (`tests/soak_regressions.rs`).
+pub mod journal {
+    pub use crate::registers::journal::{entry, journal_node};
+}
 pub use crate::repair::repair_node;
 pub use crate::store::{read_configuration, write_configuration};
 

@@ -109,6 +109,15 @@ impl<F: Fabric> FailNodes<F> {
         }
     }
 
+    /// Brings `node` back for this client: batches posted to it from now on reach it
+    /// again (a network partition that healed). Batches posted while it was down stay
+    /// as they were: a silent crash's never complete. Unknown nodes are ignored.
+    pub fn recover_node(&self, node: NodeId) {
+        if let Some(state) = self.failed.borrow_mut().get_mut(node.index()) {
+            *state = None;
+        }
+    }
+
     /// Whether `node` was crashed with [`FailNodes::fail_node`] or
     /// [`FailNodes::fail_node_as`].
     pub fn is_failed(&self, node: NodeId) -> bool {

@@ -165,6 +165,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
     /// one), so writes wait for [`WRITE_SLOTS`] free slots.
     pub(super) async fn begin_write<'s>(&self, stats: &'s OpStats) -> Result<Started<'s>, KvError> {
         self.relieve_log().await;
+        self.shed_pool().await;
         self.swarm.make_room_for(WRITE_SLOTS).await;
         self.begin(stats).await
     }

@@ -270,7 +270,20 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
     pub fn close(self) {
         if self.has_deferred_unmaps() {
             let fabric = self.swarm.fabric();
-            if let Err(error) = swarm_core::block_on_future(fabric, self.run_deferred_unmaps())
+            // Unmaps that fail are queued again (a stall, a node out): a few rounds,
+            // a millisecond apart.
+            let run = async {
+                let mut result = self.run_deferred_unmaps().await;
+                for _ in 1..super::deferred_unmap::UNMAP_ATTEMPTS {
+                    if result.is_err() || !self.has_deferred_unmaps() {
+                        break;
+                    }
+                    swarm_core::sleep(fabric, 1_000_000).await;
+                    result = self.run_deferred_unmaps().await;
+                }
+                result
+            };
+            if let Err(error) = swarm_core::block_on_future(fabric, run)
                 .map_err(KvError::from)
                 .and_then(|ran| ran)
             {

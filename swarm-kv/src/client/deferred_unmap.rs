@@ -68,7 +68,16 @@ use crate::{KvError, RegisterId};
 struct PendingUnmap {
     key: Vec<u8>,
     register: RegisterId,
+    /// Runs that failed so far (an unmap that fails is tried again by a later call,
+    /// up to [`UNMAP_ATTEMPTS`] runs in all).
+    failed: u8,
 }
+
+/// Runs of one deferred unmap, at most: one that failed (a stall past its deadline on
+/// a loaded host, a node out) is queued again for the next call, and dropped only
+/// after this many (its mapping to the tombstone then stays: it reads as absent, and
+/// `swarm stat` counts it as a key until the key is inserted again).
+pub(super) const UNMAP_ATTEMPTS: u8 = 8;
 
 /// What a client's deferred unmaps did, for reports.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -117,6 +126,7 @@ impl DeferredUnmaps {
         self.queue.push_back(PendingUnmap {
             key: key.to_vec(),
             register,
+            failed: 0,
         });
         true
     }
@@ -128,6 +138,11 @@ impl DeferredUnmaps {
     /// Puts back an unmap that could not start (the lease check failed).
     fn put_back(&mut self, unmap: PendingUnmap) {
         self.queue.push_front(unmap);
+    }
+
+    /// Queues unmaps that failed again, behind the others.
+    fn retry_later(&mut self, failed: Vec<PendingUnmap>) {
+        self.queue.extend(failed);
     }
 
     fn ran(&mut self, unmapped: bool, roundtrips: u32) {
@@ -163,23 +178,29 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
     /// of its own (lease check, deadline), until none waits; returns how many ran.
     /// Keep it running next to the client's operations (on the same executor): a
     /// delete queues its unmap while this runs, and this takes it too. An unmap that
-    /// fails leaves the mapping to the tombstone, which reads as absent (module docs).
+    /// fails is queued again for a later call, up to eight runs; then
+    /// it leaves the mapping to the tombstone, which reads as absent (module docs).
     ///
     /// # Errors
     /// [`KvError::LeaseExpired`] when the lease cannot be renewed: the unmap that
     /// could not start waits again, for a later call.
     pub async fn run_deferred_unmaps(&self) -> Result<usize, KvError> {
         let mut ran = 0;
+        // Unmaps that failed in this call: queued again for the next one.
+        let mut failed = Vec::new();
         loop {
             let next = self.deferred.borrow_mut().pop();
-            let Some(unmap) = next else {
+            let Some(mut unmap) = next else {
+                self.deferred.borrow_mut().retry_later(failed);
                 return Ok(ran);
             };
             let stats = OpStats::new();
             let started = match self.begin(&stats).await {
                 Ok(started) => started,
                 Err(error) => {
-                    self.deferred.borrow_mut().put_back(unmap);
+                    let mut deferred = self.deferred.borrow_mut();
+                    deferred.put_back(unmap);
+                    deferred.retry_later(failed);
                     return Err(error);
                 }
             };
@@ -188,11 +209,24 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
                 .await
             {
                 Ok(unmapped) => unmapped,
+                Err(error) if unmap.failed + 1 < UNMAP_ATTEMPTS => {
+                    // Safe to run again, whenever: an unmap checks the mapping's tag
+                    // and the register's value first (module docs, "late unmaps").
+                    tracing::debug!(
+                        %error,
+                        register = unmap.register,
+                        failed = unmap.failed + 1,
+                        "deferred unmap failed; tried again later"
+                    );
+                    unmap.failed += 1;
+                    failed.push(unmap);
+                    continue;
+                }
                 Err(error) => {
                     tracing::debug!(
                         %error,
                         register = unmap.register,
-                        "deferred unmap failed; the mapping to the tombstone stays (it reads as absent)"
+                        "deferred unmap failed again; the mapping to the tombstone stays (it reads as absent)"
                     );
                     false
                 }

@@ -13,6 +13,16 @@ use crate::{KvError, RegisterId};
 
 use super::{KvClient, WRITE_SLOTS};
 
+/// A recycled pool sheds registers ([`KvClient::shed_pool`]) once it holds more than
+/// this many chunks' worth (above what one reclamation pass takes, so that a dry client
+/// does not give back what it has just taken)...
+const POOL_SHED_CHUNKS: usize = 24;
+/// ...down to this many.
+const POOL_KEEP_CHUNKS: usize = 16;
+/// The most donated registers one reclamation pass takes, in chunks' worth
+/// ([`KvClient::reclaim_gone_registers`]).
+const DONATIONS_PER_PASS_CHUNKS: u64 = 16;
+
 impl<F: Fabric, C: Clock> KvClient<F, C> {
     /// Puts in service the memory nodes that a newer configuration admits: a renewal
     /// (whose answers so far are `answers`) read a higher epoch on some node, so a
@@ -106,6 +116,68 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         }
     }
 
+    /// Donates what the recycled pool holds beyond [`POOL_KEEP_CHUNKS`] chunks' worth,
+    /// once it holds more than [`POOL_SHED_CHUNKS`] chunks' worth, a chunk's worth per
+    /// call (between operations, before a write's deadline is armed): by CAS of
+    /// key-header word 0 from `(0, its tag)` to `(0, DONATED_TAG)` on every replica
+    /// (`crate::registers::give_back::donate`, whose argument covers a pooled
+    /// register: reset on every replica a grace after its last life ended, and not
+    /// handed out since; it is out of the allocator before the CAS is posted).
+    ///
+    /// A reset donates only while the pool holds less than a chunk's worth, and not
+    /// at all while a node is out of service or a repair is announced, so a pool
+    /// grows without bound then (and with the donations a dry client takes, half of
+    /// what is on offer): it held most of the cluster's free registers after a
+    /// repair, and new clients found none. Under the same conditions as donations at
+    /// reset time, and under a valid lease. A register whose donation reached some
+    /// replicas only is not taken back (a reclaimer may own it): it stays tagged with
+    /// this client's tag where the CAS missed, and is reclaimed once the client is
+    /// gone.
+    pub(super) async fn shed_pool(&self) {
+        let chunk = usize::try_from(self.layout.params.chunk_registers)
+            .unwrap_or(usize::MAX)
+            .max(1);
+        if self.alloc.recycled() <= POOL_SHED_CHUNKS.saturating_mul(chunk) {
+            return;
+        }
+        let fabric = self.swarm.fabric();
+        let max_op_ns = self.layout.params.max_op_ns;
+        let now = fabric.now();
+        if !self.lease.borrow().valid_for(now, max_op_ns)
+            || self.repair_announced()
+            || !(0..self.nodes)
+                .all(|n| self.replica_status(NodeId(n as u16)) == ReplicaStatus::InService)
+        {
+            return;
+        }
+        let shed = self
+            .alloc
+            .take_recycled_beyond(POOL_KEEP_CHUNKS.saturating_mul(chunk), chunk);
+        let pooled = crate::registers::limbo::header_word(0, self.recycler.tag());
+        let registers: Vec<(RegisterId, u64)> = shed.iter().map(|(r, _)| (*r, pooled)).collect();
+        let stats = OpStats::new();
+        let _deadline = stats.arm_deadline(now.saturating_add(max_op_ns));
+        match crate::registers::give_back::donate(fabric, &stats, &self.layout, &registers, |r| {
+            self.register_loc(r).ok()
+        })
+        .await
+        {
+            Ok((donated, incomplete)) => tracing::debug!(
+                writer = self.registration.writer,
+                donated,
+                incomplete,
+                pooled = self.alloc.recycled(),
+                "pool above its bound: registers donated"
+            ),
+            Err(error) => tracing::debug!(
+                writer = self.registration.writer,
+                registers = registers.len(),
+                %error,
+                "pool above its bound: donation stopped; what it did not reach is reclaimed once this client is gone"
+            ),
+        }
+    }
+
     /// Whether a repair is announced in the configuration this client follows (its
     /// resets wait for the node being rebuilt until the node is admitted).
     pub(super) fn repair_announced(&self) -> bool {
@@ -117,8 +189,9 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
 
     /// What a register reset does about `node` (`crate::registers::recycle`, "a node out of
     /// service"). It may leave the node out only when the memory of its member
-    /// incarnation, in the configuration this client follows, is known lost and no
-    /// lease renewal has shown a newer configuration since (a repair's announcement
+    /// incarnation, in the configuration this client follows, is known lost (or a
+    /// repair of the node is announced there) and no lease renewal has shown a newer
+    /// configuration since (a repair's announcement
     /// reaches this client through its renewals; `crate::repair`, steps 1 and 2).
     /// Then, with no repair of the node announced, the reset simply does without
     /// it; with one announced, it goes through the repair journal
@@ -131,7 +204,17 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         let Some(&member) = config.incarnations.get(node.index()) else {
             return ReplicaStatus::InService;
         };
-        if config.epoch == 0 || !self.swarm.fabric().memory_lost(node, member) {
+        if config.epoch == 0 {
+            return ReplicaStatus::InService;
+        }
+        // A repair is announced only for a node whose member memory is gone: the
+        // repair refuses a member in good shape (`RepairError::AlreadyMember`) and
+        // retires the memory it replaces before it announces itself
+        // (`ShmStore::repair`, `RepairOptions::replace`). So nobody serves from that
+        // memory any more, even where this client cannot tell (a node it left out
+        // when it opened the cluster: a corrupted header, say), and its resets go
+        // through the journal instead of failing there until the admission.
+        if !config.is_repairing(node.index()) && !self.swarm.fabric().memory_lost(node, member) {
             return ReplicaStatus::InService;
         }
         if self.lease.borrow().config_epoch_seen() > config.epoch {
@@ -200,12 +283,19 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         // that run dry; half of what the last pass left lets one client drain a
         // large offer (every register a gone client held, donated as its reclaimer
         // resets them) in a few passes, not a chunk per `interval`, while leaving
-        // as much to the others.
+        // as much to the others. At most `DONATIONS_PER_PASS_CHUNKS` chunks' worth:
+        // half of a large offer is far more than a dry client needs (in the soak,
+        // the pools of live clients took 140,000 donated registers within seconds
+        // while a node was out), and a pool cannot shed its surplus while a node is
+        // out (`shed_pool`), when the others need it most.
+        let chunk = u64::from(self.layout.params.chunk_registers);
         let me = crate::registers::limbo::Reclaimer {
             token: self.token,
             tag: self.recycler.tag(),
-            max_donations: u64::from(self.layout.params.chunk_registers)
-                .max(self.donations_left.get() / 2),
+            max_donations: chunk.max(
+                (self.donations_left.get() / 2)
+                    .min(chunk.saturating_mul(DONATIONS_PER_PASS_CHUNKS)),
+            ),
             resume_at: self.reclaim_resume_at.get(),
         };
         let reclaimed = crate::registers::limbo::reclaim_gone_registers(

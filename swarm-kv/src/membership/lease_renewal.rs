@@ -40,6 +40,9 @@ struct Pending {
     posts: Vec<(usize, u64, Option<Ticket>)>,
     successes: usize,
     acknowledged: bool,
+    /// `(node, word)`: nodes whose copy of the row's claim word held another word
+    /// than the owner's token (see [`LeaseHolder`], "stale claim copies").
+    stale_claims: Vec<(usize, u64)>,
 }
 
 impl Pending {
@@ -49,6 +52,17 @@ impl Pending {
 }
 
 /// A client's lease: what it knows of its lease word, and its renewal in flight.
+///
+/// **Stale claim copies.** A renewal counts on a node only where the row's claim word
+/// holds the owner's token. A client that registered while a repair was copying a
+/// node (after the copy had read the client table) claimed its row on the other nodes
+/// only, and the admitted node keeps the copy it was rebuilt with (0, or an earlier
+/// owner's token): its renewals would count on a bare majority for ever, and the loss
+/// of any other node would cost it the lease. So once a renewal is acknowledged by a
+/// majority (the claim word read in the same batches held the owner's token there),
+/// the owner takes every other copy it read by CAS from the word read to its token,
+/// as a claim that wins does (`crate::membership::claim`): nobody else can hold the
+/// word on a majority while it does, so such a copy is stale.
 #[derive(Debug)]
 pub struct LeaseHolder {
     keeper: LeaseKeeper,
@@ -173,6 +187,7 @@ impl LeaseHolder {
             posts,
             successes: 0,
             acknowledged: false,
+            stale_claims: Vec::new(),
         });
         self.last_sent = Some(now);
     }
@@ -197,6 +212,11 @@ impl LeaseHolder {
                         .read(2)
                         .and_then(|b| b.try_into().ok())
                         .map(u64::from_le_bytes);
+                    if let Some(word) = claim
+                        && word != self.token
+                    {
+                        pending.stale_claims.push((*node, word));
+                    }
                     if let Some(previous) = completion.cas(0)
                         && self.keeper.absorb(
                             *node,
@@ -219,6 +239,19 @@ impl LeaseHolder {
             pending.acknowledged = true;
             self.keeper.acknowledged(pending.sent_at);
             self.renewals += 1;
+        }
+        if pending.acknowledged {
+            for (node, stale) in pending.stale_claims.drain(..) {
+                tracing::info!(
+                    node,
+                    stale,
+                    "the row's claim word held another word on this node: taking the copy"
+                );
+                fabric.post_detached(
+                    NodeId(node as u16),
+                    Batch::cas(self.row_at, stale, self.token),
+                );
+            }
         }
         if pending.answered() {
             self.pending = None;

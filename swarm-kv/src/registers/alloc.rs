@@ -190,6 +190,20 @@ impl RegisterAllocator {
         self.state.borrow_mut().recycled.push((register, marker));
     }
 
+    /// Recycled slots in the pool ([`Self::give_back`]), not handed out.
+    pub fn recycled(&self) -> usize {
+        self.state.borrow().recycled.len()
+    }
+
+    /// Takes up to `max` recycled slots out of the pool beyond the `keep` most
+    /// recently given back, with their markers: the client donates them
+    /// (`KvClient::shed_pool`), and they are never handed out by this client again.
+    pub fn take_recycled_beyond(&self, keep: usize, max: usize) -> Vec<(RegisterId, Tsp)> {
+        let mut s = self.state.borrow_mut();
+        let excess = s.recycled.len().saturating_sub(keep).min(max);
+        s.recycled.drain(..excess).collect()
+    }
+
     /// Slots in the pool: claimed or given back, not handed out.
     pub fn pooled(&self) -> u64 {
         let s = self.state.borrow();

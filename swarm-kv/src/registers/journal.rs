@@ -29,7 +29,9 @@
 //! 2. The repair reads the journal between the pieces of its copy (and throughout its
 //!    quiescence wait). For every entry it copies `R`'s slot from the donors to `X`,
 //!    exactly as the copy does (`crate::repair::merge`), and only then clears the
-//!    entry (a CAS from the entry to zero).
+//!    entry (a CAS from the entry to zero). An entry whose register some donor does
+//!    not show blank (a stale entry, a late store of an earlier life) is neither
+//!    copied nor cleared: a cleared entry must mean that `X` holds the reset.
 //! 3. The client sees its slot cleared and hands `R` to its allocator.
 //! 4. If the client instead sees `X` admitted first (a configuration in which `X`'s
 //!    new incarnation is a member), it resets `R` on `X` itself, then clears its slot.

@@ -605,9 +605,10 @@ impl<F: Fabric> Copier<'_, F> {
 
     /// Reads the repair journal once and services every entry in it: copies the
     /// register it names from the donors to the node, like the copy does, then
-    /// clears the entry (see [`crate::registers::journal`]). Between pieces of the copy, so
-    /// that no piece read before a journaled reset is written after its entry was
-    /// serviced. Returns the entries serviced.
+    /// clears the entry (see [`crate::registers::journal`]); an entry whose register is
+    /// not blank on every donor is neither copied nor cleared. Between pieces of the
+    /// copy, so that no piece read before a journaled reset is written after its entry
+    /// was serviced. Returns the entries serviced (copied and cleared).
     async fn service_journal(&mut self) -> Result<usize, RepairError> {
         let (Some(journal), Some(at)) = (self.journal, self.layout.journal_at) else {
             return Ok(0);
@@ -633,24 +634,24 @@ impl<F: Fabric> Copier<'_, F> {
         let slot_bytes = self.layout.register_slot_bytes as usize;
         // Every chunk's reads, writes and clears go out together: three roundtrips
         // per pass, however many entries (a churn journals thousands per second).
-        // Each batch of entries (address, word) with the registers they name.
-        type Chunk<'e> = (&'e [(u64, u64)], Vec<u64>);
-        let chunks: Vec<Chunk<'_>> = entries
+        // Each batch of entries: (address, word, the register it names if any).
+        type Entry = (u64, u64, Option<u64>);
+        let chunks: Vec<Vec<Entry>> = entries
             .chunks(INLINE_BATCH_OPS)
             .map(|chunk| {
-                let named = chunk
+                chunk
                     .iter()
-                    .filter_map(|&(_, word)| {
-                        crate::registers::journal::entry_register(word, registers)
+                    .map(|&(addr, word)| {
+                        let named = crate::registers::journal::entry_register(word, registers);
+                        (addr, word, named)
                     })
-                    .collect();
-                (chunk, named)
+                    .collect()
             })
             .collect();
         let mut reads = Vec::new();
-        for (_, named) in &chunks {
+        for chunk in &chunks {
             let mut read = Batch::new();
-            for &register in named {
+            for register in chunk.iter().filter_map(|e| e.2) {
                 let addr = self.layout.key_header(register).unwrap_or_default();
                 read.push(Op::Read {
                     addr,
@@ -663,28 +664,43 @@ impl<F: Fabric> Copier<'_, F> {
         }
         let copies = post_all(self.fabric, reads).await?;
         let mut writes = Vec::new();
+        // The entries to clear: those whose register was copied, and those naming
+        // no register at all.
+        let mut done: Vec<Vec<(u64, u64)>> = Vec::with_capacity(chunks.len());
         let mut copies = copies.chunks(self.donors.len());
-        for (_, named) in &chunks {
-            if named.is_empty() {
+        for chunk in &chunks {
+            let mut cleared: Vec<(u64, u64)> = chunk
+                .iter()
+                .filter(|e| e.2.is_none())
+                .map(|e| (e.0, e.1))
+                .collect();
+            if chunk.iter().all(|e| e.2.is_none()) {
+                done.push(cleared);
                 continue;
             }
             let donors = copies.next().unwrap_or_default();
             let mut write = Batch::new();
-            for (k, &register) in named.iter().enumerate() {
+            let named = chunk.iter().filter_map(|e| e.2.map(|r| (e.0, e.1, r)));
+            for (k, (addr, word, register)) in named.enumerate() {
                 let element: Vec<&[u8]> = donors
                     .iter()
                     .map(|c| c.read(k).unwrap_or_default())
                     .collect();
                 // A journaled register is blank on every donor (reset, not reused
                 // before its entry is cleared). Any other state means a stale entry
-                // (its client gone, the register reset and reused by another) or a
-                // torn read: copying a live register's words here, without the log
-                // slots they name, could leave the node with words whose buffer it
-                // lacks. Skipped; the copy or the register's own reset covers it.
+                // (its client gone, the register reset and reused by another), a
+                // torn read, or a late store of an earlier life on a donor: copying a
+                // live register's words here, without the log slots they name, could
+                // leave the node with words whose buffer it lacks. Skipped, and the
+                // entry is *not* cleared: a client hands a register out on seeing its
+                // entry cleared, which must mean that the node holds the reset. A
+                // live client's entry then waits for the admission, and the client
+                // resets the register again on every replica, the node included
+                // (`crate::registers::recycle`); a stale one stays for a later pass.
                 if !element.iter().all(|copy| self.is_blank(copy)) {
                     tracing::debug!(
                         register,
-                        "repair journal: register not blank; entry skipped"
+                        "repair journal: register not blank; entry skipped and kept"
                     );
                     continue;
                 }
@@ -694,32 +710,37 @@ impl<F: Fabric> Copier<'_, F> {
                     addr: self.layout.key_header(register).unwrap_or_default(),
                     data: out.into(),
                 })?;
+                cleared.push((addr, word));
             }
             if !write.is_empty() {
                 writes.push((self.target, write));
             }
+            done.push(cleared);
         }
         post_all(self.fabric, writes).await?;
         // Only now, with the node holding the registers' current state, the entries
         // are cleared (a client hands a register out on seeing its entry gone).
         let mut clears = Vec::new();
-        for (chunk, _) in &chunks {
+        for chunk in &done {
             let mut clear = Batch::new();
-            for &(addr, word) in *chunk {
+            for &(addr, word) in chunk {
                 clear.push(Op::Cas {
                     addr,
                     expected: word,
                     new: 0,
                 })?;
             }
-            clears.push((journal, clear));
+            if !clear.is_empty() {
+                clears.push((journal, clear));
+            }
         }
         post_all(self.fabric, clears).await?;
+        let serviced = done.iter().map(Vec::len).sum::<usize>();
         if !entries.is_empty() {
-            tracing::debug!(entries = entries.len(), "repair journal serviced");
+            tracing::debug!(entries = entries.len(), serviced, "repair journal serviced");
         }
-        self.journaled += entries.len() as u64;
-        Ok(entries.len())
+        self.journaled += serviced as u64;
+        Ok(serviced)
     }
 
     /// Whether a register slot read from a donor is blank: no key, every metadata
@@ -728,8 +749,8 @@ impl<F: Fabric> Copier<'_, F> {
     /// at: a late in-place write of an earlier life (a VERIFIED mark's copy) may land
     /// there after the reset, and is harmless, since a read takes an in-place record
     /// only when its tsp is the maximum's, which no earlier life's is. Requiring it
-    /// zero would skip such a register's entry, which is cleared all the same, and
-    /// leave the node with the register's earlier life under the next one.
+    /// zero would skip such a register's entry for the whole repair (a skipped entry
+    /// is kept, and its client resets the register again after the admission).
     fn is_blank(&self, slot: &[u8]) -> bool {
         let key_bytes = self.layout.params.key_header_bytes() as usize;
         let meta_at = key_bytes + self.layout.swarm.meta_offset() as usize;
