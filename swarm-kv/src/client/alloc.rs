@@ -24,10 +24,9 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
     /// pool is empty, runs a reclamation pass (paced: [`Self::reclaim_gone_registers`]) if this
     /// client has no retired register of its own to wait for, or if its last pass
     /// left donations on offer (taken, they are ready after the delivery margin,
-    /// sooner than its own pass their grace), or if its last pass stopped before it
-    /// had scanned the whole area; otherwise waits for its retired registers or for
-    /// the next pass (before the operation starts: the wait posts nothing but
-    /// resets), up to two graces.
+    /// sooner than its own pass their grace); otherwise waits for its retired
+    /// registers or for the next pass (before the operation starts: the wait posts
+    /// nothing but resets), up to two graces.
     /// Returns the register and its life marker (`None` for a fresh chunk's, never
     /// reset as far as this client knows).
     pub(super) async fn allocate_register(
@@ -49,28 +48,21 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
             let now = fabric.now();
             let in_limbo = self.recycler.in_limbo();
             let offer = self.donations_left.get() > 0;
-            // The last pass stopped before it had scanned the whole area (its lease
-            // ran short: a loaded host): what it did not scan may hold registers of
-            // gone clients and donations, which the next pass looks at.
-            let unscanned = self.reclaim_resume_at.get() != 0;
             if now >= self.next_adoption.get() && (in_limbo == 0 || offer) {
                 self.reclaim_gone_registers().await?;
-                if self.recycler.in_limbo() > 0 {
-                    // What the pass took waits a whole grace from now, however long
-                    // the pass took.
-                    give_up = fabric
-                        .now()
-                        .saturating_add(self.recycler.grace_ns().saturating_mul(2));
-                } else if self.reclaim_resume_at.get() == 0 {
+                // What the pass took waits a whole grace from now, however long
+                // the pass took.
+                give_up = fabric
+                    .now()
+                    .saturating_add(self.recycler.grace_ns().saturating_mul(2));
+                if self.recycler.in_limbo() == 0 {
                     return r;
                 }
-                // Took nothing, with part of the area unscanned: the next pass
-                // goes on there, within the wait already granted.
                 continue;
             }
             let may_wait = now < give_up
                 || (self.repair_announced() && now < started.saturating_add(REPAIR_WAIT_NS));
-            if !may_wait || (in_limbo == 0 && !offer && !unscanned) {
+            if !may_wait || (in_limbo == 0 && !offer) {
                 return r;
             }
             tracing::debug!(
@@ -78,7 +70,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
                 donations_left = self.donations_left.get(),
                 "insert: no free register; waiting for retired ones to pass their grace, or for the next reclamation pass to take donated ones"
             );
-            self.wait_for_resets((offer || unscanned).then(|| self.next_adoption.get()))
+            self.wait_for_resets(offer.then(|| self.next_adoption.get()))
                 .await;
         }
     }
