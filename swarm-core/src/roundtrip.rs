@@ -144,6 +144,9 @@ pub struct OpStats {
     iterations: Cell<u32>,
     recycled_fetches: Cell<u32>,
     deadline: Cell<Nanos>,
+    /// The budget of a deadline armed at the first post ([`OpStats::arm_at_first_post`])
+    /// and not armed yet; [`NO_DEADLINE`] for none.
+    pending: Cell<Nanos>,
     /// Whether the operation yields after hinting its memory
     /// ([`OpStats::interleaved`]).
     interleaved: bool,
@@ -156,11 +159,13 @@ pub struct OpStats {
 pub struct DeadlineScope<'a> {
     stats: &'a OpStats,
     previous: Nanos,
+    previous_pending: Nanos,
 }
 
 impl Drop for DeadlineScope<'_> {
     fn drop(&mut self) {
         self.stats.deadline.set(self.previous);
+        self.stats.pending.set(self.previous_pending);
     }
 }
 
@@ -179,6 +184,7 @@ impl OpStats {
             iterations: Cell::new(0),
             recycled_fetches: Cell::new(0),
             deadline: Cell::new(NO_DEADLINE),
+            pending: Cell::new(NO_DEADLINE),
             interleaved: false,
         }
     }
@@ -235,14 +241,47 @@ impl OpStats {
     /// One operation at a time per `OpStats`: scopes must be dropped in the reverse
     /// order of their creation (they are, when held by nested `async fn`s).
     pub fn arm_deadline(&self, deadline: Nanos) -> DeadlineScope<'_> {
-        let previous = self.deadline.get();
+        let (previous, previous_pending) = (self.deadline.get(), self.pending.get());
         if deadline < previous {
             self.deadline.set(deadline);
+            // An armed deadline replaces one waiting for the first post.
+            self.pending.set(NO_DEADLINE);
         }
         DeadlineScope {
             stats: self,
             previous,
+            previous_pending,
         }
+    }
+
+    /// Arms the deadline of an operation that starts now, but at its first post: the
+    /// first fence check ([`OpStats::check_fence`], which every post runs) reads the
+    /// fabric clock and makes the deadline that reading plus `budget`. So the reading
+    /// that arms the fence also checks it, and an operation whose posts come in one
+    /// burst reads the clock once. Nothing changes if a deadline is armed (or waits
+    /// for its first post) already. Dropping the scope restores what it found.
+    ///
+    /// Only for an operation that has observed nothing of the memory nodes before its
+    /// first post, so that everything it learns comes after its deadline's start:
+    /// the fence's argument ([`crate::slot_recycling`]) needs a deadline at most
+    /// `budget` after the operation's first observation, and this one is at most
+    /// `budget` after its first post. A Safe-Guess read or write starts with a post.
+    pub fn arm_at_first_post(&self, budget: Nanos) -> DeadlineScope<'_> {
+        let scope = DeadlineScope {
+            stats: self,
+            previous: self.deadline.get(),
+            previous_pending: self.pending.get(),
+        };
+        if !self.is_armed() {
+            self.pending.set(budget);
+        }
+        scope
+    }
+
+    /// Whether a deadline is armed, or waits for the operation's first post
+    /// ([`OpStats::arm_at_first_post`]).
+    pub fn is_armed(&self) -> bool {
+        self.deadline.get() != NO_DEADLINE || self.pending.get() != NO_DEADLINE
     }
 
     /// Whether the operation may no longer post at fabric time `now`.
@@ -251,12 +290,26 @@ impl OpStats {
     }
 
     /// Fails with [`FabricError::Fenced`] when the deadline has passed on `fabric`'s
-    /// clock (one compare, and no clock read without a deadline).
+    /// clock (one compare, and no clock read without a deadline). A deadline armed at
+    /// the first post ([`OpStats::arm_at_first_post`]) is armed here, from the same
+    /// clock reading: the check passes.
+    #[inline]
     pub fn check_fence<F: Fabric + ?Sized>(&self, fabric: &F) -> Result<(), FabricError> {
-        if self.deadline.get() != NO_DEADLINE && self.is_fenced(fabric.now()) {
-            return Err(FabricError::Fenced);
+        if self.deadline.get() != NO_DEADLINE {
+            if self.is_fenced(fabric.now()) {
+                return Err(FabricError::Fenced);
+            }
+        } else if self.pending.get() != NO_DEADLINE {
+            self.arm_pending(fabric.now());
         }
         Ok(())
+    }
+
+    /// Arms a deadline that waited for the first post, from the clock reading `now`.
+    fn arm_pending(&self, now: Nanos) {
+        self.deadline
+            .set(now.saturating_add(self.pending.get()).min(NO_DEADLINE - 1));
+        self.pending.set(NO_DEADLINE);
     }
 
     /// Statistics for one of several steps this operation runs concurrently: the
@@ -268,13 +321,26 @@ impl OpStats {
             ..OpStats::new()
         };
         branch.deadline.set(self.deadline.get());
+        branch.pending.set(self.pending.get());
         branch
     }
 
     /// Adds the counts of steps that ran concurrently ([`OpStats::branch`]): the
     /// largest roundtrip count among them (they overlapped in time), and every
-    /// iteration and recycled fetch.
+    /// iteration and recycled fetch. A deadline this operation waited to arm at its
+    /// first post takes the earliest one its branches armed at theirs: what they
+    /// observed, it goes on from.
     pub fn join_branches(&self, branches: &[&OpStats]) {
+        if self.pending.get() != NO_DEADLINE
+            && let Some(earliest) = branches
+                .iter()
+                .map(|b| b.deadline.get())
+                .filter(|&d| d != NO_DEADLINE)
+                .min()
+        {
+            self.deadline.set(earliest);
+            self.pending.set(NO_DEADLINE);
+        }
         let longest = branches.iter().map(|b| b.roundtrips()).max().unwrap_or(0);
         self.roundtrips
             .set(self.roundtrips.get().saturating_add(longest));
@@ -847,6 +913,76 @@ mod tests {
             rt.wait(2).await
         });
         assert_eq!(stalled, Err(FabricError::Stalled));
+    }
+
+    /// A deadline armed at the first post comes from that post's fence check, which
+    /// reads the clock once for the burst; it fences later steps like any other, is
+    /// kept by nested arms, and is disarmed with its scope. Branches posting first
+    /// arm the operation's deadline when they are joined.
+    #[test]
+    fn a_deadline_armed_at_the_first_post_fences_from_that_post() {
+        let cluster = MemCluster::new(2, 64);
+        let fabric = cluster.client();
+        let stats = OpStats::new();
+        {
+            let _scope = stats.arm_at_first_post(10);
+            assert!(stats.is_armed());
+            assert_eq!(stats.deadline(), None, "not before the first post");
+            // A nested operation keeps it.
+            {
+                let _nested = stats.arm_at_first_post(1);
+                assert_eq!(stats.deadline(), None);
+            }
+            for _ in 0..5 {
+                fabric.progress();
+            }
+            assert_eq!(fabric.now(), 5);
+            let mut step = Roundtrip::start(&fabric, &stats);
+            step.post(NodeId(0), Batch::read(0, 8)).unwrap();
+            assert_eq!(
+                stats.deadline(),
+                Some(15),
+                "armed from the first post's reading"
+            );
+            step.post(NodeId(1), Batch::read(0, 8)).unwrap();
+            assert_eq!(stats.deadline(), Some(15));
+            drop(step);
+            for _ in 0..11 {
+                fabric.progress();
+            }
+            let mut late = Roundtrip::start(&fabric, &stats);
+            assert_eq!(
+                late.post(NodeId(0), Batch::read(0, 8)),
+                Err(FabricError::Fenced)
+            );
+            assert!(!post_background_for(
+                &fabric,
+                &stats,
+                NodeId(0),
+                Batch::write(0, alloc::vec![1; 8])
+            ));
+        }
+        assert!(!stats.is_armed(), "disarmed with the scope");
+        // An eager deadline armed later replaces one waiting for the first post.
+        {
+            let _lazy = stats.arm_at_first_post(10);
+            let _eager = stats.arm_deadline(100);
+            assert_eq!(stats.deadline(), Some(100));
+            let mut step = Roundtrip::start(&fabric, &stats);
+            step.post(NodeId(0), Batch::read(0, 8)).unwrap();
+            assert_eq!(stats.deadline(), Some(100));
+        }
+        // Branches that post first arm the operation's deadline at the join.
+        let _scope = stats.arm_at_first_post(10);
+        let (a, b) = (stats.branch(), stats.branch());
+        let now = fabric.now();
+        let mut step = Roundtrip::start(&fabric, &a);
+        step.post(NodeId(0), Batch::read(0, 8)).unwrap();
+        drop(step);
+        assert_eq!(a.deadline(), Some(now + 10));
+        assert_eq!(b.deadline(), None, "b posted nothing");
+        stats.join_branches(&[&a, &b]);
+        assert_eq!(stats.deadline(), Some(now + 10));
     }
 
     #[test]

@@ -369,12 +369,23 @@ impl<F: Fabric, C: Clock> Client<F, C> {
     pub fn arm_deadline<'s>(&self, stats: &'s OpStats) -> crate::roundtrip::DeadlineScope<'s> {
         // An enclosing operation's deadline, armed when it started (before now), is
         // at most now plus `max_op_ns`: keep it without reading the clock.
-        let deadline = if stats.deadline().is_some() {
+        let deadline = if stats.is_armed() {
             Nanos::MAX
         } else {
             self.fabric.now().saturating_add(self.config.max_op_ns)
         };
         stats.arm_deadline(deadline)
+    }
+
+    /// [`Self::arm_deadline`] for an operation that observes nothing of the memory
+    /// nodes before its first post (a Safe-Guess or RAW read or write): armed by the
+    /// first post's fence check, from the clock reading that check takes anyway
+    /// ([`OpStats::arm_at_first_post`]), so the operation reads the clock once fewer.
+    pub(crate) fn arm_at_first_post<'s>(
+        &self,
+        stats: &'s OpStats,
+    ) -> crate::roundtrip::DeadlineScope<'s> {
+        stats.arm_at_first_post(self.config.max_op_ns)
     }
 
     /// A write of `ts` on `reg` is about to be posted: track its slot.

@@ -34,7 +34,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
     ) -> Result<(), SwarmError> {
         self.check_payload(payload)?;
         let tsp = Tsp::new(Timestamp::new(1, self.writer)?, Flag::Verified);
-        let _deadline = self.arm_deadline(stats);
+        let _deadline = self.arm_at_first_post(stats);
         let mut rt = Roundtrip::start(&self.fabric, stats);
         rt.post(
             reg.replicas.node(0),
@@ -50,7 +50,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         reg: &RegisterLoc,
         stats: &OpStats,
     ) -> Result<ReadValue, SwarmError> {
-        let _deadline = self.arm_deadline(stats);
+        let _deadline = self.arm_at_first_post(stats);
         let node = reg.replicas.node(0);
         for attempt in 0..RAW_READ_ATTEMPTS {
             if let Some(doublings) = attempt.checked_sub(RAW_EAGER_ATTEMPTS) {

@@ -81,7 +81,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         // Nothing observed yet: a full log may hold the write back before its fence
         // is armed (unless the caller armed one already).
         let ts = self.allocate_waiting(stats, || self.guess_ts()).await?;
-        let _deadline = self.arm_deadline(stats);
+        let _deadline = self.arm_at_first_post(stats);
         let w = Tsp::new(ts, Flag::Guessed);
         let mut progress = WriteProgress::default();
         // Records carry the write without its flag: the same bytes serve as the
@@ -202,7 +202,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         cache: &mut RegisterCache,
         stats: &OpStats,
     ) -> Result<ReadValue, SwarmError> {
-        let _deadline = self.arm_deadline(stats);
+        let _deadline = self.arm_at_first_post(stats);
         // One entry per writer seen: at most one per concurrent writer.
         let mut seen: Vec<(Tsp, Vec<u8>)> = Vec::new();
         let bound = 2 * u32::from(self.layout.writers()) + 1;

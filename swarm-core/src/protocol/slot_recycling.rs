@@ -7,7 +7,9 @@
 //!
 //! **The fence.** Every operation has a deadline, its start plus
 //! [`super::ProtocolConfig::max_op_ns`] on the fabric clock ([`crate::OpStats`]
-//! carries it; a [`super::Client`] operation arms it when it starts). No batch of
+//! carries it; a [`super::Client`] operation arms it when it starts, or, if it
+//! observes nothing before its first post, at that post, from the clock reading that
+//! checks it: [`crate::OpStats::arm_at_first_post`]). No batch of
 //! the operation is posted after it: [`crate::Roundtrip::post`] fails with
 //! [`crate::FabricError::Fenced`] (surfacing as [`super::SwarmError::Fenced`]) and
 //! background posts are dropped (`post_background_for`).
