@@ -178,11 +178,17 @@ impl Views {
 
     /// The largest maximum any replica reported.
     pub(crate) fn max(&self) -> Tsp {
-        (0..MAX_REPLICAS)
-            .filter(|&p| self.answered & (1 << p) != 0)
-            .map(|p| self.max[p])
-            .max()
-            .unwrap_or(Tsp::EMPTY)
+        // Over the positions that answered (a majority of a few), not every one.
+        let mut max = Tsp::EMPTY;
+        let mut answered = self.answered;
+        while answered != 0 {
+            let p = answered.trailing_zeros() as usize;
+            answered &= answered - 1;
+            if let Some(&tsp) = self.max.get(p) {
+                max = max.max(tsp);
+            }
+        }
+        max
     }
 
     /// Whether replica `p` answered with `t`'s write as its maximum.
@@ -374,6 +380,10 @@ impl<F: Fabric, C: Clock> Client<F, C> {
     }
 
     fn trust_replies(&self, rt: &Roundtrip<'_, F>) {
+        // Nothing to trust again while nothing is suspected: the common case.
+        if !self.suspicion.any() {
+            return;
+        }
         for (node, _) in rt.replies() {
             self.trust(*node);
         }
@@ -388,8 +398,10 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         stats: &OpStats,
         with_inplace: bool,
     ) -> Result<Views, SwarmError> {
-        self.read_views_from(reg, cache, stats, with_inplace, None)
-            .await
+        let mut views = Views::default();
+        self.read_views_from(reg, cache, stats, with_inplace, None, &mut views)
+            .await?;
+        Ok(views)
     }
 
     /// [`Self::read_views`], or with `every_replica = Some(patience)`: the metadata
@@ -400,6 +412,9 @@ impl<F: Fabric, C: Clock> Client<F, C> {
     /// `{B, C}`, and `B`'s copy was overwritten (see [`super::slot_recycling`]: a write that
     /// landed later than the delivery margin); `A`'s copy is the value. A maximum of
     /// more than a majority's replies is a correct read all the same (appendix A).
+    ///
+    /// The views go into `views` (empty on entry), which the caller keeps: they are
+    /// too large to move out of this future and into the caller's on every read.
     async fn read_views_from(
         &self,
         reg: &RegisterLoc,
@@ -407,7 +422,8 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         stats: &OpStats,
         with_inplace: bool,
         every_replica: Option<u64>,
-    ) -> Result<Views, SwarmError> {
+        views: &mut Views,
+    ) -> Result<(), SwarmError> {
         let n = reg.replicas.len();
         let positions = reg.replicas.positions();
         let layout = self.layout;
@@ -443,7 +459,6 @@ impl<F: Fabric, C: Clock> Client<F, C> {
                 self.trust_replies(&rt);
             }
         }
-        let mut views: Views = Default::default();
         for (node, completion) in rt.replies_mut() {
             let Some(p) = reg.replicas.position(*node) else {
                 continue;
@@ -460,7 +475,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
             cache.learn(p, view.max);
             views.set(p, view, inplace);
         }
-        Ok(views)
+        Ok(())
     }
 
     /// The value of write `t`, the maximum of `views`: from the primary's in-place
@@ -623,8 +638,8 @@ impl<F: Fabric, C: Clock> Client<F, C> {
                 // After a maximum's buffer was unusable on every holder that answered,
                 // ask every replica: another holder may have an intact copy.
                 let every_replica = (unusable.1 > 0).then_some(patience);
-                let mut views = self
-                    .read_views_from(reg, cache, stats, with_inplace, every_replica)
+                let mut views = Views::default();
+                self.read_views_from(reg, cache, stats, with_inplace, every_replica, &mut views)
                     .await?;
                 if let Some(lost) = &lost {
                     views.leave_out(lost, reg.replicas.quorum());
