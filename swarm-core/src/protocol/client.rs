@@ -923,6 +923,9 @@ impl<F: Fabric, C: Clock> Client<F, C> {
     /// The replica position acting as the register's primary: the first one in
     /// preference order that is not suspected (in-place data lives there, §6).
     pub(crate) fn primary(&self, reg: &RegisterLoc) -> usize {
+        if !self.suspicion.any() {
+            return 0;
+        }
         (0..reg.replicas.len())
             .find(|&p| !self.suspects(reg.replicas.node(p)))
             .unwrap_or(0)

@@ -10,7 +10,10 @@
 //! Plain atomics, not the loom facade: the table is one client's view, not shared
 //! disaggregated memory, and a stale read of it only costs a timeout.
 
-use core::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use core::sync::atomic::{
+    AtomicU32, AtomicU64,
+    Ordering::{Relaxed, SeqCst},
+};
 
 use crate::fabric::{Nanos, NodeId};
 use crate::roundtrip::MAX_NODES;
@@ -19,6 +22,10 @@ use crate::roundtrip::MAX_NODES;
 #[derive(Debug)]
 pub struct Suspicion {
     until: [AtomicU64; MAX_NODES],
+    /// Bit `i` set while `until[i]` is not 0 (set after it, cleared after it and set
+    /// again if it is not 0 any more), so that [`Suspicion::any`], asked on every
+    /// quorum step, loads one word.
+    suspected: AtomicU32,
     suspect_ns: Nanos,
 }
 
@@ -27,6 +34,7 @@ impl Suspicion {
     pub fn new(suspect_ns: Nanos) -> Self {
         Self {
             until: core::array::from_fn(|_| AtomicU64::new(0)),
+            suspected: AtomicU32::new(0),
             suspect_ns,
         }
     }
@@ -55,8 +63,9 @@ impl Suspicion {
     }
 
     /// Whether any node is suspected at all (a cheap test before reading a clock).
+    #[inline]
     pub fn any(&self) -> bool {
-        self.until.iter().any(|s| s.load(Relaxed) != 0)
+        self.suspected.load(Relaxed) != 0
     }
 
     /// Suspects `node` from `now` on; whether it was trusted until then.
@@ -64,15 +73,35 @@ impl Suspicion {
         let Some(slot) = self.slot(node) else {
             return false;
         };
-        let previous = slot.swap(now.saturating_add(self.suspect_ns), Relaxed);
+        let until = now.saturating_add(self.suspect_ns);
+        let previous = slot.swap(until, SeqCst);
+        if until != 0 {
+            self.suspected.fetch_or(Self::bit(node), SeqCst);
+        }
         previous == 0 || previous <= now
+    }
+
+    /// The bit of `node` in `suspected` (a node with a slot has one: `MAX_NODES` <= 32).
+    fn bit(node: NodeId) -> u32 {
+        1 << (node.index() % 32)
     }
 
     /// Trusts `node` again; whether it was suspected. A plain load when it was not (the
     /// hot path: every timely answer trusts its node).
     pub fn trust(&self, node: NodeId) -> bool {
-        self.slot(node)
-            .is_some_and(|s| s.load(Relaxed) != 0 && s.swap(0, Relaxed) != 0)
+        let Some(slot) = self.slot(node) else {
+            return false;
+        };
+        if slot.load(Relaxed) == 0 || slot.swap(0, SeqCst) == 0 {
+            return false;
+        }
+        self.suspected.fetch_and(!Self::bit(node), SeqCst);
+        // A `suspect` of another thread may have stored its slot in between: its bit
+        // stays set then (it sets the bit after the slot, and every step is SeqCst).
+        if slot.load(SeqCst) != 0 {
+            self.suspected.fetch_or(Self::bit(node), SeqCst);
+        }
+        true
     }
 
     /// Moves the nodes suspected at `now` to the end of `order`, keeping the relative
@@ -114,7 +143,14 @@ mod tests {
         let mut order = [NodeId(2), NodeId(0), NodeId(1)];
         s.trusted_first(&mut order, 500);
         assert_eq!(order, [NodeId(2), NodeId(0), NodeId(1)], "expired");
+        assert!(s.any());
         assert!(s.trust(NodeId(2)) && !s.trust(NodeId(2)));
+        assert!(!s.any(), "nothing suspected any more");
+        assert!(s.suspect(NodeId(15), 10) && s.suspect(NodeId(3), 10));
+        assert!(s.trust(NodeId(15)));
+        assert!(s.any(), "node 3 still is");
+        assert!(s.trust(NodeId(3)));
+        assert!(!s.any());
         assert!(!s.suspect(NodeId(99), 0), "unknown nodes are ignored");
     }
 }
