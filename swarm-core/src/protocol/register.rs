@@ -223,7 +223,11 @@ impl ReplicaWords {
 
 impl PartialEq for ReplicaWords {
     fn eq(&self, other: &Self) -> bool {
-        (0..MAX_REPLICAS).all(|p| self.get(p) == other.get(p))
+        match (self, other) {
+            // The common case, compared at once (a store compares caches on every hit).
+            (Self::Inline(a), Self::Inline(b)) => a == b,
+            _ => (0..MAX_REPLICAS).all(|p| self.get(p) == other.get(p)),
+        }
     }
 }
 
@@ -367,6 +371,16 @@ mod tests {
         let mut c = a.clone();
         c.known_max.set(9, t(7));
         assert_eq!(b, c);
+        assert_ne!(a, c, "a heap word beyond the inline ones differs from none");
+        let mut d = a.clone();
+        assert_eq!(a, d);
+        d.own_word.set(2, t(4));
+        assert_ne!(a, d, "inline words differ");
+        let mut e = RegisterCache::new();
+        e.known_max.set(9, t(7));
+        e.known_max.set(9, Tsp::EMPTY);
+        assert!(matches!(e.known_max, ReplicaWords::Heap(_)));
+        assert_eq!(e, RegisterCache::new(), "an emptied heap word equals none");
         a.learn(0, t(8));
         a.merge(&b);
         assert_eq!(
