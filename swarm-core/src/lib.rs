@@ -141,5 +141,6 @@ pub use protocol::{
     UNOWNED_TOMBSTONE, WriteOutcome, quorum, resume, slot_recycling, summary, write_back_guard,
 };
 pub use roundtrip::{
-    DeadlineScope, MAX_NODES, OpStats, Roundtrip, WaitOutcome, post_background, post_background_for,
+    DeadlineScope, MAX_NODES, OpStats, Roundtrip, Wait, WaitOutcome, post_background,
+    post_background_for,
 };

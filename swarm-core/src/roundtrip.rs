@@ -21,8 +21,9 @@
 
 use alloc::vec::Vec;
 use core::cell::Cell;
-use core::future::poll_fn;
-use core::task::Poll;
+use core::future::{Future, poll_fn};
+use core::pin::Pin;
+use core::task::{Context, Poll};
 
 use crate::fabric::{Batch, Completion, Fabric, FabricError, Nanos, NodeId, Submitted, Ticket};
 
@@ -578,32 +579,16 @@ impl<'a, F: Fabric + ?Sized> Roundtrip<'a, F> {
     /// nothing else to do still reports a stall at once. It is checked every 32nd
     /// poll, not at each: a transport whose clock reading costs a system call (RDMA)
     /// pays it that much less while a step is pending.
-    pub async fn wait(&mut self, k: usize) -> Result<(), FabricError> {
-        let deadline = self.stats.deadline();
-        let mut polls = 0u32;
-        poll_fn(|cx| {
-            let ok = self.collect();
-            if ok >= k {
-                return Poll::Ready(Ok(()));
-            }
-            if ok + self.outstanding.len() < k {
-                return Poll::Ready(Err(FabricError::NotEnoughLiveNodes {
-                    needed: k,
-                    live: ok + self.outstanding.len(),
-                }));
-            }
-            polls = polls.wrapping_add(1);
-            if polls.is_multiple_of(FENCE_CHECK_POLLS)
-                && deadline.is_some_and(|d| self.fabric.recent_now() > d)
-            {
-                return Poll::Ready(Err(FabricError::Fenced));
-            }
-            // Our futures are driven by re-polling after `Fabric::progress`; ask any
-            // other executor to poll again too.
-            cx.waker().wake_by_ref();
-            Poll::Pending
-        })
-        .await
+    ///
+    /// The future is a plain struct, not an `async fn`'s: a step whose replies are in
+    /// already (a fabric that completes batches inside `submit`) is `Ready` at its
+    /// first poll without an `async fn`'s state machine around it.
+    pub fn wait(&mut self, k: usize) -> Wait<'_, 'a, F> {
+        Wait {
+            rt: self,
+            k,
+            polls: 0,
+        }
     }
 
     /// Waits until `k` posted nodes answered, the fabric clock reaches `deadline`, or
@@ -628,6 +613,50 @@ impl<'a, F: Fabric + ?Sized> Roundtrip<'a, F> {
             Poll::Pending
         })
         .await
+    }
+}
+
+/// The future of [`Roundtrip::wait`]: `k` successful answers, or the error that ends
+/// the wait.
+#[derive(Debug)]
+#[must_use = "futures do nothing unless polled"]
+pub struct Wait<'r, 'a, F: Fabric + ?Sized> {
+    rt: &'r mut Roundtrip<'a, F>,
+    k: usize,
+    /// Polls so far: the deadline is checked every [`FENCE_CHECK_POLLS`]th.
+    polls: u32,
+}
+
+impl<F: Fabric + ?Sized> Future for Wait<'_, '_, F> {
+    type Output = Result<(), FabricError>;
+
+    #[inline]
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = &mut *self;
+        let (rt, k) = (&mut *this.rt, this.k);
+        let ok = rt.collect();
+        if ok >= k {
+            return Poll::Ready(Ok(()));
+        }
+        if ok + rt.outstanding.len() < k {
+            return Poll::Ready(Err(FabricError::NotEnoughLiveNodes {
+                needed: k,
+                live: ok + rt.outstanding.len(),
+            }));
+        }
+        this.polls = this.polls.wrapping_add(1);
+        if this.polls.is_multiple_of(FENCE_CHECK_POLLS)
+            && rt
+                .stats
+                .deadline()
+                .is_some_and(|d| rt.fabric.recent_now() > d)
+        {
+            return Poll::Ready(Err(FabricError::Fenced));
+        }
+        // Our futures are driven by re-polling after `Fabric::progress`; ask any other
+        // executor to poll again too.
+        cx.waker().wake_by_ref();
+        Poll::Pending
     }
 }
 
