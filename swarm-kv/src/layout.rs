@@ -701,8 +701,8 @@ mod tests {
         bad[33] ^= 1;
         assert_eq!(ClusterParams::decode(&bad), Err(ParamsError::Checksum));
         let mut bad = bytes;
-        bad[8] = 7;
-        assert_eq!(ClusterParams::decode(&bad), Err(ParamsError::Version(7)));
+        bad[8] = 8;
+        assert_eq!(ClusterParams::decode(&bad), Err(ParamsError::Version(8)));
         let mut bad = bytes;
         bad[70] ^= 1;
         assert_eq!(
@@ -870,8 +870,15 @@ mod tests {
             p.slot_grace_ns(),
             200_000_000 + 57_142_858 + 547_000_000 + 68_375_000
         );
+        // Registers: the same (cached locations carry their register's life); on a
+        // cluster made before version 7, the cache lifetime as well.
+        assert_eq!(p.register_grace_ns(), p.slot_grace_ns());
+        let old = ClusterParams {
+            cached_lives: false,
+            ..p
+        };
         assert_eq!(
-            p.register_grace_ns(),
+            old.register_grace_ns(),
             10_200_000_000 + 2_914_285_715 + 547_000_000 + 68_375_000
         );
         let lease = crate::membership::lease::LeaseParams::from_params(&p);
