@@ -499,6 +499,20 @@ mod tests {
     }
 
     #[test]
+    fn a_delete_whose_every_cas_answered_without_installing_landed_nowhere() {
+        // Others' tombstones, or this writer's own (an earlier delete's: no reader
+        // can have carried this one's from anywhere).
+        assert!(votes(1, &[(0, tomb(2)), (1, tomb(3))]).landed_nowhere());
+        assert!(votes(1, &[(0, tomb(1)), (1, tomb(1))]).landed_nowhere());
+        // Installed somewhere.
+        assert!(!votes(1, &[(0, MINE), (1, tomb(2))]).landed_nowhere());
+        // A CAS sent to a replica whose answer was not taken in may have landed.
+        let mut v = votes(1, &[(0, tomb(2)), (1, tomb(2))]);
+        v.unseen[2] = true;
+        assert!(!v.landed_nowhere());
+    }
+
+    #[test]
     fn nothing_known_decides_nothing() {
         assert_eq!(votes(1, &[]).outcome(3), DeleteOutcome::Raced);
     }
