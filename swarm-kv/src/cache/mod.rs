@@ -45,6 +45,16 @@
 //! * **Another key's value in `L`'s register, or an unpublished one**: a payload
 //!   carries its key, and a get checks it; an insert that turned into an update
 //!   leaves its fresh register holding the key unpublished, in a life no entry names.
+//! * **Plain stores and the key header**: an in-place record is read only when its
+//!   tsp is the maximum's, which no record of an earlier life is; the index, not the
+//!   cache, reads key headers, within one lookup (a reset blanks them, and the next
+//!   insert writes its key's before the register is indexed).
+//!
+//! Entries made from an operation's own index lookup need more than the life for
+//! the rest of that operation (an update or delete that finds the register deleted
+//! unmaps it conditionally on the register alone): the register grace, one operation
+//! deadline, keeps such a register in one life until the operation ends
+//! (`crate::registers::recycle`, "When: the grace").
 //!
 //! What an entry's age still bounds ([`LocationCache::get`] drops entries older than
 //! `KvConfig::cache_ttl_ns` after the index or this client's insert vouched for
