@@ -1103,8 +1103,15 @@ fn churn(seed: u64, faults: ChurnFaults) -> u64 {
     // of virtual time: the churn takes about 1 s): clients keep using stale
     // locations across their registers' reuse, which only the register's life
     // tells apart (`swarm_kv::cache`, "Stale entries").
+    // Every other seed, one metadata word per register: every writer's CAS then
+    // expects the word all writers share, so a stale CAS through such an entry finds
+    // a later life's write (not its marker) there, and only the delete word tells
+    // the lives apart.
     let store = exact_with(&dir, capacity, log_slots, |p| {
         p.cache_ttl_ns = ClusterParams::default().cache_ttl_ns;
+        if seed % 2 == 1 {
+            p.meta_words = 1;
+        }
     });
     let layout = *store.layout();
     let world = World::new();
@@ -2097,7 +2104,8 @@ fn a_stale_cached_location_across_its_registers_reuse_goes_through_the_index() {
 
 /// The window an unmap through a stale cached location would open: `a`'s entry
 /// names r in an old life; r's later life is deleted and retired, its grace over.
-/// `a`'s update (or delete) through the entry finds that life's tombstone; while
+/// `a`'s update (or delete) through the entry finds that life's tombstone (its
+/// CAS finds a write of that life in its own metadata word, not a marker); while
 /// `a`'s next index batch is held (a paused client), r is reset and the same key
 /// inserted into it. `a` must not unmap the key's new life (an update that unmapped
 /// `key → r` through the cache did; a delete that let its outcome stand because the
@@ -2124,6 +2132,10 @@ fn a_stale_write_meets_a_later_lifes_tombstone(delete_it: bool) {
     world.advance(grace(&store) + 1);
     h.insert((1, &b), "other", "x");
     assert_eq!(register_of(&b, "other"), Some(r));
+    // `a` writes r's second life too, so that its own metadata word there holds a
+    // write, not the life's marker (which its stale CAS would find and report as
+    // another life's): then only the tombstone is left for it to meet.
+    assert!(h.update((0, &a), "other", "y"));
     assert_eq!(h.delete((1, &b), "other"), DeleteOutcome::Removed);
     // r's second life is deleted and retired; its grace passes (its reset waits for
     // b's next operation).
