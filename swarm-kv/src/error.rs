@@ -220,6 +220,7 @@ impl KvError {
             Self::Fenced { .. }
                 | Self::Swarm(SwarmError::Fenced)
                 | Self::Index(IndexError::Fenced { .. })
+                | Self::Index(IndexError::Fabric(FabricError::Fenced))
                 | Self::Fabric(FabricError::Fenced)
         )
     }

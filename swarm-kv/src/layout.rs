@@ -49,9 +49,13 @@ pub const KV_MAGIC: [u8; 8] = *b"SWARMKV\0";
 /// area; 4: bit 1 of the flags word, tick ceilings in the client table; 5: bit 2,
 /// the repair journal; 6: registers are reset to life markers, not zeros,
 /// `crate::registers::reset`, which builds that read version 5 at most must not
-/// write or misread). Versions 1 to 5 are still read, with the defaults, no
-/// summaries (1, 2), no tick ceilings (1 to 3) and no repair journal (1 to 4).
-pub const KV_VERSION: u32 = 6;
+/// write or misread; 7: bit 3, cached locations checked by their register's life, so
+/// registers are reused one operation deadline after retirement, which builds that
+/// read version 6 at most, whose cached locations rely on the cache lifetime, must
+/// not share). Versions 1 to 6 are still read, with the defaults, no summaries (1,
+/// 2), no tick ceilings (1 to 3), no repair journal (1 to 4) and the grace that
+/// waits for the cache lifetime (1 to 6).
+pub const KV_VERSION: u32 = 7;
 /// Bit of the superblock's flags word: the layout has a log-summary area.
 pub const FLAG_LOG_SUMMARIES: u64 = 1;
 /// Bit of the superblock's flags word: every client keeps a tick ceiling in its
@@ -63,6 +67,11 @@ pub const FLAG_TICK_CEILINGS: u64 = 2;
 /// client table ([`crate::registers::journal`]), so that registers keep coming back while a
 /// repair rebuilds a node (version 5 and later).
 pub const FLAG_REPAIR_JOURNAL: u64 = 4;
+/// Bit of the superblock's flags word: every client of the cluster checks a cached
+/// location by its register's life, so a retired register is reused one operation
+/// deadline after retirement, not after the location cache's lifetime
+/// ([`ClusterParams::register_grace_ns`]; version 7 and later).
+pub const FLAG_CACHED_LIVES: u64 = 8;
 /// Bytes of an encoded superblock (version 2; version 1 used the first 64).
 pub const SUPERBLOCK_ENCODED_BYTES: usize = 128;
 /// Default lease duration (`swarm init --lease`).
@@ -85,8 +94,9 @@ pub const DEFAULT_LEASE_RENEW_NS: u64 = 250_000_000;
 pub const DEFAULT_MAX_OP_NS: u64 = 200_000_000;
 /// Default location-cache entry lifetime (`swarm init --cache-ttl`): a client uses a
 /// cached key → register location for at most this long after the index vouched for
-/// it, so a deleted key's register is reused `cache_ttl + max_op` (plus drift and a
-/// margin) after it was unmapped (`crate::registers::recycle`).
+/// it, then asks the index again. A freshness bound only: recycling does not wait for
+/// it, since a cached location carries its register's life and an operation through
+/// it detects a recycled register (`crate::cache`, `crate::registers::recycle`).
 pub const DEFAULT_CACHE_TTL_NS: u64 = 10_000_000_000;
 /// Largest delivery margin a superblock may carry (`swarm init --delivery-margin`):
 /// every recycling grace includes it, so a larger one would hold memory for minutes.
@@ -167,8 +177,10 @@ pub struct ClusterParams {
     /// derived from it. Cluster-wide, since recyclers wait for every client's.
     pub max_op_ns: u64,
     /// Location-cache entry lifetime, ns: how long a client may use a cached key
-    /// location after the index vouched for it (updates and deletes write to cached
-    /// registers blindly). Cluster-wide: register recycling waits for every client's.
+    /// location after the index vouched for it. A freshness bound, not part of any
+    /// recycling grace: an entry carries its register's life, and an operation
+    /// through an entry whose register was recycled since detects it and asks the
+    /// index (`crate::cache`).
     pub cache_ttl_ns: u64,
     /// Delivery margin, ns: how long after its post a batch may still take effect on a
     /// memory node (the transport's worst case: on RDMA the queue pair's retry window,
@@ -192,6 +204,13 @@ pub struct ClusterParams {
     /// and have the repair bring the rebuilt copy along through the journal
     /// (`crate::registers::journal`); without the journal, resets wait for the admission.
     pub repair_journal: bool,
+    /// Whether every client checks cached locations by their register's life
+    /// (superblock version 7 and later): a retired register then waits one operation
+    /// deadline before its reset, not the location cache's lifetime as well
+    /// ([`ClusterParams::register_grace_ns`]). Clusters made before have clients
+    /// whose stale cached locations only the cache lifetime keeps out of a reused
+    /// register.
+    pub cached_lives: bool,
 }
 
 /// Defaults for `swarm init`.
@@ -215,20 +234,27 @@ impl Default for ClusterParams {
             log_summaries: true,
             tick_ceilings: true,
             repair_journal: true,
+            cached_lives: true,
         }
     }
 }
 
 impl ClusterParams {
     /// How long a retired register waits before it is reset and reused: the
-    /// reclamation grace of a window of `cache_ttl_ns + max_op_ns`, with this
-    /// cluster's delivery margin (`swarm_core::slot_recycling::grace_with_margin_ns`,
-    /// `crate::registers::recycle`).
+    /// reclamation grace of one operation deadline, with this cluster's delivery
+    /// margin (`swarm_core::slot_recycling::grace_with_margin_ns`): every operation
+    /// that found the register through the index before it was unmapped has stopped
+    /// posting by then. Cached locations need no wait: they carry the register's life
+    /// (`crate::registers::recycle`, "When: the grace").
+    /// On a cluster made before version 7 ([`Self::cached_lives`] unset), whose
+    /// older clients rely on it, the window also holds the cache lifetime.
     pub fn register_grace_ns(&self) -> u64 {
-        swarm_core::slot_recycling::grace_with_margin_ns(
-            self.cache_ttl_ns.saturating_add(self.max_op_ns),
-            self.delivery_margin_ns,
-        )
+        let window = if self.cached_lives {
+            self.max_op_ns
+        } else {
+            self.cache_ttl_ns.saturating_add(self.max_op_ns)
+        };
+        swarm_core::slot_recycling::grace_with_margin_ns(window, self.delivery_margin_ns)
     }
 
     /// How long a superseded out-of-place log slot waits before its writer reuses it
@@ -364,6 +390,10 @@ impl ClusterParams {
             FLAG_REPAIR_JOURNAL
         } else {
             0
+        } | if self.cached_lives {
+            FLAG_CACHED_LIVES
+        } else {
+            0
         };
         out[96..104].copy_from_slice(&flags.to_le_bytes());
         let sum = xxh3_64(&out[..120]);
@@ -419,6 +449,7 @@ impl ClusterParams {
         let log_summaries = version >= 3 && u64_at(96) & FLAG_LOG_SUMMARIES != 0;
         let tick_ceilings = version >= 4 && u64_at(96) & FLAG_TICK_CEILINGS != 0;
         let repair_journal = version >= 5 && u64_at(96) & FLAG_REPAIR_JOURNAL != 0;
+        let cached_lives = version >= 7 && u64_at(96) & FLAG_CACHED_LIVES != 0;
         let params = Self {
             key_max: u32_at(12),
             value_max: u32_at(16),
@@ -437,6 +468,7 @@ impl ClusterParams {
             log_summaries,
             tick_ceilings,
             repair_journal,
+            cached_lives,
         };
         params.validate()?;
         Ok(params)
@@ -669,8 +701,8 @@ mod tests {
         bad[33] ^= 1;
         assert_eq!(ClusterParams::decode(&bad), Err(ParamsError::Checksum));
         let mut bad = bytes;
-        bad[8] = 7;
-        assert_eq!(ClusterParams::decode(&bad), Err(ParamsError::Version(7)));
+        bad[8] = 8;
+        assert_eq!(ClusterParams::decode(&bad), Err(ParamsError::Version(8)));
         let mut bad = bytes;
         bad[70] ^= 1;
         assert_eq!(
@@ -725,6 +757,7 @@ mod tests {
             log_summaries: false,
             tick_ceilings: false,
             repair_journal: false,
+            cached_lives: false,
             ..ClusterParams::default()
         }
         .for_node_size(64 << 20)
@@ -796,6 +829,32 @@ mod tests {
         assert!(last + 8 <= l5.chunks_at);
         assert_eq!(l5.journal_slot(new.writers, 0), None);
         assert_eq!(l5.journal_slot(0, crate::registers::journal::SLOTS), None);
+        // A version-6 superblock does not check cached lives, whatever its flags
+        // say: its registers wait for the cache lifetime too. Version 7 carries the
+        // flag, and then they wait one operation deadline.
+        let v7 = ClusterParams {
+            cached_lives: true,
+            ..v5
+        };
+        let mut as_v6 = v7.encode();
+        as_v6[8..12].copy_from_slice(&6u32.to_le_bytes());
+        let sum = xxh3_64(&as_v6[..120]);
+        as_v6[120..128].copy_from_slice(&sum.to_le_bytes());
+        let old = ClusterParams::decode(&as_v6).unwrap();
+        assert!(old.repair_journal && !old.cached_lives);
+        let new = ClusterParams::decode(&v7.encode()).unwrap();
+        assert!(new.cached_lives, "version 7 carries the flag");
+        assert_eq!(
+            new.register_grace_ns(),
+            swarm_core::slot_recycling::grace_with_margin_ns(new.max_op_ns, new.delivery_margin_ns)
+        );
+        assert_eq!(
+            old.register_grace_ns(),
+            swarm_core::slot_recycling::grace_with_margin_ns(
+                old.cache_ttl_ns + old.max_op_ns,
+                old.delivery_margin_ns
+            )
+        );
     }
 
     #[test]
@@ -811,8 +870,15 @@ mod tests {
             p.slot_grace_ns(),
             200_000_000 + 57_142_858 + 547_000_000 + 68_375_000
         );
+        // Registers: the same (cached locations carry their register's life); on a
+        // cluster made before version 7, the cache lifetime as well.
+        assert_eq!(p.register_grace_ns(), p.slot_grace_ns());
+        let old = ClusterParams {
+            cached_lives: false,
+            ..p
+        };
         assert_eq!(
-            p.register_grace_ns(),
+            old.register_grace_ns(),
             10_200_000_000 + 2_914_285_715 + 547_000_000 + 68_375_000
         );
         let lease = crate::membership::lease::LeaseParams::from_params(&p);

@@ -759,7 +759,8 @@ fn drain_a_large_offer_of_donations(short_settle: bool) {
 /// (every put of a key that exists retires the fresh register it wrote) takes the
 /// donations its last pass left on offer rather than wait for its own: taken, a
 /// donation is ready after the delivery margin, its own registers after a whole
-/// grace. Here the grace (400 ms of cache lifetime) is twenty times the interval
+/// grace. Here the grace (400 ms of cache lifetime: a cluster made before
+/// superblock version 7, whose graces wait for the cache) is twenty times the interval
 /// between two passes (a 20 ms lease): the 108 inserts take 40 ms of virtual time.
 /// Before, the dry client waited for its own seven retired registers, a whole
 /// grace (451 ms), before its next pass; `swarm bench` run again and again on one
@@ -771,6 +772,7 @@ fn a_dry_client_takes_donations_on_offer_rather_than_wait_a_grace_for_its_own() 
     let registers = 256;
     let store = exact_with(&dir, registers, 1 << 12, |params| {
         params.cache_ttl_ns = 400_000_000;
+        params.cached_lives = false;
         params.lease_ns = 20_000_000;
         params.lease_renew_ns = 5_000_000;
         // A pass's settle wait well within the lease.
@@ -1097,7 +1099,20 @@ fn churn(seed: u64, faults: ChurnFaults) -> u64 {
     };
     // Small logs with write-backs: writers reuse slots within a pause.
     let log_slots = if faults.write_backs { 48 } else { 1 << 12 };
-    let store = exact(&dir, capacity, log_slots);
+    // Cache entries that outlive every register grace (the default lifetime, 10 s
+    // of virtual time: the churn takes about 1 s): clients keep using stale
+    // locations across their registers' reuse, which only the register's life
+    // tells apart (`swarm_kv::cache`, "Stale entries").
+    // Every other seed, one metadata word per register: every writer's CAS then
+    // expects the word all writers share, so a stale CAS through such an entry finds
+    // a later life's write (not its marker) there, and only the delete word tells
+    // the lives apart.
+    let store = exact_with(&dir, capacity, log_slots, |p| {
+        p.cache_ttl_ns = ClusterParams::default().cache_ttl_ns;
+        if seed % 2 == 1 {
+            p.meta_words = 1;
+        }
+    });
     let layout = *store.layout();
     let world = World::new();
     let config = KvConfig {
@@ -1940,4 +1955,259 @@ fn registers_reset_during_a_repair_come_back_through_the_journal() {
     );
     // Node 0 lost: nodes 1 and 2 hold every key's state, no old tombstone.
     lose_node_0_and_read_every_key(&dir, &store, &world, &model, clients);
+}
+
+/// A tiny cluster whose location-cache entries do not expire within a test (the
+/// default lifetime, 10 s of virtual time, far beyond the register grace): a
+/// client's stale entry stays in use however often its register is recycled.
+fn tiny_lasting_cache(dir: &ScratchDir) -> ShmStore {
+    let params = ClusterParams {
+        key_max: 16,
+        value_max: 32,
+        writers: 8,
+        chunk_registers: 8,
+        meta_words: 4,
+        max_op_ns: MAX_OP_NS,
+        ..ClusterParams::default()
+    };
+    assert!(params.register_grace_ns() < params.cache_ttl_ns / 100);
+    ShmStore::create(dir.path(), 3, 256 << 10, params).expect("create")
+}
+
+/// A history of sequential operations (each ends before the next starts), unless
+/// the test opens one with [`Recorded::start`] and closes it later.
+#[derive(Default)]
+struct Recorded {
+    history: History,
+    clock: u64,
+}
+
+impl Recorded {
+    fn start(&mut self) -> u64 {
+        self.clock += 1;
+        self.clock
+    }
+
+    fn done(&mut self, c: u64, kind: OpKind, key: &str, value: Option<&str>, ok: bool, start: u64) {
+        self.clock += 1;
+        self.history
+            .push(Operation::completed(
+                c, kind, key, value, ok, start, self.clock,
+            ))
+            .unwrap();
+    }
+
+    fn insert(&mut self, c: (u64, &Client), key: &str, value: &str) {
+        let start = self.start();
+        insert(c.1, key, value);
+        self.done(c.0, OpKind::Insert, key, Some(value), true, start);
+    }
+
+    fn get(&mut self, c: (u64, &Client), key: &str) -> Option<String> {
+        let start = self.start();
+        let got = get(c.1, key);
+        self.done(c.0, OpKind::Get, key, got.as_deref(), true, start);
+        got
+    }
+
+    fn update(&mut self, c: (u64, &Client), key: &str, value: &str) -> bool {
+        let start = self.start();
+        let ok = update(c.1, key, value);
+        self.done(c.0, OpKind::Update, key, Some(value), ok, start);
+        ok
+    }
+
+    fn delete(&mut self, c: (u64, &Client), key: &str) -> DeleteOutcome {
+        let start = self.start();
+        let outcome =
+            block_on(c.1.fabric(), c.1.delete(key.as_bytes(), &OpStats::new())).expect("delete");
+        let ok = outcome.removed().expect("no racing deletes here");
+        self.done(c.0, OpKind::Delete, key, None, ok, start);
+        outcome
+    }
+
+    fn check(&self) {
+        let report = swarm_checker::check(&self.history);
+        assert!(report.is_linearizable(), "{report}");
+    }
+}
+
+/// A client keeps a cached location across its register's reuse: `b` deletes the
+/// key, the register passes its grace (far shorter than the cache lifetime) and
+/// is reset for another life holding another key, or this key again, or a later
+/// life that was deleted too. Every get, update and delete through the stale entry
+/// must see that the register is not in the entry's life (another marker, or a
+/// tombstone it cannot place), change nothing there, and go through the index.
+#[test]
+fn a_stale_cached_location_across_its_registers_reuse_goes_through_the_index() {
+    let dir = ScratchDir::new("kv-recycle-stale-lives").unwrap();
+    let store = tiny_lasting_cache(&dir);
+    let world = World::new();
+    let (a, b, c) = (
+        client(&store, &world),
+        client(&store, &world),
+        client(&store, &world),
+    );
+    let (a, b, c) = ((0, &a), (1, &b), (2, &c));
+    let mut h = Recorded::default();
+    // `a` caches `key` → r (its life known), `b` deletes it; past the grace `b`
+    // inserts `next` (a key), which gets r back in a new life. Returns r.
+    let stale = |h: &mut Recorded, key: &str, next: &str, value: &str| -> u64 {
+        h.insert(a, key, "old");
+        let r = register_of(a.1, key).unwrap();
+        assert_eq!(h.get(a, key).as_deref(), Some("old"), "a caches {key} -> r");
+        assert_eq!(h.delete(b, key), DeleteOutcome::Removed);
+        world.advance(grace(&store) + 1);
+        h.insert(b, next, value);
+        assert_eq!(register_of(b.1, next), Some(r), "r is reused for {next}");
+        r
+    };
+    // Another key in r: the entry's key is absent.
+    stale(&mut h, "g1", "o1", "x1");
+    assert_eq!(h.get(a, "g1"), None);
+    stale(&mut h, "u1", "o2", "x2");
+    assert!(!h.update(a, "u1", "stale"), "u1 is absent");
+    stale(&mut h, "d1", "o3", "x3");
+    assert_eq!(h.delete(a, "d1"), DeleteOutcome::Absent);
+    for (key, value) in [("o1", "x1"), ("o2", "x2"), ("o3", "x3")] {
+        assert_eq!(h.get(c, key).as_deref(), Some(value), "{key} untouched");
+    }
+    // The same key again, in the same register's next life: found through the index.
+    stale(&mut h, "g2", "g2", "new");
+    assert_eq!(h.get(a, "g2").as_deref(), Some("new"));
+    stale(&mut h, "u2", "u2", "new");
+    assert!(h.update(a, "u2", "a's"));
+    assert_eq!(h.get(c, "u2").as_deref(), Some("a's"));
+    stale(&mut h, "d2", "d2", "new");
+    assert_eq!(h.delete(a, "d2"), DeleteOutcome::Removed);
+    assert_eq!(h.get(c, "d2"), None);
+    // A later life deleted too (its tombstone does not say whose life it ends),
+    // with the entry's key living elsewhere meanwhile (`c` deletes and inserts, so
+    // that `b`'s pool holds only the register `stale` recycles).
+    for (key, other) in [("g3", "o4"), ("u3", "o5"), ("d3", "o6")] {
+        stale(&mut h, key, other, "x");
+        assert_eq!(h.delete(c, other), DeleteOutcome::Removed);
+        h.insert(c, key, "moved");
+    }
+    assert_eq!(h.get(a, "g3").as_deref(), Some("moved"));
+    assert!(h.update(a, "u3", "a's"));
+    assert_eq!(h.get(c, "u3").as_deref(), Some("a's"));
+    assert_eq!(h.delete(a, "d3"), DeleteOutcome::Removed);
+    assert_eq!(h.get(c, "d3"), None);
+    assert_eq!(
+        a.1.cache_expired(),
+        0,
+        "every stale entry was used, none expired"
+    );
+    h.check();
+}
+
+/// The window an unmap through a stale cached location would open: `a`'s entry
+/// names r in an old life; r's later life is deleted and retired, its grace over.
+/// `a`'s update (or delete) through the entry finds that life's tombstone (its
+/// CAS finds a write of that life in its own metadata word, not a marker); while
+/// `a`'s next index batch is held (a paused client), r is reset and the same key
+/// inserted into it. `a` must not unmap the key's new life (an update that unmapped
+/// `key → r` through the cache did; a delete that let its outcome stand because the
+/// index still named r did too), and the history must stay linearizable.
+fn a_stale_write_meets_a_later_lifes_tombstone(delete_it: bool) {
+    let dir = ScratchDir::new("kv-recycle-stale-tombstone").unwrap();
+    let store = tiny_lasting_cache(&dir);
+    let layout = *store.layout();
+    let world = World::new();
+    let (a, b, c) = (
+        client(&store, &world),
+        client(&store, &world),
+        client(&store, &world),
+    );
+    let mut h = Recorded::default();
+    h.insert((0, &a), "k", "v1");
+    let r = register_of(&a, "k").unwrap();
+    assert_eq!(
+        h.get((0, &a), "k").as_deref(),
+        Some("v1"),
+        "a caches k -> r"
+    );
+    assert_eq!(h.delete((1, &b), "k"), DeleteOutcome::Removed);
+    world.advance(grace(&store) + 1);
+    h.insert((1, &b), "other", "x");
+    assert_eq!(register_of(&b, "other"), Some(r));
+    // `a` writes r's second life too, so that its own metadata word there holds a
+    // write, not the life's marker (which its stale CAS would find and report as
+    // another life's): then only the tombstone is left for it to meet.
+    assert!(h.update((0, &a), "other", "y"));
+    assert_eq!(h.delete((1, &b), "other"), DeleteOutcome::Removed);
+    // r's second life is deleted and retired; its grace passes (its reset waits for
+    // b's next operation).
+    world.advance(grace(&store) + 1);
+    let fabric = a.fabric();
+    *fabric.unapplied_on.borrow_mut() = Some(layout.index_at..layout.registers_at);
+    let start = h.start();
+    let mut future: PausedFuture<'_> = if delete_it {
+        Box::pin(async {
+            a.delete(b"k", &OpStats::new())
+                .await
+                .map(|d| (d.removed(), None))
+        })
+    } else {
+        Box::pin(async {
+            a.update(b"k", b"a's", &OpStats::new())
+                .await
+                .map(|ok| (Some(ok), Some("a's".to_string())))
+        })
+    };
+    let mut cx = Context::from_waker(Waker::noop());
+    for _ in 0..1000 {
+        assert!(
+            future.as_mut().poll(&mut cx).is_pending(),
+            "a went to the index after meeting the tombstone"
+        );
+        if fabric.holds_unapplied() {
+            break;
+        }
+        fabric.progress();
+    }
+    assert!(fabric.holds_unapplied(), "a's index batch is held");
+    // Meanwhile b resets r and inserts k into it.
+    h.insert((1, &b), "k", "v3");
+    assert_eq!(register_of(&b, "k"), Some(r), "k lives in r again");
+    fabric.land_unapplied();
+    let (ok, value) = block_on(fabric, future).expect("a's operation");
+    let kind = if delete_it {
+        OpKind::Delete
+    } else {
+        OpKind::Update
+    };
+    h.done(
+        0,
+        kind,
+        "k",
+        value.as_deref(),
+        ok.expect("no racing deletes"),
+        start,
+    );
+    let now = h.get((2, &c), "k");
+    if delete_it {
+        assert_eq!(ok, Some(true), "a deleted k's new life");
+        assert_eq!(now, None);
+    } else {
+        assert_eq!(ok, Some(true), "a updated k's new life");
+        assert_eq!(now.as_deref(), Some("a's"));
+    }
+    assert_eq!(
+        a.recycle_stats().retired,
+        u64::from(delete_it),
+        "a unmapped nothing through its stale entry"
+    );
+    h.check();
+}
+
+#[test]
+fn a_stale_update_that_meets_a_later_lifes_tombstone_unmaps_nothing() {
+    a_stale_write_meets_a_later_lifes_tombstone(false);
+}
+
+#[test]
+fn a_stale_delete_that_meets_a_later_lifes_tombstone_deletes_the_keys_life_of_now() {
+    a_stale_write_meets_a_later_lifes_tombstone(true);
 }

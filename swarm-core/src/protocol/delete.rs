@@ -137,6 +137,9 @@ pub struct DeleteVotes {
     /// What the replica's delete word held before this delete's CAS (or a read):
     /// `⊥` if this delete's CAS installed its tombstone, else the first tombstone.
     found: [Option<Tsp>; MAX_REPLICAS],
+    /// Replicas sent a CAS of this delete whose answer was not taken in (failed,
+    /// late, or not a delete word's content): the CAS may have landed there.
+    unseen: [bool; MAX_REPLICAS],
 }
 
 impl DeleteVotes {
@@ -146,7 +149,18 @@ impl DeleteVotes {
             writer,
             untombstoned,
             found: [None; MAX_REPLICAS],
+            unseen: [false; MAX_REPLICAS],
         }
+    }
+
+    /// Whether this delete's tombstone is on no replica: every CAS it sent was
+    /// answered, and none installed the tombstone. The delete then changed nothing,
+    /// and a tombstone of this writer that it found is an earlier delete's: no reader
+    /// can have carried this one's anywhere. (A KV store that reached the register
+    /// through a cache may then look the key up and delete it anew, whatever life of
+    /// the register those tombstones ended: `swarm-kv`'s `KvClient::delete`.)
+    pub fn landed_nowhere(&self) -> bool {
+        !self.unseen.iter().any(|&u| u) && !self.found.iter().flatten().any(|f| f.is_empty())
     }
 
     /// Replica `p`'s delete word held `found` when this delete's CAS reached it: `⊥`
@@ -262,6 +276,21 @@ impl<F: Fabric, C: Clock> Client<F, C> {
             for (node, _) in rt.failures() {
                 if let Some(p) = reg.replicas.position(*node) {
                     failed[p] = true;
+                }
+            }
+            if let Some(votes) = votes.as_deref_mut() {
+                // Every replica this step sent the CAS to and whose answer is not
+                // taken in below may hold it (`DeleteVotes::landed_nowhere`).
+                for &p in &candidates {
+                    let node = reg.replicas.node(p);
+                    let answered = rt.replies().iter().any(|(n, c)| {
+                        *n == node
+                            && super::inout::cas_result(c, 0)
+                                .is_some_and(|f| f == untombstoned || f.is_tombstone())
+                    });
+                    if rt.contacted(node) && !answered {
+                        votes.unseen[p] = true;
+                    }
                 }
             }
             for (node, completion) in rt.replies_mut() {
@@ -467,6 +496,20 @@ mod tests {
         let mut v = votes(1, &[(0, MINE), (1, MINE)]);
         v.learn(1, tomb(2));
         assert_eq!(v.outcome(3), DeleteOutcome::Removed);
+    }
+
+    #[test]
+    fn a_delete_whose_every_cas_answered_without_installing_landed_nowhere() {
+        // Others' tombstones, or this writer's own (an earlier delete's: no reader
+        // can have carried this one's from anywhere).
+        assert!(votes(1, &[(0, tomb(2)), (1, tomb(3))]).landed_nowhere());
+        assert!(votes(1, &[(0, tomb(1)), (1, tomb(1))]).landed_nowhere());
+        // Installed somewhere.
+        assert!(!votes(1, &[(0, MINE), (1, tomb(2))]).landed_nowhere());
+        // A CAS sent to a replica whose answer was not taken in may have landed.
+        let mut v = votes(1, &[(0, tomb(2)), (1, tomb(2))]);
+        v.unseen[2] = true;
+        assert!(!v.landed_nowhere());
     }
 
     #[test]

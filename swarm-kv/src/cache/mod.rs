@@ -6,22 +6,63 @@
 //! keeps the [`RegisterCache`] (what the client knows of the register's metadata
 //! words), so the next MAX expects the right value (§4.4).
 //!
-//! # Bounded age (why entries expire)
+//! # Stale entries (why a cached location is safe to use, however old)
 //!
-//! Updates and deletes write to a cached register *blindly*: they do not ask the
-//! index whether the key still maps there. That is only safe while the register
-//! cannot have been reused for another key, so every entry records when the index
-//! (or this client's own insert) last *vouched* for it ([`Location::vouched_at`], on
-//! the client's `Fabric::now()`), and [`LocationCache::get`] drops entries older than
-//! the cache's time-to-live (`KvConfig::cache_ttl_ns`). A hit on a cached location
-//! does not renew it (the register was not re-checked against the index); only a
-//! fresh index lookup or insert does ([`LocationCache::put`] keeps the newer vouch).
+//! Gets, updates and deletes go to a cached register without asking the index
+//! whether the key still maps there. Meanwhile the key may have been deleted, the
+//! register unmapped, retired, reset for another life ([`crate::registers::recycle`])
+//! and given to another key, or to this key again. Nothing bounds when the entry is
+//! used: recycling does not wait for it. What makes that safe is the register's
+//! *life*, which every entry carries in its [`RegisterCache`]
+//! ([`RegisterCache::life`]: the marker its last reset left in every metadata word and
+//! delete word, or ⊥ for memory never reset, a life of its own). Only locations
+//! whose life is known are cached (`KvClient::remember`): every read or write that
+//! returned a value saw a delete word that was not a tombstone, and learned it.
 //!
-//! So a register that became unreachable through the index at time `t` is named by
-//! no cache entry used after `t + ttl` (the lookup that vouched for it began before
-//! `t`), and by no operation posting after `t + ttl + max_op_ns` (SWARM §5.4; the
-//! register recycler, `crate::registers::recycle`, waits that long plus a clock-drift margin
-//! before reusing it).
+//! With the lens of a thread stopped between any two instructions, what an
+//! operation through an entry of life `L` can meet, and what it does:
+//!
+//! * **`L` is over and a later life is not deleted**: every read and write round
+//!   reads the delete word (a write after its CAS, in the same batch), which holds
+//!   the later life's marker: the operation stops with `Recycled` having changed
+//!   nothing (its CASes expect words of `L`, which never come back: a reset is a
+//!   write above every word of every earlier life), and the client asks the index.
+//! * **A tombstone**: it may end `L` or any later life; it does not say which. So
+//!   an operation through the cache acts on a tombstone only by asking the index: a
+//!   get reads the key's register anew through the index; an update's write below a
+//!   tombstone never takes effect, and it drops the entry and asks the index without
+//!   unmapping anything (an unmap through the cache could remove a later life of the
+//!   key that landed in the same register meanwhile); a delete that did not install
+//!   its tombstone everywhere asks the index and, unless the index shows the same
+//!   register in the same life, re-decides (its tombstone CASes expect `L`'s marker:
+//!   they take effect in `L` or nowhere; `KvClient::delete`).
+//! * **`L` itself, no tombstone seen**: the register still holds `L`, whose key is
+//!   the entry's (a life holds one key, and is unmapped only after it is deleted), so
+//!   the value read is the key's current one and a write or a tombstone in `L` is the
+//!   key's. A register reset while the read ran shows another marker or a tombstone
+//!   on some replica of the quorum (a reset tombstones every replica before it
+//!   installs the next marker, and needs every replica).
+//! * **Another key's value in `L`'s register, or an unpublished one**: a payload
+//!   carries its key, and a get checks it; an insert that turned into an update
+//!   leaves its fresh register holding the key unpublished, in a life no entry names.
+//! * **Plain stores and the key header**: an in-place record is read only when its
+//!   tsp is the maximum's, which no record of an earlier life is; the index, not the
+//!   cache, reads key headers, within one lookup (a reset blanks them, and the next
+//!   insert writes its key's before the register is indexed).
+//!
+//! Entries made from an operation's own index lookup need more than the life for
+//! the rest of that operation (an update or delete that finds the register deleted
+//! unmaps it conditionally on the register alone): the register grace, one operation
+//! deadline, keeps such a register in one life until the operation ends
+//! (`crate::registers::recycle`, "When: the grace").
+//!
+//! What an entry's age still bounds ([`LocationCache::get`] drops entries older than
+//! `KvConfig::cache_ttl_ns` after the index or this client's insert vouched for
+//! them, [`Location::vouched_at`]): nothing safety or recycling needs. It is a
+//! freshness bound on how long a client uses a location the index has not looked at
+//! again, kept as a tunable; a stale entry costs one roundtrip more when next used.
+//! A hit does not renew an entry; only a fresh index lookup or insert does
+//! ([`LocationCache::put`] keeps the newer vouch).
 //!
 //! Eviction is approximate LFU (as DINOMO's and FUSEE's caches): each entry counts
 //! its hits; when the cache is over its byte budget it samples a few entries and
@@ -230,8 +271,8 @@ impl LocationCache {
     }
 
     /// The location of `key` at time `now`, counting a hit; `None` (and the entry
-    /// dropped) if it was vouched for `ttl_ns` or longer ago: the register may have
-    /// been recycled since (module docs).
+    /// dropped) if it was vouched for `ttl_ns` or longer ago (module docs, "Stale
+    /// entries": a freshness bound, not a safety one).
     pub fn get(&mut self, key: &[u8], now: Nanos) -> Option<Location> {
         let i = self.find(self.hash(key), key)?;
         let entry = &mut self.entries[i];

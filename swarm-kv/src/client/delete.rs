@@ -5,6 +5,7 @@
 //! `deferred_unmap` has the argument). The remover whose unmap took effect owns the
 //! register and retires it (SWARM §5.4).
 
+use swarm_core::encoding::Tsp;
 use swarm_core::fabric::Nanos;
 use swarm_core::{Clock, DeleteOutcome, DeleteVotes, Fabric, FirstDeleter, OpStats, RegisterLoc};
 
@@ -16,6 +17,16 @@ use crate::index::hash::HashedKey;
 
 use super::{KvClient, MAX_RETRIES, RegisterProtocol};
 
+/// A delete through the cache that did not report `Removed` (`KvClient::delete`).
+struct FromCache {
+    register: RegisterId,
+    loc: RegisterLoc,
+    outcome: DeleteOutcome,
+    votes: DeleteVotes,
+    /// The register's life the cache entry named.
+    life: Option<Tsp>,
+}
+
 impl<F: Fabric, C: Clock> KvClient<F, C> {
     /// Deletes `key`: [`DeleteOutcome::Removed`] if this call removed its value,
     /// [`DeleteOutcome::Absent`] if the key was absent, and [`DeleteOutcome::Raced`] if
@@ -25,16 +36,20 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
     /// solves; `swarm_core::protocol::delete`).
     ///
     /// A register found in this client's cache may no longer be the key's: deleted
-    /// by another client, the key re-inserted into another register since. Its
-    /// delete then finds another tombstone first on some replica, exactly as if
-    /// another delete were racing it. So a delete through the cache that did not
-    /// remove the value asks the index: if the key still maps to that register (or
-    /// to nothing), the outcome stands; if it maps to another one, this delete
-    /// deletes that one, unless its tombstone may be first on a majority of the
-    /// cached register (then it may be the delete that removed the value there, and
-    /// reports [`DeleteOutcome::Raced`]). If a memory node does not answer, that
-    /// may be undecidable: [`KvError::DeleteUndecided`], rare, with nothing changed
-    /// but perhaps that value.
+    /// by another client, the key re-inserted into another register since, or the
+    /// register itself recycled, deleted again in a later life, or holding the key
+    /// again. Its delete then finds another tombstone first on some replica, exactly
+    /// as if another delete were racing it, and a tombstone does not say whose life
+    /// it ends. So a delete through the cache that did not remove the value asks the
+    /// index: if the key maps to nothing, it was absent then; if it maps to the same
+    /// register in the same life (which the tombstones seen make impossible), the
+    /// outcome stands; otherwise, if this delete's tombstone landed nowhere, it
+    /// changed nothing and deletes the key's register of now; else it deletes that
+    /// one unless its tombstone may be first on a majority of the cached register
+    /// (then it may be the delete that removed the value there, and reports
+    /// [`DeleteOutcome::Raced`]). If a memory node does not answer, that may be
+    /// undecidable: [`KvError::DeleteUndecided`], rare, with nothing changed but
+    /// perhaps that value.
     ///
     /// A delete that runs past its deadline (a stall) stops with [`KvError::Fenced`]:
     /// its outcome is unknown (its tombstone may be on some replicas, and a reader
@@ -59,16 +74,24 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         // A register this call found deleted and could not unmap.
         let mut found_deleted = None;
         // A register reached through the cache whose delete did not report `Removed`,
-        // with where it is and that outcome: the index decides next whether it was
-        // still the key's register (see the method docs).
-        let mut from_cache: Option<(RegisterId, RegisterLoc, DeleteOutcome, DeleteVotes)> = None;
+        // with where it is, that outcome and the life the cache entry named: the
+        // index decides next whether it was still the key's register (see the method
+        // docs).
+        let mut from_cache: Option<FromCache> = None;
         for attempt in 0..MAX_RETRIES {
             let now = self.attempt_now(attempt, start, deadline)?;
             let (located, resolved) = self.locate_written(key, stats, now).await?;
             let Some(mut located) = located else {
                 // The key maps to nothing now: it was absent at that moment, which
                 // agrees with either outcome of a delete of a cached register.
-                return Ok(from_cache.map_or(DeleteOutcome::Absent, |(_, _, outcome, _)| outcome));
+                return Ok(from_cache.map_or(DeleteOutcome::Absent, |c| {
+                    if c.votes.landed_nowhere() {
+                        // It changed nothing: the key was absent when the index was read.
+                        DeleteOutcome::Absent
+                    } else {
+                        c.outcome
+                    }
+                }));
             };
             if resolved && found_deleted == Some(located.register) {
                 // The index, read just now, still maps the key to the register found
@@ -79,24 +102,35 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
                 self.fence(deadline)?;
             }
             let known = match from_cache.take() {
-                // Still the key's register: its delete's outcome stands.
-                Some((register, _, outcome, votes)) if register == located.register => {
-                    Some((outcome, votes))
+                // Still the key's register, in the life the cache named: its delete's
+                // outcome stands. (Not expected: the index's read just found a value
+                // there, which a majority of tombstones in that life rules out.)
+                Some(c) if c.register == located.register && c.life == located.knowledge.life() => {
+                    Some((c.outcome, c.votes))
                 }
-                // The key moved to another register. If this delete's tombstone may be
-                // first on a majority of the cached one, it may be the delete that
-                // removed the value there, and must not remove another.
-                Some((register, loc, DeleteOutcome::Raced, votes)) => {
-                    match self.swarm.first_deleter(&loc, &votes, stats).await? {
+                // The key moved to another register, or the cached one is in another
+                // life (recycled since the entry was made, and holding the key
+                // again): what this delete found there says nothing about the key
+                // now. If its tombstone landed nowhere, it changed nothing.
+                Some(c) if c.votes.landed_nowhere() => None,
+                // If this delete's tombstone may be first on a majority of the cached
+                // register, it may be the delete that removed the value there, and
+                // must not remove another. (Its CASes expect the cached life's
+                // marker: they take effect in that life or nowhere.)
+                Some(c) if c.outcome == DeleteOutcome::Raced => {
+                    match self.swarm.first_deleter(&c.loc, &c.votes, stats).await? {
                         FirstDeleter::NotMe => None,
                         FirstDeleter::Me => return Ok(DeleteOutcome::Raced),
                         FirstDeleter::Unknown => {
-                            return Err(KvError::DeleteUndecided { register });
+                            return Err(KvError::DeleteUndecided {
+                                register: c.register,
+                            });
                         }
                     }
                 }
                 _ => None,
             };
+            let life = located.knowledge.life();
             let (outcome, votes) = match known {
                 Some(known) => known,
                 None => match self
@@ -118,7 +152,13 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
                 // Another delete's tombstone was there first somewhere: perhaps long
                 // ago, and the key lives elsewhere now. Ask the index.
                 self.cache.borrow_mut().remove(key.bytes());
-                from_cache = Some((located.register, located.loc.clone(), outcome, votes));
+                from_cache = Some(FromCache {
+                    register: located.register,
+                    loc: located.loc.clone(),
+                    outcome,
+                    votes,
+                    life,
+                });
                 continue;
             }
             match outcome {

@@ -1,8 +1,9 @@
 //! Finding a key's register (SWARM §5.3.4): the location cache first, then the
 //! index, whose candidates are read until one holds the key (the payload carries the
 //! key, so a register that does not hold it is never mistaken for it). What the index
-//! vouched for is remembered in the cache, with the time it vouched (entries expire
-//! `cache_ttl_ns` later, which recycling's grace relies on).
+//! vouched for is remembered in the cache with the register's life, which is what
+//! lets an operation through a stale entry detect a recycled register (`crate::cache`,
+//! "Stale entries"); entries also expire `cache_ttl_ns` after the index vouched.
 
 use swarm_core::fabric::Nanos;
 use swarm_core::{Clock, Fabric, OpStats, RegisterCache, yield_now};
@@ -12,7 +13,7 @@ use crate::cache::Location;
 
 use crate::index::hash::HashedKey;
 
-use super::{KvClient, Located};
+use super::{KvClient, Located, RegisterProtocol};
 
 impl<F: Fabric, C: Clock> KvClient<F, C> {
     /// For an operation interleaved with others on this thread
@@ -42,7 +43,18 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         }))
     }
 
+    /// Caches `key → located`. Not a location whose register's life is unknown (no
+    /// read or write of it saw a delete word that was not a tombstone): an operation
+    /// through it would take whatever life it meets for the key's (`crate::cache`,
+    /// "Stale entries"). RAW keeps no life and recycles nothing it cached.
     pub(super) fn remember(&self, key: &[u8], located: &Located) {
+        if located.knowledge.life().is_none() && self.protocol != RegisterProtocol::Raw {
+            tracing::debug!(
+                register = located.register,
+                "a location whose register's life is unknown is not cached"
+            );
+            return;
+        }
         self.cache.borrow_mut().put(
             key,
             Location {

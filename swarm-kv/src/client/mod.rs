@@ -28,15 +28,16 @@
 //!
 //! The client whose index remove (or replace) unmapped a deleted register, and the
 //! client whose insert turned into an update (its fresh register was never
-//! published), *retire* that register; after a grace covering every cached location
-//! (`cache_ttl_ns`, superblock) and every operation (`max_op_ns`, superblock) that
-//! may still name it, the register is reset on all its replicas and handed out
-//! again (`crate::registers::recycle` has the argument). Two things make the grace
-//! sufficient and are enforced here: cache entries expire `cache_ttl_ns` after the
-//! index vouched for them (`crate::cache`), and an operation stops at its deadline
-//! (start + `max_op_ns`) with [`KvError::Fenced`] before posting its next step, and
-//! the index posts no CAS after it (`Index::remove_until`), and the register
-//! protocol posts no batch after it (`swarm_core`'s operation fence, `OpStats`).
+//! published), *retire* that register; after a grace covering every operation
+//! (`max_op_ns`, superblock) that may have found it through the index, the register
+//! is reset on all its replicas and handed out again (`crate::registers::recycle` has
+//! the argument). Cached locations need no wait: they carry the register's life, and
+//! an operation through one that meets another life, or a tombstone it cannot place,
+//! asks the index before it acts (`crate::cache`, "Stale entries"). What is enforced
+//! here: an operation stops at its deadline (start + `max_op_ns`) with
+//! [`KvError::Fenced`] before posting its next step, the index posts no CAS after it
+//! (`Index::remove_until`), and the register protocol posts no batch after it
+//! (`swarm_core`'s operation fence, `OpStats`).
 
 use std::cell::{Cell, RefCell};
 

@@ -1,6 +1,8 @@
 //! **update** (SWARM §5.3.3): locate, then one Safe-Guess write; fails if the key is
 //! absent. A write that finds a tombstone changed nothing (the protocol locks its
-//! guess out): flush, unmap the dead register in case its deleter crashed, and retry.
+//! guess out): flush, and retry through the index; a register the index named in
+//! this attempt is unmapped first, in case its deleter crashed (one reached through
+//! the cache is not: the tombstone may end a later life of it, `crate::cache`).
 
 use swarm_core::{Clock, Fabric, OpStats, WriteOutcome};
 
@@ -53,8 +55,18 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
                     self.remember(key.bytes(), &located);
                     return Ok(true);
                 }
-                Ok(WriteOutcome::Deleted) => {
+                // Found through the index in this attempt: the register is the key's
+                // and deleted (no reset can come before this operation's end, the
+                // register grace): unmap it in case its deleter crashed, and retry.
+                Ok(WriteOutcome::Deleted) if resolved => {
                     Box::pin(self.forget_deleted(key, located.register, stats, deadline)).await?;
+                }
+                // Through the cache: a tombstone does not say whose life it ends. It
+                // may end a later life of the register, which may be reset and hold
+                // this key again by the time an unmap ran. The write changed nothing
+                // (a write below a tombstone never takes effect): ask the index.
+                Ok(WriteOutcome::Deleted) => {
+                    self.cache.borrow_mut().remove(key.bytes());
                 }
                 // The register was reset for another life since it was located (a
                 // stale cache entry): the write changed nothing there. Ask the index.

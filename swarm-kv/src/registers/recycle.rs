@@ -17,32 +17,50 @@
 //!
 //! # When: the grace
 //!
-//! Once retired, a register is unreachable for new operations: the index no longer
-//! maps it (decided on a majority), and the only other way to name it is a location
-//! cache entry. Entries are used only while younger than `cache_ttl_ns` after the
-//! index lookup that vouched for them began (`crate::cache`), and that lookup began
-//! before the unmapping. An operation posts nothing after its start + `max_op_ns`
-//! (the operation deadline, contract "fence"). So no operation that can name the
-//! register posts anything later than `cache_ttl_ns + max_op_ns` after it was
-//! retired, measured on the other clients' clocks. The owner waits
-//! `swarm_core::slot_recycling::grace_ns(cache_ttl_ns + max_op_ns)` on its own clock: the
-//! sum as its clock may measure it (`· 9/7`: each clock's rate within 1/8 of real
-//! time, `swarm_core::slot_recycling::CLOCK_DRIFT_DIV`) plus the delivery margin for
-//! batches still in flight.
+//! Once retired, a register is unreachable for new operations through the index
+//! (the unmapping is decided on a majority). Two kinds of operations may still name
+//! it:
+//!
+//! * **Through a location-cache entry, however old.** No wait covers those: an
+//!   entry carries the register's life, and an operation through it either meets
+//!   that life (then the register is still the key's, or deleted in that life) or
+//!   detects another one and asks the index, acting on nothing it found there
+//!   (`crate::cache`, "Stale entries", has the case analysis). Its CASes expect words
+//!   of its life, which a reset moves above for good: late or timely, they fail in
+//!   any later life.
+//! * **Through the index, within one operation.** An operation that found the
+//!   register through an index lookup also acts on it after the lookup: a get
+//!   returns its value as the key's, an update or a delete that finds it deleted
+//!   unmaps `key → register` (a remove conditional on the register only), an insert
+//!   replaces a mapping to it. Those steps assume the register is in the life the
+//!   lookup saw mapped. A retiree resets the register only `grace` after the
+//!   unmapping, the lookup began before the unmapping, and an operation posts
+//!   nothing after its start + `max_op_ns` (the fence); so the whole operation sees
+//!   one life, as long as `grace` covers `max_op_ns` on the other clients' clocks
+//!   and the delivery margin. The owner waits
+//!   `swarm_core::slot_recycling::grace_with_margin_ns(max_op_ns, margin)`
+//!   ([`crate::layout::ClusterParams::register_grace_ns`]): `max_op_ns · 9/7` (each
+//!   clock's rate within 1/8 of real time,
+//!   `swarm_core::slot_recycling::CLOCK_DRIFT_DIV`) plus the delivery margin `· 9/8`:
+//!   about 270 ms with the defaults. (Clusters made before superblock version 7 wait
+//!   the location cache's lifetime as well: their older clients' cached locations
+//!   rely on it.)
+//!
+//! What the grace buys is this one-life view of an index-resolved operation, which
+//! makes its later steps (an unmap, a "the key maps here" conclusion) right; it is
+//! not what keeps the register's words safe from a stale store. A client paused
+//! between its check and its store, for longer than any grace, breaks every bound
+//! above: its CASes fail (below, "why a reused register is never confused with its
+//! old life") and its index CASes expect bucket words that changed; a paused
+//! operation is past its deadline and stops at its next step. Going below one
+//! operation deadline would need every such later step to check the life it acts
+//! on (as the deferred unmap does with its tagged remove), not just its CASes.
 //!
 //! Who enforces the deadline: the KV client between its steps
 //! (`KvClient::fence`), the index before each CAS (`Index::remove_until` and
 //! friends), and the register protocol inside its own steps: `swarm_core`'s
 //! operation fence (the deadline armed on the operation's `OpStats`, checked by
-//! `Roundtrip::post` and `post_background_for`), so that a client paused *inside* a
-//! register read or write (say before a read's write-back CAS) posts nothing to a
-//! register that may have been recycled meanwhile.
-//!
-//! The grace is no longer what keeps a register's words safe from a late store: a
-//! client paused between its check and its store, for longer than any grace, breaks
-//! every bound above. The reset is (below, "why a reused register is never confused
-//! with its old life"); the grace makes stale operations rare, so that they cost
-//! their own retry and not the next life's.
+//! `Roundtrip::post` and `post_background_for`).
 //!
 //! # How: the reset, on every replica
 //!

@@ -256,7 +256,8 @@ struct ParamArgs {
     #[arg(long, default_value = "200ms")]
     max_op: String,
     /// How long a client uses a cached key location after the index vouched for it,
-    /// e.g. 10s: a deleted key's register is reused about this plus --max-op later.
+    /// e.g. 10s, before asking the index again (a freshness bound: a deleted key's
+    /// register is reused about --max-op later, whatever the cached locations).
     #[arg(long, default_value = "10s")]
     cache_ttl: String,
     /// How late after its post a write may still land on a memory node, e.g. 10ms:
