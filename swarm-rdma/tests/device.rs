@@ -444,6 +444,7 @@ fn a_client_whose_lease_word_stops_changing_is_cut_off_by_the_memory_node() {
     let request = WatchRequest {
         offset: lease,
         stall_ns: 4 * MIN_STALL_NS,
+        base: 1,
     };
     assert_eq!(fabric.watch_lease_word(request), 1);
     // Renewing well within the stall time keeps the queue pair.

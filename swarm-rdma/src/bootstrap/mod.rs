@@ -59,7 +59,9 @@ mod server;
 #[cfg(test)]
 mod tests;
 
-pub use handshake::{Session, client_handshake, client_handshake_session, server_handshake};
+pub use handshake::{
+    Request, Session, client_handshake, client_handshake_session, server_handshake,
+};
 pub use server::{PreAuthStats, Server, ServerLimits};
 
 /// Default time for a whole handshake (connecting included, on the client).
