@@ -22,6 +22,7 @@ use swarm_kv::{ClusterParams, RdmaStore, Store};
 use swarm_rdma::auth::Token;
 use swarm_rdma::bootstrap::ServerLimits;
 use swarm_rdma::emu::{EmuOptions, EmuTransport, EmuWire, EmulatedMemnode, Mode};
+use swarm_rdma::fabric::NodeStatus;
 
 const NODE_BYTES: u64 = 16 << 20;
 const MS: u64 = 1_000_000;
@@ -143,6 +144,18 @@ fn held_stores_of_a_taken_over_owner_never_land(watch_period: Duration) {
         vec![false; 3],
         "A's held stores completed after the takeover"
     );
+    // A's reconnects are refused for good: the nodes never fence its generation
+    // again, whatever its lease word holds now (B's counters).
+    let started = std::time::Instant::now();
+    while (0..3u16).any(|i| f.node_status(NodeId(i)) != NodeStatus::Retired) {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "A's reconnects were not all refused: {:?}",
+            (0..3u16).map(|i| f.node_status(NodeId(i))).collect::<Vec<_>>()
+        );
+        f.progress();
+        std::thread::sleep(Duration::from_millis(1));
+    }
     // B works on.
     block_on(b.fabric(), b.insert(b"k2", b"w", &OpStats::new())).expect("B inserts");
     assert_eq!(

@@ -237,28 +237,33 @@ async fn revoke<F: Fabric + ?Sized>(
             Revocation::NotNeeded | Revocation::Acknowledged => return Ok(Some(floor)),
             Revocation::Incomplete(missing) => missing,
         };
-        // A node that answered with a live word: the owner's stale renewal landed
-        // there after the observation (a kill is final for its generation, so it
-        // renews nothing over one). Kill it from that value, but only where the
-        // row's claim still holds the dead token: another reclaimer that took the
-        // row over meanwhile renews over our kills, and its lease is not ours to end.
+        // A node that answered with a live word: the kill did not reach it (it
+        // needs only a majority), or the owner's stale renewal landed there after
+        // the observation (a kill is final for its generation, so it renews nothing
+        // over one). Kill it from that value, but only where the row's claim still
+        // holds the dead token: another reclaimer that took the row over meanwhile
+        // renews over our kills, and its lease is not ours to end.
         let live: Vec<(NodeId, u64)> = missing
             .iter()
             .filter_map(|&(node, word)| word.map(|w| (node, w)))
             .collect();
         for &(node, word) in &live {
             let mut rt = Roundtrip::start(fabric, &stats);
-            rt.post(node, Batch::read(row_at, 8))?;
+            if rt.post(node, Batch::read(row_at, 8)).is_err() {
+                continue;
+            }
             let deadline = fabric.now().saturating_add(STRAGGLER_NS);
             if rt.wait_until(1, deadline).await == WaitOutcome::Short {
                 continue;
             }
-            let claim = rt.replies()[0]
-                .1
-                .read(0)
-                .and_then(|b| b.try_into().ok())
-                .map(u64::from_le_bytes);
-            if claim != Some(row.token) {
+            let Some(Some(claim)) = rt.replies().first().map(|(_, c)| {
+                c.read(0)
+                    .and_then(|b| b.try_into().ok())
+                    .map(u64::from_le_bytes)
+            }) else {
+                continue;
+            };
+            if claim != row.token {
                 tracing::info!(
                     writer = row.writer,
                     %node,
