@@ -60,6 +60,13 @@
 //!   reconnect, whatever the word holds later. A new owner's base is above every
 //!   counter it saw, the floors included, so it is watched.
 //!
+//! Why a request and a reply on the bootstrap connection rather than an
+//! acknowledgement word in node memory: the node needs a request anyway to know what
+//! to revoke; the reply comes once the cut is done, with no polling by the reclaimer;
+//! it is proved over the session transcript like every message there; and no word
+//! of the served memory is ever written by the node's CPU while the NIC serves it
+//! (CPU stores and NIC atomics on one word are not atomic with each other).
+//!
 //! A client fences itself before it stores anything under its row (swarm-kv's
 //! `register`, right after its first renewal): before that it stores nothing but
 //! CASes on its row's claim and lease words, which a takeover's own CASes make fail.
