@@ -11,6 +11,7 @@
 //! fall within one watch period: only the revocation the takeover waits for can cut
 //! A in time. Then A's held stores are released. They must not land: the memory
 //! node destroyed A's queue pairs before it acknowledged, so nothing executes them.
+//! And A's reconnects must be refused for good, whatever its lease word holds later.
 #![cfg(feature = "rdma")]
 
 use std::sync::Arc;
@@ -88,6 +89,10 @@ fn word_at(node: &EmulatedMemnode, addr: u64) -> u64 {
 }
 
 fn held_stores_of_a_taken_over_owner_never_land(watch_period: Duration) {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
     let (nodes, store) = start(watch_period);
     let a = store.client().expect("A registers");
     assert_eq!(a.writer(), 0, "the only writer id");
@@ -151,9 +156,14 @@ fn held_stores_of_a_taken_over_owner_never_land(watch_period: Duration) {
         assert!(
             started.elapsed() < Duration::from_secs(20),
             "A's reconnects were not all refused: {:?}",
-            (0..3u16).map(|i| f.node_status(NodeId(i))).collect::<Vec<_>>()
+            (0..3u16)
+                .map(|i| f.node_status(NodeId(i)))
+                .collect::<Vec<_>>()
         );
         f.progress();
+        // B is not paused: it keeps driving its own queue pairs (emulated requests
+        // execute only while their client polls).
+        b.fabric().progress();
         std::thread::sleep(Duration::from_millis(1));
     }
     // B works on.
@@ -171,7 +181,9 @@ fn a_takeover_within_one_watch_period_waits_for_the_owner_to_be_cut() {
     held_stores_of_a_taken_over_owner_never_land(Duration::from_secs(3600));
 }
 
-/// The same with the memory nodes' default watch (every 10 ms).
+/// The same with the memory nodes' default watch (every 10 ms), which cuts A once
+/// its word is killed; without the revocation A's reconnects are served again once B
+/// renewed over the kill (the word is no longer killed), and A is back in service.
 #[test]
 fn a_takeover_with_the_default_watch_waits_for_the_owner_to_be_cut() {
     held_stores_of_a_taken_over_owner_never_land(ServerLimits::default().watch_period);
