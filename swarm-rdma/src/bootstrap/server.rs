@@ -523,7 +523,8 @@ fn serve_client<A: Acceptor>(
             tracing::warn!(%peer, %error, "cannot enable keepalive on the client's connection");
         }
         // Passive from now on: block until the client closes the connection or
-        // the watcher cuts it; the only request it may send is a lease watch.
+        // it is cut; the only requests it may send are a lease watch and a
+        // revocation of another client's lease.
         serve_requests(&mut stream, peer, id, shared, &mut session, &connection);
     }
     if let Ok(mut clients) = shared.clients.lock() {

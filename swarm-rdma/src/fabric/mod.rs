@@ -1026,8 +1026,9 @@ impl<T: Transport> RdmaFabric<T> {
 
 /// Whether the memory node behind a bootstrap connection sent something or closed
 /// it, without consuming anything or blocking. On a connection the node keeps open
-/// nothing is ever waiting: the bootstrap exchange is over, and a watch request is
-/// answered before [`RdmaFabric::watch_lease_word`] returns; so anything readable is
+/// nothing is ever waiting: the bootstrap exchange is over, and a watch or revocation
+/// request is answered before [`RdmaFabric::watch_lease_word`] or
+/// [`RdmaFabric::revoke_lease_word`] returns; so anything readable is
 /// a cut notice (or the end of the connection). `false` if the socket cannot be
 /// probed.
 fn has_spoken(stream: &TcpStream) -> bool {
