@@ -146,6 +146,18 @@ pub enum KvError {
         /// The writer id.
         writer: u16,
     },
+    /// The lease of a writer id is killed, but not every memory node acknowledged
+    /// that its owner's queue pairs are cut (RDMA): its id is not released, since the
+    /// owner's late stores could still land (`crate::membership::writer_takeover`).
+    #[error(
+        "writer id {writer}'s lease is killed, but not every memory node acknowledged that its \
+         owner is cut off (a node is unreachable, or another client took the id meanwhile): \
+         retry once every memory node answers"
+    )]
+    OwnerNotCut {
+        /// The writer id.
+        writer: u16,
+    },
     /// The client could not prove its lease valid for a whole operation and stopped
     /// (self-fencing): it must reconnect.
     #[error(

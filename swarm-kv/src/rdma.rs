@@ -6,9 +6,13 @@
 //! its shared-memory counterpart, and every command and the benchmark run unchanged
 //! through the [`Store`] trait.
 //!
-//! Every client ([`Store::client_with`]) asks the memory nodes to watch its lease
-//! word once it holds its writer row, so that a node cuts its queue pair when the
-//! lease is killed or not renewed (`swarm_rdma::lease_watch`).
+//! Every client fences itself on the memory nodes under its lease word once it holds
+//! its writer row and before it stores anything under it (`Fabric::fence_owner`, from
+//! `crate::membership::writer_ids::register`), so that a node cuts its queue pair when
+//! the lease is killed or not renewed, and at once when a reclaimer revokes it
+//! (`swarm_rdma::lease_watch`): a writer id is taken over or released only once
+//! every memory node acknowledged the revocation
+//! (`crate::membership::writer_takeover`).
 //!
 //! **Idle clients.** A client that issues nothing for longer than its lease stops
 //! renewing, so every node cuts it off. That is the intended defence against a hung
@@ -38,12 +42,10 @@ use swarm_core::Fabric;
 use swarm_core::fabric::{FabricError, NodeId};
 use swarm_core::header::NodeHeader;
 use swarm_rdma::fabric::ClusterHandle;
-use swarm_rdma::lease_watch::{MAX_STALL_NS, MIN_STALL_NS, WatchRequest};
 use swarm_rdma::{RdmaCluster, RdmaConfig, RdmaError, RdmaFabric};
 
 use crate::KvError;
 use crate::layout::{ClusterParams, NodeLayout, ParamsError, SUPERBLOCK_AT};
-use crate::membership::lease::LeaseParams;
 use crate::repair::{RepairError, RepairOptions, RepairReport, repair_node};
 use crate::store::{Store, open_layout, write_superblock};
 
@@ -303,32 +305,6 @@ impl<C: ClusterHandle> Store for RdmaStore<C> {
         let fabric = self.fabric()?;
         let clock =
             crate::clock::SystemClock::new(self.header().epoch_unix_ns, self.header().tick_ns);
-        let client = crate::KvClient::connect(fabric, clock, self.layout, config)?;
-        self.watch_lease(client.fabric(), client.writer());
-        Ok(client)
-    }
-
-    /// Asks the memory nodes to cut the client of `writer` off once its lease word
-    /// (row word 1 of its client-table row, `crate::membership::writer_ids`) is killed, or
-    /// unchanged for as long as a reclaimer waits before it may kill it
-    /// ([`crate::admin::takeover_wait_ns`]): by then the client's own clock says its
-    /// lease ended, whatever the drift within the bound (defence in depth behind the
-    /// self-fence, `crate::membership::lease`).
-    fn watch_lease(&self, fabric: &Self::Fabric, writer: u16) {
-        let params = LeaseParams::from_params(&self.layout.params);
-        let stall_ns = params.observer_wait_ns().max(MIN_STALL_NS);
-        if stall_ns > MAX_STALL_NS {
-            tracing::warn!(
-                stall_ns,
-                "lease too long for the memory nodes' lease watch; not watched"
-            );
-            return;
-        }
-        let request = WatchRequest {
-            offset: self.layout.client_row(writer) + 8,
-            stall_ns,
-        };
-        let armed = fabric.watch_lease_word(request);
-        tracing::debug!(armed, writer, "memory nodes watch the lease word");
+        crate::KvClient::connect(fabric, clock, self.layout, config)
     }
 }

@@ -41,12 +41,10 @@ pub trait Store {
         KvConfig::new(self.header().epoch_unix_ns, self.header().tick_ns)
     }
 
-    /// Asks the transport to cut off the client of `writer`, on `fabric`, once its
-    /// lease lapses: the RDMA memory nodes' lease watch, defence in depth behind the
-    /// client's self-fence (`crate::membership::lease`). [`Self::client_with`] does it for the
-    /// clients it makes; callers that connect a [`KvClient`] on a fabric of their own
-    /// (the benchmark harness) call it themselves. A no-op where the transport has
-    /// no such watch (shared memory).
+    /// Kept for callers that connect a [`KvClient`] on a fabric of their own (the
+    /// benchmark harness): a no-op now. Every client fences itself on the memory nodes
+    /// when it registers its writer id (`swarm_core::Fabric::fence_owner`, the RDMA
+    /// lease watch and revocation), through whatever wrapper its fabric is in.
     fn watch_lease(&self, fabric: &Self::Fabric, writer: u16) {
         let _ = (fabric, writer);
     }

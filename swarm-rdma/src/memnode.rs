@@ -17,6 +17,13 @@
 //! bootstrap connection. A hung or partitioned client that wakes up late then cannot
 //! write through its old queue pair: defence in depth behind its self-fence.
 //!
+//! A reclaimer's **revocation** ([`crate::lease_watch`], "Revocation") arrives on its
+//! own bootstrap connection and is served on that connection's thread: where the
+//! named lease word is killed, the node destroys the queue pair of every client
+//! watching it for a revoked generation, then acknowledges, and from then on refuses
+//! to watch that generation again. A takeover waits for that acknowledgement from
+//! every node, so it does not depend on the watch's period.
+//!
 //! Memory is zero-filled anonymous memory, on 2 MiB huge pages when the system has
 //! them reserved (`vm.nr_hugepages`), normal pages otherwise. It is not persistent:
 //! a restarted memory node comes back empty, with a new rkey, and clients that used

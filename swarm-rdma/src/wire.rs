@@ -19,7 +19,7 @@
 //! All integers are little endian. Bytes from the network are untrusted: decoding
 //! checks every length and field and fails with a [`WireError`], never a panic.
 //!
-//! Payloads of version 4 (every length is fixed):
+//! Payloads of version 5 (every length is fixed):
 //!
 //! | message | payload |
 //! |---------|---------|
@@ -30,6 +30,8 @@
 //! | `Refuse` | reason (1), proof (32; zero when the node could not read a `ClientHello`) |
 //! | `Watch` | sealed [`WatchRequest`](crate::lease_watch::WatchRequest) ([`WATCH_REQUEST_LEN`]), tag (16) |
 //! | `Watching` | proof (32) |
+//! | `Revoke` | sealed [`RevokeRequest`](crate::lease_watch::RevokeRequest) ([`REVOKE_REQUEST_LEN`]), tag (16) |
+//! | `Revoked` | the lease word as the node read it (8), proof (32) |
 //!
 //! Version 1 carried queue pairs, the region's address and its rkey in clear and
 //! authenticated none of them; [`crate::auth::session`] says how version 2 proves and
@@ -37,7 +39,10 @@
 //! adds the lease watch after the handshake ([`crate::lease_watch`]): the client sends
 //! `Watch` (sealed, its `n`th message under its key), the node answers `Watching` or
 //! `Refuse` (proved over the transcript), and later cuts the client with a proved
-//! `Refuse` ([`RefuseReason::LeaseExpired`]). Sealed fields are decoded with [`QpInfo::from_bytes`] and
+//! `Refuse` ([`RefuseReason::LeaseExpired`]). Version 5 adds the owner's generation
+//! base to the watch and the revocation (`Revoke`, answered by `Revoked` once the
+//! node cut the revoked clients, or by a proved `Refuse`; [`crate::lease_watch`],
+//! "Revocation"). Sealed fields are decoded with [`QpInfo::from_bytes`] and
 //! [`decode_accept_body`] once opened.
 
 use std::io::{self, Read, Write};
@@ -46,12 +51,12 @@ use swarm_core::header::{ENCODED_LEN, HEADER_SIZE, HeaderError, NodeHeader};
 
 use crate::auth::session::{SealTag, TAG_LEN};
 use crate::auth::{NONCE_LEN, Nonce, PROOF_LEN, Proof};
-use crate::lease_watch::WATCH_REQUEST_LEN;
+use crate::lease_watch::{REVOKE_REQUEST_LEN, WATCH_REQUEST_LEN};
 
 /// First bytes of every frame.
 pub const MAGIC: [u8; 4] = *b"SWRB";
 /// The bootstrap protocol version this build speaks.
-pub const PROTOCOL_VERSION: u16 = 4;
+pub const PROTOCOL_VERSION: u16 = 5;
 /// Bytes in a frame header.
 pub const FRAME_HEADER_LEN: usize = 12;
 /// The largest payload accepted; every valid message is far smaller.
@@ -294,6 +299,22 @@ pub enum Message {
         /// The node's proof over the transcript.
         proof: Proof,
     },
+    /// Client → node, after `Accept`: revoke the clients watching a lease word
+    /// ([`crate::lease_watch`], "Revocation").
+    Revoke {
+        /// The [`crate::lease_watch::RevokeRequest`], encrypted.
+        sealed: [u8; REVOKE_REQUEST_LEN],
+        /// Its authentication tag.
+        tag: SealTag,
+    },
+    /// Node → client: the revocation is done if `word` is killed (every client it
+    /// revokes is cut), else nothing was revoked.
+    Revoked {
+        /// The lease word as the node read it.
+        word: u64,
+        /// The node's proof over the transcript and the word.
+        proof: Proof,
+    },
 }
 
 impl Message {
@@ -306,6 +327,8 @@ impl Message {
             Self::Refuse { .. } => 5,
             Self::Watch { .. } => 6,
             Self::Watching { .. } => 7,
+            Self::Revoke { .. } => 8,
+            Self::Revoked { .. } => 9,
         }
     }
 
@@ -340,6 +363,14 @@ impl Message {
                 payload.extend_from_slice(tag);
             }
             Self::Watching { proof } => payload.extend_from_slice(proof),
+            Self::Revoke { sealed, tag } => {
+                payload.extend_from_slice(sealed);
+                payload.extend_from_slice(tag);
+            }
+            Self::Revoked { word, proof } => {
+                payload.extend_from_slice(&word.to_le_bytes());
+                payload.extend_from_slice(proof);
+            }
         }
         let mut frame = Vec::with_capacity(FRAME_HEADER_LEN + payload.len());
         frame.extend_from_slice(&MAGIC);
@@ -398,6 +429,8 @@ fn kind_name(type_code: u8) -> &'static str {
         5 => "Refuse",
         6 => "Watch",
         7 => "Watching",
+        8 => "Revoke",
+        9 => "Revoked",
         _ => "unknown",
     }
 }
@@ -459,6 +492,8 @@ fn decode_payload(type_code: u8, payload: &[u8]) -> Result<Message, WireError> {
         5 => 1 + PROOF_LEN,
         6 => WATCH_REQUEST_LEN + TAG_LEN,
         7 => PROOF_LEN,
+        8 => REVOKE_REQUEST_LEN + TAG_LEN,
+        9 => 8 + PROOF_LEN,
         other => return Err(WireError::UnknownType(other)),
     };
     if payload.len() != expected {
@@ -491,7 +526,15 @@ fn decode_payload(type_code: u8, payload: &[u8]) -> Result<Message, WireError> {
             sealed: f.take(),
             tag: f.take(),
         },
-        _ => Message::Watching { proof: f.take() },
+        7 => Message::Watching { proof: f.take() },
+        8 => Message::Revoke {
+            sealed: f.take(),
+            tag: f.take(),
+        },
+        _ => Message::Revoked {
+            word: f.u64(),
+            proof: f.take(),
+        },
     })
 }
 
@@ -654,6 +697,14 @@ pub(crate) mod tests {
             Message::Refuse {
                 reason: RefuseReason::LeaseExpired,
                 proof: [12; PROOF_LEN],
+            },
+            Message::Revoke {
+                sealed: [13; REVOKE_REQUEST_LEN],
+                tag: [14; TAG_LEN],
+            },
+            Message::Revoked {
+                word: 0x8000_0000_0000_0015,
+                proof: [15; PROOF_LEN],
             },
         ]
     }

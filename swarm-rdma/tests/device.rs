@@ -22,7 +22,7 @@ use swarm_rdma::auth::Token;
 use swarm_rdma::bootstrap::ServerLimits;
 use swarm_rdma::config::PathConfig;
 use swarm_rdma::fabric::NodeStatus;
-use swarm_rdma::lease_watch::{KILLED, MIN_STALL_NS, WatchRequest};
+use swarm_rdma::lease_watch::{KILLED, MIN_STALL_NS, RevokeRequest, WatchRequest};
 use swarm_rdma::wr::ReadOrdering;
 use swarm_rdma::{Memnode, MemnodeConfig, RdmaCluster, RdmaConfig, RdmaError, RdmaFabric};
 
@@ -444,6 +444,7 @@ fn a_client_whose_lease_word_stops_changing_is_cut_off_by_the_memory_node() {
     let request = WatchRequest {
         offset: lease,
         stall_ns: 4 * MIN_STALL_NS,
+        base: 1,
     };
     assert_eq!(fabric.watch_lease_word(request), 1);
     // Renewing well within the stall time keeps the queue pair.
@@ -466,6 +467,64 @@ fn a_client_whose_lease_word_stops_changing_is_cut_off_by_the_memory_node() {
         data: (39 | KILLED).to_le_bytes().to_vec().into(),
     }]);
     wait(&reclaimer, reclaimer.post(node, kill)).unwrap();
+    wait_status(&fabric, node, NodeStatus::Retired);
+}
+
+/// A reclaimer's revocation over real verbs: once the memory node acknowledged it,
+/// the revoked client's next write fails instead of landing (its queue pair was
+/// destroyed first), and it can never reconnect; the lease watch polls once an hour
+/// here, so only the revocation can have cut it.
+#[test]
+fn a_revoked_client_lands_nothing_once_the_revocation_is_acknowledged() {
+    if require_device("a_revoked_client_lands_nothing_once_the_revocation_is_acknowledged")
+        .is_none()
+    {
+        return;
+    }
+    let token = Token::generate().unwrap();
+    let mut config = node_config(&token, 0, 1);
+    config.limits.watch_period = Duration::from_secs(3600);
+    let nodes = vec![Memnode::start(config).expect("memory node starts")];
+    let cluster = RdmaCluster::open(client_config(&nodes, &token)).unwrap();
+    let fabric = cluster.client().unwrap();
+    let node = NodeId(0);
+    let lease = DATA + 4096;
+    let write = |fabric: &RdmaFabric, addr: u64, value: u64| {
+        let write = batch(vec![Op::Write {
+            addr,
+            data: value.to_le_bytes().to_vec().into(),
+        }]);
+        wait(fabric, fabric.post(node, write))
+    };
+    write(&fabric, lease, 5).unwrap();
+    let request = WatchRequest {
+        offset: lease,
+        stall_ns: 1000 * MIN_STALL_NS,
+        base: 5,
+    };
+    assert_eq!(fabric.watch_lease_word(request), 1);
+    let reclaimer = cluster.client().unwrap();
+    let revoke = RevokeRequest {
+        offset: lease,
+        floor: 5,
+    };
+    // Not killed yet: nothing is revoked.
+    assert_eq!(reclaimer.revoke_lease_word(revoke), vec![(node, Some(5))]);
+    write(&fabric, DATA, 1).expect("the client is still served");
+    write(&reclaimer, lease, 5 | KILLED).unwrap();
+    assert!(
+        reclaimer.revoke_lease_word(revoke).is_empty(),
+        "acknowledged"
+    );
+    let late = write(&fabric, DATA + 8, 0x0bad);
+    assert!(
+        late.is_err(),
+        "a revoked client's write completed: {late:?}"
+    );
+    let read = wait(&reclaimer, reclaimer.post(node, Batch::read(DATA + 8, 8))).unwrap();
+    assert_ne!(read.read(0), Some(&0x0badu64.to_le_bytes()[..]));
+    // A new owner renews over the kill; the revoked client still cannot come back.
+    write(&reclaimer, lease, 6).unwrap();
     wait_status(&fabric, node, NodeStatus::Retired);
 }
 

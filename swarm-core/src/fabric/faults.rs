@@ -289,6 +289,14 @@ impl<F: Fabric> Fabric for FailNodes<F> {
     fn memory_lost(&self, node: NodeId, incarnation: u64) -> bool {
         self.inner.memory_lost(node, incarnation)
     }
+
+    fn fence_owner(&self, fence: super::OwnerFence) -> usize {
+        self.inner.fence_owner(fence)
+    }
+
+    fn revoke_owner(&self, lease_word: u64, floor: u64) -> super::Revocation {
+        self.inner.revoke_owner(lease_word, floor)
+    }
 }
 
 /// The error of a batch to a node crashed with [`Crash::Erroring`].
@@ -591,6 +599,14 @@ impl<F: Fabric> Fabric for EmulatedRtt<F> {
 
     fn memory_lost(&self, node: NodeId, incarnation: u64) -> bool {
         self.inner.memory_lost(node, incarnation)
+    }
+
+    fn fence_owner(&self, fence: super::OwnerFence) -> usize {
+        self.inner.fence_owner(fence)
+    }
+
+    fn revoke_owner(&self, lease_word: u64, floor: u64) -> super::Revocation {
+        self.inner.revoke_owner(lease_word, floor)
     }
 }
 

@@ -49,6 +49,7 @@
 mod batch;
 mod error;
 mod faults;
+mod owner;
 mod read_buffers;
 mod slab;
 mod trace;
@@ -56,6 +57,7 @@ mod trace;
 pub use batch::{Batch, Completion, INLINE_BATCH_OPS, MAX_BATCH_OPS, Op, OpOutput, Payload};
 pub use error::{FabricError, FailureCause};
 pub use faults::{Crash, EmulatedRtt, FailNodes};
+pub use owner::{OwnerFence, Revocation};
 pub use read_buffers::ReadBuffers;
 pub use slab::TicketSlab;
 pub use trace::{Traced, Tracer};
@@ -245,6 +247,32 @@ pub trait Fabric {
         false
     }
 
+    /// Asks the memory nodes to fence this client under its lease word
+    /// ([`OwnerFence`], whose docs say why): from now on a revocation of that word
+    /// ([`Fabric::revoke_owner`]) destroys this client's access to every node, and a
+    /// node may also cut it once the word is killed or has not changed for
+    /// `fence.stall_ns`. Called once the client holds its writer row and its lease,
+    /// before it stores anything under it; a transport re-arms the fence on every
+    /// reconnect. Returns how many nodes armed it; the default fences nothing and
+    /// returns 0 (a transport whose [`Fabric::revoke_owner`] says
+    /// [`Revocation::NotNeeded`]).
+    fn fence_owner(&self, fence: OwnerFence) -> usize {
+        let _ = fence;
+        0
+    }
+
+    /// Revokes every client fenced under `lease_word` with a generation base at or
+    /// below `floor` ([`Fabric::fence_owner`]) on every memory node that may serve
+    /// again, and returns once each acknowledged, or says which did not. A memory
+    /// node revokes only while the word is killed on it. Blocks the calling thread
+    /// for at most a few bootstrap timeouts. The default needs none
+    /// ([`Revocation::NotNeeded`]): a transport over one host's memory, where the
+    /// caller judges the owner by its process.
+    fn revoke_owner(&self, lease_word: u64, floor: u64) -> Revocation {
+        let _ = (lease_word, floor);
+        Revocation::NotNeeded
+    }
+
     /// Hands back the buffer of a read's output ([`OpOutput::Read`]) that its
     /// taker is done with, so that a transport which fills reads synchronously may
     /// fill a later read into it instead of allocating one ([`ReadBuffers`]).
@@ -299,6 +327,12 @@ impl<F: Fabric + ?Sized> Fabric for &F {
     }
     fn memory_lost(&self, node: NodeId, incarnation: u64) -> bool {
         (**self).memory_lost(node, incarnation)
+    }
+    fn fence_owner(&self, fence: OwnerFence) -> usize {
+        (**self).fence_owner(fence)
+    }
+    fn revoke_owner(&self, lease_word: u64, floor: u64) -> Revocation {
+        (**self).revoke_owner(lease_word, floor)
     }
     fn give_back(&self, buffer: Vec<u8>) {
         (**self).give_back(buffer)

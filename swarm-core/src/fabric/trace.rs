@@ -150,6 +150,14 @@ impl<F: Fabric, T: Tracer> Fabric for Traced<F, T> {
     fn memory_lost(&self, node: NodeId, incarnation: u64) -> bool {
         self.inner.memory_lost(node, incarnation)
     }
+
+    fn fence_owner(&self, fence: super::OwnerFence) -> usize {
+        self.inner.fence_owner(fence)
+    }
+
+    fn revoke_owner(&self, lease_word: u64, floor: u64) -> super::Revocation {
+        self.inner.revoke_owner(lease_word, floor)
+    }
 }
 
 #[cfg(test)]

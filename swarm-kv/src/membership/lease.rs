@@ -250,6 +250,22 @@ impl LeaseKeeper {
         &self.params
     }
 
+    /// The first counter of this generation: every counter it writes is at or above
+    /// it (what memory nodes fence this owner under, `swarm_core::fabric::OwnerFence`).
+    pub fn base(&self) -> u64 {
+        self.base
+    }
+
+    /// Starts this generation above `floor`, a counter an earlier owner of the row
+    /// was revoked up to (`crate::membership::writer_takeover`): memory nodes refuse
+    /// to fence a generation whose base is at or below it.
+    pub fn raise_base(&mut self, floor: u64) {
+        if floor >= self.base {
+            self.base = floor.saturating_add(1);
+            self.counter = self.counter.max(floor);
+        }
+    }
+
     /// Until when (owner clock) the lease is valid, if it ever was.
     pub fn valid_until(&self) -> Option<Nanos> {
         self.valid_until

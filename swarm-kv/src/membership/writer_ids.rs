@@ -85,7 +85,7 @@ use crate::KvError;
 use crate::layout::NodeLayout;
 use crate::membership::claim::{Claim, claim};
 use crate::membership::lease::{LeaseKeeper, LeaseParams};
-use crate::membership::lease_renewal::{LeaseHolder, RENEWED_UNIX, renew_now};
+use crate::membership::lease_renewal::{LEASE_WORD, LeaseHolder, RENEWED_UNIX, renew_now};
 use crate::membership::owner_process::OwnerLiveness;
 use crate::membership::writer_takeover::{STRAGGLER_NS, take_over_expired};
 use swarm_core::summary::LogSummary;
@@ -192,6 +192,8 @@ pub async fn register<F: Fabric>(
     let lease = LeaseParams::from_params(&layout.params);
     let stats = OpStats::new();
     let mut row = claim_free_row(fabric, layout, nodes, token, &stats).await?;
+    // The counter an earlier owner of a taken-over row was revoked up to.
+    let mut floor = 0;
     // Every row claimed: first wait a little for a live client to close (a script's
     // one-shot commands hold an id for milliseconds), which is cheaper than watching
     // every lease for a lease period.
@@ -204,6 +206,7 @@ pub async fn register<F: Fabric>(
         tracing::info!("every writer id is claimed: looking for clients whose lease expired");
         let reclaimed =
             take_over_expired(fabric, layout, &lease, Some(token), None, owners).await?;
+        floor = reclaimed.floor;
         row = reclaimed.taken.map(|r| r.writer);
         if row.is_none() {
             // Another reclaimer took the dead row we tried and released the others
@@ -263,12 +266,10 @@ pub async fn register<F: Fabric>(
         (true, false) => Resume::Scan,
     };
     let generation = (newest >> 1) + 1;
-    let holder = core::cell::RefCell::new(LeaseHolder::new(
-        LeaseKeeper::new(lease, seen),
-        at,
-        token,
-        nodes,
-    ));
+    let mut keeper = LeaseKeeper::new(lease, seen);
+    keeper.raise_base(floor);
+    let base = keeper.base();
+    let holder = core::cell::RefCell::new(LeaseHolder::new(keeper, at, token, nodes));
     // The first renewal may meet a reclaimer's kill of the previous owner's lease,
     // which teaches the words to CAS from: a few attempts.
     for _ in 0..4 {
@@ -281,6 +282,17 @@ pub async fn register<F: Fabric>(
         crate::membership::claim::release(fabric, nodes, at, token);
         return Err(KvError::LeaseExpired { writer });
     }
+    // Fenced before anything is stored under the row: a reclaimer that takes it over
+    // later revokes this fence, so that nothing this client posted lands after that
+    // (`crate::membership::writer_takeover`, "Why a takeover never races a stopped
+    // owner's stores"). Until here it stored nothing but CASes on its claim and lease
+    // words, which a takeover's own CASes make fail.
+    let fenced = fabric.fence_owner(swarm_core::fabric::OwnerFence {
+        lease_word: at + LEASE_WORD,
+        stall_ns: lease.observer_wait_ns(),
+        base,
+    });
+    tracing::debug!(writer, fenced, base, "lease fenced on the memory nodes");
     let mut info = Vec::with_capacity(16);
     info.extend_from_slice(&owner.to_le_bytes());
     info.extend_from_slice(&1u64.to_le_bytes());
@@ -556,6 +568,8 @@ pub async fn evict<F: Fabric>(
         Ok(Eviction::Released)
     } else if reclaimed.running.contains(&writer) {
         Err(KvError::OwnerRunning { writer })
+    } else if reclaimed.pending.contains(&writer) {
+        Err(KvError::OwnerNotCut { writer })
     } else if reclaimed.alive.contains(&writer) {
         Err(KvError::LeaseFresh {
             writer,

@@ -16,22 +16,52 @@
 //! left to its owner (the kills that landed are final, and only cost the owner those
 //! nodes' votes until it goes away).
 //!
+//! # Why a takeover never races a stopped owner's stores
+//!
+//! The kill proves that the owner's lease ended, not that its stores stopped: a
+//! lease bounds when a client *starts* stores, not when they land. A client stopped
+//! after its last fence check (SIGSTOP, a VM's stolen time, a long preemption) lands
+//! what it was about to store whenever it runs again: an insert's key header and
+//! record, a retire mark, a reset, its owner-identity word, its log writes. rTX
+//! (seed `rtx.txt`) calls such a store a "fly WRITE" and never lets a lease's expiry
+//! alone release anything. So between the kill and the claim CAS (or the release),
+//! the reclaimer makes sure the owner can land nothing more, and only then touches
+//! the claim word, which is what hands the row, its log, its registers
+//! (`crate::registers::limbo`) and its chunks (`crate::registers::orphans`) to others:
+//!
+//! * **On shared memory** ([`OwnerLiveness::ThisHost`]) it waits for the owner's
+//!   process to be gone ([`crate::membership::owner_process`]).
+//! * **Over RDMA** it revokes the owner ([`Fabric::revoke_owner`]): every memory node
+//!   that may serve again destroys the queue pairs the owner fenced under its lease
+//!   word (`register` fences them right after the first renewal, before it stores
+//!   anything under the row) and refuses to fence that generation again, and only
+//!   then acknowledges (`swarm_rdma::lease_watch`, "Revocation"). A node revokes only
+//!   where the word is killed: a node that answers with a live word gets it killed
+//!   (from that value, while the row's claim there still holds the dead token) and is
+//!   asked again. A node that does not answer stalls the takeover
+//!   ([`REVOKE_PATIENCE_NS`], then the row is left for a later pass,
+//!   [`Reclaimed::pending`]): timing bounds liveness, never safety.
+//!
 //! Register chunks claimed by a dead client keep its token in their claim words: they
 //! are not reclaimed here but adopted, once its row no longer holds its token, by the
 //! next client that runs out of chunks ([`crate::registers::orphans`]).
 
-use swarm_core::fabric::Nanos;
+use swarm_core::fabric::{Nanos, Revocation};
 use swarm_core::quorum::{broadcast_until, majority};
 use swarm_core::{Batch, Fabric, NodeId, OpStats, Roundtrip, WaitOutcome};
 
 use crate::KvError;
 use crate::layout::{CLIENT_ROW_BYTES, NodeLayout};
-use crate::membership::lease::{KILLED, LeaseParams, is_killed};
+use crate::membership::lease::{KILLED, LeaseParams, counter, is_killed};
 use crate::membership::lease_renewal::LEASE_WORD;
 use crate::membership::owner_process::{self, OwnerLiveness};
 
 /// How long a reclaimer waits for nodes beyond a majority at each step.
 pub const STRAGGLER_NS: Nanos = 50_000_000;
+
+/// How long a reclaimer keeps asking for a revocation's acknowledgements (driving
+/// reconnects to nodes that failed) before it leaves the row for a later pass.
+pub const REVOKE_PATIENCE_NS: Nanos = 2_000_000_000;
 
 /// A row of the client table as read from every node that answered.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -60,6 +90,13 @@ pub struct Reclaimed {
     /// runs on this host ([`OwnerLiveness::ThisHost`]): left to it, since a stopped
     /// process may still store into what the row holds when it is continued.
     pub running: Vec<u16>,
+    /// Rows whose lease is killed but whose owner not every memory node has cut yet
+    /// ([`Fabric::revoke_owner`]: a node did not answer, or the row changed hands
+    /// meanwhile): neither taken nor released.
+    pub pending: Vec<u16>,
+    /// The largest lease counter the taken row was revoked up to: the taker's lease
+    /// generation must start above it (`LeaseKeeper::raise_base`).
+    pub floor: u64,
 }
 
 /// Reads the whole client table on every node that answers (a majority at least).
@@ -175,6 +212,84 @@ async fn kill<F: Fabric + ?Sized>(
     Ok(killed >= majority(nodes))
 }
 
+/// Revokes the owner of `row`, whose lease is killed on a majority, on every memory
+/// node that may serve again (module docs, "Why a takeover never races a stopped
+/// owner's stores"); returns the counter it was revoked up to, or `None` if some node
+/// did not acknowledge within [`REVOKE_PATIENCE_NS`] or the row changed hands.
+async fn revoke<F: Fabric + ?Sized>(
+    fabric: &F,
+    layout: &NodeLayout,
+    row: &ObservedRow,
+) -> Result<Option<u64>, KvError> {
+    let row_at = layout.client_row(row.writer);
+    let addr = row_at + LEASE_WORD;
+    let mut floor = row
+        .lease
+        .iter()
+        .flatten()
+        .map(|w| counter(*w))
+        .max()
+        .unwrap_or(0);
+    let started = fabric.now();
+    let stats = OpStats::new();
+    loop {
+        let missing = match fabric.revoke_owner(addr, floor) {
+            Revocation::NotNeeded | Revocation::Acknowledged => return Ok(Some(floor)),
+            Revocation::Incomplete(missing) => missing,
+        };
+        // A node that answered with a live word: the kill did not reach it (it
+        // needs only a majority), or the owner's stale renewal landed there after
+        // the observation (a kill is final for its generation, so it renews nothing
+        // over one). Kill it from that value, but only where the row's claim still
+        // holds the dead token: another reclaimer that took the row over meanwhile
+        // renews over our kills, and its lease is not ours to end.
+        let live: Vec<(NodeId, u64)> = missing
+            .iter()
+            .filter_map(|&(node, word)| word.map(|w| (node, w)))
+            .collect();
+        for &(node, word) in &live {
+            let mut rt = Roundtrip::start(fabric, &stats);
+            if rt.post(node, Batch::read(row_at, 8)).is_err() {
+                continue;
+            }
+            let deadline = fabric.now().saturating_add(STRAGGLER_NS);
+            if rt.wait_until(1, deadline).await == WaitOutcome::Short {
+                continue;
+            }
+            let Some(Some(claim)) = rt.replies().first().map(|(_, c)| {
+                c.read(0)
+                    .and_then(|b| b.try_into().ok())
+                    .map(u64::from_le_bytes)
+            }) else {
+                continue;
+            };
+            if claim != row.token {
+                tracing::info!(
+                    writer = row.writer,
+                    %node,
+                    "the row changed hands while its owner was being revoked: left alone"
+                );
+                return Ok(None);
+            }
+            floor = floor.max(counter(word));
+            cas_all(fabric, &stats, &[(node, addr, word, word | KILLED)]).await?;
+        }
+        if fabric.now().saturating_sub(started) >= REVOKE_PATIENCE_NS {
+            tracing::warn!(
+                writer = row.writer,
+                ?missing,
+                "memory nodes did not acknowledge the revocation of a dead client's lease: \
+                 its writer id is left for a later pass"
+            );
+            return Ok(None);
+        }
+        if live.is_empty() {
+            // Silent nodes: give the transport time to reconnect them.
+            swarm_core::sleep(fabric, 20_000_000).await;
+        }
+    }
+}
+
 /// Watches the rows claimed on a majority (only `only`, if given) for a lease period,
 /// kills those whose owner did not renew, and takes the first dead one over for
 /// `taker` (a token; `None`: release them all). Rows already killed on a majority (an
@@ -236,6 +351,12 @@ pub async fn take_over_expired<F: Fabric + ?Sized>(
             result.running.push(row.writer);
             continue;
         }
+        // Nothing of the dead owner may land once the claim word changes: that hands
+        // its row, log, registers and chunks to others (module docs).
+        let Some(floor) = revoke(fabric, layout, &row).await? else {
+            result.pending.push(row.writer);
+            continue;
+        };
         let claim_at = layout.client_row(row.writer);
         if let (Some(token), None) = (taker, &result.taken) {
             let posts: Vec<_> = (0..nodes)
@@ -251,6 +372,7 @@ pub async fn take_over_expired<F: Fabric + ?Sized>(
                     writer = row.writer,
                     "took over the writer id of a dead client"
                 );
+                result.floor = floor;
                 result.taken = Some(row);
                 continue;
             }
@@ -307,6 +429,10 @@ pub async fn evict_now<F: Fabric + ?Sized>(
         }
         // Every renewal a majority acknowledged was sent before the kill completed.
         swarm_core::sleep(fabric, lease.observer_wait_ns()).await;
+        // Its queue pairs are cut before the row is released (module docs).
+        if revoke(fabric, layout, &row).await?.is_none() {
+            return Err(KvError::OwnerNotCut { writer });
+        }
         let posts: Vec<_> = (0..nodes)
             .map(|n| (NodeId(n as u16), layout.client_row(writer), row.token, 0))
             .collect();

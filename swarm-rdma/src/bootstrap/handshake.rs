@@ -10,7 +10,7 @@ use std::io::{Read, Write};
 use crate::auth::session::{Sender, SessionKeys, TAG_LEN, Transcript};
 use crate::auth::{PROOF_LEN, Token, random_nonce};
 use crate::error::RdmaError;
-use crate::lease_watch::{WATCH_REQUEST_LEN, WatchRequest};
+use crate::lease_watch::{REVOKE_REQUEST_LEN, RevokeRequest, WATCH_REQUEST_LEN, WatchRequest};
 use crate::wire::{
     ACCEPT_BODY_LEN, FRAME_HEADER_LEN, Message, QP_INFO_LEN, QpInfo, RefuseReason, RegionInfo,
     WireError, decode_accept_body, encode_accept_body,
@@ -70,6 +70,15 @@ fn unexpected(expected: &'static str, found: &Message) -> WireError {
         expected,
         found: found.kind(),
     }
+}
+
+/// A request a client may send after the handshake.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Request {
+    /// Watch my lease word ([`crate::lease_watch`]).
+    Watch(WatchRequest),
+    /// Revoke the clients watching a lease word ([`crate::lease_watch`], "Revocation").
+    Revoke(RevokeRequest),
 }
 
 /// What either side keeps of a finished handshake to exchange more authenticated
@@ -147,10 +156,57 @@ impl Session {
         }
     }
 
-    /// Memory node: reads the client's next request (a `Watch`), opened and
-    /// decoded (not yet checked against the region).
-    pub fn receive_watch(&mut self, stream: &mut impl Read) -> Result<WatchRequest, WireError> {
+    /// Client: asks the memory node to revoke the clients watching a lease word
+    /// ([`crate::lease_watch`], "Revocation") and waits for its answer: the word as
+    /// the node read it (killed: the revocation is done, every client it revokes
+    /// cut; not killed: nothing was revoked), or a proved `Refuse`
+    /// ([`RdmaError::Refused`]).
+    pub fn request_revoke<S: Read + Write>(
+        &mut self,
+        stream: &mut S,
+        peer: &str,
+        request: RevokeRequest,
+    ) -> Result<u64, RdmaError> {
+        let wire = |e| RdmaError::wire(peer, e);
+        let mut sealed = request.to_bytes();
+        let header = header_of(&Message::Revoke {
+            sealed: [0; REVOKE_REQUEST_LEN],
+            tag: [0; TAG_LEN],
+        });
+        self.client_sealed += 1;
+        let tag = self.keys.seal_nth(
+            Sender::Client,
+            self.client_sealed,
+            &self.transcript,
+            &header,
+            &mut sealed,
+        );
+        let frame = Message::Revoke { sealed, tag }.encode();
+        stream.write_all(&frame).map_err(|e| wire(e.into()))?;
+        stream.flush().map_err(|e| wire(e.into()))?;
+        self.transcript.record(&frame);
+        let (reply, frame) = Message::read_frame(stream).map_err(wire)?;
+        let proved = self.proved(&frame);
+        self.transcript.record(&frame);
+        match reply {
+            Message::Revoked { word, .. } if proved => Ok(word),
+            Message::Refuse { reason, .. } if proved => Err(RdmaError::Refused {
+                peer: peer.to_owned(),
+                reason,
+            }),
+            Message::Revoked { .. } | Message::Refuse { .. } => Err(RdmaError::Tampered {
+                peer: peer.to_owned(),
+                message: reply.kind(),
+            }),
+            other => Err(wire(unexpected("Revoked", &other))),
+        }
+    }
+
+    /// Memory node: reads the client's next request (a `Watch` or a `Revoke`),
+    /// opened and decoded (not yet checked against the region).
+    pub fn receive_request(&mut self, stream: &mut impl Read) -> Result<Request, WireError> {
         let (message, frame) = Message::read_frame(stream)?;
+        let header = &frame[..FRAME_HEADER_LEN];
         let result = match message {
             Message::Watch { mut sealed, tag } => {
                 self.client_sealed += 1;
@@ -158,14 +214,31 @@ impl Session {
                     Sender::Client,
                     self.client_sealed,
                     &self.transcript,
-                    &frame[..FRAME_HEADER_LEN],
+                    header,
                     &mut sealed,
                     &tag,
                 ) {
-                    Ok(WatchRequest::from_bytes(&sealed))
+                    Ok(Request::Watch(WatchRequest::from_bytes(&sealed)))
                 } else {
                     Err(WireError::BadField(
                         "the Watch message does not open with the session keys",
+                    ))
+                }
+            }
+            Message::Revoke { mut sealed, tag } => {
+                self.client_sealed += 1;
+                if self.keys.open_nth(
+                    Sender::Client,
+                    self.client_sealed,
+                    &self.transcript,
+                    header,
+                    &mut sealed,
+                    &tag,
+                ) {
+                    Ok(Request::Revoke(RevokeRequest::from_bytes(&sealed)))
+                } else {
+                    Err(WireError::BadField(
+                        "the Revoke message does not open with the session keys",
                     ))
                 }
             }

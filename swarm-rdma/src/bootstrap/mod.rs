@@ -43,6 +43,12 @@
 //! session's keys under the next message index and covered by the transcript, like
 //! the handshake's own messages, so nobody without the session can make a node cut
 //! (or stop watching) someone else's client. State per client: one watch.
+//!
+//! A client may also send a **revocation** ([`Session::request_revoke`]): a
+//! reclaimer asks the node to cut the clients watching a killed lease word, and the
+//! node answers once their queue pairs are destroyed ([`crate::lease_watch`],
+//! "Revocation"). Sealed and proved the same way; state per node: one revocation
+//! floor per revoked word.
 
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
@@ -59,7 +65,9 @@ mod server;
 #[cfg(test)]
 mod tests;
 
-pub use handshake::{Session, client_handshake, client_handshake_session, server_handshake};
+pub use handshake::{
+    Request, Session, client_handshake, client_handshake_session, server_handshake,
+};
 pub use server::{PreAuthStats, Server, ServerLimits};
 
 /// Default time for a whole handshake (connecting included, on the client).

@@ -37,10 +37,12 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::deadline::{Deadline, configure_idle_connection};
-use super::{Acceptor, DEFAULT_TIMEOUT, Session, server_handshake};
+use super::{Acceptor, DEFAULT_TIMEOUT, Request, Session, server_handshake};
 use crate::auth::Token;
 use crate::error::RdmaError;
-use crate::lease_watch::{CutReason, Verdict, WordWatch};
+use crate::lease_watch::{
+    CutReason, Revocations, RevokeRequest, RevokeVerdict, Verdict, WatchError, WordWatch,
+};
 use crate::wire::{Message, RefuseReason};
 
 /// How long a refused connection is drained (in total) so that the refusal is
@@ -239,16 +241,44 @@ pub struct Server {
     watch_thread: Option<JoinHandle<()>>,
 }
 
+/// A client's queue pair (the acceptor's connection), shared by the client's thread
+/// and whoever revokes it: taken out and dropped (destroyed) by the first of them.
+type ConnectionSlot<C> = Arc<Mutex<Option<C>>>;
+
+/// Destroys the connection in `slot` now, if it is still there.
+fn destroy<C>(slot: &ConnectionSlot<C>) {
+    let connection = slot.lock().unwrap_or_else(PoisonError::into_inner).take();
+    drop(connection);
+}
+
 /// A client whose lease word is watched: at most one per connected client.
-struct Watched {
+struct Watched<C> {
     watch: WordWatch,
     /// Shut down (for reading) to wake the client's thread when it is cut.
     stream: TcpStream,
     /// Set once the client is cut off, and why.
     cut: Option<CutReason>,
+    /// The client's queue pair, destroyed by a revocation before it is acknowledged.
+    connection: ConnectionSlot<C>,
 }
 
-struct Shared<A> {
+/// The watched clients by connection id, and the words revoked so far: one lock,
+/// so that a watch is never armed past a revocation that should have cut it.
+struct WatchTable<C> {
+    entries: HashMap<u64, Watched<C>>,
+    revoked: Revocations,
+}
+
+impl<C> Default for WatchTable<C> {
+    fn default() -> Self {
+        Self {
+            entries: HashMap::new(),
+            revoked: Revocations::new(),
+        }
+    }
+}
+
+struct Shared<A: Acceptor> {
     token: Token,
     acceptor: A,
     limits: ServerLimits,
@@ -258,8 +288,8 @@ struct Shared<A> {
     handshaking: Arc<Mutex<Handshaking>>,
     next_id: AtomicU64,
     clients: Arc<Mutex<Vec<(u64, TcpStream)>>>,
-    /// Watched clients by connection id.
-    watches: Mutex<HashMap<u64, Watched>>,
+    /// Watched clients by connection id, and revocations.
+    watches: Mutex<WatchTable<A::Connection>>,
     /// Zero of the watch clock.
     epoch: Instant,
 }
@@ -377,7 +407,7 @@ impl Drop for Server {
     }
 }
 
-impl<A> Shared<A> {
+impl<A: Acceptor> Shared<A> {
     /// A pre-authentication slot for `stream`, from `address`, evicting another
     /// connection if needed (module docs, "Floods"); `None` if none can be evicted.
     fn start_handshake(&self, address: IpAddr, stream: &TcpStream) -> Option<HandshakeSlot> {
@@ -481,6 +511,7 @@ fn serve_client<A: Acceptor>(
         }
     };
     drop(handshake_slot);
+    let connection: ConnectionSlot<A::Connection> = Arc::new(Mutex::new(Some(connection)));
     tracing::info!(%peer, "client connected");
     // Register the stream so that shutdown can disconnect it.
     let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
@@ -492,8 +523,9 @@ fn serve_client<A: Acceptor>(
             tracing::warn!(%peer, %error, "cannot enable keepalive on the client's connection");
         }
         // Passive from now on: block until the client closes the connection or
-        // the watcher cuts it; the only request it may send is a lease watch.
-        serve_watch_requests(&mut stream, peer, id, shared, &mut session);
+        // it is cut; the only requests it may send are a lease watch and a
+        // revocation of another client's lease.
+        serve_requests(&mut stream, peer, id, shared, &mut session, &connection);
     }
     if let Ok(mut clients) = shared.clients.lock() {
         clients.retain(|(other, _)| *other != id);
@@ -502,9 +534,10 @@ fn serve_client<A: Acceptor>(
         .watches
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
+        .entries
         .remove(&id);
     // The queue pair goes first: once the client hears why, nothing more lands.
-    drop(connection);
+    destroy(&connection);
     if let Some(reason) = watched.and_then(|w| w.cut) {
         tracing::warn!(%peer, %reason, "client cut off: lease expired; its queue pair is destroyed");
         let refusal = Message::Refuse {
@@ -561,18 +594,19 @@ impl<S: std::io::Write> std::io::Write for LiftAfter<'_, S> {
     }
 }
 
-/// Serves a connected client's lease-watch requests until the connection ends (the
-/// client left, or the watcher cut it). A bad request is refused and ends the
-/// connection (its queue pair is destroyed).
-fn serve_watch_requests<A: Acceptor>(
+/// Serves a connected client's requests (lease watches, revocations) until the
+/// connection ends (the client left, or it was cut). A bad request is refused and
+/// ends the connection (its queue pair is destroyed).
+fn serve_requests<A: Acceptor>(
     stream: &mut TcpStream,
     peer: &str,
     id: u64,
     shared: &Shared<A>,
     session: &mut Session,
+    connection: &ConnectionSlot<A::Connection>,
 ) {
     loop {
-        let request = match session.receive_watch(stream) {
+        let request = match session.receive_request(stream) {
             Ok(request) => request,
             Err(crate::wire::WireError::Truncated | crate::wire::WireError::Io(_)) => return,
             Err(error) => {
@@ -581,35 +615,48 @@ fn serve_watch_requests<A: Acceptor>(
                 return;
             }
         };
-        let size = shared.acceptor.region().size;
-        let armed = request.check(size).and_then(|()| {
-            let word = shared.acceptor.read_word(request.offset).ok_or(
-                crate::lease_watch::WatchError::OutOfRegion {
-                    offset: request.offset,
-                    size,
-                },
-            )?;
-            WordWatch::arm(request, shared.now_ns(), word)
-        });
-        let watch = match armed {
-            Ok(watch) => watch,
-            Err(error) => {
-                let reason = match error {
-                    crate::lease_watch::WatchError::Killed => RefuseReason::LeaseExpired,
-                    _ => RefuseReason::BadWatch,
-                };
-                tracing::warn!(%peer, %error, "lease watch refused; disconnecting");
-                let _ = session.send_proved(stream, &refuse(reason));
-                return;
+        let served = match request {
+            Request::Watch(request) => {
+                serve_watch(stream, peer, id, shared, session, connection, request)
             }
+            Request::Revoke(request) => serve_revoke(stream, peer, id, shared, session, request),
         };
-        let Ok(clone) = stream.try_clone() else {
+        if !served {
             return;
-        };
-        // One watch per client: a new request replaces the old one, unless the
-        // watcher cut the client meanwhile (then the cut stands: the connection ends
-        // and the client hears why).
-        let armed = arm_watch(
+        }
+    }
+}
+
+/// Arms a lease watch (replacing the client's earlier one) and answers `Watching`,
+/// or refuses it; `false` once the connection must end.
+fn serve_watch<A: Acceptor>(
+    stream: &mut TcpStream,
+    peer: &str,
+    id: u64,
+    shared: &Shared<A>,
+    session: &mut Session,
+    connection: &ConnectionSlot<A::Connection>,
+    request: crate::lease_watch::WatchRequest,
+) -> bool {
+    let size = shared.acceptor.region().size;
+    let armed = request.check(size).and_then(|()| {
+        let word = shared
+            .acceptor
+            .read_word(request.offset)
+            .ok_or(WatchError::OutOfRegion {
+                offset: request.offset,
+                size,
+            })?;
+        WordWatch::arm(request, shared.now_ns(), word)
+    });
+    let Ok(clone) = stream.try_clone() else {
+        return false;
+    };
+    // One watch per client: a new request replaces the old one, unless the client
+    // was cut meanwhile (then the cut stands: the connection ends and the client
+    // hears why), and never for a revoked generation of the word.
+    let armed = armed.and_then(|watch| {
+        arm_watch(
             &mut shared
                 .watches
                 .lock()
@@ -619,41 +666,153 @@ fn serve_watch_requests<A: Acceptor>(
                 watch,
                 stream: clone,
                 cut: None,
+                connection: connection.clone(),
             },
-        );
-        if armed.is_err() {
-            return;
+        )
+    });
+    if let Err(error) = armed {
+        let reason = match error {
+            WatchError::Killed | WatchError::Revoked { .. } => RefuseReason::LeaseExpired,
+            _ => RefuseReason::BadWatch,
+        };
+        tracing::warn!(%peer, %error, "lease watch refused; disconnecting");
+        let _ = session.send_proved(stream, &refuse(reason));
+        return false;
+    }
+    tracing::info!(
+        %peer,
+        offset = format_args!("{:#x}", request.offset),
+        stall_ms = request.stall_ns / 1_000_000,
+        base = request.base,
+        "watching the client's lease word"
+    );
+    let watching = Message::Watching {
+        proof: [0; crate::auth::PROOF_LEN],
+    };
+    session.send_proved(stream, &watching).is_ok()
+}
+
+/// Revokes the clients watching a killed lease word ([`crate::lease_watch`],
+/// "Revocation"): destroys their queue pairs, then answers `Revoked` with the word;
+/// answers with the word alone (nothing revoked) if it is not killed here. `false`
+/// once the connection must end.
+fn serve_revoke<A: Acceptor>(
+    stream: &mut TcpStream,
+    peer: &str,
+    id: u64,
+    shared: &Shared<A>,
+    session: &mut Session,
+    request: RevokeRequest,
+) -> bool {
+    let size = shared.acceptor.region().size;
+    let word = request.check(size).and_then(|()| {
+        shared
+            .acceptor
+            .read_word(request.offset)
+            .ok_or(WatchError::OutOfRegion {
+                offset: request.offset,
+                size,
+            })
+    });
+    let cut = word.and_then(|word| {
+        revoke(
+            &mut shared
+                .watches
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner),
+            id,
+            request,
+            word,
+        )
+        .map(|(verdict, slots)| (word, verdict, slots))
+    });
+    let (word, verdict, slots) = match cut {
+        Ok(cut) => cut,
+        Err(error) => {
+            let reason = match error {
+                WatchError::TooManyRevoked => RefuseReason::NoResources,
+                _ => RefuseReason::BadWatch,
+            };
+            tracing::warn!(%peer, %error, "revocation refused; disconnecting");
+            let _ = session.send_proved(stream, &refuse(reason));
+            return false;
         }
-        tracing::info!(
+    };
+    // Destroyed before the acknowledgement: a queue pair that no longer exists
+    // executes none of the requests its client queued or will post.
+    let count = slots.len();
+    for slot in &slots {
+        destroy(slot);
+    }
+    match verdict {
+        RevokeVerdict::Revoke { floor } => tracing::warn!(
             %peer,
             offset = format_args!("{:#x}", request.offset),
-            stall_ms = request.stall_ns / 1_000_000,
-            "watching the client's lease word"
-        );
-        let watching = Message::Watching {
-            proof: [0; crate::auth::PROOF_LEN],
-        };
-        if session.send_proved(stream, &watching).is_err() {
-            return;
-        }
+            floor,
+            cut = count,
+            "lease revoked: the clients watching it are cut, their queue pairs destroyed"
+        ),
+        RevokeVerdict::NotKilled { word } => tracing::info!(
+            %peer,
+            offset = format_args!("{:#x}", request.offset),
+            word = format_args!("{word:#x}"),
+            "revocation of a lease word that is not killed here: nothing revoked"
+        ),
     }
+    let revoked = Message::Revoked {
+        word,
+        proof: [0; crate::auth::PROOF_LEN],
+    };
+    session.send_proved(stream, &revoked).is_ok()
 }
 
 /// Installs `watched` as connection `id`'s watch, replacing an earlier one, unless
-/// the watcher already cut that connection: a cut entry is never replaced (the
+/// the watcher already cut that connection (a cut entry is never replaced: the
 /// client's thread must see it, destroy the queue pair and send
-/// `Refuse(LeaseExpired)`), and its reason is returned. Runs under the watches' lock,
-/// which the watcher holds while it cuts.
-fn arm_watch(
-    watches: &mut HashMap<u64, Watched>,
-    id: u64,
-    watched: Watched,
-) -> Result<(), CutReason> {
-    if let Some(reason) = watches.get(&id).and_then(|w| w.cut) {
-        return Err(reason);
+/// `Refuse(LeaseExpired)`) or a revocation covers the watch's generation. Runs under
+/// the watches' lock, which the watcher and revocations hold while they cut.
+fn arm_watch<C>(table: &mut WatchTable<C>, id: u64, watched: Watched<C>) -> Result<(), WatchError> {
+    table.revoked.admits(&watched.watch.request())?;
+    if let Some(reason) = table.entries.get(&id).and_then(|w| w.cut) {
+        return Err(match reason {
+            CutReason::Revoked { floor } => WatchError::Revoked {
+                base: watched.watch.request().base,
+                floor,
+            },
+            _ => WatchError::Killed,
+        });
     }
-    watches.insert(id, watched);
+    table.entries.insert(id, watched);
     Ok(())
+}
+
+/// Judges a revocation whose word reads `word` and, if it revokes, marks every
+/// client it covers (but the asking connection `asker`) cut, wakes its thread, and
+/// returns their queue pairs for the caller to destroy before it acknowledges. Runs
+/// under the watches' lock.
+#[allow(clippy::type_complexity)]
+fn revoke<C>(
+    table: &mut WatchTable<C>,
+    asker: u64,
+    request: RevokeRequest,
+    word: u64,
+) -> Result<(RevokeVerdict, Vec<ConnectionSlot<C>>), WatchError> {
+    let verdict = table.revoked.revoke(request, word)?;
+    let RevokeVerdict::Revoke { floor } = verdict else {
+        return Ok((verdict, Vec::new()));
+    };
+    let mut slots = Vec::new();
+    for (id, watched) in table.entries.iter_mut() {
+        if *id == asker || !Revocations::cuts(request.offset, floor, &watched.watch.request()) {
+            continue;
+        }
+        if watched.cut.is_none() {
+            watched.cut = Some(CutReason::Revoked { floor });
+            let _ = watched.stream.shutdown(Shutdown::Read);
+        }
+        slots.push(watched.connection.clone());
+    }
+    Ok((verdict, slots))
 }
 
 /// Whether a failed handshake is what floods and port scans produce (the peer went
@@ -687,7 +846,7 @@ impl<A: Acceptor> Shared<A> {
     /// threads wake, destroy the queue pair and tell them why).
     fn check_watches(&self) {
         let mut watches = self.watches.lock().unwrap_or_else(PoisonError::into_inner);
-        for watched in watches.values_mut().filter(|w| w.cut.is_none()) {
+        for watched in watches.entries.values_mut().filter(|w| w.cut.is_none()) {
             let offset = watched.watch.request().offset;
             let Some(word) = self.acceptor.read_word(offset) else {
                 continue;
@@ -701,9 +860,16 @@ impl<A: Acceptor> Shared<A> {
 }
 
 fn watch_loop<A: Acceptor>(shared: &Shared<A>) {
+    // Sleeps in short steps, so that a stop is seen soon whatever the period.
+    const STEP: Duration = Duration::from_millis(10);
+    let mut next = Instant::now() + shared.limits.watch_period;
     while !shared.stop.load(Ordering::SeqCst) {
-        std::thread::sleep(shared.limits.watch_period);
-        shared.check_watches();
+        let now = Instant::now();
+        if now >= next {
+            shared.check_watches();
+            next = now + shared.limits.watch_period;
+        }
+        std::thread::sleep(STEP.min(next.saturating_duration_since(now)));
     }
 }
 
@@ -797,28 +963,112 @@ mod tests {
         );
     }
 
+    fn watched(
+        stream: TcpStream,
+        base: u64,
+        cut: Option<CutReason>,
+    ) -> (Watched<u32>, ConnectionSlot<u32>) {
+        let request = WatchRequest {
+            offset: 4096,
+            stall_ns: MIN_STALL_NS,
+            base,
+        };
+        let connection = Arc::new(Mutex::new(Some(7)));
+        let watched = Watched {
+            watch: WordWatch::arm(request, 0, 1).unwrap(),
+            stream,
+            cut,
+            connection: connection.clone(),
+        };
+        (watched, connection)
+    }
+
     #[test]
     fn a_watch_request_never_replaces_a_cut_entry() {
         let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
         let stream = || TcpStream::connect(listener.local_addr().unwrap()).unwrap();
-        let request = WatchRequest {
-            offset: 4096,
-            stall_ns: MIN_STALL_NS,
-        };
-        let watched = |cut| Watched {
-            watch: WordWatch::arm(request, 0, 1).unwrap(),
-            stream: stream(),
-            cut,
-        };
-        let mut watches = HashMap::new();
+        let mut table = WatchTable::default();
         // A first watch, and a new request replacing it: fine.
-        assert_eq!(arm_watch(&mut watches, 7, watched(None)), Ok(()));
-        assert_eq!(arm_watch(&mut watches, 7, watched(None)), Ok(()));
+        assert_eq!(
+            arm_watch(&mut table, 7, watched(stream(), 1, None).0),
+            Ok(())
+        );
+        assert_eq!(
+            arm_watch(&mut table, 7, watched(stream(), 1, None).0),
+            Ok(())
+        );
         // The watcher cuts the client; a Watch handled meanwhile must not re-insert
         // an uncut entry (the client would never hear why and back off).
         let reason = CutReason::Killed { word: 1 << 63 };
-        watches.get_mut(&7).unwrap().cut = Some(reason);
-        assert_eq!(arm_watch(&mut watches, 7, watched(None)), Err(reason));
-        assert_eq!(watches[&7].cut, Some(reason));
+        table.entries.get_mut(&7).unwrap().cut = Some(reason);
+        assert_eq!(
+            arm_watch(&mut table, 7, watched(stream(), 1, None).0),
+            Err(WatchError::Killed)
+        );
+        assert_eq!(table.entries[&7].cut, Some(reason));
+    }
+
+    /// The memory node's side of a revocation, on the watch table: every client
+    /// fenced under the word with a base at or below the floor is cut and its queue
+    /// pair handed over for destruction, the asking connection and other words'
+    /// clients are not, and the revoked generation can never be watched again (a
+    /// reconnect), while the next owner's can.
+    #[test]
+    fn a_revocation_cuts_the_revoked_generation_and_keeps_it_out() {
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+        let stream = || TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let mut table = WatchTable::default();
+        let (old, old_qp) = watched(stream(), 5, None);
+        assert_eq!(arm_watch(&mut table, 1, old), Ok(()));
+        let (asker, asker_qp) = watched(stream(), 5, None);
+        assert_eq!(arm_watch(&mut table, 2, asker), Ok(()));
+        let (mut other, other_qp) = watched(stream(), 5, None);
+        other.watch = WordWatch::arm(
+            WatchRequest {
+                offset: 4104,
+                ..other.watch.request()
+            },
+            0,
+            1,
+        )
+        .unwrap();
+        assert_eq!(arm_watch(&mut table, 3, other), Ok(()));
+        let request = RevokeRequest {
+            offset: 4096,
+            floor: 6,
+        };
+        // Not killed on this node: nothing happens.
+        let (verdict, slots) = revoke(&mut table, 2, request, 6).unwrap();
+        assert_eq!(verdict, RevokeVerdict::NotKilled { word: 6 });
+        assert!(slots.is_empty());
+        assert!(table.entries.values().all(|w| w.cut.is_none()));
+        // Killed: client 1 is cut and its queue pair handed over; the asker and the
+        // other word's client are not.
+        let (verdict, slots) = revoke(&mut table, 2, request, 6 | 1 << 63).unwrap();
+        assert_eq!(verdict, RevokeVerdict::Revoke { floor: 6 });
+        assert_eq!(slots.len(), 1);
+        assert!(Arc::ptr_eq(&slots[0], &old_qp));
+        for slot in &slots {
+            destroy(slot);
+        }
+        assert_eq!(
+            *old_qp.lock().unwrap(),
+            None,
+            "the revoked queue pair is destroyed"
+        );
+        assert_eq!(*asker_qp.lock().unwrap(), Some(7));
+        assert_eq!(*other_qp.lock().unwrap(), Some(7));
+        assert_eq!(table.entries[&1].cut, Some(CutReason::Revoked { floor: 6 }));
+        assert_eq!(table.entries[&3].cut, None);
+        // The revoked client reconnects (a new connection) and asks again: refused.
+        assert_eq!(
+            arm_watch(&mut table, 4, watched(stream(), 5, None).0),
+            Err(WatchError::Revoked { base: 5, floor: 6 })
+        );
+        // The next owner's base is above the floor: watched.
+        assert_eq!(
+            arm_watch(&mut table, 5, watched(stream(), 7, None).0),
+            Ok(())
+        );
     }
 }

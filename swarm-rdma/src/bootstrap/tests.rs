@@ -575,7 +575,7 @@ mod lease_watch {
     //! killed or stalls, and refuses bad requests.
 
     use super::*;
-    use crate::lease_watch::{KILLED, MIN_STALL_NS, WatchRequest};
+    use crate::lease_watch::{KILLED, MIN_STALL_NS, RevokeRequest, WatchRequest};
 
     const WORD: u64 = 4096;
 
@@ -583,6 +583,7 @@ mod lease_watch {
         WatchRequest {
             offset: WORD,
             stall_ns,
+            base: 1,
         }
     }
 
@@ -649,6 +650,76 @@ mod lease_watch {
         assert_eq!(live.load(Ordering::SeqCst), 0);
     }
 
+    /// A reclaimer's revocation cuts the revoked client before it is acknowledged,
+    /// even when the watch would not look at the word for an hour (a kill and a
+    /// takeover within one watch period), and the revoked generation cannot come
+    /// back through a reconnect.
+    #[test]
+    fn a_revocation_cuts_before_it_is_acknowledged_within_one_watch_period() {
+        let token = Token::generate().unwrap();
+        let limits = ServerLimits {
+            watch_period: Duration::from_secs(3600),
+            ..ServerLimits::default()
+        };
+        let (server, live, words) = start_watched(&token, false, limits);
+        let addr = server.local_addr().to_string();
+        let mut owner = watched(&addr, &token, &words, 1000 * MIN_STALL_NS);
+        let mut reclaimer = connect(&addr, &token, &sample_qp(), DEFAULT_TIMEOUT).unwrap();
+        assert_eq!(live.load(Ordering::SeqCst), 2);
+        let revoke = RevokeRequest {
+            offset: WORD,
+            floor: 1,
+        };
+        let Accepted {
+            stream, session, ..
+        } = &mut reclaimer;
+        // Not killed yet: nothing is revoked, and the node says what it holds.
+        assert_eq!(session.request_revoke(stream, &addr, revoke).unwrap(), 1);
+        assert_eq!(live.load(Ordering::SeqCst), 2);
+        // Killed: acknowledged only once the owner's queue pair is gone.
+        set(&words, 1 | KILLED);
+        assert_eq!(
+            session.request_revoke(stream, &addr, revoke).unwrap(),
+            1 | KILLED
+        );
+        assert_eq!(
+            live.load(Ordering::SeqCst),
+            1,
+            "the revoked client's queue pair outlived the acknowledgement"
+        );
+        assert_eq!(refusal(&mut owner), Some(RefuseReason::LeaseExpired));
+        // A new owner renews over the kill: the word is no longer killed, but the
+        // revoked generation is still refused; the next one (a base above the
+        // floor) is watched.
+        set(&words, 5);
+        let mut again = connect(&addr, &token, &sample_qp(), DEFAULT_TIMEOUT).unwrap();
+        let Accepted {
+            stream, session, ..
+        } = &mut again;
+        let error = session
+            .request_watch(stream, &addr, request(MIN_STALL_NS))
+            .unwrap_err();
+        assert!(
+            matches!(
+                error,
+                RdmaError::Refused {
+                    reason: RefuseReason::LeaseExpired,
+                    ..
+                }
+            ),
+            "{error}"
+        );
+        let mut next = connect(&addr, &token, &sample_qp(), DEFAULT_TIMEOUT).unwrap();
+        let Accepted {
+            stream, session, ..
+        } = &mut next;
+        let newer = WatchRequest {
+            base: 2,
+            ..request(1000 * MIN_STALL_NS)
+        };
+        session.request_watch(stream, &addr, newer).unwrap();
+    }
+
     #[test]
     fn a_killed_lease_word_is_cut_and_cannot_be_watched_again() {
         let token = Token::generate().unwrap();
@@ -691,18 +762,22 @@ mod lease_watch {
             WatchRequest {
                 offset: 4097,
                 stall_ns: MIN_STALL_NS,
+                base: 1,
             },
             WatchRequest {
                 offset: 1 << 20,
                 stall_ns: MIN_STALL_NS,
+                base: 1,
             },
             WatchRequest {
                 offset: 0,
                 stall_ns: MIN_STALL_NS,
+                base: 1,
             },
             WatchRequest {
                 offset: WORD,
                 stall_ns: 1,
+                base: 1,
             },
         ] {
             let mut client = connect(&addr, &token, &sample_qp(), DEFAULT_TIMEOUT).unwrap();

@@ -9,6 +9,11 @@
 //! fail, as with a crashed node), and its memory is gone: restarting it
 //! ([`EmulatedMemnode::restart`]) serves fresh, zeroed memory under a new
 //! incarnation at the same address, as `swarm memnode` does after a restart.
+//!
+//! The cut is the real server's: a revocation or a lease watch drops the node's end
+//! of a client's queue pair (`EmuServerQp`), which unroutes it before the node
+//! answers, so requests the client's emulated queue pair still holds fail when they
+//! execute (nothing acknowledges them) and none lands.
 
 use std::collections::HashMap;
 use std::net::{SocketAddr, TcpListener};
@@ -195,6 +200,8 @@ pub struct EmulatedMemnode {
     process: Option<Process>,
     /// Whether the node refuses new clients (kept across restarts).
     refusing: Arc<AtomicBool>,
+    /// The bootstrap server's limits (kept across restarts).
+    limits: ServerLimits,
 }
 
 impl EmulatedMemnode {
@@ -205,6 +212,22 @@ impl EmulatedMemnode {
         token: Token,
         header: NodeHeader,
         incarnation: u64,
+    ) -> Result<Self, RdmaError> {
+        let limits = ServerLimits {
+            handshake_deadline: Duration::from_secs(2),
+            ..ServerLimits::default()
+        };
+        Self::start_with_limits(wire, token, header, incarnation, limits)
+    }
+
+    /// [`EmulatedMemnode::start`] with the bootstrap server's limits given (say, a
+    /// lease watch that polls rarely, so that only revocations cut clients in time).
+    pub fn start_with_limits(
+        wire: Arc<EmuWire>,
+        token: Token,
+        header: NodeHeader,
+        incarnation: u64,
+        limits: ServerLimits,
     ) -> Result<Self, RdmaError> {
         let listener = TcpListener::bind("127.0.0.1:0")
             .map_err(|e| RdmaError::io("cannot listen on loopback", e))?;
@@ -218,6 +241,7 @@ impl EmulatedMemnode {
             addr,
             process: None,
             refusing: Arc::default(),
+            limits,
         };
         node.process = Some(node.spawn(listener, incarnation)?);
         Ok(node)
@@ -304,11 +328,7 @@ impl EmulatedMemnode {
             live: live.clone(),
             refusing: self.refusing.clone(),
         };
-        let limits = ServerLimits {
-            handshake_deadline: Duration::from_secs(2),
-            ..ServerLimits::default()
-        };
-        let server = Server::start(listener, self.token.clone(), acceptor, limits)?;
+        let server = Server::start(listener, self.token.clone(), acceptor, self.limits)?;
         Ok(Process {
             server,
             node,

@@ -26,7 +26,9 @@ use std::sync::{Arc, mpsc};
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
-use swarm_core::fabric::{Batch, Completion, Fabric, FabricError, Nanos, NodeId, Ticket};
+use swarm_core::fabric::{
+    Batch, Completion, Fabric, FabricError, Nanos, NodeId, OwnerFence, Revocation, Ticket,
+};
 use swarm_core::header::NodeHeader;
 
 use crate::auth::Token;
@@ -34,7 +36,7 @@ use crate::bootstrap;
 use crate::config::PathConfig;
 use crate::config::{ClusterConfig, check_address};
 use crate::error::RdmaError;
-use crate::lease_watch::WatchRequest;
+use crate::lease_watch::{KILLED, MAX_STALL_NS, MIN_STALL_NS, RevokeRequest, WatchRequest};
 use crate::verbs::cq::CompletionQueue;
 use crate::verbs::device::{Device, PortAttr, PortInfo, open_device};
 use crate::verbs::events::{DeviceEvents, DeviceHealth};
@@ -706,6 +708,66 @@ impl<T: Transport> RdmaFabric<T> {
         armed
     }
 
+    /// Asks every memory node this client may use again to revoke the clients fenced
+    /// under `request.offset` up to `request.floor` ([`crate::lease_watch`],
+    /// "Revocation"), all nodes at once, each within the bootstrap timeout. Nodes
+    /// whose memory is known lost are not asked: their process restarted, so the
+    /// revoked client's queue pairs to them are gone, and that memory never serves
+    /// again. Returns the nodes that did not acknowledge: with the word they hold if
+    /// it is not killed there, `None` if they did not answer (their bootstrap
+    /// connection is then failed, and the node reconnected in the background).
+    pub fn revoke_lease_word(&self, request: RevokeRequest) -> Vec<(NodeId, Option<u64>)> {
+        let timeout = self.transport.bootstrap_timeout();
+        let lost: Vec<bool> = self.lost.borrow().iter().map(Option::is_some).collect();
+        let mut streams = self.streams.borrow_mut();
+        let transport = &self.transport;
+        let answers: Vec<(NodeId, Result<u64, Option<RdmaError>>)> = std::thread::scope(|scope| {
+            let handles: Vec<_> = streams
+                .iter_mut()
+                .enumerate()
+                .filter(|(index, _)| !lost.get(*index).copied().unwrap_or(false))
+                .map(|(index, entry)| {
+                    let addr = transport.node_addr(index);
+                    let handle = scope.spawn(move || match entry {
+                        None => Err(None),
+                        Some((stream, session)) => {
+                            transport::request_revoke(stream, session, addr, request, timeout)
+                                .map_err(Some)
+                        }
+                    });
+                    (NodeId(index as u16), handle)
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|(node, handle)| (node, handle.join().unwrap_or(Err(None))))
+                .collect()
+        });
+        drop(streams);
+        let mut missing = Vec::new();
+        for (node, answer) in answers {
+            match answer {
+                Ok(word) if word & KILLED != 0 => {}
+                Ok(word) => missing.push((node, Some(word))),
+                Err(error) => {
+                    if let Some(error) = error {
+                        tracing::warn!(%node, %error, "memory node did not acknowledge a revocation; treating it as failed");
+                        self.inner.engine().fail_node(node);
+                    }
+                    missing.push((node, None));
+                }
+            }
+        }
+        missing
+    }
+
+    /// Runs `f` on this client's NIC: for tests, which hold or release an emulated
+    /// queue pair's requests ([`crate::emu::EmuNic::set_mode`]).
+    #[doc(hidden)]
+    pub fn with_nic<R>(&self, f: impl FnOnce(&mut T::Nic) -> R) -> R {
+        f(self.inner.engine().nic_mut())
+    }
+
     /// Fails, now, every live node whose bootstrap connection shows that it cut this
     /// client off (a refusal waiting, or the connection closed): the memory node
     /// destroyed the queue pair, so a batch posted on it would only fail after the
@@ -964,8 +1026,9 @@ impl<T: Transport> RdmaFabric<T> {
 
 /// Whether the memory node behind a bootstrap connection sent something or closed
 /// it, without consuming anything or blocking. On a connection the node keeps open
-/// nothing is ever waiting: the bootstrap exchange is over, and a watch request is
-/// answered before [`RdmaFabric::watch_lease_word`] returns; so anything readable is
+/// nothing is ever waiting: the bootstrap exchange is over, and a watch or revocation
+/// request is answered before [`RdmaFabric::watch_lease_word`] or
+/// [`RdmaFabric::revoke_lease_word`] returns; so anything readable is
 /// a cut notice (or the end of the connection). `false` if the socket cannot be
 /// probed.
 fn has_spoken(stream: &TcpStream) -> bool {
@@ -1107,6 +1170,31 @@ impl<T: Transport> Fabric for RdmaFabric<T> {
 
     fn memory_lost(&self, node: NodeId, incarnation: u64) -> bool {
         self.lost.borrow().get(node.index()).copied().flatten() == Some(incarnation)
+    }
+
+    /// Arms the memory nodes' lease watch on `fence.lease_word` for this client
+    /// ([`RdmaFabric::watch_lease_word`]), with the stall time clamped to what a node
+    /// accepts.
+    fn fence_owner(&self, fence: OwnerFence) -> usize {
+        self.watch_lease_word(WatchRequest {
+            offset: fence.lease_word,
+            stall_ns: fence.stall_ns.clamp(MIN_STALL_NS, MAX_STALL_NS),
+            base: fence.base,
+        })
+    }
+
+    /// [`RdmaFabric::revoke_lease_word`]: [`Revocation::Acknowledged`] once every
+    /// node this client may use again acknowledged.
+    fn revoke_owner(&self, lease_word: u64, floor: u64) -> Revocation {
+        let missing = self.revoke_lease_word(RevokeRequest {
+            offset: lease_word,
+            floor,
+        });
+        if missing.is_empty() {
+            Revocation::Acknowledged
+        } else {
+            Revocation::Incomplete(missing)
+        }
     }
 }
 

@@ -17,7 +17,7 @@ use crate::bootstrap::{self, Accepted, Session};
 use crate::error::RdmaError;
 use crate::fabric::engine::{Nic, NodeLink};
 use crate::fabric::reconnect::{IncarnationPins, Known};
-use crate::lease_watch::WatchRequest;
+use crate::lease_watch::{RevokeRequest, WatchRequest};
 use crate::verbs::events::DeviceHealth;
 use crate::wire::QpInfo;
 use swarm_core::header::HeaderError;
@@ -122,6 +122,23 @@ pub fn request_watch(
     let _ = stream.set_read_timeout(Some(timeout));
     let _ = stream.set_write_timeout(Some(timeout));
     let result = session.request_watch(stream, addr, request);
+    let _ = stream.set_read_timeout(None);
+    let _ = stream.set_write_timeout(None);
+    result
+}
+
+/// Asks the node behind `stream` to revoke the clients fenced under a lease word,
+/// within `timeout`; the word as the node read it ([`Session::request_revoke`]).
+pub fn request_revoke(
+    stream: &mut TcpStream,
+    session: &mut Session,
+    addr: &str,
+    request: RevokeRequest,
+    timeout: Duration,
+) -> Result<u64, RdmaError> {
+    let _ = stream.set_read_timeout(Some(timeout));
+    let _ = stream.set_write_timeout(Some(timeout));
+    let result = session.request_revoke(stream, addr, request);
     let _ = stream.set_read_timeout(None);
     let _ = stream.set_write_timeout(None);
     result
