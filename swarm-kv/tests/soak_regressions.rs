@@ -355,3 +355,59 @@ fn a_client_that_left_a_corrupted_node_out_recycles_through_its_repair() {
         "{during} registers recycled during the repair (of 200 retired before it)"
     );
 }
+
+/// A client killed with a delete's unmap deferred leaves `key → tombstone` in the
+/// index (a SIGKILLed churn process, whose namespace a janitor then drained). A
+/// delete through the index read that mapping as absent and returned, leaving it:
+/// only a re-insert of the key replaced it, so the soak's janitors left the key (and
+/// its register) for ever, and `swarm stat` counted "1 keys left" after every
+/// namespace was drained. A delete that finds its key mapped to a tombstone unmaps it
+/// (conditional on the slot's tag and the key header) and retires the register.
+#[test]
+fn a_delete_unmaps_a_mapping_to_a_tombstone_that_a_crashed_deleter_left() {
+    let dir = ScratchDir::new("kv-soak-unmap-tombstone").unwrap();
+    let store = ShmStore::create(dir.path(), 3, 32 << 20, params()).unwrap();
+    let layout = *store.layout();
+    let count = || swarm_kv::admin::count_keys(&store.fabric(), &layout).unwrap();
+    let killed = store
+        .client_with(swarm_kv::KvConfig {
+            deferred_unmaps: 4,
+            ..store.config()
+        })
+        .unwrap();
+    let f = killed.fabric();
+    block_on(f, killed.insert(b"k", b"v", &OpStats::new())).unwrap();
+    assert_eq!(
+        block_on(f, killed.delete(b"k", &OpStats::new())).unwrap(),
+        swarm_kv::DeleteOutcome::Removed
+    );
+    assert!(killed.has_deferred_unmaps());
+    // Killed: its queued unmap never runs.
+    drop(killed);
+    assert_eq!(count(), 1, "the mapping to the tombstone stays");
+
+    let janitor = store.client().unwrap();
+    let f = janitor.fabric();
+    assert_eq!(
+        block_on(f, janitor.delete(b"k", &OpStats::new())).unwrap(),
+        swarm_kv::DeleteOutcome::Absent
+    );
+    assert_eq!(count(), 0, "the delete left the mapping to the tombstone");
+    assert_eq!(
+        janitor.recycle_stats().retired,
+        1,
+        "the delete that unmapped the register retires it"
+    );
+    assert_eq!(
+        block_on(f, janitor.get(b"k", &OpStats::new())).unwrap(),
+        None
+    );
+    // The key lives again, in another register or the same one once recycled.
+    block_on(f, janitor.insert(b"k", b"w", &OpStats::new())).unwrap();
+    assert_eq!(
+        block_on(f, janitor.get(b"k", &OpStats::new())).unwrap(),
+        Some(b"w".to_vec())
+    );
+    assert_eq!(count(), 1);
+    janitor.close();
+}
