@@ -481,9 +481,10 @@ class Soak:
 
     def repair(self, node, outage, rng):
         """Rebuilds `node` online with `swarm repair`; every other repair is SIGSTOPped
-        for 1.5 to 4 leases partway (0.2 to 1.5 s after it starts), then SIGCONTed."""
+        for 1.5 to 4 leases partway (0.5 to 6 s after it starts: in its quiescence wait
+        or its copy), then SIGCONTed."""
         began = self.now()
-        pause_after = rng.uniform(0.2, 1.5) if rng.random() < 0.5 else None
+        pause_after = rng.uniform(0.5, 6.0) if rng.random() < 0.5 else None
         pause = rng.uniform(1.5, 4.0) * LEASE_S
         argv = [self.swarm, "repair", "--dir", self.cluster, "--node", str(node)]
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -619,10 +620,11 @@ class Soak:
 
     def memory_bounds(self):
         """Registers in use (with a key header, or retired in the limbo of a client
-        that holds a writer id): the peak over the last third of the soak must stay
+        that holds a writer id): the peak over the last third of the samples must stay
         within 2x the peak over the first third, plus one chunk (256) so that small
         counts do not trip it; samples taken while a fill runs (and FILL_SETTLE_S
-        after) are left out, since a fill holds most of the cluster by design. Reported only: register chunks claimed (clients claim
+        after) are left out before the samples are split in thirds, since a fill holds
+        most of the cluster by design. Reported only: register chunks claimed (clients claim
         unclaimed chunks before they reclaim gone clients' registers, so claims grow up
         to the capacity by design), registers with a key header but no key while
         clients run (`swarm stat` counts keys and registers one after the other, so
@@ -637,9 +639,11 @@ class Soak:
             fills = [(s, self.now() if e is None else e) for s, e in self.fill_windows]
         rows = [r for r in self.samples if r["t_s"] <= self.args.duration
                 and not any(s <= r["t_s"] <= e + FILL_SETTLE_S for s, e in fills)]
-        third = self.args.duration / 3
-        first = [r for r in rows if r["t_s"] <= third]
-        last = [r for r in rows if r["t_s"] >= 2 * third]
+        # The first and the last third of those samples, in time order: with fills
+        # covering much of a short soak, thirds of its time often held no sample
+        # outside a fill, and the bound went unjudged.
+        third = len(rows) // 3
+        first, last = (rows[:third], rows[-third:]) if third >= 2 else ([], [])
         results = []
         for metric in ("in_use", "chunks_claimed", "leaked_or_inflight", "writers_registered"):
             if not first or not last:
