@@ -583,9 +583,9 @@ class Soak:
 
     def scrub(self):
         """Once every process ended: `swarm scrub`, as an operator runs it after nodes
-        were out. `swarm stat` counts the keys of one node's index copy, and a node
-        that was out or rebuilt holds lagging copies (mappings deleted meanwhile) until
-        a scrub moves them forward; the keys left are counted after it."""
+        were out (a node that was out or rebuilt holds lagging index copies until a
+        scrub moves them forward); the keys left are counted after it. `swarm stat`
+        counts keys as lookups read them, every node's copy merged."""
         before = self.stat()
         try:
             out = self.run([self.swarm, "scrub", "--dir", self.cluster], 300)

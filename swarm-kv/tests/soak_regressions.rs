@@ -411,3 +411,57 @@ fn a_delete_unmaps_a_mapping_to_a_tombstone_that_a_crashed_deleter_left() {
     assert_eq!(count(), 1);
     janitor.close();
 }
+
+/// A remove decided on a quorum of a bucket's meta words whose apply never landed (its
+/// client stopped right after the accept: a fill's drain fenced on the loaded host)
+/// leaves the key in every slot copy, although every lookup finds it absent (a
+/// decided change is laid over the slots). `swarm stat` counted one node's slot
+/// copies, so the soak found "1 keys left" after every namespace was drained (seed
+/// 4343). Keys are counted as lookups read them.
+#[test]
+fn a_decided_remove_not_applied_yet_is_not_counted_as_a_key() {
+    use swarm_kv::testing::index::{Ballot, Meta, Proposal, SLOTS};
+    let dir = ScratchDir::new("kv-soak-count-decided").unwrap();
+    let path = dir.path().to_path_buf();
+    let store = ShmStore::create(&path, 3, 32 << 20, params()).unwrap();
+    let layout = *store.layout();
+    let count = || swarm_kv::admin::count_keys(&store.fabric(), &layout).unwrap();
+    let c = store.client().unwrap();
+    block_on(c.fabric(), c.insert(b"k", b"v", &OpStats::new())).unwrap();
+    assert_eq!(count(), 1);
+    // The key's slot, on node 0.
+    let hash = c.index().key_hash(b"k").unwrap();
+    let (bucket, slot, tag) = [hash.first, hash.second]
+        .into_iter()
+        .find_map(|b| {
+            (0..SLOTS).find_map(|s| {
+                let w = word_on(&path, 0, layout.bucket(b) + 8 * (s as u64 + 1));
+                ((w >> 47) & 1 == 1).then_some((b, s, (w >> 48) as u16))
+            })
+        })
+        .expect("the key's slot");
+    // A remove accepted on every node under the next ballot, and never applied.
+    let meta = Meta::accepting(
+        Ballot(tag + 1),
+        Proposal::Clear {
+            slot: slot as u8,
+            nonce: 7,
+        },
+        false,
+    )
+    .encode();
+    for node in 0..3 {
+        write_on(&path, node, layout.bucket(bucket), meta);
+    }
+    assert_eq!(
+        count(),
+        0,
+        "a key whose remove is decided was counted (every slot copy still maps it)"
+    );
+    let other = store.client().unwrap();
+    assert_eq!(
+        block_on(other.fabric(), other.get(b"k", &OpStats::new())).unwrap(),
+        None,
+        "lookups find the key absent"
+    );
+}
