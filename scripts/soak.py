@@ -9,7 +9,8 @@ namespace of its own (`--key-offset`), recording its history (`--history`,
 one takes its slot with a new namespace. Meanwhile a nemesis, at random intervals:
 
   kill     SIGKILLs a client process (its history is lost; a janitor process later
-           deletes what its namespace left, and a replacement starts)
+           deletes what its namespace left, and a replacement starts; a namespace
+           whose drain failed gets a janitor too, a fill's included)
   stop     SIGSTOPs a client for 1.5 to 4 leases, then SIGCONTs it
   repair   declares a node's memory lost (sets the retired word of its file's header,
            as a crashed memory node) and, a few seconds later, rebuilds it online with
@@ -17,6 +18,8 @@ one takes its slot with a new namespace. Meanwhile a nemesis, at random interval
   corrupt  flips a byte of a node file's header (its checksummed fields or its
            incarnation), so that processes opening the cluster leave the node out,
            then repairs it with `swarm repair`
+           (either of these two SIGSTOPs every other `swarm repair` partway for 1.5
+           to 4 leases, then SIGCONTs it: event `stop-repair`)
   fill     runs a process that inserts until the register area is (almost) full, holds
            it a few seconds, then deletes every key it inserted
 
@@ -50,9 +53,14 @@ INIT_FLAGS = ["--value-max", "128", "--key-max", "32", "--lease", "1s", "--lease
 THREADS = 2            # client threads per client process
 FILL_THREADS = 4       # client threads of a fill process
 NAMESPACE = 10**9      # key numbers per namespace (a churn run names 16 x its window)
+CHURN_SPACE = 16       # key numbers a churn run names per key of its window
+JANITOR_ATTEMPTS = 3   # runs of a janitor whose deletes failed (fenced on a loaded host)
+REFUSED = "too small for this benchmark"  # swarm bench refusing to start: no room now
 RETIRED_AT = 80        # swarm_core::header::RETIRED_AT
 HEADER_BYTES = list(range(0, 56)) + list(range(64, 80))  # checksummed fields, incarnation
 KINDS = ["kill", "stop", "repair", "corrupt", "fill"]
+# Events counted in the summary: the kinds, and the pauses of a repair they run.
+EVENTS = KINDS + ["stop-repair"]
 FILL_SETTLE_S = 5      # seconds after a fill ends that memory samples still count it
 
 # An error message of a failed operation that a nemesis explains (see `classify`).
@@ -91,6 +99,8 @@ class Proc:
         self.errors = 0
         self.drain_errors = 0
         self.start_failed = False
+        self.refused = False       # refused at start while a fill held the cluster
+        self.job = None            # a janitor's (namespace, key numbers, attempt)
         self.fenced = 0
         self.error_messages = []
         self.unexpected = []
@@ -280,9 +290,20 @@ class Soak:
         self.log(f"ended {p.name()} pid {p.popen.pid}: {how}, {p.errors} failed operations")
         if p.killed:
             return
-        if p.kind == "fill" and report is None and "too small for this benchmark" in open(p.log).read():
+        if p.kind == "fill" and report is None and REFUSED in open(p.log).read():
             self.log(f"{p.name()}: swarm bench refused the fill (fewer free registers than "
                      f"`swarm stat` suggested); not counted")
+            p.history = None
+            return
+        # `swarm bench` refuses to start when the registers free or reclaimable now are
+        # fewer than its load needs. While a fill holds the cluster (and until the
+        # registers its drain retired pass their grace) that is true by design: the
+        # process is started again later. At any other time it is a leak: a failure.
+        if report is None and p.rc == 1 and REFUSED in open(p.log).read() \
+                and self.during_fill(p.start):
+            self.log(f"{p.name()}: refused at start while a fill holds the cluster; "
+                     f"started again later")
+            p.refused = p.start_failed = True
             p.history = None
             return
         if p.rc not in (0, 1) or report is None:
@@ -291,6 +312,19 @@ class Soak:
             self.fail(f"{p.name()} exited {p.rc} without a report: {' | '.join(tail)} ({p.log})")
             return
         self.classify(p)
+
+    def during_fill(self, at):
+        """Whether time `at` falls in a fill's window or FILL_SETTLE_S after it."""
+        with self.lock:
+            spans = [(s, self.now() if e is None else e) for s, e in self.fill_windows]
+        return any(s <= at <= e + FILL_SETTLE_S for s, e in spans)
+
+    def queue_janitor(self, ns, key_numbers, attempt):
+        """Queues a janitor for the key numbers `0..key_numbers` of namespace `ns`
+        (a retry 5 s later: a fill may hold the cluster)."""
+        due = self.now() + (5 if attempt > 1 else 0)
+        with self.lock:
+            self.janitor_queue.append((ns, key_numbers, attempt, due))
 
     def classify(self, p):
         """Failed operations that no nemesis explains are failures of the soak."""
@@ -329,13 +363,23 @@ class Soak:
                     continue
                 p.rc = rc
                 self.reap(p)
-                if p.kind == "janitor" or p.kind == "fill":
+                names = p.keys * (CHURN_SPACE if p.workload == "churn" else 1)
+                if p.kind == "janitor":
+                    # A janitor whose deletes failed (fenced on a loaded host: their
+                    # outcome is unknown), or refused while a fill ran, runs again.
+                    ns, names, attempt = p.job
+                    if (p.refused or p.rc != 0 or p.errors) and attempt < JANITOR_ATTEMPTS:
+                        self.queue_janitor(ns, names, attempt + 1)
                     continue
-                if p.killed or p.errors:
+                if p.kind == "fill":
+                    # A fill whose drain failed may keep keys: a janitor deletes them.
+                    if p.drain_errors or (p.killed and not p.refused):
+                        self.queue_janitor(p.ns, names, 1)
+                    continue
+                if (p.killed or p.errors) and not p.refused:
                     # Its namespace may keep keys (a killed process never drained): a
                     # janitor deletes them; none of its keys is in anyone's history.
-                    with self.lock:
-                        self.janitor_queue.append(p)
+                    self.queue_janitor(p.ns, names, 1)
                 if p.slot is not None and not self.ending.is_set():
                     generation[p.slot] = generation.get(p.slot, 0) + 1
                     # A process that could not start (the cluster refused it) is
@@ -347,10 +391,19 @@ class Soak:
                     self.spawn_client(slot, generation[slot])
             with self.lock:
                 janitor_running = any(q.kind == "janitor" and q.rc is None for q in self.procs)
-                job = self.janitor_queue.pop(0) if self.janitor_queue and not janitor_running else None
+                due = [j for j in self.janitor_queue if j[3] <= self.now()]
+                job = due[0] if due and not janitor_running else None
+                if job is not None:
+                    self.janitor_queue.remove(job)
             if job is not None:
-                self.spawn("janitor", ns=job.ns, workload=job.workload, keys=job.keys,
-                           history=False, extra=["--ops", "1", "--no-warm-cache"])
+                # Churn loads nothing and its drain deletes 16 names per key of its
+                # window: a window of a sixteenth of the namespace's names deletes
+                # them all, without loading them again first.
+                ns, names, attempt, _ = job
+                janitor = self.spawn("janitor", ns=ns, workload="churn",
+                                     keys=-(-names // CHURN_SPACE), history=False,
+                                     extra=["--ops", "1", "--no-warm-cache"])
+                janitor.job = (ns, names, attempt)
             if self.now() >= next_sample:
                 self.sample()
                 next_sample = self.now() + self.args.sample_every
@@ -426,12 +479,32 @@ class Soak:
     def node_file(self, node):
         return os.path.join(self.cluster, f"node-{node}.swarm")
 
-    def repair(self, node, outage):
+    def repair(self, node, outage, rng):
+        """Rebuilds `node` online with `swarm repair`; every other repair is SIGSTOPped
+        for 1.5 to 4 leases partway (0.5 to 6 s after it starts: in its quiescence wait
+        or its copy), then SIGCONTed."""
         began = self.now()
+        pause_after = rng.uniform(0.5, 6.0) if rng.random() < 0.5 else None
+        pause = rng.uniform(1.5, 4.0) * LEASE_S
+        argv = [self.swarm, "repair", "--dir", self.cluster, "--node", str(node)]
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, text=True)
+        if pause_after is not None:
+            try:
+                proc.wait(timeout=pause_after)
+            except subprocess.TimeoutExpired:
+                proc.send_signal(signal.SIGSTOP)
+                self.event("stop-repair", f"SIGSTOP swarm repair --node {node} pid {proc.pid} "
+                           f"for {pause:.1f} s")
+                time.sleep(pause)
+                proc.send_signal(signal.SIGCONT)
+                self.log(f"SIGCONT swarm repair pid {proc.pid}")
         try:
-            out = self.run([self.swarm, "repair", "--dir", self.cluster, "--node", str(node)], 300)
-            rc, text = out.returncode, (out.stdout + out.stderr).strip()
+            text, _ = proc.communicate(timeout=300)
+            rc, text = proc.returncode, text.strip()
         except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
             rc, text = "timeout", "swarm repair ran for 300 s"
         self.rebuilt_at[node] = self.now()
         with self.lock:
@@ -454,7 +527,7 @@ class Soak:
         wait = rng.uniform(1.0, 4.0)
         self.event("repair", f"node {node} lost (retired word set); repair in {wait:.1f} s")
         time.sleep(wait)
-        self.repair(node, outage)
+        self.repair(node, outage, rng)
 
     def outage(self):
         window = [self.now(), None]
@@ -477,7 +550,7 @@ class Soak:
         wait = rng.uniform(1.0, 4.0)
         self.event("corrupt", f"node {node} header byte {at} xor {flip:#04x}; repair in {wait:.1f} s")
         time.sleep(wait)
-        self.repair(node, outage)
+        self.repair(node, outage, rng)
 
     def nemesis_fill(self, rng):
         s = self.stat()
@@ -510,9 +583,9 @@ class Soak:
 
     def scrub(self):
         """Once every process ended: `swarm scrub`, as an operator runs it after nodes
-        were out. `swarm stat` counts the keys of one node's index copy, and a node
-        that was out or rebuilt holds lagging copies (mappings deleted meanwhile) until
-        a scrub moves them forward; the keys left are counted after it."""
+        were out (a node that was out or rebuilt holds lagging index copies until a
+        scrub moves them forward); the keys left are counted after it. `swarm stat`
+        counts keys as lookups read them, every node's copy merged."""
         before = self.stat()
         try:
             out = self.run([self.swarm, "scrub", "--dir", self.cluster], 300)
@@ -547,25 +620,30 @@ class Soak:
 
     def memory_bounds(self):
         """Registers in use (with a key header, or retired in the limbo of a client
-        that holds a writer id): the peak over the last third of the soak must stay
+        that holds a writer id): the peak over the last third of the samples must stay
         within 2x the peak over the first third, plus one chunk (256) so that small
         counts do not trip it; samples taken while a fill runs (and FILL_SETTLE_S
-        after) are left out, since a fill holds most of the cluster by design. Reported only: register chunks claimed (clients claim
+        after) are left out before the samples are split in thirds, since a fill holds
+        most of the cluster by design. Reported only: register chunks claimed (clients claim
         unclaimed chunks before they reclaim gone clients' registers, so claims grow up
         to the capacity by design), registers with a key header but no key while
         clients run (`swarm stat` counts keys and registers one after the other, so
         inserts and deletes in between show up), writer ids registered. At the end,
-        with every process gone and every namespace drained, no key may be left (unless
-        a drain or a janitor failed: a fill's drain that failed is not judged either)."""
+        with every process gone and every namespace drained (a namespace whose drain
+        failed or whose process was SIGKILLed drained again by a janitor, up to
+        JANITOR_ATTEMPTS times), no key may be left; not judged only when a janitor's
+        last attempt failed too."""
         # Samples while a fill runs (and for a few seconds after, while the registers
         # its drain retired pass their grace) count the fill's keys: in use by design.
         with self.lock:
             fills = [(s, self.now() if e is None else e) for s, e in self.fill_windows]
         rows = [r for r in self.samples if r["t_s"] <= self.args.duration
                 and not any(s <= r["t_s"] <= e + FILL_SETTLE_S for s, e in fills)]
-        third = self.args.duration / 3
-        first = [r for r in rows if r["t_s"] <= third]
-        last = [r for r in rows if r["t_s"] >= 2 * third]
+        # The first and the last third of those samples, in time order: with fills
+        # covering much of a short soak, thirds of its time often held no sample
+        # outside a fill, and the bound went unjudged.
+        third = len(rows) // 3
+        first, last = (rows[:third], rows[-third:]) if third >= 2 else ([], [])
         results = []
         for metric in ("in_use", "chunks_claimed", "leaked_or_inflight", "writers_registered"):
             if not first or not last:
@@ -584,13 +662,14 @@ class Soak:
             if not ok:
                 self.fail(f"memory keeps growing: {metric} peaked at {peak_last} in the last "
                           f"third, above 2 x {peak_first} + {slack} (first third's peak)")
-        # A janitor that failed, or a fill whose drain failed (a delete fenced on a
-        # loaded host: its outcome is unknown; fills get no janitor), may leave keys.
-        cleanups_failed = any((p.kind == "janitor" and (p.rc != 0 or p.errors))
-                              or (p.kind == "fill" and p.drain_errors) for p in self.procs)
+        # A janitor that failed its last attempt (deletes fenced on a loaded host:
+        # their outcome is unknown) may leave keys. Drains that failed, fills' too,
+        # got janitors.
+        cleanups_failed = any(p.kind == "janitor" and (p.rc != 0 or p.errors or p.refused)
+                              and p.job[2] >= JANITOR_ATTEMPTS for p in self.procs)
         if cleanups_failed:
             results.append(("keys at the end", None, self.samples[-1]["keys"] if self.samples
-                            else None, None, "not judged: a drain or janitor failed"))
+                            else None, None, "not judged: a janitor failed its last attempt"))
         if self.samples and not cleanups_failed:
             left = self.samples[-1]["keys"]
             verdict = "ok" if left == 0 else "KEYS LEFT"
@@ -636,21 +715,55 @@ class Soak:
         except ImportError:
             plt = None
         if plt is not None:
-            fig, ax = plt.subplots(2, 1, figsize=(10, 7), sharex=True)
+            fig, ax = plt.subplots(4, 1, figsize=(10, 10), sharex=True,
+                                   gridspec_kw={"height_ratios": [3, 1.3, 1.3, 1.3]})
             t = [r["t_s"] for r in self.samples]
-            for name in series[:5]:
-                ax[0].plot(t, [r[name] for r in self.samples], label=name)
-            ax[1].plot(t, [r["writers_registered"] for r in self.samples], label="writer ids taken")
-            ax[1].plot(t, [r["processes"] for r in self.samples], label="processes")
-            for at, kind, _ in self.events:
-                for a in ax:
-                    a.axvline(at, color="grey", alpha=0.3)
+            col = lambda name: [r[name] for r in self.samples]  # noqa: E731
+            for name, label in (("keys", "keys"),
+                                ("in_use", "registers in use (keyed + retired, live clients)"),
+                                ("holding_data", "registers holding data"),
+                                ("leaked_or_inflight", "keyed without a key (in flight or leaked)")):
+                ax[0].plot(t, col(name), label=label)
             ax[0].set_ylabel("registers")
-            ax[1].set_xlabel("seconds")
+            ax[1].plot(t, col("chunks_claimed"), label="register chunks claimed", color="C4")
+            ax[1].set_ylabel("chunks")
+            # Log slots are reported by each process at its exit (its report).
+            ends = [p for p in self.procs if p.log_slots is not None and p.end is not None]
+            for kind, colour in (("client", "C0"), ("janitor", "C2"), ("fill", "C3")):
+                pts = [(p.end, p.log_slots) for p in ends if p.kind == kind]
+                if pts:
+                    ax[2].scatter([x for x, _ in pts], [y for _, y in pts], s=12, color=colour,
+                                  label=f"log slots a {kind} held at its exit")
+            ax[2].set_ylabel("log slots")
+            ax[3].plot(t, col("writers_registered"), label="writer ids registered")
+            ax[3].plot(t, col("writers_valid"), label="writer ids with a valid lease")
+            ax[3].plot(t, col("processes"), label="processes running")
+            ax[3].set_ylabel("count")
+            ax[3].set_xlabel("seconds")
+            colours = {"kill": "red", "stop": "orange", "repair": "purple", "corrupt": "brown",
+                       "fill": "green", "stop-repair": "magenta"}
+            with self.lock:
+                fills = [(s, e) for s, e in self.fill_windows if e is not None]
             for a in ax:
+                for at, kind, _ in self.events:
+                    a.axvline(at, color=colours.get(kind, "grey"), alpha=0.5, lw=0.8)
+                for s, e in fills:
+                    a.axvspan(s, e, color="green", alpha=0.08)
+            from matplotlib.lines import Line2D
+            seen = [k for k in colours if any(kind == k for _, kind, _ in self.events)]
+            proxies = [Line2D([0], [0], color=colours[k], lw=1) for k in seen]
+            legend = ax[0].legend(loc="upper left", fontsize="small")
+            ax[0].add_artist(legend)
+            if proxies:
+                ax[0].legend(proxies, [f"nemesis {k}" for k in seen], loc="upper right",
+                             fontsize="small")
+            for a in ax[1:]:
                 a.legend(loc="upper left", fontsize="small")
-            ax[0].set_title(f"swarm soak, seed {self.args.seed}: memory in use (grey: nemesis)")
-            fig.savefig(os.path.join(out, "soak-memory.png"), dpi=100)
+            ax[0].set_title(f"swarm soak, seed {self.args.seed}, {self.args.duration:.0f} s: "
+                            f"memory in use (shaded: fills)")
+            fig.tight_layout()
+            fig.savefig(os.path.join(out, "soak-memory.png"), dpi=80)
+            plt.close(fig)
             self.log(f"figure: {os.path.join(out, 'soak-memory.png')}")
         elif shutil.which("gnuplot"):
             png = os.path.join(out, "soak-memory.png")
@@ -677,7 +790,7 @@ class Soak:
         print(f"{'processes':<28} {len(clients)} clients ({sum(p.workload == 'churn' for p in clients)} churn, "
               f"{sum(p.workload == 'a' for p in clients)} YCSB A), "
               f"{sum(p.kind == 'fill' for p in procs)} fills, {sum(p.kind == 'janitor' for p in procs)} janitors")
-        print(f"{'nemesis events':<28} " + ", ".join(f"{k} {count(k)}" for k in KINDS))
+        print(f"{'nemesis events':<28} " + ", ".join(f"{k} {count(k)}" for k in EVENTS))
         checked = [p for p in procs if p.verdict in ("pass", "FAIL", "missing")]
         passed = sum(p.verdict == "pass" for p in checked)
         print(f"{'histories checked':<28} {passed} of {len(checked)} linearizable "

@@ -52,7 +52,8 @@ pub use crate::repair::merge::Conflicts;
 pub use crate::repair::{RepairError, RepairOptions, RepairReport, quiescence_ns};
 pub use crate::store::write_superblock;
 
-/// The keys the index maps, counted from its buckets (one read of the whole index).
+/// The keys the index maps, counted from its buckets as lookups read them (one read of
+/// the whole index on every node that answers).
 pub fn count_keys<F: Fabric>(fabric: &F, layout: &NodeLayout) -> Result<u64, KvError> {
     let index = index_of(fabric, layout)?;
     Ok(block_on(fabric, index.count(fabric, &OpStats::new()))?)

@@ -355,3 +355,113 @@ fn a_client_that_left_a_corrupted_node_out_recycles_through_its_repair() {
         "{during} registers recycled during the repair (of 200 retired before it)"
     );
 }
+
+/// A client killed with a delete's unmap deferred leaves `key → tombstone` in the
+/// index (a SIGKILLed churn process, whose namespace a janitor then drained). A
+/// delete through the index read that mapping as absent and returned, leaving it:
+/// only a re-insert of the key replaced it, so the soak's janitors left the key (and
+/// its register) for ever, and `swarm stat` counted "1 keys left" after every
+/// namespace was drained. A delete that finds its key mapped to a tombstone unmaps it
+/// (conditional on the slot's tag and the key header) and retires the register.
+#[test]
+fn a_delete_unmaps_a_mapping_to_a_tombstone_that_a_crashed_deleter_left() {
+    let dir = ScratchDir::new("kv-soak-unmap-tombstone").unwrap();
+    let store = ShmStore::create(dir.path(), 3, 32 << 20, params()).unwrap();
+    let layout = *store.layout();
+    let count = || swarm_kv::admin::count_keys(&store.fabric(), &layout).unwrap();
+    let killed = store
+        .client_with(swarm_kv::KvConfig {
+            deferred_unmaps: 4,
+            ..store.config()
+        })
+        .unwrap();
+    let f = killed.fabric();
+    block_on(f, killed.insert(b"k", b"v", &OpStats::new())).unwrap();
+    assert_eq!(
+        block_on(f, killed.delete(b"k", &OpStats::new())).unwrap(),
+        swarm_kv::DeleteOutcome::Removed
+    );
+    assert!(killed.has_deferred_unmaps());
+    // Killed: its queued unmap never runs.
+    drop(killed);
+    assert_eq!(count(), 1, "the mapping to the tombstone stays");
+
+    let janitor = store.client().unwrap();
+    let f = janitor.fabric();
+    assert_eq!(
+        block_on(f, janitor.delete(b"k", &OpStats::new())).unwrap(),
+        swarm_kv::DeleteOutcome::Absent
+    );
+    assert_eq!(count(), 0, "the delete left the mapping to the tombstone");
+    assert_eq!(
+        janitor.recycle_stats().retired,
+        1,
+        "the delete that unmapped the register retires it"
+    );
+    assert_eq!(
+        block_on(f, janitor.get(b"k", &OpStats::new())).unwrap(),
+        None
+    );
+    // The key lives again, in another register or the same one once recycled.
+    block_on(f, janitor.insert(b"k", b"w", &OpStats::new())).unwrap();
+    assert_eq!(
+        block_on(f, janitor.get(b"k", &OpStats::new())).unwrap(),
+        Some(b"w".to_vec())
+    );
+    assert_eq!(count(), 1);
+    janitor.close();
+}
+
+/// A remove decided on a quorum of a bucket's meta words whose apply never landed (its
+/// client stopped right after the accept: a fill's drain fenced on the loaded host)
+/// leaves the key in every slot copy, although every lookup finds it absent (a
+/// decided change is laid over the slots). `swarm stat` counted one node's slot
+/// copies, so the soak found "1 keys left" after every namespace was drained (seed
+/// 4343). Keys are counted as lookups read them.
+#[test]
+fn a_decided_remove_not_applied_yet_is_not_counted_as_a_key() {
+    use swarm_kv::testing::index::{Ballot, Meta, Proposal, SLOTS};
+    let dir = ScratchDir::new("kv-soak-count-decided").unwrap();
+    let path = dir.path().to_path_buf();
+    let store = ShmStore::create(&path, 3, 32 << 20, params()).unwrap();
+    let layout = *store.layout();
+    let count = || swarm_kv::admin::count_keys(&store.fabric(), &layout).unwrap();
+    let c = store.client().unwrap();
+    block_on(c.fabric(), c.insert(b"k", b"v", &OpStats::new())).unwrap();
+    assert_eq!(count(), 1);
+    // The key's slot, on node 0.
+    let hash = c.index().key_hash(b"k").unwrap();
+    let (bucket, slot, tag) = [hash.first, hash.second]
+        .into_iter()
+        .find_map(|b| {
+            (0..SLOTS).find_map(|s| {
+                let w = word_on(&path, 0, layout.bucket(b) + 8 * (s as u64 + 1));
+                ((w >> 47) & 1 == 1).then_some((b, s, (w >> 48) as u16))
+            })
+        })
+        .expect("the key's slot");
+    // A remove accepted on every node under the next ballot, and never applied.
+    let meta = Meta::accepting(
+        Ballot(tag + 1),
+        Proposal::Clear {
+            slot: slot as u8,
+            nonce: 7,
+        },
+        false,
+    )
+    .encode();
+    for node in 0..3 {
+        write_on(&path, node, layout.bucket(bucket), meta);
+    }
+    assert_eq!(
+        count(),
+        0,
+        "a key whose remove is decided was counted (every slot copy still maps it)"
+    );
+    let other = store.client().unwrap();
+    assert_eq!(
+        block_on(other.fabric(), other.get(b"k", &OpStats::new())).unwrap(),
+        None,
+        "lookups find the key absent"
+    );
+}

@@ -50,9 +50,10 @@
 //! keep running next to the operations (the bench harness spawns it on the client's
 //! executor whenever unmaps wait), and [`KvClient::close`] runs those left. A client
 //! that crashes with unmaps queued leaves mappings to tombstones: they read as absent,
-//! and the next insert of such a key replaces the mapping and retires the register;
-//! the register of a key never inserted again stays taken, as after a deleter that
-//! crashed before its unmap (ARCHITECTURE.md, "Not implemented").
+//! and the next insert of such a key replaces the mapping, or the next delete of it
+//! unmaps it (`delete.rs`, conditional on the slot's tag as here), and retires the
+//! register; the register of a key never touched again stays taken, as after a
+//! deleter that crashed before its unmap (ARCHITECTURE.md, "Limitations").
 
 use std::collections::VecDeque;
 
@@ -129,6 +130,13 @@ impl DeferredUnmaps {
             failed: 0,
         });
         true
+    }
+
+    /// Whether the unmap of `key → register` waits in this queue.
+    pub(super) fn holds(&self, key: &[u8], register: RegisterId) -> bool {
+        self.queue
+            .iter()
+            .any(|u| u.register == register && u.key == key)
     }
 
     fn pop(&mut self) -> Option<PendingUnmap> {

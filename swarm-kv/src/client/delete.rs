@@ -10,6 +10,7 @@ use swarm_core::fabric::Nanos;
 use swarm_core::{Clock, DeleteOutcome, DeleteVotes, Fabric, FirstDeleter, OpStats, RegisterLoc};
 
 use crate::index::IndexError;
+use crate::index::word::Ballot;
 use crate::registers::recycle::Retired;
 use crate::{KvError, RegisterId};
 
@@ -80,10 +81,15 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         let mut from_cache: Option<FromCache> = None;
         for attempt in 0..MAX_RETRIES {
             let now = self.attempt_now(attempt, start, deadline)?;
-            let (located, resolved) = self.locate_written(key, stats, now).await?;
+            let (located, resolved, tombstoned) =
+                self.locate_written_noting_deleted(key, stats, now).await?;
             let Some(mut located) = located else {
-                // The key maps to nothing now: it was absent at that moment, which
-                // agrees with either outcome of a delete of a cached register.
+                // The key maps to nothing now (or to a tombstone): it was absent at
+                // that moment, which agrees with either outcome of a delete of a
+                // cached register.
+                if let Some((register, tag)) = tombstoned {
+                    Box::pin(self.unmap_tombstone(key, register, tag, stats, deadline)).await;
+                }
                 return Ok(from_cache.map_or(DeleteOutcome::Absent, |c| {
                     if c.votes.landed_nowhere() {
                         // It changed nothing: the key was absent when the index was read.
@@ -208,6 +214,48 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         Err(KvError::Contended {
             attempts: MAX_RETRIES,
         })
+    }
+
+    /// Unmaps `key → register`, found mapped by a slot tagged `tag` to a register
+    /// holding a tombstone, which a delete through the index reads as absent: its
+    /// deleter crashed before its unmap, its unmap failed, or it waits in a client's
+    /// queue of deferred unmaps. Nothing else would ever unmap it but a re-insert of
+    /// the key, so without this, the key of a crashed deleter kept its slot and its
+    /// register for ever (`swarm stat` counts it as a key). The remove is
+    /// conditional on `tag` and checks the register's key header
+    /// (`Index::remove_tagged_until`): a later life of the mapping, or a register of
+    /// another key with the same fingerprint, is left alone, whenever this runs,
+    /// exactly as for a late deferred unmap (`deferred_unmap`, "Late unmaps"). A
+    /// mapping this client's own queue will unmap is left to it. If the remove
+    /// unmapped it, this client owns the register and retires it. A failure changes
+    /// nothing the caller sees: the key reads as absent either way.
+    async fn unmap_tombstone(
+        &self,
+        key: &HashedKey<'_>,
+        register: RegisterId,
+        tag: Ballot,
+        stats: &OpStats,
+        deadline: Nanos,
+    ) {
+        if self.deferred.borrow().holds(key.bytes(), register) {
+            return;
+        }
+        if self.fence(deadline).is_err() {
+            return;
+        }
+        match self
+            .index
+            .remove_tagged_until_hashed(self.swarm.fabric(), stats, key, register, tag, deadline)
+            .await
+        {
+            Ok(true) => {
+                self.retire_marked(register, key.bytes().len(), Retired::Unmapped, deadline);
+            }
+            Ok(false) => {}
+            Err(error) => {
+                tracing::debug!(%error, register, "delete: unmapping a mapping to a tombstone failed; it stays (it reads as absent)");
+            }
+        }
     }
 
     /// Flushes a deleted register from the cache and unmaps it from the index (a

@@ -8,11 +8,13 @@
 use swarm_core::fabric::Nanos;
 use swarm_core::{Clock, Fabric, OpStats, RegisterCache, yield_now};
 
-use crate::KvError;
 use crate::cache::Location;
+use crate::index::word::Ballot;
+use crate::{KvError, RegisterId};
 
 use crate::index::hash::HashedKey;
 
+use super::register_io::Keyed;
 use super::{KvClient, Located, RegisterProtocol};
 
 impl<F: Fabric, C: Clock> KvClient<F, C> {
@@ -75,18 +77,29 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         stats: &OpStats,
         now: Nanos,
     ) -> Result<(Option<Located>, bool), KvError> {
+        let (located, resolved, _) = self.locate_written_noting_deleted(key, stats, now).await?;
+        Ok((located, resolved))
+    }
+
+    /// [`Self::locate_written`], and when the index was asked, the first candidate
+    /// that held a tombstone with the tag of the slot that maps it (a delete unmaps
+    /// it: `delete.rs`).
+    pub(super) async fn locate_written_noting_deleted(
+        &self,
+        key: &HashedKey<'_>,
+        stats: &OpStats,
+        now: Nanos,
+    ) -> Result<(Option<Located>, bool, Option<(RegisterId, Ballot)>), KvError> {
         match self.cached_at(key.bytes(), now)? {
-            Some(located) if located.knowledge.knows_a_write() => Ok((Some(located), false)),
+            Some(located) if located.knowledge.knows_a_write() => Ok((Some(located), false, None)),
             // Boxed, here and on the other rare paths (a get's miss, an insert's
             // publication, an unmap): inline, they would make every operation's future
             // as large as the largest of them, and executors move futures when they
             // spawn them (`tests/kv_semantics.rs`, `operation_futures_stay_small`).
-            _ => Ok((
-                Box::pin(self.resolve(key, stats))
-                    .await?
-                    .map(|(located, _)| located),
-                true,
-            )),
+            _ => {
+                let (found, deleted) = Box::pin(self.resolve_noting_deleted(key, stats)).await?;
+                Ok((found.map(|(located, _)| located), true, deleted))
+            }
         }
     }
 
@@ -96,23 +109,41 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         key: &HashedKey<'_>,
         stats: &OpStats,
     ) -> Result<Option<(Located, Vec<u8>)>, KvError> {
+        Ok(self.resolve_noting_deleted(key, stats).await?.0)
+    }
+
+    /// [`Self::resolve`], and the first candidate read before the one that holds the
+    /// key (or before the end) that held a tombstone, with its slot's tag. A tombstone
+    /// does not name its key: the key header tells, which the index's remove checks.
+    async fn resolve_noting_deleted(
+        &self,
+        key: &HashedKey<'_>,
+        stats: &OpStats,
+    ) -> Result<(Option<(Located, Vec<u8>)>, Option<(RegisterId, Ballot)>), KvError> {
         let asked = self.swarm.fabric().now();
         let candidates = self
             .index
             .lookup_hashed(self.swarm.fabric(), stats, key)
             .await?;
-        for register in candidates.registers {
+        let mut deleted = None;
+        for (&register, &tag) in candidates.registers.iter().zip(&candidates.tags) {
             let mut located = Located {
                 register,
                 loc: self.register_loc(register)?,
                 knowledge: RegisterCache::new(),
                 vouched_at: asked,
             };
-            if let Some(value) = self.read_checked(key.bytes(), &mut located, stats).await? {
-                self.remember(key.bytes(), &located);
-                return Ok(Some((located, value)));
+            match self.read_keyed(key.bytes(), &mut located, stats).await? {
+                Keyed::Holds(value) => {
+                    self.remember(key.bytes(), &located);
+                    return Ok((Some((located, value)), deleted));
+                }
+                Keyed::Deleted => {
+                    deleted.get_or_insert((register, tag));
+                }
+                Keyed::Not => {}
             }
         }
-        Ok(None)
+        Ok((None, deleted))
     }
 }

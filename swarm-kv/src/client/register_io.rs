@@ -14,6 +14,16 @@ use crate::layout::decode_payload;
 
 use super::{KvClient, Located, RegisterProtocol};
 
+/// What a register read for a key holds ([`KvClient::read_keyed`]).
+pub(super) enum Keyed {
+    /// A value of the key.
+    Holds(Vec<u8>),
+    /// A tombstone: some key's deleted life (a tombstone does not name its key).
+    Deleted,
+    /// Nothing, another key's value, or a newer life (reset since it was located).
+    Not,
+}
+
 impl<F: Fabric, C: Clock> KvClient<F, C> {
     pub(super) async fn read_register(
         &self,
@@ -159,23 +169,39 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         located: &mut Located,
         stats: &OpStats,
     ) -> Result<Option<Vec<u8>>, KvError> {
+        Ok(match self.read_keyed(key, located, stats).await? {
+            Keyed::Holds(value) => Some(value),
+            Keyed::Deleted | Keyed::Not => None,
+        })
+    }
+
+    /// [`Self::read_checked`], telling a tombstone apart from an empty register or
+    /// another key's value.
+    pub(super) async fn read_keyed(
+        &self,
+        key: &[u8],
+        located: &mut Located,
+        stats: &OpStats,
+    ) -> Result<Keyed, KvError> {
         let value = match self.read_register(located, stats).await {
             Ok(value) => value,
             // Reset for another life since it was located: not the key's (any more).
-            Err(error) if error.is_recycled() => return Ok(None),
+            Err(error) if error.is_recycled() => return Ok(Keyed::Not),
             Err(error) => return Err(error),
         };
-        let ReadValue::Value(mut payload) = value else {
-            return Ok(None);
+        let mut payload = match value {
+            ReadValue::Value(payload) => payload,
+            ReadValue::Deleted => return Ok(Keyed::Deleted),
+            ReadValue::Empty => return Ok(Keyed::Not),
         };
         let value_at = match decode_payload(&payload) {
             Some((k, v)) if k == key => payload.len() - v.len(),
-            _ => return Ok(None),
+            _ => return Ok(Keyed::Not),
         };
         // The value moves to the front of the payload's buffer, which becomes the
         // value: no allocation and copy of its own.
         payload.copy_within(value_at.., 0);
         payload.truncate(payload.len() - value_at);
-        Ok(Some(payload))
+        Ok(Keyed::Holds(payload))
     }
 }

@@ -8,10 +8,10 @@
 //! docs of [`super`], "reads").
 
 use swarm_core::fabric::{Batch, Op};
-use swarm_core::quorum::preferred_step;
+use swarm_core::quorum::broadcast_until;
 use swarm_core::{Fabric, OpStats};
 
-use super::bucket::Status;
+use super::bucket::{NodeBucket, Status, View};
 use super::engine::{Engine, MAX_BUCKETS, Settled};
 use super::hash::{HashedKey, KeyHash};
 use super::header;
@@ -117,14 +117,23 @@ pub async fn resolve<F: Fabric>(
         .map(|(r, _)| *r))
 }
 
-/// `Index::count`: reads the index area of one node, 256 KiB per roundtrip.
+/// `Index::count`: reads the index area of every node that answers (a quorum at
+/// least), 256 KiB of each per roundtrip, and counts the used slots of each bucket as
+/// a lookup reads them: the copies merged, newest tag first, with a decided change
+/// that is not applied yet laid over them (`View::readable`). One node's copy alone
+/// miscounts: a node that was out or rebuilt lags, and a remove decided on a quorum
+/// of meta words whose apply never landed (its client stopped after the accept) still
+/// shows its key in every slot copy, though every lookup finds it absent. A bucket
+/// with an open change counts its merged slots; one whose copies contradict each
+/// other (corrupted memory) counts the first copy's.
 pub async fn count<F: Fabric>(ix: &Index, fabric: &F, stats: &OpStats) -> Result<u64, IndexError> {
     const CHUNK: u64 = 64 * 1024;
     let total = ix.layout.params.index_buckets * BUCKET_BYTES;
     let start = ix.layout.index_at;
+    let registers = ix.layout.params.registers;
+    let nodes = ix.nodes;
     let mut offset = 0;
     let mut used = 0;
-    let mut preferred = 0u64;
     while offset < total {
         let mut reads = Vec::new();
         while reads.len() < swarm_core::fabric::INLINE_BATCH_OPS && offset < total {
@@ -132,44 +141,56 @@ pub async fn count<F: Fabric>(ix: &Index, fabric: &F, stats: &OpStats) -> Result
             reads.push((start + offset, len as u32));
             offset += len;
         }
-        let order = ix.order(fabric, preferred);
-        let rt = preferred_step(
+        let rt = broadcast_until(
             fabric,
             stats,
-            &order,
-            1,
+            ix.quorum(),
             ix.config.slow_after_ns,
             |_| {
                 let mut batch = Batch::new();
                 for &(addr, len) in &reads {
                     batch.push(Op::Read { addr, len })?;
                 }
-                Ok(batch)
+                Ok(Some(batch))
             },
-            |replies| !replies.is_empty(),
+            |replies| replies.len() == nodes,
         )
         .await?;
-        let Some((node, completion)) = rt.replies().first() else {
-            continue;
-        };
-        preferred = u64::from(node.0);
-        for k in 0..reads.len() {
-            for bucket in completion
-                .read(k)
-                .unwrap_or_default()
-                .chunks_exact(BUCKET_BYTES as usize)
-            {
-                for word in bucket.chunks_exact(8).skip(1) {
-                    let mut w = [0u8; 8];
-                    w.copy_from_slice(word);
-                    if Slot::decode(u64::from_le_bytes(w)).is_ok_and(|s| s.register().is_some()) {
-                        used += 1;
-                    }
-                }
+        for (k, &(_, len)) in reads.iter().enumerate() {
+            for b in 0..(u64::from(len) / BUCKET_BYTES) as usize {
+                let range = b * BUCKET_BYTES as usize..(b + 1) * BUCKET_BYTES as usize;
+                let raw: Vec<&[u8]> = rt
+                    .replies()
+                    .iter()
+                    .filter_map(|(_, c)| c.read(k)?.get(range.clone()))
+                    .collect();
+                let copies: Vec<NodeBucket> = raw
+                    .iter()
+                    .filter_map(|bytes| NodeBucket::parse(bytes, registers).ok())
+                    .collect();
+                let slots = match View::merge(&copies, ix.quorum()) {
+                    Ok(view) if !copies.is_empty() => view.readable().unwrap_or(view.slots),
+                    _ => match raw.first() {
+                        Some(bytes) => first_copy_slots(bytes),
+                        None => continue,
+                    },
+                };
+                used += slots.iter().filter(|s| s.register().is_some()).count() as u64;
             }
         }
     }
     Ok(used)
+}
+
+/// The slots of one bucket copy as they decode (undecodable ones count as empty).
+fn first_copy_slots(bytes: &[u8]) -> [Slot; SLOTS] {
+    let mut slots = [Slot::EMPTY; SLOTS];
+    for (slot, word) in slots.iter_mut().zip(bytes.chunks_exact(8).skip(1)) {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(word);
+        *slot = Slot::decode(u64::from_le_bytes(w)).unwrap_or(Slot::EMPTY);
+    }
+    slots
 }
 
 #[cfg(test)]

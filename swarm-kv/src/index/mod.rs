@@ -899,9 +899,10 @@ impl Index {
         update::change(self, fabric, stats, key, change, deadline).await
     }
 
-    /// Number of mapped slots on one node (approximate: that node may lag behind the
-    /// latest changes). Reads the whole index area of one node, 256 KiB per
-    /// roundtrip.
+    /// Number of mapped slots, as lookups read them: every bucket's copies on the
+    /// nodes that answer (a quorum at least) merged, a decided change not applied yet
+    /// included. Reads the whole index area of every node, 256 KiB of each per
+    /// roundtrip. Changes in flight meanwhile may or may not be counted.
     pub async fn count<F: Fabric>(&self, fabric: &F, stats: &OpStats) -> Result<u64, IndexError> {
         self.check_fabric(fabric)?;
         lookup::count(self, fabric, stats).await
