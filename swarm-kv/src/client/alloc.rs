@@ -26,7 +26,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
     /// left donations on offer (taken, they are ready after the delivery margin,
     /// sooner than its own pass their grace); otherwise waits for its retired
     /// registers or for the next pass (before the operation starts: the wait posts
-    /// nothing but resets), up to two graces.
+    /// nothing but resets), up to two graces (three lease renewals, if longer).
     /// Returns the register and its life marker (`None` for a fresh chunk's, never
     /// reset as far as this client knows).
     pub(super) async fn allocate_register(
@@ -35,7 +35,12 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
     ) -> Result<(RegisterId, Option<Tsp>), KvError> {
         let fabric = self.swarm.fabric();
         let started = fabric.now();
-        let mut give_up = started.saturating_add(self.recycler.grace_ns().saturating_mul(2));
+        // Two graces, or three lease renewals if longer: a reset that left a lost node
+        // out waits for two renewals before it hands its register out
+        // (`crate::registers::recycle`, "a node out of service").
+        let patience = (self.recycler.grace_ns().saturating_mul(2))
+            .max(self.layout.params.lease_renew_ns.saturating_mul(3));
+        let mut give_up = started.saturating_add(patience);
         loop {
             self.recycle_step();
             let r = self
@@ -52,9 +57,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
                 self.reclaim_gone_registers().await?;
                 // What the pass took waits a whole grace from now, however long
                 // the pass took.
-                give_up = fabric
-                    .now()
-                    .saturating_add(self.recycler.grace_ns().saturating_mul(2));
+                give_up = fabric.now().saturating_add(patience);
                 if self.recycler.in_limbo() == 0 {
                     return r;
                 }

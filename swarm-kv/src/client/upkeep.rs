@@ -110,6 +110,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
             donate,
             |r| self.register_loc(r).ok(),
             |node| self.replica_status(node),
+            self.lease.borrow().renewals(),
         );
         for (register, marker) in ready {
             self.alloc.give_back(register, marker);

@@ -133,6 +133,19 @@
 //! admission instead. A client with a lapsed lease starts no reset at all
 //! (`may_start`).
 //!
+//! The quiescence wait is a timing argument, and a client paused between its status
+//! check and its batches lands them whenever it wakes up, after the copy perhaps. So
+//! a reset that left a lost node out is not trusted on what its client knew when it
+//! posted: it comes back only once two more of the client's lease renewals were
+//! acknowledged by a majority (`Recycler::step`, `renewals`). Renewals go one at a
+//! time, so the second was posted after the reset's batches completed, that is after
+//! they landed, and each renewal reads the configuration on the nodes it reaches. The
+//! repair's announcement is on every donor before its copy begins, and a majority
+//! holds a donor: if the announcement came before that renewal's reads, the client's
+//! status for the node is no longer "lost", and the register is reset again on what
+//! the replicas are then; if it came after, the reset landed before the copy read the
+//! donors, and the rebuilt node gets it. Either way, whatever the pauses.
+//!
 //! # Why a reused register is never confused with its old life
 //!
 //! Whatever the timing: a client may be paused for any time between its last check
@@ -519,6 +532,21 @@ enum Next {
     Finish,
 }
 
+/// A reset installed on every replica but those of lost nodes, waiting until a lease
+/// renewal posted after its last batch landed tells whether a repair of those nodes
+/// was announced meanwhile (module docs, "a node out of service").
+#[derive(Debug)]
+struct Confirming {
+    register: RegisterId,
+    marker: Tsp,
+    /// The lost nodes it left out.
+    left_out: Vec<NodeId>,
+    /// Carried over from its [`Limbo`] entry.
+    keep: bool,
+    /// Confirmed once the owner's acknowledged renewals reach this count.
+    after_renewals: u64,
+}
+
 /// How often a client waiting for the repair reads its journal row.
 const JOURNAL_POLL_NS: Nanos = 1_000_000;
 
@@ -527,6 +555,9 @@ struct State {
     limbo: VecDeque<Limbo>,
     resetting: Vec<Reset>,
     journaled: Vec<Journaled>,
+    /// Resets that left a lost node out, waiting for a lease renewal posted after
+    /// they landed (module docs, "a node out of service").
+    confirming: Vec<Confirming>,
     row: JournalRow,
     /// Retire marks in flight (`Recycler::mark`).
     marking: Vec<(NodeId, Ticket)>,
@@ -701,11 +732,12 @@ impl Recycler {
         self.state.borrow().stats
     }
 
-    /// Registers retired and not yet handed back (in limbo, being reset, or waiting
-    /// for a repair to copy them, [`crate::registers::journal`]).
+    /// Registers retired and not yet handed back (in limbo, being reset, waiting for
+    /// a repair to copy them, [`crate::registers::journal`], or for a lease renewal
+    /// to confirm a reset that left a lost node out).
     pub fn in_limbo(&self) -> usize {
         let s = self.state.borrow();
-        s.limbo.len() + s.resetting.len() + s.journaled.len()
+        s.limbo.len() + s.resetting.len() + s.journaled.len() + s.confirming.len()
     }
 
     /// When the oldest retired register is due for its reset, if any is waiting.
@@ -713,11 +745,11 @@ impl Recycler {
         self.state.borrow().limbo.front().map(|l| l.due)
     }
 
-    /// Whether resets are in flight or wait for a repair (a caller waiting for a
-    /// register polls again).
+    /// Whether resets are in flight, wait for a repair or for a lease renewal (a
+    /// caller waiting for a register polls again).
     pub fn resetting(&self) -> bool {
         let s = self.state.borrow();
-        !s.resetting.is_empty() || !s.journaled.is_empty()
+        !s.resetting.is_empty() || !s.journaled.is_empty() || !s.confirming.is_empty()
     }
 
     /// Retires `register` at time `now` (see the module docs for who may).
@@ -780,6 +812,12 @@ impl Recycler {
     /// `status(node)`: what a reset does about `node` when it failed there or the
     /// other replicas have answered ([`ReplicaStatus`]; see the module docs, "a node
     /// out of service").
+    ///
+    /// `renewals`: the lease renewals of the owner acknowledged by a majority so far
+    /// (`LeaseHolder::renewals`). A reset that left a lost node out comes back only
+    /// once two more were, so that `status` judges it on a configuration read after
+    /// its batches landed.
+    #[allow(clippy::too_many_arguments)]
     pub fn step<F: Fabric>(
         &self,
         fabric: &F,
@@ -788,6 +826,7 @@ impl Recycler {
         donate: impl Fn() -> bool,
         loc: impl Fn(RegisterId) -> Option<RegisterLoc>,
         status: impl Fn(NodeId) -> ReplicaStatus,
+        renewals: u64,
     ) -> Vec<(RegisterId, Tsp)> {
         if !self.state.borrow().marking.is_empty() {
             self.marks_in_flight(fabric);
@@ -796,6 +835,7 @@ impl Recycler {
         if s.limbo.is_empty()
             && s.resetting.is_empty()
             && s.journaled.is_empty()
+            && s.confirming.is_empty()
             && s.row.clearing.is_empty()
         {
             // The common case: no clock read.
@@ -930,8 +970,42 @@ impl Recycler {
                     node,
                     stage: Stage::NoSlot,
                 });
+            } else if !done.failed.is_empty() {
+                // Left out of a lost node: judged again on a configuration read after
+                // its batches landed (module docs, "a node out of service"). The
+                // renewal in flight now may have been posted before they landed; the
+                // one after it was not.
+                s.confirming.push(Confirming {
+                    register: done.register,
+                    marker: done.marker,
+                    left_out: done.failed,
+                    keep: done.keep,
+                    after_renewals: renewals.saturating_add(2),
+                });
             } else {
-                for node in &done.failed {
+                s.stats.recycled += 1;
+                tracing::trace!(
+                    register = done.register,
+                    "register reset on every replica: recycled"
+                );
+                ready.push((done.register, done.marker));
+            }
+        }
+        let mut i = 0;
+        while i < s.confirming.len() {
+            if s.confirming[i].after_renewals > renewals {
+                i += 1;
+                continue;
+            }
+            let done = s.confirming.swap_remove(i);
+            if done
+                .left_out
+                .iter()
+                .all(|&node| status(node) == ReplicaStatus::Lost)
+            {
+                // No repair of those nodes was announced before the reset landed:
+                // a later repair's copy reads it from the others.
+                for node in &done.left_out {
                     tracing::debug!(
                         register = done.register,
                         node = node.index(),
@@ -939,12 +1013,18 @@ impl Recycler {
                     );
                 }
                 s.stats.recycled += 1;
-                s.stats.reset_without_lost += u64::from(!done.failed.is_empty());
-                tracing::trace!(
-                    register = done.register,
-                    "register reset on every replica: recycled"
-                );
+                s.stats.reset_without_lost += 1;
                 ready.push((done.register, done.marker));
+            } else {
+                // A repair was announced (or the node admitted) meanwhile: its copy
+                // may have read the register before the reset landed. Reset it again,
+                // on what the replicas are now (its grace has passed).
+                s.stats.reset_failures += 1;
+                s.limbo.push_back(Limbo {
+                    register: done.register,
+                    due: now,
+                    keep: done.keep,
+                });
             }
         }
         if !s.journaled.is_empty() || !s.row.clearing.is_empty() {
@@ -1320,6 +1400,7 @@ mod tests {
         fabric: &Refusing,
         layout: &NodeLayout,
         status: ReplicaStatus,
+        renewals: u64,
     ) -> Vec<u64> {
         let back = recycler.step(
             fabric,
@@ -1334,6 +1415,7 @@ mod tests {
                     ReplicaStatus::InService
                 }
             },
+            renewals,
         );
         for (_, marker) in &back {
             assert!(
@@ -1387,7 +1469,7 @@ mod tests {
             }
             retire_marked(&recycler, &raw, &layout, r);
         }
-        let step = || step_node_2(&recycler, &fabric, &layout, status.get());
+        let step = || step_node_2(&recycler, &fabric, &layout, status.get(), 0);
         let slot_of = |r: u64| -> Option<usize> {
             (0..journal::SLOTS).find(|&i| {
                 word(&raw, 0, layout.journal_slot(writer, i).unwrap()) == journal::entry(r)
@@ -1465,7 +1547,7 @@ mod tests {
         let recycler = Recycler::new(0, writer, 7);
         let (a, b) = (5, 6);
         let journaling = ReplicaStatus::Repairing { journal: NodeId(0) };
-        let step = || step_node_2(&recycler, &fabric, &layout, journaling);
+        let step = || step_node_2(&recycler, &fabric, &layout, journaling, 0);
         let journaled = |r: u64| {
             (0..journal::SLOTS).any(|i| {
                 word(&raw, 0, layout.journal_slot(writer, i).unwrap()) == journal::entry(r)
