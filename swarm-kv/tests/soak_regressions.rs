@@ -465,3 +465,67 @@ fn a_decided_remove_not_applied_yet_is_not_counted_as_a_key() {
         "lookups find the key absent"
     );
 }
+
+/// A key header's word 0 is `(length, holder tag)`, and its life goes `(0, t)` (in
+/// `t`'s pool) → `(len, 0)` (keyed: published or being published) → `(len, t')`
+/// (retired) → `(0, t'')` (reset). An inserter stopped between its header writes (a
+/// killed process, a fill fenced on the loaded host) leaves a node it did not reach
+/// with the pool's `(0, t)` while a majority holds `(len, 0)`, and its mapping is
+/// decided all the same (a helper applies it, with fingerprint 0). The repair used
+/// to merge the length and the tag separately: the key from the keyed donor, the one
+/// non-zero tag from the other, so the rebuilt node got `(len, t)`, a retirement that
+/// never happened. Once `t`'s client was gone, a reclaimer took the register as a
+/// gone retiree's limbo (`limbo.rs`, rule 2), reset and reused or donated it while
+/// the index still mapped it: the 30-minute soak's index slots mapping registers
+/// whose key headers were blank with the donated tag on every node, on which every
+/// insert into those buckets failed ("key header ... missing on a majority").
+#[test]
+fn a_header_keyed_on_one_donor_and_pooled_on_the_other_is_not_rebuilt_retired() {
+    let dir = ScratchDir::new("kv-soak-header-merge").unwrap();
+    let path = dir.path().to_path_buf();
+    let store = ShmStore::create(&path, 3, 32 << 20, params()).unwrap();
+    let layout = *store.layout();
+    let c = store.client().unwrap();
+    block_on(c.fabric(), c.insert(b"k", b"v", &OpStats::new())).unwrap();
+    let hash = c.index().key_hash(b"k").unwrap();
+    let register = [hash.first, hash.second]
+        .into_iter()
+        .find_map(|b| {
+            (0..swarm_kv::testing::index::SLOTS).find_map(|s| {
+                let w = word_on(&path, 0, layout.bucket(b) + 8 * (s as u64 + 1));
+                ((w >> 47) & 1 == 1).then_some(w & ((1 << 27) - 1))
+            })
+        })
+        .expect("the key's slot");
+    c.close();
+    drop(store);
+    let header = layout.key_header(register).unwrap();
+    let keyed = word_on(&path, 0, header);
+    assert_eq!(
+        keyed, 1,
+        "word 0 of the key header of \"k\": (len 1, no tag)"
+    );
+    // Node 1 kept the pool's reset: the tag of an inserter that is gone.
+    let gone_tag: u64 = 0x8000_0abc;
+    write_on(&path, 1, header, gone_tag << 32);
+    // Node 2 is lost and rebuilt from nodes 0 and 1.
+    ShmCluster::retire_node(&path, 2).unwrap();
+    ShmStore::repair(&path, 2, NO_WAIT, |_, _| {}).unwrap();
+    let store = ShmStore::open(&path).unwrap();
+    let census = swarm_kv::admin::census(&store.fabric(), store.layout()).unwrap();
+    assert_eq!(
+        census.retired_gone, 0,
+        "a reclaimer would take the mapped register as a gone retiree's: {census:?}"
+    );
+    let rebuilt = word_on(&path, 2, header);
+    assert_eq!(
+        rebuilt, keyed,
+        "the rebuilt header {rebuilt:#x} is not the keyed donor's word: a tag on a keyed \
+         header marks the register retired, and a gone tag makes it reclaimable"
+    );
+    let c = store.client().unwrap();
+    assert_eq!(
+        block_on(c.fabric(), c.get(b"k", &OpStats::new())).unwrap(),
+        Some(b"v".to_vec())
+    );
+}

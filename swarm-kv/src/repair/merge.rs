@@ -64,7 +64,14 @@
 //! * **Key headers**: the key written before the register is published, and blanked
 //!   (length 0 in word 0) on every replica by a reset; donors that disagree on a non-empty key cannot
 //!   happen while resets need every replica, and give zeros if they do
-//!   ([`key_header`]).
+//!   ([`key_header`]). Word 0 (length and holder tag) is one state of one life,
+//!   `(0, t)` pooled, `(len, 0)` keyed, `(len, t)` retired, `(0, t)` reset again, so a
+//!   kept key takes the holder tag of the donors that show that key only. A blank
+//!   donor beside a keyed one is an inserter's write that did not reach it (an
+//!   inserter stopped between its writes, whose mapping was decided anyway) or a
+//!   reset still on its way: its pool tag combined with the key would read as a
+//!   retirement that never happened, and a reclaimer takes a keyed register whose
+//!   tag is gone (`crate::registers::limbo`, rule 2) while the index still maps it.
 //! * **Log summaries**: the valid copy with the highest stamp (stamps are
 //!   generations, which only go up), else zeros ([`summary`]).
 
@@ -250,16 +257,23 @@ pub fn key_header(copies: &[&[u8]], key_max: u32, out: &mut [u8], conflicts: &mu
             Some(_) => {}
         }
     }
+    let tag_of = |c: &[u8]| Some(u32::from_le_bytes(c.get(4..8)?.try_into().ok()?));
+    // Length and tag are one word of one life's state: a kept key takes the tag of
+    // the copies that show it, never a blank copy's pool or reset tag (module docs).
+    let tags: Vec<u32> = match key {
+        Some(k) if !disagree => copies
+            .iter()
+            .filter(|c| len_of(c).is_some() && c[..4] == k[..4] && c.get(8..k.len()) == k.get(8..))
+            .filter_map(|c| tag_of(c))
+            .collect(),
+        _ => copies.iter().filter_map(|c| tag_of(c)).collect(),
+    };
     if disagree {
         conflicts.keys += 1;
     } else if let Some(k) = key {
         out[..4].copy_from_slice(&k[..4]);
         out[8..k.len()].copy_from_slice(&k[8..]);
     }
-    let tags: Vec<u32> = copies
-        .iter()
-        .filter_map(|c| Some(u32::from_le_bytes(c.get(4..8)?.try_into().ok()?)))
-        .collect();
     let tag = holder_tag(&tags, conflicts);
     out[4..8].copy_from_slice(&tag.to_le_bytes());
 }
@@ -447,6 +461,47 @@ mod tests {
         key_header(&[&other, &h], 16, &mut out, &mut c);
         assert_eq!(&out[..4], &[0; 4], "different keys: no key");
         assert_eq!(c.keys, 1);
+    }
+
+    #[test]
+    fn a_kept_key_takes_the_tag_of_the_donors_that_show_it() {
+        let header = |key: &[u8], tag: u32| {
+            let mut h = crate::layout::encode_key_header(key);
+            h.resize(24, 0);
+            h[4..8].copy_from_slice(&tag.to_le_bytes());
+            h
+        };
+        let tag_of = |h: &[u8]| u32::from_le_bytes(h[4..8].try_into().unwrap());
+        let mut c = Conflicts::default();
+        let mut out = vec![0u8; 24];
+        // Keyed, and blank with a pool's tag (an insert write that did not reach it):
+        // keyed, not retired.
+        let mut pooled = vec![0u8; 24];
+        pooled[4..8].copy_from_slice(&0x8000_0007u32.to_le_bytes());
+        key_header(&[&header(b"key", 0), &pooled], 16, &mut out, &mut c);
+        assert_eq!(out, header(b"key", 0));
+        key_header(&[&pooled, &header(b"key", 0)], 16, &mut out, &mut c);
+        assert_eq!(out, header(b"key", 0));
+        // Retired on one donor, reset on the other (a reset on its way): retired.
+        key_header(
+            &[&header(b"key", 0x8000_0005), &pooled],
+            16,
+            &mut out,
+            &mut c,
+        );
+        assert_eq!(out, header(b"key", 0x8000_0005));
+        // A retirement mark that reached one of two keyed donors is kept.
+        key_header(
+            &[&header(b"key", 0), &header(b"key", 0x8000_0005)],
+            16,
+            &mut out,
+            &mut c,
+        );
+        assert_eq!(tag_of(&out), 0x8000_0005);
+        // Blank donors only: the one tag, as for claims.
+        key_header(&[&[0u8; 24], &pooled], 16, &mut out, &mut c);
+        assert_eq!(out, pooled);
+        assert_eq!(c.claims, 0);
     }
 
     proptest! {
