@@ -133,7 +133,7 @@ class Soak:
         self.nemesis_rng = random.Random(args.seed)
         self.client_rng = random.Random(args.seed + 1)
         self.work = args.dir
-        self.cluster = os.path.join(self.work, "cluster")
+        self.cluster = args.cluster or os.path.join(self.work, "cluster")
         self.hist_dir = os.path.join(self.work, "processes")
         os.makedirs(self.hist_dir, exist_ok=True)
 
@@ -872,7 +872,9 @@ class Soak:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--dir", help="working directory on tmpfs (default: a new one under /dev/shm, removed if the soak passes)")
+    parser.add_argument("--dir", help="working directory, on tmpfs since the cluster lives in it (default: the "
+                        "cluster in a new directory under /dev/shm, logs and histories in one under "
+                        "target/soak; both removed if the soak passes)")
     parser.add_argument("--duration", type=parse_duration, default=600.0, help="e.g. 2m, 10m (default 10m)")
     parser.add_argument("--clients", type=int, default=4, help="client processes at once (default 4)")
     parser.add_argument("--nemesis", default="all", help="all, none, or a list of " + ",".join(KINDS))
@@ -901,21 +903,38 @@ def main():
             parser.error(f"unknown nemesis {bad}: choose among {','.join(KINDS)}, all or none")
     if args.seed is None:
         args.seed = random.SystemRandom().randrange(1 << 32)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    target = os.environ.get("CARGO_TARGET_DIR") or os.path.join(root, "target")
     if args.swarm is None:
-        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        target = os.environ.get("CARGO_TARGET_DIR") or os.path.join(root, "target")
         args.swarm = os.path.join(target, "release", "swarm")
     if not os.access(args.swarm, os.X_OK):
         parser.error(f"no swarm binary at {args.swarm}: cargo build --release -p swarm-cli, or --swarm PATH")
+    # By default only the node files live in RAM (/dev/shm); logs and histories (a
+    # 30-minute soak writes gigabytes of them) go to disk, and a failed soak's cluster
+    # is moved next to them, so that no run leaves memory behind.
     temporary = args.dir is None
+    args.cluster = None
     if temporary:
-        args.dir = tempfile.mkdtemp(prefix="swarm-soak-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+        disk = os.path.join(target, "soak")
+        os.makedirs(disk, exist_ok=True)
+        args.dir = tempfile.mkdtemp(prefix="swarm-soak-", dir=disk)
+        args.cluster = tempfile.mkdtemp(prefix="swarm-soak-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
     os.makedirs(args.dir, exist_ok=True)
-    status = Soak(args).main()
-    if temporary and status == 0 and not args.keep:
-        shutil.rmtree(args.dir, ignore_errors=True)
-    elif status != 0:
-        print(f"soak: the cluster, logs and histories are kept in {args.dir}")
+    try:
+        status = Soak(args).main()
+    except BaseException:
+        status = 1
+        raise
+    finally:
+        if temporary and status == 0 and not args.keep:
+            shutil.rmtree(args.dir, ignore_errors=True)
+            shutil.rmtree(args.cluster, ignore_errors=True)
+        elif temporary:
+            kept = os.path.join(args.dir, "cluster")
+            shutil.move(args.cluster, kept)
+            print(f"soak: the cluster, logs and histories are kept in {args.dir}")
+        elif status != 0:
+            print(f"soak: the cluster, logs and histories are kept in {args.dir}")
     return status
 
 
