@@ -188,3 +188,188 @@ fn a_takeover_within_one_watch_period_waits_for_the_owner_to_be_cut() {
 fn a_takeover_with_the_default_watch_waits_for_the_owner_to_be_cut() {
     held_stores_of_a_taken_over_owner_never_land(ServerLimits::default().watch_period);
 }
+
+/// A client's fabric on the emulated nodes.
+type EmuFabric = <RdmaStore<Arc<EmuTransport>> as Store>::Fabric;
+
+/// B's fabric, which runs `hook` once, right after the first revocation it asked for
+/// was acknowledged: what a client paused anywhere in its own registration does while
+/// B is between its revocation and its claim.
+struct Hooked {
+    inner: EmuFabric,
+    hook: std::cell::RefCell<Option<Box<dyn FnOnce()>>>,
+}
+
+impl Fabric for Hooked {
+    fn node_count(&self) -> usize {
+        self.inner.node_count()
+    }
+    fn post(&self, node: NodeId, batch: Batch) -> swarm_core::fabric::Ticket {
+        self.inner.post(node, batch)
+    }
+    fn poll(
+        &self,
+        ticket: swarm_core::fabric::Ticket,
+    ) -> std::task::Poll<Result<swarm_core::Completion, swarm_core::FabricError>> {
+        self.inner.poll(ticket)
+    }
+    fn forget(&self, ticket: swarm_core::fabric::Ticket) {
+        self.inner.forget(ticket)
+    }
+    fn progress(&self) -> bool {
+        self.inner.progress()
+    }
+    fn now(&self) -> swarm_core::fabric::Nanos {
+        self.inner.now()
+    }
+    fn wake_at(&self, deadline: swarm_core::fabric::Nanos) {
+        self.inner.wake_at(deadline)
+    }
+    fn admit(&self, node: NodeId, incarnation: u64) -> bool {
+        self.inner.admit(node, incarnation)
+    }
+    fn memory_lost(&self, node: NodeId, incarnation: u64) -> bool {
+        self.inner.memory_lost(node, incarnation)
+    }
+    fn fence_owner(&self, fence: swarm_core::fabric::OwnerFence) -> usize {
+        self.inner.fence_owner(fence)
+    }
+    fn revoke_owner(&self, lease_word: u64, floor: u64) -> swarm_core::fabric::Revocation {
+        let revocation = self.inner.revoke_owner(lease_word, floor);
+        if revocation == swarm_core::fabric::Revocation::Acknowledged
+            && let Some(hook) = self.hook.borrow_mut().take()
+        {
+            hook();
+        }
+        revocation
+    }
+}
+
+/// One roundtrip of `batch` to each node on `f`; the completions, by node.
+fn each_node(f: &EmuFabric, batch: impl Fn() -> Batch) -> Vec<swarm_core::Completion> {
+    (0..3u16)
+        .map(|i| {
+            block_on(f, async {
+                let stats = OpStats::new();
+                let mut rt = swarm_core::Roundtrip::start(f, &stats);
+                rt.post(NodeId(i), batch()).expect("posted");
+                rt.wait(1).await.expect("answered");
+                Ok::<_, swarm_core::FabricError>(rt.replies()[0].1.clone())
+            })
+            .expect("the node answers")
+        })
+        .collect()
+}
+
+/// A registration paused before its fence must not outlive a takeover (issue 43,
+/// "a client paused inside its own registration"). A claims the only writer id
+/// and pauses before it reads its row. B waits out the lease, kills it (A never
+/// renewed: the word is the free row's 0) and revokes it: nothing is fenced under
+/// it yet, so every node acknowledges at once. Then, before B's claim CAS, A runs
+/// again: it reads the killed word, takes the kill for an earlier owner's (its
+/// generation base is above it), renews over it (its claim still holds) and fences
+/// itself with that base, above the floor the nodes acknowledged. B takes the id
+/// over. A store A posts then must not land: B revokes A's generation again once
+/// its claim landed, up to the counter A renewed to.
+#[test]
+fn a_registration_paused_before_its_fence_is_revoked_with_its_renewal() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+    let (nodes, store) = start(Duration::from_secs(3600));
+    let row = store.layout().client_row(0);
+    let lease_word = row + 8;
+    let identity = row + 16;
+    const TOKEN_A: u64 = 0x00a0_00a0_00a0_00a1;
+
+    // A claims the row on every node, and pauses.
+    let a = std::rc::Rc::new(store.fabric().expect("A's fabric"));
+    for c in each_node(&a, || Batch::cas(row, 0, TOKEN_A)) {
+        assert_eq!(c.cas(0), Some(0), "the row was free");
+    }
+
+    // A's registration goes on while B is between its revocation and its claim.
+    let fenced = std::rc::Rc::new(std::cell::Cell::new(usize::MAX));
+    let hook = {
+        let (a, fenced) = (a.clone(), fenced.clone());
+        move || {
+            let seen: Vec<u64> = each_node(&a, || Batch::read(lease_word, 8))
+                .iter()
+                .map(|c| u64::from_le_bytes(c.read(0).unwrap().try_into().unwrap()))
+                .collect();
+            assert!(
+                seen.iter().all(|w| w >> 63 == 1),
+                "B killed the lease: {seen:?}"
+            );
+            let base = seen.iter().map(|w| w & !(1 << 63)).max().unwrap() + 1;
+            for (i, c) in each_node(&a, || {
+                let mut batch = Batch::cas(lease_word, seen[0], base);
+                batch
+                    .push(swarm_core::Op::Read { addr: row, len: 8 })
+                    .unwrap();
+                batch
+            })
+            .iter()
+            .enumerate()
+            {
+                assert_eq!(
+                    c.cas(0),
+                    Some(seen[i]),
+                    "A renewed over the kill on node {i}"
+                );
+                let claim = u64::from_le_bytes(c.read(1).unwrap().try_into().unwrap());
+                assert_eq!(claim, TOKEN_A, "A's renewal counts on node {i}");
+            }
+            let count = a.fence_owner(swarm_core::fabric::OwnerFence {
+                lease_word,
+                stall_ns: 3_600_000_000_000,
+                base,
+            });
+            fenced.set(count);
+        }
+    };
+    let b_fabric = Hooked {
+        inner: store.fabric().expect("B's fabric"),
+        hook: std::cell::RefCell::new(Some(Box::new(hook))),
+    };
+    let clock = swarm_kv::SystemClock::new(store.header().epoch_unix_ns, store.header().tick_ns);
+    let b = swarm_kv::KvClient::connect(b_fabric, clock, *store.layout(), store.config())
+        .expect("B takes the writer id over");
+    assert_eq!(b.writer(), 0);
+    assert_eq!(
+        fenced.get(),
+        3,
+        "A fenced itself on every node before B's claim"
+    );
+
+    // A stores into the row it believes it holds.
+    let results: Vec<bool> = (0..3u16)
+        .map(|i| {
+            block_on(a.as_ref(), async {
+                let stats = OpStats::new();
+                let mut rt = swarm_core::Roundtrip::start(a.as_ref(), &stats);
+                rt.post(
+                    NodeId(i),
+                    Batch::write(identity, MARKER.to_le_bytes().to_vec()),
+                )?;
+                rt.wait(1).await
+            })
+            .is_ok()
+        })
+        .collect();
+    for (i, node) in nodes.iter().enumerate() {
+        assert_ne!(
+            word_at(node, identity),
+            MARKER,
+            "A's store landed on node {i} after B took its writer id over"
+        );
+    }
+    assert_eq!(
+        results,
+        vec![false; 3],
+        "A's stores completed after the takeover"
+    );
+    // B works on.
+    block_on(b.fabric(), b.insert(b"k2", b"w", &OpStats::new())).expect("B inserts");
+}
