@@ -88,6 +88,22 @@ fn word_at(node: &EmulatedMemnode, addr: u64) -> u64 {
         .with(|bytes| u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap()))
 }
 
+/// A's stores of [`MARKER`] at `identity`, whose outcomes are `results`, failed and
+/// landed on no node.
+fn assert_nothing_landed(nodes: &[EmulatedMemnode], identity: u64, results: &[bool]) {
+    for (i, node) in nodes.iter().enumerate() {
+        assert_ne!(
+            word_at(node, identity),
+            MARKER,
+            "A's store landed on node {i} after B took its writer id over"
+        );
+    }
+    assert_eq!(
+        results, [false; 3],
+        "A's stores completed after the takeover"
+    );
+}
+
 fn held_stores_of_a_taken_over_owner_never_land(watch_period: Duration) {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
@@ -137,18 +153,7 @@ fn held_stores_of_a_taken_over_owner_never_land(watch_period: Duration) {
         };
         results.push(result.is_ok());
     }
-    for (i, node) in nodes.iter().enumerate() {
-        assert_ne!(
-            word_at(node, identity),
-            MARKER,
-            "A's store landed on node {i} after B took its writer id over"
-        );
-    }
-    assert_eq!(
-        results,
-        vec![false; 3],
-        "A's held stores completed after the takeover"
-    );
+    assert_nothing_landed(&nodes, identity, &results);
     // A's reconnects are refused for good: the nodes never fence its generation
     // again, whatever its lease word holds now (B's counters).
     let started = std::time::Instant::now();
@@ -358,18 +363,7 @@ fn a_registration_paused_before_its_fence_is_revoked_with_its_renewal() {
             .is_ok()
         })
         .collect();
-    for (i, node) in nodes.iter().enumerate() {
-        assert_ne!(
-            word_at(node, identity),
-            MARKER,
-            "A's store landed on node {i} after B took its writer id over"
-        );
-    }
-    assert_eq!(
-        results,
-        vec![false; 3],
-        "A's stores completed after the takeover"
-    );
+    assert_nothing_landed(&nodes, identity, &results);
     // B works on.
     block_on(b.fabric(), b.insert(b"k2", b"w", &OpStats::new())).expect("B inserts");
 }

@@ -716,6 +716,9 @@ impl<T: Transport> RdmaFabric<T> {
     /// again. Returns the nodes that did not acknowledge: with the word they hold if
     /// it is not killed there, `None` if they did not answer (their bootstrap
     /// connection is then failed, and the node reconnected in the background).
+    /// Blocks the calling thread (this client's, which is registering or evicting:
+    /// `swarm_core::fabric::OwnerFence`, "Where a revocation blocks") for one
+    /// bootstrap timeout at most; other clients have fabrics of their own.
     pub fn revoke_lease_word(&self, request: RevokeRequest) -> Vec<(NodeId, Option<u64>)> {
         let timeout = self.transport.bootstrap_timeout();
         let lost: Vec<bool> = self.lost.borrow().iter().map(Option::is_some).collect();
