@@ -45,6 +45,17 @@ fn header(node_id: u16, epoch_unix_ns: u64) -> NodeHeader {
 /// Three emulated memory nodes whose lease watch polls every `watch_period`, and a
 /// store with one writer id and short leases formatted on them.
 fn start(watch_period: Duration) -> (Vec<EmulatedMemnode>, RdmaStore<Arc<EmuTransport>>) {
+    let (nodes, store, _) = start_with_access(watch_period);
+    (nodes, store)
+}
+
+/// What a process needs to open its own handle on the emulated memory nodes.
+type Access = (Arc<EmuWire>, Token);
+
+/// [`start`], with the [`Access`] to the nodes.
+fn start_with_access(
+    watch_period: Duration,
+) -> (Vec<EmulatedMemnode>, RdmaStore<Arc<EmuTransport>>, Access) {
     let wire = EmuWire::new();
     let token = Token::generate().unwrap();
     let limits = ServerLimits {
@@ -66,7 +77,12 @@ fn start(watch_period: Duration) -> (Vec<EmulatedMemnode>, RdmaStore<Arc<EmuTran
         })
         .collect();
     let addrs = nodes.iter().map(EmulatedMemnode::addr).collect();
-    let transport = Arc::new(EmuTransport::new(wire, addrs, token, EmuOptions::default()));
+    let transport = Arc::new(EmuTransport::new(
+        wire.clone(),
+        addrs,
+        token.clone(),
+        EmuOptions::default(),
+    ));
     let params = ClusterParams {
         key_max: 16,
         value_max: 32,
@@ -78,7 +94,7 @@ fn start(watch_period: Duration) -> (Vec<EmulatedMemnode>, RdmaStore<Arc<EmuTran
         ..ClusterParams::default()
     };
     let store = RdmaStore::format_on(transport, params).expect("format");
-    (nodes, store)
+    (nodes, store, (wire, token))
 }
 
 fn word_at(node: &EmulatedMemnode, addr: u64) -> u64 {
@@ -365,5 +381,82 @@ fn a_registration_paused_before_its_fence_is_revoked_with_its_renewal() {
         .collect();
     assert_nothing_landed(&nodes, identity, &results);
     // B works on.
+    block_on(b.fabric(), b.insert(b"k2", b"w", &OpStats::new())).expect("B inserts");
+}
+
+/// A node rebuilt and admitted while the reclaimer's handle holds its old memory as
+/// lost is asked too (issue 43, "a node rebuilt by a repair and admitted while the
+/// reclaimer still holds it as lost"). B's handle is opened, then node 2 restarts
+/// empty and is rebuilt (node 0's memory copied, a configuration admitting its new
+/// incarnation written), as `swarm repair` leaves it. A opens a handle of its own,
+/// registers the only writer id on all three nodes (fenced on the rebuilt one too)
+/// and stops. B's fabric found node 2's pinned incarnation gone (lost) and admitted
+/// the new one when it read the configuration; it takes A's id over. A's store to
+/// the rebuilt node must not land: B revoked A there as well.
+#[test]
+fn a_rebuilt_node_the_reclaimer_admitted_is_asked_to_revoke_too() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+    let (mut nodes, store, (wire, token)) = start_with_access(Duration::from_secs(3600));
+    const REBUILT: u64 = 0x7a4e_0b02;
+    nodes[2].restart(REBUILT).expect("node 2 restarts empty");
+    let from = swarm_kv::testing::SUPERBLOCK_AT as usize;
+    let image = nodes[0]
+        .memory()
+        .unwrap()
+        .with(|bytes| bytes[from..].to_vec());
+    nodes[2]
+        .memory()
+        .unwrap()
+        .with(|to| to[from..].copy_from_slice(&image));
+    let at = swarm_kv::testing::CONFIG_AT as usize;
+    let mut config = nodes[0].memory().unwrap().with(|bytes| {
+        swarm_kv::testing::Configuration::decode(&bytes[at..], 3).expect("a configuration")
+    });
+    config.epoch += 1;
+    config.incarnations[2] = REBUILT;
+    let record = config.encode();
+    for node in &nodes {
+        node.memory()
+            .unwrap()
+            .with(|to| to[at..at + record.len()].copy_from_slice(&record));
+    }
+
+    // A, on a handle of its own made after the rebuild, holds the only writer id.
+    let addrs = nodes.iter().map(EmulatedMemnode::addr).collect();
+    let transport = Arc::new(EmuTransport::new(wire, addrs, token, EmuOptions::default()));
+    let store_a = RdmaStore::open_on(transport).expect("A opens the store");
+    let a = store_a.client().expect("A registers");
+    assert_eq!(a.writer(), 0);
+    assert_eq!(
+        a.fabric().node_status(NodeId(2)),
+        NodeStatus::Live,
+        "A serves the rebuilt node"
+    );
+    block_on(a.fabric(), a.insert(b"k", b"v", &OpStats::new())).expect("A inserts");
+    let identity = store.layout().client_row(0) + 16;
+
+    // B, on the handle opened before the rebuild, takes the id over.
+    let b = store.client().expect("B takes the writer id over");
+    assert_eq!(b.writer(), 0, "B took A's writer id");
+
+    let f = a.fabric();
+    let results: Vec<bool> = (0..3u16)
+        .map(|i| {
+            block_on(f, async {
+                let stats = OpStats::new();
+                let mut rt = swarm_core::Roundtrip::start(f, &stats);
+                rt.post(
+                    NodeId(i),
+                    Batch::write(identity, MARKER.to_le_bytes().to_vec()),
+                )?;
+                rt.wait(1).await
+            })
+            .is_ok()
+        })
+        .collect();
+    assert_nothing_landed(&nodes, identity, &results);
     block_on(b.fabric(), b.insert(b"k2", b"w", &OpStats::new())).expect("B inserts");
 }
