@@ -437,6 +437,13 @@ fn a_rebuilt_node_the_reclaimer_admitted_is_asked_to_revoke_too() {
     );
     block_on(a.fabric(), a.insert(b"k", b"v", &OpStats::new())).expect("A inserts");
     let identity = store.layout().client_row(0) + 16;
+    // A's last batches (its background lease renewal) complete before it stops:
+    // emulated requests run only while their client polls, and A's engine would
+    // give up on a queue pair whose chain stayed in flight that long.
+    let idle = std::time::Instant::now() + Duration::from_millis(50);
+    while std::time::Instant::now() < idle {
+        a.fabric().progress();
+    }
 
     // B, on the handle opened before the rebuild, takes the id over.
     let b = store.client().expect("B takes the writer id over");
