@@ -440,20 +440,18 @@ fn reclaimer_token(writer: u16) -> u64 {
 }
 
 /// Releases `row`, whose owner is revoked up to `floor`: hands it to a reclaimer
-/// token ([`hand_over`]), then CASes that token back to 0 on every node. Returns
-/// whether it was released.
+/// token ([`hand_over`]), then CASes that token back to 0 on every node. Returns how
+/// the hand-over ended (released if [`HandOver::Done`]).
 async fn release_row<F: Fabric + ?Sized>(
     fabric: &F,
     layout: &NodeLayout,
     row: &ObservedRow,
     floor: u64,
-) -> Result<bool, KvError> {
+) -> Result<HandOver, KvError> {
     let mine = reclaimer_token(row.writer);
-    if !matches!(
-        hand_over(fabric, layout, row, floor, mine).await?,
-        HandOver::Done(_)
-    ) {
-        return Ok(false);
+    let handed = hand_over(fabric, layout, row, floor, mine).await?;
+    if !matches!(handed, HandOver::Done(_)) {
+        return Ok(handed);
     }
     let nodes = fabric.node_count();
     let claim_at = layout.client_row(row.writer);
@@ -461,7 +459,7 @@ async fn release_row<F: Fabric + ?Sized>(
         .map(|n| (NodeId(n as u16), claim_at, mine, 0))
         .collect();
     cas_all(fabric, &OpStats::new(), &posts).await?;
-    Ok(true)
+    Ok(handed)
 }
 
 /// Watches the rows claimed on a majority (only `only`, if given) for a lease period,
@@ -553,7 +551,10 @@ pub async fn take_over_expired<F: Fabric + ?Sized>(
         // A write-back guard the dead client left up keeps one slot of some writer
         // out of use until the row's next owner lowers it when it registers, fenced
         // (a plain store of ours could land after that owner raised its own guard).
-        if !release_row(fabric, layout, &row, floor).await? {
+        if !matches!(
+            release_row(fabric, layout, &row, floor).await?,
+            HandOver::Done(_)
+        ) {
             result.pending.push(row.writer);
             continue;
         }
@@ -594,10 +595,12 @@ pub async fn evict_now<F: Fabric + ?Sized>(
         let Some(floor) = revoke(fabric, layout, &row, 0, Some(row.token)).await? else {
             return Err(KvError::OwnerNotCut { writer });
         };
-        if !release_row(fabric, layout, &row, floor).await? {
-            return Err(KvError::OwnerNotCut { writer });
+        match release_row(fabric, layout, &row, floor).await? {
+            HandOver::Done(_) => return Ok(true),
+            // Another reclaimer's claim split the copies: look again.
+            HandOver::Split => continue,
+            HandOver::Uncut => return Err(KvError::OwnerNotCut { writer }),
         }
-        return Ok(true);
     }
     Err(KvError::Contended { attempts: 16 })
 }
