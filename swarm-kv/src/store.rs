@@ -41,14 +41,6 @@ pub trait Store {
         KvConfig::new(self.header().epoch_unix_ns, self.header().tick_ns)
     }
 
-    /// Kept for callers that connect a [`KvClient`] on a fabric of their own (the
-    /// benchmark harness): a no-op now. Every client fences itself on the memory nodes
-    /// when it registers its writer id (`swarm_core::Fabric::fence_owner`, the RDMA
-    /// lease watch and revocation), through whatever wrapper its fabric is in.
-    fn watch_lease(&self, fabric: &Self::Fabric, writer: u16) {
-        let _ = (fabric, writer);
-    }
-
     /// A client for the calling thread, with explicit settings (registers a writer id).
     fn client_with(
         &self,

@@ -69,12 +69,20 @@
 //!
 //! A client fences itself before it stores anything under its row (swarm-kv's
 //! `register`, right after its first renewal): before that it stores nothing but
-//! CASes on its row's claim and lease words, which a takeover's own CASes make fail.
-//! A node that restarted has no queue pair of the owner and no memory of it (its
-//! memory is lost: the reclaimer does not ask it); a node that does not answer
-//! stalls the takeover, which is liveness, not safety. The floors are per word
-//! (one per writer row that was ever revoked, at most [`MAX_REVOKED_WORDS`]), and
-//! lost with the process, with the queue pairs they guard.
+//! CASes, harmless whenever they land. Paused between its claim and its first
+//! renewal, it may renew over the kill aimed at it and fence itself above a floor
+//! already acknowledged; the reclaimer revokes it again, up to the counters it reads
+//! once its own claim landed, before it uses the row (swarm-kv's `writer_takeover`,
+//! "A registration paused before its fence").
+//! A node that restarted has no queue pair of the owner and no memory of it: while
+//! the reclaimer holds that incarnation lost it does not ask it. Once a repair
+//! rebuilt it and the reclaimer admitted the new incarnation, it asks it like any
+//! other (the revoked owner may have fenced itself there:
+//! `RdmaFabric::revoke_lease_word`). A node that does not answer stalls the
+//! takeover, which is liveness, not safety. The floors are per word (one per writer
+//! row that was ever revoked, at most [`MAX_REVOKED_WORDS`]), and lost with the
+//! process, with the queue pairs they guard: a node a repair admits after the
+//! reclaimer read the configuration knows none (ARCHITECTURE.md, "Limitations").
 
 use swarm_core::header::HEADER_SIZE;
 

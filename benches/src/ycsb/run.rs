@@ -105,7 +105,7 @@ pub fn run(store: &ShmStore, config: &BenchConfig) -> Result<BenchReport, BenchE
     let memory_start = memory_use(store)?;
     // The shared-memory fabric already carries the fault injector.
     let store = store.clone().with_rtt_ns(config.rtt_ns);
-    let clients = connect(&store, config, || Ok(store.fabric()), |_| {})?;
+    let clients = connect(&store, config, || Ok(store.fabric()))?;
     let report = run_clients(clients, config, Some(store.shm().dir().to_path_buf()))?;
     with_memory(report, memory_start, memory_use(&store)?)
 }
@@ -143,12 +143,7 @@ where
     }
     check_store_capacity(store, config)?;
     let memory_start = memory_use(store)?;
-    let clients = connect(
-        store,
-        config,
-        || store.fabric().map(FailNodes::new),
-        |client| store.watch_lease(client.fabric().inner(), client.writer()),
-    )?;
+    let clients = connect(store, config, || store.fabric().map(FailNodes::new))?;
     let report = run_clients(clients, config, None)?;
     with_memory(report, memory_start, memory_use(store)?)
 }
@@ -421,13 +416,13 @@ fn run_clients<C: BenchClient + Send>(
 
 /// One client per thread of the run, each registered as its own writer with the
 /// run's protocol, on its own fabric handle from `fabric`, which wraps the store's
-/// in the fault injector that `--fail-node` uses; `connected` sees each client once
-/// it is (to arm the store's lease watch on it).
+/// in the fault injector that `--fail-node` uses. Each client fences itself on the
+/// memory nodes when it registers (`swarm_core::Fabric::fence_owner`), through the
+/// injector.
 fn connect<S: Store, T: Fabric>(
     store: &S,
     config: &BenchConfig,
     fabric: impl Fn() -> Result<FailNodes<T>, KvError>,
-    connected: impl Fn(&KvClient<FailNodes<T>, SystemClock>),
 ) -> Result<Vec<KvClient<FailNodes<T>, SystemClock>>, BenchError> {
     let mut kv_config = store.config();
     kv_config.deferred_unmaps = config.deferred_unmaps;
@@ -442,10 +437,7 @@ fn connect<S: Store, T: Fabric>(
             KvClient::connect(fabric, clock, *store.layout(), kv_config)
         });
         match client {
-            Ok(client) => {
-                connected(&client);
-                clients.push(client);
-            }
+            Ok(client) => clients.push(client),
             Err(e) => {
                 // Give the writer ids taken so far back.
                 clients.into_iter().for_each(KvClient::close);

@@ -33,6 +33,15 @@ use super::{Nanos, NodeId};
 /// The protocol core does no I/O: both methods are the transport's, and their
 /// defaults say that the transport needs neither.
 ///
+/// **Where a revocation blocks.** [`Fabric::revoke_owner`] is synchronous: over RDMA
+/// it waits for every node's answer on the bootstrap connections, each within a
+/// bootstrap timeout (the nodes are asked in parallel, so one call lasts one
+/// timeout at most). It is called only while a writer row is taken over or released:
+/// inside a client's registration (`swarm_kv`'s `KvClient::connect`, which blocks its
+/// thread anyway, for a whole lease watch; an `AsyncKv` registers on its own worker
+/// thread) and `swarm evict`. A fabric serves one client thread, so the call stalls
+/// that thread's registration only, never another client of the process.
+///
 /// [`Fabric::fence_owner`]: super::Fabric::fence_owner
 /// [`Fabric::revoke_owner`]: super::Fabric::revoke_owner
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

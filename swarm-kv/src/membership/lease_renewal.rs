@@ -2,9 +2,10 @@
 //! operations, and the synchronous renewal an operation falls back to when the lease
 //! is about to run out (the arithmetic and the argument are in [`crate::membership::lease`]).
 //!
-//! A renewal is one batch per node, `[CAS lease word expected → next, write the
-//! owner's wall clock (row word 5, informational: `swarm stat`), read the claim
-//! word]`: it counts on a node only if the CAS swapped and the claim word still held
+//! A renewal is one batch per node, `[CAS lease word expected → next, read the claim
+//! word, read the configuration epoch, write the owner's wall clock (row word 5,
+//! informational: `swarm stat`; only once the owner is fenced,
+//! [`LeaseHolder::fenced`])]`: it counts on a node only if the CAS swapped and the claim word still held
 //! the owner's token ([`LeaseKeeper::absorb`]). Background renewals
 //! are posted with [`Fabric::post`] and their tickets polled when the next operation
 //! starts, so they cost no roundtrip on the critical path; at most one renewal is
@@ -76,6 +77,9 @@ pub struct LeaseHolder {
     config_epoch_seen: u64,
     /// Renewal answers taken so far (successful or not), one per node and renewal.
     answers: u64,
+    /// Whether the owner is fenced on the memory nodes ([`LeaseHolder::fenced`]):
+    /// until then a renewal stores nothing but its CAS.
+    fenced: bool,
 }
 
 impl LeaseHolder {
@@ -92,7 +96,17 @@ impl LeaseHolder {
             renewals: 0,
             config_epoch_seen: 0,
             answers: 0,
+            fenced: false,
         }
+    }
+
+    /// Records that the owner fenced itself (`swarm_core::Fabric::fence_owner`):
+    /// renewals from now on also write its wall clock (row word 5). Before the fence
+    /// a renewal is a CAS and reads only, so that nothing it posts is a plain store
+    /// a revocation could not stop (`crate::membership::writer_takeover`, "A
+    /// registration paused before its fence").
+    pub fn fenced(&mut self) {
+        self.fenced = true;
     }
 
     /// The lease parameters.
@@ -158,16 +172,13 @@ impl LeaseHolder {
         }
         let renewal = self.keeper.renewal();
         let unix = crate::clock::SystemClock::unix_ns();
+        let fenced = self.fenced;
         let posts = renewal
             .cas
             .iter()
             .map(|&(node, expected)| {
                 let mut batch = Batch::cas(self.row_at + LEASE_WORD, expected, renewal.next);
-                // A fresh one-op batch has room for a second operation.
-                let _ = batch.push(Op::Write {
-                    addr: self.row_at + RENEWED_UNIX,
-                    data: unix.to_le_bytes().to_vec().into(),
-                });
+                // A fresh one-op batch has room for three more operations.
                 let _ = batch.push(Op::Read {
                     addr: self.row_at,
                     len: 8,
@@ -176,6 +187,12 @@ impl LeaseHolder {
                     addr: CONFIG_EPOCH_AT,
                     len: 8,
                 });
+                if fenced {
+                    let _ = batch.push(Op::Write {
+                        addr: self.row_at + RENEWED_UNIX,
+                        data: unix.to_le_bytes().to_vec().into(),
+                    });
+                }
                 let ticket = fabric.post(NodeId(node as u16), batch);
                 (node, expected, Some(ticket))
             })
@@ -203,13 +220,13 @@ impl LeaseHolder {
                 Poll::Pending => continue,
                 Poll::Ready(Ok(completion)) => {
                     let epoch = completion
-                        .read(3)
+                        .read(2)
                         .and_then(|b| b.try_into().ok())
                         .map_or(0, u64::from_le_bytes);
                     self.config_epoch_seen = self.config_epoch_seen.max(epoch);
                     self.answers += 1;
                     let claim = completion
-                        .read(2)
+                        .read(1)
                         .and_then(|b| b.try_into().ok())
                         .map(u64::from_le_bytes);
                     if let Some(word) = claim

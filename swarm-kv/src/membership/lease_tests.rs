@@ -503,3 +503,88 @@ fn a_cut_client_whose_lease_was_killed_fails_even_once_the_nodes_are_back() {
     assert!(world.now() - before < crate::DEFAULT_LEASE_REVIVE_NS / 2);
     assert_eq!(get(&c, "k").expect("read"), Some(b"v".to_vec()));
 }
+
+/// What a [`Recording`] fabric saw, in order.
+#[derive(Debug, PartialEq, Eq)]
+enum Seen {
+    /// A batch with a plain write at this address.
+    Write(u64),
+    /// The client fenced itself.
+    Fence,
+}
+
+/// A fabric that records plain writes and the client's fence, in posting order.
+struct Recording {
+    inner: Paced,
+    seen: std::cell::RefCell<Vec<Seen>>,
+}
+
+impl Fabric for Recording {
+    fn node_count(&self) -> usize {
+        self.inner.node_count()
+    }
+    fn post(&self, node: NodeId, batch: Batch) -> Ticket {
+        for op in batch.ops() {
+            if let swarm_core::Op::Write { addr, .. } = op {
+                self.seen.borrow_mut().push(Seen::Write(*addr));
+            }
+        }
+        self.inner.post(node, batch)
+    }
+    fn poll(&self, ticket: Ticket) -> Poll<Result<Completion, FabricError>> {
+        self.inner.poll(ticket)
+    }
+    fn forget(&self, ticket: Ticket) {
+        self.inner.forget(ticket)
+    }
+    fn progress(&self) -> bool {
+        self.inner.progress()
+    }
+    fn now(&self) -> Nanos {
+        self.inner.now()
+    }
+    fn wake_at(&self, deadline: Nanos) {
+        self.inner.wake_at(deadline)
+    }
+    fn fence_owner(&self, fence: swarm_core::fabric::OwnerFence) -> usize {
+        self.seen.borrow_mut().push(Seen::Fence);
+        self.inner.fence_owner(fence)
+    }
+}
+
+/// A registration stores nothing but CASes before it fences itself
+/// (`writer_takeover`, "A registration paused before its fence"): a revocation
+/// acknowledged before the fence cuts nothing of it, so a plain store it posted then
+/// (its wall clock on a renewal, a released row's write-back guard lowered) could
+/// land whenever it runs again. Here it takes one dead row over and releases another.
+#[test]
+fn a_registration_posts_no_plain_store_before_its_fence() {
+    let world = World::new(2);
+    let a = world.connect();
+    let b = world.connect();
+    insert(&a, "a", "from a").expect("inserted");
+    insert(&b, "b", "from b").expect("inserted");
+    let fabric = Recording {
+        inner: world.fabric(),
+        seen: std::cell::RefCell::new(Vec::new()),
+    };
+    let c = KvClient::connect(fabric, FixedClock(1_000), world.layout, KvConfig::new(0, 1))
+        .expect("a writer id");
+    assert_eq!(c.writer(), a.writer(), "a's row was taken over");
+    let seen = c.fabric().seen.borrow();
+    let fence = seen
+        .iter()
+        .position(|s| *s == Seen::Fence)
+        .expect("c fenced itself");
+    let early: Vec<&Seen> = seen[..fence].iter().collect();
+    assert!(
+        early.is_empty(),
+        "plain stores posted before the fence: {early:x?}"
+    );
+    drop(seen);
+    // b's row was released: the next client gets it at once.
+    let before = world.now();
+    let d = world.connect();
+    assert_eq!(d.writer(), b.writer());
+    assert!(world.now() - before < world.lease().observer_wait_ns());
+}

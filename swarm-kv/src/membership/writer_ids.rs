@@ -286,13 +286,16 @@ pub async fn register<F: Fabric>(
     // later revokes this fence, so that nothing this client posted lands after that
     // (`crate::membership::writer_takeover`, "Why a takeover never races a stopped
     // owner's stores"). Until here it stored nothing but CASes on its claim and lease
-    // words, which a takeover's own CASes make fail.
+    // words, harmless whenever they land; and a reclaimer that revoked this client
+    // before this fence revokes it again once its claim landed, up to this
+    // generation's counters ("A registration paused before its fence" there).
     let fenced = fabric.fence_owner(swarm_core::fabric::OwnerFence {
         lease_word: at + LEASE_WORD,
         stall_ns: lease.observer_wait_ns(),
         base,
     });
     tracing::debug!(writer, fenced, base, "lease fenced on the memory nodes");
+    holder.borrow_mut().fenced();
     let mut info = Vec::with_capacity(16);
     info.extend_from_slice(&owner.to_le_bytes());
     info.extend_from_slice(&1u64.to_le_bytes());

@@ -42,6 +42,40 @@
 //!   ([`REVOKE_PATIENCE_NS`], then the row is left for a later pass,
 //!   [`Reclaimed::pending`]): timing bounds liveness, never safety.
 //!
+//! # A registration paused before its fence
+//!
+//! A client fences itself only once it holds the row and an acknowledged lease
+//! (`crate::membership::writer_ids::register`), so a revocation acknowledged before
+//! its fence cut nothing of it. Two things keep such a client harmless, however it
+//! pauses:
+//!
+//! * **Nothing it posts before its fence is a plain store**: the claim CASes (from
+//!   0, or from a stale copy's token), its lease renewals (CAS from a word it read;
+//!   the owner's wall-clock write rides on renewals only once it is fenced), the
+//!   release of a claim it gave up, and, as a reclaimer itself, kills, claims and
+//!   releases by CAS (a released row's write-back guard is lowered by its next owner,
+//!   fenced, not by the reclaimer). Landing after the row changed hands, each fails
+//!   (its expected word is gone for good: lease words never repeat, tokens are
+//!   unique) or sets a minority copy of a claim word that the row's owner takes back
+//!   at its next renewal; none counts for a lease (a renewal counts only where the
+//!   claim read after it holds the renewer's token).
+//! * **Its generation is revoked whenever it renewed.** The dead client may be
+//!   registering the very row being taken over: paused between its claim and its
+//!   read of the lease words for longer than the watch, it then reads the
+//!   reclaimer's kill, takes it for an earlier owner's (its base is above it), renews
+//!   over it and fences itself with that base, above the floor of the revocation
+//!   already acknowledged. So the reclaimer, after its claim CAS landed on a majority
+//!   ([`hand_over`]), reads the lease word on every node where it landed. An
+//!   acknowledged renewal of the dead client counted on a majority, each time before
+//!   the reclaimer's claim landed there (the claim read after the renewal's CAS held
+//!   the dead token), so one of those nodes shows its counter, at or above its base.
+//!   A word not killed, or killed above the floor, is killed and revoked again up to
+//!   its counter, before the row is used or released. After the claim no renewal of
+//!   the dead client counts on a majority again, so its base is at or below the final
+//!   floor: every node that acknowledged refuses its fence or cut it. A release goes
+//!   the same way, through a token of the reclaimer's own (`reclaimer_token`), then
+//!   back to 0.
+//!
 //! Register chunks claimed by a dead client keep its token in their claim words: they
 //! are not reclaimed here but adopted, once its row no longer holds its token, by the
 //! next client that runs out of chunks ([`crate::registers::orphans`]).
@@ -214,12 +248,18 @@ async fn kill<F: Fabric + ?Sized>(
 
 /// Revokes the owner of `row`, whose lease is killed on a majority, on every memory
 /// node that may serve again (module docs, "Why a takeover never races a stopped
-/// owner's stores"); returns the counter it was revoked up to, or `None` if some node
-/// did not acknowledge within [`REVOKE_PATIENCE_NS`] or the row changed hands.
+/// owner's stores"), up to `floor` at least; returns the counter it was revoked up
+/// to, or `None` if some node did not acknowledge within [`REVOKE_PATIENCE_NS`] or
+/// the row changed hands. A node that answers with a live word gets it killed: with
+/// `claimed_by` `Some(token)` only where the row's claim word there holds `token`,
+/// with `None` wherever (the caller holds the row on a majority, so that no other
+/// client's renewal can count any more, [`hand_over`]).
 async fn revoke<F: Fabric + ?Sized>(
     fabric: &F,
     layout: &NodeLayout,
     row: &ObservedRow,
+    floor: u64,
+    claimed_by: Option<u64>,
 ) -> Result<Option<u64>, KvError> {
     let row_at = layout.client_row(row.writer);
     let addr = row_at + LEASE_WORD;
@@ -228,8 +268,7 @@ async fn revoke<F: Fabric + ?Sized>(
         .iter()
         .flatten()
         .map(|w| counter(*w))
-        .max()
-        .unwrap_or(0);
+        .fold(floor, u64::max);
     let started = fabric.now();
     let stats = OpStats::new();
     loop {
@@ -240,36 +279,28 @@ async fn revoke<F: Fabric + ?Sized>(
         // A node that answered with a live word: the kill did not reach it (it
         // needs only a majority), or the owner's stale renewal landed there after
         // the observation (a kill is final for its generation, so it renews nothing
-        // over one). Kill it from that value, but only where the row's claim still
-        // holds the dead token: another reclaimer that took the row over meanwhile
-        // renews over our kills, and its lease is not ours to end.
+        // over one). Kill it from that value, but (before the caller holds the row)
+        // only where the row's claim still holds the dead token: another reclaimer
+        // that took the row over meanwhile renews over our kills, and its lease is
+        // not ours to end.
         let live: Vec<(NodeId, u64)> = missing
             .iter()
             .filter_map(|&(node, word)| word.map(|w| (node, w)))
             .collect();
         for &(node, word) in &live {
-            let mut rt = Roundtrip::start(fabric, &stats);
-            if rt.post(node, Batch::read(row_at, 8)).is_err() {
-                continue;
-            }
-            let deadline = fabric.now().saturating_add(STRAGGLER_NS);
-            if rt.wait_until(1, deadline).await == WaitOutcome::Short {
-                continue;
-            }
-            let Some(Some(claim)) = rt.replies().first().map(|(_, c)| {
-                c.read(0)
-                    .and_then(|b| b.try_into().ok())
-                    .map(u64::from_le_bytes)
-            }) else {
-                continue;
-            };
-            if claim != row.token {
-                tracing::info!(
-                    writer = row.writer,
-                    %node,
-                    "the row changed hands while its owner was being revoked: left alone"
-                );
-                return Ok(None);
+            if let Some(token) = claimed_by {
+                match read_word(fabric, &stats, node, row_at).await {
+                    None => continue,
+                    Some(claim) if claim != token => {
+                        tracing::info!(
+                            writer = row.writer,
+                            %node,
+                            "the row changed hands while its owner was being revoked: left alone"
+                        );
+                        return Ok(None);
+                    }
+                    Some(_) => {}
+                }
             }
             floor = floor.max(counter(word));
             cas_all(fabric, &stats, &[(node, addr, word, word | KILLED)]).await?;
@@ -288,6 +319,147 @@ async fn revoke<F: Fabric + ?Sized>(
             swarm_core::sleep(fabric, 20_000_000).await;
         }
     }
+}
+
+/// The word at `addr` on `node`, if it answers within [`STRAGGLER_NS`].
+async fn read_word<F: Fabric + ?Sized>(
+    fabric: &F,
+    stats: &OpStats,
+    node: NodeId,
+    addr: u64,
+) -> Option<u64> {
+    let mut rt = Roundtrip::start(fabric, stats);
+    rt.post(node, Batch::read(addr, 8)).ok()?;
+    let deadline = fabric.now().saturating_add(STRAGGLER_NS);
+    if rt.wait_until(1, deadline).await == WaitOutcome::Short {
+        return None;
+    }
+    rt.replies().first().and_then(|(_, c)| {
+        c.read(0)
+            .and_then(|b| b.try_into().ok())
+            .map(u64::from_le_bytes)
+    })
+}
+
+/// How [`hand_over`] ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum HandOver {
+    /// The row's claim word holds the new token on a majority, and every generation
+    /// of the earlier owner is revoked up to this counter.
+    Done(u64),
+    /// Another reclaimer's claim split the copies: ours went back to the dead token.
+    Split,
+    /// A second revocation (below) did not complete: our copies went back to the
+    /// dead token, and the row is left for a later pass.
+    Uncut,
+}
+
+/// Hands `row`, whose owner is revoked up to `floor`, to the token `to`: CASes the
+/// claim word from the dead token to `to` on every node and, once a majority
+/// swapped, reads the lease word on every node that swapped. A word the revocation
+/// did not cover (not killed, or killed above `floor`) is the dead owner's
+/// *registration*, paused before its fence, that renewed over the kill after the
+/// revocation was acknowledged (module docs, "A registration paused before its
+/// fence"): that word is killed and the owner revoked again up to it, before the
+/// row is used or released.
+async fn hand_over<F: Fabric + ?Sized>(
+    fabric: &F,
+    layout: &NodeLayout,
+    row: &ObservedRow,
+    floor: u64,
+    to: u64,
+) -> Result<HandOver, KvError> {
+    let nodes = fabric.node_count();
+    let stats = OpStats::new();
+    let claim_at = layout.client_row(row.writer);
+    let posts: Vec<_> = (0..nodes)
+        .map(|n| (NodeId(n as u16), claim_at, row.token, to))
+        .collect();
+    let swapped: Vec<NodeId> = cas_all(fabric, &stats, &posts)
+        .await?
+        .into_iter()
+        .filter(|&(_, prev)| prev == row.token || prev == to)
+        .map(|(node, _)| node)
+        .collect();
+    if swapped.len() < majority(nodes) {
+        crate::membership::claim::give_back(fabric, nodes, claim_at, to, row.token);
+        return Ok(HandOver::Split);
+    }
+    // Every node whose claim we swapped: an acknowledged renewal of the dead owner
+    // counted on a majority, each before our claim landed there, so one of them is
+    // here, read after our claim.
+    let mut seen = vec![None; nodes];
+    for &node in &swapped {
+        match read_word(fabric, &stats, node, claim_at + LEASE_WORD).await {
+            Some(word) => seen[node.index()] = Some(word),
+            None => {
+                crate::membership::claim::give_back(fabric, nodes, claim_at, to, row.token);
+                return Ok(HandOver::Uncut);
+            }
+        }
+    }
+    let covered = seen
+        .iter()
+        .flatten()
+        .all(|&w| is_killed(w) && counter(w) <= floor);
+    if covered {
+        return Ok(HandOver::Done(floor));
+    }
+    tracing::warn!(
+        writer = row.writer,
+        ?seen,
+        floor,
+        "the dead owner's lease moved after its revocation (a registration paused before \
+         its fence): revoking it again"
+    );
+    let again = ObservedRow {
+        lease: seen,
+        ..row.clone()
+    };
+    match revoke(fabric, layout, &again, floor, None).await? {
+        Some(floor) => Ok(HandOver::Done(floor)),
+        None => {
+            crate::membership::claim::give_back(fabric, nodes, claim_at, to, row.token);
+            Ok(HandOver::Uncut)
+        }
+    }
+}
+
+/// A token for a reclaimer that releases a row: the row is handed to it first
+/// ([`hand_over`]), then given back to 0. Unique like a client's incarnation token,
+/// and never a client's (it is never used to register).
+fn reclaimer_token(writer: u16) -> u64 {
+    static NEXT: core::sync::atomic::AtomicU64 = core::sync::atomic::AtomicU64::new(0);
+    let mut bytes = [0u8; 26];
+    bytes[..8].copy_from_slice(&crate::clock::SystemClock::unix_ns().to_le_bytes());
+    bytes[8..16].copy_from_slice(&u64::from(std::process::id()).to_le_bytes());
+    let n = NEXT.fetch_add(1, core::sync::atomic::Ordering::Relaxed);
+    bytes[16..24].copy_from_slice(&n.to_le_bytes());
+    bytes[24..].copy_from_slice(&writer.to_le_bytes());
+    xxhash_rust::xxh3::xxh3_64(&bytes) | 1
+}
+
+/// Releases `row`, whose owner is revoked up to `floor`: hands it to a reclaimer
+/// token ([`hand_over`]), then CASes that token back to 0 on every node. Returns how
+/// the hand-over ended (released if [`HandOver::Done`]).
+async fn release_row<F: Fabric + ?Sized>(
+    fabric: &F,
+    layout: &NodeLayout,
+    row: &ObservedRow,
+    floor: u64,
+) -> Result<HandOver, KvError> {
+    let mine = reclaimer_token(row.writer);
+    let handed = hand_over(fabric, layout, row, floor, mine).await?;
+    if !matches!(handed, HandOver::Done(_)) {
+        return Ok(handed);
+    }
+    let nodes = fabric.node_count();
+    let claim_at = layout.client_row(row.writer);
+    let posts: Vec<_> = (0..nodes)
+        .map(|n| (NodeId(n as u16), claim_at, mine, 0))
+        .collect();
+    cas_all(fabric, &OpStats::new(), &posts).await?;
+    Ok(handed)
 }
 
 /// Watches the rows claimed on a majority (only `only`, if given) for a lease period,
@@ -328,7 +500,6 @@ pub async fn take_over_expired<F: Fabric + ?Sized>(
         let elapsed = fabric.now().saturating_sub(watched_at);
         swarm_core::sleep(fabric, wait.saturating_sub(elapsed)).await;
     }
-    let stats = OpStats::new();
     for row in candidates {
         if !kill(fabric, layout, &row).await? {
             tracing::debug!(writer = row.writer, "lease renewed while watched: alive");
@@ -353,48 +524,40 @@ pub async fn take_over_expired<F: Fabric + ?Sized>(
         }
         // Nothing of the dead owner may land once the claim word changes: that hands
         // its row, log, registers and chunks to others (module docs).
-        let Some(floor) = revoke(fabric, layout, &row).await? else {
+        let Some(floor) = revoke(fabric, layout, &row, 0, Some(row.token)).await? else {
             result.pending.push(row.writer);
             continue;
         };
-        let claim_at = layout.client_row(row.writer);
         if let (Some(token), None) = (taker, &result.taken) {
-            let posts: Vec<_> = (0..nodes)
-                .map(|n| (NodeId(n as u16), claim_at, row.token, token))
-                .collect();
-            let won = cas_all(fabric, &stats, &posts)
-                .await?
-                .iter()
-                .filter(|(_, prev)| *prev == row.token || *prev == token)
-                .count();
-            if won >= majority(nodes) {
-                tracing::info!(
-                    writer = row.writer,
-                    "took over the writer id of a dead client"
-                );
-                result.floor = floor;
-                result.taken = Some(row);
-                continue;
+            match hand_over(fabric, layout, &row, floor, token).await? {
+                HandOver::Done(floor) => {
+                    tracing::info!(
+                        writer = row.writer,
+                        "took over the writer id of a dead client"
+                    );
+                    result.floor = floor;
+                    result.taken = Some(row);
+                    continue;
+                }
+                // Split with another reclaimer: our copies went back to the dead
+                // token; release the row instead (below).
+                HandOver::Split => {}
+                HandOver::Uncut => {
+                    result.pending.push(row.writer);
+                    continue;
+                }
             }
-            // Split with another reclaimer: give our copies back to the dead token.
-            crate::membership::claim::give_back(fabric, nodes, claim_at, token, row.token);
         }
-        // A write-back guard the dead client left up would keep one slot of some
-        // writer out of use for good (`swarm_core::write_back_guard`); it stores
-        // nothing more, so lower it. (A new owner lowers it when it registers.)
-        for n in 0..nodes {
-            fabric.post_detached(
-                NodeId(n as u16),
-                Batch::write(
-                    claim_at + crate::membership::writer_ids::WRITE_BACK_GUARD,
-                    0u64.to_le_bytes().to_vec(),
-                ),
-            );
+        // A write-back guard the dead client left up keeps one slot of some writer
+        // out of use until the row's next owner lowers it when it registers, fenced
+        // (a plain store of ours could land after that owner raised its own guard).
+        if !matches!(
+            release_row(fabric, layout, &row, floor).await?,
+            HandOver::Done(_)
+        ) {
+            result.pending.push(row.writer);
+            continue;
         }
-        let posts: Vec<_> = (0..nodes)
-            .map(|n| (NodeId(n as u16), claim_at, row.token, 0))
-            .collect();
-        cas_all(fabric, &stats, &posts).await?;
         tracing::info!(
             writer = row.writer,
             "released the writer id of a dead client"
@@ -414,7 +577,6 @@ pub async fn evict_now<F: Fabric + ?Sized>(
     lease: &LeaseParams,
     writer: u16,
 ) -> Result<bool, KvError> {
-    let nodes = fabric.node_count();
     // The owner may renew between our read and our kill: read again and retry.
     for _ in 0..16 {
         let observed = observe(fabric, layout).await?;
@@ -430,14 +592,15 @@ pub async fn evict_now<F: Fabric + ?Sized>(
         // Every renewal a majority acknowledged was sent before the kill completed.
         swarm_core::sleep(fabric, lease.observer_wait_ns()).await;
         // Its queue pairs are cut before the row is released (module docs).
-        if revoke(fabric, layout, &row).await?.is_none() {
+        let Some(floor) = revoke(fabric, layout, &row, 0, Some(row.token)).await? else {
             return Err(KvError::OwnerNotCut { writer });
+        };
+        match release_row(fabric, layout, &row, floor).await? {
+            HandOver::Done(_) => return Ok(true),
+            // Another reclaimer's claim split the copies: look again.
+            HandOver::Split => continue,
+            HandOver::Uncut => return Err(KvError::OwnerNotCut { writer }),
         }
-        let posts: Vec<_> = (0..nodes)
-            .map(|n| (NodeId(n as u16), layout.client_row(writer), row.token, 0))
-            .collect();
-        cas_all(fabric, &OpStats::new(), &posts).await?;
-        return Ok(true);
     }
     Err(KvError::Contended { attempts: 16 })
 }

@@ -7,10 +7,10 @@
 
 use std::io::{Read, Write};
 
-use crate::auth::session::{Sender, SessionKeys, TAG_LEN, Transcript};
+use crate::auth::session::{SealTag, Sender, SessionKeys, TAG_LEN, Transcript};
 use crate::auth::{PROOF_LEN, Token, random_nonce};
 use crate::error::RdmaError;
-use crate::lease_watch::{REVOKE_REQUEST_LEN, RevokeRequest, WATCH_REQUEST_LEN, WatchRequest};
+use crate::lease_watch::{RevokeRequest, WatchRequest};
 use crate::wire::{
     ACCEPT_BODY_LEN, FRAME_HEADER_LEN, Message, QP_INFO_LEN, QpInfo, RefuseReason, RegionInfo,
     WireError, decode_accept_body, encode_accept_body,
@@ -72,6 +72,27 @@ fn unexpected(expected: &'static str, found: &Message) -> WireError {
     }
 }
 
+/// The error for a node's answer to a request other than its proved `expected`
+/// reply: a proved refusal, an unproved reply or refusal (tampered), or another
+/// message.
+fn answer_error(peer: &str, reply: &Message, proved: bool, expected: &'static str) -> RdmaError {
+    match reply {
+        Message::Refuse { reason, .. } if proved => RdmaError::Refused {
+            peer: peer.to_owned(),
+            reason: *reason,
+        },
+        Message::Refuse { .. } => RdmaError::Tampered {
+            peer: peer.to_owned(),
+            message: reply.kind(),
+        },
+        other if other.kind() == expected => RdmaError::Tampered {
+            peer: peer.to_owned(),
+            message: reply.kind(),
+        },
+        other => RdmaError::wire(peer, unexpected(expected, other)),
+    }
+}
+
 /// A request a client may send after the handshake.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Request {
@@ -108,38 +129,12 @@ impl Session {
         peer: &str,
         request: WatchRequest,
     ) -> Result<(), RdmaError> {
-        let wire = |e| RdmaError::wire(peer, e);
-        let mut sealed = request.to_bytes();
-        let header = header_of(&Message::Watch {
-            sealed: [0; WATCH_REQUEST_LEN],
-            tag: [0; TAG_LEN],
-        });
-        self.client_sealed += 1;
-        let tag = self.keys.seal_nth(
-            Sender::Client,
-            self.client_sealed,
-            &self.transcript,
-            &header,
-            &mut sealed,
-        );
-        let frame = Message::Watch { sealed, tag }.encode();
-        stream.write_all(&frame).map_err(|e| wire(e.into()))?;
-        stream.flush().map_err(|e| wire(e.into()))?;
-        self.transcript.record(&frame);
-        let (reply, frame) = Message::read_frame(stream).map_err(wire)?;
-        let proved = self.proved(&frame);
-        self.transcript.record(&frame);
+        let (reply, proved) = self.exchange(stream, peer, request.to_bytes(), |sealed, tag| {
+            Message::Watch { sealed, tag }
+        })?;
         match reply {
             Message::Watching { .. } if proved => Ok(()),
-            Message::Refuse { reason, .. } if proved => Err(RdmaError::Refused {
-                peer: peer.to_owned(),
-                reason,
-            }),
-            Message::Watching { .. } | Message::Refuse { .. } => Err(RdmaError::Tampered {
-                peer: peer.to_owned(),
-                message: reply.kind(),
-            }),
-            other => Err(wire(unexpected("Watching", &other))),
+            other => Err(answer_error(peer, &other, proved, "Watching")),
         }
     }
 
@@ -167,39 +162,43 @@ impl Session {
         peer: &str,
         request: RevokeRequest,
     ) -> Result<u64, RdmaError> {
+        let (reply, proved) = self.exchange(stream, peer, request.to_bytes(), |sealed, tag| {
+            Message::Revoke { sealed, tag }
+        })?;
+        match reply {
+            Message::Revoked { word, .. } if proved => Ok(word),
+            other => Err(answer_error(peer, &other, proved, "Revoked")),
+        }
+    }
+
+    /// Client: seals `body` as its next request (`message` builds the frame from the
+    /// sealed body and its tag), sends it, and reads the node's answer: the answer
+    /// and whether its proof over the transcript is the node's.
+    fn exchange<S: Read + Write, const N: usize>(
+        &mut self,
+        stream: &mut S,
+        peer: &str,
+        mut body: [u8; N],
+        message: impl Fn([u8; N], [u8; TAG_LEN]) -> Message,
+    ) -> Result<(Message, bool), RdmaError> {
         let wire = |e| RdmaError::wire(peer, e);
-        let mut sealed = request.to_bytes();
-        let header = header_of(&Message::Revoke {
-            sealed: [0; REVOKE_REQUEST_LEN],
-            tag: [0; TAG_LEN],
-        });
+        let header = header_of(&message([0; N], [0; TAG_LEN]));
         self.client_sealed += 1;
         let tag = self.keys.seal_nth(
             Sender::Client,
             self.client_sealed,
             &self.transcript,
             &header,
-            &mut sealed,
+            &mut body,
         );
-        let frame = Message::Revoke { sealed, tag }.encode();
+        let frame = message(body, tag).encode();
         stream.write_all(&frame).map_err(|e| wire(e.into()))?;
         stream.flush().map_err(|e| wire(e.into()))?;
         self.transcript.record(&frame);
         let (reply, frame) = Message::read_frame(stream).map_err(wire)?;
         let proved = self.proved(&frame);
         self.transcript.record(&frame);
-        match reply {
-            Message::Revoked { word, .. } if proved => Ok(word),
-            Message::Refuse { reason, .. } if proved => Err(RdmaError::Refused {
-                peer: peer.to_owned(),
-                reason,
-            }),
-            Message::Revoked { .. } | Message::Refuse { .. } => Err(RdmaError::Tampered {
-                peer: peer.to_owned(),
-                message: reply.kind(),
-            }),
-            other => Err(wire(unexpected("Revoked", &other))),
-        }
+        Ok((reply, proved))
     }
 
     /// Memory node: reads the client's next request (a `Watch` or a `Revoke`),
@@ -208,44 +207,50 @@ impl Session {
         let (message, frame) = Message::read_frame(stream)?;
         let header = &frame[..FRAME_HEADER_LEN];
         let result = match message {
-            Message::Watch { mut sealed, tag } => {
-                self.client_sealed += 1;
-                if self.keys.open_nth(
-                    Sender::Client,
-                    self.client_sealed,
-                    &self.transcript,
+            Message::Watch { mut sealed, tag } => self
+                .open(
                     header,
                     &mut sealed,
                     &tag,
-                ) {
-                    Ok(Request::Watch(WatchRequest::from_bytes(&sealed)))
-                } else {
-                    Err(WireError::BadField(
-                        "the Watch message does not open with the session keys",
-                    ))
-                }
-            }
-            Message::Revoke { mut sealed, tag } => {
-                self.client_sealed += 1;
-                if self.keys.open_nth(
-                    Sender::Client,
-                    self.client_sealed,
-                    &self.transcript,
+                    "the Watch message does not open with the session keys",
+                )
+                .map(|()| Request::Watch(WatchRequest::from_bytes(&sealed))),
+            Message::Revoke { mut sealed, tag } => self
+                .open(
                     header,
                     &mut sealed,
                     &tag,
-                ) {
-                    Ok(Request::Revoke(RevokeRequest::from_bytes(&sealed)))
-                } else {
-                    Err(WireError::BadField(
-                        "the Revoke message does not open with the session keys",
-                    ))
-                }
-            }
+                    "the Revoke message does not open with the session keys",
+                )
+                .map(|()| Request::Revoke(RevokeRequest::from_bytes(&sealed))),
             other => Err(unexpected("Watch", &other)),
         };
         self.transcript.record(&frame);
         result
+    }
+
+    /// Memory node: opens the client's next sealed body in place, under the frame
+    /// `header`; fails with `refusal` if it does not open.
+    fn open(
+        &mut self,
+        header: &[u8],
+        sealed: &mut [u8],
+        tag: &SealTag,
+        refusal: &'static str,
+    ) -> Result<(), WireError> {
+        self.client_sealed += 1;
+        if self.keys.open_nth(
+            Sender::Client,
+            self.client_sealed,
+            &self.transcript,
+            header,
+            sealed,
+            tag,
+        ) {
+            Ok(())
+        } else {
+            Err(WireError::BadField(refusal))
+        }
     }
 
     /// Memory node: sends `Watching` or a refusal, proved over the transcript.

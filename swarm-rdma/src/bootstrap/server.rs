@@ -525,7 +525,14 @@ fn serve_client<A: Acceptor>(
         // Passive from now on: block until the client closes the connection or
         // it is cut; the only requests it may send are a lease watch and a
         // revocation of another client's lease.
-        serve_requests(&mut stream, peer, id, shared, &mut session, &connection);
+        serve_requests(&mut Requester {
+            stream: &mut stream,
+            peer,
+            id,
+            shared,
+            session: &mut session,
+            connection: &connection,
+        });
     }
     if let Ok(mut clients) = shared.clients.lock() {
         clients.retain(|(other, _)| *other != id);
@@ -594,32 +601,70 @@ impl<S: std::io::Write> std::io::Write for LiftAfter<'_, S> {
     }
 }
 
+/// A connected client's bootstrap connection, as its requests are served.
+struct Requester<'a, A: Acceptor> {
+    stream: &'a mut TcpStream,
+    peer: &'a str,
+    /// The connection id (the key of its watch).
+    id: u64,
+    shared: &'a Shared<A>,
+    session: &'a mut Session,
+    connection: &'a ConnectionSlot<A::Connection>,
+}
+
+impl<A: Acceptor> Requester<'_, A> {
+    /// The word at `offset` of the served memory, if `checked` (the request's check
+    /// against the region) passed.
+    fn word(&self, offset: u64, checked: Result<(), WatchError>) -> Result<u64, WatchError> {
+        checked?;
+        let size = self.shared.acceptor.region().size;
+        self.shared
+            .acceptor
+            .read_word(offset)
+            .ok_or(WatchError::OutOfRegion { offset, size })
+    }
+
+    /// Refuses the request with `reason` (proved), says why in the log; always
+    /// `false`: the connection ends.
+    fn refuse(&mut self, reason: RefuseReason, error: &WatchError, what: &str) -> bool {
+        tracing::warn!(peer = %self.peer, %error, "{what} refused; disconnecting");
+        let _ = self.session.send_proved(self.stream, &refuse(reason));
+        false
+    }
+
+    /// Sends `message`, proved; whether the connection still serves.
+    fn answer(&mut self, message: &Message) -> bool {
+        self.session.send_proved(self.stream, message).is_ok()
+    }
+
+    /// The watches and revocations, locked.
+    fn watches(&self) -> std::sync::MutexGuard<'_, WatchTable<A::Connection>> {
+        self.shared
+            .watches
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
 /// Serves a connected client's requests (lease watches, revocations) until the
 /// connection ends (the client left, or it was cut). A bad request is refused and
 /// ends the connection (its queue pair is destroyed).
-fn serve_requests<A: Acceptor>(
-    stream: &mut TcpStream,
-    peer: &str,
-    id: u64,
-    shared: &Shared<A>,
-    session: &mut Session,
-    connection: &ConnectionSlot<A::Connection>,
-) {
+fn serve_requests<A: Acceptor>(client: &mut Requester<'_, A>) {
     loop {
-        let request = match session.receive_request(stream) {
+        let request = match client.session.receive_request(client.stream) {
             Ok(request) => request,
             Err(crate::wire::WireError::Truncated | crate::wire::WireError::Io(_)) => return,
             Err(error) => {
-                tracing::warn!(%peer, %error, "malformed request after the handshake; disconnecting");
-                let _ = session.send_proved(stream, &refuse(RefuseReason::Malformed));
+                tracing::warn!(peer = %client.peer, %error, "malformed request after the handshake; disconnecting");
+                let _ = client
+                    .session
+                    .send_proved(client.stream, &refuse(RefuseReason::Malformed));
                 return;
             }
         };
         let served = match request {
-            Request::Watch(request) => {
-                serve_watch(stream, peer, id, shared, session, connection, request)
-            }
-            Request::Revoke(request) => serve_revoke(stream, peer, id, shared, session, request),
+            Request::Watch(request) => serve_watch(client, request),
+            Request::Revoke(request) => serve_revoke(client, request),
         };
         if !served {
             return;
@@ -630,26 +675,14 @@ fn serve_requests<A: Acceptor>(
 /// Arms a lease watch (replacing the client's earlier one) and answers `Watching`,
 /// or refuses it; `false` once the connection must end.
 fn serve_watch<A: Acceptor>(
-    stream: &mut TcpStream,
-    peer: &str,
-    id: u64,
-    shared: &Shared<A>,
-    session: &mut Session,
-    connection: &ConnectionSlot<A::Connection>,
+    client: &mut Requester<'_, A>,
     request: crate::lease_watch::WatchRequest,
 ) -> bool {
-    let size = shared.acceptor.region().size;
-    let armed = request.check(size).and_then(|()| {
-        let word = shared
-            .acceptor
-            .read_word(request.offset)
-            .ok_or(WatchError::OutOfRegion {
-                offset: request.offset,
-                size,
-            })?;
-        WordWatch::arm(request, shared.now_ns(), word)
-    });
-    let Ok(clone) = stream.try_clone() else {
+    let size = client.shared.acceptor.region().size;
+    let armed = client
+        .word(request.offset, request.check(size))
+        .and_then(|word| WordWatch::arm(request, client.shared.now_ns(), word));
+    let Ok(clone) = client.stream.try_clone() else {
         return false;
     };
     // One watch per client: a new request replaces the old one, unless the client
@@ -657,16 +690,13 @@ fn serve_watch<A: Acceptor>(
     // hears why), and never for a revoked generation of the word.
     let armed = armed.and_then(|watch| {
         arm_watch(
-            &mut shared
-                .watches
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner),
-            id,
+            &mut client.watches(),
+            client.id,
             Watched {
                 watch,
                 stream: clone,
                 cut: None,
-                connection: connection.clone(),
+                connection: client.connection.clone(),
             },
         )
     });
@@ -675,57 +705,32 @@ fn serve_watch<A: Acceptor>(
             WatchError::Killed | WatchError::Revoked { .. } => RefuseReason::LeaseExpired,
             _ => RefuseReason::BadWatch,
         };
-        tracing::warn!(%peer, %error, "lease watch refused; disconnecting");
-        let _ = session.send_proved(stream, &refuse(reason));
-        return false;
+        return client.refuse(reason, &error, "lease watch");
     }
     tracing::info!(
-        %peer,
+        peer = %client.peer,
         offset = format_args!("{:#x}", request.offset),
         stall_ms = request.stall_ns / 1_000_000,
         base = request.base,
         "watching the client's lease word"
     );
-    let watching = Message::Watching {
+    client.answer(&Message::Watching {
         proof: [0; crate::auth::PROOF_LEN],
-    };
-    session.send_proved(stream, &watching).is_ok()
+    })
 }
 
 /// Revokes the clients watching a killed lease word ([`crate::lease_watch`],
 /// "Revocation"): destroys their queue pairs, then answers `Revoked` with the word;
 /// answers with the word alone (nothing revoked) if it is not killed here. `false`
 /// once the connection must end.
-fn serve_revoke<A: Acceptor>(
-    stream: &mut TcpStream,
-    peer: &str,
-    id: u64,
-    shared: &Shared<A>,
-    session: &mut Session,
-    request: RevokeRequest,
-) -> bool {
-    let size = shared.acceptor.region().size;
-    let word = request.check(size).and_then(|()| {
-        shared
-            .acceptor
-            .read_word(request.offset)
-            .ok_or(WatchError::OutOfRegion {
-                offset: request.offset,
-                size,
-            })
-    });
-    let cut = word.and_then(|word| {
-        revoke(
-            &mut shared
-                .watches
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner),
-            id,
-            request,
-            word,
-        )
-        .map(|(verdict, slots)| (word, verdict, slots))
-    });
+fn serve_revoke<A: Acceptor>(client: &mut Requester<'_, A>, request: RevokeRequest) -> bool {
+    let size = client.shared.acceptor.region().size;
+    let cut = client
+        .word(request.offset, request.check(size))
+        .and_then(|word| {
+            revoke(&mut client.watches(), client.id, request, word)
+                .map(|(verdict, slots)| (word, verdict, slots))
+        });
     let (word, verdict, slots) = match cut {
         Ok(cut) => cut,
         Err(error) => {
@@ -733,9 +738,7 @@ fn serve_revoke<A: Acceptor>(
                 WatchError::TooManyRevoked => RefuseReason::NoResources,
                 _ => RefuseReason::BadWatch,
             };
-            tracing::warn!(%peer, %error, "revocation refused; disconnecting");
-            let _ = session.send_proved(stream, &refuse(reason));
-            return false;
+            return client.refuse(reason, &error, "revocation");
         }
     };
     // Destroyed before the acknowledgement: a queue pair that no longer exists
@@ -746,24 +749,23 @@ fn serve_revoke<A: Acceptor>(
     }
     match verdict {
         RevokeVerdict::Revoke { floor } => tracing::warn!(
-            %peer,
+            peer = %client.peer,
             offset = format_args!("{:#x}", request.offset),
             floor,
             cut = count,
             "lease revoked: the clients watching it are cut, their queue pairs destroyed"
         ),
         RevokeVerdict::NotKilled { word } => tracing::info!(
-            %peer,
+            peer = %client.peer,
             offset = format_args!("{:#x}", request.offset),
             word = format_args!("{word:#x}"),
             "revocation of a lease word that is not killed here: nothing revoked"
         ),
     }
-    let revoked = Message::Revoked {
+    client.answer(&Message::Revoked {
         word,
         proof: [0; crate::auth::PROOF_LEN],
-    };
-    session.send_proved(stream, &revoked).is_ok()
+    })
 }
 
 /// Installs `watched` as connection `id`'s watch, replacing an earlier one, unless

@@ -710,15 +710,33 @@ impl<T: Transport> RdmaFabric<T> {
 
     /// Asks every memory node this client may use again to revoke the clients fenced
     /// under `request.offset` up to `request.floor` ([`crate::lease_watch`],
-    /// "Revocation"), all nodes at once, each within the bootstrap timeout. Nodes
-    /// whose memory is known lost are not asked: their process restarted, so the
-    /// revoked client's queue pairs to them are gone, and that memory never serves
-    /// again. Returns the nodes that did not acknowledge: with the word they hold if
+    /// "Revocation"), all nodes at once, each within the bootstrap timeout. A node
+    /// is not asked only while the incarnation this client would use there is one
+    /// whose memory is known lost: its process restarted, so the revoked client's
+    /// queue pairs to it are gone, and that memory never serves again. A node
+    /// rebuilt by a repair and admitted since ([`Fabric::admit`]) serves again, and
+    /// a revoked client may have fenced itself on it: it is asked (and reported
+    /// silent until this client has connected to it). Returns the nodes that did not
+    /// acknowledge: with the word they hold if
     /// it is not killed there, `None` if they did not answer (their bootstrap
     /// connection is then failed, and the node reconnected in the background).
+    /// Blocks the calling thread (this client's, which is registering or evicting:
+    /// `swarm_core::fabric::OwnerFence`, "Where a revocation blocks") for one
+    /// bootstrap timeout at most; other clients have fabrics of their own.
     pub fn revoke_lease_word(&self, request: RevokeRequest) -> Vec<(NodeId, Option<u64>)> {
         let timeout = self.transport.bootstrap_timeout();
-        let lost: Vec<bool> = self.lost.borrow().iter().map(Option::is_some).collect();
+        let admitted = self.admitted.borrow();
+        let lost: Vec<bool> = self
+            .lost
+            .borrow()
+            .iter()
+            .enumerate()
+            .map(|(i, lost)| {
+                let current = admitted[i].or(self.incarnations[i]);
+                lost.is_some() && (current.is_none() || *lost == current)
+            })
+            .collect();
+        drop(admitted);
         let mut streams = self.streams.borrow_mut();
         let transport = &self.transport;
         let answers: Vec<(NodeId, Result<u64, Option<RdmaError>>)> = std::thread::scope(|scope| {
