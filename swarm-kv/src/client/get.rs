@@ -53,7 +53,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         self.check_key(key)?;
         self.hint_cached(key, stats).await;
         let started = self.begin(stats).await?;
-        if let Some(mut located) = self.cached_at(key, started.start)? {
+        if let Some(mut located) = self.cached_at(key, started.start) {
             let known = located.knowledge.clone();
             if let Some(value) = self.read_checked(key, &mut located, stats).await? {
                 // The cache holds what the read knew before it: it needs the

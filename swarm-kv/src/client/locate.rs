@@ -33,16 +33,14 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
     }
 
     /// The cached location of `key` at time `now` (expired entries are dropped).
-    pub(super) fn cached_at(&self, key: &[u8], now: Nanos) -> Result<Option<Located>, KvError> {
-        let Some(location) = self.cache.borrow_mut().get(key, now) else {
-            return Ok(None);
-        };
-        Ok(Some(Located {
+    pub(super) fn cached_at(&self, key: &[u8], now: Nanos) -> Option<Located> {
+        let location = self.cache.borrow_mut().get(key, now)?;
+        Some(Located {
             register: location.register,
-            loc: self.register_loc(location.register)?,
+            loc: location.loc,
             knowledge: location.knowledge,
             vouched_at: location.vouched_at,
-        }))
+        })
     }
 
     /// Caches `key → located`. Not a location whose register's life is unknown (no
@@ -61,6 +59,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
             key,
             Location {
                 register: located.register,
+                loc: located.loc.clone(),
                 knowledge: located.knowledge.clone(),
                 vouched_at: located.vouched_at,
             },
@@ -90,7 +89,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         stats: &OpStats,
         now: Nanos,
     ) -> Result<(Option<Located>, bool, Option<(RegisterId, Ballot)>), KvError> {
-        match self.cached_at(key.bytes(), now)? {
+        match self.cached_at(key.bytes(), now) {
             Some(located) if located.knowledge.knows_a_write() => Ok((Some(located), false, None)),
             // Boxed, here and on the other rare paths (a get's miss, an insert's
             // publication, an unmap): inline, they would make every operation's future
