@@ -256,6 +256,31 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         }
     }
 
+    /// [`Self::read`] into the caller's buffer: `value`'s content is replaced by the
+    /// payload read (its allocation reused) when the register holds one, and emptied
+    /// otherwise. Returns what the read found, with [`ReadValue::Value`]'s payload
+    /// left empty (it is in `value`). The buffer the payload was read into goes back
+    /// to the fabric ([`Fabric::give_back`]), so that on a transport that fills reads
+    /// into given-back buffers (shared memory) a steady stream of reads allocates
+    /// nothing once `value` has the capacity of a payload.
+    pub async fn read_into(
+        &self,
+        reg: &RegisterLoc,
+        cache: &mut RegisterCache,
+        stats: &OpStats,
+        value: &mut Vec<u8>,
+    ) -> Result<ReadValue, SwarmError> {
+        value.clear();
+        Ok(match self.read(reg, cache, stats).await? {
+            ReadValue::Value(read) => {
+                value.extend_from_slice(&read);
+                self.fabric.give_back(read);
+                ReadValue::Value(Vec::new())
+            }
+            other => other,
+        })
+    }
+
     /// Background `M.WRITE((ts, VERIFIED, v))`: CAS the flag into the replicas known
     /// to hold the guessed tuple, and write the in-place copy (`record`, from
     /// [`encode_record_for`]) on the primary, in the same batch as its CAS: whoever sees
