@@ -100,8 +100,8 @@ use std::hash::BuildHasher;
 
 use slots::Slots;
 
-use swarm_core::{RegisterCache, RegisterLoc};
 use swarm_core::fabric::Nanos;
+use swarm_core::{RegisterCache, RegisterLoc};
 
 use crate::RegisterId;
 

@@ -51,7 +51,9 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
 
     async fn get_once(&self, key: &[u8], stats: &OpStats) -> Result<Option<Vec<u8>>, KvError> {
         self.check_key(key)?;
-        self.hint_cached(key, stats).await;
+        if stats.is_interleaved() {
+            self.hint_cached(key).await;
+        }
         let started = self.begin(stats).await?;
         if let Some(mut located) = self.cached_at(key, started.start) {
             let known = located.knowledge.clone();

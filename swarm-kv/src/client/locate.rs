@@ -23,13 +23,14 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
     /// hints the entry that slot names, and yields again, so that the lookup that
     /// follows finds both in the processor's cache while the other operations'
     /// misses overlap these (`cache` module docs, "Interleaved lookups").
-    pub(super) async fn hint_cached(&self, key: &[u8], stats: &OpStats) {
-        if stats.is_interleaved() {
-            let hash = self.cache.borrow().hint_slot(key);
-            yield_now(self.fabric()).await;
-            self.cache.borrow().hint_entry(hash);
-            yield_now(self.fabric()).await;
-        }
+    ///
+    /// The caller checks [`OpStats::is_interleaved`] first: a future that does
+    /// nothing still costs every get and update its state and poll.
+    pub(super) async fn hint_cached(&self, key: &[u8]) {
+        let hash = self.cache.borrow().hint_slot(key);
+        yield_now(self.fabric()).await;
+        self.cache.borrow().hint_entry(hash);
+        yield_now(self.fabric()).await;
     }
 
     /// The cached location of `key` at time `now` (expired entries are dropped).

@@ -38,7 +38,9 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
     ) -> Result<bool, KvError> {
         // The key is hashed once, for the cache's misses and every index call.
         let key = &self.index.hash_key(key)?;
-        self.hint_cached(key.bytes(), stats).await;
+        if stats.is_interleaved() {
+            self.hint_cached(key.bytes()).await;
+        }
         let started = self.begin_write(stats).await?;
         let (start, deadline) = (started.start, started.deadline);
         for attempt in 0..MAX_RETRIES {
