@@ -106,7 +106,7 @@ use crate::roundtrip::{Immediate, OpStats, Roundtrip, WaitOutcome, post_backgrou
 use super::inout::{self, MaxOutcome, NodeView};
 use super::register::{MAX_REPLICAS, RegisterCache, RegisterLoc};
 use super::write_back_guard::GuardedWriteBack;
-use super::{Client, SwarmError};
+use super::{Client, ReadValue, SwarmError};
 
 impl<F: Fabric, C: Clock> Client<F, C> {
     /// `encode_record_for(tsp, Some(reg.addr), payload)` in one buffer, which the
@@ -135,6 +135,15 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         *self.spare_record.borrow_mut() = Some(Arc::clone(&record));
         Payload::Shared(record)
     }
+}
+
+/// What [`Client::read_now`] found.
+pub(crate) enum ReadNow {
+    /// The read is complete: its result.
+    Done(ReadValue),
+    /// Not the common case: the read goes on from the views of its first majority
+    /// read, or from scratch (`None`).
+    Continue(Option<Box<Views>>),
 }
 
 /// What one majority read found: each answering replica's maximum, by preference
@@ -695,6 +704,58 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         stats: &OpStats,
         with_inplace: bool,
     ) -> Result<(Tsp, Vec<u8>), SwarmError> {
+        self.max_read_from(reg, cache, stats, with_inplace, None)
+            .await
+    }
+
+    /// The common case of a Safe-Guess read (`Client::read`), as one plain function
+    /// that builds no future: the majority read of [`Self::read_views_now`], and
+    /// when its maximum is empty, or VERIFIED with its value in place and known to
+    /// be on a majority (no write-back), the read's result. Otherwise the read goes
+    /// on from the views it took ([`ReadNow::Continue`]: the first majority read of
+    /// [`Self::max_read_from`]), so that it takes the roundtrips the general path
+    /// takes; or from scratch where the majority read does not apply.
+    pub(crate) fn read_now(
+        &self,
+        reg: &RegisterLoc,
+        cache: &mut RegisterCache,
+        stats: &OpStats,
+    ) -> Result<ReadNow, SwarmError> {
+        let layout = self.layout;
+        let primary = self.primary(reg);
+        let touches = |p: usize| match inout::read_op(&layout, reg.addr, p == primary) {
+            crate::fabric::Op::Read { addr, len } => [(addr, u64::from(len)), NO_TOUCH],
+            _ => NO_TOUCHES,
+        };
+        let mut views = Views::default();
+        if !self.read_views_now(reg, cache, stats, true, touches, &mut views)? {
+            return Ok(ReadNow::Continue(None));
+        }
+        let t = views.max();
+        if t.is_void() {
+            return Ok(ReadNow::Done(ReadValue::Empty));
+        }
+        if t.flag() == Flag::Verified
+            && !t.is_tombstone()
+            && Self::on_a_majority(reg, cache, t)
+            && let Some(value) = views.value_at_hand(t)
+        {
+            return Ok(ReadNow::Done(ReadValue::Value(value)));
+        }
+        // Cold: boxed, so that the read's future does not carry the views.
+        Ok(ReadNow::Continue(Some(Box::new(views))))
+    }
+
+    /// [`Self::max_read`], its first majority read already taken when `first` is
+    /// given ([`Self::read_now`]).
+    pub(crate) async fn max_read_from(
+        &self,
+        reg: &RegisterLoc,
+        cache: &mut RegisterCache,
+        stats: &OpStats,
+        with_inplace: bool,
+        mut first: Option<Box<Views>>,
+    ) -> Result<(Tsp, Vec<u8>), SwarmError> {
         // Doubles on every retry, without a cap: a holder that is alive is waited for
         // long enough in the end, however slow its link (wait-freedom).
         let mut patience = 1;
@@ -709,8 +770,20 @@ impl<F: Fabric, C: Clock> Client<F, C> {
                 // ask every replica: another holder may have an intact copy.
                 let every_replica = (unusable.1 > 0).then_some(patience);
                 let mut views = Views::default();
-                self.read_views_from(reg, cache, stats, with_inplace, every_replica, &mut views)
-                    .await?;
+                match first.take() {
+                    Some(first) => views = *first,
+                    None => {
+                        self.read_views_from(
+                            reg,
+                            cache,
+                            stats,
+                            with_inplace,
+                            every_replica,
+                            &mut views,
+                        )
+                        .await?
+                    }
+                }
                 if let Some(lost) = &lost {
                     views.leave_out(lost, reg.replicas.quorum());
                 }

@@ -63,7 +63,7 @@ use crate::fabric::{Batch, Fabric, Nanos, Op, Payload};
 use crate::layout::encode_record_for;
 use crate::roundtrip::{OpStats, post_background};
 
-use super::maxreg::WriteProgress;
+use super::maxreg::{ReadNow, WriteProgress};
 use super::register::{RegisterCache, RegisterLoc};
 use super::{Client, ReadValue, SwarmError, WriteOutcome};
 
@@ -203,6 +203,14 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         stats: &OpStats,
     ) -> Result<ReadValue, SwarmError> {
         let _deadline = self.arm_at_first_post(stats);
+        // The common case, with no future built (`Client::read_now`).
+        let mut first = match self.read_now(reg, cache, stats)? {
+            ReadNow::Done(value) => {
+                stats.count_iteration();
+                return Ok(value);
+            }
+            ReadNow::Continue(views) => views,
+        };
         // One entry per writer seen: at most one per concurrent writer.
         let mut seen: Vec<(Tsp, Vec<u8>)> = Vec::new();
         let bound = 2 * u32::from(self.layout.writers()) + 1;
@@ -218,7 +226,9 @@ impl<F: Fabric, C: Clock> Client<F, C> {
                 );
                 return Err(SwarmError::ReadBoundExceeded(iteration - 1));
             }
-            let (m, value) = self.max_read(reg, cache, stats, true).await?;
+            let (m, value) = self
+                .max_read_from(reg, cache, stats, true, first.take())
+                .await?;
             if m.is_void() {
                 return Ok(ReadValue::Empty);
             }
