@@ -67,6 +67,19 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         );
     }
 
+    /// `key`'s index hash, computed into `slot` the first time it is asked for: an
+    /// operation that may not need the index hashes only when it does.
+    pub(super) fn hashed<'s, 'k>(
+        &self,
+        slot: &'s mut Option<HashedKey<'k>>,
+        key: &'k [u8],
+    ) -> Result<&'s HashedKey<'k>, KvError> {
+        Ok(match slot {
+            Some(hashed) => hashed,
+            None => slot.insert(self.index.hash_key(key)?),
+        })
+    }
+
     /// The register of `key` for an update or a delete: the cached one if the cache
     /// knows it holds a write, otherwise the one the index resolves (`None`: absent).
     /// `now` is the current time (the cache entry's age is judged at it); the flag
