@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Instructions per operation of the fabric and protocol hot paths, from callgrind
 # (benches/examples/opcost.rs): robust on a loaded host, unlike wall-clock timings.
-#   scripts/opcost.sh [--check] [--bin PATH] [read-node read-roundtrip raw-read raw-write sg-read sg-write kv-get kv-update]
+#   scripts/opcost.sh [--check] [--bin PATH] [read-node read-roundtrip raw-read raw-write sg-read sg-read-into sg-write kv-get kv-update]
 # With --check, each operation is compared with its budget in scripts/opcost-budget.txt
 # (`operation max-instructions` per line) and the script exits with status 1 if any
 # exceeds its budget by more than 3%. --bin runs a given opcost binary instead of
@@ -24,7 +24,7 @@ if [ -z "$bin" ]; then
     bin=${CARGO_TARGET_DIR:-target}/release/examples/opcost
 fi
 budget_file=scripts/opcost-budget.txt
-[ ${#ops[@]} -eq 0 ] && ops=(read-node read-roundtrip raw-read raw-write sg-read sg-write kv-get kv-update)
+[ ${#ops[@]} -eq 0 ] && ops=(read-node read-roundtrip raw-read raw-write sg-read sg-read-into sg-write kv-get kv-update)
 total() {
     valgrind --tool=callgrind --callgrind-out-file=/dev/null "$bin" "$1" "$2" 2>&1 |
         sed -n 's/.*Collected : \([0-9]*\).*/\1/p'

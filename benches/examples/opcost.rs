@@ -10,7 +10,9 @@
 //! Operations: `read-node` (64 B directly on the mapped node), `read-roundtrip`
 //! (the same read as protocol code runs it: `block_on` + `Roundtrip`), `raw-read`,
 //! `raw-write`, `sg-read`, `sg-write` (Safe-Guess, 3 replicas, W = 8, 64 B payloads,
-//! rtt 0 through the `swarm bench` fabric stack `FailNodes<EmulatedRtt<ShmFabric>>`).
+//! rtt 0 through the `swarm bench` fabric stack `FailNodes<EmulatedRtt<ShmFabric>>`),
+//! `sg-read-into` (`Client::read_into`: the same read into one reused buffer; the
+//! read's own buffer goes back to the fabric, so no allocation per read).
 //!
 //! `kv-get`, `kv-update`: SWARM-KV's `KvClient::get_into` and `KvClient::update` of
 //! 16 cached keys (24-byte keys, 64-byte values) on a 3-node shared-memory store
@@ -123,6 +125,7 @@ fn main() {
     let node = cluster.node(NodeId(0)).expect("node 0");
     let plain = cluster.client();
     let mut out = [0u8; PAYLOAD];
+    let mut value_out = Vec::with_capacity(PAYLOAD);
     for _ in 0..n {
         match op.as_str() {
             "read-node" => node.read(black_box(HEADER_SIZE), &mut out).expect("read"),
@@ -151,6 +154,15 @@ fn main() {
                 let stats = OpStats::new();
                 let read = block_on(fabric, client.read(&reg, &mut cache, &stats));
                 black_box(read.expect("read"));
+            }
+            "sg-read-into" => {
+                let stats = OpStats::new();
+                let read = block_on(
+                    fabric,
+                    client.read_into(&reg, &mut cache, &stats, &mut value_out),
+                );
+                black_box(read.expect("read"));
+                black_box(&value_out);
             }
             "sg-write" => {
                 let stats = OpStats::new();

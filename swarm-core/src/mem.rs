@@ -130,6 +130,10 @@ impl Fabric for MemFabric {
         Submitted::executed(self.execute(node, batch, reply))
     }
 
+    fn completes_in_submit(&self) -> bool {
+        true
+    }
+
     fn poll(&self, ticket: Ticket) -> Poll<Result<Completion, FabricError>> {
         self.slab.borrow_mut().poll(ticket)
     }

@@ -675,6 +675,72 @@ impl<F: Fabric + ?Sized> Drop for Roundtrip<'_, F> {
     }
 }
 
+/// A step whose every batch completes inside [`Fabric::submit`] (a fabric that says
+/// [`Fabric::completes_in_submit`]), each reply handed to the caller as it comes
+/// back, to fold into its own state at once: no tickets, no reply slots, no wait.
+/// It counts its roundtrip once complete ([`Immediate::complete`]); one that the
+/// fence stops counts it too, as a [`Roundtrip`] would have. A caller whose batch
+/// did not complete after all (a crashed node) drops it, counted nothing, and takes
+/// the general path with a [`Roundtrip`]: only for steps that change nothing
+/// (reads), so that posting them again is harmless.
+pub(crate) struct Immediate<'a, F: Fabric + ?Sized> {
+    fabric: &'a F,
+    stats: &'a OpStats,
+    /// The reply to the last batch: one completion, reused.
+    reply: Completion,
+}
+
+impl<'a, F: Fabric + ?Sized> Immediate<'a, F> {
+    /// Starts a step about to post a burst of batches: the fence is checked once for
+    /// the burst, as [`Roundtrip::post`] does ([`FabricError::Fenced`] past the
+    /// operation's deadline, and nothing may be posted).
+    #[inline]
+    pub(crate) fn start(fabric: &'a F, stats: &'a OpStats) -> Result<Self, FabricError> {
+        if let Err(error) = stats.check_fence(fabric) {
+            stats.count();
+            return Err(error);
+        }
+        Ok(Self {
+            fabric,
+            stats,
+            reply: Completion::new(),
+        })
+    }
+
+    /// Submits `batch` to `node`; its reply if the fabric completed it inside the
+    /// call, `None` otherwise (a failure, or a ticket, which is forgotten). The
+    /// previous reply's read buffers go back to the fabric first.
+    #[inline]
+    pub(crate) fn submit(&mut self, node: NodeId, batch: &mut Batch) -> Option<&mut Completion> {
+        self.reply
+            .give_back_reads(|buffer| self.fabric.give_back(buffer));
+        self.reply.clear();
+        batch.set_deadline(self.stats.deadline());
+        match self.fabric.submit(node, batch, &mut self.reply) {
+            Submitted::Done => Some(&mut self.reply),
+            Submitted::Failed(_) => None,
+            Submitted::Posted(ticket) => {
+                self.fabric.forget(ticket);
+                None
+            }
+        }
+    }
+
+    /// Every batch of the step completed: counts its roundtrip.
+    #[inline]
+    pub(crate) fn complete(self) {
+        self.stats.count();
+    }
+}
+
+impl<F: Fabric + ?Sized> Drop for Immediate<'_, F> {
+    #[inline]
+    fn drop(&mut self) {
+        self.reply
+            .give_back_reads(|buffer| self.fabric.give_back(buffer));
+    }
+}
+
 /// Posts `batch` to `node` without waiting for it: background work such as a lazy
 /// in-place write or marking a tuple VERIFIED (SWARM §3.2, §4.3). Costs no roundtrip.
 /// Through [`Fabric::post_detached`]: a transport that completes it inside the call has

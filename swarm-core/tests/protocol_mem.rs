@@ -701,3 +701,111 @@ fn a_fresh_write_carries_an_operation_to_every_replica_after_the_write() {
     );
     assert_eq!(s.roundtrips(), 1, "a majority answered at once");
 }
+
+/// The fabric `F` as an asynchronous transport would look to the protocol: it
+/// forwards everything but [`Fabric::completes_in_submit`] (the default, `false`),
+/// so that protocol steps take their general path, with a `Roundtrip`.
+struct GeneralPath<F>(F);
+
+impl<F: Fabric> Fabric for GeneralPath<F> {
+    fn node_count(&self) -> usize {
+        self.0.node_count()
+    }
+    fn post(&self, node: NodeId, batch: Batch) -> Ticket {
+        self.0.post(node, batch)
+    }
+    fn submit(&self, node: NodeId, batch: &mut Batch, reply: &mut Completion) -> Submitted {
+        self.0.submit(node, batch, reply)
+    }
+    fn poll(&self, ticket: Ticket) -> Poll<Result<Completion, FabricError>> {
+        self.0.poll(ticket)
+    }
+    fn forget(&self, ticket: Ticket) {
+        self.0.forget(ticket)
+    }
+    fn progress(&self) -> bool {
+        self.0.progress()
+    }
+    fn now(&self) -> Nanos {
+        self.0.now()
+    }
+    fn wake_at(&self, deadline: Nanos) {
+        self.0.wake_at(deadline)
+    }
+}
+
+/// A Safe-Guess read whose majority read completes inside `submit` (one plain
+/// function, no `Roundtrip`) finds what the general path finds, in as many
+/// roundtrips: in the common case, after a write by another writer, and with a
+/// crashed replica that holds a post back (the step gives up and the general path
+/// times out and falls back) or fails it at once.
+#[test]
+fn an_immediate_majority_read_matches_the_general_path() {
+    use swarm_core::fabric::Crash;
+    fn client<F: Fabric>(fabric: F) -> Client<F, FixedClock> {
+        Client::new(
+            fabric,
+            FixedClock(9),
+            layout(),
+            WriterId::new(1).unwrap(),
+            ProtocolConfig::default().with_slow_after_ns(1_000),
+        )
+        .unwrap()
+    }
+    // A crash for the readers, or for the writer only: a write that missed replica
+    // `crashed` leaves the readers' majority read a maximum that is not known to be
+    // on a majority (a write-back), or not in place (a value fetch).
+    for (crash, for_writer) in [
+        (None, false),
+        (Some(Crash::Silent), false),
+        (Some(Crash::Erroring), false),
+        (Some(Crash::Silent), true),
+    ] {
+        for crashed in 0..3 {
+            // One cluster each, written alike: a read may write back and repair.
+            let clusters = [MemCluster::new(3, 1 << 20), MemCluster::new(3, 1 << 20)];
+            let reg = reg();
+            for cluster in &clusters {
+                let writer = setup(0, 5, cluster);
+                if let Some(crash) = crash.filter(|_| for_writer) {
+                    writer
+                        .fabric()
+                        .fail_node_as(reg.replicas.node(crashed), crash);
+                }
+                block_on(
+                    writer.fabric(),
+                    writer.write(&reg, &mut RegisterCache::new(), &OpStats::new(), b"x"),
+                )
+                .unwrap();
+            }
+            let immediate = client(FailNodes::new(clusters[0].client()));
+            let general = client(FailNodes::new(GeneralPath(clusters[1].client())));
+            assert!(immediate.fabric().completes_in_submit());
+            assert!(!general.fabric().completes_in_submit());
+            if let Some(crash) = crash.filter(|_| !for_writer) {
+                immediate
+                    .fabric()
+                    .fail_node_as(reg.replicas.node(crashed), crash);
+                general
+                    .fabric()
+                    .fail_node_as(reg.replicas.node(crashed), crash);
+            }
+            let (mut ci, mut cg) = (RegisterCache::new(), RegisterCache::new());
+            for round in 0..3 {
+                let (si, sg) = (OpStats::new(), OpStats::new());
+                let got_i = block_on(immediate.fabric(), immediate.read(&reg, &mut ci, &si));
+                let got_g = block_on(general.fabric(), general.read(&reg, &mut cg, &sg));
+                let what =
+                    format!("{crash:?} at position {crashed} (writer: {for_writer}), read {round}");
+                assert_eq!(got_i.unwrap(), ReadValue::Value(b"x".to_vec()), "{what}");
+                assert_eq!(got_g.unwrap(), ReadValue::Value(b"x".to_vec()), "{what}");
+                assert_eq!(si.roundtrips(), sg.roundtrips(), "{what}");
+                assert_eq!(si.iterations(), sg.iterations(), "{what}");
+                assert_eq!(ci, cg, "what the two learned, {what}");
+            }
+            if crash.is_none() {
+                break;
+            }
+        }
+    }
+}

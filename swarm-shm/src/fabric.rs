@@ -114,6 +114,11 @@ impl Fabric for ShmFabric {
     }
 
     #[inline]
+    fn completes_in_submit(&self) -> bool {
+        true
+    }
+
+    #[inline]
     fn give_back(&self, buffer: Vec<u8>) {
         self.buffers.give_back(buffer);
     }

@@ -186,6 +186,12 @@ impl<F: Fabric> Fabric for FailNodes<F> {
         self.inner.give_back(buffer);
     }
 
+    /// As the inner fabric: a batch to a crashed node is held back (a ticket) or
+    /// failed, which the steps that rely on this take their general path for.
+    fn completes_in_submit(&self) -> bool {
+        self.inner.completes_in_submit()
+    }
+
     fn prefetch(&self, node: NodeId, addr: u64, len: u64) {
         self.inner.prefetch(node, addr, len);
     }
@@ -449,6 +455,11 @@ impl<F: Fabric> Fabric for EmulatedRtt<F> {
 
     fn give_back(&self, buffer: alloc::vec::Vec<u8>) {
         self.inner.give_back(buffer);
+    }
+
+    /// Only without an emulated latency: with one, every batch is held back.
+    fn completes_in_submit(&self) -> bool {
+        self.rtt == 0 && self.inner.completes_in_submit()
     }
 
     fn prefetch(&self, node: NodeId, addr: u64, len: u64) {

@@ -148,6 +148,19 @@ pub trait Fabric {
         Submitted::Posted(self.post(node, core::mem::take(batch)))
     }
 
+    /// Whether [`Fabric::submit`] executes a batch to a live node inside the call
+    /// ([`Submitted::Done`] or [`Submitted::Failed`], never a ticket): local memory
+    /// with no emulated latency. Protocol steps that can then fold each reply into
+    /// their state as it is handed back, with no [`crate::Roundtrip`], do so when
+    /// this says `true` (a Safe-Guess read's majority read), and take the general
+    /// path for a batch that did not complete after all (a crashed node behind a
+    /// [`FailNodes`]), so a wrong `true` costs a duplicate post, never a result. The
+    /// default is `false`: asynchronous transports never post a step twice.
+    #[inline]
+    fn completes_in_submit(&self) -> bool {
+        false
+    }
+
     /// Hints that a batch about to be posted to `node` touches bytes `addr..addr +
     /// len` (reads or writes them): a transport over local memory may start
     /// fetching them, so that a protocol step touching several replicas, or several
@@ -294,6 +307,9 @@ impl<F: Fabric + ?Sized> Fabric for &F {
     }
     fn submit(&self, node: NodeId, batch: &mut Batch, reply: &mut Completion) -> Submitted {
         (**self).submit(node, batch, reply)
+    }
+    fn completes_in_submit(&self) -> bool {
+        (**self).completes_in_submit()
     }
     fn prefetch(&self, node: NodeId, addr: u64, len: u64) {
         (**self).prefetch(node, addr, len)

@@ -104,6 +104,10 @@ impl<F: Fabric, T: Tracer> Fabric for Traced<F, T> {
         self.inner.give_back(buffer);
     }
 
+    fn completes_in_submit(&self) -> bool {
+        self.inner.completes_in_submit()
+    }
+
     fn prefetch(&self, node: NodeId, addr: u64, len: u64) {
         self.tracer.prefetch(node, addr, len);
         self.inner.prefetch(node, addr, len);

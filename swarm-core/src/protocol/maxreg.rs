@@ -97,16 +97,16 @@ use alloc::vec::Vec;
 use crate::clock::Clock;
 use crate::encoding::{Flag, Tsp};
 use crate::exec::yield_now;
-use crate::fabric::{Batch, Fabric, FabricError, Payload};
+use crate::fabric::{Batch, Completion, Fabric, FabricError, Payload};
 use crate::layout::{
     SLOT_LOCK_BYTES, decode_record, encode_record_for, encode_record_into, record_len,
 };
-use crate::roundtrip::{OpStats, Roundtrip, WaitOutcome, post_background_for};
+use crate::roundtrip::{Immediate, OpStats, Roundtrip, WaitOutcome, post_background_for};
 
 use super::inout::{self, MaxOutcome, NodeView};
 use super::register::{MAX_REPLICAS, RegisterCache, RegisterLoc};
 use super::write_back_guard::GuardedWriteBack;
-use super::{Client, SwarmError};
+use super::{Client, ReadValue, SwarmError};
 
 impl<F: Fabric, C: Clock> Client<F, C> {
     /// `encode_record_for(tsp, Some(reg.addr), payload)` in one buffer, which the
@@ -135,6 +135,15 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         *self.spare_record.borrow_mut() = Some(Arc::clone(&record));
         Payload::Shared(record)
     }
+}
+
+/// What [`Client::read_now`] found.
+pub(crate) enum ReadNow {
+    /// The read is complete: its result.
+    Done(ReadValue),
+    /// Not the common case: the read goes on from the views of its first majority
+    /// read, or from scratch (`None`).
+    Continue(Option<Box<Views>>),
 }
 
 /// What one majority read found: each answering replica's maximum, by preference
@@ -441,6 +450,11 @@ impl<F: Fabric, C: Clock> Client<F, C> {
                 crate::fabric::Op::Read { addr, len } => [(addr, u64::from(len)), NO_TOUCH],
                 _ => NO_TOUCHES,
             };
+        if every_replica.is_none()
+            && self.read_views_now(reg, cache, stats, with_inplace, touches, views)?
+        {
+            return Ok(());
+        }
         let mut rt = Roundtrip::start(&self.fabric, stats);
         match every_replica {
             None => {
@@ -463,19 +477,84 @@ impl<F: Fabric, C: Clock> Client<F, C> {
             let Some(p) = reg.replicas.position(*node) else {
                 continue;
             };
-            let inplace = with_inplace && p == primary;
-            // Only the in-place block is kept (it becomes the value); a metadata
-            // read's buffer stays in the reply, which gives it back to the fabric.
-            let view = if inplace {
-                inout::parse_read(&layout, completion.take_read(0).unwrap_or_default(), true)
-            } else {
-                inout::parse_meta(completion.read(0).unwrap_or_default())
-            };
-            cache.learn_life(view.delete)?;
-            cache.learn(p, view.max);
-            views.set(p, view, inplace);
+            self.fold_view(cache, views, p, with_inplace && p == primary, completion)?;
         }
         Ok(())
+    }
+
+    /// Folds replica `p`'s answer to [`inout::read_op`] into `views` and `cache`:
+    /// what every majority read does with each reply. Only the in-place block is
+    /// taken out of `completion` (it becomes the value); a metadata read's buffer
+    /// stays there, for its owner to give back to the fabric.
+    #[inline]
+    fn fold_view(
+        &self,
+        cache: &mut RegisterCache,
+        views: &mut Views,
+        p: usize,
+        inplace: bool,
+        completion: &mut Completion,
+    ) -> Result<(), SwarmError> {
+        let view = if inplace {
+            inout::parse_read(
+                &self.layout,
+                completion.take_read(0).unwrap_or_default(),
+                true,
+            )
+        } else {
+            inout::parse_meta(completion.read(0).unwrap_or_default())
+        };
+        cache.learn_life(view.delete)?;
+        cache.learn(p, view.max);
+        views.set(p, view, inplace);
+        Ok(())
+    }
+
+    /// The common case of [`Self::read_views_from`]'s majority read, as one plain
+    /// function: on a fabric that executes batches inside [`Fabric::submit`]
+    /// ([`Fabric::completes_in_submit`]: shared memory, the in-process fabric), each
+    /// replica of the preferred majority is read and its answer folded into `views`
+    /// and `cache` at once ([`Self::fold_view`]), with no [`Roundtrip`], no reply
+    /// slots and no waiting. It does what the general path does when every answer
+    /// is in at its first poll: the same memory hints first, the same fence check
+    /// before the burst of posts (the operation posts nothing after its deadline),
+    /// the same batches to the same replicas, one roundtrip counted.
+    ///
+    /// `Ok(false)`, with nothing counted, `views` empty again and whatever was
+    /// learned kept (answers are real observations), when it does not apply: another
+    /// fabric, a suspected node (the general path reorders the candidates), an
+    /// interleaved operation (it yields after its hints), or a batch that did not
+    /// complete inside `submit` (a crashed node: its ticket is forgotten). The
+    /// caller then takes the general path, which reads the majority again: a read
+    /// changes nothing, so the duplicate costs its time only.
+    fn read_views_now(
+        &self,
+        reg: &RegisterLoc,
+        cache: &mut RegisterCache,
+        stats: &OpStats,
+        with_inplace: bool,
+        touches: impl Fn(usize) -> Touches,
+        views: &mut Views,
+    ) -> Result<bool, SwarmError> {
+        if !self.fabric.completes_in_submit() || self.suspicion.any() || stats.is_interleaved() {
+            return Ok(false);
+        }
+        let primary = self.primary(reg);
+        let first = &reg.replicas.positions()[..reg.replicas.quorum()];
+        self.hint_touches(reg, first.iter().copied(), touches);
+        let mut step = Immediate::start(&self.fabric, stats)?;
+        for &p in first {
+            let inplace = with_inplace && p == primary;
+            let mut batch = Batch::new();
+            batch.push(inout::read_op(&self.layout, reg.addr, inplace))?;
+            let Some(reply) = step.submit(reg.replicas.node(p), &mut batch) else {
+                *views = Views::default();
+                return Ok(false);
+            };
+            self.fold_view(cache, views, p, inplace, reply)?;
+        }
+        step.complete();
+        Ok(true)
     }
 
     /// The value of write `t`, the maximum of `views`: from the primary's in-place
@@ -625,6 +704,58 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         stats: &OpStats,
         with_inplace: bool,
     ) -> Result<(Tsp, Vec<u8>), SwarmError> {
+        self.max_read_from(reg, cache, stats, with_inplace, None)
+            .await
+    }
+
+    /// The common case of a Safe-Guess read (`Client::read`), as one plain function
+    /// that builds no future: the majority read of [`Self::read_views_now`], and
+    /// when its maximum is empty, or VERIFIED with its value in place and known to
+    /// be on a majority (no write-back), the read's result. Otherwise the read goes
+    /// on from the views it took ([`ReadNow::Continue`]: the first majority read of
+    /// [`Self::max_read_from`]), so that it takes the roundtrips the general path
+    /// takes; or from scratch where the majority read does not apply.
+    pub(crate) fn read_now(
+        &self,
+        reg: &RegisterLoc,
+        cache: &mut RegisterCache,
+        stats: &OpStats,
+    ) -> Result<ReadNow, SwarmError> {
+        let layout = self.layout;
+        let primary = self.primary(reg);
+        let touches = |p: usize| match inout::read_op(&layout, reg.addr, p == primary) {
+            crate::fabric::Op::Read { addr, len } => [(addr, u64::from(len)), NO_TOUCH],
+            _ => NO_TOUCHES,
+        };
+        let mut views = Views::default();
+        if !self.read_views_now(reg, cache, stats, true, touches, &mut views)? {
+            return Ok(ReadNow::Continue(None));
+        }
+        let t = views.max();
+        if t.is_void() {
+            return Ok(ReadNow::Done(ReadValue::Empty));
+        }
+        if t.flag() == Flag::Verified
+            && !t.is_tombstone()
+            && Self::on_a_majority(reg, cache, t)
+            && let Some(value) = views.value_at_hand(t)
+        {
+            return Ok(ReadNow::Done(ReadValue::Value(value)));
+        }
+        // Cold: boxed, so that the read's future does not carry the views.
+        Ok(ReadNow::Continue(Some(Box::new(views))))
+    }
+
+    /// [`Self::max_read`], its first majority read already taken when `first` is
+    /// given ([`Self::read_now`]).
+    pub(crate) async fn max_read_from(
+        &self,
+        reg: &RegisterLoc,
+        cache: &mut RegisterCache,
+        stats: &OpStats,
+        with_inplace: bool,
+        mut first: Option<Box<Views>>,
+    ) -> Result<(Tsp, Vec<u8>), SwarmError> {
         // Doubles on every retry, without a cap: a holder that is alive is waited for
         // long enough in the end, however slow its link (wait-freedom).
         let mut patience = 1;
@@ -639,8 +770,20 @@ impl<F: Fabric, C: Clock> Client<F, C> {
                 // ask every replica: another holder may have an intact copy.
                 let every_replica = (unusable.1 > 0).then_some(patience);
                 let mut views = Views::default();
-                self.read_views_from(reg, cache, stats, with_inplace, every_replica, &mut views)
-                    .await?;
+                match first.take() {
+                    Some(first) => views = *first,
+                    None => {
+                        self.read_views_from(
+                            reg,
+                            cache,
+                            stats,
+                            with_inplace,
+                            every_replica,
+                            &mut views,
+                        )
+                        .await?
+                    }
+                }
                 if let Some(lost) = &lost {
                     views.leave_out(lost, reg.replicas.quorum());
                 }

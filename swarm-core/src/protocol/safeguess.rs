@@ -63,7 +63,7 @@ use crate::fabric::{Batch, Fabric, Nanos, Op, Payload};
 use crate::layout::encode_record_for;
 use crate::roundtrip::{OpStats, post_background};
 
-use super::maxreg::WriteProgress;
+use super::maxreg::{ReadNow, WriteProgress};
 use super::register::{RegisterCache, RegisterLoc};
 use super::{Client, ReadValue, SwarmError, WriteOutcome};
 
@@ -203,6 +203,14 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         stats: &OpStats,
     ) -> Result<ReadValue, SwarmError> {
         let _deadline = self.arm_at_first_post(stats);
+        // The common case, with no future built (`Client::read_now`).
+        let mut first = match self.read_now(reg, cache, stats)? {
+            ReadNow::Done(value) => {
+                stats.count_iteration();
+                return Ok(value);
+            }
+            ReadNow::Continue(views) => views,
+        };
         // One entry per writer seen: at most one per concurrent writer.
         let mut seen: Vec<(Tsp, Vec<u8>)> = Vec::new();
         let bound = 2 * u32::from(self.layout.writers()) + 1;
@@ -218,7 +226,9 @@ impl<F: Fabric, C: Clock> Client<F, C> {
                 );
                 return Err(SwarmError::ReadBoundExceeded(iteration - 1));
             }
-            let (m, value) = self.max_read(reg, cache, stats, true).await?;
+            let (m, value) = self
+                .max_read_from(reg, cache, stats, true, first.take())
+                .await?;
             if m.is_void() {
                 return Ok(ReadValue::Empty);
             }
@@ -254,6 +264,31 @@ impl<F: Fabric, C: Clock> Client<F, C> {
                 seen.push((m, value));
             }
         }
+    }
+
+    /// [`Self::read`] into the caller's buffer: `value`'s content is replaced by the
+    /// payload read (its allocation reused) when the register holds one, and emptied
+    /// otherwise. Returns what the read found, with [`ReadValue::Value`]'s payload
+    /// left empty (it is in `value`). The buffer the payload was read into goes back
+    /// to the fabric ([`Fabric::give_back`]), so that on a transport that fills reads
+    /// into given-back buffers (shared memory) a steady stream of reads allocates
+    /// nothing once `value` has the capacity of a payload.
+    pub async fn read_into(
+        &self,
+        reg: &RegisterLoc,
+        cache: &mut RegisterCache,
+        stats: &OpStats,
+        value: &mut Vec<u8>,
+    ) -> Result<ReadValue, SwarmError> {
+        value.clear();
+        Ok(match self.read(reg, cache, stats).await? {
+            ReadValue::Value(read) => {
+                value.extend_from_slice(&read);
+                self.fabric.give_back(read);
+                ReadValue::Value(Vec::new())
+            }
+            other => other,
+        })
     }
 
     /// Background `M.WRITE((ts, VERIFIED, v))`: CAS the flag into the replicas known

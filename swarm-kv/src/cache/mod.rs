@@ -100,8 +100,8 @@ use std::hash::BuildHasher;
 
 use slots::Slots;
 
-use swarm_core::RegisterCache;
 use swarm_core::fabric::Nanos;
+use swarm_core::{RegisterCache, RegisterLoc};
 
 use crate::RegisterId;
 
@@ -116,6 +116,11 @@ const INLINE_KEY: usize = 38;
 pub struct Location {
     /// The key's register.
     pub register: RegisterId,
+    /// Where that register is: its address and replicas (`register_loc_for` of the
+    /// client's layout and node count, both fixed for its life). Kept here so that
+    /// a hit needs no placement hash (a quarter of a cached get's instructions
+    /// outside the register read).
+    pub loc: RegisterLoc,
     /// What the client knows of that register.
     pub knowledge: RegisterCache,
     /// When (the client's `Fabric::now()`) the index or this client's insert last
@@ -376,6 +381,10 @@ mod tests {
     fn at(r: RegisterId, vouched_at: Nanos) -> Location {
         Location {
             register: r,
+            loc: RegisterLoc {
+                addr: r,
+                replicas: swarm_core::Replicas::all(3, r).expect("replicas"),
+            },
             knowledge: RegisterCache::new(),
             vouched_at,
         }

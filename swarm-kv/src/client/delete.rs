@@ -65,7 +65,9 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         }
         // The key is hashed once, for the cache's misses and every index call.
         let key = &self.index.hash_key(key)?;
-        self.hint_cached(key.bytes(), stats).await;
+        if stats.is_interleaved() {
+            self.hint_cached(key.bytes()).await;
+        }
         let started = self.begin_write(stats).await?;
         // Hand out the registers whose reset completed and start the resets due
         // (never waits): deletes retire registers, so they also move them along.

@@ -51,9 +51,11 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
 
     async fn get_once(&self, key: &[u8], stats: &OpStats) -> Result<Option<Vec<u8>>, KvError> {
         self.check_key(key)?;
-        self.hint_cached(key, stats).await;
+        if stats.is_interleaved() {
+            self.hint_cached(key).await;
+        }
         let started = self.begin(stats).await?;
-        if let Some(mut located) = self.cached_at(key, started.start)? {
+        if let Some(mut located) = self.cached_at(key, started.start) {
             let known = located.knowledge.clone();
             if let Some(value) = self.read_checked(key, &mut located, stats).await? {
                 // The cache holds what the read knew before it: it needs the

@@ -23,26 +23,25 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
     /// hints the entry that slot names, and yields again, so that the lookup that
     /// follows finds both in the processor's cache while the other operations'
     /// misses overlap these (`cache` module docs, "Interleaved lookups").
-    pub(super) async fn hint_cached(&self, key: &[u8], stats: &OpStats) {
-        if stats.is_interleaved() {
-            let hash = self.cache.borrow().hint_slot(key);
-            yield_now(self.fabric()).await;
-            self.cache.borrow().hint_entry(hash);
-            yield_now(self.fabric()).await;
-        }
+    ///
+    /// The caller checks [`OpStats::is_interleaved`] first: a future that does
+    /// nothing still costs every get and update its state and poll.
+    pub(super) async fn hint_cached(&self, key: &[u8]) {
+        let hash = self.cache.borrow().hint_slot(key);
+        yield_now(self.fabric()).await;
+        self.cache.borrow().hint_entry(hash);
+        yield_now(self.fabric()).await;
     }
 
     /// The cached location of `key` at time `now` (expired entries are dropped).
-    pub(super) fn cached_at(&self, key: &[u8], now: Nanos) -> Result<Option<Located>, KvError> {
-        let Some(location) = self.cache.borrow_mut().get(key, now) else {
-            return Ok(None);
-        };
-        Ok(Some(Located {
+    pub(super) fn cached_at(&self, key: &[u8], now: Nanos) -> Option<Located> {
+        let location = self.cache.borrow_mut().get(key, now)?;
+        Some(Located {
             register: location.register,
-            loc: self.register_loc(location.register)?,
+            loc: location.loc,
             knowledge: location.knowledge,
             vouched_at: location.vouched_at,
-        }))
+        })
     }
 
     /// Caches `key → located`. Not a location whose register's life is unknown (no
@@ -61,10 +60,24 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
             key,
             Location {
                 register: located.register,
+                loc: located.loc.clone(),
                 knowledge: located.knowledge.clone(),
                 vouched_at: located.vouched_at,
             },
         );
+    }
+
+    /// `key`'s index hash, computed into `slot` the first time it is asked for: an
+    /// operation that may not need the index hashes only when it does.
+    pub(super) fn hashed<'s, 'k>(
+        &self,
+        slot: &'s mut Option<HashedKey<'k>>,
+        key: &'k [u8],
+    ) -> Result<&'s HashedKey<'k>, KvError> {
+        Ok(match slot {
+            Some(hashed) => hashed,
+            None => slot.insert(self.index.hash_key(key)?),
+        })
     }
 
     /// The register of `key` for an update or a delete: the cached one if the cache
@@ -90,7 +103,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         stats: &OpStats,
         now: Nanos,
     ) -> Result<(Option<Located>, bool, Option<(RegisterId, Ballot)>), KvError> {
-        match self.cached_at(key.bytes(), now)? {
+        match self.cached_at(key.bytes(), now) {
             Some(located) if located.knowledge.knows_a_write() => Ok((Some(located), false, None)),
             // Boxed, here and on the other rare paths (a get's miss, an insert's
             // publication, an unmap): inline, they would make every operation's future

@@ -36,14 +36,26 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         payload: &[u8],
         stats: &OpStats,
     ) -> Result<bool, KvError> {
-        // The key is hashed once, for the cache's misses and every index call.
-        let key = &self.index.hash_key(key)?;
-        self.hint_cached(key.bytes(), stats).await;
+        if stats.is_interleaved() {
+            self.hint_cached(key).await;
+        }
         let started = self.begin_write(stats).await?;
         let (start, deadline) = (started.start, started.deadline);
+        // The index hash only when the index is asked (a cache hit that knows a write
+        // never needs it), then once for every index call the update makes.
+        let mut hashed = None;
         for attempt in 0..MAX_RETRIES {
             let now = self.attempt_now(attempt, start, deadline)?;
-            let (located, resolved) = self.locate_written(key, stats, now).await?;
+            let cached = self
+                .cached_at(key, now)
+                .filter(|located| located.knowledge.knows_a_write());
+            let (located, resolved) = match cached {
+                Some(located) => (Some(located), false),
+                None => {
+                    let hashed = self.hashed(&mut hashed, key)?;
+                    self.locate_written(hashed, stats, now).await?
+                }
+            };
             let Some(mut located) = located else {
                 return Ok(false);
             };
@@ -52,26 +64,28 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
             }
             match self.write_register(&mut located, stats, payload).await {
                 Ok(WriteOutcome::Written) => {
-                    self.remember(key.bytes(), &located);
+                    self.remember(key, &located);
                     return Ok(true);
                 }
                 // Found through the index in this attempt: the register is the key's
                 // and deleted (no reset can come before this operation's end, the
                 // register grace): unmap it in case its deleter crashed, and retry.
                 Ok(WriteOutcome::Deleted) if resolved => {
-                    Box::pin(self.forget_deleted(key, located.register, stats, deadline)).await?;
+                    let hashed = self.hashed(&mut hashed, key)?;
+                    Box::pin(self.forget_deleted(hashed, located.register, stats, deadline))
+                        .await?;
                 }
                 // Through the cache: a tombstone does not say whose life it ends. It
                 // may end a later life of the register, which may be reset and hold
                 // this key again by the time an unmap ran. The write changed nothing
                 // (a write below a tombstone never takes effect): ask the index.
                 Ok(WriteOutcome::Deleted) => {
-                    self.cache.borrow_mut().remove(key.bytes());
+                    self.cache.borrow_mut().remove(key);
                 }
                 // The register was reset for another life since it was located (a
                 // stale cache entry): the write changed nothing there. Ask the index.
                 Err(error) if error.is_recycled() => {
-                    self.cache.borrow_mut().remove(key.bytes());
+                    self.cache.borrow_mut().remove(key);
                 }
                 Err(error) => return Err(error),
             }
