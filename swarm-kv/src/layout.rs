@@ -328,9 +328,6 @@ impl ClusterParams {
         if self.placement_nodes != 0 && self.placement_nodes < self.replicas {
             return bad("the register placement needs at least as many nodes as replicas");
         }
-        if self.registers > crate::index::MAX_REGISTERS {
-            return bad("too many registers for the index (2^27 at most)");
-        }
         crate::membership::lease::LeaseParams::from_params(self)
             .validate()
             .map_err(|e| ParamsError::Invalid(e.to_string()))?;
