@@ -350,7 +350,13 @@ impl ClusterParams {
         self.log_slots = 1;
         self.index_buckets = 1;
         self.validate()?;
-        let fixed = NodeLayout::new(self)?.end();
+        // What every layout needs besides its registers: measured with one register
+        // slot, not the whole band a replica-group layout gives even one register.
+        let fixed = NodeLayout::new(Self {
+            placement_nodes: 0,
+            ..self
+        })?
+        .end();
         let free = node_bytes.checked_sub(fixed).ok_or(ParamsError::TooSmall {
             node_bytes,
             needed: fixed,
@@ -1116,7 +1122,13 @@ mod tests {
             // Without groups (a cluster made before version 8) the node count
             // changes nothing, and one group lays registers out as before.
             let legacy = ClusterParams::default().for_node_size(size).unwrap();
-            assert_eq!(legacy.registers, three.registers);
+            assert_eq!(
+                legacy,
+                ClusterParams {
+                    placement_nodes: 0,
+                    ..three
+                }
+            );
             let (l, g) = (
                 NodeLayout::new(legacy).unwrap(),
                 NodeLayout::new(three).unwrap(),
@@ -1124,6 +1136,34 @@ mod tests {
             for r in [0, 1, 255, 256, legacy.registers - 1] {
                 assert_eq!(l.register(r), g.register(r));
             }
+        }
+    }
+
+    /// One replica group sizes a node as before, small nodes with big values too
+    /// (where one band is a large share of the node).
+    #[test]
+    fn one_replica_group_sizes_a_node_as_before() {
+        for (size, value_max) in [(8u64 << 20, 8192), (32 << 20, 64), (64 << 20, 1024)] {
+            let base = ClusterParams {
+                value_max,
+                writers: 4,
+                ..ClusterParams::default()
+            };
+            let legacy = base.for_node_size(size).unwrap();
+            let grouped = ClusterParams {
+                placement_nodes: 3,
+                ..base
+            }
+            .for_node_size(size)
+            .unwrap();
+            assert_eq!(
+                legacy,
+                ClusterParams {
+                    placement_nodes: 0,
+                    ..grouped
+                },
+                "{size}"
+            );
         }
     }
 
