@@ -265,6 +265,70 @@ fn repair_rebuilds_a_lost_node_while_a_bench_runs_and_the_next_loss_loses_nothin
     assert!(text(&out).contains("already a member"), "{}", text(&out));
 }
 
+/// Six nodes in two replica groups of three (nodes 0-2 and 3-5 in every band):
+/// `swarm init` reports twice the keys of three nodes at the same size, node 1 is
+/// lost and `swarm repair` rebuilds it from its group while a bench records a
+/// history, which must be linearizable with 0 errors; then node 2 is lost too
+/// (the same group: 1 and 0 are left) and every key stays readable.
+#[test]
+fn six_nodes_hold_twice_the_keys_and_repair_a_lost_node_while_a_bench_runs() {
+    let scratch = ScratchDir::new("cli-repair6").unwrap();
+    let capacity = |out: &Output| -> u64 {
+        let t = text(out);
+        let at = t.find("room for ").expect("the capacity") + "room for ".len();
+        t[at..].split(' ').next().unwrap().parse().unwrap()
+    };
+    let dir3 = scratch.path().join("three");
+    let out = swarm(&["init", "--dir", dir3.to_str().unwrap(), "--size", "32MiB"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let three = capacity(&out);
+    let dir = scratch.path().join("c");
+    let d = dir.to_str().unwrap();
+    let out = swarm(&["init", "--dir", d, "--nodes", "6", "--size", "32MiB"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let six = capacity(&out);
+    assert!(
+        six * 10 >= three * 19,
+        "6 nodes: {six} keys, 3 nodes: {three}"
+    );
+    for i in 0..12 {
+        let (key, value) = (format!("k{i}"), format!("v{i}"));
+        assert!(swarm(&["put", "--dir", d, &key, &value]).status.success());
+    }
+    let node = |index: u16| dir.join(swarm_shm::node_file_name(index));
+    let corrupt_header = |index: u16| {
+        let mut bytes = std::fs::read(node(index)).unwrap();
+        bytes[20] ^= 0xff;
+        std::fs::write(node(index), &bytes).unwrap();
+    };
+    corrupt_header(1);
+    let history = scratch.path().join("history.jsonl");
+    let bench = Command::new(env!("CARGO_BIN_EXE_swarm"))
+        .args(["bench", "--dir", d, "--workload", "a", "--keys", "300"])
+        .args(["--duration", "6s", "--clients", "2", "--history"])
+        .arg(&history)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start the bench");
+    let out = swarm(&["repair", "--dir", d, "--node", "1"]);
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    assert!(t.contains("node 1 rebuilt") && t.contains("epoch 3"), "{t}");
+    let bench = bench.wait_with_output().expect("run the bench");
+    assert!(bench.status.success(), "{}", text(&bench));
+    assert!(text(&bench).contains(" 0 errors"), "{}", text(&bench));
+    let out = swarm(&["check", history.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out));
+    let out = swarm(&["stat", "--dir", d]);
+    assert!(text(&out).contains("node 1: up"), "{}", text(&out));
+    // Node 2 goes too: its group keeps nodes 0 and the rebuilt 1.
+    corrupt_header(2);
+    for i in 0..12 {
+        assert_get(d, &format!("k{i}"), &format!("v{i}"));
+    }
+}
+
 #[test]
 fn scrub_reports_what_it_examined_and_leaves_a_healthy_index_alone() {
     let scratch = ScratchDir::new("cli-scrub").unwrap();

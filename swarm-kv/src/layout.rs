@@ -1,7 +1,12 @@
 //! Where everything lives on a SWARM-KV memory node.
 //!
 //! Every memory node of a cluster has the same layout, so a register is at the same
-//! offset on each of its replicas and one address names it everywhere.
+//! offset on each of its replicas and one address names it everywhere. Since
+//! superblock version 8 the register area is split into *replica groups*
+//! ([`NodeLayout::placement`]): each band of the area is shared by `n / r` groups
+//! of `r` disjoint nodes, so that the cluster holds `n / r` times one node's
+//! registers; each group's registers are shifted by 8 bytes per group in the band,
+//! so that an address still names one register of the cluster.
 //! Offsets are bytes from the start of the node; areas are 4 KiB aligned.
 //!
 //! ```text
@@ -54,8 +59,10 @@ pub const KV_MAGIC: [u8; 8] = *b"SWARMKV\0";
 /// read version 6 at most, whose cached locations rely on the cache lifetime, must
 /// not share). Versions 1 to 6 are still read, with the defaults, no summaries (1,
 /// 2), no tick ceilings (1 to 3), no repair journal (1 to 4) and the grace that
-/// waits for the cache lifetime (1 to 6).
-pub const KV_VERSION: u32 = 7;
+/// waits for the cache lifetime (1 to 6); 8: bit 4, replica groups
+/// ([`ClusterParams::placement_nodes`], [`NodeLayout::placement`]), which builds
+/// that read version 7 at most would place every register on the wrong nodes.
+pub const KV_VERSION: u32 = 8;
 /// Bit of the superblock's flags word: the layout has a log-summary area.
 pub const FLAG_LOG_SUMMARIES: u64 = 1;
 /// Bit of the superblock's flags word: every client keeps a tick ceiling in its
@@ -72,6 +79,10 @@ pub const FLAG_REPAIR_JOURNAL: u64 = 4;
 /// deadline after retirement, not after the location cache's lifetime
 /// ([`ClusterParams::register_grace_ns`]; version 7 and later).
 pub const FLAG_CACHED_LIVES: u64 = 8;
+/// Bit of the superblock's flags word: registers are placed in replica groups over
+/// [`ClusterParams::placement_nodes`] nodes, whose count is at offset 26
+/// ([`NodeLayout::placement`]; version 8 and later).
+pub const FLAG_REPLICA_GROUPS: u64 = 16;
 /// Bytes of an encoded superblock (version 2; version 1 used the first 64).
 pub const SUPERBLOCK_ENCODED_BYTES: usize = 128;
 /// Default lease duration (`swarm init --lease`).
@@ -162,6 +173,14 @@ pub struct ClusterParams {
     pub registers: u64,
     /// Registers per allocation chunk.
     pub chunk_registers: u32,
+    /// Memory nodes the registers are placed over in replica groups (superblock
+    /// version 8 and later, [`NodeLayout::placement`]): each band of a node's
+    /// register area is shared by `placement_nodes / replicas` groups of `replicas`
+    /// disjoint nodes, so [`Self::registers`] counts registers of the whole
+    /// cluster. Must be the cluster's node count. `0`: the layout of earlier
+    /// versions, where every node has a slot for every register and a register's
+    /// replicas are consecutive nodes from a hash of its id.
+    pub placement_nodes: u16,
     /// Index buckets (a power of two).
     pub index_buckets: u64,
     /// Out-of-place log slots per writer.
@@ -224,6 +243,7 @@ impl Default for ClusterParams {
             replicas: 3,
             registers: 1 << 16,
             chunk_registers: 256,
+            placement_nodes: 0,
             index_buckets: 1 << 14,
             log_slots: 1 << 14,
             lease_ns: DEFAULT_LEASE_NS,
@@ -274,6 +294,16 @@ impl ClusterParams {
         align(8 + u64::from(self.key_max), 8)
     }
 
+    /// Replica groups per band of the register area: `placement_nodes / replicas`,
+    /// or 1 without replica groups.
+    pub fn groups(&self) -> u64 {
+        if self.placement_nodes == 0 {
+            1
+        } else {
+            (u64::from(self.placement_nodes) / u64::from(self.replicas.max(1))).max(1)
+        }
+    }
+
     /// Checks ranges.
     pub fn validate(&self) -> Result<(), ParamsError> {
         let bad = |what: &str| Err(ParamsError::Invalid(what.to_string()));
@@ -295,6 +325,9 @@ impl ClusterParams {
         if !self.index_buckets.is_power_of_two() {
             return bad("index buckets must be a power of two");
         }
+        if self.placement_nodes != 0 && self.placement_nodes < self.replicas {
+            return bad("the register placement needs at least as many nodes as replicas");
+        }
         crate::membership::lease::LeaseParams::from_params(self)
             .validate()
             .map_err(|e| ParamsError::Invalid(e.to_string()))?;
@@ -308,21 +341,37 @@ impl ClusterParams {
     }
 
     /// Picks capacities that fill `node_bytes`: about a third of the free space for
-    /// registers (and their index), the rest for the writers' logs.
+    /// registers (and their index), the rest for the writers' logs. With replica
+    /// groups ([`Self::placement_nodes`]) each row of a node's register area holds
+    /// [`Self::groups`] registers of the cluster, and the index, on every node, has
+    /// room for all of them.
     pub fn for_node_size(mut self, node_bytes: u64) -> Result<Self, ParamsError> {
         self.registers = 1;
         self.log_slots = 1;
         self.index_buckets = 1;
         self.validate()?;
-        let fixed = NodeLayout::new(self)?.end();
+        // What every layout needs besides its registers: measured with one register
+        // slot, not the whole band a replica-group layout gives even one register.
+        let fixed = NodeLayout::new(Self {
+            placement_nodes: 0,
+            ..self
+        })?
+        .end();
         let free = node_bytes.checked_sub(fixed).ok_or(ParamsError::TooSmall {
             node_bytes,
             needed: fixed,
         })?;
         let swarm = NodeLayout::new(self)?.swarm;
+        let groups = self.groups();
+        // Per row of the register area: one slot and one index bucket. With replica
+        // groups a row holds `groups` registers of the cluster and the index (on
+        // every node) `groups` buckets for them: the buckets beyond the first come
+        // out of the logs' share below, so that registers, the memory that grows
+        // with the cluster, keep their third (the groups' 8-byte shifts, per band,
+        // are negligible: `NodeLayout::band_bytes`).
         let register_cost = self.key_header_bytes() + swarm.register_bytes() + BUCKET_BYTES;
-        let registers = (free / 3) / register_cost;
-        let chunks = registers / u64::from(self.chunk_registers);
+        let rows = (free / 3) / register_cost;
+        let chunks = rows / u64::from(self.chunk_registers) * groups;
         if chunks == 0 {
             return Err(ParamsError::TooSmall {
                 node_bytes,
@@ -369,6 +418,7 @@ impl ClusterParams {
         out[20..22].copy_from_slice(&self.meta_words.to_le_bytes());
         out[22..24].copy_from_slice(&self.writers.to_le_bytes());
         out[24..26].copy_from_slice(&self.replicas.to_le_bytes());
+        out[26..28].copy_from_slice(&self.placement_nodes.to_le_bytes());
         out[28..32].copy_from_slice(&self.chunk_registers.to_le_bytes());
         out[32..40].copy_from_slice(&self.registers.to_le_bytes());
         out[40..48].copy_from_slice(&self.index_buckets.to_le_bytes());
@@ -392,6 +442,10 @@ impl ClusterParams {
             0
         } | if self.cached_lives {
             FLAG_CACHED_LIVES
+        } else {
+            0
+        } | if self.placement_nodes != 0 {
+            FLAG_REPLICA_GROUPS
         } else {
             0
         };
@@ -450,6 +504,13 @@ impl ClusterParams {
         let tick_ceilings = version >= 4 && u64_at(96) & FLAG_TICK_CEILINGS != 0;
         let repair_journal = version >= 5 && u64_at(96) & FLAG_REPAIR_JOURNAL != 0;
         let cached_lives = version >= 7 && u64_at(96) & FLAG_CACHED_LIVES != 0;
+        let grouped = version >= 8 && u64_at(96) & FLAG_REPLICA_GROUPS != 0;
+        let placement_nodes = if grouped { u16_at(26) } else { 0 };
+        if grouped && placement_nodes == 0 {
+            return Err(ParamsError::Invalid(
+                "replica groups over 0 nodes in the superblock".into(),
+            ));
+        }
         let params = Self {
             key_max: u32_at(12),
             value_max: u32_at(16),
@@ -457,6 +518,7 @@ impl ClusterParams {
             writers: u16_at(22),
             replicas: u16_at(24),
             chunk_registers: u32_at(28),
+            placement_nodes,
             registers: u64_at(32),
             index_buckets: u64_at(40),
             log_slots: u32_at(48),
@@ -493,6 +555,10 @@ pub struct NodeLayout {
     pub registers_at: u64,
     /// Bytes of one register slot (key header + register).
     pub register_slot_bytes: u64,
+    /// Bytes of one band of the register area with replica groups: a chunk's slots,
+    /// and 8 bytes of shift per group but the first ([`Self::placement`]); with
+    /// one group (no replica groups), a chunk's slots.
+    pub band_bytes: u64,
     /// The SWARM register and log geometry (logs start after the registers).
     pub swarm: Layout,
     /// First writer's log summary, if the cluster has the area
@@ -524,10 +590,23 @@ impl NodeLayout {
             .slots_per_writer(params.log_slots)
             .build()?;
         let register_slot_bytes = params.key_header_bytes() + probe.register_bytes();
-        let registers_bytes = params
-            .registers
+        let groups = params.groups();
+        if (groups - 1) * 8 >= register_slot_bytes {
+            return Err(ParamsError::Invalid(format!(
+                "{groups} replica groups need register slots of more than {} B (these are {register_slot_bytes} B)",
+                (groups - 1) * 8
+            )));
+        }
+        let band_bytes = u64::from(params.chunk_registers)
             .checked_mul(register_slot_bytes)
+            .and_then(|b| b.checked_add((groups - 1) * 8))
             .ok_or(ParamsError::Invalid("too many registers".into()))?;
+        let registers_bytes = if params.placement_nodes == 0 {
+            params.registers.checked_mul(register_slot_bytes)
+        } else {
+            chunks.div_ceil(groups).checked_mul(band_bytes)
+        }
+        .ok_or(ParamsError::Invalid("too many registers".into()))?;
         let logs_at = align(registers_at + registers_bytes, AREA_ALIGN);
         let swarm = Layout::builder()
             .payload_max(params.payload_max())
@@ -551,9 +630,111 @@ impl NodeLayout {
             index_at,
             registers_at,
             register_slot_bytes,
+            band_bytes,
             swarm,
             summaries_at,
         })
+    }
+
+    /// Where register `register` lives, if it exists: the address of its key header
+    /// (the same on each of its replicas) and the first node of its replica group,
+    /// `None` without replica groups ([`ClusterParams::placement_nodes`] = 0: every
+    /// node has a slot for every register).
+    ///
+    /// With replica groups, chunk `c` (of `chunk_registers` registers) is group
+    /// `j = c mod g` of band `b = c / g`, `g` = [`ClusterParams::groups`]. Band `b`
+    /// takes [`Self::band_bytes`] of every node; its groups are `g` runs of `r`
+    /// consecutive nodes (modulo `n`) starting at node `b·g·r mod n`, so that when
+    /// `r` does not divide `n` the nodes left over in one band are used in the next
+    /// ones. Register `o` of the chunk is at `band start + 8·j + o·slot` on each of
+    /// its group's nodes: groups sharing a band sit on disjoint nodes, and the
+    /// 8-byte shift keeps one address per register across the cluster, so a log
+    /// record's owner tag (an address) still names one register.
+    pub fn placement(&self, register: u64) -> Option<(u64, Option<usize>)> {
+        let p = &self.params;
+        if register >= p.registers {
+            return None;
+        }
+        if p.placement_nodes == 0 {
+            return Some((
+                self.registers_at + register * self.register_slot_bytes,
+                None,
+            ));
+        }
+        let per = u64::from(p.chunk_registers);
+        let g = p.groups();
+        let (chunk, o) = (register / per, register % per);
+        let (band, j) = (chunk / g, chunk % g);
+        let at = self.registers_at + band * self.band_bytes + 8 * j + o * self.register_slot_bytes;
+        let n = u64::from(p.placement_nodes);
+        let r = u64::from(p.replicas);
+        let first = ((band % n) * g * r + j * r) % n;
+        Some((at, Some(first as usize)))
+    }
+
+    /// The register whose SWARM register starts at `addr` (an address read from a
+    /// log record: untrusted), if any: the inverse of [`Self::register`].
+    pub fn register_at(&self, addr: u64) -> Option<u64> {
+        let offset = addr
+            .checked_sub(self.registers_at)?
+            .checked_sub(self.params.key_header_bytes())?;
+        let register = if self.params.placement_nodes == 0 {
+            (offset % self.register_slot_bytes == 0).then_some(offset / self.register_slot_bytes)?
+        } else {
+            let (band, within) = (offset / self.band_bytes, offset % self.band_bytes);
+            let (o, shift) = (
+                within / self.register_slot_bytes,
+                within % self.register_slot_bytes,
+            );
+            let g = self.params.groups();
+            let per = u64::from(self.params.chunk_registers);
+            if shift % 8 != 0 || shift / 8 >= g || o >= per {
+                return None;
+            }
+            band.checked_mul(g)?
+                .checked_add(shift / 8)?
+                .checked_mul(per)?
+                .checked_add(o)?
+        };
+        (self.register(register) == Some(addr)).then_some(register)
+    }
+
+    /// Whether node `node` holds chunk `chunk`'s registers: always without replica
+    /// groups, else when it is in the chunk's group ([`Self::placement`]).
+    pub fn chunk_on(&self, chunk: u64, node: usize) -> bool {
+        if self.params.placement_nodes == 0 {
+            return true;
+        }
+        let g = self.params.groups();
+        self.group_of(node, chunk / g) == Some(chunk % g)
+    }
+
+    /// Bytes of a node's register area.
+    pub fn register_area_bytes(&self) -> u64 {
+        if self.params.placement_nodes == 0 {
+            self.params.registers * self.register_slot_bytes
+        } else {
+            self.bands() * self.band_bytes
+        }
+    }
+
+    /// Bands of the register area with replica groups (see [`Self::placement`]).
+    pub fn bands(&self) -> u64 {
+        self.chunks().div_ceil(self.params.groups())
+    }
+
+    /// The group of band `band` that node `node` belongs to, if any (see
+    /// [`Self::placement`]; `None` also without replica groups).
+    pub fn group_of(&self, node: usize, band: u64) -> Option<u64> {
+        let n = u64::from(self.params.placement_nodes);
+        if n == 0 || node as u64 >= n {
+            return None;
+        }
+        let g = self.params.groups();
+        let r = u64::from(self.params.replicas);
+        let start = ((band % n) * g * r) % n;
+        let j = (node as u64 + n - start) % n / r;
+        (j < g).then_some(j)
     }
 
     /// First byte past the last area: the node size this layout needs.
@@ -608,10 +789,10 @@ impl NodeLayout {
         self.index_at + (bucket % self.params.index_buckets) * BUCKET_BYTES
     }
 
-    /// Address of the key header of register slot `register`, if it exists.
+    /// Address of the key header of register slot `register`, if it exists (the
+    /// same on each of its replicas, [`Self::placement`]).
     pub fn key_header(&self, register: u64) -> Option<u64> {
-        (register < self.params.registers)
-            .then(|| self.registers_at + register * self.register_slot_bytes)
+        self.placement(register).map(|(at, _)| at)
     }
 
     /// Address of the SWARM register of slot `register`, if it exists.
@@ -701,8 +882,8 @@ mod tests {
         bad[33] ^= 1;
         assert_eq!(ClusterParams::decode(&bad), Err(ParamsError::Checksum));
         let mut bad = bytes;
-        bad[8] = 8;
-        assert_eq!(ClusterParams::decode(&bad), Err(ParamsError::Version(8)));
+        bad[8] = 9;
+        assert_eq!(ClusterParams::decode(&bad), Err(ParamsError::Version(9)));
         let mut bad = bytes;
         bad[70] ^= 1;
         assert_eq!(
@@ -897,7 +1078,173 @@ mod tests {
         }
     }
 
+    /// Capacity grows with the cluster: at one node size, 6 nodes of 3 replicas
+    /// hold twice the registers of 3 nodes (less chunk rounding), and the layout
+    /// still fits the node.
+    #[test]
+    fn replica_groups_multiply_capacity_at_one_node_size() {
+        for size in [64u64 << 20, 256 << 20] {
+            let on = |nodes: u16| {
+                ClusterParams {
+                    placement_nodes: nodes,
+                    ..ClusterParams::default()
+                }
+                .for_node_size(size)
+                .unwrap()
+            };
+            let (three, six, nine) = (on(3), on(6), on(9));
+            for p in [three, six, nine] {
+                assert!(NodeLayout::new(p).unwrap().end() <= size);
+                assert_eq!(ClusterParams::decode(&p.encode()), Ok(p));
+            }
+            assert_eq!(three.groups(), 1);
+            assert_eq!(six.groups(), 2);
+            let ratio = six.registers as f64 / three.registers as f64;
+            assert!(ratio >= 1.95, "{size}: 6 nodes hold {ratio:.3} x 3 nodes");
+            let ratio = nine.registers as f64 / three.registers as f64;
+            assert!(ratio >= 2.9, "{size}: 9 nodes hold {ratio:.3} x 3 nodes");
+            // Small values: the index is a larger share, and still not the registers'.
+            let small = |nodes: u16| {
+                ClusterParams {
+                    placement_nodes: nodes,
+                    value_max: 128,
+                    writers: 8,
+                    ..ClusterParams::default()
+                }
+                .for_node_size(size)
+                .unwrap()
+            };
+            let ratio = small(6).registers as f64 / small(3).registers as f64;
+            assert!(
+                ratio >= 1.95,
+                "{size}, small values: 6 nodes hold {ratio:.3} x 3 nodes"
+            );
+            // Without groups (a cluster made before version 8) the node count
+            // changes nothing, and one group lays registers out as before.
+            let legacy = ClusterParams::default().for_node_size(size).unwrap();
+            assert_eq!(
+                legacy,
+                ClusterParams {
+                    placement_nodes: 0,
+                    ..three
+                }
+            );
+            let (l, g) = (
+                NodeLayout::new(legacy).unwrap(),
+                NodeLayout::new(three).unwrap(),
+            );
+            for r in [0, 1, 255, 256, legacy.registers - 1] {
+                assert_eq!(l.register(r), g.register(r));
+            }
+        }
+    }
+
+    /// One replica group sizes a node as before, small nodes with big values too
+    /// (where one band is a large share of the node).
+    #[test]
+    fn one_replica_group_sizes_a_node_as_before() {
+        for (size, value_max) in [(8u64 << 20, 8192), (32 << 20, 64), (64 << 20, 1024)] {
+            let base = ClusterParams {
+                value_max,
+                writers: 4,
+                ..ClusterParams::default()
+            };
+            let legacy = base.for_node_size(size).unwrap();
+            let grouped = ClusterParams {
+                placement_nodes: 3,
+                ..base
+            }
+            .for_node_size(size)
+            .unwrap();
+            assert_eq!(
+                legacy,
+                ClusterParams {
+                    placement_nodes: 0,
+                    ..grouped
+                },
+                "{size}"
+            );
+        }
+    }
+
+    /// A version-7 superblock has no replica groups, whatever its byte 26 and
+    /// flags say; version 8 carries them.
+    #[test]
+    fn a_version_7_superblock_has_no_replica_groups() {
+        let p = ClusterParams {
+            placement_nodes: 6,
+            ..ClusterParams::default()
+        }
+        .for_node_size(64 << 20)
+        .unwrap();
+        let mut v7 = p.encode();
+        v7[8..12].copy_from_slice(&7u32.to_le_bytes());
+        let sum = xxh3_64(&v7[..120]);
+        v7[120..128].copy_from_slice(&sum.to_le_bytes());
+        assert_eq!(ClusterParams::decode(&v7).unwrap().placement_nodes, 0);
+        assert_eq!(
+            ClusterParams::decode(&p.encode()).unwrap().placement_nodes,
+            6
+        );
+    }
+
     proptest! {
+        /// The placement is a bijection: no two registers share a (node, byte), an
+        /// address names one register (`register_at` inverts it), a register's
+        /// replicas are `r` distinct nodes of the cluster, and every node holds
+        /// about the same number of registers.
+        #[test]
+        fn replica_group_placement_is_a_balanced_bijection(
+            nodes in 1u16..=16,
+            replicas in prop::sample::select(vec![1u16, 3, 5]),
+            chunk_registers in 1u32..=8,
+            chunks in 1u64..=40,
+        ) {
+            prop_assume!(replicas <= nodes);
+            let params = ClusterParams {
+                placement_nodes: nodes,
+                replicas,
+                chunk_registers,
+                registers: chunks * u64::from(chunk_registers),
+                key_max: 8,
+                value_max: 8,
+                ..ClusterParams::default()
+            };
+            let layout = NodeLayout::new(params).unwrap();
+            let span = layout.register_slot_bytes;
+            let mut taken = std::collections::HashMap::new();
+            let mut per_node = vec![0u64; usize::from(nodes)];
+            for register in 0..params.registers {
+                let loc = crate::client::register_loc_for(&layout, usize::from(nodes), register)
+                    .unwrap();
+                let header = layout.key_header(register).unwrap();
+                prop_assert_eq!(loc.addr, header + params.key_header_bytes());
+                prop_assert_eq!(layout.register_at(loc.addr), Some(register));
+                prop_assert_eq!(loc.replicas.nodes().len(), usize::from(replicas));
+                prop_assert!(header >= layout.registers_at);
+                prop_assert!(header + span <= layout.registers_at + layout.register_area_bytes());
+                for node in loc.replicas.nodes() {
+                    prop_assert!(node.index() < usize::from(nodes));
+                    prop_assert!(layout.chunk_on(register / u64::from(chunk_registers), node.index()));
+                    per_node[node.index()] += 1;
+                    // Every 8-byte word of the slot on this node is this register's.
+                    for word in (header..header + span).step_by(8) {
+                        if let Some(other) = taken.insert((node.index(), word), register) {
+                            prop_assert!(false, "register {} and {} share node {} byte {}", other, register, node.index(), word);
+                        }
+                    }
+                }
+            }
+            // Balance: over whole cycles of bands, every node holds the same
+            // number; any prefix is off by at most a band's worth.
+            let (min, max) = (per_node.iter().min().unwrap(), per_node.iter().max().unwrap());
+            let band = u64::from(chunk_registers);
+            prop_assert!(max - min <= band * u64::from(replicas).max(1),
+                "unbalanced: {:?}", per_node);
+            let total: u64 = per_node.iter().sum();
+            prop_assert_eq!(total, params.registers * u64::from(replicas));
+        }
+
         #[test]
         fn payload_and_key_header_roundtrip(key in proptest::collection::vec(any::<u8>(), 1..128),
                                             value in proptest::collection::vec(any::<u8>(), 0..300)) {

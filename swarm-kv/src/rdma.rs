@@ -205,6 +205,9 @@ impl<C: ClusterHandle> RdmaStore<C> {
         // the recycling grace must wait for them (`swarm_core::slot_recycling`).
         let params = ClusterParams {
             delivery_margin_ns: params.delivery_margin_ns.max(cluster.delivery_bound_ns()),
+            // Replica groups over the cluster's nodes (`NodeLayout::placement`).
+            placement_nodes: u16::try_from(fabric.node_count())
+                .map_err(|_| KvError::Unsupported("more than 65535 memory nodes"))?,
             ..params
         }
         .for_node_size(header.size)?;

@@ -66,7 +66,12 @@ impl ShmStore {
                 replicas: params.replicas,
             });
         }
-        let params = params.for_node_size(node_bytes)?;
+        // Replica groups over the cluster's nodes (`NodeLayout::placement`).
+        let params = ClusterParams {
+            placement_nodes: nodes,
+            ..params
+        }
+        .for_node_size(node_bytes)?;
         // Validate the layout before touching the filesystem.
         NodeLayout::new(params)?;
         let shm = Arc::new(ShmCluster::create_with(

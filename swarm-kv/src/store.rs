@@ -288,6 +288,13 @@ pub fn open_layout<F: Fabric>(
         });
     }
     let layout = NodeLayout::new(superblock.params)?;
+    let placed = usize::from(layout.params.placement_nodes);
+    if placed != 0 && placed != nodes {
+        return Err(ParamsError::Invalid(format!(
+            "the registers are placed over {placed} memory nodes but the cluster has {nodes}"
+        ))
+        .into());
+    }
     if layout.end() > header.size {
         return Err(ParamsError::TooSmall {
             node_bytes: header.size,

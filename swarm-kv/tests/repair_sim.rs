@@ -41,11 +41,14 @@ use swarm_sim::{
 const MS: u64 = 1_000_000;
 const TICK_NS: u64 = 1_000;
 
-fn layout() -> NodeLayout {
+/// The layout of a cluster of `nodes`: three nodes as clusters made before
+/// replica groups; more in replica groups of three (`NodeLayout::placement`).
+fn layout(nodes: u16) -> NodeLayout {
     let params = ClusterParams {
         registers: 16_384,
         chunk_registers: 256,
         index_buckets: 256,
+        placement_nodes: if nodes == 3 { 0 } else { nodes },
         ..kv_sim_params()
     };
     NodeLayout::new(params).expect("a valid layout")
@@ -394,10 +397,9 @@ async fn fault_task(
     layout: NodeLayout,
     outs: Vec<LeftOut>,
     admitted: Vec<Rc<Cell<bool>>>,
-    (lost, lagging, new): (u16, u16, u64),
+    (lost, lagging, keeper, new): (u16, u16, u16, u64),
     (crash_at, lag, out_for): (Nanos, Nanos, Nanos),
 ) {
-    let keeper = 3 - lost - lagging;
     raw.sleep(crash_at).await;
     world.apply(Fault::Crash(NodeId(lagging)));
     shared.lagging_down.set(true);
@@ -482,17 +484,29 @@ fn connect(
 }
 
 fn run(seed: u64) {
+    run_on(3, seed);
+}
+
+/// [`run`] on `nodes` nodes: with more than three, the lost, lagging and keeper
+/// nodes are one replica group of three (`NodeLayout::placement`), so that the
+/// group's registers depend on the merge, and the index (on every node) sees the
+/// same failures among more nodes.
+fn run_on(nodes: u16, seed: u64) {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_test_writer()
         .try_init();
-    let layout = layout();
-    let config = SimConfig::new(3, layout.end() as usize).keep_trace(false);
+    let layout = layout(nodes);
+    let config = SimConfig::new(usize::from(nodes), layout.end() as usize).keep_trace(false);
     let world = SimWorld::new(seed, config);
     let mut rng = SimRng::new(seed ^ 0x005e_a1ed);
     let setup = world.client();
     write_superblock(&setup, &layout.params).expect("format");
-    write_configuration(&setup, &Configuration::new(1, vec![11, 12, 13])).expect("configuration");
+    write_configuration(
+        &setup,
+        &Configuration::new(1, (0..u64::from(nodes)).map(|i| 11 + i).collect()),
+    )
+    .expect("configuration");
     let shared = Rc::new(Shared::default());
     let mut runner = SimRunner::new(&world);
     let clients = 3u64;
@@ -524,8 +538,12 @@ fn run(seed: u64) {
             runner.spawn(id, task);
         }
     }
-    let lost = rng.below(3) as u16;
-    let lagging = (lost + 1 + rng.below(2) as u16) % 3;
+    // The lost node's group of three (with groups of three consecutive nodes
+    // from node 0 in every band when three divides the node count).
+    let lost = rng.below(u64::from(nodes)) as u16;
+    let base = lost / 3 * 3;
+    let lagging = base + (lost - base + 1 + rng.below(2) as u16) % 3;
+    let keeper = base + 3 - (lost - base) - (lagging - base);
     let raw = world.client();
     runner.spawn(
         raw.id(),
@@ -536,7 +554,7 @@ fn run(seed: u64) {
             layout,
             outs,
             admitted,
-            (lost, lagging, 0xabc),
+            (lost, lagging, keeper, 0xabc),
             (
                 rng.between(5 * MS, 20 * MS),
                 rng.between(10 * MS, 30 * MS),
@@ -605,7 +623,7 @@ fn a_node_lost_repaired_online_then_another_lost_keeps_every_write() {
 /// header fails for ever: `insert: key header of register R is missing on a
 /// majority`, which a 30-minute soak met after a node's loss).
 fn churn_run(seed: u64) {
-    let layout = layout();
+    let layout = layout(3);
     let config = SimConfig::new(3, layout.end() as usize).keep_trace(false);
     let world = SimWorld::new(seed, config);
     let mut rng = SimRng::new(seed ^ 0x0c4e_a1ed);
@@ -823,4 +841,14 @@ fn churn_run(seed: u64) {
 #[test]
 fn a_churn_through_a_lost_node_and_its_repair_keeps_every_mapped_header() {
     for_each_seed(4, churn_run);
+}
+
+/// The same on six nodes in two replica groups of three: the repair copies the
+/// rebuilt node's group from that group's other replicas, the index and the
+/// tables from all five others.
+#[test]
+fn six_nodes_in_replica_groups_a_node_lost_repaired_online_keeps_every_write() {
+    let layout = layout(6);
+    assert_eq!(layout.params.groups(), 2);
+    for_each_seed(6, |seed| run_on(6, seed));
 }

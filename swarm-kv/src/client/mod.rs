@@ -240,29 +240,52 @@ impl<F: Fabric, C: Clock> std::fmt::Debug for KvClient<F, C> {
 }
 
 /// The replicas of register `register` in a cluster of `nodes` nodes (see
-/// [`KvClient::register_loc`]).
+/// [`KvClient::register_loc`]): with replica groups
+/// ([`crate::layout::NodeLayout::placement`]), its group's `replicas` nodes;
+/// otherwise `replicas` consecutive nodes from a hash of its id. Either way in an
+/// order rotated by that hash, so that primaries vary.
 pub fn register_loc_for(
     layout: &NodeLayout,
     nodes: usize,
     register: RegisterId,
 ) -> Result<RegisterLoc, KvError> {
-    let addr = layout
-        .register(register)
+    let (at, group) = layout
+        .placement(register)
         .ok_or(KvError::Corrupted { register })?;
+    let addr = at + layout.params.key_header_bytes();
     let hash = xxh3_64(&register.to_le_bytes());
-    let n = nodes;
     let r = usize::from(layout.params.replicas);
-    let start = (hash % n as u64) as usize;
+    // Without groups: a run of `r` from a hash of the id, over every node. With
+    // groups: a rotation of the group's run, over `placement_nodes` nodes (the
+    // cluster's: checked when it is opened).
+    let (n, base, start, rotation) = match group {
+        None => (
+            nodes,
+            0,
+            (hash % nodes as u64) as usize,
+            hash / nodes as u64,
+        ),
+        Some(first) => (
+            usize::from(layout.params.placement_nodes),
+            first,
+            (hash % r as u64) as usize,
+            hash / r as u64,
+        ),
+    };
     // On the stack: this runs once per operation. More replicas than a batch can
     // reach are refused by `Replicas::new` (given at most one too many here).
     let mut chosen = [NodeId(0); swarm_core::MAX_NODES + 1];
     let r = r.min(chosen.len());
     for (i, node) in chosen[..r].iter_mut().enumerate() {
-        *node = NodeId(((start + i) % n) as u16);
+        let offset = match group {
+            None => start + i,
+            Some(_) => (start + i) % r,
+        };
+        *node = NodeId(((base + offset) % n) as u16);
     }
     Ok(RegisterLoc {
         addr,
-        replicas: Replicas::new(&chosen[..r], hash / n as u64)?,
+        replicas: Replicas::new(&chosen[..r], rotation)?,
     })
 }
 
@@ -275,12 +298,7 @@ fn locate_register(layout: &NodeLayout, nodes: usize, addr: u64) -> Option<Regis
 /// The register whose SWARM register starts at `addr` (an address read from a log
 /// record: untrusted), if any.
 fn register_at(layout: &NodeLayout, addr: u64) -> Option<RegisterId> {
-    let offset = addr
-        .checked_sub(layout.registers_at)?
-        .checked_sub(layout.params.key_header_bytes())?;
-    let register = offset / layout.register_slot_bytes;
-    (offset % layout.register_slot_bytes == 0 && layout.register(register) == Some(addr))
-        .then_some(register)
+    layout.register_at(addr)
 }
 
 impl<F: Fabric, C: Clock> KvClient<F, C> {
@@ -379,8 +397,8 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
             .valid_for(now, self.layout.params.max_op_ns)
     }
 
-    /// The replicas of register `register`: `replicas` consecutive nodes starting at a
-    /// hash of its id, in preference order (the first is its primary, §6; tests only).
+    /// The replicas of register `register` ([`register_loc_for`]), in preference
+    /// order (the first is its primary, §6; tests only).
     #[doc(hidden)]
     pub fn register_loc(&self, register: RegisterId) -> Result<RegisterLoc, KvError> {
         register_loc_for(&self.layout, self.nodes, register)

@@ -418,10 +418,23 @@ pub async fn read_headers<F: Fabric>(
 ) -> Result<Vec<Vec<(NodeId, HeaderCopy)>>, KvError> {
     let nodes = fabric.node_count();
     let per_span = registers_per_span(layout);
-    let spans: Vec<(RegisterId, RegisterId)> = (first..end)
-        .step_by(per_span as usize)
-        .map(|s| (s, (s + per_span).min(end)))
-        .collect();
+    let spans: Vec<(RegisterId, RegisterId)> = if layout.params.placement_nodes == 0 {
+        (first..end)
+            .step_by(per_span as usize)
+            .map(|s| (s, (s + per_span).min(end)))
+            .collect()
+    } else {
+        // With replica groups only a chunk's registers are contiguous: spans are
+        // aligned to `per_span`, which divides the chunk size.
+        let mut spans = Vec::new();
+        let mut s = first;
+        while s < end {
+            let e = ((s / per_span + 1) * per_span).min(end);
+            spans.push((s, e));
+            s = e;
+        }
+        spans
+    };
     if spans.len() > SPANS_PER_BATCH {
         return Err(KvError::Unsupported(
             "a header scan step larger than a batch",
@@ -477,12 +490,28 @@ pub async fn read_headers<F: Fabric>(
 }
 
 fn registers_per_span(layout: &NodeLayout) -> u64 {
-    (SPAN_BYTES / layout.register_slot_bytes.max(1)).max(1)
+    let fit = (SPAN_BYTES / layout.register_slot_bytes.max(1)).max(1);
+    if layout.params.placement_nodes == 0 {
+        return fit;
+    }
+    // With replica groups, a divisor of the chunk size, so that aligned spans
+    // never cross from one chunk (contiguous) to the next (elsewhere).
+    let per = u64::from(layout.params.chunk_registers).max(1);
+    (1..=fit.min(per))
+        .rev()
+        .find(|d| per.is_multiple_of(*d))
+        .unwrap_or(1)
 }
 
 /// How many consecutive registers [`read_headers`] reads in one roundtrip.
 pub fn registers_per_roundtrip(layout: &NodeLayout) -> u64 {
-    registers_per_span(layout) * SPANS_PER_BATCH as u64
+    let spans = if layout.params.placement_nodes == 0 {
+        SPANS_PER_BATCH
+    } else {
+        // One span more when the first is not aligned.
+        SPANS_PER_BATCH - 1
+    };
+    registers_per_span(layout) * spans as u64
 }
 
 /// Chunks claimed on any copy of the chunk table of the nodes that answered.

@@ -538,6 +538,10 @@ impl<F: Fabric> Copier<'_, F> {
             ),
         ];
         for (area, start, elem, count) in areas {
+            if matches!(area, Area::Registers) && p.placement_nodes != 0 {
+                self.copy_grouped_registers(progress).await?;
+                continue;
+            }
             self.copy_area(area, start, elem, count, progress).await?;
         }
         if let Some(at) = l.summaries_at {
@@ -599,6 +603,68 @@ impl<F: Fabric> Copier<'_, F> {
             first += n;
             progress(self.done, self.total);
             self.service_journal().await?;
+        }
+        Ok(())
+    }
+
+    /// The register area with replica groups (`NodeLayout::placement`): in each
+    /// band, the chunk of the group the node belongs to (if any), read from that
+    /// group's other replicas only, in pieces like [`Self::copy_area`]. A value
+    /// decided on a majority of the group's `r` replicas is on one of the `r - 1`
+    /// others at least, and each merge rule keeps it. What the node holds outside
+    /// its groups' chunks is read by no one.
+    async fn copy_grouped_registers(
+        &mut self,
+        progress: &mut impl FnMut(u64, u64),
+    ) -> Result<(), RepairError> {
+        let l = *self.layout;
+        let per = u64::from(l.params.chunk_registers);
+        let elem = l.register_slot_bytes;
+        let per_piece = ((1 << 20) / elem).max(1);
+        for band in 0..l.bands() {
+            let Some(j) = l.group_of(self.target.index(), band) else {
+                continue;
+            };
+            let chunk_first = (band * l.params.groups() + j) * per;
+            let chunk_end = (chunk_first + per).min(l.params.registers);
+            let Ok(loc) = register_loc_for(&l, self.nodes, chunk_first) else {
+                continue;
+            };
+            let group: Vec<NodeId> = loc
+                .replicas
+                .nodes()
+                .iter()
+                .copied()
+                .filter(|&n| n != self.target)
+                .collect();
+            let mut first = chunk_first;
+            while first < chunk_end {
+                let n = per_piece.min(chunk_end - first);
+                let Some(at) = l.key_header(first) else {
+                    break;
+                };
+                let len = (n * elem) as u32;
+                let replies =
+                    rt_all(self.fabric, self.stats, &group, |_| Batch::read(at, len)).await?;
+                let copies: Vec<&[u8]> = replies
+                    .iter()
+                    .map(|(_, c)| c.read(0).unwrap_or_default())
+                    .collect();
+                let mut out = vec![0u8; len as usize];
+                for i in 0..n as usize {
+                    let range = i * elem as usize..(i + 1) * elem as usize;
+                    let element: Vec<&[u8]> = copies
+                        .iter()
+                        .map(|c| c.get(range.clone()).unwrap_or_default())
+                        .collect();
+                    self.merge(Area::Registers, first + i as u64, &element, &mut out[range]);
+                }
+                drop(replies);
+                self.write(at, out).await?;
+                first += n;
+                progress(self.done, self.total);
+                self.service_journal().await?;
+            }
         }
         Ok(())
     }
@@ -682,9 +748,20 @@ impl<F: Fabric> Copier<'_, F> {
             let mut write = Batch::new();
             let named = chunk.iter().filter_map(|e| e.2.map(|r| (e.0, e.1, r)));
             for (k, (addr, word, register)) in named.enumerate() {
+                // With replica groups, only the register's replicas hold it (the
+                // same address on another node is another register's or unused).
+                let replicas = (self.layout.params.placement_nodes != 0)
+                    .then(|| register_loc_for(self.layout, self.nodes, register).ok())
+                    .flatten();
                 let element: Vec<&[u8]> = donors
                     .iter()
-                    .map(|c| c.read(k).unwrap_or_default())
+                    .zip(self.donors)
+                    .filter(|(_, node)| {
+                        replicas
+                            .as_ref()
+                            .is_none_or(|loc| loc.replicas.position(**node).is_some())
+                    })
+                    .map(|(c, _)| c.read(k).unwrap_or_default())
                     .collect();
                 // A journaled register is blank on every donor (reset, not reused
                 // before its entry is cleared). Any other state means a stale entry

@@ -716,19 +716,26 @@ fn stat<S: Store>(store: &S, json: bool) -> Result<ExitCode> {
                 continue;
             }
         };
-        let claimed = words.iter().filter(|w| **w != 0).count();
+        // The claimed chunks this node holds (with replica groups, those of its
+        // groups: `NodeLayout::placement`).
+        let claimed = words
+            .iter()
+            .enumerate()
+            .filter(|(c, w)| **w != 0 && layout.chunk_on(*c as u64, node.index()))
+            .count();
         if table_node.is_none() {
             table_node = Some(node);
             chunk_tokens = words;
         }
         let registers = (claimed as u64 * u64::from(p.chunk_registers)).min(p.registers);
         let used = registers * layout.register_slot_bytes;
+        let area = layout.register_area_bytes();
         outln!(
             text,
             "node {node}: up, {} register chunks claimed ({registers} registers, {:.1} MiB of {:.1} MiB), logs {:.1} MiB",
             claimed,
             used as f64 / (1 << 20) as f64,
-            (p.registers * layout.register_slot_bytes) as f64 / (1 << 20) as f64,
+            area as f64 / (1 << 20) as f64,
             layout.swarm.log_bytes() as f64 / (1 << 20) as f64,
         );
         node_reports.push(serde_json::json!({
@@ -737,7 +744,7 @@ fn stat<S: Store>(store: &S, json: bool) -> Result<ExitCode> {
             "chunks_claimed": claimed,
             "registers_claimed": registers,
             "register_bytes_used": used,
-            "register_bytes": p.registers * layout.register_slot_bytes,
+            "register_bytes": area,
             "log_bytes": layout.swarm.log_bytes(),
         }));
     }
