@@ -75,13 +75,14 @@ pub(crate) fn connect(cluster: &MemCluster, layout: NodeLayout) -> KvClient<MemF
 pub(crate) struct Holding {
     inner: swarm_core::MemFabric,
     hold: core::cell::RefCell<Vec<swarm_core::NodeId>>,
-    held: core::cell::RefCell<
-        Vec<(
-            Option<(swarm_core::NodeId, swarm_core::Batch)>,
-            Option<swarm_core::fabric::Ticket>,
-        )>,
-    >,
+    held: core::cell::RefCell<Vec<Held>>,
 }
+
+/// A batch held unapplied (taken when it lands), and its inner ticket once landed.
+type Held = (
+    Option<(swarm_core::NodeId, swarm_core::Batch)>,
+    Option<swarm_core::fabric::Ticket>,
+);
 
 const HELD: u32 = 1 << 31;
 

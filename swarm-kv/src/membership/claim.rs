@@ -80,7 +80,7 @@ pub async fn claim<F: Fabric>(
     .await?;
     let mut mine = 0;
     let mut others: heapless::Vec<(u64, usize), 16> = heapless::Vec::new();
-    for (node, completion) in rt.replies() {
+    for (_, completion) in rt.replies() {
         match completion.cas(0) {
             Some(0) => mine += 1,
             Some(t) if t == token => mine += 1,
