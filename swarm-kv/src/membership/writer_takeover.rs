@@ -379,18 +379,12 @@ pub async fn take_over_expired<F: Fabric + ?Sized>(
             // Split with another reclaimer: give our copies back to the dead token.
             crate::membership::claim::give_back(fabric, nodes, claim_at, token, row.token);
         }
-        // A write-back guard the dead client left up would keep one slot of some
-        // writer out of use for good (`swarm_core::write_back_guard`); it stores
-        // nothing more, so lower it. (A new owner lowers it when it registers.)
-        for n in 0..nodes {
-            fabric.post_detached(
-                NodeId(n as u16),
-                Batch::write(
-                    claim_at + crate::membership::writer_ids::WRITE_BACK_GUARD,
-                    0u64.to_le_bytes().to_vec(),
-                ),
-            );
-        }
+        // A write-back guard the dead client left up stays up until the row's next
+        // owner registers and lowers it (`crate::membership::writer_ids`): one slot
+        // of some writer kept out of use meanwhile. Not lowered here: this is a plain
+        // store, and a reclaimer stopped right before it would land it after another
+        // reclaimer released the row and a new owner raised its own guard, which a
+        // write-back relies on (`swarm_core::write_back_guard`; docs/pauses.md).
         let posts: Vec<_> = (0..nodes)
             .map(|n| (NodeId(n as u16), claim_at, row.token, 0))
             .collect();
