@@ -75,6 +75,10 @@ pub(crate) fn connect(cluster: &MemCluster, layout: NodeLayout) -> KvClient<MemF
 pub(crate) struct Holding {
     inner: swarm_core::MemFabric,
     hold: core::cell::RefCell<Vec<swarm_core::NodeId>>,
+    /// With `Some(n)`: `n` more posts go through, and every later one is held.
+    passes: core::cell::Cell<Option<usize>>,
+    /// The node of the last post that went through.
+    pub(crate) last_passed: core::cell::Cell<Option<swarm_core::NodeId>>,
     held: core::cell::RefCell<Vec<Held>>,
 }
 
@@ -91,13 +95,34 @@ impl Holding {
         Self {
             inner,
             hold: core::cell::RefCell::new(hold.iter().copied().map(swarm_core::NodeId).collect()),
+            passes: core::cell::Cell::new(None),
+            last_passed: core::cell::Cell::new(None),
             held: core::cell::RefCell::default(),
         }
+    }
+
+    /// The client stops after `posts` more posts: every later batch is held.
+    pub(crate) fn stop_after(&self, posts: usize) {
+        self.passes.set(Some(posts));
+    }
+
+    /// The nodes of the batches held now, distinct.
+    pub(crate) fn held_nodes(&self) -> Vec<swarm_core::NodeId> {
+        let mut nodes: Vec<swarm_core::NodeId> = self
+            .held
+            .borrow()
+            .iter()
+            .filter_map(|e| e.0.as_ref().map(|(n, _)| *n))
+            .collect();
+        nodes.sort_unstable_by_key(|n| n.0);
+        nodes.dedup();
+        nodes
     }
 
     /// The client wakes up: its held batches land now, in posting order.
     pub(crate) fn land(&self) {
         self.hold.borrow_mut().clear();
+        self.passes.set(None);
         for entry in self.held.borrow_mut().iter_mut() {
             if let Some((node, batch)) = entry.0.take() {
                 entry.1 = Some(self.inner.post(node, batch));
@@ -115,11 +140,20 @@ impl swarm_core::Fabric for Holding {
         node: swarm_core::NodeId,
         batch: swarm_core::Batch,
     ) -> swarm_core::fabric::Ticket {
-        if self.hold.borrow().contains(&node) {
+        let stopped = match self.passes.get() {
+            Some(0) => true,
+            Some(n) => {
+                self.passes.set(Some(n - 1));
+                false
+            }
+            None => false,
+        };
+        if stopped || self.hold.borrow().contains(&node) {
             let mut held = self.held.borrow_mut();
             held.push((Some((node, batch)), None));
             return swarm_core::fabric::Ticket(HELD | (held.len() as u32 - 1));
         }
+        self.last_passed.set(Some(node));
         self.inner.post(node, batch)
     }
     fn poll(
