@@ -1,7 +1,7 @@
 //! Fixtures shared by this crate's unit tests: a small formatted in-memory cluster
 //! and a client of it.
 
-use swarm_core::{FixedClock, MemCluster, MemFabric};
+use swarm_core::{Fabric, FixedClock, MemCluster, MemFabric};
 
 use crate::layout::{ClusterParams, NodeLayout};
 use crate::{KvClient, KvConfig};
@@ -65,4 +65,132 @@ pub(crate) fn connect(cluster: &MemCluster, layout: NodeLayout) -> KvClient<MemF
         KvConfig::new(0, 1),
     )
     .expect("a free writer id")
+}
+
+/// A fabric that holds the batches it is given for some nodes, unapplied and
+/// unanswered, until [`Holding::land`]: its client was stopped (SIGSTOP, a long
+/// preemption) between two posts of one step. A step reads the clock once per
+/// burst of posts (`Roundtrip::may_post`), so the held posts passed their fence
+/// check before the pause.
+pub(crate) struct Holding {
+    inner: swarm_core::MemFabric,
+    hold: core::cell::RefCell<Vec<swarm_core::NodeId>>,
+    /// With `Some(n)`: `n` more posts go through, and every later one is held.
+    passes: core::cell::Cell<Option<usize>>,
+    /// The node of the last post that went through.
+    pub(crate) last_passed: core::cell::Cell<Option<swarm_core::NodeId>>,
+    held: core::cell::RefCell<Vec<Held>>,
+}
+
+/// A batch held unapplied (taken when it lands), and its inner ticket once landed.
+type Held = (
+    Option<(swarm_core::NodeId, swarm_core::Batch)>,
+    Option<swarm_core::fabric::Ticket>,
+);
+
+const HELD: u32 = 1 << 31;
+
+impl Holding {
+    pub(crate) fn new(inner: swarm_core::MemFabric, hold: &[u16]) -> Self {
+        Self {
+            inner,
+            hold: core::cell::RefCell::new(hold.iter().copied().map(swarm_core::NodeId).collect()),
+            passes: core::cell::Cell::new(None),
+            last_passed: core::cell::Cell::new(None),
+            held: core::cell::RefCell::default(),
+        }
+    }
+
+    /// The client stops after `posts` more posts: every later batch is held.
+    pub(crate) fn stop_after(&self, posts: usize) {
+        self.passes.set(Some(posts));
+    }
+
+    /// The nodes of the batches held now, distinct.
+    pub(crate) fn held_nodes(&self) -> Vec<swarm_core::NodeId> {
+        let mut nodes: Vec<swarm_core::NodeId> = self
+            .held
+            .borrow()
+            .iter()
+            .filter_map(|e| e.0.as_ref().map(|(n, _)| *n))
+            .collect();
+        nodes.sort_unstable_by_key(|n| n.0);
+        nodes.dedup();
+        nodes
+    }
+
+    /// The client wakes up: its held batches land now, in posting order.
+    pub(crate) fn land(&self) {
+        self.hold.borrow_mut().clear();
+        self.passes.set(None);
+        for entry in self.held.borrow_mut().iter_mut() {
+            if let Some((node, batch)) = entry.0.take() {
+                entry.1 = Some(self.inner.post(node, batch));
+            }
+        }
+    }
+}
+
+impl swarm_core::Fabric for Holding {
+    fn node_count(&self) -> usize {
+        self.inner.node_count()
+    }
+    fn post(
+        &self,
+        node: swarm_core::NodeId,
+        batch: swarm_core::Batch,
+    ) -> swarm_core::fabric::Ticket {
+        let stopped = match self.passes.get() {
+            Some(0) => true,
+            Some(n) => {
+                self.passes.set(Some(n - 1));
+                false
+            }
+            None => false,
+        };
+        if stopped || self.hold.borrow().contains(&node) {
+            let mut held = self.held.borrow_mut();
+            held.push((Some((node, batch)), None));
+            return swarm_core::fabric::Ticket(HELD | (held.len() as u32 - 1));
+        }
+        self.last_passed.set(Some(node));
+        self.inner.post(node, batch)
+    }
+    fn poll(
+        &self,
+        ticket: swarm_core::fabric::Ticket,
+    ) -> core::task::Poll<Result<swarm_core::fabric::Completion, swarm_core::FabricError>> {
+        if ticket.0 & HELD == 0 {
+            return self.inner.poll(ticket);
+        }
+        match self.held.borrow()[(ticket.0 & !HELD) as usize].1 {
+            Some(inner) => self.inner.poll(inner),
+            None => core::task::Poll::Pending,
+        }
+    }
+    fn forget(&self, ticket: swarm_core::fabric::Ticket) {
+        if ticket.0 & HELD == 0 {
+            self.inner.forget(ticket);
+        } else if let Some(inner) = self.held.borrow()[(ticket.0 & !HELD) as usize].1 {
+            self.inner.forget(inner);
+        }
+    }
+    fn progress(&self) -> bool {
+        self.inner.progress()
+    }
+    fn now(&self) -> u64 {
+        self.inner.now()
+    }
+    fn wake_at(&self, deadline: u64) {
+        self.inner.wake_at(deadline);
+    }
+}
+
+/// Polls `future` once.
+pub(crate) fn poll_once<T>(
+    future: core::pin::Pin<&mut impl Future<Output = T>>,
+) -> core::task::Poll<T> {
+    future.poll(&mut core::task::Context::from_waker(
+        core::task::Waker::noop(),
+    ))
 }

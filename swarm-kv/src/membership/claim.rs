@@ -9,6 +9,34 @@
 //! gives its copies back and reports [`Claim::Undecided`]; the caller retries later or
 //! elsewhere. That is obstruction-free, not wait-free, which is fine for the rare
 //! operations that use it (a client starting, a chunk of registers running out).
+//!
+//! # A round counts its answers over time
+//!
+//! A claimer counts each node's answer as it lands, and a claimer stopped between
+//! two posts of its round (SIGSTOP, a long preemption: the round's fence is checked
+//! once, before its first post) counts an answer from before its stop together with
+//! answers from after it, when the word may have gone back to 0 (a release) and been
+//! claimed again. So "a majority of my CASes succeeded" proves ownership only if a
+//! copy holding a token never leaves it while its claimer's round may still count
+//! it: a copy with token `T` goes back to 0 only by `T`'s own claimer, after its
+//! round (a loser's release, a close). Then all the copies a winner counted hold its
+//! token at once when its round ends, and two winners would hold two disjoint
+//! majorities at once. A winner therefore does **not** take the copies that show
+//! another token: a take of a stopped contender's early copy, followed by the
+//! winner's release at close, let that contender's late CASes find 0 again and win
+//! a second majority over time (`a_claimer_paused_between_its_posts_never_shares_a_win`).
+//! A stale copy costs nothing but one node of redundancy.
+//!
+//! Rows of the client table are the one place where copies are still taken: an owner
+//! whose lease renewal counted on a majority takes the copies it read with another
+//! token ([`crate::membership::lease_renewal`]), so that one node's loss does not cost
+//! it its lease. A stopped contender whose early copy it took may then count a win
+//! over time; but the copies that contender won late, and the copies of whoever
+//! claimed the row at the same time, all still hold their tokens when both rounds end
+//! (neither has renewed, so neither takes), so its late copies are no majority, and
+//! its first renewal, which reads the claim word in its own batch, counts on no
+//! majority: it gives the row back before storing anything under it
+//! ([`crate::membership::writer_ids`]).
 
 use swarm_core::fabric::Nanos;
 use swarm_core::post_background;
@@ -52,39 +80,26 @@ pub async fn claim<F: Fabric>(
     .await?;
     let mut mine = 0;
     let mut others: heapless::Vec<(u64, usize), 16> = heapless::Vec::new();
-    let mut foreign: heapless::Vec<(swarm_core::NodeId, u64), 16> = heapless::Vec::new();
-    for (node, completion) in rt.replies() {
+    for (_, completion) in rt.replies() {
         match completion.cas(0) {
             Some(0) => mine += 1,
             Some(t) if t == token => mine += 1,
-            Some(t) => {
-                let _ = foreign.push((*node, t));
-                match others.iter_mut().find(|(o, _)| *o == t) {
-                    Some((_, count)) => *count += 1,
-                    None => {
-                        let _ = others.push((t, 1));
-                    }
+            Some(t) => match others.iter_mut().find(|(o, _)| *o == t) {
+                Some((_, count)) => *count += 1,
+                None => {
+                    let _ = others.push((t, 1));
                 }
-            }
+            },
             None => {}
         }
     }
     if mine >= quorum {
-        // Won: nobody else can hold a majority, so another token on a copy is stale
-        // (an earlier owner's release that never reached this node, say, because
-        // its process exited first) or a loser's that it is about to give back.
-        // Take those copies too: a word the caller owns on a bare majority would be
-        // lost with any one of those nodes (a lease then can never be renewed again:
-        // its renewals count only where the claim is the owner's).
-        for (node, stale) in foreign {
-            tracing::info!(
-                %node,
-                addr,
-                stale,
-                "claimed word held another token on this node: taking the copy"
-            );
-            post_background(fabric, node, Batch::cas(addr, stale, token));
-        }
+        // Won. Another token on a copy is stale (an earlier owner's release that
+        // never reached this node) or a contender's whose round may still be
+        // counting it, however long that contender stays stopped: it is left alone
+        // (module docs, "A round counts its answers over time"). A row's owner takes
+        // stale copies once its lease renewal counts on a majority
+        // (`crate::membership::lease_renewal`).
         return Ok(Claim::Won);
     }
     let unanswered = nodes - rt.replies().len();
@@ -136,10 +151,11 @@ mod tests {
     }
 
     /// An earlier owner's release that reached only nodes 0 and 2 left its token on
-    /// node 1; the next claimer wins nodes 0 and 2 and takes node 1's copy as well, so
-    /// that losing node 0 or 2 later does not leave it short of a majority.
+    /// node 1 (or a contender stopped in its round holds it); the next claimer wins
+    /// nodes 0 and 2 and leaves node 1's copy alone (module docs: a take lets a
+    /// stopped contender win a second majority over time).
     #[test]
-    fn a_winner_takes_the_copies_a_stale_token_still_holds() {
+    fn a_winner_leaves_the_copies_of_other_tokens_alone() {
         let cluster = MemCluster::new(3, 64);
         let c = cluster.client();
         let s = OpStats::new();
@@ -150,7 +166,7 @@ mod tests {
         })
         .unwrap();
         assert_eq!(block_on(&c, claim(&c, &s, 3, 8, 11)), Ok(Claim::Won));
-        for node in 0..3u16 {
+        for (node, want) in [(0u16, 11u64), (1, 77), (2, 11)] {
             let word = block_on_future(&c, async {
                 let mut rt = Roundtrip::start(&c, &s);
                 rt.post(NodeId(node), Batch::read(8, 8)).unwrap();
@@ -159,7 +175,7 @@ mod tests {
                 u64::from_le_bytes(bytes.try_into().unwrap())
             })
             .unwrap();
-            assert_eq!(word, 11, "node {node}");
+            assert_eq!(word, want, "node {node}");
         }
     }
 
@@ -212,5 +228,42 @@ mod tests {
         })
         .unwrap();
         assert_eq!(previous, Some(0));
+    }
+
+    /// A claimer stopped between its posts to node 0 and to nodes 1 and 2 counts
+    /// node 0's answer from before its pause. Meanwhile a winner takes node 0's copy
+    /// and, closing cleanly with nothing used, releases the word to 0 everywhere, and
+    /// a third claimer takes nodes 0 and 1. The first one's late CASes then win node
+    /// 2: each of the two counts a majority of "won" copies, at different times, and
+    /// both hand out the chunk's registers. A copy with a claimer's token stopped being
+    /// its own while its round was still counting (the winner's take, which winners
+    /// no longer do), and the word came back to 0 (the release): the late CAS found
+    /// the value it expected.
+    #[test]
+    fn a_claimer_paused_between_its_posts_never_shares_a_win() {
+        let cluster = MemCluster::new(3, 64);
+        let s = OpStats::new();
+        // x posts its CAS everywhere; only node 0's lands before x stops.
+        let x = crate::test_support::Holding::new(cluster.client(), &[1, 2]);
+        let sx = OpStats::new();
+        let mut fx = core::pin::pin!(claim(&x, &sx, 3, 8, 11));
+        assert!(crate::test_support::poll_once(fx.as_mut()).is_pending());
+        // a wins nodes 1 and 2, takes node 0's copy, and releases everything.
+        let a = cluster.client();
+        assert_eq!(block_on(&a, claim(&a, &s, 3, 8, 22)), Ok(Claim::Won));
+        release(&a, 3, 8, 22);
+        // b's CASes land on nodes 0 and 1; its node-2 CAS is slow.
+        let b = crate::test_support::Holding::new(cluster.client(), &[2]);
+        let sb = OpStats::new();
+        let mut fb = core::pin::pin!(claim(&b, &sb, 3, 8, 33));
+        assert!(crate::test_support::poll_once(fb.as_mut()).is_pending());
+        // x wakes up: node 1 says 33, node 2 takes x's token.
+        x.land();
+        let x_won =
+            crate::test_support::poll_once(fx.as_mut()) == core::task::Poll::Ready(Ok(Claim::Won));
+        b.land();
+        let b_won =
+            crate::test_support::poll_once(fb.as_mut()) == core::task::Poll::Ready(Ok(Claim::Won));
+        assert!(!(x_won && b_won), "both claimers believe they own the word");
     }
 }

@@ -588,3 +588,160 @@ fn a_registration_posts_no_plain_store_before_its_fence() {
     assert_eq!(d.writer(), b.writer());
     assert!(world.now() - before < world.lease().observer_wait_ns());
 }
+
+/// A fabric whose client stops right before its first batch that stores into one of
+/// the words `at`: that batch and every later one are held, unapplied, until
+/// [`StopsAt::land`] (the client wakes up). Its control flow goes on meanwhile, as if
+/// it had posted them: only their landing is late.
+struct StopsAt {
+    inner: Paced,
+    at: Vec<u64>,
+    stopped: Cell<bool>,
+    held: std::cell::RefCell<Vec<Held>>,
+}
+
+/// A batch held unapplied (taken when it lands), and its inner ticket once landed.
+type Held = (Option<(NodeId, Batch)>, Option<Ticket>);
+
+const STOPPED: u32 = 1 << 31;
+
+impl StopsAt {
+    fn land(&self) {
+        for entry in self.held.borrow_mut().iter_mut() {
+            if let Some((node, batch)) = entry.0.take() {
+                entry.1 = Some(self.inner.post(node, batch));
+            }
+        }
+    }
+}
+
+impl Fabric for StopsAt {
+    fn node_count(&self) -> usize {
+        self.inner.node_count()
+    }
+    fn post(&self, node: NodeId, batch: Batch) -> Ticket {
+        let touches = batch.ops().iter().any(|op| match op {
+            swarm_core::fabric::Op::Read { .. } => false,
+            swarm_core::fabric::Op::Write { addr, .. }
+            | swarm_core::fabric::Op::Cas { addr, .. } => self.at.contains(addr),
+        });
+        if touches {
+            self.stopped.set(true);
+        }
+        if !self.stopped.get() {
+            return self.inner.post(node, batch);
+        }
+        let mut held = self.held.borrow_mut();
+        held.push((Some((node, batch)), None));
+        Ticket(STOPPED | (held.len() as u32 - 1))
+    }
+    fn poll(&self, ticket: Ticket) -> Poll<Result<Completion, FabricError>> {
+        if ticket.0 & STOPPED == 0 {
+            return self.inner.poll(ticket);
+        }
+        match self.held.borrow()[(ticket.0 & !STOPPED) as usize].1 {
+            Some(inner) => self.inner.poll(inner),
+            None => Poll::Pending,
+        }
+    }
+    fn forget(&self, ticket: Ticket) {
+        if ticket.0 & STOPPED == 0 {
+            self.inner.forget(ticket);
+        } else if let Some(inner) = self.held.borrow()[(ticket.0 & !STOPPED) as usize].1 {
+            self.inner.forget(inner);
+        }
+    }
+    fn progress(&self) -> bool {
+        self.inner.progress()
+    }
+    fn now(&self) -> Nanos {
+        self.inner.now()
+    }
+    fn wake_at(&self, deadline: Nanos) {
+        self.inner.wake_at(deadline);
+    }
+}
+
+/// Two reclaimers release one dead row. One stops right before its first store into
+/// the row's claim word or guard word (once it killed the lease); the other releases
+/// the row, a new client registers
+/// on it and raises its own guard. The stopped one wakes up: nothing it stores may
+/// lower the new owner's guard (a write-back could then land in a reused log slot,
+/// `swarm_core::write_back_guard`). docs/pauses.md, H5.
+#[test]
+fn a_stopped_reclaimer_never_lowers_the_next_owners_guard() {
+    let world = World::new(1);
+    let a = world.connect();
+    insert(&a, "k", "v").expect("inserted");
+    let row = world.layout.client_row(a.writer());
+    let guard = row + crate::membership::writer_ids::WRITE_BACK_GUARD;
+    let lease = world.lease();
+    // a stops for good (its process is gone). r1 kills its lease and stops.
+    let r1 = StopsAt {
+        inner: world.fabric(),
+        at: vec![row, guard],
+        stopped: Cell::new(false),
+        held: std::cell::RefCell::default(),
+    };
+    let _ = block_on(
+        &r1,
+        take_over_expired(
+            &r1,
+            &world.layout,
+            &lease,
+            None,
+            None,
+            OwnerLiveness::Unknown,
+        ),
+    );
+    // r2 finds the lease killed, and releases the row.
+    let r2 = world.fabric();
+    let released = block_on(
+        &r2,
+        take_over_expired(
+            &r2,
+            &world.layout,
+            &lease,
+            None,
+            None,
+            OwnerLiveness::Unknown,
+        ),
+    )
+    .expect("a reclaim pass");
+    assert_eq!(released.released, vec![a.writer()]);
+    // n registers on the row and raises its guard (a write-back in progress).
+    let n = world.connect();
+    assert_eq!(n.writer(), a.writer());
+    let raised = 0x1234_5000u64;
+    let f = world.fabric();
+    for node in 0..3u16 {
+        block_on_future(&f, async {
+            let s = OpStats::new();
+            let mut rt = swarm_core::Roundtrip::start(&f, &s);
+            rt.post(
+                NodeId(node),
+                Batch::write(guard, raised.to_le_bytes().to_vec()),
+            )
+            .unwrap();
+            rt.wait(1).await.unwrap();
+        })
+        .unwrap();
+    }
+    // r1 wakes up.
+    r1.land();
+    let up = (0..3u16)
+        .filter(|&node| {
+            let word = block_on_future(&f, async {
+                let s = OpStats::new();
+                let mut rt = swarm_core::Roundtrip::start(&f, &s);
+                rt.post(NodeId(node), Batch::read(guard, 8)).unwrap();
+                rt.wait(1).await.unwrap();
+                let bytes = rt.replies()[0].1.read(0).unwrap().to_vec();
+                u64::from_le_bytes(bytes.try_into().unwrap())
+            })
+            .unwrap();
+            word == raised
+        })
+        .count();
+    assert_eq!(up, 3, "a stopped reclaimer lowered the new owner's guard");
+}

@@ -93,6 +93,8 @@
 //! (`index/scrub.rs`) moves them forward.
 
 pub mod merge;
+#[cfg(test)]
+mod quorum_tests;
 
 use std::time::Instant;
 
