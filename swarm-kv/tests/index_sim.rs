@@ -18,7 +18,7 @@ use swarm_core::quorum::broadcast_until;
 use swarm_core::{Batch, OpStats};
 use swarm_kv::admin::IndexError;
 use swarm_kv::admin::NodeLayout;
-use swarm_kv::testing::index::{Index, InsertOutcome};
+use swarm_kv::testing::index::{Ballot, Index, InsertOutcome};
 use swarm_sim::{Fault, SimConfig, SimFabric, SimRng, SimRunner, SimWorld, for_each_seed};
 
 /// What a scenario injects.
@@ -41,6 +41,12 @@ struct Scenario {
     /// Whether the [`blind_client`]s insert with blind rounds (otherwise they read
     /// first, as the other fast clients).
     blind: bool,
+    /// Whether inserts reuse registers whose mapping a remove or replace ended (as
+    /// the KV layer recycles them: the same key may map to the same register again,
+    /// a later life of the mapping), and clients run late tagged removes: a remove
+    /// conditional on the slot tag of a lookup made several operations earlier, as a
+    /// deferred unmap runs ([`Index::remove_tagged_until`]).
+    lives: bool,
 }
 
 /// Shared state of a run: the world, the history, register allocation.
@@ -52,7 +58,15 @@ struct Shared {
     next_register: Rc<Cell<u64>>,
     key_of: Rc<RefCell<HashMap<u64, String>>>,
     errors: Rc<RefCell<Vec<String>>>,
+    /// Registers of each key whose mapping a remove or replace that returned `true`
+    /// ended (exactly once per life), which a later insert of the key may reuse.
+    retired: Rc<RefCell<HashMap<String, Vec<u64>>>>,
+    /// Every insert that returned `Inserted`: key, register, start, end.
+    lives: Rc<RefCell<Vec<Life>>>,
 }
+
+/// An insert that returned `Inserted`: its key, its register, when it began and ended.
+type Life = (String, u64, Nanos, Nanos);
 
 impl Shared {
     /// Fresh shared state for a run on `world`.
@@ -64,6 +78,53 @@ impl Shared {
             next_register: Rc::new(Cell::new(0)),
             key_of: Rc::new(RefCell::new(HashMap::new())),
             errors: Rc::new(RefCell::new(Vec::new())),
+            retired: Rc::new(RefCell::new(HashMap::new())),
+            lives: Rc::new(RefCell::new(Vec::new())),
+        }
+    }
+
+    /// `register`'s mapping of `key` ended by a change that returned `true`.
+    fn retire(&self, key: &str, register: u64) {
+        self.retired
+            .borrow_mut()
+            .entry(key.to_string())
+            .or_default()
+            .push(register);
+    }
+
+    /// A register to insert `key` into: one of the key's retired registers (a later
+    /// life of an earlier mapping) when `reuse` and one is free, otherwise a fresh one.
+    fn register_to_insert(&self, key: &str, reuse: bool, rng: &mut SimRng) -> u64 {
+        if reuse {
+            let mut retired = self.retired.borrow_mut();
+            if let Some(free) = retired.get_mut(key).filter(|v| !v.is_empty()) {
+                let i = rng.below(free.len() as u64) as usize;
+                return free.swap_remove(i);
+            }
+        }
+        self.register_for(key)
+    }
+
+    /// Checks a tagged remove of `key → register` that returned `true` over
+    /// `[start, end]`, with the tag of a lookup that returned at `looked_up`: an
+    /// insert of `key` into `register` that began after that lookup and returned
+    /// `Inserted` before the remove began started a later life of the mapping (the
+    /// looked-up life had ended: the key was absent when it took effect), whose slot
+    /// carries a newer tag, so the remove must have found nothing of its own to
+    /// unmap.
+    fn check_tagged_remove(&self, key: &str, register: u64, looked_up: Nanos, start: Nanos) {
+        let later = self
+            .lives
+            .borrow()
+            .iter()
+            .find(|(k, r, s, e)| k == key && *r == register && *s > looked_up && *e < start)
+            .cloned();
+        if let Some((_, _, s, e)) = later {
+            self.errors.borrow_mut().push(format!(
+                "a remove tagged by a lookup of {key} -> {register} that returned at {looked_up} \
+                 unmapped a later life of that mapping, inserted over [{s}, {e}] before \
+                 the remove began at {start}"
+            ));
         }
     }
 
@@ -136,9 +197,12 @@ async fn client_task(
     keys: u32,
     seed: u64,
     blind: bool,
+    lives: bool,
 ) {
     let mut rng = SimRng::new(seed);
     let mut known: HashMap<String, u64> = HashMap::new();
+    // Lookups kept for late tagged removes: key, register, tag, when it returned.
+    let mut stash: Vec<(String, u64, Ballot, Nanos)> = Vec::new();
     let world = shared.world.clone();
     let log = shared.log.clone();
     for _ in 0..ops {
@@ -147,7 +211,44 @@ async fn client_task(
         let stats = OpStats::new();
         let start = world.now();
         let mapped = known.get(&key).copied();
-        if roll < 35 || (roll >= 65 && mapped.is_none()) {
+        if lives && roll >= 90 {
+            // A late unmap: a lookup now, its tagged remove several operations later.
+            if roll < 95 || stash.is_empty() {
+                match ix.lookup(&fabric, &stats, key.as_bytes()).await {
+                    Ok(found) => {
+                        let of_key = found.registers.iter().zip(&found.tags).find(|(r, _)| {
+                            shared.key_of.borrow().get(r).map(String::as_str) == Some(&key)
+                        });
+                        if let Some((&r, &tag)) = of_key {
+                            stash.push((key, r, tag, world.now()));
+                        }
+                    }
+                    Err(e) => shared
+                        .errors
+                        .borrow_mut()
+                        .push(format!("c{c} lookup {key}: {e}")),
+                }
+            } else {
+                let (key, r, tag, looked_up) = stash.remove(0);
+                let id = log.begin(c, OpKind::Delete, &key, None, start);
+                match ix
+                    .remove_tagged_until(&fabric, &stats, key.as_bytes(), r, tag, Nanos::MAX)
+                    .await
+                {
+                    Ok(true) => {
+                        log.end(id, OpKind::Delete, None, true, world.now());
+                        shared.check_tagged_remove(&key, r, looked_up, start);
+                        shared.retire(&key, r);
+                    }
+                    Ok(false) => log.drop_op(id),
+                    Err(e) => shared
+                        .errors
+                        .borrow_mut()
+                        .push(format!("c{c} tagged remove {key}: {e}")),
+                }
+                known.remove(&key);
+            }
+        } else if roll < 35 || (roll >= 65 && mapped.is_none()) {
             let id = log.begin(c, OpKind::Get, &key, None, start);
             match ix.resolve(&fabric, &stats, key.as_bytes()).await {
                 Ok(r) => {
@@ -163,7 +264,7 @@ async fn client_task(
                     .push(format!("c{c} resolve {key}: {e}")),
             }
         } else if roll < 65 {
-            let r = shared.register_for(&key);
+            let r = shared.register_to_insert(&key, lives && rng.below(10) < 7, &mut rng);
             let id = log.begin(c, OpKind::Insert, &key, Some(&value(r)), start);
             let inserted = if blind {
                 let nodes = shared.world.node_count();
@@ -173,11 +274,17 @@ async fn client_task(
             };
             match inserted {
                 Ok(InsertOutcome::Inserted) => {
-                    log.end(id, OpKind::Insert, Some(value(r)), true, world.now());
+                    let end = world.now();
+                    log.end(id, OpKind::Insert, Some(value(r)), true, end);
+                    shared.lives.borrow_mut().push((key.clone(), r, start, end));
                     known.insert(key, r);
                 }
                 Ok(InsertOutcome::Exists(x)) => {
                     log.end(id, OpKind::Get, Some(value(x)), true, world.now());
+                    // `r` was not mapped: a retired register goes back to its pool.
+                    if lives {
+                        shared.retire(&key, r);
+                    }
                     known.insert(key, x);
                 }
                 // Two buckets hold fourteen slots, but a key whose candidates are one
@@ -194,7 +301,10 @@ async fn client_task(
             let Some(old) = mapped else { continue };
             let id = log.begin(c, OpKind::Delete, &key, None, start);
             match ix.remove(&fabric, &stats, key.as_bytes(), old).await {
-                Ok(true) => log.end(id, OpKind::Delete, None, true, world.now()),
+                Ok(true) => {
+                    log.end(id, OpKind::Delete, None, true, world.now());
+                    shared.retire(&key, old);
+                }
                 Ok(false) => log.drop_op(id),
                 Err(e) => shared
                     .errors
@@ -209,6 +319,7 @@ async fn client_task(
             match ix.replace(&fabric, &stats, key.as_bytes(), old, new).await {
                 Ok(true) => {
                     log.end(id, OpKind::Update, Some(value(new)), true, world.now());
+                    shared.retire(&key, old);
                     known.insert(key, new);
                 }
                 Ok(false) => {
@@ -324,6 +435,7 @@ fn run(s: Scenario) -> usize {
             s.keys,
             rng.next_u64(),
             s.blind && blind_client(u64::from(c)),
+            s.lives,
         );
         runner.spawn(fabric.id(), task);
     }
@@ -362,6 +474,7 @@ fn scenario(seed: u64) -> Scenario {
         buckets: 4,
         faults: Faults::default(),
         blind: true,
+        lives: false,
     }
 }
 
@@ -457,6 +570,32 @@ fn blind_inserts_racing_on_fresh_buckets_stay_linearizable() {
                 slow_node: seed % 4 == 0,
                 crash_clients: 1,
             },
+            ..scenario(seed)
+        });
+    });
+}
+
+#[test]
+fn late_tagged_removes_leave_later_lives_of_their_mapping_alone() {
+    // Registers come back (a key re-inserted into a register whose mapping of that
+    // key ended: a later life of the same mapping), and clients remove through the
+    // tags of lookups made operations earlier, as late deferred unmaps do: a remove
+    // must unmap only the life its tag names (`Index::remove_tagged_until`), never a
+    // later one (`Shared::check_tagged_remove`). Two keys and few buckets, so that
+    // lives end and begin again between a lookup and its remove; a slow node (even
+    // seeds) and a crashed client leave changes half taken.
+    for_each_seed(300, |seed| {
+        run(Scenario {
+            keys: 2,
+            buckets: 2,
+            clients: 5,
+            ops: 30,
+            faults: Faults {
+                crash_minority: seed % 4 == 1,
+                slow_node: seed % 2 == 0,
+                crash_clients: 1,
+            },
+            lives: true,
             ..scenario(seed)
         });
     });
@@ -666,6 +805,7 @@ fn a_node_that_comes_back_with_old_memory_does_not_resurrect_old_mappings() {
                 s.keys,
                 seed ^ u64::from(c),
                 blind_client(u64::from(c)),
+                false,
             );
             runner.spawn(fabric.id(), task);
         }
