@@ -148,20 +148,32 @@ fn a_journal_entry_whose_register_a_donor_shows_in_use_is_not_cleared() {
         &path,
         journal.0,
         slot(0),
-        swarm_kv::testing::journal::entry(used),
+        swarm_kv::testing::journal::entry(
+            used,
+            swarm_core::encoding::Tsp::reset_marker(1).unwrap(),
+            layout.params.registers,
+        ),
     );
     write_on(
         &path,
         journal.0,
         slot(1),
-        swarm_kv::testing::journal::entry(blank),
+        swarm_kv::testing::journal::entry(
+            blank,
+            swarm_core::encoding::Tsp::reset_marker(1).unwrap(),
+            layout.params.registers,
+        ),
     );
     ShmCluster::retire_node(&path, 1).unwrap();
     let report = ShmStore::repair(&path, 1, NO_WAIT, |_, _| {}).unwrap();
     assert_eq!(report.journaled, 1, "{report:?}");
     assert_eq!(
         word_on(&path, journal.0, slot(0)),
-        swarm_kv::testing::journal::entry(used),
+        swarm_kv::testing::journal::entry(
+            used,
+            swarm_core::encoding::Tsp::reset_marker(1).unwrap(),
+            layout.params.registers,
+        ),
         "the entry of a register the repair did not copy was cleared"
     );
     assert_eq!(

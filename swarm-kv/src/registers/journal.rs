@@ -76,7 +76,9 @@
 //! them or admits the node (running `swarm repair` again does both); their registers
 //! are out of the pool until then, at most [`SLOTS`] per client.
 
+use swarm_core::encoding::Tsp;
 use swarm_core::fabric::NodeId;
+use xxhash_rust::xxh3::xxh3_64;
 
 /// Entries per writer's row.
 pub const SLOTS: usize = 128;
@@ -90,15 +92,37 @@ pub fn journal_node(target: NodeId, nodes: usize) -> Option<NodeId> {
     (0..nodes as u16).map(NodeId).find(|&n| n != target)
 }
 
-/// The journal word naming `register` (never zero, so that zero is a free slot).
-pub fn entry(register: u64) -> u64 {
-    register.wrapping_add(1)
+/// Low bits of an entry that name the register (plus one); the bits above carry the
+/// life (see [`entry`]).
+pub const REGISTER_BITS: u32 = 40;
+
+const REGISTER_MASK: u64 = (1 << REGISTER_BITS) - 1;
+
+/// The journal word naming `register` of a cluster of `registers` registers, reset to
+/// the life marked `life` (never zero, so that zero is a free slot): `register + 1`
+/// in the low [`REGISTER_BITS`] bits, and 24 bits of a hash of the marker above them.
+/// A later reset of the same register journals another word (its marker is higher),
+/// so the late clear of a stopped repair, which expects the word it read, fails on
+/// it (see "A stopped repair" in the module docs). A cluster of `2^40 − 1` registers or
+/// more (nodes of 64 TiB and more) journals `register + 1` alone.
+pub fn entry(register: u64, life: Tsp, registers: u64) -> u64 {
+    let named = register.wrapping_add(1);
+    if registers >= REGISTER_MASK {
+        return named;
+    }
+    let life_bits = xxh3_64(&life.word().to_le_bytes()) >> REGISTER_BITS;
+    (named & REGISTER_MASK) | (life_bits << REGISTER_BITS)
 }
 
 /// The register a nonzero journal word read from untrusted memory names, if it names
-/// one of the cluster's `registers`.
+/// one of the cluster's `registers` (whatever life it carries, [`entry`]).
 pub fn entry_register(word: u64, registers: u64) -> Option<u64> {
-    word.checked_sub(1).filter(|&r| r < registers)
+    let named = if registers >= REGISTER_MASK {
+        word
+    } else {
+        word & REGISTER_MASK
+    };
+    named.checked_sub(1).filter(|&r| r < registers)
 }
 
 #[cfg(test)]
@@ -114,10 +138,23 @@ mod tests {
 
     #[test]
     fn entries_name_registers_and_never_zero() {
-        assert_eq!(entry_register(entry(0), 10), Some(0));
-        assert_eq!(entry_register(entry(9), 10), Some(9));
+        let life = Tsp::reset_marker(1).unwrap();
+        assert_eq!(entry_register(entry(0, life, 10), 10), Some(0));
+        assert_eq!(entry_register(entry(9, life, 10), 10), Some(9));
         assert_eq!(entry_register(0, 10), None, "zero is a free slot");
-        assert_eq!(entry_register(entry(10), 10), None, "out of range");
-        assert_ne!(entry(u64::MAX - 1), 0);
+        assert_eq!(
+            entry_register(entry(10, life, 10), 10),
+            None,
+            "out of range"
+        );
+        assert_ne!(entry(u64::MAX - 1, life, u64::MAX), 0);
+        assert_eq!(entry_register(entry(7, life, 1 << 41), 1 << 41), Some(7));
+    }
+
+    #[test]
+    fn two_lives_of_one_register_journal_different_words() {
+        let (one, two) = (Tsp::reset_marker(5).unwrap(), Tsp::reset_marker(6).unwrap());
+        assert_ne!(entry(3, one, 10), entry(3, two, 10));
+        assert_eq!(entry_register(entry(3, two, 10), 10), Some(3));
     }
 }

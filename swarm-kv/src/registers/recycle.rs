@@ -1154,7 +1154,11 @@ impl Recycler {
                                         Batch::cas(
                                             at,
                                             0,
-                                            crate::registers::journal::entry(j.register),
+                                            crate::registers::journal::entry(
+                                                j.register,
+                                                j.marker,
+                                                layout.params.registers,
+                                            ),
                                         ),
                                     );
                                     j.stage = Stage::Posting {
@@ -1180,7 +1184,11 @@ impl Recycler {
                                         journal,
                                         Batch::cas(
                                             at,
-                                            crate::registers::journal::entry(j.register),
+                                            crate::registers::journal::entry(
+                                                j.register,
+                                                j.marker,
+                                                layout.params.registers,
+                                            ),
                                             0,
                                         ),
                                     ),
@@ -1472,7 +1480,10 @@ mod tests {
         let step = || step_node_2(&recycler, &fabric, &layout, status.get(), 0);
         let slot_of = |r: u64| -> Option<usize> {
             (0..journal::SLOTS).find(|&i| {
-                word(&raw, 0, layout.journal_slot(writer, i).unwrap()) == journal::entry(r)
+                journal::entry_register(
+                    word(&raw, 0, layout.journal_slot(writer, i).unwrap()),
+                    layout.params.registers,
+                ) == Some(r)
             })
         };
         // Reset on nodes 0 and 1 (read, tombstone, read, install), journaled on
@@ -1532,6 +1543,67 @@ mod tests {
         assert_eq!(recycler.stats().recycled, 2);
     }
 
+    /// A stopped repair's late journal clear never hands out a later life's register
+    /// (docs/pauses.md, H3 part b). A repair reads register `r`'s entry, copies it
+    /// and stops before its clear lands. A second repair services and clears the
+    /// entry, `r` comes back, is used, retired and reset again while a repair still
+    /// runs, and its client journals it again in the same slot. The stopped repair's
+    /// clear, the CAS from the word it read to zero, now lands: it must fail, or the
+    /// client hands `r` out although no repair copied this reset to the node.
+    #[test]
+    fn a_stopped_repairs_late_clear_never_frees_a_later_lifes_entry() {
+        let (cluster, layout) = small_cluster(200 * crate::test_support::MS);
+        let raw = cluster.client();
+        let fabric = Refusing::new(cluster.client());
+        let writer = 1;
+        let recycler = Recycler::new(0, writer, 7);
+        let r = 5;
+        let journaling = ReplicaStatus::Repairing { journal: NodeId(0) };
+        let step = || step_node_2(&recycler, &fabric, &layout, journaling, 0);
+        let entry_of = |r: u64| -> Option<(usize, u64)> {
+            (0..journal::SLOTS).find_map(|i| {
+                let w = word(&raw, 0, layout.journal_slot(writer, i).unwrap());
+                (w != 0 && journal::entry_register(w, layout.params.registers) == Some(r))
+                    .then_some((i, w))
+            })
+        };
+        let journal_it = || {
+            for _ in 0..8 {
+                assert!(step().is_empty(), "came back before a repair copied it");
+            }
+            entry_of(r).expect("journaled")
+        };
+        // First life's reset, journaled; the stopped repair read this word.
+        retire_marked(&recycler, &raw, &layout, r);
+        let (slot, stale) = journal_it();
+        // The second repair copies `r` and clears the entry: `r` comes back.
+        write_word(&raw, 0, layout.journal_slot(writer, slot).unwrap(), 0);
+        let mut back = Vec::new();
+        for _ in 0..3 {
+            fabric.now.set(fabric.now.get() + JOURNAL_POLL_NS);
+            back.extend(step());
+        }
+        assert_eq!(back, vec![r]);
+        // A later life of `r` is retired and reset while a repair runs: journaled
+        // again, in the same slot.
+        retire_marked(&recycler, &raw, &layout, r);
+        let (again, _) = journal_it();
+        assert_eq!(again, slot, "the freed slot is reused first");
+        // The stopped repair's clear lands now.
+        let at = layout.journal_slot(writer, slot).unwrap();
+        let ticket = raw.post(NodeId(0), Batch::cas(at, stale, 0));
+        assert!(matches!(raw.poll(ticket), Poll::Ready(Ok(_))));
+        for _ in 0..5 {
+            fabric.now.set(fabric.now.get() + JOURNAL_POLL_NS);
+            assert!(
+                step().is_empty(),
+                "a stale clear handed out a register whose reset the node lacks"
+            );
+        }
+        assert_eq!(entry_of(r).map(|e| e.0), Some(slot), "the entry stands");
+        assert_eq!(recycler.in_limbo(), 1);
+    }
+
     /// A row read posted before a register's journal entry landed cannot tell that
     /// the repair cleared the entry, even when its completion arrives after the
     /// entry's: it read the row before the entry was there. Here register `b`'s
@@ -1550,7 +1622,10 @@ mod tests {
         let step = || step_node_2(&recycler, &fabric, &layout, journaling, 0);
         let journaled = |r: u64| {
             (0..journal::SLOTS).any(|i| {
-                word(&raw, 0, layout.journal_slot(writer, i).unwrap()) == journal::entry(r)
+                journal::entry_register(
+                    word(&raw, 0, layout.journal_slot(writer, i).unwrap()),
+                    layout.params.registers,
+                ) == Some(r)
             })
         };
         // `b` journaled, and a row read for it posted and held back.
