@@ -23,7 +23,7 @@
 //!
 //! 1. A client that follows a configuration announcing the repair of `X` resets a
 //!    register `R` on its other replicas only. Once every one of them acknowledged
-//!    the reset, it writes [`entry`]`(R)` into a free slot of its row (a CAS expecting
+//!    the reset, it writes [`entry`]`(R, life)` into a free slot of its row (a CAS expecting
 //!    zero, so that a slot left by an earlier incarnation of its writer id is never
 //!    overwritten) and keeps `R` out of its pool.
 //! 2. The repair reads the journal between the pieces of its copy (and throughout its
@@ -62,6 +62,22 @@
 //! once more: harmless during a repair. Nothing is ever *written* to `X` for a
 //! register outside a repair's copy, except by a client after the admission, on a
 //! register of its own past its grace.
+//!
+//! # A stopped repair
+//!
+//! A repair process can stop after it read an entry and before its clear (a CAS
+//! from the word it read to zero) lands, while a second repair of the same node
+//! services and clears the entry and the client reuses the register, resets it
+//! again during a repair and journals it again in the same slot (the first free
+//! one). If the entry were the register alone, the late clear would find the new
+//! entry and clear it, and the client would hand the register out although no
+//! repair copied this reset to the node. So an [`entry`] carries the reset's life
+//! (a hash of its marker, which every reset takes above every word it read,
+//! `crate::registers::reset`): the new entry differs from the one the stale clear
+//! expects, and the clear fails. Up to the 24-bit hash: two resets of one register
+//! collide with probability `2^-24`. The stopped repair's other late stores (its
+//! copies into the node, its configuration records) are `docs/pauses.md`'s hole H3,
+//! parts a and c.
 //!
 //! # What it costs
 //!
