@@ -116,7 +116,7 @@ const REGISTER_MASK: u64 = (1 << REGISTER_BITS) - 1;
 
 /// The journal word naming `register` of a cluster of `registers` registers, reset to
 /// the life marked `life` (never zero, so that zero is a free slot): `register + 1`
-/// in the low [`REGISTER_BITS`] bits, and 24 bits of a hash of the marker above them.
+/// in the low 40 bits (`REGISTER_BITS`), and 24 bits of a hash of the marker above them.
 /// A later reset of the same register journals another word (its marker is higher),
 /// so the late clear of a stopped repair, which expects the word it read, fails on
 /// it (see "A stopped repair" in the module docs). A cluster of `2^40 − 1` registers or
