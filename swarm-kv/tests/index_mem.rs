@@ -481,6 +481,97 @@ fn mappings_survive_ballots_wrapping_around() {
     }
 }
 
+/// Writes `word` at `addr` on `node` only.
+fn poke_node(f: &MemFabric, node: u16, addr: u64, word: u64) {
+    let stats = OpStats::new();
+    block_on_future(f, async {
+        let mut rt = Roundtrip::start(f, &stats);
+        rt.post(
+            NodeId(node),
+            swarm_core::Batch::write(addr, word.to_le_bytes().to_vec()),
+        )
+        .unwrap();
+        rt.wait(1).await.unwrap();
+    })
+    .unwrap();
+}
+
+/// An insert whose `SET` one node accepted (the others had promised a newer ballot)
+/// and that then reported its key present leaves that `SET` outvoted: the insert of
+/// the key that won accepted its change or its fence on a quorum of the bucket under
+/// a newer ballot. Such a `SET` is never decided afterwards, whichever quorum a
+/// later proposer gets (the inserter's next call, another client's lookup or insert
+/// through the node that holds it), so the inserter may give its register up. Only
+/// while nothing newer was accepted on a quorum is a minority's value the newest
+/// accepted one, and then it is finished, as Paxos demands (the second half): that
+/// state is one the inserter still watches (it reports the key present only after a
+/// promise on a quorum that shows its `SET` neither newest nor applied).
+#[test]
+fn a_set_accepted_by_one_node_and_outvoted_is_never_decided_later() {
+    let (key, other) = (b"hot".as_slice(), b"cold".as_slice());
+    let (kept, stale, third) = (1u64, 2u64, 3u64);
+    let stale_set = Meta::accepting(
+        Ballot(5),
+        Proposal::Set {
+            slot: 1,
+            register: stale,
+        },
+        false,
+    )
+    .encode();
+    let setup = || {
+        let s = Setup::new(3, 64, 1);
+        s.header(kept, key);
+        s.header(stale, key);
+        s.header(third, other);
+        let f = s.cluster.client();
+        let (out, _) = run(&f, async |st| s.index(1).insert(&f, st, key, kept).await);
+        assert_eq!(out, Ok(InsertOutcome::Inserted));
+        poke_node(&f, 0, s.layout.bucket(0), stale_set);
+        s
+    };
+    let without = |s: &Setup, node: u16| {
+        let g = swarm_core::fabric::FailNodes::new(s.cluster.client());
+        g.fail_node(NodeId(node));
+        g
+    };
+
+    // Outvoted: nodes 1 and 2 accepted a fence under ballot 6.
+    let s = setup();
+    let fence = Meta::accepting(Ballot(6), Proposal::Noop, false).encode();
+    let f = s.cluster.client();
+    poke_node(&f, 1, s.layout.bucket(0), fence);
+    poke_node(&f, 2, s.layout.bucket(0), fence);
+    for down in [1, 2] {
+        let g = without(&s, down);
+        let ix = s.index(down);
+        let (out, _) = run(&g, async |st| ix.insert(&g, st, key, stale).await);
+        assert_eq!(out, Ok(InsertOutcome::Exists(kept)), "node {down} down");
+        let (found, _) = run(&g, async |st| ix.lookup(&g, st, key).await);
+        assert_eq!(
+            found.map(|c| c.registers),
+            Ok(vec![kept]),
+            "node {down} down"
+        );
+    }
+    let g = without(&s, 2);
+    let (out, _) = run(&g, async |st| s.index(3).insert(&g, st, other, third).await);
+    assert_eq!(out, Ok(InsertOutcome::Inserted));
+    for ix in [s.index(4), s.index(5)] {
+        let (found, _) = run(&f, async |st| ix.lookup(&f, st, key).await);
+        assert_eq!(found.map(|c| c.registers), Ok(vec![kept]));
+    }
+
+    // Not outvoted (nodes 1 and 2 still hold the older decided insert): the
+    // minority's `SET` is the newest accepted value of any quorum with node 0, and a
+    // lookup through one finishes it.
+    let s = setup();
+    let g = without(&s, 2);
+    let (found, _) = run(&g, async |st| s.index(4).lookup(&g, st, key).await);
+    let found = found.expect("lookup").registers;
+    assert!(found.contains(&stale), "finished: {found:?}");
+}
+
 /// Slot words of every bucket on `node`, read straight from its memory.
 fn slot_words(s: &Setup, node: usize) -> Vec<u64> {
     let f = s.cluster.client();
