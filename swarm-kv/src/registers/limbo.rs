@@ -793,7 +793,7 @@ pub struct Census {
     pub retired_gone: u64,
     /// Blank registers held by live clients (pools, limbos of taken ones).
     pub pooled_live: u64,
-    /// Blank registers held by gone clients, or donated ([`is_donated`]): reclaimable.
+    /// Blank registers held by gone clients, or donated (`is_donated`): reclaimable.
     pub pooled_gone: u64,
     /// Of `pooled_gone`, the donated ones (every copy read `(0, d)` for one donated tag `d`): a
     /// reclaimer takes them after the delivery margin, not a register grace.
