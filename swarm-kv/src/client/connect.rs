@@ -399,11 +399,16 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         let stats = OpStats::new();
         let _deadline = stats.arm_deadline(now.saturating_add(max_op_ns));
         let tag = self.recycler.tag();
-        let mut registers: Vec<(RegisterId, u64)> = Vec::new();
+        let mut registers: Vec<(RegisterId, u64, Option<swarm_core::encoding::Tsp>)> = Vec::new();
         if may_donate {
-            registers.extend(unused.fresh.iter().map(|r| (*r, 0)));
+            registers.extend(unused.fresh.iter().map(|r| (*r, 0, None)));
             let pooled = crate::registers::limbo::header_word(0, tag);
-            registers.extend(unused.recycled.iter().map(|(r, _)| (*r, pooled)));
+            registers.extend(
+                unused
+                    .recycled
+                    .iter()
+                    .map(|(r, marker)| (*r, pooled, Some(*marker))),
+            );
         }
         let given = swarm_core::block_on(fabric, async {
             let chunks = crate::registers::give_back::release_chunks(

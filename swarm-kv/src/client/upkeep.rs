@@ -120,7 +120,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
     /// Donates what the recycled pool holds beyond [`POOL_KEEP_CHUNKS`] chunks' worth,
     /// once it holds more than [`POOL_SHED_CHUNKS`] chunks' worth, a chunk's worth per
     /// call (between operations, before a write's deadline is armed): by CAS of
-    /// key-header word 0 from `(0, its tag)` to `(0, DONATED_TAG)` on every replica
+    /// key-header word 0 from `(0, its tag)` to `(0, donated_tag(marker))` on every replica
     /// (`crate::registers::give_back::donate`, whose argument covers a pooled
     /// register: reset on every replica a grace after its last life ended, and not
     /// handed out since; it is out of the allocator before the CAS is posted).
@@ -155,7 +155,10 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
             .alloc
             .take_recycled_beyond(POOL_KEEP_CHUNKS.saturating_mul(chunk), chunk);
         let pooled = crate::registers::limbo::header_word(0, self.recycler.tag());
-        let registers: Vec<(RegisterId, u64)> = shed.iter().map(|(r, _)| (*r, pooled)).collect();
+        let registers: Vec<(RegisterId, u64, Option<swarm_core::encoding::Tsp>)> = shed
+            .iter()
+            .map(|(r, marker)| (*r, pooled, Some(*marker)))
+            .collect();
         let stats = OpStats::new();
         let _deadline = stats.arm_deadline(now.saturating_add(max_op_ns));
         match crate::registers::give_back::donate(fabric, &stats, &self.layout, &registers, |r| {

@@ -24,8 +24,11 @@
 //!   ([`crate::membership::claim`]) is untouched and at most one client owns the chunk;
 //! * **never-handed-out registers of chunks it partly used, and its recycled pool**:
 //!   donated ([`donate`]), their key-header word 0 CASed on every replica to
-//!   `(0, DONATED_TAG)` from what this client left there: `(0, 0)` for a register
-//!   never used, `(0, its tag)` for one its reset pooled. A client that runs dry takes
+//!   `(0, donated_tag(M))` from what this client left there: `(0, 0)` for a register
+//!   never used (`M`'s ticks 0), `(0, its tag)` for one its reset pooled with the life
+//!   marker `M`. That marker was donated by no reset (a donating reset pools
+//!   nothing), and a never-used register is donated once before its first reset, so
+//!   the word is this donation's alone (`crate::registers::limbo`, "Exactly one taker"). A client that runs dry takes
 //!   them after the delivery margin, not a grace ([`crate::registers::limbo`], rule 3,
 //!   `Verdict::Donated`). The chunks stay claimed: the registers of them that hold
 //!   keys are used.
@@ -69,7 +72,7 @@
 //! dry adopts them ([`crate::registers::orphans`]). Adoption hands out no register as
 //! fresh ([`crate::registers::alloc::RegisterAllocator::adopt`]): every register is judged
 //! by its key-header copies and taken by CAS, one taker each ([`crate::registers::limbo`]).
-//! A donated register is `(0, DONATED_TAG)` on its copies, so `Verdict::Donated` (or
+//! A donated register is `(0, d)`, `d` a donated tag, on its copies, so `Verdict::Donated` (or
 //! `Verdict::Pool` where the donation reached only some copies), never
 //! `Verdict::Fresh`, which needs every copy `(0, 0)`; a register taken before the
 //! adoption shows its taker's tag. So no register is handed out twice.
@@ -87,7 +90,9 @@ use swarm_core::quorum::majority;
 use swarm_core::{Batch, Fabric, NodeId, OpStats, RegisterLoc, Roundtrip};
 
 use crate::layout::NodeLayout;
-use crate::registers::limbo::{DONATED_TAG, header_word};
+use swarm_core::encoding::Tsp;
+
+use crate::registers::limbo::{donated_tag, header_word};
 use crate::{KvError, RegisterId};
 
 /// What a close gave back.
@@ -172,25 +177,33 @@ pub async fn release_chunks<F: Fabric>(
     Ok(released)
 }
 
+/// The key-header word 0 that donates a register whose life marker is `marker`
+/// (`None`: never used): `(0, donated_tag(its ticks))`, one word per donation
+/// ([`crate::registers::limbo::donated_tag`]).
+pub fn donation_word(marker: Option<Tsp>) -> u64 {
+    header_word(0, donated_tag(marker.map_or(0, |m| m.ts().ticks())))
+}
+
 /// Donates `registers` (with the key-header word 0 this client left on their
-/// replicas: `(0, 0)` or `(0, its tag)`) by CAS to `(0, DONATED_TAG)` on every
-/// replica `loc` names (see the module docs). Returns `(donated on every replica,
-/// the others)`.
+/// replicas, `(0, 0)` or `(0, its tag)`, and the life marker its reset installed,
+/// `None` for a register never used) by CAS to [`donation_word`] on every replica
+/// `loc` names (see the module docs). Returns `(donated on every replica, the
+/// others)`.
 pub async fn donate<F: Fabric>(
     fabric: &F,
     stats: &OpStats,
     layout: &NodeLayout,
-    registers: &[(RegisterId, u64)],
+    registers: &[(RegisterId, u64, Option<Tsp>)],
     loc: impl Fn(RegisterId) -> Option<RegisterLoc>,
 ) -> Result<(u64, u64), KvError> {
-    let to = header_word(0, DONATED_TAG);
     let (mut complete, mut incomplete) = (0u64, 0u64);
     // A register has at most one replica per node: a group of `MAX_BATCH_OPS`
     // registers is at most that many CASes on any node, one batch each.
     for group in registers.chunks(MAX_BATCH_OPS) {
         let mut per_node: Vec<(NodeId, Batch, Vec<usize>)> = Vec::new();
         let mut replicas = vec![0usize; group.len()];
-        for (i, (register, from)) in group.iter().enumerate() {
+        for (i, (register, from, marker)) in group.iter().enumerate() {
+            let to = donation_word(*marker);
             let (Some(loc), Some(addr)) = (loc(*register), layout.key_header(*register)) else {
                 continue;
             };
@@ -228,13 +241,14 @@ pub async fn donate<F: Fabric>(
                 continue;
             };
             for (op, &i) in which.iter().enumerate() {
-                let from = group[i].1;
+                let (_, from, marker) = group[i];
+                let to = donation_word(marker);
                 if completion.cas(op).is_some_and(|p| p == from || p == to) {
                     landed[i] += 1;
                 }
             }
         }
-        for (i, (register, _)) in group.iter().enumerate() {
+        for (i, (register, _, _)) in group.iter().enumerate() {
             if replicas[i] > 0 && landed[i] == replicas[i] {
                 complete += 1;
             } else {
@@ -340,18 +354,19 @@ mod tests {
             })
             .unwrap();
         }
-        let mut registers: Vec<(RegisterId, u64)> = unused.fresh.iter().map(|r| (*r, 0)).collect();
-        registers.push((full * per, header_word(0, tag)));
+        let mut registers: Vec<(RegisterId, u64, Option<Tsp>)> =
+            unused.fresh.iter().map(|r| (*r, 0, None)).collect();
+        registers.push((full * per, header_word(0, tag), Some(marker)));
         let loc = |r| crate::client::register_loc_for(&layout, 3, r).ok();
         let (donated, incomplete) =
             block_on(&fabric, donate(&fabric, &stats, &layout, &registers, loc)).unwrap();
         assert_eq!((donated, incomplete), (registers.len() as u64, 0));
-        for (register, _) in &registers {
+        for (register, _, marker) in &registers {
             for node in loc(*register).unwrap().replicas.nodes() {
                 let at = layout.key_header(*register).unwrap();
                 assert_eq!(
                     word(&fabric, node.0, at),
-                    header_word(0, DONATED_TAG),
+                    donation_word(*marker),
                     "register {register} on {node:?}"
                 );
             }

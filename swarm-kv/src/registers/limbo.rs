@@ -25,7 +25,7 @@
 //! | `(len, 0)` | holds a key: indexed, or being published, or retired with its mark missing |
 //! | `(len, t)` | **retired** (unmapped or never published) and held by `t`: in `t`'s limbo |
 //! | `(0, t)` | reset (or taken while blank) and held by `t`: in `t`'s limbo or pool |
-//! | `(0, DONATED)` | reset and given up by a client whose pool held enough ([`DONATED_TAG`]): free for any reclaimer |
+//! | `(0, d)` | reset and given up by a client whose pool held enough, or given back at its close: donated, free for any reclaimer ([`donated_tag`]: one word per donation) |
 //!
 //! Who writes a tag, and when:
 //!
@@ -37,7 +37,7 @@
 //!   mapped and never will be again until it is reset (the index's "knowing one's
 //!   fate" property, `crate::index`, which the grace-then-reset recycling relies on too);
 //! * **the reset** ([`crate::registers::reset`]) CASes word 0 to `(0, tag)` of the resetter on
-//!   every replica: the register is in the resetter's pool; or `(0, DONATED_TAG)`
+//!   every replica: the register is in the resetter's pool; or `(0, donated_tag(M))`
 //!   when the resetter's pool holds enough (a *donation*, `crate::registers::recycle`): the
 //!   resetter gives the register up for good, before the reset is posted;
 //! * **a reclaimer** that takes the register ([`take`]): a CAS from the word it observed
@@ -82,7 +82,7 @@
 //! 3. **a gone client's pool**: *every* copy is blank and some copy is `(0, t)` with `t`
 //!    gone. All copies must be blank here: a register of that pool that its holder then
 //!    published has its key header on a majority, so a majority read sees a `(len, 0)`.
-//!    A donated register is such a pool: `DONATED_TAG` is nobody's. Its donor never
+//!    A donated register is such a pool: a donated tag is nobody's. Its donor never
 //!    uses it again, and a copy its reset has not reached yet shows the donor's tag
 //!    (rule 1) or a key, so a reclaimer takes it only where the reset landed on every
 //!    copy it reads. When every copy read is donated ([`Verdict::Donated`]), the taker
@@ -105,9 +105,18 @@
 //! ([`crate::membership::claim`]); a loser hands the copies it took back. Tags carry the writer id
 //! and two live clients never share one, so two live takers never write equal words; a
 //! taker skips a register whose tag equals its own. A CAS only succeeds on the value it
-//! observed, and the takes of one group are posted within `max_op_ns` of the header
-//! read (an operation deadline, [`swarm_core::OpStats`]), far less than a register's
-//! grace, so an observed word cannot come back (ABA) through a whole new life.
+//! observed, and an observed word never comes back (ABA) through a whole new life,
+//! however long a taker stops between its posts (a stop inside the burst makes it count
+//! answers from both sides of the stop, `docs/pauses.md`): `(len, t)` and `(0, t)` of a
+//! gone tag are not written again, and a donated word `(0, donated_tag(M))` carries the
+//! ticks of the life marker `M` of the reset that donated it (or of the life the pooled
+//! register was given back in; 0 for a never-used one). Markers only grow, and each
+//! marker is donated at most once (a reset that donates installs a new one; a taker
+//! resets before any use), so a later donation of the register writes another word
+//! (up to ticks equal modulo 2^30: about 18 minutes of 1 µs ticks apart to the tick).
+//! With one word for every donation (`DONATED_TAG`, as older builds still write), a
+//! take stopped after one node's CAS counted a majority with the next donation's
+//! copies while that donation's taker counted one too.
 //!
 //! The winner retires the register into its own limbo ([`crate::registers::recycle`]): it is reset
 //! and pooled only after the register grace, which covers any location-cache entry and
@@ -134,7 +143,7 @@
 //! grace (13 s by default) before exiting, which a one-shot `swarm delete` cannot
 //! afford, and the marks already make every retired register reclaimable. What it
 //! never used, its pool and the registers of its chunks it never handed out, it
-//! donates (`DONATED_TAG`, rule 3), and chunks it handed nothing out of go back to the
+//! donates ([`donated_tag`], rule 3), and chunks it handed nothing out of go back to the
 //! chunk table ([`crate::registers::give_back`], which has the argument): a client
 //! that runs dry takes those after the delivery margin, not a grace.
 //!
@@ -180,12 +189,35 @@ pub fn holder_tag(writer: u16, token: u64) -> u32 {
     0x8000_0000 | (hash & 0x7FFF_F800) | (u32::from(writer) & 0x7FF)
 }
 
-/// The holder tag of a *donated* register: reset on every replica by a client whose
-/// pool held enough, and given up for any client to take (`crate::registers::recycle`,
-/// "donations"). Bit 31 is clear, so it is no client's [`holder_tag`]: [`judge`]
-/// finds it held by nobody alive, and a copy set `(0, DONATED_TAG)` is a pool like
-/// a gone client's (rule 3).
+/// The one donated holder tag that builds before [`donated_tag`] wrote for every
+/// donation. Still read as donated ([`is_donated`]); never written any more: a
+/// take that straddled two donations found the same word in both (module docs,
+/// "Exactly one taker"). Tests only: this build reads it through [`is_donated`].
+#[cfg(test)]
 pub const DONATED_TAG: u32 = 0x7FFF_FFFF;
+
+/// Bits of a donated holder tag ([`donated_tag`]): bit 31 clear (no client's
+/// [`holder_tag`]), bit 30 set (never 0, nor `crate::repair::merge::POISON_TAG`).
+const DONATED_BITS: u32 = 0x4000_0000;
+
+/// The holder tag of a *donated* register whose current life marker has `ticks`
+/// ticks (0: a register never used, whose words are still zeros): reset on every
+/// replica by a client whose pool held enough, or given back at close, and given up
+/// for any client to take (`crate::registers::recycle`, "donations";
+/// `crate::registers::give_back`). Bit 31 is clear, so it is no client's
+/// [`holder_tag`]: [`judge`] finds it held by nobody alive, and a copy set
+/// `(0, donated_tag(..))` is a pool like a gone client's (rule 3). The low 30 bits
+/// are the marker's ticks, which grow with every life of the register, so each
+/// donation of a register writes its own word (module docs, "Exactly one taker").
+pub const fn donated_tag(ticks: u64) -> u32 {
+    DONATED_BITS | (ticks as u32 & (DONATED_BITS - 1))
+}
+
+/// Whether `tag` is a donated holder tag ([`donated_tag`], or the one word older
+/// builds wrote for every donation, `DONATED_TAG` = `0x7FFF_FFFF`).
+pub const fn is_donated(tag: u32) -> bool {
+    tag & 0xC000_0000 == DONATED_BITS
+}
 
 /// Word 0 of a key header: the key length in bytes 0..4, the holder tag in 4..8.
 pub const fn header_word(len: u32, tag: u32) -> u64 {
@@ -302,7 +334,7 @@ pub enum Verdict {
     Limbo,
     /// Held by nobody alive: a gone client's pool (blank).
     Pool,
-    /// Donated: blank, and every copy read carries [`DONATED_TAG`].
+    /// Donated: blank, and every copy read carries one donation's tag ([`is_donated`]).
     Donated,
     /// Never used, in a chunk the reclaimer adopted.
     Fresh,
@@ -337,7 +369,10 @@ pub fn judge(
         return Verdict::Limbo;
     }
     if copies.iter().all(|c| c.len == 0) {
-        if copies.iter().all(|c| c.tag == DONATED_TAG) {
+        // One donation's word on every copy. Two donations' words side by side (a
+        // copy the later one's reset has not reached) are a pool, through the grace.
+        let first = copies[0].tag;
+        if is_donated(first) && copies.iter().all(|c| c.tag == first) {
             return Verdict::Donated;
         }
         if copies.iter().any(|c| c.tag != 0) {
@@ -758,9 +793,9 @@ pub struct Census {
     pub retired_gone: u64,
     /// Blank registers held by live clients (pools, limbos of taken ones).
     pub pooled_live: u64,
-    /// Blank registers held by gone clients, or donated (`DONATED_TAG`): reclaimable.
+    /// Blank registers held by gone clients, or donated (`is_donated`): reclaimable.
     pub pooled_gone: u64,
-    /// Of `pooled_gone`, the donated ones (every copy read `(0, DONATED_TAG)`): a
+    /// Of `pooled_gone`, the donated ones (every copy read `(0, d)` for one donated tag `d`): a
     /// reclaimer takes them after the delivery margin, not a register grace.
     pub donated: u64,
     /// Registers never used (blank, no tag).
@@ -839,7 +874,9 @@ pub async fn census<F: Fabric>(
                     out.pooled_live += 1;
                 } else {
                     out.pooled_gone += 1;
-                    out.donated += u64::from(copies.iter().all(|(_, c)| c.tag == DONATED_TAG));
+                    out.donated += u64::from(copies.first().is_some_and(|(_, first)| {
+                        is_donated(first.tag) && copies.iter().all(|(_, c)| c.tag == first.tag)
+                    }));
                 }
             }
             at = stop;
@@ -1186,23 +1223,26 @@ mod tests {
         assert!(!d_won);
     }
 
-    /// `DONATED_TAG` is one word for every donation, so the word a take expects comes
-    /// back each time the register is donated again. Reclaimer x judged the register
-    /// donated and posted its takes; only node 0's landed before x stopped. A second
-    /// reclaimer, which did not hear node 0 in time, took it from nodes 1 and 2, reset
-    /// it (node 0's copy included) and used it; a later reset donated it again. A
-    /// third reclaimer now takes nodes 0 and 1, and x wakes up: its late take finds
-    /// the donation on node 2, and with node 0's answer from before its stop it
-    /// counts a majority too. Both hold the register in their limbo.
+    /// A take straddling two donations of one register. Reclaimer x judged the
+    /// register donated and posted its takes; only node 0's landed before x stopped.
+    /// A second reclaimer, which did not hear node 0 in time, took it from nodes 1
+    /// and 2, reset it (node 0's copy included) and used it; a later reset donated it
+    /// again. A third reclaimer now takes nodes 0 and 1, and x wakes up. When every
+    /// donation wrote the same word (`DONATED_TAG`), x's late take found it on node
+    /// 2 and, with node 0's answer from before its stop, counted a majority too: both
+    /// held the register. Each donation now writes its own word, from the life marker
+    /// its reset installed ([`donated_tag`]), so x's late CAS fails.
     #[test]
-    #[ignore = "a known hole (docs/pauses.md, holder tags): a take straddling two donations"]
     fn a_take_paused_between_its_posts_never_shares_a_register() {
         use crate::test_support::{Holding, poll_once};
+        use swarm_core::encoding::Tsp;
         let (cluster, layout) = cluster();
         let f = cluster.client();
         let r: RegisterId = 5;
         let loc = register_loc_for(&layout, 3, r).unwrap();
-        let donated = header_word(0, DONATED_TAG);
+        // The first donation: a reset whose marker has 5 ticks.
+        let first = Tsp::reset_marker(5).unwrap();
+        let donated = header_word(0, donated_tag(first.ts().ticks()));
         for node in 0..3 {
             set_word0(&f, &layout, r, node, donated);
         }
@@ -1218,17 +1258,26 @@ mod tests {
         let y_won = block_on(&f, take(&f, &s, &layout, &loc, r, &everywhere[1..], tag_y));
         assert!(matches!(y_won, Ok(true)));
         // y's reset (every copy: node 0's x tag included), a life, then a reset that
-        // donates it again.
+        // donates it again: its marker is above every word of the life before, the
+        // first donation's marker included.
         for node in 0..3 {
             set_word0(&f, &layout, r, node, header_word(0, tag_y));
         }
+        let seen = crate::registers::reset::Seen {
+            header: header_word(0, tag_y),
+            words: vec![first.word(), first.word()],
+        };
+        let again = crate::registers::reset::marker_above([&seen]).unwrap();
+        let donated_again = header_word(0, donated_tag(again.ts().ticks()));
         for node in 0..3 {
-            set_word0(&f, &layout, r, node, donated);
+            set_word0(&f, &layout, r, node, donated_again);
         }
-        // z takes; its node-2 CAS is slow.
+        // z takes the second donation; its node-2 CAS is slow.
+        let everywhere_again: Vec<(NodeId, u64)> =
+            (0..3).map(|n| (NodeId(n), donated_again)).collect();
         let z = Holding::new(cluster.client(), &[2]);
         let sz = OpStats::new();
-        let mut fz = core::pin::pin!(take(&z, &sz, &layout, &loc, r, &everywhere, tag_z));
+        let mut fz = core::pin::pin!(take(&z, &sz, &layout, &loc, r, &everywhere_again, tag_z));
         assert!(poll_once(fz.as_mut()).is_pending());
         // x wakes up.
         x.land();
@@ -1236,6 +1285,7 @@ mod tests {
         z.land();
         let z_won = matches!(poll_once(fz.as_mut()), core::task::Poll::Ready(Ok(true)));
         assert!(!(x_won && z_won), "two reclaimers both took the register");
+        assert!(z_won && !x_won, "the second donation's taker holds it");
     }
 
     fn copy(len: u32, tag: u32, word1: u64) -> HeaderCopy {
@@ -1331,10 +1381,23 @@ mod tests {
         let alive = live(&[(1, 0x111)]);
         let mine = holder_tag(2, 0x222);
         let j = |copies: &[HeaderCopy]| judge(copies, 2, &alive, mine, false, 16);
-        assert!(!alive.tags.contains(&DONATED_TAG) && DONATED_TAG & 0x8000_0000 == 0);
-        let donated = copy(0, DONATED_TAG, 0);
+        let tag = donated_tag(7);
+        assert!(!alive.tags.contains(&tag) && tag & 0x8000_0000 == 0 && tag != 0);
+        assert!(is_donated(tag) && !is_donated(mine) && !is_donated(0));
+        let donated = copy(0, tag, 0);
         assert_eq!(j(&[donated, donated]), Verdict::Donated);
         assert_eq!(j(&[donated, donated, donated]), Verdict::Donated);
+        // Each donation its own word; the word older builds wrote for every one
+        // is still a donation.
+        assert_ne!(donated_tag(7), donated_tag(8));
+        assert_ne!(donated_tag(0), donated_tag(1));
+        let legacy = copy(0, DONATED_TAG, 0);
+        assert_eq!(j(&[legacy, legacy]), Verdict::Donated);
+        assert_eq!(
+            j(&[donated, copy(0, donated_tag(9), 0)]),
+            Verdict::Pool,
+            "two donations' words: a later donation's reset not landed; through the grace"
+        );
         let gone = holder_tag(3, 0x333);
         assert_eq!(
             j(&[donated, copy(0, gone, 0)]),

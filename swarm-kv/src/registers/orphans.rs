@@ -32,7 +32,7 @@
 //! all others, is then judged and taken one by one, by its key header's holder tag and
 //! a CAS on it, by the reclamation pass of [`crate::registers::limbo`], which runs adoption first
 //! and has the argument. An owner that closed cleanly donated the never-used registers
-//! of its chunks ([`crate::registers::give_back`]): their headers show `DONATED_TAG`, so
+//! of its chunks ([`crate::registers::give_back`]): their headers show a donated tag, so
 //! they are judged donated, never fresh, and taken once like any other.
 
 use std::collections::HashSet;

@@ -91,7 +91,8 @@
 //! that runs for months the drift is unbounded. A client whose pool already holds a
 //! chunk's worth of registers ([`crate::layout::ClusterParams::chunk_registers`],
 //! counting the fresh ones of its chunks) therefore *donates* the registers it
-//! resets: the reset writes the holder tag [`crate::registers::limbo::DONATED_TAG`] instead of
+//! resets: the reset writes a donated holder tag ([`crate::registers::limbo::donated_tag`], from the
+//! marker it installs, one word per donation) instead of
 //! its own, and the register never comes back to it, whatever the replicas answer.
 //! A client that runs dry takes donated registers as it takes a gone client's pool
 //! (`crate::registers::limbo`, rule 3), at most a chunk's worth per pass, or half of what its
@@ -338,9 +339,13 @@ const RESET_READS: u32 = 4;
 #[derive(Debug)]
 struct Reset {
     register: RegisterId,
-    /// The reset gives the register away ([`crate::registers::limbo::DONATED_TAG`]): once it
+    /// The reset gives the register away ([`crate::registers::limbo::donated_tag`]): once it
     /// is posted, the register never comes back to this client.
     donated: bool,
+    /// The donated tag a donating reset writes: fixed at its first install, from the
+    /// marker installed then, so that an install read again after a late store
+    /// (`moved`) leaves the same word (that marker is donated by no other reset).
+    donation_tag: Option<u32>,
     /// Carried over from its [`Limbo`] entry.
     keep: bool,
     phase: Phase,
@@ -367,6 +372,7 @@ impl Reset {
         Self {
             register,
             donated,
+            donation_tag: None,
             keep,
             phase: Phase::Read,
             reads: 0,
@@ -412,6 +418,15 @@ impl Reset {
                 }
             }
             Phase::Install => {
+                let tag = if self.donated {
+                    *self
+                        .donation_tag
+                        .get_or_insert(crate::registers::limbo::donated_tag(
+                            self.marker.ts().ticks(),
+                        ))
+                } else {
+                    tag
+                };
                 for (node, seen) in &self.seen {
                     let Some(batches) =
                         reset::install_batches(layout, self.register, seen, self.marker, tag)
@@ -590,7 +605,7 @@ impl Recycler {
     /// Decides what `reset` does after a phase whose batches all answered (or failed:
     /// `blocked` if a replica in service failed). See [`crate::registers::reset`].
     fn next_phase(&self, reset: &mut Reset, blocked: bool) -> Next {
-        use crate::registers::limbo::DONATED_TAG;
+        use crate::registers::limbo::is_donated;
         if blocked {
             return Next::Finish;
         }
@@ -602,7 +617,7 @@ impl Recycler {
                 // reset must not touch. (A minority copy may keep the tag of the pool
                 // the register's last life came from: that insert missed it.)
                 let donation = reset.keep || reset.donated;
-                let mine = |t: u32| t == self.tag || (donation && t == DONATED_TAG);
+                let mine = |t: u32| t == self.tag || (donation && is_donated(t));
                 let foreign = reset
                     .seen
                     .iter()
@@ -774,7 +789,7 @@ impl Recycler {
     }
 
     /// Takes `register`, which this client took from another client's donation
-    /// (`crate::registers::limbo::DONATED_TAG`), to reset it at `due` and pool it: not a
+    /// (`crate::registers::limbo::donated_tag`), to reset it at `due` and pool it: not a
     /// grace after now, since its donor reset it a grace after its last life ended,
     /// but once the donor's reset has landed on every replica (the caller passes
     /// the delivery margin, `crate::registers::limbo::settle_ns`: a replica that missed the
@@ -853,13 +868,9 @@ impl Recycler {
             started += 1;
             // A donated register carries the tag any reclaimer may take.
             let donated = !keep && *donating.get_or_insert_with(&donate);
-            let tag = if donated {
-                crate::registers::limbo::DONATED_TAG
-            } else {
-                self.tag
-            };
             let mut reset = Reset::new(register, donated, keep);
-            if !loc(register).is_some_and(|loc| reset.post(fabric, layout, &loc, tag)) {
+            // A donating reset writes its donation's tag instead (`Reset::post`).
+            if !loc(register).is_some_and(|loc| reset.post(fabric, layout, &loc, self.tag)) {
                 // Not a register of this layout: nothing to recycle.
                 tracing::warn!(register, "recycler: no such register; dropped");
                 continue;
@@ -888,11 +899,7 @@ impl Recycler {
                     reset.failed.push(node);
                 }
             }
-            let tag = if reset.donated {
-                crate::registers::limbo::DONATED_TAG
-            } else {
-                self.tag
-            };
+            let tag = self.tag;
             // Every phase posts under a valid lease, like the reset's start.
             let blocked = !may_start || reset.failed.iter().any(|&node| !status(node).skippable());
             match self.next_phase(reset, blocked) {
@@ -1455,6 +1462,55 @@ mod tests {
 
     fn loc(layout: &NodeLayout, register: u64) -> Option<RegisterLoc> {
         crate::client::register_loc_for(layout, 3, register).ok()
+    }
+
+    /// A donating reset writes its donation's own word, from the marker it
+    /// installed, on every replica; the register's next donation, after a life in
+    /// another client, writes another one (`crate::registers::limbo`, "Exactly one
+    /// taker": a take stopped inside its burst never finds its word again).
+    #[test]
+    fn each_donation_of_a_register_writes_its_own_word() {
+        use crate::registers::limbo::{donated_tag, header_word};
+        let (cluster, layout) = small_cluster(200 * crate::test_support::MS);
+        let raw = cluster.client();
+        let fabric = Refusing::new(cluster.client());
+        fabric.refused.set(None);
+        let r = 5;
+        let meta_at = layout.register(r).unwrap() + layout.swarm.meta_offset();
+        let header = layout.key_header(r).unwrap();
+        let donate = |recycler: &Recycler, tag: u32| {
+            for node in 0..3 {
+                write_word(&raw, node, header, header_word(3, tag));
+            }
+            recycler.retire(r, 0, super::Retired::Unmapped);
+            for _ in 0..8 {
+                let back = recycler.step(
+                    &fabric,
+                    &layout,
+                    true,
+                    || true,
+                    |r| loc(&layout, r),
+                    |_| ReplicaStatus::InService,
+                    0,
+                );
+                assert!(back.is_empty(), "a donated register stays given away");
+            }
+            assert_eq!(recycler.stats().donated, 1);
+            let marker = swarm_core::encoding::Tsp::from_word(word(&raw, 0, meta_at));
+            assert!(marker.is_reset());
+            let donated = header_word(0, donated_tag(marker.ts().ticks()));
+            for node in 0..3 {
+                assert_eq!(word(&raw, node, header), donated, "node {node}");
+            }
+            donated
+        };
+        let first = donate(&Recycler::new(0, 1, 7), 7);
+        // A taker resets it, and its life writes above the marker.
+        for node in 0..3 {
+            write_word(&raw, node, meta_at, word(&raw, node, meta_at) + (1 << 20));
+        }
+        let second = donate(&Recycler::new(0, 2, 9), 9);
+        assert_ne!(first, second, "two donations, one word");
     }
 
     /// A register reset while node 2 is being rebuilt waits in the journal until

@@ -88,7 +88,8 @@ use crate::membership::lease::{counter, is_killed};
 pub const POISON_TOKEN: u64 = 2;
 
 /// The holder tag a rebuilt node gets where its donors show two distinct holders:
-/// bit 31 clear, so it is no client's tag (`crate::registers::limbo`).
+/// bit 31 clear, so it is no client's tag, and bit 30 clear, so it is no donation's
+/// (`crate::registers::limbo::is_donated`).
 pub const POISON_TAG: u32 = 1;
 
 /// How many words a merge could not copy safely and poisoned instead.
@@ -316,7 +317,16 @@ mod tests {
         assert_eq!(c.total(), 0);
         assert_eq!(claim_word(&[7, 9], &mut c), POISON_TOKEN);
         assert_eq!(holder_tag(&[0x8000_0001, 0x8000_0002], &mut c), POISON_TAG);
-        assert_eq!(c.claims, 2);
+        // Two donations of one register write two words: a rebuilt node never
+        // shows the earlier donation's word beside a donor with the later one's.
+        let (first, second) = (
+            crate::registers::limbo::donated_tag(5),
+            crate::registers::limbo::donated_tag(9),
+        );
+        assert_eq!(holder_tag(&[first, first], &mut c), first);
+        assert_eq!(holder_tag(&[first, second], &mut c), POISON_TAG);
+        assert!(!crate::registers::limbo::is_donated(POISON_TAG));
+        assert_eq!(c.claims, 3);
     }
 
     #[test]
