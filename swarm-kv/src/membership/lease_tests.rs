@@ -745,3 +745,144 @@ fn a_stopped_reclaimer_never_lowers_the_next_owners_guard() {
         .count();
     assert_eq!(up, 3, "a stopped reclaimer lowered the new owner's guard");
 }
+
+/// Polls `future` on `fabric` until it is ready or `polls` polls went by (it waits
+/// on batches a [`StopsAt`] holds: its client is stopped).
+fn poll_for<T>(
+    fabric: &impl Fabric,
+    future: &mut core::pin::Pin<&mut impl core::future::Future<Output = T>>,
+    polls: usize,
+    mut between: impl FnMut(),
+) -> Option<T> {
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    for _ in 0..polls {
+        between();
+        if let Poll::Ready(out) = future.as_mut().poll(&mut cx) {
+            return Some(out);
+        }
+        fabric.progress();
+    }
+    None
+}
+
+/// The word at `addr` on each of the three nodes.
+fn words(world: &World, addr: u64) -> Vec<u64> {
+    let f = world.fabric();
+    (0..3u16)
+        .map(|node| {
+            block_on_future(&f, async {
+                let s = OpStats::new();
+                let mut rt = swarm_core::Roundtrip::start(&f, &s);
+                rt.post(NodeId(node), Batch::read(addr, 8)).unwrap();
+                rt.wait(1).await.unwrap();
+                let bytes = rt.replies()[0].1.read(0).unwrap().to_vec();
+                u64::from_le_bytes(bytes.try_into().unwrap())
+            })
+            .unwrap()
+        })
+        .collect()
+}
+
+/// A registrant x stops right before its first store into the row's owner-identity
+/// word (word 2), which an earlier owner left naming a process that is gone. A
+/// reclaimer y, on this host, kills x's lease, finds no running owner named, takes
+/// the row over, registers and raises its write-back guard. x wakes up: it must not
+/// come out of its registration holding the row, nor lower y's guard, nor leave its
+/// identity in place of y's. docs/pauses.md, H4.
+#[test]
+fn a_registrant_stopped_before_its_identity_never_shares_the_row() {
+    use crate::membership::owner_process::{identity, this_process};
+    use crate::membership::writer_ids::{WRITE_BACK_GUARD, register};
+    let world = World::new(1);
+    let row = world.layout.client_row(0);
+    let pid_at = row + 16;
+    let guard = row + WRITE_BACK_GUARD;
+    let f = world.fabric();
+    // An earlier owner, gone: this process's pid with another start time.
+    let me = this_process();
+    let gone = identity(std::process::id(), (me >> 32) + 1);
+    for node in 0..3u16 {
+        block_on_future(&f, async {
+            let s = OpStats::new();
+            let mut rt = swarm_core::Roundtrip::start(&f, &s);
+            rt.post(
+                NodeId(node),
+                Batch::write(pid_at, gone.to_le_bytes().to_vec()),
+            )
+            .unwrap();
+            rt.wait(1).await.unwrap();
+        })
+        .unwrap();
+    }
+    let x = StopsAt {
+        inner: world.fabric(),
+        at: vec![pid_at],
+        stopped: Cell::new(false),
+        held: std::cell::RefCell::default(),
+    };
+    let x_owner = identity(1, 7);
+    let xs = register(
+        &x,
+        &world.layout,
+        3,
+        0x0A11_CE01,
+        x_owner,
+        OwnerLiveness::ThisHost,
+        0,
+    );
+    let mut xs = core::pin::pin!(xs);
+    assert!(
+        poll_for(&x, &mut xs, 10_000, || {}).is_none(),
+        "x stops at its identity store"
+    );
+    assert!(x.stopped.get(), "x reached its identity store");
+    // y registers: every row is claimed, so it reclaims x's (an expired lease, and
+    // word 2 names a process that is gone).
+    let (y, _lease) = block_on(
+        &f,
+        register(
+            &f,
+            &world.layout,
+            3,
+            0x0B0B_0001,
+            me,
+            OwnerLiveness::ThisHost,
+            0,
+        ),
+    )
+    .expect("y takes the row over");
+    assert_eq!(y.writer, 0);
+    assert_eq!(words(&world, pid_at), vec![me; 3], "y's identity");
+    // y raises its guard (a write-back in progress).
+    let raised = 0x1234_5000u64;
+    for node in 0..3u16 {
+        block_on_future(&f, async {
+            let s = OpStats::new();
+            let mut rt = swarm_core::Roundtrip::start(&f, &s);
+            rt.post(
+                NodeId(node),
+                Batch::write(guard, raised.to_le_bytes().to_vec()),
+            )
+            .unwrap();
+            rt.wait(1).await.unwrap();
+        })
+        .unwrap();
+    }
+    // x wakes up, and everything it posts lands.
+    let woke = poll_for(&x, &mut xs, 100_000, || x.land());
+    x.land();
+    assert!(
+        !matches!(woke, Some(Ok(_))),
+        "x came out of its registration holding y's row"
+    );
+    assert_eq!(
+        words(&world, guard),
+        vec![raised; 3],
+        "x lowered y's write-back guard"
+    );
+    assert_eq!(
+        words(&world, pid_at),
+        vec![me; 3],
+        "x's identity replaced y's"
+    );
+}
