@@ -886,3 +886,99 @@ fn a_registrant_stopped_before_its_identity_never_shares_the_row() {
         "x's identity replaced y's"
     );
 }
+
+/// A fabric on which registrant x, which claimed the only row, names itself in the
+/// row (word 2, on every node) right before the reclaimer's first kill lands: after
+/// the reclaimer observed the table, before it judged the owner.
+struct NamesBeforeKill {
+    inner: Paced,
+    lease_word: u64,
+    pid_at: u64,
+    identity: u64,
+    done: Cell<bool>,
+}
+
+impl Fabric for NamesBeforeKill {
+    fn node_count(&self) -> usize {
+        self.inner.node_count()
+    }
+    fn post(&self, node: NodeId, batch: Batch) -> Ticket {
+        let kills = batch.ops().iter().any(|op| {
+            matches!(op, swarm_core::fabric::Op::Cas { addr, new, .. }
+                if *addr == self.lease_word && crate::membership::lease::is_killed(*new))
+        });
+        if kills && !self.done.replace(true) {
+            for n in 0..3u16 {
+                let named = Batch::write(self.pid_at, self.identity.to_le_bytes().to_vec());
+                self.inner.post_detached(NodeId(n), named);
+            }
+        }
+        self.inner.post(node, batch)
+    }
+    fn poll(&self, ticket: Ticket) -> Poll<Result<Completion, FabricError>> {
+        self.inner.poll(ticket)
+    }
+    fn forget(&self, ticket: Ticket) {
+        self.inner.forget(ticket)
+    }
+    fn progress(&self) -> bool {
+        self.inner.progress()
+    }
+    fn now(&self) -> Nanos {
+        self.inner.now()
+    }
+    fn wake_at(&self, deadline: Nanos) {
+        self.inner.wake_at(deadline)
+    }
+}
+
+/// A registrant that named itself after a reclaimer observed the table (and stopped
+/// before it renewed: its lease is killed) still runs: the reclaimer, on this host,
+/// reads the identity again once its claim landed, and leaves the row to it.
+/// docs/pauses.md, H4.
+#[test]
+fn a_reclaimer_leaves_a_row_named_by_a_running_process_after_its_observation() {
+    use crate::membership::owner_process::this_process;
+    let world = World::new(1);
+    let row = world.layout.client_row(0);
+    let f = world.fabric();
+    // x claims the row on every node and stops before it names itself.
+    for node in 0..3u16 {
+        block_on_future(&f, async {
+            let s = OpStats::new();
+            let mut rt = swarm_core::Roundtrip::start(&f, &s);
+            rt.post(NodeId(node), Batch::cas(row, 0, 0x0A11_CE01))
+                .unwrap();
+            rt.wait(1).await.unwrap();
+        })
+        .unwrap();
+    }
+    let r = NamesBeforeKill {
+        inner: world.fabric(),
+        lease_word: row + crate::membership::lease_renewal::LEASE_WORD,
+        pid_at: row + 16,
+        identity: this_process(),
+        done: Cell::new(false),
+    };
+    if crate::membership::owner_process::alive(this_process()).is_none() {
+        eprintln!("no /proc on this host: process liveness is unknown here");
+        return;
+    }
+    let lease = world.lease();
+    let pass = block_on(
+        &r,
+        take_over_expired(
+            &r,
+            &world.layout,
+            &lease,
+            Some(0x0B0B_0001),
+            None,
+            OwnerLiveness::ThisHost,
+        ),
+    )
+    .expect("a reclaim pass");
+    assert!(r.done.get(), "the reclaimer killed x's lease");
+    assert_eq!(pass.taken, None, "the row of a running process was taken");
+    assert_eq!(pass.running, vec![0]);
+    assert_eq!(words(&world, row), vec![0x0A11_CE01; 3], "x's claim");
+}

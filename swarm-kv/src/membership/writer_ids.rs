@@ -175,8 +175,12 @@ async fn poll_free_row<F: Fabric>(
 /// [`LeaseParams::observer_wait_ns`]). Returns the row and its lease, renewed.
 ///
 /// `owner` is the registering process's identity, left in the row
-/// ([`crate::membership::owner_process`]); `owners` says whether a takeover may judge
-/// other rows' owners by theirs.
+/// ([`crate::membership::owner_process`]) by CAS from the word read, on a majority,
+/// before the first lease renewal: a reclaimer that finds it naming a running
+/// process never takes the row, and a registrant whose CAS failed (the row changed
+/// hands after its read) gives up with [`KvError::LeaseExpired`]. An earlier
+/// owner's write-back guard is lowered by CAS from the word read, never a later
+/// owner's. `owners` says whether a takeover may judge other rows' owners by theirs.
 ///
 /// When every row is held by a live client, it waits up to `wait_ns` for one to be
 /// given back (short-lived clients close within milliseconds), polling the table,

@@ -75,6 +75,19 @@
 //!   floor: every node that acknowledged refuses its fence or cut it. A release goes
 //!   the same way, through a token of the reclaimer's own (`reclaimer_token`), then
 //!   back to 0.
+//! * **On shared memory, its identity is read after the claim.** Nothing is revoked
+//!   there, so the owner check above must cover such a registrant too. A registrant
+//!   names itself in word 2 on a majority, by CAS from the word it read, before its
+//!   first renewal (`crate::membership::writer_ids::register`), and a CAS that fails
+//!   (a later registrant named itself) ends its registration. So once the
+//!   reclaimer's claim is on a majority, the identity of every process whose renewal
+//!   counted before it is on one of the nodes it swapped (or was replaced, by CAS,
+//!   by a later registrant's, itself judged), and no renewal counts after it. The
+//!   reclaimer reads word 2 there and, if a named process runs, hands the copies
+//!   back to the dead token and leaves the row ([`Reclaimed::running`]). A registrant
+//!   that read the word before the reclaimer's successor named itself finds its CAS
+//!   failed, and never renews: it stores nothing plain under a row that is not its
+//!   own (docs/pauses.md).
 //!
 //! Register chunks claimed by a dead client keep its token in their claim words: they
 //! are not reclaimed here but adopted, once its row no longer holds its token, by the
