@@ -745,3 +745,240 @@ fn a_stopped_reclaimer_never_lowers_the_next_owners_guard() {
         .count();
     assert_eq!(up, 3, "a stopped reclaimer lowered the new owner's guard");
 }
+
+/// Polls `future` on `fabric` until it is ready or `polls` polls went by (it waits
+/// on batches a [`StopsAt`] holds: its client is stopped).
+fn poll_for<T>(
+    fabric: &impl Fabric,
+    future: &mut core::pin::Pin<&mut impl core::future::Future<Output = T>>,
+    polls: usize,
+    mut between: impl FnMut(),
+) -> Option<T> {
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    for _ in 0..polls {
+        between();
+        if let Poll::Ready(out) = future.as_mut().poll(&mut cx) {
+            return Some(out);
+        }
+        fabric.progress();
+    }
+    None
+}
+
+/// The word at `addr` on each of the three nodes.
+fn words(world: &World, addr: u64) -> Vec<u64> {
+    let f = world.fabric();
+    (0..3u16)
+        .map(|node| {
+            block_on_future(&f, async {
+                let s = OpStats::new();
+                let mut rt = swarm_core::Roundtrip::start(&f, &s);
+                rt.post(NodeId(node), Batch::read(addr, 8)).unwrap();
+                rt.wait(1).await.unwrap();
+                let bytes = rt.replies()[0].1.read(0).unwrap().to_vec();
+                u64::from_le_bytes(bytes.try_into().unwrap())
+            })
+            .unwrap()
+        })
+        .collect()
+}
+
+/// A registrant x stops right before its first store into the row's owner-identity
+/// word (word 2), which an earlier owner left naming a process that is gone. A
+/// reclaimer y, on this host, kills x's lease, finds no running owner named, takes
+/// the row over, registers and raises its write-back guard. x wakes up: it must not
+/// come out of its registration holding the row, nor lower y's guard, nor leave its
+/// identity in place of y's. docs/pauses.md, H4.
+#[test]
+fn a_registrant_stopped_before_its_identity_never_shares_the_row() {
+    use crate::membership::owner_process::{identity, this_process};
+    use crate::membership::writer_ids::{WRITE_BACK_GUARD, register};
+    let world = World::new(1);
+    let row = world.layout.client_row(0);
+    let pid_at = row + 16;
+    let guard = row + WRITE_BACK_GUARD;
+    let f = world.fabric();
+    // An earlier owner, gone: this process's pid with another start time.
+    let me = this_process();
+    let gone = identity(std::process::id(), (me >> 32) + 1);
+    for node in 0..3u16 {
+        block_on_future(&f, async {
+            let s = OpStats::new();
+            let mut rt = swarm_core::Roundtrip::start(&f, &s);
+            rt.post(
+                NodeId(node),
+                Batch::write(pid_at, gone.to_le_bytes().to_vec()),
+            )
+            .unwrap();
+            rt.wait(1).await.unwrap();
+        })
+        .unwrap();
+    }
+    let x = StopsAt {
+        inner: world.fabric(),
+        at: vec![pid_at],
+        stopped: Cell::new(false),
+        held: std::cell::RefCell::default(),
+    };
+    let x_owner = identity(1, 7);
+    let xs = register(
+        &x,
+        &world.layout,
+        3,
+        0x0A11_CE01,
+        x_owner,
+        OwnerLiveness::ThisHost,
+        0,
+    );
+    let mut xs = core::pin::pin!(xs);
+    assert!(
+        poll_for(&x, &mut xs, 10_000, || {}).is_none(),
+        "x stops at its identity store"
+    );
+    assert!(x.stopped.get(), "x reached its identity store");
+    // y registers: every row is claimed, so it reclaims x's (an expired lease, and
+    // word 2 names a process that is gone).
+    let (y, _lease) = block_on(
+        &f,
+        register(
+            &f,
+            &world.layout,
+            3,
+            0x0B0B_0001,
+            me,
+            OwnerLiveness::ThisHost,
+            0,
+        ),
+    )
+    .expect("y takes the row over");
+    assert_eq!(y.writer, 0);
+    assert_eq!(words(&world, pid_at), vec![me; 3], "y's identity");
+    // y raises its guard (a write-back in progress).
+    let raised = 0x1234_5000u64;
+    for node in 0..3u16 {
+        block_on_future(&f, async {
+            let s = OpStats::new();
+            let mut rt = swarm_core::Roundtrip::start(&f, &s);
+            rt.post(
+                NodeId(node),
+                Batch::write(guard, raised.to_le_bytes().to_vec()),
+            )
+            .unwrap();
+            rt.wait(1).await.unwrap();
+        })
+        .unwrap();
+    }
+    // x wakes up, and everything it posts lands.
+    let woke = poll_for(&x, &mut xs, 100_000, || x.land());
+    x.land();
+    assert!(
+        !matches!(woke, Some(Ok(_))),
+        "x came out of its registration holding y's row"
+    );
+    assert_eq!(
+        words(&world, guard),
+        vec![raised; 3],
+        "x lowered y's write-back guard"
+    );
+    assert_eq!(
+        words(&world, pid_at),
+        vec![me; 3],
+        "x's identity replaced y's"
+    );
+}
+
+/// A fabric on which registrant x, which claimed the only row, names itself in the
+/// row (word 2, on every node) right before the reclaimer's first kill lands: after
+/// the reclaimer observed the table, before it judged the owner.
+struct NamesBeforeKill {
+    inner: Paced,
+    lease_word: u64,
+    pid_at: u64,
+    identity: u64,
+    done: Cell<bool>,
+}
+
+impl Fabric for NamesBeforeKill {
+    fn node_count(&self) -> usize {
+        self.inner.node_count()
+    }
+    fn post(&self, node: NodeId, batch: Batch) -> Ticket {
+        let kills = batch.ops().iter().any(|op| {
+            matches!(op, swarm_core::fabric::Op::Cas { addr, new, .. }
+                if *addr == self.lease_word && crate::membership::lease::is_killed(*new))
+        });
+        if kills && !self.done.replace(true) {
+            for n in 0..3u16 {
+                let named = Batch::write(self.pid_at, self.identity.to_le_bytes().to_vec());
+                self.inner.post_detached(NodeId(n), named);
+            }
+        }
+        self.inner.post(node, batch)
+    }
+    fn poll(&self, ticket: Ticket) -> Poll<Result<Completion, FabricError>> {
+        self.inner.poll(ticket)
+    }
+    fn forget(&self, ticket: Ticket) {
+        self.inner.forget(ticket)
+    }
+    fn progress(&self) -> bool {
+        self.inner.progress()
+    }
+    fn now(&self) -> Nanos {
+        self.inner.now()
+    }
+    fn wake_at(&self, deadline: Nanos) {
+        self.inner.wake_at(deadline)
+    }
+}
+
+/// A registrant that named itself after a reclaimer observed the table (and stopped
+/// before it renewed: its lease is killed) still runs: the reclaimer, on this host,
+/// reads the identity again once its claim landed, and leaves the row to it.
+/// docs/pauses.md, H4.
+#[test]
+fn a_reclaimer_leaves_a_row_named_by_a_running_process_after_its_observation() {
+    use crate::membership::owner_process::this_process;
+    let world = World::new(1);
+    let row = world.layout.client_row(0);
+    let f = world.fabric();
+    // x claims the row on every node and stops before it names itself.
+    for node in 0..3u16 {
+        block_on_future(&f, async {
+            let s = OpStats::new();
+            let mut rt = swarm_core::Roundtrip::start(&f, &s);
+            rt.post(NodeId(node), Batch::cas(row, 0, 0x0A11_CE01))
+                .unwrap();
+            rt.wait(1).await.unwrap();
+        })
+        .unwrap();
+    }
+    let r = NamesBeforeKill {
+        inner: world.fabric(),
+        lease_word: row + crate::membership::lease_renewal::LEASE_WORD,
+        pid_at: row + 16,
+        identity: this_process(),
+        done: Cell::new(false),
+    };
+    if crate::membership::owner_process::alive(this_process()).is_none() {
+        eprintln!("no /proc on this host: process liveness is unknown here");
+        return;
+    }
+    let lease = world.lease();
+    let pass = block_on(
+        &r,
+        take_over_expired(
+            &r,
+            &world.layout,
+            &lease,
+            Some(0x0B0B_0001),
+            None,
+            OwnerLiveness::ThisHost,
+        ),
+    )
+    .expect("a reclaim pass");
+    assert!(r.done.get(), "the reclaimer killed x's lease");
+    assert_eq!(pass.taken, None, "the row of a running process was taken");
+    assert_eq!(pass.running, vec![0]);
+    assert_eq!(words(&world, row), vec![0x0A11_CE01; 3], "x's claim");
+}

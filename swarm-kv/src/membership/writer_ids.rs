@@ -90,8 +90,11 @@ use crate::membership::owner_process::OwnerLiveness;
 use crate::membership::writer_takeover::{STRAGGLER_NS, take_over_expired};
 use swarm_core::summary::LogSummary;
 
-/// Word offsets inside a row.
-const PID: u64 = 16;
+/// Offset in a row of the owner's process identity ([`crate::membership::owner_process`]).
+pub(crate) const PID: u64 = 16;
+
+/// Offset in a row of the used flag (see the module docs).
+const USED: u64 = 24;
 
 /// How long resuming a log waits for each node beyond the first majority, on the
 /// fabric's clock. Generous: it is paid once per client start, and only when a node
@@ -172,8 +175,12 @@ async fn poll_free_row<F: Fabric>(
 /// [`LeaseParams::observer_wait_ns`]). Returns the row and its lease, renewed.
 ///
 /// `owner` is the registering process's identity, left in the row
-/// ([`crate::membership::owner_process`]); `owners` says whether a takeover may judge
-/// other rows' owners by theirs.
+/// ([`crate::membership::owner_process`]) by CAS from the word read, on a majority,
+/// before the first lease renewal: a reclaimer that finds it naming a running
+/// process never takes the row, and a registrant whose CAS failed (the row changed
+/// hands after its read) gives up with [`KvError::LeaseExpired`]. An earlier
+/// owner's write-back guard is lowered by CAS from the word read, never a later
+/// owner's. `owners` says whether a takeover may judge other rows' owners by theirs.
 ///
 /// When every row is held by a live client, it waits up to `wait_ns` for one to be
 /// given back (short-lived clients close within milliseconds), polling the table,
@@ -234,12 +241,14 @@ pub async fn register<F: Fabric>(
         &stats,
         majority(nodes),
         STRAGGLER_NS,
-        |_| Ok(Some(Batch::read(at, 56))),
+        |_| Ok(Some(Batch::read(at, 64))),
         |replies| replies.len() == nodes,
     )
     .await?;
     let mut seen = vec![None; nodes];
     let mut generations = vec![None; nodes];
+    let mut identities = vec![None; nodes];
+    let mut guards = vec![None; nodes];
     let mut reused = false;
     let mut ceiling = 0;
     for (node, completion) in rt.replies() {
@@ -254,6 +263,12 @@ pub async fn register<F: Fabric>(
         }
         if let Some(slot) = generations.get_mut(node.index()) {
             *slot = word(4);
+        }
+        if let Some(slot) = identities.get_mut(node.index()) {
+            *slot = word(2);
+        }
+        if let Some(slot) = guards.get_mut(node.index()) {
+            *slot = word(7);
         }
         reused |= word(3).is_some_and(|w| w != 0);
         ceiling = ceiling.max(word(6).unwrap_or(0));
@@ -270,6 +285,26 @@ pub async fn register<F: Fabric>(
     keeper.raise_base(floor);
     let base = keeper.base();
     let holder = core::cell::RefCell::new(LeaseHolder::new(keeper, at, token, nodes));
+    // The owner's identity, on a majority before the first renewal, by CAS from the
+    // word read: a reclaimer on this host takes the row only once it found the
+    // identity of every process that may have renewed on it gone
+    // ([`crate::membership::writer_takeover`], "A registration paused before its
+    // fence"). A CAS that fails met a later registrant of the row: it is not ours.
+    let named = match name_owner(fabric, &stats, nodes, at + PID, &identities, owner).await {
+        Ok(named) => named,
+        Err(e) => {
+            crate::membership::claim::release(fabric, nodes, at, token);
+            return Err(e.into());
+        }
+    };
+    let give_up = || {
+        unname_owner(fabric, at + PID, &named, owner);
+        crate::membership::claim::release(fabric, nodes, at, token);
+    };
+    if named.len() < majority(nodes) {
+        give_up();
+        return Err(KvError::LeaseExpired { writer });
+    }
     // The first renewal may meet a reclaimer's kill of the previous owner's lease,
     // which teaches the words to CAS from: a few attempts.
     for _ in 0..4 {
@@ -279,7 +314,7 @@ pub async fn register<F: Fabric>(
         }
     }
     if holder.borrow().valid_until().is_none() {
-        crate::membership::claim::release(fabric, nodes, at, token);
+        give_up();
         return Err(KvError::LeaseExpired { writer });
     }
     // Fenced before anything is stored under the row: a reclaimer that takes it over
@@ -296,20 +331,22 @@ pub async fn register<F: Fabric>(
     });
     tracing::debug!(writer, fenced, base, "lease fenced on the memory nodes");
     holder.borrow_mut().fenced();
-    let mut info = Vec::with_capacity(16);
-    info.extend_from_slice(&owner.to_le_bytes());
-    info.extend_from_slice(&1u64.to_le_bytes());
+    // The used flag only ever goes from 0 to 1 (a late copy marks a row used that
+    // is, which costs the next owner a log scan at most).
     broadcast(fabric, &stats, node_ids(nodes), majority(nodes), |_| {
-        Ok(Batch::write(at + PID, info.clone()))
+        Ok(Batch::write(at + USED, 1u64.to_le_bytes().to_vec()))
     })
     .await?;
     // A guard an earlier owner left up would keep one slot of some writer out of use
-    // for good; that owner is gone (it closed, or its row was taken over), so lower it.
-    for node in node_ids(nodes) {
-        fabric.post_detached(
-            node,
-            Batch::write(at + WRITE_BACK_GUARD, 0u64.to_le_bytes().to_vec()),
-        );
+    // for good; that owner is gone (it closed, or its row was taken over), so lower
+    // it, by CAS from the word read: never a later owner's guard.
+    for (node, raised) in guards.iter().enumerate() {
+        if let Some(raised) = raised.filter(|&g| g != 0) {
+            fabric.post_detached(
+                NodeId(node as u16),
+                Batch::cas(at + WRITE_BACK_GUARD, raised, 0),
+            );
+        }
     }
     // Before any write to the log: a later registration must see this generation.
     if let Err(e) = raise_word(
@@ -322,7 +359,7 @@ pub async fn register<F: Fabric>(
     )
     .await
     {
-        crate::membership::claim::release(fabric, nodes, at, token);
+        give_up();
         return Err(e.into());
     }
     tracing::debug!(writer, generation, ?resume, "writer id registered");
@@ -334,6 +371,55 @@ pub async fn register<F: Fabric>(
         ceiling,
     };
     Ok((registration, holder.into_inner()))
+}
+
+/// Writes `owner` into the owner-identity word at `addr` by CAS from the word each
+/// node showed (`read`, by node index; a node that did not answer is left alone),
+/// once: a CAS that fails met another registrant's identity, which is not
+/// overwritten. Returns the nodes where it swapped, with the word they held.
+async fn name_owner<F: Fabric + ?Sized>(
+    fabric: &F,
+    stats: &OpStats,
+    nodes: usize,
+    addr: u64,
+    read: &[Option<u64>],
+    owner: u64,
+) -> Result<Vec<(NodeId, u64)>, FabricError> {
+    let posted = read.iter().flatten().count();
+    let rt = broadcast_until(
+        fabric,
+        stats,
+        majority(nodes).min(posted),
+        STRAGGLER_NS,
+        |node| {
+            Ok(read
+                .get(node.index())
+                .copied()
+                .flatten()
+                .map(|was| Batch::cas(addr, was, owner)))
+        },
+        |replies| replies.len() == posted,
+    )
+    .await?;
+    Ok(rt
+        .replies()
+        .iter()
+        .filter_map(|(node, c)| {
+            let was = read.get(node.index()).copied().flatten()?;
+            (c.cas(0) == Some(was)).then_some((*node, was))
+        })
+        .collect())
+}
+
+/// Gives back the owner-identity word on the nodes `named` swapped (a registration
+/// that failed): CAS `owner` → the word it replaced, posted, not awaited. Where a
+/// later registrant named itself already, the CAS fails.
+fn unname_owner<F: Fabric + ?Sized>(fabric: &F, addr: u64, named: &[(NodeId, u64)], owner: u64) {
+    for &(node, was) in named {
+        if was != owner {
+            fabric.post_detached(node, Batch::cas(addr, owner, was));
+        }
+    }
 }
 
 /// Raises the word at `addr` to at least `target` on the nodes, never lowering it:

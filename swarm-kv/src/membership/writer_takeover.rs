@@ -75,6 +75,19 @@
 //!   floor: every node that acknowledged refuses its fence or cut it. A release goes
 //!   the same way, through a token of the reclaimer's own (`reclaimer_token`), then
 //!   back to 0.
+//! * **On shared memory, its identity is read after the claim.** Nothing is revoked
+//!   there, so the owner check above must cover such a registrant too. A registrant
+//!   names itself in word 2 on a majority, by CAS from the word it read, before its
+//!   first renewal (`crate::membership::writer_ids::register`), and a CAS that fails
+//!   (a later registrant named itself) ends its registration. So once the
+//!   reclaimer's claim is on a majority, the identity of every process whose renewal
+//!   counted before it is on one of the nodes it swapped (or was replaced, by CAS,
+//!   by a later registrant's, itself judged), and no renewal counts after it. The
+//!   reclaimer reads word 2 there and, if a named process runs, hands the copies
+//!   back to the dead token and leaves the row ([`Reclaimed::running`]). A registrant
+//!   that read the word before the reclaimer's successor named itself finds its CAS
+//!   failed, and never renews: it stores nothing plain under a row that is not its
+//!   own (docs/pauses.md).
 //!
 //! Register chunks claimed by a dead client keep its token in their claim words: they
 //! are not reclaimed here but adopted, once its row no longer holds its token, by the
@@ -89,6 +102,7 @@ use crate::layout::{CLIENT_ROW_BYTES, NodeLayout};
 use crate::membership::lease::{KILLED, LeaseParams, counter, is_killed};
 use crate::membership::lease_renewal::LEASE_WORD;
 use crate::membership::owner_process::{self, OwnerLiveness};
+use crate::membership::writer_ids::PID;
 
 /// How long a reclaimer waits for nodes beyond a majority at each step.
 pub const STRAGGLER_NS: Nanos = 50_000_000;
@@ -352,6 +366,9 @@ enum HandOver {
     /// A second revocation (below) did not complete: our copies went back to the
     /// dead token, and the row is left for a later pass.
     Uncut,
+    /// On this host, a process that may have renewed on the row still runs (its
+    /// identity was read after our claim): our copies went back to the dead token.
+    Running,
 }
 
 /// Hands `row`, whose owner is revoked up to `floor`, to the token `to`: CASes the
@@ -362,12 +379,19 @@ enum HandOver {
 /// revocation was acknowledged (module docs, "A registration paused before its
 /// fence"): that word is killed and the owner revoked again up to it, before the
 /// row is used or released.
+///
+/// With [`OwnerLiveness::ThisHost`] it also reads the owner-identity word on those
+/// nodes: a registrant names itself there on a majority before its first renewal
+/// (`crate::membership::writer_ids::register`), so the identity of every process
+/// whose renewal counted before our claim is on one of them. If one still runs, the
+/// row goes back to the dead token ([`HandOver::Running`]).
 async fn hand_over<F: Fabric + ?Sized>(
     fabric: &F,
     layout: &NodeLayout,
     row: &ObservedRow,
     floor: u64,
     to: u64,
+    owners: OwnerLiveness,
 ) -> Result<HandOver, KvError> {
     let nodes = fabric.node_count();
     let stats = OpStats::new();
@@ -384,6 +408,20 @@ async fn hand_over<F: Fabric + ?Sized>(
     if swapped.len() < majority(nodes) {
         crate::membership::claim::give_back(fabric, nodes, claim_at, to, row.token);
         return Ok(HandOver::Split);
+    }
+    if owners == OwnerLiveness::ThisHost {
+        for &node in &swapped {
+            let identity = read_word(fabric, &stats, node, claim_at + PID).await;
+            if identity.is_some_and(|o| owner_process::alive(o) == Some(true)) {
+                tracing::info!(
+                    writer = row.writer,
+                    %node,
+                    "a process named by the row still runs: its writer id is left to it"
+                );
+                crate::membership::claim::give_back(fabric, nodes, claim_at, to, row.token);
+                return Ok(HandOver::Running);
+            }
+        }
     }
     // Every node whose claim we swapped: an acknowledged renewal of the dead owner
     // counted on a majority, each before our claim landed there, so one of them is
@@ -447,9 +485,10 @@ async fn release_row<F: Fabric + ?Sized>(
     layout: &NodeLayout,
     row: &ObservedRow,
     floor: u64,
+    owners: OwnerLiveness,
 ) -> Result<HandOver, KvError> {
     let mine = reclaimer_token(row.writer);
-    let handed = hand_over(fabric, layout, row, floor, mine).await?;
+    let handed = hand_over(fabric, layout, row, floor, mine, owners).await?;
     if !matches!(handed, HandOver::Done(_)) {
         return Ok(handed);
     }
@@ -529,7 +568,7 @@ pub async fn take_over_expired<F: Fabric + ?Sized>(
             continue;
         };
         if let (Some(token), None) = (taker, &result.taken) {
-            match hand_over(fabric, layout, &row, floor, token).await? {
+            match hand_over(fabric, layout, &row, floor, token, owners).await? {
                 HandOver::Done(floor) => {
                     tracing::info!(
                         writer = row.writer,
@@ -546,17 +585,25 @@ pub async fn take_over_expired<F: Fabric + ?Sized>(
                     result.pending.push(row.writer);
                     continue;
                 }
+                HandOver::Running => {
+                    result.running.push(row.writer);
+                    continue;
+                }
             }
         }
         // A write-back guard the dead client left up keeps one slot of some writer
         // out of use until the row's next owner lowers it when it registers, fenced
         // (a plain store of ours could land after that owner raised its own guard).
-        if !matches!(
-            release_row(fabric, layout, &row, floor).await?,
-            HandOver::Done(_)
-        ) {
-            result.pending.push(row.writer);
-            continue;
+        match release_row(fabric, layout, &row, floor, owners).await? {
+            HandOver::Done(_) => {}
+            HandOver::Running => {
+                result.running.push(row.writer);
+                continue;
+            }
+            HandOver::Split | HandOver::Uncut => {
+                result.pending.push(row.writer);
+                continue;
+            }
         }
         tracing::info!(
             writer = row.writer,
@@ -595,11 +642,12 @@ pub async fn evict_now<F: Fabric + ?Sized>(
         let Some(floor) = revoke(fabric, layout, &row, 0, Some(row.token)).await? else {
             return Err(KvError::OwnerNotCut { writer });
         };
-        match release_row(fabric, layout, &row, floor).await? {
+        // An operator's override: the owner process is not asked (docs/cli.md).
+        match release_row(fabric, layout, &row, floor, OwnerLiveness::Unknown).await? {
             HandOver::Done(_) => return Ok(true),
             // Another reclaimer's claim split the copies: look again.
             HandOver::Split => continue,
-            HandOver::Uncut => return Err(KvError::OwnerNotCut { writer }),
+            HandOver::Uncut | HandOver::Running => return Err(KvError::OwnerNotCut { writer }),
         }
     }
     Err(KvError::Contended { attempts: 16 })
