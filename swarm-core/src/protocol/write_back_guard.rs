@@ -26,8 +26,14 @@
 //! 2. **re-reads** a majority of the register's replicas, and gives the write-back
 //!    up (the read starts over) if any reply is above `t`;
 //! 3. writes `t` back as before;
-//! 4. **lowers** the guard (zero on every node, never fenced), when the write-back
-//!    returns or fails, or when the operation is dropped.
+//! 4. **lowers** the guard (zero on every node, never fenced) once the write-back
+//!    returned or failed, or the operation was dropped, *and* every batch of the
+//!    raise and of the write-back completed, successfully or with an error. A round
+//!    returns at a majority, and its batches to slower replicas (the first burst's,
+//!    an escalation's) may still be in flight: their steps hand the tickets over
+//!    (`Roundtrip::keep_outstanding_in`) instead of forgetting them. Until they
+//!    completed the guard stays up, and the client's next write-back or its
+//!    slot-recycling tick finishes the lower (`Client::finish_guard_lower`).
 //!
 //! A client keeps one guard up at a time; a second write-back of the same client waits
 //! for the first. The writer, before it hands a slot of its limbo back to its
@@ -50,19 +56,20 @@
 //! * before the raise: `R`'s re-read was posted after its raise completed, so after
 //!   `T₂ > T₁`; it read a majority of the register's replicas, which meets `M₁`, and
 //!   found a word above `t`; so `R` gave the write-back up at step 2. Contradiction;
-//! * after the lower: the lower was posted after every batch of `R`'s write-back (in
-//!   program order on shared memory, where a batch lands inside the call that posts
-//!   it; in posting order over RDMA), so each of those landed before the lower's post
-//!   plus the delivery margin, hence before `W`'s read completed plus that margin,
-//!   which is when `W` reuses the slot (step 6).
+//! * after the lower: the lower was posted after every batch of `R`'s write-back
+//!   completed (on shared memory, inside the call that posts it), so each of those
+//!   landed before the lower's post, hence before `W`'s read completed, or never. Over
+//!   RDMA an error completion of a batch the engine gave up on comes once its queue
+//!   pair was aborted, and a request the NIC had sent by then lands within the
+//!   delivery margin: before `W` reuses the slot, a margin after its read (step 6).
 //!
 //! Neither case depends on how long `R` stops between any two of its instructions: a
 //! stop before step 1 or 2 ends in a re-read that sees `t` superseded; a stop after
 //! step 2 keeps the guard up, and the slot out of use, for as long as it lasts. On
-//! shared memory the argument assumes nothing about time. Over RDMA it assumes what
-//! the transport enforces for every batch: a batch handed to the NIC lands within the
-//! delivery margin or never (the engine gives its queue pair up first,
-//! `RdmaFabric::bound_delivery`). A write-back posted by `W` itself needs no guard: its
+//! shared memory the argument assumes nothing about time. Over RDMA it assumes only
+//! that a request sent before its queue pair was aborted lands within the delivery
+//! margin of the abort: not that the reader's process runs (a stopped reader completes
+//! nothing, so lowers nothing). A write-back posted by `W` itself needs no guard: its
 //! own stores precede its own reuse in program order.
 //!
 //! # What it costs, and what it leaves
@@ -73,7 +80,10 @@
 //! writer reads the guard table (one READ of `writers × stride` bytes per node) once
 //! per batch of slots leaving their grace. A reader stopped for ever with its guard
 //! up holds one slot of one writer out of use until its writer id is taken over (the
-//! new owner lowers the guard when it registers).
+//! new owner lowers the guard when it registers). So does a reader one of whose
+//! write-back batches never completes (a fabric may lose a batch to a crashed node
+//! for good: the simulator; RDMA and shared memory complete every batch), and its
+//! later write-backs wait for that guard until their deadline (`Fenced`).
 
 use alloc::vec::Vec;
 
