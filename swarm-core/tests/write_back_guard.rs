@@ -183,10 +183,14 @@ impl Fabric for Gate {
 type Node = Client<Gate, FixedClock>;
 
 fn client(cluster: &MemCluster, layout: Layout, writer: u32, clock: u64) -> Node {
-    client_with(cluster, layout, writer, clock, ProtocolConfig::default())
+    let config = ProtocolConfig::default()
+        .with_max_op_ns(3)
+        .with_delivery_margin_ns(0);
+    assert_eq!(config.grace_ns(), GRACE);
+    client_with(cluster, layout, writer, clock, config)
 }
 
-/// [`client`] with `config`'s fallback timer and suspicion.
+/// [`client`] with `config`.
 fn client_with(
     cluster: &MemCluster,
     layout: Layout,
@@ -194,8 +198,6 @@ fn client_with(
     clock: u64,
     config: ProtocolConfig,
 ) -> Node {
-    let config = config.with_max_op_ns(3).with_delivery_margin_ns(0);
-    assert_eq!(config.grace_ns(), GRACE);
     Client::new(
         Gate::new(cluster),
         FixedClock(clock),
@@ -484,6 +486,48 @@ fn without_guards_a_paused_write_back_garbles_a_reused_slot() {
     );
 }
 
+/// R's guard word, on each node, names `t1`.
+fn guard_up(s: &Schedule) -> [bool; 3] {
+    [A, B, C].map(|node| {
+        let word = peek(&s.cluster, node, GUARDS + 8 * 2, 8);
+        Tsp::from_word(u64::from_le_bytes(word.try_into().unwrap())).ts() == s.t1
+    })
+}
+
+/// The delivery margin of R in [`Schedule::with_slow_write_back`], in ticks of its
+/// fabric's logical clock.
+const R_MARGIN: u64 = 1000;
+
+impl Schedule {
+    /// [`Schedule::new`] with guards, and R's read of register 0 done: its write-back
+    /// of `t1` went to B first, B's batch is held (in flight), and R fell back to C.
+    fn with_slow_write_back() -> Self {
+        let mut s = Schedule::new(true);
+        let config = ProtocolConfig::default()
+            .with_max_op_ns(3)
+            .with_delivery_margin_ns(R_MARGIN)
+            .with_slow_after_ns(1)
+            .with_suspect_ns(1);
+        s.r = client_with(&s.cluster, s.layout, 2, 50, config);
+        *s.r.fabric().hold.borrow_mut() = Some(LOG_BASE..LOG_BASE + s.layout.log_bytes());
+        *s.r.fabric().hold_node.borrow_mut() = Some(B);
+        let stats = OpStats::new();
+        let mut cache = RegisterCache::new();
+        let reg0 = reg(0);
+        {
+            let read = pin!(s.r.max_read(&reg0, &mut cache, &stats, false));
+            let (t, value) = run_to_end(&s.r, read).unwrap();
+            assert_eq!((t.ts(), value.as_slice()), (s.t1, b"w1".as_slice()));
+        }
+        assert_eq!(
+            s.r.fabric().held(),
+            1,
+            "R's write-back batch to B is in flight"
+        );
+        s
+    }
+}
+
 /// Over RDMA a step returns once a majority answered, and its batches to the other
 /// replicas may still sit in a slow queue pair. R's write-back of `t1` goes to B first;
 /// B's batch is held (in flight, not landed), so R falls back to C, which answers, and
@@ -491,30 +535,7 @@ fn without_guards_a_paused_write_back_garbles_a_reused_slot() {
 /// supersedes `t1` meanwhile and recycles, never reuses `t1`'s slot under it.
 #[test]
 fn a_write_back_batch_still_in_flight_keeps_the_guard_up_until_it_landed() {
-    let mut s = Schedule::new(true);
-    let config = ProtocolConfig::default()
-        .with_slow_after_ns(1)
-        .with_suspect_ns(1);
-    s.r = client_with(&s.cluster, s.layout, 2, 50, config);
-    *s.r.fabric().hold.borrow_mut() = Some(LOG_BASE..LOG_BASE + s.layout.log_bytes());
-    *s.r.fabric().hold_node.borrow_mut() = Some(B);
-    let stats = OpStats::new();
-    let mut cache = RegisterCache::new();
-    let reg0 = reg(0);
-    let read = pin!(s.r.max_read(&reg0, &mut cache, &stats, false));
-    let (t, value) = run_to_end(&s.r, read).unwrap();
-    assert_eq!((t.ts(), value.as_slice()), (s.t1, b"w1".as_slice()));
-    assert_eq!(
-        s.r.fabric().held(),
-        1,
-        "R's write-back batch to B is in flight"
-    );
-    let guard_up = |s: &Schedule| {
-        [A, B, C].map(|node| {
-            let word = peek(&s.cluster, node, GUARDS + 8 * 2, 8);
-            Tsp::from_word(u64::from_le_bytes(word.try_into().unwrap())).ts() == s.t1
-        })
-    };
+    let s = Schedule::with_slow_write_back();
     // R's later ticks find the batch in flight and leave the guard up.
     s.r.recycle_slots_tick(8);
     assert_eq!(guard_up(&s), [true; 3], "R's guard is up on every node");
@@ -547,4 +568,29 @@ fn a_write_back_batch_still_in_flight_keeps_the_guard_up_until_it_landed() {
         .supersede_and_recycle()
         .expect("W reuses t1's slot once R's write-back landed");
     s.assert_intact(newest);
+}
+
+/// A fabric may lose a batch for good (a failed node's ticket that never completes):
+/// R's guard then goes down once the batch stayed pending for `max_op_ns` plus the
+/// delivery margin of R's fabric clock, so that R's later write-backs can go on.
+#[test]
+fn a_write_back_batch_lost_for_good_keeps_the_guard_up_only_for_the_delivery_bound() {
+    let s = Schedule::with_slow_write_back();
+    s.r.recycle_slots_tick(8);
+    assert_eq!(
+        guard_up(&s),
+        [true; 3],
+        "R's guard is up while B's batch is pending"
+    );
+    for _ in 0..R_MARGIN / 2 {
+        s.r.fabric().progress();
+    }
+    s.r.recycle_slots_tick(8);
+    assert_eq!(guard_up(&s), [true; 3], "still up within the bound");
+    for _ in 0..R_MARGIN {
+        s.r.fabric().progress();
+    }
+    s.r.recycle_slots_tick(8);
+    assert_eq!(guard_up(&s), [false; 3], "down past the bound");
+    assert_eq!(s.r.fabric().held(), 1, "B's batch never landed");
 }

@@ -120,7 +120,8 @@ impl<F: Fabric, C: Clock> Drop for Raised<'_, F, C> {
         // The write-back's steps were dropped before this guard (they live in the
         // futures it awaited), so their batches still in flight are in
         // `guard_tickets` by now.
-        self.client.guard_lowering.set(Some(self.addr));
+        let now = self.client.fabric.now();
+        self.client.guard_lowering.set(Some((self.addr, now)));
         self.client.finish_guard_lower();
     }
 }
@@ -130,19 +131,43 @@ impl<F: Fabric, C: Clock> Client<F, C> {
     /// write-back has completed, successfully or not; otherwise leaves it up, for a
     /// later call (the next write-back of this client, the slot-recycling tick).
     /// Returns whether no lower waits any more.
+    ///
+    /// A batch still pending `max_op_ns` plus the delivery margin after the wait
+    /// began, and still pending once the transport was driven at that time
+    /// ([`Fabric::progress`]), is taken as lost for good (the fabric contract lets a
+    /// failed node's batches never complete: the simulator): the guard goes down
+    /// anyway, so that the client's later write-backs do not wait for ever. The RDMA
+    /// engine never gets there: by then it has given up every chain posted before
+    /// the wait began (`RdmaFabric::bound_delivery`), and a progress call by a client
+    /// that was stopped meanwhile runs its overdue scan first.
     pub(crate) fn finish_guard_lower(&self) -> bool {
-        let Some(addr) = self.guard_lowering.get() else {
+        let Some((addr, since)) = self.guard_lowering.get() else {
             return true;
         };
-        {
-            let mut tickets = self.guard_tickets.borrow_mut();
-            tickets.retain(|&ticket| self.fabric.poll(ticket).is_pending());
-            if !tickets.is_empty() {
+        if !self.write_back_batches_done() {
+            let bound = self
+                .config
+                .max_op_ns
+                .saturating_add(self.config.delivery_margin_ns);
+            if self.fabric.now() < since.saturating_add(bound) {
                 return false;
+            }
+            self.fabric.progress();
+            if !self.write_back_batches_done() {
+                let mut tickets = self.guard_tickets.borrow_mut();
+                tracing::warn!(
+                    writer = self.writer.get(),
+                    pending = tickets.len(),
+                    "write-back batches pending past the delivery bound: taken as lost, \
+                     lowering the write-back guard"
+                );
+                for ticket in tickets.drain(..) {
+                    self.fabric.forget(ticket);
+                }
             }
         }
         // Never fenced: a late lower only lets the writer reuse a slot sooner, and it
-        // is posted after every batch of the write-back completed.
+        // is posted after every batch of the write-back completed (or was lost).
         for node in nodes(self.fabric.node_count()) {
             self.fabric
                 .post_detached(node, Batch::write(addr, 0u64.to_le_bytes().to_vec()));
@@ -150,6 +175,13 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         self.guard_lowering.set(None);
         self.guard_busy.set(false);
         true
+    }
+
+    /// Collects the write-back's batches that completed; returns whether all have.
+    fn write_back_batches_done(&self) -> bool {
+        let mut tickets = self.guard_tickets.borrow_mut();
+        tickets.retain(|&ticket| self.fabric.poll(ticket).is_pending());
+        tickets.is_empty()
     }
 
     /// Where this client's guard word is, if a write-back of `t` needs one: the
