@@ -571,8 +571,8 @@ fn a_write_back_batch_still_in_flight_keeps_the_guard_up_until_it_landed() {
 }
 
 /// A fabric may lose a batch for good (a failed node's ticket that never completes):
-/// R's guard then goes down once the batch stayed pending for `max_op_ns` plus the
-/// delivery margin of R's fabric clock, so that R's later write-backs can go on.
+/// R's guard then goes down once the batch stayed pending for the delivery margin
+/// (R's read had no deadline), so that R's later write-backs can go on.
 #[test]
 fn a_write_back_batch_lost_for_good_keeps_the_guard_up_only_for_the_delivery_bound() {
     let s = Schedule::with_slow_write_back();

@@ -183,8 +183,9 @@ pub struct Client<F, C> {
     /// The batches of the guarded write-back (and of its raise) that had not
     /// completed when their steps ended: the guard is lowered once all have.
     pub(crate) guard_tickets: RefCell<Vec<crate::fabric::Ticket>>,
-    /// The guard word whose lower waits for `guard_tickets`, if any, and the fabric
-    /// time the wait began: the guard stays up (and `guard_busy` set) until then.
+    /// The guard word whose lower waits for `guard_tickets`, if any, and the last
+    /// fabric time a batch of them could be posted: the guard stays up (and
+    /// `guard_busy` set) until they completed.
     pub(crate) guard_lowering: core::cell::Cell<Option<(u64, Nanos)>>,
     /// The record buffer of the last write, reused by the next one if no batch
     /// holds it any more (`Client::shared_record`).

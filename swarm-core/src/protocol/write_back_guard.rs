@@ -112,6 +112,10 @@ pub(crate) enum GuardedWriteBack {
 /// batch of its raise and write-back completed ([`Client::finish_guard_lower`]).
 struct Raised<'a, F: Fabric, C: Clock> {
     client: &'a Client<F, C>,
+    /// The operation whose write-back it guards: its deadline is the last time a
+    /// transport may still post a batch of it (one queued, or parked by the RDMA
+    /// engine, is posted before its deadline or never).
+    stats: &'a OpStats,
     addr: u64,
 }
 
@@ -121,7 +125,8 @@ impl<F: Fabric, C: Clock> Drop for Raised<'_, F, C> {
         // futures it awaited), so their batches still in flight are in
         // `guard_tickets` by now.
         let now = self.client.fabric.now();
-        self.client.guard_lowering.set(Some((self.addr, now)));
+        let last_post = self.stats.deadline().map_or(now, |d| d.max(now));
+        self.client.guard_lowering.set(Some((self.addr, last_post)));
         self.client.finish_guard_lower();
     }
 }
@@ -132,24 +137,23 @@ impl<F: Fabric, C: Clock> Client<F, C> {
     /// later call (the next write-back of this client, the slot-recycling tick).
     /// Returns whether no lower waits any more.
     ///
-    /// A batch still pending `max_op_ns` plus the delivery margin after the wait
-    /// began, and still pending once the transport was driven at that time
+    /// A batch still pending a delivery margin after the last time it could have been
+    /// posted (the later of the wait's start and the operation's deadline), and
+    /// still pending once the transport was driven at that time
     /// ([`Fabric::progress`]), is taken as lost for good (the fabric contract lets a
     /// failed node's batches never complete: the simulator): the guard goes down
     /// anyway, so that the client's later write-backs do not wait for ever. The RDMA
     /// engine never gets there: by then it has given up every chain posted before
-    /// the wait began (`RdmaFabric::bound_delivery`), and a progress call by a client
-    /// that was stopped meanwhile runs its overdue scan first.
+    /// (`RdmaFabric::bound_delivery`; a parked batch is posted before its deadline or
+    /// never), and a progress call by a client that was stopped meanwhile runs its
+    /// overdue scan first.
     pub(crate) fn finish_guard_lower(&self) -> bool {
-        let Some((addr, since)) = self.guard_lowering.get() else {
+        let Some((addr, last_post)) = self.guard_lowering.get() else {
             return true;
         };
         if !self.write_back_batches_done() {
-            let bound = self
-                .config
-                .max_op_ns
-                .saturating_add(self.config.delivery_margin_ns);
-            if self.fabric.now() < since.saturating_add(bound) {
+            let margin = self.config.delivery_margin_ns;
+            if self.fabric.now() < last_post.saturating_add(margin) {
                 return false;
             }
             self.fabric.progress();
@@ -223,12 +227,12 @@ impl<F: Fabric, C: Clock> Client<F, C> {
 
     /// Raises this client's guard to `t` on a majority of the nodes, once no other
     /// operation of this client has its guard up.
-    async fn raise_guard(
-        &self,
-        stats: &OpStats,
+    async fn raise_guard<'a>(
+        &'a self,
+        stats: &'a OpStats,
         t: Tsp,
         guard: u64,
-    ) -> Result<Raised<'_, F, C>, SwarmError> {
+    ) -> Result<Raised<'a, F, C>, SwarmError> {
         let busy = &self.guard_busy;
         core::future::poll_fn(|cx| {
             if !busy.get() || (self.guard_lowering.get().is_some() && self.finish_guard_lower()) {
@@ -245,6 +249,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         .await?;
         let raised = Raised {
             client: self,
+            stats,
             addr: guard,
         };
         let n = self.fabric.node_count();
