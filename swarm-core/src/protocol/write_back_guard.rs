@@ -33,7 +33,8 @@
 //!    an escalation's) may still be in flight: their steps hand the tickets over
 //!    (`Roundtrip::keep_outstanding_in`) instead of forgetting them. Until they
 //!    completed the guard stays up, and the client's next write-back or its
-//!    slot-recycling tick finishes the lower (`Client::finish_guard_lower`).
+//!    slot-recycling tick finishes the lower (`Client::finish_guard_lower`; one
+//!    still pending a delivery margin after it could last be posted is lost).
 //!
 //! A client keeps one guard up at a time; a second write-back of the same client waits
 //! for the first. The writer, before it hands a slot of its limbo back to its
@@ -80,10 +81,14 @@
 //! writer reads the guard table (one READ of `writers × stride` bytes per node) once
 //! per batch of slots leaving their grace. A reader stopped for ever with its guard
 //! up holds one slot of one writer out of use until its writer id is taken over (the
-//! new owner lowers the guard when it registers). So does a reader one of whose
-//! write-back batches never completes (a fabric may lose a batch to a crashed node
-//! for good: the simulator; RDMA and shared memory complete every batch), and its
-//! later write-backs wait for that guard until their deadline (`Fenced`).
+//! new owner lowers the guard when it registers). A write-back keeps the guard up
+//! until its slowest replica answered, so a second write-back of the client waits
+//! longer than it did when the guard went down at a majority (in `sim_crash_resume`,
+//! a fifth more operations fenced). A batch that never completes (the fabric
+//! contract lets a failed node's batches be lost for good: the simulator) keeps the
+//! guard up until a delivery margin after the operation's deadline, then is taken
+//! as lost (`Client::finish_guard_lower`); RDMA and shared memory complete every
+//! batch before that.
 
 use alloc::vec::Vec;
 
