@@ -594,3 +594,40 @@ fn a_write_back_batch_lost_for_good_keeps_the_guard_up_only_for_the_delivery_bou
     assert_eq!(guard_up(&s), [false; 3], "down past the bound");
     assert_eq!(s.r.fabric().held(), 1, "B's batch never landed");
 }
+
+/// An operation dropped while its write-back's batch is in flight (its future given
+/// up by the caller) leaves the guard up until that batch completed.
+#[test]
+fn a_write_back_dropped_with_a_batch_in_flight_keeps_the_guard_up_until_it_landed() {
+    let mut s = Schedule::new(true);
+    let config = ProtocolConfig::default()
+        .with_max_op_ns(3)
+        .with_delivery_margin_ns(R_MARGIN);
+    s.r = client_with(&s.cluster, s.layout, 2, 50, config);
+    *s.r.fabric().hold.borrow_mut() = Some(LOG_BASE..LOG_BASE + s.layout.log_bytes());
+    s.r.fabric().down.borrow_mut().push(C);
+    let stats = OpStats::new();
+    let mut cache = RegisterCache::new();
+    let reg0 = reg(0);
+    {
+        let mut read = Box::pin(s.r.max_read(&reg0, &mut cache, &stats, false));
+        assert!(
+            run_until_held(&s.r, read.as_mut()).is_none(),
+            "R paused at its stores"
+        );
+    }
+    s.r.recycle_slots_tick(8);
+    // C is down for R: the raise reached A and B.
+    assert_eq!(
+        guard_up(&s),
+        [true, true, false],
+        "R's guard is up after the drop"
+    );
+    s.r.fabric().land();
+    s.r.recycle_slots_tick(8);
+    assert_eq!(
+        guard_up(&s),
+        [false; 3],
+        "R's guard is down once its batch landed"
+    );
+}
