@@ -100,8 +100,8 @@
 //! * So an operation returns from a majority only if a clock reading taken after the
 //!   step's last counted answer is within its deadline; otherwise it fails with
 //!   `SwarmError::Fenced` (outcome unknown). A write ends with `Client::settle`, whose
-//!   reading (the stamp of its superseded slots) makes the check; a read past its
-//!   first majority read checks with `Client::confirm`. Answers counted before the
+//!   reading (the stamp of its superseded slots) makes the check; a read that wrote
+//!   back, locked, returned a tombstone or iterated checks with `Client::confirm`. Answers counted before the
 //!   deadline landed before the repair's copy began, so the donors hold them and the
 //!   merge gives them to the rebuilt node.
 //! * A common-case read (`Client::read_now`: its maximum empty, or VERIFIED and on
@@ -887,6 +887,9 @@ impl<F: Fabric, C: Clock> Client<F, C> {
                         .await?;
                     }
                 }
+                // The write-back's majority may have been counted across a stop
+                // (module docs, "Quorums counted across a repair").
+                self.confirm(stats)?;
             }
             return Ok((t, value));
         }

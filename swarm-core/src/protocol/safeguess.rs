@@ -229,8 +229,12 @@ impl<F: Fabric, C: Clock> Client<F, C> {
             let (m, value) = self
                 .max_read_from(reg, cache, stats, true, first.take())
                 .await?;
-            // Off the common case: the answers may have been counted across a stop.
-            self.confirm(stats)?;
+            // Off the common case (a write-back confirms in `max_read_from`): the
+            // answers may have been counted across a stop (`super::maxreg`, "Quorums
+            // counted across a repair").
+            if iteration > 1 || m.is_tombstone() {
+                self.confirm(stats)?;
+            }
             if m.is_void() {
                 return Ok(ReadValue::Empty);
             }
