@@ -80,6 +80,8 @@ pub(crate) struct Holding {
     /// The node of the last post that went through.
     pub(crate) last_passed: core::cell::Cell<Option<swarm_core::NodeId>>,
     held: core::cell::RefCell<Vec<Held>>,
+    /// Added to the inner clock: the time the client spent stopped ([`Self::sleep`]).
+    slept: core::cell::Cell<u64>,
 }
 
 /// A batch held unapplied (taken when it lands), and its inner ticket once landed.
@@ -98,7 +100,13 @@ impl Holding {
             passes: core::cell::Cell::new(None),
             last_passed: core::cell::Cell::new(None),
             held: core::cell::RefCell::default(),
+            slept: core::cell::Cell::new(0),
         }
+    }
+
+    /// `ns` pass on the client's clock while it is stopped.
+    pub(crate) fn sleep(&self, ns: u64) {
+        self.slept.set(self.slept.get() + ns);
     }
 
     /// The client stops after `posts` more posts: every later batch is held.
@@ -179,10 +187,11 @@ impl swarm_core::Fabric for Holding {
         self.inner.progress()
     }
     fn now(&self) -> u64 {
-        self.inner.now()
+        self.inner.now() + self.slept.get()
     }
     fn wake_at(&self, deadline: u64) {
-        self.inner.wake_at(deadline);
+        self.inner
+            .wake_at(deadline.saturating_sub(self.slept.get()));
     }
 }
 

@@ -36,7 +36,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
             // delete take effect before reporting it (one more roundtrip, this path only).
             self.inner_write(reg, cache, stats, m, &[], &mut WriteProgress::default())
                 .await?;
-            self.settle(reg, m);
+            self.settle(reg, stats, m)?;
             return Ok(WriteOutcome::Deleted);
         }
         let next = if m.is_empty() { 1 } else { m.ts().ticks() + 1 };
@@ -48,7 +48,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         self.inner_write(reg, cache, stats, v, payload, &mut WriteProgress::default())
             .await?;
         // `v` is on a majority: this writer's earlier writes here are superseded.
-        self.settle(reg, v);
+        self.settle(reg, stats, v)?;
         Ok(WriteOutcome::Written)
     }
 

@@ -408,14 +408,48 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         self.state.borrow_mut().tracker.track(reg, ts);
     }
 
+    /// Reads the fabric clock after a step whose answers an operation is about to
+    /// return from, and fails with [`SwarmError::Fenced`] if it is past the
+    /// operation's deadline (the check [`Self::settle`] makes for writes). Returns
+    /// the reading. Only the paths that need it call it: see "Quorums counted across
+    /// a repair" in [`super::maxreg`] for why a common-case read does not.
+    pub(crate) fn confirm(&self, stats: &OpStats) -> Result<Nanos, SwarmError> {
+        let now = self.fabric.now();
+        if stats.is_fenced(now) {
+            tracing::debug!("answers completed past the operation's deadline: fenced");
+            return Err(SwarmError::Fenced);
+        }
+        Ok(now)
+    }
+
     /// A majority of `reg`'s replicas holds `floor` or more: this writer's writes
     /// below it are superseded (see [`super::slot_recycling`]). Returns the fabric time they
     /// were stamped with (read now, after the supersession was learned), for the
     /// caller's next fence check if it posts without waiting in between.
-    pub(crate) fn settle(&self, reg: &RegisterLoc, floor: Tsp) -> Nanos {
+    ///
+    /// Fails with [`SwarmError::Fenced`], stamping nothing, when that reading is past
+    /// the operation's deadline: the answers the majority was counted from may have
+    /// come on both sides of a stop, and a node among them may have lost its memory
+    /// and been rebuilt from donors that lack the write meanwhile (a repair's
+    /// quiescence wait covers only what landed by the deadline). The outcome is then
+    /// unknown. The reading is the one the stamp takes anyway: the check adds none.
+    /// See "Quorums counted across a repair" in [`super::maxreg`].
+    pub(crate) fn settle(
+        &self,
+        reg: &RegisterLoc,
+        stats: &OpStats,
+        floor: Tsp,
+    ) -> Result<Nanos, SwarmError> {
         let now = self.fabric.now();
+        if stats.is_fenced(now) {
+            tracing::debug!(
+                register = reg.addr,
+                "majority completed past the operation's deadline: outcome unknown (fenced)"
+            );
+            return Err(SwarmError::Fenced);
+        }
         self.state.borrow_mut().tracker.settle(reg.addr, floor, now);
-        now
+        Ok(now)
     }
 
     /// A slot for a new write: `allocate` (a [`Self::guess_ts`] or

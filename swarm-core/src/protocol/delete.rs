@@ -348,7 +348,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         self.tombstone_round(reg, cache, stats, tomb, Some(&mut votes))
             .await?;
         // A tombstone is on a majority: every write of this writer here is superseded.
-        self.settle(reg, tomb);
+        self.settle(reg, stats, tomb)?;
         let outcome = votes.outcome(reg.replicas.len());
         if outcome == DeleteOutcome::Raced {
             tracing::debug!(

@@ -259,7 +259,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
             );
             return Ok((FreshOutcome::NotFresh, outputs));
         }
-        self.settle(reg, verified);
+        self.settle(reg, stats, verified)?;
         Ok((FreshOutcome::Written, outputs))
     }
 

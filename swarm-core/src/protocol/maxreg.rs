@@ -89,6 +89,32 @@
 //!   its maximum moves on, its replies count again. If the replies left would not
 //!   form a majority (a replica did not answer within the patience), the read takes
 //!   the maximum of every reply as before and retries with more patience.
+//!
+//! Quorums counted across a repair (a stop inside a step):
+//! * A step checks the fence once per burst of posts, so a client stopped inside a
+//!   burst counts answers from both sides of the stop. If a node that answered
+//!   before lost its memory meanwhile and was rebuilt (SWARM-KV's repair), the late
+//!   answers may land after the copy read the donors: the "majority" is then the
+//!   rebuilt node, which lacks the value, and one donor. The repair's quiescence
+//!   wait covers only what an operation observed or stored by its deadline.
+//! * So an operation returns from a majority only if a clock reading taken after the
+//!   step's last counted answer is within its deadline; otherwise it fails with
+//!   `SwarmError::Fenced` (outcome unknown). A write ends with `Client::settle`, whose
+//!   reading (the stamp of its superseded slots) makes the check; a read that wrote
+//!   back, locked, returned a tombstone or iterated checks with `Client::confirm`. Answers counted before the
+//!   deadline landed before the repair's copy began, so the donors hold them and the
+//!   merge gives them to the rebuilt node.
+//! * A common-case read (`Client::read_now`: its maximum empty, or VERIFIED and on
+//!   a majority, no write-back) is not checked a second time, to keep it at one
+//!   clock reading. Every replica it counts answered after the read began, and a
+//!   node's words only grow until it loses its memory, so a write that completed
+//!   before the read is on one of them (Lemma A.3): it is never stale. A VERIFIED
+//!   tuple marked after its round was on a majority by a checked deadline. What is
+//!   left open: a read that itself stops inside its burst across a repair can count
+//!   a tuple written VERIFIED in its round (a slow-path rewrite, a fresh write) by a
+//!   writer stopped across the same repair, which got `Fenced`; later reads may
+//!   then miss what it returned.
+//!
 
 use alloc::boxed::Box;
 use alloc::sync::Arc;
@@ -865,6 +891,9 @@ impl<F: Fabric, C: Clock> Client<F, C> {
                         .await?;
                     }
                 }
+                // The write-back's majority may have been counted across a stop
+                // (module docs, "Quorums counted across a repair").
+                self.confirm(stats)?;
             }
             return Ok((t, value));
         }

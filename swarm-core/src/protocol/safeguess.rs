@@ -95,7 +95,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
             .await?;
         if m <= w {
             // `w` is on a majority: this writer's earlier writes here are superseded.
-            let now = self.settle(reg, w);
+            let now = self.settle(reg, stats, w)?;
             self.mark_verified(reg, cache, stats, w, record, now);
             return Ok(WriteOutcome::Written);
         }
@@ -148,14 +148,14 @@ impl<F: Fabric, C: Clock> Client<F, C> {
             // What `m` stood for never reached a majority and is gone from the one
             // the strong read saw: `w` is the maximum of a majority now, as on the
             // fast path (every write that completed before this one is at most `w`).
-            let now = self.settle(reg, w);
+            let now = self.settle(reg, stats, w)?;
             self.mark_verified(reg, cache, stats, w, record, now);
             return Ok(WriteOutcome::Written);
         }
         if !self.trylock(reg, stats, ts, LockMode::Write).await? {
             // A reader locked `w` first and may have returned it: the write took effect.
             // `above` (> `w`) is on a majority: `w`'s buffer is superseded as well.
-            self.settle(reg, above);
+            self.settle(reg, stats, above)?;
             return Ok(WriteOutcome::Written);
         }
         // No reader will ever return `w` (Lemma C.3). A tombstone above it (now on a
@@ -163,7 +163,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         // this write never takes effect; otherwise rewrite above everything seen,
         // VERIFIED, as Lemma C.4's second case needs.
         if above.is_tombstone() {
-            self.settle(reg, above);
+            self.settle(reg, stats, above)?;
             return Ok(WriteOutcome::Deleted);
         }
         let min_ticks = m.max(above).ts().ticks() + 1;
@@ -174,7 +174,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         let v = Tsp::new(fresh, Flag::Verified);
         self.inner_write(reg, cache, stats, v, payload, &mut WriteProgress::default())
             .await?;
-        self.settle(reg, v);
+        self.settle(reg, stats, v)?;
         self.write_inplace(reg, stats, encode_record_for(v, Some(reg.addr), payload));
         Ok(WriteOutcome::Written)
     }
@@ -229,6 +229,12 @@ impl<F: Fabric, C: Clock> Client<F, C> {
             let (m, value) = self
                 .max_read_from(reg, cache, stats, true, first.take())
                 .await?;
+            // Off the common case (a write-back confirms in `max_read_from`): the
+            // answers may have been counted across a stop (`super::maxreg`, "Quorums
+            // counted across a repair").
+            if iteration > 1 || m.is_tombstone() {
+                self.confirm(stats)?;
+            }
             if m.is_void() {
                 return Ok(ReadValue::Empty);
             }
@@ -245,13 +251,14 @@ impl<F: Fabric, C: Clock> Client<F, C> {
                     // Cold (a guessed write seen twice): the lock's future is built on
                     // the heap rather than kept in the state of every read.
                     if Box::pin(self.trylock(reg, stats, m.ts(), LockMode::Read)).await? {
+                        let now = self.confirm(stats)?;
                         self.mark_verified(
                             reg,
                             cache,
                             stats,
                             m,
                             encode_record_for(m, Some(reg.addr), &value).into(),
-                            self.fabric.now(),
+                            now,
                         );
                         return Ok(ReadValue::Value(value));
                     }
