@@ -77,8 +77,6 @@ struct Gate {
     inner: MemFabric,
     down: RefCell<Vec<NodeId>>,
     hold: RefCell<Option<Range<u64>>>,
-    /// Holds only the batches to this node, if set (a slow queue pair).
-    hold_node: RefCell<Option<NodeId>>,
     ours: RefCell<Vec<Entry>>,
 }
 
@@ -88,7 +86,6 @@ impl Gate {
             inner: cluster.client(),
             down: RefCell::default(),
             hold: RefCell::default(),
-            hold_node: RefCell::default(),
             ours: RefCell::default(),
         }
     }
@@ -141,8 +138,7 @@ impl Fabric for Gate {
             .hold
             .borrow()
             .as_ref()
-            .is_some_and(|range| Self::writes_into(&batch, range))
-            && self.hold_node.borrow().is_none_or(|held| held == node);
+            .is_some_and(|range| Self::writes_into(&batch, range));
         if held {
             return self.ours(Entry::Held(Some((node, batch))));
         }
@@ -187,17 +183,6 @@ fn client(cluster: &MemCluster, layout: Layout, writer: u32, clock: u64) -> Node
         .with_max_op_ns(3)
         .with_delivery_margin_ns(0);
     assert_eq!(config.grace_ns(), GRACE);
-    client_with(cluster, layout, writer, clock, config)
-}
-
-/// [`client`] with `config`.
-fn client_with(
-    cluster: &MemCluster,
-    layout: Layout,
-    writer: u32,
-    clock: u64,
-    config: ProtocolConfig,
-) -> Node {
     Client::new(
         Gate::new(cluster),
         FixedClock(clock),
@@ -483,151 +468,5 @@ fn without_guards_a_paused_write_back_garbles_a_reused_slot() {
     assert_eq!(
         record_in_slot(&s.cluster, &s.layout, B, newest).map(|t| t.ts()),
         Some(s.t1)
-    );
-}
-
-/// R's guard word, on each node, names `t1`.
-fn guard_up(s: &Schedule) -> [bool; 3] {
-    [A, B, C].map(|node| {
-        let word = peek(&s.cluster, node, GUARDS + 8 * 2, 8);
-        Tsp::from_word(u64::from_le_bytes(word.try_into().unwrap())).ts() == s.t1
-    })
-}
-
-/// The delivery margin of R in [`Schedule::with_slow_write_back`], in ticks of its
-/// fabric's logical clock.
-const R_MARGIN: u64 = 1000;
-
-impl Schedule {
-    /// [`Schedule::new`] with guards, and R's read of register 0 done: its write-back
-    /// of `t1` went to B first, B's batch is held (in flight), and R fell back to C.
-    fn with_slow_write_back() -> Self {
-        let mut s = Schedule::new(true);
-        let config = ProtocolConfig::default()
-            .with_max_op_ns(3)
-            .with_delivery_margin_ns(R_MARGIN)
-            .with_slow_after_ns(1)
-            .with_suspect_ns(1);
-        s.r = client_with(&s.cluster, s.layout, 2, 50, config);
-        *s.r.fabric().hold.borrow_mut() = Some(LOG_BASE..LOG_BASE + s.layout.log_bytes());
-        *s.r.fabric().hold_node.borrow_mut() = Some(B);
-        let stats = OpStats::new();
-        let mut cache = RegisterCache::new();
-        let reg0 = reg(0);
-        {
-            let read = pin!(s.r.max_read(&reg0, &mut cache, &stats, false));
-            let (t, value) = run_to_end(&s.r, read).unwrap();
-            assert_eq!((t.ts(), value.as_slice()), (s.t1, b"w1".as_slice()));
-        }
-        assert_eq!(
-            s.r.fabric().held(),
-            1,
-            "R's write-back batch to B is in flight"
-        );
-        s
-    }
-}
-
-/// Over RDMA a step returns once a majority answered, and its batches to the other
-/// replicas may still sit in a slow queue pair. R's write-back of `t1` goes to B first;
-/// B's batch is held (in flight, not landed), so R falls back to C, which answers, and
-/// R's read returns. The guard stays up on every node until B's batch landed: W, which
-/// supersedes `t1` meanwhile and recycles, never reuses `t1`'s slot under it.
-#[test]
-fn a_write_back_batch_still_in_flight_keeps_the_guard_up_until_it_landed() {
-    let s = Schedule::with_slow_write_back();
-    // R's later ticks find the batch in flight and leave the guard up.
-    s.r.recycle_slots_tick(8);
-    assert_eq!(guard_up(&s), [true; 3], "R's guard is up on every node");
-
-    let reused = s.supersede_and_recycle();
-    assert_eq!(
-        reused, None,
-        "W reused t1's slot while R's batch was in flight"
-    );
-    assert!(
-        s.w.slot_counters().recycled > 0,
-        "W recycled its other slots meanwhile"
-    );
-
-    // B's batch lands; R's next tick lowers the guard.
-    s.r.fabric().land();
-    assert_eq!(
-        guard_up(&s),
-        [true; 3],
-        "the guard is up when the batch lands"
-    );
-    s.r.recycle_slots_tick(8);
-    assert_eq!(
-        guard_up(&s),
-        [false; 3],
-        "R's guard is down once its batch landed"
-    );
-
-    let newest = s
-        .supersede_and_recycle()
-        .expect("W reuses t1's slot once R's write-back landed");
-    s.assert_intact(newest);
-}
-
-/// A fabric may lose a batch for good (a failed node's ticket that never completes):
-/// R's guard then goes down once the batch stayed pending for the delivery margin
-/// (R's read had no deadline), so that R's later write-backs can go on.
-#[test]
-fn a_write_back_batch_lost_for_good_keeps_the_guard_up_only_for_the_delivery_bound() {
-    let s = Schedule::with_slow_write_back();
-    s.r.recycle_slots_tick(8);
-    assert_eq!(
-        guard_up(&s),
-        [true; 3],
-        "R's guard is up while B's batch is pending"
-    );
-    for _ in 0..R_MARGIN / 2 {
-        s.r.fabric().progress();
-    }
-    s.r.recycle_slots_tick(8);
-    assert_eq!(guard_up(&s), [true; 3], "still up within the bound");
-    for _ in 0..R_MARGIN {
-        s.r.fabric().progress();
-    }
-    s.r.recycle_slots_tick(8);
-    assert_eq!(guard_up(&s), [false; 3], "down past the bound");
-    assert_eq!(s.r.fabric().held(), 1, "B's batch never landed");
-}
-
-/// An operation dropped while its write-back's batch is in flight (its future given
-/// up by the caller) leaves the guard up until that batch completed.
-#[test]
-fn a_write_back_dropped_with_a_batch_in_flight_keeps_the_guard_up_until_it_landed() {
-    let mut s = Schedule::new(true);
-    let config = ProtocolConfig::default()
-        .with_max_op_ns(3)
-        .with_delivery_margin_ns(R_MARGIN);
-    s.r = client_with(&s.cluster, s.layout, 2, 50, config);
-    *s.r.fabric().hold.borrow_mut() = Some(LOG_BASE..LOG_BASE + s.layout.log_bytes());
-    s.r.fabric().down.borrow_mut().push(C);
-    let stats = OpStats::new();
-    let mut cache = RegisterCache::new();
-    let reg0 = reg(0);
-    {
-        let mut read = Box::pin(s.r.max_read(&reg0, &mut cache, &stats, false));
-        assert!(
-            run_until_held(&s.r, read.as_mut()).is_none(),
-            "R paused at its stores"
-        );
-    }
-    s.r.recycle_slots_tick(8);
-    // C is down for R: the raise reached A and B.
-    assert_eq!(
-        guard_up(&s),
-        [true, true, false],
-        "R's guard is up after the drop"
-    );
-    s.r.fabric().land();
-    s.r.recycle_slots_tick(8);
-    assert_eq!(
-        guard_up(&s),
-        [false; 3],
-        "R's guard is down once its batch landed"
     );
 }

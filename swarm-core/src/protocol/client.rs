@@ -180,13 +180,6 @@ pub struct Client<F, C> {
     /// An operation of this client has its write-back guard up
     /// ([`super::write_back_guard`]).
     pub(crate) guard_busy: core::cell::Cell<bool>,
-    /// The batches of the guarded write-back (and of its raise) that had not
-    /// completed when their steps ended: the guard is lowered once all have.
-    pub(crate) guard_tickets: RefCell<Vec<crate::fabric::Ticket>>,
-    /// The guard word whose lower waits for `guard_tickets`, if any, and the last
-    /// fabric time a batch of them could be posted: the guard stays up (and
-    /// `guard_busy` set) until they completed.
-    pub(crate) guard_lowering: core::cell::Cell<Option<(u64, Nanos)>>,
     /// The record buffer of the last write, reused by the next one if no batch
     /// holds it any more (`Client::shared_record`).
     pub(crate) spare_record: RefCell<Option<Arc<[u8]>>>,
@@ -239,8 +232,6 @@ impl<F: Fabric, C: Clock> Client<F, C> {
             suspicion: Arc::new(Suspicion::new(config.suspect_ns)),
             writing: RefCell::new(Vec::new()),
             guard_busy: core::cell::Cell::new(false),
-            guard_tickets: RefCell::new(Vec::new()),
-            guard_lowering: core::cell::Cell::new(None),
             spare_record: RefCell::new(None),
         })
     }
@@ -297,9 +288,6 @@ impl<F: Fabric, C: Clock> Client<F, C> {
     /// [`Self::recycle_slots_tick`] with the fabric clock already read (`now`): an
     /// operation that reads the clock as it starts passes it on.
     pub fn recycle_slots_tick_at(&self, budget: usize, now: Nanos) {
-        if self.guard_lowering.get().is_some() {
-            self.finish_guard_lower();
-        }
         let mut state = self.state.borrow_mut();
         let WriterState { slots, tracker, .. } = &mut *state;
         let timing = self.release_timing();
@@ -322,9 +310,6 @@ impl<F: Fabric, C: Clock> Client<F, C> {
     /// `max_op_ns`), then the release of every limbo slot whose grace has passed.
     /// Returns the log's counters afterwards.
     pub async fn recycle_slots_step(&self, budget: usize) -> SlotCounters {
-        if self.guard_lowering.get().is_some() {
-            self.finish_guard_lower();
-        }
         self.check_tracked(budget).await;
         let mut state = self.state.borrow_mut();
         let WriterState { slots, tracker, .. } = &mut *state;

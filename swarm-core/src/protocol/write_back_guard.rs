@@ -26,15 +26,8 @@
 //! 2. **re-reads** a majority of the register's replicas, and gives the write-back
 //!    up (the read starts over) if any reply is above `t`;
 //! 3. writes `t` back as before;
-//! 4. **lowers** the guard (zero on every node, never fenced) once the write-back
-//!    returned or failed, or the operation was dropped, *and* every batch of the
-//!    raise and of the write-back completed, successfully or with an error. A round
-//!    returns at a majority, and its batches to slower replicas (the first burst's,
-//!    an escalation's) may still be in flight: their steps hand the tickets over
-//!    (`Roundtrip::keep_outstanding_in`) instead of forgetting them. Until they
-//!    completed the guard stays up, and the client's next write-back or its
-//!    slot-recycling tick finishes the lower (`Client::finish_guard_lower`; one
-//!    still pending a delivery margin after it could last be posted is lost).
+//! 4. **lowers** the guard (zero on every node, never fenced), when the write-back
+//!    returns or fails, or when the operation is dropped.
 //!
 //! A client keeps one guard up at a time; a second write-back of the same client waits
 //! for the first. The writer, before it hands a slot of its limbo back to its
@@ -57,20 +50,19 @@
 //! * before the raise: `R`'s re-read was posted after its raise completed, so after
 //!   `T₂ > T₁`; it read a majority of the register's replicas, which meets `M₁`, and
 //!   found a word above `t`; so `R` gave the write-back up at step 2. Contradiction;
-//! * after the lower: the lower was posted after every batch of `R`'s write-back
-//!   completed (on shared memory, inside the call that posts it), so each of those
-//!   landed before the lower's post, hence before `W`'s read completed, or never. Over
-//!   RDMA an error completion of a batch the engine gave up on comes once its queue
-//!   pair was aborted, and a request the NIC had sent by then lands within the
-//!   delivery margin: before `W` reuses the slot, a margin after its read (step 6).
+//! * after the lower: the lower was posted after every batch of `R`'s write-back (in
+//!   program order on shared memory, where a batch lands inside the call that posts
+//!   it; in posting order over RDMA), so each of those landed before the lower's post
+//!   plus the delivery margin, hence before `W`'s read completed plus that margin,
+//!   which is when `W` reuses the slot (step 6).
 //!
 //! Neither case depends on how long `R` stops between any two of its instructions: a
 //! stop before step 1 or 2 ends in a re-read that sees `t` superseded; a stop after
 //! step 2 keeps the guard up, and the slot out of use, for as long as it lasts. On
-//! shared memory the argument assumes nothing about time. Over RDMA it assumes only
-//! that a request sent before its queue pair was aborted lands within the delivery
-//! margin of the abort: not that the reader's process runs (a stopped reader completes
-//! nothing, so lowers nothing). A write-back posted by `W` itself needs no guard: its
+//! shared memory the argument assumes nothing about time. Over RDMA it assumes what
+//! the transport enforces for every batch: a batch handed to the NIC lands within the
+//! delivery margin or never (the engine gives its queue pair up first,
+//! `RdmaFabric::bound_delivery`). A write-back posted by `W` itself needs no guard: its
 //! own stores precede its own reuse in program order.
 //!
 //! # What it costs, and what it leaves
@@ -81,14 +73,9 @@
 //! writer reads the guard table (one READ of `writers × stride` bytes per node) once
 //! per batch of slots leaving their grace. A reader stopped for ever with its guard
 //! up holds one slot of one writer out of use until its writer id is taken over (the
-//! new owner lowers the guard when it registers). A write-back keeps the guard up
-//! until its slowest replica answered, so a second write-back of the client waits
-//! longer than it did when the guard went down at a majority (in `sim_crash_resume`,
-//! a fifth more operations fenced). A batch that never completes (the fabric
-//! contract lets a failed node's batches be lost for good: the simulator) keeps the
-//! guard up until a delivery margin after the operation's deadline, then is taken
-//! as lost (`Client::finish_guard_lower`); RDMA and shared memory complete every
-//! batch before that.
+//! new owner lowers the guard when it registers).
+
+use core::cell::Cell;
 
 use alloc::vec::Vec;
 
@@ -113,86 +100,26 @@ pub(crate) enum GuardedWriteBack {
     Superseded,
 }
 
-/// A raised guard: lowered when dropped, whatever the operation's fate, once every
-/// batch of its raise and write-back completed ([`Client::finish_guard_lower`]).
-struct Raised<'a, F: Fabric, C: Clock> {
-    client: &'a Client<F, C>,
-    /// The operation whose write-back it guards: its deadline is the last time a
-    /// transport may still post a batch of it (one queued, or parked by the RDMA
-    /// engine, is posted before its deadline or never).
-    stats: &'a OpStats,
+/// A raised guard: lowered when dropped, whatever the operation's fate.
+struct Raised<'a, F: Fabric> {
+    fabric: &'a F,
     addr: u64,
+    busy: &'a Cell<bool>,
 }
 
-impl<F: Fabric, C: Clock> Drop for Raised<'_, F, C> {
+impl<F: Fabric> Drop for Raised<'_, F> {
     fn drop(&mut self) {
-        // The write-back's steps were dropped before this guard (they live in the
-        // futures it awaited), so their batches still in flight are in
-        // `guard_tickets` by now.
-        let now = self.client.fabric.now();
-        let last_post = self.stats.deadline().map_or(now, |d| d.max(now));
-        self.client.guard_lowering.set(Some((self.addr, last_post)));
-        self.client.finish_guard_lower();
+        // Never fenced: a late lower only lets the writer reuse a slot sooner, and it
+        // lands after this client's earlier batches to the same node.
+        for node in nodes(self.fabric.node_count()) {
+            self.fabric
+                .post_detached(node, Batch::write(self.addr, 0u64.to_le_bytes().to_vec()));
+        }
+        self.busy.set(false);
     }
 }
 
 impl<F: Fabric, C: Clock> Client<F, C> {
-    /// Lowers the guard whose lower waits (step 4), if every batch of its raise and
-    /// write-back has completed, successfully or not; otherwise leaves it up, for a
-    /// later call (the next write-back of this client, the slot-recycling tick).
-    /// Returns whether no lower waits any more.
-    ///
-    /// A batch still pending a delivery margin after the last time it could have been
-    /// posted (the later of the wait's start and the operation's deadline), and
-    /// still pending once the transport was driven at that time
-    /// ([`Fabric::progress`]), is taken as lost for good (the fabric contract lets a
-    /// failed node's batches never complete: the simulator): the guard goes down
-    /// anyway, so that the client's later write-backs do not wait for ever. The RDMA
-    /// engine never gets there: by then it has given up every chain posted before
-    /// (`RdmaFabric::bound_delivery`; a parked batch is posted before its deadline or
-    /// never), and a progress call by a client that was stopped meanwhile runs its
-    /// overdue scan first.
-    pub(crate) fn finish_guard_lower(&self) -> bool {
-        let Some((addr, last_post)) = self.guard_lowering.get() else {
-            return true;
-        };
-        if !self.write_back_batches_done() {
-            let margin = self.config.delivery_margin_ns;
-            if self.fabric.now() < last_post.saturating_add(margin) {
-                return false;
-            }
-            self.fabric.progress();
-            if !self.write_back_batches_done() {
-                let mut tickets = self.guard_tickets.borrow_mut();
-                tracing::warn!(
-                    writer = self.writer.get(),
-                    pending = tickets.len(),
-                    "write-back batches pending past the delivery bound: taken as lost, \
-                     lowering the write-back guard"
-                );
-                for ticket in tickets.drain(..) {
-                    self.fabric.forget(ticket);
-                }
-            }
-        }
-        // Never fenced: a late lower only lets the writer reuse a slot sooner, and it
-        // is posted after every batch of the write-back completed (or was lost).
-        for node in nodes(self.fabric.node_count()) {
-            self.fabric
-                .post_detached(node, Batch::write(addr, 0u64.to_le_bytes().to_vec()));
-        }
-        self.guard_lowering.set(None);
-        self.guard_busy.set(false);
-        true
-    }
-
-    /// Collects the write-back's batches that completed; returns whether all have.
-    fn write_back_batches_done(&self) -> bool {
-        let mut tickets = self.guard_tickets.borrow_mut();
-        tickets.retain(|&ticket| self.fabric.poll(ticket).is_pending());
-        tickets.is_empty()
-    }
-
     /// Where this client's guard word is, if a write-back of `t` needs one: the
     /// layout has a guard table and `t` is another writer's.
     pub(crate) fn write_back_guard(&self, t: Tsp) -> Option<u64> {
@@ -223,24 +150,22 @@ impl<F: Fabric, C: Clock> Client<F, C> {
             );
             return Ok(GuardedWriteBack::Superseded);
         }
-        let mut progress = WriteProgress::default();
-        progress.guarded = true;
-        self.inner_write(reg, cache, stats, t, value, &mut progress)
+        self.inner_write(reg, cache, stats, t, value, &mut WriteProgress::default())
             .await?;
         Ok(GuardedWriteBack::Written)
     }
 
     /// Raises this client's guard to `t` on a majority of the nodes, once no other
     /// operation of this client has its guard up.
-    async fn raise_guard<'a>(
-        &'a self,
-        stats: &'a OpStats,
+    async fn raise_guard(
+        &self,
+        stats: &OpStats,
         t: Tsp,
         guard: u64,
-    ) -> Result<Raised<'a, F, C>, SwarmError> {
+    ) -> Result<Raised<'_, F>, SwarmError> {
         let busy = &self.guard_busy;
         core::future::poll_fn(|cx| {
-            if !busy.get() || (self.guard_lowering.get().is_some() && self.finish_guard_lower()) {
+            if !busy.get() {
                 busy.set(true);
                 return core::task::Poll::Ready(Ok(()));
             }
@@ -253,17 +178,16 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         })
         .await?;
         let raised = Raised {
-            client: self,
-            stats,
+            fabric: &self.fabric,
             addr: guard,
+            busy,
         };
         let n = self.fabric.node_count();
         let word = t.word().to_le_bytes().to_vec();
-        let mut rt = broadcast(&self.fabric, stats, nodes(n), majority(n), |_| {
+        broadcast(&self.fabric, stats, nodes(n), majority(n), |_| {
             Ok(Batch::write(guard, word.clone()))
         })
         .await?;
-        rt.keep_outstanding_in(&self.guard_tickets);
         Ok(raised)
     }
 }
