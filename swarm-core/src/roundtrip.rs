@@ -614,6 +614,29 @@ impl<'a, F: Fabric + ?Sized> Roundtrip<'a, F> {
         })
         .await
     }
+
+    /// Waits until every posted batch answered or failed, or the fabric clock
+    /// reaches `deadline`; [`WaitOutcome::Reached`] if none is left outstanding.
+    /// Unlike [`Roundtrip::wait_until`] with the number posted, a node that fails
+    /// early does not end the wait for the others: for a step that counts every
+    /// answer it can get (a reclaimer's CASes on every node).
+    pub async fn settle_until(&mut self, deadline: Nanos) -> WaitOutcome {
+        self.fabric.wake_at(deadline);
+        poll_fn(|cx| {
+            // Read before collecting, as in `wait_until`.
+            let now = self.fabric.recent_now();
+            self.collect();
+            if self.outstanding.is_empty() {
+                return Poll::Ready(WaitOutcome::Reached);
+            }
+            if now >= deadline {
+                return Poll::Ready(WaitOutcome::Short);
+            }
+            cx.waker().wake_by_ref();
+            Poll::Pending
+        })
+        .await
+    }
 }
 
 /// The future of [`Roundtrip::wait`]: `k` successful answers, or the error that ends

@@ -467,3 +467,54 @@ fn a_rebuilt_node_the_reclaimer_admitted_is_asked_to_revoke_too() {
     assert_nothing_landed(&nodes, identity, &results);
     block_on(b.fabric(), b.insert(b"k2", b"w", &OpStats::new())).expect("B inserts");
 }
+
+/// A node that restarted empty and was never rebuilt stalls no takeover (the
+/// soft-RoCE flood step: every writer id stayed taken). Node 2 restarts empty; A
+/// and B then open handles of their own, which find node 2's member incarnation
+/// replaced (lost) and the node without a store. A holds the only writer id and
+/// stops; B takes it over. Node 2 is not asked to revoke A: no client can have
+/// fenced itself on memory that holds no store, and its old incarnation's queue
+/// pairs died with its process.
+#[test]
+fn a_node_restarted_empty_and_never_rebuilt_stalls_no_takeover() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+    let (mut nodes, _store, (wire, token)) = start_with_access(Duration::from_secs(3600));
+    nodes[2]
+        .restart(0x7a4e_0e02)
+        .expect("node 2 restarts empty");
+    let open = || {
+        let addrs = nodes.iter().map(EmulatedMemnode::addr).collect();
+        let transport = Arc::new(EmuTransport::new(
+            wire.clone(),
+            addrs,
+            token.clone(),
+            EmuOptions::default(),
+        ));
+        RdmaStore::open_on(transport).expect("the store opens on nodes 0 and 1")
+    };
+    let store_a = open();
+    let a = store_a.client().expect("A registers");
+    assert_eq!(a.writer(), 0);
+    block_on(a.fabric(), a.insert(b"k", b"v", &OpStats::new())).expect("A inserts");
+    let idle = std::time::Instant::now() + Duration::from_millis(50);
+    while std::time::Instant::now() < idle {
+        a.fabric().progress();
+    }
+
+    let store_b = open();
+    let started = std::time::Instant::now();
+    let b = store_b.client().expect("B takes the writer id over");
+    assert_eq!(b.writer(), 0, "B took A's writer id");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "the takeover took {:?}",
+        started.elapsed()
+    );
+    assert_eq!(
+        block_on(b.fabric(), b.get(b"k", &OpStats::new())).expect("B reads"),
+        Some(b"v".to_vec())
+    );
+}

@@ -220,7 +220,7 @@ async fn cas_all<F: Fabric + ?Sized>(
             rt.post(node, Batch::cas(addr, expected, new))?;
         }
         let deadline = fabric.now().saturating_add(STRAGGLER_NS);
-        if rt.wait_until(chunk.len(), deadline).await == WaitOutcome::Short {
+        if rt.settle_until(deadline).await == WaitOutcome::Short {
             tracing::debug!("reclaim: some memory nodes did not answer a CAS in time");
         }
         out.extend(
@@ -328,10 +328,11 @@ async fn revoke<F: Fabric + ?Sized>(
             );
             return Ok(None);
         }
-        if live.is_empty() {
-            // Silent nodes: give the transport time to reconnect them.
-            swarm_core::sleep(fabric, 20_000_000).await;
-        }
+        // Silent nodes: give the transport time to reconnect them. Live words: the
+        // kills above need a moment to land, and asking again at once would load
+        // the nodes with revocations (a kill to a node this client cannot reach
+        // never lands).
+        swarm_core::sleep(fabric, 20_000_000).await;
     }
 }
 
@@ -580,8 +581,17 @@ pub async fn take_over_expired<F: Fabric + ?Sized>(
                 }
                 // Split with another reclaimer: our copies went back to the dead
                 // token; release the row instead (below).
-                HandOver::Split => {}
+                HandOver::Split => {
+                    tracing::debug!(
+                        writer = row.writer,
+                        "takeover split with another reclaimer: releasing"
+                    );
+                }
                 HandOver::Uncut => {
+                    tracing::debug!(
+                        writer = row.writer,
+                        "takeover left for a later pass: a node did not answer after the claim"
+                    );
                     result.pending.push(row.writer);
                     continue;
                 }

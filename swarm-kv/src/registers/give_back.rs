@@ -115,7 +115,6 @@ async fn round<'a, F: Fabric>(
     batches: Vec<(NodeId, Batch)>,
 ) -> Result<Roundtrip<'a, F>, KvError> {
     let mut rt = Roundtrip::start(fabric, stats);
-    let posted = batches.len();
     for (node, batch) in batches {
         rt.post(node, batch)?;
     }
@@ -126,7 +125,7 @@ async fn round<'a, F: Fabric>(
             .now()
             .saturating_add(crate::membership::claim::STRAGGLER_NS)
     });
-    let _ = rt.wait_until(posted, deadline).await;
+    let _ = rt.settle_until(deadline).await;
     Ok(rt)
 }
 

@@ -711,11 +711,12 @@ impl<T: Transport> RdmaFabric<T> {
     /// Asks every memory node this client may use again to revoke the clients fenced
     /// under `request.offset` up to `request.floor` ([`crate::lease_watch`],
     /// "Revocation"), all nodes at once, each within the bootstrap timeout. A node
-    /// is not asked only while the incarnation this client would use there is one
-    /// whose memory is known lost: its process restarted, so the revoked client's
-    /// queue pairs to it are gone, and that memory never serves again. A node
-    /// rebuilt by a repair and admitted since ([`Fabric::admit`]) serves again, and
-    /// a revoked client may have fenced itself on it: it is asked (and reported
+    /// whose memory this client knows lost is not asked until a configuration
+    /// admits another incarnation of it ([`Fabric::admit`]): its process restarted,
+    /// so the revoked client's queue pairs to the lost incarnation are gone, and the
+    /// one running now holds no store (nobody fences on it) until a repair rebuilds
+    /// it and a configuration admits it. A node rebuilt and admitted serves again,
+    /// and a revoked client may have fenced itself on it: it is asked (and reported
     /// silent until this client has connected to it). Returns the nodes that did not
     /// acknowledge: with the word they hold if
     /// it is not killed there, `None` if they did not answer (their bootstrap
@@ -731,10 +732,7 @@ impl<T: Transport> RdmaFabric<T> {
             .borrow()
             .iter()
             .enumerate()
-            .map(|(i, lost)| {
-                let current = admitted[i].or(self.incarnations[i]);
-                lost.is_some() && (current.is_none() || *lost == current)
-            })
+            .map(|(i, lost)| lost.is_some() && (admitted[i].is_none() || admitted[i] == *lost))
             .collect();
         drop(admitted);
         let mut streams = self.streams.borrow_mut();
