@@ -706,20 +706,37 @@ impl<F: Fabric + ?Sized> Drop for Roundtrip<'_, F> {
 /// did not complete after all (a crashed node) drops it, counted nothing, and takes
 /// the general path with a [`Roundtrip`]: only for steps that change nothing
 /// (reads), so that posting them again is harmless.
+///
+/// **When the fence is checked.** An operation inside an enclosing deadline (every
+/// SWARM-KV operation: `KvClient::begin` arms it from the reading it starts with)
+/// reads the clock once, *after* the burst ([`Immediate::complete`]), not before
+/// it: a step that only reads stores nothing, so posting it late is harmless, but
+/// answers taken after a stop inside the burst may straddle a repair's copy
+/// (`crate::protocol::maxreg`, "Quorums counted across a repair"), and the reading
+/// after the last answer is the one that rules them out. An operation whose
+/// deadline is armed at its first post ([`OpStats::arm_at_first_post`]: a
+/// standalone register read, under which no repair runs) reads it before, which
+/// arms the deadline.
 pub(crate) struct Immediate<'a, F: Fabric + ?Sized> {
     fabric: &'a F,
     stats: &'a OpStats,
     /// The reply to the last batch: one completion, reused.
     reply: Completion,
+    /// The fence is checked in [`Immediate::complete`] (a deadline was armed before
+    /// the step started) rather than in [`Immediate::start`].
+    check_after: bool,
 }
 
 impl<'a, F: Fabric + ?Sized> Immediate<'a, F> {
-    /// Starts a step about to post a burst of batches: the fence is checked once for
-    /// the burst, as [`Roundtrip::post`] does ([`FabricError::Fenced`] past the
-    /// operation's deadline, and nothing may be posted).
+    /// Starts a step about to post a burst of reads. Without a deadline armed yet, the
+    /// fence is checked (and a deadline waiting for the first post armed) once for the
+    /// burst, as [`Roundtrip::post`] does ([`FabricError::Fenced`] past the
+    /// operation's deadline, and nothing may be posted); with one, in
+    /// [`Immediate::complete`] (type docs, "When the fence is checked").
     #[inline]
     pub(crate) fn start(fabric: &'a F, stats: &'a OpStats) -> Result<Self, FabricError> {
-        if let Err(error) = stats.check_fence(fabric) {
+        let check_after = stats.deadline().is_some();
+        if !check_after && let Err(error) = stats.check_fence(fabric) {
             stats.count();
             return Err(error);
         }
@@ -727,6 +744,7 @@ impl<'a, F: Fabric + ?Sized> Immediate<'a, F> {
             fabric,
             stats,
             reply: Completion::new(),
+            check_after,
         })
     }
 
@@ -749,10 +767,17 @@ impl<'a, F: Fabric + ?Sized> Immediate<'a, F> {
         }
     }
 
-    /// Every batch of the step completed: counts its roundtrip.
+    /// Every batch of the step completed: counts its roundtrip, and fails with
+    /// [`FabricError::Fenced`] if the fence is checked after the burst and the
+    /// operation's deadline passed before this reading (its answers may straddle a
+    /// stop: the caller must not return from them).
     #[inline]
-    pub(crate) fn complete(self) {
+    pub(crate) fn complete(self) -> Result<(), FabricError> {
         self.stats.count();
+        if self.check_after {
+            self.stats.check_fence(self.fabric)?;
+        }
+        Ok(())
     }
 }
 

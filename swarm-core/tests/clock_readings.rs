@@ -26,6 +26,13 @@ struct Clocked {
     deadlines: RefCell<Vec<Option<Nanos>>>,
     /// Added to the inner clock: lets a test move time forward.
     skew: Cell<Nanos>,
+    /// After this many more batches are handed to the fabric, the clock jumps by
+    /// `jump` (a client stopped inside its burst of posts).
+    jump_after: Cell<Option<u32>>,
+    jump: Cell<Nanos>,
+    /// Whether batches complete inside `submit` (the immediate path), as on
+    /// shared memory, or only once polled (the general path).
+    immediate: bool,
 }
 
 impl Clocked {
@@ -33,6 +40,18 @@ impl Clocked {
         self.readings.set(0);
         self.first.set(None);
         self.deadlines.borrow_mut().clear();
+    }
+
+    /// A batch is handed over: counts down to the jump.
+    fn handed(&self) {
+        match self.jump_after.get() {
+            Some(0) | None => {}
+            Some(1) => {
+                self.jump_after.set(None);
+                self.skew.set(self.skew.get() + self.jump.get());
+            }
+            Some(n) => self.jump_after.set(Some(n - 1)),
+        }
     }
 }
 
@@ -42,11 +61,23 @@ impl Fabric for Clocked {
     }
     fn post(&self, node: NodeId, batch: Batch) -> Ticket {
         self.deadlines.borrow_mut().push(batch.deadline());
-        self.inner.post(node, batch)
+        let ticket = self.inner.post(node, batch);
+        self.handed();
+        ticket
     }
     fn submit(&self, node: NodeId, batch: &mut Batch, reply: &mut Completion) -> Submitted {
         self.deadlines.borrow_mut().push(batch.deadline());
-        self.inner.submit(node, batch, reply)
+        if !self.immediate {
+            let ticket = self.inner.post(node, core::mem::take(batch));
+            self.handed();
+            return Submitted::Posted(ticket);
+        }
+        let submitted = self.inner.submit(node, batch, reply);
+        self.handed();
+        submitted
+    }
+    fn completes_in_submit(&self) -> bool {
+        self.immediate && self.inner.completes_in_submit()
     }
     fn post_detached(&self, node: NodeId, batch: Batch) {
         self.deadlines.borrow_mut().push(batch.deadline());
@@ -83,6 +114,10 @@ impl Fabric for Clocked {
 const MAX_OP_NS: Nanos = 1_000;
 
 fn client(cluster: &MemCluster) -> Client<Clocked, FixedClock> {
+    client_with(cluster, true)
+}
+
+fn client_with(cluster: &MemCluster, immediate: bool) -> Client<Clocked, FixedClock> {
     let layout = Layout::builder()
         .payload_max(64)
         .meta_words(8)
@@ -97,6 +132,9 @@ fn client(cluster: &MemCluster) -> Client<Clocked, FixedClock> {
         first: Cell::new(None),
         deadlines: RefCell::new(Vec::new()),
         skew: Cell::new(0),
+        jump_after: Cell::new(None),
+        jump: Cell::new(0),
+        immediate,
     };
     Client::new(
         fabric,
@@ -187,10 +225,61 @@ fn an_enclosing_deadline_is_kept_and_still_fences() {
         "the enclosing deadline"
     );
 
-    // Past the enclosing deadline: nothing is posted.
+    // Past the enclosing deadline: fenced, from the one reading, taken after the
+    // step's reads (a step that only reads posts nothing that changes memory).
     fabric.skew.set(20 * MAX_OP_NS);
     fabric.reset();
     let read = block_on_future(fabric, client.read(&reg, &mut cache, &stats));
     assert_eq!(read, Ok(Err(SwarmError::Fenced)));
-    assert!(fabric.deadlines.borrow().is_empty(), "posted when fenced");
+    assert_eq!(fabric.readings.get(), 1);
+}
+
+/// A read stopped inside its burst of posts past its deadline does not return what
+/// it counted (docs/pauses.md, H3': answers from both sides of a stop may straddle
+/// a repair's copy). The clock jumps past the enclosing deadline (a SWARM-KV
+/// operation's) once the first of the read's batches was handed over; the read
+/// must fail with `Fenced`, on the immediate path (batches complete inside
+/// `submit`: the step's reading comes after its burst) and on the general one (the
+/// read's return is confirmed).
+#[test]
+fn a_read_stopped_inside_its_burst_past_its_deadline_returns_nothing() {
+    for immediate in [true, false] {
+        let cluster = MemCluster::new(3, 1 << 20);
+        let client = client_with(&cluster, immediate);
+        let fabric = client.fabric();
+        let reg = register();
+        let mut cache = RegisterCache::new();
+        let stats = OpStats::new();
+        let written = block_on_future(fabric, client.write(&reg, &mut cache, &stats, &[7; 40]));
+        assert_eq!(
+            written,
+            Ok(Ok(WriteOutcome::Written)),
+            "immediate {immediate}"
+        );
+        for _ in 0..50 {
+            fabric.progress();
+        }
+
+        // Within the deadline all along: the value.
+        let stats = OpStats::new();
+        let _enclosing = stats.arm_deadline(fabric.now() + MAX_OP_NS);
+        let read = block_on_future(fabric, client.read(&reg, &mut cache, &stats));
+        assert_eq!(
+            read,
+            Ok(Ok(ReadValue::Value(vec![7; 40]))),
+            "immediate {immediate}"
+        );
+
+        // Stopped after its first batch, past the deadline.
+        let stats = OpStats::new();
+        let _enclosing = stats.arm_deadline(fabric.now() + MAX_OP_NS);
+        fabric.jump.set(20 * MAX_OP_NS);
+        fabric.jump_after.set(Some(1));
+        let read = block_on_future(fabric, client.read(&reg, &mut cache, &stats));
+        assert_eq!(
+            read,
+            Ok(Err(SwarmError::Fenced)),
+            "immediate {immediate}: a read counted across its deadline returned"
+        );
+    }
 }

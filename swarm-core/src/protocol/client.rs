@@ -396,8 +396,10 @@ impl<F: Fabric, C: Clock> Client<F, C> {
     /// Reads the fabric clock after a step whose answers an operation is about to
     /// return from, and fails with [`SwarmError::Fenced`] if it is past the
     /// operation's deadline (the check [`Self::settle`] makes for writes). Returns
-    /// the reading. Only the paths that need it call it: see "Quorums counted across
-    /// a repair" in [`super::maxreg`] for why a common-case read does not.
+    /// the reading. Every read returns through it, except a common-case read on the
+    /// immediate path, whose step makes the same check after its burst
+    /// (`crate::roundtrip::Immediate`); see "Quorums counted across a repair" in
+    /// [`super::maxreg`].
     pub(crate) fn confirm(&self, stats: &OpStats) -> Result<Nanos, SwarmError> {
         let now = self.fabric.now();
         if stats.is_fenced(now) {

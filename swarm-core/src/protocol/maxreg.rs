@@ -100,20 +100,18 @@
 //! * So an operation returns from a majority only if a clock reading taken after the
 //!   step's last counted answer is within its deadline; otherwise it fails with
 //!   `SwarmError::Fenced` (outcome unknown). A write ends with `Client::settle`, whose
-//!   reading (the stamp of its superseded slots) makes the check; a read that wrote
-//!   back, locked, returned a tombstone or iterated checks with `Client::confirm`. Answers counted before the
-//!   deadline landed before the repair's copy began, so the donors hold them and the
-//!   merge gives them to the rebuilt node.
-//! * A common-case read (`Client::read_now`: its maximum empty, or VERIFIED and on
-//!   a majority, no write-back) is not checked a second time, to keep it at one
-//!   clock reading. Every replica it counts answered after the read began, and a
-//!   node's words only grow until it loses its memory, so a write that completed
-//!   before the read is on one of them (Lemma A.3): it is never stale. A VERIFIED
-//!   tuple marked after its round was on a majority by a checked deadline. What is
-//!   left open: a read that itself stops inside its burst across a repair can count
-//!   a tuple written VERIFIED in its round (a slow-path rewrite, a fresh write) by a
-//!   writer stopped across the same repair, which got `Fenced`; later reads may
-//!   then miss what it returned.
+//!   reading (the stamp of its superseded slots) makes the check; a read returns
+//!   through `Client::confirm`, or, on the immediate path (`Client::read_now`), its
+//!   one step reads the clock after its burst instead of before it when the
+//!   operation's deadline is armed already (every SWARM-KV operation's is:
+//!   `roundtrip::Immediate`, "When the fence is checked"), so a common-case get
+//!   still reads the clock once. Answers counted before the deadline landed before
+//!   the repair's copy began, so the donors hold them and the merge gives them to
+//!   the rebuilt node.
+//! * Without the check on reads, a read stopped inside its burst across a repair
+//!   could count a tuple written VERIFIED in its round (a slow-path rewrite, a fresh
+//!   write) by a writer stopped across the same repair, which got `Fenced`, and
+//!   return it; later reads of the rebuilt node and a donor would miss it.
 //!
 
 use alloc::boxed::Box;
@@ -579,7 +577,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
             };
             self.fold_view(cache, views, p, inplace, reply)?;
         }
-        step.complete();
+        step.complete()?;
         Ok(true)
     }
 

@@ -229,12 +229,10 @@ impl<F: Fabric, C: Clock> Client<F, C> {
             let (m, value) = self
                 .max_read_from(reg, cache, stats, true, first.take())
                 .await?;
-            // Off the common case (a write-back confirms in `max_read_from`): the
-            // answers may have been counted across a stop (`super::maxreg`, "Quorums
-            // counted across a repair").
-            if iteration > 1 || m.is_tombstone() {
-                self.confirm(stats)?;
-            }
+            // The answers may have been counted across a stop (`super::maxreg`,
+            // "Quorums counted across a repair"). The immediate path
+            // (`Client::read_now`) checks after its burst instead.
+            self.confirm(stats)?;
             if m.is_void() {
                 return Ok(ReadValue::Empty);
             }
