@@ -455,9 +455,11 @@ pub fn decode_record(bytes: &mut [u8], payload_max: u32) -> Option<Record<'_>> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum SlotError {
-    /// Every slot of this writer's log is in use.
+    /// Every slot of this writer's log is in use. Each live value holds a slot of the
+    /// log of the writer that wrote it last, until a later write or a delete
+    /// supersedes it, so one writer holds at most this many live values.
     #[error(
-        "the out-of-place log of writer {0} is full ({1} slots): recycle memory or create the cluster with larger logs"
+        "the out-of-place log of writer {0} is full ({1} slots): every value this writer wrote last holds one of its slots until it is overwritten or deleted, so one writer keeps at most {1} live values; delete or overwrite keys, spread writes over more clients, or create the cluster with fewer writer ids (`swarm init --writers`), which gives each a larger log"
     )]
     LogFull(WriterId, u32),
     /// The writer has no log in this layout.

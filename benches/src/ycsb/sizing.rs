@@ -23,6 +23,9 @@ const SPARE_WRITERS: usize = 4;
 const NODE_BYTES_STEP: u64 = 1 << 20;
 /// The largest node the sizing proposes.
 const MAX_NODE_BYTES: u64 = 1 << 40;
+/// Log slots beyond a client's share of the live keys that a run for a duration
+/// needs ([`check_capacity`]): writes in flight, and the share's rounding.
+const LIVE_SLACK: u64 = 64;
 /// Log slots beyond the estimate of [`log_slots_needed`].
 const LOG_SLACK: u64 = 1024;
 /// Superseded slots a writer's log should have room for while they wait out the
@@ -61,6 +64,16 @@ pub fn log_slots_needed(config: &BenchConfig, registers: u64) -> u64 {
     log_slots_with_backlog(config, registers, RECYCLING_BACKLOG)
 }
 
+/// Keys that can be live at once: `config.keys`, or for a workload that loads nothing
+/// (churn: its window) at most the registers there are.
+fn live_keys(config: &BenchConfig, registers: u64) -> u64 {
+    if config.workload.loads_keys() {
+        config.keys
+    } else {
+        config.keys.min(registers)
+    }
+}
+
 /// [`log_slots_needed`] with room for `backlog` superseded slots.
 fn log_slots_with_backlog(config: &BenchConfig, registers: u64, backlog: u64) -> u64 {
     let clients = config.clients.max(1) as u64;
@@ -72,12 +85,7 @@ fn log_slots_with_backlog(config: &BenchConfig, registers: u64, backlog: u64) ->
     let workload_ops = config.warmup_ops.saturating_add(config.ops) as f64;
     let updates = (workload_ops * (1.0 - config.workload.get_proportion())).ceil() as u64;
     let every_write = load_share.saturating_add(updates.div_ceil(clients).saturating_mul(2));
-    let live_keys = if config.workload.loads_keys() {
-        config.keys
-    } else {
-        config.keys.min(registers)
-    };
-    let recycled = live_keys.saturating_add(backlog);
+    let recycled = live_keys(config, registers).saturating_add(backlog);
     every_write.min(recycled).saturating_add(LOG_SLACK)
 }
 
@@ -179,6 +187,24 @@ pub fn check_capacity(
              fresh directory",
             config.keys, config.clients, p.registers, p.chunk_registers
         )));
+    }
+    // A run for a duration writes without bound: its backlog of superseded slots is
+    // throttled (a full log waits for its oldest slot), but the live values are not.
+    // Each client holds at least its share of them, which no waiting frees.
+    if config.ops == u64::MAX {
+        let share = live_keys(config, p.registers)
+            .div_ceil(config.clients.max(1) as u64)
+            .saturating_add(LIVE_SLACK);
+        if u64::from(p.log_slots) < share {
+            return Err(BenchError::Capacity(format!(
+                "each client holds the live values of about {share} keys (its share of \
+                 --keys, and a few in flight) in its out-of-place log, which holds {}: \
+                 lower --keys, run more --clients, or create the cluster with more memory \
+                 per node, smaller values or fewer writers (`swarm init --size`, \
+                 `--value-max`, `--writers`) so each log holds more",
+                p.log_slots
+            )));
+        }
     }
     let slots = log_slots_needed(config, p.registers);
     if config.ops != u64::MAX && u64::from(p.log_slots) < slots {
@@ -325,5 +351,25 @@ mod tests {
         assert!(wide.keys + RECYCLING_BACKLOG > u64::from(four.params.log_slots));
         let err = check_capacity(&four, 0, 0, &wide).unwrap_err().to_string();
         assert!(err.contains("log slots") && err.contains("--keys"), "{err}");
+        // A run for a duration: the live values must fit, the backlog need not (the
+        // defaults at 64 MiB: 582 slots per writer).
+        let defaults =
+            NodeLayout::new(ClusterParams::default().for_node_size(64 << 20).unwrap()).unwrap();
+        let slots = u64::from(defaults.params.log_slots);
+        let mut churn = config.clone();
+        churn.workload = Workload::Churn;
+        churn.ops = u64::MAX;
+        churn.clients = 2;
+        churn.keys = 2000;
+        assert!(churn.keys / 2 > slots);
+        let err = check_capacity(&defaults, 0, 0, &churn)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("out-of-place log") && err.contains("--keys"),
+            "{err}"
+        );
+        churn.keys = 2 * (slots - LIVE_SLACK);
+        check_capacity(&defaults, 0, 0, &churn).unwrap();
     }
 }
