@@ -179,6 +179,11 @@ impl ShmStore {
             ))?;
         let raw = Arc::new(raw);
         let fabric = raw.client();
+        // Every repair of this cluster is a process of this host (`crate::repair::lock`).
+        let options = RepairOptions {
+            liveness: crate::membership::owner_process::OwnerLiveness::ThisHost,
+            ..options
+        };
         let report = swarm_core::block_on(&fabric, async {
             Ok::<_, swarm_core::FabricError>(
                 repair_node(
