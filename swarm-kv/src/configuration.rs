@@ -32,7 +32,10 @@
 //! record is on a majority every new opener sees it. (A repair changes the
 //! configuration twice: `e + 1` announces it, same members, and `e + 2` admits the
 //! node; `crate::repair`.) Writes that race the rebuild are the repair's
-//! argument to make, not this record's.
+//! argument to make, not this record's. Records are plain writes, bigger than a
+//! CAS: only the repair that holds the repair lock ([`REPAIR_LOCK_AT`],
+//! `crate::repair::lock`) writes them, so a stopped repair's late record never
+//! replaces a later repair's.
 //!
 //! **Older clusters.** A store created before configurations existed has no record:
 //! it opens as epoch 0 ([`Configuration::legacy`]), which admits every incarnation

@@ -53,7 +53,9 @@
 //! records and copies only between the end of its round and its give-back, and on
 //! every node one repair's stores land in program order before its give-back (shared
 //! memory executes a batch inside `submit`; the repair waits for every write's
-//! completion before it gives back). A repair stopped before or inside its round
+//! completion before it gives back, except after a failure over RDMA, where a write
+//! still in flight lands within the transport's delivery bound, long before a next
+//! repair's copy, which follows its quiescence wait). A repair stopped before or inside its round
 //! holds nothing yet, and when it wins it reads the configuration after its round,
 //! so it sees what every earlier repair admitted: the node's incarnation is a member
 //! ([`RepairError::AlreadyMember`]), or (shared memory) its own mapping of the node

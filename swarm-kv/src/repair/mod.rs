@@ -14,6 +14,11 @@
 //!
 //! # The procedure ([`repair_node`])
 //!
+//! 0. **Lock**: take the repair lock on every donor ([`lock`]), and give it back at
+//!    the end, whatever the outcome. Every step below runs under it, so that a
+//!    repair stopped anywhere (SIGSTOP) and waking up later never lands a
+//!    configuration record or a piece after a later repair's: a later repair waits
+//!    until this one is known gone. The node must answer before the announcement.
 //! 1. Read the configuration `e` (a majority's newest copy); the node's new
 //!    incarnation must not be a member yet. The *donors* are every other node: all
 //!    must answer (a majority would do for the argument below in clusters where every
@@ -87,6 +92,13 @@
 //! idempotent: it overwrites the node's pieces). A failure of the node itself stops
 //! the repair likewise. Losing a donor *after* the new configuration reached a
 //! majority is an ordinary failure of a member.
+//!
+//! *A stopped repair.* Configuration records and pieces are plain writes: a stopped
+//! repair's late ones would replace what a second repair of the node installed
+//! (the donors' epoch lowered below its admission, a rebuilt node overwritten while
+//! it serves). The repair lock ([`lock`], which has the argument) lets no second
+//! repair start until the first is known gone, and a repair that wins it after a
+//! stop reads the configuration afresh.
 //!
 //! *Index scrub.* The rebuilt node's index slots may lag behind operations that
 //! raced the copy, as a node that was down would; `swarm scrub`
@@ -178,7 +190,7 @@ pub enum RepairError {
         /// The node count.
         nodes: usize,
     },
-    /// Another repair holds the repair lock ([`lock`]): it runs, or this host cannot
+    /// Another repair holds the repair lock (`crate::repair::lock`): it runs, or this host cannot
     /// tell that it is gone. Nothing was written.
     #[error("another repair (process {pid}) holds the repair lock on node {node}: {why}")]
     Locked {
@@ -238,13 +250,13 @@ pub struct RepairOptions {
     pub replace: bool,
     /// Whether every repair of the cluster is a process of this host (shared memory:
     /// `ShmStore::repair` sets it), so that a repair lock held by a process that is
-    /// gone is taken over ([`lock`]). `Unknown` (RDMA): a lock held by another
+    /// gone is taken over (`crate::repair::lock`). `Unknown` (RDMA): a lock held by another
     /// process is taken only with [`Self::break_lock`].
     pub liveness: OwnerLiveness,
     /// Take the repair lock whatever holds it: the operator asserts that the earlier
     /// repair is gone (killed, its host down). An override, like `swarm evict
     /// --force`: if that repair still runs, its late records and copies can land
-    /// after this one's ([`lock`]).
+    /// after this one's (`crate::repair::lock`).
     pub break_lock: bool,
 }
 
