@@ -250,16 +250,58 @@ pub(crate) async fn take<F: Fabric>(
     Err(RepairError::Locked {
         node,
         pid: pid_of(holder) as u32,
-        why: match judged {
-            Holder::Running => {
-                "it runs (this host): wait for it to end, or stop it (kill the process) and run the repair again"
-            }
-            _ if holder == 0 => "the lock kept changing hands: run the repair again",
-            _ => {
-                "this host cannot tell whether it still runs (it may run on another host): once it is gone (killed, its host down), run the repair again with --break-lock"
-            }
+        why: if holder == 0 {
+            "the lock kept changing hands: run the repair again"
+        } else {
+            why(judged)
         },
     })
+}
+
+/// Whether [`take`] would refuse now, read only: a repair that would replace the
+/// node's memory first (`ShmStore::repair`) asks, so that a refused repair leaves
+/// the memory of the one that runs alone. Advisory: [`take`] decides.
+pub(crate) async fn check<F: Fabric>(
+    fabric: &F,
+    stats: &OpStats,
+    donors: &[NodeId],
+    liveness: OwnerLiveness,
+    break_lock: bool,
+) -> Result<(), RepairError> {
+    if break_lock {
+        return Ok(());
+    }
+    let replies = rt_all(fabric, stats, donors, |_| Batch::read(REPAIR_LOCK_AT, 8)).await?;
+    for (node, completion) in &replies {
+        let word = completion
+            .read(0)
+            .and_then(|b| b.try_into().ok())
+            .map_or(0, u64::from_le_bytes);
+        if word == 0 {
+            continue;
+        }
+        let judged = judge(word, liveness);
+        if judged != Holder::Gone {
+            return Err(RepairError::Locked {
+                node: *node,
+                pid: pid_of(word) as u32,
+                why: why(judged),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// What to do about a lock held by a repair judged `judged`.
+fn why(judged: Holder) -> &'static str {
+    match judged {
+        Holder::Running => {
+            "it runs (this host): wait for it to end, or stop it (kill the process) and run the repair again"
+        }
+        _ => {
+            "this host cannot tell whether it still runs (it may run on another host): once it is gone (killed, its host down), run the repair again with --break-lock"
+        }
+    }
 }
 
 /// Gives the lock back on every donor that answers (CAS own token → 0: a late one
