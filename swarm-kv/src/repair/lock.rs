@@ -39,7 +39,10 @@
 //!
 //! A repair that finds a copy held by a repair that runs (or may run) gives back the
 //! copies it took and stops with [`RepairError::Locked`]; nothing else has been
-//! written.
+//! written. A token keeps 22 bits of the pid (Linux's limit) and 26 of the start
+//! time (7.7 days of 100 Hz ticks): a later process with the same pid, started a
+//! multiple of that later, reads as the holder, which only refuses; a holder that
+//! runs never reads as gone.
 //!
 //! # Why it is correct, stops included
 //!
