@@ -265,6 +265,99 @@ fn repair_rebuilds_a_lost_node_while_a_bench_runs_and_the_next_loss_loses_nothin
     assert!(text(&out).contains("already a member"), "{}", text(&out));
 }
 
+/// A `swarm repair` stopped (SIGSTOP) while it holds the repair lock: a second one
+/// of the same node exits 1, names it and leaves the node file alone, and the first,
+/// continued, rebuilds the node. A repair killed while it holds the lock leaves its
+/// token behind, and the next repair takes it over (its process is gone).
+#[test]
+fn a_second_repair_refuses_while_a_stopped_one_runs_and_takes_over_from_a_killed_one() {
+    use std::io::{Read, Seek, SeekFrom};
+    let scratch = ScratchDir::new("cli-repair-lock").unwrap();
+    let dir = scratch.path().join("c");
+    let d = dir.to_str().unwrap();
+    let out = swarm(&["init", "--dir", d, "--size", "32MiB", "--value-max", "64"]);
+    assert!(out.status.success(), "{}", text(&out));
+    for i in 0..5 {
+        assert!(
+            swarm(&["put", "--dir", d, &format!("k{i}"), &format!("v{i}")])
+                .status
+                .success()
+        );
+    }
+    let node = |index: u16| dir.join(swarm_shm::node_file_name(index));
+    let corrupt_header = |index: u16| {
+        let mut bytes = std::fs::read(node(index)).unwrap();
+        bytes[20] ^= 0xff;
+        std::fs::write(node(index), &bytes).unwrap();
+    };
+    // The repair lock word on node 0 (the superblock area, after the header page).
+    let lock_word = || {
+        let mut f = std::fs::File::open(node(0)).unwrap();
+        f.seek(SeekFrom::Start(swarm_core::header::HEADER_SIZE + 2048))
+            .unwrap();
+        let mut word = [0u8; 8];
+        f.read_exact(&mut word).unwrap();
+        u64::from_le_bytes(word)
+    };
+    let start = || {
+        let child = Command::new(env!("CARGO_BIN_EXE_swarm"))
+            .args(["repair", "--dir", d, "--node", "1"])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("start a repair");
+        let began = std::time::Instant::now();
+        while lock_word() == 0 {
+            assert!(
+                began.elapsed().as_secs() < 30,
+                "the repair never took the lock"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        child
+    };
+    let signal = |child: &std::process::Child, sig: &str| {
+        let status = Command::new("kill")
+            .args([sig, &child.id().to_string()])
+            .status()
+            .expect("kill");
+        assert!(status.success());
+    };
+    corrupt_header(1);
+    let first = start();
+    signal(&first, "-STOP");
+    let file_before = std::fs::read(node(1)).unwrap();
+    let out = swarm(&["repair", "--dir", d, "--node", "1"]);
+    let t = text(&out);
+    assert!(!out.status.success(), "{t}");
+    assert!(
+        t.contains("holds the repair lock") && t.contains(&first.id().to_string()),
+        "{t}"
+    );
+    assert!(
+        std::fs::read(node(1)).unwrap() == file_before,
+        "the node file was left alone"
+    );
+    signal(&first, "-CONT");
+    let out = first.wait_with_output().expect("the first repair");
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains("node 1 rebuilt"), "{}", text(&out));
+    assert_eq!(lock_word(), 0, "given back");
+
+    corrupt_header(1);
+    let mut killed = start();
+    signal(&killed, "-KILL");
+    killed.wait().expect("reap the killed repair");
+    assert_ne!(lock_word(), 0, "a killed repair leaves its token");
+    let out = swarm(&["repair", "--dir", d, "--node", "1"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains("node 1 rebuilt"), "{}", text(&out));
+    assert_eq!(lock_word(), 0, "given back");
+    for i in 0..5 {
+        assert_get(d, &format!("k{i}"), &format!("v{i}"));
+    }
+}
+
 /// Six nodes in two replica groups of three (nodes 0-2 and 3-5 in every band):
 /// `swarm init` reports twice the keys of three nodes at the same size, node 1 is
 /// lost and `swarm repair` rebuilds it from its group while a bench records a

@@ -32,7 +32,10 @@
 //! record is on a majority every new opener sees it. (A repair changes the
 //! configuration twice: `e + 1` announces it, same members, and `e + 2` admits the
 //! node; `crate::repair`.) Writes that race the rebuild are the repair's
-//! argument to make, not this record's.
+//! argument to make, not this record's. Records are plain writes, bigger than a
+//! CAS: only the repair that holds the repair lock ([`REPAIR_LOCK_AT`],
+//! `crate::repair::lock`) writes them, so a stopped repair's late record never
+//! replaces a later repair's.
 //!
 //! **Older clusters.** A store created before configurations existed has no record:
 //! it opens as epoch 0 ([`Configuration::legacy`]), which admits every incarnation
@@ -47,6 +50,10 @@ use crate::layout::{SUPERBLOCK_AT, SUPERBLOCK_BYTES};
 
 /// Offset of the configuration record (inside the superblock area).
 pub const CONFIG_AT: u64 = SUPERBLOCK_AT + 1024;
+/// Offset of the repair lock word (inside the superblock area, after the
+/// configuration record): 0, or the token of the repair that may write configuration
+/// records (`crate::repair::lock`). Only a repair's donors' copies are used.
+pub const REPAIR_LOCK_AT: u64 = SUPERBLOCK_AT + 2048;
 /// Magic bytes of the configuration record.
 pub const CONFIG_MAGIC: [u8; 8] = *b"SWARMCFG";
 /// Configuration record format version.
@@ -57,6 +64,8 @@ pub const CONFIG_READ_BYTES: usize = 24 + 8 * MAX_NODES + 8;
 // `repairing` has a bit per node.
 const _: () = assert!(MAX_NODES <= 16);
 const _: () = assert!(CONFIG_AT + CONFIG_READ_BYTES as u64 <= SUPERBLOCK_AT + SUPERBLOCK_BYTES);
+const _: () = assert!(CONFIG_AT + CONFIG_READ_BYTES as u64 <= REPAIR_LOCK_AT);
+const _: () = assert!(REPAIR_LOCK_AT + 8 <= SUPERBLOCK_AT + SUPERBLOCK_BYTES);
 
 /// Which node incarnations are members of the cluster, at which epoch.
 #[derive(Clone, Debug, PartialEq, Eq)]

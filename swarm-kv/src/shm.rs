@@ -159,6 +159,29 @@ impl ShmStore {
         }
         // Reopened for the copy; `open` above named the unusable nodes already.
         let mut raw = ShmCluster::open_quietly(dir)?;
+        // Every repair of this cluster is a process of this host (`crate::repair::lock`).
+        let options = RepairOptions {
+            liveness: crate::membership::owner_process::OwnerLiveness::ThisHost,
+            ..options
+        };
+        // A repair that another one's lock refuses leaves the node file alone.
+        let donors: Vec<NodeId> = (0..nodes as u16)
+            .map(NodeId)
+            .filter(|n| n.0 != node)
+            .collect();
+        let probe = store.fabric();
+        swarm_core::block_on(&probe, async {
+            Ok::<_, swarm_core::FabricError>(
+                crate::repair::lock::check(
+                    &probe,
+                    &swarm_core::OpStats::new(),
+                    &donors,
+                    options.liveness,
+                    options.break_lock,
+                )
+                .await,
+            )
+        })??;
         // Left out by the store (no superblock, say: its memory was wiped in place,
         // incarnation and all) counts as lost too.
         let left_out = store.unusable_nodes().iter().any(|(n, _)| n.0 == node);

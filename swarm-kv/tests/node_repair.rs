@@ -31,6 +31,7 @@ fn params() -> ClusterParams {
 const NO_WAIT: RepairOptions = RepairOptions {
     quiesce_ns: Some(0),
     replace: false,
+    ..RepairOptions::DEFAULT
 };
 
 fn get(store: &ShmStore, key: &str) -> Option<Vec<u8>> {
@@ -366,6 +367,7 @@ fn the_repair_span_labels_only_the_repairs_own_events() {
     let options = RepairOptions {
         quiesce_ns: Some(2_000_000),
         replace: false,
+        ..RepairOptions::DEFAULT
     };
     tracing::subscriber::with_default(subscriber, || {
         block_on(&fabric, async {

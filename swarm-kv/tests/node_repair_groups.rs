@@ -27,6 +27,7 @@ fn params() -> ClusterParams {
 const NO_WAIT: RepairOptions = RepairOptions {
     quiesce_ns: Some(0),
     replace: false,
+    ..RepairOptions::DEFAULT
 };
 
 fn get(store: &ShmStore, key: &str) -> Option<Vec<u8>> {

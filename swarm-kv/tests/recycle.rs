@@ -1980,6 +1980,7 @@ fn a_lost_node_out_of_service_does_not_stop_register_recycling() {
         RepairOptions {
             quiesce_ns: Some(0),
             replace: false,
+            ..RepairOptions::DEFAULT
         },
         |_, _| {},
     )
@@ -2046,6 +2047,7 @@ fn registers_reset_during_a_repair_come_back_through_the_journal() {
         RepairOptions {
             quiesce_ns: Some(0),
             replace: false,
+            ..RepairOptions::DEFAULT
         },
         |done, _| {
             if done < registers_end || during.is_some() {

@@ -28,6 +28,7 @@ fn params() -> ClusterParams {
 const NO_WAIT: RepairOptions = RepairOptions {
     quiesce_ns: Some(0),
     replace: false,
+    ..RepairOptions::DEFAULT
 };
 
 /// A process that opened the cluster while a repair copied node 1 registered its

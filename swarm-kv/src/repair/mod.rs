@@ -14,6 +14,11 @@
 //!
 //! # The procedure ([`repair_node`])
 //!
+//! 0. **Lock**: take the repair lock on every donor ([`lock`]), and give it back at
+//!    the end, whatever the outcome. Every step below runs under it, so that a
+//!    repair stopped anywhere (SIGSTOP) and waking up later never lands a
+//!    configuration record or a piece after a later repair's: a later repair waits
+//!    until this one is known gone. The node must answer before the announcement.
 //! 1. Read the configuration `e` (a majority's newest copy); the node's new
 //!    incarnation must not be a member yet. The *donors* are every other node: all
 //!    must answer (a majority would do for the argument below in clusters where every
@@ -88,10 +93,20 @@
 //! the repair likewise. Losing a donor *after* the new configuration reached a
 //! majority is an ordinary failure of a member.
 //!
+//! *A stopped repair.* Configuration records and pieces are plain writes: a stopped
+//! repair's late ones would replace what a second repair of the node installed
+//! (the donors' epoch lowered below its admission, a rebuilt node overwritten while
+//! it serves). The repair lock ([`lock`], which has the argument) lets no second
+//! repair start until the first is known gone, and a repair that wins it after a
+//! stop reads the configuration afresh.
+//!
 //! *Index scrub.* The rebuilt node's index slots may lag behind operations that
 //! raced the copy, as a node that was down would; `swarm scrub`
 //! (`index/scrub.rs`) moves them forward.
 
+pub(crate) mod lock;
+#[cfg(test)]
+mod lock_tests;
 pub mod merge;
 #[cfg(test)]
 mod quorum_tests;
@@ -110,6 +125,7 @@ use crate::client::register_loc_for;
 use crate::configuration::{CONFIG_AT, CONFIG_READ_BYTES, Configuration};
 use crate::layout::{BUCKET_BYTES, CLIENT_ROW_BYTES, NodeLayout, SUPERBLOCK_AT};
 use crate::membership::lease::LeaseParams;
+use crate::membership::owner_process::OwnerLiveness;
 use merge::Conflicts;
 
 /// Bytes read from every donor together (and written) per step, at most: pieces of
@@ -174,6 +190,17 @@ pub enum RepairError {
         /// The node count.
         nodes: usize,
     },
+    /// Another repair holds the repair lock (`crate::repair::lock`): it runs, or this host cannot
+    /// tell that it is gone. Nothing was written.
+    #[error("another repair (process {pid}) holds the repair lock on node {node}: {why}")]
+    Locked {
+        /// A donor whose lock copy it holds.
+        node: NodeId,
+        /// Its process id (on the host that runs it).
+        pid: u32,
+        /// What to do.
+        why: &'static str,
+    },
     /// Another fabric failure.
     #[error(transparent)]
     Fabric(#[from] FabricError),
@@ -221,6 +248,26 @@ pub struct RepairOptions {
     /// ballots, `crate::index`, "Limits"). The transport retires the memory first
     /// (shared memory: `ShmCluster::replace_node`).
     pub replace: bool,
+    /// Whether every repair of the cluster is a process of this host (shared memory:
+    /// `ShmStore::repair` sets it), so that a repair lock held by a process that is
+    /// gone is taken over (`crate::repair::lock`). `Unknown` (RDMA): a lock held by another
+    /// process is taken only with [`Self::break_lock`].
+    pub liveness: OwnerLiveness,
+    /// Take the repair lock whatever holds it: the operator asserts that the earlier
+    /// repair is gone (killed, its host down). An override, like `swarm evict
+    /// --force`: if that repair still runs, its late records and copies can land
+    /// after this one's (`crate::repair::lock`).
+    pub break_lock: bool,
+}
+
+impl RepairOptions {
+    /// The defaults ([`Default`]), usable in constants.
+    pub const DEFAULT: Self = Self {
+        quiesce_ns: None,
+        replace: false,
+        liveness: OwnerLiveness::Unknown,
+        break_lock: false,
+    };
 }
 
 /// Rebuilds `node`, whose memory now has incarnation `incarnation`, from every other
@@ -233,14 +280,57 @@ pub async fn repair_node<F: Fabric>(
     node: NodeId,
     incarnation: u64,
     options: RepairOptions,
-    mut progress: impl FnMut(u64, u64),
+    progress: impl FnMut(u64, u64),
 ) -> Result<RepairReport, RepairError> {
     let nodes = fabric.node_count();
     if node.index() >= nodes {
         return Err(RepairError::NoSuchNode { node, nodes });
     }
     let stats = OpStats::new();
-    let config = read_configuration(fabric, &stats).await?;
+    let donors: Vec<NodeId> = (0..nodes as u16)
+        .map(NodeId)
+        .filter(|n| *n != node)
+        .collect();
+    // Records and copies only under the repair lock, read from the configuration on:
+    // a late record of a stopped repair never lands after a later repair's (`lock`).
+    let held = lock::take(
+        fabric,
+        &stats,
+        &donors,
+        options.liveness,
+        options.break_lock,
+    )
+    .await?;
+    let result = repair_locked(
+        fabric,
+        layout,
+        node,
+        incarnation,
+        options,
+        &stats,
+        &donors,
+        progress,
+    )
+    .await;
+    lock::give_back(fabric, &stats, &donors, &held).await;
+    drop(held);
+    result
+}
+
+/// [`repair_node`] once it holds the repair lock.
+#[allow(clippy::too_many_arguments)]
+async fn repair_locked<F: Fabric>(
+    fabric: &F,
+    layout: &NodeLayout,
+    node: NodeId,
+    incarnation: u64,
+    options: RepairOptions,
+    stats: &OpStats,
+    donors: &[NodeId],
+    mut progress: impl FnMut(u64, u64),
+) -> Result<RepairReport, RepairError> {
+    let nodes = fabric.node_count();
+    let config = read_configuration(fabric, stats).await?;
     if config.epoch == 0 {
         return Err(RepairError::Legacy);
     }
@@ -251,10 +341,10 @@ pub async fn repair_node<F: Fabric>(
             epoch: config.epoch,
         });
     }
-    let donors: Vec<NodeId> = (0..nodes as u16)
-        .map(NodeId)
-        .filter(|n| *n != node)
-        .collect();
+    // The node must answer before anything is announced: a repair that won the lock
+    // after a stop may map memory a later repair retired (shared memory), and must
+    // not leave an announcement behind for a repair that cannot run (`lock`).
+    rt_all(fabric, stats, &[node], |_| Batch::read(CONFIG_AT, 8)).await?;
     // The span is entered only while the repair's own future runs (`instrument`):
     // entered across an await, it would label whatever else the thread polls then.
     let span = tracing::info_span!("repair", %node, epoch = config.epoch);
@@ -266,7 +356,7 @@ pub async fn repair_node<F: Fabric>(
         announced.epoch += 1;
         announced.set_repairing(node.index(), true);
         let record = announced.encode();
-        rt_all(fabric, &stats, &donors, |_| {
+        rt_all(fabric, stats, donors, |_| {
             Batch::write(CONFIG_AT, record.clone())
         })
         .await?;
@@ -278,9 +368,9 @@ pub async fn repair_node<F: Fabric>(
         );
         let mut copier = Copier {
             fabric,
-            stats: &stats,
+            stats,
             layout,
-            donors: &donors,
+            donors,
             target: node,
             journal: layout
                 .journal_at
@@ -331,11 +421,11 @@ pub async fn repair_node<F: Fabric>(
         next.incarnations[node.index()] = incarnation;
         next.set_repairing(node.index(), false);
         let record = next.encode();
-        rt_all(fabric, &stats, &donors, |_| {
+        rt_all(fabric, stats, donors, |_| {
             Batch::write(CONFIG_AT, record.clone())
         })
         .await?;
-        rt_all(fabric, &stats, &[node], |_| {
+        rt_all(fabric, stats, &[node], |_| {
             Batch::write(CONFIG_AT, record.clone())
         })
         .await?;

@@ -131,6 +131,12 @@ enum Command {
         /// that fell too far behind.
         #[arg(long)]
         replace: bool,
+        /// Take the repair lock even if another repair holds it and this host cannot
+        /// tell that it is gone (RDMA: it may run on another host). Only once that
+        /// repair is gone (killed, its host down): if it still runs, its late writes
+        /// can undo this repair's.
+        #[arg(long)]
+        break_lock: bool,
     },
     /// Write the SWARM-KV superblock on freshly started RDMA memory nodes.
     Format {
@@ -355,7 +361,12 @@ fn run(cli: Cli) -> Result<ExitCode> {
         }
         Command::Delete { at, key } => with_store!(&at, |store| delete(&store, &key)),
         Command::Stat { at, json } => with_store!(&at, |store| stat(&store, json)),
-        Command::Repair { at, node, replace } => repair(&at, node, replace),
+        Command::Repair {
+            at,
+            node,
+            replace,
+            break_lock,
+        } => repair(&at, node, replace, break_lock),
         Command::Evict { at, writer, force } => {
             with_store!(&at, |store| evict(&store, writer, force))
         }
@@ -562,9 +573,10 @@ fn evict<S: Store>(store: &S, writer: u16, force: bool) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn repair(at: &ClusterArg, node: u16, replace: bool) -> Result<ExitCode> {
+fn repair(at: &ClusterArg, node: u16, replace: bool, break_lock: bool) -> Result<ExitCode> {
     let options = RepairOptions {
         replace,
+        break_lock,
         ..Default::default()
     };
     let mut shown = 0;
