@@ -287,23 +287,34 @@ impl<F: Fabric, C: Clock> Client<F, C> {
 
     /// [`Self::recycle_slots_tick`] with the fabric clock already read (`now`): an
     /// operation that reads the clock as it starts passes it on.
+    ///
+    /// With nothing due (the common case) it is one comparison: the tracker keeps
+    /// the earliest time something may be due, lowered whenever something is queued
+    /// (`SlotTracker::quiet_until`).
     pub fn recycle_slots_tick_at(&self, budget: usize, now: Nanos) {
         let mut state = self.state.borrow_mut();
-        let WriterState { slots, tracker, .. } = &mut *state;
-        let timing = self.release_timing();
-        tracker.poll_check(&self.fabric, self.config.max_op_ns);
-        if let Some(at) = tracker.next_expiry(&timing)
-            && now >= at
-        {
-            tracker.expire(&self.fabric, slots, &self.layout, self.writer, now, &timing);
+        if now < state.tracker.quiet_until() {
+            return;
         }
-        tracker.start_check(
+        let WriterState { slots, tracker, .. } = &mut *state;
+        tracker.tick(
             &self.fabric,
+            slots,
             &self.layout,
+            self.writer,
+            now,
+            &self.release_timing(),
             budget,
             self.config.slot_recycling_interval_ns,
-            now,
         );
+    }
+
+    /// Whether the background ticks ([`Self::recycle_slots_tick_at`],
+    /// [`Self::examine_carried_tick`]) have nothing to do at `now`: a store's
+    /// per-operation upkeep skips both when so (one borrow and two comparisons).
+    pub fn background_quiet(&self, now: Nanos) -> bool {
+        let state = self.state.borrow();
+        now < state.tracker.quiet_until() && state.carried.remaining() == 0
     }
 
     /// One slot-recycling check of up to `budget` tracked registers, waited for (at most

@@ -387,6 +387,13 @@ pub(crate) struct SlotTracker {
     cleared: VecDeque<(Nanos, Timestamp)>,
     /// When to look at the guard check in flight again.
     guard_poll_at: Nanos,
+    /// Before this fabric time a background tick has nothing to do
+    /// ([`Self::quiet_until`]): no check in flight, no check to start, no limbo or
+    /// cleared slot and no guard check due. A lower bound of when something is due:
+    /// computed by [`Self::refresh_quiet`] after a tick, and lowered whenever
+    /// something is queued between ticks (a register tracked while none was, a slot
+    /// put in limbo, a check started, an expiry run outside a tick).
+    quiet_until: Nanos,
 }
 
 /// The times that rule when a limbo slot goes back to the allocator.
@@ -417,6 +424,10 @@ impl SlotTracker {
     }
 
     fn track_write(&mut self, reg: &RegisterLoc, ts: Timestamp, resumed: bool) {
+        if self.registers.is_empty() {
+            // A check may be due as soon as there is something to check.
+            self.quiet_until = 0;
+        }
         let writes = self
             .registers
             .get_or_insert(reg.addr, || reg.replicas.clone());
@@ -437,6 +448,7 @@ impl SlotTracker {
             return;
         };
         let floor = floor.ts();
+        let was_empty = self.limbo.is_empty();
         let limbo = &mut self.limbo;
         self.events += 1;
         let events = self.events;
@@ -454,6 +466,16 @@ impl SlotTracker {
         });
         if writes.is_empty() {
             self.registers.remove(addr);
+        }
+        self.queued_limbo(was_empty, now);
+    }
+
+    /// After a push to the limbo at `now`: a limbo that was empty has a new front,
+    /// due a grace from `now` (the next tick computes when; a push behind the front
+    /// does not move it).
+    fn queued_limbo(&mut self, was_empty: bool, now: Nanos) {
+        if was_empty && !self.limbo.is_empty() {
+            self.quiet_until = self.quiet_until.min(now);
         }
     }
 
@@ -488,6 +510,7 @@ impl SlotTracker {
         if replies().count() < q {
             return;
         }
+        let was_empty = self.limbo.is_empty();
         let limbo = &mut self.limbo;
         writes.retain_mut(|w| {
             if w.known_at > events {
@@ -506,6 +529,7 @@ impl SlotTracker {
         if writes.is_empty() {
             self.registers.remove(addr);
         }
+        self.queued_limbo(was_empty, now);
     }
 
     /// Gives back to `slots` every limbo slot whose grace has passed at `now`; with
@@ -521,6 +545,9 @@ impl SlotTracker {
         now: Nanos,
         timing: &ReleaseTiming,
     ) {
+        // What this moves along (to a guard check, to the cleared queue) may be
+        // due at other times: the next tick computes when.
+        self.quiet_until = 0;
         let guarded = layout.guards().is_some();
         while let Some(&(at, ts)) = self.limbo.front() {
             if now < at.saturating_add(timing.grace) {
@@ -603,6 +630,63 @@ impl SlotTracker {
         [limbo, cleared, check].into_iter().flatten().min()
     }
 
+    /// Before this fabric time a background tick ([`super::Client::recycle_slots_tick_at`])
+    /// has nothing to do: it would collect no check (none in flight), start none
+    /// (the last one started less than the interval ago, or nothing is tracked), and
+    /// release no slot (none is due, [`Self::next_expiry`]). Never later than any of
+    /// these is due; see the field's docs for what lowers it.
+    pub(crate) fn quiet_until(&self) -> Nanos {
+        self.quiet_until
+    }
+
+    /// One background tick at `now` ([`super::Client::recycle_slots_tick_at`]): with
+    /// nothing due, one comparison; otherwise collects the check in flight, gives
+    /// back the limbo slots that are due (to `slots`), starts a check of up to
+    /// `budget` registers if the last started `interval` ago or more, and computes
+    /// when the next tick has something to do.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn tick<F: Fabric + ?Sized>(
+        &mut self,
+        fabric: &F,
+        slots: &mut SlotAllocator,
+        layout: &Layout,
+        writer: WriterId,
+        now: Nanos,
+        timing: &ReleaseTiming,
+        budget: usize,
+        interval: Nanos,
+    ) {
+        if now < self.quiet_until {
+            return;
+        }
+        self.poll_check(fabric, timing.timeout);
+        if let Some(at) = self.next_expiry(timing)
+            && now >= at
+        {
+            self.expire(fabric, slots, layout, writer, now, timing);
+        }
+        self.start_check(fabric, layout, budget, interval, now);
+        self.refresh_quiet(timing, interval);
+    }
+
+    /// Computes [`Self::quiet_until`] after a tick: 0 with a check in flight (its
+    /// replies are collected at the next tick), otherwise the earliest of the next
+    /// expiry and the next check's start (`interval` after the last one; at once if
+    /// none ran yet), or never with nothing queued and nothing tracked.
+    fn refresh_quiet(&mut self, timing: &ReleaseTiming, interval: Nanos) {
+        self.quiet_until = if self.check.is_some() {
+            0
+        } else {
+            let check = if self.registers.is_empty() {
+                Nanos::MAX
+            } else {
+                self.last_check
+                    .map_or(0, |last| last.saturating_add(interval))
+            };
+            self.next_expiry(timing).map_or(check, |at| at.min(check))
+        };
+    }
+
     /// Slots superseded and not yet given back: in their grace, waiting for or in a
     /// guard check, or cleared and waiting out the delivery margin.
     fn awaiting_release(&self) -> usize {
@@ -642,6 +726,8 @@ impl SlotTracker {
             return false;
         }
         self.last_check = Some(now);
+        // Its replies are collected at the next tick.
+        self.quiet_until = 0;
         let len = self.registers.len();
         let start = self.cursor % len;
         let picked: Vec<(u64, Replicas)> = (0..budget.min(len))
@@ -859,6 +945,107 @@ mod tests {
                 proptest::prop_assert_eq!(
                     matches!(writes, Writes::Inline(_)),
                     model.len() <= INLINE_WRITES
+                );
+            }
+        }
+    }
+
+    /// The earliest time a tick has something to do, from the tracker's state as
+    /// [`SlotTracker::tick`] reads it: what [`SlotTracker::quiet_until`] must never
+    /// exceed.
+    fn due(t: &SlotTracker, timing: &ReleaseTiming, interval: Nanos) -> Nanos {
+        if t.check.is_some() {
+            return 0;
+        }
+        let check = if t.registers.is_empty() {
+            Nanos::MAX
+        } else {
+            t.last_check.map_or(0, |last| last.saturating_add(interval))
+        };
+        t.next_expiry(timing).map_or(check, |at| at.min(check))
+    }
+
+    proptest::proptest! {
+        /// Whatever happens between ticks (writes tracked and settled, checks run
+        /// and expiries by a waiting allocation, guard words raised and lowered), a
+        /// tick skipped because it is before [`SlotTracker::quiet_until`] had
+        /// nothing to do: no check to collect or start, no slot to give back.
+        #[test]
+        fn a_quiet_tick_has_nothing_to_do(
+            ops in proptest::collection::vec((0u8..8, 0u64..40), 0..300),
+            interval in proptest::prop_oneof![proptest::strategy::Just(3u64), proptest::strategy::Just(500)],
+            (margin, recheck) in proptest::prop_oneof![
+                proptest::strategy::Just((8u64, 5u64)),
+                proptest::strategy::Just((1, 40)),
+            ],
+        ) {
+            let layout = Layout::builder()
+                .writers(4)
+                .slots_per_writer(16)
+                .log_base(1 << 16)
+                .write_back_guards(2048, 8)
+                .build()
+                .unwrap();
+            let cluster = crate::MemCluster::new(3, 2 << 20);
+            let fabric = cluster.client();
+            let me = WriterId::new(1).unwrap();
+            let mut slots = SlotAllocator::new(&layout, me).unwrap();
+            let mut t = SlotTracker::default();
+            let timing = ReleaseTiming { grace: 50, margin, timeout: 10, recheck };
+            let regs: Vec<RegisterLoc> = (0..3u64)
+                .map(|i| RegisterLoc { addr: 4096 + i * 512, replicas: Replicas::all(3, i).unwrap() })
+                .collect();
+            let mut last: Vec<Option<Timestamp>> = alloc::vec![None; regs.len()];
+            let mut now = 0;
+            for (op, x) in ops {
+                let r = (x % 3) as usize;
+                match op {
+                    0 | 1 => now += x,
+                    2 => {
+                        let floor = last[r].map_or(1, |ts| ts.ticks() + 1);
+                        if let Ok(ts) = slots.allocate(&layout, floor) {
+                            t.track(&regs[r], ts);
+                            last[r] = Some(ts);
+                        }
+                    }
+                    3 => {
+                        // The last write on `r` completed, or a tombstone landed.
+                        let floor = match last[r] {
+                            Some(ts) if x % 4 != 0 => Tsp::new(ts, Flag::Verified),
+                            _ => Tsp::new(Timestamp::tombstone(me), Flag::Verified),
+                        };
+                        t.settle(regs[r].addr, floor, now);
+                    }
+                    4 => {
+                        t.tick(&fabric, &mut slots, &layout, me, now, &timing, 2, interval);
+                    }
+                    5 => {
+                        // A waiting allocation's expiry, outside any tick.
+                        t.expire(&fabric, &mut slots, &layout, me, now, &timing);
+                    }
+                    6 => {
+                        // A whole check, as `Client::check_tracked` runs it.
+                        t.poll_check(&fabric, timing.timeout);
+                        t.start_check(&fabric, &layout, usize::MAX, 0, now);
+                        if x % 2 == 0 {
+                            t.poll_check(&fabric, timing.timeout);
+                        }
+                    }
+                    _ => {
+                        // Another writer's guard names one of this writer's writes,
+                        // or goes down.
+                        let word = last[r].filter(|_| x % 2 == 0).map_or(0, |ts| Tsp::new(ts, Flag::Guessed).word());
+                        for node in 0..2 {
+                            let ticket = fabric.post(NodeId(node), Batch::write(2048 + 16, word.to_le_bytes().to_vec()));
+                            fabric.forget(ticket);
+                        }
+                    }
+                }
+                let due = due(&t, &timing, interval);
+                proptest::prop_assert!(
+                    t.quiet_until() <= due,
+                    "quiet until {} but something is due at {due} (now {now}, op {op})",
+                    t.quiet_until()
                 );
             }
         }

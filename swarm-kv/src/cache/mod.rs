@@ -56,7 +56,7 @@
 //! deadline, keeps such a register in one life until the operation ends
 //! (`crate::registers::recycle`, "When: the grace").
 //!
-//! What an entry's age still bounds ([`LocationCache::get`] drops entries older than
+//! What an entry's age still bounds ([`LocationCache::lookup`] drops entries older than
 //! `KvConfig::cache_ttl_ns` after the index or this client's insert vouched for
 //! them, [`Location::vouched_at`]): nothing safety or recycling needs. It is a
 //! freshness bound on how long a client uses a location the index has not looked at
@@ -126,6 +126,15 @@ pub struct Location {
     /// When (the client's `Fabric::now()`) the index or this client's insert last
     /// vouched that the key maps to `register`: the start of that lookup or insert.
     pub vouched_at: Nanos,
+}
+
+/// Where a lookup found a key's entry ([`LocationCache::lookup`]): what the
+/// operation then learned goes back there ([`LocationCache::write_back`]) without a
+/// second hash of the key and probe of the table.
+#[derive(Clone, Copy, Debug)]
+pub struct Found {
+    index: u32,
+    hash: u64,
 }
 
 /// A key's bytes: inline when short, else on the heap.
@@ -275,11 +284,13 @@ impl LocationCache {
         });
     }
 
-    /// The location of `key` at time `now`, counting a hit; `None` (and the entry
-    /// dropped) if it was vouched for `ttl_ns` or longer ago (module docs, "Stale
-    /// entries": a freshness bound, not a safety one).
-    pub fn get(&mut self, key: &[u8], now: Nanos) -> Option<Location> {
-        let i = self.find(self.hash(key), key)?;
+    /// The location of `key` at time `now`, counting a hit, and where its entry
+    /// is, for [`Self::write_back`]; `None` (and the entry dropped) if it was
+    /// vouched for `ttl_ns` or longer ago (module docs, "Stale entries": a
+    /// freshness bound, not a safety one).
+    pub fn lookup(&mut self, key: &[u8], now: Nanos) -> Option<(Location, Found)> {
+        let hash = self.hash(key);
+        let i = self.find(hash, key)?;
         let entry = &mut self.entries[i];
         if now.saturating_sub(entry.location.vouched_at) >= self.ttl_ns {
             self.expired += 1;
@@ -287,7 +298,49 @@ impl LocationCache {
             return None;
         }
         entry.hits = entry.hits.saturating_add(1);
-        Some(entry.location.clone())
+        Some((
+            entry.location.clone(),
+            Found {
+                index: i as u32,
+                hash,
+            },
+        ))
+    }
+
+    /// [`Self::lookup`] without where (tests).
+    #[cfg(test)]
+    pub fn get(&mut self, key: &[u8], now: Nanos) -> Option<Location> {
+        self.lookup(key, now).map(|(location, _)| location)
+    }
+
+    /// What an operation that looked `key` up ([`Self::lookup`], which returned
+    /// `found`) learned of `register`, written back into that entry as
+    /// [`Self::put`] would (the knowledge merged, the newer vouch kept), if it is
+    /// still `key`'s entry for `register`: since the lookup, other operations may
+    /// have moved it (an eviction or removal moves the last entry into the freed
+    /// place), dropped it, or pointed the key elsewhere. Returns whether it was;
+    /// if not, the caller [`Self::put`]s.
+    pub fn write_back(
+        &mut self,
+        found: Found,
+        key: &[u8],
+        register: RegisterId,
+        knowledge: &RegisterCache,
+        vouched_at: Nanos,
+    ) -> bool {
+        let Some(entry) = self.entries.get_mut(found.index as usize) else {
+            return false;
+        };
+        if entry.hash != found.hash
+            || entry.location.register != register
+            || entry.key.as_slice() != key
+        {
+            return false;
+        }
+        let location = &mut entry.location;
+        location.knowledge.merge(knowledge);
+        location.vouched_at = location.vouched_at.max(vouched_at);
+        true
     }
 
     /// Caches (or refreshes) `key`'s location. For the register already cached, the
@@ -412,6 +465,42 @@ mod tests {
         c.put(b"k", at(8, 2_500));
         assert_eq!(c.get(b"k", 2_599).map(|l| l.register), Some(8));
         assert!(c.get(b"k", 2_600).is_none());
+    }
+
+    /// What an operation learned goes back into the entry its lookup found, as a
+    /// `put` would, and only while that entry is still the key's for the same
+    /// register: not once it was moved (another entry removed), replaced (the key
+    /// now maps elsewhere) or dropped.
+    #[test]
+    fn write_back_reaches_only_the_entry_its_lookup_found() {
+        let learned = RegisterCache::holding_raw_value();
+        let mut c = LocationCache::new(1 << 20, 1_000);
+        c.put(b"a", at(1, 100));
+        c.put(b"b", at(2, 100));
+        let (_, found) = c.lookup(b"b", 150).expect("cached");
+        assert!(c.write_back(found, b"b", 2, &learned, 50));
+        let b = c.get(b"b", 150).expect("cached");
+        assert!(b.knowledge.knows_a_write(), "merged");
+        assert_eq!(b.vouched_at, 100, "the newer vouch kept");
+        // Another register, or another key, at that place: not written.
+        assert!(!c.write_back(found, b"b", 3, &learned, 100));
+        assert!(!c.write_back(found, b"a", 2, &learned, 100));
+        // `a` removed: `b` moves into its place, the found one is past the end.
+        let (_, found_b) = c.lookup(b"b", 150).expect("cached");
+        c.remove(b"a");
+        assert!(!c.write_back(found_b, b"b", 2, &learned, 100));
+        // The key now maps to another register: the operation's one is not merged
+        // into it.
+        c.put(b"a", at(1, 100));
+        let (_, found_a) = c.lookup(b"a", 150).expect("cached");
+        c.put(b"a", at(4, 120));
+        assert!(!c.write_back(found_a, b"a", 1, &learned, 100));
+        assert!(!c.get(b"a", 150).expect("cached").knowledge.knows_a_write());
+        // Dropped, then another key cached in the same place.
+        c.remove(b"a");
+        c.put(b"c", at(1, 100));
+        assert!(!c.write_back(found_a, b"a", 1, &learned, 100));
+        assert!(!c.get(b"c", 150).expect("cached").knowledge.knows_a_write());
     }
 
     #[test]

@@ -51,10 +51,12 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
     /// fabric clock (it must post nothing after it: `KvClient::begin` arms it on the
     /// operation's `OpStats`, which the register protocol and the index check before
     /// posting).
-    async fn begin_op(&self) -> Result<Nanos, KvError> {
+    ///
+    /// `now` is the fabric clock read as the operation starts: [`Self::begin_quiet`]
+    /// read it and found something due.
+    async fn begin_op(&self, now: Nanos) -> Result<Nanos, KvError> {
         let fabric = self.swarm.fabric();
         let max_op_ns = self.layout.params.max_op_ns;
-        let now = fabric.now();
         // Background log recycling: bounded, never waits.
         self.swarm.recycle_slots_tick_at(SLOT_RECYCLING_BUDGET, now);
         self.swarm.examine_carried_tick(now);
@@ -131,6 +133,28 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         })
     }
 
+    /// The common start, with no future of its own: nothing of [`Self::begin_op`]'s
+    /// upkeep is due at the fabric clock's reading (no slot-recycling work, no
+    /// carried slot to examine: `swarm_core::Client::background_quiet`; no lease
+    /// renewal in flight or due and no renewal answer unseen:
+    /// [`LeaseHolder::quiet_until`](crate::membership::lease_renewal::LeaseHolder::quiet_until)),
+    /// and the lease is valid for the whole operation deadline: returns the
+    /// deadline. Otherwise returns the reading, for `begin_op`. Skips exactly what
+    /// `begin_op` would have found nothing to do for: the lease check is the same.
+    fn begin_quiet(&self) -> Result<Nanos, Nanos> {
+        let now = self.swarm.fabric().now();
+        let max_op_ns = self.layout.params.max_op_ns;
+        if !self.swarm.background_quiet(now) {
+            return Err(now);
+        }
+        let lease = self.lease.borrow();
+        if now < lease.quiet_until() && lease.valid_for(now, max_op_ns) {
+            Ok(now.saturating_add(max_op_ns))
+        } else {
+            Err(now)
+        }
+    }
+
     /// Fails with [`KvError::Fenced`] once `deadline` passed: the caller is about to
     /// post a step, and memory it may name could be recycled after the deadline.
     pub(super) fn fence(&self, deadline: Nanos) -> Result<(), KvError> {
@@ -146,7 +170,10 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
     /// armed on `stats`, so that every step (index, registers) is fenced from the
     /// start. Returns the start and the deadline on the fabric clock.
     pub(super) async fn begin<'s>(&self, stats: &'s OpStats) -> Result<Started<'s>, KvError> {
-        let deadline = self.begin_op().await?;
+        let deadline = match self.begin_quiet() {
+            Ok(deadline) => deadline,
+            Err(now) => self.begin_op(now).await?,
+        };
         Ok(Started {
             start: deadline.saturating_sub(self.max_op_ns),
             deadline,

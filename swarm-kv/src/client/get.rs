@@ -55,14 +55,15 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
             self.hint_cached(key).await;
         }
         let started = self.begin(stats).await?;
-        if let Some(mut located) = self.cached_at(key, started.start) {
+        if let Some((mut located, found)) = self.cached_found(key, started.start) {
             let known = located.knowledge.clone();
             if let Some(value) = self.read_checked(key, &mut located, stats).await? {
                 // The cache holds what the read knew before it: it needs the
                 // knowledge again only if the read learned something (a cache
-                // entry's knowledge only grows: merging what it held is a no-op).
+                // entry's knowledge only grows: merging what it held is a no-op),
+                // then into the entry the lookup found.
                 if located.knowledge != known {
-                    self.remember(key, &located);
+                    self.remember_found(key, &located, found);
                 }
                 return Ok(Some(value));
             }

@@ -8,7 +8,7 @@
 use swarm_core::fabric::Nanos;
 use swarm_core::{Clock, Fabric, OpStats, RegisterCache, yield_now};
 
-use crate::cache::Location;
+use crate::cache::{Found, Location};
 use crate::index::word::Ballot;
 use crate::{KvError, RegisterId};
 
@@ -35,25 +35,63 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
 
     /// The cached location of `key` at time `now` (expired entries are dropped).
     pub(super) fn cached_at(&self, key: &[u8], now: Nanos) -> Option<Located> {
-        let location = self.cache.borrow_mut().get(key, now)?;
-        Some(Located {
-            register: location.register,
-            loc: location.loc,
-            knowledge: location.knowledge,
-            vouched_at: location.vouched_at,
-        })
+        self.cached_found(key, now).map(|(located, _)| located)
     }
 
-    /// Caches `key → located`. Not a location whose register's life is unknown (no
-    /// read or write of it saw a delete word that was not a tombstone): an operation
-    /// through it would take whatever life it meets for the key's (`crate::cache`,
-    /// "Stale entries"). RAW keeps no life and recycles nothing it cached.
-    pub(super) fn remember(&self, key: &[u8], located: &Located) {
+    /// [`Self::cached_at`], and where the cache holds it, for [`Self::remember_found`]:
+    /// one hash of the key per operation.
+    pub(super) fn cached_found(&self, key: &[u8], now: Nanos) -> Option<(Located, Found)> {
+        let (location, found) = self.cache.borrow_mut().lookup(key, now)?;
+        Some((
+            Located {
+                register: location.register,
+                loc: location.loc,
+                knowledge: location.knowledge,
+                vouched_at: location.vouched_at,
+            },
+            found,
+        ))
+    }
+
+    /// Whether `located` may be cached: not a location whose register's life is
+    /// unknown (no read or write of it saw a delete word that was not a tombstone):
+    /// an operation through it would take whatever life it meets for the key's
+    /// (`crate::cache`, "Stale entries"). RAW keeps no life and recycles nothing it
+    /// cached.
+    fn cacheable(&self, located: &Located) -> bool {
         if located.knowledge.life().is_none() && self.protocol != RegisterProtocol::Raw {
             tracing::debug!(
                 register = located.register,
                 "a location whose register's life is unknown is not cached"
             );
+            return false;
+        }
+        true
+    }
+
+    /// [`Self::remember`] of a location found in the cache ([`Self::cached_found`]):
+    /// written back into the entry the lookup found, if it is still the key's for
+    /// that register (no second hash and probe), else remembered anew.
+    pub(super) fn remember_found(&self, key: &[u8], located: &Located, found: Found) {
+        if !self.cacheable(located) {
+            return;
+        }
+        let written = self.cache.borrow_mut().write_back(
+            found,
+            key,
+            located.register,
+            &located.knowledge,
+            located.vouched_at,
+        );
+        if !written {
+            self.remember(key, located);
+        }
+    }
+
+    /// Caches `key → located`, unless its register's life is unknown
+    /// ([`Self::cacheable`]).
+    pub(super) fn remember(&self, key: &[u8], located: &Located) {
+        if !self.cacheable(located) {
             return;
         }
         self.cache.borrow_mut().put(

@@ -47,13 +47,14 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         for attempt in 0..MAX_RETRIES {
             let now = self.attempt_now(attempt, start, deadline)?;
             let cached = self
-                .cached_at(key, now)
-                .filter(|located| located.knowledge.knows_a_write());
-            let (located, resolved) = match cached {
-                Some(located) => (Some(located), false),
+                .cached_found(key, now)
+                .filter(|(located, _)| located.knowledge.knows_a_write());
+            let (located, found, resolved) = match cached {
+                Some((located, found)) => (Some(located), Some(found), false),
                 None => {
                     let hashed = self.hashed(&mut hashed, key)?;
-                    self.locate_written(hashed, stats, now).await?
+                    let (located, resolved) = self.locate_written(hashed, stats, now).await?;
+                    (located, None, resolved)
                 }
             };
             let Some(mut located) = located else {
@@ -64,7 +65,11 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
             }
             match self.write_register(&mut located, stats, payload).await {
                 Ok(WriteOutcome::Written) => {
-                    self.remember(key, &located);
+                    // Into the entry the lookup found: one hash of the key.
+                    match found {
+                        Some(found) => self.remember_found(key, &located, found),
+                        None => self.remember(key, &located),
+                    }
                     return Ok(true);
                 }
                 // Found through the index in this attempt: the register is the key's

@@ -80,6 +80,10 @@ pub struct LeaseHolder {
     /// Whether the owner is fenced on the memory nodes ([`LeaseHolder::fenced`]):
     /// until then a renewal stores nothing but its CAS.
     fenced: bool,
+    /// Before this time (owner clock) a [`LeaseHolder::tick`] has nothing to do and
+    /// no answer was taken since the last one ([`LeaseHolder::quiet_until`]): 0 from
+    /// a post until a tick finds no renewal pending (answers come only while one is).
+    quiet_until: Nanos,
 }
 
 impl LeaseHolder {
@@ -97,6 +101,7 @@ impl LeaseHolder {
             config_epoch_seen: 0,
             answers: 0,
             fenced: false,
+            quiet_until: 0,
         }
     }
 
@@ -151,15 +156,33 @@ impl LeaseHolder {
     /// renewal in flight, and posts the next one once a renewal period has passed.
     pub fn tick<F: Fabric + ?Sized>(&mut self, fabric: &F, now: Nanos) {
         self.collect(fabric);
+        let renew_ns = self.keeper.params().renew_ns;
         let due = self
             .last_sent
-            .is_none_or(|sent| now.saturating_sub(sent) >= self.keeper.params().renew_ns);
+            .is_none_or(|sent| now.saturating_sub(sent) >= renew_ns);
         if due && !self.lost() {
             self.post(fabric, now);
             // A fabric that completes batches inside `post` (shared memory) has
             // answered already.
             self.collect(fabric);
         }
+        // The caller looks at what this tick took (`config_epoch_seen`,
+        // `renewal_answers`) now: until the next renewal is due, a tick has nothing
+        // more to do, unless a renewal is still in flight (its answers come in
+        // later ticks) or another path takes answers (`collect`).
+        self.quiet_until = match (&self.pending, self.last_sent) {
+            (None, Some(sent)) => sent.saturating_add(renew_ns),
+            _ => 0,
+        };
+    }
+
+    /// Before this time (owner clock), [`Self::tick`] would do nothing and nothing
+    /// was learned since the last tick: no renewal in flight, none due, no answer
+    /// taken by another path (a synchronous renewal, [`renew_now`]). A caller that
+    /// acts on what a tick learns (`swarm-kv`'s upkeep follows a newer configuration)
+    /// may skip both the tick and that before then.
+    pub fn quiet_until(&self) -> Nanos {
+        self.quiet_until
     }
 
     /// Posts a renewal now (forgetting the one in flight, if any).
@@ -207,6 +230,10 @@ impl LeaseHolder {
             stale_claims: Vec::new(),
         });
         self.last_sent = Some(now);
+        // Its answers are taken by the next ticks (or by `renew_now`, whose
+        // caller's next tick must then look at them): while a renewal is pending, or
+        // answers were taken since the last tick, no tick is skipped.
+        self.quiet_until = 0;
     }
 
     /// Takes whatever answers of the renewal in flight have arrived.
@@ -319,4 +346,120 @@ pub async fn renew_now<F: Fabric + ?Sized>(
         .await;
     }
     // Answers that arrive later are taken by the next `tick`.
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::Cell;
+
+    use swarm_core::{Completion, FabricError, MemCluster, MemFabric};
+
+    use super::*;
+    use crate::layout::ClusterParams;
+
+    /// In-memory nodes whose clock is set by hand, counting posts; while `hold` is
+    /// set, answers are not ready yet (a renewal in flight).
+    struct Counted {
+        inner: MemFabric,
+        now: Cell<Nanos>,
+        posts: Cell<usize>,
+        hold: Cell<bool>,
+    }
+
+    impl Fabric for Counted {
+        fn node_count(&self) -> usize {
+            self.inner.node_count()
+        }
+        fn post(&self, node: NodeId, batch: Batch) -> Ticket {
+            self.posts.set(self.posts.get() + 1);
+            self.inner.post(node, batch)
+        }
+        fn poll(&self, ticket: Ticket) -> Poll<Result<Completion, FabricError>> {
+            if self.hold.get() {
+                return Poll::Pending;
+            }
+            self.inner.poll(ticket)
+        }
+        fn forget(&self, ticket: Ticket) {
+            self.inner.forget(ticket)
+        }
+        fn progress(&self) -> bool {
+            self.hold.set(false);
+            true
+        }
+        fn now(&self) -> Nanos {
+            self.now.get()
+        }
+        fn wake_at(&self, _deadline: Nanos) {}
+    }
+
+    const ROW: u64 = 4096;
+    const TOKEN: u64 = 0x7077;
+
+    fn holder() -> (Counted, LeaseHolder) {
+        let cluster = MemCluster::new(3, 1 << 20);
+        let fabric = Counted {
+            inner: cluster.client(),
+            now: Cell::new(1_000),
+            posts: Cell::new(0),
+            hold: Cell::new(false),
+        };
+        // The row's claim word holds this owner's token on every node.
+        for node in 0..3 {
+            let ticket = fabric.inner.post(
+                NodeId(node),
+                Batch::write(ROW, TOKEN.to_le_bytes().to_vec()),
+            );
+            fabric.inner.forget(ticket);
+        }
+        let keeper = LeaseKeeper::new(
+            LeaseParams::from_params(&ClusterParams::default()),
+            vec![Some(0); 3],
+        );
+        (fabric, LeaseHolder::new(keeper, ROW, TOKEN, 3))
+    }
+
+    /// A tick before [`LeaseHolder::quiet_until`] would have done nothing (no post,
+    /// no answer); from it on, a tick posts the next renewal; and a renewal in
+    /// flight, or answers another path took, make the next tick run.
+    #[test]
+    fn a_tick_before_quiet_until_has_nothing_to_do() {
+        let (fabric, mut h) = holder();
+        let renew_ns = h.params().renew_ns;
+        assert_eq!(h.quiet_until(), 0, "the first tick runs");
+        let t0 = fabric.now();
+        h.tick(&fabric, t0);
+        assert_eq!((fabric.posts.get(), h.renewals()), (3, 1));
+        assert_eq!(h.quiet_until(), t0 + renew_ns);
+        for t in [t0 + 1, t0 + renew_ns / 2, t0 + renew_ns - 1] {
+            let answers = h.renewal_answers();
+            h.tick(&fabric, t);
+            assert_eq!(fabric.posts.get(), 3, "nothing due at {t}");
+            assert_eq!(h.renewal_answers(), answers);
+            assert_eq!(h.quiet_until(), t0 + renew_ns);
+        }
+        // Due: the next renewal is posted and, on this fabric, answered at once.
+        let t1 = t0 + renew_ns;
+        h.tick(&fabric, t1);
+        assert_eq!((fabric.posts.get(), h.renewals()), (6, 2));
+        assert_eq!(h.quiet_until(), t1 + renew_ns);
+        // A renewal whose answers have not come: every tick looks for them.
+        fabric.hold.set(true);
+        let t2 = t1 + renew_ns;
+        h.tick(&fabric, t2);
+        assert_eq!((fabric.posts.get(), h.renewals()), (9, 2));
+        assert_eq!(h.quiet_until(), 0, "answers to collect");
+        fabric.hold.set(false);
+        h.tick(&fabric, t2 + 1);
+        assert_eq!((fabric.posts.get(), h.renewals()), (9, 3));
+        assert_eq!(h.quiet_until(), t2 + renew_ns);
+        // Answers taken outside a tick (a synchronous renewal): the next tick's
+        // caller must see them.
+        let holder = core::cell::RefCell::new(h);
+        fabric.now.set(t2 + 100 * renew_ns);
+        swarm_core::block_on_future(&fabric, renew_now(&holder, &fabric, renew_ns))
+            .expect("no stall");
+        assert_eq!(holder.borrow().renewals(), 4);
+        assert_eq!(holder.borrow().quiet_until(), 0, "answers unseen by a tick");
+    }
 }
