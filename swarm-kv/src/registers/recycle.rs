@@ -105,6 +105,16 @@
 //! is donated while a node is out of service or a repair is announced: resets then
 //! wait for the repair (below), and pools are what inserts live on meanwhile.
 //!
+//! A donating reset that reads again (a CAS of its install found a late store)
+//! counts as its own trace only its tag and the one donation word it installs (fixed
+//! at its first install), never another donation's word: stopped before that read,
+//! the donor may find the register taken, reset and donated again by others, and
+//! its install over that donation would bring its first word back, which a taker
+//! stopped inside its burst may still expect (a take counted over two donations of
+//! one word: two owners, `docs/pauses.md`, H8). It finds another holder's word on
+//! every copy and leaves the register alone. The reset of a taken donation still
+//! counts its donor's word on a copy its take missed.
+//!
 //! # A node out of service
 //!
 //! A replica whose memory is *lost* needs no reset: that memory never answers again
@@ -686,8 +696,17 @@ impl Recycler {
                 // gone may have lost the register to a reclaimer, whose life of it this
                 // reset must not touch. (A minority copy may keep the tag of the pool
                 // the register's last life came from: that insert missed it.)
-                let donation = reset.keep || reset.donated;
-                let mine = |t: u32| t == self.tag || (donation && is_donated(t));
+                // A taken donation's copies that the take missed show its donor's
+                // word; a donating reset's trace is its own tag or, once it
+                // installed, its own donation's word, never another donation's: a
+                // donor stopped before it read again (`moved`) may find the register
+                // taken, reset and donated again meanwhile, and installing its own
+                // word over that donation would bring back a word that a taker
+                // stopped inside its burst still expects (docs/pauses.md, H8).
+                let keep = reset.keep;
+                let own_donation = reset.donation_tag;
+                let mine =
+                    |t: u32| t == self.tag || (keep && is_donated(t)) || own_donation == Some(t);
                 let foreign = reset
                     .seen
                     .iter()
@@ -1438,9 +1457,15 @@ mod tests {
         now: Cell<Nanos>,
         hold: Cell<bool>,
         held: RefCell<Vec<Ticket>>,
+        /// Runs before every batch posted to a node in service (a test's other
+        /// clients, acting between two batches of the recycler's).
+        hook: RefCell<Option<Hook>>,
     }
 
     const REFUSED: u32 = 1 << 31;
+
+    /// What [`Refusing`] runs before a batch: the node and the batch.
+    type Hook = Box<dyn FnMut(NodeId, &Batch)>;
 
     impl Refusing {
         /// Node 2 refused, the clock at 1 µs, no read held back.
@@ -1451,6 +1476,7 @@ mod tests {
                 now: Cell::new(1_000),
                 hold: Cell::new(false),
                 held: RefCell::new(Vec::new()),
+                hook: RefCell::new(None),
             }
         }
     }
@@ -1462,6 +1488,9 @@ mod tests {
         fn post(&self, node: NodeId, batch: Batch) -> Ticket {
             if self.refused.get() == Some(node) {
                 return Ticket(REFUSED | u32::from(node.0));
+            }
+            if let Some(hook) = self.hook.borrow_mut().as_mut() {
+                hook(node, &batch);
             }
             let read = matches!(batch.ops(), [Op::Read { .. }]);
             let ticket = self.inner.post(node, batch);
@@ -1630,6 +1659,89 @@ mod tests {
             (origin.came, origin.path),
             (super::Came::Donation, super::ResetPath::WithoutLost)
         );
+    }
+
+    /// A donating reset that reads again (a CAS of its install found a late store)
+    /// takes only its own donation's word for its trace, never another donation's
+    /// (docs/pauses.md, H8). Here the donor stops between its install and its read
+    /// again; meanwhile a taker took the register, reset it and donated it again. The
+    /// read shows that donation's word on every replica: the donor must leave it,
+    /// not install its own first word over it, which would bring a word back that a
+    /// taker stopped inside its burst still expects (H2: a take counted over two
+    /// donations of one word, two owners).
+    #[test]
+    fn a_donating_reset_read_again_leaves_a_later_donation_alone() {
+        use crate::registers::limbo::{donated_tag, header_word};
+        use swarm_core::encoding::Tsp;
+        let (cluster, layout) = small_cluster(200 * crate::test_support::MS);
+        let raw = cluster.client();
+        let fabric = Refusing::new(cluster.client());
+        fabric.refused.set(None);
+        let r = 5;
+        let meta_at = layout.register(r).unwrap() + layout.swarm.meta_offset();
+        let delete_at = layout.swarm.delete_word_addr(layout.register(r).unwrap());
+        let header = layout.key_header(r).unwrap();
+        let words = layout.swarm.meta_bytes() / 8;
+        let later = Tsp::reset_marker((1 << 40) + 12_345).unwrap();
+        let later_donation = header_word(0, donated_tag(later.ts().ticks()));
+        // The donor's install: a late store of an earlier life moves one metadata
+        // word of the first replica it reaches, so the donor reads again. Before
+        // that read, the register went through a taker's life and was donated
+        // again: every replica shows that donation.
+        let stage = std::rc::Rc::new(Cell::new(0));
+        let hook_stage = stage.clone();
+        let hook_raw = cluster.client();
+        *fabric.hook.borrow_mut() = Some(Box::new(move |node: NodeId, batch: &Batch| {
+            match (hook_stage.get(), batch.ops().first()) {
+                (0, Some(Op::Cas { addr, new, .. }))
+                    if *addr == delete_at && Tsp::from_word(*new).is_reset() =>
+                {
+                    let moved = word(&hook_raw, node.0, meta_at) + (1 << 12);
+                    write_word(&hook_raw, node.0, meta_at, moved);
+                    hook_stage.set(1);
+                }
+                (1, Some(Op::Read { addr, .. })) if *addr == header => {
+                    for n in 0..3 {
+                        for w in 0..words {
+                            write_word(&hook_raw, n, meta_at + 8 * w, later.word());
+                        }
+                        write_word(&hook_raw, n, header, later_donation);
+                    }
+                    hook_stage.set(2);
+                }
+                _ => {}
+            }
+        }));
+        let donor = Recycler::new(0, 1, 7);
+        for node in 0..3 {
+            write_word(&raw, node, header, header_word(3, 7));
+        }
+        donor.retire(r, 0, super::Retired::Unmapped);
+        for _ in 0..4 {
+            let back = donor.step(
+                &fabric,
+                &layout,
+                true,
+                || true,
+                |r| loc(&layout, r),
+                |_| ReplicaStatus::InService,
+                0,
+            );
+            assert!(back.is_empty(), "a donated register stays given away");
+        }
+        assert_eq!(
+            stage.get(),
+            2,
+            "the donor read again after the later donation"
+        );
+        for node in 0..3 {
+            assert_eq!(
+                word(&raw, node, header),
+                later_donation,
+                "node {node}: the later donation's word was replaced"
+            );
+            assert_eq!(word(&raw, node, meta_at), later.word(), "node {node}");
+        }
     }
 
     /// A donating reset writes its donation's own word, from the marker it
