@@ -13,7 +13,7 @@ use swarm_core::{Clock, Fabric, OpStats, RegisterCache};
 
 use crate::KvError;
 use crate::layout::encode_payload;
-use crate::registers::recycle::Retired;
+use crate::registers::recycle::{PoolOrigin, Retired};
 
 use super::publish::{IfPresent, Published};
 use super::{KvClient, Located};
@@ -62,6 +62,8 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         // retired registers to pass their grace) posts nothing but chunk claims and
         // resets, which no operation deadline protects.
         let (register, life) = self.allocate_register(&OpStats::new()).await?;
+        // Where a recycled register came from: logged if it shows another life.
+        let origin = life.and_then(|_| self.recycler.take_origin(register));
         let started = self.begin_write(stats).await?;
         let (start, deadline) = (started.start, started.deadline);
         let mut fresh = Located {
@@ -90,6 +92,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
                     %error,
                     "insert: a pooled register shows another life; dropped from the pool"
                 );
+                self.log_other_life(register, life, origin).await;
             }
             // Never published: nobody else can know the register (recycle.rs).
             Ok(Published::No | Published::Present) | Err(_) if !uncertain.get() => {
@@ -103,5 +106,64 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
             }
         }
         result
+    }
+
+    /// Logs what a register of this client's pool that showed another life holds on
+    /// each replica, and how it came into the pool ([`PoolOrigin`]): two owners of one
+    /// register are a safety bug, and the holder tags name the other one (a tag's low
+    /// 11 bits are its writer id, `crate::registers::limbo::holder_tag`; a donated tag
+    /// has bit 31 clear). Only on that path: one read of each replica.
+    async fn log_other_life(
+        &self,
+        register: crate::RegisterId,
+        life: Option<swarm_core::encoding::Tsp>,
+        origin: Option<PoolOrigin>,
+    ) {
+        let fabric = self.swarm.fabric();
+        let now = fabric.now();
+        let ms = |at: u64| now.saturating_sub(at) / 1_000_000;
+        tracing::warn!(
+            register,
+            expected = ?life,
+            came = ?origin.map(|o| o.came),
+            path = ?origin.map(|o| o.path),
+            resets = origin.map_or(0, |o| o.resets),
+            entered_ms_ago = origin.map(|o| ms(o.entered)),
+            pooled_ms_ago = origin.map(|o| ms(o.pooled)),
+            own_tag = format_args!("{:#x}", self.recycler.tag()),
+            "insert: how the register that shows another life came into this client's pool"
+        );
+        let Ok(loc) = self.register_loc(register) else {
+            return;
+        };
+        let Some(seen) =
+            crate::registers::reset::inspect(fabric, &self.layout, &loc, register).await
+        else {
+            tracing::warn!(
+                register,
+                "insert: the register's replicas could not be read"
+            );
+            return;
+        };
+        for (node, view) in seen {
+            let tag = view.tag();
+            let top = view
+                .words
+                .iter()
+                .take(view.words.len().saturating_sub(1))
+                .map(|w| swarm_core::encoding::Tsp::from_word(*w))
+                .max();
+            tracing::warn!(
+                register,
+                node = node.index(),
+                key_len = view.header as u32,
+                tag = format_args!("{tag:#x}"),
+                tag_writer = tag & 0x7FF,
+                donated = crate::registers::limbo::is_donated(tag),
+                delete_word = %view.delete_word(),
+                top_meta_word = ?top,
+                "insert: a replica of the register that shows another life"
+            );
+        }
     }
 }

@@ -105,6 +105,16 @@
 //! is donated while a node is out of service or a repair is announced: resets then
 //! wait for the repair (below), and pools are what inserts live on meanwhile.
 //!
+//! A donating reset that reads again (a CAS of its install found a late store)
+//! counts as its own trace only its tag and the one donation word it installs (fixed
+//! at its first install), never another donation's word: stopped before that read,
+//! the donor may find the register taken, reset and donated again by others, and
+//! its install over that donation would bring its first word back, which a taker
+//! stopped inside its burst may still expect (a take counted over two donations of
+//! one word: two owners, `docs/pauses.md`, H8). It finds another holder's word on
+//! every copy and leaves the register alone. The reset of a taken donation still
+//! counts its donor's word on a copy its take missed.
+//!
 //! # A node out of service
 //!
 //! A replica whose memory is *lost* needs no reset: that memory never answers again
@@ -203,7 +213,7 @@
 //!   (`crate::registers::limbo`, "what stays leaked").
 
 use std::cell::RefCell;
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::task::Poll;
 
 use swarm_core::encoding::Tsp;
@@ -232,6 +242,67 @@ pub enum Retired {
     ReclaimedLimbo,
     /// Taken from a gone client's pool: reset by it, blank (`crate::registers::limbo`).
     ReclaimedPool,
+}
+
+/// How a register came into this client's limbo.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Came {
+    /// Retired by this client ([`Recycler::retire`]).
+    Retired(Retired),
+    /// Taken from another client's donation ([`Recycler::take_donation`]).
+    Donation,
+}
+
+/// How the reset that pooled a register completed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ResetPath {
+    /// Installed on every replica.
+    Everywhere,
+    /// Installed on every replica but those of lost nodes, confirmed by two lease
+    /// renewals ("a node out of service" in the module docs).
+    WithoutLost,
+    /// Installed on every replica but one being rebuilt, whose repair copied it
+    /// ([`crate::registers::journal`]).
+    Journal,
+}
+
+/// Where a register this recycler handed back to the pool came from
+/// ([`Recycler::take_origin`]): an insert that finds a register of its pool in
+/// another life logs it, so that the path that pooled it is known (two owners of one
+/// register are a safety bug: `docs/pauses.md`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PoolOrigin {
+    /// How it came into the limbo.
+    pub came: Came,
+    /// When (a taken donation: when its reset was due).
+    pub entered: Nanos,
+    /// Resets started for it since (the last one pooled it).
+    pub resets: u32,
+    /// How the last reset completed.
+    pub path: ResetPath,
+    /// When it was handed back to the pool.
+    pub pooled: Nanos,
+}
+
+/// What a register's limbo entry, reset, journal entry or confirmation carries to
+/// its [`PoolOrigin`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Provenance {
+    came: Came,
+    entered: Nanos,
+    resets: u32,
+}
+
+impl Provenance {
+    fn pooled(self, path: ResetPath, now: Nanos) -> PoolOrigin {
+        PoolOrigin {
+            came: self.came,
+            entered: self.entered,
+            resets: self.resets,
+            path,
+            pooled: now,
+        }
+    }
 }
 
 /// Counters of one client's recycler.
@@ -319,6 +390,7 @@ struct Limbo {
     due: Nanos,
     /// Never donated: taken from a donation because this client ran dry.
     keep: bool,
+    prov: Provenance,
 }
 
 /// Where a reset is ([`crate::registers::reset`]).
@@ -365,15 +437,17 @@ struct Reset {
     )>,
     /// Replicas whose batch failed in this phase.
     failed: Vec<NodeId>,
+    prov: Provenance,
 }
 
 impl Reset {
-    fn new(register: RegisterId, donated: bool, keep: bool) -> Self {
+    fn new(register: RegisterId, donated: bool, keep: bool, prov: Provenance) -> Self {
         Self {
             register,
             donated,
             donation_tag: None,
             keep,
+            prov,
             phase: Phase::Read,
             reads: 0,
             seen: Vec::new(),
@@ -488,6 +562,7 @@ struct Journaled {
     /// The node being rebuilt.
     node: NodeId,
     stage: Stage,
+    prov: Provenance,
 }
 
 #[derive(Debug)]
@@ -560,6 +635,7 @@ struct Confirming {
     keep: bool,
     /// Confirmed once the owner's acknowledged renewals reach this count.
     after_renewals: u64,
+    prov: Provenance,
 }
 
 /// How often a client waiting for the repair reads its journal row.
@@ -577,6 +653,10 @@ struct State {
     /// Retire marks in flight (`Recycler::mark`).
     marking: Vec<(NodeId, Ticket)>,
     stats: RecycleStats,
+    /// Where the registers handed back came from, until [`Recycler::take_origin`]
+    /// (at most one entry per register: an entry of a register that left the pool
+    /// otherwise is replaced when it comes back).
+    origins: HashMap<RegisterId, PoolOrigin>,
 }
 
 /// One client's retired registers: see the module docs.
@@ -616,8 +696,17 @@ impl Recycler {
                 // gone may have lost the register to a reclaimer, whose life of it this
                 // reset must not touch. (A minority copy may keep the tag of the pool
                 // the register's last life came from: that insert missed it.)
-                let donation = reset.keep || reset.donated;
-                let mine = |t: u32| t == self.tag || (donation && is_donated(t));
+                // A taken donation's copies that the take missed show its donor's
+                // word; a donating reset's trace is its own tag or, once it
+                // installed, its own donation's word, never another donation's: a
+                // donor stopped before it read again (`moved`) may find the register
+                // taken, reset and donated again meanwhile, and installing its own
+                // word over that donation would bring back a word that a taker
+                // stopped inside its burst still expects (docs/pauses.md, H8).
+                let keep = reset.keep;
+                let own_donation = reset.donation_tag;
+                let mine =
+                    |t: u32| t == self.tag || (keep && is_donated(t)) || own_donation == Some(t);
                 let foreign = reset
                     .seen
                     .iter()
@@ -732,6 +821,12 @@ impl Recycler {
         marking.len()
     }
 
+    /// Where `register`, which this recycler handed back to the pool, came from, if
+    /// it did (the record is dropped: call it when the register leaves the pool).
+    pub fn take_origin(&self, register: RegisterId) -> Option<PoolOrigin> {
+        self.state.borrow_mut().origins.remove(&register)
+    }
+
     /// The holder tag this recycler leaves.
     pub fn tag(&self) -> u32 {
         self.tag
@@ -784,6 +879,11 @@ impl Recycler {
                 register,
                 due,
                 keep: false,
+                prov: Provenance {
+                    came: Came::Retired(why),
+                    entered: now,
+                    resets: 0,
+                },
             },
         );
     }
@@ -806,6 +906,11 @@ impl Recycler {
                 register,
                 due,
                 keep: true,
+                prov: Provenance {
+                    came: Came::Donation,
+                    entered: due,
+                    resets: 0,
+                },
             },
         );
     }
@@ -863,12 +968,18 @@ impl Recycler {
         while may_start
             && started < RESETS_PER_STEP
             && s.limbo.front().is_some_and(|l| l.due <= now)
-            && let Some(Limbo { register, keep, .. }) = s.limbo.pop_front()
+            && let Some(Limbo {
+                register,
+                keep,
+                mut prov,
+                ..
+            }) = s.limbo.pop_front()
         {
             started += 1;
             // A donated register carries the tag any reclaimer may take.
             let donated = !keep && *donating.get_or_insert_with(&donate);
-            let mut reset = Reset::new(register, donated, keep);
+            prov.resets = prov.resets.saturating_add(1);
+            let mut reset = Reset::new(register, donated, keep, prov);
             // A donating reset writes its donation's tag instead (`Reset::post`).
             if !loc(register).is_some_and(|loc| reset.post(fabric, layout, &loc, self.tag)) {
                 // Not a register of this layout: nothing to recycle.
@@ -964,6 +1075,7 @@ impl Recycler {
                     register: done.register,
                     due: now.saturating_add(self.grace_ns),
                     keep: done.keep,
+                    prov: done.prov,
                 });
             } else if let Some(node) = repairing {
                 tracing::debug!(
@@ -976,6 +1088,7 @@ impl Recycler {
                     marker: done.marker,
                     node,
                     stage: Stage::NoSlot,
+                    prov: done.prov,
                 });
             } else if !done.failed.is_empty() {
                 // Left out of a lost node: judged again on a configuration read after
@@ -988,6 +1101,7 @@ impl Recycler {
                     left_out: done.failed,
                     keep: done.keep,
                     after_renewals: renewals.saturating_add(2),
+                    prov: done.prov,
                 });
             } else {
                 s.stats.recycled += 1;
@@ -995,6 +1109,8 @@ impl Recycler {
                     register = done.register,
                     "register reset on every replica: recycled"
                 );
+                s.origins
+                    .insert(done.register, done.prov.pooled(ResetPath::Everywhere, now));
                 ready.push((done.register, done.marker));
             }
         }
@@ -1021,6 +1137,8 @@ impl Recycler {
                 }
                 s.stats.recycled += 1;
                 s.stats.reset_without_lost += 1;
+                s.origins
+                    .insert(done.register, done.prov.pooled(ResetPath::WithoutLost, now));
                 ready.push((done.register, done.marker));
             } else {
                 // A repair was announced (or the node admitted) meanwhile: its copy
@@ -1031,6 +1149,7 @@ impl Recycler {
                     register: done.register,
                     due: now,
                     keep: done.keep,
+                    prov: done.prov,
                 });
             }
         }
@@ -1060,6 +1179,7 @@ impl Recycler {
             row,
             stats,
             limbo,
+            origins,
             ..
         } = s;
         // Slot clears after an admission.
@@ -1228,6 +1348,7 @@ impl Recycler {
                             register: j.register,
                             due: now,
                             keep: false,
+                            prov: j.prov,
                         },
                     );
                 } else if done {
@@ -1238,6 +1359,7 @@ impl Recycler {
                         register = j.register,
                         "register reset, the rebuilt node included: recycled"
                     );
+                    origins.insert(j.register, j.prov.pooled(ResetPath::Journal, now));
                     ready.push((j.register, j.marker));
                 } else {
                     stats.reset_failures += 1;
@@ -1245,6 +1367,7 @@ impl Recycler {
                         register: j.register,
                         due: now.saturating_add(self.grace_ns),
                         keep: false,
+                        prov: j.prov,
                     });
                 }
             } else {
@@ -1334,9 +1457,15 @@ mod tests {
         now: Cell<Nanos>,
         hold: Cell<bool>,
         held: RefCell<Vec<Ticket>>,
+        /// Runs before every batch posted to a node in service (a test's other
+        /// clients, acting between two batches of the recycler's).
+        hook: RefCell<Option<Hook>>,
     }
 
     const REFUSED: u32 = 1 << 31;
+
+    /// What [`Refusing`] runs before a batch: the node and the batch.
+    type Hook = Box<dyn FnMut(NodeId, &Batch)>;
 
     impl Refusing {
         /// Node 2 refused, the clock at 1 µs, no read held back.
@@ -1347,6 +1476,7 @@ mod tests {
                 now: Cell::new(1_000),
                 hold: Cell::new(false),
                 held: RefCell::new(Vec::new()),
+                hook: RefCell::new(None),
             }
         }
     }
@@ -1358,6 +1488,9 @@ mod tests {
         fn post(&self, node: NodeId, batch: Batch) -> Ticket {
             if self.refused.get() == Some(node) {
                 return Ticket(REFUSED | u32::from(node.0));
+            }
+            if let Some(hook) = self.hook.borrow_mut().as_mut() {
+                hook(node, &batch);
             }
             let read = matches!(batch.ops(), [Op::Read { .. }]);
             let ticket = self.inner.post(node, batch);
@@ -1462,6 +1595,153 @@ mod tests {
 
     fn loc(layout: &NodeLayout, register: u64) -> Option<RegisterLoc> {
         crate::client::register_loc_for(layout, 3, register).ok()
+    }
+
+    /// A register handed back says how it came into the pool (what an insert that
+    /// finds it in another life logs): retired or a taken donation, how many resets,
+    /// and whether the last one reached every replica or left a lost node out; the
+    /// record goes once taken.
+    #[test]
+    fn a_pooled_register_says_how_it_came_into_the_pool() {
+        let (cluster, layout) = small_cluster(200 * crate::test_support::MS);
+        let raw = cluster.client();
+        let fabric = Refusing::new(cluster.client());
+        fabric.refused.set(None);
+        let recycler = Recycler::new(0, 1, 7);
+        let (a, b) = (5, 6);
+        retire_marked(&recycler, &raw, &layout, a);
+        let mut back = Vec::new();
+        for _ in 0..4 {
+            back.extend(step_node_2(
+                &recycler,
+                &fabric,
+                &layout,
+                ReplicaStatus::InService,
+                0,
+            ));
+        }
+        assert_eq!(back, vec![a]);
+        let origin = recycler.take_origin(a).expect("recorded");
+        assert_eq!(
+            (origin.came, origin.path, origin.resets),
+            (
+                super::Came::Retired(super::Retired::Unmapped),
+                super::ResetPath::Everywhere,
+                1
+            )
+        );
+        assert_eq!(recycler.take_origin(a), None, "taken once");
+        // A taken donation, reset while node 2 is lost: back after two renewals.
+        let header = layout.key_header(b).unwrap();
+        for node in 0..3 {
+            write_word(
+                &raw,
+                node,
+                header,
+                crate::registers::limbo::header_word(0, 7),
+            );
+        }
+        recycler.take_donation(b, 0);
+        fabric.refused.set(Some(swarm_core::fabric::NodeId(2)));
+        let mut back = Vec::new();
+        for renewals in 0..4 {
+            back.extend(step_node_2(
+                &recycler,
+                &fabric,
+                &layout,
+                ReplicaStatus::Lost,
+                renewals,
+            ));
+        }
+        assert_eq!(back, vec![b]);
+        let origin = recycler.take_origin(b).expect("recorded");
+        assert_eq!(
+            (origin.came, origin.path),
+            (super::Came::Donation, super::ResetPath::WithoutLost)
+        );
+    }
+
+    /// A donating reset that reads again (a CAS of its install found a late store)
+    /// takes only its own donation's word for its trace, never another donation's
+    /// (docs/pauses.md, H8). Here the donor stops between its install and its read
+    /// again; meanwhile a taker took the register, reset it and donated it again. The
+    /// read shows that donation's word on every replica: the donor must leave it,
+    /// not install its own first word over it, which would bring a word back that a
+    /// taker stopped inside its burst still expects (H2: a take counted over two
+    /// donations of one word, two owners).
+    #[test]
+    fn a_donating_reset_read_again_leaves_a_later_donation_alone() {
+        use crate::registers::limbo::{donated_tag, header_word};
+        use swarm_core::encoding::Tsp;
+        let (cluster, layout) = small_cluster(200 * crate::test_support::MS);
+        let raw = cluster.client();
+        let fabric = Refusing::new(cluster.client());
+        fabric.refused.set(None);
+        let r = 5;
+        let meta_at = layout.register(r).unwrap() + layout.swarm.meta_offset();
+        let delete_at = layout.swarm.delete_word_addr(layout.register(r).unwrap());
+        let header = layout.key_header(r).unwrap();
+        let words = layout.swarm.meta_bytes() / 8;
+        let later = Tsp::reset_marker((1 << 40) + 12_345).unwrap();
+        let later_donation = header_word(0, donated_tag(later.ts().ticks()));
+        // The donor's install: a late store of an earlier life moves one metadata
+        // word of the first replica it reaches, so the donor reads again. Before
+        // that read, the register went through a taker's life and was donated
+        // again: every replica shows that donation.
+        let stage = std::rc::Rc::new(Cell::new(0));
+        let hook_stage = stage.clone();
+        let hook_raw = cluster.client();
+        *fabric.hook.borrow_mut() = Some(Box::new(move |node: NodeId, batch: &Batch| {
+            match (hook_stage.get(), batch.ops().first()) {
+                (0, Some(Op::Cas { addr, new, .. }))
+                    if *addr == delete_at && Tsp::from_word(*new).is_reset() =>
+                {
+                    let moved = word(&hook_raw, node.0, meta_at) + (1 << 12);
+                    write_word(&hook_raw, node.0, meta_at, moved);
+                    hook_stage.set(1);
+                }
+                (1, Some(Op::Read { addr, .. })) if *addr == header => {
+                    for n in 0..3 {
+                        for w in 0..words {
+                            write_word(&hook_raw, n, meta_at + 8 * w, later.word());
+                        }
+                        write_word(&hook_raw, n, header, later_donation);
+                    }
+                    hook_stage.set(2);
+                }
+                _ => {}
+            }
+        }));
+        let donor = Recycler::new(0, 1, 7);
+        for node in 0..3 {
+            write_word(&raw, node, header, header_word(3, 7));
+        }
+        donor.retire(r, 0, super::Retired::Unmapped);
+        for _ in 0..4 {
+            let back = donor.step(
+                &fabric,
+                &layout,
+                true,
+                || true,
+                |r| loc(&layout, r),
+                |_| ReplicaStatus::InService,
+                0,
+            );
+            assert!(back.is_empty(), "a donated register stays given away");
+        }
+        assert_eq!(
+            stage.get(),
+            2,
+            "the donor read again after the later donation"
+        );
+        for node in 0..3 {
+            assert_eq!(
+                word(&raw, node, header),
+                later_donation,
+                "node {node}: the later donation's word was replaced"
+            );
+            assert_eq!(word(&raw, node, meta_at), later.word(), "node {node}");
+        }
     }
 
     /// A donating reset writes its donation's own word, from the marker it
@@ -1571,6 +1851,15 @@ mod tests {
         }
         assert_eq!(back, vec![a]);
         assert_eq!(recycler.stats().reset_through_journal, 1);
+        let origin = recycler.take_origin(a).expect("where `a` came from");
+        assert_eq!(
+            (origin.came, origin.path, origin.resets),
+            (
+                super::Came::Retired(super::Retired::Unmapped),
+                super::ResetPath::Journal,
+                1
+            )
+        );
         // Node 2 is admitted before the repair serviced `b`: its client clears its
         // own entry and resets it again on every replica, and only then hands it out.
         fabric.refused.set(None);

@@ -38,6 +38,7 @@
 //! A CAS that finds another value than the read showed (a late store of an earlier
 //! life landed in between) makes the reset read again and take a higher marker.
 
+use swarm_core::Fabric;
 use swarm_core::UNOWNED_TOMBSTONE;
 use swarm_core::encoding::Tsp;
 use swarm_core::fabric::{Batch, Completion, MAX_BATCH_OPS, Op};
@@ -98,6 +99,38 @@ pub fn parse_read(layout: &NodeLayout, completion: &Completion) -> Option<Seen> 
         .map(|w| u64::from_le_bytes([w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7]]))
         .collect();
     Some(Seen { header, words })
+}
+
+/// What every replica of `register` (`loc`) that answers within the straggler window
+/// shows: a read-only look for diagnostics (an insert that finds a register of its
+/// own pool in another life logs it, `KvClient::insert`). Needs a majority; the
+/// replicas that did not answer are left out.
+pub async fn inspect<F: Fabric>(
+    fabric: &F,
+    layout: &NodeLayout,
+    loc: &swarm_core::RegisterLoc,
+    register: RegisterId,
+) -> Option<Vec<(swarm_core::NodeId, Seen)>> {
+    let batch = read_batch(layout, register)?;
+    let replicas = loc.replicas.nodes();
+    let stats = swarm_core::OpStats::new();
+    let rt = swarm_core::quorum::broadcast_until_among(
+        fabric,
+        &stats,
+        replicas.iter().copied(),
+        loc.replicas.quorum(),
+        crate::membership::writer_takeover::STRAGGLER_NS,
+        |_| Ok(Some(batch.clone())),
+        |replies| replies.len() == replicas.len(),
+    )
+    .await
+    .ok()?;
+    Some(
+        rt.replies()
+            .iter()
+            .filter_map(|(node, completion)| Some((*node, parse_read(layout, completion)?)))
+            .collect(),
+    )
 }
 
 /// The batch tombstoning `register`'s delete word on a replica whose read showed
