@@ -97,6 +97,7 @@ fn bad_input_fails_clearly_and_the_cluster_stays_usable() {
             &["get", "--dir", scratch.path().to_str().unwrap(), "keep"],
             "error",
         ),
+        (&["format", "--dir", d], "formatted when `swarm init --dir`"),
     ];
     for (args, expected) in cases {
         let out = swarm(args);

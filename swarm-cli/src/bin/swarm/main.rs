@@ -346,6 +346,11 @@ fn open_target(at: &ClusterArg) -> Result<AnyStore> {
 fn run(cli: Cli) -> Result<ExitCode> {
     match cli.command {
         Command::Init(args) => init(args),
+        Command::Format { at, .. } if at.target.dir.is_some() => Err(anyhow::anyhow!(
+            "`swarm format` writes the superblock on RDMA memory nodes (--cluster or \
+             --rdma); a shared-memory cluster is formatted when `swarm init --dir` creates \
+             it"
+        )),
         Command::Format { at, params } => rdma::format(&at, params.params()?),
         Command::Put { at, key, value } => {
             let value = value_arg(&value)?;
