@@ -12,6 +12,27 @@ use crate::{KvClient, KvConfig};
 
 const NODE_BYTES: u32 = 1 << 20;
 
+/// Node `x` loses its memory and is rebuilt from `donor`: its whole memory replaced by
+/// the donor's, as a repair's copy leaves it.
+fn rebuild_from(cluster: &swarm_core::MemCluster, x: NodeId, donor: NodeId) {
+    let f = cluster.client();
+    let donor_memory = block_on_future(&f, async {
+        let s = OpStats::new();
+        let mut rt = Roundtrip::start(&f, &s);
+        rt.post(donor, Batch::read(0, NODE_BYTES)).unwrap();
+        rt.wait(1).await.unwrap();
+        rt.replies()[0].1.read(0).unwrap().to_vec()
+    })
+    .unwrap();
+    block_on_future(&f, async {
+        let s = OpStats::new();
+        let mut rt = Roundtrip::start(&f, &s);
+        rt.post(x, Batch::write(0, donor_memory)).unwrap();
+        rt.wait(1).await.unwrap();
+    })
+    .unwrap();
+}
+
 /// A client updates a key. Its write lands on node X, then the client stops before
 /// its post to the other replica of its quorum. X loses its memory and is rebuilt
 /// from a donor, which does not hold the write, after the repair's quiescence wait
@@ -52,22 +73,7 @@ fn an_update_counted_across_a_repair_is_never_lost() {
         .expect("the step posted to a majority only");
     // X loses its memory and is rebuilt from the donor (a repair's copy, with its
     // quiescence wait over: c has been stopped all along).
-    let f = cluster.client();
-    let donor_memory = block_on_future(&f, async {
-        let s = OpStats::new();
-        let mut rt = Roundtrip::start(&f, &s);
-        rt.post(donor, Batch::read(0, NODE_BYTES)).unwrap();
-        rt.wait(1).await.unwrap();
-        rt.replies()[0].1.read(0).unwrap().to_vec()
-    })
-    .unwrap();
-    block_on_future(&f, async {
-        let s = OpStats::new();
-        let mut rt = Roundtrip::start(&f, &s);
-        rt.post(x, Batch::write(0, donor_memory)).unwrap();
-        rt.wait(1).await.unwrap();
-    })
-    .unwrap();
+    rebuild_from(&cluster, x, donor);
     // c wakes up, the quiescence wait (more than `max_op_ns`) later on its clock.
     c.fabric().sleep(3 * 50 * crate::test_support::MS);
     c.fabric().land();
@@ -153,22 +159,7 @@ fn an_unmap_counted_across_a_repair_never_recycles_a_mapped_register() {
             continue;
         };
         // X loses its memory and is rebuilt from the donor, c stopped all along.
-        let f = cluster.client();
-        let donor_memory = block_on_future(&f, async {
-            let s = OpStats::new();
-            let mut rt = Roundtrip::start(&f, &s);
-            rt.post(donor, Batch::read(0, NODE_BYTES)).unwrap();
-            rt.wait(1).await.unwrap();
-            rt.replies()[0].1.read(0).unwrap().to_vec()
-        })
-        .unwrap();
-        block_on_future(&f, async {
-            let s = OpStats::new();
-            let mut rt = Roundtrip::start(&f, &s);
-            rt.post(x, Batch::write(0, donor_memory)).unwrap();
-            rt.wait(1).await.unwrap();
-        })
-        .unwrap();
+        rebuild_from(&cluster, x, donor);
         c.fabric().sleep(3 * 50 * crate::test_support::MS);
         c.fabric().land();
         let _ = loop {
