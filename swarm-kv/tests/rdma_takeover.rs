@@ -97,6 +97,18 @@ fn start_with_access(
     (nodes, store, (wire, token))
 }
 
+/// A handle of its own on `nodes` (another process's), opening the store there.
+fn open_handle(nodes: &[EmulatedMemnode], (wire, token): &Access) -> RdmaStore<Arc<EmuTransport>> {
+    let addrs = nodes.iter().map(EmulatedMemnode::addr).collect();
+    let transport = Arc::new(EmuTransport::new(
+        wire.clone(),
+        addrs,
+        token.clone(),
+        EmuOptions::default(),
+    ));
+    RdmaStore::open_on(transport).expect("the store opens")
+}
+
 fn word_at(node: &EmulatedMemnode, addr: u64) -> u64 {
     let at = addr as usize;
     node.memory()
@@ -399,7 +411,7 @@ fn a_rebuilt_node_the_reclaimer_admitted_is_asked_to_revoke_too() {
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_test_writer()
         .try_init();
-    let (mut nodes, store, (wire, token)) = start_with_access(Duration::from_secs(3600));
+    let (mut nodes, store, access) = start_with_access(Duration::from_secs(3600));
     const REBUILT: u64 = 0x7a4e_0b02;
     nodes[2].restart(REBUILT).expect("node 2 restarts empty");
     let from = swarm_kv::testing::SUPERBLOCK_AT as usize;
@@ -425,9 +437,7 @@ fn a_rebuilt_node_the_reclaimer_admitted_is_asked_to_revoke_too() {
     }
 
     // A, on a handle of its own made after the rebuild, holds the only writer id.
-    let addrs = nodes.iter().map(EmulatedMemnode::addr).collect();
-    let transport = Arc::new(EmuTransport::new(wire, addrs, token, EmuOptions::default()));
-    let store_a = RdmaStore::open_on(transport).expect("A opens the store");
+    let store_a = open_handle(&nodes, &access);
     let a = store_a.client().expect("A registers");
     assert_eq!(a.writer(), 0);
     assert_eq!(
@@ -481,21 +491,11 @@ fn a_node_restarted_empty_and_never_rebuilt_stalls_no_takeover() {
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_test_writer()
         .try_init();
-    let (mut nodes, _store, (wire, token)) = start_with_access(Duration::from_secs(3600));
+    let (mut nodes, _store, access) = start_with_access(Duration::from_secs(3600));
     nodes[2]
         .restart(0x7a4e_0e02)
         .expect("node 2 restarts empty");
-    let open = || {
-        let addrs = nodes.iter().map(EmulatedMemnode::addr).collect();
-        let transport = Arc::new(EmuTransport::new(
-            wire.clone(),
-            addrs,
-            token.clone(),
-            EmuOptions::default(),
-        ));
-        RdmaStore::open_on(transport).expect("the store opens on nodes 0 and 1")
-    };
-    let store_a = open();
+    let store_a = open_handle(&nodes, &access);
     let a = store_a.client().expect("A registers");
     assert_eq!(a.writer(), 0);
     block_on(a.fabric(), a.insert(b"k", b"v", &OpStats::new())).expect("A inserts");
@@ -504,7 +504,7 @@ fn a_node_restarted_empty_and_never_rebuilt_stalls_no_takeover() {
         a.fabric().progress();
     }
 
-    let store_b = open();
+    let store_b = open_handle(&nodes, &access);
     let started = std::time::Instant::now();
     let b = store_b.client().expect("B takes the writer id over");
     assert_eq!(b.writer(), 0, "B took A's writer id");
