@@ -1589,6 +1589,28 @@ mod tests {
         recycler.retire(register, 0, super::Retired::Unmapped);
     }
 
+    /// `steps` recycling steps of `recycler`, every replica in service, none of
+    /// which hands a register back: what it retired is donated, not pooled.
+    fn steps_giving_nothing_back<F: Fabric>(
+        recycler: &Recycler,
+        fabric: &F,
+        layout: &NodeLayout,
+        steps: usize,
+    ) {
+        for _ in 0..steps {
+            let back = recycler.step(
+                fabric,
+                layout,
+                true,
+                || true,
+                |r| loc(layout, r),
+                |_| ReplicaStatus::InService,
+                0,
+            );
+            assert!(back.is_empty(), "a donated register stays given away");
+        }
+    }
+
     fn is_marker(word: u64) -> bool {
         swarm_core::encoding::Tsp::from_word(word).is_reset()
     }
@@ -1717,18 +1739,7 @@ mod tests {
             write_word(&raw, node, header, header_word(3, 7));
         }
         donor.retire(r, 0, super::Retired::Unmapped);
-        for _ in 0..4 {
-            let back = donor.step(
-                &fabric,
-                &layout,
-                true,
-                || true,
-                |r| loc(&layout, r),
-                |_| ReplicaStatus::InService,
-                0,
-            );
-            assert!(back.is_empty(), "a donated register stays given away");
-        }
+        steps_giving_nothing_back(&donor, &fabric, &layout, 4);
         assert_eq!(
             stage.get(),
             2,
@@ -1763,18 +1774,7 @@ mod tests {
                 write_word(&raw, node, header, header_word(3, tag));
             }
             recycler.retire(r, 0, super::Retired::Unmapped);
-            for _ in 0..8 {
-                let back = recycler.step(
-                    &fabric,
-                    &layout,
-                    true,
-                    || true,
-                    |r| loc(&layout, r),
-                    |_| ReplicaStatus::InService,
-                    0,
-                );
-                assert!(back.is_empty(), "a donated register stays given away");
-            }
+            steps_giving_nothing_back(recycler, &fabric, &layout, 8);
             assert_eq!(recycler.stats().donated, 1);
             let marker = swarm_core::encoding::Tsp::from_word(word(&raw, 0, meta_at));
             assert!(marker.is_reset());

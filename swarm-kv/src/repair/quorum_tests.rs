@@ -12,6 +12,23 @@ use crate::{KvClient, KvConfig};
 
 const NODE_BYTES: u32 = 1 << 20;
 
+/// A small cluster and a client of it whose fabric can be stopped (`Holding`).
+fn holding_client() -> (
+    swarm_core::MemCluster,
+    crate::layout::NodeLayout,
+    KvClient<Holding, FixedClock>,
+) {
+    let (cluster, layout) = small_cluster(400 * crate::test_support::MS);
+    let c = KvClient::connect(
+        Holding::new(cluster.client(), &[]),
+        FixedClock(1_000),
+        layout,
+        KvConfig::new(0, 1),
+    )
+    .expect("a writer id");
+    (cluster, layout, c)
+}
+
 /// Node `x` loses its memory and is rebuilt from `donor`: its whole memory replaced by
 /// the donor's, as a repair's copy leaves it.
 fn rebuild_from(cluster: &swarm_core::MemCluster, x: NodeId, donor: NodeId) {
@@ -43,14 +60,7 @@ fn rebuild_from(cluster: &swarm_core::MemCluster, x: NodeId, donor: NodeId) {
 /// returned `Ok(true)` and such a reader got `v1`.
 #[test]
 fn an_update_counted_across_a_repair_is_never_lost() {
-    let (cluster, layout) = small_cluster(400 * crate::test_support::MS);
-    let c = KvClient::connect(
-        Holding::new(cluster.client(), &[]),
-        FixedClock(1_000),
-        layout,
-        KvConfig::new(0, 1),
-    )
-    .expect("a writer id");
+    let (cluster, layout, c) = holding_client();
     let s = OpStats::new();
     block_on(c.fabric(), c.insert(b"k", b"v1", &s)).expect("inserted");
     assert_eq!(
@@ -126,14 +136,7 @@ fn an_update_counted_across_a_repair_is_never_lost() {
 fn an_unmap_counted_across_a_repair_never_recycles_a_mapped_register() {
     let mut stop_points = 0;
     for n in 0..64 {
-        let (cluster, layout) = small_cluster(400 * crate::test_support::MS);
-        let c = KvClient::connect(
-            Holding::new(cluster.client(), &[]),
-            FixedClock(1_000),
-            layout,
-            KvConfig::new(0, 1),
-        )
-        .expect("a writer id");
+        let (cluster, layout, c) = holding_client();
         let s = OpStats::new();
         block_on(c.fabric(), c.insert(b"w", b"x", &s)).expect("inserted");
         block_on(c.fabric(), c.insert(b"k", b"v1", &s)).expect("inserted");
