@@ -840,6 +840,17 @@ mod tests {
         }
     }
 
+    /// Four writers' logs of 16 slots and a write-back guard table.
+    fn guarded_layout() -> Layout {
+        Layout::builder()
+            .writers(4)
+            .slots_per_writer(16)
+            .log_base(1 << 16)
+            .write_back_guards(2048, 8)
+            .build()
+            .unwrap()
+    }
+
     fn layout() -> Layout {
         Layout::builder()
             .writers(2)
@@ -979,13 +990,7 @@ mod tests {
                 proptest::strategy::Just((1, 40)),
             ],
         ) {
-            let layout = Layout::builder()
-                .writers(4)
-                .slots_per_writer(16)
-                .log_base(1 << 16)
-                .write_back_guards(2048, 8)
-                .build()
-                .unwrap();
+            let layout = guarded_layout();
             let cluster = crate::MemCluster::new(3, 2 << 20);
             let fabric = cluster.client();
             let me = WriterId::new(1).unwrap();
@@ -1133,13 +1138,7 @@ mod tests {
 
     #[test]
     fn with_guards_a_slot_comes_back_only_unnamed_and_a_margin_after_the_check() {
-        let layout = Layout::builder()
-            .writers(4)
-            .slots_per_writer(16)
-            .log_base(1 << 16)
-            .write_back_guards(2048, 8)
-            .build()
-            .unwrap();
+        let layout = guarded_layout();
         let cluster = crate::MemCluster::new(3, 2 << 20);
         let fabric = cluster.client();
         let me = WriterId::new(1).unwrap();
