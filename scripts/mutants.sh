@@ -109,7 +109,14 @@ for patch in "${patches[@]}"; do
     if [ -n "$own" ]; then
         read -r -a own_args <<<"$own"
         mutant_test=(cargo test -q --no-fail-fast "${own_args[@]}")
-        mutant_build=("${mutant_test[@]}" --no-run)
+        # The build takes cargo's arguments only: test filters after a `--` would
+        # go to the test binaries, and `--no-run` after them too.
+        cargo_args=()
+        for arg in "${own_args[@]}"; do
+            [ "$arg" = "--" ] && break
+            cargo_args+=("$arg")
+        done
+        mutant_build=(cargo test -q --no-fail-fast --no-run "${cargo_args[@]}")
     else
         mutant_test=("${test_cmd[@]}")
         mutant_build=("${build_cmd[@]}")
