@@ -27,6 +27,30 @@
 //! a second majority over time (`a_claimer_paused_between_its_posts_never_shares_a_win`).
 //! A stale copy costs nothing but one node of redundancy.
 //!
+//! # A round that straddles a repair
+//!
+//! The argument above assumes that a copy keeps its token while its claimer's round
+//! may count it. One event breaks that without any client's doing: a node loses its
+//! memory and a repair rebuilds it from the others, which may not hold the token yet.
+//! A claimer x that counted node X's answer and then stopped inside its round
+//! (between two posts, or before it read its last answer) could meet, on waking up:
+//!
+//! 1. X rebuilt from donors that showed 0, and a second claimer y that won X and a
+//!    donor D₂ (a majority, y's chunk);
+//! 2. x's late CAS landing on the other donor D₁, which still showed 0.
+//!
+//! x then counts X (from before the loss) and D₁: a majority over time, and two
+//! claimers own the word (SWARM-KV: two owners of one chunk's registers, each
+//! resetting and publishing keys in them). So a round is fenced like a register
+//! operation (`docs/pauses.md`, H3'): it posts nothing after `budget` from its start
+//! (the operation's deadline when one is armed already), and it counts its answers
+//! only if a clock reading taken *after* the last of them is within that deadline.
+//! Answers counted by the deadline landed before a repair's copy began: the repair
+//! waits out its quiescence (which holds `max_op_ns`) after the node's loss, and a
+//! round that counted the lost node's answer started before that loss. A round that
+//! fails the check gives back its copies and reports [`Claim::Undecided`], however
+//! many it counted: the caller retries with a round of its own.
+//!
 //! Rows of the client table are the one place where copies are still taken: an owner
 //! whose lease renewal counted on a majority takes the copies it read with another
 //! token ([`crate::membership::lease_renewal`]), so that one node's loss does not cost
@@ -58,26 +82,46 @@ pub enum Claim {
 }
 
 /// Tries to claim the word at `addr` on nodes `0..nodes` with `token` (non-zero).
+/// The round is fenced at `budget` from its start, or at the deadline `stats` holds
+/// already if earlier (module docs, "A round that straddles a repair"): answers
+/// checked past it count for nothing, and the round reports [`Claim::Undecided`].
 pub async fn claim<F: Fabric>(
     fabric: &F,
     stats: &OpStats,
     nodes: usize,
     addr: u64,
     token: u64,
+    budget: Nanos,
 ) -> Result<Claim, FabricError> {
     debug_assert!(token != 0, "0 is the free word");
     let quorum = majority(nodes);
-    // Every node's answer, stragglers included (up to `STRAGGLER_NS` each): a copy
-    // holding a stale token is only seen, and taken, in its own answer.
+    let _fence = stats.arm_deadline(fabric.now().saturating_add(budget));
+    // Every node's answer, stragglers included (up to `STRAGGLER_NS` each, within the
+    // fence): a copy holding a stale token is only seen in its own answer.
     let rt = broadcast_until(
         fabric,
         stats,
         quorum,
-        STRAGGLER_NS,
+        STRAGGLER_NS.min(budget / 4),
         |node| Ok((node.index() < nodes).then(|| Batch::cas(addr, 0, token))),
         |_| false,
     )
-    .await?;
+    .await;
+    let rt = match rt {
+        Ok(rt) if !stats.is_fenced(fabric.now()) => rt,
+        Err(error) if error != FabricError::Fenced => return Err(error),
+        // Past the fence, whether at a post or after the last answer: whatever it
+        // counted may straddle a repair. Give back what it took.
+        fenced => {
+            drop(fenced);
+            tracing::debug!(
+                addr,
+                "claim round ran past its fence: given back, undecided"
+            );
+            release(fabric, nodes, addr, token);
+            return Ok(Claim::Undecided);
+        }
+    };
     let mut mine = 0;
     let mut others: heapless::Vec<(u64, usize), 16> = heapless::Vec::new();
     for (_, completion) in rt.replies() {
@@ -134,20 +178,32 @@ mod tests {
     use swarm_core::MemCluster;
     use swarm_core::{NodeId, Roundtrip, block_on, block_on_future};
 
+    /// A claim round's fence in these tests: far longer than any of them takes.
+    const BUDGET: Nanos = 10_000_000_000;
+
     #[test]
     fn first_claimer_wins_and_others_see_it_taken() {
         let cluster = MemCluster::new(3, 64);
         let (a, b) = (cluster.client(), cluster.client());
         let s = OpStats::new();
-        assert_eq!(block_on(&a, claim(&a, &s, 3, 8, 11)), Ok(Claim::Won));
         assert_eq!(
-            block_on(&a, claim(&a, &s, 3, 8, 11)),
+            block_on(&a, claim(&a, &s, 3, 8, 11, BUDGET)),
+            Ok(Claim::Won)
+        );
+        assert_eq!(
+            block_on(&a, claim(&a, &s, 3, 8, 11, BUDGET)),
             Ok(Claim::Won),
             "idempotent"
         );
-        assert_eq!(block_on(&b, claim(&b, &s, 3, 8, 22)), Ok(Claim::Taken));
+        assert_eq!(
+            block_on(&b, claim(&b, &s, 3, 8, 22, BUDGET)),
+            Ok(Claim::Taken)
+        );
         release(&a, 3, 8, 11);
-        assert_eq!(block_on(&b, claim(&b, &s, 3, 8, 22)), Ok(Claim::Won));
+        assert_eq!(
+            block_on(&b, claim(&b, &s, 3, 8, 22, BUDGET)),
+            Ok(Claim::Won)
+        );
     }
 
     /// An earlier owner's release that reached only nodes 0 and 2 left its token on
@@ -165,7 +221,10 @@ mod tests {
             rt.wait(1).await
         })
         .unwrap();
-        assert_eq!(block_on(&c, claim(&c, &s, 3, 8, 11)), Ok(Claim::Won));
+        assert_eq!(
+            block_on(&c, claim(&c, &s, 3, 8, 11, BUDGET)),
+            Ok(Claim::Won)
+        );
         for (node, want) in [(0u16, 11u64), (1, 77), (2, 11)] {
             let word = block_on_future(&c, async {
                 let mut rt = Roundtrip::start(&c, &s);
@@ -198,9 +257,15 @@ mod tests {
         .unwrap();
         // b holds only node 1 and cannot tell whether silent node 2 holds a's token:
         // it reports Taken (a may still win) and gives its copy back.
-        assert_eq!(block_on(&b, claim(&b, &s, 3, 8, 22)), Ok(Claim::Taken));
+        assert_eq!(
+            block_on(&b, claim(&b, &s, 3, 8, 22, BUDGET)),
+            Ok(Claim::Taken)
+        );
         // b gave node 1 back, so a can now win nodes 0 and 1.
-        assert_eq!(block_on(&a, claim(&a, &s, 3, 8, 11)), Ok(Claim::Won));
+        assert_eq!(
+            block_on(&a, claim(&a, &s, 3, 8, 11, BUDGET)),
+            Ok(Claim::Won)
+        );
     }
 
     #[test]
@@ -218,7 +283,10 @@ mod tests {
             })
             .unwrap();
         }
-        assert_eq!(block_on(&c, claim(&c, &s, 3, 8, 33)), Ok(Claim::Undecided));
+        assert_eq!(
+            block_on(&c, claim(&c, &s, 3, 8, 33, BUDGET)),
+            Ok(Claim::Undecided)
+        );
         // Its copy on node 2 was given back.
         let previous = block_on_future(&c, async {
             let mut rt = Roundtrip::start(&c, &s);
@@ -246,16 +314,19 @@ mod tests {
         // x posts its CAS everywhere; only node 0's lands before x stops.
         let x = crate::test_support::Holding::new(cluster.client(), &[1, 2]);
         let sx = OpStats::new();
-        let mut fx = core::pin::pin!(claim(&x, &sx, 3, 8, 11));
+        let mut fx = core::pin::pin!(claim(&x, &sx, 3, 8, 11, BUDGET));
         assert!(crate::test_support::poll_once(fx.as_mut()).is_pending());
         // a wins nodes 1 and 2, takes node 0's copy, and releases everything.
         let a = cluster.client();
-        assert_eq!(block_on(&a, claim(&a, &s, 3, 8, 22)), Ok(Claim::Won));
+        assert_eq!(
+            block_on(&a, claim(&a, &s, 3, 8, 22, BUDGET)),
+            Ok(Claim::Won)
+        );
         release(&a, 3, 8, 22);
         // b's CASes land on nodes 0 and 1; its node-2 CAS is slow.
         let b = crate::test_support::Holding::new(cluster.client(), &[2]);
         let sb = OpStats::new();
-        let mut fb = core::pin::pin!(claim(&b, &sb, 3, 8, 33));
+        let mut fb = core::pin::pin!(claim(&b, &sb, 3, 8, 33, BUDGET));
         assert!(crate::test_support::poll_once(fb.as_mut()).is_pending());
         // x wakes up: node 1 says 33, node 2 takes x's token.
         x.land();
@@ -265,5 +336,53 @@ mod tests {
         let b_won =
             crate::test_support::poll_once(fb.as_mut()) == core::task::Poll::Ready(Ok(Claim::Won));
         assert!(!(x_won && b_won), "both claimers believe they own the word");
+    }
+
+    /// A claimer x counts node 0's answer and stops before its CASes to nodes 1 and 2
+    /// land. Node 0 loses its memory and is rebuilt from donors that show the word
+    /// free; y then wins nodes 0 and 1 (its node-2 CAS is slow). x wakes up past its
+    /// round's fence: its late CAS wins node 2, which still showed 0, and with node
+    /// 0's answer from before the loss it counts a majority. It must not report a win
+    /// (module docs, "A round that straddles a repair"), and it gives node 2 back.
+    #[test]
+    fn a_claim_counted_across_a_repair_never_shares_a_win() {
+        let cluster = MemCluster::new(3, 64);
+        let s = OpStats::new();
+        let x = crate::test_support::Holding::new(cluster.client(), &[1, 2]);
+        let sx = OpStats::new();
+        let mut fx = core::pin::pin!(claim(&x, &sx, 3, 8, 11, BUDGET));
+        assert!(crate::test_support::poll_once(fx.as_mut()).is_pending());
+        // Node 0 is rebuilt from the donors' copies: the word is free there again.
+        let admin = cluster.client();
+        block_on(&admin, async {
+            let mut rt = Roundtrip::start(&admin, &s);
+            rt.post(NodeId(0), Batch::cas(8, 11, 0)).unwrap();
+            rt.wait(1).await
+        })
+        .unwrap();
+        let y = crate::test_support::Holding::new(cluster.client(), &[2]);
+        assert_eq!(
+            block_on(&y, claim(&y, &s, 3, 8, 22, BUDGET)),
+            Ok(Claim::Won)
+        );
+        // x stopped longer than its fence, then its held CASes land.
+        x.sleep(BUDGET + 1);
+        x.land();
+        let x_outcome = crate::test_support::poll_once(fx.as_mut());
+        assert!(
+            matches!(x_outcome, core::task::Poll::Ready(Ok(Claim::Undecided))),
+            "a round counted across a repair: {x_outcome:?}"
+        );
+        // x gave node 2 back: y's slow CAS finds it free.
+        y.land();
+        let node2 = block_on_future(&admin, async {
+            let mut rt = Roundtrip::start(&admin, &s);
+            rt.post(NodeId(2), Batch::read(8, 8)).unwrap();
+            rt.wait(1).await.unwrap();
+            let bytes = rt.replies()[0].1.read(0).unwrap().to_vec();
+            u64::from_le_bytes(bytes.try_into().unwrap())
+        })
+        .unwrap();
+        assert_ne!(node2, 11, "x's late copy on node 2 is given back");
     }
 }

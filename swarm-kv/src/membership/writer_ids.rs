@@ -591,7 +591,9 @@ async fn claim_free_row<F: Fabric>(
     stats: &OpStats,
 ) -> Result<Option<u16>, KvError> {
     for writer in 0..layout.params.writers {
-        if claim(fabric, stats, nodes, layout.client_row(writer), token).await? == Claim::Won {
+        let row = layout.client_row(writer);
+        let budget = layout.params.max_op_ns;
+        if claim(fabric, stats, nodes, row, token, budget).await? == Claim::Won {
             return Ok(Some(writer));
         }
     }

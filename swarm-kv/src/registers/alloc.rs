@@ -304,7 +304,15 @@ impl RegisterAllocator {
                 }
                 (chunk, s.token)
             };
-            let outcome = claim(fabric, stats, nodes, layout.chunk_word(chunk), token).await?;
+            let outcome = claim(
+                fabric,
+                stats,
+                nodes,
+                layout.chunk_word(chunk),
+                token,
+                layout.params.max_op_ns,
+            )
+            .await?;
             if outcome == Claim::Won {
                 let per = u64::from(layout.params.chunk_registers);
                 let first = chunk * per;
