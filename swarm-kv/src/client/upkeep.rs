@@ -91,8 +91,6 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
     /// Hands the registers whose reset completed to the allocator, and starts the
     /// resets that are due. Never waits.
     pub(super) fn recycle_step(&self) {
-        let now = self.swarm.fabric().now();
-        let may_start = self.lease.borrow().valid_for(now, 0);
         // A pool of a chunk's worth is enough: registers reset beyond it go to any
         // client that runs out (`crate::registers::recycle`, "donations"); not while a node is out
         // of service, when pools are what inserts live on until the repair. Asked only
@@ -106,7 +104,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         let ready = self.recycler.step(
             self.swarm.fabric(),
             &self.layout,
-            may_start,
+            |at| self.lease.borrow().valid_for(at, 0),
             donate,
             |r| self.register_loc(r).ok(),
             |node| self.replica_status(node),

@@ -142,7 +142,7 @@
 //! (or until the node is admitted and this client reset it there), then comes back.
 //! On a cluster without a journal (superblock version 4 and older) they wait for the
 //! admission instead. A client with a lapsed lease starts no reset at all
-//! (`may_start`).
+//! (`lease_valid`).
 //!
 //! The quiescence wait is a timing argument, and a client paused between its status
 //! check and its batches lands them whenever it wakes up, after the copy perhaps. So
@@ -156,6 +156,19 @@
 //! status for the node is no longer "lost", and the register is reset again on what
 //! the replicas are then; if it came after, the reset landed before the copy read the
 //! donors, and the rebuilt node gets it. Either way, whatever the pauses.
+//!
+//! # A reset counted across a repair
+//!
+//! A reset that every replica answered is complete only if its answers all come from
+//! the same side of any repair. Its client may count node X's install from before X
+//! lost its memory, stop, and wake up after a repair rebuilt X from donors that the
+//! install had not reached yet; its late installs then land on the donors, and X
+//! keeps the register's old words under the next key (`docs/pauses.md`, H3'). So
+//! `Recycler::step` counts an install only if the lease is still valid at a clock
+//! reading taken after its last answer: every answer landed before the lease ran
+//! out, which is before the repair's quiescence wait (a lease and more) ends after
+//! X's loss, since the reset was started under that lease before X answered. A reset
+//! that fails the check is reset again, on what the replicas are then.
 //!
 //! # Why a reused register is never confused with its old life
 //!
@@ -919,11 +932,15 @@ impl Recycler {
     /// Returns the registers now reset on every replica: pre-cleared, ready for the
     /// allocator. Never waits. `loc` gives a register's replicas and address.
     ///
-    /// `may_start`: whether the owner's lease is valid now. A reset is a write that
-    /// no operation deadline covers, so it is started only under a valid lease: then
-    /// a client whose lease was killed (a zombie) posts no reset after its lease
-    /// ended, and a reclaimer that adopts its chunks (`crate::registers::orphans`) can rely on
-    /// the lease argument (`crate::membership::lease`) for resets too.
+    /// `lease_valid(t)`: whether the owner's lease is valid at instant `t` of the
+    /// fabric clock. A reset is a write that no operation deadline covers, so it is
+    /// started (and each phase posted) only under a valid lease: then a client whose
+    /// lease was killed (a zombie) posts no reset after its lease ended, and a
+    /// reclaimer that adopts its chunks (`crate::registers::orphans`) can rely on the
+    /// lease argument (`crate::membership::lease`) for resets too. A reset also counts
+    /// its install only if the lease is still valid at a clock reading taken after its
+    /// last answer (module docs, "A reset counted across a repair"); otherwise it
+    /// resets the register again.
     ///
     /// `donate()`: whether the owner's pool holds enough registers, so that the resets
     /// started now give theirs to any client instead (module docs, "donations"):
@@ -942,7 +959,7 @@ impl Recycler {
         &self,
         fabric: &F,
         layout: &NodeLayout,
-        may_start: bool,
+        lease_valid: impl Fn(Nanos) -> bool,
         donate: impl Fn() -> bool,
         loc: impl Fn(RegisterId) -> Option<RegisterLoc>,
         status: impl Fn(NodeId) -> ReplicaStatus,
@@ -962,6 +979,7 @@ impl Recycler {
             return Vec::new();
         }
         let now = fabric.now();
+        let may_start = lease_valid(now);
         // Start the resets that are due.
         let mut started = 0;
         let mut donating: Option<bool> = None;
@@ -1034,6 +1052,24 @@ impl Recycler {
                 Next::Finish => {}
             }
             let done = s.resetting.swap_remove(i);
+            if !done.donated && !lease_valid(fabric.now()) {
+                // The install's answers were counted past the lease: some may be from
+                // before a repair rebuilt their node from donors that lacked them
+                // (module docs, "A reset counted across a repair"). Reset it again,
+                // on what the replicas are now; its grace has passed.
+                tracing::debug!(
+                    register = done.register,
+                    "recycler: reset finished past the lease; resetting again"
+                );
+                s.stats.reset_failures += 1;
+                s.limbo.push_back(Limbo {
+                    register: done.register,
+                    due: now,
+                    keep: done.keep,
+                    prov: done.prov,
+                });
+                continue;
+            }
             if done.donated {
                 // Given away whatever the replicas did: every reclaimer resets a
                 // register on every replica before it uses it, and a copy the reset
@@ -1553,7 +1589,7 @@ mod tests {
         let back = recycler.step(
             fabric,
             layout,
-            true,
+            |_| true,
             || false,
             |r| loc(layout, r),
             |n| {
@@ -1601,7 +1637,7 @@ mod tests {
             let back = recycler.step(
                 fabric,
                 layout,
-                true,
+                |_| true,
                 || true,
                 |r| loc(layout, r),
                 |_| ReplicaStatus::InService,
@@ -1681,6 +1717,59 @@ mod tests {
             (origin.came, origin.path),
             (super::Came::Donation, super::ResetPath::WithoutLost)
         );
+    }
+
+    /// A reset whose install answers are all in, but whose lease ran out by the clock
+    /// reading after the last of them (its client stopped inside the reset, perhaps
+    /// across a repair that rebuilt a node from donors the install had not reached),
+    /// does not hand its register out: it resets it again, and hands it out (with a
+    /// life marker, `step_node_2`) once a reset finishes under a valid lease.
+    #[test]
+    fn a_reset_finished_past_its_lease_resets_again() {
+        let (cluster, layout) = small_cluster(200 * crate::test_support::MS);
+        let raw = cluster.client();
+        let fabric = Refusing::new(cluster.client());
+        fabric.refused.set(None);
+        let recycler = Recycler::new(0, 1, 7);
+        let register = 5;
+        retire_marked(&recycler, &raw, &layout, register);
+        // The lease is valid when each step starts, never after an install's answers.
+        let readings = core::cell::Cell::new(0u32);
+        let lapsing = |_: Nanos| {
+            readings.set(readings.get() + 1);
+            readings.get() % 2 == 1
+        };
+        for _ in 0..4 {
+            let back = recycler.step(
+                &fabric,
+                &layout,
+                lapsing,
+                || false,
+                |r| loc(&layout, r),
+                |_| ReplicaStatus::InService,
+                0,
+            );
+            assert!(
+                back.is_empty(),
+                "a reset counted past its lease hands out nothing"
+            );
+        }
+        assert!(
+            recycler.stats().reset_failures >= 1,
+            "{:?}",
+            recycler.stats()
+        );
+        let mut back = Vec::new();
+        for _ in 0..4 {
+            back.extend(step_node_2(
+                &recycler,
+                &fabric,
+                &layout,
+                ReplicaStatus::InService,
+                0,
+            ));
+        }
+        assert_eq!(back, vec![register], "reset again under a valid lease");
     }
 
     /// A donating reset that reads again (a CAS of its install found a late store)
