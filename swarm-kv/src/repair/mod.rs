@@ -381,38 +381,48 @@ async fn repair_locked<F: Fabric>(
             total: copy_bytes(layout),
             journaled: 0,
         };
-        let started = Instant::now();
-        // Clients that saw the announcement journal their resets from now on: service
-        // them during the wait too, so that their registers keep coming back.
-        let wait_until = fabric.now().saturating_add(wait);
-        let mut busy_at = 0;
-        loop {
-            let serviced = copier.service_journal().await?;
-            let now = fabric.now();
-            if now >= wait_until {
-                break;
-            }
-            if serviced > 0 {
-                busy_at = now;
-            } else {
-                let poll = if now.saturating_sub(busy_at) < JOURNAL_BUSY_NS {
-                    JOURNAL_POLL_NS
+        let copied = async {
+            let started = Instant::now();
+            // Clients that saw the announcement journal their resets from now on:
+            // service them during the wait too, so that their registers keep coming
+            // back.
+            let wait_until = fabric.now().saturating_add(wait);
+            let mut busy_at = 0;
+            loop {
+                let serviced = copier.service_journal().await?;
+                let now = fabric.now();
+                if now >= wait_until {
+                    break;
+                }
+                if serviced > 0 {
+                    busy_at = now;
                 } else {
-                    JOURNAL_IDLE_POLL_NS
-                };
-                swarm_core::sleep(fabric, (wait_until - now).min(poll)).await;
+                    let poll = if now.saturating_sub(busy_at) < JOURNAL_BUSY_NS {
+                        JOURNAL_POLL_NS
+                    } else {
+                        JOURNAL_IDLE_POLL_NS
+                    };
+                    swarm_core::sleep(fabric, (wait_until - now).min(poll)).await;
+                }
             }
+            let quiesce_ms = started.elapsed().as_millis() as u64;
+            let copy_started = Instant::now();
+            copier
+                .write(SUPERBLOCK_AT, layout.params.encode().to_vec())
+                .await?;
+            copier.copy_all(&mut progress).await?;
+            copier.service_journal().await?;
+            Ok::<_, RepairError>((quiesce_ms, copy_started.elapsed().as_millis() as u64))
         }
-        let quiesce_ms = started.elapsed().as_millis() as u64;
-
-        let copy_started = Instant::now();
-        copier
-            .write(SUPERBLOCK_AT, layout.params.encode().to_vec())
-            .await?;
-        copier.copy_all(&mut progress).await?;
-        copier.service_journal().await?;
+        .await;
+        let (quiesce_ms, copy_ms) = match copied {
+            Ok(times) => times,
+            Err(error) => {
+                withdraw(fabric, stats, donors, &announced, node).await;
+                return Err(error);
+            }
+        };
         let (bytes, conflicts, journaled) = (copier.done, copier.conflicts, copier.journaled);
-        let copy_ms = copy_started.elapsed().as_millis() as u64;
 
         // Admit: the new configuration on every donor (a majority of the old members),
         // then on the node.
@@ -449,6 +459,57 @@ async fn repair_locked<F: Fabric>(
     }
     .instrument(span)
     .await
+}
+
+/// How long a failed repair waits for the donors to take its withdrawal.
+const WITHDRAW_WAIT_NS: u64 = 1_000_000_000;
+
+/// Withdraws the announcement of a repair that failed before its admission: the
+/// configuration `announced + 1`, the same members with the node's repairing bit
+/// clear, on every donor that answers. Without it, the bit stayed until another
+/// repair of the node ran: clients journaled every reset that left the node out,
+/// and those registers waited for a repair that no longer ran. With it, clients
+/// treat the node as lost again (`crate::registers::recycle`, "a node out of
+/// service"): their journaled registers come back, their entries left for the next
+/// repair, which copies those registers from the donors the resets reached.
+/// Best effort, under the repair lock: if no donor takes it, the next repair of the
+/// node announces itself above it and services the journal.
+async fn withdraw<F: Fabric>(
+    fabric: &F,
+    stats: &OpStats,
+    donors: &[NodeId],
+    announced: &Configuration,
+    node: NodeId,
+) {
+    let mut withdrawn = announced.clone();
+    withdrawn.epoch += 1;
+    withdrawn.set_repairing(node.index(), false);
+    let record = withdrawn.encode();
+    let mut rt = Roundtrip::start(fabric, stats);
+    let mut posted = 0;
+    for &donor in donors {
+        if rt.post(donor, Batch::write(CONFIG_AT, record.clone())).is_ok() {
+            posted += 1;
+        }
+    }
+    if posted > 0 {
+        let _ = rt
+            .settle_until(fabric.now().saturating_add(WITHDRAW_WAIT_NS))
+            .await;
+    }
+    let took = rt.replies().len();
+    if took == 0 {
+        tracing::warn!(
+            epoch = withdrawn.epoch,
+            "the failed repair's announcement could not be withdrawn: run the repair again"
+        );
+    } else {
+        tracing::info!(
+            epoch = withdrawn.epoch,
+            donors = took,
+            "repair failed before its admission: announcement withdrawn"
+        );
+    }
 }
 
 /// The newest valid configuration among a majority's copies (and stragglers').
