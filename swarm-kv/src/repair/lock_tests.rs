@@ -1,6 +1,7 @@
 //! A stopped repair while a second repair of the same node runs (docs/pauses.md, H3
 //! part c): the stopped repair's configuration records are plain writes, and landing
-//! late they must never replace the configuration a later repair admitted.
+//! late they must never replace the configuration a later repair admitted. And a
+//! repair that fails after its announcement withdraws it.
 
 use core::cell::{Cell, RefCell};
 use core::task::Poll;
@@ -336,7 +337,10 @@ fn a_repair_that_fails_before_its_admission_withdraws_its_announcement() {
         repair_node(&f, &layout, NodeId(2), 21, NO_WAIT, |_, _| {}),
     )
     .expect("a run");
-    assert!(outcome.is_err(), "the copy cannot write node 2: {outcome:?}");
+    assert!(
+        outcome.is_err(),
+        "the copy cannot write node 2: {outcome:?}"
+    );
     let seen = opened_with(&cluster, &[0, 1]);
     assert!(
         !seen.is_repairing(2) && !seen.admits(2, 21) && seen.epoch >= 3,

@@ -56,6 +56,13 @@
 //!    Running clients see the new epoch in their next lease renewal and admit the
 //!    node ([`swarm_core::Fabric::admit`]); new clients open with it.
 //!
+//! A repair that fails after its announcement and before its admission (a donor
+//! or the node stops answering) **withdraws** the announcement: configuration
+//! `e + 2` with the same members and the repairing bit clear, on the donors that
+//! answer. Clients then treat the node as lost again, and the registers whose resets
+//! they journaled come back; the entries stay for the next repair, which services
+//! them. Running `swarm repair` again resumes from there.
+//!
 //! # Why it is correct
 //!
 //! *Every decided value survives.* A value decided on a majority `M` (a write, an
@@ -488,7 +495,10 @@ async fn withdraw<F: Fabric>(
     let mut rt = Roundtrip::start(fabric, stats);
     let mut posted = 0;
     for &donor in donors {
-        if rt.post(donor, Batch::write(CONFIG_AT, record.clone())).is_ok() {
+        if rt
+            .post(donor, Batch::write(CONFIG_AT, record.clone()))
+            .is_ok()
+        {
             posted += 1;
         }
     }
