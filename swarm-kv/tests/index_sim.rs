@@ -18,7 +18,7 @@ use swarm_core::quorum::broadcast_until;
 use swarm_core::{Batch, OpStats};
 use swarm_kv::admin::IndexError;
 use swarm_kv::admin::NodeLayout;
-use swarm_kv::testing::index::{Ballot, Index, InsertOutcome};
+use swarm_kv::testing::index::{Ballot, Index, InsertOutcome, Meta, Proposal};
 use swarm_sim::{Fault, SimConfig, SimFabric, SimRng, SimRunner, SimWorld, for_each_seed};
 
 /// What a scenario injects.
@@ -656,6 +656,180 @@ fn late_tagged_removes_leave_later_lives_of_their_mapping_alone() {
             ..scenario(seed)
         });
     });
+}
+
+/// The bucket words of a scripted state (the layout of `swarm_kv::index::word`).
+mod words {
+    use super::*;
+
+    /// A meta word: `promised`, and `proposal` accepted under `accepted` (classic).
+    pub fn meta(promised: u16, accepted: u16, proposal: Proposal) -> u64 {
+        Meta {
+            promised: Ballot(promised),
+            accepted: Some((Ballot(accepted), proposal)),
+            fast: false,
+        }
+        .encode()
+    }
+
+    /// A slot word mapping `register` under `tag`, with the key's fingerprint `fp`
+    /// (0: applied by a helper, not acknowledged by the change's owner).
+    pub fn mapped(tag: u16, fp: u32, register: u64) -> u64 {
+        u64::from(tag) << 48 | 1 << 47 | u64::from(fp) << 27 | register
+    }
+
+    /// A slot word cleared under `tag` by the remove with `nonce`, written by it.
+    pub fn cleared(tag: u16, nonce: u32) -> u64 {
+        u64::from(tag) << 48 | 1 << 27 | u64::from(nonce)
+    }
+
+    /// Writes the meta word and slot 0 of `key`'s candidate buckets on `node`.
+    pub fn poke(world: &SimWorld, ix: &Index, key: &str, node: u16, meta: u64, slot0: u64) {
+        let hash = ix.key_hash(key.as_bytes()).expect("a valid key");
+        for bucket in [hash.first, hash.second] {
+            let at = ix.layout().bucket(bucket);
+            let mut bytes = meta.to_le_bytes().to_vec();
+            bytes.extend_from_slice(&slot0.to_le_bytes());
+            world.poke(NodeId(node), at, &bytes).expect("poke");
+        }
+    }
+}
+
+#[test]
+fn a_later_life_of_an_unacknowledged_change_is_waited_for_again() {
+    // The schedule of `late_tagged_removes_leave_later_lives_of_their_mapping_alone`'s
+    // seed 1601521485, scripted. An insert of k0 -> r6 was decided under ballot 13 and
+    // applied by a helper (its client crashed: never acknowledged), and a plain remove
+    // of k0 -> r6 waits the acknowledgement wait before replacing it. Meanwhile the
+    // mapping ends and r6 comes back to k0 in the same slot: a later life, decided
+    // under ballot 24 and again applied by a helper, whose owner has not seen it yet
+    // (the remove saw neither the end nor the second insert: the pokes jump over
+    // them). It is the same proposal, `SET slot 0 := r6`, but another change: the
+    // remove must give its owner a whole wait from when it first saw it, or the owner,
+    // finding a newer value in its stead, takes its insert for never decided and
+    // proposes it again (one insert, two lives; three removes returned true).
+    let layout = layout_on(3, 64, 2);
+    let world = SimWorld::new(
+        1,
+        SimConfig::new(3, layout.end() as usize).keep_trace(false),
+    );
+    let mut runner = SimRunner::new(&world);
+    let (key, r) = ("k0", 6);
+    sim_header(&world, &layout, r, key.as_bytes());
+    let config = sim_config(2);
+    let ack_wait = config.ack_wait_ns;
+    let ix = index(&layout, 3, config);
+    let set = Proposal::Set {
+        slot: 0,
+        register: r,
+    };
+    for node in 0..3 {
+        words::poke(
+            &world,
+            &ix,
+            key,
+            node,
+            words::meta(13, 13, set),
+            words::mapped(13, 0, r),
+        );
+    }
+    // The later life appears three quarters into the remove's wait for the first.
+    let later = ack_wait * 3 / 4;
+    let (w, pix) = (world.clone(), ix.clone());
+    runner.spawn_at(later, world.client().id(), async move {
+        for node in 0..3 {
+            words::poke(
+                &w,
+                &pix,
+                key,
+                node,
+                words::meta(24, 24, set),
+                words::mapped(24, 0, r),
+            );
+        }
+    });
+    let fabric = world.client();
+    let remove = runner.spawn(fabric.id(), async move {
+        let stats = OpStats::new();
+        ix.remove(&fabric, &stats, key.as_bytes(), r).await
+    });
+    runner.run().unwrap_or_else(|e| panic!("{e}"));
+    let ended = remove.finished_at().expect("the remove returned");
+    assert_eq!(remove.take(), Some(Ok(true)));
+    assert!(
+        ended >= later + ack_wait,
+        "the remove replaced the later life at {ended} ns, less than the acknowledgement \
+         wait ({ack_wait} ns) after it appeared at {later} ns"
+    );
+}
+
+#[test]
+fn an_earlier_life_on_a_lagging_copy_is_not_the_later_one() {
+    // The schedule of `late_tagged_removes_leave_later_lives_of_their_mapping_alone`'s
+    // seed 9004570, scripted. k0 -> r3 was mapped under ballot 3 (an earlier life),
+    // removed under ballot 4, and mapped again, to r3 in the same slot, under ballot
+    // 5: decided (nodes 0 and 2 accepted it) and its insert returned. Node 1 missed
+    // the remove and the insert: its copy still shows the earlier life, in the meta
+    // word and the slot. Node 2 is down, so a lookup reads nodes 0 and 1: the later
+    // `SET` is accepted by one copy and the other's slot shows r3, but under the
+    // earlier life's tag. Taking that for the change applied, the lookup read the
+    // slot as node 0 shows it (empty) and reported k0 absent after the insert had
+    // returned.
+    let layout = layout_on(3, 64, 2);
+    let world = SimWorld::new(
+        1,
+        SimConfig::new(3, layout.end() as usize).keep_trace(false),
+    );
+    let mut runner = SimRunner::new(&world);
+    let (key, r) = ("k0", 3);
+    sim_header(&world, &layout, r, key.as_bytes());
+    let ix = index(&layout, 3, sim_config(3));
+    let ix_hash = ix.clone();
+    let fp = ix.key_hash(key.as_bytes()).expect("a valid key").fp;
+    let set = Proposal::Set {
+        slot: 0,
+        register: r,
+    };
+    let (later, remove) = (words::meta(5, 5, set), words::cleared(4, 0x1_0001));
+    words::poke(&world, &ix, key, 0, later, remove);
+    words::poke(&world, &ix, key, 2, later, remove);
+    words::poke(
+        &world,
+        &ix,
+        key,
+        1,
+        words::meta(4, 3, set),
+        words::mapped(3, fp, r),
+    );
+    world.crash(NodeId(2));
+    let fabric = world.client();
+    let resolved = runner.spawn(fabric.id(), async move {
+        let stats = OpStats::new();
+        ix.resolve(&fabric, &stats, key.as_bytes()).await
+    });
+    runner.run().unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        resolved.take(),
+        Some(Ok(Some(r))),
+        "the later life is decided"
+    );
+    // The lookup settled it, and its apply did not take node 1's earlier life for
+    // the later one: that copy now shows r3 under a tag no older than ballot 5.
+    world.drain();
+    let hash = ix_hash.key_hash(key.as_bytes()).expect("a valid key");
+    let at = layout.bucket(hash.first) + 8;
+    let word = u64::from_le_bytes(
+        world
+            .peek(NodeId(1), at, 8)
+            .expect("peek")
+            .try_into()
+            .unwrap(),
+    );
+    let (tag, register) = (Ballot((word >> 48) as u16), word & ((1 << 27) - 1));
+    assert!(
+        register == r && word >> 47 & 1 == 1 && tag.at_least(Ballot(5)),
+        "node 1's slot: {word:#x}"
+    );
 }
 
 #[test]

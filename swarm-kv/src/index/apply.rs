@@ -53,10 +53,14 @@ impl<F: Fabric> Engine<'_, F> {
         let addr = self.slot_addr(i, s);
         let target = applied_slot(ballot, proposal, owner_fp);
         let helper_word = applied_slot(ballot, proposal, None).encode();
+        // Whether `slot` is the change itself: its content under a tag no older than
+        // its ballot (the same content under an older tag is an earlier life of the
+        // mapping, `bucket`'s module docs, and is overwritten like any older word).
+        let is_change = |slot: &Slot| slot.content() == content && slot.tag.at_least(ballot);
         // Whether the slot, as `word`, already holds the change as needed.
         let holds = |word: u64| {
             Slot::decode(word).is_ok_and(|slot| {
-                if slot.content() == content {
+                if is_change(&slot) {
                     owner_fp.is_none() || slot.by_owner()
                 } else {
                     slot.tag.is_newer_than(ballot)
@@ -78,7 +82,7 @@ impl<F: Fabric> Engine<'_, F> {
                         new: current,
                         mark_helper: false,
                     }),
-                    Ok(slot) if slot.content() == content => Some(ApplyPlan {
+                    Ok(slot) if is_change(&slot) => Some(ApplyPlan {
                         current,
                         new: Slot {
                             tag: slot.tag,

@@ -16,6 +16,23 @@
 //! change as proof made an insert whose `SET` one node had accepted report the key
 //! mapped to a register no index slot ever held, after another client's insert and
 //! delete of the key had gone through: `tests/delete_race_sim.rs`, seed 797.
+//!
+//! **Lives of a mapping.** A `SET slot := register` is not unique: registers are
+//! recycled, and a key may map to the same register again, in the same slot (a later
+//! *life* of the mapping), so a slot copy showing the register may show an earlier
+//! life. It holds the newest accepted change only under a tag no older than the
+//! change's ballot. Why that tells them apart: the earlier life was ended by a change
+//! of its slot (a `CLEAR`, or a `SET` of another register) decided under a newer
+//! ballot and done, applied on a quorum, before the later life's `SET` was first
+//! proposed ("eras", module docs of [`super`]), so the earlier life's tag is older
+//! than any ballot the later `SET` is accepted under. A copy of the change itself
+//! applied under an older ballot of its own (it was accepted again under a newer one
+//! by a proposer that did not see that copy) is not counted either: the change then
+//! looks open or partial, and is accepted again or applied again, which Paxos and the
+//! idempotent apply allow. Counting the earlier life's lagging copy made a lookup
+//! take a `SET` accepted by one copy of its quorum for applied ([`Status::Partial`])
+//! and report the key absent after the insert that decided it had returned
+//! (`tests/index_sim.rs`, `an_earlier_life_on_a_lagging_copy_is_not_the_later_one`).
 
 use super::word::{Ballot, Meta, Proposal, SLOTS, Slot, SlotState, WordError};
 use crate::layout::BUCKET_BYTES;
@@ -160,9 +177,11 @@ pub struct Latest {
     pub same: usize,
     /// Copies whose slot shows the change applied, or a newer change.
     pub applied: usize,
-    /// Copies whose slot holds the change itself (of `applied`): only decided changes
-    /// are applied, so one such copy proves it decided. A newer change in the slot
-    /// proves only that the change's era is over ([`View::superseded_unproven`]).
+    /// Copies whose slot holds the change itself (of `applied`): its content under a
+    /// tag no older than its ballot. Only decided changes are applied, so one such
+    /// copy proves it decided. A newer change in the slot proves only that the
+    /// change's era is over ([`View::superseded_unproven`]); the same content under an
+    /// older tag proves nothing (an earlier life of the mapping, module docs).
     pub held: usize,
     /// Some copy shows the change written by its owner, or a newer change in its slot:
     /// the owner no longer needs the meta word to learn its fate.
@@ -264,13 +283,17 @@ impl View {
                 for copy in copies {
                     let slot = copy.slots[s];
                     let newer = slot.tag.is_newer_than(ballot) && slot.content() != content;
-                    if slot.content() == content {
+                    // The change itself only under a tag no older than its ballot:
+                    // an older copy of the same content is an earlier life of the
+                    // mapping ("Lives of a mapping" above).
+                    let holds = slot.content() == content && slot.tag.at_least(ballot);
+                    if holds {
                         held += 1;
                     }
-                    if slot.content() == content || newer {
+                    if holds || newer {
                         applied += 1;
                     }
-                    marked |= newer || (slot.content() == content && slot.by_owner());
+                    marked |= newer || (holds && slot.by_owner());
                 }
             }
             Latest {
@@ -610,6 +633,46 @@ mod tests {
         let fast_unproven = view(&[copy(fast, empty), copy(fast, newer)]);
         assert!(fast_unproven.superseded_unproven());
         assert!(matches!(fast_unproven.status(), Status::Open { .. }));
+    }
+
+    /// `tests/index_sim.rs`'s seed 9004570, as a lookup saw it: a register came back
+    /// to its key, in the same slot. One copy accepted the later life's `SET` (ballot
+    /// 5) and shows the remove that ended the earlier life (ballot 4) in the slot; the
+    /// other missed both and still shows the earlier life itself (ballot 3). That copy
+    /// does not hold the later `SET`: it is open, not applied anywhere (taken for
+    /// partial, the lookup read the slot empty after the insert had returned).
+    #[test]
+    fn an_earlier_life_of_the_same_mapping_does_not_hold_the_later_one() {
+        let empty = [Slot::EMPTY; SLOTS];
+        let mut cleared = empty;
+        cleared[2] = applied_slot(Ballot(4), Proposal::Clear { slot: 2, nonce: 9 }, Some(11));
+        let mut earlier = empty;
+        earlier[2] = applied_slot(Ballot(3), SET, Some(11));
+        let later = accepted(5, SET).with_promise(Ballot(5));
+        let lagging = accepted(3, SET).with_promise(Ballot(4));
+        let v = View::merge(&[copy(later, cleared), copy(lagging, earlier)], 2).unwrap();
+        let latest = v.latest.unwrap();
+        assert_eq!((latest.held, latest.applied, latest.marked), (0, 0, false));
+        assert_eq!(
+            v.status(),
+            Status::Open {
+                ballot: Ballot(5),
+                proposal: SET
+            }
+        );
+        assert_eq!(
+            v.readable(),
+            None,
+            "the lookup settles it, it does not read past it"
+        );
+        // The later life applied on one copy: partial (decided), and the earlier
+        // life's copy still counts for nothing.
+        let mut applied = empty;
+        applied[2] = applied_slot(Ballot(5), SET, None);
+        let v = View::merge(&[copy(later, applied), copy(lagging, earlier)], 2).unwrap();
+        let latest = v.latest.unwrap();
+        assert_eq!((latest.held, latest.applied), (1, 1));
+        assert!(matches!(v.status(), Status::Partial { .. }));
     }
 
     #[test]
