@@ -8,7 +8,7 @@
 mod index_support;
 
 use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::rc::Rc;
 
 use index_support::{Log, index, layout, layout_on, sim_config, sim_header, value};
@@ -69,6 +69,9 @@ struct Shared {
     retired: Rc<RefCell<HashMap<String, Vec<u64>>>>,
     /// Every insert that returned `Inserted`: key, register, start, end.
     lives: Rc<RefCell<Vec<Life>>>,
+    /// Registers of inserts that have not returned (their client crashed, if the run
+    /// is over): such an insert may still take effect, finished by a later update.
+    unfinished: Rc<RefCell<HashSet<u64>>>,
 }
 
 /// An insert that returned `Inserted`: its key, its register, when it began and ended.
@@ -86,6 +89,7 @@ impl Shared {
             errors: Rc::new(RefCell::new(Vec::new())),
             retired: Rc::new(RefCell::new(HashMap::new())),
             lives: Rc::new(RefCell::new(Vec::new())),
+            unfinished: Rc::new(RefCell::new(HashSet::new())),
         }
     }
 
@@ -272,12 +276,14 @@ async fn client_task(
         } else if roll < 65 {
             let r = shared.register_to_insert(&key, lives && rng.below(10) < 7, &mut rng);
             let id = log.begin(c, OpKind::Insert, &key, Some(&value(r)), start);
+            shared.unfinished.borrow_mut().insert(r);
             let inserted = if blind {
                 let nodes = shared.world.node_count();
                 blind_insert(&ix, &fabric, &stats, nodes, key.as_bytes(), r).await
             } else {
                 ix.insert(&fabric, &stats, key.as_bytes(), r).await
             };
+            shared.unfinished.borrow_mut().remove(&r);
             match inserted {
                 Ok(InsertOutcome::Inserted) => {
                     let end = world.now();
@@ -382,11 +388,33 @@ async fn verify_task(shared: Shared, ix: Index, fabric: SimFabric, c: u64, keys:
             log.end(id, OpKind::Delete, None, true, world.now());
         }
         let fresh = shared.register_for(&key);
-        let id = log.begin(c, OpKind::Insert, &key, Some(&value(fresh)), world.now());
-        let out = ix
+        let mut id = log.begin(c, OpKind::Insert, &key, Some(&value(fresh)), world.now());
+        let mut out = ix
             .insert(&fabric, &stats, key.as_bytes(), fresh)
             .await
             .expect("insert");
+        if let InsertOutcome::Exists(x) = out
+            && shared.unfinished.borrow().contains(&x)
+        {
+            // The insert of a crashed client, left accepted by some nodes (a fast
+            // round on all but one, say: not decided, so the lookup above rightly
+            // found nothing), which this insert's promise found and finished: it took
+            // effect now. Recorded as what it was (this insert read the key mapped to
+            // `x`), removed, and the key inserted again.
+            log.end(id, OpKind::Get, Some(value(x)), true, world.now());
+            let removal = log.begin(c, OpKind::Delete, &key, None, world.now());
+            let removed = ix
+                .remove(&fabric, &stats, key.as_bytes(), x)
+                .await
+                .expect("remove");
+            assert!(removed, "{key}: could not remove its mapping to {x}");
+            log.end(removal, OpKind::Delete, None, true, world.now());
+            id = log.begin(c, OpKind::Insert, &key, Some(&value(fresh)), world.now());
+            out = ix
+                .insert(&fabric, &stats, key.as_bytes(), fresh)
+                .await
+                .expect("insert");
+        }
         assert_eq!(
             out,
             InsertOutcome::Inserted,
