@@ -20,21 +20,26 @@
 //! **Lives of a mapping.** A `SET slot := register` is not unique: registers are
 //! recycled, and a key may map to the same register again, in the same slot (a later
 //! *life* of the mapping), so a slot copy showing the register may show an earlier
-//! life. It holds the newest accepted change only under a tag no older than the
-//! change's ballot. Why that tells them apart: the earlier life was ended by a change
-//! of its slot (a `CLEAR`, or a `SET` of another register) decided under a newer
-//! ballot and done, applied on a quorum, before the later life's `SET` was first
-//! proposed ("eras", module docs of [`super`]), so the earlier life's tag is older
-//! than any ballot the later `SET` is accepted under. A copy of the change itself
-//! applied under an older ballot of its own (it was accepted again under a newer one
-//! by a proposer that did not see that copy) is not counted either: the change then
-//! looks open or partial, and is accepted again or applied again, which Paxos and the
-//! idempotent apply allow. Counting the earlier life's lagging copy made a lookup
-//! take a `SET` accepted by one copy of its quorum for applied ([`Status::Partial`])
-//! and report the key absent after the insert that decided it had returned
-//! (`tests/index_sim.rs`, `an_earlier_life_on_a_lagging_copy_is_not_the_later_one`).
+//! life. The changes of a bucket are decided one era after the other, each done
+//! (applied on a quorum) before the next is proposed (module docs of [`super`],
+//! "eras"), so the change that ended the earlier life was decided and applied before
+//! the later `SET` was first accepted, and while that `SET` is the newest accepted
+//! value no other change of its slot is decided. So a copy of the same content under
+//! a tag older than another copy's change of that slot (one not newer than the
+//! `SET`'s ballot: [`earlier_life_floor`]) is an earlier life, and does not hold the
+//! newest change ([`holds_change`]); nor does `apply.rs` take it for applied. Tags
+//! alone would not do: a done change is accepted again under newer ballots (an
+//! insert's fence of the other bucket), so its copies' tags are older than its
+//! ballot without being another life. Counting the earlier life's lagging copy made a
+//! lookup take a `SET` accepted by one copy of its quorum for applied
+//! ([`Status::Partial`]) and report the key absent after the insert that decided it
+//! had returned (`tests/index_sim.rs`,
+//! `an_earlier_life_on_a_lagging_copy_is_not_the_later_one`). What this cannot tell:
+//! a view none of whose copies shows a change of the slot between the two lives (one
+//! copy of the later life, one lagging copy of the earlier one, the copies of the
+//! change that ended it all out of the view); the earlier life's copy then counts.
 
-use super::word::{Ballot, Meta, Proposal, SLOTS, Slot, SlotState, WordError};
+use super::word::{Ballot, Content, Meta, Proposal, SLOTS, Slot, SlotState, WordError};
 use crate::layout::BUCKET_BYTES;
 
 /// Why a bucket copy (or a set of copies) is refused.
@@ -177,11 +182,10 @@ pub struct Latest {
     pub same: usize,
     /// Copies whose slot shows the change applied, or a newer change.
     pub applied: usize,
-    /// Copies whose slot holds the change itself (of `applied`): its content under a
-    /// tag no older than its ballot. Only decided changes are applied, so one such
-    /// copy proves it decided. A newer change in the slot proves only that the
-    /// change's era is over ([`View::superseded_unproven`]); the same content under an
-    /// older tag proves nothing (an earlier life of the mapping, module docs).
+    /// Copies whose slot holds the change itself (of `applied`): its content, not an
+    /// earlier life of it ([`holds_change`]). Only decided changes are applied, so one
+    /// such copy proves it decided. A newer change in the slot proves only that the
+    /// change's era is over ([`View::superseded_unproven`]).
     pub held: usize,
     /// Some copy shows the change written by its owner, or a newer change in its slot:
     /// the owner no longer needs the meta word to learn its fate.
@@ -280,13 +284,13 @@ impl View {
                 .count();
             let (mut applied, mut held, mut marked) = (0, 0, false);
             if let (Some(s), Some(content)) = (proposal.slot(), proposal.content()) {
+                let floor = earlier_life_floor(copies.iter().map(|c| c.slots[s]), ballot, content);
                 for copy in copies {
                     let slot = copy.slots[s];
                     let newer = slot.tag.is_newer_than(ballot) && slot.content() != content;
-                    // The change itself only under a tag no older than its ballot:
-                    // an older copy of the same content is an earlier life of the
-                    // mapping ("Lives of a mapping" above).
-                    let holds = slot.content() == content && slot.tag.at_least(ballot);
+                    // Not a copy of an earlier life of the mapping ("lives of a
+                    // mapping" above).
+                    let holds = holds_change(slot, content, floor);
                     if holds {
                         held += 1;
                     }
@@ -430,6 +434,28 @@ pub fn newest_accepted(
         }
         other => Ok(other),
     }
+}
+
+/// The newest tag, among `slots` (copies of one slot), of a change of that slot other
+/// than the newest accepted change, `content` accepted under `ballot`, and not newer
+/// than it: a copy of `content` under a tag no newer than that is an earlier life of
+/// the mapping (module docs, "lives of a mapping"). `None` if no copy shows one.
+pub fn earlier_life_floor(
+    slots: impl Iterator<Item = Slot>,
+    ballot: Ballot,
+    content: Content,
+) -> Option<Ballot> {
+    slots
+        .filter(|slot| slot.content() != content && !slot.tag.is_newer_than(ballot))
+        .map(|slot| slot.tag)
+        .reduce(Ballot::newest)
+}
+
+/// Whether `slot` holds the newest accepted change, whose content is `content`, given
+/// the [`earlier_life_floor`] of the copies of its slot: its content, under a tag
+/// newer than any other change of the slot that preceded it.
+pub fn holds_change(slot: Slot, content: Content, floor: Option<Ballot>) -> bool {
+    slot.content() == content && floor.is_none_or(|floor| slot.tag.is_newer_than(floor))
 }
 
 /// How many of a bucket's slots are free.
@@ -665,14 +691,30 @@ mod tests {
             None,
             "the lookup settles it, it does not read past it"
         );
-        // The later life applied on one copy: partial (decided), and the earlier
-        // life's copy still counts for nothing.
+        // A done change accepted again under a newer ballot (an insert's fence of
+        // the bucket) is still held by the copies applied under its first one: no
+        // change of the slot came between.
         let mut applied = empty;
         applied[2] = applied_slot(Ballot(5), SET, None);
-        let v = View::merge(&[copy(later, applied), copy(lagging, earlier)], 2).unwrap();
+        let fenced = accepted(9, SET);
+        let v = View::merge(
+            &[
+                copy(fenced, applied),
+                copy(fenced, applied),
+                copy(later, cleared),
+            ],
+            2,
+        )
+        .unwrap();
         let latest = v.latest.unwrap();
-        assert_eq!((latest.held, latest.applied), (1, 1));
-        assert!(matches!(v.status(), Status::Partial { .. }));
+        assert_eq!((latest.held, latest.applied), (2, 2));
+        assert_eq!(
+            v.status(),
+            Status::Unacked {
+                ballot: Ballot(9),
+                proposal: SET
+            }
+        );
     }
 
     #[test]

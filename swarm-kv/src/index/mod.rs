@@ -207,25 +207,31 @@
 //! object, so no value comes back; with recycled registers it does. The register
 //! words answer the stores of an earlier life with words that never repeat
 //! (`crate::registers::reset`, after rTX's "fly WRITE", seed `rtx.txt`); here the
-//! ballot plays that part: each life's `SET` is decided under its own ballot, newer
-//! than the one that ended the earlier life, and every judgement that names another
-//! client's change names it by ballot and value, never by value alone:
+//! slot tag plays that part. The changes of a bucket are decided one era after the
+//! other, each applied on a quorum before the next is proposed ("eras"), so the
+//! earlier life's copies carry tags older than the change that ended it, and the
+//! later life's copies tags newer than that. (Not the ballot alone: a done change is
+//! accepted again under newer ballots, by every insert that fences its bucket, without
+//! becoming another change.) Every judgement that names another client's change
+//! tells the lives apart:
 //!
-//! * **Slot copies** hold the newest accepted change only under a tag no older than
-//!   its ballot (`bucket.rs`, "lives of a mapping"); `apply.rs` overwrites an older
-//!   copy of the same content like any older word. Counting a lagging copy of the
-//!   earlier life as the later one applied made a lookup read past a decided `SET`
-//!   accepted by one copy of its quorum and report the key absent after its insert
-//!   had returned (`tests/index_sim.rs`,
-//!   `an_earlier_life_on_a_lagging_copy_is_not_the_later_one`).
-//! * **Acknowledgement waits** run per change, ballot and value (`update.rs`,
-//!   `Owner`): a proposer that waited out the earlier life's wait must wait again for
-//!   the later one, which is what keeps the later one visible to its owner for
-//!   `ack_wait_ns` ("knowing one's fate"). Taking it for the earlier one, a remove
-//!   replaced it at once; its insert, seeing neither its value nor its slot any more
-//!   and a newer value accepted by a quorum, took itself for never decided and
-//!   proposed its `SET` again: one insert, two lives, and three removes that
-//!   returned `true` (`a_later_life_of_an_unacknowledged_change_is_waited_for_again`).
+//! * **Slot copies** of the same content under a tag older than another copy's
+//!   change of that slot are an earlier life, and do not hold the newest accepted
+//!   change (`bucket.rs`, "lives of a mapping"); `apply.rs` overwrites them like any
+//!   older word. Counting a lagging copy of the earlier life as the later one applied
+//!   made a lookup read past a decided `SET` accepted by one copy of its quorum and
+//!   report the key absent after its insert had returned (`tests/index_sim.rs`,
+//!   `an_earlier_life_on_a_lagging_copy_is_not_the_later_one`). A view that holds no
+//!   copy of the change between the lives cannot tell them apart (`bucket.rs`).
+//! * **Acknowledgement waits** run per change, named by value and the tag of its
+//!   applied copies (`update.rs`, `Owner`): a proposer that waited out the earlier
+//!   life's wait must wait again for the later one, which is what keeps the later
+//!   one visible to its owner for `ack_wait_ns` ("knowing one's fate"). Taking it for
+//!   the earlier one, a remove replaced it at once; its insert, seeing neither its
+//!   value nor its slot any more and a newer value accepted by a quorum, took itself
+//!   for never decided and proposed its `SET` again: one insert, two lives, and three
+//!   removes that returned `true`
+//!   (`a_later_life_of_an_unacknowledged_change_is_waited_for_again`).
 //!
 //! A proposer's *own* watch may compare values alone: while its insert or replace
 //! runs, nobody else is given its register, so no other life of its `SET` can be
