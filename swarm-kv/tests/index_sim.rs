@@ -8,7 +8,7 @@
 mod index_support;
 
 use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::rc::Rc;
 
 use index_support::{Log, index, layout, layout_on, sim_config, sim_header, value};
@@ -18,7 +18,7 @@ use swarm_core::quorum::broadcast_until;
 use swarm_core::{Batch, OpStats};
 use swarm_kv::admin::IndexError;
 use swarm_kv::admin::NodeLayout;
-use swarm_kv::testing::index::{Ballot, Index, InsertOutcome};
+use swarm_kv::testing::index::{Ballot, Index, InsertOutcome, Meta, Proposal};
 use swarm_sim::{Fault, SimConfig, SimFabric, SimRng, SimRunner, SimWorld, for_each_seed};
 
 /// What a scenario injects.
@@ -69,6 +69,9 @@ struct Shared {
     retired: Rc<RefCell<HashMap<String, Vec<u64>>>>,
     /// Every insert that returned `Inserted`: key, register, start, end.
     lives: Rc<RefCell<Vec<Life>>>,
+    /// Registers of inserts that have not returned (their client crashed, if the run
+    /// is over): such an insert may still take effect, finished by a later update.
+    unfinished: Rc<RefCell<HashSet<u64>>>,
 }
 
 /// An insert that returned `Inserted`: its key, its register, when it began and ended.
@@ -86,6 +89,7 @@ impl Shared {
             errors: Rc::new(RefCell::new(Vec::new())),
             retired: Rc::new(RefCell::new(HashMap::new())),
             lives: Rc::new(RefCell::new(Vec::new())),
+            unfinished: Rc::new(RefCell::new(HashSet::new())),
         }
     }
 
@@ -272,12 +276,14 @@ async fn client_task(
         } else if roll < 65 {
             let r = shared.register_to_insert(&key, lives && rng.below(10) < 7, &mut rng);
             let id = log.begin(c, OpKind::Insert, &key, Some(&value(r)), start);
+            shared.unfinished.borrow_mut().insert(r);
             let inserted = if blind {
                 let nodes = shared.world.node_count();
                 blind_insert(&ix, &fabric, &stats, nodes, key.as_bytes(), r).await
             } else {
                 ix.insert(&fabric, &stats, key.as_bytes(), r).await
             };
+            shared.unfinished.borrow_mut().remove(&r);
             match inserted {
                 Ok(InsertOutcome::Inserted) => {
                     let end = world.now();
@@ -382,11 +388,46 @@ async fn verify_task(shared: Shared, ix: Index, fabric: SimFabric, c: u64, keys:
             log.end(id, OpKind::Delete, None, true, world.now());
         }
         let fresh = shared.register_for(&key);
-        let id = log.begin(c, OpKind::Insert, &key, Some(&value(fresh)), world.now());
-        let out = ix
-            .insert(&fabric, &stats, key.as_bytes(), fresh)
-            .await
-            .expect("insert");
+        let mut id = log.begin(c, OpKind::Insert, &key, Some(&value(fresh)), world.now());
+        let mut out = match ix.insert(&fabric, &stats, key.as_bytes(), fresh).await {
+            // A key whose candidates are one bucket, which keys that had a choice
+            // filled (capacity, as in `client_task`, whose history keeps such an
+            // insert with an unknown outcome): the index changed nothing, and the
+            // key stays absent.
+            Err(IndexError::Full { .. }) => {
+                let id = log.begin(c, OpKind::Get, &key, None, world.now());
+                let r = ix
+                    .resolve(&fabric, &stats, key.as_bytes())
+                    .await
+                    .expect("resolve");
+                log.end(id, OpKind::Get, r.map(value), true, world.now());
+                assert_eq!(r, None, "{key}: mapped, yet its insert found no room");
+                continue;
+            }
+            out => out.expect("insert"),
+        };
+        if let InsertOutcome::Exists(x) = out
+            && shared.unfinished.borrow().contains(&x)
+        {
+            // The insert of a crashed client, left accepted by some nodes (a fast
+            // round on all but one, say: not decided, so the lookup above rightly
+            // found nothing), which this insert's promise found and finished: it took
+            // effect now. Recorded as what it was (this insert read the key mapped to
+            // `x`), removed, and the key inserted again.
+            log.end(id, OpKind::Get, Some(value(x)), true, world.now());
+            let removal = log.begin(c, OpKind::Delete, &key, None, world.now());
+            let removed = ix
+                .remove(&fabric, &stats, key.as_bytes(), x)
+                .await
+                .expect("remove");
+            assert!(removed, "{key}: could not remove its mapping to {x}");
+            log.end(removal, OpKind::Delete, None, true, world.now());
+            id = log.begin(c, OpKind::Insert, &key, Some(&value(fresh)), world.now());
+            out = ix
+                .insert(&fabric, &stats, key.as_bytes(), fresh)
+                .await
+                .expect("insert");
+        }
         assert_eq!(
             out,
             InsertOutcome::Inserted,
@@ -656,6 +697,180 @@ fn late_tagged_removes_leave_later_lives_of_their_mapping_alone() {
             ..scenario(seed)
         });
     });
+}
+
+/// The bucket words of a scripted state (the layout of `swarm_kv::index::word`).
+mod words {
+    use super::*;
+
+    /// A meta word: `promised`, and `proposal` accepted under `accepted` (classic).
+    pub fn meta(promised: u16, accepted: u16, proposal: Proposal) -> u64 {
+        Meta {
+            promised: Ballot(promised),
+            accepted: Some((Ballot(accepted), proposal)),
+            fast: false,
+        }
+        .encode()
+    }
+
+    /// A slot word mapping `register` under `tag`, with the key's fingerprint `fp`
+    /// (0: applied by a helper, not acknowledged by the change's owner).
+    pub fn mapped(tag: u16, fp: u32, register: u64) -> u64 {
+        u64::from(tag) << 48 | 1 << 47 | u64::from(fp) << 27 | register
+    }
+
+    /// A slot word cleared under `tag` by the remove with `nonce`, written by it.
+    pub fn cleared(tag: u16, nonce: u32) -> u64 {
+        u64::from(tag) << 48 | 1 << 27 | u64::from(nonce)
+    }
+
+    /// Writes the meta word and slot 0 of `key`'s candidate buckets on `node`.
+    pub fn poke(world: &SimWorld, ix: &Index, key: &str, node: u16, meta: u64, slot0: u64) {
+        let hash = ix.key_hash(key.as_bytes()).expect("a valid key");
+        for bucket in [hash.first, hash.second] {
+            let at = ix.layout().bucket(bucket);
+            let mut bytes = meta.to_le_bytes().to_vec();
+            bytes.extend_from_slice(&slot0.to_le_bytes());
+            world.poke(NodeId(node), at, &bytes).expect("poke");
+        }
+    }
+}
+
+#[test]
+fn a_later_life_of_an_unacknowledged_change_is_waited_for_again() {
+    // The schedule of `late_tagged_removes_leave_later_lives_of_their_mapping_alone`'s
+    // seed 1601521485, scripted. An insert of k0 -> r6 was decided under ballot 13 and
+    // applied by a helper (its client crashed: never acknowledged), and a plain remove
+    // of k0 -> r6 waits the acknowledgement wait before replacing it. Meanwhile the
+    // mapping ends and r6 comes back to k0 in the same slot: a later life, decided
+    // under ballot 24 and again applied by a helper, whose owner has not seen it yet
+    // (the remove saw neither the end nor the second insert: the pokes jump over
+    // them). It is the same proposal, `SET slot 0 := r6`, but another change: the
+    // remove must give its owner a whole wait from when it first saw it, or the owner,
+    // finding a newer value in its stead, takes its insert for never decided and
+    // proposes it again (one insert, two lives; three removes returned true).
+    let layout = layout_on(3, 64, 2);
+    let world = SimWorld::new(
+        1,
+        SimConfig::new(3, layout.end() as usize).keep_trace(false),
+    );
+    let mut runner = SimRunner::new(&world);
+    let (key, r) = ("k0", 6);
+    sim_header(&world, &layout, r, key.as_bytes());
+    let config = sim_config(2);
+    let ack_wait = config.ack_wait_ns;
+    let ix = index(&layout, 3, config);
+    let set = Proposal::Set {
+        slot: 0,
+        register: r,
+    };
+    for node in 0..3 {
+        words::poke(
+            &world,
+            &ix,
+            key,
+            node,
+            words::meta(13, 13, set),
+            words::mapped(13, 0, r),
+        );
+    }
+    // The later life appears three quarters into the remove's wait for the first.
+    let later = ack_wait * 3 / 4;
+    let (w, pix) = (world.clone(), ix.clone());
+    runner.spawn_at(later, world.client().id(), async move {
+        for node in 0..3 {
+            words::poke(
+                &w,
+                &pix,
+                key,
+                node,
+                words::meta(24, 24, set),
+                words::mapped(24, 0, r),
+            );
+        }
+    });
+    let fabric = world.client();
+    let remove = runner.spawn(fabric.id(), async move {
+        let stats = OpStats::new();
+        ix.remove(&fabric, &stats, key.as_bytes(), r).await
+    });
+    runner.run().unwrap_or_else(|e| panic!("{e}"));
+    let ended = remove.finished_at().expect("the remove returned");
+    assert_eq!(remove.take(), Some(Ok(true)));
+    assert!(
+        ended >= later + ack_wait,
+        "the remove replaced the later life at {ended} ns, less than the acknowledgement \
+         wait ({ack_wait} ns) after it appeared at {later} ns"
+    );
+}
+
+#[test]
+fn an_earlier_life_on_a_lagging_copy_is_not_the_later_one() {
+    // The schedule of `late_tagged_removes_leave_later_lives_of_their_mapping_alone`'s
+    // seed 9004570, scripted. k0 -> r3 was mapped under ballot 3 (an earlier life),
+    // removed under ballot 4, and mapped again, to r3 in the same slot, under ballot
+    // 5: decided (nodes 0 and 2 accepted it) and its insert returned. Node 1 missed
+    // the remove and the insert: its copy still shows the earlier life, in the meta
+    // word and the slot. Node 2 is down, so a lookup reads nodes 0 and 1: the later
+    // `SET` is accepted by one copy and the other's slot shows r3, but under the
+    // earlier life's tag. Taking that for the change applied, the lookup read the
+    // slot as node 0 shows it (empty) and reported k0 absent after the insert had
+    // returned.
+    let layout = layout_on(3, 64, 2);
+    let world = SimWorld::new(
+        1,
+        SimConfig::new(3, layout.end() as usize).keep_trace(false),
+    );
+    let mut runner = SimRunner::new(&world);
+    let (key, r) = ("k0", 3);
+    sim_header(&world, &layout, r, key.as_bytes());
+    let ix = index(&layout, 3, sim_config(3));
+    let ix_hash = ix.clone();
+    let fp = ix.key_hash(key.as_bytes()).expect("a valid key").fp;
+    let set = Proposal::Set {
+        slot: 0,
+        register: r,
+    };
+    let (later, remove) = (words::meta(5, 5, set), words::cleared(4, 0x1_0001));
+    words::poke(&world, &ix, key, 0, later, remove);
+    words::poke(&world, &ix, key, 2, later, remove);
+    words::poke(
+        &world,
+        &ix,
+        key,
+        1,
+        words::meta(4, 3, set),
+        words::mapped(3, fp, r),
+    );
+    world.crash(NodeId(2));
+    let fabric = world.client();
+    let resolved = runner.spawn(fabric.id(), async move {
+        let stats = OpStats::new();
+        ix.resolve(&fabric, &stats, key.as_bytes()).await
+    });
+    runner.run().unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        resolved.take(),
+        Some(Ok(Some(r))),
+        "the later life is decided"
+    );
+    // The lookup settled it, and its apply did not take node 1's earlier life for
+    // the later one: that copy now shows r3 under a tag no older than ballot 5.
+    world.drain();
+    let hash = ix_hash.key_hash(key.as_bytes()).expect("a valid key");
+    let at = layout.bucket(hash.first) + 8;
+    let word = u64::from_le_bytes(
+        world
+            .peek(NodeId(1), at, 8)
+            .expect("peek")
+            .try_into()
+            .unwrap(),
+    );
+    let (tag, register) = (Ballot((word >> 48) as u16), word & ((1 << 27) - 1));
+    assert!(
+        register == r && word >> 47 & 1 == 1 && tag.at_least(Ballot(5)),
+        "node 1's slot: {word:#x}"
+    );
 }
 
 #[test]

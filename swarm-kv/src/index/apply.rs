@@ -11,7 +11,7 @@ use swarm_core::post_background;
 use swarm_core::quorum::broadcast_until;
 
 use super::IndexError;
-use super::bucket::applied_slot;
+use super::bucket::{applied_slot, earlier_life_floor, holds_change};
 use super::engine::Engine;
 use super::word::{Ballot, Proposal, SLOTS, Slot};
 
@@ -53,19 +53,29 @@ impl<F: Fabric> Engine<'_, F> {
         let addr = self.slot_addr(i, s);
         let target = applied_slot(ballot, proposal, owner_fp);
         let helper_word = applied_slot(ballot, proposal, None).encode();
-        // Whether the slot, as `word`, already holds the change as needed.
-        let holds = |word: u64| {
-            Slot::decode(word).is_ok_and(|slot| {
-                if slot.content() == content {
-                    owner_fp.is_none() || slot.by_owner()
-                } else {
-                    slot.tag.is_newer_than(ballot)
-                }
-            })
-        };
         self.refresh(i, Some(s), ballot)?;
         let mut confirmed = vec![false; self.ix.nodes];
         for _round in 0..3 {
+            // Whether `slot` is the change itself, not a copy of an earlier life of the
+            // mapping, as far as the copies known tell (`bucket`'s module docs): such
+            // a copy is overwritten like any older word.
+            let floor = earlier_life_floor(
+                (0..self.ix.nodes)
+                    .filter_map(|node| Slot::decode(self.expected_slot(node, i, s)).ok()),
+                ballot,
+                content,
+            );
+            let is_change = |slot: &Slot| holds_change(*slot, content, floor);
+            // Whether the slot, as `word`, already holds the change as needed.
+            let holds = |word: u64| {
+                Slot::decode(word).is_ok_and(|slot| {
+                    if is_change(&slot) {
+                        owner_fp.is_none() || slot.by_owner()
+                    } else {
+                        slot.content() != content && slot.tag.is_newer_than(ballot)
+                    }
+                })
+            };
             // One batch per unconfirmed node, with the word its first CAS expects and
             // writes; a second CAS marks a copy a helper wrote first.
             let mut plans: Vec<Option<ApplyPlan>> = Vec::with_capacity(self.ix.nodes);
@@ -78,7 +88,7 @@ impl<F: Fabric> Engine<'_, F> {
                         new: current,
                         mark_helper: false,
                     }),
-                    Ok(slot) if slot.content() == content => Some(ApplyPlan {
+                    Ok(slot) if is_change(&slot) => Some(ApplyPlan {
                         current,
                         new: Slot {
                             tag: slot.tag,

@@ -16,8 +16,30 @@
 //! change as proof made an insert whose `SET` one node had accepted report the key
 //! mapped to a register no index slot ever held, after another client's insert and
 //! delete of the key had gone through: `tests/delete_race_sim.rs`, seed 797.
+//!
+//! **Lives of a mapping.** A `SET slot := register` is not unique: registers are
+//! recycled, and a key may map to the same register again, in the same slot (a later
+//! *life* of the mapping), so a slot copy showing the register may show an earlier
+//! life. The changes of a bucket are decided one era after the other, each done
+//! (applied on a quorum) before the next is proposed (module docs of [`super`],
+//! "eras"), so the change that ended the earlier life was decided and applied before
+//! the later `SET` was first accepted, and while that `SET` is the newest accepted
+//! value no other change of its slot is decided. So a copy of the same content under
+//! a tag older than another copy's change of that slot (one not newer than the
+//! `SET`'s ballot: [`earlier_life_floor`]) is an earlier life, and does not hold the
+//! newest change ([`holds_change`]); nor does `apply.rs` take it for applied. Tags
+//! alone would not do: a done change is accepted again under newer ballots (an
+//! insert's fence of the other bucket), so its copies' tags are older than its
+//! ballot without being another life. Counting the earlier life's lagging copy made a
+//! lookup take a `SET` accepted by one copy of its quorum for applied
+//! ([`Status::Partial`]) and report the key absent after the insert that decided it
+//! had returned (`tests/index_sim.rs`,
+//! `an_earlier_life_on_a_lagging_copy_is_not_the_later_one`). What this cannot tell:
+//! a view none of whose copies shows a change of the slot between the two lives (one
+//! copy of the later life, one lagging copy of the earlier one, the copies of the
+//! change that ended it all out of the view); the earlier life's copy then counts.
 
-use super::word::{Ballot, Meta, Proposal, SLOTS, Slot, SlotState, WordError};
+use super::word::{Ballot, Content, Meta, Proposal, SLOTS, Slot, SlotState, WordError};
 use crate::layout::BUCKET_BYTES;
 
 /// Why a bucket copy (or a set of copies) is refused.
@@ -160,9 +182,10 @@ pub struct Latest {
     pub same: usize,
     /// Copies whose slot shows the change applied, or a newer change.
     pub applied: usize,
-    /// Copies whose slot holds the change itself (of `applied`): only decided changes
-    /// are applied, so one such copy proves it decided. A newer change in the slot
-    /// proves only that the change's era is over ([`View::superseded_unproven`]).
+    /// Copies whose slot holds the change itself (of `applied`): its content, not an
+    /// earlier life of it ([`holds_change`]). Only decided changes are applied, so one
+    /// such copy proves it decided. A newer change in the slot proves only that the
+    /// change's era is over ([`View::superseded_unproven`]).
     pub held: usize,
     /// Some copy shows the change written by its owner, or a newer change in its slot:
     /// the owner no longer needs the meta word to learn its fate.
@@ -261,16 +284,20 @@ impl View {
                 .count();
             let (mut applied, mut held, mut marked) = (0, 0, false);
             if let (Some(s), Some(content)) = (proposal.slot(), proposal.content()) {
+                let floor = earlier_life_floor(copies.iter().map(|c| c.slots[s]), ballot, content);
                 for copy in copies {
                     let slot = copy.slots[s];
                     let newer = slot.tag.is_newer_than(ballot) && slot.content() != content;
-                    if slot.content() == content {
+                    // Not a copy of an earlier life of the mapping ("lives of a
+                    // mapping" above).
+                    let holds = holds_change(slot, content, floor);
+                    if holds {
                         held += 1;
                     }
-                    if slot.content() == content || newer {
+                    if holds || newer {
                         applied += 1;
                     }
-                    marked |= newer || (slot.content() == content && slot.by_owner());
+                    marked |= newer || (holds && slot.by_owner());
                 }
             }
             Latest {
@@ -407,6 +434,28 @@ pub fn newest_accepted(
         }
         other => Ok(other),
     }
+}
+
+/// The newest tag, among `slots` (copies of one slot), of a change of that slot other
+/// than the newest accepted change, `content` accepted under `ballot`, and not newer
+/// than it: a copy of `content` under a tag no newer than that is an earlier life of
+/// the mapping (module docs, "lives of a mapping"). `None` if no copy shows one.
+pub fn earlier_life_floor(
+    slots: impl Iterator<Item = Slot>,
+    ballot: Ballot,
+    content: Content,
+) -> Option<Ballot> {
+    slots
+        .filter(|slot| slot.content() != content && !slot.tag.is_newer_than(ballot))
+        .map(|slot| slot.tag)
+        .reduce(Ballot::newest)
+}
+
+/// Whether `slot` holds the newest accepted change, whose content is `content`, given
+/// the [`earlier_life_floor`] of the copies of its slot: its content, under a tag
+/// newer than any other change of the slot that preceded it.
+pub fn holds_change(slot: Slot, content: Content, floor: Option<Ballot>) -> bool {
+    slot.content() == content && floor.is_none_or(|floor| slot.tag.is_newer_than(floor))
 }
 
 /// How many of a bucket's slots are free.
@@ -610,6 +659,62 @@ mod tests {
         let fast_unproven = view(&[copy(fast, empty), copy(fast, newer)]);
         assert!(fast_unproven.superseded_unproven());
         assert!(matches!(fast_unproven.status(), Status::Open { .. }));
+    }
+
+    /// `tests/index_sim.rs`'s seed 9004570, as a lookup saw it: a register came back
+    /// to its key, in the same slot. One copy accepted the later life's `SET` (ballot
+    /// 5) and shows the remove that ended the earlier life (ballot 4) in the slot; the
+    /// other missed both and still shows the earlier life itself (ballot 3). That copy
+    /// does not hold the later `SET`: it is open, not applied anywhere (taken for
+    /// partial, the lookup read the slot empty after the insert had returned).
+    #[test]
+    fn an_earlier_life_of_the_same_mapping_does_not_hold_the_later_one() {
+        let empty = [Slot::EMPTY; SLOTS];
+        let mut cleared = empty;
+        cleared[2] = applied_slot(Ballot(4), Proposal::Clear { slot: 2, nonce: 9 }, Some(11));
+        let mut earlier = empty;
+        earlier[2] = applied_slot(Ballot(3), SET, Some(11));
+        let later = accepted(5, SET).with_promise(Ballot(5));
+        let lagging = accepted(3, SET).with_promise(Ballot(4));
+        let v = View::merge(&[copy(later, cleared), copy(lagging, earlier)], 2).unwrap();
+        let latest = v.latest.unwrap();
+        assert_eq!((latest.held, latest.applied, latest.marked), (0, 0, false));
+        assert_eq!(
+            v.status(),
+            Status::Open {
+                ballot: Ballot(5),
+                proposal: SET
+            }
+        );
+        assert_eq!(
+            v.readable(),
+            None,
+            "the lookup settles it, it does not read past it"
+        );
+        // A done change accepted again under a newer ballot (an insert's fence of
+        // the bucket) is still held by the copies applied under its first one: no
+        // change of the slot came between.
+        let mut applied = empty;
+        applied[2] = applied_slot(Ballot(5), SET, None);
+        let fenced = accepted(9, SET);
+        let v = View::merge(
+            &[
+                copy(fenced, applied),
+                copy(fenced, applied),
+                copy(later, cleared),
+            ],
+            2,
+        )
+        .unwrap();
+        let latest = v.latest.unwrap();
+        assert_eq!((latest.held, latest.applied), (2, 2));
+        assert_eq!(
+            v.status(),
+            Status::Unacked {
+                ballot: Ballot(9),
+                proposal: SET
+            }
+        );
     }
 
     #[test]

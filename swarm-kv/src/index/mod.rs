@@ -171,8 +171,10 @@
 //!
 //! A proposer whose accept was preempted does not know whether a helper decided its
 //! change, and must neither report a change that did not happen nor propose it again
-//! after it happened (a remove in between would be undone). Its changes are unique (a
-//! register, or a remove's nonce `client id | counter`), and it watches them
+//! after it happened (a remove in between would be undone). Its changes are unique
+//! while it runs (a register, which no other insert or replace is given meanwhile, or
+//! a remove's nonce `client id | counter`; but see "lives of a mapping" below for what
+//! others may mistake for them), and it watches them
 //! (`watch.rs`) in every quorum observation of the bucket (reads, and the read-backs
 //! of its promises): a slot holding one means it took effect; being the newest
 //! accepted value means it may be decided, so the next attempt finishes it under its
@@ -193,6 +195,48 @@
 //! that went longer without an observation (a stalled client) returns
 //! [`IndexError::OutcomeUnknown`] instead of guessing. A crashed owner never marks:
 //! the next change of that bucket waits `ack_wait_ns`, once.
+//!
+//! # Lives of a mapping
+//!
+//! A `SET slot := register` names no life. Registers are recycled (SWARM §5.4, which
+//! the paper's implementation left out, §6), so a key may map to the same register
+//! again, in the same slot: a later *life* of the mapping, proposed as exactly the
+//! same value as the earlier one. FUSEE's SNAPSHOT (FUSEE §4.3) tells conflicting
+//! writers apart by the values they write, relying on "the out-of-place modification
+//! characteristic of RACE hashing": a slot's new value points to a freshly written
+//! object, so no value comes back; with recycled registers it does. The register
+//! words answer the stores of an earlier life with words that never repeat
+//! (`crate::registers::reset`, after rTX's "fly WRITE", seed `rtx.txt`); here the
+//! slot tag plays that part. The changes of a bucket are decided one era after the
+//! other, each applied on a quorum before the next is proposed ("eras"), so the
+//! earlier life's copies carry tags older than the change that ended it, and the
+//! later life's copies tags newer than that. (Not the ballot alone: a done change is
+//! accepted again under newer ballots, by every insert that fences its bucket, without
+//! becoming another change.) Every judgement that names another client's change
+//! tells the lives apart:
+//!
+//! * **Slot copies** of the same content under a tag older than another copy's
+//!   change of that slot are an earlier life, and do not hold the newest accepted
+//!   change (`bucket.rs`, "lives of a mapping"); `apply.rs` overwrites them like any
+//!   older word. Counting a lagging copy of the earlier life as the later one applied
+//!   made a lookup read past a decided `SET` accepted by one copy of its quorum and
+//!   report the key absent after its insert had returned (`tests/index_sim.rs`,
+//!   `an_earlier_life_on_a_lagging_copy_is_not_the_later_one`). A view that holds no
+//!   copy of the change between the lives cannot tell them apart (`bucket.rs`).
+//! * **Acknowledgement waits** run per change, named by value and the tag of its
+//!   applied copies (`update.rs`, `Owner`): a proposer that waited out the earlier
+//!   life's wait must wait again for the later one, which is what keeps the later
+//!   one visible to its owner for `ack_wait_ns` ("knowing one's fate"). Taking it for
+//!   the earlier one, a remove replaced it at once; its insert, seeing neither its
+//!   value nor its slot any more and a newer value accepted by a quorum, took itself
+//!   for never decided and proposed its `SET` again: one insert, two lives, and three
+//!   removes that returned `true`
+//!   (`a_later_life_of_an_unacknowledged_change_is_waited_for_again`).
+//!
+//! A proposer's *own* watch may compare values alone: while its insert or replace
+//! runs, nobody else is given its register, so no other life of its `SET` can be
+//! proposed; the earlier life was done (applied on a quorum) before it proposed, so
+//! a quorum's newest slot copy never shows the earlier life again.
 
 //! # Why it is linearizable (sketch)
 //!

@@ -23,19 +23,38 @@ use super::word::{Ballot, Proposal, SlotState};
 use super::{Index, IndexError, InsertOutcome, RegisterId};
 
 /// Acknowledgement waits for other operations' changes.
+///
+/// A change is named by its proposal *and* the tag its applied copies carry: a `SET
+/// slot := register` repeats when a register comes back to the key it mapped, into the
+/// same slot (a later life of the mapping, module docs of [`super`]), and the later
+/// life is another change, applied under a newer tag (newer than the change that ended
+/// the earlier life), whose owner has not seen it yet. Taking it for the earlier life,
+/// whose wait had run out, replaced it at once: its owner, seeing neither it nor its
+/// proposal any more and a newer value accepted by a quorum, took its insert for never
+/// decided and proposed it again, so one insert started two lives of its mapping
+/// (`tests/index_sim.rs`,
+/// `a_later_life_of_an_unacknowledged_change_is_waited_for_again`). Not by its ballot:
+/// every insert that fences the bucket accepts the change again under a ballot of its
+/// own, and a wait restarted at each would never end while inserts keep coming.
 #[derive(Debug, Default)]
 struct Owner {
-    unacked: [Option<(Proposal, Nanos)>; MAX_BUCKETS],
+    unacked: [Option<(Ballot, Proposal, Nanos)>; MAX_BUCKETS],
 }
 
 impl Owner {
-    /// How much longer to wait before replacing someone's unacknowledged change `p`
-    /// in `bucket` (zero: go ahead).
-    fn ack_wait_left(&mut self, bucket: usize, p: Proposal, now: Nanos, ack_wait: Nanos) -> Nanos {
+    /// How much longer to wait before replacing someone's unacknowledged change `p`,
+    /// whose applied copies carry `tag`, in `bucket` (zero: go ahead).
+    fn ack_wait_left(
+        &mut self,
+        bucket: usize,
+        (tag, p): (Ballot, Proposal),
+        now: Nanos,
+        ack_wait: Nanos,
+    ) -> Nanos {
         let since = match self.unacked[bucket] {
-            Some((q, since)) if q == p => since,
+            Some((t, q, since)) if t == tag && q == p => since,
             _ => {
-                self.unacked[bucket] = Some((p, now));
+                self.unacked[bucket] = Some((tag, p, now));
                 now
             }
         };
@@ -113,13 +132,14 @@ async fn earlier<F: Fabric>(
     }
 }
 
-/// Settles every promised bucket; returns the unacknowledged changes, or `None` if
-/// something was helped along (the caller starts a new attempt).
+/// Settles every promised bucket; returns the unacknowledged changes (with the tag of
+/// their applied copies, [`unacked_tag`]), or `None` if something was helped along
+/// (the caller starts a new attempt).
 async fn settle_all<F: Fabric>(
     eng: &mut Engine<'_, F>,
     views: &[Option<View>; MAX_BUCKETS],
     ballots: &[Option<Ballot>; MAX_BUCKETS],
-) -> Result<Option<[Option<Proposal>; MAX_BUCKETS]>, IndexError> {
+) -> Result<Option<[Option<(Ballot, Proposal)>; MAX_BUCKETS]>, IndexError> {
     let mut unacked = [None; MAX_BUCKETS];
     let mut progressed = false;
     for i in 0..eng.len() {
@@ -127,7 +147,7 @@ async fn settle_all<F: Fabric>(
         let before = view.status();
         match eng.settle(i, view, ballots[i]).await? {
             Settled::Free => {}
-            Settled::Unacked(_, p) => unacked[i] = Some(p),
+            Settled::Unacked(_, p) => unacked[i] = Some((unacked_tag(view, p), p)),
             Settled::Progress => {
                 if let (Status::Open { proposal, .. }, Some(ours)) = (before, ballots[i]) {
                     eng.superseded(i, proposal, ours);
@@ -140,12 +160,20 @@ async fn settle_all<F: Fabric>(
     Ok((!progressed).then_some(unacked))
 }
 
-/// Waits (re-reading) until bucket `i`'s unacknowledged change `p` is acknowledged or
-/// replaced, or `left` passed.
+/// The tag of the applied copies of `p`, the unacknowledged change `view` shows: its
+/// slot's newest copy (an unacknowledged change is applied on a quorum and nothing
+/// newer is in its slot). What tells one life of a mapping from another ([`Owner`]).
+fn unacked_tag(view: &View, p: Proposal) -> Ballot {
+    p.slot().map_or(Ballot::default(), |s| view.slots[s].tag)
+}
+
+/// Waits (re-reading) until bucket `i`'s unacknowledged change `(tag, p)` is
+/// acknowledged or replaced (a later life of the same proposal is another change), or
+/// `left` passed.
 async fn wait_ack<F: Fabric>(
     eng: &mut Engine<'_, F>,
     i: usize,
-    p: Proposal,
+    (tag, p): (Ballot, Proposal),
     left: Nanos,
 ) -> Result<(), IndexError> {
     let deadline = eng.now().saturating_add(left);
@@ -155,7 +183,7 @@ async fn wait_ack<F: Fabric>(
             .await;
         let views = eng.read().await?;
         let still = views.get(i).is_some_and(
-            |v| matches!(v.status(), Status::Unacked { proposal, .. } if proposal == p),
+            |v| matches!(v.status(), Status::Unacked { proposal, .. } if proposal == p && unacked_tag(v, p) == tag),
         );
         if !still || eng.now() >= deadline {
             return Ok(());
@@ -387,7 +415,7 @@ async fn finish_insert<'a, F: Fabric>(
         // Fence the other candidate bucket.
         if eng.len() == 2 {
             let other = 1 - target;
-            let value = unacked[other].unwrap_or(Proposal::Noop);
+            let value = unacked[other].map_or(Proposal::Noop, |(_, p)| p);
             let Some(ballot) = ballots[other] else {
                 continue;
             };
@@ -591,12 +619,18 @@ mod tests {
             register: 9,
         };
         let q = Proposal::Clear { slot: 1, nonce: 3 };
-        assert_eq!(owner.ack_wait_left(0, p, 100, 50), 50);
-        assert_eq!(owner.ack_wait_left(0, p, 130, 50), 20);
-        assert_eq!(owner.ack_wait_left(0, p, 170, 50), 0);
+        let (b, later) = (Ballot(13), Ballot(24));
+        assert_eq!(owner.ack_wait_left(0, (b, p), 100, 50), 50);
+        assert_eq!(owner.ack_wait_left(0, (b, p), 130, 50), 20);
+        assert_eq!(owner.ack_wait_left(0, (b, p), 170, 50), 0);
         // Another change restarts the wait; buckets are independent.
-        assert_eq!(owner.ack_wait_left(0, q, 170, 50), 50);
-        assert_eq!(owner.ack_wait_left(1, p, 180, 50), 50);
+        assert_eq!(owner.ack_wait_left(0, (b, q), 170, 50), 50);
+        assert_eq!(owner.ack_wait_left(1, (b, p), 180, 50), 50);
+        // The same proposal applied again under a newer tag (a later life of the
+        // mapping: the register came back to its key, in the same slot) is another
+        // change: its owner gets a whole wait too.
+        assert_eq!(owner.ack_wait_left(1, (b, p), 230, 50), 0);
+        assert_eq!(owner.ack_wait_left(1, (later, p), 230, 50), 50);
     }
 
     /// The schedule of `tests/delete_race_sim.rs`'s seed 797, as the owner saw it.
