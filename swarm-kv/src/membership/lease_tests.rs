@@ -211,6 +211,55 @@ fn a_client_that_keeps_renewing_is_never_reclaimed_with(owners: OwnerLiveness) {
     insert(&a, "k", "still mine").expect("a keeps writing");
 }
 
+/// A client that runs no operation but calls `keep_lease` (a benchmark thread
+/// waiting for the others at a phase boundary) keeps its lease through a watch,
+/// even where a reclaimer cannot judge owner processes and kills what did not move
+/// (RDMA); and `lease_lost` tells a lost lease from a lapsed one.
+#[test]
+fn keep_lease_keeps_an_idle_client_through_a_watch_and_lease_lost_says_when_it_is_lost() {
+    let world = World::new(2);
+    let a = world.connect();
+    insert(&a, "k", "v").expect("inserted");
+    let watcher = world.fabric();
+    let lease = world.lease();
+    let watch = take_over_expired(
+        &watcher,
+        &world.layout,
+        &lease,
+        None,
+        Some(a.writer()),
+        OwnerLiveness::Unknown,
+    );
+    let keep = async {
+        for _ in 0..(lease.observer_wait_ns() / (50 * MS) + 10) {
+            assert!(a.keep_lease().await, "the lease stays valid");
+            swarm_core::sleep(a.fabric(), 50 * MS).await;
+        }
+    };
+    let (reclaimed, ()) =
+        block_on_future(&watcher, swarm_core::join(watch, keep)).expect("no stall");
+    let reclaimed = reclaimed.expect("the watch ran");
+    assert_eq!(reclaimed.alive, vec![a.writer()]);
+    assert!(!a.lease_lost());
+    // Idle through a watch without it: killed (no owner process judged), and lost.
+    let reclaimed = block_on(
+        &watcher,
+        take_over_expired(
+            &watcher,
+            &world.layout,
+            &lease,
+            None,
+            Some(a.writer()),
+            OwnerLiveness::Unknown,
+        ),
+    )
+    .expect("the watch ran");
+    assert_eq!(reclaimed.released, vec![a.writer()]);
+    assert!(!block_on_future(a.fabric(), a.keep_lease()).expect("no stall"));
+    assert!(a.lease_lost());
+    assert!(matches!(get(&a, "k"), Err(KvError::LeaseExpired { .. })));
+}
+
 /// The soak's fill process connects its clients one after the other: a client that
 /// connected first idles (it posts nothing, so its lease lapses) while a later
 /// client of the same process finds every writer id claimed and watches the table
