@@ -496,20 +496,33 @@ type Connector<'r, C> = &'r (dyn Fn() -> Result<C, BenchError> + Sync);
 struct Reconnect<'r, C> {
     connect: Option<Connector<'r, C>>,
     used: bool,
+    /// The writer id of the client lost (for the operations failed without one).
+    lost_writer: u16,
 }
 
 impl<C: BenchClient> Reconnect<'_, C> {
-    /// A new client for thread `index` in place of `lost`, if this thread has not
-    /// reconnected yet and the connection succeeds.
-    fn once(&mut self, index: usize, lost: &C) -> Option<C> {
+    /// Whether this thread may still reconnect.
+    fn available(&self) -> bool {
+        self.connect.is_some() && !self.used
+    }
+
+    /// Closes `lost` (which gives its writer id back: with every id claimed, the new
+    /// client needs it) and connects a new client for thread `index` in its place;
+    /// `None` if that fails.
+    fn once(&mut self, index: usize, lost: Option<C>) -> Option<C> {
         let connect = self.connect.filter(|_| !self.used)?;
         self.used = true;
+        let writer = lost.as_ref().and_then(BenchClient::writer);
+        self.lost_writer = writer.unwrap_or_default();
         tracing::warn!(
             client = index,
-            writer = ?lost.writer(),
-            "bench: the client's lease was lost (killed by a reclaimer): connecting a new \
-             client in its place, once"
+            ?writer,
+            "bench: the client's lease was lost (killed by a reclaimer): closing it and \
+             connecting a new client in its place, once"
         );
+        if let Some(lost) = lost {
+            lost.close();
+        }
         match connect() {
             Ok(client) => {
                 tracing::warn!(
@@ -527,6 +540,38 @@ impl<C: BenchClient> Reconnect<'_, C> {
                 );
                 None
             }
+        }
+    }
+
+    /// Fails every operation `next` still plans (a thread left without a client: its
+    /// lease lost, and no new one connected), as the lost client would have.
+    fn fail_all(
+        &self,
+        shared: &Shared<'_>,
+        index: usize,
+        next: &mut dyn FnMut() -> Option<Planned>,
+        finish: &mut dyn FnMut(Done),
+    ) {
+        while let Some(planned) = next() {
+            let now = shared.now_ns();
+            let written = match planned.op {
+                OpType::Get | OpType::Delete => None,
+                OpType::Update | OpType::Insert => {
+                    value(index as u32, planned.seq, shared.config.value_size)
+                }
+            };
+            finish(Done {
+                slot: 0,
+                op: planned.op,
+                keynum: planned.keynum,
+                written,
+                result: Err(OpError::Kv(KvError::LeaseExpired {
+                    writer: self.lost_writer,
+                })),
+                start: now,
+                end: now,
+                roundtrips: 0,
+            });
         }
     }
 }
@@ -614,6 +659,7 @@ fn run_threads<C: BenchClient + Send>(
                     let reconnect = Reconnect {
                         connect: reconnect,
                         used: false,
+                        lost_writer: 0,
                     };
                     worker(shared, index, client, part, reconnect)
                 });
@@ -787,7 +833,7 @@ fn worker<C: BenchClient>(
 ) -> WorkerOutput {
     let _release = AbortOnPanic(&shared.gate);
     // Replaced, between two drives, if its lease is lost (`Reconnect`).
-    let client = RefCell::new(client);
+    let client = RefCell::new(Some(client));
     let config = shared.config;
     let mut out = WorkerOutput {
         load: PhaseStats::default(),
@@ -821,7 +867,7 @@ fn worker<C: BenchClient>(
     'phases: {
         if !shared
             .gate
-            .wait_ticking(KEEP_ALIVE_EVERY, || client.borrow().keep_alive())
+            .wait_ticking(KEEP_ALIVE_EVERY, || keep_alive(&client))
         {
             break 'phases;
         }
@@ -849,7 +895,7 @@ fn worker<C: BenchClient>(
         sink.flush_progress();
         if !shared
             .gate
-            .wait_ticking(KEEP_ALIVE_EVERY, || client.borrow().keep_alive())
+            .wait_ticking(KEEP_ALIVE_EVERY, || keep_alive(&client))
         {
             break 'phases;
         }
@@ -888,7 +934,7 @@ fn worker<C: BenchClient>(
         sink.flush_progress();
         if !shared
             .gate
-            .wait_ticking(KEEP_ALIVE_EVERY, || client.borrow().keep_alive())
+            .wait_ticking(KEEP_ALIVE_EVERY, || keep_alive(&client))
         {
             break 'phases;
         }
@@ -917,7 +963,9 @@ fn worker<C: BenchClient>(
                 {
                     match (config.fail_mode, &shared.fail_dir) {
                         (FailMode::Stop, _) | (_, None) => {
-                            client.borrow().fabric().fail_node(NodeId(fail.node));
+                            if let Some(client) = client.borrow().as_ref() {
+                                client.fabric().fail_node(NodeId(fail.node));
+                            }
                         }
                         (mode, Some(dir)) => lose_memory(shared, dir, fail.node, mode),
                     }
@@ -947,7 +995,7 @@ fn worker<C: BenchClient>(
         sink.flush_progress();
         if !shared
             .gate
-            .wait_ticking(KEEP_ALIVE_EVERY, || client.borrow().keep_alive())
+            .wait_ticking(KEEP_ALIVE_EVERY, || keep_alive(&client))
         {
             break 'phases;
         }
@@ -979,12 +1027,14 @@ fn worker<C: BenchClient>(
         sink.flush_progress();
         shared
             .gate
-            .wait_ticking(KEEP_ALIVE_EVERY, || client.borrow().keep_alive());
+            .wait_ticking(KEEP_ALIVE_EVERY, || keep_alive(&client));
     }
-    let client = client.into_inner();
-    out.lease_renewals = client.lease_renewals();
-    out.recycling = client.recycling();
-    client.close();
+    // None: its lease was lost and no new client could connect (`Reconnect`).
+    if let Some(client) = client.into_inner() {
+        out.lease_renewals = client.lease_renewals();
+        out.recycling = client.recycling();
+        client.close();
+    }
     out.history = sink.history.take().map(HistoryPart::finish);
     out
 }
@@ -1107,7 +1157,7 @@ type DeferredWork<'a> = Pin<Box<dyn Future<Output = ()> + 'a>>;
 /// on with it (the lost one is closed). Without a reconnection the phase goes on
 /// with the lost client, whose operations fail, counted.
 fn drive_phase<C: BenchClient>(
-    client: &RefCell<C>,
+    client: &RefCell<Option<C>>,
     reconnect: &mut Reconnect<'_, C>,
     shared: &Shared<'_>,
     index: usize,
@@ -1116,15 +1166,30 @@ fn drive_phase<C: BenchClient>(
 ) {
     let mut stop_on_loss = true;
     loop {
-        let lost = drive(&*client.borrow(), shared, index, stop_on_loss, next, finish);
+        let lost = match client.borrow().as_ref() {
+            Some(client) => drive(client, shared, index, stop_on_loss, next, finish),
+            None => {
+                reconnect.fail_all(shared, index, next, finish);
+                return;
+            }
+        };
         if !lost {
             return;
         }
-        let fresh = reconnect.once(index, &*client.borrow());
-        match fresh {
-            Some(fresh) => client.replace(fresh).close(),
-            None => stop_on_loss = false,
+        if !reconnect.available() {
+            stop_on_loss = false;
+            continue;
         }
+        let lost = client.borrow_mut().take();
+        let fresh = reconnect.once(index, lost);
+        *client.borrow_mut() = fresh;
+    }
+}
+
+/// [`BenchClient::keep_alive`] on the thread's client, if it has one.
+fn keep_alive<C: BenchClient>(client: &RefCell<Option<C>>) {
+    if let Some(client) = client.borrow().as_ref() {
+        client.keep_alive();
     }
 }
 
