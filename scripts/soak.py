@@ -62,8 +62,6 @@ KINDS = ["kill", "stop", "repair", "corrupt", "fill"]
 # Events counted in the summary: the kinds, and the pauses of a repair they run.
 EVENTS = KINDS + ["stop-repair"]
 FILL_SETTLE_S = 5      # seconds after a fill ends that memory samples still count it
-POOL_SHED_CHUNKS = 24  # a client's recycled pool donates only above this many chunks
-                       # (swarm-kv/src/client/upkeep.rs)
 
 # An error message of a failed operation that a nemesis explains (see `classify`).
 STOP_ERRORS = ("lease", "fenced", "max_op", "stalled", "writer")
@@ -562,14 +560,8 @@ class Soak:
         claimed = max((n["registers_claimed"] for n in s["node_states"] if n["state"] == "up"),
                       default=0)
         free = s["capacity"] - claimed + regs["retired_gone"] + regs["pooled_gone"]
-        # Room left in whole chunks per fill thread, and what its logs can hold; less
-        # what every live client (the fill's own threads included) may keep in its
-        # recycled pool without donating it (POOL_SHED_CHUNKS): registers free now that
-        # the churn fills pools with meanwhile are out of the fill's reach, and its last
-        # inserts, each waiting for a reset, crawled until the fill counted as hung.
-        live = s["writers"]["registered"] + FILL_THREADS
-        keys = min(free - 256 * FILL_THREADS * 2 - live * POOL_SHED_CHUNKS * 256,
-                   FILL_THREADS * (self.log_slots - 300))
+        # Room left in whole chunks per fill thread, and what its logs can hold.
+        keys = min(free - 256 * FILL_THREADS * 2, FILL_THREADS * (self.log_slots - 300))
         if keys < 1000:
             self.log(f"nemesis fill: skipped, only {free} registers free")
             return
