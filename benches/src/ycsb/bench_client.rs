@@ -50,8 +50,7 @@ pub(crate) trait BenchClient {
         0
     }
     /// Keeps the client's lease while its thread runs no operation (waiting for the
-    /// other clients at a phase boundary), and gives back the registers its pool
-    /// holds beyond its bound, for the others; systems without leases: nothing.
+    /// other clients at a phase boundary); systems without leases: nothing.
     fn keep_alive(&self) {}
     /// Whether the client's lease is lost for good (killed by a reclaimer): every
     /// later operation fails, so the harness connects a new client. Systems without
@@ -125,10 +124,7 @@ impl<F: Fabric> BenchClient for KvClient<FailNodes<F>, SystemClock> {
     fn keep_alive(&self) {
         // A renewal that cannot complete (nodes unreachable) waits a renewal period
         // at most; the next operation's lease check says what happened.
-        let _ = swarm_core::block_on_future(KvClient::fabric(self), async {
-            self.keep_lease().await;
-            self.idle_upkeep().await;
-        });
+        let _ = swarm_core::block_on_future(KvClient::fabric(self), self.keep_lease());
     }
     fn lease_lost(&self) -> bool {
         KvClient::lease_lost(self)

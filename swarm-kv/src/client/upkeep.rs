@@ -105,19 +105,6 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         self.lease.borrow().valid_for(fabric.now(), 0)
     }
 
-    /// What a thread that runs no operation for a while (a benchmark's client
-    /// waiting at a phase boundary for the others) does besides [`Self::keep_lease`]:
-    /// steps the resets of its retired registers, which hand them to its pool, and
-    /// donates what its pool holds beyond its bound (`shed_pool`), so that
-    /// other clients that run out (the same process's other threads, still inserting
-    /// into a nearly full cluster) can take them. Both run between operations
-    /// otherwise: a client that stopped writing kept every register it had adopted
-    /// or reset, and its siblings starved.
-    pub async fn idle_upkeep(&self) {
-        self.recycle_step();
-        self.shed_pool().await;
-    }
-
     /// Whether this client's lease is lost for good: killed by a reclaimer, or its
     /// row taken over, on a majority of the memory nodes. Every operation then fails
     /// with [`KvError::LeaseExpired`]: connect a new client.
