@@ -49,6 +49,19 @@ pub(crate) trait BenchClient {
     fn lease_renewals(&self) -> u64 {
         0
     }
+    /// Keeps the client's lease while its thread runs no operation (waiting for the
+    /// other clients at a phase boundary); systems without leases: nothing.
+    fn keep_alive(&self) {}
+    /// Whether the client's lease is lost for good (killed by a reclaimer): every
+    /// later operation fails, so the harness connects a new client. Systems without
+    /// leases: never.
+    fn lease_lost(&self) -> bool {
+        false
+    }
+    /// The writer id the client holds, for logs (systems without one: `None`).
+    fn writer(&self) -> Option<u16> {
+        None
+    }
     /// What the client recycled so far, and the log slots it holds now (systems
     /// that recycle nothing: zeros and `None`).
     fn recycling(&self) -> Recycling {
@@ -107,6 +120,17 @@ impl<F: Fabric> BenchClient for KvClient<FailNodes<F>, SystemClock> {
     }
     fn lease_renewals(&self) -> u64 {
         KvClient::lease_renewals(self)
+    }
+    fn keep_alive(&self) {
+        // A renewal that cannot complete (nodes unreachable) waits a renewal period
+        // at most; the next operation's lease check says what happened.
+        let _ = swarm_core::block_on_future(KvClient::fabric(self), self.keep_lease());
+    }
+    fn lease_lost(&self) -> bool {
+        KvClient::lease_lost(self)
+    }
+    fn writer(&self) -> Option<u16> {
+        Some(KvClient::writer(self))
     }
     fn recycling(&self) -> Recycling {
         let log = self.log_counters();

@@ -11,7 +11,7 @@
 //! scheduled again (with more client threads than cores, that can be much later).
 
 use std::sync::{Condvar, Mutex, PoisonError};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 #[derive(Debug)]
 struct State {
@@ -45,8 +45,48 @@ impl Gate {
     }
 
     /// Waits until every party arrived; `false` if the gate was aborted (stop).
+    /// (Client threads use [`Self::wait_ticking`].)
+    #[cfg(test)]
     pub fn wait(&self) -> bool {
         self.wait_timed().is_some()
+    }
+
+    /// [`Self::wait`], calling `tick` every `every` while it waits (and once before):
+    /// a client thread keeps its lease while the others finish their phase.
+    pub fn wait_ticking(&self, every: Duration, mut tick: impl FnMut()) -> bool {
+        tick();
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        if state.aborted {
+            return false;
+        }
+        state.arrived += 1;
+        if state.arrived == self.parties {
+            self.open(&mut state);
+            return true;
+        }
+        let generation = state.generation;
+        while state.generation == generation && !state.aborted {
+            state = self
+                .opened
+                .wait_timeout(state, every)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+            if state.generation == generation && !state.aborted {
+                // Not under the lock: the others arrive meanwhile.
+                drop(state);
+                tick();
+                state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+            }
+        }
+        state.generation != generation
+    }
+
+    /// Opens the gate: the last party arrived.
+    fn open(&self, state: &mut State) {
+        state.arrived = 0;
+        state.generation += 1;
+        state.opened_at = Instant::now();
+        self.opened.notify_all();
     }
 
     /// Waits until every party arrived and returns when the last one did; `None` if
@@ -59,10 +99,7 @@ impl Gate {
         }
         state.arrived += 1;
         if state.arrived == self.parties {
-            state.arrived = 0;
-            state.generation += 1;
-            state.opened_at = Instant::now();
-            self.opened.notify_all();
+            self.open(&mut state);
             return Some(state.opened_at);
         }
         let generation = state.generation;
@@ -112,6 +149,29 @@ mod tests {
             }
         });
         assert_eq!(passed.load(Ordering::SeqCst), 10);
+    }
+
+    #[test]
+    fn a_ticking_waiter_ticks_until_the_gate_opens() {
+        let gate = Gate::new(2);
+        let ticks = AtomicUsize::new(0);
+        std::thread::scope(|s| {
+            let waiter = s.spawn(|| {
+                gate.wait_ticking(Duration::from_millis(5), || {
+                    ticks.fetch_add(1, Ordering::SeqCst);
+                })
+            });
+            std::thread::sleep(Duration::from_millis(100));
+            assert!(gate.wait());
+            assert!(waiter.join().unwrap());
+        });
+        assert!(ticks.load(Ordering::SeqCst) >= 3, "ticked while it waited");
+        // Reusable, and the last party to arrive opens it at once.
+        std::thread::scope(|s| {
+            s.spawn(|| assert!(gate.wait()));
+            std::thread::sleep(Duration::from_millis(20));
+            assert!(gate.wait_ticking(Duration::from_secs(60), || {}));
+        });
     }
 
     #[test]

@@ -34,11 +34,19 @@
 //! marks the repair's start, the end of its quiescence wait and its end on the
 //! timeline (issue 12). Shared memory only.
 //!
+//! A client thread waiting at a phase boundary for the others keeps its lease
+//! ([`BenchClient::keep_alive`]): renewals ride on operations, and a lease that does
+//! not move for a reclaimer's watch may be killed where owner processes cannot be
+//! judged (RDMA). A client whose lease is lost anyway (killed: every later operation
+//! would fail with `LeaseExpired`) is replaced by a new client, once per thread, and
+//! the thread's logs say so ([`Reconnect`]).
+//!
 //! Failed operations are counted per kind with example messages, recorded in the
 //! history without an end (their effect is unknown), and the run goes on. If every
 //! operation in flight on a client waits on failed nodes only, the executor reports a
 //! stall: those operations fail with [`FabricError::Stalled`] and the client moves on.
 
+use std::cell::RefCell;
 use std::future::Future;
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -74,6 +82,10 @@ use swarm_kv::{KvClient, KvError, ShmStore, Store, SystemClock};
 /// Progress is reported to the bar in batches of this many operations.
 const PROGRESS_BATCH: u64 = 256;
 
+/// How often a client thread waiting at a phase boundary keeps its lease
+/// ([`BenchClient::keep_alive`]: a tick, which renews only when a renewal is due).
+const KEEP_ALIVE_EVERY: std::time::Duration = std::time::Duration::from_millis(20);
+
 /// The register protocol a system runs on SWARM-KV's store; `None` for FUSEE, which
 /// has a store and protocol of its own ([`run_fusee`]).
 pub fn register_protocol(system: System) -> Option<RegisterProtocol> {
@@ -106,14 +118,20 @@ pub fn run(store: &ShmStore, config: &BenchConfig) -> Result<BenchReport, BenchE
     // The shared-memory fabric already carries the fault injector.
     let store = store.clone().with_rtt_ns(config.rtt_ns);
     let clients = connect(&store, config, || Ok(store.fabric()))?;
-    let report = run_clients(clients, config, Some(store.shm().dir().to_path_buf()))?;
+    let reconnect = || connect_one(&store, config, 0, || Ok(store.fabric()));
+    let report = run_clients(
+        clients,
+        config,
+        Some(store.shm().dir().to_path_buf()),
+        Some(&reconnect),
+    )?;
     with_memory(report, memory_start, memory_use(&store)?)
 }
 
 /// Runs `config` on any SWARM-KV store — over RDMA, say (`swarm bench --cluster`) —
 /// with its real latency: `rtt_ns` (emulated latency) must be 0 and FUSEE, which
 /// has a store of its own, is not available. [`run`] is the shared-memory version.
-pub fn run_on<S: Store>(store: &S, config: &BenchConfig) -> Result<BenchReport, BenchError>
+pub fn run_on<S: Store + Sync>(store: &S, config: &BenchConfig) -> Result<BenchReport, BenchError>
 where
     S::Fabric: Send,
 {
@@ -144,7 +162,8 @@ where
     check_store_capacity(store, config)?;
     let memory_start = memory_use(store)?;
     let clients = connect(store, config, || store.fabric().map(FailNodes::new))?;
-    let report = run_clients(clients, config, None)?;
+    let reconnect = || connect_one(store, config, 0, || store.fabric().map(FailNodes::new));
+    let report = run_clients(clients, config, None, Some(&reconnect))?;
     with_memory(report, memory_start, memory_use(store)?)
 }
 
@@ -193,7 +212,7 @@ pub fn run_fusee(nodes: u16, config: &BenchConfig) -> Result<BenchReport, BenchE
         ));
     }
     let clients = store.connect(config)?;
-    run_clients(clients, config, None)
+    run_clients(clients, config, None, None)
 }
 
 /// Checks that `store` can run `config` ([`check_capacity`]). Registers that earlier
@@ -286,11 +305,13 @@ fn lose_memory(shared: &Shared<'_>, dir: &std::path::Path, node: u16, mode: Fail
     }
 }
 
-/// Runs the phases with `clients`, one thread each.
+/// Runs the phases with `clients`, one thread each; a thread whose client lost its
+/// lease connects a new one with `reconnect`, once ([`Reconnect`]).
 fn run_clients<C: BenchClient + Send>(
     clients: Vec<C>,
     config: &BenchConfig,
     fail_dir: Option<PathBuf>,
+    reconnect: Option<Connector<'_, C>>,
 ) -> Result<BenchReport, BenchError> {
     // Churn names `CHURN_SPACE` windows of keys (see `Workload::Churn`).
     let setup = KeySpace::with_offset(config.key_numbers(), config.key_size, config.key_offset)
@@ -334,7 +355,7 @@ fn run_clients<C: BenchClient + Send>(
         repair: Mutex::new(None),
         progress: progress_bar(config),
     };
-    let (outputs, times) = run_threads(&shared, clients, parts);
+    let (outputs, times) = run_threads(&shared, clients, parts, reconnect);
     shared.progress.finish_and_clear();
     // A repair still running finishes before the report (its marks need it).
     let repair = shared
@@ -424,31 +445,135 @@ fn connect<S: Store, T: Fabric>(
     config: &BenchConfig,
     fabric: impl Fn() -> Result<FailNodes<T>, KvError>,
 ) -> Result<Vec<KvClient<FailNodes<T>, SystemClock>>, BenchError> {
+    let mut clients = Vec::with_capacity(config.clients);
+    for index in 0..config.clients {
+        match connect_one(store, config, index, &fabric) {
+            Ok(client) => clients.push(client),
+            Err(e) => {
+                // Give the writer ids taken so far back.
+                clients.into_iter().for_each(KvClient::close);
+                return Err(e);
+            }
+        }
+    }
+    Ok(clients)
+}
+
+/// One client of the run ([`connect`]), for client thread `index`: also the new
+/// client of a thread whose lease was lost ([`Reconnect`]).
+fn connect_one<S: Store, T: Fabric>(
+    store: &S,
+    config: &BenchConfig,
+    index: usize,
+    fabric: impl FnOnce() -> Result<FailNodes<T>, KvError>,
+) -> Result<KvClient<FailNodes<T>, SystemClock>, BenchError> {
     let mut kv_config = store.config();
     kv_config.deferred_unmaps = config.deferred_unmaps;
     kv_config.register_protocol = register_protocol(config.system).ok_or_else(|| {
         BenchError::InvalidConfig("FUSEE runs on a store of its own: use run_fusee".into())
     })?;
     let header = *store.header();
-    let mut clients = Vec::with_capacity(config.clients);
-    for index in 0..config.clients {
-        let client = fabric().and_then(|fabric| {
+    fabric()
+        .and_then(|fabric| {
             let clock = SystemClock::new(header.epoch_unix_ns, header.tick_ns);
             KvClient::connect(fabric, clock, *store.layout(), kv_config)
-        });
-        match client {
-            Ok(client) => clients.push(client),
-            Err(e) => {
-                // Give the writer ids taken so far back.
-                clients.into_iter().for_each(KvClient::close);
-                return Err(BenchError::ClientStart {
-                    client: index,
-                    message: e.to_string(),
-                });
+        })
+        .map_err(|e| BenchError::ClientStart {
+            client: index,
+            message: e.to_string(),
+        })
+}
+
+/// Connects a new client for a client thread.
+type Connector<'r, C> = &'r (dyn Fn() -> Result<C, BenchError> + Sync);
+
+/// A client thread's one reconnection: a client whose lease was lost for good (killed
+/// by a reclaimer: it did not renew for a watch, say while its process connected its
+/// other clients, or waited for them) fails every later operation with
+/// `LeaseExpired`. The thread connects a new client once, and logs it; a second loss
+/// (or a failed reconnection) is not retried: its operations fail, counted, as
+/// before.
+struct Reconnect<'r, C> {
+    connect: Option<Connector<'r, C>>,
+    used: bool,
+    /// The writer id of the client lost (for the operations failed without one).
+    lost_writer: u16,
+}
+
+impl<C: BenchClient> Reconnect<'_, C> {
+    /// Whether this thread may still reconnect.
+    fn available(&self) -> bool {
+        self.connect.is_some() && !self.used
+    }
+
+    /// Closes `lost` (which gives its writer id back: with every id claimed, the new
+    /// client needs it) and connects a new client for thread `index` in its place;
+    /// `None` if that fails.
+    fn once(&mut self, index: usize, lost: Option<C>) -> Option<C> {
+        let connect = self.connect.filter(|_| !self.used)?;
+        self.used = true;
+        let writer = lost.as_ref().and_then(BenchClient::writer);
+        self.lost_writer = writer.unwrap_or_default();
+        tracing::warn!(
+            client = index,
+            ?writer,
+            "bench: the client's lease was lost (killed by a reclaimer): closing it and \
+             connecting a new client in its place, once"
+        );
+        if let Some(lost) = lost {
+            lost.close();
+        }
+        match connect() {
+            Ok(client) => {
+                tracing::warn!(
+                    client = index,
+                    writer = ?client.writer(),
+                    "bench: reconnected: the thread goes on with a new client"
+                );
+                Some(client)
+            }
+            Err(error) => {
+                tracing::warn!(
+                    client = index,
+                    %error,
+                    "bench: could not reconnect: this thread's operations fail"
+                );
+                None
             }
         }
     }
-    Ok(clients)
+
+    /// Fails every operation `next` still plans (a thread left without a client: its
+    /// lease lost, and no new one connected), as the lost client would have.
+    fn fail_all(
+        &self,
+        shared: &Shared<'_>,
+        index: usize,
+        next: &mut dyn FnMut() -> Option<Planned>,
+        finish: &mut dyn FnMut(Done),
+    ) {
+        while let Some(planned) = next() {
+            let now = shared.now_ns();
+            let written = match planned.op {
+                OpType::Get | OpType::Delete => None,
+                OpType::Update | OpType::Insert => {
+                    value(index as u32, planned.seq, shared.config.value_size)
+                }
+            };
+            finish(Done {
+                slot: 0,
+                op: planned.op,
+                keynum: planned.keynum,
+                written,
+                result: Err(OpError::Kv(KvError::LeaseExpired {
+                    writer: self.lost_writer,
+                })),
+                start: now,
+                end: now,
+                roundtrips: 0,
+            });
+        }
+    }
 }
 
 /// A progress bar over every operation of the run, on stderr when it is a terminal.
@@ -517,6 +642,7 @@ fn run_threads<C: BenchClient + Send>(
     shared: &Shared<'_>,
     clients: Vec<C>,
     parts: Option<Vec<HistoryPart>>,
+    reconnect: Option<Connector<'_, C>>,
 ) -> (Vec<Result<WorkerOutput, ThreadFailure>>, [Instant; 5]) {
     let mut parts: Vec<Option<HistoryPart>> = match parts {
         Some(parts) => parts.into_iter().map(Some).collect(),
@@ -529,7 +655,14 @@ fn run_threads<C: BenchClient + Send>(
             let part = part.take();
             let spawned = thread::Builder::new()
                 .name(format!("ycsb-client-{index}"))
-                .spawn_scoped(scope, move || worker(shared, index, client, part));
+                .spawn_scoped(scope, move || {
+                    let reconnect = Reconnect {
+                        connect: reconnect,
+                        used: false,
+                        lost_writer: 0,
+                    };
+                    worker(shared, index, client, part, reconnect)
+                });
             match spawned {
                 Ok(handle) => handles.push(Ok(handle)),
                 Err(e) => {
@@ -696,8 +829,11 @@ fn worker<C: BenchClient>(
     index: usize,
     client: C,
     history: Option<HistoryPart>,
+    mut reconnect: Reconnect<'_, C>,
 ) -> WorkerOutput {
     let _release = AbortOnPanic(&shared.gate);
+    // Replaced, between two drives, if its lease is lost (`Reconnect`).
+    let client = RefCell::new(Some(client));
     let config = shared.config;
     let mut out = WorkerOutput {
         load: PhaseStats::default(),
@@ -729,7 +865,10 @@ fn worker<C: BenchClient>(
     let share = |i: u64| (u128::from(n) * u128::from(i) / u128::from(clients)) as u64;
 
     'phases: {
-        if !shared.gate.wait() {
+        if !shared
+            .gate
+            .wait_ticking(KEEP_ALIVE_EVERY, || keep_alive(&client))
+        {
             break 'phases;
         }
         // 1. Load: this client's range of keys (churn loads nothing).
@@ -738,8 +877,9 @@ fn worker<C: BenchClient>(
         } else {
             0..0
         };
-        drive(
+        drive_phase(
             &client,
+            &mut reconnect,
             shared,
             index,
             &mut || {
@@ -753,7 +893,10 @@ fn worker<C: BenchClient>(
             &mut |done| sink.finish(&mut out.load, done),
         );
         sink.flush_progress();
-        if !shared.gate.wait() {
+        if !shared
+            .gate
+            .wait_ticking(KEEP_ALIVE_EVERY, || keep_alive(&client))
+        {
             break 'phases;
         }
         // 2. Warm-up: every key once from this client's first key, then workload ops.
@@ -763,8 +906,9 @@ fn worker<C: BenchClient>(
             0..0
         };
         let offset = share(index as u64);
-        drive(
+        drive_phase(
             &client,
+            &mut reconnect,
             shared,
             index,
             &mut || {
@@ -788,7 +932,10 @@ fn worker<C: BenchClient>(
             &mut |done| sink.finish(&mut out.warmup, done),
         );
         sink.flush_progress();
-        if !shared.gate.wait() {
+        if !shared
+            .gate
+            .wait_ticking(KEEP_ALIVE_EVERY, || keep_alive(&client))
+        {
             break 'phases;
         }
         // 3. Measured: claim operations until `ops` were issued by all clients, or
@@ -797,8 +944,9 @@ fn worker<C: BenchClient>(
         let deadline = config
             .duration_ns
             .map(|d| shared.now_ns().saturating_add(d));
-        drive(
+        drive_phase(
             &client,
+            &mut reconnect,
             shared,
             index,
             &mut || {
@@ -815,7 +963,9 @@ fn worker<C: BenchClient>(
                 {
                     match (config.fail_mode, &shared.fail_dir) {
                         (FailMode::Stop, _) | (_, None) => {
-                            client.fabric().fail_node(NodeId(fail.node));
+                            if let Some(client) = client.borrow().as_ref() {
+                                client.fabric().fail_node(NodeId(fail.node));
+                            }
                         }
                         (mode, Some(dir)) => lose_memory(shared, dir, fail.node, mode),
                     }
@@ -843,7 +993,10 @@ fn worker<C: BenchClient>(
             },
         );
         sink.flush_progress();
-        if !shared.gate.wait() {
+        if !shared
+            .gate
+            .wait_ticking(KEEP_ALIVE_EVERY, || keep_alive(&client))
+        {
             break 'phases;
         }
         // 4. Drain (`--drain`): delete this client's share of every key the run
@@ -856,8 +1009,9 @@ fn worker<C: BenchClient>(
         } else {
             0..0
         };
-        drive(
+        drive_phase(
             &client,
+            &mut reconnect,
             shared,
             index,
             &mut || {
@@ -871,11 +1025,16 @@ fn worker<C: BenchClient>(
             &mut |done| sink.finish(&mut out.drain, done),
         );
         sink.flush_progress();
-        shared.gate.wait();
+        shared
+            .gate
+            .wait_ticking(KEEP_ALIVE_EVERY, || keep_alive(&client));
     }
-    out.lease_renewals = client.lease_renewals();
-    out.recycling = client.recycling();
-    client.close();
+    // None: its lease was lost and no new client could connect (`Reconnect`).
+    if let Some(client) = client.into_inner() {
+        out.lease_renewals = client.lease_renewals();
+        out.recycling = client.recycling();
+        client.close();
+    }
     out.history = sink.history.take().map(HistoryPart::finish);
     out
 }
@@ -993,19 +1152,66 @@ struct InFlight {
 /// own next to a client's operations.
 type DeferredWork<'a> = Pin<Box<dyn Future<Output = ()> + 'a>>;
 
+/// [`drive`] on the thread's client until `next` runs dry; if the client's lease is
+/// lost meanwhile, connects a new client in its place ([`Reconnect::once`]) and goes
+/// on with it (the lost one is closed). Without a reconnection the phase goes on
+/// with the lost client, whose operations fail, counted.
+fn drive_phase<C: BenchClient>(
+    client: &RefCell<Option<C>>,
+    reconnect: &mut Reconnect<'_, C>,
+    shared: &Shared<'_>,
+    index: usize,
+    next: &mut dyn FnMut() -> Option<Planned>,
+    finish: &mut dyn FnMut(Done),
+) {
+    let mut stop_on_loss = true;
+    loop {
+        let lost = match client.borrow().as_ref() {
+            Some(client) => drive(client, shared, index, stop_on_loss, next, finish),
+            None => {
+                reconnect.fail_all(shared, index, next, finish);
+                return;
+            }
+        };
+        if !lost {
+            return;
+        }
+        if !reconnect.available() {
+            stop_on_loss = false;
+            continue;
+        }
+        let lost = client.borrow_mut().take();
+        let fresh = reconnect.once(index, lost);
+        *client.borrow_mut() = fresh;
+    }
+}
+
+/// [`BenchClient::keep_alive`] on the thread's client, if it has one.
+fn keep_alive<C: BenchClient>(client: &RefCell<Option<C>>) {
+    if let Some(client) = client.borrow().as_ref() {
+        client.keep_alive();
+    }
+}
+
 /// Keeps `inflight` operations from `next` going on `client` until `next` runs dry,
 /// handing each to `finish` as it completes. Operations run in the slots of a
 /// [`SlotExecutor`] (no allocation per operation). Next to them, whenever the client
 /// has deferred work (the index unmaps of deletes that returned at their tombstone),
 /// one task runs it: off the operations' critical path, but on the client's thread,
 /// as an application would run it.
+///
+/// With `stop_on_loss`, once an operation fails and the client's lease is lost for
+/// good ([`BenchClient::lease_lost`]), issues nothing more, lets the operations in
+/// flight end, and returns `true` (the caller connects a new client).
 fn drive<'a, C: BenchClient>(
     client: &'a C,
     shared: &'a Shared<'a>,
     index: usize,
+    stop_on_loss: bool,
     next: &mut dyn FnMut() -> Option<Planned>,
     finish: &mut dyn FnMut(Done),
-) {
+) -> bool {
+    let mut lost = false;
     let inflight = shared.config.inflight;
     let value_size = shared.config.value_size;
     let fabric = client.fabric();
@@ -1079,6 +1285,7 @@ fn drive<'a, C: BenchClient>(
             let Some(issued) = slots[f.slot].take() else {
                 continue;
             };
+            lost |= stop_on_loss && f.result.is_err() && client.lease_lost();
             finish(Done {
                 slot: f.slot,
                 op: issued.op,
@@ -1089,10 +1296,13 @@ fn drive<'a, C: BenchClient>(
                 end: f.end,
                 roundtrips: f.roundtrips,
             });
-            issue_next(&mut ops, &mut slots, f.slot);
+            if !lost {
+                issue_next(&mut ops, &mut slots, f.slot);
+            }
         }
-        if deferred.is_none() && client.has_deferred_work() {
+        if deferred.is_none() && !lost && client.has_deferred_work() {
             deferred = Some(Box::pin(client.run_deferred_work()));
         }
     }
+    lost
 }

@@ -88,6 +88,30 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         follow
     }
 
+    /// Keeps the lease without an operation: takes the answers of the renewal in
+    /// flight and posts the next one when due, and renews synchronously (for up to a
+    /// renewal period) if the lease lapsed. For a thread that waits elsewhere for
+    /// longer than a lease (a benchmark's client at a phase boundary, waiting for the
+    /// others): renewals ride on operations, and a lease that does not move for a
+    /// reclaimer's watch may be killed by it where owner processes cannot be judged
+    /// (RDMA; `crate::membership::writer_takeover`). Returns whether the lease is
+    /// valid now.
+    pub async fn keep_lease(&self) -> bool {
+        let fabric = self.swarm.fabric();
+        let _ = self.upkeep(fabric.now()).await;
+        if !self.lease.borrow().valid_for(fabric.now(), 0) {
+            renew_now(&self.lease, fabric, 0).await;
+        }
+        self.lease.borrow().valid_for(fabric.now(), 0)
+    }
+
+    /// Whether this client's lease is lost for good: killed by a reclaimer, or its
+    /// row taken over, on a majority of the memory nodes. Every operation then fails
+    /// with [`KvError::LeaseExpired`]: connect a new client.
+    pub fn lease_lost(&self) -> bool {
+        self.lease.borrow().lost()
+    }
+
     /// Hands the registers whose reset completed to the allocator, and starts the
     /// resets that are due. Never waits.
     pub(super) fn recycle_step(&self) {
@@ -280,6 +304,13 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         let lease_ns = self.layout.params.lease_ns;
         if !self.lease.borrow().valid_for(fabric.now(), lease_ns / 2) {
             renew_now(&self.lease, fabric, lease_ns / 2).await;
+        }
+        // A lost lease never comes back: say so, rather than let the insert waiting
+        // for this pass report a full register area.
+        if self.lease.borrow().lost() {
+            return Err(KvError::LeaseExpired {
+                writer: self.registration.writer,
+            });
         }
         // A chunk's worth of donations per pass shares scarce ones among the clients
         // that run dry; half of what the last pass left lets one client drain a

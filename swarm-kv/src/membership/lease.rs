@@ -55,7 +55,12 @@
 //! (`swarm_rdma::lease_watch`), so the first renewals fail until the transport has
 //! reconnected in the background (the waits between retries drive it). If the
 //! lease was killed, the client fails with [`crate::KvError::LeaseExpired`] and must
-//! be reopened: its writer id may belong to another client now.
+//! be reopened: its writer id may belong to another client now. On shared memory a
+//! reclaimer never kills the lease of a row whose owner process runs
+//! (`crate::membership::writer_takeover`, "A running owner's lease is not killed"),
+//! so there an idle client (or a stopped one, continued) always revives; over RDMA
+//! any client that finds every writer id claimed watches the table and kills what
+//! did not move, so an idle client may find its lease killed.
 //!
 //! Reviving changes nothing in the argument above. A revival is an ordinary renewal:
 //! a CAS from the word the owner last saw, sent at `s`, which counts only once a

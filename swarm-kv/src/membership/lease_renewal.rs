@@ -84,6 +84,8 @@ pub struct LeaseHolder {
     /// no answer was taken since the last one ([`LeaseHolder::quiet_until`]): 0 from
     /// a post until a tick finds no renewal pending (answers come only while one is).
     quiet_until: Nanos,
+    /// Whether the loss of the lease ([`LeaseHolder::lost`]) was logged.
+    loss_logged: bool,
 }
 
 impl LeaseHolder {
@@ -102,6 +104,7 @@ impl LeaseHolder {
             answers: 0,
             fenced: false,
             quiet_until: 0,
+            loss_logged: false,
         }
     }
 
@@ -160,6 +163,18 @@ impl LeaseHolder {
         let due = self
             .last_sent
             .is_none_or(|sent| now.saturating_sub(sent) >= renew_ns);
+        // Renewals ride on the owner's ticks (its operations and waits): a gap of
+        // several periods means that nothing ticked (an idle client, a thread that
+        // waited elsewhere, a stopped process), which a reclaimer may take for death.
+        if let Some(sent) = self.last_sent.filter(|_| due)
+            && now.saturating_sub(sent) >= renew_ns.saturating_mul(3)
+        {
+            tracing::debug!(
+                since_last_ms = now.saturating_sub(sent) / 1_000_000,
+                valid = self.keeper.valid_for(now, 0),
+                "lease renewal late: nothing ticked the lease for several renewal periods"
+            );
+        }
         if due && !self.lost() {
             self.post(fabric, now);
             // A fabric that completes batches inside `post` (shared memory) has
@@ -283,6 +298,24 @@ impl LeaseHolder {
             pending.acknowledged = true;
             self.keeper.acknowledged(pending.sent_at);
             self.renewals += 1;
+            tracing::trace!(next = pending.next, "lease renewal acknowledged");
+        }
+        if pending.answered() && !pending.acknowledged {
+            tracing::debug!(
+                next = pending.next,
+                successes = pending.successes,
+                lost_nodes = self.keeper.lost_nodes(),
+                "lease renewal not acknowledged by a majority (nodes failed, or the words \
+                 moved: the next renewal CASes from what they showed)"
+            );
+        }
+        if !self.loss_logged && self.keeper.lost_nodes() >= majority(self.nodes) {
+            self.loss_logged = true;
+            tracing::warn!(
+                row_at = self.row_at,
+                "lease lost: killed by a reclaimer, or the row taken over, on a majority \
+                 of the memory nodes; this client can never renew it (reconnect)"
+            );
         }
         if pending.acknowledged {
             for (node, stale) in pending.stale_claims.drain(..) {

@@ -178,19 +178,21 @@ fn a_paused_client_loses_its_id_only_after_expiry_and_then_fails_instead_of_writ
 
 #[test]
 fn a_client_that_keeps_renewing_is_never_reclaimed() {
+    for owners in [OwnerLiveness::Unknown, OwnerLiveness::ThisHost] {
+        a_client_that_keeps_renewing_is_never_reclaimed_with(owners);
+    }
+}
+
+/// [`a_client_that_keeps_renewing_is_never_reclaimed`], with a reclaimer that judges
+/// owner processes by `owners` (on this host it reads the lease words again instead
+/// of killing, and must still tell a renewed lease from a lapsed one).
+fn a_client_that_keeps_renewing_is_never_reclaimed_with(owners: OwnerLiveness) {
     let world = World::new(1);
     let a = world.connect();
     insert(&a, "k", "v").expect("inserted");
     let watcher = world.fabric();
     let lease = world.lease();
-    let watch = take_over_expired(
-        &watcher,
-        &world.layout,
-        &lease,
-        Some(77),
-        None,
-        OwnerLiveness::Unknown,
-    );
+    let watch = take_over_expired(&watcher, &world.layout, &lease, Some(77), None, owners);
     // Meanwhile a works at a slow pace: an operation every 100 ms of virtual time, for
     // longer than the watch.
     let work = async {
@@ -204,9 +206,123 @@ fn a_client_that_keeps_renewing_is_never_reclaimed() {
         block_on_future(&watcher, swarm_core::join(watch, work)).expect("no stall");
     let reclaimed = reclaimed.expect("the watch ran");
     assert_eq!(reclaimed.taken, None, "a live client's id was taken");
-    assert_eq!(reclaimed.alive, vec![a.writer()]);
+    assert_eq!(reclaimed.alive, vec![a.writer()], "{owners:?}");
     assert!(a.lease_renewals() > 10);
     insert(&a, "k", "still mine").expect("a keeps writing");
+}
+
+/// A client that runs no operation but calls `keep_lease` (a benchmark thread
+/// waiting for the others at a phase boundary) keeps its lease through a watch,
+/// even where a reclaimer cannot judge owner processes and kills what did not move
+/// (RDMA); and `lease_lost` tells a lost lease from a lapsed one.
+#[test]
+fn keep_lease_keeps_an_idle_client_through_a_watch_and_lease_lost_says_when_it_is_lost() {
+    let world = World::new(2);
+    let a = world.connect();
+    insert(&a, "k", "v").expect("inserted");
+    let watcher = world.fabric();
+    let lease = world.lease();
+    let watch = take_over_expired(
+        &watcher,
+        &world.layout,
+        &lease,
+        None,
+        Some(a.writer()),
+        OwnerLiveness::Unknown,
+    );
+    let keep = async {
+        for _ in 0..(lease.observer_wait_ns() / (50 * MS) + 10) {
+            assert!(a.keep_lease().await, "the lease stays valid");
+            swarm_core::sleep(a.fabric(), 50 * MS).await;
+        }
+    };
+    let (reclaimed, ()) =
+        block_on_future(&watcher, swarm_core::join(watch, keep)).expect("no stall");
+    let reclaimed = reclaimed.expect("the watch ran");
+    assert_eq!(reclaimed.alive, vec![a.writer()]);
+    assert!(!a.lease_lost());
+    // Idle through a watch without it: killed (no owner process judged), and lost.
+    let reclaimed = block_on(
+        &watcher,
+        take_over_expired(
+            &watcher,
+            &world.layout,
+            &lease,
+            None,
+            Some(a.writer()),
+            OwnerLiveness::Unknown,
+        ),
+    )
+    .expect("the watch ran");
+    assert_eq!(reclaimed.released, vec![a.writer()]);
+    assert!(!block_on_future(a.fabric(), a.keep_lease()).expect("no stall"));
+    assert!(a.lease_lost());
+    assert!(matches!(get(&a, "k"), Err(KvError::LeaseExpired { .. })));
+}
+
+/// The soak's fill process connects its clients one after the other: a client that
+/// connected first idles (it posts nothing, so its lease lapses) while a later
+/// client of the same process finds every writer id claimed and watches the table
+/// for the observer's wait. On this host the watch finds the idle client's lease
+/// unchanged but its process running: it must leave the lease lapsed, not kill it,
+/// so that the idle client's next operation revives it (`writer_takeover`, "A
+/// running owner's lease is not killed"). Killed, every later operation of that
+/// client failed with `LeaseExpired` (the soak's fill: 370,000 of them).
+#[test]
+fn an_idle_client_whose_process_runs_keeps_its_lease_through_a_registrants_watch() {
+    use crate::membership::owner_process::{alive, this_process};
+    if alive(this_process()).is_none() {
+        eprintln!("no /proc on this host: process liveness is unknown here");
+        return;
+    }
+    let world = World::new(1);
+    let config = KvConfig {
+        owners: OwnerLiveness::ThisHost,
+        writer_wait_ns: 0,
+        ..KvConfig::new(0, 1)
+    };
+    let connect = || KvClient::connect(world.fabric(), FixedClock(1_000), world.layout, config);
+    let a = connect().expect("a writer id");
+    insert(&a, "k", "v").expect("inserted");
+    let before = world.now();
+    assert!(
+        matches!(connect(), Err(KvError::WritersFull { .. })),
+        "the only writer id belongs to a running process"
+    );
+    assert!(
+        world.now() - before >= world.lease().observer_wait_ns(),
+        "the second client watched the table"
+    );
+    assert!(!a.lease_valid(), "a's lease lapsed during the watch");
+    assert_eq!(
+        get(&a, "k").expect("a revives its lapsed lease"),
+        Some(b"v".to_vec())
+    );
+    assert!(a.lease_valid());
+    insert(&a, "k2", "w").expect("a keeps writing");
+    // A process that is gone is still taken over: the same watch, from a row whose
+    // owner identity names no running process, takes it.
+    let gone =
+        crate::membership::owner_process::identity(std::process::id(), (this_process() >> 32) + 1);
+    let pid_at = world.layout.client_row(a.writer()) + 16;
+    let f = world.fabric();
+    for node in 0..3u16 {
+        block_on_future(&f, async {
+            let s = OpStats::new();
+            let mut rt = swarm_core::Roundtrip::start(&f, &s);
+            rt.post(
+                NodeId(node),
+                Batch::write(pid_at, gone.to_le_bytes().to_vec()),
+            )
+            .unwrap();
+            rt.wait(1).await.unwrap();
+        })
+        .unwrap();
+    }
+    let c = connect().expect("the row of a gone process is taken over");
+    assert_eq!(c.writer(), a.writer());
+    assert_eq!(get(&c, "k2").expect("read"), Some(b"w".to_vec()));
+    assert!(matches!(get(&a, "k"), Err(KvError::LeaseExpired { .. })));
 }
 
 #[test]

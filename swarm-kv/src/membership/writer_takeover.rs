@@ -42,6 +42,32 @@
 //!   ([`REVOKE_PATIENCE_NS`], then the row is left for a later pass,
 //!   [`Reclaimed::pending`]): timing bounds liveness, never safety.
 //!
+//! # A running owner's lease is not killed (shared memory)
+//!
+//! With [`OwnerLiveness::ThisHost`] a row whose observed owner identity (word 2)
+//! names a running process is neither taken nor released (above), so the reclaimer
+//! does not kill its lease either: it only reads the lease words again, to tell a
+//! lapsed lease ([`Reclaimed::running`]) from a renewed one ([`Reclaimed::alive`]).
+//! A kill there would gain the reclaimer nothing, and would cost the owner its id
+//! for good: a kill is final, so every later operation of a client that merely did
+//! not renew for a watch (idle between operations, a thread waiting for its
+//! siblings, a client connected first while the same process connects its others
+//! and watches the table, a stopped process continued) would fail with
+//! `LeaseExpired` although its lease only lapsed and no one could take its row.
+//! Instead it revives the lapsed lease at its next operation
+//! ([`crate::membership::lease`], "Idle clients").
+//!
+//! Safety does not rest on the kill here. A row changes hands only through
+//! [`hand_over`], after a kill on a majority and once no process named by the row
+//! runs; skipping the kill of a row that is then left alone changes nothing for it.
+//! An owner identity never names a running process again once that process is gone
+//! (pid and start time), so a row skipped because its process ran is killed, taken
+//! or released by a later pass once the process is gone; and a registrant that
+//! named itself after the observation is judged again after the claim, in
+//! [`hand_over`], as before. The cost: once the owner's process is gone, the next
+//! reclaimer watches the row for a whole observer's wait instead of finding it
+//! killed already.
+//!
 //! # A registration paused before its fence
 //!
 //! A client fences itself only once it holds the row and an acknowledged lease
@@ -134,9 +160,12 @@ pub struct Reclaimed {
     pub released: Vec<u16>,
     /// Rows whose owner renewed during the watch: alive.
     pub alive: Vec<u16>,
-    /// Rows whose lease lapsed (and is now killed) but whose owner process still
-    /// runs on this host ([`OwnerLiveness::ThisHost`]): left to it, since a stopped
-    /// process may still store into what the row holds when it is continued.
+    /// Rows whose lease lapsed but whose owner process still runs on this host
+    /// ([`OwnerLiveness::ThisHost`]): left to it, since a stopped process may still
+    /// store into what the row holds when it is continued, and its lease not killed
+    /// (module docs, "A running owner's lease is not killed"; killed only where the
+    /// running process was found after the kill, a registrant that named itself
+    /// after the observation).
     pub running: Vec<u16>,
     /// Rows whose lease is killed but whose owner not every memory node has cut yet
     /// ([`Fabric::revoke_owner`]: a node did not answer, or the row changed hands
@@ -258,6 +287,49 @@ async fn kill<F: Fabric + ?Sized>(
         }
     }
     Ok(killed >= majority(nodes))
+}
+
+/// Whether the lease of `row` did not move since it was observed: on a majority of
+/// the nodes it still holds the word observed there, or a killed word (a kill is
+/// final). Reads only: what [`kill`] decides, without the kill.
+async fn lapsed<F: Fabric + ?Sized>(
+    fabric: &F,
+    layout: &NodeLayout,
+    row: &ObservedRow,
+) -> Result<bool, KvError> {
+    let nodes = fabric.node_count();
+    let addr = layout.client_row(row.writer) + LEASE_WORD;
+    let posted = row.lease.iter().flatten().count();
+    let stats = OpStats::new();
+    let rt = broadcast_until(
+        fabric,
+        &stats,
+        majority(nodes).min(posted),
+        STRAGGLER_NS,
+        |node| {
+            Ok(row
+                .lease
+                .get(node.index())
+                .copied()
+                .flatten()
+                .map(|_| Batch::read(addr, 8)))
+        },
+        |replies| replies.len() == posted,
+    )
+    .await?;
+    let unmoved = rt
+        .replies()
+        .iter()
+        .filter(|(node, c)| {
+            let word = c
+                .read(0)
+                .and_then(|b| b.try_into().ok())
+                .map(u64::from_le_bytes);
+            let observed = row.lease.get(node.index()).copied().flatten();
+            word.is_some_and(|w| is_killed(w) || Some(w) == observed)
+        })
+        .count();
+    Ok(unmoved >= majority(nodes))
 }
 
 /// Revokes the owner of `row`, whose lease is killed on a majority, on every memory
@@ -506,8 +578,9 @@ async fn release_row<F: Fabric + ?Sized>(
 /// kills those whose owner did not renew, and takes the first dead one over for
 /// `taker` (a token; `None`: release them all). Rows already killed on a majority (an
 /// earlier reclaim stopped half way) are not waited for. With
-/// [`OwnerLiveness::ThisHost`], a row whose owner process still runs is killed but
-/// neither taken nor released ([`Reclaimed::running`]).
+/// [`OwnerLiveness::ThisHost`], a row whose owner process still runs is neither
+/// killed, taken nor released ([`Reclaimed::running`] if its lease lapsed; module
+/// docs, "A running owner's lease is not killed").
 pub async fn take_over_expired<F: Fabric + ?Sized>(
     fabric: &F,
     layout: &NodeLayout,
@@ -541,25 +614,32 @@ pub async fn take_over_expired<F: Fabric + ?Sized>(
         swarm_core::sleep(fabric, wait.saturating_sub(elapsed)).await;
     }
     for row in candidates {
-        if !kill(fabric, layout, &row).await? {
-            tracing::debug!(writer = row.writer, "lease renewed while watched: alive");
-            result.alive.push(row.writer);
-            continue;
-        }
+        // On this host a row named by a running process is never taken, so its lease
+        // is not killed either (module docs, "A running owner's lease is not
+        // killed"): the owner revives it at its next operation. Only read.
         if owners == OwnerLiveness::ThisHost
             && row
                 .owners
                 .iter()
                 .any(|&o| owner_process::alive(o) == Some(true))
         {
-            // Killed: if it is only stopped, it finds out at its next renewal and
-            // stops; until its process is gone its late stores may still land.
-            tracing::info!(
-                writer = row.writer,
-                owners = ?row.owners,
-                "lease lapsed, but the owner process still runs: its writer id is left to it"
-            );
-            result.running.push(row.writer);
+            if lapsed(fabric, layout, &row).await? {
+                tracing::info!(
+                    writer = row.writer,
+                    owners = ?row.owners,
+                    "lease lapsed, but the owner process still runs: its writer id and its \
+                     lease are left to it (not killed: it revives at its next operation)"
+                );
+                result.running.push(row.writer);
+            } else {
+                tracing::debug!(writer = row.writer, "lease renewed while watched: alive");
+                result.alive.push(row.writer);
+            }
+            continue;
+        }
+        if !kill(fabric, layout, &row).await? {
+            tracing::debug!(writer = row.writer, "lease renewed while watched: alive");
+            result.alive.push(row.writer);
             continue;
         }
         // Nothing of the dead owner may land once the claim word changes: that hands
