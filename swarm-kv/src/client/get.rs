@@ -160,15 +160,16 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
     /// ran past its deadline.
     fn get_now<'s>(&self, key: &[u8], stats: &'s OpStats) -> GetNow<'s> {
         let general = GetNow::Settled(Settled::General { next: 1 });
-        if let Err(error) = self.check_key(key) {
-            return GetNow::Settled(Settled::Failed(error));
-        }
-        // Elsewhere `read_start` could only leave the read pending: the general path.
+        // Elsewhere `read_start` could only leave the read pending: the general path
+        // (which checks the key), at the cost of three comparisons.
         if stats.is_interleaved()
             || self.protocol != RegisterProtocol::SafeGuess
             || !self.fabric().completes_in_submit()
         {
             return general;
+        }
+        if let Err(error) = self.check_key(key) {
+            return GetNow::Settled(Settled::Failed(error));
         }
         let Ok(deadline) = self.begin_quiet() else {
             return general;
