@@ -296,6 +296,7 @@ impl LocationCache {
     /// [`Self::lookup`] by reference: the entry itself, for an operation that needs
     /// it only while it holds the cache (no clone of the location), and can write
     /// what it learned straight into it.
+    #[inline]
     pub fn lookup_mut(&mut self, key: &[u8], now: Nanos) -> Option<(&mut Location, Found)> {
         let hash = self.hash(key);
         let i = self.find(hash, key)?;

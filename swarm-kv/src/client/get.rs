@@ -158,16 +158,27 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
     /// entry as it was, as the general path does). A stale entry is dropped and the
     /// general path asks the index, as a new attempt; so does a first attempt that
     /// ran past its deadline.
+    #[inline(always)]
     fn get_now<'s>(&self, key: &[u8], stats: &'s OpStats) -> GetNow<'s> {
-        let general = GetNow::Settled(Settled::General { next: 1 });
-        // Elsewhere `read_start` could only leave the read pending: the general path
-        // (which checks the key), at the cost of three comparisons.
-        if stats.is_interleaved()
-            || self.protocol != RegisterProtocol::SafeGuess
-            || !self.fabric().completes_in_submit()
-        {
-            return general;
+        if !self.get_now_applies(stats) {
+            return GetNow::Settled(Settled::General { next: 1 });
         }
+        self.get_now_cached(key, stats)
+    }
+
+    /// Whether [`Self::get_now`] may apply at all: elsewhere `read_start` could only
+    /// leave the read pending, so the general path (which checks the key) runs at
+    /// the cost of these three comparisons, inlined.
+    #[inline(always)]
+    fn get_now_applies(&self, stats: &OpStats) -> bool {
+        !stats.is_interleaved()
+            && self.protocol == RegisterProtocol::SafeGuess
+            && self.fabric().completes_in_submit()
+    }
+
+    /// [`Self::get_now`] once it applies.
+    fn get_now_cached<'s>(&self, key: &[u8], stats: &'s OpStats) -> GetNow<'s> {
+        let general = GetNow::Settled(Settled::General { next: 1 });
         if let Err(error) = self.check_key(key) {
             return GetNow::Settled(Settled::Failed(error));
         }
