@@ -137,8 +137,9 @@ pub use mem::{MemCluster, MemFabric};
 pub use protocol::inout::max_on_node;
 pub use protocol::{
     Carried, Client, DeleteOutcome, DeleteVotes, FirstDeleter, FreshOutcome, MAX_REPLICAS,
-    ProtocolConfig, ReadValue, RegisterCache, RegisterLoc, Replicas, Suspicion, SwarmError,
-    UNOWNED_TOMBSTONE, WriteOutcome, quorum, resume, slot_recycling, summary, write_back_guard,
+    PendingRead, ProtocolConfig, ReadStart, ReadValue, RegisterCache, RegisterLoc, Replicas,
+    Suspicion, SwarmError, UNOWNED_TOMBSTONE, WriteOutcome, quorum, resume, slot_recycling,
+    summary, write_back_guard,
 };
 pub use roundtrip::{
     DeadlineScope, MAX_NODES, OpStats, Roundtrip, Wait, WaitOutcome, post_background,

@@ -147,6 +147,70 @@ fn bad_input_is_a_clear_error_and_nothing_is_lost() {
     );
 }
 
+/// `get_into` and `get` of cached keys, on each of their paths through the cache:
+/// the common one (one plain function, one roundtrip), an entry made stale by
+/// another client's delete and re-insert (the read finds a tombstone, the general
+/// path asks the index), and a suspected node (the read's common case does not
+/// apply: the read is finished from where it stopped).
+#[test]
+fn cached_gets_on_every_path() {
+    let dir = ScratchDir::new("kv-cached-get").unwrap();
+    let store = store(&dir);
+    let (a, b) = (store.client().unwrap(), store.client().unwrap());
+    let (fa, fb) = (a.fabric(), b.fabric());
+    for i in 0..6u32 {
+        let key = format!("k{i}");
+        block_on(fa, a.insert(key.as_bytes(), b"one", &OpStats::new())).unwrap();
+    }
+    let mut out = Vec::new();
+    for i in 0..6u32 {
+        let key = format!("k{i}");
+        assert!(block_on(fb, b.get_into(key.as_bytes(), &mut out, &OpStats::new())).unwrap());
+        assert_eq!(out, b"one");
+        let s = OpStats::new();
+        assert!(block_on(fb, b.get_into(key.as_bytes(), &mut out, &s)).unwrap());
+        assert_eq!((out.as_slice(), s.roundtrips()), (&b"one"[..], 1), "cached");
+        let s = OpStats::new();
+        let got = block_on(fb, b.get(key.as_bytes(), &s)).unwrap();
+        assert_eq!((got.as_deref(), s.roundtrips()), (Some(&b"one"[..]), 1));
+    }
+    // Stale entries: a deletes and inserts again (another register).
+    for i in 0..3u32 {
+        let key = format!("k{i}");
+        block_on(fa, a.delete(key.as_bytes(), &OpStats::new())).unwrap();
+        block_on(fa, a.insert(key.as_bytes(), b"two", &OpStats::new())).unwrap();
+        let s = OpStats::new();
+        assert!(block_on(fb, b.get_into(key.as_bytes(), &mut out, &s)).unwrap());
+        assert_eq!(out, b"two");
+        // The stale read, then the index (its lookup of a re-inserted key takes more
+        // than one), then the new register: five here, as before the cached get was
+        // one function.
+        assert!(s.roundtrips() >= 3, "{} roundtrips", s.roundtrips());
+        let s = OpStats::new();
+        assert!(block_on(fb, b.get_into(key.as_bytes(), &mut out, &s)).unwrap());
+        assert_eq!(
+            (out.as_slice(), s.roundtrips()),
+            (&b"two"[..], 1),
+            "cached again"
+        );
+    }
+    // Deleted for good: absent, and `out` emptied.
+    block_on(fa, a.delete(b"k3", &OpStats::new())).unwrap();
+    assert!(!block_on(fb, b.get_into(b"k3", &mut out, &OpStats::new())).unwrap());
+    assert!(out.is_empty());
+    assert_eq!(block_on(fb, b.get(b"k3", &OpStats::new())).unwrap(), None);
+    // A crashed node: some keys' preferred majority includes it.
+    fb.fail_node(NodeId(1));
+    for i in [0u32, 1, 2, 4, 5] {
+        let key = format!("k{i}");
+        let want: &[u8] = if i < 3 { b"two" } else { b"one" };
+        assert!(block_on(fb, b.get_into(key.as_bytes(), &mut out, &OpStats::new())).unwrap());
+        assert_eq!(out, want);
+        let got = block_on(fb, b.get(key.as_bytes(), &OpStats::new())).unwrap();
+        assert_eq!(got.as_deref(), Some(want));
+    }
+}
+
 #[test]
 fn a_failed_node_is_masked() {
     let dir = ScratchDir::new("kv-fail").unwrap();

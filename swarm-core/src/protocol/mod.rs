@@ -50,6 +50,7 @@ pub use delete::{DeleteOutcome, DeleteVotes, FirstDeleter, UNOWNED_TOMBSTONE};
 pub use error::SwarmError;
 pub use fresh::{Carried, FreshOutcome};
 pub use register::{MAX_REPLICAS, RegisterCache, RegisterLoc, Replicas};
+pub use safeguess::{PendingRead, ReadStart};
 pub use suspicion::Suspicion;
 
 use alloc::vec::Vec;

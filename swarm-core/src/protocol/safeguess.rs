@@ -63,9 +63,23 @@ use crate::fabric::{Batch, Fabric, Nanos, Op, Payload};
 use crate::layout::encode_record_for;
 use crate::roundtrip::{OpStats, post_background};
 
-use super::maxreg::{ReadNow, WriteProgress};
+use super::maxreg::{ReadNow, Views, WriteProgress};
 use super::register::{RegisterCache, RegisterLoc};
 use super::{Client, ReadValue, SwarmError, WriteOutcome};
+
+/// How a Safe-Guess read began ([`Client::read_start`]).
+#[derive(Debug)]
+pub enum ReadStart {
+    /// The read is complete (its common case): its result.
+    Done(ReadValue),
+    /// Not the common case: finish it with [`Client::read_finish`].
+    Pending(PendingRead),
+}
+
+/// A Safe-Guess read that [`Client::read_start`] began and did not complete: what its
+/// first majority read found, if it took one.
+#[derive(Debug)]
+pub struct PendingRead(Option<Box<Views>>);
 
 impl<F: Fabric, C: Clock> Client<F, C> {
     /// Safe-Guess `WRITE(payload)`.
@@ -204,13 +218,68 @@ impl<F: Fabric, C: Clock> Client<F, C> {
     ) -> Result<ReadValue, SwarmError> {
         let _deadline = self.arm_at_first_post(stats);
         // The common case, with no future built (`Client::read_now`).
-        let mut first = match self.read_now(reg, cache, stats)? {
+        let first = match self.read_now(reg, cache, stats)? {
             ReadNow::Done(value) => {
                 stats.count_iteration();
                 return Ok(value);
             }
             ReadNow::Continue(views) => views,
         };
+        self.read_rest(reg, cache, stats, first).await
+    }
+
+    /// The common case of [`Self::read`] as a plain function, for a caller that runs
+    /// several steps per operation and armed its deadline first
+    /// ([`OpStats::arm_deadline`], which must stay armed until the read ends): the
+    /// read's first majority read on a fabric that completes batches inside `submit`,
+    /// and when that settles it (the maximum empty, or VERIFIED with its value in place
+    /// and known to be on a majority), the result, with no future built
+    /// ([`ReadStart::Done`]). Otherwise [`ReadStart::Pending`], to be finished with
+    /// [`Self::read_finish`]: the read goes on from what its first majority read
+    /// found, and takes the roundtrips [`Self::read`] takes. With no deadline armed
+    /// it posts nothing and returns `Pending` ([`Self::read_finish`] arms one at its
+    /// first post, as [`Self::read`] does). The fence is the same as `read`'s: no
+    /// post after the deadline, and the answers checked against it after the burst.
+    pub fn read_start(
+        &self,
+        reg: &RegisterLoc,
+        cache: &mut RegisterCache,
+        stats: &OpStats,
+    ) -> Result<ReadStart, SwarmError> {
+        if !stats.is_armed() {
+            return Ok(ReadStart::Pending(PendingRead(None)));
+        }
+        Ok(match self.read_now(reg, cache, stats)? {
+            ReadNow::Done(value) => {
+                stats.count_iteration();
+                ReadStart::Done(value)
+            }
+            ReadNow::Continue(views) => ReadStart::Pending(PendingRead(views)),
+        })
+    }
+
+    /// Finishes a read [`Self::read_start`] began and left `pending`, with the same
+    /// `reg`, `cache` and `stats`.
+    pub async fn read_finish(
+        &self,
+        reg: &RegisterLoc,
+        cache: &mut RegisterCache,
+        stats: &OpStats,
+        pending: PendingRead,
+    ) -> Result<ReadValue, SwarmError> {
+        let _deadline = self.arm_at_first_post(stats);
+        self.read_rest(reg, cache, stats, pending.0).await
+    }
+
+    /// [`Self::read`] past its common case: the loop of SWARM §3.2's READ, its first
+    /// majority read's views in `first` when it took one.
+    async fn read_rest(
+        &self,
+        reg: &RegisterLoc,
+        cache: &mut RegisterCache,
+        stats: &OpStats,
+        mut first: Option<Box<Views>>,
+    ) -> Result<ReadValue, SwarmError> {
         // One entry per writer seen: at most one per concurrent writer.
         let mut seen: Vec<(Tsp, Vec<u8>)> = Vec::new();
         let bound = 2 * u32::from(self.layout.writers()) + 1;

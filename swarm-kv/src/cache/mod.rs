@@ -289,17 +289,26 @@ impl LocationCache {
     /// vouched for `ttl_ns` or longer ago (module docs, "Stale entries": a
     /// freshness bound, not a safety one).
     pub fn lookup(&mut self, key: &[u8], now: Nanos) -> Option<(Location, Found)> {
+        let (location, found) = self.lookup_mut(key, now)?;
+        Some((location.clone(), found))
+    }
+
+    /// [`Self::lookup`] by reference: the entry itself, for an operation that needs
+    /// it only while it holds the cache (no clone of the location), and can write
+    /// what it learned straight into it.
+    #[inline]
+    pub fn lookup_mut(&mut self, key: &[u8], now: Nanos) -> Option<(&mut Location, Found)> {
         let hash = self.hash(key);
         let i = self.find(hash, key)?;
-        let entry = &mut self.entries[i];
-        if now.saturating_sub(entry.location.vouched_at) >= self.ttl_ns {
+        if now.saturating_sub(self.entries[i].location.vouched_at) >= self.ttl_ns {
             self.expired += 1;
             self.remove_at(i);
             return None;
         }
+        let entry = &mut self.entries[i];
         entry.hits = entry.hits.saturating_add(1);
         Some((
-            entry.location.clone(),
+            &mut entry.location,
             Found {
                 index: i as u32,
                 hash,

@@ -141,7 +141,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
     /// and the lease is valid for the whole operation deadline: returns the
     /// deadline. Otherwise returns the reading, for `begin_op`. Skips exactly what
     /// `begin_op` would have found nothing to do for: the lease check is the same.
-    fn begin_quiet(&self) -> Result<Nanos, Nanos> {
+    pub(super) fn begin_quiet(&self) -> Result<Nanos, Nanos> {
         let now = self.swarm.fabric().now();
         let max_op_ns = self.layout.params.max_op_ns;
         if !self.swarm.background_quiet(now) {

@@ -3,12 +3,65 @@
 //! carries the key, so a register that does not hold this key is never mistaken for
 //! it. A tombstone means the cached location is stale: flush it and go through the
 //! index again.
+//!
+//! The common get (a cached key, no upkeep due, a fabric that completes batches
+//! inside `submit`) is one plain function, `KvClient::get_now`: the lease check, the
+//! deadline armed from the start, the cache entry used in place and the register
+//! read's common case (`swarm_core::Client::read_start`), with no future built. Any
+//! other case takes the general path, which builds the futures.
 
-use swarm_core::{Clock, Fabric, OpStats};
+use swarm_core::{
+    Clock, DeadlineScope, Fabric, OpStats, PendingRead, ReadStart, ReadValue, RegisterCache,
+    SwarmError,
+};
 
 use crate::KvError;
+use crate::cache::Found;
+use crate::layout::decode_payload;
 
-use super::{FENCED_ATTEMPTS, KvClient};
+use super::{FENCED_ATTEMPTS, KvClient, Located, RegisterProtocol};
+
+/// How a get through the location cache began on the immediate path
+/// ([`KvClient::get_now`]).
+enum GetNow<'s> {
+    /// It came to an end, or handed over to the general path.
+    Settled(Settled),
+    /// The read's first majority read did not settle it: finish it (cold).
+    Reading(Box<Reading<'s>>),
+}
+
+/// What a get through the location cache came to.
+enum Settled {
+    /// The key's value: `payload[value_at..]` (the payload as read, key first).
+    Found { payload: Vec<u8>, value_at: usize },
+    /// The operation failed.
+    Failed(KvError),
+    /// Not through the cache (a miss, a stale entry, another protocol, an interleaved
+    /// operation, upkeep due): the general path, from attempt `next`.
+    General { next: u32 },
+}
+
+/// A cached get whose read [`swarm_core::Client::read_start`] left pending.
+struct Reading<'s> {
+    /// The operation's deadline, armed until the read ends.
+    _scope: DeadlineScope<'s>,
+    located: Located,
+    /// The entry's knowledge before the read.
+    known: RegisterCache,
+    found: Found,
+    pending: PendingRead,
+}
+
+/// What a cached get's register read holds for its key.
+enum Judged {
+    /// The key's value, at `payload[value_at..]`.
+    Holds { payload: Vec<u8>, value_at: usize },
+    /// A tombstone, nothing, another key's value, or a register reset since it was
+    /// cached: the entry is stale.
+    Not,
+    /// The read failed.
+    Failed(KvError),
+}
 
 impl<F: Fabric, C: Clock> KvClient<F, C> {
     /// The key's current value, or `None` if it is absent.
@@ -17,7 +70,36 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
     /// paused process) is retried, up to `FENCED_ATTEMPTS` (4) attempts in all: a read
     /// that stopped changed nothing a reader could tell.
     pub async fn get(&self, key: &[u8], stats: &OpStats) -> Result<Option<Vec<u8>>, KvError> {
-        let mut attempt = 1;
+        // Through the location cache first (`get_now`), the rest of a pending read's
+        // future built only when needed, on the heap.
+        let settled = match self.get_now(key, stats) {
+            GetNow::Settled(settled) => settled,
+            GetNow::Reading(reading) => Box::pin(self.finish_reading(key, stats, reading)).await,
+        };
+        let next = match settled {
+            Settled::Found {
+                mut payload,
+                value_at,
+            } => {
+                // The value moves to the front of the payload's buffer, which becomes
+                // the value: no allocation and copy of its own.
+                payload.copy_within(value_at.., 0);
+                payload.truncate(payload.len() - value_at);
+                return Ok(Some(payload));
+            }
+            Settled::Failed(error) => return Err(error),
+            Settled::General { next } => next,
+        };
+        self.get_from(key, stats, next).await
+    }
+
+    /// [`Self::get`]'s general path, from attempt `attempt`.
+    async fn get_from(
+        &self,
+        key: &[u8],
+        stats: &OpStats,
+        mut attempt: u32,
+    ) -> Result<Option<Vec<u8>>, KvError> {
         loop {
             match self.get_once(key, stats).await {
                 Err(error) if error.is_fenced() && attempt < FENCED_ATTEMPTS => {
@@ -41,12 +123,177 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         stats: &OpStats,
     ) -> Result<bool, KvError> {
         value.clear();
-        let Some(read) = self.get(key, stats).await? else {
+        // Through the location cache first (`get_now`), the rest of a pending read's
+        // future built only when needed, on the heap.
+        let settled = match self.get_now(key, stats) {
+            GetNow::Settled(settled) => settled,
+            GetNow::Reading(reading) => Box::pin(self.finish_reading(key, stats, reading)).await,
+        };
+        let next = match settled {
+            Settled::Found { payload, value_at } => {
+                value.extend_from_slice(&payload[value_at..]);
+                self.fabric().give_back(payload);
+                return Ok(true);
+            }
+            Settled::Failed(error) => return Err(error),
+            Settled::General { next } => next,
+        };
+        let Some(read) = self.get_from(key, stats, next).await? else {
             return Ok(false);
         };
         value.extend_from_slice(&read);
         self.fabric().give_back(read);
         Ok(true)
+    }
+
+    /// The common get, as one plain function that builds no future: a key in the
+    /// location cache, nothing of the upkeep due ([`Self::begin_quiet`]: the same
+    /// lease check as every operation's), and the register read's common case on a
+    /// fabric that completes batches inside `submit`
+    /// ([`swarm_core::Client::read_start`]), with the operation's deadline armed
+    /// from its start as [`Self::begin`] arms it. The entry is used where it is
+    /// (its location not cloned; one hash of the key), and the read learns into a
+    /// copy of its knowledge, written back only when the read returned the key's
+    /// value and learned something (a read that failed or was fenced leaves the
+    /// entry as it was, as the general path does). A stale entry is dropped and the
+    /// general path asks the index, as a new attempt; so does a first attempt that
+    /// ran past its deadline.
+    #[inline(always)]
+    fn get_now<'s>(&self, key: &[u8], stats: &'s OpStats) -> GetNow<'s> {
+        if !self.get_now_applies(stats) {
+            return GetNow::Settled(Settled::General { next: 1 });
+        }
+        self.get_now_cached(key, stats)
+    }
+
+    /// Whether [`Self::get_now`] may apply at all: elsewhere `read_start` could only
+    /// leave the read pending, so the general path (which checks the key) runs at
+    /// the cost of these three comparisons, inlined.
+    #[inline(always)]
+    fn get_now_applies(&self, stats: &OpStats) -> bool {
+        !stats.is_interleaved()
+            && self.protocol == RegisterProtocol::SafeGuess
+            && self.fabric().completes_in_submit()
+    }
+
+    /// [`Self::get_now`] once it applies.
+    fn get_now_cached<'s>(&self, key: &[u8], stats: &'s OpStats) -> GetNow<'s> {
+        let general = GetNow::Settled(Settled::General { next: 1 });
+        if let Err(error) = self.check_key(key) {
+            return GetNow::Settled(Settled::Failed(error));
+        }
+        let Ok(deadline) = self.begin_quiet() else {
+            return general;
+        };
+        let scope = stats.arm_deadline(deadline);
+        let start = deadline.saturating_sub(self.max_op_ns);
+        let mut cache = self.cache.borrow_mut();
+        let Some((entry, found)) = cache.lookup_mut(key, start) else {
+            return general;
+        };
+        let mut knowledge = entry.knowledge.clone();
+        let read = match self.swarm.read_start(&entry.loc, &mut knowledge, stats) {
+            Ok(ReadStart::Done(value)) => Ok(value),
+            Ok(ReadStart::Pending(pending)) => {
+                return GetNow::Reading(Box::new(Reading {
+                    _scope: scope,
+                    located: Located {
+                        register: entry.register,
+                        loc: entry.loc.clone(),
+                        knowledge,
+                        vouched_at: entry.vouched_at,
+                    },
+                    known: entry.knowledge.clone(),
+                    found,
+                    pending,
+                }));
+            }
+            Err(error) => Err(error),
+        };
+        GetNow::Settled(match self.judge(key, read) {
+            Judged::Holds { payload, value_at } => {
+                // What the read learned, into the entry (it only grows: the merge
+                // is the read's copy), as `remember_found` writes it back.
+                if knowledge != entry.knowledge {
+                    entry.knowledge.merge(&knowledge);
+                }
+                Settled::Found { payload, value_at }
+            }
+            Judged::Not => {
+                drop(cache);
+                self.cache.borrow_mut().remove(key);
+                Settled::General { next: 1 }
+            }
+            Judged::Failed(error) => Self::failed_first(error),
+        })
+    }
+
+    /// The rest of a cached get whose read [`Self::get_now`] left pending.
+    async fn finish_reading(
+        &self,
+        key: &[u8],
+        stats: &OpStats,
+        reading: Box<Reading<'_>>,
+    ) -> Settled {
+        let Reading {
+            _scope,
+            mut located,
+            known,
+            found,
+            pending,
+        } = *reading;
+        let read = self
+            .swarm
+            .read_finish(&located.loc, &mut located.knowledge, stats, pending)
+            .await;
+        match self.judge(key, read) {
+            Judged::Holds { payload, value_at } => {
+                if located.knowledge != known {
+                    self.remember_found(key, &located, found);
+                }
+                Settled::Found { payload, value_at }
+            }
+            Judged::Not => {
+                self.cache.borrow_mut().remove(key);
+                Settled::General { next: 1 }
+            }
+            Judged::Failed(error) => Self::failed_first(error),
+        }
+    }
+
+    /// What a cached get's register read found for `key` (the checks of
+    /// `read_keyed`: the payload carries its key).
+    fn judge(&self, key: &[u8], read: Result<ReadValue, SwarmError>) -> Judged {
+        match read {
+            Ok(ReadValue::Value(payload)) => match decode_payload(&payload) {
+                Some((k, v)) if k == key => Judged::Holds {
+                    value_at: payload.len() - v.len(),
+                    payload,
+                },
+                _ => Judged::Not,
+            },
+            Ok(ReadValue::Deleted | ReadValue::Empty) => Judged::Not,
+            Err(error) => {
+                let error = KvError::from(error);
+                // Reset for another life since it was cached: not the key's (any more).
+                if error.is_recycled() {
+                    Judged::Not
+                } else {
+                    Judged::Failed(error)
+                }
+            }
+        }
+    }
+
+    /// A first attempt that failed with `error`: retried as the general path's
+    /// second attempt if it ran past its deadline (as [`Self::get`] retries).
+    fn failed_first(error: KvError) -> Settled {
+        if error.is_fenced() && 1 < FENCED_ATTEMPTS {
+            tracing::debug!(%error, attempt = 1, "get: stalled past its deadline; retrying");
+            Settled::General { next: 2 }
+        } else {
+            Settled::Failed(error)
+        }
     }
 
     async fn get_once(&self, key: &[u8], stats: &OpStats) -> Result<Option<Vec<u8>>, KvError> {
