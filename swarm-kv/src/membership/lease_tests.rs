@@ -1098,3 +1098,31 @@ fn a_reclaimer_leaves_a_row_named_by_a_running_process_after_its_observation() {
     assert_eq!(pass.running, vec![0]);
     assert_eq!(words(&world, row), vec![0x0A11_CE01; 3], "x's claim");
 }
+
+/// `swarm evict --force` of a client that closes during the eviction's wait, while a
+/// new client registers the same writer id: the eviction ends there and leaves the
+/// new owner's lease alone (before, its retry loop killed the new owner too).
+#[test]
+fn a_forced_eviction_leaves_the_next_owner_of_the_writer_id_alone() {
+    let world = World::new(1);
+    let a = world.connect();
+    insert(&a, "k", "v").expect("inserted");
+    let f = world.fabric();
+    let mut eviction = core::pin::pin!(crate::membership::writer_ids::evict(
+        &f,
+        &world.layout,
+        a.writer(),
+        true,
+        OwnerLiveness::Unknown,
+    ));
+    // The eviction kills a's lease and waits out the longest lease a may believe in;
+    // meanwhile a closes.
+    assert!(crate::test_support::poll_once(eviction.as_mut()).is_pending());
+    a.close();
+    let b = world.connect();
+    assert_eq!(b.writer(), 0, "the only writer id, given back by a");
+    let evicted = block_on_future(&f, eviction).expect("a run");
+    assert!(evicted.is_ok(), "{evicted:?}");
+    insert(&b, "k2", "w").expect("the next owner keeps its lease");
+    assert_eq!(get(&b, "k").expect("read"), Some(b"v".to_vec()));
+}

@@ -708,20 +708,32 @@ pub async fn take_over_expired<F: Fabric + ?Sized>(
 /// lease its owner may still believe in, and releases the row (`swarm evict
 /// --force`). Returns whether the row was registered. A live owner finds its lease
 /// killed at its next renewal and stops with [`KvError::LeaseExpired`].
+///
+/// It evicts the incarnation it first observed, and only that one: once the row
+/// shows another token (the owner closed, and a new client registered), the owner
+/// is gone, and the new client is left alone.
 pub async fn evict_now<F: Fabric + ?Sized>(
     fabric: &F,
     layout: &NodeLayout,
     lease: &LeaseParams,
     writer: u16,
 ) -> Result<bool, KvError> {
+    let mut target: Option<u64> = None;
     // The owner may renew between our read and our kill: read again and retry.
     for _ in 0..16 {
         let observed = observe(fabric, layout).await?;
         let Some(row) = observed.into_iter().find(|r| r.writer == writer) else {
-            return Ok(false);
+            return Ok(target.is_some());
         };
         if row.token == 0 {
-            return Ok(false);
+            return Ok(target.is_some());
+        }
+        if *target.get_or_insert(row.token) != row.token {
+            tracing::info!(
+                writer,
+                "the evicted client's writer id changed hands meanwhile: its new owner is left alone"
+            );
+            return Ok(true);
         }
         if !kill(fabric, layout, &row).await? {
             continue;
