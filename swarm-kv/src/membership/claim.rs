@@ -181,6 +181,31 @@ mod tests {
     /// A claim round's fence in these tests: far longer than any of them takes.
     const BUDGET: Nanos = 10_000_000_000;
 
+    /// CASes the word at 8 on `node` from `from` to `to`; returns what it found.
+    fn cas_on<F: Fabric>(fabric: &F, node: u16, from: u64, to: u64) -> Option<u64> {
+        let s = OpStats::new();
+        block_on_future(fabric, async {
+            let mut rt = Roundtrip::start(fabric, &s);
+            rt.post(NodeId(node), Batch::cas(8, from, to)).unwrap();
+            rt.wait(1).await.unwrap();
+            rt.replies()[0].1.cas(0)
+        })
+        .unwrap()
+    }
+
+    /// The word at 8 on `node`.
+    fn word_on<F: Fabric>(fabric: &F, node: u16) -> u64 {
+        let s = OpStats::new();
+        block_on_future(fabric, async {
+            let mut rt = Roundtrip::start(fabric, &s);
+            rt.post(NodeId(node), Batch::read(8, 8)).unwrap();
+            rt.wait(1).await.unwrap();
+            let bytes = rt.replies()[0].1.read(0).unwrap().to_vec();
+            u64::from_le_bytes(bytes.try_into().unwrap())
+        })
+        .unwrap()
+    }
+
     #[test]
     fn first_claimer_wins_and_others_see_it_taken() {
         let cluster = MemCluster::new(3, 64);
@@ -215,26 +240,13 @@ mod tests {
         let cluster = MemCluster::new(3, 64);
         let c = cluster.client();
         let s = OpStats::new();
-        block_on(&c, async {
-            let mut rt = Roundtrip::start(&c, &s);
-            rt.post(NodeId(1), Batch::cas(8, 0, 77)).unwrap();
-            rt.wait(1).await
-        })
-        .unwrap();
+        cas_on(&c, 1, 0, 77);
         assert_eq!(
             block_on(&c, claim(&c, &s, 3, 8, 11, BUDGET)),
             Ok(Claim::Won)
         );
         for (node, want) in [(0u16, 11u64), (1, 77), (2, 11)] {
-            let word = block_on_future(&c, async {
-                let mut rt = Roundtrip::start(&c, &s);
-                rt.post(NodeId(node), Batch::read(8, 8)).unwrap();
-                rt.wait(1).await.unwrap();
-                let bytes = rt.replies()[0].1.read(0).unwrap().to_vec();
-                u64::from_le_bytes(bytes.try_into().unwrap())
-            })
-            .unwrap();
-            assert_eq!(word, want, "node {node}");
+            assert_eq!(word_on(&c, node), want, "node {node}");
         }
     }
 
@@ -249,12 +261,7 @@ mod tests {
         // a holds node 0, b holds node 1, node 2 is down for both.
         a.fail_node(NodeId(2));
         b.fail_node(NodeId(2));
-        block_on(&a, async {
-            let mut rt = Roundtrip::start(&a, &s);
-            rt.post(NodeId(0), Batch::cas(8, 0, 11)).unwrap();
-            rt.wait(1).await
-        })
-        .unwrap();
+        cas_on(&a, 0, 0, 11);
         // b holds only node 1 and cannot tell whether silent node 2 holds a's token:
         // it reports Taken (a may still win) and gives its copy back.
         assert_eq!(
@@ -276,26 +283,14 @@ mod tests {
         // Tokens 1 and 2 each hold one node; a third contender takes node 2 and sees
         // every node answer with no token on a majority.
         for (node, token) in [(0u16, 1u64), (1, 2)] {
-            block_on(&c, async {
-                let mut rt = Roundtrip::start(&c, &s);
-                rt.post(NodeId(node), Batch::cas(8, 0, token)).unwrap();
-                rt.wait(1).await
-            })
-            .unwrap();
+            cas_on(&c, node, 0, token);
         }
         assert_eq!(
             block_on(&c, claim(&c, &s, 3, 8, 33, BUDGET)),
             Ok(Claim::Undecided)
         );
         // Its copy on node 2 was given back.
-        let previous = block_on_future(&c, async {
-            let mut rt = Roundtrip::start(&c, &s);
-            rt.post(NodeId(2), Batch::cas(8, 0, 0)).unwrap();
-            rt.wait(1).await.unwrap();
-            rt.replies()[0].1.cas(0)
-        })
-        .unwrap();
-        assert_eq!(previous, Some(0));
+        assert_eq!(cas_on(&c, 2, 0, 0), Some(0));
     }
 
     /// A claimer stopped between its posts to node 0 and to nodes 1 and 2 counts
@@ -354,12 +349,7 @@ mod tests {
         assert!(crate::test_support::poll_once(fx.as_mut()).is_pending());
         // Node 0 is rebuilt from the donors' copies: the word is free there again.
         let admin = cluster.client();
-        block_on(&admin, async {
-            let mut rt = Roundtrip::start(&admin, &s);
-            rt.post(NodeId(0), Batch::cas(8, 11, 0)).unwrap();
-            rt.wait(1).await
-        })
-        .unwrap();
+        cas_on(&admin, 0, 11, 0);
         let y = crate::test_support::Holding::new(cluster.client(), &[2]);
         assert_eq!(
             block_on(&y, claim(&y, &s, 3, 8, 22, BUDGET)),
@@ -375,14 +365,7 @@ mod tests {
         );
         // x gave node 2 back: y's slow CAS finds it free.
         y.land();
-        let node2 = block_on_future(&admin, async {
-            let mut rt = Roundtrip::start(&admin, &s);
-            rt.post(NodeId(2), Batch::read(8, 8)).unwrap();
-            rt.wait(1).await.unwrap();
-            let bytes = rt.replies()[0].1.read(0).unwrap().to_vec();
-            u64::from_le_bytes(bytes.try_into().unwrap())
-        })
-        .unwrap();
+        let node2 = word_on(&admin, 2);
         assert_ne!(node2, 11, "x's late copy on node 2 is given back");
     }
 }
