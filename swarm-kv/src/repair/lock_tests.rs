@@ -275,51 +275,7 @@ fn a_lock_is_taken_over_only_from_a_repair_known_gone() {
     assert!(opened_with(&cluster, &[0, 1]).admits(2, 31));
 }
 
-/// A repair's fabric on which node 2 answers reads but fails every write: the
-/// repair announces itself on the donors, then its copy fails on the node.
-struct WritesFailOnNode2 {
-    inner: MemFabric,
-}
-
-const FAILED: u32 = 1 << 30;
-
-impl Fabric for WritesFailOnNode2 {
-    fn node_count(&self) -> usize {
-        self.inner.node_count()
-    }
-    fn post(&self, node: NodeId, batch: Batch) -> Ticket {
-        let writes = batch.ops().iter().any(|op| matches!(op, Op::Write { .. }));
-        if node == NodeId(2) && writes {
-            return Ticket(FAILED);
-        }
-        self.inner.post(node, batch)
-    }
-    fn poll(&self, ticket: Ticket) -> Poll<Result<Completion, FabricError>> {
-        if ticket.0 == FAILED {
-            return Poll::Ready(Err(FabricError::NodeFailed {
-                node: NodeId(2),
-                cause: swarm_core::fabric::FailureCause::Crashed,
-            }));
-        }
-        self.inner.poll(ticket)
-    }
-    fn forget(&self, ticket: Ticket) {
-        if ticket.0 != FAILED {
-            self.inner.forget(ticket);
-        }
-    }
-    fn progress(&self) -> bool {
-        self.inner.progress()
-    }
-    fn now(&self) -> u64 {
-        self.inner.now()
-    }
-    fn wake_at(&self, deadline: u64) {
-        self.inner.wake_at(deadline);
-    }
-}
-
-/// A repair that fails after its announcement (its copy cannot write the node)
+/// A repair that fails after its announcement (node 2 fails during the copy)
 /// withdraws it: every majority's configuration then shows the node out of service
 /// with no repairing bit, at a newer epoch, so clients stop journaling their resets
 /// for a repair that no longer runs and their registers come back. Before, the bit
@@ -329,12 +285,13 @@ fn a_repair_that_fails_before_its_admission_withdraws_its_announcement() {
     let (cluster, layout) = small_cluster(400 * MS);
     write_configuration(&cluster.client(), &Configuration::new(1, vec![11, 12, 13]))
         .expect("configuration");
-    let f = WritesFailOnNode2 {
-        inner: cluster.client(),
-    };
+    // Node 2 fails once the first piece of the copy is written to it.
+    let f = FailNodes::new(cluster.client());
     let outcome = block_on_future(
         &f,
-        repair_node(&f, &layout, NodeId(2), 21, NO_WAIT, |_, _| {}),
+        repair_node(&f, &layout, NodeId(2), 21, NO_WAIT, |_, _| {
+            f.fail_node_as(NodeId(2), swarm_core::fabric::Crash::Erroring)
+        }),
     )
     .expect("a run");
     assert!(
