@@ -46,14 +46,14 @@
 //! operation in flight on a client waits on failed nodes only, the executor reports a
 //! stall: those operations fail with [`FabricError::Stalled`] and the client moves on.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::future::Future;
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::task::{Context, Waker};
+use std::task::{Context, Poll, Waker};
 use std::thread;
 use std::time::Instant;
 
@@ -1193,12 +1193,51 @@ fn keep_alive<C: BenchClient>(client: &RefCell<Option<C>>) {
     }
 }
 
+/// An operation handed to a slot's worker ([`slot_worker`]).
+struct Job {
+    op: OpType,
+    keynum: u64,
+    written: Option<Vec<u8>>,
+    issued_at: u64,
+}
+
+/// The operations of one in-flight slot, one after the other: each job `drive` puts
+/// in `inbox` is issued ([`issue`]) and its result pushed to `outbox`. One worker
+/// future per slot lives for the whole [`drive`], so an operation's future (kilobytes:
+/// the largest of the client's get, update, insert and delete) is built in place in
+/// its worker's state, where a future per operation moved into its slot cost two
+/// copies of it per operation (about 600 instructions, as many as a register read's
+/// roundtrip).
+async fn slot_worker<C: BenchClient>(
+    client: &C,
+    shared: &Shared<'_>,
+    slot: usize,
+    inbox: &Cell<Option<Job>>,
+    outbox: &RefCell<Vec<Finished>>,
+) {
+    loop {
+        let job = std::future::poll_fn(|_| inbox.take().map_or(Poll::Pending, Poll::Ready)).await;
+        let key = shared.keys.key(job.keynum);
+        let finished = issue(
+            client,
+            shared,
+            key,
+            job.op,
+            job.written,
+            slot,
+            job.issued_at,
+        )
+        .await;
+        outbox.borrow_mut().push(finished);
+    }
+}
+
 /// Keeps `inflight` operations from `next` going on `client` until `next` runs dry,
-/// handing each to `finish` as it completes. Operations run in the slots of a
-/// [`SlotExecutor`] (no allocation per operation). Next to them, whenever the client
-/// has deferred work (the index unmaps of deletes that returned at their tombstone),
-/// one task runs it: off the operations' critical path, but on the client's thread,
-/// as an application would run it.
+/// handing each to `finish` as it completes. Each slot's operations run in its
+/// [`slot_worker`], polled by a [`SlotExecutor`] (no allocation per operation). Next
+/// to them, whenever the client has deferred work (the index unmaps of deletes that
+/// returned at their tombstone), one task runs it: off the operations' critical
+/// path, but on the client's thread, as an application would run it.
 ///
 /// With `stop_on_loss`, once an operation fails and the client's lease is lost for
 /// good ([`BenchClient::lease_lost`]), issues nothing more, lets the operations in
@@ -1221,35 +1260,45 @@ fn drive<'a, C: BenchClient>(
         OpType::Update | OpType::Insert => value(index as u32, seq, value_size),
     };
     let mut slots: Vec<Option<InFlight>> = (0..inflight).map(|_| None).collect();
+    let mut busy = 0;
+    let inbox: Vec<Cell<Option<Job>>> = (0..inflight).map(|_| Cell::new(None)).collect();
+    let outbox = RefCell::new(Vec::with_capacity(inflight));
     let mut finished: Vec<Finished> = Vec::with_capacity(inflight);
-    let mut ops = SlotExecutor::new(inflight);
+    let mut workers = SlotExecutor::new(inflight);
+    let start_workers = |workers: &mut SlotExecutor<_>| {
+        for (slot, inbox) in inbox.iter().enumerate() {
+            workers.start(slot, slot_worker(client, shared, slot, inbox, &outbox));
+        }
+    };
+    start_workers(&mut workers);
     let mut deferred: Option<DeferredWork<'a>> = None;
-    let mut issue_next =
-        |ops: &mut SlotExecutor<_>, slots: &mut [Option<InFlight>], slot: usize| {
-            if let Some(planned) = next() {
-                // One clock reading for both: the operation's latency runs from here.
-                let issued_at = shared.now_ns();
-                slots[slot] = Some(InFlight {
-                    op: planned.op,
-                    keynum: planned.keynum,
-                    seq: planned.seq,
-                    issued_at,
-                });
-                let key = shared.keys.key(planned.keynum);
-                let value = written(planned.op, planned.seq);
-                ops.start(
-                    slot,
-                    issue(client, shared, key, planned.op, value, slot, issued_at),
-                );
-            }
-        };
+    let mut issue_next = |slots: &mut [Option<InFlight>], busy: &mut usize, slot: usize| {
+        if let Some(planned) = next() {
+            // One clock reading for both: the operation's latency runs from here.
+            let issued_at = shared.now_ns();
+            slots[slot] = Some(InFlight {
+                op: planned.op,
+                keynum: planned.keynum,
+                seq: planned.seq,
+                issued_at,
+            });
+            *busy += 1;
+            inbox[slot].set(Some(Job {
+                op: planned.op,
+                keynum: planned.keynum,
+                written: written(planned.op, planned.seq),
+                issued_at,
+            }));
+        }
+    };
     for slot in 0..inflight {
-        issue_next(&mut ops, &mut slots, slot);
+        issue_next(&mut slots, &mut busy, slot);
     }
-    while ops.live() > 0 || deferred.is_some() {
-        // One round polls every operation and the deferred work once.
+    while busy > 0 || deferred.is_some() {
+        // One round polls every worker and the deferred work once.
         let stepped = step_rounds(fabric, || {
-            let mut count = ops.poll_once(|_, f| finished.push(f));
+            workers.poll_once(|_, ()| {});
+            let mut count = outbox.borrow().len();
             if deferred.as_mut().is_some_and(|work| {
                 work.as_mut()
                     .poll(&mut Context::from_waker(Waker::noop()))
@@ -1261,11 +1310,15 @@ fn drive<'a, C: BenchClient>(
             count
         });
         if stepped.is_err() {
-            // Every operation in flight waits on failed nodes only: give up on them.
-            ops.clear();
+            // Every operation in flight waits on failed nodes only: give up on them,
+            // with the workers that ran them.
+            workers.clear();
+            outbox.borrow_mut().clear();
             deferred = None;
             for slot in 0..inflight {
+                inbox[slot].set(None);
                 if let Some(lost) = slots[slot].take() {
+                    busy -= 1;
                     finish(Done {
                         slot,
                         op: lost.op,
@@ -1277,14 +1330,19 @@ fn drive<'a, C: BenchClient>(
                         roundtrips: 0,
                     });
                 }
-                issue_next(&mut ops, &mut slots, slot);
+            }
+            start_workers(&mut workers);
+            for slot in 0..inflight {
+                issue_next(&mut slots, &mut busy, slot);
             }
             continue;
         }
+        std::mem::swap(&mut finished, &mut *outbox.borrow_mut());
         for f in finished.drain(..) {
             let Some(issued) = slots[f.slot].take() else {
                 continue;
             };
+            busy -= 1;
             lost |= stop_on_loss && f.result.is_err() && client.lease_lost();
             finish(Done {
                 slot: f.slot,
@@ -1297,7 +1355,7 @@ fn drive<'a, C: BenchClient>(
                 roundtrips: f.roundtrips,
             });
             if !lost {
-                issue_next(&mut ops, &mut slots, f.slot);
+                issue_next(&mut slots, &mut busy, f.slot);
             }
         }
         if deferred.is_none() && !lost && client.has_deferred_work() {
