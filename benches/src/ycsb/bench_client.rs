@@ -26,8 +26,15 @@ pub(crate) trait BenchClient {
     type Transport: Fabric;
     /// The fabric handle (to crash a node for this client, and drive progress).
     fn fabric(&self) -> &FailNodes<Self::Transport>;
-    /// The value of `key`.
-    async fn get(&self, key: &[u8], stats: &OpStats) -> Result<Option<Vec<u8>>, OpError>;
+    /// The value of `key` into `value` (its content replaced): whether `key` is
+    /// present (absent: `value` emptied). A client thread reads every value into one
+    /// buffer, as an application on the zero-allocation path does.
+    async fn get_into(
+        &self,
+        key: &[u8],
+        value: &mut Vec<u8>,
+        stats: &OpStats,
+    ) -> Result<bool, OpError>;
     /// Sets `key` if present; whether it was.
     async fn update(&self, key: &[u8], value: &[u8], stats: &OpStats) -> Result<bool, OpError>;
     /// Sets `key`.
@@ -95,8 +102,13 @@ impl<F: Fabric> BenchClient for KvClient<FailNodes<F>, SystemClock> {
     fn fabric(&self) -> &FailNodes<F> {
         KvClient::fabric(self)
     }
-    async fn get(&self, key: &[u8], stats: &OpStats) -> Result<Option<Vec<u8>>, OpError> {
-        Ok(KvClient::get(self, key, stats).await?)
+    async fn get_into(
+        &self,
+        key: &[u8],
+        value: &mut Vec<u8>,
+        stats: &OpStats,
+    ) -> Result<bool, OpError> {
+        Ok(KvClient::get_into(self, key, value, stats).await?)
     }
     async fn update(&self, key: &[u8], value: &[u8], stats: &OpStats) -> Result<bool, OpError> {
         Ok(KvClient::update(self, key, value, stats).await?)
@@ -153,8 +165,17 @@ impl BenchClient for FuseeClient<EmulatedFabric> {
     fn fabric(&self) -> &EmulatedFabric {
         FuseeClient::fabric(self)
     }
-    async fn get(&self, key: &[u8], stats: &OpStats) -> Result<Option<Vec<u8>>, OpError> {
-        Ok(FuseeClient::get(self, key, stats).await?)
+    async fn get_into(
+        &self,
+        key: &[u8],
+        value: &mut Vec<u8>,
+        stats: &OpStats,
+    ) -> Result<bool, OpError> {
+        // FUSEE's get returns a value of its own: it takes the buffer's place.
+        let read = FuseeClient::get(self, key, stats).await?;
+        let present = read.is_some();
+        *value = read.unwrap_or_default();
+        Ok(present)
     }
     async fn update(&self, key: &[u8], value: &[u8], stats: &OpStats) -> Result<bool, OpError> {
         Ok(FuseeClient::update(self, key, value, stats).await?)

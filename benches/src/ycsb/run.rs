@@ -1050,7 +1050,8 @@ struct Planned {
 
 /// What an operation returned.
 enum Outcome {
-    /// A get: the value, `None` if the key was absent.
+    /// A get: `None` if the key was absent; else its value when a history is
+    /// recorded, an empty one otherwise.
     Got(Option<Vec<u8>>),
     /// An update: whether the key was present.
     Updated(bool),
@@ -1096,19 +1097,23 @@ struct Finished {
     roundtrips: u32,
 }
 
-/// Issues one operation; times it from `start`, the clock reading taken when it was
-/// issued (started in its slot: the wait for its first poll, behind the client's
-/// other operations in flight, counts, as it would for an application), to its
-/// completion.
+/// Issues `job` in `slot` (a get reads into `read`); times it from its `issued_at`,
+/// the clock reading taken when it was handed to the slot (the wait for its first
+/// poll, behind the client's other operations in flight, counts, as it would for an
+/// application), to its completion.
 async fn issue<C: BenchClient>(
     client: &C,
     shared: &Shared<'_>,
-    key: &str,
-    op: OpType,
-    written: Option<Vec<u8>>,
     slot: usize,
-    start: u64,
+    job: Job,
+    read: &mut Vec<u8>,
 ) -> Finished {
+    let Job {
+        op,
+        keynum,
+        written,
+        issued_at: start,
+    } = job;
     // With others in flight on this thread, the operation yields after each hint of
     // its memory, so that their cache misses overlap (`OpStats::interleaved`).
     let stats = if shared.config.inflight > 1 {
@@ -1116,9 +1121,15 @@ async fn issue<C: BenchClient>(
     } else {
         OpStats::new()
     };
-    let key = key.as_bytes();
+    let key = shared.keys.key(keynum).as_bytes();
     let result = match op {
-        OpType::Get => client.get(key, &stats).await.map(Outcome::Got),
+        OpType::Get => client.get_into(key, read, &stats).await.map(|present| {
+            // The history needs the value; the statistics only whether it was there.
+            Outcome::Got(present.then(|| match shared.config.history {
+                Some(_) => read.clone(),
+                None => Vec::new(),
+            }))
+        }),
         OpType::Update => client
             .update(key, written.as_deref().unwrap_or_default(), &stats)
             .await
@@ -1215,19 +1226,11 @@ async fn slot_worker<C: BenchClient>(
     inbox: &Cell<Option<Job>>,
     outbox: &RefCell<Vec<Finished>>,
 ) {
+    // Every get of the slot reads into this buffer.
+    let mut read = Vec::new();
     loop {
         let job = std::future::poll_fn(|_| inbox.take().map_or(Poll::Pending, Poll::Ready)).await;
-        let key = shared.keys.key(job.keynum);
-        let finished = issue(
-            client,
-            shared,
-            key,
-            job.op,
-            job.written,
-            slot,
-            job.issued_at,
-        )
-        .await;
+        let finished = issue(client, shared, slot, job, &mut read).await;
         outbox.borrow_mut().push(finished);
     }
 }
