@@ -10,7 +10,7 @@ use crate::clock::Clock;
 use crate::encoding::{Flag, Timestamp, Tsp};
 use crate::fabric::{Batch, Fabric, FabricError};
 use crate::layout::{RECORD_HEADER, decode_record, encode_record};
-use crate::roundtrip::{OpStats, Roundtrip};
+use crate::roundtrip::{Immediate, OpStats, Roundtrip};
 
 use super::register::RegisterLoc;
 use super::{Client, ReadValue, SwarmError};
@@ -42,6 +42,46 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         )?;
         rt.wait(1).await?;
         Ok(())
+    }
+
+    /// [`Self::raw_read`]'s common case as a plain function, on a fabric that
+    /// completes batches inside `submit` (shared memory) and with the operation's
+    /// deadline armed already (as a SWARM-KV operation arms it from its start): one
+    /// READ of the primary whose record validates. `Ok(None)` when it does not apply
+    /// (another fabric, no deadline armed, a batch that did not complete, a torn
+    /// record): the caller then runs [`Self::raw_read`], which reads again. The fence
+    /// is checked after the read, as [`Self::read_start`] checks it.
+    pub fn raw_read_now(
+        &self,
+        reg: &RegisterLoc,
+        stats: &OpStats,
+    ) -> Result<Option<ReadValue>, SwarmError> {
+        if !stats.is_armed() || !self.fabric.completes_in_submit() {
+            return Ok(None);
+        }
+        let mut step = Immediate::start(&self.fabric, stats)?;
+        let mut batch = Batch::read(reg.addr, self.layout.record_bytes() as u32);
+        let Some(reply) = step.submit(reg.replicas.node(0), &mut batch) else {
+            return Ok(None);
+        };
+        let Some(bytes) = reply.read_mut(0) else {
+            return Ok(None);
+        };
+        let value = if bytes.iter().take(8).all(|b| *b == 0) {
+            ReadValue::Empty
+        } else {
+            let Some(len) =
+                decode_record(bytes, self.layout.payload_max()).map(|record| record.payload.len())
+            else {
+                return Ok(None);
+            };
+            let mut bytes = reply.take_read(0).unwrap_or_default();
+            bytes.copy_within(RECORD_HEADER as usize..RECORD_HEADER as usize + len, 0);
+            bytes.truncate(len);
+            ReadValue::Value(bytes)
+        };
+        step.complete()?;
+        Ok(Some(value))
     }
 
     /// RAW read: the in-place record of the primary.

@@ -7,8 +7,9 @@
 //! The common get (a cached key, no upkeep due, a fabric that completes batches
 //! inside `submit`) is one plain function, `KvClient::get_now`: the lease check, the
 //! deadline armed from the start, the cache entry used in place and the register
-//! read's common case (`swarm_core::Client::read_start`), with no future built. Any
-//! other case takes the general path, which builds the futures.
+//! read's common case (`swarm_core::Client::read_start`; RAW's one READ,
+//! `raw_read_now`), with no future built. Any other case takes the general path,
+//! which builds the futures.
 
 use swarm_core::{
     Clock, DeadlineScope, Fabric, OpStats, PendingRead, ReadStart, ReadValue, RegisterCache,
@@ -166,13 +167,17 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         self.get_now_cached(key, stats)
     }
 
-    /// Whether [`Self::get_now`] may apply at all: elsewhere `read_start` could only
-    /// leave the read pending, so the general path (which checks the key) runs at
-    /// the cost of these three comparisons, inlined.
+    /// Whether [`Self::get_now`] may apply at all: elsewhere `read_start` (or
+    /// `raw_read_now`) could only leave the read pending, so the general path (which
+    /// checks the key) runs at the cost of these comparisons, inlined. DM-ABD's gets
+    /// always take the general path.
     #[inline(always)]
     fn get_now_applies(&self, stats: &OpStats) -> bool {
         !stats.is_interleaved()
-            && self.protocol == RegisterProtocol::SafeGuess
+            && matches!(
+                self.protocol,
+                RegisterProtocol::SafeGuess | RegisterProtocol::Raw
+            )
             && self.fabric().completes_in_submit()
     }
 
@@ -191,6 +196,22 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         let Some((entry, found)) = cache.lookup_mut(key, start) else {
             return general;
         };
+        if self.protocol == RegisterProtocol::Raw {
+            // RAW keeps no knowledge of its registers: one READ of the primary.
+            let read = match self.swarm.raw_read_now(&entry.loc, stats) {
+                Ok(Some(value)) => Ok(value),
+                Ok(None) => return general,
+                Err(error) => Err(error),
+            };
+            return GetNow::Settled(match self.judge(key, read) {
+                Judged::Holds { payload, value_at } => Settled::Found { payload, value_at },
+                Judged::Not => {
+                    cache.remove(key);
+                    Settled::General { next: 1 }
+                }
+                Judged::Failed(error) => Self::failed_first(error),
+            });
+        }
         let mut knowledge = entry.knowledge.clone();
         let read = match self.swarm.read_start(&entry.loc, &mut knowledge, stats) {
             Ok(ReadStart::Done(value)) => Ok(value),
