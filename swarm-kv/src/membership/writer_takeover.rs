@@ -979,4 +979,110 @@ mod tests {
             "a kill counted from an observation"
         );
     }
+
+    /// Polls `future` until it is ready (its held batches landed, or its waits ran
+    /// out on its clock: `fabric` sleeps a straggler's wait between polls).
+    fn finish<T>(
+        fabric: &Holding,
+        mut future: core::pin::Pin<&mut impl core::future::Future<Output = T>>,
+    ) -> T {
+        for _ in 0..64 {
+            if let core::task::Poll::Ready(out) = poll_once(future.as_mut()) {
+                return out;
+            }
+            fabric.sleep(STRAGGLER_NS + 1);
+        }
+        panic!("the future never finished");
+    }
+
+    /// Whether `token`, having taken the row over, gets its lease: the first
+    /// renewals of a registration (`crate::membership::writer_ids::register`).
+    fn renews<F: Fabric>(fabric: &F, layout: &NodeLayout, token: u64, floor: u64) -> bool {
+        use crate::membership::lease::LeaseKeeper;
+        use crate::membership::lease_renewal::{LeaseHolder, renew_now};
+        let seen: Vec<Option<u64>> = (0..3)
+            .map(|node| {
+                Some(cas_on(
+                    fabric,
+                    node,
+                    layout.client_row(0) + LEASE_WORD,
+                    0,
+                    0,
+                ))
+            })
+            .collect();
+        let mut keeper = LeaseKeeper::new(LeaseParams::from_params(&layout.params), seen);
+        keeper.raise_base(floor);
+        let holder =
+            core::cell::RefCell::new(LeaseHolder::new(keeper, layout.client_row(0), token, 3));
+        for _ in 0..4 {
+            block_on_future(fabric, renew_now(&holder, fabric, 0)).expect("a renewal ran");
+            if holder.borrow().valid_until().is_some() {
+                return true;
+            }
+        }
+        false
+    }
+
+    /// The take ([`hand_over`]) is not fenced: module docs, "The takeover's other
+    /// rounds, across a repair". Reclaimer r1's take lands on node 0 and r1 stops
+    /// before its takes of nodes 1 and 2 land. Node 0 loses its memory and is rebuilt
+    /// from donors that show the dead token; r2 takes nodes 0 and 1 (its take of node
+    /// 2 is slow). r1 wakes up: its late take wins node 2, and with node 0's answer
+    /// from before the loss it may count a majority. Whatever it counted, its token
+    /// is then on node 2 alone, and its first lease renewal, which counts only where
+    /// the claim word holds its token, fails: only r2 gets the row.
+    #[test]
+    fn a_take_counted_across_a_repair_leaves_the_row_to_one_taker() {
+        const T1: u64 = 0x1111;
+        const T2: u64 = 0x2223;
+        let (cluster, layout) = small_cluster(200 * MS);
+        let admin = cluster.client();
+        let claim_at = layout.client_row(0);
+        let row = dead_row(&admin, &layout, [SEEN, SEEN]);
+        // Killed everywhere (and revoked: nothing to revoke in memory) up to SEEN.
+        for node in 0..3 {
+            cas_on(&admin, node, claim_at + LEASE_WORD, SEEN, SEEN | KILLED);
+        }
+        let r1 = Holding::new(cluster.client(), &[1, 2]);
+        let mut take1 = core::pin::pin!(hand_over(
+            &r1,
+            &layout,
+            &row,
+            SEEN,
+            T1,
+            OwnerLiveness::Unknown
+        ));
+        assert!(poll_once(take1.as_mut()).is_pending());
+        // Node 0 rebuilt from nodes 1 and 2: the dead token, killed at SEEN.
+        let donors = [DEAD, DEAD];
+        let rebuilt = crate::repair::merge::claim_word(&donors, &mut Default::default());
+        assert_eq!(cas_on(&admin, 0, claim_at, T1, rebuilt), T1);
+        let r2 = Holding::new(cluster.client(), &[2]);
+        let take2 = core::pin::pin!(hand_over(
+            &r2,
+            &layout,
+            &row,
+            SEEN,
+            T2,
+            OwnerLiveness::Unknown
+        ));
+        assert_eq!(finish(&r2, take2).expect("r2's take"), HandOver::Done(SEEN));
+        // r1 stopped through the repair's quiescence; its takes land.
+        r1.sleep(crate::repair::quiescence_ns(&layout));
+        r1.land();
+        let r1_took = finish(&r1, take1).expect("r1's take") == HandOver::Done(SEEN);
+        r2.land();
+        let holders: Vec<u64> = (0..3)
+            .map(|node| cas_on(&admin, node, claim_at, 0, 0))
+            .collect();
+        assert_eq!(holders, vec![T2, T2, T1], "r1's late take won node 2 only");
+        // r1 registers first (the worse order): its renewal counts on node 2 alone.
+        assert!(
+            !renews(&admin, &layout, T1, SEEN),
+            "a taker whose take was counted across a repair got the lease (its take \
+             reported done: {r1_took})"
+        );
+        assert!(renews(&admin, &layout, T2, SEEN), "r2 holds the row");
+    }
 }
