@@ -160,7 +160,8 @@
 //!   taker, registers, and its first lease renewal reads the claim word in its own
 //!   batch and counts only where it holds its token, so it gives the row back
 //!   before it stores anything under it (`crate::membership::writer_ids`; at worst
-//!   its owner-identity CAS made the second one give up too: both leave the row); as a
+//!   its owner-identity CAS made the second one give up too: both leave the row;
+//!   `a_take_counted_across_a_repair_leaves_the_row_to_one_taker`); as a
 //!   releaser it sets back to 0 only its own copy, a minority (a claimer that counts
 //!   it finds the row [`crate::membership::claim::Claim::Taken`]). Over RDMA its
 //!   lease read after the take may find the second one's renewal on X and revoke
