@@ -115,6 +115,65 @@
 //!   failed, and never renews: it stores nothing plain under a row that is not its
 //!   own (docs/pauses.md).
 //!
+//! # A kill counted across a repair
+//!
+//! A kill stops revivals only while a majority of copies is killed *at once*: no
+//! renewal counts on a majority after that (`crate::membership::lease`, "Idle
+//! clients"). A node that loses its memory is rebuilt with the most advanced lease
+//! word its donors show (`crate::repair::merge::lease_word`): killed if the kill
+//! reached one of them before the repair's copy read it, live otherwise. A kill round
+//! counts its answers one by one, so a reclaimer that counted node X's kill and
+//! stopped before its kill of node Y landed could wake up after a repair rebuilt X
+//! from donors that the kill had not reached, and count X (from before the loss) and
+//! Y: a majority, while only Y is killed. The owner then revives on X and the third
+//! node, and the reclaimer takes over a row whose owner holds a renewed lease
+//! (`docs/pauses.md`, H3'; test `a_kill_counted_across_a_repair_is_undecided`). On
+//! shared memory with [`OwnerLiveness::ThisHost`] that owner's process is gone, so
+//! nothing revives; over RDMA the revocation finds the live words and cuts the
+//! owner; but where the lease alone decides (a transport that revokes nothing with
+//! [`OwnerLiveness::Unknown`], `swarm evict --force`), two clients would hold the
+//! row. So [`kill`]:
+//!
+//! * counts only answers of its own round: a copy observed killed already is CASed
+//!   onto itself (a read), since the observation is older than the watch, and a
+//!   pass that handles many rows reaches a later row's kill long after it, stops or
+//!   not (`a_kill_observed_before_a_repair_counts_only_if_still_there`);
+//! * counts them only if a clock reading after the last one is within `max_op_ns`
+//!   of the round's start, as a claim round does (`crate::membership::claim`, "A
+//!   round that straddles a repair"); otherwise the row is left for a later pass
+//!   ([`Reclaimed::pending`]). Every answer it counts landed after the start, and a
+//!   repair copies a node only a quiescence (longer than `max_op_ns`) after the
+//!   node's loss, so no copy began between two counted answers. A node that lost its
+//!   memory after its kill landed is rebuilt from donors that include another node
+//!   the round counted killed, and it comes back killed.
+//!
+//! # The takeover's other rounds, across a repair
+//!
+//! Safe by structure, not fenced:
+//!
+//! * **The take** ([`hand_over`]: CAS dead token → own, counted on a majority) can
+//!   count a win across a repair just as a claim could (X's answer from before its
+//!   loss, a donor's late answer), while a second reclaimer won X, rebuilt showing
+//!   the dead token, and the other donor. Both believe they hold the row, but the
+//!   stopped one's copies are no majority: the second one's all hold its token when
+//!   both rounds end (no reclaimer takes another's copies). The stopped one, as a
+//!   taker, registers, and its first lease renewal reads the claim word in its own
+//!   batch and counts only where it holds its token, so it gives the row back
+//!   before it stores anything under it (`crate::membership::writer_ids`; at worst
+//!   its owner-identity CAS made the second one give up too: both leave the row;
+//!   `a_take_counted_across_a_repair_leaves_the_row_to_one_taker`); as a
+//!   releaser it sets back to 0 only its own copy, a minority (a claimer that counts
+//!   it finds the row [`crate::membership::claim::Claim::Taken`]). Over RDMA its
+//!   lease read after the take may find the second one's renewal on X and revoke
+//!   that generation: the second reclaimer then loses its writer id (it fails with
+//!   `LeaseExpired`), a cost in liveness, never a second owner.
+//! * **The give-back** (own → dead token) and **the release** (own → 0) are posted,
+//!   not counted, and change only copies that hold the reclaimer's own token, which
+//!   is unique. A copy set back to the dead token is taken again only by a take
+//!   from it, under the argument above.
+//! * **Revocations** count the memory nodes' acknowledgements; a node rebuilt between
+//!   them is the transport's business (`swarm_rdma`, revocation floors).
+//!
 //! Register chunks claimed by a dead client keep its token in their claim words: they
 //! are not reclaimed here but adopted, once its row no longer holds its token, by the
 //! next client that runs out of chunks ([`crate::registers::orphans`]).
@@ -169,7 +228,8 @@ pub struct Reclaimed {
     pub running: Vec<u16>,
     /// Rows whose lease is killed but whose owner not every memory node has cut yet
     /// ([`Fabric::revoke_owner`]: a node did not answer, or the row changed hands
-    /// meanwhile): neither taken nor released.
+    /// meanwhile), or whose kill round ran past its fence (module docs, "A kill
+    /// counted across a repair"): neither taken nor released.
     pub pending: Vec<u16>,
     /// The largest lease counter the taken row was revoked up to: the taker's lease
     /// generation must start above it (`LeaseKeeper::raise_base`).
@@ -242,13 +302,23 @@ async fn cas_all<F: Fabric + ?Sized>(
     stats: &OpStats,
     posts: &[(NodeId, u64, u64, u64)],
 ) -> Result<Vec<(NodeId, u64)>, KvError> {
+    cas_all_within(fabric, stats, posts, STRAGGLER_NS).await
+}
+
+/// [`cas_all`], waiting up to `straggle` for each chunk of posts.
+async fn cas_all_within<F: Fabric + ?Sized>(
+    fabric: &F,
+    stats: &OpStats,
+    posts: &[(NodeId, u64, u64, u64)],
+    straggle: Nanos,
+) -> Result<Vec<(NodeId, u64)>, KvError> {
     let mut out = Vec::new();
     for chunk in posts.chunks(swarm_core::MAX_NODES) {
         let mut rt = Roundtrip::start(fabric, stats);
         for &(node, addr, expected, new) in chunk {
             rt.post(node, Batch::cas(addr, expected, new))?;
         }
-        let deadline = fabric.now().saturating_add(STRAGGLER_NS);
+        let deadline = fabric.now().saturating_add(straggle);
         if rt.settle_until(deadline).await == WaitOutcome::Short {
             tracing::debug!("reclaim: some memory nodes did not answer a CAS in time");
         }
@@ -261,32 +331,62 @@ async fn cas_all<F: Fabric + ?Sized>(
     Ok(out)
 }
 
+/// How a kill round ([`kill`]) ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kill {
+    /// Killed on a majority at once: no renewal of the owner counts any more.
+    Killed,
+    /// The owner renewed in time on enough nodes: the row is left to it.
+    Alive,
+    /// The round's answers came past its fence (module docs, "A kill counted across
+    /// a repair"): they prove nothing; the row is left for a later pass.
+    Undecided,
+}
+
 /// Kills the lease of `row` from the values observed; returns whether it is now
-/// killed on a majority (kills by other reclaimers of the same values count).
+/// killed on a majority (kills by other reclaimers of the same values count). Every
+/// node counted answered this round: a word observed killed already is CASed onto
+/// itself, which only reads it. The round counts nothing if a clock reading after its
+/// last answer is past `max_op_ns` from its start (module docs, "A kill counted
+/// across a repair").
 async fn kill<F: Fabric + ?Sized>(
     fabric: &F,
     layout: &NodeLayout,
+    lease: &LeaseParams,
     row: &ObservedRow,
-) -> Result<bool, KvError> {
+) -> Result<Kill, KvError> {
     let nodes = fabric.node_count();
     let addr = layout.client_row(row.writer) + LEASE_WORD;
-    let mut killed = 0;
-    let mut posts = Vec::new();
-    for (node, word) in row.lease.iter().enumerate() {
-        match word {
-            Some(w) if is_killed(*w) => killed += 1,
-            Some(w) => posts.push((NodeId(node as u16), addr, *w, *w | KILLED)),
-            None => {}
-        }
-    }
+    let posts: Vec<_> = row
+        .lease
+        .iter()
+        .enumerate()
+        .filter_map(|(node, word)| word.map(|w| (NodeId(node as u16), addr, w, w | KILLED)))
+        .collect();
     let stats = OpStats::new();
-    for (node, previous) in cas_all(fabric, &stats, &posts).await? {
-        let observed = row.lease.get(node.index()).copied().flatten();
-        if observed.is_some_and(|w| previous == w || previous == w | KILLED) {
-            killed += 1;
-        }
+    let started = fabric.now();
+    // Stragglers within the fence (a quarter of it), as a claim round waits.
+    let straggle = STRAGGLER_NS.min(lease.max_op_ns / 4);
+    let answers = cas_all_within(fabric, &stats, &posts, straggle).await?;
+    if fabric.now().saturating_sub(started) > lease.max_op_ns {
+        tracing::debug!(
+            writer = row.writer,
+            "kill round ran past its fence: undecided, left for a later pass"
+        );
+        return Ok(Kill::Undecided);
     }
-    Ok(killed >= majority(nodes))
+    let killed = answers
+        .iter()
+        .filter(|&&(node, previous)| {
+            let observed = row.lease.get(node.index()).copied().flatten();
+            observed.is_some_and(|w| previous == w || previous == w | KILLED)
+        })
+        .count();
+    Ok(if killed >= majority(nodes) {
+        Kill::Killed
+    } else {
+        Kill::Alive
+    })
 }
 
 /// Whether the lease of `row` did not move since it was observed: on a majority of
@@ -637,10 +737,17 @@ pub async fn take_over_expired<F: Fabric + ?Sized>(
             }
             continue;
         }
-        if !kill(fabric, layout, &row).await? {
-            tracing::debug!(writer = row.writer, "lease renewed while watched: alive");
-            result.alive.push(row.writer);
-            continue;
+        match kill(fabric, layout, lease, &row).await? {
+            Kill::Killed => {}
+            Kill::Alive => {
+                tracing::debug!(writer = row.writer, "lease renewed while watched: alive");
+                result.alive.push(row.writer);
+                continue;
+            }
+            Kill::Undecided => {
+                result.pending.push(row.writer);
+                continue;
+            }
         }
         // Nothing of the dead owner may land once the claim word changes: that hands
         // its row, log, registers and chunks to others (module docs).
@@ -735,7 +842,7 @@ pub async fn evict_now<F: Fabric + ?Sized>(
             );
             return Ok(true);
         }
-        if !kill(fabric, layout, &row).await? {
+        if kill(fabric, layout, lease, &row).await? != Kill::Killed {
             continue;
         }
         // Every renewal a majority acknowledged was sent before the kill completed.
@@ -753,4 +860,230 @@ pub async fn evict_now<F: Fabric + ?Sized>(
         }
     }
     Err(KvError::Contended { attempts: 16 })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_support::{Holding, MS, poll_once, small_cluster};
+    use swarm_core::block_on_future;
+
+    /// The dead owner's token in the tests' claim word.
+    const DEAD: u64 = 0xD0D1;
+    /// The lease counter the dead owner last renewed to.
+    const SEEN: u64 = 5;
+
+    /// CASes the word at `addr` on `node` from `from` to `to`; returns what it found.
+    fn cas_on<F: Fabric>(fabric: &F, node: u16, addr: u64, from: u64, to: u64) -> u64 {
+        let s = OpStats::new();
+        block_on_future(fabric, async {
+            let mut rt = Roundtrip::start(fabric, &s);
+            rt.post(NodeId(node), Batch::cas(addr, from, to)).unwrap();
+            rt.wait(1).await.unwrap();
+            rt.replies()[0].1.cas(0).unwrap()
+        })
+        .unwrap()
+    }
+
+    /// Row 0 claimed by [`DEAD`], its lease at [`SEEN`] on every node; the row as a
+    /// reclaimer that heard nodes 0 and 1 only observed it (`lease` on each).
+    fn dead_row<F: Fabric>(fabric: &F, layout: &NodeLayout, lease: [u64; 2]) -> ObservedRow {
+        let row = layout.client_row(0);
+        for node in 0..3 {
+            assert_eq!(cas_on(fabric, node, row, 0, DEAD), 0);
+            assert_eq!(cas_on(fabric, node, row + LEASE_WORD, 0, SEEN), 0);
+        }
+        ObservedRow {
+            writer: 0,
+            token: DEAD,
+            lease: vec![Some(lease[0]), Some(lease[1]), None],
+            owners: Vec::new(),
+        }
+    }
+
+    /// How many nodes take the dead owner's revival, a renewal CAS from the counter
+    /// it last saw (`crate::membership::lease`, "Idle clients").
+    fn revival<F: Fabric>(fabric: &F, layout: &NodeLayout) -> usize {
+        let at = layout.client_row(0) + LEASE_WORD;
+        (0..3)
+            .filter(|&node| cas_on(fabric, node, at, SEEN, SEEN + 1) == SEEN)
+            .count()
+    }
+
+    /// A reclaimer's kill lands on node 0 and the reclaimer stops before its kill of
+    /// node 1 lands. Node 0 loses its memory and a repair rebuilds it from donors
+    /// whose lease words are live (the kill had reached none of them). The reclaimer
+    /// wakes up: its late kill lands on node 1. With node 0's answer from before the
+    /// loss it counts a majority, but the kill is on node 1 alone: the owner revives
+    /// on nodes 0 and 2, and the reclaimer would take over a row whose owner holds a
+    /// renewed lease (where the lease decides: shared memory with no `/proc`, or a
+    /// transport that revokes nothing). The round must not count (module docs, "A
+    /// kill counted across a repair").
+    #[test]
+    fn a_kill_counted_across_a_repair_is_undecided() {
+        let (cluster, layout) = small_cluster(200 * MS);
+        let admin = cluster.client();
+        let lease = LeaseParams::from_params(&layout.params);
+        let row = dead_row(&admin, &layout, [SEEN, SEEN]);
+        let r = Holding::new(cluster.client(), &[1]);
+        let mut round = core::pin::pin!(kill(&r, &layout, &lease, &row));
+        assert!(poll_once(round.as_mut()).is_pending());
+        // Node 0 rebuilt from nodes 1 and 2, whose words are live.
+        let at = layout.client_row(0) + LEASE_WORD;
+        let donors = [SEEN, SEEN];
+        assert_eq!(
+            cas_on(
+                &admin,
+                0,
+                at,
+                SEEN | KILLED,
+                crate::repair::merge::lease_word(&donors)
+            ),
+            SEEN | KILLED
+        );
+        // The reclaimer stopped through the repair's quiescence.
+        r.sleep(crate::repair::quiescence_ns(&layout));
+        r.land();
+        let outcome = poll_once(round.as_mut());
+        assert_eq!(
+            revival(&admin, &layout),
+            2,
+            "the owner revives on the rebuilt node and node 2"
+        );
+        assert!(
+            matches!(outcome, core::task::Poll::Ready(Ok(Kill::Undecided))),
+            "a kill counted across a repair: {outcome:?}"
+        );
+    }
+
+    /// The reclaimer observed node 0's lease killed (an earlier reclaimer's kill,
+    /// node 1's word live). Node 0 then loses its memory and is rebuilt from donors
+    /// the kill had not reached, and the reclaimer's own kill lands on node 1, in a
+    /// round within its fence. Counting node 0 as killed from the observation would
+    /// make a majority of a kill that is on node 1 alone; the round asks node 0 again
+    /// (a CAS of the killed word onto itself) and finds it live.
+    #[test]
+    fn a_kill_observed_before_a_repair_counts_only_if_still_there() {
+        let (cluster, layout) = small_cluster(200 * MS);
+        let admin = cluster.client();
+        let lease = LeaseParams::from_params(&layout.params);
+        let row = dead_row(&admin, &layout, [SEEN | KILLED, SEEN]);
+        let outcome = swarm_core::block_on(&admin, kill(&admin, &layout, &lease, &row));
+        assert_eq!(
+            revival(&admin, &layout),
+            2,
+            "the owner revives on nodes 0 and 2"
+        );
+        assert_eq!(
+            outcome.expect("a kill round"),
+            Kill::Alive,
+            "a kill counted from an observation"
+        );
+    }
+
+    /// Polls `future` until it is ready (its held batches landed, or its waits ran
+    /// out on its clock: `fabric` sleeps a straggler's wait between polls).
+    fn finish<T>(
+        fabric: &Holding,
+        mut future: core::pin::Pin<&mut impl core::future::Future<Output = T>>,
+    ) -> T {
+        for _ in 0..64 {
+            if let core::task::Poll::Ready(out) = poll_once(future.as_mut()) {
+                return out;
+            }
+            fabric.sleep(STRAGGLER_NS + 1);
+        }
+        panic!("the future never finished");
+    }
+
+    /// Whether `token`, having taken the row over, gets its lease: the first
+    /// renewals of a registration (`crate::membership::writer_ids::register`).
+    fn renews<F: Fabric>(fabric: &F, layout: &NodeLayout, token: u64, floor: u64) -> bool {
+        use crate::membership::lease::LeaseKeeper;
+        use crate::membership::lease_renewal::{LeaseHolder, renew_now};
+        let seen: Vec<Option<u64>> = (0..3)
+            .map(|node| {
+                Some(cas_on(
+                    fabric,
+                    node,
+                    layout.client_row(0) + LEASE_WORD,
+                    0,
+                    0,
+                ))
+            })
+            .collect();
+        let mut keeper = LeaseKeeper::new(LeaseParams::from_params(&layout.params), seen);
+        keeper.raise_base(floor);
+        let holder =
+            core::cell::RefCell::new(LeaseHolder::new(keeper, layout.client_row(0), token, 3));
+        for _ in 0..4 {
+            block_on_future(fabric, renew_now(&holder, fabric, 0)).expect("a renewal ran");
+            if holder.borrow().valid_until().is_some() {
+                return true;
+            }
+        }
+        false
+    }
+
+    /// The take ([`hand_over`]) is not fenced: module docs, "The takeover's other
+    /// rounds, across a repair". Reclaimer r1's take lands on node 0 and r1 stops
+    /// before its takes of nodes 1 and 2 land. Node 0 loses its memory and is rebuilt
+    /// from donors that show the dead token; r2 takes nodes 0 and 1 (its take of node
+    /// 2 is slow). r1 wakes up: its late take wins node 2, and with node 0's answer
+    /// from before the loss it may count a majority. Whatever it counted, its token
+    /// is then on node 2 alone, and its first lease renewal, which counts only where
+    /// the claim word holds its token, fails: only r2 gets the row.
+    #[test]
+    fn a_take_counted_across_a_repair_leaves_the_row_to_one_taker() {
+        const T1: u64 = 0x1111;
+        const T2: u64 = 0x2223;
+        let (cluster, layout) = small_cluster(200 * MS);
+        let admin = cluster.client();
+        let claim_at = layout.client_row(0);
+        let row = dead_row(&admin, &layout, [SEEN, SEEN]);
+        // Killed everywhere (and revoked: nothing to revoke in memory) up to SEEN.
+        for node in 0..3 {
+            cas_on(&admin, node, claim_at + LEASE_WORD, SEEN, SEEN | KILLED);
+        }
+        let r1 = Holding::new(cluster.client(), &[1, 2]);
+        let mut take1 = core::pin::pin!(hand_over(
+            &r1,
+            &layout,
+            &row,
+            SEEN,
+            T1,
+            OwnerLiveness::Unknown
+        ));
+        assert!(poll_once(take1.as_mut()).is_pending());
+        // Node 0 rebuilt from nodes 1 and 2: the dead token, killed at SEEN.
+        let donors = [DEAD, DEAD];
+        let rebuilt = crate::repair::merge::claim_word(&donors, &mut Default::default());
+        assert_eq!(cas_on(&admin, 0, claim_at, T1, rebuilt), T1);
+        let r2 = Holding::new(cluster.client(), &[2]);
+        let take2 = core::pin::pin!(hand_over(
+            &r2,
+            &layout,
+            &row,
+            SEEN,
+            T2,
+            OwnerLiveness::Unknown
+        ));
+        assert_eq!(finish(&r2, take2).expect("r2's take"), HandOver::Done(SEEN));
+        // r1 stopped through the repair's quiescence; its takes land.
+        r1.sleep(crate::repair::quiescence_ns(&layout));
+        r1.land();
+        let r1_took = finish(&r1, take1).expect("r1's take") == HandOver::Done(SEEN);
+        r2.land();
+        let holders: Vec<u64> = (0..3)
+            .map(|node| cas_on(&admin, node, claim_at, 0, 0))
+            .collect();
+        assert_eq!(holders, vec![T2, T2, T1], "r1's late take won node 2 only");
+        // r1 registers first (the worse order): its renewal counts on node 2 alone.
+        assert!(
+            !renews(&admin, &layout, T1, SEEN),
+            "a taker whose take was counted across a repair got the lease (its take \
+             reported done: {r1_took})"
+        );
+        assert!(renews(&admin, &layout, T2, SEEN), "r2 holds the row");
+    }
 }

@@ -79,6 +79,31 @@
 //! copies into the node, its configuration records) are `docs/pauses.md`'s hole H3,
 //! parts a and c.
 //!
+//! # Pauses across a repair
+//!
+//! `docs/pauses.md`'s H3' is a step that counts answers of several nodes one by one,
+//! so that a client stopped inside it counts node X's answer from before X lost its
+//! memory with others landed after a repair copied them into the rebuilt X. None of
+//! the journal's steps is such a count:
+//!
+//! * the reset that leaves the node out counts its replicas' answers, and it is
+//!   journaled only if its lease was still valid at a clock reading after the last
+//!   of them (`crate::registers::recycle`, "A reset counted across a repair");
+//! * the entry's append, the client's reads of its row and its clear after the
+//!   admission are each one CAS or one read on the journal node. A client stopped
+//!   anywhere among them at worst finds the node admitted when it wakes, and resets
+//!   the register on it again;
+//! * the journal node is a donor of the repair. A node that loses its memory answers
+//!   as failed from then on (a retired node file on shared memory; over RDMA a
+//!   restarted node is left out until it is repaired), and a repair stops,
+//!   withdrawing its announcement, when a donor stops answering (`crate::repair`):
+//!   no repair admits the node after its journal node lost the entries. Once the
+//!   repair is withdrawn, clients hand their journaled registers out, and the next
+//!   repair's copy reads their resets on the donors;
+//! * the repair's service (copy the register from every donor, then clear the entry)
+//!   runs under the repair lock, so no donor is repaired between its reads and its
+//!   clear (`docs/pauses.md`, H3).
+//!
 //! # What it costs
 //!
 //! One CAS per recycled register on the journal node while a repair runs, one read of
@@ -89,8 +114,10 @@
 //!
 //! A client has [`SLOTS`] entries in flight; more wait for a slot. A repair that
 //! fails after its announcement leaves entries waiting until the next repair services
-//! them or admits the node (running `swarm repair` again does both); their registers
-//! are out of the pool until then, at most [`SLOTS`] per client.
+//! them or admits the node (running `swarm repair` again does both). Their registers
+//! come back once the client sees the node lost with no repair announced (the next
+//! repair's copy reads their resets on the donors), but their slots stay out of use
+//! for the client's incarnation, at most [`SLOTS`] per client.
 
 use swarm_core::encoding::Tsp;
 use swarm_core::fabric::NodeId;
