@@ -216,6 +216,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
             next_holdings_log: Cell::new(0),
             next_relief: Cell::new(0),
             relief_passes: Cell::new(0),
+            header_missing_logged: Cell::new(None),
             followed: RefCell::new(Some(followed)),
             deferred: RefCell::new(DeferredUnmaps::new(config.deferred_unmaps)),
             blind: BlindPolicy::new(),

@@ -224,6 +224,9 @@ pub struct KvClient<F: Fabric, C: Clock> {
     next_relief: Cell<Nanos>,
     /// Reclamation passes run for a nearly full log so far.
     relief_passes: Cell<u64>,
+    /// The last mapped register an insert found with no key header on a majority
+    /// (its replicas are logged once per register in a row).
+    header_missing_logged: Cell<Option<RegisterId>>,
     /// The configuration this client last followed (read first by `connect`): its
     /// nodes are admitted; a renewal that reads a higher epoch makes the next
     /// operation follow that one ([`KvClient::followed_epoch`]).
