@@ -433,10 +433,12 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         Ok(())
     }
 
-    /// Runs a reclamation pass ([`Self::reclaim_gone_registers`], which paces them) when this
-    /// writer's log is seven-eighths full of slots its own recycling is not about to
-    /// give back (in use, not in limbo); with no room left for a write, waits for
-    /// the resets of the registers it retired or took, which free slots.
+    /// Runs a reclamation pass that takes retired registers only
+    /// (`crate::registers::limbo::Reclaimer::retired_only`) when this writer's log is
+    /// seven-eighths full of slots its own recycling is not about to give back (in
+    /// use, not in limbo), at most once per pass interval and `RELIEF_PACE` times
+    /// as long as the last one took; with no room left for a write, waits for the
+    /// resets of the registers it retired or took, which free slots.
     ///
     /// Such a log holds, besides the values of live keys, the last values of
     /// registers that clients which came and went had retired but not reset yet:
@@ -447,6 +449,12 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
     /// only in a client that runs out of registers. A store whose clients come and
     /// go (one `swarm bench` after another on one cluster) filled a writer's log
     /// with them first, and its writes waited on a trickle of slots for minutes.
+    ///
+    /// A log may also be nearly full of live values (a writer that inserted most of
+    /// its log's worth of keys, as a fill's thread does): no pass frees anything
+    /// then, hence the pace; and the client has registers, hence no pool, fresh or
+    /// donated register taken (a pass as a dry client's took up to 16 chunks' worth
+    /// of donations each, which sat in this client's limbo while others ran dry).
     pub(super) async fn relieve_log(&self) {
         let fabric = self.swarm.fabric();
         let slots = self.layout.params.log_slots;
