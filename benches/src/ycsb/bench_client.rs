@@ -137,6 +137,7 @@ impl<F: Fabric> BenchClient for KvClient<FailNodes<F>, SystemClock> {
         // A renewal that cannot complete (nodes unreachable) waits a renewal period
         // at most; the next operation's lease check says what happened.
         let _ = swarm_core::block_on_future(KvClient::fabric(self), self.keep_lease());
+        self.log_holdings("waiting at a phase boundary");
     }
     fn lease_lost(&self) -> bool {
         KvClient::lease_lost(self)

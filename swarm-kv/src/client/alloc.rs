@@ -50,6 +50,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
             let Err(KvError::RegistersFull { .. }) = r else {
                 return r;
             };
+            self.log_holdings("insert found no free register");
             let now = fabric.now();
             let in_limbo = self.recycler.in_limbo();
             let offer = self.donations_left.get() > 0;

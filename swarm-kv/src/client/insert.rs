@@ -94,6 +94,28 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
                 );
                 self.log_other_life(register, life, origin).await;
             }
+            // A mapped register whose key header is blank on a majority: logged with
+            // what each replica holds (the holder tags name the client whose reset
+            // blanked it: only a reset's install blanks a key length on a node in
+            // service), then retired as any unpublished register.
+            Err(KvError::Index(crate::index::IndexError::KeyHeader {
+                register: mapped,
+                problem: crate::index::HeaderProblem::Missing,
+            })) if !uncertain.get() => {
+                if self.header_missing_logged.replace(Some(*mapped)) != Some(*mapped) {
+                    tracing::warn!(
+                        register = *mapped,
+                        key = ?String::from_utf8_lossy(key.bytes()),
+                        "insert: a register the index maps has no key header on a majority"
+                    );
+                    self.log_replicas(
+                        *mapped,
+                        "insert: a replica of the mapped register with no key header",
+                    )
+                    .await;
+                }
+                self.retire_marked(register, key.bytes().len(), Retired::Unpublished, deadline);
+            }
             // Never published: nobody else can know the register (recycle.rs).
             Ok(Published::No | Published::Present) | Err(_) if !uncertain.get() => {
                 self.retire_marked(register, key.bytes().len(), Retired::Unpublished, deadline);
@@ -133,6 +155,20 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
             own_tag = format_args!("{:#x}", self.recycler.tag()),
             "insert: how the register that shows another life came into this client's pool"
         );
+        self.log_replicas(
+            register,
+            "insert: a replica of the register that shows another life",
+        )
+        .await;
+    }
+
+    /// Logs (warn) what each replica of `register` holds: its key header's length and
+    /// holder tag (with the tag's writer id: a tag's low 11 bits,
+    /// `crate::registers::limbo::holder_tag`; a donated tag has bit 31 clear), its
+    /// delete word and top metadata word; `what` names the line. One read of each
+    /// replica; for failure paths only.
+    async fn log_replicas(&self, register: crate::RegisterId, what: &'static str) {
+        let fabric = self.swarm.fabric();
         let Ok(loc) = self.register_loc(register) else {
             return;
         };
@@ -141,7 +177,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         else {
             tracing::warn!(
                 register,
-                "insert: the register's replicas could not be read"
+                "{what}: the register's replicas could not be read"
             );
             return;
         };
@@ -162,7 +198,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
                 donated = crate::registers::limbo::is_donated(tag),
                 delete_word = %view.delete_word(),
                 top_meta_word = ?top,
-                "insert: a replica of the register that shows another life"
+                "{what}"
             );
         }
     }

@@ -216,6 +216,17 @@ pub struct KvClient<F: Fabric, C: Clock> {
     /// renewal that saw a newer epoch than the configuration a majority then held
     /// (a record being written) triggers one more read per renewal, not per operation.
     config_checked: Cell<u64>,
+    /// No log of where this client's registers are before this time (fabric clock;
+    /// [`KvClient::log_holdings`]).
+    next_holdings_log: Cell<Nanos>,
+    /// No reclamation pass for a nearly full log before this time (fabric clock;
+    /// `KvClient::relieve_log`).
+    next_relief: Cell<Nanos>,
+    /// Reclamation passes run for a nearly full log so far.
+    relief_passes: Cell<u64>,
+    /// The last mapped register an insert found with no key header on a majority
+    /// (its replicas are logged once per register in a row).
+    header_missing_logged: Cell<Option<RegisterId>>,
     /// The configuration this client last followed (read first by `connect`): its
     /// nodes are admitted; a renewal that reads a higher epoch makes the next
     /// operation follow that one ([`KvClient::followed_epoch`]).

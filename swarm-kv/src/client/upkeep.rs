@@ -22,6 +22,9 @@ const POOL_KEEP_CHUNKS: usize = 16;
 /// The most donated registers one reclamation pass takes, in chunks' worth
 /// ([`KvClient::reclaim_gone_registers`]).
 const DONATIONS_PER_PASS_CHUNKS: u64 = 16;
+/// A pass for a nearly full log ([`KvClient::relieve_log`]) waits this many times
+/// as long as the last one took before it runs again.
+const RELIEF_PACE: u64 = 8;
 
 impl<F: Fabric, C: Clock> KvClient<F, C> {
     /// Puts in service the memory nodes that a newer configuration admits: a renewal
@@ -204,6 +207,56 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         }
     }
 
+    /// Logs (at info level, at most once a second per client) where the registers
+    /// this client holds are: its pool (recycled and fresh), its chunks, and each
+    /// step of recycling (waiting for the grace, due, resetting, journaled for a
+    /// repair, confirming), with the donations its last pass left on offer; `why`
+    /// says what the client was doing. For diagnosing a client that runs dry while
+    /// others hold registers.
+    pub fn log_holdings(&self, why: &'static str) {
+        if !tracing::enabled!(tracing::Level::INFO) {
+            return;
+        }
+        let now = self.swarm.fabric().now();
+        if now < self.next_holdings_log.get() {
+            return;
+        }
+        self.next_holdings_log
+            .set(now.saturating_add(1_000_000_000));
+        let (chunks, fresh) = self.alloc.chunks_and_fresh();
+        let (limbo, due, resetting, journaled, confirming) = self.recycler.queues(now);
+        let stats = self.recycler.stats();
+        let log = self.swarm.slot_counters();
+        tracing::info!(
+            writer = self.registration.writer,
+            why,
+            log_in_use = log.in_use,
+            log_in_limbo = log.in_limbo,
+            log_carried = log.carried,
+            recycled_pool = self.alloc.recycled(),
+            fresh_pool = fresh,
+            chunks,
+            limbo,
+            due,
+            resetting,
+            journaled,
+            confirming,
+            donations_left = self.donations_left.get(),
+            relief_passes = self.relief_passes.get(),
+            repair_announced = self.repair_announced(),
+            lease_valid = self.lease.borrow().valid_for(now, 0),
+            retired = stats.retired,
+            recycled = stats.recycled,
+            donated = stats.donated,
+            reset_failures = stats.reset_failures,
+            reset_abandoned = stats.reset_abandoned,
+            reclaimed_limbo = stats.reclaimed_limbo,
+            reclaimed_pool = stats.reclaimed_pool,
+            reclaimed_donations = stats.reclaimed_donations,
+            "registers held"
+        );
+    }
+
     /// Whether a repair is announced in the configuration this client follows (its
     /// resets wait for the node being rebuilt until the node is admitted).
     pub(super) fn repair_announced(&self) -> bool {
@@ -287,6 +340,13 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
     /// grace, if shorter), and only under a valid lease (renewed first if needed):
     /// the takes are CASes that no operation deadline covers otherwise.
     pub(super) async fn reclaim_gone_registers(&self) -> Result<(), KvError> {
+        self.reclaim(false).await
+    }
+
+    /// [`Self::reclaim_gone_registers`]; with `retired_only`, a pass that takes only
+    /// retired registers, for a log nearly full ([`Self::relieve_log`]:
+    /// `crate::registers::limbo::Reclaimer::retired_only`).
+    async fn reclaim(&self, retired_only: bool) -> Result<(), KvError> {
         let fabric = self.swarm.fabric();
         let max_op = self.layout.params.max_op_ns;
         // A client living on donations needs a pass about as often as registers pass
@@ -330,6 +390,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
                     .min(chunk.saturating_mul(DONATIONS_PER_PASS_CHUNKS)),
             ),
             resume_at: self.reclaim_resume_at.get(),
+            retired_only,
         };
         let reclaimed = crate::registers::limbo::reclaim_gone_registers(
             fabric,
@@ -344,6 +405,16 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         for chunk in &reclaimed.chunks {
             self.alloc.adopt(*chunk);
         }
+        tracing::info!(
+            writer = self.registration.writer,
+            chunks = reclaimed.chunks.len(),
+            taken = reclaimed.taken.len(),
+            lost = reclaimed.lost,
+            donations_left = reclaimed.donations_left,
+            stopped = reclaimed.stopped,
+            retired_only,
+            "reclamation pass done"
+        );
         let now = fabric.now();
         let settled = now.saturating_add(crate::registers::limbo::settle_ns(&self.layout));
         for (register, kind) in reclaimed.taken {
@@ -362,10 +433,12 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         Ok(())
     }
 
-    /// Runs a reclamation pass ([`Self::reclaim_gone_registers`], which paces them) when this
-    /// writer's log is seven-eighths full of slots its own recycling is not about to
-    /// give back (in use, not in limbo); with no room left for a write, waits for
-    /// the resets of the registers it retired or took, which free slots.
+    /// Runs a reclamation pass that takes retired registers only
+    /// (`crate::registers::limbo::Reclaimer::retired_only`) when this writer's log is
+    /// seven-eighths full of slots its own recycling is not about to give back (in
+    /// use, not in limbo), at most once per pass interval and `RELIEF_PACE` times
+    /// as long as the last one took; with no room left for a write, waits for the
+    /// resets of the registers it retired or took, which free slots.
     ///
     /// Such a log holds, besides the values of live keys, the last values of
     /// registers that clients which came and went had retired but not reset yet:
@@ -376,12 +449,25 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
     /// only in a client that runs out of registers. A store whose clients come and
     /// go (one `swarm bench` after another on one cluster) filled a writer's log
     /// with them first, and its writes waited on a trickle of slots for minutes.
+    ///
+    /// A log may also be nearly full of live values (a writer that inserted most of
+    /// its log's worth of keys, as a fill's thread does): no pass frees anything
+    /// then, hence the pace; and the client has registers, hence no pool, fresh or
+    /// donated register taken (a pass as a dry client's took up to 16 chunks' worth
+    /// of donations each, which sat in this client's limbo while others ran dry).
     pub(super) async fn relieve_log(&self) {
         let fabric = self.swarm.fabric();
         let slots = self.layout.params.log_slots;
         let log = self.swarm.slot_counters();
         let pressed = log.in_use.saturating_sub(log.in_limbo) >= slots - slots / 8;
-        if pressed && fabric.now() >= self.next_adoption.get() {
+        // The common case, with no clock read: the log has room.
+        let started = if pressed {
+            self.log_holdings("log nearly full");
+            fabric.now()
+        } else {
+            0
+        };
+        if pressed && started >= self.next_adoption.get() && started >= self.next_relief.get() {
             tracing::debug!(
                 writer = self.registration.writer,
                 in_use = log.in_use,
@@ -389,13 +475,26 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
                 carried = log.carried,
                 "log nearly full: reclaiming the registers of gone clients, whose resets free slots"
             );
-            if let Err(error) = self.reclaim_gone_registers().await {
+            // Only retired registers: their resets free the slots of their values;
+            // this client is not out of registers, and what else it took would be
+            // missing to those that are.
+            if let Err(error) = self.reclaim(true).await {
                 tracing::info!(
                     writer = self.registration.writer,
                     %error,
                     "log nearly full: the reclamation pass failed; writes wait for slots"
                 );
             }
+            // A log may be nearly full of live values (a writer that inserted most
+            // of its log's worth of keys): then no pass frees anything, and each
+            // costs a read of every claimed register's header. The next one waits
+            // `RELIEF_PACE` times as long as this one took, so that passes take at
+            // most a ninth of the writer's time.
+            let ended = fabric.now();
+            self.relief_passes.set(self.relief_passes.get() + 1);
+            self.next_relief.set(
+                ended.saturating_add(ended.saturating_sub(started).saturating_mul(RELIEF_PACE)),
+            );
         }
         // What a pass took is reset after the register grace. With no room left for
         // this write, wait for those resets (up to two graces, as an insert waits for
@@ -467,5 +566,148 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
             );
         }
         self.recycler.retire(register, fabric.now(), why);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use swarm_core::{
+        Fabric, FixedClock, MemCluster, MemFabric, OpStats, block_on, block_on_future,
+    };
+
+    use crate::KvClient;
+    use crate::client::register_loc_for;
+    use crate::layout::{ClusterParams, NodeLayout};
+    use crate::registers::limbo::{Census, census};
+    use crate::test_support::{MS, connect};
+
+    type Client = KvClient<MemFabric, FixedClock>;
+
+    /// Log slots per writer: a pass for a nearly full log runs from 28 in use.
+    const LOG_SLOTS: u32 = 32;
+
+    /// Three 1 MiB nodes with chunks of 4 registers and logs of [`LOG_SLOTS`] slots;
+    /// a delivery margin of `margin_ns` (a reclamation pass waits a little longer
+    /// than that before it reads the headers).
+    fn cluster(margin_ns: u64) -> (MemCluster, NodeLayout) {
+        let params = ClusterParams {
+            key_max: 16,
+            value_max: 16,
+            writers: 4,
+            chunk_registers: 4,
+            lease_ns: 400 * MS,
+            lease_renew_ns: 20 * MS,
+            max_op_ns: 50 * MS,
+            cache_ttl_ns: 10 * MS,
+            delivery_margin_ns: margin_ns,
+            ..ClusterParams::default()
+        }
+        .for_node_size(1 << 20)
+        .expect("the parameters fit the node size");
+        let params = ClusterParams {
+            log_slots: LOG_SLOTS,
+            ..params
+        };
+        let layout = NodeLayout::new(params).expect("a valid layout");
+        let cluster = MemCluster::new(3, 1 << 20);
+        crate::store::write_superblock(&cluster.client(), &params).expect("three live nodes");
+        (cluster, layout)
+    }
+
+    fn insert(c: &Client, key: &str) {
+        block_on(c.fabric(), c.insert(key.as_bytes(), b"v", &OpStats::new()))
+            .unwrap_or_else(|error| panic!("insert {key}: {error}"));
+    }
+
+    /// Inserts keys `prefix0`, `prefix1`, ... until the client's log holds seven
+    /// eighths of its slots (live values): its next write runs a pass for it.
+    fn fill_log(c: &Client, prefix: &str) -> usize {
+        let mut i = 0;
+        while c.log_counters().in_use < LOG_SLOTS - LOG_SLOTS / 8 {
+            insert(c, &format!("{prefix}{i}"));
+            i += 1;
+        }
+        i
+    }
+
+    fn census_of(c: &Client) -> Census {
+        let layout = *c.layout();
+        block_on(
+            c.fabric(),
+            census(c.fabric(), &layout, |r| {
+                register_loc_for(&layout, 3, r).ok()
+            }),
+        )
+        .expect("a census")
+    }
+
+    /// A client whose log is nearly full of live values, and which has registers,
+    /// runs a reclamation pass for its log: only the resets of retired registers
+    /// free slots. In the soak, such passes (a fill's thread past seven eighths of
+    /// its log) took a chunk's worth of donated registers or more each, 20,000 in
+    /// five seconds, while the fill's other threads, dry, failed their inserts. The
+    /// pass takes no donation: it stays on offer for clients that run dry.
+    #[test]
+    fn a_pass_for_a_nearly_full_log_leaves_donations_on_offer() {
+        let (cluster, layout) = cluster(10 * MS);
+        let a = connect(&cluster, layout);
+        fill_log(&a, "a");
+        // Another client claims a chunk, uses one register of it and closes: the
+        // other three are donated.
+        let b = connect(&cluster, layout);
+        insert(&b, "b");
+        b.close();
+        let offered = census_of(&a).donated;
+        assert!(offered > 0, "b's close donated its unused registers");
+        assert_eq!(a.relief_passes.get(), 0);
+        insert(&a, "a-next");
+        assert_eq!(
+            a.relief_passes.get(),
+            1,
+            "the insert ran a pass for its log"
+        );
+        assert_eq!(
+            a.recycle_stats().reclaimed_donations,
+            0,
+            "a client with registers took donated ones for its log"
+        );
+        assert_eq!(
+            census_of(&a).donated,
+            offered,
+            "the donations are still on offer"
+        );
+        // A client that runs dry still finds them.
+        let c = connect(&cluster, layout);
+        block_on(c.fabric(), c.reclaim_gone_registers_now()).expect("a pass");
+        assert_eq!(c.recycle_stats().reclaimed_donations, offered);
+    }
+
+    /// A log nearly full of live values stays so (no pass frees anything there), and
+    /// a pass reads every claimed register's header. They ran back to back in the
+    /// soak (each took most of the register grace, which paces them): a fill's
+    /// thread inserted a key or two per second. A pass for the log now waits eight
+    /// times as long as the last one took.
+    #[test]
+    fn passes_for_a_log_full_of_live_values_take_a_small_share_of_the_writers_time() {
+        // A pass waits the delivery margin (and a little more) before it reads.
+        let margin = 40 * MS;
+        let (cluster, layout) = cluster(margin);
+        let a = connect(&cluster, layout);
+        fill_log(&a, "a");
+        // Over a second and a half of the writer's time, a write every 10 ms (one
+        // key written again: its superseded values' slots come back after their
+        // grace, the others stay live).
+        let f = a.fabric();
+        let until = f.now() + 1_500 * MS;
+        while f.now() < until {
+            insert(&a, "a0");
+            block_on_future(f, swarm_core::sleep(f, 10 * MS)).expect("a sleep");
+        }
+        let passes = a.relief_passes.get();
+        // Each pass takes over 40 ms; at most a ninth of 1.5 s, and the first.
+        assert!(
+            (1..=5).contains(&passes),
+            "{passes} passes for the log in 1.5 s"
+        );
     }
 }

@@ -204,6 +204,16 @@ impl RegisterAllocator {
         s.recycled.drain(..excess).collect()
     }
 
+    /// Chunks this client holds (claimed or adopted), and fresh slots of its claimed
+    /// chunks not handed out yet (for logs and diagnostics).
+    pub fn chunks_and_fresh(&self) -> (usize, u64) {
+        let s = self.state.borrow();
+        (
+            s.owned.len(),
+            s.free.iter().map(|(a, b)| b - a).sum::<u64>(),
+        )
+    }
+
     /// Slots in the pool: claimed or given back, not handed out.
     pub fn pooled(&self) -> u64 {
         let s = self.state.borrow();

@@ -590,6 +590,16 @@ pub struct Reclaimer {
     /// pass stopped ([`Reclaimed::resume_at`]), so that passes cut short by the
     /// lease still cover the whole cluster between them.
     pub resume_at: RegisterId,
+    /// Take only retired registers ([`Verdict::Limbo`]): adopt no chunk, take no
+    /// pool, fresh or donated register (donations are counted in
+    /// [`Reclaimed::donations_left`]). For a pass run because the reclaimer's log is
+    /// nearly full, not because it ran out of registers (`KvClient::relieve_log`):
+    /// only the resets of retired registers free log slots (of their values), and
+    /// whatever else it took would sit in its limbo and pool while clients that
+    /// run dry find nothing to take. (A fill's thread whose log reached seven
+    /// eighths took 20,000 donated registers in five seconds that way, and its
+    /// three siblings, dry, failed their inserts.)
+    pub retired_only: bool,
 }
 
 /// What one reclamation pass found.
@@ -661,9 +671,15 @@ pub async fn reclaim_gone_registers<F: Fabric>(
         return Ok(out);
     }
     let before = read_registered(fabric, &stats, layout).await?;
-    out.chunks =
-        crate::registers::orphans::adopt_orphan_chunks(fabric, &stats, layout, &before, me.token)
-            .await?;
+    // An adopted chunk's never-used registers are taken only by its adopter (no other
+    // reclaimer judges them fresh): a pass that takes retired registers only must not
+    // adopt, or they would stay with a live client that never takes them.
+    if !me.retired_only {
+        out.chunks = crate::registers::orphans::adopt_orphan_chunks(
+            fabric, &stats, layout, &before, me.token,
+        )
+        .await?;
+    }
     swarm_core::sleep(fabric, settle_ns(layout)).await;
     let adopted: HashSet<u64> = out.chunks.iter().copied().collect();
     // Donated registers taken so far (`Reclaimer::max_donations`).
@@ -720,6 +736,10 @@ pub async fn reclaim_gone_registers<F: Fabric>(
                     layout.params.key_max,
                 );
                 if verdict == Verdict::Keep {
+                    continue;
+                }
+                if me.retired_only && verdict != Verdict::Limbo {
+                    out.donations_left += u64::from(verdict == Verdict::Donated);
                     continue;
                 }
                 if verdict == Verdict::Donated && donations >= me.max_donations {
@@ -1010,6 +1030,7 @@ mod tests {
                 tag: b.recycler_tag(),
                 max_donations: 0,
                 resume_at,
+                retired_only: false,
             };
             let loc = |r| register_loc_for(&layout, 3, r).ok();
             let out =

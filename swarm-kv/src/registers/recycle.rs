@@ -863,6 +863,21 @@ impl Recycler {
         s.limbo.len() + s.resetting.len() + s.journaled.len() + s.confirming.len()
     }
 
+    /// How many registers wait at each step of recycling, for logs and diagnostics:
+    /// `(waiting for their due time, of those already due at `now`, resets in flight,
+    /// waiting for a repair's journal, waiting for a lease renewal to confirm)`.
+    pub fn queues(&self, now: Nanos) -> (usize, usize, usize, usize, usize) {
+        let s = self.state.borrow();
+        let due = s.limbo.iter().take_while(|l| l.due <= now).count();
+        (
+            s.limbo.len(),
+            due,
+            s.resetting.len(),
+            s.journaled.len(),
+            s.confirming.len(),
+        )
+    }
+
     /// When the oldest retired register is due for its reset, if any is waiting.
     pub fn next_due(&self) -> Option<Nanos> {
         self.state.borrow().limbo.front().map(|l| l.due)
