@@ -81,6 +81,28 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
             key, &payload, &mut fresh, stats, deadline, &uncertain, if_present,
         ))
         .await;
+        // A mapped register whose key header is blank on a majority: logged with what
+        // each replica holds (the holder tags name the client whose reset blanked it:
+        // only a reset's install blanks a key length on a node in service), whether
+        // or not the index call could tell what it did (an index error sets
+        // `uncertain`, and this one comes from the index).
+        if let Err(KvError::Index(crate::index::IndexError::KeyHeader {
+            register: mapped,
+            problem: crate::index::HeaderProblem::Missing,
+        })) = &result
+            && self.header_missing_logged.replace(Some(*mapped)) != Some(*mapped)
+        {
+            tracing::warn!(
+                register = *mapped,
+                key = ?String::from_utf8_lossy(key.bytes()),
+                "insert: a register the index maps has no key header on a majority"
+            );
+            self.log_replicas(
+                *mapped,
+                "insert: a replica of the mapped register with no key header",
+            )
+            .await;
+        }
         match &result {
             Ok(Published::Yes) => {}
             // The register's words are another life's than its reset left: it is not
@@ -93,28 +115,6 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
                     "insert: a pooled register shows another life; dropped from the pool"
                 );
                 self.log_other_life(register, life, origin).await;
-            }
-            // A mapped register whose key header is blank on a majority: logged with
-            // what each replica holds (the holder tags name the client whose reset
-            // blanked it: only a reset's install blanks a key length on a node in
-            // service), then retired as any unpublished register.
-            Err(KvError::Index(crate::index::IndexError::KeyHeader {
-                register: mapped,
-                problem: crate::index::HeaderProblem::Missing,
-            })) if !uncertain.get() => {
-                if self.header_missing_logged.replace(Some(*mapped)) != Some(*mapped) {
-                    tracing::warn!(
-                        register = *mapped,
-                        key = ?String::from_utf8_lossy(key.bytes()),
-                        "insert: a register the index maps has no key header on a majority"
-                    );
-                    self.log_replicas(
-                        *mapped,
-                        "insert: a replica of the mapped register with no key header",
-                    )
-                    .await;
-                }
-                self.retire_marked(register, key.bytes().len(), Retired::Unpublished, deadline);
             }
             // Never published: nobody else can know the register (recycle.rs).
             Ok(Published::No | Published::Present) | Err(_) if !uncertain.get() => {
