@@ -75,8 +75,6 @@
 //! up holds one slot of one writer out of use until its writer id is taken over (the
 //! new owner lowers the guard when it registers).
 
-use core::cell::Cell;
-
 use alloc::vec::Vec;
 
 use crate::clock::Clock;
@@ -100,26 +98,59 @@ pub(crate) enum GuardedWriteBack {
     Superseded,
 }
 
-/// A raised guard: lowered when dropped, whatever the operation's fate.
-struct Raised<'a, F: Fabric> {
-    fabric: &'a F,
+/// A raised guard: lowered when dropped, whatever the operation's fate, once every
+/// batch of its write-back completed ([`Client::finish_guard_lower`]).
+struct Raised<'a, F: Fabric, C: Clock> {
+    client: &'a Client<F, C>,
     addr: u64,
-    busy: &'a Cell<bool>,
 }
 
-impl<F: Fabric> Drop for Raised<'_, F> {
+impl<F: Fabric, C: Clock> Drop for Raised<'_, F, C> {
     fn drop(&mut self) {
-        // Never fenced: a late lower only lets the writer reuse a slot sooner, and it
-        // lands after this client's earlier batches to the same node.
-        for node in nodes(self.fabric.node_count()) {
-            self.fabric
-                .post_detached(node, Batch::write(self.addr, 0u64.to_le_bytes().to_vec()));
-        }
-        self.busy.set(false);
+        // The write-back's steps were dropped before this guard (they live in the
+        // futures it awaited, or were dropped with the operation first: the guard is
+        // the first local of `guarded_write_back`), so their batches still in flight
+        // are in `guard_tickets` by now.
+        self.client.guard_lowering.set(Some(self.addr));
+        self.client.finish_guard_lower();
     }
 }
 
 impl<F: Fabric, C: Clock> Client<F, C> {
+    /// Lowers the guard whose lower waits (step 4), if every batch of its
+    /// write-back has completed, successfully or not, or can no longer land
+    /// ([`Fabric::settled`]); otherwise leaves it up, for a later call (the next
+    /// write-back of this client, the slot-recycling tick). Returns whether no lower
+    /// waits any more. Never waits.
+    pub(crate) fn finish_guard_lower(&self) -> bool {
+        let Some(addr) = self.guard_lowering.get() else {
+            return true;
+        };
+        {
+            let mut tickets = self.guard_tickets.borrow_mut();
+            tickets.retain(|&ticket| match self.fabric.poll(ticket) {
+                core::task::Poll::Ready(_) => false,
+                core::task::Poll::Pending if self.fabric.settled(ticket) => {
+                    self.fabric.forget(ticket);
+                    false
+                }
+                core::task::Poll::Pending => true,
+            });
+            if !tickets.is_empty() {
+                return false;
+            }
+        }
+        // Never fenced: a late lower only lets the writer reuse a slot sooner, and it
+        // is posted after every batch of the write-back completed.
+        for node in nodes(self.fabric.node_count()) {
+            self.fabric
+                .post_detached(node, Batch::write(addr, 0u64.to_le_bytes().to_vec()));
+        }
+        self.guard_lowering.set(None);
+        self.guard_busy.set(false);
+        true
+    }
+
     /// Where this client's guard word is, if a write-back of `t` needs one: the
     /// layout has a guard table and `t` is another writer's.
     pub(crate) fn write_back_guard(&self, t: Tsp) -> Option<u64> {
@@ -150,7 +181,9 @@ impl<F: Fabric, C: Clock> Client<F, C> {
             );
             return Ok(GuardedWriteBack::Superseded);
         }
-        self.inner_write(reg, cache, stats, t, value, &mut WriteProgress::default())
+        let mut progress = WriteProgress::default();
+        progress.guarded = true;
+        self.inner_write(reg, cache, stats, t, value, &mut progress)
             .await?;
         Ok(GuardedWriteBack::Written)
     }
@@ -162,10 +195,13 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         stats: &OpStats,
         t: Tsp,
         guard: u64,
-    ) -> Result<Raised<'_, F>, SwarmError> {
+    ) -> Result<Raised<'_, F, C>, SwarmError> {
         let busy = &self.guard_busy;
         core::future::poll_fn(|cx| {
-            if !busy.get() {
+            // A guard whose lower waits for its write-back's last batches is free once
+            // they completed: an event of the transport, which completes (or gives
+            // up) each batch within its own bound from its own post, not a time.
+            if !busy.get() || (self.guard_lowering.get().is_some() && self.finish_guard_lower()) {
                 busy.set(true);
                 return core::task::Poll::Ready(Ok(()));
             }
@@ -178,9 +214,8 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         })
         .await?;
         let raised = Raised {
-            fabric: &self.fabric,
+            client: self,
             addr: guard,
-            busy,
         };
         let n = self.fabric.node_count();
         let word = t.word().to_le_bytes().to_vec();
