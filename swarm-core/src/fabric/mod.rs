@@ -44,7 +44,12 @@
 //! [`crate::exec`], whose module docs state who must call `progress` (the executor
 //! contract, also for foreign executors). A failed node surfaces either as an error
 //! completion or as a ticket that never completes; the protocol treats both alike
-//! and moves on with a majority.
+//! and moves on with a majority. A completion, failed or not, says that nothing of
+//! the batch lands afterwards (RDMA fails a chain in flight only once its queue pair
+//! is in the error state): a write-back guard waits for that before it goes down
+//! ([`crate::write_back_guard`], "The lower"), so a transport that knows a pending
+//! batch can never land says so ([`Fabric::settled`]), and one that can should
+//! complete every ticket within a bound from its post.
 
 mod batch;
 mod error;

@@ -26,12 +26,13 @@
 //! 2. **re-reads** a majority of the register's replicas, and gives the write-back
 //!    up (the read starts over) if any reply is above `t`;
 //! 3. writes `t` back as before;
-//! 4. **lowers** the guard (zero on every node, never fenced), when the write-back
-//!    returns or fails, or when the operation is dropped.
+//! 4. **lowers** the guard (zero on every node, never fenced) once the write-back
+//!    returned, failed or was dropped *and* every batch of it completed (below, "The
+//!    lower").
 //!
 //! A client keeps one guard up at a time; a second write-back of the same client waits
-//! for the first. The writer, before it hands a slot of its limbo back to its
-//! allocator, once the slot's grace is over:
+//! for the first, and for its lower. The writer, before it hands a slot of its limbo
+//! back to its allocator, once the slot's grace is over:
 //!
 //! 5. **reads the guard table** on a majority of the nodes (the first majority to
 //!    answer), and keeps every slot whose write some other writer's guard names there;
@@ -50,20 +51,52 @@
 //! * before the raise: `R`'s re-read was posted after its raise completed, so after
 //!   `T₂ > T₁`; it read a majority of the register's replicas, which meets `M₁`, and
 //!   found a word above `t`; so `R` gave the write-back up at step 2. Contradiction;
-//! * after the lower: the lower was posted after every batch of `R`'s write-back (in
-//!   program order on shared memory, where a batch lands inside the call that posts
-//!   it; in posting order over RDMA), so each of those landed before the lower's post
-//!   plus the delivery margin, hence before `W`'s read completed plus that margin,
-//!   which is when `W` reuses the slot (step 6).
+//! * after the lower: the lower was posted only once every batch of `R`'s write-back
+//!   had completed, or could no longer land (below), so each of those stores landed,
+//!   if ever, before the lower's post, hence before `X` answered `W`'s guard read,
+//!   which is before `W` reuses the slot (step 6).
 //!
 //! Neither case depends on how long `R` stops between any two of its instructions: a
 //! stop before step 1 or 2 ends in a re-read that sees `t` superseded; a stop after
-//! step 2 keeps the guard up, and the slot out of use, for as long as it lasts. On
-//! shared memory the argument assumes nothing about time. Over RDMA it assumes what
-//! the transport enforces for every batch: a batch handed to the NIC lands within the
-//! delivery margin or never (the engine gives its queue pair up first,
-//! `RdmaFabric::bound_delivery`). A write-back posted by `W` itself needs no guard: its
-//! own stores precede its own reuse in program order.
+//! step 2 keeps the guard up, and the slot out of use, for as long as it lasts, and a
+//! stop with a write-back batch still in flight keeps it up too (the lower waits for
+//! that batch). Neither case assumes anything about time, on any transport: the
+//! second rests on an *event* (a completion), never on a delivery margin. A
+//! write-back posted by `W` itself needs no guard: its own stores precede its own
+//! reuse in program order.
+//!
+//! # The lower
+//!
+//! A write-back returns once a majority holds `t`; its batches to the other replicas
+//! (the first burst's, a fallback's) may still be in flight: in a queue pair behind a
+//! slowly acknowledged request, and over RDMA nothing bounds how late they land while
+//! `R`'s process is stopped (its engine gives a queue pair up only while it runs, and
+//! the NIC bounds each request's retries, not a queue of requests). So the rounds of
+//! a guarded write-back keep the tickets of their batches still outstanding
+//! (`Roundtrip::keep_outstanding_in`), and the guard goes down only once each of
+//! them is *done*: its completion came back (acknowledged or failed), or the fabric
+//! says it can no longer land ([`Fabric::settled`]: a batch that never left the
+//! client). A completion is an event that rules the batch out for good: over RDMA a
+//! failed ticket means the queue pair went to the error state or was destroyed (the
+//! engine aborts it before failing what it holds), so nothing posted on it lands
+//! afterwards; the simulator fails a batch lost to a crashed node a queue pair
+//! timeout after its post, and removes it. No time alone lowers a guard.
+//!
+//! The lower is *deferred*, not awaited: the operation returns with its majority,
+//! and a guard whose batches are not all done stays up (with this client's guard
+//! busy) until a later look finds them done: the client's next guarded write-back
+//! (which must wait for it: one guard word per writer), and its slot-recycling ticks
+//! ([`Client::recycle_slots_tick`], a store's per-operation upkeep). So a straggler
+//! delays nothing but this client's next write-back of another writer's record, and
+//! that one only until the straggler completes: each transport completes a batch
+//! within its own bound *from that batch's post* (RDMA: the queue pair's retry
+//! window, or the engine's give-up limit under the delivery margin; the simulator:
+//! its queue pair timeout), not from any operation's deadline. A batch whose ticket
+//! never completes (a transport that drops a crashed node's batches silently and
+//! cannot tell) keeps the guard up, and the writer's slot out of use, for good:
+//! liveness, never safety. The raise's own batches are not waited for: one landing
+//! late only names `t` longer (a guard up is never unsafe), and one to a crashed
+//! node, which every raise posts to, would hold every lower.
 //!
 //! # What it costs, and what it leaves
 //!
@@ -73,7 +106,12 @@
 //! writer reads the guard table (one READ of `writers × stride` bytes per node) once
 //! per batch of slots leaving their grace. A reader stopped for ever with its guard
 //! up holds one slot of one writer out of use until its writer id is taken over (the
-//! new owner lowers the guard when it registers).
+//! new owner lowers the guard when it registers). A guard whose lower waits for a
+//! batch in flight keeps that slot out of use until the batch completes, and holds
+//! this client's next guarded write-back as long (measured in the simulator:
+//! docs/measurements.md). Shared memory executes every batch inside the call that
+//! posts it: nothing is ever in flight there, and the lower is posted at once, as
+//! before.
 
 use alloc::vec::Vec;
 
