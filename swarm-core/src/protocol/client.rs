@@ -180,8 +180,8 @@ pub struct Client<F, C> {
     /// An operation of this client has its write-back guard up
     /// ([`super::write_back_guard`]).
     pub(crate) guard_busy: core::cell::Cell<bool>,
-    /// The batches of the guarded write-back that had not completed when its steps
-    /// ended: the guard goes down only once each completed or its fabric says it can
+    /// The batches of the guarded write-back (and of its raise) that had not
+    /// completed when their steps ended: the guard goes down only once each completed or its fabric says it can
     /// no longer land ([`super::write_back_guard`], "The lower").
     pub(crate) guard_tickets: RefCell<Vec<crate::fabric::Ticket>>,
     /// The guard word whose lower waits for `guard_tickets`, if any: the guard stays

@@ -94,9 +94,10 @@
 //! its queue pair timeout), not from any operation's deadline. A batch whose ticket
 //! never completes (a transport that drops a crashed node's batches silently and
 //! cannot tell) keeps the guard up, and the writer's slot out of use, for good:
-//! liveness, never safety. The raise's own batches are not waited for: one landing
-//! late only names `t` longer (a guard up is never unsafe), and one to a crashed
-//! node, which every raise posts to, would hold every lower.
+//! liveness, never safety. The raise's batches still in flight are waited for too,
+//! though a late raise is safe (it only names `t`): two batches to one node are not
+//! ordered (the fabric contract), and a raise landing after the lower would leave the
+//! guard naming `t`, its slot out of use, until this client's next raise and lower.
 //!
 //! # What it costs, and what it leaves
 //!
@@ -137,7 +138,7 @@ pub(crate) enum GuardedWriteBack {
 }
 
 /// A raised guard: lowered when dropped, whatever the operation's fate, once every
-/// batch of its write-back completed ([`Client::finish_guard_lower`]).
+/// batch of its raise and write-back completed ([`Client::finish_guard_lower`]).
 struct Raised<'a, F: Fabric, C: Clock> {
     client: &'a Client<F, C>,
     addr: u64,
@@ -155,7 +156,7 @@ impl<F: Fabric, C: Clock> Drop for Raised<'_, F, C> {
 }
 
 impl<F: Fabric, C: Clock> Client<F, C> {
-    /// Lowers the guard whose lower waits (step 4), if every batch of its
+    /// Lowers the guard whose lower waits (step 4), if every batch of its raise and
     /// write-back has completed, successfully or not, or can no longer land
     /// ([`Fabric::settled`]); otherwise leaves it up, for a later call (the next
     /// write-back of this client, the slot-recycling tick). Returns whether no lower
@@ -187,6 +188,17 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         self.guard_lowering.set(None);
         self.guard_busy.set(false);
         true
+    }
+
+    /// Posts the lower of this client's write-back guard if it waits for batches
+    /// that are all done now (module docs, "The lower"); returns whether no lower
+    /// waits any more. The slot-recycling ticks do it; a client about to stop for
+    /// good calls it, driving its fabric between calls, until it returns `true`
+    /// (each transport completes a batch within a bound from its post), so that its
+    /// guard does not keep a slot of another writer out of use until its writer id
+    /// is registered again. Never waits.
+    pub fn lower_guard_if_done(&self) -> bool {
+        self.finish_guard_lower()
     }
 
     /// Where this client's guard word is, if a write-back of `t` needs one: the
@@ -257,10 +269,11 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         };
         let n = self.fabric.node_count();
         let word = t.word().to_le_bytes().to_vec();
-        broadcast(&self.fabric, stats, nodes(n), majority(n), |_| {
+        let mut rt = broadcast(&self.fabric, stats, nodes(n), majority(n), |_| {
             Ok(Batch::write(guard, word.clone()))
         })
         .await?;
+        rt.keep_outstanding_in(&self.guard_tickets);
         Ok(raised)
     }
 }
