@@ -79,8 +79,9 @@
 //! client). A completion is an event that rules the batch out for good: over RDMA a
 //! failed ticket means the queue pair went to the error state or was destroyed (the
 //! engine aborts it before failing what it holds), so nothing posted on it lands
-//! afterwards; the simulator fails a batch lost to a crashed node a queue pair
-//! timeout after its post, and removes it. No time alone lowers a guard.
+//! afterwards. The simulator knows more than a client could: it settles a batch
+//! once its node executed it or it was lost to a crash (and can fail a lost batch a
+//! queue pair timeout after its post, as RDMA does). No time alone lowers a guard.
 //!
 //! The lower is *deferred*, not awaited: the operation returns with its majority,
 //! and a guard whose batches are not all done stays up (with this client's guard
@@ -90,8 +91,8 @@
 //! delays nothing but this client's next write-back of another writer's record, and
 //! that one only until the straggler completes: each transport completes a batch
 //! within its own bound *from that batch's post* (RDMA: the queue pair's retry
-//! window, or the engine's give-up limit under the delivery margin; the simulator:
-//! its queue pair timeout), not from any operation's deadline. A batch whose ticket
+//! window, or the engine's give-up limit under the delivery margin), not from any
+//! operation's deadline. A batch whose ticket
 //! never completes (a transport that drops a crashed node's batches silently and
 //! cannot tell) keeps the guard up, and the writer's slot out of use, for good:
 //! liveness, never safety. The raise's batches still in flight are waited for too,
