@@ -221,6 +221,27 @@ mod tests {
         ));
     }
 
+    /// A batch held for a node crashed silently never completes, and is settled: it
+    /// never reached memory. A batch held back only for an emulated roundtrip ran
+    /// already. Neither wrapper knows better than its inner fabric otherwise.
+    #[test]
+    fn batches_that_can_never_land_are_settled() {
+        use crate::fabric::{EmulatedRtt, FailNodes};
+        let cluster = MemCluster::new(3, 64);
+        let fabric = FailNodes::new(EmulatedRtt::new(cluster.client(), 1_000));
+        let in_flight = fabric.post(NodeId(0), Batch::write(0, alloc::vec![1; 8]));
+        assert!(
+            fabric.poll(in_flight).is_pending(),
+            "held for its roundtrip"
+        );
+        assert!(fabric.settled(in_flight), "but it ran already");
+        fabric.fail_node(NodeId(2));
+        let lost = fabric.post(NodeId(2), Batch::write(0, alloc::vec![2; 8]));
+        assert!(fabric.poll(lost).is_pending());
+        assert!(fabric.settled(lost), "never sent");
+        assert!(!cluster.client().settled(Ticket(0)), "not known by default");
+    }
+
     #[test]
     fn majority_wait_ignores_a_failed_node_and_stalls_without_majority() {
         let cluster = MemCluster::new(3, 64);

@@ -20,7 +20,7 @@
 //! such a step allocates nothing of its own.
 
 use alloc::vec::Vec;
-use core::cell::Cell;
+use core::cell::{Cell, RefCell};
 use core::future::{Future, poll_fn};
 use core::pin::Pin;
 use core::task::{Context, Poll};
@@ -415,6 +415,9 @@ pub struct Roundtrip<'a, F: Fabric + ?Sized> {
     /// The fence was checked since the step last waited: the posts of one burst
     /// (no await between them) share one clock read.
     fence_checked: bool,
+    /// Where the tickets still outstanding go when the step is dropped, instead of
+    /// being forgotten ([`Self::keep_outstanding_in`]).
+    keeper: Option<&'a RefCell<Vec<Ticket>>>,
 }
 
 impl<'a, F: Fabric + ?Sized> Roundtrip<'a, F> {
@@ -428,7 +431,16 @@ impl<'a, F: Fabric + ?Sized> Roundtrip<'a, F> {
             replies: Replies::new(),
             failures: Vec::new(),
             fence_checked: false,
+            keeper: None,
         }
+    }
+
+    /// Hands the tickets of the batches still outstanding when this step is dropped
+    /// to `keeper` rather than forgetting them: a caller that must know when every
+    /// batch it posted completed (a write-back under its guard,
+    /// `protocol::write_back_guard`) polls them there.
+    pub fn keep_outstanding_in(&mut self, keeper: &'a RefCell<Vec<Ticket>>) {
+        self.keeper = Some(keeper);
     }
 
     /// Posts `batch` to `node` as part of this step. Fails with
@@ -686,6 +698,10 @@ impl<F: Fabric + ?Sized> Future for Wait<'_, '_, F> {
 impl<F: Fabric + ?Sized> Drop for Roundtrip<'_, F> {
     fn drop(&mut self) {
         if !self.outstanding.is_empty() {
+            if let Some(keeper) = self.keeper {
+                let mut kept = keeper.borrow_mut();
+                kept.extend(self.outstanding.drain(..).map(|(_, ticket)| ticket));
+            }
             for (_, ticket) in self.outstanding.drain(..) {
                 self.fabric.forget(ticket);
             }

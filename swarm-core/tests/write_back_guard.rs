@@ -77,6 +77,8 @@ struct Gate {
     inner: MemFabric,
     down: RefCell<Vec<NodeId>>,
     hold: RefCell<Option<Range<u64>>>,
+    /// Holds only the batches to this node, if set (a slow queue pair).
+    hold_node: RefCell<Option<NodeId>>,
     ours: RefCell<Vec<Entry>>,
 }
 
@@ -86,6 +88,7 @@ impl Gate {
             inner: cluster.client(),
             down: RefCell::default(),
             hold: RefCell::default(),
+            hold_node: RefCell::default(),
             ours: RefCell::default(),
         }
     }
@@ -138,7 +141,8 @@ impl Fabric for Gate {
             .hold
             .borrow()
             .as_ref()
-            .is_some_and(|range| Self::writes_into(&batch, range));
+            .is_some_and(|range| Self::writes_into(&batch, range))
+            && self.hold_node.borrow().is_none_or(|held| held == node);
         if held {
             return self.ours(Entry::Held(Some((node, batch))));
         }
@@ -179,9 +183,18 @@ impl Fabric for Gate {
 type Node = Client<Gate, FixedClock>;
 
 fn client(cluster: &MemCluster, layout: Layout, writer: u32, clock: u64) -> Node {
-    let config = ProtocolConfig::default()
-        .with_max_op_ns(3)
-        .with_delivery_margin_ns(0);
+    client_with(cluster, layout, writer, clock, ProtocolConfig::default())
+}
+
+/// [`client`] with `config`'s fallback timer and suspicion.
+fn client_with(
+    cluster: &MemCluster,
+    layout: Layout,
+    writer: u32,
+    clock: u64,
+    config: ProtocolConfig,
+) -> Node {
+    let config = config.with_max_op_ns(3).with_delivery_margin_ns(0);
     assert_eq!(config.grace_ns(), GRACE);
     Client::new(
         Gate::new(cluster),
@@ -468,5 +481,119 @@ fn without_guards_a_paused_write_back_garbles_a_reused_slot() {
     assert_eq!(
         record_in_slot(&s.cluster, &s.layout, B, newest).map(|t| t.ts()),
         Some(s.t1)
+    );
+}
+
+/// Whether R's guard (writer 2) names `t1` on each node.
+fn guard_up(s: &Schedule) -> [bool; 3] {
+    [A, B, C].map(|node| {
+        let word = peek(&s.cluster, node, GUARDS + 8 * 2, 8);
+        Tsp::from_word(u64::from_le_bytes(word.try_into().unwrap())).ts() == s.t1
+    })
+}
+
+/// Over RDMA a step returns once a majority answered, and its batches to the other
+/// replicas may still sit in a slow queue pair (a stopped client's engine gives none
+/// up). R raises its guard and writes `t1` back; its batch to B is held (in flight,
+/// not landed), so R falls back to C, which answers, and R's read returns with `t1`
+/// on a majority. W then supersedes `t1`, reads the guard table and recycles; then
+/// B's batch lands.
+///
+/// Had R lowered its guard when its read returned, W would have reused `t1`'s slot
+/// and B's late batch would garble the copy of W's newest write there. The guard
+/// stays up on every node until B's batch completed: W never reuses the slot under
+/// it, and reuses it once the guard went down.
+#[test]
+fn a_write_back_batch_still_in_flight_keeps_the_guard_up_until_it_landed() {
+    let mut s = Schedule::new(true);
+    let config = ProtocolConfig::default()
+        .with_slow_after_ns(1)
+        .with_suspect_ns(1);
+    s.r = client_with(&s.cluster, s.layout, 2, 50, config);
+    *s.r.fabric().hold.borrow_mut() = Some(LOG_BASE..LOG_BASE + s.layout.log_bytes());
+    *s.r.fabric().hold_node.borrow_mut() = Some(B);
+    let stats = OpStats::new();
+    let mut cache = RegisterCache::new();
+    let reg0 = reg(0);
+    let read = pin!(s.r.max_read(&reg0, &mut cache, &stats, false));
+    let (t, value) = run_to_end(&s.r, read).unwrap();
+    assert_eq!((t.ts(), value.as_slice()), (s.t1, b"w1".as_slice()));
+    assert_eq!(
+        s.r.fabric().held(),
+        1,
+        "R's write-back batch to B is in flight"
+    );
+    // R's later ticks find the batch in flight and leave the guard up.
+    s.r.recycle_slots_tick(8);
+    let up_while_in_flight = guard_up(&s);
+
+    let reused = s.supersede_and_recycle();
+    // B's batch lands now (R's process woke up, or its queue pair moved on).
+    s.r.fabric().land();
+    if let Some(newest) = reused {
+        // What the lower with a batch in flight did: the late batch overwrote the
+        // copy of W's newest write in the reused slot.
+        s.assert_intact(newest);
+    }
+    assert_eq!(
+        reused, None,
+        "W reused t1's slot while R's batch was in flight"
+    );
+    assert_eq!(
+        up_while_in_flight, [true; 3],
+        "R's guard is up on every node while its batch is in flight"
+    );
+    assert!(
+        s.w.slot_counters().recycled > 0,
+        "W recycled its other slots meanwhile"
+    );
+    assert_eq!(
+        guard_up(&s),
+        [true; 3],
+        "the guard is up when the batch lands"
+    );
+    // R's next tick lowers the guard: the batch completed.
+    s.r.recycle_slots_tick(8);
+    assert_eq!(
+        guard_up(&s),
+        [false; 3],
+        "R's guard is down once its batch landed"
+    );
+    let newest = s
+        .supersede_and_recycle()
+        .expect("W reuses t1's slot once R's write-back landed");
+    s.assert_intact(newest);
+}
+
+/// An operation dropped while its write-back's batch is in flight (its future given
+/// up by the caller) leaves the guard up until that batch completed.
+#[test]
+fn a_write_back_dropped_with_a_batch_in_flight_keeps_the_guard_up_until_it_landed() {
+    let s = Schedule::new(true);
+    *s.r.fabric().hold.borrow_mut() = Some(LOG_BASE..LOG_BASE + s.layout.log_bytes());
+    s.r.fabric().down.borrow_mut().push(C);
+    let stats = OpStats::new();
+    let mut cache = RegisterCache::new();
+    let reg0 = reg(0);
+    {
+        let mut read = Box::pin(s.r.max_read(&reg0, &mut cache, &stats, false));
+        assert!(
+            run_until_held(&s.r, read.as_mut()).is_none(),
+            "R paused at its stores"
+        );
+    }
+    s.r.recycle_slots_tick(8);
+    // C is down for R: the raise reached A and B.
+    assert_eq!(
+        guard_up(&s),
+        [true, true, false],
+        "R's guard is up after the drop"
+    );
+    s.r.fabric().land();
+    s.r.recycle_slots_tick(8);
+    assert_eq!(
+        guard_up(&s),
+        [false; 3],
+        "R's guard is down once its batch landed"
     );
 }

@@ -101,6 +101,9 @@ impl Fabric for Member {
             self.inner.forget(ticket);
         }
     }
+    fn settled(&self, ticket: Ticket) -> bool {
+        ticket.0 & REFUSED != 0 || self.inner.settled(ticket)
+    }
     fn progress(&self) -> bool {
         self.inner.progress()
     }

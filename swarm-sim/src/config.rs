@@ -106,7 +106,22 @@ pub struct SimConfig {
     /// Keep every trace event in memory (the digest is computed either way). Turn
     /// off for very long runs.
     pub keep_trace: bool,
+    /// How long after its post a batch lost to a crashed node fails, with
+    /// `FailureCause::TimedOut`: an RDMA client's queue pair retries a silent node
+    /// for its retry window, then goes to the error state and fails what it holds
+    /// (a SWARM-KV store's delivery margin covers that window). `None`: such a
+    /// batch never completes (a node that drops what it gets). [`QP_TIMEOUT_NS`] by
+    /// default. Either way the batch is settled once lost (`Fabric::settled`):
+    /// nothing of it lands.
+    pub qp_timeout_ns: Option<Nanos>,
 }
+
+/// The default [`SimConfig::qp_timeout_ns`]: 5 ms, several operation deadlines of
+/// the simulated scenarios (2 ms), as an RDMA queue pair's retry window (547 ms by
+/// default) exceeds SWARM-KV's operation deadline (200 ms): an operation that
+/// needed such a batch has run out of time before it fails. Shorter timeouts fenced
+/// more operations in `sim_crash_resume` (docs/measurements.md).
+pub const QP_TIMEOUT_NS: Nanos = 5_000_000;
 
 impl Default for SimConfig {
     /// Three nodes (`f = 1`) of 1 MiB each with default latencies.
@@ -126,6 +141,7 @@ impl SimConfig {
             stall_probability: 0.0,
             stall_ns: 0,
             keep_trace: true,
+            qp_timeout_ns: Some(QP_TIMEOUT_NS),
         }
     }
 
@@ -181,6 +197,13 @@ impl SimConfig {
     pub fn stalls(mut self, probability: f64, max_ns: Nanos) -> Self {
         self.stall_probability = probability;
         self.stall_ns = max_ns;
+        self
+    }
+
+    /// Sets how long after its post a batch lost to a crashed node fails
+    /// ([`SimConfig::qp_timeout_ns`]; `None`: never).
+    pub fn qp_timeout(mut self, timeout_ns: Option<Nanos>) -> Self {
+        self.qp_timeout_ns = timeout_ns;
         self
     }
 

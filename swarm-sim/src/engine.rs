@@ -4,7 +4,8 @@
 //! A batch's life is a chain of events:
 //!
 //! 1. `Arrive` after a one-way latency drawn for its node: a crashed node loses the
-//!    batch; otherwise the whole batch is checked ([`check_batch`]) and a refused
+//!    batch (as it loses every batch on its way to it, executing on it or on its way
+//!    back when it crashes); otherwise the whole batch is checked ([`check_batch`]) and a refused
 //!    batch goes straight to step 3 with the error.
 //! 2. One `Exec` per operation step, strictly in batch order: a read or a CAS is
 //!    one instant; a write is one instant per 8-byte chunk, `word_ns` apart, in a
@@ -16,6 +17,16 @@
 //!    and sometimes a whole roundtrip of another client fits between two operations.
 //! 3. `Deliver` after another one-way latency: the result lands in the client's
 //!    [`TicketSlab`].
+//!
+//! A batch lost to a crashed node fails as an RDMA queue pair fails it: `Expire`
+//! completes its ticket with [`FailureCause::TimedOut`] a queue pair timeout
+//! ([`SimConfig::qp_timeout_ns`]) after its own post; nothing of it lands afterwards
+//! (the simulation removed it). Without a timeout, its ticket never completes.
+//!
+//! A batch is *settled* ([`State::settled`], `Fabric::settled`) once nothing of it
+//! can land any more: it was lost, refused, or fully executed (its completion on its
+//! way back). The simulation knows it before the client could; a write-back guard
+//! uses it to go down without waiting for a late completion of a batch that landed.
 //!
 //! The sequence number breaks ties between events at the same instant in scheduling
 //! order, and every random choice comes from the one seeded [`SimRng`], so a run is a
@@ -33,7 +44,8 @@ use super::node::{Chunk, Node, chunks};
 use super::rng::SimRng;
 use super::trace::{BatchId, BatchRef, OpSummary, TraceKind, TraceLog, read_summary};
 use swarm_core::fabric::{
-    Batch, Completion, FabricError, Nanos, NodeId, Op, OpOutput, Ticket, TicketSlab, check_batch,
+    Batch, Completion, FabricError, FailureCause, Nanos, NodeId, Op, OpOutput, Ticket, TicketSlab,
+    check_batch,
 };
 
 /// Something that happens at a virtual instant.
@@ -42,6 +54,8 @@ enum Event {
     Arrive(BatchId),
     Exec(BatchId),
     Deliver(BatchId),
+    /// A lost batch's queue pair timeout ran out: its ticket fails.
+    Expire(BatchRef, Ticket),
     Fault(Fault),
     Wake,
 }
@@ -50,7 +64,7 @@ impl Event {
     fn batch(&self) -> Option<BatchId> {
         match self {
             Self::Arrive(id) | Self::Exec(id) | Self::Deliver(id) => Some(*id),
-            Self::Fault(_) | Self::Wake => None,
+            Self::Expire(..) | Self::Fault(_) | Self::Wake => None,
         }
     }
 }
@@ -86,6 +100,11 @@ struct InFlight {
     refused: Option<FabricError>,
     /// Whether it reached its node (a client crash can still lose it before).
     arrived: bool,
+    /// When it was posted (virtual time).
+    posted_at: Nanos,
+    /// Its node is done with it (executed or refused): its completion is on its way
+    /// back, and nothing of it lands any more.
+    executed: bool,
 }
 
 /// What running one event did.
@@ -309,10 +328,24 @@ impl State {
                 completion: Completion::new(),
                 refused: None,
                 arrived: false,
+                posted_at: self.now,
+                executed: false,
             },
         );
         self.schedule(arrival, Event::Arrive(id));
         ticket
+    }
+
+    /// Whether nothing of the batch behind `client`'s pending `ticket` can land any
+    /// more (module docs): lost, refused, or fully executed. `false` for a ticket
+    /// that is not pending.
+    pub(crate) fn settled(&mut self, client: ClientId, ticket: Ticket) -> bool {
+        let Some(at) = self.slab(client).pending_mut(ticket).map(|at| *at) else {
+            return false;
+        };
+        self.batches
+            .get(&at.batch)
+            .is_none_or(|flight| flight.executed)
     }
 
     pub(crate) fn poll(
@@ -342,6 +375,11 @@ impl State {
             Event::Deliver(id) => {
                 self.deliver(id);
                 return Stepped::Visible;
+            }
+            Event::Expire(at, ticket) => {
+                if self.expire(at, ticket) {
+                    return Stepped::Visible;
+                }
             }
             Event::Fault(fault) => {
                 self.apply(fault);
@@ -451,6 +489,7 @@ impl State {
         for id in &lost {
             if let Some(flight) = self.batches.remove(id) {
                 self.record(TraceKind::Lost { at: flight.at });
+                self.time_out(&flight);
             }
         }
         let batches = &self.batches;
@@ -467,8 +506,10 @@ impl State {
         let at = flight.at;
         let node = &self.nodes[at.node.index()];
         if node.crashed {
-            self.batches.remove(&id);
-            self.record(TraceKind::Lost { at });
+            if let Some(flight) = self.batches.remove(&id) {
+                self.record(TraceKind::Lost { at });
+                self.time_out(&flight);
+            }
             return;
         }
         let checked = check_batch(at.node, &flight.batch, node.size());
@@ -608,11 +649,38 @@ impl State {
         }
     }
 
+    /// A batch lost to a crashed node fails a queue pair timeout after its post, if
+    /// the world has one ([`SimConfig::qp_timeout_ns`]): as an RDMA client's queue
+    /// pair gives up on a node that stopped answering.
+    fn time_out(&mut self, flight: &InFlight) {
+        if let Some(timeout) = self.cfg.qp_timeout_ns {
+            let at = flight.posted_at.saturating_add(timeout);
+            self.schedule(at, Event::Expire(flight.at, flight.ticket));
+        }
+    }
+
+    /// A lost batch's queue pair timeout ran out: its ticket fails (nothing of the
+    /// batch lands afterwards: it is gone from the world). Returns `true`.
+    fn expire(&mut self, at: BatchRef, ticket: Ticket) -> bool {
+        let error = FabricError::NodeFailed {
+            node: at.node,
+            cause: FailureCause::TimedOut,
+        };
+        self.record(TraceKind::Complete {
+            at,
+            result: Err(error.clone()),
+        });
+        self.slab(at.client).complete(ticket, Err(error));
+        true
+    }
+
     /// The node is done with the batch at `time`: its completion travels back.
     fn send_back(&mut self, id: BatchId, time: Nanos) {
-        let Some(at) = self.batches.get(&id).map(|f| f.at) else {
+        let Some(flight) = self.batches.get_mut(&id) else {
             return;
         };
+        flight.executed = true;
+        let at = flight.at;
         let arrival = time.saturating_add(self.delay(at.client, at.node));
         self.schedule(arrival, Event::Deliver(id));
     }
@@ -671,6 +739,41 @@ mod tests {
 
     fn fixed(nodes: usize) -> SimConfig {
         SimConfig::new(nodes, 4096).latency(Latency::new(1_000, 0))
+    }
+
+    /// A batch lost to a crashed node fails its queue pair timeout after its post
+    /// (with one), and is settled once lost; a batch whose node executed it is settled
+    /// before its completion comes back.
+    #[test]
+    fn lost_batches_fail_at_their_timeout_and_executed_ones_are_settled() {
+        let mut state = State::new(1, fixed(2).qp_timeout(Some(50_000)));
+        let client = state.add_client();
+        state.apply(Fault::Crash(NodeId(1)));
+        let start = state.now;
+        let lost = state.post(client, NodeId(1), Batch::write(0, alloc::vec![1; 8]));
+        assert!(!state.settled(client, lost), "on its way");
+        state.advance_to(start + 1_500);
+        assert!(state.settled(client, lost), "lost: nothing of it lands");
+        while state.poll(client, lost).is_pending() {
+            assert!(state.progress(), "the timeout is scheduled");
+        }
+        assert_eq!(state.now - start, 50_000);
+        let ticket = state.post(client, NodeId(0), Batch::write(0, alloc::vec![2; 8]));
+        assert!(!state.settled(client, ticket), "on its way");
+        state.advance_to(state.now + 1_500);
+        assert!(state.poll(client, ticket).is_pending());
+        assert!(
+            state.settled(client, ticket),
+            "executed, completion on its way"
+        );
+        // Without a timeout, a lost batch never completes.
+        let mut state = State::new(1, fixed(2).qp_timeout(None));
+        let client = state.add_client();
+        state.apply(Fault::Crash(NodeId(1)));
+        let lost = state.post(client, NodeId(1), Batch::read(0, 8));
+        while state.progress() {}
+        assert!(state.poll(client, lost).is_pending());
+        assert!(state.settled(client, lost));
     }
 
     #[test]

@@ -139,6 +139,12 @@ impl Fabric for SimFabric {
         self.world.state.borrow_mut().forget(self.id, ticket);
     }
 
+    /// Lost, refused, or fully executed: the simulation knows when nothing of a
+    /// batch can land any more, before its completion comes back.
+    fn settled(&self, ticket: Ticket) -> bool {
+        self.world.state.borrow_mut().settled(self.id, ticket)
+    }
+
     fn progress(&self) -> bool {
         self.world.progress()
     }

@@ -16,8 +16,10 @@ use swarm_core::fabric::NodeId;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Fault {
     /// The node stops answering: batches in flight to or from it, or executing on it,
-    /// are lost and never complete; batches arriving later are dropped. Its memory
-    /// is kept as it was at the crash (a write can be left half applied).
+    /// are lost, and so are batches arriving later; a lost batch fails a queue pair
+    /// timeout after its post (`SimConfig::qp_timeout_ns`), or never completes
+    /// without one. Its memory is kept as it was at the crash (a write can be left
+    /// half applied).
     Crash(NodeId),
     /// The node answers again, with the memory it had. Batches lost while it was down
     /// stay lost. Models a partition or outage of a node whose memory survived.

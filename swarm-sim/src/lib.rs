@@ -31,7 +31,8 @@
 //!   complete with the error.
 //! - **Faults** ([`Fault`]), each for a reason of SWARM §2.2:
 //!   [`Fault::Crash`] (a node stops answering; batches to, on, or from it are lost
-//!   and never complete, so quorum waits must not need it),
+//!   and fail a queue pair timeout after their post, as over RDMA
+//!   ([`SimConfig::qp_timeout_ns`]), so quorum waits must not need it),
 //!   [`Fault::Recover`] (the node answers again with its memory: a healed partition
 //!   or an outage of a node whose memory survived; lost batches stay lost),
 //!   [`Fault::Slow`] (a straggler, which makes protocols abandon a preferred
@@ -114,7 +115,7 @@ mod world;
 pub mod scenario;
 
 pub use clock::{CLOCK_EPOCH_NS, SimClock};
-pub use config::{Latency, NodeConfig, SimConfig};
+pub use config::{Latency, NodeConfig, QP_TIMEOUT_NS, SimConfig};
 pub use engine::PostObserver;
 pub use error::SimError;
 pub use fabric::{ClientId, RATE_UNIT, SimFabric};

@@ -96,7 +96,8 @@ impl SimWorld {
     }
 
     /// Batches `client` posted that have not completed (including forgotten ones and
-    /// those lost to a crash, which never will).
+    /// those lost to a crash, which complete only at their queue pair timeout, or
+    /// never without one).
     pub fn pending(&self, client: ClientId) -> usize {
         self.state.borrow().pending(client)
     }

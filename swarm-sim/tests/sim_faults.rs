@@ -1,5 +1,6 @@
 //! Faults of SWARM §2.2 in the simulated fabric: crashed minorities do not block a
-//! majority, crashed majorities stall, slow nodes answer late, recovered nodes answer
+//! majority, crashed majorities stall (or fail at the queue pair timeout), slow
+//! nodes answer late, recovered nodes answer
 //! with their memory, and crashed clients leave their posted work behind.
 
 use std::task::Poll;
@@ -66,8 +67,10 @@ fn a_majority_wait_completes_with_a_crashed_minority() {
 
 #[test]
 fn a_majority_wait_stalls_with_a_crashed_majority() {
+    // Without a queue pair timeout: a lost batch never completes.
+    let config = SimConfig::default().qp_timeout(None);
     for_each_seed(10, |seed| {
-        let world = SimWorld::with_seed(seed);
+        let world = SimWorld::new(seed, config.clone());
         let mut runner = SimRunner::new(&world);
         let client = world.client();
         let id = client.id();
@@ -97,6 +100,25 @@ fn a_majority_wait_stalls_with_a_crashed_majority() {
         let client = world.client();
         let result = block_on_future(&client, quorum(&client, &[0, 1, 2], 2, Batch::read(0, 8)));
         assert_eq!(result, Err(FabricError::Stalled));
+    });
+}
+
+/// With a queue pair timeout (the default), the batches lost to a crashed majority
+/// fail that long after their post, as over RDMA, and the wait fails.
+#[test]
+fn a_majority_wait_fails_at_the_queue_pair_timeout_with_a_crashed_majority() {
+    for_each_seed(10, |seed| {
+        let world = SimWorld::with_seed(seed);
+        world.crash(NodeId(0));
+        world.crash(NodeId(2));
+        let client = world.client();
+        let start = world.now();
+        let result = block_on_future(&client, quorum(&client, &[0, 1, 2], 2, Batch::read(0, 8)));
+        assert!(
+            matches!(result, Ok(Err(FabricError::NotEnoughLiveNodes { .. }))),
+            "{result:?}"
+        );
+        assert_eq!(world.now() - start, swarm_sim::QP_TIMEOUT_NS);
     });
 }
 
@@ -182,7 +204,8 @@ fn a_node_configured_slow_is_slow_from_the_start() {
 
 #[test]
 fn a_recovered_node_answers_again_with_its_memory() {
-    let world = SimWorld::with_seed(7);
+    // Without a queue pair timeout: a lost batch never completes.
+    let world = SimWorld::new(7, SimConfig::default().qp_timeout(None));
     let client = world.client();
     let t = client.post(NodeId(0), Batch::write(16, vec![0xAB; 8]));
     assert!(complete(&client, t).is_ok());
@@ -220,7 +243,11 @@ fn a_crash_mid_write_leaves_it_partly_applied() {
         let t = client.post(NodeId(2), Batch::write(0, vec![0xFF; 64]));
         world.at(4_500, Fault::Crash(NodeId(2)));
         world.drain();
-        assert_eq!(client.poll(t), Poll::Pending);
+        // Lost: it fails at its queue pair timeout, and nothing more of it lands.
+        assert!(matches!(
+            client.poll(t),
+            Poll::Ready(Err(FabricError::NodeFailed { .. }))
+        ));
         world.recover(NodeId(2));
         let words = world.peek(NodeId(2), 0, 64).unwrap();
         let written = words.chunks(8).filter(|w| *w == [0xFF; 8]).count();

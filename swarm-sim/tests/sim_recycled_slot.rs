@@ -141,6 +141,10 @@ impl Fabric for SlowAtFetch {
         self.inner.forget(ticket)
     }
 
+    fn settled(&self, ticket: Ticket) -> bool {
+        self.inner.settled(ticket)
+    }
+
     fn progress(&self) -> bool {
         self.inner.progress()
     }

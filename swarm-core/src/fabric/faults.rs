@@ -256,6 +256,16 @@ impl<F: Fabric> Fabric for FailNodes<F> {
         }
     }
 
+    /// A batch held for a node crashed silently never reached the inner fabric: it
+    /// never executes. A batch in flight to it when it crashed is as the inner
+    /// fabric says.
+    fn settled(&self, ticket: Ticket) -> bool {
+        if ticket.0 & LOST != 0 {
+            return true;
+        }
+        self.inner.settled(ticket)
+    }
+
     fn forget(&self, ticket: Ticket) {
         if ticket.0 & LOST != 0 {
             if let Some(h) = self.held.borrow_mut().get_mut((ticket.0 & !LOST) as usize) {
@@ -531,6 +541,21 @@ impl<F: Fabric> Fabric for EmulatedRtt<F> {
         }) = entry
         {
             self.inner.forget(inner);
+        }
+    }
+
+    /// A result held back for its roundtrip: the batch ran already. Otherwise as the
+    /// inner fabric says.
+    fn settled(&self, ticket: Ticket) -> bool {
+        if self.rtt == 0 {
+            return self.inner.settled(ticket);
+        }
+        match self.in_flight.borrow().get(ticket.0 as usize) {
+            Some(Some(InFlight {
+                inner: Some(inner), ..
+            })) => self.inner.settled(*inner),
+            Some(Some(_)) => true,
+            None | Some(None) => false,
         }
     }
 

@@ -44,7 +44,12 @@
 //! [`crate::exec`], whose module docs state who must call `progress` (the executor
 //! contract, also for foreign executors). A failed node surfaces either as an error
 //! completion or as a ticket that never completes; the protocol treats both alike
-//! and moves on with a majority.
+//! and moves on with a majority. A completion, failed or not, says that nothing of
+//! the batch lands afterwards (RDMA fails a chain in flight only once its queue pair
+//! is in the error state): a write-back guard waits for that before it goes down
+//! ([`crate::write_back_guard`], "The lower"), so a transport that knows a pending
+//! batch can never land says so ([`Fabric::settled`]), and one that can should
+//! complete every ticket within a bound from its post.
 
 mod batch;
 mod error;
@@ -192,6 +197,23 @@ pub trait Fabric {
     /// background write), but its result is discarded when it completes.
     fn forget(&self, ticket: Ticket);
 
+    /// Whether nothing of the batch behind `ticket`, which [`Fabric::poll`] still
+    /// reports pending, can take effect on its node any more: it never left this
+    /// client (a node crashed for it by [`FailNodes`], which never executes such a
+    /// batch), or its effects are all in already (a completion held back only to
+    /// emulate latency, [`EmulatedRtt`]). `false` means *not known*, and is the
+    /// default: a transport whose pending batch may still land completes its ticket
+    /// once it landed or never can (RDMA: its queue pair went to the error state or
+    /// was destroyed; the simulator: a batch lost to a crashed node fails a queue
+    /// pair timeout after its post). A write-back guard goes down only once every
+    /// batch of its write-back completed or is settled
+    /// ([`crate::write_back_guard`], "The lower").
+    #[inline]
+    fn settled(&self, ticket: Ticket) -> bool {
+        let _ = ticket;
+        false
+    }
+
     /// Drives the transport one step: delivers completions that are due. Returns
     /// `false` when nothing outstanding can ever complete (nothing posted, or every
     /// outstanding batch is stuck on a failed node); executors use that to report a
@@ -322,6 +344,9 @@ impl<F: Fabric + ?Sized> Fabric for &F {
     }
     fn forget(&self, ticket: Ticket) {
         (**self).forget(ticket)
+    }
+    fn settled(&self, ticket: Ticket) -> bool {
+        (**self).settled(ticket)
     }
     fn progress(&self) -> bool {
         (**self).progress()

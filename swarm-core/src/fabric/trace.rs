@@ -127,6 +127,10 @@ impl<F: Fabric, T: Tracer> Fabric for Traced<F, T> {
         self.inner.forget(ticket);
     }
 
+    fn settled(&self, ticket: Ticket) -> bool {
+        self.inner.settled(ticket)
+    }
+
     fn progress(&self) -> bool {
         self.inner.progress()
     }

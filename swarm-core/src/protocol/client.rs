@@ -180,6 +180,13 @@ pub struct Client<F, C> {
     /// An operation of this client has its write-back guard up
     /// ([`super::write_back_guard`]).
     pub(crate) guard_busy: core::cell::Cell<bool>,
+    /// The batches of the guarded write-back (and of its raise) that had not
+    /// completed when their steps ended: the guard goes down only once each completed or its fabric says it can
+    /// no longer land ([`super::write_back_guard`], "The lower").
+    pub(crate) guard_tickets: RefCell<Vec<crate::fabric::Ticket>>,
+    /// The guard word whose lower waits for `guard_tickets`, if any: the guard stays
+    /// up (and `guard_busy` set) until then.
+    pub(crate) guard_lowering: core::cell::Cell<Option<u64>>,
     /// The record buffer of the last write, reused by the next one if no batch
     /// holds it any more (`Client::shared_record`).
     pub(crate) spare_record: RefCell<Option<Arc<[u8]>>>,
@@ -232,6 +239,8 @@ impl<F: Fabric, C: Clock> Client<F, C> {
             suspicion: Arc::new(Suspicion::new(config.suspect_ns)),
             writing: RefCell::new(Vec::new()),
             guard_busy: core::cell::Cell::new(false),
+            guard_tickets: RefCell::new(Vec::new()),
+            guard_lowering: core::cell::Cell::new(None),
             spare_record: RefCell::new(None),
         })
     }
@@ -292,6 +301,9 @@ impl<F: Fabric, C: Clock> Client<F, C> {
     /// the earliest time something may be due, lowered whenever something is queued
     /// (`SlotTracker::quiet_until`).
     pub fn recycle_slots_tick_at(&self, budget: usize, now: Nanos) {
+        if self.guard_lowering.get().is_some() {
+            self.finish_guard_lower();
+        }
         let mut state = self.state.borrow_mut();
         if now < state.tracker.quiet_until() {
             return;
@@ -314,13 +326,18 @@ impl<F: Fabric, C: Clock> Client<F, C> {
     /// per-operation upkeep skips both when so (one borrow and two comparisons).
     pub fn background_quiet(&self, now: Nanos) -> bool {
         let state = self.state.borrow();
-        now < state.tracker.quiet_until() && state.carried.remaining() == 0
+        now < state.tracker.quiet_until()
+            && state.carried.remaining() == 0
+            && self.guard_lowering.get().is_none()
     }
 
     /// One slot-recycling check of up to `budget` tracked registers, waited for (at most
     /// `max_op_ns`), then the release of every limbo slot whose grace has passed.
     /// Returns the log's counters afterwards.
     pub async fn recycle_slots_step(&self, budget: usize) -> SlotCounters {
+        if self.guard_lowering.get().is_some() {
+            self.finish_guard_lower();
+        }
         self.check_tracked(budget).await;
         let mut state = self.state.borrow_mut();
         let WriterState { slots, tracker, .. } = &mut *state;

@@ -272,6 +272,10 @@ const SUPERSEDED_RETRIES: u32 = 8;
 pub(crate) struct WriteProgress {
     buffer_written: [bool; MAX_REPLICAS],
     failed: [bool; MAX_REPLICAS],
+    /// A write-back under this client's guard: the batches its rounds leave in
+    /// flight are kept for the guard's lower (`super::write_back_guard`), not
+    /// forgotten.
+    pub(crate) guarded: bool,
 }
 
 /// Fails with [`FabricError::NotEnoughLiveNodes`] if fewer than `need` replicas are
@@ -1005,6 +1009,9 @@ impl<F: Fabric, C: Clock> Client<F, C> {
             let need = q - have;
             enough_candidates(&candidates, need)?;
             let mut rt = Roundtrip::start(&self.fabric, stats);
+            if progress.guarded {
+                rt.keep_outstanding_in(&self.guard_tickets);
+            }
             {
                 let own = cache.own_word.clone();
                 let life = cache.untombstoned();

@@ -26,12 +26,13 @@
 //! 2. **re-reads** a majority of the register's replicas, and gives the write-back
 //!    up (the read starts over) if any reply is above `t`;
 //! 3. writes `t` back as before;
-//! 4. **lowers** the guard (zero on every node, never fenced), when the write-back
-//!    returns or fails, or when the operation is dropped.
+//! 4. **lowers** the guard (zero on every node, never fenced) once the write-back
+//!    returned, failed or was dropped *and* every batch of it completed (below, "The
+//!    lower").
 //!
 //! A client keeps one guard up at a time; a second write-back of the same client waits
-//! for the first. The writer, before it hands a slot of its limbo back to its
-//! allocator, once the slot's grace is over:
+//! for the first, and for its lower. The writer, before it hands a slot of its limbo
+//! back to its allocator, once the slot's grace is over:
 //!
 //! 5. **reads the guard table** on a majority of the nodes (the first majority to
 //!    answer), and keeps every slot whose write some other writer's guard names there;
@@ -50,20 +51,54 @@
 //! * before the raise: `R`'s re-read was posted after its raise completed, so after
 //!   `T₂ > T₁`; it read a majority of the register's replicas, which meets `M₁`, and
 //!   found a word above `t`; so `R` gave the write-back up at step 2. Contradiction;
-//! * after the lower: the lower was posted after every batch of `R`'s write-back (in
-//!   program order on shared memory, where a batch lands inside the call that posts
-//!   it; in posting order over RDMA), so each of those landed before the lower's post
-//!   plus the delivery margin, hence before `W`'s read completed plus that margin,
-//!   which is when `W` reuses the slot (step 6).
+//! * after the lower: the lower was posted only once every batch of `R`'s write-back
+//!   had completed, or could no longer land (below), so each of those stores landed,
+//!   if ever, before the lower's post, hence before `X` answered `W`'s guard read,
+//!   which is before `W` reuses the slot (step 6).
 //!
 //! Neither case depends on how long `R` stops between any two of its instructions: a
 //! stop before step 1 or 2 ends in a re-read that sees `t` superseded; a stop after
-//! step 2 keeps the guard up, and the slot out of use, for as long as it lasts. On
-//! shared memory the argument assumes nothing about time. Over RDMA it assumes what
-//! the transport enforces for every batch: a batch handed to the NIC lands within the
-//! delivery margin or never (the engine gives its queue pair up first,
-//! `RdmaFabric::bound_delivery`). A write-back posted by `W` itself needs no guard: its
-//! own stores precede its own reuse in program order.
+//! step 2 keeps the guard up, and the slot out of use, for as long as it lasts, and a
+//! stop with a write-back batch still in flight keeps it up too (the lower waits for
+//! that batch). Neither case assumes anything about time, on any transport: the
+//! second rests on an *event* (a completion), never on a delivery margin. A
+//! write-back posted by `W` itself needs no guard: its own stores precede its own
+//! reuse in program order.
+//!
+//! # The lower
+//!
+//! A write-back returns once a majority holds `t`; its batches to the other replicas
+//! (the first burst's, a fallback's) may still be in flight: in a queue pair behind a
+//! slowly acknowledged request, and over RDMA nothing bounds how late they land while
+//! `R`'s process is stopped (its engine gives a queue pair up only while it runs, and
+//! the NIC bounds each request's retries, not a queue of requests). So the rounds of
+//! a guarded write-back keep the tickets of their batches still outstanding
+//! (`Roundtrip::keep_outstanding_in`), and the guard goes down only once each of
+//! them is *done*: its completion came back (acknowledged or failed), or the fabric
+//! says it can no longer land ([`Fabric::settled`]: a batch that never left the
+//! client). A completion is an event that rules the batch out for good: over RDMA a
+//! failed ticket means the queue pair went to the error state or was destroyed (the
+//! engine aborts it before failing what it holds), so nothing posted on it lands
+//! afterwards. The simulator knows more than a client could: it settles a batch
+//! once its node executed it or it was lost to a crash (and can fail a lost batch a
+//! queue pair timeout after its post, as RDMA does). No time alone lowers a guard.
+//!
+//! The lower is *deferred*, not awaited: the operation returns with its majority,
+//! and a guard whose batches are not all done stays up (with this client's guard
+//! busy) until a later look finds them done: the client's next guarded write-back
+//! (which must wait for it: one guard word per writer), and its slot-recycling ticks
+//! ([`Client::recycle_slots_tick`], a store's per-operation upkeep). So a straggler
+//! delays nothing but this client's next write-back of another writer's record, and
+//! that one only until the straggler completes: each transport completes a batch
+//! within its own bound *from that batch's post* (RDMA: the queue pair's retry
+//! window, or the engine's give-up limit under the delivery margin), not from any
+//! operation's deadline. A batch whose ticket
+//! never completes (a transport that drops a crashed node's batches silently and
+//! cannot tell) keeps the guard up, and the writer's slot out of use, for good:
+//! liveness, never safety. The raise's batches still in flight are waited for too,
+//! though a late raise is safe (it only names `t`): two batches to one node are not
+//! ordered (the fabric contract), and a raise landing after the lower would leave the
+//! guard naming `t`, its slot out of use, until this client's next raise and lower.
 //!
 //! # What it costs, and what it leaves
 //!
@@ -73,9 +108,12 @@
 //! writer reads the guard table (one READ of `writers × stride` bytes per node) once
 //! per batch of slots leaving their grace. A reader stopped for ever with its guard
 //! up holds one slot of one writer out of use until its writer id is taken over (the
-//! new owner lowers the guard when it registers).
-
-use core::cell::Cell;
+//! new owner lowers the guard when it registers). A guard whose lower waits for a
+//! batch in flight keeps that slot out of use until the batch completes, and holds
+//! this client's next guarded write-back as long (measured in the simulator:
+//! docs/measurements.md). Shared memory executes every batch inside the call that
+//! posts it: nothing is ever in flight there, and the lower is posted at once, as
+//! before.
 
 use alloc::vec::Vec;
 
@@ -100,26 +138,70 @@ pub(crate) enum GuardedWriteBack {
     Superseded,
 }
 
-/// A raised guard: lowered when dropped, whatever the operation's fate.
-struct Raised<'a, F: Fabric> {
-    fabric: &'a F,
+/// A raised guard: lowered when dropped, whatever the operation's fate, once every
+/// batch of its raise and write-back completed ([`Client::finish_guard_lower`]).
+struct Raised<'a, F: Fabric, C: Clock> {
+    client: &'a Client<F, C>,
     addr: u64,
-    busy: &'a Cell<bool>,
 }
 
-impl<F: Fabric> Drop for Raised<'_, F> {
+impl<F: Fabric, C: Clock> Drop for Raised<'_, F, C> {
     fn drop(&mut self) {
-        // Never fenced: a late lower only lets the writer reuse a slot sooner, and it
-        // lands after this client's earlier batches to the same node.
-        for node in nodes(self.fabric.node_count()) {
-            self.fabric
-                .post_detached(node, Batch::write(self.addr, 0u64.to_le_bytes().to_vec()));
-        }
-        self.busy.set(false);
+        // The write-back's steps were dropped before this guard (they live in the
+        // futures it awaited, or were dropped with the operation first: the guard is
+        // the first local of `guarded_write_back`), so their batches still in flight
+        // are in `guard_tickets` by now.
+        self.client.guard_lowering.set(Some(self.addr));
+        self.client.finish_guard_lower();
     }
 }
 
 impl<F: Fabric, C: Clock> Client<F, C> {
+    /// Lowers the guard whose lower waits (step 4), if every batch of its raise and
+    /// write-back has completed, successfully or not, or can no longer land
+    /// ([`Fabric::settled`]); otherwise leaves it up, for a later call (the next
+    /// write-back of this client, the slot-recycling tick). Returns whether no lower
+    /// waits any more. Never waits.
+    pub(crate) fn finish_guard_lower(&self) -> bool {
+        let Some(addr) = self.guard_lowering.get() else {
+            return true;
+        };
+        {
+            let mut tickets = self.guard_tickets.borrow_mut();
+            tickets.retain(|&ticket| match self.fabric.poll(ticket) {
+                core::task::Poll::Ready(_) => false,
+                core::task::Poll::Pending if self.fabric.settled(ticket) => {
+                    self.fabric.forget(ticket);
+                    false
+                }
+                core::task::Poll::Pending => true,
+            });
+            if !tickets.is_empty() {
+                return false;
+            }
+        }
+        // Never fenced: a late lower only lets the writer reuse a slot sooner, and it
+        // is posted after every batch of the write-back completed.
+        for node in nodes(self.fabric.node_count()) {
+            self.fabric
+                .post_detached(node, Batch::write(addr, 0u64.to_le_bytes().to_vec()));
+        }
+        self.guard_lowering.set(None);
+        self.guard_busy.set(false);
+        true
+    }
+
+    /// Posts the lower of this client's write-back guard if it waits for batches
+    /// that are all done now (module docs, "The lower"); returns whether no lower
+    /// waits any more. The slot-recycling ticks do it; a client about to stop for
+    /// good calls it, driving its fabric between calls, until it returns `true`
+    /// (each transport completes a batch within a bound from its post), so that its
+    /// guard does not keep a slot of another writer out of use until its writer id
+    /// is registered again. Never waits.
+    pub fn lower_guard_if_done(&self) -> bool {
+        self.finish_guard_lower()
+    }
+
     /// Where this client's guard word is, if a write-back of `t` needs one: the
     /// layout has a guard table and `t` is another writer's.
     pub(crate) fn write_back_guard(&self, t: Tsp) -> Option<u64> {
@@ -150,7 +232,9 @@ impl<F: Fabric, C: Clock> Client<F, C> {
             );
             return Ok(GuardedWriteBack::Superseded);
         }
-        self.inner_write(reg, cache, stats, t, value, &mut WriteProgress::default())
+        let mut progress = WriteProgress::default();
+        progress.guarded = true;
+        self.inner_write(reg, cache, stats, t, value, &mut progress)
             .await?;
         Ok(GuardedWriteBack::Written)
     }
@@ -162,10 +246,13 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         stats: &OpStats,
         t: Tsp,
         guard: u64,
-    ) -> Result<Raised<'_, F>, SwarmError> {
+    ) -> Result<Raised<'_, F, C>, SwarmError> {
         let busy = &self.guard_busy;
         core::future::poll_fn(|cx| {
-            if !busy.get() {
+            // A guard whose lower waits for its write-back's last batches is free once
+            // they completed: an event of the transport, which completes (or gives
+            // up) each batch within its own bound from its own post, not a time.
+            if !busy.get() || (self.guard_lowering.get().is_some() && self.finish_guard_lower()) {
                 busy.set(true);
                 return core::task::Poll::Ready(Ok(()));
             }
@@ -178,16 +265,16 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         })
         .await?;
         let raised = Raised {
-            fabric: &self.fabric,
+            client: self,
             addr: guard,
-            busy,
         };
         let n = self.fabric.node_count();
         let word = t.word().to_le_bytes().to_vec();
-        broadcast(&self.fabric, stats, nodes(n), majority(n), |_| {
+        let mut rt = broadcast(&self.fabric, stats, nodes(n), majority(n), |_| {
             Ok(Batch::write(guard, word.clone()))
         })
         .await?;
+        rt.keep_outstanding_in(&self.guard_tickets);
         Ok(raised)
     }
 }

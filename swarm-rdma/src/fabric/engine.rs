@@ -17,7 +17,9 @@
 //! * **Failure.** The first error completion (or post failure) on a queue pair marks
 //!   the node dead: every batch waiting for it fails at once with
 //!   [`FabricError::NodeFailed`], and later batches to it fail immediately (unless it
-//!   is *parked*, below). The protocol then carries on with a majority, as with any
+//!   is *parked*, below). Chains in flight fail only after their queue pair was moved
+//!   to the error state ([`Nic::abort`]), whatever failed the node: a failed ticket
+//!   never lands afterwards (write-back guards rely on it). The protocol then carries on with a majority, as with any
 //!   failed node (SWARM §2.1). A staging slice is reused only once the chain's last
 //!   request reported back (success or flush), so the NIC never writes into memory
 //!   lent to a newer chain.
@@ -763,8 +765,20 @@ impl<N: Nic> Engine<N> {
         None
     }
 
-    /// Marks `node` failed and fails everything waiting on it.
+    /// Marks `node` failed and fails everything waiting on it. A chain in flight on
+    /// its queue pair fails only once that queue pair can execute nothing more: it is
+    /// moved to the error state first ([`Nic::abort`]; a no-op on one an error
+    /// completion put there already). So a failed ticket, like a completed one, means
+    /// its chain lands no more, which a write-back guard's lower waits for
+    /// (`swarm_core::write_back_guard`, "The lower").
     fn kill(&mut self, node: usize, error: &FabricError) {
+        if self
+            .inflight
+            .values()
+            .any(|entry| entry.node == node && !entry.reported)
+        {
+            self.nic.abort(node);
+        }
         let state = &mut self.nodes[node];
         if !state.dead {
             tracing::warn!(node, %error, "memory node failed; continuing with the others");

@@ -868,3 +868,27 @@ fn progress_reports_deadlines() {
     f.wake_at(f.now() + 50_000_000);
     assert!(f.progress());
 }
+
+/// A ticket that fails never lands afterwards, whatever failed its node: a chain
+/// held by a silent queue pair when the fabric fails the node for another reason (a
+/// cut notice, a lease watch that would not arm) is aborted with it, so it does not
+/// land once the queue pair wakes up. A write-back guard goes down on such a failure
+/// (`swarm_core::write_back_guard`, "The lower").
+#[test]
+fn a_chain_failed_with_its_node_never_lands_afterwards() {
+    let f = fabric(3, 4096, 64, 31);
+    f.engine().nic_mut().set_mode(2, Mode::Silent);
+    let held = f.post(NodeId(2), Batch::write(128, vec![7; 8]));
+    for _ in 0..10 {
+        f.progress();
+    }
+    assert!(f.poll(held).is_pending(), "held by the silent queue pair");
+    f.engine().fail_node(NodeId(2));
+    assert!(matches!(f.poll(held), Poll::Ready(Err(_))));
+    // The queue pair wakes up: what it held was flushed, nothing lands.
+    f.engine().nic_mut().set_mode(2, Mode::Up);
+    for _ in 0..10 {
+        f.progress();
+    }
+    assert_eq!(&memory(&f, 2)[128..136], &[0; 8], "the failed write landed");
+}

@@ -12,7 +12,7 @@ use std::vec::Vec;
 
 use crate::{ClientId, SimClock, SimFabric, SimRng};
 use swarm_core::encoding::{Tsp, WriterId};
-use swarm_core::fabric::{Batch, Op};
+use swarm_core::fabric::{Batch, NodeId, Op};
 use swarm_core::header::HEADER_SIZE;
 use swarm_core::layout::Layout;
 use swarm_core::quorum::{broadcast_until, majority};
@@ -244,6 +244,17 @@ pub(super) async fn incarnations_task(ctx: Incarnations) {
                 }
             };
             if k > 0 {
+                // As SWARM-KV's registration does, the next owner lowers a write-back
+                // guard its predecessor left up: one whose lower still waited for a
+                // batch in flight when it crashed (`swarm_core::write_back_guard`).
+                // What the predecessor posted has landed by now (it was given the
+                // writer id a delivery margin after the crash).
+                if let Some(guard) = layout.guard_addr(writer) {
+                    for node in 0..fabric.node_count() {
+                        let lower = Batch::write(guard, 0u64.to_le_bytes().to_vec());
+                        fabric.post_detached(NodeId(node as u16), lower);
+                    }
+                }
                 // As SWARM-KV's client does on a writer id whose holder crashed.
                 client.resume_crashed(held, move |addr| locate(&layout, replicas, addr));
                 let mut r = record.borrow_mut();

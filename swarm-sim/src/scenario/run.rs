@@ -279,6 +279,10 @@ pub(super) async fn slot_recycling_task(ctx: SlotRecycling) {
         client.examine_carried_tick(client.fabric().now());
         client.fabric().sleep(recycling.interval_ns).await;
     }
+    // A clean stop: the write-back guard goes down once its last batches are in.
+    while !client.lower_guard_if_done() {
+        client.fabric().sleep(recycling.interval_ns).await;
+    }
     record.borrow_mut().carried_examined += (carried - client.carried_remaining()) as u64;
     client.cancel_slot_recycling();
     let counters = client.slot_counters();

@@ -309,6 +309,10 @@ impl Fabric for AfterFirstLock {
         self.inner.forget(ticket)
     }
 
+    fn settled(&self, ticket: Ticket) -> bool {
+        self.inner.settled(ticket)
+    }
+
     fn progress(&self) -> bool {
         self.inner.progress()
     }
