@@ -270,7 +270,8 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
     /// client's holder tag, which is gone once the row is given back, so a client that
     /// runs out of registers reclaims them (`crate::registers::limbo`, "a clean close").
     /// Waits up to `crate::membership::writer_takeover::STRAGGLER_NS` for retire
-    /// marks still in flight. Bounded in time; a node error never fails it.
+    /// marks still in flight, and as long for the batches a write-back guard's lower
+    /// waits for. Bounded in time; a node error never fails it.
     pub fn close(self) {
         if self.has_deferred_unmaps() {
             let fabric = self.swarm.fabric();
@@ -308,6 +309,21 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
                 .saturating_add(crate::membership::writer_takeover::STRAGGLER_NS);
             let _ = swarm_core::block_on_future(fabric, async {
                 while self.recycler.marks_in_flight(fabric) > 0 && fabric.now() < until {
+                    swarm_core::sleep(fabric, 100_000).await;
+                }
+            });
+        }
+        // A write-back guard whose lower waits for batches still in flight
+        // (`swarm_core`'s write-back guards, "The lower"; never on shared memory):
+        // lowered once they are done, so that it does not keep a slot of another
+        // writer out of use until this writer id is registered again. Best effort,
+        // within the same bound.
+        if !self.swarm.lower_guard_if_done() {
+            let until = fabric
+                .now()
+                .saturating_add(crate::membership::writer_takeover::STRAGGLER_NS);
+            let _ = swarm_core::block_on_future(fabric, async {
+                while !self.swarm.lower_guard_if_done() && fabric.now() < until {
                     swarm_core::sleep(fabric, 100_000).await;
                 }
             });
