@@ -224,8 +224,16 @@ fn wrong_version_is_refused() {
 fn bad_checksum_is_refused() {
     let dir = scratch();
     drop(create3(dir.path()));
-    // Flip a bit of the cluster id without fixing the checksum.
-    patch(&node_path(dir.path(), 2), 24, &[0xFF]);
+    // Flip the bits of a byte of the cluster id without fixing the checksum (a
+    // fixed value would change nothing when the random id holds it already: one
+    // run in 256).
+    let path = node_path(dir.path(), 2);
+    let mut byte = [0u8; 1];
+    File::open(&path)
+        .unwrap()
+        .read_exact_at(&mut byte, 24)
+        .unwrap();
+    patch(&path, 24, &[!byte[0]]);
     let error = absent_reason(dir.path(), 2);
     assert!(
         matches!(
