@@ -67,6 +67,21 @@ pub(crate) fn connect(cluster: &MemCluster, layout: NodeLayout) -> KvClient<MemF
     .expect("a free writer id")
 }
 
+/// The census of the registers of `client`'s cluster (3 replicas), as a reclamation
+/// pass sees them (`crate::registers::limbo::census`).
+pub(crate) fn census_of(
+    client: &KvClient<MemFabric, FixedClock>,
+) -> crate::registers::limbo::Census {
+    let layout = *client.layout();
+    swarm_core::block_on(
+        client.fabric(),
+        crate::registers::limbo::census(client.fabric(), &layout, |r| {
+            crate::client::register_loc_for(&layout, 3, r).ok()
+        }),
+    )
+    .expect("a census")
+}
+
 /// A fabric that holds the batches it is given for some nodes, unapplied and
 /// unanswered, until [`Holding::land`]: its client was stopped (SIGSTOP, a long
 /// preemption) between two posts of one step. A step reads the clock once per

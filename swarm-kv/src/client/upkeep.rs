@@ -576,10 +576,8 @@ mod tests {
     };
 
     use crate::KvClient;
-    use crate::client::register_loc_for;
     use crate::layout::{ClusterParams, NodeLayout};
-    use crate::registers::limbo::{Census, census};
-    use crate::test_support::{MS, connect};
+    use crate::test_support::{MS, census_of, connect};
 
     type Client = KvClient<MemFabric, FixedClock>;
 
@@ -628,17 +626,6 @@ mod tests {
             i += 1;
         }
         i
-    }
-
-    fn census_of(c: &Client) -> Census {
-        let layout = *c.layout();
-        block_on(
-            c.fabric(),
-            census(c.fabric(), &layout, |r| {
-                register_loc_for(&layout, 3, r).ok()
-            }),
-        )
-        .expect("a census")
     }
 
     /// A client whose log is nearly full of live values, and which has registers,

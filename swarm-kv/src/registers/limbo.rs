@@ -912,7 +912,7 @@ mod tests {
 
     use crate::KvClient;
     use crate::client::register_loc_for;
-    use crate::test_support::{MS, connect, small_cluster};
+    use crate::test_support::{MS, census_of, connect, small_cluster};
 
     type Client = KvClient<MemFabric, FixedClock>;
 
@@ -939,17 +939,6 @@ mod tests {
 
     fn reclaim_gone_registers_now(c: &Client) {
         block_on(c.fabric(), c.reclaim_gone_registers_now()).expect("a reclamation pass");
-    }
-
-    fn census_of(c: &Client) -> Census {
-        let layout = *c.layout();
-        block_on(
-            c.fabric(),
-            census(c.fabric(), &layout, |r| {
-                register_loc_for(&layout, 3, r).ok()
-            }),
-        )
-        .expect("a census")
     }
 
     /// Lets the register grace pass on the client's clock, then runs no-op deletes so
