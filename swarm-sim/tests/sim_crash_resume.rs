@@ -72,8 +72,12 @@ fn check(seed: u64, outcome: &Outcome, s: &Scenario) {
         outcome.errors
     );
     let ops = outcome.history.len();
+    // A liveness bound, not safety: a sixteenth. Over 600 seeds the scenario fences
+    // 3.2% of its operations on average and at worst 5.1% (docs/measurements.md,
+    // "Write-back guards lowered on completions": a straggler to a crashed node holds
+    // its client's next guarded write-back until the batch's queue pair times out).
     assert!(
-        fenced * 20 <= ops,
+        fenced * 16 <= ops,
         "seed {seed}: {fenced} of {ops} operations fenced: {:?}",
         outcome.errors
     );
