@@ -73,7 +73,7 @@ use super::history::{self, HistoryPart};
 use super::report::RepairMarks;
 use super::report::{BenchReport, MemoryUse, RunStats};
 use super::sizing::{check_capacity, registers_needed, unclaimed_registers};
-use super::stats::PhaseStats;
+use super::stats::PhaseRecorder;
 use super::timeline::Timeline;
 use super::workload::{KeySpace, OpChooser, OpType, value};
 use swarm_kv::admin::{self, RegisterProtocol};
@@ -373,10 +373,10 @@ fn run_clients<C: BenchClient + Send>(
     for (client, output) in outputs.into_iter().enumerate() {
         match output {
             Ok(output) => {
-                stats.load.merge(&output.load);
-                stats.warmup.merge(&output.warmup);
-                stats.measured.merge(&output.measured);
-                stats.drain.merge(&output.drain);
+                stats.load.merge(&output.load.finish());
+                stats.warmup.merge(&output.warmup.finish());
+                stats.measured.merge(&output.measured.finish());
+                stats.drain.merge(&output.drain.finish());
                 stats.lease_renewals += output.lease_renewals;
                 stats.recycled_slots += output.recycling.slots;
                 stats.recycled_registers += output.recycling.registers;
@@ -713,11 +713,11 @@ impl Drop for AbortOnPanic<'_> {
 
 /// A client thread's measurements.
 struct WorkerOutput {
-    load: PhaseStats,
-    warmup: PhaseStats,
-    measured: PhaseStats,
+    load: PhaseRecorder,
+    warmup: PhaseRecorder,
+    measured: PhaseRecorder,
     /// The drain's deletes (`--drain`).
-    drain: PhaseStats,
+    drain: PhaseRecorder,
     /// The measured operations per interval.
     timeline: Timeline,
     /// The finished history part, if one is written.
@@ -739,7 +739,7 @@ struct Sink<'a> {
 }
 
 impl Sink<'_> {
-    fn finish(&mut self, stats: &mut PhaseStats, done: Done) {
+    fn finish(&mut self, stats: &mut PhaseRecorder, done: Done) {
         let latency = done.end.saturating_sub(done.start);
         match &done.result {
             Ok(outcome) => stats.record(done.op, latency, done.roundtrips, outcome.hit()),
@@ -836,10 +836,10 @@ fn worker<C: BenchClient>(
     let client = RefCell::new(Some(client));
     let config = shared.config;
     let mut out = WorkerOutput {
-        load: PhaseStats::default(),
-        warmup: PhaseStats::default(),
-        measured: PhaseStats::default(),
-        drain: PhaseStats::default(),
+        load: PhaseRecorder::new(),
+        warmup: PhaseRecorder::new(),
+        measured: PhaseRecorder::new(),
+        drain: PhaseRecorder::new(),
         timeline: Timeline::new(config.timeline_interval_ns),
         history: None,
         lease_renewals: 0,
