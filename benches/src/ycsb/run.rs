@@ -745,12 +745,13 @@ impl Sink<'_> {
             Ok(outcome) => stats.record(done.op, latency, done.roundtrips, outcome.hit()),
             Err(e) => stats.record_error(done.op, e),
         }
-        let sampled = self
-            .shared
-            .config
-            .history_keys
-            .is_none_or(|keys| done.keynum < keys);
-        if self.history.is_some() && sampled {
+        let sampled = || {
+            self.shared
+                .config
+                .history_keys
+                .is_none_or(|keys| done.keynum < keys)
+        };
+        if self.history.is_some() && sampled() {
             let op = self.operation(&done);
             if let Some(history) = &mut self.history {
                 history.record(&op);

@@ -81,9 +81,19 @@ fn integer_exponent(alpha: f64) -> Option<u32> {
 /// within about `2·log2(n)` ulps of the exact power, and differs from
 /// `x.powf(α)` by at most that plus `|ln(x^α)|·|α - n|/α` relative (about `10⁻¹³`
 /// for θ = 0.99): a drawn rank `items·x^α` below `10¹⁰` moves by less than `10⁻³`,
-/// so it changes only when it lies that close to an integer (a draw in thousands,
-/// for the largest ranks; far fewer for the popular ones).
+/// so it changes only when it lies that close to an integer (for seed 7, 1 of
+/// 1,000,000 draws: `integer_power_draws_the_keys_of_powf`).
+#[inline]
 fn int_power(mut x: f64, mut n: u32) -> f64 {
+    if n == 100 {
+        // θ = 0.99, YCSB's constant: x^64 · x^32 · x^4, unrolled.
+        let x4 = (x * x) * (x * x);
+        let x32 = {
+            let x16 = (x4 * x4) * (x4 * x4);
+            x16 * x16
+        };
+        return (x32 * x32) * x32 * x4;
+    }
     let mut acc = 1.0;
     while n > 0 {
         if n & 1 == 1 {
@@ -411,8 +421,9 @@ mod tests {
                 fast[x as usize] += 1;
                 slow[y as usize] += 1;
             }
+            eprintln!("seed {seed}, {keys} keys: {differ} of {draws} draws differ from powf's");
             assert!(
-                differ <= draws / 10_000,
+                differ <= draws / 100_000,
                 "seed {seed}, {keys} keys: {differ} of {draws} draws differ"
             );
             let mut hottest: Vec<usize> = (0..slow.len()).collect();
