@@ -29,6 +29,16 @@ fn every_system_runs_every_workload_without_error() {
             }
             // The cache warm-up read every key from every client.
             assert_eq!(report.warmup.ops, 4 * 500, "seed {}\n{report}", config.seed);
+            // Every measured operation is in the timeline: timed on its client's fabric
+            // clock shifted onto the run's origin, it ended within the measured phase
+            // (but for one per client ending within the shift's error of its end).
+            let timed: u64 = report.timeline.iter().map(|p| p.ops).sum();
+            let completed: u64 = report.ops_by_type.values().map(|r| r.count).sum();
+            assert!(
+                timed <= completed && timed + 4 >= completed,
+                "seed {}: {timed} of {completed} operations in the timeline\n{report}",
+                config.seed
+            );
         }
     }
 }
