@@ -223,7 +223,13 @@
 //!   gone clients, takes them by CAS and recycles them after its own grace (a client
 //!   that closes cleanly donates its pool instead, [`crate::registers::give_back`]). Still
 //!   leaked: a retired register whose mark reached no replica, and the cases above
-//!   (`crate::registers::limbo`, "what stays leaked").
+//!   (`crate::registers::limbo`, "what stays leaked");
+//! * a retired register whose mark reached no keyed copy while a copy that an insert
+//!   from this client's pool missed still shows the pool's tag (a fenced insert's
+//!   fresh register, whose mark is not posted past the deadline): the reset takes
+//!   such a copy for its trace only if no keyed copy is of a later life
+//!   (`Recycler::next_phase`; `docs/pauses.md`, "Found by the soak"), so it leaves
+//!   the register alone.
 
 use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
