@@ -54,27 +54,37 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
             let now = fabric.now();
             let in_limbo = self.recycler.in_limbo();
             let offer = self.donations_left.get() > 0;
-            if now >= self.next_adoption.get() && (in_limbo == 0 || offer) {
+            // A pass cut short by its lease scanned part of the cluster only: the
+            // next one goes on from there, so nothing is known to be out of reach.
+            let cut_short = self.reclaim_cut_short.get();
+            if now >= self.next_adoption.get() && (in_limbo == 0 || offer || cut_short) {
                 self.reclaim_gone_registers().await?;
-                // What the pass took waits a whole grace from now, however long
-                // the pass took.
-                give_up = fabric.now().saturating_add(patience);
-                if self.recycler.in_limbo() == 0 {
+                if self.recycler.in_limbo() > 0 {
+                    // What the pass took waits a whole grace from now, however
+                    // long the pass took.
+                    give_up = fabric.now().saturating_add(patience);
+                    continue;
+                }
+                // Nothing taken: fail only once a whole pass found nothing, not
+                // while the scan still has chunks to go (waited for below, within
+                // the insert's patience from its start or its last useful pass).
+                if !self.reclaim_cut_short.get() {
                     return r;
                 }
                 continue;
             }
             let may_wait = now < give_up
                 || (self.repair_announced() && now < started.saturating_add(REPAIR_WAIT_NS));
-            if !may_wait || (in_limbo == 0 && !offer) {
+            if !may_wait || (in_limbo == 0 && !offer && !cut_short) {
                 return r;
             }
             tracing::debug!(
                 in_limbo,
                 donations_left = self.donations_left.get(),
-                "insert: no free register; waiting for retired ones to pass their grace, or for the next reclamation pass to take donated ones"
+                cut_short,
+                "insert: no free register; waiting for retired ones to pass their grace, or for the next reclamation pass to take donated ones or finish its scan"
             );
-            self.wait_for_resets(offer.then(|| self.next_adoption.get()))
+            self.wait_for_resets((offer || cut_short).then(|| self.next_adoption.get()))
                 .await;
         }
     }

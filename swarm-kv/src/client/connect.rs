@@ -212,6 +212,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
                 layout.params.registers / u64::from(layout.params.writers.max(1))
                     * u64::from(registration.writer),
             ),
+            reclaim_cut_short: Cell::new(false),
             config_checked: Cell::new(0),
             next_holdings_log: Cell::new(0),
             next_relief: Cell::new(0),

@@ -212,6 +212,11 @@ pub struct KvClient<F: Fabric, C: Clock> {
     /// Where this client's next reclamation pass starts its scan: where the last
     /// one stopped ([`crate::registers::limbo::Reclaimed::resume_at`]).
     reclaim_resume_at: Cell<RegisterId>,
+    /// Whether this client's last reclamation pass stopped before it had scanned
+    /// every chunk (its lease ran short, [`crate::registers::limbo::Reclaimed::stopped`]):
+    /// a dry insert then waits for the next pass, which goes on from there, rather
+    /// than fail.
+    reclaim_cut_short: Cell<bool>,
     /// [`LeaseHolder::renewal_answers`] when the configuration was last read: a
     /// renewal that saw a newer epoch than the configuration a majority then held
     /// (a record being written) triggers one more read per renewal, not per operation.

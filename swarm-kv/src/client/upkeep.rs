@@ -402,6 +402,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         .await?;
         self.donations_left.set(reclaimed.donations_left);
         self.reclaim_resume_at.set(reclaimed.resume_at);
+        self.reclaim_cut_short.set(reclaimed.stopped);
         for chunk in &reclaimed.chunks {
             self.alloc.adopt(*chunk);
         }
@@ -696,5 +697,51 @@ mod tests {
             (1..=5).contains(&passes),
             "{passes} passes for the log in 1.5 s"
         );
+    }
+
+    /// An insert that finds no free register while its client's last reclamation
+    /// pass was cut short by the lease (part of the cluster unscanned) waits for the
+    /// next pass, which goes on from there, instead of failing at once: the soak saw
+    /// inserts fail with `RegistersFull` while gone clients' registers lay in the
+    /// part of the scan a pass had not reached.
+    #[test]
+    fn a_dry_insert_waits_for_the_pass_after_one_cut_short() {
+        // Six chunks of four registers.
+        let (_, big) = cluster(MS);
+        let params = ClusterParams {
+            registers: 24,
+            ..big.params
+        };
+        let layout = NodeLayout::new(params).expect("a valid layout");
+        let cluster = MemCluster::new(3, 1 << 20);
+        crate::store::write_superblock(&cluster.client(), &params).expect("three live nodes");
+        let a = connect(&cluster, layout);
+        let b = connect(&cluster, layout);
+        // b claims every chunk and uses every register, then deletes a few keys (its
+        // limbo, tagged for others) and closes.
+        let mut n = 0;
+        loop {
+            let key = format!("b{n}");
+            match block_on(b.fabric(), b.insert(key.as_bytes(), b"v", &OpStats::new())) {
+                Ok(()) => n += 1,
+                Err(crate::KvError::RegistersFull { .. }) => break,
+                Err(error) => panic!("insert {key}: {error}"),
+            }
+        }
+        assert!(n > 8, "{n} keys fit");
+        for i in 0..8 {
+            let key = format!("b{i}");
+            block_on(b.fabric(), b.delete(key.as_bytes(), &OpStats::new()))
+                .unwrap_or_else(|error| panic!("delete {key}: {error}"));
+        }
+        b.close();
+        // a's last pass stopped early (its lease ran short) just now: the next one,
+        // due in 10 ms, goes on where it stopped.
+        let f = a.fabric();
+        a.next_adoption.set(f.now() + 10 * MS);
+        a.reclaim_cut_short.set(true);
+        block_on(f, a.insert(b"a", b"v", &OpStats::new()))
+            .expect("the insert waits for the next pass, which takes b's retired registers");
+        assert!(a.recycle_stats().reclaimed_limbo > 0 || a.recycle_stats().recycled > 0);
     }
 }

@@ -667,7 +667,9 @@ pub async fn reclaim_gone_registers<F: Fabric>(
     let stats = OpStats::new();
     let mut out = Reclaimed::default();
     if !may_act() {
+        // Nothing scanned: the next pass starts where this one would have.
         out.stopped = true;
+        out.resume_at = me.resume_at;
         return Ok(out);
     }
     let before = read_registered(fabric, &stats, layout).await?;

@@ -223,7 +223,13 @@
 //!   gone clients, takes them by CAS and recycles them after its own grace (a client
 //!   that closes cleanly donates its pool instead, [`crate::registers::give_back`]). Still
 //!   leaked: a retired register whose mark reached no replica, and the cases above
-//!   (`crate::registers::limbo`, "what stays leaked").
+//!   (`crate::registers::limbo`, "what stays leaked");
+//! * a retired register whose mark reached no keyed copy while a copy that an insert
+//!   from this client's pool missed still shows the pool's tag (a fenced insert's
+//!   fresh register, whose mark is not posted past the deadline): the reset takes
+//!   such a copy for its trace only if no keyed copy is of a later life
+//!   (`Recycler::next_phase`; `docs/pauses.md`, "Found by the soak"), so it leaves
+//!   the register alone.
 
 use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
@@ -725,7 +731,51 @@ impl Recycler {
                     .iter()
                     .filter(|(_, v)| v.tag() != 0 && !mine(v.tag()))
                     .count();
-                let traced = reset.seen.iter().any(|(_, v)| mine(v.tag()));
+                // A blank copy with this client's tag is the pool a register's life
+                // came from, or this client's own reset of it: a trace of *this*
+                // life only if no keyed copy is of a later life than it (words above
+                // its marker). A keyed copy above it was written by an insert from
+                // that pool that missed this copy; that life's retirement, if this
+                // client's, left its mark or take on a keyed copy. Without this, a
+                // register in this client's limbo by mistake while its key is
+                // mapped, with the copy the insert missed among those read (another
+                // node lost), was reset under its key: the soak's "key header
+                // missing" (docs/pauses.md, "Found by the soak").
+                let top = |v: &crate::registers::reset::Seen| {
+                    v.words
+                        .iter()
+                        .map(|w| swarm_core::encoding::Tsp::from_word(*w))
+                        .filter(|w| !w.is_tombstone())
+                        .max()
+                        .unwrap_or(swarm_core::encoding::Tsp::EMPTY)
+                };
+                let keyed_top = reset
+                    .seen
+                    .iter()
+                    .filter(|(_, v)| v.key_len() != 0)
+                    .map(|(_, v)| top(v))
+                    .max();
+                let traced = reset.seen.iter().any(|(_, v)| {
+                    mine(v.tag()) && (v.key_len() != 0 || keyed_top.is_none_or(|k| top(v) >= k))
+                });
+                if !traced && reset.seen.iter().any(|(_, v)| mine(v.tag())) {
+                    // Only the pool a keyed life came from: this client holds the
+                    // register by mistake (a second owner, or a retirement of a
+                    // mapped register). Logged with how it entered the limbo, for
+                    // the soak's open finding (docs/pauses.md).
+                    tracing::warn!(
+                        register = reset.register,
+                        came = ?reset.prov.came,
+                        resets = reset.prov.resets,
+                        entered_at = reset.prov.entered,
+                        seen = ?reset
+                            .seen
+                            .iter()
+                            .map(|(n, v)| (n.index(), v.key_len(), format!("{:#x}", v.tag()), top(v)))
+                            .collect::<Vec<_>>(),
+                        "recycler: a register in the limbo holds a keyed life above this client's pool trace; not reset (a leak, never a second owner)"
+                    );
+                }
                 if !traced || foreign > reset.seen.len() / 2 {
                     tracing::debug!(
                         register = reset.register,
@@ -1668,6 +1718,95 @@ mod tests {
 
     fn loc(layout: &NodeLayout, register: u64) -> Option<RegisterLoc> {
         crate::client::register_loc_for(layout, 3, register).ok()
+    }
+
+    /// Writes `register`'s key-header word 0 and every metadata word and the delete
+    /// word on `node` (a marker's word, say).
+    fn write_register(
+        raw: &MemFabric,
+        layout: &NodeLayout,
+        register: u64,
+        node: u16,
+        header: u64,
+        words: u64,
+    ) {
+        write_word(raw, node, layout.key_header(register).unwrap(), header);
+        let meta = layout.register(register).unwrap() + layout.swarm.meta_offset();
+        for i in 0..layout.swarm.meta_bytes() / 8 {
+            write_word(raw, node, meta + 8 * i, words);
+        }
+    }
+
+    /// The soak's "key header missing": a register its client had reset (tag 7,
+    /// marker `M`) and pooled, then inserted a key into, whose header and value reached
+    /// nodes 0 and 2 only (node 1 kept the blank copy `(0, 7)` at `M`), and which
+    /// came back into the client's limbo while its key stayed mapped. With node 2
+    /// lost, the reset read node 0's keyed copy and node 1's blank one, took the blank
+    /// one for its trace, tombstoned and blanked the mapped register: two owners. A
+    /// blank copy is a trace of the register's current life only if no keyed copy
+    /// holds words above its marker; here the reset leaves the register alone. A blank
+    /// copy above a keyed one (a rebuilt node's stale copy of the life the reset
+    /// ends) is still its trace.
+    #[test]
+    fn a_reset_leaves_a_keyed_life_alone_whose_only_trace_is_the_pool_it_came_from() {
+        use swarm_core::encoding::Tsp;
+        let (cluster, layout) = small_cluster(200 * crate::test_support::MS);
+        let raw = cluster.client();
+        // Node 2 lost: refused.
+        let fabric = Refusing::new(cluster.client());
+        let recycler = Recycler::new(0, 1, 7);
+        let (pooled, newer) = (
+            Tsp::reset_marker(100).unwrap().word(),
+            Tsp::reset_marker(200).unwrap().word(),
+        );
+        let keyed = crate::registers::limbo::header_word(3, 0);
+        let blank = crate::registers::limbo::header_word(0, 7);
+        // The victim: keyed above the blank copy's marker.
+        let victim = 5;
+        write_register(&raw, &layout, victim, 0, keyed, newer);
+        write_register(&raw, &layout, victim, 1, blank, pooled);
+        recycler.retire(victim, 0, super::Retired::Unmapped);
+        // A register whose blank copy is above the stale keyed one: reset.
+        let stale = 6;
+        write_register(&raw, &layout, stale, 0, keyed, pooled);
+        write_register(&raw, &layout, stale, 1, blank, newer);
+        recycler.retire(stale, 0, super::Retired::Unmapped);
+        let mut back = Vec::new();
+        for renewals in 0..6 {
+            back.extend(step_node_2(
+                &recycler,
+                &fabric,
+                &layout,
+                ReplicaStatus::Lost,
+                renewals,
+            ));
+        }
+        let header = layout.key_header(victim).unwrap();
+        assert_eq!(
+            word(&raw, 0, header),
+            keyed,
+            "the mapped register's key header was blanked"
+        );
+        let delete_at = layout.register(victim).unwrap()
+            + layout.swarm.meta_offset()
+            + layout.swarm.meta_bytes()
+            - 8;
+        assert_eq!(
+            word(&raw, 0, delete_at),
+            newer,
+            "the mapped register was tombstoned"
+        );
+        assert_eq!(recycler.stats().reset_abandoned, 1);
+        assert_eq!(
+            back,
+            vec![stale],
+            "the stale keyed copy's register comes back"
+        );
+        assert_eq!(
+            word(&raw, 0, layout.key_header(stale).unwrap()),
+            blank,
+            "reset on node 0 too"
+        );
     }
 
     /// A register handed back says how it came into the pool (what an insert that

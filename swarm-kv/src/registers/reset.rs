@@ -67,6 +67,11 @@ impl Seen {
     pub fn tag(&self) -> u32 {
         (self.header >> 32) as u32
     }
+
+    /// The key length of key-header word 0 (0: blank).
+    pub fn key_len(&self) -> u32 {
+        self.header as u32
+    }
 }
 
 /// The batch reading `register`'s key-header word 0, metadata words and delete word
