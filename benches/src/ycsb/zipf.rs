@@ -153,27 +153,22 @@ impl ZipfianGenerator {
 
     /// The next rank (YCSB's `nextLong(items)`).
     pub fn next<R: Rng + ?Sized>(&self, rng: &mut R) -> u64 {
-        let u: f64 = rng.random();
-        let uz = u * self.zetan;
-        if uz < 1.0 {
-            return self.base;
-        }
-        if uz < self.second_rank_below {
-            return self.base + 1;
-        }
-        let base = self.eta * u - self.eta + 1.0;
-        let power = match self.int_alpha {
+        self.draw(rng, |base| match self.int_alpha {
             Some(n) => int_power(base, n),
             None => base.powf(self.alpha),
-        };
-        let rank = (self.items as f64 * power) as u64;
-        self.base + rank
+        })
     }
 
     /// [`Self::next`] with YCSB's `powf` always (the draw before the integer power):
     /// what the tests compare the integer power with.
     #[cfg(test)]
     fn next_powf<R: Rng + ?Sized>(&self, rng: &mut R) -> u64 {
+        self.draw(rng, |base| base.powf(self.alpha))
+    }
+
+    /// One draw, with `power` raising its base to `α`.
+    #[inline]
+    fn draw<R: Rng + ?Sized>(&self, rng: &mut R, power: impl Fn(f64) -> f64) -> u64 {
         let u: f64 = rng.random();
         let uz = u * self.zetan;
         if uz < 1.0 {
@@ -182,7 +177,7 @@ impl ZipfianGenerator {
         if uz < self.second_rank_below {
             return self.base + 1;
         }
-        let rank = (self.items as f64 * (self.eta * u - self.eta + 1.0).powf(self.alpha)) as u64;
+        let rank = (self.items as f64 * power(self.eta * u - self.eta + 1.0)) as u64;
         self.base + rank
     }
 }
