@@ -1642,6 +1642,20 @@ mod tests {
         assert!(matches!(fabric.poll(ticket), Poll::Ready(Ok(_))));
     }
 
+    /// `steps` recycling steps (renewals `0..steps`) with node 2 lost: what came back.
+    fn steps_with_node_2_lost(
+        recycler: &Recycler,
+        fabric: &Refusing,
+        layout: &NodeLayout,
+        steps: u64,
+    ) -> Vec<u64> {
+        (0..steps)
+            .flat_map(|renewals| {
+                step_node_2(recycler, fabric, layout, ReplicaStatus::Lost, renewals)
+            })
+            .collect()
+    }
+
     /// One recycler step on a cluster whose node 2 has `status` (the others are in
     /// service); the registers that came back.
     fn step_node_2(
@@ -1771,16 +1785,7 @@ mod tests {
         write_register(&raw, &layout, stale, 0, keyed, pooled);
         write_register(&raw, &layout, stale, 1, blank, newer);
         recycler.retire(stale, 0, super::Retired::Unmapped);
-        let mut back = Vec::new();
-        for renewals in 0..6 {
-            back.extend(step_node_2(
-                &recycler,
-                &fabric,
-                &layout,
-                ReplicaStatus::Lost,
-                renewals,
-            ));
-        }
+        let back = steps_with_node_2_lost(&recycler, &fabric, &layout, 6);
         let header = layout.key_header(victim).unwrap();
         assert_eq!(
             word(&raw, 0, header),
@@ -1855,16 +1860,7 @@ mod tests {
         }
         recycler.take_donation(b, 0);
         fabric.refused.set(Some(swarm_core::fabric::NodeId(2)));
-        let mut back = Vec::new();
-        for renewals in 0..4 {
-            back.extend(step_node_2(
-                &recycler,
-                &fabric,
-                &layout,
-                ReplicaStatus::Lost,
-                renewals,
-            ));
-        }
+        let back = steps_with_node_2_lost(&recycler, &fabric, &layout, 4);
         assert_eq!(back, vec![b]);
         let origin = recycler.take_origin(b).expect("recorded");
         assert_eq!(
