@@ -361,8 +361,9 @@ impl OpStats {
         self.roundtrips.get()
     }
 
-    /// Iterations of a Safe-Guess read loop (appendix C bounds them by
-    /// `2·writers + 1`); zero for other operations.
+    /// Iterations of the operation's Safe-Guess read loops, summed over its reads
+    /// (appendix C bounds each read's by `2·writers + 1`); zero for an operation that
+    /// read no register.
     pub fn iterations(&self) -> u32 {
         self.iterations.get()
     }

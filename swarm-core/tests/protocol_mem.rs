@@ -106,6 +106,32 @@ fn stale_guess_takes_the_slow_path_and_still_wins() {
     assert_eq!(s.roundtrips(), 1);
 }
 
+/// The read bound (`2·writers + 1` iterations, appendix C) holds per read, not per
+/// operation: an operation that reads several registers, or one register several
+/// times (a KV insert that retries), sums their iterations in its `OpStats`, and a
+/// read late in it must not give up for the iterations its earlier reads took.
+#[test]
+fn the_read_bound_counts_one_reads_iterations_not_its_operations() {
+    let cluster = MemCluster::new(3, 1 << 20);
+    let a = setup(0, 100, &cluster);
+    let b = setup(1, 200, &cluster);
+    let (reg, mut ca, mut cb) = (reg(), RegisterCache::new(), RegisterCache::new());
+    // a's write misses the third replica, and b reads without the first: the maximum
+    // b reads is on one replica of two, so b's read goes past its common case.
+    a.fabric().fail_node(reg.replicas.node(2));
+    block_on(a.fabric(), a.write(&reg, &mut ca, &OpStats::new(), b"x")).unwrap();
+    b.fabric().fail_node(reg.replicas.node(0));
+    let s = OpStats::new();
+    let bound = 2 * u32::from(layout().writers()) + 1;
+    // What the operation's earlier reads counted.
+    for _ in 0..bound {
+        s.count_iteration();
+    }
+    let got = block_on(b.fabric(), b.read(&reg, &mut cb, &s));
+    assert_eq!(got, Ok(ReadValue::Value(b"x".to_vec())));
+    assert!(s.iterations() > bound, "the read went past its common case");
+}
+
 #[test]
 fn abd_takes_two_roundtrips_and_raw_one() {
     let cluster = MemCluster::new(3, 1 << 20);

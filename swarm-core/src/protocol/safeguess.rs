@@ -283,8 +283,13 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         // One entry per writer seen: at most one per concurrent writer.
         let mut seen: Vec<(Tsp, Vec<u8>)> = Vec::new();
         let bound = 2 * u32::from(self.layout.writers()) + 1;
+        // This read's own iterations: `stats` sums those of every read of the
+        // operation (a KV insert that retries reads its key's register several times),
+        // and the bound is per read.
+        let mut iteration = 0u32;
         loop {
-            let iteration = stats.count_iteration();
+            stats.count_iteration();
+            iteration += 1;
             if iteration > bound {
                 tracing::warn!(
                     writer = self.writer.get(),
