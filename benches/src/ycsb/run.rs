@@ -959,22 +959,33 @@ fn worker<C: BenchClient>(
                     return None;
                 }
                 if let Some(fail) = config.fail
-                    && !failed
-                    && number >= fail.after_ops
+                    && (failed || number >= fail.after_ops)
                 {
+                    let node = NodeId(fail.node);
                     match (config.fail_mode, &shared.fail_dir) {
+                        // Each client stops the node on its own fabric; one connected
+                        // since the failure (`Reconnect`) has a fabric of its own, on
+                        // which the node is still up.
                         (FailMode::Stop, _) | (_, None) => {
-                            if let Some(client) = client.borrow().as_ref() {
-                                client.fabric().fail_node(NodeId(fail.node));
+                            if let Some(client) = client.borrow().as_ref()
+                                && !client.fabric().is_failed(node)
+                            {
+                                client.fabric().fail_node(node);
                             }
                         }
-                        (mode, Some(dir)) => lose_memory(shared, dir, fail.node, mode),
+                        (mode, Some(dir)) => {
+                            if !failed {
+                                lose_memory(shared, dir, fail.node, mode);
+                            }
+                        }
                     }
-                    shared.fail_triggered.store(true, Ordering::Relaxed);
-                    shared
-                        .fail_at_ns
-                        .fetch_min(shared.now_ns(), Ordering::Relaxed);
-                    failed = true;
+                    if !failed {
+                        shared.fail_triggered.store(true, Ordering::Relaxed);
+                        shared
+                            .fail_at_ns
+                            .fetch_min(shared.now_ns(), Ordering::Relaxed);
+                        failed = true;
+                    }
                 }
                 let (op, keynum) = shared.chooser.next(&mut rng);
                 Some(Planned {
