@@ -18,7 +18,7 @@ use core::task::Poll;
 
 use crate::fabric::{
     Batch, Completion, Fabric, FabricError, Nanos, NodeId, Submitted, Ticket, TicketSlab,
-    check_batch,
+    check_batch, check_bounds,
 };
 use crate::sync::{Arc, AtomicU64};
 use crate::words;
@@ -132,6 +132,23 @@ impl Fabric for MemFabric {
 
     fn completes_in_submit(&self) -> bool {
         true
+    }
+
+    /// The read a one-read batch would do, bounds checked first ([`check_bounds`]).
+    #[inline]
+    fn read_direct(
+        &self,
+        node: NodeId,
+        addr: u64,
+        out: &mut [u8],
+    ) -> Option<Result<(), FabricError>> {
+        // An unknown node: the batch path reports it.
+        let mem = self.cluster.nodes.get(node.index())?;
+        Some(
+            check_bounds(node, addr, out.len() as u64, mem.size()).map(|()| {
+                words::read(&mem.words, addr as usize, out);
+            }),
+        )
     }
 
     fn poll(&self, ticket: Ticket) -> Poll<Result<Completion, FabricError>> {

@@ -784,6 +784,19 @@ impl<'a, F: Fabric + ?Sized> Immediate<'a, F> {
         }
     }
 
+    /// Reads `out.len()` bytes at `addr` of `node` into `out` as one more batch of
+    /// the step, without a batch or a reply ([`Fabric::read_direct`]); `None` when
+    /// the fabric does not, and the caller [`Immediate::submit`]s the read instead.
+    #[inline]
+    pub(crate) fn read_direct(
+        &mut self,
+        node: NodeId,
+        addr: u64,
+        out: &mut [u8],
+    ) -> Option<Result<(), FabricError>> {
+        self.fabric.read_direct(node, addr, out)
+    }
+
     /// Every batch of the step completed: counts its roundtrip, and fails with
     /// [`FabricError::Fenced`] if the fence is checked after the burst and the
     /// operation's deadline passed before this reading (its answers may straddle a

@@ -118,9 +118,31 @@ impl Fabric for ShmFabric {
         true
     }
 
+    /// The read a one-read batch would do ([`crate::NodeMemory::read`]: bounds
+    /// checked against the mapping first). An absent or retired node: `None`, and
+    /// the batch path fails the read as [`Fabric::submit`] does.
+    #[inline]
+    fn read_direct(
+        &self,
+        node: NodeId,
+        addr: u64,
+        out: &mut [u8],
+    ) -> Option<Result<(), FabricError>> {
+        let memory = self.cluster.node(node)?;
+        if memory.is_retired() {
+            return None;
+        }
+        Some(memory.read(addr, out))
+    }
+
     #[inline]
     fn give_back(&self, buffer: Vec<u8>) {
         self.buffers.give_back(buffer);
+    }
+
+    #[inline]
+    fn take_buffer(&self, len: usize) -> Vec<u8> {
+        self.buffers.take_for_read(len)
     }
 
     #[inline]

@@ -186,10 +186,29 @@ impl<F: Fabric> Fabric for FailNodes<F> {
         self.inner.give_back(buffer);
     }
 
+    fn take_buffer(&self, len: usize) -> alloc::vec::Vec<u8> {
+        self.inner.take_buffer(len)
+    }
+
     /// As the inner fabric: a batch to a crashed node is held back (a ticket) or
     /// failed, which the steps that rely on this take their general path for.
     fn completes_in_submit(&self) -> bool {
         self.inner.completes_in_submit()
+    }
+
+    /// As the inner fabric, except on a crashed node: `None`, so that the read goes
+    /// through [`Fabric::submit`], which holds it back or fails it.
+    #[inline]
+    fn read_direct(
+        &self,
+        node: NodeId,
+        addr: u64,
+        out: &mut [u8],
+    ) -> Option<Result<(), FabricError>> {
+        if self.any_failed.get() && self.crash_of(node).is_some() {
+            return None;
+        }
+        self.inner.read_direct(node, addr, out)
     }
 
     fn prefetch(&self, node: NodeId, addr: u64, len: u64) {
@@ -467,6 +486,10 @@ impl<F: Fabric> Fabric for EmulatedRtt<F> {
         self.inner.give_back(buffer);
     }
 
+    fn take_buffer(&self, len: usize) -> alloc::vec::Vec<u8> {
+        self.inner.take_buffer(len)
+    }
+
     /// Only without an emulated latency: with one, every batch is held back.
     fn completes_in_submit(&self) -> bool {
         self.rtt == 0 && self.inner.completes_in_submit()
@@ -480,6 +503,21 @@ impl<F: Fabric> Fabric for EmulatedRtt<F> {
     /// the batch (or has it in flight) as for any post, and nobody waits for it.
     fn post_detached(&self, node: NodeId, batch: Batch) {
         self.inner.post_detached(node, batch);
+    }
+
+    /// As the inner fabric without an emulated latency; `None` with one (the read
+    /// must complete a roundtrip later, [`Fabric::submit`]).
+    #[inline]
+    fn read_direct(
+        &self,
+        node: NodeId,
+        addr: u64,
+        out: &mut [u8],
+    ) -> Option<Result<(), FabricError>> {
+        if self.rtt != 0 {
+            return None;
+        }
+        self.inner.read_direct(node, addr, out)
     }
 
     #[inline]
@@ -708,6 +746,45 @@ mod tests {
             delayed.submit(NodeId(0), &mut Batch::read(60, 8), &mut Completion::new()),
             Submitted::Failed(FabricError::OutOfBounds { .. })
         ));
+    }
+
+    /// `read_direct` through the wrappers: it reads in place what a one-read batch
+    /// reads (bounds checked the same way), and declines (`None`, the caller submits
+    /// a batch) on a failed node and under an emulated latency, where `submit` would
+    /// not complete the read at once.
+    #[test]
+    fn read_direct_is_a_one_read_batch_where_submit_completes_it() {
+        let cluster = MemCluster::new(3, 64);
+        let fabric = FailNodes::new(EmulatedRtt::new(cluster.client(), 0));
+        for node in 0..3u16 {
+            let mut batch = Batch::write(8, alloc::vec![node as u8 + 1; 16]);
+            assert!(matches!(
+                fabric.submit(NodeId(node), &mut batch, &mut Completion::new()),
+                Submitted::Done
+            ));
+        }
+        let mut out = [0u8; 13];
+        assert_eq!(fabric.read_direct(NodeId(1), 5, &mut out), Some(Ok(())));
+        let mut reply = Completion::new();
+        fabric.submit(NodeId(1), &mut Batch::read(5, 13), &mut reply);
+        assert_eq!(reply.read(0), Some(&out[..]), "what the batch reads");
+        assert_eq!(&out[..3], &[0; 3]);
+        assert_eq!(&out[3..], &[2; 10]);
+        assert!(matches!(
+            fabric.read_direct(NodeId(0), 56, &mut out),
+            Some(Err(FabricError::OutOfBounds { .. }))
+        ));
+        fabric.fail_node(NodeId(2));
+        let mut untouched = [9u8; 8];
+        assert_eq!(fabric.read_direct(NodeId(2), 8, &mut untouched), None);
+        assert_eq!(untouched, [9; 8], "nothing read from a failed node");
+        assert_eq!(
+            fabric.read_direct(NodeId(0), 8, &mut untouched),
+            Some(Ok(()))
+        );
+        assert_eq!(untouched, [1; 8]);
+        let delayed = EmulatedRtt::new(cluster.client(), 5);
+        assert_eq!(delayed.read_direct(NodeId(0), 8, &mut untouched), None);
     }
 
     /// A detached post executes at once through an emulated latency, leaves no

@@ -153,6 +153,26 @@ pub trait Fabric {
         Submitted::Posted(self.post(node, core::mem::take(batch)))
     }
 
+    /// Reads `out.len()` bytes at `addr` of `node` into `out` inside the call, with
+    /// the checks, effects and result a batch of that one read submitted with
+    /// [`Fabric::submit`] would have, for a transport that can do it without a batch,
+    /// a completion or a buffer of its own (local memory with no emulated latency):
+    /// the metadata read of a Safe-Guess read's majority step. `None` when it does
+    /// not (the default; a crashed node behind a [`FailNodes`], an emulated
+    /// latency): the caller submits the read as a batch instead, so a `None` costs
+    /// that batch, never a result. Wrappers forward it only where their `submit`
+    /// would hand the batch to the inner fabric unchanged.
+    #[inline]
+    fn read_direct(
+        &self,
+        node: NodeId,
+        addr: u64,
+        out: &mut [u8],
+    ) -> Option<Result<(), FabricError>> {
+        let _ = (node, addr, out);
+        None
+    }
+
     /// Whether [`Fabric::submit`] executes a batch to a live node inside the call
     /// ([`Submitted::Done`] or [`Submitted::Failed`], never a ticket): local memory
     /// with no emulated latency. Protocol steps that can then fold each reply into
@@ -318,6 +338,15 @@ pub trait Fabric {
     fn give_back(&self, buffer: Vec<u8>) {
         drop(buffer);
     }
+
+    /// A buffer of `len` bytes (their values unspecified) for a read the caller has
+    /// the fabric fill in place ([`Fabric::read_direct`]): one given back earlier
+    /// ([`Fabric::give_back`]) where the transport keeps them, so that a steady
+    /// stream of such reads allocates nothing; a new one otherwise (the default).
+    #[inline]
+    fn take_buffer(&self, len: usize) -> Vec<u8> {
+        alloc::vec![0; len]
+    }
 }
 
 impl<F: Fabric + ?Sized> Fabric for &F {
@@ -332,6 +361,14 @@ impl<F: Fabric + ?Sized> Fabric for &F {
     }
     fn completes_in_submit(&self) -> bool {
         (**self).completes_in_submit()
+    }
+    fn read_direct(
+        &self,
+        node: NodeId,
+        addr: u64,
+        out: &mut [u8],
+    ) -> Option<Result<(), FabricError>> {
+        (**self).read_direct(node, addr, out)
     }
     fn prefetch(&self, node: NodeId, addr: u64, len: u64) {
         (**self).prefetch(node, addr, len)
@@ -377,6 +414,9 @@ impl<F: Fabric + ?Sized> Fabric for &F {
     }
     fn give_back(&self, buffer: Vec<u8>) {
         (**self).give_back(buffer)
+    }
+    fn take_buffer(&self, len: usize) -> Vec<u8> {
+        (**self).take_buffer(len)
     }
 }
 

@@ -104,6 +104,10 @@ impl<F: Fabric, T: Tracer> Fabric for Traced<F, T> {
         self.inner.give_back(buffer);
     }
 
+    fn take_buffer(&self, len: usize) -> alloc::vec::Vec<u8> {
+        self.inner.take_buffer(len)
+    }
+
     fn completes_in_submit(&self) -> bool {
         self.inner.completes_in_submit()
     }

@@ -54,23 +54,22 @@ pub fn read_op(layout: &Layout, addr: u64, with_inplace: bool) -> Op {
 /// The maximum of metadata words given as little-endian bytes ([`Tsp`] orders as its
 /// word; a trailing partial word is ignored).
 pub fn max_word(meta: &[u8]) -> Tsp {
-    meta.chunks_exact(8)
-        .map(|w| {
-            Tsp::from_word(u64::from_le_bytes([
-                w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7],
-            ]))
-        })
-        .max()
-        .unwrap_or(Tsp::EMPTY)
+    // One branch-free pass over whole words (`Tsp` orders as its word, and ⊥ is 0).
+    let (words, _) = meta.as_chunks::<8>();
+    Tsp::from_word(
+        words
+            .iter()
+            .fold(0, |max, w| max.max(u64::from_le_bytes(*w))),
+    )
 }
 
 /// The delete word of metadata given as little-endian bytes (the last whole word;
 /// ⊥ if there is none).
 pub fn delete_word(meta: &[u8]) -> Tsp {
-    let whole = meta.len() / 8 * 8;
-    meta.get(whole.saturating_sub(8)..whole)
-        .and_then(|w| w.try_into().ok())
-        .map_or(Tsp::EMPTY, |w| Tsp::from_word(u64::from_le_bytes(w)))
+    let (words, _) = meta.as_chunks::<8>();
+    words
+        .last()
+        .map_or(Tsp::EMPTY, |w| Tsp::from_word(u64::from_le_bytes(*w)))
 }
 
 /// Interprets the bytes returned by a [`read_op`] without the in-place block: the
@@ -285,6 +284,8 @@ mod tests {
             bytes.extend_from_slice(&tail);
             let expected = words.iter().copied().max().map_or(Tsp::EMPTY, Tsp::from_word);
             proptest::prop_assert_eq!(max_word(&bytes), expected);
+            let last = words.last().map_or(Tsp::EMPTY, |&w| Tsp::from_word(w));
+            proptest::prop_assert_eq!(delete_word(&bytes), last);
         }
     }
 }

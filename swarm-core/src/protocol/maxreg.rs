@@ -267,6 +267,11 @@ pub(crate) enum Fetched {
 /// memory corruption (or recycling that broke its rules) repeats.
 const SUPERSEDED_RETRIES: u32 = 8;
 
+/// The largest metadata read (`W` words and the delete word: `W` up to 31) that the
+/// immediate majority read takes on the stack ([`crate::Fabric::read_direct`]);
+/// larger ones go through a batch.
+const DIRECT_META_BYTES: usize = 256;
+
 /// Progress of one `inner_write` across its roundtrips.
 #[derive(Debug, Default)]
 pub(crate) struct WriteProgress {
@@ -532,6 +537,19 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         } else {
             inout::parse_meta(completion.read(0).unwrap_or_default())
         };
+        self.fold_parsed(cache, views, p, inplace, view)
+    }
+
+    /// [`Self::fold_view`] of replica `p`'s answer, parsed.
+    #[inline]
+    fn fold_parsed(
+        &self,
+        cache: &mut RegisterCache,
+        views: &mut Views,
+        p: usize,
+        inplace: bool,
+        view: NodeView,
+    ) -> Result<(), SwarmError> {
         cache.learn_life(view.delete)?;
         cache.learn(p, view.max);
         views.set(p, view, inplace);
@@ -546,7 +564,11 @@ impl<F: Fabric, C: Clock> Client<F, C> {
     /// slots and no waiting. It does what the general path does when every answer
     /// is in at its first poll: the same memory hints first, the same fence check
     /// before the burst of posts (the operation posts nothing after its deadline),
-    /// the same batches to the same replicas, one roundtrip counted.
+    /// the same reads of the same replicas, one roundtrip counted. Where the fabric
+    /// reads in place ([`Fabric::read_direct`]: no batch, no reply), a metadata-only
+    /// read goes into a buffer on the stack, and the primary's read of its in-place
+    /// block into one the fabric hands out ([`Fabric::take_buffer`]), which becomes
+    /// the value; elsewhere they go as batches.
     ///
     /// `Ok(false)`, with nothing counted, `views` empty again and whatever was
     /// learned kept (answers are real observations), when it does not apply: another
@@ -571,8 +593,47 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         let first = &reg.replicas.positions()[..reg.replicas.quorum()];
         self.hint_touches(reg, first.iter().copied(), touches);
         let mut step = Immediate::start(&self.fabric, stats)?;
+        // A metadata read lands here, on the stack, when the fabric reads in place.
+        let mut meta = [0u8; DIRECT_META_BYTES];
+        let meta_len = self.layout.meta_bytes() as usize;
         for &p in first {
             let inplace = with_inplace && p == primary;
+            let node = reg.replicas.node(p);
+            // `Some(read)`: the fabric read in place (`Fabric::read_direct`).
+            let direct = if inplace {
+                // The in-place block and the metadata, into a buffer that becomes the
+                // value (`inout::parse_read`) or goes back to the fabric.
+                let mut bytes = self
+                    .fabric
+                    .take_buffer(self.layout.register_bytes() as usize);
+                match step.read_direct(node, reg.addr, &mut bytes) {
+                    Some(Ok(())) => {
+                        let view = inout::parse_read(&self.layout, bytes, true);
+                        self.fold_parsed(cache, views, p, true, view)?;
+                        continue;
+                    }
+                    other => {
+                        self.fabric.give_back(bytes);
+                        other
+                    }
+                }
+            } else if let Some(bytes) = meta.get_mut(..meta_len) {
+                match step.read_direct(node, reg.addr + self.layout.meta_offset(), bytes) {
+                    Some(Ok(())) => {
+                        self.fold_parsed(cache, views, p, false, inout::parse_meta(bytes))?;
+                        continue;
+                    }
+                    other => other,
+                }
+            } else {
+                None
+            };
+            if direct.is_some() {
+                // Refused or failed at once: the general path reads the majority again.
+                *views = Views::default();
+                return Ok(false);
+            }
+            // Not read in place: as a batch.
             let mut batch = Batch::new();
             batch.push(inout::read_op(&self.layout, reg.addr, inplace))?;
             let Some(reply) = step.submit(reg.replicas.node(p), &mut batch) else {

@@ -366,6 +366,51 @@ fn prefetch_is_only_a_hint() {
     assert_eq!(read[0].1.read(0), Some(&[7u8; 61][..]));
 }
 
+/// `read_direct` reads in place exactly what a one-read batch reads, refuses what
+/// the batch path refuses (out of the mapping, however wild the address), and
+/// leaves an absent or retired node to the batch path, which fails it.
+#[test]
+fn read_direct_is_a_one_read_batch() {
+    let (dir, cluster) = cluster(2);
+    let fabric = ShmFabric::new(cluster.clone());
+    let size = HEADER_SIZE + 4096;
+    roundtrip(&fabric, &[0], &Batch::write(DATA + 3, vec![7; 61]), 1).unwrap();
+    let mut out = [0u8; 70];
+    assert_eq!(fabric.read_direct(NodeId(0), DATA, &mut out), Some(Ok(())));
+    let read = roundtrip(&fabric, &[0], &Batch::read(DATA, 70), 1).unwrap();
+    assert_eq!(read[0].1.read(0), Some(&out[..]));
+    assert_eq!(&out[..3], &[0; 3]);
+    assert_eq!(&out[3..64], &[7; 61][..]);
+    for addr in [size - 69, u64::MAX - 3, size] {
+        assert!(
+            matches!(
+                fabric.read_direct(NodeId(0), addr, &mut out),
+                Some(Err(FabricError::OutOfBounds { .. }))
+            ),
+            "read of 70 bytes at {addr}"
+        );
+    }
+    assert_eq!(fabric.read_direct(NodeId(9), DATA, &mut out), None);
+    // Buffers for direct reads come from those given back.
+    let mut buffer = fabric.take_buffer(16);
+    assert_eq!(buffer.len(), 16);
+    assert_eq!(
+        fabric.read_direct(NodeId(0), DATA, &mut buffer),
+        Some(Ok(()))
+    );
+    assert_eq!(buffer[..], out[..16]);
+    let at = buffer.as_ptr();
+    fabric.give_back(buffer);
+    let again = fabric.take_buffer(8);
+    assert_eq!((again.as_ptr(), again.len()), (at, 8), "the spare, reused");
+    assert!(ShmCluster::retire_node(dir.path(), 1).unwrap());
+    assert_eq!(fabric.read_direct(NodeId(1), DATA, &mut out), None);
+    assert!(matches!(
+        roundtrip(&fabric, &[1], &Batch::read(DATA, 8), 1),
+        Err(FabricError::NotEnoughLiveNodes { .. })
+    ));
+}
+
 /// A task that yielded with nothing in flight (`Fabric::yielded`) gets one more
 /// `progress` that returns `true`, then the fabric is idle again: on the plain
 /// fabric and under an emulated latency, whose `progress` asks this one first.
