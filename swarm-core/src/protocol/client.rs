@@ -54,6 +54,11 @@ pub struct ProtocolConfig {
     /// Least time between two background slot-recycling checks
     /// ([`Client::recycle_slots_tick`]). 1 ms by default.
     pub slot_recycling_interval_ns: Nanos,
+    /// The nodes that hold the writers' table words (tick ceilings, write-back
+    /// guards): nodes `0..table_nodes`, or every node when 0 (the default). A store
+    /// whose cluster has more nodes than one roundtrip reaches keeps them on a
+    /// group of at most [`crate::MAX_NODES`] (SWARM-KV's metadata group).
+    pub table_nodes: usize,
 }
 
 impl Default for ProtocolConfig {
@@ -64,6 +69,7 @@ impl Default for ProtocolConfig {
             max_op_ns: 1_000_000_000,
             delivery_margin_ns: super::slot_recycling::DEFAULT_DELIVERY_MARGIN_NS,
             slot_recycling_interval_ns: 1_000_000,
+            table_nodes: 0,
         }
     }
 }
@@ -102,6 +108,23 @@ impl ProtocolConfig {
     pub const fn with_slot_recycling_interval_ns(mut self, ns: Nanos) -> Self {
         self.slot_recycling_interval_ns = ns;
         self
+    }
+
+    /// This configuration with [`Self::table_nodes`] set.
+    #[must_use]
+    pub const fn with_table_nodes(mut self, nodes: usize) -> Self {
+        self.table_nodes = nodes;
+        self
+    }
+
+    /// The nodes holding the writers' table words ([`Self::table_nodes`]) in a
+    /// cluster of `nodes` nodes.
+    pub const fn table_nodes_of(&self, nodes: usize) -> usize {
+        if self.table_nodes == 0 || self.table_nodes > nodes {
+            nodes
+        } else {
+            self.table_nodes
+        }
     }
 
     /// The grace after which a superseded log slot is reused
@@ -519,7 +542,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
     /// caller also resumes above after a crash ([`Self::resume_crashed`]). See
     /// [`super::resume`], "Crash resume".
     pub fn set_tick_ceiling(&self, addr: u64, held: u64, headroom: u64) {
-        let nodes = self.fabric.node_count();
+        let nodes = self.table_nodes();
         self.state.borrow_mut().ceiling = Some(Ceiling {
             addr,
             headroom: headroom.max(1),
@@ -642,8 +665,15 @@ impl<F: Fabric, C: Clock> Client<F, C> {
     }
 
     /// What rules when a limbo slot goes back to the allocator.
+    /// The nodes holding the writers' table words ([`ProtocolConfig::table_nodes`]):
+    /// nodes `0..` this.
+    pub(crate) fn table_nodes(&self) -> usize {
+        self.config.table_nodes_of(self.fabric.node_count())
+    }
+
     fn release_timing(&self) -> ReleaseTiming {
         ReleaseTiming {
+            table_nodes: self.table_nodes(),
             grace: self.config.grace_ns(),
             margin: self.config.delivery_margin_ns,
             timeout: self.config.max_op_ns,
