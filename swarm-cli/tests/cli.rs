@@ -423,6 +423,85 @@ fn six_nodes_hold_twice_the_keys_and_repair_a_lost_node_while_a_bench_runs() {
     }
 }
 
+/// More nodes than one roundtrip posts to (16): 32 nodes, whose index, client table
+/// and configuration are on a metadata group of five (`swarm stat` says so). A
+/// register-only node (27) and then a metadata node (1) are lost, each rebuilt by
+/// `swarm repair` while a bench records a history, which must be linearizable with
+/// 0 errors; then node 2 is lost too and every key stays readable.
+#[test]
+fn thirty_two_nodes_serve_a_bench_and_repair_a_register_node_and_a_metadata_node() {
+    let scratch = ScratchDir::new("cli-repair32").unwrap();
+    let dir = scratch.path().join("c");
+    let d = dir.to_str().unwrap();
+    let out = swarm(&[
+        "init",
+        "--dir",
+        d,
+        "--nodes",
+        "32",
+        "--size",
+        "8MiB",
+        "--writers",
+        "8",
+        "--value-max",
+        "64",
+        "--key-max",
+        "32",
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    for i in 0..12 {
+        let (key, value) = (format!("k{i}"), format!("v{i}"));
+        assert!(swarm(&["put", "--dir", d, &key, &value]).status.success());
+    }
+    let out = swarm(&["stat", "--dir", d]);
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    assert!(
+        t.contains("cluster: 32 nodes") && t.contains("metadata group: nodes 0 to 4"),
+        "{t}"
+    );
+    let node = |index: u16| dir.join(swarm_shm::node_file_name(index));
+    let corrupt_header = |index: u16| {
+        let mut bytes = std::fs::read(node(index)).unwrap();
+        bytes[20] ^= 0xff;
+        std::fs::write(node(index), &bytes).unwrap();
+    };
+    for (lost, epoch) in [(27u16, 3), (1, 5)] {
+        corrupt_header(lost);
+        let history = scratch.path().join(format!("history-{lost}.jsonl"));
+        let bench = Command::new(env!("CARGO_BIN_EXE_swarm"))
+            .args(["bench", "--dir", d, "--workload", "a", "--keys", "300"])
+            .args(["--duration", "6s", "--clients", "2", "--history"])
+            .arg(&history)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("start the bench");
+        let out = swarm(&["repair", "--dir", d, "--node", &lost.to_string()]);
+        let t = text(&out);
+        assert!(out.status.success(), "{t}");
+        assert!(
+            t.contains(&format!("node {lost} rebuilt")) && t.contains(&format!("epoch {epoch}")),
+            "{t}"
+        );
+        let bench = bench.wait_with_output().expect("run the bench");
+        assert!(bench.status.success(), "{}", text(&bench));
+        assert!(text(&bench).contains(" 0 errors"), "{}", text(&bench));
+        let out = swarm(&["check", history.to_str().unwrap()]);
+        assert!(out.status.success(), "{}", text(&out));
+        let out = swarm(&["stat", "--dir", d]);
+        assert!(
+            text(&out).contains(&format!("node {lost}: up")),
+            "{}",
+            text(&out)
+        );
+    }
+    corrupt_header(2);
+    for i in 0..12 {
+        assert_get(d, &format!("k{i}"), &format!("v{i}"));
+    }
+}
+
 #[test]
 fn scrub_reports_what_it_examined_and_leaves_a_healthy_index_alone() {
     let scratch = ScratchDir::new("cli-scrub").unwrap();

@@ -142,6 +142,6 @@ pub use protocol::{
     summary, write_back_guard,
 };
 pub use roundtrip::{
-    DeadlineScope, MAX_NODES, OpStats, Roundtrip, Wait, WaitOutcome, post_background,
-    post_background_for,
+    DeadlineScope, MAX_CLUSTER_NODES, MAX_NODES, OpStats, Roundtrip, Wait, WaitOutcome,
+    post_background, post_background_for,
 };

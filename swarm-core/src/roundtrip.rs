@@ -27,8 +27,15 @@ use core::task::{Context, Poll};
 
 use crate::fabric::{Batch, Completion, Fabric, FabricError, Nanos, NodeId, Submitted, Ticket};
 
-/// The most nodes one roundtrip can address (replication factors up to 15).
+/// The most nodes one roundtrip can address (replication factors up to 15): a
+/// per-roundtrip batch limit, not a cluster limit ([`MAX_CLUSTER_NODES`]).
 pub const MAX_NODES: usize = 16;
+
+/// The most memory nodes a cluster can have (node ids `0..MAX_CLUSTER_NODES`). A
+/// roundtrip still posts to at most [`MAX_NODES`] of them: an operation reaches its
+/// register's replicas, and a store keeps what every client reaches (SWARM-KV's
+/// index and client table) on at most that many.
+pub const MAX_CLUSTER_NODES: usize = 64;
 
 /// Replies a roundtrip stores without a heap allocation: the majority of a
 /// three-replica register that a quorum step asks first (SWARM §6). More spill to

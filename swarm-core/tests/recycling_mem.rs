@@ -281,3 +281,44 @@ fn a_holder_whose_copy_was_overwritten_is_passed_over_for_one_that_holds_the_wri
     assert_eq!(read_value(&reader, &ranked_from(2), &stats), b"value");
     assert_eq!(stats.recycled_fetches(), 0, "found in the same fetch");
 }
+
+/// A write that needs two slots (a KV insert of a present key writes its fresh
+/// register, then the key's) waits, before its deadline is armed, until two are free
+/// (`Client::make_room_for`). Here the full log holds one slot in limbo and two
+/// whose values another writer superseded, unknown to this one until a check: once
+/// the limbo slot came back, the wait must learn of the others rather than return
+/// with one free slot. It did return (a 32-node `swarm bench` resuming a nearly full
+/// log): the insert then found the log full at its second write, with the next slot
+/// back only after its deadline, and failed with `Fenced`.
+#[test]
+fn room_for_two_writes_is_made_past_the_first_slot_that_comes_back() {
+    let cluster = MemCluster::new(3, 1 << 20);
+    let a = client(&cluster, 1);
+    let b = client(&cluster, 2);
+    let slots = layout().slots_per_writer();
+    write(&a, &reg(0), b"x1");
+    write(&a, &reg(0), b"x2"); // x1's slot goes into limbo
+    let mut i = 1;
+    while a.slots_in_use() < slots {
+        write(&a, &reg(i), b"y");
+        i += 1;
+    }
+    let c = a.slot_counters();
+    assert_eq!(
+        (c.in_use, c.in_limbo),
+        (slots, 1),
+        "full, one slot in limbo"
+    );
+    // Another writer supersedes two of a's values: only a check tells a.
+    write(&b, &reg(1), b"z");
+    write(&b, &reg(2), b"z");
+    assert!(block_on_future(a.fabric(), a.make_room_for(2)).unwrap());
+    assert!(
+        a.slots_in_use() + 2 <= slots,
+        "room for two writes: {:?}",
+        a.slot_counters()
+    );
+    // Both writes go through without waiting inside an operation.
+    write(&a, &reg(20), b"w1");
+    write(&a, &reg(21), b"w2");
+}

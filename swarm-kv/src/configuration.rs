@@ -18,7 +18,11 @@
 //! epoch u64 | incarnation u64 × node count | xxh3-64 of the preceding bytes]`.
 //! Written on every node when the store is created or formatted. `repairing` has bit
 //! `i` set while a repair of node `i` is under way ([`Configuration::repairing`]);
-//! builds before it wrote 0 there and ignore it.
+//! builds before it wrote 0 there and ignore it. A cluster of more than 16 nodes
+//! writes format version 2: `[magic | version u32 | node count u16 | 0 u16 | epoch
+//! u64 | repairing u64 | incarnation u64 × node count | xxh3-64]` (64 repairing
+//! bits), on its metadata group only (`crate::layout::ClusterParams::metadata_nodes`);
+//! clusters of up to 16 nodes keep version 1.
 //!
 //! **Which copy wins.** Opening reads the record from every node that answers (at
 //! least a majority) and adopts the valid copy (checksum, node count) with the highest
@@ -43,7 +47,7 @@
 //! superblock check protects it. Every store created or formatted by this build starts
 //! at epoch 1.
 
-use swarm_core::MAX_NODES;
+use swarm_core::{MAX_CLUSTER_NODES, MAX_NODES};
 use xxhash_rust::xxh3::xxh3_64;
 
 use crate::layout::{SUPERBLOCK_AT, SUPERBLOCK_BYTES};
@@ -56,13 +60,16 @@ pub const CONFIG_AT: u64 = SUPERBLOCK_AT + 1024;
 pub const REPAIR_LOCK_AT: u64 = SUPERBLOCK_AT + 2048;
 /// Magic bytes of the configuration record.
 pub const CONFIG_MAGIC: [u8; 8] = *b"SWARMCFG";
-/// Configuration record format version.
+/// Configuration record format version (clusters of up to [`MAX_NODES`] nodes).
 pub const CONFIG_VERSION: u32 = 1;
-/// Bytes read for a configuration record (room for [`MAX_NODES`] nodes).
-pub const CONFIG_READ_BYTES: usize = 24 + 8 * MAX_NODES + 8;
+/// Configuration record format version of clusters of more than [`MAX_NODES`]
+/// nodes: a 64-bit `repairing` word.
+pub const CONFIG_VERSION_WIDE: u32 = 2;
+/// Bytes read for a configuration record (room for [`MAX_CLUSTER_NODES`] nodes).
+pub const CONFIG_READ_BYTES: usize = 32 + 8 * MAX_CLUSTER_NODES + 8;
 
-// `repairing` has a bit per node.
-const _: () = assert!(MAX_NODES <= 16);
+// `repairing` has a bit per node: 16 in version 1, 64 in version 2.
+const _: () = assert!(MAX_NODES <= 16 && MAX_CLUSTER_NODES <= 64);
 const _: () = assert!(CONFIG_AT + CONFIG_READ_BYTES as u64 <= SUPERBLOCK_AT + SUPERBLOCK_BYTES);
 const _: () = assert!(CONFIG_AT + CONFIG_READ_BYTES as u64 <= REPAIR_LOCK_AT);
 const _: () = assert!(REPAIR_LOCK_AT + 8 <= SUPERBLOCK_AT + SUPERBLOCK_BYTES);
@@ -77,7 +84,7 @@ pub struct Configuration {
     /// Bit `i`: a repair of node `i` announced itself and has not admitted the node
     /// yet (`crate::repair`). While it is set, no client may leave node `i`'s lost
     /// memory out of a register reset (`crate::registers::recycle`, "a node out of service").
-    pub repairing: u16,
+    pub repairing: u64,
 }
 
 /// Why a configuration record was refused.
@@ -108,8 +115,8 @@ impl Configuration {
 
     /// Sets or clears node slot `node`'s repairing bit (see [`Self::repairing`]).
     pub fn set_repairing(&mut self, node: usize, repairing: bool) {
-        if node < MAX_NODES {
-            let bit = 1u16 << node;
+        if node < MAX_CLUSTER_NODES {
+            let bit = 1u64 << node;
             self.repairing = if repairing {
                 self.repairing | bit
             } else {
@@ -120,7 +127,7 @@ impl Configuration {
 
     /// Whether a repair of node slot `node` is under way (see [`Self::repairing`]).
     pub fn is_repairing(&self, node: usize) -> bool {
-        node < MAX_NODES && self.repairing & (1 << node) != 0
+        node < MAX_CLUSTER_NODES && self.repairing & (1 << node) != 0
     }
 
     /// Whether a node in slot `node` with incarnation `incarnation` is a member (any
@@ -137,10 +144,19 @@ impl Configuration {
     pub fn encode(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(CONFIG_READ_BYTES);
         out.extend_from_slice(&CONFIG_MAGIC);
-        out.extend_from_slice(&CONFIG_VERSION.to_le_bytes());
-        out.extend_from_slice(&(self.incarnations.len() as u16).to_le_bytes());
-        out.extend_from_slice(&self.repairing.to_le_bytes());
-        out.extend_from_slice(&self.epoch.to_le_bytes());
+        let wide = self.incarnations.len() > MAX_NODES;
+        if wide {
+            out.extend_from_slice(&CONFIG_VERSION_WIDE.to_le_bytes());
+            out.extend_from_slice(&(self.incarnations.len() as u16).to_le_bytes());
+            out.extend_from_slice(&0u16.to_le_bytes());
+            out.extend_from_slice(&self.epoch.to_le_bytes());
+            out.extend_from_slice(&self.repairing.to_le_bytes());
+        } else {
+            out.extend_from_slice(&CONFIG_VERSION.to_le_bytes());
+            out.extend_from_slice(&(self.incarnations.len() as u16).to_le_bytes());
+            out.extend_from_slice(&(self.repairing as u16).to_le_bytes());
+            out.extend_from_slice(&self.epoch.to_le_bytes());
+        }
         for i in &self.incarnations {
             out.extend_from_slice(&i.to_le_bytes());
         }
@@ -166,22 +182,36 @@ impl Configuration {
         let head = word(8)?;
         let version = head as u32;
         let count = (head >> 32) as u16;
-        let repairing = (head >> 48) as u16;
-        if version != CONFIG_VERSION {
-            return Err(ConfigError::Corrupted("unknown version"));
+        // Version 1 up to 16 nodes, version 2 beyond: one encoding per node count.
+        let wide = nodes > MAX_NODES;
+        match (version, wide) {
+            (CONFIG_VERSION, false) | (CONFIG_VERSION_WIDE, true) => {}
+            _ => return Err(ConfigError::Corrupted("unknown version")),
         }
-        if usize::from(count) != nodes || nodes > MAX_NODES {
+        if usize::from(count) != nodes || nodes > MAX_CLUSTER_NODES {
             return Err(ConfigError::Corrupted(
                 "node count differs from the cluster's",
             ));
         }
-        let end = 24 + 8 * nodes;
-        if word(end)? != xxh3_64(&bytes[..end]) {
+        let first = if wide { 32 } else { 24 };
+        let end = first + 8 * nodes;
+        if word(end)?
+            != xxh3_64(
+                bytes
+                    .get(..end)
+                    .ok_or(ConfigError::Corrupted("truncated"))?,
+            )
+        {
             return Err(ConfigError::Corrupted("checksum mismatch"));
         }
         let incarnations = (0..nodes)
-            .map(|i| word(24 + 8 * i))
+            .map(|i| word(first + 8 * i))
             .collect::<Result<_, _>>()?;
+        let repairing = if wide {
+            word(24)?
+        } else {
+            u64::from((head >> 48) as u16)
+        };
         Ok(Self {
             epoch: word(16)?,
             incarnations,
@@ -223,7 +253,7 @@ mod tests {
         assert!(!announced.is_repairing(40));
         let mut cleared = announced.clone();
         cleared.set_repairing(2, false);
-        cleared.set_repairing(40, true);
+        cleared.set_repairing(70, true);
         assert_eq!(
             cleared.repairing, 0,
             "cleared, and no bit for a slot that cannot exist"
@@ -263,18 +293,56 @@ mod tests {
         assert!(newer.admits(1, 44) && !newer.admits(1, 22) && !newer.admits(9, 44));
     }
 
+    #[test]
+    fn a_cluster_of_more_than_16_nodes_has_64_repairing_bits() {
+        let mut c = Configuration::new(7, (0..32).map(|i| 100 + i).collect());
+        c.set_repairing(31, true);
+        c.set_repairing(17, true);
+        assert!(c.is_repairing(31) && c.is_repairing(17) && !c.is_repairing(16));
+        let bytes = c.encode();
+        assert!(bytes.len() <= CONFIG_READ_BYTES);
+        assert_eq!(
+            u32::from_le_bytes(bytes[8..12].try_into().unwrap()),
+            CONFIG_VERSION_WIDE
+        );
+        assert_eq!(Configuration::decode(&bytes, 32), Ok(c.clone()));
+        assert!(matches!(
+            Configuration::decode(&bytes, 16),
+            Err(ConfigError::Corrupted(_))
+        ));
+        let mut bad = bytes.clone();
+        bad[24] ^= 1;
+        assert!(matches!(
+            Configuration::decode(&bad, 32),
+            Err(ConfigError::Corrupted(_))
+        ));
+        // Up to 16 nodes the record keeps version 1, byte for byte.
+        let small = Configuration::new(3, vec![11, 22, 33]);
+        assert_eq!(
+            u32::from_le_bytes(small.encode()[8..12].try_into().unwrap()),
+            CONFIG_VERSION
+        );
+        assert_eq!(small.encode().len(), 24 + 8 * 3 + 8);
+    }
+
     proptest! {
         #[test]
-        fn decode_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..200), nodes in 0usize..20) {
+        fn decode_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..600), nodes in 0usize..70) {
             let _ = Configuration::decode(&bytes, nodes);
         }
 
         #[test]
         fn every_record_roundtrips(
             epoch in any::<u64>(),
-            incarnations in proptest::collection::vec(any::<u64>(), 1..=MAX_NODES),
-            repairing in any::<u16>(),
+            incarnations in proptest::collection::vec(any::<u64>(), 1..=MAX_CLUSTER_NODES),
+            repairing in any::<u64>(),
         ) {
+            // A bit per node slot: 16 in version 1 (up to 16 nodes), 64 in version 2.
+            let repairing = if incarnations.len() <= MAX_NODES {
+                repairing & 0xFFFF
+            } else {
+                repairing
+            };
             let c = Configuration { epoch, incarnations, repairing };
             prop_assert_eq!(Configuration::decode(&c.encode(), c.incarnations.len()), Ok(c.clone()));
         }

@@ -61,8 +61,11 @@ pub const KV_MAGIC: [u8; 8] = *b"SWARMKV\0";
 /// 2), no tick ceilings (1 to 3), no repair journal (1 to 4) and the grace that
 /// waits for the cache lifetime (1 to 6); 8: bit 4, replica groups
 /// ([`ClusterParams::placement_nodes`], [`NodeLayout::placement`]), which builds
-/// that read version 7 at most would place every register on the wrong nodes.
-pub const KV_VERSION: u32 = 8;
+/// that read version 7 at most would place every register on the wrong nodes; 9:
+/// bit 5, a metadata group ([`ClusterParams::metadata_nodes`]), written only by a
+/// cluster that has one (other clusters still write version 8), which builds that
+/// read version 8 at most would look for on every node.
+pub const KV_VERSION: u32 = 9;
 /// Bit of the superblock's flags word: the layout has a log-summary area.
 pub const FLAG_LOG_SUMMARIES: u64 = 1;
 /// Bit of the superblock's flags word: every client keeps a tick ceiling in its
@@ -83,6 +86,25 @@ pub const FLAG_CACHED_LIVES: u64 = 8;
 /// [`ClusterParams::placement_nodes`] nodes, whose count is at offset 26
 /// ([`NodeLayout::placement`]; version 8 and later).
 pub const FLAG_REPLICA_GROUPS: u64 = 16;
+/// Bit of the superblock's flags word: the index, client table, repair journal,
+/// chunk table and configuration live on the first [`ClusterParams::metadata_nodes`]
+/// nodes only, whose count is at offset 52 (version 9 and later).
+pub const FLAG_METADATA_GROUP: u64 = 32;
+/// The metadata group `swarm init` gives a cluster of more than
+/// [`swarm_core::MAX_NODES`] nodes (at least its replica count): its first this many
+/// nodes ([`ClusterParams::metadata_nodes`]).
+pub const DEFAULT_METADATA_NODES: u16 = 5;
+
+/// The metadata group of a new cluster of `nodes` nodes with `replicas` replicas:
+/// none (every node, as before version 9) up to [`swarm_core::MAX_NODES`] nodes,
+/// else [`DEFAULT_METADATA_NODES`] or `replicas` nodes, whichever is more.
+pub fn default_metadata_nodes(nodes: u16, replicas: u16) -> u16 {
+    if usize::from(nodes) <= swarm_core::MAX_NODES {
+        0
+    } else {
+        DEFAULT_METADATA_NODES.max(replicas)
+    }
+}
 /// Bytes of an encoded superblock (version 2; version 1 used the first 64).
 pub const SUPERBLOCK_ENCODED_BYTES: usize = 128;
 /// Default lease duration (`swarm init --lease`).
@@ -181,6 +203,15 @@ pub struct ClusterParams {
     /// versions, where every node has a slot for every register and a register's
     /// replicas are consecutive nodes from a hash of its id.
     pub placement_nodes: u16,
+    /// The *metadata group* (superblock version 9): the index, the client table,
+    /// the repair journal, the chunk table, the configuration and the repair lock
+    /// live on nodes `0..metadata_nodes` only, and every round that reaches "all
+    /// nodes" for them reaches these (at most [`swarm_core::MAX_NODES`], what one
+    /// roundtrip posts to). The other nodes hold their node header, superblock
+    /// and register bands (their metadata areas are reserved, never used).
+    /// Needs replica groups, at least [`Self::replicas`] nodes and at most
+    /// [`Self::placement_nodes`]. `0`: every node (every version before 9).
+    pub metadata_nodes: u16,
     /// Index buckets (a power of two).
     pub index_buckets: u64,
     /// Out-of-place log slots per writer.
@@ -244,6 +275,7 @@ impl Default for ClusterParams {
             registers: 1 << 16,
             chunk_registers: 256,
             placement_nodes: 0,
+            metadata_nodes: 0,
             index_buckets: 1 << 14,
             log_slots: 1 << 14,
             lease_ns: DEFAULT_LEASE_NS,
@@ -328,6 +360,23 @@ impl ClusterParams {
         if self.placement_nodes != 0 && self.placement_nodes < self.replicas {
             return bad("the register placement needs at least as many nodes as replicas");
         }
+        if usize::from(self.placement_nodes) > swarm_core::MAX_CLUSTER_NODES {
+            return bad("a cluster has at most 64 memory nodes");
+        }
+        if self.metadata_nodes != 0
+            && (self.placement_nodes == 0
+                || self.metadata_nodes < self.replicas
+                || self.metadata_nodes > self.placement_nodes
+                || usize::from(self.metadata_nodes) > swarm_core::MAX_NODES)
+        {
+            return bad(
+                "the metadata group needs replica groups, at least as many nodes as replicas, \
+                 at most the cluster's nodes and at most 16",
+            );
+        }
+        if self.metadata_nodes == 0 && usize::from(self.placement_nodes) > swarm_core::MAX_NODES {
+            return bad("a cluster of more than 16 nodes needs a metadata group of at most 16");
+        }
         crate::membership::lease::LeaseParams::from_params(self)
             .validate()
             .map_err(|e| ParamsError::Invalid(e.to_string()))?;
@@ -345,7 +394,19 @@ impl ClusterParams {
     /// groups ([`Self::placement_nodes`]) each row of a node's register area holds
     /// [`Self::groups`] registers of the cluster, and the index, on every node, has
     /// room for all of them.
-    pub fn for_node_size(mut self, node_bytes: u64) -> Result<Self, ParamsError> {
+    pub fn for_node_size(self, node_bytes: u64) -> Result<Self, ParamsError> {
+        match self.sized(node_bytes, false) {
+            // Many groups (a cluster of tens of nodes with small values): their index
+            // buckets leave the logs too little; size with every group's bucket in
+            // each row's cost instead.
+            Err(ParamsError::TooSmall { .. }) if self.groups() > 2 => self.sized(node_bytes, true),
+            sized => sized,
+        }
+    }
+
+    /// [`Self::for_node_size`], each row of the register area costing one index
+    /// bucket, or (`every_bucket`) one per group.
+    fn sized(mut self, node_bytes: u64, every_bucket: bool) -> Result<Self, ParamsError> {
         self.registers = 1;
         self.log_slots = 1;
         self.index_buckets = 1;
@@ -354,6 +415,7 @@ impl ClusterParams {
         // slot, not the whole band a replica-group layout gives even one register.
         let fixed = NodeLayout::new(Self {
             placement_nodes: 0,
+            metadata_nodes: 0,
             ..self
         })?
         .end();
@@ -369,7 +431,9 @@ impl ClusterParams {
         // out of the logs' share below, so that registers, the memory that grows
         // with the cluster, keep their third (the groups' 8-byte shifts, per band,
         // are negligible: `NodeLayout::band_bytes`).
-        let register_cost = self.key_header_bytes() + swarm.register_bytes() + BUCKET_BYTES;
+        let buckets = if every_bucket { groups } else { 1 };
+        let register_cost =
+            self.key_header_bytes() + swarm.register_bytes() + buckets * BUCKET_BYTES;
         let rows = (free / 3) / register_cost;
         let chunks = rows / u64::from(self.chunk_registers) * groups;
         if chunks == 0 {
@@ -412,7 +476,10 @@ impl ClusterParams {
     pub fn encode(&self) -> [u8; SUPERBLOCK_ENCODED_BYTES] {
         let mut out = [0u8; SUPERBLOCK_ENCODED_BYTES];
         out[0..8].copy_from_slice(&KV_MAGIC);
-        out[8..12].copy_from_slice(&KV_VERSION.to_le_bytes());
+        // Version 9 only with a metadata group: other clusters stay readable by
+        // builds of version 8.
+        let version: u32 = if self.metadata_nodes != 0 { 9 } else { 8 };
+        out[8..12].copy_from_slice(&version.to_le_bytes());
         out[12..16].copy_from_slice(&self.key_max.to_le_bytes());
         out[16..20].copy_from_slice(&self.value_max.to_le_bytes());
         out[20..22].copy_from_slice(&self.meta_words.to_le_bytes());
@@ -423,6 +490,7 @@ impl ClusterParams {
         out[32..40].copy_from_slice(&self.registers.to_le_bytes());
         out[40..48].copy_from_slice(&self.index_buckets.to_le_bytes());
         out[48..52].copy_from_slice(&self.log_slots.to_le_bytes());
+        out[52..54].copy_from_slice(&self.metadata_nodes.to_le_bytes());
         out[56..64].copy_from_slice(&self.lease_ns.to_le_bytes());
         out[64..72].copy_from_slice(&self.lease_renew_ns.to_le_bytes());
         out[72..80].copy_from_slice(&self.max_op_ns.to_le_bytes());
@@ -446,6 +514,10 @@ impl ClusterParams {
             0
         } | if self.placement_nodes != 0 {
             FLAG_REPLICA_GROUPS
+        } else {
+            0
+        } | if self.metadata_nodes != 0 {
+            FLAG_METADATA_GROUP
         } else {
             0
         };
@@ -506,6 +578,13 @@ impl ClusterParams {
         let cached_lives = version >= 7 && u64_at(96) & FLAG_CACHED_LIVES != 0;
         let grouped = version >= 8 && u64_at(96) & FLAG_REPLICA_GROUPS != 0;
         let placement_nodes = if grouped { u16_at(26) } else { 0 };
+        let metadata_group = version >= 9 && u64_at(96) & FLAG_METADATA_GROUP != 0;
+        let metadata_nodes = if metadata_group { u16_at(52) } else { 0 };
+        if metadata_group && metadata_nodes == 0 {
+            return Err(ParamsError::Invalid(
+                "a metadata group of 0 nodes in the superblock".into(),
+            ));
+        }
         if grouped && placement_nodes == 0 {
             return Err(ParamsError::Invalid(
                 "replica groups over 0 nodes in the superblock".into(),
@@ -519,6 +598,7 @@ impl ClusterParams {
             replicas: u16_at(24),
             chunk_registers: u32_at(28),
             placement_nodes,
+            metadata_nodes,
             registers: u64_at(32),
             index_buckets: u64_at(40),
             log_slots: u32_at(48),
@@ -697,6 +777,21 @@ impl NodeLayout {
                 .checked_add(o)?
         };
         (self.register(register) == Some(addr)).then_some(register)
+    }
+
+    /// The nodes of the metadata group in a cluster of `nodes` nodes: nodes
+    /// `0..` this ([`ClusterParams::metadata_nodes`]; every node without one).
+    pub fn metadata_nodes(&self, nodes: usize) -> usize {
+        match usize::from(self.params.metadata_nodes) {
+            0 => nodes,
+            m => m.min(nodes),
+        }
+    }
+
+    /// Whether node `node` holds the metadata areas (index, client table, journal,
+    /// chunk table, configuration) in a cluster of `nodes` nodes.
+    pub fn holds_metadata(&self, node: usize, nodes: usize) -> bool {
+        node < self.metadata_nodes(nodes)
     }
 
     /// Whether node `node` holds chunk `chunk`'s registers: always without replica
@@ -882,8 +977,8 @@ mod tests {
         bad[33] ^= 1;
         assert_eq!(ClusterParams::decode(&bad), Err(ParamsError::Checksum));
         let mut bad = bytes;
-        bad[8] = 9;
-        assert_eq!(ClusterParams::decode(&bad), Err(ParamsError::Version(9)));
+        bad[8] = 10;
+        assert_eq!(ClusterParams::decode(&bad), Err(ParamsError::Version(10)));
         let mut bad = bytes;
         bad[70] ^= 1;
         assert_eq!(
@@ -1188,6 +1283,86 @@ mod tests {
         );
     }
 
+    /// A metadata group (more nodes than one roundtrip reaches) is version 9, with
+    /// its count at offset 52 and flag bit 5; a cluster without one still writes
+    /// version 8, byte for byte as before; a version-8 superblock has no group,
+    /// whatever its byte 52 says; and the group's bounds are checked.
+    #[test]
+    fn a_metadata_group_is_version_9_and_other_clusters_stay_version_8() {
+        let grouped = ClusterParams {
+            placement_nodes: 32,
+            metadata_nodes: default_metadata_nodes(32, 3),
+            writers: 8,
+            ..ClusterParams::default()
+        }
+        .for_node_size(16 << 20)
+        .unwrap();
+        assert_eq!(grouped.metadata_nodes, 5);
+        let bytes = grouped.encode();
+        assert_eq!(u32::from_le_bytes(bytes[8..12].try_into().unwrap()), 9);
+        assert_eq!(u16::from_le_bytes(bytes[52..54].try_into().unwrap()), 5);
+        assert_ne!(u64_at(&bytes, 96) & FLAG_METADATA_GROUP, 0);
+        assert_eq!(ClusterParams::decode(&bytes), Ok(grouped));
+        let layout = NodeLayout::new(grouped).unwrap();
+        assert_eq!(layout.metadata_nodes(32), 5);
+        assert!(layout.holds_metadata(4, 32) && !layout.holds_metadata(5, 32));
+
+        let six = ClusterParams {
+            placement_nodes: 6,
+            ..ClusterParams::default()
+        };
+        assert_eq!(default_metadata_nodes(6, 3), 0, "16 nodes or fewer: none");
+        let bytes = six.encode();
+        assert_eq!(u32::from_le_bytes(bytes[8..12].try_into().unwrap()), 8);
+        assert_eq!(&bytes[52..54], &[0, 0]);
+        assert_eq!(NodeLayout::new(six).unwrap().metadata_nodes(6), 6);
+        // A version-8 superblock whose byte 52 and bit 5 are set has no group.
+        let mut v8 = grouped.encode();
+        v8[8..12].copy_from_slice(&8u32.to_le_bytes());
+        let sum = xxh3_64(&v8[..120]);
+        v8[120..128].copy_from_slice(&sum.to_le_bytes());
+        assert!(
+            ClusterParams::decode(&v8).is_err(),
+            "32 nodes without a metadata group are refused"
+        );
+
+        // Tens of groups with small values: sized so that the logs keep room.
+        for nodes in [17u16, 32, 64] {
+            let p = ClusterParams {
+                placement_nodes: nodes,
+                metadata_nodes: default_metadata_nodes(nodes, 3),
+                value_max: 128,
+                writers: 8,
+                ..ClusterParams::default()
+            }
+            .for_node_size(256 << 20)
+            .unwrap();
+            assert!(NodeLayout::new(p).unwrap().end() <= 256 << 20, "{nodes}");
+            assert!(
+                p.registers >= u64::from(nodes / 3) * 40_000,
+                "{nodes}: {p:?}"
+            );
+        }
+
+        for (placement_nodes, metadata_nodes) in
+            [(32, 0), (32, 17), (32, 1), (0, 5), (4, 5), (65, 5)]
+        {
+            let p = ClusterParams {
+                placement_nodes,
+                metadata_nodes,
+                ..ClusterParams::default()
+            };
+            assert!(
+                matches!(p.validate(), Err(ParamsError::Invalid(_))),
+                "{placement_nodes} nodes, a group of {metadata_nodes}"
+            );
+        }
+    }
+
+    fn u64_at(bytes: &[u8], at: usize) -> u64 {
+        u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap())
+    }
+
     proptest! {
         /// The placement is a bijection: no two registers share a (node, byte), an
         /// address names one register (`register_at` inverts it), a register's
@@ -1195,14 +1370,17 @@ mod tests {
         /// about the same number of registers.
         #[test]
         fn replica_group_placement_is_a_balanced_bijection(
-            nodes in 1u16..=16,
+            nodes in prop::sample::select(vec![1u16, 2, 3, 4, 5, 6, 7, 9, 16, 17, 32, 64]),
             replicas in prop::sample::select(vec![1u16, 3, 5]),
             chunk_registers in 1u32..=8,
             chunks in 1u64..=40,
         ) {
             prop_assume!(replicas <= nodes);
+            // More groups than these 144-byte slots have room to shift by are refused.
+            prop_assume!(nodes / replicas <= 16);
             let params = ClusterParams {
                 placement_nodes: nodes,
+                metadata_nodes: default_metadata_nodes(nodes, replicas),
                 replicas,
                 chunk_registers,
                 registers: chunks * u64::from(chunk_registers),

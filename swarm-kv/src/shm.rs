@@ -22,7 +22,7 @@ use crate::clock::SystemClock;
 use crate::configuration::Configuration;
 use crate::layout::{ClusterParams, NodeLayout};
 use crate::repair::{RepairError, RepairOptions, RepairReport, repair_node};
-use crate::store::{OpenedLayout, Store, open_layout, write_configuration, write_superblock};
+use crate::store::{OpenedLayout, Store, open_layout, write_superblock};
 
 /// A SWARM-KV cluster on shared-memory node files, mapped by this process (the
 /// shared-memory counterpart of `RdmaStore`, feature `rdma`).
@@ -67,8 +67,15 @@ impl ShmStore {
             });
         }
         // Replica groups over the cluster's nodes (`NodeLayout::placement`).
+        // More nodes than one roundtrip reaches: a metadata group, unless the
+        // caller chose one (`ClusterParams::metadata_nodes`).
         let params = ClusterParams {
             placement_nodes: nodes,
+            metadata_nodes: if params.metadata_nodes == 0 {
+                crate::layout::default_metadata_nodes(nodes, params.replicas)
+            } else {
+                params.metadata_nodes
+            },
             ..params
         }
         .for_node_size(node_bytes)?;
@@ -91,7 +98,8 @@ impl ShmStore {
                 .map(|i| i.unwrap_or_default())
                 .collect(),
         );
-        write_configuration(&shm.client(), &config)?;
+        let meta = NodeLayout::new(params)?.metadata_nodes(usize::from(nodes));
+        crate::store::write_configuration_on(&shm.client(), &config, meta)?;
         Self::from_shm(shm, 0)
     }
 
@@ -165,10 +173,8 @@ impl ShmStore {
             ..options
         };
         // A repair that another one's lock refuses leaves the node file alone.
-        let donors: Vec<NodeId> = (0..nodes as u16)
-            .map(NodeId)
-            .filter(|n| n.0 != node)
-            .collect();
+        // The repair lock is on the metadata group's donors.
+        let donors = crate::repair::metadata_donors(&store.layout, nodes, NodeId(node));
         let probe = store.fabric();
         swarm_core::block_on(&probe, async {
             Ok::<_, swarm_core::FabricError>(

@@ -7,7 +7,7 @@
 
 use swarm_core::fabric::NodeId;
 use swarm_core::header::NodeHeader;
-use swarm_core::quorum::{broadcast, broadcast_until, majority, nodes as node_ids};
+use swarm_core::quorum::{broadcast, broadcast_until_among, majority, nodes as node_ids};
 use swarm_core::{Batch, Fabric, FabricError, OpStats, block_on};
 
 use crate::KvError;
@@ -57,16 +57,19 @@ pub trait Store {
     }
 }
 
-/// Writes the superblock of `params` on every node (they must all answer).
+/// Writes the superblock of `params` on every node (they must all answer): one
+/// roundtrip per [`swarm_core::MAX_NODES`] nodes.
 pub fn write_superblock<F: Fabric>(fabric: &F, params: &ClusterParams) -> Result<(), KvError> {
-    let nodes = fabric.node_count();
+    let nodes: Vec<NodeId> = node_ids(fabric.node_count()).collect();
     let stats = OpStats::new();
-    block_on(
-        fabric,
-        broadcast(fabric, &stats, node_ids(nodes), nodes, |_| {
-            Ok(Batch::write(SUPERBLOCK_AT, params.encode().to_vec()))
-        }),
-    )?;
+    for group in nodes.chunks(swarm_core::MAX_NODES) {
+        block_on(
+            fabric,
+            broadcast(fabric, &stats, group.iter().copied(), group.len(), |_| {
+                Ok(Batch::write(SUPERBLOCK_AT, params.encode().to_vec()))
+            }),
+        )?;
+    }
     Ok(())
 }
 
@@ -88,33 +91,50 @@ pub struct Superblock {
 }
 
 /// Reads the superblock from every node that answers (at least a majority): a
-/// majority of all nodes must hold the same one (see [`Superblock`]).
+/// majority of all nodes must hold the same one (see [`Superblock`]). More nodes
+/// than one roundtrip posts to are read [`swarm_core::MAX_NODES`] at a time (a
+/// majority of each group, and its stragglers).
 pub fn read_superblock<F: Fabric>(fabric: &F) -> Result<Superblock, KvError> {
     let nodes = fabric.node_count();
+    let all: Vec<NodeId> = node_ids(nodes).collect();
     let stats = OpStats::new();
-    let decoded = block_on(fabric, async {
-        let rt = broadcast_until(
-            fabric,
-            &stats,
-            majority(nodes),
-            SUPERBLOCK_STRAGGLER_NS,
-            |_| {
-                Ok(Some(Batch::read(
-                    SUPERBLOCK_AT,
-                    crate::layout::SUPERBLOCK_ENCODED_BYTES as u32,
-                )))
-            },
-            |_| false,
-        )
-        .await?;
-        Ok::<_, FabricError>(
-            rt.replies()
-                .iter()
-                .map(|(node, c)| (*node, ClusterParams::decode(c.read(0).unwrap_or_default())))
-                .collect::<Vec<_>>(),
-        )
-    })?;
+    let mut decoded = Vec::with_capacity(nodes);
+    for group in all.chunks(swarm_core::MAX_NODES) {
+        decoded.extend(block_on(fabric, async {
+            let rt = broadcast_until_among(
+                fabric,
+                &stats,
+                group.iter().copied(),
+                majority(group.len()),
+                SUPERBLOCK_STRAGGLER_NS,
+                |_| {
+                    Ok(Some(Batch::read(
+                        SUPERBLOCK_AT,
+                        crate::layout::SUPERBLOCK_ENCODED_BYTES as u32,
+                    )))
+                },
+                |_| false,
+            )
+            .await?;
+            Ok::<_, FabricError>(
+                rt.replies()
+                    .iter()
+                    .map(|(node, c)| (*node, ClusterParams::decode(c.read(0).unwrap_or_default())))
+                    .collect::<Vec<_>>(),
+            )
+        })?);
+    }
     judge_superblocks(nodes, &decoded)
+}
+
+/// The nodes that hold the configuration record (the metadata group, `0..` this):
+/// from the superblock when a majority holds one, else every node.
+fn configuration_nodes<F: Fabric>(fabric: &F) -> usize {
+    let nodes = fabric.node_count();
+    match read_superblock(fabric).and_then(|s| Ok(NodeLayout::new(s.params)?)) {
+        Ok(layout) => layout.metadata_nodes(nodes),
+        Err(_) => nodes,
+    }
 }
 
 /// The verdict of [`read_superblock`] on what each answering node holds.
@@ -162,10 +182,19 @@ fn judge_superblocks(
     Ok(Superblock { params, unusable })
 }
 
-/// Writes the configuration record (`crate::configuration`) on every node (they must
-/// all answer): at creation or format, with each node's incarnation.
+/// Writes the configuration record (`crate::configuration`) on every node of the
+/// metadata group (they must all answer; every node without one, or without a
+/// superblock yet): at creation or format, with each node's incarnation.
 pub fn write_configuration<F: Fabric>(fabric: &F, config: &Configuration) -> Result<(), KvError> {
-    let nodes = fabric.node_count();
+    write_configuration_on(fabric, config, configuration_nodes(fabric))
+}
+
+/// [`write_configuration`] on nodes `0..nodes` (the metadata group).
+pub fn write_configuration_on<F: Fabric>(
+    fabric: &F,
+    config: &Configuration,
+    nodes: usize,
+) -> Result<(), KvError> {
     let stats = OpStats::new();
     block_on(
         fabric,
@@ -177,15 +206,21 @@ pub fn write_configuration<F: Fabric>(fabric: &F, config: &Configuration) -> Res
 }
 
 /// The configuration that wins among the copies of the nodes that answer (at least a
-/// majority): see `crate::configuration`.
+/// majority of the metadata group): see `crate::configuration`.
 pub fn read_configuration<F: Fabric>(fabric: &F) -> Result<Configuration, KvError> {
+    read_configuration_on(fabric, configuration_nodes(fabric))
+}
+
+/// [`read_configuration`] from nodes `0..meta` (the metadata group).
+pub fn read_configuration_on<F: Fabric>(fabric: &F, meta: usize) -> Result<Configuration, KvError> {
     let nodes = fabric.node_count();
     let stats = OpStats::new();
     let copies = block_on(fabric, async {
-        let rt = broadcast_until(
+        let rt = broadcast_until_among(
             fabric,
             &stats,
-            majority(nodes),
+            node_ids(meta.min(nodes)),
+            majority(meta.min(nodes)),
             SUPERBLOCK_STRAGGLER_NS,
             |_| Ok(Some(Batch::read(CONFIG_AT, CONFIG_READ_BYTES as u32))),
             |_| false,
@@ -249,7 +284,8 @@ pub fn open_layout<F: Fabric>(
     incarnations: &[Option<u64>],
 ) -> Result<OpenedLayout, KvError> {
     let mut superblock = read_superblock(fabric)?;
-    let config = read_configuration(fabric)?;
+    let meta = NodeLayout::new(superblock.params)?.metadata_nodes(fabric.node_count());
+    let config = read_configuration_on(fabric, meta)?;
     let foreign = foreign_incarnations(&config, incarnations);
     let lost = foreign
         .iter()

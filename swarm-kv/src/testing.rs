@@ -44,8 +44,15 @@ pub async fn register_writer<F: Fabric>(
     owner: u64,
     owners: OwnerLiveness,
 ) -> Result<u16, KvError> {
-    let (registration, _lease) =
-        crate::membership::writer_ids::register(fabric, layout, nodes, token, owner, owners, 0)
-            .await?;
+    let (registration, _lease) = crate::membership::writer_ids::register(
+        fabric,
+        layout,
+        layout.metadata_nodes(nodes),
+        token,
+        owner,
+        owners,
+        0,
+    )
+    .await?;
     Ok(registration.writer)
 }

@@ -37,8 +37,9 @@
 //! room before its first operation ([`super::Client::make_room`]): one-shot clients
 //! that each inherit the same full log would otherwise never live through a grace.
 //! Both examine one step at a time, each followed by a check of the tracked
-//! registers, and stop as soon as a slot is free or one is in limbo: a bounded
-//! number of reads, independent of the log's size, when the log holds free or
+//! registers, and stop as soon as the slots asked for are free or one is in limbo
+//! (a wait for room then waits for it, and learns again if that is not enough): a
+//! bounded number of reads, independent of the log's size, when the log holds free or
 //! superseded slots (a log that holds only live values is examined to its end).
 
 use alloc::vec::Vec;

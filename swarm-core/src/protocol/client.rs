@@ -54,6 +54,11 @@ pub struct ProtocolConfig {
     /// Least time between two background slot-recycling checks
     /// ([`Client::recycle_slots_tick`]). 1 ms by default.
     pub slot_recycling_interval_ns: Nanos,
+    /// The nodes that hold the writers' table words (tick ceilings, write-back
+    /// guards): nodes `0..table_nodes`, or every node when 0 (the default). A store
+    /// whose cluster has more nodes than one roundtrip reaches keeps them on a
+    /// group of at most [`crate::MAX_NODES`] (SWARM-KV's metadata group).
+    pub table_nodes: usize,
 }
 
 impl Default for ProtocolConfig {
@@ -64,6 +69,7 @@ impl Default for ProtocolConfig {
             max_op_ns: 1_000_000_000,
             delivery_margin_ns: super::slot_recycling::DEFAULT_DELIVERY_MARGIN_NS,
             slot_recycling_interval_ns: 1_000_000,
+            table_nodes: 0,
         }
     }
 }
@@ -102,6 +108,23 @@ impl ProtocolConfig {
     pub const fn with_slot_recycling_interval_ns(mut self, ns: Nanos) -> Self {
         self.slot_recycling_interval_ns = ns;
         self
+    }
+
+    /// This configuration with [`Self::table_nodes`] set.
+    #[must_use]
+    pub const fn with_table_nodes(mut self, nodes: usize) -> Self {
+        self.table_nodes = nodes;
+        self
+    }
+
+    /// The nodes holding the writers' table words ([`Self::table_nodes`]) in a
+    /// cluster of `nodes` nodes.
+    pub const fn table_nodes_of(&self, nodes: usize) -> usize {
+        if self.table_nodes == 0 || self.table_nodes > nodes {
+            nodes
+        } else {
+            self.table_nodes
+        }
     }
 
     /// The grace after which a superseded log slot is reused
@@ -519,7 +542,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
     /// caller also resumes above after a crash ([`Self::resume_crashed`]). See
     /// [`super::resume`], "Crash resume".
     pub fn set_tick_ceiling(&self, addr: u64, held: u64, headroom: u64) {
-        let nodes = self.fabric.node_count();
+        let nodes = self.table_nodes();
         self.state.borrow_mut().ceiling = Some(Ceiling {
             addr,
             headroom: headroom.max(1),
@@ -642,8 +665,15 @@ impl<F: Fabric, C: Clock> Client<F, C> {
     }
 
     /// What rules when a limbo slot goes back to the allocator.
+    /// The nodes holding the writers' table words ([`ProtocolConfig::table_nodes`]):
+    /// nodes `0..` this.
+    pub(crate) fn table_nodes(&self) -> usize {
+        self.config.table_nodes_of(self.fabric.node_count())
+    }
+
     fn release_timing(&self) -> ReleaseTiming {
         ReleaseTiming {
+            table_nodes: self.table_nodes(),
             grace: self.config.grace_ns(),
             margin: self.config.delivery_margin_ns,
             timeout: self.config.max_op_ns,
@@ -663,33 +693,47 @@ impl<F: Fabric, C: Clock> Client<F, C> {
     }
 
     /// [`Self::wait_for_slot`] for `needed` free slots (at least one).
+    ///
+    /// Returns once `needed` slots are free, or when none more can come back in
+    /// time: nothing in limbo (before the deadline, if one is armed) and the last
+    /// look at what the log holds ([`Self::learn_superseded`]) found nothing new.
+    /// A limbo slot that came back short of `needed` is not the end of the wait:
+    /// the log may hold more superseded buffers, not known as such yet, and a
+    /// caller that starts an operation with fewer free slots than it writes would
+    /// find the log full inside its deadline (a KV insert of a present key, which
+    /// writes two registers, failed with `Fenced` that way).
     async fn wait_for_slots(&self, stats: &OpStats, needed: u32) {
-        let room =
-            |in_use: u32| in_use.saturating_add(needed.max(1)) <= self.layout.slots_per_writer();
+        let needed = needed.max(1);
+        let room = |in_use: u32| in_use.saturating_add(needed) <= self.layout.slots_per_writer();
         // The common case, with no clock read: the log has room.
         if room(self.state.borrow().slots.in_use()) {
             return;
         }
-        let mut learned = false;
+        // Set when a look at what the log holds learned nothing: then only the limbo
+        // can still give slots back.
+        let mut learned_nothing = false;
         loop {
             let limbo = {
                 let state = self.state.borrow();
                 let expiry = state.tracker.next_expiry(&self.release_timing());
                 let full = !room(state.slots.in_use());
                 match expiry {
-                    None if !full || learned => return,
+                    None if !full || learned_nothing => return,
                     expiry => expiry,
                 }
             };
             if limbo.is_none() {
-                // Full, and nothing in limbo: the log may hold buffers superseded
-                // since, not known as such yet (after a resume). Learn once.
+                // Short of room, and nothing in limbo: the log may hold buffers
+                // superseded since, not known as such yet (after a resume, or
+                // overwritten by other writers). Learn, for as long as that frees
+                // slots or puts some in limbo.
                 tracing::debug!(
                     writer = self.writer.get(),
                     "log full with nothing in limbo: checking what it holds"
                 );
-                self.learn_superseded().await;
-                learned = true;
+                let before = self.slots_in_use();
+                self.learn_superseded(needed).await;
+                learned_nothing = self.slots_in_use() >= before && self.limbo_expiry().is_none();
                 continue;
             }
             let wake = {
@@ -697,7 +741,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
                 let WriterState { slots, tracker, .. } = &mut *state;
                 let timing = self.release_timing();
                 let Some(at) = tracker.next_expiry(&timing) else {
-                    return;
+                    continue;
                 };
                 let now = self.fabric.now();
                 if now >= at {
@@ -711,8 +755,11 @@ impl<F: Fabric, C: Clock> Client<F, C> {
                     .map(|at| at.max(now.saturating_add(1)))
                 {
                     Some(at) if stats.deadline().is_none_or(|d| at <= d) => at,
+                    // Nothing left in limbo, and still short of room: learn again
+                    // (the top of the loop).
+                    None => continue,
                     // Nothing comes back in time: let the allocation report it.
-                    _ => return,
+                    Some(_) => return,
                 }
             };
             tracing::debug!(
@@ -841,12 +888,13 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         }
     }
 
-    /// Learns which slots of a full log can come back (a log full with nothing in
-    /// limbo, typically just after a resume), reading only as much as that takes:
-    /// one examination step of the carried slots at a time, each followed by a check
-    /// of every tracked register, until a slot is free, one is in limbo, or nothing
-    /// is left to examine. Reads only.
-    async fn learn_superseded(&self) {
+    /// Learns which slots of a full log can come back (a log short of `needed` free
+    /// slots with nothing in limbo, typically just after a resume), reading only as
+    /// much as that takes: one examination step of the carried slots at a time, each
+    /// followed by a check of every tracked register, until `needed` slots are free,
+    /// one is in limbo, or nothing is left to examine. Reads only.
+    async fn learn_superseded(&self, needed: u32) {
+        let room = |in_use: u32| in_use.saturating_add(needed) <= self.layout.slots_per_writer();
         loop {
             let before = self.carried_remaining();
             if before > 0 {
@@ -860,13 +908,13 @@ impl<F: Fabric, C: Clock> Client<F, C> {
                     crate::exec::sleep(&self.fabric, self.config.slow_after_ns).await;
                 }
             }
-            if self.slots_in_use() < self.layout.slots_per_writer() {
+            if room(self.slots_in_use()) {
                 return;
             }
             self.check_tracked(usize::MAX).await;
             let progress = {
                 let state = self.state.borrow();
-                state.slots.in_use() < self.layout.slots_per_writer()
+                room(state.slots.in_use())
                     || state.tracker.next_expiry(&self.release_timing()).is_some()
             };
             if progress || self.carried_remaining() == 0 {

@@ -118,7 +118,7 @@ use core::ops::Range;
 use crate::encoding::{LockWord, Timestamp, Tsp, WriterId};
 use crate::fabric::{Batch, Fabric, FabricError, Nanos};
 use crate::layout::{Layout, SLOT_LOCK_BYTES, decode_record};
-use crate::roundtrip::{MAX_NODES, OpStats};
+use crate::roundtrip::{MAX_CLUSTER_NODES, OpStats};
 
 use super::quorum::{broadcast_until, majority};
 
@@ -283,7 +283,7 @@ pub async fn scan_slots<F: Fabric + ?Sized>(
     let mut record = Vec::new();
     let mut last_ticks = 0;
     // Nodes that missed a deadline earlier in this scan: read, but not waited for.
-    let mut late = [false; MAX_NODES];
+    let mut late = [false; MAX_CLUSTER_NODES];
     let reads = ranges.iter().flat_map(|r| {
         let start = u64::from(r.start) * slot_bytes;
         let end = (u64::from(r.end) * slot_bytes).min(total);

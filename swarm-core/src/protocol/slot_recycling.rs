@@ -399,6 +399,9 @@ pub(crate) struct SlotTracker {
 /// The times that rule when a limbo slot goes back to the allocator.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct ReleaseTiming {
+    /// The nodes holding the guard table: `0..table_nodes`
+    /// ([`super::ProtocolConfig::table_nodes`]).
+    pub(crate) table_nodes: usize,
     /// The grace after supersession ([`grace_ns`]).
     pub(crate) grace: Nanos,
     /// The delivery margin: a cleared slot is reused this long (on the writer's
@@ -570,7 +573,7 @@ impl SlotTracker {
             // Judges only writes whose supersession it follows (module docs of
             // `write_back_guard`): those already here.
             let judged = core::mem::take(&mut self.unchecked);
-            self.guard_check = GuardCheck::start(fabric, layout, judged, now);
+            self.guard_check = GuardCheck::start(fabric, layout, judged, now, timing.table_nodes);
             self.next_guard_check = now.saturating_add(timing.recheck);
             // A transport that completes at once answers it now.
             self.poll_guards(fabric, layout, writer, now, timing);
@@ -996,7 +999,7 @@ mod tests {
             let me = WriterId::new(1).unwrap();
             let mut slots = SlotAllocator::new(&layout, me).unwrap();
             let mut t = SlotTracker::default();
-            let timing = ReleaseTiming { grace: 50, margin, timeout: 10, recheck };
+            let timing = ReleaseTiming { table_nodes: 3, grace: 50, margin, timeout: 10, recheck };
             let regs: Vec<RegisterLoc> = (0..3u64)
                 .map(|i| RegisterLoc { addr: 4096 + i * 512, replicas: Replicas::all(3, i).unwrap() })
                 .collect();
@@ -1115,6 +1118,7 @@ mod tests {
         let fabric = crate::MemCluster::new(3, 2 << 20).client();
         let me = WriterId::new(1).unwrap();
         let timing = ReleaseTiming {
+            table_nodes: 3,
             grace: 50,
             margin: 0,
             timeout: 10,
@@ -1166,6 +1170,7 @@ mod tests {
             100,
         );
         let timing = ReleaseTiming {
+            table_nodes: 3,
             grace: 50,
             margin: 8,
             timeout: 10,

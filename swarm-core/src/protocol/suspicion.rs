@@ -11,21 +11,21 @@
 //! disaggregated memory, and a stale read of it only costs a timeout.
 
 use core::sync::atomic::{
-    AtomicU32, AtomicU64,
+    AtomicU64,
     Ordering::{Relaxed, SeqCst},
 };
 
 use crate::fabric::{Nanos, NodeId};
-use crate::roundtrip::MAX_NODES;
+use crate::roundtrip::{MAX_CLUSTER_NODES, MAX_NODES};
 
 /// Per node, suspected until a fabric time (0: trusted). See the module docs.
 #[derive(Debug)]
 pub struct Suspicion {
-    until: [AtomicU64; MAX_NODES],
+    until: [AtomicU64; MAX_CLUSTER_NODES],
     /// Bit `i` set while `until[i]` is not 0 (set after it, cleared after it and set
     /// again if it is not 0 any more), so that [`Suspicion::any`], asked on every
     /// quorum step, loads one word.
-    suspected: AtomicU32,
+    suspected: AtomicU64,
     suspect_ns: Nanos,
 }
 
@@ -34,7 +34,7 @@ impl Suspicion {
     pub fn new(suspect_ns: Nanos) -> Self {
         Self {
             until: core::array::from_fn(|_| AtomicU64::new(0)),
-            suspected: AtomicU32::new(0),
+            suspected: AtomicU64::new(0),
             suspect_ns,
         }
     }
@@ -81,9 +81,10 @@ impl Suspicion {
         previous == 0 || previous <= now
     }
 
-    /// The bit of `node` in `suspected` (a node with a slot has one: `MAX_NODES` <= 32).
-    fn bit(node: NodeId) -> u32 {
-        1 << (node.index() % 32)
+    /// The bit of `node` in `suspected` (a node with a slot has one:
+    /// `MAX_CLUSTER_NODES` <= 64).
+    fn bit(node: NodeId) -> u64 {
+        1 << (node.index() % 64)
     }
 
     /// Trusts `node` again; whether it was suspected. A plain load when it was not (the

@@ -183,7 +183,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         }
         // Never fenced: a late lower only lets the writer reuse a slot sooner, and it
         // is posted after every batch of the write-back completed.
-        for node in nodes(self.fabric.node_count()) {
+        for node in nodes(self.table_nodes()) {
             self.fabric
                 .post_detached(node, Batch::write(addr, 0u64.to_le_bytes().to_vec()));
         }
@@ -269,7 +269,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
             client: self,
             addr: guard,
         };
-        let n = self.fabric.node_count();
+        let n = self.table_nodes();
         let word = t.word().to_le_bytes().to_vec();
         let mut rt = broadcast(&self.fabric, stats, nodes(n), majority(n), |_| {
             Ok(Batch::write(guard, word.clone()))
@@ -288,6 +288,8 @@ pub(crate) struct GuardCheck {
     /// The writes whose slots this check judges.
     judged: Vec<Timestamp>,
     outstanding: Vec<Ticket>,
+    /// The nodes read: `0..nodes` (the guard table's).
+    nodes: usize,
     answered: usize,
     /// Writes of this writer that some other writer's guard names.
     named: Vec<Timestamp>,
@@ -310,15 +312,17 @@ impl GuardCheck {
         layout: &Layout,
         judged: Vec<Timestamp>,
         now: Nanos,
+        table_nodes: usize,
     ) -> Option<Self> {
         let (addr, len) = layout.guard_span()?;
-        let outstanding = nodes(fabric.node_count())
+        let outstanding = nodes(table_nodes)
             .map(|node| fabric.post(node, Batch::read(addr, len)))
             .collect();
         Some(Self {
             started: now,
             judged,
             outstanding,
+            nodes: table_nodes,
             answered: 0,
             named: Vec::new(),
         })
@@ -358,7 +362,7 @@ impl GuardCheck {
                 false
             }
         });
-        let majority_answered = self.answered >= majority(fabric.node_count());
+        let majority_answered = self.answered >= majority(self.nodes);
         if !majority_answered && now < self.started.saturating_add(timeout) {
             return None;
         }

@@ -45,7 +45,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
             self.recycle_step();
             let r = self
                 .alloc
-                .allocate(fabric, stats, &self.layout, self.nodes)
+                .allocate(fabric, stats, &self.layout, self.meta)
                 .await;
             let Err(KvError::RegistersFull { .. }) = r else {
                 return r;

@@ -67,7 +67,10 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         // not count towards the quorums of the registration or of the first
         // operations, and a client that has followed no configuration counts every
         // node as in service and sees no repair (`KvClient::replica_status`).
-        let followed = Self::follow_initial_configuration(&fabric, &config)?;
+        // The metadata group: the client table, the index, the chunk table and the
+        // configuration are on nodes `0..meta` (`NodeLayout::metadata_nodes`).
+        let meta = layout.metadata_nodes(nodes);
+        let followed = Self::follow_initial_configuration(&fabric, &config, meta)?;
         let owner = crate::membership::owner_process::this_process();
         let token = token_for(owner);
         let (registration, lease) = swarm_core::block_on(
@@ -75,7 +78,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
             writer_ids::register(
                 &fabric,
                 &layout,
-                nodes,
+                meta,
                 token,
                 owner,
                 config.owners,
@@ -89,7 +92,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         let summary = match registration.resume {
             Resume::Summary { stamp } => swarm_core::block_on(
                 &fabric,
-                writer_ids::read_summary(&fabric, &layout, nodes, registration.writer, stamp),
+                writer_ids::read_summary(&fabric, &layout, meta, registration.writer, stamp),
             )?,
             Resume::Fresh | Resume::Scan => None,
         };
@@ -119,6 +122,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         // So are the delivery margin and so the grace.
         let protocol = config
             .protocol
+            .with_table_nodes(meta)
             .with_max_op_ns(layout.params.max_op_ns)
             .with_delivery_margin_ns(layout.params.delivery_margin_ns);
         let swarm = Client::new(fabric, clock, layout.swarm, writer, protocol)?;
@@ -187,6 +191,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
             swarm,
             layout,
             nodes,
+            meta,
             index,
             recycler: Recycler::new(
                 layout.params.register_grace_ns(),
@@ -235,6 +240,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
     fn follow_initial_configuration(
         fabric: &F,
         config: &KvConfig,
+        meta: usize,
     ) -> Result<Configuration, KvError> {
         let stats = OpStats::new();
         let straggler_ns = config.protocol.slow_after_ns;
@@ -244,7 +250,8 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
             crate::repair::read_configuration_within(
                 fabric,
                 &stats,
-                swarm_core::quorum::majority(nodes),
+                meta,
+                swarm_core::quorum::majority(meta),
                 straggler_ns,
             ),
         )?;
@@ -353,7 +360,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         writer_ids::unregister(
             self.swarm.fabric(),
             &self.layout,
-            self.nodes,
+            self.meta,
             self.registration.writer,
             self.token,
         );
@@ -493,7 +500,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
                 fabric,
                 &stats,
                 &self.layout,
-                self.nodes,
+                self.meta,
                 self.registration.writer,
                 self.registration.generation,
                 &summary,

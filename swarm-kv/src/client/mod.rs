@@ -190,6 +190,10 @@ pub struct KvClient<F: Fabric, C: Clock> {
     swarm: Client<F, C>,
     layout: NodeLayout,
     nodes: usize,
+    /// The metadata group: nodes `0..meta` hold the client table, the index, the
+    /// chunk table, the journal and the configuration
+    /// ([`crate::layout::NodeLayout::metadata_nodes`]; `nodes` without one).
+    meta: usize,
     index: Index,
     alloc: RegisterAllocator,
     recycler: Recycler,

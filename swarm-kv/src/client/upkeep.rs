@@ -42,7 +42,9 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         // A silent node must not hold the operation that follows: wait for stragglers
         // only as long as the protocol waits for a slow node.
         let straggler_ns = self.swarm.config().slow_after_ns;
-        match crate::repair::read_configuration_within(fabric, &stats, 1, straggler_ns).await {
+        match crate::repair::read_configuration_within(fabric, &stats, self.meta, 1, straggler_ns)
+            .await
+        {
             Ok(config) => {
                 let followed = self.followed_epoch();
                 if config.epoch > 0 && config.epoch > followed {
@@ -302,7 +304,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         if !config.is_repairing(node.index()) {
             return ReplicaStatus::Lost;
         }
-        match crate::registers::journal::journal_node(node, self.nodes) {
+        match crate::registers::journal::journal_node(node, self.meta) {
             Some(journal) if self.layout.journal_at.is_some() => {
                 ReplicaStatus::Repairing { journal }
             }

@@ -8,7 +8,7 @@
 use swarm_core::Fabric;
 use swarm_core::fabric::{Batch, Completion, NodeId, Op};
 use swarm_core::post_background;
-use swarm_core::quorum::broadcast_until;
+use swarm_core::quorum::broadcast_until_among;
 
 use super::IndexError;
 use super::bucket::{applied_slot, earlier_life_floor, holds_change};
@@ -134,9 +134,10 @@ impl<F: Fabric> Engine<'_, F> {
                     (p, None) => p,
                 }
             };
-            let rt = broadcast_until(
+            let rt = broadcast_until_among(
                 self.fabric,
                 self.stats,
+                swarm_core::quorum::nodes(self.ix.nodes),
                 q.saturating_sub(already).max(1),
                 self.ix.config.slow_after_ns,
                 |node| plans[node.index()].as_ref().map(&batch).transpose(),

@@ -10,7 +10,7 @@
 use core::cell::Cell;
 
 use swarm_core::fabric::{Batch, Completion, Nanos, NodeId, Op};
-use swarm_core::quorum::{broadcast_until, preferred_step_reporting_late};
+use swarm_core::quorum::{broadcast_until_among, preferred_step_reporting_late};
 use swarm_core::{Fabric, OpStats, yield_now};
 
 use super::bucket::{BucketError, NodeBucket, Status, View};
@@ -433,9 +433,10 @@ impl<'a, F: Fabric> Engine<'a, F> {
                     })
                     .count()
             };
-        let rt = broadcast_until(
+        let rt = broadcast_until_among(
             self.fabric,
             self.stats,
+            swarm_core::quorum::nodes(self.ix.nodes),
             q,
             self.ix.config.slow_after_ns,
             |node| {
@@ -582,9 +583,10 @@ impl<'a, F: Fabric> Engine<'a, F> {
         };
         // Nodes that promised a newer ballot only get a read of the meta word: every
         // node gets a batch, so a live majority always answers.
-        let rt = broadcast_until(
+        let rt = broadcast_until_among(
             self.fabric,
             self.stats,
+            swarm_core::quorum::nodes(self.ix.nodes),
             q,
             self.ix.config.slow_after_ns,
             |node| {

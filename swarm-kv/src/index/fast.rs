@@ -36,7 +36,7 @@
 
 use swarm_core::Fabric;
 use swarm_core::fabric::{Batch, Completion, NodeId, Op, OpOutput};
-use swarm_core::quorum::broadcast_until;
+use swarm_core::quorum::broadcast_until_among;
 
 use super::IndexError;
 use super::bucket::{Status, View, first_free_slot, free_slots};
@@ -248,9 +248,10 @@ impl<F: Fabric> Engine<'_, F> {
         let new = Meta::accepting(plan.ballot, plan.proposal, true).encode();
         let expected = plan.expected;
         let took = |(_, c): &(NodeId, Completion)| c.cas(0) == Some(expected);
-        let rt = broadcast_until(
+        let rt = broadcast_until_among(
             self.fabric,
             self.stats,
+            swarm_core::quorum::nodes(self.ix.nodes),
             self.quorum(),
             self.ix.config.slow_after_ns,
             |_| Ok(Some(Batch::cas(addr, expected, new))),

@@ -142,7 +142,7 @@ pub async fn verify<F: Fabric>(
         // A header lives on its register's replicas only. Registers on every node
         // share them: up to four headers per batch then.
         let (order, q) = ix.header_holders(fabric, first)?;
-        let take = if order.len() == ix.nodes {
+        let take = if order.len() == ix.cluster_nodes {
             rest.len().min(swarm_core::fabric::INLINE_BATCH_OPS)
         } else {
             1

@@ -8,7 +8,7 @@
 //! docs of [`super`], "reads").
 
 use swarm_core::fabric::{Batch, Op};
-use swarm_core::quorum::broadcast_until;
+use swarm_core::quorum::broadcast_until_among;
 use swarm_core::{Fabric, OpStats};
 
 use super::bucket::{NodeBucket, Status, View};
@@ -141,9 +141,10 @@ pub async fn count<F: Fabric>(ix: &Index, fabric: &F, stats: &OpStats) -> Result
             reads.push((start + offset, len as u32));
             offset += len;
         }
-        let rt = broadcast_until(
+        let rt = broadcast_until_among(
             fabric,
             stats,
+            swarm_core::quorum::nodes(ix.nodes),
             ix.quorum(),
             ix.config.slow_after_ns,
             |_| {

@@ -396,7 +396,11 @@ pub enum InsertOutcome {
 #[derive(Clone, Debug)]
 pub struct Index {
     pub(crate) layout: NodeLayout,
+    /// The nodes holding the index: `0..nodes`, the metadata group
+    /// (`NodeLayout::metadata_nodes`; every node without one).
     pub(crate) nodes: usize,
+    /// The cluster's memory nodes (registers are placed over all of them).
+    pub(crate) cluster_nodes: usize,
     pub(crate) config: IndexConfig,
     nonces: Arc<AtomicU32>,
     /// The nodes this client suspects: lookups and key-header reads order them last
@@ -407,9 +411,12 @@ pub struct Index {
 
 impl Index {
     /// The index of a cluster of `nodes` memory nodes laid out by `layout` (the
-    /// index is replicated on all of them).
+    /// index is replicated on all of them, or on its metadata group,
+    /// `NodeLayout::metadata_nodes`).
     pub fn new(layout: &NodeLayout, nodes: usize, config: IndexConfig) -> Result<Self, IndexError> {
         let params = &layout.params;
+        let cluster_nodes = nodes;
+        let nodes = layout.metadata_nodes(nodes);
         if nodes == 0 || nodes > MAX_REPLICAS {
             return Err(IndexError::Config(format!(
                 "{nodes} memory nodes: the index needs 1 to {MAX_REPLICAS}"
@@ -448,6 +455,7 @@ impl Index {
         Ok(Self {
             layout: *layout,
             nodes,
+            cluster_nodes,
             config,
             nonces: Arc::new(AtomicU32::new(0)),
             suspicion: Arc::new(Suspicion::new(ProtocolConfig::default().suspect_ns)),
@@ -480,15 +488,13 @@ impl Index {
         fabric: &F,
         register: RegisterId,
     ) -> Result<(Vec<NodeId>, usize), IndexError> {
-        if usize::from(self.layout.params.replicas) >= self.nodes {
+        if usize::from(self.layout.params.replicas) >= self.cluster_nodes {
             return Ok((self.order(fabric, register), self.quorum()));
         }
-        let loc =
-            crate::client::register_loc_for(&self.layout, self.nodes, register).map_err(|_| {
-                IndexError::NoSuchRegister {
-                    register,
-                    registers: self.layout.params.registers,
-                }
+        let loc = crate::client::register_loc_for(&self.layout, self.cluster_nodes, register)
+            .map_err(|_| IndexError::NoSuchRegister {
+                register,
+                registers: self.layout.params.registers,
             })?;
         let mut order = loc.replicas.nodes().to_vec();
         if self.suspicion.any() {
@@ -600,10 +606,10 @@ impl Index {
     }
 
     fn check_fabric<F: Fabric>(&self, fabric: &F) -> Result<(), IndexError> {
-        if fabric.node_count() != self.nodes {
+        if fabric.node_count() != self.cluster_nodes {
             return Err(IndexError::NodeCount {
                 fabric: fabric.node_count(),
-                index: self.nodes,
+                index: self.cluster_nodes,
             });
         }
         Ok(())

@@ -21,7 +21,7 @@
 use std::ops::Range;
 
 use swarm_core::fabric::{Batch, INLINE_BATCH_OPS, NodeId, Op};
-use swarm_core::quorum::broadcast_until;
+use swarm_core::quorum::broadcast_until_among;
 use swarm_core::{Fabric, OpStats, post_background};
 
 use super::bucket::{NodeBucket, View};
@@ -77,9 +77,10 @@ impl Index {
         let at = self.layout.bucket(first);
         let len = (count * BUCKET_BYTES) as u32;
         let nodes = self.nodes;
-        let rt = broadcast_until(
+        let rt = broadcast_until_among(
             fabric,
             stats,
+            swarm_core::quorum::nodes(self.nodes),
             self.quorum(),
             self.config.slow_after_ns,
             |_| Ok(Some(Batch::read(at, len))),

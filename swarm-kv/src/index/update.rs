@@ -505,6 +505,14 @@ pub async fn change<F: Fabric>(
     let nonce = ix.next_nonce();
     let mut owner = Owner::default();
     let mut same_key: Option<bool> = None;
+    // With a metadata group (`crate::layout::ClusterParams::metadata_nodes`) the
+    // header's holders may be outside the index's nodes, where the promise's batch
+    // cannot probe it: read from a majority of them first (one more roundtrip). The
+    // header never changes while `old` is indexed, as for the probe.
+    if holders.iter().any(|node| node.index() >= ix.nodes) {
+        let same = header::verify(ix, fabric, stats, &[old], key).await?;
+        same_key = same.first().copied();
+    }
     // Probes whose header copies disagreed, read again as `header::verify` does.
     let mut torn_probes = 0;
     for attempt in 0..config.max_attempts {

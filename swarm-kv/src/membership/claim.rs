@@ -64,7 +64,7 @@
 
 use swarm_core::fabric::Nanos;
 use swarm_core::post_background;
-use swarm_core::quorum::{broadcast_until, majority, nodes as node_ids};
+use swarm_core::quorum::{broadcast_until_among, majority, nodes as node_ids};
 use swarm_core::{Batch, Fabric, FabricError, OpStats};
 
 /// How long a claim waits for each node's answer beyond the first majority.
@@ -98,9 +98,10 @@ pub async fn claim<F: Fabric>(
     let _fence = stats.arm_deadline(fabric.now().saturating_add(budget));
     // Every node's answer, stragglers included (up to `STRAGGLER_NS` each, within the
     // fence): a copy holding a stale token is only seen in its own answer.
-    let rt = broadcast_until(
+    let rt = broadcast_until_among(
         fabric,
         stats,
+        swarm_core::quorum::nodes(nodes),
         quorum,
         STRAGGLER_NS.min(budget / 4),
         |node| Ok((node.index() < nodes).then(|| Batch::cas(addr, 0, token))),

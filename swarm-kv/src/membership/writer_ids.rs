@@ -78,7 +78,7 @@
 //! names only a timestamp its writer used).
 
 use swarm_core::fabric::Nanos;
-use swarm_core::quorum::{broadcast, broadcast_until, majority, nodes as node_ids};
+use swarm_core::quorum::{broadcast, broadcast_until_among, majority, nodes as node_ids};
 use swarm_core::{Batch, Fabric, FabricError, NodeId, OpStats, Roundtrip};
 
 use crate::KvError;
@@ -236,9 +236,10 @@ pub async fn register<F: Fabric>(
     // The row's lease words, used flag and generation word, from every node that
     // answers: a client writes the used flag and raises the generation on a majority
     // (below) before it writes to its log.
-    let rt = broadcast_until(
+    let rt = broadcast_until_among(
         fabric,
         &stats,
+        swarm_core::quorum::nodes(nodes),
         majority(nodes),
         STRAGGLER_NS,
         |_| Ok(Some(Batch::read(at, 64))),
@@ -386,9 +387,10 @@ async fn name_owner<F: Fabric + ?Sized>(
     owner: u64,
 ) -> Result<Vec<(NodeId, u64)>, FabricError> {
     let posted = read.iter().flatten().count();
-    let rt = broadcast_until(
+    let rt = broadcast_until_among(
         fabric,
         stats,
+        swarm_core::quorum::nodes(nodes),
         majority(nodes).min(posted),
         STRAGGLER_NS,
         |node| {
@@ -444,9 +446,10 @@ pub(crate) async fn raise_word<F: Fabric + ?Sized>(
         if done >= needed {
             return Ok(());
         }
-        let rt = broadcast_until(
+        let rt = broadcast_until_among(
             fabric,
             stats,
+            swarm_core::quorum::nodes(nodes),
             needed - done,
             STRAGGLER_NS,
             |node| {
@@ -494,9 +497,10 @@ pub async fn seal_summary<F: Fabric + ?Sized>(
     // 4 MiB covers 32 Mi slots).
     let mut offset = 0;
     for piece in bytes.chunks(SUMMARY_PIECE) {
-        broadcast_until(
+        broadcast_until_among(
             fabric,
             stats,
+            swarm_core::quorum::nodes(nodes),
             majority(nodes),
             STRAGGLER_NS,
             |_| Ok(Some(Batch::write(at + offset, piece.to_vec()))),
@@ -540,9 +544,10 @@ pub async fn read_summary<F: Fabric + ?Sized>(
     let mut offset = 0;
     while offset < len {
         let piece = SUMMARY_PIECE.min(len - offset);
-        let rt = broadcast_until(
+        let rt = broadcast_until_among(
             fabric,
             &stats,
+            swarm_core::quorum::nodes(nodes),
             majority(nodes),
             RESUME_STRAGGLER_NS,
             |node| {

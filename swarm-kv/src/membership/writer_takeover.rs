@@ -179,7 +179,7 @@
 //! next client that runs out of chunks ([`crate::registers::orphans`]).
 
 use swarm_core::fabric::{Nanos, Revocation};
-use swarm_core::quorum::{broadcast_until, majority};
+use swarm_core::quorum::{broadcast_until_among, majority};
 use swarm_core::{Batch, Fabric, NodeId, OpStats, Roundtrip, WaitOutcome};
 
 use crate::KvError;
@@ -241,14 +241,15 @@ pub async fn observe<F: Fabric + ?Sized>(
     fabric: &F,
     layout: &NodeLayout,
 ) -> Result<Vec<ObservedRow>, KvError> {
-    let nodes = fabric.node_count();
+    let nodes = layout.metadata_nodes(fabric.node_count());
     let writers = usize::from(layout.params.writers);
     let bytes = u32::try_from(writers as u64 * CLIENT_ROW_BYTES)
         .map_err(|_| KvError::Unsupported("a client table larger than 4 GiB"))?;
     let stats = OpStats::new();
-    let rt = broadcast_until(
+    let rt = broadcast_until_among(
         fabric,
         &stats,
+        swarm_core::quorum::nodes(nodes),
         majority(nodes),
         STRAGGLER_NS,
         |_| Ok(Some(Batch::read(layout.clients_at, bytes))),
@@ -355,7 +356,7 @@ async fn kill<F: Fabric + ?Sized>(
     lease: &LeaseParams,
     row: &ObservedRow,
 ) -> Result<Kill, KvError> {
-    let nodes = fabric.node_count();
+    let nodes = layout.metadata_nodes(fabric.node_count());
     let addr = layout.client_row(row.writer) + LEASE_WORD;
     let posts: Vec<_> = row
         .lease
@@ -397,13 +398,14 @@ async fn lapsed<F: Fabric + ?Sized>(
     layout: &NodeLayout,
     row: &ObservedRow,
 ) -> Result<bool, KvError> {
-    let nodes = fabric.node_count();
+    let nodes = layout.metadata_nodes(fabric.node_count());
     let addr = layout.client_row(row.writer) + LEASE_WORD;
     let posted = row.lease.iter().flatten().count();
     let stats = OpStats::new();
-    let rt = broadcast_until(
+    let rt = broadcast_until_among(
         fabric,
         &stats,
+        swarm_core::quorum::nodes(nodes),
         majority(nodes).min(posted),
         STRAGGLER_NS,
         |node| {
@@ -566,7 +568,7 @@ async fn hand_over<F: Fabric + ?Sized>(
     to: u64,
     owners: OwnerLiveness,
 ) -> Result<HandOver, KvError> {
-    let nodes = fabric.node_count();
+    let nodes = layout.metadata_nodes(fabric.node_count());
     let stats = OpStats::new();
     let claim_at = layout.client_row(row.writer);
     let posts: Vec<_> = (0..nodes)
@@ -665,7 +667,7 @@ async fn release_row<F: Fabric + ?Sized>(
     if !matches!(handed, HandOver::Done(_)) {
         return Ok(handed);
     }
-    let nodes = fabric.node_count();
+    let nodes = layout.metadata_nodes(fabric.node_count());
     let claim_at = layout.client_row(row.writer);
     let posts: Vec<_> = (0..nodes)
         .map(|n| (NodeId(n as u16), claim_at, mine, 0))
@@ -689,7 +691,7 @@ pub async fn take_over_expired<F: Fabric + ?Sized>(
     only: Option<u16>,
     owners: OwnerLiveness,
 ) -> Result<Reclaimed, KvError> {
-    let nodes = fabric.node_count();
+    let nodes = layout.metadata_nodes(fabric.node_count());
     let observed = observe(fabric, layout).await?;
     let watched_at = fabric.now();
     let candidates: Vec<ObservedRow> = observed

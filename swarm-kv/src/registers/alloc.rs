@@ -66,7 +66,13 @@ pub async fn claimed_chunks<F: Fabric>(
     stats: &OpStats,
     layout: &NodeLayout,
 ) -> Result<u64, KvError> {
-    let tables = read_chunk_tables(fabric, stats, layout, fabric.node_count()).await?;
+    let tables = read_chunk_tables(
+        fabric,
+        stats,
+        layout,
+        layout.metadata_nodes(fabric.node_count()),
+    )
+    .await?;
     let mut claimed = vec![false; layout.chunks() as usize];
     for table in &tables {
         for (flag, word) in claimed.iter_mut().zip(table) {

@@ -138,7 +138,7 @@ pub async fn release_chunks<F: Fabric>(
     chunks: &[u64],
     token: u64,
 ) -> Result<u64, KvError> {
-    let nodes = fabric.node_count();
+    let nodes = layout.metadata_nodes(fabric.node_count());
     let mut released = 0;
     for group in chunks.chunks(MAX_BATCH_OPS) {
         let mut batches = Vec::with_capacity(nodes);

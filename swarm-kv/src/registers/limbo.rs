@@ -166,7 +166,7 @@
 use std::collections::HashSet;
 
 use swarm_core::fabric::{Nanos, Op};
-use swarm_core::quorum::{broadcast, broadcast_until, majority, nodes as node_ids};
+use swarm_core::quorum::{broadcast, broadcast_until_among, majority, nodes as node_ids};
 use swarm_core::{Batch, Fabric, NodeId, OpStats, RegisterLoc, post_background};
 use xxhash_rust::xxh3::xxh3_64;
 
@@ -308,12 +308,13 @@ pub async fn read_registered<F: Fabric>(
     stats: &OpStats,
     layout: &NodeLayout,
 ) -> Result<Registered, KvError> {
-    let nodes = fabric.node_count();
+    let nodes = layout.metadata_nodes(fabric.node_count());
     let bytes = u32::try_from(u64::from(layout.params.writers) * CLIENT_ROW_BYTES)
         .map_err(|_| KvError::Unsupported("a client table larger than 4 GiB"))?;
-    let rt = broadcast_until(
+    let rt = broadcast_until_among(
         fabric,
         stats,
+        swarm_core::quorum::nodes(nodes),
         majority(nodes),
         STRAGGLER_NS,
         |_| Ok(Some(Batch::read(layout.clients_at, bytes))),
@@ -408,9 +409,10 @@ pub async fn take<F: Fabric>(
     let new = |word: u64| header_word(word as u32, mine);
     // Every copy's answer (stragglers up to `STRAGGLER_NS`): a copy taken but not
     // counted would stay with this tag if the take is lost.
-    let rt = broadcast_until(
+    let rt = broadcast_until_among(
         fabric,
         stats,
+        loc.replicas.nodes().iter().copied(),
         quorum,
         STRAGGLER_NS,
         |node| Ok(expected(node).map(|seen| Batch::cas(addr, seen, new(seen)))),
@@ -485,9 +487,27 @@ pub async fn read_headers<F: Fabric>(
     for span in &spans {
         ops.push(span_op(*span).ok_or(KvError::Unsupported("a header span out of the layout"))?);
     }
-    let rt = broadcast_until(
+    // Every node; with a metadata group (more nodes than one roundtrip reaches),
+    // the replicas of the registers read only (a few chunks' groups).
+    let targets: Vec<NodeId> = if layout.params.metadata_nodes == 0 {
+        node_ids(nodes).collect()
+    } else {
+        let mut targets: Vec<NodeId> = Vec::new();
+        for (s, _) in &spans {
+            for node in loc(*s).iter().flat_map(|l| l.replicas.nodes().iter()) {
+                if !targets.contains(node) {
+                    targets.push(*node);
+                }
+            }
+        }
+        targets.sort_unstable();
+        targets
+    };
+    let nodes = targets.len();
+    let rt = broadcast_until_among(
         fabric,
         stats,
+        targets,
         majority(nodes),
         STRAGGLER_NS,
         |_| {
@@ -555,7 +575,7 @@ pub async fn claimed_chunks<F: Fabric>(
     stats: &OpStats,
     layout: &NodeLayout,
 ) -> Result<Vec<u64>, KvError> {
-    let nodes = fabric.node_count();
+    let nodes = layout.metadata_nodes(fabric.node_count());
     let bytes = u32::try_from(8 * layout.chunks())
         .map_err(|_| KvError::Unsupported("a chunk table larger than 4 GiB"))?;
     let rt = broadcast(fabric, stats, node_ids(nodes), majority(nodes), |_| {

@@ -37,7 +37,7 @@
 
 use std::collections::HashSet;
 
-use swarm_core::quorum::{broadcast, broadcast_until, majority, nodes as node_ids};
+use swarm_core::quorum::{broadcast, broadcast_until_among, majority, nodes as node_ids};
 use swarm_core::{Batch, Fabric, NodeId, OpStats};
 
 use crate::KvError;
@@ -62,12 +62,13 @@ async fn orphaned_chunks<F: Fabric>(
     registered: &HashSet<u64>,
     mine: u64,
 ) -> Result<Vec<(u64, Vec<Option<u64>>)>, KvError> {
-    let nodes = fabric.node_count();
+    let nodes = layout.metadata_nodes(fabric.node_count());
     let bytes = u32::try_from(8 * layout.chunks())
         .map_err(|_| KvError::Unsupported("a chunk table larger than 4 GiB"))?;
-    let rt = broadcast_until(
+    let rt = broadcast_until_among(
         fabric,
         stats,
+        swarm_core::quorum::nodes(nodes),
         majority(nodes),
         STRAGGLER_NS,
         |_| Ok(Some(Batch::read(layout.chunks_at, bytes))),
@@ -110,7 +111,7 @@ async fn adopt_chunk<F: Fabric>(
     seen: &[Option<u64>],
     mine: u64,
 ) -> Result<bool, KvError> {
-    let nodes = fabric.node_count();
+    let nodes = layout.metadata_nodes(fabric.node_count());
     let addr = layout.chunk_word(chunk);
     let targets: Vec<NodeId> = node_ids(nodes)
         .filter(|n| seen.get(n.index()).copied().flatten().is_some())

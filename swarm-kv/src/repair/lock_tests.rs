@@ -108,7 +108,7 @@ fn opened_with(cluster: &swarm_core::MemCluster, nodes: &[u16]) -> Configuration
     for n in (0..3).filter(|n| !nodes.contains(n)) {
         f.fail_node(NodeId(n));
     }
-    block_on_future(&f, read_configuration_within(&f, &OpStats::new(), 1, MS))
+    block_on_future(&f, read_configuration_within(&f, &OpStats::new(), 3, 1, MS))
         .expect("a run")
         .expect("a configuration")
 }

@@ -20,8 +20,11 @@
 //!    configuration record or a piece after a later repair's: a later repair waits
 //!    until this one is known gone. The node must answer before the announcement.
 //! 1. Read the configuration `e` (a majority's newest copy); the node's new
-//!    incarnation must not be a member yet. The *donors* are every other node: all
-//!    must answer (a majority would do for the argument below in clusters where every
+//!    incarnation must not be a member yet. The *donors* are every other node (with
+//!    a metadata group, `crate::layout::ClusterParams::metadata_nodes`, the lock, the
+//!    configuration records and the metadata areas are those of the group's other
+//!    nodes only, and a node outside the group gets no metadata: a value decided on
+//!    a majority of the group is on one of its other nodes): all must answer (a majority would do for the argument below in clusters where every
 //!    node holds every register; asking all keeps one rule for registers placed on a
 //!    subset of nodes, at the price of not repairing while a second node is down).
 //!    **Announce** the repair: write configuration `e + 1`, the same members with the
@@ -124,7 +127,7 @@ use std::task::Poll;
 
 use swarm_core::encoding::Tsp;
 use swarm_core::fabric::{Batch, FabricError, INLINE_BATCH_OPS, NodeId, Op, Ticket};
-use swarm_core::quorum::{broadcast_until, majority};
+use swarm_core::quorum::{broadcast_until_among, majority, nodes as node_ids};
 use swarm_core::{Fabric, OpStats, Roundtrip};
 use tracing::Instrument;
 
@@ -298,12 +301,15 @@ pub async fn repair_node<F: Fabric>(
         .map(NodeId)
         .filter(|n| *n != node)
         .collect();
+    // The metadata group's donors: the lock, the configuration records and the
+    // metadata areas are theirs (every other node without a metadata group).
+    let meta_donors = metadata_donors(layout, nodes, node);
     // Records and copies only under the repair lock, read from the configuration on:
     // a late record of a stopped repair never lands after a later repair's (`lock`).
     let held = lock::take(
         fabric,
         &stats,
-        &donors,
+        &meta_donors,
         options.liveness,
         options.break_lock,
     )
@@ -315,13 +321,34 @@ pub async fn repair_node<F: Fabric>(
         incarnation,
         options,
         &stats,
-        &donors,
+        Donors {
+            all: &donors,
+            meta: &meta_donors,
+        },
         progress,
     )
     .await;
-    lock::give_back(fabric, &stats, &donors, &held).await;
+    lock::give_back(fabric, &stats, &meta_donors, &held).await;
     drop(held);
     result
+}
+
+/// The donors of the repair of `node` that hold the metadata areas, the
+/// configuration and the repair lock: the metadata group's nodes other than `node`
+/// (`NodeLayout::metadata_nodes`; every other node without a metadata group).
+pub(crate) fn metadata_donors(layout: &NodeLayout, nodes: usize, node: NodeId) -> Vec<NodeId> {
+    (0..layout.metadata_nodes(nodes) as u16)
+        .map(NodeId)
+        .filter(|n| *n != node)
+        .collect()
+}
+
+/// The donors of a repair: every other node (registers, logs), and those of them
+/// in the metadata group ([`metadata_donors`]).
+#[derive(Clone, Copy)]
+struct Donors<'a> {
+    all: &'a [NodeId],
+    meta: &'a [NodeId],
 }
 
 /// [`repair_node`] once it holds the repair lock.
@@ -333,11 +360,15 @@ async fn repair_locked<F: Fabric>(
     incarnation: u64,
     options: RepairOptions,
     stats: &OpStats,
-    donors: &[NodeId],
+    donors: Donors<'_>,
     mut progress: impl FnMut(u64, u64),
 ) -> Result<RepairReport, RepairError> {
     let nodes = fabric.node_count();
-    let config = read_configuration(fabric, stats).await?;
+    let meta = layout.metadata_nodes(nodes);
+    // A node outside the metadata group holds no configuration, index, client
+    // table, journal nor chunk table: only its register bands and logs are copied.
+    let holds_meta = node.index() < meta;
+    let config = read_configuration(fabric, stats, meta).await?;
     if config.epoch == 0 {
         return Err(RepairError::Legacy);
     }
@@ -363,7 +394,7 @@ async fn repair_locked<F: Fabric>(
         announced.epoch += 1;
         announced.set_repairing(node.index(), true);
         let record = announced.encode();
-        rt_all(fabric, stats, donors, |_| {
+        rt_all(fabric, stats, donors.meta, |_| {
             Batch::write(CONFIG_AT, record.clone())
         })
         .await?;
@@ -377,11 +408,13 @@ async fn repair_locked<F: Fabric>(
             fabric,
             stats,
             layout,
-            donors,
+            donors: donors.all,
+            meta_donors: donors.meta,
+            holds_meta,
             target: node,
             journal: layout
                 .journal_at
-                .and_then(|_| crate::registers::journal::journal_node(node, nodes)),
+                .and_then(|_| crate::registers::journal::journal_node(node, meta)),
             nodes,
             conflicts: Conflicts::default(),
             done: 0,
@@ -425,7 +458,7 @@ async fn repair_locked<F: Fabric>(
         let (quiesce_ms, copy_ms) = match copied {
             Ok(times) => times,
             Err(error) => {
-                withdraw(fabric, stats, donors, &announced, node).await;
+                withdraw(fabric, stats, donors.meta, &announced, node).await;
                 return Err(error);
             }
         };
@@ -438,14 +471,16 @@ async fn repair_locked<F: Fabric>(
         next.incarnations[node.index()] = incarnation;
         next.set_repairing(node.index(), false);
         let record = next.encode();
-        rt_all(fabric, stats, donors, |_| {
+        rt_all(fabric, stats, donors.meta, |_| {
             Batch::write(CONFIG_AT, record.clone())
         })
         .await?;
-        rt_all(fabric, stats, &[node], |_| {
-            Batch::write(CONFIG_AT, record.clone())
-        })
-        .await?;
+        if holds_meta {
+            rt_all(fabric, stats, &[node], |_| {
+                Batch::write(CONFIG_AT, record.clone())
+            })
+            .await?;
+        }
         tracing::info!(
             epoch = next.epoch,
             bytes,
@@ -526,26 +561,29 @@ async fn withdraw<F: Fabric>(
 pub(crate) async fn read_configuration<F: Fabric>(
     fabric: &F,
     stats: &OpStats,
+    meta: usize,
 ) -> Result<Configuration, FabricError> {
-    let nodes = fabric.node_count();
-    read_configuration_within(fabric, stats, majority(nodes), CONFIG_STRAGGLER_NS).await
+    read_configuration_within(fabric, stats, meta, majority(meta), CONFIG_STRAGGLER_NS).await
 }
 
-/// [`read_configuration`] from at least `quorum` nodes, waiting `straggler_ns` for
-/// the others. A client that follows a configuration change needs one answer: a
+/// [`read_configuration`] from at least `quorum` of the nodes `0..meta` that hold it
+/// (the metadata group, `crate::layout::NodeLayout::metadata_nodes`), waiting
+/// `straggler_ns` for the others. A client that follows a configuration change needs one answer: a
 /// valid copy that lists a rebuilt node's new incarnation exists only once the
 /// rebuild finished (it is written to the donors after the copy), and a client with one node lost and the rebuilt
 /// one not admitted yet may reach a single node.
 pub(crate) async fn read_configuration_within<F: Fabric>(
     fabric: &F,
     stats: &OpStats,
+    meta: usize,
     quorum: usize,
     straggler_ns: u64,
 ) -> Result<Configuration, FabricError> {
     let nodes = fabric.node_count();
-    let rt = broadcast_until(
+    let rt = broadcast_until_among(
         fabric,
         stats,
+        node_ids(meta.min(nodes)),
         quorum,
         straggler_ns,
         |_| Ok(Some(Batch::read(CONFIG_AT, CONFIG_READ_BYTES as u32))),
@@ -562,29 +600,36 @@ pub(crate) async fn read_configuration_within<F: Fabric>(
 
 /// Posts `build(node)` to each of `nodes` and waits for all of them. A node that
 /// fails is named ([`RepairError::Donor`]: the user must bring that one back), also
-/// when its failure is what leaves the roundtrip short of replies.
+/// when its failure is what leaves the roundtrip short of replies. More nodes than
+/// one roundtrip posts to ([`swarm_core::MAX_NODES`]: the logs of a cluster of more
+/// nodes are read from every other node) take one roundtrip per
+/// [`swarm_core::MAX_NODES`] of them, one after the other.
 async fn rt_all<F: Fabric>(
     fabric: &F,
     stats: &OpStats,
     nodes: &[NodeId],
     mut build: impl FnMut(NodeId) -> Batch,
 ) -> Result<Vec<(NodeId, swarm_core::Completion)>, RepairError> {
-    let mut rt = Roundtrip::start(fabric, stats);
-    for &node in nodes {
-        rt.post(node, build(node)).map_err(|error| match error {
-            FabricError::NodeFailed { .. } => RepairError::Donor { node, error },
-            error => RepairError::Fabric(error),
-        })?;
+    let mut out = Vec::with_capacity(nodes.len());
+    for group in nodes.chunks(swarm_core::MAX_NODES) {
+        let mut rt = Roundtrip::start(fabric, stats);
+        for &node in group {
+            rt.post(node, build(node)).map_err(|error| match error {
+                FabricError::NodeFailed { .. } => RepairError::Donor { node, error },
+                error => RepairError::Fabric(error),
+            })?;
+        }
+        let waited = rt.wait(group.len()).await;
+        if let Some((node, error)) = rt.failures().first() {
+            return Err(RepairError::Donor {
+                node: *node,
+                error: error.clone(),
+            });
+        }
+        waited.map_err(RepairError::Fabric)?;
+        out.extend_from_slice(rt.replies());
     }
-    let waited = rt.wait(nodes.len()).await;
-    if let Some((node, error)) = rt.failures().first() {
-        return Err(RepairError::Donor {
-            node: *node,
-            error: error.clone(),
-        });
-    }
-    waited.map_err(RepairError::Fabric)?;
-    Ok(rt.replies().to_vec())
+    Ok(out)
 }
 
 /// Posts every batch at once and waits for all of them; their completions, in order.
@@ -651,7 +696,15 @@ struct Copier<'a, F: Fabric> {
     fabric: &'a F,
     stats: &'a OpStats,
     layout: &'a NodeLayout,
+    /// Every other node: the logs' donors (and the registers' without replica
+    /// groups).
     donors: &'a [NodeId],
+    /// The metadata group's other nodes: the donors of the client table, the chunk
+    /// table, the index and the log summaries ([`metadata_donors`]).
+    meta_donors: &'a [NodeId],
+    /// Whether the node is in the metadata group (else its metadata areas are
+    /// left alone: no one reads them).
+    holds_meta: bool,
     target: NodeId,
     /// The node whose repair journal clients use, if the cluster has one.
     journal: Option<NodeId>,
@@ -701,13 +754,17 @@ impl<F: Fabric> Copier<'_, F> {
             ),
         ];
         for (area, start, elem, count) in areas {
+            let metadata = matches!(area, Area::ClientRows | Area::Chunks | Area::Index);
+            if metadata && !self.holds_meta {
+                continue;
+            }
             if matches!(area, Area::Registers) && p.placement_nodes != 0 {
                 self.copy_grouped_registers(progress).await?;
                 continue;
             }
             self.copy_area(area, start, elem, count, progress).await?;
         }
-        if let Some(at) = l.summaries_at {
+        if let Some(at) = l.summaries_at.filter(|_| self.holds_meta) {
             self.copy_area(
                 Area::Summaries,
                 at,
@@ -735,10 +792,11 @@ impl<F: Fabric> Copier<'_, F> {
             let n = per_piece.min(count - first);
             let at = start + first * elem;
             let len = (n * elem) as u32;
-            let replies = rt_all(self.fabric, self.stats, self.donors, |_| {
-                Batch::read(at, len)
-            })
-            .await?;
+            let donors = match area {
+                Area::ClientRows | Area::Chunks | Area::Index | Area::Summaries => self.meta_donors,
+                Area::Registers | Area::Logs => self.donors,
+            };
+            let replies = rt_all(self.fabric, self.stats, donors, |_| Batch::read(at, len)).await?;
             let copies: Vec<&[u8]> = replies
                 .iter()
                 .map(|(_, c)| c.read(0).unwrap_or_default())

@@ -685,9 +685,18 @@ fn stat<S: Store>(store: &S, json: bool) -> Result<ExitCode> {
         p.replicas,
         p.meta_words
     );
+    let meta = layout.metadata_nodes(nodes);
+    if meta < nodes {
+        outln!(
+            text,
+            "metadata group: nodes 0 to {} (index, client table, chunk table, configuration)",
+            meta - 1
+        );
+    }
     outln!(text, "keys: {keys} (capacity {})", p.registers);
     let mut report = serde_json::json!({
         "nodes": nodes,
+        "metadata_nodes": meta,
         "replicas": p.replicas,
         "meta_words": p.meta_words,
         "keys": keys,
@@ -732,6 +741,13 @@ fn stat<S: Store>(store: &S, json: bool) -> Result<ExitCode> {
                 }));
                 continue;
             }
+        };
+        // A node outside the metadata group holds no chunk table: the claims are
+        // the metadata group's (its first node that answered).
+        let words = if node.index() >= meta && table_node.is_some() {
+            chunk_tokens.clone()
+        } else {
+            words
         };
         // The claimed chunks this node holds (with replica groups, those of its
         // groups: `NodeLayout::placement`).
