@@ -40,6 +40,11 @@ fn lose_and_rebuild(dir: &std::path::Path, node: u16) -> u64 {
 
 #[test]
 fn thirty_two_nodes_keep_every_acknowledged_write_through_two_repairs() {
+    // `RUST_LOG=swarm_kv=info` shows what a failed operation logged.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
     let dir = ScratchDir::new("kv-many-nodes").unwrap();
     let store = ShmStore::create(dir.path(), NODES, 8 << 20, params()).unwrap();
     let p = store.layout().params;
