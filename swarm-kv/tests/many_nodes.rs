@@ -18,6 +18,10 @@ use swarm_shm::{ScratchDir, ShmCluster};
 
 const NODES: u16 = 32;
 
+/// Per key, the values of its writes that stopped at their deadline since its last
+/// acknowledged one (`None`: a delete).
+type Unknown = HashMap<String, Vec<Option<Vec<u8>>>>;
+
 fn params() -> ClusterParams {
     ClusterParams {
         key_max: 32,
@@ -34,12 +38,23 @@ fn lose_and_rebuild(dir: &std::path::Path, node: u16) -> u64 {
     assert!(ShmCluster::retire_node(dir, node).unwrap());
     let report = ShmStore::repair(dir, node, RepairOptions::DEFAULT, |_, _| {}).unwrap();
     assert_eq!(report.node, node);
-    assert_eq!(report.conflicts.total(), 0, "{report:?}");
+    // No two keys, no lock word with both modes. A holder tag may be poisoned: the
+    // copy reads the donors one after the other while clients write, and a blank
+    // register read in the middle of a donation or of a take shows a donated tag on
+    // one donor and a client's on another (about one run in seven, before and
+    // after the journal fix); the merge's poison is its answer (`repair/merge.rs`).
+    let c = report.conflicts;
+    assert_eq!((c.keys, c.locks), (0, 0), "{report:?}");
     report.epoch
 }
 
 #[test]
 fn thirty_two_nodes_keep_every_acknowledged_write_through_two_repairs() {
+    // `RUST_LOG=swarm_kv=info` shows what a failed operation logged.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
     let dir = ScratchDir::new("kv-many-nodes").unwrap();
     let store = ShmStore::create(dir.path(), NODES, 8 << 20, params()).unwrap();
     let p = store.layout().params;
@@ -61,39 +76,52 @@ fn thirty_two_nodes_keep_every_acknowledged_write_through_two_repairs() {
         assert!(used.iter().all(|u| *u), "{used:?}");
         c.close();
     }
-    // Writers, each on its own keys: the last acknowledged value of each key.
+    // Writers, each on its own keys: the last acknowledged value of each key, and
+    // the values of writes since then that stopped at their deadline (`Fenced`:
+    // outcome unknown, so the key may hold one of them instead).
     let acked: Arc<Mutex<HashMap<String, Option<Vec<u8>>>>> = Arc::default();
+    let unknown: Arc<Mutex<Unknown>> = Arc::default();
     let stop = Arc::new(AtomicBool::new(false));
     let store = Arc::new(store);
     let writers: Vec<_> = (0..2)
         .map(|w| {
             let (store, acked, stop) = (store.clone(), acked.clone(), stop.clone());
+            let unknown = unknown.clone();
             std::thread::spawn(move || {
                 let c = store.client().unwrap();
                 let mut round = 0u32;
-                let mut errors = 0u32;
+                let mut errors = Vec::new();
                 while !stop.load(Ordering::Relaxed) || round < 2 {
                     for i in 0..60 {
                         let key = format!("w{w}-k{i}");
                         let value = format!("v{round}-{i}").into_bytes();
                         let s = OpStats::new();
-                        let result = if round % 3 == 2 && i % 4 == 0 {
-                            block_on(c.fabric(), c.delete(key.as_bytes(), &s)).map(|_| None)
+                        let delete = round % 3 == 2 && i % 4 == 0;
+                        let written = (!delete).then_some(value.clone());
+                        let result = if delete {
+                            block_on(c.fabric(), c.delete(key.as_bytes(), &s)).map(drop)
                         } else {
                             block_on(c.fabric(), c.insert(key.as_bytes(), &value, &s))
-                                .map(|_| Some(value))
                         };
                         match result {
-                            Ok(v) => {
-                                acked.lock().unwrap().insert(key, v);
+                            Ok(()) => {
+                                unknown.lock().unwrap().remove(&key);
+                                acked.lock().unwrap().insert(key, written);
                             }
-                            // An unacknowledged write may or may not have taken
-                            // effect: the key's value is not known any more.
-                            Err(e) => {
-                                errors += 1;
-                                eprintln!("writer {w}: {key}: {e}");
-                                acked.lock().unwrap().remove(&key);
+                            // Stopped at its deadline (a stall of this loaded host):
+                            // it took effect or not, and the check allows both.
+                            Err(e) if e.is_fenced() => {
+                                unknown
+                                    .lock()
+                                    .unwrap()
+                                    .entry(key)
+                                    .or_default()
+                                    .push(written);
                             }
+                            // No other failure: a register of a pool in another life
+                            // (`Recycled`) was a journal entry cleared by the next
+                            // repair (`registers/journal.rs`, "Whose clear").
+                            Err(e) => errors.push(format!("writer {w}: {key}: {e}")),
                         }
                     }
                     round += 1;
@@ -111,18 +139,17 @@ fn thirty_two_nodes_keep_every_acknowledged_write_through_two_repairs() {
     for w in writers {
         let (rounds, errors) = w.join().unwrap();
         assert!(rounds >= 2);
-        // Each failed write's key is dropped from the check (its outcome is not
-        // known). A few may fail: one run in three under a loaded host saw two
-        // inserts meet a register of the client's pool in another life (`Recycled`),
-        // the soak's open case (ARCHITECTURE.md, "Limitations"). Not more.
         assert!(
-            errors * 100 <= rounds * 60,
-            "{errors} of {} writes failed while nodes were rebuilt",
-            rounds * 60
+            errors.is_empty(),
+            "{} of {} writes failed while nodes were rebuilt, e.g. {:?}",
+            errors.len(),
+            rounds * 60,
+            &errors[..errors.len().min(3)]
         );
     }
     drop(store);
     let expected = acked.lock().unwrap().clone();
+    let unknown = unknown.lock().unwrap().clone();
     assert!(expected.len() >= 100, "{}", expected.len());
     let check = |why: &str| {
         let store = ShmStore::open(dir.path()).unwrap();
@@ -130,7 +157,7 @@ fn thirty_two_nodes_keep_every_acknowledged_write_through_two_repairs() {
         let mut wrong = Vec::new();
         for (key, value) in &expected {
             let got = block_on(c.fabric(), c.get(key.as_bytes(), &OpStats::new())).unwrap();
-            if &got != value {
+            if &got != value && !unknown.get(key).is_some_and(|u| u.contains(&got)) {
                 wrong.push(format!("{key}: {got:?}, expected {value:?}"));
             }
         }

@@ -305,9 +305,10 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
             return ReplicaStatus::Lost;
         }
         match crate::registers::journal::journal_node(node, self.meta) {
-            Some(journal) if self.layout.journal_at.is_some() => {
-                ReplicaStatus::Repairing { journal }
-            }
+            Some(journal) if self.layout.journal_at.is_some() => ReplicaStatus::Repairing {
+                journal,
+                epoch: config.epoch,
+            },
             _ => ReplicaStatus::Undecided,
         }
     }

@@ -32,7 +32,8 @@
 //!    entry (a CAS from the entry to zero). An entry whose register some donor does
 //!    not show blank (a stale entry, a late store of an earlier life) is neither
 //!    copied nor cleared: a cleared entry must mean that `X` holds the reset.
-//! 3. The client sees its slot cleared and hands `R` to its allocator.
+//! 3. The client sees its slot cleared, with the announcement still on the journal
+//!    node ("Whose clear" below), and hands `R` to its allocator.
 //! 4. If the client instead sees `X` admitted first (a configuration in which `X`'s
 //!    new incarnation is a member), it resets `R` on `X` itself, then clears its slot.
 //!
@@ -78,6 +79,42 @@
 //! collide with probability `2^-24`. The stopped repair's other late stores (its
 //! copies into the node, its configuration records) are `docs/pauses.md`'s hole H3,
 //! parts a and c.
+//!
+//! # Whose clear
+//!
+//! Entries name no node, and one journal node serves the repairs of many nodes
+//! (the lowest-numbered node other than the target: node 0 for every node but
+//! itself). A repair services *every* entry it finds: it copies the register to
+//! its own target, and clears the entry. So an entry journaled for node `X`'s
+//! repair can be cleared by the repair of another node `Y` that runs after `X`'s
+//! admission, when the client has not followed that admission yet (it polls its
+//! row every millisecond, and follows configurations at its lease renewals):
+//! nothing copied `R` to `X`, which keeps `R`'s words from before the reset. Taking
+//! that clear for `X`'s copy handed `R` out with `X` lagging by a life: the next
+//! fresh write of `R` met the earlier life's marker on `X` (`Recycled`), and a key
+//! mapped to `R` could read that life from a quorum with `X`
+//! (`tests/many_nodes.rs`, which loses node 27 and then node 1; `docs/pauses.md`,
+//! "Found by the soak").
+//!
+//! The client therefore reads the configuration record after its row, in the same
+//! ordered batch on the journal node, and takes a clear for `X`'s copy only if that
+//! record is still the announcement it journaled under (the epoch of the
+//! configuration it followed, with `X`'s repairing bit and no other,
+//! `Recycler::journal_step`). Otherwise it resets `R` again on every replica, as
+//! after an admission. Why that is enough, whatever anyone's pauses:
+//!
+//! * a repair writes its announcement to every donor, the journal node included,
+//!   and services the journal only after those writes returned; records are
+//!   written only under the repair lock, so they go up one repair at a time
+//!   (`crate::repair::lock`). A clear by `Y`'s repair therefore lands after `Y`'s
+//!   announcement, whose epoch is above `X`'s, on the journal node, and the record
+//!   read after the row that shows the clear shows that epoch or a later one;
+//! * a clear by `X`'s own repair read after its admission fails the check too: one
+//!   more reset, never a register handed out early;
+//! * a repair that died with its repairing bit set leaves that bit in the
+//!   announcement of a later repair of another node: with two bits no clear
+//!   counts, and the register is reset and journaled again until its node is
+//!   admitted (work and a leak while it lasts, never a lagging life on `X`).
 //!
 //! # Pauses across a repair
 //!

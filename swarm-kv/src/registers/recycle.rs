@@ -236,10 +236,11 @@ use std::collections::{HashMap, VecDeque};
 use std::task::Poll;
 
 use swarm_core::encoding::Tsp;
-use swarm_core::fabric::{Batch, Completion, Nanos, NodeId, Submitted, Ticket};
+use swarm_core::fabric::{Batch, Completion, Nanos, NodeId, Op, Submitted, Ticket};
 use swarm_core::{Fabric, RegisterLoc};
 
 use crate::RegisterId;
+use crate::configuration::{CONFIG_AT, CONFIG_READ_BYTES, Configuration};
 use crate::layout::NodeLayout;
 
 /// Registers whose reset starts per call of [`Recycler::step`], so that one operation
@@ -390,10 +391,28 @@ pub enum ReplicaStatus {
     Repairing {
         /// The journal node ([`crate::registers::journal::journal_node`]).
         journal: NodeId,
+        /// The epoch of the configuration that announces the repair (the one this
+        /// client follows): an entry's clear counts as that repair's copy only while
+        /// the journal node still holds it ([`crate::registers::journal`], "Whose
+        /// clear").
+        epoch: u64,
     },
     /// Not known yet (a newer configuration is pending, or a repair is announced on
     /// a cluster without a journal): the reset waits for it.
     Undecided,
+}
+
+/// Whether a clear of an entry journaled for the repair of `node` announced at
+/// `epoch`, seen in a row read, was that repair's: the configuration record read
+/// after the row on the journal node is still that announcement, with no other
+/// repair announced ([`crate::registers::journal`], "Whose clear"). A later repair
+/// (of another node, after this one's admission or withdrawal) announces a higher
+/// epoch on the journal node before it services the journal, so its clears fail
+/// this check; a clear by the repair itself that is read only after its admission
+/// fails it too, and costs one more reset.
+fn clear_is_the_repairs(config: &Configuration, node: NodeId, epoch: u64) -> bool {
+    let bit = 1u64.checked_shl(u32::from(node.0)).unwrap_or(0);
+    bit != 0 && config.epoch == epoch && config.repairing == bit
 }
 
 impl ReplicaStatus {
@@ -593,13 +612,16 @@ enum Stage {
         journal: NodeId,
         slot: usize,
         ticket: Ticket,
+        epoch: u64,
     },
-    /// In the journal on `journal`, waiting for the repair to clear it. Only row
-    /// reads numbered above `since` (posted after the entry landed) can tell.
+    /// In the journal on `journal`, waiting for the repair announced at `epoch` to
+    /// clear it. Only row reads numbered above `since` (posted after the entry
+    /// landed) can tell.
     Posted {
         journal: NodeId,
         slot: usize,
         since: u64,
+        epoch: u64,
     },
 }
 
@@ -1292,8 +1314,12 @@ impl Recycler {
                     false
                 }
             });
-        // The row read: which posted entries the repair cleared.
+        // The row read: which posted entries the repair of their node cleared
+        // (`cleared`), and which some clear emptied that the configuration read after
+        // the row does not show to be that repair's (`unconfirmed`: journal.rs, "Whose
+        // clear").
         let mut cleared: Vec<(NodeId, usize)> = Vec::new();
+        let mut unconfirmed: Vec<(NodeId, usize)> = Vec::new();
         if let Some((journal, ticket, number)) = row.reading
             && let Poll::Ready(result) = fabric.poll(ticket)
         {
@@ -1301,11 +1327,15 @@ impl Recycler {
             if let Ok(completion) = result
                 && let Some(bytes) = completion.read(0)
             {
+                let config = completion
+                    .read(1)
+                    .and_then(|b| Configuration::decode(b, fabric.node_count()).ok());
                 for j in journaled.iter() {
                     if let Stage::Posted {
                         journal: at,
                         slot,
                         since,
+                        epoch,
                     } = j.stage
                         && at == journal
                         && number > since
@@ -1313,11 +1343,18 @@ impl Recycler {
                             .get(8 * slot..8 * slot + 8)
                             .and_then(|w| w.try_into().ok())
                             .map(u64::from_le_bytes)
-                            // Exactly zero: the repair's CAS cleared it. Anything else
+                            // Exactly zero: a repair's CAS cleared it. Anything else
                             // but the entry is a read torn by that CAS (not cleared yet).
                             .is_some_and(|word| word == 0)
                     {
-                        cleared.push((at, slot));
+                        if config
+                            .as_ref()
+                            .is_some_and(|c| clear_is_the_repairs(c, j.node, epoch))
+                        {
+                            cleared.push((at, slot));
+                        } else {
+                            unconfirmed.push((at, slot));
+                        }
                     }
                 }
             }
@@ -1345,10 +1382,23 @@ impl Recycler {
                     row.free.push(slot);
                     done = true;
                 }
+                Stage::Posted { journal, slot, .. } if unconfirmed.contains(&(journal, slot)) => {
+                    // Cleared, perhaps by the repair of another node after this one's
+                    // admission, which copied nothing to this node: reset the
+                    // register again on every replica (the slot is free again).
+                    tracing::debug!(
+                        register = j.register,
+                        node = j.node.index(),
+                        "recycler: journal entry cleared, not shown to be by its node's repair; reset again"
+                    );
+                    row.free.push(slot);
+                    redo = true;
+                }
                 Stage::Posting {
                     journal,
                     slot,
                     ticket,
+                    epoch,
                 } => match fabric.poll(ticket) {
                     Poll::Pending => {}
                     Poll::Ready(Ok(c)) if c.cas(0) == Some(0) => {
@@ -1356,6 +1406,7 @@ impl Recycler {
                             journal,
                             slot,
                             since: row.reads_posted,
+                            epoch,
                         };
                     }
                     Poll::Ready(Ok(_)) => {
@@ -1371,7 +1422,7 @@ impl Recycler {
                     }
                 },
                 Stage::NoSlot | Stage::Posted { .. } => match node_status {
-                    ReplicaStatus::Repairing { journal } => {
+                    ReplicaStatus::Repairing { journal, epoch } => {
                         if let Stage::Posted { journal: at, .. } = j.stage {
                             poll_row = Some(at);
                         } else if may_start && let Some(slot) = row.free.pop() {
@@ -1393,6 +1444,7 @@ impl Recycler {
                                         journal,
                                         slot,
                                         ticket,
+                                        epoch,
                                     };
                                 }
                                 None => back_to_limbo = true,
@@ -1482,14 +1534,19 @@ impl Recycler {
         {
             row.next_read = now.saturating_add(JOURNAL_POLL_NS);
             row.reads_posted += 1;
-            row.reading = Some((
-                journal,
-                fabric.post(
-                    journal,
-                    Batch::read(at, crate::registers::journal::ROW_BYTES as u32),
-                ),
-                row.reads_posted,
-            ));
+            // The row, then the configuration record, in one ordered batch: the
+            // record is read after every clear the row shows (journal.rs, "Whose
+            // clear").
+            let mut batch = Batch::read(at, crate::registers::journal::ROW_BYTES as u32);
+            if batch
+                .push(Op::Read {
+                    addr: CONFIG_AT,
+                    len: CONFIG_READ_BYTES as u32,
+                })
+                .is_ok()
+            {
+                row.reading = Some((journal, fabric.post(journal, batch), row.reads_posted));
+            }
         }
     }
 
@@ -1543,6 +1600,7 @@ mod tests {
     use swarm_core::{Fabric, MemFabric, RegisterLoc};
 
     use super::{JOURNAL_POLL_NS, Recycler, ReplicaStatus};
+    use crate::configuration::{CONFIG_AT, Configuration};
     use crate::layout::NodeLayout;
     use crate::registers::journal;
     use crate::test_support::small_cluster;
@@ -1639,6 +1697,25 @@ mod tests {
 
     fn write_word(fabric: &MemFabric, node: u16, at: u64, value: u64) {
         let ticket = fabric.post(NodeId(node), Batch::write(at, value.to_le_bytes().to_vec()));
+        assert!(matches!(fabric.poll(ticket), Poll::Ready(Ok(_))));
+    }
+
+    /// The epoch of the configuration that announces node 2's repair in the journal
+    /// tests.
+    const ANNOUNCED: u64 = 2;
+
+    /// Node 2 under repair, its journal on node 0, announced at [`ANNOUNCED`].
+    const REPAIRING_2: ReplicaStatus = ReplicaStatus::Repairing {
+        journal: NodeId(0),
+        epoch: ANNOUNCED,
+    };
+
+    /// Writes a configuration record of `epoch` with the repairing bits `repairing`
+    /// on node 0 (the journal node), as a repair's announcement or admission does.
+    fn announce(fabric: &MemFabric, epoch: u64, repairing: u64) {
+        let mut config = Configuration::new(epoch, vec![1; 3]);
+        config.repairing = repairing;
+        let ticket = fabric.post(NodeId(0), Batch::write(CONFIG_AT, config.encode()));
         assert!(matches!(fabric.poll(ticket), Poll::Ready(Ok(_))));
     }
 
@@ -2040,7 +2117,8 @@ mod tests {
         let (cluster, layout) = small_cluster(200 * crate::test_support::MS);
         let raw = cluster.client();
         let fabric = Refusing::new(cluster.client());
-        let status = Cell::new(ReplicaStatus::Repairing { journal: NodeId(0) });
+        let status = Cell::new(REPAIRING_2);
+        announce(&raw, ANNOUNCED, 1 << 2);
         let writer = 1;
         let recycler = Recycler::new(0, writer, 7);
         // Registers placed on node 2 too (every register is, with 3 replicas of 3).
@@ -2142,7 +2220,8 @@ mod tests {
         let writer = 1;
         let recycler = Recycler::new(0, writer, 7);
         let r = 5;
-        let journaling = ReplicaStatus::Repairing { journal: NodeId(0) };
+        let journaling = REPAIRING_2;
+        announce(&raw, ANNOUNCED, 1 << 2);
         let step = || step_node_2(&recycler, &fabric, &layout, journaling, 0);
         let entry_of = |r: u64| -> Option<(usize, u64)> {
             (0..journal::SLOTS).find_map(|i| {
@@ -2202,7 +2281,7 @@ mod tests {
         let writer = 1;
         let recycler = Recycler::new(0, writer, 7);
         let (a, b) = (5, 6);
-        let journaling = ReplicaStatus::Repairing { journal: NodeId(0) };
+        let journaling = REPAIRING_2;
         let step = || step_node_2(&recycler, &fabric, &layout, journaling, 0);
         let journaled = |r: u64| {
             (0..journal::SLOTS).any(|i| {
@@ -2245,6 +2324,75 @@ mod tests {
         }
         assert!(journaled(a) && journaled(b));
         assert_eq!(recycler.stats().reset_through_journal, 0);
+    }
+
+    /// A journal entry cleared by the repair of *another* node never hands its
+    /// register out (docs/pauses.md, "Found by the soak", the journal side; seen in
+    /// `tests/many_nodes.rs`). Register `r` is reset on nodes 0 and 1 while node 2's
+    /// repair is announced, and journaled on node 0. That repair admits node 2
+    /// before it serviced the entry, and this client has not followed the admission
+    /// yet. The next repair, of node 1 (its journal on node 0 too), announces itself
+    /// and services every entry on node 0: it copies `r` to node 1, which copies
+    /// nothing to node 2, and clears the entry. Taking that clear for node 2's copy
+    /// handed `r` out with node 2 still holding the earlier life: the next insert's
+    /// fresh write met it there (`Recycled`), and a key mapped to `r` could read
+    /// that life's words from a quorum with node 2.
+    #[test]
+    fn a_journal_entry_cleared_by_another_nodes_repair_is_reset_again() {
+        let (cluster, layout) = small_cluster(200 * crate::test_support::MS);
+        let raw = cluster.client();
+        let fabric = Refusing::new(cluster.client());
+        let writer = 1;
+        let recycler = Recycler::new(0, writer, 7);
+        let r = 5;
+        let meta_at = layout.register(r).unwrap() + layout.swarm.meta_offset();
+        for node in 0..3 {
+            write_word(&raw, node, meta_at, 0xdead);
+        }
+        announce(&raw, ANNOUNCED, 1 << 2);
+        let status = Cell::new(REPAIRING_2);
+        let step = || step_node_2(&recycler, &fabric, &layout, status.get(), 0);
+        let slot_of = |r: u64| -> Option<usize> {
+            (0..journal::SLOTS).find(|&i| {
+                journal::entry_register(
+                    word(&raw, 0, layout.journal_slot(writer, i).unwrap()),
+                    layout.params.registers,
+                ) == Some(r)
+            })
+        };
+        retire_marked(&recycler, &raw, &layout, r);
+        for _ in 0..8 {
+            assert!(step().is_empty(), "came back before a repair copied it");
+        }
+        let slot = slot_of(r).expect("journaled");
+        assert_eq!(word(&raw, 2, meta_at), 0xdead, "node 2 refused the reset");
+        // Node 2 admitted (epoch 3), then node 1's repair announced (epoch 4): it
+        // clears the entry without copying anything to node 2.
+        announce(&raw, ANNOUNCED + 1, 0);
+        announce(&raw, ANNOUNCED + 2, 1 << 1);
+        write_word(&raw, 0, layout.journal_slot(writer, slot).unwrap(), 0);
+        // This client still follows node 2's announcement.
+        for _ in 0..6 {
+            fabric.now.set(fabric.now.get() + JOURNAL_POLL_NS);
+            assert!(
+                step().is_empty(),
+                "a register came back whose reset node 2 lacks"
+            );
+        }
+        assert_eq!(word(&raw, 2, meta_at), 0xdead);
+        assert!(slot_of(r).is_some(), "reset again and journaled again");
+        assert_eq!(recycler.in_limbo(), 1);
+        // Once node 2 is in service for this client, it is reset there too.
+        fabric.refused.set(None);
+        status.set(ReplicaStatus::InService);
+        let mut back = Vec::new();
+        for _ in 0..12 {
+            back.extend(step());
+            fabric.now.set(fabric.now.get() + JOURNAL_POLL_NS);
+        }
+        assert_eq!(back, vec![r]);
+        assert!(is_marker(word(&raw, 2, meta_at)), "reset on node 2");
+        assert_eq!(word(&raw, 0, meta_at), word(&raw, 2, meta_at));
     }
 
     /// The register grace is the shared reclamation grace of its window.
