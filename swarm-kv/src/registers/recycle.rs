@@ -1651,7 +1651,9 @@ mod tests {
             if let Some(hook) = self.hook.borrow_mut().as_mut() {
                 hook(node, &batch);
             }
-            let read = matches!(batch.ops(), [Op::Read { .. }]);
+            // A journal row read (with the configuration record after it).
+            let read = !batch.ops().is_empty()
+                && batch.ops().iter().all(|op| matches!(op, Op::Read { .. }));
             let ticket = self.inner.post(node, batch);
             if read && node == NodeId(0) && self.hold.get() {
                 self.held.borrow_mut().push(ticket);
