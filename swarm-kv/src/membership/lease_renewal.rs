@@ -39,6 +39,7 @@ struct Pending {
     next: u64,
     /// `(node, expected word, ticket while unanswered)`.
     posts: Vec<(usize, u64, Option<Ticket>)>,
+    /// Answers whose CAS counted (swapped, and the claim word held the owner's token).
     successes: usize,
     acknowledged: bool,
     /// `(node, word)`: nodes whose copy of the row's claim word held another word
@@ -64,6 +65,18 @@ impl Pending {
 /// the owner takes every other copy it read by CAS from the word read to its token,
 /// as a claim that wins does (`crate::membership::claim`): nobody else can hold the
 /// word on a majority while it does, so such a copy is stale.
+///
+/// A copy that holds 0 (unclaimed) is taken sooner: as soon as a renewal's CAS
+/// counted on some node (the lease word moved there and the claim word read after it
+/// held the owner's token), acknowledged by a majority or not. Taking an unclaimed
+/// word takes nothing from anyone: no token holds a word that holds 0, so every other
+/// token keeps the words it has, and the owner reaches a majority of claim words only
+/// where no other token has one (two majorities share a word, and a word holds one
+/// token). A CAS from 0 that lands late, after another claim took the word, fails.
+/// Without it, a client that follows the admission late (a long insert) and then
+/// loses one of the two nodes it registered on finds itself with one node counting
+/// and one stale copy it may take only under a majority: its lease would lapse for
+/// good although two nodes answer.
 #[derive(Debug)]
 pub struct LeaseHolder {
     keeper: LeaseKeeper,
@@ -317,18 +330,26 @@ impl LeaseHolder {
                  of the memory nodes; this client can never renew it (reconnect)"
             );
         }
-        if pending.acknowledged {
-            for (node, stale) in pending.stale_claims.drain(..) {
-                tracing::info!(
-                    node,
-                    stale,
-                    "the row's claim word held another word on this node: taking the copy"
-                );
-                fabric.post_detached(
-                    NodeId(node as u16),
-                    Batch::cas(self.row_at, stale, self.token),
-                );
-            }
+        // Stale claim copies (see [`LeaseHolder`]): any word under a majority's
+        // acknowledgment, an unclaimed one once the lease counted on some node.
+        let acknowledged = pending.acknowledged;
+        if acknowledged || pending.successes > 0 {
+            pending.stale_claims.retain(|&(node, stale)| {
+                let take = acknowledged || stale == 0;
+                if take {
+                    tracing::info!(
+                        node,
+                        stale,
+                        acknowledged,
+                        "the row's claim word held another word on this node: taking the copy"
+                    );
+                    fabric.post_detached(
+                        NodeId(node as u16),
+                        Batch::cas(self.row_at, stale, self.token),
+                    );
+                }
+                !take
+            });
         }
         if pending.answered() {
             self.pending = None;
@@ -385,6 +406,7 @@ pub async fn renew_now<F: Fabric + ?Sized>(
 mod tests {
     use std::cell::Cell;
 
+    use swarm_core::fabric::FailNodes;
     use swarm_core::{Completion, FabricError, MemCluster, MemFabric};
 
     use super::*;
@@ -393,7 +415,7 @@ mod tests {
     /// In-memory nodes whose clock is set by hand, counting posts; while `hold` is
     /// set, answers are not ready yet (a renewal in flight).
     struct Counted {
-        inner: MemFabric,
+        inner: FailNodes<MemFabric>,
         now: Cell<Nanos>,
         posts: Cell<usize>,
         hold: Cell<bool>,
@@ -430,26 +452,80 @@ mod tests {
     const TOKEN: u64 = 0x7077;
 
     fn holder() -> (Counted, LeaseHolder) {
+        holder_with_claims([TOKEN; 3], vec![Some(0); 3])
+    }
+
+    /// A holder whose row's claim word holds `claims[n]` on node `n`, and whose
+    /// keeper read the lease words as `seen`.
+    fn holder_with_claims(claims: [u64; 3], seen: Vec<Option<u64>>) -> (Counted, LeaseHolder) {
         let cluster = MemCluster::new(3, 1 << 20);
         let fabric = Counted {
-            inner: cluster.client(),
+            inner: FailNodes::new(cluster.client()),
             now: Cell::new(1_000),
             posts: Cell::new(0),
             hold: Cell::new(false),
         };
-        // The row's claim word holds this owner's token on every node.
-        for node in 0..3 {
+        for (node, claim) in claims.into_iter().enumerate() {
             let ticket = fabric.inner.post(
-                NodeId(node),
-                Batch::write(ROW, TOKEN.to_le_bytes().to_vec()),
+                NodeId(node as u16),
+                Batch::write(ROW, claim.to_le_bytes().to_vec()),
             );
             fabric.inner.forget(ticket);
         }
-        let keeper = LeaseKeeper::new(
-            LeaseParams::from_params(&ClusterParams::default()),
-            vec![Some(0); 3],
-        );
+        let keeper = LeaseKeeper::new(LeaseParams::from_params(&ClusterParams::default()), seen);
         (fabric, LeaseHolder::new(keeper, ROW, TOKEN, 3))
+    }
+
+    /// The word at `at` on `node`.
+    fn word(fabric: &Counted, node: u16, at: u64) -> u64 {
+        let ticket = fabric.inner.post(NodeId(node), Batch::read(at, 8));
+        match fabric.inner.poll(ticket) {
+            Poll::Ready(Ok(c)) => u64::from_le_bytes(c.read(0).unwrap().try_into().unwrap()),
+            other => panic!("node {node} did not answer: {other:?}"),
+        }
+    }
+
+    /// Ticks `h` once per renewal period, `times` times; the time of the last tick.
+    fn tick_renewals(fabric: &Counted, h: &mut LeaseHolder, times: usize) -> Nanos {
+        let renew_ns = h.params().renew_ns;
+        for _ in 0..times {
+            fabric.now.set(fabric.now() + renew_ns);
+            h.tick(fabric, fabric.now());
+        }
+        fabric.now()
+    }
+
+    /// The soak's lapsed janitor (seed 469185149): a client registered on nodes 0 and
+    /// 1 while node 2 was being rebuilt (the copy holds the row unclaimed), followed
+    /// node 2's admission late, and lost node 1 before a majority had acknowledged a
+    /// renewal with node 2's answer in it. Its lease counts on node 0 alone, and a
+    /// stale copy is taken under a majority only; an unclaimed one is taken at once,
+    /// so nodes 0 and 2 keep the lease.
+    #[test]
+    fn an_unclaimed_copy_is_taken_without_a_majority_and_two_nodes_keep_the_lease() {
+        let (fabric, mut h) = holder_with_claims([TOKEN, TOKEN, 0], vec![Some(0), Some(0), None]);
+        fabric.inner.fail_node(NodeId(1));
+        let now = tick_renewals(&fabric, &mut h, 3);
+        assert_eq!(
+            word(&fabric, 2, ROW),
+            TOKEN,
+            "node 2's unclaimed copy is taken"
+        );
+        assert!(h.valid_for(now, 0), "renewed on nodes 0 and 2");
+        assert!(!h.lost());
+    }
+
+    /// Another token's copy is not taken without a majority: it may be a live owner's
+    /// (a row taken over on nodes 1 and 2), and the lease is not renewed.
+    #[test]
+    fn another_tokens_copy_is_left_alone_without_a_majority() {
+        const OTHER: u64 = 0x5055;
+        let (fabric, mut h) =
+            holder_with_claims([TOKEN, TOKEN, OTHER], vec![Some(0), Some(0), None]);
+        fabric.inner.fail_node(NodeId(1));
+        let now = tick_renewals(&fabric, &mut h, 3);
+        assert_eq!(word(&fabric, 2, ROW), OTHER);
+        assert!(!h.valid_for(now, 0), "one node counts");
     }
 
     /// A tick before [`LeaseHolder::quiet_until`] would have done nothing (no post,
