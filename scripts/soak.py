@@ -52,6 +52,10 @@ INIT_FLAGS = ["--value-max", "128", "--key-max", "32", "--lease", "1s", "--lease
               "200ms", "--max-op", "200ms", "--cache-ttl", "1s"]
 THREADS = 2            # client threads per client process
 FILL_THREADS = 4       # client threads of a fill process
+# Client processes log the store's info-level events (repairs followed, reclamation
+# passes, stale claim copies taken, lease renewals that failed): the trail a failure
+# is explained by. They are a few lines per process; RUST_LOG overrides it.
+CLIENT_ENV = dict(os.environ, RUST_LOG=os.environ.get("RUST_LOG", "warn,swarm_kv=info"))
 NAMESPACE = 10**9      # key numbers per namespace (a churn run names 16 x its window)
 CHURN_SPACE = 16       # key numbers a churn run names per key of its window
 JANITOR_ATTEMPTS = 3   # runs of a janitor whose deletes failed (fenced on a loaded host)
@@ -254,7 +258,8 @@ class Soak:
         with open(p.log, "w") as log:
             log.write(" ".join(argv) + "\n")
             log.flush()
-            p.popen = subprocess.Popen(argv, stdout=log, stderr=log, stdin=subprocess.DEVNULL)
+            p.popen = subprocess.Popen(argv, stdout=log, stderr=log, stdin=subprocess.DEVNULL,
+                                       env=CLIENT_ENV)
         p.start = self.now()
         with self.lock:
             self.procs.append(p)
