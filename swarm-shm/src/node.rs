@@ -129,6 +129,24 @@ impl NodeMemory {
         Ok(())
     }
 
+    /// [`NodeMemory::execute_reusing`] for a batch whose result nobody looks at
+    /// ([`swarm_core::Fabric::post_detached`]): the same checks first (an invalid
+    /// batch or a retired node changes nothing), the same effects in order, but no
+    /// outputs (`swarm_core::words::execute_effects`: no completion filled, no read
+    /// buffer taken).
+    #[inline]
+    pub fn execute_detached(&self, batch: &Batch) -> Result<(), FabricError> {
+        if self.is_retired() {
+            return Err(FabricError::NodeFailed {
+                node: self.id,
+                cause: FailureCause::Crashed,
+            });
+        }
+        swarm_core::fabric::check_batch(self.id, batch, self.size())?;
+        words::execute_effects(self.mapping.words(), batch);
+        Ok(())
+    }
+
     /// Whether this memory was declared lost (its header's retired word,
     /// `swarm_core::header::RETIRED_AT`, is set: the node file was replaced or
     /// crashed on purpose, [`crate::ShmCluster::retire_node`]). Checked on every
