@@ -113,6 +113,19 @@ impl Fabric for ShmFabric {
         Submitted::executed(self.execute(node, batch, reply))
     }
 
+    /// Executes the batch at once, as `submit` would, but fills no completion for
+    /// the result nobody looks at ([`NodeMemory::execute_detached`]). An invalid
+    /// batch, an absent or a retired node: nothing happens, as `submit` then
+    /// `forget` would leave it.
+    ///
+    /// [`NodeMemory::execute_detached`]: crate::NodeMemory::execute_detached
+    #[inline]
+    fn post_detached(&self, node: NodeId, batch: Batch) {
+        if let Some(memory) = self.cluster.node(node) {
+            let _ = memory.execute_detached(&batch);
+        }
+    }
+
     #[inline]
     fn completes_in_submit(&self) -> bool {
         true

@@ -12,7 +12,7 @@ use std::sync::atomic::Ordering;
 use swarm_core::fabric::{ReadBuffers, check_bounds, check_cas};
 use swarm_core::header::RETIRED_AT;
 use swarm_core::words;
-use swarm_core::{Batch, Completion, FabricError, FailureCause, NodeId};
+use swarm_core::{Batch, Completion, FabricError, FailureCause, NodeId, Op, OpOutput};
 
 use crate::mapping::Mapping;
 
@@ -124,8 +124,36 @@ impl NodeMemory {
                 cause: FailureCause::Crashed,
             });
         }
+        // One read (most steps' batches): checked and executed in one pass, with no
+        // loop over the batch twice. Nothing is touched before the check passes.
+        if let [Op::Read { addr, len }] = batch.ops() {
+            check_bounds(self.id, *addr, u64::from(*len), self.size())?;
+            let mut bytes = buffers.take_for_read(*len as usize);
+            words::read(self.mapping.words(), *addr as usize, &mut bytes);
+            // An empty completion has room for one output.
+            let _ = out.push(OpOutput::Read(bytes));
+            return Ok(());
+        }
         swarm_core::fabric::check_batch(self.id, batch, self.size())?;
         words::execute_reusing(self.mapping.words(), batch, out, buffers);
+        Ok(())
+    }
+
+    /// [`NodeMemory::execute_reusing`] for a batch whose result nobody looks at
+    /// ([`swarm_core::Fabric::post_detached`]): the same checks first (an invalid
+    /// batch or a retired node changes nothing), the same effects in order, but no
+    /// outputs (`swarm_core::words::execute_effects`: no completion filled, no read
+    /// buffer taken).
+    #[inline]
+    pub fn execute_detached(&self, batch: &Batch) -> Result<(), FabricError> {
+        if self.is_retired() {
+            return Err(FabricError::NodeFailed {
+                node: self.id,
+                cause: FailureCause::Crashed,
+            });
+        }
+        swarm_core::fabric::check_batch(self.id, batch, self.size())?;
+        words::execute_effects(self.mapping.words(), batch);
         Ok(())
     }
 

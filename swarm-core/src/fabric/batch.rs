@@ -111,8 +111,10 @@ impl<T> Spill<T> {
 
     /// Appends `item`; fails with [`FabricError::BatchFull`] past [`MAX_BATCH_OPS`].
     /// Inlined: every batch a protocol step builds and every reply a transport fills
-    /// goes through here, and the common case is one store into the inline array.
-    #[inline]
+    /// goes through here, and the common case is one store into the inline array
+    /// (`inline(always)`: left to itself, the compiler kept a call of about 45
+    /// instructions per operation pushed on a write's path).
+    #[inline(always)]
     fn push(&mut self, item: T) -> Result<(), FabricError> {
         match self {
             Self::Inline(items) => match items.push(item) {

@@ -215,6 +215,7 @@ impl<F: Fabric> Fabric for FailNodes<F> {
         self.inner.prefetch(node, addr, len);
     }
 
+    #[inline]
     fn post_detached(&self, node: NodeId, batch: Batch) {
         // A failed node executes nothing.
         if !(self.any_failed.get() && self.is_failed(node)) {
@@ -501,6 +502,7 @@ impl<F: Fabric> Fabric for EmulatedRtt<F> {
 
     /// No ticket, hence no due time to hold a result to: the inner fabric executes
     /// the batch (or has it in flight) as for any post, and nobody waits for it.
+    #[inline]
     fn post_detached(&self, node: NodeId, batch: Batch) {
         self.inner.post_detached(node, batch);
     }

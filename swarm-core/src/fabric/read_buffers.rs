@@ -36,6 +36,11 @@ impl ReadBuffers {
     #[inline]
     pub fn take_for_read(&self, len: usize) -> Vec<u8> {
         let spare = self.spares.try_borrow_mut().ok().and_then(|mut spares| {
+            // The common case first: the last one given back fits (a stream of
+            // reads of one size), taken without a search or a swap.
+            if spares.last().is_some_and(|b| b.capacity() >= len) {
+                return spares.pop();
+            }
             let fits = spares.iter().rposition(|b| b.capacity() >= len)?;
             Some(spares.swap_remove(fits))
         });

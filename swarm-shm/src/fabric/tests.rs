@@ -426,3 +426,55 @@ fn a_yield_gives_one_more_round() {
         assert!(!fabric.progress(), "and only once");
     }
 }
+
+/// A detached batch has the effects of the same batch submitted, fills no reply
+/// (no read buffer taken for its reads), and an invalid one has none at all, as
+/// `submit` then `forget` would leave it; an absent node is ignored.
+#[test]
+fn detached_batches_have_the_effects_of_submitted_ones() {
+    let (_dir, cluster) = cluster(1);
+    let fabric = cluster.client();
+    let size = cluster.node(NodeId(0)).unwrap().size();
+    fabric.give_back(vec![0; 64]);
+    let mut batch = Batch::new();
+    batch
+        .push(Op::Write {
+            addr: DATA + 3,
+            data: vec![5; 13].into(),
+        })
+        .unwrap()
+        .push(Op::Read {
+            addr: DATA,
+            len: 64,
+        })
+        .unwrap()
+        .push(Op::Cas {
+            addr: DATA + 16,
+            expected: 0,
+            new: 7,
+        })
+        .unwrap();
+    fabric.post_detached(NodeId(0), batch);
+    assert_eq!(fabric.buffers.spares(), 1, "no buffer taken for the read");
+    assert_eq!(word_at(&cluster, 0, DATA), [0, 0, 0, 5, 5, 5, 5, 5]);
+    assert_eq!(word_at(&cluster, 0, DATA + 8), [5; 8]);
+    assert_eq!(u64::from_le_bytes(word_at(&cluster, 0, DATA + 16)), 7);
+    // A valid write followed by an invalid CAS: nothing of it lands.
+    let mut batch = Batch::new();
+    batch
+        .push(Op::Write {
+            addr: DATA + 24,
+            data: vec![1; 8].into(),
+        })
+        .unwrap()
+        .push(Op::Cas {
+            addr: size,
+            expected: 0,
+            new: 1,
+        })
+        .unwrap();
+    fabric.post_detached(NodeId(0), batch);
+    assert_eq!(word_at(&cluster, 0, DATA + 24), [0; 8]);
+    fabric.post_detached(NodeId(3), Batch::write(DATA, vec![9; 8]));
+    assert_eq!(word_at(&cluster, 0, DATA)[0], 0);
+}
