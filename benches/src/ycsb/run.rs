@@ -550,17 +550,12 @@ impl<C: BenchClient> Reconnect<'_, C> {
         shared: &Shared<'_>,
         index: usize,
         next: &mut dyn FnMut() -> Option<Planned>,
-        finish: &mut dyn FnMut(Done),
+        finish: &mut dyn FnMut(&Done),
     ) {
         while let Some(planned) = next() {
             let now = shared.now_ns();
-            let written = match planned.op {
-                OpType::Get | OpType::Delete => None,
-                OpType::Update | OpType::Insert => {
-                    value(index as u32, planned.seq, shared.config.value_size)
-                }
-            };
-            finish(Done {
+            let written = written(shared, index, planned.op, planned.seq);
+            finish(&Done {
                 slot: 0,
                 op: planned.op,
                 keynum: planned.keynum,
@@ -739,7 +734,7 @@ struct Sink<'a> {
 }
 
 impl Sink<'_> {
-    fn finish(&mut self, stats: &mut PhaseRecorder, done: Done) {
+    fn finish(&mut self, stats: &mut PhaseRecorder, done: &Done) {
         let latency = done.end.saturating_sub(done.start);
         match &done.result {
             Ok(outcome) => stats.record(done.op, latency, done.roundtrips, outcome.hit()),
@@ -752,7 +747,7 @@ impl Sink<'_> {
                 .is_none_or(|keys| done.keynum < keys)
         };
         if self.history.is_some() && sampled() {
-            let op = self.operation(&done);
+            let op = self.operation(done);
             if let Some(history) = &mut self.history {
                 history.record(&op);
             }
@@ -1099,14 +1094,49 @@ struct Done {
     roundtrips: u32,
 }
 
-/// What an operation's future returns.
-struct Finished {
-    slot: usize,
-    written: Option<Vec<u8>>,
-    result: Result<Outcome, OpError>,
-    start: u64,
-    end: u64,
-    roundtrips: u32,
+/// The index unmaps of deletes that returned at their tombstone, run as a task of its
+/// own next to a client's operations.
+type DeferredWork<'a> = Pin<Box<dyn Future<Output = ()> + 'a>>;
+
+/// [`drive`] on the thread's client until `next` runs dry; if the client's lease is
+/// lost meanwhile, connects a new client in its place ([`Reconnect::once`]) and goes
+/// on with it (the lost one is closed). Without a reconnection the phase goes on
+/// with the lost client, whose operations fail, counted.
+fn drive_phase<C: BenchClient>(
+    client: &RefCell<Option<C>>,
+    reconnect: &mut Reconnect<'_, C>,
+    shared: &Shared<'_>,
+    index: usize,
+    next: &mut dyn FnMut() -> Option<Planned>,
+    finish: &mut dyn FnMut(&Done),
+) {
+    let mut stop_on_loss = true;
+    loop {
+        let lost = match client.borrow().as_ref() {
+            Some(client) => drive(client, shared, index, stop_on_loss, next, finish),
+            None => {
+                reconnect.fail_all(shared, index, next, finish);
+                return;
+            }
+        };
+        if !lost {
+            return;
+        }
+        if !reconnect.available() {
+            stop_on_loss = false;
+            continue;
+        }
+        let lost = client.borrow_mut().take();
+        let fresh = reconnect.once(index, lost);
+        *client.borrow_mut() = fresh;
+    }
+}
+
+/// [`BenchClient::keep_alive`] on the thread's client, if it has one.
+fn keep_alive<C: BenchClient>(client: &RefCell<Option<C>>) {
+    if let Some(client) = client.borrow().as_ref() {
+        client.keep_alive();
+    }
 }
 
 /// The clock an operation is timed by, in ns since the run's origin: the client's
@@ -1143,24 +1173,16 @@ impl OpClock {
     }
 }
 
-/// Issues `job` in `slot` (a get reads into `read`); times it from its `issued_at`,
-/// the clock reading taken when it was handed to the slot (the wait for its first
-/// poll, behind the client's other operations in flight, counts, as it would for an
-/// application), to its completion.
+/// Issues `op` on `key` number `keynum` (a get reads into `read`, an update or an
+/// insert writes `written`); returns its result and the roundtrips it took.
 async fn issue<C: BenchClient>(
     client: &C,
     shared: &Shared<'_>,
-    clock: OpClock,
-    slot: usize,
-    job: Job,
+    op: OpType,
+    keynum: u64,
+    written: Option<&[u8]>,
     read: &mut Vec<u8>,
-) -> Finished {
-    let Job {
-        op,
-        keynum,
-        written,
-        issued_at: start,
-    } = job;
+) -> (Result<Outcome, OpError>, u32) {
     // With others in flight on this thread, the operation yields after each hint of
     // its memory, so that their cache misses overlap (`OpStats::interleaved`).
     let stats = if shared.config.inflight > 1 {
@@ -1178,27 +1200,20 @@ async fn issue<C: BenchClient>(
             }))
         }),
         OpType::Update => client
-            .update(key, written.as_deref().unwrap_or_default(), &stats)
+            .update(key, written.unwrap_or_default(), &stats)
             .await
             .map(Outcome::Updated),
         OpType::Insert => client
-            .insert(key, written.as_deref().unwrap_or_default(), &stats)
+            .insert(key, written.unwrap_or_default(), &stats)
             .await
             .map(|()| Outcome::Inserted),
         OpType::Delete => client.delete(key, &stats).await.map(Outcome::Deleted),
     };
-    let end = clock.now(shared, client.fabric());
-    Finished {
-        slot,
-        written,
-        result,
-        start,
-        end,
-        roundtrips: stats.roundtrips(),
-    }
+    (result, stats.roundtrips())
 }
 
 /// The operation in flight in a slot, as issued.
+#[derive(Clone, Copy)]
 struct InFlight {
     op: OpType,
     keynum: u64,
@@ -1206,80 +1221,121 @@ struct InFlight {
     issued_at: u64,
 }
 
-/// The index unmaps of deletes that returned at their tombstone, run as a task of its
-/// own next to a client's operations.
-type DeferredWork<'a> = Pin<Box<dyn Future<Output = ()> + 'a>>;
+/// What the slot workers of one [`drive`] share: where their operations come from and
+/// where they go, borrowed by one worker at a time between two awaits (the workers
+/// run on one thread, polled one after the other, so a borrow never meets another).
+struct Lanes<'n> {
+    next: RefCell<&'n mut dyn FnMut() -> Option<Planned>>,
+    finish: RefCell<&'n mut dyn FnMut(&Done)>,
+    /// Each slot's operation in flight, as issued (failed if the executor stalls).
+    in_flight: Vec<Cell<Option<InFlight>>>,
+    /// Operations finished so far (a round that finishes none may be a stall).
+    finished: Cell<usize>,
+    /// An operation failed and the client's lease is lost for good: issue nothing more.
+    lost: Cell<bool>,
+    stop_on_loss: bool,
+}
 
-/// [`drive`] on the thread's client until `next` runs dry; if the client's lease is
-/// lost meanwhile, connects a new client in its place ([`Reconnect::once`]) and goes
-/// on with it (the lost one is closed). Without a reconnection the phase goes on
-/// with the lost client, whose operations fail, counted.
-fn drive_phase<C: BenchClient>(
-    client: &RefCell<Option<C>>,
-    reconnect: &mut Reconnect<'_, C>,
-    shared: &Shared<'_>,
-    index: usize,
-    next: &mut dyn FnMut() -> Option<Planned>,
-    finish: &mut dyn FnMut(Done),
-) {
-    let mut stop_on_loss = true;
-    loop {
-        let lost = match client.borrow().as_ref() {
-            Some(client) => drive(client, shared, index, stop_on_loss, next, finish),
-            None => {
-                reconnect.fail_all(shared, index, next, finish);
-                return;
-            }
+impl Lanes<'_> {
+    /// The next operation, issued now in `slot` (its latency runs from here).
+    fn plan(&self, slot: usize, now: impl FnOnce() -> u64) -> Option<InFlight> {
+        if self.lost.get() {
+            return None;
+        }
+        let planned = (*self.next.borrow_mut())()?;
+        let issued = InFlight {
+            op: planned.op,
+            keynum: planned.keynum,
+            seq: planned.seq,
+            issued_at: now(),
         };
-        if !lost {
-            return;
-        }
-        if !reconnect.available() {
-            stop_on_loss = false;
-            continue;
-        }
-        let lost = client.borrow_mut().take();
-        let fresh = reconnect.once(index, lost);
-        *client.borrow_mut() = fresh;
+        self.in_flight[slot].set(Some(issued));
+        Some(issued)
     }
 }
 
-/// [`BenchClient::keep_alive`] on the thread's client, if it has one.
-fn keep_alive<C: BenchClient>(client: &RefCell<Option<C>>) {
-    if let Some(client) = client.borrow().as_ref() {
-        client.keep_alive();
+/// The value an update or insert of thread `index` numbered `seq` writes.
+fn written(shared: &Shared<'_>, index: usize, op: OpType, seq: u64) -> Option<Vec<u8>> {
+    match op {
+        OpType::Get | OpType::Delete => None,
+        // `validate` checked that every tag fits in `value_size`.
+        OpType::Update | OpType::Insert => value(index as u32, seq, shared.config.value_size),
     }
 }
 
-/// An operation handed to a slot's worker ([`slot_worker`]).
-struct Job {
-    op: OpType,
-    keynum: u64,
-    written: Option<Vec<u8>>,
-    issued_at: u64,
+/// Pending once, then ready: lets the executor's round go on to the other slots.
+async fn yield_once() {
+    let mut yielded = false;
+    std::future::poll_fn(|_| {
+        if yielded {
+            Poll::Ready(())
+        } else {
+            yielded = true;
+            Poll::Pending
+        }
+    })
+    .await;
 }
 
-/// The operations of one in-flight slot, one after the other: each job `drive` puts
-/// in `inbox` is issued ([`issue`]) and its result pushed to `outbox`. One worker
-/// future per slot lives for the whole [`drive`], so an operation's future (kilobytes:
-/// the largest of the client's get, update, insert and delete) is built in place in
-/// its worker's state, where a future per operation moved into its slot cost two
-/// copies of it per operation (about 600 instructions, as many as a register read's
-/// roundtrip).
+/// The operations of one in-flight slot, one after the other, for the whole
+/// [`drive`]: it takes each operation from `lanes.next`, issues it ([`issue`]), times
+/// it and hands it to `lanes.finish`, with no operation, result or finished record
+/// moved between futures. An operation's future (kilobytes: the largest of the
+/// client's get, update, insert and delete) is built in place in the worker's state,
+/// where a future per operation moved into its slot cost two copies of it per
+/// operation (about 600 instructions, as many as a register read's roundtrip).
+///
+/// An operation is issued (its latency starts) as soon as the one before it in the
+/// slot finished, and first polled in the executor's next round, after the other
+/// slots' turns: with several in flight, that wait counts, as it would for an
+/// application.
 async fn slot_worker<C: BenchClient>(
     client: &C,
     shared: &Shared<'_>,
     clock: OpClock,
+    index: usize,
     slot: usize,
-    inbox: &Cell<Option<Job>>,
-    outbox: &RefCell<Vec<Finished>>,
+    lanes: &Lanes<'_>,
 ) {
+    let fabric = client.fabric();
+    let now = || clock.now(shared, fabric);
     // Every get of the slot reads into this buffer.
     let mut read = Vec::new();
+    let Some(mut issued) = lanes.plan(slot, now) else {
+        return;
+    };
     loop {
-        let job = std::future::poll_fn(|_| inbox.take().map_or(Poll::Pending, Poll::Ready)).await;
-        let finished = issue(client, shared, clock, slot, job, &mut read).await;
-        outbox.borrow_mut().push(finished);
+        let written = written(shared, index, issued.op, issued.seq);
+        let (result, roundtrips) = issue(
+            client,
+            shared,
+            issued.op,
+            issued.keynum,
+            written.as_deref(),
+            &mut read,
+        )
+        .await;
+        let end = now();
+        lanes.in_flight[slot].set(None);
+        if lanes.stop_on_loss && result.is_err() && client.lease_lost() {
+            lanes.lost.set(true);
+        }
+        (*lanes.finish.borrow_mut())(&Done {
+            slot,
+            op: issued.op,
+            keynum: issued.keynum,
+            written,
+            result,
+            start: issued.issued_at,
+            end,
+            roundtrips,
+        });
+        lanes.finished.set(lanes.finished.get() + 1);
+        let Some(next) = lanes.plan(slot, now) else {
+            return;
+        };
+        issued = next;
+        yield_once().await;
     }
 }
 
@@ -1299,61 +1355,37 @@ fn drive<'a, C: BenchClient>(
     index: usize,
     stop_on_loss: bool,
     next: &mut dyn FnMut() -> Option<Planned>,
-    finish: &mut dyn FnMut(Done),
+    finish: &mut dyn FnMut(&Done),
 ) -> bool {
-    let mut lost = false;
     let inflight = shared.config.inflight;
-    let value_size = shared.config.value_size;
     let fabric = client.fabric();
     let clock = OpClock::new(shared, fabric);
-    // `validate` checked that every tag fits in `value_size`.
-    let written = |op: OpType, seq: u64| match op {
-        OpType::Get | OpType::Delete => None,
-        OpType::Update | OpType::Insert => value(index as u32, seq, value_size),
+    let lanes = Lanes {
+        next: RefCell::new(next),
+        finish: RefCell::new(finish),
+        in_flight: (0..inflight).map(|_| Cell::new(None)).collect(),
+        finished: Cell::new(0),
+        lost: Cell::new(false),
+        stop_on_loss,
     };
-    let mut slots: Vec<Option<InFlight>> = (0..inflight).map(|_| None).collect();
-    let mut busy = 0;
-    let inbox: Vec<Cell<Option<Job>>> = (0..inflight).map(|_| Cell::new(None)).collect();
-    let outbox = RefCell::new(Vec::with_capacity(inflight));
-    let mut finished: Vec<Finished> = Vec::with_capacity(inflight);
     let mut workers = SlotExecutor::new(inflight);
     let start_workers = |workers: &mut SlotExecutor<_>| {
-        for (slot, inbox) in inbox.iter().enumerate() {
+        for slot in 0..inflight {
             workers.start(
                 slot,
-                slot_worker(client, shared, clock, slot, inbox, &outbox),
+                slot_worker(client, shared, clock, index, slot, &lanes),
             );
         }
     };
     start_workers(&mut workers);
     let mut deferred: Option<DeferredWork<'a>> = None;
-    let mut issue_next = |slots: &mut [Option<InFlight>], busy: &mut usize, slot: usize| {
-        if let Some(planned) = next() {
-            // One clock reading for both: the operation's latency runs from here.
-            let issued_at = clock.now(shared, fabric);
-            slots[slot] = Some(InFlight {
-                op: planned.op,
-                keynum: planned.keynum,
-                seq: planned.seq,
-                issued_at,
-            });
-            *busy += 1;
-            inbox[slot].set(Some(Job {
-                op: planned.op,
-                keynum: planned.keynum,
-                written: written(planned.op, planned.seq),
-                issued_at,
-            }));
-        }
-    };
-    for slot in 0..inflight {
-        issue_next(&mut slots, &mut busy, slot);
-    }
-    while busy > 0 || deferred.is_some() {
+    while workers.live() > 0 || deferred.is_some() {
         // One round polls every worker and the deferred work once.
         let stepped = step_rounds(fabric, || {
-            workers.poll_once(|_, ()| {});
-            let mut count = outbox.borrow().len();
+            // Operations finished, and workers that ran out of operations.
+            let before = lanes.finished.get();
+            let mut count = workers.poll_once(|_, ()| {});
+            count += lanes.finished.get() - before;
             if deferred.as_mut().is_some_and(|work| {
                 work.as_mut()
                     .poll(&mut Context::from_waker(Waker::noop()))
@@ -1368,17 +1400,14 @@ fn drive<'a, C: BenchClient>(
             // Every operation in flight waits on failed nodes only: give up on them,
             // with the workers that ran them.
             workers.clear();
-            outbox.borrow_mut().clear();
             deferred = None;
             for slot in 0..inflight {
-                inbox[slot].set(None);
-                if let Some(lost) = slots[slot].take() {
-                    busy -= 1;
-                    finish(Done {
+                if let Some(lost) = lanes.in_flight[slot].take() {
+                    (*lanes.finish.borrow_mut())(&Done {
                         slot,
                         op: lost.op,
                         keynum: lost.keynum,
-                        written: written(lost.op, lost.seq),
+                        written: written(shared, index, lost.op, lost.seq),
                         result: Err(OpError::Kv(KvError::Fabric(FabricError::Stalled))),
                         start: lost.issued_at,
                         end: clock.now(shared, fabric),
@@ -1387,37 +1416,13 @@ fn drive<'a, C: BenchClient>(
                 }
             }
             start_workers(&mut workers);
-            for slot in 0..inflight {
-                issue_next(&mut slots, &mut busy, slot);
-            }
             continue;
         }
-        std::mem::swap(&mut finished, &mut *outbox.borrow_mut());
-        for f in finished.drain(..) {
-            let Some(issued) = slots[f.slot].take() else {
-                continue;
-            };
-            busy -= 1;
-            lost |= stop_on_loss && f.result.is_err() && client.lease_lost();
-            finish(Done {
-                slot: f.slot,
-                op: issued.op,
-                keynum: issued.keynum,
-                written: f.written,
-                result: f.result,
-                start: f.start,
-                end: f.end,
-                roundtrips: f.roundtrips,
-            });
-            if !lost {
-                issue_next(&mut slots, &mut busy, f.slot);
-            }
-        }
-        if deferred.is_none() && !lost && client.has_deferred_work() {
+        if deferred.is_none() && !lanes.lost.get() && client.has_deferred_work() {
             deferred = Some(Box::pin(client.run_deferred_work()));
         }
     }
-    lost
+    lanes.lost.get()
 }
 
 #[cfg(test)]
