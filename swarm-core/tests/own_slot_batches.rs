@@ -74,8 +74,8 @@ const OURS: u32 = 1 << 31;
 struct Gate {
     inner: MemFabric,
     down: RefCell<Vec<NodeId>>,
-    /// Batches to this node that write into this range are held.
-    hold: RefCell<Option<(NodeId, Range<u64>)>>,
+    /// Batches to these nodes that write into this range are held.
+    hold: RefCell<Option<(Vec<NodeId>, Range<u64>)>>,
     ours: RefCell<Vec<Entry>>,
 }
 
@@ -126,8 +126,8 @@ impl Fabric for Gate {
                 cause: FailureCause::Crashed,
             })));
         }
-        let held = self.hold.borrow().as_ref().is_some_and(|(n, range)| {
-            *n == node
+        let held = self.hold.borrow().as_ref().is_some_and(|(nodes, range)| {
+            nodes.contains(&node)
                 && batch
                     .ops()
                     .iter()
@@ -262,7 +262,7 @@ impl Schedule {
             .map(reg)
             .find(|r| r.replicas.node(0) == C || r.replicas.node(1) == C)
             .expect("a register whose quorum steps ask C first");
-        *w.fabric().hold.borrow_mut() = Some((C, LOG_BASE..LOG_BASE + layout.log_bytes()));
+        *w.fabric().hold.borrow_mut() = Some((vec![C], LOG_BASE..LOG_BASE + layout.log_bytes()));
         write(&w, &x, b"t1").expect("W's write returns with A and B");
         assert_eq!(w.fabric().held(), 1, "W's batch to C is in flight");
         // Only that batch is held: W's later batches to C go through.
@@ -386,7 +386,7 @@ fn a_failed_write_with_a_batch_in_flight_keeps_its_slot_until_it_landed() {
         .find(|r| r.replicas.node(0) == C || r.replicas.node(1) == C)
         .unwrap();
     // C's batch is held, and the other two nodes are down for W.
-    *w.fabric().hold.borrow_mut() = Some((C, LOG_BASE..LOG_BASE + layout.log_bytes()));
+    *w.fabric().hold.borrow_mut() = Some((vec![C], LOG_BASE..LOG_BASE + layout.log_bytes()));
     *w.fabric().down.borrow_mut() = vec![A, B];
     assert!(write(&w, &x, b"t1").is_err(), "W's write needs a majority");
     assert_eq!(w.fabric().held(), 1, "W's batch to C is in flight");
@@ -436,4 +436,79 @@ fn held_record(w: &Node) -> Timestamp {
             _ => None,
         })
         .expect("a record in the held batch")
+}
+
+/// A write whose operation is still alive, not polled, with batches to B and C in
+/// flight (its round waits for them), keeps its slot out of use even once another
+/// writer superseded it and the grace ran out: its round has not handed its tickets
+/// over yet, so the slot's write is registered as being written.
+#[test]
+fn a_write_alive_with_batches_in_flight_keeps_its_slot_until_it_landed() {
+    let cluster = MemCluster::new(3, 1 << 20);
+    let layout = layout(false);
+    let w = client(&cluster, layout, 1, 100);
+    let x = (0..16)
+        .map(reg)
+        .find(|r| r.replicas.node(0) == C || r.replicas.node(1) == C)
+        .unwrap();
+    let y = reg(x.addr / 512);
+    assert_ne!(x.addr, y.addr);
+    *w.fabric().hold.borrow_mut() = Some((vec![B, C], LOG_BASE..LOG_BASE + layout.log_bytes()));
+    let stats = OpStats::new();
+    let mut cache = RegisterCache::new();
+    let mut op = Box::pin(w.write(&x, &mut cache, &stats, b"t1"));
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    for _ in 0..100 {
+        assert!(op.as_mut().poll(&mut cx).is_pending(), "W's write waits");
+        if w.fabric().held() == 2 {
+            break;
+        }
+        w.fabric().progress();
+    }
+    assert_eq!(w.fabric().held(), 2, "W's batches to B and C are in flight");
+    *w.fabric().hold.borrow_mut() = None;
+    let t1 = held_record(&w);
+    // Another writer supersedes t1 on every node; W learns it and its grace runs out.
+    let other = client(&cluster, layout, 3, 200);
+    write(&other, &x, b"x").unwrap();
+    let slot = layout.slot_of(t1);
+    let write_until_reuse = || {
+        for i in 0..40u8 {
+            recycle(&w);
+            write(&w, &y, &[i]).unwrap();
+            let newest = max_word(&cluster, &layout, A, &y)
+                .max(max_word(&cluster, &layout, B, &y))
+                .ts();
+            if layout.slot_of(newest) == slot {
+                return Some(newest);
+            }
+        }
+        None
+    };
+    let reused = write_until_reuse();
+    assert!(w.slot_counters().recycled > 0, "W recycled other slots");
+    // The batches land; the operation is given up.
+    w.fabric().land();
+    drop(op);
+    if let Some(t2) = reused {
+        for node in [A, B, C] {
+            if max_word(&cluster, &layout, node, &y).ts() == t2 {
+                assert_eq!(
+                    record_in_slot(&cluster, &layout, node, t2),
+                    Some(t2),
+                    "t2's record on {node:?}"
+                );
+            }
+        }
+    }
+    assert_eq!(
+        reused, None,
+        "W reused t1's slot while its write's round was alive with batches in flight"
+    );
+    let t2 = write_until_reuse().expect("W reuses the slot once its batches landed");
+    for node in [A, B, C] {
+        if max_word(&cluster, &layout, node, &y).ts() == t2 {
+            assert_eq!(record_in_slot(&cluster, &layout, node, t2), Some(t2));
+        }
+    }
 }

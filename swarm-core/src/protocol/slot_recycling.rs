@@ -110,7 +110,8 @@
 //! **Bounded use.** A writer's slots in use are: at most one completed write per
 //! register it wrote that nobody overwrote since it last checked, writes that
 //! failed, writes in flight, the tombstone slot, slots resumed from an earlier
-//! incarnation, and the limbo, which holds the writes of the last grace period.
+//! incarnation, the limbo, which holds the writes of the last grace period, and
+//! slots waiting for a batch of their own write to complete (none on shared memory).
 //! When the log is full and the limbo is not empty, an allocation waits for the
 //! oldest limbo slot (while its operation's deadline allows), which bounds the
 //! writer's write rate by `slots / grace` rather than failing.
@@ -262,7 +263,8 @@ impl Drop for OwnRound<'_> {
 pub struct SlotCounters {
     /// Slots of the log in use (live, in flight, failed, in limbo, reserved).
     pub in_use: u32,
-    /// Slots superseded and waiting for the grace before reuse.
+    /// Slots superseded and not given back yet (in their grace, or waiting for a
+    /// guard check or for a batch of their write to complete).
     pub in_limbo: u32,
     /// Slots given back to the allocator since this client started.
     pub recycled: u64,
@@ -843,7 +845,8 @@ impl SlotTracker {
     }
 
     /// Slots superseded and not yet given back: in their grace, waiting for or in a
-    /// guard check, or cleared and waiting out the delivery margin.
+    /// guard check, cleared and waiting out the delivery margin, or waiting for a
+    /// batch of their own write to complete.
     fn awaiting_release(&self) -> usize {
         self.limbo.len()
             + self.unchecked.len()
