@@ -218,9 +218,12 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         };
         // The slot of `ts` stays out of use until every batch of this step is done
         // (`OwnBatches`): a batch to a slow replica may land after the write returned.
-        let own_round = OwnRound::new(&self.own_batches, ts);
+        let own_round =
+            (!self.fabric.completes_in_submit()).then(|| OwnRound::new(&self.own_batches, ts));
         let mut rt = Roundtrip::start(&self.fabric, stats);
-        rt.keep_outstanding_in(&own_round.tickets);
+        if let Some(round) = &own_round {
+            rt.keep_outstanding_in(&round.tickets);
+        }
         match carried {
             None => {
                 self.quorum_step_touching(

@@ -1060,9 +1060,12 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         let writer = self.writer;
         // Stores into this writer's own slot: the slot stays out of use until every
         // batch of these rounds is done (`OwnBatches`; a guarded write-back waits
-        // for its batches under its guard instead).
-        let own_round = (!progress.guarded && tsp.ts().writer() == writer)
-            .then(|| OwnRound::new(&self.own_batches, tsp.ts()));
+        // for its batches under its guard instead). Nothing to keep on a fabric
+        // that runs each batch inside its post (shared memory).
+        let own_round = (!progress.guarded
+            && tsp.ts().writer() == writer
+            && !self.fabric.completes_in_submit())
+        .then(|| OwnRound::new(&self.own_batches, tsp.ts()));
         let mut read_max = Tsp::EMPTY;
         let mut first = read_first;
         loop {

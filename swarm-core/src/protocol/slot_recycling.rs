@@ -68,8 +68,10 @@
 //! write: each completed (acknowledged or failed: over RDMA a failed ticket's queue
 //! pair executes nothing more) or is settled ([`Fabric::settled`]). Until then it
 //! waits in a `landing` list, looked at again at each expiry. That is an event, never
-//! a time. Nothing is ever outstanding on shared memory (a batch runs inside the call
-//! that posts it), where this costs a push and a remove on an empty vector per write.
+//! a time. A fabric that runs every batch inside the call that posts it
+//! ([`Fabric::completes_in_submit`]: shared memory) leaves nothing outstanding that
+//! could land later, so its writes register nothing: the common path costs one
+//! call that returns a constant.
 //!
 //! Operations without a deadline (an [`crate::OpStats`] built by hand
 //! and used with the lower-level steps) are not covered by this argument; readers
