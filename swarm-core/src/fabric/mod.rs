@@ -179,8 +179,13 @@ pub trait Fabric {
     /// their state as it is handed back, with no [`crate::Roundtrip`], do so when
     /// this says `true` (a Safe-Guess read's majority read), and take the general
     /// path for a batch that did not complete after all (a crashed node behind a
-    /// [`FailNodes`]), so a wrong `true` costs a duplicate post, never a result. The
-    /// default is `false`: asynchronous transports never post a step twice.
+    /// [`FailNodes`]), so a wrong `true` costs a duplicate post, never a result. A
+    /// writer's slot recycling relies on `true` as well: a batch that such a fabric
+    /// did not execute inside its post never executes (a [`FailNodes`] crashed node
+    /// never runs what it held back), so nothing of a write can land in its slot
+    /// after the write's round ended (`protocol::slot_recycling`, "The writer's own
+    /// batches"). The default is `false`: asynchronous transports never post a step
+    /// twice.
     #[inline]
     fn completes_in_submit(&self) -> bool {
         false

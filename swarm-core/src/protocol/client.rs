@@ -17,7 +17,7 @@ use crate::layout::{Layout, SlotAllocator, SlotError};
 use super::SwarmError;
 use super::carried::CarriedSlots;
 use super::guess::TimestampGuesser;
-use super::slot_recycling::{ReleaseTiming, SlotCounters, SlotTracker};
+use super::slot_recycling::{OwnBatches, ReleaseTiming, SlotCounters, SlotTracker};
 use super::summary::LogSummary;
 use crate::encoding::Tsp;
 use crate::roundtrip::OpStats;
@@ -210,6 +210,9 @@ pub struct Client<F, C> {
     /// The guard word whose lower waits for `guard_tickets`, if any: the guard stays
     /// up (and `guard_busy` set) until then.
     pub(crate) guard_lowering: core::cell::Cell<Option<u64>>,
+    /// This writer's own batches into its log slots that may still land: their
+    /// slots stay out of use until they are done ([`OwnBatches`], docs/pauses.md H9).
+    pub(crate) own_batches: OwnBatches,
     /// The record buffer of the last write, reused by the next one if no batch
     /// holds it any more (`Client::shared_record`).
     pub(crate) spare_record: RefCell<Option<Arc<[u8]>>>,
@@ -264,6 +267,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
             guard_busy: core::cell::Cell::new(false),
             guard_tickets: RefCell::new(Vec::new()),
             guard_lowering: core::cell::Cell::new(None),
+            own_batches: OwnBatches::default(),
             spare_record: RefCell::new(None),
         })
     }
@@ -339,6 +343,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
             self.writer,
             now,
             &self.release_timing(),
+            &self.own_batches,
             budget,
             self.config.slot_recycling_interval_ns,
         );
@@ -371,6 +376,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
             self.writer,
             self.fabric.now(),
             &self.release_timing(),
+            &self.own_batches,
         );
         tracker.counters(slots.in_use())
     }
@@ -745,7 +751,15 @@ impl<F: Fabric, C: Clock> Client<F, C> {
                 };
                 let now = self.fabric.now();
                 if now >= at {
-                    tracker.expire(&self.fabric, slots, &self.layout, self.writer, now, &timing);
+                    tracker.expire(
+                        &self.fabric,
+                        slots,
+                        &self.layout,
+                        self.writer,
+                        now,
+                        &timing,
+                        &self.own_batches,
+                    );
                 }
                 if room(slots.in_use()) {
                     return;

@@ -72,8 +72,10 @@ use crate::layout::SLOT_LOCK_BYTES;
 use crate::roundtrip::{OpStats, Roundtrip};
 
 use super::inout::{self, MaxOutcome};
+use super::maxreg::NO_TOUCHES;
 use super::quorum;
 use super::register::{MAX_REPLICAS, RegisterCache, RegisterLoc};
+use super::slot_recycling::OwnRound;
 use super::{Client, SwarmError};
 
 /// How a [`Client::write_fresh`] ended.
@@ -214,13 +216,28 @@ impl<F: Fabric, C: Clock> Client<F, C> {
             }
             Ok(())
         };
-        let rt = match carried {
+        // The slot of `ts` stays out of use until every batch of this step is done
+        // (`OwnBatches`): a batch to a slow replica may land after the write returned.
+        let own_round =
+            (!self.fabric.completes_in_submit()).then(|| OwnRound::new(&self.own_batches, ts));
+        let mut rt = Roundtrip::start(&self.fabric, stats);
+        if let Some(round) = &own_round {
+            rt.keep_outstanding_in(&round.tickets);
+        }
+        match carried {
             None => {
-                self.quorum_step(stats, reg, everyone, q, |_, batch| build(batch))
-                    .await?
+                self.quorum_step_touching(
+                    &mut rt,
+                    reg,
+                    everyone,
+                    q,
+                    |_| NO_TOUCHES,
+                    |_, batch| build(batch),
+                )
+                .await?;
             }
-            Some(_) => self.every_replica_step(stats, reg, build).await?,
-        };
+            Some(_) => self.every_replica_step(&mut rt, reg, build).await?,
+        }
         let mut outputs = Carried::new();
         if carried.is_some() {
             for (node, completion) in rt.replies() {
@@ -267,17 +284,17 @@ impl<F: Fabric, C: Clock> Client<F, C> {
     /// write), then gives the others `slow_after_ns` to answer
     /// ([`quorum::broadcast_until_among`]); those that do not are suspected, as by a quorum
     /// step.
-    async fn every_replica_step<'a>(
-        &'a self,
-        stats: &'a OpStats,
+    async fn every_replica_step(
+        &self,
+        rt: &mut Roundtrip<'_, F>,
         reg: &RegisterLoc,
         mut build: impl FnMut(&mut Batch) -> Result<(), FabricError>,
-    ) -> Result<Roundtrip<'a, F>, SwarmError> {
+    ) -> Result<(), SwarmError> {
         let replicas = (0..reg.replicas.len()).map(|p| reg.replicas.node(p));
         let answered = |replies: &[(NodeId, _)], node| replies.iter().any(|(r, _)| *r == node);
-        let rt = quorum::broadcast_until_among(
+        quorum::broadcast_until_among_in(
+            rt,
             &self.fabric,
-            stats,
             replicas.clone(),
             reg.replicas.quorum(),
             self.config.slow_after_ns,
@@ -296,6 +313,6 @@ impl<F: Fabric, C: Clock> Client<F, C> {
                 self.suspect(node);
             }
         }
-        Ok(rt)
+        Ok(())
     }
 }

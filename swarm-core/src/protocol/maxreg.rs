@@ -129,6 +129,7 @@ use crate::roundtrip::{Immediate, OpStats, Roundtrip, WaitOutcome, post_backgrou
 
 use super::inout::{self, MaxOutcome, NodeView};
 use super::register::{MAX_REPLICAS, RegisterCache, RegisterLoc};
+use super::slot_recycling::OwnRound;
 use super::write_back_guard::GuardedWriteBack;
 use super::{Client, ReadValue, SwarmError};
 
@@ -304,7 +305,7 @@ pub(crate) type Touches = [(u64, u64); 2];
 const NO_TOUCH: (u64, u64) = (0, 0);
 
 /// No range at all.
-const NO_TOUCHES: Touches = [NO_TOUCH; 2];
+pub(crate) const NO_TOUCHES: Touches = [NO_TOUCH; 2];
 
 impl<F: Fabric, C: Clock> Client<F, C> {
     /// One quorum step: posts the batch `build(p, batch)` fills in to the first `k`
@@ -1057,6 +1058,14 @@ impl<F: Fabric, C: Clock> Client<F, C> {
             crate::layout::SlotError::NoLog(tsp.ts().writer()),
         ))?;
         let writer = self.writer;
+        // Stores into this writer's own slot: the slot stays out of use until every
+        // batch of these rounds is done (`OwnBatches`; a guarded write-back waits
+        // for its batches under its guard instead). Nothing to keep on a fabric
+        // that runs each batch inside its post (shared memory).
+        let own_round = (!progress.guarded
+            && tsp.ts().writer() == writer
+            && !self.fabric.completes_in_submit())
+        .then(|| OwnRound::new(&self.own_batches, tsp.ts()));
         let mut read_max = Tsp::EMPTY;
         let mut first = read_first;
         loop {
@@ -1072,6 +1081,8 @@ impl<F: Fabric, C: Clock> Client<F, C> {
             let mut rt = Roundtrip::start(&self.fabric, stats);
             if progress.guarded {
                 rt.keep_outstanding_in(&self.guard_tickets);
+            } else if let Some(round) = &own_round {
+                rt.keep_outstanding_in(&round.tickets);
             }
             {
                 let own = cache.own_word.clone();

@@ -101,8 +101,8 @@ pub async fn broadcast_until_among<'a, F, B, E>(
     nodes: impl IntoIterator<Item = NodeId>,
     q: usize,
     slow_after: Nanos,
-    mut build: B,
-    mut enough: E,
+    build: B,
+    enough: E,
 ) -> Result<Roundtrip<'a, F>, FabricError>
 where
     F: Fabric + ?Sized,
@@ -110,6 +110,27 @@ where
     E: FnMut(&[(NodeId, Completion)]) -> bool,
 {
     let mut rt = Roundtrip::start(fabric, stats);
+    broadcast_until_among_in(&mut rt, fabric, nodes, q, slow_after, build, enough).await?;
+    Ok(rt)
+}
+
+/// [`broadcast_until_among`] in the roundtrip `rt` of `fabric` (just started,
+/// nothing posted), which the caller owns: one that keeps the tickets still
+/// outstanding ([`Roundtrip::keep_outstanding_in`]) keeps them also when this fails.
+pub async fn broadcast_until_among_in<F, B, E>(
+    rt: &mut Roundtrip<'_, F>,
+    fabric: &F,
+    nodes: impl IntoIterator<Item = NodeId>,
+    q: usize,
+    slow_after: Nanos,
+    mut build: B,
+    mut enough: E,
+) -> Result<(), FabricError>
+where
+    F: Fabric + ?Sized,
+    B: FnMut(NodeId) -> Result<Option<Batch>, FabricError>,
+    E: FnMut(&[(NodeId, Completion)]) -> bool,
+{
     let mut posted = 0;
     for node in nodes {
         if let Some(batch) = build(node)? {
@@ -126,12 +147,12 @@ where
     rt.wait(q).await?;
     loop {
         if enough(rt.replies()) || rt.replies().len() + rt.failures().len() >= posted {
-            return Ok(rt);
+            return Ok(());
         }
         let have = rt.replies().len();
         let deadline = fabric.now().saturating_add(slow_after);
         if rt.wait_until(have + 1, deadline).await == WaitOutcome::Short {
-            return Ok(rt);
+            return Ok(());
         }
     }
 }

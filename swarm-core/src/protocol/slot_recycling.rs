@@ -55,6 +55,24 @@
 //! slot reuse safe whatever the timing; the grace stays, for liveness: without it a
 //! read that fetches a superseded buffer would find it reused more often.
 //!
+//! **The writer's own batches.** The grace and the guards bound when *other*
+//! clients' stores may land. The writer's own stores into a slot (its write's record,
+//! its read's write-back of its own record) are posted before it reuses the slot, but
+//! the fabric contract orders the operations of one batch, not two batches to one
+//! node: a write's batch to a slow replica, left in flight when the write returned
+//! with a majority, could land after the slot's reuse and overwrite the new record
+//! (docs/pauses.md, H9). So a round writing into one of this writer's slots is
+//! registered while it runs and keeps the tickets of its batches still outstanding
+//! when it ends ([`OwnBatches`], [`OwnRound`]), and a slot whose grace (and guard
+//! check) is over goes back to the allocator only once none of them is left for its
+//! write: each completed (acknowledged or failed: over RDMA a failed ticket's queue
+//! pair executes nothing more) or is settled ([`Fabric::settled`]). Until then it
+//! waits in a `landing` list, looked at again at each expiry. That is an event, never
+//! a time. A fabric that runs every batch inside the call that posts it
+//! ([`Fabric::completes_in_submit`]: shared memory) leaves nothing outstanding that
+//! could land later, so its writes register nothing: the common path costs one
+//! call that returns a constant.
+//!
 //! Operations without a deadline (an [`crate::OpStats`] built by hand
 //! and used with the lower-level steps) are not covered by this argument; readers
 //! defend themselves anyway (see `fetch_value` in the `maxreg` module: a buffer whose
@@ -94,13 +112,15 @@
 //! **Bounded use.** A writer's slots in use are: at most one completed write per
 //! register it wrote that nobody overwrote since it last checked, writes that
 //! failed, writes in flight, the tombstone slot, slots resumed from an earlier
-//! incarnation, and the limbo, which holds the writes of the last grace period.
+//! incarnation, the limbo, which holds the writes of the last grace period, and
+//! slots waiting for a batch of their own write to complete (none on shared memory).
 //! When the log is full and the limbo is not empty, an allocation waits for the
 //! oldest limbo slot (while its operation's deadline allows), which bounds the
 //! writer's write rate by `slots / grace` rather than failing.
 
 use alloc::collections::VecDeque;
 use alloc::vec::Vec;
+use core::cell::RefCell;
 use core::hash::{BuildHasherDefault, Hasher};
 
 use crate::encoding::{Timestamp, Tsp, WriterId};
@@ -149,12 +169,104 @@ pub const fn grace_with_margin_ns(max_op_ns: Nanos, delivery_margin_ns: Nanos) -
     skewed_ns(max_op_ns).saturating_add(real_on_clock_ns(delivery_margin_ns))
 }
 
+/// The batches of this writer's own stores into its log slots (its writes' records,
+/// and its reads' write-backs of its own records) that may still land: a slot leaves
+/// the limbo only once none of them is left for its write ([`SlotTracker::expire`];
+/// module docs, "The writer's own batches").
+///
+/// Two batches to one node are not ordered (the fabric contract), so a write's batch
+/// to a slow replica, posted before the write returned with the other replicas, may
+/// land after the writer superseded the write, let its grace run out and reused the
+/// slot, and overwrite the new record there (docs/pauses.md, H9). So a round that
+/// writes into one of this writer's slots registers the slot's write while it runs
+/// ([`OwnRound`]) and, when it ends with batches still outstanding, keeps their
+/// tickets here, tagged with that write. Nothing is ever outstanding on a transport
+/// that runs a batch inside the call that posts it (shared memory): both lists stay
+/// empty there.
+#[derive(Debug, Default)]
+pub(crate) struct OwnBatches {
+    /// The writes whose slot a round of this client is writing into now (one entry
+    /// per round alive, also while its operation is not being polled).
+    live: RefCell<Vec<Timestamp>>,
+    /// Batches outstanding when their round ended, with the write whose slot they
+    /// write into.
+    kept: RefCell<Vec<(Timestamp, Ticket)>>,
+}
+
+impl OwnBatches {
+    /// Whether every batch of this writer that writes into the slot of `ts` is
+    /// *done*: no round writing it is alive, and each batch such a round left
+    /// outstanding completed (acknowledged or failed) or can no longer land
+    /// ([`Fabric::settled`]). An event, never a time: a batch whose ticket never
+    /// completes keeps the slot out of use (liveness only). Never waits.
+    pub(crate) fn done<F: Fabric + ?Sized>(&self, fabric: &F, ts: Timestamp) -> bool {
+        if self.live.borrow().contains(&ts) {
+            return false;
+        }
+        let mut kept = self.kept.borrow_mut();
+        if kept.is_empty() {
+            return true;
+        }
+        kept.retain(|&(_, ticket)| match fabric.poll(ticket) {
+            core::task::Poll::Ready(_) => false,
+            core::task::Poll::Pending if fabric.settled(ticket) => {
+                fabric.forget(ticket);
+                false
+            }
+            core::task::Poll::Pending => true,
+        });
+        !kept.iter().any(|&(t, _)| t == ts)
+    }
+}
+
+/// A round writing into the slot of this writer's write `ts`, registered in
+/// [`OwnBatches`] from its creation to its drop; its steps hand it their batches
+/// still outstanding (`Roundtrip::keep_outstanding_in(&round.tickets)`), which it
+/// keeps in [`OwnBatches`] when dropped, whatever the operation's fate.
+#[derive(Debug)]
+pub(crate) struct OwnRound<'a> {
+    own: &'a OwnBatches,
+    ts: Timestamp,
+    /// The tickets the round's steps left outstanding.
+    pub(crate) tickets: RefCell<Vec<Ticket>>,
+}
+
+impl<'a> OwnRound<'a> {
+    /// Registers a round writing into the slot of `ts`.
+    pub(crate) fn new(own: &'a OwnBatches, ts: Timestamp) -> Self {
+        own.live.borrow_mut().push(ts);
+        Self {
+            own,
+            ts,
+            tickets: RefCell::new(Vec::new()),
+        }
+    }
+}
+
+impl Drop for OwnRound<'_> {
+    fn drop(&mut self) {
+        let mut live = self.own.live.borrow_mut();
+        if let Some(i) = live.iter().position(|&t| t == self.ts) {
+            live.swap_remove(i);
+        }
+        let tickets = self.tickets.get_mut();
+        if !tickets.is_empty() {
+            let ts = self.ts;
+            self.own
+                .kept
+                .borrow_mut()
+                .extend(tickets.drain(..).map(|ticket| (ts, ticket)));
+        }
+    }
+}
+
 /// Counters of a writer's log, for `swarm stat` and bench reports.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SlotCounters {
     /// Slots of the log in use (live, in flight, failed, in limbo, reserved).
     pub in_use: u32,
-    /// Slots superseded and waiting for the grace before reuse.
+    /// Slots superseded and not given back yet (in their grace, or waiting for a
+    /// guard check or for a batch of their write to complete).
     pub in_limbo: u32,
     /// Slots given back to the allocator since this client started.
     pub recycled: u64,
@@ -385,6 +497,11 @@ pub(crate) struct SlotTracker {
     next_guard_check: Nanos,
     /// Writes a guard check cleared, and when their slots may be reused.
     cleared: VecDeque<(Nanos, Timestamp)>,
+    /// Writes whose slots are otherwise free to reuse but may still receive a batch
+    /// of this writer's own ([`OwnBatches`]): reused once it is done.
+    landing: Vec<Timestamp>,
+    /// When to look at `landing` again.
+    landing_poll_at: Nanos,
     /// When to look at the guard check in flight again.
     guard_poll_at: Nanos,
     /// Before this fabric time a background tick has nothing to do
@@ -538,7 +655,10 @@ impl SlotTracker {
     /// Gives back to `slots` every limbo slot whose grace has passed at `now`; with
     /// write-back guards in `layout`, only once a guard check of `writer`'s slots
     /// found no guard naming them, a delivery margin after it
-    /// ([`super::write_back_guard`]). Never waits: a guard check runs across calls.
+    /// ([`super::write_back_guard`]); and in any case only once no batch of this
+    /// writer's own that writes into it can still land (`own`, [`OwnBatches::done`]).
+    /// Never waits: a guard check runs across calls.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn expire<F: Fabric + ?Sized>(
         &mut self,
         fabric: &F,
@@ -547,10 +667,23 @@ impl SlotTracker {
         writer: WriterId,
         now: Nanos,
         timing: &ReleaseTiming,
+        own: &OwnBatches,
     ) {
         // What this moves along (to a guard check, to the cleared queue) may be
         // due at other times: the next tick computes when.
         self.quiet_until = 0;
+        if !self.landing.is_empty() {
+            let mut released = 0;
+            self.landing.retain(|&ts| {
+                let done = own.done(fabric, ts);
+                if done {
+                    slots.release(layout, ts);
+                    released += 1;
+                }
+                !done
+            });
+            self.recycled += released;
+        }
         let guarded = layout.guards().is_some();
         while let Some(&(at, ts)) = self.limbo.front() {
             if now < at.saturating_add(timing.grace) {
@@ -560,31 +693,52 @@ impl SlotTracker {
             if guarded {
                 self.unchecked.push(ts);
             } else {
-                slots.release(layout, ts);
-                self.recycled += 1;
+                self.release(fabric, slots, layout, ts, own);
             }
         }
-        if !guarded {
-            return;
-        }
-        self.poll_guards(fabric, layout, writer, now, timing);
-        if self.guard_check.is_none() && !self.unchecked.is_empty() && now >= self.next_guard_check
-        {
-            // Judges only writes whose supersession it follows (module docs of
-            // `write_back_guard`): those already here.
-            let judged = core::mem::take(&mut self.unchecked);
-            self.guard_check = GuardCheck::start(fabric, layout, judged, now, timing.table_nodes);
-            self.next_guard_check = now.saturating_add(timing.recheck);
-            // A transport that completes at once answers it now.
+        if guarded {
             self.poll_guards(fabric, layout, writer, now, timing);
-        }
-        while let Some(&(at, ts)) = self.cleared.front() {
-            if now < at {
-                break;
+            if self.guard_check.is_none()
+                && !self.unchecked.is_empty()
+                && now >= self.next_guard_check
+            {
+                // Judges only writes whose supersession it follows (module docs of
+                // `write_back_guard`): those already here.
+                let judged = core::mem::take(&mut self.unchecked);
+                self.guard_check =
+                    GuardCheck::start(fabric, layout, judged, now, timing.table_nodes);
+                self.next_guard_check = now.saturating_add(timing.recheck);
+                // A transport that completes at once answers it now.
+                self.poll_guards(fabric, layout, writer, now, timing);
             }
-            self.cleared.pop_front();
+            while let Some(&(at, ts)) = self.cleared.front() {
+                if now < at {
+                    break;
+                }
+                self.cleared.pop_front();
+                self.release(fabric, slots, layout, ts, own);
+            }
+        }
+        if !self.landing.is_empty() {
+            self.landing_poll_at = now.saturating_add(timing.recheck);
+        }
+    }
+
+    /// Gives the slot of `ts` back to `slots` if no batch of this writer's own can
+    /// still land in it (`own`); otherwise keeps it in `landing`, for a later call.
+    fn release<F: Fabric + ?Sized>(
+        &mut self,
+        fabric: &F,
+        slots: &mut SlotAllocator,
+        layout: &Layout,
+        ts: Timestamp,
+        own: &OwnBatches,
+    ) {
+        if own.done(fabric, ts) {
             slots.release(layout, ts);
             self.recycled += 1;
+        } else {
+            self.landing.push(ts);
         }
     }
 
@@ -630,7 +784,8 @@ impl SlotTracker {
             Some(_) => Some(self.guard_poll_at),
             None => (!self.unchecked.is_empty()).then_some(self.next_guard_check),
         };
-        [limbo, cleared, check].into_iter().flatten().min()
+        let landing = (!self.landing.is_empty()).then_some(self.landing_poll_at);
+        [limbo, cleared, check, landing].into_iter().flatten().min()
     }
 
     /// Before this fabric time a background tick ([`super::Client::recycle_slots_tick_at`])
@@ -656,6 +811,7 @@ impl SlotTracker {
         writer: WriterId,
         now: Nanos,
         timing: &ReleaseTiming,
+        own: &OwnBatches,
         budget: usize,
         interval: Nanos,
     ) {
@@ -666,7 +822,7 @@ impl SlotTracker {
         if let Some(at) = self.next_expiry(timing)
             && now >= at
         {
-            self.expire(fabric, slots, layout, writer, now, timing);
+            self.expire(fabric, slots, layout, writer, now, timing, own);
         }
         self.start_check(fabric, layout, budget, interval, now);
         self.refresh_quiet(timing, interval);
@@ -691,12 +847,14 @@ impl SlotTracker {
     }
 
     /// Slots superseded and not yet given back: in their grace, waiting for or in a
-    /// guard check, or cleared and waiting out the delivery margin.
+    /// guard check, cleared and waiting out the delivery margin, or waiting for a
+    /// batch of their own write to complete.
     fn awaiting_release(&self) -> usize {
         self.limbo.len()
             + self.unchecked.len()
             + self.guard_check.as_ref().map_or(0, GuardCheck::judged)
             + self.cleared.len()
+            + self.landing.len()
     }
 
     pub(crate) fn counters(&self, in_use: u32) -> SlotCounters {
@@ -1025,11 +1183,11 @@ mod tests {
                         t.settle(regs[r].addr, floor, now);
                     }
                     4 => {
-                        t.tick(&fabric, &mut slots, &layout, me, now, &timing, 2, interval);
+                        t.tick(&fabric, &mut slots, &layout, me, now, &timing, &OwnBatches::default(), 2, interval);
                     }
                     5 => {
                         // A waiting allocation's expiry, outside any tick.
-                        t.expire(&fabric, &mut slots, &layout, me, now, &timing);
+                        t.expire(&fabric, &mut slots, &layout, me, now, &timing, &OwnBatches::default());
                     }
                     6 => {
                         // A whole check, as `Client::check_tracked` runs it.
@@ -1124,9 +1282,25 @@ mod tests {
             timeout: 10,
             recheck: 5,
         };
-        t.expire(&fabric, &mut slots, &layout, me, 100 + 49, &timing);
+        t.expire(
+            &fabric,
+            &mut slots,
+            &layout,
+            me,
+            100 + 49,
+            &timing,
+            &OwnBatches::default(),
+        );
         assert_eq!(slots.in_use(), 2, "not before the grace");
-        t.expire(&fabric, &mut slots, &layout, me, 150, &timing);
+        t.expire(
+            &fabric,
+            &mut slots,
+            &layout,
+            me,
+            150,
+            &timing,
+            &OwnBatches::default(),
+        );
         assert_eq!(slots.in_use(), 1);
         assert_eq!(t.counters(1).recycled, 1);
         assert_eq!(t.counters(1).tracked_registers, 1, "b is live");
@@ -1176,13 +1350,29 @@ mod tests {
             timeout: 10,
             recheck: 5,
         };
-        t.expire(&fabric, &mut slots, &layout, me, 149, &timing);
+        t.expire(
+            &fabric,
+            &mut slots,
+            &layout,
+            me,
+            149,
+            &timing,
+            &OwnBatches::default(),
+        );
         assert_eq!(
             t.counters(slots.in_use()).in_limbo,
             2,
             "not before the grace"
         );
-        t.expire(&fabric, &mut slots, &layout, me, 150, &timing);
+        t.expire(
+            &fabric,
+            &mut slots,
+            &layout,
+            me,
+            150,
+            &timing,
+            &OwnBatches::default(),
+        );
         assert_eq!(
             slots.in_use(),
             in_use,
@@ -1193,26 +1383,66 @@ mod tests {
             Some(150 + 5),
             "a is looked at again first; b comes back at 150 + 9 (the margin on this clock)"
         );
-        t.expire(&fabric, &mut slots, &layout, me, 158, &timing);
+        t.expire(
+            &fabric,
+            &mut slots,
+            &layout,
+            me,
+            158,
+            &timing,
+            &OwnBatches::default(),
+        );
         assert_eq!(
             slots.in_use(),
             in_use,
             "not before the margin after the check"
         );
-        t.expire(&fabric, &mut slots, &layout, me, 159, &timing);
+        t.expire(
+            &fabric,
+            &mut slots,
+            &layout,
+            me,
+            159,
+            &timing,
+            &OwnBatches::default(),
+        );
         assert_eq!(slots.in_use(), in_use - 1, "b is back, a is named");
         // The guard goes down on one node only: a check reads a majority, and the
         // node it reads first still names `a`.
         guard(0, 0);
-        t.expire(&fabric, &mut slots, &layout, me, 170, &timing);
+        t.expire(
+            &fabric,
+            &mut slots,
+            &layout,
+            me,
+            170,
+            &timing,
+            &OwnBatches::default(),
+        );
         assert_eq!(
             t.counters(slots.in_use()).in_limbo,
             1,
             "a is still named on node 1"
         );
         guard(1, 0);
-        t.expire(&fabric, &mut slots, &layout, me, 180, &timing);
-        t.expire(&fabric, &mut slots, &layout, me, 190, &timing);
+        t.expire(
+            &fabric,
+            &mut slots,
+            &layout,
+            me,
+            180,
+            &timing,
+            &OwnBatches::default(),
+        );
+        t.expire(
+            &fabric,
+            &mut slots,
+            &layout,
+            me,
+            190,
+            &timing,
+            &OwnBatches::default(),
+        );
         assert_eq!(
             slots.in_use(),
             in_use - 2,

@@ -62,9 +62,9 @@
 //! stop with a write-back batch still in flight keeps it up too (the lower waits for
 //! that batch). Neither case assumes anything about time, on any transport: the
 //! second rests on an *event* (a completion), never on a delivery margin. A
-//! write-back posted by `W` itself needs no guard: its own stores are posted before
-//! its own reuse (that they also land first rests on the transports' per-node
-//! ordering, which the contract does not promise: docs/pauses.md, H9).
+//! write-back posted by `W` itself needs no guard: `W` reuses a slot only once each
+//! of its own batches into it completed or is settled (`OwnBatches` in
+//! [`super::slot_recycling`]; docs/pauses.md, H9).
 //!
 //! # The lower
 //!
