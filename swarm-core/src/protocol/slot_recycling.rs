@@ -63,7 +63,7 @@
 //! with a majority, could land after the slot's reuse and overwrite the new record
 //! (docs/pauses.md, H9). So a round writing into one of this writer's slots is
 //! registered while it runs and keeps the tickets of its batches still outstanding
-//! when it ends ([`OwnBatches`], [`OwnRound`]), and a slot whose grace (and guard
+//! when it ends (`OwnBatches`, `OwnRound`), and a slot whose grace (and guard
 //! check) is over goes back to the allocator only once none of them is left for its
 //! write: each completed (acknowledged or failed: over RDMA a failed ticket's queue
 //! pair executes nothing more) or is settled ([`Fabric::settled`]). Until then it
