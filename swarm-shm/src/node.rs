@@ -109,6 +109,19 @@ impl NodeMemory {
         self.execute_reusing(batch, out, &ReadBuffers::new())
     }
 
+    /// A retired memory (`swarm_core::header::RETIRED_AT`) answers every batch as a
+    /// crashed node: nothing of the batch executes.
+    #[inline]
+    fn check_live(&self) -> Result<(), FabricError> {
+        if self.is_retired() {
+            return Err(FabricError::NodeFailed {
+                node: self.id,
+                cause: FailureCause::Crashed,
+            });
+        }
+        Ok(())
+    }
+
     /// [`NodeMemory::execute_into`], reads filled into spare buffers of `buffers`
     /// (see [`ReadBuffers`]) instead of new allocations.
     #[inline]
@@ -118,12 +131,7 @@ impl NodeMemory {
         out: &mut Completion,
         buffers: &ReadBuffers,
     ) -> Result<(), FabricError> {
-        if self.is_retired() {
-            return Err(FabricError::NodeFailed {
-                node: self.id,
-                cause: FailureCause::Crashed,
-            });
-        }
+        self.check_live()?;
         // One read (most steps' batches): checked and executed in one pass, with no
         // loop over the batch twice. Nothing is touched before the check passes.
         if let [Op::Read { addr, len }] = batch.ops() {
@@ -146,12 +154,7 @@ impl NodeMemory {
     /// buffer taken).
     #[inline]
     pub fn execute_detached(&self, batch: &Batch) -> Result<(), FabricError> {
-        if self.is_retired() {
-            return Err(FabricError::NodeFailed {
-                node: self.id,
-                cause: FailureCause::Crashed,
-            });
-        }
+        self.check_live()?;
         swarm_core::fabric::check_batch(self.id, batch, self.size())?;
         words::execute_effects(self.mapping.words(), batch);
         Ok(())
