@@ -26,7 +26,9 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
     /// left donations on offer (taken, they are ready after the delivery margin,
     /// sooner than its own pass their grace); otherwise waits for its retired
     /// registers or for the next pass (before the operation starts: the wait posts
-    /// nothing but resets), up to two graces (three lease renewals, if longer).
+    /// nothing but resets), up to two graces (three lease renewals, if longer); once
+    /// more as long if it then finds registers due or resets under way (it was
+    /// stopped, or its lease lapsed, while it waited: a stall, not a full area).
     /// Returns the register and its life marker (`None` for a fresh chunk's, never
     /// reset as far as this client knows).
     pub(super) async fn allocate_register(
@@ -41,6 +43,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         let patience = (self.recycler.grace_ns().saturating_mul(2))
             .max(self.layout.params.lease_renew_ns.saturating_mul(3));
         let mut give_up = started.saturating_add(patience);
+        let mut woke_late = false;
         loop {
             self.recycle_step();
             let r = self
@@ -75,8 +78,27 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
             }
             let may_wait = now < give_up
                 || (self.repair_announced() && now < started.saturating_add(REPAIR_WAIT_NS));
-            if !may_wait || (in_limbo == 0 && !offer && !cut_short) {
+            if in_limbo == 0 && !offer && !cut_short {
                 return r;
+            }
+            if !may_wait {
+                // Out of patience with registers due or resets under way: the loop
+                // was stopped (a SIGSTOP, a long preemption) past the graces it
+                // waited for, and the lease may have lapsed meanwhile, so that their
+                // resets could not start. That is a stall, not a full register area:
+                // renew (in the wait below), reset them and give them one more
+                // patience, once.
+                let due = self.recycler.next_due().is_some_and(|due| due <= now);
+                if woke_late || !(due || self.recycler.resetting()) {
+                    return r;
+                }
+                woke_late = true;
+                give_up = now.saturating_add(patience);
+                tracing::info!(
+                    in_limbo,
+                    lease_valid = self.lease.borrow().valid_for(now, 0),
+                    "insert: out of patience with registers due; renewing and resetting them before giving up"
+                );
             }
             tracing::debug!(
                 in_limbo,

@@ -73,12 +73,20 @@ struct World {
 
 impl World {
     fn new(writers: u16) -> Self {
-        let params = ClusterParams {
-            writers,
-            ..ClusterParams::default()
-        }
-        .for_node_size(NODE_BYTES)
-        .expect("a 4 MiB node fits a small cluster");
+        Self::with_params(writers, |params| params)
+    }
+
+    /// A world of `writers` writer ids whose cluster's parameters, once fitted to the
+    /// node size, are `adjust`ed (made smaller).
+    fn with_params(writers: u16, adjust: impl FnOnce(ClusterParams) -> ClusterParams) -> Self {
+        let params = adjust(
+            ClusterParams {
+                writers,
+                ..ClusterParams::default()
+            }
+            .for_node_size(NODE_BYTES)
+            .expect("a 4 MiB node fits a small cluster"),
+        );
         let layout = NodeLayout::new(params).expect("a valid layout");
         let cluster = MemCluster::new(3, NODE_BYTES as usize);
         crate::store::write_superblock(&cluster.client(), &params).expect("three live nodes");
@@ -1125,4 +1133,89 @@ fn a_forced_eviction_leaves_the_next_owner_of_the_writer_id_alone() {
     assert!(evicted.is_ok(), "{evicted:?}");
     insert(&b, "k2", "w").expect("the next owner keeps its lease");
     assert_eq!(get(&b, "k").expect("read"), Some(b"v".to_vec()));
+}
+
+/// A fabric whose client is stopped once (a SIGSTOP) for [`StopsInWait::stop`] ns of
+/// the shared clock, as it next goes to sleep for a deadline.
+struct StopsInWait {
+    inner: Paced,
+    stop: Cell<Nanos>,
+}
+
+impl Fabric for StopsInWait {
+    fn node_count(&self) -> usize {
+        self.inner.node_count()
+    }
+    fn post(&self, node: NodeId, batch: Batch) -> Ticket {
+        self.inner.post(node, batch)
+    }
+    fn poll(&self, ticket: Ticket) -> Poll<Result<Completion, FabricError>> {
+        self.inner.poll(ticket)
+    }
+    fn forget(&self, ticket: Ticket) {
+        self.inner.forget(ticket)
+    }
+    fn progress(&self) -> bool {
+        self.inner.progress()
+    }
+    fn now(&self) -> Nanos {
+        self.inner.now()
+    }
+    fn wake_at(&self, deadline: Nanos) {
+        let stop = self.stop.take();
+        self.inner.time.set(self.inner.time.get() + stop);
+        self.inner.wake_at(deadline);
+    }
+}
+
+/// An insert that finds no free register waits for its client's retired ones to pass
+/// their grace; stopped meanwhile for longer than its patience and its lease (the
+/// soak, seed 734914983: a churn client SIGSTOPped for 2.5 s in that wait), it wakes
+/// up with registers due whose resets could not start under a lapsed lease. It
+/// renews the lease and resets them, instead of failing with `RegistersFull`: a
+/// stall is not a full register area (issue 43, §4).
+#[test]
+fn an_insert_stopped_while_it_waits_for_a_register_renews_and_gets_one() {
+    // Six chunks of four registers.
+    let world = World::with_params(1, |params| ClusterParams {
+        registers: 24,
+        chunk_registers: 4,
+        ..params
+    });
+    let a = KvClient::connect(
+        StopsInWait {
+            inner: world.fabric(),
+            stop: Cell::new(0),
+        },
+        FixedClock(1_000),
+        world.layout,
+        KvConfig::new(0, 1),
+    )
+    .expect("a writer id");
+    let mut keys = 0;
+    loop {
+        match insert(&a, &format!("k{keys}"), "v") {
+            Ok(()) => keys += 1,
+            Err(KvError::RegistersFull { .. }) => break,
+            Err(error) => panic!("insert k{keys}: {error}"),
+        }
+    }
+    assert!(keys > 8, "{keys} keys fit");
+    for i in 0..4 {
+        let deleted = block_on(
+            a.fabric(),
+            a.delete(format!("k{i}").as_bytes(), &OpStats::new()),
+        );
+        assert!(matches!(deleted, Ok(DeleteOutcome::Removed)), "{deleted:?}");
+    }
+    let params = world.layout.params;
+    let stop = 2 * (params.lease_ns + params.register_grace_ns());
+    a.fabric().stop.set(stop);
+    let before = world.now();
+    insert(&a, "x", "v").expect("a register once the stopped insert renewed and reset");
+    assert!(
+        world.now() - before >= stop,
+        "the insert was not stopped: the test tests nothing"
+    );
+    assert_eq!(get(&a, "x").expect("a read"), Some(b"v".to_vec()));
 }
