@@ -60,7 +60,11 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
             // A pass cut short by its lease scanned part of the cluster only: the
             // next one goes on from there, so nothing is known to be out of reach.
             let cut_short = self.reclaim_cut_short.get();
-            if now >= self.next_adoption.get() && (in_limbo == 0 || offer || cut_short) {
+            // Registers of its own limbo due now are reset first (a few per step):
+            // another pass would only take more while they wait.
+            let due_now = self.recycler.next_due().is_some_and(|due| due <= now);
+            if now >= self.next_adoption.get() && !due_now && (in_limbo == 0 || offer || cut_short)
+            {
                 self.reclaim_gone_registers().await?;
                 if self.recycler.in_limbo() > 0 {
                     // What the pass took waits a whole grace from now, however

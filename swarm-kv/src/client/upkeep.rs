@@ -22,6 +22,10 @@ const POOL_KEEP_CHUNKS: usize = 16;
 /// The most donated registers one reclamation pass takes, in chunks' worth
 /// ([`KvClient::reclaim_gone_registers`]).
 const DONATIONS_PER_PASS_CHUNKS: u64 = 16;
+/// The most registers one reclamation pass of a dry client takes, donations
+/// included, in chunks' worth (`crate::registers::limbo::Reclaimer::max_takes`); a
+/// pass for a nearly full log takes every retired register it finds.
+const TAKES_PER_PASS_CHUNKS: u64 = 16;
 /// A pass for a nearly full log ([`KvClient::relieve_log`]) waits this many times
 /// as long as the last one took before it runs again.
 const RELIEF_PACE: u64 = 8;
@@ -392,6 +396,11 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
                 (self.donations_left.get() / 2)
                     .min(chunk.saturating_mul(DONATIONS_PER_PASS_CHUNKS)),
             ),
+            max_takes: if retired_only {
+                u64::MAX
+            } else {
+                chunk.saturating_mul(TAKES_PER_PASS_CHUNKS)
+            },
             resume_at: self.reclaim_resume_at.get(),
             retired_only,
         };

@@ -189,6 +189,11 @@ pub fn holder_tag(writer: u16, token: u64) -> u32 {
     0x8000_0000 | (hash & 0x7FFF_F800) | (u32::from(writer) & 0x7FF)
 }
 
+/// The writer id a client's [`holder_tag`] carries in its low bits.
+pub fn tag_writer(tag: u32) -> u16 {
+    (tag & 0x7FF) as u16
+}
+
 /// The one donated holder tag that builds before [`donated_tag`] wrote for every
 /// donation. Still read as donated ([`is_donated`]); never written any more: a
 /// take that straddled two donations found the same word in both (module docs,
@@ -606,6 +611,15 @@ pub struct Reclaimer {
     /// next client that runs dry none; `KvClient` takes a chunk's worth, or half of
     /// what its previous pass left on offer if that is more.
     pub max_donations: u64,
+    /// Registers to take in one pass, donations included: a pass stops at the first
+    /// group of registers it reaches with that many taken (so it may take one
+    /// group's worth more), like one cut short by its lease ([`Reclaimed::stopped`]),
+    /// and the next goes on from there: what it leaves stays reclaimable by any
+    /// client. A pass that took everything gone clients held put most of the
+    /// cluster's registers in one client's limbo (a soak's reader of 3,000 keys
+    /// took 171,000 in one pass), where they wait for that one client's resets
+    /// while every other client finds none.
+    pub max_takes: u64,
     /// The register to start the scan at, going round: where the reclaimer's last
     /// pass stopped ([`Reclaimed::resume_at`]), so that passes cut short by the
     /// lease still cover the whole cluster between them.
@@ -712,12 +726,14 @@ pub async fn reclaim_gone_registers<F: Fabric>(
     for (first, end) in scan_order(&chunks, per, layout.params.registers, me.resume_at) {
         let mut at = first;
         while at < end {
-            if !may_act() {
+            let full = out.taken.len() as u64 >= me.max_takes;
+            if full || !may_act() {
                 tracing::debug!(
                     at,
                     taken = out.taken.len(),
                     donations_left = out.donations_left,
-                    "reclamation pass stopped: the lease runs short; the next one goes on from here"
+                    full,
+                    "reclamation pass stopped: it took its share, or the lease runs short; the next one goes on from here"
                 );
                 out.stopped = true;
                 out.resume_at = at;
@@ -824,7 +840,7 @@ pub async fn reclaim_gone_registers<F: Fabric>(
 }
 
 /// How the registers of a cluster are held, by their key headers (`swarm stat`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Census {
     /// Registers with a key header and no tag: live keys, inserts in flight, and leaks
     /// (unpublished inserts of unknown outcome, retirements whose mark was lost).
@@ -835,6 +851,9 @@ pub struct Census {
     pub retired_gone: u64,
     /// Blank registers held by live clients (pools, limbos of taken ones).
     pub pooled_live: u64,
+    /// `pooled_live` by the writer id of the live holder's tag (the first live tag of
+    /// the copies), most first: which client hoards free registers.
+    pub pooled_live_by_writer: Vec<(u16, u64)>,
     /// Blank registers held by gone clients, or donated (`is_donated`): reclaimable.
     pub pooled_gone: u64,
     /// Of `pooled_gone`, the donated ones (every copy read `(0, d)` for one donated tag `d`): a
@@ -912,8 +931,17 @@ pub async fn census<F: Fabric>(
                     out.keyed += 1;
                 } else if tags.is_empty() {
                     out.fresh += 1;
-                } else if tags.iter().any(|t| is_live(*t)) {
+                } else if let Some(tag) = tags.iter().copied().find(|t| is_live(*t)) {
                     out.pooled_live += 1;
+                    let writer = tag_writer(tag);
+                    match out
+                        .pooled_live_by_writer
+                        .iter_mut()
+                        .find(|(w, _)| *w == writer)
+                    {
+                        Some((_, n)) => *n += 1,
+                        None => out.pooled_live_by_writer.push((writer, 1)),
+                    }
                 } else {
                     out.pooled_gone += 1;
                     out.donated += u64::from(copies.first().is_some_and(|(_, first)| {
@@ -924,6 +952,8 @@ pub async fn census<F: Fabric>(
             at = stop;
         }
     }
+    out.pooled_live_by_writer
+        .sort_unstable_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
     Ok(out)
 }
 
@@ -1040,6 +1070,7 @@ mod tests {
                 token: b.token(),
                 tag: b.recycler_tag(),
                 max_donations: 0,
+                max_takes: u64::MAX,
                 resume_at,
                 retired_only: false,
             };
@@ -1052,6 +1083,38 @@ mod tests {
         }
         assert!(stops >= 2, "the passes were cut short: {stops}");
         assert_eq!(taken, keys, "every retired register was taken");
+    }
+
+    /// A dry client's pass takes its share (16 chunks' worth) of what gone clients
+    /// held and leaves the rest reclaimable by the others: in a soak, one pass of a
+    /// reader of 3,000 keys took 171,000 registers, and every other client found
+    /// none while that one reset them a few at a time.
+    #[test]
+    fn a_pass_takes_its_share_and_leaves_the_rest_to_the_others() {
+        let (cluster, layout) = cluster();
+        let share = 16 * u64::from(layout.params.chunk_registers);
+        let keys = share + 36;
+        let a = connect(&cluster, layout);
+        for i in 0..keys {
+            insert(&a, &format!("k{i}"), "v").expect("inserted");
+        }
+        for i in 0..keys {
+            assert!(delete(&a, &format!("k{i}")));
+        }
+        a.close();
+        let b = connect(&cluster, layout);
+        assert_eq!(census_of(&b).retired_gone, keys);
+        reclaim_gone_registers_now(&b);
+        let by_b = b.recycle_stats().reclaimed_limbo;
+        assert!(
+            (share..share + u64::from(layout.params.chunk_registers)).contains(&by_b),
+            "b took {by_b} of {keys}, its share being {share}"
+        );
+        assert_eq!(census_of(&b).retired_gone, keys - by_b, "the rest is left");
+        let c = connect(&cluster, layout);
+        reclaim_gone_registers_now(&c);
+        assert_eq!(c.recycle_stats().reclaimed_limbo, keys - by_b);
+        assert_eq!(census_of(&c).retired_gone, 0);
     }
 
     /// A client deletes keys and closes before their grace; another reclaims those

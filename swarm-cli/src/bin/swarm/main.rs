@@ -800,12 +800,30 @@ fn stat<S: Store>(store: &S, json: bool) -> Result<ExitCode> {
         census.fresh,
         census.unknown
     );
+    if !census.pooled_live_by_writer.is_empty() {
+        let holders: Vec<String> = census
+            .pooled_live_by_writer
+            .iter()
+            .take(8)
+            .map(|(writer, n)| format!("writer {writer}: {n}"))
+            .collect();
+        outln!(
+            text,
+            "free in live clients' pools, by holder: {}",
+            holders.join(", ")
+        );
+    }
     report["registers"] = serde_json::json!({
         "holding_data": census.holding_data(),
         "keyed": census.keyed,
         "retired_live": census.retired_live,
         "retired_gone": census.retired_gone,
         "pooled_live": census.pooled_live,
+        "pooled_live_by_writer": census
+            .pooled_live_by_writer
+            .iter()
+            .map(|(writer, n)| serde_json::json!({"writer": writer, "registers": n}))
+            .collect::<Vec<_>>(),
         "pooled_gone": census.pooled_gone,
         "donated": census.donated,
         "fresh": census.fresh,
