@@ -175,9 +175,9 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         self.get_now_cached(key, stats, value)
     }
 
-    /// Whether [`Self::get_now`] may apply at all: elsewhere `read_start` (or
-    /// `raw_read_now`) could only leave the read pending, so the general path (which
-    /// checks the key) runs at the cost of these comparisons, inlined. DM-ABD's gets
+    /// Whether [`Self::get_now`] may apply at all: elsewhere `read_start` could only
+    /// leave the read pending (and `raw_read_now_with` decline), so the general path
+    /// (which checks the key) runs at the cost of these comparisons, inlined. DM-ABD's gets
     /// always take the general path.
     #[inline(always)]
     fn get_now_applies(&self, stats: &OpStats) -> bool {
