@@ -194,6 +194,89 @@ fn a_raw_read_waits_out_a_torn_record() {
     assert_eq!(read.unwrap(), ReadValue::Value(b"whole".to_vec()));
 }
 
+/// `raw_read_now_with`, RAW's read as a plain function: the validated payload goes to
+/// the caller's `consume` in place, from a stack copy where the fabric reads in
+/// place and the record fits (`RAW_DIRECT_BYTES`), as a batch otherwise; `consume`
+/// runs only for a read that counts (a validated record, the fence passed), and
+/// whatever does not apply (no deadline armed, a torn record, a crashed primary)
+/// is `Ok(None)` with nothing consumed.
+#[test]
+fn a_raw_read_now_hands_only_a_validated_payload_to_its_caller() {
+    use swarm_core::{RAW_DIRECT_BYTES, RawRead};
+    let cluster = MemCluster::new(3, 1 << 22);
+    let small = setup(0, 5, &cluster);
+    let large_layout = Layout::builder()
+        .payload_max(2 * RAW_DIRECT_BYTES as u32)
+        .meta_words(4)
+        .log_base(1 << 16)
+        .writers(8)
+        .slots_per_writer(256)
+        .build()
+        .unwrap();
+    assert!(large_layout.record_bytes() as usize > RAW_DIRECT_BYTES);
+    assert!((layout().record_bytes() as usize) <= RAW_DIRECT_BYTES);
+    let large = Client::new(
+        FailNodes::new(cluster.client()),
+        FixedClock(5),
+        large_layout,
+        WriterId::new(1).unwrap(),
+        ProtocolConfig::default(),
+    )
+    .unwrap();
+    for (client, addr, payload) in [
+        (&small, 8192u64, b"in a stack copy".to_vec()),
+        (&large, 1 << 21, vec![0x5A; 2 * RAW_DIRECT_BYTES]),
+    ] {
+        let raw = RegisterLoc { addr, ..reg() };
+        let f = client.fabric();
+        let consumed = Cell::new(0);
+        let consume = |bytes: &[u8]| {
+            consumed.set(consumed.get() + 1);
+            bytes.to_vec()
+        };
+        // No deadline armed: not applicable.
+        let s = OpStats::new();
+        assert_eq!(client.raw_read_now_with(&raw, &s, consume).unwrap(), None);
+        // Never written.
+        let _armed = s.arm_deadline(u64::MAX / 2);
+        assert_eq!(
+            client.raw_read_now_with(&raw, &s, consume).unwrap(),
+            Some(RawRead::Empty)
+        );
+        assert_eq!((consumed.get(), s.roundtrips()), (0, 1));
+        block_on(f, client.raw_write(&raw, &OpStats::new(), &payload)).unwrap();
+        let s = OpStats::new();
+        let _armed = s.arm_deadline(u64::MAX / 2);
+        assert_eq!(
+            client.raw_read_now_with(&raw, &s, consume).unwrap(),
+            Some(RawRead::Value(payload.clone()))
+        );
+        assert_eq!((consumed.get(), s.roundtrips()), (1, 1));
+        // Past the deadline: fenced, nothing consumed.
+        block_on_future(f, swarm_core::sleep(f, 1_000)).unwrap();
+        let s = OpStats::new();
+        let _armed = s.arm_deadline(f.now() - 1);
+        assert!(client.raw_read_now_with(&raw, &s, consume).is_err());
+        assert_eq!(consumed.get(), 1);
+        // A crashed primary: the general path's business.
+        let s = OpStats::new();
+        let _armed = s.arm_deadline(u64::MAX / 2);
+        f.fail_node(raw.replicas.node(0));
+        assert_eq!(client.raw_read_now_with(&raw, &s, consume).unwrap(), None);
+        f.recover_node(raw.replicas.node(0));
+        // A torn record (one byte of the payload flipped): not validated.
+        let mut bytes = node_bytes(&cluster, raw.replicas.node(0), raw.addr, 64);
+        bytes[40] ^= 1;
+        on_node(
+            &cluster,
+            raw.replicas.node(0),
+            Batch::write(raw.addr, bytes),
+        );
+        assert_eq!(client.raw_read_now_with(&raw, &s, consume).unwrap(), None);
+        assert_eq!((consumed.get(), s.roundtrips()), (1, 0));
+    }
+}
+
 #[test]
 fn delete_hides_the_value_and_blocks_later_writes() {
     let cluster = MemCluster::new(3, 1 << 20);

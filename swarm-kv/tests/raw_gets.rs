@@ -1,6 +1,6 @@
 //! SWARM-KV over the RAW register protocol (the unreplicated baseline of SWARM §7):
 //! a get of a cached key is one READ of the primary on shared memory
-//! (`Client::raw_read_now`, through `KvClient::get_now`), and it returns what the
+//! (`Client::raw_read_now_with`, through `KvClient::get_now`), and it returns what the
 //! last update wrote, and nothing for a key never inserted. (RAW has no deletes.)
 
 use swarm_core::{OpStats, block_on};

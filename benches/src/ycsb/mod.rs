@@ -11,8 +11,8 @@
 //! little about RDMA, but roundtrip counts say exactly the same thing.
 //!
 //! The pieces, each in its own file:
-//! * [`zipf`]: YCSB's `ZipfianGenerator` and `ScrambledZipfianGenerator`, ported
-//!   exactly, constants included;
+//! * [`zipf`]: YCSB's scrambled Zipfian key law (`ScrambledZipfianGenerator`'s
+//!   constants and scramble), drawn from an alias table;
 //! * [`workload`]: the operation mix, YCSB key names, and values that are unique per
 //!   write (so recorded histories can be checked for linearizability);
 //! * [`stats`]: per-thread HDR latency histograms and roundtrip counts per operation

@@ -5,8 +5,9 @@
 //! Keys follow YCSB's `CoreWorkload.buildKeyName` with hashed insert order: key
 //! number `i` is `"user"` followed by the decimal FNV hash of `i`, zero-padded here to
 //! the requested key size (the paper uses 24 B keys, §7). Requests pick the key
-//! number with YCSB's scrambled Zipfian over `[0, keys]` and redraw the one
-//! value past the last loaded key, exactly as `CoreWorkload.nextKeynum` does.
+//! number with YCSB's scrambled Zipfian law over `[0, keys]` (drawn from a table, see
+//! [`super::zipf`]) and redraw the one value past the last loaded key, as
+//! `CoreWorkload.nextKeynum` does.
 //!
 //! Values are not random bytes as in YCSB: each begins with a tag naming the client
 //! and that client's operation number, so that every value written in a run is

@@ -49,6 +49,7 @@ pub use client::{Client, ProtocolConfig};
 pub use delete::{DeleteOutcome, DeleteVotes, FirstDeleter, UNOWNED_TOMBSTONE};
 pub use error::SwarmError;
 pub use fresh::{Carried, FreshOutcome};
+pub use raw::{RAW_DIRECT_BYTES, RawRead};
 pub use register::{MAX_REPLICAS, RegisterCache, RegisterLoc, Replicas};
 pub use safeguess::{PendingRead, ReadStart};
 pub use suspicion::Suspicion;

@@ -23,6 +23,18 @@ const RAW_READ_ATTEMPTS: u32 = 64;
 const RAW_EAGER_ATTEMPTS: u32 = 4;
 /// Longest pause between two torn reads.
 const RAW_MAX_PAUSE_NS: u64 = 1_000_000;
+/// The largest record [`Client::raw_read_now_with`] reads into a buffer on its stack
+/// (zeroed for every read); larger ones are read as a batch.
+pub const RAW_DIRECT_BYTES: usize = 512;
+
+/// What [`Client::raw_read_now_with`] read on the register's primary.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RawRead<R> {
+    /// The register was never written.
+    Empty,
+    /// Its record validated: what the caller's `consume` made of the payload.
+    Value(R),
+}
 
 impl<F: Fabric, C: Clock> Client<F, C> {
     /// RAW write: the record, in place, on the primary.
@@ -47,41 +59,73 @@ impl<F: Fabric, C: Clock> Client<F, C> {
     /// [`Self::raw_read`]'s common case as a plain function, on a fabric that
     /// completes batches inside `submit` (shared memory) and with the operation's
     /// deadline armed already (as a SWARM-KV operation arms it from its start): one
-    /// READ of the primary whose record validates. `Ok(None)` when it does not apply
-    /// (another fabric, no deadline armed, a batch that did not complete, a torn
-    /// record): the caller then runs [`Self::raw_read`], which reads again. The fence
-    /// is checked after the read, as [`Self::read_start`] checks it.
-    pub fn raw_read_now(
+    /// READ of the primary whose record validates, its payload handed to `consume`
+    /// in place. The record is read into a buffer on the stack where the fabric reads
+    /// in place ([`Fabric::read_direct`]) and it fits ([`RAW_DIRECT_BYTES`]), so that
+    /// no read buffer is taken, moved or given back; otherwise as a batch. The same
+    /// checks either way: the fabric's bounds checks of the read, the record's
+    /// length against the layout's payload maximum and its xxh3 hash before any
+    /// byte of the payload is used (shared memory is untrusted).
+    ///
+    /// `consume` runs only once the read counts: the record validated and the fence
+    /// (checked after the read, as [`Self::read_start`] checks it) passed. `Ok(None)`,
+    /// with `consume` not called, when the common case does not apply (another
+    /// fabric, no deadline armed, a batch that did not complete, a torn record): the
+    /// caller then runs [`Self::raw_read`], which reads again.
+    pub fn raw_read_now_with<R>(
         &self,
         reg: &RegisterLoc,
         stats: &OpStats,
-    ) -> Result<Option<ReadValue>, SwarmError> {
+        consume: impl FnOnce(&[u8]) -> R,
+    ) -> Result<Option<RawRead<R>>, SwarmError> {
         if !stats.is_armed() || !self.fabric.completes_in_submit() {
             return Ok(None);
         }
+        let len = self.layout.record_bytes() as usize;
+        let node = reg.replicas.node(0);
         let mut step = Immediate::start(&self.fabric, stats)?;
-        let mut batch = Batch::read(reg.addr, self.layout.record_bytes() as u32);
-        let Some(reply) = step.submit(reg.replicas.node(0), &mut batch) else {
+        let mut stack = [0u8; RAW_DIRECT_BYTES];
+        if let Some(bytes) = stack.get_mut(..len) {
+            match step.read_direct(node, reg.addr, bytes) {
+                Some(Ok(())) => {
+                    if bytes.iter().take(8).all(|b| *b == 0) {
+                        step.complete()?;
+                        return Ok(Some(RawRead::Empty));
+                    }
+                    let Some(record) = decode_record(bytes, self.layout.payload_max()) else {
+                        return Ok(None);
+                    };
+                    step.complete()?;
+                    return Ok(Some(RawRead::Value(consume(record.payload))));
+                }
+                // Refused or failed at once: as a batch that did not complete.
+                Some(Err(_)) => return Ok(None),
+                None => {}
+            }
+        }
+        let mut batch = Batch::read(reg.addr, len as u32);
+        let Some(reply) = step.submit(node, &mut batch) else {
             return Ok(None);
         };
         let Some(bytes) = reply.read_mut(0) else {
             return Ok(None);
         };
-        let value = if bytes.iter().take(8).all(|b| *b == 0) {
-            ReadValue::Empty
-        } else {
-            let Some(len) =
-                decode_record(bytes, self.layout.payload_max()).map(|record| record.payload.len())
-            else {
-                return Ok(None);
-            };
-            let mut bytes = reply.take_read(0).unwrap_or_default();
-            bytes.copy_within(RECORD_HEADER as usize..RECORD_HEADER as usize + len, 0);
-            bytes.truncate(len);
-            ReadValue::Value(bytes)
+        if bytes.iter().take(8).all(|b| *b == 0) {
+            step.complete()?;
+            return Ok(Some(RawRead::Empty));
+        }
+        let Some(len) =
+            decode_record(bytes, self.layout.payload_max()).map(|record| record.payload.len())
+        else {
+            return Ok(None);
         };
+        // The reply's buffer leaves the step, which `complete` consumes; it goes back
+        // to the fabric once consumed.
+        let bytes = reply.take_read(0).unwrap_or_default();
         step.complete()?;
-        Ok(Some(value))
+        let consumed = consume(&bytes[RECORD_HEADER as usize..RECORD_HEADER as usize + len]);
+        self.fabric.give_back(bytes);
+        Ok(Some(RawRead::Value(consumed)))
     }
 
     /// RAW read: the in-place record of the primary.

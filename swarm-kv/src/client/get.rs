@@ -8,12 +8,13 @@
 //! inside `submit`) is one plain function, `KvClient::get_now`: the lease check, the
 //! deadline armed from the start, the cache entry used in place and the register
 //! read's common case (`swarm_core::Client::read_start`; RAW's one READ,
-//! `raw_read_now`), with no future built. Any other case takes the general path,
+//! `raw_read_now_with`, whose payload is checked and copied into the caller's buffer
+//! where it was read), with no future built. Any other case takes the general path,
 //! which builds the futures.
 
 use swarm_core::{
-    Clock, DeadlineScope, Fabric, OpStats, PendingRead, ReadStart, ReadValue, RegisterCache,
-    SwarmError,
+    Clock, DeadlineScope, Fabric, OpStats, PendingRead, RawRead, ReadStart, ReadValue,
+    RegisterCache, SwarmError,
 };
 
 use crate::KvError;
@@ -35,6 +36,8 @@ enum GetNow<'s> {
 enum Settled {
     /// The key's value: `payload[value_at..]` (the payload as read, key first).
     Found { payload: Vec<u8>, value_at: usize },
+    /// The key's value, copied into the caller's buffer already (RAW).
+    Copied,
     /// The operation failed.
     Failed(KvError),
     /// Not through the cache (a miss, a stale entry, another protocol, an interleaved
@@ -73,11 +76,13 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
     pub async fn get(&self, key: &[u8], stats: &OpStats) -> Result<Option<Vec<u8>>, KvError> {
         // Through the location cache first (`get_now`), the rest of a pending read's
         // future built only when needed, on the heap.
-        let settled = match self.get_now(key, stats) {
+        let mut value = Vec::new();
+        let settled = match self.get_now(key, stats, &mut value) {
             GetNow::Settled(settled) => settled,
             GetNow::Reading(reading) => Box::pin(self.finish_reading(key, stats, reading)).await,
         };
         let next = match settled {
+            Settled::Copied => return Ok(Some(value)),
             Settled::Found {
                 mut payload,
                 value_at,
@@ -126,11 +131,12 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         value.clear();
         // Through the location cache first (`get_now`), the rest of a pending read's
         // future built only when needed, on the heap.
-        let settled = match self.get_now(key, stats) {
+        let settled = match self.get_now(key, stats, value) {
             GetNow::Settled(settled) => settled,
             GetNow::Reading(reading) => Box::pin(self.finish_reading(key, stats, reading)).await,
         };
         let next = match settled {
+            Settled::Copied => return Ok(true),
             Settled::Found { payload, value_at } => {
                 value.extend_from_slice(&payload[value_at..]);
                 self.fabric().give_back(payload);
@@ -158,18 +164,20 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
     /// value and learned something (a read that failed or was fenced leaves the
     /// entry as it was, as the general path does). A stale entry is dropped and the
     /// general path asks the index, as a new attempt; so does a first attempt that
-    /// ran past its deadline.
+    /// ran past its deadline. A RAW read copies the value into `value` (empty on
+    /// entry, left empty unless it returns [`Settled::Copied`]); the others return
+    /// the payload as read.
     #[inline(always)]
-    fn get_now<'s>(&self, key: &[u8], stats: &'s OpStats) -> GetNow<'s> {
+    fn get_now<'s>(&self, key: &[u8], stats: &'s OpStats, value: &mut Vec<u8>) -> GetNow<'s> {
         if !self.get_now_applies(stats) {
             return GetNow::Settled(Settled::General { next: 1 });
         }
-        self.get_now_cached(key, stats)
+        self.get_now_cached(key, stats, value)
     }
 
-    /// Whether [`Self::get_now`] may apply at all: elsewhere `read_start` (or
-    /// `raw_read_now`) could only leave the read pending, so the general path (which
-    /// checks the key) runs at the cost of these comparisons, inlined. DM-ABD's gets
+    /// Whether [`Self::get_now`] may apply at all: elsewhere `read_start` could only
+    /// leave the read pending (and `raw_read_now_with` decline), so the general path
+    /// (which checks the key) runs at the cost of these comparisons, inlined. DM-ABD's gets
     /// always take the general path.
     #[inline(always)]
     fn get_now_applies(&self, stats: &OpStats) -> bool {
@@ -182,7 +190,12 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
     }
 
     /// [`Self::get_now`] once it applies.
-    fn get_now_cached<'s>(&self, key: &[u8], stats: &'s OpStats) -> GetNow<'s> {
+    fn get_now_cached<'s>(
+        &self,
+        key: &[u8],
+        stats: &'s OpStats,
+        value: &mut Vec<u8>,
+    ) -> GetNow<'s> {
         let general = GetNow::Settled(Settled::General { next: 1 });
         if let Err(error) = self.check_key(key) {
             return GetNow::Settled(Settled::Failed(error));
@@ -197,19 +210,30 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
             return general;
         };
         if self.protocol == RegisterProtocol::Raw {
-            // RAW keeps no knowledge of its registers: one READ of the primary.
-            let read = match self.swarm.raw_read_now(&entry.loc, stats) {
-                Ok(Some(value)) => Ok(value),
+            // RAW keeps no knowledge of its registers: one READ of the primary, its
+            // payload checked (it carries the key) and its value copied out where
+            // it was read, once the read counts.
+            let read = self.swarm.raw_read_now_with(&entry.loc, stats, |payload| {
+                match decode_payload(payload) {
+                    Some((k, v)) if k == key => {
+                        value.extend_from_slice(v);
+                        true
+                    }
+                    _ => false,
+                }
+            });
+            let stale = match read {
                 Ok(None) => return general,
-                Err(error) => Err(error),
+                Ok(Some(RawRead::Value(true))) => return GetNow::Settled(Settled::Copied),
+                Ok(Some(RawRead::Value(false) | RawRead::Empty)) => None,
+                Err(error) => Self::read_error(error),
             };
-            return GetNow::Settled(match self.judge(key, read) {
-                Judged::Holds { payload, value_at } => Settled::Found { payload, value_at },
-                Judged::Not => {
+            return GetNow::Settled(match stale {
+                None => {
                     cache.remove(key);
                     Settled::General { next: 1 }
                 }
-                Judged::Failed(error) => Self::failed_first(error),
+                Some(error) => Self::failed_first(error),
             });
         }
         let mut knowledge = entry.knowledge.clone();
@@ -294,16 +318,19 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
                 _ => Judged::Not,
             },
             Ok(ReadValue::Deleted | ReadValue::Empty) => Judged::Not,
-            Err(error) => {
-                let error = KvError::from(error);
-                // Reset for another life since it was cached: not the key's (any more).
-                if error.is_recycled() {
-                    Judged::Not
-                } else {
-                    Judged::Failed(error)
-                }
-            }
+            Err(error) => match Self::read_error(error) {
+                None => Judged::Not,
+                Some(error) => Judged::Failed(error),
+            },
         }
+    }
+
+    /// A cached get's register read that failed with `error`: `None` if the register
+    /// was reset for another life since it was cached (not the key's any more: the
+    /// entry is stale), else the operation's error.
+    fn read_error(error: SwarmError) -> Option<KvError> {
+        let error = KvError::from(error);
+        (!error.is_recycled()).then_some(error)
     }
 
     /// A first attempt that failed with `error`: retried as the general path's
