@@ -38,7 +38,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         let mut rt = Roundtrip::start(&self.fabric, stats);
         rt.post(
             reg.replicas.node(0),
-            Batch::write(reg.addr, encode_record(tsp, payload)),
+            Batch::write(reg.offset(0), encode_record(tsp, payload)),
         )?;
         rt.wait(1).await?;
         Ok(())
@@ -60,7 +60,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
             return Ok(None);
         }
         let mut step = Immediate::start(&self.fabric, stats)?;
-        let mut batch = Batch::read(reg.addr, self.layout.record_bytes() as u32);
+        let mut batch = Batch::read(reg.offset(0), self.layout.record_bytes() as u32);
         let Some(reply) = step.submit(reg.replicas.node(0), &mut batch) else {
             return Ok(None);
         };
@@ -100,7 +100,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
             let mut rt = Roundtrip::start(&self.fabric, stats);
             rt.post(
                 node,
-                Batch::read(reg.addr, self.layout.record_bytes() as u32),
+                Batch::read(reg.offset(0), self.layout.record_bytes() as u32),
             )?;
             rt.wait(1).await?;
             let bytes = rt.replies_mut()[0].1.read_mut(0).unwrap_or_default();
