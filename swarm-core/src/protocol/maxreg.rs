@@ -1095,18 +1095,19 @@ impl<F: Fabric, C: Clock> Client<F, C> {
                 };
                 let rt = &mut rt;
                 self.quorum_step_touching(rt, reg, &candidates, need, touches, |p, batch| {
+                    let at = reg.offset(p);
                     if first {
-                        batch.push(inout::read_op(&layout, reg.offset(p), false))?;
+                        batch.push(inout::read_op(&layout, at, false))?;
                     }
                     if !written[p] {
                         batch.push(inout::buffer_write_op(buffer, record.clone()))?;
                     }
                     let expected = inout::max_expected(own.get(p), tsp);
-                    inout::push_max(batch, &layout, reg.offset(p), writer, expected, tsp)?;
+                    inout::push_max(batch, &layout, at, writer, expected, tsp)?;
                     // The delete word after the CAS: if the CAS found a word of a
                     // later life, this probe shows that life's marker or tombstone
                     // (batch order), and no further round acts on that word.
-                    batch.push(inout::delete_word_probe_op(&layout, reg.offset(p), life))?;
+                    batch.push(inout::delete_word_probe_op(&layout, at, life))?;
                     Ok(())
                 })
                 .await?;
