@@ -202,8 +202,15 @@ impl<F: Fabric, C: Clock> Client<F, C> {
     /// already on their way.
     fn hint_guessed_write(&self, reg: &RegisterLoc, w: Tsp, record_len: u64) {
         if let Some(buffer) = self.layout.buffer_addr(w.ts()) {
-            let touches =
-                |p: usize| self.round_touches(reg.offset(p), buffer, record_len, false, true);
+            // One offset on every replica (the common case): one set of ranges for all.
+            let same = reg
+                .same_offset()
+                .map(|at| self.round_touches(at, buffer, record_len, false, true));
+            let touches = |p: usize| {
+                same.unwrap_or_else(|| {
+                    self.round_touches(reg.offset(p), buffer, record_len, false, true)
+                })
+            };
             self.hint_touches(reg, 0..reg.replicas.quorum(), touches);
         }
         let primary = self.primary(reg);
@@ -398,6 +405,10 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         }
         let verified = guessed.with_flag(Flag::Verified);
         let primary = self.primary(reg);
+        // One offset on every replica (the common case): one word address for all.
+        let same_word = reg
+            .same_offset()
+            .map(|at| self.layout.meta_word_addr(at, self.writer));
         let mut inplace = Some(record);
         for p in 0..reg.replicas.len() {
             let mut batch = Batch::new();
@@ -416,7 +427,8 @@ impl<F: Fabric, C: Clock> Client<F, C> {
                 let expected = cache.own_word.get(p);
                 // Cannot fail: the batch holds at most one operation so far.
                 let _ = batch.push(Op::Cas {
-                    addr: self.layout.meta_word_addr(reg.offset(p), self.writer),
+                    addr: same_word
+                        .unwrap_or_else(|| self.layout.meta_word_addr(reg.offset(p), self.writer)),
                     expected: expected.word(),
                     new: verified.word(),
                 });
