@@ -197,10 +197,10 @@ impl Setup {
             .iter()
             .position(|p| *p == protocol)
             .expect("a known protocol") as u64;
-        RegisterLoc {
-            addr: HEADER_SIZE + index * self.layout.register_bytes(),
-            replicas: Replicas::all(usize::from(NODES), 0).expect("3 replicas"),
-        }
+        RegisterLoc::at(
+            HEADER_SIZE + index * self.layout.register_bytes(),
+            Replicas::all(usize::from(NODES), 0).expect("3 replicas"),
+        )
     }
 }
 

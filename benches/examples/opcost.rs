@@ -85,10 +85,7 @@ fn main() {
         .expect("layout");
     let fixture = ShmFixture::new(3, layout.log_base() + layout.log_bytes()).expect("cluster");
     let cluster = &fixture.cluster;
-    let reg = RegisterLoc {
-        addr: HEADER_SIZE,
-        replicas: Replicas::all(3, 0).expect("replicas"),
-    };
+    let reg = RegisterLoc::at(HEADER_SIZE, Replicas::all(3, 0).expect("replicas"));
     let client = shm_client(cluster, layout, 0);
     let fabric = client.fabric();
     let mut cache = RegisterCache::new();
@@ -226,9 +223,11 @@ fn in_flight(cluster: &Arc<ShmCluster>, layout: Layout, inflight: usize, total: 
     use std::cell::Cell;
     let client = shm_client(cluster, layout, INFLIGHT_RTT_NS);
     let regs: Vec<RegisterLoc> = (0..inflight as u64)
-        .map(|i| RegisterLoc {
-            addr: HEADER_SIZE + i * layout.register_bytes(),
-            replicas: Replicas::all(3, i).expect("replicas"),
+        .map(|i| {
+            RegisterLoc::at(
+                HEADER_SIZE + i * layout.register_bytes(),
+                Replicas::all(3, i).expect("replicas"),
+            )
         })
         .collect();
     assert!(
@@ -325,10 +324,10 @@ fn spread(inflight: usize, interleaved: bool, total: u64) {
                 let i = next_register();
                 // Never written: a read still reads the metadata words of a majority
                 // and the primary's in-place block, and finds the register empty.
-                let reg = RegisterLoc {
-                    addr: HEADER_SIZE + i * layout.register_bytes(),
-                    replicas: Replicas::all(3, i).expect("replicas"),
-                };
+                let reg = RegisterLoc::at(
+                    HEADER_SIZE + i * layout.register_bytes(),
+                    Replicas::all(3, i).expect("replicas"),
+                );
                 let stats = if interleaved {
                     OpStats::interleaved()
                 } else {

@@ -361,8 +361,9 @@ pub fn encode_record(tsp: Tsp, payload: &[u8]) -> Vec<u8> {
     encode_record_for(tsp, None, payload)
 }
 
-/// The owner tag of a record: the address of the register it belongs to, in units of
-/// 8 bytes, or 0 (unknown) for a register at or beyond 32 GiB.
+/// The owner tag of a record: the identity of the register it belongs to
+/// ([`crate::RegisterLoc::id`], its address in a store that places every replica at
+/// one offset), in units of 8 bytes, or 0 (unknown) for an identity at or beyond 32 GiB.
 fn owner_tag(register: Option<u64>) -> u32 {
     register
         .filter(|addr| addr % 8 == 0)
@@ -418,7 +419,7 @@ pub struct Record<'a> {
     pub tsp: Tsp,
     /// Its payload.
     pub payload: &'a [u8],
-    /// The address of the register it was written for, if the record names it.
+    /// The identity of the register it was written for, if the record names it.
     pub owner: Option<u64>,
 }
 

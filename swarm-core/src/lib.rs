@@ -52,7 +52,7 @@
 //! )?;
 //!
 //! // The register at byte 4096 of nodes 0, 1 and 2; the key's hash picks the primary.
-//! let register = RegisterLoc { addr: 4096, replicas: Replicas::all(3, 42)? };
+//! let register = RegisterLoc::at(4096, Replicas::all(3, 42)?);
 //! let mut cache = RegisterCache::new(); // what this client knows of the register
 //!
 //! // `block_on` returns the operation's own result; a stall (every node it waits

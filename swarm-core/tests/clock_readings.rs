@@ -147,10 +147,7 @@ fn client_with(cluster: &MemCluster, immediate: bool) -> Client<Clocked, FixedCl
 }
 
 fn register() -> RegisterLoc {
-    RegisterLoc {
-        addr: 4096,
-        replicas: Replicas::all(3, 0).unwrap(),
-    }
+    RegisterLoc::at(4096, Replicas::all(3, 0).unwrap())
 }
 
 /// A common-case read reads the fabric clock once and a write twice; each batch they

@@ -33,7 +33,7 @@ fn client(cluster: &MemCluster, layout: Layout, clock: u64) -> Client<MemFabric,
 }
 
 fn locate(addr: u64) -> Option<RegisterLoc> {
-    (0..40).map(reg).find(|r| r.addr == addr)
+    (0..40).map(reg).find(|r| r.id == addr)
 }
 
 fn read_value(c: &Client<MemFabric, FixedClock>, r: &RegisterLoc) -> Vec<u8> {
@@ -200,7 +200,7 @@ fn a_crash_resumed_writer_times_above_every_tick_it_examined() {
         0,
         Batch::write(
             layout.buffer_addr(rec).unwrap() + 8,
-            encode_record_for(Tsp::new(rec, Flag::Guessed), Some(reg(0).addr), b"old"),
+            encode_record_for(Tsp::new(rec, Flag::Guessed), Some(reg(0).id), b"old"),
         ),
     );
     let locked = Timestamp::new(7_000, w).unwrap();

@@ -74,10 +74,7 @@ fn trylock_read_and_write_never_both_succeed() {
         let cluster = MemCluster::new(3, 4096);
         let owner = WriterId::new(1).unwrap();
         let ts = Timestamp::new(42, owner).unwrap();
-        let reg = RegisterLoc {
-            addr: 0,
-            replicas: Replicas::all(3, 0).unwrap(),
-        };
+        let reg = RegisterLoc::at(0, Replicas::all(3, 0).unwrap());
         let lock = |mode: LockMode, writer: u32| {
             let cluster = cluster.clone();
             let reg = reg.clone();
@@ -116,10 +113,7 @@ fn trylock_without_conflict_succeeds() {
             .build()
             .unwrap();
         let cluster = MemCluster::new(3, 4096);
-        let reg = RegisterLoc {
-            addr: 0,
-            replicas: Replicas::all(3, 0).unwrap(),
-        };
+        let reg = RegisterLoc::at(0, Replicas::all(3, 0).unwrap());
         let ts = Timestamp::new(9, WriterId::new(0).unwrap()).unwrap();
         let readers: Vec<_> = (0..2)
             .map(|w| {
@@ -304,10 +298,7 @@ fn a_stale_trylock_on_a_recycled_slot_never_locks_the_new_write() {
             let t = f.post(NodeId(node), Batch::cas(slot, 0, prev));
             assert!(f.poll(t).is_ready());
         }
-        let reg = RegisterLoc {
-            addr: 0,
-            replicas: Replicas::all(3, 0).unwrap(),
-        };
+        let reg = RegisterLoc::at(0, Replicas::all(3, 0).unwrap());
         let lock = |ts: Timestamp, mode: LockMode, writer: u32| {
             let cluster = cluster.clone();
             let reg = reg.clone();
@@ -366,10 +357,7 @@ fn a_stale_trylock_on_a_recycled_slot_never_fails_the_new_write() {
             let t = f.post(NodeId(node), Batch::cas(slot, 0, prev));
             assert!(f.poll(t).is_ready());
         }
-        let reg = RegisterLoc {
-            addr: 0,
-            replicas: Replicas::all(3, 0).unwrap(),
-        };
+        let reg = RegisterLoc::at(0, Replicas::all(3, 0).unwrap());
         let lock = |ts: Timestamp, mode: LockMode, writer: u32| {
             let cluster = cluster.clone();
             let reg = reg.clone();

@@ -52,10 +52,7 @@ fn layout(guards: bool) -> Layout {
 
 /// Register `i`: 512 bytes apart from 4096, on all three nodes.
 fn reg(i: u64) -> RegisterLoc {
-    RegisterLoc {
-        addr: 4096 + i * 512,
-        replicas: Replicas::all(3, i).unwrap(),
-    }
+    RegisterLoc::at(4096 + i * 512, Replicas::all(3, i).unwrap())
 }
 
 /// What became of a batch posted through a [`Gate`] rather than to its inner fabric.
@@ -218,7 +215,7 @@ fn max_word(cluster: &MemCluster, layout: &Layout, node: NodeId, r: &RegisterLoc
     let bytes = peek(
         cluster,
         node,
-        r.addr + layout.meta_offset(),
+        r.offset(0) + layout.meta_offset(),
         layout.meta_bytes() as u32,
     );
     let max = bytes
@@ -451,8 +448,8 @@ fn a_write_alive_with_batches_in_flight_keeps_its_slot_until_it_landed() {
         .map(reg)
         .find(|r| r.replicas.node(0) == C || r.replicas.node(1) == C)
         .unwrap();
-    let y = reg(x.addr / 512);
-    assert_ne!(x.addr, y.addr);
+    let y = reg(x.id / 512);
+    assert_ne!(x.id, y.id);
     *w.fabric().hold.borrow_mut() = Some((vec![B, C], LOG_BASE..LOG_BASE + layout.log_bytes()));
     let stats = OpStats::new();
     let mut cache = RegisterCache::new();

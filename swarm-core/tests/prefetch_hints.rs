@@ -116,10 +116,7 @@ fn reads_and_writes_hint_every_byte_they_touch_before_posting() {
     let cluster = MemCluster::new(3, 1 << 20);
     let client = client(&cluster);
     let fabric = client.fabric();
-    let reg = RegisterLoc {
-        addr: 4096,
-        replicas: Replicas::all(3, 0).unwrap(),
-    };
+    let reg = RegisterLoc::at(4096, Replicas::all(3, 0).unwrap());
     let mut cache = RegisterCache::new();
     for i in 0..4u8 {
         fabric.tracer().reset();
@@ -171,10 +168,7 @@ async fn read_register<F: Fabric>(
 }
 
 fn register_at(addr: u64) -> RegisterLoc {
-    RegisterLoc {
-        addr,
-        replicas: Replicas::all(3, 0).unwrap(),
-    }
+    RegisterLoc::at(addr, Replicas::all(3, 0).unwrap())
 }
 
 /// Operations in flight on one thread that are `OpStats::interleaved` all hint their
@@ -224,7 +218,7 @@ fn interleaved_operations_hint_before_any_of_them_posts() {
         let hinted_registers = |hints: &[(NodeId, u64, u64)]| {
             registers
                 .iter()
-                .filter(|reg| hints.iter().any(|&(_, addr, _)| addr == reg.addr))
+                .filter(|reg| hints.iter().any(|&(_, addr, _)| addr == reg.offset(0)))
                 .count()
         };
         let before = hinted_registers(&fabric.tracer().hints.borrow()[..hinted_first]);

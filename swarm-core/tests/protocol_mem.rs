@@ -43,10 +43,7 @@ fn setup(
 }
 
 fn reg() -> RegisterLoc {
-    RegisterLoc {
-        addr: 4096,
-        replicas: Replicas::all(3, 7).unwrap(),
-    }
+    RegisterLoc::at(4096, Replicas::all(3, 7).unwrap())
 }
 
 #[test]
@@ -145,10 +142,7 @@ fn abd_takes_two_roundtrips_and_raw_one() {
     let got = block_on(f, a.abd_read(&reg, &mut c, &s)).unwrap();
     assert_eq!(got, ReadValue::Value(b"abd".to_vec()));
     assert_eq!(s.roundtrips(), 2);
-    let raw = RegisterLoc {
-        addr: 8192,
-        ..reg.clone()
-    };
+    let raw = RegisterLoc::at(8192, reg.replicas.clone());
     let s = OpStats::new();
     block_on(f, a.raw_write(&raw, &s, b"raw")).unwrap();
     let got = block_on(f, a.raw_read(&raw, &s)).unwrap();
@@ -166,17 +160,14 @@ fn a_raw_read_waits_out_a_torn_record() {
     let cluster = MemCluster::new(3, 1 << 20);
     let a = setup(0, 5, &cluster);
     let f = a.fabric();
-    let raw = RegisterLoc {
-        addr: 8192,
-        ..reg()
-    };
+    let raw = RegisterLoc::at(8192, reg().replicas);
     let torn = vec![0xAB; 32];
     block_on_future(f, async {
         let s = OpStats::new();
         let mut rt = swarm_core::Roundtrip::start(f, &s);
         rt.post(
             raw.replicas.node(0),
-            swarm_core::Batch::write(raw.addr, torn),
+            swarm_core::Batch::write(raw.offset(0), torn),
         )
         .unwrap();
         rt.wait(1).await.unwrap();
@@ -227,7 +218,7 @@ fn a_raw_read_now_hands_only_a_validated_payload_to_its_caller() {
         (&small, 8192u64, b"in a stack copy".to_vec()),
         (&large, 1 << 21, vec![0x5A; 2 * RAW_DIRECT_BYTES]),
     ] {
-        let raw = RegisterLoc { addr, ..reg() };
+        let raw = RegisterLoc::at(addr, reg().replicas);
         let f = client.fabric();
         let consumed = Cell::new(0);
         let consume = |bytes: &[u8]| {
@@ -265,12 +256,12 @@ fn a_raw_read_now_hands_only_a_validated_payload_to_its_caller() {
         assert_eq!(client.raw_read_now_with(&raw, &s, consume).unwrap(), None);
         f.recover_node(raw.replicas.node(0));
         // A torn record (one byte of the payload flipped): not validated.
-        let mut bytes = node_bytes(&cluster, raw.replicas.node(0), raw.addr, 64);
+        let mut bytes = node_bytes(&cluster, raw.replicas.node(0), raw.offset(0), 64);
         bytes[40] ^= 1;
         on_node(
             &cluster,
             raw.replicas.node(0),
-            Batch::write(raw.addr, bytes),
+            Batch::write(raw.offset(0), bytes),
         );
         assert_eq!(client.raw_read_now_with(&raw, &s, consume).unwrap(), None);
         assert_eq!((consumed.get(), s.roundtrips()), (1, 0));
@@ -324,7 +315,7 @@ fn tombstone_on(cluster: &MemCluster, reg: &RegisterLoc, node: NodeId, writer: u
         Timestamp::tombstone(WriterId::new(writer).unwrap()),
         Flag::Verified,
     );
-    let addr = layout().delete_word_addr(reg.addr);
+    let addr = layout().delete_word_addr(reg.offset(0));
     on_node(cluster, node, Batch::cas(addr, 0, tombstone.word()));
 }
 
@@ -372,7 +363,7 @@ fn meta_words(cluster: &MemCluster, reg: &RegisterLoc, node: NodeId) -> Vec<Tsp>
     let bytes = node_bytes(
         cluster,
         node,
-        reg.addr + l.meta_offset(),
+        reg.offset(0) + l.meta_offset(),
         l.meta_bytes() as u32,
     );
     bytes
@@ -595,7 +586,7 @@ fn a_fresh_write_takes_one_roundtrip_and_leaves_a_verified_value_in_place_on_a_m
     );
     for p in 0..3 {
         let node = reg.replicas.node(p);
-        let before = node_bytes(&cluster, node, reg.addr - 24, 24);
+        let before = node_bytes(&cluster, node, reg.offset(0) - 24, 24);
         let holds = meta_words(&cluster, &reg, node).contains(&verified);
         // The preferred majority, as any write round (the third on a timeout only).
         let asked = p < 2;
@@ -678,10 +669,7 @@ fn a_fresh_write_masks_a_crashed_replica_and_rejects_a_prefix_before_address_0()
     assert_eq!(s.roundtrips(), 2, "one timeout fallback");
     // With the crashed replica suspected now, the next fresh write asks the others
     // first: one roundtrip.
-    let next = RegisterLoc {
-        addr: reg.addr + 2048,
-        replicas: reg.replicas.clone(),
-    };
+    let next = RegisterLoc::at(reg.offset(0) + 2048, reg.replicas.clone());
     let s = OpStats::new();
     let out = block_on(
         a.fabric(),
@@ -694,10 +682,7 @@ fn a_fresh_write_masks_a_crashed_replica_and_rejects_a_prefix_before_address_0()
         a.read(&reg, &mut RegisterCache::new(), &OpStats::new()),
     );
     assert_eq!(got.unwrap(), ReadValue::Value(b"x".to_vec()));
-    let low = RegisterLoc {
-        addr: 8,
-        replicas: reg.replicas.clone(),
-    };
+    let low = RegisterLoc::at(8, reg.replicas.clone());
     let out = block_on_future(
         a.fabric(),
         a.write_fresh(
@@ -730,7 +715,7 @@ fn a_fresh_write_is_read_from_its_buffer_when_the_in_place_copies_are_torn() {
     assert_eq!(out.unwrap(), FreshOutcome::Written);
     for p in 0..3 {
         // Eight bytes of the record's hash: its check fails.
-        let torn = Batch::write(reg.addr + 16, vec![0xEE; 8]);
+        let torn = Batch::write(reg.offset(0) + 16, vec![0xEE; 8]);
         on_node(&cluster, reg.replicas.node(p), torn);
     }
     let s = OpStats::new();
@@ -778,7 +763,7 @@ fn a_fresh_write_carries_an_operation_to_every_replica_after_the_write() {
         let node = NodeId(node);
         assert_eq!(node_bytes(&cluster, node, flag_at, 8), 7u64.to_le_bytes());
         // The prefix and the VERIFIED word are on every replica, not a majority only.
-        assert_eq!(node_bytes(&cluster, node, reg.addr - 3, 3), b"key");
+        assert_eq!(node_bytes(&cluster, node, reg.offset(0) - 3, 3), b"key");
         assert!(
             meta_words(&cluster, &reg, node)
                 .iter()
@@ -789,10 +774,7 @@ fn a_fresh_write_carries_an_operation_to_every_replica_after_the_write() {
     assert_eq!(got.unwrap(), ReadValue::Value(b"first".to_vec()));
 
     // A crashed replica: the carried operation's answers are the others'.
-    let next = RegisterLoc {
-        addr: reg.addr + 2048,
-        replicas: reg.replicas.clone(),
-    };
+    let next = RegisterLoc::at(reg.offset(0) + 2048, reg.replicas.clone());
     let down = next.replicas.node(2);
     a.fabric().fail_node(down);
     let s = OpStats::new();

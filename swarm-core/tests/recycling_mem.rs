@@ -86,7 +86,7 @@ fn a_new_incarnation_recycles_its_predecessors_superseded_slots() {
     let scan = block_on(b.fabric(), scan_log(b.fabric(), &stats, &layout(), w, 10)).unwrap();
     assert_eq!(scan.used_slots.len(), 3);
     assert_eq!(scan.resumed.len(), 3, "every record names its register");
-    let locate = |addr: u64| [reg(0), reg(1)].into_iter().find(|r| r.addr == addr);
+    let locate = |addr: u64| [reg(0), reg(1)].into_iter().find(|r| r.id == addr);
     b.resume_scan(&scan, locate);
     let before = b.slot_counters();
     assert_eq!(before.tracked_registers, 2);
@@ -125,7 +125,7 @@ fn a_new_incarnation_recycles_the_slots_of_its_predecessors_reset_registers() {
     let w = WriterId::new(1).unwrap();
     let stats = OpStats::new();
     let scan = block_on(b.fabric(), scan_log(b.fabric(), &stats, &layout(), w, 10)).unwrap();
-    b.resume_scan(&scan, |addr| (addr == r1.addr).then(|| r1.clone()));
+    b.resume_scan(&scan, |addr| (addr == r1.id).then(|| r1.clone()));
     let taken = b.slot_counters().in_use;
     // y1 is r1's value: it stays.
     step(&b);
@@ -157,7 +157,7 @@ fn reset_register(cluster: &MemCluster, r: &RegisterLoc, nodes: &[u16]) {
     for &node in nodes {
         let ticket = fabric.post(
             swarm_core::NodeId(node),
-            swarm_core::Batch::write(r.addr, zeros.clone()),
+            swarm_core::Batch::write(r.offset(0), zeros.clone()),
         );
         block_on_future(&fabric, core::future::poll_fn(|_| fabric.poll(ticket)))
             .unwrap()
@@ -192,7 +192,7 @@ fn a_summary_resume_examines_carried_slots_lazily_and_recycles_the_superseded() 
             .unwrap();
 
     let b = client(&cluster, 1);
-    let locate = |addr: u64| [reg(0), reg(1)].into_iter().find(|r| r.addr == addr);
+    let locate = |addr: u64| [reg(0), reg(1)].into_iter().find(|r| r.id == addr);
     b.resume_summary(&summary, locate);
     let c = b.slot_counters();
     assert_eq!(
@@ -245,10 +245,7 @@ fn wipe_logs(cluster: &MemCluster, node: u16) {
 /// `reg(0)` with the replicas ranked from node `first`: a reader's preferred
 /// majority and primary.
 fn ranked_from(first: u64) -> RegisterLoc {
-    RegisterLoc {
-        addr: reg(0).addr,
-        replicas: Replicas::all(3, first).unwrap(),
-    }
+    RegisterLoc::at(reg(0).id, Replicas::all(3, first).unwrap())
 }
 
 fn read_value(c: &Client<MemFabric, FixedClock>, r: &RegisterLoc, stats: &OpStats) -> Vec<u8> {

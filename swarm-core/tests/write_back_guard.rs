@@ -53,10 +53,7 @@ fn layout(guards: bool) -> Layout {
 
 /// Register `i`: 512 bytes apart from 4096, on all three nodes.
 fn reg(i: u64) -> RegisterLoc {
-    RegisterLoc {
-        addr: 4096 + i * 512,
-        replicas: Replicas::all(3, i).unwrap(),
-    }
+    RegisterLoc::at(4096 + i * 512, Replicas::all(3, i).unwrap())
 }
 
 /// What became of a batch posted through a [`Gate`] rather than to its inner fabric.
@@ -235,7 +232,7 @@ fn max_word(cluster: &MemCluster, layout: &Layout, node: NodeId, r: &RegisterLoc
     let bytes = peek(
         cluster,
         node,
-        r.addr + layout.meta_offset(),
+        r.offset(0) + layout.meta_offset(),
         layout.meta_bytes() as u32,
     );
     let max = bytes

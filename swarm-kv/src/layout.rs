@@ -1396,8 +1396,11 @@ mod tests {
                 let loc = crate::client::register_loc_for(&layout, usize::from(nodes), register)
                     .unwrap();
                 let header = layout.key_header(register).unwrap();
-                prop_assert_eq!(loc.addr, header + params.key_header_bytes());
-                prop_assert_eq!(layout.register_at(loc.addr), Some(register));
+                let addr = header + params.key_header_bytes();
+                // One offset on every replica, and it names the register.
+                prop_assert_eq!(loc.same_offset(), Some(addr));
+                prop_assert_eq!(loc.id, addr);
+                prop_assert_eq!(layout.register_at(loc.id), Some(register));
                 prop_assert_eq!(loc.replicas.nodes().len(), usize::from(replicas));
                 prop_assert!(header >= layout.registers_at);
                 prop_assert!(header + span <= layout.registers_at + layout.register_area_bytes());

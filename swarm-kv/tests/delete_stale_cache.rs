@@ -209,7 +209,7 @@ fn a_delete_first_on_a_majority_of_the_old_register_leaves_the_new_one_alone() {
         .expect("mapped");
     let loc = a.register_loc(register).unwrap();
     let old = loc.replicas.nodes().to_vec();
-    let delete_word = a.layout().swarm.delete_word_addr(loc.addr);
+    let delete_word = a.layout().swarm.delete_word_addr(loc.offset(1));
     // Another client's delete reached the second replica only, and that client
     // crashed: its tombstone is there, on no majority, and the key still reads "old".
     let raw = store.fabric();

@@ -170,7 +170,7 @@ fn register_lines(c: &Client) -> Vec<Range<u64>> {
             let register = block_on(f, c.index().resolve(f, &stats, &key(i)))
                 .expect("resolve")
                 .expect("mapped");
-            let addr = c.register_loc(register).expect("register").addr;
+            let addr = c.register_loc(register).expect("register").offset(0);
             addr..addr + 8
         })
         .collect()

@@ -217,7 +217,10 @@ fn max_ticks(cluster: &ShmCluster, shape: &Shape, key: u32, node: NodeId) -> u64
     cluster
         .node(node)
         .expect("a node of the cluster")
-        .read(shape.register(key).addr + layout.meta_offset(), &mut words)
+        .read(
+            shape.register(key).offset(0) + layout.meta_offset(),
+            &mut words,
+        )
         .expect("metadata words are in bounds");
     words
         .chunks_exact(8)

@@ -40,10 +40,7 @@ fn two_concurrent_deletes_cannot_both_remove_the_key() {
     let config = SimConfig::new(3, node_bytes).latency(Latency::new(1_000, 0));
     let world = SimWorld::new(1, config);
     let mut runner = SimRunner::new(&world);
-    let reg = RegisterLoc {
-        addr: HEADER_SIZE,
-        replicas: Replicas::all(3, 0).expect("three replicas"),
-    };
+    let reg = RegisterLoc::at(HEADER_SIZE, Replicas::all(3, 0).expect("three replicas"));
     let history = Rc::new(RefCell::new(Vec::new()));
     let outcomes = Rc::new(RefCell::new(Vec::new()));
     for writer in 0..3u16 {

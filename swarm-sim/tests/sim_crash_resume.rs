@@ -130,6 +130,19 @@ fn successors_of_writers_crashed_mid_write_stay_linearizable_and_above_their_tic
     );
 }
 
+/// The same with registers at different offsets on different nodes
+/// (`Scenario::placed_offsets`): a successor maps its predecessor's records to their
+/// registers by identity, and reads and writes each replica at its own offset.
+#[test]
+fn successors_find_registers_placed_at_different_offsets_per_node() {
+    for_each_seed(8, |seed| {
+        let mut s = crash_restarts(seed);
+        s.placed_offsets = true;
+        let outcome = scenario::run(&s).expect("no stall");
+        check(seed, &outcome, &s);
+    });
+}
+
 /// Prints what the runs do (`--ignored --nocapture`), to size them.
 #[test]
 #[ignore]

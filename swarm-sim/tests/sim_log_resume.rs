@@ -92,10 +92,7 @@ fn a_record_on_a_slow_minority_is_found_and_never_reused() {
         )
         .expect("a client");
         client.resume(scan.used_slots.iter().copied(), scan.last_ticks);
-        let reg = RegisterLoc {
-            addr: REGISTER_AT,
-            replicas: Replicas::all(3, 0).expect("three replicas"),
-        };
+        let reg = RegisterLoc::at(REGISTER_AT, Replicas::all(3, 0).expect("three replicas"));
         let mut cache = RegisterCache::new();
         let stats = OpStats::new();
         block_on(
@@ -182,10 +179,7 @@ fn an_incarnations_writes_lie_in_the_slots_of_its_tick_range() {
             .take(12)
             .enumerate()
         {
-            let reg = RegisterLoc {
-                addr,
-                replicas: Replicas::all(3, 0).expect("three replicas"),
-            };
+            let reg = RegisterLoc::at(addr, Replicas::all(3, 0).expect("three replicas"));
             let stats = OpStats::new();
             let value = format!("value {i}");
             block_on(

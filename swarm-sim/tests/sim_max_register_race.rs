@@ -61,10 +61,7 @@ fn episode(seed: u64) -> History {
     let node_bytes = (layout.log_base() + layout.log_bytes()) as usize;
     let world = SimWorld::new(seed, SimConfig::new(3, node_bytes).keep_trace(false));
     let mut runner = SimRunner::new(&world);
-    let reg = RegisterLoc {
-        addr: HEADER_SIZE,
-        replicas: Replicas::all(3, 0).expect("three replicas"),
-    };
+    let reg = RegisterLoc::at(HEADER_SIZE, Replicas::all(3, 0).expect("three replicas"));
     // The slow-path timeout; C's and A's slow links exceed it, R's stays under it.
     let config = ProtocolConfig::default()
         .with_slow_after_ns(10_000)

@@ -55,10 +55,10 @@ fn world(layout: &Layout) -> SimWorld {
 }
 
 fn register(layout: &Layout, index: u64) -> RegisterLoc {
-    RegisterLoc {
-        addr: HEADER_SIZE + index * layout.register_bytes(),
-        replicas: Replicas::all(3, 0).expect("three replicas"),
-    }
+    RegisterLoc::at(
+        HEADER_SIZE + index * layout.register_bytes(),
+        Replicas::all(3, 0).expect("three replicas"),
+    )
 }
 
 fn client<F: Fabric>(
@@ -174,10 +174,7 @@ fn a_reader_that_meets_its_slot_recycled_reads_again_and_never_returns_foreign_d
     let rid = reader.fabric().inner.id();
     // The reader ranks the replicas n1, n2, n0: its primary n1 has no in-place copy
     // (the writer's primary n0 has), so it fetches values from their log slots.
-    let reader_a = RegisterLoc {
-        addr: a.addr,
-        replicas: Replicas::all(3, 1).expect("three replicas"),
-    };
+    let reader_a = RegisterLoc::at(a.id, Replicas::all(3, 1).expect("three replicas"));
 
     let write = |at: u64, reg: &RegisterLoc, value: &'static str| {
         let (w, reg) = (writer.clone(), reg.clone());

@@ -137,6 +137,32 @@ fn recycling_with_deletes_reinserts_and_operations_in_flight() {
 /// incarnation that reused a carried slot too early, repeated a timestamp or lost
 /// track of a buffer would show as a non-linearizable history, a failed operation or
 /// a full log.
+/// Registers whose replicas sit at different offsets on different nodes
+/// (`Scenario::placed_offsets`, `swarm_core::RegisterLoc::placed`), with deletes,
+/// re-inserts, operations in flight and restarts from summaries: every batch goes to
+/// its replica's own offset, and slot trackers, log records and resumes name the
+/// register by its identity. A path that used one replica's offset on another, or
+/// the identity as an offset, would read words nobody writes there.
+#[test]
+fn registers_placed_at_different_offsets_per_node_stay_linearizable() {
+    for_each_seed(8, |seed| {
+        let mut s = recycling(seed);
+        s.placed_offsets = true;
+        s.inflight = 2;
+        s.delete_percent = 10;
+        s.write_percent = 40;
+        s.incarnations = 2;
+        s.keys = 6;
+        let outcome = scenario::run(&s).expect("no stall");
+        check(
+            &outcome,
+            "registers at per-node offsets",
+            s.clients,
+            RECYCLING.log_slots,
+        );
+    });
+}
+
 #[test]
 fn clean_restarts_resume_from_log_summaries() {
     for_each_seed(8, |seed| {

@@ -37,10 +37,7 @@ fn a_read_over_slow_links_returns_while_a_majority_answers() {
     let config = SimConfig::new(3, node_bytes).latency(Latency::new(1_000, 0));
     let world = SimWorld::new(1, config);
     let mut runner = SimRunner::new(&world);
-    let reg = RegisterLoc {
-        addr: HEADER_SIZE,
-        replicas: Replicas::all(3, 0).expect("three replicas"),
-    };
+    let reg = RegisterLoc::at(HEADER_SIZE, Replicas::all(3, 0).expect("three replicas"));
     let protocol = ProtocolConfig::default()
         .with_slow_after_ns(10_000)
         .with_suspect_ns(1_000_000);

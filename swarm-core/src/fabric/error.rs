@@ -81,6 +81,15 @@ pub enum FabricError {
         /// The node listed twice.
         node: NodeId,
     },
+    /// A register's placement gives no offset for one of its replicas, or an offset
+    /// for a node that is not one of them.
+    #[error(
+        "memory node {node} has no offset in a register's placement, or is not its replica: give one offset per replica"
+    )]
+    UnplacedReplica {
+        /// The node without an offset (or with one but not a replica).
+        node: NodeId,
+    },
     /// A register was given more replicas than a client can address.
     #[error(
         "a register has {count} replicas but at most {max} are supported: replicate on fewer nodes"

@@ -60,7 +60,7 @@ pub const EXAMINE_BYTES: u64 = 64 << 10;
 #[derive(Debug, Default, PartialEq, Eq)]
 pub(crate) struct Examined {
     /// Per slot holding one, the newest valid record of this writer that names its
-    /// register, on any copy: `(slot, timestamp, register address)`, to track.
+    /// register, on any copy: `(slot, timestamp, register identity)`, to track.
     pub(crate) writes: Vec<(u32, Timestamp, u64)>,
     /// Slots with neither a record nor a lock word on any copy read (a majority of
     /// nodes answered): never written, to free.

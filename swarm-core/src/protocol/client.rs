@@ -143,7 +143,7 @@ pub(crate) struct WriterState {
     pub(crate) tracker: SlotTracker,
     /// Slots carried over from an earlier incarnation's summary, examined lazily.
     pub(crate) carried: CarriedSlots,
-    /// Maps a register address read from a carried slot's record to its location
+    /// Maps a register identity read from a carried slot's record to its location
     /// (given with the summary, [`Client::resume_summary`]).
     pub(crate) locate: Option<Locator>,
     /// The tick ceiling this writer persists, if its store keeps one
@@ -167,7 +167,8 @@ pub(crate) struct Ceiling {
     raising: bool,
 }
 
-/// Maps a register address read from a log record (untrusted) to its location.
+/// Maps a register identity read from a log record's owner tag (untrusted) to its
+/// location ([`RegisterLoc::id`]).
 pub(crate) struct Locator(alloc::boxed::Box<dyn Fn(u64) -> Option<RegisterLoc> + Send>);
 
 impl core::fmt::Debug for Locator {
@@ -198,7 +199,8 @@ pub struct Client<F, C> {
     pub(crate) state: RefCell<WriterState>,
     /// The nodes this client suspects, shared with the store's other paths.
     pub(crate) suspicion: Arc<Suspicion>,
-    /// Addresses of the registers with a write or delete of this client in flight.
+    /// Identities ([`RegisterLoc::id`]) of the registers with a write or delete of this
+    /// client in flight.
     writing: RefCell<Vec<u64>>,
     /// An operation of this client has its write-back guard up
     /// ([`super::write_back_guard`]).
@@ -223,13 +225,13 @@ pub struct Client<F, C> {
 #[derive(Debug)]
 pub(crate) struct WriteSlot<'a> {
     writing: &'a RefCell<Vec<u64>>,
-    addr: u64,
+    id: u64,
 }
 
 impl Drop for WriteSlot<'_> {
     fn drop(&mut self) {
         let mut writing = self.writing.borrow_mut();
-        if let Some(i) = writing.iter().position(|&a| a == self.addr) {
+        if let Some(i) = writing.iter().position(|&a| a == self.id) {
             writing.swap_remove(i);
         }
     }
@@ -487,12 +489,12 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         let now = self.fabric.now();
         if stats.is_fenced(now) {
             tracing::debug!(
-                register = reg.addr,
+                register = reg.id,
                 "majority completed past the operation's deadline: outcome unknown (fenced)"
             );
             return Err(SwarmError::Fenced);
         }
-        self.state.borrow_mut().tracker.settle(reg.addr, floor, now);
+        self.state.borrow_mut().tracker.settle(reg.id, floor, now);
         Ok(now)
     }
 
@@ -817,7 +819,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
     /// exceed its last tick count (as [`Self::resume`]), and queues the used slots
     /// for lazy examination ([`Self::examine_carried_tick`], and before a write would
     /// find the log full), which learns what they hold so that slot-recycling checks can
-    /// free the superseded ones. `locate` maps the register address a record names
+    /// free the superseded ones. `locate` maps the register identity a record names
     /// (untrusted) to the register's location, as for [`Self::resume_scan`]; `None`
     /// leaves that slot taken.
     pub fn resume_summary(
@@ -997,18 +999,18 @@ impl<F: Fabric, C: Clock> Client<F, C> {
     pub(crate) async fn write_slot(&self, reg: &RegisterLoc) -> WriteSlot<'_> {
         core::future::poll_fn(|cx| {
             let mut writing = self.writing.borrow_mut();
-            if writing.contains(&reg.addr) {
+            if writing.contains(&reg.id) {
                 // Busy re-poll, as everywhere in this crate (see `crate::exec`).
                 cx.waker().wake_by_ref();
                 return core::task::Poll::Pending;
             }
-            writing.push(reg.addr);
+            writing.push(reg.id);
             core::task::Poll::Ready(())
         })
         .await;
         WriteSlot {
             writing: &self.writing,
-            addr: reg.addr,
+            id: reg.id,
         }
     }
 

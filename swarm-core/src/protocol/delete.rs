@@ -242,7 +242,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         debug_assert!(tomb.is_tombstone());
         let n = reg.replicas.len();
         let q = reg.replicas.quorum();
-        let addr = self.layout.delete_word_addr(reg.addr);
+        let layout = self.layout;
         let mut failed = [false; MAX_REPLICAS];
         // What the delete words hold in this life before a tombstone: its marker.
         let untombstoned = cache.untombstoned();
@@ -264,9 +264,9 @@ impl<F: Fabric, C: Clock> Client<F, C> {
             let need = q - have;
             super::maxreg::enough_candidates(&candidates, need)?;
             let mut rt = self
-                .quorum_step(stats, reg, &candidates, need, |_, batch| {
+                .quorum_step(stats, reg, &candidates, need, |p, batch| {
                     batch.push(Op::Cas {
-                        addr,
+                        addr: layout.delete_word_addr(reg.offset(p)),
                         expected: untombstoned.word(),
                         new: tomb.word(),
                     })?;
@@ -353,7 +353,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         if outcome == DeleteOutcome::Raced {
             tracing::debug!(
                 writer = self.writer.get(),
-                register = reg.addr,
+                register = reg.id,
                 "delete raced another delete of the same value (or a node missed an \
                  earlier one): the register is deleted, which delete removed the value \
                  is undecided"
@@ -376,7 +376,6 @@ impl<F: Fabric, C: Clock> Client<F, C> {
     ) -> Result<FirstDeleter, SwarmError> {
         let _deadline = self.arm_deadline(stats);
         let n = reg.replicas.len();
-        let addr = self.layout.delete_word_addr(reg.addr);
         let tomb = Tsp::new(Timestamp::tombstone(self.writer), Flag::Verified);
         let untombstoned = votes.untombstoned;
         let mut votes = votes.clone();
@@ -385,7 +384,11 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         for p in (0..n).filter(|&p| !votes.knows(p)) {
             rt.post(
                 reg.replicas.node(p),
-                Batch::cas(addr, untombstoned.word(), tomb.word()),
+                Batch::cas(
+                    self.layout.delete_word_addr(reg.offset(p)),
+                    untombstoned.word(),
+                    tomb.word(),
+                ),
             )?;
             asked += 1;
         }

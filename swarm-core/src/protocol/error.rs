@@ -50,7 +50,7 @@ pub enum SwarmError {
     PrefixTooLong {
         /// The prefix's length.
         len: usize,
-        /// The register's address.
+        /// The register's offset on the replica where the prefix does not fit.
         addr: u64,
     },
     /// A Safe-Guess read exceeded its wait-freedom bound of `2·writers + 1`

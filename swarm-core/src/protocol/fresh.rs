@@ -149,13 +149,21 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         carried: Option<Op>,
     ) -> Result<(FreshOutcome, Carried), SwarmError> {
         self.check_payload(payload)?;
-        let prefix_at =
-            reg.addr
-                .checked_sub(prefix.len() as u64)
-                .ok_or(SwarmError::PrefixTooLong {
-                    len: prefix.len(),
-                    addr: reg.addr,
-                })?;
+        // Where the prefix starts on the replica at position `p`: right before the
+        // register's offset there.
+        let prefix_at = |p: usize| reg.offset(p).checked_sub(prefix.len() as u64);
+        if let Some(p) = reg
+            .replicas
+            .positions()
+            .iter()
+            .find(|&&p| prefix_at(p).is_none())
+        {
+            return Err(SwarmError::PrefixTooLong {
+                len: prefix.len(),
+                addr: reg.offset(*p),
+            });
+        }
+        let prefix_at = |p: usize| prefix_at(p).unwrap_or(0);
         let _slot = self.write_slot(reg).await;
         // What every word of a pre-cleared register holds: the marker its reset left
         // (⊥ in memory never reset). The write goes above it.
@@ -179,7 +187,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
             crate::layout::SlotError::NoLog(ts.writer()),
         ))?;
         let image = Payload::Shared(prefix.iter().chain(record.iter()).copied().collect());
-        let word = self.layout.meta_word_addr(reg.addr, self.writer);
+        let word = |p: usize| self.layout.meta_word_addr(reg.offset(p), self.writer);
         let record_at = buffer + u64::from(SLOT_LOCK_BYTES);
         let q = reg.replicas.quorum();
         let asked = if carried.is_some() {
@@ -191,23 +199,23 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         for p in 0..asked {
             let node = reg.replicas.node(p);
             self.fabric.prefetch(node, record_at, record.len() as u64);
-            self.fabric.prefetch(node, prefix_at, image.len() as u64);
-            self.fabric.prefetch(node, word, 8);
+            self.fabric.prefetch(node, prefix_at(p), image.len() as u64);
+            self.fabric.prefetch(node, word(p), 8);
         }
         if stats.is_interleaved() {
             crate::exec::yield_now(&self.fabric).await;
         }
         self.track(reg, ts);
         let everyone = reg.replicas.positions();
-        let build = |batch: &mut Batch| {
-            batch.push(inout::read_op(&self.layout, reg.addr, false))?;
+        let build = |p: usize, batch: &mut Batch| {
+            batch.push(inout::read_op(&self.layout, reg.offset(p), false))?;
             batch.push(inout::buffer_write_op(buffer, record.clone()))?;
             batch.push(Op::Write {
-                addr: prefix_at,
+                addr: prefix_at(p),
                 data: image.clone(),
             })?;
             batch.push(Op::Cas {
-                addr: word,
+                addr: word(p),
                 expected: cleared.word(),
                 new: verified.word(),
             })?;
@@ -226,15 +234,8 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         }
         match carried {
             None => {
-                self.quorum_step_touching(
-                    &mut rt,
-                    reg,
-                    everyone,
-                    q,
-                    |_| NO_TOUCHES,
-                    |_, batch| build(batch),
-                )
-                .await?;
+                self.quorum_step_touching(&mut rt, reg, everyone, q, |_| NO_TOUCHES, build)
+                    .await?;
             }
             Some(_) => self.every_replica_step(&mut rt, reg, build).await?,
         }
@@ -270,7 +271,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         if holding < q {
             tracing::warn!(
                 writer = self.writer.get(),
-                register = reg.addr,
+                register = reg.id,
                 holding,
                 "a fresh register's metadata was not cleared on a majority: writing it the ordinary way"
             );
@@ -288,7 +289,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         &self,
         rt: &mut Roundtrip<'_, F>,
         reg: &RegisterLoc,
-        mut build: impl FnMut(&mut Batch) -> Result<(), FabricError>,
+        mut build: impl FnMut(usize, &mut Batch) -> Result<(), FabricError>,
     ) -> Result<(), SwarmError> {
         let replicas = (0..reg.replicas.len()).map(|p| reg.replicas.node(p));
         let answered = |replies: &[(NodeId, _)], node| replies.iter().any(|(r, _)| *r == node);
@@ -298,9 +299,11 @@ impl<F: Fabric, C: Clock> Client<F, C> {
             replicas.clone(),
             reg.replicas.quorum(),
             self.config.slow_after_ns,
-            |_| {
+            |node| {
                 let mut batch = Batch::new();
-                build(&mut batch)?;
+                // Every node given is a replica (`replicas` above).
+                let p = reg.replicas.position(node).unwrap_or(0);
+                build(p, &mut batch)?;
                 Ok(Some(batch))
             },
             |replies| replies.len() == reg.replicas.len(),

@@ -134,7 +134,7 @@ use super::write_back_guard::GuardedWriteBack;
 use super::{Client, ReadValue, SwarmError};
 
 impl<F: Fabric, C: Clock> Client<F, C> {
-    /// `encode_record_for(tsp, Some(reg.addr), payload)` in one buffer, which the
+    /// `encode_record_for(tsp, Some(reg.id), payload)` in one buffer, which the
     /// batches to every replica (and the in-place copy) share instead of copying it
     /// each. Encoded in place in the shared buffer, which is the client's spare one
     /// when no batch holds it any more (the previous write's batches completed and
@@ -156,7 +156,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         // `encode_record_into` wants it zeroed (the hash covers the hash field as
         // zeros, and the padding).
         bytes.fill(0);
-        encode_record_into(tsp, Some(reg.addr), payload, bytes);
+        encode_record_into(tsp, Some(reg.id), payload, bytes);
         *self.spare_record.borrow_mut() = Some(Arc::clone(&record));
         Payload::Shared(record)
     }
@@ -474,13 +474,13 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         let build = |p: usize, batch: &mut Batch| {
             batch.push(inout::read_op(
                 &layout,
-                reg.addr,
+                reg.offset(p),
                 with_inplace && p == primary,
             ))?;
             Ok(())
         };
         let touches =
-            |p: usize| match inout::read_op(&layout, reg.addr, with_inplace && p == primary) {
+            |p: usize| match inout::read_op(&layout, reg.offset(p), with_inplace && p == primary) {
                 crate::fabric::Op::Read { addr, len } => [(addr, u64::from(len)), NO_TOUCH],
                 _ => NO_TOUCHES,
             };
@@ -607,7 +607,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
                 let mut bytes = self
                     .fabric
                     .take_buffer(self.layout.register_bytes() as usize);
-                match step.read_direct(node, reg.addr, &mut bytes) {
+                match step.read_direct(node, reg.offset(p), &mut bytes) {
                     Some(Ok(())) => {
                         let view = inout::parse_read(&self.layout, bytes, true);
                         self.fold_parsed(cache, views, p, true, view)?;
@@ -619,7 +619,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
                     }
                 }
             } else if let Some(bytes) = meta.get_mut(..meta_len) {
-                match step.read_direct(node, reg.addr + self.layout.meta_offset(), bytes) {
+                match step.read_direct(node, reg.offset(p) + self.layout.meta_offset(), bytes) {
                     Some(Ok(())) => {
                         self.fold_parsed(cache, views, p, false, inout::parse_meta(bytes))?;
                         continue;
@@ -636,7 +636,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
             }
             // Not read in place: as a batch.
             let mut batch = Batch::new();
-            batch.push(inout::read_op(&self.layout, reg.addr, inplace))?;
+            batch.push(inout::read_op(&self.layout, reg.offset(p), inplace))?;
             let Some(reply) = step.submit(reg.replicas.node(p), &mut batch) else {
                 *views = Views::default();
                 return Ok(false);
@@ -748,7 +748,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
                         self.write_inplace(
                             reg,
                             stats,
-                            encode_record_for(t, Some(reg.addr), record.payload),
+                            encode_record_for(t, Some(reg.id), record.payload),
                         );
                     }
                     return Ok(Fetched::Value(record.payload.to_vec()));
@@ -777,11 +777,12 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         stats: &OpStats,
         record: impl Into<Payload>,
     ) {
+        let primary = self.primary(reg);
         post_background_for(
             &self.fabric,
             stats,
-            reg.replicas.node(self.primary(reg)),
-            Batch::write(reg.addr, record),
+            reg.replicas.node(primary),
+            Batch::write(reg.offset(primary), record),
         );
     }
 
@@ -813,7 +814,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
     ) -> Result<ReadNow, SwarmError> {
         let layout = self.layout;
         let primary = self.primary(reg);
-        let touches = |p: usize| match inout::read_op(&layout, reg.addr, p == primary) {
+        let touches = |p: usize| match inout::read_op(&layout, reg.offset(p), p == primary) {
             crate::fabric::Op::Read { addr, len } => [(addr, u64::from(len)), NO_TOUCH],
             _ => NO_TOUCHES,
         };
@@ -971,8 +972,8 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         Ok(views.max())
     }
 
-    /// The byte ranges a write round's batch to one replica touches: the
-    /// out-of-place buffer at `buffer` that a record of `record_len` bytes goes to
+    /// The byte ranges a write round's batch to one replica, where the register
+    /// starts at `addr`, touches: the out-of-place buffer at `buffer` that a record of `record_len` bytes goes to
     /// (unless `buffer_written` there already), and the metadata words: every one
     /// of them in a round that reads them first, this writer's otherwise.
     pub(crate) fn round_touches(
@@ -1032,7 +1033,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
     }
 
     /// Runs `inner_write` rounds until a majority holds `tsp`, whose encoded record
-    /// (`encode_record_for(tsp, Some(reg.addr), payload)`) is `record`. With `read_first`, the
+    /// (`encode_record_for(tsp, Some(reg.id), payload)`) is `record`. With `read_first`, the
     /// first round also reads the metadata words *before* writing (one pipelined batch
     /// per node, SWARM §3.2 line 6) and contacts a majority even if the cache says it
     /// is not needed; the maximum of those reads is returned (`Tsp::EMPTY` otherwise).
@@ -1089,22 +1090,24 @@ impl<F: Fabric, C: Clock> Client<F, C> {
                 let life = cache.untombstoned();
                 let written = progress.buffer_written;
                 let record_len = record.len() as u64;
-                let touches =
-                    |p: usize| self.round_touches(reg.addr, buffer, record_len, written[p], first);
+                let touches = |p: usize| {
+                    self.round_touches(reg.offset(p), buffer, record_len, written[p], first)
+                };
                 let rt = &mut rt;
                 self.quorum_step_touching(rt, reg, &candidates, need, touches, |p, batch| {
+                    let at = reg.offset(p);
                     if first {
-                        batch.push(inout::read_op(&layout, reg.addr, false))?;
+                        batch.push(inout::read_op(&layout, at, false))?;
                     }
                     if !written[p] {
                         batch.push(inout::buffer_write_op(buffer, record.clone()))?;
                     }
                     let expected = inout::max_expected(own.get(p), tsp);
-                    inout::push_max(batch, &layout, reg.addr, writer, expected, tsp)?;
+                    inout::push_max(batch, &layout, at, writer, expected, tsp)?;
                     // The delete word after the CAS: if the CAS found a word of a
                     // later life, this probe shows that life's marker or tombstone
                     // (batch order), and no further round acts on that word.
-                    batch.push(inout::delete_word_probe_op(&layout, reg.addr, life))?;
+                    batch.push(inout::delete_word_probe_op(&layout, at, life))?;
                     Ok(())
                 })
                 .await?;

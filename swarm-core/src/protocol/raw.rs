@@ -50,7 +50,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         let mut rt = Roundtrip::start(&self.fabric, stats);
         rt.post(
             reg.replicas.node(0),
-            Batch::write(reg.addr, encode_record(tsp, payload)),
+            Batch::write(reg.offset(0), encode_record(tsp, payload)),
         )?;
         rt.wait(1).await?;
         Ok(())
@@ -86,7 +86,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         let mut step = Immediate::start(&self.fabric, stats)?;
         let mut stack = [0u8; RAW_DIRECT_BYTES];
         if let Some(bytes) = stack.get_mut(..len) {
-            match step.read_direct(node, reg.addr, bytes) {
+            match step.read_direct(node, reg.offset(0), bytes) {
                 Some(Ok(())) => {
                     if bytes.iter().take(8).all(|b| *b == 0) {
                         step.complete()?;
@@ -103,7 +103,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
                 None => {}
             }
         }
-        let mut batch = Batch::read(reg.addr, len as u32);
+        let mut batch = Batch::read(reg.offset(0), len as u32);
         let Some(reply) = step.submit(node, &mut batch) else {
             return Ok(None);
         };
@@ -144,7 +144,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
             let mut rt = Roundtrip::start(&self.fabric, stats);
             rt.post(
                 node,
-                Batch::read(reg.addr, self.layout.record_bytes() as u32),
+                Batch::read(reg.offset(0), self.layout.record_bytes() as u32),
             )?;
             rt.wait(1).await?;
             let bytes = rt.replies_mut()[0].1.read_mut(0).unwrap_or_default();

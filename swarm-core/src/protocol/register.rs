@@ -107,13 +107,113 @@ impl Replicas {
     }
 }
 
-/// Where a register lives: the same byte offset on each of its replicas.
+/// Where a register lives: its identity, its replicas, and its offset on each.
+///
+/// The *identity* ([`RegisterLoc::id`]) names the register in everything that
+/// outlives one access: log records' owner tags, the slot trackers, the list of
+/// registers a client is writing. An *offset* ([`RegisterLoc::offset`]) is where the
+/// register (in-place block, then metadata words, then delete word) starts on one
+/// replica, and every batch to that replica uses it. The two are separate so that a
+/// register's replicas can sit at different offsets on different nodes (a chunk
+/// placed, moved or grown per node: ARCHITECTURE.md, "Per-replica placement") while
+/// its name stays the same. A store that places every replica at one address uses
+/// that address as the identity too ([`RegisterLoc::at`]), so the owner tags of its
+/// records are the addresses they always were.
+///
+/// The identity must be a multiple of 8 below 32 GiB for a log record to name it
+/// (otherwise records carry the unknown owner tag, as
+/// [`crate::Layout`]'s record format says); a client's locator maps it back to the
+/// location.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RegisterLoc {
-    /// Offset of the register (in-place block, then metadata) on every replica.
-    pub addr: u64,
-    /// Its replicas.
+    /// The register's identity: its name in log records, slot trackers and write
+    /// guards. Not an address on any node unless the store makes it one.
+    pub id: u64,
+    /// Its replicas, in preference order. The offsets are kept per preference
+    /// position: build a new location (never edit this field) to change the replicas.
     pub replicas: Replicas,
+    offsets: Offsets,
+}
+
+/// A register's offset on each replica: one for all of them (no allocation; the
+/// common case, kept as small as it was), or one per preference position.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Offsets {
+    Same(u64),
+    PerReplica(Box<[u64; MAX_REPLICAS]>),
+}
+
+impl RegisterLoc {
+    /// A register at offset `addr` on every replica, named by that address.
+    pub fn at(addr: u64, replicas: Replicas) -> Self {
+        Self {
+            id: addr,
+            replicas,
+            offsets: Offsets::Same(addr),
+        }
+    }
+
+    /// A register named `id` whose replica on node `n` starts at the offset paired with
+    /// `n` in `offsets` (any order). Fails with
+    /// [`FabricError::UnplacedReplica`] if a replica has no offset or an offset names
+    /// a node that is not a replica, or with [`FabricError::Misaligned`] if an offset
+    /// is not a multiple of 8 (its metadata words are CAS targets).
+    pub fn placed(
+        id: u64,
+        replicas: Replicas,
+        offsets: &[(NodeId, u64)],
+    ) -> Result<Self, FabricError> {
+        let mut by_position = Box::new([0u64; MAX_REPLICAS]);
+        for (p, node) in replicas.nodes().iter().enumerate() {
+            let Some(&(_, at)) = offsets.iter().find(|(n, _)| n == node) else {
+                return Err(FabricError::UnplacedReplica { node: *node });
+            };
+            if !at.is_multiple_of(8) {
+                return Err(FabricError::Misaligned {
+                    node: *node,
+                    addr: at,
+                });
+            }
+            by_position[p] = at;
+        }
+        if let Some(&(node, _)) = offsets
+            .iter()
+            .find(|(n, _)| replicas.position(*n).is_none())
+        {
+            return Err(FabricError::UnplacedReplica { node });
+        }
+        Ok(Self {
+            id,
+            replicas,
+            offsets: Offsets::PerReplica(by_position),
+        })
+    }
+
+    /// The register's offset on the replica at preference position `p` (0 is the
+    /// primary): where every batch to that replica reads, writes and CASes it.
+    #[inline]
+    pub fn offset(&self, p: usize) -> u64 {
+        match &self.offsets {
+            Offsets::Same(addr) => *addr,
+            // Positions come from `replicas`, built together with the offsets, so `p`
+            // is below MAX_REPLICAS; a wrong one reads slot 0's offset, never panics.
+            Offsets::PerReplica(at) => at.get(p).copied().unwrap_or(at[0]),
+        }
+    }
+
+    /// The register's offset on `node`, if `node` is one of its replicas.
+    pub fn offset_on(&self, node: NodeId) -> Option<u64> {
+        self.replicas.position(node).map(|p| self.offset(p))
+    }
+
+    /// The offset shared by every replica, if the register has one (built by
+    /// [`RegisterLoc::at`]).
+    pub fn same_offset(&self) -> Option<u64> {
+        match self.offsets {
+            Offsets::Same(addr) => Some(addr),
+            Offsets::PerReplica(_) => None,
+        }
+    }
 }
 
 /// What a client knows about one register, kept between operations (SWARM-KV keeps
@@ -463,6 +563,61 @@ mod tests {
             Err(FabricError::TooManyReplicas {
                 count: 16,
                 max: MAX_REPLICAS
+            })
+        );
+    }
+
+    #[test]
+    fn a_location_keeps_each_replicas_offset_through_the_rotation() {
+        let at = RegisterLoc::at(4096, Replicas::all(3, 4).unwrap());
+        assert_eq!((at.id, at.same_offset()), (4096, Some(4096)));
+        assert!((0..3).all(|p| at.offset(p) == 4096));
+        // Offsets given by node, in any order: each position gets its node's.
+        let offsets = [
+            (NodeId(2), 3 << 12),
+            (NodeId(0), 1 << 12),
+            (NodeId(1), 2 << 12),
+        ];
+        for hash in 0..3 {
+            let replicas = Replicas::all(3, hash).unwrap();
+            let loc = RegisterLoc::placed(8, replicas.clone(), &offsets).unwrap();
+            assert_eq!((loc.id, loc.same_offset()), (8, None));
+            for p in 0..3 {
+                let node = replicas.node(p);
+                assert_eq!(loc.offset(p), u64::from(node.0 + 1) << 12);
+                assert_eq!(loc.offset_on(node), Some(loc.offset(p)));
+            }
+            assert_eq!(loc.offset_on(NodeId(3)), None);
+        }
+        // A memory-size check: the uniform location is as small as before but for
+        // one word and a tag (a store keeps one per cached key).
+        assert!(core::mem::size_of::<RegisterLoc>() <= core::mem::size_of::<Replicas>() + 24);
+    }
+
+    #[test]
+    fn a_placement_without_an_offset_for_each_replica_is_refused() {
+        let replicas = Replicas::new(&[NodeId(0), NodeId(1), NodeId(2)], 0).unwrap();
+        let some = [(NodeId(0), 64), (NodeId(1), 128)];
+        assert_eq!(
+            RegisterLoc::placed(64, replicas.clone(), &some),
+            Err(FabricError::UnplacedReplica { node: NodeId(2) })
+        );
+        let extra = [
+            (NodeId(0), 64),
+            (NodeId(1), 128),
+            (NodeId(2), 192),
+            (NodeId(5), 8),
+        ];
+        assert_eq!(
+            RegisterLoc::placed(64, replicas.clone(), &extra),
+            Err(FabricError::UnplacedReplica { node: NodeId(5) })
+        );
+        let misaligned = [(NodeId(0), 64), (NodeId(1), 130), (NodeId(2), 192)];
+        assert_eq!(
+            RegisterLoc::placed(64, replicas, &misaligned),
+            Err(FabricError::Misaligned {
+                node: NodeId(1),
+                addr: 130
             })
         );
     }

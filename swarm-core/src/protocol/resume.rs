@@ -193,8 +193,8 @@ pub struct ResumedWrite {
     pub slot: u32,
     /// The write's timestamp.
     pub ts: Timestamp,
-    /// The address of the register it was written for (from untrusted memory: the
-    /// caller maps it to a register or ignores it).
+    /// The identity of the register it was written for ([`crate::RegisterLoc::id`];
+    /// from untrusted memory: the caller maps it to a register or ignores it).
     pub register: u64,
 }
 

@@ -189,7 +189,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         self.inner_write(reg, cache, stats, v, payload, &mut WriteProgress::default())
             .await?;
         self.settle(reg, stats, v)?;
-        self.write_inplace(reg, stats, encode_record_for(v, Some(reg.addr), payload));
+        self.write_inplace(reg, stats, encode_record_for(v, Some(reg.id), payload));
         Ok(WriteOutcome::Written)
     }
 
@@ -202,11 +202,20 @@ impl<F: Fabric, C: Clock> Client<F, C> {
     /// already on their way.
     fn hint_guessed_write(&self, reg: &RegisterLoc, w: Tsp, record_len: u64) {
         if let Some(buffer) = self.layout.buffer_addr(w.ts()) {
-            let touches = self.round_touches(reg.addr, buffer, record_len, false, true);
-            self.hint_touches(reg, 0..reg.replicas.quorum(), |_| touches);
+            // One offset on every replica (the common case): one set of ranges for all.
+            let same = reg
+                .same_offset()
+                .map(|at| self.round_touches(at, buffer, record_len, false, true));
+            let touches = |p: usize| {
+                same.unwrap_or_else(|| {
+                    self.round_touches(reg.offset(p), buffer, record_len, false, true)
+                })
+            };
+            self.hint_touches(reg, 0..reg.replicas.quorum(), touches);
         }
-        let primary = reg.replicas.node(self.primary(reg));
-        self.fabric.prefetch(primary, reg.addr, record_len);
+        let primary = self.primary(reg);
+        self.fabric
+            .prefetch(reg.replicas.node(primary), reg.offset(primary), record_len);
     }
 
     /// Safe-Guess `READ()`.
@@ -329,7 +338,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
                             cache,
                             stats,
                             m,
-                            encode_record_for(m, Some(reg.addr), &value).into(),
+                            encode_record_for(m, Some(reg.id), &value).into(),
                             now,
                         );
                         return Ok(ReadValue::Value(value));
@@ -395,8 +404,11 @@ impl<F: Fabric, C: Clock> Client<F, C> {
             return;
         }
         let verified = guessed.with_flag(Flag::Verified);
-        let addr = self.layout.meta_word_addr(reg.addr, self.writer);
         let primary = self.primary(reg);
+        // One offset on every replica (the common case): one word address for all.
+        let same_word = reg
+            .same_offset()
+            .map(|at| self.layout.meta_word_addr(at, self.writer));
         let mut inplace = Some(record);
         for p in 0..reg.replicas.len() {
             let mut batch = Batch::new();
@@ -405,7 +417,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
             {
                 // Cannot fail: the batch is empty.
                 let _ = batch.push(Op::Write {
-                    addr: reg.addr,
+                    addr: reg.offset(p),
                     data: record,
                 });
             }
@@ -415,7 +427,8 @@ impl<F: Fabric, C: Clock> Client<F, C> {
                 let expected = cache.own_word.get(p);
                 // Cannot fail: the batch holds at most one operation so far.
                 let _ = batch.push(Op::Cas {
-                    addr,
+                    addr: same_word
+                        .unwrap_or_else(|| self.layout.meta_word_addr(reg.offset(p), self.writer)),
                     expected: expected.word(),
                     new: verified.word(),
                 });

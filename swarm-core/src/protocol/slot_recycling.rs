@@ -128,7 +128,7 @@ use crate::fabric::{Batch, Fabric, Nanos, Ticket};
 use crate::layout::{Layout, SlotAllocator};
 
 use super::inout;
-use super::register::{MAX_REPLICAS, RegisterLoc, Replicas};
+use super::register::{MAX_REPLICAS, RegisterLoc};
 use super::write_back_guard::GuardCheck;
 
 /// Default delivery margin: how long a batch posted before its operation's deadline
@@ -360,17 +360,18 @@ struct Check {
     started: Nanos,
     /// The tracker's event count when the check posted its reads.
     events: u64,
-    /// Register address, its replicas' maxima by position, and who answered.
+    /// Register identity ([`RegisterLoc::id`]), its replicas' maxima by position, and who answered.
     regs: Vec<(u64, [Tsp; MAX_REPLICAS], u16)>,
     /// (index in `regs`, replica position, ticket) still outstanding.
     outstanding: Vec<(usize, usize, Ticket)>,
 }
 
-/// Hashes a register address (a multiple of the register size: its low bits are
-/// zero, so it cannot be its own hash) by a folded multiply: the 128-bit product with
+/// Hashes a register identity (an address in every store so far, and a multiple of 8
+/// for an owner tag to name it: its low bits are zero, so it cannot be its own hash)
+/// by a folded multiply: the 128-bit product with
 /// an odd constant, high half xor low half, mixes every input bit into both the low
 /// bits (the bucket) and the top seven (the tag) `hashbrown` uses, in two
-/// multiplications. Addresses are not attacker-chosen (they come from this client's
+/// multiplications. Identities are not attacker-chosen (they come from this client's
 /// own writes), so a keyed hash buys nothing here; this runs twice per write.
 #[derive(Default)]
 struct AddrHasher(u64);
@@ -408,17 +409,17 @@ impl Hasher for AddrHasher {
     }
 }
 
-/// The registers this writer has tracked writes on: a map from register address to
-/// its writes (inline), so that a write's `track` costs one hash probe and no pointer
-/// chase, and its `settle` a second probe of the same, cached, bucket; and a dense
-/// vector of addresses and replicas, which slot-recycling checks walk round robin by
-/// position. (A `BTreeMap` of 100,000 registers cost 6 % of a YCSB A run on shared
+/// The registers this writer has tracked writes on: a map from register identity
+/// ([`RegisterLoc::id`]) to its writes (inline), so that a write's `track` costs one
+/// hash probe and no pointer chase, and its `settle` a second probe of the same,
+/// cached, bucket; and a dense vector of their locations (replicas and offsets), which
+/// slot-recycling checks walk round robin by position. (A `BTreeMap` of 100,000 registers cost 6 % of a YCSB A run on shared
 /// memory; a map to positions in a vector of heap-allocated writes, about three cache
 /// misses per `track`.)
 #[derive(Debug, Default)]
 struct RegisterTable {
     writes: hashbrown::HashMap<u64, RegisterWrites, BuildHasherDefault<AddrHasher>>,
-    order: Vec<(u64, Replicas)>,
+    order: Vec<RegisterLoc>,
 }
 
 impl RegisterTable {
@@ -430,17 +431,17 @@ impl RegisterTable {
         self.order.is_empty()
     }
 
-    /// The writes on `addr` and its replicas.
-    fn get_mut(&mut self, addr: u64) -> Option<(&mut Writes, &Replicas)> {
-        let entry = self.writes.get_mut(&addr)?;
-        Some((&mut entry.writes, &self.order[entry.position as usize].1))
+    /// The writes on register `id` and its location.
+    fn get_mut(&mut self, id: u64) -> Option<(&mut Writes, &RegisterLoc)> {
+        let entry = self.writes.get_mut(&id)?;
+        Some((&mut entry.writes, &self.order[entry.position as usize]))
     }
 
-    /// The writes on `addr`, with none yet and `replicas` recorded if it has none.
-    fn get_or_insert(&mut self, addr: u64, replicas: impl FnOnce() -> Replicas) -> &mut Writes {
+    /// The writes on register `id`, with none yet and `loc` recorded if it has none.
+    fn get_or_insert(&mut self, id: u64, loc: impl FnOnce() -> RegisterLoc) -> &mut Writes {
         let order = &mut self.order;
-        let entry = self.writes.entry(addr).or_insert_with(|| {
-            order.push((addr, replicas()));
+        let entry = self.writes.entry(id).or_insert_with(|| {
+            order.push(loc());
             RegisterWrites {
                 position: (order.len() - 1) as u32,
                 writes: Writes::new(),
@@ -449,25 +450,24 @@ impl RegisterTable {
         &mut entry.writes
     }
 
-    /// Forgets `addr`; the last entry takes its position (a check in progress round
-    /// robin may then skip that one entry until its next pass).
-    fn remove(&mut self, addr: u64) {
-        let Some(removed) = self.writes.remove(&addr) else {
+    /// Forgets register `id`; the last entry takes its position (a check in progress
+    /// round robin may then skip that one entry until its next pass).
+    fn remove(&mut self, id: u64) {
+        let Some(removed) = self.writes.remove(&id) else {
             return;
         };
         let at = removed.position;
         self.order.swap_remove(at as usize);
-        if let Some((moved, _)) = self.order.get(at as usize)
-            && let Some(entry) = self.writes.get_mut(moved)
+        if let Some(moved) = self.order.get(at as usize)
+            && let Some(entry) = self.writes.get_mut(&moved.id)
         {
             entry.position = at;
         }
     }
 
-    /// The address and replicas of the entry at `position`.
-    fn at(&self, position: usize) -> (u64, &Replicas) {
-        let (addr, replicas) = &self.order[position];
-        (*addr, replicas)
+    /// The location of the entry at `position`.
+    fn at(&self, position: usize) -> &RegisterLoc {
+        &self.order[position]
     }
 }
 
@@ -548,9 +548,7 @@ impl SlotTracker {
             // A check may be due as soon as there is something to check.
             self.quiet_until = 0;
         }
-        let writes = self
-            .registers
-            .get_or_insert(reg.addr, || reg.replicas.clone());
+        let writes = self.registers.get_or_insert(reg.id, || reg.clone());
         self.events += 1;
         writes.push(Tracked {
             ts,
@@ -563,8 +561,8 @@ impl SlotTracker {
     /// A majority of `reg`'s replicas holds a word `>= floor`, learned at `now`:
     /// this writer's writes below `floor` are superseded; a write equal to it is
     /// completed.
-    pub(crate) fn settle(&mut self, addr: u64, floor: Tsp, now: Nanos) {
-        let Some((writes, _)) = self.registers.get_mut(addr) else {
+    pub(crate) fn settle(&mut self, id: u64, floor: Tsp, now: Nanos) {
+        let Some((writes, _)) = self.registers.get_mut(id) else {
             return;
         };
         let floor = floor.ts();
@@ -585,7 +583,7 @@ impl SlotTracker {
             }
         });
         if writes.is_empty() {
-            self.registers.remove(addr);
+            self.registers.remove(id);
         }
         self.queued_limbo(was_empty, now);
     }
@@ -599,7 +597,7 @@ impl SlotTracker {
         }
     }
 
-    /// A majority read of `addr`'s metadata words answered with `maxima` (by replica
+    /// A majority read of register `id`'s metadata words answered with `maxima` (by replica
     /// position; `answered` has bit `p` set for each reply), at `now` (rule 3), for a
     /// check that posted its reads when the event count was `events`.
     ///
@@ -611,17 +609,17 @@ impl SlotTracker {
     /// while it is the register's current value.
     fn observe(
         &mut self,
-        addr: u64,
+        id: u64,
         maxima: &[Tsp; MAX_REPLICAS],
         answered: u16,
         now: Nanos,
         events: u64,
     ) {
-        let Some((writes, replicas)) = self.registers.get_mut(addr) else {
+        let Some((writes, loc)) = self.registers.get_mut(id) else {
             return;
         };
-        let n = replicas.len();
-        let q = replicas.quorum();
+        let n = loc.replicas.len();
+        let q = loc.replicas.quorum();
         let replies = || {
             (0..n)
                 .filter(|&p| answered & (1 << p) != 0)
@@ -647,7 +645,7 @@ impl SlotTracker {
             !superseded
         });
         if writes.is_empty() {
-            self.registers.remove(addr);
+            self.registers.remove(id);
         }
         self.queued_limbo(was_empty, now);
     }
@@ -891,11 +889,8 @@ impl SlotTracker {
         self.quiet_until = 0;
         let len = self.registers.len();
         let start = self.cursor % len;
-        let picked: Vec<(u64, Replicas)> = (0..budget.min(len))
-            .map(|i| {
-                let (addr, replicas) = self.registers.at((start + i) % len);
-                (addr, replicas.clone())
-            })
+        let picked: Vec<RegisterLoc> = (0..budget.min(len))
+            .map(|i| self.registers.at((start + i) % len).clone())
             .collect();
         self.cursor = (start + picked.len()) % len;
         let mut check = Check {
@@ -904,13 +899,13 @@ impl SlotTracker {
             regs: Vec::with_capacity(picked.len()),
             outstanding: Vec::new(),
         };
-        for (i, (addr, replicas)) in picked.into_iter().enumerate() {
-            check.regs.push((addr, [Tsp::EMPTY; MAX_REPLICAS], 0));
-            for p in 0..replicas.len() {
+        for (i, loc) in picked.into_iter().enumerate() {
+            check.regs.push((loc.id, [Tsp::EMPTY; MAX_REPLICAS], 0));
+            for p in 0..loc.replicas.len() {
                 let mut batch = Batch::new();
                 // Cannot fail: the batch is empty.
-                let _ = batch.push(inout::read_op(layout, addr, false));
-                let ticket = fabric.post(replicas.node(p), batch);
+                let _ = batch.push(inout::read_op(layout, loc.offset(p), false));
+                let ticket = fabric.post(loc.replicas.node(p), batch);
                 check.outstanding.push((i, p, ticket));
             }
         }
@@ -953,8 +948,8 @@ impl SlotTracker {
             fabric.forget(*ticket);
         }
         // Stamped now, after every reply it uses was read on its node.
-        for (addr, maxima, answered) in &check.regs {
-            self.observe(*addr, maxima, *answered, now, check.events);
+        for (id, maxima, answered) in &check.regs {
+            self.observe(*id, maxima, *answered, now, check.events);
         }
         true
     }
@@ -989,16 +984,14 @@ mod tests {
     use super::*;
     use crate::encoding::Flag;
     use crate::fabric::NodeId;
+    use crate::protocol::register::Replicas;
 
     fn ts(t: u64) -> Timestamp {
         Timestamp::new(t, WriterId::new(1).unwrap()).unwrap()
     }
 
     fn reg() -> RegisterLoc {
-        RegisterLoc {
-            addr: 4096,
-            replicas: Replicas::all(3, 0).unwrap(),
-        }
+        RegisterLoc::at(4096, Replicas::all(3, 0).unwrap())
     }
 
     /// Four writers' logs of 16 slots and a write-back guard table.
@@ -1020,8 +1013,14 @@ mod tests {
             .unwrap()
     }
 
-    fn replicas_of(addr: u64) -> Replicas {
-        Replicas::all(3, addr / 512).unwrap()
+    /// Register `id`'s location: its replicas at offsets that differ per node and
+    /// from the identity, as a chunk placed per node would have them.
+    fn loc_of(id: u64) -> RegisterLoc {
+        let replicas = Replicas::all(3, id / 512).unwrap();
+        let offsets: alloc::vec::Vec<(NodeId, u64)> = (0..3u16)
+            .map(|n| (NodeId(n), 1 << 20 | (id + 4096 * u64::from(n))))
+            .collect();
+        RegisterLoc::placed(id, replicas, &offsets).unwrap()
     }
 
     /// Aligned register addresses spread over buckets (low bits) and tags (top seven
@@ -1065,7 +1064,7 @@ mod tests {
             for (insert, key) in ops {
                 let addr = 4096 + key * 512;
                 if insert {
-                    table.get_or_insert(addr, || replicas_of(addr)).push(Tracked {
+                    table.get_or_insert(addr, || loc_of(addr)).push(Tracked {
                         ts: ts(key + 1),
                         completed: false,
                         resumed: false,
@@ -1078,12 +1077,12 @@ mod tests {
                 }
                 proptest::prop_assert_eq!(table.len(), model.len());
                 for &addr in &model {
-                    let (writes, replicas) = table.get_mut(addr).expect("tracked");
+                    let (writes, loc) = table.get_mut(addr).expect("tracked");
                     proptest::prop_assert!(!writes.is_empty());
-                    proptest::prop_assert_eq!(replicas, &replicas_of(addr));
+                    proptest::prop_assert_eq!(loc, &loc_of(addr));
                 }
                 let visited: alloc::collections::BTreeSet<u64> =
-                    (0..table.len()).map(|i| table.at(i).0).collect();
+                    (0..table.len()).map(|i| table.at(i).id).collect();
                 proptest::prop_assert_eq!(&visited, &model);
             }
         }
@@ -1159,7 +1158,7 @@ mod tests {
             let mut t = SlotTracker::default();
             let timing = ReleaseTiming { table_nodes: 3, grace: 50, margin, timeout: 10, recheck };
             let regs: Vec<RegisterLoc> = (0..3u64)
-                .map(|i| RegisterLoc { addr: 4096 + i * 512, replicas: Replicas::all(3, i).unwrap() })
+                .map(|i| RegisterLoc::at(4096 + i * 512, Replicas::all(3, i).unwrap()))
                 .collect();
             let mut last: Vec<Option<Timestamp>> = alloc::vec![None; regs.len()];
             let mut now = 0;
@@ -1180,7 +1179,7 @@ mod tests {
                             Some(ts) if x % 4 != 0 => Tsp::new(ts, Flag::Verified),
                             _ => Tsp::new(Timestamp::tombstone(me), Flag::Verified),
                         };
-                        t.settle(regs[r].addr, floor, now);
+                        t.settle(regs[r].id, floor, now);
                     }
                     4 => {
                         t.tick(&fabric, &mut slots, &layout, me, now, &timing, &OwnBatches::default(), 2, interval);
@@ -1229,10 +1228,7 @@ mod tests {
         let fabric = cluster.client();
         let mut t = SlotTracker::default();
         for i in 0..10u64 {
-            let reg = RegisterLoc {
-                addr: 4096 + i * 512,
-                replicas: Replicas::all(3, i).unwrap(),
-            };
+            let reg = RegisterLoc::at(4096 + i * 512, Replicas::all(3, i).unwrap());
             t.track(&reg, ts(i + 1));
         }
         let mut seen = alloc::collections::BTreeMap::<u64, u32>::new();

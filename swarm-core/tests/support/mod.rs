@@ -37,10 +37,7 @@ pub fn client(
 
 /// Register `i`: 512 bytes apart from 4096, on all three nodes.
 pub fn reg(i: u64) -> RegisterLoc {
-    RegisterLoc {
-        addr: 4096 + i * 512,
-        replicas: Replicas::all(3, i).unwrap(),
-    }
+    RegisterLoc::at(4096 + i * 512, Replicas::all(3, i).unwrap())
 }
 
 /// Writes `v` to `r`, to its end.

@@ -443,10 +443,7 @@ mod tests {
     fn at(r: RegisterId, vouched_at: Nanos) -> Location {
         Location {
             register: r,
-            loc: RegisterLoc {
-                addr: r,
-                replicas: swarm_core::Replicas::all(3, r).expect("replicas"),
-            },
+            loc: RegisterLoc::at(r, swarm_core::Replicas::all(3, r).expect("replicas")),
             knowledge: RegisterCache::new(),
             vouched_at,
         }

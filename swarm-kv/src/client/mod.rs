@@ -303,10 +303,14 @@ pub fn register_loc_for(
         };
         *node = NodeId(((base + offset) % n) as u16);
     }
-    Ok(RegisterLoc {
+    // One offset on every replica, which also names the register (log owner tags,
+    // slot trackers): the on-memory format of every version so far. Per-chunk
+    // placements give per-replica offsets (`RegisterLoc::placed`; ARCHITECTURE.md,
+    // "Per-replica placement").
+    Ok(RegisterLoc::at(
         addr,
-        replicas: Replicas::new(&chosen[..r], rotation)?,
-    })
+        Replicas::new(&chosen[..r], rotation)?,
+    ))
 }
 
 /// The location of the register whose SWARM register starts at `addr` (an address

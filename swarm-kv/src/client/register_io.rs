@@ -75,7 +75,9 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         if self.protocol == RegisterProtocol::SafeGuess {
             // The header area ends where the register starts: the header, zero-padded
             // to it, goes in the same write as the value's in-place copy.
-            let area = fresh.loc.addr.saturating_sub(header_at) as usize;
+            // (The store places a register at one offset on every replica: the
+            // primary's is every replica's.)
+            let area = fresh.loc.offset(0).saturating_sub(header_at) as usize;
             if header_len > area {
                 return Err(KvError::Corrupted {
                     register: fresh.register,

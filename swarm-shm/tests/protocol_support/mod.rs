@@ -89,11 +89,10 @@ impl Shape {
     /// Where register `key` lives: the same offset on all nodes, replicas rotated by
     /// the key so that primaries and preferred majorities differ between keys (§6).
     pub fn register(&self, key: u32) -> RegisterLoc {
-        RegisterLoc {
-            addr: self.registers_base() + u64::from(key) * self.register_bytes(),
-            replicas: Replicas::all(usize::from(NODES), u64::from(key))
-                .expect("3 replicas are valid"),
-        }
+        RegisterLoc::at(
+            self.registers_base() + u64::from(key) * self.register_bytes(),
+            Replicas::all(usize::from(NODES), u64::from(key)).expect("3 replicas are valid"),
+        )
     }
 }
 

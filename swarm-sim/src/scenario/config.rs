@@ -169,6 +169,11 @@ pub struct Scenario {
     /// larger slots make a writer's log span several examination steps of a resumed
     /// incarnation (`swarm_core::protocol::carried`, 64 KiB per node per step).
     pub payload_max: u32,
+    /// Registers whose replicas sit at different offsets on different nodes
+    /// (`swarm_core::RegisterLoc::placed`): node `n` keeps register `i` in register
+    /// slot `i ^ (n mod 4)` (the register count rounded up to a multiple of 4), while
+    /// the register's identity (its log records' owner tag) stays slot `i`'s address.
+    pub placed_offsets: bool,
 }
 
 /// A scenario's log slot recycling (see `swarm_core::slot_recycling`).
@@ -210,6 +215,7 @@ impl Scenario {
             incarnations: 1,
             crash_restarts: false,
             payload_max: 32,
+            placed_offsets: false,
         }
     }
 

@@ -23,7 +23,7 @@ use swarm_core::{ProtocolConfig, SwarmError};
 use super::config::Scenario;
 use super::faults::{random_skew, schedule_slow_links};
 use super::outcome::Record;
-use super::run::{Directory, SlotRecycling, locate, slot_recycling_task};
+use super::run::{Directory, SlotRecycling, locate, slot_on, slot_recycling_task};
 use super::workload::{CrashAt, Lane, lane_task};
 
 /// The writes that left the clients, seen as they were posted (crash restarts only):
@@ -49,7 +49,15 @@ struct SentWrite {
 impl SentWrites {
     /// Notes `batch` if it writes a record: a record written into a log slot and a
     /// CAS of a register's metadata word to that record's timestamp.
-    pub(super) fn see(&mut self, layout: &Layout, ceilings: u64, client: ClientId, batch: &Batch) {
+    pub(super) fn see(
+        &mut self,
+        layout: &Layout,
+        ceilings: u64,
+        placed: bool,
+        client: ClientId,
+        node: NodeId,
+        batch: &Batch,
+    ) {
         let mut record = None;
         let mut register = None;
         for op in batch.ops() {
@@ -59,8 +67,9 @@ impl SentWrites {
                 Op::Cas { addr, new, .. }
                     if (HEADER_SIZE..ceilings).contains(addr) && register.is_none() =>
                 {
-                    let index = (addr - HEADER_SIZE) / layout.register_bytes();
-                    register = Some((index as u32, *new));
+                    let slot = (addr - HEADER_SIZE) / layout.register_bytes();
+                    // The slot's register on this node (its own inverse: an xor).
+                    register = Some((slot_on(placed, node, slot as u32), *new));
                 }
                 _ => {}
             }
@@ -234,6 +243,7 @@ pub(super) async fn incarnations_task(ctx: Incarnations) {
             }
         };
         let replicas = scenario.replicas;
+        let placed = scenario.placed_offsets;
         if scenario.crash_restarts {
             let addr = ceilings + 8 * u64::from(index);
             let held = match read_ceiling(&fabric, addr).await {
@@ -256,7 +266,7 @@ pub(super) async fn incarnations_task(ctx: Incarnations) {
                     }
                 }
                 // As SWARM-KV's client does on a writer id whose holder crashed.
-                client.resume_crashed(held, move |addr| locate(&layout, replicas, addr));
+                client.resume_crashed(held, move |addr| locate(&layout, replicas, placed, addr));
                 let mut r = record.borrow_mut();
                 r.crash_resumes += 1;
                 r.carried_slots += client.carried_remaining() as u64;
@@ -268,7 +278,7 @@ pub(super) async fn incarnations_task(ctx: Incarnations) {
                 .incarnations
                 .push((id, index, k, crashes));
         } else if let Some(summary) = &summary {
-            client.resume_summary(summary, move |addr| locate(&layout, replicas, addr));
+            client.resume_summary(summary, move |addr| locate(&layout, replicas, placed, addr));
             let mut r = record.borrow_mut();
             r.summary_resumes += 1;
             r.carried_slots += client.carried_remaining() as u64;

@@ -19,20 +19,43 @@ use super::faults::{random_skew, schedule_faults, schedule_slow_links, sim_confi
 use super::incarnations::{Incarnations, SentWrites, crash_restart_writes, incarnations_task};
 use super::outcome::{Outcome, Record};
 
-/// The register a log record names, from its address (untrusted: checked).
-pub(super) fn locate(layout: &Layout, replicas: u16, addr: u64) -> Option<RegisterLoc> {
+/// The register a log record names, from its identity (untrusted: checked).
+pub(super) fn locate(
+    layout: &Layout,
+    replicas: u16,
+    placed: bool,
+    addr: u64,
+) -> Option<RegisterLoc> {
     let offset = addr.checked_sub(HEADER_SIZE)?;
     let index = u32::try_from(offset / layout.register_bytes()).ok()?;
-    (offset % layout.register_bytes() == 0).then(|| register(layout, replicas, index))
+    (offset % layout.register_bytes() == 0).then(|| register(layout, replicas, placed, index))
 }
 
-/// Register number `index` of a scenario's layout.
-pub(super) fn register(layout: &Layout, replicas: u16, index: u32) -> RegisterLoc {
-    RegisterLoc {
-        addr: HEADER_SIZE + u64::from(index) * layout.register_bytes(),
-        replicas: Replicas::all(usize::from(replicas), u64::from(index))
-            .unwrap_or_else(|_| Replicas::all(3, u64::from(index)).expect("3 replicas are valid")),
+/// The register slot that node `node` keeps register `index` in: the same for
+/// every node, or with [`Scenario::placed_offsets`] one of four per node.
+pub(super) fn slot_on(placed: bool, node: NodeId, index: u32) -> u32 {
+    if placed {
+        index ^ u32::from(node.0 % 4)
+    } else {
+        index
     }
+}
+
+/// Register number `index` of a scenario's layout, named by its slot's address; with
+/// `placed` each replica at its node's slot ([`slot_on`]).
+pub(super) fn register(layout: &Layout, replicas: u16, placed: bool, index: u32) -> RegisterLoc {
+    let at = |slot: u32| HEADER_SIZE + u64::from(slot) * layout.register_bytes();
+    let replicas = Replicas::all(usize::from(replicas), u64::from(index))
+        .unwrap_or_else(|_| Replicas::all(3, u64::from(index)).expect("3 replicas are valid"));
+    if !placed {
+        return RegisterLoc::at(at(index), replicas);
+    }
+    let offsets: Vec<(NodeId, u64)> = replicas
+        .nodes()
+        .iter()
+        .map(|&node| (node, at(slot_on(true, node, index))))
+        .collect();
+    RegisterLoc::placed(at(index), replicas, &offsets).expect("an offset per replica")
 }
 
 /// Which register holds each key now, in the key-value model: a key absent from
@@ -80,6 +103,12 @@ pub fn run(scenario: &Scenario) -> Result<Outcome, SimError> {
     } else {
         scenario.keys
     };
+    // Placed offsets move a register within its aligned group of four slots.
+    let registers = if scenario.placed_offsets {
+        registers.next_multiple_of(4)
+    } else {
+        registers
+    };
     let shape = |log_base, guards: Option<u64>| {
         let builder = Layout::builder()
             .payload_max(scenario.payload_max)
@@ -122,8 +151,10 @@ pub fn run(scenario: &Scenario) -> Result<Outcome, SimError> {
     let sent = Rc::new(RefCell::new(SentWrites::default()));
     if scenario.crash_restarts {
         let sent = sent.clone();
-        world.observe_posts(move |client, _, batch| {
-            sent.borrow_mut().see(&layout, ceilings, client, batch);
+        let placed = scenario.placed_offsets;
+        world.observe_posts(move |client, node, batch| {
+            sent.borrow_mut()
+                .see(&layout, ceilings, placed, client, node, batch);
         });
     }
     let mut runner = SimRunner::new(&world);

@@ -350,7 +350,13 @@ impl OpContext<'_> {
     }
 
     fn register(&mut self, index: u32) -> (RegisterLoc, &mut RegisterCache) {
-        let loc = register(&self.layout, self.scenario.replicas, index);
+        let scenario = &self.scenario;
+        let loc = register(
+            &self.layout,
+            scenario.replicas,
+            scenario.placed_offsets,
+            index,
+        );
         (loc, self.caches.entry(index).or_default())
     }
 }

@@ -98,10 +98,7 @@ impl Script {
         Self {
             world: SimWorld::new(seed, config),
             layout,
-            reg: RegisterLoc {
-                addr: HEADER_SIZE,
-                replicas: Replicas::all(3, 0).expect("three replicas"),
-            },
+            reg: RegisterLoc::at(HEADER_SIZE, Replicas::all(3, 0).expect("three replicas")),
             recorder: Rc::new(Recorder::new()),
         }
     }
