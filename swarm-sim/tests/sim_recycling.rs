@@ -286,9 +286,16 @@ fn reads_find_an_intact_copy_when_one_node_lost_its_records() {
 /// no intact copy left and a read would fail or return an older value. A reader's
 /// write-back held past its guard's lowering (H7) would do the same to the writer's
 /// next record. Nothing may fail but the fence, and histories stay linearizable.
+///
+/// 30 seeds, about 4 s of CPU in release (the rest of this file about 6.4 s): with
+/// `write-slot-reused-with-its-record-batch-in-flight` 33 seeds of 100 fail, with
+/// `write-back-guard-lowered-with-batches-in-flight` 7 of 100 (scripts/mutants,
+/// 2026-11-29), so 30 seeds catch the first always and the second about 9 runs in 10.
+/// Seeds 1268, 1906 and 2000 fail on the unmutated code (3 of 1,870 tried): an open
+/// finding, docs/pauses.md, "Found by the held batches".
 #[test]
 fn batches_held_past_their_slots_reuse_never_garble_a_current_value() {
-    for_each_seed(40, |seed| {
+    for_each_seed(30, |seed| {
         let mut s = recycling(seed);
         s.faults = Faults {
             crash_minority: false,
