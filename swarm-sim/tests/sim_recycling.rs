@@ -291,8 +291,9 @@ fn reads_find_an_intact_copy_when_one_node_lost_its_records() {
 /// `write-slot-reused-with-its-record-batch-in-flight` 33 seeds of 100 fail, with
 /// `write-back-guard-lowered-with-batches-in-flight` 7 of 100 (scripts/mutants,
 /// 2026-11-29), so 30 seeds catch the first always and the second about 9 runs in 10.
-/// Seeds 1268, 1906 and 2000 fail on the unmutated code (3 of 1,870 tried): an open
-/// finding, docs/pauses.md, "Found by the held batches".
+/// Seeds 1268, 1906 and 2000 failed on the code before the guard's next raise waited
+/// for its lower (docs/pauses.md, "Found by the held batches"; mutant
+/// `guard-raised-with-its-lower-in-flight`).
 #[test]
 fn batches_held_past_their_slots_reuse_never_garble_a_current_value() {
     for_each_seed(30, |seed| {
