@@ -290,7 +290,8 @@ fn reads_find_an_intact_copy_when_one_node_lost_its_records() {
 /// 30 seeds, about 4 s of CPU in release (the rest of this file about 6.4 s): with
 /// `write-slot-reused-with-its-record-batch-in-flight` 33 seeds of 100 fail, with
 /// `write-back-guard-lowered-with-batches-in-flight` 7 of 100 (scripts/mutants,
-/// 2026-11-29), so 30 seeds catch the first always and the second about 9 runs in 10.
+/// 2026-11-29), so 30 seeds catch the first always; since the guard's raise waits for
+/// its lower, the second fails first at seed 46 (scripted killers: write_back_guard.rs).
 /// Seeds 1268, 1906 and 2000 failed on the code before the guard's next raise waited
 /// for its lower (docs/pauses.md, "Found by the held batches"; mutant
 /// `guard-raised-with-its-lower-in-flight`).
