@@ -76,6 +76,9 @@ struct Gate {
     hold: RefCell<Option<Range<u64>>>,
     /// Holds only the batches to this node, if set (a slow queue pair).
     hold_node: RefCell<Option<NodeId>>,
+    /// Holds the lowers of guards (a zero written into the guard table) until
+    /// [`Gate::land_lowers`]: a slow queue pair behind which a lower waits.
+    hold_lowers: RefCell<bool>,
     ours: RefCell<Vec<Entry>>,
 }
 
@@ -86,7 +89,30 @@ impl Gate {
             down: RefCell::default(),
             hold: RefCell::default(),
             hold_node: RefCell::default(),
+            hold_lowers: RefCell::default(),
             ours: RefCell::default(),
+        }
+    }
+
+    /// Whether `batch` lowers a guard: one write of a zero word into the guard table.
+    fn is_lower(batch: &Batch) -> bool {
+        matches!(batch.ops(), [Op::Write { addr, data }]
+            if (GUARDS..GUARDS + 32).contains(addr) && data.iter().all(|&b| b == 0))
+    }
+
+    /// The held lowers reach memory now, in the order they were posted; other held
+    /// batches stay held, and lowers posted from now on are not held.
+    fn land_lowers(&self) {
+        *self.hold_lowers.borrow_mut() = false;
+        for entry in self.ours.borrow_mut().iter_mut() {
+            if let Entry::Held(held) = entry
+                && held
+                    .as_ref()
+                    .is_some_and(|(_, batch)| Self::is_lower(batch))
+                && let Some((node, batch)) = held.take()
+            {
+                *entry = Entry::Landed(self.inner.post(node, batch));
+            }
         }
     }
 
@@ -101,6 +127,14 @@ impl Gate {
         let ours = self.ours.borrow();
         ours.iter()
             .filter(|e| matches!(e, Entry::Held(Some(_))))
+            .count()
+    }
+
+    /// Held batches other than lowers of guards.
+    fn held_stores(&self) -> usize {
+        let ours = self.ours.borrow();
+        ours.iter()
+            .filter(|e| matches!(e, Entry::Held(Some((_, batch))) if !Self::is_lower(batch)))
             .count()
     }
 
@@ -140,6 +174,7 @@ impl Fabric for Gate {
             .as_ref()
             .is_some_and(|range| Self::writes_into(&batch, range))
             && self.hold_node.borrow().is_none_or(|held| held == node);
+        let held = held || (*self.hold_lowers.borrow() && Self::is_lower(&batch));
         if held {
             return self.ours(Entry::Held(Some((node, batch))));
         }
@@ -379,6 +414,16 @@ impl Schedule {
         }
         None
     }
+
+    /// W writes `v` to register `r`, reaching A only; returns that write.
+    fn write_on_a_only(&self, r: &RegisterLoc, v: &[u8]) -> Timestamp {
+        self.w.fabric().down.borrow_mut().extend([B, C]);
+        assert!(write(&self.w, r, v).is_err(), "W's write needs a majority");
+        self.w.fabric().down.borrow_mut().clear();
+        let t = max_word(&self.cluster, &self.layout, A, r);
+        assert_eq!(t.ts().writer(), WriterId::new(1).unwrap());
+        t.ts()
+    }
 }
 
 #[test]
@@ -483,9 +528,14 @@ fn without_guards_a_paused_write_back_garbles_a_reused_slot() {
 
 /// Whether R's guard (writer 2) names `t1` on each node.
 fn guard_up(s: &Schedule) -> [bool; 3] {
+    guard_names(s, s.t1)
+}
+
+/// Whether R's guard (writer 2) names `t` on each node.
+fn guard_names(s: &Schedule, t: Timestamp) -> [bool; 3] {
     [A, B, C].map(|node| {
         let word = peek(&s.cluster, node, GUARDS + 8 * 2, 8);
-        Tsp::from_word(u64::from_le_bytes(word.try_into().unwrap())).ts() == s.t1
+        Tsp::from_word(u64::from_le_bytes(word.try_into().unwrap())).ts() == t
     })
 }
 
@@ -593,4 +643,68 @@ fn a_write_back_dropped_with_a_batch_in_flight_keeps_the_guard_up_until_it_lande
         [false; 3],
         "R's guard is down once its batch landed"
     );
+}
+
+/// A lower still in flight never takes down the next raise of the same guard. R
+/// writes `t1` back and its read returns; the lower of its guard waits in slow queue
+/// pairs (posted to every node, landed on none). R then reads register 2, whose write
+/// `t2` of W is on A alone, and writes it back under its guard, paused at its stores
+/// (C is down for R). Then the old lower lands.
+///
+/// Had R raised its guard for `t2` while that lower was in flight (two batches to one
+/// node are not ordered), the lower would land over the raise, and the guard would
+/// name `t2` on no node while R's write-back is in flight: W's guard check would let
+/// `t2`'s slot go once `t2` was superseded, and R's late stores would garble the copy
+/// of W's next write there (what `sim_recycling`'s held batches found at seeds 1268,
+/// 1906 and 2000; docs/pauses.md, H7). The raise waits for the lower's completion.
+#[test]
+fn a_lower_in_flight_never_takes_down_the_next_raise_of_the_guard() {
+    let s = Schedule::new(true);
+    let t2 = s.write_on_a_only(&reg(2), b"w2");
+    *s.r.fabric().hold_lowers.borrow_mut() = true;
+    let reg0 = reg(0);
+    let stats = OpStats::new();
+    let mut cache = RegisterCache::new();
+    let read = s.r.max_read(&reg0, &mut cache, &stats, false);
+    let (t, _) = block_on(s.r.fabric(), read).unwrap();
+    assert_eq!(t.ts(), s.t1, "R wrote t1 back");
+    assert_eq!(
+        s.r.fabric().held(),
+        3,
+        "R's lower is in flight to every node"
+    );
+
+    *s.r.fabric().hold.borrow_mut() = Some(LOG_BASE..LOG_BASE + s.layout.log_bytes());
+    s.r.fabric().down.borrow_mut().push(C);
+    let stats = OpStats::new();
+    let mut cache = RegisterCache::new();
+    let reg2 = reg(2);
+    let mut read = pin!(s.r.max_read(&reg2, &mut cache, &stats, false));
+    let mut cx = Context::from_waker(Waker::noop());
+    for _ in 0..100 {
+        assert!(read.as_mut().poll(&mut cx).is_pending());
+        if s.r.fabric().held_stores() > 0 {
+            break;
+        }
+        s.r.fabric().progress();
+    }
+    // The old lower lands (its queue pairs moved on); R goes on to its stores.
+    s.r.fabric().land_lowers();
+    assert!(
+        run_until_held(&s.r, read.as_mut()).is_none(),
+        "R paused at its stores"
+    );
+    assert_eq!(
+        guard_names(&s, t2),
+        [true, true, false],
+        "R's guard names t2 on A and B while its write-back is in flight"
+    );
+
+    // R's stores land: its read returns t2, and its guard goes down.
+    s.r.fabric().land();
+    let (t, value) = run_to_end(&s.r, read.as_mut()).unwrap();
+    assert_eq!((t.ts(), value.as_slice()), (t2, b"w2".as_slice()));
+    s.r.recycle_slots_tick(8);
+    assert_eq!(guard_names(&s, t2), [false; 3], "R's guard is down");
+    assert!(s.r.lower_guard_if_done(), "R's lower completed");
 }

@@ -110,6 +110,18 @@ impl TraceDigest {
                 self.u64(u64::from(client.0));
                 self.u64(u64::from(n));
             }
+            Fault::HoldWrite {
+                node,
+                from,
+                to,
+                max_ns,
+            } => {
+                self.tag(6);
+                self.u64(u64::from(node.0));
+                self.u64(from);
+                self.u64(to);
+                self.u64(max_ns);
+            }
         }
     }
 

@@ -18,6 +18,10 @@
 //! 3. `Deliver` after another one-way latency: the result lands in the client's
 //!    [`TicketSlab`].
 //!
+//! A batch held by [`Fault::HoldWrite`] waits before step 1 until a later batch that
+//! writes some of the same bytes of its node has executed there (it then arrives at
+//! once, and lands over those bytes), or for the hold's bound after its post.
+//!
 //! A batch lost to a crashed node fails as an RDMA queue pair fails it: `Expire`
 //! completes its ticket with [`FailureCause::TimedOut`] a queue pair timeout
 //! ([`SimConfig::qp_timeout_ns`]) after its own post; nothing of it lands afterwards
@@ -56,6 +60,8 @@ enum Event {
     Deliver(BatchId),
     /// A lost batch's queue pair timeout ran out: its ticket fails.
     Expire(BatchRef, Ticket),
+    /// A held batch's longest hold ran out ([`Fault::HoldWrite`]): it arrives.
+    Release(BatchId),
     Fault(Fault),
     Wake,
 }
@@ -63,7 +69,7 @@ enum Event {
 impl Event {
     fn batch(&self) -> Option<BatchId> {
         match self {
-            Self::Arrive(id) | Self::Exec(id) | Self::Deliver(id) => Some(*id),
+            Self::Arrive(id) | Self::Exec(id) | Self::Deliver(id) | Self::Release(id) => Some(*id),
             Self::Expire(..) | Self::Fault(_) | Self::Wake => None,
         }
     }
@@ -105,6 +111,25 @@ struct InFlight {
     /// Its node is done with it (executed or refused): its completion is on its way
     /// back, and nothing of it lands any more.
     executed: bool,
+    /// Held on its way ([`Fault::HoldWrite`]) and not released yet.
+    held: bool,
+}
+
+/// A [`Fault::HoldWrite`] waiting for the batch it holds.
+#[derive(Clone, Copy, Debug)]
+struct HoldRequest {
+    node: NodeId,
+    from: u64,
+    to: u64,
+    max_ns: Nanos,
+}
+
+/// The byte ranges a batch writes, `(start, end)`.
+fn written_ranges(batch: &Batch) -> impl Iterator<Item = (u64, u64)> + '_ {
+    batch.ops().iter().filter_map(|op| match op {
+        Op::Write { addr, data } => Some((*addr, addr.saturating_add(data.len() as u64))),
+        Op::Read { .. } | Op::Cas { .. } => None,
+    })
 }
 
 /// What running one event did.
@@ -145,6 +170,8 @@ pub(crate) struct State {
     pub(crate) events_run: u64,
     /// Sees every batch that leaves a client ([`super::SimWorld::observe_posts`]).
     pub(crate) observer: Observer,
+    /// [`Fault::HoldWrite`]s waiting for a batch to hold, oldest first.
+    holds: Vec<HoldRequest>,
 }
 
 /// A callback that sees every batch a client sends, before it travels: the client,
@@ -186,6 +213,7 @@ impl State {
             wakes: BTreeSet::new(),
             events_run: 0,
             observer: Observer::default(),
+            holds: Vec::new(),
             cfg,
         }
     }
@@ -316,6 +344,19 @@ impl State {
             return self.slab(client).insert_done(Err(error));
         }
         let ticket = self.slab(client).insert_pending(at);
+        // A batch held on its way makes its node slow for its client; only one node
+        // holds batches at a time, so that a majority always answers.
+        let holding_elsewhere = |node: NodeId| {
+            self.batches
+                .values()
+                .any(|flight| flight.held && flight.at.node != node)
+        };
+        let hold = self.holds.iter().position(|hold| {
+            hold.node == node
+                && written_ranges(&batch).any(|(addr, _)| (hold.from..hold.to).contains(&addr))
+                && !holding_elsewhere(node)
+        });
+        let hold = hold.map(|index| self.holds.remove(index));
         let arrival = self.now.saturating_add(self.delay(client, node));
         self.batches.insert(
             id,
@@ -330,9 +371,16 @@ impl State {
                 arrived: false,
                 posted_at: self.now,
                 executed: false,
+                held: hold.is_some(),
             },
         );
-        self.schedule(arrival, Event::Arrive(id));
+        match hold {
+            Some(hold) => {
+                let release = self.now.saturating_add(hold.max_ns);
+                self.schedule(release, Event::Release(id));
+            }
+            None => self.schedule(arrival, Event::Arrive(id)),
+        }
         ticket
     }
 
@@ -372,6 +420,7 @@ impl State {
         match event {
             Event::Arrive(id) => self.arrive(id),
             Event::Exec(id) => self.exec(id),
+            Event::Release(id) => self.release(id, self.now),
             Event::Deliver(id) => {
                 self.deliver(id);
                 return Stepped::Visible;
@@ -452,6 +501,17 @@ impl State {
             Fault::CrashClientAtPost(client, n) => {
                 self.clients[client.0 as usize].crash_at_post = Some(n.max(1));
             }
+            Fault::HoldWrite {
+                node,
+                from,
+                to,
+                max_ns,
+            } => self.holds.push(HoldRequest {
+                node,
+                from,
+                to,
+                max_ns,
+            }),
         }
     }
 
@@ -674,7 +734,9 @@ impl State {
         true
     }
 
-    /// The node is done with the batch at `time`: its completion travels back.
+    /// The node is done with the batch at `time`: its completion travels back, and
+    /// every batch held for its node ([`Fault::HoldWrite`]) that writes some of the
+    /// bytes it wrote arrives then, to land over them.
     fn send_back(&mut self, id: BatchId, time: Nanos) {
         let Some(flight) = self.batches.get_mut(&id) else {
             return;
@@ -683,6 +745,41 @@ impl State {
         let at = flight.at;
         let arrival = time.saturating_add(self.delay(at.client, at.node));
         self.schedule(arrival, Event::Deliver(id));
+        let Some(flight) = self.batches.get(&id) else {
+            return;
+        };
+        if flight.refused.is_some() {
+            return;
+        }
+        let overlaps = |held: &InFlight| {
+            written_ranges(&held.batch).any(|(start, end)| {
+                written_ranges(&flight.batch).any(|(s, e)| start < e && s < end)
+            })
+        };
+        let released: Vec<BatchId> = self
+            .batches
+            .iter()
+            .filter(|(held_id, held)| {
+                // Batch ids follow posting order: only a *later* batch's writes are
+                // landed over.
+                **held_id < id && held.held && held.at.node == at.node && overlaps(held)
+            })
+            .map(|(held, _)| *held)
+            .collect();
+        for held in released {
+            self.release(held, time);
+        }
+    }
+
+    /// A held batch goes on to its node, arriving at `time` ([`Fault::HoldWrite`]);
+    /// nothing if it was released or lost already.
+    fn release(&mut self, id: BatchId, time: Nanos) {
+        if let Some(flight) = self.batches.get_mut(&id)
+            && flight.held
+        {
+            flight.held = false;
+            self.schedule(time, Event::Arrive(id));
+        }
     }
 
     fn deliver(&mut self, id: BatchId) {
@@ -774,6 +871,68 @@ mod tests {
         while state.progress() {}
         assert!(state.poll(client, lost).is_pending());
         assert!(state.settled(client, lost));
+    }
+
+    /// A held write lands right after a later batch that wrote the same bytes of its
+    /// node, over them; without one, it arrives at its hold's bound. While one node
+    /// holds a batch, a hold of another node's waits.
+    #[test]
+    fn a_held_write_lands_over_a_later_write_of_its_bytes_or_at_its_bound() {
+        let mut state = State::new(1, fixed(2));
+        let client = state.add_client();
+        let hold = |node| Fault::HoldWrite {
+            node: NodeId(node),
+            from: 64,
+            to: 128,
+            max_ns: 100_000,
+        };
+        state.apply(hold(0));
+        state.apply(hold(1));
+        let start = state.now;
+        let held = state.post(client, NodeId(0), Batch::write(64, alloc::vec![1; 8]));
+        // Node 1's hold waits while node 0 holds a batch: this write is not held.
+        let other = roundtrip(
+            &mut state,
+            client,
+            NodeId(1),
+            Batch::write(64, alloc::vec![3; 8]),
+        );
+        assert_eq!(other, 2_020);
+        // A later write elsewhere on node 0 does not release it.
+        roundtrip(
+            &mut state,
+            client,
+            NodeId(0),
+            Batch::write(8, alloc::vec![4; 8]),
+        );
+        assert!(state.poll(client, held).is_pending());
+        assert!(!state.settled(client, held));
+        let later = roundtrip(
+            &mut state,
+            client,
+            NodeId(0),
+            Batch::write(64, alloc::vec![2; 8]),
+        );
+        assert_eq!(later, 2_020);
+        while state.poll(client, held).is_pending() {
+            assert!(state.progress(), "released");
+        }
+        assert!(state.now - start < 100_000, "released by the later write");
+        assert_eq!(
+            state.nodes[0].read(64, 8),
+            alloc::vec![1; 8],
+            "landed over it"
+        );
+        // Node 1's hold takes its next write now, which arrives at the bound.
+        let start = state.now;
+        let bound = roundtrip(
+            &mut state,
+            client,
+            NodeId(1),
+            Batch::write(72, alloc::vec![5; 8]),
+        );
+        assert_eq!(state.now - start, bound);
+        assert_eq!(bound, 100_000 + 1_020);
     }
 
     #[test]

@@ -43,6 +43,27 @@ pub enum Fault {
     /// the middle of a roundtrip leaves its write on any subset of the replicas (an
     /// abandoned write on a minority).
     CrashClientAtPost(ClientId, u32),
+    /// The next batch any client posts to `node` with a write into `from..to` is
+    /// held on its way (a slow queue pair): it arrives once a later batch that
+    /// writes into the same bytes of that node has executed there (it lands right
+    /// over that batch's writes), or `max_ns` after its post, whichever comes first.
+    /// The fabric contract orders the operations of one batch only, not two batches
+    /// to one node, so a batch may be that late: a writer's record batch to a slow
+    /// replica landing after the writer reused its slot (docs/pauses.md, H9), or a
+    /// reader's write-back batch landing after the writer recycled the slot it
+    /// copies into (H7). A crash of its node or its client loses it as any batch
+    /// on its way. While a batch to another node is held, the hold waits: one node
+    /// is slow so at a time, and a majority still answers.
+    HoldWrite {
+        /// The node the held batch goes to.
+        node: NodeId,
+        /// First byte of the range a held batch writes into.
+        from: u64,
+        /// End (exclusive) of that range.
+        to: u64,
+        /// Longest hold, from the batch's post.
+        max_ns: u64,
+    },
 }
 
 impl fmt::Display for Fault {
@@ -58,6 +79,15 @@ impl fmt::Display for Fault {
             Self::CrashClientAtPost(client, n) => {
                 write!(f, "crash client c{} at its post {n} from now", client.0)
             }
+            Self::HoldWrite {
+                node,
+                from,
+                to,
+                max_ns,
+            } => write!(
+                f,
+                "hold the next write into {from:#x}..{to:#x} to n{node} for up to {max_ns} ns"
+            ),
         }
     }
 }

@@ -40,7 +40,10 @@
 //!   client reaches one node late: clients disagree on which majority answers
 //!   first), [`Fault::CrashClient`] and [`Fault::CrashClientAtPost`] (the client's tasks are dropped
 //!   mid-operation, but what it posted still executes, leaving half-done work for
-//!   others, as real hardware does).
+//!   others, as real hardware does), [`Fault::HoldWrite`] (one write batch to a
+//!   node held on its way until a later batch has written the same bytes there, or
+//!   for a long bound: a slow queue pair whose batch lands after its slot's reuse,
+//!   which the contract allows, as it orders only the operations of one batch).
 //! - **Time** is a virtual clock in nanoseconds. Events wait in a queue ordered by
 //!   `(time, sequence number)`. [`SimWorld::step`] runs one;
 //!   [`SimWorld::progress`] (which is [`swarm_core::Fabric::progress`]) runs them up to

@@ -167,7 +167,10 @@ impl SimWorld {
     fn validate(&self, fault: Fault) {
         let state = self.state.borrow();
         match fault {
-            Fault::Crash(node) | Fault::Recover(node) | Fault::Slow(node, _) => assert!(
+            Fault::Crash(node)
+            | Fault::Recover(node)
+            | Fault::Slow(node, _)
+            | Fault::HoldWrite { node, .. } => assert!(
                 node.index() < state.nodes.len(),
                 "fault {fault} names node {node}, but the world has {} nodes",
                 state.nodes.len()

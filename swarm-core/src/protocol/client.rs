@@ -212,6 +212,10 @@ pub struct Client<F, C> {
     /// The guard word whose lower waits for `guard_tickets`, if any: the guard stays
     /// up (and `guard_busy` set) until then.
     pub(crate) guard_lowering: core::cell::Cell<Option<u64>>,
+    /// The lower of this client's guard is posted and its batches (in
+    /// `guard_tickets`) are not all done: `guard_busy` stays set until they are, so
+    /// that no later raise of the guard can be overwritten by it.
+    pub(crate) guard_lower_landing: core::cell::Cell<bool>,
     /// This writer's own batches into its log slots that may still land: their
     /// slots stay out of use until they are done ([`OwnBatches`], docs/pauses.md H9).
     pub(crate) own_batches: OwnBatches,
@@ -269,6 +273,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
             guard_busy: core::cell::Cell::new(false),
             guard_tickets: RefCell::new(Vec::new()),
             guard_lowering: core::cell::Cell::new(None),
+            guard_lower_landing: core::cell::Cell::new(false),
             own_batches: OwnBatches::default(),
             spare_record: RefCell::new(None),
         })
@@ -330,7 +335,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
     /// the earliest time something may be due, lowered whenever something is queued
     /// (`SlotTracker::quiet_until`).
     pub fn recycle_slots_tick_at(&self, budget: usize, now: Nanos) {
-        if self.guard_lowering.get().is_some() {
+        if self.guard_lower_pending() {
             self.finish_guard_lower();
         }
         let mut state = self.state.borrow_mut();
@@ -358,14 +363,14 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         let state = self.state.borrow();
         now < state.tracker.quiet_until()
             && state.carried.remaining() == 0
-            && self.guard_lowering.get().is_none()
+            && !self.guard_lower_pending()
     }
 
     /// One slot-recycling check of up to `budget` tracked registers, waited for (at most
     /// `max_op_ns`), then the release of every limbo slot whose grace has passed.
     /// Returns the log's counters afterwards.
     pub async fn recycle_slots_step(&self, budget: usize) -> SlotCounters {
-        if self.guard_lowering.get().is_some() {
+        if self.guard_lower_pending() {
             self.finish_guard_lower();
         }
         self.check_tracked(budget).await;

@@ -31,7 +31,7 @@
 //!    lower").
 //!
 //! A client keeps one guard up at a time; a second write-back of the same client waits
-//! for the first, and for its lower. The writer, before it hands a slot of its limbo
+//! for the first, and for its lower to complete (below, "The lower"). The writer, before it hands a slot of its limbo
 //! back to its allocator, once the slot's grace is over:
 //!
 //! 5. **reads the guard table** on a majority of the nodes (the first majority to
@@ -101,6 +101,18 @@
 //! ordered (the fabric contract), and a raise landing after the lower would leave the
 //! guard naming `t`, its slot out of use, until this client's next raise and lower.
 //!
+//! The lower itself is waited for too: the guard is free for this client's next
+//! raise only once every batch of the lower completed (or is settled). Two batches
+//! to one node are not ordered, so a lower still in flight could land after the next
+//! raise reached that node and leave the guard word zero there while the next
+//! write-back is under way: if it did so on a majority, the writer's guard check
+//! would find no guard naming the next `t`, and that write-back's late stores could
+//! land in `t`'s reused slot (docs/pauses.md, "Found by the held batches";
+//! `sim_recycling`'s held batches met it at seeds 1268, 1906 and 2000, and
+//! `tests/write_back_guard.rs` scripts it). The raise's argument above ("its guard
+//! was on a majority `M₃` before its re-read was posted") needs the raise to *stay*
+//! there until the lower that follows it, which only this client posts.
+//!
 //! # What it costs, and what it leaves
 //!
 //! Two roundtrips more on the write-back path only (raise, re-read), which a read
@@ -120,7 +132,7 @@ use alloc::vec::Vec;
 
 use crate::clock::Clock;
 use crate::encoding::{Timestamp, Tsp, WriterId};
-use crate::fabric::{Batch, Fabric, Nanos, Ticket};
+use crate::fabric::{Batch, Completion, Fabric, Nanos, Submitted, Ticket};
 use crate::layout::Layout;
 use crate::roundtrip::OpStats;
 
@@ -161,35 +173,51 @@ impl<F: Fabric, C: Clock> Client<F, C> {
     /// Lowers the guard whose lower waits (step 4), if every batch of its raise and
     /// write-back has completed, successfully or not, or can no longer land
     /// ([`Fabric::settled`]); otherwise leaves it up, for a later call (the next
-    /// write-back of this client, the slot-recycling tick). Returns whether no lower
-    /// waits any more. Never waits.
+    /// write-back of this client, the slot-recycling tick). The guard is free again
+    /// only once the lower's own batches are done as well (module docs, "The
+    /// lower"): a lower still in flight could land over this client's next raise.
+    /// Returns whether no lower waits or is in flight any more. Never waits.
     pub(crate) fn finish_guard_lower(&self) -> bool {
-        let Some(addr) = self.guard_lowering.get() else {
+        if !self.guard_lower_pending() {
             return true;
-        };
-        {
-            let mut tickets = self.guard_tickets.borrow_mut();
-            tickets.retain(|&ticket| match self.fabric.poll(ticket) {
-                core::task::Poll::Ready(_) => false,
-                core::task::Poll::Pending if self.fabric.settled(ticket) => {
-                    self.fabric.forget(ticket);
-                    false
+        }
+        let mut tickets = self.guard_tickets.borrow_mut();
+        tickets.retain(|&ticket| match self.fabric.poll(ticket) {
+            core::task::Poll::Ready(_) => false,
+            core::task::Poll::Pending if self.fabric.settled(ticket) => {
+                self.fabric.forget(ticket);
+                false
+            }
+            core::task::Poll::Pending => true,
+        });
+        if !tickets.is_empty() {
+            return false;
+        }
+        if let Some(addr) = self.guard_lowering.take() {
+            // Never fenced: a late lower only lets the writer reuse a slot sooner, and
+            // it is posted after every batch of the write-back completed.
+            for node in nodes(self.table_nodes()) {
+                let mut batch = Batch::write(addr, 0u64.to_le_bytes().to_vec());
+                if let Submitted::Posted(ticket) =
+                    self.fabric.submit(node, &mut batch, &mut Completion::new())
+                {
+                    tickets.push(ticket);
                 }
-                core::task::Poll::Pending => true,
-            });
+            }
             if !tickets.is_empty() {
+                self.guard_lower_landing.set(true);
                 return false;
             }
         }
-        // Never fenced: a late lower only lets the writer reuse a slot sooner, and it
-        // is posted after every batch of the write-back completed.
-        for node in nodes(self.table_nodes()) {
-            self.fabric
-                .post_detached(node, Batch::write(addr, 0u64.to_le_bytes().to_vec()));
-        }
-        self.guard_lowering.set(None);
+        self.guard_lower_landing.set(false);
         self.guard_busy.set(false);
         true
+    }
+
+    /// Whether this client's guard waits to go down, or its lower is in flight
+    /// ([`Self::finish_guard_lower`] has work left).
+    pub(crate) fn guard_lower_pending(&self) -> bool {
+        self.guard_lowering.get().is_some() || self.guard_lower_landing.get()
     }
 
     /// Posts the lower of this client's write-back guard if it waits for batches
@@ -253,7 +281,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
             // A guard whose lower waits for its write-back's last batches is free once
             // they completed: an event of the transport, which completes (or gives
             // up) each batch within its own bound from its own post, not a time.
-            if !busy.get() || (self.guard_lowering.get().is_some() && self.finish_guard_lower()) {
+            if !busy.get() || (self.guard_lower_pending() && self.finish_guard_lower()) {
                 busy.set(true);
                 return core::task::Poll::Ready(Ok(()));
             }

@@ -68,6 +68,18 @@ pub struct Faults {
     /// [`Faults::ALL`] (its seeds' timings are what the mutant record refers to):
     /// tests ask for it.
     pub clock_rates: bool,
+    /// About every 500 µs of the first half of the run, the next write into a log
+    /// slot that some client sends to node 0 or 2 is held on its way
+    /// ([`Fault::HoldWrite`](crate::Fault::HoldWrite)) until a later batch wrote the
+    /// same bytes of that node (it lands right over them), or for up to four
+    /// operation deadlines: a writer's record batch to a slow replica that would
+    /// land over the record of a later write in the same slot (docs/pauses.md, H9),
+    /// or a reader's write-back that would land over the writer's next record in the
+    /// slot it copies into (H7). Node 1 is left alone, so that combined with
+    /// [`Faults::wiped_copies`] (node 1's records lost) a value whose other copy a
+    /// late batch garbled has none left. Needs [`Scenario::recycling`]. Not in
+    /// [`Faults::ALL`]: tests ask for it.
+    pub held_batches: bool,
 }
 
 impl Faults {
@@ -85,6 +97,7 @@ impl Faults {
         suspicions: false,
         wiped_copies: false,
         clock_rates: false,
+        held_batches: false,
     };
     /// Every fault.
     pub const ALL: Self = Self {
@@ -100,6 +113,7 @@ impl Faults {
         suspicions: false,
         wiped_copies: false,
         clock_rates: false,
+        held_batches: false,
     };
 }
 
@@ -174,6 +188,14 @@ pub struct Scenario {
     /// slot `i ^ (n mod 4)` (the register count rounded up to a multiple of 4), while
     /// the register's identity (its log records' owner tag) stays slot `i`'s address.
     pub placed_offsets: bool,
+    /// How many times [`Faults::wiped_copies`] wipes node 1's records during the run.
+    pub wipes: u32,
+    /// How many times longer than its estimate (`ops_per_client · (3 µs +
+    /// think_ns)`) the run is expected to last: the wipes of
+    /// [`Faults::wiped_copies`] and the holds of [`Faults::held_batches`] are spread
+    /// over that much (the other faults over the estimate). 1 by default; faults
+    /// that slow every operation down stretch a run.
+    pub stretch: u32,
 }
 
 /// A scenario's log slot recycling (see `swarm_core::slot_recycling`).
@@ -216,6 +238,8 @@ impl Scenario {
             crash_restarts: false,
             payload_max: 32,
             placed_offsets: false,
+            wipes: 16,
+            stretch: 1,
         }
     }
 

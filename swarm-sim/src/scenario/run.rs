@@ -247,8 +247,27 @@ pub fn run(scenario: &Scenario) -> Result<Outcome, SimError> {
     if scenario.faults.wiped_copies {
         let fabric = world.client();
         let id = fabric.id();
-        let times: Vec<u64> = (0..16).map(|_| rng.between(span / 16, span)).collect();
+        let end = span * u64::from(scenario.stretch.max(1));
+        let times: Vec<u64> = (0..scenario.wipes)
+            .map(|_| rng.between(span / 16, end))
+            .collect();
         runner.spawn(id, wipe_copies(fabric, layout, NodeId(1), times));
+    }
+    if let (true, Some(r)) = (scenario.faults.held_batches, scenario.recycling) {
+        // From a generator of its own, so the other faults keep the seed's schedule.
+        let mut holds = SimRng::new(scenario.seed ^ 0x401d_ba7c_4e5d_0000);
+        let (from, to) = (layout.log_base(), layout.log_base() + layout.log_bytes());
+        let end = span * u64::from(scenario.stretch.max(1)) * 3 / 4;
+        for _ in 0..end / HOLD_EVERY_NS + 1 {
+            let node = NodeId(if holds.chance(0.5) { 0 } else { 2 });
+            let fault = Fault::HoldWrite {
+                node,
+                from,
+                to,
+                max_ns: 4 * r.max_op_ns,
+            };
+            runner.at(holds.between(0, end), fault);
+        }
     }
     // A livelock guard only: slow links and spells stretch operations to tens of
     // microseconds, hundreds with retries.
@@ -285,6 +304,16 @@ pub fn run(scenario: &Scenario) -> Result<Outcome, SimError> {
         ticks_not_above_predecessors,
     })
 }
+
+/// One [`Faults::held_batches`](super::Faults::held_batches) hold for about every
+/// this many nanoseconds of the run's first three quarters. Denser holds fence more
+/// operations (a held write-back keeps its reader's next guarded write-back waiting)
+/// and reach the held-batch schedules less often: sim_recycling's
+/// `batches_held_past_their_slots_reuse_never_garble_a_current_value` failed with the
+/// mutant `write-slot-reused-with-its-record-batch-in-flight` on 22 seeds of 100 at a
+/// hold every 250 µs, 37 at 150 µs, 40 at 100 µs (with up to 54 of 1600 operations
+/// fenced unmutated), 10 at 50 µs (2026-11-29).
+const HOLD_EVERY_NS: u64 = 150_000;
 
 /// What a client's background recycling needs.
 pub(super) struct SlotRecycling {
