@@ -69,9 +69,11 @@ FILL_SETTLE_S = 5      # seconds after a fill ends that memory samples still cou
 
 # An error message of a failed operation that a nemesis explains (see `classify`).
 STOP_ERRORS = ("lease", "fenced", "max_op", "stalled", "writer")
-# An operation that overran --max-op (`Fenced`: an overloaded host; outcome unknown, and
-# recorded so in the history) is counted, not a failure of the soak.
-FENCED_ERRORS = ("max_op", "at its deadline")
+# An operation that overran --max-op (`Fenced`), or an insert that stalled past the
+# index's acknowledgement wait mid-update and cannot tell whether it mapped its register
+# (`OutcomeUnknown`, docs/pauses.md H10): an overloaded host; outcome unknown, and
+# recorded so in the history. Counted, not a failure of the soak.
+FENCED_ERRORS = ("max_op", "at its deadline", "outcome of this index update is unknown")
 FULL_ERRORS = ("register area is full",)
 # A delete that raced another through a stale cache with a node out cannot tell whether
 # it removed the value (`DeleteUndecided`, ARCHITECTURE.md, "Limitations").

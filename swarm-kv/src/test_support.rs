@@ -210,6 +210,126 @@ impl swarm_core::Fabric for Holding {
     }
 }
 
+/// A fabric whose client stops right after some of its posts landed, before it read
+/// their answers: on shared memory a batch executes inside the call that posts it, so
+/// a client stopped (SIGSTOP, a long preemption) after its posts has changed memory
+/// that it has not seen the result of. After [`Muted::mute_after`]`(n)`, `n` more
+/// posts are answered as usual; every later one to a node not named by `slow` executes
+/// at once but its completion stays unread until [`Muted::wake`], and every later one
+/// to a `slow` node waits unapplied until then (it was still on its way).
+pub(crate) struct Muted {
+    inner: swarm_core::MemFabric,
+    slow: Vec<swarm_core::NodeId>,
+    /// With `Some(n)`: `n` more posts are answered, every later one is muted.
+    passes: core::cell::Cell<Option<usize>>,
+    /// Tickets of posts that landed while the client was stopped.
+    unread: core::cell::RefCell<Vec<swarm_core::fabric::Ticket>>,
+    /// Posts to slow nodes while the client was stopped: the batch until it lands,
+    /// then the inner ticket.
+    held: core::cell::RefCell<Vec<Held>>,
+    /// Added to the inner clock: the time the client spent stopped ([`Self::sleep`]).
+    slept: core::cell::Cell<u64>,
+}
+
+impl Muted {
+    pub(crate) fn new(inner: swarm_core::MemFabric, slow: &[u16]) -> Self {
+        Self {
+            inner,
+            slow: slow.iter().copied().map(swarm_core::NodeId).collect(),
+            passes: core::cell::Cell::new(None),
+            unread: core::cell::RefCell::default(),
+            held: core::cell::RefCell::default(),
+            slept: core::cell::Cell::new(0),
+        }
+    }
+
+    /// The client stops after `posts` more answered posts.
+    pub(crate) fn mute_after(&self, posts: usize) {
+        self.passes.set(Some(posts));
+    }
+
+    /// Whether the client stopped with posts it has not read the answers of.
+    pub(crate) fn stopped(&self) -> bool {
+        !self.unread.borrow().is_empty() || self.held.borrow().iter().any(|h| h.0.is_some())
+    }
+
+    /// `ns` pass on the client's clock while it is stopped.
+    pub(crate) fn sleep(&self, ns: u64) {
+        self.slept.set(self.slept.get() + ns);
+    }
+
+    /// The client wakes up: its posts to slow nodes land, in posting order, and it
+    /// reads the answers of all its posts.
+    pub(crate) fn wake(&self) {
+        self.passes.set(None);
+        self.unread.borrow_mut().clear();
+        for entry in self.held.borrow_mut().iter_mut() {
+            if let Some((node, batch)) = entry.0.take() {
+                entry.1 = Some(self.inner.post(node, batch));
+            }
+        }
+    }
+}
+
+impl swarm_core::Fabric for Muted {
+    fn node_count(&self) -> usize {
+        self.inner.node_count()
+    }
+    fn post(
+        &self,
+        node: swarm_core::NodeId,
+        batch: swarm_core::Batch,
+    ) -> swarm_core::fabric::Ticket {
+        match self.passes.get() {
+            Some(0) if self.slow.contains(&node) => {
+                let mut held = self.held.borrow_mut();
+                held.push((Some((node, batch)), None));
+                return swarm_core::fabric::Ticket(HELD | (held.len() as u32 - 1));
+            }
+            Some(0) => {
+                let ticket = self.inner.post(node, batch);
+                self.unread.borrow_mut().push(ticket);
+                return ticket;
+            }
+            Some(n) => self.passes.set(Some(n - 1)),
+            None => {}
+        }
+        self.inner.post(node, batch)
+    }
+    fn poll(
+        &self,
+        ticket: swarm_core::fabric::Ticket,
+    ) -> core::task::Poll<Result<swarm_core::fabric::Completion, swarm_core::FabricError>> {
+        if ticket.0 & HELD != 0 {
+            return match self.held.borrow()[(ticket.0 & !HELD) as usize].1 {
+                Some(inner) => self.inner.poll(inner),
+                None => core::task::Poll::Pending,
+            };
+        }
+        if self.unread.borrow().contains(&ticket) {
+            return core::task::Poll::Pending;
+        }
+        self.inner.poll(ticket)
+    }
+    fn forget(&self, ticket: swarm_core::fabric::Ticket) {
+        if ticket.0 & HELD == 0 {
+            self.inner.forget(ticket);
+        } else if let Some(inner) = self.held.borrow()[(ticket.0 & !HELD) as usize].1 {
+            self.inner.forget(inner);
+        }
+    }
+    fn progress(&self) -> bool {
+        self.inner.progress()
+    }
+    fn now(&self) -> u64 {
+        self.inner.now() + self.slept.get()
+    }
+    fn wake_at(&self, deadline: u64) {
+        self.inner
+            .wake_at(deadline.saturating_sub(self.slept.get()));
+    }
+}
+
 /// Polls `future` once.
 pub(crate) fn poll_once<T>(
     future: core::pin::Pin<&mut impl Future<Output = T>>,

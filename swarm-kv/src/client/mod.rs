@@ -73,6 +73,8 @@ mod get;
 mod insert;
 mod locate;
 mod publish;
+#[cfg(test)]
+mod publish_tests;
 mod register_io;
 mod update;
 mod upkeep;

@@ -30,6 +30,18 @@ pub(super) enum Published {
     Present,
 }
 
+/// What became of an insert's fresh register after an index call could not tell
+/// whether it mapped it ([`KvClient::judge_unknown`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Judged {
+    /// The key maps to it now.
+    Mapped,
+    /// It was mapped, and a delete unmapped it since: its unmapper owns it now.
+    Undone,
+    /// Not mapped now, and no sign that it ever was: the call's outcome is unknown.
+    Unknown,
+}
+
 /// What an insert does when its key is present.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum IfPresent {
@@ -85,6 +97,38 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
             .await?;
         self.blind.record(self.index.blind_decided(&took));
         Ok((took, sent))
+    }
+
+    /// What became of `fresh` after an index call could not tell whether it mapped it
+    /// to `key` (it stalled past its acknowledgement window, or gave up under
+    /// contention), **without proposing it again**: that call's change may have been
+    /// decided unseen (a lookup or another update finishes a change it finds), the
+    /// key deleted and the register unmapped by another client, which owns it from
+    /// then on and will reset it (`crate::registers::recycle`). Mapping it again then
+    /// gives it two owners: the next reset blanks the key header of a mapped register
+    /// (the soak's "key header missing on a majority"). Instead: if the key maps to
+    /// it now, it is `Mapped`; if the register holds a tombstone or another life
+    /// (only a delete through the index writes a tombstone, and only the client that
+    /// unmapped a register resets it), it was mapped and then deleted: `Undone`;
+    /// otherwise the outcome is `Unknown`, and the register is left alone (a leak).
+    async fn judge_unknown(
+        &self,
+        key: &HashedKey<'_>,
+        fresh: &mut Located,
+        stats: &OpStats,
+        deadline: Nanos,
+    ) -> Result<Judged, KvError> {
+        let fabric = self.swarm.fabric();
+        self.fence(deadline)?;
+        if self.index.resolve_hashed(fabric, stats, key).await? == Some(fresh.register) {
+            return Ok(Judged::Mapped);
+        }
+        self.fence(deadline)?;
+        Ok(match self.read_register(fresh, stats).await {
+            Ok(ReadValue::Deleted) => Judged::Undone,
+            Err(error) if error.is_recycled() => Judged::Undone,
+            _ => Judged::Unknown,
+        })
     }
 
     /// Writes `fresh` (key header and value) and maps `key` to it, or, if the key is
@@ -164,14 +208,18 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
             let outcome = match attempt {
                 Ok(outcome) => outcome,
                 // The index could not tell whether our mapping took effect (this client
-                // stalled past its acknowledgement window): ask it.
-                Err(IndexError::OutcomeUnknown { .. }) => {
+                // stalled past its acknowledgement window): find out, but the register is
+                // never proposed again (`judge_unknown`).
+                Err(error @ IndexError::OutcomeUnknown { .. }) => {
                     uncertain.set(true);
-                    match self.index.resolve_hashed(fabric, stats, key).await? {
-                        Some(r) if r == register => InsertOutcome::Inserted,
-                        Some(other) => InsertOutcome::Exists(other),
-                        None => continue,
-                    }
+                    return match self.judge_unknown(key, fresh, stats, deadline).await? {
+                        Judged::Mapped => {
+                            self.remember(key.bytes(), fresh);
+                            Ok(Published::Yes)
+                        }
+                        Judged::Undone => Ok(Published::Yes),
+                        Judged::Unknown => Err(error.into()),
+                    };
                 }
                 Err(e) => {
                     uncertain.set(true);
@@ -201,16 +249,29 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
                             .await
                         {
                             Ok(replaced) => replaced,
-                            // As for the insert above: ask the index what happened.
-                            Err(IndexError::OutcomeUnknown { .. }) => {
+                            // As for the insert above: find out without proposing the
+                            // register again. Under contention the replace may have been
+                            // accepted somewhere and decided since, just as well.
+                            Err(
+                                error @ (IndexError::OutcomeUnknown { .. }
+                                | IndexError::Contention { .. }),
+                            ) => {
                                 uncertain.set(true);
-                                self.index.resolve_hashed(fabric, stats, key).await?
-                                    == Some(register)
-                            }
-                            // Others keep changing the key's bucket: look again.
-                            Err(IndexError::Contention { .. }) => {
-                                uncertain.set(true);
-                                false
+                                match self.judge_unknown(key, fresh, stats, deadline).await? {
+                                    Judged::Mapped => true,
+                                    // The replace took effect and unmapped `existing`,
+                                    // then a delete unmapped the register.
+                                    Judged::Undone => {
+                                        self.retire_marked(
+                                            existing,
+                                            key.bytes().len(),
+                                            Retired::Unmapped,
+                                            deadline,
+                                        );
+                                        return Ok(Published::Yes);
+                                    }
+                                    Judged::Unknown => return Err(error.into()),
+                                }
                             }
                             Err(e) => {
                                 uncertain.set(true);

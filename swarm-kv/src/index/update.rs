@@ -328,7 +328,14 @@ async fn finish_insert<'a, F: Fabric>(
     let ix = eng.index();
     let fabric = eng.fabric;
     let config = ix.config;
+    // A fast round only while no proposal of this insert may have taken effect
+    // unseen (the blind round it follows, `finish_blind`): a round of the same register
+    // over one that was decided, applied and removed while this client was stopped
+    // would map a register that the remover owns now (two owners). The classic
+    // attempts below judge such a proposal first (`earlier`), and report
+    // `OutcomeUnknown` when they cannot.
     if config.fast_inserts
+        && eng.none_pending()
         && let Some(plan) = fast::plan(&eng, &views, &hash, register)
     {
         // Watched from now on: if the fast round is not decided but someone finishes

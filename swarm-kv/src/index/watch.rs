@@ -163,6 +163,18 @@ impl<F: Fabric> Engine<'_, F> {
         }
     }
 
+    /// Whether none of our proposals may have taken effect unseen: each was ruled
+    /// out, or watched with no window as long as an acknowledgement wait and never seen
+    /// applied. A proposal sent again while this is false could redo a change that
+    /// was decided, applied and undone while we were stopped; [`Self::fate`] judges
+    /// it first.
+    pub fn none_pending(&self) -> bool {
+        !self
+            .watches
+            .iter()
+            .any(|w| !w.dead && (w.uncertain || w.applied.is_some()))
+    }
+
     /// The fate of our proposals: applied (seen in a slot), still the newest accepted
     /// value in the views of a successful promise (`views`), or lost track of.
     pub fn fate(&self, views: &[Option<View>; MAX_BUCKETS]) -> Fate {
