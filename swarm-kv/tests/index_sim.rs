@@ -72,6 +72,12 @@ struct Shared {
     /// Registers of inserts that have not returned (their client crashed, if the run
     /// is over): such an insert may still take effect, finished by a later update.
     unfinished: Rc<RefCell<HashSet<u64>>>,
+    /// Registers an update reported not mapped (an insert that returned `Exists` of
+    /// another register, a replace that returned `false`), with that operation: the
+    /// index must never map one later (issue 43: the KV layer retires such a
+    /// register at once, and a mapping decided after would leave a key mapped to a
+    /// reset register). Until the register is inserted again (`lives`).
+    not_mapped: Rc<RefCell<HashMap<u64, String>>>,
 }
 
 /// An insert that returned `Inserted`: its key, its register, when it began and ended.
@@ -90,6 +96,7 @@ impl Shared {
             retired: Rc::new(RefCell::new(HashMap::new())),
             lives: Rc::new(RefCell::new(Vec::new())),
             unfinished: Rc::new(RefCell::new(HashSet::new())),
+            not_mapped: Rc::new(RefCell::new(HashMap::new())),
         }
     }
 
@@ -109,7 +116,9 @@ impl Shared {
             let mut retired = self.retired.borrow_mut();
             if let Some(free) = retired.get_mut(key).filter(|v| !v.is_empty()) {
                 let i = rng.below(free.len() as u64) as usize;
-                return free.swap_remove(i);
+                let r = free.swap_remove(i);
+                self.not_mapped.borrow_mut().remove(&r);
+                return r;
             }
         }
         self.register_for(key)
@@ -134,6 +143,21 @@ impl Shared {
                 "a remove tagged by a lookup of {key} -> {register} that returned at {looked_up} \
                  unmapped a later life of that mapping, inserted over [{s}, {e}] before \
                  the remove began at {start}"
+            ));
+        }
+    }
+
+    /// `register` was reported not mapped by `what`.
+    fn reported_not_mapped(&self, register: u64, what: String) {
+        self.not_mapped.borrow_mut().insert(register, what);
+    }
+
+    /// Checks that `found`, which the index maps `key` to (`when`), was not reported
+    /// not mapped.
+    fn check_mapped(&self, key: &str, found: u64, when: &str) {
+        if let Some(what) = self.not_mapped.borrow().get(&found) {
+            self.errors.borrow_mut().push(format!(
+                "{when}: {key} maps to register {found}, which {what} reported not mapped"
             ));
         }
     }
@@ -263,6 +287,9 @@ async fn client_task(
             match ix.resolve(&fabric, &stats, key.as_bytes()).await {
                 Ok(r) => {
                     log.end(id, OpKind::Get, r.map(value), true, world.now());
+                    if let Some(r) = r {
+                        shared.check_mapped(&key, r, &format!("c{c} resolve"));
+                    }
                     match r {
                         Some(r) => known.insert(key, r),
                         None => known.remove(&key),
@@ -293,6 +320,10 @@ async fn client_task(
                 }
                 Ok(InsertOutcome::Exists(x)) => {
                     log.end(id, OpKind::Get, Some(value(x)), true, world.now());
+                    shared.check_mapped(&key, x, &format!("c{c} insert"));
+                    if x != r {
+                        shared.reported_not_mapped(r, format!("c{c}'s insert of {key} at {start}"));
+                    }
                     // `r` was not mapped: a retired register goes back to its pool.
                     if lives {
                         shared.retire(&key, r);
@@ -336,6 +367,7 @@ async fn client_task(
                 }
                 Ok(false) => {
                     log.drop_op(id);
+                    shared.reported_not_mapped(new, format!("c{c}'s replace of {key} at {start}"));
                     known.remove(&key);
                 }
                 Err(e) => shared
@@ -366,6 +398,14 @@ async fn verify_task(shared: Shared, ix: Index, fabric: SimFabric, c: u64, keys:
             .filter(|r| shared.key_of.borrow().get(r) == Some(&key))
             .collect();
         assert!(mine.len() <= 1, "{key} maps to several registers: {mine:?}");
+        for &r in &mine {
+            shared.check_mapped(&key, r, "verification");
+        }
+        assert!(
+            shared.errors.borrow().is_empty(),
+            "{:?}",
+            shared.errors.borrow()
+        );
         let start = world.now();
         let id = log.begin(c, OpKind::Get, &key, None, start);
         let r = ix
