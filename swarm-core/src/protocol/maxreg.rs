@@ -282,6 +282,10 @@ pub(crate) struct WriteProgress {
     /// flight are kept for the guard's lower (`super::write_back_guard`), not
     /// forgotten.
     pub(crate) guarded: bool,
+    /// The caller hinted the memory of the first round's batches to the preferred
+    /// majority (`Client::hint_guessed_write`): that round does not hint it again,
+    /// unless a suspected node changes which replicas it asks first.
+    pub(crate) first_round_hinted: bool,
 }
 
 /// Fails with [`FabricError::NotEnoughLiveNodes`] if fewer than `need` replicas are
@@ -321,7 +325,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         build: impl FnMut(usize, &mut Batch) -> Result<(), FabricError>,
     ) -> Result<Roundtrip<'a, F>, SwarmError> {
         let mut rt = Roundtrip::start(&self.fabric, stats);
-        self.quorum_step_touching(&mut rt, reg, candidates, k, |_| NO_TOUCHES, build)
+        self.quorum_step_touching(&mut rt, reg, candidates, k, |_| NO_TOUCHES, false, build)
             .await?;
         Ok(rt)
     }
@@ -331,12 +335,16 @@ impl<F: Fabric, C: Clock> Client<F, C> {
     /// reads or writes. Before the first burst of posts, every range is hinted to
     /// the fabric ([`Fabric::prefetch`]), so that on local memory the cache misses
     /// of the replicas, and of the places in one, overlap instead of coming one
-    /// batch or one operation after the other.
+    /// batch or one operation after the other. With `hinted`, the caller hinted the
+    /// first burst's ranges itself (those `touches` gives for the first `k`
+    /// candidates): they are not hinted again, and the step goes on as if it had
+    /// hinted them (an interleaved operation yields before its posts).
     ///
     /// The caller owns `rt`: a `Roundtrip` is a few hundred bytes (its replies are
     /// kept inline), and returning it from this future would copy it about three
     /// times (out of the future, out of the `Result`, into the caller's state) on
     /// every read and write round.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) async fn quorum_step_touching(
         &self,
         rt: &mut Roundtrip<'_, F>,
@@ -344,6 +352,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         candidates: &[usize],
         k: usize,
         touches: impl Fn(usize) -> Touches,
+        hinted: bool,
         mut build: impl FnMut(usize, &mut Batch) -> Result<(), FabricError>,
     ) -> Result<(), SwarmError> {
         // Suspected nodes go last, keeping the preference order otherwise (nothing to
@@ -360,7 +369,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
             });
         let ordered = reordered.as_deref().unwrap_or(candidates);
         let first = k.min(ordered.len());
-        let hinted = self.hint_touches(reg, ordered[..first].iter().copied(), &touches);
+        let hinted = hinted || self.hint_touches(reg, ordered[..first].iter().copied(), &touches);
         // An interleaved operation lets the others in flight run while its lines
         // arrive (`OpStats::interleaved`).
         if hinted && rt.stats().is_interleaved() {
@@ -493,7 +502,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         match every_replica {
             None => {
                 let q = reg.replicas.quorum();
-                self.quorum_step_touching(&mut rt, reg, positions, q, touches, build)
+                self.quorum_step_touching(&mut rt, reg, positions, q, touches, false, build)
                     .await?;
             }
             Some(patience) => {
@@ -1093,23 +1102,33 @@ impl<F: Fabric, C: Clock> Client<F, C> {
                 let touches = |p: usize| {
                     self.round_touches(reg.offset(p), buffer, record_len, written[p], first)
                 };
+                // The preferred majority in preference order, as the caller hinted it.
+                let hinted = first && progress.first_round_hinted && !self.suspicion.any();
                 let rt = &mut rt;
-                self.quorum_step_touching(rt, reg, &candidates, need, touches, |p, batch| {
-                    let at = reg.offset(p);
-                    if first {
-                        batch.push(inout::read_op(&layout, at, false))?;
-                    }
-                    if !written[p] {
-                        batch.push(inout::buffer_write_op(buffer, record.clone()))?;
-                    }
-                    let expected = inout::max_expected(own.get(p), tsp);
-                    inout::push_max(batch, &layout, at, writer, expected, tsp)?;
-                    // The delete word after the CAS: if the CAS found a word of a
-                    // later life, this probe shows that life's marker or tombstone
-                    // (batch order), and no further round acts on that word.
-                    batch.push(inout::delete_word_probe_op(&layout, at, life))?;
-                    Ok(())
-                })
+                self.quorum_step_touching(
+                    rt,
+                    reg,
+                    &candidates,
+                    need,
+                    touches,
+                    hinted,
+                    |p, batch| {
+                        let at = reg.offset(p);
+                        if first {
+                            batch.push(inout::read_op(&layout, at, false))?;
+                        }
+                        if !written[p] {
+                            batch.push(inout::buffer_write_op(buffer, record.clone()))?;
+                        }
+                        let expected = inout::max_expected(own.get(p), tsp);
+                        inout::push_max(batch, &layout, at, writer, expected, tsp)?;
+                        // The delete word after the CAS: if the CAS found a word of a
+                        // later life, this probe shows that life's marker or tombstone
+                        // (batch order), and no further round acts on that word.
+                        batch.push(inout::delete_word_probe_op(&layout, at, life))?;
+                        Ok(())
+                    },
+                )
                 .await?;
             }
             for (node, error) in rt.failures() {
