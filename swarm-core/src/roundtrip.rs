@@ -856,8 +856,9 @@ impl<F: Fabric + ?Sized> Drop for Immediate<'_, F> {
 /// Through [`Fabric::post_detached`]: a transport that completes it inside the call has
 /// executed it on return (its result is dropped); on the others it is in flight and
 /// its ticket forgotten.
-pub fn post_background<F: Fabric + ?Sized>(fabric: &F, node: NodeId, batch: Batch) {
-    fabric.post_detached(node, batch);
+#[inline]
+pub fn post_background<F: Fabric + ?Sized>(fabric: &F, node: NodeId, mut batch: Batch) {
+    fabric.post_detached(node, &mut batch);
 }
 
 /// [`post_background`] on behalf of the operation of `stats`: dropped (and `false`

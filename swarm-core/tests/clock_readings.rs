@@ -79,7 +79,7 @@ impl Fabric for Clocked {
     fn completes_in_submit(&self) -> bool {
         self.immediate && self.inner.completes_in_submit()
     }
-    fn post_detached(&self, node: NodeId, batch: Batch) {
+    fn post_detached(&self, node: NodeId, batch: &mut Batch) {
         self.deadlines.borrow_mut().push(batch.deadline());
         self.inner.post_detached(node, batch);
     }
