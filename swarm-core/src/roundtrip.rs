@@ -728,8 +728,11 @@ impl<F: Fabric + ?Sized> Drop for Roundtrip<'_, F> {
 /// It counts its roundtrip once complete ([`Immediate::complete`]); one that the
 /// fence stops counts it too, as a [`Roundtrip`] would have. A caller whose batch
 /// did not complete after all (a crashed node) drops it, counted nothing, and takes
-/// the general path with a [`Roundtrip`]: only for steps that change nothing
-/// (reads), so that posting them again is harmless.
+/// the general path with a [`Roundtrip`] for what is left: for steps that change
+/// nothing (reads), posting them again is harmless; a step that stores (a write
+/// round, [`Immediate::start_storing`]) asks only the replicas that did not answer,
+/// and a batch that did not complete inside its post never executes on such a
+/// fabric ([`Fabric::completes_in_submit`]).
 ///
 /// **When the fence is checked.** An operation inside an enclosing deadline (every
 /// SWARM-KV operation: `KvClient::begin` arms it from the reading it starts with)
@@ -769,6 +772,28 @@ impl<'a, F: Fabric + ?Sized> Immediate<'a, F> {
             stats,
             reply: Completion::new(),
             check_after,
+        })
+    }
+
+    /// Starts a step about to post a burst of batches that store (a write round's):
+    /// the fence is checked (and a deadline waiting for the first post armed) once
+    /// before the burst, as [`Roundtrip::post`] does, whether a deadline is armed or
+    /// not: a store posted past the deadline may land in a recycled slot
+    /// (`crate::protocol::slot_recycling`). [`FabricError::Fenced`] past the
+    /// operation's deadline, counting the step's roundtrip, and nothing may be
+    /// posted. The caller checks the clock after the answers as it would after a
+    /// [`Roundtrip`] (`Client::settle`).
+    #[inline]
+    pub(crate) fn start_storing(fabric: &'a F, stats: &'a OpStats) -> Result<Self, FabricError> {
+        if let Err(error) = stats.check_fence(fabric) {
+            stats.count();
+            return Err(error);
+        }
+        Ok(Self {
+            fabric,
+            stats,
+            reply: Completion::new(),
+            check_after: false,
         })
     }
 
@@ -831,8 +856,9 @@ impl<F: Fabric + ?Sized> Drop for Immediate<'_, F> {
 /// Through [`Fabric::post_detached`]: a transport that completes it inside the call has
 /// executed it on return (its result is dropped); on the others it is in flight and
 /// its ticket forgotten.
-pub fn post_background<F: Fabric + ?Sized>(fabric: &F, node: NodeId, batch: Batch) {
-    fabric.post_detached(node, batch);
+#[inline]
+pub fn post_background<F: Fabric + ?Sized>(fabric: &F, node: NodeId, mut batch: Batch) {
+    fabric.post_detached(node, &mut batch);
 }
 
 /// [`post_background`] on behalf of the operation of `stats`: dropped (and `false`

@@ -79,7 +79,7 @@ impl Fabric for Clocked {
     fn completes_in_submit(&self) -> bool {
         self.immediate && self.inner.completes_in_submit()
     }
-    fn post_detached(&self, node: NodeId, batch: Batch) {
+    fn post_detached(&self, node: NodeId, batch: &mut Batch) {
         self.deadlines.borrow_mut().push(batch.deadline());
         self.inner.post_detached(node, batch);
     }
@@ -277,6 +277,37 @@ fn a_read_stopped_inside_its_burst_past_its_deadline_returns_nothing() {
             read,
             Ok(Err(SwarmError::Fenced)),
             "immediate {immediate}: a read counted across its deadline returned"
+        );
+    }
+}
+
+/// A write whose enclosing deadline passed before it began posts nothing, on the
+/// immediate path (its first round without a `Roundtrip`, `Client::write_round_now`:
+/// stores, so the fence is checked before the burst, not after it as a read's) and
+/// on the general one: a store posted past the deadline may land in a slot that was
+/// recycled meanwhile (docs/pauses.md).
+#[test]
+fn a_write_past_its_deadline_posts_nothing() {
+    for immediate in [true, false] {
+        let cluster = MemCluster::new(3, 1 << 20);
+        let client = client_with(&cluster, immediate);
+        let fabric = client.fabric();
+        let reg = register();
+        let mut cache = RegisterCache::new();
+        let stats = OpStats::new();
+        let _enclosing = stats.arm_deadline(fabric.now() + MAX_OP_NS);
+        fabric.skew.set(20 * MAX_OP_NS);
+        fabric.reset();
+        let written = block_on_future(fabric, client.write(&reg, &mut cache, &stats, &[7; 40]));
+        assert_eq!(
+            written,
+            Ok(Err(SwarmError::Fenced)),
+            "immediate {immediate}"
+        );
+        assert!(
+            fabric.deadlines.borrow().is_empty(),
+            "immediate {immediate}: batches posted past the deadline: {:?}",
+            fabric.deadlines.borrow()
         );
     }
 }

@@ -120,9 +120,9 @@ impl Fabric for ShmFabric {
     ///
     /// [`NodeMemory::execute_detached`]: crate::NodeMemory::execute_detached
     #[inline]
-    fn post_detached(&self, node: NodeId, batch: Batch) {
+    fn post_detached(&self, node: NodeId, batch: &mut Batch) {
         if let Some(memory) = self.cluster.node(node) {
-            let _ = memory.execute_detached(&batch);
+            let _ = memory.execute_detached(batch);
         }
     }
 

@@ -216,7 +216,7 @@ impl<F: Fabric> Fabric for FailNodes<F> {
     }
 
     #[inline]
-    fn post_detached(&self, node: NodeId, batch: Batch) {
+    fn post_detached(&self, node: NodeId, batch: &mut Batch) {
         // A failed node executes nothing.
         if !(self.any_failed.get() && self.is_failed(node)) {
             self.inner.post_detached(node, batch);
@@ -503,7 +503,7 @@ impl<F: Fabric> Fabric for EmulatedRtt<F> {
     /// No ticket, hence no due time to hold a result to: the inner fabric executes
     /// the batch (or has it in flight) as for any post, and nobody waits for it.
     #[inline]
-    fn post_detached(&self, node: NodeId, batch: Batch) {
+    fn post_detached(&self, node: NodeId, batch: &mut Batch) {
         self.inner.post_detached(node, batch);
     }
 
@@ -799,7 +799,7 @@ mod tests {
         for node in 0..3 {
             fabric.post_detached(
                 NodeId(node),
-                Batch::write(8, alloc::vec![node as u8 + 1; 8]),
+                &mut Batch::write(8, alloc::vec![node as u8 + 1; 8]),
             );
         }
         assert!(
@@ -914,7 +914,7 @@ mod tests {
             matches!(&submitted, Submitted::Failed(e) if *e == error),
             "{submitted:?}"
         );
-        fabric.post_detached(NodeId(2), Batch::write(24, alloc::vec![3; 8]));
+        fabric.post_detached(NodeId(2), &mut Batch::write(24, alloc::vec![3; 8]));
         while ready_after_progress(&fabric, alive).is_none() {}
         let check = cluster.client();
         // The batch in flight when node 2 crashed had landed (an emulated latency

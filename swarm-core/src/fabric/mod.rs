@@ -205,10 +205,13 @@ pub trait Fabric {
     /// Posts `batch` to `node` for its effects only: nobody will look at its result
     /// (background work, [`crate::roundtrip::post_background`]). Exactly `submit` then
     /// `forget`, which the default does; a wrapper that would only hold the result
-    /// back (an emulated latency) skips that bookkeeping.
+    /// back (an emulated latency) skips that bookkeeping. As for `submit`, a
+    /// transport that keeps the batch takes it out of `batch` (the caller drops what
+    /// is left), and one that executes it inside the call only reads it: the batch
+    /// is not moved through the wrappers on the fast path.
     #[inline]
-    fn post_detached(&self, node: NodeId, mut batch: Batch) {
-        if let Submitted::Posted(ticket) = self.submit(node, &mut batch, &mut Completion::new()) {
+    fn post_detached(&self, node: NodeId, batch: &mut Batch) {
+        if let Submitted::Posted(ticket) = self.submit(node, batch, &mut Completion::new()) {
             self.forget(ticket);
         }
     }
@@ -378,7 +381,7 @@ impl<F: Fabric + ?Sized> Fabric for &F {
     fn prefetch(&self, node: NodeId, addr: u64, len: u64) {
         (**self).prefetch(node, addr, len)
     }
-    fn post_detached(&self, node: NodeId, batch: Batch) {
+    fn post_detached(&self, node: NodeId, batch: &mut Batch) {
         (**self).post_detached(node, batch)
     }
     fn poll(&self, ticket: Ticket) -> Poll<Result<Completion, FabricError>> {

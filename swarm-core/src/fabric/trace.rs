@@ -117,8 +117,8 @@ impl<F: Fabric, T: Tracer> Fabric for Traced<F, T> {
         self.inner.prefetch(node, addr, len);
     }
 
-    fn post_detached(&self, node: NodeId, batch: Batch) {
-        self.tracer.detached(node, &batch);
+    fn post_detached(&self, node: NodeId, batch: &mut Batch) {
+        self.tracer.detached(node, batch);
         self.inner.post_detached(node, batch);
         self.tracer.posted(node);
     }
@@ -204,7 +204,7 @@ mod tests {
         let mut reply = Completion::new();
         let submitted = fabric.submit(node, &mut batch, &mut reply);
         assert!(matches!(submitted, Submitted::Done), "{submitted:?}");
-        fabric.post_detached(node, Batch::write(8, alloc::vec![9u8; 8]));
+        fabric.post_detached(node, &mut Batch::write(8, alloc::vec![9u8; 8]));
         let ticket = fabric.post(node, Batch::read(0, 16));
         let Poll::Ready(Ok(read)) = fabric.poll(ticket) else {
             panic!("the in-process fabric completes a read at once");

@@ -234,7 +234,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         }
         match carried {
             None => {
-                self.quorum_step_touching(&mut rt, reg, everyone, q, |_| NO_TOUCHES, build)
+                self.quorum_step_touching(&mut rt, reg, everyone, q, |_| NO_TOUCHES, false, build)
                     .await?;
             }
             Some(_) => self.every_replica_step(&mut rt, reg, build).await?,

@@ -282,6 +282,10 @@ pub(crate) struct WriteProgress {
     /// flight are kept for the guard's lower (`super::write_back_guard`), not
     /// forgotten.
     pub(crate) guarded: bool,
+    /// The caller hinted the memory of the first round's batches to the preferred
+    /// majority (`Client::hint_guessed_write`): that round does not hint it again,
+    /// unless a suspected node changes which replicas it asks first.
+    pub(crate) first_round_hinted: bool,
 }
 
 /// Fails with [`FabricError::NotEnoughLiveNodes`] if fewer than `need` replicas are
@@ -295,6 +299,21 @@ pub(crate) fn enough_candidates(candidates: &[usize], need: usize) -> Result<(),
         .into());
     }
     Ok(())
+}
+
+/// What a write round's batch to one replica holds ([`Client::push_round_ops`]).
+struct RoundBatch {
+    /// Where the register starts on the replica.
+    at: u64,
+    /// The out-of-place buffer the record goes to; `None` once written there.
+    buffer: Option<u64>,
+    /// The round reads the metadata words first (SWARM §3.2 line 6).
+    read_first: bool,
+    /// This writer's metadata word there, as last known (the CAS's expected value
+    /// comes from it, `inout::max_expected`).
+    own: Tsp,
+    /// The register's life, which the delete-word probe expects.
+    life: Tsp,
 }
 
 /// The byte ranges `(addr, len)` one batch touches ([`Client::quorum_step_touching`]);
@@ -321,7 +340,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         build: impl FnMut(usize, &mut Batch) -> Result<(), FabricError>,
     ) -> Result<Roundtrip<'a, F>, SwarmError> {
         let mut rt = Roundtrip::start(&self.fabric, stats);
-        self.quorum_step_touching(&mut rt, reg, candidates, k, |_| NO_TOUCHES, build)
+        self.quorum_step_touching(&mut rt, reg, candidates, k, |_| NO_TOUCHES, false, build)
             .await?;
         Ok(rt)
     }
@@ -331,12 +350,16 @@ impl<F: Fabric, C: Clock> Client<F, C> {
     /// reads or writes. Before the first burst of posts, every range is hinted to
     /// the fabric ([`Fabric::prefetch`]), so that on local memory the cache misses
     /// of the replicas, and of the places in one, overlap instead of coming one
-    /// batch or one operation after the other.
+    /// batch or one operation after the other. With `hinted`, the caller hinted the
+    /// first burst's ranges itself (those `touches` gives for the first `k`
+    /// candidates): they are not hinted again, and the step goes on as if it had
+    /// hinted them (an interleaved operation yields before its posts).
     ///
     /// The caller owns `rt`: a `Roundtrip` is a few hundred bytes (its replies are
     /// kept inline), and returning it from this future would copy it about three
     /// times (out of the future, out of the `Result`, into the caller's state) on
     /// every read and write round.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) async fn quorum_step_touching(
         &self,
         rt: &mut Roundtrip<'_, F>,
@@ -344,6 +367,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         candidates: &[usize],
         k: usize,
         touches: impl Fn(usize) -> Touches,
+        hinted: bool,
         mut build: impl FnMut(usize, &mut Batch) -> Result<(), FabricError>,
     ) -> Result<(), SwarmError> {
         // Suspected nodes go last, keeping the preference order otherwise (nothing to
@@ -360,7 +384,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
             });
         let ordered = reordered.as_deref().unwrap_or(candidates);
         let first = k.min(ordered.len());
-        let hinted = self.hint_touches(reg, ordered[..first].iter().copied(), &touches);
+        let hinted = hinted || self.hint_touches(reg, ordered[..first].iter().copied(), &touches);
         // An interleaved operation lets the others in flight run while its lines
         // arrive (`OpStats::interleaved`).
         if hinted && rt.stats().is_interleaved() {
@@ -493,7 +517,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         match every_replica {
             None => {
                 let q = reg.replicas.quorum();
-                self.quorum_step_touching(&mut rt, reg, positions, q, touches, build)
+                self.quorum_step_touching(&mut rt, reg, positions, q, touches, false, build)
                     .await?;
             }
             Some(patience) => {
@@ -1069,13 +1093,41 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         .then(|| OwnRound::new(&self.own_batches, tsp.ts()));
         let mut read_max = Tsp::EMPTY;
         let mut first = read_first;
+        // The replicas whose first-round batch the immediate path folded in already.
+        let mut answered = [false; MAX_REPLICAS];
+        if first && own_round.is_none() {
+            let done = self.write_round_now(
+                reg,
+                cache,
+                stats,
+                tsp,
+                buffer,
+                record,
+                progress,
+                &mut read_max,
+                &mut answered,
+            )?;
+            // The whole first round (its reads from a majority) ran there.
+            first = done < q;
+        }
         loop {
-            let have = if first { 0 } else { cache.holding(n, tsp) };
+            let have = if first {
+                answered.iter().filter(|&&a| a).count()
+            } else {
+                cache.holding(n, tsp)
+            };
             if have >= q {
                 return Ok(read_max);
             }
             let candidates: heapless::Vec<usize, MAX_REPLICAS> = (0..n)
-                .filter(|&p| !progress.failed[p] && (first || cache.known_max.get(p) < tsp))
+                .filter(|&p| {
+                    !progress.failed[p]
+                        && if first {
+                            !answered[p]
+                        } else {
+                            cache.known_max.get(p) < tsp
+                        }
+                })
                 .collect();
             let need = q - have;
             enough_candidates(&candidates, need)?;
@@ -1093,23 +1145,27 @@ impl<F: Fabric, C: Clock> Client<F, C> {
                 let touches = |p: usize| {
                     self.round_touches(reg.offset(p), buffer, record_len, written[p], first)
                 };
+                // The preferred majority in preference order, as the caller hinted it.
+                let hinted = first && progress.first_round_hinted && !self.suspicion.any();
                 let rt = &mut rt;
-                self.quorum_step_touching(rt, reg, &candidates, need, touches, |p, batch| {
-                    let at = reg.offset(p);
-                    if first {
-                        batch.push(inout::read_op(&layout, at, false))?;
-                    }
-                    if !written[p] {
-                        batch.push(inout::buffer_write_op(buffer, record.clone()))?;
-                    }
-                    let expected = inout::max_expected(own.get(p), tsp);
-                    inout::push_max(batch, &layout, at, writer, expected, tsp)?;
-                    // The delete word after the CAS: if the CAS found a word of a
-                    // later life, this probe shows that life's marker or tombstone
-                    // (batch order), and no further round acts on that word.
-                    batch.push(inout::delete_word_probe_op(&layout, at, life))?;
-                    Ok(())
-                })
+                self.quorum_step_touching(
+                    rt,
+                    reg,
+                    &candidates,
+                    need,
+                    touches,
+                    hinted,
+                    |p, batch| {
+                        let round = RoundBatch {
+                            at: reg.offset(p),
+                            buffer: (!written[p]).then_some(buffer),
+                            read_first: first,
+                            own: own.get(p),
+                            life,
+                        };
+                        self.push_round_ops(batch, &round, record, tsp)
+                    },
+                )
                 .await?;
             }
             for (node, error) in rt.failures() {
@@ -1122,35 +1178,146 @@ impl<F: Fabric, C: Clock> Client<F, C> {
                 let Some(p) = reg.replicas.position(*node) else {
                     continue;
                 };
-                if first {
-                    let meta = completion.read(0).unwrap_or_default();
-                    cache.learn_life(inout::delete_word(meta))?;
-                    let seen = inout::max_word(meta);
-                    read_max = read_max.max(seen);
-                    cache.learn(p, seen);
-                }
-                progress.buffer_written[p] = true;
-                let last = completion.outputs().len().saturating_sub(1);
-                if let Some(delete) = inout::cas_result(completion, last) {
-                    cache.learn_life(delete)?;
-                }
-                let Some(previous) = inout::cas_result(completion, last.saturating_sub(1)) else {
-                    continue;
-                };
-                cache.check_marker(previous)?;
-                let expected = inout::max_expected(cache.own_word.get(p), tsp);
-                match inout::max_outcome(expected, tsp, previous) {
-                    MaxOutcome::Done(now) => {
-                        cache.own_word.set(p, now);
-                        cache.learn(p, now);
-                    }
-                    MaxOutcome::Retry(found) => {
-                        cache.own_word.set(p, found);
-                        cache.learn(p, found);
-                    }
-                }
+                Self::fold_round_reply(cache, progress, p, completion, first, tsp, &mut read_max)?;
             }
             first = false;
         }
+    }
+
+    /// The first round of [`Self::write_round`] (the one that reads the metadata
+    /// words before writing) on a fabric that completes batches inside `submit`
+    /// (shared memory), with no [`Roundtrip`]: the same batch to each replica of the
+    /// preferred majority, each reply folded in as it comes back
+    /// ([`Self::fold_round_reply`]), the same fence (checked once before the burst,
+    /// since the batches store: [`Immediate::start_storing`]) and one roundtrip
+    /// counted. Returns how many replicas answered; each is marked in `answered`.
+    /// Fewer than a majority (a batch that did not complete inside its post: a
+    /// crashed node) leaves the rest of the round to the general path, which asks
+    /// the replicas not marked; nothing is posted twice but to a fabric that said
+    /// it completes batches inside `submit` and did not ([`Fabric::completes_in_submit`]).
+    /// Returns 0 at once where the general path is needed from the start: another
+    /// fabric, a suspected node (the preference order changes), an interleaved
+    /// operation (it yields before its posts), a guarded write-back (its tickets are
+    /// kept for the guard's lower).
+    #[allow(clippy::too_many_arguments)]
+    fn write_round_now(
+        &self,
+        reg: &RegisterLoc,
+        cache: &mut RegisterCache,
+        stats: &OpStats,
+        tsp: Tsp,
+        buffer: u64,
+        record: &Payload,
+        progress: &mut WriteProgress,
+        read_max: &mut Tsp,
+        answered: &mut [bool; MAX_REPLICAS],
+    ) -> Result<usize, SwarmError> {
+        if !self.fabric.completes_in_submit()
+            || self.suspicion.any()
+            || stats.is_interleaved()
+            || progress.guarded
+        {
+            return Ok(0);
+        }
+        let first = &reg.replicas.positions()[..reg.replicas.quorum()];
+        if !progress.first_round_hinted {
+            let touches = |p: usize| {
+                self.round_touches(reg.offset(p), buffer, record.len() as u64, false, true)
+            };
+            self.hint_touches(reg, first.iter().copied(), touches);
+        }
+        let mut step = Immediate::start_storing(&self.fabric, stats)?;
+        let life = cache.untombstoned();
+        let mut done = 0;
+        for &p in first {
+            let round = RoundBatch {
+                at: reg.offset(p),
+                buffer: Some(buffer),
+                read_first: true,
+                own: cache.own_word.get(p),
+                life,
+            };
+            let mut batch = Batch::new();
+            self.push_round_ops(&mut batch, &round, record, tsp)?;
+            let Some(reply) = step.submit(reg.replicas.node(p), &mut batch) else {
+                return Ok(done);
+            };
+            Self::fold_round_reply(cache, progress, p, reply, true, tsp, read_max)?;
+            answered[p] = true;
+            done += 1;
+        }
+        step.complete()?;
+        Ok(done)
+    }
+
+    /// Fills `batch` with a write round's operations for one replica (`round`), to
+    /// MAX `tsp`, whose record is `record`, into it: the metadata words read (first
+    /// round only), the record written into its out-of-place buffer (unless there
+    /// already), the CAS of this writer's metadata word, and the delete-word probe.
+    #[inline(always)]
+    fn push_round_ops(
+        &self,
+        batch: &mut Batch,
+        round: &RoundBatch,
+        record: &Payload,
+        tsp: Tsp,
+    ) -> Result<(), FabricError> {
+        let layout = &self.layout;
+        if round.read_first {
+            batch.push(inout::read_op(layout, round.at, false))?;
+        }
+        if let Some(buffer) = round.buffer {
+            batch.push(inout::buffer_write_op(buffer, record.clone()))?;
+        }
+        let expected = inout::max_expected(round.own, tsp);
+        inout::push_max(batch, layout, round.at, self.writer, expected, tsp)?;
+        // The delete word after the CAS: if the CAS found a word of a later life,
+        // this probe shows that life's marker or tombstone (batch order), and no
+        // further round acts on that word.
+        batch.push(inout::delete_word_probe_op(layout, round.at, round.life))?;
+        Ok(())
+    }
+
+    /// Folds replica `p`'s reply to a write round's batch (`first`: the round that
+    /// read its metadata words first, whose maximum joins `read_max`) into `cache`
+    /// and `progress`: what the metadata read, the CAS and the delete-word probe
+    /// found.
+    fn fold_round_reply(
+        cache: &mut RegisterCache,
+        progress: &mut WriteProgress,
+        p: usize,
+        completion: &Completion,
+        first: bool,
+        tsp: Tsp,
+        read_max: &mut Tsp,
+    ) -> Result<(), SwarmError> {
+        if first {
+            let meta = completion.read(0).unwrap_or_default();
+            cache.learn_life(inout::delete_word(meta))?;
+            let seen = inout::max_word(meta);
+            *read_max = (*read_max).max(seen);
+            cache.learn(p, seen);
+        }
+        progress.buffer_written[p] = true;
+        let last = completion.outputs().len().saturating_sub(1);
+        if let Some(delete) = inout::cas_result(completion, last) {
+            cache.learn_life(delete)?;
+        }
+        let Some(previous) = inout::cas_result(completion, last.saturating_sub(1)) else {
+            return Ok(());
+        };
+        cache.check_marker(previous)?;
+        let expected = inout::max_expected(cache.own_word.get(p), tsp);
+        match inout::max_outcome(expected, tsp, previous) {
+            MaxOutcome::Done(now) => {
+                cache.own_word.set(p, now);
+                cache.learn(p, now);
+            }
+            MaxOutcome::Retry(found) => {
+                cache.own_word.set(p, found);
+                cache.learn(p, found);
+            }
+        }
+        Ok(())
     }
 }

@@ -103,6 +103,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         let record = self.shared_record(w, reg, payload);
         // Before the slot tracking: its cache miss overlaps the hinted ones.
         self.hint_guessed_write(reg, w, record.len() as u64);
+        progress.first_round_hinted = true;
         self.track(reg, ts);
         let m = self
             .write_round(reg, cache, stats, w, &record, &mut progress, true)
@@ -198,8 +199,8 @@ impl<F: Fabric, C: Clock> Client<F, C> {
     /// asks first when no node is suspected ([`Self::round_touches`]), and the
     /// primary's in-place block that `mark_verified` writes after it. Their cache
     /// misses then overlap each other and whatever the caller does before posting.
-    /// The round hints its own ranges again, which costs next to nothing for lines
-    /// already on their way.
+    /// The round does not hint them again ([`WriteProgress`]'s `first_round_hinted`)
+    /// unless a suspected node changes which replicas it asks first.
     fn hint_guessed_write(&self, reg: &RegisterLoc, w: Tsp, record_len: u64) {
         if let Some(buffer) = self.layout.buffer_addr(w.ts()) {
             // One offset on every replica (the common case): one set of ranges for all.

@@ -345,7 +345,7 @@ impl LeaseHolder {
                     );
                     fabric.post_detached(
                         NodeId(node as u16),
-                        Batch::cas(self.row_at, stale, self.token),
+                        &mut Batch::cas(self.row_at, stale, self.token),
                     );
                 }
                 !take

@@ -1033,8 +1033,8 @@ impl Fabric for NamesBeforeKill {
         });
         if kills && !self.done.replace(true) {
             for n in 0..3u16 {
-                let named = Batch::write(self.pid_at, self.identity.to_le_bytes().to_vec());
-                self.inner.post_detached(NodeId(n), named);
+                let mut named = Batch::write(self.pid_at, self.identity.to_le_bytes().to_vec());
+                self.inner.post_detached(NodeId(n), &mut named);
             }
         }
         self.inner.post(node, batch)

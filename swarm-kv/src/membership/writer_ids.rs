@@ -345,7 +345,7 @@ pub async fn register<F: Fabric>(
         if let Some(raised) = raised.filter(|&g| g != 0) {
             fabric.post_detached(
                 NodeId(node as u16),
-                Batch::cas(at + WRITE_BACK_GUARD, raised, 0),
+                &mut Batch::cas(at + WRITE_BACK_GUARD, raised, 0),
             );
         }
     }
@@ -419,7 +419,7 @@ async fn name_owner<F: Fabric + ?Sized>(
 fn unname_owner<F: Fabric + ?Sized>(fabric: &F, addr: u64, named: &[(NodeId, u64)], owner: u64) {
     for &(node, was) in named {
         if was != owner {
-            fabric.post_detached(node, Batch::cas(addr, owner, was));
+            fabric.post_detached(node, &mut Batch::cas(addr, owner, was));
         }
     }
 }

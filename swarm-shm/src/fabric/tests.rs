@@ -454,7 +454,7 @@ fn detached_batches_have_the_effects_of_submitted_ones() {
             new: 7,
         })
         .unwrap();
-    fabric.post_detached(NodeId(0), batch);
+    fabric.post_detached(NodeId(0), &mut batch);
     assert_eq!(fabric.buffers.spares(), 1, "no buffer taken for the read");
     assert_eq!(word_at(&cluster, 0, DATA), [0, 0, 0, 5, 5, 5, 5, 5]);
     assert_eq!(word_at(&cluster, 0, DATA + 8), [5; 8]);
@@ -473,8 +473,8 @@ fn detached_batches_have_the_effects_of_submitted_ones() {
             new: 1,
         })
         .unwrap();
-    fabric.post_detached(NodeId(0), batch);
+    fabric.post_detached(NodeId(0), &mut batch);
     assert_eq!(word_at(&cluster, 0, DATA + 24), [0; 8]);
-    fabric.post_detached(NodeId(3), Batch::write(DATA, vec![9; 8]));
+    fabric.post_detached(NodeId(3), &mut Batch::write(DATA, vec![9; 8]));
     assert_eq!(word_at(&cluster, 0, DATA)[0], 0);
 }

@@ -261,8 +261,8 @@ pub(super) async fn incarnations_task(ctx: Incarnations) {
                 // writer id a delivery margin after the crash).
                 if let Some(guard) = layout.guard_addr(writer) {
                     for node in 0..fabric.node_count() {
-                        let lower = Batch::write(guard, 0u64.to_le_bytes().to_vec());
-                        fabric.post_detached(NodeId(node as u16), lower);
+                        let mut lower = Batch::write(guard, 0u64.to_le_bytes().to_vec());
+                        fabric.post_detached(NodeId(node as u16), &mut lower);
                     }
                 }
                 // As SWARM-KV's client does on a writer id whose holder crashed.
