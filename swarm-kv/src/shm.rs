@@ -66,11 +66,14 @@ impl ShmStore {
                 replicas: params.replicas,
             });
         }
-        // Replica groups over the cluster's nodes (`NodeLayout::placement`).
+        // Replica groups over the cluster's nodes (`NodeLayout::placement`), and a
+        // placement table for the records that place chunks elsewhere
+        // (`crate::placement`: superblock version 10).
         // More nodes than one roundtrip reaches: a metadata group, unless the
         // caller chose one (`ClusterParams::metadata_nodes`).
         let params = ClusterParams {
             placement_nodes: nodes,
+            placement_table: true,
             metadata_nodes: if params.metadata_nodes == 0 {
                 crate::layout::default_metadata_nodes(nodes, params.replicas)
             } else {
