@@ -133,7 +133,7 @@ fn recorded_chunks_serve_linearizable_operations_at_their_recorded_slots() {
 
     // Concurrent clients on shared keys, with deletes (so registers retire, are
     // reset and come back) and inserts (each takes a fresh register).
-    let used: Vec<(BTreeSet<u64>, u64)> = run_checked_threads(THREADS, |t, origin, ops| {
+    let used: Vec<(BTreeSet<u64>, u64, u64)> = run_checked_threads(THREADS, |t, origin, ops| {
         let c = store.client().unwrap();
         let f = c.fabric();
         let seed = 0x5eed ^ (t * 7919);
@@ -160,13 +160,16 @@ fn recorded_chunks_serve_linearizable_operations_at_their_recorded_slots() {
                 std::thread::sleep(std::time::Duration::from_millis(20));
             }
         }
-        let recycled = c.recycle_stats().recycled;
+        let stats = c.recycle_stats();
         c.close();
-        (registers, recycled)
+        (registers, stats.recycled, stats.reset_failures)
     });
-    let recycled: u64 = used.iter().map(|(_, r)| r).sum();
-    let used: BTreeSet<u64> = used.into_iter().flat_map(|(r, _)| r).collect();
+    let recycled: u64 = used.iter().map(|(_, r, _)| r).sum();
+    let reset_failures: u64 = used.iter().map(|(_, _, f)| f).sum();
+    let used: BTreeSet<u64> = used.into_iter().flat_map(|(r, _, _)| r).collect();
     assert!(recycled > 0, "registers were recycled during the run");
+    // Every replica answers: a reset that kept failing read or wrote the wrong words.
+    assert_eq!(reset_failures, 0, "resets failed");
     let placed: Vec<u64> = used.iter().copied().filter(|r| in_recorded(*r)).collect();
     println!(
         "{} registers mapped during the run, {} of them in recorded chunks; {recycled} recycled",
