@@ -14,8 +14,9 @@ use std::collections::BTreeSet;
 use swarm_checker::OpKind;
 use swarm_core::fabric::Batch;
 use swarm_core::{Fabric, NodeId, OpStats, Roundtrip, block_on};
+use swarm_kv::admin::{RepairError, RepairOptions};
 use swarm_kv::testing::placement::{PlacementRecord, Spot, write_record};
-use swarm_kv::{ClusterParams, ShmStore};
+use swarm_kv::{ClusterParams, KvError, ShmStore};
 use swarm_shm::ScratchDir;
 
 mod history_support;
@@ -230,4 +231,25 @@ fn recorded_chunks_serve_linearizable_operations_at_their_recorded_slots() {
     }
     println!("{checked} mapped keys checked at their recorded offsets");
     c.close();
+}
+
+/// A repair copies chunks from their computed places only (step 3 makes it follow
+/// the records): on a cluster with records it refuses before it announces
+/// anything, and the node stays out of service rather than come back without its
+/// recorded chunks.
+#[test]
+fn a_repair_refuses_a_cluster_with_placement_records() {
+    let dir = ScratchDir::new("kv-placed-repair").unwrap();
+    let store = ShmStore::create(dir.path(), NODES, 8 << 20, params()).unwrap();
+    let recorded = record_chunks(&store);
+    drop(store);
+    assert!(swarm_shm::ShmCluster::retire_node(dir.path(), 3).unwrap());
+    let refused = ShmStore::repair(dir.path(), 3, RepairOptions::DEFAULT, |_, _| {});
+    assert!(
+        matches!(
+            refused,
+            Err(KvError::Repair(RepairError::Placed { chunks })) if chunks == recorded.len()
+        ),
+        "{refused:?}"
+    );
 }
