@@ -263,8 +263,9 @@ impl<F: Fabric, C: Clock> std::fmt::Debug for KvClient<F, C> {
     }
 }
 
-/// The replicas of register `register` in a cluster of `nodes` nodes (see
-/// [`KvClient::register_loc`]): with replica groups
+/// The computed place of register `register` in a cluster of `nodes` nodes, where
+/// it lives unless a placement record says otherwise ([`KvClient::register_loc`],
+/// `crate::placement`): with replica groups
 /// ([`crate::layout::NodeLayout::placement`]), its group's `replicas` nodes;
 /// otherwise `replicas` consecutive nodes from a hash of its id. Either way in an
 /// order rotated by that hash, so that primaries vary.
@@ -308,9 +309,8 @@ pub fn register_loc_for(
         *node = NodeId(((base + offset) % n) as u16);
     }
     // One offset on every replica, which also names the register (log owner tags,
-    // slot trackers): the on-memory format of every version so far. Per-chunk
-    // placements give per-replica offsets (`RegisterLoc::placed`; ARCHITECTURE.md,
-    // "Per-replica placement").
+    // slot trackers). A chunk with a placement record has an offset per replica and
+    // keeps this name (`crate::placement::Placements::loc`).
     Ok(RegisterLoc::at(
         addr,
         Replicas::new(&chosen[..r], rotation)?,

@@ -391,9 +391,10 @@ pub fn judge(
     Verdict::Keep
 }
 
-/// Takes the register `loc` locates for the reclaimer whose tag is `mine`: CASes word 0 of each copy in
-/// `observed` (node, word seen) to `(seen length, mine)`. Whether a majority of its
-/// replicas now holds `mine`; a loser hands the copies it took back (module docs).
+/// Takes the register `loc` locates for the reclaimer whose tag is `mine`: CASes word
+/// 0 of each copy in `observed` (node, word seen), at the register's offset on that
+/// node, to `(seen length, mine)`. Whether a majority of its replicas now holds
+/// `mine`; a loser hands the copies it took back (module docs).
 pub async fn take<F: Fabric>(
     fabric: &F,
     stats: &OpStats,
