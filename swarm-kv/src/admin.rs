@@ -74,11 +74,10 @@ pub fn claimed_chunks<F: Fabric>(fabric: &F, layout: &NodeLayout) -> Result<u64,
 /// few hundred registers).
 pub fn census<F: Fabric>(fabric: &F, layout: &NodeLayout) -> Result<Census, KvError> {
     let nodes = fabric.node_count();
+    let placements = block_on(fabric, crate::placement::read_current(fabric, layout))?;
     block_on(
         fabric,
-        crate::registers::limbo::census(fabric, layout, |r| {
-            crate::client::register_loc_for(layout, nodes, r).ok()
-        }),
+        crate::registers::limbo::census(fabric, layout, |r| placements.loc(layout, nodes, r).ok()),
     )
 }
 

@@ -203,6 +203,9 @@ pub enum KvError {
     /// Opening or creating the shared-memory cluster failed.
     #[error(transparent)]
     Shm(#[from] swarm_shm::ShmError),
+    /// The placement table could not be adopted (`crate::placement`).
+    #[error(transparent)]
+    Placement(#[from] crate::placement::PlacementError),
     /// Repairing a memory node failed (`crate::repair`); the node stays out of service.
     #[error(transparent)]
     Repair(#[from] crate::repair::RepairError),

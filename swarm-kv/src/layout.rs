@@ -64,8 +64,11 @@ pub const KV_MAGIC: [u8; 8] = *b"SWARMKV\0";
 /// that read version 7 at most would place every register on the wrong nodes; 9:
 /// bit 5, a metadata group ([`ClusterParams::metadata_nodes`]), written only by a
 /// cluster that has one (other clusters still write version 8), which builds that
-/// read version 8 at most would look for on every node.
-pub const KV_VERSION: u32 = 9;
+/// read version 8 at most would look for on every node; 10: bit 6, a placement table
+/// ([`ClusterParams::placement_table`], `crate::placement`), written only by a
+/// cluster that has one, which builds that read version 9 at most would ignore,
+/// placing recorded chunks where they are not.
+pub const KV_VERSION: u32 = 10;
 /// Bit of the superblock's flags word: the layout has a log-summary area.
 pub const FLAG_LOG_SUMMARIES: u64 = 1;
 /// Bit of the superblock's flags word: every client keeps a tick ceiling in its
@@ -90,6 +93,10 @@ pub const FLAG_REPLICA_GROUPS: u64 = 16;
 /// chunk table and configuration live on the first [`ClusterParams::metadata_nodes`]
 /// nodes only, whose count is at offset 52 (version 9 and later).
 pub const FLAG_METADATA_GROUP: u64 = 32;
+/// Bit of the superblock's flags word: the metadata group holds a placement table
+/// after the chunk table, one record per chunk (`crate::placement`; version 10 and
+/// later).
+pub const FLAG_PLACEMENT_TABLE: u64 = 64;
 /// The metadata group `swarm init` gives a cluster of more than
 /// [`swarm_core::MAX_NODES`] nodes (at least its replica count): its first this many
 /// nodes ([`ClusterParams::metadata_nodes`]).
@@ -261,6 +268,12 @@ pub struct ClusterParams {
     /// whose stale cached locations only the cache lifetime keeps out of a reused
     /// register.
     pub cached_lives: bool,
+    /// Whether the metadata group holds a placement table (superblock version 10,
+    /// `crate::placement`): one record per chunk, after the chunk table, saying on
+    /// which nodes and in which slots of their register areas the chunk lives when
+    /// that is not its computed place ([`NodeLayout::placement`]). Needs replica
+    /// groups. Clusters without one place every chunk where it is computed.
+    pub placement_table: bool,
 }
 
 /// Defaults for `swarm init`.
@@ -287,6 +300,7 @@ impl Default for ClusterParams {
             tick_ceilings: true,
             repair_journal: true,
             cached_lives: true,
+            placement_table: false,
         }
     }
 }
@@ -374,6 +388,9 @@ impl ClusterParams {
                  at most the cluster's nodes and at most 16",
             );
         }
+        if self.placement_table && self.placement_nodes == 0 {
+            return bad("a placement table needs replica groups");
+        }
         if self.metadata_nodes == 0 && usize::from(self.placement_nodes) > swarm_core::MAX_NODES {
             return bad("a cluster of more than 16 nodes needs a metadata group of at most 16");
         }
@@ -416,6 +433,7 @@ impl ClusterParams {
         let fixed = NodeLayout::new(Self {
             placement_nodes: 0,
             metadata_nodes: 0,
+            placement_table: false,
             ..self
         })?
         .end();
@@ -476,9 +494,15 @@ impl ClusterParams {
     pub fn encode(&self) -> [u8; SUPERBLOCK_ENCODED_BYTES] {
         let mut out = [0u8; SUPERBLOCK_ENCODED_BYTES];
         out[0..8].copy_from_slice(&KV_MAGIC);
-        // Version 9 only with a metadata group: other clusters stay readable by
-        // builds of version 8.
-        let version: u32 = if self.metadata_nodes != 0 { 9 } else { 8 };
+        // Version 10 only with a placement table, 9 only with a metadata group:
+        // other clusters stay readable by the builds of the version before.
+        let version: u32 = if self.placement_table {
+            10
+        } else if self.metadata_nodes != 0 {
+            9
+        } else {
+            8
+        };
         out[8..12].copy_from_slice(&version.to_le_bytes());
         out[12..16].copy_from_slice(&self.key_max.to_le_bytes());
         out[16..20].copy_from_slice(&self.value_max.to_le_bytes());
@@ -518,6 +542,10 @@ impl ClusterParams {
             0
         } | if self.metadata_nodes != 0 {
             FLAG_METADATA_GROUP
+        } else {
+            0
+        } | if self.placement_table {
+            FLAG_PLACEMENT_TABLE
         } else {
             0
         };
@@ -580,6 +608,7 @@ impl ClusterParams {
         let placement_nodes = if grouped { u16_at(26) } else { 0 };
         let metadata_group = version >= 9 && u64_at(96) & FLAG_METADATA_GROUP != 0;
         let metadata_nodes = if metadata_group { u16_at(52) } else { 0 };
+        let placement_table = version >= 10 && u64_at(96) & FLAG_PLACEMENT_TABLE != 0;
         if metadata_group && metadata_nodes == 0 {
             return Err(ParamsError::Invalid(
                 "a metadata group of 0 nodes in the superblock".into(),
@@ -611,6 +640,7 @@ impl ClusterParams {
             tick_ceilings,
             repair_journal,
             cached_lives,
+            placement_table,
         };
         params.validate()?;
         Ok(params)
@@ -629,6 +659,9 @@ pub struct NodeLayout {
     pub journal_at: Option<u64>,
     /// First chunk-claim word.
     pub chunks_at: u64,
+    /// First placement record, if the cluster has the table
+    /// ([`ClusterParams::placement_table`]; `crate::placement`).
+    pub placements_at: Option<u64>,
     /// First index bucket.
     pub index_at: u64,
     /// First register slot.
@@ -660,7 +693,14 @@ impl NodeLayout {
         });
         let chunks_at = align(journal_end, AREA_ALIGN);
         let chunks = params.registers.div_ceil(u64::from(params.chunk_registers));
-        let index_at = align(chunks_at + 8 * chunks, AREA_ALIGN);
+        let chunks_end = chunks_at + 8 * chunks;
+        let placements_at = params
+            .placement_table
+            .then(|| align(chunks_end, AREA_ALIGN));
+        let placements_end = placements_at.map_or(chunks_end, |at| {
+            at + chunks * crate::placement::RECORD_BYTES as u64
+        });
+        let index_at = align(placements_end, AREA_ALIGN);
         let registers_at = align(index_at + params.index_buckets * BUCKET_BYTES, AREA_ALIGN);
         let probe = Layout::builder()
             .payload_max(params.payload_max())
@@ -707,6 +747,7 @@ impl NodeLayout {
             clients_at,
             journal_at,
             chunks_at,
+            placements_at,
             index_at,
             registers_at,
             register_slot_bytes,
@@ -865,6 +906,39 @@ impl NodeLayout {
         self.chunks_at + 8 * chunk
     }
 
+    /// Address of chunk `chunk`'s placement record, if the cluster has the table and
+    /// the chunk exists (`crate::placement`).
+    pub fn placement_record(&self, chunk: u64) -> Option<u64> {
+        let at = self.placements_at?;
+        (chunk < self.chunks()).then(|| at + chunk * crate::placement::RECORD_BYTES as u64)
+    }
+
+    /// Slots of a node's register area: chunk-sized areas a placement record
+    /// names (`crate::placement`). Slot `s` is band `s` of [`Self::placement`] on
+    /// the node, so a recorded chunk in slot `s` overlaps exactly the chunk its
+    /// computed placement puts in that band on that node, if any.
+    pub fn slots(&self) -> u64 {
+        self.bands()
+    }
+
+    /// Where the key header of register `o` of a chunk recorded in slot `slot`
+    /// starts on the nodes that record names, if both exist.
+    pub fn slot_key_header(&self, slot: u64, o: u64) -> Option<u64> {
+        (slot < self.slots() && o < u64::from(self.params.chunk_registers))
+            .then(|| self.registers_at + slot * self.band_bytes + o * self.register_slot_bytes)
+    }
+
+    /// Where the key header of the register `loc` locates starts on `node`, if
+    /// `node` is one of its replicas: its offset there, less the key header.
+    pub fn header_on(
+        &self,
+        loc: &swarm_core::RegisterLoc,
+        node: swarm_core::NodeId,
+    ) -> Option<u64> {
+        loc.offset_on(node)?
+            .checked_sub(self.params.key_header_bytes())
+    }
+
     /// Address of client-table row `writer`.
     pub fn client_row(&self, writer: u16) -> u64 {
         self.clients_at + u64::from(writer) * CLIENT_ROW_BYTES
@@ -977,8 +1051,8 @@ mod tests {
         bad[33] ^= 1;
         assert_eq!(ClusterParams::decode(&bad), Err(ParamsError::Checksum));
         let mut bad = bytes;
-        bad[8] = 10;
-        assert_eq!(ClusterParams::decode(&bad), Err(ParamsError::Version(10)));
+        bad[8] = 11;
+        assert_eq!(ClusterParams::decode(&bad), Err(ParamsError::Version(11)));
         let mut bad = bytes;
         bad[70] ^= 1;
         assert_eq!(
@@ -1357,6 +1431,69 @@ mod tests {
                 "{placement_nodes} nodes, a group of {metadata_nodes}"
             );
         }
+    }
+
+    /// A placement table is version 10 (flag bit 6), after the chunk table and
+    /// before the index; a cluster without one keeps its version and its layout
+    /// byte for byte, and a version-9 superblock has no table whatever its flags say.
+    #[test]
+    fn a_placement_table_is_version_10_and_other_clusters_keep_their_layout() {
+        let without = ClusterParams {
+            placement_nodes: 6,
+            ..ClusterParams::default()
+        }
+        .for_node_size(64 << 20)
+        .unwrap();
+        let with = ClusterParams {
+            placement_table: true,
+            ..without
+        };
+        let bytes = with.encode();
+        assert_eq!(u32::from_le_bytes(bytes[8..12].try_into().unwrap()), 10);
+        assert_ne!(u64_at(&bytes, 96) & FLAG_PLACEMENT_TABLE, 0);
+        assert_eq!(ClusterParams::decode(&bytes), Ok(with));
+        let (old, new) = (
+            NodeLayout::new(without).unwrap(),
+            NodeLayout::new(with).unwrap(),
+        );
+        assert_eq!(old.placements_at, None);
+        assert_eq!(old.placement_record(0), None);
+        let at = new.placements_at.unwrap();
+        assert!(at >= new.chunks_at + 8 * new.chunks());
+        let last = new.placement_record(new.chunks() - 1).unwrap();
+        assert!(last + crate::placement::RECORD_BYTES as u64 <= new.index_at);
+        assert_eq!(new.placement_record(new.chunks()), None);
+        // Without a table: version 8 as before, and the index where it was.
+        let bytes = without.encode();
+        assert_eq!(u32::from_le_bytes(bytes[8..12].try_into().unwrap()), 8);
+        assert_eq!(
+            old.index_at,
+            align(old.chunks_at + 8 * old.chunks(), AREA_ALIGN)
+        );
+        let mut v9 = with.encode();
+        v9[8..12].copy_from_slice(&9u32.to_le_bytes());
+        let sum = xxh3_64(&v9[..120]);
+        v9[120..128].copy_from_slice(&sum.to_le_bytes());
+        assert!(!ClusterParams::decode(&v9).unwrap().placement_table);
+        // Slots are the bands: slot `s` of a node is where band `s` starts there.
+        assert_eq!(new.slots(), new.bands());
+        assert_eq!(
+            new.slot_key_header(1, 0),
+            Some(new.registers_at + new.band_bytes)
+        );
+        assert_eq!(new.slot_key_header(new.slots(), 0), None);
+        assert_eq!(
+            new.slot_key_header(0, u64::from(with.chunk_registers)),
+            None
+        );
+        let no_groups = ClusterParams {
+            placement_nodes: 0,
+            ..with
+        };
+        assert!(
+            no_groups.validate().is_err(),
+            "a table needs replica groups"
+        );
     }
 
     fn u64_at(bytes: &[u8], at: usize) -> u64 {

@@ -138,6 +138,7 @@ mod error;
 mod index;
 mod layout;
 mod membership;
+mod placement;
 #[cfg(feature = "rdma")]
 mod rdma;
 mod registers;

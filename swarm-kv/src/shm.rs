@@ -66,11 +66,14 @@ impl ShmStore {
                 replicas: params.replicas,
             });
         }
-        // Replica groups over the cluster's nodes (`NodeLayout::placement`).
+        // Replica groups over the cluster's nodes (`NodeLayout::placement`), and a
+        // placement table for the records that place chunks elsewhere
+        // (`crate::placement`: superblock version 10).
         // More nodes than one roundtrip reaches: a metadata group, unless the
         // caller chose one (`ClusterParams::metadata_nodes`).
         let params = ClusterParams {
             placement_nodes: nodes,
+            placement_table: true,
             metadata_nodes: if params.metadata_nodes == 0 {
                 crate::layout::default_metadata_nodes(nodes, params.replicas)
             } else {
@@ -312,5 +315,55 @@ impl Store for ShmStore {
             owners: crate::membership::owner_process::OwnerLiveness::ThisHost,
             ..KvConfig::new(self.header.epoch_unix_ns, self.header.tick_ns)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use swarm_core::{OpStats, block_on};
+
+    /// A cluster as builds before placement tables made it (superblock version 8,
+    /// no table: its index right after the chunk table) opens unchanged: its clients
+    /// read no table, follow no record and place every register where the layout
+    /// computes it.
+    #[test]
+    fn a_cluster_made_before_placement_tables_opens_unchanged() {
+        let dir = swarm_shm::ScratchDir::new("kv-no-table").unwrap();
+        let (nodes, node_bytes) = (6u16, 16u64 << 20);
+        let params = ClusterParams {
+            placement_nodes: nodes,
+            key_max: 16,
+            value_max: 32,
+            writers: 4,
+            ..ClusterParams::default()
+        }
+        .for_node_size(node_bytes)
+        .unwrap();
+        assert!(!params.placement_table);
+        let shm = Arc::new(
+            ShmCluster::create_with(dir.path(), nodes, node_bytes, &CreateOptions::default())
+                .unwrap(),
+        );
+        write_superblock(&shm.client(), &params).unwrap();
+        let incarnations = shm.incarnations().iter().map(|i| i.unwrap_or_default());
+        let config = Configuration::new(1, incarnations.collect());
+        crate::store::write_configuration_on(&shm.client(), &config, usize::from(nodes)).unwrap();
+        drop(shm);
+
+        let store = ShmStore::open(dir.path()).unwrap();
+        assert_eq!(store.layout().params, params);
+        assert_eq!(store.layout().placements_at, None);
+        let c = store.client().unwrap();
+        assert_eq!(c.recorded_chunks(), 0);
+        let stats = OpStats::new();
+        block_on(c.fabric(), c.insert(b"key", b"value", &stats)).unwrap();
+        let got = block_on(c.fabric(), c.get(b"key", &stats)).unwrap();
+        assert_eq!(got.as_deref(), Some(&b"value"[..]));
+        for register in [0, params.registers - 1] {
+            let computed = crate::client::register_loc_for(store.layout(), 6, register).unwrap();
+            assert_eq!(c.register_loc(register).unwrap(), computed);
+        }
+        c.close();
     }
 }

@@ -28,6 +28,12 @@ pub mod index {
     pub use crate::index::{HEADER_REREADS, Index, InsertOutcome, SLOTS};
 }
 
+/// Placement records, written as the coming add-node and rebalance will
+/// (`tests/placed_chunks.rs`).
+pub mod placement {
+    pub use crate::placement::{PlacementRecord, Spot, write_record};
+}
+
 /// Process identities as writer-id rows record them (`tests/owner_process.rs`).
 pub mod owner_process {
     pub use crate::membership::owner_process::{alive, identity, identity_of, this_process};

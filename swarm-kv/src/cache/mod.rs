@@ -116,8 +116,10 @@ const INLINE_KEY: usize = 38;
 pub struct Location {
     /// The key's register.
     pub register: RegisterId,
-    /// Where that register is: its address and replicas (`register_loc_for` of the
-    /// client's layout and node count, both fixed for its life). Kept here so that
+    /// Where that register is: its replicas and its offset on each
+    /// (`KvClient::register_loc`: the placement record the client followed when it
+    /// cached the entry, else the computed place; a chunk's record changes only while
+    /// no client holds the chunk until moves exist, `crate::placement`). Kept here so that
     /// a hit needs no placement hash (a quarter of a cached get's instructions
     /// outside the register read).
     pub loc: RegisterLoc,

@@ -26,6 +26,7 @@ use crate::{KvError, RegisterId};
 use super::blind_policy::BlindPolicy;
 use super::deferred_unmap::DeferredUnmaps;
 use super::{KvClient, KvConfig, locate_register};
+use crate::placement::SharedPlacements;
 
 /// How long a closing client waits for resets due soon (taken donations, due the
 /// delivery margin after the reclamation pass that took them) so that it can donate
@@ -71,6 +72,20 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         // configuration are on nodes `0..meta` (`NodeLayout::metadata_nodes`).
         let meta = layout.metadata_nodes(nodes);
         let followed = Self::follow_initial_configuration(&fabric, &config, meta)?;
+        // Then where chunks live, at that configuration's epoch: before the log is
+        // resumed, whose write-backs go to its registers' replicas.
+        let placements = SharedPlacements::default();
+        placements.set(swarm_core::block_on(
+            &fabric,
+            crate::placement::read(
+                &fabric,
+                &OpStats::new(),
+                &layout,
+                meta,
+                followed.epoch,
+                config.protocol.slow_after_ns,
+            ),
+        )?);
         let owner = crate::membership::owner_process::this_process();
         let token = token_for(owner);
         let (registration, lease) = swarm_core::block_on(
@@ -135,7 +150,8 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
                 ..config.index
             },
         )?
-        .with_suspicion(swarm.suspicion().clone());
+        .with_suspicion(swarm.suspicion().clone())
+        .with_placements(placements.clone());
         if layout.params.tick_ceilings {
             // About a second of ticks past each timestamp that needs a raise (one
             // more roundtrip per second of timestamps), plus the log's slots (an
@@ -153,15 +169,18 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
                     ceiling = registration.ceiling,
                     "resuming a crashed writer id's log lazily, above its tick ceiling"
                 );
+                let placements = placements.clone();
                 swarm.resume_crashed(registration.ceiling, move |addr| {
-                    locate_register(&layout, nodes, addr)
+                    locate_register(&layout, nodes, &placements, addr)
                 });
             }
         }
         if let Some(scan) = scan {
             // The earlier incarnation's buffers are tracked by register, so that the
             // ones superseded since are recycled (`swarm_core::resume`).
-            swarm.resume_scan(&scan, |addr| locate_register(&layout, nodes, addr));
+            swarm.resume_scan(&scan, |addr| {
+                locate_register(&layout, nodes, &placements, addr)
+            });
         }
         if let Some(summary) = summary {
             tracing::debug!(
@@ -169,7 +188,10 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
                 carried = summary.in_use(),
                 "resumed the writer id's log from its sealed summary"
             );
-            swarm.resume_summary(&summary, move |addr| locate_register(&layout, nodes, addr));
+            let placements = placements.clone();
+            swarm.resume_summary(&summary, move |addr| {
+                locate_register(&layout, nodes, &placements, addr)
+            });
         }
         if swarm.slots_in_use() >= layout.params.log_slots {
             // Every operation would fence waiting for a slot's grace (one-shot clients
@@ -224,6 +246,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
             relief_passes: Cell::new(0),
             header_missing_logged: Cell::new(None),
             followed: RefCell::new(Some(followed)),
+            placements,
             deferred: RefCell::new(DeferredUnmaps::new(config.deferred_unmaps)),
             blind: BlindPolicy::new(),
             payload_buffer: Cell::new(Vec::new()),

@@ -172,9 +172,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         let Ok(loc) = self.register_loc(register) else {
             return;
         };
-        let Some(seen) =
-            crate::registers::reset::inspect(fabric, &self.layout, &loc, register).await
-        else {
+        let Some(seen) = crate::registers::reset::inspect(fabric, &self.layout, &loc).await else {
             tracing::warn!(
                 register,
                 "{what}: the register's replicas could not be read"

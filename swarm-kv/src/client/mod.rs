@@ -52,6 +52,7 @@ use crate::index::{Index, IndexConfig};
 use crate::layout::NodeLayout;
 use crate::membership::lease_renewal::LeaseHolder;
 use crate::membership::writer_ids::Registration;
+use crate::placement::SharedPlacements;
 use crate::registers::alloc::RegisterAllocator;
 use crate::registers::recycle::{RecycleStats, Recycler};
 use crate::{KvError, RegisterId};
@@ -242,6 +243,9 @@ pub struct KvClient<F: Fabric, C: Clock> {
     /// nodes are admitted; a renewal that reads a higher epoch makes the next
     /// operation follow that one ([`KvClient::followed_epoch`]).
     followed: RefCell<Option<Configuration>>,
+    /// Where chunks live: the placement table adopted at the followed configuration's
+    /// epoch (`crate::placement`), shared with the index.
+    placements: SharedPlacements,
     /// Index unmaps of deletes that returned at their tombstone.
     deferred: RefCell<DeferredUnmaps>,
     /// Whether inserts try the index's blind fast round (`blind_policy`).
@@ -261,8 +265,9 @@ impl<F: Fabric, C: Clock> std::fmt::Debug for KvClient<F, C> {
     }
 }
 
-/// The replicas of register `register` in a cluster of `nodes` nodes (see
-/// [`KvClient::register_loc`]): with replica groups
+/// The computed place of register `register` in a cluster of `nodes` nodes, where
+/// it lives unless a placement record says otherwise ([`KvClient::register_loc`],
+/// `crate::placement`): with replica groups
 /// ([`crate::layout::NodeLayout::placement`]), its group's `replicas` nodes;
 /// otherwise `replicas` consecutive nodes from a hash of its id. Either way in an
 /// order rotated by that hash, so that primaries vary.
@@ -306,19 +311,23 @@ pub fn register_loc_for(
         *node = NodeId(((base + offset) % n) as u16);
     }
     // One offset on every replica, which also names the register (log owner tags,
-    // slot trackers): the on-memory format of every version so far. Per-chunk
-    // placements give per-replica offsets (`RegisterLoc::placed`; ARCHITECTURE.md,
-    // "Per-replica placement").
+    // slot trackers). A chunk with a placement record has an offset per replica and
+    // keeps this name (`crate::placement::Placements::loc`).
     Ok(RegisterLoc::at(
         addr,
         Replicas::new(&chosen[..r], rotation)?,
     ))
 }
 
-/// The location of the register whose SWARM register starts at `addr` (an address
-/// read from a log record: untrusted), if any.
-fn locate_register(layout: &NodeLayout, nodes: usize, addr: u64) -> Option<RegisterLoc> {
-    register_at(layout, addr).and_then(|r| register_loc_for(layout, nodes, r).ok())
+/// The location of the register whose identity is `addr` (an owner tag read from a
+/// log record: untrusted), if any, where `placements` puts it.
+fn locate_register(
+    layout: &NodeLayout,
+    nodes: usize,
+    placements: &SharedPlacements,
+    addr: u64,
+) -> Option<RegisterLoc> {
+    register_at(layout, addr).and_then(|r| placements.loc(layout, nodes, r).ok())
 }
 
 /// The register whose SWARM register starts at `addr` (an address read from a log
@@ -423,11 +432,19 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
             .valid_for(now, self.layout.params.max_op_ns)
     }
 
-    /// The replicas of register `register` ([`register_loc_for`]), in preference
-    /// order (the first is its primary, §6; tests only).
+    /// Where register `register` lives: its replicas in preference order (the
+    /// first is its primary, §6) and its offset on each, from the placement table
+    /// this client follows (`crate::placement`; [`register_loc_for`] for a chunk
+    /// without a record).
     #[doc(hidden)]
     pub fn register_loc(&self, register: RegisterId) -> Result<RegisterLoc, KvError> {
-        register_loc_for(&self.layout, self.nodes, register)
+        self.placements.loc(&self.layout, self.nodes, register)
+    }
+
+    /// Chunks whose placement record this client follows (tests only).
+    #[doc(hidden)]
+    pub fn recorded_chunks(&self) -> usize {
+        self.placements.get().recorded()
     }
 
     /// This client's incarnation token (tests of `crate::registers::limbo`).

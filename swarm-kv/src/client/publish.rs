@@ -76,7 +76,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
     }
 
     /// One roundtrip (§5.3.1, index "one-roundtrip inserts"): writes `fresh` (key
-    /// `header` at `header_at`, and `payload`) with the index's `blind` fast round
+    /// `header` before it on each replica, and `payload`) with the index's `blind` fast round
     /// last in its batch to every node, so that no node maps the register before it
     /// holds the header and the value. Returns what the blind CAS found on each node
     /// that answered, and when it was sent.
@@ -84,7 +84,6 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         &self,
         fresh: &mut Located,
         stats: &OpStats,
-        header_at: u64,
         header: Vec<u8>,
         payload: &[u8],
         blind: &BlindInsert,
@@ -93,7 +92,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         // cautious side (`index::watch`).
         let sent = self.swarm.fabric().recent_now();
         let took = self
-            .write_fresh(fresh, stats, header_at, header, payload, Some(blind.op()))
+            .write_fresh(fresh, stats, header, payload, Some(blind.op()))
             .await?;
         self.blind.record(self.index.blind_decided(&took));
         Ok((took, sent))
@@ -148,13 +147,9 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
     ) -> Result<Published, KvError> {
         let fabric = self.swarm.fabric();
         let register = fresh.register;
-        let header_at = self
-            .layout
-            .key_header(register)
-            .ok_or(KvError::Corrupted { register })?;
         let header = encode_key_header(key.bytes());
         let mut first = if let Some(blind) = self.blind_insert(key, register)? {
-            let written = self.write_fresh_blind(fresh, stats, header_at, header, payload, &blind);
+            let written = self.write_fresh_blind(fresh, stats, header, payload, &blind);
             let (took, sent) = match written.await {
                 Ok(written) => written,
                 Err(e) => {
@@ -179,7 +174,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
             // indexed before its key header), in one more roundtrip on the fast path
             // (`index::fast`).
             let (write_stats, read_stats) = (stats.branch(), stats.branch());
-            let write = self.write_fresh(fresh, &write_stats, header_at, header, payload, None);
+            let write = self.write_fresh(fresh, &write_stats, header, payload, None);
             let read_sent = fabric.now();
             let read_index =
                 self.index

@@ -3,7 +3,7 @@
 //! paper's baselines (§7). A fresh register's first write carries its key header (and,
 //! for a one-roundtrip insert, the index's blind round) in the same batch.
 
-use swarm_core::fabric::Op;
+use swarm_core::fabric::{FabricError, Op};
 use swarm_core::quorum::broadcast;
 use swarm_core::{
     Batch, Carried, Clock, Fabric, FreshOutcome, OpStats, ReadValue, RegisterCache, WriteOutcome,
@@ -53,7 +53,8 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
     }
 
     /// Writes `payload` into the fresh, unpublished register `fresh` with its key
-    /// `header` (at `header_at`), both on a majority of its replicas. Safe-Guess does
+    /// `header` (just before the register on each replica), both on a majority of its
+    /// replicas. Safe-Guess does
     /// both in one batch per replica (`swarm_core`'s `write_fresh`: the register races
     /// nothing before it is published); the baselines write the header next to an
     /// ordinary write.
@@ -65,7 +66,6 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         &self,
         fresh: &mut Located,
         stats: &OpStats,
-        header_at: u64,
         mut header: Vec<u8>,
         payload: &[u8],
         carried: Option<Op>,
@@ -73,11 +73,11 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         let header_len = header.len();
         let fabric = self.swarm.fabric();
         if self.protocol == RegisterProtocol::SafeGuess {
-            // The header area ends where the register starts: the header, zero-padded
-            // to it, goes in the same write as the value's in-place copy.
-            // (The store places a register at one offset on every replica: the
-            // primary's is every replica's.)
-            let area = fresh.loc.offset(0).saturating_sub(header_at) as usize;
+            // The header area ends where the register starts on each replica: the
+            // header, zero-padded to it, goes in the same write as the value's
+            // in-place copy (`swarm_core`'s fresh-write prefix, at each replica's
+            // offset).
+            let area = self.layout.params.key_header_bytes() as usize;
             if header_len > area {
                 return Err(KvError::Corrupted {
                     register: fresh.register,
@@ -117,14 +117,19 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         // The header goes to every replica: let their cache misses overlap (the value
         // write hints its own bytes, `swarm_core`'s write round).
         let header = &header[..header_len];
+        let loc = &fresh.loc.clone();
+        let header_on = |node| self.layout.header_on(loc, node);
         for &node in replicas.nodes() {
-            fabric.prefetch(node, header_at, header_len as u64);
+            if let Some(at) = header_on(node) {
+                fabric.prefetch(node, at, header_len as u64);
+            }
         }
         let (header_stats, value_stats) = (stats.branch(), stats.branch());
         let write_header = async {
             let nodes = replicas.nodes().iter().copied();
-            broadcast(fabric, &header_stats, nodes, replicas.quorum(), |_| {
-                Ok(Batch::write(header_at, header.to_vec()))
+            broadcast(fabric, &header_stats, nodes, replicas.quorum(), |node| {
+                let at = header_on(node).ok_or(FabricError::UnplacedReplica { node })?;
+                Ok(Batch::write(at, header.to_vec()))
             })
             .await
             .map(drop)

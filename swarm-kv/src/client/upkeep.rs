@@ -38,7 +38,9 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
     /// admit every member incarnation ([`Fabric::admit`]: a no-op for the nodes in
     /// use). The epoch followed is the one read, not the one a renewal saw: a renewal
     /// may read the epoch of a record still being written (its checksum not yet), so
-    /// the next renewal answer triggers another read until they agree.
+    /// the next renewal answer triggers another read until they agree. A newer epoch
+    /// is followed together with the placement table at that epoch
+    /// (`crate::placement`), read in one more roundtrip.
     async fn follow_configuration(&self, answers: u64) {
         let fabric = self.swarm.fabric();
         let stats = OpStats::new();
@@ -51,6 +53,27 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         {
             Ok(config) => {
                 let followed = self.followed_epoch();
+                if config.epoch > followed && self.layout.placements_at.is_some() {
+                    // The configuration and the placement records it publishes are
+                    // followed together (`crate::placement`): not the epoch without
+                    // its records.
+                    match crate::placement::read(
+                        fabric,
+                        &stats,
+                        &self.layout,
+                        self.meta,
+                        config.epoch,
+                        straggler_ns,
+                    )
+                    .await
+                    {
+                        Ok(placements) => self.placements.set(placements),
+                        Err(error) => {
+                            tracing::warn!(%error, epoch = config.epoch, "cannot read the placement table of a newer configuration yet");
+                            return;
+                        }
+                    }
+                }
                 if config.epoch > 0 && config.epoch > followed {
                     let admitted: Vec<usize> = (0..config.incarnations.len())
                         .filter(|&i| fabric.admit(NodeId(i as u16), config.incarnations[i]))
@@ -569,14 +592,8 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
     ) {
         let fabric = self.swarm.fabric();
         if let Ok(loc) = self.register_loc(register) {
-            self.recycler.mark(
-                fabric,
-                &self.layout,
-                register,
-                key_len,
-                loc.replicas.nodes(),
-                deadline,
-            );
+            self.recycler
+                .mark(fabric, &self.layout, register, key_len, &loc, deadline);
         }
         self.recycler.retire(register, fabric.now(), why);
     }

@@ -29,7 +29,7 @@
 //! sets once the register is unmapped: it is ignored here (a register's header is
 //! written once per life, and a reset blanks every copy before the next life).
 
-use swarm_core::fabric::{Batch, Op};
+use swarm_core::fabric::{Batch, FabricError, NodeId, Op};
 use swarm_core::quorum::{broadcast_until_among, preferred_step_reporting_late};
 use swarm_core::{Fabric, OpStats};
 
@@ -141,7 +141,7 @@ pub async fn verify<F: Fabric>(
     while let Some(&first) = rest.first() {
         // A header lives on its register's replicas only. Registers on every node
         // share them: up to four headers per batch then.
-        let (order, q) = ix.header_holders(fabric, first)?;
+        let (order, q, _) = ix.header_holders(fabric, first)?;
         let take = if order.len() == ix.cluster_nodes {
             rest.len().min(swarm_core::fabric::INLINE_BATCH_OPS)
         } else {
@@ -149,20 +149,20 @@ pub async fn verify<F: Fabric>(
         };
         let (chunk, tail) = rest.split_at(take);
         rest = tail;
-        let mut addrs = Vec::with_capacity(chunk.len());
+        // Each register's location: its header sits before its offset on each
+        // replica, the same on every one unless a placement record says otherwise.
+        let mut locs = Vec::with_capacity(chunk.len());
         for &register in chunk {
-            let addr = ix
-                .layout
-                .key_header(register)
-                .ok_or(IndexError::NoSuchRegister {
-                    register,
-                    registers: ix.layout.params.registers,
-                })?;
-            addrs.push(addr);
+            locs.push(ix.header_holders(fabric, register)?.2);
         }
-        let read = || {
+        let read = |node: NodeId| {
             let mut batch = Batch::new();
-            for &addr in &addrs {
+            for loc in &locs {
+                // Every register of a chunk of several is on every node.
+                let addr = ix
+                    .layout
+                    .header_on(loc, node)
+                    .ok_or(FabricError::UnplacedReplica { node })?;
                 batch.push(Op::Read { addr, len })?;
             }
             Ok(batch)
@@ -178,7 +178,7 @@ pub async fn verify<F: Fabric>(
                     &order,
                     q,
                     ix.config.slow_after_ns,
-                    |_| read(),
+                    read,
                     |replies| replies.len() >= q,
                     |node| ix.late(fabric, node),
                 )
@@ -190,7 +190,7 @@ pub async fn verify<F: Fabric>(
                     order.iter().copied(),
                     q,
                     ix.config.slow_after_ns,
-                    |_| read().map(Some),
+                    |node| read(node).map(Some),
                     |replies| replies.len() == order.len(),
                 )
                 .await?

@@ -354,7 +354,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use swarm_core::MAX_REPLICAS;
 use swarm_core::encoding::MAX_WRITERS;
 use swarm_core::fabric::{Nanos, NodeId, OpOutput};
-use swarm_core::{Fabric, OpStats, ProtocolConfig, Suspicion};
+use swarm_core::{Fabric, OpStats, ProtocolConfig, RegisterLoc, Suspicion};
 
 pub use bucket::BucketError;
 pub use config::IndexConfig;
@@ -407,6 +407,9 @@ pub struct Index {
     /// and suspect the ones that miss `slow_after_ns` (SWARM §6), sharing the table of
     /// the client's register protocol ([`Index::with_suspicion`]).
     suspicion: Arc<Suspicion>,
+    /// Where registers live (their key headers with them): the placement table the
+    /// client follows ([`Index::with_placements`]; computed places by default).
+    placements: crate::placement::SharedPlacements,
 }
 
 impl Index {
@@ -459,7 +462,18 @@ impl Index {
             config,
             nonces: Arc::new(AtomicU32::new(0)),
             suspicion: Arc::new(Suspicion::new(ProtocolConfig::default().suspect_ns)),
+            placements: Default::default(),
         })
+    }
+
+    /// Shares `placements` (the client's followed table): key headers are read
+    /// where a register's record puts it.
+    pub(crate) fn with_placements(
+        mut self,
+        placements: crate::placement::SharedPlacements,
+    ) -> Self {
+        self.placements = placements;
+        self
     }
 
     /// Shares `suspicion` (a register client's, [`swarm_core::Client::suspicion`]): a
@@ -480,27 +494,31 @@ impl Index {
 
     /// Where `register`'s key header lives, in the order to read it, and how many of
     /// those copies make a majority: the register's replicas
-    /// (`crate::client::register_loc_for`), which are every node of the index when
+    /// (`crate::placement::Placements::loc`), which are every node of the index when
     /// registers are replicated on all of them (then in `register`'s rotation, as
-    /// [`Index::order`]); suspected nodes last.
+    /// [`Index::order`]); suspected nodes last. With the register's location: the
+    /// header sits before its offset on each replica (`NodeLayout::header_on`).
     pub(crate) fn header_holders<F: Fabric + ?Sized>(
         &self,
         fabric: &F,
         register: RegisterId,
-    ) -> Result<(Vec<NodeId>, usize), IndexError> {
-        if usize::from(self.layout.params.replicas) >= self.cluster_nodes {
-            return Ok((self.order(fabric, register), self.quorum()));
-        }
-        let loc = crate::client::register_loc_for(&self.layout, self.cluster_nodes, register)
+    ) -> Result<(Vec<NodeId>, usize, RegisterLoc), IndexError> {
+        let loc = self
+            .placements
+            .loc(&self.layout, self.cluster_nodes, register)
             .map_err(|_| IndexError::NoSuchRegister {
                 register,
                 registers: self.layout.params.registers,
             })?;
+        if usize::from(self.layout.params.replicas) >= self.cluster_nodes {
+            return Ok((self.order(fabric, register), self.quorum(), loc));
+        }
         let mut order = loc.replicas.nodes().to_vec();
         if self.suspicion.any() {
             self.suspicion.trusted_first(&mut order, fabric.now());
         }
-        Ok((order, loc.replicas.quorum()))
+        let quorum = loc.replicas.quorum();
+        Ok((order, quorum, loc))
     }
 
     /// Suspects `node`, which missed `slow_after_ns` in a preferred step.

@@ -501,22 +501,21 @@ pub async fn change<F: Fabric>(
     else {
         return Ok(false);
     };
-    let header_at = ix
-        .layout
-        .key_header(old)
-        .ok_or(IndexError::NoSuchRegister {
-            register: old,
-            registers: ix.layout.params.registers,
-        })?;
-    let (holders, holders_quorum) = ix.header_holders(fabric, old)?;
+    let (holders, holders_quorum, loc) = ix.header_holders(fabric, old)?;
+    // The promise's batch probes one address on every index node: the header's,
+    // when it is the same on every replica.
+    let header_at = loc
+        .same_offset()
+        .and_then(|at| at.checked_sub(ix.layout.params.key_header_bytes()));
     let nonce = ix.next_nonce();
     let mut owner = Owner::default();
     let mut same_key: Option<bool> = None;
     // With a metadata group (`crate::layout::ClusterParams::metadata_nodes`) the
     // header's holders may be outside the index's nodes, where the promise's batch
     // cannot probe it: read from a majority of them first (one more roundtrip). The
-    // header never changes while `old` is indexed, as for the probe.
-    if holders.iter().any(|node| node.index() >= ix.nodes) {
+    // header never changes while `old` is indexed, as for the probe. So too when a
+    // placement record puts it at another offset on each replica.
+    if header_at.is_none() || holders.iter().any(|node| node.index() >= ix.nodes) {
         let same = header::verify(ix, fabric, stats, &[old], key).await?;
         same_key = same.first().copied();
     }
@@ -528,9 +527,9 @@ pub async fn change<F: Fabric>(
         }
         let mut ballots = [None; MAX_BUCKETS];
         ballots[i] = Some(eng.next_ballot(i));
-        let probe = same_key
-            .is_none()
-            .then_some((header_at, header::read_len(key.len())));
+        let probe = header_at
+            .filter(|_| same_key.is_none())
+            .map(|at| (at, header::read_len(key.len())));
         let promised = eng.promise(ballots, probe).await?;
         // The header's copies are those of `old`'s replicas: a majority of them.
         let copies: Vec<&[u8]> = promised

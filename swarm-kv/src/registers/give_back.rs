@@ -203,10 +203,13 @@ pub async fn donate<F: Fabric>(
         let mut replicas = vec![0usize; group.len()];
         for (i, (register, from, marker)) in group.iter().enumerate() {
             let to = donation_word(*marker);
-            let (Some(loc), Some(addr)) = (loc(*register), layout.key_header(*register)) else {
+            let Some(loc) = loc(*register) else {
                 continue;
             };
             for node in loc.replicas.nodes() {
+                let Some(addr) = layout.header_on(&loc, *node) else {
+                    continue;
+                };
                 replicas[i] += 1;
                 let at = match per_node.iter().position(|(n, _, _)| n == node) {
                     Some(at) => at,

@@ -391,22 +391,21 @@ pub fn judge(
     Verdict::Keep
 }
 
-/// Takes `register` for the reclaimer whose tag is `mine`: CASes word 0 of each copy in
-/// `observed` (node, word seen) to `(seen length, mine)`. Whether a majority of its
-/// replicas now holds `mine`; a loser hands the copies it took back (module docs).
+/// Takes the register `loc` locates for the reclaimer whose tag is `mine`: CASes word
+/// 0 of each copy in `observed` (node, word seen), at the register's offset on that
+/// node, to `(seen length, mine)`. Whether a majority of its replicas now holds
+/// `mine`; a loser hands the copies it took back (module docs).
 pub async fn take<F: Fabric>(
     fabric: &F,
     stats: &OpStats,
     layout: &NodeLayout,
     loc: &RegisterLoc,
-    register: RegisterId,
     observed: &[(NodeId, u64)],
     mine: u32,
 ) -> Result<bool, KvError> {
     let quorum = loc.replicas.quorum();
-    let Some(addr) = layout.key_header(register) else {
-        return Ok(false);
-    };
+    // Word 0 of the header, at the register's offset on each replica.
+    let addr = |node: NodeId| layout.header_on(loc, node);
     if observed.len() < quorum {
         return Ok(false);
     }
@@ -420,7 +419,11 @@ pub async fn take<F: Fabric>(
         loc.replicas.nodes().iter().copied(),
         quorum,
         STRAGGLER_NS,
-        |node| Ok(expected(node).map(|seen| Batch::cas(addr, seen, new(seen)))),
+        |node| {
+            Ok(expected(node)
+                .zip(addr(node))
+                .map(|(seen, at)| Batch::cas(at, seen, new(seen))))
+        },
         |replies| replies.len() == observed.len(),
     )
     .await?;
@@ -440,7 +443,9 @@ pub async fn take<F: Fabric>(
         return Ok(true);
     }
     for (node, seen) in won {
-        post_background(fabric, node, Batch::cas(addr, new(seen), seen));
+        if let Some(at) = addr(node) {
+            post_background(fabric, node, Batch::cas(at, new(seen), seen));
+        }
     }
     Ok(false)
 }
@@ -482,15 +487,19 @@ pub async fn read_headers<F: Fabric>(
             "a header scan step larger than a batch",
         ));
     }
-    let span_op = |(s, e): (RegisterId, RegisterId)| -> Option<Op> {
+    // A span is contiguous on each of its chunk's replicas, from its first
+    // register's header there (its offset on that node: a placement record may give
+    // each replica its own); other nodes read it at its computed place, unused.
+    let span_read = |(s, e): (RegisterId, RegisterId)| -> Option<(Option<RegisterLoc>, u64, u32)> {
         let at = layout.key_header(s)?;
         let last = layout.key_header(e.checked_sub(1)?)?;
         let len = u32::try_from(last - at + HEADER_PROBE as u64).ok()?;
-        Some(Op::Read { addr: at, len })
+        Some((loc(s), at, len))
     };
-    let mut ops = Vec::with_capacity(spans.len());
+    let mut reads = Vec::with_capacity(spans.len());
     for span in &spans {
-        ops.push(span_op(*span).ok_or(KvError::Unsupported("a header span out of the layout"))?);
+        reads
+            .push(span_read(*span).ok_or(KvError::Unsupported("a header span out of the layout"))?);
     }
     // Every node; with a metadata group (more nodes than one roundtrip reaches),
     // the replicas of the registers read only (a few chunks' groups).
@@ -515,10 +524,14 @@ pub async fn read_headers<F: Fabric>(
         targets,
         majority(nodes),
         STRAGGLER_NS,
-        |_| {
+        |node| {
             let mut batch = Batch::new();
-            for op in &ops {
-                batch.push(op.clone())?;
+            for (loc, computed, len) in &reads {
+                let addr = loc
+                    .as_ref()
+                    .and_then(|l| layout.header_on(l, node))
+                    .unwrap_or(*computed);
+                batch.push(Op::Read { addr, len: *len })?;
             }
             Ok(Some(batch))
         },
@@ -786,7 +799,7 @@ pub async fn reclaim_gone_registers<F: Fabric>(
                 }
                 let observed: Vec<(NodeId, u64)> =
                     copies.iter().map(|(n, c)| (*n, c.word0())).collect();
-                match take(fabric, &op, layout, &replicas, register, &observed, me.tag).await {
+                match take(fabric, &op, layout, &replicas, &observed, me.tag).await {
                     Ok(true) => {
                         donations += u64::from(verdict == Verdict::Donated);
                         out.taken.push((register, verdict));
@@ -1298,8 +1311,8 @@ mod tests {
         // c's CAS landed first on node 0 only.
         set_word0(&f, &layout, r, 0, header_word(1, tag_c));
         let s = OpStats::new();
-        let b_won = block_on(&f, take(&f, &s, &layout, &loc, r, &observed, tag_b)).unwrap();
-        let c_won = block_on(&f, take(&f, &s, &layout, &loc, r, &observed, tag_c)).unwrap();
+        let b_won = block_on(&f, take(&f, &s, &layout, &loc, &observed, tag_b)).unwrap();
+        let c_won = block_on(&f, take(&f, &s, &layout, &loc, &observed, tag_c)).unwrap();
         assert!(b_won, "b holds nodes 1 and 2");
         assert!(!c_won, "c holds node 0 only and must lose");
         assert_eq!(word0(&f, &layout, r, 0), gone, "c handed its copy back");
@@ -1312,7 +1325,7 @@ mod tests {
         // A third reclaimer with the same stale view wins nothing either.
         let d_won = block_on(
             &f,
-            take(&f, &s, &layout, &loc, r, &observed, holder_tag(3, 0xD)),
+            take(&f, &s, &layout, &loc, &observed, holder_tag(3, 0xD)),
         )
         .unwrap();
         assert!(!d_won);
@@ -1346,11 +1359,11 @@ mod tests {
         // x posts its takes; node 0's lands, then x stops.
         let x = Holding::new(cluster.client(), &[1, 2]);
         let sx = OpStats::new();
-        let mut fx = core::pin::pin!(take(&x, &sx, &layout, &loc, r, &everywhere, tag_x));
+        let mut fx = core::pin::pin!(take(&x, &sx, &layout, &loc, &everywhere, tag_x));
         assert!(poll_once(fx.as_mut()).is_pending());
         // y judged from nodes 1 and 2 and wins them.
         let s = OpStats::new();
-        let y_won = block_on(&f, take(&f, &s, &layout, &loc, r, &everywhere[1..], tag_y));
+        let y_won = block_on(&f, take(&f, &s, &layout, &loc, &everywhere[1..], tag_y));
         assert!(matches!(y_won, Ok(true)));
         // y's reset (every copy: node 0's x tag included), a life, then a reset that
         // donates it again: its marker is above every word of the life before, the
@@ -1372,7 +1385,7 @@ mod tests {
             (0..3).map(|n| (NodeId(n), donated_again)).collect();
         let z = Holding::new(cluster.client(), &[2]);
         let sz = OpStats::new();
-        let mut fz = core::pin::pin!(take(&z, &sz, &layout, &loc, r, &everywhere_again, tag_z));
+        let mut fz = core::pin::pin!(take(&z, &sz, &layout, &loc, &everywhere_again, tag_z));
         assert!(poll_once(fz.as_mut()).is_pending());
         // x wakes up.
         x.land();

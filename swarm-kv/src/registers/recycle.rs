@@ -514,17 +514,19 @@ impl Reset {
                 self.failed.clear();
                 self.reads += 1;
                 self.seen.clear();
-                let Some(batch) = reset::read_batch(layout, self.register) else {
-                    return false;
-                };
-                for &node in loc.replicas.nodes() {
-                    self.pending
-                        .push((node, fabric.post(node, batch.clone()), None));
+                for (p, &node) in loc.replicas.nodes().iter().enumerate() {
+                    let Some(batch) = reset::read_batch(layout, loc.offset(p)) else {
+                        return false;
+                    };
+                    self.pending.push((node, fabric.post(node, batch), None));
                 }
             }
             Phase::Tombstone => {
                 for (node, seen) in &self.seen {
-                    if let Some(batch) = reset::tombstone_batch(layout, self.register, seen) {
+                    let Some(at) = loc.offset_on(*node) else {
+                        return false;
+                    };
+                    if let Some(batch) = reset::tombstone_batch(layout, at, seen) {
                         self.pending.push((*node, fabric.post(*node, batch), None));
                     }
                 }
@@ -540,8 +542,9 @@ impl Reset {
                     tag
                 };
                 for (node, seen) in &self.seen {
-                    let Some(batches) =
-                        reset::install_batches(layout, self.register, seen, self.marker, tag)
+                    let Some(batches) = loc
+                        .offset_on(*node)
+                        .and_then(|at| reset::install_batches(layout, at, seen, self.marker, tag))
                     else {
                         return false;
                     };
@@ -849,8 +852,8 @@ impl Recycler {
     }
 
     /// Tags `register`, which this client is retiring and whose key header holds a key
-    /// of `key_len` bytes, as retired by this client on each of its replicas `nodes`:
-    /// a CAS of header word 0 from `(key_len, 0)` to `(key_len, tag)`
+    /// of `key_len` bytes, as retired by this client on each of its replicas (`loc`):
+    /// a CAS of header word 0 (at each replica's offset) from `(key_len, 0)` to `(key_len, tag)`
     /// (`crate::registers::limbo`), posted in the background and carrying the operation's
     /// `deadline`. Nothing is posted once the deadline passed (returns `false`): the
     /// register then stays untagged (a leak if this client goes away before its
@@ -861,10 +864,10 @@ impl Recycler {
         layout: &NodeLayout,
         register: RegisterId,
         key_len: usize,
-        nodes: &[NodeId],
+        loc: &RegisterLoc,
         deadline: Nanos,
     ) -> bool {
-        let (Some(at), Ok(len)) = (layout.key_header(register), u32::try_from(key_len)) else {
+        let Ok(len) = u32::try_from(key_len) else {
             return false;
         };
         if key_len == 0 || fabric.now() > deadline {
@@ -879,7 +882,10 @@ impl Recycler {
             crate::registers::limbo::header_word(len, self.tag),
         );
         let mut s = self.state.borrow_mut();
-        for &node in nodes {
+        for &node in loc.replicas.nodes() {
+            let Some(at) = layout.header_on(loc, node) else {
+                continue;
+            };
             let mut batch = Batch::cas(at, from, to);
             batch.set_deadline(Some(deadline));
             let mut reply = Completion::new();

@@ -44,7 +44,6 @@ use swarm_core::encoding::Tsp;
 use swarm_core::fabric::{Batch, Completion, MAX_BATCH_OPS, Op};
 use swarm_core::layout::RECORD_HEADER;
 
-use crate::RegisterId;
 use crate::layout::NodeLayout;
 use crate::registers::limbo::header_word;
 
@@ -74,12 +73,13 @@ impl Seen {
     }
 }
 
-/// The batch reading `register`'s key-header word 0, metadata words and delete word
-/// on one replica.
-pub fn read_batch(layout: &NodeLayout, register: RegisterId) -> Option<Batch> {
-    let header_at = layout.key_header(register)?;
+/// The batch reading a register's key-header word 0, metadata words and delete word
+/// on one replica, where the register starts at `register_at` (its offset there,
+/// `swarm_core::RegisterLoc::offset_on`).
+pub fn read_batch(layout: &NodeLayout, register_at: u64) -> Option<Batch> {
+    let header_at = register_at.checked_sub(layout.params.key_header_bytes())?;
     let swarm = &layout.swarm;
-    let meta_at = layout.register(register)? + swarm.meta_offset();
+    let meta_at = register_at + swarm.meta_offset();
     let mut batch = Batch::read(header_at, 8);
     batch
         .push(Op::Read {
@@ -106,7 +106,7 @@ pub fn parse_read(layout: &NodeLayout, completion: &Completion) -> Option<Seen> 
     Some(Seen { header, words })
 }
 
-/// What every replica of `register` (`loc`) that answers within the straggler window
+/// What every replica of the register `loc` locates that answers within the straggler window
 /// shows: a read-only look for diagnostics (an insert that finds a register of its
 /// own pool in another life logs it, `KvClient::insert`). Needs a majority; the
 /// replicas that did not answer are left out.
@@ -114,9 +114,7 @@ pub async fn inspect<F: Fabric>(
     fabric: &F,
     layout: &NodeLayout,
     loc: &swarm_core::RegisterLoc,
-    register: RegisterId,
 ) -> Option<Vec<(swarm_core::NodeId, Seen)>> {
-    let batch = read_batch(layout, register)?;
     let replicas = loc.replicas.nodes();
     let stats = swarm_core::OpStats::new();
     let rt = swarm_core::quorum::broadcast_until_among(
@@ -125,7 +123,7 @@ pub async fn inspect<F: Fabric>(
         replicas.iter().copied(),
         loc.replicas.quorum(),
         crate::membership::writer_takeover::STRAGGLER_NS,
-        |_| Ok(Some(batch.clone())),
+        |node| Ok(loc.offset_on(node).and_then(|at| read_batch(layout, at))),
         |replies| replies.len() == replicas.len(),
     )
     .await
@@ -138,14 +136,15 @@ pub async fn inspect<F: Fabric>(
     )
 }
 
-/// The batch tombstoning `register`'s delete word on a replica whose read showed
-/// `seen`, if it holds no tombstone (module docs, "delete words first").
-pub fn tombstone_batch(layout: &NodeLayout, register: RegisterId, seen: &Seen) -> Option<Batch> {
+/// The batch tombstoning the delete word of the register at `register_at` on a
+/// replica whose read showed `seen`, if it holds no tombstone (module docs, "delete
+/// words first").
+pub fn tombstone_batch(layout: &NodeLayout, register_at: u64, seen: &Seen) -> Option<Batch> {
     let found = seen.delete_word();
     if found.is_tombstone() {
         return None;
     }
-    let at = layout.swarm.delete_word_addr(layout.register(register)?);
+    let at = layout.swarm.delete_word_addr(register_at);
     Some(Batch::cas(at, found.word(), UNOWNED_TOMBSTONE.word()))
 }
 
@@ -181,17 +180,17 @@ impl InstallBatch {
     }
 }
 
-/// The batches installing `marker` and holder tag `tag` into `register` on a replica
-/// whose read showed `seen` (module docs): CASes of the delete word, the metadata
-/// words and key-header word 0, and the in-place record header's zeros.
+/// The batches installing `marker` and holder tag `tag` into the register at
+/// `register_at` on a replica whose read showed `seen` (module docs): CASes of the
+/// delete word, the metadata words and key-header word 0, and the in-place record
+/// header's zeros.
 pub fn install_batches(
     layout: &NodeLayout,
-    register: RegisterId,
+    register_at: u64,
     seen: &Seen,
     marker: Tsp,
     tag: u32,
 ) -> Option<Vec<InstallBatch>> {
-    let register_at = layout.register(register)?;
     let swarm = &layout.swarm;
     let meta_at = register_at + swarm.meta_offset();
     let mut ops: Vec<(Op, Option<u64>)> = Vec::with_capacity(seen.words.len() + 2);
@@ -219,7 +218,7 @@ pub fn install_batches(
     }
     ops.push((
         Op::Cas {
-            addr: layout.key_header(register)?,
+            addr: register_at.checked_sub(layout.params.key_header_bytes())?,
             expected: seen.header,
             new: header_word(0, tag),
         },
@@ -296,7 +295,7 @@ mod tests {
         let (cluster, layout) = small_cluster(200 * crate::test_support::MS);
         let fabric: MemFabric = cluster.client();
         let node = swarm_core::NodeId(0);
-        let register = 5;
+        let register = layout.register(5).unwrap();
         let run = |batch: &mut Batch| {
             let mut reply = Completion::new();
             match fabric.submit(node, batch, &mut reply) {

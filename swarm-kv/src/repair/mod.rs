@@ -211,6 +211,18 @@ pub enum RepairError {
         /// What to do.
         why: &'static str,
     },
+    /// Chunks have placement records (`crate::placement`), which this build's copy
+    /// does not follow: it copies each chunk from its computed place only.
+    #[error(
+        "{chunks} chunks are placed by placement records, which this build's repair does not copy yet: use a build whose repair follows them"
+    )]
+    Placed {
+        /// Chunks with a record.
+        chunks: usize,
+    },
+    /// The placement table could not be read (`crate::placement::read`).
+    #[error("cannot read the placement table: {0}")]
+    PlacementTable(String),
     /// Another fabric failure.
     #[error(transparent)]
     Fabric(#[from] FabricError),
@@ -377,6 +389,24 @@ async fn repair_locked<F: Fabric>(
             node,
             incarnation,
             epoch: config.epoch,
+        });
+    }
+    // The copy below rebuilds chunks at their computed places only: a recorded chunk
+    // would come back empty on the node, so such a cluster is refused (issue 46,
+    // step 3 makes the copy follow the records).
+    let placements = crate::placement::read(
+        fabric,
+        stats,
+        layout,
+        meta,
+        config.epoch,
+        CONFIG_STRAGGLER_NS,
+    )
+    .await
+    .map_err(|e| RepairError::PlacementTable(e.to_string()))?;
+    if placements.recorded() > 0 {
+        return Err(RepairError::Placed {
+            chunks: placements.recorded(),
         });
     }
     // The node must answer before anything is announced: a repair that won the lock
