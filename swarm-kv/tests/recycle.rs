@@ -71,6 +71,11 @@ struct TestFabric {
     paused_on: RefCell<Option<Range<u64>>>,
     /// Inner tickets of withheld completions, by ticket number minus `HELD`.
     held: RefCell<Vec<Ticket>>,
+    /// Batches that `paused_on` would pause which still pass, answered, first.
+    pause_after: Cell<u32>,
+    /// A node whose batches that `paused_on` pauses are held unapplied instead (as
+    /// `unapplied_on`'s): still on their way when the client stopped.
+    pause_slow: Cell<Option<NodeId>>,
     /// While set, batches touching this range are neither applied nor answered:
     /// the client is paused between its fence check and its stores. They land when
     /// the test calls [`TestFabric::land_unapplied`].
@@ -101,6 +106,8 @@ impl TestFabric {
             refused: RefCell::new(None),
             paused_on: RefCell::new(None),
             held: RefCell::new(Vec::new()),
+            pause_after: Cell::new(0),
+            pause_slow: Cell::new(None),
             unapplied_on: RefCell::new(None),
             unapplied: RefCell::new(Vec::new()),
             ours: RefCell::new(Vec::new()),
@@ -157,17 +164,22 @@ impl Fabric for TestFabric {
             .borrow()
             .as_ref()
             .is_some_and(|r| Self::touches(&batch, r));
-        let paused = self
+        let mut paused = self
             .paused_on
             .borrow()
             .as_ref()
             .is_some_and(|r| Self::touches(&batch, r));
+        if paused && self.pause_after.get() > 0 {
+            self.pause_after.set(self.pause_after.get() - 1);
+            paused = false;
+        }
+        let unapplied_slow = paused && self.pause_slow.get() == Some(node);
         let unapplied = self
             .unapplied_on
             .borrow()
             .as_ref()
             .is_some_and(|r| Self::touches(&batch, r));
-        if unapplied && !refused && !self.failed.borrow().contains(&node) {
+        if (unapplied || unapplied_slow) && !refused && !self.failed.borrow().contains(&node) {
             let mut queue = self.unapplied.borrow_mut();
             queue.push((Some((node, batch)), None));
             return Ticket(UNAPPLIED | (queue.len() as u32 - 1));
@@ -1092,6 +1104,13 @@ struct ChurnFaults {
     /// (an outcome unknown), and retires its fresh register only where it knows
     /// the index did not map it (`KvClient::insert`).
     stalled_inserts: bool,
+    /// About one insert in four stops right after some of its index batches landed
+    /// (after 0 to 5 of them, at random), their answers unread and its batches to one
+    /// node (at random) still on their way, while another client deletes the key
+    /// (its lookup finishes the insert's change where a quorum holds it) and unmaps
+    /// it; the insert resumes past the index's acknowledgement wait (a shorter one
+    /// here: 250 µs), within its deadline (docs/pauses.md, H10).
+    insert_pauses: bool,
 }
 
 /// Churn operations run during a repair's copy (see [`ChurnFaults::repair`]).
@@ -1106,6 +1125,14 @@ type ChurnResult = Result<(Option<bool>, Option<String>), KvError>;
 /// a delete that could not tell with a node lost ([`KvError::DeleteUndecided`]).
 fn outcome_unknown(e: &KvError) -> bool {
     e.is_fenced() || matches!(e, KvError::DeleteUndecided { .. })
+}
+
+/// An insert that lost track of its index change and found no sign of its fate
+/// (docs/pauses.md, H10): its outcome is unknown.
+fn index_outcome_unknown(e: &KvError) -> bool {
+    matches!(e, KvError::Index(_))
+        && e.to_string()
+            .contains("the outcome of this index update is unknown")
 }
 
 /// A paused churn operation's future.
@@ -1157,10 +1184,18 @@ fn churn(seed: u64, faults: ChurnFaults) -> u64 {
     });
     let layout = *store.layout();
     let world = World::new();
-    let config = KvConfig {
+    let mut config = KvConfig {
         deferred_unmaps: if faults.deferred { 4 } else { 0 },
         ..config(&store)
     };
+    if faults.insert_pauses {
+        // An acknowledgement wait well within the operation deadline (1 ms), as
+        // with the defaults (1 ms within 200 ms), so that an insert stopped past it
+        // still goes on.
+        config.index.slow_after_ns = 25_000;
+        config.index.max_backoff_ns = 50_000;
+        config.index.ack_wait_ns = 250_000;
+    }
     let clients: Vec<Client> = (0..3)
         .map(|_| client_with(&store, &world, config))
         .collect();
@@ -1173,9 +1208,12 @@ fn churn(seed: u64, faults: ChurnFaults) -> u64 {
     let mut clock = 0u64;
     let mut op = 0u64;
     let (mut cut_offs, mut crashed, mut pauses, mut index_paused) = (0u32, 0u32, 0u32, 0u32);
+    let mut insert_paused = 0u32;
     let mut paused: Option<Paused<'_>> = None;
     // The key an index pause left for another client to insert next, and that client.
     let mut racing_insert: Option<(String, usize)> = None;
+    // The key an insert pause left for another client to delete next, and that client.
+    let mut racing_delete: Option<(String, usize)> = None;
     let registers = layout.registers_at..layout.end();
     // One churn operation (or a paused one's end); returns the inserts so far.
     let mut step = || {
@@ -1192,6 +1230,9 @@ fn churn(seed: u64, faults: ChurnFaults) -> u64 {
             let p = paused.take().unwrap();
             let fabric = clients[p.client].fabric();
             fabric.land_unapplied();
+            // An insert pause's withheld answers are read now.
+            *fabric.paused_on.borrow_mut() = None;
+            fabric.pause_slow.set(None);
             let result = block_on(fabric, p.future);
             let record = match result {
                 Ok((Some(ok), value)) => Operation::completed(
@@ -1211,8 +1252,9 @@ fn churn(seed: u64, faults: ChurnFaults) -> u64 {
                     p.start,
                     clock,
                 ),
-                // Past its deadline, or undecided: the outcome is unknown.
-                Err(e) if outcome_unknown(&e) => {
+                // Past its deadline, undecided, or an insert that lost track of its
+                // index change: the outcome is unknown.
+                Err(e) if outcome_unknown(&e) || index_outcome_unknown(&e) => {
                     crashed += 1;
                     Operation::crashed(p.client as u64, p.kind, p.key, p.value.as_deref(), p.start)
                 }
@@ -1246,9 +1288,10 @@ fn churn(seed: u64, faults: ChurnFaults) -> u64 {
             7..=8 => OpKind::Get,
             _ => OpKind::Update,
         };
-        let (c, key, kind) = match racing_insert.take() {
-            Some((key, by)) => (by, key, OpKind::Insert),
-            None => (c, key, kind),
+        let (c, key, kind) = match (racing_insert.take(), racing_delete.take()) {
+            (Some((key, by)), _) => (by, key, OpKind::Insert),
+            (None, Some((key, by))) => (by, key, OpKind::Delete),
+            (None, None) => (c, key, kind),
         };
         let client = &clients[c];
         let cut_off = faults.outages && (r >> 48).is_multiple_of(100);
@@ -1332,6 +1375,79 @@ fn churn(seed: u64, faults: ChurnFaults) -> u64 {
                 .failed
                 .borrow_mut()
                 .extend((0..3).filter(|&n| n != reached).map(|n| NodeId(n as u16)));
+        }
+        if faults.insert_pauses
+            && paused.is_none()
+            && kind == OpKind::Insert
+            && (r >> 40).is_multiple_of(4)
+        {
+            let fabric = client.fabric();
+            let start = clock;
+            clock += 2;
+            *fabric.paused_on.borrow_mut() = Some(layout.index_at..layout.registers_at);
+            fabric.pause_after.set(((r >> 52) % 6) as u32);
+            fabric.pause_slow.set(Some(NodeId(((r >> 56) % 3) as u16)));
+            let (k, v) = (key.clone(), value.clone());
+            let mut future: PausedFuture<'_> = Box::pin(async move {
+                client
+                    .insert(k.as_bytes(), v.as_bytes(), &OpStats::new())
+                    .await
+                    .map(|()| (Some(true), Some(v)))
+            });
+            let mut cx = Context::from_waker(Waker::noop());
+            let mut done = None;
+            for _ in 0..1000 {
+                if let Poll::Ready(result) = future.as_mut().poll(&mut cx) {
+                    done = Some(result);
+                    break;
+                }
+                if fabric.holds_unapplied() {
+                    break;
+                }
+                fabric.progress();
+            }
+            inserts += 1;
+            match done {
+                Some(result) => {
+                    fabric.land_unapplied();
+                    *fabric.paused_on.borrow_mut() = None;
+                    fabric.pause_slow.set(None);
+                    fabric.pause_after.set(0);
+                    let record = match result {
+                        Ok((_, v)) => Operation::completed(
+                            c as u64,
+                            kind,
+                            key,
+                            v.as_deref(),
+                            true,
+                            start,
+                            clock,
+                        ),
+                        Err(e) if outcome_unknown(&e) || index_outcome_unknown(&e) => {
+                            crashed += 1;
+                            Operation::crashed(c as u64, kind, key, Some(&value), start)
+                        }
+                        Err(e) => panic!("seed {seed}: op {op} ({kind:?}) failed: {e}"),
+                    };
+                    history.push(record).unwrap();
+                    world.advance(500_000);
+                }
+                None => {
+                    insert_paused += 1;
+                    racing_delete = Some((key.clone(), (c + 1 + (r >> 60) as usize % 2) % 3));
+                    paused = Some(Paused {
+                        client: c,
+                        kind,
+                        key,
+                        value: Some(value),
+                        start,
+                        // The racing delete, then it resumes.
+                        left: 2,
+                        future,
+                    });
+                }
+            }
+            return inserts;
         }
         if faults.index_pauses
             && paused.is_none()
@@ -1650,13 +1766,19 @@ fn churn(seed: u64, faults: ChurnFaults) -> u64 {
         !faults.pauses || pauses > 0,
         "seed {seed}: no pause injected"
     );
+    assert!(
+        !faults.insert_pauses || insert_paused > 0,
+        "seed {seed}: no insert pause injected"
+    );
     eprintln!(
         "seed {seed}: {op} operations, {cut_offs} index outages, {pauses} pauses, \
-         {index_paused} index pauses, {crashed} failed"
+         {index_paused} index pauses, {insert_paused} insert pauses, {crashed} failed"
     );
     if let Some(p) = paused.take() {
         let fabric = clients[p.client].fabric();
         fabric.land_unapplied();
+        *fabric.paused_on.borrow_mut() = None;
+        fabric.pause_slow.set(None);
         let _ = block_on(fabric, p.future);
         history
             .push(Operation::crashed(
@@ -1952,6 +2074,23 @@ fn a_churn_through_a_node_loss_and_its_repair_never_retires_a_mapped_register() 
                 index_pauses: true,
                 repair: true,
                 stalled_inserts: true,
+                ..ChurnFaults::default()
+            },
+        );
+    }
+}
+
+/// H10 (docs/pauses.md): inserts stopped right after some of their index batches
+/// landed, answers unread, while another client finishes, deletes and unmaps their
+/// change; when they resume they must never map their register again (its unmapper
+/// owns it): [`audit_mapped_registers`] finds a mapped register retired or reset.
+#[test]
+fn a_churn_with_inserts_stopped_after_their_index_batches_landed_never_maps_a_retired_register() {
+    for seed in churn_seeds_n(32, &[]) {
+        churn(
+            seed,
+            ChurnFaults {
+                insert_pauses: true,
                 ..ChurnFaults::default()
             },
         );
