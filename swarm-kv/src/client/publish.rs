@@ -38,7 +38,10 @@ enum Judged {
     Mapped,
     /// It was mapped, and a delete unmapped it since: its unmapper owns it now.
     Undone,
-    /// Not mapped now, and no sign that it ever was: the call's outcome is unknown.
+    /// The key maps to this other register or to none, and the register shows no
+    /// sign of a mapping: the insert goes on as after a definite "not mapped".
+    NotMapped(Option<RegisterId>),
+    /// The register could not be read: the call's outcome is unknown.
     Unknown,
 }
 
@@ -100,16 +103,18 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
 
     /// What became of `fresh` after an index call could not tell whether it mapped it
     /// to `key` (it stalled past its acknowledgement window, or gave up under
-    /// contention), **without proposing it again**: that call's change may have been
-    /// decided unseen (a lookup or another update finishes a change it finds), the
-    /// key deleted and the register unmapped by another client, which owns it from
-    /// then on and will reset it (`crate::registers::recycle`). Mapping it again then
-    /// gives it two owners: the next reset blanks the key header of a mapped register
-    /// (the soak's "key header missing on a majority"). Instead: if the key maps to
-    /// it now, it is `Mapped`; if the register holds a tombstone or another life
-    /// (only a delete through the index writes a tombstone, and only the client that
-    /// unmapped a register resets it), it was mapped and then deleted: `Undone`;
-    /// otherwise the outcome is `Unknown`, and the register is left alone (a leak).
+    /// contention). That call's change may have been decided unseen (a lookup or
+    /// another update finishes a change it finds), the key deleted and the register
+    /// unmapped by another client, which owns it from then on and will reset it
+    /// (`crate::registers::recycle`). Mapping it again then gives it two owners: the
+    /// next reset blanks the key header of a mapped register (the soak's "key header
+    /// missing on a majority", docs/pauses.md H10). So: if the key maps to it now, it
+    /// is `Mapped`; if the register holds a tombstone or another life (only a delete
+    /// through the index writes a tombstone, and only the client that unmapped a
+    /// register resets it), it was mapped and then deleted: `Undone`, never proposed
+    /// again; if it shows neither, `NotMapped`: the insert may propose it again. That
+    /// leaves one window (H10, "What is left"): the change decided, deleted and
+    /// unmapped between this read and the next proposal's promise.
     async fn judge_unknown(
         &self,
         key: &HashedKey<'_>,
@@ -119,13 +124,15 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
     ) -> Result<Judged, KvError> {
         let fabric = self.swarm.fabric();
         self.fence(deadline)?;
-        if self.index.resolve_hashed(fabric, stats, key).await? == Some(fresh.register) {
+        let mapped = self.index.resolve_hashed(fabric, stats, key).await?;
+        if mapped == Some(fresh.register) {
             return Ok(Judged::Mapped);
         }
         self.fence(deadline)?;
         Ok(match self.read_register(fresh, stats).await {
             Ok(ReadValue::Deleted) => Judged::Undone,
             Err(error) if error.is_recycled() => Judged::Undone,
+            Ok(ReadValue::Value(_)) => Judged::NotMapped(mapped),
             _ => Judged::Unknown,
         })
     }
@@ -203,18 +210,18 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
             let outcome = match attempt {
                 Ok(outcome) => outcome,
                 // The index could not tell whether our mapping took effect (this client
-                // stalled past its acknowledgement window): find out, but the register is
-                // never proposed again (`judge_unknown`).
+                // stalled past its acknowledgement window): find out (`judge_unknown`).
                 Err(error @ IndexError::OutcomeUnknown { .. }) => {
                     uncertain.set(true);
-                    return match self.judge_unknown(key, fresh, stats, deadline).await? {
-                        Judged::Mapped => {
-                            self.remember(key.bytes(), fresh);
-                            Ok(Published::Yes)
-                        }
-                        Judged::Undone => Ok(Published::Yes),
-                        Judged::Unknown => Err(error.into()),
-                    };
+                    match self.judge_unknown(key, fresh, stats, deadline).await? {
+                        Judged::Mapped => InsertOutcome::Inserted,
+                        // Mapped, then deleted: the insert took effect, and the
+                        // register is its unmapper's.
+                        Judged::Undone => return Ok(Published::Yes),
+                        Judged::NotMapped(Some(other)) => InsertOutcome::Exists(other),
+                        Judged::NotMapped(None) => continue,
+                        Judged::Unknown => return Err(error.into()),
+                    }
                 }
                 Err(e) => {
                     uncertain.set(true);
@@ -265,6 +272,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
                                         );
                                         return Ok(Published::Yes);
                                     }
+                                    Judged::NotMapped(_) => false,
                                     Judged::Unknown => return Err(error.into()),
                                 }
                             }
