@@ -398,31 +398,6 @@ async fn finish_insert<'a, F: Fabric>(
             .iter()
             .find(|(_, r)| known_keys.iter().any(|(k, same)| k == r && *same))
         {
-            // Reported present, the register must stay unmapped for good: the caller
-            // retires it. A proposal of ours still accepted somewhere (a fast round's
-            // value on the nodes that took it, in a bucket the key's mapping is not
-            // in, which no later change of that mapping touches) would be finished
-            // by the next reader that finds it on a whole quorum. A no-op accepted
-            // under our promise supersedes it on a quorum first.
-            let mut fenced = true;
-            for (i, ballot) in ballots.iter().enumerate().take(eng.len()) {
-                if !eng.alive_in(i) {
-                    continue;
-                }
-                let Some(ballot) = *ballot else {
-                    fenced = false;
-                    break;
-                };
-                if !eng.accept(i, ballot, Proposal::Noop).await? {
-                    fenced = false;
-                    break;
-                }
-                eng.superseded(i, Proposal::Noop, ballot);
-                eng.refresh(i, None, ballot)?;
-            }
-            if !fenced {
-                continue;
-            }
             return Ok(InsertOutcome::Exists(*r));
         }
         // Where to put it: the bucket with more free slots, avoiding one whose last
