@@ -695,21 +695,36 @@ fn a_node_back_with_stale_accepts_and_slow_to_some_clients() {
     // `index-fast-value-dropped-falls-back-to-classic` of `scripts/mutants`) maps a
     // key to a register whose insert returned "exists", in about one seed of 300.
     for_each_seed(1200, |seed| {
-        run(Scenario {
-            keys: 8,
-            buckets: 2,
-            clients: 6,
-            ops: 30,
-            faults: Faults {
-                crash_minority: false,
-                slow_node: false,
-                crash_clients: 0,
-                comebacks: 6,
-            },
-            blind: seed % 2 == 0,
-            ..scenario(seed)
-        });
+        run(stale_accepts(seed));
     });
+}
+
+/// The scenario of [`a_node_back_with_stale_accepts_and_slow_to_some_clients`].
+fn stale_accepts(seed: u64) -> Scenario {
+    Scenario {
+        keys: 8,
+        buckets: 2,
+        clients: 6,
+        ops: 30,
+        faults: Faults {
+            crash_minority: false,
+            slow_node: false,
+            crash_clients: 0,
+            comebacks: 6,
+        },
+        blind: seed.is_multiple_of(2),
+        ..scenario(seed)
+    }
+}
+
+/// Seed 1187652014 of [`stale_accepts`] (found by CI's exploration): an operation
+/// that rules out its own proposals before it reports its change undone
+/// (`update::rule_out_own`) must keep an unacknowledged change where it finds one,
+/// accepting it again rather than a no-op: a no-op over it hid a decided change from
+/// its owner, which took it for undone (not linearizable).
+#[test]
+fn ruling_out_ones_own_proposals_keeps_an_unacknowledged_change() {
+    run(stale_accepts(1_187_652_014));
 }
 
 #[test]
@@ -722,21 +737,39 @@ fn late_tagged_removes_leave_later_lives_of_their_mapping_alone() {
     // lives end and begin again between a lookup and its remove; a slow node (even
     // seeds) and a crashed client leave changes half taken.
     for_each_seed(300, |seed| {
-        run(Scenario {
-            keys: 2,
-            buckets: 2,
-            clients: 5,
-            ops: 30,
-            faults: Faults {
-                crash_minority: seed % 4 == 1,
-                slow_node: seed % 2 == 0,
-                crash_clients: 1,
-                comebacks: 0,
-            },
-            lives: true,
-            ..scenario(seed)
-        });
+        run(later_lives(seed));
     });
+}
+
+/// The scenario of [`late_tagged_removes_leave_later_lives_of_their_mapping_alone`].
+fn later_lives(seed: u64) -> Scenario {
+    Scenario {
+        keys: 2,
+        buckets: 2,
+        clients: 5,
+        ops: 30,
+        faults: Faults {
+            crash_minority: seed % 4 == 1,
+            slow_node: seed.is_multiple_of(2),
+            crash_clients: 1,
+            comebacks: 0,
+        },
+        lives: true,
+        ..scenario(seed)
+    }
+}
+
+/// Seed 1829915152 of [`later_lives`] (found by CI's exploration): an insert of k0
+/// into register 9 tried a fast round in one bucket, found the key present in the
+/// other (`Exists(19)`, a replace's) and returned, its fast value left accepted on the
+/// nodes that took it; no later change of k0's mapping touched that bucket, and once
+/// the key was removed a reader found the value on a whole quorum and finished it:
+/// k0 mapped register 9, which the insert had reported not mapped (the KV layer
+/// retires it: two owners). Before the insert reports the key present, a no-op under
+/// its promise now supersedes its own proposals (`update::finish_insert`).
+#[test]
+fn an_insert_that_reports_its_key_present_leaves_no_proposal_of_its_own_to_finish() {
+    run(later_lives(1_829_915_152));
 }
 
 /// The bucket words of a scripted state (the layout of `swarm_kv::index::word`).

@@ -196,6 +196,13 @@
 //! [`IndexError::OutcomeUnknown`] instead of guessing. A crashed owner never marks:
 //! the next change of that bucket waits `ack_wait_ns`, once.
 //!
+//! Knowing is not enough when the answer is "not done": a proposal of ours that is
+//! neither decided nor ruled out may still be accepted on some nodes, and a later
+//! reader that meets it as the newest accepted value must finish it (Paxos). So an
+//! operation that reports its change undone (an insert's `Exists`, a replace's or a
+//! remove's `false`) first has a quorum accept, under its own promise, what keeps each
+//! bucket where one of its proposals is alive as it is (`update::rule_out_own`).
+//!
 //! # Lives of a mapping
 //!
 //! A `SET slot := register` names no life. Registers are recycled (SWARM §5.4, which

@@ -160,6 +160,48 @@ async fn settle_all<F: Fabric>(
     Ok((!progressed).then_some(unacked))
 }
 
+/// Makes sure that none of this operation's proposals can take effect after it
+/// reports that its change did not happen (an insert's `Exists`, a replace's or a
+/// remove's `false`), on the views of its last promise, which settled every bucket
+/// it promised ([`settle_all`]: each is free or holds an unacknowledged change).
+///
+/// A proposal of ours that is neither decided nor ruled out may still be accepted on
+/// some nodes: a fast round's value on the nodes that took it, or an accept that a
+/// newer promise preempted. A promise moves no accepted value, and a quorum read
+/// that meets it later on every copy (a fast value) or as the newest accepted value
+/// (a classic one) must take it for possibly decided and finish it (Paxos). If the
+/// operation had reported it undone, that finish maps a register its caller retires,
+/// or a second register for the key (`tests/index_sim.rs`, seed 1829915152: an insert
+/// that found its key in the other bucket left its fast value behind, and a reader
+/// finished it once the key was removed). So, in every bucket where one is alive, a
+/// quorum accepts under our promise what keeps the bucket as it is: the no-op, or
+/// the unacknowledged change again (as the fence of an insert does: replacing it
+/// before its owner's acknowledgement would hide a decided change from its owner,
+/// `Owner`). Once that is accepted by a quorum, every later quorum read meets a
+/// newer accepted value, and our proposal is dead. False if an accept failed (a
+/// newer promise): the caller starts a new attempt, which judges our proposals again.
+async fn rule_out_own<F: Fabric>(
+    eng: &mut Engine<'_, F>,
+    ballots: &[Option<Ballot>; MAX_BUCKETS],
+    unacked: &[Option<(Ballot, Proposal)>; MAX_BUCKETS],
+) -> Result<bool, IndexError> {
+    for i in 0..eng.len() {
+        if !eng.alive_in(i) {
+            continue;
+        }
+        let Some(ballot) = ballots[i] else {
+            return Ok(false);
+        };
+        let value = unacked[i].map_or(Proposal::Noop, |(_, p)| p);
+        if !eng.accept(i, ballot, value).await? {
+            return Ok(false);
+        }
+        eng.superseded(i, value, ballot);
+        eng.refresh(i, None, ballot)?;
+    }
+    Ok(true)
+}
+
 /// The tag of the applied copies of `p`, the unacknowledged change `view` shows: its
 /// slot's newest copy (an unacknowledged change is applied on a quorum and nothing
 /// newer is in its slot). What tells one life of a mapping from another ([`Owner`]).
@@ -398,6 +440,11 @@ async fn finish_insert<'a, F: Fabric>(
             .iter()
             .find(|(_, r)| known_keys.iter().any(|(k, same)| k == r && *same))
         {
+            // Reported present, the register must stay unmapped for good: the caller
+            // retires it.
+            if !rule_out_own(&mut eng, &ballots, &unacked).await? {
+                continue;
+            }
             return Ok(InsertOutcome::Exists(*r));
         }
         // Where to put it: the bucket with more free slots, avoiding one whose last
@@ -579,11 +626,18 @@ pub async fn change<F: Fabric>(
         let Some(slot) = view.slots.iter().position(|s| {
             matches!(s.state, SlotState::Used { fp, register } if register == old && hash.matches(fp))
         }) else {
+            // Unmapped by someone else: ours must not be finished later.
+            if !rule_out_own(&mut eng, &ballots, &unacked).await? {
+                continue;
+            }
             return Ok(false);
         };
         if tag.is_some_and(|tag| view.slots[slot].tag != tag) {
             // Another life of the mapping: unmapped and mapped again since the
             // caller's lookup. Not the one the caller decided to remove.
+            if !rule_out_own(&mut eng, &ballots, &unacked).await? {
+                continue;
+            }
             return Ok(false);
         }
         if same_key.is_none() {

@@ -163,6 +163,11 @@ impl<F: Fabric> Engine<'_, F> {
         }
     }
 
+    /// Whether a proposal of ours for bucket `i` is alive: sent, and not ruled out.
+    pub fn alive_in(&self, i: usize) -> bool {
+        self.watches.iter().any(|w| w.bucket == i && !w.dead)
+    }
+
     /// Whether none of our proposals may have taken effect unseen: each was ruled
     /// out, or watched with no window as long as an acknowledgement wait and never seen
     /// applied. A proposal sent again while this is false could redo a change that
