@@ -25,7 +25,7 @@ pub use crate::store::{read_configuration, write_configuration};
 /// The replicated index on its own (`tests/index_mem.rs`, `tests/index_sim.rs`).
 pub mod index {
     pub use crate::index::word::{Ballot, Meta, Proposal};
-    pub use crate::index::{HEADER_REREADS, Index, InsertOutcome, SLOTS};
+    pub use crate::index::{HEADER_REREADS, Index, InsertOutcome, MappingTag, SLOTS, Withdrawal};
 }
 
 /// Placement records, written as the coming add-node and rebalance will

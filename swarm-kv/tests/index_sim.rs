@@ -16,9 +16,11 @@ use swarm_checker::OpKind;
 use swarm_core::fabric::{Fabric, Nanos, NodeId, OpOutput};
 use swarm_core::quorum::broadcast_until;
 use swarm_core::{Batch, OpStats};
-use swarm_kv::admin::IndexError;
 use swarm_kv::admin::NodeLayout;
-use swarm_kv::testing::index::{Ballot, Index, InsertOutcome, Meta, Proposal};
+use swarm_kv::admin::{IndexConfig, IndexError};
+use swarm_kv::testing::index::{
+    Ballot, Index, InsertOutcome, MappingTag, Meta, Proposal, Withdrawal,
+};
 use swarm_sim::{Fault, SimConfig, SimFabric, SimRng, SimRunner, SimWorld, for_each_seed};
 
 /// What a scenario injects.
@@ -53,6 +55,10 @@ struct Scenario {
     /// conditional on the slot tag of a lookup made several operations earlier, as a
     /// deferred unmap runs ([`Index::remove_tagged_until`]).
     lives: bool,
+    /// The index's acknowledgement wait ([`sim_config`]'s if `None`): one as short as
+    /// a few roundtrips makes stalls past it common, so that updates end with an
+    /// unknown outcome and are withdrawn ([`Index::withdraw_until_hashed`]).
+    ack_wait_ns: Option<Nanos>,
 }
 
 /// Shared state of a run: the world, the history, register allocation.
@@ -77,7 +83,7 @@ struct Shared {
     /// index must never map one later (issue 43: the KV layer retires such a
     /// register at once, and a mapping decided after would leave a key mapped to a
     /// reset register). Until the register is inserted again (`lives`).
-    not_mapped: Rc<RefCell<HashMap<u64, String>>>,
+    not_mapped: Rc<RefCell<HashMap<u64, (String, Nanos)>>>,
 }
 
 /// An insert that returned `Inserted`: its key, its register, when it began and ended.
@@ -147,17 +153,22 @@ impl Shared {
         }
     }
 
-    /// `register` was reported not mapped by `what`.
+    /// `register` was reported not mapped by `what`, which returned now.
     fn reported_not_mapped(&self, register: u64, what: String) {
-        self.not_mapped.borrow_mut().insert(register, what);
+        let now = self.world.now();
+        self.not_mapped.borrow_mut().insert(register, (what, now));
     }
 
-    /// Checks that `found`, which the index maps `key` to (`when`), was not reported
-    /// not mapped.
-    fn check_mapped(&self, key: &str, found: u64, when: &str) {
-        if let Some(what) = self.not_mapped.borrow().get(&found) {
+    /// Checks that `found`, which the index maps `key` to (`when`, an operation that
+    /// began at `start`), was not reported not mapped before that operation began (an
+    /// operation that overlaps the report may have read an earlier mapping).
+    fn check_mapped(&self, key: &str, found: u64, start: Nanos, when: &str) {
+        if let Some((what, at)) = self.not_mapped.borrow().get(&found)
+            && *at < start
+        {
             self.errors.borrow_mut().push(format!(
-                "{when}: {key} maps to register {found}, which {what} reported not mapped"
+                "{when} at {start}: {key} maps to register {found}, which {what} reported \
+                 not mapped at {at}"
             ));
         }
     }
@@ -220,6 +231,60 @@ async fn blind_insert(
         .await
 }
 
+/// Ends an insert or replace of `key` → `register` that returned an unknown outcome,
+/// as the KV layer does ([`Index::withdraw_until_hashed`]): true if the key maps the
+/// register (the operation took effect). Otherwise the operation stays pending in the
+/// history (it may have taken effect and been undone since: the KV layer tells by
+/// the register's content, which this test does not model), and the register must
+/// never be mapped later, unless a remove or replace that returned `true` ended a
+/// mapping of it since the operation began (it may be reused then).
+async fn withdraw(
+    shared: &Shared,
+    ix: &Index,
+    fabric: &SimFabric,
+    key: &str,
+    register: u64,
+    start: Nanos,
+    what: String,
+) -> bool {
+    let stats = OpStats::new();
+    let hashed = match ix.hash_key(key.as_bytes()) {
+        Ok(hashed) => hashed,
+        Err(e) => {
+            shared.errors.borrow_mut().push(format!("{what}: {e}"));
+            return false;
+        }
+    };
+    match ix
+        .withdraw_until_hashed(fabric, &stats, hashed, register, Nanos::MAX)
+        .await
+    {
+        Ok(Withdrawal::Mapped) => true,
+        Ok(Withdrawal::Withdrawn) => {
+            let retired_since = shared
+                .retired
+                .borrow()
+                .get(key)
+                .is_some_and(|v| v.contains(&register))
+                || shared
+                    .lives
+                    .borrow()
+                    .iter()
+                    .any(|(k, r, s, _)| k == key && *r == register && *s > start);
+            if !retired_since {
+                shared.reported_not_mapped(register, what);
+            }
+            false
+        }
+        // Still unknown (contention again): pending, and nothing more is known.
+        Err(IndexError::Contention { .. }) => false,
+        Err(e) => {
+            shared.errors.borrow_mut().push(format!("{what}: {e}"));
+            false
+        }
+    }
+}
+
 /// One client: random index operations on the scenario's keys, each recorded.
 #[allow(clippy::too_many_arguments)]
 async fn client_task(
@@ -236,7 +301,7 @@ async fn client_task(
     let mut rng = SimRng::new(seed);
     let mut known: HashMap<String, u64> = HashMap::new();
     // Lookups kept for late tagged removes: key, register, tag, when it returned.
-    let mut stash: Vec<(String, u64, Ballot, Nanos)> = Vec::new();
+    let mut stash: Vec<(String, u64, MappingTag, Nanos)> = Vec::new();
     let world = shared.world.clone();
     let log = shared.log.clone();
     for _ in 0..ops {
@@ -275,6 +340,7 @@ async fn client_task(
                         shared.retire(&key, r);
                     }
                     Ok(false) => log.drop_op(id),
+                    Err(IndexError::OutcomeUnknown { .. } | IndexError::Contention { .. }) => {}
                     Err(e) => shared
                         .errors
                         .borrow_mut()
@@ -288,7 +354,7 @@ async fn client_task(
                 Ok(r) => {
                     log.end(id, OpKind::Get, r.map(value), true, world.now());
                     if let Some(r) = r {
-                        shared.check_mapped(&key, r, &format!("c{c} resolve"));
+                        shared.check_mapped(&key, r, start, &format!("c{c} resolve"));
                     }
                     match r {
                         Some(r) => known.insert(key, r),
@@ -320,7 +386,7 @@ async fn client_task(
                 }
                 Ok(InsertOutcome::Exists(x)) => {
                     log.end(id, OpKind::Get, Some(value(x)), true, world.now());
-                    shared.check_mapped(&key, x, &format!("c{c} insert"));
+                    shared.check_mapped(&key, x, start, &format!("c{c} insert"));
                     if x != r {
                         shared.reported_not_mapped(r, format!("c{c}'s insert of {key} at {start}"));
                     }
@@ -335,6 +401,15 @@ async fn client_task(
                 // (RACE hashing moves no key): capacity, not a fault. Its insert stays
                 // in the history with an unknown outcome; the index changed nothing.
                 Err(IndexError::Full { .. }) => {}
+                Err(IndexError::OutcomeUnknown { .. } | IndexError::Contention { .. }) => {
+                    let what = format!("c{c}'s withdrawn insert of {key} at {start}");
+                    if withdraw(&shared, &ix, &fabric, &key, r, start, what).await {
+                        let end = world.now();
+                        log.end(id, OpKind::Insert, Some(value(r)), true, end);
+                        shared.lives.borrow_mut().push((key.clone(), r, start, end));
+                        known.insert(key, r);
+                    }
+                }
                 Err(e) => shared
                     .errors
                     .borrow_mut()
@@ -349,6 +424,8 @@ async fn client_task(
                     shared.retire(&key, old);
                 }
                 Ok(false) => log.drop_op(id),
+                // Pending for good: it may take effect later (a reader finishes it).
+                Err(IndexError::OutcomeUnknown { .. } | IndexError::Contention { .. }) => {}
                 Err(e) => shared
                     .errors
                     .borrow_mut()
@@ -370,6 +447,16 @@ async fn client_task(
                     shared.reported_not_mapped(new, format!("c{c}'s replace of {key} at {start}"));
                     known.remove(&key);
                 }
+                Err(IndexError::OutcomeUnknown { .. } | IndexError::Contention { .. }) => {
+                    let what = format!("c{c}'s withdrawn replace of {key} at {start}");
+                    if withdraw(&shared, &ix, &fabric, &key, new, start, what).await {
+                        log.end(id, OpKind::Update, Some(value(new)), true, world.now());
+                        shared.retire(&key, old);
+                        known.insert(key, new);
+                    } else {
+                        known.remove(&key);
+                    }
+                }
                 Err(e) => shared
                     .errors
                     .borrow_mut()
@@ -387,6 +474,7 @@ async fn verify_task(shared: Shared, ix: Index, fabric: SimFabric, c: u64, keys:
     for k in 0..u64::from(keys) {
         let key = key_name(k);
         let stats = OpStats::new();
+        let looked_up = world.now();
         let found = ix
             .lookup(&fabric, &stats, key.as_bytes())
             .await
@@ -399,7 +487,7 @@ async fn verify_task(shared: Shared, ix: Index, fabric: SimFabric, c: u64, keys:
             .collect();
         assert!(mine.len() <= 1, "{key} maps to several registers: {mine:?}");
         for &r in &mine {
-            shared.check_mapped(&key, r, "verification");
+            shared.check_mapped(&key, r, looked_up, "verification");
         }
         assert!(
             shared.errors.borrow().is_empty(),
@@ -530,7 +618,18 @@ fn run(s: Scenario) -> usize {
         if c < s.faults.crash_clients {
             runner.at(rng.between(span / 8, span), Fault::CrashClient(fabric.id()));
         }
-        let ix = index(&layout, s.nodes, sim_config(c as u16));
+        let config = match s.ack_wait_ns {
+            // The shortest backoff and slow-node wait the index allows with it.
+            Some(ack_wait_ns) => IndexConfig {
+                ack_wait_ns,
+                max_backoff_ns: ack_wait_ns / 4,
+                slow_after_ns: ack_wait_ns / 4,
+                retry_delay_ns: ack_wait_ns / 8,
+                ..sim_config(c as u16)
+            },
+            None => sim_config(c as u16),
+        };
+        let ix = index(&layout, s.nodes, config);
         let task = client_task(
             shared.clone(),
             ix,
@@ -580,6 +679,7 @@ fn scenario(seed: u64) -> Scenario {
         faults: Faults::default(),
         blind: true,
         lives: false,
+        ack_wait_ns: None,
     }
 }
 
@@ -738,6 +838,30 @@ fn late_tagged_removes_leave_later_lives_of_their_mapping_alone() {
     // seeds) and a crashed client leave changes half taken.
     for_each_seed(300, |seed| {
         run(later_lives(seed));
+    });
+}
+
+#[test]
+fn updates_with_unknown_outcomes_withdrawn_never_map_later() {
+    // An acknowledgement wait of a few roundtrips: stalls past it are common, so
+    // inserts and replaces end with an unknown outcome, their proposals possibly
+    // accepted on some nodes, and are withdrawn (`Index::withdraw_until_hashed`);
+    // a register withdrawn must never be mapped later (`Shared::check_mapped`), by a
+    // reader finishing a proposal the withdrawal left alive. Registers come back
+    // (later lives), a slow node and a crashed client leave changes half taken.
+    for_each_seed(300, |seed| {
+        run(Scenario {
+            ack_wait_ns: Some(8_000),
+            keys: 6,
+            buckets: 8,
+            faults: Faults {
+                crash_minority: false,
+                slow_node: true,
+                crash_clients: 1,
+                comebacks: 2,
+            },
+            ..later_lives(seed)
+        });
     });
 }
 

@@ -33,8 +33,9 @@
 //! unmap looks the key up (which gives the mapping slot's tag, the ballot of the
 //! change that mapped it), reads the register, and removes only if the register
 //! holds no value of the key, and only the slot that still carries that tag
-//! (`Index::remove_tagged_until`): a later life has another tag, whenever it
-//! began, so no timing is assumed.
+//! (`Index::remove_tagged_until`): a later life is in the other bucket or carries
+//! another tag there (a tag names the bucket and the ballot, `MappingTag`), whenever
+//! it began, so no timing is assumed.
 //!
 //! **The unmap is an operation of its own**: it starts with the lease check and runs
 //! under its own deadline (the operation fence), like every operation, so the

@@ -10,7 +10,7 @@ use swarm_core::fabric::Nanos;
 use swarm_core::{Clock, DeleteOutcome, DeleteVotes, Fabric, FirstDeleter, OpStats, RegisterLoc};
 
 use crate::index::IndexError;
-use crate::index::word::Ballot;
+use crate::index::MappingTag;
 use crate::registers::recycle::Retired;
 use crate::{KvError, RegisterId};
 
@@ -235,7 +235,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         &self,
         key: &HashedKey<'_>,
         register: RegisterId,
-        tag: Ballot,
+        tag: MappingTag,
         stats: &OpStats,
         deadline: Nanos,
     ) {

@@ -9,7 +9,7 @@ use swarm_core::fabric::Nanos;
 use swarm_core::{Clock, Fabric, OpStats, RegisterCache, yield_now};
 
 use crate::cache::{Found, Location};
-use crate::index::word::Ballot;
+use crate::index::MappingTag;
 use crate::{KvError, RegisterId};
 
 use crate::index::hash::HashedKey;
@@ -140,7 +140,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         key: &HashedKey<'_>,
         stats: &OpStats,
         now: Nanos,
-    ) -> Result<(Option<Located>, bool, Option<(RegisterId, Ballot)>), KvError> {
+    ) -> Result<(Option<Located>, bool, Option<(RegisterId, MappingTag)>), KvError> {
         match self.cached_at(key.bytes(), now) {
             Some(located) if located.knowledge.knows_a_write() => Ok((Some(located), false, None)),
             // Boxed, here and on the other rare paths (a get's miss, an insert's
@@ -170,7 +170,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         &self,
         key: &HashedKey<'_>,
         stats: &OpStats,
-    ) -> Result<(Option<(Located, Vec<u8>)>, Option<(RegisterId, Ballot)>), KvError> {
+    ) -> Result<(Option<(Located, Vec<u8>)>, Option<(RegisterId, MappingTag)>), KvError> {
         let asked = self.swarm.fabric().now();
         let candidates = self
             .index

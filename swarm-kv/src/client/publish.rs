@@ -10,7 +10,7 @@ use std::cell::Cell;
 use swarm_core::fabric::Nanos;
 use swarm_core::{Carried, Clock, Fabric, OpStats, ReadValue, RegisterCache, WriteOutcome};
 
-use crate::index::{BlindInsert, IndexError, InsertOutcome};
+use crate::index::{BlindInsert, IndexError, InsertOutcome, Withdrawal};
 use crate::layout::encode_key_header;
 use crate::registers::recycle::Retired;
 use crate::{KvError, RegisterId};
@@ -38,9 +38,9 @@ enum Judged {
     Mapped,
     /// It was mapped, and a delete unmapped it since: its unmapper owns it now.
     Undone,
-    /// The key maps to this other register or to none, and the register shows no
-    /// sign of a mapping: the insert goes on as after a definite "not mapped".
-    NotMapped(Option<RegisterId>),
+    /// It was never mapped, and no proposal made so far can map it any more: the
+    /// insert goes on with it as with a fresh register.
+    Withdrawn,
     /// The register could not be read: the call's outcome is unknown.
     Unknown,
 }
@@ -101,20 +101,27 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         Ok((took, sent))
     }
 
-    /// What became of `fresh` after an index call could not tell whether it mapped it
-    /// to `key` (it stalled past its acknowledgement window, or gave up under
-    /// contention). That call's change may have been decided unseen (a lookup or
-    /// another update finishes a change it finds), the key deleted and the register
-    /// unmapped by another client, which owns it from then on and will reset it
-    /// (`crate::registers::recycle`). Mapping it again then gives it two owners: the
-    /// next reset blanks the key header of a mapped register (the soak's "key header
-    /// missing on a majority", docs/pauses.md H10). So: if the key maps to it now, it
-    /// is `Mapped`; if the register holds a tombstone or another life (only a delete
-    /// through the index writes a tombstone, and only the client that unmapped a
-    /// register resets it), it was mapped and then deleted: `Undone`, never proposed
-    /// again; if it shows neither, `NotMapped`: the insert may propose it again. That
-    /// leaves one window (H10, "What is left"): the change decided, deleted and
-    /// unmapped between this read and the next proposal's promise.
+    /// What became of `fresh` after an index call (an insert, or a replace mapping
+    /// it) could not tell whether it mapped it to `key` (it stalled past its
+    /// acknowledgement window, or gave up under contention). That call's proposal may
+    /// have been decided unseen (a lookup or another update finishes a change it
+    /// finds), the key deleted and the register unmapped by another client, which
+    /// owns it from then on and will reset it (`crate::registers::recycle`); or it
+    /// may still be accepted on some nodes, for a later reader to finish. Mapping the
+    /// register again, or retiring it, could then give it two owners: the next reset
+    /// blanks the key header of a mapped register (the soak's "key header missing on
+    /// a majority", docs/pauses.md H10).
+    ///
+    /// So the index first withdraws every proposal of it for good
+    /// ([`crate::index::Index::withdraw_until_hashed`]: after that call none can take
+    /// effect), and then the register's content tells the rest: a tombstone or
+    /// another life means it was mapped and then deleted (only a delete through the
+    /// index writes a tombstone, and only the client that unmapped a register resets
+    /// it), so the call took effect and the register is its unmapper's (`Undone`);
+    /// otherwise it is `Mapped` if the index maps it, or was never mapped
+    /// (`Withdrawn`) and the insert may propose it again, or retire it. Read after the
+    /// withdrawal, the content leaves no window: nothing can map the register between
+    /// the two.
     async fn judge_unknown(
         &self,
         key: &HashedKey<'_>,
@@ -124,15 +131,16 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
     ) -> Result<Judged, KvError> {
         let fabric = self.swarm.fabric();
         self.fence(deadline)?;
-        let mapped = self.index.resolve_hashed(fabric, stats, key).await?;
-        if mapped == Some(fresh.register) {
-            return Ok(Judged::Mapped);
-        }
+        let withdrawal = self
+            .index
+            .withdraw_until_hashed(fabric, stats, *key, fresh.register, deadline)
+            .await?;
         self.fence(deadline)?;
-        Ok(match self.read_register(fresh, stats).await {
-            Ok(ReadValue::Deleted) => Judged::Undone,
-            Err(error) if error.is_recycled() => Judged::Undone,
-            Ok(ReadValue::Value(_)) => Judged::NotMapped(mapped),
+        Ok(match (self.read_register(fresh, stats).await, withdrawal) {
+            (Ok(ReadValue::Deleted), _) => Judged::Undone,
+            (Err(error), _) if error.is_recycled() => Judged::Undone,
+            (Ok(ReadValue::Value(_)), Withdrawal::Mapped) => Judged::Mapped,
+            (Ok(ReadValue::Value(_)), Withdrawal::Withdrawn) => Judged::Withdrawn,
             _ => Judged::Unknown,
         })
     }
@@ -209,17 +217,23 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
             };
             let outcome = match attempt {
                 Ok(outcome) => outcome,
-                // The index could not tell whether our mapping took effect (this client
-                // stalled past its acknowledgement window): find out (`judge_unknown`).
-                Err(error @ IndexError::OutcomeUnknown { .. }) => {
+                // The index could not tell whether our mapping took effect (this
+                // client stalled past its acknowledgement window, or the call gave up
+                // under contention after its accepts): find out (`judge_unknown`).
+                Err(
+                    error @ (IndexError::OutcomeUnknown { .. } | IndexError::Contention { .. }),
+                ) => {
                     uncertain.set(true);
                     match self.judge_unknown(key, fresh, stats, deadline).await? {
                         Judged::Mapped => InsertOutcome::Inserted,
                         // Mapped, then deleted: the insert took effect, and the
                         // register is its unmapper's.
                         Judged::Undone => return Ok(Published::Yes),
-                        Judged::NotMapped(Some(other)) => InsertOutcome::Exists(other),
-                        Judged::NotMapped(None) => continue,
+                        // Nothing of it can take effect any more: start again.
+                        Judged::Withdrawn => {
+                            uncertain.set(false);
+                            continue;
+                        }
                         Judged::Unknown => return Err(error.into()),
                     }
                 }
@@ -251,9 +265,11 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
                             .await
                         {
                             Ok(replaced) => replaced,
-                            // As for the insert above: find out without proposing the
-                            // register again. Under contention the replace may have been
-                            // accepted somewhere and decided since, just as well.
+                            // As for the insert above (`judge_unknown`). Every earlier
+                            // index call of this insert ended certain or was withdrawn,
+                            // so only this replace can have mapped the register: if it
+                            // did (mapped, or mapped and deleted since), it unmapped
+                            // `existing`, which is then this client's to retire.
                             Err(
                                 error @ (IndexError::OutcomeUnknown { .. }
                                 | IndexError::Contention { .. }),
@@ -272,7 +288,10 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
                                         );
                                         return Ok(Published::Yes);
                                     }
-                                    Judged::NotMapped(_) => false,
+                                    Judged::Withdrawn => {
+                                        uncertain.set(false);
+                                        false
+                                    }
                                     Judged::Unknown => return Err(error.into()),
                                 }
                             }

@@ -16,7 +16,7 @@ use super::engine::{Engine, MAX_BUCKETS, Settled};
 use super::hash::{HashedKey, KeyHash};
 use super::header;
 use super::word::{Ballot, SLOTS, Slot};
-use super::{Candidates, Index, IndexError, RegisterId};
+use super::{Candidates, Index, IndexError, MappingTag, RegisterId};
 use crate::layout::BUCKET_BYTES;
 
 /// The settled slots of every bucket of `eng`: reads, waits out open changes, and
@@ -93,7 +93,21 @@ pub async fn lookup<F: Fabric>(
     let hash = key.hash();
     let mut eng = Engine::new(ix, fabric, stats, &hash.buckets(), u64::from(hash.fp));
     let states = settled(&mut eng).await?;
-    let (tags, registers) = candidates(&states, &hash).into_iter().unzip();
+    let (tags, registers) = candidates(&states, &hash)
+        .into_iter()
+        .map(|(ballot, register)| {
+            // A register is mapped by one slot: the bucket that holds it.
+            let i = states
+                .iter()
+                .position(|s| s.iter().any(|slot| slot.register() == Some(register)))
+                .unwrap_or(0);
+            let tag = MappingTag {
+                bucket: eng.bucket(i),
+                ballot,
+            };
+            (tag, register)
+        })
+        .unzip();
     Ok(Candidates { registers, tags })
 }
 

@@ -239,6 +239,9 @@
 //!   for never decided and proposed its `SET` again: one insert, two lives, and three
 //!   removes that returned `true`
 //!   (`a_later_life_of_an_unacknowledged_change_is_waited_for_again`).
+//! * **Tagged removes** name a life by its bucket and its slot's tag
+//!   ([`MappingTag`]): tags are ballots, which count per bucket, so a later life in
+//!   the key's other bucket may carry the earlier life's tag.
 //!
 //! A proposer's *own* watch may compare values alone: while its insert or replace
 //! runs, nobody else is given its register, so no other life of its `SET` can be
@@ -383,10 +386,24 @@ pub type RegisterId = u64;
 pub struct Candidates {
     /// Candidate registers, newest first.
     pub registers: Vec<RegisterId>,
-    /// The tag of each candidate's slot (same order as `registers`): the ballot of
-    /// the change that mapped it, which tells one life of a mapping `key → register`
-    /// from a later one (see [`Index::remove_tagged_until`]).
-    pub tags: Vec<word::Ballot>,
+    /// The tag of each candidate's slot (same order as `registers`), which tells one
+    /// life of a mapping `key → register` from a later one (see
+    /// [`Index::remove_tagged_until`]).
+    pub tags: Vec<MappingTag>,
+}
+
+/// What names one life of a mapping `key → register`: the bucket of its slot and the
+/// ballot of the change that mapped it there (the slot's tag). Ballots count per
+/// bucket, so a later life in the key's other bucket may carry the same ballot: the
+/// bucket tells them apart (`tests/index_sim.rs`, seed 281 of
+/// `updates_with_unknown_outcomes_withdrawn_never_map_later`: a late tagged remove
+/// unmapped the later life).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct MappingTag {
+    /// The bucket number of the slot.
+    pub bucket: u64,
+    /// The slot's tag: the ballot of the change that mapped the register there.
+    pub ballot: word::Ballot,
 }
 
 /// What an insert found.
@@ -396,6 +413,18 @@ pub enum InsertOutcome {
     Inserted,
     /// The key already mapped to this register; nothing changed.
     Exists(RegisterId),
+}
+
+/// What [`Index::withdraw_until_hashed`] left of an earlier insert or replace of a
+/// register whose call could not tell whether it took effect.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Withdrawal {
+    /// The key maps to the register: one of those proposals took effect.
+    Mapped,
+    /// No slot of the key's buckets maps the register, and no proposal made before
+    /// the call can map it any more. Whether one did and was undone since (a delete
+    /// unmapped it) the index cannot tell: the register's content can.
+    Withdrawn,
 }
 
 /// A handle on the index: geometry, node count and tunables. Cheap to clone; each
@@ -732,6 +761,29 @@ impl Index {
         update::insert(self, fabric, stats, key, register, deadline).await
     }
 
+    /// Ends, for good, an insert or replace of `key` → `register` whose call could not
+    /// tell whether it took effect ([`IndexError::OutcomeUnknown`], or
+    /// [`IndexError::Contention`] after its accepts): its proposals may still be
+    /// accepted on some nodes, where a later reader would finish them, unwatched by
+    /// anyone. This call promises both of the key's buckets, finishes whatever change
+    /// is in flight, and then either finds the key mapping `register`
+    /// ([`Withdrawal::Mapped`]) or has a quorum of each bucket accept a newer value
+    /// (the no-op, or the bucket's unacknowledged change again), after which none of
+    /// those proposals can take effect ([`Withdrawal::Withdrawn`]). The caller then
+    /// judges by the register's content whether one took effect and was undone before
+    /// (docs/pauses.md, H10). No CAS after `deadline`.
+    pub async fn withdraw_until_hashed<F: Fabric>(
+        &self,
+        fabric: &F,
+        stats: &OpStats,
+        key: HashedKey<'_>,
+        register: RegisterId,
+        deadline: Nanos,
+    ) -> Result<Withdrawal, IndexError> {
+        self.check_fabric(fabric)?;
+        update::withdraw(self, fabric, stats, key, register, deadline).await
+    }
+
     /// The first roundtrip of [`Index::insert_until`] (reading the key's candidate
     /// buckets), for a caller that runs it alongside other work: the KV layer reads
     /// while it writes the register's value and key header (SWARM §5.3.1), then
@@ -888,15 +940,15 @@ impl Index {
     /// A slot whose tag an update refreshed meanwhile (it fell 2^13 ballots behind,
     /// the module docs' "Limits") is not removed either: a remove that could have been, left
     /// to a later unmap or re-insert, never one that should not. (Tags are 16-bit
-    /// ballots: a later life carries the same tag only after 65,536 changes of the
-    /// bucket between the lookup and the remove.)
+    /// ballots: a later life in the same bucket carries the same tag only after 65,536
+    /// changes of the bucket between the lookup and the remove.)
     pub async fn remove_tagged_until<F: Fabric>(
         &self,
         fabric: &F,
         stats: &OpStats,
         key: &[u8],
         register: RegisterId,
-        tag: word::Ballot,
+        tag: MappingTag,
         deadline: Nanos,
     ) -> Result<bool, IndexError> {
         let key = self.hash_key(key)?;
@@ -911,7 +963,7 @@ impl Index {
         stats: &OpStats,
         key: &HashedKey<'_>,
         register: RegisterId,
-        tag: word::Ballot,
+        tag: MappingTag,
         deadline: Nanos,
     ) -> Result<bool, IndexError> {
         self.check_fabric(fabric)?;

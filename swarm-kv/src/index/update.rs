@@ -20,7 +20,7 @@ use super::header;
 use super::lookup::{candidates, settled};
 use super::watch::Fate;
 use super::word::{Ballot, Proposal, SlotState};
-use super::{Index, IndexError, InsertOutcome, RegisterId};
+use super::{Index, IndexError, InsertOutcome, MappingTag, RegisterId, Withdrawal};
 
 /// Acknowledgement waits for other operations' changes.
 ///
@@ -180,13 +180,17 @@ async fn settle_all<F: Fabric>(
 /// `Owner`). Once that is accepted by a quorum, every later quorum read meets a
 /// newer accepted value, and our proposal is dead. False if an accept failed (a
 /// newer promise): the caller starts a new attempt, which judges our proposals again.
+///
+/// With `unwatched`, every bucket is treated so: proposals of earlier calls, which
+/// this engine never watched, may be alive in any of them ([`withdraw`]).
 async fn rule_out_own<F: Fabric>(
     eng: &mut Engine<'_, F>,
     ballots: &[Option<Ballot>; MAX_BUCKETS],
     unacked: &[Option<(Ballot, Proposal)>; MAX_BUCKETS],
+    unwatched: bool,
 ) -> Result<bool, IndexError> {
     for i in 0..eng.len() {
-        if !eng.alive_in(i) {
+        if !unwatched && !eng.alive_in(i) {
             continue;
         }
         let Some(ballot) = ballots[i] else {
@@ -442,7 +446,7 @@ async fn finish_insert<'a, F: Fabric>(
         {
             // Reported present, the register must stay unmapped for good: the caller
             // retires it.
-            if !rule_out_own(&mut eng, &ballots, &unacked).await? {
+            if !rule_out_own(&mut eng, &ballots, &unacked, false).await? {
                 continue;
             }
             return Ok(InsertOutcome::Exists(*r));
@@ -505,6 +509,68 @@ async fn finish_insert<'a, F: Fabric>(
     })
 }
 
+/// `Index::withdraw_until_hashed`: rules out every proposal of `register` for the key
+/// of `key` that calls before this one may have left accepted, unless the key maps
+/// `register` now.
+///
+/// Why that suffices (with the promise and the fence of [`rule_out_own`]): a proposal
+/// that some later reader could finish is, in the views of a quorum, the newest
+/// accepted value of its bucket. Our promise's quorum meets it there if it already is
+/// on a quorum, and then [`settle_all`] finishes it (the next attempt sees the key
+/// mapped); once our no-op (or the bucket's unacknowledged change) is accepted by a
+/// quorum under our ballot, newer than every ballot accepted before (a quorum promised
+/// it), every later quorum read meets that instead. A fast value needs every copy of
+/// a quorum, and the nodes that accepted ours exclude it.
+pub async fn withdraw<F: Fabric>(
+    ix: &Index,
+    fabric: &F,
+    stats: &OpStats,
+    key: HashedKey<'_>,
+    register: RegisterId,
+    deadline: Nanos,
+) -> Result<Withdrawal, IndexError> {
+    ix.check_register(register)?;
+    let hash = key.hash();
+    let mut eng = hashed_insert_engine(ix, fabric, stats, hash, register, deadline);
+    let config = ix.config;
+    for attempt in 0..config.max_attempts {
+        if attempt > 0 {
+            eng.backoff_and_reread(attempt).await?;
+        }
+        let mut ballots = [None; MAX_BUCKETS];
+        for (i, b) in ballots.iter_mut().enumerate().take(eng.len()) {
+            *b = Some(eng.next_ballot(i));
+        }
+        let promised = eng.promise(ballots, None).await?;
+        if !promised.ok.iter().take(eng.len()).all(|ok| *ok) {
+            continue;
+        }
+        let views = promised.views;
+        let Some(unacked) = settle_all(&mut eng, &views, &ballots).await? else {
+            continue;
+        };
+        let states: Vec<_> = views
+            .iter()
+            .take(eng.len())
+            .flatten()
+            .map(|v| v.slots)
+            .collect();
+        if candidates(&states, &hash)
+            .iter()
+            .any(|(_, r)| *r == register)
+        {
+            return Ok(Withdrawal::Mapped);
+        }
+        if rule_out_own(&mut eng, &ballots, &unacked, true).await? {
+            return Ok(Withdrawal::Withdrawn);
+        }
+    }
+    Err(IndexError::Contention {
+        attempts: config.max_attempts,
+        bucket: hash.first,
+    })
+}
+
 /// What [`change`] does to a key's mapping: unmap `old` (`new == None`, `Index::remove`)
 /// or map the key to `new` in its place (`Index::replace`); with `tag`, only the
 /// mapping whose slot still carries it (`Index::remove_tagged_until`).
@@ -513,8 +579,8 @@ pub struct Change {
     pub old: RegisterId,
     /// The register it maps to afterwards (`None`: unmapped).
     pub new: Option<RegisterId>,
-    /// The slot tag the mapping must still carry.
-    pub tag: Option<Ballot>,
+    /// The slot (bucket and tag) the mapping must still be in.
+    pub tag: Option<MappingTag>,
 }
 
 /// `Index::remove` (`new == None`) and `Index::replace` (`new == Some(_)`): changes
@@ -627,15 +693,16 @@ pub async fn change<F: Fabric>(
             matches!(s.state, SlotState::Used { fp, register } if register == old && hash.matches(fp))
         }) else {
             // Unmapped by someone else: ours must not be finished later.
-            if !rule_out_own(&mut eng, &ballots, &unacked).await? {
+            if !rule_out_own(&mut eng, &ballots, &unacked, false).await? {
                 continue;
             }
             return Ok(false);
         };
-        if tag.is_some_and(|tag| view.slots[slot].tag != tag) {
+        if tag.is_some_and(|tag| tag.bucket != eng.bucket(i) || view.slots[slot].tag != tag.ballot)
+        {
             // Another life of the mapping: unmapped and mapped again since the
             // caller's lookup. Not the one the caller decided to remove.
-            if !rule_out_own(&mut eng, &ballots, &unacked).await? {
+            if !rule_out_own(&mut eng, &ballots, &unacked, false).await? {
                 continue;
             }
             return Ok(false);
