@@ -884,13 +884,14 @@ fn later_lives(seed: u64) -> Scenario {
 }
 
 /// Seed 1829915152 of [`later_lives`] (found by CI's exploration): an insert of k0
-/// into register 9 tried a fast round in one bucket, found the key present in the
-/// other (`Exists(19)`, a replace's) and returned, its fast value left accepted on the
-/// nodes that took it; no later change of k0's mapping touched that bucket, and once
-/// the key was removed a reader found the value on a whole quorum and finished it:
-/// k0 mapped register 9, which the insert had reported not mapped (the KV layer
-/// retires it: two owners). Before the insert reports the key present, a no-op under
-/// its promise now supersedes its own proposals (`update::finish_insert`).
+/// into register 9 found the key present (`Exists(19)`, a replace's) and returned
+/// with a proposal of its own still accepted on some nodes of the other bucket; once
+/// the key was removed a reader found it and finished it: k0 mapped register 9,
+/// which the insert had reported not mapped (the KV layer retires it: two owners).
+/// Before the insert reports the key present, it now rules out its own proposals
+/// (`update::rule_out_own`). Since H11's fix (tags name their bucket) changed the
+/// schedule of this seed, it no longer meets that state without the fix either
+/// (docs/testing.md: mutant `insert-reports-present-over-its-own-live-proposal`).
 #[test]
 fn an_insert_that_reports_its_key_present_leaves_no_proposal_of_its_own_to_finish() {
     run(later_lives(1_829_915_152));
