@@ -416,7 +416,6 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         // dropped per replica.
         let mut batch = Batch::new();
         for p in 0..reg.replicas.len() {
-            batch.clear();
             if p == primary
                 && let Some(record) = inplace.take()
             {
@@ -428,8 +427,8 @@ impl<F: Fabric, C: Clock> Client<F, C> {
             }
             // Only where the guessed tuple is the known maximum, and only with a CAS
             // that cannot lower the word (see `inout::max_expected`).
-            if cache.known_max.get(p) == guessed && cache.own_word.get(p) < verified {
-                let expected = cache.own_word.get(p);
+            let expected = cache.own_word.get(p);
+            if cache.known_max.get(p) == guessed && expected < verified {
                 // Cannot fail: the batch holds at most one operation so far.
                 let _ = batch.push(Op::Cas {
                     addr: same_word
@@ -444,6 +443,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
                 // A transport that keeps the batch takes it (deadline and all).
                 batch.set_deadline(stats.deadline());
                 self.fabric.post_detached(reg.replicas.node(p), &mut batch);
+                batch.clear();
             }
         }
     }
