@@ -17,8 +17,8 @@ use core::cell::{Cell, RefCell};
 use core::task::Poll;
 
 use crate::fabric::{
-    Batch, Completion, Fabric, FabricError, Nanos, NodeId, Submitted, Ticket, TicketSlab,
-    check_batch, check_bounds,
+    Batch, Completion, Fabric, FabricError, InPlaceReply, Nanos, NodeId, Submitted, Ticket,
+    TicketSlab, check_batch, check_bounds,
 };
 use crate::sync::{Arc, AtomicU64};
 use crate::words;
@@ -148,6 +148,26 @@ impl Fabric for MemFabric {
             check_bounds(node, addr, out.len() as u64, mem.size()).map(|()| {
                 words::read(&mem.words, addr as usize, out);
             }),
+        )
+    }
+
+    /// The batch `submit` would execute, checked first ([`check_batch`]), its
+    /// results left in `reply`. An unknown node, or reads that do not fit: `None`,
+    /// and the batch path does it.
+    #[inline]
+    fn submit_in_place(
+        &self,
+        node: NodeId,
+        batch: &Batch,
+        reply: &mut InPlaceReply<'_>,
+    ) -> Option<Result<(), FabricError>> {
+        let mem = self.cluster.nodes.get(node.index())?;
+        if !reply.fits(batch) {
+            return None;
+        }
+        Some(
+            check_batch(node, batch, mem.size())
+                .map(|()| words::execute_in_place(&mem.words, batch, reply)),
         )
     }
 

@@ -25,7 +25,9 @@ use core::future::{Future, poll_fn};
 use core::pin::Pin;
 use core::task::{Context, Poll};
 
-use crate::fabric::{Batch, Completion, Fabric, FabricError, Nanos, NodeId, Submitted, Ticket};
+use crate::fabric::{
+    Batch, Completion, Fabric, FabricError, InPlaceReply, Nanos, NodeId, Submitted, Ticket,
+};
 
 /// The most nodes one roundtrip can address (replication factors up to 15): a
 /// per-roundtrip batch limit, not a cluster limit ([`MAX_CLUSTER_NODES`]).
@@ -814,6 +816,21 @@ impl<'a, F: Fabric + ?Sized> Immediate<'a, F> {
                 None
             }
         }
+    }
+
+    /// Executes `batch` on `node` as one more batch of the step, its results left in
+    /// `reply` rather than in the step's completion ([`Fabric::submit_in_place`]);
+    /// `None` when the fabric does not, and the caller [`Immediate::submit`]s the
+    /// batch instead.
+    #[inline]
+    pub(crate) fn submit_in_place(
+        &mut self,
+        node: NodeId,
+        batch: &mut Batch,
+        reply: &mut InPlaceReply<'_>,
+    ) -> Option<Result<(), FabricError>> {
+        batch.set_deadline(self.stats.deadline());
+        self.fabric.submit_in_place(node, batch, reply)
     }
 
     /// Reads `out.len()` bytes at `addr` of `node` into `out` as one more batch of

@@ -39,7 +39,7 @@
 //! mapped from a shared file is untrusted, so its size comes from the mapping, never
 //! from its contents).
 
-use crate::fabric::{Batch, Completion, Op, OpOutput, ReadBuffers};
+use crate::fabric::{Batch, Completion, InPlaceReply, Op, OpOutput, ReadBuffers};
 use crate::sync::{Ordering, fence};
 
 /// The word type: `core`'s `AtomicU64`, or `loom`'s under `--cfg loom`.
@@ -152,6 +152,24 @@ pub fn execute_reusing(
         };
         // Batches and completions share the same capacity.
         let _ = out.push(output);
+    }
+}
+
+/// [`execute_into`], the results left in `reply` ([`crate::Fabric::submit_in_place`]):
+/// each read's bytes one after the other in its buffer, each CAS's answer by index.
+/// `batch` was checked, and its reads fit in `reply` ([`InPlaceReply::fits`]).
+#[inline]
+pub fn execute_in_place(words: &[AtomicU64], batch: &Batch, reply: &mut InPlaceReply<'_>) {
+    for (i, op) in batch.ops().iter().enumerate() {
+        match op {
+            Op::Read { addr, len } => read(words, *addr as usize, reply.next_read(*len as usize)),
+            Op::Write { addr, data } => write(words, *addr as usize, data),
+            Op::Cas {
+                addr,
+                expected,
+                new,
+            } => reply.set_cas(i, cas(words, *addr as usize, *expected, *new)),
+        }
     }
 }
 
@@ -278,6 +296,42 @@ mod tests {
             0,
             "the one that did not"
         );
+    }
+
+    /// A batch executed in place has the effects and answers of the same batch
+    /// executed into a completion.
+    #[test]
+    fn in_place_matches_a_full_execution() {
+        let (full, in_place) = (words(64), words(64));
+        for mem in [&full, &in_place] {
+            write(mem, 0, &[3u8; 64]);
+        }
+        let mut batch = Batch::read(4, 12);
+        batch
+            .push(Op::Write {
+                addr: 8,
+                data: alloc::vec![7u8; 20].into(),
+            })
+            .unwrap()
+            .push(Op::Cas {
+                addr: 40,
+                expected: 0x0303_0303_0303_0303,
+                new: 9,
+            })
+            .unwrap()
+            .push(Op::Read { addr: 36, len: 12 })
+            .unwrap();
+        let mut out = Completion::new();
+        execute_reusing(&full, &batch, &mut out, &ReadBuffers::new());
+        let mut bytes = [0u8; 32];
+        let mut reply = InPlaceReply::new(&mut bytes);
+        assert!(reply.fits(&batch));
+        execute_in_place(&in_place, &batch, &mut reply);
+        assert_eq!(snapshot(&full), snapshot(&in_place));
+        let reads: Vec<u8> = [out.read(0).unwrap(), out.read(3).unwrap()].concat();
+        assert_eq!(reply.reads(), &reads[..]);
+        assert_eq!(reply.cas(2), out.cas(2));
+        assert_eq!((reply.cas(0), reply.cas(1)), (None, None));
     }
 
     proptest! {

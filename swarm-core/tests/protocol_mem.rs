@@ -900,3 +900,119 @@ fn an_immediate_majority_read_matches_the_general_path() {
         }
     }
 }
+
+/// The fabric `F` without [`Fabric::submit_in_place`] (the default, `None`): a
+/// write's first round still runs without a `Roundtrip` (`completes_in_submit`),
+/// each batch's answer coming back in a [`Completion`].
+struct NoInPlace<F>(F);
+
+impl<F: Fabric> Fabric for NoInPlace<F> {
+    fn node_count(&self) -> usize {
+        self.0.node_count()
+    }
+    fn post(&self, node: NodeId, batch: Batch) -> Ticket {
+        self.0.post(node, batch)
+    }
+    fn submit(&self, node: NodeId, batch: &mut Batch, reply: &mut Completion) -> Submitted {
+        self.0.submit(node, batch, reply)
+    }
+    fn completes_in_submit(&self) -> bool {
+        self.0.completes_in_submit()
+    }
+    fn poll(&self, ticket: Ticket) -> Poll<Result<Completion, FabricError>> {
+        self.0.poll(ticket)
+    }
+    fn forget(&self, ticket: Ticket) {
+        self.0.forget(ticket)
+    }
+    fn progress(&self) -> bool {
+        self.0.progress()
+    }
+    fn now(&self) -> Nanos {
+        self.0.now()
+    }
+    fn wake_at(&self, deadline: Nanos) {
+        self.0.wake_at(deadline)
+    }
+}
+
+/// A write's first round whose batches execute in place (`Fabric::submit_in_place`:
+/// the metadata words and the CAS answers on the stack) learns what the same
+/// batches answer in completions: the same outcomes, roundtrips, cache and memory,
+/// through a CAS that finds another writer's tuple in the shared metadata word (a
+/// retry), a stale guess (the slow path), and a tombstone (the delete-word probe).
+#[test]
+fn a_write_round_in_place_learns_what_its_completions_say() {
+    fn client<F: Fabric>(fabric: F, writer: u32, clock: u64) -> Client<F, FixedClock> {
+        Client::new(
+            fabric,
+            FixedClock(clock),
+            layout(),
+            WriterId::new(writer).unwrap(),
+            ProtocolConfig::default(),
+        )
+        .unwrap()
+    }
+    let reg = reg();
+    let clusters = [MemCluster::new(3, 1 << 20), MemCluster::new(3, 1 << 20)];
+    let in_place = client(clusters[0].client(), 1, 9);
+    let completions = client(NoInPlace(clusters[1].client()), 1, 9);
+    assert!(completions.fabric().completes_in_submit());
+    let (mut ci, mut cc) = (RegisterCache::new(), RegisterCache::new());
+    // Writer 5 shares writer 1's metadata word (4 words); writer 2 writes ahead.
+    let others = |cluster: &MemCluster, step: u8| {
+        let (writer, clock) = match step {
+            1 => (5, 20),
+            3 => (2, 90),
+            _ => return,
+        };
+        let other = client(cluster.client(), writer, clock);
+        let s = OpStats::new();
+        let written = block_on(
+            other.fabric(),
+            other.write(&reg, &mut RegisterCache::new(), &s, &[step; 8]),
+        );
+        assert_eq!(written, Ok(WriteOutcome::Written), "writer {writer}");
+    };
+    for step in 0..6u8 {
+        if step == 5 {
+            for cluster in &clusters {
+                let deleter = client(cluster.client(), 3, 100);
+                let s = OpStats::new();
+                block_on(
+                    deleter.fabric(),
+                    deleter.delete(&reg, &mut RegisterCache::new(), &s),
+                )
+                .unwrap();
+            }
+        }
+        clusters.iter().for_each(|cluster| others(cluster, step));
+        let (si, sc) = (OpStats::new(), OpStats::new());
+        let got_i = block_on(
+            in_place.fabric(),
+            in_place.write(&reg, &mut ci, &si, &[step; 20]),
+        );
+        let got_c = block_on(
+            completions.fabric(),
+            completions.write(&reg, &mut cc, &sc, &[step; 20]),
+        );
+        let what = format!("write {step}");
+        assert_eq!(got_i, got_c, "{what}");
+        let expected = if step == 5 {
+            WriteOutcome::Deleted
+        } else {
+            WriteOutcome::Written
+        };
+        assert_eq!(got_i, Ok(expected), "{what}");
+        assert_eq!(si.roundtrips(), sc.roundtrips(), "{what}");
+        assert_eq!(ci, cc, "what the two learned, {what}");
+        for p in 0..3 {
+            let node = reg.replicas.node(p);
+            assert_eq!(
+                node_bytes(&clusters[0], node, 0, 1 << 17),
+                node_bytes(&clusters[1], node, 0, 1 << 17),
+                "{what}: node {node}"
+            );
+        }
+    }
+}

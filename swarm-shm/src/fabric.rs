@@ -18,7 +18,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::task::Poll;
 
-use swarm_core::fabric::{Nanos, ReadBuffers, Submitted, TicketSlab};
+use swarm_core::fabric::{InPlaceReply, Nanos, ReadBuffers, Submitted, TicketSlab};
 use swarm_core::{Batch, Completion, Fabric, FabricError, FailureCause, NodeId, Ticket};
 
 use crate::cluster::ShmCluster;
@@ -146,6 +146,23 @@ impl Fabric for ShmFabric {
             return None;
         }
         Some(memory.read(addr, out))
+    }
+
+    /// The batch `submit` would execute ([`crate::NodeMemory::execute_in_place`]:
+    /// checked first, a retired node failing it). An absent node, or reads that do
+    /// not fit in `reply`: `None`, and the batch path does it.
+    #[inline]
+    fn submit_in_place(
+        &self,
+        node: NodeId,
+        batch: &Batch,
+        reply: &mut InPlaceReply<'_>,
+    ) -> Option<Result<(), FabricError>> {
+        let memory = self.cluster.node(node)?;
+        if !reply.fits(batch) {
+            return None;
+        }
+        Some(memory.execute_in_place(batch, reply))
     }
 
     #[inline]

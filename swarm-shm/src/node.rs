@@ -9,6 +9,7 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
+use swarm_core::fabric::InPlaceReply;
 use swarm_core::fabric::{ReadBuffers, check_bounds, check_cas};
 use swarm_core::header::RETIRED_AT;
 use swarm_core::words;
@@ -144,6 +145,22 @@ impl NodeMemory {
         }
         swarm_core::fabric::check_batch(self.id, batch, self.size())?;
         words::execute_reusing(self.mapping.words(), batch, out, buffers);
+        Ok(())
+    }
+
+    /// [`NodeMemory::execute_into`], its results left in `reply`
+    /// ([`swarm_core::Fabric::submit_in_place`]), whose buffer must have room for the
+    /// batch's reads ([`InPlaceReply::fits`]). The same checks first: an invalid
+    /// batch or a retired node changes nothing.
+    #[inline]
+    pub fn execute_in_place(
+        &self,
+        batch: &Batch,
+        reply: &mut InPlaceReply<'_>,
+    ) -> Result<(), FabricError> {
+        self.check_live()?;
+        swarm_core::fabric::check_batch(self.id, batch, self.size())?;
+        words::execute_in_place(self.mapping.words(), batch, reply);
         Ok(())
     }
 

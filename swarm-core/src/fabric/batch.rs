@@ -248,6 +248,14 @@ impl Batch {
         }
     }
 
+    /// Drops every operation, keeping the deadline: the batch is ready to be filled
+    /// again, for a step that posts one batch after another without moving any
+    /// ([`super::Fabric::post_detached`] borrows its batch).
+    #[inline]
+    pub fn clear(&mut self) {
+        self.ops.clear();
+    }
+
     /// The operations, in execution order.
     pub fn ops(&self) -> &[Op] {
         self.ops.as_slice()
@@ -398,6 +406,17 @@ mod tests {
         assert_eq!(c.outputs().len(), INLINE_BATCH_OPS + 1);
         c.clear();
         assert!(c.outputs().is_empty());
+    }
+
+    #[test]
+    fn a_cleared_batch_is_empty_and_keeps_its_deadline() {
+        let mut b = Batch::read(0, 8);
+        b.set_deadline(Some(5));
+        b.clear();
+        assert!(b.is_empty());
+        assert_eq!(b.deadline(), Some(5));
+        b.push(Op::Read { addr: 8, len: 8 }).unwrap();
+        assert_eq!(b.ops(), &[Op::Read { addr: 8, len: 8 }]);
     }
 
     #[test]

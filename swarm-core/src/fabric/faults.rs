@@ -30,7 +30,8 @@ use core::cell::{Cell, RefCell};
 use core::task::Poll;
 
 use super::{
-    Batch, Completion, Fabric, FabricError, FailureCause, Nanos, NodeId, Submitted, Ticket,
+    Batch, Completion, Fabric, FabricError, FailureCause, InPlaceReply, Nanos, NodeId, Submitted,
+    Ticket,
 };
 
 /// Tickets of batches posted to a failed node carry this bit; the inner fabric's
@@ -209,6 +210,21 @@ impl<F: Fabric> Fabric for FailNodes<F> {
             return None;
         }
         self.inner.read_direct(node, addr, out)
+    }
+
+    /// As the inner fabric, except on a crashed node: `None`, so that the batch goes
+    /// through [`Fabric::submit`], which holds it back or fails it.
+    #[inline]
+    fn submit_in_place(
+        &self,
+        node: NodeId,
+        batch: &Batch,
+        reply: &mut InPlaceReply<'_>,
+    ) -> Option<Result<(), FabricError>> {
+        if self.any_failed.get() && self.crash_of(node).is_some() {
+            return None;
+        }
+        self.inner.submit_in_place(node, batch, reply)
     }
 
     fn prefetch(&self, node: NodeId, addr: u64, len: u64) {
@@ -522,6 +538,21 @@ impl<F: Fabric> Fabric for EmulatedRtt<F> {
         self.inner.read_direct(node, addr, out)
     }
 
+    /// As the inner fabric without an emulated latency; `None` with one (the batch
+    /// must complete a roundtrip later, [`Fabric::submit`]).
+    #[inline]
+    fn submit_in_place(
+        &self,
+        node: NodeId,
+        batch: &Batch,
+        reply: &mut InPlaceReply<'_>,
+    ) -> Option<Result<(), FabricError>> {
+        if self.rtt != 0 {
+            return None;
+        }
+        self.inner.submit_in_place(node, batch, reply)
+    }
+
     #[inline]
     fn submit(&self, node: NodeId, batch: &mut Batch, reply: &mut Completion) -> Submitted {
         if self.rtt == 0 {
@@ -690,7 +721,7 @@ impl<F: Fabric> Fabric for EmulatedRtt<F> {
 mod tests {
     use super::*;
     use crate::MemCluster;
-    use crate::fabric::OpOutput;
+    use crate::fabric::{Op, OpOutput};
 
     fn ready<F: Fabric>(fabric: &F, ticket: Ticket) -> Option<Result<Completion, FabricError>> {
         match fabric.poll(ticket) {
@@ -787,6 +818,58 @@ mod tests {
         assert_eq!(untouched, [1; 8]);
         let delayed = EmulatedRtt::new(cluster.client(), 5);
         assert_eq!(delayed.read_direct(NodeId(0), 8, &mut untouched), None);
+    }
+
+    /// `submit_in_place` through the wrappers: the effects and answers of the same
+    /// batch submitted, and a decline (`None`, nothing executed: the caller
+    /// submits) on a failed node, under an emulated latency, and for reads that do
+    /// not fit in the reply.
+    #[test]
+    fn submit_in_place_is_a_submit_where_submit_completes_it() {
+        let cluster = MemCluster::new(3, 64);
+        let fabric = FailNodes::new(EmulatedRtt::new(cluster.client(), 0));
+        let batch = || {
+            let mut batch = Batch::read(8, 16);
+            batch
+                .push(Op::Cas {
+                    addr: 8,
+                    expected: 0,
+                    new: 5,
+                })
+                .unwrap();
+            batch
+        };
+        let mut bytes = [0u8; 16];
+        let mut reply = InPlaceReply::new(&mut bytes);
+        assert_eq!(
+            fabric.submit_in_place(NodeId(0), &batch(), &mut reply),
+            Some(Ok(()))
+        );
+        let mut completion = Completion::new();
+        fabric.submit(NodeId(1), &mut batch(), &mut completion);
+        assert_eq!(Some(reply.reads()), completion.read(0));
+        assert_eq!((reply.cas(1), completion.cas(1)), (Some(0), Some(0)));
+        let mut short = [0u8; 15];
+        assert_eq!(
+            fabric.submit_in_place(NodeId(0), &batch(), &mut InPlaceReply::new(&mut short)),
+            None
+        );
+        fabric.fail_node(NodeId(2));
+        let mut reply = InPlaceReply::new(&mut bytes);
+        assert_eq!(
+            fabric.submit_in_place(NodeId(2), &batch(), &mut reply),
+            None
+        );
+        let delayed = EmulatedRtt::new(cluster.client(), 5);
+        assert_eq!(
+            delayed.submit_in_place(NodeId(2), &batch(), &mut reply),
+            None
+        );
+        let mut completion = Completion::new();
+        cluster
+            .client()
+            .submit(NodeId(2), &mut batch(), &mut completion);
+        assert_eq!(completion.cas(1), Some(0), "node 2 executed nothing");
     }
 
     /// A detached post executes at once through an emulated latency, leaves no

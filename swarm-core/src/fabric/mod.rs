@@ -54,6 +54,7 @@
 mod batch;
 mod error;
 mod faults;
+mod in_place;
 mod owner;
 mod read_buffers;
 mod slab;
@@ -62,6 +63,7 @@ mod trace;
 pub use batch::{Batch, Completion, INLINE_BATCH_OPS, MAX_BATCH_OPS, Op, OpOutput, Payload};
 pub use error::{FabricError, FailureCause};
 pub use faults::{Crash, EmulatedRtt, FailNodes};
+pub use in_place::InPlaceReply;
 pub use owner::{OwnerFence, Revocation};
 pub use read_buffers::ReadBuffers;
 pub use slab::TicketSlab;
@@ -170,6 +172,28 @@ pub trait Fabric {
         out: &mut [u8],
     ) -> Option<Result<(), FabricError>> {
         let _ = (node, addr, out);
+        None
+    }
+
+    /// Executes `batch` on `node` inside the call, with the checks, effects and
+    /// result [`Fabric::submit`] would give it, its results left in `reply` (each
+    /// read's bytes one after the other in the caller's buffer, each CAS's answer by
+    /// index) instead of a [`Completion`]: no read buffer taken or given back, no
+    /// output pushed. For a transport over local memory with no emulated latency:
+    /// a Safe-Guess write's first round. `None` when it does not (the default; a
+    /// crashed node behind a [`FailNodes`], an emulated latency, reads that do not
+    /// fit in `reply`, [`InPlaceReply::fits`]): nothing was executed, and the caller
+    /// submits the batch instead, so a `None` costs that submit, never a result.
+    /// Wrappers forward it only where their `submit` would hand the batch to the
+    /// inner fabric unchanged.
+    #[inline]
+    fn submit_in_place(
+        &self,
+        node: NodeId,
+        batch: &Batch,
+        reply: &mut InPlaceReply<'_>,
+    ) -> Option<Result<(), FabricError>> {
+        let _ = (node, batch, reply);
         None
     }
 
@@ -377,6 +401,14 @@ impl<F: Fabric + ?Sized> Fabric for &F {
         out: &mut [u8],
     ) -> Option<Result<(), FabricError>> {
         (**self).read_direct(node, addr, out)
+    }
+    fn submit_in_place(
+        &self,
+        node: NodeId,
+        batch: &Batch,
+        reply: &mut InPlaceReply<'_>,
+    ) -> Option<Result<(), FabricError>> {
+        (**self).submit_in_place(node, batch, reply)
     }
     fn prefetch(&self, node: NodeId, addr: u64, len: u64) {
         (**self).prefetch(node, addr, len)

@@ -121,7 +121,7 @@ use alloc::vec::Vec;
 use crate::clock::Clock;
 use crate::encoding::{Flag, Tsp};
 use crate::exec::yield_now;
-use crate::fabric::{Batch, Completion, Fabric, FabricError, Payload};
+use crate::fabric::{Batch, Completion, Fabric, FabricError, InPlaceReply, Payload};
 use crate::layout::{
     SLOT_LOCK_BYTES, decode_record, encode_record_for, encode_record_into, record_len,
 };
@@ -314,6 +314,29 @@ struct RoundBatch {
     own: Tsp,
     /// The register's life, which the delete-word probe expects.
     life: Tsp,
+}
+
+/// What a write round's batch to one replica ([`Client::push_round_ops`]) answered:
+/// the metadata words it read first (first round only), what the CAS of this
+/// writer's metadata word found, and the delete word its last operation probed.
+struct RoundAnswer<'a> {
+    meta: Option<&'a [u8]>,
+    previous: Option<Tsp>,
+    delete: Option<Tsp>,
+}
+
+impl<'a> RoundAnswer<'a> {
+    /// The answer of a first-round batch of `len` operations executed in place
+    /// (its one read, the metadata words, first).
+    #[inline]
+    fn in_place(reply: &'a InPlaceReply<'_>, len: usize) -> Self {
+        let last = len.saturating_sub(1);
+        Self {
+            meta: Some(reply.reads()),
+            previous: reply.cas(last.saturating_sub(1)).map(Tsp::from_word),
+            delete: reply.cas(last).map(Tsp::from_word),
+        }
+    }
 }
 
 /// The byte ranges `(addr, len)` one batch touches ([`Client::quorum_step_touching`]);
@@ -1228,6 +1251,9 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         }
         let mut step = Immediate::start_storing(&self.fabric, stats)?;
         let life = cache.untombstoned();
+        // The metadata words land here, on the stack, when the fabric executes the
+        // batch in place ([`Fabric::submit_in_place`]).
+        let mut meta = [0u8; DIRECT_META_BYTES];
         let mut done = 0;
         for &p in first {
             let round = RoundBatch {
@@ -1239,10 +1265,24 @@ impl<F: Fabric, C: Clock> Client<F, C> {
             };
             let mut batch = Batch::new();
             self.push_round_ops(&mut batch, &round, record, tsp)?;
-            let Some(reply) = step.submit(reg.replicas.node(p), &mut batch) else {
-                return Ok(done);
-            };
-            Self::fold_round_reply(cache, progress, p, reply, true, tsp, read_max)?;
+            let node = reg.replicas.node(p);
+            let mut reply = InPlaceReply::new(&mut meta);
+            match step.submit_in_place(node, &mut batch, &mut reply) {
+                Some(Ok(())) => {
+                    let answer = RoundAnswer::in_place(&reply, batch.len());
+                    Self::fold_round_answer(cache, progress, p, answer, tsp, read_max)?;
+                }
+                // Failed at once, as `submit` would have: the general path asks the
+                // replicas not marked.
+                Some(Err(_)) => return Ok(done),
+                // Not executed: as a batch with a completion.
+                None => {
+                    let Some(reply) = step.submit(node, &mut batch) else {
+                        return Ok(done);
+                    };
+                    Self::fold_round_reply(cache, progress, p, reply, true, tsp, read_max)?;
+                }
+            }
             answered[p] = true;
             done += 1;
         }
@@ -1291,19 +1331,36 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         tsp: Tsp,
         read_max: &mut Tsp,
     ) -> Result<(), SwarmError> {
-        if first {
-            let meta = completion.read(0).unwrap_or_default();
+        let last = completion.outputs().len().saturating_sub(1);
+        let answer = RoundAnswer {
+            meta: first.then(|| completion.read(0).unwrap_or_default()),
+            previous: inout::cas_result(completion, last.saturating_sub(1)),
+            delete: inout::cas_result(completion, last),
+        };
+        Self::fold_round_answer(cache, progress, p, answer, tsp, read_max)
+    }
+
+    /// [`Self::fold_round_reply`] of an answer, wherever its batch's results landed.
+    #[inline]
+    fn fold_round_answer(
+        cache: &mut RegisterCache,
+        progress: &mut WriteProgress,
+        p: usize,
+        answer: RoundAnswer<'_>,
+        tsp: Tsp,
+        read_max: &mut Tsp,
+    ) -> Result<(), SwarmError> {
+        if let Some(meta) = answer.meta {
             cache.learn_life(inout::delete_word(meta))?;
             let seen = inout::max_word(meta);
             *read_max = (*read_max).max(seen);
             cache.learn(p, seen);
         }
         progress.buffer_written[p] = true;
-        let last = completion.outputs().len().saturating_sub(1);
-        if let Some(delete) = inout::cas_result(completion, last) {
+        if let Some(delete) = answer.delete {
             cache.learn_life(delete)?;
         }
-        let Some(previous) = inout::cas_result(completion, last.saturating_sub(1)) else {
+        let Some(previous) = answer.previous else {
             return Ok(());
         };
         cache.check_marker(previous)?;

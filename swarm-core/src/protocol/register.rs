@@ -269,10 +269,30 @@ const INLINE_REPLICAS: usize = 4;
 /// [`INLINE_REPLICAS`] inline, all [`MAX_REPLICAS`] on the heap once a later position
 /// holds a word. A store caches this for every key it knows and copies it on every
 /// cache hit, so the common 3-replica case must stay small (40 bytes, not 120).
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub(crate) enum ReplicaWords {
     Inline([Tsp; INLINE_REPLICAS]),
     Heap(Box<[Tsp; MAX_REPLICAS]>),
+}
+
+impl Clone for ReplicaWords {
+    /// A copy of the inline words, inlined into its caller (a cached get clones its
+    /// entry's knowledge on every hit); the heap's, out of line.
+    #[inline]
+    fn clone(&self) -> Self {
+        match self {
+            Self::Inline(words) => Self::Inline(*words),
+            Self::Heap(words) => Self::clone_heap(words),
+        }
+    }
+}
+
+impl ReplicaWords {
+    #[cold]
+    #[inline(never)]
+    fn clone_heap(words: &[Tsp; MAX_REPLICAS]) -> Self {
+        Self::Heap(Box::new(*words))
+    }
 }
 
 impl Default for ReplicaWords {
@@ -431,6 +451,7 @@ impl RegisterCache {
         }
     }
 
+    #[inline]
     pub(crate) fn learn(&mut self, p: usize, tsp: Tsp) {
         if tsp > self.known_max.get(p) {
             self.known_max.set(p, tsp);

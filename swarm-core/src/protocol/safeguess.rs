@@ -61,7 +61,7 @@ use crate::clock::Clock;
 use crate::encoding::{Flag, LockMode, Tsp};
 use crate::fabric::{Batch, Fabric, Nanos, Op, Payload};
 use crate::layout::encode_record_for;
-use crate::roundtrip::{OpStats, post_background};
+use crate::roundtrip::OpStats;
 
 use super::maxreg::{ReadNow, Views, WriteProgress};
 use super::register::{RegisterCache, RegisterLoc};
@@ -411,8 +411,11 @@ impl<F: Fabric, C: Clock> Client<F, C> {
             .same_offset()
             .map(|at| self.layout.meta_word_addr(at, self.writer));
         let mut inplace = Some(record);
+        // One batch for every replica, filled, posted and emptied in turn: the fabric
+        // borrows it (`Fabric::post_detached`), so no batch is built, moved or
+        // dropped per replica.
+        let mut batch = Batch::new();
         for p in 0..reg.replicas.len() {
-            let mut batch = Batch::new();
             if p == primary
                 && let Some(record) = inplace.take()
             {
@@ -424,8 +427,8 @@ impl<F: Fabric, C: Clock> Client<F, C> {
             }
             // Only where the guessed tuple is the known maximum, and only with a CAS
             // that cannot lower the word (see `inout::max_expected`).
-            if cache.known_max.get(p) == guessed && cache.own_word.get(p) < verified {
-                let expected = cache.own_word.get(p);
+            let expected = cache.own_word.get(p);
+            if cache.known_max.get(p) == guessed && expected < verified {
                 // Cannot fail: the batch holds at most one operation so far.
                 let _ = batch.push(Op::Cas {
                     addr: same_word
@@ -436,9 +439,11 @@ impl<F: Fabric, C: Clock> Client<F, C> {
                 // A hint for the next CAS only; `known_max` waits for a real answer.
                 cache.own_word.set(p, verified);
             }
-            if !batch.ops().is_empty() {
+            if !batch.is_empty() {
+                // A transport that keeps the batch takes it (deadline and all).
                 batch.set_deadline(stats.deadline());
-                post_background(&self.fabric, reg.replicas.node(p), batch);
+                self.fabric.post_detached(reg.replicas.node(p), &mut batch);
+                batch.clear();
             }
         }
     }

@@ -56,6 +56,7 @@ impl Slots {
 
     /// The first entry index in `hash`'s probe run, among the slots with its tag,
     /// that `matches` accepts.
+    #[inline]
     pub(super) fn find(&self, hash: u64, mut matches: impl FnMut(u32) -> bool) -> Option<u32> {
         if self.slots.is_empty() {
             return None;

@@ -411,6 +411,66 @@ fn read_direct_is_a_one_read_batch() {
     ));
 }
 
+/// `submit_in_place` executes a batch as `submit` does (the same effects, its
+/// read's bytes and CAS answer in the reply), refuses what the batch path refuses
+/// (out of the mapping: nothing executed), fails it on a retired node, and
+/// declines (`None`) an absent node or reads that do not fit in the reply.
+#[test]
+fn submit_in_place_is_a_submitted_batch() {
+    let (dir, cluster) = cluster(2);
+    let fabric = ShmFabric::new(cluster.clone());
+    let size = HEADER_SIZE + 4096;
+    let batch = |addr: u64| {
+        let mut batch = Batch::write(addr, vec![7; 16]);
+        batch
+            .push(Op::Read { addr, len: 24 })
+            .unwrap()
+            .push(Op::Cas {
+                addr,
+                expected: u64::from_le_bytes([7; 8]),
+                new: 9,
+            })
+            .unwrap();
+        batch
+    };
+    let mut bytes = [0u8; 24];
+    let mut reply = InPlaceReply::new(&mut bytes);
+    assert_eq!(
+        fabric.submit_in_place(NodeId(0), &batch(DATA), &mut reply),
+        Some(Ok(()))
+    );
+    assert_eq!(&reply.reads()[..16], &[7; 16]);
+    assert_eq!(reply.cas(2), Some(u64::from_le_bytes([7; 8])));
+    let submitted = roundtrip(&fabric, &[1], &batch(DATA), 1).unwrap();
+    assert_eq!(submitted[0].1.read(1), Some(reply.reads()));
+    assert_eq!(word_at(&cluster, 0, DATA), word_at(&cluster, 1, DATA));
+    assert_eq!(word_at(&cluster, 0, DATA), 9u64.to_le_bytes());
+    let mut reply = InPlaceReply::new(&mut bytes);
+    assert!(matches!(
+        fabric.submit_in_place(NodeId(0), &batch(size - 16), &mut reply),
+        Some(Err(FabricError::OutOfBounds { .. }))
+    ));
+    assert_eq!(
+        word_at(&cluster, 0, size - 16),
+        [0; 8],
+        "nothing of a refused batch"
+    );
+    assert_eq!(
+        fabric.submit_in_place(NodeId(9), &batch(DATA), &mut reply),
+        None
+    );
+    let mut short = [0u8; 23];
+    assert_eq!(
+        fabric.submit_in_place(NodeId(0), &batch(DATA), &mut InPlaceReply::new(&mut short)),
+        None
+    );
+    assert!(ShmCluster::retire_node(dir.path(), 1).unwrap());
+    assert!(matches!(
+        fabric.submit_in_place(NodeId(1), &batch(DATA), &mut reply),
+        Some(Err(FabricError::NodeFailed { .. }))
+    ));
+}
+
 /// A task that yielded with nothing in flight (`Fabric::yielded`) gets one more
 /// `progress` that returns `true`, then the fabric is idle again: on the plain
 /// fabric and under an emulated latency, whose `progress` asks this one first.
