@@ -95,7 +95,11 @@ async fn orphaned_chunks<F: Fabric>(
                 .copied()
                 .filter(|t| *t != 0)
                 .collect();
-            !tokens.is_empty() && tokens.iter().all(|t| *t != mine && !registered.contains(t))
+            // A configuration change's hold is nobody's to adopt (`crate::placement::add_node`).
+            !tokens.is_empty()
+                && tokens.iter().all(|t| {
+                    *t != mine && !registered.contains(t) && !crate::placement::is_hold_token(*t)
+                })
         })
         .map(|(chunk, words)| (chunk as u64, words))
         .collect())
