@@ -197,3 +197,67 @@ fn a_node_added_while_clients_run_serves_new_chunks_and_the_history_is_lineariza
     );
     c.close();
 }
+
+/// A client that still follows the configuration before the add (its next lease
+/// renewal is seconds away, as for a client stopped between reading its table and
+/// claiming) claims a chunk the add moved: its claim reads the chunk's record, so
+/// it follows the new configuration and fills the chunk where the record says,
+/// never at its computed place. A client connected afterwards reads every key back.
+#[test]
+fn a_client_behind_the_configuration_fills_a_moved_chunk_only_where_its_record_says() {
+    let dir = ScratchDir::new("kv-add-node-behind").unwrap();
+    let params = ClusterParams {
+        lease_ns: 20_000_000_000,
+        lease_renew_ns: 5_000_000_000,
+        ..params()
+    };
+    let store = ShmStore::create(dir.path(), NODES, 2 << 20, params).unwrap();
+    let layout = *store.layout();
+    let per = u64::from(layout.params.chunk_registers);
+    // Writer ids spread their first chunks over the table: some start in moved ones.
+    let clients: Vec<_> = (0..4).map(|_| store.client().unwrap()).collect();
+    let report = ShmStore::add_node(
+        dir.path(),
+        AddNodeOptions {
+            quiesce_ns: Some(0),
+            ..AddNodeOptions::default()
+        },
+    )
+    .unwrap();
+    let moved: BTreeSet<u64> = report.moved.iter().copied().collect();
+    let mut behind_in_moved = 0;
+    for (i, c) in clients.iter().enumerate() {
+        assert_eq!(c.recorded_chunks(), 0, "client {i} follows the old table");
+        let f = c.fabric();
+        let key = format!("behind-{i}");
+        block_on(f, c.insert(key.as_bytes(), key.as_bytes(), &OpStats::new())).unwrap();
+        let register = block_on(f, c.index().resolve(f, &OpStats::new(), key.as_bytes()))
+            .unwrap()
+            .unwrap();
+        if moved.contains(&(register / per)) {
+            behind_in_moved += 1;
+            assert_eq!(
+                c.recorded_chunks(),
+                moved.len(),
+                "client {i} followed the add"
+            );
+        }
+    }
+    println!("{behind_in_moved} clients behind the configuration filled moved chunks");
+    assert!(behind_in_moved > 0, "a client behind claimed a moved chunk");
+    let fresh = ShmStore::open(dir.path()).unwrap();
+    let c = fresh.client().unwrap();
+    let f = c.fabric();
+    for i in 0..clients.len() {
+        let key = format!("behind-{i}");
+        assert_eq!(
+            block_on(f, c.get(key.as_bytes(), &OpStats::new())).unwrap(),
+            Some(key.clone().into_bytes()),
+            "{key} reads back where its chunk's record says"
+        );
+    }
+    c.close();
+    for c in clients {
+        c.close();
+    }
+}
