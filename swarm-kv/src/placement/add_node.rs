@@ -62,7 +62,7 @@ use crate::membership::claim::{Claim, claim};
 use crate::membership::owner_process::OwnerLiveness;
 use crate::repair::lock;
 
-/// Options of [`add_node`].
+/// Options of an add-node (`ShmStore::add_node`).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct AddNodeOptions {
     /// Wait this long between publishing the configuration and freeing the moved
@@ -76,7 +76,7 @@ pub struct AddNodeOptions {
     pub liveness: OwnerLiveness,
 }
 
-/// What [`add_node`] did.
+/// What an add-node (`ShmStore::add_node`) did.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AddNodeReport {
     /// The node added.
@@ -87,7 +87,8 @@ pub struct AddNodeReport {
     pub moved: Vec<u64>,
 }
 
-/// Why [`add_node`] failed; the cluster keeps serving with the nodes it had.
+/// Why an add-node (`ShmStore::add_node`) failed; the cluster keeps serving with the
+/// nodes it had.
 #[derive(Debug, thiserror::Error)]
 pub enum AddNodeError {
     /// The cluster has no placement table (created before superblock version 10).

@@ -388,13 +388,14 @@ mod tests {
 
     #[test]
     fn concurrent_allocations_of_one_client_never_share_a_register() {
+        let computed = SharedPlacements::default();
         let layout = layout();
         let cluster = MemCluster::new(3, layout.end() as usize);
         // Emulated latency: the claims are really in flight together.
         let fabric = EmulatedRtt::new(cluster.client(), 1_000);
         let alloc = RegisterAllocator::new(&layout, 1, 0xabc);
         let stats = OpStats::new();
-        let one = || alloc.allocate(&fabric, &stats, &layout, 3, &SharedPlacements::default());
+        let one = || alloc.allocate(&fabric, &stats, &layout, 3, &computed);
         let mut seen = HashSet::new();
         for _ in 0..5 {
             let ((a, b), (c, d)) = block_on(&fabric, async {
@@ -418,6 +419,7 @@ mod tests {
     /// answer): one read of the chunk table tells it no claim can win.
     #[test]
     fn a_scan_of_chunks_others_hold_is_one_read() {
+        let computed = SharedPlacements::default();
         let layout = layout();
         let cluster = MemCluster::new(3, layout.end() as usize);
         let fabric = cluster.client();
@@ -425,9 +427,7 @@ mod tests {
         let stats = OpStats::new();
         while block_on(&fabric, async {
             Ok::<_, swarm_core::FabricError>(
-                other
-                    .allocate(&fabric, &stats, &layout, 3, &SharedPlacements::default())
-                    .await,
+                other.allocate(&fabric, &stats, &layout, 3, &computed).await,
             )
         })
         .unwrap()
@@ -437,8 +437,7 @@ mod tests {
         let stats = OpStats::new();
         let full = block_on(&fabric, async {
             Ok::<_, swarm_core::FabricError>(
-                me.allocate(&fabric, &stats, &layout, 3, &SharedPlacements::default())
-                    .await,
+                me.allocate(&fabric, &stats, &layout, 3, &computed).await,
             )
         })
         .unwrap();
@@ -456,6 +455,7 @@ mod tests {
 
     #[test]
     fn a_full_area_is_full_not_reused() {
+        let computed = SharedPlacements::default();
         let layout = layout();
         let cluster = MemCluster::new(3, layout.end() as usize);
         let fabric = cluster.client();
@@ -465,9 +465,7 @@ mod tests {
         loop {
             match block_on(&fabric, async {
                 Ok::<_, swarm_core::FabricError>(
-                    alloc
-                        .allocate(&fabric, &stats, &layout, 3, &SharedPlacements::default())
-                        .await,
+                    alloc.allocate(&fabric, &stats, &layout, 3, &computed).await,
                 )
             })
             .unwrap()
@@ -483,9 +481,7 @@ mod tests {
         let stats = OpStats::new();
         let full = block_on(&fabric, async {
             Ok::<_, swarm_core::FabricError>(
-                alloc
-                    .allocate(&fabric, &stats, &layout, 3, &SharedPlacements::default())
-                    .await,
+                alloc.allocate(&fabric, &stats, &layout, 3, &computed).await,
             )
         })
         .unwrap();
@@ -500,9 +496,7 @@ mod tests {
         assert_eq!(alloc.pooled(), 1);
         let again = block_on(&fabric, async {
             Ok::<_, swarm_core::FabricError>(
-                alloc
-                    .allocate(&fabric, &stats, &layout, 3, &SharedPlacements::default())
-                    .await,
+                alloc.allocate(&fabric, &stats, &layout, 3, &computed).await,
             )
         })
         .unwrap();
