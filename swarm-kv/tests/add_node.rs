@@ -261,3 +261,65 @@ fn a_client_behind_the_configuration_fills_a_moved_chunk_only_where_its_record_s
         c.close();
     }
 }
+
+/// A client whose lease renewals read a newer configuration that it cannot follow
+/// (its placement table keeps failing its checksum, as a record being written
+/// would) starts no operation with the table it has: it fails with
+/// `ConfigurationBehind`, and serves again once it can follow.
+#[test]
+fn a_client_that_cannot_follow_a_newer_configuration_starts_no_operation() {
+    use swarm_kv::KvError;
+    use swarm_kv::testing::{Configuration, read_configuration, write_configuration};
+    let dir = ScratchDir::new("kv-add-node-unfollowed").unwrap();
+    let store = ShmStore::create(dir.path(), NODES, 2 << 20, params()).unwrap();
+    let layout = *store.layout();
+    let c = store.client().unwrap();
+    let f = c.fabric();
+    block_on(f, c.insert(b"k", b"v", &OpStats::new())).unwrap();
+    let fabric = store.fabric();
+    let record_at = layout.placement_record(0).unwrap();
+    let write_record = |bytes: Vec<u8>| {
+        let stats = OpStats::new();
+        block_on(&fabric, async {
+            let mut rt = Roundtrip::start(&fabric, &stats);
+            for node in 0..NODES {
+                rt.post(NodeId(node), Batch::write(record_at, bytes.clone()))?;
+            }
+            rt.wait(usize::from(NODES)).await
+        })
+        .unwrap();
+    };
+    write_record(vec![0xab; 256]);
+    let config = read_configuration(&fabric).unwrap();
+    let next = Configuration {
+        epoch: config.epoch + 1,
+        ..config
+    };
+    write_configuration(&fabric, &next).unwrap();
+    let mut behind = false;
+    for _ in 0..50 {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        match block_on(f, c.get(b"k", &OpStats::new())) {
+            Ok(value) => assert_eq!(value.as_deref(), Some(&b"v"[..])),
+            Err(KvError::ConfigurationBehind { seen, .. }) => {
+                assert_eq!(seen, next.epoch);
+                behind = true;
+                break;
+            }
+            Err(other) => panic!("{other}"),
+        }
+    }
+    assert!(
+        behind,
+        "the client started operations behind the configuration"
+    );
+    write_record(vec![0; 256]);
+    assert_eq!(
+        block_on(f, c.get(b"k", &OpStats::new()))
+            .unwrap()
+            .as_deref(),
+        Some(&b"v"[..]),
+        "it follows the mended table and serves again"
+    );
+    c.close();
+}

@@ -60,16 +60,18 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         // yet: on a cluster with placement records, no operation starts with the
         // table of the older one (`crate::placement::add_node`, "Readers").
         let seen = self.lease.borrow().config_epoch_seen();
-        if self.behind_configuration(seen) {
-            self.follow_configuration_now().await;
-            if self.behind_configuration(seen) {
-                return Err(KvError::ConfigurationBehind {
-                    seen,
-                    followed: self.followed_epoch(),
-                });
-            }
+        if !self.behind_configuration(seen) {
+            return Ok(deadline);
         }
-        Ok(deadline)
+        self.follow_configuration_now().await;
+        if self.behind_configuration(seen) {
+            return Err(KvError::ConfigurationBehind {
+                seen,
+                followed: self.followed_epoch(),
+            });
+        }
+        // Following took roundtrips: the operation starts after them.
+        self.begin_leased(self.swarm.fabric().now()).await
     }
 
     /// Whether this client follows an older configuration than `seen` (what its
