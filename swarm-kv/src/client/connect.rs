@@ -248,6 +248,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
             next_relief: Cell::new(0),
             relief_passes: Cell::new(0),
             header_missing_logged: Cell::new(None),
+            epoch_followed: Cell::new(followed.epoch),
             followed: RefCell::new(Some(followed)),
             placements,
             deferred: RefCell::new(DeferredUnmaps::new(config.deferred_unmaps)),

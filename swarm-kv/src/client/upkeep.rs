@@ -92,6 +92,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
                     );
                 }
                 if config.epoch >= followed {
+                    self.epoch_followed.set(config.epoch);
                     self.followed.replace(Some(config));
                 }
             }
@@ -110,7 +111,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
 
     /// The epoch of the configuration this client follows (0: none read yet).
     pub(super) fn followed_epoch(&self) -> u64 {
-        self.followed.borrow().as_ref().map_or(0, |c| c.epoch)
+        self.epoch_followed.get()
     }
 
     /// Between operations, and while an insert waits for a register: takes the
