@@ -423,6 +423,45 @@ fn six_nodes_hold_twice_the_keys_and_repair_a_lost_node_while_a_bench_runs() {
     }
 }
 
+/// `swarm add-node` while a bench records a history: 0 errors, a linearizable
+/// history, and the cluster has a fourth node in service that new keys use.
+#[test]
+fn add_node_while_a_bench_runs_gives_a_fourth_node_and_a_linearizable_history() {
+    let scratch = ScratchDir::new("cli-add-node").unwrap();
+    let dir = scratch.path().join("c");
+    let d = dir.to_str().unwrap();
+    let out = swarm(&["init", "--dir", d, "--size", "32MiB"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let history = scratch.path().join("history.jsonl");
+    let bench = Command::new(env!("CARGO_BIN_EXE_swarm"))
+        .args(["bench", "--dir", d, "--workload", "a", "--keys", "300"])
+        .args(["--duration", "6s", "--clients", "2", "--history"])
+        .arg(&history)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start the bench");
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let out = swarm(&["add-node", "--dir", d]);
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    assert!(t.contains("node 3 added at configuration epoch 2"), "{t}");
+    let bench = bench.wait_with_output().expect("run the bench");
+    assert!(bench.status.success(), "{}", text(&bench));
+    assert!(text(&bench).contains(" 0 errors"), "{}", text(&bench));
+    let out = swarm(&["check", history.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out));
+    for i in 0..40 {
+        let (key, value) = (format!("new{i}"), format!("v{i}"));
+        assert!(swarm(&["put", "--dir", d, &key, &value]).status.success());
+    }
+    for i in 0..40 {
+        assert_get(d, &format!("new{i}"), &format!("v{i}"));
+    }
+    let out = swarm(&["stat", "--dir", d]);
+    assert!(text(&out).contains("node 3: up"), "{}", text(&out));
+}
+
 /// More nodes than one roundtrip posts to (16): 32 nodes, whose index, client table
 /// and configuration are on a metadata group of five (`swarm stat` says so). A
 /// register-only node (27) and then a metadata node (1) are lost, each rebuilt by

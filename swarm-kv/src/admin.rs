@@ -21,6 +21,9 @@
 //!   rebuild a lost memory node online, with [`RepairOptions`], reporting a
 //!   [`RepairReport`] (with its [`Conflicts`]); [`quiescence_ns`] is what they wait
 //!   before copying.
+//! * **Adding a node** (`swarm add-node`): `ShmStore::add_node` adds a memory node
+//!   online, with [`AddNodeOptions`], reporting an [`AddNodeReport`] (or an
+//!   [`AddNodeError`]).
 //! * **Formatting** on memory nodes of your own transport: [`write_superblock`],
 //!   [`NodeLayout::new`].
 //! * **Types the root's API mentions**: the tunables of [`KvConfig`](crate::KvConfig)
@@ -46,6 +49,7 @@ pub use crate::index::{BucketError, HeaderProblem, IndexConfig, IndexError, Scru
 pub use crate::layout::{NodeLayout, ParamsError};
 pub use crate::membership::owner_process::OwnerLiveness;
 pub use crate::membership::writer_ids::{Eviction, Row as WriterRow};
+pub use crate::placement::{AddNodeError, AddNodeOptions, AddNodeReport};
 pub use crate::registers::limbo::Census;
 pub use crate::registers::recycle::RecycleStats;
 pub use crate::repair::merge::Conflicts;

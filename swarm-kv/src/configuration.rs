@@ -165,8 +165,11 @@ impl Configuration {
         out
     }
 
-    /// Decodes a record read from untrusted memory for a cluster of `nodes` nodes.
-    pub fn decode(bytes: &[u8], nodes: usize) -> Result<Self, ConfigError> {
+    /// Decodes a record read from untrusted memory. Its node count is its own: a
+    /// record may list more nodes than the reader has mapped (nodes added since it
+    /// opened the cluster, which it admits on following it) or fewer (a node file
+    /// of an add-node that never published its configuration: not a member).
+    pub fn decode(bytes: &[u8]) -> Result<Self, ConfigError> {
         if bytes.get(..8).is_none_or(|m| m.iter().all(|b| *b == 0)) {
             return Err(ConfigError::Missing);
         }
@@ -181,17 +184,15 @@ impl Configuration {
         };
         let head = word(8)?;
         let version = head as u32;
-        let count = (head >> 32) as u16;
+        let nodes = usize::from((head >> 32) as u16);
+        if nodes == 0 || nodes > MAX_CLUSTER_NODES {
+            return Err(ConfigError::Corrupted("no node count a cluster can have"));
+        }
         // Version 1 up to 16 nodes, version 2 beyond: one encoding per node count.
         let wide = nodes > MAX_NODES;
         match (version, wide) {
             (CONFIG_VERSION, false) | (CONFIG_VERSION_WIDE, true) => {}
             _ => return Err(ConfigError::Corrupted("unknown version")),
-        }
-        if usize::from(count) != nodes || nodes > MAX_CLUSTER_NODES {
-            return Err(ConfigError::Corrupted(
-                "node count differs from the cluster's",
-            ));
         }
         let first = if wide { 32 } else { 24 };
         let end = first + 8 * nodes;
@@ -246,7 +247,7 @@ mod tests {
         announced.set_repairing(2, true);
         assert_eq!(announced.repairing, 0b100);
         assert_eq!(
-            Configuration::decode(&announced.encode(), 3),
+            Configuration::decode(&announced.encode()),
             Ok(announced.clone())
         );
         assert!(announced.is_repairing(2) && !announced.is_repairing(1) && !c.is_repairing(2));
@@ -259,19 +260,24 @@ mod tests {
             "cleared, and no bit for a slot that cannot exist"
         );
         let bytes = c.encode();
-        assert_eq!(Configuration::decode(&bytes, 3), Ok(c.clone()));
+        assert_eq!(Configuration::decode(&bytes), Ok(c.clone()));
         assert_eq!(
-            Configuration::decode(&[0; CONFIG_READ_BYTES], 3),
+            Configuration::decode(&[0; CONFIG_READ_BYTES]),
             Err(ConfigError::Missing)
         );
+        // A record listing more or fewer nodes than the reader maps is still read.
+        let grown = Configuration::new(5, vec![11, 22, 33, 44]);
+        assert_eq!(Configuration::decode(&grown.encode()), Ok(grown.clone()));
+        let mut no_nodes = bytes.clone();
+        no_nodes[12..14].copy_from_slice(&0u16.to_le_bytes());
         assert!(matches!(
-            Configuration::decode(&bytes, 5),
+            Configuration::decode(&no_nodes),
             Err(ConfigError::Corrupted(_))
         ));
         let mut bad = bytes.clone();
         bad[30] ^= 1;
         assert!(matches!(
-            Configuration::decode(&bad, 3),
+            Configuration::decode(&bad),
             Err(ConfigError::Corrupted(_))
         ));
         assert!(
@@ -305,15 +311,18 @@ mod tests {
             u32::from_le_bytes(bytes[8..12].try_into().unwrap()),
             CONFIG_VERSION_WIDE
         );
-        assert_eq!(Configuration::decode(&bytes, 32), Ok(c.clone()));
+        assert_eq!(Configuration::decode(&bytes), Ok(c.clone()));
+        // The version goes with the node count: version 1 with 32 nodes is refused.
+        let mut narrow = bytes.clone();
+        narrow[8..12].copy_from_slice(&CONFIG_VERSION.to_le_bytes());
         assert!(matches!(
-            Configuration::decode(&bytes, 16),
+            Configuration::decode(&narrow),
             Err(ConfigError::Corrupted(_))
         ));
         let mut bad = bytes.clone();
         bad[24] ^= 1;
         assert!(matches!(
-            Configuration::decode(&bad, 32),
+            Configuration::decode(&bad),
             Err(ConfigError::Corrupted(_))
         ));
         // Up to 16 nodes the record keeps version 1, byte for byte.
@@ -327,8 +336,8 @@ mod tests {
 
     proptest! {
         #[test]
-        fn decode_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..600), nodes in 0usize..70) {
-            let _ = Configuration::decode(&bytes, nodes);
+        fn decode_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..600)) {
+            let _ = Configuration::decode(&bytes);
         }
 
         #[test]
@@ -344,7 +353,7 @@ mod tests {
                 repairing
             };
             let c = Configuration { epoch, incarnations, repairing };
-            prop_assert_eq!(Configuration::decode(&c.encode(), c.incarnations.len()), Ok(c.clone()));
+            prop_assert_eq!(Configuration::decode(&c.encode()), Ok(c.clone()));
         }
     }
 }

@@ -40,6 +40,27 @@ pub enum KvError {
         /// The cluster's capacity.
         registers: u64,
     },
+    /// A chunk this client claimed was placed by a configuration newer than the one
+    /// it follows (a node was added meanwhile): it gave the chunk back unused.
+    #[error(
+        "chunk {chunk} was placed by a newer cluster configuration than this client follows (a node was added): retry; the client follows the new configuration at its next lease renewal"
+    )]
+    PlacementBehind {
+        /// The chunk.
+        chunk: u64,
+    },
+    /// A lease renewal read a newer cluster configuration than the client follows,
+    /// and the client could not read it yet (its placement table among it): no
+    /// operation starts until it does.
+    #[error(
+        "the cluster configuration changed (epoch {seen}) and this client could not follow it yet (it follows epoch {followed}): retry; a majority of the metadata nodes must answer"
+    )]
+    ConfigurationBehind {
+        /// The epoch the renewals read.
+        seen: u64,
+        /// The epoch the client follows.
+        followed: u64,
+    },
     /// Every writer id is taken, by live clients that gave none back within the
     /// connect's wait ([`crate::KvConfig::writer_wait_ns`]).
     #[error(
@@ -209,6 +230,10 @@ pub enum KvError {
     /// Repairing a memory node failed (`crate::repair`); the node stays out of service.
     #[error(transparent)]
     Repair(#[from] crate::repair::RepairError),
+    /// Adding a memory node failed (`crate::placement::add_node`); the cluster keeps
+    /// the nodes it had.
+    #[error(transparent)]
+    AddNode(#[from] crate::placement::AddNodeError),
     /// Connecting to RDMA memory nodes failed.
     #[cfg(feature = "rdma")]
     #[error(transparent)]

@@ -821,11 +821,15 @@ impl NodeLayout {
     }
 
     /// The nodes of the metadata group in a cluster of `nodes` nodes: nodes
-    /// `0..` this ([`ClusterParams::metadata_nodes`]; every node without one).
+    /// `0..` this ([`ClusterParams::metadata_nodes`]; without one, the nodes the
+    /// cluster was created with, [`ClusterParams::placement_nodes`], or every node
+    /// before replica groups). Fixed for the cluster's life: a node added later
+    /// (`crate::placement::add_node`) holds registers only, so every client and tool
+    /// counts majorities of the same metadata nodes however many it has mapped.
     pub fn metadata_nodes(&self, nodes: usize) -> usize {
-        match usize::from(self.params.metadata_nodes) {
-            0 => nodes,
-            m => m.min(nodes),
+        match (self.params.metadata_nodes, self.params.placement_nodes) {
+            (0, 0) => nodes,
+            (0, m) | (m, _) => usize::from(m).min(nodes),
         }
     }
 

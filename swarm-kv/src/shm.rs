@@ -12,6 +12,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
+use swarm_core::Fabric as _;
 use swarm_core::fabric::NodeId;
 use swarm_core::header::NodeHeader;
 use swarm_shm::{CreateOptions, EmulatedFabric, ShmCluster};
@@ -21,6 +22,7 @@ use crate::client::{KvClient, KvConfig};
 use crate::clock::SystemClock;
 use crate::configuration::Configuration;
 use crate::layout::{ClusterParams, NodeLayout};
+use crate::placement::{AddNodeOptions, AddNodeReport};
 use crate::repair::{RepairError, RepairOptions, RepairReport, repair_node};
 use crate::store::{OpenedLayout, Store, open_layout, write_superblock};
 
@@ -222,6 +224,44 @@ impl ShmStore {
                     progress,
                 )
                 .await,
+            )
+        })??;
+        Ok(report)
+    }
+
+    /// Adds a memory node to the cluster in `dir` while its clients run
+    /// (`crate::placement::add_node` has the procedure and the argument): a new node
+    /// file in the first slot the configuration does not list (replacing the file of
+    /// an add that stopped before publishing, which nobody uses), then the
+    /// configuration change that lists it and moves unclaimed chunks onto it.
+    /// Clients follow it within a lease renewal period.
+    pub fn add_node(dir: &Path, options: AddNodeOptions) -> Result<AddNodeReport, KvError> {
+        let store = Self::open(dir)?;
+        let fabric = store.fabric();
+        let config = crate::store::read_configuration_on(
+            &fabric,
+            store.layout.metadata_nodes(fabric.node_count()),
+        )?;
+        let index = u16::try_from(config.incarnations.len())
+            .map_err(|_| KvError::Unsupported("more than 65535 nodes"))?;
+        let leftover = usize::from(index) < store.shm.node_count();
+        let layout = store.layout;
+        drop(fabric);
+        drop(store);
+        let incarnation = ShmCluster::add_node(dir, index, leftover)?;
+        // A raw handle: the store's clients would leave the new node out (no
+        // superblock yet, an incarnation no configuration lists).
+        let raw = Arc::new(ShmCluster::open_quietly(dir)?);
+        let fabric = raw.client();
+        let options = AddNodeOptions {
+            // Every add-node of this cluster is a process of this host.
+            liveness: crate::membership::owner_process::OwnerLiveness::ThisHost,
+            ..options
+        };
+        let report = swarm_core::block_on(&fabric, async {
+            Ok::<_, swarm_core::FabricError>(
+                crate::placement::add_node(&fabric, &layout, NodeId(index), incarnation, options)
+                    .await,
             )
         })??;
         Ok(report)

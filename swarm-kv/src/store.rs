@@ -229,7 +229,7 @@ pub fn read_configuration_on<F: Fabric>(fabric: &F, meta: usize) -> Result<Confi
         Ok::<_, FabricError>(
             rt.replies()
                 .iter()
-                .map(|(_, c)| Configuration::decode(c.read(0).unwrap_or_default(), nodes))
+                .map(|(_, c)| Configuration::decode(c.read(0).unwrap_or_default()))
                 .collect::<Vec<_>>(),
         )
     })?;
@@ -325,7 +325,9 @@ pub fn open_layout<F: Fabric>(
     }
     let layout = NodeLayout::new(superblock.params)?;
     let placed = usize::from(layout.params.placement_nodes);
-    if placed != 0 && placed != nodes {
+    // Nodes past those the registers are computed over were added later
+    // (`crate::placement::add_node`): only a cluster with a placement table has any.
+    if placed != 0 && (placed > nodes || (placed < nodes && layout.placements_at.is_none())) {
         return Err(ParamsError::Invalid(format!(
             "the registers are placed over {placed} memory nodes but the cluster has {nodes}"
         ))

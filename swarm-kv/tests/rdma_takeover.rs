@@ -425,7 +425,7 @@ fn a_rebuilt_node_the_reclaimer_admitted_is_asked_to_revoke_too() {
         .with(|to| to[from..].copy_from_slice(&image));
     let at = swarm_kv::testing::CONFIG_AT as usize;
     let mut config = nodes[0].memory().unwrap().with(|bytes| {
-        swarm_kv::testing::Configuration::decode(&bytes[at..], 3).expect("a configuration")
+        swarm_kv::testing::Configuration::decode(&bytes[at..]).expect("a configuration")
     });
     config.epoch += 1;
     config.incarnations[2] = REBUILT;

@@ -12,6 +12,15 @@
 //! uses `link` (fails if the name exists) or, when overwriting, `rename` (atomically
 //! replaces the old file while processes that mapped it keep the old memory).
 //!
+//! **Added nodes.** A node added to a running cluster ([`ShmCluster::add_node`])
+//! is the next file, `node-<n>.swarm`, with the cluster's id, epoch and tick; its
+//! header's node count is the cluster's count with it (`n + 1`), while the nodes
+//! before it keep the count they were created with. So the node count is not part
+//! of a cluster's identity: an opener takes the highest count its agreeing nodes
+//! show, and a process that opened the cluster before the add reaches the new node
+//! once it admits it ([`ShmCluster::admit`], after the store's configuration lists
+//! it). Whether a node serves is the store's configuration's to say, not the files'.
+//!
 //! Opening trusts nothing in the files (see the crate docs): lengths come from
 //! `metadata`, headers are read with `pread` and fully validated, and only then is a
 //! file mapped, for exactly the length its header and the file system agree on.
@@ -22,15 +31,16 @@ use std::hash::BuildHasher;
 use std::io;
 use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use swarm_core::NodeId;
 use swarm_core::fabric::{EmulatedRtt, FailNodes, Nanos};
 use swarm_core::header::{
     ENCODED_LEN, HEADER_SIZE, HeaderError, INCARNATION_AT, INCARNATION_LEN, NodeHeader, RETIRED_AT,
     decode_incarnation, encode_incarnation,
 };
+use swarm_core::{MAX_CLUSTER_NODES, NodeId};
 
 use crate::backing::Backing;
 use crate::error::ShmError;
@@ -94,8 +104,13 @@ pub struct ShmCluster {
     incarnations: Vec<Option<u64>>,
     nodes: Vec<Option<NodeMemory>>,
     /// A node admitted after the cluster was shared ([`ShmCluster::admit`]), with its
-    /// incarnation: it replaces `nodes[i]` for every handle from then on.
+    /// incarnation: it replaces `nodes[i]` for every handle from then on. One slot
+    /// per node the cluster may ever have ([`MAX_CLUSTER_NODES`]): a node added
+    /// since the open ([`ShmCluster::add_node`]) is admitted into a slot past
+    /// `nodes`.
     admitted: Vec<OnceLock<(NodeMemory, u64)>>,
+    /// Node slots: `nodes.len()` at open, grown by the admission of an added node.
+    node_count: AtomicUsize,
     absent: Vec<AbsentNode>,
     /// Per node slot, an incarnation whose memory is known lost: found retired at
     /// open, or declared by the store ([`ShmCluster::declare_lost`]).
@@ -180,7 +195,7 @@ impl ShmCluster {
                 ..template
             };
             match publish_node(dir, &header, options) {
-                Ok(path) => published.push(path),
+                Ok((path, _)) => published.push(path),
                 Err(error) => {
                     if !options.overwrite {
                         // Best effort: do not leave a partial cluster behind.
@@ -243,8 +258,10 @@ impl ShmCluster {
                 Err(error) => problems.push((*index, error)),
             }
         }
-        // The cluster is the largest group of usable nodes that agree.
-        let identity = |h: &NodeHeader| (h.cluster_id, h.node_count, h.epoch_unix_ns, h.tick_ns);
+        // The cluster is the largest group of usable nodes that agree. A node added
+        // after creation says how many nodes the cluster had with it (module docs,
+        // "Added nodes"): the node count is not part of the identity.
+        let identity = |h: &NodeHeader| (h.cluster_id, h.epoch_unix_ns, h.tick_ns);
         let reference = usable.iter().map(|(h, _, _)| *h).max_by_key(|h| {
             let agreeing = usable
                 .iter()
@@ -258,7 +275,12 @@ impl ShmCluster {
             let (_, error) = problems.remove(0);
             return Err(error);
         };
-        let node_count = reference.node_count;
+        let node_count = usable
+            .iter()
+            .filter(|(h, _, _)| identity(h) == identity(&reference))
+            .map(|(h, _, _)| h.node_count.max(h.node_id + 1))
+            .max()
+            .unwrap_or(reference.node_count);
         let mut headers: Vec<Option<NodeHeader>> = vec![None; usize::from(node_count)];
         let mut nodes: Vec<Option<NodeMemory>> = (0..node_count).map(|_| None).collect();
         let mut incarnations: Vec<Option<u64>> = vec![None; usize::from(node_count)];
@@ -272,11 +294,6 @@ impl ShmCluster {
             }
             let reason = if header.cluster_id != reference.cluster_id {
                 "it belongs to another cluster (different cluster id)".to_string()
-            } else if header.node_count != reference.node_count {
-                format!(
-                    "its header says {} nodes, the others say {}",
-                    header.node_count, reference.node_count
-                )
             } else {
                 "its epoch or tick length differs from the other nodes'".to_string()
             };
@@ -325,7 +342,9 @@ impl ShmCluster {
                     .join("; "),
             });
         }
-        let admitted = (0..node_count).map(|_| OnceLock::new()).collect();
+        let admitted = (0..MAX_CLUSTER_NODES.max(usize::from(node_count)))
+            .map(|_| OnceLock::new())
+            .collect();
         Ok(Self {
             dir: dir.into(),
             reference,
@@ -333,6 +352,7 @@ impl ShmCluster {
             incarnations,
             nodes,
             admitted,
+            node_count: AtomicUsize::new(usize::from(node_count)),
             absent,
             lost,
         })
@@ -355,9 +375,10 @@ impl ShmCluster {
         &self.dir
     }
 
-    /// Number of memory nodes.
+    /// Number of memory node slots: the nodes found at open, and any added node
+    /// admitted since ([`ShmCluster::admit`]).
     pub fn node_count(&self) -> usize {
-        self.nodes.len()
+        self.node_count.load(Ordering::Acquire)
     }
 
     /// The validated header of each node, in node order; `None` for an absent node.
@@ -388,13 +409,13 @@ impl ShmCluster {
         let dir = dir.as_ref();
         let cluster = Self::open_quietly(dir)?;
         let reference = *cluster.header();
-        if index >= reference.node_count {
+        if usize::from(index) >= cluster.node_count() {
             return Err(ShmError::InvalidConfig(format!(
                 "node {index} does not exist: the cluster has {} nodes",
-                reference.node_count
+                cluster.node_count()
             )));
         }
-        let size = (0..reference.node_count)
+        let size = (0..cluster.node_count() as u16)
             .filter_map(|i| cluster.headers[usize::from(i)].map(|h| h.size))
             .next()
             .unwrap_or(reference.size);
@@ -417,6 +438,52 @@ impl ShmCluster {
             "memory node file replaced by an empty one with a new incarnation: it stays out of service until repaired"
         );
         Ok(())
+    }
+
+    /// Adds node `index` to the cluster in `dir` (module docs, "Added nodes"): a new,
+    /// empty node file of the others' size with a fresh incarnation, whose header
+    /// says the cluster has `index + 1` nodes. `index` is the store's choice: the
+    /// first slot its configuration does not list (`swarm_kv`'s add-node). A file
+    /// already there is replaced only with `replace` (a stopped add's file, never
+    /// listed, so nobody uses it), and retired first, as [`Self::replace_node`]
+    /// does. Returns the new node's incarnation. A majority of the nodes must be
+    /// usable.
+    pub fn add_node(dir: impl AsRef<Path>, index: u16, replace: bool) -> Result<u64, ShmError> {
+        let dir = dir.as_ref();
+        let cluster = Self::open_quietly(dir)?;
+        let reference = *cluster.header();
+        if usize::from(index) >= MAX_CLUSTER_NODES {
+            return Err(ShmError::InvalidConfig(format!(
+                "a cluster has at most {MAX_CLUSTER_NODES} memory nodes"
+            )));
+        }
+        if usize::from(index) > cluster.node_count() {
+            return Err(ShmError::InvalidConfig(format!(
+                "node {index} would leave a gap: the cluster has {} node slots",
+                cluster.node_count()
+            )));
+        }
+        let header = NodeHeader {
+            node_id: index,
+            node_count: index + 1,
+            ..reference
+        };
+        let options = CreateOptions {
+            tick_ns: reference.tick_ns,
+            overwrite: replace,
+            preallocate: true,
+        };
+        drop(cluster);
+        if replace {
+            Self::retire_node(dir, index)?;
+        }
+        let (_, incarnation) = publish_node(dir, &header, &options)?;
+        tracing::info!(
+            node = index,
+            incarnation = format_args!("{incarnation:#x}"),
+            "memory node file added: it serves once the store's configuration lists it"
+        );
+        Ok(incarnation)
     }
 
     /// Declares the memory of node `index` of the cluster in `dir` lost, as a crash
@@ -464,8 +531,7 @@ impl ShmCluster {
         let path = self.dir.join(node_file_name(node.0));
         let Some(slot) = self.admitted.get(index) else {
             return Err(ShmError::InvalidConfig(format!(
-                "node {node} does not exist: the cluster has {} nodes",
-                self.node_count()
+                "node {node} cannot exist: a cluster has at most {MAX_CLUSTER_NODES} nodes"
             )));
         };
         if self.incarnation_of(node) == Some(incarnation)
@@ -484,7 +550,7 @@ impl ShmCluster {
                 nodes: self.reference.node_count,
             });
         };
-        let identity = |h: &NodeHeader| (h.cluster_id, h.node_count, h.epoch_unix_ns, h.tick_ns);
+        let identity = |h: &NodeHeader| (h.cluster_id, h.epoch_unix_ns, h.tick_ns);
         if identity(&header) != identity(&self.reference) {
             return Err(ShmError::Mismatch {
                 path,
@@ -501,6 +567,8 @@ impl ShmCluster {
         }
         // A race with another admitter of the same incarnation is harmless: one wins.
         let _ = slot.set((memory, found));
+        // An added node's slot counts from now on (its memory is in place first).
+        self.node_count.fetch_max(index + 1, Ordering::AcqRel);
         tracing::info!(%node, incarnation = format_args!("{incarnation:#x}"), "memory node admitted");
         Ok(())
     }
@@ -645,7 +713,7 @@ fn publish_node(
     dir: &Path,
     header: &NodeHeader,
     options: &CreateOptions,
-) -> Result<PathBuf, ShmError> {
+) -> Result<(PathBuf, u64), ShmError> {
     let path = dir.join(node_file_name(header.node_id));
     let tmp = dir.join(format!(
         ".{}.{}.tmp",
@@ -655,34 +723,39 @@ fn publish_node(
     // A leftover of a crashed creation by a process that had our pid.
     let _ = fs::remove_file(&tmp);
     let built = build_node_file(&tmp, header, options);
-    let published = built.and_then(|()| {
+    let published = built.and_then(|incarnation| {
         if options.overwrite {
-            fs::rename(&tmp, &path).map_err(ShmError::io("cannot publish node file", &path))
+            fs::rename(&tmp, &path)
+                .map_err(ShmError::io("cannot publish node file", &path))
+                .map(|()| incarnation)
         } else {
-            fs::hard_link(&tmp, &path).map_err(|error| {
-                if error.kind() == io::ErrorKind::AlreadyExists {
-                    ShmError::AlreadyExists { dir: dir.into() }
-                } else {
-                    ShmError::Io {
-                        op: "cannot publish node file",
-                        path: path.clone(),
-                        error,
+            fs::hard_link(&tmp, &path)
+                .map(|()| incarnation)
+                .map_err(|error| {
+                    if error.kind() == io::ErrorKind::AlreadyExists {
+                        ShmError::AlreadyExists { dir: dir.into() }
+                    } else {
+                        ShmError::Io {
+                            op: "cannot publish node file",
+                            path: path.clone(),
+                            error,
+                        }
                     }
-                }
-            })
+                })
         }
     });
     // After a rename the temporary name is gone already; after a link or a failure it
     // must go.
     let _ = fs::remove_file(&tmp);
-    published.map(|()| path)
+    published.map(|incarnation| (path, incarnation))
 }
 
+/// Builds a node file at `tmp`; returns the incarnation it drew.
 fn build_node_file(
     tmp: &Path,
     header: &NodeHeader,
     options: &CreateOptions,
-) -> Result<(), ShmError> {
+) -> Result<u64, ShmError> {
     let file = OpenOptions::new()
         .read(true)
         .write(true)
@@ -698,11 +771,10 @@ fn build_node_file(
     }
     file.write_all_at(&header.encode(), 0)
         .map_err(ShmError::io("cannot write node header", tmp))?;
-    file.write_all_at(
-        &encode_incarnation(random_incarnation()),
-        INCARNATION_AT as u64,
-    )
-    .map_err(ShmError::io("cannot write node incarnation", tmp))
+    let incarnation = random_incarnation();
+    file.write_all_at(&encode_incarnation(incarnation), INCARNATION_AT as u64)
+        .map_err(ShmError::io("cannot write node incarnation", tmp))?;
+    Ok(incarnation)
 }
 
 /// A random, nonzero node incarnation (0 means "written before incarnations").

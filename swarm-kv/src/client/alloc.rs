@@ -19,6 +19,10 @@ use super::KvClient;
 /// `RegistersFull` after this long.
 const REPAIR_WAIT_NS: Nanos = 30_000_000_000;
 
+/// How many chunks placed by a newer configuration an insert meets, following the
+/// configuration after each, before it fails with `KvError::PlacementBehind`.
+const PLACEMENT_RETRIES: u32 = 4;
+
 impl<F: Fabric, C: Clock> KvClient<F, C> {
     /// A pre-cleared register for an insert. When every chunk is claimed and the
     /// pool is empty, runs a reclamation pass (paced: [`Self::reclaim_gone_registers`]) if this
@@ -44,12 +48,22 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
             .max(self.layout.params.lease_renew_ns.saturating_mul(3));
         let mut give_up = started.saturating_add(patience);
         let mut woke_late = false;
+        let mut behind = 0;
         loop {
             self.recycle_step();
             let r = self
                 .alloc
-                .allocate(fabric, stats, &self.layout, self.meta)
+                .allocate(fabric, stats, &self.layout, self.meta, &self.placements)
                 .await;
+            if let Err(KvError::PlacementBehind { .. }) = r
+                && behind < PLACEMENT_RETRIES
+            {
+                // A chunk placed by a configuration published since this client
+                // last followed one (`crate::registers::alloc`): follow it now.
+                behind += 1;
+                self.follow_configuration_now().await;
+                continue;
+            }
             let Err(KvError::RegistersFull { .. }) = r else {
                 return r;
             };

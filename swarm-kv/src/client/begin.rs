@@ -55,6 +55,33 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
     /// `now` is the fabric clock read as the operation starts: [`Self::begin_quiet`]
     /// read it and found something due.
     async fn begin_op(&self, now: Nanos) -> Result<Nanos, KvError> {
+        let deadline = self.begin_leased(now).await?;
+        // A renewal saw a newer configuration that the client could not follow
+        // yet: on a cluster with placement records, no operation starts with the
+        // table of the older one (`crate::placement::add_node`, "Readers").
+        let seen = self.lease.borrow().config_epoch_seen();
+        if !self.behind_configuration(seen) {
+            return Ok(deadline);
+        }
+        self.follow_configuration_now().await;
+        if self.behind_configuration(seen) {
+            return Err(KvError::ConfigurationBehind {
+                seen,
+                followed: self.followed_epoch(),
+            });
+        }
+        // Following took roundtrips: the operation starts after them.
+        self.begin_leased(self.swarm.fabric().now()).await
+    }
+
+    /// Whether this client follows an older configuration than `seen` (what its
+    /// lease renewals read) on a cluster with a placement table.
+    fn behind_configuration(&self, seen: u64) -> bool {
+        self.layout.placements_at.is_some() && seen > self.followed_epoch()
+    }
+
+    /// [`Self::begin_op`]'s lease check and upkeep.
+    async fn begin_leased(&self, now: Nanos) -> Result<Nanos, KvError> {
         let fabric = self.swarm.fabric();
         let max_op_ns = self.layout.params.max_op_ns;
         // Background log recycling: bounded, never waits.
@@ -148,7 +175,10 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
             return Err(now);
         }
         let lease = self.lease.borrow();
-        if now < lease.quiet_until() && lease.valid_for(now, max_op_ns) {
+        if now < lease.quiet_until()
+            && lease.valid_for(now, max_op_ns)
+            && !self.behind_configuration(lease.config_epoch_seen())
+        {
             Ok(now.saturating_add(max_op_ns))
         } else {
             Err(now)

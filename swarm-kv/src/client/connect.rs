@@ -72,6 +72,9 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         // configuration are on nodes `0..meta` (`NodeLayout::metadata_nodes`).
         let meta = layout.metadata_nodes(nodes);
         let followed = Self::follow_initial_configuration(&fabric, &config, meta)?;
+        // The node slots with every member admitted (nodes added since this process
+        // mapped the cluster among them).
+        let nodes = fabric.node_count();
         // Then where chunks live, at that configuration's epoch: before the log is
         // resumed, whose write-backs go to its registers' replicas.
         let placements = SharedPlacements::default();
@@ -245,6 +248,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
             next_relief: Cell::new(0),
             relief_passes: Cell::new(0),
             header_missing_logged: Cell::new(None),
+            epoch_followed: Cell::new(followed.epoch),
             followed: RefCell::new(Some(followed)),
             placements,
             deferred: RefCell::new(DeferredUnmaps::new(config.deferred_unmaps)),
@@ -267,7 +271,6 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
     ) -> Result<Configuration, KvError> {
         let stats = OpStats::new();
         let straggler_ns = config.protocol.slow_after_ns;
-        let nodes = fabric.node_count();
         let read = swarm_core::block_on(
             fabric,
             crate::repair::read_configuration_within(
@@ -279,7 +282,8 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
             ),
         )?;
         if read.epoch > 0 {
-            let refused: Vec<usize> = (0..read.incarnations.len().min(nodes))
+            // Every member, also one added since this process mapped the cluster.
+            let refused: Vec<usize> = (0..read.incarnations.len())
                 .filter(|&i| !fabric.admit(NodeId(i as u16), read.incarnations[i]))
                 .collect();
             if !refused.is_empty() {

@@ -243,6 +243,8 @@ pub struct KvClient<F: Fabric, C: Clock> {
     /// nodes are admitted; a renewal that reads a higher epoch makes the next
     /// operation follow that one ([`KvClient::followed_epoch`]).
     followed: RefCell<Option<Configuration>>,
+    /// Its epoch (0: none), read by every operation's start (`KvClient::begin_quiet`).
+    epoch_followed: Cell<u64>,
     /// Where chunks live: the placement table adopted at the followed configuration's
     /// epoch (`crate::placement`), shared with the index.
     placements: SharedPlacements,

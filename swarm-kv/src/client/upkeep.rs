@@ -53,6 +53,15 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         {
             Ok(config) => {
                 let followed = self.followed_epoch();
+                // Members first: the records of the new epoch may name a node added
+                // since this process mapped the cluster (`crate::placement::add_node`).
+                let admitted: Vec<usize> = if config.epoch > 0 && config.epoch > followed {
+                    (0..config.incarnations.len())
+                        .filter(|&i| fabric.admit(NodeId(i as u16), config.incarnations[i]))
+                        .collect()
+                } else {
+                    Vec::new()
+                };
                 if config.epoch > followed && self.layout.placements_at.is_some() {
                     // The configuration and the placement records it publishes are
                     // followed together (`crate::placement`): not the epoch without
@@ -75,9 +84,6 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
                     }
                 }
                 if config.epoch > 0 && config.epoch > followed {
-                    let admitted: Vec<usize> = (0..config.incarnations.len())
-                        .filter(|&i| fabric.admit(NodeId(i as u16), config.incarnations[i]))
-                        .collect();
                     tracing::info!(
                         writer = self.registration.writer,
                         epoch = config.epoch,
@@ -86,6 +92,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
                     );
                 }
                 if config.epoch >= followed {
+                    self.epoch_followed.set(config.epoch);
                     self.followed.replace(Some(config));
                 }
             }
@@ -95,9 +102,16 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         }
     }
 
+    /// Reads the configuration and follows it if it is newer than the one this
+    /// client follows, whatever the lease renewals saw: for a client that met a
+    /// chunk placed by a newer configuration (`crate::registers::alloc`).
+    pub(super) async fn follow_configuration_now(&self) {
+        self.follow_configuration(self.config_checked.get()).await;
+    }
+
     /// The epoch of the configuration this client follows (0: none read yet).
-    fn followed_epoch(&self) -> u64 {
-        self.followed.borrow().as_ref().map_or(0, |c| c.epoch)
+    pub(super) fn followed_epoch(&self) -> u64 {
+        self.epoch_followed.get()
     }
 
     /// Between operations, and while an insert waits for a register: takes the

@@ -43,7 +43,7 @@ pub enum IndexError {
     /// The index cannot be built for these parameters.
     #[error("cannot build the index: {0}")]
     Config(String),
-    /// The fabric does not have the node count the index was built for.
+    /// The fabric has fewer nodes than the index was built for.
     #[error(
         "the fabric has {fabric} memory nodes but the index was built for {index}: build it from the cluster's node count"
     )]

@@ -142,7 +142,7 @@ pub async fn verify<F: Fabric>(
         // A header lives on its register's replicas only. Registers on every node
         // share them: up to four headers per batch then.
         let (order, q, _) = ix.header_holders(fabric, first)?;
-        let take = if order.len() == ix.cluster_nodes {
+        let take = if order.len() == ix.cluster_nodes && order.len() == ix.nodes {
             rest.len().min(swarm_core::fabric::INLINE_BATCH_OPS)
         } else {
             1

@@ -546,7 +546,11 @@ impl Index {
                 register,
                 registers: self.layout.params.registers,
             })?;
-        if usize::from(self.layout.params.replicas) >= self.cluster_nodes {
+        // Registers replicated on every node of the index (a recorded chunk may
+        // have moved a replica to an added node: not then).
+        if usize::from(self.layout.params.replicas) >= self.cluster_nodes
+            && loc.replicas.nodes().iter().all(|n| n.index() < self.nodes)
+        {
             return Ok((self.order(fabric, register), self.quorum(), loc));
         }
         let mut order = loc.replicas.nodes().to_vec();
@@ -660,7 +664,8 @@ impl Index {
     }
 
     fn check_fabric<F: Fabric>(&self, fabric: &F) -> Result<(), IndexError> {
-        if fabric.node_count() != self.cluster_nodes {
+        // A node added since the index was built only adds slots past these.
+        if fabric.node_count() < self.cluster_nodes {
             return Err(IndexError::NodeCount {
                 fabric: fabric.node_count(),
                 index: self.cluster_nodes,

@@ -93,6 +93,28 @@ pub async fn claim<F: Fabric>(
     token: u64,
     budget: Nanos,
 ) -> Result<Claim, FabricError> {
+    Ok(
+        claim_reading(fabric, stats, nodes, addr, token, budget, None)
+            .await?
+            .0,
+    )
+}
+
+/// [`claim`], each node's CAS followed in its batch by a read of `also` (address,
+/// length); with the claim's outcome, the bytes read on the nodes whose copy the
+/// round counted as the caller's. Such a read took effect after the node's copy
+/// held the caller's token, so it sees whatever was stored there before that copy
+/// was last free: a chunk's placement record, which `crate::placement::add_node`
+/// writes before it frees the chunk word it holds.
+pub async fn claim_reading<F: Fabric>(
+    fabric: &F,
+    stats: &OpStats,
+    nodes: usize,
+    addr: u64,
+    token: u64,
+    budget: Nanos,
+    also: Option<(u64, u32)>,
+) -> Result<(Claim, Vec<Vec<u8>>), FabricError> {
     debug_assert!(token != 0, "0 is the free word");
     let quorum = majority(nodes);
     let _fence = stats.arm_deadline(fabric.now().saturating_add(budget));
@@ -104,7 +126,16 @@ pub async fn claim<F: Fabric>(
         swarm_core::quorum::nodes(nodes),
         quorum,
         STRAGGLER_NS.min(budget / 4),
-        |node| Ok((node.index() < nodes).then(|| Batch::cas(addr, 0, token))),
+        |node| {
+            if node.index() >= nodes {
+                return Ok(None);
+            }
+            let mut batch = Batch::cas(addr, 0, token);
+            if let Some((at, len)) = also {
+                batch.push(swarm_core::Op::Read { addr: at, len })?;
+            }
+            Ok(Some(batch))
+        },
         |_| false,
     )
     .await;
@@ -120,15 +151,20 @@ pub async fn claim<F: Fabric>(
                 "claim round ran past its fence: given back, undecided"
             );
             release(fabric, nodes, addr, token);
-            return Ok(Claim::Undecided);
+            return Ok((Claim::Undecided, Vec::new()));
         }
     };
     let mut mine = 0;
+    let mut read = Vec::new();
     let mut others: heapless::Vec<(u64, usize), 16> = heapless::Vec::new();
     for (_, completion) in rt.replies() {
         match completion.cas(0) {
-            Some(0) => mine += 1,
-            Some(t) if t == token => mine += 1,
+            Some(t) if t == 0 || t == token => {
+                mine += 1;
+                if let Some(bytes) = completion.read(1) {
+                    read.push(bytes.to_vec());
+                }
+            }
             Some(t) => match others.iter_mut().find(|(o, _)| *o == t) {
                 Some((_, count)) => *count += 1,
                 None => {
@@ -145,18 +181,19 @@ pub async fn claim<F: Fabric>(
         // (module docs, "A round counts its answers over time"). A row's owner takes
         // stale copies once its lease renewal counts on a majority
         // (`crate::membership::lease_renewal`).
-        return Ok(Claim::Won);
+        return Ok((Claim::Won, read));
     }
     let unanswered = nodes - rt.replies().len();
     let other_can_win = others.iter().any(|(_, c)| c + unanswered >= quorum);
     // Give back whatever we took, on every node (late CASes included).
     drop(rt);
     release(fabric, nodes, addr, token);
-    Ok(if other_can_win {
+    let outcome = if other_can_win {
         Claim::Taken
     } else {
         Claim::Undecided
-    })
+    };
+    Ok((outcome, Vec::new()))
 }
 
 /// Gives a claimed word back on every node.

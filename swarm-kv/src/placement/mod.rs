@@ -42,6 +42,7 @@
 //! computed place uses ([`Placements::adopt`]). The joint state of a move (step 3)
 //! is refused by this build.
 
+mod add_node;
 mod record;
 
 use std::collections::HashMap;
@@ -52,6 +53,8 @@ use swarm_core::quorum::{broadcast_until_among, majority, nodes as node_ids};
 use swarm_core::{Fabric, NodeId, OpStats, RegisterLoc, Replicas};
 use xxhash_rust::xxh3::xxh3_64;
 
+pub(crate) use add_node::is_hold_token;
+pub use add_node::{AddNodeError, AddNodeOptions, AddNodeReport, add_node};
 pub use record::{PlacementRecord, RECORD_BYTES, RecordError, Spot};
 
 use crate::layout::NodeLayout;
@@ -361,6 +364,28 @@ pub async fn write_record<F: Fabric>(
     })
     .await?;
     Ok(())
+}
+
+/// Whether the copies of a chunk's placement record that a won claim read
+/// (`crate::membership::claim::claim_reading`, on the nodes whose chunk word it
+/// counted) show the record the claimer follows, `followed` (`None`: the computed
+/// place): the newest of them must be exactly it. A copy that fails to decode (a
+/// record being written) or two different records of one epoch also say no: the
+/// claimer gives the chunk back rather than guess (`crate::registers::alloc`).
+pub(crate) fn claimed_as_followed(copies: &[Vec<u8>], followed: Option<&PlacementRecord>) -> bool {
+    let mut newest: Option<PlacementRecord> = None;
+    for copy in copies {
+        let Ok(record) = PlacementRecord::decode(copy) else {
+            return false;
+        };
+        let Some(record) = record else { continue };
+        match &newest {
+            Some(n) if n.epoch > record.epoch => {}
+            Some(n) if n.epoch == record.epoch && *n != record => return false,
+            _ => newest = Some(record),
+        }
+    }
+    newest.as_ref() == followed
 }
 
 /// The placement table a client follows, shared by its register paths and its index

@@ -19,6 +19,15 @@
 //! node down cost `chunks × 50 ms`. Once every chunk is claimed, a failed scan is not
 //! repeated on every insert: the allocator remembers the area as exhausted and only
 //! hands out given-back slots.
+//!
+//! A chunk is filled only under the placement its claim read: each claim's batch
+//! reads the chunk's placement record after its CAS, and a won chunk whose record
+//! there is not the one the client follows is given back at once
+//! ([`KvError::PlacementBehind`]: the client follows the newer configuration and
+//! retries). `crate::placement::add_node` records a chunk while it holds the chunk
+//! word itself and frees the word only after the record is on every node of the
+//! metadata group, so a client stopped for any time between reading the table and
+//! claiming never fills a chunk under the placement it had before.
 
 use std::cell::RefCell;
 use std::collections::{HashSet, VecDeque};
@@ -28,7 +37,8 @@ use swarm_core::quorum::{broadcast, majority, nodes as node_ids};
 use swarm_core::{Batch, Fabric, OpStats};
 
 use crate::layout::NodeLayout;
-use crate::membership::claim::{Claim, claim};
+use crate::membership::claim::{Claim, claim_reading, release};
+use crate::placement::{RECORD_BYTES, SharedPlacements, claimed_as_followed};
 use crate::{KvError, RegisterId};
 
 /// The chunk table's words as each node of a majority holds them (one roundtrip).
@@ -236,6 +246,7 @@ impl RegisterAllocator {
         stats: &OpStats,
         layout: &NodeLayout,
         nodes: usize,
+        placements: &SharedPlacements,
     ) -> Result<(RegisterId, Option<Tsp>), KvError> {
         loop {
             if let Some(register) = self.take() {
@@ -246,7 +257,8 @@ impl RegisterAllocator {
                     registers: layout.params.registers,
                 });
             }
-            self.claim_chunk(fabric, stats, layout, nodes).await?;
+            self.claim_chunk(fabric, stats, layout, nodes, placements)
+                .await?;
         }
     }
 
@@ -296,6 +308,7 @@ impl RegisterAllocator {
         stats: &OpStats,
         layout: &NodeLayout,
         nodes: usize,
+        placements: &SharedPlacements,
     ) -> Result<(), KvError> {
         let chunks = layout.chunks();
         // One read of the chunk table first: a claim of a chunk that a majority shows
@@ -320,15 +333,30 @@ impl RegisterAllocator {
                 }
                 (chunk, s.token)
             };
-            let outcome = claim(
+            let record_at = layout.placement_record(chunk);
+            let (outcome, records) = claim_reading(
                 fabric,
                 stats,
                 nodes,
                 layout.chunk_word(chunk),
                 token,
                 layout.params.max_op_ns,
+                record_at.map(|at| (at, RECORD_BYTES as u32)),
             )
             .await?;
+            if outcome == Claim::Won
+                && record_at.is_some()
+                && !claimed_as_followed(&records, placements.get().record(chunk))
+            {
+                // Placed by a configuration this client does not follow yet (module
+                // docs): not filled under the placement it has.
+                release(fabric, nodes, layout.chunk_word(chunk), token);
+                tracing::debug!(
+                    chunk,
+                    "claimed a chunk placed by a newer configuration: given back"
+                );
+                return Err(KvError::PlacementBehind { chunk });
+            }
             if outcome == Claim::Won {
                 let per = u64::from(layout.params.chunk_registers);
                 let first = chunk * per;
@@ -360,13 +388,14 @@ mod tests {
 
     #[test]
     fn concurrent_allocations_of_one_client_never_share_a_register() {
+        let computed = SharedPlacements::default();
         let layout = layout();
         let cluster = MemCluster::new(3, layout.end() as usize);
         // Emulated latency: the claims are really in flight together.
         let fabric = EmulatedRtt::new(cluster.client(), 1_000);
         let alloc = RegisterAllocator::new(&layout, 1, 0xabc);
         let stats = OpStats::new();
-        let one = || alloc.allocate(&fabric, &stats, &layout, 3);
+        let one = || alloc.allocate(&fabric, &stats, &layout, 3, &computed);
         let mut seen = HashSet::new();
         for _ in 0..5 {
             let ((a, b), (c, d)) = block_on(&fabric, async {
@@ -390,13 +419,16 @@ mod tests {
     /// answer): one read of the chunk table tells it no claim can win.
     #[test]
     fn a_scan_of_chunks_others_hold_is_one_read() {
+        let computed = SharedPlacements::default();
         let layout = layout();
         let cluster = MemCluster::new(3, layout.end() as usize);
         let fabric = cluster.client();
         let other = RegisterAllocator::new(&layout, 2, 0xdef);
         let stats = OpStats::new();
         while block_on(&fabric, async {
-            Ok::<_, swarm_core::FabricError>(other.allocate(&fabric, &stats, &layout, 3).await)
+            Ok::<_, swarm_core::FabricError>(
+                other.allocate(&fabric, &stats, &layout, 3, &computed).await,
+            )
         })
         .unwrap()
         .is_ok()
@@ -404,7 +436,9 @@ mod tests {
         let me = RegisterAllocator::new(&layout, 1, 0xabc);
         let stats = OpStats::new();
         let full = block_on(&fabric, async {
-            Ok::<_, swarm_core::FabricError>(me.allocate(&fabric, &stats, &layout, 3).await)
+            Ok::<_, swarm_core::FabricError>(
+                me.allocate(&fabric, &stats, &layout, 3, &computed).await,
+            )
         })
         .unwrap();
         assert!(
@@ -421,6 +455,7 @@ mod tests {
 
     #[test]
     fn a_full_area_is_full_not_reused() {
+        let computed = SharedPlacements::default();
         let layout = layout();
         let cluster = MemCluster::new(3, layout.end() as usize);
         let fabric = cluster.client();
@@ -429,7 +464,9 @@ mod tests {
         let mut seen = HashSet::new();
         loop {
             match block_on(&fabric, async {
-                Ok::<_, swarm_core::FabricError>(alloc.allocate(&fabric, &stats, &layout, 3).await)
+                Ok::<_, swarm_core::FabricError>(
+                    alloc.allocate(&fabric, &stats, &layout, 3, &computed).await,
+                )
             })
             .unwrap()
             {
@@ -443,7 +480,9 @@ mod tests {
         // Full, and no chunk scan any more; given-back slots are handed out again.
         let stats = OpStats::new();
         let full = block_on(&fabric, async {
-            Ok::<_, swarm_core::FabricError>(alloc.allocate(&fabric, &stats, &layout, 3).await)
+            Ok::<_, swarm_core::FabricError>(
+                alloc.allocate(&fabric, &stats, &layout, 3, &computed).await,
+            )
         })
         .unwrap();
         assert!(matches!(full, Err(KvError::RegistersFull { .. })));
@@ -456,7 +495,9 @@ mod tests {
         alloc.give_back(3, marker);
         assert_eq!(alloc.pooled(), 1);
         let again = block_on(&fabric, async {
-            Ok::<_, swarm_core::FabricError>(alloc.allocate(&fabric, &stats, &layout, 3).await)
+            Ok::<_, swarm_core::FabricError>(
+                alloc.allocate(&fabric, &stats, &layout, 3, &computed).await,
+            )
         })
         .unwrap();
         assert_eq!(again.unwrap(), (3, Some(marker)));

@@ -275,6 +275,7 @@ mod tests {
     use swarm_core::{MemCluster, block_on, join};
 
     use super::*;
+    use crate::placement::SharedPlacements;
     use crate::registers::alloc::RegisterAllocator;
 
     use crate::test_support::small_layout as layout;
@@ -297,6 +298,7 @@ mod tests {
     /// donated and stays claimed.
     #[test]
     fn a_closing_allocator_gives_back_the_chunks_and_registers_it_never_handed_out() {
+        let computed = SharedPlacements::default();
         let layout = layout();
         let cluster = MemCluster::new(3, layout.end() as usize);
         let used: HashSet<u64>;
@@ -306,7 +308,7 @@ mod tests {
         {
             // Emulated latency: the claims are really in flight together.
             let fabric = EmulatedRtt::new(cluster.client(), 1_000);
-            let one = || alloc.allocate(&fabric, &stats, &layout, 3);
+            let one = || alloc.allocate(&fabric, &stats, &layout, 3, &computed);
             let ((a, b), (c, d)) = block_on(&fabric, async {
                 Ok::<_, swarm_core::FabricError>(join(join(one(), one()), join(one(), one())).await)
             })
@@ -317,7 +319,9 @@ mod tests {
         assert_eq!(alloc.chunks_claimed(), 4);
         // One more: a fresh register of the second chunk.
         let (fifth, _) = block_on(&fabric, async {
-            Ok::<_, swarm_core::FabricError>(alloc.allocate(&fabric, &stats, &layout, 3).await)
+            Ok::<_, swarm_core::FabricError>(
+                alloc.allocate(&fabric, &stats, &layout, 3, &computed).await,
+            )
         })
         .unwrap()
         .unwrap();
@@ -401,7 +405,9 @@ mod tests {
         let other = RegisterAllocator::new(&layout, 2, 0xdef);
         let mut seen = HashSet::new();
         while let Ok((register, marker)) = block_on(&fabric, async {
-            Ok::<_, swarm_core::FabricError>(other.allocate(&fabric, &stats, &layout, 3).await)
+            Ok::<_, swarm_core::FabricError>(
+                other.allocate(&fabric, &stats, &layout, 3, &computed).await,
+            )
         })
         .unwrap()
         {

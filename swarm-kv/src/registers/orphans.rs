@@ -95,7 +95,11 @@ async fn orphaned_chunks<F: Fabric>(
                 .copied()
                 .filter(|t| *t != 0)
                 .collect();
-            !tokens.is_empty() && tokens.iter().all(|t| *t != mine && !registered.contains(t))
+            // A configuration change's hold is nobody's to adopt (`crate::placement::add_node`).
+            !tokens.is_empty()
+                && tokens.iter().all(|t| {
+                    *t != mine && !registered.contains(t) && !crate::placement::is_hold_token(*t)
+                })
         })
         .map(|(chunk, words)| (chunk as u64, words))
         .collect())
@@ -225,6 +229,52 @@ mod tests {
         for i in 0..inserted {
             let key = format!("c{i}");
             assert_eq!(get(&b, &key).as_deref(), Some(&b"C"[..]), "{key}");
+        }
+    }
+
+    /// A chunk held by a configuration change (an add-node's hold token, even) is
+    /// nobody's to adopt, though no client row carries its token: a client that
+    /// fills the cluster leaves its registers alone (the add fills it under the
+    /// record it writes, `crate::placement::add_node`).
+    #[test]
+    fn a_chunk_held_by_a_configuration_change_is_never_adopted() {
+        let (cluster, layout) = cluster();
+        let registers = layout.params.registers;
+        let per = u64::from(layout.params.chunk_registers);
+        let hold = 0x1234_5678_9abc_def0u64;
+        assert!(crate::placement::is_hold_token(hold));
+        let fabric = cluster.client();
+        let stats = OpStats::new();
+        let held = layout.chunks() - 1;
+        block_on(
+            &fabric,
+            swarm_core::quorum::broadcast(&fabric, &stats, swarm_core::quorum::nodes(3), 3, |_| {
+                Ok(Batch::cas(layout.chunk_word(held), 0, hold))
+            }),
+        )
+        .expect("held");
+        let c = connect(&cluster, layout);
+        let mut inserted = 0u64;
+        loop {
+            let key = format!("c{inserted}");
+            match block_on(c.fabric(), c.insert(key.as_bytes(), b"C", &stats)) {
+                Ok(()) => inserted += 1,
+                Err(KvError::RegistersFull { .. }) => break,
+                Err(other) => panic!("insert {key}: {other}"),
+            }
+            assert!(inserted <= registers, "more keys than registers");
+        }
+        assert_eq!(inserted, registers - per, "the held chunk stays unused");
+        let rt = block_on(
+            &fabric,
+            swarm_core::quorum::broadcast(&fabric, &stats, swarm_core::quorum::nodes(3), 3, |_| {
+                Ok(Batch::read(layout.chunk_word(held), 8))
+            }),
+        )
+        .expect("read");
+        for (node, completion) in rt.replies() {
+            let word = u64::from_le_bytes(completion.read(0).unwrap().try_into().unwrap());
+            assert_eq!(word, hold, "node {node} still holds it");
         }
     }
 }

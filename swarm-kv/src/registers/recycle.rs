@@ -1335,7 +1335,7 @@ impl Recycler {
             {
                 let config = completion
                     .read(1)
-                    .and_then(|b| Configuration::decode(b, fabric.node_count()).ok());
+                    .and_then(|b| Configuration::decode(b).ok());
                 for j in journaled.iter() {
                     if let Stage::Posted {
                         journal: at,

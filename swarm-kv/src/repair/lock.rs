@@ -166,6 +166,11 @@ pub(crate) struct RepairLock {
 }
 
 impl RepairLock {
+    /// The lock's token (unique: never recurs).
+    pub(crate) fn token(&self) -> u64 {
+        self.token
+    }
+
     fn new() -> Self {
         let me = owner_process::this_process();
         let seq = NEXT_SEQ.fetch_add(1, Ordering::Relaxed);

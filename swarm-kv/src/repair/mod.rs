@@ -623,7 +623,7 @@ pub(crate) async fn read_configuration_within<F: Fabric>(
     let copies: Vec<_> = rt
         .replies()
         .iter()
-        .map(|(_, c)| Configuration::decode(c.read(0).unwrap_or_default(), nodes))
+        .map(|(_, c)| Configuration::decode(c.read(0).unwrap_or_default()))
         .collect();
     Ok(Configuration::newest(&copies, nodes))
 }

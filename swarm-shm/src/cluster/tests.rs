@@ -247,14 +247,65 @@ fn bad_checksum_is_refused() {
     );
 }
 
+/// A header that counts more nodes than there are files is a node added later
+/// (module docs, "Added nodes"): the missing slots are absent, not the node.
 #[test]
-fn wrong_node_count_is_refused() {
+fn a_higher_node_count_in_a_header_means_absent_added_nodes() {
     let dir = scratch();
     drop(create3(dir.path()));
     rewrite_header(dir.path(), 1, |h| h.node_count = 4);
-    let error = absent_reason(dir.path(), 1);
-    assert!(matches!(error, ShmError::Mismatch { .. }), "{error}");
-    assert!(error.to_string().contains("4 nodes"), "{error}");
+    let error = absent_reason(dir.path(), 3);
+    assert!(matches!(error, ShmError::MissingNode { .. }), "{error}");
+    assert_eq!(ShmCluster::open(dir.path()).unwrap().node_count(), 4);
+}
+
+/// A node added to a running cluster: the next file, opened by every new opener,
+/// and reached by a process that opened the cluster before once it admits it (the
+/// node count grows); a slot past the next is refused.
+#[test]
+fn an_added_node_is_opened_and_admitted_online() {
+    let dir = scratch();
+    let cluster = Arc::new(create3(dir.path()));
+    let fabric = cluster.client();
+    assert!(matches!(
+        ShmCluster::add_node(dir.path(), 4, false),
+        Err(ShmError::InvalidConfig(_))
+    ));
+    let incarnation = ShmCluster::add_node(dir.path(), 3, false).unwrap();
+    assert!(matches!(
+        ShmCluster::add_node(dir.path(), 3, false),
+        Err(ShmError::AlreadyExists { .. })
+    ));
+    let reopened = ShmCluster::open(dir.path()).unwrap();
+    assert_eq!(reopened.node_count(), 4);
+    assert!(reopened.absent().is_empty());
+    assert_eq!(reopened.incarnation_of(NodeId(3)), Some(incarnation));
+    assert_eq!(reopened.headers()[3].unwrap().node_count, 4);
+    assert_eq!(reopened.headers()[0].unwrap().node_count, 3);
+
+    assert_eq!(fabric.node_count(), 3, "not admitted yet");
+    assert!(matches!(
+        cluster.admit(NodeId(3), incarnation ^ 1),
+        Err(ShmError::Mismatch { .. })
+    ));
+    cluster.admit(NodeId(3), incarnation).unwrap();
+    assert_eq!(fabric.node_count(), 4);
+    swarm_core::block_on(&fabric, async {
+        let t = fabric.post(NodeId(3), swarm_core::Batch::write(HEADER_SIZE, vec![9; 8]));
+        core::future::poll_fn(|_| fabric.poll(t)).await
+    })
+    .expect("the admitted node serves");
+    let mut byte = [0u8; 8];
+    reopened
+        .node(NodeId(3))
+        .unwrap()
+        .read(HEADER_SIZE, &mut byte)
+        .unwrap();
+    assert_eq!(byte, [9; 8]);
+    // A stopped add's file is replaced only when asked to.
+    let again = ShmCluster::add_node(dir.path(), 3, true).unwrap();
+    assert_ne!(again, incarnation);
+    assert!(reopened.node(NodeId(3)).unwrap().is_retired());
 }
 
 #[test]

@@ -138,6 +138,19 @@ enum Command {
         #[arg(long)]
         break_lock: bool,
     },
+    /// Add a memory node to a shared-memory cluster while clients keep running: a
+    /// new node file, chunks no client holds moved onto it (a replica each), and a
+    /// configuration change that lists it; running clients start using it within a
+    /// lease renewal period. Every node of the metadata group must answer.
+    AddNode {
+        /// The cluster directory.
+        #[arg(long)]
+        dir: PathBuf,
+        /// Move at most this many chunks onto the new node (default: its fair share
+        /// of the cluster's chunk replicas).
+        #[arg(long)]
+        chunks: Option<u64>,
+    },
     /// Write the SWARM-KV superblock on freshly started RDMA memory nodes.
     Format {
         #[command(flatten)]
@@ -372,6 +385,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             replace,
             break_lock,
         } => repair(&at, node, replace, break_lock),
+        Command::AddNode { dir, chunks } => add_node(&dir, chunks),
         Command::Evict { at, writer, force } => {
             with_store!(&at, |store| evict(&store, writer, force))
         }
@@ -624,6 +638,28 @@ fn repair(at: &ClusterArg, node: u16, replace: bool, break_lock: bool) -> Result
                 report.conflicts.keys
             )
         }
+    ));
+    Ok(ExitCode::SUCCESS)
+}
+
+fn add_node(dir: &Path, chunks: Option<u64>) -> Result<ExitCode> {
+    eprintln!(
+        "add-node: after publishing the new configuration, waiting {} ms for every client to follow it before the moved chunks are used",
+        ShmStore::open(dir)
+            .map(|s| admin::quiescence_ns(s.layout()) / 1_000_000)
+            .unwrap_or(0)
+    );
+    let options = admin::AddNodeOptions {
+        chunks,
+        ..Default::default()
+    };
+    let report = ShmStore::add_node(dir, options)
+        .with_context(|| format!("cannot add a node to {}", dir.display()))?;
+    print_out(&format!(
+        "node {} added at configuration epoch {}; {} chunks moved a replica onto it",
+        report.node,
+        report.epoch,
+        report.moved.len()
     ));
     Ok(ExitCode::SUCCESS)
 }
