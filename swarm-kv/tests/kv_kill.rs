@@ -184,8 +184,13 @@ fn killed_client_loses_nothing_acknowledged() {
     let logs: Vec<_> = (1..=4u64)
         .map(|c| scratch.path().join(format!("client{c}.log")))
         .collect();
+    // The victim (client 4) has more operations than it can finish before the kill,
+    // however fast it runs: a victim that finished first tested nothing.
     let mut children: Vec<Child> = (1..=4u64)
-        .map(|c| spawn(&dir, c, 3_000, &logs[c as usize - 1]))
+        .map(|c| {
+            let ops = if c == 4 { 1_000_000 } else { 3_000 };
+            spawn(&dir, c, ops, &logs[c as usize - 1])
+        })
         .collect();
     // Kill client 4 once it has done some work.
     let victim_log = &logs[3];
