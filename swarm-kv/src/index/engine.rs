@@ -192,6 +192,15 @@ impl<'a, F: Fabric> Engine<'a, F> {
         sleep(self.fabric, ns).await;
     }
 
+    /// A fresh ballot ([`Self::next_ballot`]) for every bucket, to promise them all.
+    pub fn next_ballots(&self) -> [Option<Ballot>; MAX_BUCKETS] {
+        let mut ballots = [None; MAX_BUCKETS];
+        for (i, b) in ballots.iter_mut().enumerate().take(self.len()) {
+            *b = Some(self.next_ballot(i));
+        }
+        ballots
+    }
+
     /// The ballot after every promise seen for bucket `i`.
     pub fn next_ballot(&self, i: usize) -> Ballot {
         let mut max: Option<Ballot> = None;

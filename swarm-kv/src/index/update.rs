@@ -399,10 +399,7 @@ async fn finish_insert<'a, F: Fabric>(
         if attempt > 0 {
             eng.backoff_and_reread(attempt).await?;
         }
-        let mut ballots = [None; MAX_BUCKETS];
-        for (i, b) in ballots.iter_mut().enumerate().take(eng.len()) {
-            *b = Some(eng.next_ballot(i));
-        }
+        let ballots = eng.next_ballots();
         let promised = eng.promise(ballots, None).await?;
         let views = promised.views;
         match earlier(&mut eng, &views, &ballots, hash.fp).await? {
@@ -537,10 +534,7 @@ pub async fn withdraw<F: Fabric>(
         if attempt > 0 {
             eng.backoff_and_reread(attempt).await?;
         }
-        let mut ballots = [None; MAX_BUCKETS];
-        for (i, b) in ballots.iter_mut().enumerate().take(eng.len()) {
-            *b = Some(eng.next_ballot(i));
-        }
+        let ballots = eng.next_ballots();
         let promised = eng.promise(ballots, None).await?;
         if !promised.ok.iter().take(eng.len()).all(|ok| *ok) {
             continue;
