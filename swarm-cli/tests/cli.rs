@@ -442,7 +442,12 @@ fn add_node_while_a_bench_runs_gives_a_fourth_node_and_a_linearizable_history() 
         .spawn()
         .expect("start the bench");
     std::thread::sleep(std::time::Duration::from_millis(500));
-    let out = swarm(&["add-node", "--dir", d]);
+    let refused = swarm(&["add-node", "--dir", d]);
+    assert!(
+        !refused.status.success(),
+        "add-node without --accept-no-repair"
+    );
+    let out = swarm(&["add-node", "--dir", d, "--accept-no-repair"]);
     let t = text(&out);
     assert!(out.status.success(), "{t}");
     assert!(t.contains("node 3 added at configuration epoch 2"), "{t}");

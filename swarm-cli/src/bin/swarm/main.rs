@@ -150,6 +150,11 @@ enum Command {
         /// of the cluster's chunk replicas).
         #[arg(long)]
         chunks: Option<u64>,
+        /// Required: this build cannot repair a cluster a node was added to (`swarm
+        /// repair` refuses a cluster with placement records), so a node it loses
+        /// afterwards stays out of service.
+        #[arg(long)]
+        accept_no_repair: bool,
     },
     /// Write the SWARM-KV superblock on freshly started RDMA memory nodes.
     Format {
@@ -385,7 +390,11 @@ fn run(cli: Cli) -> Result<ExitCode> {
             replace,
             break_lock,
         } => repair(&at, node, replace, break_lock),
-        Command::AddNode { dir, chunks } => add_node(&dir, chunks),
+        Command::AddNode {
+            dir,
+            chunks,
+            accept_no_repair,
+        } => add_node(&dir, chunks, accept_no_repair),
         Command::Evict { at, writer, force } => {
             with_store!(&at, |store| evict(&store, writer, force))
         }
@@ -642,7 +651,14 @@ fn repair(at: &ClusterArg, node: u16, replace: bool, break_lock: bool) -> Result
     Ok(ExitCode::SUCCESS)
 }
 
-fn add_node(dir: &Path, chunks: Option<u64>) -> Result<ExitCode> {
+fn add_node(dir: &Path, chunks: Option<u64>, accept_no_repair: bool) -> Result<ExitCode> {
+    if !accept_no_repair {
+        bail!(
+            "this build cannot repair a cluster a node was added to (`swarm repair` refuses a \
+             cluster with placement records): a node it loses afterwards stays out of service, \
+             and losing a majority loses data. Pass --accept-no-repair to add the node anyway"
+        );
+    }
     eprintln!(
         "add-node: after publishing the new configuration, waiting {} ms for every client to follow it before the moved chunks are used",
         ShmStore::open(dir)
