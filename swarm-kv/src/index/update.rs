@@ -762,6 +762,112 @@ mod tests {
         assert_eq!(owner.ack_wait_left(1, (later, p), 230, 50), 50);
     }
 
+    /// An insert that reports its key present rules out its own proposal first
+    /// (`rule_out_own`; docs/pauses.md, "Found at the index level"). Our earlier
+    /// attempt's `SET slot 0 := R` in the key's first bucket was accepted under
+    /// ballot 5 by node 0 only (nodes 1 and 2 had promised 6 to someone, with a no-op
+    /// accepted under 3); the key is mapped to `E` in its second bucket. Node 0 is
+    /// slow to us, so our next promise and its view (nodes 1 and 2) do not show our
+    /// `SET`, and the insert reports `Exists(E)`. Later a reader whose quorum is
+    /// nodes 0 and 1 meets our `SET` as the newest accepted value: unless a newer
+    /// value was accepted on a quorum, it must finish it (Paxos), mapping `R`, which
+    /// the caller retired on `Exists`.
+    #[test]
+    fn an_insert_that_reports_its_key_present_rules_out_its_own_proposal() {
+        use super::super::IndexConfig;
+        use super::super::bucket::applied_slot;
+        use super::super::word::Meta;
+        use crate::test_support::Holding;
+        use swarm_core::{Batch, MemCluster, NodeId, block_on};
+
+        let ix = crate::index::tiny_test_index(IndexConfig::new(3));
+        let cluster = MemCluster::new(3, ix.layout().end() as usize);
+        let setup = cluster.client();
+        let write = |node: u16, at: u64, data: Vec<u8>| {
+            let ticket = setup.post(NodeId(node), Batch::write(at, data));
+            assert!(matches!(setup.poll(ticket), core::task::Poll::Ready(Ok(_))));
+        };
+        // A key whose two candidate buckets differ.
+        let (key, hash) = (0..64)
+            .map(|k| format!("k{k}").into_bytes())
+            .map(|k| {
+                let hash = ix.hash_key(&k).expect("a key").hash();
+                (k, hash)
+            })
+            .find(|(_, h)| h.buckets().len() == 2)
+            .expect("a key with two buckets");
+        let (first, second) = (
+            ix.layout().bucket(hash.first),
+            ix.layout().bucket(hash.second),
+        );
+        let (mine, existing): (u64, u64) = (9, 12);
+        for r in [mine, existing] {
+            let at = ix.layout().key_header(r).expect("a register");
+            for node in 0..3 {
+                write(node, at, crate::layout::encode_key_header(&key));
+            }
+        }
+        let ours = Proposal::Set {
+            slot: 0,
+            register: mine,
+        };
+        let meta = |promised: u16, accepted: (u16, Proposal)| {
+            Meta {
+                promised: Ballot(promised),
+                accepted: Some((Ballot(accepted.0), accepted.1)),
+                fast: false,
+            }
+            .encode()
+        };
+        write(0, first, meta(5, (5, ours)).to_le_bytes().to_vec());
+        for node in 1..3 {
+            write(
+                node,
+                first,
+                meta(6, (3, Proposal::Noop)).to_le_bytes().to_vec(),
+            );
+        }
+        let theirs = Proposal::Set {
+            slot: 0,
+            register: existing,
+        };
+        let mapped = applied_slot(Ballot(3), theirs, Some(hash.fp)).encode();
+        for node in 0..3 {
+            write(node, second, meta(3, (3, theirs)).to_le_bytes().to_vec());
+            write(node, second + 8, mapped.to_le_bytes().to_vec());
+        }
+
+        // Our insert, node 0 slow to it, watching its earlier attempt's `SET`.
+        let slow_0 = Holding::new(cluster.client(), &[0]);
+        let stats = OpStats::new();
+        let hashed = ix.hash_key(&key).expect("a key");
+        let outcome = block_on(&slow_0, async {
+            let mut eng = hashed_insert_engine(&ix, &slow_0, &stats, hash, mine, Nanos::MAX);
+            eng.watch(0, ours, Ballot(5));
+            let views = eng.read().await?;
+            let read = InsertRead {
+                eng,
+                views,
+                key: hashed,
+                register: mine,
+            };
+            finish_insert(read, &stats).await
+        });
+        assert_eq!(outcome, Ok(InsertOutcome::Exists(existing)));
+
+        // A reader whose quorum is nodes 0 and 1 (node 2 slow to it).
+        let slow_2 = Holding::new(cluster.client(), &[2]);
+        let found = block_on(
+            &slow_2,
+            super::super::lookup::lookup(&ix, &slow_2, &stats, &ix.hash_key(&key).expect("a key")),
+        )
+        .expect("a lookup");
+        assert!(
+            !found.registers.contains(&mine),
+            "the register our insert reported not mapped is mapped: {found:?}"
+        );
+    }
+
     /// The schedule of `tests/delete_race_sim.rs`'s seed 797, as the owner saw it.
     /// Our insert's accept of `SET slot 2 := 7` under ballot 10 took on one node only
     /// (the others had promised another insert's ballot). That insert then decided
