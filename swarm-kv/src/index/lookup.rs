@@ -60,21 +60,24 @@ pub async fn settled<F: Fabric>(
     })
 }
 
-/// The registers of `slots` whose fingerprint may be `hash`'s, newest tag first.
-pub fn candidates(slots: &[[Slot; SLOTS]], hash: &KeyHash) -> Vec<(Ballot, RegisterId)> {
-    let mut out: Vec<(Ballot, RegisterId)> = Vec::new();
-    for slot in slots.iter().flatten() {
-        if let super::word::SlotState::Used { fp, register } = slot.state
-            && hash.matches(fp)
-            && !out.iter().any(|(_, r)| *r == register)
-        {
-            out.push((slot.tag, register));
+/// The registers of `slots` (one array per bucket) whose fingerprint may be `hash`'s,
+/// with the position of their bucket in `slots` and their slot's tag, newest tag first.
+pub fn candidates(slots: &[[Slot; SLOTS]], hash: &KeyHash) -> Vec<(usize, Ballot, RegisterId)> {
+    let mut out: Vec<(usize, Ballot, RegisterId)> = Vec::new();
+    for (i, bucket) in slots.iter().enumerate() {
+        for slot in bucket {
+            if let super::word::SlotState::Used { fp, register } = slot.state
+                && hash.matches(fp)
+                && !out.iter().any(|(_, _, r)| *r == register)
+            {
+                out.push((i, slot.tag, register));
+            }
         }
     }
     out.sort_by(|a, b| {
-        if a.0.is_newer_than(b.0) {
+        if a.1.is_newer_than(b.1) {
             core::cmp::Ordering::Less
-        } else if b.0.is_newer_than(a.0) {
+        } else if b.1.is_newer_than(a.1) {
             core::cmp::Ordering::Greater
         } else {
             core::cmp::Ordering::Equal
@@ -95,12 +98,7 @@ pub async fn lookup<F: Fabric>(
     let states = settled(&mut eng).await?;
     let (tags, registers) = candidates(&states, &hash)
         .into_iter()
-        .map(|(ballot, register)| {
-            // A register is mapped by one slot: the bucket that holds it.
-            let i = states
-                .iter()
-                .position(|s| s.iter().any(|slot| slot.register() == Some(register)))
-                .unwrap_or(0);
+        .map(|(i, ballot, register)| {
             let tag = MappingTag {
                 bucket: eng.bucket(i),
                 ballot,
@@ -231,6 +229,6 @@ mod tests {
         b[3] = used(8, 0, 12); // unknown fingerprint: a candidate
         b[4] = used(2, 42, 10); // same register again: listed once
         let found = candidates(&[a, b], &hash);
-        assert_eq!(found, vec![(Ballot(8), 12), (Ballot(5), 10)]);
+        assert_eq!(found, vec![(1, Ballot(8), 12), (0, Ballot(5), 10)]);
     }
 }

@@ -423,23 +423,23 @@ async fn finish_insert<'a, F: Fabric>(
         };
         // Is the key already there?
         let found = candidates(&states, &hash);
-        if found.iter().any(|(_, r)| *r == register) {
+        if found.iter().any(|(_, _, r)| *r == register) {
             // Our register is mapped: only this call (or an earlier call with the
             // same register) can have mapped it.
             return Ok(InsertOutcome::Inserted);
         }
         let unknown: Vec<RegisterId> = found
             .iter()
-            .map(|(_, r)| *r)
+            .map(|(_, _, r)| *r)
             .filter(|r| !known_keys.iter().any(|(k, _)| k == r))
             .collect();
         if !unknown.is_empty() {
             let same = header::verify(ix, fabric, stats, &unknown, key).await?;
             known_keys.extend(unknown.into_iter().zip(same));
         }
-        if let Some((_, r)) = found
+        if let Some((_, _, r)) = found
             .iter()
-            .find(|(_, r)| known_keys.iter().any(|(k, same)| k == r && *same))
+            .find(|(_, _, r)| known_keys.iter().any(|(k, same)| k == r && *same))
         {
             // Reported present, the register must stay unmapped for good: the caller
             // retires it.
@@ -551,7 +551,7 @@ pub async fn withdraw<F: Fabric>(
             .collect();
         if candidates(&states, &hash)
             .iter()
-            .any(|(_, r)| *r == register)
+            .any(|(_, _, r)| *r == register)
         {
             return Ok(Withdrawal::Mapped);
         }
