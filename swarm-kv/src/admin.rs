@@ -29,7 +29,7 @@
 //! * **Types the root's API mentions**: the tunables of [`KvConfig`](crate::KvConfig)
 //!   ([`IndexConfig`], [`RegisterProtocol`], [`OwnerLiveness`]), a
 //!   [`KvClient`](crate::KvClient)'s counters ([`RecycleStats`],
-//!   [`DeferredUnmapStats`]), and the errors [`KvError`] wraps ([`ParamsError`],
+//!   [`DeferredUnmapStats`], [`UndecidedStats`]), and the errors [`KvError`] wraps ([`ParamsError`],
 //!   [`IndexError`] with [`BucketError`], [`WordError`] and [`HeaderProblem`],
 //!   [`RepairError`]).
 //!
@@ -43,7 +43,7 @@ use crate::index::Index;
 use crate::layout::ClusterParams;
 use crate::membership::lease::{self, LeaseParams};
 
-pub use crate::client::{DeferredUnmapStats, RegisterProtocol};
+pub use crate::client::{DeferredUnmapStats, RegisterProtocol, UNDECIDED_CAPACITY, UndecidedStats};
 pub use crate::index::word::WordError;
 pub use crate::index::{BucketError, HeaderProblem, IndexConfig, IndexError, ScrubReport};
 pub use crate::layout::{NodeLayout, ParamsError};

@@ -3,9 +3,10 @@
 //! another incarnation serves neither the registration nor the first operations),
 //! registers a writer id in the client table (`crate::membership::writer_ids`) and
 //! resumes that writer's out-of-place log (from a sealed summary, lazily above its
-//! tick ceiling, or by a whole-log scan); [`KvClient::close`] runs the deferred unmaps left, gives the
-//! retired registers' marks time to land, seals the log summary for the next client
-//! of the writer id, and gives the id back.
+//! tick ceiling, or by a whole-log scan); [`KvClient::close`] runs the deferred
+//! unmaps left, judges the inserts whose outcome stayed unknown, gives the retired
+//! registers' marks time to land, seals the log summary for the next client of the
+//! writer id, and gives the id back.
 
 use std::cell::{Cell, RefCell};
 
@@ -252,6 +253,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
             followed: RefCell::new(Some(followed)),
             placements,
             deferred: RefCell::new(DeferredUnmaps::new(config.deferred_unmaps)),
+            undecided: RefCell::default(),
             blind: BlindPolicy::new(),
             payload_buffer: Cell::new(Vec::new()),
         })
@@ -332,6 +334,21 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
                     waiting = self.deferred_unmap_stats().waiting,
                     %error,
                     "closing: deferred index unmaps could not run; their keys read as absent"
+                );
+            }
+        }
+        if !self.undecided.borrow().is_empty() {
+            let fabric = self.swarm.fabric();
+            let judged = swarm_core::block_on_future(fabric, self.judge_undecided_inserts())
+                .map_err(KvError::from)
+                .and_then(|judged| judged);
+            let waiting = self.undecided_insert_stats().waiting;
+            if judged.is_err() || waiting > 0 {
+                tracing::warn!(
+                    writer = self.registration.writer,
+                    waiting,
+                    error = ?judged.err(),
+                    "closing: inserts whose outcome stayed unknown could not all be judged; their registers stay taken"
                 );
             }
         }

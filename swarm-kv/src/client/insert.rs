@@ -56,6 +56,12 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         self.check_key(key)?;
         self.check_value(value)?;
         let payload = encode_payload(key, value);
+        // An earlier insert's unknown outcome, judged first so that its register,
+        // if never mapped, goes back to the pool (`undecided`). Its failure is
+        // this insert's only when no operation can start.
+        if !self.undecided.borrow().is_empty() {
+            self.judge_one_undecided().await?;
+        }
         // The key is hashed once, for the cache's misses and every index call.
         let key = &self.index.hash_key(key)?;
         // The operation starts once it has its register: waiting for one (for
@@ -120,11 +126,13 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
             Ok(Published::No | Published::Present) | Err(_) if !uncertain.get() => {
                 self.retire_marked(register, key.bytes().len(), Retired::Unpublished, deadline);
             }
+            // Judged later, as an operation of its own (`undecided`).
             _ => {
                 tracing::debug!(
                     register,
-                    "insert: the index could not tell whether the fresh register was mapped; it is not recycled"
+                    "insert: the index could not tell whether the fresh register was mapped; judged later"
                 );
+                self.undecided.borrow_mut().push(key.bytes(), &fresh);
             }
         }
         result

@@ -77,12 +77,17 @@ mod publish;
 #[cfg(test)]
 mod publish_tests;
 mod register_io;
+mod undecided;
+#[cfg(test)]
+mod undecided_tests;
 mod update;
 mod upkeep;
 
 use blind_policy::BlindPolicy;
 pub use deferred_unmap::DeferredUnmapStats;
 use deferred_unmap::DeferredUnmaps;
+use undecided::UndecidedInserts;
+pub use undecided::{UNDECIDED_CAPACITY, UndecidedStats};
 
 /// How many times an operation re-resolves a key that keeps moving under it.
 const MAX_RETRIES: u32 = 16;
@@ -250,6 +255,8 @@ pub struct KvClient<F: Fabric, C: Clock> {
     placements: SharedPlacements,
     /// Index unmaps of deletes that returned at their tombstone.
     deferred: RefCell<DeferredUnmaps>,
+    /// Fresh registers of inserts whose outcome stayed unknown, to judge later.
+    undecided: RefCell<UndecidedInserts>,
     /// Whether inserts try the index's blind fast round (`blind_policy`).
     blind: BlindPolicy,
     /// The payload buffer of the last update, for the next one to encode into

@@ -33,7 +33,7 @@ pub(super) enum Published {
 /// What became of an insert's fresh register after an index call could not tell
 /// whether it mapped it ([`KvClient::judge_unknown`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Judged {
+pub(super) enum Judged {
     /// The key maps to it now.
     Mapped,
     /// It was mapped, and a delete unmapped it since: its unmapper owns it now.
@@ -41,6 +41,10 @@ enum Judged {
     /// It was never mapped, and no proposal made so far can map it any more: the
     /// insert goes on with it as with a fresh register.
     Withdrawn,
+    /// It was never mapped, no proposal made so far can map it any more, and it
+    /// holds no value: the insert's write reached no majority. Never proposed
+    /// again; retired by a later judgement (`undecided`).
+    Unwritten,
     /// The register could not be read: the call's outcome is unknown.
     Unknown,
 }
@@ -122,7 +126,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
     /// (`Withdrawn`) and the insert may propose it again, or retire it. Read after the
     /// withdrawal, the content leaves no window: nothing can map the register between
     /// the two.
-    async fn judge_unknown(
+    pub(super) async fn judge_unknown(
         &self,
         key: &HashedKey<'_>,
         fresh: &mut Located,
@@ -141,6 +145,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
             (Err(error), _) if error.is_recycled() => Judged::Undone,
             (Ok(ReadValue::Value(_)), Withdrawal::Mapped) => Judged::Mapped,
             (Ok(ReadValue::Value(_)), Withdrawal::Withdrawn) => Judged::Withdrawn,
+            (Ok(ReadValue::Empty), Withdrawal::Withdrawn) => Judged::Unwritten,
             _ => Judged::Unknown,
         })
     }
@@ -234,7 +239,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
                             uncertain.set(false);
                             continue;
                         }
-                        Judged::Unknown => return Err(error.into()),
+                        Judged::Unwritten | Judged::Unknown => return Err(error.into()),
                     }
                 }
                 Err(e) => {
@@ -292,7 +297,9 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
                                         uncertain.set(false);
                                         false
                                     }
-                                    Judged::Unknown => return Err(error.into()),
+                                    Judged::Unwritten | Judged::Unknown => {
+                                        return Err(error.into());
+                                    }
                                 }
                             }
                             Err(e) => {
