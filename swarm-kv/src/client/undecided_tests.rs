@@ -15,6 +15,9 @@ struct Reached {
     /// Of those, registers retired by the judgement, and left to another owner.
     retired: usize,
     owned_elsewhere: usize,
+    /// Runs where B recycled the register it unmapped into a new life before A
+    /// judged it.
+    reused: usize,
 }
 
 /// One run: A inserts `k` and stops after `posts` answered posts (posts to `slow`
@@ -64,6 +67,21 @@ fn run(
         assert_eq!(deleted, DeleteOutcome::Removed, "B deletes A's value");
     }
     let b_unmapped = b.registers_in_limbo() > b_limbo;
+    if b_unmapped {
+        // B lets the register's grace pass, resets it, and inserts another key, into
+        // that register if it is the first its pool hands out: a new life A's
+        // judgement must not take for its insert's value.
+        let grace = b.layout().params.register_grace_ns() + 5 * MS;
+        swarm_core::block_on_future(b.fabric(), swarm_core::sleep(b.fabric(), grace))
+            .expect("a sleep");
+        for _ in 0..8 {
+            let absent = block_on(b.fabric(), b.delete(b"absent", &s)).expect("a delete");
+            assert_eq!(absent, DeleteOutcome::Absent);
+        }
+        block_on(b.fabric(), b.insert(b"k2", b"b", &s)).expect("an insert");
+        let k2 = block_on(b.fabric(), b.index.resolve(b.fabric(), &s, b"k2")).expect("a lookup");
+        reached.reused += usize::from(k2.is_some() && k2 == mapped);
+    }
     // A wakes up past its deadline (50 ms).
     a.fabric().sleep(60 * MS);
     a.fabric().wake();
@@ -105,7 +123,7 @@ fn run(
 }
 
 /// Every stop point of an insert, with and without a delete by another client while
-/// it is stopped. Before the queue of undecided inserts, the register of an insert
+/// it is stopped (which then recycles the register into another key's life). Before the queue of undecided inserts, the register of an insert
 /// that stalled past its deadline was neither mapped nor anybody's: a leak for good.
 #[test]
 fn an_insert_with_an_unknown_outcome_leaves_its_register_to_exactly_one_owner() {
@@ -122,7 +140,7 @@ fn an_insert_with_an_unknown_outcome_leaves_its_register_to_exactly_one_owner() 
         }
     }
     assert!(
-        reached.retired > 0 && reached.owned_elsewhere > 0,
+        reached.retired > 0 && reached.owned_elsewhere > 0 && reached.reused > 0,
         "the stop points never gave both verdicts, so the test tests too little: {reached:?}"
     );
 }
