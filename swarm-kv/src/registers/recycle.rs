@@ -338,7 +338,8 @@ pub struct RecycleStats {
     pub reclaimed_limbo: u64,
     /// Registers taken from gone clients' pools (reset, blank).
     pub reclaimed_pool: u64,
-    /// Retire marks that failed on a replica (that copy keeps no tag).
+    /// Retire marks that failed on a replica, or found another key-header word
+    /// there than the retiree wrote (that copy keeps no tag).
     pub mark_failures: u64,
     /// Of `recycled`, registers reset without a replica whose memory was lost (the
     /// node out of service, "a node out of service" in the module docs).
@@ -695,7 +696,7 @@ struct State {
     confirming: Vec<Confirming>,
     row: JournalRow,
     /// Retire marks in flight (`Recycler::mark`).
-    marking: Vec<(NodeId, Ticket)>,
+    marking: Vec<(NodeId, Ticket, RegisterId, u64)>,
     stats: RecycleStats,
     /// Where the registers handed back came from, until [`Recycler::take_origin`]
     /// (at most one entry per register: an entry of a register that left the pool
@@ -890,9 +891,11 @@ impl Recycler {
             batch.set_deadline(Some(deadline));
             let mut reply = Completion::new();
             match fabric.submit(node, &mut batch, &mut reply) {
-                Submitted::Posted(ticket) => s.marking.push((node, ticket)),
-                Submitted::Done => note_mark(&mut s.stats, register, node, Ok(reply)),
-                Submitted::Failed(error) => note_mark(&mut s.stats, register, node, Err(error)),
+                Submitted::Posted(ticket) => s.marking.push((node, ticket, register, from)),
+                Submitted::Done => note_mark(&mut s.stats, register, node, from, Ok(reply)),
+                Submitted::Failed(error) => {
+                    note_mark(&mut s.stats, register, node, from, Err(error));
+                }
             }
         }
         true
@@ -902,13 +905,15 @@ impl Recycler {
     pub fn marks_in_flight<F: Fabric>(&self, fabric: &F) -> usize {
         let mut s = self.state.borrow_mut();
         let State { marking, stats, .. } = &mut *s;
-        marking.retain(|&(node, ticket)| match fabric.poll(ticket) {
-            Poll::Pending => true,
-            Poll::Ready(result) => {
-                note_mark(stats, RegisterId::MAX, node, result);
-                false
-            }
-        });
+        marking.retain(
+            |&(node, ticket, register, from)| match fabric.poll(ticket) {
+                Poll::Pending => true,
+                Poll::Ready(result) => {
+                    note_mark(stats, register, node, from, result);
+                    false
+                }
+            },
+        );
         marking.len()
     }
 
@@ -1560,7 +1565,7 @@ impl Recycler {
     /// pool stay tagged with its tag, for others to reclaim, `crate::registers::limbo`).
     pub fn abandon<F: Fabric>(&self, fabric: &F) {
         let mut s = self.state.borrow_mut();
-        for (_, ticket) in s.marking.drain(..) {
+        for (_, ticket, _, _) in s.marking.drain(..) {
             fabric.forget(ticket);
         }
         for reset in s.resetting.drain(..) {
@@ -1587,11 +1592,27 @@ fn note_mark(
     stats: &mut RecycleStats,
     register: RegisterId,
     node: NodeId,
+    expected: u64,
     result: Result<swarm_core::Completion, swarm_core::FabricError>,
 ) {
-    if let Err(error) = result {
-        stats.mark_failures += 1;
-        tracing::debug!(register, node = node.index(), %error, "retire mark failed on a replica");
+    match result {
+        Err(error) => {
+            stats.mark_failures += 1;
+            tracing::debug!(register, node = node.index(), %error, "retire mark failed on a replica");
+        }
+        Ok(reply) => match reply.cas(0) {
+            Some(found) if found != expected => {
+                stats.mark_failures += 1;
+                tracing::debug!(
+                    register,
+                    node = node.index(),
+                    found = format_args!("{found:#x}"),
+                    expected = format_args!("{expected:#x}"),
+                    "retire mark found another key-header word on a replica"
+                );
+            }
+            _ => {}
+        },
     }
 }
 
