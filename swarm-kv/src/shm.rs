@@ -70,7 +70,7 @@ impl ShmStore {
         }
         // Replica groups over the cluster's nodes (`NodeLayout::placement`), and a
         // placement table for the records that place chunks elsewhere
-        // (`crate::placement`: superblock version 10).
+        // (`crate::placement`: superblock version 10), with reserve chunks.
         // More nodes than one roundtrip reaches: a metadata group, unless the
         // caller chose one (`ClusterParams::metadata_nodes`).
         let params = ClusterParams {
@@ -80,6 +80,13 @@ impl ShmStore {
                 crate::layout::default_metadata_nodes(nodes, params.replicas)
             } else {
                 params.metadata_nodes
+            },
+            // Room to grow by `swarm add-node` (reserve chunks: superblock version
+            // 11), unless the caller chose how much.
+            max_nodes: if params.max_nodes == 0 {
+                crate::layout::default_max_nodes(nodes)
+            } else {
+                params.max_nodes
             },
             ..params
         }
