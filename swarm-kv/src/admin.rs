@@ -63,6 +63,30 @@ pub fn count_keys<F: Fabric>(fabric: &F, layout: &NodeLayout) -> Result<u64, KvE
     Ok(block_on(fabric, index.count(fabric, &OpStats::new()))?)
 }
 
+/// Keys the cluster holds: now (its computed registers, and those of the reserve
+/// chunks the configuration a majority of the metadata group holds has recorded)
+/// and at most, once grown to `ClusterParams::max_nodes` nodes by `swarm add-node`
+/// (`NodeLayout::reserve_chunks`).
+pub fn capacity<F: Fabric>(fabric: &F, layout: &NodeLayout) -> Result<Capacity, KvError> {
+    let table = block_on(fabric, async {
+        Ok::<_, swarm_core::FabricError>(crate::placement::read_current(fabric, layout).await)
+    })??;
+    Ok(Capacity {
+        now: table.capacity(layout),
+        max: layout.capacity_max(),
+    })
+}
+
+/// Keys a cluster holds ([`capacity`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Capacity {
+    /// Keys it holds now.
+    pub now: u64,
+    /// Keys it holds once grown to `ClusterParams::max_nodes` nodes (`now` if it
+    /// has no room to grow).
+    pub max: u64,
+}
+
 /// How many register chunks clients have claimed so far, from the chunk tables of a
 /// majority of nodes (an upper bound: a chunk counts if any node answering shows a
 /// claim, so partial claims count too).
