@@ -2,8 +2,10 @@
 //! "Per-replica placement", and "Why adding a node is safe under arbitrary pauses").
 //!
 //! **What.** The new node (slot `n`, after the `n` the configuration lists) gets the
-//! cluster's superblock; chunks no client holds get placement records that move one
-//! replica each onto it; configuration `e + 1` lists its incarnation and publishes
+//! cluster's superblock; reserve chunks (`NodeLayout::reserve_chunks`: the keys the
+//! add gives the cluster) get records in free slots, the new node's and those that
+//! moves free: chunks no client holds get records that move one replica each onto
+//! the new node (`plan`); configuration `e + 1` lists its incarnation and publishes
 //! the records. The metadata group stays the nodes the cluster was created with
 //! (`NodeLayout::metadata_nodes`): the new node holds registers only.
 //!
@@ -11,11 +13,13 @@
 //! stopped tool's late records never land after a later one's):
 //!
 //! 1. read configuration `e`; write the superblock on the new node;
-//! 2. per chunk to move, claim its chunk word on the metadata group with a
-//!    *hold token* ([`is_hold_token`]: even, where clients' tokens are odd, so that
-//!    no reclamation pass takes the chunk for a dead client's), and only if that
-//!    claim wins, write its record at epoch `e + 1` on **every** node of the
-//!    metadata group;
+//! 2. claim the chunk word of every chunk the plan records on the metadata group
+//!    with a *hold token* ([`is_hold_token`]: even, where clients' tokens are odd,
+//!    so that no reclamation pass takes the chunk for a dead client's), planning
+//!    again without any chunk whose hold is lost (a reserve chunk never takes the
+//!    old slot of a move not made); once all are held, write their records at epoch
+//!    `e + 1` on **every** node of the metadata group, moves first (a copy showing
+//!    a reserve chunk in a freed slot shows the move that freed it);
 //! 3. write configuration `e + 1` (the members, and the new node's incarnation) on
 //!    every node of the metadata group;
 //! 4. wait a quiescence (`crate::repair::quiescence_ns`: a lease observer's wait,
@@ -33,7 +37,11 @@
 //! tool's release there, which follows the record's write there (step 2 waits
 //! for every node before step 5 starts). So the client reads the new record,
 //! however long it was stopped between reading its table and claiming, and gives
-//! the chunk back unless it follows epoch `e + 1`. A tool stopped anywhere holds its
+//! the chunk back unless it follows epoch `e + 1`. A reserve chunk is claimed only
+//! by a client whose table has its record (`crate::registers::alloc`), so following
+//! `e + 1`, published after the record is on every metadata node. A slot a move
+//! freed was never written (the moved chunk was unclaimed: a chunk word returns to
+//! 0 only when the chunk goes back unused). A tool stopped anywhere holds its
 //! chunks: nobody fills them. Readers: a register of a moved chunk is mapped in the
 //! index only after step 5, by a client following `e + 1`. An operation that reads
 //! it started with a valid lease (`crate::client::begin`) after step 5, so after a

@@ -16,7 +16,10 @@
 //! register area ([`NodeLayout::slot_key_header`]), so register `o` of the chunk is
 //! at `slot start + o · register slot` there. An unset record (zeros, what a new
 //! table holds) and every cluster before version 10 mean the computed place, so
-//! old clusters open unchanged.
+//! old clusters open unchanged. A *reserve chunk* (superblock version 11,
+//! [`NodeLayout::reserve_chunks`]) has no computed place: unset, it has no memory,
+//! and no client claims it (`crate::registers::alloc`); add-node records it in free
+//! slots, which is how an add gives the cluster keys ([`Placements::capacity`]).
 //!
 //! **Names.** A register keeps the identity its computed place gives it (that
 //! address, [`NodeLayout::register`]) wherever a record puts it: log records' owner
