@@ -77,6 +77,28 @@ pub fn capacity<F: Fabric>(fabric: &F, layout: &NodeLayout) -> Result<Capacity, 
     })
 }
 
+/// Per chunk, the nodes that hold a replica of it under the placement table a
+/// majority of the metadata group follows: its record's, else its computed group
+/// (every node without replica groups); none for a reserve chunk with no record.
+pub fn chunk_holders<F: Fabric>(
+    fabric: &F,
+    layout: &NodeLayout,
+) -> Result<Vec<Vec<usize>>, KvError> {
+    let table = block_on(fabric, crate::placement::read_current(fabric, layout))?;
+    let nodes = fabric.node_count();
+    Ok((0..layout.chunks())
+        .map(|chunk| match table.record(chunk) {
+            Some(record) => record
+                .replicas
+                .iter()
+                .map(|spot| usize::from(spot.node))
+                .collect(),
+            None if layout.is_reserve(chunk) => Vec::new(),
+            None => (0..nodes).filter(|&n| layout.chunk_on(chunk, n)).collect(),
+        })
+        .collect())
+}
+
 /// Keys a cluster holds ([`capacity`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Capacity {

@@ -763,6 +763,7 @@ fn stat<S: Store>(store: &S, json: bool) -> Result<ExitCode> {
         );
     }
     let capacity = admin::capacity(&fabric, &layout)?;
+    let holders = admin::chunk_holders(&fabric, &layout)?;
     outln!(
         text,
         "keys: {keys} (capacity {}; {} once grown to {} nodes by `swarm add-node`)",
@@ -832,7 +833,7 @@ fn stat<S: Store>(store: &S, json: bool) -> Result<ExitCode> {
         let claimed = words
             .iter()
             .enumerate()
-            .filter(|(c, w)| **w != 0 && layout.chunk_on(*c as u64, node.index()))
+            .filter(|(c, w)| **w != 0 && holders.get(*c).is_some_and(|h| h.contains(&node.index())))
             .count();
         if table_node.is_none() {
             table_node = Some(node);
