@@ -423,8 +423,22 @@ fn six_nodes_hold_twice_the_keys_and_repair_a_lost_node_while_a_bench_runs() {
     }
 }
 
+/// The capacity `swarm stat --json` reports: keys the cluster holds now, and at
+/// most once grown.
+fn capacity(d: &str) -> (u64, u64) {
+    let out = swarm(&["stat", "--dir", d, "--json"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    (
+        report["capacity"].as_u64().unwrap(),
+        report["capacity_max"].as_u64().unwrap(),
+    )
+}
+
 /// `swarm add-node` while a bench records a history: 0 errors, a linearizable
-/// history, and the cluster has a fourth node in service that new keys use.
+/// history, and the cluster has a fourth node in service that new keys use, and
+/// holds more keys than before (`swarm stat`), up to what `swarm init` said it
+/// could grow to.
 #[test]
 fn add_node_while_a_bench_runs_gives_a_fourth_node_and_a_linearizable_history() {
     let scratch = ScratchDir::new("cli-add-node").unwrap();
@@ -432,6 +446,13 @@ fn add_node_while_a_bench_runs_gives_a_fourth_node_and_a_linearizable_history() 
     let d = dir.to_str().unwrap();
     let out = swarm(&["init", "--dir", d, "--size", "32MiB"]);
     assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        text(&out).contains("once grown to 6 nodes"),
+        "{}",
+        text(&out)
+    );
+    let (before, most) = capacity(d);
+    assert!(most >= 2 * before, "room to grow to twice the nodes");
     let history = scratch.path().join("history.jsonl");
     let bench = Command::new(env!("CARGO_BIN_EXE_swarm"))
         .args(["bench", "--dir", d, "--workload", "a", "--keys", "300"])
@@ -465,6 +486,15 @@ fn add_node_while_a_bench_runs_gives_a_fourth_node_and_a_linearizable_history() 
     }
     let out = swarm(&["stat", "--dir", d]);
     assert!(text(&out).contains("node 3: up"), "{}", text(&out));
+    let (after, still_most) = capacity(d);
+    println!("capacity {before} before the add, {after} after, at most {most}");
+    assert!(after > before, "the add gave the cluster keys");
+    assert!(after <= most && still_most == most);
+    assert!(
+        text(&out).contains(&format!("capacity {after};")),
+        "{}",
+        text(&out)
+    );
 }
 
 /// More nodes than one roundtrip posts to (16): 32 nodes, whose index, client table

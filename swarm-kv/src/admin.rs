@@ -63,6 +63,52 @@ pub fn count_keys<F: Fabric>(fabric: &F, layout: &NodeLayout) -> Result<u64, KvE
     Ok(block_on(fabric, index.count(fabric, &OpStats::new()))?)
 }
 
+/// Keys the cluster holds: now (its computed registers, and those of the reserve
+/// chunks the configuration a majority of the metadata group holds has recorded)
+/// and at most, once grown to `ClusterParams::max_nodes` nodes by `swarm add-node`
+/// (`NodeLayout::reserve_chunks`).
+pub fn capacity<F: Fabric>(fabric: &F, layout: &NodeLayout) -> Result<Capacity, KvError> {
+    let table = block_on(fabric, async {
+        Ok::<_, swarm_core::FabricError>(crate::placement::read_current(fabric, layout).await)
+    })??;
+    Ok(Capacity {
+        now: table.capacity(layout),
+        max: layout.capacity_max(),
+    })
+}
+
+/// Per chunk, the nodes that hold a replica of it under the placement table a
+/// majority of the metadata group follows: its record's, else its computed group
+/// (every node without replica groups); none for a reserve chunk with no record.
+pub fn chunk_holders<F: Fabric>(
+    fabric: &F,
+    layout: &NodeLayout,
+) -> Result<Vec<Vec<usize>>, KvError> {
+    let table = block_on(fabric, crate::placement::read_current(fabric, layout))?;
+    let nodes = fabric.node_count();
+    Ok((0..layout.chunks())
+        .map(|chunk| match table.record(chunk) {
+            Some(record) => record
+                .replicas
+                .iter()
+                .map(|spot| usize::from(spot.node))
+                .collect(),
+            None if layout.is_reserve(chunk) => Vec::new(),
+            None => (0..nodes).filter(|&n| layout.chunk_on(chunk, n)).collect(),
+        })
+        .collect())
+}
+
+/// Keys a cluster holds ([`capacity`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Capacity {
+    /// Keys it holds now.
+    pub now: u64,
+    /// Keys it holds once grown to `ClusterParams::max_nodes` nodes (`now` if it
+    /// has no room to grow).
+    pub max: u64,
+}
+
 /// How many register chunks clients have claimed so far, from the chunk tables of a
 /// majority of nodes (an upper bound: a chunk counts if any node answering shows a
 /// claim, so partial claims count too).

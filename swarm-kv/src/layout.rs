@@ -67,8 +67,11 @@ pub const KV_MAGIC: [u8; 8] = *b"SWARMKV\0";
 /// read version 8 at most would look for on every node; 10: bit 6, a placement table
 /// ([`ClusterParams::placement_table`], `crate::placement`), written only by a
 /// cluster that has one, which builds that read version 9 at most would ignore,
-/// placing recorded chunks where they are not.
-pub const KV_VERSION: u32 = 10;
+/// placing recorded chunks where they are not; 11: bit 7, reserve chunks for
+/// growth to [`ClusterParams::max_nodes`] nodes (at offset 54), written only by a
+/// cluster that has them, whose chunk table, placement table and index are longer
+/// than builds that read version 10 at most would think.
+pub const KV_VERSION: u32 = 11;
 /// Bit of the superblock's flags word: the layout has a log-summary area.
 pub const FLAG_LOG_SUMMARIES: u64 = 1;
 /// Bit of the superblock's flags word: every client keeps a tick ceiling in its
@@ -97,6 +100,14 @@ pub const FLAG_METADATA_GROUP: u64 = 32;
 /// after the chunk table, one record per chunk (`crate::placement`; version 10 and
 /// later).
 pub const FLAG_PLACEMENT_TABLE: u64 = 64;
+/// Bit of the superblock's flags word: the cluster has *reserve chunks* for growth
+/// to [`ClusterParams::max_nodes`] nodes, whose count is at offset 54
+/// ([`NodeLayout::reserve_chunks`]; version 11 and later).
+pub const FLAG_RESERVE_CHUNKS: u64 = 128;
+/// Identities of registers ([`NodeLayout::identity`]) stay below this: a log
+/// record's owner tag names its register in units of 8 bytes in 32 bits
+/// (`swarm_core::layout`).
+pub const MAX_IDENTITY: u64 = 8 << 32;
 /// The metadata group `swarm init` gives a cluster of more than
 /// [`swarm_core::MAX_NODES`] nodes (at least its replica count): its first this many
 /// nodes ([`ClusterParams::metadata_nodes`]).
@@ -111,6 +122,17 @@ pub fn default_metadata_nodes(nodes: u16, replicas: u16) -> u16 {
     } else {
         DEFAULT_METADATA_NODES.max(replicas)
     }
+}
+
+/// The node count a new cluster of `nodes` nodes reserves room to grow to
+/// ([`ClusterParams::max_nodes`]) unless told otherwise: twice its nodes, at most
+/// [`swarm_core::MAX_CLUSTER_NODES`]. What it costs is index buckets and table
+/// words for the keys of the added nodes, taken from the logs' share
+/// ([`ClusterParams::for_node_size`]; ARCHITECTURE.md, "Reserve chunks").
+pub fn default_max_nodes(nodes: u16) -> u16 {
+    nodes
+        .saturating_mul(2)
+        .min(swarm_core::MAX_CLUSTER_NODES as u16)
 }
 /// Bytes of an encoded superblock (version 2; version 1 used the first 64).
 pub const SUPERBLOCK_ENCODED_BYTES: usize = 128;
@@ -274,6 +296,14 @@ pub struct ClusterParams {
     /// that is not its computed place ([`NodeLayout::placement`]). Needs replica
     /// groups. Clusters without one place every chunk where it is computed.
     pub placement_table: bool,
+    /// The node count the cluster keeps room to grow to by `swarm add-node`
+    /// (superblock version 11): the chunk table, the placement table and the index
+    /// have room for the *reserve chunks* ([`NodeLayout::reserve_chunks`]) that
+    /// many nodes hold beyond the computed ones. Reserve chunks have no computed
+    /// place: one exists only through a placement record (`crate::placement`).
+    /// Needs a placement table; at least [`Self::placement_nodes`], at most
+    /// [`swarm_core::MAX_CLUSTER_NODES`]. `0`: no reserve (every version before 11).
+    pub max_nodes: u16,
 }
 
 /// Defaults for `swarm init`.
@@ -301,6 +331,7 @@ impl Default for ClusterParams {
             repair_journal: true,
             cached_lives: true,
             placement_table: false,
+            max_nodes: 0,
         }
     }
 }
@@ -391,6 +422,16 @@ impl ClusterParams {
         if self.placement_table && self.placement_nodes == 0 {
             return bad("a placement table needs replica groups");
         }
+        if self.max_nodes != 0
+            && (!self.placement_table
+                || self.max_nodes < self.placement_nodes
+                || usize::from(self.max_nodes) > swarm_core::MAX_CLUSTER_NODES)
+        {
+            return bad(
+                "room to grow (--max-nodes) needs a placement table, and at least the \
+                 cluster's nodes and at most 64",
+            );
+        }
         if self.metadata_nodes == 0 && usize::from(self.placement_nodes) > swarm_core::MAX_NODES {
             return bad("a cluster of more than 16 nodes needs a metadata group of at most 16");
         }
@@ -434,6 +475,7 @@ impl ClusterParams {
             placement_nodes: 0,
             metadata_nodes: 0,
             placement_table: false,
+            max_nodes: 0,
             ..self
         })?
         .end();
@@ -449,7 +491,10 @@ impl ClusterParams {
         // out of the logs' share below, so that registers, the memory that grows
         // with the cluster, keep their third (the groups' 8-byte shifts, per band,
         // are negligible: `NodeLayout::band_bytes`).
-        let buckets = if every_bucket { groups } else { 1 };
+        // Room to grow (`max_nodes`): a row holds up to `max_nodes / r` registers
+        // then, and its buckets beyond the first come out of the logs' share too.
+        let grown = groups.max(u64::from(self.max_nodes) / u64::from(self.replicas.max(1)));
+        let buckets = if every_bucket { grown } else { 1 };
         let register_cost =
             self.key_header_bytes() + swarm.register_bytes() + buckets * BUCKET_BYTES;
         let rows = (free / 3) / register_cost;
@@ -466,7 +511,11 @@ impl ClusterParams {
         // would keep the fullest bucket below 7 at 100% fill with half as many; the
         // rest keeps first buckets unused longer, and an insert into a never-used
         // first bucket takes one roundtrip (`crate::index`, "One-roundtrip inserts").
-        self.index_buckets = self.registers.next_power_of_two().max(2);
+        // Reserve chunks (`max_nodes`) get their buckets too: the index does not grow.
+        self.index_buckets = NodeLayout::new(self)?
+            .register_ids()
+            .next_power_of_two()
+            .max(2);
         let used = NodeLayout::new(self)?.end();
         let left = node_bytes.saturating_sub(used + AREA_ALIGN);
         // Each writer's log, and its summary (one bit per slot, a header, padding).
@@ -496,7 +545,9 @@ impl ClusterParams {
         out[0..8].copy_from_slice(&KV_MAGIC);
         // Version 10 only with a placement table, 9 only with a metadata group:
         // other clusters stay readable by the builds of the version before.
-        let version: u32 = if self.placement_table {
+        let version: u32 = if self.max_nodes != 0 {
+            11
+        } else if self.placement_table {
             10
         } else if self.metadata_nodes != 0 {
             9
@@ -515,6 +566,7 @@ impl ClusterParams {
         out[40..48].copy_from_slice(&self.index_buckets.to_le_bytes());
         out[48..52].copy_from_slice(&self.log_slots.to_le_bytes());
         out[52..54].copy_from_slice(&self.metadata_nodes.to_le_bytes());
+        out[54..56].copy_from_slice(&self.max_nodes.to_le_bytes());
         out[56..64].copy_from_slice(&self.lease_ns.to_le_bytes());
         out[64..72].copy_from_slice(&self.lease_renew_ns.to_le_bytes());
         out[72..80].copy_from_slice(&self.max_op_ns.to_le_bytes());
@@ -546,6 +598,10 @@ impl ClusterParams {
             0
         } | if self.placement_table {
             FLAG_PLACEMENT_TABLE
+        } else {
+            0
+        } | if self.max_nodes != 0 {
+            FLAG_RESERVE_CHUNKS
         } else {
             0
         };
@@ -609,6 +665,13 @@ impl ClusterParams {
         let metadata_group = version >= 9 && u64_at(96) & FLAG_METADATA_GROUP != 0;
         let metadata_nodes = if metadata_group { u16_at(52) } else { 0 };
         let placement_table = version >= 10 && u64_at(96) & FLAG_PLACEMENT_TABLE != 0;
+        let reserve = version >= 11 && u64_at(96) & FLAG_RESERVE_CHUNKS != 0;
+        let max_nodes = if reserve { u16_at(54) } else { 0 };
+        if reserve && max_nodes == 0 {
+            return Err(ParamsError::Invalid(
+                "room to grow to 0 nodes in the superblock".into(),
+            ));
+        }
         if metadata_group && metadata_nodes == 0 {
             return Err(ParamsError::Invalid(
                 "a metadata group of 0 nodes in the superblock".into(),
@@ -641,6 +704,7 @@ impl ClusterParams {
             repair_journal,
             cached_lives,
             placement_table,
+            max_nodes,
         };
         params.validate()?;
         Ok(params)
@@ -677,6 +741,8 @@ pub struct NodeLayout {
     /// First writer's log summary, if the cluster has the area
     /// ([`ClusterParams::log_summaries`]).
     pub summaries_at: Option<u64>,
+    /// Reserve chunks ([`Self::reserve_chunks`]).
+    reserve: u64,
 }
 
 impl NodeLayout {
@@ -692,7 +758,9 @@ impl NodeLayout {
             at + u64::from(params.writers) * crate::registers::journal::ROW_BYTES
         });
         let chunks_at = align(journal_end, AREA_ALIGN);
-        let chunks = params.registers.div_ceil(u64::from(params.chunk_registers));
+        let computed = params.registers.div_ceil(u64::from(params.chunk_registers));
+        let reserve = reserve_chunks(&params, computed);
+        let chunks = computed + reserve;
         let chunks_end = chunks_at + 8 * chunks;
         let placements_at = params
             .placement_table
@@ -724,7 +792,7 @@ impl NodeLayout {
         let registers_bytes = if params.placement_nodes == 0 {
             params.registers.checked_mul(register_slot_bytes)
         } else {
-            chunks.div_ceil(groups).checked_mul(band_bytes)
+            computed.div_ceil(groups).checked_mul(band_bytes)
         }
         .ok_or(ParamsError::Invalid("too many registers".into()))?;
         let logs_at = align(registers_at + registers_bytes, AREA_ALIGN);
@@ -742,7 +810,7 @@ impl NodeLayout {
         let summaries_at = params
             .log_summaries
             .then(|| align(swarm.log_base() + swarm.log_bytes(), 64));
-        Ok(Self {
+        let layout = Self {
             params,
             clients_at,
             journal_at,
@@ -754,7 +822,16 @@ impl NodeLayout {
             band_bytes,
             swarm,
             summaries_at,
-        })
+            reserve,
+        };
+        let last = layout.register_ids().saturating_sub(1);
+        if reserve > 0 && layout.identity(last).is_none_or(|id| id >= MAX_IDENTITY) {
+            return Err(ParamsError::Invalid(format!(
+                "room to grow to {} nodes names registers beyond 32 GiB: give --max-nodes a smaller count",
+                params.max_nodes
+            )));
+        }
+        Ok(layout)
     }
 
     /// Where register `register` lives, if it exists: the address of its key header
@@ -817,7 +894,7 @@ impl NodeLayout {
                 .checked_mul(per)?
                 .checked_add(o)?
         };
-        (self.register(register) == Some(addr)).then_some(register)
+        (self.identity(register) == Some(addr)).then_some(register)
     }
 
     /// The nodes of the metadata group in a cluster of `nodes` nodes: nodes
@@ -860,7 +937,7 @@ impl NodeLayout {
 
     /// Bands of the register area with replica groups (see [`Self::placement`]).
     pub fn bands(&self) -> u64 {
-        self.chunks().div_ceil(self.params.groups())
+        self.computed_chunks().div_ceil(self.params.groups())
     }
 
     /// The group of band `band` that node `node` belongs to, if any (see
@@ -898,11 +975,93 @@ impl NodeLayout {
         (writer < self.params.writers).then(|| at + u64::from(writer) * self.summary_bytes())
     }
 
-    /// Number of register chunks.
+    /// Number of register chunks: the computed ones, then the reserve ones (the
+    /// chunk table's and the placement table's length).
     pub fn chunks(&self) -> u64 {
+        self.computed_chunks() + self.reserve
+    }
+
+    /// Chunks with a computed place ([`Self::placement`]): `0..` this, holding
+    /// registers `0..registers`.
+    pub fn computed_chunks(&self) -> u64 {
         self.params
             .registers
             .div_ceil(u64::from(self.params.chunk_registers))
+    }
+
+    /// *Reserve chunks*: chunks `computed_chunks()..chunks()`, for growth to
+    /// [`ClusterParams::max_nodes`] nodes. One has no computed place and no memory
+    /// of its own: it exists only once a placement record puts it in free slots
+    /// (`crate::placement`, recorded by add-node), and no client claims it before
+    /// it follows that record (`crate::registers::alloc`). As many as `max_nodes`
+    /// nodes of [`Self::slots`] slots hold beyond the computed chunks.
+    pub fn reserve_chunks(&self) -> u64 {
+        self.reserve
+    }
+
+    /// Whether chunk `chunk` is a reserve chunk ([`Self::reserve_chunks`]).
+    pub fn is_reserve(&self, chunk: u64) -> bool {
+        chunk >= self.computed_chunks()
+    }
+
+    /// Register ids of the cluster: `0..` this. The computed registers
+    /// (`0..registers`), then, with reserve chunks, `chunk_registers` ids per
+    /// reserve chunk from the first id past the last computed chunk. Every register
+    /// id a client hands out, an index slot or a journal entry names is below it.
+    pub fn register_ids(&self) -> u64 {
+        if self.reserve == 0 {
+            self.params.registers
+        } else {
+            self.chunks() * u64::from(self.params.chunk_registers)
+        }
+    }
+
+    /// The register ids of chunk `chunk` (empty if it does not exist).
+    pub fn chunk_register_ids(&self, chunk: u64) -> std::ops::Range<u64> {
+        let per = u64::from(self.params.chunk_registers);
+        let first = chunk.saturating_mul(per);
+        let end = if self.is_reserve(chunk) {
+            first.saturating_add(per).min(self.register_ids())
+        } else {
+            first.saturating_add(per).min(self.params.registers)
+        };
+        first..end.max(first)
+    }
+
+    /// The identity of register `register` ([`swarm_core::RegisterLoc::id`]: log
+    /// records' owner tags, slot trackers), wherever a placement record puts it:
+    /// its computed address ([`Self::register`]); for a reserve register, the
+    /// address the same formula gives past the register area (bands beyond
+    /// [`Self::bands`]), never memory anybody accesses there, so that identities
+    /// stay unique, multiples of 8 and inverted by [`Self::register_at`].
+    pub fn identity(&self, register: u64) -> Option<u64> {
+        if register < self.params.registers {
+            return self.register(register);
+        }
+        if register >= self.register_ids() {
+            return None;
+        }
+        let per = u64::from(self.params.chunk_registers);
+        let g = self.params.groups();
+        let (chunk, o) = (register / per, register % per);
+        let (band, j) = (chunk / g, chunk % g);
+        Some(
+            self.registers_at
+                + band * self.band_bytes
+                + 8 * j
+                + o * self.register_slot_bytes
+                + self.params.key_header_bytes(),
+        )
+    }
+
+    /// Keys the cluster holds at most, once it grew to
+    /// [`ClusterParams::max_nodes`] nodes: every register id.
+    pub fn capacity_max(&self) -> u64 {
+        if self.reserve == 0 {
+            self.params.registers
+        } else {
+            self.params.registers + self.reserve * u64::from(self.params.chunk_registers)
+        }
     }
 
     /// Address of the claim word of chunk `chunk`.
@@ -973,6 +1132,18 @@ impl NodeLayout {
         self.key_header(register)
             .map(|at| at + self.params.key_header_bytes())
     }
+}
+
+/// Reserve chunks of a cluster of `params` whose computed chunks are `computed`
+/// ([`NodeLayout::reserve_chunks`]): what `max_nodes` nodes of as many slots as
+/// these have hold, `r` slots a chunk, beyond the computed chunks.
+fn reserve_chunks(params: &ClusterParams, computed: u64) -> u64 {
+    if params.max_nodes == 0 {
+        return 0;
+    }
+    let slots = computed.div_ceil(params.groups());
+    (u64::from(params.max_nodes) * slots / u64::from(params.replicas.max(1)))
+        .saturating_sub(computed)
 }
 
 /// Encodes a key header: `[length u32 | reserved u32 | key]`, padded to 8 bytes.
@@ -1055,8 +1226,8 @@ mod tests {
         bad[33] ^= 1;
         assert_eq!(ClusterParams::decode(&bad), Err(ParamsError::Checksum));
         let mut bad = bytes;
-        bad[8] = 11;
-        assert_eq!(ClusterParams::decode(&bad), Err(ParamsError::Version(11)));
+        bad[8] = 12;
+        assert_eq!(ClusterParams::decode(&bad), Err(ParamsError::Version(12)));
         let mut bad = bytes;
         bad[70] ^= 1;
         assert_eq!(
@@ -1435,6 +1606,92 @@ mod tests {
                 "{placement_nodes} nodes, a group of {metadata_nodes}"
             );
         }
+    }
+
+    /// Room to grow is version 11 (flag bit 7, the node count at 54): reserve
+    /// chunks after the computed ones in the chunk and placement tables, their
+    /// buckets in the index, ids after the computed registers' and identities past
+    /// the register area, unique and inverted by `register_at`; the register area
+    /// and every computed register stay where they were. A cluster without it keeps
+    /// version 10, and a version-10 superblock has none whatever its flags say.
+    #[test]
+    fn room_to_grow_is_version_11_and_other_clusters_keep_their_layout() {
+        let base = ClusterParams {
+            placement_nodes: 3,
+            placement_table: true,
+            key_max: 16,
+            value_max: 64,
+            writers: 4,
+            ..ClusterParams::default()
+        };
+        let without = base.for_node_size(16 << 20).unwrap();
+        let with = ClusterParams {
+            max_nodes: 6,
+            ..base
+        }
+        .for_node_size(16 << 20)
+        .unwrap();
+        assert_eq!(with.registers, without.registers, "no computed key lost");
+        assert!(with.index_buckets >= 2 * with.registers);
+        let bytes = with.encode();
+        assert_eq!(u32::from_le_bytes(bytes[8..12].try_into().unwrap()), 11);
+        assert_ne!(u64_at(&bytes, 96) & FLAG_RESERVE_CHUNKS, 0);
+        assert_eq!(ClusterParams::decode(&bytes), Ok(with));
+        assert_eq!(
+            u32::from_le_bytes(without.encode()[8..12].try_into().unwrap()),
+            10
+        );
+        let mut v10 = bytes;
+        v10[8..12].copy_from_slice(&10u32.to_le_bytes());
+        let sum = xxh3_64(&v10[..120]);
+        v10[120..128].copy_from_slice(&sum.to_le_bytes());
+        assert_eq!(ClusterParams::decode(&v10).unwrap().max_nodes, 0);
+
+        let (old, new) = (
+            NodeLayout::new(without).unwrap(),
+            NodeLayout::new(with).unwrap(),
+        );
+        assert_eq!(old.reserve_chunks(), 0);
+        assert_eq!(old.register_ids(), without.registers);
+        assert_eq!(new.computed_chunks(), old.chunks());
+        // Six nodes of as many slots as three hold twice the chunks.
+        assert_eq!(new.reserve_chunks(), new.computed_chunks());
+        assert_eq!(new.capacity_max(), 2 * with.registers);
+        assert_eq!(new.slots(), old.slots());
+        assert!(new.placement_record(new.chunks() - 1).unwrap() + 256 <= new.index_at);
+        assert_eq!(new.placement(with.registers), None, "no computed place");
+        let per = u64::from(with.chunk_registers);
+        let first_reserve = new.computed_chunks();
+        assert!(new.is_reserve(first_reserve) && !new.is_reserve(first_reserve - 1));
+        assert_eq!(
+            new.chunk_register_ids(first_reserve),
+            first_reserve * per..(first_reserve + 1) * per
+        );
+        let mut seen = std::collections::HashSet::new();
+        for register in 0..new.register_ids() {
+            let id = new.identity(register).unwrap();
+            assert!(seen.insert(id), "identity {id} twice");
+            assert_eq!(new.register_at(id), Some(register));
+            if register < with.registers {
+                assert_eq!(Some(id), new.register(register));
+            } else {
+                assert!(id >= new.registers_at + new.register_area_bytes());
+            }
+        }
+        assert_eq!(new.identity(new.register_ids()), None);
+        let no_table = ClusterParams {
+            placement_table: false,
+            ..with
+        };
+        assert!(
+            no_table.validate().is_err(),
+            "growth needs a placement table"
+        );
+        let fewer = ClusterParams {
+            max_nodes: 2,
+            ..with
+        };
+        assert!(fewer.validate().is_err(), "no fewer than the nodes it has");
     }
 
     /// A placement table is version 10 (flag bit 6), after the chunk table and

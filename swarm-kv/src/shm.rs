@@ -70,20 +70,34 @@ impl ShmStore {
         }
         // Replica groups over the cluster's nodes (`NodeLayout::placement`), and a
         // placement table for the records that place chunks elsewhere
-        // (`crate::placement`: superblock version 10).
+        // (`crate::placement`: superblock version 10), with reserve chunks.
         // More nodes than one roundtrip reaches: a metadata group, unless the
         // caller chose one (`ClusterParams::metadata_nodes`).
-        let params = ClusterParams {
-            placement_nodes: nodes,
-            placement_table: true,
-            metadata_nodes: if params.metadata_nodes == 0 {
-                crate::layout::default_metadata_nodes(nodes, params.replicas)
-            } else {
-                params.metadata_nodes
-            },
-            ..params
-        }
-        .for_node_size(node_bytes)?;
+        let sized = |max_nodes| {
+            ClusterParams {
+                placement_nodes: nodes,
+                placement_table: true,
+                metadata_nodes: if params.metadata_nodes == 0 {
+                    crate::layout::default_metadata_nodes(nodes, params.replicas)
+                } else {
+                    params.metadata_nodes
+                },
+                max_nodes,
+                ..params
+            }
+            .for_node_size(node_bytes)
+        };
+        // Room to grow by `swarm add-node` (reserve chunks: superblock version 11),
+        // unless the caller chose how much; the default only where the node has
+        // room for its index buckets (a node of a few MiB may not: none then).
+        let params = if params.max_nodes == 0 {
+            match sized(crate::layout::default_max_nodes(nodes)) {
+                Err(crate::layout::ParamsError::TooSmall { .. }) => sized(0),
+                sized => sized,
+            }
+        } else {
+            sized(params.max_nodes)
+        }?;
         // Validate the layout before touching the filesystem.
         NodeLayout::new(params)?;
         let shm = Arc::new(ShmCluster::create_with(

@@ -150,7 +150,7 @@ fn a_node_added_while_clients_run_serves_new_chunks_and_the_history_is_lineariza
     // new node: its key headers are in the new node's memory, at the slots.
     let fresh = ShmStore::open(dir.path()).unwrap();
     let c = fresh.client().unwrap();
-    assert_eq!(c.recorded_chunks(), moved.len());
+    assert_eq!(c.recorded_chunks(), moved.len() + report.reserve.len());
     let f = c.fabric();
     let fabric = fresh.fabric();
     let mut on_new = 0;
@@ -238,7 +238,7 @@ fn a_client_behind_the_configuration_fills_a_moved_chunk_only_where_its_record_s
             behind_in_moved += 1;
             assert_eq!(
                 c.recorded_chunks(),
-                moved.len(),
+                moved.len() + report.reserve.len(),
                 "client {i} followed the add"
             );
         }
@@ -322,4 +322,193 @@ fn a_client_that_cannot_follow_a_newer_configuration_starts_no_operation() {
         "it follows the mended table and serves again"
     );
     c.close();
+}
+
+/// Inserts distinct keys `prefix-i` with `c` until the cluster is full (several
+/// `RegistersFull` in a row, `tries` apart by `pause`: a client that has not
+/// followed an add yet finds the area full until its next lease renewal), and
+/// returns how many it inserted.
+fn fill(
+    c: &swarm_kv::KvClient<swarm_shm::EmulatedFabric, swarm_kv::SystemClock>,
+    prefix: &str,
+    tries: u32,
+    pause_ms: u64,
+) -> u64 {
+    let f = c.fabric();
+    let (mut inserted, mut full) = (0u64, 0);
+    while full < tries {
+        let key = format!("{prefix}-{inserted}");
+        match block_on(f, c.insert(key.as_bytes(), b"v", &OpStats::new())) {
+            Ok(()) => {
+                inserted += 1;
+                full = 0;
+            }
+            Err(swarm_kv::KvError::RegistersFull { .. }) => {
+                full += 1;
+                std::thread::sleep(std::time::Duration::from_millis(pause_ms));
+            }
+            Err(other) => panic!("insert {key}: {other}"),
+        }
+    }
+    inserted
+}
+
+/// An add-node gives the cluster keys: a 3-node cluster of 3 replicas made with
+/// room to grow, half full, gets a fourth node; the running client then inserts
+/// more keys than the cluster held before the add (into reserve chunks the add
+/// recorded, on the new node and in the slots its moves freed), and every key
+/// reads back from a client connected afterwards.
+#[test]
+fn after_an_add_clients_fill_more_keys_than_the_cluster_held_before() {
+    let dir = ScratchDir::new("kv-add-node-grows").unwrap();
+    // Two writer ids: longer logs for one client's inserts back to back.
+    let params = ClusterParams {
+        writers: 2,
+        ..params()
+    };
+    let store = ShmStore::create(dir.path(), NODES, 2 << 20, params).unwrap();
+    let layout = *store.layout();
+    let before = layout.params.registers;
+    println!(
+        "{before} keys before, room for {} ({} reserve chunks)",
+        layout.capacity_max(),
+        layout.reserve_chunks()
+    );
+    assert!(layout.reserve_chunks() > 0, "room to grow by default");
+    let c = store.client().unwrap();
+    let f = c.fabric();
+    for i in 0..before / 2 {
+        let key = format!("k-{i}");
+        block_on(f, c.insert(key.as_bytes(), b"v", &OpStats::new())).unwrap();
+    }
+    let report = ShmStore::add_node(dir.path(), AddNodeOptions::default()).unwrap();
+    println!(
+        "added node {}: {} chunks moved, {} reserve chunks recorded",
+        report.node,
+        report.moved.len(),
+        report.reserve.len()
+    );
+    assert!(
+        !report.reserve.is_empty(),
+        "the add recorded reserve chunks"
+    );
+    let after = before + report.reserve.len() as u64 * u64::from(layout.params.chunk_registers);
+    let more = fill(&c, "m", 20, 25);
+    let inserted = before / 2 + more;
+    println!("{inserted} keys inserted; capacity {before} before the add, {after} after");
+    assert!(inserted > before, "the cluster holds more keys than before");
+    assert!(inserted <= after);
+    assert_eq!(
+        c.recorded_chunks(),
+        report.moved.len() + report.reserve.len()
+    );
+    c.close();
+
+    let fresh = ShmStore::open(dir.path()).unwrap();
+    let c = fresh.client().unwrap();
+    let f = c.fabric();
+    let per = u64::from(layout.params.chunk_registers);
+    let mut in_reserve = 0;
+    let keys = (0..before / 2)
+        .map(|i| format!("k-{i}"))
+        .chain((0..more).map(|i| format!("m-{i}")));
+    for (i, key) in keys.enumerate() {
+        assert_eq!(
+            block_on(f, c.get(key.as_bytes(), &OpStats::new())).unwrap(),
+            Some(b"v".to_vec()),
+            "{key}"
+        );
+        if i % 16 == 0 {
+            let register = block_on(f, c.index().resolve(f, &OpStats::new(), key.as_bytes()))
+                .unwrap()
+                .unwrap();
+            in_reserve += usize::from(layout.is_reserve(register / per));
+        }
+    }
+    assert!(in_reserve > 0, "keys live in reserve chunks");
+    c.close();
+}
+
+/// A client that still follows the configuration before an add (its next lease
+/// renewal is seconds away), with every computed chunk taken, fills the reserve
+/// chunks the add recorded only after following it, and where their records say:
+/// finding the cluster full, it follows the newer configuration first (the
+/// allocator never claims a reserve chunk its table has no record for:
+/// `registers::alloc`'s unit tests).
+#[test]
+fn a_client_behind_the_configuration_fills_reserve_chunks_only_after_following_it() {
+    let dir = ScratchDir::new("kv-add-node-reserve-behind").unwrap();
+    let params = ClusterParams {
+        lease_ns: 6_000_000_000,
+        lease_renew_ns: 1_500_000_000,
+        writers: 2,
+        ..params()
+    };
+    let store = ShmStore::create(dir.path(), NODES, 2 << 20, params).unwrap();
+    let layout = *store.layout();
+    let behind = store.client().unwrap();
+    let report = ShmStore::add_node(
+        dir.path(),
+        AddNodeOptions {
+            quiesce_ns: Some(0),
+            ..AddNodeOptions::default()
+        },
+    )
+    .unwrap();
+    assert!(!report.reserve.is_empty());
+    // Every computed chunk taken, with a configuration change's hold (no
+    // reclamation pass adopts it).
+    let fabric = store.fabric();
+    let stats = OpStats::new();
+    let words = |chunks: std::ops::Range<u64>| -> Vec<u64> {
+        let len = (8 * (chunks.end - chunks.start)) as u32;
+        node_bytes(&fabric, NodeId(0), layout.chunk_word(chunks.start), len)
+            .chunks_exact(8)
+            .map(|w| u64::from_le_bytes(w.try_into().unwrap()))
+            .collect()
+    };
+    block_on(&fabric, async {
+        let mut rt = Roundtrip::start(&fabric, &stats);
+        for node in 0..NODES {
+            let taken = vec![0xf0u8; 8 * layout.computed_chunks() as usize];
+            rt.post(NodeId(node), Batch::write(layout.chunk_word(0), taken))?;
+        }
+        rt.wait(usize::from(NODES)).await
+    })
+    .unwrap();
+    let f = behind.fabric();
+    assert_eq!(behind.recorded_chunks(), 0, "behind");
+    assert!(
+        words(layout.computed_chunks()..layout.chunks())
+            .iter()
+            .all(|w| *w == 0)
+    );
+    // Once it follows the add, it fills the reserve chunks where their records say.
+    let inserted = fill(&behind, "behind", 3, 10);
+    println!("{inserted} keys inserted once it followed the add");
+    assert!(behind.recorded_chunks() > 0, "it followed the add");
+    assert_eq!(
+        inserted,
+        report.reserve.len() as u64 * u64::from(layout.params.chunk_registers)
+    );
+    let per = u64::from(layout.params.chunk_registers);
+    let register = block_on(f, behind.index().resolve(f, &OpStats::new(), b"behind-0"))
+        .unwrap()
+        .unwrap();
+    assert!(report.reserve.contains(&(register / per)));
+    let loc = behind.register_loc(register).unwrap();
+    let holding = loc
+        .replicas
+        .nodes()
+        .iter()
+        .filter(|&&node| {
+            let at = loc.offset_on(node).unwrap() - layout.params.key_header_bytes();
+            node_bytes(&fabric, node, at, 16)[8..16] == *b"behind-0"
+        })
+        .count();
+    assert!(
+        holding >= loc.replicas.quorum(),
+        "its header is at the record's slots"
+    );
+    behind.close();
 }

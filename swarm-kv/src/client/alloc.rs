@@ -49,6 +49,7 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         let mut give_up = started.saturating_add(patience);
         let mut woke_late = false;
         let mut behind = 0;
+        let mut checked_growth = false;
         loop {
             self.recycle_step();
             let r = self
@@ -67,6 +68,19 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
             let Err(KvError::RegistersFull { .. }) = r else {
                 return r;
             };
+            if !checked_growth && self.layout.reserve_chunks() > 0 {
+                // Room to grow: an add-node may have recorded reserve chunks since
+                // this client last followed a configuration (its renewals ride on
+                // operations, and none started without a register). Follow it and
+                // scan again; the allocator claims a reserve chunk only once its
+                // record is followed (`crate::registers::alloc`).
+                checked_growth = true;
+                let followed = self.followed_epoch();
+                self.follow_configuration_now().await;
+                if self.followed_epoch() > followed {
+                    continue;
+                }
+            }
             self.log_holdings("insert found no free register");
             let now = fabric.now();
             let in_limbo = self.recycler.in_limbo();

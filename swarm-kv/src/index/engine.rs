@@ -164,7 +164,7 @@ impl<'a, F: Fabric> Engine<'a, F> {
     }
 
     fn registers(&self) -> u64 {
-        self.ix.layout.params.registers
+        self.ix.layout.register_ids()
     }
 
     /// Sleeps a randomised, exponentially growing pause before attempt `attempt`.

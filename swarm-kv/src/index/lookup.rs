@@ -142,7 +142,7 @@ pub async fn count<F: Fabric>(ix: &Index, fabric: &F, stats: &OpStats) -> Result
     const CHUNK: u64 = 64 * 1024;
     let total = ix.layout.params.index_buckets * BUCKET_BYTES;
     let start = ix.layout.index_at;
-    let registers = ix.layout.params.registers;
+    let registers = ix.layout.register_ids();
     let nodes = ix.nodes;
     let mut offset = 0;
     let mut used = 0;

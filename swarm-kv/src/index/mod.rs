@@ -461,10 +461,10 @@ impl Index {
                 "{nodes} memory nodes: the index needs 1 to {MAX_REPLICAS}"
             )));
         }
-        if params.registers > MAX_REGISTERS {
+        if layout.register_ids() > MAX_REGISTERS {
             return Err(IndexError::Config(format!(
                 "{} registers: slots hold register ids below {MAX_REGISTERS}; use fewer, larger registers",
-                params.registers
+                layout.register_ids()
             )));
         }
         if params.index_buckets == 0 || !params.index_buckets.is_power_of_two() {
@@ -544,7 +544,7 @@ impl Index {
             .loc(&self.layout, self.cluster_nodes, register)
             .map_err(|_| IndexError::NoSuchRegister {
                 register,
-                registers: self.layout.params.registers,
+                registers: self.layout.register_ids(),
             })?;
         // Registers replicated on every node of the index (a recorded chunk may
         // have moved a replica to an added node: not then).
@@ -617,10 +617,10 @@ impl Index {
     }
 
     pub(crate) fn check_register(&self, register: RegisterId) -> Result<(), IndexError> {
-        if register >= self.layout.params.registers {
+        if register >= self.layout.register_ids() {
             return Err(IndexError::NoSuchRegister {
                 register,
-                registers: self.layout.params.registers,
+                registers: self.layout.register_ids(),
             });
         }
         Ok(())

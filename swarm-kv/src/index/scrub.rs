@@ -87,7 +87,7 @@ impl Index {
             |replies| replies.len() == nodes,
         )
         .await?;
-        let registers = self.layout.params.registers;
+        let registers = self.layout.register_ids();
         let mut repairs: Vec<Vec<Op>> = vec![Vec::new(); nodes];
         for b in 0..count as usize {
             let range = b * BUCKET_BYTES as usize..(b + 1) * BUCKET_BYTES as usize;

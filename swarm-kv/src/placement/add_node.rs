@@ -2,8 +2,10 @@
 //! "Per-replica placement", and "Why adding a node is safe under arbitrary pauses").
 //!
 //! **What.** The new node (slot `n`, after the `n` the configuration lists) gets the
-//! cluster's superblock; chunks no client holds get placement records that move one
-//! replica each onto it; configuration `e + 1` lists its incarnation and publishes
+//! cluster's superblock; reserve chunks (`NodeLayout::reserve_chunks`: the keys the
+//! add gives the cluster) get records in free slots, the new node's and those that
+//! moves free: chunks no client holds get records that move one replica each onto
+//! the new node (`plan`); configuration `e + 1` lists its incarnation and publishes
 //! the records. The metadata group stays the nodes the cluster was created with
 //! (`NodeLayout::metadata_nodes`): the new node holds registers only.
 //!
@@ -11,11 +13,13 @@
 //! stopped tool's late records never land after a later one's):
 //!
 //! 1. read configuration `e`; write the superblock on the new node;
-//! 2. per chunk to move, claim its chunk word on the metadata group with a
-//!    *hold token* ([`is_hold_token`]: even, where clients' tokens are odd, so that
-//!    no reclamation pass takes the chunk for a dead client's), and only if that
-//!    claim wins, write its record at epoch `e + 1` on **every** node of the
-//!    metadata group;
+//! 2. claim the chunk word of every chunk the plan records on the metadata group
+//!    with a *hold token* ([`is_hold_token`]: even, where clients' tokens are odd,
+//!    so that no reclamation pass takes the chunk for a dead client's), planning
+//!    again without any chunk whose hold is lost (a reserve chunk never takes the
+//!    old slot of a move not made); once all are held, write their records at epoch
+//!    `e + 1` on **every** node of the metadata group, moves first (a copy showing
+//!    a reserve chunk in a freed slot shows the move that freed it);
 //! 3. write configuration `e + 1` (the members, and the new node's incarnation) on
 //!    every node of the metadata group;
 //! 4. wait a quiescence (`crate::repair::quiescence_ns`: a lease observer's wait,
@@ -33,7 +37,11 @@
 //! tool's release there, which follows the record's write there (step 2 waits
 //! for every node before step 5 starts). So the client reads the new record,
 //! however long it was stopped between reading its table and claiming, and gives
-//! the chunk back unless it follows epoch `e + 1`. A tool stopped anywhere holds its
+//! the chunk back unless it follows epoch `e + 1`. A reserve chunk is claimed only
+//! by a client whose table has its record (`crate::registers::alloc`), so following
+//! `e + 1`, published after the record is on every metadata node. A slot a move
+//! freed was never written (the moved chunk was unclaimed: a chunk word returns to
+//! 0 only when the chunk goes back unused). A tool stopped anywhere holds its
 //! chunks: nobody fills them. Readers: a register of a moved chunk is mapped in the
 //! index only after step 5, by a client following `e + 1`. An operation that reads
 //! it started with a valid lease (`crate::client::begin`) after step 5, so after a
@@ -47,8 +55,6 @@
 //! leaves its held chunks held (and its records at `e + 1`, never published, or
 //! published by a later change for chunks nobody can claim): chunks lost to the
 //! cluster, never a placement in doubt. A later add counts their spots as taken.
-
-use std::collections::HashMap;
 
 use swarm_core::fabric::Batch;
 use swarm_core::quorum::{broadcast, nodes as node_ids};
@@ -83,8 +89,11 @@ pub struct AddNodeReport {
     pub node: NodeId,
     /// The configuration epoch that lists it.
     pub epoch: u64,
-    /// Chunks recorded with a replica on it.
+    /// Chunks that moved one replica onto it.
     pub moved: Vec<u64>,
+    /// Reserve chunks recorded (`NodeLayout::reserve_chunks`): the keys the add
+    /// gave the cluster, `chunk_registers` each.
+    pub reserve: Vec<u64>,
 }
 
 /// Why an add-node (`ShmStore::add_node`) failed; the cluster keeps serving with the
@@ -200,35 +209,47 @@ async fn add_locked<F: Fabric>(
     let table = super::read(fabric, stats, layout, meta, u64::MAX, straggler_ns)
         .await
         .map_err(|e| AddNodeError::Read(e.to_string()))?;
-    let moves = plan(
-        layout,
-        &table,
-        &chunk_words(fabric, stats, layout, meta).await?,
-        node,
-        epoch32,
-        options.chunks,
-    );
+    let mut free = chunk_words(fabric, stats, layout, meta).await?;
 
-    // Step 2: hold each chunk, then record it on every metadata node.
-    let mut moved = Vec::new();
-    for (chunk, record) in moves {
-        let won = claim(
-            fabric,
-            stats,
-            meta,
-            layout.chunk_word(chunk),
-            token,
-            layout.params.max_op_ns,
-        )
-        .await?;
-        if won != Claim::Won {
-            continue; // A client claimed it meanwhile: it stays where it is.
+    // Step 2: hold every chunk the plan records (a chunk a client claimed meanwhile
+    // is left where it is, and the plan made again without it: a move's old slot
+    // is free for a reserve chunk only if the move is made), then record them on
+    // every metadata node.
+    let mut held: Vec<u64> = Vec::new();
+    let plan = loop {
+        let plan = plan(layout, &table, &free, node, epoch32, options.chunks);
+        let mut lost = false;
+        for &(chunk, _) in plan.moves.iter().chain(&plan.reserve) {
+            if held.contains(&chunk) {
+                continue;
+            }
+            let won = claim(
+                fabric,
+                stats,
+                meta,
+                layout.chunk_word(chunk),
+                token,
+                layout.params.max_op_ns,
+            )
+            .await?;
+            if won == Claim::Won {
+                held.push(chunk);
+            } else {
+                free[chunk as usize] = false;
+                lost = true;
+            }
         }
-        moved.push(chunk);
-        super::write_record(fabric, stats, layout, meta, chunk, &record)
+        if !lost {
+            break plan;
+        }
+    };
+    for (chunk, record) in plan.moves.iter().chain(&plan.reserve) {
+        super::write_record(fabric, stats, layout, meta, *chunk, record)
             .await
             .map_err(|e| AddNodeError::Read(e.to_string()))?;
     }
+    let moved: Vec<u64> = plan.moves.iter().map(|(c, _)| *c).collect();
+    let reserve: Vec<u64> = plan.reserve.iter().map(|(c, _)| *c).collect();
 
     // Step 3: publish.
     let mut next = Configuration {
@@ -241,7 +262,13 @@ async fn add_locked<F: Fabric>(
         Ok(Batch::write(CONFIG_AT, next.encode()))
     })
     .await?;
-    tracing::info!(%node, epoch, moved = moved.len(), "node added: configuration published");
+    tracing::info!(
+        %node,
+        epoch,
+        moved = moved.len(),
+        reserve = reserve.len(),
+        "node added: configuration published"
+    );
 
     // Step 4: every client either follows it or is fenced.
     let quiesce = options
@@ -249,8 +276,8 @@ async fn add_locked<F: Fabric>(
         .unwrap_or_else(|| crate::repair::quiescence_ns(layout));
     swarm_core::sleep(fabric, quiesce).await;
 
-    // Step 5: free the moved chunks.
-    for &chunk in &moved {
+    // Step 5: free the held chunks (recorded or not).
+    for &chunk in &held {
         let word = layout.chunk_word(chunk);
         if let Err(error) = broadcast(fabric, stats, node_ids(meta), meta, |_| {
             Ok(Batch::cas(word, token, 0))
@@ -260,7 +287,12 @@ async fn add_locked<F: Fabric>(
             tracing::warn!(chunk, %error, "cannot free a moved chunk on every node: it stays unused");
         }
     }
-    Ok(AddNodeReport { node, epoch, moved })
+    Ok(AddNodeReport {
+        node,
+        epoch,
+        moved,
+        reserve,
+    })
 }
 
 /// Each chunk's word on every node of the metadata group that answers (a
@@ -291,9 +323,23 @@ async fn chunk_words<F: Fabric>(
     Ok(free)
 }
 
-/// Which unclaimed chunks move one replica onto `node`, and their records at
-/// `epoch`: up to the new node's fair share (`limit` if smaller), each giving up
-/// its spot on its most loaded node, on the new node's free slots in order.
+/// What an add records at its epoch: chunks that move one replica onto the new
+/// node, and reserve chunks placed in free slots.
+#[derive(Debug, Default)]
+struct Plan {
+    moves: Vec<(u64, PlacementRecord)>,
+    reserve: Vec<(u64, PlacementRecord)>,
+}
+
+/// What an add of `node` records at `epoch` (chunks whose word `free` shows
+/// unclaimed only). Reserve chunks first: each on the `r` nodes with the most free
+/// slots (the new node's, slots no chunk uses on the others: a band's nodes outside
+/// its groups, and slots moves freed), while `r` nodes have one. When they do not,
+/// one chunk moves a replica onto the new node, giving up its spot on its most
+/// loaded node, which frees a slot there; `limit` caps the moves. Once no reserve
+/// chunk is left to record, moves go on up to the new node's fair share of the
+/// replicas. From the last chunk down: clients' cursors spread over the whole
+/// table, and the first chunks are the likeliest claimed by the time the tool runs.
 fn plan(
     layout: &NodeLayout,
     table: &Placements,
@@ -301,59 +347,114 @@ fn plan(
     node: NodeId,
     epoch: u32,
     limit: Option<u64>,
-) -> Vec<(u64, PlacementRecord)> {
-    let r = u64::from(layout.params.replicas);
+) -> Plan {
+    let r = usize::from(layout.params.replicas);
     let chunks = layout.chunks();
+    let nodes = node.index() + 1;
     let new = node.index() as u8;
+    let is_free = |chunk: u64| free.get(chunk as usize).copied().unwrap_or(false);
     let spots = |chunk: u64| -> Vec<Spot> {
         match table.record(chunk) {
             Some(record) => record.replicas.clone(),
+            None if layout.is_reserve(chunk) => Vec::new(),
             None => computed_spots(layout, chunk),
         }
     };
-    let mut load: HashMap<u8, u64> = HashMap::new();
-    let mut taken: Vec<u32> = Vec::new();
+    // Per node, its slots no chunk uses (highest first: `pop` takes the lowest).
+    let mut used = vec![vec![false; layout.slots() as usize]; nodes];
+    let mut replicas = 0usize;
     for chunk in 0..chunks {
         for spot in spots(chunk) {
-            *load.entry(spot.node).or_default() += 1;
-            if spot.node == new {
-                taken.push(spot.slot);
+            replicas += 1;
+            if let Some(slot) = used
+                .get_mut(usize::from(spot.node))
+                .and_then(|u| u.get_mut(spot.slot as usize))
+            {
+                *slot = true;
             }
         }
     }
-    let nodes = node.index() as u64 + 1;
-    let share = (chunks * r / nodes).min(limit.unwrap_or(u64::MAX));
-    let mut slots = (0..layout.slots() as u32).filter(|s| !taken.contains(s));
-    let mut out = Vec::new();
-    // From the last chunk down: clients' cursors spread over the whole table, and
-    // the first chunks are the likeliest claimed by the time the tool runs.
-    for chunk in (0..chunks).rev() {
-        if out.len() as u64 >= share.saturating_sub(load.get(&new).copied().unwrap_or(0)) {
+    let mut open: Vec<Vec<u32>> = used
+        .iter()
+        .map(|u| {
+            (0..u.len() as u32)
+                .rev()
+                .filter(|&s| !u[s as usize])
+                .collect()
+        })
+        .collect();
+    let on_new = |out: &Plan| {
+        out.moves.len()
+            + out
+                .reserve
+                .iter()
+                .filter(|(_, rec)| rec.replicas.iter().any(|s| s.node == new))
+                .count()
+    };
+    let preexisting_on_new = used[node.index()].iter().filter(|u| **u).count();
+    let mut reserve = (layout.computed_chunks()..chunks)
+        .filter(|&c| table.record(c).is_none() && is_free(c))
+        .peekable();
+    let mut movable = (0..chunks)
+        .rev()
+        .filter(|&c| is_free(c) && !spots(c).is_empty() && spots(c).iter().all(|s| s.node != new));
+    let mut moves_left = limit.unwrap_or(u64::MAX);
+    let mut out = Plan::default();
+    loop {
+        if let Some(&chunk) = reserve.peek() {
+            let mut by_room: Vec<usize> = (0..nodes).collect();
+            by_room.sort_by_key(|&n| (std::cmp::Reverse(open[n].len()), n));
+            if by_room.len() >= r && by_room[..r].iter().all(|&n| !open[n].is_empty()) {
+                let mut chosen: Vec<usize> = by_room[..r].to_vec();
+                chosen.sort_unstable();
+                let replicas_of: Vec<Spot> = chosen
+                    .iter()
+                    .map(|&n| Spot {
+                        node: n as u8,
+                        slot: open[n].pop().unwrap_or_default(),
+                    })
+                    .collect();
+                replicas += r;
+                out.reserve.push((chunk, settled(epoch, replicas_of)));
+                reserve.next();
+                continue;
+            }
+        }
+        let share = replicas / nodes;
+        let wanted = reserve.peek().is_some() || preexisting_on_new + on_new(&out) < share;
+        if moves_left == 0 || open[node.index()].is_empty() || !wanted {
             break;
         }
-        if !free.get(chunk as usize).copied().unwrap_or(false) {
-            continue;
-        }
-        let mut replicas = spots(chunk);
-        if replicas.iter().any(|s| s.node == new) || replicas.is_empty() {
-            continue;
-        }
-        let Some(slot) = slots.next() else { break };
-        let heaviest = (0..replicas.len())
-            .max_by_key(|&i| load.get(&replicas[i].node).copied().unwrap_or(0))
+        let Some(chunk) = movable.next() else { break };
+        let mut moved = spots(chunk);
+        let heaviest = (0..moved.len())
+            .min_by_key(|&i| {
+                open.get(usize::from(moved[i].node))
+                    .map_or(usize::MAX, Vec::len)
+            })
             .unwrap_or(0);
-        *load.entry(replicas[heaviest].node).or_default() -= 1;
-        replicas[heaviest] = Spot { node: new, slot };
-        out.push((
-            chunk,
-            PlacementRecord {
-                epoch,
-                replicas,
-                destination: None,
-            },
-        ));
+        let given_up = moved[heaviest];
+        if let Some(slots) = open.get_mut(usize::from(given_up.node)) {
+            slots.push(given_up.slot);
+            slots.sort_unstable_by(|a, b| b.cmp(a));
+        }
+        moved[heaviest] = Spot {
+            node: new,
+            slot: open[node.index()].pop().unwrap_or_default(),
+        };
+        out.moves.push((chunk, settled(epoch, moved)));
+        moves_left -= 1;
     }
     out
+}
+
+/// A settled record.
+fn settled(epoch: u32, replicas: Vec<Spot>) -> PlacementRecord {
+    PlacementRecord {
+        epoch,
+        replicas,
+        destination: None,
+    }
 }
 
 /// Chunk `chunk`'s computed spots (its replica group's nodes, at its band).
@@ -396,33 +497,99 @@ mod tests {
         assert!(!is_hold_token(0) && !is_hold_token(0xabc | 1));
     }
 
-    /// The plan moves free chunks only, one replica each, onto distinct free slots
-    /// of the new node, up to its fair share, and the table it gives passes the
-    /// clients' checks.
-    #[test]
-    fn a_plan_moves_free_chunks_onto_distinct_slots_up_to_a_fair_share() {
-        let l = layout();
-        let mut free = vec![true; l.chunks() as usize];
-        free[29] = false;
-        let moves = plan(&l, &Placements::computed(), &free, NodeId(3), 2, None);
-        // 30 chunks of 3 replicas over 4 nodes: 22 on the new one.
-        assert_eq!(moves.len(), 22);
-        assert!(moves.iter().all(|(c, _)| *c != 29));
-        let mut slots: Vec<u32> = Vec::new();
+    /// `plan`'s records as a table copy, adopted by a client of `nodes` nodes at
+    /// `epoch`: they pass the clients' checks.
+    fn adopted(l: &NodeLayout, plan: &Plan, nodes: usize, epoch: u64) -> Placements {
         let mut table = vec![0u8; l.chunks() as usize * super::super::RECORD_BYTES];
-        for (chunk, record) in &moves {
-            let on_new: Vec<&Spot> = record.replicas.iter().filter(|s| s.node == 3).collect();
-            assert_eq!(on_new.len(), 1);
-            slots.push(on_new[0].slot);
+        for (chunk, record) in plan.moves.iter().chain(&plan.reserve) {
             let at = *chunk as usize * super::super::RECORD_BYTES;
             table[at..at + super::super::RECORD_BYTES].copy_from_slice(&record.encode().unwrap());
         }
+        Placements::adopt(l, nodes, &[(NodeId(0), &table)], epoch).unwrap()
+    }
+
+    /// Without reserve chunks the plan moves free chunks only, one replica each,
+    /// onto distinct free slots of the new node, up to its fair share, and the
+    /// table it gives passes the clients' checks.
+    #[test]
+    fn a_plan_moves_free_chunks_onto_distinct_slots_up_to_a_fair_share() {
+        let l = layout();
+        assert_eq!(l.reserve_chunks(), 0);
+        let mut free = vec![true; l.chunks() as usize];
+        free[29] = false;
+        let plan = plan(&l, &Placements::computed(), &free, NodeId(3), 2, None);
+        // 30 chunks of 3 replicas over 4 nodes: 22 on the new one.
+        assert_eq!(plan.moves.len(), 22);
+        assert!(plan.reserve.is_empty());
+        assert!(plan.moves.iter().all(|(c, _)| *c != 29));
+        let mut slots: Vec<u32> = Vec::new();
+        for (_, record) in &plan.moves {
+            let on_new: Vec<&Spot> = record.replicas.iter().filter(|s| s.node == 3).collect();
+            assert_eq!(on_new.len(), 1);
+            slots.push(on_new[0].slot);
+        }
         slots.sort_unstable();
         slots.dedup();
-        assert_eq!(slots.len(), moves.len(), "distinct slots");
-        let adopted = Placements::adopt(&l, 4, &[(NodeId(0), &table)], 2).unwrap();
-        assert_eq!(adopted.recorded(), 22);
-        let limited = plan(&l, &Placements::computed(), &free, NodeId(3), 2, Some(5));
-        assert_eq!(limited.len(), 5);
+        assert_eq!(slots.len(), plan.moves.len(), "distinct slots");
+        assert_eq!(adopted(&l, &plan, 4, 2).recorded(), 22);
+        let limited = super::plan(&l, &Placements::computed(), &free, NodeId(3), 2, Some(5));
+        assert_eq!(limited.moves.len(), 5);
+    }
+
+    /// With room to grow, an add of a fourth node to three of three replicas fills
+    /// every slot of every node: two moves free two old slots for each reserve
+    /// chunk, which takes them and one of the new node's. The cluster then holds a
+    /// third more chunks, each on three distinct nodes, the table passes the
+    /// clients' checks, and a second add (a fifth node) records more.
+    #[test]
+    fn a_plan_records_reserve_chunks_in_the_slots_an_add_frees() {
+        let l = NodeLayout::new(ClusterParams {
+            max_nodes: 6,
+            ..layout().params
+        })
+        .unwrap();
+        assert_eq!((l.computed_chunks(), l.reserve_chunks()), (30, 30));
+        let free = vec![true; l.chunks() as usize];
+        let first = plan(&l, &Placements::computed(), &free, NodeId(3), 2, None);
+        assert_eq!((first.moves.len(), first.reserve.len()), (20, 10));
+        for (chunk, record) in &first.reserve {
+            assert!(l.is_reserve(*chunk));
+            let mut nodes: Vec<u8> = record.replicas.iter().map(|s| s.node).collect();
+            nodes.dedup();
+            assert_eq!(nodes.len(), 3, "distinct nodes");
+        }
+        let table = adopted(&l, &first, 4, 2);
+        assert_eq!(table.capacity(&l), 40 * 4);
+        // Every slot of every node is used once.
+        let mut used = std::collections::HashSet::new();
+        for chunk in 0..l.chunks() {
+            let spots = match table.record(chunk) {
+                Some(r) => r.replicas.clone(),
+                None if l.is_reserve(chunk) => continue,
+                None => computed_spots(&l, chunk),
+            };
+            for spot in spots {
+                assert!(used.insert((spot.node, spot.slot)), "{spot:?} twice");
+            }
+        }
+        assert_eq!(used.len(), 4 * 30);
+        // A fifth node: 50 chunks fit 5 nodes of 30 slots.
+        let mut free = free;
+        let mut second_table = vec![0u8; l.chunks() as usize * super::super::RECORD_BYTES];
+        for (chunk, record) in first.moves.iter().chain(&first.reserve) {
+            let at = *chunk as usize * super::super::RECORD_BYTES;
+            second_table[at..at + super::super::RECORD_BYTES]
+                .copy_from_slice(&record.encode().unwrap());
+        }
+        free[0] = false; // claimed by a client: stays where it is
+        let second = plan(&l, &table, &free, NodeId(4), 3, None);
+        assert!(second.moves.iter().all(|(c, _)| *c != 0));
+        let mut merged = second_table;
+        for (chunk, record) in second.moves.iter().chain(&second.reserve) {
+            let at = *chunk as usize * super::super::RECORD_BYTES;
+            merged[at..at + super::super::RECORD_BYTES].copy_from_slice(&record.encode().unwrap());
+        }
+        let after = Placements::adopt(&l, 5, &[(NodeId(0), &merged)], 3).unwrap();
+        assert_eq!(after.capacity(&l), 50 * 4);
     }
 }

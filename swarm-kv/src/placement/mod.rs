@@ -16,7 +16,10 @@
 //! register area ([`NodeLayout::slot_key_header`]), so register `o` of the chunk is
 //! at `slot start + o · register slot` there. An unset record (zeros, what a new
 //! table holds) and every cluster before version 10 mean the computed place, so
-//! old clusters open unchanged.
+//! old clusters open unchanged. A *reserve chunk* (superblock version 11,
+//! [`NodeLayout::reserve_chunks`]) has no computed place: unset, it has no memory,
+//! and no client claims it (`crate::registers::alloc`); add-node records it in free
+//! slots, which is how an add gives the cluster keys ([`Placements::capacity`]).
 //!
 //! **Names.** A register keeps the identity its computed place gives it (that
 //! address, [`NodeLayout::register`]) wherever a record puts it: log records' owner
@@ -137,6 +140,16 @@ impl Placements {
         self.records.iter().flatten().count()
     }
 
+    /// Keys the cluster holds under this table: the computed registers, and those
+    /// of every reserve chunk with a record (`NodeLayout::reserve_chunks`).
+    pub fn capacity(&self, layout: &NodeLayout) -> u64 {
+        let reserve: u64 = (layout.computed_chunks()..layout.chunks())
+            .filter(|&chunk| self.record(chunk).is_some())
+            .map(|chunk| layout.chunk_register_ids(chunk).count() as u64)
+            .sum();
+        layout.params.registers + reserve
+    }
+
     /// Chunk `chunk`'s record, if it has one.
     pub fn record(&self, chunk: u64) -> Option<&PlacementRecord> {
         self.records.get(usize::try_from(chunk).ok()?)?.as_ref()
@@ -218,7 +231,7 @@ impl Placements {
                 let band = u64::from(spot.slot);
                 if let Some(j) = layout.group_of(usize::from(spot.node), band) {
                     let computed = band * layout.params.groups() + j;
-                    if computed < layout.chunks() && self.record(computed).is_none() {
+                    if computed < layout.computed_chunks() && self.record(computed).is_none() {
                         return Err(overlap(computed));
                     }
                 }
@@ -243,7 +256,7 @@ impl Placements {
             return crate::client::register_loc_for(layout, nodes, register);
         };
         let corrupted = || KvError::Corrupted { register };
-        let id = layout.register(register).ok_or_else(corrupted)?;
+        let id = layout.identity(register).ok_or_else(corrupted)?;
         let hash = xxh3_64(&register.to_le_bytes());
         let r = record.replicas.len();
         let (start, rotation) = ((hash % r as u64) as usize, hash / r as u64);

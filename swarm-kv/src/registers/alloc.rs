@@ -28,9 +28,18 @@
 //! word itself and frees the word only after the record is on every node of the
 //! metadata group, so a client stopped for any time between reading the table and
 //! claiming never fills a chunk under the placement it had before.
+//!
+//! A *reserve chunk* (`NodeLayout::reserve_chunks`: room for keys of nodes added
+//! later) has no computed place: a client never claims one its table has no record
+//! for, so it fills a reserve chunk only once it follows the configuration that
+//! published the chunk's record, and then (the check above) only if that record is
+//! still the newest. The area is exhausted only for the table it was scanned
+//! with: a client that follows a newer one scans again, and claims the reserve
+//! chunks an add-node recorded.
 
 use std::cell::RefCell;
 use std::collections::{HashSet, VecDeque};
+use std::sync::Arc;
 
 use swarm_core::encoding::Tsp;
 use swarm_core::quorum::{broadcast, majority, nodes as node_ids};
@@ -38,7 +47,7 @@ use swarm_core::{Batch, Fabric, OpStats};
 
 use crate::layout::NodeLayout;
 use crate::membership::claim::{Claim, claim_reading, release};
-use crate::placement::{RECORD_BYTES, SharedPlacements, claimed_as_followed};
+use crate::placement::{Placements, RECORD_BYTES, SharedPlacements, claimed_as_followed};
 use crate::{KvError, RegisterId};
 
 /// The chunk table's words as each node of a majority holds them (one roundtrip).
@@ -144,8 +153,10 @@ struct State {
     /// Recycled slots (reset on every replica), with the life marker their reset
     /// installed, handed out before fresh ones.
     recycled: Vec<(RegisterId, Tsp)>,
-    /// A claim scan found every chunk taken: do not scan again.
-    exhausted: bool,
+    /// A claim scan with this placement table found every chunk taken: do not scan
+    /// again until the client follows another table (one that may record reserve
+    /// chunks).
+    exhausted: Option<Arc<Placements>>,
     /// Registers per chunk.
     per: u64,
 }
@@ -174,7 +185,7 @@ impl RegisterAllocator {
                 owned: HashSet::new(),
                 token,
                 recycled: Vec::new(),
-                exhausted: false,
+                exhausted: None,
                 per: u64::from(layout.params.chunk_registers).max(1),
             }),
         }
@@ -197,7 +208,7 @@ impl RegisterAllocator {
     /// Whether every chunk was found claimed (only given-back slots are handed out).
     #[cfg(test)]
     pub fn exhausted(&self) -> bool {
-        self.state.borrow().exhausted
+        self.state.borrow().exhausted.is_some()
     }
 
     /// Gives back a slot reset on every replica with life marker `marker`
@@ -252,9 +263,16 @@ impl RegisterAllocator {
             if let Some(register) = self.take() {
                 return Ok(register);
             }
-            if self.state.borrow().exhausted {
+            let table = placements.get();
+            if self
+                .state
+                .borrow()
+                .exhausted
+                .as_ref()
+                .is_some_and(|scanned| Arc::ptr_eq(scanned, &table))
+            {
                 return Err(KvError::RegistersFull {
-                    registers: layout.params.registers,
+                    registers: table.capacity(layout),
                 });
             }
             self.claim_chunk(fabric, stats, layout, nodes, placements)
@@ -311,6 +329,7 @@ impl RegisterAllocator {
         placements: &SharedPlacements,
     ) -> Result<(), KvError> {
         let chunks = layout.chunks();
+        let table = placements.get();
         // One read of the chunk table first: a claim of a chunk that a majority shows
         // taken cannot win, and a claim waits up to a straggler window for a node
         // that does not answer, so a full scan of claims with one node down took
@@ -324,6 +343,11 @@ impl RegisterAllocator {
                 let mut s = self.state.borrow_mut();
                 let chunk = s.cursor % chunks;
                 s.cursor = (chunk + 1) % chunks;
+                // A reserve chunk exists only through its record: not claimed
+                // before this client follows it (module docs).
+                if layout.is_reserve(chunk) && table.record(chunk).is_none() {
+                    continue;
+                }
                 if s.owned.contains(&chunk)
                     || taken
                         .as_ref()
@@ -346,7 +370,7 @@ impl RegisterAllocator {
             .await?;
             if outcome == Claim::Won
                 && record_at.is_some()
-                && !claimed_as_followed(&records, placements.get().record(chunk))
+                && !claimed_as_followed(&records, table.record(chunk))
             {
                 // Placed by a configuration this client does not follow yet (module
                 // docs): not filled under the placement it has.
@@ -358,20 +382,17 @@ impl RegisterAllocator {
                 return Err(KvError::PlacementBehind { chunk });
             }
             if outcome == Claim::Won {
-                let per = u64::from(layout.params.chunk_registers);
-                let first = chunk * per;
-                let end = (first + per).min(layout.params.registers);
+                let ids = layout.chunk_register_ids(chunk);
                 let mut s = self.state.borrow_mut();
                 if s.owned.insert(chunk) {
-                    s.free.push_back((first, end));
+                    s.free.push_back((ids.start, ids.end));
                 }
                 return Ok(());
             }
         }
-        self.state.borrow_mut().exhausted = true;
-        Err(KvError::RegistersFull {
-            registers: layout.params.registers,
-        })
+        let registers = table.capacity(layout);
+        self.state.borrow_mut().exhausted = Some(table);
+        Err(KvError::RegistersFull { registers })
     }
 }
 
@@ -501,5 +522,80 @@ mod tests {
         })
         .unwrap();
         assert_eq!(again.unwrap(), (3, Some(marker)));
+    }
+
+    /// A reserve chunk exists only through its record: a client claims none its
+    /// table has no record for, whether no record exists yet (a cluster nobody
+    /// added a node to: it fills the computed chunks, then is full) or one was
+    /// published by a configuration it does not follow yet (an add while it was
+    /// stopped: it is full until it follows). The reserve chunks' words stay free.
+    #[test]
+    fn a_client_never_claims_a_reserve_chunk_it_has_no_record_for() {
+        use crate::layout::ClusterParams;
+        use crate::placement::{PlacementRecord, Spot, write_record};
+        let layout = NodeLayout::new(ClusterParams {
+            placement_nodes: 3,
+            placement_table: true,
+            max_nodes: 6,
+            chunk_registers: 4,
+            registers: 4 * 10,
+            key_max: 8,
+            value_max: 8,
+            ..ClusterParams::default()
+        })
+        .unwrap();
+        assert_eq!(layout.reserve_chunks(), 10);
+        let cluster = MemCluster::new(3, layout.end() as usize);
+        let fabric = cluster.client();
+        let stats = OpStats::new();
+        let behind = SharedPlacements::default();
+        let fill = |alloc: &RegisterAllocator| {
+            let mut seen = HashSet::new();
+            loop {
+                match block_on(&fabric, async {
+                    Ok::<_, swarm_core::FabricError>(
+                        alloc.allocate(&fabric, &stats, &layout, 3, &behind).await,
+                    )
+                })
+                .unwrap()
+                {
+                    Ok((register, _)) => assert!(seen.insert(register)),
+                    Err(KvError::RegistersFull { registers }) => {
+                        assert_eq!(registers, layout.params.registers);
+                        return seen;
+                    }
+                    Err(other) => panic!("{other}"),
+                }
+            }
+        };
+        let reserve_words_free = || {
+            let tables = block_on(&fabric, read_chunk_tables(&fabric, &stats, &layout, 3)).unwrap();
+            tables.iter().all(|t| {
+                t[layout.computed_chunks() as usize..]
+                    .iter()
+                    .all(|w| *w == 0)
+            })
+        };
+        let first = RegisterAllocator::new(&layout, 1, 0xabc);
+        let seen = fill(&first);
+        assert_eq!(seen.len() as u64, layout.params.registers);
+        assert!(seen.iter().all(|r| *r < layout.params.registers));
+        assert!(reserve_words_free());
+        // Every reserve chunk recorded by a configuration the client does not follow.
+        for chunk in layout.computed_chunks()..layout.chunks() {
+            let record = PlacementRecord {
+                epoch: 2,
+                replicas: (0..3).map(|node| Spot { node, slot: 0 }).collect(),
+                destination: None,
+            };
+            block_on(
+                &fabric,
+                write_record(&fabric, &stats, &layout, 3, chunk, &record),
+            )
+            .unwrap();
+        }
+        let second = RegisterAllocator::new(&layout, 2, 0xdef);
+        assert!(fill(&second).is_empty());
+        assert!(reserve_words_free());
     }
 }

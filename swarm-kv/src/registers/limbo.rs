@@ -490,11 +490,20 @@ pub async fn read_headers<F: Fabric>(
     // A span is contiguous on each of its chunk's replicas, from its first
     // register's header there (its offset on that node: a placement record may give
     // each replica its own); other nodes read it at its computed place, unused.
+    // A reserve chunk has no computed place: other nodes read it where its first
+    // replica has it (memory every node has, the layout being the same).
     let span_read = |(s, e): (RegisterId, RegisterId)| -> Option<(Option<RegisterLoc>, u64, u32)> {
-        let at = layout.key_header(s)?;
-        let last = layout.key_header(e.checked_sub(1)?)?;
-        let len = u32::try_from(last - at + HEADER_PROBE as u64).ok()?;
-        Some((loc(s), at, len))
+        let loc = loc(s);
+        let at = match layout.key_header(s) {
+            Some(at) => at,
+            None => {
+                let l = loc.as_ref()?;
+                layout.header_on(l, *l.replicas.nodes().first()?)?
+            }
+        };
+        let last = e.checked_sub(1)?.checked_sub(s)? * layout.register_slot_bytes;
+        let len = u32::try_from(last + HEADER_PROBE as u64).ok()?;
+        Some((loc, at, len))
     };
     let mut reads = Vec::with_capacity(spans.len());
     for span in &spans {
@@ -679,13 +688,15 @@ impl Reclaimed {
 /// The register ranges of `chunks` (sorted, `per` registers each, `registers` in
 /// all) in the order a pass scans them: from `resume_at` to the end, then from the
 /// start up to `resume_at`.
-fn scan_order(
-    chunks: &[u64],
-    per: u64,
-    registers: u64,
+fn scan_order<'a>(
+    chunks: &'a [u64],
+    ids: impl Fn(u64) -> std::ops::Range<RegisterId> + Copy + 'a,
     resume_at: RegisterId,
-) -> impl Iterator<Item = (RegisterId, RegisterId)> + '_ {
-    let range = move |c: &u64| (c * per, ((c + 1) * per).min(registers));
+) -> impl Iterator<Item = (RegisterId, RegisterId)> + 'a {
+    let range = move |c: &u64| {
+        let r = ids(*c);
+        (r.start, r.end)
+    };
     let after = chunks
         .iter()
         .map(range)
@@ -736,7 +747,7 @@ pub async fn reclaim_gone_registers<F: Fabric>(
     let per = u64::from(layout.params.chunk_registers);
     let step = registers_per_roundtrip(layout);
     let chunks = claimed_chunks(fabric, &stats, layout).await?;
-    for (first, end) in scan_order(&chunks, per, layout.params.registers, me.resume_at) {
+    for (first, end) in scan_order(&chunks, |c| layout.chunk_register_ids(c), me.resume_at) {
         let mut at = first;
         while at < end {
             let full = out.taken.len() as u64 >= me.max_takes;
@@ -899,19 +910,18 @@ pub async fn census<F: Fabric>(
 ) -> Result<Census, KvError> {
     let stats = OpStats::new();
     let mut out = Census::default();
-    let per = u64::from(layout.params.chunk_registers);
     let step = registers_per_roundtrip(layout);
     let chunks = claimed_chunks(fabric, &stats, layout).await?;
-    out.fresh = layout.params.registers
-        - chunks
+    out.fresh = layout.params.registers.saturating_sub(
+        chunks
             .iter()
-            .map(|c| ((c + 1) * per).min(layout.params.registers) - c * per)
-            .sum::<u64>();
+            .filter(|&&c| !layout.is_reserve(c))
+            .map(|&c| layout.chunk_register_ids(c).count() as u64)
+            .sum::<u64>(),
+    );
     for chunk in chunks {
-        let (first, end) = (
-            chunk * per,
-            ((chunk + 1) * per).min(layout.params.registers),
-        );
+        let ids = layout.chunk_register_ids(chunk);
+        let (first, end) = (ids.start, ids.end);
         let mut at = first;
         while at < end {
             let stop = (at + step).min(end);
@@ -1043,7 +1053,9 @@ mod tests {
 
     #[test]
     fn a_scan_starts_where_the_last_pass_stopped_and_goes_round() {
-        let order = |resume_at| scan_order(&[0, 2, 3], 8, 30, resume_at).collect::<Vec<_>>();
+        let order = |resume_at| {
+            scan_order(&[0, 2, 3], |c| c * 8..((c + 1) * 8).min(30), resume_at).collect::<Vec<_>>()
+        };
         assert_eq!(order(0), [(0, 8), (16, 24), (24, 30)]);
         assert_eq!(order(19), [(19, 24), (24, 30), (0, 8), (16, 19)]);
         assert_eq!(order(8), [(16, 24), (24, 30), (0, 8)]);

@@ -947,7 +947,7 @@ impl<F: Fabric> Copier<'_, F> {
                 (word != 0).then_some((at + 8 * i as u64, word))
             })
             .collect();
-        let registers = self.layout.params.registers;
+        let registers = self.layout.register_ids();
         let slot_bytes = self.layout.register_slot_bytes as usize;
         // Every chunk's reads, writes and clears go out together: three roundtrips
         // per pass, however many entries (a churn journals thousands per second).

@@ -245,6 +245,12 @@ struct InitArgs {
     /// Replace an existing cluster in --dir.
     #[arg(long)]
     force: bool,
+    /// Keep room to grow to this many nodes by `swarm add-node` (shared memory;
+    /// default: twice --nodes, at most 64): the index and the chunk and placement
+    /// tables get room for the keys of the added nodes, taken from the logs' share.
+    /// --max-nodes equal to --nodes keeps no room.
+    #[arg(long)]
+    max_nodes: Option<u16>,
     #[command(flatten)]
     params: ParamArgs,
 }
@@ -552,7 +558,10 @@ fn init(args: InitArgs) -> Result<ExitCode> {
     if let Some(list) = &args.rdma {
         return rdma::init(&args, list);
     }
-    let params = args.params.params()?;
+    let params = ClusterParams {
+        max_nodes: args.max_nodes.unwrap_or(0),
+        ..args.params.params()?
+    };
     let size = parse_size(&args.size)?;
     if args.force && args.dir.exists() {
         for node in 0..args.nodes.max(16) {
@@ -562,14 +571,17 @@ fn init(args: InitArgs) -> Result<ExitCode> {
     swarm_core::encoding::check_tick_ns(args.tick_ns)?;
     let store = ShmStore::create_with_tick(&args.dir, args.nodes, size, params, args.tick_ns)
         .with_context(|| format!("cannot create a cluster in {}", args.dir.display()))?;
-    let p = store.layout().params;
+    let layout = *store.layout();
+    let p = layout.params;
     println!(
-        "created a SWARM-KV cluster in {}: {} nodes of {}, {} replicas per key, room for {} keys of up to {} B with values up to {} B, {} writers with {} log slots each, client leases of {} renewed every {}, operations fenced after {}",
+        "created a SWARM-KV cluster in {}: {} nodes of {}, {} replicas per key, room for {} keys ({} once grown to {} nodes by `swarm add-node`) of up to {} B with values up to {} B, {} writers with {} log slots each, client leases of {} renewed every {}, operations fenced after {}",
         args.dir.display(),
         args.nodes,
         args.size,
         p.replicas,
         p.registers,
+        layout.capacity_max(),
+        p.max_nodes.max(args.nodes),
         p.key_max,
         p.value_max,
         p.writers,
@@ -671,11 +683,16 @@ fn add_node(dir: &Path, chunks: Option<u64>, accept_no_repair: bool) -> Result<E
     };
     let report = ShmStore::add_node(dir, options)
         .with_context(|| format!("cannot add a node to {}", dir.display()))?;
+    let store = ShmStore::open(dir)?;
+    let capacity = admin::capacity(&store.fabric(), store.layout())?;
     print_out(&format!(
-        "node {} added at configuration epoch {}; {} chunks moved a replica onto it",
+        "node {} added at configuration epoch {}; {} chunks moved a replica onto it, {} reserve chunks recorded: room for {} keys now (at most {})",
         report.node,
         report.epoch,
-        report.moved.len()
+        report.moved.len(),
+        report.reserve.len(),
+        capacity.now,
+        capacity.max
     ));
     Ok(ExitCode::SUCCESS)
 }
@@ -745,14 +762,24 @@ fn stat<S: Store>(store: &S, json: bool) -> Result<ExitCode> {
             meta - 1
         );
     }
-    outln!(text, "keys: {keys} (capacity {})", p.registers);
+    let capacity = admin::capacity(&fabric, &layout)?;
+    let holders = admin::chunk_holders(&fabric, &layout)?;
+    outln!(
+        text,
+        "keys: {keys} (capacity {}; {} once grown to {} nodes by `swarm add-node`)",
+        capacity.now,
+        capacity.max,
+        p.max_nodes.max(nodes as u16)
+    );
     let mut report = serde_json::json!({
         "nodes": nodes,
         "metadata_nodes": meta,
         "replicas": p.replicas,
         "meta_words": p.meta_words,
         "keys": keys,
-        "capacity": p.registers,
+        "capacity": capacity.now,
+        "capacity_max": capacity.max,
+        "max_nodes": p.max_nodes.max(nodes as u16),
     });
     let unusable = store.unusable_nodes();
     let mut table_node = None;
@@ -806,7 +833,7 @@ fn stat<S: Store>(store: &S, json: bool) -> Result<ExitCode> {
         let claimed = words
             .iter()
             .enumerate()
-            .filter(|(c, w)| **w != 0 && layout.chunk_on(*c as u64, node.index()))
+            .filter(|(c, w)| **w != 0 && holders.get(*c).is_some_and(|h| h.contains(&node.index())))
             .count();
         if table_node.is_none() {
             table_node = Some(node);
