@@ -193,7 +193,7 @@ fn a_raw_read_waits_out_a_torn_record() {
 /// is `Ok(None)` with nothing consumed.
 #[test]
 fn a_raw_read_now_hands_only_a_validated_payload_to_its_caller() {
-    use swarm_core::{RAW_DIRECT_BYTES, RawRead};
+    use swarm_core::{RAW_DIRECT_BYTES, ReadInPlace};
     let cluster = MemCluster::new(3, 1 << 22);
     let small = setup(0, 5, &cluster);
     let large_layout = Layout::builder()
@@ -232,7 +232,7 @@ fn a_raw_read_now_hands_only_a_validated_payload_to_its_caller() {
         let _armed = s.arm_deadline(u64::MAX / 2);
         assert_eq!(
             client.raw_read_now_with(&raw, &s, consume).unwrap(),
-            Some(RawRead::Empty)
+            Some(ReadInPlace::Empty)
         );
         assert_eq!((consumed.get(), s.roundtrips()), (0, 1));
         block_on(f, client.raw_write(&raw, &OpStats::new(), &payload)).unwrap();
@@ -240,7 +240,7 @@ fn a_raw_read_now_hands_only_a_validated_payload_to_its_caller() {
         let _armed = s.arm_deadline(u64::MAX / 2);
         assert_eq!(
             client.raw_read_now_with(&raw, &s, consume).unwrap(),
-            Some(RawRead::Value(payload.clone()))
+            Some(ReadInPlace::Value(payload.clone()))
         );
         assert_eq!((consumed.get(), s.roundtrips()), (1, 1));
         // Past the deadline: fenced, nothing consumed.
@@ -265,6 +265,125 @@ fn a_raw_read_now_hands_only_a_validated_payload_to_its_caller() {
         );
         assert_eq!(client.raw_read_now_with(&raw, &s, consume).unwrap(), None);
         assert_eq!((consumed.get(), s.roundtrips()), (1, 0));
+    }
+}
+
+/// `read_start_with` hands its `consume` the payload of the in-place record only
+/// when the read settles at once and that record is the maximum's write, validated
+/// and past the fence: on the stack when the register fits, from a fabric buffer
+/// when it does not. A read it leaves pending (no deadline armed, a torn or stale
+/// in-place record) consumes nothing and finishes on the general path.
+#[test]
+fn a_read_start_with_hands_only_the_maximums_validated_payload_to_its_caller() {
+    use swarm_core::{ReadInPlace, ReadStart};
+    let cluster = MemCluster::new(3, 1 << 23);
+    let small = setup(0, 5, &cluster);
+    let reader = setup(1, 7, &cluster);
+    let large_layout = Layout::builder()
+        .payload_max(1024)
+        .meta_words(4)
+        .log_base(1 << 16)
+        .writers(8)
+        .slots_per_writer(256)
+        .build()
+        .unwrap();
+    assert!(large_layout.register_bytes() > 512 && layout().register_bytes() <= 512);
+    let large = |writer| {
+        Client::new(
+            FailNodes::new(cluster.client()),
+            FixedClock(5),
+            large_layout,
+            WriterId::new(writer).unwrap(),
+            ProtocolConfig::default(),
+        )
+        .unwrap()
+    };
+    let (large_writer, large_reader) = (large(2), large(3));
+    for (writer, reader, addr, payloads) in [
+        (&small, &reader, 4096u64, [vec![1; 40], vec![2; 50]]),
+        (
+            &large_writer,
+            &large_reader,
+            1 << 22,
+            [vec![3; 1000], vec![4; 900]],
+        ),
+    ] {
+        let reg = RegisterLoc::at(addr, reg().replicas);
+        let f = reader.fabric();
+        let consumed = Cell::new(0);
+        let consume = |bytes: &[u8]| {
+            consumed.set(consumed.get() + 1);
+            bytes.to_vec()
+        };
+        let start = |cache: &mut RegisterCache, s: &OpStats| match reader
+            .read_start_with(&reg, cache, s, consume)
+        {
+            Ok(ReadStart::Done(read)) => Ok(Some(read)),
+            Ok(ReadStart::Pending(_)) => Ok(None),
+            Err(error) => Err(error),
+        };
+        // No deadline armed: pending, nothing read.
+        let s = OpStats::new();
+        assert_eq!(start(&mut RegisterCache::new(), &s).unwrap(), None);
+        assert_eq!(s.roundtrips(), 0);
+        // Never written.
+        let _armed = s.arm_deadline(u64::MAX / 2);
+        let empty = start(&mut RegisterCache::new(), &s).unwrap();
+        assert_eq!(
+            (empty, consumed.get(), s.roundtrips()),
+            (Some(ReadInPlace::Empty), 0, 1)
+        );
+        let mut cw = RegisterCache::new();
+        block_on(
+            writer.fabric(),
+            writer.write(&reg, &mut cw, &OpStats::new(), &payloads[0]),
+        )
+        .unwrap();
+        let primary = reg.replicas.node(0);
+        let record_bytes = writer.layout().record_bytes() as u32;
+        let first_record = node_bytes(&cluster, primary, reg.offset(0), record_bytes);
+        let s = OpStats::new();
+        let _armed = s.arm_deadline(u64::MAX / 2);
+        let read = start(&mut RegisterCache::new(), &s).unwrap();
+        assert_eq!(read, Some(ReadInPlace::Value(payloads[0].clone())));
+        assert_eq!((consumed.get(), s.roundtrips()), (1, 1));
+        // Past the deadline: fenced, nothing consumed.
+        block_on_future(f, swarm_core::sleep(f, 1_000)).unwrap();
+        let s = OpStats::new();
+        let _armed = s.arm_deadline(f.now() - 1);
+        assert!(start(&mut RegisterCache::new(), &s).is_err());
+        assert_eq!(consumed.get(), 1);
+        // The second write's in-place record replaced by the first's, which validates
+        // but is not the maximum's write: pending, and the general path fetches the
+        // maximum's buffer.
+        block_on(
+            writer.fabric(),
+            writer.write(&reg, &mut cw, &OpStats::new(), &payloads[1]),
+        )
+        .unwrap();
+        on_node(&cluster, primary, Batch::write(reg.offset(0), first_record));
+        let s = OpStats::new();
+        let _armed = s.arm_deadline(u64::MAX / 2);
+        let mut cache = RegisterCache::new();
+        let ReadStart::Pending(pending) = reader
+            .read_start_with(&reg, &mut cache, &s, consume)
+            .unwrap()
+        else {
+            panic!("a stale in-place record settled the read");
+        };
+        assert_eq!(consumed.get(), 1);
+        let rest = block_on(f, reader.read_finish(&reg, &mut cache, &s, pending)).unwrap();
+        assert_eq!(rest, ReadValue::Value(payloads[1].clone()));
+        // A torn in-place record (eight bytes of its hash): pending as well.
+        on_node(
+            &cluster,
+            primary,
+            Batch::write(reg.offset(0) + 16, vec![0xEE; 8]),
+        );
+        let s = OpStats::new();
+        let _armed = s.arm_deadline(u64::MAX / 2);
+        assert_eq!(start(&mut RegisterCache::new(), &s).unwrap(), None);
+        assert_eq!(consumed.get(), 1);
     }
 }
 

@@ -13,7 +13,7 @@ use crate::layout::{RECORD_HEADER, decode_record, encode_record};
 use crate::roundtrip::{Immediate, OpStats, Roundtrip};
 
 use super::register::RegisterLoc;
-use super::{Client, ReadValue, SwarmError};
+use super::{Client, ReadInPlace, ReadValue, SwarmError};
 
 /// How many torn reads RAW retries before giving up.
 const RAW_READ_ATTEMPTS: u32 = 64;
@@ -26,15 +26,6 @@ const RAW_MAX_PAUSE_NS: u64 = 1_000_000;
 /// The largest record [`Client::raw_read_now_with`] reads into a buffer on its stack
 /// (zeroed for every read); larger ones are read as a batch.
 pub const RAW_DIRECT_BYTES: usize = 512;
-
-/// What [`Client::raw_read_now_with`] read on the register's primary.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RawRead<R> {
-    /// The register was never written.
-    Empty,
-    /// Its record validated: what the caller's `consume` made of the payload.
-    Value(R),
-}
 
 impl<F: Fabric, C: Clock> Client<F, C> {
     /// RAW write: the record, in place, on the primary.
@@ -77,7 +68,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         reg: &RegisterLoc,
         stats: &OpStats,
         consume: impl FnOnce(&[u8]) -> R,
-    ) -> Result<Option<RawRead<R>>, SwarmError> {
+    ) -> Result<Option<ReadInPlace<R>>, SwarmError> {
         if !stats.is_armed() || !self.fabric.completes_in_submit() {
             return Ok(None);
         }
@@ -90,13 +81,13 @@ impl<F: Fabric, C: Clock> Client<F, C> {
                 Some(Ok(())) => {
                     if bytes.iter().take(8).all(|b| *b == 0) {
                         step.complete()?;
-                        return Ok(Some(RawRead::Empty));
+                        return Ok(Some(ReadInPlace::Empty));
                     }
                     let Some(record) = decode_record(bytes, self.layout.payload_max()) else {
                         return Ok(None);
                     };
                     step.complete()?;
-                    return Ok(Some(RawRead::Value(consume(record.payload))));
+                    return Ok(Some(ReadInPlace::Value(consume(record.payload))));
                 }
                 // Refused or failed at once: as a batch that did not complete.
                 Some(Err(_)) => return Ok(None),
@@ -112,7 +103,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         };
         if bytes.iter().take(8).all(|b| *b == 0) {
             step.complete()?;
-            return Ok(Some(RawRead::Empty));
+            return Ok(Some(ReadInPlace::Empty));
         }
         let Some(len) =
             decode_record(bytes, self.layout.payload_max()).map(|record| record.payload.len())
@@ -125,7 +116,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         step.complete()?;
         let consumed = consume(&bytes[RECORD_HEADER as usize..RECORD_HEADER as usize + len]);
         self.fabric.give_back(bytes);
-        Ok(Some(RawRead::Value(consumed)))
+        Ok(Some(ReadInPlace::Value(consumed)))
     }
 
     /// RAW read: the in-place record of the primary.
