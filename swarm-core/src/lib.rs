@@ -137,9 +137,9 @@ pub use mem::{MemCluster, MemFabric};
 pub use protocol::inout::max_on_node;
 pub use protocol::{
     Carried, Client, DeleteOutcome, DeleteVotes, FirstDeleter, FreshOutcome, MAX_REPLICAS,
-    PendingRead, ProtocolConfig, RAW_DIRECT_BYTES, ReadInPlace, ReadStart, ReadValue,
-    RegisterCache, RegisterLoc, Replicas, Suspicion, SwarmError, UNOWNED_TOMBSTONE, WriteOutcome,
-    quorum, resume, slot_recycling, summary, write_back_guard,
+    PendingRead, ProtocolConfig, ReadInPlace, ReadStart, ReadValue, RegisterCache, RegisterLoc,
+    Replicas, Suspicion, SwarmError, UNOWNED_TOMBSTONE, WriteOutcome, quorum, resume,
+    slot_recycling, summary, write_back_guard,
 };
 pub use roundtrip::{
     DeadlineScope, MAX_CLUSTER_NODES, MAX_NODES, OpStats, Roundtrip, Wait, WaitOutcome,

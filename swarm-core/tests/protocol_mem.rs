@@ -186,26 +186,24 @@ fn a_raw_read_waits_out_a_torn_record() {
 }
 
 /// `raw_read_now_with`, RAW's read as a plain function: the validated payload goes to
-/// the caller's `consume` in place, from a stack copy where the fabric reads in
-/// place and the record fits (`RAW_DIRECT_BYTES`), as a batch otherwise; `consume`
+/// the caller's `consume` in place, from the client's read buffer where the fabric
+/// reads in place (small and large records alike), as a batch otherwise; `consume`
 /// runs only for a read that counts (a validated record, the fence passed), and
 /// whatever does not apply (no deadline armed, a torn record, a crashed primary)
 /// is `Ok(None)` with nothing consumed.
 #[test]
 fn a_raw_read_now_hands_only_a_validated_payload_to_its_caller() {
-    use swarm_core::{RAW_DIRECT_BYTES, ReadInPlace};
+    use swarm_core::ReadInPlace;
     let cluster = MemCluster::new(3, 1 << 22);
     let small = setup(0, 5, &cluster);
     let large_layout = Layout::builder()
-        .payload_max(2 * RAW_DIRECT_BYTES as u32)
+        .payload_max(1024)
         .meta_words(4)
         .log_base(1 << 16)
         .writers(8)
         .slots_per_writer(256)
         .build()
         .unwrap();
-    assert!(large_layout.record_bytes() as usize > RAW_DIRECT_BYTES);
-    assert!((layout().record_bytes() as usize) <= RAW_DIRECT_BYTES);
     let large = Client::new(
         FailNodes::new(cluster.client()),
         FixedClock(5),
@@ -216,7 +214,7 @@ fn a_raw_read_now_hands_only_a_validated_payload_to_its_caller() {
     .unwrap();
     for (client, addr, payload) in [
         (&small, 8192u64, b"in a stack copy".to_vec()),
-        (&large, 1 << 21, vec![0x5A; 2 * RAW_DIRECT_BYTES]),
+        (&large, 1 << 21, vec![0x5A; 1024]),
     ] {
         let raw = RegisterLoc::at(addr, reg().replicas);
         let f = client.fabric();
@@ -270,8 +268,8 @@ fn a_raw_read_now_hands_only_a_validated_payload_to_its_caller() {
 
 /// `read_start_with` hands its `consume` the payload of the in-place record only
 /// when the read settles at once and that record is the maximum's write, validated
-/// and past the fence: on the stack when the register fits, from a fabric buffer
-/// when it does not. A read it leaves pending (no deadline armed, a torn or stale
+/// and past the fence, from the client's read buffer (registers of two sizes). A
+/// read it leaves pending (no deadline armed, a torn or stale
 /// in-place record) consumes nothing and finishes on the general path.
 #[test]
 fn a_read_start_with_hands_only_the_maximums_validated_payload_to_its_caller() {
@@ -287,7 +285,6 @@ fn a_read_start_with_hands_only_the_maximums_validated_payload_to_its_caller() {
         .slots_per_writer(256)
         .build()
         .unwrap();
-    assert!(large_layout.register_bytes() > 512 && layout().register_bytes() <= 512);
     let large = |writer| {
         Client::new(
             FailNodes::new(cluster.client()),
@@ -841,6 +838,44 @@ fn a_fresh_write_is_read_from_its_buffer_when_the_in_place_copies_are_torn() {
     let got = block_on(b.fabric(), b.read(&reg, &mut RegisterCache::new(), &s)).unwrap();
     assert_eq!(got, ReadValue::Value(b"from the buffer".to_vec()));
     assert_eq!(s.roundtrips(), 2, "the register, then the buffer");
+}
+
+/// `read_into` replaces the caller's buffer with the value, whether the common case
+/// copies it where it was read or the general path fetches it (a torn in-place
+/// copy), and empties it for a register never written.
+#[test]
+fn read_into_replaces_the_callers_buffer_on_either_path() {
+    let cluster = MemCluster::new(3, 1 << 20);
+    let a = setup(0, 5, &cluster);
+    let b = setup(1, 9, &cluster);
+    let (reg, mut ca) = (reg(), RegisterCache::new());
+    let mut value = b"left over".to_vec();
+    let read = |value: &mut Vec<u8>| {
+        let s = OpStats::new();
+        let got = block_on(
+            b.fabric(),
+            b.read_into(&reg, &mut RegisterCache::new(), &s, value),
+        );
+        (got.unwrap(), s.roundtrips())
+    };
+    assert_eq!(read(&mut value), (ReadValue::Empty, 1));
+    assert!(value.is_empty());
+    block_on(
+        a.fabric(),
+        a.write(&reg, &mut ca, &OpStats::new(), b"in place"),
+    )
+    .unwrap();
+    value.extend_from_slice(b"left over");
+    assert_eq!(read(&mut value), (ReadValue::Value(Vec::new()), 1));
+    assert_eq!(value, b"in place");
+    // Eight bytes of the in-place record's hash: the buffer is fetched.
+    on_node(
+        &cluster,
+        reg.replicas.node(0),
+        Batch::write(reg.offset(0) + 16, vec![0xEE; 8]),
+    );
+    assert_eq!(read(&mut value), (ReadValue::Value(Vec::new()), 2));
+    assert_eq!(value, b"in place");
 }
 
 /// A fresh write carrying a store's operation: one batch to every replica at once,

@@ -274,11 +274,6 @@ const SUPERSEDED_RETRIES: u32 = 8;
 /// larger ones go through a batch.
 const DIRECT_META_BYTES: usize = 256;
 
-/// The largest register (in-place block and metadata) whose read by the primary
-/// [`Client::read_now_with`] takes on the stack, its payload consumed where it lies;
-/// larger ones go into a buffer from the fabric.
-const DIRECT_BLOCK_BYTES: usize = 512;
-
 /// The caller's buffer for the primary's in-place block in
 /// [`Client::read_views_now`] (exactly [`crate::Layout::register_bytes`] long),
 /// and what the read left there.
@@ -883,10 +878,10 @@ impl<F: Fabric, C: Clock> Client<F, C> {
     /// that builds no future: the majority read of [`Self::read_views_now`], and
     /// when its maximum is empty, or VERIFIED with its value in place and known to
     /// be on a majority (no write-back), the read's result: what `consume` makes of
-    /// the value's payload. Where the fabric reads in place and the register fits
-    /// [`DIRECT_BLOCK_BYTES`], the primary's block is read into a buffer on the stack
-    /// and `consume` reads the payload there (validated first: its length and xxh3
-    /// hash, `inout::parse_block`): no read buffer taken, moved or given back.
+    /// the value's payload. Where the fabric reads in place, the primary's block is
+    /// read into the client's read buffer (`super::read_block`) and `consume` reads
+    /// the payload there (validated first: its length and xxh3 hash,
+    /// `inout::parse_block`): no read buffer zeroed, taken, moved or given back.
     /// `consume` runs only once the read counts (the fence passed after the burst,
     /// as in [`Self::read_views_now`]).
     ///
@@ -908,31 +903,37 @@ impl<F: Fabric, C: Clock> Client<F, C> {
             _ => NO_TOUCHES,
         };
         let mut views = Views::default();
-        let mut stack = [0u8; DIRECT_BLOCK_BYTES];
-        let mut block = stack
-            .get_mut(..layout.register_bytes() as usize)
-            .map(|bytes| InPlaceBlock {
-                bytes,
-                record: None,
-            });
-        if !self.read_views_now(reg, cache, stats, true, touches, &mut views, block.as_mut())? {
+        let mut buffer = self.read_blocks.take();
+        let mut block = InPlaceBlock {
+            bytes: &mut buffer[..layout.register_bytes() as usize],
+            record: None,
+        };
+        if !self.read_views_now(
+            reg,
+            cache,
+            stats,
+            true,
+            touches,
+            &mut views,
+            Some(&mut block),
+        )? {
             return Ok(ReadNow::Continue(None));
         }
         let t = views.max();
         if t.is_void() {
             return Ok(ReadNow::Done(ReadInPlace::Empty));
         }
-        let record = block.as_ref().and_then(|block| block.record.clone());
+        let record = block.record.clone();
         if t.flag() == Flag::Verified && !t.is_tombstone() && Self::on_a_majority(reg, cache, t) {
-            match (&block, record.clone()) {
-                // Read into the stack buffer: the payload where it lies.
-                (Some(block), Some((write, payload))) if write.same_write(t) => {
+            match record.clone() {
+                // Read into the client's buffer: the payload where it lies.
+                Some((write, payload)) if write.same_write(t) => {
                     return Ok(ReadNow::Done(ReadInPlace::Value(consume(
                         &block.bytes[payload],
                     ))));
                 }
                 // Read as a batch: the payload in `views`.
-                (_, None) => {
+                None => {
                     if let Some(value) = views.value_at_hand(t) {
                         let consumed = consume(&value);
                         self.fabric.give_back(value);
@@ -944,7 +945,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         }
         // Cold: the in-place record copied into the views, boxed so that the read's
         // future does not carry them.
-        if let (Some(block), Some((write, payload))) = (&block, record) {
+        if let Some((write, payload)) = record {
             views.inplace = Some((write, block.bytes[payload].to_vec()));
         }
         Ok(ReadNow::Continue(Some(Box::new(views))))

@@ -23,9 +23,6 @@ const RAW_READ_ATTEMPTS: u32 = 64;
 const RAW_EAGER_ATTEMPTS: u32 = 4;
 /// Longest pause between two torn reads.
 const RAW_MAX_PAUSE_NS: u64 = 1_000_000;
-/// The largest record [`Client::raw_read_now_with`] reads into a buffer on its stack
-/// (zeroed for every read); larger ones are read as a batch.
-pub const RAW_DIRECT_BYTES: usize = 512;
 
 impl<F: Fabric, C: Clock> Client<F, C> {
     /// RAW write: the record, in place, on the primary.
@@ -52,8 +49,9 @@ impl<F: Fabric, C: Clock> Client<F, C> {
     /// deadline armed already (as a SWARM-KV operation arms it from its start): one
     /// READ of the primary whose record validates, its payload handed to `consume`
     /// in place. The record is read into a buffer on the stack where the fabric reads
-    /// in place ([`Fabric::read_direct`]) and it fits ([`RAW_DIRECT_BYTES`]), so that
-    /// no read buffer is taken, moved or given back; otherwise as a batch. The same
+    /// in place ([`Fabric::read_direct`]), into the client's read buffer
+    /// (`super::read_block`), so that no read buffer is zeroed, taken, moved or given
+    /// back; otherwise as a batch. The same
     /// checks either way: the fabric's bounds checks of the read, the record's
     /// length against the layout's payload maximum and its xxh3 hash before any
     /// byte of the payload is used (shared memory is untrusted).
@@ -75,24 +73,23 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         let len = self.layout.record_bytes() as usize;
         let node = reg.replicas.node(0);
         let mut step = Immediate::start(&self.fabric, stats)?;
-        let mut stack = [0u8; RAW_DIRECT_BYTES];
-        if let Some(bytes) = stack.get_mut(..len) {
-            match step.read_direct(node, reg.offset(0), bytes) {
-                Some(Ok(())) => {
-                    if bytes.iter().take(8).all(|b| *b == 0) {
-                        step.complete()?;
-                        return Ok(Some(ReadInPlace::Empty));
-                    }
-                    let Some(record) = decode_record(bytes, self.layout.payload_max()) else {
-                        return Ok(None);
-                    };
+        let mut buffer = self.read_blocks.take();
+        let bytes = &mut buffer[..len];
+        match step.read_direct(node, reg.offset(0), bytes) {
+            Some(Ok(())) => {
+                if bytes.iter().take(8).all(|b| *b == 0) {
                     step.complete()?;
-                    return Ok(Some(ReadInPlace::Value(consume(record.payload))));
+                    return Ok(Some(ReadInPlace::Empty));
                 }
-                // Refused or failed at once: as a batch that did not complete.
-                Some(Err(_)) => return Ok(None),
-                None => {}
+                let Some(record) = decode_record(bytes, self.layout.payload_max()) else {
+                    return Ok(None);
+                };
+                step.complete()?;
+                return Ok(Some(ReadInPlace::Value(consume(record.payload))));
             }
+            // Refused or failed at once: as a batch that did not complete.
+            Some(Err(_)) => return Ok(None),
+            None => {}
         }
         let mut batch = Batch::read(reg.offset(0), len as u32);
         let Some(reply) = step.submit(node, &mut batch) else {

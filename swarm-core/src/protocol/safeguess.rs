@@ -391,10 +391,11 @@ impl<F: Fabric, C: Clock> Client<F, C> {
     /// [`Self::read`] into the caller's buffer: `value`'s content is replaced by the
     /// payload read (its allocation reused) when the register holds one, and emptied
     /// otherwise. Returns what the read found, with [`ReadValue::Value`]'s payload
-    /// left empty (it is in `value`). The buffer the payload was read into goes back
-    /// to the fabric ([`Fabric::give_back`]), so that on a transport that fills reads
-    /// into given-back buffers (shared memory) a steady stream of reads allocates
-    /// nothing once `value` has the capacity of a payload.
+    /// left empty (it is in `value`). The common case copies the payload into
+    /// `value` where it was read (`Client::read_now_with`); past it, the buffer the
+    /// payload was read into goes back to the fabric ([`Fabric::give_back`]). Either
+    /// way a steady stream of reads on shared memory allocates nothing once `value`
+    /// has the capacity of a payload.
     pub async fn read_into(
         &self,
         reg: &RegisterLoc,
@@ -403,7 +404,21 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         value: &mut Vec<u8>,
     ) -> Result<ReadValue, SwarmError> {
         value.clear();
-        Ok(match self.read(reg, cache, stats).await? {
+        let _deadline = self.arm_at_first_post(stats);
+        // The common case copies the payload into `value` where it was read.
+        let first = match self.read_now_with(reg, cache, stats, |payload| {
+            value.extend_from_slice(payload);
+        })? {
+            ReadNow::Done(read) => {
+                stats.count_iteration();
+                return Ok(match read {
+                    ReadInPlace::Empty => ReadValue::Empty,
+                    ReadInPlace::Value(()) => ReadValue::Value(Vec::new()),
+                });
+            }
+            ReadNow::Continue(views) => views,
+        };
+        Ok(match self.read_rest(reg, cache, stats, first).await? {
             ReadValue::Value(read) => {
                 value.extend_from_slice(&read);
                 self.fabric.give_back(read);
