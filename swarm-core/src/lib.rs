@@ -137,8 +137,8 @@ pub use mem::{MemCluster, MemFabric};
 pub use protocol::inout::max_on_node;
 pub use protocol::{
     Carried, Client, DeleteOutcome, DeleteVotes, FirstDeleter, FreshOutcome, MAX_REPLICAS,
-    PendingRead, ProtocolConfig, RAW_DIRECT_BYTES, RawRead, ReadStart, ReadValue, RegisterCache,
-    RegisterLoc, Replicas, Suspicion, SwarmError, UNOWNED_TOMBSTONE, WriteOutcome, quorum, resume,
+    PendingRead, ProtocolConfig, ReadInPlace, ReadStart, ReadValue, RegisterCache, RegisterLoc,
+    Replicas, Suspicion, SwarmError, UNOWNED_TOMBSTONE, WriteOutcome, quorum, resume,
     slot_recycling, summary, write_back_guard,
 };
 pub use roundtrip::{

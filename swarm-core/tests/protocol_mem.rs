@@ -186,26 +186,24 @@ fn a_raw_read_waits_out_a_torn_record() {
 }
 
 /// `raw_read_now_with`, RAW's read as a plain function: the validated payload goes to
-/// the caller's `consume` in place, from a stack copy where the fabric reads in
-/// place and the record fits (`RAW_DIRECT_BYTES`), as a batch otherwise; `consume`
+/// the caller's `consume` in place, from the client's read buffer where the fabric
+/// reads in place (small and large records alike), as a batch otherwise; `consume`
 /// runs only for a read that counts (a validated record, the fence passed), and
 /// whatever does not apply (no deadline armed, a torn record, a crashed primary)
 /// is `Ok(None)` with nothing consumed.
 #[test]
 fn a_raw_read_now_hands_only_a_validated_payload_to_its_caller() {
-    use swarm_core::{RAW_DIRECT_BYTES, RawRead};
+    use swarm_core::ReadInPlace;
     let cluster = MemCluster::new(3, 1 << 22);
     let small = setup(0, 5, &cluster);
     let large_layout = Layout::builder()
-        .payload_max(2 * RAW_DIRECT_BYTES as u32)
+        .payload_max(1024)
         .meta_words(4)
         .log_base(1 << 16)
         .writers(8)
         .slots_per_writer(256)
         .build()
         .unwrap();
-    assert!(large_layout.record_bytes() as usize > RAW_DIRECT_BYTES);
-    assert!((layout().record_bytes() as usize) <= RAW_DIRECT_BYTES);
     let large = Client::new(
         FailNodes::new(cluster.client()),
         FixedClock(5),
@@ -216,7 +214,7 @@ fn a_raw_read_now_hands_only_a_validated_payload_to_its_caller() {
     .unwrap();
     for (client, addr, payload) in [
         (&small, 8192u64, b"in a stack copy".to_vec()),
-        (&large, 1 << 21, vec![0x5A; 2 * RAW_DIRECT_BYTES]),
+        (&large, 1 << 21, vec![0x5A; 1024]),
     ] {
         let raw = RegisterLoc::at(addr, reg().replicas);
         let f = client.fabric();
@@ -232,7 +230,7 @@ fn a_raw_read_now_hands_only_a_validated_payload_to_its_caller() {
         let _armed = s.arm_deadline(u64::MAX / 2);
         assert_eq!(
             client.raw_read_now_with(&raw, &s, consume).unwrap(),
-            Some(RawRead::Empty)
+            Some(ReadInPlace::Empty)
         );
         assert_eq!((consumed.get(), s.roundtrips()), (0, 1));
         block_on(f, client.raw_write(&raw, &OpStats::new(), &payload)).unwrap();
@@ -240,7 +238,7 @@ fn a_raw_read_now_hands_only_a_validated_payload_to_its_caller() {
         let _armed = s.arm_deadline(u64::MAX / 2);
         assert_eq!(
             client.raw_read_now_with(&raw, &s, consume).unwrap(),
-            Some(RawRead::Value(payload.clone()))
+            Some(ReadInPlace::Value(payload.clone()))
         );
         assert_eq!((consumed.get(), s.roundtrips()), (1, 1));
         // Past the deadline: fenced, nothing consumed.
@@ -265,6 +263,124 @@ fn a_raw_read_now_hands_only_a_validated_payload_to_its_caller() {
         );
         assert_eq!(client.raw_read_now_with(&raw, &s, consume).unwrap(), None);
         assert_eq!((consumed.get(), s.roundtrips()), (1, 0));
+    }
+}
+
+/// `read_start_with` hands its `consume` the payload of the in-place record only
+/// when the read settles at once and that record is the maximum's write, validated
+/// and past the fence, from the client's read buffer (registers of two sizes). A
+/// read it leaves pending (no deadline armed, a torn or stale
+/// in-place record) consumes nothing and finishes on the general path.
+#[test]
+fn a_read_start_with_hands_only_the_maximums_validated_payload_to_its_caller() {
+    use swarm_core::{ReadInPlace, ReadStart};
+    let cluster = MemCluster::new(3, 1 << 23);
+    let small = setup(0, 5, &cluster);
+    let reader = setup(1, 7, &cluster);
+    let large_layout = Layout::builder()
+        .payload_max(1024)
+        .meta_words(4)
+        .log_base(1 << 16)
+        .writers(8)
+        .slots_per_writer(256)
+        .build()
+        .unwrap();
+    let large = |writer| {
+        Client::new(
+            FailNodes::new(cluster.client()),
+            FixedClock(5),
+            large_layout,
+            WriterId::new(writer).unwrap(),
+            ProtocolConfig::default(),
+        )
+        .unwrap()
+    };
+    let (large_writer, large_reader) = (large(2), large(3));
+    for (writer, reader, addr, payloads) in [
+        (&small, &reader, 4096u64, [vec![1; 40], vec![2; 50]]),
+        (
+            &large_writer,
+            &large_reader,
+            1 << 22,
+            [vec![3; 1000], vec![4; 900]],
+        ),
+    ] {
+        let reg = RegisterLoc::at(addr, reg().replicas);
+        let f = reader.fabric();
+        let consumed = Cell::new(0);
+        let consume = |bytes: &[u8]| {
+            consumed.set(consumed.get() + 1);
+            bytes.to_vec()
+        };
+        let start = |cache: &mut RegisterCache, s: &OpStats| match reader
+            .read_start_with(&reg, cache, s, consume)
+        {
+            Ok(ReadStart::Done(read)) => Ok(Some(read)),
+            Ok(ReadStart::Pending(_)) => Ok(None),
+            Err(error) => Err(error),
+        };
+        // No deadline armed: pending, nothing read.
+        let s = OpStats::new();
+        assert_eq!(start(&mut RegisterCache::new(), &s).unwrap(), None);
+        assert_eq!(s.roundtrips(), 0);
+        // Never written.
+        let _armed = s.arm_deadline(u64::MAX / 2);
+        let empty = start(&mut RegisterCache::new(), &s).unwrap();
+        assert_eq!(
+            (empty, consumed.get(), s.roundtrips()),
+            (Some(ReadInPlace::Empty), 0, 1)
+        );
+        let mut cw = RegisterCache::new();
+        block_on(
+            writer.fabric(),
+            writer.write(&reg, &mut cw, &OpStats::new(), &payloads[0]),
+        )
+        .unwrap();
+        let primary = reg.replicas.node(0);
+        let record_bytes = writer.layout().record_bytes() as u32;
+        let first_record = node_bytes(&cluster, primary, reg.offset(0), record_bytes);
+        let s = OpStats::new();
+        let _armed = s.arm_deadline(u64::MAX / 2);
+        let read = start(&mut RegisterCache::new(), &s).unwrap();
+        assert_eq!(read, Some(ReadInPlace::Value(payloads[0].clone())));
+        assert_eq!((consumed.get(), s.roundtrips()), (1, 1));
+        // Past the deadline: fenced, nothing consumed.
+        block_on_future(f, swarm_core::sleep(f, 1_000)).unwrap();
+        let s = OpStats::new();
+        let _armed = s.arm_deadline(f.now() - 1);
+        assert!(start(&mut RegisterCache::new(), &s).is_err());
+        assert_eq!(consumed.get(), 1);
+        // The second write's in-place record replaced by the first's, which validates
+        // but is not the maximum's write: pending, and the general path fetches the
+        // maximum's buffer.
+        block_on(
+            writer.fabric(),
+            writer.write(&reg, &mut cw, &OpStats::new(), &payloads[1]),
+        )
+        .unwrap();
+        on_node(&cluster, primary, Batch::write(reg.offset(0), first_record));
+        let s = OpStats::new();
+        let _armed = s.arm_deadline(u64::MAX / 2);
+        let mut cache = RegisterCache::new();
+        let ReadStart::Pending(pending) = reader
+            .read_start_with(&reg, &mut cache, &s, consume)
+            .unwrap()
+        else {
+            panic!("a stale in-place record settled the read");
+        };
+        assert_eq!(consumed.get(), 1);
+        let rest = block_on(f, reader.read_finish(&reg, &mut cache, &s, pending)).unwrap();
+        assert_eq!(rest, ReadValue::Value(payloads[1].clone()));
+        // A torn in-place record (eight bytes of its hash): pending as well.
+        on_node(
+            &cluster,
+            primary,
+            Batch::write(reg.offset(0) + 16, vec![0xEE; 8]),
+        );
+        let s = OpStats::new();
+        let _armed = s.arm_deadline(u64::MAX / 2);
+        assert_eq!(start(&mut RegisterCache::new(), &s).unwrap(), None);
+        assert_eq!(consumed.get(), 1);
     }
 }
 
@@ -722,6 +838,44 @@ fn a_fresh_write_is_read_from_its_buffer_when_the_in_place_copies_are_torn() {
     let got = block_on(b.fabric(), b.read(&reg, &mut RegisterCache::new(), &s)).unwrap();
     assert_eq!(got, ReadValue::Value(b"from the buffer".to_vec()));
     assert_eq!(s.roundtrips(), 2, "the register, then the buffer");
+}
+
+/// `read_into` replaces the caller's buffer with the value, whether the common case
+/// copies it where it was read or the general path fetches it (a torn in-place
+/// copy), and empties it for a register never written.
+#[test]
+fn read_into_replaces_the_callers_buffer_on_either_path() {
+    let cluster = MemCluster::new(3, 1 << 20);
+    let a = setup(0, 5, &cluster);
+    let b = setup(1, 9, &cluster);
+    let (reg, mut ca) = (reg(), RegisterCache::new());
+    let mut value = b"left over".to_vec();
+    let read = |value: &mut Vec<u8>| {
+        let s = OpStats::new();
+        let got = block_on(
+            b.fabric(),
+            b.read_into(&reg, &mut RegisterCache::new(), &s, value),
+        );
+        (got.unwrap(), s.roundtrips())
+    };
+    assert_eq!(read(&mut value), (ReadValue::Empty, 1));
+    assert!(value.is_empty());
+    block_on(
+        a.fabric(),
+        a.write(&reg, &mut ca, &OpStats::new(), b"in place"),
+    )
+    .unwrap();
+    value.extend_from_slice(b"left over");
+    assert_eq!(read(&mut value), (ReadValue::Value(Vec::new()), 1));
+    assert_eq!(value, b"in place");
+    // Eight bytes of the in-place record's hash: the buffer is fetched.
+    on_node(
+        &cluster,
+        reg.replicas.node(0),
+        Batch::write(reg.offset(0) + 16, vec![0xEE; 8]),
+    );
+    assert_eq!(read(&mut value), (ReadValue::Value(Vec::new()), 2));
+    assert_eq!(value, b"in place");
 }
 
 /// A fresh write carrying a store's operation: one batch to every replica at once,

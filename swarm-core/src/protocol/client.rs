@@ -17,6 +17,7 @@ use crate::layout::{Layout, SlotAllocator, SlotError};
 use super::SwarmError;
 use super::carried::CarriedSlots;
 use super::guess::TimestampGuesser;
+use super::read_block::ReadBlocks;
 use super::slot_recycling::{OwnBatches, ReleaseTiming, SlotCounters, SlotTracker};
 use super::summary::LogSummary;
 use crate::encoding::Tsp;
@@ -222,6 +223,8 @@ pub struct Client<F, C> {
     /// The record buffer of the last write, reused by the next one if no batch
     /// holds it any more (`Client::shared_record`).
     pub(crate) spare_record: RefCell<Option<Arc<[u8]>>>,
+    /// The buffer the immediate reads read a register's in-place block into.
+    pub(crate) read_blocks: ReadBlocks,
 }
 
 /// A register's write slot of one client, held by the write or delete in flight on it
@@ -276,6 +279,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
             guard_lower_landing: core::cell::Cell::new(false),
             own_batches: OwnBatches::default(),
             spare_record: RefCell::new(None),
+            read_blocks: ReadBlocks::new(layout.register_bytes() as usize),
         })
     }
 

@@ -17,6 +17,7 @@
 //!   maximum's out-of-place buffer, whose record must carry the same write.
 
 use alloc::vec::Vec;
+use core::ops::Range;
 
 use crate::encoding::Tsp;
 use crate::fabric::{Batch, Completion, FabricError, Op, Payload};
@@ -87,24 +88,31 @@ pub fn parse_read(layout: &Layout, mut bytes: Vec<u8>, with_inplace: bool) -> No
     if !with_inplace {
         return parse_meta(&bytes);
     }
-    let meta_at = (layout.meta_offset() as usize).min(bytes.len());
-    let max = max_word(&bytes[meta_at..]);
-    let delete = delete_word(&bytes[meta_at..]);
-    let (record, _) = bytes.split_at_mut(meta_at);
-    let decoded = decode_record(record, layout.payload_max()).map(|r| (r.tsp, r.payload.len()));
-    let inplace = decoded.map(|(tsp, len)| {
+    let (mut view, record) = parse_block(layout, &mut bytes);
+    view.inplace = record.map(|(tsp, payload)| {
         // The payload moves to the front of the buffer it was read into, which becomes
         // the value: no second allocation and copy on every in-place read.
-        let start = RECORD_HEADER as usize;
-        bytes.copy_within(start..start + len, 0);
+        let len = payload.len();
+        bytes.copy_within(payload, 0);
         bytes.truncate(len);
         (tsp, bytes)
     });
-    NodeView {
-        max,
-        delete,
-        inplace,
-    }
+    view
+}
+
+/// Interprets the bytes of a [`read_op`] with the in-place block, where they lie:
+/// the view of the metadata words (its `inplace` left `None`), and the in-place
+/// record's write and the range of its payload in `bytes` if the record validates
+/// ([`decode_record`]: its length and xxh3 hash; `bytes` is modified). For a reader
+/// that consumes the payload in place ([`crate::Client::read_start_with`]).
+pub fn parse_block(layout: &Layout, bytes: &mut [u8]) -> (NodeView, Option<(Tsp, Range<usize>)>) {
+    let meta_at = (layout.meta_offset() as usize).min(bytes.len());
+    let view = parse_meta(&bytes[meta_at..]);
+    let (record, _) = bytes.split_at_mut(meta_at);
+    let start = RECORD_HEADER as usize;
+    let record = decode_record(record, layout.payload_max())
+        .map(|r| (r.tsp, start..start + r.payload.len()));
+    (view, record)
 }
 
 /// The expected value of a MAX's CAS, from the caller's `hint` of the word's content.
@@ -267,7 +275,17 @@ mod tests {
         let view = parse_read(&layout, bytes.clone(), true);
         assert_eq!(view.max, tsp(9, 1));
         assert_eq!(view.inplace, Some((tsp(9, 1), b"hello".to_vec())));
+        // The same, where the bytes lie.
+        let mut block = bytes.clone();
+        let (view, record) = parse_block(&layout, &mut block);
+        assert_eq!(
+            (view.max, view.delete, view.inplace),
+            (tsp(9, 1), Tsp::EMPTY, None)
+        );
+        let (write, payload) = record.unwrap();
+        assert_eq!((write, &block[payload]), (tsp(9, 1), &b"hello"[..]));
         bytes[33] ^= 0xff; // tear the payload
+        assert_eq!(parse_block(&layout, &mut bytes.clone()).1, None);
         assert_eq!(parse_read(&layout, bytes, true).inplace, None);
         assert_eq!(parse_read(&layout, alloc::vec![0; 3], true).max, Tsp::EMPTY);
     }

@@ -101,7 +101,7 @@
 //!   step's last counted answer is within its deadline; otherwise it fails with
 //!   `SwarmError::Fenced` (outcome unknown). A write ends with `Client::settle`, whose
 //!   reading (the stamp of its superseded slots) makes the check; a read returns
-//!   through `Client::confirm`, or, on the immediate path (`Client::read_now`), its
+//!   through `Client::confirm`, or, on the immediate path (`Client::read_now_with`), its
 //!   one step reads the clock after its burst instead of before it when the
 //!   operation's deadline is armed already (every SWARM-KV operation's is:
 //!   `roundtrip::Immediate`, "When the fence is checked"), so a common-case get
@@ -117,6 +117,7 @@
 use alloc::boxed::Box;
 use alloc::sync::Arc;
 use alloc::vec::Vec;
+use core::ops::Range;
 
 use crate::clock::Clock;
 use crate::encoding::{Flag, Tsp};
@@ -131,7 +132,7 @@ use super::inout::{self, MaxOutcome, NodeView};
 use super::register::{MAX_REPLICAS, RegisterCache, RegisterLoc};
 use super::slot_recycling::OwnRound;
 use super::write_back_guard::GuardedWriteBack;
-use super::{Client, ReadValue, SwarmError};
+use super::{Client, ReadInPlace, SwarmError};
 
 impl<F: Fabric, C: Clock> Client<F, C> {
     /// `encode_record_for(tsp, Some(reg.id), payload)` in one buffer, which the
@@ -162,10 +163,10 @@ impl<F: Fabric, C: Clock> Client<F, C> {
     }
 }
 
-/// What [`Client::read_now`] found.
-pub(crate) enum ReadNow {
+/// What [`Client::read_now_with`] found.
+pub(crate) enum ReadNow<R> {
     /// The read is complete: its result.
-    Done(ReadValue),
+    Done(ReadInPlace<R>),
     /// Not the common case: the read goes on from the views of its first majority
     /// read, or from scratch (`None`).
     Continue(Option<Box<Views>>),
@@ -272,6 +273,17 @@ const SUPERSEDED_RETRIES: u32 = 8;
 /// immediate majority read takes on the stack ([`crate::Fabric::read_direct`]);
 /// larger ones go through a batch.
 const DIRECT_META_BYTES: usize = 256;
+
+/// The caller's buffer for the primary's in-place block in
+/// [`Client::read_views_now`] (exactly [`crate::Layout::register_bytes`] long),
+/// and what the read left there.
+pub(crate) struct InPlaceBlock<'b> {
+    /// Where the block is read.
+    bytes: &'b mut [u8],
+    /// The in-place record's write and its payload's range in `bytes`, if it was
+    /// read there and validates.
+    record: Option<(Tsp, Range<usize>)>,
+}
 
 /// Progress of one `inner_write` across its roundtrips.
 #[derive(Debug, Default)]
@@ -532,7 +544,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
                 _ => NO_TOUCHES,
             };
         if every_replica.is_none()
-            && self.read_views_now(reg, cache, stats, with_inplace, touches, views)?
+            && self.read_views_now(reg, cache, stats, with_inplace, touches, views, None)?
         {
             return Ok(());
         }
@@ -615,8 +627,10 @@ impl<F: Fabric, C: Clock> Client<F, C> {
     /// the same reads of the same replicas, one roundtrip counted. Where the fabric
     /// reads in place ([`Fabric::read_direct`]: no batch, no reply), a metadata-only
     /// read goes into a buffer on the stack, and the primary's read of its in-place
-    /// block into one the fabric hands out ([`Fabric::take_buffer`]), which becomes
-    /// the value; elsewhere they go as batches.
+    /// block into the caller's `block` when given (its record, if it validates,
+    /// left there: [`InPlaceBlock`]), else into one the fabric hands out
+    /// ([`Fabric::take_buffer`]), which becomes the value in `views`; elsewhere
+    /// they go as batches (the in-place record into `views`).
     ///
     /// `Ok(false)`, with nothing counted, `views` empty again and whatever was
     /// learned kept (answers are real observations), when it does not apply: another
@@ -625,6 +639,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
     /// complete inside `submit` (a crashed node: its ticket is forgotten). The
     /// caller then takes the general path, which reads the majority again: a read
     /// changes nothing, so the duplicate costs its time only.
+    #[allow(clippy::too_many_arguments)]
     fn read_views_now(
         &self,
         reg: &RegisterLoc,
@@ -633,6 +648,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         with_inplace: bool,
         touches: impl Fn(usize) -> Touches,
         views: &mut Views,
+        mut block: Option<&mut InPlaceBlock<'_>>,
     ) -> Result<bool, SwarmError> {
         if !self.fabric.completes_in_submit() || self.suspicion.any() || stats.is_interleaved() {
             return Ok(false);
@@ -648,7 +664,19 @@ impl<F: Fabric, C: Clock> Client<F, C> {
             let inplace = with_inplace && p == primary;
             let node = reg.replicas.node(p);
             // `Some(read)`: the fabric read in place (`Fabric::read_direct`).
-            let direct = if inplace {
+            let direct = if inplace && let Some(block) = block.as_deref_mut() {
+                // The in-place block and the metadata, into the caller's buffer, where
+                // the record stays (`inout::parse_block`).
+                match step.read_direct(node, reg.offset(p), block.bytes) {
+                    Some(Ok(())) => {
+                        let (view, record) = inout::parse_block(&self.layout, block.bytes);
+                        block.record = record;
+                        self.fold_parsed(cache, views, p, true, view)?;
+                        continue;
+                    }
+                    other => other,
+                }
+            } else if inplace {
                 // The in-place block and the metadata, into a buffer that becomes the
                 // value (`inout::parse_read`) or goes back to the fabric.
                 let mut bytes = self
@@ -849,16 +877,25 @@ impl<F: Fabric, C: Clock> Client<F, C> {
     /// The common case of a Safe-Guess read (`Client::read`), as one plain function
     /// that builds no future: the majority read of [`Self::read_views_now`], and
     /// when its maximum is empty, or VERIFIED with its value in place and known to
-    /// be on a majority (no write-back), the read's result. Otherwise the read goes
-    /// on from the views it took ([`ReadNow::Continue`]: the first majority read of
-    /// [`Self::max_read_from`]), so that it takes the roundtrips the general path
-    /// takes; or from scratch where the majority read does not apply.
-    pub(crate) fn read_now(
+    /// be on a majority (no write-back), the read's result: what `consume` makes of
+    /// the value's payload. Where the fabric reads in place, the primary's block is
+    /// read into the client's read buffer (`super::read_block`) and `consume` reads
+    /// the payload there (validated first: its length and xxh3 hash,
+    /// `inout::parse_block`): no read buffer zeroed, taken, moved or given back.
+    /// `consume` runs only once the read counts (the fence passed after the burst,
+    /// as in [`Self::read_views_now`]).
+    ///
+    /// Otherwise the read goes on from the views it took ([`ReadNow::Continue`]: the
+    /// first majority read of [`Self::max_read_from`], the in-place record copied
+    /// into them), so that it takes the roundtrips the general path takes; or from
+    /// scratch where the majority read does not apply. `consume` is then not called.
+    pub(crate) fn read_now_with<R>(
         &self,
         reg: &RegisterLoc,
         cache: &mut RegisterCache,
         stats: &OpStats,
-    ) -> Result<ReadNow, SwarmError> {
+        consume: impl FnOnce(&[u8]) -> R,
+    ) -> Result<ReadNow<R>, SwarmError> {
         let layout = self.layout;
         let primary = self.primary(reg);
         let touches = |p: usize| match inout::read_op(&layout, reg.offset(p), p == primary) {
@@ -866,26 +903,56 @@ impl<F: Fabric, C: Clock> Client<F, C> {
             _ => NO_TOUCHES,
         };
         let mut views = Views::default();
-        if !self.read_views_now(reg, cache, stats, true, touches, &mut views)? {
+        let mut buffer = self.read_blocks.take();
+        let mut block = InPlaceBlock {
+            bytes: &mut buffer[..layout.register_bytes() as usize],
+            record: None,
+        };
+        if !self.read_views_now(
+            reg,
+            cache,
+            stats,
+            true,
+            touches,
+            &mut views,
+            Some(&mut block),
+        )? {
             return Ok(ReadNow::Continue(None));
         }
         let t = views.max();
         if t.is_void() {
-            return Ok(ReadNow::Done(ReadValue::Empty));
+            return Ok(ReadNow::Done(ReadInPlace::Empty));
         }
-        if t.flag() == Flag::Verified
-            && !t.is_tombstone()
-            && Self::on_a_majority(reg, cache, t)
-            && let Some(value) = views.value_at_hand(t)
-        {
-            return Ok(ReadNow::Done(ReadValue::Value(value)));
+        let record = block.record.clone();
+        if t.flag() == Flag::Verified && !t.is_tombstone() && Self::on_a_majority(reg, cache, t) {
+            match record.clone() {
+                // Read into the client's buffer: the payload where it lies.
+                Some((write, payload)) if write.same_write(t) => {
+                    return Ok(ReadNow::Done(ReadInPlace::Value(consume(
+                        &block.bytes[payload],
+                    ))));
+                }
+                // Read as a batch: the payload in `views`.
+                None => {
+                    if let Some(value) = views.value_at_hand(t) {
+                        let consumed = consume(&value);
+                        self.fabric.give_back(value);
+                        return Ok(ReadNow::Done(ReadInPlace::Value(consumed)));
+                    }
+                }
+                _ => {}
+            }
         }
-        // Cold: boxed, so that the read's future does not carry the views.
+        // Cold: the in-place record copied into the views, boxed so that the read's
+        // future does not carry them.
+        if let Some((write, payload)) = record {
+            views.inplace = Some((write, block.bytes[payload].to_vec()));
+        }
         Ok(ReadNow::Continue(Some(Box::new(views))))
     }
 
     /// [`Self::max_read`], its first majority read already taken when `first` is
-    /// given ([`Self::read_now`]).
+    /// given ([`Self::read_now_with`]).
     pub(crate) async fn max_read_from(
         &self,
         reg: &RegisterLoc,

@@ -36,6 +36,7 @@ pub mod inout;
 pub mod maxreg;
 pub mod quorum;
 pub mod raw;
+mod read_block;
 pub mod register;
 pub mod resume;
 pub mod safeguess;
@@ -49,7 +50,6 @@ pub use client::{Client, ProtocolConfig};
 pub use delete::{DeleteOutcome, DeleteVotes, FirstDeleter, UNOWNED_TOMBSTONE};
 pub use error::SwarmError;
 pub use fresh::{Carried, FreshOutcome};
-pub use raw::{RAW_DIRECT_BYTES, RawRead};
 pub use register::{MAX_REPLICAS, RegisterCache, RegisterLoc, Replicas};
 pub use safeguess::{PendingRead, ReadStart};
 pub use suspicion::Suspicion;
@@ -65,6 +65,17 @@ pub enum ReadValue {
     Value(Vec<u8>),
     /// The register was deleted (tombstone, §5.3.2).
     Deleted,
+}
+
+/// What a read's common case made of the value it read in place, for a caller that
+/// consumes the payload where it lies rather than taking an owned copy
+/// ([`Client::raw_read_now_with`], [`Client::read_start_with`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReadInPlace<R> {
+    /// The register was never written.
+    Empty,
+    /// Its record validated: what the caller's `consume` made of the payload.
+    Value(R),
 }
 
 /// How a write ended.

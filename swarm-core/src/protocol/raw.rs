@@ -13,7 +13,7 @@ use crate::layout::{RECORD_HEADER, decode_record, encode_record};
 use crate::roundtrip::{Immediate, OpStats, Roundtrip};
 
 use super::register::RegisterLoc;
-use super::{Client, ReadValue, SwarmError};
+use super::{Client, ReadInPlace, ReadValue, SwarmError};
 
 /// How many torn reads RAW retries before giving up.
 const RAW_READ_ATTEMPTS: u32 = 64;
@@ -23,18 +23,6 @@ const RAW_READ_ATTEMPTS: u32 = 64;
 const RAW_EAGER_ATTEMPTS: u32 = 4;
 /// Longest pause between two torn reads.
 const RAW_MAX_PAUSE_NS: u64 = 1_000_000;
-/// The largest record [`Client::raw_read_now_with`] reads into a buffer on its stack
-/// (zeroed for every read); larger ones are read as a batch.
-pub const RAW_DIRECT_BYTES: usize = 512;
-
-/// What [`Client::raw_read_now_with`] read on the register's primary.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RawRead<R> {
-    /// The register was never written.
-    Empty,
-    /// Its record validated: what the caller's `consume` made of the payload.
-    Value(R),
-}
 
 impl<F: Fabric, C: Clock> Client<F, C> {
     /// RAW write: the record, in place, on the primary.
@@ -61,8 +49,9 @@ impl<F: Fabric, C: Clock> Client<F, C> {
     /// deadline armed already (as a SWARM-KV operation arms it from its start): one
     /// READ of the primary whose record validates, its payload handed to `consume`
     /// in place. The record is read into a buffer on the stack where the fabric reads
-    /// in place ([`Fabric::read_direct`]) and it fits ([`RAW_DIRECT_BYTES`]), so that
-    /// no read buffer is taken, moved or given back; otherwise as a batch. The same
+    /// in place ([`Fabric::read_direct`]), into the client's read buffer
+    /// (`super::read_block`), so that no read buffer is zeroed, taken, moved or given
+    /// back; otherwise as a batch. The same
     /// checks either way: the fabric's bounds checks of the read, the record's
     /// length against the layout's payload maximum and its xxh3 hash before any
     /// byte of the payload is used (shared memory is untrusted).
@@ -77,31 +66,30 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         reg: &RegisterLoc,
         stats: &OpStats,
         consume: impl FnOnce(&[u8]) -> R,
-    ) -> Result<Option<RawRead<R>>, SwarmError> {
+    ) -> Result<Option<ReadInPlace<R>>, SwarmError> {
         if !stats.is_armed() || !self.fabric.completes_in_submit() {
             return Ok(None);
         }
         let len = self.layout.record_bytes() as usize;
         let node = reg.replicas.node(0);
         let mut step = Immediate::start(&self.fabric, stats)?;
-        let mut stack = [0u8; RAW_DIRECT_BYTES];
-        if let Some(bytes) = stack.get_mut(..len) {
-            match step.read_direct(node, reg.offset(0), bytes) {
-                Some(Ok(())) => {
-                    if bytes.iter().take(8).all(|b| *b == 0) {
-                        step.complete()?;
-                        return Ok(Some(RawRead::Empty));
-                    }
-                    let Some(record) = decode_record(bytes, self.layout.payload_max()) else {
-                        return Ok(None);
-                    };
+        let mut buffer = self.read_blocks.take();
+        let bytes = &mut buffer[..len];
+        match step.read_direct(node, reg.offset(0), bytes) {
+            Some(Ok(())) => {
+                if bytes.iter().take(8).all(|b| *b == 0) {
                     step.complete()?;
-                    return Ok(Some(RawRead::Value(consume(record.payload))));
+                    return Ok(Some(ReadInPlace::Empty));
                 }
-                // Refused or failed at once: as a batch that did not complete.
-                Some(Err(_)) => return Ok(None),
-                None => {}
+                let Some(record) = decode_record(bytes, self.layout.payload_max()) else {
+                    return Ok(None);
+                };
+                step.complete()?;
+                return Ok(Some(ReadInPlace::Value(consume(record.payload))));
             }
+            // Refused or failed at once: as a batch that did not complete.
+            Some(Err(_)) => return Ok(None),
+            None => {}
         }
         let mut batch = Batch::read(reg.offset(0), len as u32);
         let Some(reply) = step.submit(node, &mut batch) else {
@@ -112,7 +100,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         };
         if bytes.iter().take(8).all(|b| *b == 0) {
             step.complete()?;
-            return Ok(Some(RawRead::Empty));
+            return Ok(Some(ReadInPlace::Empty));
         }
         let Some(len) =
             decode_record(bytes, self.layout.payload_max()).map(|record| record.payload.len())
@@ -125,7 +113,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         step.complete()?;
         let consumed = consume(&bytes[RECORD_HEADER as usize..RECORD_HEADER as usize + len]);
         self.fabric.give_back(bytes);
-        Ok(Some(RawRead::Value(consumed)))
+        Ok(Some(ReadInPlace::Value(consumed)))
     }
 
     /// RAW read: the in-place record of the primary.

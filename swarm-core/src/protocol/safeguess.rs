@@ -65,13 +65,14 @@ use crate::roundtrip::OpStats;
 
 use super::maxreg::{ReadNow, Views, WriteProgress};
 use super::register::{RegisterCache, RegisterLoc};
-use super::{Client, ReadValue, SwarmError, WriteOutcome};
+use super::{Client, ReadInPlace, ReadValue, SwarmError, WriteOutcome};
 
-/// How a Safe-Guess read began ([`Client::read_start`]).
+/// How a Safe-Guess read began ([`Client::read_start`], or
+/// [`Client::read_start_with`] with `V` a [`ReadInPlace`]).
 #[derive(Debug)]
-pub enum ReadStart {
+pub enum ReadStart<V = ReadValue> {
     /// The read is complete (its common case): its result.
-    Done(ReadValue),
+    Done(V),
     /// Not the common case: finish it with [`Client::read_finish`].
     Pending(PendingRead),
 }
@@ -80,6 +81,14 @@ pub enum ReadStart {
 /// first majority read found, if it took one.
 #[derive(Debug)]
 pub struct PendingRead(Option<Box<Views>>);
+
+/// A common-case read's owned value as [`ReadValue`].
+fn owned(value: ReadInPlace<Vec<u8>>) -> ReadValue {
+    match value {
+        ReadInPlace::Empty => ReadValue::Empty,
+        ReadInPlace::Value(value) => ReadValue::Value(value),
+    }
+}
 
 impl<F: Fabric, C: Clock> Client<F, C> {
     /// Safe-Guess `WRITE(payload)`.
@@ -227,11 +236,11 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         stats: &OpStats,
     ) -> Result<ReadValue, SwarmError> {
         let _deadline = self.arm_at_first_post(stats);
-        // The common case, with no future built (`Client::read_now`).
-        let first = match self.read_now(reg, cache, stats)? {
+        // The common case, with no future built (`Client::read_now_with`).
+        let first = match self.read_now_with(reg, cache, stats, <[u8]>::to_vec)? {
             ReadNow::Done(value) => {
                 stats.count_iteration();
-                return Ok(value);
+                return Ok(owned(value));
             }
             ReadNow::Continue(views) => views,
         };
@@ -256,10 +265,34 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         cache: &mut RegisterCache,
         stats: &OpStats,
     ) -> Result<ReadStart, SwarmError> {
+        Ok(
+            match self.read_start_with(reg, cache, stats, <[u8]>::to_vec)? {
+                ReadStart::Done(value) => ReadStart::Done(owned(value)),
+                ReadStart::Pending(pending) => ReadStart::Pending(pending),
+            },
+        )
+    }
+
+    /// [`Self::read_start`] for a caller that consumes the value where it was read:
+    /// when the common case settles the read, [`ReadStart::Done`] with what `consume`
+    /// made of the payload ([`ReadInPlace::Value`]), or [`ReadInPlace::Empty`]. On
+    /// shared memory the primary's in-place block is read into a buffer on the
+    /// stack and `consume` reads the payload there, once its record validated (its
+    /// length and xxh3 hash) and the fence passed: no read buffer taken from the
+    /// fabric, moved or given back, no copy but the caller's. `consume` is not
+    /// called when the read is left [`ReadStart::Pending`] ([`Self::read_finish`]
+    /// then returns the value as [`ReadValue`]).
+    pub fn read_start_with<R>(
+        &self,
+        reg: &RegisterLoc,
+        cache: &mut RegisterCache,
+        stats: &OpStats,
+        consume: impl FnOnce(&[u8]) -> R,
+    ) -> Result<ReadStart<ReadInPlace<R>>, SwarmError> {
         if !stats.is_armed() {
             return Ok(ReadStart::Pending(PendingRead(None)));
         }
-        Ok(match self.read_now(reg, cache, stats)? {
+        Ok(match self.read_now_with(reg, cache, stats, consume)? {
             ReadNow::Done(value) => {
                 stats.count_iteration();
                 ReadStart::Done(value)
@@ -315,7 +348,7 @@ impl<F: Fabric, C: Clock> Client<F, C> {
                 .await?;
             // The answers may have been counted across a stop (`super::maxreg`,
             // "Quorums counted across a repair"). The immediate path
-            // (`Client::read_now`) checks after its burst instead.
+            // (`Client::read_now_with`) checks after its burst instead.
             self.confirm(stats)?;
             if m.is_void() {
                 return Ok(ReadValue::Empty);
@@ -358,10 +391,11 @@ impl<F: Fabric, C: Clock> Client<F, C> {
     /// [`Self::read`] into the caller's buffer: `value`'s content is replaced by the
     /// payload read (its allocation reused) when the register holds one, and emptied
     /// otherwise. Returns what the read found, with [`ReadValue::Value`]'s payload
-    /// left empty (it is in `value`). The buffer the payload was read into goes back
-    /// to the fabric ([`Fabric::give_back`]), so that on a transport that fills reads
-    /// into given-back buffers (shared memory) a steady stream of reads allocates
-    /// nothing once `value` has the capacity of a payload.
+    /// left empty (it is in `value`). The common case copies the payload into
+    /// `value` where it was read (`Client::read_now_with`); past it, the buffer the
+    /// payload was read into goes back to the fabric ([`Fabric::give_back`]). Either
+    /// way a steady stream of reads on shared memory allocates nothing once `value`
+    /// has the capacity of a payload.
     pub async fn read_into(
         &self,
         reg: &RegisterLoc,
@@ -370,7 +404,21 @@ impl<F: Fabric, C: Clock> Client<F, C> {
         value: &mut Vec<u8>,
     ) -> Result<ReadValue, SwarmError> {
         value.clear();
-        Ok(match self.read(reg, cache, stats).await? {
+        let _deadline = self.arm_at_first_post(stats);
+        // The common case copies the payload into `value` where it was read.
+        let first = match self.read_now_with(reg, cache, stats, |payload| {
+            value.extend_from_slice(payload);
+        })? {
+            ReadNow::Done(read) => {
+                stats.count_iteration();
+                return Ok(match read {
+                    ReadInPlace::Empty => ReadValue::Empty,
+                    ReadInPlace::Value(()) => ReadValue::Value(Vec::new()),
+                });
+            }
+            ReadNow::Continue(views) => views,
+        };
+        Ok(match self.read_rest(reg, cache, stats, first).await? {
             ReadValue::Value(read) => {
                 value.extend_from_slice(&read);
                 self.fabric.give_back(read);

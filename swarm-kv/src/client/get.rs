@@ -7,15 +7,28 @@
 //! The common get (a cached key, no upkeep due, a fabric that completes batches
 //! inside `submit`) is one plain function, `KvClient::get_now`: the lease check, the
 //! deadline armed from the start, the cache entry used in place and the register
-//! read's common case (`swarm_core::Client::read_start`; RAW's one READ,
-//! `raw_read_now_with`, whose payload is checked and copied into the caller's buffer
-//! where it was read), with no future built. Any other case takes the general path,
-//! which builds the futures.
+//! read's common case (`swarm_core::Client::read_start_with`; RAW's one READ,
+//! `raw_read_now_with`), whose payload is checked (it carries the key) and copied
+//! into the caller's buffer where it was read, on the stack, with no future built.
+//! Any other case takes the general path, which builds the futures.
 
 use swarm_core::{
-    Clock, DeadlineScope, Fabric, OpStats, PendingRead, RawRead, ReadStart, ReadValue,
+    Clock, DeadlineScope, Fabric, OpStats, PendingRead, ReadInPlace, ReadStart, ReadValue,
     RegisterCache, SwarmError,
 };
+
+/// Copies the value of `payload` (as read from a register: the key first) into
+/// `value` if the payload is `key`'s: whether it was.
+#[inline]
+fn copy_value(key: &[u8], payload: &[u8], value: &mut Vec<u8>) -> bool {
+    match decode_payload(payload) {
+        Some((k, v)) if k == key => {
+            value.extend_from_slice(v);
+            true
+        }
+        _ => false,
+    }
+}
 
 use crate::KvError;
 use crate::cache::Found;
@@ -36,7 +49,7 @@ enum GetNow<'s> {
 enum Settled {
     /// The key's value: `payload[value_at..]` (the payload as read, key first).
     Found { payload: Vec<u8>, value_at: usize },
-    /// The key's value, copied into the caller's buffer already (RAW).
+    /// The key's value, copied into the caller's buffer already (read in place).
     Copied,
     /// The operation failed.
     Failed(KvError),
@@ -164,9 +177,9 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
     /// value and learned something (a read that failed or was fenced leaves the
     /// entry as it was, as the general path does). A stale entry is dropped and the
     /// general path asks the index, as a new attempt; so does a first attempt that
-    /// ran past its deadline. A RAW read copies the value into `value` (empty on
-    /// entry, left empty unless it returns [`Settled::Copied`]); the others return
-    /// the payload as read.
+    /// ran past its deadline. A read that settles at once copies the value into
+    /// `value` (empty on entry, left empty unless it returns [`Settled::Copied`]);
+    /// one finished on the general path returns the payload as read.
     #[inline(always)]
     fn get_now<'s>(&self, key: &[u8], stats: &'s OpStats, value: &mut Vec<u8>) -> GetNow<'s> {
         if !self.get_now_applies(stats) {
@@ -209,67 +222,57 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         let Some((entry, found)) = cache.lookup_mut(key, start) else {
             return general;
         };
-        if self.protocol == RegisterProtocol::Raw {
-            // RAW keeps no knowledge of its registers: one READ of the primary, its
-            // payload checked (it carries the key) and its value copied out where
-            // it was read, once the read counts.
-            let read = self.swarm.raw_read_now_with(&entry.loc, stats, |payload| {
-                match decode_payload(payload) {
-                    Some((k, v)) if k == key => {
-                        value.extend_from_slice(v);
-                        true
-                    }
-                    _ => false,
-                }
-            });
-            let stale = match read {
+        // The payload is checked (it carries the key) and its value copied out where
+        // it was read, once the read counts.
+        let consume = |payload: &[u8]| copy_value(key, payload, value);
+        let stale = if self.protocol == RegisterProtocol::Raw {
+            // RAW keeps no knowledge of its registers: one READ of the primary.
+            match self.swarm.raw_read_now_with(&entry.loc, stats, consume) {
                 Ok(None) => return general,
-                Ok(Some(RawRead::Value(true))) => return GetNow::Settled(Settled::Copied),
-                Ok(Some(RawRead::Value(false) | RawRead::Empty)) => None,
+                Ok(Some(ReadInPlace::Value(true))) => return GetNow::Settled(Settled::Copied),
+                Ok(Some(ReadInPlace::Value(false) | ReadInPlace::Empty)) => None,
                 Err(error) => Self::read_error(error),
-            };
-            return GetNow::Settled(match stale {
-                None => {
-                    cache.remove(key);
-                    Settled::General { next: 1 }
-                }
-                Some(error) => Self::failed_first(error),
-            });
-        }
-        let mut knowledge = entry.knowledge.clone();
-        let read = match self.swarm.read_start(&entry.loc, &mut knowledge, stats) {
-            Ok(ReadStart::Done(value)) => Ok(value),
-            Ok(ReadStart::Pending(pending)) => {
-                return GetNow::Reading(Box::new(Reading {
-                    _scope: scope,
-                    located: Located {
-                        register: entry.register,
-                        loc: entry.loc.clone(),
-                        knowledge,
-                        vouched_at: entry.vouched_at,
-                    },
-                    known: entry.knowledge.clone(),
-                    found,
-                    pending,
-                }));
             }
-            Err(error) => Err(error),
+        } else {
+            let mut knowledge = entry.knowledge.clone();
+            match self
+                .swarm
+                .read_start_with(&entry.loc, &mut knowledge, stats, consume)
+            {
+                Ok(ReadStart::Done(ReadInPlace::Value(true))) => {
+                    // What the read learned, into the entry (it only grows: the merge
+                    // is the read's copy), as `remember_found` writes it back.
+                    if knowledge != entry.knowledge {
+                        entry.knowledge.merge(&knowledge);
+                    }
+                    return GetNow::Settled(Settled::Copied);
+                }
+                Ok(ReadStart::Done(ReadInPlace::Value(false) | ReadInPlace::Empty)) => None,
+                Ok(ReadStart::Pending(pending)) => {
+                    return GetNow::Reading(Box::new(Reading {
+                        _scope: scope,
+                        located: Located {
+                            register: entry.register,
+                            loc: entry.loc.clone(),
+                            knowledge,
+                            vouched_at: entry.vouched_at,
+                        },
+                        known: entry.knowledge.clone(),
+                        found,
+                        pending,
+                    }));
+                }
+                Err(error) => Self::read_error(error),
+            }
         };
-        GetNow::Settled(match self.judge(key, read) {
-            Judged::Holds { payload, value_at } => {
-                // What the read learned, into the entry (it only grows: the merge
-                // is the read's copy), as `remember_found` writes it back.
-                if knowledge != entry.knowledge {
-                    entry.knowledge.merge(&knowledge);
-                }
-                Settled::Found { payload, value_at }
-            }
-            Judged::Not => {
-                drop(cache);
-                self.cache.borrow_mut().remove(key);
+        // Another key's value, nothing, or a register reset since it was cached: the
+        // entry is stale.
+        GetNow::Settled(match stale {
+            None => {
+                cache.remove(key);
                 Settled::General { next: 1 }
             }
-            Judged::Failed(error) => Self::failed_first(error),
+            Some(error) => Self::failed_first(error),
         })
     }
 
