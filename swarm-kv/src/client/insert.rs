@@ -58,9 +58,10 @@ impl<F: Fabric, C: Clock> KvClient<F, C> {
         let payload = encode_payload(key, value);
         // An earlier insert's unknown outcome, judged first so that its register,
         // if never mapped, goes back to the pool (`undecided`). Its failure is
-        // this insert's only when no operation can start.
+        // this insert's only when no operation can start. Boxed: it is rare, and
+        // inline it would more than double every insert future.
         if !self.undecided.borrow().is_empty() {
-            self.judge_one_undecided().await?;
+            Box::pin(self.judge_one_undecided()).await?;
         }
         // The key is hashed once, for the cache's misses and every index call.
         let key = &self.index.hash_key(key)?;
