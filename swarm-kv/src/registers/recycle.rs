@@ -338,8 +338,9 @@ pub struct RecycleStats {
     pub reclaimed_limbo: u64,
     /// Registers taken from gone clients' pools (reset, blank).
     pub reclaimed_pool: u64,
-    /// Retire marks that failed on a replica, or found another key-header word
-    /// there than the retiree wrote (that copy keeps no tag).
+    /// Retire marks that failed on a replica, or found a keyed copy there with another
+    /// word than the retiree wrote (that copy keeps no tag). A blank copy, which the
+    /// insert's fresh write did not reach, is not counted.
     pub mark_failures: u64,
     /// Of `recycled`, registers reset without a replica whose memory was lost (the
     /// node out of service, "a node out of service" in the module docs).
@@ -1600,8 +1601,11 @@ fn note_mark(
             stats.mark_failures += 1;
             tracing::debug!(register, node = node.index(), %error, "retire mark failed on a replica");
         }
+        // A blank copy (key length 0) is one the insert's fresh write did not reach
+        // (it writes a majority): nothing to mark there. A keyed copy that kept
+        // another word kept no mark.
         Ok(reply) => match reply.cas(0) {
-            Some(found) if found != expected => {
+            Some(found) if found != expected && found as u32 != 0 => {
                 stats.mark_failures += 1;
                 tracing::debug!(
                     register,
