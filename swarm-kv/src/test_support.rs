@@ -338,3 +338,56 @@ pub(crate) fn poll_once<T>(
         core::task::Waker::noop(),
     ))
 }
+
+/// Two clients of a fresh [`small_cluster`] with a 400 ms lease: `a` behind a
+/// [`Muted`] fabric whose posts to `slow` wait unapplied once it stops, `b` plain.
+/// With `used`, `b` inserts and deletes `k` first, so that an insert of `k` reads its
+/// buckets rather than trying a blind round. The tests of an insert stopped
+/// mid-way (`client::publish_tests`, `client::undecided_tests`).
+pub(crate) fn stoppable_pair(
+    used: bool,
+    slow: Option<u16>,
+) -> (
+    MemCluster,
+    KvClient<Muted, FixedClock>,
+    KvClient<MemFabric, FixedClock>,
+) {
+    let (cluster, layout) = small_cluster(400 * MS);
+    let held: Vec<u16> = slow.into_iter().collect();
+    let a = KvClient::connect(
+        Muted::new(cluster.client(), &held),
+        FixedClock(1_000),
+        layout,
+        KvConfig::new(0, 1),
+    )
+    .expect("a writer id");
+    let b = KvClient::connect(
+        cluster.client(),
+        FixedClock(1_000),
+        layout,
+        KvConfig::new(0, 1),
+    )
+    .expect("a writer id");
+    if used {
+        let s = swarm_core::OpStats::new();
+        swarm_core::block_on(b.fabric(), b.insert(b"k", b"old", &s)).expect("an insert");
+        let deleted = swarm_core::block_on(b.fabric(), b.delete(b"k", &s)).expect("a delete");
+        assert_eq!(deleted, swarm_core::DeleteOutcome::Removed);
+    }
+    (cluster, a, b)
+}
+
+/// Polls `op` of the client behind `fabric` until that client stops (its posts
+/// after [`Muted::mute_after`] land unanswered); `false` if `op` finished first.
+pub(crate) fn run_until_stopped<T>(
+    fabric: &Muted,
+    mut op: core::pin::Pin<&mut impl Future<Output = T>>,
+) -> bool {
+    while !fabric.stopped() {
+        if poll_once(op.as_mut()).is_ready() {
+            return false;
+        }
+        fabric.progress();
+    }
+    true
+}

@@ -3,10 +3,9 @@
 //! owns it from then on (`crate::registers::recycle`). Whatever the insert does when
 //! it wakes up, it must never map that register again.
 
-use swarm_core::{DeleteOutcome, Fabric, FixedClock, OpStats, block_on};
+use swarm_core::{DeleteOutcome, Fabric, OpStats, block_on};
 
-use crate::test_support::{MS, Muted, poll_once, small_cluster};
-use crate::{KvClient, KvConfig};
+use crate::test_support::{MS, poll_once, run_until_stopped, stoppable_pair};
 
 /// One run: a fresh cluster; with `used`, the key's buckets saw a change before (so
 /// that the insert reads them first, not a blind round). Client A inserts `k` and
@@ -18,32 +17,13 @@ use crate::{KvClient, KvConfig};
 /// finishes. Returns `None` if A finished before it stopped, else whether B unmapped
 /// A's register while A was stopped.
 fn run(used: bool, slow: Option<u16>, posts: usize) -> Option<bool> {
-    let (cluster, layout) = small_cluster(400 * MS);
-    let config = || KvConfig::new(0, 1);
-    let held: Vec<u16> = slow.into_iter().collect();
-    let a = KvClient::connect(
-        Muted::new(cluster.client(), &held),
-        FixedClock(1_000),
-        layout,
-        config(),
-    )
-    .expect("a writer id");
-    let b = KvClient::connect(cluster.client(), FixedClock(1_000), layout, config())
-        .expect("a writer id");
+    let (_cluster, a, b) = stoppable_pair(used, slow);
     let s = OpStats::new();
-    if used {
-        block_on(b.fabric(), b.insert(b"k", b"old", &s)).expect("an insert");
-        let deleted = block_on(b.fabric(), b.delete(b"k", &s)).expect("a delete");
-        assert_eq!(deleted, DeleteOutcome::Removed);
-    }
     a.fabric().mute_after(posts);
     let sa = OpStats::new();
     let mut insert = core::pin::pin!(a.insert(b"k", b"a", &sa));
-    while !a.fabric().stopped() {
-        if poll_once(insert.as_mut()).is_ready() {
-            return None;
-        }
-        a.fabric().progress();
+    if !run_until_stopped(a.fabric(), insert.as_mut()) {
+        return None;
     }
     // A is stopped. B finds the key (or not), deletes it and unmaps its register.
     let mapped = block_on(b.fabric(), b.index.resolve(b.fabric(), &s, b"k")).expect("a lookup");

@@ -2,10 +2,10 @@
 //! register must come back (retired, if never mapped) or stay with its owner (the
 //! key, or the client that unmapped it), never be leaked or given two owners.
 
-use swarm_core::{DeleteOutcome, Fabric, FixedClock, OpStats, block_on};
+use swarm_core::{DeleteOutcome, Fabric, OpStats, block_on};
 
-use crate::test_support::{MS, Muted, poll_once, small_cluster};
-use crate::{KvClient, KvConfig, KvError};
+use crate::test_support::{MS, poll_once, run_until_stopped, stoppable_pair};
+use crate::KvError;
 
 /// What one run ended with.
 #[derive(Debug, Default)]
@@ -33,32 +33,13 @@ fn run(
     b_deletes: bool,
     reached: &mut Reached,
 ) -> bool {
-    let (cluster, layout) = small_cluster(400 * MS);
-    let config = || KvConfig::new(0, 1);
-    let held: Vec<u16> = slow.into_iter().collect();
-    let a = KvClient::connect(
-        Muted::new(cluster.client(), &held),
-        FixedClock(1_000),
-        layout,
-        config(),
-    )
-    .expect("a writer id");
-    let b = KvClient::connect(cluster.client(), FixedClock(1_000), layout, config())
-        .expect("a writer id");
+    let (_cluster, a, b) = stoppable_pair(used, slow);
     let s = OpStats::new();
-    if used {
-        block_on(b.fabric(), b.insert(b"k", b"old", &s)).expect("an insert");
-        let deleted = block_on(b.fabric(), b.delete(b"k", &s)).expect("a delete");
-        assert_eq!(deleted, DeleteOutcome::Removed);
-    }
     a.fabric().mute_after(posts);
     let sa = OpStats::new();
     let mut insert = core::pin::pin!(a.insert(b"k", b"a", &sa));
-    while !a.fabric().stopped() {
-        if poll_once(insert.as_mut()).is_ready() {
-            return false;
-        }
-        a.fabric().progress();
+    if !run_until_stopped(a.fabric(), insert.as_mut()) {
+        return false;
     }
     let b_limbo = b.registers_in_limbo();
     let mapped = block_on(b.fabric(), b.index.resolve(b.fabric(), &s, b"k")).expect("a lookup");
