@@ -4,8 +4,8 @@
 
 use swarm_core::{DeleteOutcome, Fabric, OpStats, block_on};
 
-use crate::test_support::{MS, poll_once, run_until_stopped, stoppable_pair};
 use crate::KvError;
+use crate::test_support::{MS, poll_once, run_until_stopped, stoppable_pair};
 
 /// What one run ended with.
 #[derive(Debug, Default)]
